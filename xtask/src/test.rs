@@ -1,0 +1,113 @@
+//! `cargo xtask test`: setup, then every test of the workspace, then one summary line.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::cmd;
+use crate::setup;
+
+/// Counts read from cargo test's `test result:` lines.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(label), Some(count)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = count.parse::<u64>() else {
+                continue;
+            };
+            match label {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs setup and the test suite; extra arguments go to `cargo test`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let t0 = Instant::now();
+    let s = setup::run(&setup::Options::default())?;
+    let extra: Vec<&String> = match args.first().map(String::as_str) {
+        Some("--") => args[1..].iter().collect(),
+        _ => args.iter().collect(),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut c = Command::new(cargo);
+    c.current_dir(crate::paths::workspace_root())
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(&extra)
+        .env("TCHTRAIN_ASSETS", &s.assets)
+        .env("TCHTRAIN_VENV_PYTHON", &s.python)
+        .stdout(Stdio::piped());
+    if let Some(libtorch) = s.child_libtorch {
+        c.env("LIBTORCH", libtorch);
+    }
+    println!("test: libtorch {}", s.libtorch.display());
+    println!("test: {}", cmd::display(&c));
+    let mut child = c
+        .spawn()
+        .map_err(|e| format!("could not start cargo test: {e}"))?;
+    let mut totals = Totals::default();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| format!("reading cargo test output: {e}"))?;
+            println!("{line}");
+            totals.add_line(&line);
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo test: {e}"))?;
+    println!(
+        "xtask test finished in {:.1}s (setup included)",
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "summary: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    if status.success() && totals.failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("cargo test failed ({status})"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_cargo_test_result_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s");
+        t.add_line(
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        );
+        t.add_line("running 3 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 5,
+                failed: 1,
+                ignored: 1
+            }
+        );
+    }
+}
