@@ -1,0 +1,535 @@
+//! The command line: upstream's `HfArgumentParser(TrainingArguments)`, reproduced as a
+//! table-driven parser over the field table that `tools/gen_field_table.py` extracts from
+//! upstream's own argparse actions (`field_table.rs`).
+//!
+//! A table rather than clap: argparse's behaviour is what users' scripts rely on, and it differs
+//! from clap's in ways that matter here: `--bf16` / `--bf16 false` / `--bf16=0` on the same flag
+//! (`nargs="?"`, `const=True`), `--no_<field>` for bool fields defaulting to true, both
+//! `--snake_case` and `--kebab-case` spellings, unique-prefix abbreviations (`--per_device_train`;
+//! `--learning` is ambiguous between `--learning_rate` and `--learning-rate`, as upstream),
+//! negative numbers as values, `nargs="+"` lists, and the last occurrence of a flag winning.
+//!
+//! Parsed values go through the same path as JSON (`TrainingArguments::from_dict`), so the v4
+//! aliases (`--evaluation_strategy`, `--warmup_ratio`, `--group_by_length`, `--logging_dir`),
+//! dicts given as JSON strings (`--lr_scheduler_kwargs '{"num_cycles": 2}'`), file paths
+//! (`--fsdp_config file.json`) and every `__post_init__` check apply.
+//!
+//! Not mirrored: upstream's automatic `<script>.args` file and `args_file_flag`; non-finite
+//! floats (`--learning_rate nan`) are rejected, since the values travel as JSON.
+
+use serde_json::Value;
+
+use crate::debug_utils::DebugOption;
+use crate::error::{Error, Result};
+use crate::field_table::FIELDS;
+use crate::normalize::from_map;
+use crate::parsed::ParsedArguments;
+use crate::suggest::close_matches;
+use crate::values::JsonDict;
+
+/// How `HfArgumentParser` converts one command-line string for a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueKind {
+    /// `string_to_bool`: yes/no, true/false, t/f, y/n, 1/0, any case.
+    Bool,
+    /// Python `int()`.
+    Int,
+    /// Python `float()`.
+    Float,
+    /// The string itself (checked against `choices` when there are some).
+    Str,
+    /// `DebugOption(value)`.
+    Debug,
+    /// A type argparse cannot build from a string (upstream fails with "invalid <type> value").
+    Unsupported(&'static str),
+}
+
+/// How many command-line values a flag takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nargs {
+    /// Exactly one.
+    One,
+    /// Zero or one; alone it means `true` (`nargs="?"`, `const=True`).
+    OptionalConstTrue,
+    /// One or more (`nargs="+"`).
+    OneOrMore,
+}
+
+/// One field as the command line sees it (see `field_table.rs`).
+#[derive(Debug)]
+pub(crate) struct FieldSpec {
+    pub(crate) name: &'static str,
+    pub(crate) kind: ValueKind,
+    pub(crate) nargs: Nargs,
+    pub(crate) choices: &'static [&'static str],
+    pub(crate) no_flag: bool,
+    pub(crate) default: &'static str,
+    pub(crate) help: &'static str,
+}
+
+/// The v4 names accepted on the command line (mapped with a warning; see `normalize.rs`).
+static ALIAS_FIELDS: &[FieldSpec] = &[
+    FieldSpec {
+        name: "evaluation_strategy",
+        kind: ValueKind::Str,
+        nargs: Nargs::One,
+        choices: &["no", "steps", "epoch"],
+        no_flag: false,
+        default: "None",
+        help: "Deprecated v4 name of `eval_strategy`.",
+    },
+    FieldSpec {
+        name: "warmup_ratio",
+        kind: ValueKind::Float,
+        nargs: Nargs::One,
+        choices: &[],
+        no_flag: false,
+        default: "None",
+        help: "Deprecated v4 name: sets `warmup_steps` to this ratio in [0, 1).",
+    },
+    FieldSpec {
+        name: "group_by_length",
+        kind: ValueKind::Bool,
+        nargs: Nargs::OptionalConstTrue,
+        choices: &[],
+        no_flag: false,
+        default: "False",
+        help: "Deprecated v4 name: `train_sampling_strategy = \"group_by_length\"`.",
+    },
+    FieldSpec {
+        name: "logging_dir",
+        kind: ValueKind::Str,
+        nargs: Nargs::One,
+        choices: &[],
+        no_flag: false,
+        default: "None",
+        help: "Removed in v5 (TensorBoard reads TENSORBOARD_LOGGING_DIR); accepted with a warning and returned \
+               as `ParsedArguments::logging_dir`.",
+    },
+];
+
+/// What a flag does.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Help,
+    Store(&'static FieldSpec),
+    StoreFalse(&'static FieldSpec),
+}
+
+/// One command-line string, classified as argparse does.
+#[derive(Debug)]
+enum Token {
+    /// A known flag (possibly abbreviated), with the value given after `=`.
+    Flag {
+        target: Target,
+        flag: String,
+        explicit: Option<String>,
+    },
+    /// A string starting with `-` that is no known flag.
+    Unknown(String),
+    /// A value.
+    Positional(String),
+}
+
+/// Upstream's `string_to_bool`.
+pub(crate) fn string_to_bool(s: &str) -> Option<bool> {
+    match s.to_lowercase().as_str() {
+        "yes" | "true" | "t" | "y" | "1" => Some(true),
+        "no" | "false" | "f" | "n" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// argparse's `_negative_number_matcher`: `^-\d+$|^-\d*\.\d+$`.
+fn looks_like_negative_number(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('-') else {
+        return false;
+    };
+    let digits = |t: &str| !t.is_empty() && t.chars().all(|c| c.is_ascii_digit());
+    match rest.split_once('.') {
+        None => digits(rest),
+        Some((int, frac)) => {
+            (int.is_empty() || int.chars().all(|c| c.is_ascii_digit())) && digits(frac)
+        }
+    }
+}
+
+/// `HfArgumentParser(TrainingArguments)`: parses command lines with upstream's flags.
+///
+/// ```
+/// use tchtrain_training_args::HfArgumentParser;
+///
+/// let parser = HfArgumentParser::new();
+/// let parsed = parser
+///     .parse_args_into_dataclasses(["--output_dir", "out", "--per_device_train_batch_size", "4", "--bf16", "--use_cpu"])
+///     .unwrap();
+/// assert_eq!(parsed.args.per_device_train_batch_size, 4);
+/// assert!(parsed.args.bf16);
+/// ```
+#[derive(Debug)]
+pub struct HfArgumentParser {
+    options: Vec<(String, Target)>,
+}
+
+impl Default for HfArgumentParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HfArgumentParser {
+    /// The parser for `TrainingArguments` (plus the v4 alias flags).
+    pub fn new() -> Self {
+        let mut options = vec![
+            ("-h".to_string(), Target::Help),
+            ("--help".to_string(), Target::Help),
+        ];
+        for spec in FIELDS.iter().chain(ALIAS_FIELDS) {
+            options.push((format!("--{}", spec.name), Target::Store(spec)));
+            if spec.name.contains('_') {
+                options.push((
+                    format!("--{}", spec.name.replace('_', "-")),
+                    Target::Store(spec),
+                ));
+            }
+            if spec.no_flag {
+                options.push((format!("--no_{}", spec.name), Target::StoreFalse(spec)));
+                options.push((
+                    format!("--no-{}", spec.name.replace('_', "-")),
+                    Target::StoreFalse(spec),
+                ));
+            }
+        }
+        Self { options }
+    }
+
+    fn exact(&self, flag: &str) -> Option<Target> {
+        self.options
+            .iter()
+            .find(|(o, _)| o == flag)
+            .map(|(_, t)| *t)
+    }
+
+    /// argparse's `_parse_optional`.
+    fn classify(&self, arg: &str) -> Result<Token> {
+        if !arg.starts_with('-') || arg.len() == 1 {
+            return Ok(Token::Positional(arg.to_string()));
+        }
+        if let Some(target) = self.exact(arg) {
+            return Ok(Token::Flag {
+                target,
+                flag: arg.to_string(),
+                explicit: None,
+            });
+        }
+        if let Some((flag, value)) = arg.split_once('=')
+            && let Some(target) = self.exact(flag)
+        {
+            return Ok(Token::Flag {
+                target,
+                flag: flag.to_string(),
+                explicit: Some(value.to_string()),
+            });
+        }
+        if arg.starts_with("--") {
+            let (prefix, explicit) = match arg.split_once('=') {
+                Some((p, v)) => (p, Some(v.to_string())),
+                None => (arg, None),
+            };
+            let matches: Vec<&(String, Target)> = self
+                .options
+                .iter()
+                .filter(|(o, _)| o.starts_with(prefix))
+                .collect();
+            if matches.len() > 1 {
+                return Err(Error::AmbiguousOption {
+                    arg: arg.to_string(),
+                    matches: matches.iter().map(|(o, _)| o.clone()).collect(),
+                });
+            }
+            if let Some((flag, target)) = matches.first() {
+                return Ok(Token::Flag {
+                    target: *target,
+                    flag: flag.clone(),
+                    explicit,
+                });
+            }
+        }
+        if looks_like_negative_number(arg) || arg.contains(' ') {
+            return Ok(Token::Positional(arg.to_string()));
+        }
+        Ok(Token::Unknown(arg.to_string()))
+    }
+
+    /// Parses a command line (without the program name) into arguments: upstream's
+    /// `parse_args_into_dataclasses`. Strings no flag uses are an error
+    /// ([`Error::UnknownArgument`], with close matches); `--help` gives [`Error::HelpRequested`].
+    pub fn parse_args_into_dataclasses<I, S>(&self, args: I) -> Result<ParsedArguments>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (parsed, remaining) = self.parse_known_args(args)?;
+        if remaining.is_empty() {
+            Ok(parsed)
+        } else {
+            let first_flag = remaining.iter().find(|r| r.starts_with("--"));
+            let suggestions = first_flag.map_or_else(Vec::new, |f| self.suggest(f));
+            Err(Error::UnknownArgument {
+                args: remaining,
+                suggestions,
+            })
+        }
+    }
+
+    /// Like [`Self::parse_args_into_dataclasses`], but returns the strings no flag used instead
+    /// of failing on them (upstream's `return_remaining_strings=True`), for programs that parse
+    /// their own flags next to `TrainingArguments`.
+    pub fn parse_known_args<I, S>(&self, args: I) -> Result<(ParsedArguments, Vec<String>)>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut tokens = Vec::new();
+        let mut remaining = Vec::new();
+        let mut iter = args.into_iter();
+        for arg in iter.by_ref() {
+            let arg = arg.as_ref();
+            if arg == "--" {
+                break;
+            }
+            tokens.push(self.classify(arg)?);
+        }
+        let after_double_dash: Vec<String> = iter.map(|a| a.as_ref().to_string()).collect();
+
+        let mut map = JsonDict::new();
+        let mut i = 0;
+        while i < tokens.len() {
+            match &tokens[i] {
+                Token::Positional(s) | Token::Unknown(s) => remaining.push(s.clone()),
+                Token::Flag {
+                    target: Target::Help,
+                    ..
+                } => return Err(Error::HelpRequested(self.format_help("train"))),
+                Token::Flag {
+                    target: Target::StoreFalse(spec),
+                    flag,
+                    explicit,
+                } => {
+                    if let Some(value) = explicit {
+                        return Err(Error::UnexpectedValue {
+                            flag: flag.clone(),
+                            value: value.clone(),
+                        });
+                    }
+                    map.insert(spec.name.to_string(), Value::Bool(false));
+                }
+                Token::Flag {
+                    target: Target::Store(spec),
+                    flag,
+                    explicit,
+                } => {
+                    let mut values: Vec<String> = Vec::new();
+                    if let Some(v) = explicit {
+                        values.push(v.clone());
+                    } else {
+                        let take = match spec.nargs {
+                            Nargs::One | Nargs::OptionalConstTrue => 1,
+                            Nargs::OneOrMore => usize::MAX,
+                        };
+                        while values.len() < take {
+                            match tokens.get(i + 1) {
+                                Some(Token::Positional(v)) => {
+                                    values.push(v.clone());
+                                    i += 1;
+                                }
+                                _ => break,
+                            }
+                        }
+                    }
+                    let value = match (spec.nargs, values.len()) {
+                        (Nargs::OptionalConstTrue, 0) => Value::Bool(true),
+                        (Nargs::One, 0) => {
+                            return Err(Error::MissingValue {
+                                flag: self.display_flags(spec),
+                                expected: "one argument",
+                            });
+                        }
+                        (Nargs::OneOrMore, 0) => {
+                            return Err(Error::MissingValue {
+                                flag: self.display_flags(spec),
+                                expected: "at least one argument",
+                            });
+                        }
+                        (Nargs::OneOrMore, _) => Value::Array(
+                            values
+                                .iter()
+                                .map(|v| convert(spec, flag, v))
+                                .collect::<Result<_>>()?,
+                        ),
+                        _ => convert(spec, flag, &values[0])?,
+                    };
+                    map.insert(spec.name.to_string(), value);
+                }
+            }
+            i += 1;
+        }
+        remaining.extend(after_double_dash);
+        Ok((from_map(map)?, remaining))
+    }
+
+    /// Parses the process's own command line (`std::env::args`, skipping the program name);
+    /// prints the help and exits 0 on `--help`, prints the error and exits 2 on bad input, as
+    /// argparse does.
+    pub fn parse_args_or_exit(&self) -> ParsedArguments {
+        let mut argv = std::env::args();
+        let prog = argv.next().unwrap_or_else(|| "train".to_string());
+        match self.parse_args_into_dataclasses(argv) {
+            Ok(parsed) => parsed,
+            Err(Error::HelpRequested(_)) => {
+                println!("{}", self.format_help(&prog));
+                std::process::exit(0)
+            }
+            Err(e) => {
+                eprintln!("usage: {prog} [-h] [--FIELD VALUE ...]\n{prog}: error: {e}");
+                std::process::exit(2)
+            }
+        }
+    }
+
+    /// Upstream's `parse_dict`: see [`crate::TrainingArguments::from_dict`].
+    pub fn parse_dict(&self, args: JsonDict) -> Result<ParsedArguments> {
+        from_map(args)
+    }
+
+    /// Upstream's `parse_json_file`: see [`crate::TrainingArguments::from_json_file`].
+    pub fn parse_json_file(&self, path: impl AsRef<std::path::Path>) -> Result<ParsedArguments> {
+        crate::TrainingArguments::from_json_file(path)
+    }
+
+    /// Close matches among the flags for an unknown flag (compared without dashes).
+    fn suggest(&self, arg: &str) -> Vec<String> {
+        let name = arg
+            .trim_start_matches('-')
+            .split('=')
+            .next()
+            .unwrap_or("")
+            .replace('-', "_");
+        let names: Vec<String> = self
+            .options
+            .iter()
+            .filter(|(o, _)| o.starts_with("--") && !o[2..].contains('-'))
+            .map(|(o, _)| o[2..].to_string())
+            .collect();
+        close_matches(&name, names.iter().map(String::as_str))
+            .into_iter()
+            .map(|n| format!("--{n}"))
+            .collect()
+    }
+
+    fn display_flags(&self, spec: &FieldSpec) -> String {
+        if spec.name.contains('_') {
+            format!("--{}/--{}", spec.name, spec.name.replace('_', "-"))
+        } else {
+            format!("--{}", spec.name)
+        }
+    }
+
+    /// The `--help` text: every flag with its help and default, as `ArgumentDefaultsHelpFormatter` shows them.
+    pub fn format_help(&self, prog: &str) -> String {
+        let mut out = format!(
+            "usage: {prog} [-h] [--FIELD VALUE ...]\n\n\
+             Arguments of transformers.TrainingArguments (5.23), parsed as HfArgumentParser parses them.\n\
+             Each flag also accepts `--flag=value` and a kebab-case spelling; bool flags alone mean true.\n\n\
+             options:\n  -h, --help\n{pad}show this help message and exit\n",
+            pad = " ".repeat(24)
+        );
+        for spec in FIELDS.iter().chain(ALIAS_FIELDS) {
+            let metavar = if spec.choices.is_empty() {
+                spec.name.to_uppercase()
+            } else {
+                format!("{{{}}}", spec.choices.join(","))
+            };
+            let usage = match spec.nargs {
+                Nargs::One => metavar,
+                Nargs::OptionalConstTrue => format!("[{metavar}]"),
+                Nargs::OneOrMore => format!("{metavar} [{metavar} ...]"),
+            };
+            out.push_str(&format!("  --{} {usage}\n", spec.name));
+            out.push_str(&wrap(
+                &format!("{} (default: {})", spec.help, spec.default),
+                24,
+                100,
+            ));
+            if spec.no_flag {
+                out.push_str(&format!("  --no_{}\n", spec.name));
+                out.push_str(&wrap(&format!("Set `{}` to false.", spec.name), 24, 100));
+            }
+        }
+        out
+    }
+}
+
+/// Converts one command-line string as the field's argparse `type` and `choices` would.
+fn convert(spec: &FieldSpec, flag: &str, raw: &str) -> Result<Value> {
+    let invalid = |reason: String| Error::InvalidValue {
+        field: spec.name.to_string(),
+        value: format!("{raw:?} (from {flag})"),
+        reason,
+    };
+    let value = match spec.kind {
+        ValueKind::Bool => Value::Bool(string_to_bool(raw).ok_or_else(|| {
+            invalid(format!(
+                "Truthy value expected: got {raw} but expected one of yes/no, true/false, t/f, y/n, 1/0 (case insensitive)"
+            ))
+        })?),
+        ValueKind::Int => Value::from(raw.trim().parse::<i64>().map_err(|_| invalid(format!("invalid int value: '{raw}'")))?),
+        ValueKind::Float => {
+            let x = raw.trim().parse::<f64>().map_err(|_| invalid(format!("invalid float value: '{raw}'")))?;
+            Value::Number(serde_json::Number::from_f64(x).ok_or_else(|| invalid("expected a finite number".to_string()))?)
+        }
+        ValueKind::Str => Value::String(raw.to_string()),
+        ValueKind::Debug => {
+            let option: DebugOption = raw.parse().map_err(|e: Error| invalid(format!("invalid DebugOption value: {e}")))?;
+            Value::String(option.as_str().to_string())
+        }
+        ValueKind::Unsupported(ty) => {
+            return Err(invalid(format!(
+                "invalid {ty} value: this field cannot be set from the command line (as upstream); set it in a JSON config"
+            )));
+        }
+    };
+    if !spec.choices.is_empty() && !spec.choices.contains(&raw) {
+        return Err(invalid(format!(
+            "invalid choice: '{raw}'{} (choose from {})",
+            crate::suggest::did_you_mean(&close_matches(raw, spec.choices.iter().copied())),
+            spec.choices
+                .iter()
+                .map(|c| format!("'{c}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(value)
+}
+
+/// Wraps `text` to `width` columns, indenting every line by `indent` spaces.
+fn wrap(text: &str, indent: usize, width: usize) -> String {
+    let pad = " ".repeat(indent);
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && indent + line.len() + 1 + word.len() > width {
+            out.push_str(&format!("{pad}{line}\n"));
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        out.push_str(&format!("{pad}{line}\n"));
+    }
+    out
+}
