@@ -1,11 +1,117 @@
 //! The error type of `tchtrain-callbacks`.
 
+use std::path::PathBuf;
+
+use crate::python_json::JsonSyntaxError;
+
 /// Errors returned by `tchtrain-callbacks`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A JSON document could not be read or written.
     #[error("JSON error: {0}")]
     Json(#[from] serde_json::Error),
+
+    /// A file could not be read, written or created.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done (`"reading"`, `"writing"`, `"creating"`).
+        action: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON text is not valid JSON.
+    #[error("{what} is not valid JSON: {source}")]
+    JsonSyntax {
+        /// The file (or `"the JSON text"` for a string).
+        what: String,
+        /// Where and why.
+        #[source]
+        source: JsonSyntaxError,
+    },
+
+    /// A field of a JSON document has the wrong type or an invalid value.
+    #[error("{what}: field `{field}` must be {expected}, found {found}")]
+    FieldType {
+        /// The document (file name or type name).
+        what: String,
+        /// The field, with its path inside the document (`log_history[3]`).
+        field: String,
+        /// What the field must hold.
+        expected: &'static str,
+        /// What it holds (a Python type name or value).
+        found: String,
+    },
+
+    /// A JSON document holds a field the type does not know (upstream's `TypeError:
+    /// __init__() got an unexpected keyword argument`).
+    #[error("{what}: unexpected field `{field}` (transformers 5.23 does not write it)")]
+    UnknownField {
+        /// The document (file name or type name).
+        what: String,
+        /// The unexpected field.
+        field: String,
+    },
+
+    /// A required field is missing from a JSON document.
+    #[error("{what}: missing field `{field}`")]
+    MissingField {
+        /// The document (file name or type name).
+        what: String,
+        /// The missing field.
+        field: String,
+    },
+
+    /// A callback was used with training arguments it cannot work with (upstream's
+    /// `assert` in `EarlyStoppingCallback.on_train_begin`).
+    #[error("{callback} requires {requirement}; {fix}")]
+    CallbackRequirement {
+        /// The callback's class name.
+        callback: &'static str,
+        /// What it needs.
+        requirement: &'static str,
+        /// How to fix it.
+        fix: &'static str,
+    },
+
+    /// A `report_to` name this crate has no logger for.
+    #[error(
+        "report_to: unknown or unsupported integration `{name}`; supported: {supported}, \"all\", \"none\""
+    )]
+    UnknownIntegration {
+        /// The name given.
+        name: String,
+        /// The names this crate supports.
+        supported: String,
+    },
+
+    /// A user-defined callback failed: the extension point for third-party callbacks,
+    /// whose errors this crate cannot name.
+    #[error("callback {callback} failed: {source}")]
+    Callback {
+        /// The callback's name.
+        callback: String,
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -1,0 +1,253 @@
+//! TensorBoard event files: TFRecord framing with masked CRC32C around hand-encoded
+//! `tensorflow.Event` protobufs (scalars as `simple_value`, text as the text plugin's string
+//! tensors), starting with the `file_version: "brain.Event:2"` event TensorBoard expects.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+const CRC32C_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
+            k += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// CRC-32C (Castagnoli), the checksum TFRecord uses.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc = CRC32C_TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+/// TFRecord's masked CRC: `((crc >> 15) | (crc << 17)) + 0xa282ead8`.
+pub fn masked_crc32c(data: &[u8]) -> u32 {
+    let crc = crc32c(data);
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// One TFRecord: length (u64 LE), its masked CRC, the data, the data's masked CRC.
+pub fn tfrecord(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc32c(data).to_le_bytes());
+    out
+}
+
+/// A minimal protobuf encoder: just the wire types an `Event` needs.
+#[derive(Default)]
+struct Proto(Vec<u8>);
+
+impl Proto {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+    fn key(&mut self, field: u32, wire: u8) {
+        self.varint(((field as u64) << 3) | wire as u64);
+    }
+    fn int(&mut self, field: u32, v: i64) {
+        self.key(field, 0);
+        self.varint(v as u64);
+    }
+    fn double(&mut self, field: u32, v: f64) {
+        self.key(field, 1);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn float(&mut self, field: u32, v: f32) {
+        self.key(field, 5);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, field: u32, v: &[u8]) {
+        self.key(field, 2);
+        self.varint(v.len() as u64);
+        self.0.extend_from_slice(v);
+    }
+}
+
+/// `Event { wall_time = 1; step = 2; file_version = 3 | summary = 5 }`.
+fn event(wall_time: f64, step: i64, file_version: Option<&str>, summary: Option<&[u8]>) -> Vec<u8> {
+    let mut e = Proto::default();
+    e.double(1, wall_time);
+    if step != 0 {
+        e.int(2, step);
+    }
+    if let Some(v) = file_version {
+        e.bytes(3, v.as_bytes());
+    }
+    if let Some(s) = summary {
+        e.bytes(5, s);
+    }
+    e.0
+}
+
+/// `Summary { value = 1: Value { tag = 1; simple_value = 2 } }`.
+fn scalar_summary(tag: &str, value: f32) -> Vec<u8> {
+    let mut v = Proto::default();
+    v.bytes(1, tag.as_bytes());
+    v.float(2, value);
+    let mut s = Proto::default();
+    s.bytes(1, &v.0);
+    s.0
+}
+
+/// `Summary.Value { tag = 1; metadata = 9 (plugin "text"); tensor = 8 (DT_STRING, shape [1]) }`,
+/// as `SummaryWriter.add_text` writes it.
+fn text_summary(tag: &str, text: &str) -> Vec<u8> {
+    let mut plugin = Proto::default();
+    plugin.bytes(1, b"text");
+    let mut metadata = Proto::default();
+    metadata.bytes(1, &plugin.0);
+    let mut dim = Proto::default();
+    dim.int(1, 1);
+    let mut shape = Proto::default();
+    shape.bytes(2, &dim.0);
+    let mut tensor = Proto::default();
+    tensor.int(1, 7); // DT_STRING
+    tensor.bytes(2, &shape.0);
+    tensor.bytes(8, text.as_bytes());
+    let mut v = Proto::default();
+    v.bytes(1, format!("{tag}/text_summary").as_bytes());
+    v.bytes(9, &metadata.0);
+    v.bytes(8, &tensor.0);
+    let mut s = Proto::default();
+    s.bytes(1, &v.0);
+    s.0
+}
+
+fn wall_time() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The machine's host name (for event file and run folder names); `localhost` when unknown.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+static FILE_UID: AtomicU32 = AtomicU32::new(0);
+
+/// Writes one `events.out.tfevents.*` file, as PyTorch's `SummaryWriter` does.
+#[derive(Debug)]
+pub struct EventFileWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl EventFileWriter {
+    /// Creates `log_dir` and a new event file in it, beginning with the `brain.Event:2` record.
+    pub fn new(log_dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = log_dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+        let now = wall_time();
+        let name = format!(
+            "events.out.tfevents.{:010}.{}.{}.{}",
+            now as u64,
+            hostname(),
+            std::process::id(),
+            FILE_UID.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = dir.join(name);
+        let file = File::create(&path).map_err(|e| Error::io("creating", &path, e))?;
+        let mut w = Self {
+            path,
+            out: BufWriter::new(file),
+        };
+        w.write(&event(now, 0, Some("brain.Event:2"), None))?;
+        w.flush()?;
+        Ok(w)
+    }
+
+    /// The event file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write(&mut self, event: &[u8]) -> Result<()> {
+        self.out
+            .write_all(&tfrecord(event))
+            .map_err(|e| Error::io("writing", &self.path, e))
+    }
+
+    /// Appends a scalar (stored as a 32-bit float, as TensorBoard's `simple_value` is).
+    pub fn add_scalar(&mut self, tag: &str, value: f64, step: i64) -> Result<()> {
+        self.write(&event(
+            wall_time(),
+            step,
+            None,
+            Some(&scalar_summary(tag, value as f32)),
+        ))
+    }
+
+    /// Appends a text summary (TensorBoard's text plugin; the tag gets `/text_summary` as in PyTorch).
+    pub fn add_text(&mut self, tag: &str, text: &str, step: i64) -> Result<()> {
+        self.write(&event(
+            wall_time(),
+            step,
+            None,
+            Some(&text_summary(tag, text)),
+        ))
+    }
+
+    /// Writes buffered events to disk.
+    pub fn flush(&mut self) -> Result<()> {
+        self.out
+            .flush()
+            .map_err(|e| Error::io("writing", &self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_known_values() {
+        // RFC 3720 test vectors.
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c(&[0xffu8; 32]), 0x62a8_ab43);
+    }
+
+    #[test]
+    fn varint_encodes_negative_steps_in_ten_bytes() {
+        let mut p = Proto::default();
+        p.varint(-1i64 as u64);
+        assert_eq!(p.0.len(), 10);
+        let mut p = Proto::default();
+        p.varint(300);
+        assert_eq!(p.0, [0xac, 0x02]);
+    }
+}

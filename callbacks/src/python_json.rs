@@ -1,0 +1,685 @@
+//! JSON exactly as Python's `json` module reads and writes it.
+//!
+//! Owns [`JsonValue`] / [`JsonMap`] (an insertion-ordered map, like a Python `dict`), the parser
+//! (which, like `json.loads`, accepts `NaN`, `Infinity` and `-Infinity`) and [`dumps`], which
+//! reproduces `json.dumps(value, indent=..., sort_keys=...)` byte for byte with the defaults
+//! `ensure_ascii=True` and `allow_nan=True`: Python's float `repr` (`1e-05`, `0.0`,
+//! `1.5e+16`), integers kept apart from floats, `\uXXXX` escapes for every non-ASCII character.
+//! `trainer_state.json` and the logs passed to callbacks use these types.
+
+use std::fmt::Write as _;
+
+/// A JSON value as Python's `json` module sees it: integers and floats are distinct.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonValue {
+    /// `null` (Python `None`).
+    Null,
+    /// `true` / `false`.
+    Bool(bool),
+    /// A number written without fraction or exponent (Python `int`, within `i64`).
+    Int(i64),
+    /// A number with a fraction or exponent, or `NaN` / `Infinity` (Python `float`).
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// An array (Python `list`).
+    Array(Vec<JsonValue>),
+    /// An object (Python `dict`), keys in insertion order.
+    Object(JsonMap),
+}
+
+impl JsonValue {
+    /// The value as `f64` when it is a number (an `Int` converts).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            JsonValue::Int(i) => Some(*i as f64),
+            JsonValue::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+
+    /// The value as `i64` when it is an `Int`.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            JsonValue::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The value as `bool` when it is a `Bool`.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            JsonValue::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// The value as `&str` when it is a `Str`.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            JsonValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The value as a map when it is an `Object`.
+    pub fn as_object(&self) -> Option<&JsonMap> {
+        match self {
+            JsonValue::Object(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The value as a slice when it is an `Array`.
+    pub fn as_array(&self) -> Option<&[JsonValue]> {
+        match self {
+            JsonValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The Python type name of this value (`"int"`, `"float"`, `"str"`, `"dict"`, ...), for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            JsonValue::Null => "None",
+            JsonValue::Bool(_) => "bool",
+            JsonValue::Int(_) => "int",
+            JsonValue::Float(_) => "float",
+            JsonValue::Str(_) => "str",
+            JsonValue::Array(_) => "list",
+            JsonValue::Object(_) => "dict",
+        }
+    }
+}
+
+impl From<f64> for JsonValue {
+    fn from(v: f64) -> Self {
+        JsonValue::Float(v)
+    }
+}
+impl From<i64> for JsonValue {
+    fn from(v: i64) -> Self {
+        JsonValue::Int(v)
+    }
+}
+impl From<bool> for JsonValue {
+    fn from(v: bool) -> Self {
+        JsonValue::Bool(v)
+    }
+}
+impl From<&str> for JsonValue {
+    fn from(v: &str) -> Self {
+        JsonValue::Str(v.to_string())
+    }
+}
+impl From<String> for JsonValue {
+    fn from(v: String) -> Self {
+        JsonValue::Str(v)
+    }
+}
+impl From<JsonMap> for JsonValue {
+    fn from(v: JsonMap) -> Self {
+        JsonValue::Object(v)
+    }
+}
+impl<T: Into<JsonValue>> From<Option<T>> for JsonValue {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(JsonValue::Null, Into::into)
+    }
+}
+
+/// An insertion-ordered string-keyed map, like a Python `dict`.
+///
+/// Inserting an existing key replaces its value in place (as `d[k] = v` does).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JsonMap {
+    entries: Vec<(String, JsonValue)>,
+}
+
+impl JsonMap {
+    /// An empty map.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` to `value`; an existing key keeps its position. Returns the old value.
+    pub fn insert(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<JsonValue>,
+    ) -> Option<JsonValue> {
+        let key = key.into();
+        let value = value.into();
+        match self.entries.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => Some(std::mem::replace(v, value)),
+            None => {
+                self.entries.push((key, value));
+                None
+            }
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&JsonValue> {
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// The value of `key`, mutably.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut JsonValue> {
+        self.entries
+            .iter_mut()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// Removes `key` (Python `dict.pop(key, None)`).
+    pub fn remove(&mut self, key: &str) -> Option<JsonValue> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        Some(self.entries.remove(i).1)
+    }
+
+    /// Whether `key` is present.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entries in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &JsonValue)> {
+        self.entries.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+impl<K: Into<String>, V: Into<JsonValue>> FromIterator<(K, V)> for JsonMap {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut m = JsonMap::new();
+        for (k, v) in iter {
+            m.insert(k, v);
+        }
+        m
+    }
+}
+
+impl IntoIterator for JsonMap {
+    type Item = (String, JsonValue);
+    type IntoIter = std::vec::IntoIter<(String, JsonValue)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.into_iter()
+    }
+}
+
+/// Python's `repr(float)`: the shortest string that reads back to the same `f64`, in fixed
+/// notation for exponents in `[-5, 16)` (with `.0` for whole numbers) and exponent notation
+/// otherwise (`1e-05`, `1.5e+16`); `NaN`, `Infinity`, `-Infinity` as `json` writes them.
+pub fn python_float_repr(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    // Rust's `{:e}` gives the shortest round-trip digits: "d.ddde-5" / "de16".
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` always has an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` exponent is an integer");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if x == 0.0 {
+        return format!("{sign}0.0");
+    }
+    if !(-4..16).contains(&exp) {
+        let m = if digits.len() == 1 {
+            digits.clone()
+        } else {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{m}e{esign}{:02}", exp.abs());
+    }
+    // Fixed notation: the decimal point sits after `exp + 1` digits.
+    let point = exp + 1;
+    let out = if point <= 0 {
+        format!("0.{}{}", "0".repeat((-point) as usize), digits)
+    } else if point as usize >= digits.len() {
+        format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
+    } else {
+        let (a, b) = digits.split_at(point as usize);
+        format!("{a}.{b}")
+    };
+    format!("{sign}{out}")
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+fn write_value(
+    out: &mut String,
+    v: &JsonValue,
+    indent: Option<usize>,
+    sort_keys: bool,
+    level: usize,
+) {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        JsonValue::Null => out.push_str("null"),
+        JsonValue::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        JsonValue::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        JsonValue::Float(f) => out.push_str(&python_float_repr(*f)),
+        JsonValue::Str(s) => write_str(out, s),
+        JsonValue::Array(items) => {
+            if items.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                write_value(out, item, indent, sort_keys, level + 1);
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        JsonValue::Object(map) => {
+            if map.is_empty() {
+                out.push_str("{}");
+                return;
+            }
+            let mut entries: Vec<(&str, &JsonValue)> = map.iter().collect();
+            if sort_keys {
+                // Python sorts str keys by code point; UTF-8 byte order is the same order.
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                write_str(out, k);
+                out.push_str(": ");
+                write_value(out, item, indent, sort_keys, level + 1);
+            }
+            newline(out, level);
+            out.push('}');
+        }
+    }
+}
+
+/// `json.dumps(value, indent=indent, sort_keys=sort_keys)` with Python's other defaults
+/// (`ensure_ascii=True`, `allow_nan=True`, separators `", "`/`": "`, or `","` with an indent).
+pub fn dumps(value: &JsonValue, indent: Option<usize>, sort_keys: bool) -> String {
+    let mut out = String::new();
+    write_value(&mut out, value, indent, sort_keys, 0);
+    out
+}
+
+/// Where and why a JSON text could not be parsed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("line {line} column {column}: {message}")]
+pub struct JsonSyntaxError {
+    /// 1-based line of the offending character.
+    pub line: usize,
+    /// 1-based column (in characters) of the offending character.
+    pub column: usize,
+    /// What was expected or found.
+    pub message: String,
+}
+
+/// `json.loads(text)`: parses one JSON value, accepting `NaN`, `Infinity` and `-Infinity`.
+///
+/// Duplicate keys keep the last value at the first key's position, as a Python `dict` does.
+pub fn loads(text: &str) -> std::result::Result<JsonValue, JsonSyntaxError> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        text,
+        i: 0,
+        depth: 0,
+    };
+    p.ws();
+    let v = p.value()?;
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(p.err("extra data after the JSON value"));
+    }
+    Ok(v)
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    text: &'a str,
+    i: usize,
+    depth: usize,
+}
+
+impl Parser<'_> {
+    fn err(&self, message: &str) -> JsonSyntaxError {
+        let before = &self.text[..self.i.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        JsonSyntaxError {
+            line,
+            column,
+            message: message.to_string(),
+        }
+    }
+
+    fn ws(&mut self) {
+        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, lit: &str) -> bool {
+        if self.s[self.i..].starts_with(lit.as_bytes()) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self) -> std::result::Result<JsonValue, JsonSyntaxError> {
+        let Some(&c) = self.s.get(self.i) else {
+            return Err(self.err("expected a value, found the end of the text"));
+        };
+        match c {
+            b'{' | b'[' => {
+                self.depth += 1;
+                if self.depth > 512 {
+                    return Err(self.err("nesting deeper than 512 levels"));
+                }
+                let v = if c == b'{' {
+                    self.object()
+                } else {
+                    self.array()
+                };
+                self.depth -= 1;
+                v
+            }
+            b'"' => Ok(JsonValue::Str(self.string()?)),
+            b't' if self.eat("true") => Ok(JsonValue::Bool(true)),
+            b'f' if self.eat("false") => Ok(JsonValue::Bool(false)),
+            b'n' if self.eat("null") => Ok(JsonValue::Null),
+            b'N' if self.eat("NaN") => Ok(JsonValue::Float(f64::NAN)),
+            b'I' if self.eat("Infinity") => Ok(JsonValue::Float(f64::INFINITY)),
+            b'-' if self.eat("-Infinity") => Ok(JsonValue::Float(f64::NEG_INFINITY)),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => Err(self.err("expected a value")),
+        }
+    }
+
+    fn object(&mut self) -> std::result::Result<JsonValue, JsonSyntaxError> {
+        self.i += 1;
+        let mut map = JsonMap::new();
+        self.ws();
+        if self.eat("}") {
+            return Ok(JsonValue::Object(map));
+        }
+        loop {
+            self.ws();
+            if self.s.get(self.i) != Some(&b'"') {
+                return Err(self.err("expected a property name in double quotes"));
+            }
+            let key = self.string()?;
+            self.ws();
+            if !self.eat(":") {
+                return Err(self.err("expected ':' after a property name"));
+            }
+            self.ws();
+            let v = self.value()?;
+            map.insert(key, v);
+            self.ws();
+            if self.eat(",") {
+                continue;
+            }
+            if self.eat("}") {
+                return Ok(JsonValue::Object(map));
+            }
+            return Err(self.err("expected ',' or '}' in an object"));
+        }
+    }
+
+    fn array(&mut self) -> std::result::Result<JsonValue, JsonSyntaxError> {
+        self.i += 1;
+        let mut items = Vec::new();
+        self.ws();
+        if self.eat("]") {
+            return Ok(JsonValue::Array(items));
+        }
+        loop {
+            self.ws();
+            items.push(self.value()?);
+            self.ws();
+            if self.eat(",") {
+                continue;
+            }
+            if self.eat("]") {
+                return Ok(JsonValue::Array(items));
+            }
+            return Err(self.err("expected ',' or ']' in an array"));
+        }
+    }
+
+    fn hex4(&mut self) -> std::result::Result<u32, JsonSyntaxError> {
+        let h = self
+            .s
+            .get(self.i..self.i + 4)
+            .and_then(|b| std::str::from_utf8(b).ok());
+        let v = h.and_then(|h| u32::from_str_radix(h, 16).ok());
+        match v {
+            Some(v) => {
+                self.i += 4;
+                Ok(v)
+            }
+            None => Err(self.err("invalid \\uXXXX escape")),
+        }
+    }
+
+    fn string(&mut self) -> std::result::Result<String, JsonSyntaxError> {
+        self.i += 1;
+        let mut out = String::new();
+        loop {
+            let start = self.i;
+            while self.i < self.s.len() && !matches!(self.s[self.i], b'"' | b'\\' | 0..=0x1f) {
+                self.i += 1;
+            }
+            out.push_str(&self.text[start..self.i]);
+            match self.s.get(self.i) {
+                None => return Err(self.err("unterminated string")),
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    let Some(&e) = self.s.get(self.i) else {
+                        return Err(self.err("unterminated string"));
+                    };
+                    self.i += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let mut cp = self.hex4()?;
+                            if (0xd800..0xdc00).contains(&cp)
+                                && self.s[self.i..].starts_with(b"\\u")
+                            {
+                                let save = self.i;
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if (0xdc00..0xe000).contains(&lo) {
+                                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                                } else {
+                                    self.i = save;
+                                }
+                            }
+                            // A lone surrogate cannot live in a Rust `String`: U+FFFD stands in.
+                            out.push(char::from_u32(cp).unwrap_or('\u{fffd}'));
+                        }
+                        _ => {
+                            self.i -= 1;
+                            return Err(self.err("invalid escape"));
+                        }
+                    }
+                }
+                Some(_) => return Err(self.err("control character in a string")),
+            }
+        }
+    }
+
+    fn number(&mut self) -> std::result::Result<JsonValue, JsonSyntaxError> {
+        let start = self.i;
+        let digits = |p: &mut Self| {
+            let s = p.i;
+            while p.i < p.s.len() && p.s[p.i].is_ascii_digit() {
+                p.i += 1;
+            }
+            p.i - s
+        };
+        if self.s[self.i] == b'-' {
+            self.i += 1;
+        }
+        let int_start = self.i;
+        if digits(self) == 0 {
+            return Err(self.err("expected digits"));
+        }
+        if self.s[int_start] == b'0' && self.i - int_start > 1 {
+            self.i = int_start + 1;
+            return Err(self.err("leading zeros are not allowed"));
+        }
+        let mut is_float = false;
+        if self.s.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if digits(self) == 0 {
+                return Err(self.err("expected digits after '.'"));
+            }
+            is_float = true;
+        }
+        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if digits(self) == 0 {
+                return Err(self.err("expected digits in the exponent"));
+            }
+            is_float = true;
+        }
+        let lit = &self.text[start..self.i];
+        if is_float {
+            lit.parse()
+                .map(JsonValue::Float)
+                .map_err(|_| self.err("invalid number"))
+        } else {
+            lit.parse().map(JsonValue::Int).map_err(|_| {
+                self.i = start;
+                self.err("integer out of the 64-bit range")
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_repr_matches_python() {
+        // Each pair is (value, repr(value)) from CPython 3.11.
+        let cases: &[(f64, &str)] = &[
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (1e-05, "1e-05"),
+            (0.0001, "0.0001"),
+            (1.2345e-7, "1.2345e-07"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (5735.8, "5735.8"),
+            (1e300, "1e+300"),
+            (5e-324, "5e-324"),
+            (-2.5e-10, "-2.5e-10"),
+            (f64::NAN, "NaN"),
+            (f64::NEG_INFINITY, "-Infinity"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(python_float_repr(*v), *want, "repr of {v:e}");
+        }
+    }
+
+    #[test]
+    fn dumps_round_trips_and_escapes() {
+        let text =
+            "{\"b\": [1, 2.5, NaN, -Infinity], \"a\": \"caf\\u00e9 \\ud83d\\ude00\\n\", \"c\": {}}";
+        let v = loads(text).unwrap();
+        assert_eq!(
+            dumps(&v, None, true),
+            "{\"a\": \"caf\\u00e9 \\ud83d\\ude00\\n\", \"b\": [1, 2.5, NaN, -Infinity], \"c\": {}}"
+        );
+        assert_eq!(dumps(&v, Some(2), false).lines().count(), 10);
+    }
+
+    #[test]
+    fn syntax_errors_say_where() {
+        let e = loads("{\n  \"a\": 1,\n  \"b\" 2\n}").unwrap_err();
+        assert_eq!((e.line, e.column), (3, 7));
+        assert!(loads("[1, 2").is_err());
+        assert!(loads("01").is_err());
+        assert!(loads("99999999999999999999").is_err());
+        assert!(loads("\"abc").is_err());
+        assert!(loads("[1] x").is_err());
+    }
+}

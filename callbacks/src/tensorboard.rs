@@ -1,0 +1,180 @@
+//! `TensorBoardCallback`: sends the logs to TensorBoard event files (upstream integrations/integration_utils.py).
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tchtrain_training_args::TrainingArguments;
+
+use crate::error::Result;
+use crate::event_file::{EventFileWriter, hostname};
+use crate::python_json::{JsonMap, JsonValue};
+use crate::trainer_callback::TrainerCallback;
+use crate::trainer_control::TrainerControl;
+use crate::trainer_state::TrainerState;
+
+/// Upstream `rewrite_logs`: `eval_x` becomes `eval/x`, `test_x` becomes `test/x`, anything
+/// else `train/x`.
+pub fn rewrite_logs(logs: &JsonMap) -> JsonMap {
+    logs.iter()
+        .map(|(k, v)| {
+            let key = if let Some(rest) = k.strip_prefix("eval_") {
+                format!("eval/{rest}")
+            } else if let Some(rest) = k.strip_prefix("test_") {
+                format!("test/{rest}")
+            } else {
+                format!("train/{k}")
+            };
+            (key, v.clone())
+        })
+        .collect()
+}
+
+/// Upstream `default_logdir`: `runs/<Mon><DD>_<HH>-<MM>-<SS>_<hostname>`. The time is UTC
+/// (upstream uses local time; this crate reads no time zone database).
+pub fn default_logdir() -> PathBuf {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let name = format!(
+        "{}{:02}_{:02}-{:02}-{:02}_{}",
+        MONTHS[(month - 1) as usize],
+        day,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        hostname()
+    );
+    Path::new("runs").join(name)
+}
+
+/// Upstream `TensorBoardCallback`: writes every numeric log as a scalar (tag rewritten by
+/// [`rewrite_logs`], step = `global_step`) and every string log as text, on the world's main
+/// process. The folder is `TENSORBOARD_LOGGING_DIR` when set, else
+/// `<output_dir>/runs/<time>_<host>` (or `<output_dir>/runs/<time>_<host>/<trial_name>` in a
+/// hyperparameter search).
+#[derive(Debug, Default)]
+pub struct TensorBoardCallback {
+    /// Where the event file goes; chosen at `on_train_begin` when unset.
+    pub logging_dir: Option<PathBuf>,
+    tb_writer: Option<EventFileWriter>,
+}
+
+impl TensorBoardCallback {
+    /// A callback whose folder comes from `TENSORBOARD_LOGGING_DIR` (`~` expanded) when set.
+    pub fn new() -> Self {
+        let logging_dir = std::env::var_os("TENSORBOARD_LOGGING_DIR").map(|d| {
+            let d = PathBuf::from(d);
+            match (d.strip_prefix("~"), std::env::var_os("HOME")) {
+                (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+                _ => d,
+            }
+        });
+        Self {
+            logging_dir,
+            tb_writer: None,
+        }
+    }
+
+    /// A callback writing into `logging_dir`.
+    pub fn with_logging_dir(logging_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            logging_dir: Some(logging_dir.into()),
+            tb_writer: None,
+        }
+    }
+
+    /// The current event file, while one is open.
+    pub fn event_file(&self) -> Option<&Path> {
+        self.tb_writer.as_ref().map(EventFileWriter::path)
+    }
+
+    fn writer(&mut self) -> Result<&mut EventFileWriter> {
+        if self.tb_writer.is_none() {
+            // SummaryWriter(log_dir=None) falls back to `runs/...` in the working directory.
+            let dir = self.logging_dir.clone().unwrap_or_else(default_logdir);
+            self.tb_writer = Some(EventFileWriter::new(dir)?);
+        }
+        Ok(self.tb_writer.as_mut().expect("writer was just created"))
+    }
+}
+
+impl TrainerCallback for TensorBoardCallback {
+    fn on_train_begin(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> Result<()> {
+        if !state.is_world_process_zero {
+            return Ok(());
+        }
+        let output_dir = PathBuf::from(args.output_dir.as_deref().unwrap_or("trainer_output"));
+        if state.is_hyper_param_search
+            && let Some(trial) = &state.trial_name
+        {
+            self.logging_dir = Some(output_dir.join(default_logdir()).join(trial));
+        }
+        if self.logging_dir.is_none() {
+            self.logging_dir = Some(output_dir.join(default_logdir()));
+        }
+        let args_json = serde_json::to_string_pretty(args)?;
+        self.writer()?.add_text("args", &args_json, 0)
+    }
+
+    fn on_log(
+        &mut self,
+        _: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+        logs: &JsonMap,
+    ) -> Result<()> {
+        if !state.is_world_process_zero {
+            return Ok(());
+        }
+        let writer = self.writer()?;
+        for (k, v) in rewrite_logs(logs).iter() {
+            match v {
+                JsonValue::Int(_) | JsonValue::Float(_) | JsonValue::Bool(_) => {
+                    let x = match v {
+                        JsonValue::Bool(b) => f64::from(u8::from(*b)),
+                        other => other.as_f64().unwrap_or_default(),
+                    };
+                    writer.add_scalar(k, x, state.global_step)?;
+                }
+                JsonValue::Str(s) => writer.add_text(k, s, state.global_step)?,
+                other => log::warn!(
+                    "Trainer is attempting to log a value of \"{other:?}\" of type {} for key \"{k}\" as a scalar. \
+                     This invocation of Tensorboard's writer.add_scalar() is incorrect so we dropped this attribute.",
+                    other.type_name()
+                ),
+            }
+        }
+        writer.flush()
+    }
+
+    fn on_train_end(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> Result<()> {
+        if let Some(mut w) = self.tb_writer.take() {
+            w.flush()?;
+        }
+        Ok(())
+    }
+}
