@@ -43,15 +43,13 @@ pub(crate) fn ser_opt_steps<S: Serializer>(
     }
 }
 
-/// Upstream's `to_dict` masks every `*_token` field as `"<HUB_TOKEN>"`; so does all serialisation here.
+/// Upstream's `to_dict` masks every `*_token` field as `"<HUB_TOKEN>"`, set or not; so does all
+/// serialisation here.
 pub(crate) fn ser_token<S: Serializer>(
-    value: &Option<String>,
+    _: &Option<String>,
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {
-    match value {
-        Some(_) => s.serialize_str(TOKEN_MASK),
-        None => s.serialize_none(),
-    }
+    s.serialize_str(TOKEN_MASK)
 }
 
 /// Reads a token back; the mask `"<HUB_TOKEN>"` means "not known" and reads as `None`.

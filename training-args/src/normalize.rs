@@ -167,11 +167,33 @@ fn resolve_aliases(map: &mut JsonDict, warnings: &mut Vec<Warning>) -> Result<Op
         if let Some(v) = map.get(old).filter(|v| !v.is_null()).cloned()
             && new_unset
         {
+            let shape_ok = if old == "gradient_checkpointing" {
+                v.is_boolean()
+            } else {
+                v.is_object() || v.as_str().is_some_and(|s| s.starts_with('{'))
+            };
+            if !shape_ok {
+                return Err(Error::InvalidValue {
+                    field: old.into(),
+                    value: text(&v),
+                    reason: if old == "gradient_checkpointing" {
+                        "expected a boolean"
+                    } else {
+                        "expected a dict"
+                    }
+                    .into(),
+                });
+            }
             warnings.push(Warning::new(
                 old,
                 format!("`{old}` is deprecated and will be removed in v6. Use `{new}` instead."),
             ));
             map.insert(new.into(), v);
+        }
+        // Once resolved, the old name mirrors the new one (as upstream), so the typed
+        // `post_init` sees no lone old name.
+        if let Some(v) = map.get(new).cloned() {
+            map.insert(old.into(), v);
         }
     }
 
