@@ -293,6 +293,7 @@ out = {
         "to_dict": json.loads(defaults.to_json_string()),
         "to_json_string": defaults.to_json_string(),
         "field_order": [f for f in defaults.to_dict()],
+        "to_sanitized_dict": defaults.to_sanitized_dict(),
     },
     "env_dependent": {
         "disable_tqdm": "None resolves to whether the transformers log level (TRANSFORMERS_VERBOSITY) is above WARNING; "

@@ -97,6 +97,22 @@ impl TrainingArguments {
         let mut d = self.to_dict();
         d.insert("train_batch_size".into(), self.train_batch_size().into());
         d.insert("eval_batch_size".into(), self.eval_batch_size().into());
+        // Upstream prints the AcceleratorConfig dict in its declaration order.
+        let a = &self.accelerator_config;
+        let py = |v: Value| python_repr(&v);
+        let accel = format!(
+            "{{'split_batches': {}, 'dispatch_batches': {}, 'even_batches': {}, 'use_seedable_sampler': {}, \
+             'non_blocking': {}, 'gradient_accumulation_kwargs': {}}}",
+            py(a.split_batches.into()),
+            py(a.dispatch_batches.into()),
+            py(a.even_batches.into()),
+            py(a.use_seedable_sampler.into()),
+            py(a.non_blocking.into()),
+            py(a.gradient_accumulation_kwargs
+                .clone()
+                .map_or(Value::Null, Value::Object)),
+        );
+        d.insert("accelerator_config".into(), Value::String(accel));
         for v in d.values_mut() {
             if matches!(v, Value::Null | Value::Array(_) | Value::Object(_)) {
                 *v = Value::String(python_repr(v));

@@ -98,6 +98,11 @@ fn defaults_equal_upstream_to_dict_and_json_string() {
         ours.to_json_string(),
         r["defaults"]["to_json_string"].as_str().unwrap()
     );
+    let d = diff(
+        &ours.to_sanitized_dict(),
+        &r["defaults"]["to_sanitized_dict"],
+    );
+    assert!(d.is_empty(), "to_sanitized_dict differs:\n{}", d.join("\n"));
     // Default::default() is upstream's TrainingArguments() after __post_init__.
     let mut reparsed = TrainingArguments::default();
     assert!(reparsed.post_init().unwrap().is_empty());
@@ -478,4 +483,45 @@ fn v4_aliases_are_accepted_with_warnings() {
         ]
     );
     assert!(TrainingArguments::from_json_str(r#"{"warmup_ratio": 1.0}"#).is_err());
+}
+
+#[test]
+fn setters_follow_upstream_keyword_defaults() {
+    use tchtrain_training_args::{SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetSave};
+    let args = TrainingArguments::new("working_dir")
+        .set_evaluate(SetEvaluate {
+            strategy: IntervalStrategy::Steps,
+            steps: 100.0,
+            ..Default::default()
+        })
+        .unwrap()
+        .set_optimizer(SetOptimizer {
+            beta1: 0.8,
+            ..Default::default()
+        })
+        .set_lr_scheduler(SetLrScheduler {
+            name: SchedulerType::Cosine,
+            warmup_steps: 0.05,
+            ..Default::default()
+        })
+        .set_logging(SetLogging {
+            steps: 100.0,
+            report_to: vec!["none".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(args.eval_steps, Some(100.0));
+    assert!(args.do_eval);
+    assert_eq!(args.optim, OptimizerNames::AdamwTorch); // set_optimizer's keyword default
+    assert_eq!(args.adam_beta1, 0.8);
+    assert_eq!(args.get_warmup_steps(1000), 50);
+    assert!(!args.logging_nan_inf_filter); // set_logging's keyword default is False
+    assert!(args.report_to.is_empty());
+    let err = TrainingArguments::new("d")
+        .set_save(SetSave {
+            steps: 0.0,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(err.field(), Some("save_strategy"));
 }
