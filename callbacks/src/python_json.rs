@@ -232,8 +232,19 @@ pub fn python_float_repr(x: f64) -> String {
         };
     }
     let sign = if x.is_sign_negative() { "-" } else { "" };
-    // Rust's `{:e}` gives the shortest round-trip digits: "d.ddde-5" / "de16".
-    let sci = format!("{:e}", x.abs());
+    // Rust's `{:e}` gives the shortest round-trip digits ("d.ddde-5" / "de16"), but breaks a
+    // tie between two equally near candidates upwards; Python (David Gay's dtoa) takes the
+    // even one, which exact formatting to the same number of digits yields.
+    let shortest = format!("{:e}", x.abs());
+    let n = shortest
+        .split_once('e')
+        .map_or(1, |(m, _)| m.chars().filter(char::is_ascii_digit).count());
+    let even = format!("{:.*e}", n - 1, x.abs());
+    let sci = if even.parse::<f64>() == Ok(x.abs()) {
+        even
+    } else {
+        shortest
+    };
     let (mantissa, exp) = sci.split_once('e').expect("`{:e}` always has an exponent");
     let exp: i32 = exp.parse().expect("`{:e}` exponent is an integer");
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
@@ -649,6 +660,7 @@ mod tests {
             (123456789012345678.0, "1.2345678901234568e+17"),
             (0.1 + 0.2, "0.30000000000000004"),
             (5735.8, "5735.8"),
+            (17.7216949462890625, "17.721694946289062"),
             (1e300, "1e+300"),
             (5e-324, "5e-324"),
             (-2.5e-10, "-2.5e-10"),

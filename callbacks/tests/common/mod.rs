@@ -1,0 +1,97 @@
+//! Helpers shared by the integration tests: the reference folder and small builders.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use tchtrain_callbacks::{JsonValue, loads};
+use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
+
+/// `$TCHTRAIN_ASSETS/reference/trainer_callback`, else `<crate>/../assets/reference/trainer_callback`.
+pub fn reference_dir() -> PathBuf {
+    let assets = std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../assets"));
+    assets.join("reference").join("trainer_callback")
+}
+
+/// The text of a reference file; fails (never skips) when it is missing.
+pub fn reference_text(name: &str) -> String {
+    let path = reference_dir().join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reference file {} is missing ({e}); run `cargo xtask setup` (it runs \
+             scripts/reference/trainer_callback.py with the pinned transformers)",
+            path.display()
+        )
+    })
+}
+
+/// A reference file parsed with this crate's Python-compatible JSON reader.
+pub fn reference_json(name: &str) -> JsonValue {
+    loads(&reference_text(name)).unwrap_or_else(|e| panic!("reference {name}: {e}"))
+}
+
+pub fn interval(s: &str) -> IntervalStrategy {
+    match s {
+        "no" => IntervalStrategy::No,
+        "steps" => IntervalStrategy::Steps,
+        "epoch" => IntervalStrategy::Epoch,
+        other => panic!("unknown IntervalStrategy {other}"),
+    }
+}
+
+pub fn save_strategy(s: &str) -> SaveStrategy {
+    match s {
+        "no" => SaveStrategy::No,
+        "steps" => SaveStrategy::Steps,
+        "epoch" => SaveStrategy::Epoch,
+        "best" => SaveStrategy::Best,
+        other => panic!("unknown SaveStrategy {other}"),
+    }
+}
+
+/// A fresh folder under the system temp dir, unique to this process and `name`.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("tchtrain-callbacks-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub trait JsonExt {
+    fn at(&self, key: &str) -> &JsonValue;
+    fn f64(&self, key: &str) -> f64;
+    fn i64(&self, key: &str) -> i64;
+    fn str(&self, key: &str) -> &str;
+    fn bool(&self, key: &str) -> bool;
+}
+
+impl JsonExt for JsonValue {
+    fn at(&self, key: &str) -> &JsonValue {
+        self.as_object()
+            .and_then(|m| m.get(key))
+            .unwrap_or_else(|| panic!("reference has no `{key}`"))
+    }
+    fn f64(&self, key: &str) -> f64 {
+        self.at(key)
+            .as_f64()
+            .unwrap_or_else(|| panic!("`{key}` is not a number"))
+    }
+    fn i64(&self, key: &str) -> i64 {
+        self.at(key)
+            .as_i64()
+            .unwrap_or_else(|| panic!("`{key}` is not an int"))
+    }
+    fn str(&self, key: &str) -> &str {
+        self.at(key)
+            .as_str()
+            .unwrap_or_else(|| panic!("`{key}` is not a string"))
+    }
+    fn bool(&self, key: &str) -> bool {
+        self.at(key)
+            .as_bool()
+            .unwrap_or_else(|| panic!("`{key}` is not a bool"))
+    }
+}
