@@ -1,8 +1,120 @@
 //! The error type of `tchtrain-models`.
 
-/// Errors returned by `tchtrain-models`.
+use std::path::PathBuf;
+
+/// Errors returned by `tchtrain-models`; each names the file, field or input at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A forward pass needs an input that was not given.
+    #[error("missing model input `{name}`")]
+    MissingInput {
+        /// The input's name (`input_ids`, ...).
+        name: &'static str,
+    },
+    /// An input tensor is unusable (shape, dtype or value range).
+    #[error("invalid model input `{name}`: {detail}")]
+    InvalidInput {
+        /// The input's name.
+        name: &'static str,
+        /// What is wrong and what was expected.
+        detail: String,
+    },
+    /// A config field has a value this crate cannot use.
+    #[error("config field `{field}` = {value}: {fix}")]
+    InvalidConfig {
+        /// The config.json key.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file (config.json, index) is malformed or has wrong types.
+    #[error("{path}: invalid JSON: {source}")]
+    ConfigJson {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error (names the line and column).
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A required file is missing.
+    #[error("{path} is missing: {fix}")]
+    MissingFile {
+        /// The file that was looked for.
+        path: PathBuf,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// A safetensors checkpoint could not be read (truncated, corrupt).
+    #[error(
+        "{path}: cannot read checkpoint ({source}); the file may be truncated or corrupt: re-download or re-save it"
+    )]
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// libtorch's error.
+        #[source]
+        source: tch::TchError,
+    },
+    /// A safetensors file could not be written.
+    #[error("{path}: cannot write safetensors: {source}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The safetensors error.
+        #[source]
+        source: safetensors::SafeTensorError,
+    },
+    /// Checkpoint shapes differ from the model's (upstream raises the same unless
+    /// `ignore_mismatched_sizes=True`).
+    #[error("checkpoint shapes do not match the model: {}; pass ignore_mismatched_sizes to re-initialise them", keys.join(", "))]
+    MismatchedSizes {
+        /// `key: checkpoint [..] vs model [..]` lines.
+        keys: Vec<String>,
+    },
+    /// A tensor dtype safetensors cannot store.
+    #[error("dtype {kind} cannot be saved as safetensors")]
+    UnsupportedDtype {
+        /// The libtorch kind.
+        kind: String,
+    },
+    /// The config names an architecture this crate does not implement.
+    #[error("unsupported architecture `{name}`: supported are {supported}")]
+    UnsupportedArchitecture {
+        /// The `model_type` or class name.
+        name: String,
+        /// The supported names.
+        supported: &'static str,
+    },
+    /// A model could not be resolved to a local folder (local path, HF cache, download).
+    #[error("cannot resolve model `{name}`: {detail}")]
+    Resolve {
+        /// The name or path given.
+        name: String,
+        /// Where it was looked for and why it failed.
+        detail: String,
+    },
+    /// A tokenizer file could not be loaded.
+    #[error("{path}: cannot load tokenizer: {detail}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The tokenizers crate's message.
+        detail: String,
+    },
+    /// The loss could not be computed.
+    #[error(transparent)]
+    Loss(#[from] tchtrain_losses::Error),
     /// An error raised by libtorch.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

@@ -1,10 +1,69 @@
-//! `tchtrain-models` — Load, run and save Hugging Face checkpoints (BERT, GPT-2, Llama) on tch.
+//! `tchtrain-models` — load, run and save Hugging Face checkpoints (BERT, GPT-2, Llama) on tch.
 //!
-//! Owns the `PreTrainedModel` trait, safetensors loading and saving, `config.json`, hub resolution, and the BERT, GPT-2 and Llama architectures.
+//! Owns the [`PreTrainedModel`] trait the Trainer drives, safetensors loading (sharded
+//! index, tied weights, base-model prefix mapping, upstream's loading report) and
+//! `save_pretrained`, `config.json`, hub resolution, tokenizers, and the GPT-2, BERT and
+//! Llama architectures with upstream's parameter names.
 //!
-//! Mirrors upstream transformers/modeling_utils.py and the BERT, GPT-2 and Llama model files; names follow upstream so a transformers user finds each
-//! concept where they expect it.
+//! Mirrors upstream transformers/modeling_utils.py and the model files; names follow
+//! upstream (`GPT2LMHeadModel`, `BertForSequenceClassification`, ...) so a transformers
+//! user finds each concept where they expect it.
 
+mod attention;
+mod configuration_utils;
 mod error;
+mod gpt2;
+mod layers;
+mod loading;
+mod modeling_utils;
 
+pub use configuration_utils::{
+    LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
+};
 pub use error::{Error, Result};
+pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
+pub use loading::{
+    CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
+    checkpoint_files, load_into, read_checkpoint, save_pretrained, write_safetensors,
+};
+pub use modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+
+/// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.
+pub(crate) fn check_ids(ids: &tch::Tensor, vocab: i64, max_positions: i64) -> Result<(i64, i64)> {
+    let size = ids.size();
+    if size.len() != 2 {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!("expected [batch, seq], got shape {size:?}"),
+        });
+    }
+    if ids.kind() != tch::Kind::Int64 {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!("expected int64 token ids, got {:?}", ids.kind()),
+        });
+    }
+    if size[0] == 0 || size[1] == 0 {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: "empty batch".into(),
+        });
+    }
+    if size[1] > max_positions {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!(
+                "sequence length {} exceeds max_position_embeddings {max_positions}",
+                size[1]
+            ),
+        });
+    }
+    let (min, max) = (ids.min().int64_value(&[]), ids.max().int64_value(&[]));
+    if min < 0 || max >= vocab {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!("token ids must be in 0..{vocab}, got range {min}..={max}"),
+        });
+    }
+    Ok((size[0], size[1]))
+}

@@ -1,0 +1,458 @@
+//! GPT-2 (upstream `models/gpt2`): `GPT2Config`, `GPT2Model`, `GPT2LMHeadModel`,
+//! `GPT2ForSequenceClassification`, with upstream's parameter names
+//! (`transformer.h.0.attn.c_attn.weight`, Conv1D weights stored `[in, out]`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, Conv1D};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::{Error, Result};
+
+/// Upstream `GPT2Config` with its defaults (GPT-2 small).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct GPT2Config {
+    pub vocab_size: i64,
+    pub n_positions: i64,
+    pub n_embd: i64,
+    pub n_layer: i64,
+    pub n_head: i64,
+    /// Inner MLP width; `None` means `4 * n_embd`.
+    pub n_inner: Option<i64>,
+    pub activation_function: String,
+    pub resid_pdrop: f64,
+    pub embd_pdrop: f64,
+    pub attn_pdrop: f64,
+    pub layer_norm_epsilon: f64,
+    pub initializer_range: f64,
+    pub scale_attn_weights: bool,
+    pub scale_attn_by_inverse_layer_idx: bool,
+    pub reorder_and_upcast_attn: bool,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<i64>,
+    pub pad_token_id: Option<i64>,
+    pub tie_word_embeddings: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for GPT2Config {
+    fn default() -> Self {
+        Self {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd: 768,
+            n_layer: 12,
+            n_head: 12,
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            resid_pdrop: 0.1,
+            embd_pdrop: 0.1,
+            attn_pdrop: 0.1,
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            reorder_and_upcast_attn: false,
+            bos_token_id: Some(50256),
+            eos_token_id: Some(50256),
+            pad_token_id: None,
+            tie_word_embeddings: true,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for GPT2Config {
+    fn model_type(&self) -> &'static str {
+        "gpt2"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl GPT2Config {
+    /// Reads `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.n_head <= 0 || self.n_embd % self.n_head != 0 {
+            return Err(Error::InvalidConfig {
+                field: "n_head",
+                value: format!("{} (n_embd {})", self.n_head, self.n_embd),
+                fix: "n_embd must be divisible by n_head",
+            });
+        }
+        if self.reorder_and_upcast_attn {
+            return Err(Error::InvalidConfig {
+                field: "reorder_and_upcast_attn",
+                value: "true".into(),
+                fix: "only the sdpa attention path is implemented; set it to false",
+            });
+        }
+        Activation::parse(&self.activation_function, "activation_function")?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    ln_1: nn::LayerNorm,
+    c_attn: Conv1D,
+    c_proj: Conv1D,
+    ln_2: nn::LayerNorm,
+    c_fc: Conv1D,
+    mlp_proj: Conv1D,
+    scaling: f64,
+}
+
+/// Upstream `GPT2Model`: embeddings, blocks and the final LayerNorm.
+#[derive(Debug)]
+pub struct GPT2Model {
+    wte: nn::Embedding,
+    wpe: nn::Embedding,
+    h: Vec<Block>,
+    ln_f: nn::LayerNorm,
+    act: Activation,
+    config: GPT2Config,
+}
+
+impl GPT2Model {
+    /// Creates the variables under `p` (upstream prefix `transformer`).
+    pub fn new(p: nn::Path<'_>, config: &GPT2Config) -> Result<Self> {
+        config.validate()?;
+        let std = config.initializer_range;
+        let (d, inner) = (config.n_embd, config.n_inner.unwrap_or(4 * config.n_embd));
+        let head_dim = d / config.n_head;
+        // Upstream re-initialises every `c_proj.weight` with std / sqrt(2 * n_layer).
+        let proj_std = std / (2.0 * config.n_layer as f64).sqrt();
+        let h = (0..config.n_layer)
+            .map(|i| {
+                let b = &p / "h" / i;
+                let mut scaling = if config.scale_attn_weights {
+                    (head_dim as f64).powf(-0.5)
+                } else {
+                    1.0
+                };
+                if config.scale_attn_by_inverse_layer_idx {
+                    scaling /= (i + 1) as f64;
+                }
+                Block {
+                    ln_1: layers::layer_norm(&b / "ln_1", d, config.layer_norm_epsilon),
+                    c_attn: Conv1D::new(&b / "attn" / "c_attn", 3 * d, d, std),
+                    c_proj: Conv1D::new(&b / "attn" / "c_proj", d, d, proj_std),
+                    ln_2: layers::layer_norm(&b / "ln_2", d, config.layer_norm_epsilon),
+                    c_fc: Conv1D::new(&b / "mlp" / "c_fc", inner, d, std),
+                    mlp_proj: Conv1D::new(&b / "mlp" / "c_proj", d, inner, proj_std),
+                    scaling,
+                }
+            })
+            .collect();
+        Ok(Self {
+            wte: layers::embedding(&p / "wte", config.vocab_size, d, std),
+            wpe: layers::embedding(&p / "wpe", config.n_positions, d, std),
+            h,
+            ln_f: layers::layer_norm(&p / "ln_f", d, config.layer_norm_epsilon),
+            act: Activation::parse(&config.activation_function, "activation_function")?,
+            config: config.clone(),
+        })
+    }
+
+    /// The token embedding matrix (tied to the LM head).
+    pub fn wte(&self) -> &Tensor {
+        &self.wte.ws
+    }
+
+    /// The last hidden state `[batch, seq, n_embd]`.
+    pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        let ids = inputs.ids()?;
+        let (batch, seq) = crate::check_ids(ids, self.config.vocab_size, self.config.n_positions)?;
+        let device = self.wte.ws.device();
+        let ids = ids.f_to_device(device)?;
+        let positions = match inputs.position_ids {
+            Some(p) => p.f_to_device(device)?,
+            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+        };
+        let mut h = ids.apply(&self.wte) + positions.apply(&self.wpe);
+        if let Some(tt) = inputs.token_type_ids {
+            h = h + tt.f_to_device(device)?.apply(&self.wte);
+        }
+        let c = &self.config;
+        let mut h = h.dropout(c.embd_pdrop, train);
+        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, true, device);
+        let (heads, head_dim) = (c.n_head, c.n_embd / c.n_head);
+        let attn_p = if train { c.attn_pdrop } else { 0.0 };
+        for b in &self.h {
+            let x = h.apply(&b.ln_1);
+            let qkv = x.apply(&b.c_attn).split(c.n_embd, 2);
+            let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+            let a = attention::sdpa(
+                &to_heads(&qkv[0]),
+                &to_heads(&qkv[1]),
+                &to_heads(&qkv[2]),
+                mask.as_ref(),
+                attn_p,
+                b.scaling,
+            );
+            let a = a
+                .transpose(1, 2)
+                .reshape([batch, seq, c.n_embd])
+                .apply(&b.c_proj)
+                .dropout(c.resid_pdrop, train);
+            h = a + h;
+            let m = self
+                .act
+                .apply(&h.apply(&b.ln_2).apply(&b.c_fc))
+                .apply(&b.mlp_proj)
+                .dropout(c.resid_pdrop, train);
+            h = h + m;
+        }
+        Ok(h.apply(&self.ln_f))
+    }
+}
+
+fn build_vs(device: Device) -> nn::VarStore {
+    nn::VarStore::new(device)
+}
+
+/// Upstream `GPT2LMHeadModel`: `transformer` + `lm_head` (tied to `wte` by default).
+#[derive(Debug)]
+pub struct GPT2LMHeadModel {
+    vs: nn::VarStore,
+    transformer: GPT2Model,
+    lm_head: Option<Tensor>,
+    config: GPT2Config,
+    training: bool,
+}
+
+impl GPT2LMHeadModel {
+    /// A freshly initialised model (upstream `GPT2LMHeadModel(config)`), seeded by tch's RNG.
+    pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        let vs = build_vs(device);
+        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
+        let lm_head = (!config.tie_word_embeddings).then(|| {
+            (vs.root() / "lm_head").var(
+                "weight",
+                &[config.vocab_size, config.n_embd],
+                layers::normal(config.initializer_range),
+            )
+        });
+        Ok(Self {
+            vs,
+            transformer,
+            lm_head,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained` on a resolved local folder.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let mut model = Self::new(&config, device)?;
+        let tied = model
+            .tied_weights()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>();
+        let info = loading::load_into(
+            &mut model.vs,
+            loading::read_checkpoint(dir)?,
+            "transformer",
+            &tied,
+            options,
+        )?;
+        Ok(Loaded { model, info })
+    }
+}
+
+impl PreTrainedModel for GPT2LMHeadModel {
+    fn architecture(&self) -> &'static str {
+        "GPT2LMHeadModel"
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        if self.lm_head.is_none() {
+            vec![("lm_head.weight".into(), "transformer.wte.weight".into())]
+        } else {
+            vec![]
+        }
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.transformer.forward(inputs, self.training)?;
+        let logits = h.matmul(&self.lm_head.as_ref().unwrap_or(self.transformer.wte()).tr());
+        let loss = match inputs.labels {
+            Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
+                &logits,
+                labels,
+                self.config.vocab_size,
+                inputs.num_items_in_batch,
+                -100,
+                None,
+            )?),
+            None => None,
+        };
+        Ok(ModelOutput {
+            loss,
+            logits,
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
+
+/// Upstream `GPT2ForSequenceClassification`: `transformer` + `score` (no bias), pooled
+/// at the last non-padding token.
+#[derive(Debug)]
+pub struct GPT2ForSequenceClassification {
+    vs: nn::VarStore,
+    transformer: GPT2Model,
+    score: nn::Linear,
+    config: GPT2Config,
+    training: bool,
+}
+
+impl GPT2ForSequenceClassification {
+    /// A freshly initialised model.
+    pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        let vs = build_vs(device);
+        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
+        let score = layers::linear(
+            vs.root() / "score",
+            config.n_embd,
+            config.num_labels(),
+            false,
+            config.initializer_range,
+        );
+        Ok(Self {
+            vs,
+            transformer,
+            score,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)`: a base checkpoint gets a fresh head.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels.set_num_labels(n)?;
+        }
+        let mut model = Self::new(&config, device)?;
+        let info = loading::load_into(
+            &mut model.vs,
+            loading::read_checkpoint(dir)?,
+            "transformer",
+            &["lm_head.weight".to_string()],
+            options,
+        )?;
+        Ok(Loaded { model, info })
+    }
+}
+
+impl PreTrainedModel for GPT2ForSequenceClassification {
+    fn architecture(&self) -> &'static str {
+        "GPT2ForSequenceClassification"
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.transformer.forward(inputs, self.training)?;
+        let logits = h.apply(&self.score);
+        let ids = inputs.ids()?.f_to_device(logits.device())?;
+        let batch = ids.size()[0];
+        let seq = ids.size()[1];
+        // Upstream: the rightmost token that is not the pad token (the last one if no pad id).
+        let last = match self.config.pad_token_id {
+            Some(pad) => {
+                let non_pad = ids.ne(pad).to_kind(Kind::Int64);
+                (Tensor::arange(seq, (Kind::Int64, ids.device())) * non_pad).argmax(-1, false)
+            }
+            None if batch == 1 => Tensor::from_slice(&[seq - 1]).to_device(ids.device()),
+            None => {
+                return Err(Error::InvalidConfig {
+                    field: "pad_token_id",
+                    value: "None".into(),
+                    fix: "set pad_token_id in the config to classify batches larger than 1",
+                });
+            }
+        };
+        let pooled = logits.index(&[
+            Some(Tensor::arange(batch, (Kind::Int64, ids.device()))),
+            Some(last),
+        ]);
+        let loss = match inputs.labels {
+            Some(labels) => Some(tchtrain_losses::for_sequence_classification_loss(
+                labels,
+                &pooled,
+                self.config.num_labels(),
+                self.config.labels.problem_type()?,
+                inputs.num_items_in_batch,
+            )?),
+            None => None,
+        };
+        Ok(ModelOutput {
+            loss,
+            logits: pooled,
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}

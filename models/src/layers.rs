@@ -1,0 +1,165 @@
+//! Building blocks with upstream's parameter names and `_init_weights` initialisation:
+//! Linear, GPT-2's Conv1D (`[in, out]` weights), LayerNorm, RMSNorm, Embedding, and the
+//! activation functions of upstream's `ACT2FN`.
+
+use tch::nn::{self, Init, Module};
+use tch::{Kind, Tensor};
+
+use crate::{Error, Result};
+
+/// Upstream `_init_weights` for Linear / Conv1D / Embedding: `normal(0, initializer_range)`.
+pub(crate) fn normal(std: f64) -> Init {
+    Init::Randn {
+        mean: 0.0,
+        stdev: std,
+    }
+}
+
+/// `nn.Linear(in, out, bias)` initialised as upstream (normal weights, zero bias).
+pub(crate) fn linear(
+    p: nn::Path<'_>,
+    in_dim: i64,
+    out_dim: i64,
+    bias: bool,
+    std: f64,
+) -> nn::Linear {
+    let config = nn::LinearConfig {
+        ws_init: normal(std),
+        bs_init: bias.then_some(Init::Const(0.0)),
+        bias,
+    };
+    nn::linear(p, in_dim, out_dim, config)
+}
+
+/// `nn.LayerNorm(dim, eps)`: weight ones, bias zeros.
+pub(crate) fn layer_norm(p: nn::Path<'_>, dim: i64, eps: f64) -> nn::LayerNorm {
+    nn::layer_norm(
+        p,
+        vec![dim],
+        nn::LayerNormConfig {
+            eps,
+            ..Default::default()
+        },
+    )
+}
+
+/// `nn.Embedding(n, dim)` initialised as upstream.
+pub(crate) fn embedding(p: nn::Path<'_>, n: i64, dim: i64, std: f64) -> nn::Embedding {
+    nn::embedding(
+        p,
+        n,
+        dim,
+        nn::EmbeddingConfig {
+            ws_init: normal(std),
+            ..Default::default()
+        },
+    )
+}
+
+/// GPT-2's `Conv1D`: a linear layer whose weight is stored transposed, `[in, out]`.
+#[derive(Debug)]
+pub(crate) struct Conv1D {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Conv1D {
+    pub(crate) fn new(p: nn::Path<'_>, out_dim: i64, in_dim: i64, std: f64) -> Self {
+        Self {
+            weight: p.var("weight", &[in_dim, out_dim], normal(std)),
+            bias: p.var("bias", &[out_dim], Init::Const(0.0)),
+        }
+    }
+}
+
+impl Module for Conv1D {
+    /// `torch.addmm(bias, x.view(-1, in), weight).view(..., out)`, as upstream.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let mut shape = x.size();
+        let in_dim = *shape
+            .last()
+            .expect("Conv1D input has at least one dimension");
+        let out = self.bias.addmm(&x.reshape([-1, in_dim]), &self.weight);
+        *shape.last_mut().expect("non-empty shape") = self.weight.size()[1];
+        out.reshape(shape)
+    }
+}
+
+/// Llama's `RMSNorm`: computed in float32, scaled by `weight` in the input dtype.
+#[derive(Debug)]
+pub(crate) struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub(crate) fn new(p: nn::Path<'_>, dim: i64, eps: f64) -> Self {
+        Self {
+            weight: p.var("weight", &[dim], Init::Const(1.0)),
+            eps,
+        }
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let h = x.to_kind(Kind::Float);
+        let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let h = h * (variance + self.eps).rsqrt();
+        &self.weight * h.to_kind(kind)
+    }
+}
+
+/// Upstream `ACT2FN` entries used by the supported architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    /// `gelu`: exact (erf) GELU.
+    Gelu,
+    /// `gelu_new`: the tanh formula written out, as upstream's `NewGELUActivation`.
+    GeluNew,
+    /// `gelu_pytorch_tanh`: libtorch's tanh approximation.
+    GeluPytorchTanh,
+    /// `relu`.
+    Relu,
+    /// `silu` / `swish`.
+    Silu,
+    /// `tanh`.
+    Tanh,
+}
+
+impl Activation {
+    /// Parses an upstream activation name; `field` names the config key for the error.
+    pub(crate) fn parse(name: &str, field: &'static str) -> Result<Self> {
+        Ok(match name {
+            "gelu" => Self::Gelu,
+            "gelu_new" => Self::GeluNew,
+            "gelu_pytorch_tanh" => Self::GeluPytorchTanh,
+            "relu" => Self::Relu,
+            "silu" | "swish" => Self::Silu,
+            "tanh" => Self::Tanh,
+            other => {
+                return Err(Error::InvalidConfig {
+                    field,
+                    value: other.to_string(),
+                    fix: "supported activations: gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish, tanh",
+                });
+            }
+        })
+    }
+
+    pub(crate) fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Self::Gelu => x.gelu("none"),
+            Self::GeluNew => {
+                let inner = (x + x.pow_tensor_scalar(3.0) * 0.044715)
+                    * (2.0f64 / std::f64::consts::PI).sqrt();
+                x * 0.5 * (inner.tanh() + 1.0)
+            }
+            Self::GeluPytorchTanh => x.gelu("tanh"),
+            Self::Relu => x.relu(),
+            Self::Silu => x.silu(),
+            Self::Tanh => x.tanh(),
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Reading and writing weights: `model.safetensors` and sharded
+//! `model.safetensors.index.json`, base-model prefix mapping, tied weights, dtype casts,
+//! and upstream's loading report (missing / unexpected / mismatched keys).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use tch::{Kind, Tensor, nn::VarStore};
+
+use crate::modeling_utils::PreTrainedModel;
+use crate::{Error, Result};
+
+/// File name of a single-file checkpoint.
+pub const SAFE_WEIGHTS_NAME: &str = "model.safetensors";
+/// File name of a sharded checkpoint's index.
+pub const SAFE_WEIGHTS_INDEX_NAME: &str = "model.safetensors.index.json";
+/// File name of the config.
+pub const CONFIG_NAME: &str = "config.json";
+
+/// Upstream's loading report (`output_loading_info=True`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadingInfo {
+    /// Model parameters absent from the checkpoint (initialised fresh, e.g. a new head).
+    pub missing_keys: Vec<String>,
+    /// Checkpoint tensors the model has no parameter for.
+    pub unexpected_keys: Vec<String>,
+    /// `(key, checkpoint shape, model shape)` of tensors whose shapes differ.
+    pub mismatched_keys: Vec<(String, Vec<i64>, Vec<i64>)>,
+}
+
+impl LoadingInfo {
+    /// True when every parameter was loaded and nothing was left over.
+    pub fn is_clean(&self) -> bool {
+        self.missing_keys.is_empty()
+            && self.unexpected_keys.is_empty()
+            && self.mismatched_keys.is_empty()
+    }
+}
+
+impl std::fmt::Display for LoadingInfo {
+    /// The table upstream logs as `... LOAD REPORT`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_clean() {
+            return writeln!(f, "all keys loaded");
+        }
+        writeln!(f, "Key | Status | Details")?;
+        for k in &self.missing_keys {
+            writeln!(f, "{k} | MISSING | newly initialized")?;
+        }
+        for k in &self.unexpected_keys {
+            writeln!(f, "{k} | UNEXPECTED | ignored")?;
+        }
+        for (k, ckpt, model) in &self.mismatched_keys {
+            writeln!(f, "{k} | MISMATCH | checkpoint {ckpt:?} vs model {model:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Options of [`load_into`], as upstream's `from_pretrained` keyword arguments.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Keep freshly initialised weights where checkpoint shapes differ instead of failing.
+    pub ignore_mismatched_sizes: bool,
+}
+
+/// The checkpoint files of a model folder: the single file or every shard of the index.
+pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join(SAFE_WEIGHTS_NAME);
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join(SAFE_WEIGHTS_INDEX_NAME);
+    if index.is_file() {
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: BTreeMap<String, String>,
+        }
+        let text = std::fs::read_to_string(&index).map_err(|source| Error::Io {
+            path: index.clone(),
+            source,
+        })?;
+        let parsed: Index = serde_json::from_str(&text).map_err(|source| Error::ConfigJson {
+            path: index.clone(),
+            source,
+        })?;
+        let files: BTreeSet<&String> = parsed.weight_map.values().collect();
+        return files
+            .into_iter()
+            .map(|f| {
+                let p = dir.join(f);
+                if p.is_file() {
+                    Ok(p)
+                } else {
+                    Err(Error::MissingFile { path: p, fix: "the index names a shard that is not in the folder: re-download or re-save the model" })
+                }
+            })
+            .collect();
+    }
+    let fix = if dir.join("pytorch_model.bin").exists() {
+        "only safetensors checkpoints are read (pytorch_model.bin is a pickle): convert it with `model.save_pretrained(dir, safe_serialization=True)` in Python"
+    } else {
+        "the folder needs model.safetensors or model.safetensors.index.json"
+    };
+    Err(Error::MissingFile { path: single, fix })
+}
+
+/// Reads every tensor of a checkpoint folder (all shards).
+pub fn read_checkpoint(dir: &Path) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for file in checkpoint_files(dir)? {
+        let tensors = Tensor::read_safetensors(&file).map_err(|source| Error::Checkpoint {
+            path: file.clone(),
+            source,
+        })?;
+        out.extend(tensors);
+    }
+    Ok(out)
+}
+
+/// Keys that are buffers or leftovers of older upstream versions, never reported.
+fn ignorable(key: &str) -> bool {
+    key.ends_with("embeddings.position_ids")
+        || key.ends_with(".attn.bias")
+        || key.ends_with(".attn.masked_bias")
+        || key.ends_with("rotary_emb.inv_freq")
+}
+
+/// Copies checkpoint tensors into a model's variables by name, mapping the base-model
+/// prefix both ways (a base checkpoint into a head model and back), skipping tied keys,
+/// casting dtypes, and returning upstream's loading report.
+pub fn load_into(
+    vs: &mut VarStore,
+    tensors: Vec<(String, Tensor)>,
+    base_model_prefix: &str,
+    tied_keys: &[String],
+    options: &LoadOptions,
+) -> Result<LoadingInfo> {
+    let vars = vs.variables();
+    let prefix = format!("{base_model_prefix}.");
+    let model_has_prefix =
+        !base_model_prefix.is_empty() && vars.keys().any(|k| k.starts_with(&prefix));
+    let ckpt_has_prefix =
+        !base_model_prefix.is_empty() && tensors.iter().any(|(k, _)| k.starts_with(&prefix));
+    let rename = |k: &str| -> String {
+        if model_has_prefix && !ckpt_has_prefix && !vars.contains_key(k) {
+            format!("{prefix}{k}")
+        } else if !model_has_prefix && ckpt_has_prefix {
+            k.strip_prefix(&prefix).unwrap_or(k).to_string()
+        } else {
+            k.to_string()
+        }
+    };
+    let mut info = LoadingInfo::default();
+    let mut loaded: HashMap<String, ()> = HashMap::new();
+    tch::no_grad(|| -> Result<()> {
+        for (key, src) in tensors {
+            let name = rename(&key);
+            match vars.get(&name) {
+                Some(var) => {
+                    if var.size() != src.size() {
+                        info.mismatched_keys
+                            .push((name.clone(), src.size(), var.size()));
+                        continue;
+                    }
+                    let mut var = var.shallow_clone();
+                    var.f_copy_(&src.f_to_device(var.device())?)?;
+                    loaded.insert(name, ());
+                }
+                None if tied_keys.contains(&name) || ignorable(&name) => {}
+                None => info.unexpected_keys.push(name),
+            }
+        }
+        Ok(())
+    })?;
+    info.missing_keys = vars
+        .keys()
+        .filter(|k| !loaded.contains_key(*k))
+        .cloned()
+        .collect();
+    for v in [&mut info.missing_keys, &mut info.unexpected_keys] {
+        v.sort();
+    }
+    info.mismatched_keys.sort();
+    if !info.mismatched_keys.is_empty() && !options.ignore_mismatched_sizes {
+        return Err(Error::MismatchedSizes {
+            keys: info
+                .mismatched_keys
+                .iter()
+                .map(|(k, a, b)| format!("{k}: checkpoint {a:?} vs model {b:?}"))
+                .collect(),
+        });
+    }
+    info.missing_keys
+        .extend(info.mismatched_keys.iter().map(|(k, _, _)| k.clone()));
+    info.missing_keys.sort();
+    info.missing_keys.dedup();
+    Ok(info)
+}
+
+fn safetensors_dtype(kind: Kind) -> Result<safetensors::Dtype> {
+    Ok(match kind {
+        Kind::Float => safetensors::Dtype::F32,
+        Kind::Double => safetensors::Dtype::F64,
+        Kind::Half => safetensors::Dtype::F16,
+        Kind::BFloat16 => safetensors::Dtype::BF16,
+        Kind::Int64 => safetensors::Dtype::I64,
+        Kind::Int => safetensors::Dtype::I32,
+        Kind::Int8 => safetensors::Dtype::I8,
+        Kind::Uint8 => safetensors::Dtype::U8,
+        Kind::Bool => safetensors::Dtype::BOOL,
+        other => {
+            return Err(Error::UnsupportedDtype {
+                kind: format!("{other:?}"),
+            });
+        }
+    })
+}
+
+/// Writes named tensors as a safetensors file with upstream's `{"format": "pt"}` metadata
+/// (written to a temporary name, then renamed).
+pub fn write_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
+        Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t = t.f_to_device(tch::Device::Cpu)?.f_contiguous()?;
+        let dtype = safetensors_dtype(t.kind())?;
+        let numel = t.numel();
+        let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut bytes, numel)?;
+        let shape = t.size().iter().map(|&d| d as usize).collect();
+        owned.push((name.clone(), dtype, shape, bytes));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b)?,
+            ))
+        })
+        .collect::<std::result::Result<_, safetensors::SafeTensorError>>()
+        .map_err(|source| Error::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::serialize_to_file(views, &metadata, &tmp).map_err(|source| {
+        Error::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Upstream `save_pretrained`: `config.json` (with `architectures`, `dtype` and
+/// `transformers_version`) and `model.safetensors` without tied duplicates.
+pub fn save_pretrained<M: PreTrainedModel + ?Sized>(model: &M, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut tensors: Vec<(String, Tensor)> = model.var_store().variables().into_iter().collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let dtype = tensors
+        .first()
+        .map(|(_, t)| t.kind())
+        .unwrap_or(Kind::Float);
+    write_safetensors(&tensors, &dir.join(SAFE_WEIGHTS_NAME))?;
+    let mut config = model.config().to_json_value()?;
+    if let Some(obj) = config.as_object_mut() {
+        obj.insert(
+            "architectures".into(),
+            serde_json::json!([model.architecture()]),
+        );
+        obj.insert("model_type".into(), model.config().model_type().into());
+        obj.insert("dtype".into(), dtype_name(dtype).into());
+        obj.insert(
+            "transformers_version".into(),
+            crate::configuration_utils::TRANSFORMERS_VERSION.into(),
+        );
+    }
+    let text = serde_json::to_string_pretty(&config).map_err(|source| Error::ConfigJson {
+        path: dir.join(CONFIG_NAME),
+        source,
+    })?;
+    let path = dir.join(CONFIG_NAME);
+    std::fs::write(&path, text + "\n").map_err(|source| Error::Io { path, source })
+}
+
+/// Upstream's dtype names in config.json.
+pub fn dtype_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Half => "float16",
+        Kind::BFloat16 => "bfloat16",
+        Kind::Double => "float64",
+        _ => "float32",
+    }
+}

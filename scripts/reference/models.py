@@ -1,0 +1,147 @@
+"""Reference for models/tests: logits, losses, gradients and token ids from transformers 5.23.
+
+Usage: python models.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+
+For every checkpoint (tiny random GPT-2 / BERT / Llama made by setup, real MiniLM, real
+SmolLM2-135M) it writes OUT_DIR/<case>.safetensors with
+  input_ids, attention_mask           the batch fed to the model (int64)
+  logits (or last_hidden_state)       eval mode, fp32
+  loss                                train-mode forward with dropout disabled (eval),
+                                      labels as described per case
+  grad.<param name>                   gradients after loss.backward() (all parameters for
+                                      tiny models, a few named ones for the real ones)
+Fresh-head cases (sequence / token classification on tiny models) save the Python model
+with save_pretrained into OUT_DIR/<case>/ so Rust loads the very same head weights.
+Token ids of a hamlet.txt paragraph for the GPT-2, MiniLM and SmolLM2 tokenizers go to
+OUT_DIR/tokenizers.json.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import transformers as tf
+
+OUT = Path(sys.argv[1])
+ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+torch.set_num_threads(2)
+
+
+def batch(vocab: int, seq: int = 8):
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (2, seq), generator=g)
+    mask = torch.ones(2, seq, dtype=torch.int64)
+    mask[1, seq - 3 :] = 0
+    return ids, mask
+
+
+def record(case, model, ids, mask, labels, grads="all", output="logits", extra=None):
+    model.eval()
+    tensors = {"input_ids": ids.contiguous(), "attention_mask": mask.contiguous()}
+    kwargs = dict(input_ids=ids, attention_mask=mask)
+    if extra:
+        kwargs.update(extra)
+        tensors.update({k: v.contiguous() for k, v in extra.items()})
+    with torch.no_grad():
+        out = model(**kwargs)
+    tensors[output] = getattr(out, output).contiguous()
+    if labels is not None:
+        tensors["labels"] = labels.contiguous()
+        model.zero_grad()
+        out = model(**kwargs, labels=labels)
+        out.loss.backward()
+        tensors["loss"] = out.loss.detach().reshape(1)
+        for name, p in model.named_parameters():
+            if p.grad is not None and (grads == "all" or name in grads):
+                tensors[f"grad.{name}"] = p.grad.detach().contiguous()
+    save_file(tensors, str(OUT / f"{case}.safetensors"))
+
+
+def main():
+    # --- tiny GPT-2: LM head with labels = input_ids (padding -> -100)
+    m = tf.GPT2LMHeadModel.from_pretrained(ASSETS / "tiny-gpt2")
+    ids, mask = batch(m.config.vocab_size)
+    labels = ids.masked_fill(mask == 0, -100)
+    record("tiny_gpt2_lm", m, ids, mask, labels)
+
+    # --- tiny GPT-2 sequence classification (fresh head saved for Rust)
+    torch.manual_seed(0)
+    m = tf.GPT2ForSequenceClassification.from_pretrained(ASSETS / "tiny-gpt2", num_labels=3, pad_token_id=50256)
+    m.save_pretrained(OUT / "tiny_gpt2_seqcls")
+    ids_p = ids.clone()
+    ids_p[1, -3:] = 50256
+    record("tiny_gpt2_seqcls", m, ids_p, mask, torch.tensor([2, 0]))
+
+    # --- tiny BERT masked LM
+    m = tf.BertForMaskedLM.from_pretrained(ASSETS / "tiny-bert")
+    ids, mask = batch(m.config.vocab_size)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[0, 5], labels[1, 1] = 7, 99, 1000
+    tt = torch.zeros_like(ids)
+    tt[:, 4:] = 1
+    record("tiny_bert_mlm", m, ids, mask, labels, extra={"token_type_ids": tt})
+
+    # --- tiny BERT sequence + token classification (fresh heads)
+    torch.manual_seed(0)
+    m = tf.BertForSequenceClassification.from_pretrained(ASSETS / "tiny-bert", num_labels=3)
+    m.save_pretrained(OUT / "tiny_bert_seqcls")
+    record("tiny_bert_seqcls", m, ids, mask, torch.tensor([1, 2]))
+    torch.manual_seed(0)
+    m = tf.BertForTokenClassification.from_pretrained(ASSETS / "tiny-bert", num_labels=5)
+    m.save_pretrained(OUT / "tiny_bert_tokcls")
+    tok_labels = torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7))
+    tok_labels = tok_labels.masked_fill(mask == 0, -100)
+    record("tiny_bert_tokcls", m, ids, mask, tok_labels)
+
+    # --- tiny Llama causal LM
+    m = tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama")
+    ids, mask = batch(m.config.vocab_size)
+    labels = ids.masked_fill(mask == 0, -100)
+    record("tiny_llama_lm", m, ids, mask, labels)
+
+    # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
+    m = tf.BertModel.from_pretrained(ASSETS / "minilm")
+    ids, mask = batch(m.config.vocab_size, seq=12)
+    record("minilm", m, ids, mask, None, output="last_hidden_state")
+    # MiniLM under a fresh sequence-classification head: the loaded body gets `bert.`
+    torch.manual_seed(0)
+    m = tf.BertForSequenceClassification.from_pretrained(ASSETS / "minilm", num_labels=2)
+    m.save_pretrained(OUT / "minilm_seqcls")
+    record(
+        "minilm_seqcls", m, ids, mask, torch.tensor([1, 0]),
+        grads=["bert.encoder.layer.0.attention.self.query.weight", "classifier.weight", "bert.embeddings.word_embeddings.weight"],
+    )
+
+    # --- real SmolLM2-135M
+    m = tf.LlamaForCausalLM.from_pretrained(ASSETS / "smollm2-135m", dtype=torch.float32)
+    ids, mask = batch(m.config.vocab_size, seq=10)
+    labels = ids.masked_fill(mask == 0, -100)
+    record(
+        "smollm2", m, ids, mask, labels,
+        grads=["model.layers.0.self_attn.q_proj.weight", "model.layers.29.mlp.down_proj.weight", "model.norm.weight", "model.embed_tokens.weight"],
+    )
+
+    # --- tokenizers on a hamlet paragraph
+    text = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8")
+    paragraph = text[2000:2600]
+    gpt2 = tf.GPT2TokenizerFast(
+        vocab_file=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
+        merges_file=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
+    )
+    minilm = tf.AutoTokenizer.from_pretrained(ASSETS / "minilm")
+    smol = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    out = {
+        "paragraph": paragraph,
+        "gpt2": gpt2(paragraph)["input_ids"],
+        "minilm": minilm(paragraph)["input_ids"],
+        "smollm2": smol(paragraph)["input_ids"],
+    }
+    (OUT / "tokenizers.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
