@@ -35,4 +35,4 @@ pub use python_json::{JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_
 pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs};
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
-pub use trainer_state::{TrainerState, TrainingReferences};
+pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};

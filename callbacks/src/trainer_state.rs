@@ -59,13 +59,17 @@ pub struct TrainerState {
     /// Saved states of [`ExportableState`](crate::ExportableState) callbacks, by class name:
     /// a `{"args", "attributes"}` object, or a list of them for several callbacks of one class.
     pub stateful_callbacks: JsonMap,
-    forms: NumberForms,
+    /// Which numeric fields Python holds as the other number type (`"epoch": 0`,
+    /// `"logging_steps": 1.0`), for as long as they keep that value; filled by
+    /// [`load_from_json`](Self::load_from_json) and [`Default`], read by the serializer.
+    /// Public only so that `TrainerState { global_step: 3, ..Default::default() }` works.
+    pub number_forms: NumberForms,
 }
 
-/// The Python number type each numeric field was last given, while it keeps that value.
-/// Formatting only: never part of equality.
+/// The Python number type of the numeric fields of a [`TrainerState`] whose JSON type is not
+/// the field's usual one. Formatting only: never part of equality.
 #[derive(Debug, Clone, Default)]
-struct NumberForms {
+pub struct NumberForms {
     /// Float fields that hold a Python `int`: field -> the value it had then.
     ints: BTreeMap<&'static str, f64>,
     /// Integer fields that hold a Python `float`: field -> (integer value, the float).
@@ -105,7 +109,7 @@ impl Default for TrainerState {
             trial_name: None,
             trial_params: None,
             stateful_callbacks: JsonMap::new(),
-            forms,
+            number_forms: forms,
         }
     }
 }
@@ -208,11 +212,11 @@ impl TrainerState {
             };
             let int = value as i64;
             if value == int as f64 {
-                self.forms.floats.remove(field);
+                self.number_forms.floats.remove(field);
             } else {
                 // A non-whole absolute value (only possible when its strategy is not "steps",
                 // so it is never used): Python keeps the float.
-                self.forms.floats.insert(field, (int, value));
+                self.number_forms.floats.insert(field, (int, value));
             }
             *self.steps_field(field) = int;
         }
@@ -241,13 +245,13 @@ impl TrainerState {
 
     /// The state as the JSON object upstream's `dataclasses.asdict` gives.
     pub fn to_json_value(&self) -> JsonValue {
-        let float = |field: &'static str, v: f64| match self.forms.ints.get(field) {
+        let float = |field: &'static str, v: f64| match self.number_forms.ints.get(field) {
             Some(was) if *was == v && v.fract() == 0.0 && v.abs() < 9.0e18 => {
                 JsonValue::Int(v as i64)
             }
             _ => JsonValue::Float(v),
         };
-        let int = |field: &'static str, v: i64| match self.forms.floats.get(field) {
+        let int = |field: &'static str, v: i64| match self.number_forms.floats.get(field) {
             Some((was, f)) if *was == v => JsonValue::Float(*f),
             _ => JsonValue::Int(v),
         };
@@ -368,11 +372,11 @@ impl TrainerState {
                 "epoch" | "total_flos" | "best_metric" => {
                     let f = match v {
                         JsonValue::Int(i) => {
-                            s.forms.ints.insert(field, *i as f64);
+                            s.number_forms.ints.insert(field, *i as f64);
                             *i as f64
                         }
                         JsonValue::Float(f) => {
-                            s.forms.ints.remove(field);
+                            s.number_forms.ints.remove(field);
                             *f
                         }
                         _ => return Err(type_err(field, "a number", v)),
@@ -395,7 +399,7 @@ impl TrainerState {
                     let i = match v {
                         JsonValue::Int(i) => *i,
                         JsonValue::Float(f) if f.is_finite() => {
-                            s.forms.floats.insert(field, (f.trunc() as i64, *f));
+                            s.number_forms.floats.insert(field, (f.trunc() as i64, *f));
                             f.trunc() as i64
                         }
                         _ => return Err(type_err(field, "an integer", v)),

@@ -245,8 +245,10 @@ fn early_stopping_decisions_match_upstream() {
 
 #[test]
 fn early_stopping_requires_metric_and_eval_strategy() {
-    let mut state = TrainerState::default();
-    state.max_steps = 3;
+    let state = TrainerState {
+        max_steps: 3,
+        ..Default::default()
+    };
     let mut control = TrainerControl::default();
     let mut cb = EarlyStoppingCallback::default();
     let no_metric = TrainingArguments {
