@@ -19,8 +19,8 @@ use crate::trainer_state::TrainerState;
 pub struct EarlyStoppingCallback {
     /// Number of evaluations without improvement before stopping.
     pub early_stopping_patience: i64,
-    /// How much the metric must improve to count as an improvement (upstream allows `None`,
-    /// which compares as `0.0`... and fails in Python; here it is always a number).
+    /// How much the metric must improve to count as an improvement. Upstream's type allows
+    /// `None`, which raises `TypeError` at the first comparison; here it is always a number.
     pub early_stopping_threshold: f64,
     /// Number of evaluations in a row that failed to improve.
     pub early_stopping_patience_counter: i64,

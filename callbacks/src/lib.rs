@@ -4,6 +4,48 @@
 //!
 //! Mirrors upstream transformers/trainer_callback.py; names follow upstream so a transformers user finds each
 //! concept where they expect it.
+//!
+//! The training loop owns a [`TrainerState`] and a [`TrainerControl`] and lends them to the
+//! [`CallbackHandler`] at every event; callbacks decide by setting flags, the loop acts:
+//!
+//! ```
+//! use tchtrain_callbacks::{CallbackHandler, DefaultFlowCallback, JsonMap, TrainerControl, TrainerState};
+//! use tchtrain_training_args::TrainingArguments;
+//!
+//! # fn main() -> tchtrain_callbacks::Result<()> {
+//! let args = TrainingArguments { logging_steps: 2.0, max_steps: 4, ..Default::default() };
+//! let mut handler = CallbackHandler::new(vec![Box::new(DefaultFlowCallback)]);
+//! let mut state = TrainerState::default();
+//! let mut control = TrainerControl::default();
+//! state.compute_steps(&args, 4);
+//! state.max_steps = 4;
+//! handler.on_train_begin(&args, &state, &mut control)?;
+//! handler.on_epoch_begin(&args, &state, &mut control)?;
+//! while !control.should_training_stop {
+//!     handler.on_step_begin(&args, &state, &mut control)?;
+//!     // ... forward, backward, optimizer step ...
+//!     state.global_step += 1;
+//!     state.epoch = state.global_step as f64 / 4.0;
+//!     handler.on_step_end(&args, &state, &mut control)?;
+//!     if control.should_log {
+//!         let mut logs = JsonMap::new();
+//!         logs.insert("loss", 0.5);
+//!         logs.insert("epoch", state.epoch);
+//!         let mut entry = logs.clone();
+//!         entry.insert("step", state.global_step);
+//!         state.log_history.push(entry);
+//!         handler.on_log(&args, &state, &mut control, &logs)?;
+//!     }
+//!     if control.should_save {
+//!         // ... write checkpoint-N/, then its trainer_state.json:
+//!         state.update_stateful_callbacks(handler.exportable_states(&control));
+//!         handler.on_save(&args, &state, &mut control)?;
+//!     }
+//! }
+//! assert_eq!(state.log_history.len(), 2);
+//! # Ok(())
+//! # }
+//! ```
 
 mod callback_handler;
 mod default_flow;
