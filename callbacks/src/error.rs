@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::python_json::JsonSyntaxError;
+use crate::json_loads::JsonSyntaxError;
 
 /// Errors returned by `tchtrain-callbacks`.
 #[derive(Debug, thiserror::Error)]
