@@ -1,10 +1,88 @@
 //! `tchtrain-optim` — Optimizers with exportable state and every transformers LR scheduler, on tch.
 //!
-//! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()`, every `SchedulerType`, decay / no-decay parameter groups and global grad-norm clipping.
+//! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()` (AdamW incl.
+//! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion), every `SchedulerType`,
+//! decay / no-decay parameter groups, `optim_args` parsing and global grad-norm clipping.
 //!
-//! Mirrors upstream transformers/optimization.py, trainer_optimizer.py and torch.optim; names follow upstream so a transformers user finds each
-//! concept where they expect it.
+//! Mirrors upstream transformers/optimization.py, trainer_optimizer.py and torch.optim; names
+//! follow upstream so a transformers user finds each concept where they expect it. On CPU the
+//! optimizers run torch.optim's default single-tensor path op for op (bit-identical results);
+//! `fused: true` calls libtorch's fused kernels through a small C++ shim.
+//!
+//! A training step:
+//!
+//! ```no_run
+//! use tch::{nn, Device};
+//! use tchtrain_optim::{
+//!     clip_grad_norm_if_enabled, create_optimizer, decay_param_groups, get_scheduler,
+//!     LrScheduler, OptimizerArgs,
+//! };
+//! # fn main() -> Result<(), tchtrain_optim::Error> {
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! // ... build the model under vs.root() ...
+//! let named: Vec<_> = vs.variables().into_iter().collect();
+//! let params: Vec<_> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
+//! let groups = decay_param_groups(named, 0.01, &["transformer.ln_f"]);
+//! let mut opt = create_optimizer(&OptimizerArgs { learning_rate: 5e-5, ..Default::default() }, groups)?;
+//! let mut sched = get_scheduler("linear", opt.as_mut(), Some(100), Some(1000), None)?;
+//! // loss.backward();
+//! clip_grad_norm_if_enabled(&params, 1.0)?;
+//! opt.step()?;
+//! sched.step(opt.as_mut())?;
+//! opt.zero_grad();
+//! opt.save(std::path::Path::new("checkpoint-1"))?;
+//! sched.save(std::path::Path::new("checkpoint-1"))?;
+//! # Ok(()) }
+//! ```
 
+mod adafactor;
+mod adagrad;
+mod adam;
+mod adamw;
+mod clip;
+mod decay;
 mod error;
+mod ffi;
+mod lion;
+mod optim_args;
+mod optimizer;
+mod plateau;
+mod rmsprop;
+mod scheduler;
+mod schedules;
+mod sgd;
+mod trainer_optimizer;
 
+pub use adafactor::{Adafactor, AdafactorConfig};
+pub use adagrad::{Adagrad, AdagradConfig};
+pub use adam::{Adam, AdamConfig};
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::{
+    clip_grad_norm, clip_grad_norm_if_enabled, clip_grad_value, clip_grads_with_norm,
+    get_total_norm,
+};
+pub use decay::{
+    FORBIDDEN_NAME_PATTERNS, decay_param_groups, get_decay_parameter_names, is_decay_parameter,
+    matches_forbidden_name,
+};
 pub use error::{Error, Result};
+pub use lion::{Lion, LionConfig};
+pub use optim_args::parse_optim_args;
+pub use optimizer::{
+    GroupSpec, OPTIMIZER_STATE_NAME, OPTIMIZER_TENSORS_NAME, Optimizer, OptimizerStateDict,
+    OptimizerStateMeta, ParamGroup, ParamGroupState, ParamState, ParamStateMeta,
+};
+pub use plateau::{GreedyLR, PlateauMode, ReduceLROnPlateau, StreamingAverage, ThresholdMode};
+pub use rmsprop::{RmsProp, RmsPropConfig};
+pub use scheduler::{
+    LambdaLR, LrScheduler, SCHEDULER_NAME, SCHEDULER_TYPES, SchedulerKwargs, get_scheduler,
+};
+pub use schedules::{
+    LrLambda, WsdCurve, WsdOptions, get_constant_schedule, get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup, get_cosine_with_hard_restarts_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup_lr_rate, get_inverse_sqrt_schedule,
+    get_linear_schedule_with_warmup, get_polynomial_decay_schedule_with_warmup, get_wsd_schedule,
+};
+pub use sgd::{Sgd, SgdConfig};
+pub use trainer_optimizer::{OptimizerArgs, SUPPORTED_OPTIMIZERS, create_optimizer};

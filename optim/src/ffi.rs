@@ -1,0 +1,267 @@
+//! The safe Rust face of `csrc/optim_shim.cpp`: libtorch ops that tch does not expose
+//! (`add(other, alpha)`, `addcmul(.., value)`, `addcdiv(.., value)`) and the fused
+//! multi-tensor kernels `_fused_adamw_` / `_fused_adam_` / `_fused_sgd_`.
+//!
+//! This is the only module that sees raw pointers. Each call hands libtorch pointers to
+//! tensors borrowed for the duration of the call; C++ exceptions are caught in the shim and
+//! come back as [`Error::Torch`](crate::Error::Torch).
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, c_char, c_int};
+
+use tch::{TchError, Tensor};
+use torch_sys::C_tensor;
+
+use crate::Result;
+
+unsafe extern "C" {
+    fn tchtrain_optim_free_error(err: *mut c_char);
+    fn tchtrain_optim_add_(s: *mut C_tensor, other: *const C_tensor, alpha: f64) -> *mut c_char;
+    fn tchtrain_optim_add(
+        s: *const C_tensor,
+        other: *const C_tensor,
+        alpha: f64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    fn tchtrain_optim_addcmul_(
+        s: *mut C_tensor,
+        t1: *const C_tensor,
+        t2: *const C_tensor,
+        value: f64,
+    ) -> *mut c_char;
+    fn tchtrain_optim_addcmul(
+        s: *const C_tensor,
+        t1: *const C_tensor,
+        t2: *const C_tensor,
+        value: f64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    fn tchtrain_optim_addcdiv_(
+        s: *mut C_tensor,
+        t1: *const C_tensor,
+        t2: *const C_tensor,
+        value: f64,
+    ) -> *mut c_char;
+    fn tchtrain_optim_vector_norm(
+        s: *const C_tensor,
+        ord: f64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    fn tchtrain_optim_fused_adam(
+        params: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        exp_avgs: *const *mut C_tensor,
+        exp_avg_sqs: *const *mut C_tensor,
+        max_exp_avg_sqs: *const *mut C_tensor,
+        state_steps: *const *mut C_tensor,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        amsgrad: c_int,
+        maximize: c_int,
+        decoupled: c_int,
+    ) -> *mut c_char;
+    fn tchtrain_optim_fused_sgd(
+        params: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        momentum_buffers: *const *mut C_tensor,
+        n: usize,
+        weight_decay: f64,
+        momentum: f64,
+        lr: f64,
+        dampening: f64,
+        nesterov: c_int,
+        maximize: c_int,
+        is_first_step: c_int,
+    ) -> *mut c_char;
+}
+
+/// Turns the shim's error pointer into a `Result`, freeing the message.
+fn check(err: *mut c_char) -> Result<()> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, freed once here.
+    let msg = unsafe {
+        let msg = CStr::from_ptr(err).to_string_lossy().into_owned();
+        tchtrain_optim_free_error(err);
+        msg
+    };
+    Err(TchError::Torch(msg).into())
+}
+
+/// Takes ownership of a tensor the shim allocated with `new at::Tensor`.
+fn adopt(out: *mut C_tensor) -> Result<Tensor> {
+    if out.is_null() {
+        return Err(TchError::Torch("the optim shim returned no tensor".into()).into());
+    }
+    // SAFETY: `out` was allocated by the shim with `new at::Tensor(..)`, the same layout tch
+    // uses for its own tensors, and nothing else owns it.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// `t.add_(other, alpha=alpha)`.
+pub(crate) fn add_(t: &mut Tensor, other: &Tensor, alpha: f64) -> Result<()> {
+    // SAFETY: both pointers come from live tensors borrowed for the call.
+    check(unsafe { tchtrain_optim_add_(t.as_mut_ptr(), other.as_ptr(), alpha) })
+}
+
+/// `t.add(other, alpha=alpha)`.
+pub(crate) fn add(t: &Tensor, other: &Tensor, alpha: f64) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: both inputs are live tensors borrowed for the call; `out` is written on success.
+    check(unsafe { tchtrain_optim_add(t.as_ptr(), other.as_ptr(), alpha, &mut out) })?;
+    adopt(out)
+}
+
+/// `t.addcmul_(t1, t2, value=value)`.
+pub(crate) fn addcmul_(t: &mut Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<()> {
+    // SAFETY: all pointers come from live tensors borrowed for the call.
+    check(unsafe { tchtrain_optim_addcmul_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) })
+}
+
+/// `t.addcmul(t1, t2, value=value)`.
+pub(crate) fn addcmul(t: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: all inputs are live tensors borrowed for the call; `out` is written on success.
+    check(unsafe {
+        tchtrain_optim_addcmul(t.as_ptr(), t1.as_ptr(), t2.as_ptr(), value, &mut out)
+    })?;
+    adopt(out)
+}
+
+/// `t.addcdiv_(t1, t2, value=value)`.
+pub(crate) fn addcdiv_(t: &mut Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<()> {
+    // SAFETY: all pointers come from live tensors borrowed for the call.
+    check(unsafe { tchtrain_optim_addcdiv_(t.as_mut_ptr(), t1.as_ptr(), t2.as_ptr(), value) })
+}
+
+/// `torch.linalg.vector_norm(t, ord)` over all elements (a 0-d tensor).
+pub(crate) fn vector_norm(t: &Tensor, ord: f64) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: the input is a live tensor borrowed for the call; `out` is written on success.
+    check(unsafe { tchtrain_optim_vector_norm(t.as_ptr(), ord, &mut out) })?;
+    adopt(out)
+}
+
+fn ptrs(ts: &[&Tensor]) -> Vec<*mut C_tensor> {
+    // The kernels write through these; the caller holds `&mut` access to the owning structs.
+    ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+}
+
+/// Hyper-parameters of one `_fused_adam(w)_` call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FusedAdamArgs {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub eps: f64,
+    pub amsgrad: bool,
+    pub maximize: bool,
+    /// `_fused_adamw_` when true, `_fused_adam_` otherwise.
+    pub decoupled: bool,
+}
+
+/// Tensors of one `_fused_adam(w)_` call; all lists have the same length and device.
+pub(crate) struct FusedAdamTensors<'a> {
+    pub params: &'a [&'a Tensor],
+    pub grads: &'a [&'a Tensor],
+    pub exp_avgs: &'a [&'a Tensor],
+    pub exp_avg_sqs: &'a [&'a Tensor],
+    /// Read only when `amsgrad`.
+    pub max_exp_avg_sqs: &'a [&'a Tensor],
+    pub state_steps: &'a [&'a Tensor],
+}
+
+/// `torch._fused_adamw_` / `torch._fused_adam_`: updates params, moments in place (the
+/// step tensors must already be incremented, as torch.optim does before the call).
+pub(crate) fn fused_adam(t: &FusedAdamTensors<'_>, a: FusedAdamArgs) -> Result<()> {
+    let n = t.params.len();
+    let lists = [t.grads, t.exp_avgs, t.exp_avg_sqs, t.state_steps];
+    if lists.iter().any(|l| l.len() != n) || (a.amsgrad && t.max_exp_avg_sqs.len() != n) {
+        return Err(TchError::Torch("fused adam: tensor lists differ in length".into()).into());
+    }
+    let (p, g, m, v, s) = (
+        ptrs(t.params),
+        ptrs(t.grads),
+        ptrs(t.exp_avgs),
+        ptrs(t.exp_avg_sqs),
+        ptrs(t.state_steps),
+    );
+    let vmax = if a.amsgrad {
+        ptrs(t.max_exp_avg_sqs)
+    } else {
+        v.clone()
+    };
+    // SAFETY: every pointer array holds `n` pointers to live tensors that outlive the call.
+    check(unsafe {
+        tchtrain_optim_fused_adam(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            vmax.as_ptr(),
+            s.as_ptr(),
+            n,
+            a.lr,
+            a.beta1,
+            a.beta2,
+            a.weight_decay,
+            a.eps,
+            c_int::from(a.amsgrad),
+            c_int::from(a.maximize),
+            c_int::from(a.decoupled),
+        )
+    })
+}
+
+/// Hyper-parameters of one `_fused_sgd_` call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FusedSgdArgs {
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub lr: f64,
+    pub dampening: f64,
+    pub nesterov: bool,
+    pub maximize: bool,
+    pub is_first_step: bool,
+}
+
+/// `torch._fused_sgd_` (momentum buffers are read only when `momentum != 0`).
+pub(crate) fn fused_sgd(
+    params: &[&Tensor],
+    grads: &[&Tensor],
+    momentum_buffers: &[&Tensor],
+    a: FusedSgdArgs,
+) -> Result<()> {
+    let n = params.len();
+    if grads.len() != n || (a.momentum != 0.0 && momentum_buffers.len() != n) {
+        return Err(TchError::Torch("fused sgd: tensor lists differ in length".into()).into());
+    }
+    let (p, g) = (ptrs(params), ptrs(grads));
+    let b = if a.momentum != 0.0 {
+        ptrs(momentum_buffers)
+    } else {
+        g.clone()
+    };
+    // SAFETY: every pointer array holds `n` pointers to live tensors that outlive the call.
+    check(unsafe {
+        tchtrain_optim_fused_sgd(
+            p.as_ptr(),
+            g.as_ptr(),
+            b.as_ptr(),
+            n,
+            a.weight_decay,
+            a.momentum,
+            a.lr,
+            a.dampening,
+            c_int::from(a.nesterov),
+            c_int::from(a.maximize),
+            c_int::from(a.is_first_step),
+        )
+    })
+}
