@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use tch::nn::{self, Module};
+use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;

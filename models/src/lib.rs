@@ -10,18 +10,25 @@
 //! user finds each concept where they expect it.
 
 mod attention;
+mod bert;
 mod configuration_utils;
 mod error;
 mod gpt2;
 mod layers;
+mod llama;
 mod loading;
 mod modeling_utils;
 
+pub use bert::{
+    Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
+    BertForTokenClassification, BertModel,
+};
 pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
 };
 pub use error::{Error, Result};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
+pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
     checkpoint_files, load_into, read_checkpoint, save_pretrained, write_safetensors,

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};
 use tchtrain_models::{
-    GPT2ForSequenceClassification, GPT2LMHeadModel, LoadOptions, ModelInputs, PreTrainedModel,
+    BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+    GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaForCausalLM, LoadOptions, ModelInputs,
+    PreTrainedModel,
 };
 
 fn assets() -> PathBuf {
@@ -136,5 +138,86 @@ fn tiny_gpt2_sequence_classification() -> Result<()> {
     )?;
     assert_eq!(fresh.info.missing_keys, vec!["score.weight".to_string()]);
     assert!(fresh.info.unexpected_keys.is_empty());
+    Ok(())
+}
+
+#[test]
+fn tiny_bert_heads() -> Result<()> {
+    let o = LoadOptions::default();
+    let mlm =
+        BertForMaskedLM::from_pretrained_dir(&assets().join("tiny-bert"), None, Device::Cpu, &o)?;
+    assert!(mlm.info.is_clean(), "{}", mlm.info);
+    check("tiny_bert_mlm", &mut { mlm.model }, "logits")?;
+    let dir = assets().join("reference/models");
+    let seq = BertForSequenceClassification::from_pretrained_dir(
+        &dir.join("tiny_bert_seqcls"),
+        None,
+        Device::Cpu,
+        &o,
+    )?;
+    assert!(seq.info.is_clean(), "{}", seq.info);
+    check("tiny_bert_seqcls", &mut { seq.model }, "logits")?;
+    let tok = BertForTokenClassification::from_pretrained_dir(
+        &dir.join("tiny_bert_tokcls"),
+        None,
+        Device::Cpu,
+        &o,
+    )?;
+    assert!(tok.info.is_clean(), "{}", tok.info);
+    check("tiny_bert_tokcls", &mut { tok.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn real_minilm_base_and_fresh_head() -> Result<()> {
+    let o = LoadOptions::default();
+    // MiniLM's weights have no `bert.` prefix; its `embeddings.position_ids` buffer is ignored.
+    let base = BertBaseModel::from_pretrained_dir(&assets().join("minilm"), None, Device::Cpu, &o)?;
+    assert!(base.info.is_clean(), "{}", base.info);
+    check("minilm", &mut { base.model }, "last_hidden_state")?;
+    // Loading the base checkpoint under a classification head: only the head is missing,
+    // and the pooler (present in the checkpoint) is used.
+    let fresh = BertForSequenceClassification::from_pretrained_dir(
+        &assets().join("minilm"),
+        Some(2),
+        Device::Cpu,
+        &o,
+    )?;
+    assert_eq!(
+        fresh.info.missing_keys,
+        vec![
+            "classifier.bias".to_string(),
+            "classifier.weight".to_string()
+        ]
+    );
+    assert!(fresh.info.unexpected_keys.is_empty(), "{}", fresh.info);
+    let saved = assets().join("reference/models/minilm_seqcls");
+    let seq = BertForSequenceClassification::from_pretrained_dir(&saved, None, Device::Cpu, &o)?;
+    assert!(seq.info.is_clean(), "{}", seq.info);
+    check("minilm_seqcls", &mut { seq.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn tiny_llama_causal_lm() -> Result<()> {
+    let loaded = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("tiny-llama"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    check("tiny_llama_lm", &mut { loaded.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn real_smollm2_causal_lm() -> Result<()> {
+    let loaded = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("smollm2-135m"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    check("smollm2", &mut { loaded.model }, "logits")?;
     Ok(())
 }

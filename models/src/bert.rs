@@ -1,0 +1,487 @@
+//! BERT (upstream `models/bert`): `BertConfig`, `BertModel`, `BertForMaskedLM`,
+//! `BertForSequenceClassification`, `BertForTokenClassification`.
+//!
+//! As upstream, the BERT heads compute a plain mean cross-entropy (their forward builds
+//! `CrossEntropyLoss()` itself) and ignore `num_items_in_batch`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::{Error, Result};
+
+/// Upstream `BertConfig` with its defaults (BERT base).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct BertConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    pub hidden_act: String,
+    pub hidden_dropout_prob: f64,
+    pub attention_probs_dropout_prob: f64,
+    pub max_position_embeddings: i64,
+    pub type_vocab_size: i64,
+    pub initializer_range: f64,
+    pub layer_norm_eps: f64,
+    pub pad_token_id: Option<i64>,
+    pub classifier_dropout: Option<f64>,
+    pub is_decoder: bool,
+    pub tie_word_embeddings: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for BertConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 30522,
+            hidden_size: 768,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            intermediate_size: 3072,
+            hidden_act: "gelu".into(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            max_position_embeddings: 512,
+            type_vocab_size: 2,
+            initializer_range: 0.02,
+            layer_norm_eps: 1e-12,
+            pad_token_id: Some(0),
+            classifier_dropout: None,
+            is_decoder: false,
+            tie_word_embeddings: true,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for BertConfig {
+    fn model_type(&self) -> &'static str {
+        "bert"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl BertConfig {
+    /// Reads `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.num_attention_heads <= 0 || self.hidden_size % self.num_attention_heads != 0 {
+            return Err(Error::InvalidConfig {
+                field: "num_attention_heads",
+                value: format!(
+                    "{} (hidden_size {})",
+                    self.num_attention_heads, self.hidden_size
+                ),
+                fix: "hidden_size must be divisible by num_attention_heads",
+            });
+        }
+        if self.is_decoder {
+            return Err(Error::InvalidConfig {
+                field: "is_decoder",
+                value: "true".into(),
+                fix: "only the bidirectional encoder is implemented; set is_decoder to false",
+            });
+        }
+        if let Some(pe) = self
+            .extra
+            .get("position_embedding_type")
+            .and_then(|v| v.as_str())
+        {
+            if pe != "absolute" {
+                return Err(Error::InvalidConfig {
+                    field: "position_embedding_type",
+                    value: pe.to_string(),
+                    fix: "only absolute position embeddings are implemented",
+                });
+            }
+        }
+        Activation::parse(&self.hidden_act, "hidden_act")?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    query: nn::Linear,
+    key: nn::Linear,
+    value: nn::Linear,
+    attn_out: nn::Linear,
+    attn_ln: nn::LayerNorm,
+    intermediate: nn::Linear,
+    output: nn::Linear,
+    output_ln: nn::LayerNorm,
+}
+
+/// Upstream `BertModel`: embeddings, encoder and (optionally) the pooler.
+#[derive(Debug)]
+pub struct BertModel {
+    word_embeddings: nn::Embedding,
+    position_embeddings: nn::Embedding,
+    token_type_embeddings: nn::Embedding,
+    embeddings_ln: nn::LayerNorm,
+    layers: Vec<Layer>,
+    pooler: Option<nn::Linear>,
+    act: Activation,
+    config: BertConfig,
+}
+
+impl BertModel {
+    /// Creates the variables under `p` (upstream prefix `bert`, or the root for `BertModel`).
+    pub fn new(p: nn::Path<'_>, config: &BertConfig, add_pooling_layer: bool) -> Result<Self> {
+        config.validate()?;
+        let (d, std, eps) = (
+            config.hidden_size,
+            config.initializer_range,
+            config.layer_norm_eps,
+        );
+        let e = &p / "embeddings";
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let l = &p / "encoder" / "layer" / i;
+                let a = &l / "attention";
+                Layer {
+                    query: layers::linear(&a / "self" / "query", d, d, true, std),
+                    key: layers::linear(&a / "self" / "key", d, d, true, std),
+                    value: layers::linear(&a / "self" / "value", d, d, true, std),
+                    attn_out: layers::linear(&a / "output" / "dense", d, d, true, std),
+                    attn_ln: layers::layer_norm(&a / "output" / "LayerNorm", d, eps),
+                    intermediate: layers::linear(
+                        &l / "intermediate" / "dense",
+                        d,
+                        config.intermediate_size,
+                        true,
+                        std,
+                    ),
+                    output: layers::linear(
+                        &l / "output" / "dense",
+                        config.intermediate_size,
+                        d,
+                        true,
+                        std,
+                    ),
+                    output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
+                }
+            })
+            .collect();
+        Ok(Self {
+            word_embeddings: layers::embedding(&e / "word_embeddings", config.vocab_size, d, std),
+            position_embeddings: layers::embedding(
+                &e / "position_embeddings",
+                config.max_position_embeddings,
+                d,
+                std,
+            ),
+            token_type_embeddings: layers::embedding(
+                &e / "token_type_embeddings",
+                config.type_vocab_size,
+                d,
+                std,
+            ),
+            embeddings_ln: layers::layer_norm(&e / "LayerNorm", d, eps),
+            layers,
+            pooler: add_pooling_layer
+                .then(|| layers::linear(&p / "pooler" / "dense", d, d, true, std)),
+            act: Activation::parse(&config.hidden_act, "hidden_act")?,
+            config: config.clone(),
+        })
+    }
+
+    /// `(last_hidden_state, pooler_output)`.
+    pub fn forward(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let c = &self.config;
+        let ids = inputs.ids()?;
+        let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
+        let device = self.word_embeddings.ws.device();
+        let ids = ids.f_to_device(device)?;
+        let positions = match inputs.position_ids {
+            Some(p) => p.f_to_device(device)?,
+            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+        };
+        let token_types = match inputs.token_type_ids {
+            Some(t) => t.f_to_device(device)?,
+            None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
+        };
+        let h = ids.apply(&self.word_embeddings)
+            + token_types.apply(&self.token_type_embeddings)
+            + positions.apply(&self.position_embeddings);
+        let mut h = h
+            .apply(&self.embeddings_ln)
+            .dropout(c.hidden_dropout_prob, train);
+        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, false, device);
+        let (heads, head_dim) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
+        let scale = (head_dim as f64).powf(-0.5);
+        let attn_p = if train {
+            c.attention_probs_dropout_prob
+        } else {
+            0.0
+        };
+        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        for l in &self.layers {
+            let a = attention::sdpa(
+                &to_heads(h.apply(&l.query)),
+                &to_heads(h.apply(&l.key)),
+                &to_heads(h.apply(&l.value)),
+                mask.as_ref(),
+                attn_p,
+                scale,
+            );
+            let a = a.transpose(1, 2).reshape([batch, seq, c.hidden_size]);
+            let a =
+                (a.apply(&l.attn_out).dropout(c.hidden_dropout_prob, train) + &h).apply(&l.attn_ln);
+            let m = self
+                .act
+                .apply(&a.apply(&l.intermediate))
+                .apply(&l.output)
+                .dropout(c.hidden_dropout_prob, train);
+            h = (m + a).apply(&l.output_ln);
+        }
+        let pooled = self.pooler.as_ref().map(|p| h.select(1, 0).apply(p).tanh());
+        Ok((h, pooled))
+    }
+
+    /// The word embedding matrix (tied to the MLM decoder).
+    pub fn word_embeddings(&self) -> &Tensor {
+        &self.word_embeddings.ws
+    }
+}
+
+/// Which head sits on the BERT body.
+#[derive(Debug)]
+enum Head {
+    /// `BertModel` itself: no head.
+    None,
+    /// `cls.predictions`: transform (dense, act, LayerNorm) then the tied decoder + bias.
+    MaskedLm {
+        dense: nn::Linear,
+        ln: nn::LayerNorm,
+        bias: Tensor,
+    },
+    /// `classifier` on the pooled output.
+    SequenceClassification { classifier: nn::Linear },
+    /// `classifier` on every token.
+    TokenClassification { classifier: nn::Linear },
+}
+
+/// A BERT model with one of upstream's heads; use the type aliases.
+#[derive(Debug)]
+pub struct Bert<const KIND: u8> {
+    vs: nn::VarStore,
+    bert: BertModel,
+    head: Head,
+    config: BertConfig,
+    training: bool,
+}
+
+const BASE: u8 = 0;
+const MLM: u8 = 1;
+const SEQ_CLS: u8 = 2;
+const TOK_CLS: u8 = 3;
+
+/// Upstream `BertModel` as a standalone model (weights at the root, with the pooler).
+pub type BertBaseModel = Bert<BASE>;
+/// Upstream `BertForMaskedLM`.
+pub type BertForMaskedLM = Bert<MLM>;
+/// Upstream `BertForSequenceClassification`.
+pub type BertForSequenceClassification = Bert<SEQ_CLS>;
+/// Upstream `BertForTokenClassification`.
+pub type BertForTokenClassification = Bert<TOK_CLS>;
+
+impl<const KIND: u8> Bert<KIND> {
+    /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
+    pub fn new(config: &BertConfig, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let body = if KIND == BASE {
+            root.clone()
+        } else {
+            &root / "bert"
+        };
+        let (d, std) = (config.hidden_size, config.initializer_range);
+        let bert = BertModel::new(body, config, matches!(KIND, BASE | SEQ_CLS))?;
+        let head = match KIND {
+            MLM => {
+                let t = &root / "cls" / "predictions";
+                Head::MaskedLm {
+                    dense: layers::linear(&t / "transform" / "dense", d, d, true, std),
+                    ln: layers::layer_norm(
+                        &t / "transform" / "LayerNorm",
+                        d,
+                        config.layer_norm_eps,
+                    ),
+                    bias: t.var("bias", &[config.vocab_size], nn::Init::Const(0.0)),
+                }
+            }
+            SEQ_CLS => Head::SequenceClassification {
+                classifier: layers::linear(&root / "classifier", d, config.num_labels(), true, std),
+            },
+            TOK_CLS => Head::TokenClassification {
+                classifier: layers::linear(&root / "classifier", d, config.num_labels(), true, std),
+            },
+            _ => Head::None,
+        };
+        Ok(Self {
+            vs,
+            bert,
+            head,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder: a base
+    /// checkpoint (no `bert.` prefix, e.g. MiniLM) loads into a head model and back.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = BertConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels.set_num_labels(n)?;
+        }
+        let mut model = Self::new(&config, device)?;
+        let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+        let info = loading::load_into(
+            &mut model.vs,
+            loading::read_checkpoint(dir)?,
+            "bert",
+            &tied,
+            options,
+        )?;
+        Ok(Loaded { model, info })
+    }
+
+    fn dropout_p(&self) -> f64 {
+        self.config
+            .classifier_dropout
+            .unwrap_or(self.config.hidden_dropout_prob)
+    }
+}
+
+impl<const KIND: u8> PreTrainedModel for Bert<KIND> {
+    fn architecture(&self) -> &'static str {
+        match KIND {
+            MLM => "BertForMaskedLM",
+            SEQ_CLS => "BertForSequenceClassification",
+            TOK_CLS => "BertForTokenClassification",
+            _ => "BertModel",
+        }
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        match KIND {
+            MLM => vec![
+                (
+                    "cls.predictions.decoder.weight".into(),
+                    "bert.embeddings.word_embeddings.weight".into(),
+                ),
+                (
+                    "cls.predictions.decoder.bias".into(),
+                    "cls.predictions.bias".into(),
+                ),
+            ],
+            _ => vec![],
+        }
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let train = self.training;
+        let (h, pooled) = self.bert.forward(inputs, train)?;
+        let num_labels = self.config.num_labels();
+        let (logits, loss) = match &self.head {
+            Head::None => (h.shallow_clone(), None),
+            Head::MaskedLm { dense, ln, bias } => {
+                let t = self.bert.act.apply(&h.apply(dense)).apply(ln);
+                let logits = t.matmul(&self.bert.word_embeddings().tr()) + bias;
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
+                        &logits,
+                        l,
+                        self.config.vocab_size,
+                        None,
+                        -100,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::SequenceClassification { classifier } => {
+                let pooled = pooled.as_ref().ok_or(Error::MissingInput {
+                    name: "pooler_output",
+                })?;
+                let logits = pooled.dropout(self.dropout_p(), train).apply(classifier);
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
+                        l,
+                        &logits,
+                        num_labels,
+                        self.config.labels.problem_type()?,
+                        None,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::TokenClassification { classifier } => {
+                let logits = h.dropout(self.dropout_p(), train).apply(classifier);
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_token_classification(
+                        &logits, l, num_labels, None,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+        };
+        Ok(ModelOutput {
+            loss,
+            logits,
+            last_hidden_state: Some(h),
+            pooler_output: pooled,
+        })
+    }
+}

@@ -1,0 +1,529 @@
+//! Llama (upstream `models/llama`): `LlamaConfig`, `LlamaModel`, `LlamaForCausalLM` —
+//! RoPE (default, linear and llama3 scaling), RMSNorm, grouped-query attention, SiLU
+//! MLP, tied or untied head. Parameter names as upstream (`model.layers.0.self_attn.q_proj.weight`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, RmsNorm};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::{Error, Result};
+
+/// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
+/// dict and the v4 `rope_theta` / `rope_scaling` keys are read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct LlamaConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    /// `None` means `num_attention_heads` (multi-head attention).
+    pub num_key_value_heads: Option<i64>,
+    /// `None` means `hidden_size / num_attention_heads`.
+    pub head_dim: Option<i64>,
+    pub hidden_act: String,
+    pub max_position_embeddings: i64,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub attention_bias: bool,
+    pub attention_dropout: f64,
+    pub mlp_bias: bool,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    pub tie_word_embeddings: bool,
+    /// v5 form: `{"rope_type": "default", "rope_theta": 10000.0, ...}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// v4 form of the RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// v4 form of the RoPE scaling dict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for LlamaConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 32000,
+            hidden_size: 4096,
+            intermediate_size: 11008,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: None,
+            head_dim: None,
+            hidden_act: "silu".into(),
+            max_position_embeddings: 2048,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            attention_bias: false,
+            attention_dropout: 0.0,
+            mlp_bias: false,
+            pad_token_id: None,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2.into()),
+            tie_word_embeddings: false,
+            rope_parameters: None,
+            rope_theta: None,
+            rope_scaling: None,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for LlamaConfig {
+    fn model_type(&self) -> &'static str {
+        "llama"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+/// The RoPE variants implemented (upstream `ROPE_INIT_FUNCTIONS` subset).
+#[derive(Debug, Clone, PartialEq)]
+enum Rope {
+    Default,
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+impl LlamaConfig {
+    /// Reads `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// `head_dim` or `hidden_size / num_attention_heads`.
+    pub fn head_dim(&self) -> i64 {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// `num_key_value_heads` or `num_attention_heads`.
+    pub fn num_key_value_heads(&self) -> i64 {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    fn rope_params(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut p = self
+            .rope_parameters
+            .clone()
+            .or_else(|| self.rope_scaling.clone())
+            .unwrap_or_default();
+        if !p.contains_key("rope_theta") {
+            p.insert(
+                "rope_theta".into(),
+                self.rope_theta.unwrap_or(10000.0).into(),
+            );
+        }
+        if let Some(t) = p.remove("type") {
+            p.entry("rope_type").or_insert(t);
+        }
+        p
+    }
+
+    fn rope_theta_value(&self) -> f64 {
+        self.rope_params()
+            .get("rope_theta")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0)
+    }
+
+    fn rope(&self) -> Result<Rope> {
+        let p = self.rope_params();
+        let num = |key: &'static str| -> Result<f64> {
+            p.get(key)
+                .and_then(|v| v.as_f64())
+                .ok_or(Error::InvalidConfig {
+                    field: "rope_parameters",
+                    value: format!("missing number `{key}`"),
+                    fix: "add the key upstream requires for this rope_type",
+                })
+        };
+        match p
+            .get("rope_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default")
+        {
+            "default" => Ok(Rope::Default),
+            "linear" => Ok(Rope::Linear {
+                factor: num("factor")?,
+            }),
+            "llama3" => Ok(Rope::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: num("original_max_position_embeddings")?,
+            }),
+            other => Err(Error::InvalidConfig {
+                field: "rope_parameters.rope_type",
+                value: other.to_string(),
+                fix: "supported rope types: default, linear, llama3",
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let kv = self.num_key_value_heads();
+        if self.num_attention_heads <= 0 || kv <= 0 || self.num_attention_heads % kv != 0 {
+            return Err(Error::InvalidConfig {
+                field: "num_key_value_heads",
+                value: format!("{kv} (num_attention_heads {})", self.num_attention_heads),
+                fix: "num_attention_heads must be a positive multiple of num_key_value_heads",
+            });
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(Error::InvalidConfig {
+                field: "head_dim",
+                value: self.head_dim().to_string(),
+                fix: "RoPE needs an even head_dim",
+            });
+        }
+        if let Some(f) = self
+            .rope_params()
+            .get("partial_rotary_factor")
+            .and_then(|v| v.as_f64())
+        {
+            if f != 1.0 {
+                return Err(Error::InvalidConfig {
+                    field: "rope_parameters.partial_rotary_factor",
+                    value: f.to_string(),
+                    fix: "only full rotary embeddings (1.0) are implemented",
+                });
+            }
+        }
+        self.rope()?;
+        Activation::parse(&self.hidden_act, "hidden_act")?;
+        Ok(())
+    }
+
+    /// Upstream's `inv_freq` for this config (float32 math, as upstream).
+    fn inv_freq(&self, device: Device) -> Result<Tensor> {
+        let dim = self.head_dim();
+        let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device))
+            .to_kind(Kind::Float)
+            / dim as f64;
+        let inv = Tensor::f_pow_scalar(self.rope_theta_value(), &exponent)?.reciprocal();
+        Ok(match self.rope()? {
+            Rope::Default => inv,
+            Rope::Linear { factor } => inv / factor,
+            Rope::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+                let inv_llama = wavelen.gt(low_wavelen).where_self(&(&inv / factor), &inv);
+                let smooth = (wavelen.reciprocal() * old - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                let smoothed =
+                    (smooth.ones_like() - &smooth) * &inv_llama / factor + &smooth * &inv_llama;
+                let medium = wavelen
+                    .lt(high_wavelen)
+                    .logical_not()
+                    .logical_and(&wavelen.gt(low_wavelen).logical_not());
+                medium.where_self(&smoothed, &inv_llama)
+            }
+        })
+    }
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    q_proj: nn::Linear,
+    k_proj: nn::Linear,
+    v_proj: nn::Linear,
+    o_proj: nn::Linear,
+    gate_proj: nn::Linear,
+    up_proj: nn::Linear,
+    down_proj: nn::Linear,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+/// Upstream `LlamaModel`: embeddings, decoder layers, final RMSNorm.
+#[derive(Debug)]
+pub struct LlamaModel {
+    embed_tokens: nn::Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    inv_freq: Tensor,
+    act: Activation,
+    config: LlamaConfig,
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[x2.neg(), x1], -1)
+}
+
+impl LlamaModel {
+    /// Creates the variables under `p` (upstream prefix `model`).
+    pub fn new(p: nn::Path<'_>, config: &LlamaConfig) -> Result<Self> {
+        config.validate()?;
+        let (d, std) = (config.hidden_size, config.initializer_range);
+        let (hd, heads, kv) = (
+            config.head_dim(),
+            config.num_attention_heads,
+            config.num_key_value_heads(),
+        );
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let l = &p / "layers" / i;
+                let a = &l / "self_attn";
+                let m = &l / "mlp";
+                DecoderLayer {
+                    q_proj: layers::linear(
+                        &a / "q_proj",
+                        d,
+                        heads * hd,
+                        config.attention_bias,
+                        std,
+                    ),
+                    k_proj: layers::linear(&a / "k_proj", d, kv * hd, config.attention_bias, std),
+                    v_proj: layers::linear(&a / "v_proj", d, kv * hd, config.attention_bias, std),
+                    o_proj: layers::linear(
+                        &a / "o_proj",
+                        heads * hd,
+                        d,
+                        config.attention_bias,
+                        std,
+                    ),
+                    gate_proj: layers::linear(
+                        &m / "gate_proj",
+                        d,
+                        config.intermediate_size,
+                        config.mlp_bias,
+                        std,
+                    ),
+                    up_proj: layers::linear(
+                        &m / "up_proj",
+                        d,
+                        config.intermediate_size,
+                        config.mlp_bias,
+                        std,
+                    ),
+                    down_proj: layers::linear(
+                        &m / "down_proj",
+                        config.intermediate_size,
+                        d,
+                        config.mlp_bias,
+                        std,
+                    ),
+                    input_layernorm: RmsNorm::new(&l / "input_layernorm", d, config.rms_norm_eps),
+                    post_attention_layernorm: RmsNorm::new(
+                        &l / "post_attention_layernorm",
+                        d,
+                        config.rms_norm_eps,
+                    ),
+                }
+            })
+            .collect();
+        Ok(Self {
+            embed_tokens: layers::embedding(&p / "embed_tokens", config.vocab_size, d, std),
+            layers,
+            norm: RmsNorm::new(&p / "norm", d, config.rms_norm_eps),
+            inv_freq: config.inv_freq(p.device())?,
+            act: Activation::parse(&config.hidden_act, "hidden_act")?,
+            config: config.clone(),
+        })
+    }
+
+    /// The token embedding matrix (tied to the LM head when `tie_word_embeddings`).
+    pub fn embed_tokens(&self) -> &Tensor {
+        &self.embed_tokens.ws
+    }
+
+    /// The last hidden state `[batch, seq, hidden]`.
+    pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        let c = &self.config;
+        let ids = inputs.ids()?;
+        let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
+        let device = self.embed_tokens.ws.device();
+        let ids = ids.f_to_device(device)?;
+        let positions = match inputs.position_ids {
+            Some(p) => p.f_to_device(device)?,
+            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+        };
+        let mut h = ids.apply(&self.embed_tokens);
+        // Upstream LlamaRotaryEmbedding: float32 frequencies, cos / sin cast to the hidden dtype.
+        let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.inv_freq.to_device(device);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        let (cos, sin) = (
+            emb.cos().to_kind(h.kind()).unsqueeze(1),
+            emb.sin().to_kind(h.kind()).unsqueeze(1),
+        );
+        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, true, device);
+        let (hd, heads, kv) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads());
+        let scale = (hd as f64).powf(-0.5);
+        let attn_p = if train { c.attention_dropout } else { 0.0 };
+        for l in &self.layers {
+            let x = l.input_layernorm.forward(&h);
+            let q = x
+                .apply(&l.q_proj)
+                .view([batch, seq, heads, hd])
+                .transpose(1, 2);
+            let k = x
+                .apply(&l.k_proj)
+                .view([batch, seq, kv, hd])
+                .transpose(1, 2);
+            let v = x
+                .apply(&l.v_proj)
+                .view([batch, seq, kv, hd])
+                .transpose(1, 2);
+            let q = &q * &cos + rotate_half(&q) * &sin;
+            let k = &k * &cos + rotate_half(&k) * &sin;
+            let a = attention::sdpa(&q, &k, &v, mask.as_ref(), attn_p, scale);
+            let a = a
+                .transpose(1, 2)
+                .reshape([batch, seq, heads * hd])
+                .apply(&l.o_proj);
+            h = h + a;
+            let x = l.post_attention_layernorm.forward(&h);
+            let m =
+                (self.act.apply(&x.apply(&l.gate_proj)) * x.apply(&l.up_proj)).apply(&l.down_proj);
+            h = h + m;
+        }
+        Ok(self.norm.forward(&h))
+    }
+}
+
+/// Upstream `LlamaForCausalLM`: `model` + `lm_head` (tied to `embed_tokens` when
+/// `tie_word_embeddings`).
+#[derive(Debug)]
+pub struct LlamaForCausalLM {
+    vs: nn::VarStore,
+    model: LlamaModel,
+    lm_head: Option<nn::Linear>,
+    config: LlamaConfig,
+    training: bool,
+}
+
+impl LlamaForCausalLM {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &LlamaConfig, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let model = LlamaModel::new(vs.root() / "model", config)?;
+        let lm_head = (!config.tie_word_embeddings).then(|| {
+            layers::linear(
+                vs.root() / "lm_head",
+                config.hidden_size,
+                config.vocab_size,
+                false,
+                config.initializer_range,
+            )
+        });
+        Ok(Self {
+            vs,
+            model,
+            lm_head,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained` on a resolved local folder.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = LlamaConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let mut model = Self::new(&config, device)?;
+        let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+        let info = loading::load_into(
+            &mut model.vs,
+            loading::read_checkpoint(dir)?,
+            "model",
+            &tied,
+            options,
+        )?;
+        Ok(Loaded { model, info })
+    }
+}
+
+impl PreTrainedModel for LlamaForCausalLM {
+    fn architecture(&self) -> &'static str {
+        "LlamaForCausalLM"
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        if self.lm_head.is_none() {
+            vec![("lm_head.weight".into(), "model.embed_tokens.weight".into())]
+        } else {
+            vec![]
+        }
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.model.forward(inputs, self.training)?;
+        let logits = match &self.lm_head {
+            Some(head) => h.apply(head),
+            None => h.matmul(&self.model.embed_tokens().tr()),
+        };
+        let loss = match inputs.labels {
+            Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
+                &logits,
+                labels,
+                self.config.vocab_size,
+                inputs.num_items_in_batch,
+                -100,
+                None,
+            )?),
+            None => None,
+        };
+        Ok(ModelOutput {
+            loss,
+            logits,
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
