@@ -18,6 +18,7 @@ mod layers;
 mod llama;
 mod loading;
 mod modeling_utils;
+mod tokenization;
 
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
@@ -34,6 +35,8 @@ pub use loading::{
     checkpoint_files, load_into, read_checkpoint, save_pretrained, write_safetensors,
 };
 pub use modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+pub use tokenization::{gpt2_tokenizer, load_tokenizer};
+pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.
 pub(crate) fn check_ids(ids: &tch::Tensor, vocab: i64, max_positions: i64) -> Result<(i64, i64)> {

@@ -128,10 +128,12 @@ def main():
     # --- tokenizers on a hamlet paragraph
     text = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8")
     paragraph = text[2000:2600]
+    # transformers 5.x: the constructor takes `vocab` / `merges` (file paths or objects).
     gpt2 = tf.GPT2TokenizerFast(
-        vocab_file=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
-        merges_file=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
+        vocab=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
+        merges=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
     )
+    assert gpt2("Hello world")["input_ids"] == [15496, 995], "GPT-2 tokenizer did not load its vocab"
     minilm = tf.AutoTokenizer.from_pretrained(ASSETS / "minilm")
     smol = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
     out = {
