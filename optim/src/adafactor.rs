@@ -251,7 +251,7 @@ impl Optimizer for Adafactor {
                     }
                     let _ = p32.f_add_(&update.f_neg()?)?;
                     if is_reduced(p_orig.kind()) {
-                        let _ = p_orig.f_copy_(&p32)?;
+                        p_orig.f_copy_(&p32)?;
                     }
                 }
                 offset += group.params.len();

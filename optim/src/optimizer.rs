@@ -488,7 +488,7 @@ pub(crate) fn grad_of(p: &Tensor) -> Option<Tensor> {
 /// A detached copy of `t` with its own storage (`t.detach().clone()`).
 pub(crate) fn deep_copy(t: &Tensor) -> Result<Tensor> {
     let mut out = t.f_empty_like()?;
-    let _ = out.f_copy_(&t.f_detach()?)?;
+    out.f_copy_(&t.f_detach()?)?;
     Ok(out)
 }
 

@@ -61,26 +61,30 @@ pub enum ThresholdMode {
     Abs,
 }
 
-fn parse_mode(k: &Kwargs<'_>, default: PlateauMode) -> Result<PlateauMode> {
+fn parse_mode(scheduler: &str, k: &Kwargs<'_>, default: PlateauMode) -> Result<PlateauMode> {
     match k.str("mode")? {
         None => Ok(default),
         Some("min") => Ok(PlateauMode::Min),
         Some("max") => Ok(PlateauMode::Max),
         Some(m) => Err(Error::InvalidSchedulerKwarg {
-            scheduler: String::new(),
+            scheduler: scheduler.into(),
             kwarg: "mode".into(),
             reason: format!("mode {m} is unknown!"),
         }),
     }
 }
 
-fn parse_threshold_mode(k: &Kwargs<'_>, default: ThresholdMode) -> Result<ThresholdMode> {
+fn parse_threshold_mode(
+    scheduler: &str,
+    k: &Kwargs<'_>,
+    default: ThresholdMode,
+) -> Result<ThresholdMode> {
     match k.str("threshold_mode")? {
         None => Ok(default),
         Some("rel") => Ok(ThresholdMode::Rel),
         Some("abs") => Ok(ThresholdMode::Abs),
         Some(m) => Err(Error::InvalidSchedulerKwarg {
-            scheduler: String::new(),
+            scheduler: scheduler.into(),
             kwarg: "threshold_mode".into(),
             reason: format!("threshold mode {m} is unknown!"),
         }),
@@ -176,7 +180,7 @@ impl ReduceLROnPlateau {
             });
         }
         let n = optimizer.param_groups().len();
-        let mode = parse_mode(&k, PlateauMode::Min)?;
+        let mode = parse_mode("reduce_lr_on_plateau", &k, PlateauMode::Min)?;
         Ok(Self {
             factor,
             min_lrs: per_group(k.f64_or_list("min_lr")?, 0.0, n, "min_lr")?,
@@ -185,7 +189,7 @@ impl ReduceLROnPlateau {
             cooldown_counter: 0,
             mode,
             threshold: k.f64("threshold")?.unwrap_or(1e-4),
-            threshold_mode: parse_threshold_mode(&k, ThresholdMode::Rel)?,
+            threshold_mode: parse_threshold_mode("reduce_lr_on_plateau", &k, ThresholdMode::Rel)?,
             best: worst(mode),
             num_bad_epochs: 0,
             eps: k.f64("eps")?.unwrap_or(1e-8),
@@ -404,7 +408,7 @@ impl GreedyLR {
             });
         }
         let n = optimizer.param_groups().len();
-        let mode = parse_mode(&k, PlateauMode::Min)?;
+        let mode = parse_mode("greedy", &k, PlateauMode::Min)?;
         let smooth = k.bool("smooth")?.unwrap_or(false);
         let window_size = k.i64("window_size")?.unwrap_or(50).max(0) as usize;
         let reset_start = k.i64("reset_start")?.unwrap_or(500);
@@ -421,7 +425,7 @@ impl GreedyLR {
             warmup_counter: 0,
             mode,
             threshold: k.f64("threshold")?.unwrap_or(1e-6),
-            threshold_mode: parse_threshold_mode(&k, ThresholdMode::Abs)?,
+            threshold_mode: parse_threshold_mode("greedy", &k, ThresholdMode::Abs)?,
             best: worst(mode),
             num_bad_epochs: 0,
             num_good_epochs: 0,
@@ -512,10 +516,8 @@ impl LrScheduler for GreedyLR {
             }
         }
         let mut current = metric;
-        if self.smooth {
-            if let Some(avg) = self.streaming_avg.as_mut() {
-                current = avg.streamavg(current);
-            }
+        if let (true, Some(avg)) = (self.smooth, self.streaming_avg.as_mut()) {
+            current = avg.streamavg(current);
         }
         self.last_epoch += 1;
         if self.cooldown_counter > 0 {

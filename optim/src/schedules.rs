@@ -358,7 +358,7 @@ pub fn get_polynomial_decay_schedule_with_warmup(
     last_epoch: i64,
 ) -> Result<LambdaLR> {
     let lr_init = optimizer.default_lr();
-    if !(lr_init > lr_end) {
+    if lr_init.partial_cmp(&lr_end) != Some(std::cmp::Ordering::Greater) {
         return Err(Error::InvalidSchedulerKwarg {
             scheduler: "polynomial".into(),
             kwarg: "lr_end".into(),
