@@ -1,0 +1,55 @@
+//! `default_data_collator` / `DefaultDataCollator`: stack rows that already have equal
+//! lengths, with upstream's handling of `label` / `label_ids`.
+
+use crate::batch::Batch;
+use crate::data_collator::DataCollator;
+use crate::error::{Error, Result};
+use crate::feature::Feature;
+use crate::padding::{PaddedRows, PaddingStrategy, collate_labels, pad_features};
+use crate::tokenizer_info::TokenizerInfo;
+
+/// Collates rows without any padding (upstream's `default_data_collator`).
+///
+/// `labels` come first: class ids as int64 `[batch]`, floats as float32, sequences as
+/// `[batch, len]`; then every field present in the first row (`input_ids`,
+/// `token_type_ids`, `attention_mask`, `special_tokens_mask`, `offset_mapping`), stacked.
+/// Unlike the padding collators it does not add an `attention_mask`. Rows of different
+/// lengths give [`Error::RaggedBatch`].
+///
+/// ```
+/// use tchtrain_collators::{Feature, Label, default_data_collator};
+/// let rows = [Feature::new(vec![1, 2]).with_labels(Label::Value(0.5)), Feature::new(vec![3, 4]).with_labels(Label::Value(1.5))];
+/// let batch = default_data_collator(&rows)?;
+/// assert_eq!(batch.keys().collect::<Vec<_>>(), ["labels", "input_ids"]);
+/// assert_eq!(batch.get("labels").unwrap().kind(), tch::Kind::Float);
+/// # Ok::<(), tchtrain_collators::Error>(())
+/// ```
+pub fn default_data_collator(features: &[Feature]) -> Result<Batch> {
+    if features.is_empty() {
+        return Err(Error::EmptyBatch);
+    }
+    let refs: Vec<&Feature> = features.iter().collect();
+    let no_mask = TokenizerInfo {
+        return_attention_mask: false,
+        ..TokenizerInfo::default()
+    };
+    let rows: PaddedRows = pad_features(&refs, &no_mask, PaddingStrategy::DoNotPad, None, None)?;
+    let mut batch = Batch::new();
+    if let Some(labels) = collate_labels(&refs)? {
+        batch.insert("labels", labels);
+    }
+    for (key, tensor) in rows.into_batch()? {
+        batch.insert(key, tensor);
+    }
+    Ok(batch)
+}
+
+/// The struct form of [`default_data_collator`] (upstream's `DefaultDataCollator`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefaultDataCollator;
+
+impl DataCollator for DefaultDataCollator {
+    fn collate(&mut self, features: &[Feature]) -> Result<Batch> {
+        default_data_collator(features)
+    }
+}

@@ -1,0 +1,79 @@
+//! `Feature`: one tokenized dataset row (upstream's dict of `input_ids`,
+//! `attention_mask`, ... and `label` / `labels`), and its [`Label`].
+
+/// The label of one row: upstream's `label` (a class id or a float) or `labels` /
+/// `label_ids` (a sequence of ids or of floats).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Label {
+    /// A class id (`int` upstream): collated as int64.
+    Class(i64),
+    /// A regression target (`float` upstream): collated as float32.
+    Value(f64),
+    /// Token / tag ids (`list[int]`): collated as int64, padded by the collators that pad labels.
+    Ids(Vec<i64>),
+    /// Several floats (multi-label targets, `list[float]`): collated as float32.
+    Values(Vec<f64>),
+}
+
+/// One tokenized row, as a tokenizer returns it (`input_ids`, `token_type_ids`,
+/// `attention_mask`, and on request `special_tokens_mask` and `offset_mapping`), plus
+/// its label.
+///
+/// Optional fields that are `None` in the first row of a batch are left out of the
+/// batch, as upstream leaves out keys that are absent (or `None`) in the first row; a
+/// field must be present in every row or in none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Feature {
+    /// Token ids.
+    pub input_ids: Vec<i64>,
+    /// Segment ids (BERT-style tokenizers).
+    pub token_type_ids: Option<Vec<i64>>,
+    /// 1 for real tokens, 0 for padding; added (all ones) by padding when absent.
+    pub attention_mask: Option<Vec<i64>>,
+    /// 1 for special tokens (`[CLS]`, `[SEP]`, padding); MLM never masks them.
+    pub special_tokens_mask: Option<Vec<i64>>,
+    /// Character span of each token; whole-word masking groups tokens by it.
+    pub offset_mapping: Option<Vec<(i64, i64)>>,
+    /// The label (`label`, `labels` or `label_ids` upstream; always `labels` in the batch).
+    pub labels: Option<Label>,
+}
+
+impl Feature {
+    /// A row with only `input_ids`.
+    pub fn new(input_ids: Vec<i64>) -> Self {
+        Self {
+            input_ids,
+            ..Self::default()
+        }
+    }
+
+    /// This row with `labels` set.
+    pub fn with_labels(mut self, labels: Label) -> Self {
+        self.labels = Some(labels);
+        self
+    }
+
+    /// A row from a `tokenizers` encoding: `input_ids`, `token_type_ids`,
+    /// `attention_mask`, `special_tokens_mask` and `offset_mapping`.
+    ///
+    /// `token_type_ids` is kept only when `with_token_type_ids` (upstream returns it
+    /// only for tokenizers whose `model_input_names` list it, e.g. BERT, not Llama or
+    /// GPT-2).
+    pub fn from_encoding(encoding: &tokenizers::Encoding, with_token_type_ids: bool) -> Self {
+        let ids = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+        Self {
+            input_ids: ids(encoding.get_ids()),
+            token_type_ids: with_token_type_ids.then(|| ids(encoding.get_type_ids())),
+            attention_mask: Some(ids(encoding.get_attention_mask())),
+            special_tokens_mask: Some(ids(encoding.get_special_tokens_mask())),
+            offset_mapping: Some(
+                encoding
+                    .get_offsets()
+                    .iter()
+                    .map(|&(a, b)| (a as i64, b as i64))
+                    .collect(),
+            ),
+            labels: None,
+        }
+    }
+}
