@@ -29,12 +29,15 @@ pub fn shift_tokens_right(
     decoder_start_token_id: i64,
 ) -> Result<Tensor> {
     let len = input_ids.size().last().copied().unwrap_or(0);
+    if len == 0 {
+        return Ok(input_ids.f_detach_copy()?);
+    }
     let start = Tensor::f_full(
         [input_ids.size()[0], 1],
         decoder_start_token_id,
         (input_ids.kind(), input_ids.device()),
     )?;
-    let shifted = Tensor::f_cat(&[start, input_ids.f_narrow(-1, 0, (len - 1).max(0))?], -1)?;
+    let shifted = Tensor::f_cat(&[start, input_ids.f_narrow(-1, 0, len - 1)?], -1)?;
     let is_ignored = shifted.f_eq(-100)?;
     Ok(shifted.f_masked_fill(&is_ignored, pad_token_id)?)
 }
