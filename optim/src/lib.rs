@@ -85,4 +85,6 @@ pub use schedules::{
     get_linear_schedule_with_warmup, get_polynomial_decay_schedule_with_warmup, get_wsd_schedule,
 };
 pub use sgd::{Sgd, SgdConfig};
-pub use trainer_optimizer::{OptimizerArgs, SUPPORTED_OPTIMIZERS, create_optimizer};
+pub use trainer_optimizer::{
+    OptimizerArgs, SUPPORTED_OPTIMIZERS, create_optimizer, create_scheduler,
+};

@@ -1,10 +1,13 @@
 //! The Trainer's optimizer factory: `OptimizerNames` → optimizer and arguments, as upstream
-//! `trainer_optimizer.py` (`Trainer.get_optimizer_cls_and_kwargs` and its handlers).
+//! `trainer_optimizer.py` (`Trainer.get_optimizer_cls_and_kwargs` and its handlers), and
+//! `Trainer.create_scheduler` from `TrainingArguments`.
+
+use tchtrain_training_args::TrainingArguments;
 
 use crate::optim_args::{bool_arg, float_arg, parse_optim_args};
 use crate::{
     Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig, Error, GroupSpec, Lion,
-    LionConfig, Optimizer, Result, RmsProp, RmsPropConfig, Sgd, SgdConfig,
+    LionConfig, LrScheduler, Optimizer, Result, RmsProp, RmsPropConfig, Sgd, SgdConfig,
 };
 
 /// The optimizer names (upstream `OptimizerNames` values) that [`create_optimizer`] builds.
@@ -48,6 +51,35 @@ impl Default for OptimizerArgs {
             optim_args: None,
         }
     }
+}
+
+impl From<&TrainingArguments> for OptimizerArgs {
+    fn from(args: &TrainingArguments) -> Self {
+        Self {
+            optim: args.optim.as_str().to_string(),
+            learning_rate: args.learning_rate,
+            adam_beta1: args.adam_beta1,
+            adam_beta2: args.adam_beta2,
+            adam_epsilon: args.adam_epsilon,
+            optim_args: args.optim_args.clone(),
+        }
+    }
+}
+
+/// `Trainer.create_scheduler`: `get_scheduler(args.lr_scheduler_type, optimizer,
+/// args.get_warmup_steps(num_training_steps), num_training_steps, args.lr_scheduler_kwargs)`.
+pub fn create_scheduler(
+    args: &TrainingArguments,
+    optimizer: &mut dyn Optimizer,
+    num_training_steps: usize,
+) -> Result<Box<dyn LrScheduler>> {
+    crate::get_scheduler(
+        args.lr_scheduler_type.as_str(),
+        optimizer,
+        Some(args.get_warmup_steps(num_training_steps) as i64),
+        Some(num_training_steps as i64),
+        args.lr_scheduler_kwargs.as_ref(),
+    )
 }
 
 /// Builds the optimizer `args.optim` names over `groups` with the arguments upstream's
