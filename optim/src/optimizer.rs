@@ -479,7 +479,7 @@ pub(crate) fn expect_shape(
     Ok(())
 }
 
-/// The gradient of `p` if it has one, as a float tensor when `upcast` and `p` is half / bf16.
+/// The gradient of `p` if it has one (tch returns an undefined tensor otherwise).
 pub(crate) fn grad_of(p: &Tensor) -> Option<Tensor> {
     let g = p.grad();
     g.defined().then_some(g)
