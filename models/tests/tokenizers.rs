@@ -15,10 +15,19 @@ fn assets() -> PathBuf {
 
 fn expected(key: &str) -> Result<(String, Vec<u32>)> {
     let path = assets().join("reference/models/tokenizers.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
-    let ids = v[key].as_array().context("ids")?.iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    Ok((v["paragraph"].as_str().context("paragraph")?.to_string(), ids))
+    let ids = v[key]
+        .as_array()
+        .context("ids")?
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    Ok((
+        v["paragraph"].as_str().context("paragraph")?.to_string(),
+        ids,
+    ))
 }
 
 #[test]
@@ -26,7 +35,9 @@ fn gpt2_bpe_from_vocab_and_merges() -> Result<()> {
     let (text, ids) = expected("gpt2")?;
     let dir = assets().join("gpt2-tokenizer");
     let tok = gpt2_tokenizer(&dir.join("vocab.json"), &dir.join("merges.txt"))?;
-    let enc = tok.encode(text.as_str(), true).map_err(anyhow::Error::msg)?;
+    let enc = tok
+        .encode(text.as_str(), true)
+        .map_err(anyhow::Error::msg)?;
     assert_eq!(enc.get_ids(), ids.as_slice());
     assert_eq!(tok.decode(&ids, false).map_err(anyhow::Error::msg)?, text);
     Ok(())
@@ -37,7 +48,9 @@ fn minilm_and_smollm2_tokenizer_json() -> Result<()> {
     for (key, dir) in [("minilm", "minilm"), ("smollm2", "smollm2-135m")] {
         let (text, ids) = expected(key)?;
         let tok = load_tokenizer(&assets().join(dir))?;
-        let enc = tok.encode(text.as_str(), true).map_err(anyhow::Error::msg)?;
+        let enc = tok
+            .encode(text.as_str(), true)
+            .map_err(anyhow::Error::msg)?;
         assert_eq!(enc.get_ids(), ids.as_slice(), "{key}");
     }
     Ok(())
@@ -47,6 +60,7 @@ fn minilm_and_smollm2_tokenizer_json() -> Result<()> {
 fn missing_tokenizer_files_are_typed_errors() {
     let err = load_tokenizer(Path::new("/nonexistent/model")).unwrap_err();
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
-    let err = gpt2_tokenizer(Path::new("/nope/vocab.json"), Path::new("/nope/merges.txt")).unwrap_err();
+    let err =
+        gpt2_tokenizer(Path::new("/nope/vocab.json"), Path::new("/nope/merges.txt")).unwrap_err();
     assert!(err.to_string().contains("vocab.json"), "{err}");
 }

@@ -1,0 +1,98 @@
+//! Upstream's `AutoModelFor...` classes: pick the architecture from `config.json`'s
+//! `model_type`, resolve the name through the hub logic, load the weights.
+
+use std::path::Path;
+
+use tch::Device;
+
+use crate::bert::{
+    BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+};
+use crate::configuration_utils::read_model_type;
+use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
+use crate::hub::{HubOptions, resolve};
+use crate::llama::LlamaForCausalLM;
+use crate::loading::{CONFIG_NAME, LoadOptions};
+use crate::modeling_utils::{Loaded, PreTrainedModel};
+use crate::{Error, Result};
+
+/// The head to put on the body, as upstream's Auto classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoTask {
+    /// `AutoModel`: the base model.
+    Base,
+    /// `AutoModelForCausalLM`.
+    CausalLm,
+    /// `AutoModelForMaskedLM`.
+    MaskedLm,
+    /// `AutoModelForSequenceClassification` (`num_labels` overrides the config).
+    SequenceClassification {
+        /// Number of labels, when the checkpoint's config does not say.
+        num_labels: Option<i64>,
+    },
+    /// `AutoModelForTokenClassification`.
+    TokenClassification {
+        /// Number of labels, when the checkpoint's config does not say.
+        num_labels: Option<i64>,
+    },
+}
+
+/// A loaded model behind the trait object the Trainer drives.
+pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
+
+fn boxed<M: PreTrainedModel + 'static>(l: Loaded<M>) -> AutoModel {
+    Loaded {
+        model: Box::new(l.model),
+        info: l.info,
+    }
+}
+
+/// Loads `name_or_path` (folder, cache or download) with the head `task` asks for.
+pub fn from_pretrained(
+    name_or_path: &str,
+    task: AutoTask,
+    device: Device,
+    hub: &HubOptions,
+    options: &LoadOptions,
+) -> Result<AutoModel> {
+    let dir = resolve(name_or_path, hub)?;
+    from_pretrained_dir(&dir, task, device, options)
+}
+
+/// [`from_pretrained`] on an already resolved folder.
+pub fn from_pretrained_dir(
+    dir: &Path,
+    task: AutoTask,
+    device: Device,
+    options: &LoadOptions,
+) -> Result<AutoModel> {
+    let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
+    let unsupported = || Error::UnsupportedArchitecture {
+        name: format!("{model_type} for {task:?}"),
+        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama (causal LM)",
+    };
+    Ok(match (model_type.as_str(), task) {
+        ("gpt2", AutoTask::CausalLm) => {
+            boxed(GPT2LMHeadModel::from_pretrained_dir(dir, device, options)?)
+        }
+        ("gpt2", AutoTask::SequenceClassification { num_labels }) => boxed(
+            GPT2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("bert", AutoTask::Base) => boxed(BertBaseModel::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("bert", AutoTask::MaskedLm) => boxed(BertForMaskedLM::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("bert", AutoTask::SequenceClassification { num_labels }) => boxed(
+            BertForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("bert", AutoTask::TokenClassification { num_labels }) => boxed(
+            BertForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("llama", AutoTask::CausalLm) => {
+            boxed(LlamaForCausalLM::from_pretrained_dir(dir, device, options)?)
+        }
+        _ => return Err(unsupported()),
+    })
+}
