@@ -13,10 +13,9 @@
 //! can do the same:
 //!
 //! ```no_run
-//! // build.rs (with `torch-sys` as a direct dependency, so Cargo hands us its lib dir)
-//! fn main() {
-//!     tchtrain_build::link_libtorch();
-//! }
+//! // build.rs (with `torch-sys` as a direct dependency, so Cargo hands us its lib dir):
+//! // fn main() { tchtrain_build::link_libtorch(); }
+//! tchtrain_build::link_libtorch();
 //! ```
 
 use std::path::Path;

@@ -112,14 +112,13 @@ impl BertConfig {
             .extra
             .get("position_embedding_type")
             .and_then(|v| v.as_str())
+            && pe != "absolute"
         {
-            if pe != "absolute" {
-                return Err(Error::InvalidConfig {
-                    field: "position_embedding_type",
-                    value: pe.to_string(),
-                    fix: "only absolute position embeddings are implemented",
-                });
-            }
+            return Err(Error::InvalidConfig {
+                field: "position_embedding_type",
+                value: pe.to_string(),
+                fix: "only absolute position embeddings are implemented",
+            });
         }
         Activation::parse(&self.hidden_act, "hidden_act")?;
         Ok(())

@@ -195,7 +195,7 @@ impl GPT2Model {
         };
         let mut h = ids.apply(&self.wte) + positions.apply(&self.wpe);
         if let Some(tt) = inputs.token_type_ids {
-            h = h + tt.f_to_device(device)?.apply(&self.wte);
+            h += tt.f_to_device(device)?.apply(&self.wte);
         }
         let c = &self.config;
         let mut h = h.dropout(c.embd_pdrop, train);
@@ -225,7 +225,7 @@ impl GPT2Model {
                 .apply(&h.apply(&b.ln_2).apply(&b.c_fc))
                 .apply(&b.mlp_proj)
                 .dropout(c.resid_pdrop, train);
-            h = h + m;
+            h += m;
         }
         Ok(h.apply(&self.ln_f))
     }

@@ -212,14 +212,13 @@ impl LlamaConfig {
             .rope_params()
             .get("partial_rotary_factor")
             .and_then(|v| v.as_f64())
+            && f != 1.0
         {
-            if f != 1.0 {
-                return Err(Error::InvalidConfig {
-                    field: "rope_parameters.partial_rotary_factor",
-                    value: f.to_string(),
-                    fix: "only full rotary embeddings (1.0) are implemented",
-                });
-            }
+            return Err(Error::InvalidConfig {
+                field: "rope_parameters.partial_rotary_factor",
+                value: f.to_string(),
+                fix: "only full rotary embeddings (1.0) are implemented",
+            });
         }
         self.rope()?;
         Activation::parse(&self.hidden_act, "hidden_act")?;
@@ -412,11 +411,11 @@ impl LlamaModel {
                 .transpose(1, 2)
                 .reshape([batch, seq, heads * hd])
                 .apply(&l.o_proj);
-            h = h + a;
+            h += a;
             let x = l.post_attention_layernorm.forward(&h);
             let m =
                 (self.act.apply(&x.apply(&l.gate_proj)) * x.apply(&l.up_proj)).apply(&l.down_proj);
-            h = h + m;
+            h += m;
         }
         Ok(self.norm.forward(&h))
     }

@@ -15,6 +15,17 @@
 //! | [`deepspeed`] | `tchtrain-deepspeed` | `integrations/deepspeed.py` |
 //! | [`fsdp`] | `tchtrain-fsdp` | FSDP integration |
 //! | [`trainer`] | `tchtrain-trainer` | `trainer.py` |
+//!
+//! `tch` itself is re-exported, so one dependency gives the tensors too:
+//!
+//! ```
+//! use tchtrain::tch::{Kind, Tensor};
+//!
+//! let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+//! let loss = (&x * &x).sum(Kind::Float);
+//! loss.backward();
+//! assert_eq!(Vec::<f32>::try_from(x.grad()).unwrap(), vec![2.0, 4.0, 6.0]);
+//! ```
 
 pub use tch;
 pub use tchtrain_callbacks as callbacks;
