@@ -2,6 +2,10 @@
 //! `GPT2ForSequenceClassification`, with upstream's parameter names
 //! (`transformer.h.0.attn.c_attn.weight`, Conv1D weights stored `[in, out]`).
 
+// `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
+// saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -195,7 +199,7 @@ impl GPT2Model {
         };
         let mut h = ids.apply(&self.wte) + positions.apply(&self.wpe);
         if let Some(tt) = inputs.token_type_ids {
-            h += tt.f_to_device(device)?.apply(&self.wte);
+            h = h + tt.f_to_device(device)?.apply(&self.wte);
         }
         let c = &self.config;
         let mut h = h.dropout(c.embd_pdrop, train);
@@ -225,7 +229,7 @@ impl GPT2Model {
                 .apply(&h.apply(&b.ln_2).apply(&b.c_fc))
                 .apply(&b.mlp_proj)
                 .dropout(c.resid_pdrop, train);
-            h += m;
+            h = h + m;
         }
         Ok(h.apply(&self.ln_f))
     }

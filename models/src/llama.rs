@@ -2,6 +2,10 @@
 //! RoPE (default, linear and llama3 scaling), RMSNorm, grouped-query attention, SiLU
 //! MLP, tied or untied head. Parameter names as upstream (`model.layers.0.self_attn.q_proj.weight`).
 
+// `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
+// saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -411,11 +415,11 @@ impl LlamaModel {
                 .transpose(1, 2)
                 .reshape([batch, seq, heads * hd])
                 .apply(&l.o_proj);
-            h += a;
+            h = h + a;
             let x = l.post_attention_layernorm.forward(&h);
             let m =
                 (self.act.apply(&x.apply(&l.gate_proj)) * x.apply(&l.up_proj)).apply(&l.down_proj);
-            h += m;
+            h = h + m;
         }
         Ok(self.norm.forward(&h))
     }

@@ -379,3 +379,39 @@ fn fresh_heads_are_seeded_and_scaled_as_upstream() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn bf16_checkpoint_loads_into_fp32_model_and_back() -> Result<()> {
+    let _rng = rng_lock();
+    let src = GPT2LMHeadModel::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    let dir = temp_dir("bf16");
+    std::fs::copy(
+        assets().join("tiny-gpt2/config.json"),
+        dir.join("config.json"),
+    )?;
+    let tensors: Vec<(String, Tensor)> = src
+        .var_store()
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (k, v.to_kind(Kind::BFloat16)))
+        .collect();
+    write_safetensors(&tensors, &dir.join("model.safetensors"))?;
+    let loaded = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    let vars = loaded.model.var_store().variables();
+    for (name, t) in &tensors {
+        let v = &vars[name];
+        assert_eq!(v.kind(), Kind::Float, "{name} keeps the model dtype");
+        assert_eq!(
+            v,
+            &t.to_kind(Kind::Float),
+            "{name} equals the bf16 value cast to fp32"
+        );
+    }
+    Ok(())
+}
