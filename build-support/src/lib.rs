@@ -55,6 +55,19 @@ pub fn link_libtorch() {
     }
 }
 
+/// The include folders of the libtorch `torch-sys` linked (`include/` and the C++ API
+/// folder), for build scripts that compile a C++ shim against it; `None` without
+/// `DEP_TCH_LIBTORCH_LIB`.
+pub fn libtorch_include_dirs() -> Option<Vec<std::path::PathBuf>> {
+    println!("cargo:rerun-if-env-changed={LIBTORCH_LIB_VAR}");
+    let lib_dir = std::path::PathBuf::from(std::env::var_os(LIBTORCH_LIB_VAR)?);
+    let root = lib_dir.parent()?.to_path_buf();
+    Some(vec![
+        root.join("include"),
+        root.join("include/torch/csrc/api/include"),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,49 @@
 //! The error type of `tchtrain-distributed`.
 
-/// Errors returned by `tchtrain-distributed`.
+/// Errors returned by `tchtrain-distributed`; engine failures carry libtorch's message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A launcher variable is missing or malformed.
+    #[error("environment variable {name}={value}: {fix}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// The TCPStore rendezvous or the Gloo group could not be set up (wrong
+    /// MASTER_ADDR/MASTER_PORT, a rank that never joined, the timeout elapsed).
+    #[error("rank {rank}/{world_size}: rendezvous at {addr} failed: {message}")]
+    Rendezvous {
+        /// `MASTER_ADDR:MASTER_PORT`.
+        addr: String,
+        /// This rank.
+        rank: i32,
+        /// The world size.
+        world_size: i32,
+        /// libtorch's message.
+        message: String,
+    },
+    /// A collective failed (a peer died or the timeout elapsed).
+    #[error("rank {rank}: {op} failed: {message}")]
+    Collective {
+        /// The collective.
+        op: &'static str,
+        /// This rank.
+        rank: i32,
+        /// libtorch's message.
+        message: String,
+    },
+    /// A tensor cannot take part in a collective (layout, size).
+    #[error("{op}: {detail}")]
+    InvalidTensor {
+        /// The collective.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
     /// An error raised by libtorch.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

@@ -1,10 +1,20 @@
-//! `tchtrain-distributed` — Process groups over libtorch's own c10d (Gloo on CPU, NCCL on GPU) and DDP.
+//! `tchtrain-distributed` — process groups over libtorch's own c10d (Gloo on CPU) and the
+//! torchrun environment.
 //!
-//! Owns process groups over libtorch's c10d through a small C++ shim, the torchrun environment, and DDP gradient all-reduce.
+//! Owns the safe [`ProcessGroup`] over a small C++ shim to c10d (`csrc/c10d_shim.cpp`,
+//! wrapped by the private `ffi` module, the only code that sees raw pointers): TCPStore
+//! rendezvous from `RANK` / `WORLD_SIZE` / `MASTER_ADDR` / `MASTER_PORT`, then
+//! all_reduce, reduce_scatter, all_gather, broadcast and barrier on tch tensors in place.
+//! NCCL (behind a `cuda` feature) and DDP come next.
 //!
-//! Mirrors upstream torch.distributed and DistributedDataParallel; names follow upstream so a transformers user finds each
+//! Mirrors upstream torch.distributed; names follow it so a PyTorch user finds each
 //! concept where they expect it.
 
+mod env;
 mod error;
+mod ffi;
+mod process_group;
 
+pub use env::DistributedEnv;
 pub use error::{Error, Result};
+pub use process_group::{DEFAULT_TIMEOUT, ProcessGroup, ReduceOp};

@@ -1,0 +1,1 @@
+// Stand-in: see README.md in this folder.

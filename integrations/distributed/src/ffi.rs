@@ -1,0 +1,143 @@
+//! The safe Rust face of `csrc/c10d_shim.cpp`. This is the only module that sees raw
+//! pointers: a [`RawGroup`] owns the shim's `tchtrain_pg*` and frees it on drop; each call
+//! lends libtorch the tensors for its duration; C++ exceptions come back as `Err(String)`.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString, c_char, c_int};
+
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+#[repr(C)]
+struct PgHandle {
+    _private: [u8; 0],
+}
+
+unsafe extern "C" {
+    fn tchtrain_c10d_free_error(err: *mut c_char);
+    fn tchtrain_c10d_new_gloo(
+        host: *const c_char,
+        port: u16,
+        rank: c_int,
+        world_size: c_int,
+        timeout_ms: i64,
+        gloo_interface: *const c_char,
+        out: *mut *mut PgHandle,
+    ) -> *mut c_char;
+    fn tchtrain_c10d_free(pg: *mut PgHandle);
+    fn tchtrain_c10d_allreduce(pg: *mut PgHandle, t: *mut C_tensor, op: c_int) -> *mut c_char;
+    fn tchtrain_c10d_broadcast(pg: *mut PgHandle, t: *mut C_tensor, root: c_int) -> *mut c_char;
+    fn tchtrain_c10d_allgather(
+        pg: *mut PgHandle,
+        out: *mut C_tensor,
+        input: *mut C_tensor,
+    ) -> *mut c_char;
+    fn tchtrain_c10d_reduce_scatter(
+        pg: *mut PgHandle,
+        out: *mut C_tensor,
+        input: *mut C_tensor,
+        op: c_int,
+    ) -> *mut c_char;
+    fn tchtrain_c10d_barrier(pg: *mut PgHandle) -> *mut c_char;
+}
+
+/// Turns the shim's error pointer into a `Result`, freeing the message.
+fn check(err: *mut c_char) -> Result<(), String> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, owned by us.
+    let message = unsafe { CStr::from_ptr(err) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: freed exactly once, with the shim's own deallocator.
+    unsafe { tchtrain_c10d_free_error(err) };
+    Err(message)
+}
+
+/// An owned c10d Gloo process group (and its TCPStore).
+#[derive(Debug)]
+pub(crate) struct RawGroup {
+    ptr: *mut PgHandle,
+}
+
+// SAFETY: c10d process groups are used from one thread at a time through `&mut self`
+// (collectives) and are safe to move between threads.
+unsafe impl Send for RawGroup {}
+
+impl RawGroup {
+    /// TCPStore rendezvous at `host:port` (rank 0 serves it), then a Gloo group.
+    pub(crate) fn new_gloo(
+        host: &str,
+        port: u16,
+        rank: i32,
+        world: i32,
+        timeout_ms: i64,
+        iface: Option<&str>,
+    ) -> Result<Self, String> {
+        let host = CString::new(host).map_err(|_| "host contains a NUL byte".to_string())?;
+        let iface = CString::new(iface.unwrap_or(""))
+            .map_err(|_| "GLOO_SOCKET_IFNAME contains a NUL byte".to_string())?;
+        let mut ptr: *mut PgHandle = std::ptr::null_mut();
+        // SAFETY: valid C strings for the call's duration; `ptr` is written only on success.
+        check(unsafe {
+            tchtrain_c10d_new_gloo(
+                host.as_ptr(),
+                port,
+                rank,
+                world,
+                timeout_ms,
+                iface.as_ptr(),
+                &mut ptr,
+            )
+        })?;
+        Ok(Self { ptr })
+    }
+
+    pub(crate) fn all_reduce(&mut self, t: &mut Tensor, op: i32) -> Result<(), String> {
+        // SAFETY: `self.ptr` is live; the tensor is borrowed mutably for the call.
+        check(unsafe { tchtrain_c10d_allreduce(self.ptr, t.as_mut_ptr(), op) })
+    }
+
+    pub(crate) fn broadcast(&mut self, t: &mut Tensor, root: i32) -> Result<(), String> {
+        // SAFETY: as above.
+        check(unsafe { tchtrain_c10d_broadcast(self.ptr, t.as_mut_ptr(), root) })
+    }
+
+    pub(crate) fn all_gather(&mut self, out: &mut Tensor, input: &Tensor) -> Result<(), String> {
+        // SAFETY: as above; the input is only read by libtorch (the shim takes a non-const
+        // pointer because c10d's signature does).
+        check(unsafe {
+            tchtrain_c10d_allgather(self.ptr, out.as_mut_ptr(), input.as_ptr() as *mut C_tensor)
+        })
+    }
+
+    pub(crate) fn reduce_scatter(
+        &mut self,
+        out: &mut Tensor,
+        input: &Tensor,
+        op: i32,
+    ) -> Result<(), String> {
+        // SAFETY: as above.
+        check(unsafe {
+            tchtrain_c10d_reduce_scatter(
+                self.ptr,
+                out.as_mut_ptr(),
+                input.as_ptr() as *mut C_tensor,
+                op,
+            )
+        })
+    }
+
+    pub(crate) fn barrier(&mut self) -> Result<(), String> {
+        // SAFETY: `self.ptr` is live.
+        check(unsafe { tchtrain_c10d_barrier(self.ptr) })
+    }
+}
+
+impl Drop for RawGroup {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `tchtrain_c10d_new_gloo` and is freed once.
+        unsafe { tchtrain_c10d_free(self.ptr) };
+    }
+}

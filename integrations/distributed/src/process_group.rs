@@ -1,0 +1,210 @@
+//! `ProcessGroup`: libtorch's c10d `ProcessGroupGloo` behind a TCPStore rendezvous, with
+//! the collectives of `torch.distributed` on tch tensors, in place. Engine errors (a dead
+//! peer, a timeout) come back as [`Error::Collective`], never a hang or an abort.
+
+use std::time::Duration;
+
+use tch::{Kind, Tensor};
+
+use crate::env::DistributedEnv;
+use crate::ffi::RawGroup;
+use crate::{Error, Result};
+
+/// Upstream's default `ddp_timeout` (1800 s).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// `torch.distributed.ReduceOp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Sum divided by the world size (done as a sum then a division: Gloo has no AVG).
+    Avg,
+    /// Product.
+    Product,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+}
+
+impl ReduceOp {
+    fn code(self) -> i32 {
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg => 0,
+            ReduceOp::Product => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Max => 3,
+        }
+    }
+}
+
+/// A process group over libtorch's c10d (Gloo backend).
+#[derive(Debug)]
+pub struct ProcessGroup {
+    raw: RawGroup,
+    rank: i32,
+    world_size: i32,
+}
+
+impl ProcessGroup {
+    /// `init_process_group("gloo", init_method="env://", timeout=...)`: rendezvous at
+    /// `MASTER_ADDR:MASTER_PORT` (rank 0 serves the TCPStore) and build the Gloo group.
+    /// `GLOO_SOCKET_IFNAME` picks the network interface as in PyTorch.
+    pub fn new_gloo(env: &DistributedEnv, timeout: Duration) -> Result<Self> {
+        let iface = std::env::var("GLOO_SOCKET_IFNAME").ok();
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let raw = RawGroup::new_gloo(
+            &env.master_addr,
+            env.master_port,
+            env.rank,
+            env.world_size,
+            timeout_ms,
+            iface.as_deref(),
+        )
+        .map_err(|message| Error::Rendezvous {
+            addr: format!("{}:{}", env.master_addr, env.master_port),
+            rank: env.rank,
+            world_size: env.world_size,
+            message,
+        })?;
+        Ok(Self {
+            raw,
+            rank: env.rank,
+            world_size: env.world_size,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+
+    /// Number of processes.
+    pub fn world_size(&self) -> i32 {
+        self.world_size
+    }
+
+    fn err(rank: i32, op: &'static str) -> impl FnOnce(String) -> Error + use<> {
+        move |message| Error::Collective { op, rank, message }
+    }
+
+    fn check_contiguous(t: &Tensor, op: &'static str) -> Result<()> {
+        if !t.is_contiguous() {
+            return Err(Error::InvalidTensor {
+                op,
+                detail: "tensor must be contiguous".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `all_reduce(t, op)` in place.
+    pub fn all_reduce(&mut self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
+        Self::check_contiguous(t, "all_reduce")?;
+        let e = Self::err(self.rank, "all_reduce");
+        self.raw.all_reduce(t, op.code()).map_err(e)?;
+        if op == ReduceOp::Avg {
+            let _ = t.f_div_scalar_(f64::from(self.world_size))?;
+        }
+        Ok(())
+    }
+
+    /// `broadcast(t, src=root)` in place.
+    pub fn broadcast(&mut self, t: &mut Tensor, root: i32) -> Result<()> {
+        Self::check_contiguous(t, "broadcast")?;
+        if root < 0 || root >= self.world_size {
+            return Err(Error::InvalidTensor {
+                op: "broadcast",
+                detail: format!("root {root} outside 0..{}", self.world_size),
+            });
+        }
+        let e = Self::err(self.rank, "broadcast");
+        self.raw.broadcast(t, root).map_err(e)
+    }
+
+    /// `all_gather_into_tensor(out, input)`: `out` holds `world_size` copies of `input`'s
+    /// shape concatenated along dim 0, in rank order.
+    pub fn all_gather_into(&mut self, out: &mut Tensor, input: &Tensor) -> Result<()> {
+        Self::check_contiguous(out, "all_gather")?;
+        Self::check_contiguous(input, "all_gather")?;
+        if out.numel() != input.numel() * self.world_size as usize {
+            return Err(Error::InvalidTensor {
+                op: "all_gather",
+                detail: format!(
+                    "output has {} elements, expected world_size x {}",
+                    out.numel(),
+                    input.numel()
+                ),
+            });
+        }
+        let e = Self::err(self.rank, "all_gather");
+        self.raw.all_gather(out, input).map_err(e)
+    }
+
+    /// `reduce_scatter_tensor(out, input, op)`: rank r receives the reduction of chunk r of
+    /// every rank's `input`. On CPU Gloo's reduce-scatter is slow; [`Self::reduce_scatter_via_all_reduce`]
+    /// is the faster equivalent there.
+    pub fn reduce_scatter(&mut self, out: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        Self::check_contiguous(out, "reduce_scatter")?;
+        Self::check_contiguous(input, "reduce_scatter")?;
+        if input.numel() != out.numel() * self.world_size as usize {
+            return Err(Error::InvalidTensor {
+                op: "reduce_scatter",
+                detail: format!(
+                    "input has {} elements, expected world_size x {}",
+                    input.numel(),
+                    out.numel()
+                ),
+            });
+        }
+        let e = Self::err(self.rank, "reduce_scatter");
+        self.raw.reduce_scatter(out, input, op.code()).map_err(e)?;
+        if op == ReduceOp::Avg {
+            let _ = out.f_div_scalar_(f64::from(self.world_size))?;
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter computed as an all-reduce of a copy followed by taking this rank's
+    /// chunk (faster than Gloo's reduce-scatter on CPU).
+    pub fn reduce_scatter_via_all_reduce(
+        &mut self,
+        out: &mut Tensor,
+        input: &Tensor,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if input.numel() != out.numel() * self.world_size as usize {
+            return Err(Error::InvalidTensor {
+                op: "reduce_scatter",
+                detail: format!(
+                    "input has {} elements, expected world_size x {}",
+                    input.numel(),
+                    out.numel()
+                ),
+            });
+        }
+        let mut full = input.f_contiguous()?.copy();
+        self.all_reduce(&mut full, op)?;
+        let n = out.numel() as i64;
+        let chunk = full
+            .f_flatten(0, -1)?
+            .f_narrow(0, i64::from(self.rank) * n, n)?
+            .f_view_as(out)?;
+        tch::no_grad(|| out.f_copy_(&chunk))?;
+        Ok(())
+    }
+
+    /// `barrier()`.
+    pub fn barrier(&mut self) -> Result<()> {
+        let e = Self::err(self.rank, "barrier");
+        self.raw.barrier().map_err(e)
+    }
+
+    /// All-reduces a scalar (e.g. `num_items_in_batch` across ranks).
+    pub fn all_reduce_scalar(&mut self, value: f64, op: ReduceOp) -> Result<f64> {
+        let mut t = Tensor::from_slice(&[value]).to_kind(Kind::Double);
+        self.all_reduce(&mut t, op)?;
+        Ok(t.f_double_value(&[0])?)
+    }
+}

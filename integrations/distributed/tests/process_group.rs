@@ -1,0 +1,209 @@
+//! Real multi-process runs on 127.0.0.1: each test re-launches this test binary as N
+//! ranks (torchrun's environment variables), the ranks run c10d collectives through
+//! `ProcessGroup`, and the parent checks every rank exited cleanly. Fault cases: a rank
+//! that dies, a rank that never joins; both end in a typed error within the timeout.
+
+use std::net::TcpListener;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use tch::{Kind, Tensor};
+use tchtrain_distributed::{DistributedEnv, Error, ProcessGroup, ReduceOp};
+
+const ROLE: &str = "TCHTRAIN_TEST_ROLE";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns `ranks` copies of this binary running only `test`, as ranks of `world` on `port`.
+fn launch(test: &str, ranks: &[i32], world: i32, port: u16) -> Vec<Child> {
+    ranks
+        .iter()
+        .map(|&rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, "rank")
+                // The ranks' own `test result` lines would be counted by the summary:
+                // stdout is dropped, stderr (panic messages) stays visible.
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Waits for every child (killing all of them past `limit`) and asserts success.
+fn wait_all(mut children: Vec<Child>, limit: Duration) {
+    let start = Instant::now();
+    let mut codes = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                codes[i] = c.try_wait().unwrap().map(|s| s.success());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("ranks did not finish within {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        codes.iter().all(|c| *c == Some(true)),
+        "a rank failed: {codes:?}"
+    );
+}
+
+fn is_rank() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+fn env() -> DistributedEnv {
+    DistributedEnv::from_env().unwrap().expect("WORLD_SIZE > 1")
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(t.to_kind(Kind::Double).flatten(0, -1)).unwrap()
+}
+
+#[test]
+fn collectives_on_three_ranks() {
+    if !is_rank() {
+        return wait_all(
+            launch("collectives_on_three_ranks", &[0, 1, 2], 3, free_port()),
+            Duration::from_secs(120),
+        );
+    }
+    let env = env();
+    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(60)).unwrap();
+    let r = f64::from(pg.rank());
+    assert_eq!(pg.world_size(), 3);
+
+    let mut t = Tensor::from_slice(&[r, 10.0 * r, 1.0]);
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&t), vec![3.0, 30.0, 3.0]);
+    let mut t = Tensor::from_slice(&[r]);
+    pg.all_reduce(&mut t, ReduceOp::Avg).unwrap();
+    assert_eq!(values(&t), vec![1.0]);
+    let mut t = Tensor::from_slice(&[r, -r]);
+    pg.all_reduce(&mut t, ReduceOp::Max).unwrap();
+    assert_eq!(values(&t), vec![2.0, 0.0]);
+
+    let mut t = if pg.rank() == 1 {
+        Tensor::from_slice(&[7.0f32, 8.0])
+    } else {
+        Tensor::zeros([2], (Kind::Float, tch::Device::Cpu))
+    };
+    pg.broadcast(&mut t, 1).unwrap();
+    assert_eq!(values(&t), vec![7.0, 8.0]);
+
+    let input = Tensor::from_slice(&[r, r + 0.5]);
+    let mut out = Tensor::zeros([6], (Kind::Double, tch::Device::Cpu));
+    pg.all_gather_into(&mut out, &input).unwrap();
+    assert_eq!(values(&out), vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+
+    // Every rank contributes [0, 1, .., 5] * (r + 1); rank k receives chunk k summed: (1+2+3) * chunk.
+    let input = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)) * (r + 1.0);
+    let expected: Vec<f64> = (0..2).map(|i| 6.0 * (2.0 * r + f64::from(i))).collect();
+    let mut out = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+    pg.reduce_scatter(&mut out, &input, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&out), expected);
+    let mut out2 = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+    pg.reduce_scatter_via_all_reduce(&mut out2, &input, ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(values(&out2), expected);
+
+    assert_eq!(pg.all_reduce_scalar(r + 1.0, ReduceOp::Sum).unwrap(), 6.0);
+    // A wrong-sized output is a typed error, not an engine crash.
+    let mut bad = Tensor::zeros([5], (Kind::Double, tch::Device::Cpu));
+    assert!(matches!(
+        pg.all_gather_into(&mut bad, &Tensor::from_slice(&[r, r])),
+        Err(Error::InvalidTensor { .. })
+    ));
+    pg.barrier().unwrap();
+}
+
+#[test]
+fn a_dead_peer_is_an_error_within_the_timeout() {
+    if !is_rank() {
+        return wait_all(
+            launch(
+                "a_dead_peer_is_an_error_within_the_timeout",
+                &[0, 1],
+                2,
+                free_port(),
+            ),
+            Duration::from_secs(120),
+        );
+    }
+    let env = env();
+    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(5)).unwrap();
+    pg.barrier().unwrap();
+    if pg.rank() == 1 {
+        // Dies without a word, as a crashed rank would.
+        std::process::exit(0);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let mut t = Tensor::from_slice(&[1.0f32]);
+    let err = pg.all_reduce(&mut t, ReduceOp::Sum).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Collective {
+                op: "all_reduce",
+                rank: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_rank_that_never_joins_is_a_rendezvous_error() {
+    if !is_rank() {
+        // World of 2, only rank 0 launched.
+        return wait_all(
+            launch(
+                "a_rank_that_never_joins_is_a_rendezvous_error",
+                &[0],
+                2,
+                free_port(),
+            ),
+            Duration::from_secs(120),
+        );
+    }
+    let start = Instant::now();
+    let err = ProcessGroup::new_gloo(&env(), Duration::from_secs(3)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Rendezvous {
+                rank: 0,
+                world_size: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("127.0.0.1:"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+}
