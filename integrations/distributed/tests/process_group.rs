@@ -8,7 +8,9 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
-use tchtrain_distributed::{DistributedEnv, Error, ProcessGroup, ReduceOp};
+use tchtrain_distributed::{
+    DistributedDataParallel, DistributedEnv, Error, ProcessGroup, ReduceOp,
+};
 
 const ROLE: &str = "TCHTRAIN_TEST_ROLE";
 
@@ -206,4 +208,65 @@ fn a_rank_that_never_joins_is_a_rendezvous_error() {
         "took {:?}",
         start.elapsed()
     );
+}
+
+/// Two ranks, each with half of a batch, after DDP's gradient average hold exactly the
+/// gradient of the mean loss over the whole batch (computed here in one process too), and
+/// parameters that started different are equal after the initial broadcast.
+#[test]
+fn ddp_average_equals_full_batch_gradient() {
+    if !is_rank() {
+        return wait_all(
+            launch(
+                "ddp_average_equals_full_batch_gradient",
+                &[0, 1],
+                2,
+                free_port(),
+            ),
+            Duration::from_secs(120),
+        );
+    }
+    let env = env();
+    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(60)).unwrap();
+    let r = pg.rank();
+    // Rank-dependent init: the broadcast must make them equal to rank 0's.
+    let init = |seed: i64| {
+        Tensor::arange(12, (Kind::Float, tch::Device::Cpu)).reshape([3, 4]) / 10.0 + seed as f64
+    };
+    let w = init(i64::from(r)).set_requires_grad(true);
+    let b = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    // A tiny cap forces one bucket per parameter.
+    let ddp =
+        DistributedDataParallel::new(&mut pg, vec![w.shallow_clone(), b.shallow_clone()], 1e-6)
+            .unwrap();
+    assert_eq!(ddp.num_buckets(), 2);
+    assert_eq!(values(&w), values(&init(0)));
+
+    let x = Tensor::arange(16, (Kind::Float, tch::Device::Cpu)).reshape([4, 4]) / 7.0 - 1.0;
+    let loss_of = |rows: &Tensor| {
+        (rows.matmul(&w.tr()) + &b)
+            .tanh()
+            .square()
+            .mean(Kind::Float)
+    };
+    let mine = x.narrow(0, i64::from(r) * 2, 2);
+    loss_of(&mine).backward();
+    ddp.all_reduce_gradients(&mut pg).unwrap();
+    let (gw, gb) = (values(&w.grad()), values(&b.grad()));
+
+    // Reference: the same parameters, the whole batch, one process.
+    let w2 = init(0).set_requires_grad(true);
+    let b2 = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    (x.matmul(&w2.tr()) + &b2)
+        .tanh()
+        .square()
+        .mean(Kind::Float)
+        .backward();
+    for (a, e) in gw
+        .iter()
+        .chain(&gb)
+        .zip(values(&w2.grad()).iter().chain(&values(&b2.grad())))
+    {
+        assert!((a - e).abs() <= 1e-6, "ddp grad {a} vs full-batch {e}");
+    }
 }
