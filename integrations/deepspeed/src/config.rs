@@ -1,0 +1,388 @@
+//! DeepSpeed JSON configs as upstream reads them: accelerate's `HfDeepSpeedConfig`
+//! (ZeRO stage and offload queries) and transformers' `HfTrainerDeepSpeedConfig`
+//! (`"auto"` values filled from `TrainingArguments`, conflicting values collected and
+//! raised together as one mismatch error).
+
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+use tchtrain_training_args::TrainingArguments;
+
+use crate::{Error, Result};
+
+/// A DeepSpeed config (upstream `HfTrainerDeepSpeedConfig`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfTrainerDeepSpeedConfig {
+    /// The JSON object, `"auto"` values replaced once processed.
+    pub config: Map<String, Value>,
+    mismatches: Vec<String>,
+}
+
+/// Python's `repr` of a JSON value, as upstream's mismatch message prints it.
+pub fn python_repr(v: &Value) -> String {
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
+        Value::Number(n) if n.is_f64() => python_float(n.as_f64().unwrap_or(f64::NAN)),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("'{s}'"),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(python_repr).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Object(o) => format!(
+            "{{{}}}",
+            o.iter()
+                .map(|(k, v)| format!("'{k}': {}", python_repr(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, exponent form outside [1e-4, 1e16).
+fn python_float(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    let a = x.abs();
+    if a != 0.0 && !(1e-4..1e16).contains(&a) {
+        let s = format!("{x:e}");
+        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let exp: i32 = exp.parse().unwrap_or(0);
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exp.abs());
+    }
+    if x.fract() == 0.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Python equality of two JSON values (`1 == 1.0`, lists element-wise).
+fn py_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Bool(x), Value::Number(y)) | (Value::Number(y), Value::Bool(x)) => {
+            y.as_f64() == Some(f64::from(u8::from(*x)))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q))
+        }
+        _ => a == b,
+    }
+}
+
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+impl HfTrainerDeepSpeedConfig {
+    /// From a JSON object (upstream accepts a dict).
+    pub fn from_value(value: Value) -> Result<Self> {
+        match value {
+            Value::Object(config) => Ok(Self {
+                config,
+                mismatches: Vec::new(),
+            }),
+            other => Err(Error::InvalidConfig {
+                key: "<root>".into(),
+                value: python_repr(&other),
+                fix: "a DeepSpeed config is a JSON object",
+            }),
+        }
+    }
+
+    /// From a file path or an inline JSON string (the `--deepspeed` flag's two forms).
+    pub fn from_path_or_json(spec: &str) -> Result<Self> {
+        let path = Path::new(spec);
+        let text = if path.is_file() {
+            std::fs::read_to_string(path).map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+        } else {
+            spec.to_string()
+        };
+        let value: Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+            what: if path.is_file() {
+                spec.to_string()
+            } else {
+                "--deepspeed value (neither an existing file nor JSON)".into()
+            },
+            source,
+        })?;
+        Self::from_value(value)
+    }
+
+    fn find_node(&self, key: &str) -> (Option<&Map<String, Value>>, String) {
+        let mut nodes: Vec<&str> = key.split('.').collect();
+        let leaf = nodes.pop().unwrap_or_default().to_string();
+        let mut cur = Some(&self.config);
+        for n in nodes {
+            cur = cur.and_then(|c| c.get(n)).and_then(Value::as_object);
+        }
+        (cur, leaf)
+    }
+
+    fn find_node_mut(&mut self, key: &str) -> (Option<&mut Map<String, Value>>, String) {
+        let mut nodes: Vec<&str> = key.split('.').collect();
+        let leaf = nodes.pop().unwrap_or_default().to_string();
+        let mut cur = Some(&mut self.config);
+        for n in nodes {
+            cur = cur
+                .and_then(|c| c.get_mut(n))
+                .and_then(Value::as_object_mut);
+        }
+        (cur, leaf)
+    }
+
+    /// `get_value("a.b.c")`.
+    pub fn get_value(&self, key: &str) -> Option<&Value> {
+        let (node, leaf) = self.find_node(key);
+        node.and_then(|n| n.get(&leaf))
+    }
+
+    /// `is_true(key)` / truthiness of a value.
+    pub fn is_true(&self, key: &str) -> bool {
+        truthy(self.get_value(key))
+    }
+
+    /// `is_auto(key)`.
+    pub fn is_auto(&self, key: &str) -> bool {
+        self.get_value(key).and_then(Value::as_str) == Some("auto")
+    }
+
+    /// The ZeRO stage (`zero_optimization.stage`, -1 when absent).
+    pub fn zero_stage(&self) -> i64 {
+        self.get_value("zero_optimization.stage")
+            .and_then(Value::as_i64)
+            .unwrap_or(-1)
+    }
+
+    /// `is_zero2()`.
+    pub fn is_zero2(&self) -> bool {
+        self.zero_stage() == 2
+    }
+
+    /// `is_zero3()`.
+    pub fn is_zero3(&self) -> bool {
+        self.zero_stage() == 3
+    }
+
+    /// `is_offload()`: ZeRO 2/3 with optimizer or parameter offload to cpu / nvme.
+    pub fn is_offload(&self) -> bool {
+        (self.is_zero2() || self.is_zero3())
+            && [
+                "zero_optimization.offload_optimizer.device",
+                "zero_optimization.offload_param.device",
+            ]
+            .iter()
+            .any(|k| {
+                matches!(
+                    self.get_value(k).and_then(Value::as_str),
+                    Some("cpu" | "nvme")
+                )
+            })
+    }
+
+    /// `fill_match`: replace `"auto"` with `hf_val`; otherwise, when `must_match`, record a
+    /// mismatch if the config's value differs.
+    pub fn fill_match(&mut self, key: &str, hf_val: Value, hf_key: &str, must_match: bool) {
+        let (node, leaf) = self.find_node_mut(key);
+        let Some(node) = node else { return };
+        if node.get(&leaf).and_then(Value::as_str) == Some("auto") {
+            node.insert(leaf, hf_val);
+            return;
+        }
+        if !must_match {
+            return;
+        }
+        if let Some(ds_val) = node.get(&leaf).filter(|v| !v.is_null()) {
+            if !py_eq(ds_val, &hf_val) {
+                let line = format!(
+                    "- ds {key}={} vs hf {hf_key}={}",
+                    python_repr(ds_val),
+                    python_repr(&hf_val)
+                );
+                self.mismatches.push(line);
+            }
+        }
+    }
+
+    /// `fill_only`: replace `"auto"` only.
+    pub fn fill_only(&mut self, key: &str, hf_val: Value) {
+        self.fill_match(key, hf_val, "", false);
+    }
+
+    /// Upstream `trainer_config_process(args, auto_find_batch_size)`; returns the dtype
+    /// DeepSpeed will train in (`"bfloat16"`, `"float16"` or `"float32"`).
+    pub fn trainer_config_process(
+        &mut self,
+        args: &TrainingArguments,
+        auto_find_batch_size: bool,
+    ) -> &'static str {
+        let world = args.world_size();
+        let train_batch_size =
+            world * args.per_device_train_batch_size * args.gradient_accumulation_steps;
+        self.fill_match(
+            "train_micro_batch_size_per_gpu",
+            json!(args.per_device_train_batch_size),
+            "per_device_train_batch_size",
+            !auto_find_batch_size,
+        );
+        self.fill_match(
+            "gradient_accumulation_steps",
+            json!(args.gradient_accumulation_steps),
+            "gradient_accumulation_steps",
+            true,
+        );
+        self.fill_match(
+            "train_batch_size",
+            json!(train_batch_size),
+            "train_batch_size (calculated)",
+            !auto_find_batch_size,
+        );
+        self.fill_match(
+            "gradient_clipping",
+            json!(args.max_grad_norm),
+            "max_grad_norm",
+            true,
+        );
+        self.fill_match(
+            "optimizer.params.lr",
+            json!(args.learning_rate),
+            "learning_rate",
+            true,
+        );
+        self.fill_match(
+            "optimizer.params.betas",
+            json!([args.adam_beta1, args.adam_beta2]),
+            "adam_beta1+adam_beta2",
+            true,
+        );
+        self.fill_match(
+            "optimizer.params.eps",
+            json!(args.adam_epsilon),
+            "adam_epsilon",
+            true,
+        );
+        self.fill_match(
+            "optimizer.params.weight_decay",
+            json!(args.weight_decay),
+            "weight_decay",
+            true,
+        );
+        self.fill_only("scheduler.params.warmup_min_lr", json!(0));
+        self.fill_match(
+            "scheduler.params.warmup_max_lr",
+            json!(args.learning_rate),
+            "learning_rate",
+            true,
+        );
+        if args.save_on_each_node {
+            let checkpoint = self.config.entry("checkpoint").or_insert_with(|| json!({}));
+            if let Some(c) = checkpoint.as_object_mut() {
+                c.insert("use_node_local_storage".into(), json!(true));
+            }
+        }
+        self.fill_match(
+            "fp16.enabled",
+            json!(args.fp16 || args.fp16_full_eval),
+            "fp16|fp16_full_eval",
+            true,
+        );
+        self.fill_match(
+            "bf16.enabled",
+            json!(args.bf16 || args.bf16_full_eval),
+            "bf16|bf16_full_eval",
+            true,
+        );
+        if self.is_true("bf16.enabled") {
+            "bfloat16"
+        } else if self.is_true("fp16.enabled") {
+            "float16"
+        } else {
+            "float32"
+        }
+    }
+
+    /// Upstream `trainer_config_finalize(args, model, num_training_steps)`: fills the
+    /// `hidden_size`-based bucket sizes and the scheduler steps, then fails with every
+    /// mismatch collected so far.
+    pub fn trainer_config_finalize(
+        &mut self,
+        args: &TrainingArguments,
+        hidden_size: Option<i64>,
+        num_training_steps: usize,
+    ) -> Result<()> {
+        let keys = [
+            "zero_optimization.reduce_bucket_size",
+            "zero_optimization.stage3_prefetch_bucket_size",
+            "zero_optimization.stage3_param_persistence_threshold",
+        ];
+        let auto_keys: Vec<&str> = keys.iter().copied().filter(|k| self.is_auto(k)).collect();
+        if !auto_keys.is_empty() {
+            let h = hidden_size.ok_or_else(|| Error::NoHiddenSize {
+                keys: auto_keys.iter().map(|k| k.to_string()).collect(),
+            })?;
+            self.fill_only("zero_optimization.reduce_bucket_size", json!(h * h));
+            if self.is_zero3() {
+                self.fill_only(
+                    "zero_optimization.stage3_prefetch_bucket_size",
+                    json!((0.9 * (h * h) as f64) as i64),
+                );
+                self.fill_only(
+                    "zero_optimization.stage3_param_persistence_threshold",
+                    json!(10 * h),
+                );
+            }
+        }
+        self.fill_match(
+            "scheduler.params.total_num_steps",
+            json!(num_training_steps),
+            "num_training_steps (calculated)",
+            true,
+        );
+        self.fill_match(
+            "scheduler.params.warmup_num_steps",
+            json!(args.get_warmup_steps(num_training_steps).max(1)),
+            "warmup_steps",
+            true,
+        );
+        if !self.mismatches.is_empty() {
+            return Err(Error::Mismatch {
+                lines: self.mismatches.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The Trainer's DeepSpeed constraints that do not depend on the model.
+    pub fn check_trainer_compat(&self, args: &TrainingArguments) -> Result<()> {
+        if self.is_zero3() && args.auto_find_batch_size {
+            return Err(Error::Unsupported {
+                what: "`auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3",
+            });
+        }
+        if !(0..=3).contains(&self.zero_stage()) && self.zero_stage() != -1 {
+            return Err(Error::InvalidConfig {
+                key: "zero_optimization.stage".into(),
+                value: self.zero_stage().to_string(),
+                fix: "use 0, 1, 2 or 3",
+            });
+        }
+        Ok(())
+    }
+}
