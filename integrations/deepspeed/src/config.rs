@@ -209,15 +209,15 @@ impl HfTrainerDeepSpeedConfig {
         if !must_match {
             return;
         }
-        if let Some(ds_val) = node.get(&leaf).filter(|v| !v.is_null()) {
-            if !py_eq(ds_val, &hf_val) {
-                let line = format!(
-                    "- ds {key}={} vs hf {hf_key}={}",
-                    python_repr(ds_val),
-                    python_repr(&hf_val)
-                );
-                self.mismatches.push(line);
-            }
+        if let Some(ds_val) = node.get(&leaf).filter(|v| !v.is_null())
+            && !py_eq(ds_val, &hf_val)
+        {
+            let line = format!(
+                "- ds {key}={} vs hf {hf_key}={}",
+                python_repr(ds_val),
+                python_repr(&hf_val)
+            );
+            self.mismatches.push(line);
         }
     }
 
