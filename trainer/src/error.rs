@@ -1,4 +1,7 @@
-//! The error type of `tchtrain-trainer`.
+//! The error type of `tchtrain-trainer`: one typed variant per failure, the lower crates'
+//! errors wrapped with `#[from]`.
+
+use std::path::PathBuf;
 
 /// Errors returned by `tchtrain-trainer`.
 #[derive(Debug, thiserror::Error)]
@@ -6,6 +9,129 @@ pub enum Error {
     /// An error raised by libtorch.
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+    /// An error from the model crate (forward pass, loading, saving).
+    #[error(transparent)]
+    Model(#[from] tchtrain_models::Error),
+    /// An error from the optimizer / scheduler crate.
+    #[error(transparent)]
+    Optim(#[from] tchtrain_optim::Error),
+    /// An error from a callback or the trainer state.
+    #[error(transparent)]
+    Callbacks(#[from] tchtrain_callbacks::Error),
+    /// An error from a data collator.
+    #[error(transparent)]
+    Collator(#[from] tchtrain_collators::Error),
+    /// An error from the training arguments (validation, JSON).
+    #[error(transparent)]
+    TrainingArgs(#[from] tchtrain_training_args::Error),
+    /// Reading or writing a file failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`"reading"`, `"writing"`, `"renaming"`, ...).
+        action: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file of a checkpoint could not be parsed or written.
+    #[error("JSON in {}: {source}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The tokenizer failed on some text.
+    #[error("tokenizing {what}: {detail}")]
+    Tokenizer {
+        /// Which text (file and line).
+        what: String,
+        /// The tokenizer's message.
+        detail: String,
+    },
+    /// A dataset has no rows where some are needed.
+    #[error("the {what} dataset is empty{hint}")]
+    EmptyDataset {
+        /// Which dataset (`"training"`, `"evaluation"`).
+        what: &'static str,
+        /// How to fix it (may be empty).
+        hint: String,
+    },
+    /// A row index past the end of a dataset.
+    #[error("row {index} is out of range for a dataset of {len} rows")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// The dataset's length.
+        len: usize,
+    },
+    /// A dataset is needed but none was given.
+    #[error("{what} requires a{} {dataset} dataset; {fix}", if dataset.starts_with('e') { "n" } else { "" })]
+    MissingDataset {
+        /// The operation (`"training"`, `"evaluation"`, `eval_strategy=\"steps\"`).
+        what: String,
+        /// Which dataset (`"train"`, `"eval"`).
+        dataset: &'static str,
+        /// How to fix it.
+        fix: &'static str,
+    },
+    /// The arguments are invalid for the Trainer (checked before training starts).
+    #[error("invalid `{field}`: {detail}")]
+    InvalidArgument {
+        /// The `TrainingArguments` field or Trainer option.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
+    /// The model returned no loss (no `labels` in the batch, or a model without a loss).
+    #[error(
+        "the model did not return a loss from the inputs ({keys}); the batch needs `labels`, or override `TrainerHooks::compute_loss`"
+    )]
+    MissingLoss {
+        /// The batch's keys.
+        keys: String,
+    },
+    /// `metric_for_best_model` (or a metric-driven scheduler) names a metric evaluation did not return.
+    #[error(
+        "the `metric_for_best_model` training argument is set to '{metric}', which is not found in the evaluation metrics; the available evaluation metrics are: {available}"
+    )]
+    MetricNotFound {
+        /// The metric looked for.
+        metric: String,
+        /// The metrics there are.
+        available: String,
+    },
+    /// No `checkpoint-N` folder where one was asked for.
+    #[error("no valid checkpoint found in output directory ({})", dir.display())]
+    NoCheckpoint {
+        /// The folder searched.
+        dir: PathBuf,
+    },
+    /// A checkpoint that does not fit this training (missing file, different model).
+    #[error("checkpoint {}: {detail}", dir.display())]
+    InvalidCheckpoint {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// What does not fit.
+        detail: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Self::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -1,0 +1,184 @@
+//! `DataLoader`: rows of a [`Dataset`] in a [`Sampler`]'s order, collated into [`Batch`]es
+//! (torch's `DataLoader` with `batch_size`, `sampler`, `collate_fn`, `drop_last`).
+//!
+//! An epoch is an [`EpochIter`] that owns everything it needs (shared dataset, shared
+//! collator, the epoch's index order), so it can later be moved to a prefetching thread
+//! without changing this API. Resuming skips batches by position without reading or
+//! collating them (accelerate's `skip_first_batches`).
+
+use std::sync::{Arc, Mutex};
+
+use tchtrain_collators::{Batch, DataCollator, Feature};
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::sampler::Sampler;
+
+/// A collator shared between the data loaders of one Trainer (training and evaluation use
+/// the same one, as upstream's `data_collator`).
+pub type SharedCollator = Arc<Mutex<Box<dyn DataCollator<Feature> + Send>>>;
+
+/// Wraps a collator for [`DataLoader::new`] and the [`Trainer`](crate::Trainer).
+pub fn shared_collator(collator: impl DataCollator<Feature> + Send + 'static) -> SharedCollator {
+    Arc::new(Mutex::new(Box::new(collator)))
+}
+
+/// Batches of a dataset in a sampler's order.
+#[derive(Clone)]
+pub struct DataLoader {
+    dataset: Arc<dyn Dataset>,
+    collator: SharedCollator,
+    sampler: Arc<dyn Sampler>,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl std::fmt::Debug for DataLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataLoader")
+            .field("rows", &self.dataset.len())
+            .field("sampler", &self.sampler.name())
+            .field("batch_size", &self.batch_size)
+            .field("drop_last", &self.drop_last)
+            .finish()
+    }
+}
+
+impl DataLoader {
+    /// A loader of `batch_size` rows per batch; `drop_last` drops a last, smaller batch.
+    /// A zero batch size is [`Error::InvalidArgument`].
+    pub fn new(
+        dataset: Arc<dyn Dataset>,
+        collator: SharedCollator,
+        sampler: Arc<dyn Sampler>,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(Error::InvalidArgument {
+                field: "batch_size",
+                detail:
+                    "must be at least 1 (per_device_train_batch_size / per_device_eval_batch_size)"
+                        .into(),
+            });
+        }
+        Ok(Self {
+            dataset,
+            collator,
+            sampler,
+            batch_size,
+            drop_last,
+        })
+    }
+
+    /// Number of batches per epoch (`len(dataloader)`).
+    pub fn len(&self) -> usize {
+        let n = self.dataset.len();
+        if self.drop_last {
+            n / self.batch_size
+        } else {
+            n.div_ceil(self.batch_size)
+        }
+    }
+
+    /// Whether an epoch yields no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of rows (upstream `num_examples(dataloader)`: the dataset's length).
+    pub fn num_examples(&self) -> usize {
+        self.dataset.len()
+    }
+
+    /// Rows per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &dyn Sampler {
+        &*self.sampler
+    }
+
+    /// The batches of epoch `epoch`.
+    pub fn epoch(&self, epoch: u64) -> EpochIter {
+        let mut order = self.sampler.indices(self.dataset.len(), epoch);
+        if self.drop_last {
+            order.truncate(self.len() * self.batch_size);
+        }
+        EpochIter {
+            dataset: Arc::clone(&self.dataset),
+            collator: Arc::clone(&self.collator),
+            order,
+            batch_size: self.batch_size,
+            next_batch: 0,
+        }
+    }
+}
+
+/// The batches of one epoch, in order; each item is the collated [`Batch`] or the error
+/// reading or collating it.
+pub struct EpochIter {
+    dataset: Arc<dyn Dataset>,
+    collator: SharedCollator,
+    order: Vec<usize>,
+    batch_size: usize,
+    next_batch: usize,
+}
+
+impl std::fmt::Debug for EpochIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochIter")
+            .field("batches", &self.num_batches())
+            .field("next_batch", &self.next_batch)
+            .finish()
+    }
+}
+
+impl EpochIter {
+    /// Number of batches in this epoch.
+    pub fn num_batches(&self) -> usize {
+        self.order.len().div_ceil(self.batch_size)
+    }
+
+    /// Index of the next batch (batches already yielded or skipped).
+    pub fn position(&self) -> usize {
+        self.next_batch
+    }
+
+    /// The dataset indices of this epoch, in order.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// Skips `n` batches without reading them (accelerate's `skip_first_batches`).
+    pub fn skip_batches(&mut self, n: usize) {
+        self.next_batch = (self.next_batch + n).min(self.num_batches());
+    }
+
+    fn collate(&self, indices: &[usize]) -> Result<Batch> {
+        let rows = indices
+            .iter()
+            .map(|&i| self.dataset.get(i))
+            .collect::<Result<Vec<_>>>()?;
+        // A poisoned lock only means another thread panicked mid-collate; the collator's
+        // state is still a valid generator position, so keep going.
+        let mut collator = self.collator.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(collator.collate(&rows)?)
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let start = self.next_batch * self.batch_size;
+        if start >= self.order.len() {
+            return None;
+        }
+        let end = (start + self.batch_size).min(self.order.len());
+        self.next_batch += 1;
+        Some(self.collate(&self.order[start..end]))
+    }
+}
