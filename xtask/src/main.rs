@@ -4,7 +4,9 @@
 //!   per-user virtualenv, point cargo at it, fetch the offline assets, generate the
 //!   reference values. Idempotent.
 //! * `test` — `setup`, then the whole test suite, with one summary line.
+//! * `bench` — `setup`, then benchmarks side by side with PyTorch / transformers.
 
+mod bench;
 mod cmd;
 mod paths;
 mod setup;
@@ -25,6 +27,15 @@ commands:
   test [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
         multi-process tests) and a summary line
+  bench [--micro] [--repeat N] [--threads N]
+        setup, a release build of tchtrain/examples/bench_micro.rs, then N rounds
+        (default 3) alternating it with scripts/bench/bench_micro.py: optimizer step
+        time on 30M parameters and collator tokens/s vs torch / transformers on CPU;
+        prints a table (ratio = python time / tchtrain time, > 1: tchtrain faster)
+        --micro         the micro-benchmarks (the only suite so far; the default)
+        --repeat N      rounds of (Rust run, Python run); medians over rounds
+        --threads N     intra-op threads on both sides (default: the core count,
+                        libtorch's default)
   help  this text
 
 environment:
@@ -41,12 +52,13 @@ fn main() -> ExitCode {
     let result = match command.as_str() {
         "setup" => setup::Options::parse(rest).and_then(|o| setup::run(&o).map(|_| ())),
         "test" => test::run(rest),
+        "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, help"
+            "unknown command `{other}`; known commands: setup, test, bench, help"
         )),
     };
     match result {

@@ -1,0 +1,145 @@
+"""Micro-benchmarks of PyTorch / transformers on CPU, fp32: the counterpart of
+tchtrain/examples/bench_micro.rs, for `cargo xtask bench --micro`.
+
+Measures the same things on the same data as the Rust example:
+
+* optimizer step time on a ~30M-parameter set (8 x [1920, 1920] weights + 8 x [1920] biases,
+  fixed random grads, one param group): torch.optim.AdamW(foreach=False) (`adamw_torch`),
+  torch.optim.AdamW(fused=True) (`adamw_torch_fused`), torch.optim.SGD(momentum=0.9,
+  foreach=False), transformers' Adafactor with the Trainer's settings (lr=1e-3,
+  scale_parameter=False, relative_step=False). Median of --steps steps after --warmup steps
+  (`min_ms`: the fastest step).
+* collator throughput: DataCollatorWithPadding and DataCollatorForLanguageModeling(mlm, seed=42)
+  on the hamlet.txt lines longer than 20 characters, tokenized with the MiniLM tokenizer
+  (input_ids, token_type_ids, attention_mask, special_tokens_mask as lists), 32 rows per batch.
+  `median_ms` is the mean batch time of the median of --passes passes (after one warm-up pass),
+  `min_ms` that of the fastest pass; `tokens_per_s` counts real (unpadded) tokens.
+
+Prints one flat JSON object per line, with "impl": "python".
+
+Usage: python bench_micro.py [--threads N] [--steps N] [--warmup N] [--passes N]
+                             [--only optim|collate]
+Assets: $TCHTRAIN_ASSETS or <workspace>/assets.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    DataCollatorWithPadding,
+)
+from transformers.optimization import Adafactor
+
+LAYERS = 8
+WIDTH = 1920
+BATCH_ROWS = 32
+MIN_LINE_CHARS = 20
+MLM_SEED = 42
+
+
+def parameter_set():
+    torch.manual_seed(0)
+    params = []
+    for _ in range(LAYERS):
+        w = torch.randn(WIDTH, WIDTH, requires_grad=True)
+        b = (torch.randn(WIDTH) * 0.02).requires_grad_(True)
+        params += [w, b]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return params
+
+
+def bench_optimizer(name, threads, args, make):
+    params = parameter_set()
+    opt = make(params)
+    for _ in range(args.warmup):
+        opt.step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({
+        "bench": f"optim/{name}",
+        "impl": "python",
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "steps": args.steps,
+        "params": sum(p.numel() for p in params),
+        "threads": threads,
+    }), flush=True)
+
+
+def bench_collator(name, threads, args, batches, collator):
+    tokens = sum(len(f["input_ids"]) for b in batches for f in b)
+    padded = 0
+
+    def one_pass():
+        nonlocal padded
+        t0 = time.perf_counter()
+        for b in batches:
+            out = collator(b)
+            padded += out["input_ids"].shape[1]
+        return time.perf_counter() - t0
+
+    one_pass()
+    times = [one_pass() for _ in range(args.passes)]
+    pass_s = statistics.median(times)
+    print(json.dumps({
+        "bench": f"collate/{name}",
+        "impl": "python",
+        "median_ms": pass_s * 1e3 / len(batches),
+        "min_ms": min(times) * 1e3 / len(batches),
+        "tokens_per_s": tokens / pass_s,
+        "batches": len(batches),
+        "rows_per_batch": BATCH_ROWS,
+        "tokens": tokens,
+        "threads": threads,
+        "padded_len_sum": padded // (args.passes + 1),
+    }), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default: torch's own, the core count)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--only", choices=["optim", "collate"], default=None)
+    args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    assets = Path(os.environ.get("TCHTRAIN_ASSETS", Path(__file__).resolve().parents[2] / "assets"))
+
+    if args.only in (None, "optim"):
+        bench_optimizer("adamw_torch", threads, args,
+                        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, foreach=False))
+        bench_optimizer("adamw_torch_fused", threads, args,
+                        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, fused=True))
+        bench_optimizer("sgd_momentum", threads, args,
+                        lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=False))
+        bench_optimizer("adafactor", threads, args,
+                        lambda p: Adafactor(p, lr=1e-3, scale_parameter=False, relative_step=False))
+
+    if args.only in (None, "collate"):
+        tokenizer = AutoTokenizer.from_pretrained(str(assets / "minilm"))
+        text = (assets / "text" / "hamlet.txt").read_text()
+        lines = [l.strip() for l in text.splitlines() if len(l.strip()) > MIN_LINE_CHARS]
+        rows = [dict(tokenizer(l, return_special_tokens_mask=True)) for l in lines]
+        batches = [rows[i:i + BATCH_ROWS] for i in range(0, len(rows) - BATCH_ROWS + 1, BATCH_ROWS)]
+        bench_collator("with_padding", threads, args, batches, DataCollatorWithPadding(tokenizer))
+        mlm = DataCollatorForLanguageModeling(tokenizer, mlm=True, seed=MLM_SEED)
+        bench_collator("language_modeling_mlm", threads, args, batches, mlm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,482 @@
+//! `cargo xtask bench`: benchmarks side by side with the Python original.
+//!
+//! `--micro` (the only suite so far, and the default): `setup`, a release build of
+//! `tchtrain/examples/bench_micro.rs`, then `--repeat` rounds that each run the Rust example
+//! and `scripts/bench/bench_micro.py` (alternating, so both see the same machine load), with
+//! the same thread count. Both print one flat JSON object per measurement; the table shows,
+//! per benchmark, the median over rounds of each side's median time, the ratio
+//! python / tchtrain (> 1: tchtrain is faster), the same ratio for the fastest step or pass
+//! seen (less sensitive to other load on a shared machine) and tokens/s for the collators.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::cmd;
+use crate::paths;
+use crate::setup;
+
+/// Command-line options of `bench`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Rounds of (Rust run, Python run).
+    repeat: usize,
+    /// Intra-op threads on both sides; `None`: the core count (libtorch's default).
+    threads: Option<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            repeat: 3,
+            threads: None,
+        }
+    }
+}
+
+fn positive(option: &str, value: Option<&String>) -> Result<usize, String> {
+    let value = value.ok_or_else(|| format!("{option} needs a number"))?;
+    match value.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{option}: expected a positive number, got `{value}`"
+        )),
+    }
+}
+
+impl Options {
+    /// Parses `bench`'s arguments.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--micro" => {}
+                "--repeat" => o.repeat = positive(a, it.next())?,
+                "--threads" => o.threads = Some(positive(a, it.next())?),
+                other => {
+                    return Err(format!(
+                        "bench: unknown option `{other}` (known: --micro, --repeat N, --threads N)"
+                    ));
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A value of a flat JSON object: what the benchmark binaries print.
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Str(String),
+    Num(f64),
+    /// `true`, `false` or `null`.
+    Word(String),
+}
+
+type Cursor<'a> = std::iter::Peekable<std::str::Chars<'a>>;
+
+fn skip_ws(c: &mut Cursor<'_>) {
+    while c.peek().is_some_and(|ch| ch.is_whitespace()) {
+        c.next();
+    }
+}
+
+/// A JSON string starting at the cursor (escapes `\n`, `\t`, `\uXXXX`, `\"`, `\\`, `\/`).
+fn json_string(c: &mut Cursor<'_>) -> Option<String> {
+    if c.next()? != '"' {
+        return None;
+    }
+    let mut s = String::new();
+    loop {
+        match c.next()? {
+            '"' => return Some(s),
+            '\\' => match c.next()? {
+                'n' => s.push('\n'),
+                't' => s.push('\t'),
+                'u' => {
+                    let hex: String = (0..4).filter_map(|_| c.next()).collect();
+                    s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                other => s.push(other),
+            },
+            ch => s.push(ch),
+        }
+    }
+}
+
+/// Parses one flat JSON object (`{"key": "text" | number | true | false | null, ...}`, no
+/// nesting); `None` for anything else, e.g. a log line.
+fn parse_flat_json(line: &str) -> Option<BTreeMap<String, Value>> {
+    let body = line.trim().strip_prefix('{')?.strip_suffix('}')?;
+    let mut chars = body.chars().peekable();
+    let mut out = BTreeMap::new();
+    loop {
+        skip_ws(&mut chars);
+        if chars.peek().is_none() {
+            return Some(out);
+        }
+        let key = json_string(&mut chars)?;
+        skip_ws(&mut chars);
+        if chars.next()? != ':' {
+            return None;
+        }
+        skip_ws(&mut chars);
+        let value = if chars.peek() == Some(&'"') {
+            Value::Str(json_string(&mut chars)?)
+        } else {
+            let mut raw = String::new();
+            while chars.peek().is_some_and(|&ch| ch != ',') {
+                raw.push(chars.next()?);
+            }
+            let raw = raw.trim();
+            match raw {
+                "true" | "false" | "null" => Value::Word(raw.to_string()),
+                _ => Value::Num(raw.parse().ok()?),
+            }
+        };
+        out.insert(key, value);
+        skip_ws(&mut chars);
+        match chars.next() {
+            None => return Some(out),
+            Some(',') => {}
+            Some(_) => return None,
+        }
+    }
+}
+
+/// One measurement line of a benchmark binary.
+#[derive(Debug, Clone, PartialEq)]
+struct Measurement {
+    bench: String,
+    implementation: String,
+    median_ms: f64,
+    /// The fastest step / pass: less sensitive to other load on the machine.
+    min_ms: Option<f64>,
+    tokens_per_s: Option<f64>,
+    threads: Option<f64>,
+    /// `tokens` and `padded_len_sum`: both sides must have seen the same data.
+    data_check: Option<(f64, f64)>,
+}
+
+impl Measurement {
+    fn from_line(line: &str) -> Option<Self> {
+        let m = parse_flat_json(line)?;
+        let text = |k: &str| match m.get(k) {
+            Some(Value::Str(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let num = |k: &str| match m.get(k) {
+            Some(Value::Num(x)) => Some(*x),
+            _ => None,
+        };
+        Some(Self {
+            bench: text("bench")?,
+            implementation: text("impl")?,
+            median_ms: num("median_ms")?,
+            min_ms: num("min_ms"),
+            tokens_per_s: num("tokens_per_s"),
+            threads: num("threads"),
+            data_check: num("tokens").zip(num("padded_len_sum")),
+        })
+    }
+}
+
+/// Runs a benchmark binary and returns its measurement lines (other lines are echoed).
+fn measure(c: &mut Command, what: &str) -> Result<Vec<Measurement>, String> {
+    let t0 = Instant::now();
+    let stdout = cmd::output(c, what)?;
+    let mut found = Vec::new();
+    for line in stdout.lines() {
+        match Measurement::from_line(line) {
+            Some(m) => found.push(m),
+            None if line.trim().is_empty() => {}
+            None => println!("  {line}"),
+        }
+    }
+    println!(
+        "bench: {what}: {} measurements in {:.1}s",
+        found.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(found)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Per benchmark and implementation: every round's measurement.
+type Rounds = BTreeMap<String, BTreeMap<String, Vec<Measurement>>>;
+
+/// The markdown table: one row per benchmark, in first-seen order.
+fn table(order: &[String], rounds: &Rounds) -> String {
+    let mut out = String::from(
+        "| bench | tchtrain ms | python ms | ratio (python/tchtrain) | ratio of fastest | tchtrain tokens/s | python tokens/s |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for bench in order {
+        let side = |implementation: &str| rounds.get(bench).and_then(|m| m.get(implementation));
+        let ms = |implementation: &str| {
+            side(implementation).map(|v| median(v.iter().map(|m| m.median_ms).collect()))
+        };
+        let tps = |implementation: &str| {
+            side(implementation).and_then(|v| {
+                let t: Vec<f64> = v.iter().filter_map(|m| m.tokens_per_s).collect();
+                (!t.is_empty()).then(|| median(t))
+            })
+        };
+        let fastest = |implementation: &str| {
+            side(implementation)
+                .and_then(|v| v.iter().filter_map(|m| m.min_ms).min_by(f64::total_cmp))
+        };
+        let (rs, py) = (ms("tchtrain"), ms("python"));
+        let fmt_ms = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.3}"));
+        let fmt_tps = |x: Option<f64>| x.map_or("".into(), |x| format!("{:.0}", x));
+        let ratio = |rs: Option<f64>, py: Option<f64>| match (rs, py) {
+            (Some(r), Some(p)) if r > 0.0 => format!("{:.2}", p / r),
+            _ => "—".into(),
+        };
+        out.push_str(&format!(
+            "| {bench} | {} | {} | {} | {} | {} | {} |\n",
+            fmt_ms(rs),
+            fmt_ms(py),
+            ratio(rs, py),
+            ratio(fastest("tchtrain"), fastest("python")),
+            fmt_tps(tps("tchtrain")),
+            fmt_tps(tps("python")),
+        ));
+    }
+    out
+}
+
+/// Warnings for runs that did not measure the same thing on both sides.
+fn consistency_warnings(rounds: &Rounds) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (bench, sides) in rounds {
+        let threads: Vec<f64> = sides.values().flatten().filter_map(|m| m.threads).collect();
+        if threads.windows(2).any(|w| w[0] != w[1]) {
+            warnings.push(format!("{bench}: thread counts differ ({threads:?})"));
+        }
+        let checks: Vec<(f64, f64)> = sides
+            .values()
+            .flatten()
+            .filter_map(|m| m.data_check)
+            .collect();
+        if checks.windows(2).any(|w| w[0] != w[1]) {
+            warnings.push(format!(
+                "{bench}: (tokens, padded length sum) differ between runs: {checks:?}"
+            ));
+        }
+        for side in ["tchtrain", "python"] {
+            if !sides.contains_key(side) {
+                warnings.push(format!("{bench}: no {side} measurement"));
+            }
+        }
+    }
+    warnings
+}
+
+/// `/proc/loadavg`'s 1-, 5- and 15-minute load averages: other work on the machine skews
+/// the timings.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Total cores and the CPU model, for the report.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores available, {model}")
+}
+
+/// Runs setup, builds the Rust benchmark and runs both sides `repeat` times.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = Options::parse(args)?;
+    let t0 = Instant::now();
+    let s = setup::run(&setup::Options::default())?;
+    let root = paths::workspace_root();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+
+    let mut build = Command::new(cargo);
+    build.current_dir(&root).args([
+        "build",
+        "--release",
+        "--example",
+        "bench_micro",
+        "-p",
+        "tchtrain",
+    ]);
+    if let Some(libtorch) = &s.child_libtorch {
+        build.env("LIBTORCH", libtorch);
+    }
+    println!("bench: {}", cmd::display(&build));
+    cmd::status(&mut build, "building the Rust micro-benchmarks")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let exe = target.join("release").join("examples").join("bench_micro");
+    let script = root.join("scripts").join("bench").join("bench_micro.py");
+
+    // libtorch's default intra-op thread count is the core count on both sides; pass it
+    // explicitly so both surely use the same.
+    let threads = o
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+        .to_string();
+    let machine = machine();
+    println!("bench: {machine}; {threads} intra-op threads on both sides");
+    let load_before = load_average();
+
+    let mut order: Vec<String> = Vec::new();
+    let mut rounds = Rounds::new();
+    for round in 1..=o.repeat {
+        let mut rust = Command::new(&exe);
+        rust.current_dir(&root)
+            .args(["--threads", &threads])
+            .env("TCHTRAIN_ASSETS", &s.assets);
+        let mut python = Command::new(&s.python);
+        python
+            .current_dir(&root)
+            .arg(&script)
+            .args(["--threads", &threads])
+            .env("TCHTRAIN_ASSETS", &s.assets);
+        let rust = measure(&mut rust, &format!("round {round}/{} tchtrain", o.repeat))?;
+        let python = measure(&mut python, &format!("round {round}/{} python", o.repeat))?;
+        for m in rust.into_iter().chain(python) {
+            if !order.contains(&m.bench) {
+                order.push(m.bench.clone());
+            }
+            rounds
+                .entry(m.bench.clone())
+                .or_default()
+                .entry(m.implementation.clone())
+                .or_default()
+                .push(m);
+        }
+    }
+
+    println!();
+    println!(
+        "micro-benchmarks, CPU fp32, {threads} threads, median of {} rounds ({machine}; \
+         load average {load_before} before, {} after):",
+        o.repeat,
+        load_average()
+    );
+    println!();
+    print!("{}", table(&order, &rounds));
+    let warnings = consistency_warnings(&rounds);
+    for w in &warnings {
+        println!("warning: {w}");
+    }
+    println!(
+        "xtask bench finished in {:.1}s (setup and build included)",
+        t0.elapsed().as_secs_f64()
+    );
+    if warnings.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} consistency warning(s): the two sides did not measure the same thing",
+            warnings.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flat_json_lines_from_both_sides() {
+        // serde_json (compact) and Python's json.dumps (spaces) spell the same object differently
+        let rust = r#"{"bench":"collate/with_padding","impl":"tchtrain","median_ms":0.5,"tokens_per_s":1.5e6,"tokens":47269,"padded_len_sum":2318,"threads":2}"#;
+        let python = r#"{"bench": "collate/with_padding", "impl": "python", "median_ms": 2.25, "tokens_per_s": 183584.07, "tokens": 47269, "padded_len_sum": 2318, "threads": 2}"#;
+        let r = Measurement::from_line(rust).unwrap();
+        let p = Measurement::from_line(python).unwrap();
+        assert_eq!(r.bench, p.bench);
+        assert_eq!(
+            (r.implementation.as_str(), p.implementation.as_str()),
+            ("tchtrain", "python")
+        );
+        assert_eq!(r.tokens_per_s, Some(1.5e6));
+        assert_eq!(p.median_ms, 2.25);
+        assert_eq!(r.data_check, p.data_check);
+        assert_eq!(r.threads, Some(2.0));
+    }
+
+    #[test]
+    fn flat_json_strings_words_and_rejects() {
+        let m =
+            parse_flat_json(r#"{"a": "x, \"y\"", "b": null, "c": -1e-3, "d": "\u00e9"}"#).unwrap();
+        assert_eq!(m["a"], Value::Str("x, \"y\"".into()));
+        assert_eq!(m["b"], Value::Word("null".into()));
+        assert_eq!(m["c"], Value::Num(-1e-3));
+        assert_eq!(m["d"], Value::Str("é".into()));
+        assert_eq!(parse_flat_json("{}"), Some(BTreeMap::new()));
+        assert_eq!(parse_flat_json("warning: something"), None);
+        assert_eq!(parse_flat_json(r#"{"a" 1}"#), None);
+        assert!(Measurement::from_line(r#"{"bench": "x"}"#).is_none());
+    }
+
+    #[test]
+    fn table_has_ratio_python_over_tchtrain() {
+        let m = |implementation: &str, ms: f64| Measurement {
+            bench: "optim/sgd".into(),
+            implementation: implementation.into(),
+            median_ms: ms,
+            min_ms: Some(ms / 2.0),
+            tokens_per_s: None,
+            threads: Some(2.0),
+            data_check: None,
+        };
+        let mut rounds = Rounds::new();
+        let sides = rounds.entry("optim/sgd".into()).or_default();
+        sides.insert(
+            "tchtrain".into(),
+            vec![
+                m("tchtrain", 10.0),
+                m("tchtrain", 30.0),
+                m("tchtrain", 20.0),
+            ],
+        );
+        sides.insert("python".into(), vec![m("python", 40.0)]);
+        let t = table(&["optim/sgd".into()], &rounds);
+        assert!(
+            t.contains("| optim/sgd | 20.000 | 40.000 | 2.00 | 4.00 |  |  |"),
+            "{t}"
+        );
+        assert!(consistency_warnings(&rounds).is_empty());
+    }
+
+    #[test]
+    fn options() {
+        assert_eq!(Options::parse(&[]).unwrap(), Options::default());
+        let args: Vec<String> = ["--micro", "--repeat", "5", "--threads", "1"]
+            .map(String::from)
+            .into();
+        let o = Options::parse(&args).unwrap();
+        assert_eq!((o.repeat, o.threads), (5, Some(1)));
+        assert!(Options::parse(&["--threads".into()]).is_err());
+        assert!(Options::parse(&["--repeat".into(), "0".into()]).is_err());
+        assert!(Options::parse(&["--fast".into()]).is_err());
+    }
+}
