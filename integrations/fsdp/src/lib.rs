@@ -1,10 +1,17 @@
-//! `tchtrain-fsdp` — FSDP sharding strategies and state dicts on tchtrain-distributed.
+//! `tchtrain-fsdp` — FSDP options and (next) sharded training on tchtrain-distributed.
 //!
-//! Owns the `--fsdp` options and `fsdp_config` keys, full_shard / shard_grad_op / no_shard, and FULL / SHARDED state dicts.
+//! Owns the `--fsdp` / `fsdp_config` handling that follows `TrainingArguments`'
+//! normalisation: [`fsdp_plugin_args`] (equal to upstream's `fsdp_plugin_args`), the typed
+//! [`FsdpPlugin`] (full_shard / shard_grad_op / no_shard, offload, auto-wrap, FULL vs
+//! SHARDED state dicts, cpu_ram_efficient_loading) and the Trainer's FSDP checks.
 //!
-//! Mirrors upstream transformers' FSDP integration (training_args fsdp options, accelerate's FSDP plugin); names follow upstream so a transformers user finds each
-//! concept where they expect it.
+//! Mirrors upstream transformers' training_args.py `_process_fsdp_args` and trainer.py.
 
 mod error;
+mod plugin;
 
 pub use error::{Error, Result};
+pub use plugin::{
+    FSDP_AUTO_WRAP_POLICY, FSDP_STATE_DICT_TYPE, FsdpPlugin, ShardingStrategy, StateDictType,
+    check_trainer_compat, fsdp_plugin_args,
+};

@@ -1,0 +1,100 @@
+//! `fsdp_plugin_args` equals upstream's `TrainingArguments.fsdp_plugin_args`
+//! (`scripts/reference/fsdp_config.py`) for every case; the combinations upstream rejects
+//! are rejected (with upstream's message where the check lives in this crate); the
+//! Trainer's FSDP checks.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use tchtrain_fsdp::{
+    FsdpPlugin, ShardingStrategy, StateDictType, check_trainer_compat, fsdp_plugin_args,
+};
+use tchtrain_training_args::TrainingArguments;
+
+fn reference() -> Result<Vec<Value>> {
+    let dir = std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets"));
+    let path = dir.join("reference/fsdp_config/fsdp_config.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?;
+    Ok(serde_json::from_str::<Value>(&text)?
+        .as_array()
+        .context("cases")?
+        .clone())
+}
+
+fn args_for(kwargs: &Value) -> std::result::Result<TrainingArguments, String> {
+    let mut dict = kwargs.as_object().unwrap().clone();
+    dict.insert("output_dir".into(), "unused".into());
+    TrainingArguments::from_dict(dict)
+        .map(|p| p.args)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn plugin_args_match_upstream() -> Result<()> {
+    let cases = reference()?;
+    assert!(cases.len() >= 10);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let ours: std::result::Result<Value, String> = args_for(&case["kwargs"]).and_then(|a| {
+            fsdp_plugin_args(&a)
+                .map(|m| Value::Object(m.unwrap_or_default()))
+                .map_err(|e| e.to_string())
+        });
+        match (&ours, case["result"].get("error")) {
+            (Ok(v), None) => assert_eq!(v, &case["result"]["plugin_args"], "{name}"),
+            (Err(e), Some(msg)) => {
+                let msg = msg.as_str().unwrap();
+                // Checks in this crate carry upstream's message verbatim; the ones in
+                // training-args name the field and the offending value.
+                assert!(
+                    e == msg || msg.split(['`', ' ']).any(|w| w.len() > 4 && e.contains(w)),
+                    "{name}: ours {e:?} vs upstream {msg:?}"
+                );
+            }
+            _ => panic!("{name}: ours {ours:?}, upstream {}", case["result"]),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn typed_plugin_and_trainer_checks() -> Result<()> {
+    let cases = reference()?;
+    let find = |n: &str| {
+        cases.iter().find(|c| c["name"] == n).unwrap()["result"]["plugin_args"]
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    let p = FsdpPlugin::from_args(&find("transformer_wrap"))?;
+    assert_eq!(p.sharding_strategy, ShardingStrategy::FullShard);
+    assert_eq!(p.state_dict_type, StateDictType::ShardedStateDict);
+    assert_eq!(
+        p.transformer_cls_names_to_wrap,
+        vec!["GPT2Block".to_string()]
+    );
+    assert_eq!(
+        FsdpPlugin::from_args(&find("legacy_shard_grad_op"))?.sharding_strategy,
+        ShardingStrategy::ShardGradOp
+    );
+    assert_eq!(
+        FsdpPlugin::from_args(&find("v1_no_shard"))?.sharding_strategy,
+        ShardingStrategy::NoShard
+    );
+    assert!(FsdpPlugin::from_args(&find("legacy_full_shard_offload"))?.cpu_offload);
+
+    let single = TrainingArguments::default();
+    let err = check_trainer_compat(&single, &p, false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "Using fsdp only works in distributed training.");
+    let err = check_trainer_compat(&single, &p, true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--deepspeed"), "{err}");
+    Ok(())
+}
