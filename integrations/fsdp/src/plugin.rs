@@ -98,14 +98,14 @@ pub fn fsdp_plugin_args(args: &TrainingArguments) -> Result<Option<Map<String, V
         .unwrap_or(0);
     if policy == FSDP_AUTO_WRAP_POLICY[1] && min_num_params > 0 {
         out.insert("min_num_params".into(), json!(min_num_params));
-    } else if policy == FSDP_AUTO_WRAP_POLICY[0] {
-        if let Some(Value::Array(classes)) = config.get("transformer_layer_cls_to_wrap") {
-            let names: Vec<String> = classes.iter().map(py_str).collect();
-            out.insert(
-                "transformer_cls_names_to_wrap".into(),
-                json!(names.join(",")),
-            );
-        }
+    } else if policy == FSDP_AUTO_WRAP_POLICY[0]
+        && let Some(Value::Array(classes)) = config.get("transformer_layer_cls_to_wrap")
+    {
+        let names: Vec<String> = classes.iter().map(py_str).collect();
+        out.insert(
+            "transformer_cls_names_to_wrap".into(),
+            json!(names.join(",")),
+        );
     }
     let cpu_ram = config
         .get("cpu_ram_efficient_loading")
