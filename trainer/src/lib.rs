@@ -1,23 +1,52 @@
 //! `tchtrain-trainer` — The Trainer loop of transformers 5.23 (trainer.py) on tch.
 //!
-//! Owns the `Trainer`: train / evaluate, gradient accumulation, checkpoints and resume,
-//! and the data side it drives: [`Dataset`], [`Sampler`]s, the [`DataLoader`], and the
-//! plain-text preparation of upstream's `run_clm.py` ([`group_texts`]).
+//! Owns the [`Trainer`]: [`train`](Trainer::train) (epochs or `max_steps`, gradient
+//! accumulation with upstream's `num_items_in_batch` normalisation, clipping, scheduler,
+//! logging / evaluation / saving through the callbacks, resume), [`evaluate`](Trainer::evaluate),
+//! checkpoints in upstream's layout with rotation, and the data side it drives:
+//! [`Dataset`], [`Sampler`]s (upstream's seeded random order reproduced exactly), the
+//! [`DataLoader`], and the plain-text preparation of upstream's `run_clm.py` ([`group_texts`]).
+//! [`TrainerHooks`] is the Rust form of subclassing `Trainer` to override `compute_loss`,
+//! `training_step` or `prediction_step`.
 //!
 //! Mirrors upstream transformers/trainer.py (and trainer_pt_utils.py, trainer_utils.py);
 //! names follow upstream so a transformers user finds each concept where they expect it.
 
+mod checkpoint;
 mod data_loader;
 mod dataset;
 mod error;
+mod evaluation;
+mod hooks;
+mod metrics;
+mod model_info;
 mod sampler;
 mod text;
+mod train_loop;
+mod trainer;
 
+pub use checkpoint::{
+    PREFIX_CHECKPOINT_DIR, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME, TRAINING_ARGS_NAME,
+    get_last_checkpoint, load_model_weights, rotate_checkpoints, sort_checkpoints,
+};
 pub use data_loader::{DataLoader, EpochIter, SharedCollator, shared_collator};
 pub use dataset::{Dataset, InMemoryDataset};
 pub use error::{Error, Result};
+pub use hooks::{
+    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, count_num_items_in_batch,
+    default_compute_loss, default_prediction_step, default_training_step, model_inputs,
+};
+pub use metrics::{
+    ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,
+};
+pub use model_info::{
+    floating_point_ops, is_embedding_weight, layernorm_modules, loss_shifts_labels,
+    model_accepts_loss_kwargs, named_parameters, num_parameters,
+};
 pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};
 pub use text::{
     DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts, load_text_lines, split_lines,
     tokenize_lines,
 };
+pub use train_loop::ResumeFrom;
+pub use trainer::{Trainer, TrainerBuilder};

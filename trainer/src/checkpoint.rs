@@ -1,0 +1,304 @@
+//! Checkpoints in upstream's layout, `output_dir/checkpoint-{global_step}/`:
+//!
+//! | file | content |
+//! |---|---|
+//! | `model.safetensors`, `config.json` | `save_pretrained` (Python's `from_pretrained` loads them) |
+//! | `trainer_state.json` | upstream's schema, byte-compatible |
+//! | `training_args.json` | the arguments as JSON (upstream pickles `training_args.bin`) |
+//! | `optimizer.safetensors` + `optimizer.json` | the optimizer state (upstream: `optimizer.pt`) |
+//! | `scheduler.json` | the scheduler state (upstream: `scheduler.pt`) |
+//! | `rng_state.json` | the data order's seed and position (upstream: `rng_state.pth`) |
+//!
+//! A checkpoint is written into `tmp-checkpoint-{step}/` and renamed when complete, so a
+//! crash never leaves a half-written `checkpoint-N`. Resuming restores the weights, the
+//! optimizer and scheduler, the trainer state and callbacks, and the data position (the
+//! sampler's order is a function of its seed and the epoch, the batches already used are
+//! skipped). libtorch's global generator (dropout) cannot be read or set through tch, so
+//! it is not restored: resumed runs equal uninterrupted ones exactly when dropout is off.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+use tchtrain_models::{PreTrainedModel, read_checkpoint};
+use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCHEDULER_NAME};
+
+use crate::error::{Error, Result};
+use crate::trainer::Trainer;
+
+/// Prefix of checkpoint folders (`checkpoint-{step}`).
+pub const PREFIX_CHECKPOINT_DIR: &str = "checkpoint";
+/// The trainer state file of a checkpoint.
+pub const TRAINER_STATE_NAME: &str = "trainer_state.json";
+/// The training arguments file of a checkpoint.
+pub const TRAINING_ARGS_NAME: &str = "training_args.json";
+/// The data-order state file of a checkpoint.
+pub const RNG_STATE_NAME: &str = "rng_state.json";
+
+/// What `rng_state.json` holds: enough to check that a resumed run draws its data in the
+/// same order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RngState {
+    /// `TrainingArguments.seed` (libtorch's generator was seeded with it at the start).
+    pub seed: u64,
+    /// The training sampler's name (`"random"`, `"sequential"`).
+    pub sampler: String,
+    /// The training sampler's seed, when it has one.
+    pub sampler_seed: Option<u64>,
+    /// `global_step` at the save.
+    pub global_step: i64,
+    /// `state.epoch` at the save.
+    pub epoch: f64,
+}
+
+fn step_of(name: &str) -> Option<i64> {
+    name.strip_prefix(PREFIX_CHECKPOINT_DIR)?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
+}
+
+/// The `checkpoint-N` folders of `dir`, by increasing N (upstream `sort_checkpoints`
+/// without `use_mtime`); with `best_model_checkpoint`, that one is moved just before the
+/// newest. A missing `dir` has none.
+pub fn sort_checkpoints(dir: &Path, best_model_checkpoint: Option<&str>) -> Result<Vec<PathBuf>> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
+    let mut found: Vec<(i64, PathBuf)> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
+        let path = entry.path();
+        if let Some(step) = entry.file_name().to_str().and_then(step_of)
+            && path.is_dir()
+        {
+            found.push((step, path));
+        }
+    }
+    found.sort();
+    let mut sorted: Vec<PathBuf> = found.into_iter().map(|(_, p)| p).collect();
+    if let Some(best) = best_model_checkpoint.map(PathBuf::from)
+        && sorted.contains(&best)
+        && sorted.last() != Some(&best)
+        && let Some(newest) = sorted.pop()
+    {
+        sorted.retain(|p| *p != best);
+        sorted.push(best);
+        sorted.push(newest);
+    }
+    Ok(sorted)
+}
+
+/// Upstream `get_last_checkpoint`: the `checkpoint-N` folder of `dir` with the largest N.
+pub fn get_last_checkpoint(dir: &Path) -> Result<Option<PathBuf>> {
+    Ok(sort_checkpoints(dir, None)?.pop())
+}
+
+/// Upstream `rotate_checkpoints`: deletes the oldest checkpoints of `dir` until
+/// `save_total_limit` remain, never the newest nor `best_model_checkpoint`.
+pub fn rotate_checkpoints(
+    dir: &Path,
+    save_total_limit: Option<i64>,
+    best_model_checkpoint: Option<&str>,
+) -> Result<()> {
+    let Some(limit) = save_total_limit.filter(|&l| l > 0) else {
+        return Ok(());
+    };
+    let checkpoints = sort_checkpoints(dir, None)?;
+    if checkpoints.len() as i64 <= limit {
+        return Ok(());
+    }
+    let mut protected: Vec<PathBuf> = checkpoints.last().cloned().into_iter().collect();
+    if let Some(best) = best_model_checkpoint.map(PathBuf::from)
+        && !protected.contains(&best)
+    {
+        protected.push(best);
+    }
+    let keep = (limit as usize).max(protected.len());
+    let mut remaining = checkpoints.len();
+    for ckpt in &checkpoints {
+        if remaining <= keep {
+            break;
+        }
+        if !protected.contains(ckpt) {
+            log::info!(
+                "Deleting older checkpoint [{}] due to args.save_total_limit",
+                ckpt.display()
+            );
+            std::fs::remove_dir_all(ckpt).map_err(|e| Error::io("deleting", ckpt, e))?;
+            remaining -= 1;
+        }
+    }
+    Ok(())
+}
+
+/// Loads the weights of checkpoint `dir` into `model`, which must have exactly the
+/// checkpoint's parameters (names and shapes; tied weights may be absent), else
+/// [`Error::InvalidCheckpoint`] naming the first difference.
+pub fn load_model_weights(model: &mut dyn PreTrainedModel, dir: &Path) -> Result<()> {
+    let invalid = |detail: String| Error::InvalidCheckpoint {
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    if !dir.is_dir() {
+        return Err(invalid("not a folder".into()));
+    }
+    let tensors = read_checkpoint(dir)?;
+    let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+    let vars = model.var_store().variables();
+    for (name, _) in &tensors {
+        if !vars.contains_key(name) && !tied.contains(name) {
+            return Err(invalid(format!(
+                "tensor `{name}` is not a parameter of this {} (a checkpoint of another model?)",
+                model.architecture()
+            )));
+        }
+    }
+    let mut vars: Vec<(String, Tensor)> = vars.into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    tch::no_grad(|| -> Result<()> {
+        for (name, mut var) in vars {
+            let Some((_, t)) = tensors.iter().find(|(k, _)| *k == name) else {
+                return Err(invalid(format!("parameter `{name}` is missing")));
+            };
+            if t.size() != var.size() {
+                return Err(invalid(format!(
+                    "parameter `{name}` has shape {:?} in the checkpoint but {:?} in the model",
+                    t.size(),
+                    var.size()
+                )));
+            }
+            var.f_copy_(t)?;
+        }
+        Ok(())
+    })
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::fs::write(path, text + "\n").map_err(|e| Error::io("writing", path, e))
+}
+
+impl Trainer {
+    /// Upstream `_save_checkpoint`: writes `output_dir/checkpoint-{global_step}/` (see the
+    /// module docs), records the best checkpoint, then rotates (`save_total_limit`).
+    pub fn save_checkpoint(&mut self) -> Result<()> {
+        self.store_flos();
+        let run_dir = PathBuf::from(self.args.output_dir());
+        let name = format!("{PREFIX_CHECKPOINT_DIR}-{}", self.state.global_step);
+        let final_dir = run_dir.join(&name);
+        let tmp = run_dir.join(format!("tmp-{name}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("deleting", &tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
+        self.model.save_pretrained(&tmp)?;
+        if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
+            && let Some(best_step) = self.state.best_global_step
+        {
+            let best = run_dir.join(format!("{PREFIX_CHECKPOINT_DIR}-{best_step}"));
+            if best.exists() || best_step == self.state.global_step {
+                self.state.best_model_checkpoint = Some(best.display().to_string());
+            }
+        }
+        if !self.args.save_only_model {
+            if let Some(opt) = &self.optimizer {
+                opt.save(&tmp)?;
+            }
+            if let Some(sched) = &self.lr_scheduler {
+                sched.save(&tmp)?;
+            }
+            let sampler = self.get_train_dataloader().ok();
+            let rng = RngState {
+                seed: self.args.seed,
+                sampler: sampler
+                    .as_ref()
+                    .map_or_else(|| "none".into(), |l| l.sampler().name().to_string()),
+                sampler_seed: sampler.as_ref().and_then(|l| l.sampler().seed()),
+                global_step: self.state.global_step,
+                epoch: self.state.epoch,
+            };
+            write_json(&tmp.join(RNG_STATE_NAME), &rng)?;
+        }
+        let states = self.callback_handler.exportable_states(&self.control);
+        self.state.update_stateful_callbacks(states);
+        self.state.save_to_json(tmp.join(TRAINER_STATE_NAME))?;
+        self.args.to_json_file(tmp.join(TRAINING_ARGS_NAME))?;
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir)
+                .map_err(|e| Error::io("deleting", &final_dir, e))?;
+        }
+        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io("renaming", &tmp, e))?;
+        rotate_checkpoints(
+            &run_dir,
+            self.args.save_total_limit,
+            self.state.best_model_checkpoint.as_deref(),
+        )
+    }
+
+    /// Upstream `_load_optimizer_and_scheduler`: restores their states when the checkpoint
+    /// has them.
+    pub(crate) fn load_optimizer_and_scheduler(&mut self, dir: &Path) -> Result<()> {
+        if let Some(opt) = self.optimizer.as_mut()
+            && dir.join(OPTIMIZER_STATE_NAME).is_file()
+        {
+            opt.load(dir)?;
+        }
+        if let Some(sched) = self.lr_scheduler.as_mut()
+            && dir.join(SCHEDULER_NAME).is_file()
+        {
+            sched.load(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Upstream's end-of-training cleanup with `save_total_limit=1`: every checkpoint but
+    /// the best is deleted.
+    pub(crate) fn delete_all_but_best(&mut self) -> Result<()> {
+        let Some(best) = self.state.best_model_checkpoint.clone() else {
+            return Ok(());
+        };
+        if self.args.save_total_limit != Some(1) || !self.args.should_save() {
+            return Ok(());
+        }
+        let run_dir = PathBuf::from(self.args.output_dir());
+        for ckpt in sort_checkpoints(&run_dir, Some(&best))? {
+            if ckpt != Path::new(&best) {
+                std::fs::remove_dir_all(&ckpt).map_err(|e| Error::io("deleting", &ckpt, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a checkpoint's `rng_state.json` against this Trainer's data order and reseeds
+/// libtorch with `seed` (its generator state itself is not saved, see the module docs).
+pub(crate) fn check_rng_state(dir: &Path, trainer: &Trainer) -> Result<()> {
+    let path = dir.join(RNG_STATE_NAME);
+    if !path.is_file() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
+    let saved: RngState = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.clone(),
+        source,
+    })?;
+    if let Ok(loader) = trainer.get_train_dataloader()
+        && (loader.sampler().name() != saved.sampler
+            || loader.sampler().seed() != saved.sampler_seed)
+    {
+        log::warn!(
+            "The checkpoint's data order ({} sampler, seed {:?}) differs from this run's ({} sampler, seed {:?}); the resumed run will not see the same batches.",
+            saved.sampler,
+            saved.sampler_seed,
+            loader.sampler().name(),
+            loader.sampler().seed()
+        );
+    }
+    tch::manual_seed(saved.seed as i64);
+    Ok(())
+}

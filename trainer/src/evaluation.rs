@@ -1,0 +1,183 @@
+//! `Trainer::evaluate`: upstream's `evaluate`, `evaluation_loop` and `_evaluate` (the
+//! evaluation during training, which also steps metric-driven schedulers).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use tchtrain_callbacks::JsonMap;
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::hooks::StepContext;
+use crate::metrics::{EvalPrediction, Metrics, speed_metrics};
+use crate::train_loop::metric_key;
+use crate::trainer::Trainer;
+
+impl Trainer {
+    /// Upstream `evaluate`: runs the model over `eval_dataset` (or the Trainer's) in batches
+    /// of `per_device_eval_batch_size` and returns `{prefix}_loss` (the mean of the batch
+    /// losses, each weighted by its number of rows: upstream repeats each loss
+    /// `batch_size` times and accelerate's `gather_for_metrics` cuts the last batch's
+    /// repeats to the dataset's remainder),
+    /// the `compute_metrics` results and the speed metrics, each named `{prefix}_...`, plus
+    /// `epoch`. The metrics are logged and passed to `on_evaluate`.
+    pub fn evaluate(
+        &mut self,
+        eval_dataset: Option<Arc<dyn Dataset>>,
+        metric_key_prefix: &str,
+    ) -> Result<Metrics> {
+        let loader = self.get_eval_dataloader(eval_dataset)?;
+        if loader.num_examples() == 0 {
+            return Err(Error::EmptyDataset {
+                what: "evaluation",
+                hint: String::new(),
+            });
+        }
+        let start = Instant::now();
+        let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
+        self.callback_handler.eval_dataloader_len = Some(loader.len());
+        self.model.eval();
+        let mut losses: Vec<Tensor> = Vec::new();
+        let mut preds: Vec<Tensor> = Vec::new();
+        let mut labels: Vec<Tensor> = Vec::new();
+        let batch_size = loader.batch_size() as i64;
+        for batch in loader.epoch(0) {
+            let batch = batch?.to_device(self.device)?;
+            let rows = batch
+                .iter()
+                .next()
+                .and_then(|(_, t)| t.size().first().copied())
+                .unwrap_or(batch_size);
+            let out = {
+                let ctx = StepContext {
+                    args: &self.args,
+                    model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
+                    current_gradient_accumulation_steps: 1,
+                    device: self.device,
+                    label_names: &self.label_names,
+                    loss_shifts_labels: self.loss_shifts_labels,
+                };
+                self.hooks
+                    .prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
+            };
+            if let Some(loss) = out.loss {
+                losses.push(
+                    loss.f_to_kind(Kind::Float)?
+                        .f_reshape([1])?
+                        .f_repeat([rows])?
+                        .f_to_device(Device::Cpu)?,
+                );
+            }
+            if let Some(logits) = out.logits {
+                let logits = match self.preprocess_logits_for_metrics.as_mut() {
+                    Some(f) => f(&logits, out.labels.as_ref())?,
+                    None => logits,
+                };
+                preds.push(logits.f_to_device(Device::Cpu)?);
+            }
+            if let Some(l) = out.labels {
+                labels.push(l.f_to_device(Device::Cpu)?);
+            }
+            self.callback_handler
+                .on_prediction_step(&self.args, &self.state, &mut self.control)?;
+        }
+        let num_samples = loader.num_examples();
+        let mut metrics = Metrics::new();
+        if let Some(f) = self.compute_metrics.as_mut()
+            && !preds.is_empty()
+            && !labels.is_empty()
+        {
+            let prediction = EvalPrediction {
+                predictions: concat_padded(&preds)?,
+                label_ids: Some(concat_padded(&labels)?),
+            };
+            metrics = f(&prediction)?;
+        }
+        if !losses.is_empty() {
+            let mut all = Tensor::f_cat(&losses, 0)?;
+            let finite = all.f_isfinite()?;
+            if self.args.logging_nan_inf_filter && finite.f_any()?.f_int64_value(&[])? != 0 {
+                all = all.f_masked_select(&finite)?;
+            }
+            metrics.insert(
+                format!("{metric_key_prefix}_loss"),
+                all.f_mean(Kind::Float)?.f_double_value(&[])?,
+            );
+        }
+        let prefix = format!("{metric_key_prefix}_");
+        let mut metrics: Metrics = metrics
+            .into_iter()
+            .map(|(k, v)| {
+                if k.starts_with(&prefix) {
+                    (k, v)
+                } else {
+                    (format!("{prefix}{k}"), v)
+                }
+            })
+            .collect();
+        let total_batch_size = self.args.eval_batch_size().max(1);
+        let speed = speed_metrics(
+            metric_key_prefix,
+            start,
+            Some(num_samples as f64),
+            Some(num_samples.div_ceil(total_batch_size) as f64),
+            None,
+        );
+        let mut logs: Vec<(String, f64)> = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (k, v) in speed {
+            metrics.insert(k.clone(), v);
+            logs.push((k, v));
+        }
+        self.log(logs, None)?;
+        metrics.insert("epoch".into(), self.state.epoch);
+        let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        self.callback_handler
+            .on_evaluate(&self.args, &self.state, &mut self.control, &map)?;
+        Ok(metrics)
+    }
+
+    /// Upstream `_evaluate`: [`evaluate`](Self::evaluate), then a metric-driven scheduler
+    /// (`reduce_lr_on_plateau`, `greedy`) steps on `metric_for_best_model`.
+    pub(crate) fn evaluate_during_training(&mut self, skip_scheduler: bool) -> Result<Metrics> {
+        let metrics = self.evaluate(None, "eval")?;
+        if !skip_scheduler
+            && let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
+            && sched.steps_on_metric()
+        {
+            let key = metric_key(self.args.metric_for_best_model.as_deref().unwrap_or("loss"));
+            let value = *metrics.get(&key).ok_or_else(|| Error::MetricNotFound {
+                metric: key.clone(),
+                available: metrics.keys().cloned().collect::<Vec<_>>().join(", "),
+            })?;
+            sched.step_with_metric(opt.as_mut(), value)?;
+        }
+        Ok(metrics)
+    }
+}
+
+/// Upstream `nested_concat` with `padding_index=-100`: concatenates along the first
+/// dimension, padding the second dimension to the longest with -100 when they differ.
+fn concat_padded(tensors: &[Tensor]) -> Result<Tensor> {
+    let same = tensors
+        .windows(2)
+        .all(|w| w[0].size().get(1..) == w[1].size().get(1..));
+    if same || tensors.iter().any(|t| t.dim() < 2) {
+        return Ok(Tensor::f_cat(tensors, 0)?);
+    }
+    let max_len = tensors.iter().map(|t| t.size()[1]).max().unwrap_or(0);
+    let padded = tensors
+        .iter()
+        .map(|t| {
+            let mut size = t.size();
+            let pad = max_len - size[1];
+            if pad == 0 {
+                return Ok(t.shallow_clone());
+            }
+            size[1] = pad;
+            let fill = Tensor::f_full(&size, -100.0, (t.kind(), t.device()))?;
+            Ok(Tensor::f_cat(&[t.shallow_clone(), fill], 1)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::f_cat(&padded, 0)?)
+}

@@ -1,0 +1,257 @@
+//! `TrainerHooks`: the Rust form of subclassing `Trainer` and overriding `compute_loss`,
+//! `training_step` or `prediction_step`. Every method has upstream's behaviour by default;
+//! the `default_*` functions are that behaviour, callable from an override ("super").
+//!
+//! ```
+//! use tch::Tensor;
+//! use tchtrain_collators::Batch;
+//! use tchtrain_models::{ModelOutput, PreTrainedModel};
+//! use tchtrain_trainer::{StepContext, TrainerHooks, default_compute_loss};
+//!
+//! /// Doubles the model's loss (and says it is a per-batch mean, so the Trainer still
+//! /// divides it by the gradient-accumulation steps).
+//! struct DoubleLoss;
+//!
+//! impl TrainerHooks for DoubleLoss {
+//!     fn compute_loss(
+//!         &mut self,
+//!         ctx: &StepContext<'_>,
+//!         model: &dyn PreTrainedModel,
+//!         inputs: &Batch,
+//!         num_items_in_batch: Option<&Tensor>,
+//!     ) -> tchtrain_trainer::Result<(Tensor, ModelOutput)> {
+//!         let (loss, out) = default_compute_loss(ctx, model, inputs, None)?;
+//!         Ok((loss * 2.0, out))
+//!     }
+//!
+//!     fn loss_is_scaled_for_ga(&self) -> Option<bool> {
+//!         Some(false)
+//!     }
+//! }
+//! ```
+
+use tch::{Device, Kind, Tensor};
+use tchtrain_collators::Batch;
+use tchtrain_models::{ModelInputs, ModelOutput, PreTrainedModel};
+use tchtrain_training_args::TrainingArguments;
+
+use crate::error::{Error, Result};
+
+/// What a hook may read about the Trainer at a step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepContext<'a> {
+    /// The training arguments.
+    pub args: &'a TrainingArguments,
+    /// Upstream `model_accepts_loss_kwargs`: whether `num_items_in_batch` is passed to the
+    /// model's forward (see [`TrainerBuilder::model_accepts_loss_kwargs`](crate::TrainerBuilder::model_accepts_loss_kwargs)).
+    pub model_accepts_loss_kwargs: bool,
+    /// Number of batches in the current accumulation window (fewer than
+    /// `gradient_accumulation_steps` at the end of an epoch that does not divide evenly).
+    pub current_gradient_accumulation_steps: usize,
+    /// The device batches are moved to.
+    pub device: Device,
+    /// Names of the label tensors in a batch (`label_names`, default `["labels"]`).
+    pub label_names: &'a [String],
+    /// Upstream `_loss_shifts_labels`: the model's loss is `ForCausalLM` (it predicts
+    /// `labels[..., 1:]`), so `num_items_in_batch` counts `labels[..., 1:]`.
+    pub loss_shifts_labels: bool,
+}
+
+/// What [`TrainerHooks::prediction_step`] returns: upstream's `(loss, logits, labels)`.
+#[derive(Debug, Default)]
+pub struct PredictionStepOutput {
+    /// The batch's loss (a 0-d tensor), when the batch had labels.
+    pub loss: Option<Tensor>,
+    /// The logits, unless only the loss was asked for.
+    pub logits: Option<Tensor>,
+    /// The labels, unless only the loss was asked for.
+    pub labels: Option<Tensor>,
+}
+
+/// Customisation points of the training and evaluation loops (upstream's
+/// subclass-and-override methods). Each defaults to upstream's behaviour.
+pub trait TrainerHooks: Send {
+    /// Upstream `compute_loss`: runs the model on `inputs` (with `num_items_in_batch` when
+    /// the model accepts loss kwargs) and returns its loss and outputs.
+    fn compute_loss(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &dyn PreTrainedModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> Result<(Tensor, ModelOutput)> {
+        default_compute_loss(ctx, model, inputs, num_items_in_batch)
+    }
+
+    /// Upstream's `loss_is_scaled_for_ga` attribute: `Some(false)` when an overridden
+    /// [`compute_loss`](Self::compute_loss) returns a per-batch mean (the Trainer then divides
+    /// it by the accumulation steps), `Some(true)` when it is already normalised over the
+    /// whole accumulated batch, `None` (default) for upstream's rule (see [`default_training_step`]).
+    fn loss_is_scaled_for_ga(&self) -> Option<bool> {
+        None
+    }
+
+    /// Upstream `training_step`: forward, loss scaling for gradient accumulation, backward;
+    /// returns the detached loss that is logged.
+    fn training_step(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &mut dyn PreTrainedModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        default_training_step(self, ctx, model, inputs, num_items_in_batch)
+    }
+
+    /// Upstream `prediction_step`: the loss (when the batch has every label), and unless
+    /// `prediction_loss_only`, the logits and labels; no gradients.
+    fn prediction_step(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &dyn PreTrainedModel,
+        inputs: &Batch,
+        prediction_loss_only: bool,
+    ) -> Result<PredictionStepOutput> {
+        default_prediction_step(self, ctx, model, inputs, prediction_loss_only)
+    }
+}
+
+/// The hooks of a plain `Trainer`: every method as upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultHooks;
+
+impl TrainerHooks for DefaultHooks {}
+
+/// The model inputs found in `batch` (`input_ids`, `attention_mask`, `token_type_ids`,
+/// `position_ids`, `labels`); other keys are ignored, as upstream's
+/// `remove_unused_columns` drops columns the forward does not take.
+pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
+    ModelInputs {
+        input_ids: batch.get("input_ids"),
+        attention_mask: batch.get("attention_mask"),
+        token_type_ids: batch.get("token_type_ids"),
+        position_ids: batch.get("position_ids"),
+        labels: batch.get("labels"),
+        num_items_in_batch: None,
+    }
+}
+
+/// Upstream's default `compute_loss`: `outputs = model(**inputs, num_items_in_batch=...)`
+/// (the count passed only when `ctx.model_accepts_loss_kwargs`), loss = `outputs.loss`;
+/// a model that returns no loss is [`Error::MissingLoss`].
+pub fn default_compute_loss(
+    ctx: &StepContext<'_>,
+    model: &dyn PreTrainedModel,
+    inputs: &Batch,
+    num_items_in_batch: Option<&Tensor>,
+) -> Result<(Tensor, ModelOutput)> {
+    let mut mi = model_inputs(inputs);
+    if ctx.model_accepts_loss_kwargs {
+        mi.num_items_in_batch = num_items_in_batch;
+    }
+    let mut out = model.forward(&mi)?;
+    let loss = out.loss.take().ok_or_else(|| Error::MissingLoss {
+        keys: inputs.keys().collect::<Vec<_>>().join(", "),
+    })?;
+    Ok((loss, out))
+}
+
+/// Upstream's default `training_step`, the rule for gradient accumulation included:
+///
+/// the loss counts as already normalised over the accumulation window ("scaled for GA")
+/// when `hooks.loss_is_scaled_for_ga()` says so, or else when the model accepts loss
+/// kwargs **and** `num_items_in_batch` was counted (the batch has labels); otherwise it is
+/// divided by `ctx.current_gradient_accumulation_steps`. Then `backward()`.
+pub fn default_training_step<H: TrainerHooks + ?Sized>(
+    hooks: &mut H,
+    ctx: &StepContext<'_>,
+    model: &mut dyn PreTrainedModel,
+    inputs: &Batch,
+    num_items_in_batch: Option<&Tensor>,
+) -> Result<Tensor> {
+    model.train();
+    let (loss, _) = hooks.compute_loss(ctx, &*model, inputs, num_items_in_batch)?;
+    let scaled = hooks
+        .loss_is_scaled_for_ga()
+        .unwrap_or(ctx.model_accepts_loss_kwargs && num_items_in_batch.is_some());
+    let loss = if scaled {
+        loss
+    } else {
+        loss.f_div_scalar(ctx.current_gradient_accumulation_steps.max(1) as f64)?
+    };
+    loss.f_backward()?;
+    Ok(loss.detach())
+}
+
+/// Upstream's default `prediction_step` (no context parallelism, no SageMaker).
+pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
+    hooks: &mut H,
+    ctx: &StepContext<'_>,
+    model: &dyn PreTrainedModel,
+    inputs: &Batch,
+    prediction_loss_only: bool,
+) -> Result<PredictionStepOutput> {
+    let has_labels =
+        !ctx.label_names.is_empty() && ctx.label_names.iter().all(|k| inputs.contains(k));
+    let labels = if has_labels {
+        ctx.label_names
+            .first()
+            .and_then(|k| inputs.get(k))
+            .map(Tensor::detach)
+    } else {
+        None
+    };
+    let (loss, output) = tch::no_grad(|| -> Result<_> {
+        if has_labels {
+            let num_items = count_num_items_in_batch(std::slice::from_ref(inputs), ctx)?;
+            let (loss, out) = hooks.compute_loss(ctx, model, inputs, num_items.as_ref())?;
+            Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
+        } else {
+            Ok((None, model.forward(&model_inputs(inputs))?))
+        }
+    })?;
+    if prediction_loss_only {
+        return Ok(PredictionStepOutput {
+            loss,
+            ..Default::default()
+        });
+    }
+    Ok(PredictionStepOutput {
+        loss,
+        logits: Some(output.logits.detach()),
+        labels,
+    })
+}
+
+/// Upstream `_get_num_items_in_batch`: the number of label tokens `!= -100` over `batches`
+/// (the whole accumulation window), counted over `labels[..., 1:]` when the model's loss
+/// shifts labels (`ctx.loss_shifts_labels`), or `None` when the model does not accept loss
+/// kwargs or the batches have no `labels`. A float tensor on `ctx.device`, as upstream's
+/// (`count / (tp * cp * sp)`).
+pub fn count_num_items_in_batch(
+    batches: &[Batch],
+    ctx: &StepContext<'_>,
+) -> Result<Option<Tensor>> {
+    if !ctx.model_accepts_loss_kwargs || batches.first().is_none_or(|b| !b.contains("labels")) {
+        return Ok(None);
+    }
+    let mut count: i64 = 0;
+    for b in batches {
+        let Some(labels) = b.get("labels") else {
+            continue;
+        };
+        let labels = if ctx.loss_shifts_labels {
+            let last = labels.dim().saturating_sub(1) as i64;
+            let len = labels.size().last().copied().unwrap_or(0);
+            labels.f_narrow(last, 1.min(len), (len - 1).max(0))?
+        } else {
+            labels.shallow_clone()
+        };
+        count += labels.f_ne(-100)?.f_sum(Kind::Int64)?.f_int64_value(&[])?;
+    }
+    Ok(Some(
+        Tensor::f_from_slice(&[count as f32])?
+            .f_reshape([] as [i64; 0])?
+            .f_to_device(ctx.device)?,
+    ))
+}

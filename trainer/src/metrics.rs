@@ -1,0 +1,80 @@
+//! Metrics: `EvalPrediction` and the `compute_metrics` callback type, `speed_metrics`, and
+//! what `train()` returns (`TrainOutput`), as upstream's trainer_utils.py.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tch::Tensor;
+
+use crate::error::Result;
+
+/// Metrics by name (`eval_loss`, `train_runtime`, ...).
+pub type Metrics = BTreeMap<String, f64>;
+
+/// Upstream `EvalPrediction`: every evaluation batch's predictions and labels, concatenated
+/// along the first dimension (padded with -100 along the second when lengths differ), on
+/// the CPU.
+#[derive(Debug)]
+pub struct EvalPrediction {
+    /// The logits (or what `preprocess_logits_for_metrics` made of them).
+    pub predictions: Tensor,
+    /// The labels, when the batches had them.
+    pub label_ids: Option<Tensor>,
+}
+
+/// Upstream's `compute_metrics`: metrics from an [`EvalPrediction`]; the Trainer prefixes
+/// each name with `eval_` unless it already has the prefix.
+pub type ComputeMetrics = Box<dyn FnMut(&EvalPrediction) -> Result<Metrics> + Send>;
+
+/// Upstream's `preprocess_logits_for_metrics(logits, labels)`: applied to each evaluation
+/// batch before it is kept (e.g. `argmax` so that whole logits are never held).
+pub type PreprocessLogits = Box<dyn FnMut(&Tensor, Option<&Tensor>) -> Result<Tensor> + Send>;
+
+/// What [`Trainer::train`](crate::Trainer::train) returns (upstream `TrainOutput`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOutput {
+    /// The last update step.
+    pub global_step: i64,
+    /// The average training loss of this `train()` call.
+    pub training_loss: f64,
+    /// `train_runtime`, `train_samples_per_second`, `train_steps_per_second`,
+    /// `total_flos`, `train_loss`, `epoch`.
+    pub metrics: Metrics,
+}
+
+/// Python's `round(x, ndigits)` for the magnitudes speed metrics have.
+fn round_to(x: f64, ndigits: i32) -> f64 {
+    let scale = 10f64.powi(ndigits);
+    let r = (x * scale).round_ties_even() / scale;
+    if r.is_finite() { r } else { x }
+}
+
+/// Upstream `speed_metrics`: `{split}_runtime` (seconds since `start`, 4 decimals) and,
+/// when given, `{split}_samples_per_second`, `{split}_steps_per_second`,
+/// `{split}_tokens_per_second` (3 decimals). Nothing but the runtime when it is zero.
+pub fn speed_metrics(
+    split: &str,
+    start: Instant,
+    num_samples: Option<f64>,
+    num_steps: Option<f64>,
+    num_tokens: Option<f64>,
+) -> Vec<(String, f64)> {
+    let runtime = start.elapsed().as_secs_f64();
+    let mut out = vec![(format!("{split}_runtime"), round_to(runtime, 4))];
+    if runtime == 0.0 {
+        return out;
+    }
+    for (name, value) in [
+        ("samples", num_samples),
+        ("steps", num_steps),
+        ("tokens", num_tokens),
+    ] {
+        if let Some(v) = value {
+            out.push((
+                format!("{split}_{name}_per_second"),
+                round_to(v / runtime, 3),
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,563 @@
+//! `Trainer::train`: upstream's `_inner_training_loop`, `_run_epoch`,
+//! `_maybe_log_save_evaluate` and `_finalize_training`.
+//!
+//! One update step takes `gradient_accumulation_steps` batches (fewer at the end of an
+//! epoch that does not divide evenly). `num_items_in_batch` is counted over the whole
+//! window before its first forward (upstream's `get_batch_samples`); see
+//! [`default_training_step`](crate::default_training_step) for when the loss is divided by
+//! the window's length.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
+use tchtrain_callbacks::{TrainerState, TrainingReferences};
+use tchtrain_collators::Batch;
+use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
+
+use crate::checkpoint::{self, get_last_checkpoint};
+use crate::data_loader::DataLoader;
+use crate::error::{Error, Result};
+use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
+use crate::metrics::{Metrics, TrainOutput, speed_metrics};
+use crate::model_info::{floating_point_ops, named_parameters};
+use crate::trainer::Trainer;
+use tchtrain_models::PreTrainedModel;
+
+/// Where `train` resumes from (upstream's `resume_from_checkpoint`: a path, or `True`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The `checkpoint-N` folder with the largest N in `output_dir`.
+    Last,
+    /// This checkpoint folder.
+    Path(PathBuf),
+}
+
+/// The numbers `set_initial_training_values` computes.
+struct TrainingValues {
+    num_train_epochs: usize,
+    num_update_steps_per_epoch: usize,
+    num_train_samples: f64,
+    steps_in_epoch: usize,
+    max_steps: usize,
+}
+
+/// Where the resumed epoch starts.
+struct ResumePoint {
+    resumed: bool,
+    epochs_trained: usize,
+    steps_trained_in_current_epoch: usize,
+}
+
+impl Trainer {
+    /// Upstream `train`: runs the training loop (resuming from a checkpoint when asked) and
+    /// returns the final metrics. Bad arguments and data are reported before the first step.
+    pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
+        let resume = match resume_from_checkpoint {
+            None => None,
+            Some(ResumeFrom::Path(p)) => Some(p),
+            Some(ResumeFrom::Last) => {
+                let dir = PathBuf::from(self.args.output_dir());
+                Some(get_last_checkpoint(&dir)?.ok_or(Error::NoCheckpoint { dir })?)
+            }
+        };
+        self.check_before_training()?;
+        if let Some(ckpt) = &resume {
+            checkpoint::load_model_weights(&mut *self.model, ckpt)?;
+        }
+        self.loop_state.is_in_train = true;
+        let loader = self.get_train_dataloader()?;
+        let values = self.set_initial_training_values(&loader)?;
+        let point = self.init_training_state(&values, resume.as_deref())?;
+        if self.created_lr_scheduler {
+            self.lr_scheduler = None;
+            self.created_lr_scheduler = false;
+        }
+        self.create_optimizer()?;
+        self.create_scheduler(values.max_steps)?;
+        if let Some(ckpt) = &resume {
+            self.load_optimizer_and_scheduler(ckpt)?;
+        }
+        self.callback_handler.train_dataloader_len = Some(loader.len());
+
+        let start = Instant::now();
+        self.loop_state.start_time = Some(start);
+        self.loop_state.initial_num_input_tokens_seen = self.state.num_input_tokens_seen;
+        let initial_global_step = self.state.global_step;
+        self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device))?;
+        self.loop_state.total_loss_scalar = 0.0;
+        self.loop_state.globalstep_last_logged = self.state.global_step;
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.zero_grad();
+        }
+        self.callback_handler
+            .on_train_begin(&self.args, &self.state, &mut self.control)?;
+        if self.args.eval_on_start {
+            self.evaluate_during_training(true)?;
+        }
+        let params: Vec<Tensor> = named_parameters(&*self.model)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        for epoch in point.epochs_trained..values.num_train_epochs {
+            self.callback_handler
+                .on_epoch_begin(&self.args, &self.state, &mut self.control)?;
+            self.run_epoch(&loader, epoch, &values, &point, &params, start)?;
+            if self.control.should_training_stop {
+                break;
+            }
+        }
+        self.finalize_training(&values, start, initial_global_step)
+    }
+
+    /// Bad input caught before training starts: no or empty training data, an evaluation
+    /// strategy without evaluation data, options not implemented yet.
+    fn check_before_training(&self) -> Result<()> {
+        let Some(train) = &self.train_dataset else {
+            return Err(Error::MissingDataset {
+                what: "training".into(),
+                dataset: "train",
+                fix: "pass one with TrainerBuilder::train_dataset",
+            });
+        };
+        if train.is_empty() {
+            return Err(Error::EmptyDataset {
+                what: "training",
+                hint: String::new(),
+            });
+        }
+        if self.args.eval_strategy != IntervalStrategy::No && self.eval_dataset.is_none() {
+            return Err(Error::MissingDataset {
+                what: format!("eval_strategy=\"{}\"", self.args.eval_strategy.as_str()),
+                dataset: "eval",
+                fix: "pass one with TrainerBuilder::eval_dataset or set eval_strategy to \"no\"",
+            });
+        }
+        if self.args.gradient_accumulation_steps == 0 {
+            return Err(Error::InvalidArgument {
+                field: "gradient_accumulation_steps",
+                detail: "must be at least 1".into(),
+            });
+        }
+        if self.args.max_steps <= 0 && self.args.num_train_epochs <= 0.0 {
+            return Err(Error::InvalidArgument {
+                field: "num_train_epochs",
+                detail: "must be positive when max_steps is not set".into(),
+            });
+        }
+        for (on, field) in [
+            (self.args.fp16, "fp16"),
+            (self.args.bf16, "bf16"),
+            (
+                self.args.label_smoothing_factor != 0.0,
+                "label_smoothing_factor",
+            ),
+        ] {
+            if on {
+                return Err(Error::InvalidArgument {
+                    field,
+                    detail:
+                        "not supported by this Trainer yet (fp32 training only, no label smoothing)"
+                            .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Upstream `set_initial_training_values`.
+    fn set_initial_training_values(&self, loader: &DataLoader) -> Result<TrainingValues> {
+        let len = loader.len();
+        if len == 0 {
+            return Err(Error::EmptyDataset {
+                what: "training",
+                hint: ": dataloader_drop_last leaves no full batch".into(),
+            });
+        }
+        let ga = self.args.gradient_accumulation_steps;
+        let per_epoch = (len / ga + usize::from(!len.is_multiple_of(ga))).max(1);
+        let max_steps = if self.args.max_steps > 0 {
+            self.args.max_steps as usize
+        } else {
+            (self.args.num_train_epochs * per_epoch as f64).ceil() as usize
+        };
+        let total_batch = self.args.train_batch_size() * ga;
+        let (num_train_epochs, num_train_samples) = if self.args.max_steps > 0 {
+            (
+                max_steps / per_epoch + usize::from(max_steps % per_epoch > 0),
+                (max_steps * total_batch) as f64,
+            )
+        } else {
+            (
+                self.args.num_train_epochs.ceil() as usize,
+                loader.num_examples() as f64 * self.args.num_train_epochs,
+            )
+        };
+        Ok(TrainingValues {
+            num_train_epochs,
+            num_update_steps_per_epoch: per_epoch,
+            num_train_samples,
+            steps_in_epoch: len,
+            max_steps,
+        })
+    }
+
+    /// Upstream `_init_training_state`.
+    fn init_training_state(
+        &mut self,
+        values: &TrainingValues,
+        resume: Option<&std::path::Path>,
+    ) -> Result<ResumePoint> {
+        self.state = TrainerState::with_stateful_callbacks(
+            self.callback_handler.exportable_states(&self.control),
+        );
+        self.state.train_batch_size = Some(self.args.train_batch_size() as i64);
+        self.state
+            .compute_steps(&self.args, values.max_steps as i64);
+        let mut point = ResumePoint {
+            resumed: resume.is_some(),
+            epochs_trained: 0,
+            steps_trained_in_current_epoch: 0,
+        };
+        if let Some(ckpt) = resume {
+            let path = ckpt.join(checkpoint::TRAINER_STATE_NAME);
+            if path.is_file() {
+                self.state = TrainerState::load_from_json(&path)?;
+                if let Some(best) = &self.state.best_model_checkpoint
+                    && !std::path::Path::new(best).is_dir()
+                {
+                    log::warn!(
+                        "The best checkpoint {best} recorded in the resumed state does not exist anymore. Ignoring it for this run."
+                    );
+                    self.state.best_model_checkpoint = None;
+                }
+                checkpoint::check_rng_state(ckpt, self)?;
+                let stateful = self.state.stateful_callbacks.clone();
+                self.callback_handler
+                    .load_callback_state(&stateful, &mut self.control)?;
+                let step = self.state.global_step.max(0) as usize;
+                point.epochs_trained = step / values.num_update_steps_per_epoch;
+                if !self.args.ignore_data_skip {
+                    point.steps_trained_in_current_epoch = (step
+                        % values.num_update_steps_per_epoch)
+                        * self.args.gradient_accumulation_steps;
+                }
+            }
+        }
+        self.state.init_training_references(TrainingReferences {
+            max_steps: values.max_steps as i64,
+            num_train_epochs: values.num_train_epochs as i64,
+            is_local_process_zero: true,
+            is_world_process_zero: true,
+            trial_name: None,
+            trial_params: None,
+        });
+        Ok(point)
+    }
+
+    /// The step context, the hooks and the model, borrowed apart.
+    fn split_for_step(
+        &mut self,
+        current_ga: usize,
+    ) -> (
+        StepContext<'_>,
+        &mut dyn TrainerHooks,
+        &mut dyn PreTrainedModel,
+    ) {
+        (
+            StepContext {
+                args: &self.args,
+                model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
+                current_gradient_accumulation_steps: current_ga,
+                device: self.device,
+                label_names: &self.label_names,
+                loss_shifts_labels: self.loss_shifts_labels,
+            },
+            &mut *self.hooks,
+            &mut *self.model,
+        )
+    }
+
+    /// Upstream `_run_epoch`.
+    fn run_epoch(
+        &mut self,
+        loader: &DataLoader,
+        epoch: usize,
+        values: &TrainingValues,
+        point: &ResumePoint,
+        params: &[Tensor],
+        start: Instant,
+    ) -> Result<()> {
+        let ga = self.args.gradient_accumulation_steps;
+        let mut step: i64 = -1;
+        let mut grad_norm: Option<f64> = None;
+        let mut learning_rate: Option<f64> = None;
+        let mut first_update = 0;
+        let mut batches = loader.epoch(epoch as u64);
+        if point.resumed
+            && epoch == point.epochs_trained
+            && point.steps_trained_in_current_epoch > 0
+        {
+            batches.skip_batches(point.steps_trained_in_current_epoch);
+            step = point.steps_trained_in_current_epoch as i64 - 1;
+            first_update = point.steps_trained_in_current_epoch / ga;
+        }
+        let steps_in_epoch = values.steps_in_epoch as i64;
+        let remainder = match values.steps_in_epoch % ga {
+            0 => ga,
+            r => r,
+        };
+        for update_step in first_update..values.num_update_steps_per_epoch {
+            let num_batches = if update_step + 1 != values.num_update_steps_per_epoch {
+                ga
+            } else {
+                remainder
+            };
+            let window: Vec<Batch> = batches
+                .by_ref()
+                .take(num_batches)
+                .map(|b| Ok(b?.to_device(self.device)?))
+                .collect::<Result<_>>()?;
+            let current_ga = window.len();
+            let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
+            for inputs in &window {
+                step += 1;
+                let do_sync_step = (step + 1) % ga as i64 == 0 || step + 1 == steps_in_epoch;
+                if step % ga as i64 == 0 {
+                    self.callback_handler.on_step_begin(
+                        &self.args,
+                        &self.state,
+                        &mut self.control,
+                    )?;
+                }
+                let tr_loss_step = {
+                    let (ctx, hooks, model) = self.split_for_step(current_ga);
+                    hooks.training_step(&ctx, model, inputs, num_items.as_ref())?
+                };
+                self.accumulate_loss(&tr_loss_step)?;
+                self.loop_state.current_flos +=
+                    floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
+                self.track_num_input_tokens(inputs)?;
+                if do_sync_step {
+                    grad_norm = Some(self.clip_grad_norm(params)?);
+                    self.callback_handler.on_pre_optimizer_step(
+                        &self.args,
+                        &self.state,
+                        &mut self.control,
+                    )?;
+                    if let Some(opt) = self.optimizer.as_mut() {
+                        opt.step()?;
+                    }
+                    self.callback_handler.on_optimizer_step(
+                        &self.args,
+                        &self.state,
+                        &mut self.control,
+                    )?;
+                    learning_rate = Some(self.get_learning_rate());
+                    if let (Some(sched), Some(opt)) =
+                        (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
+                        && !sched.steps_on_metric()
+                    {
+                        sched.step(opt.as_mut())?;
+                    }
+                    if let Some(opt) = self.optimizer.as_mut() {
+                        opt.zero_grad();
+                    }
+                    self.state.global_step += 1;
+                    self.state.epoch = epoch as f64 + (step + 1) as f64 / steps_in_epoch as f64;
+                    self.callback_handler.on_step_end(
+                        &self.args,
+                        &self.state,
+                        &mut self.control,
+                    )?;
+                    self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
+                } else {
+                    self.callback_handler.on_substep_end(
+                        &self.args,
+                        &self.state,
+                        &mut self.control,
+                    )?;
+                }
+                if self.control.should_epoch_stop || self.control.should_training_stop {
+                    break;
+                }
+            }
+            if self.control.should_epoch_stop || self.control.should_training_stop {
+                break;
+            }
+        }
+        if step < 0 {
+            log::warn!(
+                "There seems not to be a single sample in your epoch_iterator, stopping training at step {}!",
+                self.state.global_step
+            );
+            self.control.should_training_stop = true;
+        }
+        self.callback_handler
+            .on_epoch_end(&self.args, &self.state, &mut self.control)?;
+        self.maybe_log_save_evaluate(grad_norm, learning_rate, start)
+    }
+
+    /// `_tr_loss += tr_loss_step`, with upstream's `logging_nan_inf_filter`.
+    fn accumulate_loss(&mut self, step_loss: &Tensor) -> Result<()> {
+        let v = step_loss.f_double_value(&[])?;
+        let ls = &mut self.loop_state;
+        ls.tr_loss = if self.args.logging_nan_inf_filter && !v.is_finite() {
+            let n = 1 + self.state.global_step - ls.globalstep_last_logged;
+            ls.tr_loss.f_add(&ls.tr_loss.f_div_scalar(n as f64)?)?
+        } else {
+            ls.tr_loss
+                .f_add(&step_loss.f_to_kind(Kind::Float)?.f_to_device(self.device)?)?
+        };
+        Ok(())
+    }
+
+    /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping
+    /// (computed, without clipping, also when `max_grad_norm <= 0`).
+    fn clip_grad_norm(&self, params: &[Tensor]) -> Result<f64> {
+        if let Some(norm) =
+            tchtrain_optim::clip_grad_norm_if_enabled(params, self.args.max_grad_norm)?
+        {
+            return Ok(norm);
+        }
+        let total = tchtrain_optim::clip_grad_norm(params, f64::INFINITY, 2.0, false)?;
+        Ok(total.f_double_value(&[])?)
+    }
+
+    /// Upstream `_track_num_input_tokens` (`include_num_input_tokens_seen`).
+    fn track_num_input_tokens(&mut self, inputs: &Batch) -> Result<()> {
+        let mode = self.args.include_num_input_tokens_seen.as_str();
+        if mode == "no" {
+            return Ok(());
+        }
+        let Some(ids) = inputs.get("input_ids") else {
+            log::warn!("Tried to track the number of tokens seen, but the batch has no input_ids.");
+            return Ok(());
+        };
+        let n = match (mode, inputs.get("attention_mask")) {
+            ("non_padding", Some(mask)) => mask.f_sum(Kind::Int64)?.f_int64_value(&[])?,
+            _ => ids.numel() as i64,
+        };
+        self.state.num_input_tokens_seen += n;
+        Ok(())
+    }
+
+    /// Upstream `_maybe_log_save_evaluate`.
+    fn maybe_log_save_evaluate(
+        &mut self,
+        grad_norm: Option<f64>,
+        learning_rate: Option<f64>,
+        start: Instant,
+    ) -> Result<()> {
+        if self.control.should_log
+            && self.state.global_step > self.loop_state.globalstep_last_logged
+        {
+            let tr_loss_scalar = self.loop_state.tr_loss.f_double_value(&[])?;
+            self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device))?;
+            let steps = self.state.global_step - self.loop_state.globalstep_last_logged;
+            let mut logs = vec![("loss".to_string(), tr_loss_scalar / steps as f64)];
+            if let Some(g) = grad_norm {
+                logs.push(("grad_norm".into(), g));
+            }
+            logs.push((
+                "learning_rate".into(),
+                learning_rate.unwrap_or_else(|| self.get_learning_rate()),
+            ));
+            self.loop_state.total_loss_scalar += tr_loss_scalar;
+            self.loop_state.globalstep_last_logged = self.state.global_step;
+            self.store_flos();
+            self.log(logs, Some(start))?;
+        }
+        if self.control.should_evaluate {
+            let metrics = self.evaluate_during_training(false)?;
+            let is_new_best = self.determine_best_metric(&metrics)?;
+            if self.args.save_strategy == SaveStrategy::Best {
+                self.control.should_save = is_new_best;
+            }
+        }
+        if self.control.should_save {
+            self.save_checkpoint()?;
+            self.callback_handler
+                .on_save(&self.args, &self.state, &mut self.control)?;
+        }
+        Ok(())
+    }
+
+    /// Upstream `_determine_best_metric`: whether `metrics` holds a new best
+    /// `metric_for_best_model` (recorded in the state with its step).
+    fn determine_best_metric(&mut self, metrics: &Metrics) -> Result<bool> {
+        let Some(name) = &self.args.metric_for_best_model else {
+            return Ok(false);
+        };
+        let key = metric_key(name);
+        let value = *metrics.get(&key).ok_or_else(|| Error::MetricNotFound {
+            metric: key.clone(),
+            available: metrics.keys().cloned().collect::<Vec<_>>().join(", "),
+        })?;
+        let greater = self
+            .args
+            .greater_is_better
+            .unwrap_or(!key.ends_with("loss"));
+        let best = self.state.best_metric.unwrap_or(if greater {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        });
+        let better = if greater { value > best } else { value < best };
+        if better {
+            self.state.best_metric = Some(value);
+            if self.args.save_strategy != SaveStrategy::No {
+                self.state.best_global_step = Some(self.state.global_step);
+            }
+        }
+        Ok(better)
+    }
+
+    /// Upstream `_finalize_training`.
+    fn finalize_training(
+        &mut self,
+        values: &TrainingValues,
+        start: Instant,
+        initial_global_step: i64,
+    ) -> Result<TrainOutput> {
+        self.loop_state.total_loss_scalar += self.loop_state.tr_loss.f_double_value(&[])?;
+        let steps = self.state.global_step - initial_global_step;
+        let train_loss = self.loop_state.total_loss_scalar / (steps as f64).max(0.001);
+        let mut metrics = speed_metrics(
+            "train",
+            start,
+            Some(values.num_train_samples * steps as f64 / (values.max_steps.max(1)) as f64),
+            Some(steps as f64),
+            None,
+        );
+        self.store_flos();
+        metrics.push(("total_flos".into(), self.state.total_flos));
+        metrics.push(("train_loss".into(), train_loss));
+        self.log(metrics.clone(), None)?;
+        if self.args.load_best_model_at_end
+            && let Some(best) = self.state.best_model_checkpoint.clone()
+        {
+            checkpoint::load_model_weights(&mut *self.model, std::path::Path::new(&best))?;
+        }
+        self.delete_all_but_best()?;
+        self.callback_handler
+            .on_train_end(&self.args, &self.state, &mut self.control)?;
+        self.loop_state.is_in_train = false;
+        let mut out: Metrics = metrics.into_iter().collect();
+        out.insert("epoch".into(), self.state.epoch);
+        Ok(TrainOutput {
+            global_step: self.state.global_step,
+            training_loss: train_loss,
+            metrics: out,
+        })
+    }
+}
+
+/// `metric_for_best_model` with upstream's `eval_` prefix added when missing.
+pub(crate) fn metric_key(name: &str) -> String {
+    if name.starts_with("eval_") {
+        name.to_string()
+    } else {
+        format!("eval_{name}")
+    }
+}

@@ -1,0 +1,488 @@
+//! `Trainer`: the model, arguments, data, callbacks, optimizer and scheduler of one
+//! training, built with [`TrainerBuilder`]. The loop is in `train_loop.rs`, evaluation in
+//! `evaluation.rs`, checkpoints in `checkpoint.rs`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use tchtrain_callbacks::{
+    CallbackHandler, DefaultFlowCallback, JsonMap, PrinterCallback, ProgressCallback,
+    TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
+};
+use tchtrain_collators::{DataCollator, DefaultDataCollator, Feature};
+use tchtrain_models::PreTrainedModel;
+use tchtrain_optim::{LrScheduler, Optimizer, OptimizerArgs};
+use tchtrain_training_args::TrainingArguments;
+
+use crate::data_loader::{DataLoader, SharedCollator, shared_collator};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
+use crate::metrics::{ComputeMetrics, PreprocessLogits};
+use crate::model_info;
+use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
+
+/// Upstream's `Trainer`: trains and evaluates a [`PreTrainedModel`] with the knobs of
+/// [`TrainingArguments`], reporting to callbacks and writing upstream's checkpoint layout.
+///
+/// ```no_run
+/// use std::path::Path;
+/// use tch::Device;
+/// use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+/// use tchtrain_trainer::{Trainer, causal_lm_blocks_from_file};
+/// use tchtrain_training_args::TrainingArguments;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let model = from_pretrained_dir(Path::new("assets/tiny-gpt2"), AutoTask::CausalLm, Device::Cpu,
+///     &LoadOptions::default())?.model;
+/// let tokenizer = tchtrain_models::gpt2_tokenizer(
+///     Path::new("assets/gpt2-tokenizer/vocab.json"), Path::new("assets/gpt2-tokenizer/merges.txt"))?;
+/// let blocks = causal_lm_blocks_from_file("assets/text/hamlet.txt", &tokenizer, 64)?;
+/// let args = TrainingArguments { max_steps: 10, use_cpu: true, ..TrainingArguments::new("out") };
+/// let mut trainer = Trainer::builder(model, args).train_dataset(blocks.into_shared()).build()?;
+/// let output = trainer.train(None)?;
+/// println!("loss {}", output.training_loss);
+/// # Ok(()) }
+/// ```
+pub struct Trainer {
+    pub(crate) model: Box<dyn PreTrainedModel>,
+    pub(crate) args: TrainingArguments,
+    pub(crate) train_dataset: Option<Arc<dyn Dataset>>,
+    pub(crate) eval_dataset: Option<Arc<dyn Dataset>>,
+    pub(crate) collator: SharedCollator,
+    pub(crate) train_sampler: Option<Arc<dyn Sampler>>,
+    /// The callbacks, in calling order.
+    pub callback_handler: CallbackHandler,
+    /// The state of the training loop (saved as `trainer_state.json`).
+    pub state: TrainerState,
+    /// The flags callbacks set.
+    pub control: TrainerControl,
+    pub(crate) optimizer: Option<Box<dyn Optimizer>>,
+    pub(crate) lr_scheduler: Option<Box<dyn LrScheduler>>,
+    pub(crate) created_lr_scheduler: bool,
+    pub(crate) compute_metrics: Option<ComputeMetrics>,
+    pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
+    pub(crate) hooks: Box<dyn TrainerHooks>,
+    pub(crate) model_accepts_loss_kwargs: bool,
+    pub(crate) loss_shifts_labels: bool,
+    pub(crate) label_names: Vec<String>,
+    pub(crate) device: Device,
+    pub(crate) loop_state: LoopState,
+}
+
+/// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
+pub(crate) struct LoopState {
+    /// Loss summed since the last log, a float32 tensor on the device as upstream's `_tr_loss`.
+    pub tr_loss: Tensor,
+    pub total_loss_scalar: f64,
+    pub globalstep_last_logged: i64,
+    pub current_flos: f64,
+    pub initial_num_input_tokens_seen: i64,
+    pub is_in_train: bool,
+    pub start_time: Option<Instant>,
+    pub num_params_without_embeddings: i64,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("model", &self.model.architecture())
+            .field("output_dir", &self.args.output_dir())
+            .field("callbacks", &self.callback_handler)
+            .field("global_step", &self.state.global_step)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Trainer`] (upstream's `Trainer(...)` keyword arguments).
+pub struct TrainerBuilder {
+    model: Box<dyn PreTrainedModel>,
+    args: TrainingArguments,
+    train_dataset: Option<Arc<dyn Dataset>>,
+    eval_dataset: Option<Arc<dyn Dataset>>,
+    collator: Option<SharedCollator>,
+    callbacks: Vec<Box<dyn TrainerCallback>>,
+    optimizer: Option<Box<dyn Optimizer>>,
+    lr_scheduler: Option<Box<dyn LrScheduler>>,
+    compute_metrics: Option<ComputeMetrics>,
+    preprocess_logits_for_metrics: Option<PreprocessLogits>,
+    hooks: Option<Box<dyn TrainerHooks>>,
+    train_sampler: Option<Arc<dyn Sampler>>,
+    model_accepts_loss_kwargs: Option<bool>,
+}
+
+impl std::fmt::Debug for TrainerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainerBuilder")
+            .field("model", &self.model.architecture())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TrainerBuilder {
+    /// The training rows (`train_dataset`).
+    pub fn train_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
+        self.train_dataset = Some(dataset);
+        self
+    }
+
+    /// The evaluation rows (`eval_dataset`).
+    pub fn eval_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
+        self.eval_dataset = Some(dataset);
+        self
+    }
+
+    /// The collator (`data_collator`; default [`DefaultDataCollator`], upstream's
+    /// `default_data_collator` when no tokenizer is given).
+    pub fn data_collator(mut self, collator: impl DataCollator<Feature> + Send + 'static) -> Self {
+        self.collator = Some(shared_collator(collator));
+        self
+    }
+
+    /// A collator already shared with other code.
+    pub fn shared_data_collator(mut self, collator: SharedCollator) -> Self {
+        self.collator = Some(collator);
+        self
+    }
+
+    /// A callback added after the default ones (`callbacks=[...]`).
+    pub fn callback(mut self, callback: impl TrainerCallback) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Callbacks added after the default ones.
+    pub fn callbacks(mut self, callbacks: Vec<Box<dyn TrainerCallback>>) -> Self {
+        self.callbacks.extend(callbacks);
+        self
+    }
+
+    /// An optimizer built by the caller over the model's parameters (`optimizers=(opt, None)`);
+    /// by default the Trainer builds one from `optim`, `learning_rate`, `weight_decay`, ...
+    pub fn optimizer(mut self, optimizer: Box<dyn Optimizer>) -> Self {
+        self.optimizer = Some(optimizer);
+        self
+    }
+
+    /// A scheduler built by the caller (`optimizers=(opt, scheduler)`).
+    pub fn lr_scheduler(mut self, scheduler: Box<dyn LrScheduler>) -> Self {
+        self.lr_scheduler = Some(scheduler);
+        self
+    }
+
+    /// `compute_metrics`, called on the whole evaluation set's predictions.
+    pub fn compute_metrics(mut self, f: ComputeMetrics) -> Self {
+        self.compute_metrics = Some(f);
+        self
+    }
+
+    /// `preprocess_logits_for_metrics`, applied to each evaluation batch's logits.
+    pub fn preprocess_logits_for_metrics(mut self, f: PreprocessLogits) -> Self {
+        self.preprocess_logits_for_metrics = Some(f);
+        self
+    }
+
+    /// Overrides of `compute_loss` / `training_step` / `prediction_step`.
+    pub fn hooks(mut self, hooks: impl TrainerHooks + 'static) -> Self {
+        self.hooks = Some(Box::new(hooks));
+        self
+    }
+
+    /// The training order, instead of the one `train_sampling_strategy` names
+    /// (upstream: override `_get_train_sampler`).
+    pub fn train_sampler(mut self, sampler: Arc<dyn Sampler>) -> Self {
+        self.train_sampler = Some(sampler);
+        self
+    }
+
+    /// Upstream's `model.accepts_loss_kwargs` attribute: `false` makes the Trainer keep
+    /// `num_items_in_batch` from the model and divide its loss by the accumulation steps.
+    /// Default: [`model_accepts_loss_kwargs`](crate::model_accepts_loss_kwargs).
+    pub fn model_accepts_loss_kwargs(mut self, accepts: bool) -> Self {
+        self.model_accepts_loss_kwargs = Some(accepts);
+        self
+    }
+
+    /// The Trainer. Callbacks are upstream's defaults (`DefaultFlowCallback`, the
+    /// `report_to` loggers), then the given ones, then `ProgressCallback` (or
+    /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
+    /// and `use_cpu` is false.
+    pub fn build(self) -> Result<Trainer> {
+        let mut model = self.model;
+        let device = if self.args.use_cpu {
+            Device::Cpu
+        } else {
+            Device::cuda_if_available()
+        };
+        if model.var_store().device() != device && self.optimizer.is_none() {
+            model.var_store_mut().set_device(device);
+        }
+        let device = model.var_store().device();
+        let mut callbacks: Vec<Box<dyn TrainerCallback>> = vec![Box::new(DefaultFlowCallback)];
+        callbacks.extend(get_reporting_integration_callbacks(&self.args.report_to)?);
+        callbacks.extend(self.callbacks);
+        if self.args.disable_tqdm {
+            callbacks.push(Box::new(PrinterCallback));
+        } else {
+            callbacks.push(Box::new(ProgressCallback::default()));
+        }
+        let accepts = self
+            .model_accepts_loss_kwargs
+            .unwrap_or_else(|| model_info::model_accepts_loss_kwargs(&*model));
+        let loss_shifts_labels = model_info::loss_shifts_labels(&*model);
+        let num_params_without_embeddings = model_info::num_parameters(&*model, true);
+        let label_names = self
+            .args
+            .label_names
+            .clone()
+            .unwrap_or_else(|| vec!["labels".to_string()]);
+        let mut trainer = Trainer {
+            model,
+            train_dataset: self.train_dataset,
+            eval_dataset: self.eval_dataset,
+            collator: self
+                .collator
+                .unwrap_or_else(|| shared_collator(DefaultDataCollator)),
+            train_sampler: self.train_sampler,
+            callback_handler: CallbackHandler::new(callbacks),
+            state: TrainerState::default(),
+            control: TrainerControl::default(),
+            created_lr_scheduler: false,
+            optimizer: self.optimizer,
+            lr_scheduler: self.lr_scheduler,
+            compute_metrics: self.compute_metrics,
+            preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
+            hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
+            model_accepts_loss_kwargs: accepts,
+            loss_shifts_labels,
+            label_names,
+            device,
+            loop_state: LoopState {
+                tr_loss: Tensor::zeros([], (Kind::Float, device)),
+                total_loss_scalar: 0.0,
+                globalstep_last_logged: 0,
+                current_flos: 0.0,
+                initial_num_input_tokens_seen: 0,
+                is_in_train: false,
+                start_time: None,
+                num_params_without_embeddings,
+            },
+            args: self.args,
+        };
+        tch::manual_seed(trainer.args.seed as i64);
+        trainer.callback_handler.on_init_end(
+            &trainer.args,
+            &trainer.state,
+            &mut trainer.control,
+        )?;
+        Ok(trainer)
+    }
+}
+
+impl Trainer {
+    /// A builder for a Trainer of `model` with `args`.
+    pub fn builder(model: Box<dyn PreTrainedModel>, args: TrainingArguments) -> TrainerBuilder {
+        TrainerBuilder {
+            model,
+            args,
+            train_dataset: None,
+            eval_dataset: None,
+            collator: None,
+            callbacks: Vec::new(),
+            optimizer: None,
+            lr_scheduler: None,
+            compute_metrics: None,
+            preprocess_logits_for_metrics: None,
+            hooks: None,
+            train_sampler: None,
+            model_accepts_loss_kwargs: None,
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn PreTrainedModel {
+        &*self.model
+    }
+
+    /// The model, mutably.
+    pub fn model_mut(&mut self) -> &mut dyn PreTrainedModel {
+        &mut *self.model
+    }
+
+    /// Takes the model back.
+    pub fn into_model(self) -> Box<dyn PreTrainedModel> {
+        self.model
+    }
+
+    /// The training arguments.
+    pub fn args(&self) -> &TrainingArguments {
+        &self.args
+    }
+
+    /// The device batches run on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The optimizer, once created.
+    pub fn optimizer(&self) -> Option<&dyn Optimizer> {
+        self.optimizer.as_deref()
+    }
+
+    /// The learning-rate scheduler, once created.
+    pub fn lr_scheduler(&self) -> Option<&dyn LrScheduler> {
+        self.lr_scheduler.as_deref()
+    }
+
+    /// Upstream `add_callback`.
+    pub fn add_callback(&mut self, callback: impl TrainerCallback) {
+        self.callback_handler.add_callback(callback);
+    }
+
+    pub(crate) fn step_context(
+        &self,
+        current_gradient_accumulation_steps: usize,
+    ) -> StepContext<'_> {
+        StepContext {
+            args: &self.args,
+            model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
+            current_gradient_accumulation_steps,
+            device: self.device,
+            label_names: &self.label_names,
+            loss_shifts_labels: self.loss_shifts_labels,
+        }
+    }
+
+    /// Upstream `get_train_dataloader`: `train_batch_size` rows per batch in the order of
+    /// the sampler (`train_sampling_strategy`: `"random"` or `"sequential"`, or the one
+    /// given to the builder), `dataloader_drop_last`.
+    pub fn get_train_dataloader(&self) -> Result<DataLoader> {
+        let dataset = self.train_dataset.clone().ok_or(Error::MissingDataset {
+            what: "training".into(),
+            dataset: "train",
+            fix: "pass one with TrainerBuilder::train_dataset",
+        })?;
+        let sampler: Arc<dyn Sampler> = match &self.train_sampler {
+            Some(s) => Arc::clone(s),
+            None => match self.args.train_sampling_strategy.as_str() {
+                "random" => Arc::new(RandomSampler::new(self.args.sampler_seed())),
+                "sequential" => Arc::new(SequentialSampler),
+                other => {
+                    return Err(Error::InvalidArgument {
+                        field: "train_sampling_strategy",
+                        detail: format!(
+                            "'{other}' is not implemented yet; use 'random' or 'sequential', or pass a sampler to TrainerBuilder::train_sampler"
+                        ),
+                    });
+                }
+            },
+        };
+        DataLoader::new(
+            dataset,
+            Arc::clone(&self.collator),
+            sampler,
+            self.args.train_batch_size(),
+            self.args.dataloader_drop_last,
+        )
+    }
+
+    /// Upstream `get_eval_dataloader`: `eval_batch_size` rows per batch, in order.
+    pub fn get_eval_dataloader(&self, dataset: Option<Arc<dyn Dataset>>) -> Result<DataLoader> {
+        let dataset =
+            dataset
+                .or_else(|| self.eval_dataset.clone())
+                .ok_or(Error::MissingDataset {
+                    what: "evaluation".into(),
+                    dataset: "eval",
+                    fix: "pass one with TrainerBuilder::eval_dataset or to evaluate()",
+                })?;
+        DataLoader::new(
+            dataset,
+            Arc::clone(&self.collator),
+            Arc::new(SequentialSampler),
+            self.args.eval_batch_size(),
+            self.args.dataloader_drop_last,
+        )
+    }
+
+    /// Upstream `create_optimizer`: unless one was given, the optimizer `optim` names over
+    /// two groups, `weight_decay` for every parameter but biases and norms, 0 for those.
+    pub fn create_optimizer(&mut self) -> Result<()> {
+        if self.optimizer.is_some() {
+            return Ok(());
+        }
+        let named = model_info::named_parameters(&*self.model);
+        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        let layernorms = model_info::layernorm_modules(&names);
+        let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
+        self.optimizer = Some(tchtrain_optim::create_optimizer(
+            &OptimizerArgs::from(&self.args),
+            groups,
+        )?);
+        Ok(())
+    }
+
+    /// Upstream `create_scheduler`: unless one was given, `lr_scheduler_type` with
+    /// `get_warmup_steps(num_training_steps)` warmup steps.
+    pub fn create_scheduler(&mut self, num_training_steps: usize) -> Result<()> {
+        if self.lr_scheduler.is_some() {
+            return Ok(());
+        }
+        self.create_optimizer()?;
+        let Some(opt) = self.optimizer.as_mut() else {
+            return Ok(());
+        };
+        self.lr_scheduler = Some(tchtrain_optim::create_scheduler(
+            &self.args,
+            opt.as_mut(),
+            num_training_steps,
+        )?);
+        self.created_lr_scheduler = true;
+        Ok(())
+    }
+
+    /// Upstream `_get_learning_rate`: the scheduler's last lr (the first group's), or the
+    /// optimizer's for metric-driven schedulers.
+    pub(crate) fn get_learning_rate(&self) -> f64 {
+        match (&self.lr_scheduler, &self.optimizer) {
+            (Some(s), _) if !s.steps_on_metric() => s.get_last_lr().first().copied().unwrap_or(0.0),
+            (_, Some(o)) => o.lrs().first().copied().unwrap_or(0.0),
+            _ => 0.0,
+        }
+    }
+
+    /// Upstream `log`: adds `epoch` (and the tokens seen, when tracked), appends the entry
+    /// with its `step` to `log_history`, and calls `on_log`.
+    pub fn log(&mut self, logs: Vec<(String, f64)>, start_time: Option<Instant>) -> Result<()> {
+        let mut map = JsonMap::new();
+        for (k, v) in logs {
+            map.insert(k, v);
+        }
+        map.insert("epoch", self.state.epoch);
+        if self.args.include_num_input_tokens_seen != "no" {
+            map.insert("num_input_tokens_seen", self.state.num_input_tokens_seen);
+            if let Some(start) = start_time {
+                let tokens = self.state.num_input_tokens_seen
+                    - self.loop_state.initial_num_input_tokens_seen;
+                for (k, v) in
+                    crate::metrics::speed_metrics("train", start, None, None, Some(tokens as f64))
+                {
+                    map.insert(k, v);
+                }
+            }
+        }
+        let mut entry = map.clone();
+        entry.insert("step", self.state.global_step);
+        self.state.log_history.push(entry);
+        self.callback_handler
+            .on_log(&self.args, &self.state, &mut self.control, &map)?;
+        Ok(())
+    }
+
+    /// Upstream `store_flos`: moves the flos counted since the last call into the state.
+    pub(crate) fn store_flos(&mut self) {
+        self.state.total_flos += self.loop_state.current_flos;
+        self.loop_state.current_flos = 0.0;
+    }
+}
