@@ -182,3 +182,195 @@ fn parity_with_upstream_sequential_sampler() -> Result<()> {
 fn parity_with_upstream_random_sampler() -> Result<()> {
     parity("random")
 }
+
+fn small_args(output_dir: &Path) -> Result<TrainingArguments> {
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        gradient_accumulation_steps: 2,
+        max_steps: 10,
+        learning_rate: 1e-3,
+        warmup_steps: 2.0,
+        logging_steps: 1.0,
+        save_strategy: SaveStrategy::Steps,
+        save_steps: 4.0,
+        save_total_limit: Some(2),
+        seed: 7,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        ..TrainingArguments::new(output_dir.display().to_string())
+    };
+    args.post_init()?;
+    Ok(args)
+}
+
+fn small_train() -> Result<Arc<dyn Dataset>> {
+    let all = blocks("train")?;
+    Ok(InMemoryDataset::new((0..38).map(|i| all.get(i)).collect::<Result<_, _>>()?).into_shared())
+}
+
+fn losses(history: &[JsonMap]) -> Vec<(i64, f64)> {
+    history
+        .iter()
+        .filter_map(|e| Some((e.get("step")?.as_i64()?, num(e, "loss")?)))
+        .collect()
+}
+
+#[test]
+fn checkpoints_rotate_and_resume_exactly() -> Result<()> {
+    let _g = lock();
+    // 38 rows, batches of 4: 10 batches, 5 update steps per epoch; 10 steps = 2 epochs of
+    // the random sampler. Saves at 4, 8 and 10; save_total_limit 2 keeps 8 and 10.
+    let out = temp_dir("resume");
+    let mut full = Trainer::builder(initial_model()?, small_args(&out)?)
+        .train_dataset(small_train()?)
+        .build()?;
+    full.train(None)?;
+    let mut kept: Vec<String> = std::fs::read_dir(&out)?
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["checkpoint-10", "checkpoint-8"]);
+    let ckpt = out.join("checkpoint-8");
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "trainer_state.json",
+        "training_args.json",
+        "optimizer.safetensors",
+        "optimizer.json",
+        "scheduler.json",
+        "rng_state.json",
+    ] {
+        assert!(ckpt.join(file).is_file(), "checkpoint-8 lacks {file}");
+    }
+    let state = tchtrain_callbacks::TrainerState::load_from_json(ckpt.join("trainer_state.json"))?;
+    assert_eq!(state.global_step, 8);
+    assert_eq!(state.log_history.len(), 8);
+
+    // A fresh Trainer on the initial weights resumes from checkpoint-8 (mid-epoch 1).
+    let out2 = temp_dir("resume-b");
+    std::fs::create_dir_all(&out2)?;
+    let mut resumed = Trainer::builder(initial_model()?, small_args(&out2)?)
+        .train_dataset(small_train()?)
+        .build()?;
+    let result = resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(ckpt)))?;
+    assert_eq!(result.global_step, 10);
+    // Dropout is off, so the resumed steps must equal the uninterrupted ones bit for bit.
+    assert_eq!(
+        losses(&resumed.state.log_history),
+        losses(&full.state.log_history)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&out2);
+    Ok(())
+}
+
+#[test]
+fn rotation_keeps_the_newest_and_the_best() -> Result<()> {
+    let dir = temp_dir("rotate");
+    for step in [1, 2, 3, 4, 5, 10] {
+        std::fs::create_dir_all(dir.join(format!("checkpoint-{step}")))?;
+    }
+    std::fs::create_dir_all(dir.join("tmp-checkpoint-11"))?;
+    let best = dir.join("checkpoint-2").display().to_string();
+    let sorted = tchtrain_trainer::sort_checkpoints(&dir, Some(&best))?;
+    let names: Vec<_> = sorted
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "checkpoint-1",
+            "checkpoint-3",
+            "checkpoint-4",
+            "checkpoint-5",
+            "checkpoint-2",
+            "checkpoint-10"
+        ]
+    );
+    tchtrain_trainer::rotate_checkpoints(&dir, Some(2), Some(&best))?;
+    let mut kept: Vec<_> = std::fs::read_dir(&dir)?
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["checkpoint-10", "checkpoint-2", "tmp-checkpoint-11"]);
+    assert_eq!(
+        tchtrain_trainer::get_last_checkpoint(&dir)?,
+        Some(dir.join("checkpoint-10"))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn bad_input_is_reported_before_training() -> Result<()> {
+    use tchtrain_trainer::{Error, ResumeFrom};
+    let _g = lock();
+    let out = temp_dir("bad");
+    // An evaluation strategy without evaluation data.
+    let mut args = small_args(&out)?;
+    args.eval_strategy = IntervalStrategy::Steps;
+    args.eval_steps = Some(2.0);
+    let mut t = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .build()?;
+    assert!(matches!(
+        t.train(None),
+        Err(Error::MissingDataset {
+            dataset: "eval",
+            ..
+        })
+    ));
+    // An empty training set; no training set.
+    let mut t = Trainer::builder(initial_model()?, small_args(&out)?)
+        .train_dataset(InMemoryDataset::default().into_shared())
+        .build()?;
+    assert!(matches!(
+        t.train(None),
+        Err(Error::EmptyDataset {
+            what: "training",
+            ..
+        })
+    ));
+    let mut t = Trainer::builder(initial_model()?, small_args(&out)?).build()?;
+    assert!(matches!(
+        t.train(None),
+        Err(Error::MissingDataset {
+            dataset: "train",
+            ..
+        })
+    ));
+    // Resuming "last" where there is no checkpoint; from a checkpoint of another model.
+    let mut t = Trainer::builder(initial_model()?, small_args(&out)?)
+        .train_dataset(small_train()?)
+        .build()?;
+    assert!(matches!(
+        t.train(Some(ResumeFrom::Last)),
+        Err(Error::NoCheckpoint { .. })
+    ));
+    let err = t
+        .train(Some(ResumeFrom::Path(assets().join("tiny-llama"))))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidCheckpoint { .. }), "{err}");
+    assert_eq!(t.state.global_step, 0, "nothing was trained");
+    // Options not implemented yet are refused up front.
+    let mut args = small_args(&out)?;
+    args.bf16 = true;
+    let mut t = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .build()?;
+    assert!(matches!(
+        t.train(None),
+        Err(Error::InvalidArgument { field: "bf16", .. })
+    ));
+    // Labels missing from the batch: the model returns no loss.
+    let rows: Vec<Feature> = (0..4).map(|i| Feature::new(vec![i + 1; 8])).collect();
+    let mut t = Trainer::builder(initial_model()?, small_args(&out)?)
+        .train_dataset(InMemoryDataset::new(rows).into_shared())
+        .build()?;
+    assert!(matches!(t.train(None), Err(Error::MissingLoss { .. })));
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
