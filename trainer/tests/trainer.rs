@@ -374,3 +374,40 @@ fn bad_input_is_reported_before_training() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+#[test]
+fn evaluate_prefixes_compute_metrics_and_preprocesses_logits() -> Result<()> {
+    use tchtrain_trainer::{EvalPrediction, Metrics};
+    let _g = lock();
+    let out = temp_dir("eval");
+    let mut args = small_args(&out)?;
+    args.per_device_eval_batch_size = 4;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .eval_dataset(blocks("eval")?)
+        // Keep only the argmax of each position, as upstream's examples do.
+        .preprocess_logits_for_metrics(Box::new(|logits, _labels| Ok(logits.f_argmax(-1, false)?)))
+        .compute_metrics(Box::new(|p: &EvalPrediction| {
+            let labels = p.label_ids.as_ref().expect("labels");
+            assert_eq!(p.predictions.size(), [14, 64]);
+            let preds = p.predictions.narrow(1, 0, 63);
+            let targets = labels.narrow(1, 1, 63);
+            let acc = preds
+                .eq_tensor(&targets)
+                .to_kind(tch::Kind::Float)
+                .mean(tch::Kind::Float);
+            Ok(Metrics::from([(
+                "accuracy".to_string(),
+                acc.double_value(&[]),
+            )]))
+        }))
+        .build()?;
+    let metrics = trainer.evaluate(None, "eval")?;
+    for key in ["eval_loss", "eval_accuracy", "eval_runtime", "epoch"] {
+        assert!(metrics.contains_key(key), "{key} missing from {metrics:?}");
+    }
+    // An untrained 50257-way model: the loss is near ln(50257) = 10.8.
+    assert!((metrics["eval_loss"] - 10.8).abs() < 0.2, "{metrics:?}");
+    let logged = trainer.state.log_history.last().context("eval log")?;
+    assert_eq!(num(logged, "eval_loss"), Some(metrics["eval_loss"]));
+    Ok(())
+}
