@@ -397,21 +397,7 @@ impl<const KIND: u8> PreTrainedModel for Bert<KIND> {
             _ => "BertModel",
         }
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-    fn var_store_mut(&mut self) -> &mut nn::VarStore {
-        &mut self.vs
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
+    crate::modeling_utils::model_plumbing!();
     fn tied_weights(&self) -> Vec<(String, String)> {
         match KIND {
             MLM => vec![

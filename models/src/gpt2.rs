@@ -298,21 +298,7 @@ impl PreTrainedModel for GPT2LMHeadModel {
     fn architecture(&self) -> &'static str {
         "GPT2LMHeadModel"
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-    fn var_store_mut(&mut self) -> &mut nn::VarStore {
-        &mut self.vs
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
+    crate::modeling_utils::model_plumbing!();
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {
             vec![("lm_head.weight".into(), "transformer.wte.weight".into())]
@@ -402,21 +388,7 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
     fn architecture(&self) -> &'static str {
         "GPT2ForSequenceClassification"
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-    fn var_store_mut(&mut self) -> &mut nn::VarStore {
-        &mut self.vs
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
+    crate::modeling_utils::model_plumbing!();
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
         let logits = h.apply(&self.score);

@@ -483,21 +483,7 @@ impl PreTrainedModel for LlamaForCausalLM {
     fn architecture(&self) -> &'static str {
         "LlamaForCausalLM"
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-    fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-    fn var_store_mut(&mut self) -> &mut nn::VarStore {
-        &mut self.vs
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
+    crate::modeling_utils::model_plumbing!();
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {
             vec![("lm_head.weight".into(), "model.embed_tokens.weight".into())]

@@ -107,6 +107,29 @@ pub trait PreTrainedModel: Send {
     }
 }
 
+/// The `PreTrainedModel` methods every architecture implements the same way, for a
+/// struct with fields `config`, `vs` (its `VarStore`) and `training`.
+macro_rules! model_plumbing {
+    () => {
+        fn config(&self) -> &dyn $crate::PretrainedConfig {
+            &self.config
+        }
+        fn var_store(&self) -> &tch::nn::VarStore {
+            &self.vs
+        }
+        fn var_store_mut(&mut self) -> &mut tch::nn::VarStore {
+            &mut self.vs
+        }
+        fn is_training(&self) -> bool {
+            self.training
+        }
+        fn set_training(&mut self, training: bool) {
+            self.training = training;
+        }
+    };
+}
+pub(crate) use model_plumbing;
+
 /// A freshly built or loaded model together with its loading report.
 pub struct Loaded<M> {
     /// The model.
