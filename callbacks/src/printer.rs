@@ -44,34 +44,7 @@ pub fn format_g(v: f64, precision: usize) -> String {
     }
 }
 
-/// Python's `repr(str)`: single quotes unless the text holds `'` and no `"`.
-pub(crate) fn python_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
-}
+pub(crate) use tchtrain_training_args::python_str_repr;
 
 /// Python's `repr` of a JSON-like value (`True`, `None`, `[1, 2.5]`, `{'a': 1}`).
 pub(crate) fn python_repr(v: &JsonValue) -> String {

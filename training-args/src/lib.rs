@@ -59,7 +59,7 @@ pub use error::{Error, Result};
 pub use normalize::{V4_ALIASES, field_names};
 pub use optimizer_names::OptimizerNames;
 pub use parsed::{ParsedArguments, Warning};
-pub use python_json::python_float_repr;
+pub use python_json::{python_float_repr, python_repr, python_str_repr};
 pub use setters::{
     SetDataloader, SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetPushToHub, SetSave,
     SetTesting, SetTraining,

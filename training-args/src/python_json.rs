@@ -147,7 +147,7 @@ pub(crate) fn to_python_json<T: serde::Serialize + ?Sized>(
 }
 
 /// Python's `repr` of a JSON value (`None`, `True`, `'text'`, `[1, 2]`, `{'k': 0.5}`).
-pub(crate) fn python_repr(value: &serde_json::Value) -> String {
+pub fn python_repr(value: &serde_json::Value) -> String {
     use serde_json::Value;
     match value {
         Value::Null => "None".to_string(),
@@ -174,7 +174,7 @@ pub(crate) fn python_repr(value: &serde_json::Value) -> String {
 }
 
 /// Python's `repr(str)`: single quotes unless the text holds a single quote and no double quote.
-fn python_str_repr(s: &str) -> String {
+pub fn python_str_repr(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'
     } else {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{TrainingArguments, python_repr};
 
 use crate::{Error, Result};
 
@@ -16,51 +16,6 @@ pub struct HfTrainerDeepSpeedConfig {
     /// The JSON object, `"auto"` values replaced once processed.
     pub config: Map<String, Value>,
     mismatches: Vec<String>,
-}
-
-/// Python's `repr` of a JSON value, as upstream's mismatch message prints it.
-pub fn python_repr(v: &Value) -> String {
-    match v {
-        Value::Null => "None".into(),
-        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
-        Value::Number(n) if n.is_f64() => python_float(n.as_f64().unwrap_or(f64::NAN)),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => format!("'{s}'"),
-        Value::Array(a) => format!(
-            "[{}]",
-            a.iter().map(python_repr).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(o) => format!(
-            "{{{}}}",
-            o.iter()
-                .map(|(k, v)| format!("'{k}': {}", python_repr(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
-
-/// Python's `repr(float)`: shortest round-trip digits, exponent form outside [1e-4, 1e16).
-fn python_float(x: f64) -> String {
-    if x.is_nan() {
-        return "nan".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    let a = x.abs();
-    if a != 0.0 && !(1e-4..1e16).contains(&a) {
-        let s = format!("{x:e}");
-        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
-        let exp: i32 = exp.parse().unwrap_or(0);
-        let sign = if exp < 0 { '-' } else { '+' };
-        return format!("{mantissa}e{sign}{:02}", exp.abs());
-    }
-    if x.fract() == 0.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x}")
-    }
 }
 
 /// Python equality of two JSON values (`1 == 1.0`, lists element-wise).

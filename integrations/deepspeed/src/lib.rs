@@ -12,5 +12,5 @@
 mod config;
 mod error;
 
-pub use config::{HfTrainerDeepSpeedConfig, python_repr};
+pub use config::HfTrainerDeepSpeedConfig;
 pub use error::{Error, Result};
