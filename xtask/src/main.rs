@@ -5,11 +5,14 @@
 //!   reference values. Idempotent.
 //! * `test` — `setup`, then the whole test suite, with one summary line.
 //! * `bench` — `setup`, then benchmarks side by side with PyTorch / transformers.
+//! * `launch` — torchrun for one node: starts N ranks of a command, stops all if one fails.
 
 mod bench;
 mod cmd;
+mod launch;
 mod paths;
 mod setup;
+mod signal;
 mod test;
 
 use std::process::ExitCode;
@@ -36,6 +39,16 @@ commands:
         --repeat N      rounds of (Rust run, Python run); medians over rounds
         --threads N     intra-op threads on both sides (default: the core count,
                         libtorch's default)
+  launch [--nproc-per-node N] [--master-port P] [--master-addr A] -- COMMAND [ARGS...]
+        torchrun on one node: starts N copies of COMMAND with RANK, LOCAL_RANK,
+        WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1
+        unless set), prefixes their output lines with `[rank N]`; when one fails, stops
+        the others (SIGTERM, SIGKILL after --term-timeout) and fails naming it
+        --nproc-per-node N   processes (default 1)
+        --master-addr A      rendezvous address (default 127.0.0.1)
+        --master-port P      rendezvous port (default 29500; 0 picks a free port)
+        --standalone         127.0.0.1 and a free port
+        --term-timeout S     seconds between SIGTERM and SIGKILL (default 30)
   help  this text
 
 environment:
@@ -53,12 +66,13 @@ fn main() -> ExitCode {
         "setup" => setup::Options::parse(rest).and_then(|o| setup::run(&o).map(|_| ())),
         "test" => test::run(rest),
         "bench" => bench::run(rest),
+        "launch" => launch::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, help"
+            "unknown command `{other}`; known commands: setup, test, bench, launch, help"
         )),
     };
     match result {

@@ -207,14 +207,14 @@ fn check_libtorch_dir(dir: &Path) -> Result<PathBuf, String> {
             dir.display()
         ));
     }
-    if let Ok(v) = std::fs::read_to_string(dir.join("build-version")) {
-        if v.trim().split('+').next() != Some(TORCH_VERSION) {
-            return Err(format!(
-                "{} is libtorch {}, tch 0.26 needs {TORCH_VERSION}",
-                dir.display(),
-                v.trim()
-            ));
-        }
+    if let Ok(v) = std::fs::read_to_string(dir.join("build-version"))
+        && v.trim().split('+').next() != Some(TORCH_VERSION)
+    {
+        return Err(format!(
+            "{} is libtorch {}, tch 0.26 needs {TORCH_VERSION}",
+            dir.display(),
+            v.trim()
+        ));
     }
     Ok(dir)
 }

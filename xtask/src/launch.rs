@@ -1,0 +1,640 @@
+//! `cargo xtask launch`: torchrun's single-node launcher for any command.
+//!
+//! ```text
+//! cargo xtask launch --nproc-per-node 2 [--master-port 0] -- cargo run --example run_clm -- ...
+//! ```
+//!
+//! Like `torchrun --standalone`-style static launches it starts `--nproc-per-node` copies of
+//! the command, each with torchrun's environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `ROLE_RANK`, `MASTER_ADDR`, `MASTER_PORT`, ... and
+//! `OMP_NUM_THREADS=1` unless set), each in its own process group (torchrun's
+//! `start_new_session`); every output line is prefixed with `[rank N] `. When a rank fails
+//! (non-zero exit or a signal) the others are stopped as torchrun stops them: SIGTERM to
+//! each process group, SIGKILL to what is left after `--term-timeout` seconds (torchrun's
+//! 30); the launcher then fails naming the rank and its exit status. SIGINT / SIGTERM sent
+//! to the launcher stop every rank the same way. Multi-node rendezvous (`--nnodes` > 1) is
+//! torchrun's job and is refused.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::signal;
+
+/// torchrun's default `--master-port`.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+/// torchrun's default `--master-addr`.
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+/// How long stopped ranks get between SIGTERM and SIGKILL (torchrun's `close(timeout=30)`).
+pub const DEFAULT_TERM_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long output readers may run after every rank has exited (a daemon left behind by a
+/// rank can hold its pipes open).
+const READER_GRACE: Duration = Duration::from_secs(2);
+
+/// The parsed command line of `launch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Processes to start (`--nproc-per-node`, default 1).
+    pub nproc_per_node: usize,
+    /// Rendezvous address handed to the ranks (`--master-addr`).
+    pub master_addr: String,
+    /// Rendezvous port (`--master-port`); 0 picks a free port at launch.
+    pub master_port: u16,
+    /// SIGTERM-to-SIGKILL grace when stopping ranks (`--term-timeout SECONDS`).
+    pub term_timeout: Duration,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+}
+
+/// Where the ranks' prefixed lines go.
+pub type Sink = Arc<Mutex<dyn Write + Send>>;
+
+/// The two sinks of a launch (the launcher's own stdout and stderr by default).
+#[derive(Clone)]
+pub struct Output {
+    /// Receives the ranks' stdout lines.
+    pub stdout: Sink,
+    /// Receives the ranks' stderr lines and the launcher's notes.
+    pub stderr: Sink,
+}
+
+impl Output {
+    fn standard() -> Self {
+        Self {
+            stdout: Arc::new(Mutex::new(std::io::stdout())),
+            stderr: Arc::new(Mutex::new(std::io::stderr())),
+        }
+    }
+
+    fn note(&self, text: &str) {
+        let mut w = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(w, "launch: {text}");
+        let _ = w.flush();
+    }
+}
+
+fn value<'a>(
+    flag: &str,
+    inline: Option<&'a str>,
+    it: &mut impl Iterator<Item = &'a String>,
+) -> Result<&'a str, String> {
+    inline
+        .or_else(|| it.next().map(String::as_str))
+        .ok_or_else(|| format!("launch: `{flag}` needs a value"))
+}
+
+impl Options {
+    /// Parses `launch`'s arguments: torchrun's flags (dashes or underscores, `--flag value`
+    /// or `--flag=value`), then the command after `--` (or from the first argument that is
+    /// not a flag, as torchrun's `training_script`).
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Options {
+            nproc_per_node: 1,
+            master_addr: DEFAULT_MASTER_ADDR.into(),
+            master_port: DEFAULT_MASTER_PORT,
+            term_timeout: DEFAULT_TERM_TIMEOUT,
+            command: Vec::new(),
+        };
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            if arg == "--" {
+                o.command = it.by_ref().cloned().collect();
+                break;
+            }
+            if !arg.starts_with("--") {
+                o.command = std::iter::once(arg).chain(it.by_ref()).cloned().collect();
+                break;
+            }
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f, Some(v)),
+                None => (arg.as_str(), None),
+            };
+            let name = flag.trim_start_matches('-').replace('_', "-");
+            match name.as_str() {
+                "nproc-per-node" => {
+                    let v = value(flag, inline, &mut it)?;
+                    o.nproc_per_node = v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
+                        format!("launch: `--nproc-per-node {v}`: expected a positive number of processes")
+                    })?;
+                }
+                "master-port" => {
+                    let v = value(flag, inline, &mut it)?;
+                    o.master_port = v.parse().map_err(|_| {
+                        format!("launch: `--master-port {v}`: expected a port in 0..=65535 (0: pick a free one)")
+                    })?;
+                }
+                "master-addr" => {
+                    let v = value(flag, inline, &mut it)?;
+                    if v.is_empty() {
+                        return Err("launch: `--master-addr` is empty".into());
+                    }
+                    o.master_addr = v.to_string();
+                }
+                "standalone" => {
+                    o.master_addr = DEFAULT_MASTER_ADDR.into();
+                    o.master_port = 0;
+                }
+                "nnodes" => {
+                    let v = value(flag, inline, &mut it)?;
+                    if v != "1" && v != "1:1" {
+                        return Err(format!(
+                            "launch: `--nnodes {v}`: only single-node launches are supported; use torchrun for several nodes"
+                        ));
+                    }
+                }
+                "node-rank" => {
+                    let v = value(flag, inline, &mut it)?;
+                    if v != "0" {
+                        return Err(format!(
+                            "launch: `--node-rank {v}`: only single-node launches (node rank 0) are supported"
+                        ));
+                    }
+                }
+                "term-timeout" => {
+                    let v = value(flag, inline, &mut it)?;
+                    let secs: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| {
+                            format!("launch: `--term-timeout {v}`: expected seconds >= 0")
+                        })?;
+                    o.term_timeout = Duration::from_secs_f64(secs);
+                }
+                _ => {
+                    return Err(format!(
+                        "launch: unknown option `{arg}`; known: --nproc-per-node, --master-addr, --master-port, --standalone, --nnodes 1, --node-rank 0, --term-timeout (the command goes after `--`)"
+                    ));
+                }
+            }
+        }
+        if o.command.is_empty() {
+            return Err(
+                "launch: no command; usage: cargo xtask launch --nproc-per-node N -- <command> [args]"
+                    .into(),
+            );
+        }
+        Ok(o)
+    }
+
+    /// The port the ranks meet on: `master_port`, or a free one when it is 0.
+    pub fn resolve_port(&self) -> Result<u16, String> {
+        if self.master_port != 0 {
+            return Ok(self.master_port);
+        }
+        TcpListener::bind((self.master_addr.as_str(), 0))
+            .or_else(|_| TcpListener::bind((DEFAULT_MASTER_ADDR, 0)))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("launch: no free port for the rendezvous: {e}"))
+    }
+}
+
+/// torchrun's environment for `rank` of a one-node world of `world` processes.
+pub fn rank_env(rank: usize, world: usize, addr: &str, port: u16) -> Vec<(&'static str, String)> {
+    let (r, w) = (rank.to_string(), world.to_string());
+    vec![
+        ("RANK", r.clone()),
+        ("LOCAL_RANK", r.clone()),
+        ("GROUP_RANK", "0".into()),
+        ("ROLE_RANK", r),
+        ("ROLE_NAME", "default".into()),
+        ("WORLD_SIZE", w.clone()),
+        ("LOCAL_WORLD_SIZE", w.clone()),
+        ("GROUP_WORLD_SIZE", "1".into()),
+        ("ROLE_WORLD_SIZE", w),
+        ("MASTER_ADDR", addr.to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+        ("TORCHELASTIC_MAX_RESTARTS", "0".into()),
+        ("TORCHELASTIC_RUN_ID", "none".into()),
+    ]
+}
+
+/// `cargo xtask launch ...`: parses, catches termination signals, launches.
+pub fn run(args: &[String]) -> Result<(), String> {
+    if matches!(
+        args.first().map(String::as_str),
+        Some("--help" | "-h" | "help")
+    ) {
+        print!("{}", crate::USAGE);
+        return Ok(());
+    }
+    let options = Options::parse(args)?;
+    signal::catch_termination_signals();
+    launch(&options, &Output::standard())
+}
+
+/// Copies `reader` to `sink` line by line, each line prefixed.
+fn pump(reader: impl Read, prefix: String, sink: Sink, done: mpsc::Sender<()>) {
+    let mut r = BufReader::new(reader);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                let mut w = sink.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = w.write_all(prefix.as_bytes());
+                let _ = w.write_all(&line);
+                let _ = w.flush();
+            }
+        }
+    }
+    let _ = done.send(());
+}
+
+/// One rank's end: its exit status, or why it could not be waited for.
+type Exit = (usize, Result<ExitStatus, String>);
+
+/// Receives exits until every rank has one or `deadline` passes.
+fn collect_exits(
+    rx: &Receiver<Exit>,
+    exits: &mut [Option<Result<ExitStatus, String>>],
+    deadline: Instant,
+) {
+    while exits.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok((rank, status)) => exits[rank] = Some(status),
+            Err(_) if Instant::now() >= deadline => break,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// SIGTERM to every rank's process group, SIGKILL after `grace` to those still running.
+fn stop_all(
+    pgids: &[u32],
+    rx: &Receiver<Exit>,
+    exits: &mut [Option<Result<ExitStatus, String>>],
+    grace: Duration,
+    out: &Output,
+) {
+    for &pgid in pgids {
+        signal::kill_group(pgid, signal::SIGTERM);
+    }
+    collect_exits(rx, exits, Instant::now() + grace);
+    let stubborn: Vec<usize> = (0..exits.len()).filter(|&r| exits[r].is_none()).collect();
+    if !stubborn.is_empty() {
+        out.note(&format!(
+            "ranks {stubborn:?} still running {grace:?} after SIGTERM; sending SIGKILL"
+        ));
+    }
+    // Also reaps what a finished rank may have left behind in its group.
+    for &pgid in pgids {
+        signal::kill_group(pgid, signal::SIGKILL);
+    }
+    collect_exits(rx, exits, Instant::now() + Duration::from_secs(10));
+}
+
+fn describe(status: &Option<Result<ExitStatus, String>>) -> String {
+    match status {
+        Some(Ok(s)) => s.to_string(),
+        Some(Err(e)) => e.clone(),
+        None => "still running".into(),
+    }
+}
+
+/// Starts the ranks and supervises them until all succeed, one fails, or the launcher is
+/// signalled (see the module docs). The error names the failed rank and its exit status.
+pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
+    let world = options.nproc_per_node;
+    let port = options.resolve_port()?;
+    let set_omp = world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
+    if set_omp {
+        out.note("setting OMP_NUM_THREADS=1 for each rank (torchrun's default, to avoid overloading the machine); set it to tune");
+    }
+    out.note(&format!(
+        "{world} rank(s), MASTER_ADDR={} MASTER_PORT={port}: {}",
+        options.master_addr,
+        options.command.join(" ")
+    ));
+    let (exit_tx, exit_rx) = mpsc::channel::<Exit>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut pgids: Vec<u32> = Vec::with_capacity(world);
+    let mut readers = 0usize;
+    for rank in 0..world {
+        let mut cmd = Command::new(&options.command[0]);
+        cmd.args(&options.command[1..])
+            .envs(rank_env(rank, world, &options.master_addr, port))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if set_omp {
+            cmd.env("OMP_NUM_THREADS", "1");
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let mut exits = vec![None; rank];
+                stop_all(&pgids, &exit_rx, &mut exits, options.term_timeout, out);
+                return Err(format!(
+                    "launch: could not start rank {rank} (`{}`): {e}",
+                    options.command[0]
+                ));
+            }
+        };
+        pgids.push(child.id());
+        let prefix = format!("[rank {rank}] ");
+        if let Some(s) = child.stdout.take() {
+            let (p, sink, tx) = (prefix.clone(), Arc::clone(&out.stdout), done_tx.clone());
+            std::thread::spawn(move || pump(s, p, sink, tx));
+            readers += 1;
+        }
+        if let Some(s) = child.stderr.take() {
+            let (sink, tx) = (Arc::clone(&out.stderr), done_tx.clone());
+            std::thread::spawn(move || pump(s, prefix, sink, tx));
+            readers += 1;
+        }
+        let tx = exit_tx.clone();
+        std::thread::spawn(move || {
+            let status = child
+                .wait()
+                .map_err(|e| format!("waiting for it failed: {e}"));
+            let _ = tx.send((rank, status));
+        });
+    }
+    drop(exit_tx);
+    drop(done_tx);
+
+    let mut exits: Vec<Option<Result<ExitStatus, String>>> = vec![None; world];
+    let mut failed: Option<usize> = None;
+    let mut interrupted: Option<i32> = None;
+    while exits.iter().any(Option::is_none) {
+        match exit_rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((rank, status)) => {
+                let ok = matches!(status, Ok(s) if s.success());
+                exits[rank] = Some(status);
+                if !ok {
+                    failed = Some(rank);
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(sig) = signal::received() {
+                    interrupted = Some(sig);
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    if failed.is_some() || interrupted.is_some() {
+        stop_all(&pgids, &exit_rx, &mut exits, options.term_timeout, out);
+    }
+    // Let the readers print the last lines (bounded: see READER_GRACE).
+    let deadline = Instant::now() + READER_GRACE;
+    for _ in 0..readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    let others = |skip: Option<usize>| -> String {
+        (0..world)
+            .filter(|&r| Some(r) != skip)
+            .map(|r| format!("rank {r}: {}", describe(&exits[r])))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(rank) = failed {
+        return Err(format!(
+            "rank {rank} failed ({}); stopped the other ranks ({})",
+            describe(&exits[rank]),
+            others(Some(rank))
+        ));
+    }
+    if let Some(sig) = interrupted {
+        return Err(format!(
+            "interrupted by signal {sig}; stopped every rank ({})",
+            others(None)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<String> {
+        s.iter().map(|a| a.to_string()).collect()
+    }
+
+    fn parse(s: &[&str]) -> Result<Options, String> {
+        Options::parse(&args(s))
+    }
+
+    #[test]
+    fn parses_torchrun_flags_in_every_spelling() {
+        let o = parse(&["--nproc-per-node", "4", "--", "prog", "--lr", "1"]).unwrap();
+        assert_eq!(o.nproc_per_node, 4);
+        assert_eq!(o.master_addr, "127.0.0.1");
+        assert_eq!(o.master_port, 29500);
+        assert_eq!(o.term_timeout, Duration::from_secs(30));
+        assert_eq!(o.command, args(&["prog", "--lr", "1"]));
+
+        let o = parse(&[
+            "--nproc_per_node=2",
+            "--master_addr",
+            "10.0.0.1",
+            "--master-port=1234",
+            "--nnodes=1",
+            "--node_rank",
+            "0",
+            "--term-timeout",
+            "0.5",
+            "prog",
+            "--flag",
+        ])
+        .unwrap();
+        assert_eq!(o.nproc_per_node, 2);
+        assert_eq!(o.master_addr, "10.0.0.1");
+        assert_eq!(o.master_port, 1234);
+        assert_eq!(o.term_timeout, Duration::from_millis(500));
+        // The first non-flag starts the command; its own flags are not ours.
+        assert_eq!(o.command, args(&["prog", "--flag"]));
+
+        let o = parse(&["--standalone", "--", "prog"]).unwrap();
+        assert_eq!((o.master_addr.as_str(), o.master_port), ("127.0.0.1", 0));
+        assert_eq!(parse(&["prog"]).unwrap().nproc_per_node, 1);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors_that_say_why() {
+        for (bad, says) in [
+            (&["--nproc-per-node", "0", "--", "p"][..], "positive"),
+            (&["--nproc-per-node", "two", "--", "p"][..], "positive"),
+            (&["--nproc-per-node"][..], "needs a value"),
+            (&["--master-port", "70000", "--", "p"][..], "0..=65535"),
+            (&["--nnodes", "2", "--", "p"][..], "single-node"),
+            (&["--node-rank", "1", "--", "p"][..], "single-node"),
+            (&["--term-timeout", "-1", "--", "p"][..], "seconds"),
+            (&["--rdzv-backend", "c10d", "--", "p"][..], "unknown option"),
+            (&["--nproc-per-node", "2"][..], "no command"),
+            (&["--nproc-per-node", "2", "--"][..], "no command"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn port_zero_picks_a_free_port() {
+        let o = parse(&["--master-port", "0", "--", "p"]).unwrap();
+        let port = o.resolve_port().unwrap();
+        assert_ne!(port, 0);
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+        assert_eq!(parse(&["--", "p"]).unwrap().resolve_port().unwrap(), 29500);
+    }
+
+    #[test]
+    fn rank_env_follows_torchrun() {
+        let env = rank_env(1, 3, "127.0.0.1", 4242);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("RANK"), Some("1"));
+        assert_eq!(get("LOCAL_RANK"), Some("1"));
+        assert_eq!(get("WORLD_SIZE"), Some("3"));
+        assert_eq!(get("LOCAL_WORLD_SIZE"), Some("3"));
+        assert_eq!(get("MASTER_ADDR"), Some("127.0.0.1"));
+        assert_eq!(get("MASTER_PORT"), Some("4242"));
+        assert_eq!(get("GROUP_RANK"), Some("0"));
+    }
+
+    struct Captured {
+        out: Output,
+        stdout: Arc<Mutex<Vec<u8>>>,
+        stderr: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Captured {
+        fn new() -> Self {
+            let stdout = Arc::new(Mutex::new(Vec::new()));
+            let stderr = Arc::new(Mutex::new(Vec::new()));
+            let out = Output {
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+            };
+            Self {
+                out,
+                stdout,
+                stderr,
+            }
+        }
+
+        fn text(buf: &Arc<Mutex<Vec<u8>>>) -> String {
+            String::from_utf8_lossy(&buf.lock().unwrap()).into_owned()
+        }
+    }
+
+    fn sh(nproc: usize, script: &str, term_timeout: f64) -> Options {
+        Options {
+            nproc_per_node: nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            term_timeout: Duration::from_secs_f64(term_timeout),
+            command: args(&["sh", "-c", script]),
+        }
+    }
+
+    #[test]
+    fn ranks_get_torchrun_env_and_prefixed_output() {
+        let c = Captured::new();
+        let o = sh(
+            2,
+            "echo \"env $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT omp $OMP_NUM_THREADS\"; echo oops >&2; printf 'no newline'",
+            30.0,
+        );
+        launch(&o, &c.out).unwrap();
+        let stdout = Captured::text(&c.stdout);
+        let stderr = Captured::text(&c.stderr);
+        for rank in 0..2 {
+            let line = stdout
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "[rank {rank}] env {rank}/2 local {rank}/2 at 127.0.0.1:"
+                    ))
+                })
+                .unwrap_or_else(|| panic!("no env line of rank {rank} in {stdout:?}"));
+            let port: u16 = line
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+                .unwrap();
+            assert_ne!(port, 0);
+            assert!(
+                stdout.contains(&format!("[rank {rank}] no newline\n")),
+                "{stdout:?}"
+            );
+            assert!(
+                stderr.contains(&format!("[rank {rank}] oops\n")),
+                "{stderr:?}"
+            );
+        }
+        assert_eq!(stdout.lines().count(), 4, "{stdout:?}");
+    }
+
+    #[test]
+    fn a_failed_rank_stops_the_others_and_is_named() {
+        let c = Captured::new();
+        // Rank 1 fails at once; rank 0 would sleep for a minute but is stopped by SIGTERM.
+        let o = sh(
+            3,
+            "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; exec sleep 60",
+            30.0,
+        );
+        let start = Instant::now();
+        let err = launch(&o, &c.out).unwrap_err();
+        assert!(err.starts_with("rank 1 failed (exit status: 3)"), "{err}");
+        assert!(err.contains("rank 0: signal: 15 (SIGTERM)"), "{err}");
+        assert!(err.contains("rank 2: signal: 15 (SIGTERM)"), "{err}");
+        assert!(Captured::text(&c.stdout).contains("[rank 1] failing\n"));
+        // Far below the 60 s the survivors would have slept (not a timing assertion on
+        // the machine's speed: it only shows nobody waited for them).
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn ranks_ignoring_sigterm_are_killed_after_the_grace_period() {
+        let c = Captured::new();
+        let o = sh(
+            2,
+            "if [ \"$RANK\" = 1 ]; then exit 5; fi; trap '' TERM; sleep 60",
+            0.5,
+        );
+        let err = launch(&o, &c.out).unwrap_err();
+        assert!(err.starts_with("rank 1 failed (exit status: 5)"), "{err}");
+        assert!(err.contains("rank 0: signal: 9 (SIGKILL)"), "{err}");
+        assert!(
+            Captured::text(&c.stderr).contains("still running"),
+            "{}",
+            Captured::text(&c.stderr)
+        );
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error_naming_it() {
+        let c = Captured::new();
+        let mut o = sh(2, "true", 1.0);
+        o.command = args(&["/nonexistent/tchtrain-program"]);
+        let err = launch(&o, &c.out).unwrap_err();
+        assert!(err.contains("could not start rank 0"), "{err}");
+        assert!(err.contains("/nonexistent/tchtrain-program"), "{err}");
+    }
+}
