@@ -187,7 +187,10 @@ impl Trainer {
     /// Upstream `_save_checkpoint`: writes `output_dir/checkpoint-{global_step}/` (see the
     /// module docs), records the best checkpoint, then rotates (`save_total_limit`).
     pub fn save_checkpoint(&mut self) -> Result<()> {
-        self.store_flos();
+        if !self.args.should_save() {
+            return self.save_checkpoint_elsewhere();
+        }
+        self.store_flos()?;
         let run_dir = PathBuf::from(self.args.output_dir());
         let name = format!("{PREFIX_CHECKPOINT_DIR}-{}", self.state.global_step);
         let final_dir = run_dir.join(&name);
@@ -200,6 +203,8 @@ impl Trainer {
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
         {
+            // Paired with the barrier of the other processes (`save_checkpoint_elsewhere`).
+            crate::distributed::barrier(&self.args)?;
             let best = run_dir.join(format!("{PREFIX_CHECKPOINT_DIR}-{best_step}"));
             if best.exists() || best_step == self.state.global_step {
                 self.state.best_model_checkpoint = Some(best.display().to_string());

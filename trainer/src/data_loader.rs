@@ -13,6 +13,7 @@ use tchtrain_collators::{Batch, DataCollator, Feature};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
+use crate::shard::BatchSamplerShard;
 
 /// A collator shared between the data loaders of one Trainer (training and evaluation use
 /// the same one, as upstream's `data_collator`).
@@ -31,6 +32,7 @@ pub struct DataLoader {
     sampler: Arc<dyn Sampler>,
     batch_size: usize,
     drop_last: bool,
+    shard: Option<BatchSamplerShard>,
 }
 
 impl std::fmt::Debug for DataLoader {
@@ -68,16 +70,34 @@ impl DataLoader {
             sampler,
             batch_size,
             drop_last,
+            shard: None,
         })
+    }
+
+    /// This loader as seen by one process of a data-parallel run (accelerate's
+    /// `prepare_data_loader`): each epoch yields only the process's batches, see
+    /// [`BatchSamplerShard`].
+    pub fn sharded(mut self, shard: BatchSamplerShard) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    /// The shard this loader yields, when it is one process's part of a data-parallel run.
+    pub fn shard(&self) -> Option<BatchSamplerShard> {
+        self.shard
     }
 
     /// Number of batches per epoch (`len(dataloader)`).
     pub fn len(&self) -> usize {
         let n = self.dataset.len();
-        if self.drop_last {
+        let batches = if self.drop_last {
             n / self.batch_size
         } else {
             n.div_ceil(self.batch_size)
+        };
+        match self.shard {
+            Some(shard) => shard.len(batches, self.drop_last),
+            None => batches,
         }
     }
 
@@ -104,7 +124,12 @@ impl DataLoader {
     /// The batches of epoch `epoch`.
     pub fn epoch(&self, epoch: u64) -> EpochIter {
         let mut order = self.sampler.indices(self.dataset.len(), epoch);
-        if self.drop_last {
+        if let Some(shard) = self.shard {
+            // Every batch of a shard is full, so the concatenation cuts back into them.
+            order = shard
+                .batches(&order, self.batch_size, self.drop_last)
+                .concat();
+        } else if self.drop_last {
             order.truncate(self.len() * self.batch_size);
         }
         EpochIter {

@@ -24,6 +24,10 @@ pub enum Error {
     /// An error from the training arguments (validation, JSON).
     #[error(transparent)]
     TrainingArgs(#[from] tchtrain_training_args::Error),
+    /// A collective or the rendezvous of a data-parallel run failed (a rank died, the
+    /// `ddp_timeout` elapsed, a bad launcher environment).
+    #[error("distributed training: {0}")]
+    Distributed(#[from] tchtrain_distributed::Error),
     /// Reading or writing a file failed.
     #[error("{action} {}: {source}", path.display())]
     Io {

@@ -82,6 +82,7 @@ impl Trainer {
             self.callback_handler
                 .on_prediction_step(&self.args, &self.state, &mut self.control)?;
         }
+        self.gather_for_metrics([&mut losses, &mut preds, &mut labels], &loader)?;
         let num_samples = loader.num_examples();
         let mut metrics = Metrics::new();
         if let Some(f) = self.compute_metrics.as_mut()
@@ -116,7 +117,7 @@ impl Trainer {
                 }
             })
             .collect();
-        let total_batch_size = self.args.eval_batch_size().max(1);
+        let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
         let speed = speed_metrics(
             metric_key_prefix,
             start,
@@ -158,7 +159,7 @@ impl Trainer {
 
 /// Upstream `nested_concat` with `padding_index=-100`: concatenates along the first
 /// dimension, padding the second dimension to the longest with -100 when they differ.
-fn concat_padded(tensors: &[Tensor]) -> Result<Tensor> {
+pub(crate) fn concat_padded(tensors: &[Tensor]) -> Result<Tensor> {
     let same = tensors
         .windows(2)
         .all(|w| w[0].size().get(1..) == w[1].size().get(1..));

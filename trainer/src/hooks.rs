@@ -138,7 +138,9 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
 
 /// Upstream's default `compute_loss`: `outputs = model(**inputs, num_items_in_batch=...)`
 /// (the count passed only when `ctx.model_accepts_loss_kwargs`), loss = `outputs.loss`;
-/// a model that returns no loss is [`Error::MissingLoss`].
+/// a model that returns no loss is [`Error::MissingLoss`]. In a data-parallel run with
+/// `average_tokens_across_devices` and a counted `num_items_in_batch`, the loss is
+/// multiplied by the world size, as upstream.
 pub fn default_compute_loss(
     ctx: &StepContext<'_>,
     model: &dyn PreTrainedModel,
@@ -150,9 +152,20 @@ pub fn default_compute_loss(
         mi.num_items_in_batch = num_items_in_batch;
     }
     let mut out = model.forward(&mi)?;
-    let loss = out.loss.take().ok_or_else(|| Error::MissingLoss {
+    let mut loss = out.loss.take().ok_or_else(|| Error::MissingLoss {
         keys: inputs.keys().collect::<Vec<_>>().join(", "),
     })?;
+    let world = ctx.args.world_size();
+    if world > 1
+        && ctx.args.average_tokens_across_devices
+        && ctx.model_accepts_loss_kwargs
+        && num_items_in_batch.is_some()
+    {
+        // `num_items_in_batch` counts every process's tokens and DDP averages the
+        // gradients: scale back to the sum over the processes (upstream's
+        // `loss *= num_processes`).
+        loss = loss.f_mul_scalar(world as f64)?;
+    }
     Ok((loss, out))
 }
 
@@ -227,7 +240,8 @@ pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
 /// (the whole accumulation window), counted over `labels[..., 1:]` when the model's loss
 /// shifts labels (`ctx.loss_shifts_labels`), or `None` when the model does not accept loss
 /// kwargs or the batches have no `labels`. A float tensor on `ctx.device`, as upstream's
-/// (`count / (tp * cp * sp)`).
+/// (`count / (tp * cp * sp)`). In a data-parallel run with `average_tokens_across_devices`
+/// the count is summed over the processes (a collective: every process must call it).
 pub fn count_num_items_in_batch(
     batches: &[Batch],
     ctx: &StepContext<'_>,
@@ -248,6 +262,9 @@ pub fn count_num_items_in_batch(
             labels.shallow_clone()
         };
         count += labels.f_ne(-100)?.f_sum(Kind::Int64)?.f_int64_value(&[])?;
+    }
+    if ctx.args.average_tokens_across_devices {
+        count = crate::distributed::all_reduce_sum(ctx.args, count as f64)? as i64;
     }
     Ok(Some(
         Tensor::f_from_slice(&[count as f32])?

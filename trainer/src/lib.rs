@@ -15,12 +15,14 @@
 mod checkpoint;
 mod data_loader;
 mod dataset;
+mod distributed;
 mod error;
 mod evaluation;
 mod hooks;
 mod metrics;
 mod model_info;
 mod sampler;
+mod shard;
 mod text;
 mod train_loop;
 mod trainer;
@@ -44,6 +46,7 @@ pub use model_info::{
     model_accepts_loss_kwargs, named_parameters, num_parameters,
 };
 pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};
+pub use shard::BatchSamplerShard;
 pub use text::{
     DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts, load_text_lines, split_lines,
     tokenize_lines,

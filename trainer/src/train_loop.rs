@@ -78,6 +78,7 @@ impl Trainer {
         if let Some(ckpt) = &resume {
             self.load_optimizer_and_scheduler(ckpt)?;
         }
+        self.wrap_model_ddp()?;
         self.callback_handler.train_dataloader_len = Some(loader.len());
 
         let start = Instant::now();
@@ -181,7 +182,7 @@ impl Trainer {
         } else {
             (self.args.num_train_epochs * per_epoch as f64).ceil() as usize
         };
-        let total_batch = self.args.train_batch_size() * ga;
+        let total_batch = self.args.train_batch_size() * ga * self.args.world_size();
         let (num_train_epochs, num_train_samples) = if self.args.max_steps > 0 {
             (
                 max_steps / per_epoch + usize::from(max_steps % per_epoch > 0),
@@ -247,8 +248,8 @@ impl Trainer {
         self.state.init_training_references(TrainingReferences {
             max_steps: values.max_steps as i64,
             num_train_epochs: values.num_train_epochs as i64,
-            is_local_process_zero: true,
-            is_world_process_zero: true,
+            is_local_process_zero: self.is_local_process_zero(),
+            is_world_process_zero: self.is_world_process_zero(),
             trial_name: None,
             trial_params: None,
         });
@@ -339,6 +340,7 @@ impl Trainer {
                     floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
                 self.track_num_input_tokens(inputs)?;
                 if do_sync_step {
+                    self.all_reduce_gradients()?;
                     grad_norm = Some(self.clip_grad_norm(params)?);
                     self.callback_handler.on_pre_optimizer_step(
                         &self.args,
@@ -438,6 +440,7 @@ impl Trainer {
             ("non_padding", Some(mask)) => mask.f_sum(Kind::Int64)?.f_int64_value(&[])?,
             _ => ids.numel() as i64,
         };
+        let n = crate::distributed::all_reduce_sum(&self.args, n as f64)? as i64;
         self.state.num_input_tokens_seen += n;
         Ok(())
     }
@@ -452,7 +455,7 @@ impl Trainer {
         if self.control.should_log
             && self.state.global_step > self.loop_state.globalstep_last_logged
         {
-            let tr_loss_scalar = self.loop_state.tr_loss.f_double_value(&[])?;
+            let tr_loss_scalar = self.mean_across_processes(&self.loop_state.tr_loss)?;
             self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device))?;
             let steps = self.state.global_step - self.loop_state.globalstep_last_logged;
             let mut logs = vec![("loss".to_string(), tr_loss_scalar / steps as f64)];
@@ -465,7 +468,7 @@ impl Trainer {
             ));
             self.loop_state.total_loss_scalar += tr_loss_scalar;
             self.loop_state.globalstep_last_logged = self.state.global_step;
-            self.store_flos();
+            self.store_flos()?;
             self.log(logs, Some(start))?;
         }
         if self.control.should_evaluate {
@@ -530,13 +533,15 @@ impl Trainer {
             Some(steps as f64),
             None,
         );
-        self.store_flos();
+        self.store_flos()?;
         metrics.push(("total_flos".into(), self.state.total_flos));
         metrics.push(("train_loss".into(), train_loss));
         self.log(metrics.clone(), None)?;
         if self.args.load_best_model_at_end
             && let Some(best) = self.state.best_model_checkpoint.clone()
         {
+            // Every process waits until rank 0 has written its checkpoints.
+            crate::distributed::barrier(&self.args)?;
             checkpoint::load_model_weights(&mut *self.model, std::path::Path::new(&best))?;
         }
         self.delete_all_but_best()?;

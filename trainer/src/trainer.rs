@@ -69,6 +69,8 @@ pub struct Trainer {
     pub(crate) label_names: Vec<String>,
     pub(crate) device: Device,
     pub(crate) loop_state: LoopState,
+    /// The gradient all-reduce of a data-parallel run (`distributed.rs`).
+    pub(crate) ddp: Option<tchtrain_distributed::DistributedDataParallel>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -268,8 +270,11 @@ impl TrainerBuilder {
                 start_time: None,
                 num_params_without_embeddings,
             },
+            ddp: None,
             args: self.args,
         };
+        trainer.state.is_local_process_zero = trainer.is_local_process_zero();
+        trainer.state.is_world_process_zero = trainer.is_world_process_zero();
         tch::manual_seed(trainer.args.seed as i64);
         trainer.callback_handler.on_init_end(
             &trainer.args,
@@ -385,6 +390,7 @@ impl Trainer {
             self.args.train_batch_size(),
             self.args.dataloader_drop_last,
         )
+        .map(|l| self.prepare_data_loader(l))
     }
 
     /// Upstream `get_eval_dataloader`: `eval_batch_size` rows per batch, in order.
@@ -404,6 +410,7 @@ impl Trainer {
             self.args.eval_batch_size(),
             self.args.dataloader_drop_last,
         )
+        .map(|l| self.prepare_data_loader(l))
     }
 
     /// Upstream `create_optimizer`: unless one was given, the optimizer `optim` names over
@@ -480,9 +487,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// Upstream `store_flos`: moves the flos counted since the last call into the state.
-    pub(crate) fn store_flos(&mut self) {
-        self.state.total_flos += self.loop_state.current_flos;
+    /// Upstream `store_flos`: moves the flos counted since the last call (summed over the
+    /// processes of a data-parallel run) into the state.
+    pub(crate) fn store_flos(&mut self) -> Result<()> {
+        self.state.total_flos +=
+            crate::distributed::all_reduce_sum_f32(&self.args, self.loop_state.current_flos)?;
         self.loop_state.current_flos = 0.0;
+        Ok(())
     }
 }

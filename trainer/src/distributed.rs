@@ -1,0 +1,288 @@
+//! Data-parallel training (DDP) in the Trainer, active when `WORLD_SIZE > 1`
+//! ([`TrainingArguments::world_size`], set by `cargo xtask launch` or torchrun).
+//!
+//! What upstream's Trainer (through accelerate) does, and where it is done here:
+//!
+//! | upstream | here |
+//! |---|---|
+//! | `init_process_group(backend, timeout=ddp_timeout)`, once per process (`PartialState`) | [`with_process_group`]: one process-wide Gloo group, created on first use |
+//! | `DistributedDataParallel(model, bucket_cap_mb=ddp_bucket_cap_mb)`: parameters broadcast from rank 0, gradients averaged in buckets | `Trainer::wrap_model_ddp`, `Trainer::all_reduce_gradients` (after the accumulation window's last backward, before clipping: DDP's `no_sync` on the other micro-batches) |
+//! | `DataLoaderShard` / `BatchSamplerShard(even_batches=True)` | [`DataLoader::sharded`] with [`BatchSamplerShard`] |
+//! | `_get_num_items_in_batch`: `gather(num_items).sum()` with `average_tokens_across_devices` | [`all_reduce_sum`] in `count_num_items_in_batch` |
+//! | `compute_loss`: `loss *= num_processes` in that case (DDP averages the gradients) | `default_compute_loss` |
+//! | `_nested_gather(tr_loss).mean()` for the logged loss | `Trainer::mean_across_processes` |
+//! | `store_flos`: `distributed_broadcast_scalars([flos]).sum()` (float32) | `Trainer::store_flos` through [`all_reduce_sum_f32`] |
+//! | `_track_num_input_tokens`: `gather(tokens).sum()` | `Trainer::track_num_input_tokens` through [`all_reduce_sum`] |
+//! | `evaluation_loop`: `gather_for_metrics` (`pad_across_processes` with -100, the last step cut to the dataset's remainder) | `Trainer::gather_for_metrics` |
+//! | `should_save` / `is_world_process_zero`: only rank 0 writes checkpoints, callbacks print only there | `Trainer::save_checkpoint` (other ranks: `save_checkpoint_elsewhere`), the state's `is_world_process_zero` |
+//!
+//! Approximations, each a documented difference from upstream:
+//! * only parameters are broadcast at wrap time (upstream DDP also broadcasts buffers, and
+//!   at every forward with `broadcast_buffers=True`); the models here keep no trained buffers;
+//! * ranks other than 0 write nothing into a checkpoint (upstream writes
+//!   `rng_state_{rank}.pth` there; this Trainer does not save generator states, see
+//!   `checkpoint.rs`);
+//! * the backend is Gloo on every device (`ddp_backend` other than `gloo` is refused);
+//!   NCCL comes with the `cuda` feature of `tchtrain-distributed`;
+//! * `find_unused_parameters` is not supported: every trainable parameter must receive a
+//!   gradient in each window (DDP's default).
+
+use std::sync::Mutex;
+
+use tch::{Kind, Tensor};
+use tchtrain_distributed::{
+    DEFAULT_BUCKET_CAP_MB, DistributedDataParallel, DistributedEnv, ProcessGroup, ReduceOp,
+};
+use tchtrain_training_args::TrainingArguments;
+
+use crate::data_loader::DataLoader;
+use crate::error::{Error, Result};
+use crate::model_info::named_parameters;
+use crate::shard::BatchSamplerShard;
+use crate::trainer::Trainer;
+
+/// torch.distributed's default process group: one per process, shared by every Trainer.
+static DEFAULT_GROUP: Mutex<Option<ProcessGroup>> = Mutex::new(None);
+
+/// Runs `f` on the process-wide group, creating it on first use from the torchrun
+/// environment with `ddp_timeout` (upstream `init_process_group`); `Ok(None)` in a
+/// single-process run (`WORLD_SIZE` unset or 1).
+pub(crate) fn with_process_group<T>(
+    args: &TrainingArguments,
+    f: impl FnOnce(&mut ProcessGroup) -> Result<T>,
+) -> Result<Option<T>> {
+    if args.world_size() <= 1 {
+        return Ok(None);
+    }
+    let mut guard = DEFAULT_GROUP.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        if let Some(backend) = args.ddp_backend.as_deref()
+            && backend != "gloo"
+        {
+            return Err(Error::InvalidArgument {
+                field: "ddp_backend",
+                detail: format!(
+                    "'{backend}' is not available yet; this Trainer runs DDP over c10d's Gloo (leave ddp_backend unset or set it to 'gloo')"
+                ),
+            });
+        }
+        let env = DistributedEnv::from_env()?.ok_or(Error::InvalidArgument {
+            field: "WORLD_SIZE",
+            detail: "is above 1 but the launcher environment is incomplete".into(),
+        })?;
+        *guard = Some(ProcessGroup::new_gloo(&env, args.ddp_timeout_delta())?);
+    }
+    match guard.as_mut() {
+        Some(pg) => f(pg).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The sum of `value` over every process (itself in a single-process run), in float64.
+pub(crate) fn all_reduce_sum(args: &TrainingArguments, value: f64) -> Result<f64> {
+    Ok(
+        with_process_group(args, |pg| Ok(pg.all_reduce_scalar(value, ReduceOp::Sum)?))?
+            .unwrap_or(value),
+    )
+}
+
+/// The sum of `value` over every process as upstream's `distributed_broadcast_scalars`
+/// computes it: a float32 tensor (itself, unrounded, in a single-process run).
+pub(crate) fn all_reduce_sum_f32(args: &TrainingArguments, value: f64) -> Result<f64> {
+    Ok(with_process_group(args, |pg| {
+        let mut t = Tensor::f_from_slice(&[value as f32])?;
+        pg.all_reduce(&mut t, ReduceOp::Sum)?;
+        Ok(t.f_double_value(&[0])?)
+    })?
+    .unwrap_or(value))
+}
+
+/// `torch.distributed.barrier()` (nothing in a single-process run).
+pub(crate) fn barrier(args: &TrainingArguments) -> Result<()> {
+    with_process_group(args, |pg| Ok(pg.barrier()?))?;
+    Ok(())
+}
+
+impl Trainer {
+    /// Upstream `is_world_process_zero`: whether this process is rank 0 of the run (the
+    /// one that writes checkpoints and whose callbacks print).
+    pub fn is_world_process_zero(&self) -> bool {
+        self.args.process_index() == 0
+    }
+
+    /// Upstream `is_local_process_zero`: whether this process is rank 0 on its machine.
+    pub fn is_local_process_zero(&self) -> bool {
+        self.args.local_process_index() == 0
+    }
+
+    /// accelerate's `prepare_data_loader`: in a data-parallel run, this process's shard of
+    /// `loader` (see [`BatchSamplerShard`]); the loader itself otherwise.
+    pub(crate) fn prepare_data_loader(&self, loader: DataLoader) -> DataLoader {
+        let world = self.args.world_size();
+        if world <= 1 {
+            return loader;
+        }
+        loader.sharded(BatchSamplerShard::new(world, self.args.process_index()))
+    }
+
+    /// Wraps the model's parameters in [`DistributedDataParallel`] (broadcasting rank 0's
+    /// values) at the start of training; nothing in a single-process run.
+    pub(crate) fn wrap_model_ddp(&mut self) -> Result<()> {
+        let params: Vec<Tensor> = named_parameters(&*self.model)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        let cap = self
+            .args
+            .ddp_bucket_cap_mb
+            .map_or(DEFAULT_BUCKET_CAP_MB, |mb| mb as f64);
+        self.ddp = with_process_group(&self.args, |pg| {
+            Ok(DistributedDataParallel::new(pg, params, cap)?)
+        })?;
+        Ok(())
+    }
+
+    /// Averages the gradients over the processes (DDP's bucketed all-reduce), once per
+    /// accumulation window, before clipping; nothing in a single-process run.
+    pub(crate) fn all_reduce_gradients(&mut self) -> Result<()> {
+        let Some(ddp) = &self.ddp else {
+            return Ok(());
+        };
+        with_process_group(&self.args, |pg| Ok(ddp.all_reduce_gradients(pg)?))?;
+        Ok(())
+    }
+
+    /// Upstream `nested_gather(t).mean().item()` for a 0-d float tensor: the mean over the
+    /// processes (the value itself in a single-process run).
+    pub(crate) fn mean_across_processes(&self, t: &Tensor) -> Result<f64> {
+        let world = self.args.world_size();
+        let mean = with_process_group(&self.args, |pg| {
+            let mut all = t.f_to_kind(Kind::Float)?.f_reshape([1])?.f_contiguous()?;
+            all = all.copy();
+            pg.all_reduce(&mut all, ReduceOp::Sum)?;
+            Ok(all.f_div_scalar(world as f64)?.f_double_value(&[0])?)
+        })?;
+        match mean {
+            Some(m) => Ok(m),
+            None => Ok(t.f_double_value(&[])?),
+        }
+    }
+
+    /// accelerate's `gather_for_metrics` over a whole evaluation: every process's losses,
+    /// predictions and labels (concatenated per process, padded along dim 1 with -100 to the
+    /// longest across processes as `pad_across_processes`), gathered in the global batch
+    /// order (step by step, rank by rank), cut to the dataset's length unless `drop_last`
+    /// (the padding rows of the last step). Each list then holds one tensor. Nothing in a
+    /// single-process run.
+    pub(crate) fn gather_for_metrics(
+        &self,
+        lists: [&mut Vec<Tensor>; 3],
+        loader: &DataLoader,
+    ) -> Result<()> {
+        if self.args.world_size() <= 1 {
+            return Ok(());
+        }
+        let rows_per_batch = loader.batch_size() as i64;
+        let keep = (!self.args.dataloader_drop_last).then(|| loader.num_examples() as i64);
+        for list in lists {
+            // Every process has items in the same lists (they run the same number of
+            // full batches), so the collectives below pair up.
+            let mut has = Tensor::f_from_slice(&[i64::from(!list.is_empty())])?;
+            with_process_group(&self.args, |pg| Ok(pg.all_reduce(&mut has, ReduceOp::Min)?))?;
+            if has.f_int64_value(&[0])? == 0 {
+                list.clear();
+                continue;
+            }
+            let local = crate::evaluation::concat_padded(list)?;
+            let gathered = with_process_group(&self.args, |pg| {
+                gather_in_batch_order(pg, &local, rows_per_batch, keep)
+            })?;
+            if let Some(g) = gathered {
+                *list = vec![g];
+            }
+        }
+        Ok(())
+    }
+
+    /// A checkpoint save on a process that does not write (`should_save` is false): the
+    /// bookkeeping upstream's `_save_checkpoint` does on every rank (flos, the barrier
+    /// before the best checkpoint is looked up, `best_model_checkpoint`).
+    pub(crate) fn save_checkpoint_elsewhere(&mut self) -> Result<()> {
+        self.store_flos()?;
+        if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
+            && let Some(best_step) = self.state.best_global_step
+        {
+            barrier(&self.args)?;
+            let run_dir = std::path::PathBuf::from(self.args.output_dir());
+            let best = run_dir.join(format!(
+                "{}-{best_step}",
+                crate::checkpoint::PREFIX_CHECKPOINT_DIR
+            ));
+            if best.exists() || best_step == self.state.global_step {
+                self.state.best_model_checkpoint = Some(best.display().to_string());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// All-gathers `local` (`[steps * rows_per_batch, ...]` on each process) and reorders it
+/// from rank-major to the global batch order; keeps the first `keep` rows when given.
+fn gather_in_batch_order(
+    pg: &mut ProcessGroup,
+    local: &Tensor,
+    rows_per_batch: i64,
+    keep: Option<i64>,
+) -> Result<Tensor> {
+    let world = i64::from(pg.world_size());
+    let mut local = local.f_contiguous()?;
+    if local.dim() >= 2 {
+        // pad_across_processes(dim=1, pad_index=-100)
+        let len = local.size()[1];
+        let mut max = Tensor::f_from_slice(&[len])?;
+        pg.all_reduce(&mut max, ReduceOp::Max)?;
+        let max = max.f_int64_value(&[0])?;
+        if max > len {
+            let mut size = local.size();
+            size[1] = max - len;
+            let fill = Tensor::f_full(&size, -100.0, (local.kind(), local.device()))?;
+            local = Tensor::f_cat(&[local, fill], 1)?.f_contiguous()?;
+        }
+    }
+    let size = local.size();
+    let rows = size.first().copied().unwrap_or(1);
+    let mut out_size = size.clone();
+    if out_size.is_empty() {
+        out_size.push(world);
+    } else {
+        out_size[0] = rows * world;
+    }
+    let mut out = Tensor::f_empty(&out_size, (local.kind(), local.device()))?;
+    pg.all_gather_into(&mut out, &local)?;
+    let steps = if rows_per_batch > 0 && rows % rows_per_batch == 0 {
+        rows / rows_per_batch
+    } else {
+        0
+    };
+    let mut ordered = if steps > 0 && !size.is_empty() {
+        // [world, steps, batch, ...] -> [steps, world, batch, ...]
+        let mut split = vec![world, steps, rows_per_batch];
+        split.extend_from_slice(&size[1..]);
+        out.f_view(split.as_slice())?
+            .f_transpose(0, 1)?
+            .f_contiguous()?
+            .f_view(out_size.as_slice())?
+    } else {
+        log::warn!(
+            "gather_for_metrics: a process's evaluation rows ({rows}) are not whole batches of {rows_per_batch}; gathered in rank order"
+        );
+        out
+    };
+    if let Some(keep) = keep
+        && ordered.dim() >= 1
+        && keep < ordered.size()[0]
+    {
+        ordered = ordered.f_narrow(0, 0, keep)?;
+    }
+    Ok(ordered)
+}
