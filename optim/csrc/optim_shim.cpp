@@ -87,6 +87,23 @@ char* tchtrain_optim_addcdiv_(at::Tensor* self, const at::Tensor* t1, const at::
 }
 
 // *out = torch.linalg.vector_norm(self, ord) over all elements
+// `p.grad = grad` (a null `grad`: `p.grad = None`); shapes, dtypes and devices must agree.
+char* tchtrain_optim_set_grad(at::Tensor* self, const at::Tensor* grad) {
+  return guarded([&] {
+    if (grad == nullptr) {
+      self->mutable_grad() = at::Tensor();
+      return;
+    }
+    TORCH_CHECK(grad->sizes() == self->sizes(), "assigned grad has data of a different size: ",
+                grad->sizes(), " vs the parameter's ", self->sizes());
+    TORCH_CHECK(grad->scalar_type() == self->scalar_type(), "assigned grad has data of a different type: ",
+                grad->scalar_type(), " vs the parameter's ", self->scalar_type());
+    TORCH_CHECK(grad->device() == self->device(), "assigned grad has data located on a different device: ",
+                grad->device(), " vs the parameter's ", self->device());
+    self->mutable_grad() = *grad;
+  });
+}
+
 char* tchtrain_optim_vector_norm(const at::Tensor* self, double ord, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(at::linalg_vector_norm(*self, ord)); });
 }

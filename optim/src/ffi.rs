@@ -1,5 +1,5 @@
 //! The safe Rust face of `csrc/optim_shim.cpp`: libtorch ops that tch does not expose
-//! (`add(other, alpha)`, `addcmul(.., value)`, `addcdiv(.., value)`) and the fused
+//! (`add(other, alpha)`, `addcmul(.., value)`, `addcdiv(.., value)`, `p.grad = g`) and the fused
 //! multi-tensor kernels `_fused_adamw_` / `_fused_adam_` / `_fused_sgd_`.
 //!
 //! This is the only module that sees raw pointers. Each call hands libtorch pointers to
@@ -42,6 +42,7 @@ unsafe extern "C" {
         t2: *const C_tensor,
         value: f64,
     ) -> *mut c_char;
+    fn tchtrain_optim_set_grad(s: *mut C_tensor, grad: *const C_tensor) -> *mut c_char;
     fn tchtrain_optim_vector_norm(
         s: *const C_tensor,
         ord: f64,
@@ -131,6 +132,13 @@ pub(crate) fn addcmul(t: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Resul
         tchtrain_optim_addcmul(t.as_ptr(), t1.as_ptr(), t2.as_ptr(), value, &mut out)
     })?;
     adopt(out)
+}
+
+/// `p.grad = grad` (`None`: `p.grad = None`).
+pub(crate) fn set_grad(p: &mut Tensor, grad: Option<&Tensor>) -> Result<()> {
+    let g = grad.map_or(std::ptr::null(), Tensor::as_ptr);
+    // SAFETY: `p` and `grad` (when given) are live tensors borrowed for the call.
+    check(unsafe { tchtrain_optim_set_grad(p.as_mut_ptr(), g) })
 }
 
 /// `t.addcdiv_(t1, t2, value=value)`.

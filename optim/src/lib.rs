@@ -2,7 +2,8 @@
 //!
 //! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()` (AdamW incl.
 //! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion), every `SchedulerType`,
-//! decay / no-decay parameter groups, `optim_args` parsing and global grad-norm clipping.
+//! decay / no-decay parameter groups, `optim_args` parsing, global grad-norm clipping and
+//! [`set_grad`] (torch's `p.grad = g`, to step on gradients computed elsewhere).
 //!
 //! Mirrors upstream transformers/optimization.py, trainer_optimizer.py and torch.optim; names
 //! follow upstream so a transformers user finds each concept where they expect it. On CPU the
@@ -43,6 +44,7 @@ mod clip;
 mod decay;
 mod error;
 mod ffi;
+mod grad;
 mod lion;
 mod optim_args;
 mod optimizer;
@@ -66,6 +68,7 @@ pub use decay::{
     matches_forbidden_name,
 };
 pub use error::{Error, Result};
+pub use grad::set_grad;
 pub use lion::{Lion, LionConfig};
 pub use optim_args::parse_optim_args;
 pub use optimizer::{
