@@ -122,6 +122,46 @@ pub enum Error {
         /// What does not fit.
         detail: String,
     },
+    /// A command-line flag of an example script is unknown or has a bad value (the
+    /// example binaries print it with a usage line and exit 2, as argparse does).
+    #[error("argument --{flag}: {detail}")]
+    InvalidFlag {
+        /// The flag, without its dashes.
+        flag: String,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
+    /// A data file (CSV, JSON lines) could not be parsed.
+    #[error("{}:{line}: {detail}", path.display())]
+    DataFile {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line where the problem is.
+        line: usize,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A column asked for is not in a data file.
+    #[error("column '{column}' is not in {}; its columns are: {available}", path.display())]
+    MissingColumn {
+        /// The column asked for.
+        column: String,
+        /// The data file.
+        path: PathBuf,
+        /// The columns there are.
+        available: String,
+    },
+    /// A label value that cannot be used (not in the label list, not a number for
+    /// regression).
+    #[error("label '{label}' in row {row}: {detail}")]
+    InvalidLabel {
+        /// The value found.
+        label: String,
+        /// The 0-based row.
+        row: usize,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
 }
 
 impl Error {

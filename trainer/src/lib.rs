@@ -18,12 +18,16 @@ mod dataset;
 mod distributed;
 mod error;
 mod evaluation;
+pub mod examples;
 mod hooks;
 mod metrics;
 mod model_info;
+mod results;
 mod sampler;
 mod shard;
+mod table;
 mod text;
+mod text_classification;
 mod train_loop;
 mod trainer;
 
@@ -45,11 +49,16 @@ pub use model_info::{
     floating_point_ops, is_embedding_weight, layernorm_modules, loss_shifts_labels,
     model_accepts_loss_kwargs, named_parameters, num_parameters,
 };
+pub use results::metrics_format;
 pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};
 pub use shard::BatchSamplerShard;
+pub use table::{Table, cell_text, read_text_maybe_bz2};
 pub use text::{
     DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts, load_text_lines, split_lines,
     tokenize_lines,
+};
+pub use text_classification::{
+    ClassificationLabels, TextClassificationOptions, tokenize_text_classification,
 };
 pub use train_loop::ResumeFrom;
 pub use trainer::{Trainer, TrainerBuilder};
