@@ -199,7 +199,10 @@ impl Trainer {
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("deleting", &tmp, e))?;
         }
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        self.model.save_pretrained(&tmp)?;
+        self.save_sharded_state(&tmp)?;
+        if !self.saves_sharded_model() {
+            self.model.save_pretrained(&tmp)?;
+        }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
         {
@@ -211,7 +214,9 @@ impl Trainer {
             }
         }
         if !self.args.save_only_model {
-            if let Some(opt) = &self.optimizer {
+            if let Some(opt) = &self.optimizer
+                && self.sharding.is_none()
+            {
                 opt.save(&tmp)?;
             }
             if let Some(sched) = &self.lr_scheduler {
@@ -248,7 +253,9 @@ impl Trainer {
     /// Upstream `_load_optimizer_and_scheduler`: restores their states when the checkpoint
     /// has them.
     pub(crate) fn load_optimizer_and_scheduler(&mut self, dir: &Path) -> Result<()> {
-        if let Some(opt) = self.optimizer.as_mut()
+        let sharded = self.load_sharded_state(dir)?;
+        if !sharded
+            && let Some(opt) = self.optimizer.as_mut()
             && dir.join(OPTIMIZER_STATE_NAME).is_file()
         {
             opt.load(dir)?;

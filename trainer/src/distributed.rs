@@ -209,6 +209,13 @@ impl Trainer {
     /// before the best checkpoint is looked up, `best_model_checkpoint`).
     pub(crate) fn save_checkpoint_elsewhere(&mut self) -> Result<()> {
         self.store_flos()?;
+        let tmp = std::path::PathBuf::from(self.args.output_dir()).join(format!(
+            "tmp-{}-{}",
+            crate::checkpoint::PREFIX_CHECKPOINT_DIR,
+            self.state.global_step
+        ));
+        // Writes this rank's shards into rank 0's folder (zero.rs); nothing unsharded.
+        self.save_sharded_state(&tmp)?;
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
         {

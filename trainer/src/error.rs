@@ -28,6 +28,12 @@ pub enum Error {
     /// `ddp_timeout` elapsed, a bad launcher environment).
     #[error("distributed training: {0}")]
     Distributed(#[from] tchtrain_distributed::Error),
+    /// An error from the DeepSpeed integration (config mismatch, ZeRO engine, shard files).
+    #[error("deepspeed: {0}")]
+    DeepSpeed(#[from] tchtrain_deepspeed::Error),
+    /// An error from the FSDP integration (plugin arguments, upstream's FSDP checks).
+    #[error("fsdp: {0}")]
+    Fsdp(#[from] tchtrain_fsdp::Error),
     /// Reading or writing a file failed.
     #[error("{action} {}: {source}", path.display())]
     Io {

@@ -22,6 +22,8 @@ pub mod examples;
 mod hooks;
 mod metrics;
 mod model_info;
+mod plot;
+mod raster;
 mod results;
 mod sampler;
 mod shard;
@@ -30,6 +32,7 @@ mod text;
 mod text_classification;
 mod train_loop;
 mod trainer;
+mod zero;
 
 pub use checkpoint::{
     PREFIX_CHECKPOINT_DIR, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME, TRAINING_ARGS_NAME,
@@ -49,6 +52,8 @@ pub use model_info::{
     floating_point_ops, is_embedding_weight, layernorm_modules, loss_shifts_labels,
     model_accepts_loss_kwargs, named_parameters, num_parameters,
 };
+pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
+pub use raster::{Rgb, RgbImage};
 pub use results::metrics_format;
 pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};
 pub use shard::BatchSamplerShard;

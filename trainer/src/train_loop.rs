@@ -73,12 +73,16 @@ impl Trainer {
             self.lr_scheduler = None;
             self.created_lr_scheduler = false;
         }
+        // ZeRO / FSDP: config checks, then the optimizer over the shards (zero.rs).
+        let sharded = self.setup_sharding(values.max_steps)?;
         self.create_optimizer()?;
         self.create_scheduler(values.max_steps)?;
         if let Some(ckpt) = &resume {
             self.load_optimizer_and_scheduler(ckpt)?;
         }
-        self.wrap_model_ddp()?;
+        if !sharded {
+            self.wrap_model_ddp()?;
+        }
         self.callback_handler.train_dataloader_len = Some(loader.len());
 
         let start = Instant::now();
@@ -321,6 +325,7 @@ impl Trainer {
                 .collect::<Result<_>>()?;
             let current_ga = window.len();
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
+            self.zero_gather()?;
             for inputs in &window {
                 step += 1;
                 let do_sync_step = (step + 1) % ga as i64 == 0 || step + 1 == steps_in_epoch;
@@ -340,8 +345,13 @@ impl Trainer {
                     floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
                 self.track_num_input_tokens(inputs)?;
                 if do_sync_step {
-                    self.all_reduce_gradients()?;
-                    grad_norm = Some(self.clip_grad_norm(params)?);
+                    grad_norm = Some(match self.zero_reduce_and_clip()? {
+                        Some(norm) => norm,
+                        None => {
+                            self.all_reduce_gradients()?;
+                            self.clip_grad_norm(params)?
+                        }
+                    });
                     self.callback_handler.on_pre_optimizer_step(
                         &self.args,
                         &self.state,
@@ -350,6 +360,7 @@ impl Trainer {
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.step()?;
                     }
+                    self.zero_after_step()?;
                     self.callback_handler.on_optimizer_step(
                         &self.args,
                         &self.state,
@@ -471,6 +482,10 @@ impl Trainer {
             self.store_flos()?;
             self.log(logs, Some(start))?;
         }
+        if self.control.should_evaluate || self.control.should_save {
+            // ZeRO-3: full parameters to evaluate and save (released below).
+            self.zero_gather()?;
+        }
         if self.control.should_evaluate {
             let metrics = self.evaluate_during_training(false)?;
             let is_new_best = self.determine_best_metric(&metrics)?;
@@ -483,7 +498,7 @@ impl Trainer {
             self.callback_handler
                 .on_save(&self.args, &self.state, &mut self.control)?;
         }
-        Ok(())
+        self.zero_release()
     }
 
     /// Upstream `_determine_best_metric`: whether `metrics` holds a new best
@@ -524,6 +539,8 @@ impl Trainer {
         initial_global_step: i64,
     ) -> Result<TrainOutput> {
         self.loop_state.total_loss_scalar += self.loop_state.tr_loss.f_double_value(&[])?;
+        // A sharded run ends with the full parameters in the model.
+        self.zero_gather()?;
         let steps = self.state.global_step - initial_global_step;
         let train_loss = self.loop_state.total_loss_scalar / (steps as f64).max(0.001);
         let mut metrics = speed_metrics(

@@ -71,6 +71,8 @@ pub struct Trainer {
     pub(crate) loop_state: LoopState,
     /// The gradient all-reduce of a data-parallel run (`distributed.rs`).
     pub(crate) ddp: Option<tchtrain_distributed::DistributedDataParallel>,
+    /// The ZeRO / FSDP engine of a sharded run (`zero.rs`).
+    pub(crate) sharding: Option<crate::zero::Sharding>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -271,6 +273,7 @@ impl TrainerBuilder {
                 num_params_without_embeddings,
             },
             ddp: None,
+            sharding: None,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();

@@ -54,6 +54,26 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// Parameters that cannot be sharded, or shards that do not fit the layout.
+    #[error("ZeRO sharding: {detail}")]
+    Sharding {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A ZeRO checkpoint that cannot be read or does not fit this model / world.
+    #[error("ZeRO checkpoint {}: {detail}", path.display())]
+    Checkpoint {
+        /// The file or folder.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A collective failed.
+    #[error(transparent)]
+    Distributed(#[from] tchtrain_distributed::Error),
+    /// The optimizer refused the shards or their state.
+    #[error(transparent)]
+    Optim(#[from] tchtrain_optim::Error),
     /// An error raised by libtorch.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

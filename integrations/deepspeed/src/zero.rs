@@ -1,0 +1,496 @@
+//! `ZeroEngine`: ZeRO stages 1, 2 and 3 (DeepSpeed's `DeepSpeedZeroOptimizer` and
+//! `DeepSpeedZeroOptimizer_Stage3`, FSDP's sharding strategies) on a c10d process group.
+//!
+//! The model's trainable parameters are laid out in [`FlatBuffer`]s (one per wrap unit,
+//! optimizer param group and dtype), each cut into `world_size` contiguous padded slices.
+//! Rank `r` keeps slice `r` of every buffer as a leaf tensor (the *shard*, fp32 master
+//! partition) and the optimizer is built over the shards only
+//! ([`ZeroEngine::shard_groups`]), so its state is `1 / world_size` of a full optimizer's.
+//!
+//! | stage | parameters between steps | gradients after the reduction | optimizer state |
+//! |---|---|---|---|
+//! | 1 (`optimizer_states`) | full on every rank | full, averaged (all-reduce), kept until `zero_grad` | shard |
+//! | 2 (`gradients`) | full on every rank | shard only (reduce-scatter, full gradients freed) | shard |
+//! | 3 (`weights`) | shard only (variables released) | shard only | shard |
+//!
+//! One optimizer step ([`ZeroEngine::reduce_gradients`], [`ZeroEngine::clip_grad_norm`],
+//! the optimizer's own `step()`, [`ZeroEngine::after_step`]):
+//! 1. the gradients of each buffer are flattened and averaged across ranks (stage 1:
+//!    all-reduce, stage 2/3: reduce-scatter; on CPU the reduce-scatter is an all-reduce and
+//!    a narrow, which Gloo runs faster); this rank's slice becomes its shard's `.grad`
+//!    (`tchtrain_optim::set_grad`);
+//! 2. the global gradient norm is the square root of the all-reduced sum of every shard's
+//!    squared norm (accumulated in float64; padding is zero), and the shard gradients are
+//!    scaled by torch's
+//!    `min(max_norm / (norm + 1e-6), 1)`;
+//! 3. the optimizer steps on the shards;
+//! 4. stages 1 and 2 all-gather the updated shards into every rank's full parameters;
+//!    stage 3 leaves them sharded until the next [`ZeroEngine::gather`].
+//!
+//! Stage 3 memory, exactly: between steps each variable holds no storage (`param.data =
+//! torch.empty(0)`) and the rank keeps its shards. [`ZeroEngine::gather`] all-gathers the
+//! buffers unit by unit and points the variables at the gathered storage, which stays
+//! alive through the forward and backward passes of the accumulation window (tch runs a
+//! model's forward as one call, with no per-layer hooks to release a unit after its
+//! forward and gather it again before its backward), and is freed when
+//! [`ZeroEngine::reduce_gradients`] releases the variables. The peak is therefore the
+//! full parameters plus the shards, during forward / backward only; between steps it is
+//! the shards, `1 / world_size` of the parameters plus padding.
+
+use tch::{Kind, Tensor};
+use tchtrain_distributed::{ProcessGroup, ReduceOp};
+use tchtrain_optim::{GroupSpec, Optimizer, set_grad};
+
+use crate::flat::{FlatBuffer, FlatLayout};
+use crate::{Error, Result};
+
+/// DeepSpeed's `ZeroStageEnum`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ZeroStage {
+    /// Stage 1: optimizer states partitioned.
+    OptimizerStates,
+    /// Stage 2: optimizer states and gradients partitioned.
+    Gradients,
+    /// Stage 3: optimizer states, gradients and parameters partitioned.
+    Weights,
+}
+
+impl ZeroStage {
+    /// The stage of a DeepSpeed config's `zero_optimization.stage` (`None` for 0 / absent:
+    /// plain data parallelism).
+    pub fn from_stage(stage: i64) -> Result<Option<Self>> {
+        match stage {
+            -1 | 0 => Ok(None),
+            1 => Ok(Some(Self::OptimizerStates)),
+            2 => Ok(Some(Self::Gradients)),
+            3 => Ok(Some(Self::Weights)),
+            other => Err(Error::InvalidConfig {
+                key: "zero_optimization.stage".into(),
+                value: other.to_string(),
+                fix: "use 0, 1, 2 or 3",
+            }),
+        }
+    }
+
+    /// 1, 2 or 3.
+    pub fn number(self) -> i64 {
+        match self {
+            Self::OptimizerStates => 1,
+            Self::Gradients => 2,
+            Self::Weights => 3,
+        }
+    }
+}
+
+/// Bytes one rank holds, by kind (what [`ZeroEngine::memory`] measures).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardMemory {
+    /// Parameters: the model's materialised variables plus this rank's shards.
+    pub param_bytes: usize,
+    /// Gradients: the variables' `.grad`s plus the shards' `.grad`s.
+    pub grad_bytes: usize,
+    /// The largest `param_bytes` seen since the engine was built.
+    pub peak_param_bytes: usize,
+    /// `param_bytes` at the end of the last optimizer step ([`ZeroEngine::zero_grad`]).
+    pub step_end_param_bytes: usize,
+    /// `grad_bytes` at the end of the last optimizer step.
+    pub step_end_grad_bytes: usize,
+}
+
+/// Bytes of an optimizer's state tensors (`exp_avg`, `exp_avg_sq`, ...).
+pub fn optimizer_state_bytes(optimizer: &dyn Optimizer) -> usize {
+    optimizer
+        .state()
+        .iter()
+        .flatten()
+        .flat_map(|s| s.tensors.values())
+        .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+        .sum()
+}
+
+/// Which wrap unit a parameter belongs to: the first prefix it starts with, else the root
+/// unit (index `prefixes.len()`).
+pub fn unit_of(name: &str, prefixes: &[String]) -> usize {
+    prefixes
+        .iter()
+        .position(|p| name.starts_with(p.as_str()))
+        .unwrap_or(prefixes.len())
+}
+
+/// One sharded buffer: its layout and variables, and this rank's slice.
+#[derive(Debug)]
+struct Sharded {
+    flat: FlatBuffer,
+    /// This rank's slice of the parameters (a leaf the optimizer updates).
+    shard: Tensor,
+}
+
+/// The ZeRO engine of one model on one rank (see the module docs).
+#[derive(Debug)]
+pub struct ZeroEngine {
+    stage: ZeroStage,
+    rank: i64,
+    world_size: i64,
+    buffers: Vec<Sharded>,
+    /// Per optimizer group: its `lr` / `weight_decay` overrides.
+    group_options: Vec<(Option<f64>, Option<f64>)>,
+    gathered: bool,
+    peak_param_bytes: usize,
+    step_end: (usize, usize),
+}
+
+impl ZeroEngine {
+    /// Shards the parameters of `groups` (the optimizer's param groups, as
+    /// `decay_param_groups` builds them) over `pg`: rank 0's values are broadcast first
+    /// (as DDP does), each rank keeps its slices, and at stage 3 the variables are
+    /// released. `unit_prefixes` are the wrap units (decoder layers), in order; a parameter
+    /// under none of them belongs to the root unit. Buffers are ordered by unit, group,
+    /// then dtype in order of appearance.
+    pub fn new(
+        pg: &mut ProcessGroup,
+        stage: ZeroStage,
+        groups: Vec<GroupSpec>,
+        unit_prefixes: &[String],
+    ) -> Result<Self> {
+        let rank = i64::from(pg.rank());
+        let world_size = i64::from(pg.world_size());
+        let mut buffers = Vec::new();
+        let mut group_options = Vec::new();
+        let num_units = unit_prefixes.len() + 1;
+        let mut per_unit: Vec<Vec<(usize, String, Tensor)>> =
+            (0..num_units).map(|_| Vec::new()).collect();
+        for (g, spec) in groups.into_iter().enumerate() {
+            group_options.push((spec.lr, spec.weight_decay));
+            for (name, var) in spec.params {
+                per_unit[unit_of(&name, unit_prefixes)].push((g, name, var));
+            }
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (unit, params) in per_unit.into_iter().enumerate() {
+                // (group, kind) keys in order of appearance.
+                let mut keys: Vec<(usize, Kind)> = Vec::new();
+                for (g, _, v) in &params {
+                    if !keys.contains(&(*g, v.kind())) {
+                        keys.push((*g, v.kind()));
+                    }
+                }
+                keys.sort_by_key(|(g, _)| *g);
+                for (g, kind) in keys {
+                    let members: Vec<(String, Tensor)> = params
+                        .iter()
+                        .filter(|(pg_, _, v)| *pg_ == g && v.kind() == kind)
+                        .map(|(_, n, v)| (n.clone(), v.shallow_clone()))
+                        .collect();
+                    let flat = FlatBuffer::new(unit, g, members, world_size)?;
+                    let mut full = flat.flatten(false)?;
+                    pg.broadcast(&mut full, 0)?;
+                    let shard = flat
+                        .slice_of(&full, rank)?
+                        .f_contiguous()?
+                        .copy()
+                        .set_requires_grad(true);
+                    let mut sharded = Sharded { flat, shard };
+                    if stage == ZeroStage::Weights {
+                        sharded.flat.release()?;
+                    } else {
+                        sharded.flat.copy_into_vars(&full)?;
+                    }
+                    buffers.push(sharded);
+                }
+            }
+            Ok(())
+        })?;
+        let mut engine = Self {
+            stage,
+            rank,
+            world_size,
+            buffers,
+            group_options,
+            gathered: stage != ZeroStage::Weights,
+            peak_param_bytes: 0,
+            step_end: (0, 0),
+        };
+        engine.note_peak();
+        Ok(engine)
+    }
+
+    /// The stage.
+    pub fn stage(&self) -> ZeroStage {
+        self.stage
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> i64 {
+        self.rank
+    }
+
+    /// The world size.
+    pub fn world_size(&self) -> i64 {
+        self.world_size
+    }
+
+    /// The buffers' layouts, in order.
+    pub fn layouts(&self) -> Vec<&FlatLayout> {
+        self.buffers.iter().map(|b| &b.flat.layout).collect()
+    }
+
+    /// This rank's parameter shards, in buffer order (handles on the live tensors).
+    pub fn shards(&self) -> Vec<Tensor> {
+        self.buffers
+            .iter()
+            .map(|b| b.shard.shallow_clone())
+            .collect()
+    }
+
+    /// The param groups to build the optimizer over: one group per original group (same
+    /// `lr` / `weight_decay` overrides), holding that group's shards, named
+    /// `flat.{buffer index}`.
+    pub fn shard_groups(&self) -> Vec<GroupSpec> {
+        self.group_options
+            .iter()
+            .enumerate()
+            .map(|(g, &(lr, weight_decay))| {
+                let params = self
+                    .buffers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.flat.layout.group == g)
+                    .map(|(i, b)| (format!("flat.{i}"), b.shard.shallow_clone()))
+                    .collect();
+                GroupSpec {
+                    params,
+                    lr,
+                    weight_decay,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the model's variables hold their full values now.
+    pub fn is_gathered(&self) -> bool {
+        self.gathered
+    }
+
+    fn note_peak(&mut self) {
+        let now = self.memory_now().param_bytes;
+        self.peak_param_bytes = self.peak_param_bytes.max(now);
+    }
+
+    fn memory_now(&self) -> ShardMemory {
+        let mut m = ShardMemory::default();
+        for b in &self.buffers {
+            let elt = b.flat.kind.elt_size_in_bytes();
+            m.param_bytes += b.flat.materialised_bytes() + b.shard.numel() * elt;
+            let g = b.shard.grad();
+            m.grad_bytes += b.flat.grad_bytes() + if g.defined() { g.numel() * elt } else { 0 };
+        }
+        m
+    }
+
+    /// Bytes this rank holds now, and the peak of parameter bytes.
+    pub fn memory(&self) -> ShardMemory {
+        ShardMemory {
+            peak_param_bytes: self.peak_param_bytes,
+            step_end_param_bytes: self.step_end.0,
+            step_end_grad_bytes: self.step_end.1,
+            ..self.memory_now()
+        }
+    }
+
+    /// Stage 3: all-gathers every buffer, unit by unit, and points the model's variables at
+    /// the gathered values (a collective: every rank calls it). Nothing at stages 1 and 2
+    /// or when already gathered.
+    pub fn gather(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        if self.gathered {
+            return Ok(());
+        }
+        for i in 0..self.buffers.len() {
+            let b = &mut self.buffers[i];
+            let mut full =
+                Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
+            let shard = b.shard.f_detach()?;
+            pg.all_gather_into(&mut full, &shard)?;
+            b.flat.materialise(&full)?;
+            self.note_peak();
+        }
+        self.gathered = true;
+        Ok(())
+    }
+
+    /// Stage 3: releases the variables' storage (their gradients too); the rank keeps
+    /// only its shards. Nothing at stages 1 and 2.
+    pub fn release(&mut self) -> Result<()> {
+        if self.stage != ZeroStage::Weights || !self.gathered {
+            return Ok(());
+        }
+        for b in &mut self.buffers {
+            for v in &b.flat.vars {
+                set_grad(v, None)?;
+            }
+            b.flat.release()?;
+        }
+        self.gathered = false;
+        Ok(())
+    }
+
+    /// Averages the gradients across ranks after the accumulation window's last backward
+    /// and hands this rank's slice to its shard as `.grad` (see the module docs). Stage 1
+    /// keeps the averaged full gradients in the variables (as DDP); stages 2 and 3 free
+    /// them, and stage 3 releases the parameters.
+    pub fn reduce_gradients(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        let rank = self.rank;
+        let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
+        let stage = self.stage;
+        for b in &mut self.buffers {
+            let flat_grad = b.flat.flatten(true)?;
+            let grad_shard = tch::no_grad(|| -> Result<Tensor> {
+                if stage == ZeroStage::OptimizerStates {
+                    let mut full = flat_grad;
+                    pg.all_reduce(&mut full, ReduceOp::Avg)?;
+                    for (v, info) in b.flat.vars.iter().zip(&b.flat.layout.params) {
+                        let mut g = v.grad();
+                        if g.defined() {
+                            let piece = full
+                                .f_narrow(0, info.offset, info.numel)?
+                                .f_view(info.shape.as_slice())?;
+                            g.f_copy_(&piece)?;
+                        }
+                    }
+                    Ok(b.flat.slice_of(&full, rank)?.f_contiguous()?.copy())
+                } else {
+                    let mut out =
+                        Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
+                    if on_cpu {
+                        pg.reduce_scatter_via_all_reduce(&mut out, &flat_grad, ReduceOp::Avg)?;
+                    } else {
+                        pg.reduce_scatter(&mut out, &flat_grad, ReduceOp::Avg)?;
+                    }
+                    for v in &b.flat.vars {
+                        set_grad(v, None)?;
+                    }
+                    Ok(out)
+                }
+            })?;
+            set_grad(&b.shard, Some(&grad_shard))?;
+        }
+        if self.stage == ZeroStage::Weights {
+            self.release()?;
+        }
+        Ok(())
+    }
+
+    /// The global L2 norm of the shard gradients (all ranks together) and, when
+    /// `max_norm > 0`, clipping to it as `torch.nn.utils.clip_grad_norm_` (every shard
+    /// gradient scaled by `min(max_norm / (norm + 1e-6), 1)`). A collective.
+    pub fn clip_grad_norm(&mut self, pg: &mut ProcessGroup, max_norm: f64) -> Result<f64> {
+        let grads: Vec<Tensor> = self
+            .buffers
+            .iter()
+            .map(|b| b.shard.grad())
+            .filter(Tensor::defined)
+            .collect();
+        let total = tch::no_grad(|| -> Result<Tensor> {
+            let mut sq = Tensor::f_zeros([1], (Kind::Double, tch::Device::Cpu))?;
+            for g in &grads {
+                let g64 = g.f_to_kind(Kind::Double)?;
+                let s = g64.f_dot(&g64)?.f_to_device(tch::Device::Cpu)?;
+                sq = sq.f_add(&s)?;
+            }
+            pg.all_reduce(&mut sq, ReduceOp::Sum)?;
+            Ok(sq
+                .f_sqrt()?
+                .f_to_kind(Kind::Float)?
+                .f_reshape([] as [i64; 0])?)
+        })?;
+        let norm = total.f_double_value(&[])?;
+        if max_norm > 0.0 {
+            let coef = total
+                .f_add_scalar(1e-6)?
+                .f_reciprocal()?
+                .f_mul_scalar(max_norm)?
+                .f_clamp_max(1.0)?;
+            tch::no_grad(|| -> Result<()> {
+                for mut g in grads {
+                    let c = coef.f_to_device(g.device())?.f_to_kind(g.kind())?;
+                    let _ = g.f_mul_(&c)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(norm)
+    }
+
+    /// After the optimizer's step: stages 1 and 2 all-gather the updated shards into every
+    /// rank's full parameters (a collective); stage 3 keeps them sharded.
+    pub fn after_step(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        if self.stage == ZeroStage::Weights {
+            return Ok(());
+        }
+        for b in &mut self.buffers {
+            let mut full =
+                Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
+            let shard = b.shard.f_detach()?;
+            pg.all_gather_into(&mut full, &shard)?;
+            b.flat.copy_into_vars(&full)?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes the gradients of the variables (stage 1 keeps them allocated, as
+    /// `zero_grad`; the optimizer's `zero_grad` zeroes the shards'), and records the memory
+    /// held at the end of the step ([`ShardMemory::step_end_param_bytes`]).
+    pub fn zero_grad(&mut self) -> Result<()> {
+        for b in &mut self.buffers {
+            for v in &mut b.flat.vars {
+                if self.stage == ZeroStage::OptimizerStates {
+                    v.zero_grad();
+                } else {
+                    set_grad(v, None)?;
+                }
+            }
+        }
+        self.note_peak();
+        let now = self.memory_now();
+        self.step_end = (now.param_bytes, now.grad_bytes);
+        Ok(())
+    }
+
+    /// Replaces this rank's shards with `values` (one per buffer, in order), e.g. when
+    /// resuming from a checkpoint; stages 1 and 2 then all-gather them into the full
+    /// parameters (a collective).
+    pub fn load_shards(&mut self, pg: &mut ProcessGroup, values: &[Tensor]) -> Result<()> {
+        if values.len() != self.buffers.len() {
+            return Err(Error::Sharding {
+                detail: format!(
+                    "{} shards given for {} buffers",
+                    values.len(),
+                    self.buffers.len()
+                ),
+            });
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (b, v) in self.buffers.iter_mut().zip(values) {
+                if v.size() != b.shard.size() {
+                    return Err(Error::Sharding {
+                        detail: format!(
+                            "a shard of {:?} elements for a buffer whose shards have {:?}",
+                            v.size(),
+                            b.shard.size()
+                        ),
+                    });
+                }
+                b.shard.f_copy_(v)?;
+            }
+            Ok(())
+        })?;
+        if self.stage == ZeroStage::Weights {
+            if self.gathered {
+                self.gathered = false;
+                self.gather(pg)?;
+            }
+            Ok(())
+        } else {
+            self.after_step(pg)
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Sharded data parallelism in the Trainer: DeepSpeed ZeRO 1/2/3 (`--deepspeed
+//! ds_config.json`) and FSDP (`--fsdp ...`), both on `tchtrain-deepspeed`'s
+//! [`ZeroEngine`].
+//!
+//! | upstream | here |
+//! |---|---|
+//! | `deepspeed_init`: `trainer_config_process` + `trainer_config_finalize` (mismatches raised before training) | [`Trainer::setup_sharding`], at the start of `train`, before any step |
+//! | ZeRO stage from `zero_optimization.stage`; FSDP `reshard_after_forward` | stage 1 / 2 / 3; FSDP `shard_grad_op` = 2, `full_shard` = 3, `no_shard` = DDP |
+//! | the Trainer's optimizer and scheduler, wrapped by DeepSpeed / FSDP | built by the Trainer as usual, over the engine's shards |
+//! | `engine.backward` + `engine.step` (reduce, clip with the global norm, step, gather) | `zero_reduce_and_clip` and `zero_after_step` in the loop |
+//! | `checkpoint-N/global_step{N}/zero_pp_rank_{r}_mp_rank_00_optim_states.pt`, `latest` | the same names, safetensors + JSON, written by every rank |
+//! | FSDP `SHARDED_STATE_DICT`: `pytorch_model_fsdp_0/` | the shard files there, no `model.safetensors` |
+//! | `FULL_STATE_DICT` / `stage3_gather_16bit_weights_on_model_save` | rank 0 writes the gathered `model.safetensors` |
+//!
+//! The DeepSpeed config's `optimizer` / `scheduler` sections are checked against the
+//! arguments (the mismatch error) but the Trainer's `optim` and `lr_scheduler_type` run;
+//! offload (`offload_optimizer`, `offload_param`, FSDP `cpu_offload`) is refused on CPU
+//! runs, where there is nothing to offload to.
+
+use std::path::Path;
+
+use tchtrain_deepspeed::{
+    HfTrainerDeepSpeedConfig, LATEST_NAME, ShardMemory, ZeroEngine, ZeroStage, global_step_dir,
+    load_zero_shard, optimizer_state_bytes, save_zero_shard,
+};
+use tchtrain_fsdp::{FsdpPlugin, StateDictType};
+use tchtrain_training_args::{DictOrPath, StrOrBool};
+
+use crate::distributed::with_process_group;
+use crate::error::{Error, Result};
+use crate::model_info;
+use crate::trainer::Trainer;
+
+/// Which integration asked for sharding.
+#[derive(Debug)]
+pub(crate) enum ShardingSource {
+    /// `--deepspeed`, with the processed config.
+    DeepSpeed(Box<HfTrainerDeepSpeedConfig>),
+    /// `--fsdp`, with the plugin.
+    Fsdp(FsdpPlugin),
+}
+
+/// The engine of a sharded run and where its settings came from.
+#[derive(Debug)]
+pub(crate) struct Sharding {
+    pub engine: ZeroEngine,
+    pub source: ShardingSource,
+}
+
+/// The DeepSpeed config named by `args.deepspeed`, if any.
+fn deepspeed_config(
+    args: &tchtrain_training_args::TrainingArguments,
+) -> Result<Option<HfTrainerDeepSpeedConfig>> {
+    Ok(match &args.deepspeed {
+        None => None,
+        Some(DictOrPath::Dict(d)) => Some(HfTrainerDeepSpeedConfig::from_value(
+            serde_json::Value::Object(d.clone()),
+        )?),
+        Some(DictOrPath::Path(p)) => Some(HfTrainerDeepSpeedConfig::from_path_or_json(p)?),
+    })
+}
+
+/// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
+fn hidden_size(trainer: &Trainer) -> Option<i64> {
+    let v = trainer.model.config().to_json_value().ok()?;
+    ["hidden_size", "n_embd", "d_model"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))
+}
+
+impl Trainer {
+    /// Upstream's `deepspeed_init` / FSDP preparation: reads `--deepspeed` (fills `"auto"`,
+    /// raises the mismatch error) or `--fsdp`, checks upstream's constraints, and in a
+    /// multi-process run builds the [`ZeroEngine`] and the optimizer over its shards.
+    /// Returns whether the run is sharded (DDP is not used then). Runs before any step.
+    pub(crate) fn setup_sharding(&mut self, num_training_steps: usize) -> Result<bool> {
+        self.sharding = None;
+        let ds = deepspeed_config(&self.args)?;
+        let fsdp_on = matches!(self.args.fsdp, Some(StrOrBool::Bool(true)));
+        let (stage, source, units) = if let Some(mut ds) = ds {
+            if fsdp_on {
+                // Upstream's message (tchtrain-fsdp's check raises the same).
+                return Err(tchtrain_fsdp::Error::Upstream("Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags.".into()).into());
+            }
+            ds.check_trainer_compat(&self.args)?;
+            ds.trainer_config_process(&self.args, self.args.auto_find_batch_size);
+            let h = hidden_size(self);
+            ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
+            if ds.is_offload() {
+                return Err(Error::InvalidArgument {
+                    field: "deepspeed",
+                    detail: "offload_optimizer / offload_param move state from the GPU to the CPU; this run is on the CPU already: remove them".into(),
+                });
+            }
+            let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
+                return Ok(false);
+            };
+            let units = if stage == ZeroStage::Weights {
+                layer_units(self)
+            } else {
+                Vec::new()
+            };
+            (stage, ShardingSource::DeepSpeed(Box::new(ds)), units)
+        } else if fsdp_on {
+            let map =
+                tchtrain_fsdp::fsdp_plugin_args(&self.args)?.ok_or(Error::InvalidArgument {
+                    field: "fsdp",
+                    detail: "the XLA FSDP path is not available".into(),
+                })?;
+            let plugin = FsdpPlugin::from_args(&map)?;
+            tchtrain_fsdp::check_trainer_compat(&self.args, &plugin, false)?;
+            if plugin.cpu_offload {
+                return Err(Error::InvalidArgument {
+                    field: "fsdp",
+                    detail: "offload moves parameters from the GPU to the CPU; this run is on the CPU already: remove it".into(),
+                });
+            }
+            let Some(stage) = tchtrain_fsdp::zero_stage_for(plugin.sharding_strategy) else {
+                return Ok(false);
+            };
+            let named = model_info::named_parameters(&*self.model);
+            let units = tchtrain_fsdp::auto_wrap_units(&named, &plugin);
+            (stage, ShardingSource::Fsdp(plugin), units)
+        } else {
+            return Ok(false);
+        };
+        if self.args.world_size() <= 1 {
+            log::warn!(
+                "ZeRO stage {} with a single process: nothing to shard, training as usual",
+                stage.number()
+            );
+            return Ok(false);
+        }
+        if self.optimizer.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "optimizers",
+                detail: "a sharded run builds its optimizer over the shards: let the Trainer create it (set optim / learning_rate / weight_decay)".into(),
+            });
+        }
+        let named = model_info::named_parameters(&*self.model);
+        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        let layernorms = model_info::layernorm_modules(&names);
+        let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
+        let engine = with_process_group(&self.args, |pg| {
+            let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
+            // Full parameters for `eval_on_start` and the first forward.
+            engine.gather(pg)?;
+            Ok(engine)
+        })?
+        .ok_or(Error::InvalidArgument {
+            field: "WORLD_SIZE",
+            detail: "is above 1 but no process group could be created".into(),
+        })?;
+        self.optimizer = Some(tchtrain_optim::create_optimizer(
+            &tchtrain_optim::OptimizerArgs::from(&self.args),
+            engine.shard_groups(),
+        )?);
+        self.sharding = Some(Sharding { engine, source });
+        Ok(true)
+    }
+
+    /// The memory the sharded engine holds on this rank (`None` outside a sharded run).
+    pub fn sharded_memory(&self) -> Option<ShardMemory> {
+        self.sharding.as_ref().map(|s| s.engine.memory())
+    }
+
+    /// Bytes of the optimizer's state tensors on this rank (its shard under ZeRO / FSDP).
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.optimizer.as_deref().map_or(0, optimizer_state_bytes)
+    }
+
+    /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run.
+    pub fn hf_deepspeed_config(&self) -> Option<&HfTrainerDeepSpeedConfig> {
+        match &self.sharding.as_ref()?.source {
+            ShardingSource::DeepSpeed(c) => Some(c),
+            ShardingSource::Fsdp(_) => None,
+        }
+    }
+
+    /// The ZeRO stage of the running sharded engine, if any.
+    pub fn zero_stage(&self) -> Option<i64> {
+        self.sharding.as_ref().map(|s| s.engine.stage().number())
+    }
+
+    /// Stage 3: gathers the full parameters (a collective; nothing otherwise).
+    pub(crate) fn zero_gather(&mut self) -> Result<()> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(());
+        };
+        with_process_group(&self.args, |pg| Ok(s.engine.gather(pg)?))?;
+        Ok(())
+    }
+
+    /// Stage 3: releases the full parameters (nothing otherwise).
+    pub(crate) fn zero_release(&mut self) -> Result<()> {
+        if let Some(s) = self.sharding.as_mut() {
+            s.engine.release()?;
+        }
+        Ok(())
+    }
+
+    /// The sharded replacement of "all-reduce the gradients, clip": reduces the gradients
+    /// into the shards and clips them with the global norm, which it returns; `None`
+    /// outside a sharded run.
+    pub(crate) fn zero_reduce_and_clip(&mut self) -> Result<Option<f64>> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(None);
+        };
+        let max_norm = self.args.max_grad_norm;
+        let norm = with_process_group(&self.args, |pg| {
+            s.engine.reduce_gradients(pg)?;
+            Ok(s.engine.clip_grad_norm(pg, max_norm)?)
+        })?;
+        Ok(norm)
+    }
+
+    /// After the optimizer's step: stages 1 and 2 all-gather the updated shards; the
+    /// variables' gradients are cleared.
+    pub(crate) fn zero_after_step(&mut self) -> Result<()> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(());
+        };
+        with_process_group(&self.args, |pg| {
+            s.engine.after_step(pg)?;
+            Ok(s.engine.zero_grad()?)
+        })?;
+        Ok(())
+    }
+
+    /// Whether checkpoints hold no `model.safetensors`, only shards (FSDP's
+    /// SHARDED_STATE_DICT).
+    pub(crate) fn saves_sharded_model(&self) -> bool {
+        matches!(
+            &self.sharding,
+            Some(Sharding {
+                source: ShardingSource::Fsdp(p),
+                ..
+            }) if p.state_dict_type == StateDictType::ShardedStateDict
+        )
+    }
+
+    /// Every rank's part of a checkpoint save into `tmp` (the folder rank 0 renames when
+    /// complete): gathers stage-3 parameters (for rank 0's `model.safetensors`), then, between
+    /// two barriers (rank 0 has created `tmp` before the first), writes this rank's shard
+    /// files: `global_step{N}/` and `latest` for DeepSpeed, `pytorch_model_fsdp_0/` for FSDP.
+    /// Nothing outside a sharded run. Collectives in the same order on every rank.
+    pub(crate) fn save_sharded_state(&mut self, tmp: &Path) -> Result<()> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(());
+        };
+        let step = self.state.global_step;
+        let dir = match &s.source {
+            ShardingSource::DeepSpeed(_) => global_step_dir(tmp, step),
+            ShardingSource::Fsdp(_) => tmp.join(tchtrain_deepspeed::FSDP_MODEL_DIR),
+        };
+        let is_rank0 = self.args.process_index() == 0;
+        let optimizer = if self.args.save_only_model {
+            None
+        } else {
+            self.optimizer.as_deref()
+        };
+        with_process_group(&self.args, |pg| {
+            s.engine.gather(pg)?;
+            pg.barrier()?;
+            save_zero_shard(&s.engine, optimizer, &dir)?;
+            if is_rank0 && matches!(s.source, ShardingSource::DeepSpeed(_)) {
+                let latest = tmp.join(LATEST_NAME);
+                std::fs::write(&latest, format!("global_step{step}"))
+                    .map_err(|e| Error::io("writing", &latest, e))?;
+            }
+            pg.barrier()?;
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Resuming a sharded run: this rank's shards and optimizer state from the
+    /// checkpoint's shard files, when it has them. Returns whether it did.
+    pub(crate) fn load_sharded_state(&mut self, ckpt: &Path) -> Result<bool> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(false);
+        };
+        let Ok(dir) = tchtrain_deepspeed::find_shard_dir(ckpt) else {
+            return Ok(false);
+        };
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .map(|o| &mut **o as &mut dyn tchtrain_optim::Optimizer);
+        with_process_group(&self.args, |pg| {
+            Ok(load_zero_shard(&mut s.engine, pg, optimizer, &dir)?)
+        })?;
+        Ok(true)
+    }
+}
+
+/// ZeRO-3's units under DeepSpeed: each decoder layer (every `*.h.{i}.`, `*.layers.{i}.`,
+/// `*.layer.{i}.` prefix), the rest in the root unit.
+fn layer_units(trainer: &Trainer) -> Vec<String> {
+    let named = model_info::named_parameters(&*trainer.model);
+    let plugin = FsdpPlugin {
+        version: 2,
+        sharding_strategy: tchtrain_fsdp::ShardingStrategy::FullShard,
+        cpu_offload: false,
+        auto_wrap_policy: "TRANSFORMER_BASED_WRAP".into(),
+        transformer_cls_names_to_wrap: Vec::new(),
+        min_num_params: 0,
+        cpu_ram_efficient_loading: false,
+        state_dict_type: StateDictType::FullStateDict,
+        activation_checkpointing: false,
+    };
+    tchtrain_fsdp::auto_wrap_units(&named, &plugin)
+}

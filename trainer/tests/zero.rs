@@ -1,0 +1,597 @@
+//! ZeRO stages 1/2/3 and FSDP (full_shard, shard_grad_op) on 127.0.0.1 with real
+//! processes: the test re-launches this binary as 2 ranks, each of which trains tiny GPT-2
+//! (dropouts 0) under DDP and then under every sharded configuration, one after the other
+//! on the same process group and output folder (as launched jobs do), writing its logs,
+//! memory figures and checkpoints.
+//!
+//! * Every sharded run logs the losses, gradient norms and learning rates of the DDP run
+//!   (the gradients are the same averages; only the global norm is summed in a different
+//!   order: squared shard norms all-reduced instead of torch's norm of per-tensor norms).
+//! * Optimizer state per rank is half of DDP's (plus padding); ZeRO-2/3 keep half the
+//!   gradients after the reduction; ZeRO-3 and full_shard hold half the parameters between
+//!   steps.
+//! * The per-rank shards consolidate (zero_to_fp32) into a model.safetensors equal to the
+//!   DDP run's within fp32 rounding, loadable by `tchtrain_models`.
+//! * A DeepSpeed config that conflicts with the arguments fails with upstream's message
+//!   before the first step.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tch::{Device, Tensor};
+use tchtrain_callbacks::JsonMap;
+use tchtrain_collators::{Feature, Label};
+use tchtrain_distributed::DistributedEnv;
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_trainer::{Dataset, InMemoryDataset, Trainer, named_parameters};
+use tchtrain_training_args::{
+    DictOrPath, IntervalStrategy, SaveStrategy, StrOrBool, TrainingArguments,
+};
+
+const ROLE: &str = "TCHTRAIN_TEST_ROLE";
+const DIR: &str = "TCHTRAIN_TEST_DIR";
+/// Rows per rank and micro-batch; the single process uses twice as many.
+const B: usize = 2;
+
+fn assets() -> PathBuf {
+    std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
+}
+
+fn reference_dir() -> PathBuf {
+    assets().join("reference/trainer_clm")
+}
+
+fn is_rank() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+fn rank() -> usize {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+fn test_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-zero-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns this binary running only `test` as each rank of a world of `world`.
+fn launch(test: &str, world: i32, dir: &Path) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, "rank")
+                .env(DIR, dir)
+                // Two ranks share the machine's cores (as `cargo xtask launch` sets it).
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' own `test result` lines would be counted by the summary:
+                // stdout is dropped, stderr (panic messages) stays visible.
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every child's exit code, killing all of them if they have not finished within `limit`.
+fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
+    let start = Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                codes[i] = c.try_wait().unwrap().map(|s| s.code());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("ranks did not finish within {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let path = reference_dir().join("blocks.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let rows = v[part]
+        .as_array()
+        .context("blocks")?
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(j, row)| {
+            let ids: Vec<i64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect();
+            // Rows end with 0 to 39 ignored labels (as padding would), so the ranks count
+            // different numbers of tokens: only `average_tokens_across_devices` makes their
+            // losses add up to the single process's.
+            let mut labels = ids.clone();
+            let ignored = (j * 13) % 40;
+            let len = labels.len();
+            labels[len - ignored..].fill(-100);
+            Feature::new(ids).with_labels(Label::Ids(labels))
+        })
+        .collect();
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
+/// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
+fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(
+        &reference_dir().join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model)
+}
+
+/// A `log_history` with only its numbers, each entry by key.
+type Log = Vec<BTreeMap<String, f64>>;
+
+fn numbers(history: &[JsonMap]) -> Log {
+    history
+        .iter()
+        .map(|e| {
+            e.iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Writes a log exactly (the bits of each number).
+fn write_log(path: &Path, log: &Log) -> Result<()> {
+    let bits: Vec<BTreeMap<&String, u64>> = log
+        .iter()
+        .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
+        .collect();
+    Ok(std::fs::write(path, serde_json::to_string(&bits)?)?)
+}
+
+fn read_log(path: &Path) -> Result<Log> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bits: Vec<BTreeMap<String, u64>> = serde_json::from_str(&text)?;
+    Ok(bits
+        .into_iter()
+        .map(|e| e.into_iter().map(|(k, b)| (k, f64::from_bits(b))).collect())
+        .collect())
+}
+
+/// The configurations each rank trains, in order: (name, DeepSpeed config, FSDP config).
+fn configs() -> Vec<(
+    &'static str,
+    Option<serde_json::Value>,
+    Option<serde_json::Value>,
+)> {
+    let ds = |stage: i64| {
+        json!({
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": "auto",
+                "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"},
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        })
+    };
+    vec![
+        ("ddp", None, None),
+        ("zero1", Some(ds(1)), None),
+        ("zero2", Some(ds(2)), None),
+        ("zero3", Some(ds(3)), None),
+        (
+            "fsdp_full_shard",
+            None,
+            Some(
+                json!({"reshard_after_forward": true, "transformer_layer_cls_to_wrap": ["GPT2Block"],
+                "state_dict_type": "SHARDED_STATE_DICT"}),
+            ),
+        ),
+        (
+            "fsdp_shard_grad_op",
+            None,
+            Some(json!({"reshard_after_forward": false})),
+        ),
+    ]
+}
+
+/// 32 rows, micro-batches of `batch` rows, accumulation 2, 6 updates, evaluation of 12
+/// rows and a save every 3 steps.
+fn job_args(
+    output_dir: &Path,
+    batch: usize,
+    deepspeed: Option<serde_json::Value>,
+    fsdp: Option<serde_json::Value>,
+) -> Result<TrainingArguments> {
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: batch,
+        per_device_eval_batch_size: batch,
+        gradient_accumulation_steps: 2,
+        max_steps: 6,
+        learning_rate: 1e-3,
+        warmup_steps: 2.0,
+        weight_decay: 0.01,
+        max_grad_norm: 1.0,
+        logging_steps: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(3.0),
+        save_strategy: SaveStrategy::Steps,
+        save_steps: 3.0,
+        seed: 42,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        deepspeed: deepspeed.map(|v| DictOrPath::Dict(v.as_object().cloned().unwrap_or_default())),
+        fsdp: fsdp.as_ref().map(|_| StrOrBool::Bool(true)),
+        fsdp_config: fsdp.map(|v| DictOrPath::Dict(v.as_object().cloned().unwrap_or_default())),
+        ..TrainingArguments::new(output_dir.display().to_string())
+    };
+    args.post_init()?;
+    Ok(args)
+}
+
+/// What one rank measured in one run.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Figures {
+    optimizer_state_bytes: usize,
+    model_param_bytes: usize,
+    step_end_param_bytes: usize,
+    step_end_grad_bytes: usize,
+    peak_param_bytes: usize,
+    zero_stage: Option<i64>,
+}
+
+/// Trains one configuration; returns its log and this rank's memory figures.
+fn run_job(
+    output_dir: &Path,
+    name: &str,
+    ds: Option<serde_json::Value>,
+    fsdp: Option<serde_json::Value>,
+) -> Result<(Log, Figures)> {
+    let mut trainer = Trainer::builder(initial_model()?, job_args(output_dir, B, ds, fsdp)?)
+        .train_dataset(blocks("train", 32)?)
+        .eval_dataset(blocks("eval", 12)?)
+        .build()?;
+    trainer
+        .train(None)
+        .with_context(|| format!("training {name}"))?;
+    let mem = trainer.sharded_memory().unwrap_or_default();
+    let model_param_bytes = named_parameters(trainer.model())
+        .iter()
+        .map(|(_, t)| t.numel() * 4)
+        .sum();
+    let figures = Figures {
+        optimizer_state_bytes: trainer.optimizer_state_bytes(),
+        model_param_bytes,
+        step_end_param_bytes: mem.step_end_param_bytes,
+        step_end_grad_bytes: mem.step_end_grad_bytes,
+        peak_param_bytes: mem.peak_param_bytes,
+        zero_stage: trainer.zero_stage(),
+    };
+    Ok((numbers(&trainer.state.log_history), figures))
+}
+
+fn num(entry: &BTreeMap<String, f64>, key: &str) -> Option<f64> {
+    entry.get(key).copied()
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-12)
+}
+
+fn read_figures(path: &Path) -> Result<Figures> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
+}
+
+fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<f64> {
+    let b: BTreeMap<&str, &Tensor> = b.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let mut worst = 0.0f64;
+    assert_eq!(a.len(), b.len(), "tensor count");
+    for (k, t) in a {
+        let u = b.get(k.as_str()).with_context(|| format!("{k} missing"))?;
+        assert_eq!(t.size(), u.size(), "{k} shape");
+        worst = worst.max(t.f_sub(u)?.abs().max().double_value(&[]));
+    }
+    Ok(worst)
+}
+
+#[test]
+fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
+    if is_rank() {
+        let dir = test_dir();
+        let r = rank();
+        for (name, ds, fsdp) in configs() {
+            let (history, figures) = run_job(&dir.join(name), name, ds, fsdp)?;
+            write_log(&dir.join(format!("{name}-history-rank{r}.json")), &history)?;
+            std::fs::write(
+                dir.join(format!("{name}-figures-rank{r}.json")),
+                serde_json::to_string(&figures)?,
+            )?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("parity");
+    let codes = wait_codes(
+        launch("zero_and_fsdp_runs_equal_ddp_with_sharded_memory", 2, &dir),
+        Duration::from_secs(900),
+    );
+    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
+    let ddp = read_log(&dir.join("ddp-history-rank0.json"))?;
+    let ddp_fig = read_figures(&dir.join("ddp-figures-rank0.json"))?;
+    assert!(
+        ddp.iter().filter(|e| e.contains_key("loss")).count() == 6,
+        "6 logged steps"
+    );
+    let full_params = ddp_fig.model_param_bytes as f64;
+    let ddp_state = ddp_fig.optimizer_state_bytes as f64;
+    assert!(ddp_state > 0.0);
+    let ddp_model = tchtrain_models::read_checkpoint(&dir.join("ddp/checkpoint-6"))?;
+    // Padding: fewer than `world` elements per flat buffer (at most 2 groups x 3 units).
+    let slack = 64.0 * 4.0;
+    for (name, _, _) in configs().into_iter().skip(1) {
+        for r in 0..2 {
+            let log = read_log(&dir.join(format!("{name}-history-rank{r}.json")))?;
+            assert_eq!(log.len(), ddp.len(), "{name}: number of log entries");
+            let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+            for (i, (z, d)) in log.iter().zip(&ddp).enumerate() {
+                assert_eq!(num(z, "step"), num(d, "step"), "{name} entry {i}: step");
+                for key in [
+                    "loss",
+                    "grad_norm",
+                    "learning_rate",
+                    "eval_loss",
+                    "train_loss",
+                ] {
+                    match (num(z, key), num(d, key)) {
+                        (Some(a), Some(b)) => {
+                            let w = worst.entry(key).or_default();
+                            *w = w.max(rel(a, b));
+                        }
+                        (None, None) => {}
+                        (a, b) => panic!("{name} entry {i}: {key} {a:?} vs DDP {b:?}"),
+                    }
+                }
+            }
+            if r == 0 {
+                println!("{name} vs DDP (2 ranks): max relative differences {worst:?}");
+            }
+            // fp32: the same averaged gradients; the global norm is summed differently
+            // (squared shard norms accumulated in float64 and all-reduced, against torch's
+            // float32 norm of per-tensor norms), which moves the clipping coefficient and so
+            // the AdamW updates in the last bits; the gradient norm, a sum over 3.3M
+            // elements, amplifies that over 6 steps (the DDP test's 1-vs-2-process bound).
+            assert!(worst["loss"] < 1e-5, "{name} loss {worst:?}");
+            assert!(worst["eval_loss"] < 1e-5, "{name} eval_loss {worst:?}");
+            assert!(worst["train_loss"] < 1e-5, "{name} train_loss {worst:?}");
+            assert!(worst["grad_norm"] < 5e-4, "{name} grad_norm {worst:?}");
+            let first = |l: &Log| l.iter().find_map(|e| num(e, "grad_norm"));
+            let step1 = rel(
+                first(&log).context("grad_norm")?,
+                first(&ddp).context("grad_norm")?,
+            );
+            assert!(
+                step1 < 1e-5,
+                "{name}: step-1 grad_norm differs by {step1} (same parameters, same gradients)"
+            );
+            assert!(
+                worst["learning_rate"] < 1e-12,
+                "{name} learning_rate {worst:?}"
+            );
+
+            let f = read_figures(&dir.join(format!("{name}-figures-rank{r}.json")))?;
+            if r == 0 {
+                println!(
+                    "{name} rank 0: optimizer state {} B (DDP {}), params held at step end {} B, peak {} B (full {}), grads at step end {} B",
+                    f.optimizer_state_bytes,
+                    ddp_fig.optimizer_state_bytes,
+                    f.step_end_param_bytes,
+                    f.peak_param_bytes,
+                    ddp_fig.model_param_bytes,
+                    f.step_end_grad_bytes
+                );
+            }
+            let state = f.optimizer_state_bytes as f64;
+            assert!(
+                (state - ddp_state / 2.0).abs() <= 2.0 * slack,
+                "{name} rank {r}: optimizer state {state} vs DDP {ddp_state} / 2"
+            );
+            let stage = f.zero_stage.context("a sharded run")?;
+            let shard = full_params / 2.0;
+            let params = f.step_end_param_bytes as f64;
+            let grads = f.step_end_grad_bytes as f64;
+            if stage == 3 {
+                assert!(
+                    (params - shard).abs() <= slack,
+                    "{name} rank {r}: params {params} vs {shard}"
+                );
+            } else {
+                assert!(
+                    (params - full_params - shard).abs() <= slack,
+                    "{name} rank {r}: params {params}"
+                );
+            }
+            if stage >= 2 {
+                assert!(
+                    (grads - shard).abs() <= slack,
+                    "{name} rank {r}: grads {grads} vs {shard}"
+                );
+            } else {
+                assert!(
+                    (grads - full_params - shard).abs() <= slack,
+                    "{name} rank {r}: grads {grads}"
+                );
+            }
+        }
+        // Checkpoints: per-rank shards, consolidated equal to DDP's model.
+        let ckpt = dir.join(format!("{name}/checkpoint-6"));
+        let shard_dir = tchtrain_deepspeed::find_shard_dir(&ckpt)?;
+        for r in 0..2 {
+            let stem = tchtrain_deepspeed::zero_shard_stem(r);
+            assert!(
+                shard_dir.join(format!("{stem}.safetensors")).is_file(),
+                "{name}: rank {r} shards"
+            );
+        }
+        let out = dir.join(format!("{name}-consolidated"));
+        tchtrain_deepspeed::convert_zero_checkpoint_to_fp32_state_dict(&ckpt, &out)?;
+        let consolidated = tchtrain_models::read_checkpoint(&out)?;
+        let diff = max_abs_diff(&consolidated, &ddp_model)?;
+        println!(
+            "{name}: consolidated checkpoint-6 vs DDP's model.safetensors: max abs diff {diff:e}"
+        );
+        assert!(
+            diff < 1e-5,
+            "{name}: consolidated weights differ from DDP's by {diff}"
+        );
+        if name == "fsdp_full_shard" {
+            assert!(
+                !ckpt.join("model.safetensors").exists(),
+                "SHARDED_STATE_DICT writes no full model"
+            );
+        } else {
+            let rank0_model = tchtrain_models::read_checkpoint(&ckpt)?;
+            assert_eq!(
+                max_abs_diff(&consolidated, &rank0_model)?,
+                0.0,
+                "{name}: rank 0's model.safetensors"
+            );
+        }
+        std::fs::copy(
+            reference_dir().join("initial/config.json"),
+            out.join("config.json"),
+        )?;
+        let loaded = from_pretrained_dir(
+            &out,
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(
+            loaded.info.missing_keys.is_empty(),
+            "{name}: {:?}",
+            loaded.info.missing_keys
+        );
+        maybe_load_in_python(&out, name)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// With `TCHTRAIN_VENV_PYTHON` set, transformers loads the consolidated folder.
+fn maybe_load_in_python(dir: &Path, name: &str) -> Result<()> {
+    let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
+        return Ok(());
+    };
+    let script = "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(sum(p.numel() for p in m.parameters()))";
+    let out = Command::new(python)
+        .args(["-c", script])
+        .arg(dir)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{name}: transformers could not load it: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message() -> Result<()> {
+    let dir = temp_dir("mismatch");
+    let ds = json!({
+        "train_micro_batch_size_per_gpu": 3,
+        "gradient_clipping": 0.5,
+        "zero_optimization": {"stage": 2},
+    });
+    let mut trainer = Trainer::builder(
+        initial_model()?,
+        job_args(&dir.join("out"), B, Some(ds), None)?,
+    )
+    .train_dataset(blocks("train", 32)?)
+    .eval_dataset(blocks("eval", 12)?)
+    .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "deepspeed: Please correct the following DeepSpeed config values that mismatch TrainingArguments values:\n\
+         - ds train_micro_batch_size_per_gpu=3 vs hf per_device_train_batch_size=2\n\
+         - ds gradient_clipping=0.5 vs hf max_grad_norm=1.0\n\
+         The easiest method is to set these DeepSpeed config values to 'auto'."
+    );
+    assert_eq!(trainer.state.global_step, 0, "no step was taken");
+    assert!(!dir.join("out").exists(), "nothing was written");
+    // ZeRO-3 with auto_find_batch_size: upstream's constraint.
+    let mut args = job_args(
+        &dir.join("out"),
+        B,
+        Some(json!({"zero_optimization": {"stage": 3}})),
+        None,
+    )?;
+    args.auto_find_batch_size = true;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 32)?)
+        .eval_dataset(blocks("eval", 12)?)
+        .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "deepspeed: `auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3"
+    );
+    // --fsdp with --deepspeed.
+    let args = job_args(
+        &dir.join("out"),
+        B,
+        Some(json!({"zero_optimization": {"stage": 1}})),
+        Some(json!({"reshard_after_forward": true})),
+    )?;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 32)?)
+        .eval_dataset(blocks("eval", 12)?)
+        .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "fsdp: Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags."
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
