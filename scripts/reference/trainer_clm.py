@@ -16,6 +16,8 @@ weight_decay 0.01, max_grad_norm 1.0, logging_steps 1, eval every 10 steps with
 per_device_eval_batch_size 4, seed 42, save_strategy no, report_to none.
 
 Runs:
+  random_ga4/  as random/ but gradient_accumulation_steps 4 (6 update steps per epoch, the last
+               over 3 batches; 12 steps).
   sequential/  `train_sampling_strategy="sequential"` (upstream's own switch: `_get_train_sampler`
                returns a SequentialSampler).
   random/      the default `train_sampling_strategy="random"`: a RandomSampler that accelerate
@@ -78,13 +80,13 @@ class Rows(Dataset):
         return {"input_ids": self.rows[i], "labels": list(self.rows[i])}
 
 
-def run(name, sampling, train_rows, eval_rows):
+def run(name, sampling, train_rows, eval_rows, gradient_accumulation_steps=2):
     model = tf.GPT2LMHeadModel.from_pretrained(OUT / "initial")
     args = tf.TrainingArguments(
         output_dir=str(OUT / f".tmp-{name}"),
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
-        gradient_accumulation_steps=2,
+        gradient_accumulation_steps=gradient_accumulation_steps,
         num_train_epochs=2,
         learning_rate=1e-3,
         lr_scheduler_type="cosine",
@@ -140,6 +142,7 @@ def main():
     )
     run("sequential", "sequential", train_rows, eval_rows)
     run("random", "random", train_rows, eval_rows)
+    run("random_ga4", "random", train_rows, eval_rows, gradient_accumulation_steps=4)
 
 
 if __name__ == "__main__":
