@@ -157,18 +157,24 @@ pub fn load_model_weights(model: &mut dyn PreTrainedModel, dir: &Path) -> Result
     }
     let mut vars: Vec<(String, Tensor)> = vars.into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
+    // Every name and shape is checked before the first copy: a checkpoint that does not
+    // fit leaves the model as it was.
+    let mut pairs = Vec::with_capacity(vars.len());
+    for (name, var) in vars {
+        let Some((_, t)) = tensors.iter().find(|(k, _)| *k == name) else {
+            return Err(invalid(format!("parameter `{name}` is missing")));
+        };
+        if t.size() != var.size() {
+            return Err(invalid(format!(
+                "parameter `{name}` has shape {:?} in the checkpoint but {:?} in the model",
+                t.size(),
+                var.size()
+            )));
+        }
+        pairs.push((var, t));
+    }
     tch::no_grad(|| -> Result<()> {
-        for (name, mut var) in vars {
-            let Some((_, t)) = tensors.iter().find(|(k, _)| *k == name) else {
-                return Err(invalid(format!("parameter `{name}` is missing")));
-            };
-            if t.size() != var.size() {
-                return Err(invalid(format!(
-                    "parameter `{name}` has shape {:?} in the checkpoint but {:?} in the model",
-                    t.size(),
-                    var.size()
-                )));
-            }
+        for (mut var, t) in pairs {
             var.f_copy_(t)?;
         }
         Ok(())

@@ -23,6 +23,7 @@ mod hooks;
 mod metrics;
 mod model_info;
 mod plot;
+mod preflight;
 mod raster;
 mod results;
 mod sampler;

@@ -62,7 +62,9 @@ impl Trainer {
             }
         };
         self.check_before_training()?;
+        self.check_train_labels()?;
         if let Some(ckpt) = &resume {
+            crate::preflight::check_resume_checkpoint(ckpt)?;
             checkpoint::load_model_weights(&mut *self.model, ckpt)?;
         }
         self.loop_state.is_in_train = true;

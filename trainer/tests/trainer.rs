@@ -411,3 +411,78 @@ fn evaluate_prefixes_compute_metrics_and_preprocesses_logits() -> Result<()> {
     assert_eq!(num(logged, "eval_loss"), Some(metrics["eval_loss"]));
     Ok(())
 }
+
+#[test]
+fn bad_labels_are_reported_before_training() -> Result<()> {
+    use tchtrain_trainer::{
+        ClassificationLabels, Error, Table, TextClassificationOptions, tokenize_text_classification,
+    };
+    let _g = lock();
+    // A data file without the label column: named, with the columns it has.
+    let table = Table::from_json_str(
+        "{\"sentence\": \"a fine film\"}\n{\"sentence\": \"dull\"}\n",
+        "train.jsonl",
+    )?;
+    let err = ClassificationLabels::from_table(&table, "label").unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingColumn { column, .. } if column == "label"),
+        "{err}"
+    );
+    let (_, tokenizer) =
+        tchtrain_collators::TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let labels = ClassificationLabels::Classes(vec!["fresh".into(), "rotten".into()]);
+    let err = tokenize_text_classification(
+        &table,
+        &tokenizer,
+        &labels,
+        &TextClassificationOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::MissingColumn { .. }), "{err}");
+    // A label the label list does not have.
+    let table = Table::from_json_str(
+        "{\"sentence\": \"a fine film\", \"label\": \"fresh\"}\n{\"sentence\": \"dull\", \"label\": \"plot\"}\n",
+        "train.jsonl",
+    )?;
+    let err = tokenize_text_classification(
+        &table,
+        &tokenizer,
+        &labels,
+        &TextClassificationOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidLabel { row: 1, .. }), "{err}");
+
+    // Class ids outside the model's num_labels (2): refused before the first step.
+    let minilm = assets().join("reference/trainer_parity/minilm_cls/initial");
+    let out = temp_dir("bad-labels");
+    for (bad, row) in [(2, 2), (-1, 1)] {
+        let model = from_pretrained_dir(
+            &minilm,
+            AutoTask::SequenceClassification { num_labels: None },
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        let classes = match bad {
+            2 => [0, 1, 2, 1],
+            _ => [0, -1, 1, 1],
+        };
+        let rows: Vec<Feature> = classes
+            .iter()
+            .map(|&c| Feature::new(vec![101, 2204, 102]).with_labels(Label::Class(c)))
+            .collect();
+        let mut t = Trainer::builder(model, small_args(&out)?)
+            .train_dataset(InMemoryDataset::new(rows).into_shared())
+            .build()?;
+        let err = t.train(None).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidLabel { label, row: r, .. } if *label == bad.to_string() && *r == row),
+            "{err}"
+        );
+        assert!(err.to_string().contains("outside the 2 labels"), "{err}");
+        assert_eq!(t.state.global_step, 0);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
