@@ -65,7 +65,10 @@ impl Trainer {
         self.check_train_labels()?;
         if let Some(ckpt) = &resume {
             crate::preflight::check_resume_checkpoint(ckpt)?;
-            checkpoint::load_model_weights(&mut *self.model, ckpt)?;
+            // SHARDED_STATE_DICT: the shards restore the weights once the engine exists.
+            if !crate::zero::weights_only_in_shards(ckpt) {
+                checkpoint::load_model_weights(&mut *self.model, ckpt)?;
+            }
         }
         self.loop_state.is_in_train = true;
         let loader = self.get_train_dataloader()?;

@@ -276,8 +276,20 @@ impl Trainer {
 
     /// Resuming a sharded run: this rank's shards and optimizer state from the
     /// checkpoint's shard files, when it has them. Returns whether it did.
+    ///
+    /// A checkpoint whose weights exist only as shards (FSDP's SHARDED_STATE_DICT) cannot
+    /// resume a run that is not sharded the same way: [`Error::InvalidCheckpoint`].
     pub(crate) fn load_sharded_state(&mut self, ckpt: &Path) -> Result<bool> {
         let Some(s) = self.sharding.as_mut() else {
+            if weights_only_in_shards(ckpt) {
+                return Err(Error::InvalidCheckpoint {
+                    dir: ckpt.to_path_buf(),
+                    detail: format!(
+                        "its weights exist only as per-rank shards ({}/): resume it with the same --fsdp / --deepspeed settings and WORLD_SIZE, or consolidate it with zero_to_fp32 and start from the consolidated model",
+                        tchtrain_deepspeed::FSDP_MODEL_DIR
+                    ),
+                });
+            }
             return Ok(false);
         };
         let Ok(dir) = tchtrain_deepspeed::find_shard_dir(ckpt) else {
@@ -292,6 +304,17 @@ impl Trainer {
         })?;
         Ok(true)
     }
+}
+
+/// Whether checkpoint `ckpt` holds its weights only as shards: no `model.safetensors`
+/// (nor its index) but shard files (FSDP's SHARDED_STATE_DICT). Resuming it skips the
+/// full-model load; the shards restore the weights ([`Trainer::load_sharded_state`]).
+pub(crate) fn weights_only_in_shards(ckpt: &Path) -> bool {
+    !ckpt.join(tchtrain_models::SAFE_WEIGHTS_NAME).is_file()
+        && !ckpt
+            .join(tchtrain_models::SAFE_WEIGHTS_INDEX_NAME)
+            .is_file()
+        && tchtrain_deepspeed::find_shard_dir(ckpt).is_ok()
 }
 
 /// ZeRO-3's units under DeepSpeed: each decoder layer (every `*.h.{i}.`, `*.layers.{i}.`,
