@@ -14,8 +14,9 @@
 //!
 //! The DeepSpeed config's `optimizer` / `scheduler` sections are checked against the
 //! arguments (the mismatch error) but the Trainer's `optim` and `lr_scheduler_type` run;
-//! offload (`offload_optimizer`, `offload_param`, FSDP `cpu_offload`) is refused on CPU
-//! runs, where there is nothing to offload to.
+//! offload (`offload_optimizer` / `offload_param` devices `cpu` / `nvme`, FSDP `cpu_offload`)
+//! is refused with an error naming the key: the engine does not implement it (and a CPU run
+//! has nothing to offload to).
 
 use std::path::Path;
 
@@ -86,10 +87,18 @@ impl Trainer {
             ds.trainer_config_process(&self.args, self.args.auto_find_batch_size);
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
-            if ds.is_offload() {
+            let offload = ds.offload_devices();
+            if !offload.is_empty() {
+                let set: Vec<String> = offload
+                    .iter()
+                    .map(|(k, d)| format!("{k}=\"{d}\""))
+                    .collect();
                 return Err(Error::InvalidArgument {
                     field: "deepspeed",
-                    detail: "offload_optimizer / offload_param move state from the GPU to the CPU; this run is on the CPU already: remove them".into(),
+                    detail: format!(
+                        "{}: offloading is not supported by this ZeRO engine (and a CPU run has nothing to offload to): set \"device\": \"none\" there, or remove the offload section",
+                        set.join(" and ")
+                    ),
                 });
             }
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {

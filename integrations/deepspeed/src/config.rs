@@ -152,6 +152,25 @@ impl HfTrainerDeepSpeedConfig {
             })
     }
 
+    /// The offload keys of [`Self::is_offload`] that are set, with their device, e.g.
+    /// `("zero_optimization.offload_optimizer.device", "cpu")` (stages 2 and 3 only, as
+    /// upstream).
+    pub fn offload_devices(&self) -> Vec<(&'static str, String)> {
+        if !(self.is_zero2() || self.is_zero3()) {
+            return Vec::new();
+        }
+        [
+            "zero_optimization.offload_optimizer.device",
+            "zero_optimization.offload_param.device",
+        ]
+        .into_iter()
+        .filter_map(|k| match self.get_value(k).and_then(Value::as_str) {
+            Some(d @ ("cpu" | "nvme")) => Some((k, d.to_string())),
+            _ => None,
+        })
+        .collect()
+    }
+
     /// `fill_match`: replace `"auto"` with `hf_val`; otherwise, when `must_match`, record a
     /// mismatch if the config's value differs.
     pub fn fill_match(&mut self, key: &str, hf_val: Value, hf_key: &str, must_match: bool) {

@@ -1,0 +1,343 @@
+//! The DeepSpeed documentation's ZeRO-2 and ZeRO-3 example configs
+//! (`integrations/deepspeed/tests/fixtures/ds_config_zero{2,3}.json`, every value `"auto"`)
+//! passed to the Trainer as `--deepspeed <file>`:
+//!
+//! * as written they offload to `"cpu"`, which this engine refuses before any step with an
+//!   error naming each offload key and the fix;
+//! * with the offload devices set to `"none"` they train on 2 ranks (ZeRO stage 2 / 3), the
+//!   processed config holding no `"auto"`, fp16 disabled (a CPU run), the batch sizes,
+//!   clipping, optimizer and scheduler values from the arguments and the buckets from
+//!   GPT-2's `n_embd`;
+//! * a value that conflicts with the arguments fails with upstream's mismatch message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use tch::Device;
+use tchtrain_collators::{Feature, Label};
+use tchtrain_distributed::DistributedEnv;
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_trainer::{Dataset, InMemoryDataset, Trainer};
+use tchtrain_training_args::{DictOrPath, SaveStrategy, TrainingArguments};
+
+const ROLE: &str = "TCHTRAIN_TEST_ROLE";
+const DIR: &str = "TCHTRAIN_TEST_DIR";
+/// Rows per rank and micro-batch.
+const B: usize = 2;
+
+fn assets() -> PathBuf {
+    std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
+}
+
+fn reference_dir() -> PathBuf {
+    assets().join("reference/trainer_clm")
+}
+
+/// `None` in the parent; `"first"` or `"resume"` in a rank.
+fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+fn rank() -> usize {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+fn test_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-dsdoc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns this binary running only `test` as each rank of a world of `world`, in `role`.
+fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, role)
+                .env(DIR, dir)
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' `test result` lines would be counted by the summary.
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every child's exit code, killing all of them if they have not finished within `limit`.
+fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
+    let start = Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                codes[i] = c.try_wait().unwrap().map(|s| s.code());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("ranks did not finish within {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let path = reference_dir().join("blocks.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let rows = v[part]
+        .as_array()
+        .context("blocks")?
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(j, row)| {
+            let ids: Vec<i64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect();
+            // Ranks count different numbers of tokens (as zero.rs).
+            let mut labels = ids.clone();
+            let ignored = (j * 13) % 40;
+            let len = labels.len();
+            labels[len - ignored..].fill(-100);
+            Feature::new(ids).with_labels(Label::Ids(labels))
+        })
+        .collect();
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
+/// Tiny GPT-2 with every dropout 0 (the reference job's starting point).
+fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(
+        &reference_dir().join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../integrations/deepspeed/tests/fixtures")
+        .join(name)
+}
+
+/// The fixture `name` with `overrides` (dotted keys) applied, written to `dir`; its path.
+fn config_file(dir: &Path, name: &str, overrides: &[(&str, Value)]) -> Result<PathBuf> {
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(fixture(name))?)?;
+    for (key, value) in overrides {
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut node = &mut v;
+        for p in &parts[..parts.len() - 1] {
+            node = node.get_mut(*p).context("fixture key")?;
+        }
+        node[parts[parts.len() - 1]] = value.clone();
+    }
+    let path = dir.join(format!("{}-{name}", overrides.len()));
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
+    Ok(path)
+}
+
+const NO_OFFLOAD: [(&str, Value); 0] = [];
+
+/// Offload devices `"none"` (ZeRO-2's example offloads only the optimizer).
+fn no_offload(stage: i64) -> Vec<(&'static str, Value)> {
+    let mut v = vec![("zero_optimization.offload_optimizer.device", json!("none"))];
+    if stage == 3 {
+        v.push(("zero_optimization.offload_param.device", json!("none")));
+    }
+    v
+}
+
+/// Batch B, accumulation 2, 2 updates, lr 1e-3, `--deepspeed config`.
+fn trainer(output_dir: &Path, config: &Path) -> Result<Trainer> {
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: B,
+        gradient_accumulation_steps: 2,
+        max_steps: 2,
+        learning_rate: 1e-3,
+        warmup_steps: 1.0,
+        weight_decay: 0.01,
+        logging_steps: 1.0,
+        save_strategy: SaveStrategy::No,
+        seed: 42,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        deepspeed: Some(DictOrPath::Path(config.display().to_string())),
+        ..TrainingArguments::new(output_dir.display().to_string())
+    };
+    args.post_init()?;
+    Ok(Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 16)?)
+        .build()?)
+}
+
+fn run_rank() -> Result<()> {
+    let dir = test_dir();
+    let r = rank();
+    for stage in [2, 3] {
+        let name = format!("ds_config_zero{stage}.json");
+        let config = config_file(
+            &dir.join(format!("configs-rank{r}")),
+            &name,
+            &no_offload(stage),
+        )?;
+        let mut t = trainer(&dir.join(format!("zero{stage}")), &config)?;
+        t.train(None)
+            .with_context(|| format!("{name} on rank {r}"))?;
+        let processed = t
+            .hf_deepspeed_config()
+            .context("a DeepSpeed run")?
+            .config
+            .clone();
+        let losses: Vec<f64> = t
+            .state
+            .log_history
+            .iter()
+            .filter_map(|e| e.get("loss")?.as_f64())
+            .collect();
+        let out = json!({"stage": t.zero_stage(), "config": processed, "losses": losses});
+        std::fs::write(
+            dir.join(format!("zero{stage}-rank{r}.json")),
+            serde_json::to_string(&out)?,
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_documentation_examples_train_on_two_ranks_without_offload() -> Result<()> {
+    const TEST: &str = "the_documentation_examples_train_on_two_ranks_without_offload";
+    if role().is_some() {
+        return run_rank();
+    }
+    let dir = temp_dir("ranks");
+    let codes = wait_codes(launch(TEST, 2, &dir, "rank"), Duration::from_secs(600));
+    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
+    for stage in [2i64, 3] {
+        for r in 0..2 {
+            let path = dir.join(format!("zero{stage}-rank{r}.json"));
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            assert_eq!(v["stage"], json!(stage));
+            let c = &v["config"];
+            assert!(!c.to_string().contains("\"auto\""), "zero{stage}: {c}");
+            assert_eq!(c["fp16"]["enabled"], json!(false), "fp16 auto on the CPU");
+            assert_eq!(c["train_micro_batch_size_per_gpu"], json!(B));
+            assert_eq!(c["gradient_accumulation_steps"], json!(2));
+            assert_eq!(
+                c["train_batch_size"],
+                json!(2 * B * 2),
+                "world x batch x accumulation"
+            );
+            assert_eq!(c["gradient_clipping"], json!(1.0));
+            assert_eq!(c["optimizer"]["params"]["lr"], json!(1e-3));
+            assert_eq!(c["optimizer"]["params"]["betas"], json!([0.9, 0.999]));
+            assert_eq!(c["optimizer"]["params"]["weight_decay"], json!(0.01));
+            assert_eq!(c["scheduler"]["params"]["warmup_max_lr"], json!(1e-3));
+            assert_eq!(c["scheduler"]["params"]["warmup_num_steps"], json!(1));
+            if stage == 3 {
+                // GPT-2 tiny: n_embd 64.
+                let z = &c["zero_optimization"];
+                assert_eq!(z["reduce_bucket_size"], json!(64 * 64));
+                assert_eq!(z["stage3_prefetch_bucket_size"], json!(3686));
+                assert_eq!(z["stage3_param_persistence_threshold"], json!(640));
+            }
+            let losses = v["losses"].as_array().context("losses")?;
+            assert_eq!(losses.len(), 2, "zero{stage}: 2 logged steps");
+            assert!(
+                losses
+                    .iter()
+                    .all(|l| l.as_f64().is_some_and(f64::is_finite))
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn offload_in_the_documentation_examples_is_refused_naming_the_keys() -> Result<()> {
+    if role().is_some() {
+        return Ok(());
+    }
+    let dir = temp_dir("offload");
+    for (stage, keys) in [
+        (2, "zero_optimization.offload_optimizer.device=\"cpu\""),
+        (
+            3,
+            "zero_optimization.offload_optimizer.device=\"cpu\" and zero_optimization.offload_param.device=\"cpu\"",
+        ),
+    ] {
+        let config = config_file(&dir, &format!("ds_config_zero{stage}.json"), &NO_OFFLOAD)?;
+        let out = dir.join(format!("out{stage}"));
+        let mut t = trainer(&out, &config)?;
+        let err = t.train(None).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "invalid `deepspeed`: {keys}: offloading is not supported by this ZeRO engine (and a CPU run has nothing to offload to): set \"device\": \"none\" there, or remove the offload section"
+            )
+        );
+        assert_eq!(t.state.global_step, 0);
+        assert!(!out.exists(), "nothing was written");
+    }
+    // A conflicting value: upstream's message, before the offload check.
+    let config = config_file(
+        &dir,
+        "ds_config_zero3.json",
+        &[
+            ("gradient_clipping", json!(0.5)),
+            ("train_micro_batch_size_per_gpu", json!(3)),
+        ],
+    )?;
+    let err = trainer(&dir.join("out"), &config)?
+        .train(None)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "deepspeed: Please correct the following DeepSpeed config values that mismatch TrainingArguments values:\n\
+         - ds train_micro_batch_size_per_gpu=3 vs hf per_device_train_batch_size=2\n\
+         - ds gradient_clipping=0.5 vs hf max_grad_norm=1.0\n\
+         The easiest method is to set these DeepSpeed config values to 'auto'."
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
