@@ -8,6 +8,18 @@
 //! [`DistributedDataParallel`] averages gradients in buckets. NCCL (behind a `cuda`
 //! feature) comes next.
 //!
+//! ## NCCL: what compiling the shim needs (not built yet)
+//!
+//! A probe compiling `ProcessGroupNCCL` construction (`-DUSE_C10D_NCCL`, the flags of
+//! `build.rs`, linking `torch_cuda` and `c10_cuda` from the torch wheel) against the setup
+//! virtualenv found: `nccl.h` in the `nvidia-nccl-cu13` wheel (`nvidia/nccl/include`) and
+//! `cuda_runtime.h` in `nvidia-cuda-runtime` (`nvidia/cu13/include`) are there, but
+//! `cuda_runtime.h` includes `crt/host_config.h` (PyPI `nvidia-cuda-crt`; a copy exists
+//! only inside triton's `backends/nvidia/include`) and `cuda_fp16.h` includes `nv/target`
+//! (CCCL, PyPI `nvidia-cuda-cccl`), which nothing in the virtualenv provides. So the
+//! `cuda` feature needs `nvidia-cuda-crt` and `nvidia-cuda-cccl` 13.0 added to setup's
+//! requirements (the default build needs neither).
+//!
 //! Mirrors upstream torch.distributed; names follow it so a PyTorch user finds each
 //! concept where they expect it.
 
