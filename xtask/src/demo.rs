@@ -1,4 +1,5 @@
-//! `cargo xtask demo`: the main training job, end to end, on the real SmolLM2-135M.
+//! `cargo xtask demo --clm`: a causal-LM training job, end to end, on the real SmolLM2-135M
+//! (plain `cargo xtask demo` runs the sentiment job of `demo_sentiment`).
 //!
 //! `setup`, a release build of the `run_clm` example, then three runs of it into
 //! `target/demo/` (all on CPU):
@@ -75,7 +76,7 @@ impl Options {
 }
 
 /// The number after `"key":` in a flat JSON object (the `*_results.json` files).
-fn json_number(text: &str, key: &str) -> Option<f64> {
+pub(crate) fn json_number(text: &str, key: &str) -> Option<f64> {
     let pattern = format!("\"{key}\"");
     let at = text.find(&pattern)? + pattern.len();
     let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
@@ -86,7 +87,7 @@ fn json_number(text: &str, key: &str) -> Option<f64> {
 }
 
 /// Reads `key` from `dir/file`.
-fn read_metric(dir: &Path, file: &str, key: &str) -> Result<f64, String> {
+pub(crate) fn read_metric(dir: &Path, file: &str, key: &str) -> Result<f64, String> {
     let path = dir.join(file);
     let text =
         std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -101,9 +102,14 @@ fn run_clm(exe: &Path, root: &Path, what: &str, args: &[String]) -> Result<(), S
     cmd::status(&mut c, what)
 }
 
-/// Runs setup, builds the example and runs the three stages.
+/// `--clm`: runs setup, builds the example and runs the three stages; otherwise the
+/// sentiment demo.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let o = Options::parse(args)?;
+    if !args.iter().any(|a| a == "--clm") {
+        return crate::demo_sentiment::run(args);
+    }
+    let args: Vec<String> = args.iter().filter(|a| *a != "--clm").cloned().collect();
+    let o = Options::parse(&args)?;
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
     let root = paths::workspace_root();

@@ -5,12 +5,14 @@
 //!   reference values. Idempotent.
 //! * `test` — `setup`, then the whole test suite, with one summary line.
 //! * `bench` — `setup`, then benchmarks side by side with PyTorch / transformers.
-//! * `demo` — `setup`, then the main training job (SmolLM2-135M fine-tuned on hamlet.txt).
+//! * `demo` — `setup`, then the main training job (MiniLM fine-tuned on Rotten Tomatoes
+//!   sentiment; `--clm`: SmolLM2-135M fine-tuned on hamlet.txt).
 //! * `launch` — torchrun for one node: starts N ranks of a command, stops all if one fails.
 
 mod bench;
 mod cmd;
 mod demo;
+mod demo_sentiment;
 mod launch;
 mod paths;
 mod setup;
@@ -41,12 +43,19 @@ commands:
         --repeat N      rounds of (Rust run, Python run); medians over rounds
         --threads N     intra-op threads on both sides (default: the core count,
                         libtorch's default)
-  demo [--steps N] [--block-size N] [--batch-size N]
-        setup, a release build of the run_clm example, then the main job into
-        target/demo/: evaluate SmolLM2-135M on the held-out 5% of hamlet.txt,
-        fine-tune it on the rest (default 30 steps x 4 rows x 128 tokens, CPU),
-        reload the saved checkpoint and evaluate it again; fails unless the
-        evaluation loss decreased
+  demo [--steps N] [--batch-size N] [--max-seq-length N]
+        setup, a release build of the run_classification and plot_log_history
+        examples, then the main job into target/demo/: MiniLM-L6 fine-tuned on the
+        Rotten Tomatoes reviews, fresh vs rotten (default 120 steps x 16 reviews x
+        <= 64 tokens, CPU), accuracy on a seeded 10% held-out split before and
+        after, progress bars, TensorBoard logs, the saved model reloaded and
+        evaluated again, train/loss_lr.png (loss and learning rate vs step);
+        fails unless the accuracy after is at least 0.6 and rose
+  demo --clm [--steps N] [--block-size N] [--batch-size N]
+        setup, a release build of the run_clm example, then into target/demo/:
+        evaluate SmolLM2-135M on the held-out 5% of hamlet.txt, fine-tune it on
+        the rest (default 30 steps x 4 rows x 128 tokens, CPU), reload the saved
+        checkpoint and evaluate it again; fails unless the evaluation loss decreased
   launch [--nproc-per-node N] [--master-port P] [--master-addr A] -- COMMAND [ARGS...]
         torchrun on one node: starts N copies of COMMAND with RANK, LOCAL_RANK,
         WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1

@@ -13,6 +13,7 @@ mod args;
 mod common;
 pub mod run_classification;
 pub mod run_clm;
+mod split;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

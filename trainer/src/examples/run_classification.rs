@@ -9,6 +9,13 @@
 //! `--max_train_samples` / `--max_eval_samples`; accuracy (mean squared error for
 //! regression) as the metric. The saved `config.json` names the labels (`id2label`).
 //!
+//! Two flags upstream's script does not have, for one labelled file such as the Rotten
+//! Tomatoes corpus: `--label_filter fresh,rotten` keeps only the rows with those labels
+//! (in both files, before the label list is made), and `--validation_split_percentage P`
+//! holds out P % of the training file's rows (a permutation seeded by `--shuffle_seed`)
+//! as the validation set when there is no `--validation_file`. The model is loaded after
+//! `set_seed(--seed)`, as upstream, so a new classification head starts the same each run.
+//!
 //! The shuffle is a seeded permutation (libtorch's `randperm` order), not the numpy
 //! generator `datasets.shuffle` uses: the same seed gives a different order than upstream.
 //!
@@ -34,6 +41,7 @@ use tchtrain_training_args::TrainingArguments;
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer};
+use super::split;
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
 use crate::metrics::{EvalPrediction, Metrics};
@@ -75,6 +83,11 @@ pub struct ClassificationArguments {
     pub max_train_samples: Option<usize>,
     /// `--max_eval_samples`.
     pub max_eval_samples: Option<usize>,
+    /// `--label_filter A,B` (not upstream): keep only the rows with these labels.
+    pub label_filter: Option<Vec<String>>,
+    /// `--validation_split_percentage P` (not upstream; run_clm's flag): without
+    /// `--validation_file`, hold out P % of the training rows (seeded by `shuffle_seed`).
+    pub validation_split_percentage: Option<usize>,
 }
 
 impl Default for ClassificationArguments {
@@ -94,6 +107,8 @@ impl Default for ClassificationArguments {
             shuffle_seed: 42,
             max_train_samples: None,
             max_eval_samples: None,
+            label_filter: None,
+            validation_split_percentage: None,
         }
     }
 }
@@ -116,6 +131,10 @@ script flags:
   --shuffle_seed N            seed of that shuffle (default: 42)
   --max_train_samples N       keep the first N training rows
   --max_eval_samples N        keep the first N evaluation rows
+  --label_filter A,B          keep only the rows labelled A or B (both files; not upstream)
+  --validation_split_percentage P
+                              without --validation_file: hold out P% of the training rows,
+                              drawn with --shuffle_seed, for evaluation (not upstream)
 ";
 
 impl ScriptFlags for ClassificationArguments {
@@ -140,6 +159,13 @@ impl ScriptFlags for ClassificationArguments {
             "shuffle_seed" => self.shuffle_seed = args::number(name, value)?,
             "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
             "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
+            "label_filter" => {
+                let labels = args::string(name, value)?;
+                self.label_filter = Some(labels.split(',').map(|s| s.trim().to_string()).collect());
+            }
+            "validation_split_percentage" => {
+                self.validation_split_percentage = Some(args::number(name, value)?);
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -252,11 +278,8 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         (Some(_), _) | (None, true) => Some(read_table("train_file", cls.train_file.as_ref())?),
         (None, false) => None,
     };
-    let eval_table = if training.do_eval {
-        Some(read_table("validation_file", cls.validation_file.as_ref())?)
-    } else {
-        None
-    };
+    let (train_split, eval_table) = split::prepare_tables(cls, train_table, training.do_eval)?;
+    train_table = train_split;
     let label_source = train_table
         .as_ref()
         .or(eval_table.as_ref())
@@ -310,6 +333,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     };
 
     let num_labels = labels.num_labels() as i64;
+    tch::manual_seed(training.seed as i64);
     let loaded = from_pretrained_dir(
         &dir,
         AutoTask::SequenceClassification {
