@@ -28,14 +28,49 @@ impl Trainer {
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
         let loader = self.get_eval_dataloader(eval_dataset)?;
+        let start = Instant::now();
+        // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.
+        let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
+        let output = self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix)?;
+        let mut metrics = output.metrics;
+        let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
+        let speed = speed_metrics(
+            metric_key_prefix,
+            start,
+            Some(output.num_samples as f64),
+            Some(output.num_samples.div_ceil(total_batch_size) as f64),
+            None,
+        );
+        let mut logs: Vec<(String, f64)> = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (k, v) in speed {
+            metrics.insert(k.clone(), v);
+            logs.push((k, v));
+        }
+        self.log(logs, None)?;
+        metrics.insert("epoch".into(), self.state.epoch);
+        let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        self.callback_handler
+            .on_evaluate(&self.args, &self.state, &mut self.control, &map)?;
+        Ok(metrics)
+    }
+
+    /// Upstream `evaluation_loop`, shared by [`evaluate`](Self::evaluate) and
+    /// [`predict`](Self::predict): runs `prediction_step` over `loader`, gathers losses,
+    /// (preprocessed) logits and labels, calls `compute_metrics`, and returns the
+    /// predictions, labels and the metrics named `{metric_key_prefix}_...` (the loss as
+    /// `{metric_key_prefix}_loss`), without speed metrics.
+    pub(crate) fn evaluation_loop(
+        &mut self,
+        loader: &crate::data_loader::DataLoader,
+        prediction_loss_only: bool,
+        metric_key_prefix: &str,
+    ) -> Result<EvalLoopOutput> {
         if loader.num_examples() == 0 {
             return Err(Error::EmptyDataset {
                 what: "evaluation",
                 hint: String::new(),
             });
         }
-        let start = Instant::now();
-        let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
         self.callback_handler.eval_dataloader_len = Some(loader.len());
         self.model.eval();
         let mut losses: Vec<Tensor> = Vec::new();
@@ -82,16 +117,23 @@ impl Trainer {
             self.callback_handler
                 .on_prediction_step(&self.args, &self.state, &mut self.control)?;
         }
-        self.gather_for_metrics([&mut losses, &mut preds, &mut labels], &loader)?;
+        self.gather_for_metrics([&mut losses, &mut preds, &mut labels], loader)?;
         let num_samples = loader.num_examples();
         let mut metrics = Metrics::new();
-        if let Some(f) = self.compute_metrics.as_mut()
-            && !preds.is_empty()
-            && !labels.is_empty()
+        let predictions = match preds.is_empty() {
+            true => None,
+            false => Some(concat_padded(&preds)?),
+        };
+        let label_ids = match labels.is_empty() {
+            true => None,
+            false => Some(concat_padded(&labels)?),
+        };
+        if let (Some(f), Some(p), Some(l)) =
+            (self.compute_metrics.as_mut(), &predictions, &label_ids)
         {
             let prediction = EvalPrediction {
-                predictions: concat_padded(&preds)?,
-                label_ids: Some(concat_padded(&labels)?),
+                predictions: p.shallow_clone(),
+                label_ids: Some(l.shallow_clone()),
             };
             metrics = f(&prediction)?;
         }
@@ -107,7 +149,7 @@ impl Trainer {
             );
         }
         let prefix = format!("{metric_key_prefix}_");
-        let mut metrics: Metrics = metrics
+        let metrics: Metrics = metrics
             .into_iter()
             .map(|(k, v)| {
                 if k.starts_with(&prefix) {
@@ -117,25 +159,12 @@ impl Trainer {
                 }
             })
             .collect();
-        let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
-        let speed = speed_metrics(
-            metric_key_prefix,
-            start,
-            Some(num_samples as f64),
-            Some(num_samples.div_ceil(total_batch_size) as f64),
-            None,
-        );
-        let mut logs: Vec<(String, f64)> = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        for (k, v) in speed {
-            metrics.insert(k.clone(), v);
-            logs.push((k, v));
-        }
-        self.log(logs, None)?;
-        metrics.insert("epoch".into(), self.state.epoch);
-        let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        self.callback_handler
-            .on_evaluate(&self.args, &self.state, &mut self.control, &map)?;
-        Ok(metrics)
+        Ok(EvalLoopOutput {
+            predictions,
+            label_ids,
+            metrics,
+            num_samples,
+        })
     }
 
     /// Upstream `_evaluate`: [`evaluate`](Self::evaluate), then a metric-driven scheduler
@@ -155,6 +184,18 @@ impl Trainer {
         }
         Ok(metrics)
     }
+}
+
+/// What [`Trainer::evaluation_loop`] returns (upstream `EvalLoopOutput`).
+pub(crate) struct EvalLoopOutput {
+    /// The (preprocessed) logits of every row, unless only the loss was asked for.
+    pub predictions: Option<Tensor>,
+    /// The labels of every row, when the rows had labels and logits were kept.
+    pub label_ids: Option<Tensor>,
+    /// `{prefix}_loss` and the `compute_metrics` results, prefixed.
+    pub metrics: Metrics,
+    /// Number of rows evaluated.
+    pub num_samples: usize,
 }
 
 /// Upstream `nested_concat` with `padding_index=-100`: concatenates along the first

@@ -2,7 +2,7 @@
 //!
 //! Owns the [`Trainer`]: [`train`](Trainer::train) (epochs or `max_steps`, gradient
 //! accumulation with upstream's `num_items_in_batch` normalisation, clipping, scheduler,
-//! logging / evaluation / saving through the callbacks, resume), [`evaluate`](Trainer::evaluate),
+//! logging / evaluation / saving through the callbacks, resume), [`evaluate`](Trainer::evaluate), [`predict`](Trainer::predict),
 //! checkpoints in upstream's layout with rotation, and the data side it drives:
 //! [`Dataset`], [`Sampler`]s (upstream's seeded random order reproduced exactly), the
 //! [`DataLoader`], and the plain-text preparation of upstream's `run_clm.py` ([`group_texts`]).
@@ -23,6 +23,7 @@ mod hooks;
 mod metrics;
 mod model_info;
 mod plot;
+mod prediction;
 mod preflight;
 mod raster;
 mod results;
@@ -54,6 +55,7 @@ pub use model_info::{
     model_accepts_loss_kwargs, named_parameters, num_parameters,
 };
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
+pub use prediction::PredictionOutput;
 pub use raster::{Rgb, RgbImage};
 pub use results::metrics_format;
 pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};

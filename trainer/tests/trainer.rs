@@ -486,3 +486,57 @@ fn bad_labels_are_reported_before_training() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+#[test]
+fn predict_returns_predictions_labels_and_test_metrics() -> Result<()> {
+    use tchtrain_trainer::{EvalPrediction, Metrics};
+    let _g = lock();
+    let out = temp_dir("predict");
+    let mut args = small_args(&out)?;
+    args.per_device_eval_batch_size = 4;
+    let all = blocks("eval")?;
+    let test =
+        InMemoryDataset::new((0..6).map(|i| all.get(i)).collect::<Result<_, _>>()?).into_shared();
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .preprocess_logits_for_metrics(Box::new(|logits, _labels| Ok(logits.f_argmax(-1, false)?)))
+        .compute_metrics(Box::new(|p: &EvalPrediction| {
+            Ok(Metrics::from([(
+                "rows".to_string(),
+                p.predictions.size()[0] as f64,
+            )]))
+        }))
+        .build()?;
+    let history_before = trainer.state.log_history.len();
+    let output = trainer.predict(Arc::clone(&test), "test")?;
+    // 6 rows in batches of 4 (the last of 2): every row's argmax and labels, in order.
+    let preds = output.predictions.context("predictions")?;
+    let labels = output.label_ids.context("label_ids")?;
+    assert_eq!(preds.size(), [6, 64]);
+    assert_eq!(labels.size(), [6, 64]);
+    assert_eq!(Vec::<i64>::try_from(labels.get(5))?, test.get(5)?.input_ids);
+    for key in [
+        "test_loss",
+        "test_rows",
+        "test_runtime",
+        "test_samples_per_second",
+        "test_steps_per_second",
+    ] {
+        assert!(
+            output.metrics.contains_key(key),
+            "{key} missing from {:?}",
+            output.metrics
+        );
+    }
+    assert_eq!(output.metrics["test_rows"], 6.0);
+    assert!(!output.metrics.contains_key("epoch"));
+    assert_eq!(
+        trainer.state.log_history.len(),
+        history_before,
+        "predict logs nothing"
+    );
+    // The same loop as evaluate: the same loss.
+    let metrics = trainer.evaluate(Some(test), "eval")?;
+    assert_eq!(metrics["eval_loss"], output.metrics["test_loss"]);
+    assert_eq!(metrics["eval_rows"], 6.0);
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! `Trainer::predict`: upstream's `predict`, the evaluation loop run on a test set that
+//! returns the predictions and labels themselves along with `test_`-prefixed metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::Tensor;
+use tchtrain_callbacks::JsonMap;
+
+use crate::dataset::Dataset;
+use crate::error::Result;
+use crate::metrics::{Metrics, speed_metrics};
+use crate::trainer::Trainer;
+
+/// Upstream `PredictionOutput`: what [`Trainer::predict`] returns.
+#[derive(Debug)]
+pub struct PredictionOutput {
+    /// The logits of every row (after `preprocess_logits_for_metrics`), on the CPU; `None`
+    /// with `prediction_loss_only`.
+    pub predictions: Option<Tensor>,
+    /// The labels of every row, when the dataset has labels.
+    pub label_ids: Option<Tensor>,
+    /// `{prefix}_loss` (when the rows have labels), the `compute_metrics` results and the
+    /// speed metrics (`{prefix}_runtime`, `{prefix}_samples_per_second`,
+    /// `{prefix}_steps_per_second`), each named `{prefix}_...` (default prefix `test`).
+    pub metrics: Metrics,
+}
+
+impl Trainer {
+    /// Upstream `predict(test_dataset, metric_key_prefix="test")`: runs the model over
+    /// `test_dataset` in batches of `per_device_eval_batch_size`, in order, and returns the
+    /// predictions, the labels and the metrics. The logits are kept unless
+    /// `prediction_loss_only` is set (unlike [`evaluate`](Self::evaluate), also without
+    /// `compute_metrics`). Calls `on_predict`; nothing is logged.
+    pub fn predict(
+        &mut self,
+        test_dataset: Arc<dyn Dataset>,
+        metric_key_prefix: &str,
+    ) -> Result<PredictionOutput> {
+        let loader = self.get_eval_dataloader(Some(test_dataset))?;
+        let start = Instant::now();
+        let prediction_loss_only = self.args.prediction_loss_only;
+        let output = self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix)?;
+        let mut metrics = output.metrics;
+        let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
+        for (k, v) in speed_metrics(
+            metric_key_prefix,
+            start,
+            Some(output.num_samples as f64),
+            Some(output.num_samples.div_ceil(total_batch_size) as f64),
+            None,
+        ) {
+            metrics.insert(k, v);
+        }
+        let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        self.callback_handler
+            .on_predict(&self.args, &self.state, &mut self.control, &map)?;
+        Ok(PredictionOutput {
+            predictions: output.predictions,
+            label_ids: output.label_ids,
+            metrics,
+        })
+    }
+}
