@@ -9,8 +9,10 @@
 //! | `scheduler.json` | the scheduler state (upstream: `scheduler.pt`) |
 //! | `rng_state.json` | the data order's seed and position (upstream: `rng_state.pth`) |
 //!
-//! A checkpoint is written into `tmp-checkpoint-{step}/` and renamed when complete, so a
-//! crash never leaves a half-written `checkpoint-N`. Resuming restores the weights, the
+//! A checkpoint is written into `tmp-checkpoint-{step}/`, its files and the folder are
+//! fsynced, it is renamed to `checkpoint-{step}` and the parent folder is fsynced: a crash
+//! or power loss never leaves a half-written `checkpoint-N`. Rotation deletes older
+//! checkpoints only after that. Resuming restores the weights, the
 //! optimizer and scheduler, the trainer state and callbacks, and the data position (the
 //! sampler's order is a function of its seed and the epoch, the batches already used are
 //! skipped). libtorch's global generator (dropout) cannot be read or set through tch, so
@@ -189,6 +191,48 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     std::fs::write(path, text + "\n").map_err(|e| Error::io("writing", path, e))
 }
 
+/// fsyncs the folder `dir` itself, which makes the creation, removal and renaming of its
+/// entries durable.
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io("syncing", dir, e))
+}
+
+/// fsyncs every file under `dir` (recursively), then the folders themselves.
+fn fsync_tree(dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| Error::io("inspecting", &path, e))?;
+        if kind.is_dir() {
+            fsync_tree(&path)?;
+        } else if kind.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io("syncing", &path, e))?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+/// Makes the complete checkpoint `tmp` durable under the name `final_dir`: fsyncs its
+/// files and itself, renames it (replacing an older `final_dir`), then fsyncs the parent.
+fn commit_checkpoint(tmp: &Path, final_dir: &Path) -> Result<()> {
+    fsync_tree(tmp)?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(final_dir).map_err(|e| Error::io("deleting", final_dir, e))?;
+    }
+    std::fs::rename(tmp, final_dir).map_err(|e| Error::io("renaming", tmp, e))?;
+    match final_dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => fsync_dir(parent),
+        _ => fsync_dir(Path::new(".")),
+    }
+}
+
 impl Trainer {
     /// Upstream `_save_checkpoint`: writes `output_dir/checkpoint-{global_step}/` (see the
     /// module docs), records the best checkpoint, then rotates (`save_total_limit`).
@@ -244,11 +288,8 @@ impl Trainer {
         self.state.update_stateful_callbacks(states);
         self.state.save_to_json(tmp.join(TRAINER_STATE_NAME))?;
         self.args.to_json_file(tmp.join(TRAINING_ARGS_NAME))?;
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir)
-                .map_err(|e| Error::io("deleting", &final_dir, e))?;
-        }
-        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io("renaming", &tmp, e))?;
+        commit_checkpoint(&tmp, &final_dir)?;
+        // Only now that the new checkpoint is complete and durable.
         rotate_checkpoints(
             &run_dir,
             self.args.save_total_limit,

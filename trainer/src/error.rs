@@ -45,6 +45,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The SIGINT / SIGTERM handler of `enable_jit_checkpoint` could not be installed.
+    #[error("installing the SIGINT / SIGTERM handler for enable_jit_checkpoint: {0}")]
+    Signal(#[source] std::io::Error),
     /// A JSON file of a checkpoint could not be parsed or written.
     #[error("JSON in {}: {source}", path.display())]
     Json {

@@ -29,6 +29,7 @@ mod raster;
 mod results;
 mod sampler;
 mod shard;
+mod signals;
 mod table;
 mod text;
 mod text_classification;

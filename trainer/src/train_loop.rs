@@ -52,7 +52,24 @@ struct ResumePoint {
 impl Trainer {
     /// Upstream `train`: runs the training loop (resuming from a checkpoint when asked) and
     /// returns the final metrics. Bad arguments and data are reported before the first step.
+    ///
+    /// With `enable_jit_checkpoint`, a SIGINT or SIGTERM received during the call finishes
+    /// the current optimizer step, saves a checkpoint at that step and returns normally; a
+    /// second signal exits the process at once (status 130 / 143). The previous handlers
+    /// are restored when `train` returns.
     pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
+        if self.args.enable_jit_checkpoint {
+            let guard = crate::signals::StopSignals::install().map_err(Error::Signal)?;
+            self.loop_state.stop_signals = Some(guard);
+        }
+        let out = self.train_inner(resume_from_checkpoint);
+        // Dropping the guard restores the previous handlers.
+        self.loop_state.stop_signals = None;
+        out
+    }
+
+    /// [`train`](Self::train) once the stop-signal handler is in place (when asked for).
+    fn train_inner(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
         let resume = match resume_from_checkpoint {
             None => None,
             Some(ResumeFrom::Path(p)) => Some(p),
@@ -388,6 +405,21 @@ impl Trainer {
                         &self.state,
                         &mut self.control,
                     )?;
+                    if let Some(sig) = self
+                        .loop_state
+                        .stop_signals
+                        .as_ref()
+                        .and_then(crate::signals::StopSignals::received)
+                    {
+                        // enable_jit_checkpoint: checkpoint at this step boundary, then stop.
+                        log::warn!(
+                            "{} received: saving a checkpoint at step {} and stopping (send it again to exit at once)",
+                            crate::signals::name(sig),
+                            self.state.global_step
+                        );
+                        self.control.should_save = true;
+                        self.control.should_training_stop = true;
+                    }
                     self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
                 } else {
                     self.callback_handler.on_substep_end(

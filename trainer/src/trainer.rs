@@ -86,6 +86,8 @@ pub(crate) struct LoopState {
     pub is_in_train: bool,
     pub start_time: Option<Instant>,
     pub num_params_without_embeddings: i64,
+    /// The SIGINT / SIGTERM guard while `train` runs with `enable_jit_checkpoint`.
+    pub stop_signals: Option<crate::signals::StopSignals>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -271,6 +273,7 @@ impl TrainerBuilder {
                 is_in_train: false,
                 start_time: None,
                 num_params_without_embeddings,
+                stop_signals: None,
             },
             ddp: None,
             sharding: None,
