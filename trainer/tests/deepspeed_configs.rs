@@ -11,145 +11,18 @@
 //! * a value that conflicts with the arguments fails with upstream's mismatch message.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use tch::Device;
-use tchtrain_collators::{Feature, Label};
-use tchtrain_distributed::DistributedEnv;
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
-use tchtrain_trainer::{Dataset, InMemoryDataset, Trainer};
+use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{DictOrPath, SaveStrategy, TrainingArguments};
 
-const ROLE: &str = "TCHTRAIN_TEST_ROLE";
-const DIR: &str = "TCHTRAIN_TEST_DIR";
+mod common;
+use common::{blocks, initial_model, launch, rank, role, temp_dir, test_dir, wait_codes};
+
 /// Rows per rank and micro-batch.
 const B: usize = 2;
-
-fn assets() -> PathBuf {
-    std::env::var_os("TCHTRAIN_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
-}
-
-fn reference_dir() -> PathBuf {
-    assets().join("reference/trainer_clm")
-}
-
-/// `None` in the parent; `"first"` or `"resume"` in a rank.
-fn role() -> Option<String> {
-    std::env::var(ROLE).ok()
-}
-
-fn rank() -> usize {
-    std::env::var("RANK")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0)
-}
-
-fn test_dir() -> PathBuf {
-    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tchtrain-dsdoc-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Spawns this binary running only `test` as each rank of a world of `world`, in `role`.
-fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
-    let port = free_port();
-    (0..world)
-        .map(|rank| {
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
-                .env(ROLE, role)
-                .env(DIR, dir)
-                .env("OMP_NUM_THREADS", "1")
-                // The ranks' `test result` lines would be counted by the summary.
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect()
-}
-
-/// Every child's exit code, killing all of them if they have not finished within `limit`.
-fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
-    let start = Instant::now();
-    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
-    while codes.iter().any(Option::is_none) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                codes[i] = c.try_wait().unwrap().map(|s| s.code());
-            }
-        }
-        if start.elapsed() > limit {
-            for c in &mut children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("ranks did not finish within {limit:?}: {codes:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    codes.into_iter().map(Option::flatten).collect()
-}
-
-fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let path = reference_dir().join("blocks.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    let rows = v[part]
-        .as_array()
-        .context("blocks")?
-        .iter()
-        .take(n)
-        .enumerate()
-        .map(|(j, row)| {
-            let ids: Vec<i64> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap())
-                .collect();
-            // Ranks count different numbers of tokens (as zero.rs).
-            let mut labels = ids.clone();
-            let ignored = (j * 13) % 40;
-            let len = labels.len();
-            labels[len - ignored..].fill(-100);
-            Feature::new(ids).with_labels(Label::Ids(labels))
-        })
-        .collect();
-    Ok(InMemoryDataset::new(rows).into_shared())
-}
-
-/// Tiny GPT-2 with every dropout 0 (the reference job's starting point).
-fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
-    Ok(from_pretrained_dir(
-        &reference_dir().join("initial"),
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model)
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

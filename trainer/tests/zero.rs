@@ -16,152 +16,27 @@
 //!   before the first step.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::json;
 use tch::{Device, Tensor};
 use tchtrain_callbacks::JsonMap;
-use tchtrain_collators::{Feature, Label};
-use tchtrain_distributed::DistributedEnv;
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
-use tchtrain_trainer::{Dataset, InMemoryDataset, Trainer, named_parameters};
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_trainer::{Trainer, named_parameters};
 use tchtrain_training_args::{
     DictOrPath, IntervalStrategy, SaveStrategy, StrOrBool, TrainingArguments,
 };
 
-const ROLE: &str = "TCHTRAIN_TEST_ROLE";
-const DIR: &str = "TCHTRAIN_TEST_DIR";
+mod common;
+use common::{
+    blocks, initial_model, is_rank, launch, rank, reference_dir, temp_dir, test_dir, wait_codes,
+};
+
 /// Rows per rank and micro-batch; the single process uses twice as many.
 const B: usize = 2;
-
-fn assets() -> PathBuf {
-    std::env::var_os("TCHTRAIN_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
-}
-
-fn reference_dir() -> PathBuf {
-    assets().join("reference/trainer_clm")
-}
-
-fn is_rank() -> bool {
-    std::env::var(ROLE).is_ok()
-}
-
-fn rank() -> usize {
-    std::env::var("RANK")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0)
-}
-
-fn test_dir() -> PathBuf {
-    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tchtrain-zero-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Spawns this binary running only `test` as each rank of a world of `world`.
-fn launch(test: &str, world: i32, dir: &Path) -> Vec<Child> {
-    let port = free_port();
-    (0..world)
-        .map(|rank| {
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
-                .env(ROLE, "rank")
-                .env(DIR, dir)
-                // Two ranks share the machine's cores (as `cargo xtask launch` sets it).
-                .env("OMP_NUM_THREADS", "1")
-                // The ranks' own `test result` lines would be counted by the summary:
-                // stdout is dropped, stderr (panic messages) stays visible.
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect()
-}
-
-/// Every child's exit code, killing all of them if they have not finished within `limit`.
-fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
-    let start = Instant::now();
-    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
-    while codes.iter().any(Option::is_none) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                codes[i] = c.try_wait().unwrap().map(|s| s.code());
-            }
-        }
-        if start.elapsed() > limit {
-            for c in &mut children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("ranks did not finish within {limit:?}: {codes:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    codes.into_iter().map(Option::flatten).collect()
-}
-
-fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let path = reference_dir().join("blocks.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    let rows = v[part]
-        .as_array()
-        .context("blocks")?
-        .iter()
-        .take(n)
-        .enumerate()
-        .map(|(j, row)| {
-            let ids: Vec<i64> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap())
-                .collect();
-            // Rows end with 0 to 39 ignored labels (as padding would), so the ranks count
-            // different numbers of tokens: only `average_tokens_across_devices` makes their
-            // losses add up to the single process's.
-            let mut labels = ids.clone();
-            let ignored = (j * 13) % 40;
-            let len = labels.len();
-            labels[len - ignored..].fill(-100);
-            Feature::new(ids).with_labels(Label::Ids(labels))
-        })
-        .collect();
-    Ok(InMemoryDataset::new(rows).into_shared())
-}
-
-/// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
-fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
-    Ok(from_pretrained_dir(
-        &reference_dir().join("initial"),
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model)
-}
 
 /// A `log_history` with only its numbers, each entry by key.
 type Log = Vec<BTreeMap<String, f64>>;
@@ -351,7 +226,12 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
     }
     let dir = temp_dir("parity");
     let codes = wait_codes(
-        launch("zero_and_fsdp_runs_equal_ddp_with_sharded_memory", 2, &dir),
+        launch(
+            "zero_and_fsdp_runs_equal_ddp_with_sharded_memory",
+            2,
+            &dir,
+            "rank",
+        ),
         Duration::from_secs(900),
     );
     assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");

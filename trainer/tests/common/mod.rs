@@ -1,0 +1,151 @@
+//! Shared pieces of the multi-process Trainer tests: the assets, the reference job's data and
+//! initial model, and relaunching this test binary as the ranks of a world (torchrun's
+//! environment, children's stdout dropped so their `test result` lines are not counted).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tch::Device;
+use tchtrain_collators::{Feature, Label};
+use tchtrain_distributed::DistributedEnv;
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_trainer::{Dataset, InMemoryDataset};
+
+/// Environment variable naming a child's role (set only in relaunched ranks).
+pub const ROLE: &str = "TCHTRAIN_TEST_ROLE";
+/// Environment variable naming the folder a test's ranks share.
+pub const DIR: &str = "TCHTRAIN_TEST_DIR";
+
+pub fn assets() -> PathBuf {
+    std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
+}
+
+pub fn reference_dir() -> PathBuf {
+    assets().join("reference/trainer_clm")
+}
+
+pub fn rank() -> usize {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn test_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
+}
+
+/// `true` in a relaunched rank.
+pub fn is_rank() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+/// The child's role: `None` in the parent.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+/// A fresh temporary folder for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns this binary running only `test` as each rank of a world of `world`, in `role`.
+pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, role)
+                .env(DIR, dir)
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' `test result` lines would be counted by the summary.
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every child's exit code, killing all of them if they have not finished within `limit`.
+pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
+    let start = Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                codes[i] = c.try_wait().unwrap().map(|s| s.code());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("ranks did not finish within {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let path = reference_dir().join("blocks.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let rows = v[part]
+        .as_array()
+        .context("blocks")?
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(j, row)| {
+            let ids: Vec<i64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect();
+            // Rows end with 0 to 39 ignored labels (as padding would), so the ranks count
+            // different numbers of tokens: only `average_tokens_across_devices` makes their
+            // losses add up to the single process's.
+            let mut labels = ids.clone();
+            let ignored = (j * 13) % 40;
+            let len = labels.len();
+            labels[len - ignored..].fill(-100);
+            Feature::new(ids).with_labels(Label::Ids(labels))
+        })
+        .collect();
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
+/// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
+pub fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(
+        &reference_dir().join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model)
+}
