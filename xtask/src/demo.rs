@@ -44,7 +44,8 @@ impl Default for Options {
     }
 }
 
-fn positive(option: &str, value: Option<&String>) -> Result<usize, String> {
+/// A positive integer option value, with an error naming the option.
+pub(crate) fn positive(option: &str, value: Option<&String>) -> Result<usize, String> {
     let value = value.ok_or_else(|| format!("{option} needs a number"))?;
     match value.parse() {
         Ok(n) if n > 0 => Ok(n),
@@ -94,8 +95,13 @@ pub(crate) fn read_metric(dir: &Path, file: &str, key: &str) -> Result<f64, Stri
     json_number(&text, key).ok_or_else(|| format!("no `{key}` in {}", path.display()))
 }
 
-/// Runs the `run_clm` example with `args`, echoing the command.
-fn run_clm(exe: &Path, root: &Path, what: &str, args: &[String]) -> Result<(), String> {
+/// Runs an example binary with `args`, echoing the command.
+pub(crate) fn run_example(
+    exe: &Path,
+    root: &Path,
+    what: &str,
+    args: &[String],
+) -> Result<(), String> {
     let mut c = Command::new(exe);
     c.current_dir(root).args(args);
     println!("\ndemo: {what}\ndemo: {}", cmd::display(&c));
@@ -169,7 +175,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let t_job = Instant::now();
     let before = out.join("before");
-    run_clm(
+    run_example(
         &exe,
         &root,
         "1/3 evaluating the pretrained SmolLM2-135M on the held-out 5% of hamlet.txt",
@@ -186,7 +192,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let steps = o.steps.to_string();
     let half = o.steps.div_ceil(2).to_string();
     let warmup = (o.steps / 10).to_string();
-    run_clm(
+    run_example(
         &exe,
         &root,
         "2/3 fine-tuning on the other 95% (log every 5 steps, evaluate every half, save at the end)",
@@ -224,7 +230,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let checkpoint = trained.join(format!("checkpoint-{}", o.steps));
     let reloaded = out.join("reloaded");
-    run_clm(
+    run_example(
         &exe,
         &root,
         "3/3 reloading the saved checkpoint and evaluating it again",

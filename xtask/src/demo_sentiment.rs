@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::cmd;
-use crate::demo::{json_number, read_metric};
+use crate::demo::{json_number, positive, read_metric, run_example};
 use crate::paths;
 use crate::setup;
 
@@ -53,16 +53,6 @@ impl Default for Options {
     }
 }
 
-fn positive(option: &str, value: Option<&String>) -> Result<usize, String> {
-    let value = value.ok_or_else(|| format!("{option} needs a number"))?;
-    match value.parse() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!(
-            "{option}: expected a positive number, got `{value}`"
-        )),
-    }
-}
-
 impl Options {
     /// Parses the demo's arguments.
     pub fn parse(args: &[String]) -> Result<Self, String> {
@@ -82,14 +72,6 @@ impl Options {
         }
         Ok(o)
     }
-}
-
-/// Runs `exe` with `args`, echoing the command.
-fn run_example(exe: &Path, root: &Path, what: &str, args: &[String]) -> Result<(), String> {
-    let mut c = Command::new(exe);
-    c.current_dir(root).args(args);
-    println!("\ndemo: {what}\ndemo: {}", cmd::display(&c));
-    cmd::status(&mut c, what)
 }
 
 /// The first `eval_accuracy` of `trainer_state.json`: its `log_history` is in step order,
