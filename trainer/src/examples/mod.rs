@@ -1,7 +1,9 @@
 //! The example scripts of upstream's `examples/pytorch/` as library functions, so that the
 //! binaries in `trainer/examples/` are one line each and tests call the same code in
-//! process: [`run_clm`] (causal LM fine-tuning on a text file) and [`run_classification`]
-//! (sequence classification from a CSV / JSON-lines file).
+//! process: [`run_clm`] (causal LM fine-tuning on a text file), [`run_mlm`] (masked LM
+//! fine-tuning on a text file), [`run_classification`] (sequence classification from a CSV /
+//! JSON-lines file) and [`run_ner`] (token classification of pre-split words, scored by
+//! [`seqeval`]).
 //!
 //! Each script's `main_with_args(argv)` takes the command line without the program name:
 //! its own flags (upstream's `ModelArguments` / `DataTrainingArguments`) next to every
@@ -13,6 +15,9 @@ mod args;
 mod common;
 pub mod run_classification;
 pub mod run_clm;
+pub mod run_mlm;
+pub mod run_ner;
+pub mod seqeval;
 mod split;
 
 use std::path::PathBuf;
