@@ -521,3 +521,58 @@ fn bad_flags_and_files_name_the_column_and_the_fix() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+#[test]
+fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("ner-kinds");
+    std::fs::create_dir_all(&dir)?;
+    // Integer tags: the label list is the sorted numbers ("0" < "2" < "10" as numbers).
+    let json = dir.join("ints.jsonl");
+    std::fs::write(
+        &json,
+        "{\"tokens\": [\"Tom\", \"left\", \"Paris\"], \"ner_tags\": [10, 0, 2]}\n{\"tokens\": [\"Ann\", \"stayed\"], \"ner_tags\": [10, 0]}\n",
+    )?;
+    // CSV: a JSON list in one cell, words separated by spaces in the other.
+    let csv = dir.join("rows.csv");
+    std::fs::write(
+        &csv,
+        "words,tags\nTom left Paris,\"[\"\"B-PER\"\", \"\"O\"\", \"\"B-LOC\"\"]\"\nAnn stayed,B-PER O\n",
+    )?;
+    for (file, text_column, label_column, id2label) in [
+        (&json, "tokens", "ner_tags", ["0", "2", "10"]),
+        (&csv, "words", "tags", ["B-LOC", "B-PER", "O"]),
+    ] {
+        let out = dir.join(format!("out-{label_column}"));
+        let file = file.display().to_string();
+        let mut argv = flags(&[
+            "--model_name_or_path",
+            &asset("tiny-bert"),
+            "--tokenizer_name",
+            &asset("minilm"),
+            "--train_file",
+            &file,
+            "--validation_file",
+            &file,
+            "--text_column_name",
+            text_column,
+            "--label_column_name",
+            label_column,
+            "--label_all_tokens",
+            "--do_train",
+            "--do_eval",
+            "--max_steps",
+            "1",
+        ]);
+        argv.extend(common_flags(&out));
+        let result = run_ner::main_with_args(&argv)?;
+        let eval = result.eval_metrics.context("eval metrics")?;
+        assert_eq!(eval["eval_samples"], 2.0);
+        let config = read_json(out.join("config.json"))?;
+        for (i, name) in id2label.iter().enumerate() {
+            assert_eq!(config["id2label"][i.to_string()], *name, "{file}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
