@@ -559,6 +559,7 @@ fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
             "--label_column_name",
             label_column,
             "--label_all_tokens",
+            "--return_entity_level_metrics",
             "--do_train",
             "--do_eval",
             "--max_steps",
@@ -568,6 +569,14 @@ fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
         let result = run_ner::main_with_args(&argv)?;
         let eval = result.eval_metrics.context("eval metrics")?;
         assert_eq!(eval["eval_samples"], 2.0);
+        // --return_entity_level_metrics: seqeval's nested dict flattened, as upstream.
+        for key in ["eval_overall_f1", "eval_overall_accuracy"] {
+            assert!(eval.contains_key(key), "{key} missing: {eval:?}");
+        }
+        if label_column == "tags" {
+            assert_eq!(eval["eval_PER_number"], 2.0);
+            assert_eq!(eval["eval_LOC_number"], 1.0);
+        }
         let config = read_json(out.join("config.json"))?;
         for (i, name) in id2label.iter().enumerate() {
             assert_eq!(config["id2label"][i.to_string()], *name, "{file}");
