@@ -1,12 +1,18 @@
 //! `cargo xtask bench`: benchmarks side by side with the Python original.
 //!
-//! `--micro` (the only suite so far, and the default): `setup`, a release build of
-//! `tchtrain/examples/bench_micro.rs`, then `--repeat` rounds that each run the Rust example
-//! and `scripts/bench/bench_micro.py` (alternating, so both see the same machine load), with
-//! the same thread count. Both print one flat JSON object per measurement; the table shows,
-//! per benchmark, the median over rounds of each side's median time, the ratio
-//! python / tchtrain (> 1: tchtrain is faster), the same ratio for the fastest step or pass
-//! seen (less sensitive to other load on a shared machine) and tokens/s for the collators.
+//! Two suites, each with its Rust example and Python script, run alternately in one
+//! invocation (so both sides see the same machine load) with the same intra-op thread count:
+//!
+//! * the Trainer suite (the default; `bench/trainer.rs`): our Trainer, upstream's Python
+//!   Trainer and a bare tch loop on the same training jobs (tiny GPT-2, GPT-2 6 x 384,
+//!   MiniLM classification; fp32 and bf16 autocast): tokens/s, median step time, peak RSS,
+//!   the ratios, and the achieved matmul FLOP/s against the machine's measured matmul peak;
+//!   `tchtrain/examples/bench_trainer.rs` and `scripts/bench/bench_trainer.py`.
+//! * `--micro`: `tchtrain/examples/bench_micro.rs` and `scripts/bench/bench_micro.py`
+//!   (optimizer steps and collators). Both print one flat JSON object per measurement; the
+//!   table shows, per benchmark, the median over rounds of each side's median time, the ratio
+//!   python / tchtrain (> 1: tchtrain is faster), the same ratio for the fastest step or pass
+//!   seen (less sensitive to other load on a shared machine) and tokens/s for the collators.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,22 +23,51 @@ use crate::cmd;
 use crate::paths;
 use crate::setup;
 
+mod trainer;
+
 /// Command-line options of `bench`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Options {
-    /// Rounds of (Rust run, Python run).
-    repeat: usize,
+    /// The micro-benchmarks instead of the Trainer suite.
+    micro: bool,
+    /// Rounds of (Rust run, Python run); `None`: 3 for `--micro`, 2 for the Trainer suite.
+    repeat: Option<usize>,
     /// Intra-op threads on both sides; `None`: the core count (libtorch's default).
     threads: Option<usize>,
+    /// Trainer suite: the jobs to run (default: all).
+    jobs: Vec<String>,
+    /// Trainer suite: the precisions to run (default: fp32 and bf16).
+    precisions: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
-            repeat: 3,
+            micro: false,
+            repeat: None,
             threads: None,
+            jobs: trainer::JOBS.map(String::from).into(),
+            precisions: trainer::PRECISIONS.map(String::from).into(),
         }
     }
+}
+
+/// A comma-separated list of names out of `known`.
+fn names(option: &str, value: Option<&String>, known: &[&str]) -> Result<Vec<String>, String> {
+    let value = value.ok_or_else(|| format!("{option} needs a comma-separated list"))?;
+    value
+        .split(',')
+        .map(|name| {
+            if known.contains(&name) {
+                Ok(name.to_string())
+            } else {
+                Err(format!(
+                    "{option}: unknown `{name}` (known: {})",
+                    known.join(", ")
+                ))
+            }
+        })
+        .collect()
 }
 
 fn positive(option: &str, value: Option<&String>) -> Result<usize, String> {
@@ -52,12 +87,16 @@ impl Options {
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match a.as_str() {
-                "--micro" => {}
-                "--repeat" => o.repeat = positive(a, it.next())?,
+                "--micro" => o.micro = true,
+                "--repeat" => o.repeat = Some(positive(a, it.next())?),
                 "--threads" => o.threads = Some(positive(a, it.next())?),
+                "--jobs" => o.jobs = names(a, it.next(), &trainer::JOBS)?,
+                "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
                 other => {
                     return Err(format!(
-                        "bench: unknown option `{other}` (known: --micro, --repeat N, --threads N)"
+                        "bench: unknown option `{other}` (known: --micro, --repeat N, \
+                         --threads N, --jobs {}, --precisions fp32,bf16)",
+                        trainer::JOBS.join(",")
                     ));
                 }
             }
@@ -308,33 +347,39 @@ fn machine() -> String {
     format!("{cores} cores available, {model}")
 }
 
-/// Runs setup, builds the Rust benchmark and runs both sides `repeat` times.
+/// Runs setup, builds the suite's Rust example and runs both sides `repeat` times.
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = Options::parse(args)?;
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
     let root = paths::workspace_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let example = if o.micro {
+        "bench_micro"
+    } else {
+        "bench_trainer"
+    };
 
     let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "--example",
-        "bench_micro",
-        "-p",
-        "tchtrain",
-    ]);
+    build
+        .current_dir(&root)
+        .args(["build", "--release", "--example", example, "-p", "tchtrain"]);
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
     }
     println!("bench: {}", cmd::display(&build));
-    cmd::status(&mut build, "building the Rust micro-benchmarks")?;
+    cmd::status(
+        &mut build,
+        &format!("building the Rust benchmark {example}"),
+    )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release").join("examples").join("bench_micro");
-    let script = root.join("scripts").join("bench").join("bench_micro.py");
+    let exe = target.join("release").join("examples").join(example);
+    let script = root
+        .join("scripts")
+        .join("bench")
+        .join(format!("{example}.py"));
 
     // libtorch's default intra-op thread count is the core count on both sides; pass it
     // explicitly so both surely use the same.
@@ -346,9 +391,36 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!("bench: {machine}; {threads} intra-op threads on both sides");
     let load_before = load_average();
 
+    if !o.micro {
+        let plan = trainer::Plan {
+            exe: &exe,
+            python: &s.python,
+            script: &script,
+            data: &target.join("bench-trainer"),
+            assets: &s.assets,
+            root: &root,
+            threads: &threads,
+            repeat: o.repeat.unwrap_or(2),
+            jobs: &o.jobs,
+            precisions: &o.precisions,
+        };
+        let results = trainer::run(&plan)?;
+        trainer::print_report(&plan, &results, &load_before);
+        let warnings = trainer::warnings(&results);
+        for w in &warnings {
+            println!("note: {w}");
+        }
+        println!(
+            "xtask bench finished in {:.1}s (setup and build included)",
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
+
+    let repeat = o.repeat.unwrap_or(3);
     let mut order: Vec<String> = Vec::new();
     let mut rounds = Rounds::new();
-    for round in 1..=o.repeat {
+    for round in 1..=repeat {
         let mut rust = Command::new(&exe);
         rust.current_dir(&root)
             .args(["--threads", &threads])
@@ -359,8 +431,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .arg(&script)
             .args(["--threads", &threads])
             .env("TCHTRAIN_ASSETS", &s.assets);
-        let rust = measure(&mut rust, &format!("round {round}/{} tchtrain", o.repeat))?;
-        let python = measure(&mut python, &format!("round {round}/{} python", o.repeat))?;
+        let rust = measure(&mut rust, &format!("round {round}/{repeat} tchtrain"))?;
+        let python = measure(&mut python, &format!("round {round}/{repeat} python"))?;
         for m in rust.into_iter().chain(python) {
             if !order.contains(&m.bench) {
                 order.push(m.bench.clone());
@@ -378,7 +450,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "micro-benchmarks, CPU fp32, {threads} threads, median of {} rounds ({machine}; \
          load average {load_before} before, {} after):",
-        o.repeat,
+        repeat,
         load_average()
     );
     println!();
@@ -474,7 +546,15 @@ mod tests {
             .map(String::from)
             .into();
         let o = Options::parse(&args).unwrap();
-        assert_eq!((o.repeat, o.threads), (5, Some(1)));
+        assert_eq!((o.micro, o.repeat, o.threads), (true, Some(5), Some(1)));
+        let args: Vec<String> = ["--jobs", "gpt2_tiny,minilm_cls", "--precisions", "bf16"]
+            .map(String::from)
+            .into();
+        let o = Options::parse(&args).unwrap();
+        assert!(!o.micro);
+        assert_eq!(o.jobs, ["gpt2_tiny", "minilm_cls"]);
+        assert_eq!(o.precisions, ["bf16"]);
+        assert!(Options::parse(&["--jobs".into(), "gpt3".into()]).is_err());
         assert!(Options::parse(&["--threads".into()]).is_err());
         assert!(Options::parse(&["--repeat".into(), "0".into()]).is_err());
         assert!(Options::parse(&["--fast".into()]).is_err());

@@ -1,0 +1,227 @@
+"""Upstream's Trainer (transformers 5.23 on torch 2.13, CPU) on the jobs of
+`cargo xtask bench`: the counterpart of tchtrain/examples/bench_trainer.rs.
+
+Two modes:
+
+    python bench_trainer.py --prepare DIR
+        writes, for every job, DIR/<job>/initial/ (config.json + model.safetensors: the
+        weights both sides start from), DIR/<job>/rows.json (the training rows, already
+        tokenized) and DIR/<job>/job.json (the settings both sides read). Run once per
+        bench invocation.
+
+    python bench_trainer.py --data DIR --job NAME --precision fp32|bf16 [--threads N]
+        trains DIR/NAME with transformers.Trainer and prints one JSON line.
+
+Steps: `warmup` steps, then `steps` measured steps (few: the whole bench has to fit in
+~15 minutes on a busy 2-core machine).
+
+Jobs (CPU, dropout off, seed 42, AdamW (the default `adamw_torch_fused`), lr 5e-5, linear
+schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none):
+
+    gpt2_tiny     GPT-2, 2 layers x 64 wide (4 heads), block 128, batch 8: the 50257-token
+                  vocabulary (GPT-2 tokenizer) on hamlet.txt, `default_data_collator`.
+    gpt2_6x384    GPT-2, 6 layers x 384 wide (6 heads), block 128, batch 4, same data.
+    minilm_cls    assets/minilm (BERT, 6 x 384) under a fresh 2-label head (seed 0),
+                  Rotten Tomatoes fresh / rotten reviews truncated to 128 tokens, batch 16,
+                  `DataCollatorWithPadding` (dynamic padding).
+
+Random weights are drawn with torch.manual_seed(0) and saved with save_pretrained, so both
+sides start from the same weights; both sides read the same rows and use the same seeded
+random sampler, so they also see the same batches.
+
+Timing (the same definitions as the Rust side): a TrainerCallback takes the time at
+on_step_begin and on_step_end; `median_step_ms` is the median of (end - begin) over the steps
+after `warmup` (the window of on_step_begin .. on_step_end holds forward, backward, clipping,
+optimizer and scheduler step; the batch is collated just before on_step_begin);
+`tokens_per_s` = input tokens (padded, numel of input_ids) of the measured steps / wall time
+from the warm-up's last on_step_end to the last on_step_end (collation included). `peak_rss_mb`
+is getrusage's ru_maxrss of the process (KiB on Linux) / 1024.
+"""
+
+import argparse
+import bz2
+import csv
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+import transformers as tf
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = Path(os.environ.get("TCHTRAIN_ASSETS", ROOT / "assets"))
+
+JOBS = {
+    "gpt2_tiny": dict(kind="clm", layers=2, width=64, heads=4, block=128, batch=8, warmup=3, steps=12),
+    "gpt2_6x384": dict(kind="clm", layers=6, width=384, heads=6, block=128, batch=4, warmup=2, steps=6),
+    "minilm_cls": dict(kind="cls", max_length=128, batch=16, warmup=2, steps=8),
+}
+
+
+class Rows(Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return dict(self.rows[i])
+
+
+def gpt2_blocks(block):
+    tok = tf.GPT2TokenizerFast(
+        vocab=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
+        merges=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
+    )
+    tok.model_max_length = 10**9
+    ids = tok((ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8"))["input_ids"]
+    return [ids[i : i + block] for i in range(0, len(ids) // block * block, block)]
+
+
+def prepare(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    for name, job in JOBS.items():
+        folder = out / name
+        folder.mkdir(exist_ok=True)
+        torch.manual_seed(0)
+        if job["kind"] == "clm":
+            config = tf.GPT2Config(
+                n_layer=job["layers"],
+                n_embd=job["width"],
+                n_head=job["heads"],
+                n_positions=job["block"],
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
+            model = tf.GPT2LMHeadModel(config)
+            rows = [{"input_ids": b} for b in gpt2_blocks(job["block"])]
+        else:
+            model = tf.BertForSequenceClassification.from_pretrained(
+                ASSETS / "minilm", num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+            )
+            tok = tf.AutoTokenizer.from_pretrained(ASSETS / "minilm")
+            with bz2.open(ASSETS / "text" / "rotten_tomatoes_corpus.csv.bz2", "rt", encoding="utf-8") as f:
+                reviews = [r for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")]
+            reviews = reviews[: 2 * job["batch"] * (job["warmup"] + job["steps"])]
+            rows = []
+            for r in reviews:
+                enc = tok(r["text"], truncation=True, max_length=job["max_length"])
+                rows.append({
+                    "input_ids": list(enc["input_ids"]),
+                    "token_type_ids": list(enc["token_type_ids"]),
+                    "attention_mask": list(enc["attention_mask"]),
+                    "label": ["fresh", "rotten"].index(r["category"]),
+                })
+        model.save_pretrained(folder / "initial")
+        (folder / "rows.json").write_text(json.dumps(rows))
+        (folder / "job.json").write_text(json.dumps({"name": name, **job}, indent=1))
+        print(f"prepared {name}: {len(rows)} rows, {model.num_parameters()} parameters", file=sys.stderr)
+
+
+class StepTimer(tf.TrainerCallback):
+    def __init__(self):
+        self.begin, self.end = [], []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.begin.append(time.perf_counter())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.end.append(time.perf_counter())
+
+
+class ShapeRecorder:
+    """Wraps a collator and records each batch's input_ids numel (padded tokens)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.tokens = []
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.tokens.append(int(batch["input_ids"].numel()))
+        return batch
+
+
+def run(data: Path, name: str, precision: str, threads: int):
+    torch.set_num_threads(threads)
+    folder = data / name
+    job = json.loads((folder / "job.json").read_text())
+    rows = json.loads((folder / "rows.json").read_text())
+    if job["kind"] == "clm":
+        model = tf.GPT2LMHeadModel.from_pretrained(folder / "initial")
+        rows = [{"input_ids": r["input_ids"], "labels": list(r["input_ids"])} for r in rows]
+        collator = ShapeRecorder(tf.default_data_collator)
+    else:
+        model = tf.BertForSequenceClassification.from_pretrained(folder / "initial")
+        tok = tf.AutoTokenizer.from_pretrained(ASSETS / "minilm")
+        collator = ShapeRecorder(tf.DataCollatorWithPadding(tok))
+    total = job["warmup"] + job["steps"]
+    with tempfile.TemporaryDirectory() as out:
+        args = tf.TrainingArguments(
+            output_dir=out,
+            max_steps=total,
+            per_device_train_batch_size=job["batch"],
+            learning_rate=5e-5,
+            logging_steps=10**6,
+            save_strategy="no",
+            seed=42,
+            use_cpu=True,
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            bf16=precision == "bf16",
+        )
+        timer = StepTimer()
+        trainer = tf.Trainer(
+            model=model,
+            args=args,
+            train_dataset=Rows(rows),
+            data_collator=collator,
+            callbacks=[timer],
+        )
+        trainer.train()
+    w = job["warmup"]
+    steps = [e - b for b, e in zip(timer.begin[w:], timer.end[w:])]
+    tokens = sum(collator.tokens[w:total])
+    wall = timer.end[-1] - timer.end[w - 1]
+    print(json.dumps({
+        "job": name,
+        "precision": precision,
+        "impl": "python",
+        "tokens_per_s": tokens / wall,
+        "median_step_ms": statistics.median(steps) * 1e3,
+        "min_step_ms": min(steps) * 1e3,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "steps": len(steps),
+        "tokens": tokens,
+        "threads": torch.get_num_threads(),
+    }), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prepare", type=Path)
+    p.add_argument("--data", type=Path)
+    p.add_argument("--job", choices=sorted(JOBS))
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    a = p.parse_args()
+    if a.prepare:
+        prepare(a.prepare)
+    elif a.data and a.job:
+        run(a.data, a.job, a.precision, a.threads)
+    else:
+        p.error("give --prepare DIR, or --data DIR and --job NAME")
+
+
+if __name__ == "__main__":
+    main()
