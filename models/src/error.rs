@@ -39,7 +39,9 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A JSON file (config.json, index) is malformed or has wrong types.
-    #[error("{path}: invalid JSON: {source}")]
+    #[error(
+        "{path}: invalid JSON: {source}; the file is damaged or is not this kind of file: copy it again from the model's source, or write it again with save_pretrained"
+    )]
     ConfigJson {
         /// The file.
         path: PathBuf,

@@ -30,7 +30,14 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
             fix: "the model folder needs tokenizer.json (save it with `tokenizer.save_pretrained(dir)` in Python)",
         });
     }
-    let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| tokenizer_error(&file, e))?;
+    let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| {
+        tokenizer_error(
+            &file,
+            format!(
+                "{e}; it is not a tokenizers tokenizer.json (damaged, or another format): copy it again from the model's source, or write it with `tokenizer.save_pretrained(dir)` in Python"
+            ),
+        )
+    })?;
     // Upstream's PreTrainedTokenizerFast ignores the truncation / padding stored in
     // tokenizer.json (MiniLM's says truncate at 128) and applies them per call only.
     tokenizer
@@ -57,9 +64,15 @@ pub fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tokenizer>
     let merges = merges_txt
         .to_str()
         .ok_or_else(|| tokenizer_error(merges_txt, "path is not UTF-8"))?;
-    let bpe = BPE::from_file(vocab, merges)
-        .build()
-        .map_err(|e| tokenizer_error(vocab_json, e))?;
+    let bpe = BPE::from_file(vocab, merges).build().map_err(|e| {
+        tokenizer_error(
+            vocab_json,
+            format!(
+                "{e} (with {}); vocab.json must be a JSON object of token -> id and merges.txt one merge per line: copy both again from the tokenizer's source",
+                merges_txt.display()
+            ),
+        )
+    })?;
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer
         .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
