@@ -31,6 +31,9 @@ char* guarded(F&& f) {
   try {
     f();
     return nullptr;
+  } catch (const c10::Error& e) {
+    // libtorch's own errors: the message without the C++ backtrace that `what()` appends.
+    return error_message(e.what_without_backtrace());
   } catch (const std::exception& e) {
     return error_message(e.what());
   } catch (...) {

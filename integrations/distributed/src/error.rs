@@ -15,7 +15,9 @@ pub enum Error {
     },
     /// The TCPStore rendezvous or the Gloo group could not be set up (wrong
     /// MASTER_ADDR/MASTER_PORT, a rank that never joined, the timeout elapsed).
-    #[error("rank {rank}/{world_size}: rendezvous at {addr} failed: {message}")]
+    #[error(
+        "RANK={rank} of WORLD_SIZE={world_size} could not join the process group at MASTER_ADDR:MASTER_PORT={addr} within ddp_timeout={timeout_s}s: {message}. Check that all {world_size} ranks are started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE and each its own RANK, and that rank 0 (which serves the store at that address) is running; raise ddp_timeout if ranks start far apart"
+    )]
     Rendezvous {
         /// `MASTER_ADDR:MASTER_PORT`.
         addr: String,
@@ -23,6 +25,8 @@ pub enum Error {
         rank: i32,
         /// The world size.
         world_size: i32,
+        /// The timeout that applied (`ddp_timeout`), in seconds.
+        timeout_s: f64,
         /// libtorch's message.
         message: String,
     },

@@ -2,7 +2,8 @@
 //! the collectives of `torch.distributed` on tch tensors, in place. Engine errors (a dead
 //! peer, a timeout) come back as [`Error::Collective`], never a hang or an abort.
 
-use std::time::Duration;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
@@ -39,6 +40,37 @@ impl ReduceOp {
     }
 }
 
+/// Waits until something accepts TCP connections at `addr:port` (rank 0's TCPStore), for at
+/// most `timeout`. libtorch's TCPStore client retries with a backoff that can run seconds
+/// past its timeout and reports a refused port with a C++ backtrace; this wait gives the
+/// other ranks a bounded, plain answer first. The probe connections carry no data.
+fn wait_for_store(addr: &str, port: u16, timeout: Duration) -> std::result::Result<(), String> {
+    let start = Instant::now();
+    let mut last = String::from("no attempt");
+    loop {
+        let remaining = timeout.saturating_sub(start.elapsed());
+        match (addr, port).to_socket_addrs() {
+            Ok(addrs) => {
+                for a in addrs {
+                    let wait = remaining.clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    match TcpStream::connect_timeout(&a, wait) {
+                        Ok(_) => return Ok(()),
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+            }
+            Err(e) => last = format!("cannot resolve {addr}: {e}"),
+        }
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "nothing accepted a connection at {addr}:{port} in {:.1} s ({last}): rank 0 is not serving the store there",
+                start.elapsed().as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50).min(timeout.saturating_sub(start.elapsed())));
+    }
+}
+
 /// A process group over libtorch's c10d (Gloo backend).
 #[derive(Debug)]
 pub struct ProcessGroup {
@@ -51,9 +83,24 @@ impl ProcessGroup {
     /// `init_process_group("gloo", init_method="env://", timeout=...)`: rendezvous at
     /// `MASTER_ADDR:MASTER_PORT` (rank 0 serves the TCPStore) and build the Gloo group.
     /// `GLOO_SOCKET_IFNAME` picks the network interface as in PyTorch.
+    ///
+    /// Every rank gives up with [`Error::Rendezvous`] once `timeout` has passed (libtorch
+    /// rounds rank 0's wait for the others up to whole seconds): rank 0 when not every
+    /// rank joined, the others when nothing accepts connections at
+    /// `MASTER_ADDR:MASTER_PORT` (a wrong port or address, rank 0 not started).
     pub fn new_gloo(env: &DistributedEnv, timeout: Duration) -> Result<Self> {
         let iface = std::env::var("GLOO_SOCKET_IFNAME").ok();
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let rendezvous_error = |message: String| Error::Rendezvous {
+            addr: format!("{}:{}", env.master_addr, env.master_port),
+            rank: env.rank,
+            world_size: env.world_size,
+            timeout_s: timeout.as_secs_f64(),
+            message: message.trim_end().trim_end_matches('.').to_string(),
+        };
+        if env.rank != 0 {
+            wait_for_store(&env.master_addr, env.master_port, timeout).map_err(rendezvous_error)?;
+        }
         let raw = RawGroup::new_gloo(
             &env.master_addr,
             env.master_port,
@@ -62,12 +109,7 @@ impl ProcessGroup {
             timeout_ms,
             iface.as_deref(),
         )
-        .map_err(|message| Error::Rendezvous {
-            addr: format!("{}:{}", env.master_addr, env.master_port),
-            rank: env.rank,
-            world_size: env.world_size,
-            message,
-        })?;
+        .map_err(rendezvous_error)?;
         Ok(Self {
             raw,
             rank: env.rank,

@@ -86,6 +86,36 @@ pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
         .collect()
 }
 
+/// Spawns this binary running only `test` as some ranks of a world of `world`, in `role`:
+/// one child per `(rank, master_port)` (a rank left out never joins; a port that differs
+/// from rank 0's is a wrong `MASTER_PORT`). The children's stderr goes to
+/// `dir/stderr-rank{rank}.txt`.
+pub fn launch_ranks(
+    test: &str,
+    world: i32,
+    ranks: &[(i32, u16)],
+    dir: &Path,
+    role: &str,
+) -> Vec<Child> {
+    ranks
+        .iter()
+        .map(|&(rank, port)| {
+            let stderr = std::fs::File::create(dir.join(format!("stderr-rank{rank}.txt"))).unwrap();
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, role)
+                .env(DIR, dir)
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' `test result` lines would be counted by the summary.
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// Every child's exit code, killing all of them if they have not finished within `limit`.
 pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
     let start = Instant::now();
