@@ -5,7 +5,8 @@
 //!
 //! * `get_last_checkpoint` names a `checkpoint-N` folder (never a `tmp-checkpoint-N` one)
 //!   that is complete: every file is there and readable, its `trainer_state.json` says
-//!   step N, its weights load into the model and its optimizer and scheduler states parse;
+//!   step N, it passes the resume's preflight (`Trainer::check_resume_checkpoint`), its
+//!   weights load into the model and its optimizer and scheduler states parse;
 //! * every `checkpoint-*` folder but those left by an interrupted rotation (older than the
 //!   newest) is complete.
 //!
@@ -192,6 +193,12 @@ fn incomplete(ckpt: &Path, load: bool) -> Option<String> {
         if !load {
             return Ok(());
         }
+        // The resume's own preflight (every file complete and readable, the model's
+        // architecture), then the weights themselves.
+        let out = ckpt.with_file_name("preflight-out");
+        Trainer::builder(initial_model()?, args(&out, 1, false)?)
+            .build()?
+            .check_resume_checkpoint(ckpt)?;
         let mut model = initial_model()?;
         tchtrain_trainer::load_model_weights(&mut *model, ckpt)?;
         let opt = OptimizerStateDict::load(ckpt)?;
