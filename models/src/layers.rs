@@ -152,9 +152,13 @@ impl Activation {
         match self {
             Self::Gelu => x.gelu("none"),
             Self::GeluNew => {
+                // Upstream's evaluation order, op for op: autograd sums the three gradients
+                // that reach `x` in the reverse order of creation, and in bf16 that order
+                // shows in the result.
+                let half = x * 0.5;
                 let inner = (x + x.pow_tensor_scalar(3.0) * 0.044715)
                     * (2.0f64 / std::f64::consts::PI).sqrt();
-                x * 0.5 * (inner.tanh() + 1.0)
+                half * (inner.tanh() + 1.0)
             }
             Self::GeluPytorchTanh => x.gelu("tanh"),
             Self::Relu => x.relu(),

@@ -18,6 +18,9 @@ pub enum Error {
     /// An error from a callback or the trainer state.
     #[error(transparent)]
     Callbacks(#[from] tchtrain_callbacks::Error),
+    /// An error from a loss function (label smoothing).
+    #[error(transparent)]
+    Losses(#[from] tchtrain_losses::Error),
     /// An error from a data collator.
     #[error(transparent)]
     Collator(#[from] tchtrain_collators::Error),

@@ -92,6 +92,7 @@ impl Trainer {
                     device: self.device,
                     label_names: &self.label_names,
                     loss_shifts_labels: self.loss_shifts_labels,
+                    is_causal_lm: self.is_causal_lm,
                 };
                 self.hooks
                     .prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?

@@ -35,7 +35,10 @@ use tchtrain_collators::Batch;
 use tchtrain_models::{ModelInputs, ModelOutput, PreTrainedModel};
 use tchtrain_training_args::TrainingArguments;
 
+use tchtrain_losses::LabelSmoother;
+
 use crate::error::{Error, Result};
+use crate::ffi::AutocastGuard;
 
 /// What a hook may read about the Trainer at a step.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +58,10 @@ pub struct StepContext<'a> {
     /// Upstream `_loss_shifts_labels`: the model's loss is `ForCausalLM` (it predicts
     /// `labels[..., 1:]`), so `num_items_in_batch` counts `labels[..., 1:]`.
     pub loss_shifts_labels: bool,
+    /// The model is a causal LM (upstream: its class name is in
+    /// `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, `GPT2LMHeadModel` included): the label smoother
+    /// then shifts the labels.
+    pub is_causal_lm: bool,
 }
 
 /// What [`TrainerHooks::prediction_step`] returns: upstream's `(loss, logits, labels)`.
@@ -136,9 +143,54 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     }
 }
 
+/// The mixed-precision dtype the model's forward runs in: `bfloat16` with `bf16`, `float16`
+/// with `fp16`, none in fp32 (upstream: accelerate's `mixed_precision`).
+pub fn autocast_dtype(args: &TrainingArguments) -> Option<Kind> {
+    if args.bf16 {
+        Some(Kind::BFloat16)
+    } else if args.fp16 {
+        Some(Kind::Half)
+    } else {
+        None
+    }
+}
+
+/// The model's forward as the Trainer calls it (upstream: the model accelerate prepared):
+/// with `bf16` (or `fp16`) inside `torch.autocast(device_type, dtype)`, its floating outputs
+/// converted back to fp32 afterwards (accelerate's `convert_outputs_to_fp32`); a plain forward
+/// in fp32.
+pub fn model_forward(
+    ctx: &StepContext<'_>,
+    model: &dyn PreTrainedModel,
+    inputs: &ModelInputs<'_>,
+) -> Result<ModelOutput> {
+    let Some(dtype) = autocast_dtype(ctx.args) else {
+        return Ok(model.forward(inputs)?);
+    };
+    let out = {
+        let _autocast = AutocastGuard::enter(ctx.device, dtype)?;
+        model.forward(inputs)?
+    };
+    let fp32 = |t: Tensor| -> Result<Tensor> {
+        Ok(if matches!(t.kind(), Kind::BFloat16 | Kind::Half) {
+            t.f_to_kind(Kind::Float)?
+        } else {
+            t
+        })
+    };
+    Ok(ModelOutput {
+        loss: out.loss.map(fp32).transpose()?,
+        logits: fp32(out.logits)?,
+        last_hidden_state: out.last_hidden_state.map(fp32).transpose()?,
+        pooler_output: out.pooler_output.map(fp32).transpose()?,
+    })
+}
+
 /// Upstream's default `compute_loss`: `outputs = model(**inputs, num_items_in_batch=...)`
 /// (the count passed only when `ctx.model_accepts_loss_kwargs`), loss = `outputs.loss`;
-/// a model that returns no loss is [`Error::MissingLoss`]. In a data-parallel run with
+/// a model that returns no loss is [`Error::MissingLoss`]. With `label_smoothing_factor`,
+/// the labels are kept from the model and upstream's `LabelSmoother` turns its (fp32) logits
+/// into the loss, shifting the labels for a causal LM. In a data-parallel run with
 /// `average_tokens_across_devices` and a counted `num_items_in_batch`, the loss is
 /// multiplied by the world size, as upstream.
 pub fn default_compute_loss(
@@ -151,10 +203,26 @@ pub fn default_compute_loss(
     if ctx.model_accepts_loss_kwargs {
         mi.num_items_in_batch = num_items_in_batch;
     }
-    let mut out = model.forward(&mi)?;
-    let mut loss = out.loss.take().ok_or_else(|| Error::MissingLoss {
-        keys: inputs.keys().collect::<Vec<_>>().join(", "),
-    })?;
+    // Upstream pops the labels when a label smoother is set and smooths the model's logits.
+    let smoothed_labels = match mi.labels {
+        Some(labels) if ctx.args.label_smoothing_factor != 0.0 => {
+            mi.labels = None;
+            Some(labels)
+        }
+        _ => None,
+    };
+    let mut out = model_forward(ctx, model, &mi)?;
+    let mut loss = match smoothed_labels {
+        Some(labels) => LabelSmoother::new(ctx.args.label_smoothing_factor).compute(
+            &out.logits,
+            labels,
+            ctx.is_causal_lm,
+            num_items_in_batch,
+        )?,
+        None => out.loss.take().ok_or_else(|| Error::MissingLoss {
+            keys: inputs.keys().collect::<Vec<_>>().join(", "),
+        })?,
+    };
     let world = ctx.args.world_size();
     if world > 1
         && ctx.args.average_tokens_across_devices
@@ -220,7 +288,7 @@ pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
             let (loss, out) = hooks.compute_loss(ctx, model, inputs, num_items.as_ref())?;
             Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
         } else {
-            Ok((None, model.forward(&model_inputs(inputs))?))
+            Ok((None, model_forward(ctx, model, &model_inputs(inputs))?))
         }
     })?;
     if prediction_loss_only {

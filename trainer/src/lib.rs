@@ -19,6 +19,7 @@ mod distributed;
 mod error;
 mod evaluation;
 pub mod examples;
+mod ffi;
 mod hooks;
 mod metrics;
 mod model_info;
@@ -45,15 +46,16 @@ pub use data_loader::{DataLoader, EpochIter, SharedCollator, shared_collator};
 pub use dataset::{Dataset, InMemoryDataset};
 pub use error::{Error, Result};
 pub use hooks::{
-    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, count_num_items_in_batch,
-    default_compute_loss, default_prediction_step, default_training_step, model_inputs,
+    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, autocast_dtype,
+    count_num_items_in_batch, default_compute_loss, default_prediction_step, default_training_step,
+    model_forward, model_inputs,
 };
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,
 };
 pub use model_info::{
-    floating_point_ops, is_embedding_weight, layernorm_modules, loss_shifts_labels,
-    model_accepts_loss_kwargs, named_parameters, num_parameters,
+    floating_point_ops, is_causal_lm, is_embedding_weight, layernorm_modules, loss_shifts_labels,
+    model_accepts_loss_kwargs, named_parameters, num_parameters, parameters,
 };
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
 pub use prediction::PredictionOutput;

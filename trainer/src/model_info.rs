@@ -31,6 +31,27 @@ pub fn loss_shifts_labels(model: &dyn PreTrainedModel) -> bool {
     model.architecture().contains("ForCausalLM")
 }
 
+/// Upstream's `model_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()` (the label
+/// smoother's `shift_labels`): `GPT2LMHeadModel` and every `...ForCausalLM`.
+pub fn is_causal_lm(model: &dyn PreTrainedModel) -> bool {
+    let arch = model.architecture();
+    arch.ends_with("ForCausalLM") || arch.ends_with("LMHeadModel")
+}
+
+/// The trainable parameters in the order the model created them, which the models keep
+/// equal to upstream's module registration order (`model.parameters()`, a tied weight once,
+/// at its first place). Gradient clipping sums the per-parameter norms in this order, as
+/// torch does: another order changes the total norm in the last bits, and with bf16
+/// autocast such a bit shows in the next steps' losses.
+pub fn parameters(model: &dyn PreTrainedModel) -> Vec<Tensor> {
+    model
+        .var_store()
+        .trainable_variables()
+        .into_iter()
+        .filter(Tensor::requires_grad)
+        .collect()
+}
+
 /// The model's parameters with their names, sorted by name (a stable order for the
 /// optimizer's state layout).
 pub fn named_parameters(model: &dyn PreTrainedModel) -> Vec<(String, Tensor)> {

@@ -20,7 +20,7 @@ use crate::data_loader::DataLoader;
 use crate::error::{Error, Result};
 use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
 use crate::metrics::{Metrics, TrainOutput, speed_metrics};
-use crate::model_info::{floating_point_ops, named_parameters};
+use crate::model_info::{floating_point_ops, parameters};
 use crate::trainer::Trainer;
 use tchtrain_models::PreTrainedModel;
 
@@ -122,10 +122,7 @@ impl Trainer {
         if self.args.eval_on_start {
             self.evaluate_during_training(true)?;
         }
-        let params: Vec<Tensor> = named_parameters(&*self.model)
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect();
+        let params = parameters(&*self.model);
         for epoch in point.epochs_trained..values.num_train_epochs {
             self.callback_handler
                 .on_epoch_begin(&self.args, &self.state, &mut self.control)?;
@@ -172,20 +169,30 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
-        for (on, field) in [
-            (self.args.fp16, "fp16"),
-            (self.args.bf16, "bf16"),
+        for (on, field, detail) in [
             (
-                self.args.label_smoothing_factor != 0.0,
-                "label_smoothing_factor",
+                self.args.fp16,
+                "fp16",
+                "fp16 mixed precision needs dynamic loss scaling (a GradScaler), which this \
+                 Trainer does not have yet: use --bf16 (autocast to bfloat16, no scaling needed)",
+            ),
+            (
+                self.args.fp16_full_eval,
+                "fp16_full_eval",
+                "evaluation with the model cast to float16 is not supported yet: leave it off \
+                 (evaluation then follows --bf16 / fp32)",
+            ),
+            (
+                self.args.bf16_full_eval,
+                "bf16_full_eval",
+                "evaluation with the model cast to bfloat16 is not supported yet: leave it off \
+                 (with --bf16, evaluation already runs under bfloat16 autocast)",
             ),
         ] {
             if on {
                 return Err(Error::InvalidArgument {
                     field,
-                    detail:
-                        "not supported by this Trainer yet (fp32 training only, no label smoothing)"
-                            .into(),
+                    detail: detail.into(),
                 });
             }
         }
@@ -299,6 +306,7 @@ impl Trainer {
                 device: self.device,
                 label_names: &self.label_names,
                 loss_shifts_labels: self.loss_shifts_labels,
+                is_causal_lm: self.is_causal_lm,
             },
             &mut *self.hooks,
             &mut *self.model,

@@ -66,6 +66,8 @@ pub struct Trainer {
     pub(crate) hooks: Box<dyn TrainerHooks>,
     pub(crate) model_accepts_loss_kwargs: bool,
     pub(crate) loss_shifts_labels: bool,
+    /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
+    pub(crate) is_causal_lm: bool,
     pub(crate) label_names: Vec<String>,
     pub(crate) device: Device,
     pub(crate) loop_state: LoopState,
@@ -237,6 +239,7 @@ impl TrainerBuilder {
             .model_accepts_loss_kwargs
             .unwrap_or_else(|| model_info::model_accepts_loss_kwargs(&*model));
         let loss_shifts_labels = model_info::loss_shifts_labels(&*model);
+        let is_causal_lm = model_info::is_causal_lm(&*model);
         let num_params_without_embeddings = model_info::num_parameters(&*model, true);
         let label_names = self
             .args
@@ -262,6 +265,7 @@ impl TrainerBuilder {
             hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
             model_accepts_loss_kwargs: accepts,
             loss_shifts_labels,
+            is_causal_lm,
             label_names,
             device,
             loop_state: LoopState {
@@ -362,6 +366,7 @@ impl Trainer {
             device: self.device,
             label_names: &self.label_names,
             loss_shifts_labels: self.loss_shifts_labels,
+            is_causal_lm: self.is_causal_lm,
         }
     }
 

@@ -1,0 +1,157 @@
+//! The safe Rust face of `csrc/trainer_shim.cpp`: autocast regions for a device type
+//! ([`AutocastGuard`], upstream's `torch.autocast(device_type, dtype)` as accelerate enters
+//! it around the model's forward) and the default generators' states ([`rng_state`],
+//! [`set_rng_state`]: `torch.get_rng_state()` / `torch.cuda.get_rng_state()`).
+//!
+//! This is the only module of the crate that sees raw pointers. C++ exceptions are caught in
+//! the shim and come back as [`Error::Torch`](crate::Error::Torch).
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, c_char, c_int};
+
+use tch::{Device, Kind, TchError, Tensor};
+use torch_sys::C_tensor;
+
+use crate::error::{Error, Result};
+
+unsafe extern "C" {
+    fn tchtrain_trainer_free_error(err: *mut c_char);
+    fn tchtrain_trainer_autocast_enter(
+        device: c_int,
+        dtype: c_int,
+        prev_enabled: *mut bool,
+        prev_dtype: *mut c_int,
+        prev_cache: *mut bool,
+    ) -> *mut c_char;
+    fn tchtrain_trainer_autocast_exit(
+        device: c_int,
+        prev_enabled: bool,
+        prev_dtype: c_int,
+        prev_cache: bool,
+    ) -> *mut c_char;
+    fn tchtrain_trainer_get_rng_state(
+        device: c_int,
+        index: c_int,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    fn tchtrain_trainer_set_rng_state(
+        device: c_int,
+        index: c_int,
+        state: *const C_tensor,
+    ) -> *mut c_char;
+}
+
+fn check(err: *mut c_char) -> Result<()> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, freed once here.
+    let msg = unsafe {
+        let msg = CStr::from_ptr(err).to_string_lossy().into_owned();
+        tchtrain_trainer_free_error(err);
+        msg
+    };
+    Err(TchError::Torch(msg).into())
+}
+
+/// The shim's device code and index: 0 = CPU, 1 = CUDA.
+fn device_code(device: Device) -> Result<(c_int, c_int)> {
+    match device {
+        Device::Cpu => Ok((0, 0)),
+        Device::Cuda(i) => Ok((1, i as c_int)),
+        other => Err(Error::InvalidArgument {
+            field: "device",
+            detail: format!("{other:?} is neither the CPU nor a CUDA device"),
+        }),
+    }
+}
+
+/// c10::ScalarType codes of the kinds autocast takes.
+fn scalar_type(kind: Kind) -> Result<c_int> {
+    match kind {
+        Kind::Half => Ok(5),
+        Kind::Float => Ok(6),
+        Kind::BFloat16 => Ok(15),
+        other => Err(Error::InvalidArgument {
+            field: "bf16",
+            detail: format!("autocast to {other:?}: only bfloat16, float16 or float32"),
+        }),
+    }
+}
+
+/// An open `torch.autocast(device_type, dtype)` region: ops on `device`'s type run in `dtype`
+/// where autocast's op lists say so (matmuls, linear, attention in bf16; softmax, losses,
+/// norms in fp32) until the guard drops, which restores the previous autocast state and, when
+/// it closes the outermost region, clears the weight-cast cache (upstream's `__exit__`).
+#[derive(Debug)]
+pub(crate) struct AutocastGuard {
+    device: c_int,
+    prev_enabled: bool,
+    prev_dtype: c_int,
+    prev_cache: bool,
+}
+
+impl AutocastGuard {
+    /// Enters the region (upstream's `__enter__`).
+    pub(crate) fn enter(device: Device, dtype: Kind) -> Result<Self> {
+        let (code, _) = device_code(device)?;
+        let dtype = scalar_type(dtype)?;
+        let (mut prev_enabled, mut prev_dtype, mut prev_cache) = (false, 0, false);
+        // SAFETY: the out-pointers point at live locals for the duration of the call.
+        check(unsafe {
+            tchtrain_trainer_autocast_enter(
+                code,
+                dtype,
+                &mut prev_enabled,
+                &mut prev_dtype,
+                &mut prev_cache,
+            )
+        })?;
+        Ok(Self {
+            device: code,
+            prev_enabled,
+            prev_dtype,
+            prev_cache,
+        })
+    }
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        // SAFETY: plain values; the shim only touches libtorch's thread-local autocast state.
+        let err = unsafe {
+            tchtrain_trainer_autocast_exit(
+                self.device,
+                self.prev_enabled,
+                self.prev_dtype,
+                self.prev_cache,
+            )
+        };
+        if let Err(e) = check(err) {
+            log::error!("leaving an autocast region failed: {e}");
+        }
+    }
+}
+
+/// The state of `device`'s default generator, a uint8 tensor on the CPU
+/// (`torch.get_rng_state()`, `torch.cuda.get_rng_state(i)`).
+pub(crate) fn rng_state(device: Device) -> Result<Tensor> {
+    let (code, index) = device_code(device)?;
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `out` is a live local; on success the shim stores a `new at::Tensor` in it.
+    check(unsafe { tchtrain_trainer_get_rng_state(code, index, &mut out) })?;
+    if out.is_null() {
+        return Err(TchError::Torch("the trainer shim returned no generator state".into()).into());
+    }
+    // SAFETY: allocated by the shim with `new at::Tensor(..)`, the layout tch uses for its
+    // own tensors, and owned by nobody else.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Restores `device`'s default generator from a state [`rng_state`] returned
+/// (`torch.set_rng_state`); libtorch checks the size and type and errors otherwise.
+pub(crate) fn set_rng_state(device: Device, state: &Tensor) -> Result<()> {
+    let (code, index) = device_code(device)?;
+    // SAFETY: `state` is a live tensor borrowed for the call.
+    check(unsafe { tchtrain_trainer_set_rng_state(code, index, state.as_ptr()) })
+}
