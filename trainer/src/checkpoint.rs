@@ -7,7 +7,8 @@
 //! | `training_args.json` | the arguments as JSON (upstream pickles `training_args.bin`) |
 //! | `optimizer.safetensors` + `optimizer.json` | the optimizer state (upstream: `optimizer.pt`) |
 //! | `scheduler.json` | the scheduler state (upstream: `scheduler.pt`) |
-//! | `rng_state.json` | the data order's seed and position (upstream: `rng_state.pth`) |
+//! | `rng_state.json` | the data order's seed and position |
+//! | `rng_state.safetensors` | libtorch's default generators: `cpu` (and `cuda` on a GPU), as upstream's `rng_state.pth` keys |
 //!
 //! A checkpoint is written into `tmp-checkpoint-{step}/`, its files and the folder are
 //! fsynced, it is renamed to `checkpoint-{step}` and the parent folder is fsynced: a crash
@@ -15,17 +16,21 @@
 //! checkpoints only after that. Resuming restores the weights, the
 //! optimizer and scheduler, the trainer state and callbacks, and the data position (the
 //! sampler's order is a function of its seed and the epoch, the batches already used are
-//! skipped). libtorch's global generator (dropout) cannot be read or set through tch, so
-//! it is not restored: resumed runs equal uninterrupted ones exactly when dropout is off.
+//! skipped), and libtorch's default generators (dropout masks, unseeded collators) at the
+//! point upstream's `_load_rng_state` restores them: a resumed run equals the uninterrupted
+//! one exactly, dropout on. In a data-parallel run, rank 0 writes the one generator file and
+//! every rank restores it (upstream writes `rng_state_{rank}.pth` per process: the ranks
+//! start from the same seed and draw the same amounts, so their states agree).
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
+use tch::{Device, Tensor};
 use tchtrain_models::{PreTrainedModel, read_checkpoint};
 use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCHEDULER_NAME};
 
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::trainer::Trainer;
 
 /// Prefix of checkpoint folders (`checkpoint-{step}`).
@@ -36,6 +41,81 @@ pub const TRAINER_STATE_NAME: &str = "trainer_state.json";
 pub const TRAINING_ARGS_NAME: &str = "training_args.json";
 /// The data-order state file of a checkpoint.
 pub const RNG_STATE_NAME: &str = "rng_state.json";
+
+/// libtorch's generator states in a checkpoint (upstream: `rng_state.pth`'s `cpu` / `cuda`).
+pub const RNG_GENERATOR_STATE_NAME: &str = "rng_state.safetensors";
+
+/// Writes the default generators' states (`cpu`, and `cuda` when training on a GPU) into
+/// `dir/rng_state.safetensors` (upstream `_save_rng_state`).
+pub(crate) fn save_generator_states(dir: &Path, device: Device) -> Result<()> {
+    let mut named = vec![("cpu", ffi::rng_state(Device::Cpu)?)];
+    if device.is_cuda() {
+        named.push(("cuda", ffi::rng_state(device)?));
+    }
+    let path = dir.join(RNG_GENERATOR_STATE_NAME);
+    Tensor::write_safetensors(&named, &path).map_err(|e| Error::InvalidCheckpoint {
+        dir: dir.to_path_buf(),
+        detail: format!("writing {RNG_GENERATOR_STATE_NAME} failed: {e}"),
+    })
+}
+
+/// Reads and checks a checkpoint's generator states before training starts: `None` when the
+/// checkpoint has no `rng_state.safetensors` (an older or a Python checkpoint: the run then
+/// continues from the reseeded generator), an error naming the file when it cannot be used.
+pub(crate) fn read_generator_states(
+    dir: &Path,
+    device: Device,
+) -> Result<Option<Vec<(String, Tensor)>>> {
+    let path = dir.join(RNG_GENERATOR_STATE_NAME);
+    if !path.is_file() {
+        log::info!(
+            "{} has no {RNG_GENERATOR_STATE_NAME}: dropout masks after the resume will differ from an uninterrupted run",
+            dir.display()
+        );
+        return Ok(None);
+    }
+    let invalid = |reason: String| Error::InvalidCheckpoint {
+        dir: dir.to_path_buf(),
+        detail: format!(
+            "{RNG_GENERATOR_STATE_NAME}: {reason}; delete that file to resume without restoring the generators"
+        ),
+    };
+    let states =
+        Tensor::read_safetensors(&path).map_err(|e| invalid(format!("unreadable ({e})")))?;
+    let mut out = Vec::new();
+    for (key, dev) in [("cpu", Device::Cpu), ("cuda", device)] {
+        if key == "cuda" && !device.is_cuda() {
+            continue;
+        }
+        let Some((_, state)) = states.iter().find(|(k, _)| k == key) else {
+            if key == "cuda" {
+                continue;
+            }
+            return Err(invalid(format!("no `{key}` generator state")));
+        };
+        let current = ffi::rng_state(dev)?;
+        if state.kind() != current.kind() || state.size() != current.size() {
+            return Err(invalid(format!(
+                "the `{key}` state is {:?} {:?}, libtorch's is {:?} {:?}",
+                state.kind(),
+                state.size(),
+                current.kind(),
+                current.size()
+            )));
+        }
+        out.push((key.to_string(), state.shallow_clone()));
+    }
+    Ok(Some(out))
+}
+
+/// Restores generator states [`read_generator_states`] returned (upstream `_load_rng_state`).
+pub(crate) fn restore_generator_states(states: &[(String, Tensor)], device: Device) -> Result<()> {
+    for (key, state) in states {
+        let dev = if key == "cuda" { device } else { Device::Cpu };
+        ffi::set_rng_state(dev, state)?;
+    }
+    Ok(())
+}
 
 /// What `rng_state.json` holds: enough to check that a resumed run draws its data in the
 /// same order.
@@ -283,6 +363,7 @@ impl Trainer {
                 epoch: self.state.epoch,
             };
             write_json(&tmp.join(RNG_STATE_NAME), &rng)?;
+            save_generator_states(&tmp, self.device)?;
         }
         let states = self.callback_handler.exportable_states(&self.control);
         self.state.update_stateful_callbacks(states);

@@ -39,8 +39,9 @@ mod trainer;
 mod zero;
 
 pub use checkpoint::{
-    PREFIX_CHECKPOINT_DIR, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME, TRAINING_ARGS_NAME,
-    get_last_checkpoint, load_model_weights, rotate_checkpoints, sort_checkpoints,
+    PREFIX_CHECKPOINT_DIR, RNG_GENERATOR_STATE_NAME, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME, get_last_checkpoint, load_model_weights, rotate_checkpoints,
+    sort_checkpoints,
 };
 pub use data_loader::{DataLoader, EpochIter, SharedCollator, shared_collator};
 pub use dataset::{Dataset, InMemoryDataset};

@@ -47,6 +47,8 @@ struct ResumePoint {
     resumed: bool,
     epochs_trained: usize,
     steps_trained_in_current_epoch: usize,
+    /// The checkpoint's generator states, restored where upstream's `_load_rng_state` does.
+    generator_states: Option<Vec<(String, Tensor)>>,
 }
 
 impl Trainer {
@@ -81,7 +83,7 @@ impl Trainer {
         self.check_before_training()?;
         self.check_train_labels()?;
         if let Some(ckpt) = &resume {
-            crate::preflight::check_resume_checkpoint(ckpt)?;
+            self.check_resume_checkpoint(ckpt)?;
             // SHARDED_STATE_DICT: the shards restore the weights once the engine exists.
             if !crate::zero::weights_only_in_shards(ckpt) {
                 checkpoint::load_model_weights(&mut *self.model, ckpt)?;
@@ -252,6 +254,7 @@ impl Trainer {
             resumed: resume.is_some(),
             epochs_trained: 0,
             steps_trained_in_current_epoch: 0,
+            generator_states: None,
         };
         if let Some(ckpt) = resume {
             let path = ckpt.join(checkpoint::TRAINER_STATE_NAME);
@@ -266,6 +269,7 @@ impl Trainer {
                     self.state.best_model_checkpoint = None;
                 }
                 checkpoint::check_rng_state(ckpt, self)?;
+                point.generator_states = checkpoint::read_generator_states(ckpt, self.device)?;
                 let stateful = self.state.stateful_callbacks.clone();
                 self.callback_handler
                     .load_callback_state(&stateful, &mut self.control)?;
@@ -329,13 +333,18 @@ impl Trainer {
         let mut learning_rate: Option<f64> = None;
         let mut first_update = 0;
         let mut batches = loader.epoch(epoch as u64);
-        if point.resumed
-            && epoch == point.epochs_trained
-            && point.steps_trained_in_current_epoch > 0
-        {
-            batches.skip_batches(point.steps_trained_in_current_epoch);
-            step = point.steps_trained_in_current_epoch as i64 - 1;
-            first_update = point.steps_trained_in_current_epoch / ga;
+        // Upstream restores the generators at the start of the resumed epoch, or, when
+        // batches were skipped, after fetching the first accumulation window.
+        let mut rng_to_sync = None;
+        if point.resumed && epoch == point.epochs_trained {
+            if point.steps_trained_in_current_epoch > 0 {
+                batches.skip_batches(point.steps_trained_in_current_epoch);
+                step = point.steps_trained_in_current_epoch as i64 - 1;
+                first_update = point.steps_trained_in_current_epoch / ga;
+                rng_to_sync = point.generator_states.as_deref();
+            } else if let Some(states) = &point.generator_states {
+                checkpoint::restore_generator_states(states, self.device)?;
+            }
         }
         let steps_in_epoch = values.steps_in_epoch as i64;
         let remainder = match values.steps_in_epoch % ga {
@@ -354,6 +363,9 @@ impl Trainer {
                 .map(|b| Ok(b?.to_device(self.device)?))
                 .collect::<Result<_>>()?;
             let current_ga = window.len();
+            if let Some(states) = rng_to_sync.take() {
+                checkpoint::restore_generator_states(states, self.device)?;
+            }
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
             self.zero_gather()?;
             for inputs in &window {

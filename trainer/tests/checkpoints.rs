@@ -14,7 +14,8 @@ use tchtrain_callbacks::{JsonMap, JsonValue, TrainerCallback, TrainerControl, Tr
 use tchtrain_collators::{Feature, Label};
 use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
 use tchtrain_trainer::{
-    Dataset, Error, EvalPrediction, InMemoryDataset, Metrics, ResumeFrom, Trainer,
+    Dataset, Error, EvalPrediction, InMemoryDataset, Metrics, RNG_GENERATOR_STATE_NAME, ResumeFrom,
+    Trainer,
 };
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 
@@ -59,13 +60,35 @@ fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
 }
 
 fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    model_from(&reference_dir().join("initial"))
+}
+
+fn model_from(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(
-        &reference_dir().join("initial"),
+        dir,
         AutoTask::CausalLm,
         Device::Cpu,
         &LoadOptions::default(),
     )?
     .model)
+}
+
+/// The reference's initial tiny GPT-2 with every dropout at 0.1 (a copy in a temp folder).
+fn dropout_model_dir(name: &str) -> Result<PathBuf> {
+    let dir = temp_dir(&format!("{name}-initial"));
+    std::fs::create_dir_all(&dir)?;
+    let initial = reference_dir().join("initial");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(initial.join("config.json"))?)?;
+    for key in ["attn_pdrop", "embd_pdrop", "resid_pdrop"] {
+        config[key] = serde_json::json!(0.1);
+    }
+    std::fs::write(dir.join("config.json"), serde_json::to_string(&config)?)?;
+    std::fs::copy(
+        initial.join("model.safetensors"),
+        dir.join("model.safetensors"),
+    )?;
+    Ok(dir)
 }
 
 /// 38 rows in batches of 4: 10 batches; accumulation 3 makes windows of 3, 3, 3 and 1
@@ -131,7 +154,12 @@ fn step_logs(history: &[JsonMap]) -> Vec<(i64, f64, f64, f64)> {
 /// Trainer (on the initial weights) from the last checkpoint: the logged values after the
 /// resume equal the uninterrupted ones bit for bit.
 fn stop_and_resume(name: &str, k: i64) -> Result<()> {
+    stop_and_resume_with(name, k, &reference_dir().join("initial"))
+}
+
+fn stop_and_resume_with(name: &str, k: i64, model_dir: &Path) -> Result<()> {
     let _g = lock();
+    let initial_model = || model_from(model_dir);
     let full_dir = temp_dir(&format!("{name}-full"));
     let mut full = Trainer::builder(initial_model()?, resume_args(&full_dir, k as f64)?)
         .train_dataset(blocks("train", 38)?)
@@ -158,8 +186,13 @@ fn stop_and_resume(name: &str, k: i64) -> Result<()> {
     let out = resumed.train(Some(ResumeFrom::Last))?;
     assert_eq!(out.global_step, 12);
     let got = step_logs(&resumed.state.log_history);
-    // Dropout is off and the data order is a function of the seed and the epoch: exact.
+    // The data order is a function of the seed and the epoch, and the checkpoint restores
+    // libtorch's generator (dropout masks): exact.
     assert_eq!(got, expected, "{name}: resumed log differs");
+    assert!(
+        dir.join(format!("checkpoint-{k}/{RNG_GENERATOR_STATE_NAME}"))
+            .is_file()
+    );
     let _ = std::fs::remove_dir_all(&full_dir);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
@@ -175,6 +208,22 @@ fn resume_mid_epoch_with_uneven_accumulation_and_cosine_warmup() -> Result<()> {
 fn resume_at_an_epoch_boundary() -> Result<()> {
     // Step 4: the end of epoch 0 (after its one-batch last window); epoch 1 starts afresh.
     stop_and_resume("epoch-boundary", 4)
+}
+
+#[test]
+fn resume_with_dropout_restores_the_generator_mid_epoch() -> Result<()> {
+    let dir = dropout_model_dir("dropout-mid-epoch")?;
+    stop_and_resume_with("dropout-mid-epoch", 6, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn resume_with_dropout_restores_the_generator_at_an_epoch_boundary() -> Result<()> {
+    let dir = dropout_model_dir("dropout-epoch-boundary")?;
+    stop_and_resume_with("dropout-epoch-boundary", 4, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
 }
 
 /// A metric scripted by evaluation index, to put the best checkpoint where a test wants it.
@@ -371,7 +420,10 @@ fn bad_checkpoints_are_typed_errors_before_training() -> Result<()> {
     assert_eq!(t.state.global_step, 3);
 
     // The checkpoint of another model (tiny Llama's weights): named, model untouched.
-    expect_invalid_checkpoint(&assets().join("tiny-llama"), "not a parameter")?;
+    expect_invalid_checkpoint(
+        &assets().join("tiny-llama"),
+        "config.json describes a LlamaForCausalLM",
+    )?;
     // A GPT-2 checkpoint whose position table is shorter: a shape mismatch, model untouched.
     let other = dir.join("shorter");
     std::fs::create_dir_all(&other)?;
