@@ -6,7 +6,8 @@
 //! example `tchtrain/examples/bench_trainer.rs` (our Trainer, then `--bare`) and the Python
 //! script (upstream's Trainer) run one after the other, in an order that rotates each
 //! round, with the same intra-op thread count. A matmul probe (`--peak`) runs before the
-//! first and after the last round; the best of the two is the machine's peak.
+//! first and after the last round; the best of the two is the machine's peak. Every run's
+//! JSON line is kept in `target/bench-trainer/runs.jsonl`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -85,7 +86,14 @@ fn peak_from_line(line: &str) -> Option<(f64, f64)> {
 
 /// Runs one side and returns its line; a failed process becomes a run with an error, so
 /// that one refused configuration does not end the whole bench.
-fn run_one(c: &mut Command, job: &str, precision: &str, implementation: &str) -> Run {
+/// The raw line is appended to `raw`.
+fn run_one(
+    c: &mut Command,
+    job: &str,
+    precision: &str,
+    implementation: &str,
+    raw: &mut Vec<String>,
+) -> Run {
     let t0 = Instant::now();
     let what = format!("{implementation} {job} {precision}");
     let failed = |error: String| Run {
@@ -102,10 +110,13 @@ fn run_one(c: &mut Command, job: &str, precision: &str, implementation: &str) ->
         matmul_flops_per_s: None,
     };
     let run = match cmd::output(c, &what) {
-        Ok(stdout) => stdout
-            .lines()
-            .find_map(Run::from_line)
-            .unwrap_or_else(|| failed(format!("no result line in:\n{stdout}"))),
+        Ok(stdout) => match stdout.lines().find(|l| Run::from_line(l).is_some()) {
+            Some(line) => {
+                raw.push(line.trim().to_string());
+                Run::from_line(line).unwrap_or_else(|| failed(line.into()))
+            }
+            None => failed(format!("no result line in:\n{stdout}")),
+        },
         Err(e) => failed(e.lines().last().unwrap_or_default().to_string()),
     };
     match &run.error {
@@ -153,9 +164,10 @@ fn fmt(x: Option<f64>, digits: usize) -> String {
 pub fn table(jobs: &[String], precisions: &[String], r: &Results) -> String {
     let mut out = String::from(
         "| job | precision | tchtrain tokens/s | python tokens/s | bare tokens/s | tokens/s ratio (tchtrain/python) \
-         | tchtrain step ms | python step ms | bare step ms | overhead vs bare (median / fastest step) \
+         | tchtrain step ms | python step ms | bare step ms | fastest step ms (tchtrain / python / bare) \
+         | fastest-step ratio (python/tchtrain) | overhead vs bare (median / fastest step) \
          | tchtrain RSS MB | python RSS MB | bare RSS MB | matmul GFLOP/s (% of peak) |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for job in jobs {
         for precision in precisions {
@@ -203,8 +215,12 @@ pub fn table(jobs: &[String], precisions: &[String], r: &Results) -> String {
                 (Some(f), None) => format!("{:.1}", f / 1e9),
                 _ => "—".into(),
             };
+            let fastest_ratio = match (fastest("python"), fastest("tchtrain")) {
+                (Some(p), Some(t)) if t > 0.0 => Some(p / t),
+                _ => None,
+            };
             out.push_str(&format!(
-                "| {job} | {precision} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |\n",
+                "| {job} | {precision} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} / {} | {} | {} | {} | {} |\n",
                 fmt(tps("tchtrain"), 0),
                 fmt(tps("python"), 0),
                 fmt(tps("bare"), 0),
@@ -212,6 +228,10 @@ pub fn table(jobs: &[String], precisions: &[String], r: &Results) -> String {
                 fmt(ms("tchtrain"), 1),
                 fmt(ms("python"), 1),
                 fmt(ms("bare"), 1),
+                fmt(fastest("tchtrain"), 1),
+                fmt(fastest("python"), 1),
+                fmt(fastest("bare"), 1),
+                fmt(fastest_ratio, 2),
                 overhead(ms("tchtrain"), ms("bare")),
                 overhead(fastest("tchtrain"), fastest("bare")),
                 fmt(rss("tchtrain"), 0),
@@ -301,6 +321,7 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
         peak: probe(plan),
         ..Results::default()
     };
+    let mut raw = Vec::new();
     for round in 0..plan.repeat {
         for job in plan.jobs {
             for precision in plan.precisions {
@@ -325,7 +346,7 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
                         c.arg("--bare");
                     }
                     print!("bench: round {}/{}: ", round + 1, plan.repeat);
-                    results.push(run_one(&mut c, job, precision, implementation));
+                    results.push(run_one(&mut c, job, precision, implementation, &mut raw));
                 }
             }
         }
@@ -333,6 +354,12 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
     if let Some((fp32, bf16)) = probe(plan) {
         let (f0, b0) = results.peak.unwrap_or((0.0, 0.0));
         results.peak = Some((fp32.max(f0), bf16.max(b0)));
+    }
+    // Every run's line, for a closer look than the table's medians.
+    let runs = plan.data.join("runs.jsonl");
+    match std::fs::write(&runs, raw.join("\n") + "\n") {
+        Ok(()) => println!("bench: every run's line is in {}", runs.display()),
+        Err(e) => println!("bench: could not write {}: {e}", runs.display()),
     }
     Ok(results)
 }
@@ -419,7 +446,7 @@ mod tests {
         let t = table(&["gpt2_tiny".into()], &["fp32".into()], &r);
         assert!(
             t.contains(
-                "| gpt2_tiny | fp32 | 320 | 200 | 330 | 1.60 | 102.0 | 150.0 | 100.0 | +2.0 % / +0.0 % | 1000 | 1000 | 1000 | 10.0 (20 %) |"
+                "| gpt2_tiny | fp32 | 320 | 200 | 330 | 1.60 | 102.0 | 150.0 | 100.0 | 50.0 / 75.0 / 50.0 | 1.50 | +2.0 % / +0.0 % | 1000 | 1000 | 1000 | 10.0 (20 %) |"
             ),
             "{t}"
         );
