@@ -126,6 +126,20 @@ pub enum Error {
         /// The folder searched.
         dir: PathBuf,
     },
+    /// [`TrainerBuilder::stop_on_non_finite`](crate::TrainerBuilder::stop_on_non_finite):
+    /// an optimizer step's gradient norm was NaN or infinite; the step was not applied.
+    #[error(
+        "the gradient norm of step {step} is {grad_norm} (a NaN or infinite loss, or overflowing gradients); the update was not applied and the last good state is saved in {}: lower the learning rate, check the data of that step, or resume from that checkpoint",
+        checkpoint.display()
+    )]
+    NonFiniteLoss {
+        /// The optimizer step (1-based) whose gradients were not finite.
+        step: i64,
+        /// The non-finite norm.
+        grad_norm: f64,
+        /// The checkpoint of the state after the previous step.
+        checkpoint: PathBuf,
+    },
     /// A checkpoint that does not fit this training (missing file, different model).
     #[error("checkpoint {}: {detail}", dir.display())]
     InvalidCheckpoint {

@@ -394,6 +394,11 @@ impl Trainer {
                             self.clip_grad_norm(params)?
                         }
                     });
+                    if self.stop_on_non_finite
+                        && let Some(norm) = grad_norm.filter(|n| !n.is_finite())
+                    {
+                        return self.stop_non_finite(norm);
+                    }
                     self.callback_handler.on_pre_optimizer_step(
                         &self.args,
                         &self.state,
@@ -469,17 +474,41 @@ impl Trainer {
     }
 
     /// `_tr_loss += tr_loss_step`, with upstream's `logging_nan_inf_filter`.
+    ///
+    /// Computed on the device (a `where` between the two sums) instead of reading the step's
+    /// loss to the host: no synchronisation per micro-batch.
     fn accumulate_loss(&mut self, step_loss: &Tensor) -> Result<()> {
-        let v = step_loss.f_double_value(&[])?;
         let ls = &mut self.loop_state;
-        ls.tr_loss = if self.args.logging_nan_inf_filter && !v.is_finite() {
+        let step_loss = step_loss.f_to_kind(Kind::Float)?.f_to_device(self.device)?;
+        let added = ls.tr_loss.f_add(&step_loss)?;
+        ls.tr_loss = if self.args.logging_nan_inf_filter {
             let n = 1 + self.state.global_step - ls.globalstep_last_logged;
-            ls.tr_loss.f_add(&ls.tr_loss.f_div_scalar(n as f64)?)?
+            let filtered = ls.tr_loss.f_add(&ls.tr_loss.f_div_scalar(n as f64)?)?;
+            added.f_where_self(&step_loss.f_isfinite()?, &filtered)?
         } else {
-            ls.tr_loss
-                .f_add(&step_loss.f_to_kind(Kind::Float)?.f_to_device(self.device)?)?
+            added
         };
         Ok(())
+    }
+
+    /// [`TrainerBuilder::stop_on_non_finite`](crate::TrainerBuilder::stop_on_non_finite):
+    /// drops the step's gradients, saves the state after the previous step and fails.
+    fn stop_non_finite(&mut self, grad_norm: f64) -> Result<()> {
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.zero_grad();
+        }
+        let run_dir = std::path::PathBuf::from(self.args.output_dir());
+        let checkpoint = run_dir.join(format!(
+            "{}-{}",
+            checkpoint::PREFIX_CHECKPOINT_DIR,
+            self.state.global_step
+        ));
+        self.save_checkpoint()?;
+        Err(Error::NonFiniteLoss {
+            step: self.state.global_step + 1,
+            grad_norm,
+            checkpoint,
+        })
     }
 
     /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping

@@ -65,6 +65,8 @@ pub struct Trainer {
     pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
     pub(crate) hooks: Box<dyn TrainerHooks>,
     pub(crate) model_accepts_loss_kwargs: bool,
+    /// See [`TrainerBuilder::stop_on_non_finite`].
+    pub(crate) stop_on_non_finite: bool,
     pub(crate) loss_shifts_labels: bool,
     /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
     pub(crate) is_causal_lm: bool,
@@ -118,6 +120,7 @@ pub struct TrainerBuilder {
     hooks: Option<Box<dyn TrainerHooks>>,
     train_sampler: Option<Arc<dyn Sampler>>,
     model_accepts_loss_kwargs: Option<bool>,
+    stop_on_non_finite: bool,
 }
 
 impl std::fmt::Debug for TrainerBuilder {
@@ -212,6 +215,18 @@ impl TrainerBuilder {
         self
     }
 
+    /// Stops training at the first optimizer step whose gradient norm is not finite (a NaN or
+    /// infinite loss, or gradients that overflowed): that step's update is not applied, a
+    /// checkpoint of the last good state (the weights, optimizer and scheduler after the
+    /// previous step) is saved as `checkpoint-{global_step}`, and `train` returns
+    /// [`Error::NonFiniteLoss`](crate::Error::NonFiniteLoss) naming the step and the
+    /// checkpoint. Off by default: upstream's Trainer applies the update (and only filters
+    /// the logged loss, `logging_nan_inf_filter`).
+    pub fn stop_on_non_finite(mut self, stop: bool) -> Self {
+        self.stop_on_non_finite = stop;
+        self
+    }
+
     /// The Trainer. Callbacks are upstream's defaults (`DefaultFlowCallback`, the
     /// `report_to` loggers), then the given ones, then `ProgressCallback` (or
     /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
@@ -264,6 +279,7 @@ impl TrainerBuilder {
             preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
             hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
             model_accepts_loss_kwargs: accepts,
+            stop_on_non_finite: self.stop_on_non_finite,
             loss_shifts_labels,
             is_causal_lm,
             label_names,
@@ -312,6 +328,7 @@ impl Trainer {
             hooks: None,
             train_sampler: None,
             model_accepts_loss_kwargs: None,
+            stop_on_non_finite: false,
         }
     }
 

@@ -446,3 +446,96 @@ fn bad_checkpoints_are_typed_errors_before_training() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+/// Returns a NaN loss from the `nan_at`-th forward on (counted from 1).
+struct NanFrom {
+    calls: usize,
+    nan_at: usize,
+}
+
+impl tchtrain_trainer::TrainerHooks for NanFrom {
+    fn compute_loss(
+        &mut self,
+        ctx: &tchtrain_trainer::StepContext<'_>,
+        model: &dyn PreTrainedModel,
+        inputs: &tchtrain_collators::Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> tchtrain_trainer::Result<(Tensor, tchtrain_models::ModelOutput)> {
+        self.calls += 1;
+        let (loss, out) =
+            tchtrain_trainer::default_compute_loss(ctx, model, inputs, num_items_in_batch)?;
+        let loss = if self.calls >= self.nan_at {
+            loss * f64::NAN
+        } else {
+            loss
+        };
+        Ok((loss, out))
+    }
+}
+
+#[test]
+fn non_finite_loss_stops_with_a_checkpoint_of_the_last_good_state() -> Result<()> {
+    let _g = lock();
+    // Accumulation 3: the 7th forward is the first micro-batch of optimizer step 3.
+    let dir = temp_dir("non-finite");
+    let mut t = Trainer::builder(initial_model()?, resume_args(&dir, 100.0)?)
+        .train_dataset(blocks("train", 38)?)
+        .hooks(NanFrom {
+            calls: 0,
+            nan_at: 7,
+        })
+        .stop_on_non_finite(true)
+        .build()?;
+    let err = t.train(None).unwrap_err();
+    let ckpt = dir.join("checkpoint-2");
+    match &err {
+        Error::NonFiniteLoss {
+            step,
+            grad_norm,
+            checkpoint,
+        } => {
+            assert_eq!(*step, 3);
+            assert!(grad_norm.is_nan());
+            assert_eq!(checkpoint, &ckpt);
+        }
+        other => panic!("expected NonFiniteLoss, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("step 3") && text.contains("checkpoint-2"),
+        "{text}"
+    );
+    // The bad step was not applied: the weights are step 2's, finite, and saved.
+    assert_eq!(t.state.global_step, 2);
+    assert_weights_equal(t.model(), &ckpt)?;
+    for (name, w) in t.model().var_store().variables() {
+        assert_eq!(w.isfinite().all().int64_value(&[]), 1, "{name}");
+    }
+    // The checkpoint resumes, and the resumed run (without NaNs) trains to the end.
+    let mut resumed = Trainer::builder(initial_model()?, resume_args(&dir, 100.0)?)
+        .train_dataset(blocks("train", 38)?)
+        .build()?;
+    assert_eq!(resumed.train(Some(ResumeFrom::Path(ckpt)))?.global_step, 12);
+
+    // Without the option, upstream's behaviour: the update is applied (the weights turn
+    // NaN) and the logged loss is filtered (logging_nan_inf_filter).
+    let dir2 = temp_dir("non-finite-default");
+    let mut t = Trainer::builder(initial_model()?, resume_args(&dir2, 100.0)?)
+        .train_dataset(blocks("train", 38)?)
+        .hooks(NanFrom {
+            calls: 0,
+            nan_at: 7,
+        })
+        .build()?;
+    t.train(None)?;
+    assert_eq!(t.state.global_step, 12);
+    let losses = step_logs(&t.state.log_history);
+    assert!(losses[..2].iter().all(|l| l.1.is_finite()));
+    assert!(
+        losses[2..].iter().all(|l| l.2.is_nan()),
+        "grad norms after the NaN"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+    Ok(())
+}
