@@ -2,11 +2,15 @@
 //! (torch's `DataLoader` with `batch_size`, `sampler`, `collate_fn`, `drop_last`).
 //!
 //! An epoch is an [`EpochIter`] that owns everything it needs (shared dataset, shared
-//! collator, the epoch's index order), so it can later be moved to a prefetching thread
-//! without changing this API. Resuming skips batches by position without reading or
-//! collating them (accelerate's `skip_first_batches`).
+//! collator, the epoch's index order), so [`EpochIter::prefetch`] can move it to a
+//! background thread that reads and collates batches ahead of the training step (the
+//! Trainer does so when `dataloader_num_workers > 0`, `dataloader_prefetch_factor` batches
+//! ahead). Resuming skips batches by position without reading or collating them
+//! (accelerate's `skip_first_batches`).
 
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use tchtrain_collators::{Batch, DataCollator, Feature};
 
@@ -182,6 +186,35 @@ impl EpochIter {
         self.next_batch = (self.next_batch + n).min(self.num_batches());
     }
 
+    /// The remaining batches, read and collated on a background thread at most `depth`
+    /// batches ahead of the consumer (torch's `DataLoader` worker with `prefetch_factor`).
+    /// Same batches in the same order as iterating `self`; the collator still runs one batch
+    /// at a time. A collator that draws from libtorch's global generator (an unseeded MLM
+    /// collator) then draws concurrently with the training step's dropout, so the masks
+    /// depend on timing: seed such a collator when prefetching. If the thread cannot be
+    /// started, the first item is [`Error::Prefetch`].
+    pub fn prefetch(self, depth: usize) -> Prefetch {
+        let (tx, rx): (SyncSender<Result<Batch>>, Receiver<Result<Batch>>) =
+            sync_channel(depth.max(1));
+        let spawned = std::thread::Builder::new()
+            .name("tchtrain-prefetch".into())
+            .spawn(move || {
+                for item in self {
+                    if tx.send(item).is_err() {
+                        break;
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => Prefetch::Background {
+                rx: Some(rx),
+                handle: Some(handle),
+            },
+            // The closure (and with it the epoch) is gone: report it as the first item.
+            Err(e) => Prefetch::Failed(Some(Err(Error::Prefetch(e.to_string())))),
+        }
+    }
+
     fn collate(&self, indices: &[usize]) -> Result<Batch> {
         let rows = indices
             .iter()
@@ -205,5 +238,52 @@ impl Iterator for EpochIter {
         let end = (start + self.batch_size).min(self.order.len());
         self.next_batch += 1;
         Some(self.collate(&self.order[start..end]))
+    }
+}
+
+/// The batches of an epoch from [`EpochIter::prefetch`].
+pub enum Prefetch {
+    /// Produced by the background thread.
+    Background {
+        /// Batches, in order; `None` once dropped.
+        rx: Option<Receiver<Result<Batch>>>,
+        /// The thread, joined on drop.
+        handle: Option<JoinHandle<()>>,
+    },
+    /// The thread could not be started: yields that error once.
+    Failed(Option<Result<Batch>>),
+}
+
+impl std::fmt::Debug for Prefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Background { .. } => f.write_str("Prefetch::Background"),
+            Self::Failed(_) => f.write_str("Prefetch::Failed"),
+        }
+    }
+}
+
+impl Iterator for Prefetch {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Self::Background { rx, .. } => rx.as_ref()?.recv().ok(),
+            Self::Failed(err) => err.take(),
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        if let Self::Background { rx, handle } = self {
+            // Closing the channel makes the thread's next send fail; it then stops.
+            drop(rx.take());
+            if let Some(h) = handle.take()
+                && h.join().is_err()
+            {
+                log::error!("the prefetch thread panicked");
+            }
+        }
     }
 }

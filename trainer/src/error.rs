@@ -140,6 +140,11 @@ pub enum Error {
         /// The checkpoint of the state after the previous step.
         checkpoint: PathBuf,
     },
+    /// The data loader's prefetch thread could not be started.
+    #[error(
+        "starting the data loader's prefetch thread failed ({0}): set dataloader_num_workers to 0 to load batches in the training thread"
+    )]
+    Prefetch(String),
     /// A checkpoint that does not fit this training (missing file, different model).
     #[error("checkpoint {}: {detail}", dir.display())]
     InvalidCheckpoint {

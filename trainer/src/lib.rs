@@ -43,7 +43,7 @@ pub use checkpoint::{
     TRAINING_ARGS_NAME, get_last_checkpoint, load_model_weights, rotate_checkpoints,
     sort_checkpoints,
 };
-pub use data_loader::{DataLoader, EpochIter, SharedCollator, shared_collator};
+pub use data_loader::{DataLoader, EpochIter, Prefetch, SharedCollator, shared_collator};
 pub use dataset::{Dataset, InMemoryDataset};
 pub use error::{Error, Result};
 pub use hooks::{

@@ -346,6 +346,15 @@ impl Trainer {
                 checkpoint::restore_generator_states(states, self.device)?;
             }
         }
+        // dataloader_num_workers > 0: batches read and collated on a background thread,
+        // dataloader_prefetch_factor (default 2) ahead.
+        let mut batches: Box<dyn Iterator<Item = Result<Batch>>> =
+            if self.args.dataloader_num_workers > 0 {
+                let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1) as usize;
+                Box::new(batches.prefetch(depth))
+            } else {
+                Box::new(batches)
+            };
         let steps_in_epoch = values.steps_in_epoch as i64;
         let remainder = match values.steps_in_epoch % ga {
             0 => ga,

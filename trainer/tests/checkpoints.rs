@@ -539,3 +539,24 @@ fn non_finite_loss_stops_with_a_checkpoint_of_the_last_good_state() -> Result<()
     let _ = std::fs::remove_dir_all(&dir2);
     Ok(())
 }
+
+#[test]
+fn prefetching_workers_give_the_same_run() -> Result<()> {
+    let _g = lock();
+    let mut logs = Vec::new();
+    for workers in [0, 2] {
+        let dir = temp_dir(&format!("prefetch-{workers}"));
+        let mut args = resume_args(&dir, 100.0)?;
+        args.dataloader_num_workers = workers;
+        args.num_train_epochs = 1.0;
+        let mut t = Trainer::builder(initial_model()?, args)
+            .train_dataset(blocks("train", 38)?)
+            .build()?;
+        t.train(None)?;
+        logs.push(step_logs(&t.state.log_history));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert_eq!(logs[0].len(), 4);
+    assert_eq!(logs[0], logs[1]);
+    Ok(())
+}

@@ -182,3 +182,75 @@ fn dataset_index_out_of_range_is_an_error() {
         Err(Error::IndexOutOfRange { index: 5, len: 2 })
     ));
 }
+
+/// A dataset whose row `bad` cannot be read.
+struct FailsAt {
+    rows: Arc<dyn Dataset>,
+    bad: usize,
+}
+
+impl Dataset for FailsAt {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn get(&self, index: usize) -> tchtrain_trainer::Result<Feature> {
+        if index == self.bad {
+            return Err(Error::IndexOutOfRange {
+                index,
+                len: self.bad,
+            });
+        }
+        self.rows.get(index)
+    }
+}
+
+#[test]
+fn prefetched_epochs_equal_inline_ones() -> Result<()> {
+    let loader = DataLoader::new(
+        rows(23),
+        shared_collator(DefaultDataCollator),
+        Arc::new(RandomSampler::new(3)),
+        4,
+        false,
+    )?;
+    let labels = |b: tchtrain_collators::Batch| -> Result<Vec<i64>> {
+        Ok(Vec::<i64>::try_from(b.get("labels").context("labels")?)?)
+    };
+    for depth in [1, 2, 8] {
+        let mut inline = loader.epoch(2);
+        let mut ahead = loader.epoch(2);
+        inline.skip_batches(1);
+        ahead.skip_batches(1);
+        let want: Vec<Vec<i64>> = inline.map(|b| labels(b?)).collect::<Result<_>>()?;
+        let got: Vec<Vec<i64>> = ahead
+            .prefetch(depth)
+            .map(|b| labels(b?))
+            .collect::<Result<_>>()?;
+        assert_eq!(got, want, "depth {depth}");
+        assert_eq!(got.len(), 5);
+    }
+    // Dropped half-way (the training stopped): the thread stops, nothing hangs.
+    let mut it = loader.epoch(0).prefetch(1);
+    assert!(it.next().is_some());
+    drop(it);
+    // A row that cannot be read: its error arrives in order, after the good batches.
+    let failing = DataLoader::new(
+        Arc::new(FailsAt {
+            rows: rows(12),
+            bad: 9,
+        }),
+        shared_collator(DefaultDataCollator),
+        Arc::new(SequentialSampler),
+        4,
+        false,
+    )?;
+    let items: Vec<_> = failing.epoch(0).prefetch(2).collect();
+    assert_eq!(items.len(), 3);
+    assert!(items[0].is_ok() && items[1].is_ok());
+    assert!(matches!(
+        items[2],
+        Err(Error::IndexOutOfRange { index: 9, .. })
+    ));
+    Ok(())
+}
