@@ -30,14 +30,27 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
             fix: "the model folder needs tokenizer.json (save it with `tokenizer.save_pretrained(dir)` in Python)",
         });
     }
-    let mut tokenizer = Tokenizer::from_file(&file).map_err(|e| {
+    let bytes = std::fs::read(&file).map_err(|source| Error::Io {
+        path: file.clone(),
+        source,
+    })?;
+    let not_a_tokenizer = |e: &dyn std::fmt::Display| {
         tokenizer_error(
             &file,
             format!(
                 "{e}; it is not a tokenizers tokenizer.json (damaged, or another format): copy it again from the model's source, or write it with `tokenizer.save_pretrained(dir)` in Python"
             ),
         )
-    })?;
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|e| not_a_tokenizer(&e))?;
+    // The whole text must be JSON before the tokenizers crate reads it: its decoder reader
+    // panics (instead of failing) on a syntax error inside `decoder`.
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| not_a_tokenizer(&e))?;
+    let mut tokenizer = text.parse::<Tokenizer>().map_err(|e| not_a_tokenizer(&e))?;
+    if let Some(post_processor) = tokenizer.get_post_processor() {
+        let value = serde_json::to_value(post_processor).map_err(|e| tokenizer_error(&file, e))?;
+        check_templates(&value).map_err(|detail| tokenizer_error(&file, detail))?;
+    }
     // Upstream's PreTrainedTokenizerFast ignores the truncation / padding stored in
     // tokenizer.json (MiniLM's says truncate at 128) and applies them per call only.
     tokenizer
@@ -45,6 +58,57 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         .map_err(|e| tokenizer_error(&file, e))?;
     tokenizer.with_padding(None);
     Ok(tokenizer)
+}
+
+/// Checks every `TemplateProcessing` in a post-processor (serialised as in `tokenizer.json`)
+/// for what the tokenizers crate checks when building one but not when reading one, and
+/// without which every `encode` panics: each special token of `single` / `pair` is defined
+/// in `special_tokens` with as many `ids` as `tokens`, and `single` uses only sequence `A`.
+fn check_templates(value: &serde_json::Value) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    match value {
+        Value::Array(items) => items.iter().try_for_each(check_templates),
+        Value::Object(map) => {
+            if map.get("type").and_then(Value::as_str) != Some("TemplateProcessing") {
+                return map.values().try_for_each(check_templates);
+            }
+            let special = map.get("special_tokens").and_then(Value::as_object);
+            for (key, token) in special.into_iter().flatten() {
+                let len = |field: &str| token.get(field).and_then(Value::as_array).map(Vec::len);
+                if len("ids") != len("tokens") {
+                    return Err(format!(
+                        "post_processor special token `{key}` has {} ids and {} tokens; they must pair up",
+                        len("ids").unwrap_or(0),
+                        len("tokens").unwrap_or(0)
+                    ));
+                }
+            }
+            for template in ["single", "pair"] {
+                let pieces = map.get(template).and_then(Value::as_array);
+                for piece in pieces.into_iter().flatten() {
+                    if let Some(id) = piece.pointer("/SpecialToken/id").and_then(Value::as_str)
+                        && !special.is_some_and(|s| s.contains_key(id))
+                    {
+                        return Err(format!(
+                            "post_processor template `{template}` uses special token `{id}`, \
+                             which `special_tokens` does not define"
+                        ));
+                    }
+                    if template == "single"
+                        && piece.pointer("/Sequence/id").and_then(Value::as_str) == Some("B")
+                    {
+                        return Err(
+                            "post_processor template `single` uses sequence `$B`; a single \
+                             sequence only has `$A`"
+                                .into(),
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Upstream `GPT2TokenizerFast(vocab_file, merges_file)`: byte-level BPE without a

@@ -8,11 +8,13 @@
 //! * `demo` — `setup`, then the main training job (MiniLM fine-tuned on Rotten Tomatoes
 //!   sentiment; `--clm`: SmolLM2-135M fine-tuned on hamlet.txt).
 //! * `launch` — torchrun for one node: starts N ranks of a command, stops all if one fails.
+//! * `fuzz` — `setup`, then a bounded libFuzzer run of every parser's fuzz target.
 
 mod bench;
 mod cmd;
 mod demo;
 mod demo_sentiment;
+mod fuzz;
 mod launch;
 mod paths;
 mod setup;
@@ -66,11 +68,18 @@ commands:
         --master-port P      rendezvous port (default 29500; 0 picks a free port)
         --standalone         127.0.0.1 and a free port
         --term-timeout S     seconds between SIGTERM and SIGKILL (default 30)
+  fuzz [--runs N] [--seed N] [--sanitizer address|none] [TARGET...]
+        setup, then every fuzz target under fuzz/ (one per parser of outside
+        input) built with cargo fuzz (nightly; cargo-fuzz is installed into the
+        cache once) and run for N inputs each (default 2000, fixed seed 1) from
+        the seeds in fuzz/corpus/<target>/; fails on a crash, with the
+        reproducer under target/fuzz/artifacts/<target>/. `test` ends with this.
   help  this text
 
 environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
+  TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 2000; 0 skips fuzzing)
 ";
 
 fn main() -> ExitCode {
@@ -85,12 +94,13 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
         "launch" => launch::run(rest),
+        "fuzz" => fuzz::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, help"
         )),
     };
     match result {

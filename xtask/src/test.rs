@@ -1,10 +1,12 @@
-//! `cargo xtask test`: setup, then every test of the workspace, then one summary line.
+//! `cargo xtask test`: setup, then every test of the workspace, then a bounded run of every
+//! fuzz target (`cargo xtask fuzz`), then one summary line.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::cmd;
+use crate::fuzz;
 use crate::setup;
 
 /// Counts read from cargo test's `test result:` lines.
@@ -55,7 +57,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .env("TCHTRAIN_ASSETS", &s.assets)
         .env("TCHTRAIN_VENV_PYTHON", &s.python)
         .stdout(Stdio::piped());
-    if let Some(libtorch) = s.child_libtorch {
+    if let Some(libtorch) = &s.child_libtorch {
         c.env("LIBTORCH", libtorch);
     }
     println!("test: libtorch {}", s.libtorch.display());
@@ -74,19 +76,52 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let status = child
         .wait()
         .map_err(|e| format!("waiting for cargo test: {e}"))?;
+    let fuzz = fuzz_step(&s)?;
     println!(
         "xtask test finished in {:.1}s (setup included)",
         t0.elapsed().as_secs_f64()
     );
     println!(
-        "summary: {} passed, {} failed, {} skipped",
-        totals.passed, totals.failed, totals.ignored
+        "summary: {} passed, {} failed, {} skipped; {}",
+        totals.passed,
+        totals.failed,
+        totals.ignored,
+        fuzz.summary()
     );
-    if status.success() && totals.failed == 0 {
-        Ok(())
-    } else {
+    if !(status.success() && totals.failed == 0) {
         Err(format!("cargo test failed ({status})"))
+    } else if let fuzz::Outcome::Failed(_) = fuzz.outcome {
+        Err("fuzzing found a failure (see the `fuzz:` lines above)".into())
+    } else {
+        Ok(())
     }
+}
+
+/// The bounded fuzz run: `TCHTRAIN_FUZZ_RUNS` inputs per target (default
+/// [`fuzz::DEFAULT_RUNS`], `0` skips it).
+fn fuzz_step(s: &setup::Setup) -> Result<fuzz::Report, String> {
+    let runs = match std::env::var("TCHTRAIN_FUZZ_RUNS") {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("TCHTRAIN_FUZZ_RUNS={v}: expected a number of inputs"))?,
+        Err(_) => fuzz::DEFAULT_RUNS,
+    };
+    if runs == 0 {
+        return Ok(fuzz::Report {
+            executed: Vec::new(),
+            outcome: fuzz::Outcome::Skipped("TCHTRAIN_FUZZ_RUNS=0".into()),
+            seconds: 0.0,
+        });
+    }
+    let o = fuzz::Options {
+        runs,
+        ..fuzz::Options::default()
+    };
+    println!("test: fuzzing every target for {runs} inputs (cargo xtask fuzz)");
+    let report = fuzz::fuzz(s, &o);
+    println!("test: fuzzing took {:.1}s", report.seconds);
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -1,0 +1,23 @@
+//! `Table::from_json_str` (the `--train_file x.jsonl` / `x.json` loader: JSON lines or an
+//! array of objects) and reading every cell back.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tchtrain_trainer::{Table, cell_text};
+
+fuzz_target!(|data: &[u8]| {
+    let Some(text) = tchtrain_fuzz::text(data) else {
+        return;
+    };
+    let Ok(table) = Table::from_json_str(text, "fuzz.jsonl") else {
+        return;
+    };
+    for column in table.columns() {
+        for row in 0..=table.len() {
+            if let Ok(v) = table.cell(row, column) {
+                let _ = cell_text(v);
+            }
+        }
+    }
+});
