@@ -12,6 +12,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use tch::{Device, Kind, Tensor};
 use tchtrain_collators::{Batch, DataCollator, Feature};
 
 use crate::dataset::Dataset;
@@ -125,8 +126,12 @@ impl DataLoader {
         &*self.sampler
     }
 
-    /// The batches of epoch `epoch`.
+    /// The batches of epoch `epoch`. Like torch's `DataLoader.__iter__`, this first draws the
+    /// iterator's base seed from libtorch's global generator (`torch.empty((), dtype=int64)
+    /// .random_()`), so that the draws that follow (a sampler using the global generator,
+    /// dropout) see the generator in the state upstream's do.
     pub fn epoch(&self, epoch: u64) -> EpochIter {
+        let _base_seed = Tensor::empty([] as [i64; 0], (Kind::Int64, Device::Cpu)).random_();
         let mut order = self.sampler.indices(self.dataset.len(), epoch);
         if let Some(shard) = self.shard {
             // Every batch of a shard is full, so the concatenation cuts back into them.

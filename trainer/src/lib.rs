@@ -62,7 +62,10 @@ pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, re
 pub use prediction::PredictionOutput;
 pub use raster::{Rgb, RgbImage};
 pub use results::metrics_format;
-pub use sampler::{RandomSampler, Sampler, SequentialSampler, randperm};
+pub use sampler::{
+    LengthGroupedSampler, RandomSampler, Sampler, SequentialSampler, get_length_grouped_indices,
+    randperm,
+};
 pub use shard::BatchSamplerShard;
 pub use table::{Table, cell_text, read_text_maybe_bz2};
 pub use text::{

@@ -9,8 +9,11 @@
 //! ATen's CPU `randperm` on [`TorchGenerator`], a bit-exact copy of torch's CPU generator.
 //! The order depends only on the seed and the epoch (not on torch's global generator), so
 //! a sampler needs no state of its own to resume: the trainer checkpoints the epoch and the
-//! number of batches already drawn.
+//! number of batches already drawn. `"group_by_length"` is upstream's
+//! [`LengthGroupedSampler`], which draws from libtorch's global generator (seeded with `seed`
+//! when the Trainer is built), as upstream's does.
 
+use tch::{Device, Kind, Tensor};
 use tchtrain_collators::TorchGenerator;
 
 /// A sampler: the row indices of one epoch, a function of the dataset length and the epoch.
@@ -96,4 +99,95 @@ pub fn randperm(n: usize, g: &mut TorchGenerator) -> Vec<usize> {
         }
         r
     }
+}
+
+/// Upstream `LengthGroupedSampler` (`train_sampling_strategy="group_by_length"`): rows of
+/// similar length together, with some randomness, so that batches carry less padding.
+/// Each epoch draws `torch.randperm(len)` from libtorch's **global** generator (upstream
+/// passes no generator), then orders it with [`get_length_grouped_indices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LengthGroupedSampler {
+    batch_size: usize,
+    lengths: Vec<usize>,
+}
+
+impl LengthGroupedSampler {
+    /// A sampler over rows of the given `lengths` for batches of `batch_size` rows (the
+    /// Trainer passes `train_batch_size * gradient_accumulation_steps`).
+    pub fn new(batch_size: usize, lengths: Vec<usize>) -> Self {
+        Self {
+            batch_size: batch_size.max(1),
+            lengths,
+        }
+    }
+
+    /// The lengths of `dataset`'s rows (their `input_ids`), as upstream infers them.
+    pub fn from_dataset(batch_size: usize, dataset: &dyn crate::Dataset) -> crate::Result<Self> {
+        let lengths = (0..dataset.len())
+            .map(|i| Ok(dataset.get(i)?.input_ids.len()))
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(Self::new(batch_size, lengths))
+    }
+}
+
+impl Sampler for LengthGroupedSampler {
+    fn name(&self) -> &str {
+        "group_by_length"
+    }
+
+    fn indices(&self, len: usize, _epoch: u64) -> Vec<usize> {
+        let perm: Vec<usize> = Tensor::randperm(len as i64, (Kind::Int64, Device::Cpu))
+            .iter::<i64>()
+            .map(|it| it.map(|i| i as usize).collect())
+            .unwrap_or_else(|_| (0..len).collect());
+        if self.lengths.len() != len {
+            log::warn!(
+                "group_by_length: {} lengths for {len} rows; using the random order",
+                self.lengths.len()
+            );
+            return perm;
+        }
+        get_length_grouped_indices(&self.lengths, self.batch_size, None, &perm)
+    }
+}
+
+/// Upstream `get_length_grouped_indices` with the permutation already drawn: `perm` cut
+/// into megabatches of `mega_batch_mult * batch_size` (default `min(len / (4 * batch_size),
+/// 50)`, at least 1), each sorted by decreasing length (stably, as Python's
+/// `sorted(reverse=True)`), and the longest row of all moved to the front (swapped with the
+/// first megabatch's first row) so that an out-of-memory shows at the first step.
+pub fn get_length_grouped_indices(
+    lengths: &[usize],
+    batch_size: usize,
+    mega_batch_mult: Option<usize>,
+    perm: &[usize],
+) -> Vec<usize> {
+    let batch_size = batch_size.max(1);
+    let mult = mega_batch_mult
+        .unwrap_or_else(|| (lengths.len() / (batch_size * 4)).min(50))
+        .max(1);
+    let mut megabatches: Vec<Vec<usize>> = perm
+        .chunks(mult * batch_size)
+        .map(|chunk| {
+            let mut m = chunk.to_vec();
+            m.sort_by(|&a, &b| lengths[b].cmp(&lengths[a]));
+            m
+        })
+        .collect();
+    if megabatches.is_empty() {
+        return Vec::new();
+    }
+    // torch.argmax: the first megabatch holding the maximum.
+    let mut max_idx = 0;
+    for (i, m) in megabatches.iter().enumerate() {
+        if lengths[m[0]] > lengths[megabatches[max_idx][0]] {
+            max_idx = i;
+        }
+    }
+    if max_idx != 0 {
+        let longest = megabatches[max_idx][0];
+        megabatches[max_idx][0] = megabatches[0][0];
+        megabatches[0][0] = longest;
+    }
+    megabatches.concat()
 }

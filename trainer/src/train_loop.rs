@@ -332,19 +332,28 @@ impl Trainer {
         let mut grad_norm: Option<f64> = None;
         let mut learning_rate: Option<f64> = None;
         let mut first_update = 0;
+        // Upstream restores the generators at the start of the resumed epoch (before the
+        // data loader's iterator draws from them), or, when batches were skipped, after
+        // fetching the first accumulation window.
+        let resuming_here = point.resumed && epoch == point.epochs_trained;
+        let skip = if resuming_here {
+            point.steps_trained_in_current_epoch
+        } else {
+            0
+        };
+        if resuming_here
+            && skip == 0
+            && let Some(states) = &point.generator_states
+        {
+            checkpoint::restore_generator_states(states, self.device)?;
+        }
         let mut batches = loader.epoch(epoch as u64);
-        // Upstream restores the generators at the start of the resumed epoch, or, when
-        // batches were skipped, after fetching the first accumulation window.
         let mut rng_to_sync = None;
-        if point.resumed && epoch == point.epochs_trained {
-            if point.steps_trained_in_current_epoch > 0 {
-                batches.skip_batches(point.steps_trained_in_current_epoch);
-                step = point.steps_trained_in_current_epoch as i64 - 1;
-                first_update = point.steps_trained_in_current_epoch / ga;
-                rng_to_sync = point.generator_states.as_deref();
-            } else if let Some(states) = &point.generator_states {
-                checkpoint::restore_generator_states(states, self.device)?;
-            }
+        if skip > 0 {
+            batches.skip_batches(skip);
+            step = skip as i64 - 1;
+            first_update = skip / ga;
+            rng_to_sync = point.generator_states.as_deref();
         }
         // dataloader_num_workers > 0: batches read and collated on a background thread,
         // dataloader_prefetch_factor (default 2) ahead.

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
 use crate::metrics::{ComputeMetrics, PreprocessLogits};
 use crate::model_info;
-use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
+use crate::sampler::{LengthGroupedSampler, RandomSampler, Sampler, SequentialSampler};
 
 /// Upstream's `Trainer`: trains and evaluates a [`PreTrainedModel`] with the knobs of
 /// [`TrainingArguments`], reporting to callbacks and writing upstream's checkpoint layout.
@@ -388,7 +388,8 @@ impl Trainer {
     }
 
     /// Upstream `get_train_dataloader`: `train_batch_size` rows per batch in the order of
-    /// the sampler (`train_sampling_strategy`: `"random"` or `"sequential"`, or the one
+    /// the sampler (`train_sampling_strategy`: `"random"`, `"sequential"` or
+    /// `"group_by_length"`, or the one
     /// given to the builder), `dataloader_drop_last`.
     pub fn get_train_dataloader(&self) -> Result<DataLoader> {
         let dataset = self.train_dataset.clone().ok_or(Error::MissingDataset {
@@ -401,11 +402,15 @@ impl Trainer {
             None => match self.args.train_sampling_strategy.as_str() {
                 "random" => Arc::new(RandomSampler::new(self.args.sampler_seed())),
                 "sequential" => Arc::new(SequentialSampler),
+                "group_by_length" => Arc::new(LengthGroupedSampler::from_dataset(
+                    self.args.train_batch_size() * self.args.gradient_accumulation_steps,
+                    &*dataset,
+                )?),
                 other => {
                     return Err(Error::InvalidArgument {
                         field: "train_sampling_strategy",
                         detail: format!(
-                            "'{other}' is not implemented yet; use 'random' or 'sequential', or pass a sampler to TrainerBuilder::train_sampler"
+                            "'{other}' is not implemented yet; use 'random', 'sequential' or 'group_by_length', or pass a sampler to TrainerBuilder::train_sampler"
                         ),
                     });
                 }
