@@ -31,7 +31,8 @@ impl Trainer {
         let start = Instant::now();
         // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.
         let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
-        let output = self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix)?;
+        let output =
+            self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix, true)?;
         let mut metrics = output.metrics;
         let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
         let speed = speed_metrics(
@@ -58,13 +59,20 @@ impl Trainer {
     /// [`predict`](Self::predict): runs `prediction_step` over `loader`, gathers losses,
     /// (preprocessed) logits and labels, calls `compute_metrics`, and returns the
     /// predictions, labels and the metrics named `{metric_key_prefix}_...` (the loss as
-    /// `{metric_key_prefix}_loss`), without speed metrics.
+    /// `{metric_key_prefix}_loss`), without speed metrics. With `batch_eval_metrics` and
+    /// `batch_metrics` (an evaluation, not a prediction), `compute_metrics` runs on each
+    /// batch as it comes (`compute_result` on the last) and nothing but the losses is kept.
     pub(crate) fn evaluation_loop(
         &mut self,
         loader: &crate::data_loader::DataLoader,
         prediction_loss_only: bool,
         metric_key_prefix: &str,
+        batch_metrics: bool,
     ) -> Result<EvalLoopOutput> {
+        let batch_metrics = batch_metrics && self.args.batch_eval_metrics;
+        let num_batches = loader.len();
+        let mut batch_index = 0;
+        let mut batch_result: Option<Metrics> = None;
         if loader.num_examples() == 0 {
             return Err(Error::EmptyDataset {
                 what: "evaluation",
@@ -105,22 +113,39 @@ impl Trainer {
                         .f_to_device(Device::Cpu)?,
                 );
             }
-            if let Some(logits) = out.logits {
-                let logits = match self.preprocess_logits_for_metrics.as_mut() {
-                    Some(f) => f(&logits, out.labels.as_ref())?,
-                    None => logits,
-                };
-                preds.push(logits.f_to_device(Device::Cpu)?);
-            }
-            if let Some(l) = out.labels {
-                labels.push(l.f_to_device(Device::Cpu)?);
+            let logits = match (out.logits, self.preprocess_logits_for_metrics.as_mut()) {
+                (Some(logits), Some(f)) => Some(f(&logits, out.labels.as_ref())?),
+                (logits, _) => logits,
+            };
+            if !batch_metrics {
+                if let Some(logits) = &logits {
+                    preds.push(logits.f_to_device(Device::Cpu)?);
+                }
+                if let Some(l) = &out.labels {
+                    labels.push(l.f_to_device(Device::Cpu)?);
+                }
             }
             self.callback_handler
                 .on_prediction_step(&self.args, &self.state, &mut self.control)?;
+            batch_index += 1;
+            if batch_metrics
+                && let (Some(f), Some(p), Some(l)) =
+                    (self.compute_metrics.as_mut(), logits, out.labels)
+            {
+                let is_last_step = batch_index == num_batches;
+                let metrics = f(&EvalPrediction {
+                    predictions: p,
+                    label_ids: Some(l),
+                    compute_result: is_last_step,
+                })?;
+                if is_last_step {
+                    batch_result = Some(metrics);
+                }
+            }
         }
         self.gather_for_metrics([&mut losses, &mut preds, &mut labels], loader)?;
         let num_samples = loader.num_examples();
-        let mut metrics = Metrics::new();
+        let mut metrics = batch_result.unwrap_or_default();
         let predictions = match preds.is_empty() {
             true => None,
             false => Some(concat_padded(&preds)?),
@@ -135,6 +160,7 @@ impl Trainer {
             let prediction = EvalPrediction {
                 predictions: p.shallow_clone(),
                 label_ids: Some(l.shallow_clone()),
+                compute_result: true,
             };
             metrics = f(&prediction)?;
         }

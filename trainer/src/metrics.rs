@@ -13,13 +13,18 @@ pub type Metrics = BTreeMap<String, f64>;
 
 /// Upstream `EvalPrediction`: every evaluation batch's predictions and labels, concatenated
 /// along the first dimension (padded with -100 along the second when lengths differ), on
-/// the CPU.
+/// the CPU; with `batch_eval_metrics`, one batch's (on the device), so that the logits of
+/// the whole evaluation set are never held.
 #[derive(Debug)]
 pub struct EvalPrediction {
     /// The logits (or what `preprocess_logits_for_metrics` made of them).
     pub predictions: Tensor,
     /// The labels, when the batches had them.
     pub label_ids: Option<Tensor>,
+    /// Upstream's `compute_result` argument: with `batch_eval_metrics`, `compute_metrics`
+    /// sees one batch at a time and this is `true` only for the last batch, whose returned
+    /// metrics are the evaluation's (earlier calls accumulate); `true` otherwise.
+    pub compute_result: bool,
 }
 
 /// Upstream's `compute_metrics`: metrics from an [`EvalPrediction`]; the Trainer prefixes

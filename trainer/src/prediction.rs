@@ -40,7 +40,8 @@ impl Trainer {
         let loader = self.get_eval_dataloader(Some(test_dataset))?;
         let start = Instant::now();
         let prediction_loss_only = self.args.prediction_loss_only;
-        let output = self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix)?;
+        let output =
+            self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix, false)?;
         let mut metrics = output.metrics;
         let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
         for (k, v) in speed_metrics(

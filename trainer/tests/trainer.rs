@@ -412,6 +412,46 @@ fn evaluate_prefixes_compute_metrics_and_preprocesses_logits() -> Result<()> {
     assert!((metrics["eval_loss"] - 10.8).abs() < 0.2, "{metrics:?}");
     let logged = trainer.state.log_history.last().context("eval log")?;
     assert_eq!(num(logged, "eval_loss"), Some(metrics["eval_loss"]));
+
+    // batch_eval_metrics: the same accuracy from per-batch calls (4, 4, 4, 2 rows), the
+    // result returned by the call with compute_result, the logits never concatenated.
+    let mut args = small_args(&out)?;
+    args.per_device_eval_batch_size = 4;
+    args.batch_eval_metrics = true;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), 0.0f64, 0i64)));
+    let acc_state = seen.clone();
+    let mut batched = Trainer::builder(initial_model()?, args)
+        .eval_dataset(blocks("eval")?)
+        .preprocess_logits_for_metrics(Box::new(|logits, _labels| Ok(logits.f_argmax(-1, false)?)))
+        .compute_metrics(Box::new(move |p: &EvalPrediction| {
+            let mut st = acc_state.lock().unwrap();
+            let labels = p.label_ids.as_ref().expect("labels");
+            st.0.push((p.predictions.size()[0], p.compute_result));
+            let hits = p
+                .predictions
+                .narrow(1, 0, 63)
+                .eq_tensor(&labels.narrow(1, 1, 63))
+                .sum(tch::Kind::Int64)
+                .int64_value(&[]);
+            st.1 += hits as f64;
+            st.2 += labels.size()[0] * 63;
+            if !p.compute_result {
+                return Ok(Metrics::new());
+            }
+            Ok(Metrics::from([(
+                "accuracy".to_string(),
+                st.1 / st.2 as f64,
+            )]))
+        }))
+        .build()?;
+    let batched_metrics = batched.evaluate(None, "eval")?;
+    assert_eq!(
+        seen.lock().unwrap().0,
+        [(4, false), (4, false), (4, false), (2, true)]
+    );
+    // (The unbatched accuracy is an f32 mean.)
+    assert!((batched_metrics["eval_accuracy"] - metrics["eval_accuracy"]).abs() < 1e-6);
+    assert_eq!(batched_metrics["eval_loss"], metrics["eval_loss"]);
     Ok(())
 }
 
