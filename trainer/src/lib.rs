@@ -23,6 +23,7 @@ mod ffi;
 mod hooks;
 mod metrics;
 mod model_info;
+mod parallel;
 mod plot;
 mod prediction;
 mod preflight;

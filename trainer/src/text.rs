@@ -64,21 +64,21 @@ pub fn load_text_lines(path: impl AsRef<Path>, keep_linebreaks: bool) -> Result<
 }
 
 /// `run_clm.py`'s `tokenize_function`: the token ids of each line (special tokens added as
-/// the tokenizer's post-processor says; GPT-2 adds none).
-pub fn tokenize_lines<S: AsRef<str>>(tokenizer: &Tokenizer, lines: &[S]) -> Result<Vec<Vec<i64>>> {
-    lines
-        .iter()
-        .enumerate()
-        .map(|(i, line)| {
-            let enc = tokenizer
-                .encode(line.as_ref(), true)
-                .map_err(|e| Error::Tokenizer {
-                    what: format!("line {}", i + 1),
-                    detail: e.to_string(),
-                })?;
-            Ok(enc.get_ids().iter().map(|&id| i64::from(id)).collect())
-        })
-        .collect()
+/// the tokenizer's post-processor says; GPT-2 adds none). The lines are tokenized on all
+/// cores (`TCHTRAIN_NUM_PROC` to change), in order.
+pub fn tokenize_lines<S: AsRef<str> + Sync>(
+    tokenizer: &Tokenizer,
+    lines: &[S],
+) -> Result<Vec<Vec<i64>>> {
+    crate::parallel::parallel_map(lines, |i, line| {
+        let enc = tokenizer
+            .encode(line.as_ref(), true)
+            .map_err(|e| Error::Tokenizer {
+                what: format!("line {}", i + 1),
+                detail: e.to_string(),
+            })?;
+        Ok(enc.get_ids().iter().map(|&id| i64::from(id)).collect())
+    })
 }
 
 /// `run_clm.py`'s `group_texts` applied through `map(batched=True, batch_size=map_batch_size)`:

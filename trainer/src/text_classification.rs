@@ -216,8 +216,9 @@ pub fn tokenize_text_classification(
         }));
     }
     let columns = table.columns();
-    let mut rows = Vec::with_capacity(table.len());
-    for row in 0..table.len() {
+    let row_ids: Vec<usize> = (0..table.len()).collect();
+    // Tokenized on all cores, in order (`TCHTRAIN_NUM_PROC` to change).
+    let rows = crate::parallel::parallel_map(&row_ids, |_, &row| {
         let parts: Vec<String> = text_cols
             .iter()
             .map(|&i| table.cell(row, &columns[i]).map(cell_text))
@@ -233,7 +234,7 @@ pub fn tokenize_text_classification(
         if let Some(cells) = &label_cells {
             feature.labels = Some(labels.label(cells[row], row)?);
         }
-        rows.push(feature);
-    }
+        Ok(feature)
+    })?;
     Ok(InMemoryDataset::new(rows))
 }
