@@ -251,7 +251,9 @@ pub fn default_training_step<H: TrainerHooks + ?Sized>(
     num_items_in_batch: Option<&Tensor>,
 ) -> Result<Tensor> {
     model.train();
+    let t0 = std::time::Instant::now();
     let (loss, _) = hooks.compute_loss(ctx, &*model, inputs, num_items_in_batch)?;
+    crate::profile::record_forward(t0.elapsed());
     let scaled = hooks
         .loss_is_scaled_for_ga()
         .unwrap_or(ctx.model_accepts_loss_kwargs && num_items_in_batch.is_some());

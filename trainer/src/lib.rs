@@ -27,6 +27,7 @@ mod parallel;
 mod plot;
 mod prediction;
 mod preflight;
+mod profile;
 mod raster;
 mod results;
 mod sampler;

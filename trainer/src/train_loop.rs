@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
 use crate::metrics::{Metrics, TrainOutput, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
+use crate::profile::{Phase, StepProfile};
 use crate::trainer::Trainer;
 use tchtrain_models::PreTrainedModel;
 
@@ -125,6 +126,8 @@ impl Trainer {
             self.evaluate_during_training(true)?;
         }
         let params = parameters(&*self.model);
+        self.loop_state.profile =
+            (self.profile || crate::profile::requested()).then(|| StepProfile::start(self.device));
         for epoch in point.epochs_trained..values.num_train_epochs {
             self.callback_handler
                 .on_epoch_begin(&self.args, &self.state, &mut self.control)?;
@@ -132,6 +135,9 @@ impl Trainer {
             if self.control.should_training_stop {
                 break;
             }
+        }
+        if let Some(profile) = self.loop_state.profile.take() {
+            self.write_profile(&profile)?;
         }
         self.finalize_training(&values, start, initial_global_step)
     }
@@ -386,6 +392,7 @@ impl Trainer {
             }
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
             self.zero_gather()?;
+            self.prof_mark(Phase::Data);
             for inputs in &window {
                 step += 1;
                 let do_sync_step = (step + 1) % ga as i64 == 0 || step + 1 == steps_in_epoch;
@@ -396,14 +403,19 @@ impl Trainer {
                         &mut self.control,
                     )?;
                 }
+                self.prof_mark(Phase::Callbacks);
                 let tr_loss_step = {
                     let (ctx, hooks, model) = self.split_for_step(current_ga);
                     hooks.training_step(&ctx, model, inputs, num_items.as_ref())?
                 };
+                if let Some(p) = self.loop_state.profile.as_mut() {
+                    p.mark_training_step();
+                }
                 self.accumulate_loss(&tr_loss_step)?;
                 self.loop_state.current_flos +=
                     floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
                 self.track_num_input_tokens(inputs)?;
+                self.prof_mark(Phase::Other);
                 if do_sync_step {
                     grad_norm = Some(match self.zero_reduce_and_clip()? {
                         Some(norm) => norm,
@@ -441,6 +453,7 @@ impl Trainer {
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.zero_grad();
                     }
+                    self.prof_mark(Phase::Optimizer);
                     self.state.global_step += 1;
                     self.state.epoch = epoch as f64 + (step + 1) as f64 / steps_in_epoch as f64;
                     self.callback_handler.on_step_end(
@@ -463,13 +476,19 @@ impl Trainer {
                         self.control.should_save = true;
                         self.control.should_training_stop = true;
                     }
+                    self.prof_mark(Phase::Callbacks);
                     self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
+                    self.prof_mark(Phase::LogSaveEvaluate);
+                    if let Some(p) = self.loop_state.profile.as_mut() {
+                        p.step_done();
+                    }
                 } else {
                     self.callback_handler.on_substep_end(
                         &self.args,
                         &self.state,
                         &mut self.control,
                     )?;
+                    self.prof_mark(Phase::Callbacks);
                 }
                 if self.control.should_epoch_stop || self.control.should_training_stop {
                     break;
@@ -488,7 +507,17 @@ impl Trainer {
         }
         self.callback_handler
             .on_epoch_end(&self.args, &self.state, &mut self.control)?;
-        self.maybe_log_save_evaluate(grad_norm, learning_rate, start)
+        self.prof_mark(Phase::Callbacks);
+        self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
+        self.prof_mark(Phase::LogSaveEvaluate);
+        Ok(())
+    }
+
+    /// Charges the time since the last mark to `phase` when profiling (`TCHTRAIN_PROFILE`).
+    fn prof_mark(&mut self, phase: Phase) {
+        if let Some(p) = self.loop_state.profile.as_mut() {
+            p.mark(phase);
+        }
     }
 
     /// `_tr_loss += tr_loss_step`, with upstream's `logging_nan_inf_filter`.
@@ -527,6 +556,23 @@ impl Trainer {
             grad_norm,
             checkpoint,
         })
+    }
+
+    /// Prints the profile to stderr and writes `output_dir/profile.json` (main process).
+    fn write_profile(&self, profile: &StepProfile) -> Result<()> {
+        let (text, json) = profile.report();
+        eprint!("{text}");
+        if self.is_world_process_zero() {
+            let dir = std::path::PathBuf::from(self.args.output_dir());
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+            let path = dir.join("profile.json");
+            let body = serde_json::to_string_pretty(&json).map_err(|source| Error::Json {
+                path: path.clone(),
+                source,
+            })?;
+            std::fs::write(&path, body).map_err(|e| Error::io("writing", &path, e))?;
+        }
+        Ok(())
     }
 
     /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping

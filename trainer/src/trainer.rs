@@ -67,6 +67,8 @@ pub struct Trainer {
     pub(crate) model_accepts_loss_kwargs: bool,
     /// See [`TrainerBuilder::stop_on_non_finite`].
     pub(crate) stop_on_non_finite: bool,
+    /// See [`TrainerBuilder::profile`].
+    pub(crate) profile: bool,
     pub(crate) loss_shifts_labels: bool,
     /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
     pub(crate) is_causal_lm: bool,
@@ -92,6 +94,8 @@ pub(crate) struct LoopState {
     pub num_params_without_embeddings: i64,
     /// The SIGINT / SIGTERM guard while `train` runs with `enable_jit_checkpoint`.
     pub stop_signals: Option<crate::signals::StopSignals>,
+    /// The per-phase profile while `train` runs with `TCHTRAIN_PROFILE` set.
+    pub profile: Option<crate::profile::StepProfile>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -121,6 +125,7 @@ pub struct TrainerBuilder {
     train_sampler: Option<Arc<dyn Sampler>>,
     model_accepts_loss_kwargs: Option<bool>,
     stop_on_non_finite: bool,
+    profile: bool,
 }
 
 impl std::fmt::Debug for TrainerBuilder {
@@ -227,6 +232,15 @@ impl TrainerBuilder {
         self
     }
 
+    /// Profiles `train`: the time of each phase of the loop (data, forward, backward,
+    /// optimizer, callbacks, logging / saving / evaluation) printed to stderr at the end and
+    /// written to `output_dir/profile.json`. Also turned on by the environment variable
+    /// `TCHTRAIN_PROFILE=1`.
+    pub fn profile(mut self, profile: bool) -> Self {
+        self.profile = profile;
+        self
+    }
+
     /// The Trainer. Callbacks are upstream's defaults (`DefaultFlowCallback`, the
     /// `report_to` loggers), then the given ones, then `ProgressCallback` (or
     /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
@@ -280,6 +294,7 @@ impl TrainerBuilder {
             hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
             model_accepts_loss_kwargs: accepts,
             stop_on_non_finite: self.stop_on_non_finite,
+            profile: self.profile,
             loss_shifts_labels,
             is_causal_lm,
             label_names,
@@ -294,6 +309,7 @@ impl TrainerBuilder {
                 start_time: None,
                 num_params_without_embeddings,
                 stop_signals: None,
+                profile: None,
             },
             ddp: None,
             sharding: None,
@@ -329,6 +345,7 @@ impl Trainer {
             train_sampler: None,
             model_accepts_loss_kwargs: None,
             stop_on_non_finite: false,
+            profile: false,
         }
     }
 

@@ -560,3 +560,41 @@ fn prefetching_workers_give_the_same_run() -> Result<()> {
     assert_eq!(logs[0], logs[1]);
     Ok(())
 }
+
+#[test]
+fn profile_reports_where_the_time_goes() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("profile");
+    let mut args = resume_args(&dir, 100.0)?;
+    args.num_train_epochs = 1.0;
+    args.save_strategy = SaveStrategy::No;
+    let mut t = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 38)?)
+        .profile(true)
+        .build()?;
+    t.train(None)?;
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("profile.json"))?)?;
+    assert_eq!(p["steps"], 4);
+    let phases = [
+        "data",
+        "forward",
+        "backward",
+        "optimizer",
+        "callbacks",
+        "log_save_evaluate",
+        "other",
+    ];
+    let total: f64 = phases
+        .iter()
+        .map(|k| p[k]["seconds"].as_f64().unwrap())
+        .sum();
+    assert!((total - p["seconds"].as_f64().unwrap()).abs() < 1e-9);
+    // A GPT-2 step on CPU: forward, backward and the optimizer take real time.
+    for k in ["forward", "backward", "optimizer"] {
+        assert!(p[k]["seconds"].as_f64().unwrap() > 0.0, "{k}: {p}");
+    }
+    assert!(p["backward"]["share"].as_f64().unwrap() > 0.1, "{p}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
