@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use tch::{Device, Kind, Tensor};
 use tchtrain_collators::{Batch, DataCollator, Feature};
 
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, FeatureStream, IterableDataset};
 use crate::error::{Error, Result};
 use crate::sampler::Sampler;
 use crate::shard::BatchSamplerShard;
@@ -29,15 +29,32 @@ pub fn shared_collator(collator: impl DataCollator<Feature> + Send + 'static) ->
     Arc::new(Mutex::new(Box::new(collator)))
 }
 
-/// Batches of a dataset in a sampler's order.
+/// Batches of a dataset in a sampler's order, or of a stream in its own order.
 #[derive(Clone)]
 pub struct DataLoader {
     dataset: Arc<dyn Dataset>,
+    /// Set for a loader over an [`IterableDataset`] ([`DataLoader::streaming`]); `dataset`
+    /// is then an empty placeholder.
+    stream: Option<Arc<dyn IterableDataset>>,
     collator: SharedCollator,
     sampler: Arc<dyn Sampler>,
     batch_size: usize,
     drop_last: bool,
     shard: Option<BatchSamplerShard>,
+}
+
+/// The order of a stream: its own (the name stored in checkpoints).
+#[derive(Debug, Clone, Copy)]
+struct StreamOrder;
+
+impl Sampler for StreamOrder {
+    fn name(&self) -> &str {
+        "stream"
+    }
+
+    fn indices(&self, _len: usize, _epoch: u64) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 impl std::fmt::Debug for DataLoader {
@@ -71,12 +88,38 @@ impl DataLoader {
         }
         Ok(Self {
             dataset,
+            stream: None,
             collator,
             sampler,
             batch_size,
             drop_last,
             shard: None,
         })
+    }
+
+    /// A loader over a stream: `batch_size` rows per batch in the stream's order, each epoch
+    /// a new pass; `drop_last` drops a last, smaller batch. It has no length
+    /// ([`DataLoader::len`] is 0, [`DataLoader::is_stream`] is true).
+    pub fn streaming(
+        stream: Arc<dyn IterableDataset>,
+        collator: SharedCollator,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Result<Self> {
+        let mut loader = Self::new(
+            Arc::new(crate::dataset::InMemoryDataset::default()),
+            collator,
+            Arc::new(StreamOrder),
+            batch_size,
+            drop_last,
+        )?;
+        loader.stream = Some(stream);
+        Ok(loader)
+    }
+
+    /// Whether this loader reads a stream (no length, no sampler).
+    pub fn is_stream(&self) -> bool {
+        self.stream.is_some()
     }
 
     /// This loader as seen by one process of a data-parallel run (accelerate's
@@ -92,7 +135,7 @@ impl DataLoader {
         self.shard
     }
 
-    /// Number of batches per epoch (`len(dataloader)`).
+    /// Number of batches per epoch (`len(dataloader)`); 0 for a stream.
     pub fn len(&self) -> usize {
         let n = self.dataset.len();
         let batches = if self.drop_last {
@@ -132,6 +175,22 @@ impl DataLoader {
     /// dropout) see the generator in the state upstream's do.
     pub fn epoch(&self, epoch: u64) -> EpochIter {
         let _base_seed = Tensor::empty([] as [i64; 0], (Kind::Int64, Device::Cpu)).random_();
+        if let Some(stream) = &self.stream {
+            let (rows, failed) = match stream.iter_epoch(epoch) {
+                Ok(rows) => (Some(rows), None),
+                Err(e) => (None, Some(e)),
+            };
+            return EpochIter {
+                dataset: Arc::clone(&self.dataset),
+                collator: Arc::clone(&self.collator),
+                order: Vec::new(),
+                batch_size: self.batch_size,
+                next_batch: 0,
+                stream: rows,
+                stream_error: failed,
+                drop_last: self.drop_last,
+            };
+        }
         let mut order = self.sampler.indices(self.dataset.len(), epoch);
         if let Some(shard) = self.shard {
             // Every batch of a shard is full, so the concatenation cuts back into them.
@@ -147,6 +206,9 @@ impl DataLoader {
             order,
             batch_size: self.batch_size,
             next_batch: 0,
+            stream: None,
+            stream_error: None,
+            drop_last: self.drop_last,
         }
     }
 }
@@ -159,6 +221,11 @@ pub struct EpochIter {
     order: Vec<usize>,
     batch_size: usize,
     next_batch: usize,
+    /// The rows of a streaming loader's pass (then `order` is empty).
+    stream: Option<FeatureStream>,
+    /// Opening the stream failed: the first item.
+    stream_error: Option<Error>,
+    drop_last: bool,
 }
 
 impl std::fmt::Debug for EpochIter {
@@ -171,7 +238,7 @@ impl std::fmt::Debug for EpochIter {
 }
 
 impl EpochIter {
-    /// Number of batches in this epoch.
+    /// Number of batches in this epoch (0 for a stream: unknown).
     pub fn num_batches(&self) -> usize {
         self.order.len().div_ceil(self.batch_size)
     }
@@ -186,8 +253,18 @@ impl EpochIter {
         &self.order
     }
 
-    /// Skips `n` batches without reading them (accelerate's `skip_first_batches`).
+    /// Skips `n` batches without reading them (accelerate's `skip_first_batches`); a
+    /// stream's rows are read and dropped (not collated).
     pub fn skip_batches(&mut self, n: usize) {
+        if let Some(rows) = self.stream.as_mut() {
+            for _ in 0..n * self.batch_size {
+                if rows.next().is_none() {
+                    break;
+                }
+            }
+            self.next_batch += n;
+            return;
+        }
         self.next_batch = (self.next_batch + n).min(self.num_batches());
     }
 
@@ -225,10 +302,37 @@ impl EpochIter {
             .iter()
             .map(|&i| self.dataset.get(i))
             .collect::<Result<Vec<_>>>()?;
+        self.collate_rows(&rows)
+    }
+
+    /// The next batch of a stream: up to `batch_size` rows (`None` at its end, or when
+    /// `drop_last` and fewer are left).
+    fn next_stream_batch(&mut self) -> Option<Result<Batch>> {
+        if let Some(e) = self.stream_error.take() {
+            return Some(Err(e));
+        }
+        let rows_iter = self.stream.as_mut()?;
+        let mut rows = Vec::with_capacity(self.batch_size);
+        while rows.len() < self.batch_size {
+            match rows_iter.next() {
+                Some(Ok(row)) => rows.push(row),
+                Some(Err(e)) => return Some(Err(e)),
+                None => break,
+            }
+        }
+        if rows.is_empty() || (self.drop_last && rows.len() < self.batch_size) {
+            self.stream = None;
+            return None;
+        }
+        self.next_batch += 1;
+        Some(self.collate_rows(&rows))
+    }
+
+    fn collate_rows(&self, rows: &[Feature]) -> Result<Batch> {
         // A poisoned lock only means another thread panicked mid-collate; the collator's
         // state is still a valid generator position, so keep going.
         let mut collator = self.collator.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(collator.collate(&rows)?)
+        Ok(collator.collate(rows)?)
     }
 }
 
@@ -236,6 +340,9 @@ impl Iterator for EpochIter {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.stream.is_some() || self.stream_error.is_some() {
+            return self.next_stream_batch();
+        }
         let start = self.next_batch * self.batch_size;
         if start >= self.order.len() {
             return None;

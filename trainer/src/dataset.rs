@@ -1,5 +1,6 @@
 //! The `Dataset` trait (upstream's map-style `torch.utils.data.Dataset`: a length and rows
-//! by index) and its in-memory form.
+//! by index) and its in-memory form, and the `IterableDataset` trait (a stream of rows read
+//! as training goes, upstream's `IterableDataset` / `load_dataset(..., streaming=True)`).
 
 use std::sync::Arc;
 
@@ -87,4 +88,18 @@ impl Dataset for InMemoryDataset {
             len: self.rows.len(),
         })
     }
+}
+
+/// The rows of one pass over an [`IterableDataset`].
+pub type FeatureStream = Box<dyn Iterator<Item = Result<Feature>> + Send>;
+
+/// A dataset read as a stream (upstream's `IterableDataset`, e.g. `load_dataset(...,
+/// streaming=True)`): rows in its own order, produced as the training consumes them, with no
+/// length and no access by index. The Trainer then needs `max_steps` and starts a new pass
+/// (a new "epoch") whenever the stream ends before it; samplers do not apply.
+pub trait IterableDataset: Send + Sync {
+    /// The rows of pass `epoch`, from the beginning (upstream: `set_epoch(epoch)`, then
+    /// `__iter__`). Failing to open the source is an error here; a row that cannot be read is
+    /// an error item.
+    fn iter_epoch(&self, epoch: u64) -> Result<FeatureStream>;
 }

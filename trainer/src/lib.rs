@@ -46,7 +46,7 @@ pub use checkpoint::{
     sort_checkpoints,
 };
 pub use data_loader::{DataLoader, EpochIter, Prefetch, SharedCollator, shared_collator};
-pub use dataset::{Dataset, InMemoryDataset};
+pub use dataset::{Dataset, FeatureStream, InMemoryDataset, IterableDataset};
 pub use error::{Error, Result};
 pub use hooks::{
     DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, autocast_dtype,
@@ -71,8 +71,8 @@ pub use sampler::{
 pub use shard::BatchSamplerShard;
 pub use table::{Table, cell_text, read_text_maybe_bz2};
 pub use text::{
-    DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts, load_text_lines, split_lines,
-    tokenize_lines,
+    CausalLmTextStream, DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts,
+    load_text_lines, split_lines, tokenize_lines,
 };
 pub use text_classification::{
     ClassificationLabels, TextClassificationOptions, tokenize_text_classification,

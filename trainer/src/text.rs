@@ -2,12 +2,15 @@
 //! the `datasets` text loader (one row per line), `tokenize_function`, then `group_texts`
 //! (concatenate, cut into `block_size` blocks, `labels = input_ids`).
 
-use std::path::Path;
+use std::collections::VecDeque;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tchtrain_collators::{Feature, Label};
 use tchtrain_models::Tokenizer;
 
-use crate::dataset::InMemoryDataset;
+use crate::dataset::{FeatureStream, InMemoryDataset, IterableDataset};
 use crate::error::{Error, Result};
 
 /// `datasets.Dataset.map(batched=True)`'s default batch size: `group_texts` runs on chunks
@@ -146,4 +149,130 @@ pub fn causal_lm_blocks_from_file(
         });
     }
     Ok(InMemoryDataset::new(blocks))
+}
+
+/// [`causal_lm_blocks_from_file`] as a stream (upstream's `run_clm.py --streaming`): the file
+/// is read [`DEFAULT_MAP_BATCH_SIZE`] lines at a time, each chunk tokenized and grouped into
+/// `block_size` blocks as the training consumes them, so the text never has to fit in
+/// memory. The blocks are exactly those of the in-memory preparation, in the same order.
+#[derive(Clone)]
+pub struct CausalLmTextStream {
+    path: PathBuf,
+    tokenizer: Arc<Tokenizer>,
+    block_size: usize,
+}
+
+impl std::fmt::Debug for CausalLmTextStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalLmTextStream")
+            .field("path", &self.path)
+            .field("block_size", &self.block_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CausalLmTextStream {
+    /// A stream of `block_size`-token blocks of the text file at `path`. A zero block size is
+    /// [`Error::InvalidArgument`]; a missing file is reported when a pass starts.
+    pub fn new(
+        path: impl AsRef<Path>,
+        tokenizer: Arc<Tokenizer>,
+        block_size: usize,
+    ) -> Result<Self> {
+        if block_size == 0 {
+            return Err(Error::InvalidArgument {
+                field: "block_size",
+                detail: "must be at least 1".into(),
+            });
+        }
+        Ok(Self {
+            path: path.as_ref().to_path_buf(),
+            tokenizer,
+            block_size,
+        })
+    }
+}
+
+impl IterableDataset for CausalLmTextStream {
+    fn iter_epoch(&self, _epoch: u64) -> Result<FeatureStream> {
+        let file =
+            std::fs::File::open(&self.path).map_err(|e| Error::io("reading", &self.path, e))?;
+        Ok(Box::new(TextBlocks {
+            stream: self.clone(),
+            reader: std::io::BufReader::new(file),
+            line_no: 0,
+            carried: VecDeque::new(),
+            pending: VecDeque::new(),
+            done: false,
+        }))
+    }
+}
+
+/// One pass of a [`CausalLmTextStream`].
+struct TextBlocks {
+    stream: CausalLmTextStream,
+    reader: std::io::BufReader<std::fs::File>,
+    /// Lines read so far (for error messages).
+    line_no: usize,
+    /// Lines already split off the file but not yet in a chunk (a `\n`-terminated piece
+    /// may hold several of Python's lines: `\r`, `\x0b`, ...).
+    carried: VecDeque<String>,
+    /// Blocks of the current chunk not yet yielded.
+    pending: VecDeque<Feature>,
+    done: bool,
+}
+
+impl TextBlocks {
+    /// Reads the next chunk of up to [`DEFAULT_MAP_BATCH_SIZE`] lines (Python's
+    /// `splitlines(keepends=True)` lines) and groups it into blocks, as `datasets`' batched
+    /// `map` does chunk by chunk.
+    fn refill(&mut self) -> Result<()> {
+        let mut lines: Vec<String> = Vec::with_capacity(DEFAULT_MAP_BATCH_SIZE);
+        while lines.len() < DEFAULT_MAP_BATCH_SIZE {
+            if let Some(line) = self.carried.pop_front() {
+                lines.push(line);
+                continue;
+            }
+            let mut buf = Vec::new();
+            let n = self
+                .reader
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| Error::io("reading", &self.stream.path, e))?;
+            if n == 0 {
+                self.done = true;
+                break;
+            }
+            let piece = String::from_utf8(buf).map_err(|e| Error::DataFile {
+                path: self.stream.path.clone(),
+                line: self.line_no + lines.len() + 1,
+                detail: format!("not UTF-8 ({e})"),
+            })?;
+            self.carried.extend(split_lines(&piece, true));
+        }
+        self.line_no += lines.len();
+        let ids = tokenize_lines(&self.stream.tokenizer, &lines)?;
+        self.pending
+            .extend(group_texts(&ids, self.stream.block_size, None)?);
+        Ok(())
+    }
+}
+
+impl Iterator for TextBlocks {
+    type Item = Result<Feature>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(block) = self.pending.pop_front() {
+                return Some(Ok(block));
+            }
+            if self.done && self.carried.is_empty() {
+                return None;
+            }
+            if let Err(e) = self.refill() {
+                self.done = true;
+                self.carried.clear();
+                return Some(Err(e));
+            }
+        }
+    }
 }

@@ -145,17 +145,28 @@ impl Trainer {
     /// Bad input caught before training starts: no or empty training data, an evaluation
     /// strategy without evaluation data, options not implemented yet.
     fn check_before_training(&self) -> Result<()> {
-        let Some(train) = &self.train_dataset else {
+        if self.train_stream.is_some() {
+            if self.args.max_steps <= 0 {
+                return Err(Error::InvalidArgument {
+                    field: "max_steps",
+                    detail: format!(
+                        "must be set to a positive value when the training data is a stream (it has no length), was {}",
+                        self.args.max_steps
+                    ),
+                });
+            }
+        } else if let Some(train) = &self.train_dataset {
+            if train.is_empty() {
+                return Err(Error::EmptyDataset {
+                    what: "training",
+                    hint: String::new(),
+                });
+            }
+        } else {
             return Err(Error::MissingDataset {
                 what: "training".into(),
                 dataset: "train",
                 fix: "pass one with TrainerBuilder::train_dataset",
-            });
-        };
-        if train.is_empty() {
-            return Err(Error::EmptyDataset {
-                what: "training",
-                hint: String::new(),
             });
         }
         if self.args.eval_strategy != IntervalStrategy::No && self.eval_dataset.is_none() {
@@ -209,6 +220,19 @@ impl Trainer {
 
     /// Upstream `set_initial_training_values`.
     fn set_initial_training_values(&self, loader: &DataLoader) -> Result<TrainingValues> {
+        let ga = self.args.gradient_accumulation_steps;
+        if loader.is_stream() {
+            // No length: rely on max_steps, as many passes over the stream as needed.
+            let max_steps = self.args.max_steps.max(1) as usize;
+            let total_batch = self.args.train_batch_size() * ga * self.args.world_size();
+            return Ok(TrainingValues {
+                num_train_epochs: usize::MAX,
+                num_update_steps_per_epoch: max_steps,
+                num_train_samples: (max_steps * total_batch) as f64,
+                steps_in_epoch: max_steps * ga,
+                max_steps,
+            });
+        }
         let len = loader.len();
         if len == 0 {
             return Err(Error::EmptyDataset {
@@ -216,7 +240,6 @@ impl Trainer {
                 hint: ": dataloader_drop_last leaves no full batch".into(),
             });
         }
-        let ga = self.args.gradient_accumulation_steps;
         let per_epoch = (len / ga + usize::from(!len.is_multiple_of(ga))).max(1);
         let max_steps = if self.args.max_steps > 0 {
             self.args.max_steps as usize

@@ -16,7 +16,7 @@ use tchtrain_optim::{LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::data_loader::{DataLoader, SharedCollator, shared_collator};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, IterableDataset};
 use crate::error::{Error, Result};
 use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
 use crate::metrics::{ComputeMetrics, PreprocessLogits};
@@ -49,6 +49,8 @@ pub struct Trainer {
     pub(crate) model: Box<dyn PreTrainedModel>,
     pub(crate) args: TrainingArguments,
     pub(crate) train_dataset: Option<Arc<dyn Dataset>>,
+    /// The training stream, when training reads an [`IterableDataset`].
+    pub(crate) train_stream: Option<Arc<dyn IterableDataset>>,
     pub(crate) eval_dataset: Option<Arc<dyn Dataset>>,
     pub(crate) collator: SharedCollator,
     pub(crate) train_sampler: Option<Arc<dyn Sampler>>,
@@ -114,6 +116,7 @@ pub struct TrainerBuilder {
     model: Box<dyn PreTrainedModel>,
     args: TrainingArguments,
     train_dataset: Option<Arc<dyn Dataset>>,
+    train_stream: Option<Arc<dyn IterableDataset>>,
     eval_dataset: Option<Arc<dyn Dataset>>,
     collator: Option<SharedCollator>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
@@ -139,7 +142,17 @@ impl std::fmt::Debug for TrainerBuilder {
 impl TrainerBuilder {
     /// The training rows (`train_dataset`).
     pub fn train_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
+        self.train_stream = None;
         self.train_dataset = Some(dataset);
+        self
+    }
+
+    /// Trains on a stream instead of a dataset (upstream: a `train_dataset` that is an
+    /// `IterableDataset`): rows in the stream's order, `max_steps` required, a new pass
+    /// whenever the stream ends first. Replaces a `train_dataset`.
+    pub fn train_stream(mut self, stream: Arc<dyn IterableDataset>) -> Self {
+        self.train_dataset = None;
+        self.train_stream = Some(stream);
         self
     }
 
@@ -278,6 +291,7 @@ impl TrainerBuilder {
         let mut trainer = Trainer {
             model,
             train_dataset: self.train_dataset,
+            train_stream: self.train_stream,
             eval_dataset: self.eval_dataset,
             collator: self
                 .collator
@@ -334,6 +348,7 @@ impl Trainer {
             model,
             args,
             train_dataset: None,
+            train_stream: None,
             eval_dataset: None,
             collator: None,
             callbacks: Vec::new(),
@@ -409,6 +424,20 @@ impl Trainer {
     /// `"group_by_length"`, or the one
     /// given to the builder), `dataloader_drop_last`.
     pub fn get_train_dataloader(&self) -> Result<DataLoader> {
+        if let Some(stream) = &self.train_stream {
+            if self.args.world_size() > 1 {
+                return Err(Error::InvalidArgument {
+                    field: "train_dataset",
+                    detail: "a streamed training set in a data-parallel run is not supported yet: give each process a dataset, or train on one process".into(),
+                });
+            }
+            return DataLoader::streaming(
+                Arc::clone(stream),
+                Arc::clone(&self.collator),
+                self.args.train_batch_size(),
+                self.args.dataloader_drop_last,
+            );
+        }
         let dataset = self.train_dataset.clone().ok_or(Error::MissingDataset {
             what: "training".into(),
             dataset: "train",
