@@ -337,3 +337,84 @@ fn bad_flags_are_usage_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn run_clm_streaming_trains_as_the_loaded_file_in_sequence() -> Result<()> {
+    let _g = lock();
+    let mut runs = Vec::new();
+    for streaming in [false, true] {
+        let out = temp_dir(&format!("clm-stream-{streaming}"));
+        let o = out.display().to_string();
+        let mut argv: Vec<String> = [
+            "--model_name_or_path",
+            &asset("tiny-gpt2"),
+            "--tokenizer_name",
+            &asset("gpt2-tokenizer"),
+            "--train_file",
+            &asset("text/hamlet.txt"),
+            "--block_size",
+            "32",
+            "--do_train",
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "4",
+            "--logging_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            &o,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if streaming {
+            argv.push("--streaming".into());
+        } else {
+            // The loaded file in the stream's order: every line trains, sequentially.
+            argv.extend(
+                [
+                    "--validation_split_percentage",
+                    "0",
+                    "--train_sampling_strategy",
+                    "sequential",
+                ]
+                .map(String::from),
+            );
+        }
+        run_clm::main_with_args(&argv)?;
+        let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
+        runs.push(logged_losses(&state));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    assert_eq!(runs[0].len(), 3);
+    assert_eq!(runs[0], runs[1]);
+
+    // --streaming needs --max_steps, and a --validation_file to evaluate.
+    let out = temp_dir("clm-stream-bad");
+    let o = out.display().to_string();
+    let base = [
+        "--model_name_or_path",
+        &asset("tiny-gpt2"),
+        "--tokenizer_name",
+        &asset("gpt2-tokenizer"),
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--streaming",
+        "--use_cpu",
+        "--output_dir",
+        &o,
+    ];
+    let err = run_clm::main_with_args(base.iter().chain(&["--do_train"])).unwrap_err();
+    assert!(err.to_string().contains("--max_steps"), "{err}");
+    let err =
+        run_clm::main_with_args(base.iter().chain(&["--do_eval", "--max_steps", "2"])).unwrap_err();
+    assert!(err.to_string().contains("--validation_file"), "{err}");
+    Ok(())
+}

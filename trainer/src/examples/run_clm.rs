@@ -34,7 +34,7 @@ use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
 use crate::metrics::{EvalPrediction, Metrics};
 use crate::table::{Table, cell_text};
-use crate::text::{group_texts, load_text_lines, tokenize_lines};
+use crate::text::{CausalLmTextStream, group_texts, load_text_lines, tokenize_lines};
 use crate::trainer::Trainer;
 
 /// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
@@ -59,6 +59,9 @@ pub struct ClmArguments {
     pub max_eval_samples: Option<usize>,
     /// `--keep_linebreaks`: keep line breaks in `.txt` rows (default true).
     pub keep_linebreaks: bool,
+    /// `--streaming`: read the training file as a stream (a `.txt` file, 1000 lines at a
+    /// time, as the training goes); needs `--max_steps`.
+    pub streaming: bool,
 }
 
 impl Default for ClmArguments {
@@ -73,6 +76,7 @@ impl Default for ClmArguments {
             max_train_samples: None,
             max_eval_samples: None,
             keep_linebreaks: true,
+            streaming: false,
         }
     }
 }
@@ -91,6 +95,7 @@ script flags:
   --max_train_samples N       keep the first N training blocks
   --max_eval_samples N        keep the first N evaluation blocks
   --keep_linebreaks BOOL      keep line breaks in .txt rows (default: true)
+  --streaming [BOOL]          stream the .txt training file instead of loading it (needs --max_steps)
 ";
 
 impl ScriptFlags for ClmArguments {
@@ -113,6 +118,7 @@ impl ScriptFlags for ClmArguments {
             "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
             "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
             "keep_linebreaks" => self.keep_linebreaks = args::boolean(name, value)?,
+            "streaming" => self.streaming = args::boolean(name, value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -202,6 +208,53 @@ fn next_token_accuracy(p: &EvalPrediction) -> Result<Metrics> {
     Ok(m)
 }
 
+/// What `--streaming` needs: a `.txt` training file with line breaks kept, `--max_steps`,
+/// and a `--validation_file` for evaluation (a stream has no length to hold a share out of).
+fn check_streaming(clm: &ClmArguments, training: &TrainingArguments) -> Result<()> {
+    let refuse = |flag: &str, detail: &str| {
+        Err(Error::InvalidFlag {
+            flag: flag.into(),
+            detail: detail.into(),
+        })
+    };
+    if training.do_train {
+        match &clm.train_file {
+            Some(f) if f.ends_with(".txt") => {}
+            _ => {
+                return refuse(
+                    "streaming",
+                    "streams a .txt --train_file; load CSV / JSON files without --streaming",
+                );
+            }
+        }
+        if training.max_steps <= 0 {
+            return refuse(
+                "max_steps",
+                "must be set to a positive value with --streaming (a stream has no length)",
+            );
+        }
+        if clm.max_train_samples.is_some() {
+            return refuse(
+                "max_train_samples",
+                "is not supported with --streaming: limit the training with --max_steps",
+            );
+        }
+        if !clm.keep_linebreaks {
+            return refuse(
+                "keep_linebreaks",
+                "--streaming keeps line breaks (as the text loader does by default)",
+            );
+        }
+    }
+    if training.do_eval && clm.validation_file.is_none() {
+        return refuse(
+            "validation_file",
+            "--do_eval with --streaming needs a --validation_file: a share of a stream cannot be held out",
+        );
+    }
+    Ok(())
+}
+
 /// Runs the script on `argv` (the command line without the program name).
 pub fn main_with_args<I, S>(argv: I) -> Result<ExampleOutput>
 where
@@ -240,12 +293,18 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         }
     };
 
+    if clm.streaming {
+        check_streaming(clm, &training)?;
+    }
     let (train_lines, eval_lines) = match (&clm.train_file, &clm.validation_file) {
         (None, None) => {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
                 detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
             });
+        }
+        (Some(_), Some(valid)) if clm.streaming => {
+            (Vec::new(), read_rows(valid, clm.keep_linebreaks)?)
         }
         (Some(train), Some(valid)) => (
             read_rows(train, clm.keep_linebreaks)?,
@@ -260,7 +319,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         (None, Some(valid)) => (Vec::new(), read_rows(valid, clm.keep_linebreaks)?),
     };
 
-    let train_ds = if training.do_train {
+    let train_ds = if training.do_train && !clm.streaming {
         if clm.train_file.is_none() {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
@@ -318,6 +377,10 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     if let Some(ds) = train_ds {
         builder = builder.train_dataset(Arc::new(ds));
     }
+    if let (true, true, Some(train)) = (clm.streaming, training.do_train, &clm.train_file) {
+        let stream = CausalLmTextStream::new(train, Arc::new(tok.tokenizer.clone()), block_size)?;
+        builder = builder.train_stream(Arc::new(stream));
+    }
     if let Some(ds) = eval_ds {
         builder = builder
             .eval_dataset(Arc::new(ds))
@@ -340,10 +403,12 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
             common::save_tokenizer(&tok, &dir, clm.tokenizer_name.as_deref(), &saved)?;
         }
         let mut metrics = result.metrics;
-        metrics.insert(
-            "train_samples".into(),
-            clm.max_train_samples.map_or(n_train, |m| m.min(n_train)) as f64,
-        );
+        if !clm.streaming {
+            metrics.insert(
+                "train_samples".into(),
+                clm.max_train_samples.map_or(n_train, |m| m.min(n_train)) as f64,
+            );
+        }
         trainer.log_metrics("train", &metrics);
         trainer.save_metrics("train", &metrics, true)?;
         trainer.save_state()?;
