@@ -484,12 +484,7 @@ impl Trainer {
                         &self.state,
                         &mut self.control,
                     )?;
-                    if let Some(sig) = self
-                        .loop_state
-                        .stop_signals
-                        .as_ref()
-                        .and_then(crate::signals::StopSignals::received)
-                    {
+                    if let Some(sig) = self.agreed_stop_signal()? {
                         // enable_jit_checkpoint: checkpoint at this step boundary, then stop.
                         log::warn!(
                             "{} received: saving a checkpoint at step {} and stopping (send it again to exit at once)",
@@ -534,6 +529,29 @@ impl Trainer {
         self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
         self.prof_mark(Phase::LogSaveEvaluate);
         Ok(())
+    }
+
+    /// The stop signal (SIGINT / SIGTERM) received with `enable_jit_checkpoint`, agreed on by
+    /// every process: in a data-parallel run the ranks see a signal at different steps (or
+    /// only some get one), so at each step boundary they sum their flags (one scalar
+    /// all-reduce per step, only with `enable_jit_checkpoint`) and all stop and save at the
+    /// same step when any of them was signalled. The signal reported is this process's, or
+    /// SIGTERM when only another process got one.
+    fn agreed_stop_signal(&mut self) -> Result<Option<i32>> {
+        let Some(guard) = self.loop_state.stop_signals.as_ref() else {
+            return Ok(None);
+        };
+        let local = guard.received();
+        if self.args.world_size() <= 1 {
+            return Ok(local);
+        }
+        let any =
+            crate::distributed::all_reduce_sum(&self.args, f64::from(u8::from(local.is_some())))?;
+        Ok(match local {
+            Some(sig) => Some(sig),
+            None if any > 0.0 => Some(crate::signals::SIGTERM),
+            None => None,
+        })
     }
 
     /// Charges the time since the last mark to `phase` when profiling (`TCHTRAIN_PROFILE`).
