@@ -2,8 +2,8 @@
 //! binary as 2 ranks (torchrun's environment variables, as `cargo xtask launch` sets them)
 //! and checks what they wrote.
 //!
-//! * 2 ranks with `per_device_train_batch_size` B train tiny GPT-2 (dropouts 0) exactly as
-//!   one process with batch 2B and the same sample order: the same logged losses, gradient
+//! * 2 ranks with `per_device_train_batch_size` B (and 4 ranks with 1 row each) train tiny
+//!   GPT-2 (dropouts 0) exactly as one process with the whole batch and the same sample order: the same logged losses, gradient
 //!   norms, learning rates, evaluation loss and gathered evaluation predictions (fp32;
 //!   only the summation order differs). That needs the gradient average, accelerate's
 //!   batch sharding and `average_tokens_across_devices` to be right together.
@@ -135,28 +135,38 @@ fn rel(a: f64, b: f64) -> f64 {
 
 #[test]
 fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
+    world_equals_one_process("two_ranks_equal_one_process_with_twice_the_batch", 2, B)
+}
+
+#[test]
+fn four_ranks_equal_one_process_with_four_times_the_batch() -> Result<()> {
+    world_equals_one_process(
+        "four_ranks_equal_one_process_with_four_times_the_batch",
+        4,
+        1,
+    )
+}
+
+/// `world` ranks with micro-batches of `per_rank` rows against one process with
+/// `world * per_rank`: the same logs (within the stated tolerances), rank 0 alone saving.
+fn world_equals_one_process(test: &str, world: i32, per_rank: usize) -> Result<()> {
     if is_rank() {
         let dir = test_dir();
         let r = rank();
-        let (history, zero) = run_job(&dir.join(format!("out-rank{r}")), B)?;
+        let (history, zero) = run_job(&dir.join(format!("out-rank{r}")), per_rank)?;
         assert_eq!(zero, r == 0, "is_world_process_zero on rank {r}");
         write_log(&dir.join(format!("history-rank{r}.json")), &history)?;
         return Ok(());
     }
-    let dir = temp_dir("parity");
-    let (single, _) = run_job(&dir.join("single"), 2 * B)?;
-    let codes = wait_codes(
-        launch(
-            "two_ranks_equal_one_process_with_twice_the_batch",
-            2,
-            &dir,
-            "rank",
-        ),
-        Duration::from_secs(600),
-    );
-    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
-    let rank0 = read_log(&dir.join("history-rank0.json"))?;
-    let rank1 = read_log(&dir.join("history-rank1.json"))?;
+    let dir = temp_dir(&format!("parity-{world}"));
+    let total = world as usize * per_rank;
+    let (single, _) = run_job(&dir.join("single"), total)?;
+    let codes = wait_codes(launch(test, world, &dir, "rank"), Duration::from_secs(600));
+    assert_eq!(codes, vec![Some(0); world as usize], "rank exit codes");
+    let logs: Vec<Log> = (0..world)
+        .map(|r| read_log(&dir.join(format!("history-rank{r}.json"))))
+        .collect::<Result<_>>()?;
+    let rank0 = &logs[0];
 
     // Every rank logs the same all-reduced values (only rank 0's callbacks print them).
     let strip = |h: &Log| -> Log {
@@ -169,7 +179,9 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
             })
             .collect()
     };
-    assert_eq!(strip(&rank0), strip(&rank1), "rank 0 and rank 1 logs");
+    for (r, log) in logs.iter().enumerate().skip(1) {
+        assert_eq!(strip(rank0), strip(log), "rank 0 and rank {r} logs");
+    }
 
     assert_eq!(rank0.len(), single.len(), "number of log entries");
     let mut worst: std::collections::BTreeMap<&str, f64> = Default::default();
@@ -191,7 +203,7 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
                     *w = w.max(rel(a, b));
                 }
                 (None, None) => {}
-                (a, b) => panic!("entry {i}: {key} {a:?} (2 ranks) vs {b:?} (1 process)"),
+                (a, b) => panic!("entry {i}: {key} {a:?} ({world} ranks) vs {b:?} (1 process)"),
             }
         }
         // Exact: the gathered evaluation has every row once, in the dataset's order, and
@@ -201,12 +213,11 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
         }
     }
     println!(
-        "2 ranks x batch {B} vs 1 process x batch {}: max relative differences {worst:?}",
-        2 * B
+        "{world} ranks x batch {per_rank} vs 1 process x batch {total}: max relative differences {worst:?}"
     );
     let evals: Vec<f64> = single.iter().filter_map(|e| num(e, "eval_rows")).collect();
     assert_eq!(evals, [12.0, 12.0], "two evaluations of every row");
-    // fp32 on CPU: the ranks sum half batches and add the halves (the all-reduce), the single
+    // fp32 on CPU: the ranks sum partial batches and add them up (the all-reduce), the single
     // process sums the whole batch, so results differ in the last bits, carried through 6
     // AdamW steps. Token-level argmax agreement may flip on a near-tie: at most 1 of 756.
     assert!(worst["loss"] < 1e-5, "loss {worst:?}");
@@ -221,7 +232,7 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
     // The ranks sum their flos as float32 (upstream's distributed_broadcast_scalars).
     assert!(worst["total_flos"] < 1e-6, "total_flos {worst:?}");
 
-    // Rank 0 alone wrote checkpoints; rank 1's output_dir was never created.
+    // Rank 0 alone wrote checkpoints; the other ranks' output_dir was never created.
     for step in [3, 6] {
         let ckpt = dir.join(format!("out-rank0/checkpoint-{step}"));
         for file in [
@@ -232,10 +243,12 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
             assert!(ckpt.join(file).is_file(), "{} lacks {file}", ckpt.display());
         }
     }
-    assert!(
-        !dir.join("out-rank1").exists(),
-        "rank 1 wrote into its output_dir"
-    );
+    for r in 1..world {
+        assert!(
+            !dir.join(format!("out-rank{r}")).exists(),
+            "rank {r} wrote into its output_dir"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
