@@ -38,7 +38,10 @@ after `warmup` (the window of on_step_begin .. on_step_end holds forward, backwa
 optimizer and scheduler step; the batch is collated just before on_step_begin);
 `tokens_per_s` = input tokens (padded, numel of input_ids) of the measured steps / wall time
 from the warm-up's last on_step_end to the last on_step_end (collation included). `peak_rss_mb`
-is getrusage's ru_maxrss of the process (KiB on Linux) / 1024.
+is getrusage's ru_maxrss of the process (KiB on Linux) / 1024. The step's parts (medians):
+`median_forward_backward_ms` (on_step_begin to on_pre_optimizer_step: forward, loss, backward,
+clipping), `median_optimizer_ms` (to on_optimizer_step), `median_after_optimizer_ms` (scheduler,
+zero grad, callbacks, to on_step_end).
 """
 
 import argparse
@@ -137,10 +140,16 @@ def prepare(out: Path):
 
 class StepTimer(tf.TrainerCallback):
     def __init__(self):
-        self.begin, self.end = [], []
+        self.begin, self.pre, self.post, self.end = [], [], [], []
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.begin.append(time.perf_counter())
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.pre.append(time.perf_counter())
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.post.append(time.perf_counter())
 
     def on_step_end(self, args, state, control, **kwargs):
         self.end.append(time.perf_counter())
@@ -199,6 +208,9 @@ def run(data: Path, name: str, precision: str, threads: int):
         trainer.train()
     w = job["warmup"]
     steps = [e - b for b, e in zip(timer.begin[w:], timer.end[w:])]
+
+    def part(a, b):
+        return statistics.median(y - x for x, y in zip(a[w:], b[w:])) * 1e3
     tokens = sum(collator.tokens[w:total])
     wall = timer.end[-1] - timer.end[w - 1]
     print(json.dumps({
@@ -212,6 +224,9 @@ def run(data: Path, name: str, precision: str, threads: int):
         "steps": len(steps),
         "tokens": tokens,
         "threads": torch.get_num_threads(),
+        "median_forward_backward_ms": part(timer.begin, timer.pre),
+        "median_optimizer_ms": part(timer.pre, timer.post),
+        "median_after_optimizer_ms": part(timer.post, timer.end),
     }), flush=True)
 
 

@@ -13,9 +13,10 @@
 //!   A callback takes the time at `on_step_begin` / `on_step_end`.
 //! * `--bare`: the same model, rows, order (the same seeded permutation), collator, optimizer
 //!   with the same decay groups, scheduler and clipping, in a plain loop: collate, forward
-//!   with labels (and `num_items_in_batch` counted on the host for the causal LM), backward,
-//!   clip, optimizer step, scheduler step, zero grad. What the Trainer adds on top is its
-//!   overhead.
+//!   with labels (and `num_items_in_batch` counted on the host for the causal LM; in bf16
+//!   inside CPU autocast through the Trainer's public `model_forward`, the only way to get
+//!   CPU autocast from tch), backward, clip, optimizer step, scheduler step, zero grad. What
+//!   the Trainer adds on top is its overhead.
 //! * `--peak`: the best of 5 timed `[N, N] x [N, N]` matmuls (N = 2048) in fp32 and bf16, in
 //!   FLOP/s (2 N^3 per product).
 //!
@@ -24,7 +25,11 @@
 //! the last step end), `median_step_ms` / `min_step_ms` (step begin to step end, after the
 //! warm-up), `peak_rss_mb` (`VmHWM` of /proc/self/status, what `ru_maxrss` reports), `steps`,
 //! `tokens`, `threads`; plus `matmul_flops` (the measured steps' matmul FLOPs, counted
-//! analytically by [`matmul_flops`]) and `matmul_flops_per_s` (those over the same wall time).
+//! analytically by `Job::matmul_flops`), `matmul_flops_per_s` (those over the same wall time)
+//! and the step's parts (medians): `median_forward_backward_ms` (step begin to
+//! `on_pre_optimizer_step`: forward, loss, backward, the loop's bookkeeping, clipping),
+//! `median_optimizer_ms` (to `on_optimizer_step`) and `median_after_optimizer_ms` (scheduler,
+//! zero grad, state, callbacks, to step end).
 //!
 //! ```sh
 //! cargo run --release --example bench_trainer -p tchtrain -- --data DIR --job gpt2_tiny
@@ -47,7 +52,8 @@ use tchtrain::models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from
 use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_param_groups};
 use tchtrain::tch::{self, Device, Kind, Tensor};
 use tchtrain::trainer::{
-    Dataset, InMemoryDataset, RandomSampler, Sampler, Trainer, layernorm_modules, named_parameters,
+    Dataset, InMemoryDataset, RandomSampler, Sampler, StepContext, Trainer, layernorm_modules,
+    model_forward, named_parameters,
 };
 use tchtrain::training_args::{SaveStrategy, TrainingArguments};
 
@@ -268,10 +274,13 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Begin and end times of each optimizer step, and each batch's `input_ids` shape.
+/// Begin and end times of each optimizer step (and the times just before and after the
+/// optimizer's `step`), and each batch's `input_ids` shape.
 #[derive(Default)]
 struct Record {
     begin: Vec<Instant>,
+    pre_optimizer: Vec<Instant>,
+    post_optimizer: Vec<Instant>,
     end: Vec<Instant>,
     shapes: Vec<(i64, i64)>,
 }
@@ -293,6 +302,26 @@ impl TrainerCallback for StepTimer {
         _: &mut TrainerControl,
     ) -> tchtrain::callbacks::Result<()> {
         lock(&self.0).begin.push(Instant::now());
+        Ok(())
+    }
+
+    fn on_pre_optimizer_step(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).pre_optimizer.push(Instant::now());
+        Ok(())
+    }
+
+    fn on_optimizer_step(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).post_optimizer.push(Instant::now());
         Ok(())
     }
 
@@ -350,6 +379,16 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
             record.shapes.len()
         );
     }
+    let ms = |from: &[Instant], to: &[Instant]| -> f64 {
+        if from.len() < total || to.len() < total {
+            return f64::NAN;
+        }
+        median(
+            (w..total)
+                .map(|i| (to[i] - from[i]).as_secs_f64() * 1e3)
+                .collect(),
+        )
+    };
     let steps: Vec<f64> = (w..total)
         .map(|i| (record.end[i] - record.begin[i]).as_secs_f64() * 1e3)
         .collect();
@@ -370,6 +409,9 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
         "threads": tch::get_num_threads(),
         "matmul_flops": flops,
         "matmul_flops_per_s": flops / wall,
+        "median_forward_backward_ms": ms(&record.begin, &record.pre_optimizer),
+        "median_optimizer_ms": ms(&record.pre_optimizer, &record.post_optimizer),
+        "median_after_optimizer_ms": ms(&record.post_optimizer, &record.end),
     }))
 }
 
@@ -394,9 +436,6 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
 
 /// The same work in a bare tch loop.
 fn run_bare(job: &Job, o: &Options) -> Result<Value> {
-    if o.bf16 {
-        bail!("the bare loop has no CPU bf16 autocast (tch's `autocast` is CUDA-only)");
-    }
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let args = job.args(&out, o.bf16)?;
     tch::manual_seed(args.seed as i64);
@@ -420,6 +459,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         order.extend(idx.chunks_exact(job.batch).flatten().copied());
         epoch += 1;
     }
+    let label_names = vec!["labels".to_string()];
     let mut record = Record::default();
     optimizer.zero_grad();
     for step in 0..job.total_steps() {
@@ -446,10 +486,25 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             labels: batch.get("labels"),
             num_items_in_batch: num_items.as_ref(),
         };
-        let loss = model.forward(&inputs)?.loss.context("no loss")?;
+        // fp32: the model's forward; bf16: the same inside CPU autocast with the outputs back
+        // in fp32 (the Trainer's `model_forward`, what accelerate does).
+        let ctx = StepContext {
+            args: &args,
+            model_accepts_loss_kwargs: true,
+            current_gradient_accumulation_steps: 1,
+            device: Device::Cpu,
+            label_names: &label_names,
+            loss_shifts_labels: job.kind == "clm",
+            is_causal_lm: job.kind == "clm",
+        };
+        let loss = model_forward(&ctx, &*model, &inputs)?
+            .loss
+            .context("no loss")?;
         loss.f_backward()?;
         tchtrain::optim::clip_grad_norm_if_enabled(&params, args.max_grad_norm)?;
+        record.pre_optimizer.push(Instant::now());
         optimizer.step()?;
+        record.post_optimizer.push(Instant::now());
         scheduler.step(optimizer.as_mut())?;
         optimizer.zero_grad();
         record.end.push(Instant::now());
