@@ -91,6 +91,16 @@ impl BertConfig {
     }
 
     fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+                ("type_vocab_size", self.type_vocab_size),
+            ],
+            ("num_hidden_layers", self.num_hidden_layers),
+        )?;
         if self.num_attention_heads <= 0 || self.hidden_size % self.num_attention_heads != 0 {
             return Err(Error::InvalidConfig {
                 field: "num_attention_heads",

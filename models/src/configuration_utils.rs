@@ -100,6 +100,30 @@ pub fn read_config<C: DeserializeOwned>(path: &Path) -> Result<C> {
     })
 }
 
+/// Checks that the sizes a model's tensors are made of are positive (and layer counts not
+/// negative), naming the first bad field: libtorch refuses negative dimensions with a panic
+/// deep inside variable creation, so `validate` refuses them first.
+pub(crate) fn check_sizes(
+    sizes: &[(&'static str, i64)],
+    layers: (&'static str, i64),
+) -> Result<()> {
+    if let Some(&(field, value)) = sizes.iter().find(|(_, v)| *v <= 0) {
+        return Err(Error::InvalidConfig {
+            field,
+            value: value.to_string(),
+            fix: "model sizes must be positive: fix config.json",
+        });
+    }
+    if layers.1 < 0 {
+        return Err(Error::InvalidConfig {
+            field: layers.0,
+            value: layers.1.to_string(),
+            fix: "the number of layers cannot be negative: fix config.json",
+        });
+    }
+    Ok(())
+}
+
 /// The `model_type` of a `config.json`, to pick the architecture.
 pub fn read_model_type(path: &Path) -> Result<String> {
     #[derive(Deserialize)]

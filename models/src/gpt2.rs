@@ -100,6 +100,15 @@ impl GPT2Config {
     }
 
     fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("n_positions", self.n_positions),
+                ("n_embd", self.n_embd),
+                ("n_inner", self.n_inner.unwrap_or(1)),
+            ],
+            ("n_layer", self.n_layer),
+        )?;
         if self.n_head <= 0 || self.n_embd % self.n_head != 0 {
             return Err(Error::InvalidConfig {
                 field: "n_head",

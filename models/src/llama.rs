@@ -197,6 +197,16 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+                ("head_dim", self.head_dim.unwrap_or(1)),
+            ],
+            ("num_hidden_layers", self.num_hidden_layers),
+        )?;
         let kv = self.num_key_value_heads();
         if self.num_attention_heads <= 0 || kv <= 0 || self.num_attention_heads % kv != 0 {
             return Err(Error::InvalidConfig {

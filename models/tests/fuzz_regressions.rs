@@ -1,10 +1,19 @@
-//! Inputs the fuzz targets (`fuzz/fuzz_targets/tokenizer_json.rs`) found to panic, each
-//! now a typed `Error::Tokenizer` from `load_tokenizer`. The tokenizers crate reads all of
-//! them without complaint (or panics while reading), then panics in `encode`.
+//! Inputs the fuzz targets found to panic, each now a typed error.
+//!
+//! * `fuzz/fuzz_targets/tokenizer_json.rs`: tokenizer.json files the tokenizers crate reads
+//!   without complaint (or panics while reading), then panics in `encode`; now
+//!   `Error::Tokenizer` from `load_tokenizer`.
+//! * `fuzz/fuzz_targets/config_json.rs`: config.json files with a negative size, which
+//!   libtorch refused with a panic while the model was created; now `Error::InvalidConfig`
+//!   from `from_file` and from the models' `new`.
 
 use std::path::PathBuf;
 
-use tchtrain_models::{Error, Tokenizer, load_tokenizer};
+use tch::Device;
+use tchtrain_models::{
+    BertConfig, BertForMaskedLM, Error, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+    Tokenizer, load_tokenizer,
+};
 
 /// A minimal word-level tokenizer.json with the given post-processor and decoder.
 fn tokenizer_json(post_processor: &str, decoder: &str) -> String {
@@ -47,7 +56,10 @@ fn assert_refused(name: &str, text: &str, needle: &str) {
         Err(e @ Error::Tokenizer { .. }) => {
             let message = e.to_string();
             assert!(message.contains(needle), "{message}");
-            assert!(message.contains(name), "the error names the file: {message}");
+            assert!(
+                message.contains(name),
+                "the error names the file: {message}"
+            );
         }
         Err(other) => panic!("expected Error::Tokenizer, got {other:?}"),
         Ok(_) => panic!("{name} was accepted"),
@@ -121,4 +133,81 @@ fn special_token_ids_and_tokens_differ_in_length() {
 fn syntax_error_inside_the_decoder() {
     let text = tokenizer_json("null", r#"{"type": "WordPiece", 1: 2}"#);
     assert_refused("decoder_syntax.json", &text, "key must be a string");
+}
+
+/// Found by the fuzzer: a tiny config.json with `"vocab_size": -3` (or any other negative
+/// size) passed validation and libtorch panicked creating `[-3, 64]` weights
+/// ("Trying to create tensor with negative dimension").
+#[test]
+fn negative_or_zero_sizes_in_config_json() {
+    let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 100, "n_positions": 32, "n_embd": 16,
+                   "n_layer": 1, "n_head": 2}"#;
+    let bert = r#"{"model_type": "bert", "vocab_size": 100, "hidden_size": 16,
+                   "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+                   "max_position_embeddings": 32, "type_vocab_size": 2}"#;
+    let llama = r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 16,
+                    "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                    "max_position_embeddings": 32}"#;
+    let with = |base: &str, field: &str, value: i64| {
+        let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+        v[field] = value.into();
+        v.to_string()
+    };
+    let refused = |result: Result<(), Error>, field: &str| match result {
+        Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+        other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+    };
+    // The unchanged configs build.
+    let path = write("gpt2_ok.json", gpt2);
+    GPT2LMHeadModel::new(&GPT2Config::from_file(&path).unwrap(), Device::Cpu).unwrap();
+    let path = write("bert_ok.json", bert);
+    BertForMaskedLM::new(&BertConfig::from_file(&path).unwrap(), Device::Cpu).unwrap();
+    let path = write("llama_ok.json", llama);
+    LlamaForCausalLM::new(&LlamaConfig::from_file(&path).unwrap(), Device::Cpu).unwrap();
+    for value in [-3, 0] {
+        for field in ["vocab_size", "n_positions", "n_embd", "n_inner"] {
+            let path = write("gpt2.json", &with(gpt2, field, value));
+            refused(GPT2Config::from_file(&path).map(drop), field);
+        }
+        for field in [
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ] {
+            let path = write("bert.json", &with(bert, field, value));
+            refused(BertConfig::from_file(&path).map(drop), field);
+        }
+        for field in [
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "max_position_embeddings",
+            "head_dim",
+        ] {
+            let path = write("llama.json", &with(llama, field, value));
+            refused(LlamaConfig::from_file(&path).map(drop), field);
+        }
+    }
+    for (base, field) in [
+        (gpt2, "n_layer"),
+        (bert, "num_hidden_layers"),
+        (llama, "num_hidden_layers"),
+    ] {
+        let path = write("layers.json", &with(base, field, -1));
+        let result = match base {
+            b if b == gpt2 => GPT2Config::from_file(&path).map(drop),
+            b if b == bert => BertConfig::from_file(&path).map(drop),
+            _ => LlamaConfig::from_file(&path).map(drop),
+        };
+        refused(result, field);
+    }
+    // A config built in code (not read from a file) is checked by the model's `new`.
+    let mut c = GPT2Config::from_file(&write("gpt2_ok.json", gpt2)).unwrap();
+    c.vocab_size = -3;
+    refused(
+        GPT2LMHeadModel::new(&c, Device::Cpu).map(drop),
+        "vocab_size",
+    );
 }
