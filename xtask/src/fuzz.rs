@@ -32,7 +32,7 @@ pub const TARGETS: [&str; 11] = [
 ];
 
 /// Inputs per target in a run: `cargo xtask test` and `cargo xtask fuzz` without `--runs`.
-pub const DEFAULT_RUNS: u64 = 2000;
+pub const DEFAULT_RUNS: u64 = 5000;
 
 /// The cargo-fuzz release installed into the cache.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
@@ -140,8 +140,9 @@ impl Report {
         let total: u64 = self.executed.iter().map(|(_, n)| n).sum();
         match &self.outcome {
             Outcome::Passed => format!(
-                "fuzz: {} targets, {total} inputs, no crash",
-                self.executed.len()
+                "fuzz: {} target{}, {total} inputs, no crash",
+                self.executed.len(),
+                if self.executed.len() == 1 { "" } else { "s" }
             ),
             Outcome::Skipped(why) => format!("fuzz: skipped ({why})"),
             Outcome::Failed(which) => format!("fuzz: FAILED ({})", which.join("; ")),

@@ -71,7 +71,7 @@ commands:
   fuzz [--runs N] [--seed N] [--sanitizer address|none] [TARGET...]
         setup, then every fuzz target under fuzz/ (one per parser of outside
         input) built with cargo fuzz (nightly; cargo-fuzz is installed into the
-        cache once) and run for N inputs each (default 2000, fixed seed 1) from
+        cache once) and run for N inputs each (default 5000, fixed seed 1) from
         the seeds in fuzz/corpus/<target>/; fails on a crash, with the
         reproducer under target/fuzz/artifacts/<target>/. `test` ends with this.
   help  this text
@@ -79,7 +79,7 @@ commands:
 environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
-  TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 2000; 0 skips fuzzing)
+  TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 5000; 0 skips fuzzing)
 ";
 
 fn main() -> ExitCode {
