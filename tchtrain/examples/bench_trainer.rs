@@ -187,7 +187,7 @@ impl Job {
 
     fn collator(&self) -> Result<Box<dyn DataCollator<Feature> + Send>> {
         Ok(if self.kind == "clm" {
-            Box::new(DefaultDataCollator::default())
+            Box::new(DefaultDataCollator)
         } else {
             let assets = std::env::var_os("TCHTRAIN_ASSETS")
                 .map(PathBuf::from)
