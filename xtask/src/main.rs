@@ -36,14 +36,16 @@ commands:
   test [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
         multi-process tests) and a summary line
-  bench [--micro] [--repeat N] [--threads N]
-        setup, a release build of tchtrain/examples/bench_micro.rs, then N rounds
-        (default 3) alternating it with scripts/bench/bench_micro.py: optimizer step
-        time on 30M parameters and collator tokens/s vs torch / transformers on CPU;
-        prints a table (ratio = python time / tchtrain time, > 1: tchtrain faster)
-        --micro         the micro-benchmarks (the only suite so far; the default)
-        --repeat N      rounds of (Rust run, Python run); medians over rounds
-        --threads N     intra-op threads on both sides (default: the core count,
+  bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
+        setup, release builds of the bench examples, then N rounds (default 2) alternating
+        our Trainer, upstream's Python Trainer (scripts/bench/bench_trainer.py) and a bare
+        tch loop on tiny GPT-2, GPT-2 6x384 and MiniLM classification in fp32 / bf16:
+        tokens/s, median step, peak RSS, ratios, matmul FLOP/s against a measured peak
+        (BENCHMARKS.md)
+        --micro         the micro-benchmarks instead: optimizer step time on 30M
+                        parameters and collator tokens/s vs torch / transformers
+        --repeat N      rounds; medians over rounds
+        --threads N     intra-op threads on every side (default: the core count,
                         libtorch's default)
   demo [--steps N] [--batch-size N] [--max-seq-length N]
         setup, a release build of the run_classification and plot_log_history
