@@ -388,7 +388,7 @@ impl Trainer {
         // dataloader_prefetch_factor (default 2) ahead.
         let mut batches: Box<dyn Iterator<Item = Result<Batch>>> =
             if self.args.dataloader_num_workers > 0 {
-                let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1) as usize;
+                let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1);
                 Box::new(batches.prefetch(depth))
             } else {
                 Box::new(batches)

@@ -126,3 +126,49 @@ pub(crate) fn save_tokenizer(
     }
     Ok(())
 }
+
+/// The `--do_train` part every script shares: train (resuming as
+/// `--resume_from_checkpoint` says), save the model, then `save_extra` (what a script writes
+/// beside it, e.g. label names) and the tokenizer when this process saves, then log and
+/// write `train_results.json` (with `train_samples` when known) and `trainer_state.json`.
+pub(crate) fn do_train(
+    trainer: &mut crate::trainer::Trainer,
+    tok: &ExampleTokenizer,
+    model_dir: &Path,
+    tokenizer_name: Option<&str>,
+    train_samples: Option<usize>,
+    save_extra: impl FnOnce(&Path) -> Result<()>,
+) -> Result<crate::metrics::Metrics> {
+    let resume = resume_point(&trainer.args)?;
+    let result = trainer.train(resume)?;
+    let saved = trainer.save_model(None)?;
+    if trainer.args.should_save() {
+        save_extra(&saved)?;
+        save_tokenizer(tok, model_dir, tokenizer_name, &saved)?;
+    }
+    let mut metrics = result.metrics;
+    if let Some(n) = train_samples {
+        metrics.insert("train_samples".into(), n as f64);
+    }
+    trainer.log_metrics("train", &metrics);
+    trainer.save_metrics("train", &metrics, true)?;
+    trainer.save_state()?;
+    Ok(metrics)
+}
+
+/// The `--do_eval` part every script shares: evaluate, add `eval_samples` (and the
+/// perplexity for language models), log and write `eval_results.json`.
+pub(crate) fn do_eval(
+    trainer: &mut crate::trainer::Trainer,
+    eval_samples: usize,
+    perplexity: bool,
+) -> Result<crate::metrics::Metrics> {
+    let mut metrics = trainer.evaluate(None, "eval")?;
+    metrics.insert("eval_samples".into(), eval_samples as f64);
+    if perplexity && let Some(loss) = metrics.get("eval_loss").copied() {
+        metrics.insert("perplexity".into(), loss.exp());
+    }
+    trainer.log_metrics("eval", &metrics);
+    trainer.save_metrics("eval", &metrics, true)?;
+    Ok(metrics)
+}

@@ -396,37 +396,22 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     if training.do_train {
-        let resume = common::resume_point(&training)?;
-        let result = trainer.train(resume)?;
-        let saved = trainer.save_model(None)?;
-        if training.should_save() {
-            common::save_tokenizer(&tok, &dir, clm.tokenizer_name.as_deref(), &saved)?;
-        }
-        let mut metrics = result.metrics;
-        if !clm.streaming {
-            metrics.insert(
-                "train_samples".into(),
-                clm.max_train_samples.map_or(n_train, |m| m.min(n_train)) as f64,
-            );
-        }
-        trainer.log_metrics("train", &metrics);
-        trainer.save_metrics("train", &metrics, true)?;
-        trainer.save_state()?;
-        out.train_metrics = Some(metrics);
+        // A stream has no length to report.
+        let samples =
+            (!clm.streaming).then(|| clm.max_train_samples.map_or(n_train, |m| m.min(n_train)));
+        out.train_metrics = Some(common::do_train(
+            &mut trainer,
+            &tok,
+            &dir,
+            clm.tokenizer_name.as_deref(),
+            samples,
+            |_| Ok(()),
+        )?);
     }
 
     if training.do_eval {
-        let mut metrics = trainer.evaluate(None, "eval")?;
-        metrics.insert(
-            "eval_samples".into(),
-            clm.max_eval_samples.map_or(n_eval, |m| m.min(n_eval)) as f64,
-        );
-        if let Some(loss) = metrics.get("eval_loss").copied() {
-            metrics.insert("perplexity".into(), loss.exp());
-        }
-        trainer.log_metrics("eval", &metrics);
-        trainer.save_metrics("eval", &metrics, true)?;
-        out.eval_metrics = Some(metrics);
+        let samples = clm.max_eval_samples.map_or(n_eval, |m| m.min(n_eval));
+        out.eval_metrics = Some(common::do_eval(&mut trainer, samples, true)?);
     }
     Ok(out)
 }

@@ -497,29 +497,18 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     if training.do_train {
-        let resume = common::resume_point(&training)?;
-        let result = trainer.train(resume)?;
-        let saved = trainer.save_model(None)?;
-        if training.should_save() {
-            common::save_tokenizer(&tok, &dir, mlm.tokenizer_name.as_deref(), &saved)?;
-        }
-        let mut metrics = result.metrics;
-        metrics.insert("train_samples".into(), n_train as f64);
-        trainer.log_metrics("train", &metrics);
-        trainer.save_metrics("train", &metrics, true)?;
-        trainer.save_state()?;
-        out.train_metrics = Some(metrics);
+        out.train_metrics = Some(common::do_train(
+            &mut trainer,
+            &tok,
+            &dir,
+            mlm.tokenizer_name.as_deref(),
+            Some(n_train),
+            |_| Ok(()),
+        )?);
     }
 
     if training.do_eval {
-        let mut metrics = trainer.evaluate(None, "eval")?;
-        metrics.insert("eval_samples".into(), n_eval as f64);
-        if let Some(loss) = metrics.get("eval_loss").copied() {
-            metrics.insert("perplexity".into(), loss.exp());
-        }
-        trainer.log_metrics("eval", &metrics);
-        trainer.save_metrics("eval", &metrics, true)?;
-        out.eval_metrics = Some(metrics);
+        out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, true)?);
     }
     Ok(out)
 }

@@ -769,26 +769,17 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     if training.do_train {
-        let resume = common::resume_point(&training)?;
-        let result = trainer.train(resume)?;
-        let saved = trainer.save_model(None)?;
-        if training.should_save() {
-            write_label_names(&saved, &labels, &ner.task_name)?;
-            common::save_tokenizer(&tok, &dir, ner.tokenizer_name.as_deref(), &saved)?;
-        }
-        let mut metrics = result.metrics;
-        metrics.insert("train_samples".into(), n_train as f64);
-        trainer.log_metrics("train", &metrics);
-        trainer.save_metrics("train", &metrics, true)?;
-        trainer.save_state()?;
-        out.train_metrics = Some(metrics);
+        out.train_metrics = Some(common::do_train(
+            &mut trainer,
+            &tok,
+            &dir,
+            ner.tokenizer_name.as_deref(),
+            Some(n_train),
+            |saved| write_label_names(saved, &labels, &ner.task_name),
+        )?);
     }
     if training.do_eval {
-        let mut metrics = trainer.evaluate(None, "eval")?;
-        metrics.insert("eval_samples".into(), n_eval as f64);
-        trainer.log_metrics("eval", &metrics);
-        trainer.save_metrics("eval", &metrics, true)?;
-        out.eval_metrics = Some(metrics);
+        out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, false)?);
     }
     if let Some(ds) = test_ds {
         let prediction = trainer.predict(Arc::new(ds), "predict")?;
