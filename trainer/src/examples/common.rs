@@ -172,3 +172,40 @@ pub(crate) fn do_eval(
     trainer.save_metrics("eval", &metrics, true)?;
     Ok(metrics)
 }
+
+/// The rows of a text data file for the language-modelling scripts: the lines of a `.txt`
+/// (or `.txt.bz2`; the `datasets` text loader, line breaks kept as asked), else the `text`
+/// column (or the first one) of a CSV / JSON file.
+pub(crate) fn read_text_rows(path: &str, keep_linebreaks: bool) -> Result<Vec<String>> {
+    let lower = path.to_ascii_lowercase();
+    if lower.ends_with(".txt.bz2") {
+        let text = crate::table::read_text_maybe_bz2(path)?;
+        return Ok(crate::text::split_lines(&text, keep_linebreaks));
+    }
+    if lower.ends_with(".txt") {
+        return crate::text::load_text_lines(path, keep_linebreaks);
+    }
+    let table = crate::table::Table::read(path)?;
+    let column = if table.columns().iter().any(|c| c == "text") {
+        "text".to_string()
+    } else {
+        table
+            .columns()
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::EmptyDataset {
+                what: "training",
+                hint: format!(": {path} has no columns"),
+            })?
+    };
+    Ok(table
+        .column(&column)?
+        .into_iter()
+        .map(crate::table::cell_text)
+        .collect())
+}
+
+/// `datasets`' percent slice boundary (`rounding="closest"`): `round(p * n / 100)`.
+pub(crate) fn split_boundary(percent: usize, n: usize) -> usize {
+    (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
+}

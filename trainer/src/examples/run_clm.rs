@@ -33,8 +33,7 @@ use super::common::{self, load_example_tokenizer};
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
 use crate::metrics::{EvalPrediction, Metrics};
-use crate::table::{Table, cell_text};
-use crate::text::{CausalLmTextStream, group_texts, load_text_lines, tokenize_lines};
+use crate::text::{CausalLmTextStream, group_texts, tokenize_lines};
 use crate::trainer::Trainer;
 
 /// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
@@ -135,38 +134,6 @@ where
     let mut clm = ClmArguments::default();
     let training = args::parse(argv, HELP, &mut clm)?;
     Ok((clm, training))
-}
-
-/// The rows of a data file: lines of a `.txt`, else the `text` column (or the first one)
-/// of a CSV / JSON file.
-fn read_rows(path: &str, keep_linebreaks: bool) -> Result<Vec<String>> {
-    let lower = path.to_ascii_lowercase();
-    if lower.ends_with(".txt") || lower.ends_with(".txt.bz2") {
-        if lower.ends_with(".bz2") {
-            let text = crate::table::read_text_maybe_bz2(path)?;
-            return Ok(crate::text::split_lines(&text, keep_linebreaks));
-        }
-        return load_text_lines(path, keep_linebreaks);
-    }
-    let table = Table::read(path)?;
-    let column = if table.columns().iter().any(|c| c == "text") {
-        "text".to_string()
-    } else {
-        table
-            .columns()
-            .first()
-            .cloned()
-            .ok_or_else(|| Error::EmptyDataset {
-                what: "training",
-                hint: format!(": {path} has no columns"),
-            })?
-    };
-    Ok(table.column(&column)?.into_iter().map(cell_text).collect())
-}
-
-/// `datasets`' percent slice boundary (`rounding="closest"`): `round(p * n / 100)`.
-fn split_boundary(percent: usize, n: usize) -> usize {
-    (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
 }
 
 /// Tokenized, grouped blocks of `lines`, the first `max_samples` kept.
@@ -303,20 +270,24 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
                 detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
             });
         }
-        (Some(_), Some(valid)) if clm.streaming => {
-            (Vec::new(), read_rows(valid, clm.keep_linebreaks)?)
-        }
+        (Some(_), Some(valid)) if clm.streaming => (
+            Vec::new(),
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
+        ),
         (Some(train), Some(valid)) => (
-            read_rows(train, clm.keep_linebreaks)?,
-            read_rows(valid, clm.keep_linebreaks)?,
+            common::read_text_rows(train, clm.keep_linebreaks)?,
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
         ),
         (Some(train), None) => {
-            let mut lines = read_rows(train, clm.keep_linebreaks)?;
-            let cut = split_boundary(clm.validation_split_percentage, lines.len());
+            let mut lines = common::read_text_rows(train, clm.keep_linebreaks)?;
+            let cut = common::split_boundary(clm.validation_split_percentage, lines.len());
             let train_part = lines.split_off(cut);
             (train_part, lines)
         }
-        (None, Some(valid)) => (Vec::new(), read_rows(valid, clm.keep_linebreaks)?),
+        (None, Some(valid)) => (
+            Vec::new(),
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
+        ),
     };
 
     let train_ds = if training.do_train && !clm.streaming {
@@ -422,10 +393,10 @@ mod tests {
 
     #[test]
     fn percent_split_rounds_like_datasets() {
-        assert_eq!(split_boundary(5, 100), 5);
-        assert_eq!(split_boundary(5, 50), 2); // 2.5 rounds to even
-        assert_eq!(split_boundary(5, 70), 4); // 3.5 rounds to even
-        assert_eq!(split_boundary(0, 70), 0);
+        assert_eq!(common::split_boundary(5, 100), 5);
+        assert_eq!(common::split_boundary(5, 50), 2); // 2.5 rounds to even
+        assert_eq!(common::split_boundary(5, 70), 4); // 3.5 rounds to even
+        assert_eq!(common::split_boundary(0, 70), 0);
     }
 
     #[test]

@@ -45,8 +45,7 @@ use super::common::{self, load_example_tokenizer};
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
 use crate::metrics::{EvalPrediction, Metrics};
-use crate::table::{Table, cell_text};
-use crate::text::{DEFAULT_MAP_BATCH_SIZE, load_text_lines};
+use crate::text::DEFAULT_MAP_BATCH_SIZE;
 use crate::trainer::Trainer;
 
 /// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
@@ -186,33 +185,6 @@ where
 {
     let (mlm, training) = parse_args(argv)?;
     run(&mlm, training)
-}
-
-/// The rows of a data file: lines of a `.txt` (the `datasets` text loader, line breaks
-/// dropped), else the `text` column (or the first one) of a CSV / JSON file.
-fn read_rows(path: &str) -> Result<Vec<String>> {
-    if path.to_ascii_lowercase().ends_with(".txt") {
-        return load_text_lines(path, false);
-    }
-    let table = Table::read(path)?;
-    let column = if table.columns().iter().any(|c| c == "text") {
-        "text".to_string()
-    } else {
-        table
-            .columns()
-            .first()
-            .cloned()
-            .ok_or_else(|| Error::EmptyDataset {
-                what: "training",
-                hint: format!(": {path} has no columns"),
-            })?
-    };
-    Ok(table.column(&column)?.into_iter().map(cell_text).collect())
-}
-
-/// `datasets`' percent slice boundary (`rounding="closest"`): `round(p * n / 100)`.
-fn split_boundary(percent: usize, n: usize) -> usize {
-    (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
 }
 
 /// Python's `str.isspace()` (true for a non-empty all-whitespace string).
@@ -385,14 +357,17 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
                 detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
             });
         }
-        (Some(train), Some(valid)) => (read_rows(train)?, read_rows(valid)?),
+        (Some(train), Some(valid)) => (
+            common::read_text_rows(train, false)?,
+            common::read_text_rows(valid, false)?,
+        ),
         (Some(train), None) => {
-            let mut lines = read_rows(train)?;
-            let cut = split_boundary(mlm.validation_split_percentage, lines.len());
+            let mut lines = common::read_text_rows(train, false)?;
+            let cut = common::split_boundary(mlm.validation_split_percentage, lines.len());
             let train_part = lines.split_off(cut);
             (train_part, lines)
         }
-        (None, Some(valid)) => (Vec::new(), read_rows(valid)?),
+        (None, Some(valid)) => (Vec::new(), common::read_text_rows(valid, false)?),
     };
 
     let tokenization = Tokenization {
@@ -547,7 +522,7 @@ mod tests {
     fn blank_lines_as_python_isspace() {
         assert!(is_blank(" \t\x1c"));
         assert!(!is_blank(" a "));
-        assert_eq!(split_boundary(10, 300), 30);
+        assert_eq!(common::split_boundary(10, 300), 30);
         let (mlm, t) = parse_args([
             "--line_by_line",
             "--mlm_probability",
