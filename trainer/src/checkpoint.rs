@@ -352,13 +352,11 @@ impl Trainer {
             if let Some(sched) = &self.lr_scheduler {
                 sched.save(&tmp)?;
             }
-            let sampler = self.get_train_dataloader().ok();
+            let (sampler, sampler_seed) = self.train_order();
             let rng = RngState {
                 seed: self.args.seed,
-                sampler: sampler
-                    .as_ref()
-                    .map_or_else(|| "none".into(), |l| l.sampler().name().to_string()),
-                sampler_seed: sampler.as_ref().and_then(|l| l.sampler().seed()),
+                sampler,
+                sampler_seed,
                 global_step: self.state.global_step,
                 epoch: self.state.epoch,
             };
@@ -427,16 +425,12 @@ pub(crate) fn check_rng_state(dir: &Path, trainer: &Trainer) -> Result<()> {
         path: path.clone(),
         source,
     })?;
-    if let Ok(loader) = trainer.get_train_dataloader()
-        && (loader.sampler().name() != saved.sampler
-            || loader.sampler().seed() != saved.sampler_seed)
-    {
+    let (sampler, sampler_seed) = trainer.train_order();
+    if sampler != saved.sampler || sampler_seed != saved.sampler_seed {
         log::warn!(
-            "The checkpoint's data order ({} sampler, seed {:?}) differs from this run's ({} sampler, seed {:?}); the resumed run will not see the same batches.",
+            "The checkpoint's data order ({} sampler, seed {:?}) differs from this run's ({sampler} sampler, seed {sampler_seed:?}); the resumed run will not see the same batches.",
             saved.sampler,
             saved.sampler_seed,
-            loader.sampler().name(),
-            loader.sampler().seed()
         );
     }
     tch::manual_seed(saved.seed as i64);

@@ -419,6 +419,25 @@ impl Trainer {
         }
     }
 
+    /// The training order's name and seed, as checkpoints record them (`"none"` without
+    /// training data), without building the sampler (`group_by_length` would read every
+    /// row for its lengths at each save).
+    pub(crate) fn train_order(&self) -> (String, Option<u64>) {
+        if self.train_stream.is_some() {
+            return ("stream".into(), None);
+        }
+        if self.train_dataset.is_none() {
+            return ("none".into(), None);
+        }
+        match &self.train_sampler {
+            Some(s) => (s.name().to_string(), s.seed()),
+            None => match self.args.train_sampling_strategy.as_str() {
+                "random" => ("random".into(), Some(self.args.sampler_seed())),
+                other => (other.to_string(), None),
+            },
+        }
+    }
+
     /// Upstream `get_train_dataloader`: `train_batch_size` rows per batch in the order of
     /// the sampler (`train_sampling_strategy`: `"random"`, `"sequential"` or
     /// `"group_by_length"`, or the one
