@@ -29,7 +29,9 @@
 //! and the step's parts (medians): `median_forward_backward_ms` (step begin to
 //! `on_pre_optimizer_step`: forward, loss, backward, the loop's bookkeeping, clipping),
 //! `median_optimizer_ms` (to `on_optimizer_step`) and `median_after_optimizer_ms` (scheduler,
-//! zero grad, state, callbacks, to step end).
+//! zero grad, state, callbacks, to step end), and the caching CPU allocator's counters
+//! (`cpu_cache_hits`, `cpu_cache_misses`, `cpu_cache_peak_mb`: see `CpuMemoryCache`; both the
+//! Trainer and the bare loop hold it, `TCHTRAIN_CPU_CACHE_MB=0` turns it off).
 //!
 //! ```sh
 //! cargo run --release --example bench_trainer -p tchtrain -- --data DIR --job gpt2_tiny
@@ -396,6 +398,7 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
     let tokens: i64 = measured.iter().map(|(b, s)| b * s).sum();
     let flops: f64 = measured.iter().map(|&(b, s)| job.matmul_flops(b, s)).sum();
     let wall = (record.end[total - 1] - record.end[w - 1]).as_secs_f64();
+    let cache = tchtrain::trainer::CpuMemoryCache::stats();
     Ok(json!({
         "job": job.name,
         "precision": if o.bf16 { "bf16" } else { "fp32" },
@@ -404,6 +407,9 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
         "median_step_ms": median(steps.clone()),
         "min_step_ms": steps.iter().copied().fold(f64::INFINITY, f64::min),
         "peak_rss_mb": peak_rss_mb(),
+        "cpu_cache_hits": cache.hits,
+        "cpu_cache_misses": cache.misses,
+        "cpu_cache_peak_mb": cache.peak_cached_bytes as f64 / (1u64 << 20) as f64,
         "steps": steps.len(),
         "tokens": tokens,
         "threads": tch::get_num_threads(),
@@ -438,6 +444,8 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
 fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let args = job.args(&out, o.bf16)?;
+    // The Trainer holds the caching CPU allocator while it trains; so does the bare loop.
+    let _cache = tchtrain::trainer::CpuMemoryCache::from_env();
     tch::manual_seed(args.seed as i64);
     let mut model = job.load_model()?;
     model.train();

@@ -27,6 +27,7 @@ impl Trainer {
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
+        let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
         let loader = self.get_eval_dataloader(eval_dataset)?;
         let start = Instant::now();
         // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.

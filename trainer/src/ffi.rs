@@ -155,3 +155,37 @@ pub(crate) fn set_rng_state(device: Device, state: &Tensor) -> Result<()> {
     // SAFETY: `state` is a live tensor borrowed for the call.
     check(unsafe { tchtrain_trainer_set_rng_state(code, index, state.as_ptr()) })
 }
+
+unsafe extern "C" {
+    fn tchtrain_trainer_cpu_cache_acquire(limit: u64) -> bool;
+    fn tchtrain_trainer_cpu_cache_release();
+    fn tchtrain_trainer_cpu_cache_stats(
+        hits: *mut u64,
+        misses: *mut u64,
+        cached: *mut u64,
+        peak_cached: *mut u64,
+    );
+}
+
+/// Installs `csrc/cpu_cache.cpp`'s caching allocator as libtorch's CPU allocator, or joins
+/// its current holders; `limit` caps the bytes of free blocks it keeps. False when another
+/// allocator of higher priority is in place (nothing changed then).
+pub(crate) fn cpu_cache_acquire(limit: u64) -> bool {
+    // SAFETY: a plain value; the shim catches every C++ exception.
+    unsafe { tchtrain_trainer_cpu_cache_acquire(limit) }
+}
+
+/// Leaves the holders; the last one restores the previous allocator and frees the cache.
+pub(crate) fn cpu_cache_release() {
+    // SAFETY: no arguments; the shim catches every C++ exception.
+    unsafe { tchtrain_trainer_cpu_cache_release() }
+}
+
+/// (reuses, fresh large allocations, bytes cached now, most bytes cached at once), counted
+/// since the process started.
+pub(crate) fn cpu_cache_stats() -> (u64, u64, u64, u64) {
+    let (mut hits, mut misses, mut cached, mut peak) = (0, 0, 0, 0);
+    // SAFETY: the out-pointers point at live locals for the duration of the call.
+    unsafe { tchtrain_trainer_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak) };
+    (hits, misses, cached, peak)
+}

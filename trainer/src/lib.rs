@@ -13,6 +13,7 @@
 //! names follow upstream so a transformers user finds each concept where they expect it.
 
 mod checkpoint;
+mod cpu_cache;
 mod data_loader;
 mod dataset;
 mod distributed;
@@ -44,6 +45,10 @@ pub use checkpoint::{
     PREFIX_CHECKPOINT_DIR, RNG_GENERATOR_STATE_NAME, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME,
     TRAINING_ARGS_NAME, get_last_checkpoint, load_model_weights, rotate_checkpoints,
     sort_checkpoints,
+};
+pub use cpu_cache::{
+    CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,
+    LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
 pub use data_loader::{DataLoader, EpochIter, Prefetch, SharedCollator, shared_collator};
 pub use dataset::{Dataset, FeatureStream, InMemoryDataset, IterableDataset};

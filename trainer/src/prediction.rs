@@ -37,6 +37,7 @@ impl Trainer {
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {
+        let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
         let loader = self.get_eval_dataloader(Some(test_dataset))?;
         let start = Instant::now();
         let prediction_loss_only = self.args.prediction_loss_only;

@@ -60,12 +60,17 @@ impl Trainer {
     /// the current optimizer step, saves a checkpoint at that step and returns normally; a
     /// second signal exits the process at once (status 130 / 143). The previous handlers
     /// are restored when `train` returns.
+    ///
+    /// While it runs, libtorch's CPU allocator keeps freed large blocks for reuse
+    /// ([`CpuMemoryCache`](crate::CpuMemoryCache); `TCHTRAIN_CPU_CACHE_MB=0` turns it off).
     pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
         if self.args.enable_jit_checkpoint {
             let guard = crate::signals::StopSignals::install().map_err(Error::Signal)?;
             self.loop_state.stop_signals = Some(guard);
         }
+        let cache = crate::cpu_cache::CpuMemoryCache::from_env();
         let out = self.train_inner(resume_from_checkpoint);
+        drop(cache);
         // Dropping the guard restores the previous handlers.
         self.loop_state.stop_signals = None;
         out
