@@ -260,7 +260,7 @@ impl BertModel {
                 &to_heads(h.apply(&l.query)),
                 &to_heads(h.apply(&l.key)),
                 &to_heads(h.apply(&l.value)),
-                mask.as_ref(),
+                &mask,
                 attn_p,
                 scale,
             );

@@ -223,7 +223,7 @@ impl GPT2Model {
                 &to_heads(&qkv[0]),
                 &to_heads(&qkv[1]),
                 &to_heads(&qkv[2]),
-                mask.as_ref(),
+                &mask,
                 attn_p,
                 b.scaling,
             );

@@ -72,7 +72,9 @@ pub(crate) fn check_ids(ids: &tch::Tensor, vocab: i64, max_positions: i64) -> Re
             ),
         });
     }
-    let (min, max) = (ids.min().int64_value(&[]), ids.max().int64_value(&[]));
+    // One read of both ends (a single device synchronisation when the ids are on a GPU).
+    let ends = tch::Tensor::stack(&[ids.min(), ids.max()], 0).to_device(tch::Device::Cpu);
+    let (min, max) = (ends.int64_value(&[0]), ends.int64_value(&[1]));
     if min < 0 || max >= vocab {
         return Err(Error::InvalidInput {
             name: "input_ids",

@@ -420,7 +420,7 @@ impl LlamaModel {
                 .transpose(1, 2);
             let q = &q * &cos + rotate_half(&q) * &sin;
             let k = &k * &cos + rotate_half(&k) * &sin;
-            let a = attention::sdpa(&q, &k, &v, mask.as_ref(), attn_p, scale);
+            let a = attention::sdpa(&q, &k, &v, &mask, attn_p, scale);
             let a = a
                 .transpose(1, 2)
                 .reshape([batch, seq, heads * hd])
