@@ -283,11 +283,16 @@ pub trait Optimizer {
     /// Checks a loaded state entry for parameter `index` (required keys, shapes).
     fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()>;
 
-    /// Zeroes the gradients of all parameters (tch has no `set_to_none`).
+    /// Clears the gradients of all parameters: torch's `zero_grad()` with its default
+    /// `set_to_none=True` (`p.grad = None`), so the gradient memory is freed and the next
+    /// backward writes a fresh gradient instead of adding into a buffer of zeros.
     fn zero_grad(&mut self) {
         for group in self.param_groups_mut() {
             for p in &mut group.params {
-                p.zero_grad();
+                // Removing a gradient cannot fail on a parameter; zeroing is the fallback.
+                if crate::grad::set_grad(p, None).is_err() {
+                    p.zero_grad();
+                }
             }
         }
     }
