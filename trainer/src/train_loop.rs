@@ -363,7 +363,9 @@ impl Trainer {
     ) -> Result<()> {
         let ga = self.args.gradient_accumulation_steps;
         let mut step: i64 = -1;
-        let mut grad_norm: Option<f64> = None;
+        // Kept as a tensor until a log reads it (upstream's `.item()` in `_maybe_log_save_evaluate`):
+        // no host synchronisation per step for it.
+        let mut grad_norm: Option<Tensor> = None;
         let mut learning_rate: Option<f64> = None;
         let mut first_update = 0;
         // Upstream restores the generators at the start of the resumed epoch (before the
@@ -445,18 +447,20 @@ impl Trainer {
                 self.track_num_input_tokens(inputs)?;
                 self.prof_mark(Phase::Other);
                 if do_sync_step {
-                    grad_norm = Some(match self.zero_reduce_and_clip()? {
-                        Some(norm) => norm,
+                    let norm = match self.zero_reduce_and_clip()? {
+                        Some(norm) => Tensor::from(norm),
                         None => {
                             self.all_reduce_gradients()?;
                             self.clip_grad_norm(params)?
                         }
-                    });
-                    if self.stop_on_non_finite
-                        && let Some(norm) = grad_norm.filter(|n| !n.is_finite())
-                    {
-                        return self.stop_non_finite(norm);
+                    };
+                    if self.stop_on_non_finite {
+                        let value = norm.f_double_value(&[])?;
+                        if !value.is_finite() {
+                            return self.stop_non_finite(value);
+                        }
                     }
+                    grad_norm = Some(norm);
                     self.callback_handler.on_pre_optimizer_step(
                         &self.args,
                         &self.state,
@@ -500,7 +504,7 @@ impl Trainer {
                         self.control.should_training_stop = true;
                     }
                     self.prof_mark(Phase::Callbacks);
-                    self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
+                    self.maybe_log_save_evaluate(grad_norm.as_ref(), learning_rate, start)?;
                     self.prof_mark(Phase::LogSaveEvaluate);
                     if let Some(p) = self.loop_state.profile.as_mut() {
                         p.step_done();
@@ -531,7 +535,7 @@ impl Trainer {
         self.callback_handler
             .on_epoch_end(&self.args, &self.state, &mut self.control)?;
         self.prof_mark(Phase::Callbacks);
-        self.maybe_log_save_evaluate(grad_norm, learning_rate, start)?;
+        self.maybe_log_save_evaluate(grad_norm.as_ref(), learning_rate, start)?;
         self.prof_mark(Phase::LogSaveEvaluate);
         Ok(())
     }
@@ -622,15 +626,16 @@ impl Trainer {
     }
 
     /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping
-    /// (computed, without clipping, also when `max_grad_norm <= 0`).
-    fn clip_grad_norm(&self, params: &[Tensor]) -> Result<f64> {
-        if let Some(norm) =
-            tchtrain_optim::clip_grad_norm_if_enabled(params, self.args.max_grad_norm)?
-        {
-            return Ok(norm);
-        }
-        let total = tchtrain_optim::clip_grad_norm(params, f64::INFINITY, 2.0, false)?;
-        Ok(total.f_double_value(&[])?)
+    /// (computed, without clipping, also when `max_grad_norm <= 0`), left on the device.
+    fn clip_grad_norm(&self, params: &[Tensor]) -> Result<Tensor> {
+        let max_norm = if self.args.max_grad_norm > 0.0 {
+            self.args.max_grad_norm
+        } else {
+            f64::INFINITY
+        };
+        Ok(tchtrain_optim::clip_grad_norm(
+            params, max_norm, 2.0, false,
+        )?)
     }
 
     /// Upstream `_track_num_input_tokens` (`include_num_input_tokens_seen`).
@@ -655,7 +660,7 @@ impl Trainer {
     /// Upstream `_maybe_log_save_evaluate`.
     fn maybe_log_save_evaluate(
         &mut self,
-        grad_norm: Option<f64>,
+        grad_norm: Option<&Tensor>,
         learning_rate: Option<f64>,
         start: Instant,
     ) -> Result<()> {
@@ -667,7 +672,7 @@ impl Trainer {
             let steps = self.state.global_step - self.loop_state.globalstep_last_logged;
             let mut logs = vec![("loss".to_string(), tr_loss_scalar / steps as f64)];
             if let Some(g) = grad_norm {
-                logs.push(("grad_norm".into(), g));
+                logs.push(("grad_norm".into(), g.f_double_value(&[])?));
             }
             logs.push((
                 "learning_rate".into(),
