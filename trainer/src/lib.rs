@@ -22,6 +22,7 @@ mod evaluation;
 pub mod examples;
 mod ffi;
 mod hooks;
+mod map_cache;
 mod metrics;
 mod model_info;
 mod parallel;
@@ -57,6 +58,9 @@ pub use hooks::{
     DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, autocast_dtype,
     count_num_items_in_batch, default_compute_loss, default_prediction_step, default_training_step,
     model_forward, model_inputs,
+};
+pub use map_cache::{
+    DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows, map_cached,
 };
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,

@@ -178,6 +178,19 @@ impl Table {
         &self.columns
     }
 
+    /// Adds the columns and every cell (not the path) to `fingerprint`: two tables with the
+    /// same content fingerprint alike.
+    pub fn fingerprint_into(&self, fingerprint: &mut crate::map_cache::Fingerprint) {
+        for c in &self.columns {
+            fingerprint.update(c);
+        }
+        for row in &self.rows {
+            for cell in row {
+                fingerprint.update(cell.to_string());
+            }
+        }
+    }
+
     /// Number of rows.
     pub fn len(&self) -> usize {
         self.rows.len()

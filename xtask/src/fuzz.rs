@@ -17,7 +17,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 11] = [
+pub const TARGETS: [&str; 12] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -29,6 +29,7 @@ pub const TARGETS: [&str; 11] = [
     "table_csv",
     "table_json",
     "data_file",
+    "dataset_cache_rows",
 ];
 
 /// Inputs per target in a run: `cargo xtask test` and `cargo xtask fuzz` without `--runs`.

@@ -209,3 +209,11 @@ pub(crate) fn read_text_rows(path: &str, keep_linebreaks: bool) -> Result<Vec<St
 pub(crate) fn split_boundary(percent: usize, n: usize) -> usize {
     (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
 }
+
+/// The tokenizer's JSON (`tokenizer.json`'s content), part of a dataset-cache fingerprint.
+pub(crate) fn tokenizer_json(tokenizer: &Tokenizer) -> Result<String> {
+    tokenizer.to_string(false).map_err(|e| Error::Tokenizer {
+        what: "serializing the tokenizer for the dataset cache".into(),
+        detail: e.to_string(),
+    })
+}

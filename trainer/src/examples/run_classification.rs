@@ -40,10 +40,11 @@ use tchtrain_training_args::TrainingArguments;
 
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
-use super::common::{self, load_example_tokenizer};
+use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::split;
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
+use crate::map_cache::{Fingerprint, MapCache, map_cached};
 use crate::metrics::{EvalPrediction, Metrics};
 use crate::sampler::randperm;
 use crate::table::Table;
@@ -88,6 +89,9 @@ pub struct ClassificationArguments {
     /// `--validation_split_percentage P` (not upstream; run_clm's flag): without
     /// `--validation_file`, hold out P % of the training rows (seeded by `shuffle_seed`).
     pub validation_split_percentage: Option<usize>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](crate::MapCache)).
+    pub overwrite_cache: bool,
 }
 
 impl Default for ClassificationArguments {
@@ -109,6 +113,7 @@ impl Default for ClassificationArguments {
             max_eval_samples: None,
             label_filter: None,
             validation_split_percentage: None,
+            overwrite_cache: false,
         }
     }
 }
@@ -135,6 +140,9 @@ script flags:
   --validation_split_percentage P
                               without --validation_file: hold out P% of the training rows,
                               drawn with --shuffle_seed, for evaluation (not upstream)
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --preprocessing_num_workers N
+                              accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
 ";
 
 impl ScriptFlags for ClassificationArguments {
@@ -165,6 +173,10 @@ impl ScriptFlags for ClassificationArguments {
             }
             "validation_split_percentage" => {
                 self.validation_split_percentage = Some(args::number(name, value)?);
+            }
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "preprocessing_num_workers" => {
+                args::number::<usize>(name, value)?;
             }
             _ => return Ok(false),
         }
@@ -316,12 +328,26 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         with_token_type_ids,
         pad_token_id: tok.info.pad_token_id.unwrap_or(0).max(0) as u32,
     };
+    let cache = MapCache::from_env();
     let prepare = |table: &Table, max: Option<usize>| -> Result<InMemoryDataset> {
         let table = match max {
             Some(n) => table.select(&(0..n.min(table.len())).collect::<Vec<_>>())?,
             None => table.clone(),
         };
-        tokenize_text_classification(&table, &tok.tokenizer, &labels, &options)
+        let mut fingerprint = Fingerprint::new("run_classification.preprocess_function");
+        fingerprint
+            .update(tokenizer_json(&tok.tokenizer)?)
+            .update(format!("{labels:?}"))
+            .update(format!("{options:?}"));
+        table.fingerprint_into(&mut fingerprint);
+        let rows = map_cached(cache.as_ref(), &fingerprint, cls.overwrite_cache, || {
+            Ok(
+                tokenize_text_classification(&table, &tok.tokenizer, &labels, &options)?
+                    .rows()
+                    .to_vec(),
+            )
+        })?;
+        Ok(InMemoryDataset::new(rows))
     };
     let train_ds = match (&train_table, training.do_train) {
         (Some(t), true) => Some(prepare(t, cls.max_train_samples)?),

@@ -24,14 +24,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
+use tchtrain_collators::Feature;
 use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir};
 use tchtrain_training_args::TrainingArguments;
 
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
-use super::common::{self, load_example_tokenizer};
+use super::common::{self, load_example_tokenizer, tokenizer_json};
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
+use crate::map_cache::{Fingerprint, MapCache, map_cached};
 use crate::metrics::{EvalPrediction, Metrics};
 use crate::text::{CausalLmTextStream, group_texts, tokenize_lines};
 use crate::trainer::Trainer;
@@ -61,6 +63,9 @@ pub struct ClmArguments {
     /// `--streaming`: read the training file as a stream (a `.txt` file, 1000 lines at a
     /// time, as the training goes); needs `--max_steps`.
     pub streaming: bool,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached tokens
+    /// ([`MapCache`](crate::MapCache)).
+    pub overwrite_cache: bool,
 }
 
 impl Default for ClmArguments {
@@ -76,6 +81,7 @@ impl Default for ClmArguments {
             max_eval_samples: None,
             keep_linebreaks: true,
             streaming: false,
+            overwrite_cache: false,
         }
     }
 }
@@ -95,6 +101,9 @@ script flags:
   --max_eval_samples N        keep the first N evaluation blocks
   --keep_linebreaks BOOL      keep line breaks in .txt rows (default: true)
   --streaming [BOOL]          stream the .txt training file instead of loading it (needs --max_steps)
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached tokens
+  --preprocessing_num_workers N
+                              accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
 ";
 
 impl ScriptFlags for ClmArguments {
@@ -118,6 +127,10 @@ impl ScriptFlags for ClmArguments {
             "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
             "keep_linebreaks" => self.keep_linebreaks = args::boolean(name, value)?,
             "streaming" => self.streaming = args::boolean(name, value)?,
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "preprocessing_num_workers" => {
+                args::number::<usize>(name, value)?;
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -136,14 +149,28 @@ where
     Ok((clm, training))
 }
 
-/// Tokenized, grouped blocks of `lines`, the first `max_samples` kept.
+/// Tokenized, grouped blocks of `lines`, the first `max_samples` kept. The tokens come from
+/// the dataset cache when an earlier run tokenized the same lines with the same tokenizer.
 fn blocks(
     lines: &[String],
     tokenizer: &Tokenizer,
     block_size: usize,
     max_samples: Option<usize>,
+    overwrite_cache: bool,
 ) -> Result<InMemoryDataset> {
-    let ids = tokenize_lines(tokenizer, lines)?;
+    let mut fingerprint = Fingerprint::new("run_clm.tokenize_function");
+    fingerprint.update(tokenizer_json(tokenizer)?);
+    for line in lines {
+        fingerprint.update(line);
+    }
+    let cache = MapCache::from_env();
+    let rows = map_cached(cache.as_ref(), &fingerprint, overwrite_cache, || {
+        Ok(tokenize_lines(tokenizer, lines)?
+            .into_iter()
+            .map(Feature::new)
+            .collect())
+    })?;
+    let ids: Vec<Vec<i64>> = rows.into_iter().map(|r| r.input_ids).collect();
     let ds = InMemoryDataset::new(group_texts(&ids, block_size, None)?);
     Ok(match max_samples {
         Some(n) => ds.take(n),
@@ -302,6 +329,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
             &tok.tokenizer,
             block_size,
             clm.max_train_samples,
+            clm.overwrite_cache,
         )?;
         if ds.is_empty() {
             return Err(Error::EmptyDataset {
@@ -319,6 +347,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
             &tok.tokenizer,
             block_size,
             clm.max_eval_samples,
+            clm.overwrite_cache,
         )?;
         if ds.is_empty() {
             return Err(Error::EmptyDataset {
