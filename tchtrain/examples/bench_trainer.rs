@@ -444,11 +444,12 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
 fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let args = job.args(&out, o.bf16)?;
-    // The Trainer holds the caching CPU allocator while it trains; so does the bare loop.
-    let _cache = tchtrain::trainer::CpuMemoryCache::from_env();
     tch::manual_seed(args.seed as i64);
     let mut model = job.load_model()?;
     model.train();
+    // The Trainer holds the caching CPU allocator from the start of `train` (the model
+    // already loaded); so does the bare loop.
+    let _cache = tchtrain::trainer::CpuMemoryCache::from_env();
     let named = named_parameters(&*model);
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();

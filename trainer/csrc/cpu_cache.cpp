@@ -5,9 +5,9 @@
 // [batch, seq, 50257] logits, their gradient, the log-softmax) maps, faults in, zeroes and
 // unmaps hundreds of MB of pages per step; that page-fault work was ~18 % of a CPU step and
 // made steps ~2x longer than with the memory kept. This is the CPU side of what torch's CUDA
-// caching allocator does: blocks of at least `kMinCached` bytes are kept when freed and handed
-// to the next request of a close size (best fit, at most 1/8 larger), in place of a fresh
-// mapping. Before a request no cached block fits gets fresh memory, the oldest cached blocks are
+// caching allocator does: requests of at least `kMinCached` bytes are rounded up to one of 8
+// sizes per power of two, and their blocks are kept when freed and handed to the next request
+// of a close size (best fit, at most 1/8 larger), in place of a fresh mapping. Before a request no cached block fits gets fresh memory, the oldest cached blocks are
 // freed until the memory held (in use + cached) stays within the most ever in use at once plus
 // 1/4, so the cache adds at most that 1/4 to the peak; the free blocks kept are also capped
 // (`limit` bytes). Smaller requests go straight to c10::alloc_cpu, as with libtorch's default
@@ -52,7 +52,7 @@ class CachingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     void* ptr = nullptr;
     if (n >= kMinCached) {
-      ptr = take(n);
+      ptr = take(size_class(n));
     } else {
       ptr = c10::alloc_cpu(n);
     }
@@ -113,6 +113,14 @@ class CachingCpuAllocator final : public c10::Allocator {
   using Fifo = std::list<Block>;
 
   static void deleter(void* ptr) { instance().give_back(ptr); }
+
+  // `n` rounded up to one of 8 sizes per power of two (at most 1/8 more), so requests of
+  // nearby sizes (a batch padded to 100 or to 104 tokens) share blocks.
+  static size_t size_class(size_t n) {
+    size_t p = size_t(1) << (63 - __builtin_clzll(static_cast<unsigned long long>(n)));
+    size_t step = p / 8;
+    return (n + step - 1) / step * step;
+  }
 
   void* take(size_t n) {
     {

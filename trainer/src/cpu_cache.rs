@@ -6,8 +6,9 @@
 //! them again at every step: ~18 % of a step's time went to page faults, and steps took about
 //! twice as long as with the memory kept (BENCHMARKS.md, "Where the time goes"). PyTorch keeps
 //! freed GPU memory in its CUDA caching allocator but has no such cache on the CPU. While a
-//! [`CpuMemoryCache`] is held, libtorch's CPU allocations of 1 MiB or more come from a cache of
-//! freed blocks (best fit, at most 1/8 larger than asked). Before a request that no cached block
+//! [`CpuMemoryCache`] is held, libtorch's CPU allocations of 1 MiB or more are rounded up to one
+//! of 8 sizes per power of two (so nearby sizes, e.g. batches padded to different lengths,
+//! share blocks) and come from a cache of freed blocks (best fit, at most 1/8 larger). Before a request that no cached block
 //! fits gets fresh memory, the oldest cached blocks are released until the memory held (in use
 //! plus cached) is within the most ever in use at once plus 1/4, so the cache raises the peak
 //! resident memory by at most a quarter of the large blocks' peak (measured: from −100 to

@@ -66,6 +66,15 @@ fn large_blocks_are_reused_while_held_and_released_after() {
         "a block above the cap is not kept"
     );
 
+    // Sizes round up to 8 classes per power of two: 4 MiB + 4 bytes and 4.25 MiB are both
+    // served a 4.5 MiB block, so the second reuses the first's.
+    let a = Tensor::empty([MIB + 1], (Kind::Float, Device::Cpu));
+    let ptr = a.data_ptr();
+    drop(a);
+    let b = Tensor::empty([MIB + MIB / 16], (Kind::Float, Device::Cpu));
+    assert_eq!(b.data_ptr(), ptr);
+    drop(b);
+
     // Nested holders share the cache; the last one to drop empties it.
     let inner = CpuMemoryCache::with_limit(64 * MIB as u64).expect("joins");
     drop(inner);
