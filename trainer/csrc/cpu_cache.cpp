@@ -7,11 +7,12 @@
 // made steps ~2x longer than with the memory kept. This is the CPU side of what torch's CUDA
 // caching allocator does: requests of at least `kMinCached` bytes are rounded up to one of 8
 // sizes per power of two, and their blocks are kept when freed and handed to the next request
-// of a close size (best fit, at most 1/8 larger), in place of a fresh mapping. Before a request no cached block fits gets fresh memory, the oldest cached blocks are
-// freed until the memory held (in use + cached) stays within the most ever in use at once plus
-// 1/4, so the cache adds at most that 1/4 to the peak; the free blocks kept are also capped
-// (`limit` bytes). Smaller requests go straight to c10::alloc_cpu, as with libtorch's default
-// allocator.
+// they fit (the smallest cached block at least as large, if at most twice as large; the whole
+// block counts as in use), in place of a fresh mapping. Before a request no cached block fits
+// gets fresh memory, the oldest cached blocks are freed until the memory held (in use +
+// cached) stays within the most ever in use at once plus 1/4, so the cache adds at most that
+// 1/4 to the peak; the free blocks kept are also capped (`limit` bytes). Smaller requests go
+// straight to c10::alloc_cpu, as with libtorch's default allocator.
 //
 // Installed with c10::SetCPUAllocator while at least one holder is active (a count, so nested
 // or concurrent Trainers share it); when the last one leaves, the previous allocator is put
@@ -126,7 +127,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = by_size_.lower_bound(n);
-      if (it != by_size_.end() && it->first <= n + n / 8) {
+      if (it != by_size_.end() && it->first <= n + n) {
         Fifo::iterator block = it->second;
         void* ptr = block->ptr;
         size_t size = block->size;

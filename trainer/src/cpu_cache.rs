@@ -8,13 +8,14 @@
 //! freed GPU memory in its CUDA caching allocator but has no such cache on the CPU. While a
 //! [`CpuMemoryCache`] is held, libtorch's CPU allocations of 1 MiB or more are rounded up to one
 //! of 8 sizes per power of two (so nearby sizes, e.g. batches padded to different lengths,
-//! share blocks) and come from a cache of freed blocks (best fit, at most 1/8 larger). Before a request that no cached block
-//! fits gets fresh memory, the oldest cached blocks are released until the memory held (in use
-//! plus cached) is within the most ever in use at once plus 1/4, so the cache raises the peak
-//! resident memory by at most a quarter of the large blocks' peak (measured: from −100 to
-//! +190 MB on the bench jobs, all below the Python Trainer's peak); the cached bytes are also
-//! capped. Smaller allocations go to the system allocator as before. The numbers computed do
-//! not change, only where the memory comes from.
+//! share blocks) and served from a cache of freed blocks (the smallest at least as large, if at
+//! most twice the size). Before a request that no cached block fits gets fresh memory, the
+//! oldest cached blocks are released until the memory held (in use plus cached) is within the
+//! most ever in use at once plus 1/4, so the cache raises the peak resident memory by at most
+//! a quarter of the large blocks' peak (measured on the bench jobs: from −70 to +120 MB, all
+//! below the Python Trainer's peak); the cached bytes are also capped. Smaller allocations go
+//! to the system allocator as before. The numbers computed do not change, only where the
+//! memory comes from.
 //!
 //! `TCHTRAIN_CPU_CACHE_MB` sets the cap in MiB (default [`DEFAULT_LIMIT_MB`]); `0` turns the
 //! cache off.

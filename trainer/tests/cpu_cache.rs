@@ -38,7 +38,7 @@ fn large_blocks_are_reused_while_held_and_released_after() {
     drop(z);
     drop(b);
 
-    // A request more than 1/8 larger than every cached block gets fresh memory.
+    // A request larger than every cached block gets fresh memory.
     let misses = CpuMemoryCache::stats().misses;
     let big = Tensor::empty([MIB * 3], (Kind::Float, Device::Cpu)); // 12 MiB
     assert_eq!(CpuMemoryCache::stats().misses, misses + 1);
@@ -66,12 +66,13 @@ fn large_blocks_are_reused_while_held_and_released_after() {
         "a block above the cap is not kept"
     );
 
-    // Sizes round up to 8 classes per power of two: 4 MiB + 4 bytes and 4.25 MiB are both
-    // served a 4.5 MiB block, so the second reuses the first's.
-    let a = Tensor::empty([MIB + 1], (Kind::Float, Device::Cpu));
+    // Sizes round up to 8 classes per power of two: 40 MiB + 4 bytes and 42.5 MiB are both
+    // served a 44 MiB block, so the second reuses the first's (without the classes, a
+    // 40.000004 MiB block could not serve 42.5 MiB).
+    let a = Tensor::empty([10 * MIB + 1], (Kind::Float, Device::Cpu));
     let ptr = a.data_ptr();
     drop(a);
-    let b = Tensor::empty([MIB + MIB / 16], (Kind::Float, Device::Cpu));
+    let b = Tensor::empty([10 * MIB + 5 * MIB / 8], (Kind::Float, Device::Cpu));
     assert_eq!(b.data_ptr(), ptr);
     drop(b);
 
