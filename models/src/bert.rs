@@ -255,7 +255,8 @@ impl BertModel {
             0.0
         };
         let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
+            h = crate::layer_hooks::before_layer(i, h)?;
             let a = attention::sdpa(
                 &to_heads(h.apply(&l.query)),
                 &to_heads(h.apply(&l.key)),
@@ -273,6 +274,7 @@ impl BertModel {
                 .apply(&l.output)
                 .dropout(c.hidden_dropout_prob, train);
             h = (m + a).apply(&l.output_ln);
+            h = crate::layer_hooks::after_layer(i, h)?;
         }
         let pooled = self.pooler.as_ref().map(|p| h.select(1, 0).apply(p).tanh());
         Ok((h, pooled))

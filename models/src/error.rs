@@ -114,6 +114,14 @@ pub enum Error {
         /// The tokenizers crate's message.
         detail: String,
     },
+    /// A layer hook ([`LayerHooks`](crate::LayerHooks)) failed.
+    #[error("layer {layer}: {detail}")]
+    LayerHook {
+        /// The layer's index.
+        layer: usize,
+        /// The hook's message.
+        detail: String,
+    },
     /// The loss could not be computed.
     #[error(transparent)]
     Loss(#[from] tchtrain_losses::Error),

@@ -215,7 +215,8 @@ impl GPT2Model {
         let mask = attention::attention_mask(inputs.attention_mask, batch, seq, true, device);
         let (heads, head_dim) = (c.n_head, c.n_embd / c.n_head);
         let attn_p = if train { c.attn_pdrop } else { 0.0 };
-        for b in &self.h {
+        for (i, b) in self.h.iter().enumerate() {
+            h = crate::layer_hooks::before_layer(i, h)?;
             let x = h.apply(&b.ln_1);
             let qkv = x.apply(&b.c_attn).split(c.n_embd, 2);
             let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
@@ -239,6 +240,7 @@ impl GPT2Model {
                 .apply(&b.mlp_proj)
                 .dropout(c.resid_pdrop, train);
             h = h + m;
+            h = crate::layer_hooks::after_layer(i, h)?;
         }
         Ok(h.apply(&self.ln_f))
     }

@@ -16,6 +16,7 @@ mod configuration_utils;
 mod error;
 mod gpt2;
 mod hub;
+mod layer_hooks;
 mod layers;
 mod llama;
 mod loading;
@@ -33,6 +34,7 @@ pub use configuration_utils::{
 pub use error::{Error, Result};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
+pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

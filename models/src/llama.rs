@@ -404,7 +404,8 @@ impl LlamaModel {
         let (hd, heads, kv) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads());
         let scale = (hd as f64).powf(-0.5);
         let attn_p = if train { c.attention_dropout } else { 0.0 };
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
+            h = crate::layer_hooks::before_layer(i, h)?;
             let x = l.input_layernorm.forward(&h);
             let q = x
                 .apply(&l.q_proj)
@@ -430,6 +431,7 @@ impl LlamaModel {
             let m =
                 (self.act.apply(&x.apply(&l.gate_proj)) * x.apply(&l.up_proj)).apply(&l.down_proj);
             h = h + m;
+            h = crate::layer_hooks::after_layer(i, h)?;
         }
         Ok(self.norm.forward(&h))
     }

@@ -2,7 +2,9 @@
 // does not expose: autocast for a given device type (tch's `autocast` only drives the CUDA
 // one, through the deprecated `at::autocast::set_enabled`), and the state of a device's
 // default random generator (`torch.get_rng_state()` / `torch.set_rng_state()`, which the
-// Trainer saves in a checkpoint so that a resumed run draws the same dropout masks).
+// Trainer saves in a checkpoint so that a resumed run draws the same dropout masks), plus a
+// gradient boundary: an identity op whose backward calls back into Rust (ZeRO-3's per-layer
+// gathering).
 //
 // Every function returns nullptr on success or a heap-allocated error message (free it with
 // `tchtrain_trainer_free_error`); no C++ exception crosses this boundary.
@@ -10,11 +12,13 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 
 namespace {
 
@@ -43,9 +47,47 @@ c10::DeviceType device_type(int device) {
   return device == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
 }
 
+// A Rust function the backward of a gradient boundary calls with its token: 0 when the action
+// succeeded, anything else when it failed (the Rust side keeps the error).
+typedef int (*boundary_fn)(uint64_t token);
+
+// Identity in the forward; its backward first runs the action registered under `token`, then
+// passes the gradient through unchanged. ZeRO-3 puts one on the hidden states entering and
+// leaving each layer: the one on a layer's output fires just before that layer's backward (to
+// gather its parameters again), the one on its input just after (to reduce its gradients and
+// release it), as DeepSpeed's pre- and post-backward module hooks.
+struct GradBoundary : public torch::autograd::Function<GradBoundary> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t token, int64_t fn) {
+    ctx->saved_data["token"] = token;
+    ctx->saved_data["fn"] = fn;
+    return x.view_as(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto token = static_cast<uint64_t>(ctx->saved_data["token"].toInt());
+    auto fn = reinterpret_cast<boundary_fn>(ctx->saved_data["fn"].toInt());
+    if (fn(token) != 0) {
+      throw std::runtime_error(
+          "a gradient boundary's action failed (the Trainer reports the cause)");
+    }
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
+
+// `x` behind a GradBoundary whose backward calls `fn(token)`: a new tensor in `*out`.
+char* tchtrain_trainer_grad_boundary(const at::Tensor* x, uint64_t token, boundary_fn fn,
+                                     at::Tensor** out) {
+  return guarded([&] {
+    *out = new at::Tensor(GradBoundary::apply(*x, static_cast<int64_t>(token),
+                                              reinterpret_cast<int64_t>(fn)));
+  });
+}
 
 void tchtrain_trainer_free_error(char* err) { std::free(err); }
 

@@ -41,6 +41,7 @@ mod text_classification;
 mod train_loop;
 mod trainer;
 mod zero;
+mod zero_layers;
 
 pub use checkpoint::{
     PREFIX_CHECKPOINT_DIR, RNG_GENERATOR_STATE_NAME, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME,

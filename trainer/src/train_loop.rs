@@ -421,7 +421,7 @@ impl Trainer {
                 checkpoint::restore_generator_states(states, self.device)?;
             }
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
-            self.zero_gather()?;
+            self.zero_gather_for_training()?;
             self.prof_mark(Phase::Data);
             for inputs in &window {
                 step += 1;
@@ -435,8 +435,20 @@ impl Trainer {
                 }
                 self.prof_mark(Phase::Callbacks);
                 let tr_loss_step = {
+                    // ZeRO-3 layer by layer: the hooks gather and release each layer.
+                    let gather = self.zero_layer_hooks();
                     let (ctx, hooks, model) = self.split_for_step(current_ga);
-                    hooks.training_step(&ctx, model, inputs, num_items.as_ref())?
+                    let out = match &gather {
+                        Some(g) => tchtrain_models::with_layer_hooks(g.clone(), || {
+                            hooks.training_step(&ctx, model, inputs, num_items.as_ref())
+                        }),
+                        None => hooks.training_step(&ctx, model, inputs, num_items.as_ref()),
+                    };
+                    // A hook's own error (a dead peer, a timeout) is the one to report.
+                    match gather.and_then(|g| g.take_error()) {
+                        Some(e) => return Err(e),
+                        None => out?,
+                    }
                 };
                 if let Some(p) = self.loop_state.profile.as_mut() {
                     p.mark_training_step();

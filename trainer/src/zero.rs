@@ -19,6 +19,8 @@
 //! has nothing to offload to).
 
 use std::path::Path;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tchtrain_deepspeed::{
     HfTrainerDeepSpeedConfig, LATEST_NAME, ShardMemory, ZeroEngine, ZeroStage, global_step_dir,
@@ -31,6 +33,7 @@ use crate::distributed::with_process_group;
 use crate::error::{Error, Result};
 use crate::model_info;
 use crate::trainer::Trainer;
+use crate::zero_layers::{LayerGather, lock_engine};
 
 /// Which integration asked for sharding.
 #[derive(Debug)]
@@ -44,8 +47,20 @@ pub(crate) enum ShardingSource {
 /// The engine of a sharded run and where its settings came from.
 #[derive(Debug)]
 pub(crate) struct Sharding {
-    pub engine: ZeroEngine,
+    /// Shared with the per-layer hooks of a stage-3 step ([`LayerGather`]), whose backward
+    /// actions use it.
+    pub engine: Arc<Mutex<ZeroEngine>>,
     pub source: ShardingSource,
+    /// Stage 3 with one wrap unit per transformer layer: parameters gathered layer by layer
+    /// during each training step ([`LayerGather`]) instead of all at once.
+    pub per_layer: bool,
+}
+
+impl Sharding {
+    /// The engine (no lock is held across a step).
+    pub(crate) fn engine(&self) -> MutexGuard<'_, ZeroEngine> {
+        lock_engine(&self.engine)
+    }
 }
 
 /// The DeepSpeed config named by `args.deepspeed`, if any.
@@ -164,13 +179,25 @@ impl Trainer {
             &tchtrain_optim::OptimizerArgs::from(&self.args),
             engine.shard_groups(),
         )?);
-        self.sharding = Some(Sharding { engine, source });
+        // Layer by layer when the units are exactly the transformer layers, in order (every
+        // DeepSpeed ZeRO-3 run, FSDP full_shard with the transformer-layer wrap policy).
+        let per_layer = stage == ZeroStage::Weights
+            && !units.is_empty()
+            && units
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.ends_with(&format!(".{i}.")));
+        self.sharding = Some(Sharding {
+            engine: Arc::new(Mutex::new(engine)),
+            source,
+            per_layer,
+        });
         Ok(true)
     }
 
     /// The memory the sharded engine holds on this rank (`None` outside a sharded run).
     pub fn sharded_memory(&self) -> Option<ShardMemory> {
-        self.sharding.as_ref().map(|s| s.engine.memory())
+        self.sharding.as_ref().map(|s| s.engine().memory())
     }
 
     /// Bytes of the optimizer's state tensors on this rank (its shard under ZeRO / FSDP).
@@ -188,7 +215,7 @@ impl Trainer {
 
     /// The ZeRO stage of the running sharded engine, if any.
     pub fn zero_stage(&self) -> Option<i64> {
-        self.sharding.as_ref().map(|s| s.engine.stage().number())
+        self.sharding.as_ref().map(|s| s.engine().stage().number())
     }
 
     /// Stage 3: gathers the full parameters (a collective; nothing otherwise).
@@ -196,14 +223,46 @@ impl Trainer {
         let Some(s) = self.sharding.as_mut() else {
             return Ok(());
         };
-        with_process_group(&self.args, |pg| Ok(s.engine.gather(pg)?))?;
+        with_process_group(&self.args, |pg| Ok(s.engine().gather(pg)?))?;
         Ok(())
+    }
+
+    /// Before a training step's window: stage 3 gathers the full parameters, or only the
+    /// root unit when the layers are gathered one by one during the step.
+    pub(crate) fn zero_gather_for_training(&mut self) -> Result<()> {
+        let Some(s) = self.sharding.as_mut() else {
+            return Ok(());
+        };
+        let per_layer = s.per_layer;
+        with_process_group(&self.args, |pg| {
+            let mut engine = s.engine();
+            if per_layer {
+                // Layers gathered for an evaluation, a save or at setup are released first.
+                let root = engine.layer_units();
+                for unit in 0..root {
+                    engine.release_unit(unit)?;
+                }
+                Ok(engine.gather_unit(pg, root)?)
+            } else {
+                Ok(engine.gather(pg)?)
+            }
+        })?;
+        Ok(())
+    }
+
+    /// The per-layer hooks of a stage-3 training step (`None` unless layer by layer).
+    pub(crate) fn zero_layer_hooks(&self) -> Option<Rc<LayerGather>> {
+        let s = self.sharding.as_ref().filter(|s| s.per_layer)?;
+        Some(Rc::new(LayerGather::new(
+            s.engine.clone(),
+            Arc::new(self.args.clone()),
+        )))
     }
 
     /// Stage 3: releases the full parameters (nothing otherwise).
     pub(crate) fn zero_release(&mut self) -> Result<()> {
         if let Some(s) = self.sharding.as_mut() {
-            s.engine.release()?;
+            s.engine().release()?;
         }
         Ok(())
     }
@@ -217,8 +276,9 @@ impl Trainer {
         };
         let max_norm = self.args.max_grad_norm;
         let norm = with_process_group(&self.args, |pg| {
-            s.engine.reduce_gradients(pg)?;
-            Ok(s.engine.clip_grad_norm(pg, max_norm)?)
+            let mut engine = s.engine();
+            engine.reduce_gradients(pg)?;
+            Ok(engine.clip_grad_norm(pg, max_norm)?)
         })?;
         Ok(norm)
     }
@@ -230,8 +290,9 @@ impl Trainer {
             return Ok(());
         };
         with_process_group(&self.args, |pg| {
-            s.engine.after_step(pg)?;
-            Ok(s.engine.zero_grad()?)
+            let mut engine = s.engine();
+            engine.after_step(pg)?;
+            Ok(engine.zero_grad()?)
         })?;
         Ok(())
     }
@@ -269,9 +330,10 @@ impl Trainer {
             self.optimizer.as_deref()
         };
         with_process_group(&self.args, |pg| {
-            s.engine.gather(pg)?;
+            let mut engine = s.engine();
+            engine.gather(pg)?;
             pg.barrier()?;
-            save_zero_shard(&s.engine, optimizer, &dir)?;
+            save_zero_shard(&engine, optimizer, &dir)?;
             if is_rank0 && matches!(s.source, ShardingSource::DeepSpeed(_)) {
                 let latest = tmp.join(LATEST_NAME);
                 std::fs::write(&latest, format!("global_step{step}"))
@@ -309,7 +371,7 @@ impl Trainer {
             .as_mut()
             .map(|o| &mut **o as &mut dyn tchtrain_optim::Optimizer);
         with_process_group(&self.args, |pg| {
-            Ok(load_zero_shard(&mut s.engine, pg, optimizer, &dir)?)
+            Ok(load_zero_shard(&mut s.engine(), pg, optimizer, &dir)?)
         })?;
         Ok(true)
     }

@@ -12,8 +12,13 @@
 //!   steps.
 //! * The per-rank shards consolidate (zero_to_fp32) into a model.safetensors equal to the
 //!   DDP run's within fp32 rounding, loadable by `tchtrain_models`.
+//! * ZeRO-3 and full_shard (one unit per GPT2Block) gather layer by layer during a training
+//!   step: the step's peak of parameters is the shards, the root unit and one layer.
 //! * A DeepSpeed config that conflicts with the arguments fails with upstream's message
 //!   before the first step.
+//! * A rank that dies inside a layer-by-layer step (before its forward, or between its
+//!   forward and backward) makes the other return the engine's collective error (from the
+//!   layer hook, or from the gradient boundary's action inside the backward).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,7 +37,8 @@ use tchtrain_training_args::{
 
 mod common;
 use common::{
-    blocks, initial_model, is_rank, launch, rank, reference_dir, temp_dir, test_dir, wait_codes,
+    blocks, initial_model, is_rank, launch, rank, reference_dir, role, temp_dir, test_dir,
+    wait_codes,
 };
 
 /// Rows per rank and micro-batch; the single process uses twice as many.
@@ -152,6 +158,11 @@ struct Figures {
     step_end_param_bytes: usize,
     step_end_grad_bytes: usize,
     peak_param_bytes: usize,
+    peak_unit_param_bytes: usize,
+    /// Bytes of the parameters outside the decoder layers (embeddings, final norm).
+    root_param_bytes: usize,
+    /// Bytes of the largest decoder layer.
+    layer_param_bytes: usize,
     zero_stage: Option<i64>,
 }
 
@@ -170,16 +181,27 @@ fn run_job(
         .train(None)
         .with_context(|| format!("training {name}"))?;
     let mem = trainer.sharded_memory().unwrap_or_default();
-    let model_param_bytes = named_parameters(trainer.model())
-        .iter()
-        .map(|(_, t)| t.numel() * 4)
-        .sum();
+    let named = named_parameters(trainer.model());
+    let model_param_bytes = named.iter().map(|(_, t)| t.numel() * 4).sum();
+    let layer_bytes = |i: usize| -> usize {
+        let prefix = format!("transformer.h.{i}.");
+        named
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .map(|(_, t)| t.numel() * 4)
+            .sum()
+    };
+    let layers: Vec<usize> = (0..).map(layer_bytes).take_while(|&b| b > 0).collect();
+    let root_param_bytes = model_param_bytes - layers.iter().sum::<usize>();
     let figures = Figures {
         optimizer_state_bytes: trainer.optimizer_state_bytes(),
         model_param_bytes,
         step_end_param_bytes: mem.step_end_param_bytes,
         step_end_grad_bytes: mem.step_end_grad_bytes,
         peak_param_bytes: mem.peak_param_bytes,
+        peak_unit_param_bytes: mem.peak_unit_param_bytes,
+        root_param_bytes,
+        layer_param_bytes: layers.iter().copied().max().unwrap_or(0),
         zero_stage: trainer.zero_stage(),
     };
     Ok((numbers(&trainer.state.log_history), figures))
@@ -322,6 +344,22 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
                 assert!(
                     (params - shard).abs() <= slack,
                     "{name} rank {r}: params {params} vs {shard}"
+                );
+                // Layer by layer (both stage-3 configurations wrap each GPT2Block): during a
+                // training step a rank holds its shards, the root unit and one layer.
+                let unit_peak = f.peak_unit_param_bytes as f64;
+                let bound = shard + (f.root_param_bytes + f.layer_param_bytes) as f64;
+                if r == 0 {
+                    println!(
+                        "{name} rank 0: layer-by-layer step peak {unit_peak} B (shards {shard} + root {} + one layer {} = {bound}; all gathered: {})",
+                        f.root_param_bytes,
+                        f.layer_param_bytes,
+                        shard + full_params
+                    );
+                }
+                assert!(
+                    unit_peak > shard && unit_peak <= bound + slack,
+                    "{name} rank {r}: step peak {unit_peak} vs at most {bound}"
                 );
             } else {
                 assert!(
@@ -473,5 +511,102 @@ fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message()
         "fsdp: Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags."
     );
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Rank 1 exits (status 17) in its third micro-batch (the second optimizer step): before the
+/// forward when `phase` is "forward", between the forward and the backward when it is
+/// "backward". Rank 0 is then inside a layer hook or a gradient boundary's action.
+struct ExitMidStep {
+    phase: &'static str,
+    calls: usize,
+}
+
+impl tchtrain_trainer::TrainerHooks for ExitMidStep {
+    fn training_step(
+        &mut self,
+        ctx: &tchtrain_trainer::StepContext<'_>,
+        model: &mut dyn tchtrain_models::PreTrainedModel,
+        inputs: &tchtrain_collators::Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> tchtrain_trainer::Result<Tensor> {
+        self.calls += 1;
+        if rank() == 1 && self.calls == 3 {
+            if self.phase == "forward" {
+                std::process::exit(17);
+            }
+            model.train();
+            let (loss, _) = self.compute_loss(ctx, &*model, inputs, num_items_in_batch)?;
+            drop(loss);
+            std::process::exit(17);
+        }
+        tchtrain_trainer::default_training_step(self, ctx, model, inputs, num_items_in_batch)
+    }
+}
+
+#[test]
+fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout() -> Result<()> {
+    const TIMEOUT_S: i64 = 5;
+    if is_rank() {
+        // The role names the phase.
+        let phase: &'static str = if role().as_deref() == Some("forward") {
+            "forward"
+        } else {
+            "backward"
+        };
+        let out = test_dir().join(phase);
+        let ds = configs()
+            .into_iter()
+            .find(|(n, _, _)| *n == "zero3")
+            .and_then(|(_, ds, _)| ds);
+        let mut args = job_args(&out, B, ds, None)?;
+        args.ddp_timeout = TIMEOUT_S;
+        args.eval_strategy = IntervalStrategy::No;
+        args.save_strategy = SaveStrategy::No;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(blocks("train", 32)?)
+            .hooks(ExitMidStep { phase, calls: 0 })
+            .build()?;
+        let began = std::time::Instant::now();
+        let err = trainer.train(None).unwrap_err();
+        std::fs::write(
+            test_dir().join(format!("{phase}.txt")),
+            format!("{err}\n{:?}", began.elapsed()),
+        )?;
+        // The engine's collective error itself (not the generic one the backward raises).
+        assert!(
+            matches!(
+                err,
+                tchtrain_trainer::Error::DeepSpeed(tchtrain_deepspeed::Error::Distributed(
+                    tchtrain_distributed::Error::Collective { rank: 0, .. }
+                ))
+            ),
+            "{err:?}"
+        );
+        return Ok(());
+    }
+    for phase in ["forward", "backward"] {
+        let dir = temp_dir(&format!("zero3-death-{phase}"));
+        let children = launch(
+            "a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout",
+            2,
+            &dir,
+            phase,
+        );
+        let codes = wait_codes(children, Duration::from_secs(300));
+        let report = std::fs::read_to_string(dir.join(format!("{phase}.txt"))).unwrap_or_default();
+        println!("{phase}: rank 0: {report}");
+        assert_eq!(
+            codes,
+            [Some(0), Some(17)],
+            "{phase}: rank exit codes (rank 0 asserts its error): {report}"
+        );
+        assert!(
+            report.starts_with("deepspeed: rank 0: "),
+            "{phase}: {report}"
+        );
+        let waited = report.lines().nth(1).unwrap_or_default();
+        println!("{phase}: rank 0 returned its error {waited} after train() began");
+    }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! Trainer's DeepSpeed constraints. And the sharding engine, [`ZeroEngine`]: parameters
 //! flattened into padded [`FlatBuffer`]s, each rank owning a contiguous slice; stage 1
 //! partitions the optimizer state, stage 2 the gradients too, stage 3 the parameters too
-//! (gathered for forward and backward, released after). Per-rank checkpoint files
+//! (gathered layer by layer for forward and backward, released after). Per-rank checkpoint files
 //! ([`save_zero_shard`]) and their consolidation into one `model.safetensors`
 //! ([`convert_zero_checkpoint_to_fp32_state_dict`], the `zero_to_fp32` example binary).
 //!

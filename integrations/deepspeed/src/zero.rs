@@ -29,13 +29,19 @@
 //!
 //! Stage 3 memory, exactly: between steps each variable holds no storage (`param.data =
 //! torch.empty(0)`) and the rank keeps its shards. [`ZeroEngine::gather`] all-gathers the
-//! buffers unit by unit and points the variables at the gathered storage, which stays
-//! alive through the forward and backward passes of the accumulation window (tch runs a
-//! model's forward as one call, with no per-layer hooks to release a unit after its
-//! forward and gather it again before its backward), and is freed when
-//! [`ZeroEngine::reduce_gradients`] releases the variables. The peak is therefore the
-//! full parameters plus the shards, during forward / backward only; between steps it is
-//! the shards, `1 / world_size` of the parameters plus padding.
+//! buffers unit by unit and points the variables at the gathered storage (evaluation,
+//! saving, and training steps of models whose units are not one per layer);
+//! [`ZeroEngine::gather_unit`], [`ZeroEngine::release_unit`] and
+//! [`ZeroEngine::reduce_unit`] do it one unit at a time, which the Trainer drives from the
+//! models' per-layer hooks: each decoder layer is gathered just before its forward, released
+//! after it, gathered again just before its backward and, right after its backward, its
+//! gradients are reduce-scattered into the shards and the layer released. A layer-by-layer
+//! step then holds the shards, the root unit and one layer
+//! ([`ShardMemory::peak_unit_param_bytes`]). The storage is really freed only where autograd
+//! saved the parameter itself (GPT-2's `Conv1D` `addmm`, layer norms); a `nn::Linear`
+//! (BERT, Llama) saves the weight's transpose, a view that keeps the old storage alive until
+//! the layer's backward (DeepSpeed replaces those with `LinearFunctionForZeroStage3`; not
+//! done here).
 
 use tch::{Kind, Tensor};
 use tchtrain_distributed::{ProcessGroup, ReduceOp};
@@ -91,6 +97,10 @@ pub struct ShardMemory {
     pub grad_bytes: usize,
     /// The largest `param_bytes` seen since the engine was built.
     pub peak_param_bytes: usize,
+    /// The largest `param_bytes` seen while gathering one unit at a time
+    /// ([`ZeroEngine::gather_unit`]): the peak of layer-by-layer training steps (0 when
+    /// there were none).
+    pub peak_unit_param_bytes: usize,
     /// `param_bytes` at the end of the last optimizer step ([`ZeroEngine::zero_grad`]).
     pub step_end_param_bytes: usize,
     /// `grad_bytes` at the end of the last optimizer step.
@@ -123,6 +133,11 @@ struct Sharded {
     flat: FlatBuffer,
     /// This rank's slice of the parameters (a leaf the optimizer updates).
     shard: Tensor,
+    /// Whether the variables hold the full values now (always at stages 1 and 2).
+    gathered: bool,
+    /// Stage 3 per layer: this buffer's gradients of the accumulation window are already in
+    /// the shard's `.grad` ([`ZeroEngine::reduce_unit`]); the step's reduction skips it.
+    reduced: bool,
 }
 
 /// The ZeRO engine of one model on one rank (see the module docs).
@@ -134,8 +149,10 @@ pub struct ZeroEngine {
     buffers: Vec<Sharded>,
     /// Per optimizer group: its `lr` / `weight_decay` overrides.
     group_options: Vec<(Option<f64>, Option<f64>)>,
-    gathered: bool,
+    /// The number of layer units (the root unit's index).
+    layer_units: usize,
     peak_param_bytes: usize,
+    peak_unit_param_bytes: usize,
     step_end: (usize, usize),
 }
 
@@ -189,7 +206,12 @@ impl ZeroEngine {
                         .f_contiguous()?
                         .copy()
                         .set_requires_grad(true);
-                    let mut sharded = Sharded { flat, shard };
+                    let mut sharded = Sharded {
+                        flat,
+                        shard,
+                        gathered: stage != ZeroStage::Weights,
+                        reduced: false,
+                    };
                     if stage == ZeroStage::Weights {
                         sharded.flat.release()?;
                     } else {
@@ -206,8 +228,9 @@ impl ZeroEngine {
             world_size,
             buffers,
             group_options,
-            gathered: stage != ZeroStage::Weights,
+            layer_units: unit_prefixes.len(),
             peak_param_bytes: 0,
+            peak_unit_param_bytes: 0,
             step_end: (0, 0),
         };
         engine.note_peak();
@@ -268,7 +291,13 @@ impl ZeroEngine {
 
     /// Whether the model's variables hold their full values now.
     pub fn is_gathered(&self) -> bool {
-        self.gathered
+        self.buffers.iter().all(|b| b.gathered)
+    }
+
+    /// The number of layer units (wrap units from `unit_prefixes`); the root unit, every
+    /// parameter under none of them, has this index.
+    pub fn layer_units(&self) -> usize {
+        self.layer_units
     }
 
     fn note_peak(&mut self) {
@@ -291,6 +320,7 @@ impl ZeroEngine {
     pub fn memory(&self) -> ShardMemory {
         ShardMemory {
             peak_param_bytes: self.peak_param_bytes,
+            peak_unit_param_bytes: self.peak_unit_param_bytes,
             step_end_param_bytes: self.step_end.0,
             step_end_grad_bytes: self.step_end.1,
             ..self.memory_now()
@@ -299,37 +329,116 @@ impl ZeroEngine {
 
     /// Stage 3: all-gathers every buffer, unit by unit, and points the model's variables at
     /// the gathered values (a collective: every rank calls it). Nothing at stages 1 and 2
-    /// or when already gathered.
+    /// or for buffers already gathered.
     pub fn gather(&mut self, pg: &mut ProcessGroup) -> Result<()> {
-        if self.gathered {
-            return Ok(());
-        }
+        self.gather_where(pg, |_, _| true)
+    }
+
+    /// Stage 3: [`gather`](Self::gather) for the buffers of wrap unit `unit` only (a layer,
+    /// or the root unit at index [`layer_units`](Self::layer_units)).
+    pub fn gather_unit(&mut self, pg: &mut ProcessGroup, unit: usize) -> Result<()> {
+        self.gather_where(pg, |_, b| b.flat.layout.unit == unit)?;
+        let now = self.memory_now().param_bytes;
+        self.peak_unit_param_bytes = self.peak_unit_param_bytes.max(now);
+        Ok(())
+    }
+
+    fn gather_where(
+        &mut self,
+        pg: &mut ProcessGroup,
+        select: impl Fn(usize, &Sharded) -> bool,
+    ) -> Result<()> {
         for i in 0..self.buffers.len() {
             let b = &mut self.buffers[i];
+            if b.gathered || !select(i, b) {
+                continue;
+            }
             let mut full =
                 Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
             let shard = b.shard.f_detach()?;
             pg.all_gather_into(&mut full, &shard)?;
             b.flat.materialise(&full)?;
+            b.gathered = true;
             self.note_peak();
         }
-        self.gathered = true;
         Ok(())
     }
 
     /// Stage 3: releases the variables' storage (their gradients too); the rank keeps
     /// only its shards. Nothing at stages 1 and 2.
     pub fn release(&mut self) -> Result<()> {
-        if self.stage != ZeroStage::Weights || !self.gathered {
+        self.release_where(|_| true)
+    }
+
+    /// Stage 3: [`release`](Self::release) for the buffers of wrap unit `unit` only. Their
+    /// variables keep their gradients (see [`reduce_unit`](Self::reduce_unit)).
+    pub fn release_unit(&mut self, unit: usize) -> Result<()> {
+        if self.stage != ZeroStage::Weights {
             return Ok(());
         }
         for b in &mut self.buffers {
+            if b.gathered && b.flat.layout.unit == unit {
+                b.flat.release()?;
+                b.gathered = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn release_where(&mut self, select: impl Fn(&Sharded) -> bool) -> Result<()> {
+        if self.stage != ZeroStage::Weights {
+            return Ok(());
+        }
+        for b in &mut self.buffers {
+            if !b.gathered || !select(b) {
+                continue;
+            }
             for v in &b.flat.vars {
                 set_grad(v, None)?;
             }
             b.flat.release()?;
+            b.gathered = false;
         }
-        self.gathered = false;
+        Ok(())
+    }
+
+    /// Stage 3, per layer: right after wrap unit `unit`'s backward, averages its gradients
+    /// across ranks (reduce-scatter) into this rank's shards, added to what the shards'
+    /// `.grad` already holds from earlier micro-batches of the window, and frees the
+    /// variables' gradients (DeepSpeed's per-partition gradient reduction during backward).
+    /// The step's [`reduce_gradients`](Self::reduce_gradients) then skips these buffers. A
+    /// collective.
+    pub fn reduce_unit(&mut self, pg: &mut ProcessGroup, unit: usize) -> Result<()> {
+        if self.stage != ZeroStage::Weights {
+            return Ok(());
+        }
+        let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
+        for b in &mut self.buffers {
+            if b.flat.layout.unit != unit {
+                continue;
+            }
+            let flat_grad = b.flat.flatten(true)?;
+            let grad_shard = tch::no_grad(|| -> Result<Tensor> {
+                let mut out =
+                    Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
+                if on_cpu {
+                    pg.reduce_scatter_via_all_reduce(&mut out, &flat_grad, ReduceOp::Avg)?;
+                } else {
+                    pg.reduce_scatter(&mut out, &flat_grad, ReduceOp::Avg)?;
+                }
+                for v in &b.flat.vars {
+                    set_grad(v, None)?;
+                }
+                let held = b.shard.grad();
+                Ok(if b.reduced && held.defined() {
+                    held.f_add(&out)?
+                } else {
+                    out
+                })
+            })?;
+            set_grad(&b.shard, Some(&grad_shard))?;
+            b.reduced = true;
+        }
         Ok(())
     }
 
@@ -342,6 +451,9 @@ impl ZeroEngine {
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let stage = self.stage;
         for b in &mut self.buffers {
+            if b.reduced {
+                continue;
+            }
             let flat_grad = b.flat.flatten(true)?;
             let grad_shard = tch::no_grad(|| -> Result<Tensor> {
                 if stage == ZeroStage::OptimizerStates {
@@ -441,6 +553,7 @@ impl ZeroEngine {
     /// held at the end of the step ([`ShardMemory::step_end_param_bytes`]).
     pub fn zero_grad(&mut self) -> Result<()> {
         for b in &mut self.buffers {
+            b.reduced = false;
             for v in &mut b.flat.vars {
                 if self.stage == ZeroStage::OptimizerStates {
                     v.zero_grad();
@@ -484,11 +597,12 @@ impl ZeroEngine {
             Ok(())
         })?;
         if self.stage == ZeroStage::Weights {
-            if self.gathered {
-                self.gathered = false;
-                self.gather(pg)?;
+            // Buffers that were gathered hold the old values: gather the new ones.
+            let was: Vec<bool> = self.buffers.iter().map(|b| b.gathered).collect();
+            for b in &mut self.buffers {
+                b.gathered = false;
             }
-            Ok(())
+            self.gather_where(pg, |i, _| was[i])
         } else {
             self.after_step(pg)
         }

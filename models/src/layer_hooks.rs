@@ -1,0 +1,75 @@
+//! Per-layer hooks around the forward of each transformer layer: the Rust form of
+//! `register_forward_pre_hook` / `register_forward_hook` on the decoder (or encoder) layers,
+//! which is how DeepSpeed ZeRO-3 and FSDP gather a layer's parameters just before it runs
+//! and release them after.
+//!
+//! [`with_layer_hooks`] installs a [`LayerHooks`] for the forwards run inside it on the
+//! current thread; GPT-2, BERT and Llama call [`LayerHooks::before_layer`] with the hidden
+//! states entering layer `i` and [`LayerHooks::after_layer`] with those leaving it, and go on
+//! with the tensors the hooks return (the same values; a hook may return a tensor with a
+//! different autograd history, e.g. one whose backward gathers the layer again).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use tch::Tensor;
+
+use crate::error::{Error, Result};
+
+/// Hooks around each transformer layer's forward (see the module documentation).
+pub trait LayerHooks {
+    /// Called before layer `index` runs on `hidden`; returns the tensor it runs on.
+    fn before_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String>;
+
+    /// Called with layer `index`'s output `hidden`; returns the tensor the model goes on with.
+    fn after_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String>;
+}
+
+thread_local! {
+    static HOOKS: RefCell<Option<Rc<dyn LayerHooks>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `hooks` installed for the current thread (the previous ones, if any, are
+/// put back afterwards, also when `f` panics).
+pub fn with_layer_hooks<R>(hooks: Rc<dyn LayerHooks>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<dyn LayerHooks>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            HOOKS.with(|h| *h.borrow_mut() = prev);
+        }
+    }
+    let prev = HOOKS.with(|h| h.borrow_mut().replace(hooks));
+    let _restore = Restore(prev);
+    f()
+}
+
+fn current() -> Option<Rc<dyn LayerHooks>> {
+    HOOKS.with(|h| h.borrow().clone())
+}
+
+/// What the models call before layer `index`.
+pub(crate) fn before_layer(index: usize, hidden: Tensor) -> Result<Tensor> {
+    match current() {
+        None => Ok(hidden),
+        Some(h) => h
+            .before_layer(index, hidden)
+            .map_err(|detail| Error::LayerHook {
+                layer: index,
+                detail,
+            }),
+    }
+}
+
+/// What the models call after layer `index`.
+pub(crate) fn after_layer(index: usize, hidden: Tensor) -> Result<Tensor> {
+    match current() {
+        None => Ok(hidden),
+        Some(h) => h
+            .after_layer(index, hidden)
+            .map_err(|detail| Error::LayerHook {
+                layer: index,
+                detail,
+            }),
+    }
+}

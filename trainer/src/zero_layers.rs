@@ -1,0 +1,140 @@
+//! ZeRO-3 (and FSDP `full_shard`) layer by layer: during a training step each transformer
+//! layer's parameters are gathered just before the layer runs and released right after, and
+//! again for its backward, as DeepSpeed's `DeepSpeedZeRoOffload` does with module hooks
+//! (`_pre_forward_module_hook`, `_post_forward_module_hook`, and the pre- / post-backward
+//! hooks it attaches to the module's outputs and inputs).
+//!
+//! [`LayerGather`] is a [`LayerHooks`] the Trainer installs around `training_step`:
+//!
+//! | when | what (collectives in the same order on every rank) |
+//! |---|---|
+//! | forward enters layer `i` | all-gather layer `i`'s shards into its parameters; put a gradient boundary on the layer's input |
+//! | forward leaves layer `i` | release layer `i`'s parameters; put a gradient boundary on the layer's output |
+//! | backward reaches layer `i`'s output boundary | all-gather layer `i` again (autograd saved the variables, which now point at the new storage) |
+//! | backward leaves layer `i` (its input boundary) | reduce-scatter layer `i`'s gradients into the shards' `.grad` (added over the window's micro-batches), free them, release the parameters |
+//!
+//! The root unit (embeddings, final norm, heads) stays gathered through the step and is
+//! reduced with the optimizer step as before. At most the root unit and one layer are
+//! gathered at a time, so a rank holds its shards, the root unit and one layer of full
+//! parameters (and of full gradients), instead of the whole model.
+//!
+//! A failure inside a hook (a dead peer, a timeout) is kept here, reported by the model or
+//! the backward as a generic error, and [`LayerGather::take_error`] hands the Trainer the
+//! original one.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tch::Tensor;
+use tchtrain_deepspeed::ZeroEngine;
+use tchtrain_distributed::ProcessGroup;
+use tchtrain_models::LayerHooks;
+use tchtrain_training_args::TrainingArguments;
+
+use crate::distributed::with_process_group;
+use crate::error::{Error, Result};
+use crate::ffi;
+
+/// Locks the shared engine (a poisoned lock still holds a usable engine: the panic that
+/// poisoned it is reported where it happened).
+pub(crate) fn lock_engine(engine: &Mutex<ZeroEngine>) -> MutexGuard<'_, ZeroEngine> {
+    engine.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a hook or a boundary's action does with the engine, on the process group.
+fn collective(
+    engine: &Mutex<ZeroEngine>,
+    args: &TrainingArguments,
+    f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()>,
+) -> Result<()> {
+    with_process_group(args, |pg| f(pg, &mut lock_engine(engine)))?;
+    Ok(())
+}
+
+/// The per-layer hooks of one stage-3 training step (see the module documentation).
+pub(crate) struct LayerGather {
+    engine: Arc<Mutex<ZeroEngine>>,
+    args: Arc<TrainingArguments>,
+    /// The first error a hook or a backward action met.
+    error: Arc<Mutex<Option<Error>>>,
+    /// The boundaries this step registered (forgotten when the step ends).
+    tokens: RefCell<Vec<u64>>,
+}
+
+impl LayerGather {
+    pub(crate) fn new(engine: Arc<Mutex<ZeroEngine>>, args: Arc<TrainingArguments>) -> Self {
+        Self {
+            engine,
+            args,
+            error: Arc::new(Mutex::new(None)),
+            tokens: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The error a hook or a backward action met, if any (the one to report).
+    pub(crate) fn take_error(&self) -> Option<Error> {
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Runs `f` now; an error is kept and returned as a message for the model's error.
+    fn run(
+        &self,
+        f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()>,
+    ) -> std::result::Result<(), String> {
+        keep(&self.error, collective(&self.engine, &self.args, f))
+    }
+
+    /// `hidden` behind a gradient boundary whose backward runs `f` with the engine.
+    fn boundary(
+        &self,
+        hidden: &Tensor,
+        f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()> + Send + 'static,
+    ) -> std::result::Result<Tensor, String> {
+        let (engine, args, error) = (self.engine.clone(), self.args.clone(), self.error.clone());
+        let action: ffi::BoundaryAction =
+            Box::new(move || keep(&error, collective(&engine, &args, f)));
+        let (out, token) = ffi::grad_boundary(hidden, action).map_err(|e| e.to_string())?;
+        self.tokens.borrow_mut().push(token);
+        Ok(out)
+    }
+}
+
+/// Keeps the first error in `slot`, returning its message.
+fn keep(slot: &Mutex<Option<Error>>, r: Result<()>) -> std::result::Result<(), String> {
+    r.map_err(|e| {
+        let msg = e.to_string();
+        slot.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(e);
+        msg
+    })
+}
+
+impl Drop for LayerGather {
+    fn drop(&mut self) {
+        ffi::forget_boundaries(&self.tokens.borrow());
+    }
+}
+
+impl LayerHooks for LayerGather {
+    fn before_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
+        self.run(|pg, engine| Ok(engine.gather_unit(pg, index)?))?;
+        // Backward leaves the layer here: its gradients are complete.
+        self.boundary(&hidden, move |pg, engine| {
+            engine.reduce_unit(pg, index)?;
+            Ok(engine.release_unit(index)?)
+        })
+    }
+
+    fn after_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
+        self.run(|_, engine| Ok(engine.release_unit(index)?))?;
+        // Backward enters the layer here: its parameters are needed again.
+        self.boundary(
+            &hidden,
+            move |pg, engine| Ok(engine.gather_unit(pg, index)?),
+        )
+    }
+}
