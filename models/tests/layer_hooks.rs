@@ -98,8 +98,7 @@ fn every_model_calls_the_hooks_around_each_layer_in_order() -> Result<()> {
             ..Recorder::default()
         });
         let err = with_layer_hooks(failing, || tch::no_grad(|| model.forward(&inputs)))
-            .err()
-            .expect("the hook fails");
+            .expect_err("the hook fails");
         assert!(
             matches!(err, Error::LayerHook { layer, .. } if layer == layers - 1),
             "{name}: {err:?}"
