@@ -127,6 +127,27 @@ pub fn unit_of(name: &str, prefixes: &[String]) -> usize {
         .unwrap_or(prefixes.len())
 }
 
+/// This rank's slice of the average over ranks of `flat_grad` (`b`'s flattened gradients),
+/// then `b`'s variables' gradients freed. On CPU the reduce-scatter is an all-reduce and a
+/// narrow, which Gloo runs faster.
+fn reduce_scatter_grads(
+    pg: &mut ProcessGroup,
+    b: &Sharded,
+    flat_grad: &Tensor,
+    on_cpu: bool,
+) -> Result<Tensor> {
+    let mut out = Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
+    if on_cpu {
+        pg.reduce_scatter_via_all_reduce(&mut out, flat_grad, ReduceOp::Avg)?;
+    } else {
+        pg.reduce_scatter(&mut out, flat_grad, ReduceOp::Avg)?;
+    }
+    for v in &b.flat.vars {
+        set_grad(v, None)?;
+    }
+    Ok(out)
+}
+
 /// One sharded buffer: its layout and variables, and this rank's slice.
 #[derive(Debug)]
 struct Sharded {
@@ -367,7 +388,20 @@ impl ZeroEngine {
     /// Stage 3: releases the variables' storage (their gradients too); the rank keeps
     /// only its shards. Nothing at stages 1 and 2.
     pub fn release(&mut self) -> Result<()> {
-        self.release_where(|_| true)
+        if self.stage != ZeroStage::Weights {
+            return Ok(());
+        }
+        for b in &mut self.buffers {
+            if !b.gathered {
+                continue;
+            }
+            for v in &b.flat.vars {
+                set_grad(v, None)?;
+            }
+            b.flat.release()?;
+            b.gathered = false;
+        }
+        Ok(())
     }
 
     /// Stage 3: [`release`](Self::release) for the buffers of wrap unit `unit` only. Their
@@ -381,23 +415,6 @@ impl ZeroEngine {
                 b.flat.release()?;
                 b.gathered = false;
             }
-        }
-        Ok(())
-    }
-
-    fn release_where(&mut self, select: impl Fn(&Sharded) -> bool) -> Result<()> {
-        if self.stage != ZeroStage::Weights {
-            return Ok(());
-        }
-        for b in &mut self.buffers {
-            if !b.gathered || !select(b) {
-                continue;
-            }
-            for v in &b.flat.vars {
-                set_grad(v, None)?;
-            }
-            b.flat.release()?;
-            b.gathered = false;
         }
         Ok(())
     }
@@ -419,16 +436,7 @@ impl ZeroEngine {
             }
             let flat_grad = b.flat.flatten(true)?;
             let grad_shard = tch::no_grad(|| -> Result<Tensor> {
-                let mut out =
-                    Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
-                if on_cpu {
-                    pg.reduce_scatter_via_all_reduce(&mut out, &flat_grad, ReduceOp::Avg)?;
-                } else {
-                    pg.reduce_scatter(&mut out, &flat_grad, ReduceOp::Avg)?;
-                }
-                for v in &b.flat.vars {
-                    set_grad(v, None)?;
-                }
+                let out = reduce_scatter_grads(pg, b, &flat_grad, on_cpu)?;
                 let held = b.shard.grad();
                 Ok(if b.reduced && held.defined() {
                     held.f_add(&out)?
@@ -470,17 +478,7 @@ impl ZeroEngine {
                     }
                     Ok(b.flat.slice_of(&full, rank)?.f_contiguous()?.copy())
                 } else {
-                    let mut out =
-                        Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
-                    if on_cpu {
-                        pg.reduce_scatter_via_all_reduce(&mut out, &flat_grad, ReduceOp::Avg)?;
-                    } else {
-                        pg.reduce_scatter(&mut out, &flat_grad, ReduceOp::Avg)?;
-                    }
-                    for v in &b.flat.vars {
-                        set_grad(v, None)?;
-                    }
-                    Ok(out)
+                    reduce_scatter_grads(pg, b, &flat_grad, on_cpu)
                 }
             })?;
             set_grad(&b.shard, Some(&grad_shard))?;
