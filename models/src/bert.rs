@@ -137,13 +137,13 @@ impl BertConfig {
 
 #[derive(Debug)]
 struct Layer {
-    query: nn::Linear,
-    key: nn::Linear,
-    value: nn::Linear,
-    attn_out: nn::Linear,
+    query: layers::LayerLinear,
+    key: layers::LayerLinear,
+    value: layers::LayerLinear,
+    attn_out: layers::LayerLinear,
     attn_ln: nn::LayerNorm,
-    intermediate: nn::Linear,
-    output: nn::Linear,
+    intermediate: layers::LayerLinear,
+    output: layers::LayerLinear,
     output_ln: nn::LayerNorm,
 }
 
@@ -175,19 +175,19 @@ impl BertModel {
                 let l = &p / "encoder" / "layer" / i;
                 let a = &l / "attention";
                 Layer {
-                    query: layers::linear(&a / "self" / "query", d, d, true, std),
-                    key: layers::linear(&a / "self" / "key", d, d, true, std),
-                    value: layers::linear(&a / "self" / "value", d, d, true, std),
-                    attn_out: layers::linear(&a / "output" / "dense", d, d, true, std),
+                    query: layers::layer_linear(&a / "self" / "query", d, d, true, std),
+                    key: layers::layer_linear(&a / "self" / "key", d, d, true, std),
+                    value: layers::layer_linear(&a / "self" / "value", d, d, true, std),
+                    attn_out: layers::layer_linear(&a / "output" / "dense", d, d, true, std),
                     attn_ln: layers::layer_norm(&a / "output" / "LayerNorm", d, eps),
-                    intermediate: layers::linear(
+                    intermediate: layers::layer_linear(
                         &l / "intermediate" / "dense",
                         d,
                         config.intermediate_size,
                         true,
                         std,
                     ),
-                    output: layers::linear(
+                    output: layers::layer_linear(
                         &l / "output" / "dense",
                         config.intermediate_size,
                         d,

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use tch::Tensor;
+use tch::{Tensor, nn};
 
 use crate::error::{Error, Result};
 
@@ -23,6 +23,16 @@ pub trait LayerHooks {
 
     /// Called with layer `index`'s output `hidden`; returns the tensor the model goes on with.
     fn after_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String>;
+
+    /// Whether these hooks release a layer's parameters between its forward and its backward
+    /// and point them at new storage before the backward (ZeRO-3). The layers' linear maps
+    /// are then computed so that autograd saves the weight variable itself (which follows
+    /// the new storage) rather than the transposed view `at::linear` saves (which would keep
+    /// the released storage alive until the backward), as DeepSpeed's
+    /// `LinearFunctionForZeroStage3`. The outputs agree with the usual path to rounding.
+    fn releases_parameters(&self) -> bool {
+        false
+    }
 }
 
 thread_local! {
@@ -72,4 +82,24 @@ pub(crate) fn after_layer(index: usize, hidden: Tensor) -> Result<Tensor> {
                 detail,
             }),
     }
+}
+
+/// A transformer layer's linear map `x Wᵀ + b`: `nn::Linear`'s, or under hooks that release
+/// parameters (see [`LayerHooks::releases_parameters`]) `(W xᵀ)ᵀ + b`, whose matrix product
+/// saves `W` itself for the backward.
+pub(crate) fn linear(xs: &Tensor, lin: &nn::Linear) -> Tensor {
+    if !current().is_some_and(|h| h.releases_parameters()) {
+        return xs.apply(lin);
+    }
+    let mut size = xs.size();
+    let in_dim = size.last().copied().unwrap_or(0);
+    let y = lin.ws.mm(&xs.reshape([-1, in_dim]).tr()).tr();
+    let y = match &lin.bs {
+        Some(b) => y + b,
+        None => y,
+    };
+    if let Some(last) = size.last_mut() {
+        *last = lin.ws.size()[0];
+    }
+    y.reshape(size)
 }

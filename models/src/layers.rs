@@ -31,6 +31,29 @@ pub(crate) fn linear(
     nn::linear(p, in_dim, out_dim, config)
 }
 
+/// A linear layer inside a transformer layer: [`linear`]'s `nn::Linear`, computed by
+/// [`crate::layer_hooks::linear`] so that under hooks that release the layer's parameters
+/// between its forward and its backward (ZeRO-3) autograd saves the weight itself.
+#[derive(Debug)]
+pub(crate) struct LayerLinear(pub(crate) nn::Linear);
+
+impl nn::Module for LayerLinear {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        crate::layer_hooks::linear(xs, &self.0)
+    }
+}
+
+/// [`linear`] for a layer inside a transformer layer.
+pub(crate) fn layer_linear(
+    p: nn::Path<'_>,
+    in_dim: i64,
+    out_dim: i64,
+    bias: bool,
+    std: f64,
+) -> LayerLinear {
+    LayerLinear(linear(p, in_dim, out_dim, bias, std))
+}
+
 /// `nn.LayerNorm(dim, eps)`: weight ones, bias zeros.
 pub(crate) fn layer_norm(p: nn::Path<'_>, dim: i64, eps: f64) -> nn::LayerNorm {
     nn::layer_norm(

@@ -275,13 +275,13 @@ impl LlamaConfig {
 
 #[derive(Debug)]
 struct DecoderLayer {
-    q_proj: nn::Linear,
-    k_proj: nn::Linear,
-    v_proj: nn::Linear,
-    o_proj: nn::Linear,
-    gate_proj: nn::Linear,
-    up_proj: nn::Linear,
-    down_proj: nn::Linear,
+    q_proj: layers::LayerLinear,
+    k_proj: layers::LayerLinear,
+    v_proj: layers::LayerLinear,
+    o_proj: layers::LayerLinear,
+    gate_proj: layers::LayerLinear,
+    up_proj: layers::LayerLinear,
+    down_proj: layers::LayerLinear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
@@ -320,37 +320,49 @@ impl LlamaModel {
                 let a = &l / "self_attn";
                 let m = &l / "mlp";
                 DecoderLayer {
-                    q_proj: layers::linear(
+                    q_proj: layers::layer_linear(
                         &a / "q_proj",
                         d,
                         heads * hd,
                         config.attention_bias,
                         std,
                     ),
-                    k_proj: layers::linear(&a / "k_proj", d, kv * hd, config.attention_bias, std),
-                    v_proj: layers::linear(&a / "v_proj", d, kv * hd, config.attention_bias, std),
-                    o_proj: layers::linear(
+                    k_proj: layers::layer_linear(
+                        &a / "k_proj",
+                        d,
+                        kv * hd,
+                        config.attention_bias,
+                        std,
+                    ),
+                    v_proj: layers::layer_linear(
+                        &a / "v_proj",
+                        d,
+                        kv * hd,
+                        config.attention_bias,
+                        std,
+                    ),
+                    o_proj: layers::layer_linear(
                         &a / "o_proj",
                         heads * hd,
                         d,
                         config.attention_bias,
                         std,
                     ),
-                    gate_proj: layers::linear(
+                    gate_proj: layers::layer_linear(
                         &m / "gate_proj",
                         d,
                         config.intermediate_size,
                         config.mlp_bias,
                         std,
                     ),
-                    up_proj: layers::linear(
+                    up_proj: layers::layer_linear(
                         &m / "up_proj",
                         d,
                         config.intermediate_size,
                         config.mlp_bias,
                         std,
                     ),
-                    down_proj: layers::linear(
+                    down_proj: layers::layer_linear(
                         &m / "down_proj",
                         config.intermediate_size,
                         d,

@@ -13,6 +13,11 @@
 //! | backward reaches layer `i`'s output boundary | all-gather layer `i` again (autograd saved the variables, which now point at the new storage) |
 //! | backward leaves layer `i` (its input boundary) | reduce-scatter layer `i`'s gradients into the shards' `.grad` (added over the window's micro-batches), free them, release the parameters |
 //!
+//! The hooks say they release parameters, so the models compute their layers' linear maps
+//! in a form whose backward reads the weight variable (re-gathered) rather than a saved view
+//! of the released storage: the released memory is really free between a layer's forward and
+//! its backward, for GPT-2's `Conv1D` and for BERT's and Llama's `Linear`s alike.
+//!
 //! The root unit (embeddings, final norm, heads) stays gathered through the step and is
 //! reduced with the optimizer step as before. At most the root unit and one layer are
 //! gathered at a time, so a rank holds its shards, the root unit and one layer of full
@@ -120,6 +125,10 @@ impl Drop for LayerGather {
 }
 
 impl LayerHooks for LayerGather {
+    fn releases_parameters(&self) -> bool {
+        true
+    }
+
     fn before_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
         self.run(|pg, engine| Ok(engine.gather_unit(pg, index)?))?;
         // Backward leaves the layer here: its gradients are complete.

@@ -610,3 +610,89 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
     }
     Ok(())
 }
+
+/// The reference blocks with their ids folded into tiny Llama's 49152-token vocabulary.
+fn llama_blocks(n: usize) -> Result<std::sync::Arc<dyn tchtrain_trainer::Dataset>> {
+    let path = reference_dir().join("blocks.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let rows = v["train"]
+        .as_array()
+        .context("blocks")?
+        .iter()
+        .take(n)
+        .map(|row| {
+            let ids: Vec<i64> = row
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_i64())
+                .map(|id| id % 49152)
+                .collect();
+            tchtrain_collators::Feature::new(ids.clone())
+                .with_labels(tchtrain_collators::Label::Ids(ids))
+        })
+        .collect();
+    Ok(tchtrain_trainer::InMemoryDataset::new(rows).into_shared())
+}
+
+#[test]
+fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
+    if is_rank() {
+        let dir = test_dir();
+        let r = rank();
+        let ds3 = configs()
+            .into_iter()
+            .find(|(n, _, _)| *n == "zero3")
+            .and_then(|(_, ds, _)| ds);
+        for (name, ds) in [("ddp", None), ("zero3", ds3)] {
+            let mut args = job_args(&dir.join(name), B, ds, None)?;
+            args.eval_strategy = IntervalStrategy::No;
+            args.save_strategy = SaveStrategy::No;
+            let model = from_pretrained_dir(
+                &common::assets().join("tiny-llama"),
+                AutoTask::CausalLm,
+                Device::Cpu,
+                &LoadOptions::default(),
+            )?
+            .model;
+            let mut trainer = Trainer::builder(model, args)
+                .train_dataset(llama_blocks(32)?)
+                .build()?;
+            trainer.train(None)?;
+            let mem = trainer.sharded_memory().unwrap_or_default();
+            write_log(
+                &dir.join(format!("{name}-history-rank{r}.json")),
+                &numbers(&trainer.state.log_history),
+            )?;
+            std::fs::write(
+                dir.join(format!("{name}-peak-rank{r}.txt")),
+                mem.peak_unit_param_bytes.to_string(),
+            )?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("zero3-llama");
+    let codes = wait_codes(
+        launch("zero3_layer_by_layer_on_llama_equals_ddp", 2, &dir, "rank"),
+        Duration::from_secs(600),
+    );
+    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
+    let ddp = read_log(&dir.join("ddp-history-rank0.json"))?;
+    let zero3 = read_log(&dir.join("zero3-history-rank0.json"))?;
+    assert_eq!(ddp.len(), zero3.len(), "log entries");
+    let mut worst = 0.0f64;
+    for (d, z) in ddp.iter().zip(&zero3) {
+        if let (Some(a), Some(b)) = (num(z, "loss"), num(d, "loss")) {
+            worst = worst.max(rel(a, b));
+        }
+    }
+    let peak: f64 = std::fs::read_to_string(dir.join("zero3-peak-rank0.txt"))?
+        .trim()
+        .parse()?;
+    println!(
+        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}; step peak {peak} B"
+    );
+    assert!(worst < 1e-5, "loss differs by {worst}");
+    assert!(peak > 0.0, "the layers were gathered one by one");
+    Ok(())
+}

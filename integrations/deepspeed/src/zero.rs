@@ -37,11 +37,12 @@
 //! after it, gathered again just before its backward and, right after its backward, its
 //! gradients are reduce-scattered into the shards and the layer released. A layer-by-layer
 //! step then holds the shards, the root unit and one layer
-//! ([`ShardMemory::peak_unit_param_bytes`]). The storage is really freed only where autograd
-//! saved the parameter itself (GPT-2's `Conv1D` `addmm`, layer norms); a `nn::Linear`
-//! (BERT, Llama) saves the weight's transpose, a view that keeps the old storage alive until
-//! the layer's backward (DeepSpeed replaces those with `LinearFunctionForZeroStage3`; not
-//! done here).
+//! ([`ShardMemory::peak_unit_param_bytes`]). The released storage is really free: autograd
+//! saves the parameter variables themselves (GPT-2's `Conv1D` `addmm`, the norms; BERT's and
+//! Llama's linear maps switch to a form that saves the weight instead of `at::linear`'s
+//! transposed view, `LayerHooks::releases_parameters`, as DeepSpeed's
+//! `LinearFunctionForZeroStage3`), and the variables point at the re-gathered storage by
+//! the time the backward reads them.
 
 use tch::{Kind, Tensor};
 use tchtrain_distributed::{ProcessGroup, ReduceOp};
