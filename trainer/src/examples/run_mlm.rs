@@ -41,9 +41,10 @@ use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
-use super::common::{self, load_example_tokenizer};
+use super::common::{self, load_example_tokenizer, tokenizer_json};
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
+use crate::map_cache::{Fingerprint, MapCache, map_cached};
 use crate::metrics::{EvalPrediction, Metrics};
 use crate::text::DEFAULT_MAP_BATCH_SIZE;
 use crate::trainer::Trainer;
@@ -78,6 +79,9 @@ pub struct MlmArguments {
     pub max_train_samples: Option<usize>,
     /// `--max_eval_samples`: keep the first N evaluation rows.
     pub max_eval_samples: Option<usize>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](crate::MapCache)).
+    pub overwrite_cache: bool,
 }
 
 impl Default for MlmArguments {
@@ -96,6 +100,7 @@ impl Default for MlmArguments {
             mlm_seed: None,
             max_train_samples: None,
             max_eval_samples: None,
+            overwrite_cache: false,
         }
     }
 }
@@ -117,7 +122,8 @@ script flags:
   --mlm_seed N                seed of the masking generator (not upstream; default: torch's)
   --max_train_samples N       keep the first N training rows
   --max_eval_samples N        keep the first N evaluation rows
-  --overwrite_cache, --preprocessing_num_workers N
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --preprocessing_num_workers N
                               accepted for upstream's command lines; no effect here
 ";
 
@@ -153,9 +159,7 @@ impl ScriptFlags for MlmArguments {
             "mlm_seed" => self.mlm_seed = Some(args::number(name, value)?),
             "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
             "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "overwrite_cache" => {
-                args::boolean(name, value)?;
-            }
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
@@ -201,6 +205,7 @@ struct Tokenization<'a> {
     line_by_line: bool,
     pad_to_max_length: bool,
     pad_id: u32,
+    overwrite_cache: bool,
 }
 
 impl Tokenization<'_> {
@@ -215,9 +220,37 @@ impl Tokenization<'_> {
     }
 
     /// Upstream's `tokenize_function` (+ `group_texts` unless line by line), then the
-    /// first `max_samples` rows.
+    /// first `max_samples` rows. The rows come from the dataset cache when an earlier run
+    /// prepared the same lines with the same tokenizer and settings.
     fn rows(&self, lines: &[String], max_samples: Option<usize>) -> Result<InMemoryDataset> {
-        let rows = if self.line_by_line {
+        let mut fingerprint = Fingerprint::new("run_mlm.tokenize_function");
+        fingerprint
+            .update(tokenizer_json(self.tokenizer)?)
+            .update(format!(
+                "{} {} {} {} {}",
+                self.with_token_type_ids,
+                self.max_seq_length,
+                self.line_by_line,
+                self.pad_to_max_length,
+                self.pad_id
+            ));
+        for line in lines {
+            fingerprint.update(line);
+        }
+        let cache = MapCache::from_env();
+        let rows = map_cached(cache.as_ref(), &fingerprint, self.overwrite_cache, || {
+            self.tokenize(lines)
+        })?;
+        let ds = InMemoryDataset::new(rows);
+        Ok(match max_samples {
+            Some(n) => ds.take(n),
+            None => ds,
+        })
+    }
+
+    /// [`rows`](Self::rows) without the cache.
+    fn tokenize(&self, lines: &[String]) -> Result<Vec<Feature>> {
+        Ok(if self.line_by_line {
             let mut tok = self.tokenizer.clone();
             tok.with_truncation(Some(TruncationParams {
                 max_length: self.max_seq_length,
@@ -247,11 +280,6 @@ impl Tokenization<'_> {
                 .map(|(i, l)| self.encode(self.tokenizer, l, i))
                 .collect::<Result<Vec<_>>>()?;
             group_features(&tokenized, self.max_seq_length)
-        };
-        let ds = InMemoryDataset::new(rows);
-        Ok(match max_samples {
-            Some(n) => ds.take(n),
-            None => ds,
         })
     }
 }
@@ -377,6 +405,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         line_by_line: mlm.line_by_line,
         pad_to_max_length: mlm.pad_to_max_length,
         pad_id: tok.info.pad_token_id.unwrap_or(0).max(0) as u32,
+        overwrite_cache: mlm.overwrite_cache,
     };
     // Upstream's Trainer drops the `special_tokens_mask` column (the model's forward does
     // not take it) unless `remove_unused_columns` is off: the collator then finds the
