@@ -54,6 +54,9 @@ pub(crate) struct Sharding {
     /// Stage 3 with one wrap unit per transformer layer: parameters gathered layer by layer
     /// during each training step ([`LayerGather`]) instead of all at once.
     pub per_layer: bool,
+    /// The run's arguments, shared with the per-layer hooks' backward actions (which reach
+    /// the process group through them).
+    pub args: Arc<tchtrain_training_args::TrainingArguments>,
 }
 
 impl Sharding {
@@ -191,6 +194,7 @@ impl Trainer {
             engine: Arc::new(Mutex::new(engine)),
             source,
             per_layer,
+            args: Arc::new(self.args.clone()),
         });
         Ok(true)
     }
@@ -253,10 +257,7 @@ impl Trainer {
     /// The per-layer hooks of a stage-3 training step (`None` unless layer by layer).
     pub(crate) fn zero_layer_hooks(&self) -> Option<Rc<LayerGather>> {
         let s = self.sharding.as_ref().filter(|s| s.per_layer)?;
-        Some(Rc::new(LayerGather::new(
-            s.engine.clone(),
-            Arc::new(self.args.clone()),
-        )))
+        Some(Rc::new(LayerGather::new(s.engine.clone(), s.args.clone())))
     }
 
     /// Stage 3: releases the full parameters (nothing otherwise).

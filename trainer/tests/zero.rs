@@ -613,21 +613,10 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
 
 /// The reference blocks with their ids folded into tiny Llama's 49152-token vocabulary.
 fn llama_blocks(n: usize) -> Result<std::sync::Arc<dyn tchtrain_trainer::Dataset>> {
-    let path = reference_dir().join("blocks.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-    let rows = v["train"]
-        .as_array()
-        .context("blocks")?
-        .iter()
-        .take(n)
-        .map(|row| {
-            let ids: Vec<i64> = row
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|x| x.as_i64())
-                .map(|id| id % 49152)
-                .collect();
+    let rows = common::block_ids("train", n)?
+        .into_iter()
+        .map(|ids| {
+            let ids: Vec<i64> = ids.into_iter().map(|id| id % 49152).collect();
             tchtrain_collators::Feature::new(ids.clone())
                 .with_labels(tchtrain_collators::Label::Ids(ids))
         })

@@ -138,24 +138,26 @@ pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>>
     codes.into_iter().map(Option::flatten).collect()
 }
 
-pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+/// The token ids of the first `n` reference blocks of `part` (`train` / `eval`).
+pub fn block_ids(part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
     let path = reference_dir().join("blocks.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
-    let rows = v[part]
+    v[part]
         .as_array()
         .context("blocks")?
         .iter()
         .take(n)
+        .map(|row| Ok(serde_json::from_value(row.clone())?))
+        .collect()
+}
+
+pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let rows = block_ids(part, n)?
+        .into_iter()
         .enumerate()
-        .map(|(j, row)| {
-            let ids: Vec<i64> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap())
-                .collect();
+        .map(|(j, ids)| {
             // Rows end with 0 to 39 ignored labels (as padding would), so the ranks count
             // different numbers of tokens: only `average_tokens_across_devices` makes their
             // losses add up to the single process's.
