@@ -30,6 +30,15 @@ pub enum Error {
         /// libtorch's message.
         message: String,
     },
+    /// A backend this build or this machine cannot provide (NCCL without the `cuda`
+    /// feature or without a CUDA device, a name c10d does not have here).
+    #[error("process group backend '{backend}' is unavailable: {detail}")]
+    BackendUnavailable {
+        /// The backend asked for.
+        backend: String,
+        /// Why, and what to do.
+        detail: String,
+    },
     /// A collective failed (a peer died or the timeout elapsed).
     #[error("rank {rank}: {op} failed: {message}")]
     Collective {

@@ -24,6 +24,16 @@ unsafe extern "C" {
         gloo_interface: *const c_char,
         out: *mut *mut PgHandle,
     ) -> *mut c_char;
+    fn tchtrain_c10d_has_nccl() -> c_int;
+    fn tchtrain_c10d_new_nccl(
+        host: *const c_char,
+        port: u16,
+        rank: c_int,
+        world_size: c_int,
+        timeout_ms: i64,
+        device_index: c_int,
+        out: *mut *mut PgHandle,
+    ) -> *mut c_char;
     fn tchtrain_c10d_free(pg: *mut PgHandle);
     fn tchtrain_c10d_allreduce(pg: *mut PgHandle, t: *mut C_tensor, op: c_int) -> *mut c_char;
     fn tchtrain_c10d_broadcast(pg: *mut PgHandle, t: *mut C_tensor, root: c_int) -> *mut c_char;
@@ -55,7 +65,13 @@ fn check(err: *mut c_char) -> Result<(), String> {
     Err(message)
 }
 
-/// An owned c10d Gloo process group (and its TCPStore).
+/// Whether the shim was compiled with NCCL (the `cuda` feature).
+pub(crate) fn has_nccl() -> bool {
+    // SAFETY: a constant query with no arguments.
+    unsafe { tchtrain_c10d_has_nccl() != 0 }
+}
+
+/// An owned c10d process group, Gloo or NCCL (and its TCPStore).
 #[derive(Debug)]
 pub(crate) struct RawGroup {
     ptr: *mut PgHandle,
@@ -90,6 +106,24 @@ impl RawGroup {
                 iface.as_ptr(),
                 &mut ptr,
             )
+        })?;
+        Ok(Self { ptr })
+    }
+
+    /// TCPStore rendezvous at `host:port`, then an NCCL group on CUDA device `device`.
+    pub(crate) fn new_nccl(
+        host: &str,
+        port: u16,
+        rank: i32,
+        world: i32,
+        timeout_ms: i64,
+        device: i32,
+    ) -> Result<Self, String> {
+        let host = CString::new(host).map_err(|_| "host contains a NUL byte".to_string())?;
+        let mut ptr: *mut PgHandle = std::ptr::null_mut();
+        // SAFETY: a valid C string for the call's duration; `ptr` is written only on success.
+        check(unsafe {
+            tchtrain_c10d_new_nccl(host.as_ptr(), port, rank, world, timeout_ms, device, &mut ptr)
         })?;
         Ok(Self { ptr })
     }
@@ -137,7 +171,7 @@ impl RawGroup {
 
 impl Drop for RawGroup {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from `tchtrain_c10d_new_gloo` and is freed once.
+        // SAFETY: the pointer came from `tchtrain_c10d_new_gloo` / `_new_nccl` and is freed once.
         unsafe { tchtrain_c10d_free(self.ptr) };
     }
 }

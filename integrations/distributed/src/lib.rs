@@ -5,20 +5,20 @@
 //! wrapped by the private `ffi` module, the only code that sees raw pointers): TCPStore
 //! rendezvous from `RANK` / `WORLD_SIZE` / `MASTER_ADDR` / `MASTER_PORT`, then
 //! all_reduce, reduce_scatter, all_gather, broadcast and barrier on tch tensors in place.
-//! [`DistributedDataParallel`] averages gradients in buckets. NCCL (behind a `cuda`
-//! feature) comes next.
+//! [`DistributedDataParallel`] averages gradients in buckets.
 //!
-//! ## NCCL: what compiling the shim needs (not built yet)
+//! ## NCCL (the `cuda` feature)
 //!
-//! A probe compiling `ProcessGroupNCCL` construction (`-DUSE_C10D_NCCL`, the flags of
-//! `build.rs`, linking `torch_cuda` and `c10_cuda` from the torch wheel) against the setup
-//! virtualenv found: `nccl.h` in the `nvidia-nccl-cu13` wheel (`nvidia/nccl/include`) and
-//! `cuda_runtime.h` in `nvidia-cuda-runtime` (`nvidia/cu13/include`) are there, but
-//! `cuda_runtime.h` includes `crt/host_config.h` (PyPI `nvidia-cuda-crt`; a copy exists
-//! only inside triton's `backends/nvidia/include`) and `cuda_fp16.h` includes `nv/target`
-//! (CCCL, PyPI `nvidia-cuda-cccl`), which nothing in the virtualenv provides. So the
-//! `cuda` feature needs `nvidia-cuda-crt` and `nvidia-cuda-cccl` 13.0 added to setup's
-//! requirements (the default build needs neither).
+//! Built with `--features cuda`, the shim also compiles c10d's `ProcessGroupNCCL`
+//! ([`ProcessGroup::new_nccl`], [`Backend::Nccl`]): one CUDA device per process
+//! (`LOCAL_RANK`), collectives on tensors there. It needs a CUDA libtorch (the torch wheel
+//! `cargo xtask setup` installs is one: `libtorch_cuda.so`, `libc10_cuda.so`) and the CUDA
+//! and NCCL headers: `CUDA_HOME`'s toolkit, or the `nvidia-*` wheels beside torch
+//! (`nvidia-cuda-runtime`, `nvidia-nccl-cu13`, which torch depends on, plus
+//! `nvidia-cuda-crt` for `crt/host_config.h` and `nvidia-cuda-cccl` for `nv/target`, which
+//! setup adds). `cargo xtask test` builds and tests this crate with the feature too; the
+//! collectives on a GPU run with `cargo xtask test --gpu`. Without the feature, or without a
+//! CUDA device for `LOCAL_RANK`, asking for NCCL is [`Error::BackendUnavailable`].
 //!
 //! Mirrors upstream torch.distributed; names follow it so a PyTorch user finds each
 //! concept where they expect it.
@@ -32,4 +32,4 @@ mod process_group;
 pub use ddp::{DEFAULT_BUCKET_CAP_MB, DistributedDataParallel};
 pub use env::DistributedEnv;
 pub use error::{Error, Result};
-pub use process_group::{DEFAULT_TIMEOUT, ProcessGroup, ReduceOp};
+pub use process_group::{Backend, DEFAULT_TIMEOUT, ProcessGroup, ReduceOp};

@@ -1,14 +1,15 @@
-//! `ProcessGroup`: libtorch's c10d `ProcessGroupGloo` behind a TCPStore rendezvous, with
-//! the collectives of `torch.distributed` on tch tensors, in place. Engine errors (a dead
-//! peer, a timeout) come back as [`Error::Collective`], never a hang or an abort.
+//! `ProcessGroup`: libtorch's c10d `ProcessGroupGloo` (CPU tensors) or, with the `cuda`
+//! feature, `ProcessGroupNCCL` (CUDA tensors) behind a TCPStore rendezvous, with the
+//! collectives of `torch.distributed` on tch tensors, in place. Engine errors (a dead peer,
+//! a timeout) come back as [`Error::Collective`], never a hang or an abort.
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::env::DistributedEnv;
-use crate::ffi::RawGroup;
+use crate::ffi::{self, RawGroup};
 use crate::{Error, Result};
 
 /// Upstream's default `ddp_timeout` (1800 s).
@@ -36,6 +37,55 @@ impl ReduceOp {
             ReduceOp::Product => 1,
             ReduceOp::Min => 2,
             ReduceOp::Max => 3,
+        }
+    }
+}
+
+/// A c10d backend (`init_process_group(backend=...)`, the Trainer's `ddp_backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo: CPU tensors (always built).
+    Gloo,
+    /// NCCL: CUDA tensors, one device per process (the `cuda` feature).
+    Nccl,
+}
+
+impl Backend {
+    /// The name torch uses (`"gloo"`, `"nccl"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Gloo => "gloo",
+            Backend::Nccl => "nccl",
+        }
+    }
+
+    /// Parses a `ddp_backend` value. The other names torch accepts (`mpi`, `ccl`, `hccl`,
+    /// `cncl`, `mccl`, `xccl`) are backends libtorch's c10d does not carry here.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "gloo" => Ok(Backend::Gloo),
+            "nccl" => Ok(Backend::Nccl),
+            other => Err(Error::BackendUnavailable {
+                backend: other.to_string(),
+                detail: "this build has 'gloo' (CPU tensors) and, with the `cuda` feature, 'nccl' (CUDA tensors)".into(),
+            }),
+        }
+    }
+
+    /// accelerate's default: NCCL for a CUDA device when this build has it, Gloo otherwise.
+    pub fn default_for(device: Device) -> Self {
+        if device.is_cuda() && ffi::has_nccl() {
+            Backend::Nccl
+        } else {
+            Backend::Gloo
+        }
+    }
+
+    /// Whether this build can create this backend's groups (NCCL: built with `cuda`).
+    pub fn is_built(self) -> bool {
+        match self {
+            Backend::Gloo => true,
+            Backend::Nccl => ffi::has_nccl(),
         }
     }
 }
@@ -71,12 +121,29 @@ fn wait_for_store(addr: &str, port: u16, timeout: Duration) -> std::result::Resu
     }
 }
 
-/// A process group over libtorch's c10d (Gloo backend).
+/// A process group over libtorch's c10d (Gloo or NCCL backend).
 #[derive(Debug)]
 pub struct ProcessGroup {
     raw: RawGroup,
     rank: i32,
     world_size: i32,
+    backend: Backend,
+    device: Device,
+}
+
+/// The rendezvous error of `env` with `timeout`, from libtorch's message.
+fn rendezvous_error(env: &DistributedEnv, timeout: Duration) -> impl Fn(String) -> Error + '_ {
+    move |message: String| Error::Rendezvous {
+        addr: format!("{}:{}", env.master_addr, env.master_port),
+        rank: env.rank,
+        world_size: env.world_size,
+        timeout_s: timeout.as_secs_f64(),
+        message: message.trim_end().trim_end_matches('.').to_string(),
+    }
+}
+
+fn timeout_ms(timeout: Duration) -> i64 {
+    i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl ProcessGroup {
@@ -90,31 +157,92 @@ impl ProcessGroup {
     /// `MASTER_ADDR:MASTER_PORT` (a wrong port or address, rank 0 not started).
     pub fn new_gloo(env: &DistributedEnv, timeout: Duration) -> Result<Self> {
         let iface = std::env::var("GLOO_SOCKET_IFNAME").ok();
-        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
-        let rendezvous_error = |message: String| Error::Rendezvous {
-            addr: format!("{}:{}", env.master_addr, env.master_port),
-            rank: env.rank,
-            world_size: env.world_size,
-            timeout_s: timeout.as_secs_f64(),
-            message: message.trim_end().trim_end_matches('.').to_string(),
-        };
         if env.rank != 0 {
-            wait_for_store(&env.master_addr, env.master_port, timeout).map_err(rendezvous_error)?;
+            wait_for_store(&env.master_addr, env.master_port, timeout)
+                .map_err(rendezvous_error(env, timeout))?;
         }
         let raw = RawGroup::new_gloo(
             &env.master_addr,
             env.master_port,
             env.rank,
             env.world_size,
-            timeout_ms,
+            timeout_ms(timeout),
             iface.as_deref(),
         )
-        .map_err(rendezvous_error)?;
+        .map_err(rendezvous_error(env, timeout))?;
         Ok(Self {
             raw,
             rank: env.rank,
             world_size: env.world_size,
+            backend: Backend::Gloo,
+            device: Device::Cpu,
         })
+    }
+
+    /// `init_process_group("nccl", ...)` on CUDA device `LOCAL_RANK` (torchrun's one GPU
+    /// per process), after the same TCPStore rendezvous as [`Self::new_gloo`]. Collectives
+    /// then take tensors on that device. Unless `TORCH_NCCL_BLOCKING_WAIT` is set, the
+    /// shim sets it to 1, so a dead peer or a hang ends in [`Error::Collective`] after
+    /// `timeout` rather than in the NCCL watchdog's abort.
+    ///
+    /// [`Error::BackendUnavailable`] when this build has no NCCL (the `cuda` feature is
+    /// off) or no CUDA device `LOCAL_RANK` is visible.
+    pub fn new_nccl(env: &DistributedEnv, timeout: Duration) -> Result<Self> {
+        let unavailable = |detail: String| Error::BackendUnavailable {
+            backend: "nccl".into(),
+            detail,
+        };
+        if !ffi::has_nccl() {
+            return Err(unavailable(
+                "tchtrain-distributed was built without its `cuda` feature: rebuild with `--features tchtrain-distributed/cuda` (a CUDA libtorch), or use ddp_backend='gloo'".into(),
+            ));
+        }
+        let count = tch::Cuda::device_count();
+        if i64::from(env.local_rank) >= count {
+            return Err(unavailable(format!(
+                "LOCAL_RANK={} needs CUDA device {} but this process sees {count} CUDA device(s) (CUDA_VISIBLE_DEVICES, the driver): start at most {count} ranks per machine, or use ddp_backend='gloo' on CPU",
+                env.local_rank, env.local_rank
+            )));
+        }
+        if env.rank != 0 {
+            wait_for_store(&env.master_addr, env.master_port, timeout)
+                .map_err(rendezvous_error(env, timeout))?;
+        }
+        let raw = RawGroup::new_nccl(
+            &env.master_addr,
+            env.master_port,
+            env.rank,
+            env.world_size,
+            timeout_ms(timeout),
+            env.local_rank,
+        )
+        .map_err(rendezvous_error(env, timeout))?;
+        Ok(Self {
+            raw,
+            rank: env.rank,
+            world_size: env.world_size,
+            backend: Backend::Nccl,
+            device: Device::Cuda(env.local_rank as usize),
+        })
+    }
+
+    /// [`Self::new_gloo`] or [`Self::new_nccl`] by `backend`.
+    pub fn new(backend: Backend, env: &DistributedEnv, timeout: Duration) -> Result<Self> {
+        match backend {
+            Backend::Gloo => Self::new_gloo(env, timeout),
+            Backend::Nccl => Self::new_nccl(env, timeout),
+        }
+    }
+
+    /// The backend of this group.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The device this group's collectives take tensors on (CPU for Gloo, this rank's
+    /// CUDA device for NCCL).
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// This process's rank.
@@ -245,7 +373,9 @@ impl ProcessGroup {
 
     /// All-reduces a scalar (e.g. `num_items_in_batch` across ranks).
     pub fn all_reduce_scalar(&mut self, value: f64, op: ReduceOp) -> Result<f64> {
-        let mut t = Tensor::from_slice(&[value]).to_kind(Kind::Double);
+        let mut t = Tensor::f_from_slice(&[value])?
+            .f_to_kind(Kind::Double)?
+            .f_to_device(self.device)?;
         self.all_reduce(&mut t, op)?;
         Ok(t.f_double_value(&[0])?)
     }

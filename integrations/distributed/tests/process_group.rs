@@ -7,9 +7,9 @@ use std::net::TcpListener;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 use tchtrain_distributed::{
-    DistributedDataParallel, DistributedEnv, Error, ProcessGroup, ReduceOp,
+    Backend, DistributedDataParallel, DistributedEnv, Error, ProcessGroup, ReduceOp,
 };
 
 const ROLE: &str = "TCHTRAIN_TEST_ROLE";
@@ -28,7 +28,9 @@ fn launch(test: &str, ranks: &[i32], world: i32, port: u16) -> Vec<Child> {
         .iter()
         .map(|&rank| {
             Command::new(std::env::current_exe().unwrap())
+                // `--include-ignored`: the GPU tests are ignored unless asked for.
                 .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .arg("--include-ignored")
                 .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
                 .env(ROLE, "rank")
                 // The ranks' own `test result` lines would be counted by the summary:
@@ -76,6 +78,61 @@ fn values(t: &Tensor) -> Vec<f64> {
     Vec::<f64>::try_from(t.to_kind(Kind::Double).flatten(0, -1)).unwrap()
 }
 
+/// Every collective on `pg`'s device, with values checked for any world size `W`
+/// (`S = 0 + 1 + .. + (W - 1)`, `T = 1 + .. + W`).
+fn check_collectives(pg: &mut ProcessGroup) {
+    let dev = pg.device();
+    let w = pg.world_size();
+    let (wf, r) = (f64::from(w), f64::from(pg.rank()));
+    let (sum_r, sum_r1) = (wf * (wf - 1.0) / 2.0, wf * (wf + 1.0) / 2.0);
+    let on = |v: &[f64]| Tensor::from_slice(v).to_device(dev);
+
+    let mut t = on(&[r, 10.0 * r, 1.0]);
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&t), vec![sum_r, 10.0 * sum_r, wf]);
+    let mut t = on(&[r]);
+    pg.all_reduce(&mut t, ReduceOp::Avg).unwrap();
+    assert_eq!(values(&t), vec![sum_r / wf]);
+    let mut t = on(&[r, -r]);
+    pg.all_reduce(&mut t, ReduceOp::Max).unwrap();
+    assert_eq!(values(&t), vec![wf - 1.0, 0.0]);
+
+    let root = w - 1;
+    let mut t = if pg.rank() == root {
+        Tensor::from_slice(&[7.0f32, 8.0]).to_device(dev)
+    } else {
+        Tensor::zeros([2], (Kind::Float, dev))
+    };
+    pg.broadcast(&mut t, root).unwrap();
+    assert_eq!(values(&t), vec![7.0, 8.0]);
+
+    let input = on(&[r, r + 0.5]);
+    let mut out = Tensor::zeros([2 * i64::from(w)], (Kind::Double, dev));
+    pg.all_gather_into(&mut out, &input).unwrap();
+    let gathered: Vec<f64> = (0..2 * w).map(|i| f64::from(i) / 2.0).collect();
+    assert_eq!(values(&out), gathered);
+
+    // Every rank contributes [0, 1, .., 2W - 1] * (r + 1); rank k receives chunk k times T.
+    let input = Tensor::arange(2 * i64::from(w), (Kind::Float, dev)) * (r + 1.0);
+    let expected: Vec<f64> = (0..2).map(|i| sum_r1 * (2.0 * r + f64::from(i))).collect();
+    let mut out = Tensor::zeros([2], (Kind::Float, dev));
+    pg.reduce_scatter(&mut out, &input, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&out), expected);
+    let mut out2 = Tensor::zeros([2], (Kind::Float, dev));
+    pg.reduce_scatter_via_all_reduce(&mut out2, &input, ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(values(&out2), expected);
+
+    assert_eq!(pg.all_reduce_scalar(r + 1.0, ReduceOp::Sum).unwrap(), sum_r1);
+    // A wrong-sized output is a typed error, not an engine crash.
+    let mut bad = Tensor::zeros([2 * i64::from(w) - 1], (Kind::Double, dev));
+    assert!(matches!(
+        pg.all_gather_into(&mut bad, &on(&[r, r])),
+        Err(Error::InvalidTensor { .. })
+    ));
+    pg.barrier().unwrap();
+}
+
 #[test]
 fn collectives_on_three_ranks() {
     if !is_rank() {
@@ -84,53 +141,84 @@ fn collectives_on_three_ranks() {
             Duration::from_secs(120),
         );
     }
-    let env = env();
-    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(60)).unwrap();
-    let r = f64::from(pg.rank());
+    let mut pg = ProcessGroup::new_gloo(&env(), Duration::from_secs(60)).unwrap();
     assert_eq!(pg.world_size(), 3);
+    assert_eq!((pg.backend(), pg.device()), (Backend::Gloo, Device::Cpu));
+    check_collectives(&mut pg);
+}
 
-    let mut t = Tensor::from_slice(&[r, 10.0 * r, 1.0]);
-    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
-    assert_eq!(values(&t), vec![3.0, 30.0, 3.0]);
-    let mut t = Tensor::from_slice(&[r]);
-    pg.all_reduce(&mut t, ReduceOp::Avg).unwrap();
-    assert_eq!(values(&t), vec![1.0]);
-    let mut t = Tensor::from_slice(&[r, -r]);
-    pg.all_reduce(&mut t, ReduceOp::Max).unwrap();
-    assert_eq!(values(&t), vec![2.0, 0.0]);
-
-    let mut t = if pg.rank() == 1 {
-        Tensor::from_slice(&[7.0f32, 8.0])
+/// The collectives over NCCL, one rank per visible GPU (at most 4): in this process when
+/// there is one GPU (a world of 1), else launched as ranks.
+#[test]
+#[ignore = "needs a CUDA device and the `cuda` feature: cargo xtask test --gpu"]
+fn nccl_collectives_on_every_gpu() {
+    let gpus = i32::try_from(tch::Cuda::device_count().min(4)).unwrap();
+    let env = if is_rank() {
+        env()
+    } else if gpus >= 2 {
+        let ranks: Vec<i32> = (0..gpus).collect();
+        return wait_all(
+            launch("nccl_collectives_on_every_gpu", &ranks, gpus, free_port()),
+            Duration::from_secs(180),
+        );
     } else {
-        Tensor::zeros([2], (Kind::Float, tch::Device::Cpu))
+        DistributedEnv {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: free_port(),
+        }
     };
-    pg.broadcast(&mut t, 1).unwrap();
-    assert_eq!(values(&t), vec![7.0, 8.0]);
+    let mut pg = ProcessGroup::new_nccl(&env, Duration::from_secs(60)).unwrap();
+    assert_eq!(pg.backend(), Backend::Nccl);
+    assert_eq!(pg.device(), Device::Cuda(usize::try_from(env.local_rank).unwrap()));
+    check_collectives(&mut pg);
+}
 
-    let input = Tensor::from_slice(&[r, r + 0.5]);
-    let mut out = Tensor::zeros([6], (Kind::Double, tch::Device::Cpu));
-    pg.all_gather_into(&mut out, &input).unwrap();
-    assert_eq!(values(&out), vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+/// NCCL asked for where it cannot run is a typed error naming the fix: without the `cuda`
+/// feature, the feature; with it, the device `LOCAL_RANK` names when this process does not
+/// see it (here one past the last visible device, so it holds on any machine).
+#[test]
+fn nccl_without_its_device_is_a_typed_error() {
+    let count = tch::Cuda::device_count();
+    let env = DistributedEnv {
+        rank: 0,
+        world_size: 1,
+        local_rank: i32::try_from(count).unwrap(),
+        local_world_size: 1,
+        master_addr: "127.0.0.1".into(),
+        master_port: free_port(),
+    };
+    let err = ProcessGroup::new(Backend::Nccl, &env, Duration::from_secs(5)).unwrap_err();
+    let Error::BackendUnavailable { backend, detail } = &err else {
+        panic!("expected BackendUnavailable, got {err}");
+    };
+    assert_eq!(backend, "nccl");
+    if Backend::Nccl.is_built() {
+        assert!(detail.contains(&format!("sees {count} CUDA device(s)")), "{err}");
+    } else {
+        assert!(detail.contains("`cuda` feature"), "{err}");
+    }
+    assert!(err.to_string().contains("ddp_backend='gloo'"), "{err}");
+}
 
-    // Every rank contributes [0, 1, .., 5] * (r + 1); rank k receives chunk k summed: (1+2+3) * chunk.
-    let input = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)) * (r + 1.0);
-    let expected: Vec<f64> = (0..2).map(|i| 6.0 * (2.0 * r + f64::from(i))).collect();
-    let mut out = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
-    pg.reduce_scatter(&mut out, &input, ReduceOp::Sum).unwrap();
-    assert_eq!(values(&out), expected);
-    let mut out2 = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
-    pg.reduce_scatter_via_all_reduce(&mut out2, &input, ReduceOp::Sum)
-        .unwrap();
-    assert_eq!(values(&out2), expected);
-
-    assert_eq!(pg.all_reduce_scalar(r + 1.0, ReduceOp::Sum).unwrap(), 6.0);
-    // A wrong-sized output is a typed error, not an engine crash.
-    let mut bad = Tensor::zeros([5], (Kind::Double, tch::Device::Cpu));
-    assert!(matches!(
-        pg.all_gather_into(&mut bad, &Tensor::from_slice(&[r, r])),
-        Err(Error::InvalidTensor { .. })
-    ));
-    pg.barrier().unwrap();
+#[test]
+fn backend_names_and_defaults() {
+    assert_eq!(Backend::parse("gloo").unwrap(), Backend::Gloo);
+    assert_eq!(Backend::parse("nccl").unwrap(), Backend::Nccl);
+    assert_eq!(Backend::Nccl.as_str(), "nccl");
+    let err = Backend::parse("mpi").unwrap_err();
+    assert!(
+        matches!(&err, Error::BackendUnavailable { backend, .. } if backend == "mpi"),
+        "{err}"
+    );
+    assert_eq!(Backend::default_for(Device::Cpu), Backend::Gloo);
+    // A CUDA device gets NCCL exactly when this build has it.
+    let cuda = Backend::default_for(Device::Cuda(0));
+    assert_eq!(cuda == Backend::Nccl, Backend::Nccl.is_built());
+    assert_eq!(Backend::Nccl.is_built(), cfg!(feature = "cuda"));
 }
 
 #[test]
