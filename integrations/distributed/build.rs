@@ -61,7 +61,8 @@ fn main() {
         .flag("-DUSE_DISTRIBUTED")
         .warnings(false);
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        let lib = PathBuf::from(std::env::var_os(tchtrain_build::LIBTORCH_LIB_VAR).unwrap_or_default());
+        let lib =
+            PathBuf::from(std::env::var_os(tchtrain_build::LIBTORCH_LIB_VAR).unwrap_or_default());
         if !lib.join("libtorch_cuda.so").exists() {
             panic!(
                 "the `cuda` feature needs a CUDA build of libtorch, but {} has no libtorch_cuda.so: point LIBTORCH (or LIBTORCH_USE_PYTORCH) at a CUDA torch",
@@ -70,7 +71,10 @@ fn main() {
         }
         match cuda_include_dirs(&lib) {
             Ok(dirs) => {
-                build.includes(dirs).flag("-DUSE_C10D_NCCL").flag("-DUSE_CUDA");
+                build
+                    .includes(dirs)
+                    .flag("-DUSE_C10D_NCCL")
+                    .flag("-DUSE_CUDA");
             }
             Err(e) => panic!("{e}"),
         }

@@ -22,16 +22,19 @@
 //! * ranks other than 0 write nothing into a checkpoint (upstream writes
 //!   `rng_state_{rank}.pth` there; this Trainer does not save generator states, see
 //!   `checkpoint.rs`);
-//! * the backend is Gloo on every device (`ddp_backend` other than `gloo` is refused);
-//!   NCCL comes with the `cuda` feature of `tchtrain-distributed`;
+//! * the backend is accelerate's default, NCCL for a CUDA run and Gloo on the CPU, or
+//!   `ddp_backend`; NCCL needs the `cuda` feature of `tchtrain-distributed` (this crate's
+//!   `cuda` feature turns it on), and `nccl` on a CPU run is refused before the rendezvous
+//!   (upstream fails at the first collective); the other names torch knows (`mpi`, `ccl`,
+//!   `hccl`, `cncl`, `mccl`) are refused, libtorch's c10d here has no such backend;
 //! * `find_unused_parameters` is not supported: every trainable parameter must receive a
 //!   gradient in each window (DDP's default).
 
 use std::sync::Mutex;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 use tchtrain_distributed::{
-    DEFAULT_BUCKET_CAP_MB, DistributedDataParallel, DistributedEnv, ProcessGroup, ReduceOp,
+    Backend, DEFAULT_BUCKET_CAP_MB, DistributedDataParallel, DistributedEnv, ProcessGroup, ReduceOp,
 };
 use tchtrain_training_args::TrainingArguments;
 
@@ -56,26 +59,48 @@ pub(crate) fn with_process_group<T>(
     }
     let mut guard = DEFAULT_GROUP.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
-        if let Some(backend) = args.ddp_backend.as_deref()
-            && backend != "gloo"
-        {
-            return Err(Error::InvalidArgument {
-                field: "ddp_backend",
-                detail: format!(
-                    "'{backend}' is not available yet; this Trainer runs DDP over c10d's Gloo (leave ddp_backend unset or set it to 'gloo')"
-                ),
-            });
-        }
+        let backend = ddp_backend(args, training_device(args))?;
         let env = DistributedEnv::from_env()?.ok_or(Error::InvalidArgument {
             field: "WORLD_SIZE",
             detail: "is above 1 but the launcher environment is incomplete".into(),
         })?;
-        *guard = Some(ProcessGroup::new_gloo(&env, args.ddp_timeout_delta())?);
+        *guard = Some(ProcessGroup::new(backend, &env, args.ddp_timeout_delta())?);
     }
     match guard.as_mut() {
         Some(pg) => f(pg).map(Some),
         None => Ok(None),
     }
+}
+
+/// The device the Trainer trains on (upstream `TrainingArguments.device`): the CPU with
+/// `use_cpu`, else CUDA device 0 when there is one (`LOCAL_RANK`'s device in a multi-GPU
+/// run, which `ProcessGroupNCCL` binds), else the CPU.
+pub(crate) fn training_device(args: &TrainingArguments) -> Device {
+    if args.use_cpu {
+        Device::Cpu
+    } else {
+        Device::cuda_if_available()
+    }
+}
+
+/// The c10d backend of a run on `device`: `ddp_backend` when set, else accelerate's default
+/// (NCCL for CUDA when this build has it, Gloo otherwise). Refused with the field named: a
+/// name c10d here does not have, and `nccl` for a CPU run.
+pub(crate) fn ddp_backend(args: &TrainingArguments, device: Device) -> Result<Backend> {
+    let Some(name) = args.ddp_backend.as_deref() else {
+        return Ok(Backend::default_for(device));
+    };
+    let backend = Backend::parse(name).map_err(|e| Error::InvalidArgument {
+        field: "ddp_backend",
+        detail: e.to_string(),
+    })?;
+    if backend == Backend::Nccl && !device.is_cuda() {
+        return Err(Error::InvalidArgument {
+            field: "ddp_backend",
+            detail: "'nccl' runs collectives on CUDA tensors but this run trains on the CPU (use_cpu, or no CUDA device visible): use 'gloo' or leave ddp_backend unset".into(),
+        });
+    }
+    Ok(backend)
 }
 
 /// The sum of `value` over every process (itself in a single-process run), in float64.
@@ -90,7 +115,7 @@ pub(crate) fn all_reduce_sum(args: &TrainingArguments, value: f64) -> Result<f64
 /// computes it: a float32 tensor (itself, unrounded, in a single-process run).
 pub(crate) fn all_reduce_sum_f32(args: &TrainingArguments, value: f64) -> Result<f64> {
     Ok(with_process_group(args, |pg| {
-        let mut t = Tensor::f_from_slice(&[value as f32])?;
+        let mut t = Tensor::f_from_slice(&[value as f32])?.f_to_device(pg.device())?;
         pg.all_reduce(&mut t, ReduceOp::Sum)?;
         Ok(t.f_double_value(&[0])?)
     })?
@@ -187,9 +212,13 @@ impl Trainer {
         for list in lists {
             // Every process has items in the same lists (they run the same number of
             // full batches), so the collectives below pair up.
-            let mut has = Tensor::f_from_slice(&[i64::from(!list.is_empty())])?;
-            with_process_group(&self.args, |pg| Ok(pg.all_reduce(&mut has, ReduceOp::Min)?))?;
-            if has.f_int64_value(&[0])? == 0 {
+            let has = i64::from(!list.is_empty());
+            let has = with_process_group(&self.args, |pg| {
+                let mut t = Tensor::f_from_slice(&[has])?.f_to_device(pg.device())?;
+                pg.all_reduce(&mut t, ReduceOp::Min)?;
+                Ok(t.f_int64_value(&[0])?)
+            })?;
+            if has == Some(0) {
                 list.clear();
                 continue;
             }
@@ -242,11 +271,12 @@ fn gather_in_batch_order(
     keep: Option<i64>,
 ) -> Result<Tensor> {
     let world = i64::from(pg.world_size());
-    let mut local = local.f_contiguous()?;
+    // The group's device (NCCL: this rank's GPU; evaluation lists may sit on the CPU).
+    let mut local = local.f_to_device(pg.device())?.f_contiguous()?;
     if local.dim() >= 2 {
         // pad_across_processes(dim=1, pad_index=-100)
         let len = local.size()[1];
-        let mut max = Tensor::f_from_slice(&[len])?;
+        let mut max = Tensor::f_from_slice(&[len])?.f_to_device(pg.device())?;
         pg.all_reduce(&mut max, ReduceOp::Max)?;
         let max = max.f_int64_value(&[0])?;
         if max > len {

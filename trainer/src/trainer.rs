@@ -260,11 +260,7 @@ impl TrainerBuilder {
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
         let mut model = self.model;
-        let device = if self.args.use_cpu {
-            Device::Cpu
-        } else {
-            Device::cuda_if_available()
-        };
+        let device = crate::distributed::training_device(&self.args);
         if model.var_store().device() != device && self.optimizer.is_none() {
             model.var_store_mut().set_device(device);
         }

@@ -13,10 +13,15 @@
 //! | `FULL_STATE_DICT` / `stage3_gather_16bit_weights_on_model_save` | rank 0 writes the gathered `model.safetensors` |
 //!
 //! The DeepSpeed config's `optimizer` / `scheduler` sections are checked against the
-//! arguments (the mismatch error) but the Trainer's `optim` and `lr_scheduler_type` run;
-//! offload (`offload_optimizer` / `offload_param` devices `cpu` / `nvme`, FSDP `cpu_offload`)
-//! is refused with an error naming the key: the engine does not implement it (and a CPU run
-//! has nothing to offload to).
+//! arguments (the mismatch error) but the Trainer's `optim` and `lr_scheduler_type` run.
+//!
+//! Offload: `zero_optimization.offload_optimizer` with `"device": "cpu"` (any stage, with
+//! its `pin_memory`) keeps the optimizer's master shards and state on the CPU and steps
+//! there ([`ZeroEngine::offload_optimizer`]; upstream logs that a non-DeepSpeed optimizer
+//! with offload needs a CPU implementation, which every optimizer here has). On a CPU run it
+//! changes nothing but memory (one more shard). Refused with an error naming the key:
+//! `offload_optimizer` to `nvme`, `offload_param` (parameters off the device between uses),
+//! FSDP `cpu_offload`; the engine does not implement them.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -87,6 +92,48 @@ fn hidden_size(trainer: &Trainer) -> Option<i64> {
         .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))
 }
 
+/// `zero_optimization.offload_optimizer` of a DeepSpeed config: `Some((CPU, pin_memory))`
+/// for `"device": "cpu"`, `None` when absent or `"none"`; an error naming the key for
+/// what the engine does not do (`nvme`, an unknown device, `offload_param`).
+fn offload_optimizer(ds: &HfTrainerDeepSpeedConfig) -> Result<Option<(tch::Device, bool)>> {
+    let refuse = |detail: String| Error::InvalidArgument {
+        field: "deepspeed",
+        detail,
+    };
+    let device = |key: &str| {
+        ds.get_value(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or("none")
+            .to_string()
+    };
+    let param = device("zero_optimization.offload_param.device");
+    if param != "none" {
+        return Err(refuse(format!(
+            "zero_optimization.offload_param.device=\"{param}\": parameter offload (the shards kept off the device between uses) is not implemented by this ZeRO engine: set \"device\": \"none\" there (offload_optimizer \"cpu\" is supported)"
+        )));
+    }
+    match device("zero_optimization.offload_optimizer.device").as_str() {
+        "none" => Ok(None),
+        "cpu" => {
+            let pin = ds
+                .get_value("zero_optimization.offload_optimizer.pin_memory")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+            log::info!(
+                "ZeRO offload_optimizer to the CPU with the Trainer's optimizer (it runs on the CPU too){}",
+                if pin { ", pinned" } else { "" }
+            );
+            Ok(Some((tch::Device::Cpu, pin)))
+        }
+        "nvme" => Err(refuse(
+            "zero_optimization.offload_optimizer.device=\"nvme\": NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"".into(),
+        )),
+        other => Err(refuse(format!(
+            "zero_optimization.offload_optimizer.device=\"{other}\": DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\""
+        ))),
+    }
+}
+
 impl Trainer {
     /// Upstream's `deepspeed_init` / FSDP preparation: reads `--deepspeed` (fills `"auto"`,
     /// raises the mismatch error) or `--fsdp`, checks upstream's constraints, and in a
@@ -96,6 +143,7 @@ impl Trainer {
         self.sharding = None;
         let ds = deepspeed_config(&self.args)?;
         let fsdp_on = matches!(self.args.fsdp, Some(StrOrBool::Bool(true)));
+        let mut offload = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
                 // Upstream's message (tchtrain-fsdp's check raises the same).
@@ -105,23 +153,10 @@ impl Trainer {
             ds.trainer_config_process(&self.args, self.args.auto_find_batch_size);
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
-            let offload = ds.offload_devices();
-            if !offload.is_empty() {
-                let set: Vec<String> = offload
-                    .iter()
-                    .map(|(k, d)| format!("{k}=\"{d}\""))
-                    .collect();
-                return Err(Error::InvalidArgument {
-                    field: "deepspeed",
-                    detail: format!(
-                        "{}: offloading is not supported by this ZeRO engine (and a CPU run has nothing to offload to): set \"device\": \"none\" there, or remove the offload section",
-                        set.join(" and ")
-                    ),
-                });
-            }
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
                 return Ok(false);
             };
+            offload = offload_optimizer(&ds)?;
             let units = if stage == ZeroStage::Weights {
                 layer_units(self)
             } else {
@@ -139,7 +174,7 @@ impl Trainer {
             if plugin.cpu_offload {
                 return Err(Error::InvalidArgument {
                     field: "fsdp",
-                    detail: "offload moves parameters from the GPU to the CPU; this run is on the CPU already: remove it".into(),
+                    detail: "cpu_offload (parameters kept on the CPU between uses) is not implemented by this engine: remove it (a CPU run has nothing to offload); for the optimizer's state and step on the CPU use DeepSpeed's offload_optimizer".into(),
                 });
             }
             let Some(stage) = tchtrain_fsdp::zero_stage_for(plugin.sharding_strategy) else {
@@ -170,6 +205,9 @@ impl Trainer {
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
         let engine = with_process_group(&self.args, |pg| {
             let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
+            if let Some((device, pin_memory)) = offload {
+                engine.offload_optimizer(device, pin_memory)?;
+            }
             // Full parameters for `eval_on_start` and the first forward.
             engine.gather(pg)?;
             Ok(engine)

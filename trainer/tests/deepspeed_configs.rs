@@ -2,9 +2,10 @@
 //! (`integrations/deepspeed/tests/fixtures/ds_config_zero{2,3}.json`, every value `"auto"`)
 //! passed to the Trainer as `--deepspeed <file>`:
 //!
-//! * as written they offload to `"cpu"`, which this engine refuses before any step with an
-//!   error naming each offload key and the fix;
-//! * with the offload devices set to `"none"` they train on 2 ranks (ZeRO stage 2 / 3), the
+//! * ZeRO-3's as written also offloads the parameters (`offload_param` to `"cpu"`), which
+//!   this engine refuses before any step with an error naming the key and the fix;
+//! * with `offload_param` set to `"none"` (ZeRO-2's as written) they train on 2 ranks (ZeRO
+//!   stage 2 / 3) with the optimizer offloaded to the CPU (`offload_optimizer`), the
 //!   processed config holding no `"auto"`, fp16 disabled (a CPU run), the batch sizes,
 //!   clipping, optimizer and scheduler values from the arguments and the buckets from
 //!   GPT-2's `n_embd`;
@@ -47,15 +48,15 @@ fn config_file(dir: &Path, name: &str, overrides: &[(&str, Value)]) -> Result<Pa
     Ok(path)
 }
 
-const NO_OFFLOAD: [(&str, Value); 0] = [];
+const AS_WRITTEN: [(&str, Value); 0] = [];
 
-/// Offload devices `"none"` (ZeRO-2's example offloads only the optimizer).
-fn no_offload(stage: i64) -> Vec<(&'static str, Value)> {
-    let mut v = vec![("zero_optimization.offload_optimizer.device", json!("none"))];
+/// ZeRO-3's example without its parameter offload (ZeRO-2's offloads only the optimizer).
+fn no_param_offload(stage: i64) -> Vec<(&'static str, Value)> {
     if stage == 3 {
-        v.push(("zero_optimization.offload_param.device", json!("none")));
+        vec![("zero_optimization.offload_param.device", json!("none"))]
+    } else {
+        Vec::new()
     }
-    v
 }
 
 /// Batch B, accumulation 2, 2 updates, lr 1e-3, `--deepspeed config`.
@@ -90,7 +91,7 @@ fn run_rank() -> Result<()> {
         let config = config_file(
             &dir.join(format!("configs-rank{r}")),
             &name,
-            &no_offload(stage),
+            &no_param_offload(stage),
         )?;
         let mut t = trainer(&dir.join(format!("zero{stage}")), &config)?;
         t.train(None)
@@ -106,7 +107,12 @@ fn run_rank() -> Result<()> {
             .iter()
             .filter_map(|e| e.get("loss")?.as_f64())
             .collect();
-        let out = json!({"stage": t.zero_stage(), "config": processed, "losses": losses});
+        let offload_bytes = t
+            .sharded_memory()
+            .unwrap_or_default()
+            .step_end_offload_bytes;
+        let out = json!({"stage": t.zero_stage(), "config": processed, "losses": losses,
+            "offload_bytes": offload_bytes});
         std::fs::write(
             dir.join(format!("zero{stage}-rank{r}.json")),
             serde_json::to_string(&out)?,
@@ -116,8 +122,8 @@ fn run_rank() -> Result<()> {
 }
 
 #[test]
-fn the_documentation_examples_train_on_two_ranks_without_offload() -> Result<()> {
-    const TEST: &str = "the_documentation_examples_train_on_two_ranks_without_offload";
+fn the_documentation_examples_train_on_two_ranks_with_the_optimizer_offloaded() -> Result<()> {
+    const TEST: &str = "the_documentation_examples_train_on_two_ranks_with_the_optimizer_offloaded";
     if role().is_some() {
         return run_rank();
     }
@@ -152,6 +158,15 @@ fn the_documentation_examples_train_on_two_ranks_without_offload() -> Result<()>
                 assert_eq!(z["stage3_prefetch_bucket_size"], json!(3686));
                 assert_eq!(z["stage3_param_persistence_threshold"], json!(640));
             }
+            let z = &c["zero_optimization"];
+            assert_eq!(z["offload_optimizer"]["device"], json!("cpu"));
+            // The master shards (and their gradients, kept until zero_grad) live on the
+            // offload device: at least this rank's half of the 3.3M-parameter model.
+            let offload = v["offload_bytes"].as_u64().context("offload_bytes")?;
+            assert!(
+                offload >= 3_000_000 * 4 / 2,
+                "zero{stage} rank {r}: {offload} offloaded bytes"
+            );
             let losses = v["losses"].as_array().context("losses")?;
             assert_eq!(losses.len(), 2, "zero{stage}: 2 logged steps");
             assert!(
@@ -166,28 +181,41 @@ fn the_documentation_examples_train_on_two_ranks_without_offload() -> Result<()>
 }
 
 #[test]
-fn offload_in_the_documentation_examples_is_refused_naming_the_keys() -> Result<()> {
+fn offload_the_engine_lacks_is_refused_naming_the_key() -> Result<()> {
     if role().is_some() {
         return Ok(());
     }
     let dir = temp_dir("offload");
-    for (stage, keys) in [
-        (2, "zero_optimization.offload_optimizer.device=\"cpu\""),
+    let cases = [
         (
-            3,
-            "zero_optimization.offload_optimizer.device=\"cpu\" and zero_optimization.offload_param.device=\"cpu\"",
+            AS_WRITTEN.to_vec(),
+            "zero_optimization.offload_param.device=\"cpu\": parameter offload (the shards kept off the device between uses) is not implemented by this ZeRO engine: set \"device\": \"none\" there (offload_optimizer \"cpu\" is supported)",
         ),
-    ] {
-        let config = config_file(&dir, &format!("ds_config_zero{stage}.json"), &NO_OFFLOAD)?;
-        let out = dir.join(format!("out{stage}"));
+        (
+            vec![
+                ("zero_optimization.offload_param.device", json!("none")),
+                ("zero_optimization.offload_optimizer.device", json!("nvme")),
+            ],
+            "zero_optimization.offload_optimizer.device=\"nvme\": NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"",
+        ),
+        (
+            vec![
+                ("zero_optimization.offload_param.device", json!("none")),
+                ("zero_optimization.offload_optimizer.device", json!("gpu")),
+            ],
+            "zero_optimization.offload_optimizer.device=\"gpu\": DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\"",
+        ),
+    ];
+    for (i, (overrides, detail)) in cases.into_iter().enumerate() {
+        let config = config_file(
+            &dir.join(format!("case{i}")),
+            "ds_config_zero3.json",
+            &overrides,
+        )?;
+        let out = dir.join(format!("out{i}"));
         let mut t = trainer(&out, &config)?;
         let err = t.train(None).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "invalid `deepspeed`: {keys}: offloading is not supported by this ZeRO engine (and a CPU run has nothing to offload to): set \"device\": \"none\" there, or remove the offload section"
-            )
-        );
+        assert_eq!(err, format!("invalid `deepspeed`: {detail}"));
         assert_eq!(t.state.global_step, 0);
         assert!(!out.exists(), "nothing was written");
     }

@@ -1,5 +1,6 @@
-//! Save on 2 ranks, resume on 2 ranks: exact continuation of DDP, ZeRO-3 and FSDP
-//! full_shard with SHARDED_STATE_DICT, on 127.0.0.1 with real processes.
+//! Save on 2 ranks, resume on 2 ranks: exact continuation of DDP, ZeRO-3, ZeRO-2 with the
+//! optimizer offloaded to the CPU and FSDP full_shard with SHARDED_STATE_DICT, on 127.0.0.1
+//! with real processes.
 //!
 //! The parent launches this binary twice as 2 ranks:
 //!
@@ -87,9 +88,15 @@ fn configs() -> Vec<(
     let full_shard = json!({"reshard_after_forward": true,
         "transformer_layer_cls_to_wrap": ["GPT2Block"],
         "state_dict_type": "SHARDED_STATE_DICT"});
+    // ZeRO-2 with the optimizer's masters and state offloaded to the CPU: the resumed
+    // masters must come back from the saved shards as well as the shards themselves.
+    let mut zero2_offload = zero3.clone();
+    zero2_offload["zero_optimization"] =
+        json!({"stage": 2, "offload_optimizer": {"device": "cpu"}});
     vec![
         ("ddp", None, None),
         ("zero3", Some(zero3), None),
+        ("zero2_offload", Some(zero2_offload), None),
         ("fsdp_full_shard_sharded", None, Some(full_shard)),
     ]
 }

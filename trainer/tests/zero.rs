@@ -94,11 +94,19 @@ fn configs() -> Vec<(
             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
         })
     };
+    // DeepSpeed's `offload_optimizer` to the CPU: master shards and optimizer state there.
+    let offloaded = |stage: i64| {
+        let mut v = ds(stage);
+        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
+        v
+    };
     vec![
         ("ddp", None, None),
         ("zero1", Some(ds(1)), None),
         ("zero2", Some(ds(2)), None),
         ("zero3", Some(ds(3)), None),
+        ("zero2_offload", Some(offloaded(2)), None),
+        ("zero3_offload", Some(offloaded(3)), None),
         (
             "fsdp_full_shard",
             None,
@@ -157,6 +165,7 @@ struct Figures {
     model_param_bytes: usize,
     step_end_param_bytes: usize,
     step_end_grad_bytes: usize,
+    step_end_offload_bytes: usize,
     peak_param_bytes: usize,
     peak_unit_param_bytes: usize,
     /// Bytes of the parameters outside the decoder layers (embeddings, final norm).
@@ -198,6 +207,7 @@ fn run_job(
         model_param_bytes,
         step_end_param_bytes: mem.step_end_param_bytes,
         step_end_grad_bytes: mem.step_end_grad_bytes,
+        step_end_offload_bytes: mem.step_end_offload_bytes,
         peak_param_bytes: mem.peak_param_bytes,
         peak_unit_param_bytes: mem.peak_unit_param_bytes,
         root_param_bytes,
@@ -367,7 +377,46 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
                     "{name} rank {r}: params {params}"
                 );
             }
-            if stage >= 2 {
+            let offload = f.step_end_offload_bytes as f64;
+            if let Some(base) = name.strip_suffix("_offload") {
+                // The same updates as without offload, to the bit: the masters are copies
+                // stepped by the same optimizer, copied back after each step.
+                let plain = read_log(&dir.join(format!("{base}-history-rank{r}.json")))?;
+                let trained = |l: &Log| -> Vec<Vec<Option<f64>>> {
+                    l.iter()
+                        .map(|e| {
+                            [
+                                "step",
+                                "loss",
+                                "grad_norm",
+                                "learning_rate",
+                                "eval_loss",
+                                "train_loss",
+                            ]
+                            .iter()
+                            .map(|k| num(e, k))
+                            .collect()
+                        })
+                        .collect()
+                };
+                assert_eq!(
+                    trained(&log),
+                    trained(&plain),
+                    "{name} vs {base}: the logged numbers"
+                );
+                // Masters and their gradients on the offload device; none on the model's.
+                if r == 0 {
+                    println!(
+                        "{name} rank 0: offloaded {offload} B (masters + their gradients; shard {shard} B), grads on the model's device {grads} B"
+                    );
+                }
+                assert!(
+                    (offload - 2.0 * shard).abs() <= 2.0 * slack,
+                    "{name} rank {r}: offloaded {offload} vs 2 x {shard}"
+                );
+                assert_eq!(grads, 0.0, "{name} rank {r}: gradients left on the device");
+            } else if stage >= 2 {
+                assert_eq!(offload, 0.0, "{name} rank {r}: offloaded without offload");
                 assert!(
                     (grads - shard).abs() <= slack,
                     "{name} rank {r}: grads {grads} vs {shard}"

@@ -33,9 +33,12 @@ commands:
         --verify        re-hash every asset against assets/manifest.json
         --libtorch DIR  build against this libtorch (a folder with lib/ and include/)
                         instead of the virtualenv's torch
-  test [-- CARGO_TEST_ARGS...]
+  test [--gpu] [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
-        multi-process tests) and a summary line
+        multi-process tests), the `cuda` build of tchtrain-distributed (NCCL compiled,
+        its tests run; skipped with a CPU-only libtorch), a bounded fuzz run, and a
+        summary line
+        --gpu           also the tests that need a CUDA device (NCCL collectives)
   bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
         setup, release builds of the bench examples, then N rounds (default 2) alternating
         our Trainer, upstream's Python Trainer (scripts/bench/bench_trainer.py) and a bare

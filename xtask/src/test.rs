@@ -41,41 +41,21 @@ impl Totals {
     }
 }
 
-/// Runs setup and the test suite; extra arguments go to `cargo test`.
+/// Runs setup and the test suite; extra arguments go to `cargo test`. `--gpu` also runs
+/// the tests that need a CUDA device (ignored otherwise) in the `cuda` build step.
 pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
-    let extra: Vec<&String> = match args.first().map(String::as_str) {
-        Some("--") => args[1..].iter().collect(),
-        _ => args.iter().collect(),
+    let gpu = args.iter().any(|a| a == "--gpu");
+    let args: Vec<&String> = args.iter().filter(|a| *a != "--gpu").collect();
+    let extra: Vec<&String> = match args.first().map(|a| a.as_str()) {
+        Some("--") => args[1..].to_vec(),
+        _ => args,
     };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut c = Command::new(cargo);
-    c.current_dir(crate::paths::workspace_root())
-        .args(["test", "--workspace", "--no-fail-fast"])
-        .args(&extra)
-        .env("TCHTRAIN_ASSETS", &s.assets)
-        .env("TCHTRAIN_VENV_PYTHON", &s.python)
-        .stdout(Stdio::piped());
-    if let Some(libtorch) = &s.child_libtorch {
-        c.env("LIBTORCH", libtorch);
-    }
     println!("test: libtorch {}", s.libtorch.display());
-    println!("test: {}", cmd::display(&c));
-    let mut child = c
-        .spawn()
-        .map_err(|e| format!("could not start cargo test: {e}"))?;
     let mut totals = Totals::default();
-    if let Some(stdout) = child.stdout.take() {
-        for line in BufReader::new(stdout).lines() {
-            let line = line.map_err(|e| format!("reading cargo test output: {e}"))?;
-            println!("{line}");
-            totals.add_line(&line);
-        }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for cargo test: {e}"))?;
+    let workspace = cargo_test(&s, &["--workspace"], &extra, &mut totals)?;
+    let cuda = cuda_step(&s, gpu, &mut totals)?;
     let fuzz = fuzz_step(&s)?;
     println!(
         "xtask test finished in {:.1}s (setup included)",
@@ -88,13 +68,84 @@ pub fn run(args: &[String]) -> Result<(), String> {
         totals.ignored,
         fuzz.summary()
     );
-    if !(status.success() && totals.failed == 0) {
-        Err(format!("cargo test failed ({status})"))
+    if !(workspace && cuda && totals.failed == 0) {
+        Err("cargo test failed (see the `test result:` lines above)".into())
     } else if let fuzz::Outcome::Failed(_) = fuzz.outcome {
         Err("fuzzing found a failure (see the `fuzz:` lines above)".into())
     } else {
         Ok(())
     }
+}
+
+/// `cargo test --no-fail-fast {args} {extra}` with the setup's environment, its output
+/// echoed and its `test result:` lines added to `totals`; whether it succeeded.
+fn cargo_test(
+    s: &setup::Setup,
+    args: &[&str],
+    extra: &[&String],
+    totals: &mut Totals,
+) -> Result<bool, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut c = Command::new(cargo);
+    c.current_dir(crate::paths::workspace_root())
+        .args(["test", "--no-fail-fast"])
+        .args(args)
+        .args(extra)
+        .env("TCHTRAIN_ASSETS", &s.assets)
+        .env("TCHTRAIN_VENV_PYTHON", &s.python)
+        .stdout(Stdio::piped());
+    if let Some(libtorch) = &s.child_libtorch {
+        c.env("LIBTORCH", libtorch);
+    }
+    println!("test: {}", cmd::display(&c));
+    let mut child = c
+        .spawn()
+        .map_err(|e| format!("could not start cargo test: {e}"))?;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| format!("reading cargo test output: {e}"))?;
+            println!("{line}");
+            totals.add_line(&line);
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo test: {e}"))?;
+    Ok(status.success())
+}
+
+/// The `cuda` build of `tchtrain-distributed` (ProcessGroupNCCL compiled and linked, its
+/// tests run; with `gpu`, the ignored GPU tests too), in its own target folder so the
+/// workspace build keeps its features. Skipped, with a line saying so, when the libtorch
+/// has no CUDA.
+fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
+    let lib = s.libtorch.join("lib");
+    if !lib.join("libtorch_cuda.so").exists() {
+        println!(
+            "test: the cuda build is skipped: {} has no libtorch_cuda.so (a CPU-only libtorch)",
+            lib.display()
+        );
+        return Ok(true);
+    }
+    let target = crate::paths::workspace_root().join("target").join("cuda");
+    let target = target.to_string_lossy().into_owned();
+    let args = [
+        "-p",
+        "tchtrain-distributed",
+        "--features",
+        "cuda",
+        "--target-dir",
+        target.as_str(),
+    ];
+    let include = "--include-ignored".to_string();
+    let separator = "--".to_string();
+    let extra: Vec<&String> = if gpu {
+        vec![&separator, &include]
+    } else {
+        Vec::new()
+    };
+    println!("test: the cuda build of tchtrain-distributed (NCCL)");
+    cargo_test(s, &args, &extra, totals)
 }
 
 /// The bounded fuzz run: `TCHTRAIN_FUZZ_RUNS` inputs per target (default

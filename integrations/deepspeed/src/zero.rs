@@ -106,6 +106,11 @@ pub struct ShardMemory {
     pub step_end_param_bytes: usize,
     /// `grad_bytes` at the end of the last optimizer step.
     pub step_end_grad_bytes: usize,
+    /// `offload_optimizer`: bytes of the master shards and their gradients on the offload
+    /// device (not in `param_bytes` / `grad_bytes`); 0 without offload.
+    pub offload_bytes: usize,
+    /// `offload_bytes` at the end of the last optimizer step.
+    pub step_end_offload_bytes: usize,
 }
 
 /// Bytes of an optimizer's state tensors (`exp_avg`, `exp_avg_sq`, ...).
@@ -153,8 +158,12 @@ fn reduce_scatter_grads(
 #[derive(Debug)]
 struct Sharded {
     flat: FlatBuffer,
-    /// This rank's slice of the parameters (a leaf the optimizer updates).
+    /// This rank's slice of the parameters (a leaf the optimizer updates, unless offloaded).
     shard: Tensor,
+    /// `offload_optimizer`: the optimizer's copy of `shard` on the offload device (a leaf);
+    /// the reduced gradients go there, the optimizer steps it and keeps its state there,
+    /// and [`ZeroEngine::after_step`] copies it back into `shard`.
+    master: Option<Tensor>,
     /// Whether the variables hold the full values now (always at stages 1 and 2).
     gathered: bool,
     /// Stage 3 per layer: this buffer's gradients of the accumulation window are already in
@@ -175,7 +184,32 @@ pub struct ZeroEngine {
     layer_units: usize,
     peak_param_bytes: usize,
     peak_unit_param_bytes: usize,
-    step_end: (usize, usize),
+    /// Parameter, gradient and offloaded bytes at the end of the last step.
+    step_end: (usize, usize, usize),
+    /// `offload_optimizer`'s device, once [`ZeroEngine::offload_optimizer`] ran.
+    offload: Option<tch::Device>,
+}
+
+impl Sharded {
+    /// The tensor the optimizer updates: the offloaded master, else the shard.
+    fn opt_param(&self) -> &Tensor {
+        self.master.as_ref().unwrap_or(&self.shard)
+    }
+
+    /// Hands `grad` (this rank's reduced slice) to the optimizer's tensor, moved to its
+    /// device; with `accumulate`, added to the gradient it holds.
+    fn set_opt_grad(&self, grad: Tensor, accumulate: bool) -> Result<()> {
+        let target = self.opt_param();
+        let grad = grad.f_to_device(target.device())?;
+        let held = target.grad();
+        let grad = if accumulate && held.defined() {
+            tch::no_grad(|| held.f_add(&grad))?
+        } else {
+            grad
+        };
+        set_grad(target, Some(&grad))?;
+        Ok(())
+    }
 }
 
 impl ZeroEngine {
@@ -231,6 +265,7 @@ impl ZeroEngine {
                     let mut sharded = Sharded {
                         flat,
                         shard,
+                        master: None,
                         gathered: stage != ZeroStage::Weights,
                         reduced: false,
                     };
@@ -253,7 +288,8 @@ impl ZeroEngine {
             layer_units: unit_prefixes.len(),
             peak_param_bytes: 0,
             peak_unit_param_bytes: 0,
-            step_end: (0, 0),
+            step_end: (0, 0, 0),
+            offload: None,
         };
         engine.note_peak();
         Ok(engine)
@@ -300,7 +336,7 @@ impl ZeroEngine {
                     .iter()
                     .enumerate()
                     .filter(|(_, b)| b.flat.layout.group == g)
-                    .map(|(i, b)| (format!("flat.{i}"), b.shard.shallow_clone()))
+                    .map(|(i, b)| (format!("flat.{i}"), b.opt_param().shallow_clone()))
                     .collect();
                 GroupSpec {
                     params,
@@ -309,6 +345,38 @@ impl ZeroEngine {
                 }
             })
             .collect()
+    }
+
+    /// DeepSpeed's `offload_optimizer`: keeps a copy of every shard on `device` (the CPU
+    /// for a GPU run) that the optimizer is then built over ([`Self::shard_groups`]), so
+    /// its state and its step live there; the reduced gradients are moved there and
+    /// [`Self::after_step`] copies the updated values back into the shards. `pin_memory`
+    /// pins the copies (page-locked, for faster transfers; only meaningful, and only done,
+    /// when the shards are on a CUDA device). Call it before building the optimizer.
+    ///
+    /// On a CPU run the copies sit in the same memory as the shards: nothing is saved, the
+    /// cost is one more shard of parameters, and the numbers are the same as without it.
+    pub fn offload_optimizer(&mut self, device: tch::Device, pin_memory: bool) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            for b in &mut self.buffers {
+                let mut master = b.shard.f_detach()?.f_to_device(device)?.f_contiguous()?;
+                if master.data_ptr() == b.shard.data_ptr() {
+                    master = master.copy();
+                }
+                if pin_memory && b.shard.device().is_cuda() && device == tch::Device::Cpu {
+                    master = master.f_pin_memory(b.shard.device())?;
+                }
+                b.master = Some(master.set_requires_grad(true));
+            }
+            Ok(())
+        })?;
+        self.offload = Some(device);
+        Ok(())
+    }
+
+    /// The device of `offload_optimizer`, when it is on.
+    pub fn offload_device(&self) -> Option<tch::Device> {
+        self.offload
     }
 
     /// Whether the model's variables hold their full values now.
@@ -331,9 +399,15 @@ impl ZeroEngine {
         let mut m = ShardMemory::default();
         for b in &self.buffers {
             let elt = b.flat.kind.elt_size_in_bytes();
+            let held = |t: &Tensor| {
+                let g = t.grad();
+                if g.defined() { g.numel() * elt } else { 0 }
+            };
             m.param_bytes += b.flat.materialised_bytes() + b.shard.numel() * elt;
-            let g = b.shard.grad();
-            m.grad_bytes += b.flat.grad_bytes() + if g.defined() { g.numel() * elt } else { 0 };
+            m.grad_bytes += b.flat.grad_bytes() + held(&b.shard);
+            if let Some(master) = &b.master {
+                m.offload_bytes += master.numel() * elt + held(master);
+            }
         }
         m
     }
@@ -345,6 +419,7 @@ impl ZeroEngine {
             peak_unit_param_bytes: self.peak_unit_param_bytes,
             step_end_param_bytes: self.step_end.0,
             step_end_grad_bytes: self.step_end.1,
+            step_end_offload_bytes: self.step_end.2,
             ..self.memory_now()
         }
     }
@@ -436,16 +511,8 @@ impl ZeroEngine {
                 continue;
             }
             let flat_grad = b.flat.flatten(true)?;
-            let grad_shard = tch::no_grad(|| -> Result<Tensor> {
-                let out = reduce_scatter_grads(pg, b, &flat_grad, on_cpu)?;
-                let held = b.shard.grad();
-                Ok(if b.reduced && held.defined() {
-                    held.f_add(&out)?
-                } else {
-                    out
-                })
-            })?;
-            set_grad(&b.shard, Some(&grad_shard))?;
+            let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu))?;
+            b.set_opt_grad(out, b.reduced)?;
             b.reduced = true;
         }
         Ok(())
@@ -482,7 +549,7 @@ impl ZeroEngine {
                     reduce_scatter_grads(pg, b, &flat_grad, on_cpu)
                 }
             })?;
-            set_grad(&b.shard, Some(&grad_shard))?;
+            b.set_opt_grad(grad_shard, false)?;
         }
         if self.stage == ZeroStage::Weights {
             self.release()?;
@@ -497,14 +564,15 @@ impl ZeroEngine {
         let grads: Vec<Tensor> = self
             .buffers
             .iter()
-            .map(|b| b.shard.grad())
+            .map(|b| b.opt_param().grad())
             .filter(Tensor::defined)
             .collect();
         let total = tch::no_grad(|| -> Result<Tensor> {
-            let mut sq = Tensor::f_zeros([1], (Kind::Double, tch::Device::Cpu))?;
+            // On the group's device (NCCL: the GPU), whatever device the gradients are on.
+            let mut sq = Tensor::f_zeros([1], (Kind::Double, pg.device()))?;
             for g in &grads {
                 let g64 = g.f_to_kind(Kind::Double)?;
-                let s = g64.f_dot(&g64)?.f_to_device(tch::Device::Cpu)?;
+                let s = g64.f_dot(&g64)?.f_to_device(pg.device())?;
                 sq = sq.f_add(&s)?;
             }
             pg.all_reduce(&mut sq, ReduceOp::Sum)?;
@@ -531,9 +599,18 @@ impl ZeroEngine {
         Ok(norm)
     }
 
-    /// After the optimizer's step: stages 1 and 2 all-gather the updated shards into every
-    /// rank's full parameters (a collective); stage 3 keeps them sharded.
+    /// After the optimizer's step: offloaded masters are copied back into the shards;
+    /// stages 1 and 2 then all-gather the updated shards into every rank's full parameters
+    /// (a collective); stage 3 keeps them sharded.
     pub fn after_step(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            for b in &mut self.buffers {
+                if let Some(master) = &b.master {
+                    b.shard.f_copy_(master)?;
+                }
+            }
+            Ok(())
+        })?;
         if self.stage == ZeroStage::Weights {
             return Ok(());
         }
@@ -563,7 +640,7 @@ impl ZeroEngine {
         }
         self.note_peak();
         let now = self.memory_now();
-        self.step_end = (now.param_bytes, now.grad_bytes);
+        self.step_end = (now.param_bytes, now.grad_bytes, now.offload_bytes);
         Ok(())
     }
 
@@ -592,6 +669,9 @@ impl ZeroEngine {
                     });
                 }
                 b.shard.f_copy_(v)?;
+                if let Some(master) = &mut b.master {
+                    master.f_copy_(v)?;
+                }
             }
             Ok(())
         })?;

@@ -123,7 +123,15 @@ impl RawGroup {
         let mut ptr: *mut PgHandle = std::ptr::null_mut();
         // SAFETY: a valid C string for the call's duration; `ptr` is written only on success.
         check(unsafe {
-            tchtrain_c10d_new_nccl(host.as_ptr(), port, rank, world, timeout_ms, device, &mut ptr)
+            tchtrain_c10d_new_nccl(
+                host.as_ptr(),
+                port,
+                rank,
+                world,
+                timeout_ms,
+                device,
+                &mut ptr,
+            )
         })?;
         Ok(Self { ptr })
     }

@@ -1,5 +1,5 @@
-//! `tchtrain-distributed` — process groups over libtorch's own c10d (Gloo on CPU) and the
-//! torchrun environment.
+//! `tchtrain-distributed` — process groups over libtorch's own c10d (Gloo on CPU, NCCL on
+//! CUDA with the `cuda` feature) and the torchrun environment.
 //!
 //! Owns the safe [`ProcessGroup`] over a small C++ shim to c10d (`csrc/c10d_shim.cpp`,
 //! wrapped by the private `ffi` module, the only code that sees raw pointers): TCPStore

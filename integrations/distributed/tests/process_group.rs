@@ -123,7 +123,10 @@ fn check_collectives(pg: &mut ProcessGroup) {
         .unwrap();
     assert_eq!(values(&out2), expected);
 
-    assert_eq!(pg.all_reduce_scalar(r + 1.0, ReduceOp::Sum).unwrap(), sum_r1);
+    assert_eq!(
+        pg.all_reduce_scalar(r + 1.0, ReduceOp::Sum).unwrap(),
+        sum_r1
+    );
     // A wrong-sized output is a typed error, not an engine crash.
     let mut bad = Tensor::zeros([2 * i64::from(w) - 1], (Kind::Double, dev));
     assert!(matches!(
@@ -173,7 +176,10 @@ fn nccl_collectives_on_every_gpu() {
     };
     let mut pg = ProcessGroup::new_nccl(&env, Duration::from_secs(60)).unwrap();
     assert_eq!(pg.backend(), Backend::Nccl);
-    assert_eq!(pg.device(), Device::Cuda(usize::try_from(env.local_rank).unwrap()));
+    assert_eq!(
+        pg.device(),
+        Device::Cuda(usize::try_from(env.local_rank).unwrap())
+    );
     check_collectives(&mut pg);
 }
 
@@ -197,7 +203,10 @@ fn nccl_without_its_device_is_a_typed_error() {
     };
     assert_eq!(backend, "nccl");
     if Backend::Nccl.is_built() {
-        assert!(detail.contains(&format!("sees {count} CUDA device(s)")), "{err}");
+        assert!(
+            detail.contains(&format!("sees {count} CUDA device(s)")),
+            "{err}"
+        );
     } else {
         assert!(detail.contains("`cuda` feature"), "{err}");
     }
