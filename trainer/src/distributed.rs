@@ -323,3 +323,51 @@ fn gather_in_batch_order(
     }
     Ok(ordered)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(backend: Option<&str>) -> TrainingArguments {
+        TrainingArguments {
+            ddp_backend: backend.map(str::to_string),
+            ..TrainingArguments::new("unused")
+        }
+    }
+
+    #[test]
+    fn ddp_backend_defaults_and_refusals() {
+        assert_eq!(ddp_backend(&args(None), Device::Cpu).unwrap(), Backend::Gloo);
+        assert_eq!(
+            ddp_backend(&args(Some("gloo")), Device::Cpu).unwrap(),
+            Backend::Gloo
+        );
+        // accelerate's default for a CUDA run: NCCL, when this build has it.
+        assert_eq!(
+            ddp_backend(&args(None), Device::Cuda(0)).unwrap(),
+            if Backend::Nccl.is_built() {
+                Backend::Nccl
+            } else {
+                Backend::Gloo
+            }
+        );
+        assert_eq!(
+            ddp_backend(&args(Some("nccl")), Device::Cuda(0)).unwrap(),
+            Backend::Nccl
+        );
+        let err = ddp_backend(&args(Some("nccl")), Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid `ddp_backend`: 'nccl' runs collectives on CUDA tensors but this run trains on the CPU (use_cpu, or no CUDA device visible): use 'gloo' or leave ddp_backend unset"
+        );
+        let err = ddp_backend(&args(Some("mpi")), Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("invalid `ddp_backend`: process group backend 'mpi' is unavailable"),
+            "{err}"
+        );
+    }
+}
