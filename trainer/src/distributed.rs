@@ -72,6 +72,58 @@ pub(crate) fn with_process_group<T>(
     }
 }
 
+/// The group of a single-process sharded run (see [`with_sharding_group`]).
+static SINGLE_PROCESS_GROUP: Mutex<Option<ProcessGroup>> = Mutex::new(None);
+
+/// Runs `f` on the process group of a sharded (ZeRO / FSDP) run: the launcher's group in a
+/// multi-process run ([`with_process_group`]); in a single-process run a world of one,
+/// created on first use over a TCPStore on 127.0.0.1 (`MASTER_PORT` when set, else a free
+/// port) with the run's backend, as DeepSpeed's `init_distributed` does for one GPU. Its
+/// collectives are copies, so the engine's numbers are the unsharded ones; what it buys
+/// is the engine itself (`offload_optimizer` on one GPU).
+pub(crate) fn with_sharding_group<T>(
+    args: &TrainingArguments,
+    f: impl FnOnce(&mut ProcessGroup) -> Result<T>,
+) -> Result<Option<T>> {
+    if args.world_size() > 1 {
+        return with_process_group(args, f);
+    }
+    let mut guard = SINGLE_PROCESS_GROUP
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        let backend = ddp_backend(args, training_device(args))?;
+        let master_port = match std::env::var("MASTER_PORT") {
+            Ok(p) => p.trim().parse().map_err(|_| Error::InvalidArgument {
+                field: "MASTER_PORT",
+                detail: format!("'{p}' is not a port number"),
+            })?,
+            Err(_) => std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|e| Error::InvalidArgument {
+                    field: "MASTER_PORT",
+                    detail: format!(
+                        "unset, and no free port on 127.0.0.1 for the single-process group: {e}"
+                    ),
+                })?,
+        };
+        let env = DistributedEnv {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port,
+        };
+        *guard = Some(ProcessGroup::new(backend, &env, args.ddp_timeout_delta())?);
+    }
+    match guard.as_mut() {
+        Some(pg) => f(pg).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// The device the Trainer trains on (upstream `TrainingArguments.device`): the CPU with
 /// `use_cpu`, else CUDA device 0 when there is one (`LOCAL_RANK`'s device in a multi-GPU
 /// run, which `ProcessGroupNCCL` binds), else the CPU.
@@ -337,7 +389,10 @@ mod tests {
 
     #[test]
     fn ddp_backend_defaults_and_refusals() {
-        assert_eq!(ddp_backend(&args(None), Device::Cpu).unwrap(), Backend::Gloo);
+        assert_eq!(
+            ddp_backend(&args(None), Device::Cpu).unwrap(),
+            Backend::Gloo
+        );
         assert_eq!(
             ddp_backend(&args(Some("gloo")), Device::Cpu).unwrap(),
             Backend::Gloo

@@ -34,7 +34,7 @@ use tchtrain_deepspeed::{
 use tchtrain_fsdp::{FsdpPlugin, StateDictType};
 use tchtrain_training_args::{DictOrPath, StrOrBool};
 
-use crate::distributed::with_process_group;
+use crate::distributed::with_sharding_group;
 use crate::error::{Error, Result};
 use crate::model_info;
 use crate::trainer::Trainer;
@@ -187,11 +187,10 @@ impl Trainer {
             return Ok(false);
         };
         if self.args.world_size() <= 1 {
-            log::warn!(
-                "ZeRO stage {} with a single process: nothing to shard, training as usual",
+            log::info!(
+                "ZeRO stage {} on a single process: the engine runs over a world of one (nothing is sharded; offload_optimizer applies)",
                 stage.number()
             );
-            return Ok(false);
         }
         if self.optimizer.is_some() {
             return Err(Error::InvalidArgument {
@@ -203,7 +202,7 @@ impl Trainer {
         let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
         let layernorms = model_info::layernorm_modules(&names);
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
-        let engine = with_process_group(&self.args, |pg| {
+        let engine = with_sharding_group(&self.args, |pg| {
             let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
             if let Some((device, pin_memory)) = offload {
                 engine.offload_optimizer(device, pin_memory)?;
@@ -214,7 +213,7 @@ impl Trainer {
         })?
         .ok_or(Error::InvalidArgument {
             field: "WORLD_SIZE",
-            detail: "is above 1 but no process group could be created".into(),
+            detail: "no process group could be created for the sharded run".into(),
         })?;
         self.optimizer = Some(tchtrain_optim::create_optimizer(
             &tchtrain_optim::OptimizerArgs::from(&self.args),
@@ -265,7 +264,7 @@ impl Trainer {
         let Some(s) = self.sharding.as_mut() else {
             return Ok(());
         };
-        with_process_group(&self.args, |pg| Ok(s.engine().gather(pg)?))?;
+        with_sharding_group(&self.args, |pg| Ok(s.engine().gather(pg)?))?;
         Ok(())
     }
 
@@ -276,7 +275,7 @@ impl Trainer {
             return Ok(());
         };
         let per_layer = s.per_layer;
-        with_process_group(&self.args, |pg| {
+        with_sharding_group(&self.args, |pg| {
             let mut engine = s.engine();
             if per_layer {
                 // Layers gathered for an evaluation, a save or at setup are released first.
@@ -314,7 +313,7 @@ impl Trainer {
             return Ok(None);
         };
         let max_norm = self.args.max_grad_norm;
-        let norm = with_process_group(&self.args, |pg| {
+        let norm = with_sharding_group(&self.args, |pg| {
             let mut engine = s.engine();
             engine.reduce_gradients(pg)?;
             Ok(engine.clip_grad_norm(pg, max_norm)?)
@@ -328,7 +327,7 @@ impl Trainer {
         let Some(s) = self.sharding.as_mut() else {
             return Ok(());
         };
-        with_process_group(&self.args, |pg| {
+        with_sharding_group(&self.args, |pg| {
             let mut engine = s.engine();
             engine.after_step(pg)?;
             Ok(engine.zero_grad()?)
@@ -368,7 +367,7 @@ impl Trainer {
         } else {
             self.optimizer.as_deref()
         };
-        with_process_group(&self.args, |pg| {
+        with_sharding_group(&self.args, |pg| {
             let mut engine = s.engine();
             engine.gather(pg)?;
             pg.barrier()?;
@@ -409,7 +408,7 @@ impl Trainer {
             .optimizer
             .as_mut()
             .map(|o| &mut **o as &mut dyn tchtrain_optim::Optimizer);
-        with_process_group(&self.args, |pg| {
+        with_sharding_group(&self.args, |pg| {
             Ok(load_zero_shard(&mut s.engine(), pg, optimizer, &dir)?)
         })?;
         Ok(true)

@@ -36,7 +36,7 @@ use tchtrain_distributed::ProcessGroup;
 use tchtrain_models::LayerHooks;
 use tchtrain_training_args::TrainingArguments;
 
-use crate::distributed::with_process_group;
+use crate::distributed::with_sharding_group;
 use crate::error::{Error, Result};
 use crate::ffi;
 
@@ -52,7 +52,7 @@ fn collective(
     args: &TrainingArguments,
     f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()>,
 ) -> Result<()> {
-    with_process_group(args, |pg| f(pg, &mut lock_engine(engine)))?;
+    with_sharding_group(args, |pg| f(pg, &mut lock_engine(engine)))?;
     Ok(())
 }
 

@@ -734,3 +734,70 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     assert!(peak > 0.0, "the layers were gathered one by one");
     Ok(())
 }
+
+/// One process (`WORLD_SIZE=1`): ZeRO-3 with `offload_optimizer` runs the engine over a
+/// world of one, as DeepSpeed does on one GPU. Nothing is sharded, so it trains as the plain
+/// run does (the same tolerances as the 2-rank comparison: the global norm is summed in
+/// float64), with the masters and their gradients on the offload device and checkpoint-6
+/// written as rank 0's shards.
+#[test]
+fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
+    const TEST: &str = "zero3_with_offload_on_one_process_trains_as_the_plain_run";
+    if is_rank() {
+        let dir = test_dir();
+        let mut cfg = configs()
+            .into_iter()
+            .find(|(n, _, _)| *n == "zero3_offload")
+            .and_then(|(_, ds, _)| ds)
+            .context("zero3_offload")?;
+        cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = json!(false);
+        for (name, ds) in [("plain", None), ("zero3_offload", Some(cfg))] {
+            let (history, figures) = run_job(&dir.join(name), name, ds, None)?;
+            write_log(&dir.join(format!("{name}-history.json")), &history)?;
+            std::fs::write(
+                dir.join(format!("{name}-figures.json")),
+                serde_json::to_string(&figures)?,
+            )?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("one-process");
+    let codes = wait_codes(launch(TEST, 1, &dir, "rank"), Duration::from_secs(600));
+    assert_eq!(codes, [Some(0)], "exit code");
+    let plain = read_log(&dir.join("plain-history.json"))?;
+    let zero = read_log(&dir.join("zero3_offload-history.json"))?;
+    assert_eq!(zero.len(), plain.len(), "number of log entries");
+    let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+    for (z, p) in zero.iter().zip(&plain) {
+        assert_eq!(num(z, "step"), num(p, "step"));
+        for key in ["loss", "grad_norm", "eval_loss", "learning_rate"] {
+            if let (Some(a), Some(b)) = (num(z, key), num(p, key)) {
+                let w = worst.entry(key).or_default();
+                *w = w.max(rel(a, b));
+            }
+        }
+    }
+    println!("ZeRO-3 + offload on one process vs plain: max relative differences {worst:?}");
+    assert!(
+        worst["loss"] < 1e-5 && worst["eval_loss"] < 1e-5,
+        "{worst:?}"
+    );
+    assert!(worst["grad_norm"] < 5e-4, "{worst:?}");
+    assert_eq!(worst["learning_rate"], 0.0, "{worst:?}");
+    let f = read_figures(&dir.join("zero3_offload-figures.json"))?;
+    let p = read_figures(&dir.join("plain-figures.json"))?;
+    assert_eq!((f.zero_stage, p.zero_stage), (Some(3), None));
+    // A world of one: the shard is the whole model; masters + their gradients offloaded.
+    let full = f.model_param_bytes as f64;
+    let offload = f.step_end_offload_bytes as f64;
+    assert!(
+        (offload - 2.0 * full).abs() <= 64.0 * 4.0,
+        "{offload} vs 2 x {full}"
+    );
+    assert_eq!(f.optimizer_state_bytes, p.optimizer_state_bytes);
+    let shard_dir = tchtrain_deepspeed::find_shard_dir(&dir.join("zero3_offload/checkpoint-6"))?;
+    let stem = tchtrain_deepspeed::zero_shard_stem(0);
+    assert!(shard_dir.join(format!("{stem}.safetensors")).is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
