@@ -198,7 +198,21 @@ impl Trainer {
     /// Upstream `_evaluate`: [`evaluate`](Self::evaluate), then a metric-driven scheduler
     /// (`reduce_lr_on_plateau`, `greedy`) steps on `metric_for_best_model`.
     pub(crate) fn evaluate_during_training(&mut self, skip_scheduler: bool) -> Result<Metrics> {
-        let metrics = self.evaluate(None, "eval")?;
+        // ZeRO-3 layer by layer: each layer gathered only while it runs; other sharded runs
+        // evaluate the gathered model.
+        let metrics = match self.zero_prepare_evaluation()? {
+            Some(gather) => {
+                let out = tchtrain_models::with_layer_hooks(gather.clone(), || {
+                    self.evaluate(None, "eval")
+                });
+                // A hook's own error (a dead peer, a timeout) is the one to report.
+                match gather.take_error() {
+                    Some(e) => return Err(e),
+                    None => out?,
+                }
+            }
+            None => self.evaluate(None, "eval")?,
+        };
         if !skip_scheduler
             && let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
             && sched.steps_on_metric()

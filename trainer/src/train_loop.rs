@@ -695,10 +695,6 @@ impl Trainer {
             self.store_flos()?;
             self.log(logs, Some(start))?;
         }
-        if self.control.should_evaluate || self.control.should_save {
-            // ZeRO-3: full parameters to evaluate and save (released below).
-            self.zero_gather()?;
-        }
         if self.control.should_evaluate {
             let metrics = self.evaluate_during_training(false)?;
             let is_new_best = self.determine_best_metric(&metrics)?;
@@ -707,6 +703,8 @@ impl Trainer {
             }
         }
         if self.control.should_save {
+            // ZeRO-3: full parameters for rank 0's model file (released below).
+            self.zero_gather()?;
             self.save_checkpoint()?;
             self.callback_handler
                 .on_save(&self.args, &self.state, &mut self.control)?;

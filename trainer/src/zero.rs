@@ -202,13 +202,24 @@ impl Trainer {
         let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
         let layernorms = model_info::layernorm_modules(&names);
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
+        // Layer by layer when the units are exactly the transformer layers, in order (every
+        // DeepSpeed ZeRO-3 run, FSDP full_shard with the transformer-layer wrap policy).
+        let per_layer = stage == ZeroStage::Weights
+            && !units.is_empty()
+            && units
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.ends_with(&format!(".{i}.")));
         let engine = with_sharding_group(&self.args, |pg| {
             let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
             if let Some((device, pin_memory)) = offload {
                 engine.offload_optimizer(device, pin_memory)?;
             }
-            // Full parameters for `eval_on_start` and the first forward.
-            engine.gather(pg)?;
+            // Full parameters for the first forward, unless the layers are gathered one by
+            // one (the first step or `eval_on_start` gathers the root unit).
+            if !per_layer {
+                engine.gather(pg)?;
+            }
             Ok(engine)
         })?
         .ok_or(Error::InvalidArgument {
@@ -219,14 +230,6 @@ impl Trainer {
             &tchtrain_optim::OptimizerArgs::from(&self.args),
             engine.shard_groups(),
         )?);
-        // Layer by layer when the units are exactly the transformer layers, in order (every
-        // DeepSpeed ZeRO-3 run, FSDP full_shard with the transformer-layer wrap policy).
-        let per_layer = stage == ZeroStage::Weights
-            && !units.is_empty()
-            && units
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.ends_with(&format!(".{i}.")));
         self.sharding = Some(Sharding {
             engine: Arc::new(Mutex::new(engine)),
             source,
@@ -295,6 +298,26 @@ impl Trainer {
     pub(crate) fn zero_layer_hooks(&self) -> Option<Rc<LayerGather>> {
         let s = self.sharding.as_ref().filter(|s| s.per_layer)?;
         Some(Rc::new(LayerGather::new(s.engine.clone(), s.args.clone())))
+    }
+
+    /// Evaluation during a layer-by-layer stage-3 run: releases the layers, gathers the root
+    /// unit and returns the forward-only hooks that gather each layer in turn
+    /// ([`LayerGather::for_evaluation`]); otherwise gathers the full parameters (stage 3)
+    /// and returns `None`.
+    pub(crate) fn zero_prepare_evaluation(&mut self) -> Result<Option<Rc<LayerGather>>> {
+        let per_layer = self.sharding.as_ref().is_some_and(|s| s.per_layer);
+        if !per_layer {
+            self.zero_gather()?;
+            return Ok(None);
+        }
+        self.zero_gather_for_training()?;
+        let s = self.sharding.as_ref().filter(|s| s.per_layer);
+        Ok(s.map(|s| {
+            Rc::new(LayerGather::for_evaluation(
+                s.engine.clone(),
+                s.args.clone(),
+            ))
+        }))
     }
 
     /// Stage 3: releases the full parameters (nothing otherwise).

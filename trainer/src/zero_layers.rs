@@ -56,10 +56,14 @@ fn collective(
     Ok(())
 }
 
-/// The per-layer hooks of one stage-3 training step (see the module documentation).
+/// The per-layer hooks of one stage-3 training step (see the module documentation), or of
+/// an evaluation ([`LayerGather::for_evaluation`]: gather before each layer, release after,
+/// nothing for a backward).
 pub(crate) struct LayerGather {
     engine: Arc<Mutex<ZeroEngine>>,
     args: Arc<TrainingArguments>,
+    /// Whether a backward follows (training): gradient boundaries re-gather and reduce.
+    backward: bool,
     /// The first error a hook or a backward action met.
     error: Arc<Mutex<Option<Error>>>,
     /// The boundaries this step registered (forgotten when the step ends).
@@ -71,9 +75,23 @@ impl LayerGather {
         Self {
             engine,
             args,
+            backward: true,
             error: Arc::new(Mutex::new(None)),
             tokens: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The hooks of a forward-only pass (evaluation, prediction): each layer gathered just
+    /// before it runs and released right after, as DeepSpeed's ZeRO-3 forward hooks do in
+    /// `eval()` mode. The models keep their usual linear maps (no backward reads the
+    /// parameters), so the outputs are those of the fully gathered model.
+    pub(crate) fn for_evaluation(
+        engine: Arc<Mutex<ZeroEngine>>,
+        args: Arc<TrainingArguments>,
+    ) -> Self {
+        let mut hooks = Self::new(engine, args);
+        hooks.backward = false;
+        hooks
     }
 
     /// The error a hook or a backward action met, if any (the one to report).
@@ -126,11 +144,14 @@ impl Drop for LayerGather {
 
 impl LayerHooks for LayerGather {
     fn releases_parameters(&self) -> bool {
-        true
+        self.backward
     }
 
     fn before_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
         self.run(|pg, engine| Ok(engine.gather_unit(pg, index)?))?;
+        if !self.backward {
+            return Ok(hidden);
+        }
         // Backward leaves the layer here: its gradients are complete.
         self.boundary(&hidden, move |pg, engine| {
             engine.reduce_unit(pg, index)?;
@@ -140,6 +161,9 @@ impl LayerHooks for LayerGather {
 
     fn after_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
         self.run(|_, engine| Ok(engine.release_unit(index)?))?;
+        if !self.backward {
+            return Ok(hidden);
+        }
         // Backward enters the layer here: its parameters are needed again.
         self.boundary(
             &hidden,

@@ -683,8 +683,9 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
             .find(|(n, _, _)| *n == "zero3")
             .and_then(|(_, ds, _)| ds);
         for (name, ds) in [("ddp", None), ("zero3", ds3)] {
+            // Evaluations at the start and every 3 steps, no saves.
             let mut args = job_args(&dir.join(name), B, ds, None)?;
-            args.eval_strategy = IntervalStrategy::No;
+            args.eval_on_start = true;
             args.save_strategy = SaveStrategy::No;
             let model = from_pretrained_dir(
                 &common::assets().join("tiny-llama"),
@@ -695,6 +696,7 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
             .model;
             let mut trainer = Trainer::builder(model, args)
                 .train_dataset(llama_blocks(32)?)
+                .eval_dataset(llama_blocks(12)?)
                 .build()?;
             trainer.train(None)?;
             let mem = trainer.sharded_memory().unwrap_or_default();
@@ -704,7 +706,7 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
             )?;
             std::fs::write(
                 dir.join(format!("{name}-peak-rank{r}.txt")),
-                mem.peak_unit_param_bytes.to_string(),
+                format!("{} {}", mem.peak_unit_param_bytes, mem.full_gathers),
             )?;
         }
         return Ok(());
@@ -718,20 +720,33 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     let ddp = read_log(&dir.join("ddp-history-rank0.json"))?;
     let zero3 = read_log(&dir.join("zero3-history-rank0.json"))?;
     assert_eq!(ddp.len(), zero3.len(), "log entries");
-    let mut worst = 0.0f64;
+    let (mut worst, mut worst_eval, mut evals) = (0.0f64, 0.0f64, 0);
     for (d, z) in ddp.iter().zip(&zero3) {
         if let (Some(a), Some(b)) = (num(z, "loss"), num(d, "loss")) {
             worst = worst.max(rel(a, b));
         }
+        match (num(z, "eval_loss"), num(d, "eval_loss")) {
+            (Some(a), Some(b)) => {
+                worst_eval = worst_eval.max(rel(a, b));
+                evals += 1;
+            }
+            (None, None) => {}
+            (a, b) => panic!("eval_loss {a:?} vs DDP {b:?}"),
+        }
     }
-    let peak: f64 = std::fs::read_to_string(dir.join("zero3-peak-rank0.txt"))?
-        .trim()
-        .parse()?;
+    let figures = std::fs::read_to_string(dir.join("zero3-peak-rank0.txt"))?;
+    let (peak, full_gathers) = figures.trim().split_once(' ').context("peak figures")?;
+    let (peak, full_gathers): (f64, usize) = (peak.parse()?, full_gathers.parse()?);
     println!(
-        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}; step peak {peak} B"
+        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}, eval_loss {worst_eval:.2e} over {evals} evaluations; step peak {peak} B; whole-model gathers {full_gathers}"
     );
     assert!(worst < 1e-5, "loss differs by {worst}");
+    assert!(worst_eval < 1e-5, "eval_loss differs by {worst_eval}");
+    assert_eq!(evals, 3, "evaluations at steps 0, 3 and 6");
     assert!(peak > 0.0, "the layers were gathered one by one");
+    // Setup, the evaluations and the steps gather one layer at a time: the whole model is
+    // gathered once, when training ends (the model is handed back full).
+    assert_eq!(full_gathers, 1, "whole-model gathers");
     Ok(())
 }
 

@@ -99,8 +99,8 @@ pub struct ShardMemory {
     /// The largest `param_bytes` seen since the engine was built.
     pub peak_param_bytes: usize,
     /// The largest `param_bytes` seen while gathering one unit at a time
-    /// ([`ZeroEngine::gather_unit`]): the peak of layer-by-layer training steps (0 when
-    /// there were none).
+    /// ([`ZeroEngine::gather_unit`]): the peak of layer-by-layer training steps and
+    /// evaluations (0 when there were none).
     pub peak_unit_param_bytes: usize,
     /// `param_bytes` at the end of the last optimizer step ([`ZeroEngine::zero_grad`]).
     pub step_end_param_bytes: usize,
@@ -111,6 +111,10 @@ pub struct ShardMemory {
     pub offload_bytes: usize,
     /// `offload_bytes` at the end of the last optimizer step.
     pub step_end_offload_bytes: usize,
+    /// Stage 3: how many times [`ZeroEngine::gather`] materialised the whole model (each a
+    /// full-model memory peak: checkpoint saves, the end of training; evaluations too
+    /// unless they run layer by layer).
+    pub full_gathers: usize,
 }
 
 /// Bytes of an optimizer's state tensors (`exp_avg`, `exp_avg_sq`, ...).
@@ -188,6 +192,7 @@ pub struct ZeroEngine {
     step_end: (usize, usize, usize),
     /// `offload_optimizer`'s device, once [`ZeroEngine::offload_optimizer`] ran.
     offload: Option<tch::Device>,
+    full_gathers: usize,
 }
 
 impl Sharded {
@@ -290,6 +295,7 @@ impl ZeroEngine {
             peak_unit_param_bytes: 0,
             step_end: (0, 0, 0),
             offload: None,
+            full_gathers: 0,
         };
         engine.note_peak();
         Ok(engine)
@@ -420,6 +426,7 @@ impl ZeroEngine {
             step_end_param_bytes: self.step_end.0,
             step_end_grad_bytes: self.step_end.1,
             step_end_offload_bytes: self.step_end.2,
+            full_gathers: self.full_gathers,
             ..self.memory_now()
         }
     }
@@ -428,7 +435,12 @@ impl ZeroEngine {
     /// the gathered values (a collective: every rank calls it). Nothing at stages 1 and 2
     /// or for buffers already gathered.
     pub fn gather(&mut self, pg: &mut ProcessGroup) -> Result<()> {
-        self.gather_where(pg, |_, _| true)
+        let released = self.buffers.iter().any(|b| !b.gathered);
+        self.gather_where(pg, |_, _| true)?;
+        if released {
+            self.full_gathers += 1;
+        }
+        Ok(())
     }
 
     /// Stage 3: [`gather`](Self::gather) for the buffers of wrap unit `unit` only (a layer,
