@@ -15,13 +15,15 @@
 //! The DeepSpeed config's `optimizer` / `scheduler` sections are checked against the
 //! arguments (the mismatch error) but the Trainer's `optim` and `lr_scheduler_type` run.
 //!
-//! Offload: `zero_optimization.offload_optimizer` with `"device": "cpu"` (any stage, with
-//! its `pin_memory`) keeps the optimizer's master shards and state on the CPU and steps
-//! there ([`ZeroEngine::offload_optimizer`]; upstream logs that a non-DeepSpeed optimizer
-//! with offload needs a CPU implementation, which every optimizer here has). On a CPU run it
-//! changes nothing but memory (one more shard). Refused with an error naming the key:
-//! `offload_optimizer` to `nvme`, `offload_param` (parameters off the device between uses),
-//! FSDP `cpu_offload`; the engine does not implement them.
+//! Offload, `"device": "cpu"` with its `pin_memory`: `zero_optimization.offload_optimizer`
+//! (any stage) keeps the optimizer's master shards and state on the CPU and steps there
+//! ([`ZeroEngine::offload_optimizer`]); `offload_param` (stage 3) keeps the parameter shards
+//! there between gathers ([`ZeroEngine::offload_param`]). Upstream logs that a
+//! non-DeepSpeed optimizer with offload needs a CPU implementation, which every optimizer
+//! here has. FSDP's `cpu_offload` is `offload_param` with `full_shard` and
+//! `offload_optimizer` with `shard_grad_op`. On a CPU run offload changes nothing but memory
+//! (the optimizer's masters are one more shard). Refused with an error naming the key: the
+//! `nvme` device, FSDP `cpu_offload` with `no_shard`.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -92,46 +94,68 @@ fn hidden_size(trainer: &Trainer) -> Option<i64> {
         .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))
 }
 
-/// `zero_optimization.offload_optimizer` of a DeepSpeed config: `Some((CPU, pin_memory))`
-/// for `"device": "cpu"`, `None` when absent or `"none"`; an error naming the key for
-/// what the engine does not do (`nvme`, an unknown device, `offload_param`).
-fn offload_optimizer(ds: &HfTrainerDeepSpeedConfig) -> Result<Option<(tch::Device, bool)>> {
-    let refuse = |detail: String| Error::InvalidArgument {
-        field: "deepspeed",
-        detail,
-    };
-    let device = |key: &str| {
-        ds.get_value(key)
+/// Where a DeepSpeed config offloads to: `(device, pin_memory)` for `offload_param` and
+/// for `offload_optimizer`, each `None` when absent or `"none"`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Offload {
+    param: Option<(tch::Device, bool)>,
+    optimizer: Option<(tch::Device, bool)>,
+}
+
+/// The `zero_optimization.offload_param` / `offload_optimizer` sections of a DeepSpeed
+/// config: `"device": "cpu"` (with its `pin_memory`) is supported; an error naming the key
+/// for what the engine does not do (`nvme`, an unknown device).
+fn offload_settings(ds: &HfTrainerDeepSpeedConfig) -> Result<Offload> {
+    let section = |name: &str| -> Result<Option<(tch::Device, bool)>> {
+        let key = format!("zero_optimization.{name}.device");
+        let device = ds
+            .get_value(&key)
             .and_then(|v| v.as_str())
             .unwrap_or("none")
-            .to_string()
-    };
-    let param = device("zero_optimization.offload_param.device");
-    if param != "none" {
-        return Err(refuse(format!(
-            "zero_optimization.offload_param.device=\"{param}\": parameter offload (the shards kept off the device between uses) is not implemented by this ZeRO engine: set \"device\": \"none\" there (offload_optimizer \"cpu\" is supported)"
-        )));
-    }
-    match device("zero_optimization.offload_optimizer.device").as_str() {
-        "none" => Ok(None),
-        "cpu" => {
-            let pin = ds
-                .get_value("zero_optimization.offload_optimizer.pin_memory")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false);
-            log::info!(
-                "ZeRO offload_optimizer to the CPU with the Trainer's optimizer (it runs on the CPU too){}",
-                if pin { ", pinned" } else { "" }
-            );
-            Ok(Some((tch::Device::Cpu, pin)))
+            .to_string();
+        let refuse = |detail: String| Error::InvalidArgument {
+            field: "deepspeed",
+            detail: format!("{key}=\"{device}\": {detail}"),
+        };
+        match device.as_str() {
+            "none" => Ok(None),
+            "cpu" => {
+                let pin = ds
+                    .get_value(&format!("zero_optimization.{name}.pin_memory"))
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(false);
+                Ok(Some((tch::Device::Cpu, pin)))
+            }
+            "nvme" => Err(refuse(
+                "NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"".into(),
+            )),
+            _ => Err(refuse(
+                "DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\"".into(),
+            )),
         }
-        "nvme" => Err(refuse(
-            "zero_optimization.offload_optimizer.device=\"nvme\": NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"".into(),
-        )),
-        other => Err(refuse(format!(
-            "zero_optimization.offload_optimizer.device=\"{other}\": DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\""
-        ))),
+    };
+    let offload = Offload {
+        param: section("offload_param")?,
+        optimizer: section("offload_optimizer")?,
+    };
+    if offload.param.is_some() || offload.optimizer.is_some() {
+        // Upstream's note for a non-DeepSpeed optimizer with offload; every optimizer here
+        // runs on the CPU.
+        log::info!(
+            "ZeRO offload to the CPU ({}{}) with the Trainer's optimizer",
+            if offload.param.is_some() {
+                "parameters "
+            } else {
+                ""
+            },
+            if offload.optimizer.is_some() {
+                "optimizer"
+            } else {
+                ""
+            }
+        );
     }
+    Ok(offload)
 }
 
 impl Trainer {
@@ -143,7 +167,7 @@ impl Trainer {
         self.sharding = None;
         let ds = deepspeed_config(&self.args)?;
         let fsdp_on = matches!(self.args.fsdp, Some(StrOrBool::Bool(true)));
-        let mut offload = None;
+        let mut offload = Offload::default();
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
                 // Upstream's message (tchtrain-fsdp's check raises the same).
@@ -156,7 +180,7 @@ impl Trainer {
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
                 return Ok(false);
             };
-            offload = offload_optimizer(&ds)?;
+            offload = offload_settings(&ds)?;
             let units = if stage == ZeroStage::Weights {
                 layer_units(self)
             } else {
@@ -171,15 +195,31 @@ impl Trainer {
                 })?;
             let plugin = FsdpPlugin::from_args(&map)?;
             tchtrain_fsdp::check_trainer_compat(&self.args, &plugin, false)?;
-            if plugin.cpu_offload {
-                return Err(Error::InvalidArgument {
-                    field: "fsdp",
-                    detail: "cpu_offload (parameters kept on the CPU between uses) is not implemented by this engine: remove it (a CPU run has nothing to offload); for the optimizer's state and step on the CPU use DeepSpeed's offload_optimizer".into(),
-                });
-            }
             let Some(stage) = tchtrain_fsdp::zero_stage_for(plugin.sharding_strategy) else {
+                if plugin.cpu_offload {
+                    return Err(Error::InvalidArgument {
+                        field: "fsdp",
+                        detail: "cpu_offload with no_shard: an unsharded run has no shards to offload here; use full_shard or shard_grad_op with it, or remove it".into(),
+                    });
+                }
                 return Ok(false);
             };
+            if plugin.cpu_offload {
+                // torch's CPUOffload(offload_params=True): parameters and gradients on the
+                // CPU, the optimizer stepping there. full_shard: the shards live there;
+                // shard_grad_op (parameters whole on the device): the optimizer's masters.
+                offload = if stage == ZeroStage::Weights {
+                    Offload {
+                        param: Some((tch::Device::Cpu, false)),
+                        optimizer: None,
+                    }
+                } else {
+                    Offload {
+                        param: None,
+                        optimizer: Some((tch::Device::Cpu, false)),
+                    }
+                };
+            }
             let named = model_info::named_parameters(&*self.model);
             let units = tchtrain_fsdp::auto_wrap_units(&named, &plugin);
             (stage, ShardingSource::Fsdp(plugin), units)
@@ -212,7 +252,10 @@ impl Trainer {
                 .all(|(i, p)| p.ends_with(&format!(".{i}.")));
         let engine = with_sharding_group(&self.args, |pg| {
             let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
-            if let Some((device, pin_memory)) = offload {
+            if let Some((device, pin_memory)) = offload.param {
+                engine.offload_param(device, pin_memory)?;
+            }
+            if let Some((device, pin_memory)) = offload.optimizer {
                 engine.offload_optimizer(device, pin_memory)?;
             }
             // Full parameters for the first forward, unless the layers are gathered one by

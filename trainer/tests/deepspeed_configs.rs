@@ -2,10 +2,8 @@
 //! (`integrations/deepspeed/tests/fixtures/ds_config_zero{2,3}.json`, every value `"auto"`)
 //! passed to the Trainer as `--deepspeed <file>`:
 //!
-//! * ZeRO-3's as written also offloads the parameters (`offload_param` to `"cpu"`), which
-//!   this engine refuses before any step with an error naming the key and the fix;
-//! * with `offload_param` set to `"none"` (ZeRO-2's as written) they train on 2 ranks (ZeRO
-//!   stage 2 / 3) with the optimizer offloaded to the CPU (`offload_optimizer`), the
+//! * as written they train on 2 ranks (ZeRO stage 2 / 3) with the optimizer (and at stage
+//!   3 the parameters) offloaded to the CPU (`offload_optimizer`, `offload_param`), the
 //!   processed config holding no `"auto"`, fp16 disabled (a CPU run), the batch sizes,
 //!   clipping, optimizer and scheduler values from the arguments and the buckets from
 //!   GPT-2's `n_embd`;
@@ -50,15 +48,6 @@ fn config_file(dir: &Path, name: &str, overrides: &[(&str, Value)]) -> Result<Pa
 
 const AS_WRITTEN: [(&str, Value); 0] = [];
 
-/// ZeRO-3's example without its parameter offload (ZeRO-2's offloads only the optimizer).
-fn no_param_offload(stage: i64) -> Vec<(&'static str, Value)> {
-    if stage == 3 {
-        vec![("zero_optimization.offload_param.device", json!("none"))]
-    } else {
-        Vec::new()
-    }
-}
-
 /// Batch B, accumulation 2, 2 updates, lr 1e-3, `--deepspeed config`.
 fn trainer(output_dir: &Path, config: &Path) -> Result<Trainer> {
     let mut args = TrainingArguments {
@@ -88,11 +77,7 @@ fn run_rank() -> Result<()> {
     let r = rank();
     for stage in [2, 3] {
         let name = format!("ds_config_zero{stage}.json");
-        let config = config_file(
-            &dir.join(format!("configs-rank{r}")),
-            &name,
-            &no_param_offload(stage),
-        )?;
+        let config = config_file(&dir.join(format!("configs-rank{r}")), &name, &AS_WRITTEN)?;
         let mut t = trainer(&dir.join(format!("zero{stage}")), &config)?;
         t.train(None)
             .with_context(|| format!("{name} on rank {r}"))?;
@@ -160,8 +145,9 @@ fn the_documentation_examples_train_on_two_ranks_with_the_optimizer_offloaded() 
             }
             let z = &c["zero_optimization"];
             assert_eq!(z["offload_optimizer"]["device"], json!("cpu"));
-            // The master shards (and their gradients, kept until zero_grad) live on the
-            // offload device: at least this rank's half of the 3.3M-parameter model.
+            // The master shards (and their gradients, kept until zero_grad; at stage 3 the
+            // shards too) live on the offload device: at least this rank's half of the
+            // 3.3M-parameter model.
             let offload = v["offload_bytes"].as_u64().context("offload_bytes")?;
             assert!(
                 offload >= 3_000_000 * 4 / 2,
@@ -188,21 +174,15 @@ fn offload_the_engine_lacks_is_refused_naming_the_key() -> Result<()> {
     let dir = temp_dir("offload");
     let cases = [
         (
-            AS_WRITTEN.to_vec(),
-            "zero_optimization.offload_param.device=\"cpu\": parameter offload (the shards kept off the device between uses) is not implemented by this ZeRO engine: set \"device\": \"none\" there (offload_optimizer \"cpu\" is supported)",
+            vec![("zero_optimization.offload_param.device", json!("nvme"))],
+            "zero_optimization.offload_param.device=\"nvme\": NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"",
         ),
         (
-            vec![
-                ("zero_optimization.offload_param.device", json!("none")),
-                ("zero_optimization.offload_optimizer.device", json!("nvme")),
-            ],
+            vec![("zero_optimization.offload_optimizer.device", json!("nvme"))],
             "zero_optimization.offload_optimizer.device=\"nvme\": NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"",
         ),
         (
-            vec![
-                ("zero_optimization.offload_param.device", json!("none")),
-                ("zero_optimization.offload_optimizer.device", json!("gpu")),
-            ],
+            vec![("zero_optimization.offload_optimizer.device", json!("gpu"))],
             "zero_optimization.offload_optimizer.device=\"gpu\": DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\"",
         ),
     ];

@@ -94,10 +94,15 @@ fn configs() -> Vec<(
             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
         })
     };
-    // DeepSpeed's `offload_optimizer` to the CPU: master shards and optimizer state there.
+    // DeepSpeed's `offload_optimizer` to the CPU (master shards and optimizer state there)
+    // and, at stage 3, `offload_param` (the parameter shards there), as the documentation's
+    // ZeRO-2 / ZeRO-3 examples.
     let offloaded = |stage: i64| {
         let mut v = ds(stage);
         v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
+        if stage == 3 {
+            v["zero_optimization"]["offload_param"] = json!({"device": "cpu", "pin_memory": true});
+        }
         v
     };
     vec![
@@ -119,6 +124,14 @@ fn configs() -> Vec<(
             "fsdp_shard_grad_op",
             None,
             Some(json!({"reshard_after_forward": false})),
+        ),
+        (
+            "fsdp_full_shard_offload",
+            None,
+            Some(
+                json!({"reshard_after_forward": true, "transformer_layer_cls_to_wrap": ["GPT2Block"],
+                "state_dict_type": "SHARDED_STATE_DICT", "cpu_offload": true}),
+            ),
         ),
     ]
 }
@@ -350,25 +363,28 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
             let shard = full_params / 2.0;
             let params = f.step_end_param_bytes as f64;
             let grads = f.step_end_grad_bytes as f64;
+            // offload_param: the shards live on the offload device, not the model's.
+            let param_offload = stage == 3 && name.ends_with("_offload");
+            let device_shard = if param_offload { 0.0 } else { shard };
             if stage == 3 {
                 assert!(
-                    (params - shard).abs() <= slack,
-                    "{name} rank {r}: params {params} vs {shard}"
+                    (params - device_shard).abs() <= slack,
+                    "{name} rank {r}: params {params} vs {device_shard}"
                 );
-                // Layer by layer (both stage-3 configurations wrap each GPT2Block): during a
+                // Layer by layer (every stage-3 configuration wraps each GPT2Block): during a
                 // training step a rank holds its shards, the root unit and one layer.
                 let unit_peak = f.peak_unit_param_bytes as f64;
-                let bound = shard + (f.root_param_bytes + f.layer_param_bytes) as f64;
+                let bound = device_shard + (f.root_param_bytes + f.layer_param_bytes) as f64;
                 if r == 0 {
                     println!(
-                        "{name} rank 0: layer-by-layer step peak {unit_peak} B (shards {shard} + root {} + one layer {} = {bound}; all gathered: {})",
+                        "{name} rank 0: layer-by-layer step peak {unit_peak} B (shards on the device {device_shard} + root {} + one layer {} = {bound}; all gathered: {})",
                         f.root_param_bytes,
                         f.layer_param_bytes,
                         shard + full_params
                     );
                 }
                 assert!(
-                    unit_peak > shard && unit_peak <= bound + slack,
+                    unit_peak > device_shard && unit_peak <= bound + slack,
                     "{name} rank {r}: step peak {unit_peak} vs at most {bound}"
                 );
             } else {
@@ -404,15 +420,20 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
                     trained(&plain),
                     "{name} vs {base}: the logged numbers"
                 );
-                // Masters and their gradients on the offload device; none on the model's.
+                // Masters and their gradients (and with offload_param the shards) on the
+                // offload device; no gradients on the model's.
+                // ZeRO-3 offloads both: shards, masters, masters' gradients. FSDP's
+                // cpu_offload (full_shard) and ZeRO-2's offload_optimizer keep two copies:
+                // the shards and their gradients, or the masters and theirs.
+                let copies = if name == "zero3_offload" { 3.0 } else { 2.0 };
                 if r == 0 {
                     println!(
-                        "{name} rank 0: offloaded {offload} B (masters + their gradients; shard {shard} B), grads on the model's device {grads} B"
+                        "{name} rank 0: offloaded {offload} B ({copies} x shard {shard} B), params on the model's device at step end {params} B, grads {grads} B"
                     );
                 }
                 assert!(
-                    (offload - 2.0 * shard).abs() <= 2.0 * slack,
-                    "{name} rank {r}: offloaded {offload} vs 2 x {shard}"
+                    (offload - copies * shard).abs() <= 3.0 * slack,
+                    "{name} rank {r}: offloaded {offload} vs {copies} x {shard}"
                 );
                 assert_eq!(grads, 0.0, "{name} rank {r}: gradients left on the device");
             } else if stage >= 2 {
@@ -449,7 +470,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
             diff < 1e-5,
             "{name}: consolidated weights differ from DDP's by {diff}"
         );
-        if name == "fsdp_full_shard" {
+        if name.starts_with("fsdp_full_shard") {
             assert!(
                 !ckpt.join("model.safetensors").exists(),
                 "SHARDED_STATE_DICT writes no full model"
@@ -766,6 +787,7 @@ fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
             .and_then(|(_, ds, _)| ds)
             .context("zero3_offload")?;
         cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = json!(false);
+        cfg["zero_optimization"]["offload_param"]["pin_memory"] = json!(false);
         for (name, ds) in [("plain", None), ("zero3_offload", Some(cfg))] {
             let (history, figures) = run_job(&dir.join(name), name, ds, None)?;
             write_log(&dir.join(format!("{name}-history.json")), &history)?;
@@ -802,13 +824,15 @@ fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
     let f = read_figures(&dir.join("zero3_offload-figures.json"))?;
     let p = read_figures(&dir.join("plain-figures.json"))?;
     assert_eq!((f.zero_stage, p.zero_stage), (Some(3), None));
-    // A world of one: the shard is the whole model; masters + their gradients offloaded.
+    // A world of one: the shard is the whole model; it, the masters and their gradients
+    // are offloaded, and the model's device holds no parameters between steps.
     let full = f.model_param_bytes as f64;
     let offload = f.step_end_offload_bytes as f64;
     assert!(
-        (offload - 2.0 * full).abs() <= 64.0 * 4.0,
-        "{offload} vs 2 x {full}"
+        (offload - 3.0 * full).abs() <= 64.0 * 4.0,
+        "{offload} vs 3 x {full}"
     );
+    assert_eq!(f.step_end_param_bytes, 0);
     assert_eq!(f.optimizer_state_bytes, p.optimizer_state_bytes);
     let shard_dir = tchtrain_deepspeed::find_shard_dir(&dir.join("zero3_offload/checkpoint-6"))?;
     let stem = tchtrain_deepspeed::zero_shard_stem(0);

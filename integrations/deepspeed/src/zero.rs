@@ -106,8 +106,9 @@ pub struct ShardMemory {
     pub step_end_param_bytes: usize,
     /// `grad_bytes` at the end of the last optimizer step.
     pub step_end_grad_bytes: usize,
-    /// `offload_optimizer`: bytes of the master shards and their gradients on the offload
-    /// device (not in `param_bytes` / `grad_bytes`); 0 without offload.
+    /// Bytes on the offload device, not in `param_bytes` / `grad_bytes`: the master shards
+    /// and their gradients (`offload_optimizer`), the shards and their gradients
+    /// (`offload_param`); 0 without offload.
     pub offload_bytes: usize,
     /// `offload_bytes` at the end of the last optimizer step.
     pub step_end_offload_bytes: usize,
@@ -192,6 +193,8 @@ pub struct ZeroEngine {
     step_end: (usize, usize, usize),
     /// `offload_optimizer`'s device, once [`ZeroEngine::offload_optimizer`] ran.
     offload: Option<tch::Device>,
+    /// `offload_param`'s device, once [`ZeroEngine::offload_param`] ran.
+    param_offload: Option<tch::Device>,
     full_gathers: usize,
 }
 
@@ -295,6 +298,7 @@ impl ZeroEngine {
             peak_unit_param_bytes: 0,
             step_end: (0, 0, 0),
             offload: None,
+            param_offload: None,
             full_gathers: 0,
         };
         engine.note_peak();
@@ -380,6 +384,42 @@ impl ZeroEngine {
         Ok(())
     }
 
+    /// DeepSpeed's `offload_param` (stage 3 only): this rank's shards live on `device` (the
+    /// CPU for a GPU run) between uses; each gather copies a unit's shards to the model's
+    /// device before the all-gather, the reduced gradients are moved to the shards, and,
+    /// without [`Self::offload_optimizer`], the optimizer steps the shards where they are.
+    /// `pin_memory` pins them (only when the model is on a CUDA device). Call it before
+    /// [`Self::offload_optimizer`] and before building the optimizer.
+    ///
+    /// The shards and their gradients then count in [`ShardMemory::offload_bytes`], not
+    /// in `param_bytes` / `grad_bytes` (the model's device). On a CPU run nothing moves.
+    pub fn offload_param(&mut self, device: tch::Device, pin_memory: bool) -> Result<()> {
+        if self.stage != ZeroStage::Weights {
+            return Err(Error::InvalidConfig {
+                key: "zero_optimization.offload_param".into(),
+                value: format!("stage {}", self.stage.number()),
+                fix: "parameter offload partitions the parameters: use it with stage 3 (or offload_optimizer with stages 1 and 2)",
+            });
+        }
+        tch::no_grad(|| -> Result<()> {
+            for b in &mut self.buffers {
+                let mut shard = b.shard.f_detach()?.f_to_device(device)?.f_contiguous()?;
+                if pin_memory && b.flat.device.is_cuda() && device == tch::Device::Cpu {
+                    shard = shard.f_pin_memory(b.flat.device)?;
+                }
+                b.shard = shard.set_requires_grad(true);
+            }
+            Ok(())
+        })?;
+        self.param_offload = Some(device);
+        Ok(())
+    }
+
+    /// The device of `offload_param`, when it is on.
+    pub fn param_offload_device(&self) -> Option<tch::Device> {
+        self.param_offload
+    }
+
     /// The device of `offload_optimizer`, when it is on.
     pub fn offload_device(&self) -> Option<tch::Device> {
         self.offload
@@ -409,8 +449,14 @@ impl ZeroEngine {
                 let g = t.grad();
                 if g.defined() { g.numel() * elt } else { 0 }
             };
-            m.param_bytes += b.flat.materialised_bytes() + b.shard.numel() * elt;
-            m.grad_bytes += b.flat.grad_bytes() + held(&b.shard);
+            m.param_bytes += b.flat.materialised_bytes();
+            m.grad_bytes += b.flat.grad_bytes();
+            if self.param_offload.is_some() {
+                m.offload_bytes += b.shard.numel() * elt + held(&b.shard);
+            } else {
+                m.param_bytes += b.shard.numel() * elt;
+                m.grad_bytes += held(&b.shard);
+            }
             if let Some(master) = &b.master {
                 m.offload_bytes += master.numel() * elt + held(master);
             }
@@ -464,7 +510,8 @@ impl ZeroEngine {
             }
             let mut full =
                 Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
-            let shard = b.shard.f_detach()?;
+            // With offload_param the shard comes to the model's device first.
+            let shard = b.shard.f_detach()?.f_to_device(b.flat.device)?;
             pg.all_gather_into(&mut full, &shard)?;
             b.flat.materialise(&full)?;
             b.gathered = true;
