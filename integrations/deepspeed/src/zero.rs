@@ -43,6 +43,15 @@
 //! transposed view, `LayerHooks::releases_parameters`, as DeepSpeed's
 //! `LinearFunctionForZeroStage3`), and the variables point at the re-gathered storage by
 //! the time the backward reads them.
+//!
+//! Offload (DeepSpeed's `offload_optimizer` / `offload_param`, FSDP's `cpu_offload`):
+//! [`ZeroEngine::offload_optimizer`] gives the optimizer a copy of each shard on the offload
+//! device (the *master*, DeepSpeed's fp32 partition on the CPU): the reduced gradients are
+//! moved to it, the optimizer's state and step live there, and [`ZeroEngine::after_step`]
+//! copies the result back into the shard. [`ZeroEngine::offload_param`] (stage 3) keeps the
+//! shards themselves there, copied to the model's device for each all-gather. Both are
+//! bookkeeping of devices around the same operations, so the numbers are those without
+//! offload; [`ShardMemory::offload_bytes`] counts what lives on the offload device.
 
 use tch::{Kind, Tensor};
 use tchtrain_distributed::{ProcessGroup, ReduceOp};
