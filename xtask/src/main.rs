@@ -38,7 +38,8 @@ commands:
         multi-process tests), the `cuda` build of tchtrain-distributed (NCCL compiled,
         its tests run; skipped with a CPU-only libtorch), a bounded fuzz run, and a
         summary line
-        --gpu           also the tests that need a CUDA device (NCCL collectives)
+        --gpu           also the tests that need a CUDA device (NCCL collectives, the
+                        Trainer on one GPU: ZeRO-3 with offload over NCCL)
   bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
         setup, release builds of the bench examples, then N rounds (default 2) alternating
         our Trainer, upstream's Python Trainer (scripts/bench/bench_trainer.py) and a bare

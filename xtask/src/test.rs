@@ -115,9 +115,9 @@ fn cargo_test(
 }
 
 /// The `cuda` build of `tchtrain-distributed` (ProcessGroupNCCL compiled and linked, its
-/// tests run; with `gpu`, the ignored GPU tests too), in its own target folder so the
-/// workspace build keeps its features. Skipped, with a line saying so, when the libtorch
-/// has no CUDA.
+/// tests run; with `gpu`, the ignored GPU tests too, and the Trainer's GPU tests), in its
+/// own target folder so the workspace build keeps its features. Skipped, with a line saying
+/// so, when the libtorch has no CUDA.
 fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
     let lib = s.libtorch.join("lib");
     if !lib.join("libtorch_cuda.so").exists() {
@@ -145,7 +145,23 @@ fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, S
         Vec::new()
     };
     println!("test: the cuda build of tchtrain-distributed (NCCL)");
-    cargo_test(s, &args, &extra, totals)
+    let mut ok = cargo_test(s, &args, &extra, totals)?;
+    if gpu {
+        // The Trainer on a GPU (NCCL, ZeRO-3 with offload): trainer/tests/gpu.rs.
+        let trainer = [
+            "-p",
+            "tchtrain-trainer",
+            "--features",
+            "cuda",
+            "--target-dir",
+            target.as_str(),
+            "--test",
+            "gpu",
+        ];
+        println!("test: the Trainer's GPU tests (cuda build)");
+        ok &= cargo_test(s, &trainer, &extra, totals)?;
+    }
+    Ok(ok)
 }
 
 /// The bounded fuzz run: `TCHTRAIN_FUZZ_RUNS` inputs per target (default
