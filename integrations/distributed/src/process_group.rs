@@ -157,25 +157,39 @@ impl ProcessGroup {
     /// `MASTER_ADDR:MASTER_PORT` (a wrong port or address, rank 0 not started).
     pub fn new_gloo(env: &DistributedEnv, timeout: Duration) -> Result<Self> {
         let iface = std::env::var("GLOO_SOCKET_IFNAME").ok();
+        Self::rendezvous(env, timeout, Backend::Gloo, Device::Cpu, |ms| {
+            RawGroup::new_gloo(
+                &env.master_addr,
+                env.master_port,
+                env.rank,
+                env.world_size,
+                ms,
+                iface.as_deref(),
+            )
+        })
+    }
+
+    /// The rendezvous every backend shares: ranks other than 0 wait (bounded) for rank 0's
+    /// TCPStore, then `make` builds the group with the timeout in milliseconds; failures
+    /// become [`Error::Rendezvous`].
+    fn rendezvous(
+        env: &DistributedEnv,
+        timeout: Duration,
+        backend: Backend,
+        device: Device,
+        make: impl FnOnce(i64) -> std::result::Result<RawGroup, String>,
+    ) -> Result<Self> {
         if env.rank != 0 {
             wait_for_store(&env.master_addr, env.master_port, timeout)
                 .map_err(rendezvous_error(env, timeout))?;
         }
-        let raw = RawGroup::new_gloo(
-            &env.master_addr,
-            env.master_port,
-            env.rank,
-            env.world_size,
-            timeout_ms(timeout),
-            iface.as_deref(),
-        )
-        .map_err(rendezvous_error(env, timeout))?;
+        let raw = make(timeout_ms(timeout)).map_err(rendezvous_error(env, timeout))?;
         Ok(Self {
             raw,
             rank: env.rank,
             world_size: env.world_size,
-            backend: Backend::Gloo,
-            device: Device::Cpu,
+            backend,
+            device,
         })
     }
 
@@ -198,31 +212,25 @@ impl ProcessGroup {
             ));
         }
         let count = tch::Cuda::device_count();
-        if i64::from(env.local_rank) >= count {
+        let index = usize::try_from(env.local_rank)
+            .ok()
+            .filter(|&i| i64::try_from(i).is_ok_and(|i| i < count));
+        let Some(index) = index else {
             return Err(unavailable(format!(
                 "LOCAL_RANK={} needs CUDA device {} but this process sees {count} CUDA device(s) (CUDA_VISIBLE_DEVICES, the driver): start at most {count} ranks per machine, or use ddp_backend='gloo' on CPU",
                 env.local_rank, env.local_rank
             )));
-        }
-        if env.rank != 0 {
-            wait_for_store(&env.master_addr, env.master_port, timeout)
-                .map_err(rendezvous_error(env, timeout))?;
-        }
-        let raw = RawGroup::new_nccl(
-            &env.master_addr,
-            env.master_port,
-            env.rank,
-            env.world_size,
-            timeout_ms(timeout),
-            env.local_rank,
-        )
-        .map_err(rendezvous_error(env, timeout))?;
-        Ok(Self {
-            raw,
-            rank: env.rank,
-            world_size: env.world_size,
-            backend: Backend::Nccl,
-            device: Device::Cuda(env.local_rank as usize),
+        };
+        let device = Device::Cuda(index);
+        Self::rendezvous(env, timeout, Backend::Nccl, device, |ms| {
+            RawGroup::new_nccl(
+                &env.master_addr,
+                env.master_port,
+                env.rank,
+                env.world_size,
+                ms,
+                env.local_rank,
+            )
         })
     }
 
