@@ -57,14 +57,30 @@ pub(crate) fn with_process_group<T>(
     if args.world_size() <= 1 {
         return Ok(None);
     }
-    let mut guard = DEFAULT_GROUP.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.is_none() {
-        let backend = ddp_backend(args, training_device(args))?;
-        let env = DistributedEnv::from_env()?.ok_or(Error::InvalidArgument {
+    with_group(&DEFAULT_GROUP, args, f, || {
+        DistributedEnv::from_env()?.ok_or(Error::InvalidArgument {
             field: "WORLD_SIZE",
             detail: "is above 1 but the launcher environment is incomplete".into(),
-        })?;
-        *guard = Some(ProcessGroup::new(backend, &env, args.ddp_timeout_delta())?);
+        })
+    })
+}
+
+/// Runs `f` on the group in `slot`, created on first use with the run's backend and
+/// `ddp_timeout` at the rendezvous `env` returns.
+fn with_group<T>(
+    slot: &Mutex<Option<ProcessGroup>>,
+    args: &TrainingArguments,
+    f: impl FnOnce(&mut ProcessGroup) -> Result<T>,
+    env: impl FnOnce() -> Result<DistributedEnv>,
+) -> Result<Option<T>> {
+    let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        let backend = ddp_backend(args, training_device(args))?;
+        *guard = Some(ProcessGroup::new(
+            backend,
+            &env()?,
+            args.ddp_timeout_delta(),
+        )?);
     }
     match guard.as_mut() {
         Some(pg) => f(pg).map(Some),
@@ -88,11 +104,7 @@ pub(crate) fn with_sharding_group<T>(
     if args.world_size() > 1 {
         return with_process_group(args, f);
     }
-    let mut guard = SINGLE_PROCESS_GROUP
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if guard.is_none() {
-        let backend = ddp_backend(args, training_device(args))?;
+    with_group(&SINGLE_PROCESS_GROUP, args, f, || {
         let master_port = match std::env::var("MASTER_PORT") {
             Ok(p) => p.trim().parse().map_err(|_| Error::InvalidArgument {
                 field: "MASTER_PORT",
@@ -108,20 +120,15 @@ pub(crate) fn with_sharding_group<T>(
                     ),
                 })?,
         };
-        let env = DistributedEnv {
+        Ok(DistributedEnv {
             rank: 0,
             world_size: 1,
             local_rank: 0,
             local_world_size: 1,
             master_addr: "127.0.0.1".into(),
             master_port,
-        };
-        *guard = Some(ProcessGroup::new(backend, &env, args.ddp_timeout_delta())?);
-    }
-    match guard.as_mut() {
-        Some(pg) => f(pg).map(Some),
-        None => Ok(None),
-    }
+        })
+    })
 }
 
 /// The device the Trainer trains on (upstream `TrainingArguments.device`): the CPU with

@@ -230,6 +230,33 @@ fn run_job(
     Ok((numbers(&trainer.state.log_history), figures))
 }
 
+/// [`run_job`] in `dir/name`, its log and figures written to
+/// `dir/{name}-history{suffix}.json` and `dir/{name}-figures{suffix}.json`.
+fn run_and_record(
+    dir: &Path,
+    name: &str,
+    suffix: &str,
+    ds: Option<serde_json::Value>,
+    fsdp: Option<serde_json::Value>,
+) -> Result<()> {
+    let (history, figures) = run_job(&dir.join(name), name, ds, fsdp)?;
+    write_log(&dir.join(format!("{name}-history{suffix}.json")), &history)?;
+    std::fs::write(
+        dir.join(format!("{name}-figures{suffix}.json")),
+        serde_json::to_string(&figures)?,
+    )?;
+    Ok(())
+}
+
+/// The DeepSpeed config of the configuration `name` in [`configs`].
+fn deepspeed_config(name: &str) -> Result<serde_json::Value> {
+    configs()
+        .into_iter()
+        .find(|(n, _, _)| *n == name)
+        .and_then(|(_, ds, _)| ds)
+        .with_context(|| format!("no DeepSpeed configuration `{name}`"))
+}
+
 fn num(entry: &BTreeMap<String, f64>, key: &str) -> Option<f64> {
     entry.get(key).copied()
 }
@@ -260,12 +287,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
         let dir = test_dir();
         let r = rank();
         for (name, ds, fsdp) in configs() {
-            let (history, figures) = run_job(&dir.join(name), name, ds, fsdp)?;
-            write_log(&dir.join(format!("{name}-history-rank{r}.json")), &history)?;
-            std::fs::write(
-                dir.join(format!("{name}-figures-rank{r}.json")),
-                serde_json::to_string(&figures)?,
-            )?;
+            run_and_record(&dir, name, &format!("-rank{r}"), ds, fsdp)?;
         }
         return Ok(());
     }
@@ -625,10 +647,7 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
             "backward"
         };
         let out = test_dir().join(phase);
-        let ds = configs()
-            .into_iter()
-            .find(|(n, _, _)| *n == "zero3")
-            .and_then(|(_, ds, _)| ds);
+        let ds = Some(deepspeed_config("zero3")?);
         let mut args = job_args(&out, B, ds, None)?;
         args.ddp_timeout = TIMEOUT_S;
         args.eval_strategy = IntervalStrategy::No;
@@ -699,11 +718,8 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     if is_rank() {
         let dir = test_dir();
         let r = rank();
-        let ds3 = configs()
-            .into_iter()
-            .find(|(n, _, _)| *n == "zero3")
-            .and_then(|(_, ds, _)| ds);
-        for (name, ds) in [("ddp", None), ("zero3", ds3)] {
+        let ds3 = deepspeed_config("zero3")?;
+        for (name, ds) in [("ddp", None), ("zero3", Some(ds3))] {
             // Evaluations at the start and every 3 steps, no saves.
             let mut args = job_args(&dir.join(name), B, ds, None)?;
             args.eval_on_start = true;
@@ -781,20 +797,11 @@ fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
     const TEST: &str = "zero3_with_offload_on_one_process_trains_as_the_plain_run";
     if is_rank() {
         let dir = test_dir();
-        let mut cfg = configs()
-            .into_iter()
-            .find(|(n, _, _)| *n == "zero3_offload")
-            .and_then(|(_, ds, _)| ds)
-            .context("zero3_offload")?;
+        let mut cfg = deepspeed_config("zero3_offload")?;
         cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = json!(false);
         cfg["zero_optimization"]["offload_param"]["pin_memory"] = json!(false);
         for (name, ds) in [("plain", None), ("zero3_offload", Some(cfg))] {
-            let (history, figures) = run_job(&dir.join(name), name, ds, None)?;
-            write_log(&dir.join(format!("{name}-history.json")), &history)?;
-            std::fs::write(
-                dir.join(format!("{name}-figures.json")),
-                serde_json::to_string(&figures)?,
-            )?;
+            run_and_record(&dir, name, "", ds, None)?;
         }
         return Ok(());
     }

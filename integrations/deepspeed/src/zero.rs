@@ -200,11 +200,27 @@ pub struct ZeroEngine {
     peak_unit_param_bytes: usize,
     /// Parameter, gradient and offloaded bytes at the end of the last step.
     step_end: (usize, usize, usize),
-    /// `offload_optimizer`'s device, once [`ZeroEngine::offload_optimizer`] ran.
-    offload: Option<tch::Device>,
-    /// `offload_param`'s device, once [`ZeroEngine::offload_param`] ran.
-    param_offload: Option<tch::Device>,
+    /// Whether [`ZeroEngine::offload_param`] moved the shards off the model's device.
+    params_offloaded: bool,
     full_gathers: usize,
+}
+
+/// A detached, contiguous copy of `t` on `device` for offloading (always new storage),
+/// pinned when asked and useful: page-locked CPU memory for a model on a CUDA device.
+fn offloaded_copy(
+    t: &Tensor,
+    device: tch::Device,
+    model_device: tch::Device,
+    pin_memory: bool,
+) -> Result<Tensor> {
+    let mut copy = t.f_detach()?.f_to_device(device)?.f_contiguous()?;
+    if copy.data_ptr() == t.data_ptr() {
+        copy = copy.copy();
+    }
+    if pin_memory && model_device.is_cuda() && device == tch::Device::Cpu {
+        copy = copy.f_pin_memory(model_device)?;
+    }
+    Ok(copy.set_requires_grad(true))
 }
 
 impl Sharded {
@@ -306,8 +322,7 @@ impl ZeroEngine {
             peak_param_bytes: 0,
             peak_unit_param_bytes: 0,
             step_end: (0, 0, 0),
-            offload: None,
-            param_offload: None,
+            params_offloaded: false,
             full_gathers: 0,
         };
         engine.note_peak();
@@ -378,19 +393,11 @@ impl ZeroEngine {
     pub fn offload_optimizer(&mut self, device: tch::Device, pin_memory: bool) -> Result<()> {
         tch::no_grad(|| -> Result<()> {
             for b in &mut self.buffers {
-                let mut master = b.shard.f_detach()?.f_to_device(device)?.f_contiguous()?;
-                if master.data_ptr() == b.shard.data_ptr() {
-                    master = master.copy();
-                }
-                if pin_memory && b.shard.device().is_cuda() && device == tch::Device::Cpu {
-                    master = master.f_pin_memory(b.shard.device())?;
-                }
-                b.master = Some(master.set_requires_grad(true));
+                let master = offloaded_copy(&b.shard, device, b.flat.device, pin_memory)?;
+                b.master = Some(master);
             }
             Ok(())
-        })?;
-        self.offload = Some(device);
-        Ok(())
+        })
     }
 
     /// DeepSpeed's `offload_param` (stage 3 only): this rank's shards live on `device` (the
@@ -412,26 +419,12 @@ impl ZeroEngine {
         }
         tch::no_grad(|| -> Result<()> {
             for b in &mut self.buffers {
-                let mut shard = b.shard.f_detach()?.f_to_device(device)?.f_contiguous()?;
-                if pin_memory && b.flat.device.is_cuda() && device == tch::Device::Cpu {
-                    shard = shard.f_pin_memory(b.flat.device)?;
-                }
-                b.shard = shard.set_requires_grad(true);
+                b.shard = offloaded_copy(&b.shard, device, b.flat.device, pin_memory)?;
             }
             Ok(())
         })?;
-        self.param_offload = Some(device);
+        self.params_offloaded = true;
         Ok(())
-    }
-
-    /// The device of `offload_param`, when it is on.
-    pub fn param_offload_device(&self) -> Option<tch::Device> {
-        self.param_offload
-    }
-
-    /// The device of `offload_optimizer`, when it is on.
-    pub fn offload_device(&self) -> Option<tch::Device> {
-        self.offload
     }
 
     /// Whether the model's variables hold their full values now.
@@ -460,7 +453,7 @@ impl ZeroEngine {
             };
             m.param_bytes += b.flat.materialised_bytes();
             m.grad_bytes += b.flat.grad_bytes();
-            if self.param_offload.is_some() {
+            if self.params_offloaded {
                 m.offload_bytes += b.shard.numel() * elt + held(&b.shard);
             } else {
                 m.param_bytes += b.shard.numel() * elt;
