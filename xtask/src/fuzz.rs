@@ -10,9 +10,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use crate::cmd;
+use crate::disk;
 use crate::paths;
 use crate::setup::Setup;
 
@@ -194,6 +195,7 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
     };
     let target_dir = cache.join("fuzz-target");
     let t_build = Instant::now();
+    let build_started = SystemTime::now();
     let mut build = nightly(&cargo_fuzz);
     build
         .current_dir(&root)
@@ -213,9 +215,22 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
         t_build.elapsed().as_secs_f64()
     );
     let bin_dir = target_dir.join(host_triple()).join("release");
+    let ours = |c: &str| c.starts_with("tchtrain") || TARGETS.contains(&c);
+    let freed = disk::prune_stale(&bin_dir.join("deps"), &ours, build_started);
+    if freed > 0 {
+        println!(
+            "fuzz: removed {:.1} GB of this workspace's artifacts from earlier builds",
+            freed as f64 / 1e9
+        );
+    }
+    // The targets that read files write them to a scratch folder under TMPDIR.
+    let scratch = match disk::scratch_dir("fuzz") {
+        Ok(d) => d,
+        Err(e) => return Outcome::Failed(vec![e]),
+    };
     let mut failed = Vec::new();
     for target in o.selected() {
-        match run_target(&root, &bin_dir, target, o) {
+        match run_target(&root, &bin_dir, &scratch, target, o) {
             Ok(n) => executed.push((target.to_string(), n)),
             Err(e) => {
                 println!("fuzz: {target}: FAILED: {e}");
@@ -223,6 +238,7 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&scratch);
     if failed.is_empty() {
         Outcome::Passed
     } else {
@@ -230,8 +246,15 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
     }
 }
 
-/// Runs one target binary; returns the number of inputs it executed.
-fn run_target(root: &Path, bin_dir: &Path, target: &str, o: &Options) -> Result<u64, String> {
+/// Runs one target binary with `scratch` as its `TMPDIR`; returns the number of inputs it
+/// executed.
+fn run_target(
+    root: &Path,
+    bin_dir: &Path,
+    scratch: &Path,
+    target: &str,
+    o: &Options,
+) -> Result<u64, String> {
     let work = root.join("target").join("fuzz");
     let corpus = work.join("corpus").join(target);
     let artifacts = work.join("artifacts").join(target);
@@ -242,6 +265,7 @@ fn run_target(root: &Path, bin_dir: &Path, target: &str, o: &Options) -> Result<
     let seeds = root.join("fuzz").join("corpus").join(target);
     let mut c = Command::new(bin_dir.join(target));
     c.current_dir(root)
+        .env("TMPDIR", scratch)
         .arg(&corpus)
         .arg(&seeds)
         .arg(format!("-runs={}", o.runs))

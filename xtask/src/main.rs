@@ -14,6 +14,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod demo_sentiment;
+mod disk;
 mod fuzz;
 mod launch;
 mod paths;

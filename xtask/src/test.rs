@@ -2,10 +2,12 @@
 //! fuzz target (`cargo xtask fuzz`), then one summary line.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::cmd;
+use crate::disk;
 use crate::fuzz;
 use crate::setup;
 
@@ -53,10 +55,26 @@ pub fn run(args: &[String]) -> Result<(), String> {
         _ => args,
     };
     println!("test: libtorch {}", s.libtorch.display());
+    let root = crate::paths::workspace_root();
+    if let Some(warning) = disk::low_space_warning(&root, disk::TEST_NEEDS_BYTES) {
+        println!("test: warning: {warning}");
+    }
+    // The tests' checkpoints and scratch files (and the compilers' temporary files) go here,
+    // not to /tmp, and are removed when the run passes.
+    let tmp = disk::scratch_dir("test")?;
     let mut totals = Totals::default();
-    let workspace = cargo_test(&s, &["--workspace"], &extra, &mut totals)?;
-    let cuda = cuda_step(&s, gpu, &mut totals)?;
+    let workspace = cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?;
+    let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
     let fuzz = fuzz_step(&s)?;
+    let passed = workspace && cuda && totals.failed == 0;
+    if passed {
+        let _ = std::fs::remove_dir_all(&tmp);
+    } else {
+        println!(
+            "test: the failed run's temporary files are kept in {}",
+            tmp.display()
+        );
+    }
     println!(
         "xtask test finished in {:.1}s (setup included)",
         t0.elapsed().as_secs_f64()
@@ -68,7 +86,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         totals.ignored,
         fuzz.summary()
     );
-    if !(workspace && cuda && totals.failed == 0) {
+    if !passed {
         Err("cargo test failed (see the `test result:` lines above)".into())
     } else if let fuzz::Outcome::Failed(_) = fuzz.outcome {
         Err("fuzzing found a failure (see the `fuzz:` lines above)".into())
@@ -77,10 +95,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// `cargo test --no-fail-fast {args} {extra}` with the setup's environment, its output
-/// echoed and its `test result:` lines added to `totals`; whether it succeeded.
+/// `cargo test --no-fail-fast {args} {extra}` with the setup's environment and `tmp` as
+/// `TMPDIR`, its output echoed and its `test result:` lines added to `totals`; whether it
+/// succeeded.
 fn cargo_test(
     s: &setup::Setup,
+    tmp: &Path,
     args: &[&str],
     extra: &[&String],
     totals: &mut Totals,
@@ -93,6 +113,7 @@ fn cargo_test(
         .args(extra)
         .env("TCHTRAIN_ASSETS", &s.assets)
         .env("TCHTRAIN_VENV_PYTHON", &s.python)
+        .env("TMPDIR", tmp)
         .stdout(Stdio::piped());
     if let Some(libtorch) = &s.child_libtorch {
         c.env("LIBTORCH", libtorch);
@@ -118,7 +139,7 @@ fn cargo_test(
 /// tests run; with `gpu`, the ignored GPU tests too, and the Trainer's GPU tests), in its
 /// own target folder so the workspace build keeps its features. Skipped, with a line saying
 /// so, when the libtorch has no CUDA.
-fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
+fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
     let lib = s.libtorch.join("lib");
     if !lib.join("libtorch_cuda.so").exists() {
         println!(
@@ -145,7 +166,7 @@ fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, S
         Vec::new()
     };
     println!("test: the cuda build of tchtrain-distributed (NCCL)");
-    let mut ok = cargo_test(s, &args, &extra, totals)?;
+    let mut ok = cargo_test(s, tmp, &args, &extra, totals)?;
     if gpu {
         // The Trainer on a GPU (NCCL, ZeRO-3 with offload): trainer/tests/gpu.rs.
         let trainer = [
@@ -159,7 +180,7 @@ fn cuda_step(s: &setup::Setup, gpu: bool, totals: &mut Totals) -> Result<bool, S
             "gpu",
         ];
         println!("test: the Trainer's GPU tests (cuda build)");
-        ok &= cargo_test(s, &trainer, &extra, totals)?;
+        ok &= cargo_test(s, tmp, &trainer, &extra, totals)?;
     }
     Ok(ok)
 }
