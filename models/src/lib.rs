@@ -38,7 +38,8 @@ pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
-    checkpoint_files, load_into, read_checkpoint, save_pretrained, write_safetensors,
+    checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
+    write_safetensors,
 };
 pub use modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
 pub use tokenization::{gpt2_tokenizer, load_tokenizer};

@@ -261,11 +261,22 @@ pub fn write_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()
 /// Upstream `save_pretrained`: `config.json` (with `architectures`, `dtype` and
 /// `transformers_version`) and `model.safetensors` without tied duplicates.
 pub fn save_pretrained<M: PreTrainedModel + ?Sized>(model: &M, dir: &Path) -> Result<()> {
+    let tensors: Vec<(String, Tensor)> = model.var_store().variables().into_iter().collect();
+    save_pretrained_state_dict(model, dir, tensors)
+}
+
+/// Upstream `save_pretrained(dir, state_dict=...)`: `model`'s `config.json` with `state_dict`
+/// as its weights, for a model whose variables do not hold them (ZeRO-3 saves the state dict
+/// it gathered unit by unit, as the Trainer does under DeepSpeed).
+pub fn save_pretrained_state_dict<M: PreTrainedModel + ?Sized>(
+    model: &M,
+    dir: &Path,
+    mut tensors: Vec<(String, Tensor)>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut tensors: Vec<(String, Tensor)> = model.var_store().variables().into_iter().collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let dtype = tensors
         .first()

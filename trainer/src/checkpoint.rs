@@ -329,9 +329,25 @@ impl Trainer {
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("deleting", &tmp, e))?;
         }
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        self.save_sharded_state(&tmp)?;
+        let state_dict = self.save_sharded_state(&tmp)?;
         if !self.saves_sharded_model() {
-            self.model.save_pretrained(&tmp)?;
+            match state_dict {
+                // ZeRO-3: the sharded parameters come gathered unit by unit; anything the
+                // engine does not shard (frozen variables) from the model itself.
+                Some(mut state_dict) => {
+                    let sharded: std::collections::HashSet<String> =
+                        state_dict.iter().map(|(n, _)| n.clone()).collect();
+                    state_dict.extend(
+                        self.model
+                            .var_store()
+                            .variables()
+                            .into_iter()
+                            .filter(|(n, _)| !sharded.contains(n)),
+                    );
+                    tchtrain_models::save_pretrained_state_dict(&*self.model, &tmp, state_dict)?;
+                }
+                None => self.model.save_pretrained(&tmp)?,
+            }
         }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step

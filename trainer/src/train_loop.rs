@@ -703,8 +703,7 @@ impl Trainer {
             }
         }
         if self.control.should_save {
-            // ZeRO-3: full parameters for rank 0's model file (released below).
-            self.zero_gather()?;
+            // ZeRO-3 gathers rank 0's model file unit by unit (`save_sharded_state`).
             self.save_checkpoint()?;
             self.callback_handler
                 .on_save(&self.args, &self.state, &mut self.control)?;

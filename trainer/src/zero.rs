@@ -414,13 +414,22 @@ impl Trainer {
     }
 
     /// Every rank's part of a checkpoint save into `tmp` (the folder rank 0 renames when
-    /// complete): gathers stage-3 parameters (for rank 0's `model.safetensors`), then, between
-    /// two barriers (rank 0 has created `tmp` before the first), writes this rank's shard
-    /// files: `global_step{N}/` and `latest` for DeepSpeed, `pytorch_model_fsdp_0/` for FSDP.
-    /// Nothing outside a sharded run. Collectives in the same order on every rank.
-    pub(crate) fn save_sharded_state(&mut self, tmp: &Path) -> Result<()> {
+    /// complete). At stage 3, unless the checkpoint holds only shards, the model's state
+    /// dict is gathered one unit at a time ([`ZeroEngine::consolidated_state_dict`], as
+    /// DeepSpeed's `stage3_gather_16bit_weights_on_model_save`): rank 0 gets it back to write
+    /// `model.safetensors`, and no rank ever holds the whole model on its device. Then,
+    /// between two barriers (rank 0 has created `tmp` before the first), every rank writes
+    /// its shard files: `global_step{N}/` and `latest` for DeepSpeed,
+    /// `pytorch_model_fsdp_0/` for FSDP. `None` outside a sharded run, at stages 1 and 2
+    /// (the model's variables hold the full values) and on ranks other than 0.
+    /// Collectives in the same order on every rank.
+    pub(crate) fn save_sharded_state(
+        &mut self,
+        tmp: &Path,
+    ) -> Result<Option<Vec<(String, tch::Tensor)>>> {
+        let shards_only = self.saves_sharded_model();
         let Some(s) = self.sharding.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let step = self.state.global_step;
         let dir = match &s.source {
@@ -433,9 +442,14 @@ impl Trainer {
         } else {
             self.optimizer.as_deref()
         };
-        with_sharding_group(&self.args, |pg| {
+        let state_dict = with_sharding_group(&self.args, |pg| {
             let mut engine = s.engine();
-            engine.gather(pg)?;
+            let consolidate = engine.stage() == ZeroStage::Weights && !shards_only;
+            let state_dict = if consolidate {
+                Some(engine.consolidated_state_dict(pg)?)
+            } else {
+                None
+            };
             pg.barrier()?;
             save_zero_shard(&engine, optimizer, &dir)?;
             if is_rank0 && matches!(s.source, ShardingSource::DeepSpeed(_)) {
@@ -444,9 +458,9 @@ impl Trainer {
                     .map_err(|e| Error::io("writing", &latest, e))?;
             }
             pg.barrier()?;
-            Ok(())
+            Ok(state_dict)
         })?;
-        Ok(())
+        Ok(state_dict.flatten().filter(|_| is_rank0))
     }
 
     /// Resuming a sharded run: this rank's shards and optimizer state from the

@@ -720,10 +720,9 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
         let r = rank();
         let ds3 = deepspeed_config("zero3")?;
         for (name, ds) in [("ddp", None), ("zero3", Some(ds3))] {
-            // Evaluations at the start and every 3 steps, no saves.
+            // Evaluations at the start and every 3 steps, saves every 3 steps.
             let mut args = job_args(&dir.join(name), B, ds, None)?;
             args.eval_on_start = true;
-            args.save_strategy = SaveStrategy::No;
             let model = from_pretrained_dir(
                 &common::assets().join("tiny-llama"),
                 AutoTask::CausalLm,
@@ -771,18 +770,30 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
             (a, b) => panic!("eval_loss {a:?} vs DDP {b:?}"),
         }
     }
+    // Rank 0's model.safetensors, gathered unit by unit, against DDP's at both saves.
+    let mut worst_weights = 0.0f64;
+    for step in [3, 6] {
+        let ckpt = |run: &str| dir.join(format!("{run}/checkpoint-{step}"));
+        let ddp_model = tchtrain_models::read_checkpoint(&ckpt("ddp"))?;
+        let zero_model = tchtrain_models::read_checkpoint(&ckpt("zero3"))?;
+        worst_weights = worst_weights.max(max_abs_diff(&zero_model, &ddp_model)?);
+    }
     let figures = std::fs::read_to_string(dir.join("zero3-peak-rank0.txt"))?;
     let (peak, full_gathers) = figures.trim().split_once(' ').context("peak figures")?;
     let (peak, full_gathers): (f64, usize) = (peak.parse()?, full_gathers.parse()?);
     println!(
-        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}, eval_loss {worst_eval:.2e} over {evals} evaluations; step peak {peak} B; whole-model gathers {full_gathers}"
+        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}, eval_loss {worst_eval:.2e} over {evals} evaluations; checkpoint-3/6 model.safetensors max abs diff {worst_weights:.2e}; step peak {peak} B; whole-model gathers {full_gathers}"
     );
     assert!(worst < 1e-5, "loss differs by {worst}");
     assert!(worst_eval < 1e-5, "eval_loss differs by {worst_eval}");
     assert_eq!(evals, 3, "evaluations at steps 0, 3 and 6");
+    assert!(
+        worst_weights < 1e-5,
+        "saved weights differ by {worst_weights}"
+    );
     assert!(peak > 0.0, "the layers were gathered one by one");
-    // Setup, the evaluations and the steps gather one layer at a time: the whole model is
-    // gathered once, when training ends (the model is handed back full).
+    // Setup, the evaluations, the steps and the two saves gather one layer at a time: the
+    // whole model is gathered once, when training ends (the model is handed back full).
     assert_eq!(full_gathers, 1, "whole-model gathers");
     Ok(())
 }

@@ -122,8 +122,8 @@ pub struct ShardMemory {
     /// `offload_bytes` at the end of the last optimizer step.
     pub step_end_offload_bytes: usize,
     /// Stage 3: how many times [`ZeroEngine::gather`] materialised the whole model (each a
-    /// full-model memory peak: checkpoint saves, the end of training; evaluations too
-    /// unless they run layer by layer).
+    /// full-model memory peak: the end of training; evaluations too unless they run layer
+    /// by layer; not checkpoint saves, see [`ZeroEngine::consolidated_state_dict`]).
     pub full_gathers: usize,
 }
 
@@ -221,6 +221,17 @@ fn offloaded_copy(
         copy = copy.f_pin_memory(model_device)?;
     }
     Ok(copy.set_requires_grad(true))
+}
+
+/// A detached copy of `t` on the CPU in storage of its own (a variable materialised by a
+/// gather is a view into its unit's flat buffer, which the copy must not keep alive).
+fn cpu_copy(t: &Tensor) -> Result<Tensor> {
+    let copy = t.f_detach()?.f_to_device(tch::Device::Cpu)?;
+    Ok(if copy.data_ptr() == t.data_ptr() {
+        copy.copy()
+    } else {
+        copy
+    })
 }
 
 impl Sharded {
@@ -554,6 +565,40 @@ impl ZeroEngine {
             }
         }
         Ok(())
+    }
+
+    /// DeepSpeed's `_zero3_consolidated_16bit_state_dict` (what a save with
+    /// `stage3_gather_16bit_weights_on_model_save` writes): the full value of every sharded
+    /// parameter as `(state_dict name, CPU tensor)` pairs on rank 0, an empty list on the
+    /// other ranks. Stage 3 gathers one unit at a time, rank 0 copies it to the CPU, and the
+    /// unit is released again unless it was gathered before the call, so no rank holds more
+    /// than one unit beyond what it held already (a whole-model gather is not counted in
+    /// `full_gathers`). Stages 1 and 2 copy the variables, which hold full values. A
+    /// collective at stage 3: every rank calls it.
+    pub fn consolidated_state_dict(
+        &mut self,
+        pg: &mut ProcessGroup,
+    ) -> Result<Vec<(String, Tensor)>> {
+        let is_rank0 = self.rank == 0;
+        let mut out = Vec::new();
+        for unit in 0..=self.layer_units {
+            let was_gathered: Vec<bool> = self.buffers.iter().map(|b| b.gathered).collect();
+            self.gather_unit(pg, unit)?;
+            if is_rank0 {
+                for b in self.buffers.iter().filter(|b| b.flat.layout.unit == unit) {
+                    for (v, info) in b.flat.vars.iter().zip(&b.flat.layout.params) {
+                        out.push((info.name.clone(), cpu_copy(v)?));
+                    }
+                }
+            }
+            for (b, was) in self.buffers.iter_mut().zip(was_gathered) {
+                if b.gathered && !was {
+                    b.flat.release()?;
+                    b.gathered = false;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Stage 3, per layer: right after wrap unit `unit`'s backward, averages its gradients
