@@ -192,10 +192,11 @@ struct Figures {
 fn run_job(
     output_dir: &Path,
     name: &str,
+    batch: usize,
     ds: Option<serde_json::Value>,
     fsdp: Option<serde_json::Value>,
 ) -> Result<(Log, Figures)> {
-    let mut trainer = Trainer::builder(initial_model()?, job_args(output_dir, B, ds, fsdp)?)
+    let mut trainer = Trainer::builder(initial_model()?, job_args(output_dir, batch, ds, fsdp)?)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
         .build()?;
@@ -230,16 +231,17 @@ fn run_job(
     Ok((numbers(&trainer.state.log_history), figures))
 }
 
-/// [`run_job`] in `dir/name`, its log and figures written to
-/// `dir/{name}-history{suffix}.json` and `dir/{name}-figures{suffix}.json`.
+/// [`run_job`] in `dir/name` with micro-batches of `batch` rows, its log and figures written
+/// to `dir/{name}-history{suffix}.json` and `dir/{name}-figures{suffix}.json`.
 fn run_and_record(
     dir: &Path,
     name: &str,
     suffix: &str,
+    batch: usize,
     ds: Option<serde_json::Value>,
     fsdp: Option<serde_json::Value>,
 ) -> Result<()> {
-    let (history, figures) = run_job(&dir.join(name), name, ds, fsdp)?;
+    let (history, figures) = run_job(&dir.join(name), name, batch, ds, fsdp)?;
     write_log(&dir.join(format!("{name}-history{suffix}.json")), &history)?;
     std::fs::write(
         dir.join(format!("{name}-figures{suffix}.json")),
@@ -287,7 +289,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
         let dir = test_dir();
         let r = rank();
         for (name, ds, fsdp) in configs() {
-            run_and_record(&dir, name, &format!("-rank{r}"), ds, fsdp)?;
+            run_and_record(&dir, name, &format!("-rank{r}"), B, ds, fsdp)?;
         }
         return Ok(());
     }
@@ -522,6 +524,104 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
         );
         maybe_load_in_python(&out, name)?;
     }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// 4 ranks with 1 row each (the 2-rank runs' global batch): ZeRO-3, layer by layer, trains
+/// as DDP on the same 4 ranks, each rank holding a quarter of the parameters and of the
+/// optimizer state (flat buffers padded to a multiple of 4), and its checkpoint consolidates
+/// to DDP's weights; rank 0's `model.safetensors`, gathered unit by unit, equals the
+/// consolidation of the 4 shard files exactly.
+#[test]
+fn zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory() -> Result<()> {
+    const TEST: &str = "zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory";
+    const WORLD: usize = 4;
+    if is_rank() {
+        let dir = test_dir();
+        let suffix = format!("-rank{}", rank());
+        run_and_record(&dir, "ddp", &suffix, 1, None, None)?;
+        run_and_record(
+            &dir,
+            "zero3",
+            &suffix,
+            1,
+            Some(deepspeed_config("zero3")?),
+            None,
+        )?;
+        return Ok(());
+    }
+    let dir = temp_dir("zero3-four");
+    let codes = wait_codes(
+        launch(TEST, WORLD as i32, &dir, "rank"),
+        Duration::from_secs(900),
+    );
+    assert_eq!(codes, vec![Some(0); WORLD], "rank exit codes");
+    let ddp = read_log(&dir.join("ddp-history-rank0.json"))?;
+    let ddp_fig = read_figures(&dir.join("ddp-figures-rank0.json"))?;
+    let full_params = ddp_fig.model_param_bytes as f64;
+    let ddp_state = ddp_fig.optimizer_state_bytes as f64;
+    // Padding: fewer than 4 elements per flat buffer (2 groups x 3 units).
+    let slack = 6.0 * 3.0 * 4.0;
+    let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+    for r in 0..WORLD {
+        let log = read_log(&dir.join(format!("zero3-history-rank{r}.json")))?;
+        assert_eq!(log.len(), ddp.len(), "rank {r}: number of log entries");
+        for (z, d) in log.iter().zip(&ddp) {
+            for key in ["loss", "grad_norm", "learning_rate", "eval_loss"] {
+                match (num(z, key), num(d, key)) {
+                    (Some(a), Some(b)) => {
+                        let w = worst.entry(key).or_default();
+                        *w = w.max(rel(a, b));
+                    }
+                    (None, None) => {}
+                    (a, b) => panic!("rank {r}: {key} {a:?} vs DDP {b:?}"),
+                }
+            }
+        }
+        let f = read_figures(&dir.join(format!("zero3-figures-rank{r}.json")))?;
+        let (state, params) = (
+            f.optimizer_state_bytes as f64,
+            f.step_end_param_bytes as f64,
+        );
+        if r == 0 {
+            println!(
+                "zero3 on 4 ranks, rank 0: optimizer state {state} B (DDP {ddp_state}), params held at step end {params} B (full {full_params}), layer-by-layer step peak {} B",
+                f.peak_unit_param_bytes
+            );
+        }
+        assert!(
+            (state - ddp_state / 4.0).abs() <= 2.0 * slack,
+            "rank {r}: optimizer state {state} vs DDP {ddp_state} / 4"
+        );
+        assert!(
+            (params - full_params / 4.0).abs() <= slack,
+            "rank {r}: params {params} vs {full_params} / 4"
+        );
+    }
+    println!("zero3 vs DDP (4 ranks): max relative differences {worst:?}");
+    // The 2-rank comparison's bounds (see zero_and_fsdp_runs_equal_ddp_with_sharded_memory).
+    assert!(worst["loss"] < 1e-5, "loss {worst:?}");
+    assert!(worst["eval_loss"] < 1e-5, "eval_loss {worst:?}");
+    assert!(worst["grad_norm"] < 5e-4, "grad_norm {worst:?}");
+    assert!(worst["learning_rate"] < 1e-12, "learning_rate {worst:?}");
+    let ckpt = dir.join("zero3/checkpoint-6");
+    let out = dir.join("zero3-consolidated");
+    tchtrain_deepspeed::convert_zero_checkpoint_to_fp32_state_dict(&ckpt, &out)?;
+    let consolidated = tchtrain_models::read_checkpoint(&out)?;
+    let ddp_model = tchtrain_models::read_checkpoint(&dir.join("ddp/checkpoint-6"))?;
+    let diff = max_abs_diff(&consolidated, &ddp_model)?;
+    println!("zero3 (4 ranks): consolidated checkpoint-6 vs DDP's: max abs diff {diff:e}");
+    assert!(
+        diff < 1e-5,
+        "consolidated weights differ from DDP's by {diff}"
+    );
+    let rank0_model = tchtrain_models::read_checkpoint(&ckpt)?;
+    assert_eq!(
+        max_abs_diff(&consolidated, &rank0_model)?,
+        0.0,
+        "rank 0's model.safetensors"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -812,7 +912,7 @@ fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
         cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = json!(false);
         cfg["zero_optimization"]["offload_param"]["pin_memory"] = json!(false);
         for (name, ds) in [("plain", None), ("zero3_offload", Some(cfg))] {
-            run_and_record(&dir, name, "", ds, None)?;
+            run_and_record(&dir, name, "", B, ds, None)?;
         }
         return Ok(());
     }
