@@ -1,16 +1,16 @@
 //! The tokenized-dataset cache (`MapCache`, upstream's `Dataset.map` cache files): the file
 //! format round-trips every field and rejects any damage without panicking; the cache
 //! computes once, loads after, recomputes on `overwrite` or a corrupt file and survives an
-//! unwritable folder; `run_clm` run twice with the same data tokenizes once and trains
-//! identically (in a child process whose environment points `TCHTRAIN_DATASETS_CACHE` at a
-//! fresh folder).
+//! unwritable folder; `run_clm` and `run_ner` run twice with the same data tokenize once and
+//! train / evaluate identically (each in a child process whose environment points
+//! `TCHTRAIN_DATASETS_CACHE` at a fresh folder).
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use tchtrain_collators::{Feature, Label};
-use tchtrain_trainer::examples::run_clm;
+use tchtrain_trainer::examples::{run_clm, run_ner};
 use tchtrain_trainer::{DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows};
 
 fn rows() -> Vec<Feature> {
@@ -176,49 +176,116 @@ fn run_clm_once(out: &Path, overwrite: bool) -> Result<f64> {
     Ok(result.train_metrics.expect("trained")["train_loss"])
 }
 
-/// Set in the child process that runs the `run_clm` check with the cache folder in its
+/// `run_ner` on the reference NER files (train and evaluate): the evaluation loss.
+fn run_ner_once(out: &Path, overwrite: bool) -> Result<f64> {
+    let a = |rel: &str| assets().join(rel).display().to_string();
+    let mut argv = vec![
+        "--model_name_or_path".to_string(),
+        a("reference/trainer_mlm_ner/ner/initial"),
+        "--tokenizer_name".into(),
+        a("minilm"),
+        "--train_file".into(),
+        a("reference/trainer_mlm_ner/ner/train.json"),
+        "--validation_file".into(),
+        a("reference/trainer_mlm_ner/ner/validation.json"),
+        "--do_train".into(),
+        "--do_eval".into(),
+        "--max_steps".into(),
+        "2".into(),
+        "--per_device_train_batch_size".into(),
+        "4".into(),
+        "--output_dir".into(),
+        out.display().to_string(),
+        "--report_to".into(),
+        "none".into(),
+        "--save_strategy".into(),
+        "no".into(),
+        "--use_cpu".into(),
+    ];
+    if overwrite {
+        argv.push("--overwrite_cache".into());
+    }
+    let result = run_ner::main_with_args(&argv)?;
+    Ok(result.eval_metrics.expect("evaluated")["eval_loss"])
+}
+
+/// Set in the child process that runs a script's check with the cache folder in its
 /// environment.
 const CHILD: &str = "TCHTRAIN_DATASET_CACHE_TEST_CHILD";
 
-#[test]
-fn run_clm_tokenizes_once_and_trains_the_same_from_the_cache() -> Result<()> {
-    if std::env::var_os(CHILD).is_none() {
-        // Run the check in a child process whose environment names a fresh cache folder.
-        let cache_dir = temp_dir("clm-cache");
-        let status = std::process::Command::new(std::env::current_exe()?)
-            .args([
-                "--exact",
-                "run_clm_tokenizes_once_and_trains_the_same_from_the_cache",
-            ])
-            .args(["--nocapture", "--test-threads", "1"])
-            .env(CHILD, "1")
-            .env(DATASETS_CACHE_ENV, &cache_dir)
-            .stdout(std::process::Stdio::null())
-            .status()?;
-        let _ = std::fs::remove_dir_all(&cache_dir);
-        anyhow::ensure!(status.success(), "the child run failed: {status}");
-        return Ok(());
+/// Runs test `test` again in a child process whose environment names a fresh cache folder;
+/// `None` in the parent (after the child passed), the folder in the child.
+fn cache_folder_of_child(test: &str) -> Result<Option<PathBuf>> {
+    if let Some(dir) = std::env::var_os(CHILD).and(std::env::var_os(DATASETS_CACHE_ENV)) {
+        return Ok(Some(PathBuf::from(dir)));
     }
-    let cache_dir = PathBuf::from(std::env::var_os(DATASETS_CACHE_ENV).expect("set by the parent"));
-    let out = temp_dir("clm-out");
-    let first = run_clm_once(&out, false)?;
-    let files: Vec<_> = std::fs::read_dir(&cache_dir)?.collect::<std::io::Result<_>>()?;
-    // Only --do_train: the training lines' tokens, one file.
-    assert_eq!(files.len(), 1, "{files:?}");
-    let stamp = files[0].metadata()?.modified()?;
-    let second = run_clm_once(&out, false)?;
+    let cache_dir = temp_dir(&format!("{test}-cache"));
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, "1")
+        .env(DATASETS_CACHE_ENV, &cache_dir)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    anyhow::ensure!(status.success(), "the child run failed: {status}");
+    Ok(None)
+}
+
+/// A script run twice with the same data tokenizes once (`files` cache files, read the
+/// second time, not rewritten) and gives the same number; `--overwrite_cache` tokenizes
+/// again (rewriting the files) with the same number.
+fn tokenizes_once(
+    cache_dir: &Path,
+    files: usize,
+    run: impl Fn(&Path, bool) -> Result<f64>,
+) -> Result<()> {
+    let out = temp_dir(&format!("out-{files}"));
+    let stamps = || -> Result<Vec<std::time::SystemTime>> {
+        let mut entries: Vec<_> = std::fs::read_dir(cache_dir)?.collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        entries
+            .iter()
+            .map(|e| Ok(e.metadata()?.modified()?))
+            .collect()
+    };
+    let first = run(&out, false)?;
+    let written = stamps()?;
+    assert_eq!(written.len(), files, "cache files");
+    let second = run(&out, false)?;
+    assert_eq!(first, second, "running from the cached rows is identical");
     assert_eq!(
-        first, second,
-        "training from the cached tokens is identical"
+        stamps()?,
+        written,
+        "the cache files were read, not rewritten"
     );
-    assert_eq!(
-        files[0].metadata()?.modified()?,
-        stamp,
-        "the cache file was read, not rewritten"
+    assert_eq!(run(&out, true)?, first);
+    let rewritten = stamps()?;
+    assert!(
+        rewritten.iter().zip(&written).all(|(a, b)| a != b),
+        "--overwrite_cache rewrites every file"
     );
-    // --overwrite_cache tokenizes again (and rewrites the file) with the same result.
-    assert_eq!(run_clm_once(&out, true)?, first);
-    assert_ne!(files[0].metadata()?.modified()?, stamp, "rewritten");
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
+}
+
+#[test]
+fn run_clm_tokenizes_once_and_trains_the_same_from_the_cache() -> Result<()> {
+    let Some(cache_dir) =
+        cache_folder_of_child("run_clm_tokenizes_once_and_trains_the_same_from_the_cache")?
+    else {
+        return Ok(());
+    };
+    // Only --do_train: the training lines' tokens, one file.
+    tokenizes_once(&cache_dir, 1, run_clm_once)
+}
+
+#[test]
+fn run_ner_tokenizes_once_and_evaluates_the_same_from_the_cache() -> Result<()> {
+    let Some(cache_dir) =
+        cache_folder_of_child("run_ner_tokenizes_once_and_evaluates_the_same_from_the_cache")?
+    else {
+        return Ok(());
+    };
+    // The training and the validation rows: two files.
+    tokenizes_once(&cache_dir, 2, run_ner_once)
 }

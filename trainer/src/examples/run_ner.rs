@@ -43,10 +43,11 @@ use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
-use super::common::{self, load_example_tokenizer};
+use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::seqeval;
 use crate::dataset::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
+use crate::map_cache::{Fingerprint, MapCache, map_cached};
 use crate::metrics::{EvalPrediction, Metrics};
 use crate::table::{Table, cell_text};
 use crate::trainer::Trainer;
@@ -87,6 +88,9 @@ pub struct NerArguments {
     pub label_all_tokens: bool,
     /// `--return_entity_level_metrics`: per-type precision / recall / f1 / number too.
     pub return_entity_level_metrics: bool,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](crate::MapCache)).
+    pub overwrite_cache: bool,
 }
 
 impl Default for NerArguments {
@@ -108,6 +112,7 @@ impl Default for NerArguments {
             max_predict_samples: None,
             label_all_tokens: false,
             return_entity_level_metrics: false,
+            overwrite_cache: false,
         }
     }
 }
@@ -132,7 +137,8 @@ script flags:
   --label_all_tokens BOOL     label every sub-word of a word, not only its first
   --return_entity_level_metrics BOOL
                               per entity type precision / recall / f1 / number too
-  --overwrite_cache, --preprocessing_num_workers N
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --preprocessing_num_workers N
                               accepted for upstream's command lines; no effect here
 ";
 
@@ -157,9 +163,7 @@ impl ScriptFlags for NerArguments {
             "return_entity_level_metrics" => {
                 self.return_entity_level_metrics = args::boolean(name, value)?;
             }
-            "overwrite_cache" => {
-                args::boolean(name, value)?;
-            }
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
@@ -474,14 +478,39 @@ impl<'a> Alignment<'a> {
         Ok(feature)
     }
 
-    fn dataset(&self, rows: &NerRows) -> Result<InMemoryDataset> {
-        let features = rows
-            .words
+    fn features(&self, rows: &NerRows) -> Result<Vec<Feature>> {
+        rows.words
             .iter()
             .zip(&rows.tags)
             .enumerate()
             .map(|(i, (w, t))| self.row(w, t, i))
-            .collect::<Result<_>>()?;
+            .collect()
+    }
+
+    /// [`features`](Self::features) through the dataset cache: the same rows, tokenizer
+    /// (with its truncation and padding), label list and options load the stored rows.
+    fn dataset(
+        &self,
+        rows: &NerRows,
+        cache: Option<&MapCache>,
+        overwrite: bool,
+    ) -> Result<InMemoryDataset> {
+        let mut fingerprint = Fingerprint::new("run_ner.tokenize_and_align_labels");
+        fingerprint
+            .update(tokenizer_json(&self.tokenizer)?)
+            .update(format!("{:?}", self.labels))
+            .update([
+                u8::from(self.label_all_tokens),
+                u8::from(self.with_token_type_ids),
+            ]);
+        for (words, tags) in rows.words.iter().zip(&rows.tags) {
+            // A row's tags are as many as its words (read_rows checks it).
+            fingerprint.update((words.len() as u64).to_le_bytes());
+            for part in words.iter().chain(tags) {
+                fingerprint.update(part);
+            }
+        }
+        let features = map_cached(cache, &fingerprint, overwrite, || self.features(rows))?;
         Ok(InMemoryDataset::new(features))
     }
 }
@@ -521,11 +550,12 @@ pub fn tokenize_and_align_labels(
         max_seq_length,
         true,
     )?;
-    align.dataset(&NerRows {
+    let features = align.features(&NerRows {
         words: words.to_vec(),
         tags: tags.to_vec(),
         integer_tags: false,
-    })
+    })?;
+    Ok(InMemoryDataset::new(features))
 }
 
 /// One list of tags per row.
@@ -722,12 +752,14 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         max_length,
         with_token_type_ids,
     )?;
+    let cache = MapCache::from_env();
+    let prepare = |rows: &NerRows| align.dataset(rows, cache.as_ref(), ner.overwrite_cache);
     let train_ds = match (&train_rows, training.do_train) {
-        (Some(rows), true) => Some(align.dataset(rows)?),
+        (Some(rows), true) => Some(prepare(rows)?),
         _ => None,
     };
-    let eval_ds = eval_rows.as_ref().map(|r| align.dataset(r)).transpose()?;
-    let test_ds = test_rows.as_ref().map(|r| align.dataset(r)).transpose()?;
+    let eval_ds = eval_rows.as_ref().map(prepare).transpose()?;
+    let test_ds = test_rows.as_ref().map(prepare).transpose()?;
 
     tch::manual_seed(training.seed as i64);
     let loaded = from_pretrained_dir(
