@@ -145,67 +145,64 @@ fn assets() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"))
 }
 
-fn run_clm_once(out: &Path, overwrite: bool) -> Result<f64> {
-    let a = |rel: &str| assets().join(rel).display().to_string();
-    let mut argv = vec![
-        "--model_name_or_path".to_string(),
-        a("tiny-gpt2"),
-        "--tokenizer_name".into(),
-        a("gpt2-tokenizer"),
-        "--train_file".into(),
-        a("text/hamlet.txt"),
-        "--block_size".into(),
-        "32".into(),
-        "--do_train".into(),
-        "--max_steps".into(),
-        "3".into(),
-        "--per_device_train_batch_size".into(),
-        "2".into(),
-        "--output_dir".into(),
-        out.display().to_string(),
-        "--report_to".into(),
-        "none".into(),
-        "--save_strategy".into(),
-        "no".into(),
-        "--use_cpu".into(),
-    ];
+/// A script's command line: `flags` (`@name` is the asset `name`), then the output folder,
+/// no reports, no saves, the CPU and, with `overwrite`, `--overwrite_cache`.
+fn script_argv(flags: &[&str], out: &Path, overwrite: bool) -> Vec<String> {
+    let mut argv: Vec<String> = flags
+        .iter()
+        .map(|f| match f.strip_prefix('@') {
+            Some(rel) => assets().join(rel).display().to_string(),
+            None => f.to_string(),
+        })
+        .collect();
+    argv.extend(["--output_dir".into(), out.display().to_string()]);
+    argv.extend(["--report_to", "none", "--save_strategy", "no", "--use_cpu"].map(String::from));
     if overwrite {
         argv.push("--overwrite_cache".into());
     }
-    let result = run_clm::main_with_args(&argv)?;
+    argv
+}
+
+/// `run_clm` on Hamlet (train only): the training loss.
+fn run_clm_once(out: &Path, overwrite: bool) -> Result<f64> {
+    let flags = [
+        "--model_name_or_path",
+        "@tiny-gpt2",
+        "--tokenizer_name",
+        "@gpt2-tokenizer",
+        "--train_file",
+        "@text/hamlet.txt",
+        "--block_size",
+        "32",
+        "--do_train",
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "2",
+    ];
+    let result = run_clm::main_with_args(script_argv(&flags, out, overwrite))?;
     Ok(result.train_metrics.expect("trained")["train_loss"])
 }
 
 /// `run_ner` on the reference NER files (train and evaluate): the evaluation loss.
 fn run_ner_once(out: &Path, overwrite: bool) -> Result<f64> {
-    let a = |rel: &str| assets().join(rel).display().to_string();
-    let mut argv = vec![
-        "--model_name_or_path".to_string(),
-        a("reference/trainer_mlm_ner/ner/initial"),
-        "--tokenizer_name".into(),
-        a("minilm"),
-        "--train_file".into(),
-        a("reference/trainer_mlm_ner/ner/train.json"),
-        "--validation_file".into(),
-        a("reference/trainer_mlm_ner/ner/validation.json"),
-        "--do_train".into(),
-        "--do_eval".into(),
-        "--max_steps".into(),
-        "2".into(),
-        "--per_device_train_batch_size".into(),
-        "4".into(),
-        "--output_dir".into(),
-        out.display().to_string(),
-        "--report_to".into(),
-        "none".into(),
-        "--save_strategy".into(),
-        "no".into(),
-        "--use_cpu".into(),
+    let flags = [
+        "--model_name_or_path",
+        "@reference/trainer_mlm_ner/ner/initial",
+        "--tokenizer_name",
+        "@minilm",
+        "--train_file",
+        "@reference/trainer_mlm_ner/ner/train.json",
+        "--validation_file",
+        "@reference/trainer_mlm_ner/ner/validation.json",
+        "--do_train",
+        "--do_eval",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
     ];
-    if overwrite {
-        argv.push("--overwrite_cache".into());
-    }
-    let result = run_ner::main_with_args(&argv)?;
+    let result = run_ner::main_with_args(script_argv(&flags, out, overwrite))?;
     Ok(result.eval_metrics.expect("evaluated")["eval_loss"])
 }
 
