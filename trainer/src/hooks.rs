@@ -143,12 +143,14 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     }
 }
 
-/// The mixed-precision dtype the model's forward runs in: `bfloat16` with `bf16`, `float16`
-/// with `fp16`, none in fp32 (upstream: accelerate's `mixed_precision`).
-pub fn autocast_dtype(args: &TrainingArguments) -> Option<Kind> {
+/// The mixed-precision dtype the model's forward runs in on `device`: `bfloat16` with
+/// `bf16`, `float16` with `fp16` on an accelerator, none in fp32. Upstream: accelerate's
+/// `native_amp`, which `fp16` turns on only off the CPU (there, `fp16` trains in fp32, with
+/// neither autocast nor a loss scaler).
+pub fn autocast_dtype(args: &TrainingArguments, device: Device) -> Option<Kind> {
     if args.bf16 {
         Some(Kind::BFloat16)
-    } else if args.fp16 {
+    } else if args.fp16 && device != Device::Cpu {
         Some(Kind::Half)
     } else {
         None
@@ -164,7 +166,7 @@ pub fn model_forward(
     model: &dyn PreTrainedModel,
     inputs: &ModelInputs<'_>,
 ) -> Result<ModelOutput> {
-    let Some(dtype) = autocast_dtype(ctx.args) else {
+    let Some(dtype) = autocast_dtype(ctx.args, ctx.device) else {
         return Ok(model.forward(inputs)?);
     };
     let out = {

@@ -193,12 +193,22 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
+        let on_cpu = self.device == tch::Device::Cpu;
+        if self.args.fp16 && on_cpu {
+            // As accelerate: fp16 enables autocast and loss scaling on accelerators only.
+            log::warn!(
+                "fp16 has no effect on the CPU (accelerate enables float16 autocast and loss \
+                 scaling only on accelerators): training runs in float32, as upstream's does; \
+                 use --bf16 for mixed precision on the CPU"
+            );
+        }
         for (on, field, detail) in [
             (
-                self.args.fp16,
+                self.args.fp16 && !on_cpu,
                 "fp16",
-                "fp16 mixed precision needs dynamic loss scaling (a GradScaler), which this \
-                 Trainer does not have yet: use --bf16 (autocast to bfloat16, no scaling needed)",
+                "fp16 mixed precision on a GPU needs dynamic loss scaling (a GradScaler), which \
+                 this Trainer does not have yet: use --bf16 (autocast to bfloat16, no scaling \
+                 needed)",
             ),
             (
                 self.args.fp16_full_eval,
