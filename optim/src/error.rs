@@ -40,6 +40,11 @@ pub enum Error {
         expected: &'static str,
     },
 
+    /// `GradScaler` used out of order (torch's messages: `unscale_()` twice, `step()` twice
+    /// before `update()`, no `scale()` first) or on float16 gradients.
+    #[error("GradScaler: {0}")]
+    GradScaler(String),
+
     /// Two options that cannot be combined (e.g. Adafactor's manual `lr` with `relative_step`).
     #[error("conflicting options: {0}")]
     ConflictingOptions(&'static str),

@@ -3,7 +3,8 @@
 //! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()` (AdamW incl.
 //! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion), every `SchedulerType`,
 //! decay / no-decay parameter groups, `optim_args` parsing, global grad-norm clipping and
-//! [`set_grad`] (torch's `p.grad = g`, to step on gradients computed elsewhere).
+//! [`set_grad`] (torch's `p.grad = g`, to step on gradients computed elsewhere) and
+//! [`GradScaler`] (torch's dynamic loss scaling for float16).
 //!
 //! Mirrors upstream transformers/optimization.py, trainer_optimizer.py and torch.optim; names
 //! follow upstream so a transformers user finds each concept where they expect it. On CPU the
@@ -45,6 +46,7 @@ mod decay;
 mod error;
 mod ffi;
 mod grad;
+mod grad_scaler;
 mod lion;
 mod optim_args;
 mod optimizer;
@@ -69,6 +71,7 @@ pub use decay::{
 };
 pub use error::{Error, Result};
 pub use grad::set_grad;
+pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use lion::{Lion, LionConfig};
 pub use optim_args::parse_optim_args;
 pub use optimizer::{
