@@ -86,6 +86,10 @@ impl Optimizer for Adam {
         "adam"
     }
 
+    fn step_supports_amp_scaling(&self) -> bool {
+        self.config.fused
+    }
+
     fn default_lr(&self) -> f64 {
         self.config.lr
     }

@@ -103,6 +103,10 @@ impl Optimizer for AdamW {
         "adamw"
     }
 
+    fn step_supports_amp_scaling(&self) -> bool {
+        self.config.fused
+    }
+
     fn default_lr(&self) -> f64 {
         self.config.lr
     }

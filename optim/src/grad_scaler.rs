@@ -163,6 +163,17 @@ impl GradScaler {
         Ok(loss.f_mul(&scale.f_to_device(loss.device())?)?)
     }
 
+    /// The scale tensor on `device` (created there on first use), sharing its storage:
+    /// it follows [`update`](Self::update). For code that scales the loss itself (the
+    /// Trainer's `backward`); `None` when disabled.
+    pub fn scale_tensor(&mut self, device: Device) -> Result<Option<Tensor>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        self.lazy_init(device)?;
+        Ok(self.scale.as_ref().map(Tensor::shallow_clone))
+    }
+
     /// Divides `optimizer`'s gradients by the scale in place and records whether any was inf
     /// or NaN. At most once per iteration, before [`step`](Self::step); float16 gradients
     /// are refused (torch: `Attempting to unscale FP16 gradients.`).

@@ -259,6 +259,14 @@ pub trait Optimizer {
     /// gradient are skipped), under `no_grad`.
     fn step(&mut self) -> Result<()>;
 
+    /// torch's `_step_supports_amp_scaling` (the fused Adam, AdamW and SGD kernels): a
+    /// `GradScaler` hands such an optimizer its inf check and the kernel skips the update
+    /// itself, so the step counts as taken (accelerate then steps the LR scheduler even when
+    /// the update was skipped). Default `false`.
+    fn step_supports_amp_scaling(&self) -> bool {
+        false
+    }
+
     /// The param groups.
     fn param_groups(&self) -> &[ParamGroup];
 

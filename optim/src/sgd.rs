@@ -190,6 +190,10 @@ impl Optimizer for Sgd {
         "sgd"
     }
 
+    fn step_supports_amp_scaling(&self) -> bool {
+        self.config.fused
+    }
+
     fn default_lr(&self) -> f64 {
         self.config.lr
     }

@@ -505,6 +505,8 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             label_names: &label_names,
             loss_shifts_labels: job.kind == "clm",
             is_causal_lm: job.kind == "clm",
+            autocast: tchtrain::trainer::autocast_dtype(&args, Device::Cpu),
+            loss_scale: None,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss

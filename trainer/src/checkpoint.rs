@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 use tchtrain_models::{PreTrainedModel, read_checkpoint};
-use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCHEDULER_NAME};
+use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCALER_NAME, SCHEDULER_NAME};
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -368,6 +368,10 @@ impl Trainer {
             if let Some(sched) = &self.lr_scheduler {
                 sched.save(&tmp)?;
             }
+            // Upstream `_save_scaler` (`scaler.pt`; here `scaler.json`).
+            if let Some(scaler) = &self.scaler {
+                scaler.save(&tmp)?;
+            }
             let (sampler, sampler_seed) = self.train_order();
             let rng = RngState {
                 seed: self.args.seed,
@@ -406,6 +410,12 @@ impl Trainer {
             && dir.join(SCHEDULER_NAME).is_file()
         {
             sched.load(dir)?;
+        }
+        // Upstream `_load_scaler`: when the checkpoint has the scaler's state.
+        if let Some(scaler) = self.scaler.as_mut()
+            && dir.join(SCALER_NAME).is_file()
+        {
+            scaler.load(dir)?;
         }
         Ok(())
     }

@@ -102,6 +102,8 @@ impl Trainer {
                     label_names: &self.label_names,
                     loss_shifts_labels: self.loss_shifts_labels,
                     is_causal_lm: self.is_causal_lm,
+                    autocast: self.autocast,
+                    loss_scale: None,
                 };
                 self.hooks
                     .prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?

@@ -62,6 +62,26 @@ pub struct StepContext<'a> {
     /// `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, `GPT2LMHeadModel` included): the label smoother
     /// then shifts the labels.
     pub is_causal_lm: bool,
+    /// The dtype the model's forward autocasts to (`None`: fp32); see [`autocast_dtype`].
+    pub autocast: Option<Kind>,
+    /// The loss scale of an fp16 run with a `GradScaler` (accelerate's, during a training
+    /// step): [`backward`](Self::backward) multiplies the loss by it.
+    pub loss_scale: Option<&'a Tensor>,
+}
+
+impl StepContext<'_> {
+    /// accelerate's `backward`: `loss.backward()`, the loss first multiplied by
+    /// [`loss_scale`](Self::loss_scale) when there is one (`scaler.scale(loss).backward()`).
+    /// A custom [`TrainerHooks::training_step`] calls it instead of `loss.backward()`.
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        match self.loss_scale {
+            Some(scale) => loss
+                .f_mul(&scale.f_to_device(loss.device())?)?
+                .f_backward()?,
+            None => loss.f_backward()?,
+        }
+        Ok(())
+    }
 }
 
 /// What [`TrainerHooks::prediction_step`] returns: upstream's `(loss, logits, labels)`.
@@ -146,7 +166,8 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
 /// The mixed-precision dtype the model's forward runs in on `device`: `bfloat16` with
 /// `bf16`, `float16` with `fp16` on an accelerator, none in fp32. Upstream: accelerate's
 /// `native_amp`, which `fp16` turns on only off the CPU (there, `fp16` trains in fp32, with
-/// neither autocast nor a loss scaler).
+/// neither autocast nor a loss scaler, unless
+/// [`TrainerBuilder::grad_scaler`](crate::TrainerBuilder::grad_scaler) asks for them).
 pub fn autocast_dtype(args: &TrainingArguments, device: Device) -> Option<Kind> {
     if args.bf16 {
         Some(Kind::BFloat16)
@@ -166,7 +187,7 @@ pub fn model_forward(
     model: &dyn PreTrainedModel,
     inputs: &ModelInputs<'_>,
 ) -> Result<ModelOutput> {
-    let Some(dtype) = autocast_dtype(ctx.args, ctx.device) else {
+    let Some(dtype) = ctx.autocast else {
         return Ok(model.forward(inputs)?);
     };
     let out = {
@@ -264,7 +285,7 @@ pub fn default_training_step<H: TrainerHooks + ?Sized>(
     } else {
         loss.f_div_scalar(ctx.current_gradient_accumulation_steps.max(1) as f64)?
     };
-    loss.f_backward()?;
+    ctx.backward(&loss)?;
     Ok(loss.detach())
 }
 

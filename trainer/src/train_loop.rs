@@ -193,8 +193,7 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
-        let on_cpu = self.device == tch::Device::Cpu;
-        if self.args.fp16 && on_cpu {
+        if self.args.fp16 && self.scaler.is_none() {
             // As accelerate: fp16 enables autocast and loss scaling on accelerators only.
             log::warn!(
                 "fp16 has no effect on the CPU (accelerate enables float16 autocast and loss \
@@ -202,12 +201,17 @@ impl Trainer {
                  use --bf16 for mixed precision on the CPU"
             );
         }
+        let sharded = self.args.deepspeed.is_some()
+            || matches!(
+                self.args.fsdp,
+                Some(tchtrain_training_args::StrOrBool::Bool(true))
+            );
         for (on, field, detail) in [
             (
-                self.args.fp16 && !on_cpu,
+                self.scaler.is_some() && sharded,
                 "fp16",
-                "fp16 mixed precision on a GPU needs dynamic loss scaling (a GradScaler), which \
-                 this Trainer does not have yet: use --bf16 (autocast to bfloat16, no scaling \
+                "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss scaler, \
+                 FSDP's ShardedGradScaler) is not implemented yet: use --bf16 (no scaling \
                  needed)",
             ),
             (
@@ -337,14 +341,16 @@ impl Trainer {
         Ok(point)
     }
 
-    /// The step context, the hooks and the model, borrowed apart.
-    fn split_for_step(
-        &mut self,
+    /// The step context (with the loss scale of an fp16 run), the hooks and the model,
+    /// borrowed apart.
+    fn split_for_step<'a>(
+        &'a mut self,
         current_ga: usize,
+        loss_scale: Option<&'a Tensor>,
     ) -> (
-        StepContext<'_>,
-        &mut dyn TrainerHooks,
-        &mut dyn PreTrainedModel,
+        StepContext<'a>,
+        &'a mut dyn TrainerHooks,
+        &'a mut dyn PreTrainedModel,
     ) {
         (
             StepContext {
@@ -355,6 +361,8 @@ impl Trainer {
                 label_names: &self.label_names,
                 loss_shifts_labels: self.loss_shifts_labels,
                 is_causal_lm: self.is_causal_lm,
+                autocast: self.autocast,
+                loss_scale,
             },
             &mut *self.hooks,
             &mut *self.model,
@@ -447,7 +455,11 @@ impl Trainer {
                 let tr_loss_step = {
                     // ZeRO-3 layer by layer: the hooks gather and release each layer.
                     let gather = self.zero_layer_hooks();
-                    let (ctx, hooks, model) = self.split_for_step(current_ga);
+                    let loss_scale = match self.scaler.as_mut() {
+                        Some(s) => s.scale_tensor(self.device)?,
+                        None => None,
+                    };
+                    let (ctx, hooks, model) = self.split_for_step(current_ga, loss_scale.as_ref());
                     let out = match &gather {
                         Some(g) => tchtrain_models::with_layer_hooks(g.clone(), || {
                             hooks.training_step(&ctx, model, inputs, num_items.as_ref())
@@ -473,10 +485,17 @@ impl Trainer {
                         Some(norm) => Tensor::from(norm),
                         None => {
                             self.all_reduce_gradients()?;
+                            // accelerate's clip_grad_norm_ unscales first (fp16).
+                            if let (Some(s), Some(opt)) =
+                                (self.scaler.as_mut(), self.optimizer.as_deref())
+                            {
+                                s.unscale_(opt)?;
+                            }
                             self.clip_grad_norm(params)?
                         }
                     };
-                    if self.stop_on_non_finite {
+                    // With loss scaling a non-finite norm is a skipped step, not a divergence.
+                    if self.stop_on_non_finite && self.scaler.is_none() {
                         let value = norm.f_double_value(&[])?;
                         if !value.is_finite() {
                             return self.stop_non_finite(value);
@@ -488,9 +507,7 @@ impl Trainer {
                         &self.state,
                         &mut self.control,
                     )?;
-                    if let Some(opt) = self.optimizer.as_mut() {
-                        opt.step()?;
-                    }
+                    let step_was_skipped = self.optimizer_step()?;
                     self.zero_after_step()?;
                     self.callback_handler.on_optimizer_step(
                         &self.args,
@@ -501,6 +518,7 @@ impl Trainer {
                     if let (Some(sched), Some(opt)) =
                         (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
                         && !sched.steps_on_metric()
+                        && !step_was_skipped
                     {
                         sched.step(opt.as_mut())?;
                     }
@@ -645,6 +663,25 @@ impl Trainer {
             std::fs::write(&path, body).map_err(|e| Error::io("writing", &path, e))?;
         }
         Ok(())
+    }
+
+    /// `optimizer.step()` as accelerate's optimizer wrapper runs it: through the
+    /// `GradScaler` of an fp16 run (the update skipped when a gradient overflowed, then the
+    /// scale updated). Returns accelerate's `optimizer_step_was_skipped`, which keeps the LR
+    /// scheduler from stepping: true only when the update was skipped and the optimizer is
+    /// not one whose kernel takes the inf check itself (the fused ones, which torch calls
+    /// anyway, so accelerate counts the step as taken).
+    fn optimizer_step(&mut self) -> Result<bool> {
+        let Some(opt) = self.optimizer.as_mut() else {
+            return Ok(false);
+        };
+        let Some(scaler) = self.scaler.as_mut() else {
+            opt.step()?;
+            return Ok(false);
+        };
+        let stepped = scaler.step(opt.as_mut())?;
+        scaler.update()?;
+        Ok(!stepped && !opt.step_supports_amp_scaling())
     }
 
     /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping

@@ -12,7 +12,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_collators::{DataCollator, DefaultDataCollator, Feature};
 use tchtrain_models::PreTrainedModel;
-use tchtrain_optim::{LrScheduler, Optimizer, OptimizerArgs};
+use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::data_loader::{DataLoader, SharedCollator, shared_collator};
@@ -81,6 +81,10 @@ pub struct Trainer {
     pub(crate) ddp: Option<tchtrain_distributed::DistributedDataParallel>,
     /// The ZeRO / FSDP engine of a sharded run (`zero.rs`).
     pub(crate) sharding: Option<crate::zero::Sharding>,
+    /// The loss scaler of float16 mixed precision (accelerate's `scaler`).
+    pub(crate) scaler: Option<GradScaler>,
+    /// The dtype the model's forward autocasts to (`None`: fp32).
+    pub(crate) autocast: Option<Kind>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -129,6 +133,7 @@ pub struct TrainerBuilder {
     model_accepts_loss_kwargs: Option<bool>,
     stop_on_non_finite: bool,
     profile: bool,
+    grad_scaler: Option<GradScalerKwargs>,
 }
 
 impl std::fmt::Debug for TrainerBuilder {
@@ -245,6 +250,16 @@ impl TrainerBuilder {
         self
     }
 
+    /// accelerate's `GradScalerKwargs`: the settings of the loss scaler `fp16` uses (torch's
+    /// defaults otherwise). accelerate turns float16 mixed precision on only off the CPU
+    /// (float16 autocast and a `GradScaler`; on the CPU `fp16` trains in fp32); passing
+    /// kwargs here asks for it on the CPU too, the GPU recipe run on the CPU. Without `fp16`
+    /// they have no effect, as upstream.
+    pub fn grad_scaler(mut self, kwargs: GradScalerKwargs) -> Self {
+        self.grad_scaler = Some(kwargs);
+        self
+    }
+
     /// Profiles `train`: the time of each phase of the loop (data, forward, backward,
     /// optimizer, callbacks, logging / saving / evaluation) printed to stderr at the end and
     /// written to `output_dir/profile.json`. Also turned on by the environment variable
@@ -284,6 +299,18 @@ impl TrainerBuilder {
             .label_names
             .clone()
             .unwrap_or_else(|| vec!["labels".to_string()]);
+        // accelerate's `native_amp` for fp16: off the CPU, or asked for with grad_scaler.
+        let native_fp16 = self.args.fp16 && (device != Device::Cpu || self.grad_scaler.is_some());
+        let scaler = if native_fp16 {
+            Some(GradScaler::new(self.grad_scaler.unwrap_or_default())?)
+        } else {
+            None
+        };
+        let autocast = if native_fp16 {
+            Some(Kind::Half)
+        } else {
+            crate::hooks::autocast_dtype(&self.args, device)
+        };
         let mut trainer = Trainer {
             model,
             train_dataset: self.train_dataset,
@@ -323,6 +350,8 @@ impl TrainerBuilder {
             },
             ddp: None,
             sharding: None,
+            scaler,
+            autocast,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -357,6 +386,7 @@ impl Trainer {
             model_accepts_loss_kwargs: None,
             stop_on_non_finite: false,
             profile: false,
+            grad_scaler: None,
         }
     }
 
@@ -395,6 +425,12 @@ impl Trainer {
         self.lr_scheduler.as_deref()
     }
 
+    /// The loss scaler of float16 mixed precision (accelerate's `scaler`), when `fp16` runs
+    /// with one.
+    pub fn grad_scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
+    }
+
     /// Upstream `add_callback`.
     pub fn add_callback(&mut self, callback: impl TrainerCallback) {
         self.callback_handler.add_callback(callback);
@@ -412,6 +448,8 @@ impl Trainer {
             label_names: &self.label_names,
             loss_shifts_labels: self.loss_shifts_labels,
             is_causal_lm: self.is_causal_lm,
+            autocast: self.autocast,
+            loss_scale: None,
         }
     }
 

@@ -8,7 +8,10 @@
 //!   head, `DataCollatorWithPadding` (scripts/reference/trainer_parity.py, `minilm_cls`);
 //! - tiny Llama causal LM with weight decay 0.1 (trainer_parity.py, `llama_wd`);
 //! - bf16 autocast on CPU (tiny GPT-2 and tiny Llama) and label smoothing 0.1 (tiny GPT-2,
-//!   fp32) (scripts/reference/trainer_mixed.py).
+//!   fp32) (scripts/reference/trainer_mixed.py);
+//! - fp16 as accelerate runs it on a GPU, float16 autocast and a `GradScaler` whose first
+//!   scale overflows, here on the CPU (tiny GPT-2, fused and unfused AdamW;
+//!   scripts/reference/trainer_fp16.py).
 //!
 //! Every logged `loss`, `grad_norm`, `learning_rate` and `eval_loss` is compared.
 
@@ -20,11 +23,14 @@ use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
 use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
 use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_optim::GradScalerKwargs;
 use tchtrain_trainer::{
     ClassificationLabels, Dataset, InMemoryDataset, Table, TextClassificationOptions, Trainer,
     tokenize_text_classification,
 };
-use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
+use tchtrain_training_args::{
+    IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, TrainingArguments,
+};
 
 fn assets() -> PathBuf {
     std::env::var_os("TCHTRAIN_ASSETS")
@@ -91,9 +97,14 @@ fn num(entry: &JsonMap, key: &str) -> Option<f64> {
     entry.get(key).and_then(JsonValue::as_f64)
 }
 
+/// Relative difference; 0 for equal values (infinities of one sign, two NaNs), infinite
+/// when only one side is a NaN or infinite (so a `max` over a log never hides it).
 fn rel(a: f64, b: f64) -> f64 {
-    if a == b {
+    if a == b || (a.is_nan() && b.is_nan()) {
         return 0.0;
+    }
+    if !a.is_finite() || !b.is_finite() {
+        return f64::INFINITY;
     }
     (a - b).abs() / b.abs().max(1e-12)
 }
@@ -114,7 +125,13 @@ fn compare(name: &str, ours: &[JsonMap], expected: &serde_json::Value) -> Result
     assert_eq!(ours.len(), expected.len(), "{name}: number of log entries");
     let mut m = MaxRel::default();
     for (i, (o, e)) in ours.iter().zip(expected).enumerate() {
-        let e_num = |k: &str| e.get(k).and_then(serde_json::Value::as_f64);
+        // Non-finite numbers are written as the strings "inf" / "nan" (trainer_fp16.py).
+        let e_num = |k: &str| {
+            e.get(k).and_then(|v| {
+                v.as_f64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse::<f64>().ok()))
+            })
+        };
         assert_eq!(
             o.get("step").and_then(JsonValue::as_i64),
             e["step"].as_i64(),
@@ -443,5 +460,83 @@ fn tiny_gpt2_label_smoothing() -> Result<()> {
     let _g = lock();
     let m = mixed_run("gpt2", "gpt2_smoothing", |a| a.label_smoothing_factor = 0.1)?;
     assert_within_1e4("gpt2 label smoothing", &m);
+    Ok(())
+}
+
+/// One run of scripts/reference/trainer_fp16.py: tiny GPT-2 with `fp16` and a loss scaler
+/// starting at 2**20 (growth every 4 clean steps), float16 autocast on the CPU as accelerate
+/// does on a GPU ([`TrainerBuilder::grad_scaler`](tchtrain_trainer::TrainerBuilder::grad_scaler)).
+fn fp16_run(run: &str, optim: OptimizerNames) -> Result<MaxRel> {
+    let dir = assets().join("reference/trainer_fp16");
+    let out = temp_dir(run);
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        gradient_accumulation_steps: 2,
+        max_steps: 12,
+        learning_rate: 1e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 3.0,
+        weight_decay: 0.01,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(6.0),
+        fp16: true,
+        optim,
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let blocks = dir.join("gpt2_blocks.json");
+    let mut trainer = Trainer::builder(load(&dir.join("gpt2_initial"), AutoTask::CausalLm)?, args)
+        .train_dataset(lm_blocks(&blocks, "train")?)
+        .eval_dataset(lm_blocks(&blocks, "eval")?)
+        .grad_scaler(GradScalerKwargs {
+            init_scale: 2f64.powi(20),
+            growth_interval: 4,
+            ..Default::default()
+        })
+        .build()?;
+    let result = trainer.train(None)?;
+    let m = compare(
+        run,
+        &trainer.state.log_history,
+        &read_json(&dir.join(run).join("log_history.json"))?,
+    )?;
+    let summary = read_json(&dir.join(run).join("train_output.json"))?;
+    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    let scaler = trainer
+        .grad_scaler()
+        .context("fp16 with grad_scaler has a scaler")?;
+    assert_eq!(
+        serde_json::to_value(scaler.state_dict()?)?,
+        summary["scaler"],
+        "{run}: the scaler's final state"
+    );
+    // Steps 1, 2, 11 and 12 overflowed and were skipped (upstream's log: grad_norm inf).
+    let skipped: Vec<i64> = trainer
+        .state
+        .log_history
+        .iter()
+        .filter(|e| num(e, "grad_norm").is_some_and(|g| !g.is_finite()))
+        .filter_map(|e| e.get("step").and_then(JsonValue::as_i64))
+        .collect();
+    assert_eq!(skipped, [1, 2, 11, 12], "{run}: skipped steps");
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(m)
+}
+
+#[test]
+fn tiny_gpt2_fp16_with_loss_scaling_holds_the_scheduler_on_skipped_steps() -> Result<()> {
+    let _g = lock();
+    let m = fp16_run("gpt2_fp16", OptimizerNames::AdamwTorch)?;
+    assert_within_1e4("gpt2 fp16", &m);
+    Ok(())
+}
+
+#[test]
+fn tiny_gpt2_fp16_with_the_fused_optimizer_steps_the_scheduler_anyway() -> Result<()> {
+    let _g = lock();
+    let m = fp16_run("gpt2_fp16_fused", OptimizerNames::AdamwTorchFused)?;
+    assert_within_1e4("gpt2 fp16 fused", &m);
     Ok(())
 }

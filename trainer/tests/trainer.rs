@@ -249,6 +249,79 @@ fn fp16_on_the_cpu_trains_in_fp32_as_upstream() -> Result<()> {
     Ok(())
 }
 
+/// fp16 with a loss scaler (`grad_scaler`, the GPU recipe on the CPU): the scaler's state
+/// goes into each checkpoint as `scaler.json` and a resumed run continues with it, so the
+/// resumed steps and the final scale equal the uninterrupted run's. With `--deepspeed` the
+/// scaler is refused (DeepSpeed has its own).
+#[test]
+fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("fp16-scaler");
+    let kwargs = tchtrain_optim::GradScalerKwargs {
+        init_scale: 2f64.powi(20),
+        growth_interval: 2,
+        ..Default::default()
+    };
+    let args = |max_steps: i64| -> Result<TrainingArguments> {
+        let mut a = small_args(&out)?;
+        a.fp16 = true;
+        a.max_steps = max_steps;
+        a.save_steps = 2.0;
+        a.save_total_limit = None;
+        Ok(a)
+    };
+    let trained = |t: &Trainer| -> (Vec<(i64, f64)>, Option<f64>) {
+        let scale = t.grad_scaler().map(|s| s.get_scale().unwrap());
+        (losses(&t.state.log_history), scale)
+    };
+    let mut full = Trainer::builder(initial_model()?, args(4)?)
+        .train_dataset(small_train()?)
+        .grad_scaler(kwargs)
+        .build()?;
+    full.train(None)?;
+    let (full_losses, full_scale) = trained(&full);
+    let ckpt = out.join("checkpoint-2");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("scaler.json"))?)?;
+    assert_eq!(saved["growth_interval"], 2, "{saved}");
+    let mut resumed = Trainer::builder(initial_model()?, args(4)?)
+        .train_dataset(small_train()?)
+        .grad_scaler(tchtrain_optim::GradScalerKwargs::default())
+        .build()?;
+    resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(ckpt)))?;
+    let (resumed_losses, resumed_scale) = trained(&resumed);
+    // Steps 1-2 come back from the checkpoint's log history, 3-4 are trained again.
+    assert_eq!(resumed_losses.len(), 4);
+    assert_eq!(resumed_losses, full_losses, "steps 3-4 after resuming");
+    assert_eq!(resumed_scale, full_scale, "the scale after resuming");
+    assert!(
+        full_scale.is_some_and(|s| s != 2f64.powi(20)),
+        "the scale moved"
+    );
+    // DeepSpeed brings its own loss scaler.
+    let mut a = args(4)?;
+    a.deepspeed = Some(tchtrain_training_args::DictOrPath::Dict(
+        serde_json::json!({"zero_optimization": {"stage": 2}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    ));
+    let mut t = Trainer::builder(initial_model()?, a)
+        .train_dataset(small_train()?)
+        .grad_scaler(kwargs)
+        .build()?;
+    let err = t.train(None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tchtrain_trainer::Error::InvalidArgument { field: "fp16", .. }
+        ) && err.to_string().contains("--bf16"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 #[test]
 fn checkpoints_rotate_and_resume_exactly() -> Result<()> {
     let _g = lock();
