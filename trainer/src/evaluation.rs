@@ -81,6 +81,15 @@ impl Trainer {
             });
         }
         self.callback_handler.eval_dataloader_len = Some(loader.len());
+        // Upstream: outside `train`, `fp16_full_eval` / `bf16_full_eval` cast the model
+        // (`model.to(dtype=...)`, its floating parameters), and it stays cast.
+        if !self.loop_state.is_in_train {
+            if self.args.fp16_full_eval {
+                self.model.var_store_mut().half();
+            } else if self.args.bf16_full_eval {
+                self.model.var_store_mut().bfloat16();
+            }
+        }
         self.model.eval();
         let mut losses: Vec<Tensor> = Vec::new();
         let mut preds: Vec<Tensor> = Vec::new();

@@ -206,27 +206,13 @@ impl Trainer {
                 self.args.fsdp,
                 Some(tchtrain_training_args::StrOrBool::Bool(true))
             );
-        for (on, field, detail) in [
-            (
-                self.scaler.is_some() && sharded,
-                "fp16",
-                "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss scaler, \
+        for (on, field, detail) in [(
+            self.scaler.is_some() && sharded,
+            "fp16",
+            "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss scaler, \
                  FSDP's ShardedGradScaler) is not implemented yet: use --bf16 (no scaling \
                  needed)",
-            ),
-            (
-                self.args.fp16_full_eval,
-                "fp16_full_eval",
-                "evaluation with the model cast to float16 is not supported yet: leave it off \
-                 (evaluation then follows --bf16 / fp32)",
-            ),
-            (
-                self.args.bf16_full_eval,
-                "bf16_full_eval",
-                "evaluation with the model cast to bfloat16 is not supported yet: leave it off \
-                 (with --bf16, evaluation already runs under bfloat16 autocast)",
-            ),
-        ] {
+        )] {
             if on {
                 return Err(Error::InvalidArgument {
                     field,

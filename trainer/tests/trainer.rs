@@ -461,23 +461,6 @@ fn bad_input_is_reported_before_training() -> Result<()> {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidCheckpoint { .. }), "{err}");
     assert_eq!(t.state.global_step, 0, "nothing was trained");
-    // Options not implemented yet are refused up front.
-    let mut args = small_args(&out)?;
-    args.fp16_full_eval = true;
-    let mut t = Trainer::builder(initial_model()?, args)
-        .train_dataset(small_train()?)
-        .build()?;
-    let err = t.train(None).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::InvalidArgument {
-                field: "fp16_full_eval",
-                ..
-            }
-        ),
-        "{err}"
-    );
     // Labels missing from the batch: the model returns no loss.
     let rows: Vec<Feature> = (0..4).map(|i| Feature::new(vec![i + 1; 8])).collect();
     let mut t = Trainer::builder(initial_model()?, small_args(&out)?)
