@@ -796,6 +796,7 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
         );
         let waited = report.lines().nth(1).unwrap_or_default();
         println!("{phase}: rank 0 returned its error {waited} after train() began");
+        let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
 }
@@ -895,6 +896,7 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     // Setup, the evaluations, the steps and the two saves gather one layer at a time: the
     // whole model is gathered once, when training ends (the model is handed back full).
     assert_eq!(full_gathers, 1, "whole-model gathers");
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
