@@ -4,7 +4,8 @@
 //! One GPU, tiny GPT-2, 4 steps: ZeRO-3 with the optimizer and the parameters offloaded to
 //! the CPU goes through the engine over a world of one (an NCCL group, as DeepSpeed on one
 //! GPU) and trains as the plain GPU run does; between steps the GPU holds no parameter
-//! shards and no gradients, the masters and the optimizer state live on the CPU.
+//! shards and no gradients, the masters and the optimizer state live on the CPU. And `fp16`
+//! on one GPU: float16 autocast with a loss scaler, close to the fp32 run.
 
 #![allow(dead_code)]
 mod common;
@@ -100,6 +101,59 @@ fn zero3_with_offload_on_one_gpu_trains_as_the_plain_run() -> Result<()> {
     // over the shards), as in the CPU comparisons (<= 1e-7 there). CPU AdamW on the masters
     // against CUDA AdamW may differ in the last bits of each update.
     assert!(worst < 1e-5, "losses differ by {worst}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// One GPU, `fp16`: accelerate's recipe (float16 autocast, a `GradScaler` at torch's default
+/// 2**16) trains close to the fp32 run, keeps fp32 weights and ends with the scaler's state.
+#[test]
+#[ignore = "needs a CUDA device: cargo xtask test --gpu"]
+fn fp16_on_one_gpu_scales_the_loss_and_trains_close_to_fp32() -> Result<()> {
+    assert!(
+        tch::Cuda::is_available(),
+        "no CUDA device visible to this process"
+    );
+    let dir = temp_dir("gpu-fp16");
+    let mut runs = Vec::new();
+    for fp16 in [false, true] {
+        let mut a = args(&dir.join(format!("fp16-{fp16}")), None)?;
+        a.fp16 = fp16;
+        let mut trainer = Trainer::builder(initial_model()?, a)
+            .train_dataset(blocks("train", 16)?)
+            .build()?;
+        trainer.train(None)?;
+        assert_eq!(
+            trainer.grad_scaler().is_some(),
+            fp16,
+            "a loss scaler exactly with fp16 on the GPU"
+        );
+        if let Some(s) = trainer.grad_scaler() {
+            println!("fp16 on one GPU: scaler state {:?}", s.state_dict()?);
+        }
+        for (name, p) in named_parameters(trainer.model()) {
+            assert_eq!(p.kind(), tch::Kind::Float, "{name}: fp32 weights");
+        }
+        let losses: Vec<f64> = trainer
+            .state
+            .log_history
+            .iter()
+            .filter_map(|e| e.get("loss")?.as_f64())
+            .collect();
+        runs.push(losses);
+    }
+    let worst = runs[0]
+        .iter()
+        .zip(&runs[1])
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-12))
+        .fold(0.0f64, f64::max);
+    println!(
+        "one GPU, fp16 vs fp32: losses {:?} vs {:?}, max relative difference {worst:e}",
+        runs[1], runs[0]
+    );
+    // float16 activations (10-bit mantissa) over 4 steps of a loss near 10.7: an
+    // expectation, not yet measured on a GPU.
+    assert!(worst < 1e-2, "fp16 losses differ from fp32 by {worst}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
