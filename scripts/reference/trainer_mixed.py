@@ -58,9 +58,9 @@ class Rows(Dataset):
         return {"input_ids": self.rows[i], "labels": list(self.rows[i])}
 
 
-def run(name, model_cls, initial, train_rows, eval_rows, **kw):
-    model = model_cls.from_pretrained(initial)
-    args = tf.TrainingArguments(
+def training_args(name, **kw):
+    """The arguments every run shares (see above), plus `kw`."""
+    return tf.TrainingArguments(
         output_dir=str(OUT / f".tmp-{name}"),
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
@@ -81,6 +81,22 @@ def run(name, model_cls, initial, train_rows, eval_rows, **kw):
         disable_tqdm=True,
         **kw,
     )
+
+
+def gpt2_setup():
+    """Tiny GPT-2 with dropouts 0, saved as OUT/gpt2_initial, and its (train, eval) blocks."""
+    clm = sibling("trainer_clm")
+    gpt2 = tf.GPT2LMHeadModel.from_pretrained(
+        ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
+    )
+    gpt2.save_pretrained(OUT / "gpt2_initial")
+    blocks = clm.blocks()
+    return blocks[: clm.N_TRAIN], blocks[clm.N_TRAIN : clm.N_TRAIN + clm.N_EVAL]
+
+
+def run(name, model_cls, initial, train_rows, eval_rows, **kw):
+    model = model_cls.from_pretrained(initial)
+    args = training_args(name, **kw)
     trainer = tf.Trainer(
         model=model,
         args=args,
@@ -99,13 +115,7 @@ def run(name, model_cls, initial, train_rows, eval_rows, **kw):
 
 
 def main():
-    clm = sibling("trainer_clm")
-    gpt2 = tf.GPT2LMHeadModel.from_pretrained(
-        ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
-    )
-    gpt2.save_pretrained(OUT / "gpt2_initial")
-    blocks = clm.blocks()
-    gpt2_train, gpt2_eval = blocks[: clm.N_TRAIN], blocks[clm.N_TRAIN : clm.N_TRAIN + clm.N_EVAL]
+    gpt2_train, gpt2_eval = gpt2_setup()
     (OUT / "gpt2_blocks.json").write_text(json.dumps({"train": gpt2_train, "eval": gpt2_eval}))
 
     parity = sibling("trainer_parity")

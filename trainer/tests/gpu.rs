@@ -40,6 +40,16 @@ fn args(output_dir: &Path, deepspeed: Option<serde_json::Value>) -> Result<Train
     Ok(args)
 }
 
+/// The training losses the run logged.
+fn logged_losses(trainer: &Trainer) -> Vec<f64> {
+    trainer
+        .state
+        .log_history
+        .iter()
+        .filter_map(|e| e.get("loss")?.as_f64())
+        .collect()
+}
+
 #[test]
 #[ignore = "needs a CUDA device: cargo xtask test --gpu"]
 fn zero3_with_offload_on_one_gpu_trains_as_the_plain_run() -> Result<()> {
@@ -69,12 +79,7 @@ fn zero3_with_offload_on_one_gpu_trains_as_the_plain_run() -> Result<()> {
             named.iter().all(|(_, p)| p.device().is_cuda()),
             "{name}: the model ends on the GPU"
         );
-        let losses: Vec<f64> = trainer
-            .state
-            .log_history
-            .iter()
-            .filter_map(|e| e.get("loss")?.as_f64())
-            .collect();
+        let losses = logged_losses(&trainer);
         assert_eq!(losses.len(), 4, "{name}: 4 logged losses");
         if let Some(mem) = trainer.sharded_memory() {
             println!("{name}: {mem:?}");
@@ -134,13 +139,7 @@ fn fp16_on_one_gpu_scales_the_loss_and_trains_close_to_fp32() -> Result<()> {
         for (name, p) in named_parameters(trainer.model()) {
             assert_eq!(p.kind(), tch::Kind::Float, "{name}: fp32 weights");
         }
-        let losses: Vec<f64> = trainer
-            .state
-            .log_history
-            .iter()
-            .filter_map(|e| e.get("loss")?.as_f64())
-            .collect();
-        runs.push(losses);
+        runs.push(logged_losses(&trainer));
     }
     let worst = runs[0]
         .iter()

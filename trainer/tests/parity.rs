@@ -377,12 +377,11 @@ fn tiny_llama_with_weight_decay() -> Result<()> {
     Ok(())
 }
 
-/// One run of scripts/reference/trainer_mixed.py: `model` from `{model}_initial`, blocks from
-/// `{model}_blocks.json`, the script's arguments plus `extra`.
-fn mixed_run(model: &str, run: &str, extra: impl FnOnce(&mut TrainingArguments)) -> Result<MaxRel> {
-    let dir = assets().join("reference/trainer_mixed");
-    let out = temp_dir(run);
-    let mut args = TrainingArguments {
+/// The arguments of trainer_mixed.py's and trainer_fp16.py's runs: batch 4, accumulation 2,
+/// 12 steps, lr 1e-3 with a cosine schedule after 3 warmup steps, weight decay 0.01,
+/// clipping at 1.0, evaluation every 6 steps.
+fn mixed_args(out: &Path) -> TrainingArguments {
+    TrainingArguments {
         per_device_train_batch_size: 4,
         per_device_eval_batch_size: 4,
         gradient_accumulation_steps: 2,
@@ -394,8 +393,16 @@ fn mixed_run(model: &str, run: &str, extra: impl FnOnce(&mut TrainingArguments))
         max_grad_norm: 1.0,
         eval_strategy: IntervalStrategy::Steps,
         eval_steps: Some(6.0),
-        ..base_args(&out)
-    };
+        ..base_args(out)
+    }
+}
+
+/// One run of scripts/reference/trainer_mixed.py: `model` from `{model}_initial`, blocks from
+/// `{model}_blocks.json`, the script's arguments plus `extra`.
+fn mixed_run(model: &str, run: &str, extra: impl FnOnce(&mut TrainingArguments)) -> Result<MaxRel> {
+    let dir = assets().join("reference/trainer_mixed");
+    let out = temp_dir(run);
+    let mut args = mixed_args(&out);
     extra(&mut args);
     args.post_init()?;
     let blocks = dir.join(format!("{model}_blocks.json"));
@@ -472,20 +479,9 @@ fn fp16_run(run: &str, optim: OptimizerNames) -> Result<MaxRel> {
     let dir = assets().join("reference/trainer_fp16");
     let out = temp_dir(run);
     let mut args = TrainingArguments {
-        per_device_train_batch_size: 4,
-        per_device_eval_batch_size: 4,
-        gradient_accumulation_steps: 2,
-        max_steps: 12,
-        learning_rate: 1e-3,
-        lr_scheduler_type: SchedulerType::Cosine,
-        warmup_steps: 3.0,
-        weight_decay: 0.01,
-        max_grad_norm: 1.0,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(6.0),
         fp16: true,
         optim,
-        ..base_args(&out)
+        ..mixed_args(&out)
     };
     args.post_init()?;
     let blocks = dir.join("gpt2_blocks.json");
