@@ -206,19 +206,14 @@ impl Trainer {
                 self.args.fsdp,
                 Some(tchtrain_training_args::StrOrBool::Bool(true))
             );
-        for (on, field, detail) in [(
-            self.scaler.is_some() && sharded,
-            "fp16",
-            "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss scaler, \
-                 FSDP's ShardedGradScaler) is not implemented yet: use --bf16 (no scaling \
-                 needed)",
-        )] {
-            if on {
-                return Err(Error::InvalidArgument {
-                    field,
-                    detail: detail.into(),
-                });
-            }
+        if self.scaler.is_some() && sharded {
+            return Err(Error::InvalidArgument {
+                field: "fp16",
+                detail: "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss \
+                         scaler, FSDP's ShardedGradScaler) is not implemented yet: use --bf16 \
+                         (no scaling needed)"
+                    .into(),
+            });
         }
         Ok(())
     }
