@@ -201,12 +201,7 @@ impl Trainer {
                  use --bf16 for mixed precision on the CPU"
             );
         }
-        let sharded = self.args.deepspeed.is_some()
-            || matches!(
-                self.args.fsdp,
-                Some(tchtrain_training_args::StrOrBool::Bool(true))
-            );
-        if self.scaler.is_some() && sharded {
+        if self.scaler.is_some() && crate::zero::sharding_requested(&self.args) {
             return Err(Error::InvalidArgument {
                 field: "fp16",
                 detail: "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss \

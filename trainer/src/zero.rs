@@ -166,7 +166,7 @@ impl Trainer {
     pub(crate) fn setup_sharding(&mut self, num_training_steps: usize) -> Result<bool> {
         self.sharding = None;
         let ds = deepspeed_config(&self.args)?;
-        let fsdp_on = matches!(self.args.fsdp, Some(StrOrBool::Bool(true)));
+        let fsdp_on = fsdp_requested(&self.args);
         let mut offload = Offload::default();
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -493,6 +493,16 @@ impl Trainer {
         })?;
         Ok(true)
     }
+}
+
+/// Whether the arguments ask for FSDP (`--fsdp` given).
+pub(crate) fn fsdp_requested(args: &tchtrain_training_args::TrainingArguments) -> bool {
+    matches!(args.fsdp, Some(StrOrBool::Bool(true)))
+}
+
+/// Whether the arguments ask for DeepSpeed or FSDP (which bring their own loss scalers).
+pub(crate) fn sharding_requested(args: &tchtrain_training_args::TrainingArguments) -> bool {
+    args.deepspeed.is_some() || fsdp_requested(args)
 }
 
 /// Whether checkpoint `ckpt` holds its weights only as shards: no `model.safetensors`

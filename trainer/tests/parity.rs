@@ -397,6 +397,24 @@ fn mixed_args(out: &Path) -> TrainingArguments {
     }
 }
 
+/// Trains and compares the log with upstream's `dir/run/log_history.json`; the global step
+/// must be `dir/run/train_output.json`'s, which is returned with the differences.
+fn train_and_compare(
+    trainer: &mut Trainer,
+    dir: &Path,
+    run: &str,
+) -> Result<(MaxRel, serde_json::Value)> {
+    let result = trainer.train(None)?;
+    let m = compare(
+        run,
+        &trainer.state.log_history,
+        &read_json(&dir.join(run).join("log_history.json"))?,
+    )?;
+    let summary = read_json(&dir.join(run).join("train_output.json"))?;
+    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    Ok((m, summary))
+}
+
 /// One run of scripts/reference/trainer_mixed.py: `model` from `{model}_initial`, blocks from
 /// `{model}_blocks.json`, the script's arguments plus `extra`.
 fn mixed_run(model: &str, run: &str, extra: impl FnOnce(&mut TrainingArguments)) -> Result<MaxRel> {
@@ -411,14 +429,7 @@ fn mixed_run(model: &str, run: &str, extra: impl FnOnce(&mut TrainingArguments))
         .train_dataset(lm_blocks(&blocks, "train")?)
         .eval_dataset(lm_blocks(&blocks, "eval")?)
         .build()?;
-    let result = trainer.train(None)?;
-    let m = compare(
-        run,
-        &trainer.state.log_history,
-        &read_json(&dir.join(run).join("log_history.json"))?,
-    )?;
-    let summary = read_json(&dir.join(run).join("train_output.json"))?;
-    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    let (m, _) = train_and_compare(&mut trainer, &dir, run)?;
     // The weights stay fp32 under autocast: only the forward's ops run in bf16.
     for (name, t) in trainer.model().var_store().variables() {
         assert_eq!(t.kind(), tch::Kind::Float, "{run}: {name}");
@@ -494,14 +505,7 @@ fn fp16_run(run: &str, optim: OptimizerNames) -> Result<MaxRel> {
             ..Default::default()
         })
         .build()?;
-    let result = trainer.train(None)?;
-    let m = compare(
-        run,
-        &trainer.state.log_history,
-        &read_json(&dir.join(run).join("log_history.json"))?,
-    )?;
-    let summary = read_json(&dir.join(run).join("train_output.json"))?;
-    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    let (m, summary) = train_and_compare(&mut trainer, &dir, run)?;
     let scaler = trainer
         .grad_scaler()
         .context("fp16 with grad_scaler has a scaler")?;
