@@ -251,11 +251,29 @@ def ensure_assets(root: Path, verify: bool) -> None:
 # ----------------------------------------------------------------------------- references
 
 
+# The intra-op threads every reference runs with; `cargo xtask test` runs the Rust side with
+# the same (OMP_NUM_THREADS, which MKL follows), because some libtorch kernels (LayerNorm's
+# backward, MKL's matmuls) split their sums by thread.
+REFERENCE_THREADS = "2"
+
+
 def environment_key() -> str:
+    """What the reference values depend on besides the scripts: the packages, the CPU (MKL
+    and oneDNN pick their kernels by it) and the thread count. A cache carried to another
+    machine regenerates."""
     import torch
     import transformers
 
-    return f"torch={torch.__version__} transformers={transformers.__version__}"
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+    except OSError:
+        pass
+    return (
+        f"torch={torch.__version__} transformers={transformers.__version__} "
+        f"cpu={torch.backends.cpu.get_cpu_capability()} cpu_model={model} threads={REFERENCE_THREADS}"
+    )
 
 
 def reference_sources(script: Path, seen: set | None = None) -> bytes:
@@ -289,7 +307,12 @@ def ensure_references(root: Path, only: str | None) -> None:
         tmp = ref_root / f".tmp-{script.stem}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        env = dict(os.environ, TCHTRAIN_ASSETS=str(root), PYTHONHASHSEED="0")
+        env = dict(
+            os.environ,
+            TCHTRAIN_ASSETS=str(root),
+            PYTHONHASHSEED="0",
+            OMP_NUM_THREADS=REFERENCE_THREADS,
+        )
         proc = subprocess.run([sys.executable, str(script), str(tmp)], env=env)
         if proc.returncode != 0:
             raise SetupError(f"reference script {script} failed (exit {proc.returncode}); see its output above")

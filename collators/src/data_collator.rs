@@ -2,7 +2,7 @@
 
 use crate::batch::Batch;
 use crate::error::Result;
-use crate::feature::Feature;
+use tchtrain_datasets::Feature;
 
 /// A data collator: turns a list of dataset rows into one [`Batch`], as upstream's
 /// `DataCollator = Callable[[list[InputDataClass]], dict[str, Any]]`.

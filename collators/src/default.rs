@@ -4,7 +4,7 @@
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::Feature;
+use tchtrain_datasets::Feature;
 use crate::padding::{PaddedRows, PaddingStrategy, collate_labels, pad_features};
 use crate::tokenizer_info::TokenizerInfo;
 

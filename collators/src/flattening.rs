@@ -6,7 +6,7 @@ use tch::Tensor;
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::{Feature, Label};
+use tchtrain_datasets::{Feature, Label};
 
 /// Concatenates the batch into one `[1, total_tokens]` row (upstream's
 /// `DataCollatorWithFlattening`).

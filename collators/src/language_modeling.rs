@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::Feature;
+use tchtrain_datasets::Feature;
 use crate::padding::{PaddingStrategy, pad_features, round_up, stack_i64};
 use crate::tokenizer_info::TokenizerInfo;
 use crate::torch_generator::TorchGenerator;

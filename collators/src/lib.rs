@@ -1,6 +1,7 @@
 //! `tchtrain-collators` — Every data collator of transformers 5.23 (data/data_collator.py) on tch.
 //!
-//! Owns the [`DataCollator`] trait, the row type [`Feature`], the output [`Batch`], the
+//! Owns the [`DataCollator`] trait (over the row type [`Feature`] of `tchtrain-datasets`,
+//! re-exported here), the output [`Batch`], the
 //! tokenizer facts the collators need ([`TokenizerInfo`], read from a Hugging Face
 //! tokenizer folder with the `tokenizers` crate or given explicitly), and the collators:
 //! [`default_data_collator`], [`DataCollatorWithPadding`],
@@ -30,7 +31,6 @@ mod batch;
 mod data_collator;
 mod default;
 mod error;
-mod feature;
 mod flattening;
 mod language_modeling;
 mod multiple_choice;
@@ -45,7 +45,7 @@ pub use batch::Batch;
 pub use data_collator::DataCollator;
 pub use default::{DefaultDataCollator, default_data_collator};
 pub use error::{Error, Result};
-pub use feature::{Feature, Label};
+pub use tchtrain_datasets::{Feature, Label};
 pub use flattening::DataCollatorWithFlattening;
 pub use language_modeling::{DataCollatorForLanguageModeling, LanguageModelingOptions};
 pub use multiple_choice::{DataCollatorForMultipleChoice, MultipleChoiceFeature};

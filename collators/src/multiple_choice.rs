@@ -6,7 +6,7 @@ use tch::Tensor;
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::Feature;
+use tchtrain_datasets::Feature;
 use crate::padding::{PaddingStrategy, pad_features};
 use crate::tokenizer_info::TokenizerInfo;
 

@@ -6,7 +6,7 @@ use tch::Tensor;
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::{Feature, Label};
+use tchtrain_datasets::{Feature, Label};
 use crate::tokenizer_info::TokenizerInfo;
 
 /// How to pad a batch (upstream's `PaddingStrategy`, or `padding=True/False/str`).

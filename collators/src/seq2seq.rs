@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::{Feature, Label};
+use tchtrain_datasets::{Feature, Label};
 use crate::padding::{PaddingStrategy, check_absent, pad_features, round_up, stack_i64};
 use crate::token_classification::pad_labels;
 use crate::tokenizer_info::TokenizerInfo;

@@ -3,7 +3,7 @@
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use crate::feature::{Feature, Label};
+use tchtrain_datasets::{Feature, Label};
 use crate::padding::{PaddingSide, PaddingStrategy, check_absent, pad_features, stack_i64};
 use crate::tokenizer_info::TokenizerInfo;
 

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tchtrain_trainer::Table;
+use tchtrain_datasets::Table;
 
 const NAMES: [&str; 7] = [
     "data.csv",

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tchtrain_trainer::{decode_rows, encode_rows};
+use tchtrain_datasets::{decode_rows, encode_rows};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(rows) = decode_rows(data) {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tchtrain_trainer::{Table, cell_text};
+use tchtrain_datasets::{Table, cell_text};
 
 fuzz_target!(|data: &[u8]| {
     let Some(text) = tchtrain_fuzz::text(data) else {

@@ -170,6 +170,19 @@ impl BertModel {
             config.layer_norm_eps,
         );
         let e = &p / "embeddings";
+        // Created in upstream's registration order (embeddings, encoder, pooler):
+        // `model.parameters()` follows it, and gradient clipping sums the per-parameter norms
+        // in that order.
+        let word_embeddings = layers::embedding(&e / "word_embeddings", config.vocab_size, d, std);
+        let position_embeddings = layers::embedding(
+            &e / "position_embeddings",
+            config.max_position_embeddings,
+            d,
+            std,
+        );
+        let token_type_embeddings =
+            layers::embedding(&e / "token_type_embeddings", config.type_vocab_size, d, std);
+        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, eps);
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &p / "encoder" / "layer" / i;
@@ -199,20 +212,10 @@ impl BertModel {
             })
             .collect();
         Ok(Self {
-            word_embeddings: layers::embedding(&e / "word_embeddings", config.vocab_size, d, std),
-            position_embeddings: layers::embedding(
-                &e / "position_embeddings",
-                config.max_position_embeddings,
-                d,
-                std,
-            ),
-            token_type_embeddings: layers::embedding(
-                &e / "token_type_embeddings",
-                config.type_vocab_size,
-                d,
-                std,
-            ),
-            embeddings_ln: layers::layer_norm(&e / "LayerNorm", d, eps),
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            embeddings_ln,
             layers,
             pooler: add_pooling_layer
                 .then(|| layers::linear(&p / "pooler" / "dense", d, d, true, std)),
@@ -342,6 +345,10 @@ impl<const KIND: u8> Bert<KIND> {
         let head = match KIND {
             MLM => {
                 let t = &root / "cls" / "predictions";
+                // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
+                // transform (the decoder's bias is that parameter, and the decoder weight is
+                // the tied word embeddings): created in that order.
+                let bias = t.var("bias", &[config.vocab_size], nn::Init::Const(0.0));
                 Head::MaskedLm {
                     dense: layers::linear(&t / "transform" / "dense", d, d, true, std),
                     ln: layers::layer_norm(
@@ -349,7 +356,7 @@ impl<const KIND: u8> Bert<KIND> {
                         d,
                         config.layer_norm_eps,
                     ),
-                    bias: t.var("bias", &[config.vocab_size], nn::Init::Const(0.0)),
+                    bias,
                 }
             }
             SEQ_CLS => Head::SequenceClassification {

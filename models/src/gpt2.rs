@@ -159,6 +159,10 @@ impl GPT2Model {
         let head_dim = d / config.n_head;
         // Upstream re-initialises every `c_proj.weight` with std / sqrt(2 * n_layer).
         let proj_std = std / (2.0 * config.n_layer as f64).sqrt();
+        // Created in upstream's registration order (wte, wpe, h, ln_f): `model.parameters()`
+        // follows it, and gradient clipping sums the per-parameter norms in that order.
+        let wte = layers::embedding(&p / "wte", config.vocab_size, d, std);
+        let wpe = layers::embedding(&p / "wpe", config.n_positions, d, std);
         let h = (0..config.n_layer)
             .map(|i| {
                 let b = &p / "h" / i;
@@ -182,8 +186,8 @@ impl GPT2Model {
             })
             .collect();
         Ok(Self {
-            wte: layers::embedding(&p / "wte", config.vocab_size, d, std),
-            wpe: layers::embedding(&p / "wpe", config.n_positions, d, std),
+            wte,
+            wpe,
             h,
             ln_f: layers::layer_norm(&p / "ln_f", d, config.layer_norm_epsilon),
             act: Activation::parse(&config.activation_function, "activation_function")?,

@@ -15,7 +15,10 @@ pub(crate) fn normal(std: f64) -> Init {
     }
 }
 
-/// `nn.Linear(in, out, bias)` initialised as upstream (normal weights, zero bias).
+/// `nn.Linear(in, out, bias)` initialised as upstream (normal weights, zero bias). The
+/// weight is created before the bias, as torch registers them (tch's `nn::linear` creates
+/// the bias first): `model.parameters()` follows this order, and gradient clipping sums the
+/// per-parameter norms in it.
 pub(crate) fn linear(
     p: nn::Path<'_>,
     in_dim: i64,
@@ -23,12 +26,9 @@ pub(crate) fn linear(
     bias: bool,
     std: f64,
 ) -> nn::Linear {
-    let config = nn::LinearConfig {
-        ws_init: normal(std),
-        bs_init: bias.then_some(Init::Const(0.0)),
-        bias,
-    };
-    nn::linear(p, in_dim, out_dim, config)
+    let ws = p.var("weight", &[out_dim, in_dim], normal(std));
+    let bs = bias.then(|| p.var("bias", &[out_dim], Init::Const(0.0)));
+    nn::Linear { ws, bs }
 }
 
 /// A linear layer inside a transformer layer: [`linear`]'s `nn::Linear`, computed by

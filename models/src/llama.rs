@@ -314,6 +314,10 @@ impl LlamaModel {
             config.num_attention_heads,
             config.num_key_value_heads(),
         );
+        // Created in upstream's registration order (embed_tokens, layers, norm):
+        // `model.parameters()` follows it, and gradient clipping sums the per-parameter norms
+        // in that order.
+        let embed_tokens = layers::embedding(&p / "embed_tokens", config.vocab_size, d, std);
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &p / "layers" / i;
@@ -379,7 +383,7 @@ impl LlamaModel {
             })
             .collect();
         Ok(Self {
-            embed_tokens: layers::embedding(&p / "embed_tokens", config.vocab_size, d, std),
+            embed_tokens,
             layers,
             norm: RmsNorm::new(&p / "norm", d, config.rms_norm_eps),
             inv_freq: config.inv_freq(p.device())?,

@@ -59,6 +59,10 @@ def record(case, model, ids, mask, labels, grads="all", output="logits", extra=N
             if p.grad is not None and (grads == "all" or name in grads):
                 tensors[f"grad.{name}"] = p.grad.detach().contiguous()
     save_file(tensors, str(OUT / f"{case}.safetensors"))
+    # `model.parameters()`'s order (registration order, a tied weight once): gradient
+    # clipping stacks the per-parameter norms in this order.
+    names = [name for name, _ in model.named_parameters()]
+    (OUT / f"{case}.parameters.json").write_text(json.dumps(names))
 
 
 def main():

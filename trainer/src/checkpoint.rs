@@ -440,7 +440,9 @@ impl Trainer {
 }
 
 /// Checks a checkpoint's `rng_state.json` against this Trainer's data order and reseeds
-/// libtorch with `seed` (its generator state itself is not saved, see the module docs).
+/// libtorch with `seed`, as upstream reseeds before `_load_rng_state`; the generators' saved
+/// states (`rng_state.safetensors`) are restored after this, at the point upstream restores
+/// them (see the module docs).
 pub(crate) fn check_rng_state(dir: &Path, trainer: &Trainer) -> Result<()> {
     let path = dir.join(RNG_STATE_NAME);
     if !path.is_file() {

@@ -20,8 +20,9 @@
 //! * only parameters are broadcast at wrap time (upstream DDP also broadcasts buffers, and
 //!   at every forward with `broadcast_buffers=True`); the models here keep no trained buffers;
 //! * ranks other than 0 write nothing into a checkpoint (upstream writes
-//!   `rng_state_{rank}.pth` there; this Trainer does not save generator states, see
-//!   `checkpoint.rs`);
+//!   `rng_state_{rank}.pth` there; here rank 0 writes the one `rng_state.safetensors` and
+//!   every rank restores it: the ranks start from the same seed and draw the same amounts,
+//!   so their generator states agree, see `checkpoint.rs`);
 //! * the backend is accelerate's default, NCCL for a CUDA run and Gloo on the CPU, or
 //!   `ddp_backend`; NCCL needs the `cuda` feature of `tchtrain-distributed` (this crate's
 //!   `cuda` feature turns it on), and `nccl` on a CPU run is refused before the rendezvous
@@ -38,10 +39,10 @@ use tchtrain_distributed::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::data_loader::DataLoader;
+use tchtrain_data::DataLoader;
 use crate::error::{Error, Result};
 use crate::model_info::named_parameters;
-use crate::shard::BatchSamplerShard;
+use tchtrain_data::BatchSamplerShard;
 use crate::trainer::Trainer;
 
 /// torch.distributed's default process group: one per process, shared by every Trainer.

@@ -24,6 +24,10 @@ pub enum Error {
     /// An error from a data collator.
     #[error(transparent)]
     Collator(#[from] tchtrain_collators::Error),
+    /// An error from the data loader or a dataset (a row that cannot be read, the prefetch
+    /// thread).
+    #[error(transparent)]
+    Data(#[from] tchtrain_data::Error),
     /// An error from the training arguments (validation, JSON).
     #[error(transparent)]
     TrainingArgs(#[from] tchtrain_training_args::Error),
@@ -60,14 +64,6 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// The tokenizer failed on some text.
-    #[error("tokenizing {what}: {detail}")]
-    Tokenizer {
-        /// Which text (file and line).
-        what: String,
-        /// The tokenizer's message.
-        detail: String,
-    },
     /// A dataset has no rows where some are needed.
     #[error("the {what} dataset is empty{hint}")]
     EmptyDataset {
@@ -75,14 +71,6 @@ pub enum Error {
         what: &'static str,
         /// How to fix it (may be empty).
         hint: String,
-    },
-    /// A row index past the end of a dataset.
-    #[error("row {index} is out of range for a dataset of {len} rows")]
-    IndexOutOfRange {
-        /// The index asked for.
-        index: usize,
-        /// The dataset's length.
-        len: usize,
     },
     /// A dataset is needed but none was given.
     #[error("{what} requires a{} {dataset} dataset; {fix}", if dataset.starts_with('e') { "n" } else { "" })]
@@ -140,11 +128,6 @@ pub enum Error {
         /// The checkpoint of the state after the previous step.
         checkpoint: PathBuf,
     },
-    /// The data loader's prefetch thread could not be started.
-    #[error(
-        "starting the data loader's prefetch thread failed ({0}): set dataloader_num_workers to 0 to load batches in the training thread"
-    )]
-    Prefetch(String),
     /// A checkpoint that does not fit this training (missing file, different model).
     #[error("checkpoint {}: {detail}", dir.display())]
     InvalidCheckpoint {
@@ -152,35 +135,6 @@ pub enum Error {
         dir: PathBuf,
         /// What does not fit.
         detail: String,
-    },
-    /// A command-line flag of an example script is unknown or has a bad value (the
-    /// example binaries print it with a usage line and exit 2, as argparse does).
-    #[error("argument --{flag}: {detail}")]
-    InvalidFlag {
-        /// The flag, without its dashes.
-        flag: String,
-        /// What is wrong and how to fix it.
-        detail: String,
-    },
-    /// A data file (CSV, JSON lines) could not be parsed.
-    #[error("{}:{line}: {detail}", path.display())]
-    DataFile {
-        /// The file.
-        path: PathBuf,
-        /// The 1-based line where the problem is.
-        line: usize,
-        /// What is wrong.
-        detail: String,
-    },
-    /// A column asked for is not in a data file.
-    #[error("column '{column}' is not in {}; its columns are: {available}", path.display())]
-    MissingColumn {
-        /// The column asked for.
-        column: String,
-        /// The data file.
-        path: PathBuf,
-        /// The columns there are.
-        available: String,
     },
     /// A label value that cannot be used (not in the label list, not a number for
     /// regression).

@@ -7,7 +7,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchtrain_callbacks::JsonMap;
 
-use crate::dataset::Dataset;
+use tchtrain_data::Dataset;
 use crate::error::{Error, Result};
 use crate::hooks::StepContext;
 use crate::metrics::{EvalPrediction, Metrics, speed_metrics};
@@ -65,7 +65,7 @@ impl Trainer {
     /// batch as it comes (`compute_result` on the last) and nothing but the losses is kept.
     pub(crate) fn evaluation_loop(
         &mut self,
-        loader: &crate::data_loader::DataLoader,
+        loader: &tchtrain_data::DataLoader,
         prediction_loss_only: bool,
         metric_key_prefix: &str,
         batch_metrics: bool,
@@ -182,9 +182,12 @@ impl Trainer {
             if self.args.logging_nan_inf_filter && finite.f_any()?.f_int64_value(&[])? != 0 {
                 all = all.f_masked_select(&finite)?;
             }
+            // Upstream `losses.mean().item()` on the float32 numpy array: numpy's pairwise
+            // float32 sum, so the loss is upstream's to the bit when the rows' losses are.
+            let values = Vec::<f32>::try_from(all.f_to_kind(Kind::Float)?.f_contiguous()?)?;
             metrics.insert(
                 format!("{metric_key_prefix}_loss"),
-                all.f_mean(Kind::Float)?.f_double_value(&[])?,
+                crate::numpy_mean::numpy_mean_f32(&values),
             );
         }
         let prefix = format!("{metric_key_prefix}_");

@@ -3,9 +3,9 @@
 //! Owns the [`Trainer`]: [`train`](Trainer::train) (epochs or `max_steps`, gradient
 //! accumulation with upstream's `num_items_in_batch` normalisation, clipping, scheduler,
 //! logging / evaluation / saving through the callbacks, resume), [`evaluate`](Trainer::evaluate), [`predict`](Trainer::predict),
-//! checkpoints in upstream's layout with rotation, and the data side it drives:
-//! [`Dataset`], [`Sampler`]s (upstream's seeded random order reproduced exactly), the
-//! [`DataLoader`], and the plain-text preparation of upstream's `run_clm.py` ([`group_texts`]).
+//! checkpoints in upstream's layout with rotation. The data it drives comes from
+//! `tchtrain-data` (datasets, samplers, the data loader); the example scripts live in
+//! `tchtrain-examples`.
 //! [`TrainerHooks`] is the Rust form of subclassing `Trainer` to override `compute_loss`,
 //! `training_step` or `prediction_step`.
 //!
@@ -14,30 +14,19 @@
 
 mod checkpoint;
 mod cpu_cache;
-mod data_loader;
-mod dataset;
 mod distributed;
 mod error;
 mod evaluation;
-pub mod examples;
 mod ffi;
 mod hooks;
-mod map_cache;
 mod metrics;
 mod model_info;
-mod parallel;
-mod plot;
+mod numpy_mean;
 mod prediction;
 mod preflight;
 mod profile;
-mod raster;
 mod results;
-mod sampler;
-mod shard;
 mod signals;
-mod table;
-mod text;
-mod text_classification;
 mod train_loop;
 mod trainer;
 mod zero;
@@ -52,16 +41,11 @@ pub use cpu_cache::{
     CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,
     LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
-pub use data_loader::{DataLoader, EpochIter, Prefetch, SharedCollator, shared_collator};
-pub use dataset::{Dataset, FeatureStream, InMemoryDataset, IterableDataset};
 pub use error::{Error, Result};
 pub use hooks::{
     DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, autocast_dtype,
     count_num_items_in_batch, default_compute_loss, default_prediction_step, default_training_step,
     model_forward, model_inputs,
-};
-pub use map_cache::{
-    DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows, map_cached,
 };
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,
@@ -70,22 +54,7 @@ pub use model_info::{
     floating_point_ops, is_causal_lm, is_embedding_weight, layernorm_modules, loss_shifts_labels,
     model_accepts_loss_kwargs, named_parameters, num_parameters, parameters,
 };
-pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
 pub use prediction::PredictionOutput;
-pub use raster::{Rgb, RgbImage};
 pub use results::metrics_format;
-pub use sampler::{
-    LengthGroupedSampler, RandomSampler, Sampler, SequentialSampler, get_length_grouped_indices,
-    randperm,
-};
-pub use shard::BatchSamplerShard;
-pub use table::{Table, cell_text, read_text_maybe_bz2};
-pub use text::{
-    CausalLmTextStream, DEFAULT_MAP_BATCH_SIZE, causal_lm_blocks_from_file, group_texts,
-    load_text_lines, split_lines, tokenize_lines,
-};
-pub use text_classification::{
-    ClassificationLabels, TextClassificationOptions, tokenize_text_classification,
-};
 pub use train_loop::ResumeFrom;
 pub use trainer::{Trainer, TrainerBuilder};

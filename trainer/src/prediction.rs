@@ -7,7 +7,7 @@ use std::time::Instant;
 use tch::Tensor;
 use tchtrain_callbacks::JsonMap;
 
-use crate::dataset::Dataset;
+use tchtrain_data::Dataset;
 use crate::error::Result;
 use crate::metrics::{Metrics, speed_metrics};
 use crate::trainer::Trainer;

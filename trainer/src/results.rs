@@ -60,10 +60,17 @@ fn write_json_indent4<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 impl Trainer {
     /// Upstream `save_model`: `save_pretrained` into `output_dir` (or the Trainer's),
-    /// plus `training_args.json`. Returns the folder.
+    /// plus `training_args.json`, written only where upstream writes them
+    /// (`args.should_save`: the main process); the other processes write nothing. Returns
+    /// the folder.
     pub fn save_model(&self, output_dir: Option<&Path>) -> Result<PathBuf> {
         let dir =
             output_dir.map_or_else(|| PathBuf::from(self.args.output_dir()), Path::to_path_buf);
+        // At the end of `train` a sharded model is whole again on every rank, so there is
+        // nothing to gather here; what upstream's `_save` writes, only rank 0 writes.
+        if !self.args.should_save() {
+            return Ok(dir);
+        }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
         self.model.save_pretrained(&dir)?;
         self.args.to_json_file(dir.join(TRAINING_ARGS_NAME))?;

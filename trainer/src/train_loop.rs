@@ -16,7 +16,7 @@ use tchtrain_collators::Batch;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
 use crate::checkpoint::{self, get_last_checkpoint};
-use crate::data_loader::DataLoader;
+use tchtrain_data::DataLoader;
 use crate::error::{Error, Result};
 use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
 use crate::metrics::{Metrics, TrainOutput, speed_metrics};
@@ -390,9 +390,9 @@ impl Trainer {
         let mut batches: Box<dyn Iterator<Item = Result<Batch>>> =
             if self.args.dataloader_num_workers > 0 {
                 let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1);
-                Box::new(batches.prefetch(depth))
+                Box::new(batches.prefetch(depth).map(|b| b.map_err(Error::from)))
             } else {
-                Box::new(batches)
+                Box::new(batches.map(|b| b.map_err(Error::from)))
             };
         let steps_in_epoch = values.steps_in_epoch as i64;
         let remainder = match values.steps_in_epoch % ga {

@@ -11,17 +11,18 @@ use tchtrain_callbacks::{
     TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
 };
 use tchtrain_collators::{DataCollator, DefaultDataCollator, Feature};
+use tchtrain_data::{
+    DataLoader, Dataset, IterableDataset, LengthGroupedSampler, RandomSampler, Sampler,
+    SequentialSampler, SharedCollator, shared_collator,
+};
 use tchtrain_models::PreTrainedModel;
 use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
-use crate::data_loader::{DataLoader, SharedCollator, shared_collator};
-use crate::dataset::{Dataset, IterableDataset};
 use crate::error::{Error, Result};
 use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
-use crate::metrics::{ComputeMetrics, PreprocessLogits};
+use crate::metrics::{ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits};
 use crate::model_info;
-use crate::sampler::{LengthGroupedSampler, RandomSampler, Sampler, SequentialSampler};
 
 /// Upstream's `Trainer`: trains and evaluates a [`PreTrainedModel`] with the knobs of
 /// [`TrainingArguments`], reporting to callbacks and writing upstream's checkpoint layout.
@@ -30,7 +31,9 @@ use crate::sampler::{LengthGroupedSampler, RandomSampler, Sampler, SequentialSam
 /// use std::path::Path;
 /// use tch::Device;
 /// use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
-/// use tchtrain_trainer::{Trainer, causal_lm_blocks_from_file};
+/// use tchtrain_data::InMemoryDataset;
+/// use tchtrain_datasets::causal_lm_blocks_from_file;
+/// use tchtrain_trainer::Trainer;
 /// use tchtrain_training_args::TrainingArguments;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,7 +43,7 @@ use crate::sampler::{LengthGroupedSampler, RandomSampler, Sampler, SequentialSam
 ///     Path::new("assets/gpt2-tokenizer/vocab.json"), Path::new("assets/gpt2-tokenizer/merges.txt"))?;
 /// let blocks = causal_lm_blocks_from_file("assets/text/hamlet.txt", &tokenizer, 64)?;
 /// let args = TrainingArguments { max_steps: 10, use_cpu: true, ..TrainingArguments::new("out") };
-/// let mut trainer = Trainer::builder(model, args).train_dataset(blocks.into_shared()).build()?;
+/// let mut trainer = Trainer::builder(model, args).train_dataset(InMemoryDataset::new(blocks)).build()?;
 /// let output = trainer.train(None)?;
 /// println!("loss {}", output.training_loss);
 /// # Ok(()) }
@@ -145,25 +148,25 @@ impl std::fmt::Debug for TrainerBuilder {
 }
 
 impl TrainerBuilder {
-    /// The training rows (`train_dataset`).
-    pub fn train_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
+    /// The training rows (`train_dataset`): any [`Dataset`], an `Arc<dyn Dataset>` included.
+    pub fn train_dataset(mut self, dataset: impl Dataset + 'static) -> Self {
         self.train_stream = None;
-        self.train_dataset = Some(dataset);
+        self.train_dataset = Some(Arc::new(dataset));
         self
     }
 
     /// Trains on a stream instead of a dataset (upstream: a `train_dataset` that is an
     /// `IterableDataset`): rows in the stream's order, `max_steps` required, a new pass
     /// whenever the stream ends first. Replaces a `train_dataset`.
-    pub fn train_stream(mut self, stream: Arc<dyn IterableDataset>) -> Self {
+    pub fn train_stream(mut self, stream: impl IterableDataset + 'static) -> Self {
         self.train_dataset = None;
-        self.train_stream = Some(stream);
+        self.train_stream = Some(Arc::new(stream));
         self
     }
 
-    /// The evaluation rows (`eval_dataset`).
-    pub fn eval_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
-        self.eval_dataset = Some(dataset);
+    /// The evaluation rows (`eval_dataset`): any [`Dataset`], an `Arc<dyn Dataset>` included.
+    pub fn eval_dataset(mut self, dataset: impl Dataset + 'static) -> Self {
+        self.eval_dataset = Some(Arc::new(dataset));
         self
     }
 
@@ -205,14 +208,24 @@ impl TrainerBuilder {
         self
     }
 
-    /// `compute_metrics`, called on the whole evaluation set's predictions.
-    pub fn compute_metrics(mut self, f: ComputeMetrics) -> Self {
+    /// `compute_metrics`, called on the whole evaluation set's predictions (a closure, or
+    /// an already boxed [`ComputeMetrics`]).
+    pub fn compute_metrics(
+        mut self,
+        f: impl FnMut(&EvalPrediction) -> Result<Metrics> + Send + 'static,
+    ) -> Self {
+        let f: ComputeMetrics = Box::new(f);
         self.compute_metrics = Some(f);
         self
     }
 
-    /// `preprocess_logits_for_metrics`, applied to each evaluation batch's logits.
-    pub fn preprocess_logits_for_metrics(mut self, f: PreprocessLogits) -> Self {
+    /// `preprocess_logits_for_metrics`, applied to each evaluation batch's logits (a
+    /// closure, or an already boxed [`PreprocessLogits`]).
+    pub fn preprocess_logits_for_metrics(
+        mut self,
+        f: impl FnMut(&Tensor, Option<&Tensor>) -> Result<Tensor> + Send + 'static,
+    ) -> Self {
+        let f: PreprocessLogits = Box::new(f);
         self.preprocess_logits_for_metrics = Some(f);
         self
     }
@@ -484,12 +497,12 @@ impl Trainer {
                     detail: "a streamed training set in a data-parallel run is not supported yet: give each process a dataset, or train on one process".into(),
                 });
             }
-            return DataLoader::streaming(
+            return Ok(DataLoader::streaming(
                 Arc::clone(stream),
                 Arc::clone(&self.collator),
                 self.args.train_batch_size(),
                 self.args.dataloader_drop_last,
-            );
+            )?);
         }
         let dataset = self.train_dataset.clone().ok_or(Error::MissingDataset {
             what: "training".into(),
@@ -523,6 +536,7 @@ impl Trainer {
             self.args.dataloader_drop_last,
         )
         .map(|l| self.prepare_data_loader(l))
+        .map_err(Error::from)
     }
 
     /// Upstream `get_eval_dataloader`: `eval_batch_size` rows per batch, in order.
@@ -543,6 +557,7 @@ impl Trainer {
             self.args.dataloader_drop_last,
         )
         .map(|l| self.prepare_data_loader(l))
+        .map_err(Error::from)
     }
 
     /// Upstream `create_optimizer`: unless one was given, the optimizer `optim` names over

@@ -7,8 +7,8 @@
 //!   Trainer and a bare tch loop on the same training jobs (tiny GPT-2, GPT-2 6 x 384,
 //!   MiniLM classification; fp32 and bf16 autocast): tokens/s, median step time, peak RSS,
 //!   the ratios, and the achieved matmul FLOP/s against the machine's measured matmul peak;
-//!   `tchtrain/examples/bench_trainer.rs` and `scripts/bench/bench_trainer.py`.
-//! * `--micro`: `tchtrain/examples/bench_micro.rs` and `scripts/bench/bench_micro.py`
+//!   `examples/src/bin/bench_trainer.rs` and `scripts/bench/bench_trainer.py`.
+//! * `--micro`: `examples/src/bin/bench_micro.rs` and `scripts/bench/bench_micro.py`
 //!   (optimizer steps and collators). Both print one flat JSON object per measurement; the
 //!   table shows, per benchmark, the median over rounds of each side's median time, the ratio
 //!   python / tchtrain (> 1: tchtrain is faster), the same ratio for the fastest step or pass
@@ -363,7 +363,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut build = Command::new(cargo);
     build
         .current_dir(&root)
-        .args(["build", "--release", "--example", example, "-p", "tchtrain"]);
+        .args(["build", "--release", "-p", "tchtrain-examples", "--bin", example]);
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
     }
@@ -375,7 +375,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release").join("examples").join(example);
+    let exe = target.join("release").join(example);
     let script = root
         .join("scripts")
         .join("bench")

@@ -124,10 +124,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     build.current_dir(&root).args([
         "build",
         "--release",
-        "--example",
-        "run_clm",
         "-p",
-        "tchtrain-trainer",
+        "tchtrain-examples",
+        "--bin",
+        "run_clm",
     ]);
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
@@ -140,7 +140,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release").join("examples").join("run_clm");
+    let exe = target.join("release").join("run_clm");
     let out = target.join("demo");
     if out.exists() {
         std::fs::remove_dir_all(&out)

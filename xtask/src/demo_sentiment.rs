@@ -1,7 +1,7 @@
 //! `cargo xtask demo` (the default job): the real MiniLM-L6 checkpoint fine-tuned as a
 //! fresh / rotten sentiment classifier on the Rotten Tomatoes corpus.
 //!
-//! `setup`, a release build of the `run_classification` and `plot_log_history` examples,
+//! `setup`, a release build of the `run_classification` and `plot_log_history` binaries,
 //! then, all on CPU and under `target/demo/`:
 //!
 //! 1. `train/`: `run_classification` on `rotten_tomatoes_corpus.csv.bz2` keeping the
@@ -105,10 +105,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "build",
         "--release",
         "-p",
-        "tchtrain-trainer",
-        "--example",
+        "tchtrain-examples",
+        "--bin",
         "run_classification",
-        "--example",
+        "--bin",
         "plot_log_history",
     ]);
     if let Some(libtorch) = &s.child_libtorch {
@@ -122,7 +122,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let examples = target.join("release").join("examples");
+    let examples = target.join("release");
     let out = target.join("demo");
     if out.exists() {
         std::fs::remove_dir_all(&out)

@@ -1,7 +1,7 @@
 //! `cargo xtask launch`: torchrun's single-node launcher for any command.
 //!
 //! ```text
-//! cargo xtask launch --nproc-per-node 2 [--master-port 0] -- cargo run --example run_clm -- ...
+//! cargo xtask launch --nproc-per-node 2 [--master-port 0] -- target/release/run_clm ...
 //! ```
 //!
 //! Like `torchrun --standalone`-style static launches it starts `--nproc-per-node` copies of

@@ -9,9 +9,12 @@
 //!   sentiment; `--clm`: SmolLM2-135M fine-tuned on hamlet.txt).
 //! * `launch` — torchrun for one node: starts N ranks of a command, stops all if one fails.
 //! * `fuzz` — `setup`, then a bounded libFuzzer run of every parser's fuzz target.
+//! * `codegen` — regenerate the generated sources from the pinned Python packages
+//!   (`--check`: fail when a committed one is stale; `test` runs the check).
 
 mod bench;
 mod cmd;
+mod codegen;
 mod demo;
 mod demo_sentiment;
 mod disk;
@@ -81,6 +84,11 @@ commands:
         cache once) and run for N inputs each (default 5000, fixed seed 1) from
         the seeds in fuzz/corpus/<target>/; fails on a crash, with the
         reproducer under target/fuzz/artifacts/<target>/. `test` ends with this.
+  codegen [--check]
+        setup, then regenerate the generated sources from the pinned Python packages
+        (training-args/src/field_table.rs from transformers' HfArgumentParser);
+        --check writes nothing and fails when a committed file is stale (`test`
+        runs the check before the tests)
   help  this text
 
 environment:
@@ -102,12 +110,13 @@ fn main() -> ExitCode {
         "demo" => demo::run(rest),
         "launch" => launch::run(rest),
         "fuzz" => fuzz::run(rest),
+        "codegen" => codegen::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, help"
         )),
     };
     match result {

@@ -11,6 +11,10 @@ use crate::disk;
 use crate::fuzz;
 use crate::setup;
 
+/// The intra-op threads of the reference values (`REFERENCE_THREADS` in
+/// scripts/setup_assets.py).
+const REFERENCE_THREADS: &str = "2";
+
 /// Counts read from cargo test's `test result:` lines.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Totals {
@@ -55,6 +59,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         _ => args,
     };
     println!("test: libtorch {}", s.libtorch.display());
+    // A generated file that no longer matches its generator fails the run up front.
+    crate::codegen::check_or_write(&s.python, true)?;
     let root = crate::paths::workspace_root();
     if let Some(warning) = disk::low_space_warning(&root, disk::TEST_NEEDS_BYTES) {
         println!("test: warning: {warning}");
@@ -114,7 +120,16 @@ fn cargo_test(
         .env("TCHTRAIN_ASSETS", &s.assets)
         .env("TCHTRAIN_VENV_PYTHON", &s.python)
         .env("TMPDIR", tmp)
+        // The reference values were generated with this many intra-op threads
+        // (scripts/setup_assets.py, REFERENCE_THREADS): some libtorch kernels split their sums
+        // by thread, so the Rust side runs with the same (MKL follows OpenMP's count).
+        // Relaunched ranks set their own.
+        .env("OMP_NUM_THREADS", REFERENCE_THREADS)
         .stdout(Stdio::piped());
+    // The examples' multi-process tests run the scripts under `xtask launch`.
+    if let Ok(exe) = std::env::current_exe() {
+        c.env("TCHTRAIN_XTASK", exe);
+    }
     if let Some(libtorch) = &s.child_libtorch {
         c.env("LIBTORCH", libtorch);
     }

@@ -3,7 +3,7 @@
 //!
 //! `scripts/bench/bench_trainer.py --prepare` writes each job's starting weights, rows and
 //! settings once into `target/bench-trainer/`; then, per round, job and precision, the Rust
-//! example `tchtrain/examples/bench_trainer.rs` (our Trainer, then `--bare`) and the Python
+//! example `examples/src/bin/bench_trainer.rs` (our Trainer, then `--bare`) and the Python
 //! script (upstream's Trainer) run one after the other, in an order that rotates each
 //! round, with the same intra-op thread count. A matmul probe (`--peak`) runs before the
 //! first and after the last round; the best of the two is the machine's peak. Every run's

@@ -1,0 +1,5 @@
+//! The integration tests of tchtrain-callbacks, one binary (a module per topic).
+
+mod common;
+mod handler_and_loggers;
+mod upstream_parity;

@@ -1,0 +1,41 @@
+//! `tchtrain-datasets` — the parts of Hugging Face `datasets` the Trainer's example scripts
+//! use, without libtorch.
+//!
+//! Owns the row type [`Feature`] (a tokenized row: `input_ids`, `attention_mask`, ... and
+//! its [`Label`]), data files as the `csv` / `json` / `text` loaders read them ([`Table`],
+//! [`load_text_lines`], plain or `.bz2`), `Dataset.map`'s fingerprint cache
+//! ([`MapCache`], [`Fingerprint`]), the parallel map of `map(num_proc=...)`
+//! ([`parallel_map`]), and `run_clm.py`'s text preparation ([`tokenize_lines`],
+//! [`group_texts`], [`causal_lm_blocks_from_file`], and the streamed form
+//! [`CausalLmTextStream`]).
+//!
+//! Mirrors the Hugging Face `datasets` library (the loaders, `arrow_dataset.map`,
+//! `fingerprint.py`); names follow upstream so a user finds each concept where they expect it.
+//!
+//! ```
+//! use tchtrain_datasets::{Label, Table, group_texts};
+//! let table = Table::from_csv_str("text,label\nhello,1\n", "inline.csv")?;
+//! assert_eq!(table.len(), 1);
+//! let blocks = group_texts(&[vec![1, 2, 3], vec![4]], 2, None)?;
+//! assert_eq!(blocks[1].labels, Some(Label::Ids(vec![3, 4])));
+//! # Ok::<(), tchtrain_datasets::Error>(())
+//! ```
+
+mod error;
+mod feature;
+mod map_cache;
+mod parallel;
+mod table;
+mod text;
+
+pub use error::{Error, Result};
+pub use feature::{Feature, Label};
+pub use map_cache::{
+    DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows, map_cached,
+};
+pub use parallel::parallel_map;
+pub use table::{Table, cell_text, read_text_maybe_bz2};
+pub use text::{
+    CausalLmTextStream, DEFAULT_MAP_BATCH_SIZE, TextBlocks, causal_lm_blocks_from_file,
+    group_texts, load_text_lines, split_lines, tokenize_lines,
+};

@@ -1,0 +1,3 @@
+//! The integration tests of tchtrain-datasets, one binary (a module per topic).
+
+mod map_cache;

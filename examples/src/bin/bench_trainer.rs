@@ -1,0 +1,581 @@
+//! The Trainer benchmark of `cargo xtask bench`: one training job with our
+//! [`Trainer`](tchtrain::trainer::Trainer), or (`--bare`) with a bare tch loop doing the same
+//! work, or (`--peak`) a matmul probe of the machine.
+//!
+//! The jobs are prepared by `scripts/bench/bench_trainer.py --prepare DIR` (the same weights,
+//! rows and settings the Python side reads; see that script for the jobs): `DIR/<job>/`
+//! holds `initial/` (config.json + model.safetensors), `rows.json` and `job.json`.
+//!
+//! * Trainer run: `TrainingArguments` as the Python side (max_steps = warm-up + measured
+//!   steps, the job's batch size, lr 5e-5, linear schedule, the default fused AdamW,
+//!   max_grad_norm 1.0, seed 42, no logging until the end, no saving, no reports), the same
+//!   collator (`DefaultDataCollator` / `DataCollatorWithPadding`), the seeded random sampler.
+//!   A callback takes the time at `on_step_begin` / `on_step_end`.
+//! * `--bare`: the same model, rows, order (the same seeded permutation), collator, optimizer
+//!   with the same decay groups, scheduler and clipping, in a plain loop: collate, forward
+//!   with labels (and `num_items_in_batch` counted on the host for the causal LM; in bf16
+//!   inside CPU autocast through the Trainer's public `model_forward`, the only way to get
+//!   CPU autocast from tch), backward, clip, optimizer step, scheduler step, zero grad. What
+//!   the Trainer adds on top is its overhead.
+//! * `--peak`: the best of 5 timed `[N, N] x [N, N]` matmuls (N = 2048) in fp32 and bf16, in
+//!   FLOP/s (2 N^3 per product).
+//!
+//! Each run prints one flat JSON line with the fields of the Python side: `tokens_per_s` (input
+//! tokens, padded, of the measured steps over the wall time from the warm-up's last step end to
+//! the last step end), `median_step_ms` / `min_step_ms` (step begin to step end, after the
+//! warm-up), `peak_rss_mb` (`VmHWM` of /proc/self/status, what `ru_maxrss` reports), `steps`,
+//! `tokens`, `threads`; plus `matmul_flops` (the measured steps' matmul FLOPs, counted
+//! analytically by `Job::matmul_flops`), `matmul_flops_per_s` (those over the same wall time)
+//! and the step's parts (medians): `median_forward_backward_ms` (step begin to
+//! `on_pre_optimizer_step`: forward, loss, backward, the loop's bookkeeping, clipping),
+//! `median_optimizer_ms` (to `on_optimizer_step`) and `median_after_optimizer_ms` (scheduler,
+//! zero grad, state, callbacks, to step end), and the caching CPU allocator's counters
+//! (`cpu_cache_hits`, `cpu_cache_misses`, `cpu_cache_peak_mb`: see `CpuMemoryCache`; both the
+//! Trainer and the bare loop hold it, `TCHTRAIN_CPU_CACHE_MB=0` turns it off).
+//!
+//! ```sh
+//! cargo run --release -p tchtrain-examples --bin bench_trainer -- --data DIR --job gpt2_tiny
+//!     [--precision fp32|bf16] [--threads N] [--bare]
+//! cargo run --release -p tchtrain-examples --bin bench_trainer -- --peak [--threads N]
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value, json};
+use tchtrain::callbacks::{TrainerCallback, TrainerControl, TrainerState};
+use tchtrain::collators::{
+    Batch, DataCollator, DataCollatorWithPadding, DefaultDataCollator, Feature, Label,
+    TokenizerInfo,
+};
+use tchtrain::models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
+use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_param_groups};
+use tchtrain::tch::{self, Device, Kind, Tensor};
+use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
+use tchtrain::trainer::{
+    StepContext, Trainer, layernorm_modules, model_forward, named_parameters,
+};
+use tchtrain::training_args::{SaveStrategy, TrainingArguments};
+
+struct Options {
+    data: Option<PathBuf>,
+    job: Option<String>,
+    bf16: bool,
+    threads: Option<i32>,
+    bare: bool,
+    peak: bool,
+}
+
+impl Options {
+    fn parse() -> Result<Self> {
+        let mut o = Options {
+            data: None,
+            job: None,
+            bf16: false,
+            threads: None,
+            bare: false,
+            peak: false,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut value = || args.next().ok_or_else(|| anyhow!("{a} needs a value"));
+            match a.as_str() {
+                "--data" => o.data = Some(value()?.into()),
+                "--job" => o.job = Some(value()?),
+                "--precision" => {
+                    o.bf16 = match value()?.as_str() {
+                        "fp32" => false,
+                        "bf16" => true,
+                        other => bail!("--precision: fp32 or bf16, got `{other}`"),
+                    }
+                }
+                "--threads" => o.threads = Some(value()?.parse()?),
+                "--bare" => o.bare = true,
+                "--peak" => o.peak = true,
+                other => bail!(
+                    "unknown option `{other}` (known: --data DIR, --job NAME, \
+                     --precision fp32|bf16, --threads N, --bare, --peak)"
+                ),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A job as `bench_trainer.py --prepare` wrote it.
+struct Job {
+    name: String,
+    dir: PathBuf,
+    /// `"clm"` (GPT-2 causal LM) or `"cls"` (BERT sequence classification).
+    kind: String,
+    batch: usize,
+    warmup: usize,
+    steps: usize,
+    /// The model's config.json.
+    config: Value,
+}
+
+impl Job {
+    fn read(data: &Path, name: &str) -> Result<Self> {
+        let dir = data.join(name);
+        let job = read_json(&dir.join("job.json"))?;
+        let config = read_json(&dir.join("initial").join("config.json"))?;
+        let num = |k: &str| {
+            job[k]
+                .as_u64()
+                .map(|n| n as usize)
+                .with_context(|| format!("job.json: {k}"))
+        };
+        Ok(Self {
+            name: name.to_string(),
+            kind: job["kind"].as_str().context("job.json: kind")?.to_string(),
+            batch: num("batch")?,
+            warmup: num("warmup")?,
+            steps: num("steps")?,
+            config,
+            dir,
+        })
+    }
+
+    fn total_steps(&self) -> usize {
+        self.warmup + self.steps
+    }
+
+    fn task(&self) -> AutoTask {
+        if self.kind == "clm" {
+            AutoTask::CausalLm
+        } else {
+            AutoTask::SequenceClassification { num_labels: None }
+        }
+    }
+
+    fn load_model(&self) -> Result<Box<dyn PreTrainedModel>> {
+        let dir = self.dir.join("initial");
+        Ok(from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model)
+    }
+
+    /// The rows: causal-LM blocks with `labels` = `input_ids`, or tokenized reviews with
+    /// their class.
+    fn rows(&self) -> Result<Vec<Feature>> {
+        let rows = read_json(&self.dir.join("rows.json"))?;
+        let ids = |v: &Value| -> Result<Vec<i64>> {
+            v.as_array()
+                .context("a list of ids")?
+                .iter()
+                .map(|x| x.as_i64().context("an id"))
+                .collect()
+        };
+        rows.as_array()
+            .context("rows.json")?
+            .iter()
+            .map(|r| {
+                let input_ids = ids(&r["input_ids"])?;
+                Ok(if self.kind == "clm" {
+                    Feature::new(input_ids.clone()).with_labels(Label::Ids(input_ids))
+                } else {
+                    Feature {
+                        input_ids,
+                        token_type_ids: Some(ids(&r["token_type_ids"])?),
+                        attention_mask: Some(ids(&r["attention_mask"])?),
+                        labels: Some(Label::Class(r["label"].as_i64().context("label")?)),
+                        ..Feature::default()
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn collator(&self) -> Result<Box<dyn DataCollator<Feature> + Send>> {
+        Ok(if self.kind == "clm" {
+            Box::new(DefaultDataCollator)
+        } else {
+            let assets = std::env::var_os("TCHTRAIN_ASSETS")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
+            let (info, _) = TokenizerInfo::from_pretrained_dir(assets.join("minilm"))?;
+            Box::new(DataCollatorWithPadding::new(info))
+        })
+    }
+
+    /// The training arguments both sides use.
+    fn args(&self, output_dir: &Path, bf16: bool) -> Result<TrainingArguments> {
+        let mut args = TrainingArguments {
+            max_steps: self.total_steps() as i64,
+            per_device_train_batch_size: self.batch,
+            learning_rate: 5e-5,
+            logging_steps: 1e6,
+            save_strategy: SaveStrategy::No,
+            seed: 42,
+            use_cpu: true,
+            report_to: vec![],
+            disable_tqdm: true,
+            dataloader_num_workers: 0,
+            bf16,
+            ..TrainingArguments::new(output_dir.display().to_string())
+        };
+        args.post_init()?;
+        Ok(args)
+    }
+
+    /// Matmul FLOPs of one training step (forward + backward = 3 x forward) on a batch of
+    /// `b` rows of `s` tokens, as a dense model computes them:
+    ///
+    /// * every weight matrix a token goes through, 2 FLOPs per weight per token forward:
+    ///   per layer Q, K, V, output projection (4 d^2) and the MLP (2 d i), plus GPT-2's LM head
+    ///   (V d, tied to the embedding) or, per row, BERT's pooler (d^2) and classifier (d x 2);
+    /// * attention: scores Q K^T and the weighted sum of V, 2 x (s d) multiply-adds per
+    ///   token and layer (the full s x s matrix, as the math / flash kernels on CPU compute it).
+    ///
+    /// Embedding look-ups, layer norms, softmax, GELU, the loss and the optimizer are not
+    /// matmuls and are not counted. transformers' `floating_point_ops` (6 x parameters without
+    /// embeddings x tokens) counts neither the LM head nor attention.
+    fn matmul_flops(&self, b: i64, s: i64) -> f64 {
+        let c = |keys: &[&str]| -> f64 {
+            keys.iter()
+                .find_map(|k| self.config[*k].as_f64())
+                .unwrap_or(0.0)
+        };
+        let (b, s) = (b as f64, s as f64);
+        let tokens = b * s;
+        let layers = c(&["n_layer", "num_hidden_layers"]);
+        let d = c(&["n_embd", "hidden_size"]);
+        let inner = match c(&["n_inner", "intermediate_size"]) {
+            0.0 => 4.0 * d,
+            i => i,
+        };
+        let per_token_weights = layers * (4.0 * d * d + 2.0 * d * inner);
+        let (head_per_token, head_per_row) = if self.kind == "clm" {
+            (c(&["vocab_size"]) * d, 0.0)
+        } else {
+            (0.0, d * d + d * 2.0)
+        };
+        let attention_macs = layers * 2.0 * s * d * tokens;
+        3.0 * 2.0
+            * ((per_token_weights + head_per_token) * tokens + head_per_row * b + attention_macs)
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Peak resident set size in MiB (`VmHWM`, what `getrusage`'s `ru_maxrss` reports).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Begin and end times of each optimizer step (and the times just before and after the
+/// optimizer's `step`), and each batch's `input_ids` shape.
+#[derive(Default)]
+struct Record {
+    begin: Vec<Instant>,
+    pre_optimizer: Vec<Instant>,
+    post_optimizer: Vec<Instant>,
+    end: Vec<Instant>,
+    shapes: Vec<(i64, i64)>,
+}
+
+type SharedRecord = Arc<Mutex<Record>>;
+
+fn lock(r: &SharedRecord) -> std::sync::MutexGuard<'_, Record> {
+    r.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Times the Trainer's steps (the Python side's `StepTimer`).
+struct StepTimer(SharedRecord);
+
+impl TrainerCallback for StepTimer {
+    fn on_step_begin(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).begin.push(Instant::now());
+        Ok(())
+    }
+
+    fn on_pre_optimizer_step(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).pre_optimizer.push(Instant::now());
+        Ok(())
+    }
+
+    fn on_optimizer_step(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).post_optimizer.push(Instant::now());
+        Ok(())
+    }
+
+    fn on_step_end(
+        &mut self,
+        _: &TrainingArguments,
+        _: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> tchtrain::callbacks::Result<()> {
+        lock(&self.0).end.push(Instant::now());
+        Ok(())
+    }
+}
+
+/// A collator that records each batch's `input_ids` shape (the Python side's
+/// `ShapeRecorder`).
+struct ShapeRecorder {
+    inner: Box<dyn DataCollator<Feature> + Send>,
+    record: SharedRecord,
+}
+
+impl DataCollator<Feature> for ShapeRecorder {
+    fn collate(&mut self, features: &[Feature]) -> tchtrain::collators::Result<Batch> {
+        let batch = self.inner.collate(features)?;
+        if let Some(ids) = batch.get("input_ids") {
+            let size = ids.size();
+            lock(&self.record).shapes.push((size[0], size[1]));
+        }
+        Ok(batch)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The JSON line of a finished run.
+fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Result<Value> {
+    let (w, total) = (job.warmup, job.total_steps());
+    if record.end.len() < total || record.begin.len() < total || record.shapes.len() < total {
+        bail!(
+            "{}: expected {total} steps, saw {} begins, {} ends, {} batches",
+            job.name,
+            record.begin.len(),
+            record.end.len(),
+            record.shapes.len()
+        );
+    }
+    let ms = |from: &[Instant], to: &[Instant]| -> f64 {
+        if from.len() < total || to.len() < total {
+            return f64::NAN;
+        }
+        median(
+            (w..total)
+                .map(|i| (to[i] - from[i]).as_secs_f64() * 1e3)
+                .collect(),
+        )
+    };
+    let steps: Vec<f64> = (w..total)
+        .map(|i| (record.end[i] - record.begin[i]).as_secs_f64() * 1e3)
+        .collect();
+    let measured = &record.shapes[w..total];
+    let tokens: i64 = measured.iter().map(|(b, s)| b * s).sum();
+    let flops: f64 = measured.iter().map(|&(b, s)| job.matmul_flops(b, s)).sum();
+    let wall = (record.end[total - 1] - record.end[w - 1]).as_secs_f64();
+    let cache = tchtrain::trainer::CpuMemoryCache::stats();
+    Ok(json!({
+        "job": job.name,
+        "precision": if o.bf16 { "bf16" } else { "fp32" },
+        "impl": implementation,
+        "tokens_per_s": tokens as f64 / wall,
+        "median_step_ms": median(steps.clone()),
+        "min_step_ms": steps.iter().copied().fold(f64::INFINITY, f64::min),
+        "peak_rss_mb": peak_rss_mb(),
+        "cpu_cache_hits": cache.hits,
+        "cpu_cache_misses": cache.misses,
+        "cpu_cache_peak_mb": cache.peak_cached_bytes as f64 / (1u64 << 20) as f64,
+        "steps": steps.len(),
+        "tokens": tokens,
+        "threads": tch::get_num_threads(),
+        "matmul_flops": flops,
+        "matmul_flops_per_s": flops / wall,
+        "median_forward_backward_ms": ms(&record.begin, &record.pre_optimizer),
+        "median_optimizer_ms": ms(&record.pre_optimizer, &record.post_optimizer),
+        "median_after_optimizer_ms": ms(&record.post_optimizer, &record.end),
+    }))
+}
+
+/// One run of our Trainer.
+fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
+    let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
+    let record = SharedRecord::default();
+    let args = job.args(&out, o.bf16)?;
+    let mut trainer = Trainer::builder(job.load_model()?, args)
+        .train_dataset(InMemoryDataset::new(job.rows()?).into_shared())
+        .data_collator(ShapeRecorder {
+            inner: job.collator()?,
+            record: record.clone(),
+        })
+        .callback(StepTimer(record.clone()))
+        .build()?;
+    trainer.train(None)?;
+    let _ = std::fs::remove_dir_all(&out);
+    let record = lock(&record);
+    report(job, o, "tchtrain", &record)
+}
+
+/// The same work in a bare tch loop.
+fn run_bare(job: &Job, o: &Options) -> Result<Value> {
+    let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
+    let args = job.args(&out, o.bf16)?;
+    tch::manual_seed(args.seed as i64);
+    let mut model = job.load_model()?;
+    model.train();
+    // The Trainer holds the caching CPU allocator from the start of `train` (the model
+    // already loaded); so does the bare loop.
+    let _cache = tchtrain::trainer::CpuMemoryCache::from_env();
+    let named = named_parameters(&*model);
+    let params: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let layernorms = layernorm_modules(&names);
+    let groups = decay_param_groups(named, args.weight_decay, &layernorms);
+    let mut optimizer = create_optimizer(&OptimizerArgs::from(&args), groups)?;
+    let mut scheduler = create_scheduler(&args, optimizer.as_mut(), job.total_steps())?;
+    let rows = InMemoryDataset::new(job.rows()?);
+    let mut collator = job.collator()?;
+    let sampler = RandomSampler::new(args.seed);
+    let mut order = Vec::new();
+    let mut epoch = 0;
+    while order.len() < job.total_steps() * job.batch {
+        // Full batches only, as the Trainer's epochs here (rows are a multiple of the batch).
+        let idx = sampler.indices(rows.len(), epoch);
+        order.extend(idx.chunks_exact(job.batch).flatten().copied());
+        epoch += 1;
+    }
+    let label_names = vec!["labels".to_string()];
+    let mut record = Record::default();
+    optimizer.zero_grad();
+    for step in 0..job.total_steps() {
+        let features: Vec<Feature> = order[step * job.batch..(step + 1) * job.batch]
+            .iter()
+            .map(|&i| rows.get(i))
+            .collect::<std::result::Result<_, _>>()?;
+        let batch = collator.collate(&features)?;
+        let ids = batch.get("input_ids").context("input_ids")?;
+        let size = ids.size();
+        record.shapes.push((size[0], size[1]));
+        record.begin.push(Instant::now());
+        // The causal LM's loss is a sum over the predicted tokens divided by their count
+        // (`num_items_in_batch`), counted here on the host.
+        let num_items = (job.kind == "clm").then(|| {
+            let n: usize = features.iter().map(|f| f.input_ids.len() - 1).sum();
+            Tensor::from(n as f32)
+        });
+        let inputs = ModelInputs {
+            input_ids: Some(ids),
+            attention_mask: batch.get("attention_mask"),
+            token_type_ids: batch.get("token_type_ids"),
+            position_ids: None,
+            labels: batch.get("labels"),
+            num_items_in_batch: num_items.as_ref(),
+        };
+        // fp32: the model's forward; bf16: the same inside CPU autocast with the outputs back
+        // in fp32 (the Trainer's `model_forward`, what accelerate does).
+        let ctx = StepContext {
+            args: &args,
+            model_accepts_loss_kwargs: true,
+            current_gradient_accumulation_steps: 1,
+            device: Device::Cpu,
+            label_names: &label_names,
+            loss_shifts_labels: job.kind == "clm",
+            is_causal_lm: job.kind == "clm",
+            autocast: tchtrain::trainer::autocast_dtype(&args, Device::Cpu),
+            loss_scale: None,
+        };
+        let loss = model_forward(&ctx, &*model, &inputs)?
+            .loss
+            .context("no loss")?;
+        loss.f_backward()?;
+        tchtrain::optim::clip_grad_norm_if_enabled(&params, args.max_grad_norm)?;
+        record.pre_optimizer.push(Instant::now());
+        optimizer.step()?;
+        record.post_optimizer.push(Instant::now());
+        scheduler.step(optimizer.as_mut())?;
+        optimizer.zero_grad();
+        record.end.push(Instant::now());
+    }
+    report(job, o, "bare", &record)
+}
+
+/// Best FLOP/s of `[n, n] x [n, n]` over a few runs in `kind`.
+fn matmul_peak(kind: Kind) -> f64 {
+    let n = 2048;
+    let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
+    let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
+    let _ = a.matmul(&b);
+    let best = (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            let c = a.matmul(&b);
+            let dt = t0.elapsed().as_secs_f64();
+            drop(c);
+            dt
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n as f64).powi(3) / best
+}
+
+fn main() -> Result<()> {
+    let o = Options::parse()?;
+    if let Some(n) = o.threads {
+        tch::set_num_threads(n);
+    }
+    if o.peak {
+        let line = json!({
+            "probe": "matmul",
+            "fp32_flops_per_s": matmul_peak(Kind::Float),
+            "bf16_flops_per_s": matmul_peak(Kind::BFloat16),
+            "threads": tch::get_num_threads(),
+        });
+        println!("{line}");
+        return Ok(());
+    }
+    let data = o.data.as_deref().context("--data DIR is needed")?;
+    let job = Job::read(data, o.job.as_deref().context("--job NAME is needed")?)?;
+    let implementation = if o.bare { "bare" } else { "tchtrain" };
+    let line = if o.bare {
+        run_bare(&job, &o)
+    } else {
+        run_trainer(&job, &o)
+    };
+    match line {
+        Ok(line) => println!("{line}"),
+        // A refused configuration is a result too (the table shows it): one line, exit 0.
+        Err(e) => println!(
+            "{}",
+            json!({
+                "job": job.name,
+                "precision": if o.bf16 { "bf16" } else { "fp32" },
+                "impl": implementation,
+                "error": format!("{e:#}"),
+            })
+        ),
+    }
+    Ok(())
+}

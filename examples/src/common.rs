@@ -1,0 +1,219 @@
+//! What the example scripts share: finding the model folder and the tokenizer
+//! (`AutoTokenizer.from_pretrained(tokenizer_name or model_name_or_path)`), and the
+//! checkpoint to resume from (upstream's "Checkpoint detected, resuming training").
+
+use std::path::{Path, PathBuf};
+
+use tchtrain_collators::TokenizerInfo;
+use tchtrain_models::{HubOptions, Tokenizer, gpt2_tokenizer, load_tokenizer, resolve};
+use tchtrain_training_args::TrainingArguments;
+
+use tchtrain_trainer::get_last_checkpoint;
+use crate::error::{Error, Result};
+use tchtrain_trainer::ResumeFrom;
+
+/// A tokenizer folder: a local folder as it is (it need not hold a model), else a hub id
+/// resolved through the cache or a download.
+fn tokenizer_dir(name: &str) -> Result<PathBuf> {
+    let local = Path::new(name);
+    if local.is_dir() {
+        return Ok(local.to_path_buf());
+    }
+    Ok(resolve(name, &HubOptions::from_env())?)
+}
+
+/// A tokenizer with the facts the collators need.
+#[derive(Debug, Clone)]
+pub struct ExampleTokenizer {
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Pad / mask ids, `model_max_length`, ...
+    pub info: TokenizerInfo,
+}
+
+/// Resolves `--model_name_or_path` (a local folder, the hub cache, or a download).
+pub(crate) fn model_dir(name_or_path: Option<&str>) -> Result<PathBuf> {
+    let name = name_or_path.ok_or_else(|| Error::InvalidFlag {
+        flag: "model_name_or_path".into(),
+        detail: "required: a model folder (e.g. assets/tiny-gpt2) or a hub id; training from scratch is not supported".into(),
+    })?;
+    Ok(resolve(name, &HubOptions::from_env())?)
+}
+
+/// Upstream `AutoTokenizer.from_pretrained(name)` for a folder (or hub id) with
+/// `tokenizer.json`, or with GPT-2's `vocab.json` + `merges.txt`. `tokenizer_name`
+/// (`--tokenizer_name`) wins over the model folder.
+pub fn load_example_tokenizer(
+    model_dir: &Path,
+    tokenizer_name: Option<&str>,
+) -> Result<ExampleTokenizer> {
+    let dir = match tokenizer_name {
+        Some(name) => tokenizer_dir(name)?,
+        None => model_dir.to_path_buf(),
+    };
+    if dir.join("tokenizer.json").is_file() {
+        let tokenizer = load_tokenizer(&dir)?;
+        let (info, _) = TokenizerInfo::from_pretrained_dir(&dir)?;
+        return Ok(ExampleTokenizer { tokenizer, info });
+    }
+    let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+    if vocab.is_file() && merges.is_file() {
+        let tokenizer = gpt2_tokenizer(&vocab, &merges)?;
+        let info = TokenizerInfo::from_tokenizer(&tokenizer);
+        return Ok(ExampleTokenizer { tokenizer, info });
+    }
+    Err(Error::InvalidFlag {
+        flag: if tokenizer_name.is_some() {
+            "tokenizer_name".into()
+        } else {
+            "model_name_or_path".into()
+        },
+        detail: format!(
+            "{} has no tokenizer.json (nor vocab.json + merges.txt); pass --tokenizer_name with a folder that has one",
+            dir.display()
+        ),
+    })
+}
+
+/// The checkpoint `train` resumes from: `--resume_from_checkpoint`, else the last
+/// `checkpoint-N` already in `output_dir` (upstream's scripts resume from it).
+pub(crate) fn resume_point(args: &TrainingArguments) -> Result<Option<ResumeFrom>> {
+    if let Some(path) = &args.resume_from_checkpoint {
+        return Ok(Some(match path.as_str() {
+            "True" | "true" => ResumeFrom::Last,
+            p => ResumeFrom::Path(PathBuf::from(p)),
+        }));
+    }
+    let dir = Path::new(args.output_dir());
+    if args.do_train
+        && dir.is_dir()
+        && let Some(last) = get_last_checkpoint(dir)?
+    {
+        log::info!(
+            "Checkpoint detected, resuming training at {}. To avoid this behavior, change the `--output_dir` or delete it.",
+            last.display()
+        );
+        return Ok(Some(ResumeFrom::Path(last)));
+    }
+    Ok(None)
+}
+
+/// Upstream `save_model` also saves the tokenizer (`processing_class`): `tokenizer.json`,
+/// plus `tokenizer_config.json` / `special_tokens_map.json` copied from the folder it
+/// came from, so that `output_dir` loads as a model with its tokenizer.
+pub(crate) fn save_tokenizer(
+    tok: &ExampleTokenizer,
+    model_dir: &Path,
+    tokenizer_name: Option<&str>,
+    out: &Path,
+) -> Result<()> {
+    let path = out.join("tokenizer.json");
+    tok.tokenizer
+        .save(&path, true)
+        .map_err(|e| Error::Tokenizer {
+            what: format!("saving {}", path.display()),
+            detail: e.to_string(),
+        })?;
+    let source = match tokenizer_name {
+        Some(name) => tokenizer_dir(name)?,
+        None => model_dir.to_path_buf(),
+    };
+    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
+        let from = source.join(name);
+        if from.is_file() && from != out.join(name) {
+            std::fs::copy(&from, out.join(name)).map_err(|e| Error::io("copying", &from, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The `--do_train` part every script shares: train (resuming as
+/// `--resume_from_checkpoint` says), save the model, then `save_extra` (what a script writes
+/// beside it, e.g. label names) and the tokenizer when this process saves, then log and
+/// write `train_results.json` (with `train_samples` when known) and `trainer_state.json`.
+pub(crate) fn do_train(
+    trainer: &mut tchtrain_trainer::Trainer,
+    tok: &ExampleTokenizer,
+    model_dir: &Path,
+    tokenizer_name: Option<&str>,
+    train_samples: Option<usize>,
+    save_extra: impl FnOnce(&Path) -> Result<()>,
+) -> Result<tchtrain_trainer::Metrics> {
+    let resume = resume_point(trainer.args())?;
+    let result = trainer.train(resume)?;
+    let saved = trainer.save_model(None)?;
+    if trainer.args().should_save() {
+        save_extra(&saved)?;
+        save_tokenizer(tok, model_dir, tokenizer_name, &saved)?;
+    }
+    let mut metrics = result.metrics;
+    if let Some(n) = train_samples {
+        metrics.insert("train_samples".into(), n as f64);
+    }
+    trainer.log_metrics("train", &metrics);
+    trainer.save_metrics("train", &metrics, true)?;
+    trainer.save_state()?;
+    Ok(metrics)
+}
+
+/// The `--do_eval` part every script shares: evaluate, add `eval_samples` (and the
+/// perplexity for language models), log and write `eval_results.json`.
+pub(crate) fn do_eval(
+    trainer: &mut tchtrain_trainer::Trainer,
+    eval_samples: usize,
+    perplexity: bool,
+) -> Result<tchtrain_trainer::Metrics> {
+    let mut metrics = trainer.evaluate(None, "eval")?;
+    metrics.insert("eval_samples".into(), eval_samples as f64);
+    if perplexity && let Some(loss) = metrics.get("eval_loss").copied() {
+        metrics.insert("perplexity".into(), loss.exp());
+    }
+    trainer.log_metrics("eval", &metrics);
+    trainer.save_metrics("eval", &metrics, true)?;
+    Ok(metrics)
+}
+
+/// The rows of a text data file for the language-modelling scripts: the lines of a `.txt`
+/// (or `.txt.bz2`; the `datasets` text loader, line breaks kept as asked), else the `text`
+/// column (or the first one) of a CSV / JSON file.
+pub(crate) fn read_text_rows(path: &str, keep_linebreaks: bool) -> Result<Vec<String>> {
+    let lower = path.to_ascii_lowercase();
+    if lower.ends_with(".txt.bz2") {
+        let text = tchtrain_datasets::read_text_maybe_bz2(path)?;
+        return Ok(tchtrain_datasets::split_lines(&text, keep_linebreaks));
+    }
+    if lower.ends_with(".txt") {
+        return Ok(tchtrain_datasets::load_text_lines(path, keep_linebreaks)?);
+    }
+    let table = tchtrain_datasets::Table::read(path)?;
+    let column = if table.columns().iter().any(|c| c == "text") {
+        "text".to_string()
+    } else {
+        table
+            .columns()
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::EmptyDataset {
+                what: "training",
+                hint: format!(": {path} has no columns"),
+            })?
+    };
+    Ok(table
+        .column(&column)?
+        .into_iter()
+        .map(tchtrain_datasets::cell_text)
+        .collect())
+}
+
+/// `datasets`' percent slice boundary (`rounding="closest"`): `round(p * n / 100)`.
+pub(crate) fn split_boundary(percent: usize, n: usize) -> usize {
+    (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
+}
+
+/// The tokenizer's JSON (`tokenizer.json`'s content), part of a dataset-cache fingerprint.
+pub(crate) fn tokenizer_json(tokenizer: &Tokenizer) -> Result<String> {
+    tokenizer.to_string(false).map_err(|e| Error::Tokenizer {
+        what: "serializing the tokenizer for the dataset cache".into(),
+        detail: e.to_string(),
+    })
+}

@@ -1,0 +1,84 @@
+//! `tchtrain-examples` — the example scripts of upstream's `examples/pytorch/` as library
+//! functions, so that the binaries in `src/bin/` are one line each and tests call the same
+//! code in process: [`run_clm`] (causal LM fine-tuning on a text file), [`run_mlm`] (masked LM
+//! fine-tuning on a text file), [`run_classification`] (sequence classification from a CSV /
+//! JSON-lines file) and [`run_ner`] (token classification of pre-split words, scored by
+//! [`seqeval`]).
+//!
+//! Each script's `main_with_args(argv)` takes the command line without the program name:
+//! its own flags (upstream's `ModelArguments` / `DataTrainingArguments`) next to every
+//! `TrainingArguments` flag, parsed by `HfArgumentParser::parse_known_args`. It returns an
+//! [`ExampleOutput`]; [`exit_code`] turns a result into the process's exit status the way
+//! argparse and upstream's scripts do (help: 0, bad flags: 2, failures: 1).
+
+//!
+//! Also here: the plot of a run's `log_history` ([`plot_log_history`], drawn by a small
+//! raster with a built-in font into a PNG), `run_classification`'s text-classification
+//! preparation ([`tokenize_text_classification`], [`ClassificationLabels`]), and the
+//! binaries `plot_log_history`, `zero_to_fp32` and the bench drivers of `cargo xtask bench`.
+
+mod args;
+mod common;
+mod error;
+mod plot;
+mod raster;
+pub mod run_classification;
+pub mod run_clm;
+pub mod run_mlm;
+pub mod run_ner;
+pub mod seqeval;
+mod split;
+mod text_classification;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tchtrain_trainer::Metrics;
+
+pub use common::{ExampleTokenizer, load_example_tokenizer};
+pub use error::{Error, Result};
+pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
+pub use raster::{Rgb, RgbImage};
+pub use text_classification::{
+    ClassificationLabels, TextClassificationOptions, tokenize_text_classification,
+};
+
+/// What a script run produced.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ExampleOutput {
+    /// `--output_dir`: the saved model, `trainer_state.json`, `*_results.json`, checkpoints.
+    pub output_dir: PathBuf,
+    /// The metrics of `--do_train` (`train_loss`, `train_runtime`, `train_samples`, ...).
+    pub train_metrics: Option<Metrics>,
+    /// The metrics of `--do_eval` (`eval_loss`, the script's metric, ...).
+    pub eval_metrics: Option<Metrics>,
+    /// The metrics of `--do_predict` (`test_...`), for scripts that predict.
+    pub predict_metrics: Option<Metrics>,
+}
+
+/// The exit status for a script's result, printing what needs printing: the help text
+/// (status 0), a usage line and the error for bad flags (status 2, as argparse), the error
+/// and its causes for any other failure (status 1).
+pub fn exit_code<T>(script: &str, result: Result<T>) -> ExitCode {
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(Error::TrainingArgs(tchtrain_training_args::Error::HelpRequested(help))) => {
+            println!("{help}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ (Error::TrainingArgs(_) | Error::InvalidFlag { .. })) => {
+            eprintln!("usage: {script} [-h] [--FLAG VALUE ...]\n{script}: error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            let mut message = format!("{script}: error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                message.push_str(&format!("\n  caused by: {s}"));
+                source = s.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! Upstream `examples/pytorch/language-modeling/run_clm.py`: fine-tunes a causal LM on a
+//! text file (or the `text` column of a CSV / JSON-lines file).
+//!
+//! Steps as upstream: the file's lines (`--keep_linebreaks`, default true), a validation
+//! split of the first `--validation_split_percentage` % of lines when no
+//! `--validation_file` is given, tokenization, `group_texts` into `--block_size` blocks,
+//! `--max_train_samples` / `--max_eval_samples`; `Trainer` with next-token accuracy as the
+//! evaluation metric; `--do_train` saves the model, `train_results.json` and
+//! `trainer_state.json`; `--do_eval` adds `perplexity = exp(eval_loss)` and writes
+//! `eval_results.json` (both merged into `all_results.json`).
+//!
+//! ```no_run
+//! use tchtrain_examples::run_clm;
+//! let out = run_clm::main_with_args([
+//!     "--model_name_or_path", "assets/tiny-gpt2", "--tokenizer_name", "assets/gpt2-tokenizer",
+//!     "--train_file", "assets/text/hamlet.txt", "--block_size", "64", "--do_train", "--do_eval",
+//!     "--max_steps", "10", "--output_dir", "out/clm",
+//! ])?;
+//! println!("{:?}", out.eval_metrics);
+//! # Ok::<(), tchtrain_examples::Error>(())
+//! ```
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tch::{Device, Kind, Tensor};
+use tchtrain_collators::Feature;
+use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir};
+use tchtrain_training_args::TrainingArguments;
+
+use super::ExampleOutput;
+use super::args::{self, ScriptFlags};
+use super::common::{self, load_example_tokenizer, tokenizer_json};
+use tchtrain_data::{Dataset, InMemoryDataset};
+use crate::error::{Error, Result};
+use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
+use tchtrain_trainer::{EvalPrediction, Metrics};
+use tchtrain_datasets::{CausalLmTextStream, group_texts, tokenize_lines};
+use tchtrain_trainer::Trainer;
+
+/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClmArguments {
+    /// `--model_name_or_path`: a model folder or hub id (required).
+    pub model_name_or_path: Option<String>,
+    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    pub tokenizer_name: Option<String>,
+    /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`.
+    pub train_file: Option<String>,
+    /// `--validation_file`.
+    pub validation_file: Option<String>,
+    /// `--block_size`: tokens per training row (default `min(1024, model_max_length)`).
+    pub block_size: Option<usize>,
+    /// `--validation_split_percentage`: the share of lines held out when there is no
+    /// validation file (default 5).
+    pub validation_split_percentage: usize,
+    /// `--max_train_samples`: keep the first N training blocks.
+    pub max_train_samples: Option<usize>,
+    /// `--max_eval_samples`: keep the first N evaluation blocks.
+    pub max_eval_samples: Option<usize>,
+    /// `--keep_linebreaks`: keep line breaks in `.txt` rows (default true).
+    pub keep_linebreaks: bool,
+    /// `--streaming`: read the training file as a stream (a `.txt` file, 1000 lines at a
+    /// time, as the training goes); needs `--max_steps`.
+    pub streaming: bool,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached tokens
+    /// ([`MapCache`](tchtrain_datasets::MapCache)).
+    pub overwrite_cache: bool,
+}
+
+impl Default for ClmArguments {
+    fn default() -> Self {
+        Self {
+            model_name_or_path: None,
+            tokenizer_name: None,
+            train_file: None,
+            validation_file: None,
+            block_size: None,
+            validation_split_percentage: 5,
+            max_train_samples: None,
+            max_eval_samples: None,
+            keep_linebreaks: true,
+            streaming: false,
+            overwrite_cache: false,
+        }
+    }
+}
+
+const HELP: &str = "\
+run_clm: causal language modelling (upstream examples/pytorch/language-modeling/run_clm.py)
+
+script flags:
+  --model_name_or_path PATH   model folder or hub id (required)
+  --tokenizer_name PATH       tokenizer folder (tokenizer.json, or vocab.json + merges.txt)
+  --train_file FILE           .txt, .csv, .json or .jsonl training text
+  --validation_file FILE      evaluation text (default: a split of the training file)
+  --block_size N              tokens per row (default: min(1024, model_max_length))
+  --validation_split_percentage N
+                              % of training lines held out without a validation file (default: 5)
+  --max_train_samples N       keep the first N training blocks
+  --max_eval_samples N        keep the first N evaluation blocks
+  --keep_linebreaks BOOL      keep line breaks in .txt rows (default: true)
+  --streaming [BOOL]          stream the .txt training file instead of loading it (needs --max_steps)
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached tokens
+  --preprocessing_num_workers N
+                              accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
+";
+
+impl ScriptFlags for ClmArguments {
+    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
+        match name {
+            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
+            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
+            "train_file" => self.train_file = Some(args::string(name, value)?),
+            "validation_file" => self.validation_file = Some(args::string(name, value)?),
+            "block_size" => self.block_size = Some(args::number(name, value)?),
+            "validation_split_percentage" => {
+                self.validation_split_percentage = args::number(name, value)?;
+                if self.validation_split_percentage > 100 {
+                    return Err(Error::InvalidFlag {
+                        flag: name.into(),
+                        detail: "must be between 0 and 100".into(),
+                    });
+                }
+            }
+            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
+            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
+            "keep_linebreaks" => self.keep_linebreaks = args::boolean(name, value)?,
+            "streaming" => self.streaming = args::boolean(name, value)?,
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "preprocessing_num_workers" => {
+                args::number::<usize>(name, value)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// Parses a command line (without the program name) into the script's flags and
+/// `TrainingArguments`.
+pub fn parse_args<I, S>(argv: I) -> Result<(ClmArguments, TrainingArguments)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut clm = ClmArguments::default();
+    let training = args::parse(argv, HELP, &mut clm)?;
+    Ok((clm, training))
+}
+
+/// Tokenized, grouped blocks of `lines`, the first `max_samples` kept. The tokens come from
+/// the dataset cache when an earlier run tokenized the same lines with the same tokenizer.
+fn blocks(
+    lines: &[String],
+    tokenizer: &Tokenizer,
+    block_size: usize,
+    max_samples: Option<usize>,
+    overwrite_cache: bool,
+) -> Result<InMemoryDataset> {
+    let mut fingerprint = Fingerprint::new("run_clm.tokenize_function");
+    fingerprint.update(tokenizer_json(tokenizer)?);
+    for line in lines {
+        fingerprint.update(line);
+    }
+    let cache = MapCache::from_env();
+    let rows = map_cached(cache.as_ref(), &fingerprint, overwrite_cache, || {
+        Ok::<_, Error>(tokenize_lines(tokenizer, lines)?
+            .into_iter()
+            .map(Feature::new)
+            .collect())
+    })?;
+    let ids: Vec<Vec<i64>> = rows.into_iter().map(|r| r.input_ids).collect();
+    let ds = InMemoryDataset::new(group_texts(&ids, block_size, None)?);
+    Ok(match max_samples {
+        Some(n) => ds.take(n),
+        None => ds,
+    })
+}
+
+/// Upstream's `compute_metrics`: next-token accuracy, predictions (argmax ids) shifted
+/// against the labels; label `-100` is left out.
+fn next_token_accuracy(p: &EvalPrediction) -> tchtrain_trainer::Result<Metrics> {
+    let mut m = Metrics::new();
+    let Some(labels) = &p.label_ids else {
+        return Ok(m);
+    };
+    let len = labels.size().last().copied().unwrap_or(0);
+    if len < 2 {
+        return Ok(m);
+    }
+    let labels = labels.f_narrow(-1, 1, len - 1)?;
+    let preds = p.predictions.f_narrow(-1, 0, len - 1)?;
+    let valid = labels.f_ne(-100)?;
+    let correct = preds
+        .f_eq_tensor(&labels)?
+        .f_logical_and(&valid)?
+        .f_sum(Kind::Int64)?
+        .f_int64_value(&[])?;
+    let total = valid.f_sum(Kind::Int64)?.f_int64_value(&[])?;
+    m.insert("accuracy".into(), correct as f64 / (total.max(1)) as f64);
+    Ok(m)
+}
+
+/// What `--streaming` needs: a `.txt` training file with line breaks kept, `--max_steps`,
+/// and a `--validation_file` for evaluation (a stream has no length to hold a share out of).
+fn check_streaming(clm: &ClmArguments, training: &TrainingArguments) -> Result<()> {
+    let refuse = |flag: &str, detail: &str| {
+        Err(Error::InvalidFlag {
+            flag: flag.into(),
+            detail: detail.into(),
+        })
+    };
+    if training.do_train {
+        match &clm.train_file {
+            Some(f) if f.ends_with(".txt") => {}
+            _ => {
+                return refuse(
+                    "streaming",
+                    "streams a .txt --train_file; load CSV / JSON files without --streaming",
+                );
+            }
+        }
+        if training.max_steps <= 0 {
+            return refuse(
+                "max_steps",
+                "must be set to a positive value with --streaming (a stream has no length)",
+            );
+        }
+        if clm.max_train_samples.is_some() {
+            return refuse(
+                "max_train_samples",
+                "is not supported with --streaming: limit the training with --max_steps",
+            );
+        }
+        if !clm.keep_linebreaks {
+            return refuse(
+                "keep_linebreaks",
+                "--streaming keeps line breaks (as the text loader does by default)",
+            );
+        }
+    }
+    if training.do_eval && clm.validation_file.is_none() {
+        return refuse(
+            "validation_file",
+            "--do_eval with --streaming needs a --validation_file: a share of a stream cannot be held out",
+        );
+    }
+    Ok(())
+}
+
+/// Runs the script on `argv` (the command line without the program name).
+pub fn main_with_args<I, S>(argv: I) -> Result<ExampleOutput>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let (clm, training) = parse_args(argv)?;
+    run(&clm, training)
+}
+
+/// Runs the script with parsed arguments.
+pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    let output_dir = Path::new(training.output_dir()).to_path_buf();
+    if !training.do_train && !training.do_eval {
+        log::warn!("neither --do_train nor --do_eval was given: nothing to do");
+    }
+    let dir = common::model_dir(clm.model_name_or_path.as_deref())?;
+    let tok = load_example_tokenizer(&dir, clm.tokenizer_name.as_deref())?;
+    let model_max_length = tok.info.model_max_length.unwrap_or(usize::MAX);
+    let block_size = match clm.block_size {
+        None => {
+            if model_max_length > 1024 {
+                log::warn!(
+                    "The tokenizer picked seems to have a very large `model_max_length` ({model_max_length}); using block_size 1024 (override with --block_size)."
+                );
+            }
+            model_max_length.min(1024)
+        }
+        Some(b) => {
+            if b > model_max_length {
+                log::warn!(
+                    "The block_size passed ({b}) is larger than the maximum length for the model ({model_max_length}). Using block_size={model_max_length}."
+                );
+            }
+            b.min(model_max_length)
+        }
+    };
+
+    if clm.streaming {
+        check_streaming(clm, &training)?;
+    }
+    let (train_lines, eval_lines) = match (&clm.train_file, &clm.validation_file) {
+        (None, None) => {
+            return Err(Error::InvalidFlag {
+                flag: "train_file".into(),
+                detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
+            });
+        }
+        (Some(_), Some(valid)) if clm.streaming => (
+            Vec::new(),
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
+        ),
+        (Some(train), Some(valid)) => (
+            common::read_text_rows(train, clm.keep_linebreaks)?,
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
+        ),
+        (Some(train), None) => {
+            let mut lines = common::read_text_rows(train, clm.keep_linebreaks)?;
+            let cut = common::split_boundary(clm.validation_split_percentage, lines.len());
+            let train_part = lines.split_off(cut);
+            (train_part, lines)
+        }
+        (None, Some(valid)) => (
+            Vec::new(),
+            common::read_text_rows(valid, clm.keep_linebreaks)?,
+        ),
+    };
+
+    let train_ds = if training.do_train && !clm.streaming {
+        if clm.train_file.is_none() {
+            return Err(Error::InvalidFlag {
+                flag: "train_file".into(),
+                detail: "--do_train requires a train file".into(),
+            });
+        }
+        let ds = blocks(
+            &train_lines,
+            &tok.tokenizer,
+            block_size,
+            clm.max_train_samples,
+            clm.overwrite_cache,
+        )?;
+        if ds.is_empty() {
+            return Err(Error::EmptyDataset {
+                what: "training",
+                hint: format!(": fewer than block_size = {block_size} tokens per 1000 lines"),
+            });
+        }
+        Some(ds)
+    } else {
+        None
+    };
+    let eval_ds = if training.do_eval {
+        let ds = blocks(
+            &eval_lines,
+            &tok.tokenizer,
+            block_size,
+            clm.max_eval_samples,
+            clm.overwrite_cache,
+        )?;
+        if ds.is_empty() {
+            return Err(Error::EmptyDataset {
+                what: "evaluation",
+                hint: format!(
+                    ": the validation text has fewer than block_size = {block_size} tokens; raise --validation_split_percentage or lower --block_size"
+                ),
+            });
+        }
+        Some(ds)
+    } else {
+        None
+    };
+
+    let loaded = from_pretrained_dir(
+        &dir,
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    if !loaded.info.is_clean() {
+        log::warn!("loading {}: {:?}", dir.display(), loaded.info);
+    }
+    let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
+    let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
+    let mut builder = Trainer::builder(loaded.model, training.clone());
+    if let Some(ds) = train_ds {
+        builder = builder.train_dataset(Arc::new(ds));
+    }
+    if let (true, true, Some(train)) = (clm.streaming, training.do_train, &clm.train_file) {
+        let stream = CausalLmTextStream::new(train, Arc::new(tok.tokenizer.clone()), block_size)?;
+        builder = builder.train_stream(Arc::new(stream));
+    }
+    if let Some(ds) = eval_ds {
+        builder = builder
+            .eval_dataset(Arc::new(ds))
+            .preprocess_logits_for_metrics(|logits: &Tensor, _: Option<&Tensor>| {
+                Ok(logits.f_argmax(-1, false)?)
+            })
+            .compute_metrics(next_token_accuracy);
+    }
+    let mut trainer = builder.build()?;
+    let mut out = ExampleOutput {
+        output_dir: output_dir.clone(),
+        ..ExampleOutput::default()
+    };
+
+    if training.do_train {
+        // A stream has no length to report.
+        let samples =
+            (!clm.streaming).then(|| clm.max_train_samples.map_or(n_train, |m| m.min(n_train)));
+        out.train_metrics = Some(common::do_train(
+            &mut trainer,
+            &tok,
+            &dir,
+            clm.tokenizer_name.as_deref(),
+            samples,
+            |_| Ok(()),
+        )?);
+    }
+
+    if training.do_eval {
+        let samples = clm.max_eval_samples.map_or(n_eval, |m| m.min(n_eval));
+        out.eval_metrics = Some(common::do_eval(&mut trainer, samples, true)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_split_rounds_like_datasets() {
+        assert_eq!(common::split_boundary(5, 100), 5);
+        assert_eq!(common::split_boundary(5, 50), 2); // 2.5 rounds to even
+        assert_eq!(common::split_boundary(5, 70), 4); // 3.5 rounds to even
+        assert_eq!(common::split_boundary(0, 70), 0);
+    }
+
+    #[test]
+    fn script_flags_and_training_flags_are_split() {
+        let (clm, t) = parse_args([
+            "--model_name_or_path",
+            "m",
+            "--block_size=32",
+            "--max_steps",
+            "3",
+            "--keep_linebreaks",
+            "false",
+            "--output_dir",
+            "o",
+        ])
+        .unwrap();
+        assert_eq!(clm.model_name_or_path.as_deref(), Some("m"));
+        assert_eq!(clm.block_size, Some(32));
+        assert!(!clm.keep_linebreaks);
+        assert_eq!(t.max_steps, 3);
+        assert!(matches!(
+            parse_args(["--blok_size", "3"]),
+            Err(Error::InvalidFlag { .. })
+        ));
+    }
+}

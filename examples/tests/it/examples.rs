@@ -1,0 +1,476 @@
+//! The example scripts run in process on tiny models: `run_clm` on tiny GPT-2 and
+//! hamlet.txt, `run_classification` on tiny BERT and a slice of the Rotten Tomatoes corpus
+//! (bzip2 CSV for training, JSON lines for evaluation); plus the data-file loaders on the
+//! real corpus and the scripts' handling of bad flags.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, ensure};
+use tchtrain_callbacks::TrainerState;
+use tchtrain_datasets::{Table, cell_text};
+use tchtrain_examples::{ClassificationLabels, Error, exit_code, run_classification, run_clm};
+use tchtrain_testing::{asset, assets, lock};
+
+
+
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-examples-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The `loss` entries of `trainer_state.json`'s `log_history`.
+fn logged_losses(state: &TrainerState) -> Vec<f64> {
+    state
+        .log_history
+        .iter()
+        .filter_map(|e| e.get("loss").and_then(|v| v.as_f64()))
+        .collect()
+}
+
+#[test]
+fn run_clm_fine_tunes_tiny_gpt2_on_hamlet() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("clm");
+    let o = out.display().to_string();
+    let result = run_clm::main_with_args([
+        "--model_name_or_path",
+        &asset("tiny-gpt2"),
+        "--tokenizer_name",
+        &asset("gpt2-tokenizer"),
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--block_size",
+        "32",
+        "--max_eval_samples",
+        "8",
+        "--do_train",
+        "--do_eval",
+        "--max_steps",
+        "8",
+        "--per_device_train_batch_size",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--logging_steps",
+        "2",
+        "--save_steps",
+        "8",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+        &o,
+    ])?;
+    let ckpt = out.join("checkpoint-8");
+    for f in ["model.safetensors", "config.json", "trainer_state.json"] {
+        ensure!(ckpt.join(f).is_file(), "{f} missing in {}", ckpt.display());
+    }
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "trainer_state.json",
+        "train_results.json",
+        "eval_results.json",
+        "all_results.json",
+    ] {
+        ensure!(out.join(f).is_file(), "{f} missing in {o}");
+    }
+    let state = TrainerState::load_from_json(ckpt.join("trainer_state.json"))?;
+    assert_eq!(state.global_step, 8);
+    let losses = logged_losses(&state);
+    assert_eq!(losses.len(), 4, "logged every 2 of 8 steps: {losses:?}");
+    // A random tiny GPT-2 starts near ln(50257) = 10.8; 8 steps at lr 1e-3 (linear decay)
+    // take it down by about 0.2 (10.48 -> 10.26 here).
+    assert!(
+        losses[3] < losses[0] - 0.1,
+        "train loss did not decrease: {losses:?}"
+    );
+
+    let train = result.train_metrics.context("train metrics")?;
+    assert_eq!(train["train_samples"], train["train_samples"].round());
+    assert!(train["train_loss"].is_finite());
+    let eval = result.eval_metrics.context("eval metrics")?;
+    assert_eq!(eval["eval_samples"], 8.0);
+    // perplexity = exp(eval_loss), as upstream's script.
+    assert!((eval["perplexity"] - eval["eval_loss"].exp()).abs() < 1e-9 * eval["perplexity"]);
+    let acc = eval["eval_accuracy"];
+    assert!((0.0..=1.0).contains(&acc), "accuracy {acc}");
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("all_results.json"))?)?;
+    assert!(all["train_loss"].is_f64() && all["eval_loss"].is_f64());
+
+    // The saved folder loads again (its own tokenizer.json), evaluating to the same loss.
+    let again = run_clm::main_with_args([
+        "--model_name_or_path",
+        &o,
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--block_size",
+        "32",
+        "--max_eval_samples",
+        "8",
+        "--do_eval",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+        &out.join("reloaded").display().to_string(),
+    ])?;
+    let reloaded = again.eval_metrics.context("eval metrics")?["eval_loss"];
+    // The reloaded weights are the saved bits; same batches, same kernels, same threads:
+    // the same loss, bit for bit.
+    assert_eq!(reloaded, eval["eval_loss"]);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+#[test]
+fn run_classification_trains_tiny_bert_on_rotten_tomatoes() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("cls");
+    std::fs::create_dir_all(&out)?;
+    // Evaluation rows: 16 reviews from the end of the corpus (it is sorted by category),
+    // half fresh, half rotten, as JSON lines.
+    let corpus = Table::read(asset("text/rotten_tomatoes_corpus.csv.bz2"))?;
+    let mut valid = String::new();
+    let mut counts = [0usize; 2];
+    for row in (0..corpus.len()).rev() {
+        let category = cell_text(corpus.cell(row, "category")?);
+        let k = match category.as_str() {
+            "fresh" => 0,
+            "rotten" => 1,
+            _ => continue,
+        };
+        if counts[k] < 8 {
+            counts[k] += 1;
+            let text = cell_text(corpus.cell(row, "text")?);
+            valid.push_str(&serde_json::json!({"text": text, "category": category}).to_string());
+            valid.push('\n');
+        }
+    }
+    let valid_path = out.join("valid.jsonl");
+    std::fs::write(&valid_path, valid)?;
+
+    let o = out.join("run").display().to_string();
+    let result = run_classification::main_with_args([
+        "--model_name_or_path",
+        &asset("tiny-bert"),
+        "--tokenizer_name",
+        &asset("minilm"),
+        "--train_file",
+        &asset("text/rotten_tomatoes_corpus.csv.bz2"),
+        "--validation_file",
+        &valid_path.display().to_string(),
+        "--text_column_names",
+        "text",
+        "--label_column_name",
+        "category",
+        "--shuffle_train_dataset",
+        "--max_train_samples",
+        "96",
+        "--max_seq_length",
+        "48",
+        "--pad_to_max_length",
+        "false",
+        "--do_train",
+        "--do_eval",
+        "--num_train_epochs",
+        "3",
+        "--per_device_train_batch_size",
+        "8",
+        "--learning_rate",
+        "2e-3",
+        "--logging_steps",
+        "9",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+        &o,
+    ])?;
+    let run = Path::new(&o);
+    let ckpt = run.join("checkpoint-36");
+    ensure!(
+        ckpt.join("trainer_state.json").is_file(),
+        "no checkpoint-36 in {o}"
+    );
+    let state = TrainerState::load_from_json(ckpt.join("trainer_state.json"))?;
+    let losses = logged_losses(&state);
+    assert_eq!(losses.len(), 4, "{losses:?}");
+    assert!(
+        losses[3] < losses[0],
+        "train loss did not decrease: {losses:?}"
+    );
+
+    // The labels are the corpus's three categories, sorted, in the saved config.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json"))?)?;
+    assert_eq!(config["id2label"]["0"], "fresh");
+    assert_eq!(config["id2label"]["1"], "plot");
+    assert_eq!(config["label2id"]["rotten"], 2);
+    let eval = result.eval_metrics.context("eval metrics")?;
+    assert_eq!(eval["eval_samples"], 16.0);
+    let acc = eval["eval_accuracy"];
+    // 16 rows: accuracy is a multiple of 1/16.
+    assert!(
+        (acc * 16.0 - (acc * 16.0).round()).abs() < 1e-9,
+        "accuracy {acc}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+#[test]
+fn rotten_tomatoes_corpus_reads_as_python_csv_does() -> Result<()> {
+    // Python: csv.DictReader over the decompressed file gives 5022 rows:
+    // fresh 2455, rotten 2411, plot 156 (plot texts span several lines).
+    let t = Table::read(asset("text/rotten_tomatoes_corpus.csv.bz2"))?;
+    assert_eq!(t.columns(), ["category", "filename", "text", "movie_name"]);
+    assert_eq!(t.len(), 5022);
+    let cats: Vec<String> = t.column("category")?.into_iter().map(cell_text).collect();
+    let count = |c: &str| cats.iter().filter(|x| *x == c).count();
+    assert_eq!(
+        (count("fresh"), count("rotten"), count("plot")),
+        (2455, 2411, 156)
+    );
+    assert!(cell_text(t.cell(0, "text")?).contains("...\n\nCatherine Burke"));
+    assert_eq!(
+        ClassificationLabels::from_table(&t, "category")?,
+        ClassificationLabels::Classes(vec!["fresh".into(), "plot".into(), "rotten".into()])
+    );
+    assert!(matches!(
+        t.column("label"),
+        Err(tchtrain_datasets::Error::MissingColumn { ref column, .. }) if column == "label"
+    ));
+    Ok(())
+}
+
+#[test]
+fn json_lines_and_label_kinds() -> Result<()> {
+    let t = Table::from_json_str(
+        "{\"s\": \"a\", \"y\": 1}\n\n{\"s\": \"b\", \"y\": 0.5, \"extra\": true}\n",
+        "x.jsonl",
+    )?;
+    assert_eq!(t.columns(), ["s", "y", "extra"]);
+    assert_eq!(t.cell(0, "extra")?, &serde_json::Value::Null);
+    assert_eq!(
+        ClassificationLabels::from_table(&t, "y")?,
+        ClassificationLabels::Regression
+    );
+    let ints = Table::from_csv_str("s,y\na,10\nb,9\nc,10\n", "x.csv")?;
+    assert_eq!(
+        ClassificationLabels::from_table(&ints, "y")?,
+        ClassificationLabels::Classes(vec!["9".into(), "10".into()])
+    );
+    assert!(matches!(
+        Table::from_json_str("{\"s\": 1}\n[1]\n", "bad.jsonl"),
+        Err(tchtrain_datasets::Error::DataFile { line: 2, .. })
+    ));
+    assert!(matches!(
+        Table::from_csv_str("a,b\n1,2,3\n", "bad.csv"),
+        Err(tchtrain_datasets::Error::DataFile { line: 2, .. })
+    ));
+    assert!(matches!(
+        Table::from_csv_str("a,b\n\"1,2\n", "open.csv"),
+        Err(tchtrain_datasets::Error::DataFile { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    let err = run_clm::main_with_args(["--blok_size", "3"]).unwrap_err();
+    assert!(matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "blok_size"));
+    assert_eq!(exit_code("run_clm", Err::<(), _>(err)), ExitCode::from(2));
+    let err = run_clm::main_with_args(["--max_steps", "many"]).unwrap_err();
+    assert!(matches!(err, Error::TrainingArgs(_)), "{err}");
+    assert_eq!(exit_code("run_clm", Err::<(), _>(err)), ExitCode::from(2));
+    let err = run_classification::main_with_args(["--max_seq_length", "x"]).unwrap_err();
+    assert!(matches!(err, Error::InvalidFlag { .. }), "{err}");
+    // No model: a flag error before anything is loaded.
+    let err = run_clm::main_with_args(["--do_train", "--output_dir", "unused"]).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "model_name_or_path"),
+        "{err}"
+    );
+    // A missing label column is reported before training.
+    let err = run_classification::main_with_args([
+        "--model_name_or_path",
+        &asset("tiny-bert"),
+        "--tokenizer_name",
+        &asset("minilm"),
+        "--train_file",
+        &asset("text/rotten_tomatoes_corpus.csv.bz2"),
+        "--do_train",
+        "--output_dir",
+        "unused",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { ref column, .. }) if column == "label"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_clm_streaming_trains_as_the_loaded_file_in_sequence() -> Result<()> {
+    let _g = lock();
+    let mut runs = Vec::new();
+    for streaming in [false, true] {
+        let out = temp_dir(&format!("clm-stream-{streaming}"));
+        let o = out.display().to_string();
+        let mut argv: Vec<String> = [
+            "--model_name_or_path",
+            &asset("tiny-gpt2"),
+            "--tokenizer_name",
+            &asset("gpt2-tokenizer"),
+            "--train_file",
+            &asset("text/hamlet.txt"),
+            "--block_size",
+            "32",
+            "--do_train",
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "4",
+            "--logging_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            &o,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if streaming {
+            argv.push("--streaming".into());
+        } else {
+            // The loaded file in the stream's order: every line trains, sequentially.
+            argv.extend(
+                [
+                    "--validation_split_percentage",
+                    "0",
+                    "--train_sampling_strategy",
+                    "sequential",
+                ]
+                .map(String::from),
+            );
+        }
+        run_clm::main_with_args(&argv)?;
+        let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
+        runs.push(logged_losses(&state));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    assert_eq!(runs[0].len(), 3);
+    assert_eq!(runs[0], runs[1]);
+
+    // --streaming needs --max_steps, and a --validation_file to evaluate.
+    let out = temp_dir("clm-stream-bad");
+    let o = out.display().to_string();
+    let base = [
+        "--model_name_or_path",
+        &asset("tiny-gpt2"),
+        "--tokenizer_name",
+        &asset("gpt2-tokenizer"),
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--streaming",
+        "--use_cpu",
+        "--output_dir",
+        &o,
+    ];
+    let err = run_clm::main_with_args(base.iter().chain(&["--do_train"])).unwrap_err();
+    assert!(err.to_string().contains("--max_steps"), "{err}");
+    let err =
+        run_clm::main_with_args(base.iter().chain(&["--do_eval", "--max_steps", "2"])).unwrap_err();
+    assert!(err.to_string().contains("--validation_file"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn bad_label_columns_and_values_are_named() -> Result<()> {
+    use tchtrain_examples::{TextClassificationOptions, tokenize_text_classification};
+    // A data file without the label column: named, with the columns it has.
+    let table = Table::from_json_str(
+        "{\"sentence\": \"a fine film\"}\n{\"sentence\": \"dull\"}\n",
+        "train.jsonl",
+    )?;
+    let err = ClassificationLabels::from_table(&table, "label").unwrap_err();
+    assert!(
+        matches!(&err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { column, .. }) if column == "label"),
+        "{err}"
+    );
+    let (_, tokenizer) =
+        tchtrain_collators::TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let labels = ClassificationLabels::Classes(vec!["fresh".into(), "rotten".into()]);
+    let err = tokenize_text_classification(
+        &table,
+        &tokenizer,
+        &labels,
+        &TextClassificationOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { .. })), "{err}");
+    // A label the label list does not have.
+    let table = Table::from_json_str(
+        "{\"sentence\": \"a fine film\", \"label\": \"fresh\"}\n{\"sentence\": \"dull\", \"label\": \"plot\"}\n",
+        "train.jsonl",
+    )?;
+    let err = tokenize_text_classification(
+        &table,
+        &tokenizer,
+        &labels,
+        &TextClassificationOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidLabel { row: 1, .. }), "{err}");
+
+    Ok(())
+}
+
+/// The MiniLM classification rows of scripts/reference/trainer_parity.py: the label list
+/// and the token ids upstream's tokenizer gave (truncation to 64, no padding), which the
+/// Trainer's parity test trains on.
+#[test]
+fn tokenize_text_classification_gives_upstreams_ids() -> Result<()> {
+    use tchtrain_examples::{TextClassificationOptions, tokenize_text_classification};
+    let dir = assets().join("reference/trainer_parity/minilm_cls");
+    let ids: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ids.json"))?)?;
+    let (_, tokenizer) =
+        tchtrain_collators::TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let want_labels: Vec<String> = serde_json::from_value(ids["labels"].clone())?;
+    // The label list comes from the training file (upstream's sorted unique labels).
+    let labels = ClassificationLabels::from_table(&Table::read(dir.join("train.jsonl"))?, "label")?;
+    assert_eq!(labels, ClassificationLabels::Classes(want_labels));
+    for split in ["train", "eval"] {
+        let table = Table::read(dir.join(format!("{split}.jsonl")))?;
+        let options = TextClassificationOptions {
+            max_seq_length: 64,
+            pad_to_max_length: false,
+            ..TextClassificationOptions::default()
+        };
+        let rows = tokenize_text_classification(&table, &tokenizer, &labels, &options)?;
+        let want: Vec<Vec<i64>> = serde_json::from_value(ids[split].clone())?;
+        assert_eq!(rows.rows().len(), want.len());
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&rows.rows()[i].input_ids, w, "{split} row {i}");
+        }
+    }
+    Ok(())
+}

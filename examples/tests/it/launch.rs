@@ -1,0 +1,251 @@
+//! Each example script run as a user runs it on two processes: the script's binary under
+//! `cargo xtask launch --nproc-per-node 2` (torchrun's environment, 127.0.0.1), to the end.
+//! Only rank 0 writes the end-of-run files, as upstream's `save_model` / `save_metrics` /
+//! `save_state` (`args.should_save`); before that was so, both ranks wrote
+//! `model.safetensors` into the same folder and one of them failed. Each run must exit 0 on
+//! both ranks, leave the saved model (weights, `config.json`, tokenizer), the results files
+//! and `trainer_state.json` in `--output_dir`, and the saved model must load and differ from
+//! the one it started from.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use tch::Device;
+use tchtrain_callbacks::TrainerState;
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_testing::{asset, temp_dir};
+
+/// The `xtask` binary: `$TCHTRAIN_XTASK` (set by `cargo xtask test`), else the one
+/// `cargo xtask` built beside the scripts' binaries.
+fn xtask() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("TCHTRAIN_XTASK") {
+        return Ok(PathBuf::from(path));
+    }
+    let beside = Path::new(env!("CARGO_BIN_EXE_run_clm"))
+        .with_file_name(format!("xtask{}", std::env::consts::EXE_SUFFIX));
+    ensure!(
+        beside.is_file(),
+        "no xtask binary at {} (run the tests with `cargo xtask test`, or `cargo build -p xtask` first)",
+        beside.display()
+    );
+    Ok(beside)
+}
+
+/// `cargo xtask launch --nproc-per-node 2 -- <script> <args> --output_dir <out>` with the
+/// CPU, no reports and no checkpoints; the launcher's output when it fails.
+fn launch_2(script: &str, args: &[String], out: &Path) -> Result<()> {
+    let output = Command::new(xtask()?)
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"])
+        .arg(script)
+        .args(args)
+        .args(["--use_cpu", "--report_to", "none", "--save_strategy", "no"])
+        .args(["--disable_tqdm", "true", "--output_dir"])
+        .arg(out)
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "{script} on 2 ranks failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// What a finished run leaves: every file named, the state at `steps`, and a saved model
+/// that loads as `task` and differs from `initial`'s weights.
+fn check_outputs(
+    out: &Path,
+    files: &[&str],
+    steps: i64,
+    task: AutoTask,
+    initial: &Path,
+) -> Result<()> {
+    for f in files {
+        ensure!(out.join(f).is_file(), "{f} missing in {}", out.display());
+    }
+    let leftovers: Vec<String> = std::fs::read_dir(out)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    ensure!(
+        !leftovers.iter().any(|n| n.contains(".tmp")),
+        "temporary files left in {}: {leftovers:?}",
+        out.display()
+    );
+    let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
+    assert_eq!(state.global_step, steps);
+    let options = LoadOptions::default();
+    let saved = from_pretrained_dir(out, task, Device::Cpu, &options)
+        .with_context(|| format!("loading the saved model in {}", out.display()))?
+        .model;
+    let start = from_pretrained_dir(initial, task, Device::Cpu, &options)?.model;
+    let (saved, start) = (saved.var_store().variables(), start.var_store().variables());
+    let changed = saved.iter().any(|(name, t)| {
+        start
+            .get(name)
+            .is_some_and(|s| s.size() == t.size() && !s.allclose(t, 0.0, 0.0, false))
+    });
+    ensure!(changed, "the saved weights equal the initial ones");
+    Ok(())
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+const MODEL_FILES: [&str; 4] = [
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "training_args.json",
+];
+
+#[test]
+fn run_clm_on_two_ranks_saves_once_and_loads() -> Result<()> {
+    let out = temp_dir("launch-clm");
+    let args = strings(&[
+        "--model_name_or_path",
+        &asset("tiny-gpt2"),
+        "--tokenizer_name",
+        &asset("gpt2-tokenizer"),
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--block_size",
+        "32",
+        "--max_eval_samples",
+        "8",
+        "--per_device_train_batch_size",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "1",
+        "--do_train",
+        "--do_eval",
+    ]);
+    launch_2(env!("CARGO_BIN_EXE_run_clm"), &args, &out)?;
+    let mut files = MODEL_FILES.to_vec();
+    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
+    check_outputs(&out, &files, 4, AutoTask::CausalLm, Path::new(&asset("tiny-gpt2")))
+}
+
+#[test]
+fn run_mlm_on_two_ranks_saves_once_and_loads() -> Result<()> {
+    let out = temp_dir("launch-mlm");
+    let args = strings(&[
+        "--model_name_or_path",
+        &asset("tiny-bert"),
+        "--tokenizer_name",
+        &asset("minilm"),
+        "--train_file",
+        &asset("reference/trainer_mlm_ner/mlm/hamlet_400.txt"),
+        "--line_by_line",
+        "--max_seq_length",
+        "24",
+        "--max_eval_samples",
+        "8",
+        "--per_device_train_batch_size",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "3",
+        "--do_train",
+        "--do_eval",
+    ]);
+    launch_2(env!("CARGO_BIN_EXE_run_mlm"), &args, &out)?;
+    let mut files = MODEL_FILES.to_vec();
+    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
+    check_outputs(&out, &files, 3, AutoTask::MaskedLm, Path::new(&asset("tiny-bert")))
+}
+
+#[test]
+fn run_classification_on_two_ranks_saves_once_and_loads() -> Result<()> {
+    let out = temp_dir("launch-classification");
+    let args = strings(&[
+        "--model_name_or_path",
+        &asset("tiny-bert"),
+        "--tokenizer_name",
+        &asset("minilm"),
+        "--train_file",
+        &asset("text/rotten_tomatoes_corpus.csv.bz2"),
+        "--text_column_names",
+        "text",
+        "--label_column_name",
+        "category",
+        "--label_filter",
+        "fresh,rotten",
+        "--validation_split_percentage",
+        "10",
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "16",
+        "--max_seq_length",
+        "32",
+        "--per_device_train_batch_size",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "3",
+        "--do_train",
+        "--do_eval",
+    ]);
+    launch_2(env!("CARGO_BIN_EXE_run_classification"), &args, &out)?;
+    let mut files = MODEL_FILES.to_vec();
+    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
+    check_outputs(
+        &out,
+        &files,
+        3,
+        AutoTask::SequenceClassification { num_labels: None },
+        Path::new(&asset("tiny-bert")),
+    )
+}
+
+#[test]
+fn run_ner_on_two_ranks_saves_once_and_loads() -> Result<()> {
+    let out = temp_dir("launch-ner");
+    let ner = asset("reference/trainer_mlm_ner/ner");
+    let args = strings(&[
+        "--model_name_or_path",
+        &format!("{ner}/initial"),
+        "--tokenizer_name",
+        &asset("minilm"),
+        "--train_file",
+        &format!("{ner}/train.json"),
+        "--validation_file",
+        &format!("{ner}/validation.json"),
+        "--test_file",
+        &format!("{ner}/validation.json"),
+        "--per_device_train_batch_size",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "3",
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+    ]);
+    launch_2(env!("CARGO_BIN_EXE_run_ner"), &args, &out)?;
+    let mut files = MODEL_FILES.to_vec();
+    files.extend([
+        "train_results.json",
+        "eval_results.json",
+        "predict_results.json",
+        "all_results.json",
+        "predictions.txt",
+    ]);
+    check_outputs(
+        &out,
+        &files,
+        3,
+        AutoTask::TokenClassification { num_labels: None },
+        Path::new(&format!("{ner}/initial")),
+    )
+}

@@ -1,0 +1,7 @@
+//! The integration tests of tchtrain-examples, one binary (a module per topic).
+
+mod dataset_cache;
+mod demo_pieces;
+mod examples;
+mod examples_mlm_ner;
+mod launch;

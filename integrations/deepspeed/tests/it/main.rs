@@ -1,0 +1,4 @@
+//! The integration tests of tchtrain-deepspeed, one binary (a module per topic).
+
+mod config;
+mod doc_configs;

@@ -1,0 +1,404 @@
+//! Resolution (local folder, HF cache layout, offline mode, download from a hub served on
+//! 127.0.0.1), sharded checkpoints, `save_pretrained` read back by Rust and by Python's
+//! transformers 5.23, and typed errors for broken folders.
+
+use tchtrain_testing::{assets, lock};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+use tchtrain_models::{
+    AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs,
+    PreTrainedModel, from_pretrained, read_checkpoint, resolve, write_safetensors,
+};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-models-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ids() -> Tensor {
+    Tensor::from_slice(&[464i64, 2068, 7586, 21831, 18045, 625, 262, 16931]).reshape([1, 8])
+}
+
+fn logits(model: &dyn PreTrainedModel) -> Result<Tensor> {
+    let ids = ids();
+    Ok(tch::no_grad(|| model.forward(&ModelInputs::new(&ids)))?.logits)
+}
+
+fn offline_options(cache: &Path) -> HubOptions {
+    HubOptions {
+        revision: "main".into(),
+        cache_dir: cache.to_path_buf(),
+        endpoint: "http://127.0.0.1:9".into(),
+        offline: true,
+        token: None,
+    }
+}
+
+/// A minimal Hugging Face hub on 127.0.0.1 serving `/{repo}/resolve/main/{file}` from a
+/// folder, with the headers hf-hub reads (etag, x-repo-commit, Content-Range). Serves at
+/// most `max_requests` requests, then its thread ends.
+fn serve_hub(root: PathBuf, max_requests: usize) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(max_requests) {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    let (a, b) = v.trim().split_once('-').unwrap_or(("0", ""));
+                    range = Some((a.parse::<usize>().unwrap_or(0), b.parse::<usize>().ok()));
+                }
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+            log2.lock().unwrap().push(path.clone());
+            let file = path.split("/resolve/main/").nth(1).map(|f| root.join(f));
+            match file.and_then(|f| std::fs::read(f).ok()) {
+                Some(bytes) => {
+                    let size = bytes.len();
+                    let (a, b) = range.unwrap_or((0, None));
+                    let b = b
+                        .unwrap_or(size.saturating_sub(1))
+                        .min(size.saturating_sub(1));
+                    let body = if size == 0 { &bytes[..] } else { &bytes[a..=b] };
+                    let etag = format!("{:x}", size * 2654435761 % 1_000_000_007 + path.len());
+                    let head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{b}/{size}\r\nETag: \"{etag}\"\r\nx-repo-commit: 0123456789abcdef0123456789abcdef01234567\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream
+                        .write_all(head.as_bytes())
+                        .and_then(|_| stream.write_all(body));
+                }
+                None => {
+                    let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 15\r\nx-error-code: EntryNotFound\r\nConnection: close\r\n\r\nEntry not found");
+                }
+            }
+        }
+    });
+    (addr, log)
+}
+
+/// Splits a checkpoint into two shards with upstream's index format.
+fn write_sharded(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst)?;
+    std::fs::copy(src.join("config.json"), dst.join("config.json"))?;
+    let mut tensors = read_checkpoint(src)?;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let half = tensors.len() / 2;
+    let mut weight_map = BTreeMap::new();
+    for (i, part) in [&tensors[..half], &tensors[half..]].iter().enumerate() {
+        let name = format!("model-{:05}-of-00002.safetensors", i + 1);
+        write_safetensors(part, &dst.join(&name))?;
+        for (k, _) in part.iter() {
+            weight_map.insert(k.clone(), name.clone());
+        }
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(
+        dst.join("model.safetensors.index.json"),
+        serde_json::to_string_pretty(&index)?,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn sharded_checkpoint_loads_like_the_single_file() -> Result<()> {
+    let _g = lock();
+    let single = GPT2LMHeadModel::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    let dir = temp_dir("sharded");
+    write_sharded(&assets().join("tiny-gpt2"), &dir)?;
+    let sharded = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())?;
+    assert!(sharded.info.is_clean(), "{}", sharded.info);
+    assert_eq!(logits(&single.model)?, logits(&sharded.model)?);
+    // A shard named by the index but absent: a typed error naming the file.
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors"))?;
+    let err = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("model-00002-of-00002.safetensors"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn hf_cache_layout_and_offline_mode() -> Result<()> {
+    let _g = lock();
+    let cache = temp_dir("cache");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = cache.join("models--tchtrain--tiny-gpt2");
+    std::fs::create_dir_all(repo.join("refs"))?;
+    std::fs::write(repo.join("refs/main"), commit)?;
+    let snap = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snap)?;
+    for f in ["config.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(assets().join("tiny-gpt2").join(f), snap.join(f))?;
+    }
+    let opts = offline_options(&cache);
+    assert_eq!(resolve("tchtrain/tiny-gpt2", &opts)?, snap);
+    let err = resolve("tchtrain/not-there", &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("HF_HUB_OFFLINE"), "{err}");
+    // A local folder wins over everything.
+    assert_eq!(
+        resolve(assets().join("tiny-gpt2").to_str().unwrap(), &opts)?,
+        assets().join("tiny-gpt2")
+    );
+    Ok(())
+}
+
+#[test]
+fn download_from_a_local_hub_into_the_cache() -> Result<()> {
+    let _g = lock();
+    let served = temp_dir("served");
+    write_sharded(&assets().join("tiny-llama"), &served)?;
+    let (endpoint, log) = serve_hub(served, 200);
+    let cache = temp_dir("dlcache");
+    let opts = HubOptions {
+        offline: false,
+        endpoint,
+        ..offline_options(&cache)
+    };
+    let auto = from_pretrained(
+        "tchtrain/tiny-llama",
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &opts,
+        &LoadOptions::default(),
+    )?;
+    assert!(auto.info.is_clean(), "{}", auto.info);
+    let direct = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("tiny-llama"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert_eq!(logits(auto.model.as_ref())?, logits(&direct.model)?);
+    let requests = log.lock().unwrap().clone();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.ends_with("model.safetensors.index.json")),
+        "{requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.ends_with("model-00002-of-00002.safetensors")),
+        "{requests:?}"
+    );
+    // The download landed in the standard cache layout: offline resolution now finds it.
+    let snapshot = resolve("tchtrain/tiny-llama", &offline_options(&cache))?;
+    assert!(snapshot.starts_with(cache.join("models--tchtrain--tiny-llama/snapshots")));
+    Ok(())
+}
+
+#[test]
+fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
+    let _g = lock();
+    let loaded = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("tiny-llama"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    let dir = temp_dir("saved");
+    loaded.model.save_pretrained(&dir)?;
+    let tensors = read_checkpoint(&dir)?;
+    assert!(
+        !tensors.iter().any(|(k, _)| k == "lm_head.weight"),
+        "tied lm_head must not be saved"
+    );
+    let again = LlamaForCausalLM::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())?;
+    assert!(again.info.is_clean(), "{}", again.info);
+    let ours = logits(&loaded.model)?;
+    assert_eq!(ours, logits(&again.model)?);
+
+    let python = std::env::var("TCHTRAIN_VENV_PYTHON").context(
+        "TCHTRAIN_VENV_PYTHON is not set: run `cargo xtask setup` (it writes .cargo/libtorch.toml)",
+    )?;
+    let out = dir.join("python_logits.safetensors");
+    let script = format!(
+        "import torch, transformers as tf; from safetensors.torch import save_file\n\
+         m = tf.AutoModelForCausalLM.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
+         assert type(m).__name__ == 'LlamaForCausalLM'\n\
+         ids = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931]])\n\
+         save_file({{'logits': m(input_ids=ids).logits.detach().contiguous()}}, {out:?})\n",
+        dir = dir.to_str().unwrap(),
+        out = out.to_str().unwrap()
+    );
+    let status = std::process::Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .status()?;
+    assert!(status.success(), "Python could not load the saved model");
+    let theirs: BTreeMap<String, Tensor> = Tensor::read_safetensors(&out)?.into_iter().collect();
+    let diff = (&ours - &theirs["logits"]).abs().max().double_value(&[]);
+    assert!(diff <= 1e-4, "logits differ by {diff}");
+    Ok(())
+}
+
+#[test]
+fn broken_folders_are_typed_errors() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("broken");
+    std::fs::copy(
+        assets().join("tiny-gpt2/config.json"),
+        dir.join("config.json"),
+    )?;
+    let err = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.safetensors"), "{err}");
+    // A truncated safetensors file names the file.
+    let mut bytes = Vec::new();
+    std::fs::File::open(assets().join("tiny-gpt2/model.safetensors"))?.read_to_end(&mut bytes)?;
+    std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2])?;
+    let err = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
+    // Malformed config.json names the file.
+    std::fs::write(dir.join("config.json"), "{\"n_embd\": \"wide\"}")?;
+    let err = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("config.json"), "{err}");
+    // A checkpoint of another architecture: every key unexpected and every parameter missing
+    // would be silent garbage, so shapes that do not fit are an error naming the keys.
+    let cfg = std::fs::read_to_string(assets().join("tiny-gpt2/config.json"))?
+        .replace("\"n_embd\": 64", "\"n_embd\": 32");
+    std::fs::write(dir.join("config.json"), cfg)?;
+    std::fs::copy(
+        assets().join("tiny-gpt2/model.safetensors"),
+        dir.join("model.safetensors"),
+    )?;
+    let err = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("transformer.wte.weight") && err.contains("ignore_mismatched_sizes"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn dropout_applies_in_training_mode_only() -> Result<()> {
+    let _g = lock();
+    let mut m = GPT2LMHeadModel::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    m.eval();
+    let a = logits(&m)?;
+    assert_eq!(a, logits(&m)?, "eval mode is deterministic");
+    m.train();
+    tch::manual_seed(0);
+    let b = logits(&m)?;
+    tch::manual_seed(1);
+    let c = logits(&m)?;
+    assert!(
+        (&b - &c).abs().max().double_value(&[]) > 1e-3,
+        "dropout (p=0.1) must change training-mode outputs"
+    );
+    assert!((&a - &b).abs().max().double_value(&[]) > 1e-3);
+    let _ = Kind::Float;
+    Ok(())
+}
+
+#[test]
+fn fresh_heads_are_seeded_and_scaled_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("minilm");
+    tch::manual_seed(7);
+    let a = tchtrain_models::BertForSequenceClassification::from_pretrained_dir(
+        &dir,
+        Some(3),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    tch::manual_seed(7);
+    let b = tchtrain_models::BertForSequenceClassification::from_pretrained_dir(
+        &dir,
+        Some(3),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    let wa = &a.model.var_store().variables()["classifier.weight"];
+    let wb = &b.model.var_store().variables()["classifier.weight"];
+    assert_eq!(wa, wb, "same seed, same fresh head");
+    // normal(0, initializer_range = 0.02): 3 x 384 samples, std within a few percent.
+    let std = wa.std(true).double_value(&[]);
+    assert!((std - 0.02).abs() < 0.002, "classifier std {std}");
+    assert_eq!(
+        a.model.var_store().variables()["classifier.bias"]
+            .abs()
+            .sum(Kind::Float)
+            .double_value(&[]),
+        0.0
+    );
+    Ok(())
+}
+
+#[test]
+fn bf16_checkpoint_loads_into_fp32_model_and_back() -> Result<()> {
+    let _g = lock();
+    let src = GPT2LMHeadModel::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    let dir = temp_dir("bf16");
+    std::fs::copy(
+        assets().join("tiny-gpt2/config.json"),
+        dir.join("config.json"),
+    )?;
+    let tensors: Vec<(String, Tensor)> = src
+        .var_store()
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (k, v.to_kind(Kind::BFloat16)))
+        .collect();
+    write_safetensors(&tensors, &dir.join("model.safetensors"))?;
+    let loaded = GPT2LMHeadModel::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    let vars = loaded.model.var_store().variables();
+    for (name, t) in &tensors {
+        let v = &vars[name];
+        assert_eq!(v.kind(), Kind::Float, "{name} keeps the model dtype");
+        assert_eq!(
+            v,
+            &t.to_kind(Kind::Float),
+            "{name} equals the bf16 value cast to fp32"
+        );
+    }
+    Ok(())
+}

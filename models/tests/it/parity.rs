@@ -1,0 +1,244 @@
+//! Logits, loss and gradient parity with transformers 5.23 (fp32, CPU) on the tiny random
+//! checkpoints and the real MiniLM / SmolLM2, against `scripts/reference/models.py`.
+//!
+//! Tolerances: logits ≤ 1e-4 max abs (fp32, same kernels, differences are summation order
+//! in matmuls / attention); loss and gradients ≤ 1e-4 relative to the largest magnitude of
+//! each reference tensor.
+
+use tchtrain_testing::{assets, lock};
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, bail};
+use tch::{Device, Kind, Tensor};
+use tchtrain_models::{
+    BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+    GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaForCausalLM, LoadOptions, ModelInputs,
+    PreTrainedModel,
+};
+
+fn reference(case: &str) -> Result<HashMap<String, Tensor>> {
+    let path = assets()
+        .join("reference/models")
+        .join(format!("{case}.safetensors"));
+    if !path.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", path.display());
+    }
+    Ok(Tensor::read_safetensors(&path)?.into_iter().collect())
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shape mismatch");
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let scale = b.abs().max().double_value(&[]).max(1e-12);
+    max_abs(a, b) / scale
+}
+
+/// The names of the model's trainable parameters in the order the trainer's
+/// `parameters()` yields them (the var store's creation order).
+fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
+    let vars = model.var_store().variables();
+    model
+        .var_store()
+        .trainable_variables()
+        .iter()
+        .map(|t| {
+            vars.iter()
+                .find(|(_, v)| v.data_ptr() == t.data_ptr())
+                .map_or_else(|| "?".to_string(), |(n, _)| n.clone())
+        })
+        .collect()
+}
+
+/// Checks the parameter order against upstream's `named_parameters()` (clipping sums the
+/// per-parameter norms in that order), logits, then loss and every recorded gradient;
+/// returns (logits diff, worst grad rel).
+fn check(case: &str, model: &mut dyn PreTrainedModel, logits_key: &str) -> Result<(f64, f64)> {
+    let order_path = assets().join(format!("reference/models/{case}.parameters.json"));
+    let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&order_path)?)?;
+    assert_eq!(parameter_order(model), upstream, "{case}: parameter order");
+    let r = reference(case)?;
+    let ids = &r["input_ids"];
+    let mask = &r["attention_mask"];
+    let tt = r.get("token_type_ids");
+    model.eval();
+    let inputs = ModelInputs {
+        input_ids: Some(ids),
+        attention_mask: Some(mask),
+        token_type_ids: tt,
+        ..Default::default()
+    };
+    let out = tch::no_grad(|| model.forward(&inputs))?;
+    let got = match logits_key {
+        "last_hidden_state" => out.last_hidden_state.context("no hidden state")?,
+        _ => out.logits,
+    };
+    let logits_diff = max_abs(&got, &r[logits_key]);
+    assert!(
+        logits_diff <= 1e-4,
+        "{case}: logits max abs diff {logits_diff}"
+    );
+    let mut worst = 0.0f64;
+    if let Some(labels) = r.get("labels") {
+        let inputs = ModelInputs {
+            labels: Some(labels),
+            ..inputs
+        };
+        for (_, v) in model.var_store().variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let out = model.forward(&inputs)?;
+        let loss = out.loss.context("no loss")?;
+        let loss_rel = rel(&loss.reshape([1]), &r["loss"]);
+        assert!(loss_rel <= 1e-4, "{case}: loss rel diff {loss_rel}");
+        loss.backward();
+        let vars = model.var_store().variables();
+        let mut n = 0;
+        for (key, expected) in r.iter().filter(|(k, _)| k.starts_with("grad.")) {
+            let name = &key["grad.".len()..];
+            let var = vars
+                .get(name)
+                .with_context(|| format!("{case}: model has no parameter {name}"))?;
+            let d = rel(&var.grad(), expected);
+            assert!(d <= 1e-4, "{case}: grad of {name} rel diff {d}");
+            worst = worst.max(d);
+            n += 1;
+        }
+        assert!(n > 0, "{case}: no gradients compared");
+    }
+    eprintln!("{case}: logits max abs diff {logits_diff:.3e}, worst grad rel diff {worst:.3e}");
+    Ok((logits_diff, worst))
+}
+
+#[test]
+fn tiny_gpt2_lm_head() -> Result<()> {
+    let _g = lock();
+    let loaded = GPT2LMHeadModel::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    let mut model = loaded.model;
+    check("tiny_gpt2_lm", &mut model, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn tiny_gpt2_sequence_classification() -> Result<()> {
+    let _g = lock();
+    // The reference saved its freshly initialised head: load that exact model.
+    let dir = assets().join("reference/models/tiny_gpt2_seqcls");
+    let loaded = GPT2ForSequenceClassification::from_pretrained_dir(
+        &dir,
+        None,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    let mut model = loaded.model;
+    check("tiny_gpt2_seqcls", &mut model, "logits")?;
+    // From the LM checkpoint with num_labels: the score head is reported missing.
+    let fresh = GPT2ForSequenceClassification::from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        Some(3),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert_eq!(fresh.info.missing_keys, vec!["score.weight".to_string()]);
+    assert!(fresh.info.unexpected_keys.is_empty());
+    Ok(())
+}
+
+#[test]
+fn tiny_bert_heads() -> Result<()> {
+    let _g = lock();
+    let o = LoadOptions::default();
+    let mlm =
+        BertForMaskedLM::from_pretrained_dir(&assets().join("tiny-bert"), None, Device::Cpu, &o)?;
+    assert!(mlm.info.is_clean(), "{}", mlm.info);
+    check("tiny_bert_mlm", &mut { mlm.model }, "logits")?;
+    let dir = assets().join("reference/models");
+    let seq = BertForSequenceClassification::from_pretrained_dir(
+        &dir.join("tiny_bert_seqcls"),
+        None,
+        Device::Cpu,
+        &o,
+    )?;
+    assert!(seq.info.is_clean(), "{}", seq.info);
+    check("tiny_bert_seqcls", &mut { seq.model }, "logits")?;
+    let tok = BertForTokenClassification::from_pretrained_dir(
+        &dir.join("tiny_bert_tokcls"),
+        None,
+        Device::Cpu,
+        &o,
+    )?;
+    assert!(tok.info.is_clean(), "{}", tok.info);
+    check("tiny_bert_tokcls", &mut { tok.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn real_minilm_base_and_fresh_head() -> Result<()> {
+    let _g = lock();
+    let o = LoadOptions::default();
+    // MiniLM's weights have no `bert.` prefix; its `embeddings.position_ids` buffer is ignored.
+    let base = BertBaseModel::from_pretrained_dir(&assets().join("minilm"), None, Device::Cpu, &o)?;
+    assert!(base.info.is_clean(), "{}", base.info);
+    check("minilm", &mut { base.model }, "last_hidden_state")?;
+    // Loading the base checkpoint under a classification head: only the head is missing,
+    // and the pooler (present in the checkpoint) is used.
+    let fresh = BertForSequenceClassification::from_pretrained_dir(
+        &assets().join("minilm"),
+        Some(2),
+        Device::Cpu,
+        &o,
+    )?;
+    assert_eq!(
+        fresh.info.missing_keys,
+        vec![
+            "classifier.bias".to_string(),
+            "classifier.weight".to_string()
+        ]
+    );
+    assert!(fresh.info.unexpected_keys.is_empty(), "{}", fresh.info);
+    let saved = assets().join("reference/models/minilm_seqcls");
+    let seq = BertForSequenceClassification::from_pretrained_dir(&saved, None, Device::Cpu, &o)?;
+    assert!(seq.info.is_clean(), "{}", seq.info);
+    check("minilm_seqcls", &mut { seq.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn tiny_llama_causal_lm() -> Result<()> {
+    let _g = lock();
+    let loaded = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("tiny-llama"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    check("tiny_llama_lm", &mut { loaded.model }, "logits")?;
+    Ok(())
+}
+
+#[test]
+fn real_smollm2_causal_lm() -> Result<()> {
+    let _g = lock();
+    let loaded = LlamaForCausalLM::from_pretrained_dir(
+        &assets().join("smollm2-135m"),
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{}", loaded.info);
+    check("smollm2", &mut { loaded.model }, "logits")?;
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Shared pieces of the multi-process Trainer tests: the assets, the reference job's data and
+//! initial model, and relaunching this test binary as the ranks of a world (torchrun's
+//! environment, children's stdout dropped so their `test result` lines are not counted).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tch::Device;
+use tchtrain_collators::{Feature, Label};
+use tchtrain_distributed::DistributedEnv;
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_data::{Dataset, InMemoryDataset};
+pub use tchtrain_testing::assets;
+
+/// Environment variable naming a child's role (set only in relaunched ranks).
+pub const ROLE: &str = "TCHTRAIN_TEST_ROLE";
+/// Environment variable naming the folder a test's ranks share.
+pub const DIR: &str = "TCHTRAIN_TEST_DIR";
+
+pub fn reference_dir() -> PathBuf {
+    assets().join("reference/trainer_clm")
+}
+
+pub fn rank() -> usize {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn test_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(DIR).expect("the parent sets the test folder"))
+}
+
+/// `true` in a relaunched rank.
+pub fn is_rank() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+/// The child's role: `None` in the parent.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+/// A fresh temporary folder for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tchtrain-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The full name libtest knows `test` by in this binary (`module::test`): the running test
+/// is named by its thread, so a sibling `test` of the same module gets the same prefix.
+pub fn test_path(test: &str) -> String {
+    let current = std::thread::current().name().unwrap_or_default().to_string();
+    match current.rsplit_once("::") {
+        _ if current == test || current.ends_with(&format!("::{test}")) => current,
+        Some((module, _)) => format!("{module}::{test}"),
+        None => test.to_string(),
+    }
+}
+
+/// Set in a test relaunched alone in a child process by [`isolated`].
+pub const ISOLATED: &str = "TCHTRAIN_TEST_ISOLATED";
+
+/// Runs `test` alone in a child process of this binary, for checks of process-wide state
+/// (the allocator's counters) that another test's threads could disturb: `true` in that
+/// child, where the test body then runs; `false` in the parent once the child passed (its
+/// output is shown when it failed).
+pub fn isolated(test: &str) -> bool {
+    if std::env::var_os(ISOLATED).is_some() {
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+        .env(ISOLATED, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{test} failed in its own process ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
+
+/// Spawns this binary running only `test` as each rank of a world of `world`, in `role`.
+pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, role)
+                .env(DIR, dir)
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' `test result` lines would be counted by the summary.
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Spawns this binary running only `test` as some ranks of a world of `world`, in `role`:
+/// one child per `(rank, master_port)` (a rank left out never joins; a port that differs
+/// from rank 0's is a wrong `MASTER_PORT`). The children's stderr goes to
+/// `dir/stderr-rank{rank}.txt`.
+pub fn launch_ranks(
+    test: &str,
+    world: i32,
+    ranks: &[(i32, u16)],
+    dir: &Path,
+    role: &str,
+) -> Vec<Child> {
+    ranks
+        .iter()
+        .map(|&(rank, port)| {
+            let stderr = std::fs::File::create(dir.join(format!("stderr-rank{rank}.txt"))).unwrap();
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+                .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .env(ROLE, role)
+                .env(DIR, dir)
+                .env("OMP_NUM_THREADS", "1")
+                // The ranks' `test result` lines would be counted by the summary.
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every child's exit code, killing all of them if they have not finished within `limit`.
+pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>> {
+    let start = Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                codes[i] = c.try_wait().unwrap().map(|s| s.code());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("ranks did not finish within {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+/// The token ids of the first `n` reference blocks of `part` (`train` / `eval`).
+pub fn block_ids(part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
+    let path = reference_dir().join("blocks.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    v[part]
+        .as_array()
+        .context("blocks")?
+        .iter()
+        .take(n)
+        .map(|row| Ok(serde_json::from_value(row.clone())?))
+        .collect()
+}
+
+pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let rows = block_ids(part, n)?
+        .into_iter()
+        .enumerate()
+        .map(|(j, ids)| {
+            // Rows end with 0 to 39 ignored labels (as padding would), so the ranks count
+            // different numbers of tokens: only `average_tokens_across_devices` makes their
+            // losses add up to the single process's.
+            let mut labels = ids.clone();
+            let ignored = (j * 13) % 40;
+            let len = labels.len();
+            labels[len - ignored..].fill(-100);
+            Feature::new(ids).with_labels(Label::Ids(labels))
+        })
+        .collect();
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
+/// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
+pub fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(
+        &reference_dir().join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model)
+}

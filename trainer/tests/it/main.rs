@@ -1,0 +1,22 @@
+//! The integration tests of tchtrain-trainer, one binary (a module per topic). Tests that
+//! relaunch this binary as ranks or as a child process name themselves with
+//! `crate::common::test_path`; every test takes `tchtrain_testing::lock` (libtorch's global
+//! generator and allocator are process-wide).
+
+mod bad_files;
+mod checkpoints;
+mod common;
+mod cpu_cache;
+mod crash_save;
+mod deepspeed_configs;
+mod dist_faults;
+mod dist_signals;
+mod distributed;
+mod distributed_resume;
+mod gpu;
+mod parity;
+mod sampling;
+mod signals;
+mod streaming;
+mod trainer;
+mod zero;
