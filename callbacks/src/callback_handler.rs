@@ -7,7 +7,7 @@ use tchtrain_training_args::TrainingArguments;
 use crate::default_flow::DefaultFlowCallback;
 use crate::error::Result;
 use crate::exportable_state::{CallbackState, ExportableState};
-use crate::python_json::{JsonMap, JsonValue};
+use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;

@@ -4,7 +4,7 @@ use tchtrain_training_args::{IntervalStrategy, TrainingArguments};
 
 use crate::error::{Error, Result};
 use crate::exportable_state::{CallbackState, ExportableState};
-use crate::python_json::{JsonMap, JsonValue};
+use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::json_loads::JsonSyntaxError;
+use tchtrain_training_args::JsonSyntaxError;
 
 /// Errors returned by `tchtrain-callbacks`.
 #[derive(Debug, thiserror::Error)]

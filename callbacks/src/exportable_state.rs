@@ -4,7 +4,7 @@
 //! and rebuilds the callback with `cls(**args)` and `setattr` for each attribute.
 
 use crate::error::{Error, Result};
-use crate::python_json::{JsonMap, JsonValue};
+use tchtrain_training_args::{JsonMap, JsonValue};
 
 /// The exported state of one callback: constructor arguments and mutable attributes.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
-use crate::python_json::{JsonMap, JsonValue, dumps};
+use tchtrain_training_args::{JsonMap, JsonValue, dumps};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;

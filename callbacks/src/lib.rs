@@ -54,11 +54,9 @@ mod error;
 mod event_file;
 mod exportable_state;
 mod integrations;
-mod json_loads;
 mod jsonl;
 mod printer;
 mod progress;
-mod python_json;
 mod tensorboard;
 mod trainer_callback;
 mod trainer_control;
@@ -71,11 +69,12 @@ pub use error::{Error, Result};
 pub use event_file::{EventFileWriter, crc32c, masked_crc32c, tfrecord};
 pub use exportable_state::{CallbackState, ExportableState};
 pub use integrations::{SUPPORTED_INTEGRATIONS, get_reporting_integration_callbacks};
-pub use json_loads::{JsonSyntaxError, loads};
 pub use jsonl::{JsonlLoggerCallback, METRICS_JSONL_NAME};
 pub use printer::{PrinterCallback, format_g, format_logs};
 pub use progress::ProgressCallback;
-pub use python_json::{JsonMap, JsonValue, dumps, python_float_repr};
+pub use tchtrain_training_args::{
+    JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr,
+};
 pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs};
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;

@@ -3,7 +3,7 @@
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
-use crate::python_json::{JsonMap, JsonValue, python_float_repr};
+use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;

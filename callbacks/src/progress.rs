@@ -5,7 +5,7 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::printer::{format_g, format_logs};
-use crate::python_json::{JsonMap, JsonValue};
+use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;

@@ -12,7 +12,7 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::exportable_state::CallbackState;
-use crate::python_json::JsonMap;
+use tchtrain_training_args::JsonMap;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
 

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::exportable_state::{CallbackState, ExportableState};
-use crate::python_json::JsonValue;
+use tchtrain_training_args::JsonValue;
 
 /// Upstream `TrainerControl`: flags that callbacks set and the training loop acts on.
 ///

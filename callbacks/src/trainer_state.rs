@@ -12,8 +12,8 @@ use std::path::Path;
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
-use crate::json_loads::loads;
-use crate::python_json::{JsonMap, JsonValue, dumps};
+use tchtrain_training_args::loads;
+use tchtrain_training_args::{JsonMap, JsonValue, dumps};
 
 /// Upstream `TrainerState`: the state of the training loop, passed to every callback and
 /// saved with each checkpoint. One step is one optimizer update.

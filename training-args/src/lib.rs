@@ -40,6 +40,8 @@ mod distributed;
 mod error;
 mod field_table;
 mod json;
+mod json_loads;
+mod json_value;
 mod normalize;
 mod optimizer_names;
 mod parsed;
@@ -59,6 +61,8 @@ pub use error::{Error, Result};
 pub use normalize::{V4_ALIASES, field_names};
 pub use optimizer_names::OptimizerNames;
 pub use parsed::{ParsedArguments, Warning};
+pub use json_loads::{JsonSyntaxError, loads};
+pub use json_value::{JsonMap, JsonValue, dumps};
 pub use python_json::{python_float_repr, python_repr, python_str_repr};
 pub use setters::{
     SetDataloader, SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetPushToHub, SetSave,

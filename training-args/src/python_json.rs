@@ -1,50 +1,68 @@
-//! JSON text in the form Python's `json.dumps(..., indent=2)` writes it: floats as Python's
-//! `repr` (`5e-05`, `3.0`, `1e+16`), non-ASCII escaped (`ensure_ascii`), two-space indent; and
-//! Python's `repr` of JSON values (for `to_sanitized_dict`).
+//! Python's `repr(float)` ([`python_float_repr`], the one implementation every tchtrain file
+//! writer uses: `training_args.json`, `trainer_state.json`, logs), JSON text in the form
+//! Python's `json.dumps(..., indent=2)` writes it from serde values (floats as Python's
+//! `repr`, non-ASCII escaped, two-space indent), and Python's `repr` of JSON values (for
+//! `to_sanitized_dict`). Python's own JSON values, `json.dumps` and `json.loads` are in
+//! `json_value` and `json_loads`.
 
 use std::io;
 
 use serde_json::ser::{Formatter, PrettyFormatter};
 
-/// Python's `repr(float)`: the shortest round-trip digits, positional for decimal exponents in
-/// `[-4, 16)`, scientific otherwise (`1e-05`, `1.5e+16`); `NaN` / `Infinity` as `json.dumps` writes them.
+/// Python's `repr(float)`: the shortest string that reads back to the same `f64`, in fixed
+/// notation for exponents in `[-5, 16)` (with `.0` for whole numbers) and exponent notation
+/// otherwise (`1e-05`, `1.5e+16`); `NaN`, `Infinity`, `-Infinity` as `json` writes them.
 pub fn python_float_repr(x: f64) -> String {
     if x.is_nan() {
-        return "NaN".to_string();
+        return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 { "Infinity" } else { "-Infinity" }.to_string();
-    }
-    if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0" } else { "0.0" }.to_string();
-    }
-    let sci = format!("{:e}", x.abs()); // shortest round-trip digits: "5e-5", "1.2345e17"
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
-    let n = digits.len() as i32;
-    let sign = if x < 0.0 { "-" } else { "" };
-    let body = if (-4..16).contains(&exp) {
-        if exp >= 0 {
-            if n <= exp + 1 {
-                format!("{digits}{}.0", "0".repeat((exp + 1 - n) as usize))
-            } else {
-                let (a, b) = digits.split_at((exp + 1) as usize);
-                format!("{a}.{b}")
-            }
+        return if x > 0.0 {
+            "Infinity".into()
         } else {
-            format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
-        }
-    } else {
-        let (a, b) = digits.split_at(1);
-        let m = if b.is_empty() {
-            a.to_string()
-        } else {
-            format!("{a}.{b}")
+            "-Infinity".into()
         };
-        format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    // Rust's `{:e}` gives the shortest round-trip digits ("d.ddde-5" / "de16"), but breaks a
+    // tie between two equally near candidates upwards; Python (David Gay's dtoa) takes the
+    // even one, which exact formatting to the same number of digits yields.
+    let shortest = format!("{:e}", x.abs());
+    let n = shortest
+        .split_once('e')
+        .map_or(1, |(m, _)| m.chars().filter(char::is_ascii_digit).count());
+    let even = format!("{:.*e}", n - 1, x.abs());
+    let sci = if even.parse::<f64>() == Ok(x.abs()) {
+        even
+    } else {
+        shortest
     };
-    format!("{sign}{body}")
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` always has an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` exponent is an integer");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if x == 0.0 {
+        return format!("{sign}0.0");
+    }
+    if !(-4..16).contains(&exp) {
+        let m = if digits.len() == 1 {
+            digits.clone()
+        } else {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{m}e{esign}{:02}", exp.abs());
+    }
+    // Fixed notation: the decimal point sits after `exp + 1` digits.
+    let point = exp + 1;
+    let out = if point <= 0 {
+        format!("0.{}{}", "0".repeat((-point) as usize), digits)
+    } else if point as usize >= digits.len() {
+        format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
+    } else {
+        let (a, b) = digits.split_at(point as usize);
+        format!("{a}.{b}")
+    };
+    format!("{sign}{out}")
 }
 
 /// A `serde_json` formatter writing what Python's `json.dumps(obj, indent=2)` writes.
@@ -208,6 +226,35 @@ mod tests {
 
     #[test]
     fn float_repr_matches_python() {
+        // Each pair is (value, repr(value)) from CPython 3.11.
+        let cases: &[(f64, &str)] = &[
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (1e-05, "1e-05"),
+            (0.0001, "0.0001"),
+            (1.2345e-7, "1.2345e-07"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (5735.8, "5735.8"),
+            // A float32 value exactly halfway between two 17-digit strings: Python picks the even one.
+            (f32::from_bits(0x418d_c608) as f64, "17.721694946289062"),
+            (1e300, "1e+300"),
+            (5e-324, "5e-324"),
+            (-2.5e-10, "-2.5e-10"),
+            (f64::NAN, "NaN"),
+            (f64::NEG_INFINITY, "-Infinity"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(python_float_repr(*v), *want, "repr of {v:e}");
+        }
+    }
+
+    #[test]
+    fn float_repr_matches_python_on_training_args_values() {
         for (x, s) in [
             (5e-5, "5e-05"),
             (1e-8, "1e-08"),

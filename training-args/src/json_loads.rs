@@ -1,7 +1,7 @@
 //! `json.loads` as Python does it: a JSON parser that also accepts `NaN`, `Infinity` and
 //! `-Infinity`, keeps integers apart from floats, and reports the line and column of errors.
 
-use crate::python_json::{JsonMap, JsonValue};
+use crate::json_value::{JsonMap, JsonValue};
 
 /// Where and why a JSON text could not be parsed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -5,12 +5,14 @@
 //! reproduces `json.dumps(value, indent=..., sort_keys=...)` byte for byte with the defaults
 //! `ensure_ascii=True` and `allow_nan=True`: Python's float `repr` (`1e-05`, `0.0`,
 //! `1.5e+16`), integers kept apart from floats, `\uXXXX` escapes for every non-ASCII character.
-//! `trainer_state.json` and the logs passed to callbacks use these types.
+//! `trainer_state.json` and the logs passed to callbacks use these types; the float `repr`
+//! is [`python_float_repr`], shared with `training_args.json`.
 
 use std::fmt::Write as _;
 
 #[cfg(test)]
 use crate::json_loads::loads;
+use crate::python_json::python_float_repr;
 
 /// A JSON value as Python's `json` module sees it: integers and floats are distinct.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,62 +222,6 @@ impl IntoIterator for JsonMap {
     }
 }
 
-/// Python's `repr(float)`: the shortest string that reads back to the same `f64`, in fixed
-/// notation for exponents in `[-5, 16)` (with `.0` for whole numbers) and exponent notation
-/// otherwise (`1e-05`, `1.5e+16`); `NaN`, `Infinity`, `-Infinity` as `json` writes them.
-pub fn python_float_repr(x: f64) -> String {
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
-    }
-    let sign = if x.is_sign_negative() { "-" } else { "" };
-    // Rust's `{:e}` gives the shortest round-trip digits ("d.ddde-5" / "de16"), but breaks a
-    // tie between two equally near candidates upwards; Python (David Gay's dtoa) takes the
-    // even one, which exact formatting to the same number of digits yields.
-    let shortest = format!("{:e}", x.abs());
-    let n = shortest
-        .split_once('e')
-        .map_or(1, |(m, _)| m.chars().filter(char::is_ascii_digit).count());
-    let even = format!("{:.*e}", n - 1, x.abs());
-    let sci = if even.parse::<f64>() == Ok(x.abs()) {
-        even
-    } else {
-        shortest
-    };
-    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` always has an exponent");
-    let exp: i32 = exp.parse().expect("`{:e}` exponent is an integer");
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if x == 0.0 {
-        return format!("{sign}0.0");
-    }
-    if !(-4..16).contains(&exp) {
-        let m = if digits.len() == 1 {
-            digits.clone()
-        } else {
-            format!("{}.{}", &digits[..1], &digits[1..])
-        };
-        let esign = if exp < 0 { '-' } else { '+' };
-        return format!("{sign}{m}e{esign}{:02}", exp.abs());
-    }
-    // Fixed notation: the decimal point sits after `exp + 1` digits.
-    let point = exp + 1;
-    let out = if point <= 0 {
-        format!("0.{}{}", "0".repeat((-point) as usize), digits)
-    } else if point as usize >= digits.len() {
-        format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
-    } else {
-        let (a, b) = digits.split_at(point as usize);
-        format!("{a}.{b}")
-    };
-    format!("{sign}{out}")
-}
-
 fn write_str(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
@@ -374,35 +320,6 @@ pub fn dumps(value: &JsonValue, indent: Option<usize>, sort_keys: bool) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn float_repr_matches_python() {
-        // Each pair is (value, repr(value)) from CPython 3.11.
-        let cases: &[(f64, &str)] = &[
-            (0.0, "0.0"),
-            (-0.0, "-0.0"),
-            (1.0, "1.0"),
-            (1e-05, "1e-05"),
-            (0.0001, "0.0001"),
-            (1.2345e-7, "1.2345e-07"),
-            (1e16, "1e+16"),
-            (1.5e16, "1.5e+16"),
-            (1e15, "1000000000000000.0"),
-            (123456789012345678.0, "1.2345678901234568e+17"),
-            (0.1 + 0.2, "0.30000000000000004"),
-            (5735.8, "5735.8"),
-            // A float32 value exactly halfway between two 17-digit strings: Python picks the even one.
-            (f32::from_bits(0x418d_c608) as f64, "17.721694946289062"),
-            (1e300, "1e+300"),
-            (5e-324, "5e-324"),
-            (-2.5e-10, "-2.5e-10"),
-            (f64::NAN, "NaN"),
-            (f64::NEG_INFINITY, "-Infinity"),
-        ];
-        for (v, want) in cases {
-            assert_eq!(python_float_repr(*v), *want, "repr of {v:e}");
-        }
-    }
 
     #[test]
     fn dumps_round_trips_and_escapes() {
