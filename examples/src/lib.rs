@@ -12,6 +12,9 @@
 //! argparse and upstream's scripts do (help: 0, bad flags: 2, failures: 1).
 
 //!
+//! [`custom_model`] trains a model the user wrote (a [`TrainableModel`](tchtrain_models::TrainableModel)
+//! of a few lines) with the same Trainer.
+//!
 //! Also here: the plot of a run's `log_history` ([`plot_log_history`], drawn by a small
 //! raster with a built-in font into a PNG), `run_classification`'s text-classification
 //! preparation ([`tokenize_text_classification`], [`ClassificationLabels`]), and the
@@ -19,6 +22,7 @@
 
 mod args;
 mod common;
+pub mod custom_model;
 mod error;
 mod plot;
 mod raster;

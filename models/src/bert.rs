@@ -14,7 +14,9 @@ use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation};
 use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::modeling_utils::{
+    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
 use crate::{Error, Result};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
@@ -416,7 +418,31 @@ impl<const KIND: u8> PreTrainedModel for Bert<KIND> {
             _ => "BertModel",
         }
     }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<const KIND: u8> TrainableModel for Bert<KIND> {
     crate::modeling_utils::model_plumbing!();
+    fn label_check(&self) -> Option<LabelCheck> {
+        let num_labels = self.config.num_labels();
+        match KIND {
+            SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
+            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+            _ => None,
+        }
+    }
+    // BERT's LayerNorms are named `LayerNorm`, which the name patterns already exclude.
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        let name = name.strip_prefix("bert.").unwrap_or(name);
+        matches!(
+            name,
+            "embeddings.word_embeddings.weight"
+                | "embeddings.position_embeddings.weight"
+                | "embeddings.token_type_embeddings.weight"
+        )
+    }
     fn tied_weights(&self) -> Vec<(String, String)> {
         match KIND {
             MLM => vec![

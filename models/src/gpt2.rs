@@ -16,7 +16,9 @@ use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, Conv1D};
 use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::modeling_utils::{
+    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
 use crate::{Error, Result};
 
 /// Upstream `GPT2Config` with its defaults (GPT-2 small).
@@ -313,7 +315,24 @@ impl PreTrainedModel for GPT2LMHeadModel {
     fn architecture(&self) -> &'static str {
         "GPT2LMHeadModel"
     }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl TrainableModel for GPT2LMHeadModel {
     crate::modeling_utils::model_plumbing!();
+    // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
+    // `_loss_shifts_labels` is false); it is in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.
+    fn is_causal_lm(&self) -> bool {
+        true
+    }
+    fn layernorm_modules(&self) -> Vec<String> {
+        gpt2_layernorm_modules(&self.vs)
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
+    }
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {
             vec![("lm_head.weight".into(), "transformer.wte.weight".into())]
@@ -403,7 +422,24 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
     fn architecture(&self) -> &'static str {
         "GPT2ForSequenceClassification"
     }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl TrainableModel for GPT2ForSequenceClassification {
     crate::modeling_utils::model_plumbing!();
+    fn label_check(&self) -> Option<LabelCheck> {
+        Some(LabelCheck::Sequence {
+            num_labels: self.config.num_labels(),
+        })
+    }
+    fn layernorm_modules(&self) -> Vec<String> {
+        gpt2_layernorm_modules(&self.vs)
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
+    }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
         let logits = h.apply(&self.score);
@@ -446,4 +482,22 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
             pooler_output: None,
         })
     }
+}
+
+/// GPT-2's `nn.LayerNorm` modules (`ln_1`, `ln_2`, `ln_f`), whose names upstream's
+/// `forbidden_name_patterns` do not catch: their parameters get no weight decay.
+fn gpt2_layernorm_modules(vs: &nn::VarStore) -> Vec<String> {
+    let mut out: Vec<String> = vs
+        .variables()
+        .keys()
+        .filter_map(|n| n.rsplit_once('.').map(|(module, _)| module))
+        .filter(|module| {
+            let last = module.rsplit('.').next().unwrap_or(module);
+            last == "ln_f" || (last.starts_with("ln_") && last[3..].parse::<u32>().is_ok())
+        })
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

@@ -1,6 +1,7 @@
 //! `tchtrain-models` — load, run and save Hugging Face checkpoints (BERT, GPT-2, Llama) on tch.
 //!
-//! Owns the [`PreTrainedModel`] trait the Trainer drives, safetensors loading (sharded
+//! Owns the [`TrainableModel`] trait the Trainer drives (the facts upstream keeps on a model
+//! as its methods) and [`PreTrainedModel`] (a config and `save_pretrained` on top), safetensors loading (sharded
 //! index, tied weights, base-model prefix mapping, upstream's loading report) and
 //! `save_pretrained`, `config.json`, hub resolution, tokenizers, and the GPT-2, BERT and
 //! Llama architectures with upstream's parameter names.
@@ -41,7 +42,9 @@ pub use loading::{
     checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
     write_safetensors,
 };
-pub use modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+pub use modeling_utils::{
+    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
 pub use tokenization::{gpt2_tokenizer, load_tokenizer};
 pub use tokenizers::Tokenizer;
 

@@ -16,7 +16,9 @@ use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, RmsNorm};
 use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel};
+use crate::modeling_utils::{
+    Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
 use crate::{Error, Result};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
@@ -511,7 +513,23 @@ impl PreTrainedModel for LlamaForCausalLM {
     fn architecture(&self) -> &'static str {
         "LlamaForCausalLM"
     }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl TrainableModel for LlamaForCausalLM {
     crate::modeling_utils::model_plumbing!();
+    fn loss_type(&self) -> Option<&str> {
+        Some("ForCausalLM")
+    }
+    fn is_causal_lm(&self) -> bool {
+        true
+    }
+    // Llama's norms (`*_layernorm`, `norm`) are excluded by the name patterns.
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == "model.embed_tokens.weight"
+    }
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {
             vec![("lm_head.weight".into(), "model.embed_tokens.weight".into())]

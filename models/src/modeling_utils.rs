@@ -57,13 +57,33 @@ pub struct ModelOutput {
     pub pooler_output: Option<Tensor>,
 }
 
-/// A model with upstream's parameter names, trainable through its `VarStore`.
-pub trait PreTrainedModel: Send {
-    /// Upstream class name, written to `config.json`'s `architectures`.
-    fn architecture(&self) -> &'static str;
-    /// The model's config (serialised as `config.json`).
-    fn config(&self) -> &dyn PretrainedConfig;
-    /// The variables, named as upstream's `state_dict` keys.
+/// The kind of labels a classification head takes, for the Trainer's check of the training
+/// rows before the first step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelCheck {
+    /// One class id per row in `0..num_labels` (`...ForSequenceClassification` with single
+    /// labels).
+    Sequence {
+        /// The head's number of classes.
+        num_labels: i64,
+    },
+    /// One tag per token in `0..num_labels`, or -100 (`...ForTokenClassification`).
+    Token {
+        /// The head's number of classes.
+        num_labels: i64,
+    },
+}
+
+/// What the Trainer needs from a model: its variables, train / eval mode and a forward pass
+/// (which computes the loss when the inputs carry labels), plus the facts upstream's Trainer
+/// reads off a model, as default methods a model overrides where they differ
+/// (`modeling_utils.PreTrainedModel`'s `loss_type`, `accepts_loss_kwargs`,
+/// `num_parameters`, `_tied_weights_keys`, and the module types behind weight decay).
+///
+/// A user's own model implements this (the five required methods) and trains with
+/// `Trainer::builder` like any hub model; see `examples/src/bin/custom_model.rs`.
+pub trait TrainableModel: Send {
+    /// The variables, named as the model's `state_dict` keys.
     fn var_store(&self) -> &VarStore;
     /// Mutable access to the variables (dtype / device moves, loading).
     fn var_store_mut(&mut self) -> &mut VarStore;
@@ -71,14 +91,8 @@ pub trait PreTrainedModel: Send {
     fn is_training(&self) -> bool;
     /// Switches between training (dropout applied) and evaluation mode.
     fn set_training(&mut self, training: bool);
-    /// Runs the model; with labels, computes the loss through `tchtrain-losses`.
+    /// Runs the model; with labels, the output carries the loss.
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput>;
-
-    /// Keys that are views of another parameter (tied weights) and are not saved,
-    /// as upstream's `_tied_weights_keys`: `(tied key, source key)`.
-    fn tied_weights(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
 
     /// Upstream `model.train()`.
     fn train(&mut self) {
@@ -88,6 +102,66 @@ pub trait PreTrainedModel: Send {
     /// Upstream `model.eval()`.
     fn eval(&mut self) {
         self.set_training(false);
+    }
+
+    /// The model's name in messages and checkpoint checks (upstream: its class name).
+    fn model_name(&self) -> &str {
+        "TrainableModel"
+    }
+
+    /// The model as a [`PreTrainedModel`] (a config, `save_pretrained`), when it is one.
+    fn as_pretrained(&self) -> Option<&dyn PreTrainedModel> {
+        None
+    }
+
+    /// Upstream `loss_type` (`"ForCausalLM"`, ...), when the class sets one.
+    fn loss_type(&self) -> Option<&str> {
+        None
+    }
+
+    /// Upstream `_loss_shifts_labels`: the loss shifts the labels (`loss_type` is
+    /// `ForCausalLM`). The Trainer then counts `num_items_in_batch` over the shifted labels.
+    fn loss_shifts_labels(&self) -> bool {
+        self.loss_type() == Some("ForCausalLM")
+    }
+
+    /// Whether upstream lists the class in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` (the label
+    /// smoother shifts the labels of such models).
+    fn is_causal_lm(&self) -> bool {
+        false
+    }
+
+    /// Upstream `model_accepts_loss_kwargs`: the forward uses `num_items_in_batch` (sums its
+    /// loss and divides by it), so the Trainer does not divide the loss by the accumulation
+    /// steps. `true` when the model reads [`ModelInputs::num_items_in_batch`] as the hub
+    /// models do; a model that returns a per-batch mean regardless says `false`, and the
+    /// Trainer then scales its loss as upstream does for such a model.
+    fn accepts_loss_kwargs(&self) -> bool {
+        true
+    }
+
+    /// The labels a classification head takes, for the check of the training rows.
+    fn label_check(&self) -> Option<LabelCheck> {
+        None
+    }
+
+    /// The modules (names without the parameter suffix) that are `nn.LayerNorm`s whose names
+    /// upstream's `forbidden_name_patterns` would not catch: their parameters get no weight
+    /// decay (`get_decay_parameter_names` excludes them by type).
+    fn layernorm_modules(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Whether `name` is the weight of an `nn.Embedding` (left out of
+    /// `num_parameters(exclude_embeddings=True)`, and so of `floating_point_ops`).
+    fn is_embedding_weight(&self, _name: &str) -> bool {
+        false
+    }
+
+    /// Keys that are views of another parameter (tied weights) and are not saved,
+    /// as upstream's `_tied_weights_keys`: `(tied key, source key)`.
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
 
     /// Number of parameters (upstream `num_parameters()`), tied weights counted once.
@@ -100,6 +174,34 @@ pub trait PreTrainedModel: Send {
             .sum()
     }
 
+    /// Writes the model into `dir` for `save_model` and checkpoints: `save_pretrained` for a
+    /// [`PreTrainedModel`]; otherwise the variables as `model.safetensors` (upstream: "Trainer.model
+    /// is not a `PreTrainedModel`, only saving its state dict").
+    fn save_weights(&self, dir: &Path) -> Result<()> {
+        match self.as_pretrained() {
+            Some(m) => m.save_pretrained(dir),
+            None => {
+                let mut tensors: Vec<(String, Tensor)> =
+                    self.var_store().variables().into_iter().collect();
+                tensors.sort_by(|a, b| a.0.cmp(&b.0));
+                std::fs::create_dir_all(dir).map_err(|source| crate::Error::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+                loading::write_safetensors(&tensors, &dir.join(loading::SAFE_WEIGHTS_NAME))
+            }
+        }
+    }
+}
+
+/// A model with upstream's parameter names and a config: what `from_pretrained` loads and
+/// `save_pretrained` writes (upstream `modeling_utils.PreTrainedModel`).
+pub trait PreTrainedModel: TrainableModel {
+    /// Upstream class name, written to `config.json`'s `architectures`.
+    fn architecture(&self) -> &'static str;
+    /// The model's config (serialised as `config.json`).
+    fn config(&self) -> &dyn PretrainedConfig;
+
     /// Writes `config.json` and `model.safetensors` (tied weights saved once), so that
     /// upstream's `from_pretrained` loads the folder.
     fn save_pretrained(&self, dir: &Path) -> Result<()> {
@@ -107,13 +209,11 @@ pub trait PreTrainedModel: Send {
     }
 }
 
-/// The `PreTrainedModel` methods every architecture implements the same way, for a
-/// struct with fields `config`, `vs` (its `VarStore`) and `training`.
+/// The `TrainableModel` methods every architecture implements the same way, for a struct
+/// with fields `config`, `vs` (its `VarStore`) and `training` that also implements
+/// `PreTrainedModel`.
 macro_rules! model_plumbing {
     () => {
-        fn config(&self) -> &dyn $crate::PretrainedConfig {
-            &self.config
-        }
         fn var_store(&self) -> &tch::nn::VarStore {
             &self.vs
         }
@@ -125,6 +225,12 @@ macro_rules! model_plumbing {
         }
         fn set_training(&mut self, training: bool) {
             self.training = training;
+        }
+        fn model_name(&self) -> &str {
+            $crate::PreTrainedModel::architecture(self)
+        }
+        fn as_pretrained(&self) -> Option<&dyn $crate::PreTrainedModel> {
+            Some(self)
         }
     };
 }

@@ -92,7 +92,10 @@ pub mod prelude {
     };
     pub use tchtrain_data::{Dataset, InMemoryDataset, IterableDataset};
     pub use tchtrain_datasets::{Feature, Label};
-    pub use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+    pub use tchtrain_models::{
+        AutoTask, LoadOptions, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+        from_pretrained_dir,
+    };
     pub use tchtrain_trainer::{
         EvalPrediction, Metrics, ResumeFrom, Trainer, TrainerBuilder, TrainerHooks,
     };

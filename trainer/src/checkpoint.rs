@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
-use tchtrain_models::{PreTrainedModel, read_checkpoint};
+use tchtrain_models::{TrainableModel, read_checkpoint};
 use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCALER_NAME, SCHEDULER_NAME};
 
 use crate::error::{Error, Result};
@@ -218,7 +218,7 @@ pub fn rotate_checkpoints(
 /// Loads the weights of checkpoint `dir` into `model`, which must have exactly the
 /// checkpoint's parameters (names and shapes; tied weights may be absent), else
 /// [`Error::InvalidCheckpoint`] naming the first difference.
-pub fn load_model_weights(model: &mut dyn PreTrainedModel, dir: &Path) -> Result<()> {
+pub fn load_model_weights(model: &mut dyn TrainableModel, dir: &Path) -> Result<()> {
     let invalid = |detail: String| Error::InvalidCheckpoint {
         dir: dir.to_path_buf(),
         detail,
@@ -233,7 +233,7 @@ pub fn load_model_weights(model: &mut dyn PreTrainedModel, dir: &Path) -> Result
         if !vars.contains_key(name) && !tied.contains(name) {
             return Err(invalid(format!(
                 "tensor `{name}` is not a parameter of this {} (a checkpoint of another model?)",
-                model.architecture()
+                model.model_name()
             )));
         }
     }
@@ -344,9 +344,18 @@ impl Trainer {
                             .into_iter()
                             .filter(|(n, _)| !sharded.contains(n)),
                     );
-                    tchtrain_models::save_pretrained_state_dict(&*self.model, &tmp, state_dict)?;
+                    match self.model.as_pretrained() {
+                        Some(m) => tchtrain_models::save_pretrained_state_dict(m, &tmp, state_dict)?,
+                        None => {
+                            state_dict.sort_by(|a, b| a.0.cmp(&b.0));
+                            tchtrain_models::write_safetensors(
+                                &state_dict,
+                                &tmp.join(tchtrain_models::SAFE_WEIGHTS_NAME),
+                            )?
+                        }
+                    }
                 }
-                None => self.model.save_pretrained(&tmp)?,
+                None => self.model.save_weights(&tmp)?,
             }
         }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No

@@ -5,7 +5,7 @@
 //! ```
 //! use tch::Tensor;
 //! use tchtrain_collators::Batch;
-//! use tchtrain_models::{ModelOutput, PreTrainedModel};
+//! use tchtrain_models::{ModelOutput, TrainableModel};
 //! use tchtrain_trainer::{StepContext, TrainerHooks, default_compute_loss};
 //!
 //! /// Doubles the model's loss (and says it is a per-batch mean, so the Trainer still
@@ -16,7 +16,7 @@
 //!     fn compute_loss(
 //!         &mut self,
 //!         ctx: &StepContext<'_>,
-//!         model: &dyn PreTrainedModel,
+//!         model: &dyn TrainableModel,
 //!         inputs: &Batch,
 //!         num_items_in_batch: Option<&Tensor>,
 //!     ) -> tchtrain_trainer::Result<(Tensor, ModelOutput)> {
@@ -32,7 +32,7 @@
 
 use tch::{Device, Kind, Tensor};
 use tchtrain_collators::Batch;
-use tchtrain_models::{ModelInputs, ModelOutput, PreTrainedModel};
+use tchtrain_models::{ModelInputs, ModelOutput, TrainableModel};
 use tchtrain_training_args::TrainingArguments;
 
 use tchtrain_losses::LabelSmoother;
@@ -103,7 +103,7 @@ pub trait TrainerHooks: Send {
     fn compute_loss(
         &mut self,
         ctx: &StepContext<'_>,
-        model: &dyn PreTrainedModel,
+        model: &dyn TrainableModel,
         inputs: &Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> Result<(Tensor, ModelOutput)> {
@@ -123,7 +123,7 @@ pub trait TrainerHooks: Send {
     fn training_step(
         &mut self,
         ctx: &StepContext<'_>,
-        model: &mut dyn PreTrainedModel,
+        model: &mut dyn TrainableModel,
         inputs: &Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> Result<Tensor> {
@@ -135,7 +135,7 @@ pub trait TrainerHooks: Send {
     fn prediction_step(
         &mut self,
         ctx: &StepContext<'_>,
-        model: &dyn PreTrainedModel,
+        model: &dyn TrainableModel,
         inputs: &Batch,
         prediction_loss_only: bool,
     ) -> Result<PredictionStepOutput> {
@@ -184,7 +184,7 @@ pub fn autocast_dtype(args: &TrainingArguments, device: Device) -> Option<Kind> 
 /// in fp32.
 pub fn model_forward(
     ctx: &StepContext<'_>,
-    model: &dyn PreTrainedModel,
+    model: &dyn TrainableModel,
     inputs: &ModelInputs<'_>,
 ) -> Result<ModelOutput> {
     let Some(dtype) = ctx.autocast else {
@@ -218,7 +218,7 @@ pub fn model_forward(
 /// multiplied by the world size, as upstream.
 pub fn default_compute_loss(
     ctx: &StepContext<'_>,
-    model: &dyn PreTrainedModel,
+    model: &dyn TrainableModel,
     inputs: &Batch,
     num_items_in_batch: Option<&Tensor>,
 ) -> Result<(Tensor, ModelOutput)> {
@@ -269,7 +269,7 @@ pub fn default_compute_loss(
 pub fn default_training_step<H: TrainerHooks + ?Sized>(
     hooks: &mut H,
     ctx: &StepContext<'_>,
-    model: &mut dyn PreTrainedModel,
+    model: &mut dyn TrainableModel,
     inputs: &Batch,
     num_items_in_batch: Option<&Tensor>,
 ) -> Result<Tensor> {
@@ -293,7 +293,7 @@ pub fn default_training_step<H: TrainerHooks + ?Sized>(
 pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
     hooks: &mut H,
     ctx: &StepContext<'_>,
-    model: &dyn PreTrainedModel,
+    model: &dyn TrainableModel,
     inputs: &Batch,
     prediction_loss_only: bool,
 ) -> Result<PredictionStepOutput> {

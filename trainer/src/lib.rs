@@ -50,10 +50,7 @@ pub use hooks::{
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,
 };
-pub use model_info::{
-    floating_point_ops, is_causal_lm, is_embedding_weight, layernorm_modules, loss_shifts_labels,
-    model_accepts_loss_kwargs, named_parameters, num_parameters, parameters,
-};
+pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
 pub use prediction::PredictionOutput;
 pub use results::metrics_format;
 pub use train_loop::ResumeFrom;

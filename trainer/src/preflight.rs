@@ -17,6 +17,7 @@ use std::path::Path;
 
 use tchtrain_callbacks::TrainerState;
 use tchtrain_collators::Label;
+use tchtrain_models::LabelCheck;
 use tchtrain_optim::{
     OPTIMIZER_STATE_NAME, OPTIMIZER_TENSORS_NAME, OptimizerStateMeta, SCHEDULER_NAME,
 };
@@ -29,18 +30,22 @@ use crate::trainer::Trainer;
 const IGNORE_INDEX: i64 = -100;
 
 impl Trainer {
-    /// Every class label of the training rows lies in `0..num_labels` for a
-    /// `...ForSequenceClassification` model (single-label classification), and every tag in
-    /// `0..num_labels` or -100 for a `...ForTokenClassification` model; else
-    /// [`Error::InvalidLabel`] naming the first bad row. Other models are not checked.
+    /// Every class label of the training rows lies in `0..num_labels` for a model whose
+    /// [`label_check`](tchtrain_models::TrainableModel::label_check) is a sequence head
+    /// (single-label classification), and every tag in `0..num_labels` or -100 for a token
+    /// head; else [`Error::InvalidLabel`] naming the first bad row. Other models are not
+    /// checked.
     pub(crate) fn check_train_labels(&self) -> Result<()> {
-        let architecture = self.model.architecture();
-        let sequence = architecture.ends_with("ForSequenceClassification");
-        let token = architecture.ends_with("ForTokenClassification");
-        let Some(dataset) = self.train_dataset.as_ref().filter(|_| sequence || token) else {
+        let architecture = self.model.model_name();
+        let (sequence, num_labels) = match self.model.label_check() {
+            Some(LabelCheck::Sequence { num_labels }) => (true, num_labels),
+            Some(LabelCheck::Token { num_labels }) => (false, num_labels),
+            None => return Ok(()),
+        };
+        let token = !sequence;
+        let Some(dataset) = self.train_dataset.as_ref() else {
             return Ok(());
         };
-        let num_labels = self.model.config().num_labels();
         let bad = |label: i64, row: usize| Error::InvalidLabel {
             label: label.to_string(),
             row,
@@ -212,8 +217,12 @@ impl Trainer {
                 path: config.clone(),
                 source,
             })?;
-        let model_type = self.model.config().model_type();
-        let architecture = self.model.architecture();
+        // A model without a config (the user's own) has no model type to compare.
+        let Some(model) = self.model.as_pretrained() else {
+            return Ok(());
+        };
+        let model_type = model.config().model_type();
+        let architecture = model.architecture();
         let theirs_type = value["model_type"].as_str();
         let theirs_arch = value["architectures"][0].as_str();
         let differs = theirs_type.is_some_and(|t| t != model_type)

@@ -72,7 +72,7 @@ impl Trainer {
             return Ok(dir);
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
-        self.model.save_pretrained(&dir)?;
+        self.model.save_weights(&dir)?;
         self.args.to_json_file(dir.join(TRAINING_ARGS_NAME))?;
         Ok(dir)
     }

@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, TrainOutput, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
 use crate::profile::{Phase, StepProfile};
 use crate::trainer::Trainer;
-use tchtrain_models::PreTrainedModel;
+use tchtrain_models::TrainableModel;
 
 /// Where `train` resumes from (upstream's `resume_from_checkpoint`: a path, or `True`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -326,7 +326,7 @@ impl Trainer {
     ) -> (
         StepContext<'a>,
         &'a mut dyn TrainerHooks,
-        &'a mut dyn PreTrainedModel,
+        &'a mut dyn TrainableModel,
     ) {
         (
             StepContext {

@@ -15,7 +15,7 @@ use tchtrain_data::{
     DataLoader, Dataset, IterableDataset, LengthGroupedSampler, RandomSampler, Sampler,
     SequentialSampler, SharedCollator, shared_collator,
 };
-use tchtrain_models::PreTrainedModel;
+use tchtrain_models::TrainableModel;
 use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
@@ -24,7 +24,8 @@ use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
 use crate::metrics::{ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits};
 use crate::model_info;
 
-/// Upstream's `Trainer`: trains and evaluates a [`PreTrainedModel`] with the knobs of
+/// Upstream's `Trainer`: trains and evaluates a [`TrainableModel`] (a hub model, or one of
+/// the user's own) with the knobs of
 /// [`TrainingArguments`], reporting to callbacks and writing upstream's checkpoint layout.
 ///
 /// ```no_run
@@ -49,7 +50,7 @@ use crate::model_info;
 /// # Ok(()) }
 /// ```
 pub struct Trainer {
-    pub(crate) model: Box<dyn PreTrainedModel>,
+    pub(crate) model: Box<dyn TrainableModel>,
     pub(crate) args: TrainingArguments,
     pub(crate) train_dataset: Option<Arc<dyn Dataset>>,
     /// The training stream, when training reads an [`IterableDataset`].
@@ -110,7 +111,7 @@ pub(crate) struct LoopState {
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
-            .field("model", &self.model.architecture())
+            .field("model", &self.model.model_name())
             .field("output_dir", &self.args.output_dir())
             .field("callbacks", &self.callback_handler)
             .field("global_step", &self.state.global_step)
@@ -120,7 +121,7 @@ impl std::fmt::Debug for Trainer {
 
 /// Builds a [`Trainer`] (upstream's `Trainer(...)` keyword arguments).
 pub struct TrainerBuilder {
-    model: Box<dyn PreTrainedModel>,
+    model: Box<dyn TrainableModel>,
     args: TrainingArguments,
     train_dataset: Option<Arc<dyn Dataset>>,
     train_stream: Option<Arc<dyn IterableDataset>>,
@@ -142,7 +143,7 @@ pub struct TrainerBuilder {
 impl std::fmt::Debug for TrainerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrainerBuilder")
-            .field("model", &self.model.architecture())
+            .field("model", &self.model.model_name())
             .finish_non_exhaustive()
     }
 }
@@ -245,7 +246,7 @@ impl TrainerBuilder {
 
     /// Upstream's `model.accepts_loss_kwargs` attribute: `false` makes the Trainer keep
     /// `num_items_in_batch` from the model and divide its loss by the accumulation steps.
-    /// Default: [`model_accepts_loss_kwargs`](crate::model_accepts_loss_kwargs).
+    /// Default: the model's [`accepts_loss_kwargs`](tchtrain_models::TrainableModel::accepts_loss_kwargs).
     pub fn model_accepts_loss_kwargs(mut self, accepts: bool) -> Self {
         self.model_accepts_loss_kwargs = Some(accepts);
         self
@@ -303,9 +304,9 @@ impl TrainerBuilder {
         }
         let accepts = self
             .model_accepts_loss_kwargs
-            .unwrap_or_else(|| model_info::model_accepts_loss_kwargs(&*model));
-        let loss_shifts_labels = model_info::loss_shifts_labels(&*model);
-        let is_causal_lm = model_info::is_causal_lm(&*model);
+            .unwrap_or_else(|| model.accepts_loss_kwargs());
+        let loss_shifts_labels = model.loss_shifts_labels();
+        let is_causal_lm = model.is_causal_lm();
         let num_params_without_embeddings = model_info::num_parameters(&*model, true);
         let label_names = self
             .args
@@ -381,7 +382,7 @@ impl TrainerBuilder {
 
 impl Trainer {
     /// A builder for a Trainer of `model` with `args`.
-    pub fn builder(model: Box<dyn PreTrainedModel>, args: TrainingArguments) -> TrainerBuilder {
+    pub fn builder(model: Box<dyn TrainableModel>, args: TrainingArguments) -> TrainerBuilder {
         TrainerBuilder {
             model,
             args,
@@ -404,17 +405,17 @@ impl Trainer {
     }
 
     /// The model.
-    pub fn model(&self) -> &dyn PreTrainedModel {
+    pub fn model(&self) -> &dyn TrainableModel {
         &*self.model
     }
 
     /// The model, mutably.
-    pub fn model_mut(&mut self) -> &mut dyn PreTrainedModel {
+    pub fn model_mut(&mut self) -> &mut dyn TrainableModel {
         &mut *self.model
     }
 
     /// Takes the model back.
-    pub fn into_model(self) -> Box<dyn PreTrainedModel> {
+    pub fn into_model(self) -> Box<dyn TrainableModel> {
         self.model
     }
 
@@ -567,8 +568,7 @@ impl Trainer {
             return Ok(());
         }
         let named = model_info::named_parameters(&*self.model);
-        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
-        let layernorms = model_info::layernorm_modules(&names);
+        let layernorms = self.model.layernorm_modules();
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
         self.optimizer = Some(tchtrain_optim::create_optimizer(
             &OptimizerArgs::from(&self.args),

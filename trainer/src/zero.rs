@@ -88,7 +88,7 @@ fn deepspeed_config(
 
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
 fn hidden_size(trainer: &Trainer) -> Option<i64> {
-    let v = trainer.model.config().to_json_value().ok()?;
+    let v = trainer.model.as_pretrained()?.config().to_json_value().ok()?;
     ["hidden_size", "n_embd", "d_model"]
         .iter()
         .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))
@@ -239,8 +239,7 @@ impl Trainer {
             });
         }
         let named = model_info::named_parameters(&*self.model);
-        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
-        let layernorms = model_info::layernorm_modules(&names);
+        let layernorms = self.model.layernorm_modules();
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
         // Layer by layer when the units are exactly the transformer layers, in order (every
         // DeepSpeed ZeRO-3 run, FSDP full_shard with the transformer-layer wrap policy).

@@ -55,7 +55,7 @@ use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_p
 use tchtrain::tch::{self, Device, Kind, Tensor};
 use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
 use tchtrain::trainer::{
-    StepContext, Trainer, layernorm_modules, model_forward, named_parameters,
+    StepContext, Trainer, model_forward, named_parameters,
 };
 use tchtrain::training_args::{SaveStrategy, TrainingArguments};
 
@@ -452,8 +452,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let _cache = tchtrain::trainer::CpuMemoryCache::from_env();
     let named = named_parameters(&*model);
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.shallow_clone()).collect();
-    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-    let layernorms = layernorm_modules(&names);
+    let layernorms = model.layernorm_modules();
     let groups = decay_param_groups(named, args.weight_decay, &layernorms);
     let mut optimizer = create_optimizer(&OptimizerArgs::from(&args), groups)?;
     let mut scheduler = create_scheduler(&args, optimizer.as_mut(), job.total_steps())?;

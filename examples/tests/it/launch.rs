@@ -18,7 +18,7 @@ use tchtrain_testing::{asset, temp_dir};
 
 /// The `xtask` binary: `$TCHTRAIN_XTASK` (set by `cargo xtask test`), else the one
 /// `cargo xtask` built beside the scripts' binaries.
-fn xtask() -> Result<PathBuf> {
+pub(crate) fn xtask() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("TCHTRAIN_XTASK") {
         return Ok(PathBuf::from(path));
     }

@@ -11,10 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
-use tchtrain_models::{
-    AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs,
-    PreTrainedModel, from_pretrained, read_checkpoint, resolve, write_safetensors,
-};
+use tchtrain_models::{AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs, PreTrainedModel, TrainableModel, from_pretrained, read_checkpoint, resolve, write_safetensors};
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tchtrain-models-{name}-{}", std::process::id()));

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_models::{AutoTask, LoadOptions, TrainableModel, from_pretrained_dir};
 use tchtrain_trainer::{Error, ResumeFrom, Trainer};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
@@ -71,7 +71,7 @@ fn copy_checkpoint(case: &str) -> Result<PathBuf> {
 }
 
 /// The model's weights equal the initial model's (every tensor, exactly).
-fn assert_initial_weights(model: &dyn PreTrainedModel) -> Result<()> {
+fn assert_initial_weights(model: &dyn TrainableModel) -> Result<()> {
     let initial = tchtrain_models::read_checkpoint(&reference_dir().join("initial"))?;
     let vars = model.var_store().variables();
     assert!(!initial.is_empty());

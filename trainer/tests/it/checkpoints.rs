@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use tch::{Device, Tensor};
 use tchtrain_callbacks::{JsonMap, JsonValue, TrainerCallback, TrainerControl, TrainerState};
 use tchtrain_collators::{Feature, Label};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_trainer::{Error, EvalPrediction, Metrics, RNG_GENERATOR_STATE_NAME, ResumeFrom, Trainer};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
@@ -276,7 +276,7 @@ fn best_model_run(
 }
 
 /// The model's weights equal those saved in `ckpt` (every tensor, exactly).
-fn assert_weights_equal(model: &dyn PreTrainedModel, ckpt: &Path) -> Result<()> {
+fn assert_weights_equal(model: &dyn TrainableModel, ckpt: &Path) -> Result<()> {
     let saved = tchtrain_models::read_checkpoint(ckpt)?;
     let vars = model.var_store().variables();
     assert!(!saved.is_empty());
@@ -289,7 +289,7 @@ fn assert_weights_equal(model: &dyn PreTrainedModel, ckpt: &Path) -> Result<()> 
     Ok(())
 }
 
-fn assert_weights_differ(model: &dyn PreTrainedModel, ckpt: &Path) -> Result<()> {
+fn assert_weights_differ(model: &dyn TrainableModel, ckpt: &Path) -> Result<()> {
     let saved = tchtrain_models::read_checkpoint(ckpt)?;
     let vars = model.var_store().variables();
     let same = saved
@@ -448,7 +448,7 @@ impl tchtrain_trainer::TrainerHooks for NanFrom {
     fn compute_loss(
         &mut self,
         ctx: &tchtrain_trainer::StepContext<'_>,
-        model: &dyn PreTrainedModel,
+        model: &dyn TrainableModel,
         inputs: &tchtrain_collators::Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<(Tensor, tchtrain_models::ModelOutput)> {

@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
 use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir};
 use tchtrain_optim::GradScalerKwargs;
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::Table;
@@ -180,12 +180,12 @@ fn assert_exact(name: &str, m: &MaxRel) {
 /// The names in the decaying group of the Trainer's optimizer (sorted), and every
 /// parameter name, as `Trainer::create_optimizer` splits them.
 fn decay_parameter_names(
-    model: &dyn PreTrainedModel,
+    model: &dyn TrainableModel,
     weight_decay: f64,
 ) -> (Vec<String>, Vec<String>) {
     let named = tchtrain_trainer::named_parameters(model);
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-    let layernorms = tchtrain_trainer::layernorm_modules(&names);
+    let layernorms = model.layernorm_modules();
     let mut decay: Vec<String> =
         tchtrain_optim::decay_param_groups(named, weight_decay, &layernorms)
             .into_iter()

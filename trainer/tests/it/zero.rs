@@ -721,7 +721,7 @@ impl tchtrain_trainer::TrainerHooks for ExitMidStep {
     fn training_step(
         &mut self,
         ctx: &tchtrain_trainer::StepContext<'_>,
-        model: &mut dyn tchtrain_models::PreTrainedModel,
+        model: &mut dyn tchtrain_models::TrainableModel,
         inputs: &tchtrain_collators::Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<Tensor> {
