@@ -12,8 +12,8 @@
 //! most twice the size). Before a request that no cached block fits gets fresh memory, the
 //! oldest cached blocks are released until the memory held (in use plus cached) is within the
 //! most ever in use at once plus 1/4, so the cache raises the peak resident memory by at most
-//! a quarter of the large blocks' peak (measured on the bench jobs: from −70 to +120 MB, all
-//! below the Python Trainer's peak); the cached bytes are also capped. Smaller allocations go
+//! a quarter of the large blocks' peak (the bench jobs' figures are in BENCHMARKS.md); the
+//! cached bytes are also capped. Smaller allocations go
 //! to the system allocator as before. The numbers computed do not change, only where the
 //! memory comes from.
 //!
