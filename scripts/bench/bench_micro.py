@@ -1,5 +1,5 @@
 """Micro-benchmarks of PyTorch / transformers on CPU, fp32: the counterpart of
-tchtrain/examples/bench_micro.rs, for `cargo xtask bench --micro`.
+examples/src/bin/bench_micro.rs, for `cargo xtask bench --micro`.
 
 Measures the same things on the same data as the Rust example:
 

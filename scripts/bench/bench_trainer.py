@@ -1,5 +1,5 @@
 """Upstream's Trainer (transformers 5.23 on torch 2.13, CPU) on the jobs of
-`cargo xtask bench`: the counterpart of tchtrain/examples/bench_trainer.rs.
+`cargo xtask bench`: the counterpart of examples/src/bin/bench_trainer.rs.
 
 Two modes:
 
