@@ -7,10 +7,10 @@ use tchtrain_training_args::TrainingArguments;
 use crate::default_flow::DefaultFlowCallback;
 use crate::error::Result;
 use crate::exportable_state::{CallbackState, ExportableState};
-use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue};
 
 /// Upstream `CallbackHandler`: calls each callback, in the order they were added, at every
 /// event, after resetting the flags upstream resets for that event.

@@ -4,10 +4,10 @@ use tchtrain_training_args::{IntervalStrategy, TrainingArguments};
 
 use crate::error::{Error, Result};
 use crate::exportable_state::{CallbackState, ExportableState};
-use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue};
 
 /// Upstream `EarlyStoppingCallback`: sets `should_training_stop` once `metric_for_best_model`
 /// has failed to improve on `state.best_metric` by more than `early_stopping_threshold` for

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
-use tchtrain_training_args::{JsonMap, JsonValue, dumps};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue, dumps};
 
 /// The file name used under `output_dir` when no path is given.
 pub const METRICS_JSONL_NAME: &str = "metrics.jsonl";

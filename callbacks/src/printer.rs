@@ -3,10 +3,10 @@
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
-use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 
 /// Python's `f"{v:.{precision}g}"`: `precision` significant digits, trailing zeros removed,
 /// exponent notation (`1.741e+04`) outside `[1e-4, 10**precision)`.

@@ -5,10 +5,10 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::printer::{format_g, format_logs};
-use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue};
 
 const TRAIN_TEMPLATE: &str =
     "{percent:>3}%|{wide_bar}| {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}";

@@ -7,10 +7,10 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::event_file::{EventFileWriter, hostname};
-use tchtrain_training_args::{JsonMap, JsonValue};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::{JsonMap, JsonValue};
 
 /// Upstream `rewrite_logs`: `eval_x` becomes `eval/x`, `test_x` becomes `test/x`, anything
 /// else `train/x`.

@@ -12,9 +12,9 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::exportable_state::CallbackState;
-use tchtrain_training_args::JsonMap;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use tchtrain_training_args::JsonMap;
 
 /// The last path segment of a type name, without generic arguments (`DefaultFlowCallback`).
 pub(crate) fn short_type_name(full: &'static str) -> &'static str {

@@ -4,9 +4,9 @@
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::Feature;
 use crate::padding::{PaddedRows, PaddingStrategy, collate_labels, pad_features};
 use crate::tokenizer_info::TokenizerInfo;
+use tchtrain_datasets::Feature;
 
 /// Collates rows without any padding (upstream's `default_data_collator`).
 ///

@@ -7,11 +7,11 @@ use tch::{Device, Kind, Tensor};
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::Feature;
 use crate::padding::{PaddingStrategy, pad_features, round_up, stack_i64};
 use crate::tokenizer_info::TokenizerInfo;
 use crate::torch_generator::TorchGenerator;
 use crate::whole_word_mask::{whole_word_ids, whole_word_mask};
+use tchtrain_datasets::Feature;
 
 /// The options of upstream's `DataCollatorForLanguageModeling` (defaults equal upstream's).
 #[derive(Debug, Clone, PartialEq)]

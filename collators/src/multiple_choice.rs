@@ -6,9 +6,9 @@ use tch::Tensor;
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::Feature;
 use crate::padding::{PaddingStrategy, pad_features};
 use crate::tokenizer_info::TokenizerInfo;
+use tchtrain_datasets::Feature;
 
 /// One multiple-choice example: one tokenized [`Feature`] per choice (their `labels`
 /// are not used) and the index of the right choice.

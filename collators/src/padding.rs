@@ -6,8 +6,8 @@ use tch::Tensor;
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::{Feature, Label};
 use crate::tokenizer_info::TokenizerInfo;
+use tchtrain_datasets::{Feature, Label};
 
 /// How to pad a batch (upstream's `PaddingStrategy`, or `padding=True/False/str`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

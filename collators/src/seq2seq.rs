@@ -6,10 +6,10 @@ use tch::{Kind, Tensor};
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::{Feature, Label};
 use crate::padding::{PaddingStrategy, check_absent, pad_features, round_up, stack_i64};
 use crate::token_classification::pad_labels;
 use crate::tokenizer_info::TokenizerInfo;
+use tchtrain_datasets::{Feature, Label};
 
 /// Shifts `input_ids` (`[batch, len]`) one token to the right, puts
 /// `decoder_start_token_id` first and replaces `-100` by `pad_token_id`: the

@@ -3,9 +3,9 @@
 use crate::batch::Batch;
 use crate::data_collator::DataCollator;
 use crate::error::{Error, Result};
-use tchtrain_datasets::{Feature, Label};
 use crate::padding::{PaddingSide, PaddingStrategy, check_absent, pad_features, stack_i64};
 use crate::tokenizer_info::TokenizerInfo;
+use tchtrain_datasets::{Feature, Label};
 
 /// Pads inputs as [`DataCollatorWithPadding`](crate::DataCollatorWithPadding) does and
 /// the per-token labels ([`Label::Ids`]) to the same length with `label_pad_token_id`,

@@ -72,7 +72,12 @@ impl DataLoader {
         batch_size: usize,
         drop_last: bool,
     ) -> Result<Self> {
-        Self::with_source(Source::Map { dataset, sampler }, collator, batch_size, drop_last)
+        Self::with_source(
+            Source::Map { dataset, sampler },
+            collator,
+            batch_size,
+            drop_last,
+        )
     }
 
     fn with_source(

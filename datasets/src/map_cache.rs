@@ -17,8 +17,8 @@
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use crate::feature::{Feature, Label};
+use sha2::{Digest, Sha256};
 
 /// The environment variable naming the cache folder (`0` or `off` turns the cache off).
 pub const DATASETS_CACHE_ENV: &str = "TCHTRAIN_DATASETS_CACHE";

@@ -8,9 +8,9 @@ use tchtrain_collators::TokenizerInfo;
 use tchtrain_models::{HubOptions, Tokenizer, gpt2_tokenizer, load_tokenizer, resolve};
 use tchtrain_training_args::TrainingArguments;
 
-use tchtrain_trainer::get_last_checkpoint;
 use crate::error::{Error, Result};
 use tchtrain_trainer::ResumeFrom;
+use tchtrain_trainer::get_last_checkpoint;
 
 /// A tokenizer folder: a local folder as it is (it need not hold a model), else a hub id
 /// resolved through the cache or a download.

@@ -81,10 +81,7 @@ impl TrainableModel for BagOfWords {
         let ids = inputs
             .input_ids
             .ok_or(tchtrain_models::Error::MissingInput { name: "input_ids" })?;
-        let pooled = self
-            .embed
-            .forward(ids)
-            .f_mean_dim(1, false, Kind::Float)?;
+        let pooled = self.embed.forward(ids).f_mean_dim(1, false, Kind::Float)?;
         let logits = self.head.forward(&pooled);
         let loss = match inputs.labels {
             Some(labels) => Some(logits.f_cross_entropy_loss::<Tensor>(
@@ -122,7 +119,9 @@ impl TrainableModel for BagOfWords {
 /// `n` seeded rows: 8 token ids each (a 64-bit LCG), label 1 when the row holds
 /// [`MARKER`].
 pub fn rows(n: usize, seed: u64) -> Vec<Feature> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             let ids: Vec<i64> = (0..ROW_LEN)

@@ -31,12 +31,12 @@ use tchtrain_training_args::TrainingArguments;
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
-use tchtrain_data::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
-use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
-use tchtrain_trainer::{EvalPrediction, Metrics};
+use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::{CausalLmTextStream, group_texts, tokenize_lines};
+use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
 use tchtrain_trainer::Trainer;
+use tchtrain_trainer::{EvalPrediction, Metrics};
 
 /// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
 #[derive(Debug, Clone, PartialEq)]
@@ -165,10 +165,12 @@ fn blocks(
     }
     let cache = MapCache::from_env();
     let rows = map_cached(cache.as_ref(), &fingerprint, overwrite_cache, || {
-        Ok::<_, Error>(tokenize_lines(tokenizer, lines)?
-            .into_iter()
-            .map(Feature::new)
-            .collect())
+        Ok::<_, Error>(
+            tokenize_lines(tokenizer, lines)?
+                .into_iter()
+                .map(Feature::new)
+                .collect(),
+        )
     })?;
     let ids: Vec<Vec<i64>> = rows.into_iter().map(|r| r.input_ids).collect();
     let ds = InMemoryDataset::new(group_texts(&ids, block_size, None)?);

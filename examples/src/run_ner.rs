@@ -45,12 +45,12 @@ use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::seqeval;
-use tchtrain_data::{Dataset, InMemoryDataset};
 use crate::error::{Error, Result};
+use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
-use tchtrain_trainer::{EvalPrediction, Metrics};
 use tchtrain_datasets::{Table, cell_text};
 use tchtrain_trainer::Trainer;
+use tchtrain_trainer::{EvalPrediction, Metrics};
 
 /// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
 #[derive(Debug, Clone, PartialEq)]

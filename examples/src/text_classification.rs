@@ -8,8 +8,8 @@ use tchtrain_collators::{Feature, Label};
 use tchtrain_models::Tokenizer;
 use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
-use tchtrain_data::InMemoryDataset;
 use crate::error::{Error, Result};
+use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{Table, cell_text};
 
 /// What the label column holds: class names (single-label classification) or numbers

@@ -8,6 +8,10 @@ use tchtrain_datasets::{decode_rows, encode_rows};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(rows) = decode_rows(data) {
-        assert_eq!(encode_rows(&rows), data, "decode then encode must give the same bytes");
+        assert_eq!(
+            encode_rows(&rows),
+            data,
+            "decode then encode must give the same bytes"
+        );
     }
 });

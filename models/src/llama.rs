@@ -16,9 +16,7 @@ use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, RmsNorm};
 use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{
-    Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
-};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::{Error, Result};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`

@@ -345,7 +345,9 @@ impl Trainer {
                             .filter(|(n, _)| !sharded.contains(n)),
                     );
                     match self.model.as_pretrained() {
-                        Some(m) => tchtrain_models::save_pretrained_state_dict(m, &tmp, state_dict)?,
+                        Some(m) => {
+                            tchtrain_models::save_pretrained_state_dict(m, &tmp, state_dict)?
+                        }
                         None => {
                             state_dict.sort_by(|a, b| a.0.cmp(&b.0));
                             tchtrain_models::write_safetensors(

@@ -39,11 +39,11 @@ use tchtrain_distributed::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use tchtrain_data::DataLoader;
 use crate::error::{Error, Result};
 use crate::model_info::named_parameters;
-use tchtrain_data::BatchSamplerShard;
 use crate::trainer::Trainer;
+use tchtrain_data::BatchSamplerShard;
+use tchtrain_data::DataLoader;
 
 /// torch.distributed's default process group: one per process, shared by every Trainer.
 static DEFAULT_GROUP: Mutex<Option<ProcessGroup>> = Mutex::new(None);

@@ -7,12 +7,12 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchtrain_callbacks::JsonMap;
 
-use tchtrain_data::Dataset;
 use crate::error::{Error, Result};
 use crate::hooks::StepContext;
 use crate::metrics::{EvalPrediction, Metrics, speed_metrics};
 use crate::train_loop::metric_key;
 use crate::trainer::Trainer;
+use tchtrain_data::Dataset;
 
 impl Trainer {
     /// Upstream `evaluate`: runs the model over `eval_dataset` (or the Trainer's) in batches

@@ -89,7 +89,12 @@ mod tests {
                 .collect();
             let want = f64::from_bits(case["mean_bits"].as_u64().unwrap());
             let got = numpy_mean_f32(&values);
-            assert_eq!(got.to_bits(), want.to_bits(), "n = {}: {got} vs numpy {want}", values.len());
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "n = {}: {got} vs numpy {want}",
+                values.len()
+            );
         }
     }
 }

@@ -7,10 +7,10 @@ use std::time::Instant;
 use tch::Tensor;
 use tchtrain_callbacks::JsonMap;
 
-use tchtrain_data::Dataset;
 use crate::error::Result;
 use crate::metrics::{Metrics, speed_metrics};
 use crate::trainer::Trainer;
+use tchtrain_data::Dataset;
 
 /// Upstream `PredictionOutput`: what [`Trainer::predict`] returns.
 #[derive(Debug)]

@@ -16,13 +16,13 @@ use tchtrain_collators::Batch;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
 use crate::checkpoint::{self, get_last_checkpoint};
-use tchtrain_data::DataLoader;
 use crate::error::{Error, Result};
 use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
 use crate::metrics::{Metrics, TrainOutput, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
 use crate::profile::{Phase, StepProfile};
 use crate::trainer::Trainer;
+use tchtrain_data::DataLoader;
 use tchtrain_models::TrainableModel;
 
 /// Where `train` resumes from (upstream's `resume_from_checkpoint`: a path, or `True`).

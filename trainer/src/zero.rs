@@ -88,7 +88,12 @@ fn deepspeed_config(
 
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
 fn hidden_size(trainer: &Trainer) -> Option<i64> {
-    let v = trainer.model.as_pretrained()?.config().to_json_value().ok()?;
+    let v = trainer
+        .model
+        .as_pretrained()?
+        .config()
+        .to_json_value()
+        .ok()?;
     ["hidden_size", "n_embd", "d_model"]
         .iter()
         .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))

@@ -58,11 +58,11 @@ pub use cli::HfArgumentParser;
 pub use debug_utils::DebugOption;
 pub use distributed::ParallelMode;
 pub use error::{Error, Result};
+pub use json_loads::{JsonSyntaxError, loads};
+pub use json_value::{JsonMap, JsonValue, dumps};
 pub use normalize::{V4_ALIASES, field_names};
 pub use optimizer_names::OptimizerNames;
 pub use parsed::{ParsedArguments, Warning};
-pub use json_loads::{JsonSyntaxError, loads};
-pub use json_value::{JsonMap, JsonValue, dumps};
 pub use python_json::{python_float_repr, python_repr, python_str_repr};
 pub use setters::{
     SetDataloader, SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetPushToHub, SetSave,

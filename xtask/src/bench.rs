@@ -361,9 +361,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
 
     let mut build = Command::new(cargo);
-    build
-        .current_dir(&root)
-        .args(["build", "--release", "-p", "tchtrain-examples", "--bin", example]);
+    build.current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "tchtrain-examples",
+        "--bin",
+        example,
+    ]);
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
     }

@@ -39,7 +39,9 @@ impl Options {
             match a.as_str() {
                 "--check" => o.check = true,
                 other => {
-                    return Err(format!("codegen: unknown option `{other}` (known: --check)"));
+                    return Err(format!(
+                        "codegen: unknown option `{other}` (known: --check)"
+                    ));
                 }
             }
         }
@@ -125,7 +127,10 @@ fn rustfmt(source: &str) -> Result<String, String> {
         .wait_with_output()
         .map_err(|e| format!("waiting for rustfmt: {e}"))?;
     if !out.status.success() {
-        return Err(format!("rustfmt failed ({}) on the generated source", out.status));
+        return Err(format!(
+            "rustfmt failed ({}) on the generated source",
+            out.status
+        ));
     }
     String::from_utf8(out.stdout).map_err(|e| format!("rustfmt's output: {e}"))
 }
@@ -141,12 +146,19 @@ mod tests {
             Options::parse(&["--check".into()]).unwrap(),
             Options { check: true }
         );
-        assert!(Options::parse(&["--chek".into()]).unwrap_err().contains("--check"));
+        assert!(
+            Options::parse(&["--chek".into()])
+                .unwrap_err()
+                .contains("--check")
+        );
     }
 
     #[test]
     fn layout_is_not_content() {
-        assert!(same_tokens("a: &[\n    \"x\",\n    \"y\",\n]", "a: &[\"x\", \"y\"]"));
+        assert!(same_tokens(
+            "a: &[\n    \"x\",\n    \"y\",\n]",
+            "a: &[\"x\", \"y\"]"
+        ));
         assert!(same_tokens("S {\n    a: 1,\n}", "S { a: 1 }"));
         assert!(!same_tokens("a: 1", "a: 2"));
     }

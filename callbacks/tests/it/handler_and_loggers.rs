@@ -2,8 +2,6 @@
 //! ProgressCallback bars, the JSON-lines logger, TensorBoard event files read back by the
 //! `tensorboard` Python package, and errors on malformed trainer_state.json files.
 
-
-
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 

@@ -4,8 +4,6 @@
 //! Python Trainer run. All comparisons are exact: the decisions are booleans and integers,
 //! and the JSON must match byte for byte.
 
-
-
 use crate::common::{JsonExt, interval, reference_json, reference_text, save_strategy, temp_dir};
 use tchtrain_callbacks::{
     CallbackHandler, CallbackState, DefaultFlowCallback, EarlyStoppingCallback, ExportableState,
@@ -314,9 +312,10 @@ fn python_trainer_state_files_round_trip_byte_identically() {
 
 #[test]
 fn python_trainer_state_values_are_read() {
-    let state =
-        TrainerState::load_from_json(crate::common::reference_dir().join("trainer_state_final.json"))
-            .unwrap();
+    let state = TrainerState::load_from_json(
+        crate::common::reference_dir().join("trainer_state_final.json"),
+    )
+    .unwrap();
     assert_eq!(state.global_step, 12);
     assert_eq!(state.max_steps, 12);
     assert_eq!(
@@ -364,7 +363,8 @@ fn python_trainer_state_values_are_read() {
 fn stateful_callbacks_are_written_as_upstream_does() {
     // The first checkpoint of the Python run: rebuild its stateful_callbacks from live objects.
     let python =
-        TrainerState::load_from_json(crate::common::reference_dir().join("trainer_state.json")).unwrap();
+        TrainerState::load_from_json(crate::common::reference_dir().join("trainer_state.json"))
+            .unwrap();
     let py_es = python
         .stateful_callbacks
         .get("EarlyStoppingCallback")
@@ -410,8 +410,9 @@ fn stateful_callbacks_are_written_as_upstream_does() {
     ]);
     let state =
         TrainerState::with_stateful_callbacks(two.exportable_states(&TrainerControl::default()));
-    let odd = TrainerState::load_from_json(crate::common::reference_dir().join("trainer_state_odd.json"))
-        .unwrap();
+    let odd =
+        TrainerState::load_from_json(crate::common::reference_dir().join("trainer_state_odd.json"))
+            .unwrap();
     let mut expected = odd.stateful_callbacks.clone();
     // The reference's second callback has a counter of 2.
     if let Some(JsonValue::Array(list)) = expected.get_mut("EarlyStoppingCallback") {

@@ -50,13 +50,11 @@ use tchtrain::collators::{
     Batch, DataCollator, DataCollatorWithPadding, DefaultDataCollator, Feature, Label,
     TokenizerInfo,
 };
+use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
 use tchtrain::models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
 use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_param_groups};
 use tchtrain::tch::{self, Device, Kind, Tensor};
-use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
-use tchtrain::trainer::{
-    StepContext, Trainer, model_forward, named_parameters,
-};
+use tchtrain::trainer::{StepContext, Trainer, model_forward, named_parameters};
 use tchtrain::training_args::{SaveStrategy, TrainingArguments};
 
 struct Options {

@@ -11,5 +11,8 @@ use std::process::ExitCode;
 use tchtrain_examples::{custom_model, exit_code};
 
 fn main() -> ExitCode {
-    exit_code("custom_model", custom_model::main_with_args(std::env::args().skip(1)))
+    exit_code(
+        "custom_model",
+        custom_model::main_with_args(std::env::args().skip(1)),
+    )
 }

@@ -21,7 +21,12 @@ fn steps(out: &Path) -> Result<Steps> {
         .filter(|e| e.get("loss").is_some())
         .map(|e| {
             let num = |k: &str| e.get(k).and_then(|v| v.as_f64()).context(k.to_string());
-            Ok((num("step")? as i64, num("loss")?, num("grad_norm")?, num("learning_rate")?))
+            Ok((
+                num("step")? as i64,
+                num("loss")?,
+                num("grad_norm")?,
+                num("learning_rate")?,
+            ))
         })
         .collect()
 }
@@ -54,7 +59,14 @@ fn a_user_model_learns_and_resumes_exactly() -> Result<()> {
     let _g = lock();
     let dir = temp_dir("custom-model");
     let full = dir.join("full");
-    let extra = ["--max_steps", "24", "--save_strategy", "steps", "--save_steps", "12"];
+    let extra = [
+        "--max_steps",
+        "24",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "12",
+    ];
     custom_model::main_with_args(argv(&full, &extra))?;
     let run = steps(&full)?;
     assert_eq!(run.len(), 24);
@@ -66,8 +78,15 @@ fn a_user_model_learns_and_resumes_exactly() -> Result<()> {
 
     // A model that is not a PreTrainedModel is saved as its state dict alone.
     let ckpt = full.join("checkpoint-12");
-    ensure!(ckpt.join("model.safetensors").is_file(), "no weights in {}", ckpt.display());
-    ensure!(!ckpt.join("config.json").exists(), "a config for a model without one");
+    ensure!(
+        ckpt.join("model.safetensors").is_file(),
+        "no weights in {}",
+        ckpt.display()
+    );
+    ensure!(
+        !ckpt.join("config.json").exists(),
+        "a config for a model without one"
+    );
     let mut names: Vec<String> = tch::Tensor::read_safetensors(ckpt.join("model.safetensors"))?
         .into_iter()
         .map(|(n, _)| n)
@@ -79,7 +98,14 @@ fn a_user_model_learns_and_resumes_exactly() -> Result<()> {
     // (steps 1-12, as upstream's), and steps 13-24 are the full run's to the bit.
     let resumed = dir.join("resumed");
     let ckpt_arg = ckpt.display().to_string();
-    let extra = ["--max_steps", "24", "--save_strategy", "no", "--resume_from_checkpoint", &ckpt_arg];
+    let extra = [
+        "--max_steps",
+        "24",
+        "--save_strategy",
+        "no",
+        "--resume_from_checkpoint",
+        &ckpt_arg,
+    ];
     custom_model::main_with_args(argv(&resumed, &extra))?;
     let again = steps(&resumed)?;
     assert_eq!(again, run);
@@ -92,9 +118,23 @@ fn a_user_model_on_two_ranks_equals_one_process_accumulating_their_batches() -> 
     let dir = temp_dir("custom-model-ddp");
     // Two ranks of 4 rows each: every step averages the two batches' gradients.
     let ddp = dir.join("ddp");
-    let extra = ["--per_device_train_batch_size", "4", "--max_steps", "8", "--save_strategy", "no"];
+    let extra = [
+        "--per_device_train_batch_size",
+        "4",
+        "--max_steps",
+        "8",
+        "--save_strategy",
+        "no",
+    ];
     let output = std::process::Command::new(crate::launch::xtask()?)
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+        ])
         .arg(env!("CARGO_BIN_EXE_custom_model"))
         .args(argv(&ddp, &extra))
         .output()?;

@@ -68,7 +68,14 @@ fn run_clm_once(cache_dir: &Path, out: &Path, overwrite: bool) -> Result<f64> {
         "2",
     ];
     let argv = script_argv(&flags, out, overwrite);
-    run_script(env!("CARGO_BIN_EXE_run_clm"), argv, cache_dir, out, "train", "train_loss")
+    run_script(
+        env!("CARGO_BIN_EXE_run_clm"),
+        argv,
+        cache_dir,
+        out,
+        "train",
+        "train_loss",
+    )
 }
 
 /// `run_ner` on the reference NER files (train and evaluate): the evaluation loss.
@@ -90,7 +97,14 @@ fn run_ner_once(cache_dir: &Path, out: &Path, overwrite: bool) -> Result<f64> {
         "4",
     ];
     let argv = script_argv(&flags, out, overwrite);
-    run_script(env!("CARGO_BIN_EXE_run_ner"), argv, cache_dir, out, "eval", "eval_loss")
+    run_script(
+        env!("CARGO_BIN_EXE_run_ner"),
+        argv,
+        cache_dir,
+        out,
+        "eval",
+        "eval_loss",
+    )
 }
 
 /// A script run twice with the same data tokenizes once (`files` cache files, read the

@@ -15,7 +15,6 @@ use tchtrain_examples::{
 };
 use tchtrain_testing::{asset, lock};
 
-
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tchtrain-demo-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);

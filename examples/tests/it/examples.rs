@@ -12,9 +12,6 @@ use tchtrain_datasets::{Table, cell_text};
 use tchtrain_examples::{ClassificationLabels, Error, exit_code, run_classification, run_clm};
 use tchtrain_testing::{asset, assets, lock};
 
-
-
-
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tchtrain-examples-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -425,7 +422,13 @@ fn bad_label_columns_and_values_are_named() -> Result<()> {
         &TextClassificationOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { .. })), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Datasets(tchtrain_datasets::Error::MissingColumn { .. })
+        ),
+        "{err}"
+    );
     // A label the label list does not have.
     let table = Table::from_json_str(
         "{\"sentence\": \"a fine film\", \"label\": \"fresh\"}\n{\"sentence\": \"dull\", \"label\": \"plot\"}\n",

@@ -11,13 +11,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, ensure};
 use tchtrain_callbacks::{JsonMap, JsonValue, TrainerState};
 use tchtrain_collators::Label;
-use tchtrain_models::load_tokenizer;
 use tchtrain_data::Dataset;
 use tchtrain_examples::run_ner::tokenize_and_align_labels;
 use tchtrain_examples::{Error, exit_code, run_mlm, run_ner, seqeval};
+use tchtrain_models::load_tokenizer;
 use tchtrain_testing::{asset, assets, lock};
-
-
 
 fn reference(rel: &str) -> String {
     asset(&format!("reference/trainer_mlm_ner/{rel}"))
@@ -29,7 +27,6 @@ fn read_json(path: impl AsRef<Path>) -> Result<serde_json::Value> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(serde_json::from_str(&text)?)
 }
-
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(

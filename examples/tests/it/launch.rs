@@ -36,7 +36,14 @@ pub(crate) fn xtask() -> Result<PathBuf> {
 /// CPU, no reports and no checkpoints; the launcher's output when it fails.
 fn launch_2(script: &str, args: &[String], out: &Path) -> Result<()> {
     let output = Command::new(xtask()?)
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+        ])
         .arg(script)
         .args(args)
         .args(["--use_cpu", "--report_to", "none", "--save_strategy", "no"])
@@ -128,8 +135,18 @@ fn run_clm_on_two_ranks_saves_once_and_loads() -> Result<()> {
     ]);
     launch_2(env!("CARGO_BIN_EXE_run_clm"), &args, &out)?;
     let mut files = MODEL_FILES.to_vec();
-    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
-    check_outputs(&out, &files, 4, AutoTask::CausalLm, Path::new(&asset("tiny-gpt2")))
+    files.extend([
+        "train_results.json",
+        "eval_results.json",
+        "all_results.json",
+    ]);
+    check_outputs(
+        &out,
+        &files,
+        4,
+        AutoTask::CausalLm,
+        Path::new(&asset("tiny-gpt2")),
+    )
 }
 
 #[test]
@@ -158,8 +175,18 @@ fn run_mlm_on_two_ranks_saves_once_and_loads() -> Result<()> {
     ]);
     launch_2(env!("CARGO_BIN_EXE_run_mlm"), &args, &out)?;
     let mut files = MODEL_FILES.to_vec();
-    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
-    check_outputs(&out, &files, 3, AutoTask::MaskedLm, Path::new(&asset("tiny-bert")))
+    files.extend([
+        "train_results.json",
+        "eval_results.json",
+        "all_results.json",
+    ]);
+    check_outputs(
+        &out,
+        &files,
+        3,
+        AutoTask::MaskedLm,
+        Path::new(&asset("tiny-bert")),
+    )
 }
 
 #[test]
@@ -197,7 +224,11 @@ fn run_classification_on_two_ranks_saves_once_and_loads() -> Result<()> {
     ]);
     launch_2(env!("CARGO_BIN_EXE_run_classification"), &args, &out)?;
     let mut files = MODEL_FILES.to_vec();
-    files.extend(["train_results.json", "eval_results.json", "all_results.json"]);
+    files.extend([
+        "train_results.json",
+        "eval_results.json",
+        "all_results.json",
+    ]);
     check_outputs(
         &out,
         &files,

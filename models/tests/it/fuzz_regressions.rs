@@ -7,8 +7,8 @@
 //!   libtorch refused with a panic while the model was created; now `Error::InvalidConfig`
 //!   from `from_file` and from the models' `new`.
 
-use tchtrain_testing::lock;
 use std::path::PathBuf;
+use tchtrain_testing::lock;
 
 use tch::Device;
 use tchtrain_models::{

@@ -2,16 +2,19 @@
 //! 127.0.0.1), sharded checkpoints, `save_pretrained` read back by Rust and by Python's
 //! transformers 5.23, and typed errors for broken folders.
 
-use tchtrain_testing::{assets, lock};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
-use tchtrain_models::{AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs, PreTrainedModel, TrainableModel, from_pretrained, read_checkpoint, resolve, write_safetensors};
+use tchtrain_models::{
+    AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs,
+    PreTrainedModel, TrainableModel, from_pretrained, read_checkpoint, resolve, write_safetensors,
+};
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tchtrain-models-{name}-{}", std::process::id()));

@@ -3,9 +3,9 @@
 //! that hand the tensor back change nothing (bit for bit); a failing hook is an error naming
 //! the layer; outside `with_layer_hooks` nothing is called.
 
-use tchtrain_testing::{assets, lock};
 use std::cell::RefCell;
 use std::rc::Rc;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::Result;
 use tch::{Device, Tensor};

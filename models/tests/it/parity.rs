@@ -5,8 +5,8 @@
 //! in matmuls / attention); loss and gradients ≤ 1e-4 relative to the largest magnitude of
 //! each reference tensor.
 
-use tchtrain_testing::{assets, lock};
 use std::collections::HashMap;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};

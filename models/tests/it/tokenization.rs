@@ -2,8 +2,8 @@
 //! (`scripts/reference/models.py` → tokenizers.json): GPT-2 from vocab.json + merges.txt,
 //! MiniLM and SmolLM2 from tokenizer.json. Exact equality, special tokens included.
 
-use tchtrain_testing::{assets, lock};
 use std::path::Path;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tchtrain_models::{gpt2_tokenizer, load_tokenizer};

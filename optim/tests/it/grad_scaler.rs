@@ -4,9 +4,9 @@
 //! `state_dict`, `scale(loss)` for float32 and float16 losses; then the state round trip and
 //! torch's errors for calls out of order.
 
-use tchtrain_testing::lock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use serde_json::Value;

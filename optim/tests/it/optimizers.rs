@@ -1,9 +1,9 @@
 //! Optimizers, clipping and decay groups against `scripts/reference/optim_parity.py`
 //! (torch 2.13 / transformers 5.23), plus state export / restore and typed errors.
 
-use tchtrain_testing::lock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;

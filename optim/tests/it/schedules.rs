@@ -1,8 +1,8 @@
 //! Every scheduler against `scripts/reference/optim_schedules.py` (transformers 5.23
 //! `get_scheduler` on torch 2.13), state resume, and typed errors for bad arguments.
 
-use tchtrain_testing::lock;
 use std::path::PathBuf;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use serde_json::Value;

@@ -2,10 +2,10 @@
 //! takes exactly the step it takes after `backward()` produced the same gradients, the
 //! assignment shares storage, `None` removes the gradient, and mismatches are errors.
 
-use tchtrain_testing::lock;
 use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 use tchtrain_optim::{AdamW, AdamWConfig, GroupSpec, Optimizer, set_grad};
+use tchtrain_testing::lock;
 
 fn params() -> Vec<Tensor> {
     tch::manual_seed(3);

@@ -8,9 +8,9 @@
 //! The model crate's own files (a `config.json` that is not JSON, a garbage tokenizer) are
 //! checked at load time the same way.
 
-use tchtrain_testing::lock;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use tchtrain_models::{AutoTask, LoadOptions, TrainableModel, from_pretrained_dir};

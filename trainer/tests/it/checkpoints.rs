@@ -5,17 +5,21 @@
 //! `greater_is_better` both ways; `load_best_model_at_end` reloads the best weights; and
 //! bad checkpoints and labels are typed errors before the first step.
 
-use tchtrain_testing::{assets, lock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::{Device, Tensor};
 use tchtrain_callbacks::{JsonMap, JsonValue, TrainerCallback, TrainerControl, TrainerState};
 use tchtrain_collators::{Feature, Label};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir};
 use tchtrain_data::{Dataset, InMemoryDataset};
-use tchtrain_trainer::{Error, EvalPrediction, Metrics, RNG_GENERATOR_STATE_NAME, ResumeFrom, Trainer};
+use tchtrain_models::{
+    AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir,
+};
+use tchtrain_trainer::{
+    Error, EvalPrediction, Metrics, RNG_GENERATOR_STATE_NAME, ResumeFrom, Trainer,
+};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 
 fn reference_dir() -> PathBuf {

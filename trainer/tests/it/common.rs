@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_collators::{Feature, Label};
+use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_distributed::DistributedEnv;
 use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
-use tchtrain_data::{Dataset, InMemoryDataset};
 pub use tchtrain_testing::assets;
 
 /// Environment variable naming a child's role (set only in relaunched ranks).
@@ -65,7 +65,10 @@ pub fn free_port() -> u16 {
 /// The full name libtest knows `test` by in this binary (`module::test`): the running test
 /// is named by its thread, so a sibling `test` of the same module gets the same prefix.
 pub fn test_path(test: &str) -> String {
-    let current = std::thread::current().name().unwrap_or_default().to_string();
+    let current = std::thread::current()
+        .name()
+        .unwrap_or_default()
+        .to_string();
     match current.rsplit_once("::") {
         _ if current == test || current.ends_with(&format!("::{test}")) => current,
         Some((module, _)) => format!("{module}::{test}"),
@@ -85,7 +88,13 @@ pub fn isolated(test: &str) -> bool {
         return true;
     }
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            &test_path(test),
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(ISOLATED, "1")
         .output()
         .unwrap();
@@ -105,7 +114,13 @@ pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
     (0..world)
         .map(|rank| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+                .args([
+                    "--exact",
+                    &test_path(test),
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
                 .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
                 .env(ROLE, role)
                 .env(DIR, dir)
@@ -134,7 +149,13 @@ pub fn launch_ranks(
         .map(|&(rank, port)| {
             let stderr = std::fs::File::create(dir.join(format!("stderr-rank{rank}.txt"))).unwrap();
             Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", &test_path(test), "--nocapture", "--test-threads", "1"])
+                .args([
+                    "--exact",
+                    &test_path(test),
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
                 .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
                 .env(ROLE, role)
                 .env(DIR, dir)

@@ -4,8 +4,8 @@
 //! counters are process-wide, so the test runs alone in a child process of this binary (no
 //! other test's thread allocates between the checks).
 
-use tchtrain_testing::lock;
 use tch::{Device, Kind, Tensor};
+use tchtrain_testing::lock;
 use tchtrain_trainer::CpuMemoryCache;
 
 const MIB: i64 = 1 << 20;

@@ -17,10 +17,10 @@
 //! `TCHTRAIN_CRASH_SEED` changes the kill times (the default is fixed, so a failure
 //! reproduces); `TCHTRAIN_CRASH_KILLS` the number of kills.
 
-use tchtrain_testing::lock;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result, bail};
 use tchtrain_callbacks::{JsonMap, JsonValue, TrainerCallback, TrainerControl, TrainerState};
@@ -149,7 +149,9 @@ fn spawn(dir: &Path) -> Result<Child> {
     Ok(Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            &crate::common::test_path("sigkill_during_saves_never_leaves_a_broken_newest_checkpoint"),
+            &crate::common::test_path(
+                "sigkill_during_saves_never_leaves_a_broken_newest_checkpoint",
+            ),
             "--nocapture",
             "--test-threads",
             "1",

@@ -9,9 +9,9 @@
 //!   GPT-2's `n_embd`;
 //! * a value that conflicts with the arguments fails with upstream's mismatch message.
 
-use tchtrain_testing::lock;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};

@@ -12,15 +12,17 @@
 //!
 //! (A rank killed mid-run is `distributed.rs`'s `a_dead_rank_...` test.)
 
-use tchtrain_testing::lock;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tchtrain_testing::lock;
 
 use anyhow::Result;
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
-use crate::common::{blocks, free_port, initial_model, is_rank, launch_ranks, rank, temp_dir, test_dir};
+use crate::common::{
+    blocks, free_port, initial_model, is_rank, launch_ranks, rank, temp_dir, test_dir,
+};
 
 /// The `ddp_timeout` of the ranks, in seconds.
 const TIMEOUT_S: i64 = 4;

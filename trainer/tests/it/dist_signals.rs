@@ -5,17 +5,19 @@
 //! agreement the signalled rank would stop and save while the other went on into the next
 //! step's all-reduce: a hang until `ddp_timeout`, then an error.
 
-use tchtrain_testing::lock;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tchtrain_testing::lock;
 
 use anyhow::{Result, bail};
 use tchtrain_callbacks::{TrainerCallback, TrainerControl, TrainerState};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
-use crate::common::{blocks, free_port, initial_model, is_rank, launch_ranks, rank, temp_dir, test_dir};
+use crate::common::{
+    blocks, free_port, initial_model, is_rank, launch_ranks, rank, temp_dir, test_dir,
+};
 
 fn args(output_dir: &Path) -> Result<TrainingArguments> {
     let mut args = TrainingArguments {

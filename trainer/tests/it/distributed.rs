@@ -11,11 +11,11 @@
 //! * A rank that dies mid-run makes the other fail with the distributed error, well within
 //!   `ddp_timeout`, and the last checkpoint stays intact.
 
-use tchtrain_testing::lock;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};

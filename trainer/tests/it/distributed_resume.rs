@@ -16,11 +16,11 @@
 //! Python transformers loads with no missing weights and exactly these values; one process
 //! cannot resume the sharded FSDP checkpoint (it holds no full model): a typed error.
 
-use tchtrain_testing::lock;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;

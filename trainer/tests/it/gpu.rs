@@ -9,8 +9,8 @@
 
 #![allow(dead_code)]
 
-use tchtrain_testing::lock;
 use std::path::Path;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use serde_json::json;

@@ -17,18 +17,20 @@
 //!
 //! Every logged `loss`, `grad_norm`, `learning_rate` and `eval_loss` is compared.
 
-use tchtrain_testing::{assets, lock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
 use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir};
-use tchtrain_optim::GradScalerKwargs;
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::Table;
+use tchtrain_models::{
+    AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir,
+};
+use tchtrain_optim::GradScalerKwargs;
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{
     IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, TrainingArguments,

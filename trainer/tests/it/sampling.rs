@@ -6,16 +6,16 @@
 //! `DataLoader.__iter__`), the sampler's `randperm`, then the dropout masks of the steps in
 //! upstream's op order.
 
-use tchtrain_testing::{assets, lock};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::JsonValue;
 use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
-use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
 use tchtrain_data::{Dataset, InMemoryDataset, get_length_grouped_indices};
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 

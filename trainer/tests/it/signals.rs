@@ -7,18 +7,18 @@
 //!   its step.
 //! * Two SIGINTs: the second exits at once with status 130, without a checkpoint.
 
-use tchtrain_testing::{assets, lock};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result, bail};
 use tch::Device;
 use tchtrain_callbacks::{TrainerCallback, TrainerControl, TrainerState};
 use tchtrain_collators::{Feature, Label};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
 use tchtrain_data::{Dataset, InMemoryDataset};
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
 use tchtrain_trainer::{ResumeFrom, Trainer};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
@@ -130,7 +130,13 @@ fn spawn(test: &str, dir: &Path) -> Result<Child> {
     std::fs::create_dir_all(dir)?;
     let stderr = std::fs::File::create(dir.join("stderr.txt"))?;
     Ok(Command::new(std::env::current_exe()?)
-        .args(["--exact", &crate::common::test_path(test), "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            &crate::common::test_path(test),
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(ROLE, "child")
         .env(DIR, dir)
         // The child's `test result` lines must not be counted as this run's.

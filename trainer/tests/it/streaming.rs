@@ -2,16 +2,16 @@
 //! stream yields exactly the in-memory blocks, training on it equals training on those blocks
 //! in sequential order, and its bad inputs are errors before or at the first step.
 
-use tchtrain_testing::{assets, lock};
 use std::sync::Arc;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::Result;
 use tch::Device;
+use tchtrain_data::{Dataset, InMemoryDataset, IterableDataset};
+use tchtrain_datasets::{CausalLmTextStream, causal_lm_blocks_from_file};
 use tchtrain_models::{
     AutoTask, LoadOptions, PreTrainedModel, Tokenizer, from_pretrained_dir, gpt2_tokenizer,
 };
-use tchtrain_data::{Dataset, InMemoryDataset, IterableDataset};
-use tchtrain_datasets::{CausalLmTextStream, causal_lm_blocks_from_file};
 use tchtrain_trainer::{Error, Trainer};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 

@@ -3,16 +3,16 @@
 //! decay, clipping, evaluation every 10 steps) gives the same `log_history`, with the
 //! sequential and the random sampler; plus checkpoints, rotation, resume and bad input.
 
-use tchtrain_testing::{assets, lock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
 use tchtrain_collators::{Feature, Label};
-use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
 use tchtrain_data::{Dataset, InMemoryDataset};
+use tchtrain_models::{AutoTask, LoadOptions, PreTrainedModel, from_pretrained_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 

@@ -20,11 +20,11 @@
 //!   forward and backward) makes the other return the engine's collective error (from the
 //!   layer hook, or from the gradient boundary's action inside the backward).
 
-use tchtrain_testing::lock;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use serde_json::json;
