@@ -193,6 +193,12 @@ where
 /// `--resume_from_checkpoint` says; saves the model and the trainer state like the other
 /// scripts.
 pub fn run(custom: &CustomModelArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    if training.do_predict {
+        return Err(crate::Error::InvalidFlag {
+            flag: "do_predict".into(),
+            detail: "custom_model has no test split: use --do_eval for its held-out rows".into(),
+        });
+    }
     // Upstream's scripts call `set_seed(training_args.seed)` before building the model.
     tch::manual_seed(training.seed as i64);
     let model = BagOfWords::new(custom.embedding_dim, Device::Cpu);

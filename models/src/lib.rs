@@ -40,7 +40,7 @@ pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
     checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
-    write_safetensors,
+    save_state_dict, write_safetensors,
 };
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,

@@ -258,6 +258,17 @@ pub fn write_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()
     })
 }
 
+/// A model's state dict alone as `dir/model.safetensors`, names sorted (what upstream's
+/// Trainer writes for a model that is not a `PreTrainedModel`).
+pub fn save_state_dict(dir: &Path, mut tensors: Vec<(String, Tensor)>) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    write_safetensors(&tensors, &dir.join(SAFE_WEIGHTS_NAME))
+}
+
 /// Upstream `save_pretrained`: `config.json` (with `architectures`, `dtype` and
 /// `transformers_version`) and `model.safetensors` without tied duplicates.
 pub fn save_pretrained<M: PreTrainedModel + ?Sized>(model: &M, dir: &Path) -> Result<()> {

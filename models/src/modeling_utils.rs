@@ -181,14 +181,7 @@ pub trait TrainableModel: Send {
         match self.as_pretrained() {
             Some(m) => m.save_pretrained(dir),
             None => {
-                let mut tensors: Vec<(String, Tensor)> =
-                    self.var_store().variables().into_iter().collect();
-                tensors.sort_by(|a, b| a.0.cmp(&b.0));
-                std::fs::create_dir_all(dir).map_err(|source| crate::Error::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
-                loading::write_safetensors(&tensors, &dir.join(loading::SAFE_WEIGHTS_NAME))
+                loading::save_state_dict(dir, self.var_store().variables().into_iter().collect())
             }
         }
     }

@@ -348,13 +348,7 @@ impl Trainer {
                         Some(m) => {
                             tchtrain_models::save_pretrained_state_dict(m, &tmp, state_dict)?
                         }
-                        None => {
-                            state_dict.sort_by(|a, b| a.0.cmp(&b.0));
-                            tchtrain_models::write_safetensors(
-                                &state_dict,
-                                &tmp.join(tchtrain_models::SAFE_WEIGHTS_NAME),
-                            )?
-                        }
+                        None => tchtrain_models::save_state_dict(&tmp, state_dict)?,
                     }
                 }
                 None => self.model.save_weights(&tmp)?,

@@ -109,6 +109,12 @@ fn a_user_model_learns_and_resumes_exactly() -> Result<()> {
     custom_model::main_with_args(argv(&resumed, &extra))?;
     let again = steps(&resumed)?;
     assert_eq!(again, run);
+
+    // A flag the script cannot honour is refused, not ignored.
+    let err = custom_model::main_with_args(argv(&dir.join("predict"), &["--do_predict"]))
+        .err()
+        .context("--do_predict was accepted")?;
+    assert!(err.to_string().contains("--do_predict"), "{err}");
     Ok(())
 }
 
