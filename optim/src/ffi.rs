@@ -1,4 +1,4 @@
-//! The safe Rust face of `csrc/optim_shim.cpp`: libtorch ops that tch does not expose
+//! The safe Rust face of `tchtrain-sys`'s `csrc/optim.cpp`: libtorch ops that tch does not expose
 //! (`add(other, alpha)`, `addcmul(.., value)`, `addcdiv(.., value)`, `p.grad = g`) and the fused
 //! multi-tensor kernels `_fused_adamw_` / `_fused_adam_` / `_fused_sgd_`.
 //!
@@ -7,91 +7,21 @@
 //! come back as [`Error::Torch`](crate::Error::Torch).
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 
 use tch::{TchError, Tensor};
-use torch_sys::C_tensor;
+use tchtrain_sys::{
+    C_tensor, tchtrain_optim_add, tchtrain_optim_add_, tchtrain_optim_addcdiv_,
+    tchtrain_optim_addcmul, tchtrain_optim_addcmul_, tchtrain_optim_fused_adam,
+    tchtrain_optim_fused_sgd, tchtrain_optim_set_grad, tchtrain_optim_vector_norm,
+};
 
 use crate::Result;
 
-unsafe extern "C" {
-    fn tchtrain_optim_free_error(err: *mut c_char);
-    fn tchtrain_optim_add_(s: *mut C_tensor, other: *const C_tensor, alpha: f64) -> *mut c_char;
-    fn tchtrain_optim_add(
-        s: *const C_tensor,
-        other: *const C_tensor,
-        alpha: f64,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-    fn tchtrain_optim_addcmul_(
-        s: *mut C_tensor,
-        t1: *const C_tensor,
-        t2: *const C_tensor,
-        value: f64,
-    ) -> *mut c_char;
-    fn tchtrain_optim_addcmul(
-        s: *const C_tensor,
-        t1: *const C_tensor,
-        t2: *const C_tensor,
-        value: f64,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-    fn tchtrain_optim_addcdiv_(
-        s: *mut C_tensor,
-        t1: *const C_tensor,
-        t2: *const C_tensor,
-        value: f64,
-    ) -> *mut c_char;
-    fn tchtrain_optim_set_grad(s: *mut C_tensor, grad: *const C_tensor) -> *mut c_char;
-    fn tchtrain_optim_vector_norm(
-        s: *const C_tensor,
-        ord: f64,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-    fn tchtrain_optim_fused_adam(
-        params: *const *mut C_tensor,
-        grads: *const *mut C_tensor,
-        exp_avgs: *const *mut C_tensor,
-        exp_avg_sqs: *const *mut C_tensor,
-        max_exp_avg_sqs: *const *mut C_tensor,
-        state_steps: *const *mut C_tensor,
-        n: usize,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-        amsgrad: c_int,
-        maximize: c_int,
-        decoupled: c_int,
-    ) -> *mut c_char;
-    fn tchtrain_optim_fused_sgd(
-        params: *const *mut C_tensor,
-        grads: *const *mut C_tensor,
-        momentum_buffers: *const *mut C_tensor,
-        n: usize,
-        weight_decay: f64,
-        momentum: f64,
-        lr: f64,
-        dampening: f64,
-        nesterov: c_int,
-        maximize: c_int,
-        is_first_step: c_int,
-    ) -> *mut c_char;
-}
-
 /// Turns the shim's error pointer into a `Result`, freeing the message.
 fn check(err: *mut c_char) -> Result<()> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, freed once here.
-    let msg = unsafe {
-        let msg = CStr::from_ptr(err).to_string_lossy().into_owned();
-        tchtrain_optim_free_error(err);
-        msg
-    };
-    Err(TchError::Torch(msg).into())
+    // SAFETY: `err` is what a shim function just returned.
+    unsafe { tchtrain_sys::take_error(err) }.map_err(|msg| TchError::Torch(msg).into())
 }
 
 /// Takes ownership of a tensor the shim allocated with `new at::Tensor`.

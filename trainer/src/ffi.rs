@@ -1,4 +1,4 @@
-//! The safe Rust face of `csrc/trainer_shim.cpp`: autocast regions for a device type
+//! The safe Rust face of `tchtrain-sys`'s autocast, generator, gradient-boundary and CPU-cache calls: autocast regions for a device type
 //! ([`AutocastGuard`], upstream's `torch.autocast(device_type, dtype)` as accelerate enters
 //! it around the model's forward) and the default generators' states ([`rng_state`],
 //! [`set_rng_state`]: `torch.get_rng_state()` / `torch.cuda.get_rng_state()`).
@@ -7,51 +7,16 @@
 //! the shim and come back as [`Error::Torch`](crate::Error::Torch).
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 
 use tch::{Device, Kind, TchError, Tensor};
-use torch_sys::C_tensor;
+use tchtrain_sys::*;
 
 use crate::error::{Error, Result};
 
-unsafe extern "C" {
-    fn tchtrain_trainer_free_error(err: *mut c_char);
-    fn tchtrain_trainer_autocast_enter(
-        device: c_int,
-        dtype: c_int,
-        prev_enabled: *mut bool,
-        prev_dtype: *mut c_int,
-        prev_cache: *mut bool,
-    ) -> *mut c_char;
-    fn tchtrain_trainer_autocast_exit(
-        device: c_int,
-        prev_enabled: bool,
-        prev_dtype: c_int,
-        prev_cache: bool,
-    ) -> *mut c_char;
-    fn tchtrain_trainer_get_rng_state(
-        device: c_int,
-        index: c_int,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-    fn tchtrain_trainer_set_rng_state(
-        device: c_int,
-        index: c_int,
-        state: *const C_tensor,
-    ) -> *mut c_char;
-}
-
 fn check(err: *mut c_char) -> Result<()> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, freed once here.
-    let msg = unsafe {
-        let msg = CStr::from_ptr(err).to_string_lossy().into_owned();
-        tchtrain_trainer_free_error(err);
-        msg
-    };
-    Err(TchError::Torch(msg).into())
+    // SAFETY: `err` is what a shim function just returned.
+    unsafe { tchtrain_sys::take_error(err) }.map_err(|msg| TchError::Torch(msg).into())
 }
 
 /// The shim's device code and index: 0 = CPU, 1 = CUDA.
@@ -99,7 +64,7 @@ impl AutocastGuard {
         let (mut prev_enabled, mut prev_dtype, mut prev_cache) = (false, 0, false);
         // SAFETY: the out-pointers point at live locals for the duration of the call.
         check(unsafe {
-            tchtrain_trainer_autocast_enter(
+            tchtrain_autocast_enter(
                 code,
                 dtype,
                 &mut prev_enabled,
@@ -120,7 +85,7 @@ impl Drop for AutocastGuard {
     fn drop(&mut self) {
         // SAFETY: plain values; the shim only touches libtorch's thread-local autocast state.
         let err = unsafe {
-            tchtrain_trainer_autocast_exit(
+            tchtrain_autocast_exit(
                 self.device,
                 self.prev_enabled,
                 self.prev_dtype,
@@ -139,7 +104,7 @@ pub(crate) fn rng_state(device: Device) -> Result<Tensor> {
     let (code, index) = device_code(device)?;
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: `out` is a live local; on success the shim stores a `new at::Tensor` in it.
-    check(unsafe { tchtrain_trainer_get_rng_state(code, index, &mut out) })?;
+    check(unsafe { tchtrain_get_rng_state(code, index, &mut out) })?;
     if out.is_null() {
         return Err(TchError::Torch("the trainer shim returned no generator state".into()).into());
     }
@@ -153,32 +118,21 @@ pub(crate) fn rng_state(device: Device) -> Result<Tensor> {
 pub(crate) fn set_rng_state(device: Device, state: &Tensor) -> Result<()> {
     let (code, index) = device_code(device)?;
     // SAFETY: `state` is a live tensor borrowed for the call.
-    check(unsafe { tchtrain_trainer_set_rng_state(code, index, state.as_ptr()) })
+    check(unsafe { tchtrain_set_rng_state(code, index, state.as_ptr()) })
 }
 
-unsafe extern "C" {
-    fn tchtrain_trainer_cpu_cache_acquire(limit: u64) -> bool;
-    fn tchtrain_trainer_cpu_cache_release();
-    fn tchtrain_trainer_cpu_cache_stats(
-        hits: *mut u64,
-        misses: *mut u64,
-        cached: *mut u64,
-        peak_cached: *mut u64,
-    );
-}
-
-/// Installs `csrc/cpu_cache.cpp`'s caching allocator as libtorch's CPU allocator, or joins
+/// Installs `tchtrain-sys`'s (`csrc/cpu_cache.cpp`) caching allocator as libtorch's CPU allocator, or joins
 /// its current holders; `limit` caps the bytes of free blocks it keeps. False when another
 /// allocator of higher priority is in place (nothing changed then).
 pub(crate) fn cpu_cache_acquire(limit: u64) -> bool {
     // SAFETY: a plain value; the shim catches every C++ exception.
-    unsafe { tchtrain_trainer_cpu_cache_acquire(limit) }
+    unsafe { tchtrain_cpu_cache_acquire(limit) }
 }
 
 /// Leaves the holders; the last one restores the previous allocator and frees the cache.
 pub(crate) fn cpu_cache_release() {
     // SAFETY: no arguments; the shim catches every C++ exception.
-    unsafe { tchtrain_trainer_cpu_cache_release() }
+    unsafe { tchtrain_cpu_cache_release() }
 }
 
 /// (reuses, fresh large allocations, bytes cached now, most bytes cached at once), counted
@@ -186,22 +140,13 @@ pub(crate) fn cpu_cache_release() {
 pub(crate) fn cpu_cache_stats() -> (u64, u64, u64, u64) {
     let (mut hits, mut misses, mut cached, mut peak) = (0, 0, 0, 0);
     // SAFETY: the out-pointers point at live locals for the duration of the call.
-    unsafe { tchtrain_trainer_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak) };
+    unsafe { tchtrain_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak) };
     (hits, misses, cached, peak)
 }
 
 /// What a gradient boundary runs in the backward: `Err` carries a message for the log; the
 /// caller keeps the typed error itself.
 pub(crate) type BoundaryAction = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
-
-unsafe extern "C" {
-    fn tchtrain_trainer_grad_boundary(
-        x: *const C_tensor,
-        token: u64,
-        f: unsafe extern "C" fn(u64) -> c_int,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-}
 
 /// The actions of the live gradient boundaries, by token.
 static BOUNDARY_ACTIONS: std::sync::Mutex<std::collections::BTreeMap<u64, BoundaryAction>> =
@@ -246,7 +191,7 @@ pub(crate) fn grad_boundary(x: &Tensor, action: BoundaryAction) -> Result<(Tenso
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: `x` is a live tensor borrowed for the call, `out` a live local, `run_boundary`
     // a function that lives as long as the program.
-    let err = unsafe { tchtrain_trainer_grad_boundary(x.as_ptr(), token, run_boundary, &mut out) };
+    let err = unsafe { tchtrain_grad_boundary(x.as_ptr(), token, run_boundary, &mut out) };
     if let Err(e) = check(err) {
         boundary_actions().remove(&token);
         return Err(e);

@@ -1,68 +1,17 @@
-//! The safe Rust face of `csrc/c10d_shim.cpp`. This is the only module that sees raw
+//! The safe Rust face of `tchtrain-sys`'s `csrc/c10d.cpp`. This is the only module that sees raw
 //! pointers: a [`RawGroup`] owns the shim's `tchtrain_pg*` and frees it on drop; each call
 //! lends libtorch the tensors for its duration; C++ exceptions come back as `Err(String)`.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, CString, c_char, c_int};
+use std::ffi::{CString, c_char};
 
 use tch::Tensor;
-use torch_sys::C_tensor;
-
-#[repr(C)]
-struct PgHandle {
-    _private: [u8; 0],
-}
-
-unsafe extern "C" {
-    fn tchtrain_c10d_free_error(err: *mut c_char);
-    fn tchtrain_c10d_new_gloo(
-        host: *const c_char,
-        port: u16,
-        rank: c_int,
-        world_size: c_int,
-        timeout_ms: i64,
-        gloo_interface: *const c_char,
-        out: *mut *mut PgHandle,
-    ) -> *mut c_char;
-    fn tchtrain_c10d_has_nccl() -> c_int;
-    fn tchtrain_c10d_new_nccl(
-        host: *const c_char,
-        port: u16,
-        rank: c_int,
-        world_size: c_int,
-        timeout_ms: i64,
-        device_index: c_int,
-        out: *mut *mut PgHandle,
-    ) -> *mut c_char;
-    fn tchtrain_c10d_free(pg: *mut PgHandle);
-    fn tchtrain_c10d_allreduce(pg: *mut PgHandle, t: *mut C_tensor, op: c_int) -> *mut c_char;
-    fn tchtrain_c10d_broadcast(pg: *mut PgHandle, t: *mut C_tensor, root: c_int) -> *mut c_char;
-    fn tchtrain_c10d_allgather(
-        pg: *mut PgHandle,
-        out: *mut C_tensor,
-        input: *mut C_tensor,
-    ) -> *mut c_char;
-    fn tchtrain_c10d_reduce_scatter(
-        pg: *mut PgHandle,
-        out: *mut C_tensor,
-        input: *mut C_tensor,
-        op: c_int,
-    ) -> *mut c_char;
-    fn tchtrain_c10d_barrier(pg: *mut PgHandle) -> *mut c_char;
-}
+use tchtrain_sys::*;
 
 /// Turns the shim's error pointer into a `Result`, freeing the message.
 fn check(err: *mut c_char) -> Result<(), String> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string malloc'd by the shim, owned by us.
-    let message = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: freed exactly once, with the shim's own deallocator.
-    unsafe { tchtrain_c10d_free_error(err) };
-    Err(message)
+    // SAFETY: `err` is what a shim function just returned.
+    unsafe { tchtrain_sys::take_error(err) }
 }
 
 /// Whether the shim was compiled with NCCL (the `cuda` feature).
@@ -74,7 +23,7 @@ pub(crate) fn has_nccl() -> bool {
 /// An owned c10d process group, Gloo or NCCL (and its TCPStore).
 #[derive(Debug)]
 pub(crate) struct RawGroup {
-    ptr: *mut PgHandle,
+    ptr: *mut tchtrain_pg,
 }
 
 // SAFETY: c10d process groups are used from one thread at a time through `&mut self`
@@ -94,7 +43,7 @@ impl RawGroup {
         let host = CString::new(host).map_err(|_| "host contains a NUL byte".to_string())?;
         let iface = CString::new(iface.unwrap_or(""))
             .map_err(|_| "GLOO_SOCKET_IFNAME contains a NUL byte".to_string())?;
-        let mut ptr: *mut PgHandle = std::ptr::null_mut();
+        let mut ptr: *mut tchtrain_pg = std::ptr::null_mut();
         // SAFETY: valid C strings for the call's duration; `ptr` is written only on success.
         check(unsafe {
             tchtrain_c10d_new_gloo(
@@ -120,7 +69,7 @@ impl RawGroup {
         device: i32,
     ) -> Result<Self, String> {
         let host = CString::new(host).map_err(|_| "host contains a NUL byte".to_string())?;
-        let mut ptr: *mut PgHandle = std::ptr::null_mut();
+        let mut ptr: *mut tchtrain_pg = std::ptr::null_mut();
         // SAFETY: a valid C string for the call's duration; `ptr` is written only on success.
         check(unsafe {
             tchtrain_c10d_new_nccl(

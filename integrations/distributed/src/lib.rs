@@ -1,7 +1,7 @@
 //! `tchtrain-distributed` — process groups over libtorch's own c10d (Gloo on CPU, NCCL on
 //! CUDA with the `cuda` feature) and the torchrun environment.
 //!
-//! Owns the safe [`ProcessGroup`] over a small C++ shim to c10d (`csrc/c10d_shim.cpp`,
+//! Owns the safe [`ProcessGroup`] over a small C++ shim to c10d (`tchtrain-sys`'s `csrc/c10d.cpp`,
 //! wrapped by the private `ffi` module, the only code that sees raw pointers): TCPStore
 //! rendezvous from `RANK` / `WORLD_SIZE` / `MASTER_ADDR` / `MASTER_PORT`, then
 //! all_reduce, reduce_scatter, all_gather, broadcast and barrier on tch tensors in place.

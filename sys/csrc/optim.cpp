@@ -4,7 +4,7 @@
 // the fused multi-tensor kernels `_fused_adamw_`, `_fused_adam_`, `_fused_sgd_`.
 //
 // Every function returns nullptr on success or a heap-allocated error message (free it with
-// `tchtrain_optim_free_error`); no C++ exception crosses this boundary.
+// `tchtrain_free_error`); no C++ exception crosses this boundary.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_adam.h>
@@ -21,28 +21,17 @@
 #include <string>
 #include <vector>
 
+#include "guard.h"
+
 namespace {
 
-char* error_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, what, n + 1);
-  }
-  return out;
-}
-
+// libtorch's optimizers step under no_grad.
 template <typename F>
 char* guarded(F&& f) {
-  try {
+  return tchtrain::guarded([&] {
     at::NoGradGuard no_grad;
     f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    return error_message(e.what());
-  } catch (...) {
-    return error_message("unknown C++ exception");
-  }
+  });
 }
 
 std::vector<at::Tensor> gather(at::Tensor* const* ts, size_t n) {
@@ -57,8 +46,6 @@ std::vector<at::Tensor> gather(at::Tensor* const* ts, size_t n) {
 }  // namespace
 
 extern "C" {
-
-void tchtrain_optim_free_error(char* err) { std::free(err); }
 
 // self.add_(other, alpha=alpha)
 char* tchtrain_optim_add_(at::Tensor* self, const at::Tensor* other, double alpha) {

@@ -4,7 +4,7 @@
 // tch `Tensor` is an `at::Tensor*` on this side).
 //
 // Every function returns nullptr on success or a heap-allocated error message (free it
-// with `tchtrain_c10d_free_error`); `work->wait()` rethrows engine errors (a dead peer, a
+// with `tchtrain_free_error`); `work->wait()` rethrows engine errors (a dead peer, a
 // timeout) and they are caught here, so no C++ exception crosses into Rust.
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -20,31 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "guard.h"
+
 namespace {
 
-char* error_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, what, n + 1);
-  }
-  return out;
-}
-
-template <typename F>
-char* guarded(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    // libtorch's own errors: the message without the C++ backtrace that `what()` appends.
-    return error_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return error_message(e.what());
-  } catch (...) {
-    return error_message("unknown C++ exception");
-  }
-}
+using tchtrain::error_message;
+using tchtrain::guarded;
 
 c10d::ReduceOp reduce_op(int op) {
   switch (op) {
@@ -85,10 +66,6 @@ struct tchtrain_pg {
 };
 
 extern "C" {
-
-void tchtrain_c10d_free_error(char* err) {
-  std::free(err);
-}
 
 char* tchtrain_c10d_new_gloo(
     const char* host,

@@ -222,7 +222,7 @@ extern "C" {
 
 // Installs the caching allocator (or joins the current holders); `limit` caps the bytes of
 // free blocks kept. Returns false when it could not be installed.
-bool tchtrain_trainer_cpu_cache_acquire(uint64_t limit) {
+bool tchtrain_cpu_cache_acquire(uint64_t limit) {
   try {
     return CachingCpuAllocator::instance().acquire(limit);
   } catch (...) {
@@ -231,7 +231,7 @@ bool tchtrain_trainer_cpu_cache_acquire(uint64_t limit) {
 }
 
 // Leaves; the last holder restores the previous allocator and empties the cache.
-void tchtrain_trainer_cpu_cache_release() {
+void tchtrain_cpu_cache_release() {
   try {
     CachingCpuAllocator::instance().release_holder();
   } catch (...) {
@@ -240,7 +240,7 @@ void tchtrain_trainer_cpu_cache_release() {
 
 // Counters since the process started: reuses, fresh large allocations, bytes cached now and
 // at most.
-void tchtrain_trainer_cpu_cache_stats(uint64_t* hits, uint64_t* misses, uint64_t* cached,
+void tchtrain_cpu_cache_stats(uint64_t* hits, uint64_t* misses, uint64_t* cached,
                                       uint64_t* peak_cached) {
   try {
     Stats s = CachingCpuAllocator::instance().stats();

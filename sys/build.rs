@@ -1,0 +1,93 @@
+//! Compiles all of tchtrain's C++ (`csrc/*.cpp`, one exception guard in `csrc/guard.h`)
+//! into one static library against the libtorch `torch-sys` linked, as C++20.
+//! `csrc/gloo/` holds stand-in declarations of the gloo types the c10d header names (the
+//! torch wheel has no gloo headers); libtorch_cpu carries gloo itself, so nothing else links.
+//!
+//! With the `cuda` feature the shim is compiled with `USE_C10D_NCCL` (ProcessGroupNCCL) and
+//! links `torch_cuda` / `c10_cuda`. The CUDA and NCCL headers come from the CUDA toolkit at
+//! `CUDA_HOME` when set, else from the `nvidia-*` wheels beside the torch wheel
+//! (`site-packages/nvidia/cu13/include` with `nvidia-cuda-crt` and `nvidia-cuda-cccl`, which
+//! `cargo xtask setup` installs, and `nvidia/nccl/include`).
+
+use std::path::{Path, PathBuf};
+
+/// The header folders the NCCL shim needs, or what is missing and how to get it.
+fn cuda_include_dirs(libtorch_lib: &Path) -> Result<Vec<PathBuf>, String> {
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    let mut dirs = Vec::new();
+    if let Some(home) = std::env::var_os("CUDA_HOME") {
+        let inc = PathBuf::from(home).join("include");
+        dirs.push(inc.join("cccl"));
+        dirs.push(inc);
+    } else if let Some(site) = libtorch_lib.parent().and_then(Path::parent) {
+        let nvidia = site.join("nvidia");
+        for sub in ["cu13/include/cccl", "cu13/include", "nccl/include"] {
+            dirs.push(nvidia.join(sub));
+        }
+    }
+    let found = |name: &str| dirs.iter().any(|d| d.join(name).exists());
+    let missing: Vec<&str> = ["cuda_runtime.h", "crt/host_config.h", "nv/target", "nccl.h"]
+        .into_iter()
+        .filter(|h| !found(h))
+        .collect();
+    if missing.is_empty() {
+        Ok(dirs.into_iter().filter(|d| d.exists()).collect())
+    } else {
+        Err(format!(
+            "the `cuda` feature compiles ProcessGroupNCCL and needs the CUDA headers {missing:?}, not found in {dirs:?}: set CUDA_HOME to a CUDA toolkit, or install the wheels `nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl nvidia-nccl-cu13` next to torch (`cargo xtask setup` does)"
+        ))
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc");
+    let Some(includes) = tchtrain_build::libtorch_include_dirs() else {
+        panic!("DEP_TCH_LIBTORCH_LIB is unset: tchtrain-sys must depend on torch-sys directly");
+    };
+    let mut build = cc::Build::new();
+    build.cpp(true);
+    for file in [
+        "guard.cpp",
+        "autocast.cpp",
+        "generator.cpp",
+        "grad_boundary.cpp",
+        "cpu_cache.cpp",
+        "optim.cpp",
+        "c10d.cpp",
+    ] {
+        build.file(format!("csrc/{file}"));
+    }
+    build
+        .include("csrc")
+        .includes(includes)
+        .flag("-std=c++20")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-DUSE_C10D_GLOO")
+        .flag("-DUSE_DISTRIBUTED")
+        .flag_if_supported("-Wno-unused-parameter")
+        .warnings(false);
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        let lib =
+            PathBuf::from(std::env::var_os(tchtrain_build::LIBTORCH_LIB_VAR).unwrap_or_default());
+        if !lib.join("libtorch_cuda.so").exists() {
+            panic!(
+                "the `cuda` feature needs a CUDA build of libtorch, but {} has no libtorch_cuda.so: point LIBTORCH (or LIBTORCH_USE_PYTORCH) at a CUDA torch",
+                lib.display()
+            );
+        }
+        match cuda_include_dirs(&lib) {
+            Ok(dirs) => {
+                build
+                    .includes(dirs)
+                    .flag("-DUSE_C10D_NCCL")
+                    .flag("-DUSE_CUDA");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        println!("cargo:rustc-link-search=native={}", lib.display());
+        for l in ["c10_cuda", "torch_cuda"] {
+            println!("cargo:rustc-link-lib=dylib={l}");
+        }
+    }
+    build.compile("tchtrain_sys");
+}
