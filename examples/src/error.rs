@@ -12,6 +12,12 @@ pub enum Error {
     /// An error from the Trainer.
     #[error(transparent)]
     Trainer(#[from] tchtrain_trainer::Error),
+    /// An error from the accelerator (a hand-written loop's step, a collective).
+    #[error(transparent)]
+    Accelerate(#[from] tchtrain_accelerate::Error),
+    /// An error from an optimizer built by the script.
+    #[error(transparent)]
+    Optim(#[from] tchtrain_optim::Error),
     /// An error from the data loader or a dataset.
     #[error(transparent)]
     Data(#[from] tchtrain_data::Error),

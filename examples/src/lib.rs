@@ -13,13 +13,15 @@
 
 //!
 //! [`custom_model`] trains a model the user wrote (a [`TrainableModel`](tchtrain_models::TrainableModel)
-//! of a few lines) with the same Trainer.
+//! of a few lines) with the same Trainer; [`accelerate_loop`] trains it in a hand-written
+//! loop on the `Accelerator` alone.
 //!
 //! Also here: the plot of a run's `log_history` ([`plot_log_history`], drawn by a small
 //! raster with a built-in font into a PNG), `run_classification`'s text-classification
 //! preparation ([`tokenize_text_classification`], [`ClassificationLabels`]), and the
 //! binaries `plot_log_history`, `zero_to_fp32` and the bench drivers of `cargo xtask bench`.
 
+pub mod accelerate_loop;
 mod args;
 mod common;
 pub mod custom_model;

@@ -4,7 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tchtrain_deepspeed::{HfTrainerDeepSpeedConfig, ZeroStage};
+use tchtrain_accelerate::ZeroStage;
+use tchtrain_deepspeed::HfTrainerDeepSpeedConfig;
 use tchtrain_training_args::TrainingArguments;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,6 +14,7 @@
 //! | [`data`] | `tchtrain-data` | `torch.utils.data`, accelerate's data loader |
 //! | [`models`] | `tchtrain-models` | `modeling_utils.py` + model files |
 //! | [`distributed`] | `tchtrain-distributed` | `torch.distributed` |
+//! | [`accelerate`] | `tchtrain-accelerate` | accelerate's `Accelerator` |
 //! | [`deepspeed`] | `tchtrain-deepspeed` | `integrations/deepspeed.py` |
 //! | [`fsdp`] | `tchtrain-fsdp` | FSDP integration |
 //! | [`trainer`] | `tchtrain-trainer` | `trainer.py` |
@@ -31,6 +32,7 @@
 //! ```
 
 pub use tch;
+pub use tchtrain_accelerate as accelerate;
 pub use tchtrain_callbacks as callbacks;
 pub use tchtrain_collators as collators;
 pub use tchtrain_data as data;

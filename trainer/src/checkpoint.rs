@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 use tchtrain_models::{TrainableModel, read_checkpoint};
-use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCALER_NAME, SCHEDULER_NAME};
+use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCHEDULER_NAME};
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -358,7 +358,7 @@ impl Trainer {
             && let Some(best_step) = self.state.best_global_step
         {
             // Paired with the barrier of the other processes (`save_checkpoint_elsewhere`).
-            crate::distributed::barrier(&self.args)?;
+            self.accelerator.wait_for_everyone()?;
             let best = run_dir.join(format!("{PREFIX_CHECKPOINT_DIR}-{best_step}"));
             if best.exists() || best_step == self.state.global_step {
                 self.state.best_model_checkpoint = Some(best.display().to_string());
@@ -374,9 +374,7 @@ impl Trainer {
                 sched.save(&tmp)?;
             }
             // Upstream `_save_scaler` (`scaler.pt`; here `scaler.json`).
-            if let Some(scaler) = &self.scaler {
-                scaler.save(&tmp)?;
-            }
+            self.accelerator.save_state(&tmp)?;
             let (sampler, sampler_seed) = self.train_order();
             let rng = RngState {
                 seed: self.args.seed,
@@ -386,7 +384,7 @@ impl Trainer {
                 epoch: self.state.epoch,
             };
             write_json(&tmp.join(RNG_STATE_NAME), &rng)?;
-            save_generator_states(&tmp, self.device)?;
+            save_generator_states(&tmp, self.device())?;
         }
         let states = self.callback_handler.exportable_states(&self.control);
         self.state.update_stateful_callbacks(states);
@@ -399,6 +397,30 @@ impl Trainer {
             self.args.save_total_limit,
             self.state.best_model_checkpoint.as_deref(),
         )
+    }
+
+    /// A checkpoint save on a process that does not write (`should_save` is false): the
+    /// bookkeeping upstream's `_save_checkpoint` does on every rank (flos, the barrier
+    /// before the best checkpoint is looked up, `best_model_checkpoint`).
+    pub(crate) fn save_checkpoint_elsewhere(&mut self) -> Result<()> {
+        self.store_flos()?;
+        let tmp = std::path::PathBuf::from(self.args.output_dir()).join(format!(
+            "tmp-{}-{}",
+            PREFIX_CHECKPOINT_DIR, self.state.global_step
+        ));
+        // Writes this rank's shards into rank 0's folder (zero.rs); nothing unsharded.
+        self.save_sharded_state(&tmp)?;
+        if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
+            && let Some(best_step) = self.state.best_global_step
+        {
+            self.accelerator.wait_for_everyone()?;
+            let run_dir = std::path::PathBuf::from(self.args.output_dir());
+            let best = run_dir.join(format!("{}-{best_step}", PREFIX_CHECKPOINT_DIR));
+            if best.exists() || best_step == self.state.global_step {
+                self.state.best_model_checkpoint = Some(best.display().to_string());
+            }
+        }
+        Ok(())
     }
 
     /// Upstream `_load_optimizer_and_scheduler`: restores their states when the checkpoint
@@ -417,11 +439,7 @@ impl Trainer {
             sched.load(dir)?;
         }
         // Upstream `_load_scaler`: when the checkpoint has the scaler's state.
-        if let Some(scaler) = self.scaler.as_mut()
-            && dir.join(SCALER_NAME).is_file()
-        {
-            scaler.load(dir)?;
-        }
+        self.accelerator.load_state(dir)?;
         Ok(())
     }
 

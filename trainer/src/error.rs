@@ -82,6 +82,9 @@ pub enum Error {
         /// How to fix it.
         fix: &'static str,
     },
+    /// The accelerator refused (a ZeRO layout or setting the engine does not run with).
+    #[error(transparent)]
+    Accelerate(tchtrain_accelerate::Error),
     /// The arguments are invalid for the Trainer (checked before training starts).
     #[error("invalid `{field}`: {detail}")]
     InvalidArgument {
@@ -165,3 +168,19 @@ impl Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<tchtrain_accelerate::Error> for Error {
+    /// The accelerator's errors as the Trainer reports its own: a bad option is
+    /// [`Error::InvalidArgument`], a collective [`Error::Distributed`], the scaler
+    /// [`Error::Optim`], libtorch [`Error::Torch`].
+    fn from(e: tchtrain_accelerate::Error) -> Self {
+        use tchtrain_accelerate::Error as A;
+        match e {
+            A::InvalidArgument { field, detail } => Error::InvalidArgument { field, detail },
+            A::Distributed(e) => Error::Distributed(e),
+            A::Optim(e) => Error::Optim(e),
+            A::Torch(e) => Error::Torch(e),
+            other => Error::Accelerate(other),
+        }
+    }
+}

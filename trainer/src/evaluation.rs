@@ -7,6 +7,8 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchtrain_callbacks::JsonMap;
 
+use tchtrain_accelerate::concat_padded;
+
 use crate::error::{Error, Result};
 use crate::hooks::StepContext;
 use crate::metrics::{EvalPrediction, Metrics, speed_metrics};
@@ -96,24 +98,14 @@ impl Trainer {
         let mut labels: Vec<Tensor> = Vec::new();
         let batch_size = loader.batch_size() as i64;
         for batch in loader.epoch(0) {
-            let batch = batch?.to_device(self.device)?;
+            let batch = batch?.to_device(self.device())?;
             let rows = batch
                 .iter()
                 .next()
                 .and_then(|(_, t)| t.size().first().copied())
                 .unwrap_or(batch_size);
             let out = {
-                let ctx = StepContext {
-                    args: &self.args,
-                    model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
-                    current_gradient_accumulation_steps: 1,
-                    device: self.device,
-                    label_names: &self.label_names,
-                    loss_shifts_labels: self.loss_shifts_labels,
-                    is_causal_lm: self.is_causal_lm,
-                    autocast: self.autocast,
-                    loss_scale: None,
-                };
+                let ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, 1);
                 self.hooks
                     .prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
@@ -155,7 +147,11 @@ impl Trainer {
                 }
             }
         }
-        self.gather_for_metrics([&mut losses, &mut preds, &mut labels], loader)?;
+        self.accelerator.gather_for_metrics(
+            [&mut losses, &mut preds, &mut labels],
+            loader,
+            self.args.dataloader_drop_last,
+        )?;
         let num_samples = loader.num_examples();
         let mut metrics = batch_result.unwrap_or_default();
         let predictions = match preds.is_empty() {
@@ -214,19 +210,8 @@ impl Trainer {
     pub(crate) fn evaluate_during_training(&mut self, skip_scheduler: bool) -> Result<Metrics> {
         // ZeRO-3 layer by layer: each layer gathered only while it runs; other sharded runs
         // evaluate the gathered model.
-        let metrics = match self.zero_prepare_evaluation()? {
-            Some(gather) => {
-                let out = tchtrain_models::with_layer_hooks(gather.clone(), || {
-                    self.evaluate(None, "eval")
-                });
-                // A hook's own error (a dead peer, a timeout) is the one to report.
-                match gather.take_error() {
-                    Some(e) => return Err(e),
-                    None => out?,
-                }
-            }
-            None => self.evaluate(None, "eval")?,
-        };
+        let scope = self.accelerator.forward_scope(false)?;
+        let metrics = scope.run(|| self.evaluate(None, "eval"))?;
         if !skip_scheduler
             && let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
             && sched.steps_on_metric()
@@ -252,30 +237,4 @@ pub(crate) struct EvalLoopOutput {
     pub metrics: Metrics,
     /// Number of rows evaluated.
     pub num_samples: usize,
-}
-
-/// Upstream `nested_concat` with `padding_index=-100`: concatenates along the first
-/// dimension, padding the second dimension to the longest with -100 when they differ.
-pub(crate) fn concat_padded(tensors: &[Tensor]) -> Result<Tensor> {
-    let same = tensors
-        .windows(2)
-        .all(|w| w[0].size().get(1..) == w[1].size().get(1..));
-    if same || tensors.iter().any(|t| t.dim() < 2) {
-        return Ok(Tensor::f_cat(tensors, 0)?);
-    }
-    let max_len = tensors.iter().map(|t| t.size()[1]).max().unwrap_or(0);
-    let padded = tensors
-        .iter()
-        .map(|t| {
-            let mut size = t.size();
-            let pad = max_len - size[1];
-            if pad == 0 {
-                return Ok(t.shallow_clone());
-            }
-            size[1] = pad;
-            let fill = Tensor::f_full(&size, -100.0, (t.kind(), t.device()))?;
-            Ok(Tensor::f_cat(&[t.shallow_clone(), fill], 1)?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Tensor::f_cat(&padded, 0)?)
 }

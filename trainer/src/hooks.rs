@@ -31,14 +31,15 @@
 //! ```
 
 use tch::{Device, Kind, Tensor};
+use tchtrain_accelerate::Accelerator;
 use tchtrain_collators::Batch;
+use tchtrain_distributed::ReduceOp;
+use tchtrain_losses::LabelSmoother;
 use tchtrain_models::{ModelInputs, ModelOutput, TrainableModel};
 use tchtrain_training_args::TrainingArguments;
 
-use tchtrain_losses::LabelSmoother;
-
 use crate::error::{Error, Result};
-use crate::ffi::AutocastGuard;
+use crate::trainer::StepFacts;
 
 /// What a hook may read about the Trainer at a step.
 #[derive(Debug, Clone, Copy)]
@@ -62,25 +63,38 @@ pub struct StepContext<'a> {
     /// `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, `GPT2LMHeadModel` included): the label smoother
     /// then shifts the labels.
     pub is_causal_lm: bool,
-    /// The dtype the model's forward autocasts to (`None`: fp32); see [`autocast_dtype`].
-    pub autocast: Option<Kind>,
-    /// The loss scale of an fp16 run with a `GradScaler` (accelerate's, during a training
-    /// step): [`backward`](Self::backward) multiplies the loss by it.
-    pub loss_scale: Option<&'a Tensor>,
+    /// The Trainer's accelerator (upstream's `self.accelerator`): mixed precision, the fp16
+    /// loss scale, the gradient reduction of a data-parallel or sharded run.
+    pub accelerator: &'a Accelerator,
 }
 
-impl StepContext<'_> {
-    /// accelerate's `backward`: `loss.backward()`, the loss first multiplied by
-    /// [`loss_scale`](Self::loss_scale) when there is one (`scaler.scale(loss).backward()`).
-    /// A custom [`TrainerHooks::training_step`] calls it instead of `loss.backward()`.
-    pub fn backward(&self, loss: &Tensor) -> Result<()> {
-        match self.loss_scale {
-            Some(scale) => loss
-                .f_mul(&scale.f_to_device(loss.device())?)?
-                .f_backward()?,
-            None => loss.f_backward()?,
+impl<'a> StepContext<'a> {
+    /// The context of a step over `current_gradient_accumulation_steps` batches: the one
+    /// place the Trainer builds it.
+    pub(crate) fn new(
+        args: &'a TrainingArguments,
+        facts: &'a StepFacts,
+        accelerator: &'a Accelerator,
+        current_gradient_accumulation_steps: usize,
+    ) -> Self {
+        Self {
+            args,
+            model_accepts_loss_kwargs: facts.model_accepts_loss_kwargs,
+            current_gradient_accumulation_steps,
+            device: accelerator.device(),
+            label_names: &facts.label_names,
+            loss_shifts_labels: facts.loss_shifts_labels,
+            is_causal_lm: facts.is_causal_lm,
+            accelerator,
         }
-        Ok(())
+    }
+
+    /// Upstream's `self.accelerator.backward(loss)`: `loss.backward()`, the loss first
+    /// multiplied by the fp16 loss scale when there is one, and on the accumulation window's
+    /// last batch the gradients reduced across processes. A custom
+    /// [`TrainerHooks::training_step`] calls it instead of `loss.backward()`.
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        Ok(self.accelerator.backward(loss)?)
     }
 }
 
@@ -163,23 +177,8 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     }
 }
 
-/// The mixed-precision dtype the model's forward runs in on `device`: `bfloat16` with
-/// `bf16`, `float16` with `fp16` on an accelerator, none in fp32. Upstream: accelerate's
-/// `native_amp`, which `fp16` turns on only off the CPU (there, `fp16` trains in fp32, with
-/// neither autocast nor a loss scaler, unless
-/// [`TrainerBuilder::grad_scaler`](crate::TrainerBuilder::grad_scaler) asks for them).
-pub fn autocast_dtype(args: &TrainingArguments, device: Device) -> Option<Kind> {
-    if args.bf16 {
-        Some(Kind::BFloat16)
-    } else if args.fp16 && device != Device::Cpu {
-        Some(Kind::Half)
-    } else {
-        None
-    }
-}
-
 /// The model's forward as the Trainer calls it (upstream: the model accelerate prepared):
-/// with `bf16` (or `fp16`) inside `torch.autocast(device_type, dtype)`, its floating outputs
+/// with `bf16` (or native `fp16`) inside the accelerator's `autocast()` region, its floating outputs
 /// converted back to fp32 afterwards (accelerate's `convert_outputs_to_fp32`); a plain forward
 /// in fp32.
 pub fn model_forward(
@@ -187,11 +186,11 @@ pub fn model_forward(
     model: &dyn TrainableModel,
     inputs: &ModelInputs<'_>,
 ) -> Result<ModelOutput> {
-    let Some(dtype) = ctx.autocast else {
+    if ctx.accelerator.autocast_dtype().is_none() {
         return Ok(model.forward(inputs)?);
-    };
+    }
     let out = {
-        let _autocast = AutocastGuard::enter(ctx.device, dtype)?;
+        let _autocast = ctx.accelerator.autocast()?;
         model.forward(inputs)?
     };
     let fp32 = |t: Tensor| -> Result<Tensor> {
@@ -357,7 +356,7 @@ pub fn count_num_items_in_batch(
         count += labels.f_ne(-100)?.f_sum(Kind::Int64)?.f_int64_value(&[])?;
     }
     if ctx.args.average_tokens_across_devices {
-        count = crate::distributed::all_reduce_sum(ctx.args, count as f64)? as i64;
+        count = ctx.accelerator.reduce_scalar(count as f64, ReduceOp::Sum)? as i64;
     }
     Ok(Some(
         Tensor::f_from_slice(&[count as f32])?

@@ -14,7 +14,6 @@
 
 mod checkpoint;
 mod cpu_cache;
-mod distributed;
 mod error;
 mod evaluation;
 mod ffi;
@@ -30,7 +29,6 @@ mod signals;
 mod train_loop;
 mod trainer;
 mod zero;
-mod zero_layers;
 
 pub use checkpoint::{
     PREFIX_CHECKPOINT_DIR, RNG_GENERATOR_STATE_NAME, RNG_STATE_NAME, RngState, TRAINER_STATE_NAME,
@@ -43,9 +41,9 @@ pub use cpu_cache::{
 };
 pub use error::{Error, Result};
 pub use hooks::{
-    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, autocast_dtype,
-    count_num_items_in_batch, default_compute_loss, default_prediction_step, default_training_step,
-    model_forward, model_inputs,
+    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, count_num_items_in_batch,
+    default_compute_loss, default_prediction_step, default_training_step, model_forward,
+    model_inputs,
 };
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,

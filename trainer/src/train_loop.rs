@@ -17,13 +17,14 @@ use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
 use crate::checkpoint::{self, get_last_checkpoint};
 use crate::error::{Error, Result};
-use crate::hooks::{StepContext, TrainerHooks, count_num_items_in_batch};
+use crate::hooks::{StepContext, count_num_items_in_batch};
 use crate::metrics::{Metrics, TrainOutput, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
 use crate::profile::{Phase, StepProfile};
 use crate::trainer::Trainer;
+use tchtrain_accelerate::Reduction;
 use tchtrain_data::DataLoader;
-use tchtrain_models::TrainableModel;
+use tchtrain_distributed::ReduceOp;
 
 /// Where `train` resumes from (upstream's `resume_from_checkpoint`: a path, or `True`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +89,8 @@ impl Trainer {
         };
         self.check_before_training()?;
         self.check_train_labels()?;
+        // What the previous `train` prepared (DDP, the ZeRO engine) is built again.
+        self.accelerator.free_memory();
         if let Some(ckpt) = &resume {
             self.check_resume_checkpoint(ckpt)?;
             // SHARDED_STATE_DICT: the shards restore the weights once the engine exists.
@@ -111,7 +114,10 @@ impl Trainer {
             self.load_optimizer_and_scheduler(ckpt)?;
         }
         if !sharded {
-            self.wrap_model_ddp()?;
+            // DDP in a multi-process run: rank 0's parameters broadcast, buckets by name.
+            let named = crate::model_info::named_parameters(&*self.model);
+            self.accelerator
+                .prepare_model(named.into_iter().map(|(_, t)| t).collect())?;
         }
         self.callback_handler.train_dataloader_len = Some(loader.len());
 
@@ -119,7 +125,7 @@ impl Trainer {
         self.loop_state.start_time = Some(start);
         self.loop_state.initial_num_input_tokens_seen = self.state.num_input_tokens_seen;
         let initial_global_step = self.state.global_step;
-        self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device))?;
+        self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device()))?;
         self.loop_state.total_loss_scalar = 0.0;
         self.loop_state.globalstep_last_logged = self.state.global_step;
         if let Some(opt) = self.optimizer.as_mut() {
@@ -131,8 +137,8 @@ impl Trainer {
             self.evaluate_during_training(true)?;
         }
         let params = parameters(&*self.model);
-        self.loop_state.profile =
-            (self.profile || crate::profile::requested()).then(|| StepProfile::start(self.device));
+        self.loop_state.profile = (self.profile || crate::profile::requested())
+            .then(|| StepProfile::start(self.device()));
         for epoch in point.epochs_trained..values.num_train_epochs {
             self.callback_handler
                 .on_epoch_begin(&self.args, &self.state, &mut self.control)?;
@@ -193,7 +199,7 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
-        if self.args.fp16 && self.scaler.is_none() {
+        if self.args.fp16 && self.accelerator.scaler().is_none() {
             // As accelerate: fp16 enables autocast and loss scaling on accelerators only.
             log::warn!(
                 "fp16 has no effect on the CPU (accelerate enables float16 autocast and loss \
@@ -201,7 +207,7 @@ impl Trainer {
                  use --bf16 for mixed precision on the CPU"
             );
         }
-        if self.scaler.is_some() && crate::zero::sharding_requested(&self.args) {
+        if self.accelerator.scaler().is_some() && crate::zero::sharding_requested(&self.args) {
             return Err(Error::InvalidArgument {
                 field: "fp16",
                 detail: "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss \
@@ -293,7 +299,7 @@ impl Trainer {
                     self.state.best_model_checkpoint = None;
                 }
                 checkpoint::check_rng_state(ckpt, self)?;
-                point.generator_states = checkpoint::read_generator_states(ckpt, self.device)?;
+                point.generator_states = checkpoint::read_generator_states(ckpt, self.device())?;
                 let stateful = self.state.stateful_callbacks.clone();
                 self.callback_handler
                     .load_callback_state(&stateful, &mut self.control)?;
@@ -315,34 +321,6 @@ impl Trainer {
             trial_params: None,
         });
         Ok(point)
-    }
-
-    /// The step context (with the loss scale of an fp16 run), the hooks and the model,
-    /// borrowed apart.
-    fn split_for_step<'a>(
-        &'a mut self,
-        current_ga: usize,
-        loss_scale: Option<&'a Tensor>,
-    ) -> (
-        StepContext<'a>,
-        &'a mut dyn TrainerHooks,
-        &'a mut dyn TrainableModel,
-    ) {
-        (
-            StepContext {
-                args: &self.args,
-                model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
-                current_gradient_accumulation_steps: current_ga,
-                device: self.device,
-                label_names: &self.label_names,
-                loss_shifts_labels: self.loss_shifts_labels,
-                is_causal_lm: self.is_causal_lm,
-                autocast: self.autocast,
-                loss_scale,
-            },
-            &mut *self.hooks,
-            &mut *self.model,
-        )
     }
 
     /// Upstream `_run_epoch`.
@@ -375,7 +353,7 @@ impl Trainer {
             && skip == 0
             && let Some(states) = &point.generator_states
         {
-            checkpoint::restore_generator_states(states, self.device)?;
+            checkpoint::restore_generator_states(states, self.device())?;
         }
         let mut batches = loader.epoch(epoch as u64);
         let mut rng_to_sync = None;
@@ -408,18 +386,20 @@ impl Trainer {
             let window: Vec<Batch> = batches
                 .by_ref()
                 .take(num_batches)
-                .map(|b| Ok(b?.to_device(self.device)?))
+                .map(|b| Ok(b?.to_device(self.device())?))
                 .collect::<Result<_>>()?;
             let current_ga = window.len();
             if let Some(states) = rng_to_sync.take() {
-                checkpoint::restore_generator_states(states, self.device)?;
+                checkpoint::restore_generator_states(states, self.device())?;
             }
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
-            self.zero_gather_for_training()?;
             self.prof_mark(Phase::Data);
             for inputs in &window {
                 step += 1;
                 let do_sync_step = (step + 1) % ga as i64 == 0 || step + 1 == steps_in_epoch;
+                // Upstream's `gradient_state._set_sync_gradients(do_sync_step)`: the other
+                // batches' backward runs under DDP's `no_sync`.
+                self.accelerator.set_sync_gradients(do_sync_step);
                 if step % ga as i64 == 0 {
                     self.callback_handler.on_step_begin(
                         &self.args,
@@ -429,24 +409,11 @@ impl Trainer {
                 }
                 self.prof_mark(Phase::Callbacks);
                 let tr_loss_step = {
-                    // ZeRO-3 layer by layer: the hooks gather and release each layer.
-                    let gather = self.zero_layer_hooks();
-                    let loss_scale = match self.scaler.as_mut() {
-                        Some(s) => s.scale_tensor(self.device)?,
-                        None => None,
-                    };
-                    let (ctx, hooks, model) = self.split_for_step(current_ga, loss_scale.as_ref());
-                    let out = match &gather {
-                        Some(g) => tchtrain_models::with_layer_hooks(g.clone(), || {
-                            hooks.training_step(&ctx, model, inputs, num_items.as_ref())
-                        }),
-                        None => hooks.training_step(&ctx, model, inputs, num_items.as_ref()),
-                    };
-                    // A hook's own error (a dead peer, a timeout) is the one to report.
-                    match gather.and_then(|g| g.take_error()) {
-                        Some(e) => return Err(e),
-                        None => out?,
-                    }
+                    let scope = self.accelerator.forward_scope(true)?;
+                    let ctx =
+                        StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
+                    let (hooks, model) = (&mut *self.hooks, &mut *self.model);
+                    scope.run(|| hooks.training_step(&ctx, model, inputs, num_items.as_ref()))?
                 };
                 if let Some(p) = self.loop_state.profile.as_mut() {
                     p.mark_training_step();
@@ -457,21 +424,13 @@ impl Trainer {
                 self.track_num_input_tokens(inputs)?;
                 self.prof_mark(Phase::Other);
                 if do_sync_step {
-                    let norm = match self.zero_reduce_and_clip()? {
-                        Some(norm) => Tensor::from(norm),
-                        None => {
-                            self.all_reduce_gradients()?;
-                            // accelerate's clip_grad_norm_ unscales first (fp16).
-                            if let (Some(s), Some(opt)) =
-                                (self.scaler.as_mut(), self.optimizer.as_deref())
-                            {
-                                s.unscale_(opt)?;
-                            }
-                            self.clip_grad_norm(params)?
-                        }
-                    };
+                    let norm = self.accelerator.clip_grad_norm_(
+                        params,
+                        self.args.max_grad_norm,
+                        self.created_optimizer()?,
+                    )?;
                     // With loss scaling a non-finite norm is a skipped step, not a divergence.
-                    if self.stop_on_non_finite && self.scaler.is_none() {
+                    if self.stop_on_non_finite && self.accelerator.scaler().is_none() {
                         let value = norm.f_double_value(&[])?;
                         if !value.is_finite() {
                             return self.stop_non_finite(value);
@@ -483,8 +442,10 @@ impl Trainer {
                         &self.state,
                         &mut self.control,
                     )?;
-                    let step_was_skipped = self.optimizer_step()?;
-                    self.zero_after_step()?;
+                    let step_was_skipped = match self.optimizer.as_deref_mut() {
+                        Some(opt) => self.accelerator.optimizer_step(opt)?,
+                        None => false,
+                    };
                     self.callback_handler.on_optimizer_step(
                         &self.args,
                         &self.state,
@@ -570,8 +531,9 @@ impl Trainer {
         if self.args.world_size() <= 1 {
             return Ok(local);
         }
-        let any =
-            crate::distributed::all_reduce_sum(&self.args, f64::from(u8::from(local.is_some())))?;
+        let any = self
+            .accelerator
+            .reduce_scalar(f64::from(u8::from(local.is_some())), ReduceOp::Sum)?;
         Ok(match local {
             Some(sig) => Some(sig),
             None if any > 0.0 => Some(crate::signals::SIGTERM),
@@ -591,8 +553,10 @@ impl Trainer {
     /// Computed on the device (a `where` between the two sums) instead of reading the step's
     /// loss to the host: no synchronisation per micro-batch.
     fn accumulate_loss(&mut self, step_loss: &Tensor) -> Result<()> {
+        let step_loss = step_loss
+            .f_to_kind(Kind::Float)?
+            .f_to_device(self.device())?;
         let ls = &mut self.loop_state;
-        let step_loss = step_loss.f_to_kind(Kind::Float)?.f_to_device(self.device)?;
         let added = ls.tr_loss.f_add(&step_loss)?;
         ls.tr_loss = if self.args.logging_nan_inf_filter {
             let n = 1 + self.state.global_step - ls.globalstep_last_logged;
@@ -641,36 +605,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// `optimizer.step()` as accelerate's optimizer wrapper runs it: through the
-    /// `GradScaler` of an fp16 run (the update skipped when a gradient overflowed, then the
-    /// scale updated). Returns accelerate's `optimizer_step_was_skipped`, which keeps the LR
-    /// scheduler from stepping: true only when the update was skipped and the optimizer is
-    /// not one whose kernel takes the inf check itself (the fused ones, which torch calls
-    /// anyway, so accelerate counts the step as taken).
-    fn optimizer_step(&mut self) -> Result<bool> {
-        let Some(opt) = self.optimizer.as_mut() else {
-            return Ok(false);
-        };
-        let Some(scaler) = self.scaler.as_mut() else {
-            opt.step()?;
-            return Ok(false);
-        };
-        let stepped = scaler.step(opt.as_mut())?;
-        scaler.update()?;
-        Ok(!stepped && !opt.step_supports_amp_scaling())
-    }
-
-    /// Upstream `_clip_grad_norm` + `_get_grad_norm`: the total L2 norm before clipping
-    /// (computed, without clipping, also when `max_grad_norm <= 0`), left on the device.
-    fn clip_grad_norm(&self, params: &[Tensor]) -> Result<Tensor> {
-        let max_norm = if self.args.max_grad_norm > 0.0 {
-            self.args.max_grad_norm
-        } else {
-            f64::INFINITY
-        };
-        Ok(tchtrain_optim::clip_grad_norm(
-            params, max_norm, 2.0, false,
-        )?)
+    /// The optimizer, which `train` creates before the first step.
+    fn created_optimizer(&self) -> Result<&dyn tchtrain_optim::Optimizer> {
+        self.optimizer.as_deref().ok_or(Error::InvalidArgument {
+            field: "optimizers",
+            detail: "no optimizer: train creates one unless given".into(),
+        })
     }
 
     /// Upstream `_track_num_input_tokens` (`include_num_input_tokens_seen`).
@@ -687,7 +627,7 @@ impl Trainer {
             ("non_padding", Some(mask)) => mask.f_sum(Kind::Int64)?.f_int64_value(&[])?,
             _ => ids.numel() as i64,
         };
-        let n = crate::distributed::all_reduce_sum(&self.args, n as f64)? as i64;
+        let n = self.accelerator.reduce_scalar(n as f64, ReduceOp::Sum)? as i64;
         self.state.num_input_tokens_seen += n;
         Ok(())
     }
@@ -702,8 +642,12 @@ impl Trainer {
         if self.control.should_log
             && self.state.global_step > self.loop_state.globalstep_last_logged
         {
-            let tr_loss_scalar = self.mean_across_processes(&self.loop_state.tr_loss)?;
-            self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device))?;
+            // Upstream `self._nested_gather(tr_loss).mean().item()`.
+            let tr_loss_scalar = self
+                .accelerator
+                .reduce(&self.loop_state.tr_loss, Reduction::Mean)?
+                .f_double_value(&[])?;
+            self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device()))?;
             let steps = self.state.global_step - self.loop_state.globalstep_last_logged;
             let mut logs = vec![("loss".to_string(), tr_loss_scalar / steps as f64)];
             if let Some(g) = grad_norm {
@@ -731,7 +675,8 @@ impl Trainer {
             self.callback_handler
                 .on_save(&self.args, &self.state, &mut self.control)?;
         }
-        self.zero_release()
+        // ZeRO-3: only the shards are kept between steps.
+        Ok(self.accelerator.release_parameters()?)
     }
 
     /// Upstream `_determine_best_metric`: whether `metrics` holds a new best
@@ -773,7 +718,7 @@ impl Trainer {
     ) -> Result<TrainOutput> {
         self.loop_state.total_loss_scalar += self.loop_state.tr_loss.f_double_value(&[])?;
         // A sharded run ends with the full parameters in the model.
-        self.zero_gather()?;
+        self.accelerator.gather_parameters()?;
         let steps = self.state.global_step - initial_global_step;
         let train_loss = self.loop_state.total_loss_scalar / (steps as f64).max(0.001);
         let mut metrics = speed_metrics(
@@ -791,7 +736,7 @@ impl Trainer {
             && let Some(best) = self.state.best_model_checkpoint.clone()
         {
             // Every process waits until rank 0 has written its checkpoints.
-            crate::distributed::barrier(&self.args)?;
+            self.accelerator.wait_for_everyone()?;
             checkpoint::load_model_weights(&mut *self.model, std::path::Path::new(&best))?;
         }
         self.delete_all_but_best()?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
+use tchtrain_accelerate::{Accelerator, AcceleratorOptions, MixedPrecision};
 use tchtrain_callbacks::{
     CallbackHandler, DefaultFlowCallback, JsonMap, PrinterCallback, ProgressCallback,
     TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
@@ -70,25 +71,28 @@ pub struct Trainer {
     pub(crate) compute_metrics: Option<ComputeMetrics>,
     pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
     pub(crate) hooks: Box<dyn TrainerHooks>,
-    pub(crate) model_accepts_loss_kwargs: bool,
+    /// What the steps read about the model (see [`StepContext`]).
+    pub(crate) facts: StepFacts,
     /// See [`TrainerBuilder::stop_on_non_finite`].
     pub(crate) stop_on_non_finite: bool,
     /// See [`TrainerBuilder::profile`].
     pub(crate) profile: bool,
-    pub(crate) loss_shifts_labels: bool,
-    /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
-    pub(crate) is_causal_lm: bool,
-    pub(crate) label_names: Vec<String>,
-    pub(crate) device: Device,
     pub(crate) loop_state: LoopState,
-    /// The gradient all-reduce of a data-parallel run (`distributed.rs`).
-    pub(crate) ddp: Option<tchtrain_distributed::DistributedDataParallel>,
-    /// The ZeRO / FSDP engine of a sharded run (`zero.rs`).
-    pub(crate) sharding: Option<crate::zero::Sharding>,
-    /// The loss scaler of float16 mixed precision (accelerate's `scaler`).
-    pub(crate) scaler: Option<GradScaler>,
-    /// The dtype the model's forward autocasts to (`None`: fp32).
-    pub(crate) autocast: Option<Kind>,
+    /// Device, mixed precision, DDP or the ZeRO engine (upstream's `self.accelerator`).
+    pub(crate) accelerator: Accelerator,
+    /// The DeepSpeed config or FSDP plugin of a sharded run (`zero.rs`).
+    pub(crate) sharding: Option<crate::zero::ShardingSource>,
+}
+
+/// The facts about the model and labels a [`StepContext`] carries, fixed when the Trainer
+/// is built.
+#[derive(Debug, Clone)]
+pub(crate) struct StepFacts {
+    pub model_accepts_loss_kwargs: bool,
+    pub loss_shifts_labels: bool,
+    /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
+    pub is_causal_lm: bool,
+    pub label_names: Vec<String>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -289,7 +293,14 @@ impl TrainerBuilder {
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
         let mut model = self.model;
-        let device = crate::distributed::training_device(&self.args);
+        // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else CUDA device 0 when
+        // there is one (`LOCAL_RANK`'s device in a multi-GPU run, which ProcessGroupNCCL
+        // binds), else the CPU.
+        let device = if self.args.use_cpu {
+            Device::Cpu
+        } else {
+            Device::cuda_if_available()
+        };
         if model.var_store().device() != device && self.optimizer.is_none() {
             model.var_store_mut().set_device(device);
         }
@@ -313,18 +324,7 @@ impl TrainerBuilder {
             .label_names
             .clone()
             .unwrap_or_else(|| vec!["labels".to_string()]);
-        // accelerate's `native_amp` for fp16: off the CPU, or asked for with grad_scaler.
-        let native_fp16 = self.args.fp16 && (device != Device::Cpu || self.grad_scaler.is_some());
-        let scaler = if native_fp16 {
-            Some(GradScaler::new(self.grad_scaler.unwrap_or_default())?)
-        } else {
-            None
-        };
-        let autocast = if native_fp16 {
-            Some(Kind::Half)
-        } else {
-            crate::hooks::autocast_dtype(&self.args, device)
-        };
+        let accelerator = create_accelerator(&self.args, device, self.grad_scaler)?;
         let mut trainer = Trainer {
             model,
             train_dataset: self.train_dataset,
@@ -343,13 +343,14 @@ impl TrainerBuilder {
             compute_metrics: self.compute_metrics,
             preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
             hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
-            model_accepts_loss_kwargs: accepts,
+            facts: StepFacts {
+                model_accepts_loss_kwargs: accepts,
+                loss_shifts_labels,
+                is_causal_lm,
+                label_names,
+            },
             stop_on_non_finite: self.stop_on_non_finite,
             profile: self.profile,
-            loss_shifts_labels,
-            is_causal_lm,
-            label_names,
-            device,
             loop_state: LoopState {
                 tr_loss: Tensor::zeros([], (Kind::Float, device)),
                 total_loss_scalar: 0.0,
@@ -362,10 +363,8 @@ impl TrainerBuilder {
                 stop_signals: None,
                 profile: None,
             },
-            ddp: None,
+            accelerator,
             sharding: None,
-            scaler,
-            autocast,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -426,7 +425,23 @@ impl Trainer {
 
     /// The device batches run on.
     pub fn device(&self) -> Device {
-        self.device
+        self.accelerator.device()
+    }
+
+    /// Upstream's `trainer.accelerator`: device, mixed precision, DDP or the ZeRO engine.
+    pub fn accelerator(&self) -> &Accelerator {
+        &self.accelerator
+    }
+
+    /// Upstream `is_world_process_zero`: whether this process is rank 0 of the run (the
+    /// one that writes checkpoints and whose callbacks print).
+    pub fn is_world_process_zero(&self) -> bool {
+        self.args.process_index() == 0
+    }
+
+    /// Upstream `is_local_process_zero`: whether this process is rank 0 on its machine.
+    pub fn is_local_process_zero(&self) -> bool {
+        self.args.local_process_index() == 0
     }
 
     /// The optimizer, once created.
@@ -441,8 +456,8 @@ impl Trainer {
 
     /// The loss scaler of float16 mixed precision (accelerate's `scaler`), when `fp16` runs
     /// with one.
-    pub fn grad_scaler(&self) -> Option<&GradScaler> {
-        self.scaler.as_ref()
+    pub fn grad_scaler(&self) -> Option<std::sync::MutexGuard<'_, GradScaler>> {
+        self.accelerator.scaler()
     }
 
     /// Upstream `add_callback`.
@@ -454,17 +469,12 @@ impl Trainer {
         &self,
         current_gradient_accumulation_steps: usize,
     ) -> StepContext<'_> {
-        StepContext {
-            args: &self.args,
-            model_accepts_loss_kwargs: self.model_accepts_loss_kwargs,
+        StepContext::new(
+            &self.args,
+            &self.facts,
+            &self.accelerator,
             current_gradient_accumulation_steps,
-            device: self.device,
-            label_names: &self.label_names,
-            loss_shifts_labels: self.loss_shifts_labels,
-            is_causal_lm: self.is_causal_lm,
-            autocast: self.autocast,
-            loss_scale: None,
-        }
+        )
     }
 
     /// The training order's name and seed, as checkpoints record them (`"none"` without
@@ -536,7 +546,7 @@ impl Trainer {
             self.args.train_batch_size(),
             self.args.dataloader_drop_last,
         )
-        .map(|l| self.prepare_data_loader(l))
+        .map(|l| self.accelerator.prepare_data_loader(l))
         .map_err(Error::from)
     }
 
@@ -557,7 +567,7 @@ impl Trainer {
             self.args.eval_batch_size(),
             self.args.dataloader_drop_last,
         )
-        .map(|l| self.prepare_data_loader(l))
+        .map(|l| self.accelerator.prepare_data_loader(l))
         .map_err(Error::from)
     }
 
@@ -637,9 +647,39 @@ impl Trainer {
     /// Upstream `store_flos`: moves the flos counted since the last call (summed over the
     /// processes of a data-parallel run) into the state.
     pub(crate) fn store_flos(&mut self) -> Result<()> {
-        self.state.total_flos +=
-            crate::distributed::all_reduce_sum_f32(&self.args, self.loop_state.current_flos)?;
+        self.state.total_flos += self
+            .accelerator
+            .state()
+            .reduce_sum_f32(self.loop_state.current_flos)?;
         self.loop_state.current_flos = 0.0;
         Ok(())
     }
+}
+
+/// Upstream `create_accelerator_and_postprocess`: the [`Accelerator`] of `args` on `device`
+/// (mixed precision from `bf16` / `fp16`, the process group's `ddp_backend` and
+/// `ddp_timeout`, DDP's `ddp_bucket_cap_mb`, the loss scaler's kwargs).
+fn create_accelerator(
+    args: &TrainingArguments,
+    device: Device,
+    grad_scaler: Option<GradScalerKwargs>,
+) -> Result<Accelerator> {
+    let mixed_precision = if args.bf16 {
+        MixedPrecision::Bf16
+    } else if args.fp16 {
+        MixedPrecision::Fp16
+    } else {
+        MixedPrecision::No
+    };
+    Ok(Accelerator::on_device(
+        device,
+        AcceleratorOptions {
+            cpu: device == Device::Cpu,
+            mixed_precision,
+            grad_scaler,
+            backend: args.ddp_backend.clone(),
+            timeout: args.ddp_timeout_delta(),
+            bucket_cap_mb: args.ddp_bucket_cap_mb.map(|mb| mb as f64),
+        },
+    )?)
 }

@@ -1,13 +1,15 @@
 //! Sharded data parallelism in the Trainer: DeepSpeed ZeRO 1/2/3 (`--deepspeed
-//! ds_config.json`) and FSDP (`--fsdp ...`), both on `tchtrain-deepspeed`'s
-//! [`ZeroEngine`].
+//! ds_config.json`) and FSDP (`--fsdp ...`), both on the accelerator's ZeRO engine
+//! (`tchtrain-accelerate`'s `ZeroEngine`). This file is the policy (upstream's
+//! `deepspeed_init` and FSDP preparation: configs, checks, units, offload) and the shard
+//! files of a checkpoint; the engine's step is the accelerator's.
 //!
 //! | upstream | here |
 //! |---|---|
 //! | `deepspeed_init`: `trainer_config_process` + `trainer_config_finalize` (mismatches raised before training) | [`Trainer::setup_sharding`], at the start of `train`, before any step |
 //! | ZeRO stage from `zero_optimization.stage`; FSDP `reshard_after_forward` | stage 1 / 2 / 3; FSDP `shard_grad_op` = 2, `full_shard` = 3, `no_shard` = DDP |
 //! | the Trainer's optimizer and scheduler, wrapped by DeepSpeed / FSDP | built by the Trainer as usual, over the engine's shards |
-//! | `engine.backward` + `engine.step` (reduce, clip with the global norm, step, gather) | `zero_reduce_and_clip` and `zero_after_step` in the loop |
+//! | `engine.backward` + `engine.step` (reduce, clip with the global norm, step, gather) | `Accelerator::backward`, `clip_grad_norm_`, `optimizer_step` |
 //! | `checkpoint-N/global_step{N}/zero_pp_rank_{r}_mp_rank_00_optim_states.pt`, `latest` | the same names, safetensors + JSON, written by every rank |
 //! | FSDP `SHARDED_STATE_DICT`: `pytorch_model_fsdp_0/` | the shard files there, no `model.safetensors` |
 //! | `FULL_STATE_DICT` / `stage3_gather_16bit_weights_on_model_save` | rank 0 writes the gathered `model.safetensors` |
@@ -26,51 +28,27 @@
 //! `nvme` device, FSDP `cpu_offload` with `no_shard`.
 
 use std::path::Path;
-use std::rc::Rc;
-use std::sync::{Arc, Mutex, MutexGuard};
 
+use tchtrain_accelerate::{
+    DistributedType, ShardMemory, ZeroPlugin, ZeroStage, optimizer_state_bytes,
+};
 use tchtrain_deepspeed::{
-    HfTrainerDeepSpeedConfig, LATEST_NAME, ShardMemory, ZeroEngine, ZeroStage, global_step_dir,
-    load_zero_shard, optimizer_state_bytes, save_zero_shard,
+    HfTrainerDeepSpeedConfig, LATEST_NAME, global_step_dir, load_zero_shard, save_zero_shard,
 };
 use tchtrain_fsdp::{FsdpPlugin, StateDictType};
 use tchtrain_training_args::{DictOrPath, StrOrBool};
 
-use crate::distributed::with_sharding_group;
 use crate::error::{Error, Result};
 use crate::model_info;
 use crate::trainer::Trainer;
-use crate::zero_layers::{LayerGather, lock_engine};
 
-/// Which integration asked for sharding.
+/// Which integration asked for sharding, with its settings.
 #[derive(Debug)]
 pub(crate) enum ShardingSource {
     /// `--deepspeed`, with the processed config.
     DeepSpeed(Box<HfTrainerDeepSpeedConfig>),
     /// `--fsdp`, with the plugin.
     Fsdp(FsdpPlugin),
-}
-
-/// The engine of a sharded run and where its settings came from.
-#[derive(Debug)]
-pub(crate) struct Sharding {
-    /// Shared with the per-layer hooks of a stage-3 step ([`LayerGather`]), whose backward
-    /// actions use it.
-    pub engine: Arc<Mutex<ZeroEngine>>,
-    pub source: ShardingSource,
-    /// Stage 3 with one wrap unit per transformer layer: parameters gathered layer by layer
-    /// during each training step ([`LayerGather`]) instead of all at once.
-    pub per_layer: bool,
-    /// The run's arguments, shared with the per-layer hooks' backward actions (which reach
-    /// the process group through them).
-    pub args: Arc<tchtrain_training_args::TrainingArguments>,
-}
-
-impl Sharding {
-    /// The engine (no lock is held across a step).
-    pub(crate) fn engine(&self) -> MutexGuard<'_, ZeroEngine> {
-        lock_engine(&self.engine)
-    }
 }
 
 /// The DeepSpeed config named by `args.deepspeed`, if any.
@@ -231,12 +209,6 @@ impl Trainer {
         } else {
             return Ok(false);
         };
-        if self.args.world_size() <= 1 {
-            log::info!(
-                "ZeRO stage {} on a single process: the engine runs over a world of one (nothing is sharded; offload_optimizer applies)",
-                stage.number()
-            );
-        }
         if self.optimizer.is_some() {
             return Err(Error::InvalidArgument {
                 field: "optimizers",
@@ -246,49 +218,28 @@ impl Trainer {
         let named = model_info::named_parameters(&*self.model);
         let layernorms = self.model.layernorm_modules();
         let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
-        // Layer by layer when the units are exactly the transformer layers, in order (every
-        // DeepSpeed ZeRO-3 run, FSDP full_shard with the transformer-layer wrap policy).
-        let per_layer = stage == ZeroStage::Weights
-            && !units.is_empty()
-            && units
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.ends_with(&format!(".{i}.")));
-        let engine = with_sharding_group(&self.args, |pg| {
-            let mut engine = ZeroEngine::new(pg, stage, groups, &units)?;
-            if let Some((device, pin_memory)) = offload.param {
-                engine.offload_param(device, pin_memory)?;
-            }
-            if let Some((device, pin_memory)) = offload.optimizer {
-                engine.offload_optimizer(device, pin_memory)?;
-            }
-            // Full parameters for the first forward, unless the layers are gathered one by
-            // one (the first step or `eval_on_start` gathers the root unit).
-            if !per_layer {
-                engine.gather(pg)?;
-            }
-            Ok(engine)
-        })?
-        .ok_or(Error::InvalidArgument {
-            field: "WORLD_SIZE",
-            detail: "no process group could be created for the sharded run".into(),
-        })?;
+        let plugin = ZeroPlugin {
+            distributed_type: match source {
+                ShardingSource::DeepSpeed(_) => DistributedType::DeepSpeed,
+                ShardingSource::Fsdp(_) => DistributedType::Fsdp,
+            },
+            stage,
+            units,
+            offload_param: offload.param,
+            offload_optimizer: offload.optimizer,
+        };
+        let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
         self.optimizer = Some(tchtrain_optim::create_optimizer(
             &tchtrain_optim::OptimizerArgs::from(&self.args),
-            engine.shard_groups(),
+            shard_groups,
         )?);
-        self.sharding = Some(Sharding {
-            engine: Arc::new(Mutex::new(engine)),
-            source,
-            per_layer,
-            args: Arc::new(self.args.clone()),
-        });
+        self.sharding = Some(source);
         Ok(true)
     }
 
     /// The memory the sharded engine holds on this rank (`None` outside a sharded run).
     pub fn sharded_memory(&self) -> Option<ShardMemory> {
-        self.sharding.as_ref().map(|s| s.engine().memory())
+        self.accelerator.sharded_memory()
     }
 
     /// Bytes of the optimizer's state tensors on this rank (its shard under ZeRO / FSDP).
@@ -298,7 +249,7 @@ impl Trainer {
 
     /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run.
     pub fn hf_deepspeed_config(&self) -> Option<&HfTrainerDeepSpeedConfig> {
-        match &self.sharding.as_ref()?.source {
+        match self.sharding.as_ref()? {
             ShardingSource::DeepSpeed(c) => Some(c),
             ShardingSource::Fsdp(_) => None,
         }
@@ -306,103 +257,7 @@ impl Trainer {
 
     /// The ZeRO stage of the running sharded engine, if any.
     pub fn zero_stage(&self) -> Option<i64> {
-        self.sharding.as_ref().map(|s| s.engine().stage().number())
-    }
-
-    /// Stage 3: gathers the full parameters (a collective; nothing otherwise).
-    pub(crate) fn zero_gather(&mut self) -> Result<()> {
-        let Some(s) = self.sharding.as_mut() else {
-            return Ok(());
-        };
-        with_sharding_group(&self.args, |pg| Ok(s.engine().gather(pg)?))?;
-        Ok(())
-    }
-
-    /// Before a training step's window: stage 3 gathers the full parameters, or only the
-    /// root unit when the layers are gathered one by one during the step.
-    pub(crate) fn zero_gather_for_training(&mut self) -> Result<()> {
-        let Some(s) = self.sharding.as_mut() else {
-            return Ok(());
-        };
-        let per_layer = s.per_layer;
-        with_sharding_group(&self.args, |pg| {
-            let mut engine = s.engine();
-            if per_layer {
-                // Layers gathered for an evaluation, a save or at setup are released first.
-                let root = engine.layer_units();
-                for unit in 0..root {
-                    engine.release_unit(unit)?;
-                }
-                Ok(engine.gather_unit(pg, root)?)
-            } else {
-                Ok(engine.gather(pg)?)
-            }
-        })?;
-        Ok(())
-    }
-
-    /// The per-layer hooks of a stage-3 training step (`None` unless layer by layer).
-    pub(crate) fn zero_layer_hooks(&self) -> Option<Rc<LayerGather>> {
-        let s = self.sharding.as_ref().filter(|s| s.per_layer)?;
-        Some(Rc::new(LayerGather::new(s.engine.clone(), s.args.clone())))
-    }
-
-    /// Evaluation during a layer-by-layer stage-3 run: releases the layers, gathers the root
-    /// unit and returns the forward-only hooks that gather each layer in turn
-    /// ([`LayerGather::for_evaluation`]); otherwise gathers the full parameters (stage 3)
-    /// and returns `None`.
-    pub(crate) fn zero_prepare_evaluation(&mut self) -> Result<Option<Rc<LayerGather>>> {
-        let per_layer = self.sharding.as_ref().is_some_and(|s| s.per_layer);
-        if !per_layer {
-            self.zero_gather()?;
-            return Ok(None);
-        }
-        self.zero_gather_for_training()?;
-        let s = self.sharding.as_ref().filter(|s| s.per_layer);
-        Ok(s.map(|s| {
-            Rc::new(LayerGather::for_evaluation(
-                s.engine.clone(),
-                s.args.clone(),
-            ))
-        }))
-    }
-
-    /// Stage 3: releases the full parameters (nothing otherwise).
-    pub(crate) fn zero_release(&mut self) -> Result<()> {
-        if let Some(s) = self.sharding.as_mut() {
-            s.engine().release()?;
-        }
-        Ok(())
-    }
-
-    /// The sharded replacement of "all-reduce the gradients, clip": reduces the gradients
-    /// into the shards and clips them with the global norm, which it returns; `None`
-    /// outside a sharded run.
-    pub(crate) fn zero_reduce_and_clip(&mut self) -> Result<Option<f64>> {
-        let Some(s) = self.sharding.as_mut() else {
-            return Ok(None);
-        };
-        let max_norm = self.args.max_grad_norm;
-        let norm = with_sharding_group(&self.args, |pg| {
-            let mut engine = s.engine();
-            engine.reduce_gradients(pg)?;
-            Ok(engine.clip_grad_norm(pg, max_norm)?)
-        })?;
-        Ok(norm)
-    }
-
-    /// After the optimizer's step: stages 1 and 2 all-gather the updated shards; the
-    /// variables' gradients are cleared.
-    pub(crate) fn zero_after_step(&mut self) -> Result<()> {
-        let Some(s) = self.sharding.as_mut() else {
-            return Ok(());
-        };
-        with_sharding_group(&self.args, |pg| {
-            let mut engine = s.engine();
-            engine.after_step(pg)?;
-            Ok(engine.zero_grad()?)
-        })?;
-        Ok(())
+        self.accelerator.zero_engine().map(|e| e.stage().number())
     }
 
     /// Whether checkpoints hold no `model.safetensors`, only shards (FSDP's
@@ -410,10 +265,7 @@ impl Trainer {
     pub(crate) fn saves_sharded_model(&self) -> bool {
         matches!(
             &self.sharding,
-            Some(Sharding {
-                source: ShardingSource::Fsdp(p),
-                ..
-            }) if p.state_dict_type == StateDictType::ShardedStateDict
+            Some(ShardingSource::Fsdp(p)) if p.state_dict_type == StateDictType::ShardedStateDict
         )
     }
 
@@ -432,11 +284,11 @@ impl Trainer {
         tmp: &Path,
     ) -> Result<Option<Vec<(String, tch::Tensor)>>> {
         let shards_only = self.saves_sharded_model();
-        let Some(s) = self.sharding.as_mut() else {
+        let Some(source) = self.sharding.as_ref() else {
             return Ok(None);
         };
         let step = self.state.global_step;
-        let dir = match &s.source {
+        let dir = match source {
             ShardingSource::DeepSpeed(_) => global_step_dir(tmp, step),
             ShardingSource::Fsdp(_) => tmp.join(tchtrain_deepspeed::FSDP_MODEL_DIR),
         };
@@ -446,8 +298,8 @@ impl Trainer {
         } else {
             self.optimizer.as_deref()
         };
-        let state_dict = with_sharding_group(&self.args, |pg| {
-            let mut engine = s.engine();
+        let deepspeed = matches!(source, ShardingSource::DeepSpeed(_));
+        let state_dict = self.accelerator.with_zero_engine(|pg, engine| {
             let consolidate = engine.stage() == ZeroStage::Weights && !shards_only;
             let state_dict = if consolidate {
                 Some(engine.consolidated_state_dict(pg)?)
@@ -455,14 +307,14 @@ impl Trainer {
                 None
             };
             pg.barrier()?;
-            save_zero_shard(&engine, optimizer, &dir)?;
-            if is_rank0 && matches!(s.source, ShardingSource::DeepSpeed(_)) {
+            save_zero_shard(engine, optimizer, &dir)?;
+            if is_rank0 && deepspeed {
                 let latest = tmp.join(LATEST_NAME);
                 std::fs::write(&latest, format!("global_step{step}"))
                     .map_err(|e| Error::io("writing", &latest, e))?;
             }
             pg.barrier()?;
-            Ok(state_dict)
+            Ok::<_, Error>(state_dict)
         })?;
         Ok(state_dict.flatten().filter(|_| is_rank0))
     }
@@ -473,7 +325,7 @@ impl Trainer {
     /// A checkpoint whose weights exist only as shards (FSDP's SHARDED_STATE_DICT) cannot
     /// resume a run that is not sharded the same way: [`Error::InvalidCheckpoint`].
     pub(crate) fn load_sharded_state(&mut self, ckpt: &Path) -> Result<bool> {
-        let Some(s) = self.sharding.as_mut() else {
+        if self.sharding.is_none() {
             if weights_only_in_shards(ckpt) {
                 return Err(Error::InvalidCheckpoint {
                     dir: ckpt.to_path_buf(),
@@ -484,7 +336,7 @@ impl Trainer {
                 });
             }
             return Ok(false);
-        };
+        }
         let Ok(dir) = tchtrain_deepspeed::find_shard_dir(ckpt) else {
             return Ok(false);
         };
@@ -492,8 +344,8 @@ impl Trainer {
             .optimizer
             .as_mut()
             .map(|o| &mut **o as &mut dyn tchtrain_optim::Optimizer);
-        with_sharding_group(&self.args, |pg| {
-            Ok(load_zero_shard(&mut s.engine(), pg, optimizer, &dir)?)
+        self.accelerator.with_zero_engine(|pg, engine| {
+            Ok::<_, Error>(load_zero_shard(engine, pg, optimizer, &dir)?)
         })?;
         Ok(true)
     }

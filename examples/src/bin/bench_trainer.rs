@@ -466,6 +466,19 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         epoch += 1;
     }
     let label_names = vec!["labels".to_string()];
+    // Only for the forward's autocast (bf16); the loop itself is bare.
+    let accelerator = tchtrain::accelerate::Accelerator::on_device(
+        Device::Cpu,
+        tchtrain::accelerate::AcceleratorOptions {
+            cpu: true,
+            mixed_precision: if args.bf16 {
+                tchtrain::accelerate::MixedPrecision::Bf16
+            } else {
+                tchtrain::accelerate::MixedPrecision::No
+            },
+            ..Default::default()
+        },
+    )?;
     let mut record = Record::default();
     optimizer.zero_grad();
     for step in 0..job.total_steps() {
@@ -502,8 +515,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             label_names: &label_names,
             loss_shifts_labels: job.kind == "clm",
             is_causal_lm: job.kind == "clm",
-            autocast: tchtrain::trainer::autocast_dtype(&args, Device::Cpu),
-            loss_scale: None,
+            accelerator: &accelerator,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss

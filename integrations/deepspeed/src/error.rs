@@ -68,6 +68,9 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The ZeRO engine refused (a layout or stage that does not fit).
+    #[error(transparent)]
+    Accelerate(#[from] tchtrain_accelerate::Error),
     /// A collective failed.
     #[error(transparent)]
     Distributed(#[from] tchtrain_distributed::Error),

@@ -18,9 +18,8 @@ use tch::Tensor;
 use tchtrain_distributed::ProcessGroup;
 use tchtrain_optim::{Optimizer, OptimizerStateDict, OptimizerStateMeta};
 
-use crate::flat::FlatLayout;
-use crate::zero::ZeroEngine;
 use crate::{Error, Result};
+use tchtrain_accelerate::{FlatLayout, ZeroEngine};
 
 /// DeepSpeed's `latest` file: the name of the newest `global_step{N}` folder.
 pub const LATEST_NAME: &str = "latest";

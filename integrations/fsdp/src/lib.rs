@@ -4,7 +4,7 @@
 //! normalisation: [`fsdp_plugin_args`] (equal to upstream's `fsdp_plugin_args`), the typed
 //! [`FsdpPlugin`] (full_shard / shard_grad_op / no_shard, offload, auto-wrap, FULL vs
 //! SHARDED state dicts, cpu_ram_efficient_loading) and the Trainer's FSDP checks; and the
-//! mapping of FSDP onto `tchtrain-deepspeed`'s ZeRO engine ([`zero_stage_for`]: no_shard =
+//! mapping of FSDP onto `tchtrain-accelerate`'s ZeRO engine ([`zero_stage_for`]: no_shard =
 //! DDP, shard_grad_op = stage 2, full_shard = stage 3; [`auto_wrap_units`]: the wrapped
 //! decoder layers). One engine serves both integrations: they differ in policy (which
 //! stage, which units), not in mechanism.

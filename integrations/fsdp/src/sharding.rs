@@ -1,4 +1,4 @@
-//! FSDP's sharding strategies and auto-wrap policies mapped onto `tchtrain-deepspeed`'s
+//! FSDP's sharding strategies and auto-wrap policies mapped onto `tchtrain-accelerate`'s
 //! ZeRO engine: `NO_SHARD` is DDP, `SHARD_GRAD_OP` is ZeRO stage 2 and `FULL_SHARD` is
 //! ZeRO stage 3 whose units (one flat buffer each, gathered together) are the wrapped
 //! modules.
@@ -12,7 +12,7 @@
 //! holding at least `min_num_params` parameters; `NO_WRAP` has the root unit only.
 
 use tch::Tensor;
-use tchtrain_deepspeed::ZeroStage;
+use tchtrain_accelerate::ZeroStage;
 
 use crate::plugin::{FsdpPlugin, ShardingStrategy};
 

@@ -770,9 +770,10 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
         assert!(
             matches!(
                 err,
-                tchtrain_trainer::Error::DeepSpeed(tchtrain_deepspeed::Error::Distributed(
-                    tchtrain_distributed::Error::Collective { rank: 0, .. }
-                ))
+                tchtrain_trainer::Error::Distributed(tchtrain_distributed::Error::Collective {
+                    rank: 0,
+                    ..
+                })
             ),
             "{err:?}"
         );
@@ -795,7 +796,7 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
             "{phase}: rank exit codes (rank 0 asserts its error): {report}"
         );
         assert!(
-            report.starts_with("deepspeed: rank 0: "),
+            report.starts_with("distributed training: rank 0: "),
             "{phase}: {report}"
         );
         let waited = report.lines().nth(1).unwrap_or_default();

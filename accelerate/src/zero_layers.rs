@@ -4,7 +4,7 @@
 //! (`_pre_forward_module_hook`, `_post_forward_module_hook`, and the pre- / post-backward
 //! hooks it attaches to the module's outputs and inputs).
 //!
-//! [`LayerGather`] is a [`LayerHooks`] the Trainer installs around `training_step`:
+//! [`LayerGather`] is a [`LayerHooks`] [`Accelerator::with_gathered_parameters`](crate::Accelerator::with_gathered_parameters) installs around a training step:
 //!
 //! | when | what (collectives in the same order on every rank) |
 //! |---|---|
@@ -24,21 +24,20 @@
 //! parameters (and of full gradients), instead of the whole model.
 //!
 //! A failure inside a hook (a dead peer, a timeout) is kept here, reported by the model or
-//! the backward as a generic error, and [`LayerGather::take_error`] hands the Trainer the
+//! the backward as a generic error, and [`LayerGather::take_error`] hands the accelerator the
 //! original one.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tch::Tensor;
-use tchtrain_deepspeed::ZeroEngine;
 use tchtrain_distributed::ProcessGroup;
 use tchtrain_models::LayerHooks;
-use tchtrain_training_args::TrainingArguments;
 
-use crate::distributed::with_sharding_group;
 use crate::error::{Error, Result};
-use crate::ffi;
+use crate::grad_boundary::{self, BoundaryAction};
+use crate::state::PartialState;
+use crate::zero::ZeroEngine;
 
 /// Locks the shared engine (a poisoned lock still holds a usable engine: the panic that
 /// poisoned it is reported where it happened).
@@ -49,10 +48,10 @@ pub(crate) fn lock_engine(engine: &Mutex<ZeroEngine>) -> MutexGuard<'_, ZeroEngi
 /// What a hook or a boundary's action does with the engine, on the process group.
 fn collective(
     engine: &Mutex<ZeroEngine>,
-    args: &TrainingArguments,
+    state: &PartialState,
     f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()>,
 ) -> Result<()> {
-    with_sharding_group(args, |pg| f(pg, &mut lock_engine(engine)))?;
+    state.with_sharding_group(|pg| f(pg, &mut lock_engine(engine)))?;
     Ok(())
 }
 
@@ -61,7 +60,7 @@ fn collective(
 /// nothing for a backward).
 pub(crate) struct LayerGather {
     engine: Arc<Mutex<ZeroEngine>>,
-    args: Arc<TrainingArguments>,
+    state: Arc<PartialState>,
     /// Whether a backward follows (training): gradient boundaries re-gather and reduce.
     backward: bool,
     /// The first error a hook or a backward action met.
@@ -71,10 +70,10 @@ pub(crate) struct LayerGather {
 }
 
 impl LayerGather {
-    pub(crate) fn new(engine: Arc<Mutex<ZeroEngine>>, args: Arc<TrainingArguments>) -> Self {
+    pub(crate) fn new(engine: Arc<Mutex<ZeroEngine>>, state: Arc<PartialState>) -> Self {
         Self {
             engine,
-            args,
+            state,
             backward: true,
             error: Arc::new(Mutex::new(None)),
             tokens: RefCell::new(Vec::new()),
@@ -85,11 +84,8 @@ impl LayerGather {
     /// before it runs and released right after, as DeepSpeed's ZeRO-3 forward hooks do in
     /// `eval()` mode. The models keep their usual linear maps (no backward reads the
     /// parameters), so the outputs are those of the fully gathered model.
-    pub(crate) fn for_evaluation(
-        engine: Arc<Mutex<ZeroEngine>>,
-        args: Arc<TrainingArguments>,
-    ) -> Self {
-        let mut hooks = Self::new(engine, args);
+    pub(crate) fn for_evaluation(engine: Arc<Mutex<ZeroEngine>>, state: Arc<PartialState>) -> Self {
+        let mut hooks = Self::new(engine, state);
         hooks.backward = false;
         hooks
     }
@@ -107,7 +103,7 @@ impl LayerGather {
         &self,
         f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()>,
     ) -> std::result::Result<(), String> {
-        keep(&self.error, collective(&self.engine, &self.args, f))
+        keep(&self.error, collective(&self.engine, &self.state, f))
     }
 
     /// `hidden` behind a gradient boundary whose backward runs `f` with the engine.
@@ -116,10 +112,10 @@ impl LayerGather {
         hidden: &Tensor,
         f: impl FnOnce(&mut ProcessGroup, &mut ZeroEngine) -> Result<()> + Send + 'static,
     ) -> std::result::Result<Tensor, String> {
-        let (engine, args, error) = (self.engine.clone(), self.args.clone(), self.error.clone());
-        let action: ffi::BoundaryAction =
-            Box::new(move || keep(&error, collective(&engine, &args, f)));
-        let (out, token) = ffi::grad_boundary(hidden, action).map_err(|e| e.to_string())?;
+        let (engine, state, error) = (self.engine.clone(), self.state.clone(), self.error.clone());
+        let action: BoundaryAction = Box::new(move || keep(&error, collective(&engine, &state, f)));
+        let (out, token) =
+            grad_boundary::grad_boundary(hidden, action).map_err(|e| e.to_string())?;
         self.tokens.borrow_mut().push(token);
         Ok(out)
     }
@@ -138,7 +134,7 @@ fn keep(slot: &Mutex<Option<Error>>, r: Result<()>) -> std::result::Result<(), S
 
 impl Drop for LayerGather {
     fn drop(&mut self) {
-        ffi::forget_boundaries(&self.tokens.borrow());
+        grad_boundary::forget_boundaries(&self.tokens.borrow());
     }
 }
 

@@ -57,8 +57,8 @@ use tch::{Kind, Tensor};
 use tchtrain_distributed::{ProcessGroup, ReduceOp};
 use tchtrain_optim::{GroupSpec, Optimizer, set_grad};
 
+use crate::error::{Error, Result};
 use crate::flat::{FlatBuffer, FlatLayout};
-use crate::{Error, Result};
 
 /// DeepSpeed's `ZeroStageEnum`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

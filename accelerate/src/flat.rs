@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Where one parameter lies in its flat buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

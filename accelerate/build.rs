@@ -1,0 +1,6 @@
+//! Gives this crate's tests and binaries an rpath to libtorch and a real libtorch_cuda link
+//! (its C++ lives in `tchtrain-sys`).
+
+fn main() {
+    tchtrain_build::link_libtorch();
+}
