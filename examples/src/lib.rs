@@ -14,7 +14,8 @@
 //!
 //! [`custom_model`] trains a model the user wrote (a [`TrainableModel`](tchtrain_models::TrainableModel)
 //! of a few lines) with the same Trainer; [`accelerate_loop`] trains it in a hand-written
-//! loop on the `Accelerator` alone.
+//! loop on the `Accelerator` alone; [`custom_loss`] is the documentation's custom
+//! `compute_loss` (class weights) as [`TrainerHooks`](tchtrain_trainer::TrainerHooks).
 //!
 //! Also here: the plot of a run's `log_history` ([`plot_log_history`], drawn by a small
 //! raster with a built-in font into a PNG), `run_classification`'s text-classification
@@ -24,6 +25,7 @@
 pub mod accelerate_loop;
 mod args;
 mod common;
+pub mod custom_loss;
 pub mod custom_model;
 mod error;
 mod plot;

@@ -24,6 +24,10 @@ llama_wd/    assets/tiny-llama (LlamaForCausalLM, tied embeddings), hamlet.txt t
              epoch), 2 epochs, lr 2e-3, linear schedule, warmup_steps 2, weight_decay 0.1,
              max_grad_norm 1.0, evaluation every 6 steps. `decay_parameters.json` holds
              upstream's `get_decay_parameter_names(model)`.
+minilm_weighted/  the documentation's custom `compute_loss` (a `Trainer` subclass whose loss
+             is `nn.CrossEntropyLoss(weight=...)` on the logits, the labels popped from the
+             inputs) with class weights [1.0, 3.0] on minilm_cls's job (same initial weights
+             and rows, reused from minilm_cls/).
 Each run writes log_history.json and train_output.json.
 """
 
@@ -137,6 +141,46 @@ def minilm_cls():
     result = trainer.train()
     (folder / "decay_parameters.json").write_text(json.dumps(sorted(trainer.get_decay_parameter_names(model))))
     write_run("minilm_cls", trainer, result, model)
+    return data, tok
+
+
+class WeightedLossTrainer(tf.Trainer):
+    """The documentation's example of a custom loss (class weights in the cross entropy)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.get("logits")
+        loss_fct = torch.nn.CrossEntropyLoss(weight=torch.tensor([1.0, 3.0], device=model.device))
+        loss = loss_fct(logits.view(-1, self.model.config.num_labels), labels.view(-1))
+        return (loss, outputs) if return_outputs else loss
+
+
+def minilm_weighted(data, tok):
+    folder = OUT / "minilm_weighted"
+    folder.mkdir()
+    model = tf.BertForSequenceClassification.from_pretrained(OUT / "minilm_cls" / "initial")
+    args = common_args(
+        "minilm_weighted",
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_train_epochs=3,
+        learning_rate=5e-5,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        weight_decay=0.01,
+        eval_strategy="epoch",
+    )
+    trainer = WeightedLossTrainer(
+        model=model,
+        args=args,
+        train_dataset=Rows(data["train"]),
+        eval_dataset=Rows(data["eval"]),
+        data_collator=tf.DataCollatorWithPadding(tok),
+    )
+    result = trainer.train()
+    write_run("minilm_weighted", trainer, result, model)
 
 
 def llama_blocks(block=64):
@@ -190,7 +234,8 @@ def llama_wd():
 
 
 def main():
-    minilm_cls()
+    data, tok = minilm_cls()
+    minilm_weighted(data, tok)
     llama_wd()
 
 

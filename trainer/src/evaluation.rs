@@ -10,10 +10,9 @@ use tchtrain_callbacks::JsonMap;
 use tchtrain_accelerate::concat_padded;
 
 use crate::error::{Error, Result};
-use crate::hooks::StepContext;
-use crate::metrics::{EvalPrediction, Metrics, speed_metrics};
-use crate::train_loop::metric_key;
-use crate::trainer::Trainer;
+use crate::metrics::{EvalPrediction, Metrics, metric_key, speed_metrics};
+use crate::step::StepContext;
+use crate::trainer::{Trainer, TrainerHooks};
 use tchtrain_data::Dataset;
 
 impl Trainer {
@@ -23,19 +22,37 @@ impl Trainer {
     /// `batch_size` times and accelerate's `gather_for_metrics` cuts the last batch's
     /// repeats to the dataset's remainder),
     /// the `compute_metrics` results and the speed metrics, each named `{prefix}_...`, plus
-    /// `epoch`. The metrics are logged and passed to `on_evaluate`.
+    /// `epoch`. The metrics are logged and passed to `on_evaluate`. Runs through the hooks
+    /// ([`TrainerHooks::evaluate`]).
     pub fn evaluate(
         &mut self,
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
+        self.with_hooks("evaluate", |h, t| {
+            h.evaluate(t, eval_dataset, metric_key_prefix)
+        })
+    }
+
+    /// Upstream's base `evaluate` with `hooks` for its steps, data loader and log.
+    pub(crate) fn evaluate_with<H: TrainerHooks + ?Sized>(
+        &mut self,
+        hooks: &mut H,
+        eval_dataset: Option<Arc<dyn Dataset>>,
+        metric_key_prefix: &str,
+    ) -> Result<Metrics> {
         let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
-        let loader = self.get_eval_dataloader(eval_dataset)?;
+        let loader = hooks.get_eval_dataloader(self, eval_dataset)?;
         let start = Instant::now();
         // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.
         let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
-        let output =
-            self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix, true)?;
+        let output = self.evaluation_loop(
+            hooks,
+            &loader,
+            prediction_loss_only,
+            metric_key_prefix,
+            true,
+        )?;
         let mut metrics = output.metrics;
         let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
         let speed = speed_metrics(
@@ -50,7 +67,7 @@ impl Trainer {
             metrics.insert(k.clone(), v);
             logs.push((k, v));
         }
-        self.log(logs, None)?;
+        hooks.log(self, logs, None)?;
         metrics.insert("epoch".into(), self.state.epoch);
         let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
         self.callback_handler
@@ -65,8 +82,9 @@ impl Trainer {
     /// `{metric_key_prefix}_loss`), without speed metrics. With `batch_eval_metrics` and
     /// `batch_metrics` (an evaluation, not a prediction), `compute_metrics` runs on each
     /// batch as it comes (`compute_result` on the last) and nothing but the losses is kept.
-    pub(crate) fn evaluation_loop(
+    pub(crate) fn evaluation_loop<H: TrainerHooks + ?Sized>(
         &mut self,
+        hooks: &mut H,
         loader: &tchtrain_data::DataLoader,
         prediction_loss_only: bool,
         metric_key_prefix: &str,
@@ -106,8 +124,7 @@ impl Trainer {
                 .unwrap_or(batch_size);
             let out = {
                 let ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, 1);
-                self.hooks
-                    .prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
+                hooks.prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
             if let Some(loss) = out.loss {
                 losses.push(

@@ -1,6 +1,5 @@
-//! `TrainerHooks`: the Rust form of subclassing `Trainer` and overriding `compute_loss`,
-//! `training_step` or `prediction_step`. Every method has upstream's behaviour by default;
-//! the `default_*` functions are that behaviour, callable from an override ("super").
+//! The `default_*` functions: upstream's behaviour of each [`TrainerHooks`] method, callable
+//! from an override as upstream's override calls `super()`.
 //!
 //! ```
 //! use tch::Tensor;
@@ -29,234 +28,89 @@
 //!     }
 //! }
 //! ```
+//!
+//! The documentation's weighted-loss `compute_loss` is the tested example
+//! `tchtrain_examples::custom_loss`.
 
-use tch::{Device, Kind, Tensor};
-use tchtrain_accelerate::Accelerator;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
 use tchtrain_collators::Batch;
-use tchtrain_distributed::ReduceOp;
-use tchtrain_losses::LabelSmoother;
-use tchtrain_models::{ModelInputs, ModelOutput, TrainableModel};
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_data::{DataLoader, Dataset};
+use tchtrain_models::TrainableModel;
 
-use crate::error::{Error, Result};
-use crate::trainer::StepFacts;
+use crate::error::Result;
+use crate::metrics::{Metrics, PredictionOutput};
+use crate::step::{
+    PredictionStepOutput, StepContext, count_num_items_in_batch, model_forward, model_inputs,
+};
+use crate::trainer::{Trainer, TrainerHooks};
 
-/// What a hook may read about the Trainer at a step.
-#[derive(Debug, Clone, Copy)]
-pub struct StepContext<'a> {
-    /// The training arguments.
-    pub args: &'a TrainingArguments,
-    /// Upstream `model_accepts_loss_kwargs`: whether `num_items_in_batch` is passed to the
-    /// model's forward (see [`TrainerBuilder::model_accepts_loss_kwargs`](crate::TrainerBuilder::model_accepts_loss_kwargs)).
-    pub model_accepts_loss_kwargs: bool,
-    /// Number of batches in the current accumulation window (fewer than
-    /// `gradient_accumulation_steps` at the end of an epoch that does not divide evenly).
-    pub current_gradient_accumulation_steps: usize,
-    /// The device batches are moved to.
-    pub device: Device,
-    /// Names of the label tensors in a batch (`label_names`, default `["labels"]`).
-    pub label_names: &'a [String],
-    /// Upstream `_loss_shifts_labels`: the model's loss is `ForCausalLM` (it predicts
-    /// `labels[..., 1:]`), so `num_items_in_batch` counts `labels[..., 1:]`.
-    pub loss_shifts_labels: bool,
-    /// The model is a causal LM (upstream: its class name is in
-    /// `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, `GPT2LMHeadModel` included): the label smoother
-    /// then shifts the labels.
-    pub is_causal_lm: bool,
-    /// The Trainer's accelerator (upstream's `self.accelerator`): mixed precision, the fp16
-    /// loss scale, the gradient reduction of a data-parallel or sharded run.
-    pub accelerator: &'a Accelerator,
-}
-
-impl<'a> StepContext<'a> {
-    /// The context of a step over `current_gradient_accumulation_steps` batches: the one
-    /// place the Trainer builds it.
-    pub(crate) fn new(
-        args: &'a TrainingArguments,
-        facts: &'a StepFacts,
-        accelerator: &'a Accelerator,
-        current_gradient_accumulation_steps: usize,
-    ) -> Self {
-        Self {
-            args,
-            model_accepts_loss_kwargs: facts.model_accepts_loss_kwargs,
-            current_gradient_accumulation_steps,
-            device: accelerator.device(),
-            label_names: &facts.label_names,
-            loss_shifts_labels: facts.loss_shifts_labels,
-            is_causal_lm: facts.is_causal_lm,
-            accelerator,
-        }
-    }
-
-    /// Upstream's `self.accelerator.backward(loss)`: `loss.backward()`, the loss first
-    /// multiplied by the fp16 loss scale when there is one, and on the accumulation window's
-    /// last batch the gradients reduced across processes. A custom
-    /// [`TrainerHooks::training_step`] calls it instead of `loss.backward()`.
-    pub fn backward(&self, loss: &Tensor) -> Result<()> {
-        Ok(self.accelerator.backward(loss)?)
-    }
-}
-
-/// What [`TrainerHooks::prediction_step`] returns: upstream's `(loss, logits, labels)`.
-#[derive(Debug, Default)]
-pub struct PredictionStepOutput {
-    /// The batch's loss (a 0-d tensor), when the batch had labels.
-    pub loss: Option<Tensor>,
-    /// The logits, unless only the loss was asked for.
-    pub logits: Option<Tensor>,
-    /// The labels, unless only the loss was asked for.
-    pub labels: Option<Tensor>,
-}
-
-/// Customisation points of the training and evaluation loops (upstream's
-/// subclass-and-override methods). Each defaults to upstream's behaviour.
-pub trait TrainerHooks: Send {
-    /// Upstream `compute_loss`: runs the model on `inputs` (with `num_items_in_batch` when
-    /// the model accepts loss kwargs) and returns its loss and outputs.
-    fn compute_loss(
-        &mut self,
-        ctx: &StepContext<'_>,
-        model: &dyn TrainableModel,
-        inputs: &Batch,
-        num_items_in_batch: Option<&Tensor>,
-    ) -> Result<(Tensor, ModelOutput)> {
-        default_compute_loss(ctx, model, inputs, num_items_in_batch)
-    }
-
-    /// Upstream's `loss_is_scaled_for_ga` attribute: `Some(false)` when an overridden
-    /// [`compute_loss`](Self::compute_loss) returns a per-batch mean (the Trainer then divides
-    /// it by the accumulation steps), `Some(true)` when it is already normalised over the
-    /// whole accumulated batch, `None` (default) for upstream's rule (see [`default_training_step`]).
-    fn loss_is_scaled_for_ga(&self) -> Option<bool> {
-        None
-    }
-
-    /// Upstream `training_step`: forward, loss scaling for gradient accumulation, backward;
-    /// returns the detached loss that is logged.
-    fn training_step(
-        &mut self,
-        ctx: &StepContext<'_>,
+impl StepContext<'_> {
+    /// [`default_training_step`] (what [`TrainerHooks::training_step`] runs by default).
+    pub(crate) fn run_training_step<H: TrainerHooks + ?Sized>(
+        &self,
+        hooks: &mut H,
         model: &mut dyn TrainableModel,
         inputs: &Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> Result<Tensor> {
-        default_training_step(self, ctx, model, inputs, num_items_in_batch)
+        model.train();
+        let t0 = std::time::Instant::now();
+        let (loss, _) = hooks.compute_loss(self, &*model, inputs, num_items_in_batch)?;
+        crate::profile::record_forward(t0.elapsed());
+        let scaled = hooks
+            .loss_is_scaled_for_ga()
+            .unwrap_or(self.model_accepts_loss_kwargs && num_items_in_batch.is_some());
+        let loss = if scaled {
+            loss
+        } else {
+            loss.f_div_scalar(self.current_gradient_accumulation_steps.max(1) as f64)?
+        };
+        self.backward(&loss)?;
+        Ok(loss.detach())
     }
 
-    /// Upstream `prediction_step`: the loss (when the batch has every label), and unless
-    /// `prediction_loss_only`, the logits and labels; no gradients.
-    fn prediction_step(
-        &mut self,
-        ctx: &StepContext<'_>,
+    /// [`default_prediction_step`] (what [`TrainerHooks::prediction_step`] runs by default).
+    pub(crate) fn run_prediction_step<H: TrainerHooks + ?Sized>(
+        &self,
+        hooks: &mut H,
         model: &dyn TrainableModel,
         inputs: &Batch,
         prediction_loss_only: bool,
     ) -> Result<PredictionStepOutput> {
-        default_prediction_step(self, ctx, model, inputs, prediction_loss_only)
-    }
-}
-
-/// The hooks of a plain `Trainer`: every method as upstream.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultHooks;
-
-impl TrainerHooks for DefaultHooks {}
-
-/// The model inputs found in `batch` (`input_ids`, `attention_mask`, `token_type_ids`,
-/// `position_ids`, `labels`); other keys are ignored, as upstream's
-/// `remove_unused_columns` drops columns the forward does not take.
-pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
-    ModelInputs {
-        input_ids: batch.get("input_ids"),
-        attention_mask: batch.get("attention_mask"),
-        token_type_ids: batch.get("token_type_ids"),
-        position_ids: batch.get("position_ids"),
-        labels: batch.get("labels"),
-        num_items_in_batch: None,
-    }
-}
-
-/// The model's forward as the Trainer calls it (upstream: the model accelerate prepared):
-/// with `bf16` (or native `fp16`) inside the accelerator's `autocast()` region, its floating outputs
-/// converted back to fp32 afterwards (accelerate's `convert_outputs_to_fp32`); a plain forward
-/// in fp32.
-pub fn model_forward(
-    ctx: &StepContext<'_>,
-    model: &dyn TrainableModel,
-    inputs: &ModelInputs<'_>,
-) -> Result<ModelOutput> {
-    if ctx.accelerator.autocast_dtype().is_none() {
-        return Ok(model.forward(inputs)?);
-    }
-    let out = {
-        let _autocast = ctx.accelerator.autocast()?;
-        model.forward(inputs)?
-    };
-    let fp32 = |t: Tensor| -> Result<Tensor> {
-        Ok(if matches!(t.kind(), Kind::BFloat16 | Kind::Half) {
-            t.f_to_kind(Kind::Float)?
+        let has_labels =
+            !self.label_names.is_empty() && self.label_names.iter().all(|k| inputs.contains(k));
+        let labels = if has_labels {
+            self.label_names
+                .first()
+                .and_then(|k| inputs.get(k))
+                .map(Tensor::detach)
         } else {
-            t
-        })
-    };
-    Ok(ModelOutput {
-        loss: out.loss.map(fp32).transpose()?,
-        logits: fp32(out.logits)?,
-        last_hidden_state: out.last_hidden_state.map(fp32).transpose()?,
-        pooler_output: out.pooler_output.map(fp32).transpose()?,
-    })
-}
-
-/// Upstream's default `compute_loss`: `outputs = model(**inputs, num_items_in_batch=...)`
-/// (the count passed only when `ctx.model_accepts_loss_kwargs`), loss = `outputs.loss`;
-/// a model that returns no loss is [`Error::MissingLoss`]. With `label_smoothing_factor`,
-/// the labels are kept from the model and upstream's `LabelSmoother` turns its (fp32) logits
-/// into the loss, shifting the labels for a causal LM. In a data-parallel run with
-/// `average_tokens_across_devices` and a counted `num_items_in_batch`, the loss is
-/// multiplied by the world size, as upstream.
-pub fn default_compute_loss(
-    ctx: &StepContext<'_>,
-    model: &dyn TrainableModel,
-    inputs: &Batch,
-    num_items_in_batch: Option<&Tensor>,
-) -> Result<(Tensor, ModelOutput)> {
-    let mut mi = model_inputs(inputs);
-    if ctx.model_accepts_loss_kwargs {
-        mi.num_items_in_batch = num_items_in_batch;
-    }
-    // Upstream pops the labels when a label smoother is set and smooths the model's logits.
-    let smoothed_labels = match mi.labels {
-        Some(labels) if ctx.args.label_smoothing_factor != 0.0 => {
-            mi.labels = None;
-            Some(labels)
+            None
+        };
+        let (loss, output) = tch::no_grad(|| -> Result<_> {
+            if has_labels {
+                let num_items = count_num_items_in_batch(std::slice::from_ref(inputs), self)?;
+                let (loss, out) = hooks.compute_loss(self, model, inputs, num_items.as_ref())?;
+                Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
+            } else {
+                Ok((None, model_forward(self, model, &model_inputs(inputs))?))
+            }
+        })?;
+        if prediction_loss_only {
+            return Ok(PredictionStepOutput {
+                loss,
+                ..Default::default()
+            });
         }
-        _ => None,
-    };
-    let mut out = model_forward(ctx, model, &mi)?;
-    let mut loss = match smoothed_labels {
-        Some(labels) => LabelSmoother::new(ctx.args.label_smoothing_factor).compute(
-            &out.logits,
+        Ok(PredictionStepOutput {
+            loss,
+            logits: Some(output.logits.detach()),
             labels,
-            ctx.is_causal_lm,
-            num_items_in_batch,
-        )?,
-        None => out.loss.take().ok_or_else(|| Error::MissingLoss {
-            keys: inputs.keys().collect::<Vec<_>>().join(", "),
-        })?,
-    };
-    let world = ctx.args.world_size();
-    if world > 1
-        && ctx.args.average_tokens_across_devices
-        && ctx.model_accepts_loss_kwargs
-        && num_items_in_batch.is_some()
-    {
-        // `num_items_in_batch` counts every process's tokens and DDP averages the
-        // gradients: scale back to the sum over the processes (upstream's
-        // `loss *= num_processes`).
-        loss = loss.f_mul_scalar(world as f64)?;
+        })
     }
-    Ok((loss, out))
 }
 
 /// Upstream's default `training_step`, the rule for gradient accumulation included:
@@ -264,7 +118,8 @@ pub fn default_compute_loss(
 /// the loss counts as already normalised over the accumulation window ("scaled for GA")
 /// when `hooks.loss_is_scaled_for_ga()` says so, or else when the model accepts loss
 /// kwargs **and** `num_items_in_batch` was counted (the batch has labels); otherwise it is
-/// divided by `ctx.current_gradient_accumulation_steps`. Then `backward()`.
+/// divided by `ctx.current_gradient_accumulation_steps`. Then the accelerator's
+/// `backward()`.
 pub fn default_training_step<H: TrainerHooks + ?Sized>(
     hooks: &mut H,
     ctx: &StepContext<'_>,
@@ -272,20 +127,7 @@ pub fn default_training_step<H: TrainerHooks + ?Sized>(
     inputs: &Batch,
     num_items_in_batch: Option<&Tensor>,
 ) -> Result<Tensor> {
-    model.train();
-    let t0 = std::time::Instant::now();
-    let (loss, _) = hooks.compute_loss(ctx, &*model, inputs, num_items_in_batch)?;
-    crate::profile::record_forward(t0.elapsed());
-    let scaled = hooks
-        .loss_is_scaled_for_ga()
-        .unwrap_or(ctx.model_accepts_loss_kwargs && num_items_in_batch.is_some());
-    let loss = if scaled {
-        loss
-    } else {
-        loss.f_div_scalar(ctx.current_gradient_accumulation_steps.max(1) as f64)?
-    };
-    ctx.backward(&loss)?;
-    Ok(loss.detach())
+    ctx.run_training_step(hooks, model, inputs, num_items_in_batch)
 }
 
 /// Upstream's default `prediction_step` (no context parallelism, no SageMaker).
@@ -296,71 +138,72 @@ pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
     inputs: &Batch,
     prediction_loss_only: bool,
 ) -> Result<PredictionStepOutput> {
-    let has_labels =
-        !ctx.label_names.is_empty() && ctx.label_names.iter().all(|k| inputs.contains(k));
-    let labels = if has_labels {
-        ctx.label_names
-            .first()
-            .and_then(|k| inputs.get(k))
-            .map(Tensor::detach)
-    } else {
-        None
-    };
-    let (loss, output) = tch::no_grad(|| -> Result<_> {
-        if has_labels {
-            let num_items = count_num_items_in_batch(std::slice::from_ref(inputs), ctx)?;
-            let (loss, out) = hooks.compute_loss(ctx, model, inputs, num_items.as_ref())?;
-            Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
-        } else {
-            Ok((None, model_forward(ctx, model, &model_inputs(inputs))?))
-        }
-    })?;
-    if prediction_loss_only {
-        return Ok(PredictionStepOutput {
-            loss,
-            ..Default::default()
-        });
-    }
-    Ok(PredictionStepOutput {
-        loss,
-        logits: Some(output.logits.detach()),
-        labels,
-    })
+    ctx.run_prediction_step(hooks, model, inputs, prediction_loss_only)
 }
 
-/// Upstream `_get_num_items_in_batch`: the number of label tokens `!= -100` over `batches`
-/// (the whole accumulation window), counted over `labels[..., 1:]` when the model's loss
-/// shifts labels (`ctx.loss_shifts_labels`), or `None` when the model does not accept loss
-/// kwargs or the batches have no `labels`. A float tensor on `ctx.device`, as upstream's
-/// (`count / (tp * cp * sp)`). In a data-parallel run with `average_tokens_across_devices`
-/// the count is summed over the processes (a collective: every process must call it).
-pub fn count_num_items_in_batch(
-    batches: &[Batch],
-    ctx: &StepContext<'_>,
-) -> Result<Option<Tensor>> {
-    if !ctx.model_accepts_loss_kwargs || batches.first().is_none_or(|b| !b.contains("labels")) {
-        return Ok(None);
-    }
-    let mut count: i64 = 0;
-    for b in batches {
-        let Some(labels) = b.get("labels") else {
-            continue;
-        };
-        let labels = if ctx.loss_shifts_labels {
-            let last = labels.dim().saturating_sub(1) as i64;
-            let len = labels.size().last().copied().unwrap_or(0);
-            labels.f_narrow(last, 1.min(len), (len - 1).max(0))?
-        } else {
-            labels.shallow_clone()
-        };
-        count += labels.f_ne(-100)?.f_sum(Kind::Int64)?.f_int64_value(&[])?;
-    }
-    if ctx.args.average_tokens_across_devices {
-        count = ctx.accelerator.reduce_scalar(count as f64, ReduceOp::Sum)? as i64;
-    }
-    Ok(Some(
-        Tensor::f_from_slice(&[count as f32])?
-            .f_reshape([] as [i64; 0])?
-            .f_to_device(ctx.device)?,
-    ))
+/// Upstream's default `get_train_dataloader`: `train_batch_size` rows per batch in the
+/// order of the sampler (`train_sampling_strategy`: `"random"`, `"sequential"` or
+/// `"group_by_length"`, or the one given to the builder), `dataloader_drop_last`, this
+/// process's shard in a data-parallel run (the accelerator's `prepare_data_loader`).
+pub fn default_get_train_dataloader(trainer: &Trainer) -> Result<DataLoader> {
+    trainer.default_train_dataloader()
+}
+
+/// Upstream's default `get_eval_dataloader`: `eval_batch_size` rows of `eval_dataset` (or
+/// the Trainer's) per batch, in order.
+pub fn default_get_eval_dataloader(
+    trainer: &Trainer,
+    eval_dataset: Option<Arc<dyn Dataset>>,
+) -> Result<DataLoader> {
+    trainer.default_eval_dataloader(eval_dataset)
+}
+
+/// Upstream's default `get_test_dataloader`: as the evaluation's, over `test_dataset`.
+pub fn default_get_test_dataloader(
+    trainer: &Trainer,
+    test_dataset: Arc<dyn Dataset>,
+) -> Result<DataLoader> {
+    trainer.default_eval_dataloader(Some(test_dataset))
+}
+
+/// Upstream's default `create_optimizer_and_scheduler`: `create_optimizer`, then
+/// `create_scheduler(num_training_steps)`.
+pub fn default_create_optimizer_and_scheduler(
+    trainer: &mut Trainer,
+    num_training_steps: usize,
+) -> Result<()> {
+    trainer.create_optimizer()?;
+    trainer.create_scheduler(num_training_steps)
+}
+
+/// Upstream's default `log`: adds `epoch` (and the tokens seen, when tracked), appends the
+/// entry with its `step` to `log_history`, and calls `on_log`.
+pub fn default_log(
+    trainer: &mut Trainer,
+    logs: Vec<(String, f64)>,
+    start_time: Option<Instant>,
+) -> Result<()> {
+    trainer.default_log(logs, start_time)
+}
+
+/// Upstream's default `evaluate`, with `hooks` for its data loader, steps and log (see
+/// [`Trainer::evaluate`]).
+pub fn default_evaluate<H: TrainerHooks + ?Sized>(
+    hooks: &mut H,
+    trainer: &mut Trainer,
+    eval_dataset: Option<Arc<dyn Dataset>>,
+    metric_key_prefix: &str,
+) -> Result<Metrics> {
+    trainer.evaluate_with(hooks, eval_dataset, metric_key_prefix)
+}
+
+/// Upstream's default `predict`, with `hooks` for its data loader and steps (see
+/// [`Trainer::predict`]).
+pub fn default_predict<H: TrainerHooks + ?Sized>(
+    hooks: &mut H,
+    trainer: &mut Trainer,
+    test_dataset: Arc<dyn Dataset>,
+    metric_key_prefix: &str,
+) -> Result<PredictionOutput> {
+    trainer.predict_with(hooks, test_dataset, metric_key_prefix)
 }

@@ -25,7 +25,9 @@ mod prediction;
 mod preflight;
 mod profile;
 mod results;
+mod sharding;
 mod signals;
+mod step;
 mod train_loop;
 mod trainer;
 mod zero;
@@ -41,15 +43,19 @@ pub use cpu_cache::{
 };
 pub use error::{Error, Result};
 pub use hooks::{
-    DefaultHooks, PredictionStepOutput, StepContext, TrainerHooks, count_num_items_in_batch,
-    default_compute_loss, default_prediction_step, default_training_step, model_forward,
-    model_inputs,
+    default_create_optimizer_and_scheduler, default_evaluate, default_get_eval_dataloader,
+    default_get_test_dataloader, default_get_train_dataloader, default_log, default_predict,
+    default_prediction_step, default_training_step,
 };
 pub use metrics::{
-    ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits, TrainOutput, speed_metrics,
+    ComputeMetrics, EvalPrediction, Metrics, PredictionOutput, PreprocessLogits, TrainOutput,
+    speed_metrics,
 };
 pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
-pub use prediction::PredictionOutput;
 pub use results::metrics_format;
+pub use step::{
+    PredictionStepOutput, StepContext, count_num_items_in_batch, default_compute_loss,
+    model_forward, model_inputs,
+};
 pub use train_loop::ResumeFrom;
-pub use trainer::{Trainer, TrainerBuilder};
+pub use trainer::{DefaultHooks, Trainer, TrainerBuilder, TrainerHooks};

@@ -83,3 +83,26 @@ pub fn speed_metrics(
     }
     out
 }
+
+/// `metric_for_best_model` with upstream's `eval_` prefix added when missing.
+pub(crate) fn metric_key(name: &str) -> String {
+    if name.starts_with("eval_") {
+        name.to_string()
+    } else {
+        format!("eval_{name}")
+    }
+}
+
+/// Upstream `PredictionOutput`: what [`Trainer::predict`] returns.
+#[derive(Debug)]
+pub struct PredictionOutput {
+    /// The logits of every row (after `preprocess_logits_for_metrics`), on the CPU; `None`
+    /// with `prediction_loss_only`.
+    pub predictions: Option<Tensor>,
+    /// The labels of every row, when the dataset has labels.
+    pub label_ids: Option<Tensor>,
+    /// `{prefix}_loss` (when the rows have labels), the `compute_metrics` results and the
+    /// speed metrics (`{prefix}_runtime`, `{prefix}_samples_per_second`,
+    /// `{prefix}_steps_per_second`), each named `{prefix}_...` (default prefix `test`).
+    pub metrics: Metrics,
+}

@@ -4,45 +4,48 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::Tensor;
 use tchtrain_callbacks::JsonMap;
 
 use crate::error::Result;
-use crate::metrics::{Metrics, speed_metrics};
-use crate::trainer::Trainer;
+use crate::metrics::{PredictionOutput, speed_metrics};
+use crate::trainer::{Trainer, TrainerHooks};
 use tchtrain_data::Dataset;
-
-/// Upstream `PredictionOutput`: what [`Trainer::predict`] returns.
-#[derive(Debug)]
-pub struct PredictionOutput {
-    /// The logits of every row (after `preprocess_logits_for_metrics`), on the CPU; `None`
-    /// with `prediction_loss_only`.
-    pub predictions: Option<Tensor>,
-    /// The labels of every row, when the dataset has labels.
-    pub label_ids: Option<Tensor>,
-    /// `{prefix}_loss` (when the rows have labels), the `compute_metrics` results and the
-    /// speed metrics (`{prefix}_runtime`, `{prefix}_samples_per_second`,
-    /// `{prefix}_steps_per_second`), each named `{prefix}_...` (default prefix `test`).
-    pub metrics: Metrics,
-}
 
 impl Trainer {
     /// Upstream `predict(test_dataset, metric_key_prefix="test")`: runs the model over
     /// `test_dataset` in batches of `per_device_eval_batch_size`, in order, and returns the
     /// predictions, the labels and the metrics. The logits are kept unless
     /// `prediction_loss_only` is set (unlike [`evaluate`](Self::evaluate), also without
-    /// `compute_metrics`). Calls `on_predict`; nothing is logged.
+    /// `compute_metrics`). Calls `on_predict`; nothing is logged. Runs through the hooks
+    /// ([`TrainerHooks::predict`]).
     pub fn predict(
         &mut self,
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {
+        self.with_hooks("predict", |h, t| {
+            h.predict(t, test_dataset, metric_key_prefix)
+        })
+    }
+
+    /// Upstream's base `predict` with `hooks` for its steps and data loader.
+    pub(crate) fn predict_with<H: TrainerHooks + ?Sized>(
+        &mut self,
+        hooks: &mut H,
+        test_dataset: Arc<dyn Dataset>,
+        metric_key_prefix: &str,
+    ) -> Result<PredictionOutput> {
         let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
-        let loader = self.get_eval_dataloader(Some(test_dataset))?;
+        let loader = hooks.get_test_dataloader(self, test_dataset)?;
         let start = Instant::now();
         let prediction_loss_only = self.args.prediction_loss_only;
-        let output =
-            self.evaluation_loop(&loader, prediction_loss_only, metric_key_prefix, false)?;
+        let output = self.evaluation_loop(
+            hooks,
+            &loader,
+            prediction_loss_only,
+            metric_key_prefix,
+            false,
+        )?;
         let mut metrics = output.metrics;
         let total_batch_size = (self.args.eval_batch_size() * self.args.world_size()).max(1);
         for (k, v) in speed_metrics(

@@ -17,10 +17,10 @@ use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
 use crate::checkpoint::{self, get_last_checkpoint};
 use crate::error::{Error, Result};
-use crate::hooks::{StepContext, count_num_items_in_batch};
-use crate::metrics::{Metrics, TrainOutput, speed_metrics};
+use crate::metrics::{Metrics, TrainOutput, metric_key, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
 use crate::profile::{Phase, StepProfile};
+use crate::step::{StepContext, count_num_items_in_batch};
 use crate::trainer::Trainer;
 use tchtrain_accelerate::Reduction;
 use tchtrain_data::DataLoader;
@@ -94,7 +94,7 @@ impl Trainer {
         if let Some(ckpt) = &resume {
             self.check_resume_checkpoint(ckpt)?;
             // SHARDED_STATE_DICT: the shards restore the weights once the engine exists.
-            if !crate::zero::weights_only_in_shards(ckpt) {
+            if !crate::sharding::weights_only_in_shards(ckpt) {
                 checkpoint::load_model_weights(&mut *self.model, ckpt)?;
             }
         }
@@ -108,8 +108,7 @@ impl Trainer {
         }
         // ZeRO / FSDP: config checks, then the optimizer over the shards (zero.rs).
         let sharded = self.setup_sharding(values.max_steps)?;
-        self.create_optimizer()?;
-        self.create_scheduler(values.max_steps)?;
+        self.create_optimizer_and_scheduler(values.max_steps)?;
         if let Some(ckpt) = &resume {
             self.load_optimizer_and_scheduler(ckpt)?;
         }
@@ -207,7 +206,7 @@ impl Trainer {
                  use --bf16 for mixed precision on the CPU"
             );
         }
-        if self.accelerator.scaler().is_some() && crate::zero::sharding_requested(&self.args) {
+        if self.accelerator.scaler().is_some() && crate::sharding::sharding_requested(&self.args) {
             return Err(Error::InvalidArgument {
                 field: "fp16",
                 detail: "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss \
@@ -410,9 +409,13 @@ impl Trainer {
                 self.prof_mark(Phase::Callbacks);
                 let tr_loss_step = {
                     let scope = self.accelerator.forward_scope(true)?;
+                    let hooks = self
+                        .hooks
+                        .as_deref_mut()
+                        .ok_or(Error::HookReentry { method: "train" })?;
                     let ctx =
                         StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
-                    let (hooks, model) = (&mut *self.hooks, &mut *self.model);
+                    let model = &mut *self.model;
                     scope.run(|| hooks.training_step(&ctx, model, inputs, num_items.as_ref()))?
                 };
                 if let Some(p) = self.loop_state.profile.as_mut() {
@@ -750,14 +753,5 @@ impl Trainer {
             training_loss: train_loss,
             metrics: out,
         })
-    }
-}
-
-/// `metric_for_best_model` with upstream's `eval_` prefix added when missing.
-pub(crate) fn metric_key(name: &str) -> String {
-    if name.starts_with("eval_") {
-        name.to_string()
-    } else {
-        format!("eval_{name}")
     }
 }

@@ -11,19 +11,151 @@ use tchtrain_callbacks::{
     CallbackHandler, DefaultFlowCallback, JsonMap, PrinterCallback, ProgressCallback,
     TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
 };
-use tchtrain_collators::{DataCollator, DefaultDataCollator, Feature};
+use tchtrain_collators::{Batch, DataCollator, DefaultDataCollator, Feature};
 use tchtrain_data::{
     DataLoader, Dataset, IterableDataset, LengthGroupedSampler, RandomSampler, Sampler,
     SequentialSampler, SharedCollator, shared_collator,
 };
-use tchtrain_models::TrainableModel;
+use tchtrain_models::{ModelOutput, TrainableModel};
 use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
-use crate::hooks::{DefaultHooks, StepContext, TrainerHooks};
+use crate::metrics::PredictionOutput;
 use crate::metrics::{ComputeMetrics, EvalPrediction, Metrics, PreprocessLogits};
 use crate::model_info;
+use crate::step::{PredictionStepOutput, StepContext, StepFacts, default_compute_loss};
+
+/// Customisation points of the Trainer: the Rust form of subclassing `Trainer` and
+/// overriding the methods upstream documents for it. Each method defaults to upstream's
+/// behaviour, which the `default_*` functions of this crate run (an override's `super()`).
+///
+/// The step methods (`compute_loss`, `training_step`, `prediction_step`) get a
+/// [`StepContext`] and the model; the others get the Trainer itself. While one of these runs,
+/// the Trainer's own entry points that dispatch to the hooks (`evaluate`, `predict`, `log`,
+/// `get_*_dataloader`, `create_optimizer_and_scheduler`) are refused with
+/// [`Error::HookReentry`]: call the `default_*` function with `self` instead, as upstream's
+/// override calls `super()`.
+pub trait TrainerHooks: Send {
+    /// Upstream `compute_loss`: runs the model on `inputs` (with `num_items_in_batch` when
+    /// the model accepts loss kwargs) and returns its loss and outputs.
+    fn compute_loss(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> Result<(Tensor, ModelOutput)> {
+        default_compute_loss(ctx, model, inputs, num_items_in_batch)
+    }
+
+    /// Upstream's `loss_is_scaled_for_ga` attribute: `Some(false)` when an overridden
+    /// [`compute_loss`](Self::compute_loss) returns a per-batch mean (the Trainer then divides
+    /// it by the accumulation steps), `Some(true)` when it is already normalised over the
+    /// whole accumulated batch, `None` (default) for upstream's rule (see
+    /// [`default_training_step`](crate::default_training_step)).
+    fn loss_is_scaled_for_ga(&self) -> Option<bool> {
+        None
+    }
+
+    /// Upstream `training_step`: forward, loss scaling for gradient accumulation, backward;
+    /// returns the detached loss that is logged.
+    fn training_step(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &mut dyn TrainableModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        ctx.run_training_step(self, model, inputs, num_items_in_batch)
+    }
+
+    /// Upstream `prediction_step`: the loss (when the batch has every label), and unless
+    /// `prediction_loss_only`, the logits and labels; no gradients.
+    fn prediction_step(
+        &mut self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+        prediction_loss_only: bool,
+    ) -> Result<PredictionStepOutput> {
+        ctx.run_prediction_step(self, model, inputs, prediction_loss_only)
+    }
+
+    /// Upstream `get_train_dataloader`: the training batches (see
+    /// [`default_get_train_dataloader`](crate::default_get_train_dataloader)).
+    fn get_train_dataloader(&mut self, trainer: &Trainer) -> Result<DataLoader> {
+        trainer.default_train_dataloader()
+    }
+
+    /// Upstream `get_eval_dataloader`: the evaluation batches of `eval_dataset` or the
+    /// Trainer's (see [`default_get_eval_dataloader`](crate::default_get_eval_dataloader)).
+    fn get_eval_dataloader(
+        &mut self,
+        trainer: &Trainer,
+        eval_dataset: Option<Arc<dyn Dataset>>,
+    ) -> Result<DataLoader> {
+        trainer.default_eval_dataloader(eval_dataset)
+    }
+
+    /// Upstream `get_test_dataloader`: the batches `predict` runs over.
+    fn get_test_dataloader(
+        &mut self,
+        trainer: &Trainer,
+        test_dataset: Arc<dyn Dataset>,
+    ) -> Result<DataLoader> {
+        trainer.default_eval_dataloader(Some(test_dataset))
+    }
+
+    /// Upstream `create_optimizer_and_scheduler`: the optimizer and the learning-rate
+    /// scheduler of a run of `num_training_steps` steps (see
+    /// [`Trainer::create_optimizer`], [`Trainer::create_scheduler`]).
+    fn create_optimizer_and_scheduler(
+        &mut self,
+        trainer: &mut Trainer,
+        num_training_steps: usize,
+    ) -> Result<()> {
+        trainer.create_optimizer()?;
+        trainer.create_scheduler(num_training_steps)
+    }
+
+    /// Upstream `log`: records `logs` in the state's `log_history` and calls `on_log`
+    /// (see [`default_log`](crate::default_log)).
+    fn log(
+        &mut self,
+        trainer: &mut Trainer,
+        logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
+    ) -> Result<()> {
+        trainer.default_log(logs, start_time)
+    }
+
+    /// Upstream `evaluate` (see [`default_evaluate`](crate::default_evaluate)).
+    fn evaluate(
+        &mut self,
+        trainer: &mut Trainer,
+        eval_dataset: Option<Arc<dyn Dataset>>,
+        metric_key_prefix: &str,
+    ) -> Result<Metrics> {
+        trainer.evaluate_with(self, eval_dataset, metric_key_prefix)
+    }
+
+    /// Upstream `predict` (see [`default_predict`](crate::default_predict)).
+    fn predict(
+        &mut self,
+        trainer: &mut Trainer,
+        test_dataset: Arc<dyn Dataset>,
+        metric_key_prefix: &str,
+    ) -> Result<PredictionOutput> {
+        trainer.predict_with(self, test_dataset, metric_key_prefix)
+    }
+}
+
+/// The hooks of a plain `Trainer`: every method as upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultHooks;
+
+impl TrainerHooks for DefaultHooks {}
 
 /// Upstream's `Trainer`: trains and evaluates a [`TrainableModel`] (a hub model, or one of
 /// the user's own) with the knobs of
@@ -70,7 +202,8 @@ pub struct Trainer {
     pub(crate) created_lr_scheduler: bool,
     pub(crate) compute_metrics: Option<ComputeMetrics>,
     pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
-    pub(crate) hooks: Box<dyn TrainerHooks>,
+    /// The overrides; `None` while one of the Trainer-level hooks runs (it borrows them).
+    pub(crate) hooks: Option<Box<dyn TrainerHooks>>,
     /// What the steps read about the model (see [`StepContext`]).
     pub(crate) facts: StepFacts,
     /// See [`TrainerBuilder::stop_on_non_finite`].
@@ -81,18 +214,7 @@ pub struct Trainer {
     /// Device, mixed precision, DDP or the ZeRO engine (upstream's `self.accelerator`).
     pub(crate) accelerator: Accelerator,
     /// The DeepSpeed config or FSDP plugin of a sharded run (`zero.rs`).
-    pub(crate) sharding: Option<crate::zero::ShardingSource>,
-}
-
-/// The facts about the model and labels a [`StepContext`] carries, fixed when the Trainer
-/// is built.
-#[derive(Debug, Clone)]
-pub(crate) struct StepFacts {
-    pub model_accepts_loss_kwargs: bool,
-    pub loss_shifts_labels: bool,
-    /// The model is a causal LM (upstream: its class is in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`).
-    pub is_causal_lm: bool,
-    pub label_names: Vec<String>,
+    pub(crate) sharding: Option<crate::sharding::ShardingSource>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -235,7 +357,7 @@ impl TrainerBuilder {
         self
     }
 
-    /// Overrides of `compute_loss` / `training_step` / `prediction_step`.
+    /// The overrides of upstream's subclassable methods ([`TrainerHooks`]).
     pub fn hooks(mut self, hooks: impl TrainerHooks + 'static) -> Self {
         self.hooks = Some(Box::new(hooks));
         self
@@ -342,7 +464,7 @@ impl TrainerBuilder {
             lr_scheduler: self.lr_scheduler,
             compute_metrics: self.compute_metrics,
             preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
-            hooks: self.hooks.unwrap_or_else(|| Box::new(DefaultHooks)),
+            hooks: Some(self.hooks.unwrap_or_else(|| Box::new(DefaultHooks))),
             facts: StepFacts {
                 model_accepts_loss_kwargs: accepts,
                 loss_shifts_labels,
@@ -423,6 +545,21 @@ impl Trainer {
         &self.args
     }
 
+    /// `train_dataset` (`None` for a stream or without training data).
+    pub fn train_dataset(&self) -> Option<&Arc<dyn Dataset>> {
+        self.train_dataset.as_ref()
+    }
+
+    /// `eval_dataset`.
+    pub fn eval_dataset(&self) -> Option<&Arc<dyn Dataset>> {
+        self.eval_dataset.as_ref()
+    }
+
+    /// `data_collator`.
+    pub fn data_collator(&self) -> &SharedCollator {
+        &self.collator
+    }
+
     /// The device batches run on.
     pub fn device(&self) -> Device {
         self.accelerator.device()
@@ -496,11 +633,59 @@ impl Trainer {
         }
     }
 
-    /// Upstream `get_train_dataloader`: `train_batch_size` rows per batch in the order of
-    /// the sampler (`train_sampling_strategy`: `"random"`, `"sequential"` or
-    /// `"group_by_length"`, or the one
-    /// given to the builder), `dataloader_drop_last`.
-    pub fn get_train_dataloader(&self) -> Result<DataLoader> {
+    /// Runs `f` with the hooks taken out of the Trainer, so that a hook can borrow it;
+    /// [`Error::HookReentry`] naming `method` when a hook is running already.
+    pub(crate) fn with_hooks<T>(
+        &mut self,
+        method: &'static str,
+        f: impl FnOnce(&mut dyn TrainerHooks, &mut Trainer) -> Result<T>,
+    ) -> Result<T> {
+        let mut hooks = self.hooks.take().ok_or(Error::HookReentry { method })?;
+        let out = f(&mut *hooks, self);
+        self.hooks = Some(hooks);
+        out
+    }
+
+    /// Upstream `get_train_dataloader`, through the hooks ([`TrainerHooks::get_train_dataloader`]).
+    pub fn get_train_dataloader(&mut self) -> Result<DataLoader> {
+        self.with_hooks("get_train_dataloader", |h, t| h.get_train_dataloader(t))
+    }
+
+    /// Upstream `get_eval_dataloader`, through the hooks ([`TrainerHooks::get_eval_dataloader`]).
+    pub fn get_eval_dataloader(
+        &mut self,
+        eval_dataset: Option<Arc<dyn Dataset>>,
+    ) -> Result<DataLoader> {
+        self.with_hooks("get_eval_dataloader", |h, t| {
+            h.get_eval_dataloader(t, eval_dataset)
+        })
+    }
+
+    /// Upstream `get_test_dataloader`, through the hooks ([`TrainerHooks::get_test_dataloader`]).
+    pub fn get_test_dataloader(&mut self, test_dataset: Arc<dyn Dataset>) -> Result<DataLoader> {
+        self.with_hooks("get_test_dataloader", |h, t| {
+            h.get_test_dataloader(t, test_dataset)
+        })
+    }
+
+    /// Upstream `create_optimizer_and_scheduler`, through the hooks
+    /// ([`TrainerHooks::create_optimizer_and_scheduler`]).
+    pub fn create_optimizer_and_scheduler(&mut self, num_training_steps: usize) -> Result<()> {
+        self.with_hooks("create_optimizer_and_scheduler", |h, t| {
+            h.create_optimizer_and_scheduler(t, num_training_steps)
+        })
+    }
+
+    /// Upstream `log`, through the hooks ([`TrainerHooks::log`]).
+    pub fn log(&mut self, logs: Vec<(String, f64)>, start_time: Option<Instant>) -> Result<()> {
+        self.with_hooks("log", |h, t| h.log(t, logs, start_time))
+    }
+
+    /// Upstream's base `get_train_dataloader`: `train_batch_size` rows per batch in the
+    /// order of the sampler (`train_sampling_strategy`: `"random"`, `"sequential"` or
+    /// `"group_by_length"`, or the one given to the builder), `dataloader_drop_last`, this
+    /// process's shard in a data-parallel run.
+    pub(crate) fn default_train_dataloader(&self) -> Result<DataLoader> {
         if let Some(stream) = &self.train_stream {
             if self.args.world_size() > 1 {
                 return Err(Error::InvalidArgument {
@@ -550,8 +735,11 @@ impl Trainer {
         .map_err(Error::from)
     }
 
-    /// Upstream `get_eval_dataloader`: `eval_batch_size` rows per batch, in order.
-    pub fn get_eval_dataloader(&self, dataset: Option<Arc<dyn Dataset>>) -> Result<DataLoader> {
+    /// Upstream's base `get_eval_dataloader`: `eval_batch_size` rows per batch, in order.
+    pub(crate) fn default_eval_dataloader(
+        &self,
+        dataset: Option<Arc<dyn Dataset>>,
+    ) -> Result<DataLoader> {
         let dataset =
             dataset
                 .or_else(|| self.eval_dataset.clone())
@@ -616,9 +804,13 @@ impl Trainer {
         }
     }
 
-    /// Upstream `log`: adds `epoch` (and the tokens seen, when tracked), appends the entry
-    /// with its `step` to `log_history`, and calls `on_log`.
-    pub fn log(&mut self, logs: Vec<(String, f64)>, start_time: Option<Instant>) -> Result<()> {
+    /// Upstream's base `log`: adds `epoch` (and the tokens seen, when tracked), appends the
+    /// entry with its `step` to `log_history`, and calls `on_log`.
+    pub(crate) fn default_log(
+        &mut self,
+        logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
+    ) -> Result<()> {
         let mut map = JsonMap::new();
         for (k, v) in logs {
             map.insert(k, v);

@@ -36,33 +36,14 @@ use tchtrain_deepspeed::{
     HfTrainerDeepSpeedConfig, LATEST_NAME, global_step_dir, load_zero_shard, save_zero_shard,
 };
 use tchtrain_fsdp::{FsdpPlugin, StateDictType};
-use tchtrain_training_args::{DictOrPath, StrOrBool};
 
 use crate::error::{Error, Result};
 use crate::model_info;
+use crate::sharding::{
+    Offload, ShardingSource, deepspeed_config, fsdp_requested, offload_settings,
+    weights_only_in_shards,
+};
 use crate::trainer::Trainer;
-
-/// Which integration asked for sharding, with its settings.
-#[derive(Debug)]
-pub(crate) enum ShardingSource {
-    /// `--deepspeed`, with the processed config.
-    DeepSpeed(Box<HfTrainerDeepSpeedConfig>),
-    /// `--fsdp`, with the plugin.
-    Fsdp(FsdpPlugin),
-}
-
-/// The DeepSpeed config named by `args.deepspeed`, if any.
-fn deepspeed_config(
-    args: &tchtrain_training_args::TrainingArguments,
-) -> Result<Option<HfTrainerDeepSpeedConfig>> {
-    Ok(match &args.deepspeed {
-        None => None,
-        Some(DictOrPath::Dict(d)) => Some(HfTrainerDeepSpeedConfig::from_value(
-            serde_json::Value::Object(d.clone()),
-        )?),
-        Some(DictOrPath::Path(p)) => Some(HfTrainerDeepSpeedConfig::from_path_or_json(p)?),
-    })
-}
 
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
 fn hidden_size(trainer: &Trainer) -> Option<i64> {
@@ -75,70 +56,6 @@ fn hidden_size(trainer: &Trainer) -> Option<i64> {
     ["hidden_size", "n_embd", "d_model"]
         .iter()
         .find_map(|k| v.get(*k).and_then(serde_json::Value::as_i64))
-}
-
-/// Where a DeepSpeed config offloads to: `(device, pin_memory)` for `offload_param` and
-/// for `offload_optimizer`, each `None` when absent or `"none"`.
-#[derive(Debug, Default, Clone, Copy)]
-struct Offload {
-    param: Option<(tch::Device, bool)>,
-    optimizer: Option<(tch::Device, bool)>,
-}
-
-/// The `zero_optimization.offload_param` / `offload_optimizer` sections of a DeepSpeed
-/// config: `"device": "cpu"` (with its `pin_memory`) is supported; an error naming the key
-/// for what the engine does not do (`nvme`, an unknown device).
-fn offload_settings(ds: &HfTrainerDeepSpeedConfig) -> Result<Offload> {
-    let section = |name: &str| -> Result<Option<(tch::Device, bool)>> {
-        let key = format!("zero_optimization.{name}.device");
-        let device = ds
-            .get_value(&key)
-            .and_then(|v| v.as_str())
-            .unwrap_or("none")
-            .to_string();
-        let refuse = |detail: String| Error::InvalidArgument {
-            field: "deepspeed",
-            detail: format!("{key}=\"{device}\": {detail}"),
-        };
-        match device.as_str() {
-            "none" => Ok(None),
-            "cpu" => {
-                let pin = ds
-                    .get_value(&format!("zero_optimization.{name}.pin_memory"))
-                    .and_then(|v| v.as_bool())
-                    .unwrap_or(false);
-                Ok(Some((tch::Device::Cpu, pin)))
-            }
-            "nvme" => Err(refuse(
-                "NVMe offload (DeepSpeed's async I/O to nvme_path) is not implemented by this ZeRO engine: use \"cpu\" or \"none\"".into(),
-            )),
-            _ => Err(refuse(
-                "DeepSpeed's offload devices are \"cpu\", \"nvme\" and \"none\"; this engine offloads to \"cpu\"".into(),
-            )),
-        }
-    };
-    let offload = Offload {
-        param: section("offload_param")?,
-        optimizer: section("offload_optimizer")?,
-    };
-    if offload.param.is_some() || offload.optimizer.is_some() {
-        // Upstream's note for a non-DeepSpeed optimizer with offload; every optimizer here
-        // runs on the CPU.
-        log::info!(
-            "ZeRO offload to the CPU ({}{}) with the Trainer's optimizer",
-            if offload.param.is_some() {
-                "parameters "
-            } else {
-                ""
-            },
-            if offload.optimizer.is_some() {
-                "optimizer"
-            } else {
-                ""
-            }
-        );
-    }
-    Ok(offload)
 }
 
 impl Trainer {
@@ -349,27 +266,6 @@ impl Trainer {
         })?;
         Ok(true)
     }
-}
-
-/// Whether the arguments ask for FSDP (`--fsdp` given).
-pub(crate) fn fsdp_requested(args: &tchtrain_training_args::TrainingArguments) -> bool {
-    matches!(args.fsdp, Some(StrOrBool::Bool(true)))
-}
-
-/// Whether the arguments ask for DeepSpeed or FSDP (which bring their own loss scalers).
-pub(crate) fn sharding_requested(args: &tchtrain_training_args::TrainingArguments) -> bool {
-    args.deepspeed.is_some() || fsdp_requested(args)
-}
-
-/// Whether checkpoint `ckpt` holds its weights only as shards: no `model.safetensors`
-/// (nor its index) but shard files (FSDP's SHARDED_STATE_DICT). Resuming it skips the
-/// full-model load; the shards restore the weights ([`Trainer::load_sharded_state`]).
-pub(crate) fn weights_only_in_shards(ckpt: &Path) -> bool {
-    !ckpt.join(tchtrain_models::SAFE_WEIGHTS_NAME).is_file()
-        && !ckpt
-            .join(tchtrain_models::SAFE_WEIGHTS_INDEX_NAME)
-            .is_file()
-        && tchtrain_deepspeed::find_shard_dir(ckpt).is_ok()
 }
 
 /// ZeRO-3's units under DeepSpeed: each decoder layer (every `*.h.{i}.`, `*.layers.{i}.`,

@@ -21,7 +21,7 @@ fn reference(rel: &str) -> String {
     asset(&format!("reference/trainer_mlm_ner/{rel}"))
 }
 
-fn read_json(path: impl AsRef<Path>) -> Result<serde_json::Value> {
+pub(crate) fn read_json(path: impl AsRef<Path>) -> Result<serde_json::Value> {
     let path = path.as_ref();
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -76,7 +76,7 @@ fn rel(a: f64, b: f64) -> f64 {
 
 /// The largest relative differences over a run's log.
 #[derive(Debug, Default)]
-struct MaxRel {
+pub(crate) struct MaxRel {
     loss: f64,
     grad_norm: f64,
     learning_rate: f64,
@@ -85,7 +85,11 @@ struct MaxRel {
 
 /// Compares the example's `log_history` with upstream's entry by entry: same steps and
 /// epochs, and the returned relative differences on the logged values.
-fn compare(name: &str, ours: &[JsonMap], expected: &serde_json::Value) -> Result<MaxRel> {
+pub(crate) fn compare(
+    name: &str,
+    ours: &[JsonMap],
+    expected: &serde_json::Value,
+) -> Result<MaxRel> {
     let expected = expected.as_array().context("log_history")?;
     assert_eq!(ours.len(), expected.len(), "{name}: number of log entries");
     let mut m = MaxRel::default();
@@ -134,7 +138,7 @@ fn compare(name: &str, ours: &[JsonMap], expected: &serde_json::Value) -> Result
 /// Every logged value equal to upstream's, to the bit: the same libtorch (the Rust side
 /// links the reference virtualenv's), the same op order and the same thread count as the
 /// reference run, so the same bits at every step.
-fn assert_exact(name: &str, m: &MaxRel) {
+pub(crate) fn assert_exact(name: &str, m: &MaxRel) {
     assert!(m.loss == 0.0, "{name}: loss {:e}", m.loss);
     assert!(m.grad_norm == 0.0, "{name}: grad_norm {:e}", m.grad_norm);
     assert!(

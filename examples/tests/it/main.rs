@@ -1,6 +1,7 @@
 //! The integration tests of tchtrain-examples, one binary (a module per topic).
 
 mod accelerate_loop;
+mod custom_loss;
 mod custom_model;
 mod dataset_cache;
 mod demo_pieces;

@@ -14,6 +14,7 @@ mod dist_signals;
 mod distributed;
 mod distributed_resume;
 mod gpu;
+mod hooks;
 mod parity;
 mod sampling;
 mod signals;

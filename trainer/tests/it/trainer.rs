@@ -53,7 +53,7 @@ fn blocks(part: &str) -> Result<Arc<dyn Dataset>> {
     Ok(InMemoryDataset::new(rows).into_shared())
 }
 
-fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+pub(crate) fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(
         &reference_dir().join("initial"),
         AutoTask::CausalLm,
@@ -173,7 +173,7 @@ fn parity_with_upstream_random_sampler() -> Result<()> {
     parity("random")
 }
 
-fn small_args(output_dir: &Path) -> Result<TrainingArguments> {
+pub(crate) fn small_args(output_dir: &Path) -> Result<TrainingArguments> {
     let mut args = TrainingArguments {
         per_device_train_batch_size: 4,
         gradient_accumulation_steps: 2,
@@ -194,12 +194,12 @@ fn small_args(output_dir: &Path) -> Result<TrainingArguments> {
     Ok(args)
 }
 
-fn small_train() -> Result<Arc<dyn Dataset>> {
+pub(crate) fn small_train() -> Result<Arc<dyn Dataset>> {
     let all = blocks("train")?;
     Ok(InMemoryDataset::new((0..38).map(|i| all.get(i)).collect::<Result<_, _>>()?).into_shared())
 }
 
-fn losses(history: &[JsonMap]) -> Vec<(i64, f64)> {
+pub(crate) fn losses(history: &[JsonMap]) -> Vec<(i64, f64)> {
     history
         .iter()
         .filter_map(|e| Some((e.get("step")?.as_i64()?, num(e, "loss")?)))
