@@ -2,108 +2,110 @@
 //! [`StopSignals`] guard lives, the first of these signals only records itself, so that
 //! the training loop can finish the current optimizer step, save a checkpoint and return;
 //! a second one exits the process at once with the shell's status (128 + the signal:
-//! 130 for SIGINT, 143 for SIGTERM).
+//! 130 for SIGINT, 143 for SIGTERM). With no guard alive the signals keep their default
+//! action (the process is terminated by them).
 //!
-//! std and tch have no signal API; this module declares the two libc functions it needs
-//! (libc is linked by std on every Unix, so no crate is added). It is the only unsafe code
-//! of the crate, and the handler does only async-signal-safe work (atomics and `_exit`).
-#![allow(unsafe_code)]
+//! Built on `signal-hook`'s safe flag actions, registered once per process for each signal,
+//! in this order (signal-hook runs a signal's actions in registration order):
+//! 1. `register_conditional_default(sig, OUTSIDE)`: no guard alive, the default action;
+//! 2. `register_conditional_shutdown(sig, 128 + sig, ARMED)`: a signal already recorded,
+//!    exit at once;
+//! 3. `register(sig, ARMED)` and `register_usize(sig, RECEIVED, sig)`: record this one.
+//!
+//! signal-hook never uninstalls its handler, so "restoring" is these flags going back to
+//! the no-guard state; a handler the process had before the first guard is chained by
+//! signal-hook after these actions.
 
-use std::ffi::c_int;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use signal_hook::consts::{SIGINT as SIGINT_C, SIGTERM as SIGTERM_C};
+use signal_hook::flag;
 
 /// `SIGINT` (Ctrl-C).
-pub(crate) const SIGINT: i32 = 2;
+pub(crate) const SIGINT: i32 = SIGINT_C;
 /// `SIGTERM` (what orchestrators send before killing a job).
-pub(crate) const SIGTERM: i32 = 15;
+pub(crate) const SIGTERM: i32 = SIGTERM_C;
 /// The signals a graceful stop answers.
 const HANDLED: [i32; 2] = [SIGINT, SIGTERM];
-/// `SIG_ERR`: `signal`'s failure value, `(sighandler_t) -1`.
-const SIG_ERR: usize = usize::MAX;
 
-unsafe extern "C" {
-    /// libc `signal`: the handler is a `sighandler_t`, passed as an address (which also
-    /// carries `SIG_DFL` = 0 and `SIG_IGN` = 1 when restoring). glibc and musl give it BSD
-    /// semantics (the handler stays installed, interrupted calls restart).
-    fn signal(signum: c_int, handler: usize) -> usize;
-    /// libc `_exit`: ends the process without running atexit handlers (async-signal-safe).
-    fn _exit(status: c_int) -> !;
+/// The flags the registered actions read and write.
+struct Flags {
+    /// No guard alive: the signals take their default action.
+    outside: Arc<AtomicBool>,
+    /// A stop signal was recorded since the guards were installed.
+    armed: Arc<AtomicBool>,
+    /// The last stop signal recorded, 0 when none.
+    received: Arc<AtomicUsize>,
 }
 
-/// The first stop signal received while a guard is installed, 0 when none.
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// The actions, registered on the first guard.
+static FLAGS: OnceLock<Flags> = OnceLock::new();
 
-/// How many guards are alive and the handlers they replaced (restored by the last one).
-static INSTALLED: Mutex<(usize, [usize; 2])> = Mutex::new((0, [0; 2]));
+/// How many guards are alive.
+static GUARDS: Mutex<usize> = Mutex::new(0);
 
-extern "C" fn on_signal(sig: c_int) {
-    // Atomics and `_exit` only: async-signal-safe.
-    if RECEIVED
-        .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
-        .is_err()
-    {
-        // SAFETY: `_exit` is async-signal-safe and never returns.
-        unsafe { _exit(128 + sig) }
+fn register() -> std::io::Result<Flags> {
+    let flags = Flags {
+        outside: Arc::new(AtomicBool::new(true)),
+        armed: Arc::new(AtomicBool::new(false)),
+        received: Arc::new(AtomicUsize::new(0)),
+    };
+    for sig in HANDLED {
+        flag::register_conditional_default(sig, Arc::clone(&flags.outside))?;
+        flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flags.armed))?;
+        flag::register(sig, Arc::clone(&flags.armed))?;
+        flag::register_usize(sig, Arc::clone(&flags.received), sig as usize)?;
     }
+    Ok(flags)
+}
+
+fn flags() -> std::io::Result<&'static Flags> {
+    if let Some(f) = FLAGS.get() {
+        return Ok(f);
+    }
+    let f = register()?;
+    Ok(FLAGS.get_or_init(|| f))
 }
 
 /// Records SIGINT / SIGTERM instead of their default action while it lives (see the
-/// module docs); dropping the last guard restores the handlers that were there before.
+/// module docs); when the last guard drops, they take their default action again.
 #[derive(Debug)]
 pub(crate) struct StopSignals(());
 
 impl StopSignals {
-    /// Installs the handler (once for nested guards) and forgets any earlier stop request.
+    /// Arms the handling (once for nested guards) and forgets any earlier stop request.
     pub(crate) fn install() -> std::io::Result<Self> {
-        let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
-        if installed.0 == 0 {
-            RECEIVED.store(0, Ordering::SeqCst);
-            let handler = on_signal as extern "C" fn(c_int) as usize;
-            let mut previous = [0; 2];
-            for (i, &sig) in HANDLED.iter().enumerate() {
-                // SAFETY: `on_signal` is an `extern "C" fn(c_int)` doing only
-                // async-signal-safe work.
-                let old = unsafe { signal(sig, handler) };
-                if old == SIG_ERR {
-                    let err = std::io::Error::last_os_error();
-                    restore(&previous[..i]);
-                    return Err(err);
-                }
-                previous[i] = old;
-            }
-            installed.1 = previous;
+        let mut guards = GUARDS.lock().unwrap_or_else(|e| e.into_inner());
+        let f = flags()?;
+        if *guards == 0 {
+            f.armed.store(false, Ordering::SeqCst);
+            f.received.store(0, Ordering::SeqCst);
+            f.outside.store(false, Ordering::SeqCst);
         }
-        installed.0 += 1;
+        *guards += 1;
         Ok(Self(()))
     }
 
     /// The stop signal received since the guard was installed, if any.
     pub(crate) fn received(&self) -> Option<i32> {
-        match RECEIVED.load(Ordering::SeqCst) {
-            0 => None,
-            s => Some(s),
+        match FLAGS.get().map(|f| f.received.load(Ordering::SeqCst)) {
+            None | Some(0) => None,
+            Some(s) => Some(s as i32),
         }
-    }
-}
-
-/// Puts back `previous[i]` as the handler of `HANDLED[i]`.
-fn restore(previous: &[usize]) {
-    for (&sig, &old) in HANDLED.iter().zip(previous) {
-        // SAFETY: `old` is what `signal` returned for this signal: a valid handler,
-        // `SIG_DFL` or `SIG_IGN`.
-        unsafe { signal(sig, old) };
     }
 }
 
 impl Drop for StopSignals {
     fn drop(&mut self) {
-        let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
-        installed.0 = installed.0.saturating_sub(1);
-        if installed.0 == 0 {
-            let previous = installed.1;
-            restore(&previous);
-            RECEIVED.store(0, Ordering::SeqCst);
+        let mut guards = GUARDS.lock().unwrap_or_else(|e| e.into_inner());
+        *guards = guards.saturating_sub(1);
+        if *guards == 0
+            && let Some(f) = FLAGS.get()
+        {
+            f.outside.store(true, Ordering::SeqCst);
+            f.armed.store(false, Ordering::SeqCst);
+            f.received.store(0, Ordering::SeqCst);
         }
     }
 }

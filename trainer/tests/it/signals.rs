@@ -287,3 +287,34 @@ fn a_second_sigint_exits_at_once_with_130() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+#[test]
+fn after_train_returns_a_sigterm_takes_its_default_action_again() -> Result<()> {
+    let _g = lock();
+    if std::env::var(ROLE).is_ok() {
+        // Three steps with the graceful stop armed, then idle with it disarmed.
+        let dir = PathBuf::from(std::env::var_os(DIR).context("the parent sets the folder")?);
+        let mut trainer = Trainer::builder(initial_model()?, args(&dir.join("out"), 3)?)
+            .train_dataset(blocks(38)?)
+            .build()?;
+        trainer.train(None)?;
+        std::fs::write(dir.join("marker"), b"trained")?;
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    let dir = temp_dir("after");
+    let mut child = Guard(spawn(
+        "after_train_returns_a_sigterm_takes_its_default_action_again",
+        &dir,
+    )?);
+    wait_for_marker(&mut child, &dir)?;
+    send(&child, SIGTERM)?;
+    let start = Instant::now();
+    let status = wait_for_exit(&mut child, &dir)?;
+    // Terminated by the signal itself, at once (not recorded and ignored).
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(15), "{status}: {}", child_log(&dir));
+    assert!(start.elapsed() < Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
