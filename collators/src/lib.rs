@@ -15,8 +15,11 @@
 //!
 //! ```no_run
 //! use tchtrain_collators::{DataCollator, DataCollatorForLanguageModeling, Feature,
-//!     LanguageModelingOptions, TokenizerInfo};
-//! let (info, tokenizer) = TokenizerInfo::from_pretrained_dir("assets/minilm")?;
+//!     LanguageModelingOptions, TokenizerInfo, read_tokenizer_config};
+//! // (tchtrain_models::AutoTokenizer::from_pretrained("assets/minilm") does these three.)
+//! let tokenizer = tokenizers::Tokenizer::from_file("assets/minilm/tokenizer.json").unwrap();
+//! let config = read_tokenizer_config("assets/minilm".as_ref())?;
+//! let info = TokenizerInfo::from_tokenizer_config(&tokenizer, &config);
 //! let rows: Vec<Feature> = ["a first sentence", "and a second, longer one"]
 //!     .iter()
 //!     .map(|text| Feature::from_encoding(&tokenizer.encode(*text, true).unwrap(), true))
@@ -52,5 +55,5 @@ pub use padding::{DataCollatorWithPadding, PaddingSide, PaddingStrategy};
 pub use seq2seq::{DataCollatorForSeq2Seq, DecoderStart, shift_tokens_right};
 pub use tchtrain_datasets::{Feature, Label};
 pub use token_classification::DataCollatorForTokenClassification;
-pub use tokenizer_info::TokenizerInfo;
+pub use tokenizer_info::{TokenizerInfo, read_tokenizer_config};
 pub use torch_generator::TorchGenerator;

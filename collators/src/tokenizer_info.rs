@@ -14,8 +14,8 @@ use crate::padding::PaddingSide;
 /// The tokenizer facts the collators use, mirroring the attributes upstream's
 /// collators read from `PreTrainedTokenizerBase`.
 ///
-/// Build it with [`TokenizerInfo::from_pretrained_dir`] (reads `tokenizer.json` and
-/// `tokenizer_config.json` as `AutoTokenizer.from_pretrained` does),
+/// Build it with [`TokenizerInfo::from_tokenizer_config`] (what
+/// `tchtrain_models::AutoTokenizer::from_pretrained` does with a tokenizer folder),
 /// [`TokenizerInfo::from_tokenizer`], or set the fields directly.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenizerInfo {
@@ -85,6 +85,20 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         })
 }
 
+/// A tokenizer folder's configuration as upstream's `from_pretrained` reads it:
+/// `special_tokens_map.json` overlaid with `tokenizer_config.json` (either may be absent:
+/// `null` when both are).
+pub fn read_tokenizer_config(dir: &Path) -> Result<Value> {
+    let mut config = read_json(&dir.join("special_tokens_map.json"))?.unwrap_or(Value::Null);
+    if let Some(Value::Object(c)) = read_json(&dir.join("tokenizer_config.json"))? {
+        match &mut config {
+            Value::Object(base) => base.extend(c),
+            _ => config = Value::Object(c),
+        }
+    }
+    Ok(config)
+}
+
 /// A special-token entry is either a string or an `AddedToken` object with `content`.
 fn token_content(v: &Value) -> Option<&str> {
     v.as_str()
@@ -92,30 +106,11 @@ fn token_content(v: &Value) -> Option<&str> {
 }
 
 impl TokenizerInfo {
-    /// Reads `tokenizer.json` with the `tokenizers` crate, then the special tokens,
-    /// `padding_side` and `model_max_length` from `tokenizer_config.json` (and
-    /// `special_tokens_map.json` when present), as upstream's `from_pretrained` does.
-    /// Returns the tokenizer too, with padding and truncation switched off (upstream's
-    /// `tokenizer(text)` neither pads nor truncates by default).
-    pub fn from_pretrained_dir(dir: impl AsRef<Path>) -> Result<(Self, Tokenizer)> {
-        let dir = dir.as_ref();
-        let path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_file(&path).map_err(|source| Error::Tokenizer {
-            path: path.clone(),
-            source,
-        })?;
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(None)
-            .map_err(|source| Error::Tokenizer { path, source })?;
-
-        let mut config = read_json(&dir.join("special_tokens_map.json"))?.unwrap_or(Value::Null);
-        if let Some(Value::Object(c)) = read_json(&dir.join("tokenizer_config.json"))? {
-            match &mut config {
-                Value::Object(base) => base.extend(c),
-                _ => config = Value::Object(c),
-            }
-        }
+    /// The facts of `tokenizer` with its configuration `config` (what
+    /// [`read_tokenizer_config`] returns): the special tokens' ids, `padding_side` and
+    /// `model_max_length`, as upstream's `from_pretrained` sets them. A tokenizer folder is
+    /// read by `tchtrain_models::AutoTokenizer::from_pretrained`.
+    pub fn from_tokenizer_config(tokenizer: &Tokenizer, config: &Value) -> Self {
         let id_of = |key: &str| {
             config
                 .get(key)
@@ -145,7 +140,7 @@ impl TokenizerInfo {
             .and_then(Value::as_f64)
             .filter(|&m| m < LARGE_INTEGER)
             .map(|m| m as usize);
-        let info = Self {
+        Self {
             pad_token_id: id_of("pad_token"),
             mask_token_id: id_of("mask_token"),
             padding_side,
@@ -154,8 +149,7 @@ impl TokenizerInfo {
             all_special_ids,
             model_max_length,
             return_attention_mask: true,
-        };
-        Ok((info, tokenizer))
+        }
     }
 
     /// Derives what it can from a `tokenizers::Tokenizer` alone: the pad id and side from

@@ -62,7 +62,15 @@ fn tokenizers() -> Result<HashMap<&'static str, (TokenizerInfo, Tokenizer)>> {
             path.join("tokenizer.json").is_file(),
             missing(&path.join("tokenizer.json"))
         );
-        out.insert(name, TokenizerInfo::from_pretrained_dir(&path)?);
+        let mut tokenizer =
+            Tokenizer::from_file(path.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(anyhow::Error::msg)?;
+        let config = tchtrain_collators::read_tokenizer_config(&path)?;
+        let info = TokenizerInfo::from_tokenizer_config(&tokenizer, &config);
+        out.insert(name, (info, tokenizer));
     }
     let vocab = a.join("gpt2-tokenizer/vocab.json");
     let merges = a.join("gpt2-tokenizer/merges.txt");

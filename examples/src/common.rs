@@ -4,8 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tchtrain_collators::TokenizerInfo;
-use tchtrain_models::{HubOptions, Tokenizer, gpt2_tokenizer, load_tokenizer, resolve};
+use tchtrain_models::{AutoTokenizer, HubOptions, PreTrainedTokenizerFast, Tokenizer, resolve};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
@@ -22,15 +21,6 @@ fn tokenizer_dir(name: &str) -> Result<PathBuf> {
     Ok(resolve(name, &HubOptions::from_env())?)
 }
 
-/// A tokenizer with the facts the collators need.
-#[derive(Debug, Clone)]
-pub struct ExampleTokenizer {
-    /// The tokenizer.
-    pub tokenizer: Tokenizer,
-    /// Pad / mask ids, `model_max_length`, ...
-    pub info: TokenizerInfo,
-}
-
 /// Resolves `--model_name_or_path` (a local folder, the hub cache, or a download).
 pub(crate) fn model_dir(name_or_path: Option<&str>) -> Result<PathBuf> {
     let name = name_or_path.ok_or_else(|| Error::InvalidFlag {
@@ -40,39 +30,31 @@ pub(crate) fn model_dir(name_or_path: Option<&str>) -> Result<PathBuf> {
     Ok(resolve(name, &HubOptions::from_env())?)
 }
 
-/// Upstream `AutoTokenizer.from_pretrained(name)` for a folder (or hub id) with
-/// `tokenizer.json`, or with GPT-2's `vocab.json` + `merges.txt`. `tokenizer_name`
-/// (`--tokenizer_name`) wins over the model folder.
+/// Upstream `AutoTokenizer.from_pretrained(tokenizer_name or model_name_or_path)`:
+/// `tokenizer_name` (`--tokenizer_name`, a folder or hub id) wins over the model folder; a
+/// folder without a tokenizer names the flag to fix.
 pub fn load_example_tokenizer(
     model_dir: &Path,
     tokenizer_name: Option<&str>,
-) -> Result<ExampleTokenizer> {
+) -> Result<PreTrainedTokenizerFast> {
     let dir = match tokenizer_name {
         Some(name) => tokenizer_dir(name)?,
         None => model_dir.to_path_buf(),
     };
-    if dir.join("tokenizer.json").is_file() {
-        let tokenizer = load_tokenizer(&dir)?;
-        let (info, _) = TokenizerInfo::from_pretrained_dir(&dir)?;
-        return Ok(ExampleTokenizer { tokenizer, info });
+    match AutoTokenizer::from_pretrained(&dir) {
+        Err(tchtrain_models::Error::MissingFile { .. }) => Err(Error::InvalidFlag {
+            flag: if tokenizer_name.is_some() {
+                "tokenizer_name".into()
+            } else {
+                "model_name_or_path".into()
+            },
+            detail: format!(
+                "{} has no tokenizer.json (nor vocab.json + merges.txt); pass --tokenizer_name with a folder that has one",
+                dir.display()
+            ),
+        }),
+        other => Ok(other?),
     }
-    let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
-    if vocab.is_file() && merges.is_file() {
-        let tokenizer = gpt2_tokenizer(&vocab, &merges)?;
-        let info = TokenizerInfo::from_tokenizer(&tokenizer);
-        return Ok(ExampleTokenizer { tokenizer, info });
-    }
-    Err(Error::InvalidFlag {
-        flag: if tokenizer_name.is_some() {
-            "tokenizer_name".into()
-        } else {
-            "model_name_or_path".into()
-        },
-        detail: format!(
-            "{} has no tokenizer.json (nor vocab.json + merges.txt); pass --tokenizer_name with a folder that has one",
-            dir.display()
-        ),
-    })
 }
 
 /// The checkpoint `train` resumes from: `--resume_from_checkpoint`, else the last
@@ -98,44 +80,13 @@ pub(crate) fn resume_point(args: &TrainingArguments) -> Result<Option<ResumeFrom
     Ok(None)
 }
 
-/// Upstream `save_model` also saves the tokenizer (`processing_class`): `tokenizer.json`,
-/// plus `tokenizer_config.json` / `special_tokens_map.json` copied from the folder it
-/// came from, so that `output_dir` loads as a model with its tokenizer.
-pub(crate) fn save_tokenizer(
-    tok: &ExampleTokenizer,
-    model_dir: &Path,
-    tokenizer_name: Option<&str>,
-    out: &Path,
-) -> Result<()> {
-    let path = out.join("tokenizer.json");
-    tok.tokenizer
-        .save(&path, true)
-        .map_err(|e| Error::Tokenizer {
-            what: format!("saving {}", path.display()),
-            detail: e.to_string(),
-        })?;
-    let source = match tokenizer_name {
-        Some(name) => tokenizer_dir(name)?,
-        None => model_dir.to_path_buf(),
-    };
-    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
-        let from = source.join(name);
-        if from.is_file() && from != out.join(name) {
-            std::fs::copy(&from, out.join(name)).map_err(|e| Error::io("copying", &from, e))?;
-        }
-    }
-    Ok(())
-}
-
 /// The `--do_train` part every script shares: train (resuming as
 /// `--resume_from_checkpoint` says), save the model, then `save_extra` (what a script writes
-/// beside it, e.g. label names) and the tokenizer when this process saves, then log and
-/// write `train_results.json` (with `train_samples` when known) and `trainer_state.json`.
+/// beside it, e.g. label names) when this process saves (the Trainer saves the tokenizer,
+/// its `processing_class`, with the model), then log and write `train_results.json` (with
+/// `train_samples` when known) and `trainer_state.json`.
 pub(crate) fn do_train(
     trainer: &mut tchtrain_trainer::Trainer,
-    tok: &ExampleTokenizer,
-    model_dir: &Path,
-    tokenizer_name: Option<&str>,
     train_samples: Option<usize>,
     save_extra: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<tchtrain_trainer::Metrics> {
@@ -144,7 +95,6 @@ pub(crate) fn do_train(
     let saved = trainer.save_model(None)?;
     if trainer.args().should_save() {
         save_extra(&saved)?;
-        save_tokenizer(tok, model_dir, tokenizer_name, &saved)?;
     }
     let mut metrics = result.metrics;
     if let Some(n) = train_samples {

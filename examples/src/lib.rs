@@ -43,7 +43,7 @@ use std::process::ExitCode;
 
 use tchtrain_trainer::Metrics;
 
-pub use common::{ExampleTokenizer, load_example_tokenizer};
+pub use common::load_example_tokenizer;
 pub use error::{Error, Result};
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
 pub use raster::{Rgb, RgbImage};

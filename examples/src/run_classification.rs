@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tch::{Device, Kind};
-use tchtrain_collators::{DataCollatorWithPadding, TorchGenerator};
+use tchtrain_collators::{DefaultDataCollator, TorchGenerator};
 use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir, read_model_type};
 use tchtrain_training_args::TrainingArguments;
 
@@ -328,7 +328,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         max_seq_length: cls.max_seq_length,
         pad_to_max_length: cls.pad_to_max_length,
         with_token_type_ids,
-        pad_token_id: tok.info.pad_token_id.unwrap_or(0).max(0) as u32,
+        pad_token_id: tok.info().pad_token_id.unwrap_or(0).max(0) as u32,
     };
     let cache = MapCache::from_env();
     let prepare = |table: &Table, max: Option<usize>| -> Result<InMemoryDataset> {
@@ -338,13 +338,13 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         };
         let mut fingerprint = Fingerprint::new("run_classification.preprocess_function");
         fingerprint
-            .update(tokenizer_json(&tok.tokenizer)?)
+            .update(tokenizer_json(tok.tokenizer())?)
             .update(format!("{labels:?}"))
             .update(format!("{options:?}"));
         table.fingerprint_into(&mut fingerprint);
         let rows = map_cached(cache.as_ref(), &fingerprint, cls.overwrite_cache, || {
             Ok::<_, Error>(
-                tokenize_text_classification(&table, &tok.tokenizer, &labels, &options)?
+                tokenize_text_classification(&table, tok.tokenizer(), &labels, &options)?
                     .rows()
                     .to_vec(),
             )
@@ -378,10 +378,13 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     }
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
+    // Upstream: `processing_class=tokenizer`, and `default_data_collator` with
+    // `--pad_to_max_length` (otherwise the Trainer's default, `DataCollatorWithPadding`).
     let mut builder = Trainer::builder(loaded.model, training.clone())
+        .processing_class(tok.clone())
         .compute_metrics(Box::new(classification_metrics(regression)));
-    if !cls.pad_to_max_length {
-        builder = builder.data_collator(DataCollatorWithPadding::new(tok.info.clone()));
+    if cls.pad_to_max_length {
+        builder = builder.data_collator(DefaultDataCollator);
     }
     if let Some(ds) = train_ds {
         builder = builder.train_dataset(Arc::new(ds));
@@ -396,14 +399,9 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     };
 
     if training.do_train {
-        out.train_metrics = Some(common::do_train(
-            &mut trainer,
-            &tok,
-            &dir,
-            cls.tokenizer_name.as_deref(),
-            Some(n_train),
-            |saved| write_label_names(saved, &labels),
-        )?);
+        out.train_metrics = Some(common::do_train(&mut trainer, Some(n_train), |saved| {
+            write_label_names(saved, &labels)
+        })?);
     }
     if training.do_eval {
         out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, false)?);

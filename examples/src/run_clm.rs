@@ -24,7 +24,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
-use tchtrain_collators::Feature;
+use tchtrain_collators::{DefaultDataCollator, Feature};
 use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir};
 use tchtrain_training_args::TrainingArguments;
 
@@ -269,7 +269,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     }
     let dir = common::model_dir(clm.model_name_or_path.as_deref())?;
     let tok = load_example_tokenizer(&dir, clm.tokenizer_name.as_deref())?;
-    let model_max_length = tok.info.model_max_length.unwrap_or(usize::MAX);
+    let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let block_size = match clm.block_size {
         None => {
             if model_max_length > 1024 {
@@ -328,7 +328,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         }
         let ds = blocks(
             &train_lines,
-            &tok.tokenizer,
+            tok.tokenizer(),
             block_size,
             clm.max_train_samples,
             clm.overwrite_cache,
@@ -346,7 +346,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     let eval_ds = if training.do_eval {
         let ds = blocks(
             &eval_lines,
-            &tok.tokenizer,
+            tok.tokenizer(),
             block_size,
             clm.max_eval_samples,
             clm.overwrite_cache,
@@ -375,12 +375,15 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     }
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
-    let mut builder = Trainer::builder(loaded.model, training.clone());
+    // Upstream: `processing_class=tokenizer, data_collator=default_data_collator`.
+    let mut builder = Trainer::builder(loaded.model, training.clone())
+        .processing_class(tok.clone())
+        .data_collator(DefaultDataCollator);
     if let Some(ds) = train_ds {
         builder = builder.train_dataset(Arc::new(ds));
     }
     if let (true, true, Some(train)) = (clm.streaming, training.do_train, &clm.train_file) {
-        let stream = CausalLmTextStream::new(train, Arc::new(tok.tokenizer.clone()), block_size)?;
+        let stream = CausalLmTextStream::new(train, Arc::new(tok.tokenizer().clone()), block_size)?;
         builder = builder.train_stream(Arc::new(stream));
     }
     if let Some(ds) = eval_ds {
@@ -401,14 +404,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         // A stream has no length to report.
         let samples =
             (!clm.streaming).then(|| clm.max_train_samples.map_or(n_train, |m| m.min(n_train)));
-        out.train_metrics = Some(common::do_train(
-            &mut trainer,
-            &tok,
-            &dir,
-            clm.tokenizer_name.as_deref(),
-            samples,
-            |_| Ok(()),
-        )?);
+        out.train_metrics = Some(common::do_train(&mut trainer, samples, |_| Ok(()))?);
     }
 
     if training.do_eval {

@@ -352,7 +352,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         });
     }
     let tok = load_example_tokenizer(&dir, mlm.tokenizer_name.as_deref())?;
-    let model_max_length = tok.info.model_max_length.unwrap_or(usize::MAX);
+    let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let max_seq_length = match mlm.max_seq_length {
         None => {
             if model_max_length > 1024 {
@@ -399,12 +399,12 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     let tokenization = Tokenization {
-        tokenizer: &tok.tokenizer,
+        tokenizer: tok.tokenizer(),
         with_token_type_ids: read_model_type(&dir.join("config.json"))? == "bert",
         max_seq_length,
         line_by_line: mlm.line_by_line,
         pad_to_max_length: mlm.pad_to_max_length,
-        pad_id: tok.info.pad_token_id.unwrap_or(0).max(0) as u32,
+        pad_id: tok.info().pad_token_id.unwrap_or(0).max(0) as u32,
         overwrite_cache: mlm.overwrite_cache,
     };
     // Upstream's Trainer drops the `special_tokens_mask` column (the model's forward does
@@ -472,7 +472,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     }
     let pad_to_multiple_of_8 = mlm.line_by_line && training.fp16 && !mlm.pad_to_max_length;
     let collator = DataCollatorForLanguageModeling::new(
-        tok.info.clone(),
+        tok.info().clone(),
         LanguageModelingOptions {
             mlm_probability: mlm.mlm_probability,
             pad_to_multiple_of: pad_to_multiple_of_8.then_some(8),
@@ -482,7 +482,9 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     )?;
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
-    let mut builder = Trainer::builder(loaded.model, training.clone()).data_collator(collator);
+    let mut builder = Trainer::builder(loaded.model, training.clone())
+        .processing_class(tok.clone())
+        .data_collator(collator);
     if let Some(ds) = train_ds {
         builder = builder.train_dataset(Arc::new(ds));
     }
@@ -501,14 +503,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     if training.do_train {
-        out.train_metrics = Some(common::do_train(
-            &mut trainer,
-            &tok,
-            &dir,
-            mlm.tokenizer_name.as_deref(),
-            Some(n_train),
-            |_| Ok(()),
-        )?);
+        out.train_metrics = Some(common::do_train(&mut trainer, Some(n_train), |_| Ok(()))?);
     }
 
     if training.do_eval {

@@ -525,11 +525,12 @@ impl<'a> Alignment<'a> {
 /// use tchtrain_collators::Label;
 /// use tchtrain_data::Dataset;
 /// use tchtrain_examples::run_ner::tokenize_and_align_labels;
-/// let tokenizer = tchtrain_models::load_tokenizer("assets/minilm".as_ref())?;
+/// let tok = tchtrain_models::AutoTokenizer::from_pretrained("assets/minilm")?;
+/// let tokenizer = tok.tokenizer();
 /// let labels = ["B-PER".to_string(), "I-PER".into(), "O".into()];
 /// let words = vec![vec!["Olufemi".to_string(), "left".into()]];
 /// let tags = vec![vec!["B-PER".to_string(), "O".into()]];
-/// let rows = tokenize_and_align_labels(&tokenizer, &words, &tags, &labels, true, 128)?;
+/// let rows = tokenize_and_align_labels(tokenizer, &words, &tags, &labels, true, 128)?;
 /// // [CLS] ol ##uf ##emi left [SEP]
 /// assert_eq!(rows.get(0)?.labels, Some(Label::Ids(vec![-100, 0, 1, 1, 2, -100])));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -734,7 +735,7 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     }
     log::info!("labels: {labels:?}");
 
-    let model_max_length = tok.info.model_max_length.unwrap_or(usize::MAX);
+    let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let max_length = ner.max_seq_length.unwrap_or(model_max_length);
     if max_length == 0 || max_length == usize::MAX {
         return Err(Error::InvalidFlag {
@@ -743,9 +744,9 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         });
     }
     let with_token_type_ids = read_model_type(&dir.join("config.json"))? == "bert";
-    let pad_id = tok.info.pad_token_id.unwrap_or(0).max(0) as u32;
+    let pad_id = tok.info().pad_token_id.unwrap_or(0).max(0) as u32;
     let align = Alignment::new(
-        &tok.tokenizer,
+        tok.tokenizer(),
         &labels,
         ner.label_all_tokens,
         ner.pad_to_max_length.then_some(pad_id),
@@ -778,11 +779,12 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     }
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
-    let mut collator = DataCollatorForTokenClassification::new(tok.info.clone());
+    let mut collator = DataCollatorForTokenClassification::new(tok.info().clone());
     if training.fp16 {
         collator.pad_to_multiple_of = Some(8);
     }
     let mut builder = Trainer::builder(loaded.model, training.clone())
+        .processing_class(tok.clone())
         .data_collator(collator)
         .compute_metrics(Box::new(ner_metrics(
             labels.clone(),
@@ -801,14 +803,9 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     if training.do_train {
-        out.train_metrics = Some(common::do_train(
-            &mut trainer,
-            &tok,
-            &dir,
-            ner.tokenizer_name.as_deref(),
-            Some(n_train),
-            |saved| write_label_names(saved, &labels, &ner.task_name),
-        )?);
+        out.train_metrics = Some(common::do_train(&mut trainer, Some(n_train), |saved| {
+            write_label_names(saved, &labels, &ner.task_name)
+        })?);
     }
     if training.do_eval {
         out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, false)?);

@@ -1,18 +1,23 @@
-//! `gpt2_tokenizer(vocab.json, merges.txt)`: the input is `vocab.json`, a NUL byte, then
-//! `merges.txt`; a tokenizer that loads must also encode and decode a short text.
+//! `AutoTokenizer::from_pretrained` on GPT-2's `vocab.json` + `merges.txt`: the input is
+//! `vocab.json`, a NUL byte, then `merges.txt`; a tokenizer that loads must also encode and
+//! decode a short text.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tchtrain_models::gpt2_tokenizer;
+use tchtrain_models::AutoTokenizer;
 
 fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|&b| b == 0).unwrap_or(data.len());
     let vocab = tchtrain_fuzz::scratch_file("vocab.json", &data[..split]);
     let merges = tchtrain_fuzz::scratch_file("merges.txt", data.get(split + 1..).unwrap_or(&[]));
-    let Ok(tokenizer) = gpt2_tokenizer(&vocab, &merges) else {
+    let (Some(dir), Some(_)) = (vocab.parent(), merges.parent()) else {
         return;
     };
+    let Ok(tok) = AutoTokenizer::from_pretrained(dir) else {
+        return;
+    };
+    let tokenizer = tok.tokenizer();
     if let Ok(encoding) = tokenizer.encode("Hello, world! A b c.", true) {
         let _ = tokenizer.decode(encoding.get_ids(), true);
     }

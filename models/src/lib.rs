@@ -12,6 +12,7 @@
 
 mod attention;
 mod auto;
+mod auto_tokenizer;
 mod bert;
 mod configuration_utils;
 mod error;
@@ -25,6 +26,9 @@ mod modeling_utils;
 mod tokenization;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
+pub use auto_tokenizer::{
+    AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+};
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
     BertForTokenClassification, BertModel,
@@ -45,7 +49,6 @@ pub use loading::{
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-pub use tokenization::{gpt2_tokenizer, load_tokenizer};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

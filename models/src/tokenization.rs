@@ -18,7 +18,7 @@ fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Loads `tokenizer.json` from a file or from a model folder.
-pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let file = if path.is_dir() {
         path.join("tokenizer.json")
     } else {
@@ -113,7 +113,7 @@ fn check_templates(value: &serde_json::Value) -> std::result::Result<(), String>
 
 /// Upstream `GPT2TokenizerFast(vocab_file, merges_file)`: byte-level BPE without a
 /// prefix space, byte-level decoder and post-processor (offsets not trimmed).
-pub fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tokenizer> {
+pub(crate) fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tokenizer> {
     for f in [vocab_json, merges_txt] {
         if !f.is_file() {
             return Err(Error::MissingFile {

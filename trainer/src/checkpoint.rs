@@ -354,6 +354,10 @@ impl Trainer {
                 None => self.model.save_weights(&tmp)?,
             }
         }
+        // Upstream `_save`: the processing class beside the model.
+        if let Some(tok) = &self.processing_class {
+            tok.save_pretrained(&tmp)?;
+        }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
         {

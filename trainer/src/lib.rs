@@ -6,8 +6,12 @@
 //! checkpoints in upstream's layout with rotation. The data it drives comes from
 //! `tchtrain-data` (datasets, samplers, the data loader); the example scripts live in
 //! `tchtrain-examples`.
-//! [`TrainerHooks`] is the Rust form of subclassing `Trainer` to override `compute_loss`,
-//! `training_step` or `prediction_step`.
+//! [`TrainerHooks`] is the Rust form of subclassing `Trainer`: every method upstream
+//! documents for it (`compute_loss`, `training_step`, `prediction_step`, the data loaders,
+//! `create_optimizer_and_scheduler`, `log`, `evaluate`, `predict`) with `default_*` as
+//! `super()`. The step runs on the accelerator (`tchtrain-accelerate`: device, mixed
+//! precision, DDP or the ZeRO engine): `accelerator.backward`, `clip_grad_norm_`,
+//! `optimizer_step`, as upstream's `training_step` and `_inner_training_loop`.
 //!
 //! Mirrors upstream transformers/trainer.py (and trainer_pt_utils.py, trainer_utils.py);
 //! names follow upstream so a transformers user finds each concept where they expect it.

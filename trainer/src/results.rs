@@ -73,6 +73,10 @@ impl Trainer {
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
         self.model.save_weights(&dir)?;
+        // Upstream `_save`: `self.processing_class.save_pretrained(output_dir)`.
+        if let Some(tok) = &self.processing_class {
+            tok.save_pretrained(&dir)?;
+        }
         self.args.to_json_file(dir.join(TRAINING_ARGS_NAME))?;
         Ok(dir)
     }

@@ -11,12 +11,14 @@ use tchtrain_callbacks::{
     CallbackHandler, DefaultFlowCallback, JsonMap, PrinterCallback, ProgressCallback,
     TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
 };
-use tchtrain_collators::{Batch, DataCollator, DefaultDataCollator, Feature};
+use tchtrain_collators::{
+    Batch, DataCollator, DataCollatorWithPadding, DefaultDataCollator, Feature,
+};
 use tchtrain_data::{
     DataLoader, Dataset, IterableDataset, LengthGroupedSampler, RandomSampler, Sampler,
     SequentialSampler, SharedCollator, shared_collator,
 };
-use tchtrain_models::{ModelOutput, TrainableModel};
+use tchtrain_models::{ModelOutput, PreTrainedTokenizerFast, TrainableModel};
 use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
 use tchtrain_training_args::TrainingArguments;
 
@@ -173,9 +175,8 @@ impl TrainerHooks for DefaultHooks {}
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let model = from_pretrained_dir(Path::new("assets/tiny-gpt2"), AutoTask::CausalLm, Device::Cpu,
 ///     &LoadOptions::default())?.model;
-/// let tokenizer = tchtrain_models::gpt2_tokenizer(
-///     Path::new("assets/gpt2-tokenizer/vocab.json"), Path::new("assets/gpt2-tokenizer/merges.txt"))?;
-/// let blocks = causal_lm_blocks_from_file("assets/text/hamlet.txt", &tokenizer, 64)?;
+/// let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained("assets/gpt2-tokenizer")?;
+/// let blocks = causal_lm_blocks_from_file("assets/text/hamlet.txt", tokenizer.tokenizer(), 64)?;
 /// let args = TrainingArguments { max_steps: 10, use_cpu: true, ..TrainingArguments::new("out") };
 /// let mut trainer = Trainer::builder(model, args).train_dataset(InMemoryDataset::new(blocks)).build()?;
 /// let output = trainer.train(None)?;
@@ -190,6 +191,8 @@ pub struct Trainer {
     pub(crate) train_stream: Option<Arc<dyn IterableDataset>>,
     pub(crate) eval_dataset: Option<Arc<dyn Dataset>>,
     pub(crate) collator: SharedCollator,
+    /// Upstream `processing_class`: the tokenizer saved with the model.
+    pub(crate) processing_class: Option<PreTrainedTokenizerFast>,
     pub(crate) train_sampler: Option<Arc<dyn Sampler>>,
     /// The callbacks, in calling order.
     pub callback_handler: CallbackHandler,
@@ -253,6 +256,7 @@ pub struct TrainerBuilder {
     train_stream: Option<Arc<dyn IterableDataset>>,
     eval_dataset: Option<Arc<dyn Dataset>>,
     collator: Option<SharedCollator>,
+    processing_class: Option<PreTrainedTokenizerFast>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
     optimizer: Option<Box<dyn Optimizer>>,
     lr_scheduler: Option<Box<dyn LrScheduler>>,
@@ -297,8 +301,18 @@ impl TrainerBuilder {
         self
     }
 
+    /// Upstream's `processing_class`: the tokenizer saved with the model (`save_model` and
+    /// every checkpoint write it with `save_pretrained`), and without a
+    /// [`data_collator`](Self::data_collator) the default collator becomes
+    /// `DataCollatorWithPadding` over it, as upstream's.
+    pub fn processing_class(mut self, tokenizer: PreTrainedTokenizerFast) -> Self {
+        self.processing_class = Some(tokenizer);
+        self
+    }
+
     /// The collator (`data_collator`; default [`DefaultDataCollator`], upstream's
-    /// `default_data_collator` when no tokenizer is given).
+    /// `default_data_collator`, or `DataCollatorWithPadding` with a
+    /// [`processing_class`](Self::processing_class)).
     pub fn data_collator(mut self, collator: impl DataCollator<Feature> + Send + 'static) -> Self {
         self.collator = Some(shared_collator(collator));
         self
@@ -452,9 +466,14 @@ impl TrainerBuilder {
             train_dataset: self.train_dataset,
             train_stream: self.train_stream,
             eval_dataset: self.eval_dataset,
-            collator: self
-                .collator
-                .unwrap_or_else(|| shared_collator(DefaultDataCollator)),
+            collator: match (self.collator, &self.processing_class) {
+                (Some(c), _) => c,
+                (None, Some(tok)) => {
+                    shared_collator(DataCollatorWithPadding::new(tok.info().clone()))
+                }
+                (None, None) => shared_collator(DefaultDataCollator),
+            },
+            processing_class: self.processing_class,
             train_sampler: self.train_sampler,
             callback_handler: CallbackHandler::new(callbacks),
             state: TrainerState::default(),
@@ -511,6 +530,7 @@ impl Trainer {
             train_stream: None,
             eval_dataset: None,
             collator: None,
+            processing_class: None,
             callbacks: Vec::new(),
             optimizer: None,
             lr_scheduler: None,
@@ -558,6 +578,11 @@ impl Trainer {
     /// `data_collator`.
     pub fn data_collator(&self) -> &SharedCollator {
         &self.collator
+    }
+
+    /// `processing_class`, when one was given.
+    pub fn processing_class(&self) -> Option<&PreTrainedTokenizerFast> {
+        self.processing_class.as_ref()
     }
 
     /// The device batches run on.

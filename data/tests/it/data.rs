@@ -38,12 +38,10 @@ fn ids_of(v: &serde_json::Value) -> Vec<Vec<i64>> {
 fn group_texts_matches_run_clm_on_hamlet() -> Result<()> {
     let blocks = reference("blocks.json")?;
     let a = assets();
-    let tokenizer = tchtrain_models::gpt2_tokenizer(
-        &a.join("gpt2-tokenizer/vocab.json"),
-        &a.join("gpt2-tokenizer/merges.txt"),
-    )?;
+    let tok = tchtrain_models::AutoTokenizer::from_pretrained(a.join("gpt2-tokenizer"))?;
+    let tokenizer = tok.tokenizer();
     let lines = load_text_lines(a.join("text/hamlet.txt"), true)?;
-    let ids = tokenize_lines(&tokenizer, &lines)?;
+    let ids = tokenize_lines(tokenizer, &lines)?;
     let ours = group_texts(&ids, 64, None)?;
     assert_eq!(ours.len() as u64, blocks["num_blocks"].as_u64().unwrap());
     let expected: Vec<Vec<i64>> = ids_of(&blocks["train"])

@@ -31,8 +31,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use tchtrain::collators::{
     DataCollator, DataCollatorForLanguageModeling, DataCollatorWithPadding, Feature,
-    LanguageModelingOptions, TokenizerInfo,
+    LanguageModelingOptions,
 };
+use tchtrain::models::AutoTokenizer;
 use tchtrain::optim::{
     Adafactor, AdafactorConfig, AdamW, AdamWConfig, GroupSpec, Optimizer, Sgd, SgdConfig,
 };
@@ -265,8 +266,9 @@ fn main() -> Result<()> {
     }
 
     if o.wants("collate") {
-        let (info, tokenizer) = TokenizerInfo::from_pretrained_dir(assets_dir().join("minilm"))
+        let tok = AutoTokenizer::from_pretrained(assets_dir().join("minilm"))
             .context("loading the MiniLM tokenizer (run `cargo xtask setup`)")?;
+        let (info, tokenizer) = (tok.info().clone(), tok.tokenizer());
         let mut rows = Vec::new();
         for line in hamlet_lines()? {
             let enc = tokenizer

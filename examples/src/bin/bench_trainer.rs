@@ -48,10 +48,11 @@ use serde_json::{Value, json};
 use tchtrain::callbacks::{TrainerCallback, TrainerControl, TrainerState};
 use tchtrain::collators::{
     Batch, DataCollator, DataCollatorWithPadding, DefaultDataCollator, Feature, Label,
-    TokenizerInfo,
 };
 use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
-use tchtrain::models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
+use tchtrain::models::{
+    AutoTask, AutoTokenizer, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir,
+};
 use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_param_groups};
 use tchtrain::tch::{self, Device, Kind, Tensor};
 use tchtrain::trainer::{StepContext, Trainer, model_forward, named_parameters};
@@ -192,7 +193,9 @@ impl Job {
             let assets = std::env::var_os("TCHTRAIN_ASSETS")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
-            let (info, _) = TokenizerInfo::from_pretrained_dir(assets.join("minilm"))?;
+            let info = AutoTokenizer::from_pretrained(assets.join("minilm"))?
+                .info()
+                .clone();
             Box::new(DataCollatorWithPadding::new(info))
         })
     }

@@ -4,10 +4,10 @@
 
 use anyhow::{Context, Result};
 use tch::Device;
-use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
+use tchtrain_collators::{DataCollatorWithPadding, Feature, Label};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_examples::custom_loss::WeightedLoss;
-use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_models::{AutoTask, AutoTokenizer, LoadOptions, from_pretrained_dir};
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
@@ -74,7 +74,9 @@ fn the_documented_weighted_loss_matches_upstreams_custom_trainer() -> Result<()>
         &LoadOptions::default(),
     )?
     .model;
-    let (info, _) = TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
     let mut trainer = Trainer::builder(model, args)
         .train_dataset(rows("train")?)
         .eval_dataset(rows("eval")?)
@@ -97,7 +99,9 @@ fn the_documented_weighted_loss_matches_upstreams_custom_trainer() -> Result<()>
         &LoadOptions::default(),
     )?
     .model;
-    let (info, _) = TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
     let args = TrainingArguments {
         max_steps: 1,
         use_cpu: true,

@@ -412,8 +412,8 @@ fn bad_label_columns_and_values_are_named() -> Result<()> {
         matches!(&err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { column, .. }) if column == "label"),
         "{err}"
     );
-    let (_, tokenizer) =
-        tchtrain_collators::TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let tok = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let tokenizer = tok.tokenizer().clone();
     let labels = ClassificationLabels::Classes(vec!["fresh".into(), "rotten".into()]);
     let err = tokenize_text_classification(
         &table,
@@ -455,8 +455,8 @@ fn tokenize_text_classification_gives_upstreams_ids() -> Result<()> {
     let dir = assets().join("reference/trainer_parity/minilm_cls");
     let ids: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("ids.json"))?)?;
-    let (_, tokenizer) =
-        tchtrain_collators::TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let tok = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let tokenizer = tok.tokenizer().clone();
     let want_labels: Vec<String> = serde_json::from_value(ids["labels"].clone())?;
     // The label list comes from the training file (upstream's sorted unique labels).
     let labels = ClassificationLabels::from_table(&Table::read(dir.join("train.jsonl"))?, "label")?;

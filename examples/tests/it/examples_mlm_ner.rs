@@ -14,7 +14,7 @@ use tchtrain_collators::Label;
 use tchtrain_data::Dataset;
 use tchtrain_examples::run_ner::tokenize_and_align_labels;
 use tchtrain_examples::{Error, exit_code, run_mlm, run_ner, seqeval};
-use tchtrain_models::load_tokenizer;
+use tchtrain_models::AutoTokenizer;
 use tchtrain_testing::{asset, assets, lock};
 
 fn reference(rel: &str) -> String {
@@ -336,7 +336,8 @@ fn run_ner_matches_upstream_trainer() -> Result<()> {
 fn ner_labels_align_with_word_pieces_as_upstream() -> Result<()> {
     let ids = read_json(reference("ner/ids.json"))?;
     let labels: Vec<String> = serde_json::from_value(ids["labels"].clone())?;
-    let tokenizer = load_tokenizer(&assets().join("minilm"))?;
+    let tok = AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let tokenizer = tok.tokenizer();
     let mut continued = 0;
     for split in ["train", "validation"] {
         let rows = std::fs::read_to_string(reference(&format!("ner/{split}.json")))?;

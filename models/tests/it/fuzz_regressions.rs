@@ -2,7 +2,7 @@
 //!
 //! * `fuzz/fuzz_targets/tokenizer_json.rs`: tokenizer.json files the tokenizers crate reads
 //!   without complaint (or panics while reading), then panics in `encode`; now
-//!   `Error::Tokenizer` from `load_tokenizer`.
+//!   `Error::Tokenizer` from `AutoTokenizer::from_pretrained`.
 //! * `fuzz/fuzz_targets/config_json.rs`: config.json files with a negative size, which
 //!   libtorch refused with a panic while the model was created; now `Error::InvalidConfig`
 //!   from `from_file` and from the models' `new`.
@@ -12,8 +12,8 @@ use tchtrain_testing::lock;
 
 use tch::Device;
 use tchtrain_models::{
-    BertConfig, BertForMaskedLM, Error, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-    Tokenizer, load_tokenizer,
+    AutoTokenizer, BertConfig, BertForMaskedLM, Error, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+    LlamaForCausalLM, Tokenizer,
 };
 
 /// A minimal word-level tokenizer.json with the given post-processor and decoder.
@@ -50,10 +50,22 @@ fn write(name: &str, text: &str) -> PathBuf {
     path
 }
 
-/// `load_tokenizer` refuses the file with a tokenizer error whose text contains `needle`.
+/// A folder named after `name` holding `text` as its tokenizer.json.
+fn tokenizer_dir(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tchtrain-models-fuzz-regressions-{}/{name}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), text).unwrap();
+    dir
+}
+
+/// `AutoTokenizer::from_pretrained` refuses the folder's tokenizer.json with a tokenizer
+/// error whose text contains `needle`.
 fn assert_refused(name: &str, text: &str, needle: &str) {
-    let path = write(name, text);
-    match load_tokenizer(&path) {
+    let path = tokenizer_dir(name, text);
+    match AutoTokenizer::from_pretrained(&path) {
         Err(e @ Error::Tokenizer { .. }) => {
             let message = e.to_string();
             assert!(message.contains(needle), "{message}");
@@ -73,11 +85,12 @@ fn the_minimal_tokenizer_itself_loads_and_encodes() {
     let single = r#"[{"SpecialToken": {"id": "[CLS]", "type_id": 0}},
                      {"Sequence": {"id": "A", "type_id": 0}},
                      {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]"#;
-    let path = write(
-        "good.json",
+    let path = tokenizer_dir(
+        "good",
         &tokenizer_json(&template(single, SPECIAL_TOKENS), "null"),
     );
-    let tok = load_tokenizer(&path).unwrap();
+    let tok = AutoTokenizer::from_pretrained(&path).unwrap();
+    let tok = tok.tokenizer();
     let enc = tok.encode("hello", true).unwrap();
     assert_eq!(enc.get_ids(), [0, 3, 1]);
 }

@@ -362,7 +362,7 @@ fn garbage_tokenizer_files() -> Result<()> {
     // tokenizer.json that is not a tokenizer.
     let file = dir.join("tokenizer.json");
     spoil(&file, b"\x89PNG\r\n\x1a\n not a tokenizer")?;
-    let err = tchtrain_models::load_tokenizer(&dir).unwrap_err();
+    let err = tchtrain_models::AutoTokenizer::from_pretrained(&dir).unwrap_err();
     let text = err.to_string();
     assert!(
         matches!(err, tchtrain_models::Error::Tokenizer { .. }),
@@ -376,7 +376,8 @@ fn garbage_tokenizer_files() -> Result<()> {
     let merges = dir.join("merges.txt");
     spoil(&vocab, b"this is not json")?;
     std::fs::copy(assets().join("gpt2-tokenizer/merges.txt"), &merges)?;
-    let err = tchtrain_models::gpt2_tokenizer(&vocab, &merges).unwrap_err();
+    std::fs::remove_file(&file)?;
+    let err = tchtrain_models::AutoTokenizer::from_pretrained(&dir).unwrap_err();
     let text = err.to_string();
     assert!(
         matches!(err, tchtrain_models::Error::Tokenizer { .. }),

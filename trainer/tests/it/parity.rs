@@ -24,11 +24,11 @@ use tchtrain_testing::{assets, lock};
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
-use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
+use tchtrain_collators::{DataCollatorWithPadding, Feature, Label};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::Table;
 use tchtrain_models::{
-    AutoTask, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir,
+    AutoTask, AutoTokenizer, LoadOptions, PreTrainedModel, TrainableModel, from_pretrained_dir,
 };
 use tchtrain_optim::GradScalerKwargs;
 use tchtrain_trainer::Trainer;
@@ -270,7 +270,9 @@ fn minilm_sequence_classification() -> Result<()> {
     let _g = lock();
     let dir = assets().join("reference/trainer_parity/minilm_cls");
     let out = temp_dir("minilm");
-    let (info, _) = TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
     let train = classification_rows(&dir, "train")?;
     let eval = classification_rows(&dir, "eval")?;
     let mut args = TrainingArguments {
@@ -311,6 +313,73 @@ fn minilm_sequence_classification() -> Result<()> {
     let summary = read_json(&dir.join("train_output.json"))?;
     assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
     assert_exact("minilm cls", &m);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+/// Upstream's `processing_class`: with a tokenizer and no collator the Trainer pads with
+/// `DataCollatorWithPadding` (the reference passes that collator explicitly: the same
+/// steps), and every checkpoint and `save_model` hold the tokenizer, which loads back.
+#[test]
+fn processing_class_pads_by_default_and_is_saved_with_the_model() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/trainer_parity/minilm_cls");
+    let out = temp_dir("minilm-processing-class");
+    let tok = AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 8,
+        per_device_eval_batch_size: 8,
+        gradient_accumulation_steps: 2,
+        num_train_epochs: 3.0,
+        max_steps: 2,
+        learning_rate: 5e-5,
+        lr_scheduler_type: SchedulerType::Linear,
+        warmup_steps: 2.0,
+        weight_decay: 0.01,
+        save_strategy: SaveStrategy::Steps,
+        save_steps: 1.0,
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let model = load(
+        &dir.join("initial"),
+        AutoTask::SequenceClassification { num_labels: None },
+    )?;
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(classification_rows(&dir, "train")?)
+        .processing_class(tok.clone())
+        .build()?;
+    trainer.train(None)?;
+    // The first two steps of upstream's run (whose schedule spans 9 steps, hence the
+    // learning rates differ after the first; the losses and norms do not).
+    let expected = read_json(&dir.join("log_history.json"))?;
+    for (i, want) in expected
+        .as_array()
+        .context("log")?
+        .iter()
+        .take(2)
+        .enumerate()
+    {
+        let got = &trainer.state.log_history[i];
+        assert_eq!(
+            num(got, "loss"),
+            want["loss"].as_f64(),
+            "step {}: loss",
+            i + 1
+        );
+        if i == 0 {
+            assert_eq!(
+                num(got, "grad_norm"),
+                want["grad_norm"].as_f64(),
+                "grad_norm"
+            );
+        }
+    }
+    let saved = trainer.save_model(None)?;
+    for folder in [out.join("checkpoint-1"), out.join("checkpoint-2"), saved] {
+        let again = AutoTokenizer::from_pretrained(&folder)?;
+        assert_eq!(again.info(), tok.info(), "{}", folder.display());
+    }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

@@ -13,9 +13,9 @@ use tchtrain_testing::{assets, lock};
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::JsonValue;
-use tchtrain_collators::{DataCollatorWithPadding, Feature, Label, TokenizerInfo};
+use tchtrain_collators::{DataCollatorWithPadding, Feature, Label};
 use tchtrain_data::{Dataset, InMemoryDataset, get_length_grouped_indices};
-use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_models::{AutoTask, AutoTokenizer, LoadOptions, from_pretrained_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 
@@ -101,7 +101,9 @@ fn train(run: &str, strategy: &str) -> Result<(Vec<tchtrain_callbacks::JsonMap>,
         rows: rows("train")?,
         order: Mutex::new(Vec::new()),
     });
-    let (info, _) = TokenizerInfo::from_pretrained_dir(assets().join("minilm"))?;
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
     let mut trainer = Trainer::builder(model, args)
         .train_dataset(train.clone())
         .eval_dataset(rows("eval")?.into_shared())

@@ -10,17 +10,14 @@ use tch::Device;
 use tchtrain_data::{Dataset, InMemoryDataset, IterableDataset};
 use tchtrain_datasets::{CausalLmTextStream, causal_lm_blocks_from_file};
 use tchtrain_models::{
-    AutoTask, LoadOptions, PreTrainedModel, Tokenizer, from_pretrained_dir, gpt2_tokenizer,
+    AutoTask, AutoTokenizer, LoadOptions, PreTrainedModel, Tokenizer, from_pretrained_dir,
 };
 use tchtrain_trainer::{Error, Trainer};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
 fn gpt2() -> Result<Arc<Tokenizer>> {
-    let dir = assets().join("gpt2-tokenizer");
-    Ok(Arc::new(gpt2_tokenizer(
-        &dir.join("vocab.json"),
-        &dir.join("merges.txt"),
-    )?))
+    let tok = AutoTokenizer::from_pretrained(assets().join("gpt2-tokenizer"))?;
+    Ok(Arc::new(tok.tokenizer().clone()))
 }
 
 fn model() -> Result<Box<dyn PreTrainedModel>> {

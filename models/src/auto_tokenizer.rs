@@ -1,0 +1,146 @@
+//! `AutoTokenizer`: upstream's `AutoTokenizer.from_pretrained` / `save_pretrained` for the
+//! fast tokenizers the models here use — a folder (or hub repository) with `tokenizer.json`
+//! (and its `tokenizer_config.json` / `special_tokens_map.json`), or GPT-2's `vocab.json` +
+//! `merges.txt` (`GPT2TokenizerFast(vocab_file, merges_file)`). The one way to get a
+//! tokenizer: the Trainer's `processing_class`, the collators' [`TokenizerInfo`] and the
+//! example scripts all start here.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use tchtrain_collators::{TokenizerInfo, read_tokenizer_config};
+use tokenizers::Tokenizer;
+
+use crate::hub::{HubOptions, resolve};
+use crate::tokenization::{gpt2_tokenizer, load_tokenizer};
+use crate::{Error, Result};
+
+/// `tokenizer.json`.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// `tokenizer_config.json`.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// GPT-2's one special token (`bos_token`, `eos_token` and `unk_token` of
+/// `GPT2TokenizerFast`).
+const GPT2_SPECIAL: &str = "<|endoftext|>";
+
+/// Upstream's `PreTrainedTokenizerFast`: a `tokenizers` tokenizer with its configuration
+/// (`tokenizer_config.json`) and the facts the collators read ([`TokenizerInfo`]). As
+/// upstream's `tokenizer(text)`, the tokenizer neither pads nor truncates unless asked.
+#[derive(Debug, Clone)]
+pub struct PreTrainedTokenizerFast {
+    tokenizer: Tokenizer,
+    config: Map<String, Value>,
+    info: TokenizerInfo,
+}
+
+impl PreTrainedTokenizerFast {
+    /// A tokenizer with `config` (`tokenizer_config.json`'s keys: special tokens,
+    /// `padding_side`, `model_max_length`, ...).
+    pub fn new(tokenizer: Tokenizer, config: Map<String, Value>) -> Self {
+        let info = TokenizerInfo::from_tokenizer_config(&tokenizer, &Value::Object(config.clone()));
+        Self {
+            tokenizer,
+            config,
+            info,
+        }
+    }
+
+    /// The `tokenizers` tokenizer (`backend_tokenizer`).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Pad / mask ids, padding side, `model_max_length`, special ids: what the collators
+    /// read off upstream's tokenizer.
+    pub fn info(&self) -> &TokenizerInfo {
+        &self.info
+    }
+
+    /// The configuration (`tokenizer_config.json` over `special_tokens_map.json`).
+    pub fn config(&self) -> &Map<String, Value> {
+        &self.config
+    }
+
+    /// Upstream `save_pretrained`: `tokenizer.json` and `tokenizer_config.json` in `dir`
+    /// (created if needed), which [`AutoTokenizer::from_pretrained`] and upstream's read back.
+    pub fn save_pretrained(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let file = dir.join(TOKENIZER_FILE);
+        self.tokenizer
+            .save(&file, true)
+            .map_err(|e| Error::Tokenizer {
+                path: file.clone(),
+                detail: e.to_string(),
+            })?;
+        let mut config = self.config.clone();
+        config
+            .entry("tokenizer_class")
+            .or_insert_with(|| Value::from("PreTrainedTokenizerFast"));
+        let path = dir.join(TOKENIZER_CONFIG_FILE);
+        let text =
+            serde_json::to_string_pretty(&Value::Object(config)).map_err(|e| Error::Tokenizer {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        std::fs::write(&path, text + "\n").map_err(|source| Error::Io { path, source })
+    }
+}
+
+/// Upstream's `AutoTokenizer`.
+#[derive(Debug, Clone, Copy)]
+pub struct AutoTokenizer;
+
+impl AutoTokenizer {
+    /// Upstream `AutoTokenizer.from_pretrained(name_or_path)`: a local folder, else a hub
+    /// repository id (the cache, or a download as for models). The folder's
+    /// `tokenizer.json` with its configuration, or GPT-2's `vocab.json` + `merges.txt`
+    /// (byte-level BPE without a prefix space; `<|endoftext|>` as its bos / eos / unk token).
+    /// A folder with neither is [`Error::MissingFile`] naming `tokenizer.json`.
+    pub fn from_pretrained(name_or_path: impl AsRef<Path>) -> Result<PreTrainedTokenizerFast> {
+        let given = name_or_path.as_ref();
+        let dir = if given.is_dir() {
+            given.to_path_buf()
+        } else {
+            let name = given.to_str().ok_or_else(|| Error::Resolve {
+                name: given.display().to_string(),
+                detail: "not a folder, and not UTF-8 (so not a hub repository id)".into(),
+            })?;
+            resolve(name, &HubOptions::from_env())?
+        };
+        let config = match read_tokenizer_config(&dir).map_err(|e| Error::Tokenizer {
+            path: dir.join(TOKENIZER_CONFIG_FILE),
+            detail: e.to_string(),
+        })? {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        if dir.join(TOKENIZER_FILE).is_file() {
+            return Ok(PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config));
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if vocab.is_file() && merges.is_file() {
+            let tokenizer = gpt2_tokenizer(&vocab, &merges)?;
+            let mut config = config;
+            if tokenizer.token_to_id(GPT2_SPECIAL).is_some() {
+                for key in ["bos_token", "eos_token", "unk_token"] {
+                    config
+                        .entry(key)
+                        .or_insert_with(|| Value::from(GPT2_SPECIAL));
+                }
+            }
+            config
+                .entry("tokenizer_class")
+                .or_insert_with(|| Value::from("GPT2Tokenizer"));
+            return Ok(PreTrainedTokenizerFast::new(tokenizer, config));
+        }
+        Err(Error::MissingFile {
+            path: dir.join(TOKENIZER_FILE),
+            fix: "a tokenizer folder needs tokenizer.json (or GPT-2's vocab.json and merges.txt); save one with `tokenizer.save_pretrained(dir)`",
+        })
+    }
+}
