@@ -3,28 +3,12 @@
 //! `tchtrain-sys`'s `csrc/autocast.cpp` (tch 0.26's own `autocast` drives only CUDA).
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 
-use tch::{Device, Kind, TchError};
+use tch::{Device, Kind};
 
 use crate::error::{Error, Result};
-
-fn check(err: *mut c_char) -> Result<()> {
-    // SAFETY: `err` is what a shim function just returned.
-    unsafe { tchtrain_sys::take_error(err) }.map_err(|msg| TchError::Torch(msg).into())
-}
-
-/// The shim's device code and index: 0 = CPU, 1 = CUDA.
-fn device_code(device: Device) -> Result<(c_int, c_int)> {
-    match device {
-        Device::Cpu => Ok((0, 0)),
-        Device::Cuda(i) => Ok((1, i as c_int)),
-        other => Err(Error::InvalidArgument {
-            field: "device",
-            detail: format!("{other:?} is neither the CPU nor a CUDA device"),
-        }),
-    }
-}
+use crate::ffi::{check, device_code};
 
 /// c10::ScalarType codes of the kinds autocast takes.
 fn scalar_type(kind: Kind) -> Result<c_int> {

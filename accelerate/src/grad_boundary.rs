@@ -3,17 +3,13 @@
 //! hidden states entering and leaving each layer (`zero_layers.rs`).
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 
 use tch::{TchError, Tensor};
 use tchtrain_sys::C_tensor;
 
 use crate::error::Result;
-
-fn check(err: *mut c_char) -> Result<()> {
-    // SAFETY: `err` is what a shim function just returned.
-    unsafe { tchtrain_sys::take_error(err) }.map_err(|msg| TchError::Torch(msg).into())
-}
+use crate::ffi::check;
 
 /// What a gradient boundary runs in the backward: `Err` carries a message for the log; the
 /// caller keeps the typed error itself.

@@ -46,9 +46,11 @@
 mod accelerator;
 mod autocast;
 mod error;
+mod ffi;
 mod flat;
 mod grad_boundary;
 mod operations;
+mod random;
 mod state;
 mod zero;
 mod zero_layers;
@@ -61,5 +63,6 @@ pub use autocast::AutocastGuard;
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};
 pub use operations::concat_padded;
+pub use random::{get_rng_state, set_rng_state};
 pub use state::{PartialState, backend_for};
 pub use zero::{ShardMemory, ZeroEngine, ZeroStage, optimizer_state_bytes, unit_of};

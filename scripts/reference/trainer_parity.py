@@ -92,6 +92,21 @@ def write_run(name, trainer, result, model):
     shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
 
 
+def minilm_args(name):
+    return common_args(
+        name,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_train_epochs=3,
+        learning_rate=5e-5,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        weight_decay=0.01,
+        eval_strategy="epoch",
+    )
+
+
 def minilm_cls():
     folder = OUT / "minilm_cls"
     folder.mkdir()
@@ -119,18 +134,7 @@ def minilm_cls():
     )
     model.save_pretrained(folder / "initial")
     model = tf.BertForSequenceClassification.from_pretrained(folder / "initial")
-    args = common_args(
-        "minilm_cls",
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=8,
-        gradient_accumulation_steps=2,
-        num_train_epochs=3,
-        learning_rate=5e-5,
-        lr_scheduler_type="linear",
-        warmup_steps=2,
-        weight_decay=0.01,
-        eval_strategy="epoch",
-    )
+    args = minilm_args("minilm_cls")
     trainer = tf.Trainer(
         model=model,
         args=args,
@@ -160,18 +164,7 @@ def minilm_weighted(data, tok):
     folder = OUT / "minilm_weighted"
     folder.mkdir()
     model = tf.BertForSequenceClassification.from_pretrained(OUT / "minilm_cls" / "initial")
-    args = common_args(
-        "minilm_weighted",
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=8,
-        gradient_accumulation_steps=2,
-        num_train_epochs=3,
-        learning_rate=5e-5,
-        lr_scheduler_type="linear",
-        warmup_steps=2,
-        weight_decay=0.01,
-        eval_strategy="epoch",
-    )
+    args = minilm_args("minilm_weighted")
     trainer = WeightedLossTrainer(
         model=model,
         args=args,

@@ -8,6 +8,10 @@
 //! generator (`tch::manual_seed`, dropout, a model's initialisation, an unseeded collator)
 //! takes [`lock`] for its whole run.
 
+mod log_history;
+
+pub use log_history::{MaxRel, assert_exact, compare, rel};
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 

@@ -30,7 +30,6 @@ use tchtrain_models::{TrainableModel, read_checkpoint};
 use tchtrain_optim::{OPTIMIZER_STATE_NAME, SCHEDULER_NAME};
 
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::trainer::Trainer;
 
 /// Prefix of checkpoint folders (`checkpoint-{step}`).
@@ -48,9 +47,9 @@ pub const RNG_GENERATOR_STATE_NAME: &str = "rng_state.safetensors";
 /// Writes the default generators' states (`cpu`, and `cuda` when training on a GPU) into
 /// `dir/rng_state.safetensors` (upstream `_save_rng_state`).
 pub(crate) fn save_generator_states(dir: &Path, device: Device) -> Result<()> {
-    let mut named = vec![("cpu", ffi::rng_state(Device::Cpu)?)];
+    let mut named = vec![("cpu", tchtrain_accelerate::get_rng_state(Device::Cpu)?)];
     if device.is_cuda() {
-        named.push(("cuda", ffi::rng_state(device)?));
+        named.push(("cuda", tchtrain_accelerate::get_rng_state(device)?));
     }
     let path = dir.join(RNG_GENERATOR_STATE_NAME);
     Tensor::write_safetensors(&named, &path).map_err(|e| Error::InvalidCheckpoint {
@@ -93,7 +92,7 @@ pub(crate) fn read_generator_states(
             }
             return Err(invalid(format!("no `{key}` generator state")));
         };
-        let current = ffi::rng_state(dev)?;
+        let current = tchtrain_accelerate::get_rng_state(dev)?;
         if state.kind() != current.kind() || state.size() != current.size() {
             return Err(invalid(format!(
                 "the `{key}` state is {:?} {:?}, libtorch's is {:?} {:?}",
@@ -112,7 +111,7 @@ pub(crate) fn read_generator_states(
 pub(crate) fn restore_generator_states(states: &[(String, Tensor)], device: Device) -> Result<()> {
     for (key, state) in states {
         let dev = if key == "cuda" { device } else { Device::Cpu };
-        ffi::set_rng_state(dev, state)?;
+        tchtrain_accelerate::set_rng_state(dev, state)?;
     }
     Ok(())
 }

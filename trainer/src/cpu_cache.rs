@@ -20,8 +20,6 @@
 //! `TCHTRAIN_CPU_CACHE_MB` sets the cap in MiB (default [`DEFAULT_LIMIT_MB`]); `0` turns the
 //! cache off.
 
-use crate::ffi;
-
 /// The default cap on cached free bytes, in MiB.
 pub const DEFAULT_LIMIT_MB: u64 = 1024;
 
@@ -54,7 +52,7 @@ impl CpuMemoryCache {
     /// holders applies). `None` when `limit_bytes` is 0 or another allocator of higher
     /// priority is installed.
     pub fn with_limit(limit_bytes: u64) -> Option<Self> {
-        if limit_bytes == 0 || !ffi::cpu_cache_acquire(limit_bytes) {
+        if limit_bytes == 0 || !cpu_cache_acquire(limit_bytes) {
             return None;
         }
         Some(Self { _private: () })
@@ -81,7 +79,7 @@ impl CpuMemoryCache {
 
     /// The allocator's counters.
     pub fn stats() -> CpuMemoryCacheStats {
-        let (hits, misses, cached_bytes, peak_cached_bytes) = ffi::cpu_cache_stats();
+        let (hits, misses, cached_bytes, peak_cached_bytes) = cpu_cache_stats();
         CpuMemoryCacheStats {
             hits,
             misses,
@@ -93,6 +91,34 @@ impl CpuMemoryCache {
 
 impl Drop for CpuMemoryCache {
     fn drop(&mut self) {
-        ffi::cpu_cache_release();
+        cpu_cache_release();
     }
+}
+
+/// Installs `tchtrain-sys`'s caching allocator (`csrc/cpu_cache.cpp`) as libtorch's CPU allocator, or joins
+/// its current holders; `limit` caps the bytes of free blocks it keeps. False when another
+/// allocator of higher priority is in place (nothing changed then).
+#[allow(unsafe_code)]
+fn cpu_cache_acquire(limit: u64) -> bool {
+    // SAFETY: a plain value; the shim catches every C++ exception.
+    unsafe { tchtrain_sys::tchtrain_cpu_cache_acquire(limit) }
+}
+
+/// Leaves the holders; the last one restores the previous allocator and frees the cache.
+#[allow(unsafe_code)]
+fn cpu_cache_release() {
+    // SAFETY: no arguments; the shim catches every C++ exception.
+    unsafe { tchtrain_sys::tchtrain_cpu_cache_release() }
+}
+
+/// (reuses, fresh large allocations, bytes cached now, most bytes cached at once), counted
+/// since the process started.
+#[allow(unsafe_code)]
+fn cpu_cache_stats() -> (u64, u64, u64, u64) {
+    let (mut hits, mut misses, mut cached, mut peak) = (0, 0, 0, 0);
+    // SAFETY: the out-pointers point at live locals for the duration of the call.
+    unsafe {
+        tchtrain_sys::tchtrain_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak)
+    };
+    (hits, misses, cached, peak)
 }

@@ -20,7 +20,6 @@ mod checkpoint;
 mod cpu_cache;
 mod error;
 mod evaluation;
-mod ffi;
 mod hooks;
 mod metrics;
 mod model_info;

@@ -2,44 +2,59 @@
 //! MiniLM sequence classification, against upstream's `CustomTrainer` on the same job
 //! (scripts/reference/trainer_parity.py, `minilm_weighted`): every logged value equal.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tch::Device;
-use tchtrain_collators::{DataCollatorWithPadding, Feature, Label};
 use tchtrain_data::InMemoryDataset;
+use tchtrain_datasets::Table;
 use tchtrain_examples::custom_loss::WeightedLoss;
-use tchtrain_models::{AutoTask, AutoTokenizer, LoadOptions, from_pretrained_dir};
+use tchtrain_examples::{
+    ClassificationLabels, TextClassificationOptions, tokenize_text_classification,
+};
+use tchtrain_models::{
+    AutoTask, AutoTokenizer, LoadOptions, PreTrainedModel, PreTrainedTokenizerFast,
+    from_pretrained_dir,
+};
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
 
-use crate::examples_mlm_ner::{assert_exact, compare, read_json};
+use tchtrain_testing::{assert_exact, compare};
 
-/// minilm_cls's rows: the reference's token ids, labels by their index in its sorted list.
+use crate::examples_mlm_ner::read_json;
+
+/// minilm_cls's rows tokenized as run_classification does (upstream's ids: checked by
+/// `tokenize_text_classification_gives_upstreams_ids`).
 fn rows(split: &str) -> Result<InMemoryDataset> {
     let dir = assets().join("reference/trainer_parity/minilm_cls");
-    let ids = read_json(dir.join("ids.json"))?;
-    let names: Vec<String> = serde_json::from_value(ids["labels"].clone())?;
-    let ids: Vec<Vec<i64>> = serde_json::from_value(ids[split].clone())?;
-    let lines = std::fs::read_to_string(dir.join(format!("{split}.jsonl")))?;
-    let rows = ids
-        .into_iter()
-        .zip(lines.lines())
-        .map(|(input_ids, line)| {
-            let row: serde_json::Value = serde_json::from_str(line)?;
-            let class = names
-                .iter()
-                .position(|n| Some(n.as_str()) == row["label"].as_str())
-                .context("a label outside ids.json's list")?;
-            Ok(Feature {
-                attention_mask: Some(vec![1; input_ids.len()]),
-                token_type_ids: Some(vec![0; input_ids.len()]),
-                input_ids,
-                labels: Some(Label::Class(class as i64)),
-                ..Feature::default()
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(InMemoryDataset::new(rows))
+    let tok = AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let labels = ClassificationLabels::from_table(&Table::read(dir.join("train.jsonl"))?, "label")?;
+    let options = TextClassificationOptions {
+        max_seq_length: 64,
+        pad_to_max_length: false,
+        ..TextClassificationOptions::default()
+    };
+    let table = Table::read(dir.join(format!("{split}.jsonl")))?;
+    Ok(tokenize_text_classification(
+        &table,
+        tok.tokenizer(),
+        &labels,
+        &options,
+    )?)
+}
+
+/// MiniLM under minilm_cls's fresh 2-label head, and its tokenizer.
+fn model_and_tokenizer() -> Result<(Box<dyn PreTrainedModel>, PreTrainedTokenizerFast)> {
+    let model = from_pretrained_dir(
+        &assets().join("reference/trainer_parity/minilm_cls/initial"),
+        AutoTask::SequenceClassification { num_labels: None },
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    Ok((
+        model,
+        AutoTokenizer::from_pretrained(assets().join("minilm"))?,
+    ))
 }
 
 #[test]
@@ -67,20 +82,11 @@ fn the_documented_weighted_loss_matches_upstreams_custom_trainer() -> Result<()>
         ..TrainingArguments::new(out.display().to_string())
     };
     args.post_init()?;
-    let model = from_pretrained_dir(
-        &reference.join("minilm_cls/initial"),
-        AutoTask::SequenceClassification { num_labels: None },
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model;
-    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
-        .info()
-        .clone();
+    let (model, tok) = model_and_tokenizer()?;
     let mut trainer = Trainer::builder(model, args)
         .train_dataset(rows("train")?)
         .eval_dataset(rows("eval")?)
-        .data_collator(DataCollatorWithPadding::new(info))
+        .processing_class(tok)
         .hooks(WeightedLoss::new(vec![1.0, 3.0]))
         .build()?;
     trainer.train(None)?;
@@ -92,16 +98,7 @@ fn the_documented_weighted_loss_matches_upstreams_custom_trainer() -> Result<()>
     assert_exact("weighted loss", &m);
 
     // One weight per label, or a clear error before any step.
-    let model = from_pretrained_dir(
-        &reference.join("minilm_cls/initial"),
-        AutoTask::SequenceClassification { num_labels: None },
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model;
-    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
-        .info()
-        .clone();
+    let (model, tok) = model_and_tokenizer()?;
     let args = TrainingArguments {
         max_steps: 1,
         use_cpu: true,
@@ -111,7 +108,7 @@ fn the_documented_weighted_loss_matches_upstreams_custom_trainer() -> Result<()>
     };
     let err = Trainer::builder(model, args)
         .train_dataset(rows("train")?)
-        .data_collator(DataCollatorWithPadding::new(info))
+        .processing_class(tok)
         .hooks(WeightedLoss::new(vec![1.0, 2.0, 3.0]))
         .build()?
         .train(None)

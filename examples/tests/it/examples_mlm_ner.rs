@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, ensure};
-use tchtrain_callbacks::{JsonMap, JsonValue, TrainerState};
+use tchtrain_callbacks::TrainerState;
 use tchtrain_collators::Label;
 use tchtrain_data::Dataset;
 use tchtrain_examples::run_ner::tokenize_and_align_labels;
 use tchtrain_examples::{Error, exit_code, run_mlm, run_ner, seqeval};
 use tchtrain_models::AutoTokenizer;
-use tchtrain_testing::{asset, assets, lock};
+use tchtrain_testing::{assert_exact, asset, assets, compare, lock, rel};
 
 fn reference(rel: &str) -> String {
     asset(&format!("reference/trainer_mlm_ner/{rel}"))
@@ -61,92 +61,6 @@ fn common_flags(out: &Path) -> Vec<String> {
 
 fn flags(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
-}
-
-fn num(entry: &JsonMap, key: &str) -> Option<f64> {
-    entry.get(key).and_then(JsonValue::as_f64)
-}
-
-fn rel(a: f64, b: f64) -> f64 {
-    if a == b {
-        return 0.0;
-    }
-    (a - b).abs() / b.abs().max(1e-12)
-}
-
-/// The largest relative differences over a run's log.
-#[derive(Debug, Default)]
-pub(crate) struct MaxRel {
-    loss: f64,
-    grad_norm: f64,
-    learning_rate: f64,
-    eval_loss: f64,
-}
-
-/// Compares the example's `log_history` with upstream's entry by entry: same steps and
-/// epochs, and the returned relative differences on the logged values.
-pub(crate) fn compare(
-    name: &str,
-    ours: &[JsonMap],
-    expected: &serde_json::Value,
-) -> Result<MaxRel> {
-    let expected = expected.as_array().context("log_history")?;
-    assert_eq!(ours.len(), expected.len(), "{name}: number of log entries");
-    let mut m = MaxRel::default();
-    for (i, (o, e)) in ours.iter().zip(expected).enumerate() {
-        let e_num = |k: &str| e.get(k).and_then(serde_json::Value::as_f64);
-        assert_eq!(
-            o.get("step").and_then(JsonValue::as_i64),
-            e["step"].as_i64(),
-            "{name} entry {i}: step"
-        );
-        let (oe, ee) = (num(o, "epoch").context("epoch")?, e_num("epoch").unwrap());
-        assert!(rel(oe, ee) < 1e-12, "{name} entry {i}: epoch {oe} vs {ee}");
-        if let Some(want) = e_num("loss") {
-            m.loss = m.loss.max(rel(num(o, "loss").context("loss")?, want));
-            m.grad_norm = m.grad_norm.max(rel(
-                num(o, "grad_norm").context("grad_norm")?,
-                e_num("grad_norm").context("upstream grad_norm")?,
-            ));
-            m.learning_rate = m.learning_rate.max(rel(
-                num(o, "learning_rate").context("learning_rate")?,
-                e_num("learning_rate").context("upstream learning_rate")?,
-            ));
-        }
-        if let Some(want) = e_num("eval_loss") {
-            m.eval_loss = m
-                .eval_loss
-                .max(rel(num(o, "eval_loss").context("eval_loss")?, want));
-        }
-        if let Some(want) = e_num("train_loss") {
-            let got = num(o, "train_loss").context("train_loss")?;
-            assert_eq!(got, want, "{name}: train_loss");
-            assert_eq!(
-                num(o, "total_flos"),
-                e_num("total_flos"),
-                "{name}: total_flos"
-            );
-        }
-    }
-    println!(
-        "{name}: max relative difference loss {:.2e}, grad_norm {:.2e}, learning_rate {:.2e}, eval_loss {:.2e}",
-        m.loss, m.grad_norm, m.learning_rate, m.eval_loss
-    );
-    Ok(m)
-}
-
-/// Every logged value equal to upstream's, to the bit: the same libtorch (the Rust side
-/// links the reference virtualenv's), the same op order and the same thread count as the
-/// reference run, so the same bits at every step.
-pub(crate) fn assert_exact(name: &str, m: &MaxRel) {
-    assert!(m.loss == 0.0, "{name}: loss {:e}", m.loss);
-    assert!(m.grad_norm == 0.0, "{name}: grad_norm {:e}", m.grad_norm);
-    assert!(
-        m.learning_rate == 0.0,
-        "{name}: learning_rate {:e}",
-        m.learning_rate
-    );
-    assert!(m.eval_loss == 0.0, "{name}: eval_loss {:e}", m.eval_loss);
 }
 
 #[test]

@@ -54,12 +54,6 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// Parameters that cannot be sharded, or shards that do not fit the layout.
-    #[error("ZeRO sharding: {detail}")]
-    Sharding {
-        /// What is wrong.
-        detail: String,
-    },
     /// A ZeRO checkpoint that cannot be read or does not fit this model / world.
     #[error("ZeRO checkpoint {}: {detail}", path.display())]
     Checkpoint {
