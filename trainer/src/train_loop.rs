@@ -299,9 +299,14 @@ impl Trainer {
                 }
                 checkpoint::check_rng_state(ckpt, self)?;
                 point.generator_states = checkpoint::read_generator_states(ckpt, self.device())?;
-                let stateful = self.state.stateful_callbacks.clone();
-                self.callback_handler
-                    .load_callback_state(&stateful, &mut self.control)?;
+                // Upstream `_load_callback_state`: only with
+                // `restore_callback_states_from_checkpoint` (default false); the stored states
+                // stay in `stateful_callbacks` either way.
+                if self.args.restore_callback_states_from_checkpoint {
+                    let stateful = self.state.stateful_callbacks.clone();
+                    self.callback_handler
+                        .load_callback_state(&stateful, &mut self.control)?;
+                }
                 let step = self.state.global_step.max(0) as usize;
                 point.epochs_trained = step / values.num_update_steps_per_epoch;
                 if !self.args.ignore_data_skip {

@@ -345,6 +345,12 @@ impl HfTrainerDeepSpeedConfig {
 
     /// The Trainer's DeepSpeed constraints that do not depend on the model.
     pub fn check_trainer_compat(&self, args: &TrainingArguments) -> Result<()> {
+        // Upstream `Trainer.__init__`, in its order.
+        if args.save_only_model && args.load_best_model_at_end {
+            return Err(Error::Unsupported {
+                what: "DeepSpeed can't be used with `save_only_model` along with `load_best_model_at_end`.",
+            });
+        }
         if self.is_zero3() && args.auto_find_batch_size {
             return Err(Error::Unsupported {
                 what: "`auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3",

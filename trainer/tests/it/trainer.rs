@@ -636,3 +636,77 @@ fn predict_returns_predictions_labels_and_test_metrics() -> Result<()> {
     assert_eq!(metrics["eval_rows"], 6.0);
     Ok(())
 }
+
+/// Counts the optimizer steps it saw; its count is saved in checkpoints.
+#[derive(Debug, Default)]
+struct StepCounter {
+    seen: i64,
+}
+
+impl tchtrain_callbacks::TrainerCallback for StepCounter {
+    fn exportable_state(&self) -> Option<tchtrain_callbacks::CallbackState> {
+        let mut attributes = JsonMap::new();
+        attributes.insert("seen", self.seen);
+        Some(tchtrain_callbacks::CallbackState {
+            args: JsonMap::new(),
+            attributes,
+        })
+    }
+
+    fn load_state(&mut self, state: &tchtrain_callbacks::CallbackState) -> tchtrain_callbacks::Result<bool> {
+        self.seen = state.attributes.get("seen").and_then(JsonValue::as_i64).unwrap_or(0);
+        Ok(true)
+    }
+
+    fn on_step_end(
+        &mut self,
+        _: &TrainingArguments,
+        _: &tchtrain_callbacks::TrainerState,
+        _: &mut tchtrain_callbacks::TrainerControl,
+    ) -> tchtrain_callbacks::Result<()> {
+        self.seen += 1;
+        Ok(())
+    }
+}
+
+/// Upstream's `restore_callback_states_from_checkpoint` (default false): a resumed run's
+/// callbacks start fresh unless it is set; then they continue from the checkpoint's states.
+#[test]
+fn callback_states_are_restored_only_when_asked() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("callback-states");
+    let seen_after_resume = |restore: bool| -> Result<i64> {
+        let mut args = small_args(&out.join(format!("resumed-{restore}")))?;
+        args.restore_callback_states_from_checkpoint = restore;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .callback(StepCounter::default())
+            .build()?;
+        trainer.train(Some(tchtrain_trainer::ResumeFrom::Path(out.join("checkpoint-4"))))?;
+        let states = trainer.callback_handler.exportable_states(&trainer.control);
+        let (_, state) = states
+            .iter()
+            .find(|(name, _)| name == "StepCounter")
+            .context("the counter's state")?;
+        Ok(state
+            .as_object()
+            .and_then(|m| m.get("attributes"))
+            .and_then(JsonValue::as_object)
+            .and_then(|a| a.get("seen"))
+            .and_then(JsonValue::as_i64)
+            .context("seen")?)
+    };
+    // The full run saves checkpoint-4 with the counter at 4 (and keeps it).
+    let mut args = small_args(&out)?;
+    args.save_total_limit = None;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .callback(StepCounter::default())
+        .build()?;
+    trainer.train(None)?;
+    // Steps 5..=10 after the resume: 6 fresh, or 4 + 6 restored.
+    assert_eq!(seen_after_resume(false)?, 6);
+    assert_eq!(seen_after_resume(true)?, 10);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}

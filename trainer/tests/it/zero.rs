@@ -689,6 +689,24 @@ fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message()
         err,
         "deepspeed: `auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3"
     );
+    // save_only_model with load_best_model_at_end: upstream's refusal under DeepSpeed too.
+    let mut args = job_args(
+        &dir.join("out"),
+        B,
+        Some(json!({"zero_optimization": {"stage": 3}})),
+        None,
+    )?;
+    args.save_only_model = true;
+    args.load_best_model_at_end = true;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 32)?)
+        .eval_dataset(blocks("eval", 12)?)
+        .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "deepspeed: DeepSpeed can't be used with `save_only_model` along with `load_best_model_at_end`."
+    );
     // --fsdp with --deepspeed.
     let args = job_args(
         &dir.join("out"),
