@@ -428,6 +428,7 @@ impl TrainerBuilder {
     /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
+        refuse_unavailable(&self.args)?;
         let mut model = self.model;
         // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else CUDA device 0 when
         // there is one (`LOCAL_RANK`'s device in a multi-GPU run, which ProcessGroupNCCL
@@ -899,4 +900,24 @@ fn create_accelerator(
             bucket_cap_mb: args.ddp_bucket_cap_mb.map(|mb| mb as f64),
         },
     )?)
+}
+
+/// Arguments this build cannot honour, refused by name before anything is built (never
+/// accepted and ignored): `torch_compile` (also set by `post_init` when a
+/// `torch_compile_backend` / `torch_compile_mode` is given) and `push_to_hub` (which the
+/// `hub_*` fields only configure).
+fn refuse_unavailable(args: &TrainingArguments) -> Result<()> {
+    if args.torch_compile {
+        return Err(Error::InvalidArgument {
+            field: "torch_compile",
+            detail: "torch.compile (TorchDynamo and its backends) is Python-only: libtorch has no graph compiler to run the model through; remove --torch_compile (and --torch_compile_backend / --torch_compile_mode)".into(),
+        });
+    }
+    if args.push_to_hub {
+        return Err(Error::InvalidArgument {
+            field: "push_to_hub",
+            detail: "uploading to the Hugging Face Hub is not implemented; the checkpoints and the final model in output_dir are in upstream's layout: upload them with `huggingface-cli upload` (or huggingface_hub) and remove --push_to_hub".into(),
+        });
+    }
+    Ok(())
 }

@@ -653,8 +653,15 @@ impl tchtrain_callbacks::TrainerCallback for StepCounter {
         })
     }
 
-    fn load_state(&mut self, state: &tchtrain_callbacks::CallbackState) -> tchtrain_callbacks::Result<bool> {
-        self.seen = state.attributes.get("seen").and_then(JsonValue::as_i64).unwrap_or(0);
+    fn load_state(
+        &mut self,
+        state: &tchtrain_callbacks::CallbackState,
+    ) -> tchtrain_callbacks::Result<bool> {
+        self.seen = state
+            .attributes
+            .get("seen")
+            .and_then(JsonValue::as_i64)
+            .unwrap_or(0);
         Ok(true)
     }
 
@@ -682,7 +689,9 @@ fn callback_states_are_restored_only_when_asked() -> Result<()> {
             .train_dataset(small_train()?)
             .callback(StepCounter::default())
             .build()?;
-        trainer.train(Some(tchtrain_trainer::ResumeFrom::Path(out.join("checkpoint-4"))))?;
+        trainer.train(Some(tchtrain_trainer::ResumeFrom::Path(
+            out.join("checkpoint-4"),
+        )))?;
         let states = trainer.callback_handler.exportable_states(&trainer.control);
         let (_, state) = states
             .iter()
@@ -708,5 +717,36 @@ fn callback_states_are_restored_only_when_asked() -> Result<()> {
     assert_eq!(seen_after_resume(false)?, 6);
     assert_eq!(seen_after_resume(true)?, 10);
     let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+/// Arguments this build cannot honour are refused by name when the Trainer is built, not
+/// accepted and ignored.
+#[test]
+fn torch_compile_and_push_to_hub_are_refused_by_name() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("refused");
+    std::fs::create_dir_all(&dir)?;
+    let cases: [(&str, fn(&mut tchtrain_training_args::TrainingArguments)); 3] = [
+        ("torch_compile", |a| a.torch_compile = true),
+        // post_init turns torch_compile on when a backend is named, as upstream.
+        ("torch_compile", |a| {
+            a.torch_compile_backend = Some("inductor".into());
+        }),
+        ("push_to_hub", |a| a.push_to_hub = true),
+    ];
+    for (field, set) in cases {
+        let mut args = small_args(&dir)?;
+        set(&mut args);
+        args.post_init()?;
+        let err = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()
+            .expect_err(field);
+        assert!(
+            err.to_string().starts_with(&format!("invalid `{field}`: ")),
+            "{err}"
+        );
+    }
     Ok(())
 }
