@@ -37,6 +37,8 @@ where
         }
         Err(e) => return Err(e.into()),
     };
+    // Upstream's scripts: `logging.basicConfig(...)`, then the process's log level.
+    tchtrain_trainer::init_logging(&parsed.args);
     for w in parsed.warnings() {
         log::warn!("{w}");
     }

@@ -21,6 +21,7 @@ mod cpu_cache;
 mod error;
 mod evaluation;
 mod hooks;
+mod logging;
 mod metrics;
 mod model_info;
 mod numpy_mean;
@@ -50,6 +51,7 @@ pub use hooks::{
     default_get_test_dataloader, default_get_train_dataloader, default_log, default_predict,
     default_prediction_step, default_training_step,
 };
+pub use logging::{get_process_log_level, init_logging};
 pub use metrics::{
     ComputeMetrics, EvalPrediction, Metrics, PredictionOutput, PreprocessLogits, TrainOutput,
     speed_metrics,

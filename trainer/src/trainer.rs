@@ -429,6 +429,8 @@ impl TrainerBuilder {
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
         refuse_unavailable(&self.args)?;
+        // Upstream: `logging.set_verbosity(args.get_process_log_level())`.
+        crate::logging::init_logging(&self.args);
         let mut model = self.model;
         // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else CUDA device 0 when
         // there is one (`LOCAL_RANK`'s device in a multi-GPU run, which ProcessGroupNCCL

@@ -173,3 +173,37 @@ fn a_user_model_on_two_ranks_equals_one_process_accumulating_their_batches() -> 
     assert_eq!(two, one);
     Ok(())
 }
+
+/// The process's log (`log_level`): a script's warnings reach stderr — here the Trainer's
+/// note that `--fp16` trains in fp32 on the CPU, as upstream's — and `--log_level error`
+/// silences them.
+#[test]
+fn warnings_reach_stderr_at_the_asked_log_level() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("custom-model-log");
+    let run = |name: &str, extra: &[&str]| -> Result<String> {
+        let mut args = argv(
+            &dir.join(name),
+            &["--max_steps", "1", "--save_strategy", "no", "--fp16"],
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_custom_model"))
+            .args(&args)
+            .env_remove("RUST_LOG")
+            .output()?;
+        ensure!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let warned = run("default", &[])?;
+    assert!(
+        warned.contains("WARN - tchtrain_trainer::train_loop - fp16 has no effect on the CPU"),
+        "{warned}"
+    );
+    let quiet = run("quiet", &["--log_level", "error"])?;
+    assert!(!quiet.contains("fp16 has no effect"), "{quiet}");
+    Ok(())
+}
