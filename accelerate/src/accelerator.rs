@@ -174,6 +174,9 @@ impl Accelerator {
             MixedPrecision::Fp16 if native_fp16 => Some(Kind::Half),
             _ => None,
         };
+        if autocast == Some(Kind::BFloat16) && device == Device::Cpu {
+            warn_bf16_without_native_instructions();
+        }
         Ok(Self {
             state: Arc::new(PartialState::new(device, options.backend, options.timeout)),
             mixed_precision: options.mixed_precision,
@@ -412,7 +415,7 @@ impl Accelerator {
     /// Stage 3: gathers the full parameters into the model (a collective; nothing otherwise),
     /// as `GatheredParameters` / `unwrap_model` before the model is read whole.
     pub fn gather_parameters(&self) -> Result<()> {
-        self.zero_op(|pg, engine| Ok(engine.gather(pg)?))?;
+        self.zero_op(|pg, engine| engine.gather(pg))?;
         Ok(())
     }
 
@@ -471,7 +474,7 @@ impl Accelerator {
             self.state
                 .with_process_group(|pg| Ok(ddp.all_reduce_gradients(pg)?))?;
         }
-        self.zero_op(|pg, engine| Ok(engine.reduce_gradients(pg)?))?;
+        self.zero_op(|pg, engine| engine.reduce_gradients(pg))?;
         Ok(())
     }
 
@@ -486,7 +489,7 @@ impl Accelerator {
         optimizer: &dyn Optimizer,
     ) -> Result<Tensor> {
         self.reduce_gradients()?;
-        if let Some(norm) = self.zero_op(|pg, engine| Ok(engine.clip_grad_norm(pg, max_norm)?))? {
+        if let Some(norm) = self.zero_op(|pg, engine| engine.clip_grad_norm(pg, max_norm))? {
             return Ok(Tensor::from(norm));
         }
         if let Some(mut s) = self.scaler() {
@@ -524,7 +527,7 @@ impl Accelerator {
         };
         self.zero_op(|pg, engine| {
             engine.after_step(pg)?;
-            Ok(engine.zero_grad()?)
+            engine.zero_grad()
         })?;
         self.gradients_reduced.store(false, Ordering::Relaxed);
         Ok(skipped)
@@ -620,6 +623,38 @@ impl Accelerator {
     }
 }
 
+/// Says once per process that bf16 runs on a CPU without native bfloat16 instructions
+/// (upstream says nothing; training goes on as asked).
+fn warn_bf16_without_native_instructions() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if cpu_has_native_bf16() == Some(false) {
+        ONCE.call_once(|| {
+            log::warn!(
+                "bf16 on a CPU without native bfloat16 instructions (no AVX512-BF16 / AMX-BF16): \
+                 libtorch emulates bfloat16 there, and a bf16 step is typically an order of \
+                 magnitude slower than the same step in fp32 (upstream's Trainer is as slow); \
+                 training continues as asked"
+            );
+        });
+    }
+}
+
+/// Whether this CPU has native bfloat16 arithmetic (x86's `avx512_bf16` / `amx_bf16`, Arm's
+/// `bf16`), from `/proc/cpuinfo`; `None` where that cannot be read.
+pub fn cpu_has_native_bf16() -> Option<bool> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    Some(cpuinfo_has_native_bf16(&info))
+}
+
+/// [`cpu_has_native_bf16`] on the text of `/proc/cpuinfo` (x86 `flags`, Arm `Features`).
+fn cpuinfo_has_native_bf16(info: &str) -> bool {
+    info.lines()
+        .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
+        .filter_map(|l| l.split_once(':').map(|(_, v)| v))
+        .flat_map(str::split_whitespace)
+        .any(|f| matches!(f, "avx512_bf16" | "amx_bf16" | "bf16"))
+}
+
 /// `reduction` of [`Accelerator::reduce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduction {
@@ -659,5 +694,21 @@ impl ForwardScope {
             Some(e) => Err(e.into()),
             None => out,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_bf16_from_cpuinfo_flags() {
+        let avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n";
+        assert!(!cpuinfo_has_native_bf16(avx2));
+        let sapphire = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n";
+        assert!(cpuinfo_has_native_bf16(sapphire));
+        let graviton3 = "Features\t: fp asimd sve bf16 i8mm\n";
+        assert!(cpuinfo_has_native_bf16(graviton3));
+        assert!(!cpuinfo_has_native_bf16("flags\t\t: avx512f avx512bw\n"));
     }
 }

@@ -57,7 +57,7 @@ mod zero_layers;
 
 pub use accelerator::{
     Accelerator, AcceleratorOptions, DistributedType, ForwardScope, MixedPrecision, Reduction,
-    ZeroPlugin,
+    ZeroPlugin, cpu_has_native_bf16,
 };
 pub use autocast::AutocastGuard;
 pub use error::{Error, Result};

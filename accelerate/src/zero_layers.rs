@@ -144,26 +144,23 @@ impl LayerHooks for LayerGather {
     }
 
     fn before_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
-        self.run(|pg, engine| Ok(engine.gather_unit(pg, index)?))?;
+        self.run(|pg, engine| engine.gather_unit(pg, index))?;
         if !self.backward {
             return Ok(hidden);
         }
         // Backward leaves the layer here: its gradients are complete.
         self.boundary(&hidden, move |pg, engine| {
             engine.reduce_unit(pg, index)?;
-            Ok(engine.release_unit(index)?)
+            engine.release_unit(index)
         })
     }
 
     fn after_layer(&self, index: usize, hidden: Tensor) -> std::result::Result<Tensor, String> {
-        self.run(|_, engine| Ok(engine.release_unit(index)?))?;
+        self.run(|_, engine| engine.release_unit(index))?;
         if !self.backward {
             return Ok(hidden);
         }
         // Backward enters the layer here: its parameters are needed again.
-        self.boundary(
-            &hidden,
-            move |pg, engine| Ok(engine.gather_unit(pg, index)?),
-        )
+        self.boundary(&hidden, move |pg, engine| engine.gather_unit(pg, index))
     }
 }

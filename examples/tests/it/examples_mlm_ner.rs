@@ -266,8 +266,7 @@ fn ner_labels_align_with_word_pieces_as_upstream() -> Result<()> {
             )?);
         }
         for (all_tokens, key) in [(false, "labels"), (true, "labels_all_tokens")] {
-            let ds =
-                tokenize_and_align_labels(&tokenizer, &words, &tags, &labels, all_tokens, 512)?;
+            let ds = tokenize_and_align_labels(tokenizer, &words, &tags, &labels, all_tokens, 512)?;
             let want_ids: Vec<Vec<i64>> =
                 serde_json::from_value(ids[format!("{split}_input_ids")].clone())?;
             let want: Vec<Vec<i64>> =

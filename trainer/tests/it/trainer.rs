@@ -697,13 +697,13 @@ fn callback_states_are_restored_only_when_asked() -> Result<()> {
             .iter()
             .find(|(name, _)| name == "StepCounter")
             .context("the counter's state")?;
-        Ok(state
+        state
             .as_object()
             .and_then(|m| m.get("attributes"))
             .and_then(JsonValue::as_object)
             .and_then(|a| a.get("seen"))
             .and_then(JsonValue::as_i64)
-            .context("seen")?)
+            .context("seen")
     };
     // The full run saves checkpoint-4 with the counter at 4 (and keeps it).
     let mut args = small_args(&out)?;
@@ -727,7 +727,8 @@ fn torch_compile_and_push_to_hub_are_refused_by_name() -> Result<()> {
     let _g = lock();
     let dir = temp_dir("refused");
     std::fs::create_dir_all(&dir)?;
-    let cases: [(&str, fn(&mut tchtrain_training_args::TrainingArguments)); 3] = [
+    type Set = fn(&mut TrainingArguments);
+    let cases: [(&str, Set); 3] = [
         ("torch_compile", |a| a.torch_compile = true),
         // post_init turns torch_compile on when a backend is named, as upstream.
         ("torch_compile", |a| {
