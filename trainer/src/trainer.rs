@@ -904,11 +904,22 @@ fn create_accelerator(
     )?)
 }
 
-/// Arguments this build cannot honour, refused by name before anything is built (never
-/// accepted and ignored): `torch_compile` (also set by `post_init` when a
+/// Arguments refused by name before anything is built (never accepted and ignored):
+/// upstream's `Trainer.__init__` check that "best" checkpoints have a metric, and what this
+/// build cannot honour: `torch_compile` (also set by `post_init` when a
 /// `torch_compile_backend` / `torch_compile_mode` is given) and `push_to_hub` (which the
 /// `hub_*` fields only configure).
 fn refuse_unavailable(args: &TrainingArguments) -> Result<()> {
+    // Upstream `Trainer.__init__`: without a metric, "best" would never save.
+    if (args.save_strategy == tchtrain_training_args::SaveStrategy::Best
+        || args.load_best_model_at_end)
+        && args.metric_for_best_model.is_none()
+    {
+        return Err(Error::InvalidArgument {
+            field: "metric_for_best_model",
+            detail: "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if `args.load_best_model_at_end` is set to `True`. (upstream's message); name the metric to compare, e.g. \"loss\" or \"accuracy\"".into(),
+        });
+    }
     if args.torch_compile {
         return Err(Error::InvalidArgument {
             field: "torch_compile",

@@ -723,18 +723,24 @@ fn callback_states_are_restored_only_when_asked() -> Result<()> {
 /// Arguments this build cannot honour are refused by name when the Trainer is built, not
 /// accepted and ignored.
 #[test]
-fn torch_compile_and_push_to_hub_are_refused_by_name() -> Result<()> {
+fn unavailable_or_incomplete_arguments_are_refused_by_name() -> Result<()> {
     let _g = lock();
     let dir = temp_dir("refused");
     std::fs::create_dir_all(&dir)?;
     type Set = fn(&mut TrainingArguments);
-    let cases: [(&str, Set); 3] = [
+    let cases: [(&str, Set); 4] = [
         ("torch_compile", |a| a.torch_compile = true),
         // post_init turns torch_compile on when a backend is named, as upstream.
         ("torch_compile", |a| {
             a.torch_compile_backend = Some("inductor".into());
         }),
         ("push_to_hub", |a| a.push_to_hub = true),
+        // Upstream's Trainer.__init__: "best" checkpoints need a metric.
+        ("metric_for_best_model", |a| {
+            a.save_strategy = SaveStrategy::Best;
+            a.eval_strategy = IntervalStrategy::Steps;
+            a.eval_steps = Some(2.0);
+        }),
     ];
     for (field, set) in cases {
         let mut args = small_args(&dir)?;

@@ -698,6 +698,7 @@ fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message()
     )?;
     args.save_only_model = true;
     args.load_best_model_at_end = true;
+    args.metric_for_best_model = Some("loss".into());
     let mut trainer = Trainer::builder(initial_model()?, args)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
