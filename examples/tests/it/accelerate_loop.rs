@@ -7,24 +7,18 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use tchtrain_callbacks::TrainerState;
 use tchtrain_examples::{accelerate_loop, custom_model};
 use tchtrain_testing::{lock, temp_dir};
 
 /// `(step, loss, grad_norm)` of every optimizer step.
 type Steps = Vec<(usize, f64, f64)>;
 
+/// `(step, loss, grad_norm)` of the Trainer's logged steps.
 fn trainer_steps(out: &Path) -> Result<Steps> {
-    let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
-    state
-        .log_history
-        .iter()
-        .filter(|e| e.get("loss").is_some())
-        .map(|e| {
-            let num = |k: &str| e.get(k).and_then(|v| v.as_f64()).context(k.to_string());
-            Ok((num("step")? as usize, num("loss")?, num("grad_norm")?))
-        })
-        .collect()
+    Ok(crate::custom_model::steps(out)?
+        .into_iter()
+        .map(|(step, loss, grad_norm, _)| (step as usize, loss, grad_norm))
+        .collect())
 }
 
 fn loop_steps(out: &accelerate_loop::AccelerateLoopOutput) -> Steps {

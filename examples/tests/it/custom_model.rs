@@ -11,9 +11,9 @@ use tchtrain_examples::custom_model;
 use tchtrain_testing::{lock, temp_dir};
 
 /// `(step, loss, grad_norm, learning_rate)` of every logged training step.
-type Steps = Vec<(i64, f64, f64, f64)>;
+pub(crate) type Steps = Vec<(i64, f64, f64, f64)>;
 
-fn steps(out: &Path) -> Result<Steps> {
+pub(crate) fn steps(out: &Path) -> Result<Steps> {
     let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
     state
         .log_history
