@@ -49,6 +49,7 @@ fn main() {
     for file in [
         "guard.cpp",
         "autocast.cpp",
+        "backends.cpp",
         "generator.cpp",
         "grad_boundary.cpp",
         "cpu_cache.cpp",

@@ -45,6 +45,7 @@
 
 mod accelerator;
 mod autocast;
+mod backends;
 mod error;
 mod ffi;
 mod flat;
@@ -60,6 +61,10 @@ pub use accelerator::{
     ZeroPlugin, cpu_has_native_bf16,
 };
 pub use autocast::AutocastGuard;
+pub use backends::{
+    allow_tf32_cublas, are_deterministic_algorithms_enabled, clear_device_cache, cuda_major,
+    enable_tf32, is_torch_tf32_available, use_deterministic_algorithms,
+};
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};
 pub use operations::concat_padded;

@@ -5,6 +5,7 @@
 //! | file | what |
 //! |---|---|
 //! | `csrc/autocast.cpp` | `torch.autocast(device_type, dtype)` enter / exit for the CPU or CUDA |
+//! | `csrc/backends.cpp` | `tf32` (fp32 precision), deterministic algorithms, the device allocator's `emptyCache` |
 //! | `csrc/generator.cpp` | the default generators' states (`torch.get_rng_state` / `set_rng_state`) |
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
@@ -86,6 +87,16 @@ unsafe extern "C" {
         f: BoundaryFn,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
+}
+
+// csrc/backends.cpp
+unsafe extern "C" {
+    pub fn tchtrain_set_fp32_precision_tf32(on: c_int) -> *mut c_char;
+    pub fn tchtrain_cuda_capability_major(index: c_int) -> c_int;
+    pub fn tchtrain_allow_tf32_cublas() -> c_int;
+    pub fn tchtrain_set_deterministic(on: c_int, warn_only: c_int) -> *mut c_char;
+    pub fn tchtrain_deterministic_algorithms() -> c_int;
+    pub fn tchtrain_empty_device_cache(device: c_int) -> *mut c_char;
 }
 
 // csrc/cpu_cache.cpp

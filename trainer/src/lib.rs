@@ -20,6 +20,7 @@ mod checkpoint;
 mod cpu_cache;
 mod error;
 mod evaluation;
+mod field_support;
 mod hooks;
 mod logging;
 mod metrics;
@@ -46,6 +47,7 @@ pub use cpu_cache::{
     LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
 pub use error::{Error, Result};
+pub use field_support::{FIELD_SUPPORT, FieldSupport, Support, field_support, markdown_table};
 pub use hooks::{
     default_create_optimizer_and_scheduler, default_evaluate, default_get_eval_dataloader,
     default_get_test_dataloader, default_get_train_dataloader, default_log, default_predict,

@@ -426,6 +426,13 @@ impl Trainer {
                 if let Some(p) = self.loop_state.profile.as_mut() {
                     p.mark_training_step();
                 }
+                // Upstream checks after every micro-step, at the current global step.
+                if let Some(n) = self.args.torch_empty_cache_steps
+                    && n > 0
+                    && self.state.global_step % n == 0
+                {
+                    tchtrain_accelerate::clear_device_cache(self.accelerator.device())?;
+                }
                 self.accumulate_loss(&tr_loss_step)?;
                 self.loop_state.current_flos +=
                     floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);

@@ -444,6 +444,7 @@ impl TrainerBuilder {
             model.var_store_mut().set_device(device);
         }
         let device = model.var_store().device();
+        crate::field_support::check_field_support(&self.args, device, self.args.world_size())?;
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = vec![Box::new(DefaultFlowCallback)];
         callbacks.extend(get_reporting_integration_callbacks(&self.args.report_to)?);
         callbacks.extend(self.callbacks);
@@ -513,6 +514,10 @@ impl TrainerBuilder {
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
         trainer.state.is_world_process_zero = trainer.is_world_process_zero();
+        // Upstream: `enable_full_determinism(seed)` if `full_determinism` else `set_seed(seed)`.
+        if trainer.args.full_determinism {
+            enable_full_determinism()?;
+        }
         tch::manual_seed(trainer.args.seed as i64);
         trainer.callback_handler.on_init_end(
             &trainer.args,
@@ -909,6 +914,27 @@ fn create_accelerator(
 /// build cannot honour: `torch_compile` (also set by `post_init` when a
 /// `torch_compile_backend` / `torch_compile_mode` is given) and `push_to_hub` (which the
 /// `hub_*` fields only configure).
+/// Upstream `enable_full_determinism` (less the seeding the caller does): the CUDA / cuBLAS /
+/// flash-attention environment variables for deterministic kernels, then
+/// `torch.use_deterministic_algorithms(True)` with cuDNN deterministic and not benchmarking.
+#[allow(unsafe_code)]
+fn enable_full_determinism() -> Result<()> {
+    for (key, value) in [
+        ("CUDA_LAUNCH_BLOCKING", "1"),
+        ("CUBLAS_WORKSPACE_CONFIG", ":16:8"),
+        ("ASCEND_LAUNCH_BLOCKING", "1"),
+        ("HCCL_DETERMINISTIC", "1"),
+        ("FLASH_ATTENTION_DETERMINISTIC", "1"),
+    ] {
+        // SAFETY: set while the Trainer is built, before any training thread starts, as
+        // upstream's `os.environ[...] = ...` at `Trainer.__init__`.
+        unsafe { std::env::set_var(key, value) };
+    }
+    Ok(tchtrain_accelerate::use_deterministic_algorithms(
+        true, false,
+    )?)
+}
+
 fn refuse_unavailable(args: &TrainingArguments) -> Result<()> {
     // Upstream `Trainer.__init__`: without a metric, "best" would never save.
     if (args.save_strategy == tchtrain_training_args::SaveStrategy::Best
@@ -918,18 +944,6 @@ fn refuse_unavailable(args: &TrainingArguments) -> Result<()> {
         return Err(Error::InvalidArgument {
             field: "metric_for_best_model",
             detail: "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if `args.load_best_model_at_end` is set to `True`. (upstream's message); name the metric to compare, e.g. \"loss\" or \"accuracy\"".into(),
-        });
-    }
-    if args.torch_compile {
-        return Err(Error::InvalidArgument {
-            field: "torch_compile",
-            detail: "torch.compile (TorchDynamo and its backends) is Python-only: libtorch has no graph compiler to run the model through; remove --torch_compile (and --torch_compile_backend / --torch_compile_mode)".into(),
-        });
-    }
-    if args.push_to_hub {
-        return Err(Error::InvalidArgument {
-            field: "push_to_hub",
-            detail: "uploading to the Hugging Face Hub is not implemented; the checkpoints and the final model in output_dir are in upstream's layout: upload them with `huggingface-cli upload` (or huggingface_hub) and remove --push_to_hub".into(),
         });
     }
     Ok(())

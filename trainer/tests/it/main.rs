@@ -13,6 +13,7 @@ mod dist_faults;
 mod dist_signals;
 mod distributed;
 mod distributed_resume;
+mod fields;
 mod gpu;
 mod hooks;
 mod parity;

@@ -1,0 +1,652 @@
+//! What this Trainer does with each `TrainingArguments` field: one row per field of
+//! upstream's table ([`tchtrain_training_args::field_names`]), in its order. A field is
+//!
+//! - **honoured**: it does what upstream does; the row names the tests that see its effect;
+//! - **inert**: accepted, and no value of it changes a number or a file here (each row says
+//!   why, e.g. a knob of worker processes this loader does not have, or a setting only the Hub
+//!   upload reads); a non-default value is said once in the log at build;
+//! - **partly honoured**: some values honoured, the others refused (the row says which);
+//! - **refused**: any value but upstream's default is an [`Error::InvalidArgument`] naming
+//!   the field, why, and what to use instead, when the Trainer is built.
+//!
+//! Nothing is accepted and ignored. `trainer/tests/it/fields.rs` walks every field with a
+//! non-default value, and the README's field table is rendered from these rows
+//! ([`markdown_table`]).
+
+use serde_json::Value;
+use tch::Device;
+use tchtrain_training_args::{AcceleratorConfig, TrainingArguments};
+
+use crate::error::{Error, Result};
+
+/// How the Trainer treats one field (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Does what upstream does; the tests that observe it.
+    Honoured(&'static [&'static str]),
+    /// Accepted; no value changes a result here, for the reason given.
+    Inert(&'static str),
+    /// The values honoured (seen by the tests named) and those refused, as described.
+    Partly(&'static [&'static str], &'static str),
+    /// Only upstream's default is accepted: why, and what to use instead.
+    Refused(&'static str),
+}
+
+/// One row of [`FIELD_SUPPORT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldSupport {
+    /// The `TrainingArguments` field.
+    pub field: &'static str,
+    /// What the Trainer does with it.
+    pub support: Support,
+}
+
+const fn h(field: &'static str, tests: &'static [&'static str]) -> FieldSupport {
+    FieldSupport {
+        field,
+        support: Support::Honoured(tests),
+    }
+}
+const fn inert(field: &'static str, why: &'static str) -> FieldSupport {
+    FieldSupport {
+        field,
+        support: Support::Inert(why),
+    }
+}
+const fn partly(
+    field: &'static str,
+    tests: &'static [&'static str],
+    which: &'static str,
+) -> FieldSupport {
+    FieldSupport {
+        field,
+        support: Support::Partly(tests, which),
+    }
+}
+const fn refused(field: &'static str, why: &'static str) -> FieldSupport {
+    FieldSupport {
+        field,
+        support: Support::Refused(why),
+    }
+}
+
+const HUB_ONLY: &str =
+    "read only when uploading to the Hub (`push_to_hub`), which this build refuses";
+const TRACKERS_ONLY: &str = "read only by the wandb / mlflow / trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard and jsonl do not read it, as upstream's TensorBoardCallback)";
+
+/// Every `TrainingArguments` field and what the Trainer does with it, in upstream's order.
+pub static FIELD_SUPPORT: &[FieldSupport] = &[
+    h("output_dir", &["checkpoints_rotate_and_resume_exactly"]),
+    h(
+        "per_device_train_batch_size",
+        &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],
+    ),
+    h(
+        "num_train_epochs",
+        &["prefetching_workers_give_the_same_run"],
+    ),
+    h(
+        "max_steps",
+        &["resume_with_dropout_restores_the_generator_at_an_epoch_boundary"],
+    ),
+    h(
+        "learning_rate",
+        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+    ),
+    h(
+        "lr_scheduler_type",
+        &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],
+    ),
+    h(
+        "lr_scheduler_kwargs",
+        &["every_scheduler_matches_transformers_at_every_step"],
+    ),
+    h(
+        "warmup_steps",
+        &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],
+    ),
+    partly(
+        "optim",
+        &["every_optimizer_matches_torch_for_50_steps"],
+        "the optimizers `tchtrain-optim` implements; any other name is refused when the arguments are read (`UnsupportedOptimizer` lists the ones there are)",
+    ),
+    h(
+        "optim_args",
+        &["optim_args_and_factory_follow_trainer_optimizer"],
+    ),
+    h("weight_decay", &["tiny_llama_with_weight_decay"]),
+    h("adam_beta1", &["adam_hyperparameters_reach_the_optimizer"]),
+    h("adam_beta2", &["adam_hyperparameters_reach_the_optimizer"]),
+    h(
+        "adam_epsilon",
+        &["adam_hyperparameters_reach_the_optimizer"],
+    ),
+    inert(
+        "optim_target_modules",
+        "read only by the GaLore / APOLLO optimizers (upstream too), which `optim` refuses here",
+    ),
+    h(
+        "gradient_accumulation_steps",
+        &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],
+    ),
+    h(
+        "average_tokens_across_devices",
+        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+    ),
+    h("max_grad_norm", &["clip_grad_norm_nonfinite_and_disabled"]),
+    h("label_smoothing_factor", &["tiny_gpt2_label_smoothing"]),
+    h("bf16", &["tiny_gpt2_bf16_autocast_on_cpu"]),
+    h(
+        "fp16",
+        &["tiny_gpt2_fp16_with_loss_scaling_holds_the_scheduler_on_skipped_steps"],
+    ),
+    h(
+        "bf16_full_eval",
+        &["bf16_and_fp16_full_eval_cast_the_model_as_upstream"],
+    ),
+    h(
+        "fp16_full_eval",
+        &["bf16_and_fp16_full_eval_cast_the_model_as_upstream"],
+    ),
+    h("tf32", &["tf32_and_full_determinism_set_the_backends"]),
+    refused(
+        "activation_checkpointing",
+        "activation recomputation is not implemented yet: the layers keep their activations for the backward; remove --activation_checkpointing (--gradient_checkpointing) and lower the batch size or the block size to fit",
+    ),
+    refused(
+        "activation_checkpointing_kwargs",
+        "activation recomputation is not implemented yet; remove --activation_checkpointing_kwargs (--gradient_checkpointing_kwargs)",
+    ),
+    refused(
+        "gradient_checkpointing",
+        "activation recomputation is not implemented yet: remove --gradient_checkpointing and lower the batch size or the block size to fit",
+    ),
+    refused(
+        "gradient_checkpointing_kwargs",
+        "activation recomputation is not implemented yet; remove --gradient_checkpointing_kwargs",
+    ),
+    refused(
+        "torch_compile",
+        "torch.compile (TorchDynamo and its backends) is Python-only: libtorch has no graph compiler to run the model through; remove --torch_compile (and --torch_compile_backend / --torch_compile_mode)",
+    ),
+    refused(
+        "torch_compile_backend",
+        "torch.compile is Python-only (no TorchDynamo in libtorch); remove --torch_compile_backend",
+    ),
+    refused(
+        "torch_compile_mode",
+        "torch.compile is Python-only (no TorchDynamo in libtorch); remove --torch_compile_mode",
+    ),
+    refused(
+        "use_liger_kernel",
+        "the Liger kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU) are Triton kernels this build does not have; remove --use_liger_kernel",
+    ),
+    inert(
+        "liger_kernel_config",
+        "read only with `use_liger_kernel`, which is refused here",
+    ),
+    inert(
+        "use_cache",
+        "upstream writes it into `model.config.use_cache`; no model here has a KV cache in training or evaluation, and config.json keeps the value the model was loaded with",
+    ),
+    refused(
+        "neftune_noise_alpha",
+        "NEFTune's noise on the input embeddings is not implemented yet; remove --neftune_noise_alpha",
+    ),
+    partly(
+        "torch_empty_cache_steps",
+        &["tf32_and_full_determinism_set_the_backends"],
+        "on CUDA the caching allocator is emptied every N steps, as upstream; on the CPU upstream's `clear_device_cache` only runs Python's garbage collector, which Rust has no need of",
+    ),
+    refused(
+        "auto_find_batch_size",
+        "halving the batch on an out-of-memory error and restarting is not implemented yet; remove --auto_find_batch_size and set per_device_train_batch_size to a size that fits",
+    ),
+    h(
+        "logging_strategy",
+        &["default_flow_decisions_match_upstream_for_the_whole_grid"],
+    ),
+    h("logging_steps", &["parity_with_upstream_random_sampler"]),
+    h(
+        "logging_first_step",
+        &["default_flow_decisions_match_upstream_for_the_whole_grid"],
+    ),
+    h("log_on_each_node", &["process_log_levels_follow_upstream"]),
+    h(
+        "logging_nan_inf_filter",
+        &["non_finite_loss_stops_with_a_checkpoint_of_the_last_good_state"],
+    ),
+    h(
+        "include_num_input_tokens_seen",
+        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+    ),
+    h(
+        "log_level",
+        &["warnings_reach_stderr_at_the_asked_log_level"],
+    ),
+    h("log_level_replica", &["process_log_levels_follow_upstream"]),
+    h("disable_tqdm", &["run_clm_fine_tunes_tiny_gpt2_on_hamlet"]),
+    partly(
+        "report_to",
+        &["report_to_selects_loggers"],
+        "`tensorboard` and `jsonl`; the other integrations upstream knows (wandb, mlflow, ...) are refused by name",
+    ),
+    inert("run_name", TRACKERS_ONLY),
+    inert("project", TRACKERS_ONLY),
+    inert("trackio_space_id", TRACKERS_ONLY),
+    inert("trackio_bucket_id", TRACKERS_ONLY),
+    inert("trackio_static_space_id", TRACKERS_ONLY),
+    h(
+        "eval_strategy",
+        &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],
+    ),
+    h("eval_steps", &["tiny_llama_with_weight_decay"]),
+    h(
+        "eval_delay",
+        &["default_flow_decisions_match_upstream_for_the_whole_grid"],
+    ),
+    h(
+        "per_device_eval_batch_size",
+        &["minilm_sequence_classification"],
+    ),
+    h(
+        "prediction_loss_only",
+        &["prediction_loss_only_and_drop_last_shape_the_loops"],
+    ),
+    h(
+        "eval_on_start",
+        &["zero3_layer_by_layer_on_llama_equals_ddp"],
+    ),
+    refused(
+        "eval_do_concat_batches",
+        "keeping evaluation outputs as one array per batch is not implemented: predictions are concatenated; remove --eval_do_concat_batches false",
+    ),
+    partly(
+        "eval_use_gather_object",
+        &["accelerator_config_and_gather_object_across_processes"],
+        "one process: predictions are not gathered, so nothing differs (as upstream); gathering Python objects across processes is refused",
+    ),
+    inert(
+        "eval_accumulation_steps",
+        "moves predictions to the CPU every N steps upstream to free device memory: here each batch's outputs go to the CPU as they come, which changes no value",
+    ),
+    refused(
+        "include_for_metrics",
+        "passing the inputs or the per-batch losses to compute_metrics is not implemented: EvalPrediction holds predictions and label_ids; remove --include_for_metrics",
+    ),
+    h(
+        "batch_eval_metrics",
+        &["evaluate_prefixes_compute_metrics_and_preprocesses_logits"],
+    ),
+    h(
+        "save_only_model",
+        &["a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message"],
+    ),
+    h(
+        "save_strategy",
+        &["trainer_level_hooks_override_upstreams_methods"],
+    ),
+    h("save_steps", &["checkpoints_rotate_and_resume_exactly"]),
+    h("save_on_each_node", &["process_log_levels_follow_upstream"]),
+    h(
+        "save_total_limit",
+        &["checkpoints_rotate_and_resume_exactly"],
+    ),
+    h(
+        "enable_jit_checkpoint",
+        &["sigterm_saves_a_checkpoint_at_the_step_boundary_and_exits_0"],
+    ),
+    refused(
+        "push_to_hub",
+        "uploading to the Hugging Face Hub is not implemented; the checkpoints and the final model in output_dir are in upstream's layout: upload them with `huggingface-cli upload` (or huggingface_hub) and remove --push_to_hub",
+    ),
+    inert("hub_token", HUB_ONLY),
+    inert("hub_private_repo", HUB_ONLY),
+    inert("hub_model_id", HUB_ONLY),
+    inert("hub_strategy", HUB_ONLY),
+    inert("hub_always_push", HUB_ONLY),
+    inert("hub_revision", HUB_ONLY),
+    h(
+        "load_best_model_at_end",
+        &["rotation_keeps_best_and_newest_and_reloads_best_lower_is_better"],
+    ),
+    h(
+        "metric_for_best_model",
+        &["rotation_keeps_best_and_newest_and_reloads_best_lower_is_better"],
+    ),
+    h(
+        "greater_is_better",
+        &["early_stopping_decisions_match_upstream"],
+    ),
+    h(
+        "ignore_data_skip",
+        &["ignore_data_skip_starts_the_epoch_over"],
+    ),
+    h(
+        "restore_callback_states_from_checkpoint",
+        &["callback_states_are_restored_only_when_asked"],
+    ),
+    h(
+        "full_determinism",
+        &["tf32_and_full_determinism_set_the_backends"],
+    ),
+    h(
+        "seed",
+        &["resume_with_dropout_restores_the_generator_at_an_epoch_boundary"],
+    ),
+    h(
+        "data_seed",
+        &["data_seed_orders_the_data_and_seed_the_model"],
+    ),
+    h("use_cpu", &["run_clm_fine_tunes_tiny_gpt2_on_hamlet"]),
+    partly(
+        "accelerator_config",
+        &[
+            "accelerator_config_and_gather_object_across_processes",
+            "every_field_is_honoured_inert_or_refused",
+        ],
+        "the defaults, and `non_blocking` (host-to-device copies only, no number changes); in one process `split_batches`, `dispatch_batches` and `even_batches` change nothing, as upstream; across processes each non-default value is refused, as are `use_seedable_sampler: false`, `use_configured_state` and `gradient_accumulation_kwargs`",
+    ),
+    refused(
+        "parallelism_config",
+        "accelerate's ParallelismConfig (tensor / context / sequence parallel meshes) is a Python object with no JSON form; use --fsdp or --deepspeed for sharding",
+    ),
+    h(
+        "dataloader_drop_last",
+        &["prediction_loss_only_and_drop_last_shape_the_loops"],
+    ),
+    h(
+        "dataloader_num_workers",
+        &["prefetching_workers_give_the_same_run"],
+    ),
+    inert(
+        "dataloader_pin_memory",
+        "batches are built on the CPU and copied once per step; on the CPU pinning does nothing (upstream warns and skips it), on CUDA it only overlaps the copy",
+    ),
+    inert(
+        "dataloader_persistent_workers",
+        "the loader's worker is a thread started per epoch; keeping worker processes alive between epochs only saves their start-up",
+    ),
+    h(
+        "dataloader_prefetch_factor",
+        &["prefetching_workers_give_the_same_run"],
+    ),
+    inert(
+        "dataloader_multiprocessing_context",
+        "the loader's workers are threads, so no process start method (fork / spawn / forkserver) applies",
+    ),
+    inert(
+        "dataloader_in_order",
+        "`false` lets workers deliver batches out of order; the loader's worker thread delivers them in order, which `false` allows",
+    ),
+    inert(
+        "remove_unused_columns",
+        "the model takes its inputs from the batch by name (`input_ids`, `attention_mask`, `labels`, ...), so other columns never reach its forward, and every column the collator builds stays in the batch the hooks see: the two upstream values give the same run here",
+    ),
+    h("label_names", &["label_names_name_the_label_columns"]),
+    partly(
+        "train_sampling_strategy",
+        &["trainer_level_hooks_override_upstreams_methods"],
+        "`random`, `sequential` and `group_by_length`; other values are refused when the training data loader is built",
+    ),
+    inert(
+        "length_column_name",
+        "rows here have no free columns: `group_by_length` measures `input_ids`, which is what upstream does when the dataset lacks the column",
+    ),
+    inert(
+        "ddp_find_unused_parameters",
+        "the all-reduce runs over every parameter's gradient, an unused parameter's as zeros, so a run with unused parameters works with either value (upstream's `false` fails on them)",
+    ),
+    h(
+        "ddp_bucket_cap_mb",
+        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+    ),
+    inert(
+        "ddp_broadcast_buffers",
+        "no model here has a buffer training changes (no batch norm): every rank's buffers are equal from the start",
+    ),
+    inert(
+        "ddp_static_graph",
+        "an optimisation of DDP's bucket scheduling for graphs that never change; the all-reduce here runs once per window, graph or not",
+    ),
+    h("ddp_backend", &["backend_defaults_and_refusals"]),
+    h(
+        "ddp_timeout",
+        &["a_dead_rank_makes_the_other_fail_within_ddp_timeout"],
+    ),
+    partly(
+        "fsdp",
+        &["zero_and_fsdp_runs_equal_ddp_with_sharded_memory"],
+        "`full_shard`, `shard_grad_op`, `no_shard`, `offload`, `auto_wrap`; hybrid sharding and XLA are refused",
+    ),
+    partly(
+        "fsdp_config",
+        &["typed_plugin_and_trainer_checks"],
+        "the keys of the FSDP table in the README; the others are refused",
+    ),
+    partly(
+        "deepspeed",
+        &["a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message"],
+        "the keys of the DeepSpeed table in the README; the others are refused",
+    ),
+    refused(
+        "debug",
+        "DebugUnderflowOverflow and the TPU metrics are not implemented; remove --debug",
+    ),
+    refused(
+        "skip_memory_metrics",
+        "upstream's memory metrics (`init_mem_cpu_alloc_delta`, `train_mem_cpu_peaked_delta`, ...) are not measured; remove --skip_memory_metrics false",
+    ),
+    h("do_train", &["run_ner_matches_upstream_trainer"]),
+    h("do_eval", &["run_ner_matches_upstream_trainer"]),
+    h("do_predict", &["run_ner_matches_upstream_trainer"]),
+    h(
+        "resume_from_checkpoint",
+        &["a_user_model_learns_and_resumes_exactly"],
+    ),
+    h("local_rank", &["nccl_without_its_device_is_a_typed_error"]),
+];
+
+/// The row of `field`, if it is a `TrainingArguments` field.
+pub fn field_support(field: &str) -> Option<&'static FieldSupport> {
+    FIELD_SUPPORT.iter().find(|r| r.field == field)
+}
+
+/// The fields whose value differs from upstream's default (`TrainingArguments::default()`,
+/// compared in the JSON form upstream's `to_dict()` writes).
+fn non_default_fields(args: &TrainingArguments) -> Result<Vec<(&'static str, Value)>> {
+    let to_map = |a: &TrainingArguments| match serde_json::to_value(a) {
+        Ok(Value::Object(m)) => Ok(m),
+        other => Err(Error::InvalidArgument {
+            field: "TrainingArguments",
+            detail: format!("could not be written as JSON: {other:?}"),
+        }),
+    };
+    let now = to_map(args)?;
+    let default = to_map(&TrainingArguments::default())?;
+    Ok(FIELD_SUPPORT
+        .iter()
+        .filter_map(|row| {
+            let value = now.get(row.field).cloned().unwrap_or(Value::Null);
+            let base = default.get(row.field).cloned().unwrap_or(Value::Null);
+            (value != base).then_some((row.field, value))
+        })
+        .collect())
+}
+
+/// Applies [`FIELD_SUPPORT`] to `args` for a run on `device` with `world_size` processes:
+/// the first refused non-default value is an error naming its field; inert ones are logged.
+pub(crate) fn check_field_support(
+    args: &TrainingArguments,
+    device: Device,
+    world_size: usize,
+) -> Result<()> {
+    for (field, value) in non_default_fields(args)? {
+        let row = field_support(field).expect("non_default_fields reads FIELD_SUPPORT");
+        match row.support {
+            Support::Refused(why) => {
+                return Err(Error::InvalidArgument {
+                    field,
+                    detail: why.to_string(),
+                });
+            }
+            Support::Inert(why) => {
+                log::info!("{field}={value}: accepted, changes nothing here: {why}");
+            }
+            Support::Partly(..) | Support::Honoured(_) => {}
+        }
+    }
+    check_tf32(args, device)?;
+    check_accelerator_config(&args.accelerator_config, world_size)?;
+    if args.eval_use_gather_object && world_size > 1 {
+        return Err(Error::InvalidArgument {
+            field: "eval_use_gather_object",
+            detail: "gathering evaluation outputs as Python objects across processes is not implemented (predictions are tensors, gathered with padding); remove --eval_use_gather_object".into(),
+        });
+    }
+    if args.torch_empty_cache_steps.is_some() && device != Device::Cpu {
+        // Checked here so that a run asking for it on a device without a caching
+        // allocator fails at build, not at step N.
+        tchtrain_accelerate::clear_device_cache(device)?;
+    }
+    Ok(())
+}
+
+/// Upstream `__post_init__`'s TF32 block: `tf32=True` needs an Ampere (or newer) CUDA device
+/// and raises otherwise; `tf32=False` turns TF32 off where it exists.
+fn check_tf32(args: &TrainingArguments, device: Device) -> Result<()> {
+    let Some(tf32) = args.tf32 else {
+        return Ok(());
+    };
+    let available = device != Device::Cpu && tchtrain_accelerate::is_torch_tf32_available();
+    if tf32 && !available {
+        return Err(Error::InvalidArgument {
+            field: "tf32",
+            detail: "--tf32 requires Ampere or a newer GPU arch, cuda>=11 and torch>=1.7 (upstream's message); this run has no such device: remove --tf32".into(),
+        });
+    }
+    if available {
+        tchtrain_accelerate::enable_tf32(tf32)?;
+    }
+    Ok(())
+}
+
+/// The `accelerator_config` keys (see its row in [`FIELD_SUPPORT`]).
+fn check_accelerator_config(config: &AcceleratorConfig, world_size: usize) -> Result<()> {
+    let default = AcceleratorConfig::default();
+    let refuse = |key: &str, why: &str| {
+        Err(Error::InvalidArgument {
+            field: "accelerator_config",
+            detail: format!("`{key}`: {why}"),
+        })
+    };
+    if config.use_seedable_sampler != default.use_seedable_sampler {
+        return refuse(
+            "use_seedable_sampler",
+            "`false` draws the order from torch's RandomSampler without accelerate's seedable wrapper; only the seedable order (upstream's default) is implemented: remove the key",
+        );
+    }
+    if config.use_configured_state {
+        return refuse(
+            "use_configured_state",
+            "there is no accelerator state configured outside the Trainer to reuse; remove the key",
+        );
+    }
+    if config.gradient_accumulation_kwargs.is_some() {
+        return refuse(
+            "gradient_accumulation_kwargs",
+            "accelerate's GradientAccumulationPlugin options are not implemented (the Trainer syncs gradients on the last batch of each window); use --gradient_accumulation_steps and remove the key",
+        );
+    }
+    if world_size > 1 {
+        if config.split_batches != default.split_batches {
+            return refuse(
+                "split_batches",
+                "splitting one batch across processes is not implemented: each process draws its own per_device_train_batch_size; remove the key",
+            );
+        }
+        if config.dispatch_batches != default.dispatch_batches {
+            return refuse(
+                "dispatch_batches",
+                "reading the data on the main process and broadcasting the batches is not implemented: each process reads its own shard; remove the key",
+            );
+        }
+        if config.even_batches != default.even_batches {
+            return refuse(
+                "even_batches",
+                "uneven evaluation batches across processes are not implemented: the last batch is padded as with upstream's default; remove the key",
+            );
+        }
+    }
+    Ok(())
+}
+
+fn test_list(tests: &[&str]) -> String {
+    tests
+        .iter()
+        .map(|t| format!("`{t}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The README's table of the fields: name, status, and what it means here.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| field | here | notes |\n|---|---|---|\n");
+    for row in FIELD_SUPPORT {
+        let (status, note) = match row.support {
+            Support::Honoured(tests) => ("honoured", format!("seen by {}", test_list(tests))),
+            Support::Inert(why) => ("inert", why.to_string()),
+            Support::Partly(tests, which) => {
+                ("partly", format!("{which} (seen by {})", test_list(tests)))
+            }
+            Support::Refused(why) => ("refused", why.to_string()),
+        };
+        out.push_str(&format!(
+            "| `{}` | {status} | {} |\n",
+            row.field,
+            note.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accelerator_config_and_gather_object_across_processes() {
+        let mut config = AcceleratorConfig::default();
+        assert!(check_accelerator_config(&config, 2).is_ok());
+        config.non_blocking = true;
+        config.split_batches = true;
+        config.even_batches = false;
+        config.dispatch_batches = Some(false);
+        // One process: the batch is not split, dispatched nor evened out, as upstream.
+        assert!(check_accelerator_config(&config, 1).is_ok());
+        let err = check_accelerator_config(&config, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`split_batches`"), "{err}");
+        config.split_batches = false;
+        let err = check_accelerator_config(&config, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`dispatch_batches`"), "{err}");
+        config.dispatch_batches = None;
+        let err = check_accelerator_config(&config, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`even_batches`"), "{err}");
+
+        let args = TrainingArguments {
+            eval_use_gather_object: true,
+            ..TrainingArguments::default()
+        };
+        assert!(check_field_support(&args, Device::Cpu, 1).is_ok());
+        let err = check_field_support(&args, Device::Cpu, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`eval_use_gather_object`"), "{err}");
+    }
+}

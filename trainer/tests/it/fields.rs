@@ -1,0 +1,431 @@
+//! Every `TrainingArguments` field is honoured, inert or refused (`FIELD_SUPPORT`): the walk
+//! over the whole field table, the README's table, and the observations of the honoured
+//! fields no other test looks at.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use tchtrain_testing::lock;
+use tchtrain_trainer::{FIELD_SUPPORT, ResumeFrom, Support, Trainer, markdown_table};
+use tchtrain_training_args::{TrainingArguments, field_names};
+
+use crate::common::temp_dir;
+use crate::trainer::{initial_model, losses, small_args, small_train};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the trainer crate sits in the workspace")
+        .to_path_buf()
+}
+
+/// Every `.rs` file of the workspace's crates (not `target/`).
+fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if path.is_dir() {
+            if !name.starts_with('.') && name != "target" {
+                rust_sources(&path, out)?;
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// A value that sets `field` off its default (with any other key it needs), as a JSON
+/// `TrainingArguments` dict, and the field its refusal (if any) names; `None` for fields
+/// only checked through their tests.
+fn non_default(field: &str) -> Option<(Value, &'static str)> {
+    Some(match field {
+        "activation_checkpointing" => (json!({field: true}), "activation_checkpointing"),
+        "gradient_checkpointing" => (json!({field: true}), "activation_checkpointing"),
+        "activation_checkpointing_kwargs" | "gradient_checkpointing_kwargs" => (
+            json!({field: {"use_reentrant": false}}),
+            "activation_checkpointing_kwargs",
+        ),
+        "torch_compile" => (json!({field: true}), "torch_compile"),
+        // post_init turns torch_compile on when a backend or a mode is named, as upstream.
+        "torch_compile_backend" => (json!({field: "inductor"}), "torch_compile"),
+        "torch_compile_mode" => (json!({field: "max-autotune"}), "torch_compile"),
+        "use_liger_kernel" => (json!({field: true}), "use_liger_kernel"),
+        "liger_kernel_config" => (json!({field: {"rope": true}}), ""),
+        "use_cache" => (json!({field: true}), ""),
+        "neftune_noise_alpha" => (json!({field: 5.0}), "neftune_noise_alpha"),
+        "torch_empty_cache_steps" => (json!({field: 2}), ""),
+        "auto_find_batch_size" => (json!({field: true}), "auto_find_batch_size"),
+        "optim_target_modules" => (json!({field: "attn"}), ""),
+        "run_name"
+        | "project"
+        | "trackio_space_id"
+        | "trackio_bucket_id"
+        | "trackio_static_space_id"
+        | "hub_token"
+        | "hub_model_id" => (json!({field: "me/name"}), ""),
+        "eval_do_concat_batches" => (json!({field: false}), "eval_do_concat_batches"),
+        "eval_use_gather_object" => (json!({field: true}), ""),
+        "eval_accumulation_steps" => (json!({field: 2}), ""),
+        "include_for_metrics" => (json!({field: ["inputs"]}), "include_for_metrics"),
+        "push_to_hub" => (json!({field: true}), "push_to_hub"),
+        "hub_private_repo" | "hub_always_push" => (json!({field: true}), ""),
+        "hub_strategy" => (json!({field: "end"}), ""),
+        "hub_revision" => (json!({field: "dev"}), ""),
+        "tf32" => (json!({field: false}), ""),
+        "accelerator_config" => (json!({field: {"non_blocking": true}}), ""),
+        "parallelism_config" => (json!({field: {"tp_size": 2}}), "parallelism_config"),
+        "dataloader_pin_memory" | "dataloader_in_order" | "remove_unused_columns" => {
+            (json!({field: false}), "")
+        }
+        "dataloader_persistent_workers" => (json!({field: true, "dataloader_num_workers": 1}), ""),
+        "dataloader_multiprocessing_context" => {
+            (json!({field: "spawn", "dataloader_num_workers": 1}), "")
+        }
+        "length_column_name" => (json!({field: "n_tokens"}), ""),
+        "ddp_find_unused_parameters" | "ddp_static_graph" => (json!({field: true}), ""),
+        "ddp_broadcast_buffers" => (json!({field: false}), ""),
+        "debug" => (json!({field: "underflow_overflow"}), "debug"),
+        "skip_memory_metrics" => (json!({field: false}), "skip_memory_metrics"),
+        _ => return None,
+    })
+}
+
+/// How building a Trainer on tiny GPT-2 with the JSON arguments `extra` went.
+#[derive(Debug)]
+enum Built {
+    Ok,
+    /// The arguments were refused when read (the message).
+    ReadError(String),
+    /// The Trainer refused them (the message).
+    BuildError(String),
+}
+
+fn build_with(dir: &Path, extra: &Value) -> Result<Built> {
+    let mut dict = json!({
+        "output_dir": dir.display().to_string(),
+        "use_cpu": true,
+        "report_to": "none",
+        "max_steps": 1,
+    });
+    for (k, v) in extra.as_object().context("an object")? {
+        dict[k] = v.clone();
+    }
+    let Value::Object(map) = dict else {
+        unreachable!()
+    };
+    let args = match TrainingArguments::from_dict(map) {
+        Ok(parsed) => parsed.args,
+        Err(e) => return Ok(Built::ReadError(e.to_string())),
+    };
+    Ok(
+        match Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()
+        {
+            Ok(_) => Built::Ok,
+            Err(e) => Built::BuildError(e.to_string()),
+        },
+    )
+}
+
+#[test]
+fn every_field_is_honoured_inert_or_refused() -> Result<()> {
+    let _g = lock();
+    // One row per field of upstream's table, in its order: a new field fails here until it
+    // is given a row.
+    let table: Vec<&str> = FIELD_SUPPORT.iter().map(|r| r.field).collect();
+    let upstream: Vec<&str> = field_names().collect();
+    assert_eq!(
+        table, upstream,
+        "FIELD_SUPPORT must list every TrainingArguments field in order"
+    );
+
+    let mut sources = Vec::new();
+    rust_sources(&workspace_root(), &mut sources)?;
+    let text: String = sources
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    let dir = temp_dir("fields");
+    std::fs::create_dir_all(&dir)?;
+    for row in FIELD_SUPPORT {
+        let tests = match row.support {
+            Support::Honoured(tests) | Support::Partly(tests, _) => tests,
+            Support::Inert(_) | Support::Refused(_) => &[],
+        };
+        for test in tests {
+            assert!(
+                text.contains(&format!("fn {test}(")),
+                "{}: the test `{test}` named as observing it does not exist",
+                row.field
+            );
+        }
+        let Some((value, named)) = non_default(row.field) else {
+            assert!(
+                matches!(row.support, Support::Honoured(_) | Support::Partly(..)),
+                "{}: an inert or refused field needs a non-default value in this walk",
+                row.field
+            );
+            continue;
+        };
+        let refusal = match build_with(&dir, &value)? {
+            Built::Ok => None,
+            // Only a field with no JSON form upstream is refused as it is read.
+            Built::ReadError(e) if row.field == "parallelism_config" => Some(e),
+            Built::ReadError(e) => bail!("{}: {value} could not be read: {e}", row.field),
+            Built::BuildError(e) => Some(e),
+        };
+        match (row.support, refusal) {
+            (Support::Refused(_), None) => bail!("{}: {value} was accepted", row.field),
+            (Support::Refused(_), Some(e)) => assert!(
+                e.contains(&format!("`{named}`")),
+                "{}: the refusal names another field: {e}",
+                row.field
+            ),
+            (_, Some(e)) => bail!(
+                "{}: {value} is refused, yet its row accepts it: {e}",
+                row.field
+            ),
+            (_, None) => {}
+        }
+    }
+    // A partly honoured value: accelerate's non-seedable sampler is refused by key.
+    let refused = json!({"accelerator_config": {"use_seedable_sampler": false}});
+    match build_with(&dir, &refused)? {
+        Built::BuildError(e) => assert!(
+            e.contains("`accelerator_config`") && e.contains("use_seedable_sampler"),
+            "{e}"
+        ),
+        other => bail!("use_seedable_sampler false: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn the_readme_lists_every_field_as_the_trainer_treats_it() -> Result<()> {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
+    let begin = "<!-- field-support:begin -->\n";
+    let end = "<!-- field-support:end -->";
+    let start = readme
+        .find(begin)
+        .context("README lacks the field-support markers")?
+        + begin.len();
+    let stop = readme[start..]
+        .find(end)
+        .context("README lacks the end marker")?
+        + start;
+    let table = markdown_table();
+    if readme[start..stop] != table {
+        bail!("README's field table is stale; replace it with:\n{table}");
+    }
+    Ok(())
+}
+
+#[test]
+fn adam_hyperparameters_reach_the_optimizer() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("adam-hp");
+    let mut args = small_args(&dir)?;
+    args.adam_beta1 = 0.8;
+    args.adam_beta2 = 0.95;
+    args.adam_epsilon = 1e-6;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .build()?;
+    trainer.create_optimizer_and_scheduler(10)?;
+    let hp = trainer
+        .optimizer()
+        .context("an optimizer")?
+        .hyperparameters();
+    assert_eq!(hp["betas"], serde_json::json!([0.8, 0.95]), "{hp}");
+    assert_eq!(hp["eps"], serde_json::json!(1e-6), "{hp}");
+    Ok(())
+}
+
+#[test]
+fn prediction_loss_only_and_drop_last_shape_the_loops() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("loss-only");
+    // 38 rows in batches of 4: 10 batches, 9 when the last partial one is dropped.
+    for (drop_last, batches) in [(false, 10), (true, 9)] {
+        let mut args = small_args(&dir)?;
+        args.dataloader_drop_last = drop_last;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()?;
+        assert_eq!(trainer.get_train_dataloader()?.len(), batches);
+    }
+    for loss_only in [false, true] {
+        let mut args = small_args(&dir)?;
+        args.prediction_loss_only = loss_only;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()?;
+        let out = trainer.predict(small_train()?, "test")?;
+        assert_eq!(out.predictions.is_none(), loss_only);
+        assert!(out.metrics.contains_key("test_loss"));
+    }
+    Ok(())
+}
+
+#[test]
+fn label_names_name_the_label_columns() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("label-names");
+    // Upstream's prediction_step: without every label name among the inputs, no loss.
+    for (names, has_loss) in [(None, true), (Some(vec!["targets".to_string()]), false)] {
+        let mut args = small_args(&dir)?;
+        args.label_names = names;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()?;
+        let out = trainer.predict(small_train()?, "test")?;
+        assert_eq!(
+            out.metrics.contains_key("test_loss"),
+            has_loss,
+            "{:?}",
+            out.metrics
+        );
+    }
+    Ok(())
+}
+
+fn run_losses(args: TrainingArguments, resume: Option<ResumeFrom>) -> Result<Vec<(i64, f64)>> {
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .build()?;
+    trainer.train(resume)?;
+    Ok(losses(&trainer.state.log_history))
+}
+
+#[test]
+fn data_seed_orders_the_data_and_seed_the_model() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("data-seed");
+    let with = |seed: u64, data_seed: Option<u64>| -> Result<Vec<(i64, f64)>> {
+        let mut args = small_args(&dir)?;
+        args.max_steps = 3;
+        args.save_strategy = tchtrain_training_args::SaveStrategy::No;
+        args.seed = seed;
+        args.data_seed = data_seed;
+        run_losses(args, None)
+    };
+    // Dropout is off, so the seed only orders the data unless data_seed does.
+    let by_seed_11 = with(11, None)?;
+    assert_eq!(with(7, Some(11))?, by_seed_11);
+    assert_ne!(with(7, None)?, by_seed_11);
+    Ok(())
+}
+
+#[test]
+fn ignore_data_skip_starts_the_epoch_over() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("ignore-skip");
+    let full = run_losses(small_args(&out)?, None)?;
+    let ckpt = out.join("checkpoint-8");
+    let resumed = |ignore: bool| -> Result<Vec<(i64, f64)>> {
+        let dir = temp_dir(&format!("ignore-skip-{ignore}"));
+        let mut args = small_args(&dir)?;
+        args.ignore_data_skip = ignore;
+        run_losses(args, Some(ResumeFrom::Path(ckpt.clone())))
+    };
+    // 5 steps per epoch: resuming at step 8 (mid-epoch 1) skips the epoch's first 6
+    // batches, so step 9 equals the uninterrupted run's; with ignore_data_skip it trains on
+    // the epoch's first batches instead.
+    let step9 = |l: &[(i64, f64)]| l.iter().find(|(s, _)| *s == 9).map(|(_, x)| *x);
+    assert!(step9(&full).is_some());
+    assert_eq!(step9(&resumed(false)?), step9(&full));
+    assert_ne!(step9(&resumed(true)?), step9(&full));
+    Ok(())
+}
+
+#[test]
+fn process_log_levels_follow_upstream() -> Result<()> {
+    use log::LevelFilter;
+    // Node-local rank 1 of a run whose global rank is 0 (RANK unset): it logs and saves as
+    // the main process unless `*_on_each_node` makes the node's own rank count.
+    let mut args = TrainingArguments {
+        local_rank: 1,
+        log_level: "info".into(),
+        log_level_replica: "error".into(),
+        ..TrainingArguments::default()
+    };
+    assert!(!args.should_log());
+    assert_eq!(
+        tchtrain_trainer::get_process_log_level(&args),
+        LevelFilter::Error
+    );
+    args.log_on_each_node = false;
+    assert_eq!(
+        tchtrain_trainer::get_process_log_level(&args),
+        LevelFilter::Info
+    );
+    args.log_level_replica = "debug".into();
+    args.log_on_each_node = true;
+    assert_eq!(
+        tchtrain_trainer::get_process_log_level(&args),
+        LevelFilter::Debug
+    );
+    assert!(
+        args.should_save(),
+        "save_on_each_node=false: the global rank 0 saves"
+    );
+    args.save_on_each_node = true;
+    assert!(
+        !args.should_save(),
+        "save_on_each_node: node-local rank 1 does not"
+    );
+    Ok(())
+}
+
+#[test]
+fn tf32_and_full_determinism_set_the_backends() -> Result<()> {
+    let _g = lock();
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let _ = tchtrain_accelerate::use_deterministic_algorithms(false, false);
+        }
+    }
+    let _reset = Reset;
+    let dir = temp_dir("backends");
+    std::fs::create_dir_all(&dir)?;
+    // Upstream's __post_init__ raises for --tf32 true without an Ampere GPU.
+    match build_with(&dir, &json!({"tf32": true}))? {
+        Built::BuildError(e) => {
+            assert!(
+                e.contains("--tf32 requires Ampere or a newer GPU arch"),
+                "{e}"
+            )
+        }
+        other => bail!("tf32 on the CPU: {other:?}"),
+    }
+    assert!(matches!(
+        build_with(&dir, &json!({"tf32": false}))?,
+        Built::Ok
+    ));
+
+    assert!(!tchtrain_accelerate::are_deterministic_algorithms_enabled());
+    assert!(matches!(
+        build_with(&dir, &json!({"full_determinism": true}))?,
+        Built::Ok
+    ));
+    assert!(tchtrain_accelerate::are_deterministic_algorithms_enabled());
+    assert_eq!(
+        std::env::var("CUBLAS_WORKSPACE_CONFIG").as_deref(),
+        Ok(":16:8")
+    );
+
+    // torch_empty_cache_steps: on the CPU upstream's clear_device_cache frees nothing; the
+    // run is the plain run.
+    let mut args = small_args(&dir)?;
+    args.max_steps = 2;
+    args.save_strategy = tchtrain_training_args::SaveStrategy::No;
+    let plain = run_losses(args.clone(), None)?;
+    args.torch_empty_cache_steps = Some(1);
+    assert_eq!(run_losses(args, None)?, plain);
+    Ok(())
+}
