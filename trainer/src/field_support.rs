@@ -452,6 +452,326 @@ pub fn field_support(field: &str) -> Option<&'static FieldSupport> {
     FIELD_SUPPORT.iter().find(|r| r.field == field)
 }
 
+const DS_PERF: &str = "tunes DeepSpeed's communication buckets, overlap or memory reuse; the engine here reduces and gathers whole shards per step, and no value changes a number";
+const DS_SCALER: &str = "read only by DeepSpeed's fp16 loss scaler: fp16 trains in fp32 on the CPU (as upstream) and DeepSpeed's fp16 is refused on CUDA";
+const DS_OWN_LOGS: &str = "DeepSpeed's own console output; the Trainer logs as usual";
+const DS_SECTIONS: &[&str] = &["the_config_optimizer_and_scheduler_replace_the_trainers"];
+const DS_SCHEDULES: &[&str] = &[
+    "deepspeed_schedules_equal_deepspeeds_own_at_every_step",
+    "the_config_optimizer_and_scheduler_replace_the_trainers",
+];
+const DS_FILLED: &[&str] =
+    &["a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message"];
+const DS_OFFLOAD: &[&str] = &[
+    "offload_the_engine_lacks_is_refused_naming_the_key",
+    "the_documentation_examples_train_on_two_ranks_with_the_optimizer_offloaded",
+];
+
+/// The DeepSpeed config keys (dotted; `.*` covers a section's keys) and what the Trainer
+/// does with each; any other key is refused by name when training starts.
+pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
+    h("train_batch_size", DS_FILLED),
+    h("train_micro_batch_size_per_gpu", DS_FILLED),
+    h("gradient_accumulation_steps", DS_FILLED),
+    h("gradient_clipping", DS_FILLED),
+    partly(
+        "fp16.enabled",
+        &["fp16_on_the_cpu_trains_in_fp32_as_upstream"],
+        "`false`, and `true` on the CPU, where fp16 trains in fp32 as upstream; on CUDA DeepSpeed's fp16 (half-precision weights, fp32 masters, its loss scaler) is refused: train in fp32, or with --bf16 (accelerate's autocast) and no DeepSpeed `bf16` section",
+    ),
+    inert("fp16.auto_cast", DS_SCALER),
+    inert("fp16.loss_scale", DS_SCALER),
+    inert("fp16.loss_scale_window", DS_SCALER),
+    inert("fp16.initial_scale_power", DS_SCALER),
+    inert("fp16.hysteresis", DS_SCALER),
+    inert("fp16.consecutive_hysteresis", DS_SCALER),
+    inert("fp16.min_loss_scale", DS_SCALER),
+    partly(
+        "bf16.enabled",
+        &["every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused"],
+        "`false`; DeepSpeed's bf16 (the model cast to bfloat16 with fp32 masters in the optimizer, not autocast) is refused: use --bf16 without a `bf16` section, which runs accelerate's autocast",
+    ),
+    partly(
+        "optimizer.type",
+        DS_SECTIONS,
+        "`Adam` and `AdamW` (torch's update over one group of every parameter, as upstream hands DeepSpeed `model.parameters()`); other DeepSpeed optimizers are refused",
+    ),
+    partly(
+        "optimizer.params.*",
+        DS_SECTIONS,
+        "`lr`, `betas`, `eps`, `weight_decay`, `adam_w_mode`, `torch_adam`; `bias_correction: false`, `amsgrad: true` and other keys are refused",
+    ),
+    partly(
+        "scheduler.type",
+        DS_SCHEDULES,
+        "`WarmupLR`, `WarmupDecayLR`, `WarmupCosineLR`, equal to DeepSpeed's own; `OneCycle` and `LRRangeTest` are refused",
+    ),
+    h("scheduler.params.*", DS_SCHEDULES),
+    h(
+        "zero_optimization.stage",
+        &["zero_and_fsdp_runs_equal_ddp_with_sharded_memory"],
+    ),
+    partly(
+        "zero_optimization.offload_optimizer.device",
+        DS_OFFLOAD,
+        "`cpu` and `none`; `nvme` is refused",
+    ),
+    partly(
+        "zero_optimization.offload_param.device",
+        DS_OFFLOAD,
+        "`cpu` and `none` (stage 3); `nvme` is refused",
+    ),
+    inert(
+        "zero_optimization.offload_optimizer.pin_memory",
+        "page-locks the offloaded buffers for faster copies to a GPU; no number changes",
+    ),
+    inert(
+        "zero_optimization.offload_param.pin_memory",
+        "page-locks the offloaded buffers for faster copies to a GPU; no number changes",
+    ),
+    inert(
+        "zero_optimization.offload_optimizer.*",
+        "NVMe / partial-offload tuning (`nvme_path`, `buffer_count`, `ratio`, ...): NVMe offload is refused and the rest tunes transfers",
+    ),
+    inert(
+        "zero_optimization.offload_param.*",
+        "NVMe offload tuning (`nvme_path`, `buffer_count`, `buffer_size`, `max_in_cpu`): NVMe offload is refused",
+    ),
+    inert("zero_optimization.allgather_partitions", DS_PERF),
+    inert("zero_optimization.allgather_bucket_size", DS_PERF),
+    inert("zero_optimization.overlap_comm", DS_PERF),
+    inert("zero_optimization.reduce_scatter", DS_PERF),
+    inert("zero_optimization.reduce_bucket_size", DS_PERF),
+    inert("zero_optimization.contiguous_gradients", DS_PERF),
+    inert("zero_optimization.sub_group_size", DS_PERF),
+    inert("zero_optimization.round_robin_gradients", DS_PERF),
+    inert("zero_optimization.stage3_prefetch_bucket_size", DS_PERF),
+    inert(
+        "zero_optimization.stage3_param_persistence_threshold",
+        DS_PERF,
+    ),
+    inert("zero_optimization.stage3_max_live_parameters", DS_PERF),
+    inert("zero_optimization.stage3_max_reuse_distance", DS_PERF),
+    inert(
+        "zero_optimization.ignore_unused_parameters",
+        "an unused parameter's gradient is reduced as zeros here, so a run with unused parameters works with either value",
+    ),
+    inert(
+        "zero_optimization.load_from_fp32_weights",
+        "the masters are fp32 and so are the weights here: either source gives the same values",
+    ),
+    inert(
+        "zero_optimization.elastic_checkpoint",
+        "checkpoints here are read by the world size that wrote them",
+    ),
+    partly(
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+        &["zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory"],
+        "`true`: the model is gathered into `model.safetensors` on save; `false` (DeepSpeed then saves only its shards) is refused",
+    ),
+    partly(
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+        &["zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory"],
+        "the old name of `stage3_gather_16bit_weights_on_model_save`, the same values",
+    ),
+    h("checkpoint.use_node_local_storage", DS_FILLED),
+    inert(
+        "zero_allow_untested_optimizer",
+        "DeepSpeed's guard around client optimizers; the Trainer's optimizers run under ZeRO here",
+    ),
+    inert(
+        "zero_force_ds_cpu_optimizer",
+        "DeepSpeed's guard requiring its CPU Adam with offload; the offloaded optimizer here is torch's, on the CPU",
+    ),
+    inert("steps_per_print", DS_OWN_LOGS),
+    inert("wall_clock_breakdown", DS_OWN_LOGS),
+    inert("dump_state", DS_OWN_LOGS),
+];
+
+const FSDP_WRAP: &[&str] = &[
+    "zero_and_fsdp_runs_equal_ddp_with_sharded_memory",
+    "typed_plugin_and_trainer_checks",
+];
+const FSDP_OVERLAP: &str = "only orders or overlaps the gathers on a GPU; the engine here gathers each unit before its forward and backward, and no number changes";
+
+/// The `fsdp_config` keys (upstream's `fsdp_config`, the `fsdp_` prefix stripped) and what
+/// the Trainer does with each; any other key is refused by name when training starts.
+pub static FSDP_KEY_SUPPORT: &[FieldSupport] = &[
+    h("version", FSDP_WRAP),
+    h("min_num_params", FSDP_WRAP),
+    h("transformer_layer_cls_to_wrap", FSDP_WRAP),
+    h("auto_wrap_policy", FSDP_WRAP),
+    h("cpu_offload", FSDP_WRAP),
+    h("reshard_after_forward", FSDP_WRAP),
+    h("state_dict_type", FSDP_WRAP),
+    inert(
+        "cpu_ram_efficient_loading",
+        "every rank reads the same checkpoint itself; rank 0 reading it and broadcasting gives the same weights",
+    ),
+    inert(
+        "sync_module_states",
+        "every rank builds the model from the same checkpoint and seed, so rank 0's weights are everyone's already",
+    ),
+    inert("forward_prefetch", FSDP_OVERLAP),
+    inert("backward_prefetch", FSDP_OVERLAP),
+    inert("limit_all_gathers", FSDP_OVERLAP),
+    inert(
+        "use_orig_params",
+        "the optimizer here always sees the original parameters (in their decay / no-decay groups)",
+    ),
+    refused(
+        "activation_checkpointing",
+        "activation recomputation is not implemented yet: the layers keep their activations for the backward; remove it",
+    ),
+    refused(
+        "xla",
+        "XLA (TPU) FSDP is not available: libtorch here runs on the CPU or CUDA; remove it",
+    ),
+    refused("xla_fsdp_v2", "XLA (TPU) FSDP is not available; remove it"),
+    refused(
+        "xla_fsdp_grad_ckpt",
+        "XLA (TPU) FSDP is not available; remove it",
+    ),
+    refused(
+        "xla_fsdp_settings",
+        "XLA (TPU) FSDP is not available; remove it",
+    ),
+];
+
+/// Applies [`FSDP_KEY_SUPPORT`] to a normalised `fsdp_config`: an unknown key or a refused
+/// key set to a true value is an [`Error::InvalidArgument`] of `fsdp_config` naming it;
+/// inert keys are logged once.
+pub fn check_fsdp_keys(config: &serde_json::Map<String, Value>) -> Result<()> {
+    for (key, value) in config {
+        let Some(row) = FSDP_KEY_SUPPORT.iter().find(|r| r.field == key) else {
+            return Err(Error::InvalidArgument {
+                field: "fsdp_config",
+                detail: format!(
+                    "`{key}`: not an FSDP setting this build implements (see the FSDP table in the README); remove it"
+                ),
+            });
+        };
+        match row.support {
+            Support::Refused(why) if truthy(value) => {
+                return Err(Error::InvalidArgument {
+                    field: "fsdp_config",
+                    detail: format!("`{key}`: {why}"),
+                });
+            }
+            Support::Inert(why) => {
+                log::info!("fsdp_config `{key}`={value}: accepted, changes nothing here: {why}")
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Python's truth value of a JSON value, with upstream's `str_to_bool` for strings.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !matches!(
+            s.to_lowercase().as_str(),
+            "" | "n" | "no" | "f" | "false" | "off" | "0"
+        ),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Whether the dotted `key` matches `pattern` (exactly, or under a `.*` section).
+fn key_matches(pattern: &str, key: &str) -> bool {
+    match pattern.strip_suffix(".*") {
+        Some(prefix) => key
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('.')),
+        None => pattern == key,
+    }
+}
+
+/// Every leaf of `config` as `(dotted key, value)`; objects are walked, anything else is a leaf.
+fn leaves<'a>(
+    prefix: &str,
+    config: &'a serde_json::Map<String, Value>,
+    out: &mut Vec<(String, &'a Value)>,
+) {
+    for (k, v) in config {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Value::Object(inner) if !inner.is_empty() => leaves(&key, inner, out),
+            _ => out.push((key, v)),
+        }
+    }
+}
+
+/// The row of a DeepSpeed key: an exact row before a `.*` one.
+pub fn deepspeed_key_support(key: &str) -> Option<&'static FieldSupport> {
+    let rows = DEEPSPEED_KEY_SUPPORT;
+    rows.iter()
+        .find(|r| r.field == key)
+        .or_else(|| rows.iter().find(|r| key_matches(r.field, key)))
+}
+
+/// Applies [`DEEPSPEED_KEY_SUPPORT`] to a processed DeepSpeed config for a run on `device`:
+/// an unknown key or a refused value is an [`Error::InvalidArgument`] of `deepspeed`
+/// naming the key; inert keys are logged once.
+pub fn check_deepspeed_keys(config: &serde_json::Map<String, Value>, device: Device) -> Result<()> {
+    let refuse = |key: &str, why: &str| {
+        Err(Error::InvalidArgument {
+            field: "deepspeed",
+            detail: format!("`{key}`: {why}"),
+        })
+    };
+    let mut all = Vec::new();
+    leaves("", config, &mut all);
+    for (key, value) in all {
+        let Some(row) = deepspeed_key_support(&key) else {
+            return refuse(
+                &key,
+                "this DeepSpeed key is not implemented by the engine here (see the DeepSpeed table in the README); remove it",
+            );
+        };
+        let is_true = truthy(value);
+        match (row.field, row.support) {
+            (_, Support::Refused(why)) if is_true => return refuse(&key, why),
+            (_, Support::Inert(why)) => {
+                log::info!("DeepSpeed `{key}`={value}: accepted, changes nothing here: {why}")
+            }
+            ("fp16.enabled", _) if is_true && device != Device::Cpu => {
+                return refuse(
+                    &key,
+                    "DeepSpeed's fp16 (half-precision weights, fp32 masters and its dynamic loss scaler) is not implemented; train in bf16 without DeepSpeed's `bf16` section (--bf16 runs accelerate's autocast) or in fp32",
+                );
+            }
+            ("bf16.enabled", _) if is_true => {
+                return refuse(
+                    &key,
+                    "DeepSpeed's bf16 (the model cast to bfloat16, fp32 masters in the optimizer) is not implemented; remove the `bf16` section and --bf16 runs accelerate's bf16 autocast, or train in fp32",
+                );
+            }
+            (
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+                | "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+                _,
+            ) if value.as_bool() == Some(false) => {
+                return refuse(
+                    &key,
+                    "saving only DeepSpeed's shards (no model.safetensors) is not implemented: the model is always gathered on save; set it to true or remove it",
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The fields whose value differs from upstream's default (`TrainingArguments::default()`,
 /// compared in the JSON form upstream's `to_dict()` writes).
 fn non_default_fields(args: &TrainingArguments) -> Result<Vec<(&'static str, Value)>> {
@@ -589,10 +909,10 @@ fn test_list(tests: &[&str]) -> String {
         .join(", ")
 }
 
-/// The README's table of the fields: name, status, and what it means here.
-pub fn markdown_table() -> String {
-    let mut out = String::from("| field | here | notes |\n|---|---|---|\n");
-    for row in FIELD_SUPPORT {
+/// A README table of `rows` (`what`: the first column's title): name, status, notes.
+pub fn markdown_table(rows: &[FieldSupport], what: &str) -> String {
+    let mut out = format!("| {what} | here | notes |\n|---|---|---|\n");
+    for row in rows {
         let (status, note) = match row.support {
             Support::Honoured(tests) => ("honoured", format!("seen by {}", test_list(tests))),
             Support::Inert(why) => ("inert", why.to_string()),

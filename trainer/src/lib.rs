@@ -47,7 +47,10 @@ pub use cpu_cache::{
     LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
 pub use error::{Error, Result};
-pub use field_support::{FIELD_SUPPORT, FieldSupport, Support, field_support, markdown_table};
+pub use field_support::{
+    DEEPSPEED_KEY_SUPPORT, FIELD_SUPPORT, FSDP_KEY_SUPPORT, FieldSupport, Support,
+    check_deepspeed_keys, check_fsdp_keys, deepspeed_key_support, field_support, markdown_table,
+};
 pub use hooks::{
     default_create_optimizer_and_scheduler, default_evaluate, default_get_eval_dataloader,
     default_get_test_dataloader, default_get_train_dataloader, default_log, default_predict,

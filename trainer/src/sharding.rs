@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 /// Which integration asked for sharding, with its settings.
 #[derive(Debug)]
 pub(crate) enum ShardingSource {
-    /// `--deepspeed`, with the processed config.
-    DeepSpeed(Box<HfTrainerDeepSpeedConfig>),
+    /// `--deepspeed` (the processed config is `Trainer::deepspeed`).
+    DeepSpeed,
     /// `--fsdp`, with the plugin.
     Fsdp(FsdpPlugin),
 }

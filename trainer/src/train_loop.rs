@@ -466,13 +466,23 @@ impl Trainer {
                         &self.state,
                         &mut self.control,
                     )?;
-                    learning_rate = Some(self.get_learning_rate());
+                    // Upstream reads the lr before stepping the scheduler, except when
+                    // DeepSpeed owns it (a `scheduler` or `optimizer` section: the
+                    // `DummyScheduler` its `engine.step()` steps inside
+                    // `accelerator.backward`), which has stepped by then.
+                    let stepped_by_deepspeed = self.deepspeed_steps_scheduler();
+                    if !stepped_by_deepspeed {
+                        learning_rate = Some(self.get_learning_rate());
+                    }
                     if let (Some(sched), Some(opt)) =
                         (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
                         && !sched.steps_on_metric()
                         && !step_was_skipped
                     {
                         sched.step(opt.as_mut())?;
+                    }
+                    if stepped_by_deepspeed {
+                        learning_rate = Some(self.get_learning_rate());
                     }
                     if let Some(opt) = self.optimizer.as_mut() {
                         opt.zero_grad();

@@ -19,7 +19,7 @@ use tchtrain_data::{
     SequentialSampler, SharedCollator, shared_collator,
 };
 use tchtrain_models::{ModelOutput, PreTrainedTokenizerFast, TrainableModel};
-use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer, OptimizerArgs};
+use tchtrain_optim::{GradScaler, GradScalerKwargs, LrScheduler, Optimizer};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
@@ -218,6 +218,9 @@ pub struct Trainer {
     pub(crate) accelerator: Accelerator,
     /// The DeepSpeed config or FSDP plugin of a sharded run (`zero.rs`).
     pub(crate) sharding: Option<crate::sharding::ShardingSource>,
+    /// The processed DeepSpeed config of a `--deepspeed` run (any stage), once `train`
+    /// has read it: its `optimizer` / `scheduler` sections replace the Trainer's.
+    pub(crate) deepspeed: Option<Box<tchtrain_deepspeed::HfTrainerDeepSpeedConfig>>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -510,6 +513,7 @@ impl TrainerBuilder {
             },
             accelerator,
             sharding: None,
+            deepspeed: None,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -798,13 +802,8 @@ impl Trainer {
         if self.optimizer.is_some() {
             return Ok(());
         }
-        let named = model_info::named_parameters(&*self.model);
-        let layernorms = self.model.layernorm_modules();
-        let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
-        self.optimizer = Some(tchtrain_optim::create_optimizer(
-            &OptimizerArgs::from(&self.args),
-            groups,
-        )?);
+        let groups = self.optimizer_param_groups()?;
+        self.optimizer = Some(self.build_optimizer(groups)?);
         Ok(())
     }
 
@@ -818,6 +817,17 @@ impl Trainer {
         let Some(opt) = self.optimizer.as_mut() else {
             return Ok(());
         };
+        if let Some(section) = self
+            .deepspeed
+            .as_ref()
+            .and_then(|ds| ds.config.get("scheduler"))
+        {
+            // Upstream `deepspeed_optim_sched`: the section's scheduler, built by DeepSpeed.
+            let sched = tchtrain_deepspeed::DeepSpeedLR::from_config(section, opt.as_mut())?;
+            self.lr_scheduler = Some(Box::new(sched));
+            self.created_lr_scheduler = true;
+            return Ok(());
+        }
         self.lr_scheduler = Some(tchtrain_optim::create_scheduler(
             &self.args,
             opt.as_mut(),

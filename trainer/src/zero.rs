@@ -33,9 +33,12 @@ use tchtrain_accelerate::{
     DistributedType, ShardMemory, ZeroPlugin, ZeroStage, optimizer_state_bytes,
 };
 use tchtrain_deepspeed::{
-    HfTrainerDeepSpeedConfig, LATEST_NAME, global_step_dir, load_zero_shard, save_zero_shard,
+    DeepSpeedOptimizer, HfTrainerDeepSpeedConfig, LATEST_NAME, global_step_dir, load_zero_shard,
+    save_zero_shard,
 };
 use tchtrain_fsdp::{FsdpPlugin, StateDictType};
+
+use tchtrain_training_args::DictOrPath;
 
 use crate::error::{Error, Result};
 use crate::model_info;
@@ -68,6 +71,7 @@ impl Trainer {
         let ds = deepspeed_config(&self.args)?;
         let fsdp_on = fsdp_requested(&self.args);
         let mut offload = Offload::default();
+        self.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
                 // Upstream's message (tchtrain-fsdp's check raises the same).
@@ -77,22 +81,28 @@ impl Trainer {
             ds.trainer_config_process(&self.args, self.args.auto_find_batch_size);
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
+            crate::field_support::check_deepspeed_keys(&ds.config, self.device())?;
+            self.deepspeed = Some(Box::new(ds));
+            let ds = self.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
                 return Ok(false);
             };
-            offload = offload_settings(&ds)?;
+            offload = offload_settings(ds)?;
             let units = if stage == ZeroStage::Weights {
                 layer_units(self)
             } else {
                 Vec::new()
             };
-            (stage, ShardingSource::DeepSpeed(Box::new(ds)), units)
+            (stage, ShardingSource::DeepSpeed, units)
         } else if fsdp_on {
             let map =
                 tchtrain_fsdp::fsdp_plugin_args(&self.args)?.ok_or(Error::InvalidArgument {
                     field: "fsdp",
                     detail: "the XLA FSDP path is not available".into(),
                 })?;
+            if let Some(DictOrPath::Dict(config)) = &self.args.fsdp_config {
+                crate::field_support::check_fsdp_keys(config)?;
+            }
             let plugin = FsdpPlugin::from_args(&map)?;
             tchtrain_fsdp::check_trainer_compat(&self.args, &plugin, false)?;
             let Some(stage) = tchtrain_fsdp::zero_stage_for(plugin.sharding_strategy) else {
@@ -132,12 +142,10 @@ impl Trainer {
                 detail: "a sharded run builds its optimizer over the shards: let the Trainer create it (set optim / learning_rate / weight_decay)".into(),
             });
         }
-        let named = model_info::named_parameters(&*self.model);
-        let layernorms = self.model.layernorm_modules();
-        let groups = tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms);
+        let groups = self.optimizer_param_groups()?;
         let plugin = ZeroPlugin {
             distributed_type: match source {
-                ShardingSource::DeepSpeed(_) => DistributedType::DeepSpeed,
+                ShardingSource::DeepSpeed => DistributedType::DeepSpeed,
                 ShardingSource::Fsdp(_) => DistributedType::Fsdp,
             },
             stage,
@@ -146,10 +154,7 @@ impl Trainer {
             offload_optimizer: offload.optimizer,
         };
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
-        self.optimizer = Some(tchtrain_optim::create_optimizer(
-            &tchtrain_optim::OptimizerArgs::from(&self.args),
-            shard_groups,
-        )?);
+        self.optimizer = Some(self.build_optimizer(shard_groups)?);
         self.sharding = Some(source);
         Ok(true)
     }
@@ -164,12 +169,58 @@ impl Trainer {
         self.optimizer.as_deref().map_or(0, optimizer_state_bytes)
     }
 
-    /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run.
+    /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run, once
+    /// `train` has read it.
     pub fn hf_deepspeed_config(&self) -> Option<&HfTrainerDeepSpeedConfig> {
-        match self.sharding.as_ref()? {
-            ShardingSource::DeepSpeed(c) => Some(c),
-            ShardingSource::Fsdp(_) => None,
+        self.deepspeed.as_deref()
+    }
+
+    /// Whether DeepSpeed's engine steps the scheduler (upstream hands it a
+    /// `DummyScheduler` when the config has a `scheduler` or an `optimizer` section).
+    pub(crate) fn deepspeed_steps_scheduler(&self) -> bool {
+        self.deepspeed.as_ref().is_some_and(|ds| {
+            ds.config.contains_key("scheduler") || ds.config.contains_key("optimizer")
+        })
+    }
+
+    /// The DeepSpeed config's `optimizer` section, when this run has one.
+    fn deepspeed_optimizer(&self) -> Result<Option<DeepSpeedOptimizer>> {
+        match self
+            .deepspeed
+            .as_ref()
+            .and_then(|ds| ds.config.get("optimizer"))
+        {
+            Some(section) => Ok(Some(DeepSpeedOptimizer::from_config(section)?)),
+            None => Ok(None),
         }
+    }
+
+    /// The optimizer's parameter groups: DeepSpeed's one group of every parameter when the
+    /// DeepSpeed config has an `optimizer` section (upstream hands DeepSpeed
+    /// `model.parameters()`), else the Trainer's decay / no-decay groups.
+    pub(crate) fn optimizer_param_groups(&self) -> Result<Vec<tchtrain_optim::GroupSpec>> {
+        let named = model_info::named_parameters(&*self.model);
+        Ok(match self.deepspeed_optimizer()? {
+            Some(ds) => ds.param_groups(named),
+            None => {
+                let layernorms = self.model.layernorm_modules();
+                tchtrain_optim::decay_param_groups(named, self.args.weight_decay, &layernorms)
+            }
+        })
+    }
+
+    /// The optimizer over `groups`: the DeepSpeed section's, else `optim` and its arguments.
+    pub(crate) fn build_optimizer(
+        &self,
+        groups: Vec<tchtrain_optim::GroupSpec>,
+    ) -> Result<Box<dyn tchtrain_optim::Optimizer>> {
+        Ok(match self.deepspeed_optimizer()? {
+            Some(ds) => ds.build(groups)?,
+            None => tchtrain_optim::create_optimizer(
+                &tchtrain_optim::OptimizerArgs::from(&self.args),
+                groups,
+            )?,
+        })
     }
 
     /// The ZeRO stage of the running sharded engine, if any.
@@ -206,7 +257,7 @@ impl Trainer {
         };
         let step = self.state.global_step;
         let dir = match source {
-            ShardingSource::DeepSpeed(_) => global_step_dir(tmp, step),
+            ShardingSource::DeepSpeed => global_step_dir(tmp, step),
             ShardingSource::Fsdp(_) => tmp.join(tchtrain_deepspeed::FSDP_MODEL_DIR),
         };
         let is_rank0 = self.args.process_index() == 0;
@@ -215,7 +266,7 @@ impl Trainer {
         } else {
             self.optimizer.as_deref()
         };
-        let deepspeed = matches!(source, ShardingSource::DeepSpeed(_));
+        let deepspeed = matches!(source, ShardingSource::DeepSpeed);
         let state_dict = self.accelerator.with_zero_engine(|pg, engine| {
             let consolidate = engine.stage() == ZeroStage::Weights && !shards_only;
             let state_dict = if consolidate {

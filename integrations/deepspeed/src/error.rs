@@ -30,6 +30,14 @@ pub enum Error {
         /// What to do.
         fix: &'static str,
     },
+    /// A key or value this build does not implement: which, why, and what to use instead.
+    #[error("DeepSpeed config `{key}`: {why}")]
+    NotSupported {
+        /// The dotted key.
+        key: String,
+        /// Why, and what to use instead.
+        why: String,
+    },
     /// A combination upstream rejects.
     #[error("{what}")]
     Unsupported {

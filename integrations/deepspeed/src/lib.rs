@@ -16,11 +16,15 @@
 
 mod config;
 mod error;
+mod lr_schedules;
+mod optimizer;
 mod zero_checkpoint;
 mod zero_to_fp32;
 
 pub use config::HfTrainerDeepSpeedConfig;
 pub use error::{Error, Result};
+pub use lr_schedules::{DeepSpeedLR, SCHEDULER_TYPES, WarmupType};
+pub use optimizer::DeepSpeedOptimizer;
 pub use zero_checkpoint::{
     FSDP_MODEL_DIR, LATEST_NAME, ZeroShardMeta, global_step_dir, load_zero_shard, read_zero_shard,
     save_zero_shard, zero_shard_stem,

@@ -224,3 +224,89 @@ fn offload_the_engine_lacks_is_refused_naming_the_key() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+fn ds_reference(name: &str) -> Result<Value> {
+    let path = tchtrain_testing::assets()
+        .join("reference/deepspeed_lr_schedules/deepspeed_lr_schedules.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    v["cases"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name).cloned())
+        .with_context(|| format!("case {name}"))
+}
+
+#[test]
+fn the_config_optimizer_and_scheduler_replace_the_trainers() -> Result<()> {
+    let _g = lock();
+    if role().is_some() {
+        return Ok(());
+    }
+    // Upstream `deepspeed_optim_sched`: with `optimizer` and `scheduler` sections DeepSpeed
+    // builds both: AdamW over one group of every parameter (weight decay on biases and
+    // norms too) and its WarmupDecayLR (log warm-up), not the Trainer's linear schedule.
+    let dir = temp_dir("ds-sections");
+    let config = json!({
+        "zero_optimization": {"stage": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto"
+    });
+    let path = dir.join("ds.json");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(&path, config.to_string())?;
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: B,
+        max_steps: 6,
+        learning_rate: 1e-3,
+        warmup_steps: 3.0,
+        weight_decay: 0.01,
+        logging_steps: 1.0,
+        save_strategy: SaveStrategy::No,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        deepspeed: Some(DictOrPath::Path(path.display().to_string())),
+        ..TrainingArguments::new(dir.join("out").display().to_string())
+    };
+    args.post_init()?;
+    let mut t = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 16)?)
+        .build()?;
+    t.train(None)?;
+    let opt = t.optimizer().context("optimizer")?;
+    assert_eq!(opt.name(), "adamw");
+    assert_eq!(opt.param_groups().len(), 1, "DeepSpeed's one group");
+    assert_eq!(opt.param_groups()[0].weight_decay, 0.01);
+    // The logged lr is the scheduler's after each step: DeepSpeed's own values.
+    let want = ds_reference("trainer_decay")?;
+    let logged: Vec<f64> = t
+        .state
+        .log_history
+        .iter()
+        .filter_map(|e| e.get("learning_rate")?.as_f64())
+        .collect();
+    let expected: Vec<f64> = (1..=6)
+        .map(|k| want["lrs"][k][0].as_f64().unwrap_or(f64::NAN))
+        .collect();
+    assert_eq!(logged, expected);
+
+    // Another optimizer type is refused by key, before any step.
+    let mut bad = config.clone();
+    bad["optimizer"]["type"] = json!("Lamb");
+    std::fs::write(&path, bad.to_string())?;
+    let mut args = t.args().clone();
+    args.output_dir = Some(dir.join("out2").display().to_string());
+    let err = Trainer::builder(initial_model()?, args)
+        .train_dataset(blocks("train", 16)?)
+        .build()?
+        .train(None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`optimizer.type`") && err.contains("Lamb"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

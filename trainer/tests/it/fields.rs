@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tchtrain_testing::lock;
-use tchtrain_trainer::{FIELD_SUPPORT, ResumeFrom, Support, Trainer, markdown_table};
+use tchtrain_trainer::{
+    DEEPSPEED_KEY_SUPPORT, FIELD_SUPPORT, FSDP_KEY_SUPPORT, FieldSupport, ResumeFrom, Support,
+    Trainer, check_deepspeed_keys, check_fsdp_keys, markdown_table,
+};
 use tchtrain_training_args::{TrainingArguments, field_names};
 
 use crate::common::temp_dir;
@@ -142,26 +145,10 @@ fn every_field_is_honoured_inert_or_refused() -> Result<()> {
         "FIELD_SUPPORT must list every TrainingArguments field in order"
     );
 
-    let mut sources = Vec::new();
-    rust_sources(&workspace_root(), &mut sources)?;
-    let text: String = sources
-        .iter()
-        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
-        .collect();
+    assert_tests_exist(FIELD_SUPPORT)?;
     let dir = temp_dir("fields");
     std::fs::create_dir_all(&dir)?;
     for row in FIELD_SUPPORT {
-        let tests = match row.support {
-            Support::Honoured(tests) | Support::Partly(tests, _) => tests,
-            Support::Inert(_) | Support::Refused(_) => &[],
-        };
-        for test in tests {
-            assert!(
-                text.contains(&format!("fn {test}(")),
-                "{}: the test `{test}` named as observing it does not exist",
-                row.field
-            );
-        }
         let Some((value, named)) = non_default(row.field) else {
             assert!(
                 matches!(row.support, Support::Honoured(_) | Support::Partly(..)),
@@ -205,22 +192,163 @@ fn every_field_is_honoured_inert_or_refused() -> Result<()> {
 }
 
 #[test]
-fn the_readme_lists_every_field_as_the_trainer_treats_it() -> Result<()> {
+fn the_readme_lists_every_field_and_key_as_the_trainer_treats_it() -> Result<()> {
     let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
-    let begin = "<!-- field-support:begin -->\n";
-    let end = "<!-- field-support:end -->";
-    let start = readme
-        .find(begin)
-        .context("README lacks the field-support markers")?
-        + begin.len();
-    let stop = readme[start..]
-        .find(end)
-        .context("README lacks the end marker")?
-        + start;
-    let table = markdown_table();
-    if readme[start..stop] != table {
-        bail!("README's field table is stale; replace it with:\n{table}");
+    for (name, table) in [
+        ("field-support", markdown_table(FIELD_SUPPORT, "field")),
+        (
+            "deepspeed-key-support",
+            markdown_table(DEEPSPEED_KEY_SUPPORT, "DeepSpeed key"),
+        ),
+        (
+            "fsdp-key-support",
+            markdown_table(FSDP_KEY_SUPPORT, "`fsdp_config` key"),
+        ),
+    ] {
+        let begin = format!("<!-- {name}:begin -->\n");
+        let end = format!("<!-- {name}:end -->");
+        let start = readme
+            .find(&begin)
+            .with_context(|| format!("README lacks the {name} markers"))?
+            + begin.len();
+        let stop = readme[start..]
+            .find(&end)
+            .context("README lacks the end marker")?
+            + start;
+        if readme[start..stop] != table {
+            bail!("README's {name} table is stale; replace it with:\n{table}");
+        }
     }
+    Ok(())
+}
+
+/// Every test a row names as observing it exists in the workspace.
+fn assert_tests_exist(rows: &[FieldSupport]) -> Result<()> {
+    let mut sources = Vec::new();
+    rust_sources(&workspace_root(), &mut sources)?;
+    let text: String = sources
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    for row in rows {
+        let tests = match row.support {
+            Support::Honoured(tests) | Support::Partly(tests, _) => tests,
+            Support::Inert(_) | Support::Refused(_) => &[],
+        };
+        for test in tests {
+            assert!(
+                text.contains(&format!("fn {test}(")),
+                "{}: the test `{test}` named as observing it does not exist",
+                row.field
+            );
+        }
+    }
+    Ok(())
+}
+
+fn fixture(name: &str) -> Result<serde_json::Map<String, Value>> {
+    let path = workspace_root()
+        .join("integrations/deepspeed/tests/fixtures")
+        .join(name);
+    match serde_json::from_str(&std::fs::read_to_string(path)?)? {
+        Value::Object(m) => Ok(m),
+        _ => bail!("{name} is not an object"),
+    }
+}
+
+#[test]
+fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
+    use tch::Device;
+    assert_tests_exist(DEEPSPEED_KEY_SUPPORT)?;
+    assert_tests_exist(FSDP_KEY_SUPPORT)?;
+    // The documentation's configs, as the Trainer fills them, are accepted as they are.
+    for name in ["ds_config_zero2.filled.json", "ds_config_zero3.filled.json"] {
+        check_deepspeed_keys(&fixture(name)?, Device::Cpu)?;
+    }
+    // Each row's key with a value it accepts (a `.*` row through one key under it).
+    for row in DEEPSPEED_KEY_SUPPORT {
+        let key = row.field.replace(".*", ".buffer_count");
+        let value = match row.field {
+            "fp16.enabled" | "bf16.enabled" => json!(false),
+            "optimizer.type" => json!("AdamW"),
+            "scheduler.type" => json!("WarmupLR"),
+            "zero_optimization.offload_optimizer.device"
+            | "zero_optimization.offload_param.device" => json!("cpu"),
+            _ => json!(true),
+        };
+        // Dotted keys as nested objects.
+        let nested = key
+            .split('.')
+            .rev()
+            .fold(value, |inner, part| json!({ part: inner }));
+        let Value::Object(nested) = nested else {
+            unreachable!()
+        };
+        check_deepspeed_keys(&nested, Device::Cpu)
+            .with_context(|| format!("{key} should be accepted"))?;
+    }
+    // What is refused, by key.
+    let refused = [
+        (json!({"bf16": {"enabled": true}}), "bf16.enabled"),
+        (
+            json!({"communication_data_type": "fp32"}),
+            "communication_data_type",
+        ),
+        (
+            json!({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": false}}),
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+        ),
+        (
+            json!({"activation_checkpointing": {"partition_activations": true}}),
+            "activation_checkpointing.partition_activations",
+        ),
+    ];
+    for (config, key) in refused {
+        let Value::Object(config) = config else {
+            unreachable!()
+        };
+        let err = check_deepspeed_keys(&config, Device::Cpu)
+            .expect_err(key)
+            .to_string();
+        assert!(
+            err.starts_with(&format!("invalid `deepspeed`: `{key}`: ")),
+            "{err}"
+        );
+    }
+    // fp16: trains in fp32 on the CPU (as upstream); DeepSpeed's fp16 on CUDA is refused.
+    let Value::Object(fp16) = json!({"fp16": {"enabled": true}}) else {
+        unreachable!()
+    };
+    check_deepspeed_keys(&fp16, Device::Cpu)?;
+    let err = check_deepspeed_keys(&fp16, Device::Cuda(0))
+        .expect_err("fp16 on CUDA")
+        .to_string();
+    assert!(err.contains("`fp16.enabled`"), "{err}");
+
+    for row in FSDP_KEY_SUPPORT {
+        let mut config = serde_json::Map::new();
+        config.insert(row.field.to_string(), json!(false));
+        check_fsdp_keys(&config).with_context(|| format!("fsdp_config {} false", row.field))?;
+        config.insert(row.field.to_string(), json!(true));
+        let outcome = check_fsdp_keys(&config);
+        match row.support {
+            Support::Refused(_) => {
+                let err = outcome.expect_err(row.field).to_string();
+                assert!(
+                    err.starts_with(&format!("invalid `fsdp_config`: `{}`: ", row.field)),
+                    "{err}"
+                );
+            }
+            _ => outcome.with_context(|| format!("fsdp_config {} true", row.field))?,
+        }
+    }
+    let Value::Object(unknown) = json!({"mixed_precision_policy": "bf16"}) else {
+        unreachable!()
+    };
+    let err = check_fsdp_keys(&unknown)
+        .expect_err("unknown key")
+        .to_string();
+    assert!(err.contains("`mixed_precision_policy`"), "{err}");
     Ok(())
 }
 

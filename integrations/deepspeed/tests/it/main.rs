@@ -2,3 +2,4 @@
 
 mod config;
 mod doc_configs;
+mod lr_schedules;
