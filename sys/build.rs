@@ -50,6 +50,7 @@ fn main() {
         "guard.cpp",
         "autocast.cpp",
         "backends.cpp",
+        "checkpoint.cpp",
         "generator.cpp",
         "grad_boundary.cpp",
         "cpu_cache.cpp",

@@ -5,18 +5,21 @@
 //! `CrossEntropyLoss()` itself) and ignore `num_items_in_batch`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
+use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
+use crate::neftune::neftune_post_forward_hook;
 use crate::{Error, Result};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
@@ -149,6 +152,57 @@ struct Layer {
     output_ln: nn::LayerNorm,
 }
 
+/// What a layer's forward needs besides the hidden states (owned, so that a checkpointed
+/// layer can run again in the backward).
+struct LayerInputs {
+    mask: attention::Mask,
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    head_dim: i64,
+    hidden_size: i64,
+    scale: f64,
+    attn_p: f64,
+    hidden_dropout_prob: f64,
+    train: bool,
+    act: Activation,
+}
+
+impl Layer {
+    /// Upstream `BertLayer.forward`: self-attention, then the feed-forward block, each
+    /// followed by dropout, the residual connection and a post-LayerNorm.
+    fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
+        let LayerInputs {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            ..
+        } = *x;
+        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let a = attention::sdpa(
+            &to_heads(h.apply(&self.query)),
+            &to_heads(h.apply(&self.key)),
+            &to_heads(h.apply(&self.value)),
+            &x.mask,
+            x.attn_p,
+            x.scale,
+        );
+        let a = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
+        let a = (a
+            .apply(&self.attn_out)
+            .dropout(x.hidden_dropout_prob, x.train)
+            + h)
+            .apply(&self.attn_ln);
+        let m = x
+            .act
+            .apply(&a.apply(&self.intermediate))
+            .apply(&self.output)
+            .dropout(x.hidden_dropout_prob, x.train);
+        (m + a).apply(&self.output_ln)
+    }
+}
+
 /// Upstream `BertModel`: embeddings, encoder and (optionally) the pooler.
 #[derive(Debug)]
 pub struct BertModel {
@@ -156,10 +210,12 @@ pub struct BertModel {
     position_embeddings: nn::Embedding,
     token_type_embeddings: nn::Embedding,
     embeddings_ln: nn::LayerNorm,
-    layers: Vec<Layer>,
+    layers: Vec<Arc<Shared<Layer>>>,
     pooler: Option<nn::Linear>,
     act: Activation,
     config: BertConfig,
+    /// Upstream's `gradient_checkpointing` on the layers.
+    pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
 
 impl BertModel {
@@ -189,7 +245,7 @@ impl BertModel {
             .map(|i| {
                 let l = &p / "encoder" / "layer" / i;
                 let a = &l / "attention";
-                Layer {
+                Arc::new(Shared(Layer {
                     query: layers::layer_linear(&a / "self" / "query", d, d, true, std),
                     key: layers::layer_linear(&a / "self" / "key", d, d, true, std),
                     value: layers::layer_linear(&a / "self" / "value", d, d, true, std),
@@ -210,7 +266,7 @@ impl BertModel {
                         std,
                     ),
                     output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
-                }
+                }))
             })
             .collect();
         Ok(Self {
@@ -223,6 +279,7 @@ impl BertModel {
                 .then(|| layers::linear(&p / "pooler" / "dense", d, d, true, std)),
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
+            checkpointing: None,
         })
     }
 
@@ -245,40 +302,39 @@ impl BertModel {
             Some(t) => t.f_to_device(device)?,
             None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
         };
-        let h = ids.apply(&self.word_embeddings)
+        let h = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?
             + token_types.apply(&self.token_type_embeddings)
             + positions.apply(&self.position_embeddings);
         let mut h = h
             .apply(&self.embeddings_ln)
             .dropout(c.hidden_dropout_prob, train);
-        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, false, device);
-        let (heads, head_dim) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
-        let scale = (head_dim as f64).powf(-0.5);
-        let attn_p = if train {
-            c.attention_probs_dropout_prob
-        } else {
-            0.0
-        };
-        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let head_dim = c.hidden_size / c.num_attention_heads;
+        let x = Arc::new(Shared(LayerInputs {
+            mask: attention::attention_mask(inputs.attention_mask, batch, seq, false, device),
+            batch,
+            seq,
+            heads: c.num_attention_heads,
+            head_dim,
+            hidden_size: c.hidden_size,
+            scale: (head_dim as f64).powf(-0.5),
+            attn_p: if train {
+                c.attention_probs_dropout_prob
+            } else {
+                0.0
+            },
+            hidden_dropout_prob: c.hidden_dropout_prob,
+            train,
+            act: self.act,
+        }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
-            let a = attention::sdpa(
-                &to_heads(h.apply(&l.query)),
-                &to_heads(h.apply(&l.key)),
-                &to_heads(h.apply(&l.value)),
-                &mask,
-                attn_p,
-                scale,
-            );
-            let a = a.transpose(1, 2).reshape([batch, seq, c.hidden_size]);
-            let a =
-                (a.apply(&l.attn_out).dropout(c.hidden_dropout_prob, train) + &h).apply(&l.attn_ln);
-            let m = self
-                .act
-                .apply(&a.apply(&l.intermediate))
-                .apply(&l.output)
-                .dropout(c.hidden_dropout_prob, train);
-            h = (m + a).apply(&l.output_ln);
+            h = match &self.checkpointing {
+                Some(ac) if train && ac.checkpoints(i) => {
+                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
+                    checkpoint_layer(&h, ac, move |h| Ok(l.forward(h, &x)))?
+                }
+                _ => l.forward(&h, &x),
+            };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
         let pooled = self.pooler.as_ref().map(|p| h.select(1, 0).apply(p).tanh());
@@ -425,6 +481,7 @@ impl<const KIND: u8> PreTrainedModel for Bert<KIND> {
 
 impl<const KIND: u8> TrainableModel for Bert<KIND> {
     crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(bert);
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.num_labels();
         match KIND {

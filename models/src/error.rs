@@ -19,6 +19,14 @@ pub enum Error {
         /// What is wrong and what was expected.
         detail: String,
     },
+    /// An argument (e.g. `activation_checkpointing_kwargs`) has a value this crate cannot use.
+    #[error("invalid `{field}`: {detail}")]
+    InvalidArgument {
+        /// The argument.
+        field: &'static str,
+        /// What is wrong and what to use instead.
+        detail: String,
+    },
     /// A config field has a value this crate cannot use.
     #[error("config field `{field}` = {value}: {fix}")]
     InvalidConfig {

@@ -7,18 +7,21 @@
 #![allow(clippy::assign_op_pattern)]
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
+use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, Conv1D};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
+use crate::neftune::neftune_post_forward_hook;
 use crate::{Error, Result};
 
 /// Upstream `GPT2Config` with its defaults (GPT-2 small).
@@ -146,10 +149,65 @@ struct Block {
 pub struct GPT2Model {
     wte: nn::Embedding,
     wpe: nn::Embedding,
-    h: Vec<Block>,
+    h: Vec<Arc<Shared<Block>>>,
     ln_f: nn::LayerNorm,
     act: Activation,
     config: GPT2Config,
+    /// Upstream's `gradient_checkpointing` on the blocks.
+    pub(crate) checkpointing: Option<ActivationCheckpointing>,
+}
+
+/// What a block's forward needs besides the hidden states (owned, so that a checkpointed
+/// block can run again in the backward).
+struct BlockInputs {
+    mask: attention::Mask,
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    head_dim: i64,
+    n_embd: i64,
+    attn_p: f64,
+    resid_pdrop: f64,
+    train: bool,
+    act: Activation,
+}
+
+impl Block {
+    /// Upstream `GPT2Block.forward`: attention and MLP, each behind a pre-LayerNorm and a
+    /// residual connection.
+    fn forward(&self, h: &Tensor, x: &BlockInputs) -> Tensor {
+        let BlockInputs {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            n_embd,
+            ..
+        } = *x;
+        let normed = h.apply(&self.ln_1);
+        let qkv = normed.apply(&self.c_attn).split(n_embd, 2);
+        let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let a = attention::sdpa(
+            &to_heads(&qkv[0]),
+            &to_heads(&qkv[1]),
+            &to_heads(&qkv[2]),
+            &x.mask,
+            x.attn_p,
+            self.scaling,
+        );
+        let a = a
+            .transpose(1, 2)
+            .reshape([batch, seq, n_embd])
+            .apply(&self.c_proj)
+            .dropout(x.resid_pdrop, x.train);
+        let h = a + h;
+        let m = x
+            .act
+            .apply(&h.apply(&self.ln_2).apply(&self.c_fc))
+            .apply(&self.mlp_proj)
+            .dropout(x.resid_pdrop, x.train);
+        h + m
+    }
 }
 
 impl GPT2Model {
@@ -176,7 +234,7 @@ impl GPT2Model {
                 if config.scale_attn_by_inverse_layer_idx {
                     scaling /= (i + 1) as f64;
                 }
-                Block {
+                Arc::new(Shared(Block {
                     ln_1: layers::layer_norm(&b / "ln_1", d, config.layer_norm_epsilon),
                     c_attn: Conv1D::new(&b / "attn" / "c_attn", 3 * d, d, std),
                     c_proj: Conv1D::new(&b / "attn" / "c_proj", d, d, proj_std),
@@ -184,7 +242,7 @@ impl GPT2Model {
                     c_fc: Conv1D::new(&b / "mlp" / "c_fc", inner, d, std),
                     mlp_proj: Conv1D::new(&b / "mlp" / "c_proj", d, inner, proj_std),
                     scaling,
-                }
+                }))
             })
             .collect();
         Ok(Self {
@@ -194,6 +252,7 @@ impl GPT2Model {
             ln_f: layers::layer_norm(&p / "ln_f", d, config.layer_norm_epsilon),
             act: Activation::parse(&config.activation_function, "activation_function")?,
             config: config.clone(),
+            checkpointing: None,
         })
     }
 
@@ -212,40 +271,35 @@ impl GPT2Model {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
-        let mut h = ids.apply(&self.wte) + positions.apply(&self.wpe);
+        // NEFTune's hook sits on `wte`, so it also sees the token-type lookup.
+        let inputs_embeds = neftune_post_forward_hook(ids.apply(&self.wte), train)?;
+        let mut h = inputs_embeds + positions.apply(&self.wpe);
         if let Some(tt) = inputs.token_type_ids {
-            h = h + tt.f_to_device(device)?.apply(&self.wte);
+            h = h + neftune_post_forward_hook(tt.f_to_device(device)?.apply(&self.wte), train)?;
         }
         let c = &self.config;
         let mut h = h.dropout(c.embd_pdrop, train);
-        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, true, device);
-        let (heads, head_dim) = (c.n_head, c.n_embd / c.n_head);
-        let attn_p = if train { c.attn_pdrop } else { 0.0 };
+        let x = Arc::new(Shared(BlockInputs {
+            mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
+            batch,
+            seq,
+            heads: c.n_head,
+            head_dim: c.n_embd / c.n_head,
+            n_embd: c.n_embd,
+            attn_p: if train { c.attn_pdrop } else { 0.0 },
+            resid_pdrop: c.resid_pdrop,
+            train,
+            act: self.act,
+        }));
         for (i, b) in self.h.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
-            let x = h.apply(&b.ln_1);
-            let qkv = x.apply(&b.c_attn).split(c.n_embd, 2);
-            let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
-            let a = attention::sdpa(
-                &to_heads(&qkv[0]),
-                &to_heads(&qkv[1]),
-                &to_heads(&qkv[2]),
-                &mask,
-                attn_p,
-                b.scaling,
-            );
-            let a = a
-                .transpose(1, 2)
-                .reshape([batch, seq, c.n_embd])
-                .apply(&b.c_proj)
-                .dropout(c.resid_pdrop, train);
-            h = a + h;
-            let m = self
-                .act
-                .apply(&h.apply(&b.ln_2).apply(&b.c_fc))
-                .apply(&b.mlp_proj)
-                .dropout(c.resid_pdrop, train);
-            h = h + m;
+            h = match &self.checkpointing {
+                Some(ac) if train && ac.checkpoints(i) => {
+                    let (b, x) = (Arc::clone(b), Arc::clone(&x));
+                    checkpoint_layer(&h, ac, move |h| Ok(b.forward(h, &x)))?
+                }
+                _ => b.forward(&h, &x),
+            };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
         Ok(h.apply(&self.ln_f))
@@ -322,6 +376,7 @@ impl PreTrainedModel for GPT2LMHeadModel {
 
 impl TrainableModel for GPT2LMHeadModel {
     crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(transformer);
     // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
     // `_loss_shifts_labels` is false); it is in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.
     fn is_causal_lm(&self) -> bool {
@@ -429,6 +484,7 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
 
 impl TrainableModel for GPT2ForSequenceClassification {
     crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(transformer);
     fn label_check(&self) -> Option<LabelCheck> {
         Some(LabelCheck::Sequence {
             num_labels: self.config.num_labels(),

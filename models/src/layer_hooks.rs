@@ -84,11 +84,36 @@ pub(crate) fn after_layer(index: usize, hidden: Tensor) -> Result<Tensor> {
     }
 }
 
+thread_local! {
+    static RELEASES: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether the layers' linear maps run in the releasing form now: as set by
+/// [`with_releases`], else as the installed hooks ask.
+pub(crate) fn releases_parameters() -> bool {
+    RELEASES
+        .with(std::cell::Cell::get)
+        .unwrap_or_else(|| current().is_some_and(|h| h.releases_parameters()))
+}
+
+/// Runs `f` with the linear maps' form fixed to `releases` (a checkpointed layer recomputed
+/// in the backward, outside the hooks, computes as its forward did).
+pub(crate) fn with_releases<R>(releases: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RELEASES.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(RELEASES.with(|r| r.replace(Some(releases))));
+    f()
+}
+
 /// A transformer layer's linear map `x Wᵀ + b`: `nn::Linear`'s, or under hooks that release
 /// parameters (see [`LayerHooks::releases_parameters`]) `(W xᵀ)ᵀ + b`, whose matrix product
 /// saves `W` itself for the backward.
 pub(crate) fn linear(xs: &Tensor, lin: &nn::Linear) -> Tensor {
-    if !current().is_some_and(|h| h.releases_parameters()) {
+    if !releases_parameters() {
         return xs.apply(lin);
     }
     let mut size = xs.size();

@@ -14,6 +14,7 @@ mod attention;
 mod auto;
 mod auto_tokenizer;
 mod bert;
+mod checkpoint;
 mod configuration_utils;
 mod error;
 mod gpt2;
@@ -23,6 +24,7 @@ mod layers;
 mod llama;
 mod loading;
 mod modeling_utils;
+mod neftune;
 mod tokenization;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
@@ -33,6 +35,7 @@ pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
     BertForTokenClassification, BertModel,
 };
+pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
 };
@@ -49,6 +52,7 @@ pub use loading::{
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
+pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

@@ -7,16 +7,19 @@
 #![allow(clippy::assign_op_pattern)]
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
+use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, RmsNorm};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
+use crate::neftune::neftune_post_forward_hook;
 use crate::{Error, Result};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
@@ -286,15 +289,73 @@ struct DecoderLayer {
     post_attention_layernorm: RmsNorm,
 }
 
+/// What a decoder layer's forward needs besides the hidden states (owned, so that a
+/// checkpointed layer can run again in the backward).
+struct LayerInputs {
+    cos: Tensor,
+    sin: Tensor,
+    mask: attention::Mask,
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    scale: f64,
+    attn_p: f64,
+    act: Activation,
+}
+
+impl DecoderLayer {
+    /// Upstream `LlamaDecoderLayer.forward`: RMSNorm, rotary self-attention and residual,
+    /// then RMSNorm, the gated MLP and residual.
+    fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
+        let LayerInputs {
+            batch,
+            seq,
+            heads,
+            kv_heads,
+            head_dim: hd,
+            ..
+        } = *x;
+        let normed = self.input_layernorm.forward(h);
+        let q = normed
+            .apply(&self.q_proj)
+            .view([batch, seq, heads, hd])
+            .transpose(1, 2);
+        let k = normed
+            .apply(&self.k_proj)
+            .view([batch, seq, kv_heads, hd])
+            .transpose(1, 2);
+        let v = normed
+            .apply(&self.v_proj)
+            .view([batch, seq, kv_heads, hd])
+            .transpose(1, 2);
+        let q = &q * &x.cos + rotate_half(&q) * &x.sin;
+        let k = &k * &x.cos + rotate_half(&k) * &x.sin;
+        let a = attention::sdpa(&q, &k, &v, &x.mask, x.attn_p, x.scale);
+        let a = a
+            .transpose(1, 2)
+            .reshape([batch, seq, heads * hd])
+            .apply(&self.o_proj);
+        let h = h + a;
+        let normed = self.post_attention_layernorm.forward(&h);
+        let m = (x.act.apply(&normed.apply(&self.gate_proj)) * normed.apply(&self.up_proj))
+            .apply(&self.down_proj);
+        h + m
+    }
+}
+
 /// Upstream `LlamaModel`: embeddings, decoder layers, final RMSNorm.
 #[derive(Debug)]
 pub struct LlamaModel {
     embed_tokens: nn::Embedding,
-    layers: Vec<DecoderLayer>,
+    layers: Vec<Arc<Shared<DecoderLayer>>>,
     norm: RmsNorm,
     inv_freq: Tensor,
     act: Activation,
     config: LlamaConfig,
+    /// Upstream's `gradient_checkpointing` on the decoder layers.
+    pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
 
 fn rotate_half(x: &Tensor) -> Tensor {
@@ -323,7 +384,7 @@ impl LlamaModel {
                 let l = &p / "layers" / i;
                 let a = &l / "self_attn";
                 let m = &l / "mlp";
-                DecoderLayer {
+                Arc::new(Shared(DecoderLayer {
                     q_proj: layers::layer_linear(
                         &a / "q_proj",
                         d,
@@ -379,7 +440,7 @@ impl LlamaModel {
                         d,
                         config.rms_norm_eps,
                     ),
-                }
+                }))
             })
             .collect();
         Ok(Self {
@@ -389,6 +450,7 @@ impl LlamaModel {
             inv_freq: config.inv_freq(p.device())?,
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
+            checkpointing: None,
         })
     }
 
@@ -408,7 +470,7 @@ impl LlamaModel {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
-        let mut h = ids.apply(&self.embed_tokens);
+        let mut h = neftune_post_forward_hook(ids.apply(&self.embed_tokens), train)?;
         // Upstream LlamaRotaryEmbedding: float32 frequencies, cos / sin cast to the hidden dtype.
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.inv_freq.to_device(device);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
@@ -416,37 +478,28 @@ impl LlamaModel {
             emb.cos().to_kind(h.kind()).unsqueeze(1),
             emb.sin().to_kind(h.kind()).unsqueeze(1),
         );
-        let mask = attention::attention_mask(inputs.attention_mask, batch, seq, true, device);
-        let (hd, heads, kv) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads());
-        let scale = (hd as f64).powf(-0.5);
-        let attn_p = if train { c.attention_dropout } else { 0.0 };
+        let x = Arc::new(Shared(LayerInputs {
+            cos,
+            sin,
+            mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
+            batch,
+            seq,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads(),
+            head_dim: c.head_dim(),
+            scale: (c.head_dim() as f64).powf(-0.5),
+            attn_p: if train { c.attention_dropout } else { 0.0 },
+            act: self.act,
+        }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
-            let x = l.input_layernorm.forward(&h);
-            let q = x
-                .apply(&l.q_proj)
-                .view([batch, seq, heads, hd])
-                .transpose(1, 2);
-            let k = x
-                .apply(&l.k_proj)
-                .view([batch, seq, kv, hd])
-                .transpose(1, 2);
-            let v = x
-                .apply(&l.v_proj)
-                .view([batch, seq, kv, hd])
-                .transpose(1, 2);
-            let q = &q * &cos + rotate_half(&q) * &sin;
-            let k = &k * &cos + rotate_half(&k) * &sin;
-            let a = attention::sdpa(&q, &k, &v, &mask, attn_p, scale);
-            let a = a
-                .transpose(1, 2)
-                .reshape([batch, seq, heads * hd])
-                .apply(&l.o_proj);
-            h = h + a;
-            let x = l.post_attention_layernorm.forward(&h);
-            let m =
-                (self.act.apply(&x.apply(&l.gate_proj)) * x.apply(&l.up_proj)).apply(&l.down_proj);
-            h = h + m;
+            h = match &self.checkpointing {
+                Some(ac) if train && ac.checkpoints(i) => {
+                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
+                    checkpoint_layer(&h, ac, move |h| Ok(l.forward(h, &x)))?
+                }
+                _ => l.forward(&h, &x),
+            };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
         Ok(self.norm.forward(&h))
@@ -518,6 +571,7 @@ impl PreTrainedModel for LlamaForCausalLM {
 
 impl TrainableModel for LlamaForCausalLM {
     crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
     }

@@ -94,6 +94,32 @@ pub trait TrainableModel: Send {
     /// Runs the model; with labels, the output carries the loss.
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput>;
 
+    /// Upstream `activation_checkpointing_enable(kwargs, every_n_layers, offload)`: from now
+    /// on, in training mode, the layers `settings` selects run without keeping their
+    /// activations and are recomputed in the backward (losses and gradients unchanged). A
+    /// model without layers to checkpoint refuses, with upstream's message.
+    fn activation_checkpointing_enable(
+        &mut self,
+        settings: crate::ActivationCheckpointing,
+    ) -> Result<()> {
+        let _ = settings;
+        Err(crate::Error::InvalidArgument {
+            field: "activation_checkpointing",
+            detail: format!(
+                "{} does not support activation checkpointing. (upstream's message); train without --activation_checkpointing",
+                self.model_name()
+            ),
+        })
+    }
+
+    /// Upstream `activation_checkpointing_disable()`.
+    fn activation_checkpointing_disable(&mut self) {}
+
+    /// Upstream `is_activation_checkpointing`.
+    fn is_activation_checkpointing(&self) -> bool {
+        false
+    }
+
     /// Upstream `model.train()`.
     fn train(&mut self) {
         self.set_training(true);
@@ -228,6 +254,27 @@ macro_rules! model_plumbing {
     };
 }
 pub(crate) use model_plumbing;
+
+/// The activation-checkpointing methods of `TrainableModel` for a model whose base model
+/// (the field named) holds `checkpointing: Option<ActivationCheckpointing>`.
+macro_rules! checkpointing_plumbing {
+    ($base:ident) => {
+        fn activation_checkpointing_enable(
+            &mut self,
+            settings: $crate::ActivationCheckpointing,
+        ) -> $crate::Result<()> {
+            self.$base.checkpointing = Some(settings);
+            Ok(())
+        }
+        fn activation_checkpointing_disable(&mut self) {
+            self.$base.checkpointing = None;
+        }
+        fn is_activation_checkpointing(&self) -> bool {
+            self.$base.checkpointing.is_some()
+        }
+    };
+}
+pub(crate) use checkpointing_plumbing;
 
 /// A freshly built or loaded model together with its loading report.
 pub struct Loaded<M> {

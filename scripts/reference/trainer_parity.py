@@ -24,6 +24,10 @@ llama_wd/    assets/tiny-llama (LlamaForCausalLM, tied embeddings), hamlet.txt t
              epoch), 2 epochs, lr 2e-3, linear schedule, warmup_steps 2, weight_decay 0.1,
              max_grad_norm 1.0, evaluation every 6 steps. `decay_parameters.json` holds
              upstream's `get_decay_parameter_names(model)`.
+llama_neftune/  llama_wd's job (its initial weights and blocks) for one epoch with
+             `neftune_noise_alpha` 5: upstream's NEFTune hook on `embed_tokens` adds
+             uniform noise drawn from the global generator (seeded 42 by the Trainer) in
+             training mode only; evaluation (every 3 steps) runs without it.
 minilm_weighted/  the documentation's custom `compute_loss` (a `Trainer` subclass whose loss
              is `nn.CrossEntropyLoss(weight=...)` on the logits, the labels popped from the
              inputs) with class weights [1.0, 3.0] on minilm_cls's job (same initial weights
@@ -226,10 +230,46 @@ def llama_wd():
     write_run("llama_wd", trainer, result, model)
 
 
+def llama_neftune():
+    folder = OUT / "llama_neftune"
+    folder.mkdir()
+    blocks = json.loads((OUT / "llama_wd" / "blocks.json").read_text())
+    model = tf.LlamaForCausalLM.from_pretrained(OUT / "llama_wd" / "initial")
+    args = common_args(
+        "llama_neftune",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_train_epochs=1,
+        learning_rate=2e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=3,
+        neftune_noise_alpha=5.0,
+    )
+
+    def rows(part):
+        return Rows([{"input_ids": r, "labels": list(r)} for r in part])
+
+    trainer = tf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=rows(blocks["train"]),
+        eval_dataset=rows(blocks["eval"]),
+        data_collator=tf.default_data_collator,
+    )
+    result = trainer.train()
+    write_run("llama_neftune", trainer, result, model)
+
+
 def main():
     data, tok = minilm_cls()
     minilm_weighted(data, tok)
     llama_wd()
+    llama_neftune()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 //! | `csrc/backends.cpp` | `tf32` (fp32 precision), deterministic algorithms, the device allocator's `emptyCache` |
 //! | `csrc/generator.cpp` | the default generators' states (`torch.get_rng_state` / `set_rng_state`) |
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
+//! | `csrc/checkpoint.cpp` | activation checkpointing: a layer recomputed in the backward (a Rust closure), generator and autocast states replayed |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
 //! | `csrc/optim.cpp` | `add` / `addcmul` / `addcdiv` with their scalars, `p.grad = g`, the fused Adam(W) / SGD kernels |
 //! | `csrc/c10d.cpp` + `csrc/gloo/` | a TCPStore rendezvous, ProcessGroupGloo (ProcessGroupNCCL with the `cuda` feature), the collectives |
@@ -20,7 +21,7 @@
 // Raw declarations: each is documented where it is defined, in `csrc/`.
 #![allow(missing_docs)]
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
 pub use torch_sys::C_tensor;
 
@@ -97,6 +98,27 @@ unsafe extern "C" {
     pub fn tchtrain_set_deterministic(on: c_int, warn_only: c_int) -> *mut c_char;
     pub fn tchtrain_deterministic_algorithms() -> c_int;
     pub fn tchtrain_empty_device_cache(device: c_int) -> *mut c_char;
+}
+
+// csrc/checkpoint.cpp
+/// Runs a checkpointed layer: 0 and a new tensor in `out`, or non-zero.
+pub type LayerFn = unsafe extern "C" fn(
+    layer: *mut c_void,
+    input: *const C_tensor,
+    out: *mut *mut C_tensor,
+) -> c_int;
+/// Frees a checkpointed layer's closure.
+pub type DropFn = unsafe extern "C" fn(layer: *mut c_void);
+unsafe extern "C" {
+    pub fn tchtrain_checkpoint(
+        x: *const C_tensor,
+        layer: *mut c_void,
+        run: LayerFn,
+        drop: DropFn,
+        preserve_rng_state: bool,
+        offload: bool,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
 }
 
 // csrc/cpu_cache.cpp

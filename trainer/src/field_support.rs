@@ -149,21 +149,27 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         &["bf16_and_fp16_full_eval_cast_the_model_as_upstream"],
     ),
     h("tf32", &["tf32_and_full_determinism_set_the_backends"]),
-    refused(
+    h(
         "activation_checkpointing",
-        "activation recomputation is not implemented yet: the layers keep their activations for the backward; remove --activation_checkpointing (--gradient_checkpointing) and lower the batch size or the block size to fit",
+        &["activation_checkpointing_trains_as_the_plain_run"],
     ),
-    refused(
+    h(
         "activation_checkpointing_kwargs",
-        "activation recomputation is not implemented yet; remove --activation_checkpointing_kwargs (--gradient_checkpointing_kwargs)",
+        &[
+            "activation_checkpointing_trains_as_the_plain_run",
+            "checkpointing_settings_are_read_from_the_trainer_kwargs",
+        ],
     ),
-    refused(
+    h(
         "gradient_checkpointing",
-        "activation recomputation is not implemented yet: remove --gradient_checkpointing and lower the batch size or the block size to fit",
+        &[
+            "activation_checkpointing_trains_as_the_plain_run",
+            "v4_aliases_are_accepted_with_warnings",
+        ],
     ),
-    refused(
+    h(
         "gradient_checkpointing_kwargs",
-        "activation recomputation is not implemented yet; remove --gradient_checkpointing_kwargs",
+        &["activation_checkpointing_trains_as_the_plain_run"],
     ),
     refused(
         "torch_compile",
@@ -189,10 +195,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "use_cache",
         "upstream writes it into `model.config.use_cache`; no model here has a KV cache in training or evaluation, and config.json keeps the value the model was loaded with",
     ),
-    refused(
-        "neftune_noise_alpha",
-        "NEFTune's noise on the input embeddings is not implemented yet; remove --neftune_noise_alpha",
-    ),
+    h("neftune_noise_alpha", &["tiny_llama_with_neftune"]),
     partly(
         "torch_empty_cache_steps",
         &["tf32_and_full_determinism_set_the_backends"],
@@ -619,9 +622,9 @@ pub static FSDP_KEY_SUPPORT: &[FieldSupport] = &[
         "use_orig_params",
         "the optimizer here always sees the original parameters (in their decay / no-decay groups)",
     ),
-    refused(
+    h(
         "activation_checkpointing",
-        "activation recomputation is not implemented yet: the layers keep their activations for the backward; remove it",
+        &["activation_checkpointing_trains_as_the_plain_run"],
     ),
     refused(
         "xla",

@@ -70,7 +70,13 @@ impl Trainer {
             self.loop_state.stop_signals = Some(guard);
         }
         let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+        // Upstream `activate_neftune` / `deactivate_neftune` around the training.
+        let neftune = self
+            .args
+            .neftune_noise_alpha
+            .map(tchtrain_models::activate_neftune);
         let out = self.train_inner(resume_from_checkpoint);
+        drop(neftune);
         drop(cache);
         // Dropping the guard restores the previous handlers.
         self.loop_state.stop_signals = None;
@@ -89,6 +95,14 @@ impl Trainer {
         };
         self.check_before_training()?;
         self.check_train_labels()?;
+        // Upstream `train`: `activation_checkpointing_enable` with `every_n_layers` and
+        // `offload` taken out of the kwargs, the rest for torch's checkpoint.
+        if self.args.activation_checkpointing {
+            let settings = tchtrain_models::ActivationCheckpointing::from_kwargs(
+                self.args.activation_checkpointing_kwargs.as_ref(),
+            )?;
+            self.model.activation_checkpointing_enable(settings)?;
+        }
         // What the previous `train` prepared (DDP, the ZeRO engine) is built again.
         self.accelerator.free_memory();
         if let Some(ckpt) = &resume {

@@ -105,6 +105,12 @@ impl Trainer {
             }
             let plugin = FsdpPlugin::from_args(&map)?;
             tchtrain_fsdp::check_trainer_compat(&self.args, &plugin, false)?;
+            if plugin.activation_checkpointing {
+                // FSDP's own activation checkpointing wraps the same layers.
+                self.model.activation_checkpointing_enable(
+                    tchtrain_models::ActivationCheckpointing::default(),
+                )?;
+            }
             let Some(stage) = tchtrain_fsdp::zero_stage_for(plugin.sharding_strategy) else {
                 if plugin.cpu_offload {
                     return Err(Error::InvalidArgument {

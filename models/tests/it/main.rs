@@ -1,6 +1,7 @@
 //! The integration tests of tchtrain-models, one binary (a module per topic); every
 //! test takes `tchtrain_testing::lock` (libtorch's global generator is process-wide).
 
+mod checkpointing;
 mod fuzz_regressions;
 mod hub_and_save;
 mod layer_hooks;

@@ -44,12 +44,6 @@ fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 /// only checked through their tests.
 fn non_default(field: &str) -> Option<(Value, &'static str)> {
     Some(match field {
-        "activation_checkpointing" => (json!({field: true}), "activation_checkpointing"),
-        "gradient_checkpointing" => (json!({field: true}), "activation_checkpointing"),
-        "activation_checkpointing_kwargs" | "gradient_checkpointing_kwargs" => (
-            json!({field: {"use_reentrant": false}}),
-            "activation_checkpointing_kwargs",
-        ),
         "torch_compile" => (json!({field: true}), "torch_compile"),
         // post_init turns torch_compile on when a backend or a mode is named, as upstream.
         "torch_compile_backend" => (json!({field: "inductor"}), "torch_compile"),
@@ -57,7 +51,6 @@ fn non_default(field: &str) -> Option<(Value, &'static str)> {
         "use_liger_kernel" => (json!({field: true}), "use_liger_kernel"),
         "liger_kernel_config" => (json!({field: {"rope": true}}), ""),
         "use_cache" => (json!({field: true}), ""),
-        "neftune_noise_alpha" => (json!({field: 5.0}), "neftune_noise_alpha"),
         "torch_empty_cache_steps" => (json!({field: 2}), ""),
         "auto_find_batch_size" => (json!({field: true}), "auto_find_batch_size"),
         "optim_target_modules" => (json!({field: "attn"}), ""),

@@ -346,6 +346,48 @@ fn tiny_llama_with_weight_decay() -> Result<()> {
     Ok(())
 }
 
+/// NEFTune (`neftune_noise_alpha` 5) on llama_wd's job for one epoch: the noise on
+/// `embed_tokens` drawn from the global generator in training only (evaluation every 3
+/// steps runs without it). Every logged value equals upstream's to the bit.
+#[test]
+fn tiny_llama_with_neftune() -> Result<()> {
+    let _g = lock();
+    let wd = assets().join("reference/trainer_parity/llama_wd");
+    let dir = assets().join("reference/trainer_parity/llama_neftune");
+    let out = temp_dir("llama-neftune");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        gradient_accumulation_steps: 2,
+        num_train_epochs: 1.0,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Linear,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(3.0),
+        neftune_noise_alpha: Some(5.0),
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let mut trainer = Trainer::builder(load(&wd.join("initial"), AutoTask::CausalLm)?, args)
+        .train_dataset(lm_blocks(&wd.join("blocks.json"), "train")?)
+        .eval_dataset(lm_blocks(&wd.join("blocks.json"), "eval")?)
+        .build()?;
+    trainer.train(None)?;
+    let m = compare(
+        "llama neftune",
+        &trainer.state.log_history,
+        &read_json(&dir.join("log_history.json"))?,
+    )?;
+    assert_exact("llama neftune", &m);
+    // NEFTune is off again after `train`: a plain forward has no noise.
+    assert_eq!(tchtrain_models::neftune_noise_alpha(), None);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// The arguments of trainer_mixed.py's and trainer_fp16.py's runs: batch 4, accumulation 2,
 /// 12 steps, lr 1e-3 with a cosine schedule after 3 warmup steps, weight decay 0.01,
 /// clipping at 1.0, evaluation every 6 steps.

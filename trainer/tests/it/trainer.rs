@@ -757,3 +757,62 @@ fn unavailable_or_incomplete_arguments_are_refused_by_name() -> Result<()> {
     }
     Ok(())
 }
+
+/// `--activation_checkpointing` (upstream's `activation_checkpointing_enable` at `train`):
+/// tiny GPT-2 with its dropout on trains to the same log, bit for bit, as without (the
+/// recompute replays the dropout masks), and `gradient_checkpointing` is its alias.
+#[test]
+fn activation_checkpointing_trains_as_the_plain_run() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("checkpointing");
+    let run = |checkpointing: Option<&str>| -> Result<(Vec<(i64, f64)>, bool)> {
+        let mut args = small_args(&dir)?;
+        args.save_strategy = SaveStrategy::No;
+        args.eval_strategy = IntervalStrategy::Steps;
+        args.eval_steps = Some(5.0);
+        match checkpointing {
+            Some("activation") => {
+                args.activation_checkpointing = true;
+                args.activation_checkpointing_kwargs = serde_json::json!({"use_reentrant": false})
+                    .as_object()
+                    .cloned();
+            }
+            Some(_) => args.gradient_checkpointing = true,
+            None => {}
+        }
+        args.post_init()?;
+        // The asset's config: embedding, attention and residual dropout 0.1.
+        let model = from_pretrained_dir(
+            &assets().join("tiny-gpt2"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        let mut trainer = Trainer::builder(model, args)
+            .train_dataset(small_train()?)
+            .eval_dataset(small_train()?)
+            .build()?;
+        trainer.train(None)?;
+        let evals: Vec<(i64, f64)> = trainer
+            .state
+            .log_history
+            .iter()
+            .filter_map(|e| Some((e.get("step")?.as_i64()?, e.get("eval_loss")?.as_f64()?)))
+            .collect();
+        let mut all = losses(&trainer.state.log_history);
+        all.extend(evals);
+        Ok((all, trainer.model().is_activation_checkpointing()))
+    };
+    let (plain, off) = run(None)?;
+    assert!(!off);
+    assert_eq!(plain.len(), 12, "10 losses and 2 evaluations");
+    for how in ["activation", "gradient"] {
+        let (with, on) = run(Some(how))?;
+        assert!(on, "{how}: the model checkpoints its layers");
+        let bits = |l: &[(i64, f64)]| l.iter().map(|(s, x)| (*s, x.to_bits())).collect::<Vec<_>>();
+        assert_eq!(bits(&with), bits(&plain), "{how} checkpointing");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -136,6 +136,17 @@ fn configs() -> Vec<(
                 "state_dict_type": "SHARDED_STATE_DICT", "cpu_offload": true}),
             ),
         ),
+        // Activation checkpointing: `--activation_checkpointing` under ZeRO-3 layer by
+        // layer, and FSDP's own `fsdp_config['activation_checkpointing']`.
+        ("zero3_ac", Some(ds(3)), None),
+        (
+            "fsdp_full_shard_ac",
+            None,
+            Some(
+                json!({"reshard_after_forward": true, "transformer_layer_cls_to_wrap": ["GPT2Block"],
+                "state_dict_type": "SHARDED_STATE_DICT", "activation_checkpointing": true}),
+            ),
+        ),
     ]
 }
 
@@ -199,7 +210,9 @@ fn run_job(
     ds: Option<serde_json::Value>,
     fsdp: Option<serde_json::Value>,
 ) -> Result<(Log, Figures)> {
-    let mut trainer = Trainer::builder(initial_model()?, job_args(output_dir, batch, ds, fsdp)?)
+    let mut args = job_args(output_dir, batch, ds, fsdp)?;
+    args.activation_checkpointing = name == "zero3_ac";
+    let mut trainer = Trainer::builder(initial_model()?, args)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
         .build()?;
@@ -318,6 +331,27 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
     let ddp_state = ddp_fig.optimizer_state_bytes as f64;
     assert!(ddp_state > 0.0);
     let ddp_model = tchtrain_models::read_checkpoint(&dir.join("ddp/checkpoint-6"))?;
+    // Activation checkpointing changes no number: the same logs as without, to the bit.
+    for (ac, base) in [
+        ("zero3_ac", "zero3"),
+        ("fsdp_full_shard_ac", "fsdp_full_shard"),
+    ] {
+        for r in 0..2 {
+            let with = read_log(&dir.join(format!("{ac}-history-rank{r}.json")))?;
+            let without = read_log(&dir.join(format!("{base}-history-rank{r}.json")))?;
+            let numbers = |l: &Log| -> Vec<Vec<Option<u64>>> {
+                l.iter()
+                    .map(|e| {
+                        ["step", "loss", "grad_norm", "learning_rate", "eval_loss"]
+                            .iter()
+                            .map(|k| num(e, k).map(f64::to_bits))
+                            .collect()
+                    })
+                    .collect()
+            };
+            assert_eq!(numbers(&with), numbers(&without), "{ac} vs {base} rank {r}");
+        }
+    }
     // Padding: fewer than `world` elements per flat buffer (at most 2 groups x 3 units).
     let slack = 64.0 * 4.0;
     for (name, _, _) in configs().into_iter().skip(1) {

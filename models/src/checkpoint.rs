@@ -1,0 +1,193 @@
+//! Activation checkpointing (upstream `GradientCheckpointingLayer` calling
+//! `torch.utils.checkpoint.checkpoint`): a layer's forward run without keeping its
+//! activations, and run again in the backward (`tchtrain-sys`'s `csrc/checkpoint.cpp`), with
+//! the forward's generator states replayed so that dropout draws the same masks, and its
+//! autocast state restored. Losses and gradients equal those of the plain forward.
+//!
+//! [`ActivationCheckpointing`] holds upstream's settings (`activation_checkpointing_enable`'s
+//! `every_n_layers` and `offload`, `checkpoint`'s `preserve_rng_state`; `use_reentrant` picks
+//! between two implementations with the same numbers). Models call [`checkpoint_layer`] for
+//! each layer [`ActivationCheckpointing::checkpoints`] selects, while training.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_int, c_void};
+
+use serde_json::Value;
+use tch::Tensor;
+use tchtrain_sys::C_tensor;
+
+use crate::error::{Error, Result};
+
+/// Upstream's activation-checkpointing settings of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationCheckpointing {
+    /// Checkpoint layers `0, n, 2n, ...` only (upstream's `every_n_layers`, default 1).
+    pub every_n_layers: usize,
+    /// Keep the saved layer inputs in host memory (upstream's `offload`; nothing to move on
+    /// the CPU).
+    pub offload: bool,
+    /// Replay the generator states of the forward in the recompute (torch's
+    /// `preserve_rng_state`, default true): without it dropout draws new masks.
+    pub preserve_rng_state: bool,
+}
+
+impl Default for ActivationCheckpointing {
+    fn default() -> Self {
+        Self {
+            every_n_layers: 1,
+            offload: false,
+            preserve_rng_state: true,
+        }
+    }
+}
+
+impl ActivationCheckpointing {
+    /// From `activation_checkpointing_kwargs` (as the Trainer passes them: `every_n_layers`
+    /// and `offload` for `activation_checkpointing_enable`, the rest for
+    /// `torch.utils.checkpoint.checkpoint`). Keys the checkpoint here does not take are an
+    /// error naming them.
+    pub fn from_kwargs(kwargs: Option<&serde_json::Map<String, Value>>) -> Result<Self> {
+        let mut out = Self::default();
+        let bad = |key: &str, value: &Value, fix: &str| Error::InvalidArgument {
+            field: "activation_checkpointing_kwargs",
+            detail: format!("{key}={value}: {fix}"),
+        };
+        for (key, value) in kwargs.into_iter().flatten() {
+            match key.as_str() {
+                "every_n_layers" => {
+                    out.every_n_layers = value
+                        .as_u64()
+                        .filter(|&n| n >= 1)
+                        .ok_or_else(|| bad(key, value, "use a whole number >= 1"))?
+                        as usize;
+                }
+                "offload" => {
+                    out.offload = value
+                        .as_bool()
+                        .ok_or_else(|| bad(key, value, "use true or false"))?;
+                }
+                "preserve_rng_state" => {
+                    out.preserve_rng_state = value
+                        .as_bool()
+                        .ok_or_else(|| bad(key, value, "use true or false"))?;
+                }
+                // Both of torch's implementations compute the same numbers.
+                "use_reentrant" => {
+                    value
+                        .as_bool()
+                        .ok_or_else(|| bad(key, value, "use true or false"))?;
+                }
+                _ => {
+                    return Err(bad(
+                        key,
+                        value,
+                        "the checkpoint here takes every_n_layers, offload, preserve_rng_state and use_reentrant",
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether layer `index` is checkpointed (upstream: `layer_index % every_n_layers == 0`).
+    pub fn checkpoints(&self, index: usize) -> bool {
+        index.is_multiple_of(self.every_n_layers)
+    }
+}
+
+/// A layer's forward as the checkpoint runs it (twice).
+type LayerClosure = Box<dyn Fn(&Tensor) -> Result<Tensor> + Send>;
+
+/// A model's layer (or the inputs of its forward) shared between the model and the
+/// checkpoints of its forwards, which run it again in the backward.
+#[derive(Debug)]
+pub(crate) struct Shared<T>(pub(crate) T);
+
+// SAFETY: a layer holds parameter tensors that its forward only reads (libtorch's reads are
+// thread-safe); `tch::Tensor` is not `Sync` because other methods mutate through `&self`,
+// which layers never call. The forward runs on the training thread, then once more in the
+// backward (on the autograd engine's thread for a CUDA device), never at the same time.
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+impl<T> std::ops::Deref for Shared<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Called by the shim: runs the layer on `input`.
+unsafe extern "C" fn run_layer(
+    layer: *mut c_void,
+    input: *const C_tensor,
+    out: *mut *mut C_tensor,
+) -> c_int {
+    // SAFETY: `layer` is the `Box<LayerClosure>` leaked by `checkpoint_layer`, alive until
+    // `drop_layer`; `input` a live tensor the shim borrows to us for the call.
+    let (f, x) = unsafe {
+        (
+            &*(layer as *const LayerClosure),
+            Tensor::clone_from_ptr(input as *mut C_tensor),
+        )
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&x))) {
+        Ok(Ok(mut y)) => {
+            // SAFETY: `out` is the shim's out-parameter; the shim takes ownership of the
+            // tensor allocated by libtorch's wrapper (and deletes it).
+            unsafe { *out = y.as_mut_ptr() };
+            std::mem::forget(y);
+            0
+        }
+        Ok(Err(e)) => {
+            log::error!("activation checkpointing: the layer failed: {e}");
+            1
+        }
+        Err(_) => {
+            log::error!("activation checkpointing: the layer panicked");
+            1
+        }
+    }
+}
+
+/// Called by the shim when the autograd graph lets go of the layer.
+unsafe extern "C" fn drop_layer(layer: *mut c_void) {
+    // SAFETY: `layer` is the pointer `checkpoint_layer` leaked, dropped once.
+    drop(unsafe { Box::from_raw(layer as *mut LayerClosure) });
+}
+
+/// `torch.utils.checkpoint.checkpoint(f, x)`: `f(x)` without keeping its activations, `f`
+/// run again in the backward. `f` must capture what it needs by value (shallow tensor
+/// clones, `Arc`s of the layer): it outlives this call, for as long as the graph. When `x`
+/// does not require a gradient the layer runs plainly (the checkpoint's backward hands
+/// gradients back through `x`; a frozen input would cut the layer's parameters off).
+pub(crate) fn checkpoint_layer(
+    x: &Tensor,
+    options: &ActivationCheckpointing,
+    f: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
+) -> Result<Tensor> {
+    if !x.requires_grad() {
+        return f(x);
+    }
+    // The recompute computes the linear maps in the form this forward uses.
+    let releases = crate::layer_hooks::releases_parameters();
+    let f = move |x: &Tensor| crate::layer_hooks::with_releases(releases, || f(x));
+    let layer: *mut LayerClosure = Box::into_raw(Box::new(Box::new(f) as LayerClosure));
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `x` is live for the call; `layer` is handed over (the shim frees it through
+    // `drop_layer`, also on failure); the callbacks live as long as the program.
+    let err = unsafe {
+        tchtrain_sys::tchtrain_checkpoint(
+            x.as_ptr(),
+            layer.cast(),
+            run_layer,
+            drop_layer,
+            options.preserve_rng_state,
+            options.offload,
+            &mut out,
+        )
+    };
+    // SAFETY: the shim's result, freed by `take_error`.
+    unsafe { tchtrain_sys::take_error(err) }.map_err(|m| Error::Torch(tch::TchError::Torch(m)))?;
+    // SAFETY: allocated by the shim with `new at::Tensor(..)`, owned by nobody else.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
