@@ -13,12 +13,11 @@ use tchtrain_models::{
 };
 use tchtrain_testing::{assets, lock};
 
-/// One training forward and backward from seed 7: the loss, every gradient by name, and the
-/// generator's next draw.
-fn step(
-    model: &mut dyn TrainableModel,
-    ids: &Tensor,
-) -> Result<(f64, Vec<(String, Tensor)>, Tensor)> {
+/// A step's loss, every gradient by name, and the generator's next draw.
+type Step = (f64, Vec<(String, Tensor)>, Tensor);
+
+/// One training forward and backward from seed 7.
+fn step(model: &mut dyn TrainableModel, ids: &Tensor) -> Result<Step> {
     tch::manual_seed(7);
     model.train();
     for (_, v) in model.var_store().variables() {
