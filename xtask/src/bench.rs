@@ -8,6 +8,9 @@
 //!   MiniLM classification; fp32 and bf16 autocast): tokens/s, median step time, peak RSS,
 //!   the ratios, and the achieved matmul FLOP/s against the machine's measured matmul peak;
 //!   `examples/src/bin/bench_trainer.rs` and `scripts/bench/bench_trainer.py`.
+//! * `--activation-memory`: activation checkpointing's memory and step time on SmolLM2-135M
+//!   (block 512), with and without, each side in its own process
+//!   (`examples/src/bin/bench_checkpointing.rs`, `scripts/bench/bench_checkpointing.py`).
 //! * `--micro`: `examples/src/bin/bench_micro.rs` and `scripts/bench/bench_micro.py`
 //!   (optimizer steps and collators). Both print one flat JSON object per measurement; the
 //!   table shows, per benchmark, the median over rounds of each side's median time, the ratio
@@ -23,6 +26,7 @@ use crate::cmd;
 use crate::paths;
 use crate::setup;
 
+mod checkpointing;
 mod trainer;
 
 /// Command-line options of `bench`.
@@ -30,6 +34,8 @@ mod trainer;
 pub struct Options {
     /// The micro-benchmarks instead of the Trainer suite.
     micro: bool,
+    /// Activation checkpointing's memory and time instead of the Trainer suite.
+    activation_memory: bool,
     /// Rounds of (Rust run, Python run); `None`: 3 for `--micro`, 2 for the Trainer suite.
     repeat: Option<usize>,
     /// Intra-op threads on both sides; `None`: the core count (libtorch's default).
@@ -44,6 +50,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             micro: false,
+            activation_memory: false,
             repeat: None,
             threads: None,
             jobs: trainer::JOBS.map(String::from).into(),
@@ -88,13 +95,14 @@ impl Options {
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--micro" => o.micro = true,
+                "--activation-memory" => o.activation_memory = true,
                 "--repeat" => o.repeat = Some(positive(a, it.next())?),
                 "--threads" => o.threads = Some(positive(a, it.next())?),
                 "--jobs" => o.jobs = names(a, it.next(), &trainer::JOBS)?,
                 "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
                 other => {
                     return Err(format!(
-                        "bench: unknown option `{other}` (known: --micro, --repeat N, \
+                        "bench: unknown option `{other}` (known: --micro, --activation-memory, --repeat N, \
                          --threads N, --jobs {}, --precisions fp32,bf16)",
                         trainer::JOBS.join(",")
                     ));
@@ -356,6 +364,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let example = if o.micro {
         "bench_micro"
+    } else if o.activation_memory {
+        "bench_checkpointing"
     } else {
         "bench_trainer"
     };
@@ -395,6 +405,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let machine = machine();
     println!("bench: {machine}; {threads} intra-op threads on both sides");
     let load_before = load_average();
+
+    if o.activation_memory {
+        checkpointing::run(&exe, &s.python, &script, &s.assets, &threads)?;
+        println!(
+            "xtask bench finished in {:.1}s (setup and build included; load average {load_before} before, {} after)",
+            t0.elapsed().as_secs_f64(),
+            load_average()
+        );
+        return Ok(());
+    }
 
     if !o.micro {
         let plan = trainer::Plan {
