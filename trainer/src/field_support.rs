@@ -201,9 +201,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         &["tf32_and_full_determinism_set_the_backends"],
         "on CUDA the caching allocator is emptied every N steps, as upstream; on the CPU upstream's `clear_device_cache` only runs Python's garbage collector, which Rust has no need of",
     ),
-    refused(
+    h(
         "auto_find_batch_size",
-        "halving the batch on an out-of-memory error and restarting is not implemented yet; remove --auto_find_batch_size and set per_device_train_batch_size to a size that fits",
+        &["auto_find_batch_size_lowers_the_batch_after_an_allocation_failure"],
     ),
     h(
         "logging_strategy",

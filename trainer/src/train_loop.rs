@@ -35,6 +35,20 @@ pub enum ResumeFrom {
     Path(PathBuf),
 }
 
+/// accelerate's `should_reduce_batch_size`: whether an error's message is an out-of-memory
+/// one (CUDA / HIP / XPU, MPS, the CPU allocator) or cuDNN's unsupported-size error.
+pub(crate) fn should_reduce_batch_size(message: &str) -> bool {
+    [
+        " out of memory.",
+        "MPS backend out of memory",
+        "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+        "DefaultCPUAllocator: can't allocate memory",
+        "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",
+    ]
+    .iter()
+    .any(|s| message.contains(s))
+}
+
 /// The numbers `set_initial_training_values` computes.
 struct TrainingValues {
     num_train_epochs: usize,
@@ -69,18 +83,87 @@ impl Trainer {
             let guard = crate::signals::StopSignals::install().map_err(Error::Signal)?;
             self.loop_state.stop_signals = Some(guard);
         }
-        let cache = crate::cpu_cache::CpuMemoryCache::from_env();
         // Upstream `activate_neftune` / `deactivate_neftune` around the training.
         let neftune = self
             .args
             .neftune_noise_alpha
             .map(tchtrain_models::activate_neftune);
-        let out = self.train_inner(resume_from_checkpoint);
+        let out = if self.args.auto_find_batch_size {
+            self.train_finding_batch_size(resume_from_checkpoint)
+        } else {
+            let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+            let out = self.train_inner(resume_from_checkpoint);
+            drop(cache);
+            out
+        };
         drop(neftune);
-        drop(cache);
         // Dropping the guard restores the previous handlers.
         self.loop_state.stop_signals = None;
         out
+    }
+
+    /// `auto_find_batch_size` (upstream's `find_executable_batch_size` around the inner
+    /// loop, accelerate's rule): the training runs from its start with the current batch
+    /// size; after an out-of-memory error (a libtorch allocation failure, returned as an error
+    /// or raised as a panic by tch's infallible ops: accelerate's `should_reduce_batch_size`
+    /// messages) the batch size is multiplied by 0.9 and the training starts again; at 0, a
+    /// typed error. Resuming, the checkpoint's `train_batch_size` is the start.
+    fn train_finding_batch_size(&mut self, resume: Option<ResumeFrom>) -> Result<TrainOutput> {
+        if let Some(ckpt) = match &resume {
+            Some(ResumeFrom::Path(p)) => Some(p.clone()),
+            Some(ResumeFrom::Last) => get_last_checkpoint(&PathBuf::from(self.args.output_dir()))?,
+            None => None,
+        } {
+            let saved = TrainerState::load_from_json(ckpt.join(checkpoint::TRAINER_STATE_NAME))?;
+            if let Some(b) = saved.train_batch_size.and_then(|b| usize::try_from(b).ok()) {
+                self.train_batch_size = b;
+            }
+        }
+        loop {
+            if self.train_batch_size == 0 {
+                return Err(Error::InvalidArgument {
+                    field: "auto_find_batch_size",
+                    detail: "No executable batch size found, reached zero. (accelerate's message): even one row per batch runs out of memory; use a smaller model or block size, or more memory".into(),
+                });
+            }
+            // A cache per attempt: dropping it hands the freed blocks back before the next.
+            let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+            let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.train_inner(resume.clone())
+            }));
+            drop(cache);
+            let message = match attempt {
+                Ok(Ok(out)) => return Ok(out),
+                Ok(Err(e)) => {
+                    let text = e.to_string();
+                    if !should_reduce_batch_size(&text) {
+                        return Err(e);
+                    }
+                    text
+                }
+                Err(panic) => {
+                    let text = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    if !should_reduce_batch_size(&text) {
+                        std::panic::resume_unwind(panic);
+                    }
+                    text
+                }
+            };
+            self.loop_state.is_in_train = false;
+            self.accelerator.free_memory();
+            tchtrain_accelerate::clear_device_cache(self.device())?;
+            let smaller = (self.train_batch_size as f64 * 0.9) as usize;
+            log::warn!(
+                "out of memory with {} rows per batch ({}); trying {smaller} (auto_find_batch_size)",
+                self.train_batch_size,
+                message.lines().next().unwrap_or_default()
+            );
+            self.train_batch_size = smaller;
+        }
     }
 
     /// [`train`](Self::train) once the stop-signal handler is in place (when asked for).
@@ -238,7 +321,7 @@ impl Trainer {
         if loader.is_stream() {
             // No length: rely on max_steps, as many passes over the stream as needed.
             let max_steps = self.args.max_steps.max(1) as usize;
-            let total_batch = self.args.train_batch_size() * ga * self.args.world_size();
+            let total_batch = self.train_batch_size * ga * self.args.world_size();
             return Ok(TrainingValues {
                 num_train_epochs: usize::MAX,
                 num_update_steps_per_epoch: max_steps,
@@ -260,7 +343,7 @@ impl Trainer {
         } else {
             (self.args.num_train_epochs * per_epoch as f64).ceil() as usize
         };
-        let total_batch = self.args.train_batch_size() * ga * self.args.world_size();
+        let total_batch = self.train_batch_size * ga * self.args.world_size();
         let (num_train_epochs, num_train_samples) = if self.args.max_steps > 0 {
             (
                 max_steps / per_epoch + usize::from(max_steps % per_epoch > 0),
@@ -290,7 +373,7 @@ impl Trainer {
         self.state = TrainerState::with_stateful_callbacks(
             self.callback_handler.exportable_states(&self.control),
         );
-        self.state.train_batch_size = Some(self.args.train_batch_size() as i64);
+        self.state.train_batch_size = Some(self.train_batch_size as i64);
         self.state
             .compute_steps(&self.args, values.max_steps as i64);
         let mut point = ResumePoint {

@@ -221,6 +221,9 @@ pub struct Trainer {
     /// The processed DeepSpeed config of a `--deepspeed` run (any stage), once `train`
     /// has read it: its `optimizer` / `scheduler` sections replace the Trainer's.
     pub(crate) deepspeed: Option<Box<tchtrain_deepspeed::HfTrainerDeepSpeedConfig>>,
+    /// Rows per training batch on this process (upstream `_train_batch_size`): the
+    /// arguments', lowered by `auto_find_batch_size` after an out-of-memory error.
+    pub(crate) train_batch_size: usize,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -514,6 +517,7 @@ impl TrainerBuilder {
             accelerator,
             sharding: None,
             deepspeed: None,
+            train_batch_size: self.args.train_batch_size(),
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -733,7 +737,7 @@ impl Trainer {
             return Ok(DataLoader::streaming(
                 Arc::clone(stream),
                 Arc::clone(&self.collator),
-                self.args.train_batch_size(),
+                self.train_batch_size,
                 self.args.dataloader_drop_last,
             )?);
         }
@@ -748,7 +752,7 @@ impl Trainer {
                 "random" => Arc::new(RandomSampler::new(self.args.sampler_seed())),
                 "sequential" => Arc::new(SequentialSampler),
                 "group_by_length" => Arc::new(LengthGroupedSampler::from_dataset(
-                    self.args.train_batch_size() * self.args.gradient_accumulation_steps,
+                    self.train_batch_size * self.args.gradient_accumulation_steps,
                     &*dataset,
                 )?),
                 other => {
@@ -765,7 +769,7 @@ impl Trainer {
             dataset,
             Arc::clone(&self.collator),
             sampler,
-            self.args.train_batch_size(),
+            self.train_batch_size,
             self.args.dataloader_drop_last,
         )
         .map(|l| self.accelerator.prepare_data_loader(l))

@@ -52,7 +52,6 @@ fn non_default(field: &str) -> Option<(Value, &'static str)> {
         "liger_kernel_config" => (json!({field: {"rope": true}}), ""),
         "use_cache" => (json!({field: true}), ""),
         "torch_empty_cache_steps" => (json!({field: 2}), ""),
-        "auto_find_batch_size" => (json!({field: true}), "auto_find_batch_size"),
         "optim_target_modules" => (json!({field: "attn"}), ""),
         "run_name"
         | "project"

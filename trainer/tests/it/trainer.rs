@@ -816,3 +816,116 @@ fn activation_checkpointing_trains_as_the_plain_run() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// Rows for the out-of-memory test: the 90 training blocks twice over.
+fn many_rows() -> Result<Arc<dyn Dataset>> {
+    let all = blocks("train")?;
+    let rows = (0..180)
+        .map(|i| all.get(i % all.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
+/// 3 steps of batch `batch` on [`many_rows`], with `auto_find_batch_size`.
+fn auto_batch_args(dir: &Path, batch: usize) -> Result<TrainingArguments> {
+    let mut args = small_args(dir)?;
+    args.per_device_train_batch_size = batch;
+    args.gradient_accumulation_steps = 1;
+    args.max_steps = 3;
+    args.save_strategy = SaveStrategy::No;
+    args.auto_find_batch_size = true;
+    args.post_init()?;
+    Ok(args)
+}
+
+/// `auto_find_batch_size` (accelerate's `find_executable_batch_size`): in a child process
+/// whose heap is capped (`prlimit --data`) 1.2 GB above what it holds, tiny GPT-2 with 64
+/// rows per batch (~70 MB of logits and their gradients per row) runs out of memory; the
+/// Trainer lowers the batch by 0.9 each time until it fits and trains. The run equals, to
+/// the bit, a plain run started with the batch size it found, which is recorded in the state.
+#[test]
+fn auto_find_batch_size_lowers_the_batch_after_an_allocation_failure() -> Result<()> {
+    let _g = lock();
+    const TEST: &str = "auto_find_batch_size_lowers_the_batch_after_an_allocation_failure";
+    if std::env::var_os(crate::common::ISOLATED).is_some() {
+        let dir = crate::common::test_dir();
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let data_kb: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmData:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .context("VmData")?;
+        let cap = data_kb * 1024 + 1200 * (1 << 20);
+        let ok = std::process::Command::new("prlimit")
+            .args([
+                "--pid",
+                &std::process::id().to_string(),
+                &format!("--data={cap}"),
+            ])
+            .status()
+            .context("prlimit (util-linux) caps this process's heap")?;
+        anyhow::ensure!(ok.success(), "prlimit failed");
+        let mut trainer = Trainer::builder(initial_model()?, auto_batch_args(&dir, 64)?)
+            .train_dataset(many_rows()?)
+            .build()?;
+        trainer.train(None)?;
+        let out = serde_json::json!({
+            "train_batch_size": trainer.state.train_batch_size,
+            "losses": losses(&trainer.state.log_history),
+        });
+        std::fs::write(dir.join("result.json"), out.to_string())?;
+        return Ok(());
+    }
+    let dir = temp_dir("auto-batch");
+    std::fs::create_dir_all(&dir)?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--exact",
+            &crate::common::test_path(TEST),
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(crate::common::ISOLATED, "1")
+        .env(crate::common::DIR, &dir)
+        .env(tchtrain_trainer::CPU_CACHE_LIMIT_ENV, "0")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(child.status.success(), "the capped child failed:\n{stderr}");
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("result.json"))?)?;
+    let found = result["train_batch_size"]
+        .as_u64()
+        .context("train_batch_size")? as usize;
+    // 64, then int(x * 0.9) each time: 57, 51, 45, 40, 36, 32, 28, 25, 22, 19, 17, 15, ...
+    let mut tried = vec![64usize];
+    while *tried.last().unwrap_or(&0) > found {
+        let next = (*tried.last().unwrap_or(&0) as f64 * 0.9) as usize;
+        tried.push(next);
+    }
+    assert_eq!(
+        tried.last(),
+        Some(&found),
+        "{found} is on accelerate's 0.9 ladder"
+    );
+    assert!(found < 64, "the cap forced at least one retry");
+    assert!(
+        stderr.contains("out of memory with 64 rows per batch"),
+        "the retry is said:\n{stderr}"
+    );
+    // The same training as one started with that batch size (no cap).
+    let plain_dir = temp_dir("auto-batch-plain");
+    let mut args = auto_batch_args(&plain_dir, found)?;
+    args.auto_find_batch_size = false;
+    let mut plain = Trainer::builder(initial_model()?, args)
+        .train_dataset(many_rows()?)
+        .build()?;
+    plain.train(None)?;
+    let want: Vec<(i64, f64)> = serde_json::from_value(result["losses"].clone())?;
+    assert_eq!(want.len(), 3);
+    assert_eq!(losses(&plain.state.log_history), want);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&plain_dir);
+    Ok(())
+}

@@ -716,18 +716,16 @@ fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message()
         Some(json!({"zero_optimization": {"stage": 3}})),
         None,
     )?;
-    // auto_find_batch_size is refused on its own when the Trainer is built (not yet
-    // implemented), before upstream's ZeRO-3 check (tchtrain-deepspeed's config tests)
-    // would apply.
     args.auto_find_batch_size = true;
-    let err = Trainer::builder(initial_model()?, args)
+    let mut trainer = Trainer::builder(initial_model()?, args)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
-        .build()
-        .err()
-        .context("auto_find_batch_size is refused")?
-        .to_string();
-    assert!(err.starts_with("invalid `auto_find_batch_size`: "), "{err}");
+        .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "deepspeed: `auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3"
+    );
     // save_only_model with load_best_model_at_end: upstream's refusal under DeepSpeed too.
     let mut args = job_args(
         &dir.join("out"),
