@@ -42,6 +42,7 @@ impl Trainer {
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
         let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
+        self.memory_tracker.start("eval");
         let loader = hooks.get_eval_dataloader(self, eval_dataset)?;
         let start = Instant::now();
         // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.
@@ -72,6 +73,8 @@ impl Trainer {
         let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
         self.callback_handler
             .on_evaluate(&self.args, &self.state, &mut self.control, &map)?;
+        self.memory_tracker
+            .stop_and_update_metrics("eval", Some(&mut metrics));
         Ok(metrics)
     }
 

@@ -436,9 +436,10 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "debug",
         "DebugUnderflowOverflow and the TPU metrics are not implemented; remove --debug",
     ),
-    refused(
+    partly(
         "skip_memory_metrics",
-        "upstream's memory metrics (`init_mem_cpu_alloc_delta`, `train_mem_cpu_peaked_delta`, ...) are not measured; remove --skip_memory_metrics false",
+        &["memory_metrics_are_reported_as_upstream"],
+        "`false` on the CPU: upstream's `{init,train,eval,test}_mem_cpu_{alloc,peaked}_delta` and `before_init_mem_cpu` from the process's resident memory; on CUDA (upstream's `*_mem_gpu_*` from the caching allocator's counters) it is refused",
     ),
     h("do_train", &["run_ner_matches_upstream_trainer"]),
     h("do_eval", &["run_ner_matches_upstream_trainer"]),
@@ -825,6 +826,12 @@ pub(crate) fn check_field_support(
         return Err(Error::InvalidArgument {
             field: "eval_use_gather_object",
             detail: "gathering evaluation outputs as Python objects across processes is not implemented (predictions are tensors, gathered with padding); remove --eval_use_gather_object".into(),
+        });
+    }
+    if !args.skip_memory_metrics && device != Device::Cpu {
+        return Err(Error::InvalidArgument {
+            field: "skip_memory_metrics",
+            detail: "upstream's GPU memory metrics (`*_mem_gpu_*`, from the CUDA caching allocator's counters) are not measured; remove --skip_memory_metrics false on a CUDA run".into(),
         });
     }
     if args.torch_empty_cache_steps.is_some() && device != Device::Cpu {

@@ -23,6 +23,7 @@ mod evaluation;
 mod field_support;
 mod hooks;
 mod logging;
+mod memory_tracker;
 mod metrics;
 mod model_info;
 mod numpy_mean;

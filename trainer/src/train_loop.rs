@@ -83,6 +83,7 @@ impl Trainer {
             let guard = crate::signals::StopSignals::install().map_err(Error::Signal)?;
             self.loop_state.stop_signals = Some(guard);
         }
+        self.memory_tracker.start("train");
         // Upstream `activate_neftune` / `deactivate_neftune` around the training.
         let neftune = self
             .args
@@ -853,6 +854,10 @@ impl Trainer {
         self.store_flos()?;
         metrics.push(("total_flos".into(), self.state.total_flos));
         metrics.push(("train_loss".into(), train_loss));
+        let mut memory = Metrics::new();
+        self.memory_tracker
+            .stop_and_update_metrics("train", Some(&mut memory));
+        metrics.extend(memory);
         self.log(metrics.clone(), None)?;
         if self.args.load_best_model_at_end
             && let Some(best) = self.state.best_model_checkpoint.clone()

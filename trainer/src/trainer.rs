@@ -224,6 +224,8 @@ pub struct Trainer {
     /// Rows per training batch on this process (upstream `_train_batch_size`): the
     /// arguments', lowered by `auto_find_batch_size` after an out-of-memory error.
     pub(crate) train_batch_size: usize,
+    /// Upstream `_memory_tracker` (`skip_memory_metrics=False`).
+    pub(crate) memory_tracker: crate::memory_tracker::TrainerMemoryTracker,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -434,6 +436,9 @@ impl TrainerBuilder {
     /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
+        let mut memory_tracker =
+            crate::memory_tracker::TrainerMemoryTracker::new(self.args.skip_memory_metrics);
+        memory_tracker.start("init");
         refuse_unavailable(&self.args)?;
         // Upstream: `logging.set_verbosity(args.get_process_log_level())`.
         crate::logging::init_logging(&self.args);
@@ -518,6 +523,7 @@ impl TrainerBuilder {
             sharding: None,
             deepspeed: None,
             train_batch_size: self.args.train_batch_size(),
+            memory_tracker,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -532,6 +538,7 @@ impl TrainerBuilder {
             &trainer.state,
             &mut trainer.control,
         )?;
+        trainer.memory_tracker.stop_and_update_metrics("init", None);
         Ok(trainer)
     }
 }

@@ -82,7 +82,6 @@ fn non_default(field: &str) -> Option<(Value, &'static str)> {
         "ddp_find_unused_parameters" | "ddp_static_graph" => (json!({field: true}), ""),
         "ddp_broadcast_buffers" => (json!({field: false}), ""),
         "debug" => (json!({field: "underflow_overflow"}), "debug"),
-        "skip_memory_metrics" => (json!({field: false}), "skip_memory_metrics"),
         _ => return None,
     })
 }
@@ -547,5 +546,77 @@ fn tf32_and_full_determinism_set_the_backends() -> Result<()> {
     let plain = run_losses(args.clone(), None)?;
     args.torch_empty_cache_steps = Some(1);
     assert_eq!(run_losses(args, None)?, plain);
+    Ok(())
+}
+
+/// `skip_memory_metrics=False`: upstream's memory metrics, by the names upstream's Trainer
+/// gives them (transformers 5.23 on tiny GPT-2 reports exactly these keys): `init` and `train`
+/// with the training's metrics and log, `eval` with `evaluate`'s (not logged; an evaluation
+/// during training is not tracked), `test` with `predict`'s. By default there are none.
+#[test]
+fn memory_metrics_are_reported_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("memory-metrics");
+    let mem_keys = |m: &std::collections::BTreeMap<String, f64>| -> Vec<String> {
+        m.keys().filter(|k| k.contains("_mem_")).cloned().collect()
+    };
+    for skip in [true, false] {
+        let mut args = small_args(&dir)?;
+        args.max_steps = 2;
+        args.save_strategy = tchtrain_training_args::SaveStrategy::No;
+        args.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
+        args.eval_steps = Some(1.0);
+        args.skip_memory_metrics = skip;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .eval_dataset(small_train()?)
+            .build()?;
+        let train = trainer.train(None)?.metrics;
+        let eval = trainer.evaluate(None, "eval")?;
+        let test = trainer.predict(small_train()?, "test")?.metrics;
+        if skip {
+            assert!(mem_keys(&train).is_empty() && mem_keys(&eval).is_empty());
+            assert!(mem_keys(&test).is_empty());
+            continue;
+        }
+        assert_eq!(
+            mem_keys(&train),
+            [
+                "before_init_mem_cpu",
+                "init_mem_cpu_alloc_delta",
+                "init_mem_cpu_peaked_delta",
+                "train_mem_cpu_alloc_delta",
+                "train_mem_cpu_peaked_delta"
+            ]
+        );
+        assert_eq!(
+            mem_keys(&eval),
+            ["eval_mem_cpu_alloc_delta", "eval_mem_cpu_peaked_delta"]
+        );
+        assert_eq!(
+            mem_keys(&test),
+            ["test_mem_cpu_alloc_delta", "test_mem_cpu_peaked_delta"]
+        );
+        // The process holds hundreds of MB before the Trainer (libtorch, the model).
+        assert!(train["before_init_mem_cpu"] > 50e6, "{train:?}");
+        assert!(train["train_mem_cpu_peaked_delta"] >= 0.0);
+        let history = &trainer.state.log_history;
+        let summary = history
+            .iter()
+            .find(|e| e.get("train_runtime").is_some())
+            .context("the training's summary")?;
+        assert!(
+            summary.get("train_mem_cpu_alloc_delta").is_some(),
+            "logged with the training's"
+        );
+        let logged_eval = history
+            .iter()
+            .find(|e| e.get("eval_loss").is_some())
+            .context("an evaluation during training")?;
+        assert!(
+            logged_eval.iter().all(|(k, _)| !k.contains("_mem_")),
+            "not tracked inside the training"
+        );
+    }
     Ok(())
 }
