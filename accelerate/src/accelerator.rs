@@ -566,9 +566,9 @@ impl Accelerator {
     /// order (step by step, rank by rank), cut to the dataset's length unless `drop_last`
     /// (the padding rows of the last step). Each list then holds one tensor. Nothing in a
     /// single-process run.
-    pub fn gather_for_metrics(
+    pub fn gather_for_metrics<const N: usize>(
         &self,
-        lists: [&mut Vec<Tensor>; 3],
+        lists: [&mut Vec<Tensor>; N],
         loader: &DataLoader,
         drop_last: bool,
     ) -> Result<()> {

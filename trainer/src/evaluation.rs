@@ -117,6 +117,9 @@ impl Trainer {
         let mut losses: Vec<Tensor> = Vec::new();
         let mut preds: Vec<Tensor> = Vec::new();
         let mut labels: Vec<Tensor> = Vec::new();
+        let mut inputs: Vec<Tensor> = Vec::new();
+        let include = |what: &str| self.args.include_for_metrics.iter().any(|w| w == what);
+        let (include_inputs, include_loss) = (include("inputs"), include("loss"));
         let batch_size = loader.batch_size() as i64;
         for batch in loader.epoch(0) {
             let batch = batch?.to_device(self.device())?;
@@ -129,13 +132,24 @@ impl Trainer {
                 let ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, 1);
                 hooks.prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
-            if let Some(loss) = out.loss {
-                losses.push(
+            let batch_losses = match out.loss {
+                Some(loss) => Some(
                     loss.f_to_kind(Kind::Float)?
                         .f_reshape([1])?
                         .f_repeat([rows])?
                         .f_to_device(Device::Cpu)?,
-                );
+                ),
+                None => None,
+            };
+            if let Some(l) = &batch_losses {
+                losses.push(l.shallow_clone());
+            }
+            let batch_inputs = match (include_inputs, batch.get("input_ids")) {
+                (true, Some(ids)) => Some(ids.f_to_device(Device::Cpu)?),
+                _ => None,
+            };
+            if let (false, Some(ids)) = (batch_metrics, &batch_inputs) {
+                inputs.push(ids.shallow_clone());
             }
             let logits = match (out.logits, self.preprocess_logits_for_metrics.as_mut()) {
                 (Some(logits), Some(f)) => Some(f(&logits, out.labels.as_ref())?),
@@ -160,6 +174,8 @@ impl Trainer {
                 let metrics = f(&EvalPrediction {
                     predictions: p,
                     label_ids: Some(l),
+                    inputs: batch_inputs,
+                    losses: batch_losses.filter(|_| include_loss),
                     compute_result: is_last_step,
                 })?;
                 if is_last_step {
@@ -168,7 +184,7 @@ impl Trainer {
             }
         }
         self.accelerator.gather_for_metrics(
-            [&mut losses, &mut preds, &mut labels],
+            [&mut losses, &mut preds, &mut labels, &mut inputs],
             loader,
             self.args.dataloader_drop_last,
         )?;
@@ -188,6 +204,14 @@ impl Trainer {
             let prediction = EvalPrediction {
                 predictions: p.shallow_clone(),
                 label_ids: Some(l.shallow_clone()),
+                inputs: match inputs.is_empty() {
+                    true => None,
+                    false => Some(concat_padded(&inputs)?),
+                },
+                losses: match (include_loss, losses.is_empty()) {
+                    (true, false) => Some(Tensor::f_cat(&losses, 0)?),
+                    _ => None,
+                },
                 compute_result: true,
             };
             metrics = f(&prediction)?;

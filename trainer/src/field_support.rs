@@ -273,9 +273,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "eval_accumulation_steps",
         "moves predictions to the CPU every N steps upstream to free device memory: here each batch's outputs go to the CPU as they come, which changes no value",
     ),
-    refused(
+    h(
         "include_for_metrics",
-        "passing the inputs or the per-batch losses to compute_metrics is not implemented: EvalPrediction holds predictions and label_ids; remove --include_for_metrics",
+        &["include_for_metrics_hands_inputs_and_losses_to_compute_metrics"],
     ),
     h(
         "batch_eval_metrics",

@@ -21,6 +21,12 @@ pub struct EvalPrediction {
     pub predictions: Tensor,
     /// The labels, when the batches had them.
     pub label_ids: Option<Tensor>,
+    /// With `include_for_metrics` naming `"inputs"`: the main input (`input_ids`) of every
+    /// row, concatenated and padded with -100 as the predictions.
+    pub inputs: Option<Tensor>,
+    /// With `include_for_metrics` naming `"loss"`: each row's batch loss (upstream repeats a
+    /// batch's loss once per row), in row order.
+    pub losses: Option<Tensor>,
     /// Upstream's `compute_result` argument: with `batch_eval_metrics`, `compute_metrics`
     /// sees one batch at a time and this is `true` only for the last batch, whose returned
     /// metrics are the evaluation's (earlier calls accumulate); `true` otherwise.

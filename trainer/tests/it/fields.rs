@@ -63,7 +63,6 @@ fn non_default(field: &str) -> Option<(Value, &'static str)> {
         "eval_do_concat_batches" => (json!({field: false}), "eval_do_concat_batches"),
         "eval_use_gather_object" => (json!({field: true}), ""),
         "eval_accumulation_steps" => (json!({field: 2}), ""),
-        "include_for_metrics" => (json!({field: ["inputs"]}), "include_for_metrics"),
         "push_to_hub" => (json!({field: true}), "push_to_hub"),
         "hub_private_repo" | "hub_always_push" => (json!({field: true}), ""),
         "hub_strategy" => (json!({field: "end"}), ""),
@@ -616,6 +615,57 @@ fn memory_metrics_are_reported_as_upstream() -> Result<()> {
         assert!(
             logged_eval.iter().all(|(k, _)| !k.contains("_mem_")),
             "not tracked inside the training"
+        );
+    }
+    Ok(())
+}
+
+/// `include_for_metrics`: `compute_metrics` also sees the rows' `input_ids` (`"inputs"`,
+/// padded with -100 as the predictions) and each row's batch loss (`"loss"`, whose numpy
+/// mean is `eval_loss`); without it, neither.
+#[test]
+fn include_for_metrics_hands_inputs_and_losses_to_compute_metrics() -> Result<()> {
+    use std::sync::{Arc, Mutex};
+    let _g = lock();
+    let dir = temp_dir("include-for-metrics");
+    for include in [vec![], vec!["inputs".to_string(), "loss".to_string()]] {
+        let mut args = small_args(&dir)?;
+        args.per_device_eval_batch_size = 8;
+        args.include_for_metrics = include.clone();
+        let seen: Arc<Mutex<Option<(Option<tch::Tensor>, Option<tch::Tensor>)>>> =
+            Arc::new(Mutex::new(None));
+        let sink = Arc::clone(&seen);
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .compute_metrics(move |p: &tchtrain_trainer::EvalPrediction| {
+                let copy = |t: &Option<tch::Tensor>| t.as_ref().map(|t| t.copy());
+                *sink.lock().unwrap() = Some((copy(&p.inputs), copy(&p.losses)));
+                Ok(Default::default())
+            })
+            .build()?;
+        let metrics = trainer.evaluate(Some(small_train()?), "eval")?;
+        let (inputs, losses) = seen.lock().unwrap().take().context("compute_metrics ran")?;
+        if include.is_empty() {
+            assert!(inputs.is_none() && losses.is_none());
+            continue;
+        }
+        // 38 rows of 64 tokens in batches of 8: every row's ids, in order.
+        let inputs = inputs.context("inputs")?;
+        assert_eq!(inputs.size(), [38, 64]);
+        let rows = small_train()?;
+        for i in [0usize, 17, 37] {
+            let want = tch::Tensor::from_slice(&rows.get(i)?.input_ids);
+            assert!(inputs.get(i as i64).equal(&want), "row {i}");
+        }
+        let losses = losses.context("losses")?;
+        assert_eq!(losses.size(), [38]);
+        // Rows of one batch share its loss.
+        assert!(losses.get(8).equal(&losses.get(15)));
+        let values = Vec::<f32>::try_from(&losses)?;
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / 38.0;
+        assert!(
+            (mean - metrics["eval_loss"]).abs() < 1e-6,
+            "{mean} vs {metrics:?}"
         );
     }
     Ok(())
