@@ -632,8 +632,8 @@ fn include_for_metrics_hands_inputs_and_losses_to_compute_metrics() -> Result<()
         let mut args = small_args(&dir)?;
         args.per_device_eval_batch_size = 8;
         args.include_for_metrics = include.clone();
-        let seen: Arc<Mutex<Option<(Option<tch::Tensor>, Option<tch::Tensor>)>>> =
-            Arc::new(Mutex::new(None));
+        type Seen = Option<(Option<tch::Tensor>, Option<tch::Tensor>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(None));
         let sink = Arc::clone(&seen);
         let mut trainer = Trainer::builder(initial_model()?, args)
             .train_dataset(small_train()?)
