@@ -30,12 +30,6 @@ pub fn enable_tf32(enable: bool) -> Result<()> {
     check(unsafe { tchtrain_sys::tchtrain_set_fp32_precision_tf32(i32::from(enable)) })
 }
 
-/// `torch.backends.cuda.matmul.allow_tf32`: whether CUDA matmuls may use TF32 now.
-pub fn allow_tf32_cublas() -> bool {
-    // SAFETY: reads a flag of libtorch's global context.
-    unsafe { tchtrain_sys::tchtrain_allow_tf32_cublas() != 0 }
-}
-
 /// `torch.use_deterministic_algorithms(mode, warn_only)`, with
 /// `torch.backends.cudnn.deterministic = mode` and, when on, `cudnn.benchmark = False` (the
 /// three switches upstream's `enable_full_determinism` sets).

@@ -62,8 +62,8 @@ pub use accelerator::{
 };
 pub use autocast::AutocastGuard;
 pub use backends::{
-    allow_tf32_cublas, are_deterministic_algorithms_enabled, clear_device_cache, cuda_major,
-    enable_tf32, is_torch_tf32_available, use_deterministic_algorithms,
+    are_deterministic_algorithms_enabled, clear_device_cache, cuda_major, enable_tf32,
+    is_torch_tf32_available, use_deterministic_algorithms,
 };
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};

@@ -12,7 +12,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation};
 use crate::loading::{self, LoadOptions};
@@ -152,6 +152,10 @@ struct Layer {
     output_ln: nn::LayerNorm,
 }
 
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for Layer {}
+
 /// What a layer's forward needs besides the hidden states (owned, so that a checkpointed
 /// layer can run again in the backward).
 struct LayerInputs {
@@ -167,6 +171,10 @@ struct LayerInputs {
     train: bool,
     act: Activation,
 }
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for LayerInputs {}
 
 impl Layer {
     /// Upstream `BertLayer.forward`: self-attention, then the feed-forward block, each

@@ -10,7 +10,7 @@
 //! each layer [`ActivationCheckpointing::checkpoints`] selects, while training.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_void};
 
 use serde_json::Value;
 use tch::Tensor;
@@ -101,50 +101,70 @@ type LayerClosure = Box<dyn Fn(&Tensor) -> Result<Tensor> + Send>;
 /// A model's layer (or the inputs of its forward) shared between the model and the
 /// checkpoints of its forwards, which run it again in the backward.
 #[derive(Debug)]
-pub(crate) struct Shared<T>(pub(crate) T);
+pub(crate) struct Shared<T: ReadOnlyLayer>(pub(crate) T);
 
-// SAFETY: a layer holds parameter tensors that its forward only reads (libtorch's reads are
-// thread-safe); `tch::Tensor` is not `Sync` because other methods mutate through `&self`,
-// which layers never call. The forward runs on the training thread, then once more in the
-// backward (on the autograd engine's thread for a CUDA device), never at the same time.
-unsafe impl<T: Send> Sync for Shared<T> {}
+/// The layer types [`Shared`] may hold: parameter tensors and plain values that a forward
+/// only reads.
+///
+/// # Safety
+/// The type's forward must only read its tensors (no method mutating through `&self`, no
+/// interior mutability), so that running it from the training thread and then, once, from
+/// the autograd engine's thread in the backward is sound.
+pub(crate) unsafe trait ReadOnlyLayer: Send {}
 
-impl<T> std::ops::Deref for Shared<T> {
+// SAFETY: see `ReadOnlyLayer` — its implementors only read their tensors, and libtorch's
+// reads are thread-safe (`tch::Tensor` is not `Sync` because of other methods mutating
+// through `&self`, which layers never call); the two runs never overlap.
+unsafe impl<T: ReadOnlyLayer> Sync for Shared<T> {}
+
+impl<T: ReadOnlyLayer> std::ops::Deref for Shared<T> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.0
     }
 }
 
-/// Called by the shim: runs the layer on `input`.
+/// A malloc'd copy of `message` for the shim (which throws and frees it).
+fn shim_message(message: &str) -> *mut c_char {
+    let text = std::ffi::CString::new(message.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: `text` is a live NUL-terminated string; the shim copies it.
+    unsafe { tchtrain_sys::tchtrain_checkpoint_message(text.as_ptr()) }
+}
+
+/// Called by the shim: runs the layer on `input`; an error (its message, an out-of-memory
+/// one included, so that `auto_find_batch_size` recognises it) or a panic's text goes back.
 unsafe extern "C" fn run_layer(
     layer: *mut c_void,
     input: *const C_tensor,
     out: *mut *mut C_tensor,
-) -> c_int {
-    // SAFETY: `layer` is the `Box<LayerClosure>` leaked by `checkpoint_layer`, alive until
-    // `drop_layer`; `input` a live tensor the shim borrows to us for the call.
-    let (f, x) = unsafe {
-        (
-            &*(layer as *const LayerClosure),
-            Tensor::clone_from_ptr(input as *mut C_tensor),
-        )
-    };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&x))) {
+) -> *mut c_char {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `layer` is the `Box<LayerClosure>` leaked by `checkpoint_layer`, alive
+        // until `drop_layer`; `input` a live tensor the shim borrows to us for the call.
+        let (f, x) = unsafe {
+            (
+                &*(layer as *const LayerClosure),
+                Tensor::clone_from_ptr(input as *mut C_tensor),
+            )
+        };
+        f(&x)
+    }));
+    match result {
         Ok(Ok(mut y)) => {
             // SAFETY: `out` is the shim's out-parameter; the shim takes ownership of the
             // tensor allocated by libtorch's wrapper (and deletes it).
             unsafe { *out = y.as_mut_ptr() };
             std::mem::forget(y);
-            0
+            std::ptr::null_mut()
         }
-        Ok(Err(e)) => {
-            log::error!("activation checkpointing: the layer failed: {e}");
-            1
-        }
-        Err(_) => {
-            log::error!("activation checkpointing: the layer panicked");
-            1
+        Ok(Err(e)) => shim_message(&e.to_string()),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "the layer panicked".into());
+            shim_message(&text)
         }
     }
 }
@@ -190,4 +210,61 @@ pub(crate) fn checkpoint_layer(
     unsafe { tchtrain_sys::take_error(err) }.map_err(|m| Error::Torch(tch::TchError::Torch(m)))?;
     // SAFETY: allocated by the shim with `new at::Tensor(..)`, owned by nobody else.
     Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tch::{Device, Kind};
+
+    use super::*;
+
+    const OOM: &str = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes";
+
+    fn input() -> Tensor {
+        Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true)
+    }
+
+    #[test]
+    fn a_failing_layer_gives_its_message_back() {
+        let options = ActivationCheckpointing::default();
+        // An error in the forward, then a panic: their text comes back (auto_find_batch_size
+        // reads out-of-memory errors from it).
+        let err = checkpoint_layer(&input(), &options, |_| {
+            Err(Error::InvalidArgument {
+                field: "layer",
+                detail: OOM.into(),
+            })
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains(OOM), "{err}");
+        let err = checkpoint_layer(&input(), &options, |_| -> Result<Tensor> {
+            panic!("CUDA out of memory. Tried to allocate 2 GiB")
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains(" out of memory."), "{err}");
+        // A recompute that fails in the backward: the backward fails with its message, and
+        // the generator is where it was.
+        let calls = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = std::sync::Arc::clone(&calls);
+        let x = input();
+        let y = checkpoint_layer(&x, &options, move |x| {
+            if seen.fetch_add(1, Ordering::SeqCst) == 1 {
+                return Err(Error::InvalidArgument {
+                    field: "layer",
+                    detail: OOM.into(),
+                });
+            }
+            Ok(x.dropout(0.5, true) * 2.0)
+        })
+        .unwrap();
+        tch::manual_seed(3);
+        let before = Tensor::rand([4], (Kind::Float, Device::Cpu));
+        tch::manual_seed(3);
+        let err = y.sum(Kind::Float).f_backward().unwrap_err();
+        assert!(err.to_string().contains(OOM), "{err}");
+        assert!(Tensor::rand([4], (Kind::Float, Device::Cpu)).equal(&before));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
 }

@@ -14,7 +14,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, Conv1D};
 use crate::loading::{self, LoadOptions};
@@ -144,6 +144,10 @@ struct Block {
     scaling: f64,
 }
 
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for Block {}
+
 /// Upstream `GPT2Model`: embeddings, blocks and the final LayerNorm.
 #[derive(Debug)]
 pub struct GPT2Model {
@@ -171,6 +175,10 @@ struct BlockInputs {
     train: bool,
     act: Activation,
 }
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for BlockInputs {}
 
 impl Block {
     /// Upstream `GPT2Block.forward`: attention and MLP, each behind a pre-LayerNorm and a

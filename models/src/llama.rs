@@ -14,7 +14,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::layers::{self, Activation, RmsNorm};
 use crate::loading::{self, LoadOptions};
@@ -289,6 +289,10 @@ struct DecoderLayer {
     post_attention_layernorm: RmsNorm,
 }
 
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for DecoderLayer {}
+
 /// What a decoder layer's forward needs besides the hidden states (owned, so that a
 /// checkpointed layer can run again in the backward).
 struct LayerInputs {
@@ -304,6 +308,10 @@ struct LayerInputs {
     attn_p: f64,
     act: Activation,
 }
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for LayerInputs {}
 
 impl DecoderLayer {
     /// Upstream `LlamaDecoderLayer.forward`: RMSNorm, rotary self-attention and residual,

@@ -38,9 +38,6 @@ int tchtrain_cuda_capability_major(int index) {
   return major;
 }
 
-// Whether CUDA matmuls may use TF32 now (torch.backends.cuda.matmul.allow_tf32).
-int tchtrain_allow_tf32_cublas() { return at::globalContext().allowTF32CuBLAS() ? 1 : 0; }
-
 // torch.use_deterministic_algorithms(on, warn_only); torch.backends.cudnn.deterministic = on;
 // torch.backends.cudnn.benchmark = false when on.
 char* tchtrain_set_deterministic(int on, int warn_only) {

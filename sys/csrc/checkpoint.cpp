@@ -13,15 +13,18 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 #include "guard.h"
 
 namespace {
 
-// Runs the layer on `input`: 0 and a new tensor in `*out`, or non-zero (the Rust side logs why).
-typedef int (*layer_fn)(void* layer, const at::Tensor* input, at::Tensor** out);
+// Runs the layer on `input`: nullptr and a new tensor in `*out`, or an error message made by
+// `tchtrain_checkpoint_message` (freed here).
+typedef char* (*layer_fn)(void* layer, const at::Tensor* input, at::Tensor** out);
 // Frees the closure.
 typedef void (*drop_fn)(void* layer);
 
@@ -29,11 +32,19 @@ typedef void (*drop_fn)(void* layer);
 struct Layer : torch::CustomClassHolder {
   Layer(void* layer, layer_fn run, drop_fn drop) : layer(layer), run(run), drop(drop) {}
   ~Layer() override { drop(layer); }
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+  // The layer's output; its error (an out-of-memory message included) as a runtime_error.
   at::Tensor call(const at::Tensor& input) const {
     at::Tensor* out = nullptr;
-    if (run(layer, &input, &out) != 0 || out == nullptr) {
-      throw std::runtime_error(
-          "activation checkpointing: the layer's forward failed (the log has the cause)");
+    char* err = run(layer, &input, &out);
+    if (err != nullptr) {
+      std::string message(err);
+      std::free(err);
+      throw std::runtime_error(message);
+    }
+    if (out == nullptr) {
+      throw std::runtime_error("activation checkpointing: the layer returned no tensor");
     }
     at::Tensor result = std::move(*out);
     delete out;
@@ -44,23 +55,19 @@ struct Layer : torch::CustomClassHolder {
   drop_fn drop;
 };
 
-at::Generator generator_of(const at::Device& device) {
-  return at::globalContext().defaultGenerator(device);
-}
-
 at::Tensor rng_state(const at::Device& device) {
-  at::Generator g = generator_of(device);
+  at::Generator g = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(g.mutex());
   return g.get_state();
 }
 
 void set_rng_state(const at::Device& device, const at::Tensor& state) {
-  at::Generator g = generator_of(device);
+  at::Generator g = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(g.mutex());
   g.set_state(state);
 }
 
-// The autocast state of the CPU and CUDA, to replay the forward's in the recompute.
+// The autocast state of the CPU and CUDA.
 struct AutocastState {
   bool cpu_enabled, cuda_enabled;
   at::ScalarType cpu_dtype, cuda_dtype;
@@ -70,12 +77,68 @@ struct AutocastState {
             at::autocast::get_autocast_dtype(at::kCPU),
             at::autocast::get_autocast_dtype(at::kCUDA)};
   }
+  bool any() const { return cpu_enabled || cuda_enabled; }
   void apply() const {
     at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
     at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
     at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
     at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
   }
+};
+
+// The forward's generator and autocast states for the length of a recompute
+// (`torch.random.fork_rng` and `torch.autocast(**forward's)`): set on construction, today's
+// put back on destruction, also when the recompute throws; the autocast nesting entered here
+// is left (and the cast cache cleared when it was the outermost) either way.
+class Replay {
+ public:
+  Replay(const AutocastState& then, bool preserve, const at::Device& device,
+         const at::Tensor& cpu_then, const at::Tensor& cuda_then)
+      : autocast_now_(AutocastState::now()), then_(then), preserve_(preserve), device_(device) {
+    if (preserve_) {
+      cpu_now_ = rng_state(at::Device(at::kCPU));
+      if (device_.is_cuda()) {
+        cuda_now_ = rng_state(device_);
+      }
+      restoring_rng_ = true;
+      set_rng_state(at::Device(at::kCPU), cpu_then);
+      if (device_.is_cuda()) {
+        set_rng_state(device_, cuda_then);
+      }
+    }
+    then_.apply();
+    if (then_.any()) {
+      at::autocast::increment_nesting();
+      nested_ = true;
+    }
+  }
+  ~Replay() {
+    try {
+      if (nested_ && at::autocast::decrement_nesting() == 0) {
+        at::autocast::clear_cache();
+      }
+      autocast_now_.apply();
+      if (restoring_rng_) {
+        set_rng_state(at::Device(at::kCPU), cpu_now_);
+        if (cuda_now_.defined()) {
+          set_rng_state(device_, cuda_now_);
+        }
+      }
+    } catch (...) {
+      // A destructor must not throw; the states are those libtorch accepted before.
+    }
+  }
+  Replay(const Replay&) = delete;
+  Replay& operator=(const Replay&) = delete;
+
+ private:
+  AutocastState autocast_now_;
+  AutocastState then_;
+  bool preserve_;
+  at::Device device_;
+  at::Tensor cpu_now_, cuda_now_;
+  bool restoring_rng_ = false;
+  bool nested_ = false;
 };
 
 struct Checkpoint : public torch::autograd::Function<Checkpoint> {
@@ -114,45 +177,17 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
     at::Tensor x = ctx->get_saved_variables()[0].to(device).detach();
     x.requires_grad_(ctx->saved_data["requires_grad"].toBool());
     bool preserve = ctx->saved_data["preserve_rng_state"].toBool();
-    // torch.random.fork_rng: the forward's states for the recompute, today's restored after.
-    at::Tensor cpu_now, cuda_now;
-    if (preserve) {
-      cpu_now = rng_state(at::Device(at::kCPU));
-      set_rng_state(at::Device(at::kCPU), ctx->saved_data["cpu_rng"].toTensor());
-      if (device.is_cuda()) {
-        cuda_now = rng_state(device);
-        set_rng_state(device, ctx->saved_data["cuda_rng"].toTensor());
-      }
-    }
     auto saved = ctx->saved_data["autocast"].toIntVector();
     AutocastState then{saved[0] != 0, saved[1] != 0, static_cast<at::ScalarType>(saved[2]),
                        static_cast<at::ScalarType>(saved[3])};
-    auto autocast_now = AutocastState::now();
     at::Tensor out;
-    try {
-      then.apply();
-      if (then.cpu_enabled || then.cuda_enabled) {
-        at::autocast::increment_nesting();
-      }
-      {
-        at::AutoGradMode grad_mode(true);
-        out = run->call(x);
-      }
-      if ((then.cpu_enabled || then.cuda_enabled) && at::autocast::decrement_nesting() == 0) {
-        at::autocast::clear_cache();
-      }
-    } catch (...) {
-      autocast_now.apply();
-      if (preserve) {
-        set_rng_state(at::Device(at::kCPU), cpu_now);
-        if (device.is_cuda()) set_rng_state(device, cuda_now);
-      }
-      throw;
-    }
-    autocast_now.apply();
-    if (preserve) {
-      set_rng_state(at::Device(at::kCPU), cpu_now);
-      if (device.is_cuda()) set_rng_state(device, cuda_now);
+    {
+      Replay replay(then, preserve, device,
+                    preserve ? ctx->saved_data["cpu_rng"].toTensor() : at::Tensor(),
+                    preserve && device.is_cuda() ? ctx->saved_data["cuda_rng"].toTensor()
+                                                 : at::Tensor());
+      at::AutoGradMode grad_mode(true);
+      out = run->call(x);
     }
     if (out.requires_grad()) {
       torch::autograd::backward({out}, {grads[0]});
@@ -166,14 +201,25 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
 
 extern "C" {
 
+// A malloc'd copy of `message`, for a layer's error (freed by the checkpoint).
+char* tchtrain_checkpoint_message(const char* message) {
+  return tchtrain::error_message(message);
+}
+
 // `checkpoint(layer, x)`: the layer's output in `*out`, computed without keeping its graph;
 // its backward recomputes it (see the file's comment). `layer` is handed over: `drop` frees it
-// when the graph no longer needs it (at once when nothing requires a gradient).
+// when the graph no longer needs it (at once when nothing requires a gradient, or on failure).
 char* tchtrain_checkpoint(const at::Tensor* x, void* layer, layer_fn run, drop_fn drop,
                           bool preserve_rng_state, bool offload, at::Tensor** out) {
-  auto holder = c10::make_intrusive<Layer>(layer, run, drop);
+  c10::intrusive_ptr<Layer> holder;
+  try {
+    holder = c10::make_intrusive<Layer>(layer, run, drop);
+  } catch (...) {
+    drop(layer);
+    return tchtrain::error_message("activation checkpointing: out of memory");
+  }
   return tchtrain::guarded([&] {
-    *out = new at::Tensor(Checkpoint::apply(*x, holder, preserve_rng_state, offload));
+    *out = new at::Tensor(Checkpoint::apply(*x, std::move(holder), preserve_rng_state, offload));
   });
 }
 

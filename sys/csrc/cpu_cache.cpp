@@ -148,7 +148,18 @@ class CachingCpuAllocator final : public c10::Allocator {
       uint64_t needed = in_use_ + n;
       evict_until(budget > needed ? budget - needed : 0);
     }
-    void* ptr = c10::alloc_cpu(n);
+    void* ptr = nullptr;
+    try {
+      ptr = c10::alloc_cpu(n);
+    } catch (const c10::Error&) {
+      // Out of memory: hand every cached block back and try once more (as the CUDA caching
+      // allocator frees its cache before it fails), so a full cache is never the cause.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        evict_until(0);
+      }
+      ptr = c10::alloc_cpu(n);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     live_[ptr] = n;
     in_use(n);

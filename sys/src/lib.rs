@@ -94,22 +94,23 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn tchtrain_set_fp32_precision_tf32(on: c_int) -> *mut c_char;
     pub fn tchtrain_cuda_capability_major(index: c_int) -> c_int;
-    pub fn tchtrain_allow_tf32_cublas() -> c_int;
     pub fn tchtrain_set_deterministic(on: c_int, warn_only: c_int) -> *mut c_char;
     pub fn tchtrain_deterministic_algorithms() -> c_int;
     pub fn tchtrain_empty_device_cache(device: c_int) -> *mut c_char;
 }
 
 // csrc/checkpoint.cpp
-/// Runs a checkpointed layer: 0 and a new tensor in `out`, or non-zero.
+/// Runs a checkpointed layer: null and a new tensor in `out`, or an error message made by
+/// `tchtrain_checkpoint_message`.
 pub type LayerFn = unsafe extern "C" fn(
     layer: *mut c_void,
     input: *const C_tensor,
     out: *mut *mut C_tensor,
-) -> c_int;
+) -> *mut c_char;
 /// Frees a checkpointed layer's closure.
 pub type DropFn = unsafe extern "C" fn(layer: *mut c_void);
 unsafe extern "C" {
+    pub fn tchtrain_checkpoint_message(message: *const c_char) -> *mut c_char;
     pub fn tchtrain_checkpoint(
         x: *const C_tensor,
         layer: *mut c_void,

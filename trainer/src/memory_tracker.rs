@@ -1,5 +1,5 @@
 //! Upstream `TrainerMemoryTracker` (trainer_utils.py), on for `skip_memory_metrics=False`:
-//! the process's resident memory (psutil's `memory_info().rss`, here `/proc/self/statm`) at
+//! the process's resident memory (psutil's `memory_info().rss`, here `VmRSS` of `/proc/self/status`) at
 //! the start and the end of each stage (`init`, `train`, `eval`, `test`), and its peak in
 //! between (a thread polling it), reported as `{stage}_mem_cpu_alloc_delta` (end - start)
 //! and `{stage}_mem_cpu_peaked_delta` (peak - end, at least 0), in bytes; the first report
@@ -18,26 +18,17 @@ use std::time::Duration;
 
 use crate::metrics::Metrics;
 
-/// The resident set size in bytes (`/proc/self/statm`'s second field times the page size).
+/// The resident set size in bytes (`VmRSS` of `/proc/self/status`, what psutil's
+/// `memory_info().rss` reads from `statm` times the page size).
 fn rss_bytes() -> u64 {
-    let pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    pages * page_size()
-}
-
-fn page_size() -> u64 {
-    // The kernel reports it in /proc/self/smaps' "KernelPageSize"; 4 KiB on the platforms
-    // libtorch's CPU wheels exist for (x86-64, aarch64 with 4K pages).
-    std::fs::read_to_string("/proc/self/smaps_rollup")
+    std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("KernelPageSize:"))
+                .find(|l| l.starts_with("VmRSS:"))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
-        .map_or(4096, |kb| kb * 1024)
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// One finished stage: start, end and peak resident bytes.

@@ -22,7 +22,9 @@ pub struct EvalPrediction {
     /// The labels, when the batches had them.
     pub label_ids: Option<Tensor>,
     /// With `include_for_metrics` naming `"inputs"`: the main input (`input_ids`) of every
-    /// row, concatenated and padded with -100 as the predictions.
+    /// row, concatenated and padded with -100 as the predictions. With `batch_eval_metrics`,
+    /// the batch's `input_ids` (upstream hands `compute_metrics` the whole batch dict; the
+    /// other columns are not passed here).
     pub inputs: Option<Tensor>,
     /// With `include_for_metrics` naming `"loss"`: each row's batch loss (upstream repeats a
     /// batch's loss once per row), in row order.

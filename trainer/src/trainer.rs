@@ -436,6 +436,11 @@ impl TrainerBuilder {
     /// `PrinterCallback` with `disable_tqdm`). Moves the model to CUDA when one is present
     /// and `use_cpu` is false.
     pub fn build(self) -> Result<Trainer> {
+        // Before any thread of the Trainer's starts (the memory tracker's poller), as the
+        // environment is written.
+        if self.args.full_determinism {
+            enable_full_determinism()?;
+        }
         let mut memory_tracker =
             crate::memory_tracker::TrainerMemoryTracker::new(self.args.skip_memory_metrics);
         memory_tracker.start("init");
@@ -528,10 +533,8 @@ impl TrainerBuilder {
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
         trainer.state.is_world_process_zero = trainer.is_world_process_zero();
-        // Upstream: `enable_full_determinism(seed)` if `full_determinism` else `set_seed(seed)`.
-        if trainer.args.full_determinism {
-            enable_full_determinism()?;
-        }
+        // Upstream: `enable_full_determinism(seed)` if `full_determinism` else `set_seed(seed)`
+        // (the switches were set first thing in `build`).
         tch::manual_seed(trainer.args.seed as i64);
         trainer.callback_handler.on_init_end(
             &trainer.args,
@@ -930,11 +933,6 @@ fn create_accelerator(
     )?)
 }
 
-/// Arguments refused by name before anything is built (never accepted and ignored):
-/// upstream's `Trainer.__init__` check that "best" checkpoints have a metric, and what this
-/// build cannot honour: `torch_compile` (also set by `post_init` when a
-/// `torch_compile_backend` / `torch_compile_mode` is given) and `push_to_hub` (which the
-/// `hub_*` fields only configure).
 /// Upstream `enable_full_determinism` (less the seeding the caller does): the CUDA / cuBLAS /
 /// flash-attention environment variables for deterministic kernels, then
 /// `torch.use_deterministic_algorithms(True)` with cuDNN deterministic and not benchmarking.
@@ -947,8 +945,8 @@ fn enable_full_determinism() -> Result<()> {
         ("HCCL_DETERMINISTIC", "1"),
         ("FLASH_ATTENTION_DETERMINISTIC", "1"),
     ] {
-        // SAFETY: set while the Trainer is built, before any training thread starts, as
-        // upstream's `os.environ[...] = ...` at `Trainer.__init__`.
+        // SAFETY: set first thing in `TrainerBuilder::build`, before the Trainer starts a
+        // thread, as upstream's `os.environ[...] = ...` at `Trainer.__init__`.
         unsafe { std::env::set_var(key, value) };
     }
     Ok(tchtrain_accelerate::use_deterministic_algorithms(
@@ -956,6 +954,8 @@ fn enable_full_determinism() -> Result<()> {
     )?)
 }
 
+/// Upstream's `Trainer.__init__` check that "best" checkpoints have a metric (the fields
+/// this build cannot honour are refused by `field_support.rs`).
 fn refuse_unavailable(args: &TrainingArguments) -> Result<()> {
     // Upstream `Trainer.__init__`: without a metric, "best" would never save.
     if (args.save_strategy == tchtrain_training_args::SaveStrategy::Best

@@ -78,7 +78,11 @@ impl Trainer {
                 return Err(tchtrain_fsdp::Error::Upstream("Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags.".into()).into());
             }
             ds.check_trainer_compat(&self.args)?;
-            ds.trainer_config_process(&self.args, self.args.auto_find_batch_size);
+            // With auto_find_batch_size, the batch size the search is at (upstream's
+            // `_update_auto_batch_size` propagates it into the config).
+            let mut args = self.args.clone();
+            args.per_device_train_batch_size = self.train_batch_size;
+            ds.trainer_config_process(&args, self.args.auto_find_batch_size);
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
             crate::field_support::check_deepspeed_keys(&ds.config, self.device())?;

@@ -142,6 +142,45 @@ impl DeepSpeedLR {
             .get("params")
             .and_then(Value::as_object)
             .unwrap_or(&empty);
+        // DeepSpeed calls `Scheduler(optimizer, **params)`: another key is a TypeError.
+        let accepted: &[&str] = match kind {
+            "WarmupLR" => &[
+                "warmup_min_lr",
+                "warmup_max_lr",
+                "warmup_num_steps",
+                "warmup_type",
+                "last_batch_iteration",
+            ],
+            "WarmupDecayLR" => &[
+                "total_num_steps",
+                "warmup_min_lr",
+                "warmup_max_lr",
+                "warmup_num_steps",
+                "warmup_type",
+                "last_batch_iteration",
+            ],
+            "WarmupCosineLR" => &[
+                "total_num_steps",
+                "warmup_min_ratio",
+                "warmup_num_steps",
+                "cos_min_ratio",
+                "warmup_type",
+                "last_batch_iteration",
+            ],
+            _ => &[],
+        };
+        if let Some(key) = params
+            .keys()
+            .find(|k| !accepted.is_empty() && !accepted.contains(&k.as_str()))
+        {
+            return Err(Error::NotSupported {
+                key: format!("scheduler.params.{key}"),
+                why: format!(
+                    "not a parameter of DeepSpeed's {kind} (it takes {}); DeepSpeed raises a TypeError: fix or remove it",
+                    accepted.join(", ")
+                ),
+            });
+        }
         let groups = optimizer.param_groups().len();
         let group_lrs = optimizer.lrs();
         let warmup_num_steps = warmup_steps(params)?.max(2);

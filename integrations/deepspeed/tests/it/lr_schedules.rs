@@ -103,6 +103,15 @@ fn bad_scheduler_sections_are_refused_by_key() -> Result<()> {
             json!({"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": [1e-3]}}),
             "scheduler.params.warmup_max_lr",
         ),
+        // A key the scheduler does not take (DeepSpeed: TypeError), e.g. a typo.
+        (
+            json!({"type": "WarmupLR", "params": {"warmup_num_step": 5}}),
+            "scheduler.params.warmup_num_step",
+        ),
+        (
+            json!({"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1e-3}}),
+            "scheduler.params.warmup_max_lr",
+        ),
     ];
     for (section, key) in cases {
         let err = DeepSpeedLR::from_config(&section, &mut optimizer()?).unwrap_err();
