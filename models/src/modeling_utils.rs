@@ -112,6 +112,13 @@ pub trait TrainableModel: Send {
         })
     }
 
+    /// Upstream's `model.config.use_cache = args.use_cache`, which the Trainer sets when it
+    /// is built: the value the saved `config.json` carries. A model without a config has
+    /// nothing to set.
+    fn set_use_cache(&mut self, use_cache: bool) {
+        let _ = use_cache;
+    }
+
     /// Upstream `activation_checkpointing_disable()`.
     fn activation_checkpointing_disable(&mut self) {}
 
@@ -250,6 +257,11 @@ macro_rules! model_plumbing {
         }
         fn as_pretrained(&self) -> Option<&dyn $crate::PreTrainedModel> {
             Some(self)
+        }
+        fn set_use_cache(&mut self, use_cache: bool) {
+            self.config
+                .extra
+                .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
         }
     };
 }

@@ -191,10 +191,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "liger_kernel_config",
         "read only with `use_liger_kernel`, which is refused here",
     ),
-    inert(
-        "use_cache",
-        "upstream writes it into `model.config.use_cache`; no model here has a KV cache in training or evaluation, and config.json keeps the value the model was loaded with",
-    ),
+    h("use_cache", &["use_cache_is_written_into_the_saved_config"]),
     h("neftune_noise_alpha", &["tiny_llama_with_neftune"]),
     partly(
         "torch_empty_cache_steps",

@@ -461,6 +461,8 @@ impl TrainerBuilder {
         }
         let device = model.var_store().device();
         crate::field_support::check_field_support(&self.args, device, self.args.world_size())?;
+        // Upstream `Trainer.__init__`: `self.model.config.use_cache = self.args.use_cache`.
+        model.set_use_cache(self.args.use_cache);
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = vec![Box::new(DefaultFlowCallback)];
         callbacks.extend(get_reporting_integration_callbacks(&self.args.report_to)?);
         callbacks.extend(self.callbacks);

@@ -670,3 +670,24 @@ fn include_for_metrics_hands_inputs_and_losses_to_compute_metrics() -> Result<()
     }
     Ok(())
 }
+
+/// `use_cache`: upstream's Trainer sets `model.config.use_cache = args.use_cache` when it is
+/// built, so a model saved by it carries `"use_cache": false` by default (the assets' configs
+/// say `true`), `true` when asked.
+#[test]
+fn use_cache_is_written_into_the_saved_config() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("use-cache");
+    for use_cache in [false, true] {
+        let mut args = small_args(&dir)?;
+        args.use_cache = use_cache;
+        let trainer = Trainer::builder(initial_model()?, args)
+            .train_dataset(small_train()?)
+            .build()?;
+        let saved = trainer.save_model(Some(&dir.join(format!("saved-{use_cache}"))))?;
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(saved.join("config.json"))?)?;
+        assert_eq!(config["use_cache"], json!(use_cache));
+    }
+    Ok(())
+}
