@@ -89,6 +89,8 @@ pub struct AcceleratorOptions {
     pub timeout: Duration,
     /// `DistributedDataParallelKwargs(bucket_cap_mb=...)`; `None`: DDP's 25 MB.
     pub bucket_cap_mb: Option<f64>,
+    /// `DistributedDataParallelKwargs(find_unused_parameters=...)` (DDP's default false).
+    pub find_unused_parameters: bool,
 }
 
 impl Default for AcceleratorOptions {
@@ -100,6 +102,7 @@ impl Default for AcceleratorOptions {
             backend: None,
             timeout: DEFAULT_TIMEOUT,
             bucket_cap_mb: None,
+            find_unused_parameters: false,
         }
     }
 }
@@ -138,6 +141,7 @@ pub struct Accelerator {
     autocast: Option<Kind>,
     scaler: Option<Mutex<GradScaler>>,
     bucket_cap_mb: f64,
+    find_unused_parameters: bool,
     ddp: Option<DistributedDataParallel>,
     zero: Option<Zero>,
     /// `gradient_state.sync_gradients`: whether the next backward ends a window.
@@ -183,6 +187,7 @@ impl Accelerator {
             autocast,
             scaler,
             bucket_cap_mb: options.bucket_cap_mb.unwrap_or(DEFAULT_BUCKET_CAP_MB),
+            find_unused_parameters: options.find_unused_parameters,
             ddp: None,
             zero: None,
             sync_gradients: AtomicBool::new(true),
@@ -269,10 +274,11 @@ impl Accelerator {
         if self.zero.is_some() {
             return Ok(());
         }
-        let cap = self.bucket_cap_mb;
-        self.ddp = self
-            .state
-            .with_process_group(|pg| Ok(DistributedDataParallel::new(pg, parameters, cap)?))?;
+        let (cap, find_unused) = (self.bucket_cap_mb, self.find_unused_parameters);
+        self.ddp = self.state.with_process_group(|pg| {
+            Ok(DistributedDataParallel::new(pg, parameters, cap)?
+                .find_unused_parameters(find_unused))
+        })?;
         Ok(())
     }
 

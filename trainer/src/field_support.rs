@@ -393,9 +393,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "length_column_name",
         "rows here have no free columns: `group_by_length` measures `input_ids`, which is what upstream does when the dataset lacks the column",
     ),
-    inert(
+    h(
         "ddp_find_unused_parameters",
-        "the all-reduce runs over every parameter's gradient, an unused parameter's as zeros, so a run with unused parameters works with either value (upstream's `false` fails on them)",
+        &["unused_parameters_count_as_zeros_with_find_unused_parameters"],
     ),
     h(
         "ddp_bucket_cap_mb",

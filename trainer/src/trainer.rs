@@ -482,7 +482,8 @@ impl TrainerBuilder {
             .label_names
             .clone()
             .unwrap_or_else(|| vec!["labels".to_string()]);
-        let accelerator = create_accelerator(&self.args, device, self.grad_scaler)?;
+        let pretrained = model.as_pretrained().is_some();
+        let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {
             model,
             train_dataset: self.train_dataset,
@@ -914,6 +915,7 @@ fn create_accelerator(
     args: &TrainingArguments,
     device: Device,
     grad_scaler: Option<GradScalerKwargs>,
+    pretrained: bool,
 ) -> Result<Accelerator> {
     let mixed_precision = if args.bf16 {
         MixedPrecision::Bf16
@@ -931,6 +933,11 @@ fn create_accelerator(
             backend: args.ddp_backend.clone(),
             timeout: args.ddp_timeout_delta(),
             bucket_cap_mb: args.ddp_bucket_cap_mb.map(|mb| mb as f64),
+            // Upstream: `ddp_find_unused_parameters`, else for a PreTrainedModel true unless
+            // activation checkpointing is on, else true.
+            find_unused_parameters: args
+                .ddp_find_unused_parameters
+                .unwrap_or(!(pretrained && args.activation_checkpointing)),
         },
     )?)
 }

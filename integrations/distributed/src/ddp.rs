@@ -5,6 +5,18 @@
 use tch::Tensor;
 
 use crate::process_group::{ProcessGroup, ReduceOp};
+
+/// `param.grad = grad` (tch has no setter): the gradient lives on the `TensorImpl` every
+/// handle shares.
+#[allow(unsafe_code)]
+fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
+    let mut handle = param.shallow_clone();
+    // SAFETY: both tensors are live for the call; the shim copies the handle of `grad`.
+    let err = unsafe { tchtrain_sys::tchtrain_optim_set_grad(handle.as_mut_ptr(), grad.as_ptr()) };
+    // SAFETY: the shim's result, freed by `take_error`.
+    unsafe { tchtrain_sys::take_error(err) }
+        .map_err(|detail| Error::InvalidTensor { op: "ddp", detail })
+}
 use crate::{Error, Result};
 
 /// Upstream's default `ddp_bucket_cap_mb`.
@@ -18,6 +30,9 @@ pub struct DistributedDataParallel {
     /// larger than the cap gets a bucket of its own). Built in reverse order, as DDP does,
     /// so the last layers (whose gradients are ready first) come first.
     buckets: Vec<Vec<usize>>,
+    /// DDP's `find_unused_parameters`: a parameter without a gradient on a rank takes part
+    /// as zeros (else it is an error naming it).
+    find_unused_parameters: bool,
 }
 
 impl DistributedDataParallel {
@@ -56,7 +71,19 @@ impl DistributedDataParallel {
         if !current.is_empty() {
             buckets.push(current);
         }
-        Ok(Self { params, buckets })
+        Ok(Self {
+            params,
+            buckets,
+            find_unused_parameters: false,
+        })
+    }
+
+    /// DDP's `find_unused_parameters=True`: a parameter this rank's backward did not reach
+    /// counts as a zero gradient in the average; it gets the averaged gradient when another
+    /// rank used it, and keeps none when no rank did (as torch's reducer leaves it).
+    pub fn find_unused_parameters(mut self, find: bool) -> Self {
+        self.find_unused_parameters = find;
+        self
     }
 
     /// Number of buckets (one all-reduce each).
@@ -68,19 +95,37 @@ impl DistributedDataParallel {
     /// flattened all-reduce per bucket. Every parameter must have a gradient.
     pub fn all_reduce_gradients(&self, pg: &mut ProcessGroup) -> Result<()> {
         tch::no_grad(|| -> Result<()> {
+            // With find_unused_parameters: which parameters some rank used (one MAX
+            // all-reduce of a flag per parameter).
+            let used_anywhere: Option<Vec<bool>> = if self.find_unused_parameters {
+                let flags: Vec<f32> = self
+                    .params
+                    .iter()
+                    .map(|p| if p.grad().defined() { 1.0 } else { 0.0 })
+                    .collect();
+                let mut flags = Tensor::from_slice(&flags).f_to_device(self.device())?;
+                pg.all_reduce(&mut flags, ReduceOp::Max)?;
+                let flags = Vec::<f32>::try_from(flags.f_to_device(tch::Device::Cpu)?)?;
+                Some(flags.into_iter().map(|f| f > 0.0).collect())
+            } else {
+                None
+            };
             for bucket in &self.buckets {
                 let grads: Vec<Tensor> = bucket
                     .iter()
                     .map(|&i| {
                         let p = &self.params[i];
                         let g = p.grad();
-                        if !g.defined() {
-                            return Err(Error::InvalidTensor {
-                                op: "ddp",
-                                detail: format!("parameter {i} has no gradient on this rank: run backward first (unused parameters are not supported, as DDP's default find_unused_parameters=False)"),
-                            });
+                        if g.defined() {
+                            return Ok(g.f_flatten(0, -1)?);
                         }
-                        Ok(g.f_flatten(0, -1)?)
+                        if used_anywhere.is_some() {
+                            return Ok(Tensor::f_zeros([p.numel() as i64], (p.kind(), p.device()))?);
+                        }
+                        Err(Error::InvalidTensor {
+                            op: "ddp",
+                            detail: format!("parameter {i} has no gradient on this rank: it took no part in the loss; set ddp_find_unused_parameters=True (DDP's find_unused_parameters) when some parameters go unused"),
+                        })
                     })
                     .collect::<Result<_>>()?;
                 let mut flat = Tensor::f_cat(&grads, 0)?;
@@ -89,13 +134,24 @@ impl DistributedDataParallel {
                 for &i in bucket {
                     let p = &self.params[i];
                     let n = p.numel() as i64;
-                    let mut g = p.grad();
                     let chunk = flat.f_narrow(0, offset, n)?.f_view_as(p)?;
-                    g.f_copy_(&chunk)?;
+                    let mut g = p.grad();
+                    if g.defined() {
+                        g.f_copy_(&chunk)?;
+                    } else if used_anywhere.as_ref().is_some_and(|u| u[i]) {
+                        let mut fresh = chunk.f_zeros_like()?;
+                        fresh.f_copy_(&chunk)?;
+                        set_grad(p, &fresh)?;
+                    }
                     offset += n;
                 }
             }
             Ok(())
         })
+    }
+
+    /// The device of the parameters (the first one's; the CPU when there are none).
+    fn device(&self) -> tch::Device {
+        self.params.first().map_or(tch::Device::Cpu, Tensor::device)
     }
 }

@@ -367,3 +367,62 @@ fn ddp_average_equals_full_batch_gradient() {
         assert!((a - e).abs() <= 1e-6, "ddp grad {a} vs full-batch {e}");
     }
 }
+
+/// DDP's `find_unused_parameters`: rank 0's loss uses `a` and `b`, rank 1's only `a`, and no
+/// rank uses `c`. Without it, rank 1's reduce is an error naming the setting (before any
+/// collective, so rank 0 is told too by the test, not left waiting); with it, `b`'s gradient
+/// is rank 0's halved on both ranks (rank 1 counts zeros), and `c` keeps none.
+#[test]
+fn unused_parameters_count_as_zeros_with_find_unused_parameters() {
+    if !is_rank() {
+        return wait_all(
+            launch(
+                "unused_parameters_count_as_zeros_with_find_unused_parameters",
+                &[0, 1],
+                2,
+                free_port(),
+            ),
+            Duration::from_secs(120),
+        );
+    }
+    let env = env();
+    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(60)).unwrap();
+    let r = pg.rank();
+    let param =
+        |v: f64| (Tensor::ones([2], (Kind::Float, Device::Cpu)) * v).set_requires_grad(true);
+    let (a, b, c) = (param(1.0), param(2.0), param(3.0));
+    let step = |ddp: &DistributedDataParallel, pg: &mut ProcessGroup| {
+        for p in [&a, &b] {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let loss = if r == 0 {
+            (&a * &b).sum(Kind::Float)
+        } else {
+            (&a * 3.0).sum(Kind::Float)
+        };
+        loss.backward();
+        ddp.all_reduce_gradients(pg)
+    };
+    let params = || vec![a.shallow_clone(), b.shallow_clone(), c.shallow_clone()];
+    let strict = DistributedDataParallel::new(&mut pg, params(), 25.0).unwrap();
+    if r == 1 {
+        // Rank 1 never reaches the collective: only rank 0 goes on with `find_unused`.
+        let err = step(&strict, &mut pg).unwrap_err().to_string();
+        assert!(err.contains("find_unused_parameters"), "{err}");
+    }
+    let ddp = DistributedDataParallel::new(&mut pg, params(), 25.0)
+        .unwrap()
+        .find_unused_parameters(true);
+    step(&ddp, &mut pg).unwrap();
+    // d(a*b)/db = a = 1 on rank 0, nothing on rank 1: the average is 0.5.
+    assert_eq!(values(&b.grad()), [0.5, 0.5]);
+    // d/da: b = 2 on rank 0, 3 on rank 1.
+    assert_eq!(values(&a.grad()), [2.5, 2.5]);
+    assert!(
+        !c.grad().defined(),
+        "a parameter no rank used keeps no gradient"
+    );
+}

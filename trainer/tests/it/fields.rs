@@ -78,7 +78,7 @@ fn non_default(field: &str) -> Option<(Value, &'static str)> {
             (json!({field: "spawn", "dataloader_num_workers": 1}), "")
         }
         "length_column_name" => (json!({field: "n_tokens"}), ""),
-        "ddp_find_unused_parameters" | "ddp_static_graph" => (json!({field: true}), ""),
+        "ddp_static_graph" => (json!({field: true}), ""),
         "ddp_broadcast_buffers" => (json!({field: false}), ""),
         "debug" => (json!({field: "underflow_overflow"}), "debug"),
         _ => return None,
