@@ -40,26 +40,30 @@ fn refuse(key: &str, why: impl Into<String>) -> Error {
     }
 }
 
-fn number(params: &Map<String, Value>, key: &str, default: f64) -> Result<f64> {
+/// `optimizer.params.<key>` read with `read` (`None` for a wrong type), or `default`.
+fn param<T>(
+    params: &Map<String, Value>,
+    key: &str,
+    default: T,
+    read: impl Fn(&Value) -> Option<T>,
+    fix: &'static str,
+) -> Result<T> {
     match params.get(key) {
         None => Ok(default),
-        Some(v) => v.as_f64().ok_or_else(|| Error::InvalidConfig {
+        Some(v) => read(v).ok_or_else(|| Error::InvalidConfig {
             key: format!("optimizer.params.{key}"),
             value: v.to_string(),
-            fix: "use a number",
+            fix,
         }),
     }
 }
 
+fn number(params: &Map<String, Value>, key: &str, default: f64) -> Result<f64> {
+    param(params, key, default, Value::as_f64, "use a number")
+}
+
 fn flag(params: &Map<String, Value>, key: &str, default: bool) -> Result<bool> {
-    match params.get(key) {
-        None => Ok(default),
-        Some(v) => v.as_bool().ok_or_else(|| Error::InvalidConfig {
-            key: format!("optimizer.params.{key}"),
-            value: v.to_string(),
-            fix: "use true or false",
-        }),
-    }
+    param(params, key, default, Value::as_bool, "use true or false")
 }
 
 impl DeepSpeedOptimizer {

@@ -293,25 +293,32 @@ fn processing_class_pads_by_default_and_is_saved_with_the_model() -> Result<()> 
     Ok(())
 }
 
-#[test]
-fn tiny_llama_with_weight_decay() -> Result<()> {
-    let _g = lock();
-    let dir = assets().join("reference/trainer_parity/llama_wd");
-    let out = temp_dir("llama");
-    let mut args = TrainingArguments {
+/// trainer_parity.py's tiny Llama job: batch 4, accumulation 2, lr 2e-3 with a linear
+/// schedule after 2 warm-up steps, weight decay 0.1, clipping at 1.0, `epochs` epochs,
+/// evaluation every `eval_steps` steps.
+fn llama_args(out: &Path, epochs: f64, eval_steps: f64) -> TrainingArguments {
+    TrainingArguments {
         per_device_train_batch_size: 4,
         per_device_eval_batch_size: 4,
         gradient_accumulation_steps: 2,
-        num_train_epochs: 2.0,
+        num_train_epochs: epochs,
         learning_rate: 2e-3,
         lr_scheduler_type: SchedulerType::Linear,
         warmup_steps: 2.0,
         weight_decay: 0.1,
         max_grad_norm: 1.0,
         eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(6.0),
-        ..base_args(&out)
-    };
+        eval_steps: Some(eval_steps),
+        ..base_args(out)
+    }
+}
+
+#[test]
+fn tiny_llama_with_weight_decay() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/trainer_parity/llama_wd");
+    let out = temp_dir("llama");
+    let mut args = llama_args(&out, 2.0, 6.0);
     args.post_init()?;
     let mut trainer = Trainer::builder(load(&dir.join("initial"), AutoTask::CausalLm)?, args)
         .train_dataset(lm_blocks(&dir.join("blocks.json"), "train")?)
@@ -356,19 +363,8 @@ fn tiny_llama_with_neftune() -> Result<()> {
     let dir = assets().join("reference/trainer_parity/llama_neftune");
     let out = temp_dir("llama-neftune");
     let mut args = TrainingArguments {
-        per_device_train_batch_size: 4,
-        per_device_eval_batch_size: 4,
-        gradient_accumulation_steps: 2,
-        num_train_epochs: 1.0,
-        learning_rate: 2e-3,
-        lr_scheduler_type: SchedulerType::Linear,
-        warmup_steps: 2.0,
-        weight_decay: 0.1,
-        max_grad_norm: 1.0,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(3.0),
         neftune_noise_alpha: Some(5.0),
-        ..base_args(&out)
+        ..llama_args(&out, 1.0, 3.0)
     };
     args.post_init()?;
     let mut trainer = Trainer::builder(load(&wd.join("initial"), AutoTask::CausalLm)?, args)
