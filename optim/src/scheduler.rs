@@ -47,12 +47,21 @@ pub trait LrScheduler {
     /// Metric-driven schedulers return [`Error::WrongStepKind`].
     fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<()>;
 
-    /// Steps on a metric (`ReduceLROnPlateau` / `GreedyLR`); others return
-    /// [`Error::WrongStepKind`].
-    fn step_with_metric(&mut self, optimizer: &mut dyn Optimizer, metric: f64) -> Result<()>;
+    /// Steps on a metric (`ReduceLROnPlateau` / `GreedyLR`); the per-step schedulers keep
+    /// this default, [`Error::WrongStepKind`].
+    fn step_with_metric(&mut self, optimizer: &mut dyn Optimizer, metric: f64) -> Result<()> {
+        let _ = (optimizer, metric);
+        Err(Error::WrongStepKind {
+            scheduler: self.name().to_string(),
+            reason: "does not step on a metric: call step",
+        })
+    }
 
-    /// Whether it steps on a metric (the Trainer steps those after evaluation).
-    fn steps_on_metric(&self) -> bool;
+    /// Whether it steps on a metric (the Trainer steps those after evaluation); false for
+    /// the per-step schedulers.
+    fn steps_on_metric(&self) -> bool {
+        false
+    }
 
     /// The lrs of the last step, one per group (`get_last_lr()`).
     fn get_last_lr(&self) -> &[f64];
@@ -166,17 +175,6 @@ impl LrScheduler for LambdaLR {
         optimizer.set_lrs(&lrs)?;
         self.last_lr = lrs;
         Ok(())
-    }
-
-    fn step_with_metric(&mut self, _optimizer: &mut dyn Optimizer, _metric: f64) -> Result<()> {
-        Err(Error::WrongStepKind {
-            scheduler: self.scheduler.clone(),
-            reason: "does not step on a metric: call step",
-        })
-    }
-
-    fn steps_on_metric(&self) -> bool {
-        false
     }
 
     fn get_last_lr(&self) -> &[f64] {

@@ -329,21 +329,6 @@ impl LrScheduler for DeepSpeedLR {
         optimizer.set_lrs(&self.last_lr)
     }
 
-    fn step_with_metric(
-        &mut self,
-        _optimizer: &mut dyn Optimizer,
-        _metric: f64,
-    ) -> tchtrain_optim::Result<()> {
-        Err(tchtrain_optim::Error::WrongStepKind {
-            scheduler: self.name.to_string(),
-            reason: "does not step on a metric: call step",
-        })
-    }
-
-    fn steps_on_metric(&self) -> bool {
-        false
-    }
-
     fn get_last_lr(&self) -> &[f64] {
         &self.last_lr
     }
