@@ -567,16 +567,20 @@ impl Accelerator {
     }
 
     /// `gather_for_metrics` over a whole evaluation: every process's losses, predictions and
-    /// labels (each list concatenated per process, padded along dim 1 with -100 to the
-    /// longest across processes as `pad_across_processes`), gathered in the global batch
-    /// order (step by step, rank by rank), cut to the dataset's length unless `drop_last`
-    /// (the padding rows of the last step). Each list then holds one tensor. Nothing in a
-    /// single-process run.
+    /// labels gathered in the global batch order (step by step, rank by rank), padded along
+    /// dim 1 with -100 to the longest across processes as `pad_across_processes`, and cut to
+    /// the dataset's length unless `drop_last` (the padding rows of the last step).
+    ///
+    /// With `concat_batches` (upstream's `eval_do_concat_batches=True`) each list is
+    /// concatenated per process first and then holds one tensor. Without it each batch is
+    /// gathered on its own, as upstream's loop calls `gather_for_metrics` batch by batch,
+    /// and the list keeps one tensor per global step. Nothing in a single-process run.
     pub fn gather_for_metrics<const N: usize>(
         &self,
         lists: [&mut Vec<Tensor>; N],
         loader: &DataLoader,
         drop_last: bool,
+        concat_batches: bool,
     ) -> Result<()> {
         if self.num_processes() <= 1 {
             return Ok(());
@@ -596,13 +600,29 @@ impl Accelerator {
                 list.clear();
                 continue;
             }
-            let local = concat_padded(list)?;
-            let gathered = self
-                .state
-                .with_process_group(|pg| gather_in_batch_order(pg, &local, rows_per_batch, keep))?;
-            if let Some(g) = gathered {
-                *list = vec![g];
+            if concat_batches {
+                let local = concat_padded(list)?;
+                let gathered = self.state.with_process_group(|pg| {
+                    gather_in_batch_order(pg, &local, rows_per_batch, keep)
+                })?;
+                if let Some(g) = gathered {
+                    *list = vec![g];
+                }
+                continue;
             }
+            let mut seen = 0i64;
+            let mut batches = Vec::with_capacity(list.len());
+            for local in list.iter() {
+                let keep_here = keep.map(|k| (k - seen).max(0));
+                let gathered = self.state.with_process_group(|pg| {
+                    gather_in_batch_order(pg, local, rows_per_batch, keep_here)
+                })?;
+                if let Some(g) = gathered {
+                    seen += g.size().first().copied().unwrap_or(1);
+                    batches.push(g);
+                }
+            }
+            *list = batches;
         }
         Ok(())
     }

@@ -341,6 +341,7 @@ pub fn run(a: &AccelerateLoopArguments) -> Result<AccelerateLoopOutput> {
         [&mut predictions, &mut references, &mut none],
         &eval_dataloader,
         false,
+        true,
     )?;
     let (p, r) = (
         Tensor::f_cat(&predictions, 0)?,

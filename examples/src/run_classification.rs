@@ -215,15 +215,20 @@ fn classification_metrics(
         let Some(labels) = &p.label_ids else {
             return Ok(m);
         };
+        let labels = labels.array()?;
         if regression {
-            let preds = p.predictions.f_reshape([-1])?.f_to_kind(Kind::Double)?;
+            let preds = p
+                .predictions
+                .array()?
+                .f_reshape([-1])?
+                .f_to_kind(Kind::Double)?;
             let mse = (preds - labels.f_reshape([-1])?.f_to_kind(Kind::Double)?)
                 .f_square()?
                 .f_mean(Kind::Double)?
                 .f_double_value(&[])?;
             m.insert("mse".into(), mse);
         } else {
-            let preds = p.predictions.f_argmax(-1, false)?;
+            let preds = p.predictions.array()?.f_argmax(-1, false)?;
             let acc = preds
                 .f_eq_tensor(labels)?
                 .f_to_kind(Kind::Double)?

@@ -187,12 +187,13 @@ fn next_token_accuracy(p: &EvalPrediction) -> tchtrain_trainer::Result<Metrics> 
     let Some(labels) = &p.label_ids else {
         return Ok(m);
     };
+    let labels = labels.array()?;
     let len = labels.size().last().copied().unwrap_or(0);
     if len < 2 {
         return Ok(m);
     }
     let labels = labels.f_narrow(-1, 1, len - 1)?;
-    let preds = p.predictions.f_narrow(-1, 0, len - 1)?;
+    let preds = p.predictions.array()?.f_narrow(-1, 0, len - 1)?;
     let valid = labels.f_ne(-100)?;
     let correct = preds
         .f_eq_tensor(&labels)?

@@ -323,8 +323,8 @@ fn masked_accuracy(p: &EvalPrediction) -> tchtrain_trainer::Result<Metrics> {
     let Some(labels) = &p.label_ids else {
         return Ok(m);
     };
-    let labels = labels.f_reshape([-1])?;
-    let preds = p.predictions.f_reshape([-1])?;
+    let labels = labels.array()?.f_reshape([-1])?;
+    let preds = p.predictions.array()?.f_reshape([-1])?;
     let valid = labels.f_ne(-100)?;
     let correct = preds
         .f_eq_tensor(&labels)?

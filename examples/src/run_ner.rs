@@ -600,7 +600,7 @@ fn ner_metrics(
         let Some(labels) = &p.label_ids else {
             return Ok(m);
         };
-        let (preds, truth) = tag_lists(&p.predictions, labels, &names)?;
+        let (preds, truth) = tag_lists(p.predictions.array()?, labels.array()?, &names)?;
         let r = seqeval::compute(&preds, &truth);
         if entity_level {
             for (t, s) in &r.per_type {
@@ -817,7 +817,7 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         if let (Some(p), Some(l)) = (&prediction.predictions, &prediction.label_ids)
             && training.should_save()
         {
-            let (tags, _) = tag_lists(p, l, &labels)?;
+            let (tags, _) = tag_lists(p.array()?, l.array()?, &labels)?;
             let text: String = tags.iter().map(|t| t.join(" ") + "\n").collect();
             std::fs::create_dir_all(&output_dir)
                 .map_err(|e| Error::io("creating", &output_dir, e))?;

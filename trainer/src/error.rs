@@ -41,6 +41,14 @@ pub enum Error {
     /// An error from the FSDP integration (plugin arguments, upstream's FSDP checks).
     #[error("fsdp: {0}")]
     Fsdp(#[from] tchtrain_fsdp::Error),
+    /// `compute_metrics` asked for one tensor where the evaluation kept one per batch.
+    #[error(
+        "the evaluation outputs are a list of {batches} batches because `eval_do_concat_batches` is false: read them with `.batches()` (or `.concatenated()`), or leave eval_do_concat_batches at true"
+    )]
+    BatchesNotConcatenated {
+        /// How many batches were kept.
+        batches: usize,
+    },
     /// Reading or writing a file failed.
     #[error("{action} {}: {source}", path.display())]
     Io {

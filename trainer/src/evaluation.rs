@@ -7,10 +7,8 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchtrain_callbacks::JsonMap;
 
-use tchtrain_accelerate::concat_padded;
-
 use crate::error::{Error, Result};
-use crate::metrics::{EvalPrediction, Metrics, metric_key, speed_metrics};
+use crate::metrics::{EvalArrays, EvalPrediction, Metrics, metric_key, speed_metrics};
 use crate::step::StepContext;
 use crate::trainer::{Trainer, TrainerHooks};
 use tchtrain_data::Dataset;
@@ -172,10 +170,10 @@ impl Trainer {
             {
                 let is_last_step = batch_index == num_batches;
                 let metrics = f(&EvalPrediction {
-                    predictions: p,
-                    label_ids: Some(l),
-                    inputs: batch_inputs,
-                    losses: batch_losses.filter(|_| include_loss),
+                    predictions: EvalArrays::Array(p),
+                    label_ids: Some(EvalArrays::Array(l)),
+                    inputs: batch_inputs.map(EvalArrays::Array),
+                    losses: batch_losses.filter(|_| include_loss).map(EvalArrays::Array),
                     compute_result: is_last_step,
                 })?;
                 if is_last_step {
@@ -183,34 +181,30 @@ impl Trainer {
                 }
             }
         }
+        let concat = self.args.eval_do_concat_batches;
         self.accelerator.gather_for_metrics(
             [&mut losses, &mut preds, &mut labels, &mut inputs],
             loader,
             self.args.dataloader_drop_last,
+            concat,
         )?;
         let num_samples = loader.num_examples();
         let mut metrics = batch_result.unwrap_or_default();
-        let predictions = match preds.is_empty() {
-            true => None,
-            false => Some(concat_padded(&preds)?),
-        };
-        let label_ids = match labels.is_empty() {
-            true => None,
-            false => Some(concat_padded(&labels)?),
-        };
+        let predictions = EvalArrays::from_batches(preds, concat)?;
+        let label_ids = EvalArrays::from_batches(labels, concat)?;
         if let (Some(f), Some(p), Some(l)) =
             (self.compute_metrics.as_mut(), &predictions, &label_ids)
         {
             let prediction = EvalPrediction {
                 predictions: p.shallow_clone(),
                 label_ids: Some(l.shallow_clone()),
-                inputs: match inputs.is_empty() {
-                    true => None,
-                    false => Some(concat_padded(&inputs)?),
-                },
-                losses: match (include_loss, losses.is_empty()) {
-                    (true, false) => Some(Tensor::f_cat(&losses, 0)?),
-                    _ => None,
+                inputs: EvalArrays::from_batches(inputs, concat)?,
+                losses: match include_loss {
+                    true => EvalArrays::from_batches(
+                        losses.iter().map(Tensor::shallow_clone).collect(),
+                        concat,
+                    )?,
+                    false => None,
                 },
                 compute_result: true,
             };
@@ -274,9 +268,9 @@ impl Trainer {
 /// What [`Trainer::evaluation_loop`] returns (upstream `EvalLoopOutput`).
 pub(crate) struct EvalLoopOutput {
     /// The (preprocessed) logits of every row, unless only the loss was asked for.
-    pub predictions: Option<Tensor>,
+    pub predictions: Option<EvalArrays>,
     /// The labels of every row, when the rows had labels and logits were kept.
-    pub label_ids: Option<Tensor>,
+    pub label_ids: Option<EvalArrays>,
     /// `{prefix}_loss` and the `compute_metrics` results, prefixed.
     pub metrics: Metrics,
     /// Number of rows evaluated.

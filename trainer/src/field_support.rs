@@ -257,9 +257,12 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "eval_on_start",
         &["zero3_layer_by_layer_on_llama_equals_ddp"],
     ),
-    refused(
+    h(
         "eval_do_concat_batches",
-        "keeping evaluation outputs as one array per batch is not implemented: predictions are concatenated; remove --eval_do_concat_batches false",
+        &[
+            "eval_do_concat_batches_false_keeps_one_tensor_per_batch",
+            "unconcatenated_batches_are_gathered_step_by_step",
+        ],
     ),
     partly(
         "eval_use_gather_object",

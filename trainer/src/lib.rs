@@ -59,8 +59,8 @@ pub use hooks::{
 };
 pub use logging::{get_process_log_level, init_logging};
 pub use metrics::{
-    ComputeMetrics, EvalPrediction, Metrics, PredictionOutput, PreprocessLogits, TrainOutput,
-    speed_metrics,
+    ComputeMetrics, EvalArrays, EvalPrediction, Metrics, PredictionOutput, PreprocessLogits,
+    TrainOutput, speed_metrics,
 };
 pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
 pub use results::metrics_format;

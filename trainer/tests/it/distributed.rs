@@ -98,11 +98,12 @@ fn run_job(output_dir: &Path, batch: usize) -> Result<(Log, bool)> {
             Ok(logits.f_argmax(-1, false)?)
         })
         .compute_metrics(Box::new(|p: &EvalPrediction| {
-            let labels = p.label_ids.as_ref().expect("labels");
+            let labels = p.label_ids.as_ref().expect("labels").array()?;
             let rows = labels.size()[0];
             let len = labels.size()[1];
             let hits = p
                 .predictions
+                .array()?
                 .narrow(1, 0, len - 1)
                 .eq_tensor(&labels.narrow(1, 1, len - 1))
                 .to_kind(Kind::Float)
@@ -253,6 +254,72 @@ fn world_equals_one_process(test: &str, world: i32, per_rank: usize) -> Result<(
             "rank {r} wrote into its output_dir"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `eval_do_concat_batches=false` on 2 ranks: `predict` keeps one tensor per global step,
+/// each gathered on its own (rank 0's rows then rank 1's), the last cut to the dataset's
+/// 10 rows, exactly as one process with twice the batch keeps them.
+#[test]
+fn unconcatenated_batches_are_gathered_step_by_step() -> Result<()> {
+    let _g = lock();
+    let label_batches = |output_dir: &Path, batch: usize| -> Result<Vec<Vec<i64>>> {
+        let mut args = job_args(output_dir, batch)?;
+        args.eval_do_concat_batches = false;
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .preprocess_logits_for_metrics(|logits: &Tensor, _: Option<&Tensor>| {
+                Ok(logits.f_argmax(-1, false)?)
+            })
+            .build()?;
+        let out = trainer.predict(blocks("eval", 10)?, "test")?;
+        let predictions = out.predictions.context("predictions")?;
+        let labels = out.label_ids.context("labels")?;
+        let shapes: Vec<Vec<i64>> = predictions.batches().iter().map(|t| t.size()).collect();
+        assert_eq!(
+            shapes,
+            labels
+                .batches()
+                .iter()
+                .map(|t| t.size())
+                .collect::<Vec<_>>()
+        );
+        labels
+            .batches()
+            .iter()
+            .map(|t| Ok(Vec::<i64>::try_from(t.f_select(1, 0)?)?))
+            .collect()
+    };
+    if is_rank() {
+        let got = label_batches(&test_dir().join("out"), B)?;
+        if rank() == 0 {
+            std::fs::write(
+                test_dir().join("batches.json"),
+                serde_json::to_string(&got)?,
+            )?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("unconcatenated");
+    let single = label_batches(&dir.join("single"), 2 * B)?;
+    assert_eq!(
+        single.iter().map(Vec::len).collect::<Vec<_>>(),
+        [4, 4, 2],
+        "one process: 10 rows in batches of 4"
+    );
+    let codes = wait_codes(
+        launch(
+            "unconcatenated_batches_are_gathered_step_by_step",
+            2,
+            &dir,
+            "rank",
+        ),
+        Duration::from_secs(300),
+    );
+    assert_eq!(codes, vec![Some(0); 2], "rank exit codes");
+    let text = std::fs::read_to_string(dir.join("batches.json"))?;
+    let ranks: Vec<Vec<i64>> = serde_json::from_str(&text)?;
+    assert_eq!(ranks, single, "2 ranks x 2 rows vs 1 process x 4 rows");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

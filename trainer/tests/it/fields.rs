@@ -638,8 +638,10 @@ fn include_for_metrics_hands_inputs_and_losses_to_compute_metrics() -> Result<()
         let mut trainer = Trainer::builder(initial_model()?, args)
             .train_dataset(small_train()?)
             .compute_metrics(move |p: &tchtrain_trainer::EvalPrediction| {
-                let copy = |t: &Option<tch::Tensor>| t.as_ref().map(|t| t.copy());
-                *sink.lock().unwrap() = Some((copy(&p.inputs), copy(&p.losses)));
+                let copy = |t: &Option<tchtrain_trainer::EvalArrays>| {
+                    t.as_ref().map(|t| t.array().map(|t| t.copy())).transpose()
+                };
+                *sink.lock().unwrap() = Some((copy(&p.inputs)?, copy(&p.losses)?));
                 Ok(Default::default())
             })
             .build()?;
@@ -668,6 +670,67 @@ fn include_for_metrics_hands_inputs_and_losses_to_compute_metrics() -> Result<()
             "{mean} vs {metrics:?}"
         );
     }
+    Ok(())
+}
+
+/// `eval_do_concat_batches=false`: `compute_metrics` and `predict` get one tensor per batch
+/// (38 rows in batches of 8: 8, 8, 8, 8, 6), each equal to those rows of the concatenated
+/// default, inputs and losses too; `eval_loss` is the same number; asking for one tensor
+/// is an error that names the field.
+#[test]
+fn eval_do_concat_batches_false_keeps_one_tensor_per_batch() -> Result<()> {
+    use std::sync::{Arc, Mutex};
+    use tchtrain_trainer::EvalArrays;
+    let _g = lock();
+    let dir = temp_dir("eval-do-concat-batches");
+    type Seen = Vec<(Vec<tch::Tensor>, Vec<tch::Tensor>, Vec<tch::Tensor>, String)>;
+    let mut runs = Vec::new();
+    for concat in [true, false] {
+        let mut args = small_args(&dir)?;
+        args.per_device_eval_batch_size = 8;
+        args.eval_do_concat_batches = concat;
+        args.include_for_metrics = vec!["inputs".into(), "loss".into()];
+        let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let mut trainer = Trainer::builder(initial_model()?, args)
+            .compute_metrics(move |p: &tchtrain_trainer::EvalPrediction| {
+                let all = |a: Option<&EvalArrays>| -> Vec<tch::Tensor> {
+                    a.map(|a| a.batches().iter().map(|t| t.copy()).collect())
+                        .unwrap_or_default()
+                };
+                let err = match p.predictions.array() {
+                    Ok(_) => String::new(),
+                    Err(e) => e.to_string(),
+                };
+                sink.lock().unwrap().push((
+                    all(Some(&p.predictions)),
+                    all(p.inputs.as_ref()),
+                    all(p.losses.as_ref()),
+                    err,
+                ));
+                Ok(Default::default())
+            })
+            .build()?;
+        let metrics = trainer.evaluate(Some(small_train()?), "eval")?;
+        let predicted = trainer.predict(small_train()?, "test")?;
+        let predictions = predicted.predictions.context("predictions")?;
+        let seen = seen.lock().unwrap().remove(0);
+        runs.push((metrics["eval_loss"], seen, predictions));
+    }
+    let (loss_concat, (preds, inputs, losses, err), predicted) = &runs[0];
+    assert!(err.is_empty());
+    assert_eq!(preds.len(), 1);
+    assert_eq!(predicted.batches().len(), 1);
+    let (loss_batches, (preds_b, inputs_b, losses_b, err_b), predicted_b) = &runs[1];
+    assert_eq!(loss_concat.to_bits(), loss_batches.to_bits());
+    assert!(err_b.contains("eval_do_concat_batches"), "{err_b}");
+    assert!(matches!(predicted_b, EvalArrays::Batches(b) if b.len() == 5));
+    for (whole, parts) in [(preds, preds_b), (inputs, inputs_b), (losses, losses_b)] {
+        let rows: Vec<i64> = parts.iter().map(|t| t.size()[0]).collect();
+        assert_eq!(rows, [8, 8, 8, 8, 6]);
+        assert!(tch::Tensor::cat(parts, 0).equal(&whole[0]));
+    }
+    assert!(predicted_b.concatenated()?.equal(predicted.array()?));
     Ok(())
 }
 

@@ -554,6 +554,7 @@ fn full_eval_run(run: &str, extra: impl FnOnce(&mut TrainingArguments)) -> Resul
     let logits = predicted
         .predictions
         .context("logits")?
+        .array()?
         .to_kind(tch::Kind::Double);
     let shape: Vec<i64> = serde_json::from_value(want["logits_shape"].clone())?;
     assert_eq!(logits.size(), shape, "{run}: logits shape");

@@ -476,9 +476,10 @@ fn evaluate_prefixes_compute_metrics_and_preprocesses_logits() -> Result<()> {
             Ok(logits.f_argmax(-1, false)?)
         })
         .compute_metrics(Box::new(|p: &EvalPrediction| {
-            let labels = p.label_ids.as_ref().expect("labels");
-            assert_eq!(p.predictions.size(), [14, 64]);
-            let preds = p.predictions.narrow(1, 0, 63);
+            let labels = p.label_ids.as_ref().expect("labels").array()?;
+            let predictions = p.predictions.array()?;
+            assert_eq!(predictions.size(), [14, 64]);
+            let preds = predictions.narrow(1, 0, 63);
             let targets = labels.narrow(1, 1, 63);
             let acc = preds
                 .eq_tensor(&targets)
@@ -513,10 +514,10 @@ fn evaluate_prefixes_compute_metrics_and_preprocesses_logits() -> Result<()> {
         })
         .compute_metrics(Box::new(move |p: &EvalPrediction| {
             let mut st = acc_state.lock().unwrap();
-            let labels = p.label_ids.as_ref().expect("labels");
-            st.0.push((p.predictions.size()[0], p.compute_result));
-            let hits = p
-                .predictions
+            let labels = p.label_ids.as_ref().expect("labels").array()?;
+            let predictions = p.predictions.array()?;
+            st.0.push((predictions.size()[0], p.compute_result));
+            let hits = predictions
                 .narrow(1, 0, 63)
                 .eq_tensor(&labels.narrow(1, 1, 63))
                 .sum(tch::Kind::Int64)
@@ -598,15 +599,15 @@ fn predict_returns_predictions_labels_and_test_metrics() -> Result<()> {
         .compute_metrics(Box::new(|p: &EvalPrediction| {
             Ok(Metrics::from([(
                 "rows".to_string(),
-                p.predictions.size()[0] as f64,
+                p.predictions.array()?.size()[0] as f64,
             )]))
         }))
         .build()?;
     let history_before = trainer.state.log_history.len();
     let output = trainer.predict(Arc::clone(&test), "test")?;
     // 6 rows in batches of 4 (the last of 2): every row's argmax and labels, in order.
-    let preds = output.predictions.context("predictions")?;
-    let labels = output.label_ids.context("label_ids")?;
+    let preds = output.predictions.context("predictions")?.concatenated()?;
+    let labels = output.label_ids.context("label_ids")?.concatenated()?;
     assert_eq!(preds.size(), [6, 64]);
     assert_eq!(labels.size(), [6, 64]);
     assert_eq!(Vec::<i64>::try_from(labels.get(5))?, test.get(5)?.input_ids);
