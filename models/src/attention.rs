@@ -12,6 +12,14 @@ pub(crate) struct Mask {
     is_causal: bool,
 }
 
+impl Mask {
+    /// The explicit boolean mask, `None` when SDPA gets none (what upstream's layers get as
+    /// `attention_mask` with the sdpa implementation).
+    pub(crate) fn tensor(&self) -> Option<&Tensor> {
+        self.mask.as_ref()
+    }
+}
+
 /// Builds the mask for `seq` queries over `seq` keys. As upstream's
 /// `_ignore_causal_mask_sdpa` / `_ignore_bidirectional_mask_sdpa` decide, a padding mask
 /// without a single padded key is dropped (one host read, as upstream's `padding_mask.all()`);

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation};
+use crate::layers::{self, Activation, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -150,6 +150,8 @@ struct Layer {
     intermediate: layers::LayerLinear,
     output: layers::LayerLinear,
     output_ln: nn::LayerNorm,
+    /// `bert.encoder.layer.{i}`, as the underflow / overflow tracer names it.
+    name: String,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -187,33 +189,96 @@ impl Layer {
             head_dim,
             ..
         } = *x;
+        use crate::debug_utils::{Out, Var, hook, leaf};
+        use layers::{apply_traced, dropout_traced};
+        let n = |rest: &str| format!("{}.{rest}", self.name);
         let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let q = apply_traced(h, &self.query, || n("attention.self.query"), "Linear");
+        let k = apply_traced(h, &self.key, || n("attention.self.key"), "Linear");
+        let v = apply_traced(h, &self.value, || n("attention.self.value"), "Linear");
         let a = attention::sdpa(
-            &to_heads(h.apply(&self.query)),
-            &to_heads(h.apply(&self.key)),
-            &to_heads(h.apply(&self.value)),
+            &to_heads(q),
+            &to_heads(k),
+            &to_heads(v),
             &x.mask,
             x.attn_p,
             x.scale,
         );
-        let a = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
-        let a = (a
-            .apply(&self.attn_out)
-            .dropout(x.hidden_dropout_prob, x.train)
-            + h)
-            .apply(&self.attn_ln);
-        let m = x
+        let ctx = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
+        hook(
+            || n("attention.self"),
+            "BertSelfAttention",
+            &[],
+            &[Var::T(h)],
+            Out::Tuple(vec![Var::T(&ctx), Var::None]),
+        );
+        let d = apply_traced(
+            &ctx,
+            &self.attn_out,
+            || n("attention.output.dense"),
+            "Linear",
+        );
+        let d = dropout_traced(&d, x.hidden_dropout_prob, x.train, || {
+            n("attention.output.dropout")
+        });
+        let a = apply_traced(
+            &(d + h),
+            &self.attn_ln,
+            || n("attention.output.LayerNorm"),
+            "LayerNorm",
+        );
+        hook(
+            || n("attention.output"),
+            "BertSelfOutput",
+            &[],
+            &[Var::T(&ctx), Var::T(h)],
+            Out::One(Var::T(&a)),
+        );
+        // Upstream's layers get (hidden_states, attention_mask, ...) positionally.
+        let mask = x.mask.tensor().map_or(Var::None, Var::T);
+        hook(
+            || n("attention"),
+            "BertAttention",
+            &[],
+            &[Var::T(h), mask],
+            Out::Tuple(vec![Var::T(&a), Var::None]),
+        );
+        let i = apply_traced(&a, &self.intermediate, || n("intermediate.dense"), "Linear");
+        let i = x
             .act
-            .apply(&a.apply(&self.intermediate))
-            .apply(&self.output)
-            .dropout(x.hidden_dropout_prob, x.train);
-        (m + a).apply(&self.output_ln)
+            .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
+        leaf(|| n("intermediate"), "BertIntermediate", &[], &a, &i);
+        let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
+        let m = dropout_traced(&m, x.hidden_dropout_prob, x.train, || n("output.dropout"));
+        let out = apply_traced(
+            &(m + &a),
+            &self.output_ln,
+            || n("output.LayerNorm"),
+            "LayerNorm",
+        );
+        hook(
+            || n("output"),
+            "BertOutput",
+            &[],
+            &[Var::T(&i), Var::T(&a)],
+            Out::One(Var::T(&out)),
+        );
+        hook(
+            || self.name.clone(),
+            "BertLayer",
+            &[],
+            &[Var::T(h), mask, Var::None],
+            Out::One(Var::T(&out)),
+        );
+        out
     }
 }
 
 /// Upstream `BertModel`: embeddings, encoder and (optionally) the pooler.
 #[derive(Debug)]
 pub struct BertModel {
+    /// Where it sits in its model (`bert`; empty for `BertModel` itself).
+    prefix: String,
     word_embeddings: nn::Embedding,
     position_embeddings: nn::Embedding,
     token_type_embeddings: nn::Embedding,
@@ -274,10 +339,12 @@ impl BertModel {
                         std,
                     ),
                     output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
+                    name: l.components().collect::<Vec<_>>().join("."),
                 }))
             })
             .collect();
         Ok(Self {
+            prefix: p.components().collect::<Vec<_>>().join("."),
             word_embeddings,
             position_embeddings,
             token_type_embeddings,
@@ -310,12 +377,48 @@ impl BertModel {
             Some(t) => t.f_to_device(device)?,
             None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
         };
-        let h = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?
-            + token_types.apply(&self.token_type_embeddings)
-            + positions.apply(&self.position_embeddings);
-        let mut h = h
-            .apply(&self.embeddings_ln)
-            .dropout(c.hidden_dropout_prob, train);
+        use crate::debug_utils::{Out, Var, hook, join, leaf};
+        use layers::apply_traced;
+        let n = |rest: &str| join(&self.prefix, rest);
+        let words = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        let word_params = self.word_embeddings.params();
+        leaf(
+            || n("embeddings.word_embeddings"),
+            "Embedding",
+            &word_params,
+            &ids,
+            &words,
+        );
+        let types = apply_traced(
+            &token_types,
+            &self.token_type_embeddings,
+            || n("embeddings.token_type_embeddings"),
+            "Embedding",
+        );
+        let position = apply_traced(
+            &positions,
+            &self.position_embeddings,
+            || n("embeddings.position_embeddings"),
+            "Embedding",
+        );
+        let h = words + types + position;
+        let h = apply_traced(
+            &h,
+            &self.embeddings_ln,
+            || n("embeddings.LayerNorm"),
+            "LayerNorm",
+        );
+        let mut h =
+            layers::dropout_traced(&h, c.hidden_dropout_prob, train, || n("embeddings.dropout"));
+        // Called with keyword arguments: no positional inputs.
+        hook(
+            || n("embeddings"),
+            "BertEmbeddings",
+            &[],
+            &[],
+            Out::One(Var::T(&h)),
+        );
+        let embedding_output = h.shallow_clone();
         let head_dim = c.hidden_size / c.num_attention_heads;
         let x = Arc::new(Shared(LayerInputs {
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, false, device),
@@ -339,13 +442,40 @@ impl BertModel {
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| Ok(l.forward(h, &x)))?
+                    checkpoint_layer(&h, ac, move |h| {
+                        let out = l.forward(h, &x);
+                        crate::debug_utils::check()?;
+                        Ok(out)
+                    })?
                 }
                 _ => l.forward(&h, &x),
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        let pooled = self.pooler.as_ref().map(|p| h.select(1, 0).apply(p).tanh());
+        hook(
+            || n("encoder"),
+            "BertEncoder",
+            &[],
+            &[Var::T(&embedding_output)],
+            Out::One(Var::NotTensor),
+        );
+        let pooled = self.pooler.as_ref().map(|p| {
+            let dense = apply_traced(&h.select(1, 0), p, || n("pooler.dense"), "Linear");
+            let pooled = dense.tanh();
+            leaf(|| n("pooler.activation"), "Tanh", &[], &dense, &pooled);
+            leaf(|| n("pooler"), "BertPooler", &[], &h, &pooled);
+            pooled
+        });
+        if !self.prefix.is_empty() {
+            // Called positionally with `input_ids` by the heads.
+            hook(
+                || self.prefix.clone(),
+                "BertModel",
+                &[],
+                &[Var::T(&ids)],
+                Out::One(Var::NotTensor),
+            );
+        }
         Ok((h, pooled))
     }
 
@@ -530,8 +660,34 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
         let (logits, loss) = match &self.head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { dense, ln, bias } => {
-                let t = self.bert.act.apply(&h.apply(dense)).apply(ln);
-                let logits = t.matmul(&self.bert.word_embeddings().tr()) + bias;
+                use crate::debug_utils::leaf;
+                use layers::apply_traced;
+                let p = "cls.predictions";
+                let t = apply_traced(&h, dense, || format!("{p}.transform.dense"), "Linear");
+                let t = self
+                    .bert
+                    .act
+                    .apply_traced(&t, || format!("{p}.transform.transform_act_fn"));
+                let t = apply_traced(&t, ln, || format!("{p}.transform.LayerNorm"), "LayerNorm");
+                leaf(
+                    || format!("{p}.transform"),
+                    "BertPredictionHeadTransform",
+                    &[],
+                    &h,
+                    &t,
+                );
+                let weight = self.bert.word_embeddings();
+                let logits = t.matmul(&weight.tr()) + bias;
+                let decoder = [("weight", weight), ("bias", bias)];
+                leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
+                leaf(
+                    || p.into(),
+                    "BertLMPredictionHead",
+                    &[("bias", bias)],
+                    &h,
+                    &logits,
+                );
+                leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
                         &logits,
@@ -548,7 +704,9 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
                 let pooled = pooled.as_ref().ok_or(Error::MissingInput {
                     name: "pooler_output",
                 })?;
-                let logits = pooled.dropout(self.dropout_p(), train).apply(classifier);
+                let d =
+                    layers::dropout_traced(pooled, self.dropout_p(), train, || "dropout".into());
+                let logits = layers::apply_traced(&d, classifier, || "classifier".into(), "Linear");
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
@@ -562,7 +720,8 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let logits = h.dropout(self.dropout_p(), train).apply(classifier);
+                let d = layers::dropout_traced(&h, self.dropout_p(), train, || "dropout".into());
+                let logits = layers::apply_traced(&d, classifier, || "classifier".into(), "Linear");
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_token_classification(
                         &logits, l, num_labels, None,
@@ -572,6 +731,7 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
                 (logits, loss)
             }
         };
+        crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits,

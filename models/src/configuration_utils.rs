@@ -145,3 +145,11 @@ pub(crate) fn to_value<C: Serialize>(config: &C) -> Result<serde_json::Value> {
         source,
     })
 }
+
+/// The config's `use_cache` (upstream's default `true` when the key is absent).
+pub(crate) fn use_cache(extra: &serde_json::Map<String, serde_json::Value>) -> bool {
+    extra
+        .get("use_cache")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(true)
+}

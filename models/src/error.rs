@@ -130,6 +130,11 @@ pub enum Error {
         /// The hook's message.
         detail: String,
     },
+    /// `debug="underflow_overflow"`: [`DebugUnderflowOverflow`](crate::DebugUnderflowOverflow)
+    /// found an inf / nan (its report of the frames before it is printed), or reached
+    /// `abort_after_batch_num`; upstream's `ValueError` message.
+    #[error("{0}")]
+    DebugUnderflowOverflow(String),
     /// The loss could not be computed.
     #[error(transparent)]
     Loss(#[from] tchtrain_losses::Error),

@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Conv1D};
+use crate::layers::{self, Activation, Conv1D, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -142,6 +142,8 @@ struct Block {
     c_fc: Conv1D,
     mlp_proj: Conv1D,
     scaling: f64,
+    /// `transformer.h.{i}`, as the underflow / overflow tracer names it.
+    name: String,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -151,6 +153,8 @@ unsafe impl ReadOnlyLayer for Block {}
 /// Upstream `GPT2Model`: embeddings, blocks and the final LayerNorm.
 #[derive(Debug)]
 pub struct GPT2Model {
+    /// Where it sits in its model (`transformer`; empty for a bare base model).
+    prefix: String,
     wte: nn::Embedding,
     wpe: nn::Embedding,
     h: Vec<Arc<Shared<Block>>>,
@@ -174,6 +178,8 @@ struct BlockInputs {
     resid_pdrop: f64,
     train: bool,
     act: Activation,
+    /// The config's `use_cache`: upstream's blocks then get a cache object.
+    use_cache: bool,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -184,6 +190,8 @@ impl Block {
     /// Upstream `GPT2Block.forward`: attention and MLP, each behind a pre-LayerNorm and a
     /// residual connection.
     fn forward(&self, h: &Tensor, x: &BlockInputs) -> Tensor {
+        use crate::debug_utils::{Out, Var, hook};
+        use layers::{apply_traced, dropout_traced};
         let BlockInputs {
             batch,
             seq,
@@ -192,8 +200,10 @@ impl Block {
             n_embd,
             ..
         } = *x;
-        let normed = h.apply(&self.ln_1);
-        let qkv = normed.apply(&self.c_attn).split(n_embd, 2);
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let normed = apply_traced(h, &self.ln_1, || n("ln_1"), "LayerNorm");
+        let qkv =
+            apply_traced(&normed, &self.c_attn, || n("attn.c_attn"), "Conv1D").split(n_embd, 2);
         let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
         let a = attention::sdpa(
             &to_heads(&qkv[0]),
@@ -203,18 +213,40 @@ impl Block {
             x.attn_p,
             self.scaling,
         );
-        let a = a
-            .transpose(1, 2)
-            .reshape([batch, seq, n_embd])
-            .apply(&self.c_proj)
-            .dropout(x.resid_pdrop, x.train);
-        let h = a + h;
-        let m = x
-            .act
-            .apply(&h.apply(&self.ln_2).apply(&self.c_fc))
-            .apply(&self.mlp_proj)
-            .dropout(x.resid_pdrop, x.train);
-        h + m
+        let a = a.transpose(1, 2).reshape([batch, seq, n_embd]);
+        let a = apply_traced(&a, &self.c_proj, || n("attn.c_proj"), "Conv1D");
+        let a = dropout_traced(&a, x.resid_pdrop, x.train, || n("attn.resid_dropout"));
+        hook(
+            || n("attn"),
+            "GPT2Attention",
+            &[],
+            &[Var::T(&normed)],
+            Out::Tuple(vec![Var::T(&a), Var::None]),
+        );
+        let h2 = a + h;
+        let normed = apply_traced(&h2, &self.ln_2, || n("ln_2"), "LayerNorm");
+        let f = apply_traced(&normed, &self.c_fc, || n("mlp.c_fc"), "Conv1D");
+        let f = x.act.apply_traced(&f, || n("mlp.act"));
+        let f = apply_traced(&f, &self.mlp_proj, || n("mlp.c_proj"), "Conv1D");
+        let m = dropout_traced(&f, x.resid_pdrop, x.train, || n("mlp.dropout"));
+        crate::debug_utils::leaf(|| n("mlp"), "GPT2MLP", &[], &normed, &m);
+        let out = h2 + m;
+        // Upstream's block gets (hidden_states, past_key_values, causal_mask,
+        // encoder_hidden_states) positionally.
+        let cache = if x.use_cache {
+            Var::NotTensor
+        } else {
+            Var::None
+        };
+        let mask = x.mask.tensor().map_or(Var::None, Var::T);
+        hook(
+            || self.name.clone(),
+            "GPT2Block",
+            &[],
+            &[Var::T(h), cache, mask, Var::None],
+            Out::One(Var::T(&out)),
+        );
+        out
     }
 }
 
@@ -250,10 +282,12 @@ impl GPT2Model {
                     c_fc: Conv1D::new(&b / "mlp" / "c_fc", inner, d, std),
                     mlp_proj: Conv1D::new(&b / "mlp" / "c_proj", d, inner, proj_std),
                     scaling,
+                    name: b.components().collect::<Vec<_>>().join("."),
                 }))
             })
             .collect();
         Ok(Self {
+            prefix: p.components().collect::<Vec<_>>().join("."),
             wte,
             wpe,
             h,
@@ -279,14 +313,22 @@ impl GPT2Model {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
-        // NEFTune's hook sits on `wte`, so it also sees the token-type lookup.
-        let inputs_embeds = neftune_post_forward_hook(ids.apply(&self.wte), train)?;
-        let mut h = inputs_embeds + positions.apply(&self.wpe);
+        // NEFTune's hook sits on `wte`, so it also sees the token-type lookup (and the
+        // underflow / overflow tracer, registered after it, sees the noisy output).
+        let n = |rest: &str| crate::debug_utils::join(&self.prefix, rest);
+        let embed = |ids: &Tensor| -> Result<Tensor> {
+            let e = neftune_post_forward_hook(ids.apply(&self.wte), train)?;
+            crate::debug_utils::leaf(|| n("wte"), "Embedding", &self.wte.params(), ids, &e);
+            Ok(e)
+        };
+        let inputs_embeds = embed(&ids)?;
+        let position_embeds = layers::apply_traced(&positions, &self.wpe, || n("wpe"), "Embedding");
+        let mut h = inputs_embeds + position_embeds;
         if let Some(tt) = inputs.token_type_ids {
-            h = h + neftune_post_forward_hook(tt.f_to_device(device)?.apply(&self.wte), train)?;
+            h = h + embed(&tt.f_to_device(device)?)?;
         }
         let c = &self.config;
-        let mut h = h.dropout(c.embd_pdrop, train);
+        let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
         let x = Arc::new(Shared(BlockInputs {
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
             batch,
@@ -298,19 +340,35 @@ impl GPT2Model {
             resid_pdrop: c.resid_pdrop,
             train,
             act: self.act,
+            use_cache: crate::configuration_utils::use_cache(&c.extra),
         }));
         for (i, b) in self.h.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (b, x) = (Arc::clone(b), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| Ok(b.forward(h, &x)))?
+                    checkpoint_layer(&h, ac, move |h| {
+                        let out = b.forward(h, &x);
+                        crate::debug_utils::check()?;
+                        Ok(out)
+                    })?
                 }
                 _ => b.forward(&h, &x),
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        Ok(h.apply(&self.ln_f))
+        let h = layers::apply_traced(&h, &self.ln_f, || n("ln_f"), "LayerNorm");
+        if !self.prefix.is_empty() {
+            // Called positionally with `input_ids` by the heads.
+            crate::debug_utils::hook(
+                || self.prefix.clone(),
+                "GPT2Model",
+                &[],
+                &[crate::debug_utils::Var::T(&ids)],
+                crate::debug_utils::Out::One(crate::debug_utils::Var::NotTensor),
+            );
+        }
+        Ok(h)
     }
 }
 
@@ -383,7 +441,7 @@ impl PreTrainedModel for GPT2LMHeadModel {
 }
 
 impl TrainableModel for GPT2LMHeadModel {
-    crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::model_plumbing!(transformer);
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
     // `_loss_shifts_labels` is false); it is in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.
@@ -405,7 +463,15 @@ impl TrainableModel for GPT2LMHeadModel {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
-        let logits = h.matmul(&self.lm_head.as_ref().unwrap_or(self.transformer.wte()).tr());
+        let weight = self.lm_head.as_ref().unwrap_or(self.transformer.wte());
+        let logits = h.matmul(&weight.tr());
+        crate::debug_utils::leaf(
+            || "lm_head".into(),
+            "Linear",
+            &[("weight", weight)],
+            &h,
+            &logits,
+        );
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
                 &logits,
@@ -417,6 +483,7 @@ impl TrainableModel for GPT2LMHeadModel {
             )?),
             None => None,
         };
+        crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits,
@@ -491,7 +558,7 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
 }
 
 impl TrainableModel for GPT2ForSequenceClassification {
-    crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::model_plumbing!(transformer);
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     fn label_check(&self) -> Option<LabelCheck> {
         Some(LabelCheck::Sequence {
@@ -506,7 +573,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
-        let logits = h.apply(&self.score);
+        let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
         let ids = inputs.ids()?.f_to_device(logits.device())?;
         let batch = ids.size()[0];
         let seq = ids.size()[1];
@@ -539,6 +606,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
             )?),
             None => None,
         };
+        crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: pooled,

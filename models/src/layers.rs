@@ -145,8 +145,10 @@ pub(crate) enum Activation {
     GeluPytorchTanh,
     /// `relu`.
     Relu,
-    /// `silu` / `swish`.
+    /// `silu` (upstream's `SiLUActivation`).
     Silu,
+    /// `swish` (upstream's `nn.SiLU`): the same function as `silu`.
+    Swish,
     /// `tanh`.
     Tanh,
 }
@@ -159,7 +161,8 @@ impl Activation {
             "gelu_new" => Self::GeluNew,
             "gelu_pytorch_tanh" => Self::GeluPytorchTanh,
             "relu" => Self::Relu,
-            "silu" | "swish" => Self::Silu,
+            "silu" => Self::Silu,
+            "swish" => Self::Swish,
             "tanh" => Self::Tanh,
             other => {
                 return Err(Error::InvalidConfig {
@@ -169,6 +172,27 @@ impl Activation {
                 });
             }
         })
+    }
+
+    /// The class `ACT2FN` instantiates for it (what the underflow / overflow tracer names).
+    pub(crate) fn class_name(self) -> &'static str {
+        match self {
+            Self::Gelu => "GELUActivation",
+            Self::GeluNew => "NewGELUActivation",
+            Self::GeluPytorchTanh => "GELUTanh",
+            Self::Relu => "ReLU",
+            Self::Silu => "SiLUActivation",
+            Self::Swish => "SiLU",
+            Self::Tanh => "Tanh",
+        }
+    }
+
+    /// [`apply`](Self::apply), reported to the underflow / overflow tracer as the module
+    /// `name`.
+    pub(crate) fn apply_traced(self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
+        let y = self.apply(x);
+        crate::debug_utils::leaf(name, self.class_name(), &[], x, &y);
+        y
     }
 
     pub(crate) fn apply(self, x: &Tensor) -> Tensor {
@@ -185,8 +209,80 @@ impl Activation {
             }
             Self::GeluPytorchTanh => x.gelu("tanh"),
             Self::Relu => x.relu(),
-            Self::Silu => x.silu(),
+            Self::Silu | Self::Swish => x.silu(),
             Self::Tanh => x.tanh(),
         }
     }
+}
+
+/// A module's own parameters in upstream's registration order (`named_parameters(recurse=False)`),
+/// for the underflow / overflow tracer.
+pub(crate) trait Params {
+    /// `(name, tensor)` pairs.
+    fn params(&self) -> Vec<(&'static str, &Tensor)>;
+}
+
+impl Params for nn::Linear {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut out = vec![("weight", &self.ws)];
+        out.extend(self.bs.as_ref().map(|b| ("bias", b)));
+        out
+    }
+}
+
+impl Params for LayerLinear {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        self.0.params()
+    }
+}
+
+impl Params for Conv1D {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![("weight", &self.weight), ("bias", &self.bias)]
+    }
+}
+
+impl Params for nn::LayerNorm {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut out: Vec<(&'static str, &Tensor)> = self.ws.iter().map(|w| ("weight", w)).collect();
+        out.extend(self.bs.as_ref().map(|b| ("bias", b)));
+        out
+    }
+}
+
+impl Params for nn::Embedding {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![("weight", &self.ws)]
+    }
+}
+
+impl Params for RmsNorm {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![("weight", &self.weight)]
+    }
+}
+
+/// `x.apply(module)`, reported to the underflow / overflow tracer as the module `name` of
+/// class `class`.
+pub(crate) fn apply_traced<M: Module + Params>(
+    x: &Tensor,
+    module: &M,
+    name: impl FnOnce() -> String,
+    class: &str,
+) -> Tensor {
+    let y = x.apply(module);
+    crate::debug_utils::leaf(name, class, &module.params(), x, &y);
+    y
+}
+
+/// Dropout as upstream's `nn.Dropout` module `name` (which reports in evaluation too).
+pub(crate) fn dropout_traced(
+    x: &Tensor,
+    p: f64,
+    train: bool,
+    name: impl FnOnce() -> String,
+) -> Tensor {
+    let y = x.dropout(p, train);
+    crate::debug_utils::leaf(name, "Dropout", &[], x, &y);
+    y
 }

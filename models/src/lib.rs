@@ -4,7 +4,9 @@
 //! as its methods) and [`PreTrainedModel`] (a config and `save_pretrained` on top), safetensors loading (sharded
 //! index, tied weights, base-model prefix mapping, upstream's loading report) and
 //! `save_pretrained`, `config.json`, hub resolution, tokenizers, and the GPT-2, BERT and
-//! Llama architectures with upstream's parameter names.
+//! Llama architectures with upstream's parameter names. Every model reports its modules'
+//! forwards to upstream's `DebugUnderflowOverflow` tracer (debug_utils.py) under upstream's
+//! module names.
 //!
 //! Mirrors upstream transformers/modeling_utils.py and the model files; names follow
 //! upstream (`GPT2LMHeadModel`, `BertForSequenceClassification`, ...) so a transformers
@@ -16,6 +18,7 @@ mod auto_tokenizer;
 mod bert;
 mod checkpoint;
 mod configuration_utils;
+mod debug_utils;
 mod error;
 mod gpt2;
 mod hub;
@@ -39,6 +42,7 @@ pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
 };
+pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
 pub use error::{Error, Result};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};

@@ -10,13 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tch::nn::{self, Module};
+use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, RmsNorm};
+use crate::layers::{self, Activation, Params, RmsNorm};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::neftune::neftune_post_forward_hook;
@@ -287,6 +287,8 @@ struct DecoderLayer {
     down_proj: layers::LayerLinear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+    /// `model.layers.{i}`, as the underflow / overflow tracer names it.
+    name: String,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -325,37 +327,65 @@ impl DecoderLayer {
             head_dim: hd,
             ..
         } = *x;
-        let normed = self.input_layernorm.forward(h);
-        let q = normed
-            .apply(&self.q_proj)
+        use crate::debug_utils::{Out, Var, hook, leaf};
+        use layers::apply_traced;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let normed = apply_traced(
+            h,
+            &self.input_layernorm,
+            || n("input_layernorm"),
+            "LlamaRMSNorm",
+        );
+        let q = apply_traced(&normed, &self.q_proj, || n("self_attn.q_proj"), "Linear")
             .view([batch, seq, heads, hd])
             .transpose(1, 2);
-        let k = normed
-            .apply(&self.k_proj)
+        let k = apply_traced(&normed, &self.k_proj, || n("self_attn.k_proj"), "Linear")
             .view([batch, seq, kv_heads, hd])
             .transpose(1, 2);
-        let v = normed
-            .apply(&self.v_proj)
+        let v = apply_traced(&normed, &self.v_proj, || n("self_attn.v_proj"), "Linear")
             .view([batch, seq, kv_heads, hd])
             .transpose(1, 2);
         let q = &q * &x.cos + rotate_half(&q) * &x.sin;
         let k = &k * &x.cos + rotate_half(&k) * &x.sin;
         let a = attention::sdpa(&q, &k, &v, &x.mask, x.attn_p, x.scale);
-        let a = a
-            .transpose(1, 2)
-            .reshape([batch, seq, heads * hd])
-            .apply(&self.o_proj);
-        let h = h + a;
-        let normed = self.post_attention_layernorm.forward(&h);
-        let m = (x.act.apply(&normed.apply(&self.gate_proj)) * normed.apply(&self.up_proj))
-            .apply(&self.down_proj);
-        h + m
+        let a = a.transpose(1, 2).reshape([batch, seq, heads * hd]);
+        let a = apply_traced(&a, &self.o_proj, || n("self_attn.o_proj"), "Linear");
+        // Called with keyword arguments: no positional inputs.
+        hook(
+            || n("self_attn"),
+            "LlamaAttention",
+            &[],
+            &[],
+            Out::Tuple(vec![Var::T(&a), Var::None]),
+        );
+        let h2 = h + a;
+        let normed = apply_traced(
+            &h2,
+            &self.post_attention_layernorm,
+            || n("post_attention_layernorm"),
+            "LlamaRMSNorm",
+        );
+        let gate = apply_traced(&normed, &self.gate_proj, || n("mlp.gate_proj"), "Linear");
+        let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
+        let up = apply_traced(&normed, &self.up_proj, || n("mlp.up_proj"), "Linear");
+        let m = apply_traced(
+            &(gate * up),
+            &self.down_proj,
+            || n("mlp.down_proj"),
+            "Linear",
+        );
+        leaf(|| n("mlp"), "LlamaMLP", &[], &normed, &m);
+        let out = h2 + m;
+        leaf(|| self.name.clone(), "LlamaDecoderLayer", &[], h, &out);
+        out
     }
 }
 
 /// Upstream `LlamaModel`: embeddings, decoder layers, final RMSNorm.
 #[derive(Debug)]
 pub struct LlamaModel {
+    /// Where it sits in its model (`model`).
+    prefix: String,
     embed_tokens: nn::Embedding,
     layers: Vec<Arc<Shared<DecoderLayer>>>,
     norm: RmsNorm,
@@ -448,10 +478,12 @@ impl LlamaModel {
                         d,
                         config.rms_norm_eps,
                     ),
+                    name: l.components().collect::<Vec<_>>().join("."),
                 }))
             })
             .collect();
         Ok(Self {
+            prefix: p.components().collect::<Vec<_>>().join("."),
             embed_tokens,
             layers,
             norm: RmsNorm::new(&p / "norm", d, config.rms_norm_eps),
@@ -478,14 +510,28 @@ impl LlamaModel {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
+        use crate::debug_utils::{Out, Var, hook, join, leaf};
+        let n = |rest: &str| join(&self.prefix, rest);
         let mut h = neftune_post_forward_hook(ids.apply(&self.embed_tokens), train)?;
+        leaf(
+            || n("embed_tokens"),
+            "Embedding",
+            &self.embed_tokens.params(),
+            &ids,
+            &h,
+        );
         // Upstream LlamaRotaryEmbedding: float32 frequencies, cos / sin cast to the hidden dtype.
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.inv_freq.to_device(device);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        let (cos, sin) = (
-            emb.cos().to_kind(h.kind()).unsqueeze(1),
-            emb.sin().to_kind(h.kind()).unsqueeze(1),
+        let (cos, sin) = (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()));
+        hook(
+            || n("rotary_emb"),
+            "LlamaRotaryEmbedding",
+            &[],
+            &[Var::T(&h)],
+            Out::Tuple(vec![Var::T(&cos), Var::T(&sin)]),
         );
+        let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
@@ -504,13 +550,28 @@ impl LlamaModel {
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| Ok(l.forward(h, &x)))?
+                    checkpoint_layer(&h, ac, move |h| {
+                        let out = l.forward(h, &x);
+                        crate::debug_utils::check()?;
+                        Ok(out)
+                    })?
                 }
                 _ => l.forward(&h, &x),
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        Ok(self.norm.forward(&h))
+        let h = layers::apply_traced(&h, &self.norm, || n("norm"), "LlamaRMSNorm");
+        // Called with keyword arguments by the heads.
+        if !self.prefix.is_empty() {
+            hook(
+                || self.prefix.clone(),
+                "LlamaModel",
+                &[],
+                &[],
+                Out::One(Var::NotTensor),
+            );
+        }
+        Ok(h)
     }
 }
 
@@ -600,8 +661,19 @@ impl TrainableModel for LlamaForCausalLM {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.model.forward(inputs, self.training)?;
         let logits = match &self.lm_head {
-            Some(head) => h.apply(head),
-            None => h.matmul(&self.model.embed_tokens().tr()),
+            Some(head) => layers::apply_traced(&h, head, || "lm_head".into(), "Linear"),
+            None => {
+                let weight = self.model.embed_tokens();
+                let logits = h.matmul(&weight.tr());
+                crate::debug_utils::leaf(
+                    || "lm_head".into(),
+                    "Linear",
+                    &[("weight", weight)],
+                    &h,
+                    &logits,
+                );
+                logits
+            }
         };
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
@@ -614,6 +686,7 @@ impl TrainableModel for LlamaForCausalLM {
             )?),
             None => None,
         };
+        crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits,

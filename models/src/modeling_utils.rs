@@ -237,9 +237,26 @@ pub trait PreTrainedModel: TrainableModel {
 
 /// The `TrainableModel` methods every architecture implements the same way, for a struct
 /// with fields `config`, `vs` (its `VarStore`) and `training` that also implements
-/// `PreTrainedModel`.
+/// `PreTrainedModel`. `model_plumbing!(base)` also keeps the base model's config's
+/// `use_cache` in step (GPT-2's blocks show it to the underflow / overflow tracer).
 macro_rules! model_plumbing {
+    ($base:ident) => {
+        $crate::modeling_utils::model_plumbing!(@common);
+        fn set_use_cache(&mut self, use_cache: bool) {
+            for extra in [&mut self.config.extra, &mut self.$base.config.extra] {
+                extra.insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+            }
+        }
+    };
     () => {
+        $crate::modeling_utils::model_plumbing!(@common);
+        fn set_use_cache(&mut self, use_cache: bool) {
+            self.config
+                .extra
+                .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+        }
+    };
+    (@common) => {
         fn var_store(&self) -> &tch::nn::VarStore {
             &self.vs
         }
@@ -257,11 +274,6 @@ macro_rules! model_plumbing {
         }
         fn as_pretrained(&self) -> Option<&dyn $crate::PreTrainedModel> {
             Some(self)
-        }
-        fn set_use_cache(&mut self, use_cache: bool) {
-            self.config
-                .extra
-                .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
         }
     };
 }

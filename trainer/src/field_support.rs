@@ -432,9 +432,15 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         &["a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message"],
         "the keys of the DeepSpeed table in the README; the others are refused",
     ),
-    refused(
+    partly(
         "debug",
-        "DebugUnderflowOverflow and the TPU metrics are not implemented; remove --debug",
+        &[
+            "debug_underflow_overflow_stops_training_at_the_first_inf",
+            "debug_underflow_overflow_reports_as_upstream_gpt2",
+            "debug_underflow_overflow_reports_as_upstream_llama",
+            "debug_underflow_overflow_reports_as_upstream_bert",
+        ],
+        "`underflow_overflow`: upstream's DebugUnderflowOverflow report and error; `tpu_metrics_debug` is refused (it prints XLA's metrics report, and this build has no TPU)",
     ),
     partly(
         "skip_memory_metrics",
@@ -821,6 +827,15 @@ pub(crate) fn check_field_support(
         }
     }
     check_tf32(args, device)?;
+    if args
+        .debug
+        .contains(&tchtrain_training_args::DebugOption::TpuMetricsDebug)
+    {
+        return Err(Error::InvalidArgument {
+            field: "debug",
+            detail: "`tpu_metrics_debug` prints the XLA metrics report of a TPU run (upstream fails at the first evaluation without torch_xla); this build has no TPU: remove it from --debug".into(),
+        });
+    }
     check_accelerator_config(&args.accelerator_config, world_size)?;
     if args.eval_use_gather_object && world_size > 1 {
         return Err(Error::InvalidArgument {

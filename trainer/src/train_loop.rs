@@ -8,6 +8,7 @@
 //! the window's length.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -89,14 +90,26 @@ impl Trainer {
             .args
             .neftune_noise_alpha
             .map(tchtrain_models::activate_neftune);
-        let out = if self.args.auto_find_batch_size {
-            self.train_finding_batch_size(resume_from_checkpoint)
-        } else {
-            let cache = crate::cpu_cache::CpuMemoryCache::from_env();
-            let out = self.train_inner(resume_from_checkpoint);
-            drop(cache);
-            out
-        };
+        // Upstream registers `DebugUnderflowOverflow(self.model)` at each `train()`.
+        if self
+            .args
+            .debug
+            .contains(&tchtrain_training_args::DebugOption::UnderflowOverflow)
+        {
+            self.debug_overflow = Some(Arc::new(Mutex::new(
+                tchtrain_models::DebugUnderflowOverflow::default(),
+            )));
+        }
+        let out = self.traced(|t| {
+            if t.args.auto_find_batch_size {
+                t.train_finding_batch_size(resume_from_checkpoint)
+            } else {
+                let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+                let out = t.train_inner(resume_from_checkpoint);
+                drop(cache);
+                out
+            }
+        });
         drop(neftune);
         // Dropping the guard restores the previous handlers.
         self.loop_state.stop_signals = None;

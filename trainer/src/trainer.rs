@@ -2,7 +2,7 @@
 //! training, built with [`TrainerBuilder`]. The loop is in `train_loop.rs`, evaluation in
 //! `evaluation.rs`, checkpoints in `checkpoint.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -226,6 +226,9 @@ pub struct Trainer {
     pub(crate) train_batch_size: usize,
     /// Upstream `_memory_tracker` (`skip_memory_metrics=False`).
     pub(crate) memory_tracker: crate::memory_tracker::TrainerMemoryTracker,
+    /// `debug="underflow_overflow"`: the tracer `train` registers (upstream's hooks stay on
+    /// the model afterwards, so evaluations and predictions after it are traced too).
+    pub(crate) debug_overflow: Option<Arc<Mutex<tchtrain_models::DebugUnderflowOverflow>>>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -532,6 +535,7 @@ impl TrainerBuilder {
             deepspeed: None,
             train_batch_size: self.args.train_batch_size(),
             memory_tracker,
+            debug_overflow: None,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -695,9 +699,18 @@ impl Trainer {
         f: impl FnOnce(&mut dyn TrainerHooks, &mut Trainer) -> Result<T>,
     ) -> Result<T> {
         let mut hooks = self.hooks.take().ok_or(Error::HookReentry { method })?;
-        let out = f(&mut *hooks, self);
+        let out = self.traced(|t| f(&mut *hooks, t));
         self.hooks = Some(hooks);
         out
+    }
+
+    /// Runs `f` with the `debug="underflow_overflow"` tracer, when there is one, reporting
+    /// the model's forwards on this thread.
+    pub(crate) fn traced<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        match self.debug_overflow.clone() {
+            Some(d) => tchtrain_models::with_debug_underflow_overflow(&d, || f(self)),
+            None => f(self),
+        }
     }
 
     /// Upstream `get_train_dataloader`, through the hooks ([`TrainerHooks::get_train_dataloader`]).

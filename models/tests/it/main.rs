@@ -2,6 +2,7 @@
 //! test takes `tchtrain_testing::lock` (libtorch's global generator is process-wide).
 
 mod checkpointing;
+mod debug_utils;
 mod fuzz_regressions;
 mod hub_and_save;
 mod layer_hooks;

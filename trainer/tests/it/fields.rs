@@ -734,6 +734,71 @@ fn eval_do_concat_batches_false_keeps_one_tensor_per_batch() -> Result<()> {
     Ok(())
 }
 
+/// `debug="underflow_overflow"`: a run with the tracer logs the same numbers as one without
+/// (it only reads); with one weight set to inf, the first forward stops the training with
+/// upstream's `ValueError` message and no step is taken (the frames' report itself is
+/// compared with upstream's in the models crate). `tpu_metrics_debug` is refused.
+#[test]
+fn debug_underflow_overflow_stops_training_at_the_first_inf() -> Result<()> {
+    use tchtrain_training_args::{DebugOption, SaveStrategy};
+    let _g = lock();
+    let dir = temp_dir("debug-underflow-overflow");
+    type Run = (Option<String>, Vec<(i64, f64)>, i64);
+    let run = |debug: bool, inf: bool| -> Result<Run> {
+        let mut args = small_args(&dir)?;
+        args.max_steps = 2;
+        args.save_strategy = SaveStrategy::No;
+        if debug {
+            args.debug = vec![DebugOption::UnderflowOverflow];
+        }
+        let model = initial_model()?;
+        if inf {
+            let w =
+                model.var_store().variables()["transformer.h.1.mlp.c_fc.weight"].shallow_clone();
+            let _ = tch::no_grad(|| w.get(0).get(0).fill_(f64::INFINITY));
+        }
+        let mut trainer = Trainer::builder(model, args)
+            .train_dataset(small_train()?)
+            .build()?;
+        let err = trainer.train(None).err().map(|e| e.to_string());
+        Ok((
+            err,
+            losses(&trainer.state.log_history),
+            trainer.state.global_step,
+        ))
+    };
+    let (err, plain, _) = run(false, false)?;
+    assert_eq!(err, None);
+    let (err, traced, _) = run(true, false)?;
+    assert_eq!(err, None);
+    assert_eq!(plain.len(), 2);
+    assert_eq!(
+        traced
+            .iter()
+            .map(|(s, l)| (*s, l.to_bits()))
+            .collect::<Vec<_>>(),
+        plain
+            .iter()
+            .map(|(s, l)| (*s, l.to_bits()))
+            .collect::<Vec<_>>()
+    );
+    let (err, logged, step) = run(true, true)?;
+    assert_eq!(
+        err.as_deref(),
+        Some(
+            "DebugUnderflowOverflow: inf/nan detected, aborting as there is no point running further. Please scroll up above this traceback to see the activation values prior to this event."
+        )
+    );
+    assert!(logged.is_empty() && step == 0, "{logged:?} at step {step}");
+
+    let refused = json!({"debug": "tpu_metrics_debug"});
+    match build_with(&dir, &refused)? {
+        Built::BuildError(e) => assert!(e.contains("`debug`") && e.contains("TPU"), "{e}"),
+        other => bail!("tpu_metrics_debug: {other:?}"),
+    }
+    Ok(())
+}
+
 /// `use_cache`: upstream's Trainer sets `model.config.use_cache = args.use_cache` when it is
 /// built, so a model saved by it carries `"use_cache": false` by default (the assets' configs
 /// say `true`), `true` when asked.
