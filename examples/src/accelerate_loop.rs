@@ -330,9 +330,8 @@ pub fn run(a: &AccelerateLoopArguments) -> Result<AccelerateLoopOutput> {
                     ..Default::default()
                 })
                 .map_err(Error::from)
-        })?
-        .logits;
-        predictions.push(logits.f_argmax(-1, false)?);
+        })?;
+        predictions.push(logits.logits()?.f_argmax(-1, false)?);
         if let Some(labels) = batch.get("labels") {
             references.push(labels.shallow_clone());
         }

@@ -51,7 +51,8 @@ impl TrainerHooks for WeightedLoss {
         let mut without_labels = model_inputs(inputs);
         without_labels.labels = None;
         let outputs = model_forward(ctx, model, &without_labels)?;
-        let num_labels = outputs.logits.size().last().copied().unwrap_or(1);
+        let logits = outputs.logits()?;
+        let num_labels = logits.size().last().copied().unwrap_or(1);
         if self.class_weights.len() as i64 != num_labels {
             return Err(Error::InvalidArgument {
                 field: "class_weights",
@@ -63,17 +64,14 @@ impl TrainerHooks for WeightedLoss {
         }
         let weight = Tensor::f_from_slice(&self.class_weights)?
             .f_to_kind(Kind::Float)?
-            .f_to_device(outputs.logits.device())?;
-        let loss = outputs
-            .logits
-            .f_view([-1, num_labels])?
-            .f_cross_entropy_loss(
-                &labels.f_view([-1])?,
-                Some(&weight),
-                tch::Reduction::Mean,
-                -100,
-                0.0,
-            )?;
+            .f_to_device(logits.device())?;
+        let loss = logits.f_view([-1, num_labels])?.f_cross_entropy_loss(
+            &labels.f_view([-1])?,
+            Some(&weight),
+            tch::Reduction::Mean,
+            -100,
+            0.0,
+        )?;
         Ok((loss, outputs))
     }
 }

@@ -95,7 +95,7 @@ impl TrainableModel for BagOfWords {
         };
         Ok(ModelOutput {
             loss,
-            logits,
+            logits: Some(logits),
             last_hidden_state: None,
             pooler_output: None,
         })

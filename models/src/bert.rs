@@ -734,7 +734,7 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
         crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
-            logits,
+            logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: pooled,
         })

@@ -135,6 +135,11 @@ pub enum Error {
     /// `abort_after_batch_num`; upstream's `ValueError` message.
     #[error("{0}")]
     DebugUnderflowOverflow(String),
+    /// The forward computed the loss without materialising the logits.
+    #[error(
+        "the logits were not computed: with use_liger_kernel the fused linear cross-entropy computes the training loss (and the evaluation loss with prediction_loss_only) chunk by chunk without them; set liger_kernel_config's fused_linear_cross_entropy to false to get them"
+    )]
+    LogitsSkipped,
     /// The loss could not be computed.
     #[error(transparent)]
     Loss(#[from] tchtrain_losses::Error),

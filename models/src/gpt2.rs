@@ -486,7 +486,7 @@ impl TrainableModel for GPT2LMHeadModel {
         crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
-            logits,
+            logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
         })
@@ -609,7 +609,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
         crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
-            logits: pooled,
+            logits: Some(pooled),
             last_hidden_state: Some(h),
             pooler_output: None,
         })

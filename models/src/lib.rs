@@ -24,6 +24,7 @@ mod gpt2;
 mod hub;
 mod layer_hooks;
 mod layers;
+mod liger;
 mod llama;
 mod loading;
 mod modeling_utils;
@@ -47,6 +48,7 @@ pub use error::{Error, Result};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
 pub use layer_hooks::{LayerHooks, with_layer_hooks};
+pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{LlamaConfig, LlamaForCausalLM, LlamaModel};
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

@@ -584,6 +584,9 @@ pub struct LlamaForCausalLM {
     lm_head: Option<nn::Linear>,
     config: LlamaConfig,
     training: bool,
+    /// Liger's fused linear cross-entropy (`use_liger_kernel`): the training loss without
+    /// the logits.
+    fused_linear_cross_entropy: bool,
 }
 
 impl LlamaForCausalLM {
@@ -606,6 +609,7 @@ impl LlamaForCausalLM {
             lm_head,
             config: config.clone(),
             training: false,
+            fused_linear_cross_entropy: false,
         })
     }
 
@@ -658,8 +662,46 @@ impl TrainableModel for LlamaForCausalLM {
             vec![]
         }
     }
+    fn apply_liger_kernel(
+        &mut self,
+        liger_kernel_config: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        let config = crate::LigerKernelConfig::from_json(liger_kernel_config, "llama")?;
+        self.fused_linear_cross_entropy = config.fused_linear_cross_entropy;
+        Ok(())
+    }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.model.forward(inputs, self.training)?;
+        // Liger's `lce_forward`: in training with labels (or when asked), the loss without
+        // the logits.
+        let skip_logits = self.fused_linear_cross_entropy
+            && inputs
+                .skip_logits
+                .unwrap_or(self.training && inputs.labels.is_some());
+        if skip_logits {
+            let labels = inputs.labels.ok_or(Error::InvalidArgument {
+                field: "skip_logits",
+                detail: "skip_logits is True, but labels and shift_labels are None (Liger's message); pass labels".into(),
+            })?;
+            let weight = match &self.lm_head {
+                Some(head) => &head.ws,
+                None => self.model.embed_tokens(),
+            };
+            let loss = crate::liger::liger_for_causal_lm_loss(
+                &h,
+                weight,
+                labels,
+                inputs.num_items_in_batch,
+                -100,
+            )?;
+            crate::debug_utils::model_frame(self.architecture())?;
+            return Ok(ModelOutput {
+                loss: Some(loss),
+                logits: None,
+                last_hidden_state: Some(h),
+                pooler_output: None,
+            });
+        }
         let logits = match &self.lm_head {
             Some(head) => layers::apply_traced(&h, head, || "lm_head".into(), "Linear"),
             None => {
@@ -689,7 +731,7 @@ impl TrainableModel for LlamaForCausalLM {
         crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
-            logits,
+            logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
         })

@@ -26,6 +26,9 @@ pub struct ModelInputs<'a> {
     /// Number of label items in the whole accumulation window (and across ranks): the
     /// loss is summed and divided by it, as upstream's `num_items_in_batch`.
     pub num_items_in_batch: Option<&'a Tensor>,
+    /// Upstream's `skip_logits` (Liger's fused linear cross-entropy): compute the loss
+    /// without the logits; `None` lets the model decide (in training, with labels).
+    pub skip_logits: Option<bool>,
 }
 
 impl<'a> ModelInputs<'a> {
@@ -49,12 +52,21 @@ impl<'a> ModelInputs<'a> {
 pub struct ModelOutput {
     /// The loss when labels were given.
     pub loss: Option<Tensor>,
-    /// Logits of the head; for base models, the last hidden state.
-    pub logits: Tensor,
+    /// Logits of the head; for base models, the last hidden state. `None` when the loss was
+    /// computed without them (Liger's fused linear cross-entropy in training, or
+    /// `skip_logits`: upstream's `logits=None`).
+    pub logits: Option<Tensor>,
     /// The last hidden state of the base model.
     pub last_hidden_state: Option<Tensor>,
     /// The pooled output (BERT's pooler) when the model has one.
     pub pooler_output: Option<Tensor>,
+}
+
+impl ModelOutput {
+    /// The logits; an error saying why when the forward skipped them.
+    pub fn logits(&self) -> Result<&Tensor> {
+        self.logits.as_ref().ok_or(crate::Error::LogitsSkipped)
+    }
 }
 
 /// The kind of labels a classification head takes, for the Trainer's check of the training
@@ -117,6 +129,21 @@ pub trait TrainableModel: Send {
     /// nothing to set.
     fn set_use_cache(&mut self, use_cache: bool) {
         let _ = use_cache;
+    }
+
+    /// Upstream's `apply_liger_kernel(model, liger_kernel_config)` (the Trainer calls it at
+    /// `train()` with `use_liger_kernel`). A model type Liger has no kernels for is left as
+    /// it is, with Liger's message; its options are still checked.
+    fn apply_liger_kernel(
+        &mut self,
+        liger_kernel_config: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        crate::LigerKernelConfig::from_json(liger_kernel_config, self.model_name())?;
+        log::warn!(
+            "There are currently no Liger kernels supported for {}: use_liger_kernel changes nothing for it (as upstream).",
+            self.model_name()
+        );
+        Ok(())
     }
 
     /// Upstream `activation_checkpointing_disable()`.

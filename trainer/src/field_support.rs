@@ -183,13 +183,20 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "torch_compile_mode",
         "torch.compile is Python-only (no TorchDynamo in libtorch); remove --torch_compile_mode",
     ),
-    refused(
+    partly(
         "use_liger_kernel",
-        "the Liger kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU) are Triton kernels this build does not have; remove --use_liger_kernel",
+        &[
+            "liger_fused_linear_cross_entropy_equals_the_plain_loss",
+            "tiny_llama_with_liger_fused_linear_cross_entropy",
+        ],
+        "Liger's fused linear + cross-entropy for Llama (the loss chunk by chunk, no logits in training); Liger's RoPE / RMSNorm / SwiGLU kernels compute the functions the model already computes; a model type Liger has no kernels for is left as it is (as upstream)",
     ),
-    inert(
+    h(
         "liger_kernel_config",
-        "read only with `use_liger_kernel`, which is refused here",
+        &[
+            "tiny_llama_with_liger_fused_linear_cross_entropy",
+            "options_follow_liger",
+        ],
     ),
     h("use_cache", &["use_cache_is_written_into_the_saved_config"]),
     h("neftune_noise_alpha", &["tiny_llama_with_neftune"]),
@@ -827,6 +834,13 @@ pub(crate) fn check_field_support(
         }
     }
     check_tf32(args, device)?;
+    if args.use_liger_kernel {
+        let config = args
+            .liger_kernel_config
+            .clone()
+            .map(serde_json::Value::Object);
+        tchtrain_models::LigerKernelConfig::from_json(config.as_ref(), "the model")?;
+    }
     if args
         .debug
         .contains(&tchtrain_training_args::DebugOption::TpuMetricsDebug)

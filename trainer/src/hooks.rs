@@ -90,10 +90,16 @@ impl StepContext<'_> {
         } else {
             None
         };
+        // Upstream: `inputs = {**inputs, "skip_logits": True}` with Liger when only the loss
+        // is kept.
+        let ctx = StepContext {
+            skip_logits: (self.args.use_liger_kernel && prediction_loss_only).then_some(true),
+            ..*self
+        };
         let (loss, output) = tch::no_grad(|| -> Result<_> {
             if has_labels {
                 let num_items = count_num_items_in_batch(std::slice::from_ref(inputs), self)?;
-                let (loss, out) = hooks.compute_loss(self, model, inputs, num_items.as_ref())?;
+                let (loss, out) = hooks.compute_loss(&ctx, model, inputs, num_items.as_ref())?;
                 Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
             } else {
                 Ok((None, model_forward(self, model, &model_inputs(inputs))?))
@@ -107,7 +113,7 @@ impl StepContext<'_> {
         }
         Ok(PredictionStepOutput {
             loss,
-            logits: Some(output.logits.detach()),
+            logits: output.logits.as_ref().map(Tensor::detach),
             labels,
         })
     }

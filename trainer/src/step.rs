@@ -48,6 +48,9 @@ pub struct StepContext<'a> {
     /// The Trainer's accelerator (upstream's `self.accelerator`): mixed precision, the fp16
     /// loss scale, the gradient reduction of a data-parallel or sharded run.
     pub accelerator: &'a Accelerator,
+    /// Upstream's `skip_logits` input: `Some(true)` in a prediction step that keeps only
+    /// the loss with `use_liger_kernel` (the model then computes it without the logits).
+    pub skip_logits: Option<bool>,
 }
 
 impl<'a> StepContext<'a> {
@@ -68,6 +71,7 @@ impl<'a> StepContext<'a> {
             loss_shifts_labels: facts.loss_shifts_labels,
             is_causal_lm: facts.is_causal_lm,
             accelerator,
+            skip_logits: None,
         }
     }
 
@@ -102,6 +106,7 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         position_ids: batch.get("position_ids"),
         labels: batch.get("labels"),
         num_items_in_batch: None,
+        skip_logits: None,
     }
 }
 
@@ -130,7 +135,7 @@ pub fn model_forward(
     };
     Ok(ModelOutput {
         loss: out.loss.map(fp32).transpose()?,
-        logits: fp32(out.logits)?,
+        logits: out.logits.map(fp32).transpose()?,
         last_hidden_state: out.last_hidden_state.map(fp32).transpose()?,
         pooler_output: out.pooler_output.map(fp32).transpose()?,
     })
@@ -150,6 +155,7 @@ pub fn default_compute_loss(
     num_items_in_batch: Option<&Tensor>,
 ) -> Result<(Tensor, ModelOutput)> {
     let mut mi = model_inputs(inputs);
+    mi.skip_logits = ctx.skip_logits;
     if ctx.model_accepts_loss_kwargs {
         mi.num_items_in_batch = num_items_in_batch;
     }
@@ -164,7 +170,7 @@ pub fn default_compute_loss(
     let mut out = model_forward(ctx, model, &mi)?;
     let mut loss = match smoothed_labels {
         Some(labels) => LabelSmoother::new(ctx.args.label_smoothing_factor).compute(
-            &out.logits,
+            out.logits()?,
             labels,
             ctx.is_causal_lm,
             num_items_in_batch,

@@ -90,6 +90,15 @@ impl Trainer {
             .args
             .neftune_noise_alpha
             .map(tchtrain_models::activate_neftune);
+        // Upstream: `apply_liger_kernel(self.model, self.args.liger_kernel_config)`.
+        if self.args.use_liger_kernel {
+            let config = self
+                .args
+                .liger_kernel_config
+                .clone()
+                .map(serde_json::Value::Object);
+            self.model.apply_liger_kernel(config.as_ref())?;
+        }
         // Upstream registers `DebugUnderflowOverflow(self.model)` at each `train()`.
         if self
             .args

@@ -8,10 +8,12 @@
 //! transient buffers), `median_step_ms`. The caching CPU allocator is not installed, so that
 //! freed memory goes back to the system and the peak is that of live tensors.
 //! `scripts/bench/bench_checkpointing.py` does the same with upstream's
-//! `gradient_checkpointing_enable()`.
+//! `gradient_checkpointing_enable()`. `--use_liger_kernel` computes the loss with Liger's
+//! fused linear + cross-entropy (no `[512, 49152]` logits; upstream's Liger kernels need a
+//! GPU, so that setting has no Python side).
 //!
 //! ```sh
-//! cargo run --release -p tchtrain-examples --bin bench_checkpointing -- [--activation_checkpointing] [--batch N] [--steps N] [--threads N]
+//! cargo run --release -p tchtrain-examples --bin bench_checkpointing -- [--activation_checkpointing] [--use_liger_kernel] [--batch N] [--steps N] [--threads N]
 //! ```
 
 use std::time::Instant;
@@ -38,7 +40,7 @@ fn status_mb(key: &str) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let mut checkpointing = false;
+    let (mut checkpointing, mut liger) = (false, false);
     let (mut batch, mut steps, mut threads) = (1i64, 3usize, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -50,11 +52,12 @@ fn main() -> Result<()> {
         };
         match a.as_str() {
             "--activation_checkpointing" => checkpointing = true,
+            "--use_liger_kernel" => liger = true,
             "--batch" => batch = value("--batch")? as i64,
             "--steps" => steps = value("--steps")?,
             "--threads" => threads = Some(value("--threads")? as i32),
             other => bail!(
-                "unknown option {other} (known: --activation_checkpointing, --batch N, --steps N, --threads N)"
+                "unknown option {other} (known: --activation_checkpointing, --use_liger_kernel, --batch N, --steps N, --threads N)"
             ),
         }
     }
@@ -75,6 +78,9 @@ fn main() -> Result<()> {
     .model;
     if checkpointing {
         model.activation_checkpointing_enable(ActivationCheckpointing::default())?;
+    }
+    if liger {
+        model.apply_liger_kernel(None)?;
     }
     model.train();
     let param_mb = model
@@ -117,6 +123,7 @@ fn main() -> Result<()> {
         json!({
             "impl": "tchtrain",
             "activation_checkpointing": checkpointing,
+            "use_liger_kernel": liger,
             "batch": batch,
             "block": BLOCK,
             "baseline_rss_mb": baseline_rss_mb,

@@ -507,6 +507,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             position_ids: None,
             labels: batch.get("labels"),
             num_items_in_batch: num_items.as_ref(),
+            skip_logits: None,
         };
         // fp32: the model's forward; bf16: the same inside CPU autocast with the outputs back
         // in fp32 (the Trainer's `model_forward`, what accelerate does).
@@ -519,6 +520,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             loss_shifts_labels: job.kind == "clm",
             is_causal_lm: job.kind == "clm",
             accelerator: &accelerator,
+            skip_logits: None,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss

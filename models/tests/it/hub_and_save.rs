@@ -29,7 +29,9 @@ fn ids() -> Tensor {
 
 fn logits(model: &dyn PreTrainedModel) -> Result<Tensor> {
     let ids = ids();
-    Ok(tch::no_grad(|| model.forward(&ModelInputs::new(&ids)))?.logits)
+    tch::no_grad(|| model.forward(&ModelInputs::new(&ids)))?
+        .logits
+        .context("logits")
 }
 
 fn offline_options(cache: &Path) -> HubOptions {

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tchtrain_testing::{assets, lock};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tch::{Device, Tensor};
 use tchtrain_models::{
     AutoTask, Error, LayerHooks, LoadOptions, ModelInputs, from_pretrained_dir, with_layer_hooks,
@@ -65,11 +65,14 @@ fn every_model_calls_the_hooks_around_each_layer_in_order() -> Result<()> {
             input_ids: Some(&ids),
             ..ModelInputs::default()
         };
-        let plain = tch::no_grad(|| model.forward(&inputs))?.logits;
+        let plain = tch::no_grad(|| model.forward(&inputs))?
+            .logits
+            .context("logits")?;
 
         let rec = Rc::new(Recorder::default());
-        let hooked =
-            with_layer_hooks(rec.clone(), || tch::no_grad(|| model.forward(&inputs)))?.logits;
+        let hooked = with_layer_hooks(rec.clone(), || tch::no_grad(|| model.forward(&inputs)))?
+            .logits
+            .context("logits")?;
         assert_eq!(
             hooked.f_sub(&plain)?.abs().max().double_value(&[]),
             0.0,

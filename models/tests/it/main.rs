@@ -6,5 +6,6 @@ mod debug_utils;
 mod fuzz_regressions;
 mod hub_and_save;
 mod layer_hooks;
+mod liger;
 mod parity;
 mod tokenization;

@@ -76,7 +76,7 @@ fn check(case: &str, model: &mut dyn PreTrainedModel, logits_key: &str) -> Resul
     let out = tch::no_grad(|| model.forward(&inputs))?;
     let got = match logits_key {
         "last_hidden_state" => out.last_hidden_state.context("no hidden state")?,
-        _ => out.logits,
+        _ => out.logits.context("no logits")?,
     };
     let logits_diff = max_abs(&got, &r[logits_key]);
     assert!(

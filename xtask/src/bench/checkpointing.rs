@@ -1,7 +1,9 @@
 //! `cargo xtask bench --activation-memory`: activation checkpointing's memory and time on
 //! SmolLM2-135M (block 512), tchtrain (`examples/src/bin/bench_checkpointing.rs`) against
 //! upstream (`scripts/bench/bench_checkpointing.py`), each setting in its own process so that
-//! the peak RSS is its own. Prints a table and each side's activation drop.
+//! the peak RSS is its own; and tchtrain with `use_liger_kernel` (Liger's fused linear +
+//! cross-entropy, a 49152-token vocabulary), which upstream cannot run without a GPU. Prints
+//! a table and each setting's activation drop.
 
 use std::path::Path;
 use std::process::Command;
@@ -44,10 +46,10 @@ pub fn run(
     threads: &str,
 ) -> Result<(), String> {
     let mut rows = Vec::new();
-    for side in ["tchtrain", "python"] {
+    for side in ["tchtrain", "tchtrain + liger", "python"] {
         let mut runs = Vec::new();
         for checkpointing in [false, true] {
-            let mut c = if side == "tchtrain" {
+            let mut c = if side.starts_with("tchtrain") {
                 Command::new(exe)
             } else {
                 let mut c = Command::new(python);
@@ -58,6 +60,9 @@ pub fn run(
                 .env("TCHTRAIN_ASSETS", assets);
             if checkpointing {
                 c.arg("--activation_checkpointing");
+            }
+            if side.ends_with("liger") {
+                c.arg("--use_liger_kernel");
             }
             let what = format!(
                 "{side}, activation checkpointing {}",
@@ -87,6 +92,21 @@ pub fn run(
     println!();
     for (side, runs) in &rows {
         let (off, on) = (&runs[0], &runs[1]);
+        if side.ends_with("liger") {
+            let plain = &rows[0].1;
+            for (p, l, what) in [(&plain[0], off, "off"), (&plain[1], on, "on")] {
+                println!(
+                    "liger fused linear + cross-entropy (checkpointing {what}): activation memory {:.0} -> {:.0} MB ({:.0}% less), step {:.0} -> {:.0} ms ({:+.0}%)",
+                    p.activation_mb,
+                    l.activation_mb,
+                    100.0 * (1.0 - l.activation_mb / p.activation_mb),
+                    p.median_step_ms,
+                    l.median_step_ms,
+                    100.0 * (l.median_step_ms / p.median_step_ms - 1.0)
+                );
+            }
+            continue;
+        }
         println!(
             "{side}: activation memory {:.0} -> {:.0} MB ({:.0}% less), step {:.0} -> {:.0} ms ({:+.0}%)",
             off.activation_mb,
