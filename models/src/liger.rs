@@ -7,18 +7,16 @@
 //! the same functions; here the model keeps its own ops for them, which compute the same
 //! numbers, and the options are accepted as such.
 //!
-//! The chunked loss ([`fused_linear_cross_entropy`]) runs each chunk through the activation
-//! checkpoint (`tchtrain-sys`'s `checkpoint.cpp`): the chunk's logits are computed, reduced
-//! to their summed loss and dropped; the backward computes them again, chunk by chunk. Liger
-//! instead computes each chunk's gradients in the forward; both keep one chunk's logits at a
-//! time. The chunk size is Liger's (`chunk_mem_const = 1`): the next power of two of
+//! The chunked loss ([`fused_linear_cross_entropy`]) computes, as Liger does, each chunk's
+//! logits, its summed loss and its gradients in the forward, and drops the logits: one
+//! chunk's logits are alive at a time, and the backward has only to scale the gradients.
+//! The chunk size is Liger's (`chunk_mem_const = 1`): the next power of two of
 //! `tokens / ceil(vocab / hidden)`, so that a chunk's logits are about as large as the
 //! hidden states, but at least 8 rows (see [`MIN_CHUNK_ROWS`]).
 
 use serde_json::Value;
-use tch::{Kind, Reduction, Tensor};
+use tch::{Kind, Tensor};
 
-use crate::checkpoint::{ActivationCheckpointing, checkpoint_layer};
 use crate::error::{Error, Result};
 
 /// Liger's options for a model type (`liger_kernel_config`), with Liger's defaults.
@@ -158,6 +156,14 @@ pub fn liger_for_causal_lm_loss(
 
 /// The summed float32 cross-entropy of `hidden @ weight.T` (`[tokens, hidden]` against
 /// `[vocab, hidden]`) with `target`, computed chunk by chunk (see the module documentation).
+///
+/// As Liger's `LigerFusedLinearCrossEntropyFunction`, the gradients are computed in the
+/// forward, chunk by chunk (`d = softmax - onehot`, `grad_hidden = d @ W`,
+/// `grad_weight += d.T @ hidden`, accumulated in place), and the backward only scales them
+/// by the incoming gradient. The returned loss carries them through
+/// `dot(hidden, grad_hidden) - dot(..).detach()` (and the same for the weight), whose value
+/// is exactly 0 and whose gradient is exactly the precomputed one, so no custom autograd
+/// node is needed. Nothing is precomputed when neither input requires a gradient.
 pub fn fused_linear_cross_entropy(
     hidden: &Tensor,
     weight: &Tensor,
@@ -169,30 +175,66 @@ pub fn fused_linear_cross_entropy(
     let chunk = chunk_size(tokens, width, vocab)
         .max(MIN_CHUNK_ROWS)
         .min(tokens.max(1));
-    let plain = ActivationCheckpointing::default();
-    let mut total: Option<Tensor> = None;
-    let mut start = 0;
-    while start < tokens {
-        let rows = chunk.min(tokens - start);
-        let x = hidden.f_narrow(0, start, rows)?;
-        let (w, t) = (weight.shallow_clone(), target.f_narrow(0, start, rows)?);
-        let loss = checkpoint_layer(&x, &plain, move |x| {
-            let logits = x.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
-            Ok(logits.f_cross_entropy_loss::<Tensor>(
-                &t,
-                None,
-                Reduction::Sum,
-                ignore_index,
-                0.0,
-            )?)
-        })?;
-        total = Some(match total {
-            None => loss,
-            Some(acc) => acc.f_add(&loss)?,
-        });
-        start += rows;
+    // Whether autograd records here (tch has no `is_grad_enabled`): an op on a leaf that
+    // requires a gradient gives a result that does only when it does.
+    let grad_enabled = Tensor::f_zeros([1], (Kind::Float, tch::Device::Cpu))?
+        .set_requires_grad(true)
+        .f_mul_scalar(1.0)?
+        .requires_grad();
+    let want_x = grad_enabled && hidden.requires_grad();
+    let want_w = grad_enabled && weight.requires_grad();
+    let (x, w) = (hidden.detach(), weight.detach());
+    let (loss, grad_x, grad_w) = tch::no_grad(|| -> Result<_> {
+        let mut loss = Tensor::f_zeros([], (Kind::Float, x.device()))?;
+        let grad_x = want_x.then(|| Tensor::f_zeros_like(&x)).transpose()?;
+        let mut grad_w = want_w.then(|| Tensor::f_zeros_like(&w)).transpose()?;
+        let mut start = 0;
+        while start < tokens {
+            let rows = chunk.min(tokens - start);
+            let xc = x.f_narrow(0, start, rows)?;
+            let tc = target.f_narrow(0, start, rows)?;
+            let logits = xc.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
+            let log_probs = logits.f_log_softmax(-1, Kind::Float)?;
+            drop(logits);
+            let valid = tc.f_ne(ignore_index)?;
+            let safe = tc.f_where_scalarother(&valid, 0)?.f_unsqueeze(1)?;
+            let valid_f = valid.f_to_kind(Kind::Float)?.f_unsqueeze(1)?;
+            let picked = log_probs.f_gather(1, &safe, false)?;
+            loss = loss.f_sub(&picked.f_mul(&valid_f)?.f_sum(Kind::Float)?)?;
+            if want_x || want_w {
+                // d(-log_softmax[target]) / d logits = softmax - onehot (0 on ignored rows).
+                let d = log_probs
+                    .f_exp()?
+                    .f_scatter_add(1, &safe, &valid_f.f_neg()?)?
+                    .f_mul(&valid_f)?;
+                let d = d.f_to_kind(w.kind())?;
+                if let Some(gx) = &grad_x {
+                    gx.f_narrow(0, start, rows)?.f_copy_(&d.f_matmul(&w)?)?;
+                }
+                if let Some(gw) = grad_w.as_mut() {
+                    let _ = gw.f_addmm_(&d.f_tr()?, &xc.f_to_kind(w.kind())?)?;
+                }
+            }
+            start += rows;
+        }
+        Ok((loss, grad_x, grad_w))
+    })?;
+    let mut out = loss;
+    // `flatten` views, `dot` saves no copy: the precomputed gradients flow back as they are.
+    let carry = |input: &Tensor, grad: &Tensor| -> Result<Tensor> {
+        let s = input
+            .f_flatten(0, -1)?
+            .f_dot(&grad.f_to_kind(input.kind())?.f_flatten(0, -1)?)?
+            .f_to_kind(Kind::Float)?;
+        Ok(s.f_sub(&s.f_detach()?)?)
+    };
+    if let Some(gx) = &grad_x {
+        out = out.f_add(&carry(hidden, gx)?)?;
     }
-    total.ok_or(Error::MissingInput { name: "hidden" })
+    if let Some(gw) = &grad_w {
+        out = out.f_add(&carry(weight, gw)?)?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -834,6 +834,8 @@ pub(crate) fn check_field_support(
         }
     }
     check_tf32(args, device)?;
+    // accelerate's `DeepSpeedPlugin` checks the config when the arguments are made.
+    crate::sharding::deepspeed_config(args)?;
     if args.use_liger_kernel {
         let config = args
             .liger_kernel_config

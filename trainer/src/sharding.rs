@@ -20,17 +20,26 @@ pub(crate) enum ShardingSource {
     Fsdp(FsdpPlugin),
 }
 
-/// The DeepSpeed config named by `args.deepspeed`, if any.
+/// The DeepSpeed config named by `args.deepspeed`, if any; like accelerate's
+/// `DeepSpeedPlugin` (which `TrainingArguments` builds), one without a `zero_optimization`
+/// section is refused with its message.
 pub(crate) fn deepspeed_config(
     args: &TrainingArguments,
 ) -> Result<Option<HfTrainerDeepSpeedConfig>> {
-    Ok(match &args.deepspeed {
-        None => None,
-        Some(DictOrPath::Dict(d)) => Some(HfTrainerDeepSpeedConfig::from_value(
-            serde_json::Value::Object(d.clone()),
-        )?),
-        Some(DictOrPath::Path(p)) => Some(HfTrainerDeepSpeedConfig::from_path_or_json(p)?),
-    })
+    let ds = match &args.deepspeed {
+        None => return Ok(None),
+        Some(DictOrPath::Dict(d)) => {
+            HfTrainerDeepSpeedConfig::from_value(serde_json::Value::Object(d.clone()))?
+        }
+        Some(DictOrPath::Path(p)) => HfTrainerDeepSpeedConfig::from_path_or_json(p)?,
+    };
+    if ds.config.get("zero_optimization").is_none() {
+        return Err(Error::InvalidArgument {
+            field: "deepspeed",
+            detail: "Please specify the ZeRO optimization config in the DeepSpeed config. (accelerate's message); add a \"zero_optimization\" section, e.g. {\"stage\": 2}".into(),
+        });
+    }
+    Ok(Some(ds))
 }
 
 /// Where a DeepSpeed config offloads to: `(device, pin_memory)` for `offload_param` and

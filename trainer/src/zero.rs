@@ -108,7 +108,15 @@ impl Trainer {
                 crate::field_support::check_fsdp_keys(config)?;
             }
             let plugin = FsdpPlugin::from_args(&map)?;
-            tchtrain_fsdp::check_trainer_compat(&self.args, &plugin, false)?;
+            let optimizers_passed = self.optimizer.is_some()
+                || (self.lr_scheduler.is_some() && !self.created_lr_scheduler);
+            tchtrain_fsdp::check_trainer_compat(
+                &self.args,
+                &plugin,
+                false,
+                self.args.world_size(),
+                optimizers_passed,
+            )?;
             if plugin.activation_checkpointing {
                 // FSDP's own activation checkpointing wraps the same layers.
                 self.model.activation_checkpointing_enable(

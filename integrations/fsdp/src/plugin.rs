@@ -92,12 +92,10 @@ pub fn fsdp_plugin_args(args: &TrainingArguments) -> Result<Option<Map<String, V
         ));
     }
     out.insert("auto_wrap_policy".into(), json!(policy));
-    let min_num_params = config
-        .get("min_num_params")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    if policy == FSDP_AUTO_WRAP_POLICY[1] && min_num_params > 0 {
-        out.insert("min_num_params".into(), json!(min_num_params));
+    // Kept as given (accelerate's plugin refuses a float, see `FsdpPlugin::from_args`).
+    let min_num_params = config.get("min_num_params").cloned().unwrap_or(json!(0));
+    if policy == FSDP_AUTO_WRAP_POLICY[1] && min_num_params.as_f64().is_some_and(|n| n > 0.0) {
+        out.insert("min_num_params".into(), min_num_params);
     } else if policy == FSDP_AUTO_WRAP_POLICY[0]
         && let Some(Value::Array(classes)) = config.get("transformer_layer_cls_to_wrap")
     {
@@ -254,6 +252,23 @@ impl FsdpPlugin {
                 });
             }
         };
+        // accelerate's `FullyShardedDataParallelPlugin.__post_init__` checks, in its order.
+        let min_num_params = match map.get("min_num_params") {
+            None => 0,
+            Some(v) => v.as_i64().ok_or_else(|| {
+                let (repr, ty) = match v.as_f64() {
+                    Some(x) if x.fract() == 0.0 && x.abs() < 1e16 => (format!("{x:.1}"), "float"),
+                    Some(x) => (x.to_string(), "float"),
+                    None => (py_str(v), "str"),
+                };
+                Error::Upstream(format!(
+                    "`min_num_params` must be an integer. Got {repr} of type <class '{ty}'>"
+                ))
+            })?,
+        };
+        if version == 2 && state_dict_type == StateDictType::LocalStateDict {
+            return Err(Error::Upstream("FSDP2 does not support LOCAL_STATE_DICT. Please set `fsdp_state_dict_type` to `SHARDED_STATE_DICT` or `FULL_STATE_DICT`.".into()));
+        }
         Ok(Self {
             version,
             sharding_strategy,
@@ -270,10 +285,7 @@ impl FsdpPlugin {
                 .and_then(Value::as_str)
                 .map(|s| s.split(',').map(str::to_string).collect())
                 .unwrap_or_default(),
-            min_num_params: map
-                .get("min_num_params")
-                .and_then(Value::as_i64)
-                .unwrap_or(0),
+            min_num_params,
             cpu_ram_efficient_loading: map
                 .get("cpu_ram_efficient_loading")
                 .and_then(Value::as_bool)
@@ -287,20 +299,33 @@ impl FsdpPlugin {
     }
 }
 
-/// The Trainer's FSDP checks (trainer.py `__init__`), in upstream's order.
+/// The Trainer's FSDP checks, in upstream's order: `create_accelerator_and_postprocess`'s
+/// (which `__init__` calls first), then `__init__`'s, for a run of `world_size` processes
+/// with `optimizers_passed` (an optimizer or scheduler given to the Trainer).
 pub fn check_trainer_compat(
     args: &TrainingArguments,
     plugin: &FsdpPlugin,
     deepspeed_enabled: bool,
+    world_size: usize,
+    optimizers_passed: bool,
 ) -> Result<()> {
+    check_accelerator_compat(args, plugin)?;
     if deepspeed_enabled {
         return Err(Error::Upstream("Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags.".into()));
     }
-    if args.world_size() <= 1 {
+    if world_size <= 1 {
         return Err(Error::Upstream(
             "Using fsdp only works in distributed training.".into(),
         ));
     }
+    if optimizers_passed {
+        return Err(Error::Upstream("Passing `optimizers` is not allowed if PyTorch FSDP is enabled. You should subclass `Trainer` and override the `create_optimizer_and_scheduler` method.".into()));
+    }
+    Ok(())
+}
+
+/// `create_accelerator_and_postprocess`'s FSDP checks.
+fn check_accelerator_compat(args: &TrainingArguments, plugin: &FsdpPlugin) -> Result<()> {
     if plugin.activation_checkpointing && args.activation_checkpointing {
         return Err(Error::Upstream("`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the `activation_checkpointing` training argument can't both be set to True. Use FSDP's activation checkpointing when using FSDP.".into()));
     }

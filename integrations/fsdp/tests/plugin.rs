@@ -45,7 +45,18 @@ fn plugin_args_match_upstream() -> Result<()> {
                 .map_err(|e| e.to_string())
         });
         match (&ours, case["result"].get("error")) {
-            (Ok(v), None) => assert_eq!(v, &case["result"]["plugin_args"], "{name}"),
+            (Ok(v), None) => {
+                assert_eq!(v, &case["result"]["plugin_args"], "{name}");
+                // accelerate's plugin accepts the arguments, or refuses them with its message
+                // (an error that only says the machine has no GPU does not apply here: the
+                // ranks shard on the CPU).
+                let plugin = FsdpPlugin::from_args(v.as_object().unwrap());
+                match (&plugin, case["result"].get("plugin_error")) {
+                    (Ok(_), None) => {}
+                    (Err(e), Some(msg)) => assert_eq!(&e.to_string(), msg, "{name}"),
+                    _ => panic!("{name}: plugin {plugin:?}, upstream {}", case["result"]),
+                }
+            }
             (Err(e), Some(msg)) => {
                 let msg = msg.as_str().unwrap();
                 // Checks in this crate carry upstream's message verbatim; the ones in
@@ -88,13 +99,62 @@ fn typed_plugin_and_trainer_checks() -> Result<()> {
     assert!(FsdpPlugin::from_args(&find("legacy_full_shard_offload"))?.cpu_offload);
 
     let single = TrainingArguments::default();
-    let err = check_trainer_compat(&single, &p, false)
+    let err = check_trainer_compat(&single, &p, false, 1, false)
         .unwrap_err()
         .to_string();
     assert_eq!(err, "Using fsdp only works in distributed training.");
-    let err = check_trainer_compat(&single, &p, true)
+    let err = check_trainer_compat(&single, &p, true, 2, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("--deepspeed"), "{err}");
+    // Upstream `create_accelerator_and_postprocess`'s FSDP checks (on 2 processes), then
+    // `__init__`'s optimizers check.
+    assert!(check_trainer_compat(&single, &p, false, 2, false).is_ok());
+    let err = check_trainer_compat(&single, &p, false, 2, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("Passing `optimizers` is not allowed if PyTorch FSDP is enabled."),
+        "{err}"
+    );
+    let with_ac = FsdpPlugin {
+        activation_checkpointing: true,
+        ..p.clone()
+    };
+    let args = TrainingArguments {
+        activation_checkpointing: true,
+        ..TrainingArguments::default()
+    };
+    let err = check_trainer_compat(&args, &with_ac, false, 2, false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the `activation_checkpointing` training argument can't both be set to True. Use FSDP's activation checkpointing when using FSDP."
+    );
+    let args = TrainingArguments {
+        save_only_model: true,
+        load_best_model_at_end: true,
+        ..TrainingArguments::default()
+    };
+    let err = check_trainer_compat(&args, &p, false, 2, false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "FSDP can't be used with `save_only_model` along with `load_best_model_at_end`."
+    );
+    let args = TrainingArguments {
+        save_only_model: true,
+        ..TrainingArguments::default()
+    };
+    assert_eq!(p.state_dict_type, StateDictType::ShardedStateDict);
+    let err = check_trainer_compat(&args, &p, false, 2, false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "save_only_model option is not compatible with FSDP state dict type 'SHARDED_STATE_DICT'"
+    );
     Ok(())
 }

@@ -799,6 +799,45 @@ fn debug_underflow_overflow_stops_training_at_the_first_inf() -> Result<()> {
     Ok(())
 }
 
+/// Upstream's argument checks that have no field of their own (accelerate's plugins,
+/// `create_accelerator_and_postprocess`), as a user meets them: accelerate's
+/// `gradient_accumulation_kwargs` (refused here by key, `num_steps` included, which upstream
+/// refuses with `gradient_accumulation_steps` > 1); a DeepSpeed config without
+/// `zero_optimization` (accelerate's `DeepSpeedPlugin` message) when the Trainer is built;
+/// `--fsdp` in one process, at `train()` with upstream's message.
+#[test]
+fn upstream_plugin_checks_refuse_with_their_messages() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("plugin-checks");
+    let cases = [
+        (
+            json!({"gradient_accumulation_steps": 4, "accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}}),
+            "gradient_accumulation_kwargs",
+        ),
+        (
+            json!({"deepspeed": {"train_micro_batch_size_per_gpu": "auto"}}),
+            "Please specify the ZeRO optimization config in the DeepSpeed config.",
+        ),
+    ];
+    for (extra, want) in cases {
+        match build_with(&dir, &extra)? {
+            Built::BuildError(e) => assert!(e.contains(want), "{extra}: {e}"),
+            other => bail!("{extra}: {other:?}"),
+        }
+    }
+    let mut args = small_args(&dir)?;
+    args.fsdp = Some(tchtrain_training_args::StrOrBool::Bool(true));
+    args.post_init()?;
+    let mut trainer = Trainer::builder(initial_model()?, args)
+        .train_dataset(small_train()?)
+        .build()?;
+    let err = trainer.train(None).unwrap_err().to_string();
+    assert_eq!(err, "fsdp: Using fsdp only works in distributed training.");
+    assert_eq!(trainer.state.global_step, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// `use_cache`: upstream's Trainer sets `model.config.use_cache = args.use_cache` when it is
 /// built, so a model saved by it carries `"use_cache": false` by default (the assets' configs
 /// say `true`), `true` when asked.
