@@ -26,7 +26,13 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         if let Ok(plugin) = FsdpPlugin::from_args(&plugin_args) {
-            let _ = check_trainer_compat(&parsed.args, &plugin, false);
+            let _ = check_trainer_compat(
+                &parsed.args,
+                &plugin,
+                false,
+                parsed.args.world_size(),
+                false,
+            );
         }
     }
 });
