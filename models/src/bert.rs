@@ -544,7 +544,12 @@ impl<const KIND: u8> Bert<KIND> {
                 // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
                 // transform (the decoder's bias is that parameter, and the decoder weight is
                 // the tied word embeddings): created in that order.
-                let bias = t.var("bias", &[config.vocab_size], nn::Init::Const(0.0));
+                let bias = crate::initialization::var(
+                    &t,
+                    "bias",
+                    &[config.vocab_size],
+                    nn::Init::Const(0.0),
+                );
                 Head::MaskedLm {
                     dense: layers::linear(&t / "transform" / "dense", d, d, true, std),
                     ln: layers::layer_norm(
@@ -584,7 +589,8 @@ impl<const KIND: u8> Bert<KIND> {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        let mut model = Self::new(&config, device)?;
+        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
+        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
         let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
         let info = loading::load_into(
             &mut model.vs,
@@ -593,6 +599,7 @@ impl<const KIND: u8> Bert<KIND> {
             &tied,
             options,
         )?;
+        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
         Ok(Loaded { model, info })
     }
 

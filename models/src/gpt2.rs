@@ -392,7 +392,8 @@ impl GPT2LMHeadModel {
         let vs = build_vs(device);
         let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
         let lm_head = (!config.tie_word_embeddings).then(|| {
-            (vs.root() / "lm_head").var(
+            crate::initialization::var(
+                &(vs.root() / "lm_head"),
                 "weight",
                 &[config.vocab_size, config.n_embd],
                 layers::normal(config.initializer_range),
@@ -414,7 +415,8 @@ impl GPT2LMHeadModel {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        let mut model = Self::new(&config, device)?;
+        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
+        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
         let tied = model
             .tied_weights()
             .into_iter()
@@ -427,6 +429,7 @@ impl GPT2LMHeadModel {
             &tied,
             options,
         )?;
+        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
         Ok(Loaded { model, info })
     }
 }
@@ -536,7 +539,8 @@ impl GPT2ForSequenceClassification {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        let mut model = Self::new(&config, device)?;
+        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
+        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
         let info = loading::load_into(
             &mut model.vs,
             loading::read_checkpoint(dir)?,
@@ -544,6 +548,7 @@ impl GPT2ForSequenceClassification {
             &["lm_head.weight".to_string()],
             options,
         )?;
+        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
         Ok(Loaded { model, info })
     }
 }

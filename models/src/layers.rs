@@ -5,7 +5,7 @@
 use tch::nn::{self, Init, Module};
 use tch::{Kind, Tensor};
 
-use crate::{Error, Result};
+use crate::{Error, Result, initialization};
 
 /// Upstream `_init_weights` for Linear / Conv1D / Embedding: `normal(0, initializer_range)`.
 pub(crate) fn normal(std: f64) -> Init {
@@ -26,8 +26,8 @@ pub(crate) fn linear(
     bias: bool,
     std: f64,
 ) -> nn::Linear {
-    let ws = p.var("weight", &[out_dim, in_dim], normal(std));
-    let bs = bias.then(|| p.var("bias", &[out_dim], Init::Const(0.0)));
+    let ws = initialization::var(&p, "weight", &[out_dim, in_dim], normal(std));
+    let bs = bias.then(|| initialization::var(&p, "bias", &[out_dim], Init::Const(0.0)));
     nn::Linear { ws, bs }
 }
 
@@ -68,12 +68,13 @@ pub(crate) fn layer_norm(p: nn::Path<'_>, dim: i64, eps: f64) -> nn::LayerNorm {
 
 /// `nn.Embedding(n, dim)` initialised as upstream.
 pub(crate) fn embedding(p: nn::Path<'_>, n: i64, dim: i64, std: f64) -> nn::Embedding {
+    let ws_init = initialization::init(&p, "weight", normal(std));
     nn::embedding(
         p,
         n,
         dim,
         nn::EmbeddingConfig {
-            ws_init: normal(std),
+            ws_init,
             ..Default::default()
         },
     )
@@ -89,8 +90,8 @@ pub(crate) struct Conv1D {
 impl Conv1D {
     pub(crate) fn new(p: nn::Path<'_>, out_dim: i64, in_dim: i64, std: f64) -> Self {
         Self {
-            weight: p.var("weight", &[in_dim, out_dim], normal(std)),
-            bias: p.var("bias", &[out_dim], Init::Const(0.0)),
+            weight: initialization::var(&p, "weight", &[in_dim, out_dim], normal(std)),
+            bias: initialization::var(&p, "bias", &[out_dim], Init::Const(0.0)),
         }
     }
 }
@@ -118,7 +119,7 @@ pub(crate) struct RmsNorm {
 impl RmsNorm {
     pub(crate) fn new(p: nn::Path<'_>, dim: i64, eps: f64) -> Self {
         Self {
-            weight: p.var("weight", &[dim], Init::Const(1.0)),
+            weight: initialization::var(&p, "weight", &[dim], Init::Const(1.0)),
             eps,
         }
     }

@@ -22,6 +22,7 @@ mod debug_utils;
 mod error;
 mod gpt2;
 mod hub;
+mod initialization;
 mod layer_hooks;
 mod layers;
 mod liger;

@@ -620,7 +620,8 @@ impl LlamaForCausalLM {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = LlamaConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
-        let mut model = Self::new(&config, device)?;
+        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
+        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
         let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
         let info = loading::load_into(
             &mut model.vs,
@@ -629,6 +630,7 @@ impl LlamaForCausalLM {
             &tied,
             options,
         )?;
+        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
         Ok(Loaded { model, info })
     }
 }

@@ -3,6 +3,7 @@
 
 mod checkpointing;
 mod debug_utils;
+mod fresh_heads;
 mod fuzz_regressions;
 mod hub_and_save;
 mod layer_hooks;
