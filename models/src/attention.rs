@@ -55,6 +55,40 @@ pub(crate) fn attention_mask(
     }
 }
 
+/// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query
+/// `q` when `q - window < k <= q` and `k` is not padding. As upstream's
+/// `_ignore_causal_mask_sdpa`, a window at least as long as the sequence adds nothing and
+/// the plain causal mask (or `is_causal`) is used.
+pub(crate) fn sliding_window_mask(
+    attention_mask: Option<&Tensor>,
+    batch: i64,
+    seq: i64,
+    window: i64,
+    device: Device,
+) -> Mask {
+    if seq < window {
+        return self::attention_mask(attention_mask, batch, seq, true, device);
+    }
+    let q = Tensor::arange(seq, (Kind::Int64, device)).view([seq, 1]);
+    let k = Tensor::arange(seq, (Kind::Int64, device)).view([1, seq]);
+    let band = k
+        .le_tensor(&q)
+        .logical_and(&k.gt_tensor(&(&q - window)))
+        .view([1, 1, seq, seq]);
+    let mask = match attention_mask {
+        Some(m) => m
+            .to_device(device)
+            .ne(0)
+            .view([batch, 1, 1, seq])
+            .logical_and(&band),
+        None => band,
+    };
+    Mask {
+        mask: Some(mask),
+        is_causal: false,
+    }
+}
+
 /// `softmax(q kᵀ · scale + mask) v` with dropout in training; `q`, `k`, `v` are
 /// `[batch, heads, seq, head_dim]` (k / v may have fewer heads: grouped-query attention).
 pub(crate) fn sdpa(

@@ -13,7 +13,10 @@ use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::hub::{HubOptions, resolve};
 use crate::llama::LlamaForCausalLM;
 use crate::loading::{CONFIG_NAME, LoadOptions};
+use crate::mistral::MistralForCausalLM;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
+use crate::qwen2::Qwen2ForCausalLM;
+use crate::qwen3::Qwen3ForCausalLM;
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -69,7 +72,7 @@ pub fn from_pretrained_dir(
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),
-        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama (causal LM)",
+        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral (causal LM)",
     };
     Ok(match (model_type.as_str(), task) {
         ("gpt2", AutoTask::CausalLm) => {
@@ -93,6 +96,15 @@ pub fn from_pretrained_dir(
         ("llama", AutoTask::CausalLm) => {
             boxed(LlamaForCausalLM::from_pretrained_dir(dir, device, options)?)
         }
+        ("qwen2", AutoTask::CausalLm) => {
+            boxed(Qwen2ForCausalLM::from_pretrained_dir(dir, device, options)?)
+        }
+        ("qwen3", AutoTask::CausalLm) => {
+            boxed(Qwen3ForCausalLM::from_pretrained_dir(dir, device, options)?)
+        }
+        ("mistral", AutoTask::CausalLm) => boxed(MistralForCausalLM::from_pretrained_dir(
+            dir, device, options,
+        )?),
         _ => return Err(unsupported()),
     })
 }

@@ -1,6 +1,12 @@
 //! Llama (upstream `models/llama`): `LlamaConfig`, `LlamaModel`, `LlamaForCausalLM` —
 //! RoPE (default, linear and llama3 scaling), RMSNorm, grouped-query attention, SiLU
 //! MLP, tied or untied head. Parameter names as upstream (`model.layers.0.self_attn.q_proj.weight`).
+//!
+//! Upstream generates Qwen2, Qwen3 and Mistral from Llama's modular file; here they are
+//! Llama's model with a [`Family`] (which projections have biases, Qwen3's q/k RMSNorm, each
+//! layer's sliding window, the class names) and a [`DecoderConfig`] of their own
+//! (`qwen2.rs`, `qwen3.rs`, `mistral.rs`), and their causal LMs are
+//! [`DecoderForCausalLM`] over that config.
 
 // `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
 // saved for backward.
@@ -106,6 +112,104 @@ impl PretrainedConfig for LlamaConfig {
     }
 }
 
+/// What a Llama-shaped family changes in Llama's layers (upstream's modular files).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    /// `model_type` (`llama`, `qwen2`, ...).
+    pub model_type: &'static str,
+    /// Upstream's class name of the causal LM (`Qwen2ForCausalLM`).
+    pub causal_lm: &'static str,
+    /// Upstream's class-name prefix (`Qwen2` for `Qwen2DecoderLayer`, `Qwen2RMSNorm`, ...).
+    pub prefix: &'static str,
+    /// Biases on `q_proj`, `k_proj`, `v_proj`.
+    pub qkv_bias: bool,
+    /// Bias on `o_proj`.
+    pub o_bias: bool,
+    /// Biases on the MLP's projections.
+    pub mlp_bias: bool,
+    /// Qwen3's per-head RMSNorm of the queries and keys (`q_norm`, `k_norm`) before RoPE.
+    pub qk_norm: bool,
+    /// Each layer's sliding window (`None`: full causal attention).
+    pub sliding_windows: Vec<Option<i64>>,
+}
+
+/// A Llama-shaped family's config: upstream's own class (its defaults, its `config.json`),
+/// seen as Llama's sizes, RoPE and norms plus the [`Family`] facts.
+pub trait DecoderConfig:
+    PretrainedConfig + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+    /// Reads and checks `config.json`.
+    fn from_file(path: &Path) -> Result<Self>;
+    /// The sizes, RoPE, norms and special tokens in Llama's form.
+    fn llama(&self) -> LlamaConfig;
+    /// What the family changes in the layers.
+    fn family(&self) -> Result<Family>;
+    /// Keys not interpreted (`use_cache`, ...), kept so that `config.json` round-trips.
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value>;
+}
+
+impl DecoderConfig for LlamaConfig {
+    fn from_file(path: &Path) -> Result<Self> {
+        LlamaConfig::from_file(path)
+    }
+    fn llama(&self) -> LlamaConfig {
+        self.clone()
+    }
+    fn family(&self) -> Result<Family> {
+        Ok(Family {
+            model_type: "llama",
+            causal_lm: "LlamaForCausalLM",
+            prefix: "Llama",
+            qkv_bias: self.attention_bias,
+            o_bias: self.attention_bias,
+            mlp_bias: self.mlp_bias,
+            qk_norm: false,
+            sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
+        })
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+}
+
+/// The per-layer windows of Qwen's configs (upstream's `__post_init__`): `layer_types`
+/// (`full_attention` / `sliding_attention`) or, by default, the layers from
+/// `max_window_layers` on sliding when there is a `window` (the config's `sliding_window`
+/// with `use_sliding_window`); a sliding layer without a window attends fully, as upstream's.
+pub(crate) fn sliding_windows(
+    layer_types: Option<&[String]>,
+    num_hidden_layers: i64,
+    window: Option<i64>,
+    max_window_layers: i64,
+) -> Result<Vec<Option<i64>>> {
+    let default: Vec<String> = (0..num_hidden_layers)
+        .map(|i| match window {
+            Some(_) if i >= max_window_layers => "sliding_attention".into(),
+            _ => "full_attention".into(),
+        })
+        .collect();
+    let layer_types = layer_types.unwrap_or(&default);
+    if layer_types.len() as i64 != num_hidden_layers {
+        return Err(Error::InvalidConfig {
+            field: "layer_types",
+            value: format!("{} entries", layer_types.len()),
+            fix: "give one entry per layer (num_hidden_layers)",
+        });
+    }
+    layer_types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(None),
+            "sliding_attention" => Ok(window),
+            other => Err(Error::InvalidConfig {
+                field: "layer_types",
+                value: other.to_string(),
+                fix: "use full_attention or sliding_attention",
+            }),
+        })
+        .collect()
+}
+
 /// The RoPE variants implemented (upstream `ROPE_INIT_FUNCTIONS` subset).
 #[derive(Debug, Clone, PartialEq)]
 enum Rope {
@@ -199,7 +303,7 @@ impl LlamaConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         configuration_utils::check_sizes(
             &[
                 ("vocab_size", self.vocab_size),
@@ -287,8 +391,38 @@ struct DecoderLayer {
     down_proj: layers::LayerLinear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+    /// Qwen3's `q_norm` / `k_norm` (per head, before RoPE).
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    /// Whether this layer attends through the sliding-window mask.
+    sliding: bool,
     /// `model.layers.{i}`, as the underflow / overflow tracer names it.
     name: String,
+    /// Upstream's class names of the family's modules.
+    classes: Arc<Classes>,
+}
+
+/// Upstream's class names of a family's modules (what the underflow / overflow tracer prints).
+#[derive(Debug)]
+struct Classes {
+    rms_norm: String,
+    attention: String,
+    mlp: String,
+    decoder_layer: String,
+    rotary: String,
+    model: String,
+}
+
+impl Classes {
+    fn new(prefix: &str) -> Self {
+        Self {
+            rms_norm: format!("{prefix}RMSNorm"),
+            attention: format!("{prefix}Attention"),
+            mlp: format!("{prefix}MLP"),
+            decoder_layer: format!("{prefix}DecoderLayer"),
+            rotary: format!("{prefix}RotaryEmbedding"),
+            model: format!("{prefix}Model"),
+        }
+    }
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -301,6 +435,8 @@ struct LayerInputs {
     cos: Tensor,
     sin: Tensor,
     mask: attention::Mask,
+    /// The sliding-window mask, when a layer has a window.
+    sliding_mask: Option<attention::Mask>,
     batch: i64,
     seq: i64,
     heads: i64,
@@ -330,30 +466,41 @@ impl DecoderLayer {
         use crate::debug_utils::{Out, Var, hook, leaf};
         use layers::apply_traced;
         let n = |rest: &str| format!("{}.{rest}", self.name);
+        let c = &self.classes;
         let normed = apply_traced(
             h,
             &self.input_layernorm,
             || n("input_layernorm"),
-            "LlamaRMSNorm",
+            &c.rms_norm,
         );
         let q = apply_traced(&normed, &self.q_proj, || n("self_attn.q_proj"), "Linear")
-            .view([batch, seq, heads, hd])
-            .transpose(1, 2);
+            .view([batch, seq, heads, hd]);
         let k = apply_traced(&normed, &self.k_proj, || n("self_attn.k_proj"), "Linear")
-            .view([batch, seq, kv_heads, hd])
-            .transpose(1, 2);
+            .view([batch, seq, kv_heads, hd]);
+        let (q, k) = match &self.qk_norm {
+            Some((q_norm, k_norm)) => (
+                apply_traced(&q, q_norm, || n("self_attn.q_norm"), &c.rms_norm),
+                apply_traced(&k, k_norm, || n("self_attn.k_norm"), &c.rms_norm),
+            ),
+            None => (q, k),
+        };
+        let (q, k) = (q.transpose(1, 2), k.transpose(1, 2));
         let v = apply_traced(&normed, &self.v_proj, || n("self_attn.v_proj"), "Linear")
             .view([batch, seq, kv_heads, hd])
             .transpose(1, 2);
         let q = &q * &x.cos + rotate_half(&q) * &x.sin;
         let k = &k * &x.cos + rotate_half(&k) * &x.sin;
-        let a = attention::sdpa(&q, &k, &v, &x.mask, x.attn_p, x.scale);
+        let mask = match (&x.sliding_mask, self.sliding) {
+            (Some(m), true) => m,
+            _ => &x.mask,
+        };
+        let a = attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale);
         let a = a.transpose(1, 2).reshape([batch, seq, heads * hd]);
         let a = apply_traced(&a, &self.o_proj, || n("self_attn.o_proj"), "Linear");
         // Called with keyword arguments: no positional inputs.
         hook(
             || n("self_attn"),
-            "LlamaAttention",
+            &c.attention,
             &[],
             &[],
             Out::Tuple(vec![Var::T(&a), Var::None]),
@@ -363,7 +510,7 @@ impl DecoderLayer {
             &h2,
             &self.post_attention_layernorm,
             || n("post_attention_layernorm"),
-            "LlamaRMSNorm",
+            &c.rms_norm,
         );
         let gate = apply_traced(&normed, &self.gate_proj, || n("mlp.gate_proj"), "Linear");
         let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
@@ -374,9 +521,9 @@ impl DecoderLayer {
             || n("mlp.down_proj"),
             "Linear",
         );
-        leaf(|| n("mlp"), "LlamaMLP", &[], &normed, &m);
+        leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
         let out = h2 + m;
-        leaf(|| self.name.clone(), "LlamaDecoderLayer", &[], h, &out);
+        leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
         out
     }
 }
@@ -392,6 +539,8 @@ pub struct LlamaModel {
     inv_freq: Tensor,
     act: Activation,
     config: LlamaConfig,
+    family: Family,
+    classes: Arc<Classes>,
     /// Upstream's `gradient_checkpointing` on the decoder layers.
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
@@ -406,7 +555,20 @@ fn rotate_half(x: &Tensor) -> Tensor {
 impl LlamaModel {
     /// Creates the variables under `p` (upstream prefix `model`).
     pub fn new(p: nn::Path<'_>, config: &LlamaConfig) -> Result<Self> {
+        Self::with_family(p, config, config.family()?)
+    }
+
+    /// [`new`](Self::new) for a Llama-shaped family's layers.
+    pub fn with_family(p: nn::Path<'_>, config: &LlamaConfig, family: Family) -> Result<Self> {
         config.validate()?;
+        if family.sliding_windows.len() as i64 != config.num_hidden_layers {
+            return Err(Error::InvalidConfig {
+                field: "layer_types",
+                value: format!("{} windows", family.sliding_windows.len()),
+                fix: "give one entry per layer (num_hidden_layers)",
+            });
+        }
+        let classes = Arc::new(Classes::new(family.prefix));
         let (d, std) = (config.hidden_size, config.initializer_range);
         let (hd, heads, kv) = (
             config.head_dim(),
@@ -427,49 +589,38 @@ impl LlamaModel {
                         &a / "q_proj",
                         d,
                         heads * hd,
-                        config.attention_bias,
+                        family.qkv_bias,
                         std,
                     ),
-                    k_proj: layers::layer_linear(
-                        &a / "k_proj",
-                        d,
-                        kv * hd,
-                        config.attention_bias,
-                        std,
-                    ),
-                    v_proj: layers::layer_linear(
-                        &a / "v_proj",
-                        d,
-                        kv * hd,
-                        config.attention_bias,
-                        std,
-                    ),
-                    o_proj: layers::layer_linear(
-                        &a / "o_proj",
-                        heads * hd,
-                        d,
-                        config.attention_bias,
-                        std,
-                    ),
+                    k_proj: layers::layer_linear(&a / "k_proj", d, kv * hd, family.qkv_bias, std),
+                    v_proj: layers::layer_linear(&a / "v_proj", d, kv * hd, family.qkv_bias, std),
+                    o_proj: layers::layer_linear(&a / "o_proj", heads * hd, d, family.o_bias, std),
+                    // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
+                    qk_norm: family.qk_norm.then(|| {
+                        (
+                            RmsNorm::new(&a / "q_norm", hd, config.rms_norm_eps),
+                            RmsNorm::new(&a / "k_norm", hd, config.rms_norm_eps),
+                        )
+                    }),
                     gate_proj: layers::layer_linear(
                         &m / "gate_proj",
                         d,
                         config.intermediate_size,
-                        config.mlp_bias,
+                        family.mlp_bias,
                         std,
                     ),
                     up_proj: layers::layer_linear(
                         &m / "up_proj",
                         d,
                         config.intermediate_size,
-                        config.mlp_bias,
+                        family.mlp_bias,
                         std,
                     ),
                     down_proj: layers::layer_linear(
                         &m / "down_proj",
                         config.intermediate_size,
                         d,
-                        config.mlp_bias,
+                        family.mlp_bias,
                         std,
                     ),
                     input_layernorm: RmsNorm::new(&l / "input_layernorm", d, config.rms_norm_eps),
@@ -478,7 +629,9 @@ impl LlamaModel {
                         d,
                         config.rms_norm_eps,
                     ),
+                    sliding: family.sliding_windows[i as usize].is_some(),
                     name: l.components().collect::<Vec<_>>().join("."),
+                    classes: Arc::clone(&classes),
                 }))
             })
             .collect();
@@ -490,6 +643,8 @@ impl LlamaModel {
             inv_freq: config.inv_freq(p.device())?,
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
+            family,
+            classes,
             checkpointing: None,
         })
     }
@@ -526,7 +681,7 @@ impl LlamaModel {
         let (cos, sin) = (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()));
         hook(
             || n("rotary_emb"),
-            "LlamaRotaryEmbedding",
+            &self.classes.rotary,
             &[],
             &[Var::T(&h)],
             Out::Tuple(vec![Var::T(&cos), Var::T(&sin)]),
@@ -536,6 +691,16 @@ impl LlamaModel {
             cos,
             sin,
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
+            // The families' layers share one window size (upstream's `sliding_window`).
+            sliding_mask: self
+                .family
+                .sliding_windows
+                .iter()
+                .flatten()
+                .next()
+                .map(|&w| {
+                    attention::sliding_window_mask(inputs.attention_mask, batch, seq, w, device)
+                }),
             batch,
             seq,
             heads: c.num_attention_heads,
@@ -560,12 +725,12 @@ impl LlamaModel {
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        let h = layers::apply_traced(&h, &self.norm, || n("norm"), "LlamaRMSNorm");
+        let h = layers::apply_traced(&h, &self.norm, || n("norm"), &self.classes.rms_norm);
         // Called with keyword arguments by the heads.
         if !self.prefix.is_empty() {
             hook(
                 || self.prefix.clone(),
-                "LlamaModel",
+                &self.classes.model,
                 &[],
                 &[],
                 Out::One(Var::NotTensor),
@@ -575,32 +740,37 @@ impl LlamaModel {
     }
 }
 
-/// Upstream `LlamaForCausalLM`: `model` + `lm_head` (tied to `embed_tokens` when
-/// `tie_word_embeddings`).
+/// Upstream `LlamaForCausalLM`.
+pub type LlamaForCausalLM = DecoderForCausalLM<LlamaConfig>;
+
+/// Upstream's `XForCausalLM` of a Llama-shaped family: `model` + `lm_head` (tied to
+/// `embed_tokens` when `tie_word_embeddings`). Use the family's alias
+/// ([`LlamaForCausalLM`], `Qwen2ForCausalLM`, ...).
 #[derive(Debug)]
-pub struct LlamaForCausalLM {
+pub struct DecoderForCausalLM<C: DecoderConfig> {
     vs: nn::VarStore,
     model: LlamaModel,
     lm_head: Option<nn::Linear>,
-    config: LlamaConfig,
+    config: C,
     training: bool,
     /// Liger's fused linear cross-entropy (`use_liger_kernel`): the training loss without
     /// the logits.
     fused_linear_cross_entropy: bool,
 }
 
-impl LlamaForCausalLM {
+impl<C: DecoderConfig> DecoderForCausalLM<C> {
     /// A freshly initialised model, seeded by tch's RNG.
-    pub fn new(config: &LlamaConfig, device: Device) -> Result<Self> {
+    pub fn new(config: &C, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
-        let model = LlamaModel::new(vs.root() / "model", config)?;
-        let lm_head = (!config.tie_word_embeddings).then(|| {
+        let llama = config.llama();
+        let model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        let lm_head = (!llama.tie_word_embeddings).then(|| {
             layers::linear(
                 vs.root() / "lm_head",
-                config.hidden_size,
-                config.vocab_size,
+                llama.hidden_size,
+                llama.vocab_size,
                 false,
-                config.initializer_range,
+                llama.initializer_range,
             )
         });
         Ok(Self {
@@ -619,7 +789,7 @@ impl LlamaForCausalLM {
         device: Device,
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
-        let config = LlamaConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
         // Upstream draws only the weights the checkpoint lacks (see `initialization`).
         let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
         let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
@@ -635,17 +805,22 @@ impl LlamaForCausalLM {
     }
 }
 
-impl PreTrainedModel for LlamaForCausalLM {
+impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
     fn architecture(&self) -> &'static str {
-        "LlamaForCausalLM"
+        self.model.family.causal_lm
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
     }
 }
 
-impl TrainableModel for LlamaForCausalLM {
-    crate::modeling_utils::model_plumbing!();
+impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
+    crate::modeling_utils::model_plumbing!(@common);
+    fn set_use_cache(&mut self, use_cache: bool) {
+        self.config
+            .extra_mut()
+            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+    }
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -668,7 +843,8 @@ impl TrainableModel for LlamaForCausalLM {
         &mut self,
         liger_kernel_config: Option<&serde_json::Value>,
     ) -> Result<()> {
-        let config = crate::LigerKernelConfig::from_json(liger_kernel_config, "llama")?;
+        let model_type = self.model.family.model_type;
+        let config = crate::LigerKernelConfig::from_json(liger_kernel_config, model_type)?;
         self.fused_linear_cross_entropy = config.fused_linear_cross_entropy;
         Ok(())
     }
@@ -723,7 +899,7 @@ impl TrainableModel for LlamaForCausalLM {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
                 &logits,
                 labels,
-                self.config.vocab_size,
+                self.model.config.vocab_size,
                 inputs.num_items_in_batch,
                 -100,
                 None,

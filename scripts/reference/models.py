@@ -2,8 +2,9 @@
 
 Usage: python models.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
-For every checkpoint (tiny random GPT-2 / BERT / Llama made by setup, real MiniLM, real
-SmolLM2-135M) it writes OUT_DIR/<case>.safetensors with
+For every checkpoint (tiny random GPT-2 / BERT / Llama made by setup, tiny random Qwen2 /
+Qwen3 / Mistral made here and saved as OUT_DIR/<case>/, real MiniLM, real SmolLM2-135M) it
+writes OUT_DIR/<case>.safetensors with
   input_ids, attention_mask           the batch fed to the model (int64)
   logits (or last_hidden_state)       eval mode, fp32
   loss                                train-mode forward with dropout disabled (eval),
@@ -106,6 +107,27 @@ def main():
     ids, mask = batch(m.config.vocab_size)
     labels = ids.masked_fill(mask == 0, -100)
     record("tiny_llama_lm", m, ids, mask, labels)
+
+    # --- the Llama-shaped families, tiny and seeded, saved for Rust: Qwen2 (q/k/v bias, the
+    # last two of 3 layers sliding over 3 tokens), Qwen3 (q/k RMSNorm, head_dim 32 != 64/4,
+    # tied), Mistral (head_dim 24, every layer sliding over 3 tokens); 8 tokens, one row
+    # padded, so that the windows cut in.
+    small = dict(
+        num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=256, vocab_size=1000,
+    )
+    families = [
+        ("tiny_qwen2_lm", tf.Qwen2Config(**small, use_sliding_window=True, sliding_window=3, max_window_layers=1), tf.Qwen2ForCausalLM),
+        ("tiny_qwen3_lm", tf.Qwen3Config(**small, head_dim=32, tie_word_embeddings=True), tf.Qwen3ForCausalLM),
+        ("tiny_mistral_lm", tf.MistralConfig(**small, head_dim=24, sliding_window=3), tf.MistralForCausalLM),
+    ]
+    for case, config, cls in families:
+        torch.manual_seed(0)
+        m = cls(config)
+        m.save_pretrained(OUT / case)
+        ids, mask = batch(config.vocab_size)
+        labels = ids.masked_fill(mask == 0, -100)
+        record(case, m, ids, mask, labels)
 
     # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
     m = tf.BertModel.from_pretrained(ASSETS / "minilm")

@@ -230,6 +230,27 @@ fn tiny_llama_causal_lm() -> Result<()> {
     Ok(())
 }
 
+/// The Llama-shaped families `models.py` makes (seeded) and saves: Qwen2 (q/k/v biases, the
+/// last two of 3 layers sliding over 3 of 8 tokens), Qwen3 (q/k RMSNorm, head_dim 32 over a
+/// hidden size of 64 and 4 heads, tied head), Mistral (head_dim 24, every layer sliding over
+/// 3 tokens), one row padded; loaded through the Auto dispatch by `model_type`.
+#[test]
+fn tiny_llama_shaped_families() -> Result<()> {
+    let _g = lock();
+    for case in ["tiny_qwen2_lm", "tiny_qwen3_lm", "tiny_mistral_lm"] {
+        let loaded = tchtrain_models::from_pretrained_dir(
+            &assets().join("reference/models").join(case),
+            tchtrain_models::AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        let mut model = loaded.model;
+        check(case, &mut *model, "logits")?;
+    }
+    Ok(())
+}
+
 #[test]
 fn real_smollm2_causal_lm() -> Result<()> {
     let _g = lock();

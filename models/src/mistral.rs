@@ -1,0 +1,146 @@
+//! Mistral (upstream `models/mistral`, generated from Llama's modular file): `MistralConfig`
+//! with upstream's defaults, and `MistralForCausalLM`, Llama's model without biases, with an
+//! explicit `head_dim` and every layer attending through a `sliding_window` when one is set.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig};
+
+/// Upstream `MistralConfig` with its defaults (Mistral 7B).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct MistralConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    /// `None` means `num_attention_heads`.
+    pub num_key_value_heads: Option<i64>,
+    /// `None` means `hidden_size / num_attention_heads`.
+    pub head_dim: Option<i64>,
+    pub hidden_act: String,
+    pub max_position_embeddings: i64,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    /// v5 form: `{"rope_type": "default", "rope_theta": ...}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// v4 form of the RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// v4 form of the RoPE scaling dict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Every layer's window; `None`: full causal attention.
+    pub sliding_window: Option<i64>,
+    pub attention_dropout: f64,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for MistralConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 32000,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            hidden_act: "silu".into(),
+            max_position_embeddings: 4096 * 32,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: false,
+            rope_parameters: None,
+            rope_theta: None,
+            rope_scaling: None,
+            sliding_window: Some(4096),
+            attention_dropout: 0.0,
+            pad_token_id: None,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2.into()),
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for MistralConfig {
+    fn model_type(&self) -> &'static str {
+        "mistral"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl DecoderConfig for MistralConfig {
+    fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.llama().validate()?;
+        Ok(c)
+    }
+    fn llama(&self) -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            hidden_act: self.hidden_act.clone(),
+            max_position_embeddings: self.max_position_embeddings,
+            initializer_range: self.initializer_range,
+            rms_norm_eps: self.rms_norm_eps,
+            attention_bias: false,
+            attention_dropout: self.attention_dropout,
+            mlp_bias: false,
+            pad_token_id: self.pad_token_id,
+            bos_token_id: self.bos_token_id,
+            eos_token_id: self.eos_token_id.clone(),
+            tie_word_embeddings: self.tie_word_embeddings,
+            rope_parameters: self.rope_parameters.clone(),
+            rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling.clone(),
+            labels: self.labels.clone(),
+            extra: self.extra.clone(),
+        }
+    }
+    fn family(&self) -> Result<Family> {
+        Ok(Family {
+            model_type: "mistral",
+            causal_lm: "MistralForCausalLM",
+            prefix: "Mistral",
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: false,
+            sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
+        })
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+}
+
+/// Upstream `MistralForCausalLM`.
+pub type MistralForCausalLM = DecoderForCausalLM<MistralConfig>;

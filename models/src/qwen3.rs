@@ -1,0 +1,161 @@
+//! Qwen3 (upstream `models/qwen3`, generated from Qwen2's and Llama's modular files):
+//! `Qwen3Config` with upstream's defaults, and `Qwen3ForCausalLM`, Llama's model with a
+//! per-head RMSNorm of the queries and keys before RoPE (`q_norm`, `k_norm`), an explicit
+//! `head_dim`, `attention_bias` on all four projections, and Qwen2's sliding-window layers.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig, sliding_windows};
+
+/// Upstream `Qwen3Config` with its defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct Qwen3Config {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    /// `None` means `num_attention_heads`.
+    pub num_key_value_heads: Option<i64>,
+    pub head_dim: i64,
+    pub hidden_act: String,
+    pub max_position_embeddings: i64,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    /// v5 form: `{"rope_type": "default", "rope_theta": ...}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// v4 form of the RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// v4 form of the RoPE scaling dict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
+    pub use_sliding_window: bool,
+    pub sliding_window: Option<i64>,
+    pub max_window_layers: i64,
+    /// `full_attention` / `sliding_attention` per layer; `None`: from `max_window_layers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    pub attention_bias: bool,
+    pub attention_dropout: f64,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for Qwen3Config {
+    fn default() -> Self {
+        Self {
+            vocab_size: 151936,
+            hidden_size: 4096,
+            intermediate_size: 22016,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: None,
+            head_dim: 128,
+            hidden_act: "silu".into(),
+            max_position_embeddings: 32768,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: false,
+            rope_parameters: None,
+            rope_theta: None,
+            rope_scaling: None,
+            use_sliding_window: false,
+            sliding_window: Some(4096),
+            max_window_layers: 28,
+            layer_types: None,
+            attention_bias: false,
+            attention_dropout: 0.0,
+            pad_token_id: None,
+            bos_token_id: None,
+            eos_token_id: None,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for Qwen3Config {
+    fn model_type(&self) -> &'static str {
+        "qwen3"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl DecoderConfig for Qwen3Config {
+    fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.llama().validate()?;
+        c.family()?;
+        Ok(c)
+    }
+    fn llama(&self) -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: Some(self.head_dim),
+            hidden_act: self.hidden_act.clone(),
+            max_position_embeddings: self.max_position_embeddings,
+            initializer_range: self.initializer_range,
+            rms_norm_eps: self.rms_norm_eps,
+            attention_bias: self.attention_bias,
+            attention_dropout: self.attention_dropout,
+            mlp_bias: false,
+            pad_token_id: self.pad_token_id,
+            bos_token_id: self.bos_token_id,
+            eos_token_id: self.eos_token_id.clone(),
+            tie_word_embeddings: self.tie_word_embeddings,
+            rope_parameters: self.rope_parameters.clone(),
+            rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling.clone(),
+            labels: self.labels.clone(),
+            extra: self.extra.clone(),
+        }
+    }
+    fn family(&self) -> Result<Family> {
+        Ok(Family {
+            model_type: "qwen3",
+            causal_lm: "Qwen3ForCausalLM",
+            prefix: "Qwen3",
+            qkv_bias: self.attention_bias,
+            o_bias: self.attention_bias,
+            mlp_bias: false,
+            qk_norm: true,
+            sliding_windows: sliding_windows(
+                self.layer_types.as_deref(),
+                self.num_hidden_layers,
+                self.sliding_window.filter(|_| self.use_sliding_window),
+                self.max_window_layers,
+            )?,
+        })
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+}
+
+/// Upstream `Qwen3ForCausalLM`.
+pub type Qwen3ForCausalLM = DecoderForCausalLM<Qwen3Config>;
