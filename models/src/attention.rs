@@ -81,7 +81,9 @@ pub(crate) fn sliding_window_mask(
             .ne(0)
             .view([batch, 1, 1, seq])
             .logical_and(&band),
-        None => band,
+        // Upstream's mask without padding is the band expanded over the batch (a stride-0
+        // view, not [1, 1, q, k]): SDPA picks its kernel by the mask's shape.
+        None => band.expand([batch, 1, seq, seq], false),
     };
     Mask {
         mask: Some(mask),
@@ -91,6 +93,9 @@ pub(crate) fn sliding_window_mask(
 
 /// `softmax(q kᵀ · scale + mask) v` with dropout in training; `q`, `k`, `v` are
 /// `[batch, heads, seq, head_dim]` (k / v may have fewer heads: grouped-query attention).
+/// As upstream's `sdpa_attention_forward`, grouped-query attention goes through SDPA's
+/// `enable_gqa` only without a mask (`use_gqa_in_sdpa`); with one, k / v are repeated per
+/// query head first (`repeat_kv`), which selects another kernel, with other roundings.
 pub(crate) fn sdpa(
     q: &Tensor,
     k: &Tensor,
@@ -99,15 +104,33 @@ pub(crate) fn sdpa(
     dropout: f64,
     scale: f64,
 ) -> Tensor {
-    let enable_gqa = q.size()[1] != k.size()[1];
+    let (heads, kv_heads) = (q.size()[1], k.size()[1]);
+    let grouped = heads != kv_heads;
+    let gqa_in_sdpa = mask.mask.is_none() && k.size()[3] == v.size()[3] && k.size()[3] <= 256;
+    let (k, v) = if grouped && !gqa_in_sdpa {
+        (
+            repeat_kv(k, heads / kv_heads),
+            repeat_kv(v, heads / kv_heads),
+        )
+    } else {
+        (k.shallow_clone(), v.shallow_clone())
+    };
     Tensor::scaled_dot_product_attention(
         q,
-        k,
-        v,
+        &k,
+        &v,
         mask.mask.as_ref(),
         dropout,
         mask.is_causal,
         Some(scale),
-        enable_gqa,
+        grouped && gqa_in_sdpa,
     )
+}
+
+/// Upstream `repeat_kv`: `[batch, kv_heads, seq, dim]` to `[batch, kv_heads * n_rep, seq, dim]`.
+fn repeat_kv(x: &Tensor, n_rep: i64) -> Tensor {
+    let s = x.size();
+    x.unsqueeze(2)
+        .expand([s[0], s[1], n_rep, s[2], s[3]], false)
+        .reshape([s[0], s[1] * n_rep, s[2], s[3]])
 }

@@ -353,6 +353,50 @@ fn tiny_llama_with_weight_decay() -> Result<()> {
     Ok(())
 }
 
+/// `trainer_families.py`: tiny Qwen2 (q/k/v biases, two sliding layers), Qwen3 (q/k
+/// RMSNorm, head_dim 32, tied head) and Mistral (head_dim 24, every layer sliding) trained
+/// 20 steps (batch 4, cosine schedule after 2 warm-up steps, weight decay 0.1, clipping,
+/// evaluation every 10 steps) on the Hamlet blocks, loaded through the Auto dispatch: every
+/// logged value equals upstream's Trainer's to the bit.
+#[test]
+fn llama_shaped_families_train_as_upstream() -> Result<()> {
+    let _g = lock();
+    for case in ["qwen2", "qwen3", "mistral"] {
+        let dir = assets().join("reference/trainer_families").join(case);
+        let out = temp_dir(&format!("family-{case}"));
+        let mut args = TrainingArguments {
+            per_device_train_batch_size: 4,
+            per_device_eval_batch_size: 4,
+            max_steps: 20,
+            learning_rate: 2e-3,
+            lr_scheduler_type: SchedulerType::Cosine,
+            warmup_steps: 2.0,
+            weight_decay: 0.1,
+            max_grad_norm: 1.0,
+            eval_strategy: IntervalStrategy::Steps,
+            eval_steps: Some(10.0),
+            ..base_args(&out)
+        };
+        args.post_init()?;
+        let model = load(&dir.join("initial"), AutoTask::CausalLm)?;
+        let mut trainer = Trainer::builder(model, args)
+            .train_dataset(lm_blocks(&dir.join("blocks.json"), "train")?)
+            .eval_dataset(lm_blocks(&dir.join("blocks.json"), "eval")?)
+            .build()?;
+        let result = trainer.train(None)?;
+        let m = compare(
+            case,
+            &trainer.state.log_history,
+            &read_json(&dir.join("log_history.json"))?,
+        )?;
+        let summary = read_json(&dir.join("train_output.json"))?;
+        assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+        assert_exact(case, &m);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    Ok(())
+}
+
 /// NEFTune (`neftune_noise_alpha` 5) on llama_wd's job for one epoch: the noise on
 /// `embed_tokens` drawn from the global generator in training only (evaluation every 3
 /// steps runs without it). Every logged value equals upstream's to the bit.

@@ -1,0 +1,87 @@
+"""Reference for trainer/tests: the Llama-shaped families trained by transformers 5.23's Trainer.
+
+Usage: python trainer_families.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+
+For each family a tiny model is made (seeded, vocabulary 49152 for SmolLM2's tokenizer) and
+saved into OUT_DIR/<case>/initial/, then trained 20 steps on trainer_parity.py's Hamlet
+blocks (blocks.json: 48 train, 8 eval blocks of 64 tokens) with batch 4, lr 2e-3, a cosine
+schedule after 2 warm-up steps, weight decay 0.1, clipping at 1.0, evaluation every 10
+steps; OUT_DIR/<case>/log_history.json and train_output.json are the run.
+
+  qwen2    Qwen2ForCausalLM: q/k/v biases, layers 1 and 2 (of 3) sliding over 16 tokens
+  qwen3    Qwen3ForCausalLM: q/k RMSNorm, head_dim 32 (hidden 64 / 4 heads), tied head
+  mistral  MistralForCausalLM: head_dim 24, every layer sliding over 16 tokens
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+import transformers as tf
+
+HERE = Path(__file__).resolve().parent
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL = dict(
+    num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=96, max_position_embeddings=256, vocab_size=49152,
+)
+CASES = [
+    ("qwen2", tf.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=16, max_window_layers=1), tf.Qwen2ForCausalLM),
+    ("qwen3", tf.Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=True), tf.Qwen3ForCausalLM),
+    ("mistral", tf.MistralConfig(**SMALL, head_dim=24, sliding_window=16), tf.MistralForCausalLM),
+]
+
+
+def main():
+    parity = sibling("trainer_parity")
+    blocks = parity.llama_blocks()
+    train_rows, eval_rows = blocks[:48], blocks[48:56]
+
+    def rows(part):
+        return parity.Rows([{"input_ids": r, "labels": list(r)} for r in part])
+
+    for case, config, cls in CASES:
+        folder = parity.OUT / case
+        folder.mkdir()
+        (folder / "blocks.json").write_text(json.dumps({"train": train_rows, "eval": eval_rows}))
+        torch.manual_seed(0)
+        cls(config).save_pretrained(folder / "initial")
+        model = cls.from_pretrained(folder / "initial")
+        args = parity.common_args(
+            case,
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=4,
+            max_steps=20,
+            learning_rate=2e-3,
+            lr_scheduler_type="cosine",
+            warmup_steps=2,
+            weight_decay=0.1,
+            max_grad_norm=1.0,
+            eval_strategy="steps",
+            eval_steps=10,
+        )
+        trainer = tf.Trainer(
+            model=model,
+            args=args,
+            train_dataset=rows(train_rows),
+            eval_dataset=rows(eval_rows),
+            data_collator=tf.default_data_collator,
+        )
+        result = trainer.train()
+        parity.write_run(case, trainer, result, model)
+        print(case, trainer.state.log_history[-1])
+
+
+if __name__ == "__main__":
+    main()
