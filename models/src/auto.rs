@@ -11,12 +11,12 @@ use crate::bert::{
 use crate::configuration_utils::read_model_type;
 use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::hub::{HubOptions, resolve};
-use crate::llama::LlamaForCausalLM;
+use crate::llama::{LlamaForCausalLM, LlamaForSequenceClassification};
 use crate::loading::{CONFIG_NAME, LoadOptions};
-use crate::mistral::MistralForCausalLM;
+use crate::mistral::{MistralForCausalLM, MistralForSequenceClassification};
 use crate::modeling_utils::{Loaded, PreTrainedModel};
-use crate::qwen2::Qwen2ForCausalLM;
-use crate::qwen3::Qwen3ForCausalLM;
+use crate::qwen2::{Qwen2ForCausalLM, Qwen2ForSequenceClassification};
+use crate::qwen3::{Qwen3ForCausalLM, Qwen3ForSequenceClassification};
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -72,7 +72,7 @@ pub fn from_pretrained_dir(
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),
-        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral (causal LM)",
+        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral (causal LM, sequence classification)",
     };
     Ok(match (model_type.as_str(), task) {
         ("gpt2", AutoTask::CausalLm) => {
@@ -105,6 +105,20 @@ pub fn from_pretrained_dir(
         ("mistral", AutoTask::CausalLm) => boxed(MistralForCausalLM::from_pretrained_dir(
             dir, device, options,
         )?),
+        ("llama", AutoTask::SequenceClassification { num_labels }) => boxed(
+            LlamaForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("qwen2", AutoTask::SequenceClassification { num_labels }) => boxed(
+            Qwen2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("qwen3", AutoTask::SequenceClassification { num_labels }) => boxed(
+            Qwen3ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("mistral", AutoTask::SequenceClassification { num_labels }) => {
+            boxed(MistralForSequenceClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
         _ => return Err(unsupported()),
     })
 }

@@ -579,28 +579,11 @@ impl TrainableModel for GPT2ForSequenceClassification {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
         let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
-        let ids = inputs.ids()?.f_to_device(logits.device())?;
-        let batch = ids.size()[0];
-        let seq = ids.size()[1];
-        // Upstream: the rightmost token that is not the pad token (the last one if no pad id).
-        let last = match self.config.pad_token_id {
-            Some(pad) => {
-                let non_pad = ids.ne(pad).to_kind(Kind::Int64);
-                (Tensor::arange(seq, (Kind::Int64, ids.device())) * non_pad).argmax(-1, false)
-            }
-            None if batch == 1 => Tensor::from_slice(&[seq - 1]).to_device(ids.device()),
-            None => {
-                return Err(Error::InvalidConfig {
-                    field: "pad_token_id",
-                    value: "None".into(),
-                    fix: "set pad_token_id in the config to classify batches larger than 1",
-                });
-            }
-        };
-        let pooled = logits.index(&[
-            Some(Tensor::arange(batch, (Kind::Int64, ids.device()))),
-            Some(last),
-        ]);
+        let pooled = crate::modeling_utils::last_non_pad_logits(
+            &logits,
+            inputs.ids()?,
+            self.config.pad_token_id,
+        )?;
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_sequence_classification_loss(
                 labels,

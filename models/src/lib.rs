@@ -54,20 +54,21 @@ pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resol
 pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
-    DecoderConfig, DecoderForCausalLM, Family, LlamaConfig, LlamaForCausalLM, LlamaModel,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
+    LlamaForCausalLM, LlamaForSequenceClassification, LlamaModel,
 };
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
     checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
     save_state_dict, write_safetensors,
 };
-pub use mistral::{MistralConfig, MistralForCausalLM};
+pub use mistral::{MistralConfig, MistralForCausalLM, MistralForSequenceClassification};
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
-pub use qwen2::{Qwen2Config, Qwen2ForCausalLM};
-pub use qwen3::{Qwen3Config, Qwen3ForCausalLM};
+pub use qwen2::{Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification};
+pub use qwen3::{Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

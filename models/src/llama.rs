@@ -119,6 +119,8 @@ pub struct Family {
     pub model_type: &'static str,
     /// Upstream's class name of the causal LM (`Qwen2ForCausalLM`).
     pub causal_lm: &'static str,
+    /// Upstream's class name of the sequence classifier (`Qwen2ForSequenceClassification`).
+    pub sequence_classification: &'static str,
     /// Upstream's class-name prefix (`Qwen2` for `Qwen2DecoderLayer`, `Qwen2RMSNorm`, ...).
     pub prefix: &'static str,
     /// Biases on `q_proj`, `k_proj`, `v_proj`.
@@ -146,6 +148,8 @@ pub trait DecoderConfig:
     fn family(&self) -> Result<Family>;
     /// Keys not interpreted (`use_cache`, ...), kept so that `config.json` round-trips.
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value>;
+    /// `num_labels`, `id2label`, `problem_type`.
+    fn labels_mut(&mut self) -> &mut LabelConfig;
 }
 
 impl DecoderConfig for LlamaConfig {
@@ -159,6 +163,7 @@ impl DecoderConfig for LlamaConfig {
         Ok(Family {
             model_type: "llama",
             causal_lm: "LlamaForCausalLM",
+            sequence_classification: "LlamaForSequenceClassification",
             prefix: "Llama",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
@@ -169,6 +174,9 @@ impl DecoderConfig for LlamaConfig {
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         &mut self.extra
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
     }
 }
 
@@ -910,6 +918,124 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Ok(ModelOutput {
             loss,
             logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
+
+/// Upstream `LlamaForSequenceClassification`.
+pub type LlamaForSequenceClassification = DecoderForSequenceClassification<LlamaConfig>;
+
+/// Upstream's `XForSequenceClassification` of a Llama-shaped family
+/// (`GenericForSequenceClassification`): `model` + `score` (no bias), pooled at each row's
+/// rightmost token that is not the pad token. As upstream's, the loss is the batch mean
+/// (its `loss_function` gets no `num_items_in_batch`) while the forward takes loss kwargs,
+/// so the Trainer does not divide it by the accumulation steps either.
+#[derive(Debug)]
+pub struct DecoderForSequenceClassification<C: DecoderConfig> {
+    vs: nn::VarStore,
+    model: LlamaModel,
+    score: nn::Linear,
+    config: C,
+    training: bool,
+}
+
+impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &C, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let llama = config.llama();
+        let model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        let score = layers::linear(
+            vs.root() / "score",
+            llama.hidden_size,
+            config.labels().num_labels(),
+            false,
+            llama.initializer_range,
+        );
+        Ok(Self {
+            vs,
+            model,
+            score,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)`: a causal LM's checkpoint gets a new
+    /// `score` (drawn as upstream draws it), its `lm_head` left out.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels_mut().set_num_labels(n)?;
+        }
+        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
+        let info = loading::load_into(
+            &mut model.vs,
+            loading::read_checkpoint(dir)?,
+            "model",
+            &["lm_head.weight".to_string()],
+            options,
+        )?;
+        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
+        Ok(Loaded { model, info })
+    }
+}
+
+impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
+    fn architecture(&self) -> &'static str {
+        self.model.family.sequence_classification
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
+    crate::modeling_utils::model_plumbing!(@common);
+    crate::modeling_utils::checkpointing_plumbing!(model);
+    fn set_use_cache(&mut self, use_cache: bool) {
+        self.config
+            .extra_mut()
+            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+    }
+    fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
+        Some(crate::modeling_utils::LabelCheck::Sequence {
+            num_labels: self.config.labels().num_labels(),
+        })
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == "model.embed_tokens.weight"
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.model.forward(inputs, self.training)?;
+        let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
+        let pooled = crate::modeling_utils::last_non_pad_logits(
+            &logits,
+            inputs.ids()?,
+            self.model.config.pad_token_id,
+        )?;
+        let labels = self.config.labels();
+        let loss = match inputs.labels {
+            Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
+                l,
+                &pooled,
+                labels.num_labels(),
+                labels.problem_type()?,
+                None,
+            )?),
+            None => None,
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(pooled),
             last_hidden_state: Some(h),
             pooler_output: None,
         })

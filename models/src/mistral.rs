@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig};
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
+};
 
 /// Upstream `MistralConfig` with its defaults (Mistral 7B).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +131,7 @@ impl DecoderConfig for MistralConfig {
         Ok(Family {
             model_type: "mistral",
             causal_lm: "MistralForCausalLM",
+            sequence_classification: "MistralForSequenceClassification",
             prefix: "Mistral",
             qkv_bias: false,
             o_bias: false,
@@ -140,7 +143,13 @@ impl DecoderConfig for MistralConfig {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         &mut self.extra
     }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
 }
 
 /// Upstream `MistralForCausalLM`.
 pub type MistralForCausalLM = DecoderForCausalLM<MistralConfig>;
+
+/// Upstream `MistralForSequenceClassification`.
+pub type MistralForSequenceClassification = DecoderForSequenceClassification<MistralConfig>;

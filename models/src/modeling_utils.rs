@@ -342,3 +342,35 @@ impl<M> std::fmt::Debug for Loaded<M> {
             .finish_non_exhaustive()
     }
 }
+
+/// Upstream's pooling of a decoder's sequence classification (`GPT2ForSequenceClassification`,
+/// `GenericForSequenceClassification`): each row's logits at its rightmost token that is not
+/// the pad token (the last token when there is no pad token, which only a batch of one row
+/// may have).
+pub(crate) fn last_non_pad_logits(
+    logits: &Tensor,
+    input_ids: &Tensor,
+    pad_token_id: Option<i64>,
+) -> Result<Tensor> {
+    let ids = input_ids.f_to_device(logits.device())?;
+    let (batch, seq) = (ids.size()[0], ids.size()[1]);
+    let last = match pad_token_id {
+        Some(pad) => {
+            let non_pad = ids.f_ne(pad)?.f_to_kind(tch::Kind::Int64)?;
+            (Tensor::f_arange(seq, (tch::Kind::Int64, ids.device()))? * non_pad)
+                .f_argmax(-1, false)?
+        }
+        None if batch == 1 => Tensor::f_from_slice(&[seq - 1])?.f_to_device(ids.device())?,
+        None => {
+            return Err(crate::Error::InvalidConfig {
+                field: "pad_token_id",
+                value: "None".into(),
+                fix: "set pad_token_id in the config to classify batches larger than 1",
+            });
+        }
+    };
+    Ok(logits.f_index(&[
+        Some(Tensor::f_arange(batch, (tch::Kind::Int64, ids.device()))?),
+        Some(last),
+    ])?)
+}

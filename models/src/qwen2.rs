@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig, sliding_windows};
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
+    sliding_windows,
+};
 
 /// Upstream `Qwen2Config` with its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -136,6 +139,7 @@ impl DecoderConfig for Qwen2Config {
         Ok(Family {
             model_type: "qwen2",
             causal_lm: "Qwen2ForCausalLM",
+            sequence_classification: "Qwen2ForSequenceClassification",
             prefix: "Qwen2",
             qkv_bias: true,
             o_bias: false,
@@ -152,7 +156,13 @@ impl DecoderConfig for Qwen2Config {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         &mut self.extra
     }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
 }
 
 /// Upstream `Qwen2ForCausalLM`.
 pub type Qwen2ForCausalLM = DecoderForCausalLM<Qwen2Config>;
+
+/// Upstream `Qwen2ForSequenceClassification`.
+pub type Qwen2ForSequenceClassification = DecoderForSequenceClassification<Qwen2Config>;

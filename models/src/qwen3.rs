@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig, sliding_windows};
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
+    sliding_windows,
+};
 
 /// Upstream `Qwen3Config` with its defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +142,7 @@ impl DecoderConfig for Qwen3Config {
         Ok(Family {
             model_type: "qwen3",
             causal_lm: "Qwen3ForCausalLM",
+            sequence_classification: "Qwen3ForSequenceClassification",
             prefix: "Qwen3",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
@@ -155,7 +159,13 @@ impl DecoderConfig for Qwen3Config {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         &mut self.extra
     }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
 }
 
 /// Upstream `Qwen3ForCausalLM`.
 pub type Qwen3ForCausalLM = DecoderForCausalLM<Qwen3Config>;
+
+/// Upstream `Qwen3ForSequenceClassification`.
+pub type Qwen3ForSequenceClassification = DecoderForSequenceClassification<Qwen3Config>;

@@ -129,6 +129,20 @@ def main():
         labels = ids.masked_fill(mask == 0, -100)
         record(case, m, ids, mask, labels)
 
+    # --- a new `score` head (GenericForSequenceClassification) on the tiny Qwen2 and Llama
+    # causal LMs, drawn after torch.manual_seed(0), pad token 0 (the last 3 tokens of row 1),
+    # pooled at each row's last non-padding token; saved for Rust.
+    for case, src, cls in [
+        ("tiny_qwen2_seqcls", OUT / "tiny_qwen2_lm", tf.Qwen2ForSequenceClassification),
+        ("tiny_llama_seqcls", ASSETS / "tiny-llama", tf.LlamaForSequenceClassification),
+    ]:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(src, num_labels=3, pad_token_id=0)
+        m.save_pretrained(OUT / case)
+        ids, mask = batch(m.config.vocab_size)
+        ids = ids.masked_fill(mask == 0, 0)
+        record(case, m, ids, mask, torch.tensor([2, 0]))
+
     # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
     m = tf.BertModel.from_pretrained(ASSETS / "minilm")
     ids, mask = batch(m.config.vocab_size, seq=12)

@@ -251,6 +251,48 @@ fn tiny_llama_shaped_families() -> Result<()> {
     Ok(())
 }
 
+/// A new `score` head (upstream's `GenericForSequenceClassification`) on tiny Qwen2 and Llama
+/// causal LMs, pad token 0 ending row 1: pooled at each row's last non-padding token, logits,
+/// loss and gradients as upstream's; and the head drawn after the same seed from the causal
+/// LM's checkpoint equals the one upstream drew.
+#[test]
+fn tiny_decoder_sequence_classification() -> Result<()> {
+    let _g = lock();
+    let task = |n| tchtrain_models::AutoTask::SequenceClassification { num_labels: n };
+    for (case, lm) in [
+        (
+            "tiny_qwen2_seqcls",
+            assets().join("reference/models/tiny_qwen2_lm"),
+        ),
+        ("tiny_llama_seqcls", assets().join("tiny-llama")),
+    ] {
+        let dir = assets().join("reference/models").join(case);
+        let loaded = tchtrain_models::from_pretrained_dir(
+            &dir,
+            task(None),
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        let mut model = loaded.model;
+        check(case, &mut *model, "logits")?;
+        tch::manual_seed(0);
+        let fresh = tchtrain_models::from_pretrained_dir(
+            &lm,
+            task(Some(3)),
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert_eq!(fresh.info.missing_keys, ["score.weight"], "{case}");
+        let drawn = &fresh.model.var_store().variables()["score.weight"];
+        assert!(
+            drawn.equal(&model.var_store().variables()["score.weight"]),
+            "{case}: the new head differs from upstream's"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn real_smollm2_causal_lm() -> Result<()> {
     let _g = lock();
