@@ -188,9 +188,17 @@ pub(crate) fn checkpoint_layer(
     if !x.requires_grad() {
         return f(x);
     }
-    // The recompute computes the linear maps in the form this forward uses.
+    // The recompute computes the linear maps in the form this forward uses, and reports to
+    // the underflow / overflow tracer of this forward, whichever thread runs it.
     let releases = crate::layer_hooks::releases_parameters();
-    let f = move |x: &Tensor| crate::layer_hooks::with_releases(releases, || f(x));
+    let tracer = crate::debug_utils::current();
+    let f = move |x: &Tensor| {
+        let run = || crate::layer_hooks::with_releases(releases, || f(x));
+        match &tracer {
+            Some(t) => crate::debug_utils::with_debug_underflow_overflow(t, run),
+            None => run(),
+        }
+    };
     let layer: *mut LayerClosure = Box::into_raw(Box::new(Box::new(f) as LayerClosure));
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: `x` is live for the call; `layer` is handed over (the shim frees it through

@@ -352,6 +352,12 @@ fn with_active(f: impl FnOnce(&mut DebugUnderflowOverflow)) {
     f(&mut guard);
 }
 
+/// The tracer active on this thread, for a closure that runs elsewhere later (a checkpoint's
+/// recompute runs on the autograd engine's thread on CUDA).
+pub(crate) fn current() -> Option<Arc<Mutex<DebugUnderflowOverflow>>> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
 /// Whether a tracer is active on this thread (the models skip building names otherwise).
 pub(crate) fn active() -> bool {
     ACTIVE.with(|a| a.borrow().is_some())

@@ -340,7 +340,9 @@ impl GPT2Model {
             resid_pdrop: c.resid_pdrop,
             train,
             act: self.act,
-            use_cache: crate::configuration_utils::use_cache(&c.extra),
+            // Upstream passes no cache to checkpointed blocks in training.
+            use_cache: crate::configuration_utils::use_cache(&c.extra)
+                && !(train && self.checkpointing.is_some()),
         }));
         for (i, b) in self.h.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;

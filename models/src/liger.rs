@@ -183,11 +183,21 @@ pub fn fused_linear_cross_entropy(
         .requires_grad();
     let want_x = grad_enabled && hidden.requires_grad();
     let want_w = grad_enabled && weight.requires_grad();
-    let (x, w) = (hidden.detach(), weight.detach());
+    let x = hidden.detach();
+    // Under autocast the head is cast once here (Liger's `Function.forward` gets the
+    // parameter, which autocast casts once per forward), not once per chunk and matmul.
+    let matmul_kind = tch::no_grad(|| -> Result<Kind> {
+        let probe = Tensor::f_zeros([1, 1], (Kind::Float, weight.device()))?;
+        Ok(probe.f_matmul(&probe)?.kind())
+    })?;
+    let w = match (weight.kind(), matmul_kind) {
+        (Kind::Float, Kind::BFloat16 | Kind::Half) => weight.detach().f_to_kind(matmul_kind)?,
+        _ => weight.detach(),
+    };
     let (loss, grad_x, grad_w) = tch::no_grad(|| -> Result<_> {
         let mut loss = Tensor::f_zeros([], (Kind::Float, x.device()))?;
         let grad_x = want_x.then(|| Tensor::f_zeros_like(&x)).transpose()?;
-        let mut grad_w = want_w.then(|| Tensor::f_zeros_like(&w)).transpose()?;
+        let mut grad_w = want_w.then(|| Tensor::f_zeros_like(weight)).transpose()?;
         let mut start = 0;
         while start < tokens {
             let rows = chunk.min(tokens - start);
@@ -207,12 +217,14 @@ pub fn fused_linear_cross_entropy(
                     .f_exp()?
                     .f_scatter_add(1, &safe, &valid_f.f_neg()?)?
                     .f_mul(&valid_f)?;
-                let d = d.f_to_kind(w.kind())?;
                 if let Some(gx) = &grad_x {
-                    gx.f_narrow(0, start, rows)?.f_copy_(&d.f_matmul(&w)?)?;
+                    let dx = d.f_to_kind(w.kind())?.f_matmul(&w)?;
+                    gx.f_narrow(0, start, rows)?.f_copy_(&dx)?;
                 }
+                // Accumulated in the head's own dtype (float32 under mixed precision).
                 if let Some(gw) = grad_w.as_mut() {
-                    let _ = gw.f_addmm_(&d.f_tr()?, &xc.f_to_kind(w.kind())?)?;
+                    let kind = gw.kind();
+                    let _ = gw.f_addmm_(&d.f_to_kind(kind)?.f_tr()?, &xc.f_to_kind(kind)?)?;
                 }
             }
             start += rows;
@@ -221,11 +233,13 @@ pub fn fused_linear_cross_entropy(
     })?;
     let mut out = loss;
     // `flatten` views, `dot` saves no copy: the precomputed gradients flow back as they are.
+    // The sum is taken in float32 (a half-precision one could overflow to inf, and
+    // `inf - inf` is NaN); `to_kind` of a float32 tensor is the tensor itself.
     let carry = |input: &Tensor, grad: &Tensor| -> Result<Tensor> {
         let s = input
+            .f_to_kind(Kind::Float)?
             .f_flatten(0, -1)?
-            .f_dot(&grad.f_to_kind(input.kind())?.f_flatten(0, -1)?)?
-            .f_to_kind(Kind::Float)?;
+            .f_dot(&grad.f_to_kind(Kind::Float)?.f_flatten(0, -1)?)?;
         Ok(s.f_sub(&s.f_detach()?)?)
     };
     if let Some(gx) = &grad_x {

@@ -133,6 +133,9 @@ pub struct Family {
     pub qk_norm: bool,
     /// Each layer's sliding window (`None`: full causal attention).
     pub sliding_windows: Vec<Option<i64>>,
+    /// The model calls its rotary embedding with `position_ids` as a positional argument
+    /// (Qwen's), which the underflow / overflow tracer shows as an input.
+    pub rotary_positional: bool,
 }
 
 /// A Llama-shaped family's config: upstream's own class (its defaults, its `config.json`),
@@ -170,6 +173,7 @@ impl DecoderConfig for LlamaConfig {
             mlp_bias: self.mlp_bias,
             qk_norm: false,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
+            rotary_positional: false,
         })
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
@@ -208,6 +212,11 @@ pub(crate) fn sliding_windows(
         .iter()
         .map(|t| match t.as_str() {
             "full_attention" => Ok(None),
+            "sliding_attention" if window.is_none() => Err(Error::InvalidConfig {
+                field: "layer_types",
+                value: "sliding_attention without a window".into(),
+                fix: "set sliding_window and use_sliding_window, or make the layer full_attention (upstream cannot build its mask either)",
+            }),
             "sliding_attention" => Ok(window),
             other => Err(Error::InvalidConfig {
                 field: "layer_types",
@@ -481,18 +490,39 @@ impl DecoderLayer {
             || n("input_layernorm"),
             &c.rms_norm,
         );
-        let q = apply_traced(&normed, &self.q_proj, || n("self_attn.q_proj"), "Linear")
-            .view([batch, seq, heads, hd]);
-        let k = apply_traced(&normed, &self.k_proj, || n("self_attn.k_proj"), "Linear")
-            .view([batch, seq, kv_heads, hd]);
-        let (q, k) = match &self.qk_norm {
-            Some((q_norm, k_norm)) => (
-                apply_traced(&q, q_norm, || n("self_attn.q_norm"), &c.rms_norm),
-                apply_traced(&k, k_norm, || n("self_attn.k_norm"), &c.rms_norm),
-            ),
-            None => (q, k),
-        };
-        let (q, k) = (q.transpose(1, 2), k.transpose(1, 2));
+        // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
+        let project =
+            |proj: &layers::LayerLinear, heads: i64, name: &str, norm: Option<&RmsNorm>| {
+                let t = apply_traced(
+                    &normed,
+                    proj,
+                    || n(&format!("self_attn.{name}_proj")),
+                    "Linear",
+                )
+                .view([batch, seq, heads, hd]);
+                let t = match norm {
+                    Some(norm) => apply_traced(
+                        &t,
+                        norm,
+                        || n(&format!("self_attn.{name}_norm")),
+                        &c.rms_norm,
+                    ),
+                    None => t,
+                };
+                t.transpose(1, 2)
+            };
+        let q = project(
+            &self.q_proj,
+            heads,
+            "q",
+            self.qk_norm.as_ref().map(|(q, _)| q),
+        );
+        let k = project(
+            &self.k_proj,
+            kv_heads,
+            "k",
+            self.qk_norm.as_ref().map(|(_, k)| k),
+        );
         let v = apply_traced(&normed, &self.v_proj, || n("self_attn.v_proj"), "Linear")
             .view([batch, seq, kv_heads, hd])
             .transpose(1, 2);
@@ -549,6 +579,9 @@ pub struct LlamaModel {
     config: LlamaConfig,
     family: Family,
     classes: Arc<Classes>,
+    /// The head calls the model with `input_ids` positionally (the sequence classifier),
+    /// which the underflow / overflow tracer shows as an input.
+    ids_positional: bool,
     /// Upstream's `gradient_checkpointing` on the decoder layers.
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
@@ -653,6 +686,7 @@ impl LlamaModel {
             config: config.clone(),
             family,
             classes,
+            ids_positional: false,
             checkpointing: None,
         })
     }
@@ -687,11 +721,19 @@ impl LlamaModel {
         let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.inv_freq.to_device(device);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
         let (cos, sin) = (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()));
+        // Qwen's models call `rotary_emb(hidden_states, position_ids)` positionally, Llama's
+        // and Mistral's with `position_ids=` as a keyword.
+        let rotary_inputs = [Var::T(&h), Var::T(&positions)];
+        let rotary_inputs = if self.family.rotary_positional {
+            &rotary_inputs[..]
+        } else {
+            &rotary_inputs[..1]
+        };
         hook(
             || n("rotary_emb"),
             &self.classes.rotary,
             &[],
-            &[Var::T(&h)],
+            rotary_inputs,
             Out::Tuple(vec![Var::T(&cos), Var::T(&sin)]),
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
@@ -734,13 +776,14 @@ impl LlamaModel {
             h = crate::layer_hooks::after_layer(i, h)?;
         }
         let h = layers::apply_traced(&h, &self.norm, || n("norm"), &self.classes.rms_norm);
-        // Called with keyword arguments by the heads.
+        // Called with keyword arguments by the causal LM, with `input_ids` positionally by
+        // the sequence classifier.
         if !self.prefix.is_empty() {
             hook(
                 || self.prefix.clone(),
                 &self.classes.model,
                 &[],
-                &[],
+                &[Var::T(&ids)][..usize::from(self.ids_positional)],
                 Out::One(Var::NotTensor),
             );
         }
@@ -946,7 +989,9 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
     pub fn new(config: &C, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        let mut model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        // `GenericForSequenceClassification` calls `self.model(input_ids, ...)`.
+        model.ids_positional = true;
         let score = layers::linear(
             vs.root() / "score",
             llama.hidden_size,

@@ -137,6 +137,7 @@ impl DecoderConfig for MistralConfig {
             o_bias: false,
             mlp_bias: false,
             qk_norm: false,
+            rotary_positional: false,
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
     }

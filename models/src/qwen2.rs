@@ -27,6 +27,10 @@ pub struct Qwen2Config {
     pub num_attention_heads: i64,
     /// `None` means `num_attention_heads`.
     pub num_key_value_heads: Option<i64>,
+    /// Not a `Qwen2Config` field, but upstream's attention reads one a `config.json` carries
+    /// (`getattr(config, "head_dim", hidden_size // num_attention_heads)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<i64>,
     pub hidden_act: String,
     pub max_position_embeddings: i64,
     pub initializer_range: f64,
@@ -66,7 +70,8 @@ impl Default for Qwen2Config {
             intermediate_size: 22016,
             num_hidden_layers: 32,
             num_attention_heads: 32,
-            num_key_value_heads: None,
+            num_key_value_heads: Some(32),
+            head_dim: None,
             hidden_act: "silu".into(),
             max_position_embeddings: 32768,
             initializer_range: 0.02,
@@ -116,7 +121,7 @@ impl DecoderConfig for Qwen2Config {
             num_hidden_layers: self.num_hidden_layers,
             num_attention_heads: self.num_attention_heads,
             num_key_value_heads: self.num_key_value_heads,
-            head_dim: None,
+            head_dim: self.head_dim,
             hidden_act: self.hidden_act.clone(),
             max_position_embeddings: self.max_position_embeddings,
             initializer_range: self.initializer_range,
@@ -145,6 +150,7 @@ impl DecoderConfig for Qwen2Config {
             o_bias: false,
             mlp_bias: false,
             qk_norm: false,
+            rotary_positional: true,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

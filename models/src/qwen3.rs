@@ -67,7 +67,7 @@ impl Default for Qwen3Config {
             intermediate_size: 22016,
             num_hidden_layers: 32,
             num_attention_heads: 32,
-            num_key_value_heads: None,
+            num_key_value_heads: Some(32),
             head_dim: 128,
             hidden_act: "silu".into(),
             max_position_embeddings: 32768,
@@ -148,6 +148,7 @@ impl DecoderConfig for Qwen3Config {
             o_bias: self.attention_bias,
             mlp_bias: false,
             qk_norm: true,
+            rotary_positional: true,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

@@ -3,7 +3,7 @@
 Usage: python debug_utils.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 For the tiny GPT-2 (LM head), Llama (causal LM) and BERT (masked LM) checkpoints of the
-assets, OUT_DIR/<case>.safetensors holds the batch (input_ids, attention_mask, labels) and
+assets, and a tiny Qwen2 and Qwen3 made here (OUT_DIR/qwen2/, OUT_DIR/qwen3/), OUT_DIR/<case>.safetensors holds the batch (input_ids, attention_mask, labels) and
 OUT_DIR/<case>.json what transformers 5.23's DebugUnderflowOverflow printed and raised:
   trace       train mode (dropout on), torch.manual_seed(0) before each of two forwards,
               trace_batch_nums=[1]: the second forward's every frame
@@ -32,16 +32,31 @@ ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
 torch.set_num_threads(2)
 OUT.mkdir(parents=True, exist_ok=True)
 
+# Tiny Qwen2 (q/k/v biases, the last layer sliding over 4 tokens) and Qwen3 (q/k RMSNorm),
+# made here (seeded) and saved into OUT_DIR/<case>/.
+SMALL = dict(
+    num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=96, max_position_embeddings=256, vocab_size=1000,
+)
+for case, config, cls in [
+    ("qwen2", tf.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=4, max_window_layers=1), tf.Qwen2ForCausalLM),
+    ("qwen3", tf.Qwen3Config(**SMALL, head_dim=32), tf.Qwen3ForCausalLM),
+]:
+    torch.manual_seed(0)
+    cls(config).save_pretrained(OUT / case)
+
 CASES = {
     # case: (asset, class, padded batch, the weight set to inf)
     "gpt2": ("tiny-gpt2", tf.GPT2LMHeadModel, False, "transformer.h.1.mlp.c_fc.weight"),
     "llama": ("tiny-llama", tf.LlamaForCausalLM, True, "model.layers.1.mlp.up_proj.weight"),
     "bert": ("tiny-bert", tf.BertForMaskedLM, False, "bert.encoder.layer.1.intermediate.dense.weight"),
+    "qwen2": (OUT / "qwen2", tf.Qwen2ForCausalLM, True, "model.layers.1.mlp.up_proj.weight"),
+    "qwen3": (OUT / "qwen3", tf.Qwen3ForCausalLM, True, "model.layers.1.mlp.up_proj.weight"),
 }
 
 
 def load(asset, cls):
-    model = cls.from_pretrained(ASSETS / asset)
+    model = cls.from_pretrained(ASSETS / asset if isinstance(asset, str) else asset)
     model.config.use_cache = False
     return model
 

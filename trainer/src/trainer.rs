@@ -203,6 +203,8 @@ pub struct Trainer {
     pub(crate) optimizer: Option<Box<dyn Optimizer>>,
     pub(crate) lr_scheduler: Option<Box<dyn LrScheduler>>,
     pub(crate) created_lr_scheduler: bool,
+    /// Upstream's `optimizers=(...)`: an optimizer or a scheduler came from the builder.
+    pub(crate) optimizers_passed: bool,
     pub(crate) compute_metrics: Option<ComputeMetrics>,
     pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
     /// The overrides; `None` while one of the Trainer-level hooks runs (it borrows them).
@@ -505,6 +507,7 @@ impl TrainerBuilder {
             state: TrainerState::default(),
             control: TrainerControl::default(),
             created_lr_scheduler: false,
+            optimizers_passed: self.optimizer.is_some() || self.lr_scheduler.is_some(),
             optimizer: self.optimizer,
             lr_scheduler: self.lr_scheduler,
             compute_metrics: self.compute_metrics,

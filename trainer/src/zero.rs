@@ -108,8 +108,9 @@ impl Trainer {
                 crate::field_support::check_fsdp_keys(config)?;
             }
             let plugin = FsdpPlugin::from_args(&map)?;
-            let optimizers_passed = self.optimizer.is_some()
-                || (self.lr_scheduler.is_some() && !self.created_lr_scheduler);
+            // Checked on what the builder was given (upstream checks at `__init__`), not on
+            // what an earlier `train()` built.
+            let optimizers_passed = self.optimizers_passed;
             tchtrain_fsdp::check_trainer_compat(
                 &self.args,
                 &plugin,

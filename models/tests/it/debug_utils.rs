@@ -1,6 +1,7 @@
 //! `DebugUnderflowOverflow` against transformers 5.23's (`scripts/reference/debug_utils.py`):
 //! the report printed for a traced batch (train mode, dropout on), the frames dumped at the
-//! first inf and the error, and `abort_after_batch_num`, on tiny GPT-2, Llama and BERT.
+//! first inf and the error, and `abort_after_batch_num`, on tiny GPT-2, Llama, BERT, Qwen2 and
+//! Qwen3.
 //!
 //! The report prints each absolute min / max with three significant digits; a number may
 //! round the other way when fp32 results differ in their last bits (the same kernels, but
@@ -39,18 +40,17 @@ impl Sink {
 }
 
 fn model(case: &str) -> Result<Box<dyn PreTrainedModel>> {
-    let (asset, task) = match case {
-        "gpt2" => ("tiny-gpt2", AutoTask::CausalLm),
-        "llama" => ("tiny-llama", AutoTask::CausalLm),
-        _ => ("tiny-bert", AutoTask::MaskedLm),
+    let (dir, task) = match case {
+        "gpt2" => (assets().join("tiny-gpt2"), AutoTask::CausalLm),
+        "llama" => (assets().join("tiny-llama"), AutoTask::CausalLm),
+        "bert" => (assets().join("tiny-bert"), AutoTask::MaskedLm),
+        // Made by the reference script.
+        _ => (
+            assets().join("reference/debug_utils").join(case),
+            AutoTask::CausalLm,
+        ),
     };
-    let mut model = from_pretrained_dir(
-        &assets().join(asset),
-        task,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model;
+    let mut model = from_pretrained_dir(&dir, task, Device::Cpu, &LoadOptions::default())?.model;
     model.set_use_cache(false);
     Ok(model)
 }
@@ -205,4 +205,16 @@ fn debug_underflow_overflow_reports_as_upstream_llama() -> Result<()> {
 fn debug_underflow_overflow_reports_as_upstream_bert() -> Result<()> {
     let _g = lock();
     check_case("bert")
+}
+
+#[test]
+fn debug_underflow_overflow_reports_as_upstream_qwen2() -> Result<()> {
+    let _g = lock();
+    check_case("qwen2")
+}
+
+#[test]
+fn debug_underflow_overflow_reports_as_upstream_qwen3() -> Result<()> {
+    let _g = lock();
+    check_case("qwen3")
 }
