@@ -184,6 +184,73 @@ impl DecoderConfig for LlamaConfig {
     }
 }
 
+/// What every Llama-shaped family's config implements alike: `PretrainedConfig` (its
+/// `model_type`), and inside its `DecoderConfig` impl (`decoder_config_plumbing!(@methods)`)
+/// `from_file`, `extra_mut` and `labels_mut`; and `to_llama!`, its `llama()` from the fields
+/// the families share.
+macro_rules! decoder_config_plumbing {
+    ($config:ty, $model_type:literal) => {
+        impl $crate::configuration_utils::PretrainedConfig for $config {
+            fn model_type(&self) -> &'static str {
+                $model_type
+            }
+            fn to_json_value(&self) -> $crate::Result<serde_json::Value> {
+                $crate::configuration_utils::to_value(self)
+            }
+            fn labels(&self) -> &$crate::configuration_utils::LabelConfig {
+                &self.labels
+            }
+        }
+    };
+    (@methods) => {
+        fn from_file(path: &std::path::Path) -> $crate::Result<Self> {
+            let c: Self = $crate::configuration_utils::read_config(path)?;
+            c.llama().validate()?;
+            c.family()?;
+            Ok(c)
+        }
+        fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+            &mut self.extra
+        }
+        fn labels_mut(&mut self) -> &mut $crate::configuration_utils::LabelConfig {
+            &mut self.labels
+        }
+    };
+}
+pub(crate) use decoder_config_plumbing;
+
+/// A family config's `llama()`: the shared fields, its `head_dim` and `attention_bias`.
+macro_rules! to_llama {
+    ($c:expr, head_dim: $head_dim:expr, attention_bias: $bias:expr) => {
+        $crate::llama::LlamaConfig {
+            vocab_size: $c.vocab_size,
+            hidden_size: $c.hidden_size,
+            intermediate_size: $c.intermediate_size,
+            num_hidden_layers: $c.num_hidden_layers,
+            num_attention_heads: $c.num_attention_heads,
+            num_key_value_heads: $c.num_key_value_heads,
+            head_dim: $head_dim,
+            hidden_act: $c.hidden_act.clone(),
+            max_position_embeddings: $c.max_position_embeddings,
+            initializer_range: $c.initializer_range,
+            rms_norm_eps: $c.rms_norm_eps,
+            attention_bias: $bias,
+            attention_dropout: $c.attention_dropout,
+            mlp_bias: false,
+            pad_token_id: $c.pad_token_id,
+            bos_token_id: $c.bos_token_id,
+            eos_token_id: $c.eos_token_id.clone(),
+            tie_word_embeddings: $c.tie_word_embeddings,
+            rope_parameters: $c.rope_parameters.clone(),
+            rope_theta: $c.rope_theta,
+            rope_scaling: $c.rope_scaling.clone(),
+            labels: $c.labels.clone(),
+            extra: $c.extra.clone(),
+        }
+    };
+}
+pub(crate) use to_llama;
+
 /// The per-layer windows of Qwen's configs (upstream's `__post_init__`): `layer_types`
 /// (`full_attention` / `sliding_attention`) or, by default, the layers from
 /// `max_window_layers` on sliding when there is a `window` (the config's `sliding_window`

@@ -2,12 +2,10 @@
 //! with upstream's defaults, and `MistralForCausalLM`, Llama's model without biases, with an
 //! explicit `head_dim` and every layer attending through a `sliding_window` when one is set.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
 };
@@ -82,50 +80,12 @@ impl Default for MistralConfig {
     }
 }
 
-impl PretrainedConfig for MistralConfig {
-    fn model_type(&self) -> &'static str {
-        "mistral"
-    }
-    fn to_json_value(&self) -> Result<serde_json::Value> {
-        configuration_utils::to_value(self)
-    }
-    fn labels(&self) -> &LabelConfig {
-        &self.labels
-    }
-}
+crate::llama::decoder_config_plumbing!(MistralConfig, "mistral");
 
 impl DecoderConfig for MistralConfig {
-    fn from_file(path: &Path) -> Result<Self> {
-        let c: Self = configuration_utils::read_config(path)?;
-        c.llama().validate()?;
-        Ok(c)
-    }
+    crate::llama::decoder_config_plumbing!(@methods);
     fn llama(&self) -> LlamaConfig {
-        LlamaConfig {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            hidden_act: self.hidden_act.clone(),
-            max_position_embeddings: self.max_position_embeddings,
-            initializer_range: self.initializer_range,
-            rms_norm_eps: self.rms_norm_eps,
-            attention_bias: false,
-            attention_dropout: self.attention_dropout,
-            mlp_bias: false,
-            pad_token_id: self.pad_token_id,
-            bos_token_id: self.bos_token_id,
-            eos_token_id: self.eos_token_id.clone(),
-            tie_word_embeddings: self.tie_word_embeddings,
-            rope_parameters: self.rope_parameters.clone(),
-            rope_theta: self.rope_theta,
-            rope_scaling: self.rope_scaling.clone(),
-            labels: self.labels.clone(),
-            extra: self.extra.clone(),
-        }
+        crate::llama::to_llama!(self, head_dim: self.head_dim, attention_bias: false)
     }
     fn family(&self) -> Result<Family> {
         Ok(Family {
@@ -140,12 +100,6 @@ impl DecoderConfig for MistralConfig {
             rotary_positional: false,
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
-    }
-    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
-        &mut self.extra
-    }
-    fn labels_mut(&mut self) -> &mut LabelConfig {
-        &mut self.labels
     }
 }
 
