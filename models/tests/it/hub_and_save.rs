@@ -13,7 +13,8 @@ use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 use tchtrain_models::{
     AutoTask, GPT2LMHeadModel, HubOptions, LlamaForCausalLM, LoadOptions, ModelInputs,
-    PreTrainedModel, TrainableModel, from_pretrained, read_checkpoint, resolve, write_safetensors,
+    PreTrainedModel, TrainableModel, from_pretrained, from_pretrained_dir, read_checkpoint,
+    resolve, write_safetensors,
 };
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -217,47 +218,93 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
     Ok(())
 }
 
+/// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, and a
+/// Qwen2 sequence classifier): the folder reloads here with the same logits, and
+/// transformers' Auto class loads it as the same class with the same logits (the same
+/// kernels: 0 difference).
 #[test]
 fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
     let _g = lock();
-    let loaded = LlamaForCausalLM::from_pretrained_dir(
-        &assets().join("tiny-llama"),
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?;
-    let dir = temp_dir("saved");
-    loaded.model.save_pretrained(&dir)?;
-    let tensors = read_checkpoint(&dir)?;
-    assert!(
-        !tensors.iter().any(|(k, _)| k == "lm_head.weight"),
-        "tied lm_head must not be saved"
-    );
-    let again = LlamaForCausalLM::from_pretrained_dir(&dir, Device::Cpu, &LoadOptions::default())?;
-    assert!(again.info.is_clean(), "{}", again.info);
-    let ours = logits(&loaded.model)?;
-    assert_eq!(ours, logits(&again.model)?);
-
+    let reference = assets().join("reference/models");
+    let seqcls = AutoTask::SequenceClassification { num_labels: None };
+    let cases = [
+        (
+            assets().join("tiny-llama"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_qwen2_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_qwen3_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_mistral_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_qwen2_seqcls"),
+            seqcls,
+            "AutoModelForSequenceClassification",
+        ),
+    ];
     let python = std::env::var("TCHTRAIN_VENV_PYTHON").context(
         "TCHTRAIN_VENV_PYTHON is not set: run `cargo xtask setup` (it writes .cargo/libtorch.toml)",
     )?;
-    let out = dir.join("python_logits.safetensors");
-    let script = format!(
-        "import torch, transformers as tf; from safetensors.torch import save_file\n\
-         m = tf.AutoModelForCausalLM.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
-         assert type(m).__name__ == 'LlamaForCausalLM'\n\
-         ids = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931]])\n\
-         save_file({{'logits': m(input_ids=ids).logits.detach().contiguous()}}, {out:?})\n",
-        dir = dir.to_str().unwrap(),
-        out = out.to_str().unwrap()
-    );
-    let status = std::process::Command::new(python)
-        .arg("-c")
-        .arg(script)
-        .status()?;
-    assert!(status.success(), "Python could not load the saved model");
-    let theirs: BTreeMap<String, Tensor> = Tensor::read_safetensors(&out)?.into_iter().collect();
-    let diff = (&ours - &theirs["logits"]).abs().max().double_value(&[]);
-    assert!(diff <= 1e-4, "logits differ by {diff}");
+    // Token ids every tiny vocabulary (1000 and up) holds.
+    let ids = Tensor::from_slice(&[4i64, 268, 75, 218, 18, 625, 26, 931]).view([1, 8]);
+    for (src, task, auto) in cases {
+        let loaded = from_pretrained_dir(&src, task, Device::Cpu, &LoadOptions::default())?;
+        let name = loaded.model.architecture();
+        let dir = temp_dir("saved");
+        loaded.model.save_pretrained(&dir)?;
+        let tensors = read_checkpoint(&dir)?;
+        let tied = loaded.model.tied_weights();
+        assert!(
+            tied.iter()
+                .all(|(k, _)| !tensors.iter().any(|(t, _)| t == k)),
+            "{name}: a tied weight was saved twice"
+        );
+        let again = from_pretrained_dir(&dir, task, Device::Cpu, &LoadOptions::default())?;
+        assert!(again.info.is_clean(), "{name}: {}", again.info);
+        let run = |m: &dyn PreTrainedModel| -> Result<Tensor> {
+            tch::no_grad(|| m.forward(&ModelInputs::new(&ids)))?
+                .logits
+                .context("logits")
+        };
+        let ours = run(&*loaded.model)?;
+        assert_eq!(ours, run(&*again.model)?, "{name}: reloaded here");
+
+        let out = dir.join("python_logits.safetensors");
+        let script = format!(
+            "import torch, transformers as tf; from safetensors.torch import save_file\n\
+             m = tf.{auto}.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
+             assert type(m).__name__ == {name:?}, type(m).__name__\n\
+             ids = torch.tensor([[4, 268, 75, 218, 18, 625, 26, 931]])\n\
+             save_file({{'logits': m(input_ids=ids).logits.detach().contiguous()}}, {out:?})\n",
+            dir = dir.to_str().unwrap(),
+            out = out.to_str().unwrap()
+        );
+        let status = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .status()?;
+        assert!(
+            status.success(),
+            "{name}: Python could not load the saved model"
+        );
+        let theirs: BTreeMap<String, Tensor> =
+            Tensor::read_safetensors(&out)?.into_iter().collect();
+        let diff = (&ours - &theirs["logits"]).abs().max().double_value(&[]);
+        assert!(diff == 0.0, "{name}: logits differ from Python's by {diff}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }
 
