@@ -210,7 +210,7 @@ impl Layer {
             "BertSelfAttention",
             &[],
             &[Var::T(h)],
-            Out::Tuple(vec![Var::T(&ctx), Var::None]),
+            Out::Tuple(&[Var::T(&ctx), Var::None]),
         );
         let d = apply_traced(
             &ctx,
@@ -241,7 +241,7 @@ impl Layer {
             "BertAttention",
             &[],
             &[Var::T(h), mask],
-            Out::Tuple(vec![Var::T(&a), Var::None]),
+            Out::Tuple(&[Var::T(&a), Var::None]),
         );
         let i = apply_traced(&a, &self.intermediate, || n("intermediate.dense"), "Linear");
         let i = x
@@ -589,18 +589,7 @@ impl<const KIND: u8> Bert<KIND> {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
-        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
-        let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
-        let info = loading::load_into(
-            &mut model.vs,
-            loading::read_checkpoint(dir)?,
-            "bert",
-            &tied,
-            options,
-        )?;
-        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
-        Ok(Loaded { model, info })
+        loading::from_pretrained_with(dir, "bert", &[], options, || Self::new(&config, device))
     }
 
     fn dropout_p(&self) -> f64 {

@@ -42,7 +42,7 @@ pub(crate) enum Out<'a> {
     /// `output`.
     One(Var<'a>),
     /// `output[0]`, `output[1]`, ...
-    Tuple(Vec<Var<'a>>),
+    Tuple(&'a [Var<'a>]),
 }
 
 /// Upstream `DebugUnderflowOverflow(model, max_frames_to_save=21, trace_batch_nums=[],

@@ -221,7 +221,7 @@ impl Block {
             "GPT2Attention",
             &[],
             &[Var::T(&normed)],
-            Out::Tuple(vec![Var::T(&a), Var::None]),
+            Out::Tuple(&[Var::T(&a), Var::None]),
         );
         let h2 = a + h;
         let normed = apply_traced(&h2, &self.ln_2, || n("ln_2"), "LayerNorm");
@@ -417,22 +417,9 @@ impl GPT2LMHeadModel {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
-        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
-        let tied = model
-            .tied_weights()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect::<Vec<_>>();
-        let info = loading::load_into(
-            &mut model.vs,
-            loading::read_checkpoint(dir)?,
-            "transformer",
-            &tied,
-            options,
-        )?;
-        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
-        Ok(Loaded { model, info })
+        loading::from_pretrained_with(dir, "transformer", &[], options, || {
+            Self::new(&config, device)
+        })
     }
 }
 
@@ -541,17 +528,9 @@ impl GPT2ForSequenceClassification {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
-        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
-        let info = loading::load_into(
-            &mut model.vs,
-            loading::read_checkpoint(dir)?,
-            "transformer",
-            &["lm_head.weight".to_string()],
-            options,
-        )?;
-        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
-        Ok(Loaded { model, info })
+        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, || {
+            Self::new(&config, device)
+        })
     }
 }
 

@@ -272,7 +272,10 @@ pub(crate) fn apply_traced<M: Module + Params>(
     class: &str,
 ) -> Tensor {
     let y = x.apply(module);
-    crate::debug_utils::leaf(name, class, &module.params(), x, &y);
+    // `params` allocates: only when a tracer listens (this runs in every training step).
+    if crate::debug_utils::active() {
+        crate::debug_utils::leaf(name, class, &module.params(), x, &y);
+    }
     y
 }
 

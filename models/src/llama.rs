@@ -608,7 +608,7 @@ impl DecoderLayer {
             &c.attention,
             &[],
             &[],
-            Out::Tuple(vec![Var::T(&a), Var::None]),
+            Out::Tuple(&[Var::T(&a), Var::None]),
         );
         let h2 = h + a;
         let normed = apply_traced(
@@ -801,7 +801,7 @@ impl LlamaModel {
             &self.classes.rotary,
             &[],
             rotary_inputs,
-            Out::Tuple(vec![Var::T(&cos), Var::T(&sin)]),
+            Out::Tuple(&[Var::T(&cos), Var::T(&sin)]),
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let x = Arc::new(Shared(LayerInputs {
@@ -908,18 +908,7 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
-        // Upstream draws only the weights the checkpoint lacks (see `initialization`).
-        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
-        let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
-        let info = loading::load_into(
-            &mut model.vs,
-            loading::read_checkpoint(dir)?,
-            "model",
-            &tied,
-            options,
-        )?;
-        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
-        Ok(Loaded { model, info })
+        loading::from_pretrained_with(dir, "model", &[], options, || Self::new(&config, device))
     }
 }
 
@@ -1087,16 +1076,9 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
         if let Some(n) = num_labels {
             config.labels_mut().set_num_labels(n)?;
         }
-        let (mut model, inits) = crate::initialization::deferred(|| Self::new(&config, device))?;
-        let info = loading::load_into(
-            &mut model.vs,
-            loading::read_checkpoint(dir)?,
-            "model",
-            &["lm_head.weight".to_string()],
-            options,
-        )?;
-        crate::initialization::initialize_missing(&model.vs, &inits, &info.missing_keys)?;
-        Ok(Loaded { model, info })
+        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, || {
+            Self::new(&config, device)
+        })
     }
 }
 

@@ -126,6 +126,32 @@ fn ignorable(key: &str) -> bool {
         || key.ends_with("rotary_emb.inv_freq")
 }
 
+/// Upstream `from_pretrained` on a resolved folder for the model `build` makes: the model is
+/// built with initialisation deferred, the checkpoint loaded into it under
+/// `base_model_prefix` (its tied weights and the `dropped` keys neither expected nor
+/// reported), and only the weights it lacks drawn, as upstream's `_initialize_missing_keys`
+/// (see `initialization`).
+pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
+    dir: &Path,
+    base_model_prefix: &str,
+    dropped: &[&str],
+    options: &LoadOptions,
+    build: impl FnOnce() -> Result<M>,
+) -> Result<crate::Loaded<M>> {
+    let (mut model, inits) = crate::initialization::deferred(build)?;
+    let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+    skipped.extend(dropped.iter().map(|k| k.to_string()));
+    let info = load_into(
+        model.var_store_mut(),
+        read_checkpoint(dir)?,
+        base_model_prefix,
+        &skipped,
+        options,
+    )?;
+    crate::initialization::initialize_missing(model.var_store(), &inits, &info.missing_keys)?;
+    Ok(crate::Loaded { model, info })
+}
+
 /// Copies checkpoint tensors into a model's variables by name, mapping the base-model
 /// prefix both ways (a base checkpoint into a head model and back), skipping tied keys,
 /// casting dtypes, and returning upstream's loading report.
