@@ -127,6 +127,73 @@ pub(crate) fn sdpa(
     )
 }
 
+/// Upstream's `eager_attention_forward` (the Gemma 2 form, with `softcap`): `q kᵀ · scale`,
+/// soft-capped as `tanh(x / softcap) · softcap`, plus the additive mask (0 where a key is
+/// visible, the dtype's lowest value elsewhere, as `masking_utils.eager_mask`), softmax in
+/// float32 cast back, dropout in training, times `v` (k / v repeated per query head).
+/// `mask_kind` is the hidden states' dtype, which upstream builds the mask in (under autocast
+/// float32, so that the sum is float32 as upstream's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn eager(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    mask_kind: Kind,
+    dropout: f64,
+    train: bool,
+    scale: f64,
+    softcap: Option<f64>,
+) -> Tensor {
+    let (heads, kv_heads) = (q.size()[1], k.size()[1]);
+    let (k, v) = if heads != kv_heads {
+        (
+            repeat_kv(k, heads / kv_heads),
+            repeat_kv(v, heads / kv_heads),
+        )
+    } else {
+        (k.shallow_clone(), v.shallow_clone())
+    };
+    let mut w = q.matmul(&k.transpose(2, 3)) * scale;
+    if let Some(cap) = softcap {
+        w = (w / cap).tanh() * cap;
+    }
+    // The eager implementation always gets a mask (no `is_causal` shortcut).
+    let (q_len, k_len) = (q.size()[2], k.size()[2]);
+    let visible = match (&mask.mask, mask.is_causal) {
+        (Some(m), _) => Some(m.shallow_clone()),
+        (None, true) => Some(
+            Tensor::ones([q_len, k_len], (Kind::Bool, q.device()))
+                .tril(0)
+                .view([1, 1, q_len, k_len]),
+        ),
+        (None, false) => None,
+    };
+    if let Some(visible) = visible {
+        // torch.finfo(dtype).min
+        let lowest = match mask_kind {
+            Kind::Half => -65504.0,
+            Kind::BFloat16 => -3.389_531_389_251_535_5e38,
+            Kind::Double => f64::MIN,
+            _ => f64::from(f32::MIN),
+        };
+        let additive = Tensor::zeros(visible.size(), (mask_kind, q.device()))
+            .masked_fill(&visible.logical_not(), lowest);
+        // Out of place, as upstream's `attn_weights + attention_mask`.
+        #[allow(clippy::assign_op_pattern)]
+        {
+            w = w + additive;
+        }
+    }
+    let w = w.softmax(-1, Kind::Float).to_kind(q.kind());
+    let w = if train && dropout > 0.0 {
+        w.dropout(dropout, true)
+    } else {
+        w
+    };
+    w.matmul(&v)
+}
+
 /// Upstream `repeat_kv`: `[batch, kv_heads, seq, dim]` to `[batch, kv_heads * n_rep, seq, dim]`.
 fn repeat_kv(x: &Tensor, n_rep: i64) -> Tensor {
     let s = x.size();

@@ -9,6 +9,9 @@ use crate::bert::{
     BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
 };
 use crate::configuration_utils::read_model_type;
+use crate::gemma::{GemmaForCausalLM, GemmaForSequenceClassification};
+use crate::gemma2::{Gemma2ForCausalLM, Gemma2ForSequenceClassification};
+use crate::gemma3::{Gemma3ForCausalLM, Gemma3TextForSequenceClassification};
 use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::hub::{HubOptions, resolve};
 use crate::llama::{LlamaForCausalLM, LlamaForSequenceClassification};
@@ -72,7 +75,7 @@ pub fn from_pretrained_dir(
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),
-        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral (causal LM, sequence classification)",
+        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, gemma3_text (causal LM, sequence classification)",
     };
     Ok(match (model_type.as_str(), task) {
         ("gpt2", AutoTask::CausalLm) => {
@@ -116,6 +119,26 @@ pub fn from_pretrained_dir(
         ),
         ("mistral", AutoTask::SequenceClassification { num_labels }) => {
             boxed(MistralForSequenceClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        ("gemma", AutoTask::CausalLm) => {
+            boxed(GemmaForCausalLM::from_pretrained_dir(dir, device, options)?)
+        }
+        ("gemma2", AutoTask::CausalLm) => boxed(Gemma2ForCausalLM::from_pretrained_dir(
+            dir, device, options,
+        )?),
+        ("gemma3_text", AutoTask::CausalLm) => boxed(Gemma3ForCausalLM::from_pretrained_dir(
+            dir, device, options,
+        )?),
+        ("gemma", AutoTask::SequenceClassification { num_labels }) => boxed(
+            GemmaForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("gemma2", AutoTask::SequenceClassification { num_labels }) => boxed(
+            Gemma2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        ("gemma3_text", AutoTask::SequenceClassification { num_labels }) => {
+            boxed(Gemma3TextForSequenceClassification::from_pretrained_dir(
                 dir, num_labels, device, options,
             )?)
         }

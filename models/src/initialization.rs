@@ -18,17 +18,36 @@ use tch::nn::{self, Init, VarStore};
 
 use crate::error::{Error, Result};
 
+/// A variable's upstream initialisation: its init, and for an embedding with a
+/// `padding_idx` the row `_init_weights` zeroes after the draw.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VarInit {
+    pub(crate) init: Init,
+    pub(crate) zero_row: Option<i64>,
+}
+
 thread_local! {
-    static DEFERRED: RefCell<Option<Vec<(String, Init)>>> = const { RefCell::new(None) };
+    static DEFERRED: RefCell<Option<Vec<(String, VarInit)>>> = const { RefCell::new(None) };
 }
 
 /// The init to create `name` under `p` with: `init` itself, or, inside [`deferred`], one
 /// that draws nothing (the recorded `init` is applied later if the checkpoint lacks it).
 pub(crate) fn init(p: &nn::Path<'_>, name: &str, init: Init) -> Init {
+    init_zero_row(p, name, init, None)
+}
+
+/// [`init`] for an embedding whose `padding_idx` row is zeroed after the draw (inside
+/// [`deferred`], recorded for [`initialize_missing`]; otherwise the caller zeroes it).
+pub(crate) fn init_zero_row(
+    p: &nn::Path<'_>,
+    name: &str,
+    init: Init,
+    zero_row: Option<i64>,
+) -> Init {
     DEFERRED.with(|d| match d.borrow_mut().as_mut() {
         None => init,
         Some(recorded) => {
-            recorded.push((p.path(name), init));
+            recorded.push((p.path(name), VarInit { init, zero_row }));
             match init {
                 Init::Const(_) => init,
                 _ => Init::Const(0.0),
@@ -42,10 +61,17 @@ pub(crate) fn var(p: &nn::Path<'_>, name: &str, dims: &[i64], i: Init) -> Tensor
     p.var(name, dims, init(p, name, i))
 }
 
+/// Whether variables are being created inside [`deferred`] (nothing drawn now).
+pub(crate) fn is_deferred() -> bool {
+    DEFERRED.with(|d| d.borrow().is_some())
+}
+
 /// Runs `build` (a model's constructor) with initialisation deferred; returns what it built
 /// and the init of every variable, in creation order.
-pub(crate) fn deferred<T>(build: impl FnOnce() -> Result<T>) -> Result<(T, Vec<(String, Init)>)> {
-    struct Restore(Option<Vec<(String, Init)>>);
+pub(crate) fn deferred<T>(
+    build: impl FnOnce() -> Result<T>,
+) -> Result<(T, Vec<(String, VarInit)>)> {
+    struct Restore(Option<Vec<(String, VarInit)>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let prev = self.0.take();
@@ -62,15 +88,15 @@ pub(crate) fn deferred<T>(build: impl FnOnce() -> Result<T>) -> Result<(T, Vec<(
 
 /// `_initialize_missing_keys`: the variables named in `missing` get their recorded init, in
 /// creation order, from the global generator (`normal_(mean, std)` for a normal init, as
-/// upstream's `init.normal_`).
+/// upstream's `init.normal_`), an embedding's padding row zeroed after.
 pub(crate) fn initialize_missing(
     vs: &VarStore,
-    inits: &[(String, Init)],
+    inits: &[(String, VarInit)],
     missing: &[String],
 ) -> Result<()> {
     let vars = vs.variables();
     tch::no_grad(|| -> Result<()> {
-        for (name, init) in inits {
+        for (name, VarInit { init, zero_row }) in inits {
             if !missing.contains(name) {
                 continue;
             }
@@ -96,6 +122,9 @@ pub(crate) fn initialize_missing(
                         ),
                     });
                 }
+            }
+            if let Some(row) = *zero_row {
+                let _ = var.f_select(0, row)?.f_zero_()?;
             }
         }
         Ok(())

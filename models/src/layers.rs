@@ -68,16 +68,38 @@ pub(crate) fn layer_norm(p: nn::Path<'_>, dim: i64, eps: f64) -> nn::LayerNorm {
 
 /// `nn.Embedding(n, dim)` initialised as upstream.
 pub(crate) fn embedding(p: nn::Path<'_>, n: i64, dim: i64, std: f64) -> nn::Embedding {
-    let ws_init = initialization::init(&p, "weight", normal(std));
-    nn::embedding(
+    embedding_with_padding(p, n, dim, std, None)
+}
+
+/// `nn.Embedding(n, dim, padding_idx)`: the padding row gets no gradient, and
+/// `_init_weights` zeroes it after the normal draw. The caller's config validation refuses
+/// a `padding_idx` outside the vocabulary, as upstream's `nn.Embedding` asserts.
+pub(crate) fn embedding_with_padding(
+    p: nn::Path<'_>,
+    n: i64,
+    dim: i64,
+    std: f64,
+    padding_idx: Option<i64>,
+) -> nn::Embedding {
+    let padding_idx = padding_idx.map(|i| if i < 0 { i + n } else { i });
+    let ws_init = initialization::init_zero_row(&p, "weight", normal(std), padding_idx);
+    let deferred = initialization::is_deferred();
+    let e = nn::embedding(
         p,
         n,
         dim,
         nn::EmbeddingConfig {
             ws_init,
+            padding_idx: padding_idx.unwrap_or(-1),
             ..Default::default()
         },
-    )
+    );
+    if let Some(row) = padding_idx.filter(|_| !deferred) {
+        tch::no_grad(|| {
+            let _ = e.ws.select(0, row).zero_();
+        });
+    }
+    e
 }
 
 /// GPT-2's `Conv1D`: a linear layer whose weight is stored transposed, `[in, out]`.
@@ -109,11 +131,14 @@ impl Module for Conv1D {
     }
 }
 
-/// Llama's `RMSNorm`: computed in float32, scaled by `weight` in the input dtype.
+/// Llama's `RMSNorm`: computed in float32, scaled by `weight` in the input dtype; or
+/// Gemma's: scaled by `1 + weight` in float32, then cast (weights initialised to zeros).
 #[derive(Debug)]
 pub(crate) struct RmsNorm {
     weight: Tensor,
     eps: f64,
+    /// Gemma's `(1 + weight)` in float32.
+    gemma: bool,
 }
 
 impl RmsNorm {
@@ -121,6 +146,16 @@ impl RmsNorm {
         Self {
             weight: initialization::var(&p, "weight", &[dim], Init::Const(1.0)),
             eps,
+            gemma: false,
+        }
+    }
+
+    /// Upstream `GemmaRMSNorm` (Gemma 1–3).
+    pub(crate) fn gemma(p: nn::Path<'_>, dim: i64, eps: f64) -> Self {
+        Self {
+            weight: initialization::var(&p, "weight", &[dim], Init::Const(0.0)),
+            eps,
+            gemma: true,
         }
     }
 }
@@ -131,7 +166,11 @@ impl Module for RmsNorm {
         let h = x.to_kind(Kind::Float);
         let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
         let h = h * (variance + self.eps).rsqrt();
-        &self.weight * h.to_kind(kind)
+        if self.gemma {
+            (h * (self.weight.to_kind(Kind::Float) + 1.0)).to_kind(kind)
+        } else {
+            &self.weight * h.to_kind(kind)
+        }
     }
 }
 

@@ -2,11 +2,12 @@
 //! RoPE (default, linear and llama3 scaling), RMSNorm, grouped-query attention, SiLU
 //! MLP, tied or untied head. Parameter names as upstream (`model.layers.0.self_attn.q_proj.weight`).
 //!
-//! Upstream generates Qwen2, Qwen3 and Mistral from Llama's modular file; here they are
-//! Llama's model with a [`Family`] (which projections have biases, Qwen3's q/k RMSNorm, each
-//! layer's sliding window, the class names) and a [`DecoderConfig`] of their own
-//! (`qwen2.rs`, `qwen3.rs`, `mistral.rs`), and their causal LMs are
-//! [`DecoderForCausalLM`] over that config.
+//! Upstream generates Qwen2, Qwen3, Mistral and the Gemmas from Llama's modular file; here
+//! they are Llama's model with a [`Family`] (which projections have biases, Qwen3's q/k
+//! RMSNorm, each layer's sliding window, the class names, what Gemma changes: [`Gemma`])
+//! and a [`DecoderConfig`] of their own (`qwen2.rs`, `qwen3.rs`, `mistral.rs`, `gemma.rs`,
+//! `gemma2.rs`, `gemma3.rs`), and their causal LMs are [`DecoderForCausalLM`] over that
+//! config.
 
 // `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
 // saved for backward.
@@ -136,6 +137,34 @@ pub struct Family {
     /// The model calls its rotary embedding with `position_ids` as a positional argument
     /// (Qwen's), which the underflow / overflow tracer shows as an input.
     pub rotary_positional: bool,
+    /// What Gemma 1–3 change (`None` for the other families).
+    pub gemma: Option<Gemma>,
+}
+
+/// What Gemma 1–3 change in Llama's layers (upstream `modeling_gemma*.py`) besides
+/// [`Family`]'s flags: `GemmaRMSNorm` (`1 + weight` in float32, weights initialised to
+/// zeros) everywhere, and the embeddings scaled by `√hidden_size` (rounded to float32, then
+/// to the weights' dtype), always; the rest per version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma {
+    /// Gemma 2 / 3: `post_attention_layernorm` on the attention's output before the
+    /// residual, and `pre_feedforward_layernorm` / `post_feedforward_layernorm` around the MLP.
+    pub sandwich_norms: bool,
+    /// Gemma 2 / 3: the attention scale is `query_pre_attn_scalar ** -0.5`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2: attention scores soft-capped as `tanh(x / cap) · cap` before the mask.
+    pub attn_logit_softcapping: Option<f64>,
+    /// Gemma 2 / 3: the causal LM's logits soft-capped as `tanh(x / cap) · cap`.
+    pub final_logit_softcapping: Option<f64>,
+    /// Upstream's attention is the eager one (Gemma 2's `_supports_sdpa = False`: SDPA
+    /// cannot soft-cap).
+    pub eager_attention: bool,
+    /// Gemma 3: the RoPE of the sliding layers (`rope_parameters["sliding_attention"]`);
+    /// the full layers use the config's (`["full_attention"]`).
+    pub sliding_rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Gemma 3: the base model's class is `Gemma3TextModel`, its embedding
+    /// `Gemma3TextScaledWordEmbedding`.
+    pub text_model: bool,
 }
 
 /// A Llama-shaped family's config: upstream's own class (its defaults, its `config.json`),
@@ -174,6 +203,7 @@ impl DecoderConfig for LlamaConfig {
             qk_norm: false,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
             rotary_positional: false,
+            gemma: None,
         })
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
@@ -222,6 +252,10 @@ pub(crate) use decoder_config_plumbing;
 /// A family config's `llama()`: the shared fields, its `head_dim` and `attention_bias`.
 macro_rules! to_llama {
     ($c:expr, head_dim: $head_dim:expr, attention_bias: $bias:expr) => {
+        $crate::llama::to_llama!($c, head_dim: $head_dim, attention_bias: $bias,
+            hidden_act: $c.hidden_act.clone())
+    };
+    ($c:expr, head_dim: $head_dim:expr, attention_bias: $bias:expr, hidden_act: $act:expr) => {
         $crate::llama::LlamaConfig {
             vocab_size: $c.vocab_size,
             hidden_size: $c.hidden_size,
@@ -230,7 +264,7 @@ macro_rules! to_llama {
             num_attention_heads: $c.num_attention_heads,
             num_key_value_heads: $c.num_key_value_heads,
             head_dim: $head_dim,
-            hidden_act: $c.hidden_act.clone(),
+            hidden_act: $act,
             max_position_embeddings: $c.max_position_embeddings,
             initializer_range: $c.initializer_range,
             rms_norm_eps: $c.rms_norm_eps,
@@ -427,7 +461,27 @@ impl LlamaConfig {
         }
         self.rope()?;
         Activation::parse(&self.hidden_act, "hidden_act")?;
+        if let Some(pad) = self.pad_token_id
+            && !(-self.vocab_size..self.vocab_size).contains(&pad)
+        {
+            // upstream's nn.Embedding asserts `padding_idx` within the vocabulary
+            return Err(Error::InvalidConfig {
+                field: "pad_token_id",
+                value: format!("{pad} (vocab_size {})", self.vocab_size),
+                fix: "use a token id inside the vocabulary, or null",
+            });
+        }
         Ok(())
+    }
+
+    /// This config with other RoPE parameters (Gemma 3's sliding layers).
+    fn with_rope(&self, rope_parameters: &serde_json::Map<String, serde_json::Value>) -> Self {
+        Self {
+            rope_parameters: Some(rope_parameters.clone()),
+            rope_theta: None,
+            rope_scaling: None,
+            ..self.clone()
+        }
     }
 
     /// Upstream's `inv_freq` for this config (float32 math, as upstream).
@@ -475,6 +529,8 @@ struct DecoderLayer {
     down_proj: layers::LayerLinear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+    /// Gemma 2 / 3's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
+    feedforward_norms: Option<(RmsNorm, RmsNorm)>,
     /// Qwen3's `q_norm` / `k_norm` (per head, before RoPE).
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     /// Whether this layer attends through the sliding-window mask.
@@ -494,17 +550,28 @@ struct Classes {
     decoder_layer: String,
     rotary: String,
     model: String,
+    embedding: String,
 }
 
 impl Classes {
-    fn new(prefix: &str) -> Self {
+    fn new(family: &Family) -> Self {
+        let prefix = family.prefix;
+        let text = if family.gemma.as_ref().is_some_and(|g| g.text_model) {
+            "Text"
+        } else {
+            ""
+        };
         Self {
             rms_norm: format!("{prefix}RMSNorm"),
             attention: format!("{prefix}Attention"),
             mlp: format!("{prefix}MLP"),
             decoder_layer: format!("{prefix}DecoderLayer"),
             rotary: format!("{prefix}RotaryEmbedding"),
-            model: format!("{prefix}Model"),
+            model: format!("{prefix}{text}Model"),
+            embedding: match family.gemma {
+                Some(_) => format!("{prefix}TextScaledWordEmbedding"),
+                None => "Embedding".into(),
+            },
         }
     }
 }
@@ -518,6 +585,8 @@ unsafe impl ReadOnlyLayer for DecoderLayer {}
 struct LayerInputs {
     cos: Tensor,
     sin: Tensor,
+    /// Gemma 3's cos / sin of the sliding layers (their own RoPE base).
+    sliding_cos_sin: Option<(Tensor, Tensor)>,
     mask: attention::Mask,
     /// The sliding-window mask, when a layer has a window.
     sliding_mask: Option<attention::Mask>,
@@ -528,7 +597,11 @@ struct LayerInputs {
     head_dim: i64,
     scale: f64,
     attn_p: f64,
+    train: bool,
     act: Activation,
+    /// Upstream's eager attention (Gemma 2) with its soft-capping, and the hidden dtype its
+    /// mask is built in.
+    eager: Option<(Option<f64>, Kind)>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -593,13 +666,22 @@ impl DecoderLayer {
         let v = apply_traced(&normed, &self.v_proj, || n("self_attn.v_proj"), "Linear")
             .view([batch, seq, kv_heads, hd])
             .transpose(1, 2);
-        let q = &q * &x.cos + rotate_half(&q) * &x.sin;
-        let k = &k * &x.cos + rotate_half(&k) * &x.sin;
+        let (cos, sin) = match (&x.sliding_cos_sin, self.sliding) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&x.cos, &x.sin),
+        };
+        let q = &q * cos + rotate_half(&q) * sin;
+        let k = &k * cos + rotate_half(&k) * sin;
         let mask = match (&x.sliding_mask, self.sliding) {
             (Some(m), true) => m,
             _ => &x.mask,
         };
-        let a = attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale);
+        let a = match x.eager {
+            Some((softcap, mask_kind)) => attention::eager(
+                &q, &k, &v, mask, mask_kind, x.attn_p, x.train, x.scale, softcap,
+            ),
+            None => attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale),
+        };
         let a = a.transpose(1, 2).reshape([batch, seq, heads * hd]);
         let a = apply_traced(&a, &self.o_proj, || n("self_attn.o_proj"), "Linear");
         // Called with keyword arguments: no positional inputs.
@@ -610,13 +692,31 @@ impl DecoderLayer {
             &[],
             Out::Tuple(&[Var::T(&a), Var::None]),
         );
-        let h2 = h + a;
-        let normed = apply_traced(
-            &h2,
-            &self.post_attention_layernorm,
-            || n("post_attention_layernorm"),
-            &c.rms_norm,
-        );
+        let norm =
+            |x: &Tensor, norm: &RmsNorm, name: &str| apply_traced(x, norm, || n(name), &c.rms_norm);
+        // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
+        // input and output with their own norms; Llama normalises the MLP's input with
+        // `post_attention_layernorm`.
+        let (h2, normed) = match &self.feedforward_norms {
+            Some((pre, _)) => {
+                let h2 = h + norm(
+                    &a,
+                    &self.post_attention_layernorm,
+                    "post_attention_layernorm",
+                );
+                let normed = norm(&h2, pre, "pre_feedforward_layernorm");
+                (h2, normed)
+            }
+            None => {
+                let h2 = h + a;
+                let normed = norm(
+                    &h2,
+                    &self.post_attention_layernorm,
+                    "post_attention_layernorm",
+                );
+                (h2, normed)
+            }
+        };
         let gate = apply_traced(&normed, &self.gate_proj, || n("mlp.gate_proj"), "Linear");
         let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
         let up = apply_traced(&normed, &self.up_proj, || n("mlp.up_proj"), "Linear");
@@ -627,6 +727,10 @@ impl DecoderLayer {
             "Linear",
         );
         leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
+        let m = match &self.feedforward_norms {
+            Some((_, post)) => norm(&m, post, "post_feedforward_layernorm"),
+            None => m,
+        };
         let out = h2 + m;
         leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
         out
@@ -642,6 +746,8 @@ pub struct LlamaModel {
     layers: Vec<Arc<Shared<DecoderLayer>>>,
     norm: RmsNorm,
     inv_freq: Tensor,
+    /// Gemma 3's `inv_freq` of the sliding layers.
+    sliding_inv_freq: Option<Tensor>,
     act: Activation,
     config: LlamaConfig,
     family: Family,
@@ -676,7 +782,12 @@ impl LlamaModel {
                 fix: "give one entry per layer (num_hidden_layers)",
             });
         }
-        let classes = Arc::new(Classes::new(family.prefix));
+        let classes = Arc::new(Classes::new(&family));
+        let gemma = family.gemma.as_ref();
+        let rms_norm = |p: nn::Path<'_>, dim: i64| match gemma {
+            Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps),
+            None => RmsNorm::new(p, dim, config.rms_norm_eps),
+        };
         let (d, std) = (config.hidden_size, config.initializer_range);
         let (hd, heads, kv) = (
             config.head_dim(),
@@ -686,7 +797,13 @@ impl LlamaModel {
         // Created in upstream's registration order (embed_tokens, layers, norm):
         // `model.parameters()` follows it, and gradient clipping sums the per-parameter norms
         // in that order.
-        let embed_tokens = layers::embedding(&p / "embed_tokens", config.vocab_size, d, std);
+        let embed_tokens = layers::embedding_with_padding(
+            &p / "embed_tokens",
+            config.vocab_size,
+            d,
+            std,
+            config.pad_token_id,
+        );
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &p / "layers" / i;
@@ -704,12 +821,9 @@ impl LlamaModel {
                     v_proj: layers::layer_linear(&a / "v_proj", d, kv * hd, family.qkv_bias, std),
                     o_proj: layers::layer_linear(&a / "o_proj", heads * hd, d, family.o_bias, std),
                     // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
-                    qk_norm: family.qk_norm.then(|| {
-                        (
-                            RmsNorm::new(&a / "q_norm", hd, config.rms_norm_eps),
-                            RmsNorm::new(&a / "k_norm", hd, config.rms_norm_eps),
-                        )
-                    }),
+                    qk_norm: family
+                        .qk_norm
+                        .then(|| (rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd))),
                     gate_proj: layers::layer_linear(
                         &m / "gate_proj",
                         d,
@@ -731,12 +845,14 @@ impl LlamaModel {
                         family.mlp_bias,
                         std,
                     ),
-                    input_layernorm: RmsNorm::new(&l / "input_layernorm", d, config.rms_norm_eps),
-                    post_attention_layernorm: RmsNorm::new(
-                        &l / "post_attention_layernorm",
-                        d,
-                        config.rms_norm_eps,
-                    ),
+                    input_layernorm: rms_norm(&l / "input_layernorm", d),
+                    post_attention_layernorm: rms_norm(&l / "post_attention_layernorm", d),
+                    feedforward_norms: gemma.filter(|g| g.sandwich_norms).map(|_| {
+                        (
+                            rms_norm(&l / "pre_feedforward_layernorm", d),
+                            rms_norm(&l / "post_feedforward_layernorm", d),
+                        )
+                    }),
                     sliding: family.sliding_windows[i as usize].is_some(),
                     name: l.components().collect::<Vec<_>>().join("."),
                     classes: Arc::clone(&classes),
@@ -747,8 +863,12 @@ impl LlamaModel {
             prefix: p.components().collect::<Vec<_>>().join("."),
             embed_tokens,
             layers,
-            norm: RmsNorm::new(&p / "norm", d, config.rms_norm_eps),
+            norm: rms_norm(&p / "norm", d),
             inv_freq: config.inv_freq(p.device())?,
+            sliding_inv_freq: match gemma.and_then(|g| g.sliding_rope_parameters.as_ref()) {
+                Some(rope) => Some(config.with_rope(rope).inv_freq(p.device())?),
+                None => None,
+            },
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
             family,
@@ -776,18 +896,35 @@ impl LlamaModel {
         };
         use crate::debug_utils::{Out, Var, hook, join, leaf};
         let n = |rest: &str| join(&self.prefix, rest);
-        let mut h = neftune_post_forward_hook(ids.apply(&self.embed_tokens), train)?;
+        let mut h = ids.apply(&self.embed_tokens);
+        if self.family.gemma.is_some() {
+            // `embed_scale`: `torch.tensor(hidden_size ** 0.5)` (float32) in the weights' dtype.
+            let scale = Tensor::scalar_tensor(
+                f64::from((c.hidden_size as f64).sqrt() as f32),
+                (Kind::Float, device),
+            )
+            .to_kind(self.embed_tokens.ws.kind());
+            h = h * scale;
+        }
+        let mut h = neftune_post_forward_hook(h, train)?;
         leaf(
             || n("embed_tokens"),
-            "Embedding",
+            &self.classes.embedding,
             &self.embed_tokens.params(),
             &ids,
             &h,
         );
         // Upstream LlamaRotaryEmbedding: float32 frequencies, cos / sin cast to the hidden dtype.
-        let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * self.inv_freq.to_device(device);
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        let (cos, sin) = (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()));
+        let rotary = |inv_freq: &Tensor| {
+            let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * inv_freq.to_device(device);
+            let emb = Tensor::cat(&[&freqs, &freqs], -1);
+            (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()))
+        };
+        let (cos, sin) = rotary(&self.inv_freq);
+        let sliding_cos_sin = self.sliding_inv_freq.as_ref().map(|f| {
+            let (cos, sin) = rotary(f);
+            (cos.unsqueeze(1), sin.unsqueeze(1))
+        });
         // Qwen's models call `rotary_emb(hidden_states, position_ids)` positionally, Llama's
         // and Mistral's with `position_ids=` as a keyword.
         let rotary_inputs = [Var::T(&h), Var::T(&positions)];
@@ -804,9 +941,11 @@ impl LlamaModel {
             Out::Tuple(&[Var::T(&cos), Var::T(&sin)]),
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
+        let gemma = self.family.gemma.as_ref();
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
+            sliding_cos_sin,
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
             // The families' layers share one window size (upstream's `sliding_window`).
             sliding_mask: self
@@ -823,9 +962,16 @@ impl LlamaModel {
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads(),
             head_dim: c.head_dim(),
-            scale: (c.head_dim() as f64).powf(-0.5),
+            scale: match gemma.and_then(|g| g.query_pre_attn_scalar) {
+                Some(s) => s.powf(-0.5),
+                None => (c.head_dim() as f64).powf(-0.5),
+            },
             attn_p: if train { c.attention_dropout } else { 0.0 },
+            train,
             act: self.act,
+            eager: gemma
+                .filter(|g| g.eager_attention)
+                .map(|g| (g.attn_logit_softcapping, h.kind())),
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -951,6 +1097,14 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         liger_kernel_config: Option<&serde_json::Value>,
     ) -> Result<()> {
         let model_type = self.model.family.model_type;
+        if self.model.family.gemma.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "use_liger_kernel",
+                detail: format!(
+                    "Liger's kernels for {model_type} (GeGLU, Gemma's RMSNorm, the soft-capped fused loss) are not implemented here; train without use_liger_kernel"
+                ),
+            });
+        }
         let config = crate::LigerKernelConfig::from_json(liger_kernel_config, model_type)?;
         self.fused_linear_cross_entropy = config.fused_linear_cross_entropy;
         Ok(())
@@ -1001,6 +1155,17 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 );
                 logits
             }
+        };
+        // Gemma 2 / 3's final soft-capping.
+        let logits = match self
+            .model
+            .family
+            .gemma
+            .as_ref()
+            .and_then(|g| g.final_logit_softcapping)
+        {
+            Some(cap) => (logits / cap).tanh() * cap,
+            None => logits,
         };
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(

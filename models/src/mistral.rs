@@ -98,6 +98,7 @@ impl DecoderConfig for MistralConfig {
             mlp_bias: false,
             qk_norm: false,
             rotary_positional: false,
+            gemma: None,
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
     }

@@ -110,6 +110,7 @@ impl DecoderConfig for Qwen2Config {
             mlp_bias: false,
             qk_norm: false,
             rotary_positional: true,
+            gemma: None,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

@@ -108,6 +108,7 @@ impl DecoderConfig for Qwen3Config {
             mlp_bias: false,
             qk_norm: true,
             rotary_positional: true,
+            gemma: None,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

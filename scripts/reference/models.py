@@ -3,7 +3,7 @@
 Usage: python models.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 For every checkpoint (tiny random GPT-2 / BERT / Llama made by setup, tiny random Qwen2 /
-Qwen3 / Mistral made here and saved as OUT_DIR/<case>/, real MiniLM, real SmolLM2-135M) it
+Qwen3 / Mistral / Gemma / Gemma 2 / Gemma 3 made here and saved as OUT_DIR/<case>/, real MiniLM, real SmolLM2-135M) it
 writes OUT_DIR/<case>.safetensors with
   input_ids, attention_mask           the batch fed to the model (int64)
   logits (or last_hidden_state)       eval mode, fp32
@@ -121,11 +121,32 @@ def main():
         ("tiny_qwen3_lm", tf.Qwen3Config(**small, head_dim=32, tie_word_embeddings=True), tf.Qwen3ForCausalLM),
         ("tiny_mistral_lm", tf.MistralConfig(**small, head_dim=24, sliding_window=3), tf.MistralForCausalLM),
     ]
+    # Gemma (pad token 0 in row 0, whose embedding row gets no gradient), Gemma 2 (eager
+    # attention soft-capped at 0.05 and logits at 0.3, so that tanh bends them; scale
+    # 20 ** -0.5; layers 0 and 2 sliding over 3 tokens), Gemma 3 text (q/k norm, layers 0
+    # and 2 sliding with their own RoPE base 100, the full layer's linear-scaled RoPE).
+    families += [
+        ("tiny_gemma_lm", tf.GemmaConfig(**small, head_dim=16), tf.GemmaForCausalLM),
+        ("tiny_gemma2_lm", tf.Gemma2Config(
+            **small, head_dim=24, query_pre_attn_scalar=20, sliding_window=3,
+            attn_logit_softcapping=0.05, final_logit_softcapping=0.3,
+        ), tf.Gemma2ForCausalLM),
+        ("tiny_gemma3_lm", tf.Gemma3TextConfig(
+            **small, head_dim=32, query_pre_attn_scalar=20, sliding_window=3, sliding_window_pattern=2,
+            final_logit_softcapping=0.3,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            },
+        ), tf.Gemma3ForCausalLM),
+    ]
     for case, config, cls in families:
         torch.manual_seed(0)
         m = cls(config)
         m.save_pretrained(OUT / case)
         ids, mask = batch(config.vocab_size)
+        if case == "tiny_gemma_lm":
+            ids[0, 3] = 0
         labels = ids.masked_fill(mask == 0, -100)
         record(case, m, ids, mask, labels)
 
@@ -135,6 +156,8 @@ def main():
     for case, src, cls in [
         ("tiny_qwen2_seqcls", OUT / "tiny_qwen2_lm", tf.Qwen2ForSequenceClassification),
         ("tiny_llama_seqcls", ASSETS / "tiny-llama", tf.LlamaForSequenceClassification),
+        ("tiny_gemma2_seqcls", OUT / "tiny_gemma2_lm", tf.Gemma2ForSequenceClassification),
+        ("tiny_gemma3_seqcls", OUT / "tiny_gemma3_lm", tf.Gemma3TextForSequenceClassification),
     ]:
         torch.manual_seed(0)
         m = cls.from_pretrained(src, num_labels=3, pad_token_id=0)

@@ -11,6 +11,9 @@ steps; OUT_DIR/<case>/log_history.json and train_output.json are the run.
   qwen2    Qwen2ForCausalLM: q/k/v biases, layers 1 and 2 (of 3) sliding over 16 tokens
   qwen3    Qwen3ForCausalLM: q/k RMSNorm, head_dim 32 (hidden 64 / 4 heads), tied head
   mistral  MistralForCausalLM: head_dim 24, every layer sliding over 16 tokens
+  gemma2   Gemma2ForCausalLM: eager attention soft-capped at 50, logits at 30 (upstream's
+           defaults), layers 0 and 2 sliding over 16 tokens, Gemma's norms and scaled
+           embeddings, tied head
 """
 
 import importlib.util
@@ -40,6 +43,7 @@ CASES = [
     ("qwen2", tf.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=16, max_window_layers=1), tf.Qwen2ForCausalLM),
     ("qwen3", tf.Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=True), tf.Qwen3ForCausalLM),
     ("mistral", tf.MistralConfig(**SMALL, head_dim=24, sliding_window=16), tf.MistralForCausalLM),
+    ("gemma2", tf.Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=16), tf.Gemma2ForCausalLM),
 ]
 
 

@@ -218,8 +218,8 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
     Ok(())
 }
 
-/// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, and a
-/// Qwen2 sequence classifier): the folder reloads here with the same logits, and
+/// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, Gemma
+/// 1–3 tied, and Qwen2 and Gemma 3 sequence classifiers): the folder reloads here with the same logits, and
 /// transformers' Auto class loads it as the same class with the same logits (the same
 /// kernels: 0 difference).
 #[test]
@@ -250,6 +250,26 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
         ),
         (
             reference.join("tiny_qwen2_seqcls"),
+            seqcls,
+            "AutoModelForSequenceClassification",
+        ),
+        (
+            reference.join("tiny_gemma_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_gemma2_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_gemma3_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_gemma3_seqcls"),
             seqcls,
             "AutoModelForSequenceClassification",
         ),

@@ -233,11 +233,21 @@ fn tiny_llama_causal_lm() -> Result<()> {
 /// The Llama-shaped families `models.py` makes (seeded) and saves: Qwen2 (q/k/v biases, the
 /// last two of 3 layers sliding over 3 of 8 tokens), Qwen3 (q/k RMSNorm, head_dim 32 over a
 /// hidden size of 64 and 4 heads, tied head), Mistral (head_dim 24, every layer sliding over
-/// 3 tokens), one row padded; loaded through the Auto dispatch by `model_type`.
+/// 3 tokens), Gemma (a pad token in row 0: its embedding row gets no gradient), Gemma 2
+/// (eager attention, scores and logits soft-capped where tanh bends), Gemma 3 (q/k norm, the
+/// sliding layers' own RoPE base, the full layer's linear RoPE), one row padded; loaded
+/// through the Auto dispatch by `model_type`.
 #[test]
 fn tiny_llama_shaped_families() -> Result<()> {
     let _g = lock();
-    for case in ["tiny_qwen2_lm", "tiny_qwen3_lm", "tiny_mistral_lm"] {
+    for case in [
+        "tiny_qwen2_lm",
+        "tiny_qwen3_lm",
+        "tiny_mistral_lm",
+        "tiny_gemma_lm",
+        "tiny_gemma2_lm",
+        "tiny_gemma3_lm",
+    ] {
         let loaded = tchtrain_models::from_pretrained_dir(
             &assets().join("reference/models").join(case),
             tchtrain_models::AutoTask::CausalLm,
@@ -265,6 +275,14 @@ fn tiny_decoder_sequence_classification() -> Result<()> {
             assets().join("reference/models/tiny_qwen2_lm"),
         ),
         ("tiny_llama_seqcls", assets().join("tiny-llama")),
+        (
+            "tiny_gemma2_seqcls",
+            assets().join("reference/models/tiny_gemma2_lm"),
+        ),
+        (
+            "tiny_gemma3_seqcls",
+            assets().join("reference/models/tiny_gemma3_lm"),
+        ),
     ] {
         let dir = assets().join("reference/models").join(case);
         let loaded = tchtrain_models::from_pretrained_dir(

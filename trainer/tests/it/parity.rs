@@ -354,14 +354,15 @@ fn tiny_llama_with_weight_decay() -> Result<()> {
 }
 
 /// `trainer_families.py`: tiny Qwen2 (q/k/v biases, two sliding layers), Qwen3 (q/k
-/// RMSNorm, head_dim 32, tied head) and Mistral (head_dim 24, every layer sliding) trained
+/// RMSNorm, head_dim 32, tied head), Mistral (head_dim 24, every layer sliding) and Gemma 2
+/// (eager attention soft-capped at 50, logits at 30, two sliding layers) trained
 /// 20 steps (batch 4, cosine schedule after 2 warm-up steps, weight decay 0.1, clipping,
 /// evaluation every 10 steps) on the Hamlet blocks, loaded through the Auto dispatch: every
 /// logged value equals upstream's Trainer's to the bit.
 #[test]
 fn llama_shaped_families_train_as_upstream() -> Result<()> {
     let _g = lock();
-    for case in ["qwen2", "qwen3", "mistral"] {
+    for case in ["qwen2", "qwen3", "mistral", "gemma2"] {
         let dir = assets().join("reference/trainer_families").join(case);
         let out = temp_dir(&format!("family-{case}"));
         let mut args = TrainingArguments {

@@ -1,0 +1,224 @@
+//! Gemma 3's text model (upstream `models/gemma3`, `model_type` `gemma3_text`):
+//! `Gemma3TextConfig` with upstream's defaults (Gemma 3 4B's text part), and
+//! `Gemma3ForCausalLM`: Gemma 2's layers with a per-head q / k RMSNorm before RoPE, five
+//! sliding layers to one full by default, and two RoPE bases (`rope_parameters` keyed by
+//! layer type: 10 000 for the sliding layers, 1 000 000 for the full ones; v4's
+//! `rope_local_base_freq` / `rope_theta`). Upstream runs it through SDPA, without attention
+//! soft-capping, and so does this one.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::configuration_utils::LabelConfig;
+use crate::gemma::gemma_activation;
+use crate::gemma2::{check_heads, gemma_windows};
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma, LlamaConfig,
+};
+use crate::{Error, Result};
+
+/// Upstream `Gemma3TextConfig` with its defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct Gemma3TextConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: Option<i64>,
+    pub head_dim: i64,
+    pub hidden_activation: String,
+    pub max_position_embeddings: i64,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub pad_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    pub bos_token_id: Option<i64>,
+    pub tie_word_embeddings: bool,
+    /// v5 form, per layer type: `{"sliding_attention": {"rope_type": "default",
+    /// "rope_theta": 10000.0}, "full_attention": {...}}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<Map<String, Value>>,
+    /// v4 form of the full layers' RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// v4 form of the sliding layers' RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
+    /// v4 form of the full layers' RoPE scaling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<Map<String, Value>>,
+    pub attention_bias: bool,
+    pub attention_dropout: f64,
+    pub query_pre_attn_scalar: i64,
+    pub sliding_window: Option<i64>,
+    /// `full_attention` / `sliding_attention` per layer; `None`: every
+    /// `sliding_window_pattern`-th layer (6 by default) full, the others sliding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    pub final_logit_softcapping: Option<f64>,
+    /// Upstream's Gemma 3 attention does not read it: refused when set.
+    pub attn_logit_softcapping: Option<f64>,
+    /// EmbeddingGemma's bidirectional attention: refused (not implemented here).
+    pub use_bidirectional_attention: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Default for Gemma3TextConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 262_208,
+            hidden_size: 2304,
+            intermediate_size: 9216,
+            num_hidden_layers: 26,
+            num_attention_heads: 8,
+            num_key_value_heads: Some(4),
+            head_dim: 256,
+            hidden_activation: "gelu_pytorch_tanh".into(),
+            max_position_embeddings: 131_072,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            pad_token_id: Some(0),
+            eos_token_id: Some(1.into()),
+            bos_token_id: Some(2),
+            tie_word_embeddings: true,
+            rope_parameters: None,
+            rope_theta: None,
+            rope_local_base_freq: None,
+            rope_scaling: None,
+            attention_bias: false,
+            attention_dropout: 0.0,
+            query_pre_attn_scalar: 256,
+            sliding_window: Some(4096),
+            layer_types: None,
+            final_logit_softcapping: None,
+            attn_logit_softcapping: None,
+            use_bidirectional_attention: false,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl Gemma3TextConfig {
+    /// Upstream's `convert_rope_params_to_dict`: the RoPE of each layer type, `rope_scaling`
+    /// applied to the full layers, the bases defaulting to `rope_theta` (1e6) and
+    /// `rope_local_base_freq` (1e4).
+    pub fn rope_parameters_of(&self, layer_type: &str) -> Result<Map<String, Value>> {
+        let given = match &self.rope_parameters {
+            Some(p) => match p.get(layer_type) {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(m)) => m.clone(),
+                Some(other) => {
+                    return Err(Error::InvalidConfig {
+                        field: "rope_parameters",
+                        value: format!("{layer_type}: {other}"),
+                        fix: "give one dict per layer type (sliding_attention, full_attention)",
+                    });
+                }
+            },
+            None => Map::new(),
+        };
+        let mut p = given;
+        p.entry("rope_type").or_insert("default".into());
+        let (theta, default) = match layer_type {
+            "full_attention" => {
+                if let Some(scaling) = &self.rope_scaling {
+                    p.extend(scaling.clone());
+                }
+                (self.rope_theta, 1_000_000.0)
+            }
+            _ => (self.rope_local_base_freq, 10_000.0),
+        };
+        p.entry("rope_theta")
+            .or_insert(theta.unwrap_or(default).into());
+        Ok(p)
+    }
+
+    fn sliding_window_pattern(&self) -> Result<i64> {
+        match self.extra.get("sliding_window_pattern") {
+            None | Some(Value::Null) => Ok(6),
+            Some(v) => v.as_i64().ok_or_else(|| Error::InvalidConfig {
+                field: "sliding_window_pattern",
+                value: v.to_string(),
+                fix: "give an integer",
+            }),
+        }
+    }
+}
+
+crate::llama::decoder_config_plumbing!(Gemma3TextConfig, "gemma3_text");
+
+impl DecoderConfig for Gemma3TextConfig {
+    crate::llama::decoder_config_plumbing!(@methods);
+    fn llama(&self) -> LlamaConfig {
+        LlamaConfig {
+            // Checked by `family()`, which every constructor and `from_file` call.
+            rope_parameters: self.rope_parameters_of("full_attention").ok(),
+            rope_theta: None,
+            rope_scaling: None,
+            ..crate::llama::to_llama!(self, head_dim: Some(self.head_dim),
+                attention_bias: self.attention_bias,
+                hidden_act: gemma_activation(&self.hidden_activation))
+        }
+    }
+    fn family(&self) -> Result<Family> {
+        if self.use_bidirectional_attention {
+            crate::gemma::refuse_bidirectional(Some(true))?;
+        }
+        if let Some(cap) = self.attn_logit_softcapping {
+            return Err(Error::InvalidConfig {
+                field: "attn_logit_softcapping",
+                value: cap.to_string(),
+                fix: "upstream's Gemma 3 attention does not soft-cap (the key is read by Gemma 2 only); set it to null",
+            });
+        }
+        check_heads(self.hidden_size, self.num_attention_heads)?;
+        self.rope_parameters_of("full_attention")?;
+        let sliding = self.rope_parameters_of("sliding_attention")?;
+        // The sliding layers' RoPE is checked as Llama's is.
+        LlamaConfig {
+            rope_parameters: Some(sliding.clone()),
+            ..self.llama()
+        }
+        .validate()?;
+        Ok(Family {
+            model_type: "gemma3_text",
+            causal_lm: "Gemma3ForCausalLM",
+            sequence_classification: "Gemma3TextForSequenceClassification",
+            prefix: "Gemma3",
+            qkv_bias: self.attention_bias,
+            o_bias: self.attention_bias,
+            mlp_bias: false,
+            qk_norm: true,
+            sliding_windows: gemma_windows(
+                self.layer_types.as_deref(),
+                self.num_hidden_layers,
+                self.sliding_window,
+                self.sliding_window_pattern()?,
+            )?,
+            rotary_positional: true,
+            gemma: Some(Gemma {
+                sandwich_norms: true,
+                query_pre_attn_scalar: Some(self.query_pre_attn_scalar as f64),
+                attn_logit_softcapping: None,
+                final_logit_softcapping: self.final_logit_softcapping,
+                eager_attention: false,
+                sliding_rope_parameters: Some(sliding),
+                text_model: true,
+            }),
+        })
+    }
+}
+
+/// Upstream `Gemma3ForCausalLM` (the text model).
+pub type Gemma3ForCausalLM = DecoderForCausalLM<Gemma3TextConfig>;
+
+/// Upstream `Gemma3TextForSequenceClassification`.
+pub type Gemma3TextForSequenceClassification = DecoderForSequenceClassification<Gemma3TextConfig>;
