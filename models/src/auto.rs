@@ -18,6 +18,7 @@ use crate::llama::{LlamaForCausalLM, LlamaForSequenceClassification};
 use crate::loading::{CONFIG_NAME, LoadOptions};
 use crate::mistral::{MistralForCausalLM, MistralForSequenceClassification};
 use crate::modeling_utils::{Loaded, PreTrainedModel};
+use crate::phi3::{Phi3ForCausalLM, Phi3ForSequenceClassification};
 use crate::qwen2::{Qwen2ForCausalLM, Qwen2ForSequenceClassification};
 use crate::qwen3::{Qwen3ForCausalLM, Qwen3ForSequenceClassification};
 use crate::{Error, Result};
@@ -75,7 +76,7 @@ pub fn from_pretrained_dir(
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),
-        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, gemma3_text (causal LM, sequence classification)",
+        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, gemma3_text, phi3 (causal LM, sequence classification)",
     };
     Ok(match (model_type.as_str(), task) {
         ("gpt2", AutoTask::CausalLm) => {
@@ -142,6 +143,12 @@ pub fn from_pretrained_dir(
                 dir, num_labels, device, options,
             )?)
         }
+        ("phi3", AutoTask::CausalLm) => {
+            boxed(Phi3ForCausalLM::from_pretrained_dir(dir, device, options)?)
+        }
+        ("phi3", AutoTask::SequenceClassification { num_labels }) => boxed(
+            Phi3ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
         _ => return Err(unsupported()),
     })
 }

@@ -134,6 +134,7 @@ impl DecoderConfig for GemmaConfig {
                 sliding_rope_parameters: None,
                 text_model: false,
             }),
+            phi3: None,
         })
     }
 }

@@ -176,6 +176,7 @@ impl DecoderConfig for Gemma2Config {
                 sliding_rope_parameters: None,
                 text_model: false,
             }),
+            phi3: None,
         })
     }
 }

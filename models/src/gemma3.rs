@@ -213,6 +213,7 @@ impl DecoderConfig for Gemma3TextConfig {
                 sliding_rope_parameters: Some(sliding),
                 text_model: true,
             }),
+            phi3: None,
         })
     }
 }

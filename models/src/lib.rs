@@ -34,8 +34,10 @@ mod loading;
 mod mistral;
 mod modeling_utils;
 mod neftune;
+mod phi3;
 mod qwen2;
 mod qwen3;
+mod rope;
 mod tokenization;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
@@ -73,6 +75,7 @@ pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
+pub use phi3::{Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification};
 pub use qwen2::{Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification};
 pub use qwen3::{Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification};
 pub use tokenizers::Tokenizer;

@@ -27,6 +27,7 @@ use crate::layers::{self, Activation, Params, RmsNorm};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::neftune::neftune_post_forward_hook;
+use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
@@ -139,6 +140,18 @@ pub struct Family {
     pub rotary_positional: bool,
     /// What Gemma 1–3 change (`None` for the other families).
     pub gemma: Option<Gemma>,
+    /// What Phi-3 changes (`None` for the other families).
+    pub phi3: Option<Phi3>,
+}
+
+/// What Phi-3 changes in Llama's layers (upstream `modeling_phi3.py`): the fused
+/// `qkv_proj` (registered after `o_proj`) and `gate_up_proj` (gate first), no biases, a
+/// rotary embedding over part of each head (`partial_rotary_factor`), and dropout on the
+/// attention's and the MLP's outputs before their residuals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phi3 {
+    /// `resid_pdrop`.
+    pub resid_pdrop: f64,
 }
 
 /// What Gemma 1–3 change in Llama's layers (upstream `modeling_gemma*.py`) besides
@@ -204,6 +217,7 @@ impl DecoderConfig for LlamaConfig {
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
             rotary_positional: false,
             gemma: None,
+            phi3: None,
         })
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
@@ -328,21 +342,6 @@ pub(crate) fn sliding_windows(
         .collect()
 }
 
-/// The RoPE variants implemented (upstream `ROPE_INIT_FUNCTIONS` subset).
-#[derive(Debug, Clone, PartialEq)]
-enum Rope {
-    Default,
-    Linear {
-        factor: f64,
-    },
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
-}
-
 impl LlamaConfig {
     /// Reads `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -362,63 +361,15 @@ impl LlamaConfig {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
-    fn rope_params(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut p = self
-            .rope_parameters
-            .clone()
-            .or_else(|| self.rope_scaling.clone())
-            .unwrap_or_default();
-        if !p.contains_key("rope_theta") {
-            p.insert(
-                "rope_theta".into(),
-                self.rope_theta.unwrap_or(10000.0).into(),
-            );
-        }
-        if let Some(t) = p.remove("type") {
-            p.entry("rope_type").or_insert(t);
-        }
-        p
-    }
-
-    fn rope_theta_value(&self) -> f64 {
-        self.rope_params()
-            .get("rope_theta")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(10000.0)
-    }
-
-    fn rope(&self) -> Result<Rope> {
-        let p = self.rope_params();
-        let num = |key: &'static str| -> Result<f64> {
-            p.get(key)
-                .and_then(|v| v.as_f64())
-                .ok_or(Error::InvalidConfig {
-                    field: "rope_parameters",
-                    value: format!("missing number `{key}`"),
-                    fix: "add the key upstream requires for this rope_type",
-                })
-        };
-        match p
-            .get("rope_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("default")
-        {
-            "default" => Ok(Rope::Default),
-            "linear" => Ok(Rope::Linear {
-                factor: num("factor")?,
-            }),
-            "llama3" => Ok(Rope::Llama3 {
-                factor: num("factor")?,
-                low_freq_factor: num("low_freq_factor")?,
-                high_freq_factor: num("high_freq_factor")?,
-                original_max_position_embeddings: num("original_max_position_embeddings")?,
-            }),
-            other => Err(Error::InvalidConfig {
-                field: "rope_parameters.rope_type",
-                value: other.to_string(),
-                fix: "supported rope types: default, linear, llama3",
-            }),
-        }
+    /// The RoPE of this config (upstream's standardised `rope_parameters`).
+    pub(crate) fn rope_parameters(&self) -> Result<RopeParameters> {
+        let p = rope::standardize(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+            10_000.0,
+        );
+        RopeParameters::from_dict(&p, self.head_dim(), self.max_position_embeddings, None)
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -440,26 +391,7 @@ impl LlamaConfig {
                 fix: "num_attention_heads must be a positive multiple of num_key_value_heads",
             });
         }
-        if self.head_dim() % 2 != 0 {
-            return Err(Error::InvalidConfig {
-                field: "head_dim",
-                value: self.head_dim().to_string(),
-                fix: "RoPE needs an even head_dim",
-            });
-        }
-        if let Some(f) = self
-            .rope_params()
-            .get("partial_rotary_factor")
-            .and_then(|v| v.as_f64())
-            && f != 1.0
-        {
-            return Err(Error::InvalidConfig {
-                field: "rope_parameters.partial_rotary_factor",
-                value: f.to_string(),
-                fix: "only full rotary embeddings (1.0) are implemented",
-            });
-        }
-        self.rope()?;
+        self.rope_parameters()?;
         Activation::parse(&self.hidden_act, "hidden_act")?;
         if let Some(pad) = self.pad_token_id
             && !(-self.vocab_size..self.vocab_size).contains(&pad)
@@ -483,49 +415,13 @@ impl LlamaConfig {
             ..self.clone()
         }
     }
-
-    /// Upstream's `inv_freq` for this config (float32 math, as upstream).
-    fn inv_freq(&self, device: Device) -> Result<Tensor> {
-        let dim = self.head_dim();
-        let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device))
-            .to_kind(Kind::Float)
-            / dim as f64;
-        let inv = Tensor::f_pow_scalar(self.rope_theta_value(), &exponent)?.reciprocal();
-        Ok(match self.rope()? {
-            Rope::Default => inv,
-            Rope::Linear { factor } => inv / factor,
-            Rope::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings: old,
-            } => {
-                let low_wavelen = old / low_freq_factor;
-                let high_wavelen = old / high_freq_factor;
-                let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
-                let inv_llama = wavelen.gt(low_wavelen).where_self(&(&inv / factor), &inv);
-                let smooth = (wavelen.reciprocal() * old - low_freq_factor)
-                    / (high_freq_factor - low_freq_factor);
-                let smoothed =
-                    (smooth.ones_like() - &smooth) * &inv_llama / factor + &smooth * &inv_llama;
-                let medium = wavelen
-                    .lt(high_wavelen)
-                    .logical_not()
-                    .logical_and(&wavelen.gt(low_wavelen).logical_not());
-                medium.where_self(&smoothed, &inv_llama)
-            }
-        })
-    }
 }
 
 #[derive(Debug)]
 struct DecoderLayer {
-    q_proj: layers::LayerLinear,
-    k_proj: layers::LayerLinear,
-    v_proj: layers::LayerLinear,
+    attention_projections: AttentionProjections,
     o_proj: layers::LayerLinear,
-    gate_proj: layers::LayerLinear,
-    up_proj: layers::LayerLinear,
+    mlp_projections: MlpProjections,
     down_proj: layers::LayerLinear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -539,6 +435,31 @@ struct DecoderLayer {
     name: String,
     /// Upstream's class names of the family's modules.
     classes: Arc<Classes>,
+}
+
+/// The query, key and value projections: Llama's three, or Phi-3's fused `qkv_proj`.
+#[derive(Debug)]
+enum AttentionProjections {
+    Separate {
+        q_proj: layers::LayerLinear,
+        k_proj: layers::LayerLinear,
+        v_proj: layers::LayerLinear,
+    },
+    Fused {
+        qkv_proj: layers::LayerLinear,
+    },
+}
+
+/// The MLP's gate and up projections: Llama's two, or Phi-3's fused `gate_up_proj`.
+#[derive(Debug)]
+enum MlpProjections {
+    Separate {
+        gate_proj: layers::LayerLinear,
+        up_proj: layers::LayerLinear,
+    },
+    Fused {
+        gate_up_proj: layers::LayerLinear,
+    },
 }
 
 /// Upstream's class names of a family's modules (what the underflow / overflow tracer prints).
@@ -595,8 +516,12 @@ struct LayerInputs {
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
+    /// The rotary part of each head (`partial_rotary_factor`).
+    rotary_dim: i64,
     scale: f64,
     attn_p: f64,
+    /// Phi-3's `resid_pdrop` on the attention's and the MLP's outputs (training only).
+    resid_p: f64,
     train: bool,
     act: Activation,
     /// Upstream's eager attention (Gemma 2) with its soft-capping, and the hidden dtype its
@@ -630,48 +555,73 @@ impl DecoderLayer {
             || n("input_layernorm"),
             &c.rms_norm,
         );
-        // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
-        let project =
-            |proj: &layers::LayerLinear, heads: i64, name: &str, norm: Option<&RmsNorm>| {
-                let t = apply_traced(
-                    &normed,
-                    proj,
-                    || n(&format!("self_attn.{name}_proj")),
-                    "Linear",
+        let heads_of = |t: Tensor, heads: i64| t.view([batch, seq, heads, hd]);
+        let (q, k, v) = match &self.attention_projections {
+            AttentionProjections::Separate {
+                q_proj,
+                k_proj,
+                v_proj,
+            } => {
+                // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
+                let project =
+                    |proj: &layers::LayerLinear, heads: i64, name: &str, norm: Option<&RmsNorm>| {
+                        let t = heads_of(
+                            apply_traced(
+                                &normed,
+                                proj,
+                                || n(&format!("self_attn.{name}_proj")),
+                                "Linear",
+                            ),
+                            heads,
+                        );
+                        let t = match norm {
+                            Some(norm) => apply_traced(
+                                &t,
+                                norm,
+                                || n(&format!("self_attn.{name}_norm")),
+                                &c.rms_norm,
+                            ),
+                            None => t,
+                        };
+                        t.transpose(1, 2)
+                    };
+                let q = project(q_proj, heads, "q", self.qk_norm.as_ref().map(|(q, _)| q));
+                let k = project(k_proj, kv_heads, "k", self.qk_norm.as_ref().map(|(_, k)| k));
+                let v = heads_of(
+                    apply_traced(&normed, v_proj, || n("self_attn.v_proj"), "Linear"),
+                    kv_heads,
                 )
-                .view([batch, seq, heads, hd]);
-                let t = match norm {
-                    Some(norm) => apply_traced(
-                        &t,
-                        norm,
-                        || n(&format!("self_attn.{name}_norm")),
-                        &c.rms_norm,
-                    ),
-                    None => t,
+                .transpose(1, 2);
+                (q, k, v)
+            }
+            AttentionProjections::Fused { qkv_proj } => {
+                let qkv = apply_traced(&normed, qkv_proj, || n("self_attn.qkv_proj"), "Linear");
+                let (q_len, kv_len) = (heads * hd, kv_heads * hd);
+                let part = |start: i64, len: i64, heads: i64| {
+                    heads_of(qkv.narrow(-1, start, len), heads).transpose(1, 2)
                 };
-                t.transpose(1, 2)
-            };
-        let q = project(
-            &self.q_proj,
-            heads,
-            "q",
-            self.qk_norm.as_ref().map(|(q, _)| q),
-        );
-        let k = project(
-            &self.k_proj,
-            kv_heads,
-            "k",
-            self.qk_norm.as_ref().map(|(_, k)| k),
-        );
-        let v = apply_traced(&normed, &self.v_proj, || n("self_attn.v_proj"), "Linear")
-            .view([batch, seq, kv_heads, hd])
-            .transpose(1, 2);
+                (
+                    part(0, q_len, heads),
+                    part(q_len, kv_len, kv_heads),
+                    part(q_len + kv_len, kv_len, kv_heads),
+                )
+            }
+        };
         let (cos, sin) = match (&x.sliding_cos_sin, self.sliding) {
             (Some((cos, sin)), true) => (cos, sin),
             _ => (&x.cos, &x.sin),
         };
-        let q = &q * cos + rotate_half(&q) * sin;
-        let k = &k * cos + rotate_half(&k) * sin;
+        // Phi-3's partial rotary: the first `rotary_dim` of each head rotate, the rest pass.
+        let rotate = |t: &Tensor| {
+            if x.rotary_dim == hd {
+                t * cos + rotate_half(t) * sin
+            } else {
+                let r = t.narrow(-1, 0, x.rotary_dim);
+                let pass = t.narrow(-1, x.rotary_dim, hd - x.rotary_dim);
+                Tensor::cat(&[&r * cos + rotate_half(&r) * sin, pass], -1)
+            }
+        };
+        let (q, k) = (rotate(&q), rotate(&k));
         let mask = match (&x.sliding_mask, self.sliding) {
             (Some(m), true) => m,
             _ => &x.mask,
@@ -694,6 +644,14 @@ impl DecoderLayer {
         );
         let norm =
             |x: &Tensor, norm: &RmsNorm, name: &str| apply_traced(x, norm, || n(name), &c.rms_norm);
+        let resid_dropout = |t: Tensor| {
+            if x.train && x.resid_p > 0.0 {
+                t.dropout(x.resid_p, true)
+            } else {
+                t
+            }
+        };
+        let a = resid_dropout(a);
         // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
         // input and output with their own norms; Llama normalises the MLP's input with
         // `post_attention_layernorm`.
@@ -717,9 +675,22 @@ impl DecoderLayer {
                 (h2, normed)
             }
         };
-        let gate = apply_traced(&normed, &self.gate_proj, || n("mlp.gate_proj"), "Linear");
-        let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
-        let up = apply_traced(&normed, &self.up_proj, || n("mlp.up_proj"), "Linear");
+        let (gate, up) = match &self.mlp_projections {
+            MlpProjections::Separate { gate_proj, up_proj } => {
+                let gate = apply_traced(&normed, gate_proj, || n("mlp.gate_proj"), "Linear");
+                let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
+                let up = apply_traced(&normed, up_proj, || n("mlp.up_proj"), "Linear");
+                (gate, up)
+            }
+            MlpProjections::Fused { gate_up_proj } => {
+                let gate_up =
+                    apply_traced(&normed, gate_up_proj, || n("mlp.gate_up_proj"), "Linear");
+                let half = gate_up.size()[2] / 2;
+                let gate = gate_up.narrow(-1, 0, half);
+                let up = gate_up.narrow(-1, half, half);
+                (x.act.apply_traced(&gate, || n("mlp.activation_fn")), up)
+            }
+        };
         let m = apply_traced(
             &(gate * up),
             &self.down_proj,
@@ -729,7 +700,7 @@ impl DecoderLayer {
         leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
         let m = match &self.feedforward_norms {
             Some((_, post)) => norm(&m, post, "post_feedforward_layernorm"),
-            None => m,
+            None => resid_dropout(m),
         };
         let out = h2 + m;
         leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
@@ -745,9 +716,9 @@ pub struct LlamaModel {
     embed_tokens: nn::Embedding,
     layers: Vec<Arc<Shared<DecoderLayer>>>,
     norm: RmsNorm,
-    inv_freq: Tensor,
-    /// Gemma 3's `inv_freq` of the sliding layers.
-    sliding_inv_freq: Option<Tensor>,
+    rotary_emb: RotaryEmbedding,
+    /// Gemma 3's rotary embedding of the sliding layers.
+    sliding_rotary_emb: Option<RotaryEmbedding>,
     act: Activation,
     config: LlamaConfig,
     family: Family,
@@ -783,6 +754,19 @@ impl LlamaModel {
             });
         }
         let classes = Arc::new(Classes::new(&family));
+        let rope = config.rope_parameters()?;
+        if rope.dim() != config.head_dim() && family.phi3.is_none() {
+            // Upstream's Llama-shaped rotary embeddings rotate the whole head.
+            return Err(Error::InvalidConfig {
+                field: "rope_parameters.partial_rotary_factor",
+                value: format!(
+                    "rotary dimension {} of head_dim {}",
+                    rope.dim(),
+                    config.head_dim()
+                ),
+                fix: "this family rotates whole heads (partial_rotary_factor 1.0); Phi-3 has partial rotary",
+            });
+        }
         let gemma = family.gemma.as_ref();
         let rms_norm = |p: nn::Path<'_>, dim: i64| match gemma {
             Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps),
@@ -809,42 +793,51 @@ impl LlamaModel {
                 let l = &p / "layers" / i;
                 let a = &l / "self_attn";
                 let m = &l / "mlp";
+                let linear = |p: nn::Path<'_>, i: i64, o: i64, bias: bool| {
+                    layers::layer_linear(p, i, o, bias, std)
+                };
+                let inter = config.intermediate_size;
+                // Created in upstream's registration order: Phi-3's attention registers
+                // `o_proj` before `qkv_proj`.
+                let (attention_projections, o_proj) = match family.phi3 {
+                    None => {
+                        let q_proj = linear(&a / "q_proj", d, heads * hd, family.qkv_bias);
+                        let k_proj = linear(&a / "k_proj", d, kv * hd, family.qkv_bias);
+                        let v_proj = linear(&a / "v_proj", d, kv * hd, family.qkv_bias);
+                        let o_proj = linear(&a / "o_proj", heads * hd, d, family.o_bias);
+                        let separate = AttentionProjections::Separate {
+                            q_proj,
+                            k_proj,
+                            v_proj,
+                        };
+                        (separate, o_proj)
+                    }
+                    Some(_) => {
+                        let o_proj = linear(&a / "o_proj", heads * hd, d, false);
+                        let qkv_proj = linear(&a / "qkv_proj", d, (heads + 2 * kv) * hd, false);
+                        (AttentionProjections::Fused { qkv_proj }, o_proj)
+                    }
+                };
+                // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
+                let qk_norm = family
+                    .qk_norm
+                    .then(|| (rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)));
+                let mlp_projections = match family.phi3 {
+                    None => MlpProjections::Separate {
+                        gate_proj: linear(&m / "gate_proj", d, inter, family.mlp_bias),
+                        up_proj: linear(&m / "up_proj", d, inter, family.mlp_bias),
+                    },
+                    Some(_) => MlpProjections::Fused {
+                        gate_up_proj: linear(&m / "gate_up_proj", d, 2 * inter, false),
+                    },
+                };
+                let down_proj = linear(&m / "down_proj", inter, d, family.mlp_bias);
                 Arc::new(Shared(DecoderLayer {
-                    q_proj: layers::layer_linear(
-                        &a / "q_proj",
-                        d,
-                        heads * hd,
-                        family.qkv_bias,
-                        std,
-                    ),
-                    k_proj: layers::layer_linear(&a / "k_proj", d, kv * hd, family.qkv_bias, std),
-                    v_proj: layers::layer_linear(&a / "v_proj", d, kv * hd, family.qkv_bias, std),
-                    o_proj: layers::layer_linear(&a / "o_proj", heads * hd, d, family.o_bias, std),
-                    // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
-                    qk_norm: family
-                        .qk_norm
-                        .then(|| (rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd))),
-                    gate_proj: layers::layer_linear(
-                        &m / "gate_proj",
-                        d,
-                        config.intermediate_size,
-                        family.mlp_bias,
-                        std,
-                    ),
-                    up_proj: layers::layer_linear(
-                        &m / "up_proj",
-                        d,
-                        config.intermediate_size,
-                        family.mlp_bias,
-                        std,
-                    ),
-                    down_proj: layers::layer_linear(
-                        &m / "down_proj",
-                        config.intermediate_size,
-                        d,
-                        family.mlp_bias,
-                        std,
-                    ),
+                    attention_projections,
+                    o_proj,
+                    qk_norm,
+                    mlp_projections,
+                    down_proj,
                     input_layernorm: rms_norm(&l / "input_layernorm", d),
                     post_attention_layernorm: rms_norm(&l / "post_attention_layernorm", d),
                     feedforward_norms: gemma.filter(|g| g.sandwich_norms).map(|_| {
@@ -864,9 +857,12 @@ impl LlamaModel {
             embed_tokens,
             layers,
             norm: rms_norm(&p / "norm", d),
-            inv_freq: config.inv_freq(p.device())?,
-            sliding_inv_freq: match gemma.and_then(|g| g.sliding_rope_parameters.as_ref()) {
-                Some(rope) => Some(config.with_rope(rope).inv_freq(p.device())?),
+            rotary_emb: RotaryEmbedding::new(rope, p.device())?,
+            sliding_rotary_emb: match gemma.and_then(|g| g.sliding_rope_parameters.as_ref()) {
+                Some(rope) => Some(RotaryEmbedding::new(
+                    config.with_rope(rope).rope_parameters()?,
+                    p.device(),
+                )?),
                 None => None,
             },
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
@@ -914,17 +910,15 @@ impl LlamaModel {
             &ids,
             &h,
         );
-        // Upstream LlamaRotaryEmbedding: float32 frequencies, cos / sin cast to the hidden dtype.
-        let rotary = |inv_freq: &Tensor| {
-            let freqs = positions.unsqueeze(-1).to_kind(Kind::Float) * inv_freq.to_device(device);
-            let emb = Tensor::cat(&[&freqs, &freqs], -1);
-            (emb.cos().to_kind(h.kind()), emb.sin().to_kind(h.kind()))
+        // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
+        let (cos, sin) = self.rotary_emb.cos_sin(&positions, h.kind())?;
+        let sliding_cos_sin = match &self.sliding_rotary_emb {
+            Some(r) => {
+                let (cos, sin) = r.cos_sin(&positions, h.kind())?;
+                Some((cos.unsqueeze(1), sin.unsqueeze(1)))
+            }
+            None => None,
         };
-        let (cos, sin) = rotary(&self.inv_freq);
-        let sliding_cos_sin = self.sliding_inv_freq.as_ref().map(|f| {
-            let (cos, sin) = rotary(f);
-            (cos.unsqueeze(1), sin.unsqueeze(1))
-        });
         // Qwen's models call `rotary_emb(hidden_states, position_ids)` positionally, Llama's
         // and Mistral's with `position_ids=` as a keyword.
         let rotary_inputs = [Var::T(&h), Var::T(&positions)];
@@ -962,11 +956,13 @@ impl LlamaModel {
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads(),
             head_dim: c.head_dim(),
+            rotary_dim: self.rotary_emb.dim(),
             scale: match gemma.and_then(|g| g.query_pre_attn_scalar) {
                 Some(s) => s.powf(-0.5),
                 None => (c.head_dim() as f64).powf(-0.5),
             },
             attn_p: if train { c.attention_dropout } else { 0.0 },
+            resid_p: self.family.phi3.as_ref().map_or(0.0, |p| p.resid_pdrop),
             train,
             act: self.act,
             eager: gemma

@@ -99,6 +99,7 @@ impl DecoderConfig for MistralConfig {
             qk_norm: false,
             rotary_positional: false,
             gemma: None,
+            phi3: None,
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
     }

@@ -111,6 +111,7 @@ impl DecoderConfig for Qwen2Config {
             qk_norm: false,
             rotary_positional: true,
             gemma: None,
+            phi3: None,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

@@ -109,6 +109,7 @@ impl DecoderConfig for Qwen3Config {
             qk_norm: true,
             rotary_positional: true,
             gemma: None,
+            phi3: None,
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

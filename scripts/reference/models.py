@@ -3,7 +3,7 @@
 Usage: python models.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 For every checkpoint (tiny random GPT-2 / BERT / Llama made by setup, tiny random Qwen2 /
-Qwen3 / Mistral / Gemma / Gemma 2 / Gemma 3 made here and saved as OUT_DIR/<case>/, real MiniLM, real SmolLM2-135M) it
+Qwen3 / Mistral / Gemma / Gemma 2 / Gemma 3 / Phi-3 and Llama under each rope type made here and saved as OUT_DIR/<case>/, real MiniLM, real SmolLM2-135M) it
 writes OUT_DIR/<case>.safetensors with
   input_ids, attention_mask           the batch fed to the model (int64)
   logits (or last_hidden_state)       eval mode, fp32
@@ -140,6 +140,31 @@ def main():
             },
         ), tf.Gemma3ForCausalLM),
     ]
+    # Phi-3 (fused projections, half of each head rotary, LongRoPE past its original 4
+    # positions: the long factors, attention scaling 2; every layer sliding over 5 tokens),
+    # and Llama under every other rope type: yarn, dynamic (8 tokens outgrow the 4 cached
+    # positions: the forward recomputes the base), llama3, linear.
+    families += [
+        ("tiny_phi3_lm", tf.Phi3Config(
+            **small, pad_token_id=999, original_max_position_embeddings=4, sliding_window=5,
+            rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0],
+            },
+        ), tf.Phi3ForCausalLM),
+    ]
+    ropes = {
+        "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0},
+        "dynamic": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+        "llama3": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16, "rope_theta": 500000.0,
+        },
+        "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    }
+    for name, rope in ropes.items():
+        sizes = dict(small, max_position_embeddings=4) if name == "dynamic" else small
+        families.append((f"tiny_llama_{name}_lm", tf.LlamaConfig(**sizes, rope_parameters=rope), tf.LlamaForCausalLM))
     for case, config, cls in families:
         torch.manual_seed(0)
         m = cls(config)

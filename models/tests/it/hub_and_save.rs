@@ -219,7 +219,7 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
 }
 
 /// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, Gemma
-/// 1–3 tied, and Qwen2 and Gemma 3 sequence classifiers): the folder reloads here with the same logits, and
+/// 1–3 tied, Phi-3, and Qwen2 and Gemma 3 sequence classifiers): the folder reloads here with the same logits, and
 /// transformers' Auto class loads it as the same class with the same logits (the same
 /// kernels: 0 difference).
 #[test]
@@ -265,6 +265,11 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
         ),
         (
             reference.join("tiny_gemma3_lm"),
+            AutoTask::CausalLm,
+            "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_phi3_lm"),
             AutoTask::CausalLm,
             "AutoModelForCausalLM",
         ),

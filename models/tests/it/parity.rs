@@ -235,8 +235,10 @@ fn tiny_llama_causal_lm() -> Result<()> {
 /// hidden size of 64 and 4 heads, tied head), Mistral (head_dim 24, every layer sliding over
 /// 3 tokens), Gemma (a pad token in row 0: its embedding row gets no gradient), Gemma 2
 /// (eager attention, scores and logits soft-capped where tanh bends), Gemma 3 (q/k norm, the
-/// sliding layers' own RoPE base, the full layer's linear RoPE), one row padded; loaded
-/// through the Auto dispatch by `model_type`.
+/// sliding layers' own RoPE base, the full layer's linear RoPE), Phi-3 (fused projections,
+/// half-head rotary, LongRoPE's long factors and attention scaling, sliding window), Llama
+/// under the yarn, dynamic (the forward outgrowing the cached positions), llama3 and linear
+/// rope types, one row padded; loaded through the Auto dispatch by `model_type`.
 #[test]
 fn tiny_llama_shaped_families() -> Result<()> {
     let _g = lock();
@@ -247,6 +249,11 @@ fn tiny_llama_shaped_families() -> Result<()> {
         "tiny_gemma_lm",
         "tiny_gemma2_lm",
         "tiny_gemma3_lm",
+        "tiny_phi3_lm",
+        "tiny_llama_yarn_lm",
+        "tiny_llama_dynamic_lm",
+        "tiny_llama_llama3_lm",
+        "tiny_llama_linear_lm",
     ] {
         let loaded = tchtrain_models::from_pretrained_dir(
             &assets().join("reference/models").join(case),
