@@ -9,18 +9,21 @@ use crate::bert::{
     BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
 };
 use crate::configuration_utils::read_model_type;
-use crate::gemma::{GemmaForCausalLM, GemmaForSequenceClassification};
-use crate::gemma2::{Gemma2ForCausalLM, Gemma2ForSequenceClassification};
-use crate::gemma3::{Gemma3ForCausalLM, Gemma3TextForSequenceClassification};
+use crate::gemma::GemmaConfig;
+use crate::gemma2::Gemma2Config;
+use crate::gemma3::Gemma3TextConfig;
 use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::hub::{HubOptions, resolve};
-use crate::llama::{LlamaForCausalLM, LlamaForSequenceClassification};
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, LlamaConfig,
+};
 use crate::loading::{CONFIG_NAME, LoadOptions};
-use crate::mistral::{MistralForCausalLM, MistralForSequenceClassification};
+use crate::mistral::MistralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
-use crate::phi3::{Phi3ForCausalLM, Phi3ForSequenceClassification};
-use crate::qwen2::{Qwen2ForCausalLM, Qwen2ForSequenceClassification};
-use crate::qwen3::{Qwen3ForCausalLM, Qwen3ForSequenceClassification};
+use crate::phi3::Phi3Config;
+use crate::qwen2::Qwen2Config;
+use crate::qwen3::Qwen3Config;
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -43,6 +46,9 @@ pub enum AutoTask {
         num_labels: Option<i64>,
     },
 }
+
+/// What the Auto classes load, for the error on anything else.
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -76,7 +82,7 @@ pub fn from_pretrained_dir(
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),
-        supported: "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, gemma3_text, phi3 (causal LM, sequence classification)",
+        supported: SUPPORTED,
     };
     Ok(match (model_type.as_str(), task) {
         ("gpt2", AutoTask::CausalLm) => {
@@ -97,58 +103,44 @@ pub fn from_pretrained_dir(
         ("bert", AutoTask::TokenClassification { num_labels }) => boxed(
             BertForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
         ),
-        ("llama", AutoTask::CausalLm) => {
-            boxed(LlamaForCausalLM::from_pretrained_dir(dir, device, options)?)
-        }
-        ("qwen2", AutoTask::CausalLm) => {
-            boxed(Qwen2ForCausalLM::from_pretrained_dir(dir, device, options)?)
-        }
-        ("qwen3", AutoTask::CausalLm) => {
-            boxed(Qwen3ForCausalLM::from_pretrained_dir(dir, device, options)?)
-        }
-        ("mistral", AutoTask::CausalLm) => boxed(MistralForCausalLM::from_pretrained_dir(
-            dir, device, options,
-        )?),
-        ("llama", AutoTask::SequenceClassification { num_labels }) => boxed(
-            LlamaForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("qwen2", AutoTask::SequenceClassification { num_labels }) => boxed(
-            Qwen2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("qwen3", AutoTask::SequenceClassification { num_labels }) => boxed(
-            Qwen3ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("mistral", AutoTask::SequenceClassification { num_labels }) => {
-            boxed(MistralForSequenceClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("gemma", AutoTask::CausalLm) => {
-            boxed(GemmaForCausalLM::from_pretrained_dir(dir, device, options)?)
-        }
-        ("gemma2", AutoTask::CausalLm) => boxed(Gemma2ForCausalLM::from_pretrained_dir(
-            dir, device, options,
-        )?),
-        ("gemma3_text", AutoTask::CausalLm) => boxed(Gemma3ForCausalLM::from_pretrained_dir(
-            dir, device, options,
-        )?),
-        ("gemma", AutoTask::SequenceClassification { num_labels }) => boxed(
-            GemmaForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("gemma2", AutoTask::SequenceClassification { num_labels }) => boxed(
-            Gemma2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("gemma3_text", AutoTask::SequenceClassification { num_labels }) => {
-            boxed(Gemma3TextForSequenceClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("phi3", AutoTask::CausalLm) => {
-            boxed(Phi3ForCausalLM::from_pretrained_dir(dir, device, options)?)
-        }
-        ("phi3", AutoTask::SequenceClassification { num_labels }) => boxed(
-            Phi3ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
+        ("llama", task) => decoder::<LlamaConfig>(dir, task, device, options)?,
+        ("qwen2", task) => decoder::<Qwen2Config>(dir, task, device, options)?,
+        ("qwen3", task) => decoder::<Qwen3Config>(dir, task, device, options)?,
+        ("mistral", task) => decoder::<MistralConfig>(dir, task, device, options)?,
+        ("gemma", task) => decoder::<GemmaConfig>(dir, task, device, options)?,
+        ("gemma2", task) => decoder::<Gemma2Config>(dir, task, device, options)?,
+        ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
+        ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
         _ => return Err(unsupported()),
+    })
+}
+
+/// A Llama-shaped family's head for `task` (causal LM, sequence or token classification).
+fn decoder<C: DecoderConfig>(
+    dir: &Path,
+    task: AutoTask,
+    device: Device,
+    options: &LoadOptions,
+) -> Result<AutoModel> {
+    Ok(match task {
+        AutoTask::CausalLm => boxed(DecoderForCausalLM::<C>::from_pretrained_dir(
+            dir, device, options,
+        )?),
+        AutoTask::SequenceClassification { num_labels } => {
+            boxed(DecoderForSequenceClassification::<C>::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        AutoTask::TokenClassification { num_labels } => {
+            boxed(DecoderForTokenClassification::<C>::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        AutoTask::Base | AutoTask::MaskedLm => {
+            return Err(Error::UnsupportedArchitecture {
+                name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
+                supported: SUPPORTED,
+            });
+        }
     })
 }

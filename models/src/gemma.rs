@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma, LlamaConfig,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, Gemma, LlamaConfig,
 };
 use crate::{Error, Result};
 
@@ -135,6 +136,7 @@ impl DecoderConfig for GemmaConfig {
                 text_model: false,
             }),
             phi3: None,
+            token_classification: Some("GemmaForTokenClassification"),
         })
     }
 }
@@ -144,3 +146,6 @@ pub type GemmaForCausalLM = DecoderForCausalLM<GemmaConfig>;
 
 /// Upstream `GemmaForSequenceClassification`.
 pub type GemmaForSequenceClassification = DecoderForSequenceClassification<GemmaConfig>;
+
+/// Upstream `GemmaForTokenClassification`.
+pub type GemmaForTokenClassification = DecoderForTokenClassification<GemmaConfig>;

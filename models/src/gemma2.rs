@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::configuration_utils::LabelConfig;
 use crate::gemma::{gemma_activation, refuse_bidirectional};
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma,
-    LlamaConfig, sliding_windows,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, Gemma, LlamaConfig, sliding_windows,
 };
 use crate::{Error, Result};
 
@@ -177,6 +177,7 @@ impl DecoderConfig for Gemma2Config {
                 text_model: false,
             }),
             phi3: None,
+            token_classification: Some("Gemma2ForTokenClassification"),
         })
     }
 }
@@ -186,3 +187,6 @@ pub type Gemma2ForCausalLM = DecoderForCausalLM<Gemma2Config>;
 
 /// Upstream `Gemma2ForSequenceClassification`.
 pub type Gemma2ForSequenceClassification = DecoderForSequenceClassification<Gemma2Config>;
+
+/// Upstream `Gemma2ForTokenClassification`.
+pub type Gemma2ForTokenClassification = DecoderForTokenClassification<Gemma2Config>;

@@ -214,6 +214,7 @@ impl DecoderConfig for Gemma3TextConfig {
                 text_model: true,
             }),
             phi3: None,
+            token_classification: None,
         })
     }
 }

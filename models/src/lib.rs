@@ -54,30 +54,44 @@ pub use configuration_utils::{
 };
 pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
 pub use error::{Error, Result};
-pub use gemma::{GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification};
-pub use gemma2::{Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification};
+pub use gemma::{
+    GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,
+};
+pub use gemma2::{
+    Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification, Gemma2ForTokenClassification,
+};
 pub use gemma3::{Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextForSequenceClassification};
 pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
 pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
-    LlamaForCausalLM, LlamaForSequenceClassification, LlamaModel,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, Gemma, LlamaConfig, LlamaForCausalLM,
+    LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Phi3,
 };
 pub use loading::{
     CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
     checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
     save_state_dict, write_safetensors,
 };
-pub use mistral::{MistralConfig, MistralForCausalLM, MistralForSequenceClassification};
+pub use mistral::{
+    MistralConfig, MistralForCausalLM, MistralForSequenceClassification,
+    MistralForTokenClassification,
+};
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
-pub use phi3::{Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification};
-pub use qwen2::{Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification};
-pub use qwen3::{Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification};
+pub use phi3::{
+    Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3ForTokenClassification,
+};
+pub use qwen2::{
+    Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2ForTokenClassification,
+};
+pub use qwen3::{
+    Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3ForTokenClassification,
+};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

@@ -142,6 +142,9 @@ pub struct Family {
     pub gemma: Option<Gemma>,
     /// What Phi-3 changes (`None` for the other families).
     pub phi3: Option<Phi3>,
+    /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
+    /// `None` where upstream has none (Gemma 3's text model).
+    pub token_classification: Option<&'static str>,
 }
 
 /// What Phi-3 changes in Llama's layers (upstream `modeling_phi3.py`): the fused
@@ -218,6 +221,7 @@ impl DecoderConfig for LlamaConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            token_classification: Some("LlamaForTokenClassification"),
         })
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
@@ -1291,6 +1295,129 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
         Ok(ModelOutput {
             loss,
             logits: Some(pooled),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
+
+/// Upstream `LlamaForTokenClassification`.
+pub type LlamaForTokenClassification = DecoderForTokenClassification<LlamaConfig>;
+
+/// Upstream's `XForTokenClassification` of a Llama-shaped family
+/// (`GenericForTokenClassification`): `model`, dropout (`classifier_dropout`, else
+/// `hidden_dropout`, else 0.1) and `score` (with a bias) on every token, the loss a mean over
+/// the labels that are not -100 (its `loss_function` gets no `num_items_in_batch`, while the
+/// forward takes loss kwargs, as the sequence classifier's).
+#[derive(Debug)]
+pub struct DecoderForTokenClassification<C: DecoderConfig> {
+    vs: nn::VarStore,
+    model: LlamaModel,
+    score: nn::Linear,
+    dropout: f64,
+    architecture: &'static str,
+    config: C,
+    training: bool,
+}
+
+impl<C: DecoderConfig> DecoderForTokenClassification<C> {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &C, device: Device) -> Result<Self> {
+        let family = config.family()?;
+        let architecture = family
+            .token_classification
+            .ok_or_else(|| Error::UnsupportedArchitecture {
+                name: format!("{} for token classification", family.model_type),
+                supported: "upstream has no token classifier for this model type; use sequence classification or the causal LM",
+            })?;
+        let vs = nn::VarStore::new(device);
+        let llama = config.llama();
+        let mut model = LlamaModel::with_family(vs.root() / "model", &llama, family)?;
+        // `GenericForTokenClassification` calls `self.model(input_ids, ...)`.
+        model.ids_positional = true;
+        let json = config.to_json_value()?;
+        let dropout = ["classifier_dropout", "hidden_dropout"]
+            .iter()
+            .find_map(|key| json.get(*key).and_then(serde_json::Value::as_f64))
+            .unwrap_or(0.1);
+        let score = layers::linear(
+            vs.root() / "score",
+            llama.hidden_size,
+            config.labels().num_labels(),
+            true,
+            llama.initializer_range,
+        );
+        Ok(Self {
+            vs,
+            model,
+            score,
+            dropout,
+            architecture,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)`: a causal LM's checkpoint gets a new
+    /// `score` (drawn as upstream draws it), its `lm_head` left out.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels_mut().set_num_labels(n)?;
+        }
+        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, || {
+            Self::new(&config, device)
+        })
+    }
+}
+
+impl<C: DecoderConfig> PreTrainedModel for DecoderForTokenClassification<C> {
+    fn architecture(&self) -> &'static str {
+        self.architecture
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
+    crate::modeling_utils::model_plumbing!(@common);
+    crate::modeling_utils::checkpointing_plumbing!(model);
+    fn set_use_cache(&mut self, use_cache: bool) {
+        self.config
+            .extra_mut()
+            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+    }
+    fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
+        Some(crate::modeling_utils::LabelCheck::Token {
+            num_labels: self.config.labels().num_labels(),
+        })
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == "model.embed_tokens.weight"
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.model.forward(inputs, self.training)?;
+        let d = layers::dropout_traced(&h, self.dropout, self.training, || "dropout".into());
+        let logits = layers::apply_traced(&d, &self.score, || "score".into(), "Linear");
+        let loss = match inputs.labels {
+            Some(l) => Some(tchtrain_losses::for_token_classification(
+                &logits,
+                l,
+                self.config.labels().num_labels(),
+                None,
+            )?),
+            None => None,
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
         })

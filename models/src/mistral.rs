@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, LlamaConfig,
 };
 
 /// Upstream `MistralConfig` with its defaults (Mistral 7B).
@@ -100,6 +101,7 @@ impl DecoderConfig for MistralConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            token_classification: Some("MistralForTokenClassification"),
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
     }
@@ -110,3 +112,6 @@ pub type MistralForCausalLM = DecoderForCausalLM<MistralConfig>;
 
 /// Upstream `MistralForSequenceClassification`.
 pub type MistralForSequenceClassification = DecoderForSequenceClassification<MistralConfig>;
+
+/// Upstream `MistralForTokenClassification`.
+pub type MistralForTokenClassification = DecoderForTokenClassification<MistralConfig>;

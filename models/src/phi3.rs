@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig, Phi3,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, LlamaConfig, Phi3,
 };
 use crate::{Error, Result};
 
@@ -173,6 +174,7 @@ impl DecoderConfig for Phi3Config {
             phi3: Some(Phi3 {
                 resid_pdrop: self.resid_pdrop,
             }),
+            token_classification: Some("Phi3ForTokenClassification"),
         })
     }
 }
@@ -182,3 +184,6 @@ pub type Phi3ForCausalLM = DecoderForCausalLM<Phi3Config>;
 
 /// Upstream `Phi3ForSequenceClassification`.
 pub type Phi3ForSequenceClassification = DecoderForSequenceClassification<Phi3Config>;
+
+/// Upstream `Phi3ForTokenClassification`.
+pub type Phi3ForTokenClassification = DecoderForTokenClassification<Phi3Config>;

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
-    sliding_windows,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, LlamaConfig, sliding_windows,
 };
 
 /// Upstream `Qwen2Config` with its defaults.
@@ -112,6 +112,7 @@ impl DecoderConfig for Qwen2Config {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            token_classification: Some("Qwen2ForTokenClassification"),
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,
@@ -127,3 +128,6 @@ pub type Qwen2ForCausalLM = DecoderForCausalLM<Qwen2Config>;
 
 /// Upstream `Qwen2ForSequenceClassification`.
 pub type Qwen2ForSequenceClassification = DecoderForSequenceClassification<Qwen2Config>;
+
+/// Upstream `Qwen2ForTokenClassification`.
+pub type Qwen2ForTokenClassification = DecoderForTokenClassification<Qwen2Config>;

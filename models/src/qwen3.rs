@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, LlamaConfig,
-    sliding_windows,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
+    DecoderForTokenClassification, Family, LlamaConfig, sliding_windows,
 };
 
 /// Upstream `Qwen3Config` with its defaults.
@@ -110,6 +110,7 @@ impl DecoderConfig for Qwen3Config {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            token_classification: Some("Qwen3ForTokenClassification"),
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,
@@ -125,3 +126,6 @@ pub type Qwen3ForCausalLM = DecoderForCausalLM<Qwen3Config>;
 
 /// Upstream `Qwen3ForSequenceClassification`.
 pub type Qwen3ForSequenceClassification = DecoderForSequenceClassification<Qwen3Config>;
+
+/// Upstream `Qwen3ForTokenClassification`.
+pub type Qwen3ForTokenClassification = DecoderForTokenClassification<Qwen3Config>;

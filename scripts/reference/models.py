@@ -191,6 +191,20 @@ def main():
         ids = ids.masked_fill(mask == 0, 0)
         record(case, m, ids, mask, torch.tensor([2, 0]))
 
+    # --- a new `score` head with a bias (GenericForTokenClassification, dropout 0.1 in
+    # training) on the tiny Qwen2 and Phi-3 causal LMs, drawn after torch.manual_seed(0), 5
+    # labels, the padding labelled -100; saved for Rust.
+    for case, src, cls in [
+        ("tiny_qwen2_tokcls", OUT / "tiny_qwen2_lm", tf.Qwen2ForTokenClassification),
+        ("tiny_phi3_tokcls", OUT / "tiny_phi3_lm", tf.Phi3ForTokenClassification),
+    ]:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(src, num_labels=5)
+        m.save_pretrained(OUT / case)
+        ids, mask = batch(m.config.vocab_size)
+        tok_labels = torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7))
+        record(case, m, ids, mask, tok_labels.masked_fill(mask == 0, -100))
+
     # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
     m = tf.BertModel.from_pretrained(ASSETS / "minilm")
     ids, mask = batch(m.config.vocab_size, seq=12)

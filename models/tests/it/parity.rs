@@ -268,52 +268,91 @@ fn tiny_llama_shaped_families() -> Result<()> {
     Ok(())
 }
 
-/// A new `score` head (upstream's `GenericForSequenceClassification`) on tiny Qwen2 and Llama
-/// causal LMs, pad token 0 ending row 1: pooled at each row's last non-padding token, logits,
-/// loss and gradients as upstream's; and the head drawn after the same seed from the causal
-/// LM's checkpoint equals the one upstream drew.
+/// A new `score` head on the tiny causal LMs, after `torch.manual_seed(0)`: upstream's
+/// `GenericForSequenceClassification` (3 labels, pad token 0 ending row 1, pooled at each
+/// row's last non-padding token) on Qwen2, Llama, Gemma 2 and Gemma 3, and
+/// `GenericForTokenClassification` (5 labels, a biased head) on Qwen2 and Phi-3: logits, loss
+/// and gradients as upstream's; and the head drawn from the causal LM's checkpoint after the
+/// same seed equals the one upstream drew.
 #[test]
-fn tiny_decoder_sequence_classification() -> Result<()> {
+fn tiny_decoder_classification_heads() -> Result<()> {
     let _g = lock();
-    let task = |n| tchtrain_models::AutoTask::SequenceClassification { num_labels: n };
-    for (case, lm) in [
+    use tchtrain_models::AutoTask;
+    let seq = AutoTask::SequenceClassification { num_labels: None };
+    let tok = AutoTask::TokenClassification { num_labels: None };
+    let reference = assets().join("reference/models");
+    for (case, lm, task, head) in [
         (
             "tiny_qwen2_seqcls",
-            assets().join("reference/models/tiny_qwen2_lm"),
+            reference.join("tiny_qwen2_lm"),
+            seq,
+            &["score.weight"][..],
         ),
-        ("tiny_llama_seqcls", assets().join("tiny-llama")),
+        (
+            "tiny_llama_seqcls",
+            assets().join("tiny-llama"),
+            seq,
+            &["score.weight"],
+        ),
         (
             "tiny_gemma2_seqcls",
-            assets().join("reference/models/tiny_gemma2_lm"),
+            reference.join("tiny_gemma2_lm"),
+            seq,
+            &["score.weight"],
         ),
         (
             "tiny_gemma3_seqcls",
-            assets().join("reference/models/tiny_gemma3_lm"),
+            reference.join("tiny_gemma3_lm"),
+            seq,
+            &["score.weight"],
+        ),
+        (
+            "tiny_qwen2_tokcls",
+            reference.join("tiny_qwen2_lm"),
+            tok,
+            &["score.weight", "score.bias"],
+        ),
+        (
+            "tiny_phi3_tokcls",
+            reference.join("tiny_phi3_lm"),
+            tok,
+            &["score.weight", "score.bias"],
         ),
     ] {
-        let dir = assets().join("reference/models").join(case);
-        let loaded = tchtrain_models::from_pretrained_dir(
-            &dir,
-            task(None),
-            Device::Cpu,
-            &LoadOptions::default(),
-        )?;
+        let dir = reference.join(case);
+        let loaded =
+            tchtrain_models::from_pretrained_dir(&dir, task, Device::Cpu, &LoadOptions::default())?;
         assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
         let mut model = loaded.model;
         check(case, &mut *model, "logits")?;
+        let num_labels = model.config().labels().num_labels();
+        let fresh_task = match task {
+            AutoTask::TokenClassification { .. } => AutoTask::TokenClassification {
+                num_labels: Some(num_labels),
+            },
+            _ => AutoTask::SequenceClassification {
+                num_labels: Some(num_labels),
+            },
+        };
         tch::manual_seed(0);
         let fresh = tchtrain_models::from_pretrained_dir(
             &lm,
-            task(Some(3)),
+            fresh_task,
             Device::Cpu,
             &LoadOptions::default(),
         )?;
-        assert_eq!(fresh.info.missing_keys, ["score.weight"], "{case}");
-        let drawn = &fresh.model.var_store().variables()["score.weight"];
-        assert!(
-            drawn.equal(&model.var_store().variables()["score.weight"]),
-            "{case}: the new head differs from upstream's"
-        );
+        let mut missing = fresh.info.missing_keys.clone();
+        missing.sort();
+        let mut want = head.to_vec();
+        want.sort();
+        assert_eq!(missing, want, "{case}");
+        for name in head {
+            let drawn = &fresh.model.var_store().variables()[*name];
+            assert!(
+                drawn.equal(&model.var_store().variables()[*name]),
+                "{case}: the new {name} differs from upstream's"
+            );
+        }
     }
     Ok(())
 }
