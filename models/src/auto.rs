@@ -5,9 +5,7 @@ use std::path::Path;
 
 use tch::Device;
 
-use crate::bert::{
-    BertBaseModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
-};
+use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, SEQ_CLS, TOK_CLS};
 use crate::configuration_utils::read_model_type;
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
@@ -24,6 +22,7 @@ use crate::modeling_utils::{Loaded, PreTrainedModel};
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
 use crate::qwen3::Qwen3Config;
+use crate::roberta::{RobertaConfig, XLMRobertaConfig};
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -48,7 +47,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -91,18 +90,9 @@ pub fn from_pretrained_dir(
         ("gpt2", AutoTask::SequenceClassification { num_labels }) => boxed(
             GPT2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
         ),
-        ("bert", AutoTask::Base) => boxed(BertBaseModel::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("bert", AutoTask::MaskedLm) => boxed(BertForMaskedLM::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("bert", AutoTask::SequenceClassification { num_labels }) => boxed(
-            BertForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("bert", AutoTask::TokenClassification { num_labels }) => boxed(
-            BertForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
+        ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
+        ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
+        ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
         ("llama", task) => decoder::<LlamaConfig>(dir, task, device, options)?,
         ("qwen2", task) => decoder::<Qwen2Config>(dir, task, device, options)?,
         ("qwen3", task) => decoder::<Qwen3Config>(dir, task, device, options)?,
@@ -112,6 +102,36 @@ pub fn from_pretrained_dir(
         ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
         ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
         _ => return Err(unsupported()),
+    })
+}
+
+/// A BERT-shaped family's head for `task` (base, masked LM, sequence or token
+/// classification).
+fn encoder<C: EncoderConfig>(
+    dir: &Path,
+    task: AutoTask,
+    device: Device,
+    options: &LoadOptions,
+) -> Result<AutoModel> {
+    Ok(match task {
+        AutoTask::Base => boxed(Bert::<C, BASE>::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        AutoTask::MaskedLm => boxed(Bert::<C, MLM>::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        AutoTask::SequenceClassification { num_labels } => boxed(
+            Bert::<C, SEQ_CLS>::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        AutoTask::TokenClassification { num_labels } => boxed(
+            Bert::<C, TOK_CLS>::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
+        AutoTask::CausalLm => {
+            return Err(Error::UnsupportedArchitecture {
+                name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
+                supported: SUPPORTED,
+            });
+        }
     })
 }
 

@@ -1,5 +1,8 @@
 //! BERT (upstream `models/bert`): `BertConfig`, `BertModel`, `BertForMaskedLM`,
-//! `BertForSequenceClassification`, `BertForTokenClassification`.
+//! `BertForSequenceClassification`, `BertForTokenClassification`; and the BERT-shaped
+//! encoders (RoBERTa, XLM-RoBERTa: `roberta.rs`), which are this model with an
+//! [`EncoderFamily`] (their embeddings' order and positions, their heads, class names) and
+//! an [`EncoderConfig`] of their own.
 //!
 //! As upstream, the BERT heads compute a plain mean cross-entropy (their forward builds
 //! `CrossEntropyLoss()` itself) and ignore `num_items_in_batch`.
@@ -95,7 +98,7 @@ impl BertConfig {
         Ok(c)
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         configuration_utils::check_sizes(
             &[
                 ("vocab_size", self.vocab_size),
@@ -140,6 +143,114 @@ impl BertConfig {
     }
 }
 
+/// What a BERT-shaped family changes (upstream's `modeling_roberta.py` against
+/// `modeling_bert.py`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderFamily {
+    /// `model_type` (`bert`, `roberta`, `xlm-roberta`).
+    pub model_type: &'static str,
+    /// Upstream's `base_model_prefix` (`bert`, `roberta`).
+    pub base_model_prefix: &'static str,
+    /// Upstream's class-name prefix (`Bert`, `Roberta`, `XLMRoberta`).
+    pub prefix: &'static str,
+    /// Upstream's class names of the heads: base, masked LM, sequence and token
+    /// classification.
+    pub classes: [&'static str; 4],
+    /// RoBERTa's embeddings (`position_embeddings` registered last, positions counted
+    /// from `pad_token_id + 1` over the non-padding tokens), its `lm_head` and
+    /// `RobertaClassificationHead`, no pooler under a head.
+    pub roberta: bool,
+    /// XLM-RoBERTa's heads register before the body (`named_parameters()` lists them first,
+    /// the tied decoder under `lm_head.decoder.weight`).
+    pub head_first: bool,
+}
+
+impl EncoderFamily {
+    /// BERT's.
+    pub fn bert() -> Self {
+        Self {
+            model_type: "bert",
+            base_model_prefix: "bert",
+            prefix: "Bert",
+            classes: [
+                "BertModel",
+                "BertForMaskedLM",
+                "BertForSequenceClassification",
+                "BertForTokenClassification",
+            ],
+            roberta: false,
+            head_first: false,
+        }
+    }
+}
+
+/// A BERT-shaped family's config: upstream's own class (its defaults, its `config.json`),
+/// seen as BERT's sizes plus the [`EncoderFamily`] facts.
+pub trait EncoderConfig:
+    PretrainedConfig + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+    /// Reads and checks `config.json`.
+    fn from_file(path: &Path) -> Result<Self>;
+    /// The sizes, dropouts and special tokens in BERT's form.
+    fn bert(&self) -> BertConfig;
+    /// What the family changes.
+    fn family(&self) -> EncoderFamily;
+    /// `num_labels`, `id2label`, `problem_type`.
+    fn labels_mut(&mut self) -> &mut LabelConfig;
+    /// Keys not interpreted (`use_cache`, ...), kept so that `config.json` round-trips.
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value>;
+}
+
+impl EncoderConfig for BertConfig {
+    fn from_file(path: &Path) -> Result<Self> {
+        BertConfig::from_file(path)
+    }
+    fn bert(&self) -> BertConfig {
+        self.clone()
+    }
+    fn family(&self) -> EncoderFamily {
+        EncoderFamily::bert()
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+}
+
+/// Upstream's class names of a family's modules (what the underflow / overflow tracer prints).
+#[derive(Debug)]
+struct Classes {
+    self_attention: String,
+    self_output: String,
+    attention: String,
+    intermediate: String,
+    output: String,
+    layer: String,
+    embeddings: String,
+    encoder: String,
+    pooler: String,
+    model: String,
+}
+
+impl Classes {
+    fn new(prefix: &str) -> Self {
+        Self {
+            self_attention: format!("{prefix}SelfAttention"),
+            self_output: format!("{prefix}SelfOutput"),
+            attention: format!("{prefix}Attention"),
+            intermediate: format!("{prefix}Intermediate"),
+            output: format!("{prefix}Output"),
+            layer: format!("{prefix}Layer"),
+            embeddings: format!("{prefix}Embeddings"),
+            encoder: format!("{prefix}Encoder"),
+            pooler: format!("{prefix}Pooler"),
+            model: format!("{prefix}Model"),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Layer {
     query: layers::LayerLinear,
@@ -152,6 +263,7 @@ struct Layer {
     output_ln: nn::LayerNorm,
     /// `bert.encoder.layer.{i}`, as the underflow / overflow tracer names it.
     name: String,
+    classes: Arc<Classes>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -207,7 +319,7 @@ impl Layer {
         let ctx = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
         hook(
             || n("attention.self"),
-            "BertSelfAttention",
+            &self.classes.self_attention,
             &[],
             &[Var::T(h)],
             Out::Tuple(&[Var::T(&ctx), Var::None]),
@@ -229,7 +341,7 @@ impl Layer {
         );
         hook(
             || n("attention.output"),
-            "BertSelfOutput",
+            &self.classes.self_output,
             &[],
             &[Var::T(&ctx), Var::T(h)],
             Out::One(Var::T(&a)),
@@ -238,7 +350,7 @@ impl Layer {
         let mask = x.mask.tensor().map_or(Var::None, Var::T);
         hook(
             || n("attention"),
-            "BertAttention",
+            &self.classes.attention,
             &[],
             &[Var::T(h), mask],
             Out::Tuple(&[Var::T(&a), Var::None]),
@@ -247,7 +359,13 @@ impl Layer {
         let i = x
             .act
             .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
-        leaf(|| n("intermediate"), "BertIntermediate", &[], &a, &i);
+        leaf(
+            || n("intermediate"),
+            &self.classes.intermediate,
+            &[],
+            &a,
+            &i,
+        );
         let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
         let m = dropout_traced(&m, x.hidden_dropout_prob, x.train, || n("output.dropout"));
         let out = apply_traced(
@@ -258,14 +376,14 @@ impl Layer {
         );
         hook(
             || n("output"),
-            "BertOutput",
+            &self.classes.output,
             &[],
             &[Var::T(&i), Var::T(&a)],
             Out::One(Var::T(&out)),
         );
         hook(
             || self.name.clone(),
-            "BertLayer",
+            &self.classes.layer,
             &[],
             &[Var::T(h), mask, Var::None],
             Out::One(Var::T(&out)),
@@ -287,6 +405,8 @@ pub struct BertModel {
     pooler: Option<nn::Linear>,
     act: Activation,
     config: BertConfig,
+    family: EncoderFamily,
+    classes: Arc<Classes>,
     /// Upstream's `gradient_checkpointing` on the layers.
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
@@ -294,7 +414,25 @@ pub struct BertModel {
 impl BertModel {
     /// Creates the variables under `p` (upstream prefix `bert`, or the root for `BertModel`).
     pub fn new(p: nn::Path<'_>, config: &BertConfig, add_pooling_layer: bool) -> Result<Self> {
+        Self::with_family(p, config, add_pooling_layer, EncoderFamily::bert())
+    }
+
+    /// [`new`](Self::new) for a BERT-shaped family.
+    pub fn with_family(
+        p: nn::Path<'_>,
+        config: &BertConfig,
+        add_pooling_layer: bool,
+        family: EncoderFamily,
+    ) -> Result<Self> {
         config.validate()?;
+        if family.roberta && config.pad_token_id.is_none() {
+            return Err(Error::InvalidConfig {
+                field: "pad_token_id",
+                value: "null".into(),
+                fix: "RoBERTa counts its positions from the padding index; set pad_token_id (1 in RoBERTa's vocabularies)",
+            });
+        }
+        let classes = Arc::new(Classes::new(family.prefix));
         let (d, std, eps) = (
             config.hidden_size,
             config.initializer_range,
@@ -304,16 +442,27 @@ impl BertModel {
         // Created in upstream's registration order (embeddings, encoder, pooler):
         // `model.parameters()` follows it, and gradient clipping sums the per-parameter norms
         // in that order.
-        let word_embeddings = layers::embedding(&e / "word_embeddings", config.vocab_size, d, std);
-        let position_embeddings = layers::embedding(
-            &e / "position_embeddings",
-            config.max_position_embeddings,
-            d,
-            std,
-        );
+        // RoBERTa registers `position_embeddings` (with the padding index) last.
+        let pad = config.pad_token_id;
+        let word_embeddings =
+            layers::embedding_with_padding(&e / "word_embeddings", config.vocab_size, d, std, pad);
+        let positions = |e: &nn::Path<'_>, padding| {
+            layers::embedding_with_padding(
+                e / "position_embeddings",
+                config.max_position_embeddings,
+                d,
+                std,
+                padding,
+            )
+        };
+        let position_embeddings = (!family.roberta).then(|| positions(&e, None));
         let token_type_embeddings =
             layers::embedding(&e / "token_type_embeddings", config.type_vocab_size, d, std);
         let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, eps);
+        let position_embeddings = match position_embeddings {
+            Some(p) => p,
+            None => positions(&e, pad),
+        };
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &p / "encoder" / "layer" / i;
@@ -340,6 +489,7 @@ impl BertModel {
                     ),
                     output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
                     name: l.components().collect::<Vec<_>>().join("."),
+                    classes: Arc::clone(&classes),
                 }))
             })
             .collect();
@@ -354,6 +504,8 @@ impl BertModel {
                 .then(|| layers::linear(&p / "pooler" / "dense", d, d, true, std)),
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
+            family,
+            classes,
             checkpointing: None,
         })
     }
@@ -366,12 +518,23 @@ impl BertModel {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let ids = inputs.ids()?;
-        let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
+        // RoBERTa's positions run from `pad_token_id + 1`.
+        let offset = match (self.family.roberta, c.pad_token_id) {
+            (true, Some(pad)) => pad + 1,
+            _ => 0,
+        };
+        let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings - offset)?;
         let device = self.word_embeddings.ws.device();
         let ids = ids.f_to_device(device)?;
-        let positions = match inputs.position_ids {
-            Some(p) => p.f_to_device(device)?,
-            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+        let positions = match (inputs.position_ids, self.family.roberta, c.pad_token_id) {
+            (Some(p), _, _) => p.f_to_device(device)?,
+            // Upstream `create_position_ids_from_input_ids`: the non-padding tokens counted
+            // from `padding_idx + 1`, the padding at `padding_idx`.
+            (None, true, Some(pad)) => {
+                let mask = ids.ne(pad).to_kind(Kind::Int);
+                (mask.cumsum(1, Kind::Int) * &mask).to_kind(Kind::Int64) + pad
+            }
+            _ => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
         let token_types = match inputs.token_type_ids {
             Some(t) => t.f_to_device(device)?,
@@ -413,7 +576,7 @@ impl BertModel {
         // Called with keyword arguments: no positional inputs.
         hook(
             || n("embeddings"),
-            "BertEmbeddings",
+            &self.classes.embeddings,
             &[],
             &[],
             Out::One(Var::T(&h)),
@@ -454,7 +617,7 @@ impl BertModel {
         }
         hook(
             || n("encoder"),
-            "BertEncoder",
+            &self.classes.encoder,
             &[],
             &[Var::T(&embedding_output)],
             Out::One(Var::NotTensor),
@@ -463,14 +626,14 @@ impl BertModel {
             let dense = apply_traced(&h.select(1, 0), p, || n("pooler.dense"), "Linear");
             let pooled = dense.tanh();
             leaf(|| n("pooler.activation"), "Tanh", &[], &dense, &pooled);
-            leaf(|| n("pooler"), "BertPooler", &[], &h, &pooled);
+            leaf(|| n("pooler"), &self.classes.pooler, &[], &h, &pooled);
             pooled
         });
         if !self.prefix.is_empty() {
             // Called positionally with `input_ids` by the heads.
             hook(
                 || self.prefix.clone(),
-                "BertModel",
+                &self.classes.model,
                 &[],
                 &[Var::T(&ids)],
                 Out::One(Var::NotTensor),
@@ -496,51 +659,113 @@ enum Head {
         ln: nn::LayerNorm,
         bias: Tensor,
     },
+    /// RoBERTa's `lm_head`: dense, GELU, `layer_norm`, then the tied decoder + bias.
+    RobertaLm {
+        dense: nn::Linear,
+        layer_norm: nn::LayerNorm,
+        bias: Tensor,
+    },
     /// `classifier` on the pooled output.
     SequenceClassification { classifier: nn::Linear },
+    /// RoBERTa's `classifier` (`RobertaClassificationHead`) on the first token: dropout,
+    /// dense, tanh, dropout, `out_proj`.
+    RobertaClassification {
+        dense: nn::Linear,
+        out_proj: nn::Linear,
+    },
     /// `classifier` on every token.
     TokenClassification { classifier: nn::Linear },
 }
 
-/// A BERT model with one of upstream's heads; use the type aliases.
+/// A BERT-shaped model with one of upstream's heads; use the type aliases
+/// ([`BertForMaskedLM`], `RobertaForSequenceClassification`, ...).
 #[derive(Debug)]
-pub struct Bert<const KIND: u8> {
+pub struct Bert<C: EncoderConfig, const KIND: u8> {
     vs: nn::VarStore,
     bert: BertModel,
     head: Head,
-    config: BertConfig,
+    config: C,
     training: bool,
 }
 
-const BASE: u8 = 0;
-const MLM: u8 = 1;
-const SEQ_CLS: u8 = 2;
-const TOK_CLS: u8 = 3;
+/// The head kinds of [`Bert`].
+pub(crate) const BASE: u8 = 0;
+pub(crate) const MLM: u8 = 1;
+pub(crate) const SEQ_CLS: u8 = 2;
+pub(crate) const TOK_CLS: u8 = 3;
 
 /// Upstream `BertModel` as a standalone model (weights at the root, with the pooler).
-pub type BertBaseModel = Bert<BASE>;
+pub type BertBaseModel = Bert<BertConfig, BASE>;
 /// Upstream `BertForMaskedLM`.
-pub type BertForMaskedLM = Bert<MLM>;
+pub type BertForMaskedLM = Bert<BertConfig, MLM>;
 /// Upstream `BertForSequenceClassification`.
-pub type BertForSequenceClassification = Bert<SEQ_CLS>;
+pub type BertForSequenceClassification = Bert<BertConfig, SEQ_CLS>;
 /// Upstream `BertForTokenClassification`.
-pub type BertForTokenClassification = Bert<TOK_CLS>;
+pub type BertForTokenClassification = Bert<BertConfig, TOK_CLS>;
 
-impl<const KIND: u8> Bert<KIND> {
+impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
     /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
-    pub fn new(config: &BertConfig, device: Device) -> Result<Self> {
+    pub fn new(encoder_config: &C, device: Device) -> Result<Self> {
+        let config = &encoder_config.bert();
+        let family = encoder_config.family();
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let body = if KIND == BASE {
             root.clone()
         } else {
-            &root / "bert"
+            &root / family.base_model_prefix
         };
+        // BERT's sequence classifier reads the pooler; RoBERTa's heads have none.
+        let pooler = KIND == BASE || (KIND == SEQ_CLS && !family.roberta);
+        let roberta = family.roberta;
+        // XLM-RoBERTa's heads register before the body (their parameters come first).
+        let head_first = family.head_first;
+        let body_then = |family| BertModel::with_family(body, config, pooler, family);
+        let (bert, head);
+        if head_first {
+            head = Self::head(&root, config, roberta);
+            bert = body_then(family)?;
+        } else {
+            bert = body_then(family)?;
+            head = Self::head(&root, config, roberta);
+        }
+        Ok(Self {
+            vs,
+            bert,
+            head,
+            config: encoder_config.clone(),
+            training: false,
+        })
+    }
+
+    /// The head's variables, created under `root` in upstream's order.
+    fn head(root: &nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
         let (d, std) = (config.hidden_size, config.initializer_range);
-        let bert = BertModel::new(body, config, matches!(KIND, BASE | SEQ_CLS))?;
-        let head = match KIND {
+        match KIND {
+            MLM if roberta => {
+                let t = root / "lm_head";
+                // `lm_head.bias` (the decoder's bias) comes first in `named_parameters()`.
+                let bias = crate::initialization::var(
+                    &t,
+                    "bias",
+                    &[config.vocab_size],
+                    nn::Init::Const(0.0),
+                );
+                Head::RobertaLm {
+                    dense: layers::linear(&t / "dense", d, d, true, std),
+                    layer_norm: layers::layer_norm(&t / "layer_norm", d, config.layer_norm_eps),
+                    bias,
+                }
+            }
+            SEQ_CLS if roberta => {
+                let c = root / "classifier";
+                Head::RobertaClassification {
+                    dense: layers::linear(&c / "dense", d, d, true, std),
+                    out_proj: layers::linear(&c / "out_proj", d, config.num_labels(), true, std),
+                }
+            }
             MLM => {
-                let t = &root / "cls" / "predictions";
+                let t = root / "cls" / "predictions";
                 // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
                 // transform (the decoder's bias is that parameter, and the decoder weight is
                 // the tied word embeddings): created in that order.
@@ -561,20 +786,13 @@ impl<const KIND: u8> Bert<KIND> {
                 }
             }
             SEQ_CLS => Head::SequenceClassification {
-                classifier: layers::linear(&root / "classifier", d, config.num_labels(), true, std),
+                classifier: layers::linear(root / "classifier", d, config.num_labels(), true, std),
             },
             TOK_CLS => Head::TokenClassification {
-                classifier: layers::linear(&root / "classifier", d, config.num_labels(), true, std),
+                classifier: layers::linear(root / "classifier", d, config.num_labels(), true, std),
             },
             _ => Head::None,
-        };
-        Ok(Self {
-            vs,
-            bert,
-            head,
-            config: config.clone(),
-            training: false,
-        })
+        }
     }
 
     /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder: a base
@@ -585,39 +803,39 @@ impl<const KIND: u8> Bert<KIND> {
         device: Device,
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
-        let mut config = BertConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let mut config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
         if let Some(n) = num_labels {
-            config.labels.set_num_labels(n)?;
+            config.labels_mut().set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "bert", &[], options, || Self::new(&config, device))
+        let prefix = config.family().base_model_prefix;
+        loading::from_pretrained_with(dir, prefix, &[], options, || Self::new(&config, device))
     }
 
     fn dropout_p(&self) -> f64 {
-        self.config
-            .classifier_dropout
-            .unwrap_or(self.config.hidden_dropout_prob)
+        let c = &self.bert.config;
+        c.classifier_dropout.unwrap_or(c.hidden_dropout_prob)
     }
 }
 
-impl<const KIND: u8> PreTrainedModel for Bert<KIND> {
+impl<C: EncoderConfig, const KIND: u8> PreTrainedModel for Bert<C, KIND> {
     fn architecture(&self) -> &'static str {
-        match KIND {
-            MLM => "BertForMaskedLM",
-            SEQ_CLS => "BertForSequenceClassification",
-            TOK_CLS => "BertForTokenClassification",
-            _ => "BertModel",
-        }
+        self.bert.family.classes[usize::from(KIND)]
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
     }
 }
 
-impl<const KIND: u8> TrainableModel for Bert<KIND> {
-    crate::modeling_utils::model_plumbing!();
+impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
+    crate::modeling_utils::model_plumbing!(@common);
+    fn set_use_cache(&mut self, use_cache: bool) {
+        self.config
+            .extra_mut()
+            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+    }
     crate::modeling_utils::checkpointing_plumbing!(bert);
     fn label_check(&self) -> Option<LabelCheck> {
-        let num_labels = self.config.num_labels();
+        let num_labels = self.config.labels().num_labels();
         match KIND {
             SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
             TOK_CLS => Some(LabelCheck::Token { num_labels }),
@@ -626,7 +844,11 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
     }
     // BERT's LayerNorms are named `LayerNorm`, which the name patterns already exclude.
     fn is_embedding_weight(&self, name: &str) -> bool {
-        let name = name.strip_prefix("bert.").unwrap_or(name);
+        let prefix = self.bert.family.base_model_prefix;
+        let name = name
+            .strip_prefix(prefix)
+            .and_then(|n| n.strip_prefix('.'))
+            .unwrap_or(name);
         matches!(
             name,
             "embeddings.word_embeddings.weight"
@@ -635,7 +857,15 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
         )
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
+        let prefix = self.bert.family.base_model_prefix;
         match KIND {
+            MLM if self.bert.family.roberta => vec![
+                (
+                    "lm_head.decoder.weight".into(),
+                    format!("{prefix}.embeddings.word_embeddings.weight"),
+                ),
+                ("lm_head.decoder.bias".into(), "lm_head.bias".into()),
+            ],
             MLM => vec![
                 (
                     "cls.predictions.decoder.weight".into(),
@@ -652,7 +882,9 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let train = self.training;
         let (h, pooled) = self.bert.forward(inputs, train)?;
-        let num_labels = self.config.num_labels();
+        let labels_config = self.config.labels();
+        let num_labels = labels_config.num_labels();
+        let vocab_size = self.bert.config.vocab_size;
         let (logits, loss) = match &self.head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { dense, ln, bias } => {
@@ -686,11 +918,57 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
                 leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits,
+                        &logits, l, vocab_size, None, -100,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::RobertaLm {
+                dense,
+                layer_norm,
+                bias,
+            } => {
+                use crate::debug_utils::leaf;
+                use layers::apply_traced;
+                let x = apply_traced(&h, dense, || "lm_head.dense".into(), "Linear");
+                // upstream's `gelu` function (exact), whatever `hidden_act` says
+                let x = x.gelu("none");
+                let x = apply_traced(&x, layer_norm, || "lm_head.layer_norm".into(), "LayerNorm");
+                let weight = self.bert.word_embeddings();
+                let logits = x.matmul(&weight.tr()) + bias;
+                let decoder = [("weight", weight), ("bias", bias)];
+                leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
+                leaf(
+                    || "lm_head".into(),
+                    "RobertaLMHead",
+                    &[("bias", bias)],
+                    &h,
+                    &logits,
+                );
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
+                        &logits, l, vocab_size, None, -100,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::RobertaClassification { dense, out_proj } => {
+                use layers::{apply_traced, dropout_traced};
+                let p = self.dropout_p();
+                let x = h.select(1, 0);
+                let x = dropout_traced(&x, p, train, || "classifier.dropout".into());
+                let x = apply_traced(&x, dense, || "classifier.dense".into(), "Linear").tanh();
+                let x = dropout_traced(&x, p, train, || "classifier.dropout".into());
+                let logits = apply_traced(&x, out_proj, || "classifier.out_proj".into(), "Linear");
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
-                        self.config.vocab_size,
+                        &logits,
+                        num_labels,
+                        labels_config.problem_type()?,
                         None,
-                        -100,
                     )?),
                     None => None,
                 };
@@ -708,7 +986,7 @@ impl<const KIND: u8> TrainableModel for Bert<KIND> {
                         l,
                         &logits,
                         num_labels,
-                        self.config.labels.problem_type()?,
+                        labels_config.problem_type()?,
                         None,
                     )?),
                     None => None,

@@ -37,6 +37,7 @@ mod neftune;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod roberta;
 mod rope;
 mod tokenization;
 
@@ -46,7 +47,7 @@ pub use auto_tokenizer::{
 };
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
-    BertForTokenClassification, BertModel,
+    BertForTokenClassification, BertModel, EncoderConfig, EncoderFamily,
 };
 pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
@@ -91,6 +92,11 @@ pub use qwen2::{
 };
 pub use qwen3::{
     Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3ForTokenClassification,
+};
+pub use roberta::{
+    RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
+    RobertaForTokenClassification, RobertaModel, XLMRobertaConfig, XLMRobertaForMaskedLM,
+    XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
 };
 pub use tokenizers::Tokenizer;
 

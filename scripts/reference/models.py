@@ -102,6 +102,35 @@ def main():
     tok_labels = tok_labels.masked_fill(mask == 0, -100)
     record("tiny_bert_tokcls", m, ids, mask, tok_labels)
 
+    # --- tiny RoBERTa / XLM-RoBERTa (seeded, saved for Rust): masked LM with row 1's last 3
+    # tokens padding (pad id 1: their positions stay at the padding index), then new
+    # RobertaClassificationHead / token-classification heads drawn after
+    # torch.manual_seed(0) on the masked LM's checkpoint
+    tiny_enc = dict(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=64,
+    )
+    for fam, config_cls, mlm_cls, seq_cls, tok_cls in [
+        ("roberta", tf.RobertaConfig, tf.RobertaForMaskedLM, tf.RobertaForSequenceClassification, tf.RobertaForTokenClassification),
+        ("xlmr", tf.XLMRobertaConfig, tf.XLMRobertaForMaskedLM, tf.XLMRobertaForSequenceClassification, tf.XLMRobertaForTokenClassification),
+    ]:
+        torch.manual_seed(0)
+        m = mlm_cls(config_cls(**tiny_enc))
+        m.save_pretrained(OUT / f"tiny_{fam}_mlm")
+        ids, mask = batch(1000)
+        ids = ids.masked_fill(mask == 0, 1)
+        labels = torch.full_like(ids, -100)
+        labels[0, 2], labels[0, 5], labels[1, 1] = 7, 99, 500
+        record(f"tiny_{fam}_mlm", m, ids, mask, labels)
+        for head, cls, n, lab in [
+            ("seqcls", seq_cls, 3, torch.tensor([1, 2])),
+            ("tokcls", tok_cls, 5, torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7)).masked_fill(mask == 0, -100)),
+        ]:
+            torch.manual_seed(0)
+            m = cls.from_pretrained(OUT / f"tiny_{fam}_mlm", num_labels=n)
+            m.save_pretrained(OUT / f"tiny_{fam}_{head}")
+            record(f"tiny_{fam}_{head}", m, ids, mask, lab)
+
     # --- tiny Llama causal LM
     m = tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama")
     ids, mask = batch(m.config.vocab_size)

@@ -219,7 +219,8 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
 }
 
 /// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, Gemma
-/// 1–3 tied, Phi-3, and Qwen2 and Gemma 3 sequence classifiers): the folder reloads here with the same logits, and
+/// 1–3 tied, Phi-3, RoBERTa and XLM-RoBERTa masked LMs, and Qwen2, Gemma 3 and XLM-RoBERTa
+/// sequence classifiers): the folder reloads here with the same logits, and
 /// transformers' Auto class loads it as the same class with the same logits (the same
 /// kernels: 0 difference).
 #[test]
@@ -267,6 +268,21 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
             reference.join("tiny_gemma3_lm"),
             AutoTask::CausalLm,
             "AutoModelForCausalLM",
+        ),
+        (
+            reference.join("tiny_roberta_mlm"),
+            AutoTask::MaskedLm,
+            "AutoModelForMaskedLM",
+        ),
+        (
+            reference.join("tiny_xlmr_mlm"),
+            AutoTask::MaskedLm,
+            "AutoModelForMaskedLM",
+        ),
+        (
+            reference.join("tiny_xlmr_seqcls"),
+            seqcls,
+            "AutoModelForSequenceClassification",
         ),
         (
             reference.join("tiny_phi3_lm"),

@@ -60,7 +60,14 @@ fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
 /// returns (logits diff, worst grad rel).
 fn check(case: &str, model: &mut dyn PreTrainedModel, logits_key: &str) -> Result<(f64, f64)> {
     let order_path = assets().join(format!("reference/models/{case}.parameters.json"));
-    let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&order_path)?)?;
+    let mut upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&order_path)?)?;
+    // A tied weight is one tensor under two names: upstream lists it under the name it
+    // meets first (XLM-RoBERTa's head comes first: `lm_head.decoder.weight`).
+    for (tied, source) in model.tied_weights() {
+        for name in upstream.iter_mut().filter(|n| **n == tied) {
+            *name = source.clone();
+        }
+    }
     assert_eq!(parameter_order(model), upstream, "{case}: parameter order");
     let r = reference(case)?;
     let ids = &r["input_ids"];
@@ -104,6 +111,11 @@ fn check(case: &str, model: &mut dyn PreTrainedModel, logits_key: &str) -> Resul
         let mut n = 0;
         for (key, expected) in r.iter().filter(|(k, _)| k.starts_with("grad.")) {
             let name = &key["grad.".len()..];
+            let tied = model.tied_weights();
+            let name = tied
+                .iter()
+                .find(|(t, _)| t == name)
+                .map_or(name, |(_, source)| source.as_str());
             let var = vars
                 .get(name)
                 .with_context(|| format!("{case}: model has no parameter {name}"))?;
@@ -352,6 +364,76 @@ fn tiny_decoder_classification_heads() -> Result<()> {
                 drawn.equal(&model.var_store().variables()[*name]),
                 "{case}: the new {name} differs from upstream's"
             );
+        }
+    }
+    Ok(())
+}
+
+/// Tiny RoBERTa and XLM-RoBERTa (`models.py`, seeded): the masked LM (row 1 padded with
+/// the pad id, whose positions stay at the padding index) and, on its checkpoint, a new
+/// `RobertaClassificationHead` (3 labels) and token classifier (5 labels) drawn after
+/// `torch.manual_seed(0)`: logits, losses and gradients as upstream's, and the drawn heads
+/// equal to upstream's.
+#[test]
+fn tiny_roberta_family() -> Result<()> {
+    let _g = lock();
+    use tchtrain_models::AutoTask;
+    let reference = assets().join("reference/models");
+    for fam in ["roberta", "xlmr"] {
+        let mlm = reference.join(format!("tiny_{fam}_mlm"));
+        for (head, task, fresh_task, new_keys) in [
+            ("mlm", AutoTask::MaskedLm, None, &[][..]),
+            (
+                "seqcls",
+                AutoTask::SequenceClassification { num_labels: None },
+                Some(AutoTask::SequenceClassification {
+                    num_labels: Some(3),
+                }),
+                &[
+                    "classifier.dense.bias",
+                    "classifier.dense.weight",
+                    "classifier.out_proj.bias",
+                    "classifier.out_proj.weight",
+                ][..],
+            ),
+            (
+                "tokcls",
+                AutoTask::TokenClassification { num_labels: None },
+                Some(AutoTask::TokenClassification {
+                    num_labels: Some(5),
+                }),
+                &["classifier.bias", "classifier.weight"][..],
+            ),
+        ] {
+            let case = format!("tiny_{fam}_{head}");
+            let loaded = tchtrain_models::from_pretrained_dir(
+                &reference.join(&case),
+                task,
+                Device::Cpu,
+                &LoadOptions::default(),
+            )?;
+            assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+            let mut model = loaded.model;
+            check(&case, &mut *model, "logits")?;
+            if let Some(fresh_task) = fresh_task {
+                tch::manual_seed(0);
+                let fresh = tchtrain_models::from_pretrained_dir(
+                    &mlm,
+                    fresh_task,
+                    Device::Cpu,
+                    &LoadOptions::default(),
+                )?;
+                let mut missing = fresh.info.missing_keys.clone();
+                missing.sort();
+                assert_eq!(missing, new_keys, "{case}");
+                for name in new_keys {
+                    assert!(
+                        fresh.model.var_store().variables()[*name]
+                            .equal(&model.var_store().variables()[*name]),
+                        "{case}: the new {name} differs from upstream's"
+                    );
+                }
+            }
         }
     }
     Ok(())
