@@ -91,6 +91,39 @@ pub(crate) fn sliding_window_mask(
     }
 }
 
+/// Upstream's bidirectional sliding-window mask (ModernBERT's local layers, sdpa): key `k`
+/// is visible from query `q` when `|q - k| <= half` and `k` is not padding. Without padding
+/// and with `seq < half` upstream builds none; without padding otherwise, the band expanded
+/// over the batch (a stride-0 view, as upstream's).
+pub(crate) fn local_window_mask(
+    attention_mask: Option<&Tensor>,
+    batch: i64,
+    seq: i64,
+    half: i64,
+    device: Device,
+) -> Mask {
+    let padding = attention_mask
+        .map(|m| m.to_device(device).ne(0).view([batch, 1, 1, seq]))
+        .filter(|p| p.all().int64_value(&[]) == 0);
+    if padding.is_none() && seq < half {
+        return Mask {
+            mask: None,
+            is_causal: false,
+        };
+    }
+    let q = Tensor::arange(seq, (Kind::Int64, device)).view([seq, 1]);
+    let k = Tensor::arange(seq, (Kind::Int64, device)).view([1, seq]);
+    let band = (&q - &k).abs().le(half).view([1, 1, seq, seq]);
+    let mask = match padding {
+        Some(p) => p.logical_and(&band),
+        None => band.expand([batch, 1, seq, seq], false),
+    };
+    Mask {
+        mask: Some(mask),
+        is_causal: false,
+    }
+}
+
 /// `softmax(q kᵀ · scale + mask) v` with dropout in training; `q`, `k`, `v` are
 /// `[batch, heads, seq, head_dim]` (k / v may have fewer heads: grouped-query attention).
 /// As upstream's `sdpa_attention_forward`, grouped-query attention goes through SDPA's

@@ -19,6 +19,10 @@ use crate::llama::{
 use crate::loading::{CONFIG_NAME, LoadOptions};
 use crate::mistral::MistralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
+use crate::modernbert::{
+    ModernBertBaseModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+};
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
 use crate::qwen3::Qwen3Config;
@@ -47,7 +51,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -93,6 +97,22 @@ pub fn from_pretrained_dir(
         ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
         ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
         ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
+        ("modernbert", AutoTask::Base) => boxed(ModernBertBaseModel::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("modernbert", AutoTask::MaskedLm) => boxed(ModernBertForMaskedLM::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("modernbert", AutoTask::SequenceClassification { num_labels }) => {
+            boxed(ModernBertForSequenceClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        ("modernbert", AutoTask::TokenClassification { num_labels }) => {
+            boxed(ModernBertForTokenClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
         ("llama", task) => decoder::<LlamaConfig>(dir, task, device, options)?,
         ("qwen2", task) => decoder::<Qwen2Config>(dir, task, device, options)?,
         ("qwen3", task) => decoder::<Qwen3Config>(dir, task, device, options)?,

@@ -33,6 +33,7 @@ mod llama;
 mod loading;
 mod mistral;
 mod modeling_utils;
+mod modernbert;
 mod neftune;
 mod phi3;
 mod qwen2;
@@ -82,6 +83,10 @@ pub use mistral::{
 };
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
+pub use modernbert::{
+    ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,
+    ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
 pub use phi3::{

@@ -131,6 +131,44 @@ def main():
             m.save_pretrained(OUT / f"tiny_{fam}_{head}")
             record(f"tiny_{fam}_{head}", m, ids, mask, lab)
 
+    # --- tiny ModernBERT (seeded, saved for Rust): layers 0 and 2 global, layer 1 local
+    # (window 4: keys within 2 of the query), pad id 0 ending row 1; the masked LM, the same
+    # with sparse_prediction (only the labelled tokens through the head), new sequence (cls
+    # pooling) and token classifiers drawn after torch.manual_seed(0) on its checkpoint
+    # (normal, then ModernBERT's truncated normal); and a model with every bias and mean
+    # pooling
+    tiny_mb = dict(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=64, global_attn_every_n_layers=2,
+        local_attention=4, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    m = tf.ModernBertForMaskedLM(tf.ModernBertConfig(**tiny_mb))
+    m.save_pretrained(OUT / "tiny_modernbert_mlm")
+    ids, mask = batch(1000)
+    ids = ids.masked_fill(mask == 0, 0)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[0, 5], labels[1, 1] = 7, 99, 500
+    record("tiny_modernbert_mlm", m, ids, mask, labels)
+    m = tf.ModernBertForMaskedLM.from_pretrained(OUT / "tiny_modernbert_mlm", sparse_prediction=True)
+    m.save_pretrained(OUT / "tiny_modernbert_sparse_mlm")
+    record("tiny_modernbert_sparse_mlm", m, ids, mask, labels)
+    for head, cls, n, lab in [
+        ("seqcls", tf.ModernBertForSequenceClassification, 3, torch.tensor([1, 2])),
+        ("tokcls", tf.ModernBertForTokenClassification, 5, torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7)).masked_fill(mask == 0, -100)),
+    ]:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(OUT / "tiny_modernbert_mlm", num_labels=n)
+        m.save_pretrained(OUT / f"tiny_modernbert_{head}")
+        record(f"tiny_modernbert_{head}", m, ids, mask, lab)
+    torch.manual_seed(0)
+    m = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(
+        **tiny_mb, norm_bias=True, attention_bias=True, mlp_bias=True, classifier_bias=True,
+        classifier_pooling="mean", num_labels=3,
+    ))
+    m.save_pretrained(OUT / "tiny_modernbert_biased_seqcls")
+    record("tiny_modernbert_biased_seqcls", m, ids, mask, torch.tensor([0, 2]))
+
     # --- tiny Llama causal LM
     m = tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama")
     ids, mask = batch(m.config.vocab_size)

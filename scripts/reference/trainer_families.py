@@ -14,6 +14,8 @@ steps; OUT_DIR/<case>/log_history.json and train_output.json are the run.
   gemma2   Gemma2ForCausalLM: eager attention soft-capped at 50, logits at 30 (upstream's
            defaults), layers 0 and 2 sliding over 16 tokens, Gemma's norms and scaled
            embeddings, tied head
+
+and OUT_DIR/modernbert_cls/, a tiny ModernBERT sequence classifier (see modernbert_cls).
 """
 
 import importlib.util
@@ -47,8 +49,69 @@ CASES = [
 ]
 
 
+def modernbert_cls(parity):
+    """A tiny ModernBERT sequence classifier (mean pooling; layers 0 and 2 global, 1 local over
+    8 tokens; MiniLM's vocabulary) trained 20 steps on the first 64 fresh / rotten Rotten
+    Tomatoes reviews (48 train, 16 eval) as trainer_parity.py's minilm_cls prepares them,
+    without token type ids, padded by DataCollatorWithPadding."""
+    import bz2
+    import csv
+
+    folder = parity.OUT / "modernbert_cls"
+    folder.mkdir()
+    with bz2.open(parity.ASSETS / "text" / "rotten_tomatoes_corpus.csv.bz2", "rt", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")][:64]
+    splits = {"train": rows[:48], "eval": rows[48:]}
+    labels = sorted({r["category"] for r in splits["train"]})
+    tok = tf.AutoTokenizer.from_pretrained(parity.ASSETS / "minilm")
+    data, ids = {}, {}
+    for split, part in splits.items():
+        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for r in part:
+                f.write(json.dumps({"sentence": r["text"], "label": r["category"]}) + "\n")
+        enc = [tok(r["text"], truncation=True, max_length=64, return_token_type_ids=False) for r in part]
+        ids[split] = [e["input_ids"] for e in enc]
+        data[split] = [
+            {**{k: list(v) for k, v in e.items()}, "labels": labels.index(r["category"])}
+            for e, r in zip(enc, part)
+        ]
+    (folder / "ids.json").write_text(json.dumps({"labels": labels, **ids}))
+    config = tf.ModernBertConfig(
+        vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=128, global_attn_every_n_layers=2,
+        local_attention=8, pad_token_id=tok.pad_token_id, classifier_pooling="mean", num_labels=2,
+    )
+    torch.manual_seed(0)
+    tf.ModernBertForSequenceClassification(config).save_pretrained(folder / "initial")
+    model = tf.ModernBertForSequenceClassification.from_pretrained(folder / "initial")
+    args = parity.common_args(
+        "modernbert_cls",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=20,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=10,
+    )
+    trainer = tf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=parity.Rows(data["train"]),
+        eval_dataset=parity.Rows(data["eval"]),
+        data_collator=tf.DataCollatorWithPadding(tok),
+    )
+    result = trainer.train()
+    parity.write_run("modernbert_cls", trainer, result, model)
+    print("modernbert_cls", trainer.state.log_history[-1])
+
+
 def main():
     parity = sibling("trainer_parity")
+    modernbert_cls(parity)
     blocks = parity.llama_blocks()
     train_rows, eval_rows = blocks[:48], blocks[48:56]
 

@@ -439,6 +439,69 @@ fn tiny_roberta_family() -> Result<()> {
     Ok(())
 }
 
+/// Tiny ModernBERT (`models.py`, seeded; a global, a local over 4 tokens and a global layer;
+/// row 1 padded): the masked LM, the same with `sparse_prediction`, a model with every bias
+/// and mean pooling, and new sequence / token classifiers drawn after `torch.manual_seed(0)`
+/// on the masked LM's checkpoint (the normal, then ModernBERT's truncated normal): logits,
+/// losses and gradients as upstream's, and the drawn classifiers equal to upstream's.
+#[test]
+fn tiny_modernbert() -> Result<()> {
+    let _g = lock();
+    use tchtrain_models::AutoTask;
+    let reference = assets().join("reference/models");
+    let mlm = reference.join("tiny_modernbert_mlm");
+    let seq = AutoTask::SequenceClassification { num_labels: None };
+    for (case, task, fresh) in [
+        ("tiny_modernbert_mlm", AutoTask::MaskedLm, None),
+        ("tiny_modernbert_sparse_mlm", AutoTask::MaskedLm, None),
+        ("tiny_modernbert_biased_seqcls", seq, None),
+        (
+            "tiny_modernbert_seqcls",
+            seq,
+            Some(AutoTask::SequenceClassification {
+                num_labels: Some(3),
+            }),
+        ),
+        (
+            "tiny_modernbert_tokcls",
+            AutoTask::TokenClassification { num_labels: None },
+            Some(AutoTask::TokenClassification {
+                num_labels: Some(5),
+            }),
+        ),
+    ] {
+        let loaded = tchtrain_models::from_pretrained_dir(
+            &reference.join(case),
+            task,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        let mut model = loaded.model;
+        check(case, &mut *model, "logits")?;
+        if let Some(fresh_task) = fresh {
+            tch::manual_seed(0);
+            let fresh = tchtrain_models::from_pretrained_dir(
+                &mlm,
+                fresh_task,
+                Device::Cpu,
+                &LoadOptions::default(),
+            )?;
+            let mut missing = fresh.info.missing_keys.clone();
+            missing.sort();
+            assert_eq!(missing, ["classifier.bias", "classifier.weight"], "{case}");
+            for name in ["classifier.weight", "classifier.bias"] {
+                assert!(
+                    fresh.model.var_store().variables()[name]
+                        .equal(&model.var_store().variables()[name]),
+                    "{case}: the new {name} differs from upstream's"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn real_smollm2_causal_lm() -> Result<()> {
     let _g = lock();

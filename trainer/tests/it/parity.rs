@@ -148,6 +148,11 @@ fn tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler() -> Result<()
 /// ids of each split and the sorted label list; tchtrain-examples checks that
 /// `tokenize_text_classification` gives the same), with the labels of the JSON-lines file.
 fn classification_rows(dir: &Path, split: &str) -> Result<InMemoryDataset> {
+    rows_with_types(dir, split, true)
+}
+
+/// [`classification_rows`], with or without token type ids.
+fn rows_with_types(dir: &Path, split: &str, token_types: bool) -> Result<InMemoryDataset> {
     let ids = read_json(&dir.join("ids.json"))?;
     let names: Vec<String> = serde_json::from_value(ids["labels"].clone())?;
     let want: Vec<Vec<i64>> = serde_json::from_value(ids[split].clone())?;
@@ -164,7 +169,7 @@ fn classification_rows(dir: &Path, split: &str) -> Result<InMemoryDataset> {
                 .context("a label outside ids.json's list")?;
             Ok(Feature {
                 attention_mask: Some(vec![1; input_ids.len()]),
-                token_type_ids: Some(vec![0; input_ids.len()]),
+                token_type_ids: token_types.then(|| vec![0; input_ids.len()]),
                 input_ids,
                 labels: Some(Label::Class(class as i64)),
                 ..Feature::default()
@@ -395,6 +400,55 @@ fn llama_shaped_families_train_as_upstream() -> Result<()> {
         assert_exact(case, &m);
         let _ = std::fs::remove_dir_all(&out);
     }
+    Ok(())
+}
+
+/// `trainer_families.py`'s tiny ModernBERT sequence classifier (mean pooling, a local
+/// layer over 8 tokens, MiniLM's vocabulary) trained 20 steps on the Rotten Tomatoes rows
+/// (batch 4 padded by `DataCollatorWithPadding`, cosine schedule after 2 warm-up steps,
+/// weight decay 0.1, clipping, evaluation every 10 steps): every logged value equals
+/// upstream's Trainer's to the bit.
+#[test]
+fn modernbert_trains_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/trainer_families/modernbert_cls");
+    let out = temp_dir("modernbert");
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 1e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let model = load(
+        &dir.join("initial"),
+        AutoTask::SequenceClassification { num_labels: None },
+    )?;
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(rows_with_types(&dir, "train", false)?)
+        .eval_dataset(rows_with_types(&dir, "eval", false)?)
+        .data_collator(DataCollatorWithPadding::new(info))
+        .build()?;
+    let result = trainer.train(None)?;
+    let m = compare(
+        "modernbert cls",
+        &trainer.state.log_history,
+        &read_json(&dir.join("log_history.json"))?,
+    )?;
+    let summary = read_json(&dir.join("train_output.json"))?;
+    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    assert_exact("modernbert cls", &m);
+    let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
 
