@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 use tchtrain_collators::{DefaultDataCollator, Feature};
-use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir};
+use tchtrain_models::{AutoTask, LoadDtype, LoadOptions, Tokenizer, from_pretrained_dir};
 use tchtrain_training_args::TrainingArguments;
 
 use super::ExampleOutput;
@@ -43,6 +43,9 @@ use tchtrain_trainer::{EvalPrediction, Metrics};
 pub struct ClmArguments {
     /// `--model_name_or_path`: a model folder or hub id (required).
     pub model_name_or_path: Option<String>,
+    /// `--dtype` (v4 `--torch_dtype`): the dtype the model is loaded in (`auto`, the
+    /// default as in transformers 5, reads it from the checkpoint).
+    pub dtype: LoadDtype,
     /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
     pub tokenizer_name: Option<String>,
     /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`.
@@ -72,6 +75,7 @@ impl Default for ClmArguments {
     fn default() -> Self {
         Self {
             model_name_or_path: None,
+            dtype: LoadDtype::Auto,
             tokenizer_name: None,
             train_file: None,
             validation_file: None,
@@ -91,6 +95,8 @@ run_clm: causal language modelling (upstream examples/pytorch/language-modeling/
 
 script flags:
   --model_name_or_path PATH   model folder or hub id (required)
+  --dtype auto|bfloat16|float16|float32
+                              load the model in this dtype (default: auto, the checkpoint's)
   --tokenizer_name PATH       tokenizer folder (tokenizer.json, or vocab.json + merges.txt)
   --train_file FILE           .txt, .csv, .json or .jsonl training text
   --validation_file FILE      evaluation text (default: a split of the training file)
@@ -110,6 +116,14 @@ impl ScriptFlags for ClmArguments {
     fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
         match name {
             "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
+            "dtype" | "torch_dtype" => {
+                self.dtype = LoadDtype::parse(&args::string(name, value)?).map_err(|e| {
+                    Error::InvalidFlag {
+                        flag: name.into(),
+                        detail: e.to_string(),
+                    }
+                })?
+            }
             "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
             "train_file" => self.train_file = Some(args::string(name, value)?),
             "validation_file" => self.validation_file = Some(args::string(name, value)?),
@@ -369,7 +383,10 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         &dir,
         AutoTask::CausalLm,
         Device::Cpu,
-        &LoadOptions::default(),
+        &LoadOptions {
+            dtype: clm.dtype,
+            ..LoadOptions::default()
+        },
     )?;
     if !loaded.info.is_clean() {
         log::warn!("loading {}: {:?}", dir.display(), loaded.info);

@@ -35,7 +35,9 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 use tchtrain_collators::{DataCollatorForLanguageModeling, Feature, LanguageModelingOptions};
-use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir, read_model_type};
+use tchtrain_models::{
+    AutoTask, LoadDtype, LoadOptions, Tokenizer, from_pretrained_dir, read_model_type,
+};
 use tchtrain_training_args::TrainingArguments;
 use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
@@ -54,6 +56,9 @@ use tchtrain_trainer::{EvalPrediction, Metrics};
 pub struct MlmArguments {
     /// `--model_name_or_path`: a model folder or hub id (required).
     pub model_name_or_path: Option<String>,
+    /// `--dtype` (v4 `--torch_dtype`): the dtype the model is loaded in (`auto`, the
+    /// default as in transformers 5, reads it from the checkpoint).
+    pub dtype: LoadDtype,
     /// `--config_name`: only the model folder itself is supported.
     pub config_name: Option<String>,
     /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
@@ -88,6 +93,7 @@ impl Default for MlmArguments {
     fn default() -> Self {
         Self {
             model_name_or_path: None,
+            dtype: LoadDtype::Auto,
             config_name: None,
             tokenizer_name: None,
             train_file: None,
@@ -110,6 +116,8 @@ run_mlm: masked language modelling (upstream examples/pytorch/language-modeling/
 
 script flags:
   --model_name_or_path PATH   model folder or hub id (required)
+  --dtype auto|bfloat16|float16|float32
+                              load the model in this dtype (default: auto, the checkpoint's)
   --tokenizer_name PATH       tokenizer folder (tokenizer.json)
   --train_file FILE           .txt, .csv, .json or .jsonl training text
   --validation_file FILE      evaluation text (default: a split of the training file)
@@ -131,6 +139,14 @@ impl ScriptFlags for MlmArguments {
     fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
         match name {
             "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
+            "dtype" | "torch_dtype" => {
+                self.dtype = LoadDtype::parse(&args::string(name, value)?).map_err(|e| {
+                    Error::InvalidFlag {
+                        flag: name.into(),
+                        detail: e.to_string(),
+                    }
+                })?
+            }
             "config_name" => self.config_name = Some(args::string(name, value)?),
             "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
             "train_file" => self.train_file = Some(args::string(name, value)?),
@@ -465,7 +481,10 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         &dir,
         AutoTask::MaskedLm,
         Device::Cpu,
-        &LoadOptions::default(),
+        &LoadOptions {
+            dtype: mlm.dtype,
+            ..LoadOptions::default()
+        },
     )?;
     if !loaded.info.is_clean() {
         log::warn!("loading {}: {:?}", dir.display(), loaded.info);

@@ -73,7 +73,7 @@ pub use llama::{
     LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Phi3,
 };
 pub use loading::{
-    CONFIG_NAME, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
+    CONFIG_NAME, LoadDtype, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
     checkpoint_files, load_into, read_checkpoint, save_pretrained, save_pretrained_state_dict,
     save_state_dict, write_safetensors,
 };

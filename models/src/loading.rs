@@ -62,6 +62,79 @@ impl std::fmt::Display for LoadingInfo {
 pub struct LoadOptions {
     /// Keep freshly initialised weights where checkpoint shapes differ instead of failing.
     pub ignore_mismatched_sizes: bool,
+    /// `dtype=`: the floating dtype of the loaded weights.
+    pub dtype: LoadDtype,
+}
+
+/// Upstream `from_pretrained(dtype=...)`. transformers 5 defaults to `"auto"`: the
+/// `dtype` (or v4 `torch_dtype`) of `config.json`, else the checkpoint's first floating
+/// tensor's; a bfloat16 hub checkpoint loads (and trains) in bfloat16.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LoadDtype {
+    /// The config's dtype, else the checkpoint's.
+    #[default]
+    Auto,
+    /// This floating kind (`float32`, `float16`, `bfloat16`, `float64`).
+    Kind(Kind),
+}
+
+impl LoadDtype {
+    /// Parses upstream's values: `auto` or a torch dtype name (`bfloat16`, `torch.float16`,
+    /// `fp32`-style abbreviations are not torch's and are refused, as upstream's).
+    pub fn parse(value: &str) -> Result<Self> {
+        let name = value.strip_prefix("torch.").unwrap_or(value);
+        Ok(match name {
+            "auto" => Self::Auto,
+            "float32" | "float" => Self::Kind(Kind::Float),
+            "float16" | "half" => Self::Kind(Kind::Half),
+            "bfloat16" => Self::Kind(Kind::BFloat16),
+            "float64" | "double" => Self::Kind(Kind::Double),
+            _ => {
+                return Err(Error::InvalidArgument {
+                    field: "dtype",
+                    detail: format!(
+                        "{value:?}: use auto, float32, float16, bfloat16 or float64 (upstream's `dtype` names)"
+                    ),
+                });
+            }
+        })
+    }
+
+    /// The kind for a model folder: `Auto` reads `config.json`'s `dtype` / `torch_dtype`,
+    /// else the first floating tensor of `tensors`.
+    fn resolve(self, dir: &Path, tensors: &[(String, Tensor)]) -> Result<Kind> {
+        match self {
+            Self::Kind(k) => Ok(k),
+            Self::Auto => {
+                let config = dir.join(CONFIG_NAME);
+                let text = std::fs::read_to_string(&config).map_err(|source| Error::Io {
+                    path: config.clone(),
+                    source,
+                })?;
+                let json: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|source| Error::ConfigJson {
+                        path: config.clone(),
+                        source,
+                    })?;
+                let named = ["dtype", "torch_dtype"]
+                    .iter()
+                    .find_map(|k| json.get(*k).and_then(serde_json::Value::as_str));
+                match named {
+                    Some(name) => match Self::parse(name)? {
+                        Self::Kind(k) => Ok(k),
+                        Self::Auto => Ok(Kind::Float),
+                    },
+                    None => Ok(tensors
+                        .iter()
+                        .map(|(_, t)| t.kind())
+                        .find(|k| {
+                            matches!(k, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
+                        })
+                        .unwrap_or(Kind::Float)),
+                }
+            }
+        }
+    }
 }
 
 /// The checkpoint files of a model folder: the single file or every shard of the index.
@@ -141,14 +214,21 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     let (mut model, inits) = crate::initialization::deferred(build)?;
     let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     skipped.extend(dropped.iter().map(|k| k.to_string()));
+    let tensors = read_checkpoint(dir)?;
+    let kind = options.dtype.resolve(dir, &tensors)?;
     let info = load_into(
         model.var_store_mut(),
-        read_checkpoint(dir)?,
+        tensors,
         base_model_prefix,
         &skipped,
         options,
     )?;
+    // The missing weights are drawn in float32 and then cast (upstream draws them in the
+    // model's dtype; whether those half-precision draws are bit-equal is not measured).
     crate::initialization::initialize_missing(model.var_store(), &inits, &info.missing_keys)?;
+    if kind != Kind::Float {
+        model.var_store_mut().set_kind(kind);
+    }
     Ok(crate::Loaded { model, info })
 }
 

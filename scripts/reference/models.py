@@ -242,6 +242,15 @@ def main():
         labels = ids.masked_fill(mask == 0, -100)
         record(case, m, ids, mask, labels)
 
+    # --- dtype="auto" (transformers 5's default): the tiny Qwen2 saved in bfloat16 (its config
+    # says so) loads and runs in bfloat16, logits, loss and gradients in bfloat16
+    m = tf.Qwen2ForCausalLM.from_pretrained(OUT / "tiny_qwen2_lm", dtype=torch.bfloat16)
+    m.save_pretrained(OUT / "tiny_qwen2_bf16")
+    m = tf.Qwen2ForCausalLM.from_pretrained(OUT / "tiny_qwen2_bf16")
+    assert m.dtype == torch.bfloat16, m.dtype
+    ids, mask = batch(m.config.vocab_size)
+    record("tiny_qwen2_bf16", m, ids, mask, ids.masked_fill(mask == 0, -100))
+
     # --- a new `score` head (GenericForSequenceClassification) on the tiny Qwen2 and Llama
     # causal LMs, drawn after torch.manual_seed(0), pad token 0 (the last 3 tokens of row 1),
     # pooled at each row's last non-padding token; saved for Rust.

@@ -118,12 +118,19 @@ def main():
     def rows(part):
         return parity.Rows([{"input_ids": r, "labels": list(r)} for r in part])
 
-    for case, config, cls in CASES:
+    # qwen2_bf16: the Qwen2 case saved in bfloat16, loaded by dtype="auto" (bfloat16) and
+    # trained in bfloat16 weights (no --bf16: the parameters, gradients and AdamW states are
+    # bfloat16 themselves).
+    cases = CASES + [("qwen2_bf16", CASES[0][1], CASES[0][2])]
+    for case, config, cls in cases:
         folder = parity.OUT / case
         folder.mkdir()
         (folder / "blocks.json").write_text(json.dumps({"train": train_rows, "eval": eval_rows}))
         torch.manual_seed(0)
-        cls(config).save_pretrained(folder / "initial")
+        initial = cls(config)
+        if case == "qwen2_bf16":
+            initial = initial.to(torch.bfloat16)
+        initial.save_pretrained(folder / "initial")
         model = cls.from_pretrained(folder / "initial")
         args = parity.common_args(
             case,

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, ensure};
 use tchtrain_callbacks::TrainerState;
 use tchtrain_datasets::{Table, cell_text};
 use tchtrain_examples::{ClassificationLabels, Error, exit_code, run_classification, run_clm};
+use tchtrain_models::LoadDtype;
 use tchtrain_testing::{asset, assets, lock};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -293,6 +294,16 @@ fn bad_flags_are_usage_errors() {
     assert_eq!(exit_code("run_clm", Err::<(), _>(err)), ExitCode::from(2));
     let err = run_classification::main_with_args(["--max_seq_length", "x"]).unwrap_err();
     assert!(matches!(err, Error::InvalidFlag { .. }), "{err}");
+    // `--dtype` takes upstream's names; `--torch_dtype` is its v4 spelling.
+    let (clm, _) = run_clm::parse_args(["--dtype", "bfloat16", "--output_dir", "o"]).unwrap();
+    assert_eq!(clm.dtype, LoadDtype::Kind(tch::Kind::BFloat16));
+    let (clm, _) = run_clm::parse_args(["--torch_dtype", "auto", "--output_dir", "o"]).unwrap();
+    assert_eq!(clm.dtype, LoadDtype::Auto);
+    let err = run_clm::main_with_args(["--dtype", "fp8"]).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "dtype"),
+        "{err}"
+    );
     // No model: a flag error before anything is loaded.
     let err = run_clm::main_with_args(["--do_train", "--output_dir", "unused"]).unwrap_err();
     assert!(

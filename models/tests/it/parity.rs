@@ -502,6 +502,36 @@ fn tiny_modernbert() -> Result<()> {
     Ok(())
 }
 
+/// transformers 5's `dtype="auto"` default: the tiny Qwen2 saved in bfloat16 loads in
+/// bfloat16 (every parameter), and its logits, loss and gradients in bfloat16 equal
+/// upstream's; `dtype=float32` loads it in float32.
+#[test]
+fn auto_dtype_loads_bfloat16_checkpoints_in_bfloat16() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/models/tiny_qwen2_bf16");
+    let task = tchtrain_models::AutoTask::CausalLm;
+    let loaded =
+        tchtrain_models::from_pretrained_dir(&dir, task, Device::Cpu, &LoadOptions::default())?;
+    for (name, v) in loaded.model.var_store().variables() {
+        assert_eq!(v.kind(), Kind::BFloat16, "{name}");
+    }
+    let mut model = loaded.model;
+    check("tiny_qwen2_bf16", &mut *model, "logits")?;
+    let options = LoadOptions {
+        dtype: tchtrain_models::LoadDtype::parse("float32")?,
+        ..LoadOptions::default()
+    };
+    let loaded = tchtrain_models::from_pretrained_dir(&dir, task, Device::Cpu, &options)?;
+    for (name, v) in loaded.model.var_store().variables() {
+        assert_eq!(v.kind(), Kind::Float, "{name}");
+    }
+    let err = tchtrain_models::LoadDtype::parse("fp8")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dtype") && err.contains("bfloat16"), "{err}");
+    Ok(())
+}
+
 #[test]
 fn real_smollm2_causal_lm() -> Result<()> {
     let _g = lock();

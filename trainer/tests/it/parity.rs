@@ -367,7 +367,7 @@ fn tiny_llama_with_weight_decay() -> Result<()> {
 #[test]
 fn llama_shaped_families_train_as_upstream() -> Result<()> {
     let _g = lock();
-    for case in ["qwen2", "qwen3", "mistral", "gemma2"] {
+    for case in ["qwen2", "qwen3", "mistral", "gemma2", "qwen2_bf16"] {
         let dir = assets().join("reference/trainer_families").join(case);
         let out = temp_dir(&format!("family-{case}"));
         let mut args = TrainingArguments {
