@@ -862,12 +862,12 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
     Ok(())
 }
 
-/// The reference blocks with their ids folded into tiny Llama's 49152-token vocabulary.
-fn llama_blocks(n: usize) -> Result<std::sync::Arc<dyn tchtrain_data::Dataset>> {
+/// The reference blocks with their ids folded into a vocabulary of `vocab` tokens.
+fn llama_blocks(n: usize, vocab: i64) -> Result<std::sync::Arc<dyn tchtrain_data::Dataset>> {
     let rows = crate::common::block_ids("train", n)?
         .into_iter()
         .map(|ids| {
-            let ids: Vec<i64> = ids.into_iter().map(|id| id % 49152).collect();
+            let ids: Vec<i64> = ids.into_iter().map(|id| id % vocab).collect();
             tchtrain_collators::Feature::new(ids.clone())
                 .with_labels(tchtrain_collators::Label::Ids(ids))
         })
@@ -875,38 +875,48 @@ fn llama_blocks(n: usize) -> Result<std::sync::Arc<dyn tchtrain_data::Dataset>> 
     Ok(tchtrain_data::InMemoryDataset::new(rows).into_shared())
 }
 
+/// The decoders the layer-by-layer ZeRO-3 run covers: tiny Llama, and tiny Qwen2 (q/k/v
+/// biases, sliding-window layers) for the families built on Llama's layers.
+const ZERO3_FAMILIES: [(&str, &str, i64); 2] = [
+    ("llama", "tiny-llama", 49152),
+    ("qwen2", "reference/models/tiny_qwen2_lm", 1000),
+];
+
 #[test]
 fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     let _g = lock();
     if is_rank() {
         let dir = test_dir();
         let r = rank();
-        let ds3 = deepspeed_config("zero3")?;
-        for (name, ds) in [("ddp", None), ("zero3", Some(ds3))] {
-            // Evaluations at the start and every 3 steps, saves every 3 steps.
-            let mut args = job_args(&dir.join(name), B, ds, None)?;
-            args.eval_on_start = true;
-            let model = from_pretrained_dir(
-                &crate::common::assets().join("tiny-llama"),
-                AutoTask::CausalLm,
-                Device::Cpu,
-                &LoadOptions::default(),
-            )?
-            .model;
-            let mut trainer = Trainer::builder(model, args)
-                .train_dataset(llama_blocks(32)?)
-                .eval_dataset(llama_blocks(12)?)
-                .build()?;
-            trainer.train(None)?;
-            let mem = trainer.sharded_memory().unwrap_or_default();
-            write_log(
-                &dir.join(format!("{name}-history-rank{r}.json")),
-                &numbers(&trainer.state.log_history),
-            )?;
-            std::fs::write(
-                dir.join(format!("{name}-peak-rank{r}.txt")),
-                format!("{} {}", mem.peak_unit_param_bytes, mem.full_gathers),
-            )?;
+        for (family, model_dir, vocab) in ZERO3_FAMILIES {
+            let ds3 = deepspeed_config("zero3")?;
+            for (mode, ds) in [("ddp", None), ("zero3", Some(ds3))] {
+                let name = format!("{family}-{mode}");
+                // Evaluations at the start and every 3 steps, saves every 3 steps.
+                let mut args = job_args(&dir.join(&name), B, ds, None)?;
+                args.eval_on_start = true;
+                let model = from_pretrained_dir(
+                    &crate::common::assets().join(model_dir),
+                    AutoTask::CausalLm,
+                    Device::Cpu,
+                    &LoadOptions::default(),
+                )?
+                .model;
+                let mut trainer = Trainer::builder(model, args)
+                    .train_dataset(llama_blocks(32, vocab)?)
+                    .eval_dataset(llama_blocks(12, vocab)?)
+                    .build()?;
+                trainer.train(None)?;
+                let mem = trainer.sharded_memory().unwrap_or_default();
+                write_log(
+                    &dir.join(format!("{name}-history-rank{r}.json")),
+                    &numbers(&trainer.state.log_history),
+                )?;
+                std::fs::write(
+                    dir.join(format!("{name}-peak-rank{r}.txt")),
+                    format!("{} {}", mem.peak_unit_param_bytes, mem.full_gathers),
+                )?;
+            }
         }
         return Ok(());
     }
@@ -916,8 +926,17 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
         Duration::from_secs(600),
     );
     assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
-    let ddp = read_log(&dir.join("ddp-history-rank0.json"))?;
-    let zero3 = read_log(&dir.join("zero3-history-rank0.json"))?;
+    for (family, _, _) in ZERO3_FAMILIES {
+        check_zero3_family(&dir, family)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// One family's ZeRO-3 run against its DDP run (rank 0's logs and checkpoints).
+fn check_zero3_family(dir: &Path, family: &str) -> Result<()> {
+    let ddp = read_log(&dir.join(format!("{family}-ddp-history-rank0.json")))?;
+    let zero3 = read_log(&dir.join(format!("{family}-zero3-history-rank0.json")))?;
     assert_eq!(ddp.len(), zero3.len(), "log entries");
     let (mut worst, mut worst_eval, mut evals) = (0.0f64, 0.0f64, 0);
     for (d, z) in ddp.iter().zip(&zero3) {
@@ -936,29 +955,31 @@ fn zero3_layer_by_layer_on_llama_equals_ddp() -> Result<()> {
     // Rank 0's model.safetensors, gathered unit by unit, against DDP's at both saves.
     let mut worst_weights = 0.0f64;
     for step in [3, 6] {
-        let ckpt = |run: &str| dir.join(format!("{run}/checkpoint-{step}"));
+        let ckpt = |run: &str| dir.join(format!("{family}-{run}/checkpoint-{step}"));
         let ddp_model = tchtrain_models::read_checkpoint(&ckpt("ddp"))?;
         let zero_model = tchtrain_models::read_checkpoint(&ckpt("zero3"))?;
         worst_weights = worst_weights.max(max_abs_diff(&zero_model, &ddp_model)?);
     }
-    let figures = std::fs::read_to_string(dir.join("zero3-peak-rank0.txt"))?;
+    let figures = std::fs::read_to_string(dir.join(format!("{family}-zero3-peak-rank0.txt")))?;
     let (peak, full_gathers) = figures.trim().split_once(' ').context("peak figures")?;
     let (peak, full_gathers): (f64, usize) = (peak.parse()?, full_gathers.parse()?);
     println!(
-        "tiny Llama ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}, eval_loss {worst_eval:.2e} over {evals} evaluations; checkpoint-3/6 model.safetensors max abs diff {worst_weights:.2e}; step peak {peak} B; whole-model gathers {full_gathers}"
+        "tiny {family} ZeRO-3 layer by layer vs DDP (2 ranks): loss max relative difference {worst:.2e}, eval_loss {worst_eval:.2e} over {evals} evaluations; checkpoint-3/6 model.safetensors max abs diff {worst_weights:.2e}; step peak {peak} B; whole-model gathers {full_gathers}"
     );
-    assert!(worst < 1e-5, "loss differs by {worst}");
-    assert!(worst_eval < 1e-5, "eval_loss differs by {worst_eval}");
-    assert_eq!(evals, 3, "evaluations at steps 0, 3 and 6");
+    assert!(worst < 1e-5, "{family}: loss differs by {worst}");
+    assert!(
+        worst_eval < 1e-5,
+        "{family}: eval_loss differs by {worst_eval}"
+    );
+    assert_eq!(evals, 3, "{family}: evaluations at steps 0, 3 and 6");
     assert!(
         worst_weights < 1e-5,
-        "saved weights differ by {worst_weights}"
+        "{family}: saved weights differ by {worst_weights}"
     );
-    assert!(peak > 0.0, "the layers were gathered one by one");
+    assert!(peak > 0.0, "{family}: the layers were gathered one by one");
     // Setup, the evaluations, the steps and the two saves gather one layer at a time: the
     // whole model is gathered once, when training ends (the model is handed back full).
-    assert_eq!(full_gathers, 1, "whole-model gathers");
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(full_gathers, 1, "{family}: whole-model gathers");
     Ok(())
 }
 
