@@ -7,6 +7,10 @@ use tch::Device;
 
 use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, SEQ_CLS, TOK_CLS};
 use crate::configuration_utils::read_model_type;
+use crate::distilbert::{
+    DistilBertBaseModel, DistilBertForMaskedLM, DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+};
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::Gemma3TextConfig;
@@ -51,7 +55,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, distilbert, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -97,6 +101,22 @@ pub fn from_pretrained_dir(
         ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
         ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
         ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
+        ("distilbert", AutoTask::Base) => boxed(DistilBertBaseModel::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("distilbert", AutoTask::MaskedLm) => boxed(DistilBertForMaskedLM::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("distilbert", AutoTask::SequenceClassification { num_labels }) => {
+            boxed(DistilBertForSequenceClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        ("distilbert", AutoTask::TokenClassification { num_labels }) => {
+            boxed(DistilBertForTokenClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
         ("modernbert", AutoTask::Base) => boxed(ModernBertBaseModel::from_pretrained_dir(
             dir, None, device, options,
         )?),

@@ -19,6 +19,7 @@ mod bert;
 mod checkpoint;
 mod configuration_utils;
 mod debug_utils;
+mod distilbert;
 mod error;
 mod gemma;
 mod gemma2;
@@ -55,6 +56,10 @@ pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
 };
 pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
+pub use distilbert::{
+    DistilBert, DistilBertBaseModel, DistilBertConfig, DistilBertForMaskedLM,
+    DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel,
+};
 pub use error::{Error, Result};
 pub use gemma::{
     GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,

@@ -131,6 +131,28 @@ def main():
             m.save_pretrained(OUT / f"tiny_{fam}_{head}")
             record(f"tiny_{fam}_{head}", m, ids, mask, lab)
 
+    # --- tiny DistilBERT (seeded, saved for Rust; pad id 0 ending row 1): the masked LM, and
+    # new sequence (pre_classifier + classifier) / token classifiers drawn after
+    # torch.manual_seed(0) on its checkpoint
+    torch.manual_seed(0)
+    m = tf.DistilBertForMaskedLM(tf.DistilBertConfig(
+        vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=96, max_position_embeddings=64,
+    ))
+    m.save_pretrained(OUT / "tiny_distilbert_mlm")
+    ids, mask = batch(1000)
+    ids = ids.masked_fill(mask == 0, 0)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[0, 5], labels[1, 1] = 7, 99, 500
+    record("tiny_distilbert_mlm", m, ids, mask, labels)
+    for head, cls, n, lab in [
+        ("seqcls", tf.DistilBertForSequenceClassification, 3, torch.tensor([1, 2])),
+        ("tokcls", tf.DistilBertForTokenClassification, 5, torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7)).masked_fill(mask == 0, -100)),
+    ]:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(OUT / "tiny_distilbert_mlm", num_labels=n)
+        m.save_pretrained(OUT / f"tiny_distilbert_{head}")
+        record(f"tiny_distilbert_{head}", m, ids, mask, lab)
+
     # --- tiny ModernBERT (seeded, saved for Rust): layers 0 and 2 global, layer 1 local
     # (window 4: keys within 2 of the query), pad id 0 ending row 1; the masked LM, the same
     # with sparse_prediction (only the labelled tokens through the head), new sequence (cls

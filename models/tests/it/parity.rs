@@ -369,17 +369,34 @@ fn tiny_decoder_classification_heads() -> Result<()> {
     Ok(())
 }
 
-/// Tiny RoBERTa and XLM-RoBERTa (`models.py`, seeded): the masked LM (row 1 padded with
-/// the pad id, whose positions stay at the padding index) and, on its checkpoint, a new
-/// `RobertaClassificationHead` (3 labels) and token classifier (5 labels) drawn after
-/// `torch.manual_seed(0)`: logits, losses and gradients as upstream's, and the drawn heads
-/// equal to upstream's.
+/// Tiny RoBERTa, XLM-RoBERTa and DistilBERT (`models.py`, seeded): the masked LM (row 1
+/// padded with the pad id; RoBERTa's positions stay at the padding index there) and, on its
+/// checkpoint, new sequence classifiers (RoBERTa's `RobertaClassificationHead`,
+/// DistilBERT's `pre_classifier` + `classifier`; 3 labels) and token classifiers (5
+/// labels) drawn after `torch.manual_seed(0)`: logits, losses and gradients as upstream's,
+/// and the drawn heads equal to upstream's.
 #[test]
-fn tiny_roberta_family() -> Result<()> {
+fn tiny_encoder_families() -> Result<()> {
     let _g = lock();
     use tchtrain_models::AutoTask;
     let reference = assets().join("reference/models");
-    for fam in ["roberta", "xlmr"] {
+    let roberta_head = &[
+        "classifier.dense.bias",
+        "classifier.dense.weight",
+        "classifier.out_proj.bias",
+        "classifier.out_proj.weight",
+    ][..];
+    let distilbert_head = &[
+        "classifier.bias",
+        "classifier.weight",
+        "pre_classifier.bias",
+        "pre_classifier.weight",
+    ][..];
+    for (fam, seq_head) in [
+        ("roberta", roberta_head),
+        ("xlmr", roberta_head),
+        ("distilbert", distilbert_head),
+    ] {
         let mlm = reference.join(format!("tiny_{fam}_mlm"));
         for (head, task, fresh_task, new_keys) in [
             ("mlm", AutoTask::MaskedLm, None, &[][..]),
@@ -389,12 +406,7 @@ fn tiny_roberta_family() -> Result<()> {
                 Some(AutoTask::SequenceClassification {
                     num_labels: Some(3),
                 }),
-                &[
-                    "classifier.dense.bias",
-                    "classifier.dense.weight",
-                    "classifier.out_proj.bias",
-                    "classifier.out_proj.weight",
-                ][..],
+                seq_head,
             ),
             (
                 "tokcls",

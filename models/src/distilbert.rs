@@ -1,0 +1,619 @@
+//! DistilBERT (upstream `models/distilbert`): `DistilBertConfig`, `DistilBertModel`,
+//! `DistilBertForMaskedLM`, `DistilBertForSequenceClassification`,
+//! `DistilBertForTokenClassification`.
+//!
+//! BERT's post-LayerNorm encoder without token types or pooler: word and learned position
+//! embeddings, layers of `q_lin` / `k_lin` / `v_lin` / `out_lin` attention (SDPA, as
+//! upstream's default) and `lin1` / `lin2` feed-forward, each added to its input and
+//! normalised (`eps` 1e-12); the masked LM's `vocab_transform` / `vocab_layer_norm` /
+//! `vocab_projector` (tied), the sequence classifier's `pre_classifier` → ReLU → dropout
+//! (`seq_classif_dropout`) → `classifier` on the first token. The heads compute a plain mean
+//! cross-entropy (their forward builds `CrossEntropyLoss()`), ignoring `num_items_in_batch`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, Params};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{
+    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
+use crate::neftune::neftune_post_forward_hook;
+use crate::{Error, Result};
+
+/// Upstream `DistilBertConfig` with its defaults (DistilBERT base).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct DistilBertConfig {
+    pub vocab_size: i64,
+    pub max_position_embeddings: i64,
+    /// Fixed sinusoidal position embeddings: refused (not implemented here).
+    pub sinusoidal_pos_embds: bool,
+    pub n_layers: i64,
+    pub n_heads: i64,
+    pub dim: i64,
+    pub hidden_dim: i64,
+    pub dropout: f64,
+    pub attention_dropout: f64,
+    pub activation: String,
+    pub initializer_range: f64,
+    pub qa_dropout: f64,
+    pub seq_classif_dropout: f64,
+    pub pad_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    pub bos_token_id: Option<i64>,
+    pub tie_word_embeddings: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for DistilBertConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 30522,
+            max_position_embeddings: 512,
+            sinusoidal_pos_embds: false,
+            n_layers: 6,
+            n_heads: 12,
+            dim: 768,
+            hidden_dim: 4 * 768,
+            dropout: 0.1,
+            attention_dropout: 0.1,
+            activation: "gelu".into(),
+            initializer_range: 0.02,
+            qa_dropout: 0.1,
+            seq_classif_dropout: 0.2,
+            pad_token_id: Some(0),
+            eos_token_id: None,
+            bos_token_id: None,
+            tie_word_embeddings: true,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for DistilBertConfig {
+    fn model_type(&self) -> &'static str {
+        "distilbert"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+/// DistilBERT's LayerNorms all use 1e-12.
+const EPS: f64 = 1e-12;
+
+impl DistilBertConfig {
+    /// Reads and checks `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("dim", self.dim),
+                ("hidden_dim", self.hidden_dim),
+                ("max_position_embeddings", self.max_position_embeddings),
+            ],
+            ("n_layers", self.n_layers),
+        )?;
+        if self.n_heads <= 0 || self.dim % self.n_heads != 0 {
+            return Err(Error::InvalidConfig {
+                field: "n_heads",
+                value: format!("{} (dim {})", self.n_heads, self.dim),
+                fix: "dim must be divisible by n_heads (upstream's check)",
+            });
+        }
+        if self.sinusoidal_pos_embds {
+            return Err(Error::InvalidConfig {
+                field: "sinusoidal_pos_embds",
+                value: "true".into(),
+                fix: "fixed sinusoidal position embeddings are not implemented here; use a checkpoint with learned ones (the default)",
+            });
+        }
+        if let Some(pad) = self.pad_token_id
+            && !(-self.vocab_size..self.vocab_size).contains(&pad)
+        {
+            return Err(Error::InvalidConfig {
+                field: "pad_token_id",
+                value: format!("{pad} (vocab_size {})", self.vocab_size),
+                fix: "use a token id inside the vocabulary, or null",
+            });
+        }
+        Activation::parse(&self.activation, "activation")?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    q_lin: layers::LayerLinear,
+    k_lin: layers::LayerLinear,
+    v_lin: layers::LayerLinear,
+    out_lin: layers::LayerLinear,
+    sa_layer_norm: nn::LayerNorm,
+    lin1: layers::LayerLinear,
+    lin2: layers::LayerLinear,
+    output_layer_norm: nn::LayerNorm,
+    /// `distilbert.transformer.layer.{i}`, as the underflow / overflow tracer names it.
+    name: String,
+}
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for Layer {}
+
+/// What a layer's forward needs besides the hidden states (owned, so that a checkpointed
+/// layer can run again in the backward).
+struct LayerInputs {
+    mask: attention::Mask,
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    head_dim: i64,
+    attn_p: f64,
+    dropout: f64,
+    train: bool,
+    act: Activation,
+}
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for LayerInputs {}
+
+impl Layer {
+    /// Upstream `TransformerBlock.forward`: `sa_layer_norm(attention + h)`, then
+    /// `output_layer_norm(ffn + that)`.
+    fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
+        use crate::debug_utils::leaf;
+        use layers::{apply_traced, dropout_traced};
+        let LayerInputs {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            ..
+        } = *x;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let q = apply_traced(h, &self.q_lin, || n("attention.q_lin"), "Linear");
+        let k = apply_traced(h, &self.k_lin, || n("attention.k_lin"), "Linear");
+        let v = apply_traced(h, &self.v_lin, || n("attention.v_lin"), "Linear");
+        let a = attention::sdpa(
+            &to_heads(q),
+            &to_heads(k),
+            &to_heads(v),
+            &x.mask,
+            x.attn_p,
+            (head_dim as f64).powf(-0.5),
+        );
+        let a = a.transpose(1, 2).reshape([batch, seq, heads * head_dim]);
+        let a = apply_traced(&a, &self.out_lin, || n("attention.out_lin"), "Linear");
+        let a = apply_traced(
+            &(a + h),
+            &self.sa_layer_norm,
+            || n("sa_layer_norm"),
+            "LayerNorm",
+        );
+        let f = apply_traced(&a, &self.lin1, || n("ffn.lin1"), "Linear");
+        let f = x.act.apply_traced(&f, || n("ffn.activation"));
+        let f = apply_traced(&f, &self.lin2, || n("ffn.lin2"), "Linear");
+        let f = dropout_traced(&f, x.dropout, x.train, || n("ffn.dropout"));
+        let out = apply_traced(
+            &(f + &a),
+            &self.output_layer_norm,
+            || n("output_layer_norm"),
+            "LayerNorm",
+        );
+        leaf(|| self.name.clone(), "TransformerBlock", &[], h, &out);
+        out
+    }
+}
+
+/// Upstream `DistilBertModel`: embeddings and the transformer.
+#[derive(Debug)]
+pub struct DistilBertModel {
+    /// Where it sits in its model (`distilbert`; empty for `DistilBertModel` itself).
+    prefix: String,
+    word_embeddings: nn::Embedding,
+    position_embeddings: nn::Embedding,
+    embeddings_ln: nn::LayerNorm,
+    layers: Vec<Arc<Shared<Layer>>>,
+    act: Activation,
+    config: DistilBertConfig,
+    /// Upstream's `gradient_checkpointing` on the layers.
+    pub(crate) checkpointing: Option<ActivationCheckpointing>,
+}
+
+impl DistilBertModel {
+    /// Creates the variables under `p` (upstream prefix `distilbert`, or the root).
+    pub fn new(p: nn::Path<'_>, config: &DistilBertConfig) -> Result<Self> {
+        config.validate()?;
+        let (d, std) = (config.dim, config.initializer_range);
+        let e = &p / "embeddings";
+        let word_embeddings = layers::embedding_with_padding(
+            &e / "word_embeddings",
+            config.vocab_size,
+            d,
+            std,
+            config.pad_token_id,
+        );
+        let position_embeddings = layers::embedding(
+            &e / "position_embeddings",
+            config.max_position_embeddings,
+            d,
+            std,
+        );
+        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, EPS);
+        let layers = (0..config.n_layers)
+            .map(|i| {
+                let l = &p / "transformer" / "layer" / i;
+                let a = &l / "attention";
+                let linear =
+                    |p: nn::Path<'_>, i: i64, o: i64| layers::layer_linear(p, i, o, true, std);
+                Arc::new(Shared(Layer {
+                    q_lin: linear(&a / "q_lin", d, d),
+                    k_lin: linear(&a / "k_lin", d, d),
+                    v_lin: linear(&a / "v_lin", d, d),
+                    out_lin: linear(&a / "out_lin", d, d),
+                    sa_layer_norm: layers::layer_norm(&l / "sa_layer_norm", d, EPS),
+                    lin1: linear(&l / "ffn" / "lin1", d, config.hidden_dim),
+                    lin2: linear(&l / "ffn" / "lin2", config.hidden_dim, d),
+                    output_layer_norm: layers::layer_norm(&l / "output_layer_norm", d, EPS),
+                    name: l.components().collect::<Vec<_>>().join("."),
+                }))
+            })
+            .collect();
+        Ok(Self {
+            prefix: p.components().collect::<Vec<_>>().join("."),
+            word_embeddings,
+            position_embeddings,
+            embeddings_ln,
+            layers,
+            act: Activation::parse(&config.activation, "activation")?,
+            config: config.clone(),
+            checkpointing: None,
+        })
+    }
+
+    /// The word embedding matrix (tied to the masked LM's `vocab_projector`).
+    pub fn word_embeddings(&self) -> &Tensor {
+        &self.word_embeddings.ws
+    }
+
+    /// The last hidden state `[batch, seq, dim]`.
+    pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        use crate::debug_utils::join;
+        use layers::apply_traced;
+        let c = &self.config;
+        let ids = inputs.ids()?;
+        let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
+        let device = self.word_embeddings.ws.device();
+        let ids = ids.f_to_device(device)?;
+        let positions = match inputs.position_ids {
+            Some(p) => p.f_to_device(device)?,
+            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+        };
+        let n = |rest: &str| join(&self.prefix, rest);
+        let words = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        crate::debug_utils::leaf(
+            || n("embeddings.word_embeddings"),
+            "Embedding",
+            &self.word_embeddings.params(),
+            &ids,
+            &words,
+        );
+        let position = apply_traced(
+            &positions,
+            &self.position_embeddings,
+            || n("embeddings.position_embeddings"),
+            "Embedding",
+        );
+        let h = apply_traced(
+            &(words + position),
+            &self.embeddings_ln,
+            || n("embeddings.LayerNorm"),
+            "LayerNorm",
+        );
+        let mut h = layers::dropout_traced(&h, c.dropout, train, || n("embeddings.dropout"));
+        let x = Arc::new(Shared(LayerInputs {
+            mask: attention::attention_mask(inputs.attention_mask, batch, seq, false, device),
+            batch,
+            seq,
+            heads: c.n_heads,
+            head_dim: c.dim / c.n_heads,
+            attn_p: if train { c.attention_dropout } else { 0.0 },
+            dropout: c.dropout,
+            train,
+            act: self.act,
+        }));
+        for (i, l) in self.layers.iter().enumerate() {
+            h = crate::layer_hooks::before_layer(i, h)?;
+            h = match &self.checkpointing {
+                Some(ac) if train && ac.checkpoints(i) => {
+                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
+                    checkpoint_layer(&h, ac, move |h| {
+                        let out = l.forward(h, &x);
+                        crate::debug_utils::check()?;
+                        Ok(out)
+                    })?
+                }
+                _ => l.forward(&h, &x),
+            };
+            h = crate::layer_hooks::after_layer(i, h)?;
+        }
+        Ok(h)
+    }
+}
+
+/// Which head sits on the body.
+#[derive(Debug)]
+enum Head {
+    None,
+    /// `vocab_transform`, the activation, `vocab_layer_norm`, `vocab_projector` (weight tied
+    /// to the word embeddings, its own bias).
+    MaskedLm {
+        vocab_transform: nn::Linear,
+        vocab_layer_norm: nn::LayerNorm,
+        projector_bias: Tensor,
+    },
+    /// `pre_classifier`, ReLU, dropout, `classifier` on the first token.
+    SequenceClassification {
+        pre_classifier: nn::Linear,
+        classifier: nn::Linear,
+    },
+    /// Dropout and `classifier` on every token.
+    TokenClassification {
+        classifier: nn::Linear,
+    },
+}
+
+/// A DistilBERT model with one of upstream's heads; use the type aliases.
+#[derive(Debug)]
+pub struct DistilBert<const KIND: u8> {
+    vs: nn::VarStore,
+    distilbert: DistilBertModel,
+    head: Head,
+    config: DistilBertConfig,
+    training: bool,
+}
+
+const BASE: u8 = 0;
+const MLM: u8 = 1;
+const SEQ_CLS: u8 = 2;
+const TOK_CLS: u8 = 3;
+
+/// Upstream `DistilBertModel` as a standalone model (weights at the root).
+pub type DistilBertBaseModel = DistilBert<BASE>;
+/// Upstream `DistilBertForMaskedLM`.
+pub type DistilBertForMaskedLM = DistilBert<MLM>;
+/// Upstream `DistilBertForSequenceClassification`.
+pub type DistilBertForSequenceClassification = DistilBert<SEQ_CLS>;
+/// Upstream `DistilBertForTokenClassification`.
+pub type DistilBertForTokenClassification = DistilBert<TOK_CLS>;
+
+impl<const KIND: u8> DistilBert<KIND> {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &DistilBertConfig, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let body = if KIND == BASE {
+            root.clone()
+        } else {
+            &root / "distilbert"
+        };
+        let distilbert = DistilBertModel::new(body, config)?;
+        let (d, std, n) = (
+            config.dim,
+            config.initializer_range,
+            config.labels.num_labels(),
+        );
+        let head = match KIND {
+            MLM => {
+                if !config.tie_word_embeddings {
+                    return Err(Error::InvalidConfig {
+                        field: "tie_word_embeddings",
+                        value: "false".into(),
+                        fix: "only the tied vocab_projector is implemented; set tie_word_embeddings to true",
+                    });
+                }
+                let vocab_transform = layers::linear(&root / "vocab_transform", d, d, true, std);
+                let vocab_layer_norm = layers::layer_norm(&root / "vocab_layer_norm", d, EPS);
+                let projector_bias = crate::initialization::var(
+                    &(&root / "vocab_projector"),
+                    "bias",
+                    &[config.vocab_size],
+                    nn::Init::Const(0.0),
+                );
+                Head::MaskedLm {
+                    vocab_transform,
+                    vocab_layer_norm,
+                    projector_bias,
+                }
+            }
+            SEQ_CLS => Head::SequenceClassification {
+                pre_classifier: layers::linear(&root / "pre_classifier", d, d, true, std),
+                classifier: layers::linear(&root / "classifier", d, n, true, std),
+            },
+            TOK_CLS => Head::TokenClassification {
+                classifier: layers::linear(&root / "classifier", d, n, true, std),
+            },
+            _ => Head::None,
+        };
+        Ok(Self {
+            vs,
+            distilbert,
+            head,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = DistilBertConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels.set_num_labels(n)?;
+        }
+        loading::from_pretrained_with(dir, "distilbert", &[], options, || {
+            Self::new(&config, device)
+        })
+    }
+}
+
+impl<const KIND: u8> PreTrainedModel for DistilBert<KIND> {
+    fn architecture(&self) -> &'static str {
+        match KIND {
+            MLM => "DistilBertForMaskedLM",
+            SEQ_CLS => "DistilBertForSequenceClassification",
+            TOK_CLS => "DistilBertForTokenClassification",
+            _ => "DistilBertModel",
+        }
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
+    crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(distilbert);
+    fn label_check(&self) -> Option<LabelCheck> {
+        let num_labels = self.config.labels.num_labels();
+        match KIND {
+            SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
+            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+            _ => None,
+        }
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        let name = name.strip_prefix("distilbert.").unwrap_or(name);
+        matches!(
+            name,
+            "embeddings.word_embeddings.weight" | "embeddings.position_embeddings.weight"
+        )
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        match KIND {
+            MLM => vec![(
+                "vocab_projector.weight".into(),
+                "distilbert.embeddings.word_embeddings.weight".into(),
+            )],
+            _ => vec![],
+        }
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        use layers::{apply_traced, dropout_traced};
+        let train = self.training;
+        let h = self.distilbert.forward(inputs, train)?;
+        let c = &self.config;
+        let num_labels = c.labels.num_labels();
+        let (logits, loss) = match &self.head {
+            Head::None => (h.shallow_clone(), None),
+            Head::MaskedLm {
+                vocab_transform,
+                vocab_layer_norm,
+                projector_bias,
+            } => {
+                let t = apply_traced(&h, vocab_transform, || "vocab_transform".into(), "Linear");
+                let t = self.distilbert.act.apply_traced(&t, || "activation".into());
+                let t = apply_traced(
+                    &t,
+                    vocab_layer_norm,
+                    || "vocab_layer_norm".into(),
+                    "LayerNorm",
+                );
+                let weight = self.distilbert.word_embeddings();
+                let logits = t.linear(weight, Some(projector_bias));
+                let decoder = [("weight", weight), ("bias", projector_bias)];
+                crate::debug_utils::leaf(
+                    || "vocab_projector".into(),
+                    "Linear",
+                    &decoder,
+                    &t,
+                    &logits,
+                );
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
+                        &logits,
+                        l,
+                        c.vocab_size,
+                        None,
+                        -100,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::SequenceClassification {
+                pre_classifier,
+                classifier,
+            } => {
+                let pooled = h.select(1, 0);
+                let t = apply_traced(
+                    &pooled,
+                    pre_classifier,
+                    || "pre_classifier".into(),
+                    "Linear",
+                )
+                .relu();
+                let t = dropout_traced(&t, c.seq_classif_dropout, train, || "dropout".into());
+                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
+                        l,
+                        &logits,
+                        num_labels,
+                        c.labels.problem_type()?,
+                        None,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::TokenClassification { classifier } => {
+                let t = dropout_traced(&h, c.dropout, train, || "dropout".into());
+                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_token_classification(
+                        &logits, l, num_labels, None,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
