@@ -7,6 +7,10 @@ use tch::Device;
 
 use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, SEQ_CLS, TOK_CLS};
 use crate::configuration_utils::read_model_type;
+use crate::deberta_v2::{
+    DebertaV2BaseModel, DebertaV2ForMaskedLM, DebertaV2ForSequenceClassification,
+    DebertaV2ForTokenClassification,
+};
 use crate::distilbert::{
     DistilBertBaseModel, DistilBertForMaskedLM, DistilBertForSequenceClassification,
     DistilBertForTokenClassification,
@@ -55,7 +59,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, distilbert, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -101,6 +105,20 @@ pub fn from_pretrained_dir(
         ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
         ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
         ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
+        ("deberta-v2", AutoTask::Base) => boxed(DebertaV2BaseModel::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("deberta-v2", AutoTask::MaskedLm) => boxed(DebertaV2ForMaskedLM::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("deberta-v2", AutoTask::SequenceClassification { num_labels }) => {
+            boxed(DebertaV2ForSequenceClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        ("deberta-v2", AutoTask::TokenClassification { num_labels }) => boxed(
+            DebertaV2ForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
+        ),
         ("distilbert", AutoTask::Base) => boxed(DistilBertBaseModel::from_pretrained_dir(
             dir, None, device, options,
         )?),

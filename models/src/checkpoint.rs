@@ -96,7 +96,7 @@ impl ActivationCheckpointing {
 }
 
 /// A layer's forward as the checkpoint runs it (twice).
-type LayerClosure = Box<dyn Fn(&Tensor) -> Result<Tensor> + Send>;
+type LayerClosure = Box<dyn Fn(&Tensor, Option<&Tensor>) -> Result<Tensor> + Send>;
 
 /// A model's layer (or the inputs of its forward) shared between the model and the
 /// checkpoints of its forwards, which run it again in the backward.
@@ -136,18 +136,21 @@ fn shim_message(message: &str) -> *mut c_char {
 unsafe extern "C" fn run_layer(
     layer: *mut c_void,
     input: *const C_tensor,
+    extra: *const C_tensor,
     out: *mut *mut C_tensor,
 ) -> *mut c_char {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: `layer` is the `Box<LayerClosure>` leaked by `checkpoint_layer`, alive
-        // until `drop_layer`; `input` a live tensor the shim borrows to us for the call.
-        let (f, x) = unsafe {
+        // until `drop_layer`; `input` (and `extra` when not null) live tensors the shim
+        // borrows to us for the call.
+        let (f, x, e) = unsafe {
             (
                 &*(layer as *const LayerClosure),
                 Tensor::clone_from_ptr(input as *mut C_tensor),
+                (!extra.is_null()).then(|| Tensor::clone_from_ptr(extra as *mut C_tensor)),
             )
         };
-        f(&x)
+        f(&x, e.as_ref())
     }));
     match result {
         Ok(Ok(mut y)) => {
@@ -185,15 +188,28 @@ pub(crate) fn checkpoint_layer(
     options: &ActivationCheckpointing,
     f: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
 ) -> Result<Tensor> {
+    checkpoint_layer_with(x, None, options, move |x, _| f(x))
+}
+
+/// [`checkpoint_layer`] with a second tensor input (DeBERTa's relative embeddings, made from
+/// parameters outside the layer): the recompute gets it as a leaf of its own and hands its
+/// gradient back to the graph that made it, as reentrant checkpointing does for every
+/// tensor input. `f` gets `extra` (or, in the recompute, that leaf).
+pub(crate) fn checkpoint_layer_with(
+    x: &Tensor,
+    extra: Option<&Tensor>,
+    options: &ActivationCheckpointing,
+    f: impl Fn(&Tensor, Option<&Tensor>) -> Result<Tensor> + Send + 'static,
+) -> Result<Tensor> {
     if !x.requires_grad() {
-        return f(x);
+        return f(x, extra);
     }
     // The recompute computes the linear maps in the form this forward uses, and reports to
     // the underflow / overflow tracer of this forward, whichever thread runs it.
     let releases = crate::layer_hooks::releases_parameters();
     let tracer = crate::debug_utils::current();
-    let f = move |x: &Tensor| {
-        let run = || crate::layer_hooks::with_releases(releases, || f(x));
+    let f = move |x: &Tensor, e: Option<&Tensor>| {
+        let run = || crate::layer_hooks::with_releases(releases, || f(x, e));
         match &tracer {
             Some(t) => crate::debug_utils::with_debug_underflow_overflow(t, run),
             None => run(),
@@ -201,11 +217,12 @@ pub(crate) fn checkpoint_layer(
     };
     let layer: *mut LayerClosure = Box::into_raw(Box::new(Box::new(f) as LayerClosure));
     let mut out: *mut C_tensor = std::ptr::null_mut();
-    // SAFETY: `x` is live for the call; `layer` is handed over (the shim frees it through
+    // SAFETY: `x` (and `extra`) are live for the call; `layer` is handed over (the shim frees it through
     // `drop_layer`, also on failure); the callbacks live as long as the program.
     let err = unsafe {
         tchtrain_sys::tchtrain_checkpoint(
             x.as_ptr(),
+            extra.map_or(std::ptr::null(), |e| e.as_ptr()),
             layer.cast(),
             run_layer,
             drop_layer,

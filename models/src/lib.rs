@@ -18,6 +18,7 @@ mod auto_tokenizer;
 mod bert;
 mod checkpoint;
 mod configuration_utils;
+mod deberta_v2;
 mod debug_utils;
 mod distilbert;
 mod error;
@@ -54,6 +55,10 @@ pub use bert::{
 pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
+};
+pub use deberta_v2::{
+    DebertaV2, DebertaV2BaseModel, DebertaV2Config, DebertaV2ForMaskedLM,
+    DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification, DebertaV2Model,
 };
 pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
 pub use distilbert::{

@@ -153,6 +153,49 @@ def main():
         m.save_pretrained(OUT / f"tiny_distilbert_{head}")
         record(f"tiny_distilbert_{head}", m, ids, mask, lab)
 
+    # --- tiny DeBERTa-v3 (seeded, saved for Rust): relative attention (c2p and p2c) over 16
+    # log buckets, shared keys, LayerNorm-ed relative embeddings, no absolute positions; 20
+    # tokens so that distances past 8 are bucketed; row 1 padded. The masked LM (legacy
+    # `cls.predictions` head), and on its checkpoint new sequence (pooler + classifier;
+    # one label -1, which DeBERTa's loss drops) and token classifiers drawn after
+    # torch.manual_seed(0). A variant: the non-legacy `lm_predictions` head, own position
+    # projections (share_att_key False), absolute positions and token types, no buckets
+    # (12 relative positions, clamped), pos_att_type given as "p2c|c2p".
+    tiny_deberta = dict(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=64, relative_attention=True,
+        pad_token_id=0,
+    )
+    v3 = dict(
+        position_buckets=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+        share_att_key=True, position_biased_input=False, type_vocab_size=0,
+    )
+    ids, mask = batch(1000, seq=20)
+    ids = ids.masked_fill(mask == 0, 0)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[0, 15], labels[1, 1] = 7, 99, 500
+    torch.manual_seed(0)
+    m = tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**tiny_deberta, **v3))
+    m.save_pretrained(OUT / "tiny_deberta_mlm")
+    record("tiny_deberta_mlm", m, ids, mask, labels)
+    for head, cls, n, lab in [
+        ("seqcls", tf.DebertaV2ForSequenceClassification, 3, torch.tensor([2, -1])),
+        ("tokcls", tf.DebertaV2ForTokenClassification, 5, torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7)).masked_fill(mask == 0, -100)),
+    ]:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(OUT / "tiny_deberta_mlm", num_labels=n)
+        m.save_pretrained(OUT / f"tiny_deberta_{head}")
+        record(f"tiny_deberta_{head}", m, ids, mask, lab)
+    torch.manual_seed(0)
+    m = tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(
+        **tiny_deberta, pos_att_type="p2c|c2p", max_relative_positions=12, share_att_key=False,
+        position_biased_input=True, type_vocab_size=2, legacy=False,
+    ))
+    m.save_pretrained(OUT / "tiny_deberta_variant_mlm")
+    tt = torch.zeros_like(ids)
+    tt[:, 10:] = 1
+    record("tiny_deberta_variant_mlm", m, ids, mask, labels, extra={"token_type_ids": tt})
+
     # --- tiny ModernBERT (seeded, saved for Rust): layers 0 and 2 global, layer 1 local
     # (window 4: keys within 2 of the query), pad id 0 ending row 1; the masked LM, the same
     # with sparse_prediction (only the labelled tokens through the head), new sequence (cls

@@ -1,6 +1,6 @@
 // Activation checkpointing (`torch.utils.checkpoint.checkpoint(layer, hidden_states)`, as
-// transformers' `GradientCheckpointingLayer` calls it): the layer runs without keeping its
-// activations; its backward runs the layer again on the saved input, with the default
+// transformers' `GradientCheckpointingLayer` calls it, with an optional second tensor input
+// such as DeBERTa's relative embeddings): the layer runs without keeping its activations; its backward runs the layer again on the saved input, with the default
 // generators' states of the forward replayed (so dropout draws the same masks) and the
 // autocast state of the forward restored, then backpropagates through the recomputed graph.
 // The layer is a Rust closure reached through two function pointers; the autograd node owns it
@@ -22,9 +22,10 @@
 
 namespace {
 
-// Runs the layer on `input`: nullptr and a new tensor in `*out`, or an error message made by
-// `tchtrain_checkpoint_message` (freed here).
-typedef char* (*layer_fn)(void* layer, const at::Tensor* input, at::Tensor** out);
+// Runs the layer on `input` (and `extra`, null when there is none): nullptr and a new tensor
+// in `*out`, or an error message made by `tchtrain_checkpoint_message` (freed here).
+typedef char* (*layer_fn)(void* layer, const at::Tensor* input, const at::Tensor* extra,
+                          at::Tensor** out);
 // Frees the closure.
 typedef void (*drop_fn)(void* layer);
 
@@ -35,9 +36,9 @@ struct Layer : torch::CustomClassHolder {
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
   // The layer's output; its error (an out-of-memory message included) as a runtime_error.
-  at::Tensor call(const at::Tensor& input) const {
+  at::Tensor call(const at::Tensor& input, const at::Tensor& extra) const {
     at::Tensor* out = nullptr;
-    char* err = run(layer, &input, &out);
+    char* err = run(layer, &input, extra.defined() ? &extra : nullptr, &out);
     if (err != nullptr) {
       std::string message(err);
       std::free(err);
@@ -142,12 +143,20 @@ class Replay {
 };
 
 struct Checkpoint : public torch::autograd::Function<Checkpoint> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+  // `inputs`: the hidden states, and the second input when there is one (only defined
+  // tensors: an undefined one has no device for the autograd engine). A `TensorList`: the
+  // autograd function counts each of its tensors as an input (a `std::vector` argument would
+  // be taken for a non-tensor one, and cut the graph).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
                             c10::intrusive_ptr<Layer> layer, bool preserve_rng_state,
                             bool offload) {
+    const at::Tensor& x = inputs[0];
+    at::Tensor extra = inputs.size() > 1 ? inputs[1] : at::Tensor();
     ctx->saved_data["layer"] = c10::IValue::make_capsule(layer);
     ctx->saved_data["preserve_rng_state"] = preserve_rng_state;
     ctx->saved_data["requires_grad"] = x.requires_grad();
+    ctx->saved_data["inputs"] = static_cast<int64_t>(inputs.size());
+    ctx->saved_data["extra_requires_grad"] = extra.defined() && extra.requires_grad();
     ctx->saved_data["device"] = c10::IValue(x.device());
     if (preserve_rng_state) {
       // torch.utils.checkpoint stashes the CPU state and that of each input's CUDA device.
@@ -161,21 +170,35 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
         autocast.cpu_enabled, autocast.cuda_enabled, static_cast<int64_t>(autocast.cpu_dtype),
         static_cast<int64_t>(autocast.cuda_dtype)});
     // `offload`: the saved input waits in host memory (transformers' `save_on_cpu`).
-    ctx->save_for_backward({offload && !x.is_cpu() ? x.to(at::kCPU) : x});
-    return layer->call(x);
+    torch::autograd::variable_list saved{offload && !x.is_cpu() ? x.to(at::kCPU) : x};
+    if (extra.defined()) {
+      saved.push_back(extra);
+    }
+    ctx->save_for_backward(saved);
+    return layer->call(x, extra);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    torch::autograd::variable_list none(4);
+    // One gradient per tensor input, then none for the layer and the two flags.
+    size_t n_inputs = static_cast<size_t>(ctx->saved_data["inputs"].toInt());
+    torch::autograd::variable_list none(n_inputs + 3);
     if (!grads[0].defined()) {
       return none;
     }
     auto layer = ctx->saved_data["layer"].toCapsule();
     auto* run = static_cast<Layer*>(layer.get());
     at::Device device = ctx->saved_data["device"].toDevice();
-    at::Tensor x = ctx->get_saved_variables()[0].to(device).detach();
+    auto saved_inputs = ctx->get_saved_variables();
+    at::Tensor x = saved_inputs[0].to(device).detach();
     x.requires_grad_(ctx->saved_data["requires_grad"].toBool());
+    // The second input as a leaf of the recompute: its gradient is handed back to the graph
+    // that made it (reentrant checkpointing's treatment of every tensor input).
+    at::Tensor extra = saved_inputs.size() > 1 ? saved_inputs[1] : at::Tensor();
+    if (extra.defined()) {
+      extra = extra.detach();
+      extra.requires_grad_(ctx->saved_data["extra_requires_grad"].toBool());
+    }
     bool preserve = ctx->saved_data["preserve_rng_state"].toBool();
     auto saved = ctx->saved_data["autocast"].toIntVector();
     AutocastState then{saved[0] != 0, saved[1] != 0, static_cast<at::ScalarType>(saved[2]),
@@ -187,12 +210,15 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
                     preserve && device.is_cuda() ? ctx->saved_data["cuda_rng"].toTensor()
                                                  : at::Tensor());
       at::AutoGradMode grad_mode(true);
-      out = run->call(x);
+      out = run->call(x, extra);
     }
     if (out.requires_grad()) {
       torch::autograd::backward({out}, {grads[0]});
     }
     none[0] = x.requires_grad() ? x.grad() : at::Tensor();
+    if (n_inputs > 1) {
+      none[1] = extra.requires_grad() ? extra.grad() : at::Tensor();
+    }
     return none;
   }
 };
@@ -206,11 +232,12 @@ char* tchtrain_checkpoint_message(const char* message) {
   return tchtrain::error_message(message);
 }
 
-// `checkpoint(layer, x)`: the layer's output in `*out`, computed without keeping its graph;
+// `checkpoint(layer, x[, extra])` (`extra` may be null): the layer's output in `*out`, computed without keeping its graph;
 // its backward recomputes it (see the file's comment). `layer` is handed over: `drop` frees it
 // when the graph no longer needs it (at once when nothing requires a gradient, or on failure).
-char* tchtrain_checkpoint(const at::Tensor* x, void* layer, layer_fn run, drop_fn drop,
-                          bool preserve_rng_state, bool offload, at::Tensor** out) {
+char* tchtrain_checkpoint(const at::Tensor* x, const at::Tensor* extra, void* layer,
+                          layer_fn run, drop_fn drop, bool preserve_rng_state, bool offload,
+                          at::Tensor** out) {
   c10::intrusive_ptr<Layer> holder;
   try {
     holder = c10::make_intrusive<Layer>(layer, run, drop);
@@ -219,7 +246,12 @@ char* tchtrain_checkpoint(const at::Tensor* x, void* layer, layer_fn run, drop_f
     return tchtrain::error_message("activation checkpointing: out of memory");
   }
   return tchtrain::guarded([&] {
-    *out = new at::Tensor(Checkpoint::apply(*x, std::move(holder), preserve_rng_state, offload));
+    torch::autograd::variable_list inputs{*x};
+    if (extra != nullptr) {
+      inputs.push_back(*extra);
+    }
+    *out = new at::Tensor(Checkpoint::apply(at::TensorList(inputs), std::move(holder),
+                                            preserve_rng_state, offload));
   });
 }
 

@@ -100,11 +100,12 @@ unsafe extern "C" {
 }
 
 // csrc/checkpoint.cpp
-/// Runs a checkpointed layer: null and a new tensor in `out`, or an error message made by
-/// `tchtrain_checkpoint_message`.
+/// Runs a checkpointed layer on `input` (and `extra`, null when there is none): null and a
+/// new tensor in `out`, or an error message made by `tchtrain_checkpoint_message`.
 pub type LayerFn = unsafe extern "C" fn(
     layer: *mut c_void,
     input: *const C_tensor,
+    extra: *const C_tensor,
     out: *mut *mut C_tensor,
 ) -> *mut c_char;
 /// Frees a checkpointed layer's closure.
@@ -113,6 +114,7 @@ unsafe extern "C" {
     pub fn tchtrain_checkpoint_message(message: *const c_char) -> *mut c_char;
     pub fn tchtrain_checkpoint(
         x: *const C_tensor,
+        extra: *const C_tensor,
         layer: *mut c_void,
         run: LayerFn,
         drop: DropFn,

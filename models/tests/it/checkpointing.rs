@@ -59,6 +59,28 @@ fn checkpointed_layers_give_the_plain_loss_and_gradients_bit_for_bit() -> Result
         ("tiny-gpt2", AutoTask::CausalLm, true),
         ("tiny-bert", AutoTask::MaskedLm, true),
         ("tiny-llama", AutoTask::CausalLm, false),
+        ("reference/models/tiny_gemma2_lm", AutoTask::CausalLm, false),
+        ("reference/models/tiny_phi3_lm", AutoTask::CausalLm, false),
+        (
+            "reference/models/tiny_roberta_mlm",
+            AutoTask::MaskedLm,
+            true,
+        ),
+        (
+            "reference/models/tiny_distilbert_mlm",
+            AutoTask::MaskedLm,
+            true,
+        ),
+        (
+            "reference/models/tiny_deberta_mlm",
+            AutoTask::MaskedLm,
+            true,
+        ),
+        (
+            "reference/models/tiny_modernbert_mlm",
+            AutoTask::MaskedLm,
+            false,
+        ),
     ] {
         let dir = assets().join(name);
         let mut model =

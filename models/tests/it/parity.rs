@@ -369,10 +369,12 @@ fn tiny_decoder_classification_heads() -> Result<()> {
     Ok(())
 }
 
-/// Tiny RoBERTa, XLM-RoBERTa and DistilBERT (`models.py`, seeded): the masked LM (row 1
-/// padded with the pad id; RoBERTa's positions stay at the padding index there) and, on its
-/// checkpoint, new sequence classifiers (RoBERTa's `RobertaClassificationHead`,
-/// DistilBERT's `pre_classifier` + `classifier`; 3 labels) and token classifiers (5
+/// Tiny RoBERTa, XLM-RoBERTa, DistilBERT and DeBERTa-v3 (`models.py`, seeded): the masked
+/// LM (row 1 padded with the pad id; RoBERTa's positions stay at the padding index there;
+/// DeBERTa over 20 tokens, its relative positions log-bucketed) and, on its checkpoint, new
+/// sequence classifiers (RoBERTa's `RobertaClassificationHead`, DistilBERT's
+/// `pre_classifier` + `classifier`, DeBERTa's pooler + classifier with a -1 label its loss
+/// drops; 3 labels) and token classifiers (5
 /// labels) drawn after `torch.manual_seed(0)`: logits, losses and gradients as upstream's,
 /// and the drawn heads equal to upstream's.
 #[test]
@@ -392,10 +394,17 @@ fn tiny_encoder_families() -> Result<()> {
         "pre_classifier.bias",
         "pre_classifier.weight",
     ][..];
+    let deberta_head = &[
+        "classifier.bias",
+        "classifier.weight",
+        "pooler.dense.bias",
+        "pooler.dense.weight",
+    ][..];
     for (fam, seq_head) in [
         ("roberta", roberta_head),
         ("xlmr", roberta_head),
         ("distilbert", distilbert_head),
+        ("deberta", deberta_head),
     ] {
         let mlm = reference.join(format!("tiny_{fam}_mlm"));
         for (head, task, fresh_task, new_keys) in [
@@ -448,6 +457,17 @@ fn tiny_encoder_families() -> Result<()> {
             }
         }
     }
+    // DeBERTa's other switches: the `lm_predictions` head, own position projections,
+    // absolute positions, token types, clamped relative positions without buckets.
+    let case = "tiny_deberta_variant_mlm";
+    let loaded = tchtrain_models::from_pretrained_dir(
+        &reference.join(case),
+        AutoTask::MaskedLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+    check(case, &mut *{ loaded.model }, "logits")?;
     Ok(())
 }
 

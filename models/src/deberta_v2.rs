@@ -1,0 +1,1034 @@
+//! DeBERTa-v2 / v3 (upstream `models/deberta_v2`, `model_type` `deberta-v2`):
+//! `DebertaV2Config`, `DebertaV2Model`, `DebertaV2ForMaskedLM`,
+//! `DebertaV2ForSequenceClassification`, `DebertaV2ForTokenClassification`.
+//!
+//! BERT's post-LayerNorm encoder with disentangled attention: the content scores
+//! `q · (kᵀ / √(d · scale_factor))` plus, with `relative_attention`, content-to-position
+//! (`c2p`) and position-to-content (`p2c`) scores gathered from the projections of shared
+//! relative-position embeddings (`rel_embeddings`, LayerNorm-ed by `norm_rel_ebd`), the
+//! relative positions log-bucketed past `position_buckets / 2` (`make_log_bucket_position`).
+//! Eager attention as upstream's (DeBERTa has no SDPA path), the mask the outer product of
+//! the padding mask, masked scores set to the float32 minimum before the softmax. The
+//! embeddings are multiplied by the padding mask after their LayerNorm.
+//!
+//! Every op follows upstream's order (the division of `kᵀ` before the `bmm`, the scores
+//! summed as upstream sums them), so the numbers are bit-identical on CPU.
+
+// `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
+// saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer_with};
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, Params};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{
+    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+};
+use crate::neftune::neftune_post_forward_hook;
+use crate::{Error, Result};
+
+/// Upstream `DebertaV2Config` with its defaults (DeBERTa-v2 xlarge), and the keys v3's
+/// `config.json` adds that upstream reads with `getattr` (`position_buckets`,
+/// `norm_rel_ebd`, `share_att_key`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct DebertaV2Config {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    pub hidden_act: String,
+    pub hidden_dropout_prob: f64,
+    pub attention_probs_dropout_prob: f64,
+    pub max_position_embeddings: i64,
+    pub type_vocab_size: i64,
+    pub initializer_range: f64,
+    pub layer_norm_eps: f64,
+    pub relative_attention: bool,
+    pub max_relative_positions: i64,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<Value>,
+    pub position_biased_input: bool,
+    /// `["p2c", "c2p"]` or `"p2c|c2p"`.
+    pub pos_att_type: Option<Value>,
+    pub pooler_dropout: f64,
+    pub pooler_hidden_act: String,
+    /// The masked LM's head: `cls.predictions` (true, upstream's default) or
+    /// `lm_predictions.lm_head`.
+    pub legacy: bool,
+    pub tie_word_embeddings: bool,
+    /// `-1` (no buckets) unless the config says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position_buckets: Option<i64>,
+    /// `"layer_norm"` normalises the relative embeddings; `"none"` by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub norm_rel_ebd: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_att_key: Option<bool>,
+    /// The classifier's dropout (`hidden_dropout_prob` when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cls_dropout: Option<f64>,
+    /// Only `hidden_size` is implemented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding_size: Option<i64>,
+    /// Only `hidden_size / num_attention_heads` is implemented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_head_size: Option<i64>,
+    /// Only 0 (no convolution layer) is implemented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conv_kernel_size: Option<i64>,
+    /// Only `hidden_size` is implemented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pooler_hidden_size: Option<i64>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl Default for DebertaV2Config {
+    fn default() -> Self {
+        Self {
+            vocab_size: 128100,
+            hidden_size: 1536,
+            num_hidden_layers: 24,
+            num_attention_heads: 24,
+            intermediate_size: 6144,
+            hidden_act: "gelu".into(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            max_position_embeddings: 512,
+            type_vocab_size: 0,
+            initializer_range: 0.02,
+            layer_norm_eps: 1e-7,
+            relative_attention: false,
+            max_relative_positions: -1,
+            pad_token_id: Some(0),
+            bos_token_id: None,
+            eos_token_id: None,
+            position_biased_input: true,
+            pos_att_type: None,
+            pooler_dropout: 0.0,
+            pooler_hidden_act: "gelu".into(),
+            legacy: true,
+            tie_word_embeddings: true,
+            position_buckets: None,
+            norm_rel_ebd: None,
+            share_att_key: None,
+            cls_dropout: None,
+            embedding_size: None,
+            attention_head_size: None,
+            conv_kernel_size: None,
+            pooler_hidden_size: None,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for DebertaV2Config {
+    fn model_type(&self) -> &'static str {
+        "deberta-v2"
+    }
+    fn to_json_value(&self) -> Result<Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl DebertaV2Config {
+    /// Reads and checks `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let c: Self = configuration_utils::read_config(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// `pos_att_type` as a list (upstream splits a string on `|`).
+    fn pos_att_type(&self) -> Result<Vec<String>> {
+        let bad = |v: &Value| Error::InvalidConfig {
+            field: "pos_att_type",
+            value: v.to_string(),
+            fix: "give a list of p2c / c2p, or a string such as \"p2c|c2p\"",
+        };
+        let types: Vec<String> = match &self.pos_att_type {
+            None | Some(Value::Null) => vec![],
+            Some(Value::String(s)) => s
+                .to_lowercase()
+                .split('|')
+                .map(|x| x.trim().to_string())
+                .collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| bad(x)))
+                .collect::<Result<_>>()?,
+            Some(other) => return Err(bad(other)),
+        };
+        for t in &types {
+            if !matches!(t.as_str(), "p2c" | "c2p") {
+                return Err(bad(&Value::String(t.clone())));
+            }
+        }
+        Ok(types)
+    }
+
+    fn head_dim(&self) -> i64 {
+        self.hidden_size / self.num_attention_heads.max(1)
+    }
+
+    /// `max_relative_positions`, or `max_position_embeddings` when below 1.
+    fn max_relative(&self) -> i64 {
+        if self.max_relative_positions < 1 {
+            self.max_position_embeddings
+        } else {
+            self.max_relative_positions
+        }
+    }
+
+    fn buckets(&self) -> i64 {
+        self.position_buckets.unwrap_or(-1)
+    }
+
+    /// Upstream's `pos_ebd_size` (the attention span `S`: `2·S` relative embeddings).
+    fn att_span(&self) -> i64 {
+        if self.buckets() > 0 {
+            self.buckets()
+        } else {
+            self.max_relative()
+        }
+    }
+
+    fn norm_rel(&self) -> bool {
+        self.norm_rel_ebd
+            .as_deref()
+            .unwrap_or("none")
+            .to_lowercase()
+            .split('|')
+            .any(|x| x.trim() == "layer_norm")
+    }
+
+    fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+            ],
+            ("num_hidden_layers", self.num_hidden_layers),
+        )?;
+        if self.num_attention_heads <= 0 || self.hidden_size % self.num_attention_heads != 0 {
+            return Err(Error::InvalidConfig {
+                field: "num_attention_heads",
+                value: format!(
+                    "{} (hidden_size {})",
+                    self.num_attention_heads, self.hidden_size
+                ),
+                fix: "hidden_size must be a multiple of num_attention_heads (upstream's check)",
+            });
+        }
+        let refuse = |field: &'static str, value: String, fix: &'static str| {
+            Err(Error::InvalidConfig { field, value, fix })
+        };
+        if self.embedding_size.is_some_and(|e| e != self.hidden_size) {
+            return refuse(
+                "embedding_size",
+                format!("{:?}", self.embedding_size),
+                "only embeddings of hidden_size are implemented (no embed_proj)",
+            );
+        }
+        if self
+            .attention_head_size
+            .is_some_and(|a| a != self.head_dim())
+        {
+            return refuse(
+                "attention_head_size",
+                format!("{:?}", self.attention_head_size),
+                "only hidden_size / num_attention_heads is implemented",
+            );
+        }
+        if self.conv_kernel_size.is_some_and(|k| k > 0) {
+            return refuse(
+                "conv_kernel_size",
+                format!("{:?}", self.conv_kernel_size),
+                "DeBERTa-v2's convolution layer is not implemented here (v3 has none); use 0",
+            );
+        }
+        if self
+            .pooler_hidden_size
+            .is_some_and(|p| p != self.hidden_size)
+        {
+            return refuse(
+                "pooler_hidden_size",
+                format!("{:?}", self.pooler_hidden_size),
+                "only a pooler of hidden_size is implemented",
+            );
+        }
+        if let Some(pad) = self.pad_token_id
+            && !(-self.vocab_size..self.vocab_size).contains(&pad)
+        {
+            return refuse(
+                "pad_token_id",
+                format!("{pad} (vocab_size {})", self.vocab_size),
+                "use a token id inside the vocabulary, or null",
+            );
+        }
+        if self.relative_attention && self.att_span() <= 0 {
+            return refuse(
+                "position_buckets",
+                self.att_span().to_string(),
+                "the relative span must be positive",
+            );
+        }
+        self.pos_att_type()?;
+        Activation::parse(&self.hidden_act, "hidden_act")?;
+        Activation::parse(&self.pooler_hidden_act, "pooler_hidden_act")?;
+        Ok(())
+    }
+}
+
+/// Upstream `make_log_bucket_position` / `build_relative_position`: the relative position
+/// `q - k` of `seq` tokens, log-bucketed past `buckets / 2` when `buckets` and
+/// `max_position` are positive (float32 math, truncated to integers), `[1, seq, seq]`.
+fn relative_positions(seq: i64, buckets: i64, max_position: i64, device: Device) -> Tensor {
+    let ids = Tensor::arange(seq, (Kind::Int64, device));
+    let rel = ids.unsqueeze(1) - ids.unsqueeze(0);
+    let rel = if buckets > 0 && max_position > 0 {
+        let mid = buckets / 2;
+        let sign = rel.sign();
+        let inside = rel.lt(mid).logical_and(&rel.gt(-mid));
+        let abs_pos = Tensor::scalar_tensor((mid - 1) as f64, (Kind::Int64, device))
+            .where_self(&inside, &rel.abs());
+        // (abs_pos / mid): integer true division, float32
+        let log_pos = ((abs_pos.true_divide_scalar(mid).log()
+            / Tensor::scalar_tensor(
+                ((max_position - 1) as f64) / mid as f64,
+                (Kind::Float, device),
+            )
+            .log())
+            * (mid - 1) as f64)
+            .ceil()
+            + mid as f64;
+        let bucket = rel
+            .to_kind(Kind::Float)
+            .where_self(&abs_pos.le(mid), &(log_pos * sign));
+        bucket.to_kind(Kind::Int64)
+    } else {
+        rel
+    };
+    rel.unsqueeze(0)
+}
+
+#[derive(Debug)]
+struct Layer {
+    query_proj: layers::LayerLinear,
+    key_proj: layers::LayerLinear,
+    value_proj: layers::LayerLinear,
+    /// Without `share_att_key`: the relative embeddings' own projections.
+    pos_key_proj: Option<layers::LayerLinear>,
+    pos_query_proj: Option<layers::LayerLinear>,
+    attn_out: layers::LayerLinear,
+    attn_ln: nn::LayerNorm,
+    intermediate: layers::LayerLinear,
+    output: layers::LayerLinear,
+    output_ln: nn::LayerNorm,
+    /// `deberta.encoder.layer.{i}`, as the underflow / overflow tracer names it.
+    name: String,
+}
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for Layer {}
+
+/// What a layer's forward needs besides the hidden states.
+struct LayerInputs {
+    /// `[batch, 1, seq, seq]`: true where the query and the key are both tokens.
+    mask: Tensor,
+    /// The relative positions `[1, seq, seq]` (the normalised relative embeddings are the
+    /// layer's second input: a checkpoint hands their gradient back).
+    rel_pos: Option<Tensor>,
+    c2p: bool,
+    p2c: bool,
+    span: i64,
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    head_dim: i64,
+    hidden_size: i64,
+    attn_p: f64,
+    hidden_p: f64,
+    train: bool,
+    act: Activation,
+}
+
+// SAFETY: parameter tensors and plain values that the forward only reads.
+#[allow(unsafe_code)]
+unsafe impl ReadOnlyLayer for LayerInputs {}
+
+impl Layer {
+    /// Upstream `DebertaV2Layer.forward`: disentangled self-attention, then the
+    /// feed-forward block, each followed by dropout, the residual and a LayerNorm.
+    fn forward(&self, h: &Tensor, rel_embeddings: Option<&Tensor>, x: &LayerInputs) -> Tensor {
+        use layers::{apply_traced, dropout_traced};
+        let LayerInputs {
+            batch,
+            seq,
+            heads,
+            head_dim: d,
+            ..
+        } = *x;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        // `transpose_for_scores`: [b, l, H] -> [b·heads, l, d]
+        let for_scores = |t: Tensor| {
+            let l = t.size()[1];
+            t.view([t.size()[0], l, heads, -1])
+                .permute([0, 2, 1, 3])
+                .contiguous()
+                .view([-1, l, d])
+        };
+        let q = for_scores(apply_traced(
+            h,
+            &self.query_proj,
+            || n("attention.self.query_proj"),
+            "Linear",
+        ));
+        let k = for_scores(apply_traced(
+            h,
+            &self.key_proj,
+            || n("attention.self.key_proj"),
+            "Linear",
+        ));
+        let v = for_scores(apply_traced(
+            h,
+            &self.value_proj,
+            || n("attention.self.value_proj"),
+            "Linear",
+        ));
+        let scale_factor = 1 + i64::from(x.c2p) + i64::from(x.p2c);
+        // `torch.sqrt(torch.tensor(d, dtype=float) * scale_factor)`
+        let scale = (Tensor::scalar_tensor(d as f64, (Kind::Float, h.device())) * scale_factor)
+            .sqrt()
+            .to_kind(q.kind());
+        let mut scores = q.bmm(&(k.transpose(-1, -2) / &scale));
+        if let (Some(rel_embeddings), Some(rel_pos)) = (rel_embeddings, &x.rel_pos) {
+            let span = x.span;
+            let re = dropout_traced(rel_embeddings, x.hidden_p, x.train, || {
+                n("attention.self.pos_dropout")
+            });
+            let re = re.narrow(0, 0, 2 * span).unsqueeze(0);
+            let project =
+                |proj: &layers::LayerLinear| for_scores(re.apply(proj)).repeat([batch, 1, 1]);
+            let bh = batch * heads;
+            let mut score: Option<Tensor> = None;
+            if x.c2p {
+                let pos_key = project(self.pos_key_proj.as_ref().unwrap_or(&self.key_proj));
+                let c2p = q.bmm(&pos_key.transpose(-1, -2));
+                let index = (rel_pos + span)
+                    .clamp(0, 2 * span - 1)
+                    .expand([bh, seq, seq], false);
+                let c2p = c2p.gather(-1, &index, false);
+                score = Some(c2p / &scale);
+            }
+            if x.p2c {
+                let pos_query = project(self.pos_query_proj.as_ref().unwrap_or(&self.query_proj));
+                let index = (-rel_pos + span)
+                    .clamp(0, 2 * span - 1)
+                    .expand([bh, seq, seq], false);
+                let p2c = k
+                    .bmm(&pos_query.transpose(-1, -2))
+                    .gather(-1, &index, false)
+                    .transpose(-1, -2);
+                let p2c = p2c / &scale;
+                score = Some(match score {
+                    Some(s) => s + p2c,
+                    None => p2c,
+                });
+            }
+            if let Some(s) = score {
+                scores = scores + s;
+            }
+        }
+        let scores = scores
+            .view([-1, heads, seq, seq])
+            .masked_fill(&x.mask.logical_not(), f64::from(f32::MIN));
+        let probs = scores.softmax(-1, scores.kind());
+        let probs = dropout_traced(&probs, x.attn_p, x.train, || n("attention.self.dropout"));
+        let ctx = probs
+            .view([-1, seq, seq])
+            .bmm(&v)
+            .view([-1, heads, seq, d])
+            .permute([0, 2, 1, 3])
+            .contiguous()
+            .view([batch, seq, x.hidden_size]);
+        let o = apply_traced(
+            &ctx,
+            &self.attn_out,
+            || n("attention.output.dense"),
+            "Linear",
+        );
+        let o = dropout_traced(&o, x.hidden_p, x.train, || n("attention.output.dropout"));
+        let a = apply_traced(
+            &(o + h),
+            &self.attn_ln,
+            || n("attention.output.LayerNorm"),
+            "LayerNorm",
+        );
+        let i = apply_traced(&a, &self.intermediate, || n("intermediate.dense"), "Linear");
+        let i = x
+            .act
+            .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
+        let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
+        let m = dropout_traced(&m, x.hidden_p, x.train, || n("output.dropout"));
+        let out = apply_traced(
+            &(m + &a),
+            &self.output_ln,
+            || n("output.LayerNorm"),
+            "LayerNorm",
+        );
+        crate::debug_utils::leaf(|| self.name.clone(), "DebertaV2Layer", &[], h, &out);
+        out
+    }
+}
+
+/// Upstream `DebertaV2Model`: embeddings and the encoder.
+#[derive(Debug)]
+pub struct DebertaV2Model {
+    /// Where it sits in its model (`deberta`; empty for `DebertaV2Model` itself).
+    prefix: String,
+    word_embeddings: nn::Embedding,
+    position_embeddings: Option<nn::Embedding>,
+    token_type_embeddings: Option<nn::Embedding>,
+    embeddings_ln: nn::LayerNorm,
+    layers: Vec<Arc<Shared<Layer>>>,
+    rel_embeddings: Option<nn::Embedding>,
+    rel_ln: Option<nn::LayerNorm>,
+    act: Activation,
+    config: DebertaV2Config,
+    /// Upstream's `gradient_checkpointing` on the layers.
+    pub(crate) checkpointing: Option<ActivationCheckpointing>,
+}
+
+impl DebertaV2Model {
+    /// Creates the variables under `p` (upstream prefix `deberta`, or the root).
+    pub fn new(p: nn::Path<'_>, config: &DebertaV2Config) -> Result<Self> {
+        config.validate()?;
+        let (d, std, eps) = (
+            config.hidden_size,
+            config.initializer_range,
+            config.layer_norm_eps,
+        );
+        let e = &p / "embeddings";
+        let word_embeddings = layers::embedding_with_padding(
+            &e / "word_embeddings",
+            config.vocab_size,
+            d,
+            std,
+            config.pad_token_id,
+        );
+        let position_embeddings = config.position_biased_input.then(|| {
+            layers::embedding(
+                &e / "position_embeddings",
+                config.max_position_embeddings,
+                d,
+                std,
+            )
+        });
+        let token_type_embeddings = (config.type_vocab_size > 0).then(|| {
+            layers::embedding(&e / "token_type_embeddings", config.type_vocab_size, d, std)
+        });
+        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, eps);
+        let types = config.pos_att_type()?;
+        let own_pos = config.relative_attention && !config.share_att_key.unwrap_or(false);
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let l = &p / "encoder" / "layer" / i;
+                let a = &l / "attention";
+                let s = &a / "self";
+                let linear =
+                    |p: nn::Path<'_>, i: i64, o: i64| layers::layer_linear(p, i, o, true, std);
+                let query_proj = linear(&s / "query_proj", d, d);
+                let key_proj = linear(&s / "key_proj", d, d);
+                let value_proj = linear(&s / "value_proj", d, d);
+                let pos_key_proj = (own_pos && types.iter().any(|t| t == "c2p"))
+                    .then(|| linear(&s / "pos_key_proj", d, d));
+                let pos_query_proj = (own_pos && types.iter().any(|t| t == "p2c"))
+                    .then(|| linear(&s / "pos_query_proj", d, d));
+                Arc::new(Shared(Layer {
+                    query_proj,
+                    key_proj,
+                    value_proj,
+                    pos_key_proj,
+                    pos_query_proj,
+                    attn_out: linear(&a / "output" / "dense", d, d),
+                    attn_ln: layers::layer_norm(&a / "output" / "LayerNorm", d, eps),
+                    intermediate: linear(
+                        &l / "intermediate" / "dense",
+                        d,
+                        config.intermediate_size,
+                    ),
+                    output: linear(&l / "output" / "dense", config.intermediate_size, d),
+                    output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
+                    name: l.components().collect::<Vec<_>>().join("."),
+                }))
+            })
+            .collect();
+        let rel_embeddings = config.relative_attention.then(|| {
+            layers::embedding(
+                &p / "encoder" / "rel_embeddings",
+                2 * config.att_span(),
+                d,
+                std,
+            )
+        });
+        let rel_ln = config
+            .norm_rel()
+            .then(|| layers::layer_norm(&p / "encoder" / "LayerNorm", d, eps));
+        Ok(Self {
+            prefix: p.components().collect::<Vec<_>>().join("."),
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            embeddings_ln,
+            layers,
+            rel_embeddings,
+            rel_ln,
+            act: Activation::parse(&config.hidden_act, "hidden_act")?,
+            config: config.clone(),
+            checkpointing: None,
+        })
+    }
+
+    /// The word embedding matrix (tied to the masked LM's decoder).
+    pub fn word_embeddings(&self) -> &Tensor {
+        &self.word_embeddings.ws
+    }
+
+    /// The last hidden state `[batch, seq, hidden]`.
+    pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        use crate::debug_utils::join;
+        use layers::apply_traced;
+        let c = &self.config;
+        let ids = inputs.ids()?;
+        let max_len = if c.position_biased_input {
+            c.max_position_embeddings
+        } else {
+            i64::MAX
+        };
+        let (batch, seq) = crate::check_ids(ids, c.vocab_size, max_len)?;
+        let device = self.word_embeddings.ws.device();
+        let ids = ids.f_to_device(device)?;
+        let n = |rest: &str| join(&self.prefix, rest);
+        let mut h = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        crate::debug_utils::leaf(
+            || n("embeddings.word_embeddings"),
+            "Embedding",
+            &self.word_embeddings.params(),
+            &ids,
+            &h,
+        );
+        if let Some(pe) = &self.position_embeddings {
+            let positions = match inputs.position_ids {
+                Some(p) => p.f_to_device(device)?,
+                None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+            };
+            h = h + apply_traced(
+                &positions,
+                pe,
+                || n("embeddings.position_embeddings"),
+                "Embedding",
+            );
+        }
+        if let Some(te) = &self.token_type_embeddings {
+            let types = match inputs.token_type_ids {
+                Some(t) => t.f_to_device(device)?,
+                None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
+            };
+            h = h + apply_traced(
+                &types,
+                te,
+                || n("embeddings.token_type_embeddings"),
+                "Embedding",
+            );
+        }
+        let h = apply_traced(
+            &h,
+            &self.embeddings_ln,
+            || n("embeddings.LayerNorm"),
+            "LayerNorm",
+        );
+        // Without a mask upstream uses float ones.
+        let mask = match inputs.attention_mask {
+            Some(m) => m.f_to_device(device)?,
+            None => Tensor::ones([batch, seq], (Kind::Float, device)),
+        };
+        let kind = h.kind();
+        let h = h * mask.unsqueeze(2).to_kind(kind);
+        let mut h =
+            layers::dropout_traced(&h, c.hidden_dropout_prob, train, || n("embeddings.dropout"));
+        // `get_attention_mask`: the outer product of the padding mask, as booleans.
+        let ext = mask.unsqueeze(1).unsqueeze(2);
+        let mask = (&ext * ext.squeeze_dim(-2).unsqueeze(-1)).to_kind(Kind::Bool);
+        // `get_rel_embedding()`, once per forward.
+        let rel_embeddings = self.rel_embeddings.as_ref().map(|re| match &self.rel_ln {
+            Some(ln) => re.ws.apply(ln),
+            None => re.ws.shallow_clone(),
+        });
+        let rel_pos = rel_embeddings
+            .is_some()
+            .then(|| relative_positions(seq, c.buckets(), c.max_relative(), device));
+        let types = c.pos_att_type()?;
+        let x = Arc::new(Shared(LayerInputs {
+            mask,
+            rel_pos,
+            c2p: c.relative_attention && types.iter().any(|t| t == "c2p"),
+            p2c: c.relative_attention && types.iter().any(|t| t == "p2c"),
+            span: c.att_span(),
+            batch,
+            seq,
+            heads: c.num_attention_heads,
+            head_dim: c.head_dim(),
+            hidden_size: c.hidden_size,
+            attn_p: c.attention_probs_dropout_prob,
+            hidden_p: c.hidden_dropout_prob,
+            train,
+            act: self.act,
+        }));
+        for (i, l) in self.layers.iter().enumerate() {
+            h = crate::layer_hooks::before_layer(i, h)?;
+            h = match &self.checkpointing {
+                Some(ac) if train && ac.checkpoints(i) => {
+                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
+                    checkpoint_layer_with(&h, rel_embeddings.as_ref(), ac, move |h, re| {
+                        let out = l.forward(h, re, &x);
+                        crate::debug_utils::check()?;
+                        Ok(out)
+                    })?
+                }
+                _ => l.forward(&h, rel_embeddings.as_ref(), &x),
+            };
+            h = crate::layer_hooks::after_layer(i, h)?;
+        }
+        Ok(h)
+    }
+}
+
+/// Which head sits on the body.
+#[derive(Debug)]
+enum Head {
+    None,
+    /// `cls.predictions` (legacy) or `lm_predictions.lm_head`: dense, act, LayerNorm, the
+    /// tied decoder with `bias`.
+    MaskedLm {
+        dense: nn::Linear,
+        ln: nn::LayerNorm,
+        bias: Tensor,
+        legacy: bool,
+    },
+    /// `pooler` (dropout, dense, act on the first token), dropout, `classifier`.
+    SequenceClassification {
+        pooler: nn::Linear,
+        classifier: nn::Linear,
+    },
+    /// Dropout and `classifier` on every token.
+    TokenClassification {
+        classifier: nn::Linear,
+    },
+}
+
+/// A DeBERTa-v2 model with one of upstream's heads; use the type aliases.
+#[derive(Debug)]
+pub struct DebertaV2<const KIND: u8> {
+    vs: nn::VarStore,
+    deberta: DebertaV2Model,
+    head: Head,
+    config: DebertaV2Config,
+    training: bool,
+}
+
+const BASE: u8 = 0;
+const MLM: u8 = 1;
+const SEQ_CLS: u8 = 2;
+const TOK_CLS: u8 = 3;
+
+/// Upstream `DebertaV2Model` as a standalone model (weights at the root).
+pub type DebertaV2BaseModel = DebertaV2<BASE>;
+/// Upstream `DebertaV2ForMaskedLM`.
+pub type DebertaV2ForMaskedLM = DebertaV2<MLM>;
+/// Upstream `DebertaV2ForSequenceClassification`.
+pub type DebertaV2ForSequenceClassification = DebertaV2<SEQ_CLS>;
+/// Upstream `DebertaV2ForTokenClassification`.
+pub type DebertaV2ForTokenClassification = DebertaV2<TOK_CLS>;
+
+impl<const KIND: u8> DebertaV2<KIND> {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &DebertaV2Config, device: Device) -> Result<Self> {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let body = if KIND == BASE {
+            root.clone()
+        } else {
+            &root / "deberta"
+        };
+        let deberta = DebertaV2Model::new(body, config)?;
+        let (d, std, n) = (
+            config.hidden_size,
+            config.initializer_range,
+            config.labels.num_labels(),
+        );
+        let head = match KIND {
+            MLM => {
+                if !config.tie_word_embeddings {
+                    return Err(Error::InvalidConfig {
+                        field: "tie_word_embeddings",
+                        value: "false".into(),
+                        fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
+                    });
+                }
+                let (t, transform) = if config.legacy {
+                    let t = &root / "cls" / "predictions";
+                    let transform = &t / "transform";
+                    (t, transform)
+                } else {
+                    let t = &root / "lm_predictions" / "lm_head";
+                    let transform = t.clone();
+                    (t, transform)
+                };
+                // The head's own `bias` is listed before its children's parameters.
+                let bias = crate::initialization::var(
+                    &t,
+                    "bias",
+                    &[config.vocab_size],
+                    nn::Init::Const(0.0),
+                );
+                Head::MaskedLm {
+                    dense: layers::linear(&transform / "dense", d, d, true, std),
+                    ln: layers::layer_norm(&transform / "LayerNorm", d, config.layer_norm_eps),
+                    bias,
+                    legacy: config.legacy,
+                }
+            }
+            SEQ_CLS => Head::SequenceClassification {
+                pooler: layers::linear(&root / "pooler" / "dense", d, d, true, std),
+                classifier: layers::linear(&root / "classifier", d, n, true, std),
+            },
+            TOK_CLS => Head::TokenClassification {
+                classifier: layers::linear(&root / "classifier", d, n, true, std),
+            },
+            _ => Head::None,
+        };
+        Ok(Self {
+            vs,
+            deberta,
+            head,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder. As
+    /// upstream's `_keys_to_ignore_on_load_unexpected`, a checkpoint's
+    /// `position_embeddings` (v3 stores them, unused) and masked-LM `mask_predictions` are
+    /// not reported.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        num_labels: Option<i64>,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let mut config = DebertaV2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
+        if let Some(n) = num_labels {
+            config.labels.set_num_labels(n)?;
+        }
+        let mut loaded = loading::from_pretrained_with(dir, "deberta", &[], options, || {
+            Self::new(&config, device)
+        })?;
+        loaded
+            .info
+            .unexpected_keys
+            .retain(|k| !k.contains("position_embeddings") && !k.contains("mask_predictions"));
+        Ok(loaded)
+    }
+}
+
+/// DeBERTa-v2's sequence-classification loss without a `problem_type`: one label → MSE on
+/// the logits cast to the labels' dtype; class ids → cross-entropy over the rows whose
+/// label is not negative (0 when none is); soft labels → `-(log_softmax · labels)` summed
+/// over classes, averaged over rows. With a `problem_type`, the usual losses.
+fn sequence_classification_loss(
+    logits: &Tensor,
+    labels: &Tensor,
+    config: &DebertaV2Config,
+) -> Result<Tensor> {
+    let num_labels = config.labels.num_labels();
+    let labels = labels.f_to_device(logits.device())?;
+    if config.labels.problem_type.is_some() {
+        return Ok(tchtrain_losses::for_sequence_classification_loss(
+            &labels,
+            logits,
+            num_labels,
+            config.labels.problem_type()?,
+            None,
+        )?);
+    }
+    if num_labels == 1 {
+        let l = logits.reshape([-1]).to_kind(labels.kind());
+        return Ok(l.mse_loss(&labels.reshape([-1]), tch::Reduction::Mean));
+    }
+    let dims = labels.size();
+    if dims.len() == 1 || dims.last() == Some(&1) {
+        let index = labels.ge(0).nonzero();
+        let labels = labels.to_kind(Kind::Int64);
+        let kept = index.size()[0];
+        if kept == 0 {
+            return Ok(Tensor::scalar_tensor(0.0, (logits.kind(), logits.device())));
+        }
+        let rows = logits.gather(0, &index.expand([kept, logits.size()[1]], false), false);
+        let labels = labels.gather(0, &index.view([-1]), false);
+        return Ok(tchtrain_losses::fixed_cross_entropy(
+            &rows.view([-1, num_labels]).to_kind(Kind::Float),
+            &labels.view([-1]),
+            None,
+            -100,
+        )?);
+    }
+    Ok(-(logits.log_softmax(-1, logits.kind()) * labels)
+        .sum_dim_intlist(-1, false, None)
+        .mean(None))
+}
+
+impl<const KIND: u8> PreTrainedModel for DebertaV2<KIND> {
+    fn architecture(&self) -> &'static str {
+        match KIND {
+            MLM => "DebertaV2ForMaskedLM",
+            SEQ_CLS => "DebertaV2ForSequenceClassification",
+            TOK_CLS => "DebertaV2ForTokenClassification",
+            _ => "DebertaV2Model",
+        }
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
+    crate::modeling_utils::model_plumbing!();
+    crate::modeling_utils::checkpointing_plumbing!(deberta);
+    fn label_check(&self) -> Option<LabelCheck> {
+        let num_labels = self.config.labels.num_labels();
+        match KIND {
+            // Negative class ids are dropped from the loss, not refused.
+            SEQ_CLS => None,
+            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+            _ => None,
+        }
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        let name = name.strip_prefix("deberta.").unwrap_or(name);
+        name.starts_with("embeddings.") && name.ends_with("_embeddings.weight")
+            || name == "encoder.rel_embeddings.weight"
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        match (&self.head, KIND) {
+            (Head::MaskedLm { legacy: true, .. }, MLM) => vec![
+                (
+                    "cls.predictions.decoder.weight".into(),
+                    "deberta.embeddings.word_embeddings.weight".into(),
+                ),
+                (
+                    "cls.predictions.decoder.bias".into(),
+                    "cls.predictions.bias".into(),
+                ),
+            ],
+            _ => vec![],
+        }
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        use layers::{apply_traced, dropout_traced};
+        let train = self.training;
+        let h = self.deberta.forward(inputs, train)?;
+        let c = &self.config;
+        let num_labels = c.labels.num_labels();
+        let (logits, loss) = match &self.head {
+            Head::None => (h.shallow_clone(), None),
+            Head::MaskedLm {
+                dense,
+                ln,
+                bias,
+                legacy,
+            } => {
+                let t = h.apply(dense);
+                let t = self
+                    .deberta
+                    .act
+                    .apply_traced(&t, || "transform_act_fn".into());
+                let t = t.apply(ln);
+                let weight = self.deberta.word_embeddings();
+                let logits = if *legacy {
+                    t.linear(weight, Some(bias))
+                } else {
+                    t.matmul(&weight.tr()) + bias
+                };
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
+                        &logits,
+                        l,
+                        c.vocab_size,
+                        None,
+                        -100,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::SequenceClassification { pooler, classifier } => {
+                let first = h.select(1, 0);
+                let first =
+                    dropout_traced(&first, c.pooler_dropout, train, || "pooler.dropout".into());
+                let pooled = apply_traced(&first, pooler, || "pooler.dense".into(), "Linear");
+                let pooled = Activation::parse(&c.pooler_hidden_act, "pooler_hidden_act")?
+                    .apply_traced(&pooled, || "pooler.activation".into());
+                let p = c.cls_dropout.unwrap_or(c.hidden_dropout_prob);
+                let pooled = dropout_traced(&pooled, p, train, || "dropout".into());
+                let logits = apply_traced(&pooled, classifier, || "classifier".into(), "Linear");
+                let loss = match inputs.labels {
+                    Some(l) => Some(sequence_classification_loss(&logits, l, c)?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+            Head::TokenClassification { classifier } => {
+                let t = dropout_traced(&h, c.hidden_dropout_prob, train, || "dropout".into());
+                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let loss = match inputs.labels {
+                    Some(l) => Some(tchtrain_losses::for_token_classification(
+                        &logits, l, num_labels, None,
+                    )?),
+                    None => None,
+                };
+                (logits, loss)
+            }
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
