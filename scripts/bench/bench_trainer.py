@@ -69,6 +69,9 @@ JOBS = {
     "gpt2_tiny_v1k": dict(kind="clm", layers=2, width=64, heads=4, block=128, batch=8, vocab=1024, warmup=5, steps=100),
     "gpt2_6x384": dict(kind="clm", layers=6, width=384, heads=6, block=128, batch=4, warmup=2, steps=6),
     "minilm_cls": dict(kind="cls", max_length=128, batch=16, warmup=2, steps=8),
+    # A tiny Qwen2 (the Llama-shaped family: RMSNorm, RoPE, grouped-query attention with
+    # q/k/v biases, SwiGLU), 2 x 64, 4 heads over 2 key-value heads, a 1024-token vocabulary.
+    "qwen2_tiny": dict(kind="clm", arch="qwen2", layers=2, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40),
 }
 
 
@@ -99,7 +102,21 @@ def prepare(out: Path):
         folder = out / name
         folder.mkdir(exist_ok=True)
         torch.manual_seed(0)
-        if job["kind"] == "clm":
+        if job.get("arch") == "qwen2":
+            vocab = job["vocab"]
+            config = tf.Qwen2Config(
+                vocab_size=vocab,
+                hidden_size=job["width"],
+                intermediate_size=job["inner"],
+                num_hidden_layers=job["layers"],
+                num_attention_heads=job["heads"],
+                num_key_value_heads=job["kv_heads"],
+                max_position_embeddings=job["block"],
+                tie_word_embeddings=True,
+            )
+            model = tf.Qwen2ForCausalLM(config)
+            rows = [{"input_ids": [i % vocab for i in b]} for b in gpt2_blocks(job["block"])]
+        elif job["kind"] == "clm":
             vocab = job.get("vocab", 50257)
             config = tf.GPT2Config(
                 vocab_size=vocab,
@@ -174,7 +191,7 @@ def run(data: Path, name: str, precision: str, threads: int):
     job = json.loads((folder / "job.json").read_text())
     rows = json.loads((folder / "rows.json").read_text())
     if job["kind"] == "clm":
-        model = tf.GPT2LMHeadModel.from_pretrained(folder / "initial")
+        model = tf.AutoModelForCausalLM.from_pretrained(folder / "initial")
         rows = [{"input_ids": r["input_ids"], "labels": list(r["input_ids"])} for r in rows]
         collator = ShapeRecorder(tf.default_data_collator)
     else:

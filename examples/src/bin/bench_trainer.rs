@@ -246,7 +246,16 @@ impl Job {
             0.0 => 4.0 * d,
             i => i,
         };
-        let per_token_weights = layers * (4.0 * d * d + 2.0 * d * inner);
+        // Llama-shaped configs (`num_key_value_heads`): q and o of d x d, k and v of
+        // d x (kv_heads · head_dim), and the gated MLP's three matrices; GPT-2 / BERT: four
+        // d x d and two d x inner.
+        let per_token_weights = match self.config["num_key_value_heads"].as_f64() {
+            Some(kv) => {
+                let kv_width = kv * d / c(&["num_attention_heads"]).max(1.0);
+                layers * (2.0 * d * d + 2.0 * d * kv_width + 3.0 * d * inner)
+            }
+            None => layers * (4.0 * d * d + 2.0 * d * inner),
+        };
         let (head_per_token, head_per_row) = if self.kind == "clm" {
             (c(&["vocab_size"]) * d, 0.0)
         } else {

@@ -18,7 +18,13 @@ use super::{Value, load_average, machine, median, parse_flat_json};
 use crate::cmd;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 4] = ["gpt2_tiny", "gpt2_tiny_v1k", "gpt2_6x384", "minilm_cls"];
+pub const JOBS: [&str; 5] = [
+    "gpt2_tiny",
+    "gpt2_tiny_v1k",
+    "gpt2_6x384",
+    "minilm_cls",
+    "qwen2_tiny",
+];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).
 pub const PRECISIONS: [&str; 2] = ["fp32", "bf16"];
 /// The three sides, in the first round's order.
