@@ -203,13 +203,7 @@ pub(crate) fn eager(
         (None, false) => None,
     };
     if let Some(visible) = visible {
-        // torch.finfo(dtype).min
-        let lowest = match mask_kind {
-            Kind::Half => -65504.0,
-            Kind::BFloat16 => -3.389_531_389_251_535_5e38,
-            Kind::Double => f64::MIN,
-            _ => f64::from(f32::MIN),
-        };
+        let lowest = finfo_min(mask_kind);
         let additive = Tensor::zeros(visible.size(), (mask_kind, q.device()))
             .masked_fill(&visible.logical_not(), lowest);
         // Out of place, as upstream's `attn_weights + attention_mask`.
@@ -225,6 +219,16 @@ pub(crate) fn eager(
         w
     };
     w.matmul(&v)
+}
+
+/// `torch.finfo(kind).min` of a floating kind (float32's for the others).
+pub(crate) fn finfo_min(kind: Kind) -> f64 {
+    match kind {
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.389_531_389_251_535_5e38,
+        Kind::Double => f64::MIN,
+        _ => f64::from(f32::MIN),
+    }
 }
 
 /// Upstream `repeat_kv`: `[batch, kv_heads, seq, dim]` to `[batch, kv_heads * n_rep, seq, dim]`.

@@ -425,6 +425,29 @@ impl BertModel {
         family: EncoderFamily,
     ) -> Result<Self> {
         config.validate()?;
+        if let Some(pad) = config.pad_token_id
+            && !(-config.vocab_size..config.vocab_size).contains(&pad)
+        {
+            // upstream's nn.Embedding asserts `padding_idx` within the vocabulary
+            return Err(Error::InvalidConfig {
+                field: "pad_token_id",
+                value: format!("{pad} (vocab_size {})", config.vocab_size),
+                fix: "use a token id inside the vocabulary, or null",
+            });
+        }
+        if family.roberta
+            && let Some(pad) = config.pad_token_id
+            && (pad < 0 || pad + 1 >= config.max_position_embeddings)
+        {
+            return Err(Error::InvalidConfig {
+                field: "pad_token_id",
+                value: format!(
+                    "{pad} (max_position_embeddings {})",
+                    config.max_position_embeddings
+                ),
+                fix: "RoBERTa's positions start after the padding index: use a pad_token_id from 0 to max_position_embeddings - 2",
+            });
+        }
         if family.roberta && config.pad_token_id.is_none() {
             return Err(Error::InvalidConfig {
                 field: "pad_token_id",
@@ -718,6 +741,13 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
         // BERT's sequence classifier reads the pooler; RoBERTa's heads have none.
         let pooler = KIND == BASE || (KIND == SEQ_CLS && !family.roberta);
         let roberta = family.roberta;
+        if KIND == MLM && !config.tie_word_embeddings {
+            return Err(Error::InvalidConfig {
+                field: "tie_word_embeddings",
+                value: "false".into(),
+                fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
+            });
+        }
         // XLM-RoBERTa's heads register before the body (their parameters come first).
         let head_first = family.head_first;
         let body_then = |family| BertModel::with_family(body, config, pooler, family);

@@ -463,10 +463,13 @@ impl Layer {
                 scores = scores + s;
             }
         }
+        // `torch.finfo(query.dtype).min`; the softmax without a dtype, as upstream's (autocast
+        // computes it in float32).
+        let lowest = crate::attention::finfo_min(q.kind());
         let scores = scores
             .view([-1, heads, seq, seq])
-            .masked_fill(&x.mask.logical_not(), f64::from(f32::MIN));
-        let probs = scores.softmax(-1, scores.kind());
+            .masked_fill(&x.mask.logical_not(), lowest);
+        let probs = scores.softmax(-1, None::<Kind>);
         let probs = dropout_traced(&probs, x.attn_p, x.train, || n("attention.self.dropout"));
         let ctx = probs
             .view([-1, seq, seq])
@@ -897,8 +900,8 @@ fn sequence_classification_loss(
         if kept == 0 {
             return Ok(Tensor::scalar_tensor(0.0, (logits.kind(), logits.device())));
         }
-        let rows = logits.gather(0, &index.expand([kept, logits.size()[1]], false), false);
-        let labels = labels.gather(0, &index.view([-1]), false);
+        let rows = logits.f_gather(0, &index.f_expand([kept, logits.size()[1]], false)?, false)?;
+        let labels = labels.f_gather(0, &index.f_view([-1])?, false)?;
         return Ok(tchtrain_losses::fixed_cross_entropy(
             &rows.view([-1, num_labels]).to_kind(Kind::Float),
             &labels.view([-1]),
@@ -906,7 +909,7 @@ fn sequence_classification_loss(
             -100,
         )?);
     }
-    Ok(-(logits.log_softmax(-1, logits.kind()) * labels)
+    Ok(-(logits.log_softmax(-1, None::<Kind>) * labels)
         .sum_dim_intlist(-1, false, None)
         .mean(None))
 }

@@ -85,7 +85,8 @@ impl Default for GemmaConfig {
     }
 }
 
-/// Upstream's `__post_init__` mapping of the legacy `gelu` to the tanh approximation.
+/// Upstream's `GemmaConfig.__post_init__` mapping of the legacy `gelu` to the tanh
+/// approximation (Gemma 2 and 3 read `hidden_activation` as it is).
 pub(crate) fn gemma_activation(name: &str) -> String {
     match name {
         "gelu" => "gelu_pytorch_tanh".into(),

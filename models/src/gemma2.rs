@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::configuration_utils::LabelConfig;
-use crate::gemma::{gemma_activation, refuse_bidirectional};
+use crate::gemma::refuse_bidirectional;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
     DecoderForTokenClassification, Family, Gemma, LlamaConfig, sliding_windows,
@@ -146,7 +146,7 @@ impl DecoderConfig for Gemma2Config {
     crate::llama::decoder_config_plumbing!(@methods);
     fn llama(&self) -> LlamaConfig {
         crate::llama::to_llama!(self, head_dim: Some(self.head_dim), attention_bias: self.attention_bias,
-            hidden_act: gemma_activation(&self.hidden_activation))
+            hidden_act: self.hidden_activation.clone())
     }
     fn family(&self) -> Result<Family> {
         refuse_bidirectional(self.use_bidirectional_attention)?;

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::configuration_utils::LabelConfig;
-use crate::gemma::gemma_activation;
 use crate::gemma2::{check_heads, gemma_windows};
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma, LlamaConfig,
@@ -165,7 +164,7 @@ impl DecoderConfig for Gemma3TextConfig {
             rope_scaling: None,
             ..crate::llama::to_llama!(self, head_dim: Some(self.head_dim),
                 attention_bias: self.attention_bias,
-                hidden_act: gemma_activation(&self.hidden_activation))
+                hidden_act: self.hidden_activation.clone())
         }
     }
     fn family(&self) -> Result<Family> {

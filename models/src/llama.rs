@@ -367,13 +367,27 @@ impl LlamaConfig {
 
     /// The RoPE of this config (upstream's standardised `rope_parameters`).
     pub(crate) fn rope_parameters(&self) -> Result<RopeParameters> {
-        let p = rope::standardize(
+        let mut p = rope::standardize(
             self.rope_parameters.as_ref(),
             self.rope_scaling.as_ref(),
             self.rope_theta,
             10_000.0,
         );
-        RopeParameters::from_dict(&p, self.head_dim(), self.max_position_embeddings, None)
+        // The top-level keys upstream's `standardize_rope_params` moves into the dict:
+        // `partial_rotary_factor` (as a default) and `original_max_position_embeddings`
+        // (which wins over the dict's for llama3 / yarn / longrope).
+        if let Some(f) = self
+            .extra
+            .get("partial_rotary_factor")
+            .filter(|v| v.is_number())
+        {
+            p.entry("partial_rotary_factor").or_insert(f.clone());
+        }
+        let original = self
+            .extra
+            .get("original_max_position_embeddings")
+            .and_then(serde_json::Value::as_i64);
+        RopeParameters::from_dict(&p, self.head_dim(), self.max_position_embeddings, original)
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -1340,11 +1354,16 @@ impl<C: DecoderConfig> DecoderForTokenClassification<C> {
             .iter()
             .find_map(|key| json.get(*key).and_then(serde_json::Value::as_f64))
             .unwrap_or(0.1);
+        // `getattr(config, "token_classification_bias", True)`
+        let bias = json
+            .get("token_classification_bias")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true);
         let score = layers::linear(
             vs.root() / "score",
             llama.hidden_size,
             config.labels().num_labels(),
-            true,
+            bias,
             llama.initializer_range,
         );
         Ok(Self {

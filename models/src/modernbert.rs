@@ -846,7 +846,7 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
                     (true, Some(l)) => {
                         let l = l.f_to_device(h.device())?.reshape([-1]);
                         let keep = l.ne(c.sparse_pred_ignore_index);
-                        let x = h.reshape([l.size()[0], -1]).index(&[Some(&keep)]);
+                        let x = h.f_reshape([l.size()[0], -1])?.f_index(&[Some(&keep)])?;
                         (x, Some(l.index(&[Some(&keep)])))
                     }
                     (_, l) => (h.shallow_clone(), l.map(|l| l.shallow_clone())),

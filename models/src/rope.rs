@@ -62,17 +62,18 @@ pub(crate) struct RopeParameters {
     max_position_embeddings: i64,
 }
 
-/// Upstream's `standardize_rope_params` for one (flat) dict: the v5 `rope_parameters`, else
-/// the v4 `rope_scaling`, with `type` read as `rope_type` and `rope_theta` defaulting to
-/// the v4 key or `default_theta`.
+/// Upstream's `convert_rope_params_to_dict` and `standardize_rope_params` for one (flat)
+/// dict: the v4 `rope_scaling` when given (it wins, as `rope_scaling or rope_parameters`),
+/// else the v5 `rope_parameters`, with `type` read as `rope_type` and `rope_theta` defaulting
+/// to the v4 key or `default_theta`.
 pub(crate) fn standardize(
     rope_parameters: Option<&Map<String, Value>>,
     rope_scaling: Option<&Map<String, Value>>,
     rope_theta: Option<f64>,
     default_theta: f64,
 ) -> Map<String, Value> {
-    let mut p = rope_parameters
-        .or(rope_scaling)
+    let mut p = rope_scaling
+        .or(rope_parameters)
         .cloned()
         .unwrap_or_default();
     if let Some(t) = p.remove("type") {
@@ -385,7 +386,10 @@ impl RotaryEmbedding {
                 ..
             } => Some(
                 params
-                    .init(Some(original_max_position_embeddings + 1), device)?
+                    .init(
+                        Some(original_max_position_embeddings.saturating_add(1)),
+                        device,
+                    )?
                     .0,
             ),
             _ => None,

@@ -557,6 +557,37 @@ fn auto_dtype_loads_bfloat16_checkpoints_in_bfloat16() -> Result<()> {
     for (name, v) in loaded.model.var_store().variables() {
         assert_eq!(v.kind(), Kind::Float, "{name}");
     }
+    // Half-precision forwards of the eager attentions (DeBERTa's masked scores, Gemma 2's
+    // additive mask) fill with the dtype's own minimum.
+    let bf16 = LoadOptions {
+        dtype: tchtrain_models::LoadDtype::parse("bfloat16")?,
+        ..LoadOptions::default()
+    };
+    for (case, task) in [
+        ("tiny_deberta_mlm", tchtrain_models::AutoTask::MaskedLm),
+        ("tiny_gemma2_lm", tchtrain_models::AutoTask::CausalLm),
+    ] {
+        let r = reference(case)?;
+        let m = tchtrain_models::from_pretrained_dir(
+            &assets().join("reference/models").join(case),
+            task,
+            Device::Cpu,
+            &bf16,
+        )?
+        .model;
+        let out = tch::no_grad(|| {
+            m.forward(&ModelInputs {
+                input_ids: Some(&r["input_ids"]),
+                attention_mask: Some(&r["attention_mask"]),
+                ..Default::default()
+            })
+        })?;
+        let logits = out.logits.context("logits")?;
+        assert_eq!(logits.kind(), Kind::BFloat16, "{case}");
+        let diff = max_abs(&logits, &r["logits"]);
+        // bfloat16 keeps 8 bits of mantissa: logits of magnitude ~1 within a few 1e-2.
+        assert!(diff < 0.1, "{case}: bfloat16 logits differ by {diff}");
+    }
     let err = tchtrain_models::LoadDtype::parse("fp8")
         .unwrap_err()
         .to_string();
