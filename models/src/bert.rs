@@ -425,16 +425,7 @@ impl BertModel {
         family: EncoderFamily,
     ) -> Result<Self> {
         config.validate()?;
-        if let Some(pad) = config.pad_token_id
-            && !(-config.vocab_size..config.vocab_size).contains(&pad)
-        {
-            // upstream's nn.Embedding asserts `padding_idx` within the vocabulary
-            return Err(Error::InvalidConfig {
-                field: "pad_token_id",
-                value: format!("{pad} (vocab_size {})", config.vocab_size),
-                fix: "use a token id inside the vocabulary, or null",
-            });
-        }
+        configuration_utils::check_padding_idx(config.pad_token_id, config.vocab_size)?;
         if family.roberta
             && let Some(pad) = config.pad_token_id
             && (pad < 0 || pad + 1 >= config.max_position_embeddings)

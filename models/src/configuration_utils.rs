@@ -103,6 +103,19 @@ pub fn read_config<C: DeserializeOwned>(path: &Path) -> Result<C> {
 /// Checks that the sizes a model's tensors are made of are positive (and layer counts not
 /// negative), naming the first bad field: libtorch refuses negative dimensions with a panic
 /// deep inside variable creation, so `validate` refuses them first.
+/// `pad_token_id` as an embedding's `padding_idx`: inside `[-vocab_size, vocab_size)`, as
+/// upstream's `nn.Embedding` asserts (`None` is no padding row).
+pub(crate) fn check_padding_idx(pad_token_id: Option<i64>, vocab_size: i64) -> Result<()> {
+    match pad_token_id {
+        Some(pad) if !(-vocab_size..vocab_size).contains(&pad) => Err(Error::InvalidConfig {
+            field: "pad_token_id",
+            value: format!("{pad} (vocab_size {vocab_size})"),
+            fix: "use a token id inside the vocabulary, or null",
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn check_sizes(
     sizes: &[(&'static str, i64)],
     layers: (&'static str, i64),

@@ -279,15 +279,7 @@ impl DebertaV2Config {
                 "only a pooler of hidden_size is implemented",
             );
         }
-        if let Some(pad) = self.pad_token_id
-            && !(-self.vocab_size..self.vocab_size).contains(&pad)
-        {
-            return refuse(
-                "pad_token_id",
-                format!("{pad} (vocab_size {})", self.vocab_size),
-                "use a token id inside the vocabulary, or null",
-            );
-        }
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
         if self.relative_attention && self.att_span() <= 0 {
             return refuse(
                 "position_buckets",

@@ -131,15 +131,7 @@ impl DistilBertConfig {
                 fix: "fixed sinusoidal position embeddings are not implemented here; use a checkpoint with learned ones (the default)",
             });
         }
-        if let Some(pad) = self.pad_token_id
-            && !(-self.vocab_size..self.vocab_size).contains(&pad)
-        {
-            return Err(Error::InvalidConfig {
-                field: "pad_token_id",
-                value: format!("{pad} (vocab_size {})", self.vocab_size),
-                fix: "use a token id inside the vocabulary, or null",
-            });
-        }
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
         Activation::parse(&self.activation, "activation")?;
         Ok(())
     }

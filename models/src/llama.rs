@@ -411,16 +411,7 @@ impl LlamaConfig {
         }
         self.rope_parameters()?;
         Activation::parse(&self.hidden_act, "hidden_act")?;
-        if let Some(pad) = self.pad_token_id
-            && !(-self.vocab_size..self.vocab_size).contains(&pad)
-        {
-            // upstream's nn.Embedding asserts `padding_idx` within the vocabulary
-            return Err(Error::InvalidConfig {
-                field: "pad_token_id",
-                value: format!("{pad} (vocab_size {})", self.vocab_size),
-                fix: "use a token id inside the vocabulary, or null",
-            });
-        }
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
         Ok(())
     }
 

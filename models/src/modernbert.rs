@@ -251,15 +251,7 @@ impl ModernBertConfig {
                 fix: "hidden_size must be divisible by num_attention_heads",
             });
         }
-        if let Some(pad) = self.pad_token_id
-            && !(-self.vocab_size..self.vocab_size).contains(&pad)
-        {
-            return Err(Error::InvalidConfig {
-                field: "pad_token_id",
-                value: format!("{pad} (vocab_size {})", self.vocab_size),
-                fix: "use a token id inside the vocabulary, or null",
-            });
-        }
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
         if !matches!(self.classifier_pooling.as_str(), "cls" | "mean") {
             return Err(Error::InvalidConfig {
                 field: "classifier_pooling",
