@@ -40,11 +40,14 @@ pub(crate) struct PaddedRows {
     pub attention_mask: Option<Vec<Vec<i64>>>,
     pub special_tokens_mask: Option<Vec<Vec<i64>>>,
     pub offset_mapping: Option<Vec<Vec<(i64, i64)>>>,
+    pub start_positions: Option<Vec<i64>>,
+    pub end_positions: Option<Vec<i64>>,
 }
 
 impl PaddedRows {
     /// The tensors, in upstream's key order (`input_ids`, `token_type_ids`,
-    /// `attention_mask`, `special_tokens_mask`, `offset_mapping`).
+    /// `attention_mask`, `special_tokens_mask`, `offset_mapping`), then question
+    /// answering's `start_positions` / `end_positions` as int64 `[batch]`.
     pub fn into_batch(self) -> Result<Batch> {
         let mut batch = Batch::new();
         batch.insert("input_ids", stack_i64("input_ids", &self.input_ids)?);
@@ -68,6 +71,14 @@ impl PaddedRows {
             let t = stack_i64("offset_mapping", &flat)?;
             let size = t.size();
             batch.insert("offset_mapping", t.f_reshape([size[0], size[1] / 2, 2])?);
+        }
+        for (key, rows) in [
+            ("start_positions", &self.start_positions),
+            ("end_positions", &self.end_positions),
+        ] {
+            if let Some(rows) = rows {
+                batch.insert(key, Tensor::f_from_slice(rows)?);
+            }
         }
         Ok(batch)
     }
@@ -217,6 +228,32 @@ fn optional_field<T: Clone>(
         .map(Some)
 }
 
+/// Collects an optional per-row integer (question answering's answer positions): `None`
+/// when the first row lacks it, an error when rows disagree.
+fn optional_scalar(
+    features: &[&Feature],
+    key: &'static str,
+    get: impl Fn(&Feature) -> Option<i64>,
+) -> Result<Option<Vec<i64>>> {
+    if get(features[0]).is_none() {
+        check_absent(features, |f| get(f).is_some(), key)?;
+        return Ok(None);
+    }
+    features
+        .iter()
+        .enumerate()
+        .map(|(index, f)| {
+            get(f).ok_or(Error::InconsistentFeatures {
+                key,
+                index,
+                presence: "lacks",
+                other: "does",
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// Rounds `length` up to a multiple of `multiple` (upstream's `pad_to_multiple_of`).
 pub(crate) fn round_up(length: usize, multiple: Option<usize>) -> Result<usize> {
     match multiple {
@@ -268,6 +305,8 @@ pub(crate) fn pad_features(
             f.special_tokens_mask.as_ref()
         })?,
         offset_mapping: optional_field(features, "offset_mapping", |f| f.offset_mapping.as_ref())?,
+        start_positions: optional_scalar(features, "start_positions", |f| f.start_positions)?,
+        end_positions: optional_scalar(features, "end_positions", |f| f.end_positions)?,
     };
     if tokenizer.return_attention_mask && rows.attention_mask.is_none() {
         rows.attention_mask = Some(rows.input_ids.iter().map(|r| vec![1; r.len()]).collect());

@@ -127,6 +127,8 @@ fn feature_of(v: &Value) -> Feature {
             .iter()
             .find_map(|k| v.get(*k))
             .map(label_of),
+        start_positions: v.get("start_positions").and_then(Value::as_i64),
+        end_positions: v.get("end_positions").and_then(Value::as_i64),
     }
 }
 

@@ -36,6 +36,11 @@ pub struct Feature {
     pub offset_mapping: Option<Vec<(i64, i64)>>,
     /// The label (`label`, `labels` or `label_ids` upstream; always `labels` in the batch).
     pub labels: Option<Label>,
+    /// Token index where the answer starts (upstream's `start_positions` column of
+    /// question answering, `run_qa`'s `prepare_train_features`); collated as int64 `[batch]`.
+    pub start_positions: Option<i64>,
+    /// Token index where the answer ends (upstream's `end_positions`).
+    pub end_positions: Option<i64>,
 }
 
 impl Feature {
@@ -50,6 +55,13 @@ impl Feature {
     /// This row with `labels` set.
     pub fn with_labels(mut self, labels: Label) -> Self {
         self.labels = Some(labels);
+        self
+    }
+
+    /// This row with an answer span (`start_positions`, `end_positions`).
+    pub fn with_answer(mut self, start: i64, end: i64) -> Self {
+        self.start_positions = Some(start);
+        self.end_positions = Some(end);
         self
     }
 
@@ -74,6 +86,8 @@ impl Feature {
                     .collect(),
             ),
             labels: None,
+            start_positions: None,
+            end_positions: None,
         }
     }
 }

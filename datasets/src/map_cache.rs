@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 /// The environment variable naming the cache folder (`0` or `off` turns the cache off).
 pub const DATASETS_CACHE_ENV: &str = "TCHTRAIN_DATASETS_CACHE";
 
-const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v1";
+const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v2";
 
 /// The SHA-256 of a sequence of parts, each length-prefixed (so `["ab", "c"]` and
 /// `["a", "bc"]` differ).
@@ -221,6 +221,9 @@ pub fn encode_rows(rows: &[Feature]) -> Vec<u8> {
                 put_ids(&mut out, &bits);
             }
         }
+        for position in [r.start_positions, r.end_positions] {
+            put_opt_ids(&mut out, position.map(|p| vec![p]).as_ref());
+        }
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -321,6 +324,15 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
             )),
             t => return Err(format!("bad label tag {t}")),
         };
+        let mut position = || -> std::result::Result<Option<i64>, String> {
+            match r.opt_ids()?.as_deref() {
+                None => Ok(None),
+                Some(&[p]) => Ok(Some(p)),
+                Some(v) => Err(format!("an answer position of {} values", v.len())),
+            }
+        };
+        let start_positions = position()?;
+        let end_positions = position()?;
         rows.push(Feature {
             input_ids,
             token_type_ids,
@@ -328,6 +340,8 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
             special_tokens_mask,
             offset_mapping,
             labels,
+            start_positions,
+            end_positions,
         });
     }
     if r.at != body.len() {

@@ -5,31 +5,31 @@ use std::path::Path;
 
 use tch::Device;
 
-use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, SEQ_CLS, TOK_CLS};
+use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, QA, SEQ_CLS, TOK_CLS};
 use crate::configuration_utils::read_model_type;
 use crate::deberta_v2::{
-    DebertaV2BaseModel, DebertaV2ForMaskedLM, DebertaV2ForSequenceClassification,
-    DebertaV2ForTokenClassification,
+    DebertaV2BaseModel, DebertaV2ForMaskedLM, DebertaV2ForQuestionAnswering,
+    DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
 };
 use crate::distilbert::{
-    DistilBertBaseModel, DistilBertForMaskedLM, DistilBertForSequenceClassification,
-    DistilBertForTokenClassification,
+    DistilBertBaseModel, DistilBertForMaskedLM, DistilBertForQuestionAnswering,
+    DistilBertForSequenceClassification, DistilBertForTokenClassification,
 };
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::Gemma3TextConfig;
-use crate::gpt2::{GPT2ForSequenceClassification, GPT2LMHeadModel};
+use crate::gpt2::{GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::hub::{HubOptions, resolve};
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, LlamaConfig,
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, LlamaConfig,
 };
 use crate::loading::{CONFIG_NAME, LoadOptions};
 use crate::mistral::MistralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
 use crate::modernbert::{
-    ModernBertBaseModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
+    ModernBertBaseModel, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification, ModernBertForTokenClassification,
 };
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
@@ -56,10 +56,12 @@ pub enum AutoTask {
         /// Number of labels, when the checkpoint's config does not say.
         num_labels: Option<i64>,
     },
+    /// `AutoModelForQuestionAnswering` (extractive: start and end logits per token).
+    QuestionAnswering,
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification), llama, qwen2, qwen3, mistral, gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -102,6 +104,9 @@ pub fn from_pretrained_dir(
         ("gpt2", AutoTask::SequenceClassification { num_labels }) => boxed(
             GPT2ForSequenceClassification::from_pretrained_dir(dir, num_labels, device, options)?,
         ),
+        ("gpt2", AutoTask::QuestionAnswering) => boxed(
+            GPT2ForQuestionAnswering::from_pretrained_dir(dir, device, options)?,
+        ),
         ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
         ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
         ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
@@ -116,6 +121,9 @@ pub fn from_pretrained_dir(
                 dir, num_labels, device, options,
             )?)
         }
+        ("deberta-v2", AutoTask::QuestionAnswering) => boxed(
+            DebertaV2ForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
+        ),
         ("deberta-v2", AutoTask::TokenClassification { num_labels }) => boxed(
             DebertaV2ForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
         ),
@@ -130,6 +138,9 @@ pub fn from_pretrained_dir(
                 dir, num_labels, device, options,
             )?)
         }
+        ("distilbert", AutoTask::QuestionAnswering) => boxed(
+            DistilBertForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
+        ),
         ("distilbert", AutoTask::TokenClassification { num_labels }) => {
             boxed(DistilBertForTokenClassification::from_pretrained_dir(
                 dir, num_labels, device, options,
@@ -146,6 +157,9 @@ pub fn from_pretrained_dir(
                 dir, num_labels, device, options,
             )?)
         }
+        ("modernbert", AutoTask::QuestionAnswering) => boxed(
+            ModernBertForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
+        ),
         ("modernbert", AutoTask::TokenClassification { num_labels }) => {
             boxed(ModernBertForTokenClassification::from_pretrained_dir(
                 dir, num_labels, device, options,
@@ -184,6 +198,9 @@ fn encoder<C: EncoderConfig>(
         AutoTask::TokenClassification { num_labels } => boxed(
             Bert::<C, TOK_CLS>::from_pretrained_dir(dir, num_labels, device, options)?,
         ),
+        AutoTask::QuestionAnswering => boxed(Bert::<C, QA>::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
         AutoTask::CausalLm => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
@@ -214,6 +231,9 @@ fn decoder<C: DecoderConfig>(
                 dir, num_labels, device, options,
             )?)
         }
+        AutoTask::QuestionAnswering => boxed(
+            DecoderForQuestionAnswering::<C>::from_pretrained_dir(dir, device, options)?,
+        ),
         AutoTask::Base | AutoTask::MaskedLm => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),

@@ -155,7 +155,7 @@ pub struct EncoderFamily {
     pub prefix: &'static str,
     /// Upstream's class names of the heads: base, masked LM, sequence and token
     /// classification.
-    pub classes: [&'static str; 4],
+    pub classes: [&'static str; 5],
     /// RoBERTa's embeddings (`position_embeddings` registered last, positions counted
     /// from `pad_token_id + 1` over the non-padding tokens), its `lm_head` and
     /// `RobertaClassificationHead`, no pooler under a head.
@@ -177,6 +177,7 @@ impl EncoderFamily {
                 "BertForMaskedLM",
                 "BertForSequenceClassification",
                 "BertForTokenClassification",
+                "BertForQuestionAnswering",
             ],
             roberta: false,
             head_first: false,
@@ -689,6 +690,8 @@ enum Head {
     },
     /// `classifier` on every token.
     TokenClassification { classifier: nn::Linear },
+    /// `qa_outputs` on every token (no dropout): the start and end logits.
+    QuestionAnswering { qa_outputs: nn::Linear },
 }
 
 /// A BERT-shaped model with one of upstream's heads; use the type aliases
@@ -707,6 +710,7 @@ pub(crate) const BASE: u8 = 0;
 pub(crate) const MLM: u8 = 1;
 pub(crate) const SEQ_CLS: u8 = 2;
 pub(crate) const TOK_CLS: u8 = 3;
+pub(crate) const QA: u8 = 4;
 
 /// Upstream `BertModel` as a standalone model (weights at the root, with the pooler).
 pub type BertBaseModel = Bert<BertConfig, BASE>;
@@ -716,6 +720,8 @@ pub type BertForMaskedLM = Bert<BertConfig, MLM>;
 pub type BertForSequenceClassification = Bert<BertConfig, SEQ_CLS>;
 /// Upstream `BertForTokenClassification`.
 pub type BertForTokenClassification = Bert<BertConfig, TOK_CLS>;
+/// Upstream `BertForQuestionAnswering`.
+pub type BertForQuestionAnswering = Bert<BertConfig, QA>;
 
 impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
     /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
@@ -732,6 +738,9 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
         // BERT's sequence classifier reads the pooler; RoBERTa's heads have none.
         let pooler = KIND == BASE || (KIND == SEQ_CLS && !family.roberta);
         let roberta = family.roberta;
+        if KIND == QA {
+            crate::modeling_utils::check_question_answering_labels(config.num_labels())?;
+        }
         if KIND == MLM && !config.tie_word_embeddings {
             return Err(Error::InvalidConfig {
                 field: "tie_word_embeddings",
@@ -812,6 +821,9 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
             TOK_CLS => Head::TokenClassification {
                 classifier: layers::linear(root / "classifier", d, config.num_labels(), true, std),
             },
+            QA => Head::QuestionAnswering {
+                qa_outputs: layers::linear(root / "qa_outputs", d, 2, true, std),
+            },
             _ => Head::None,
         }
     }
@@ -861,6 +873,12 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
             SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
             TOK_CLS => Some(LabelCheck::Token { num_labels }),
             _ => None,
+        }
+    }
+    fn label_names(&self) -> Vec<String> {
+        match KIND {
+            QA => crate::modeling_utils::question_answering_label_names(),
+            _ => vec!["labels".into()],
         }
     }
     // BERT's LayerNorms are named `LayerNorm`, which the name patterns already exclude.
@@ -1023,6 +1041,11 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                     )?),
                     None => None,
                 };
+                (logits, loss)
+            }
+            Head::QuestionAnswering { qa_outputs } => {
+                let logits = layers::apply_traced(&h, qa_outputs, || "qa_outputs".into(), "Linear");
+                let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };

@@ -743,6 +743,10 @@ enum Head {
     TokenClassification {
         classifier: nn::Linear,
     },
+    /// `qa_outputs` on every token (no dropout): the start and end logits.
+    QuestionAnswering {
+        qa_outputs: nn::Linear,
+    },
 }
 
 /// A DeBERTa-v2 model with one of upstream's heads; use the type aliases.
@@ -759,6 +763,7 @@ const BASE: u8 = 0;
 const MLM: u8 = 1;
 const SEQ_CLS: u8 = 2;
 const TOK_CLS: u8 = 3;
+const QA: u8 = 4;
 
 /// Upstream `DebertaV2Model` as a standalone model (weights at the root).
 pub type DebertaV2BaseModel = DebertaV2<BASE>;
@@ -768,6 +773,8 @@ pub type DebertaV2ForMaskedLM = DebertaV2<MLM>;
 pub type DebertaV2ForSequenceClassification = DebertaV2<SEQ_CLS>;
 /// Upstream `DebertaV2ForTokenClassification`.
 pub type DebertaV2ForTokenClassification = DebertaV2<TOK_CLS>;
+/// Upstream `DebertaV2ForQuestionAnswering`.
+pub type DebertaV2ForQuestionAnswering = DebertaV2<QA>;
 
 impl<const KIND: u8> DebertaV2<KIND> {
     /// A freshly initialised model, seeded by tch's RNG.
@@ -824,6 +831,12 @@ impl<const KIND: u8> DebertaV2<KIND> {
             TOK_CLS => Head::TokenClassification {
                 classifier: layers::linear(&root / "classifier", d, n, true, std),
             },
+            QA => {
+                crate::modeling_utils::check_question_answering_labels(n)?;
+                Head::QuestionAnswering {
+                    qa_outputs: layers::linear(&root / "qa_outputs", d, n, true, std),
+                }
+            }
             _ => Head::None,
         };
         Ok(Self {
@@ -912,6 +925,7 @@ impl<const KIND: u8> PreTrainedModel for DebertaV2<KIND> {
             MLM => "DebertaV2ForMaskedLM",
             SEQ_CLS => "DebertaV2ForSequenceClassification",
             TOK_CLS => "DebertaV2ForTokenClassification",
+            QA => "DebertaV2ForQuestionAnswering",
             _ => "DebertaV2Model",
         }
     }
@@ -930,6 +944,12 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
             SEQ_CLS => None,
             TOK_CLS => Some(LabelCheck::Token { num_labels }),
             _ => None,
+        }
+    }
+    fn label_names(&self) -> Vec<String> {
+        match KIND {
+            QA => crate::modeling_utils::question_answering_label_names(),
+            _ => vec!["labels".into()],
         }
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
@@ -1015,6 +1035,11 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
                     )?),
                     None => None,
                 };
+                (logits, loss)
+            }
+            Head::QuestionAnswering { qa_outputs } => {
+                let logits = apply_traced(&h, qa_outputs, || "qa_outputs".into(), "Linear");
+                let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };

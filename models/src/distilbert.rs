@@ -378,6 +378,10 @@ enum Head {
     TokenClassification {
         classifier: nn::Linear,
     },
+    /// Dropout (`qa_dropout`) and `qa_outputs` on every token: the start and end logits.
+    QuestionAnswering {
+        qa_outputs: nn::Linear,
+    },
 }
 
 /// A DistilBERT model with one of upstream's heads; use the type aliases.
@@ -394,6 +398,7 @@ const BASE: u8 = 0;
 const MLM: u8 = 1;
 const SEQ_CLS: u8 = 2;
 const TOK_CLS: u8 = 3;
+const QA: u8 = 4;
 
 /// Upstream `DistilBertModel` as a standalone model (weights at the root).
 pub type DistilBertBaseModel = DistilBert<BASE>;
@@ -403,6 +408,8 @@ pub type DistilBertForMaskedLM = DistilBert<MLM>;
 pub type DistilBertForSequenceClassification = DistilBert<SEQ_CLS>;
 /// Upstream `DistilBertForTokenClassification`.
 pub type DistilBertForTokenClassification = DistilBert<TOK_CLS>;
+/// Upstream `DistilBertForQuestionAnswering`.
+pub type DistilBertForQuestionAnswering = DistilBert<QA>;
 
 impl<const KIND: u8> DistilBert<KIND> {
     /// A freshly initialised model, seeded by tch's RNG.
@@ -450,6 +457,13 @@ impl<const KIND: u8> DistilBert<KIND> {
             TOK_CLS => Head::TokenClassification {
                 classifier: layers::linear(&root / "classifier", d, n, true, std),
             },
+            QA => {
+                // Upstream raises after building `qa_outputs` with `num_labels` outputs.
+                crate::modeling_utils::check_question_answering_labels(n)?;
+                Head::QuestionAnswering {
+                    qa_outputs: layers::linear(&root / "qa_outputs", d, n, true, std),
+                }
+            }
             _ => Head::None,
         };
         Ok(Self {
@@ -484,6 +498,7 @@ impl<const KIND: u8> PreTrainedModel for DistilBert<KIND> {
             MLM => "DistilBertForMaskedLM",
             SEQ_CLS => "DistilBertForSequenceClassification",
             TOK_CLS => "DistilBertForTokenClassification",
+            QA => "DistilBertForQuestionAnswering",
             _ => "DistilBertModel",
         }
     }
@@ -501,6 +516,12 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
             SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
             TOK_CLS => Some(LabelCheck::Token { num_labels }),
             _ => None,
+        }
+    }
+    fn label_names(&self) -> Vec<String> {
+        match KIND {
+            QA => crate::modeling_utils::question_answering_label_names(),
+            _ => vec!["labels".into()],
         }
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
@@ -597,6 +618,12 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
                     )?),
                     None => None,
                 };
+                (logits, loss)
+            }
+            Head::QuestionAnswering { qa_outputs } => {
+                let t = dropout_traced(&h, c.qa_dropout, train, || "dropout".into());
+                let logits = apply_traced(&t, qa_outputs, || "qa_outputs".into(), "Linear");
+                let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };

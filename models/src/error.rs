@@ -76,6 +76,22 @@ pub enum Error {
         #[source]
         source: tch::TchError,
     },
+    /// A checkpoint whose base model sits under another attribute than the class's
+    /// `base_model_prefix` (a causal LM's `model.` body for Qwen2's question answering,
+    /// whose body is `transformer.`).
+    #[error(
+        "{path}: {class} keeps its base model under `{expected}.` (upstream's base_model_prefix) but this checkpoint's is under `{found}.`; upstream's from_pretrained would load none of it and draw every body weight anew (with only a warning). Start from a {class} checkpoint, or rename the checkpoint's `{found}.` keys to `{expected}.`"
+    )]
+    BaseModelPrefix {
+        /// The checkpoint folder.
+        path: PathBuf,
+        /// The class being loaded.
+        class: &'static str,
+        /// Its `base_model_prefix`.
+        expected: &'static str,
+        /// Where the checkpoint's body is.
+        found: &'static str,
+    },
     /// A safetensors file could not be written.
     #[error("{path}: cannot write safetensors: {source}")]
     Safetensors {
@@ -140,6 +156,16 @@ pub enum Error {
         "the logits were not computed: with use_liger_kernel the fused linear cross-entropy computes the training loss (and the evaluation loss with prediction_loss_only) chunk by chunk without them; set liger_kernel_config's fused_linear_cross_entropy to false to get them"
     )]
     LogitsSkipped,
+    /// An output does not have the shape its reader needs.
+    #[error("the {what} have shape {got:?}; expected {expected}")]
+    OutputShape {
+        /// Which output.
+        what: &'static str,
+        /// The shape wanted.
+        expected: &'static str,
+        /// The shape found.
+        got: Vec<i64>,
+    },
     /// The loss could not be computed.
     #[error(transparent)]
     Loss(#[from] tchtrain_losses::Error),

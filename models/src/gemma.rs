@@ -138,6 +138,7 @@ impl DecoderConfig for GemmaConfig {
             }),
             phi3: None,
             token_classification: Some("GemmaForTokenClassification"),
+            question_answering: None,
         })
     }
 }

@@ -178,6 +178,7 @@ impl DecoderConfig for Gemma2Config {
             }),
             phi3: None,
             token_classification: Some("Gemma2ForTokenClassification"),
+            question_answering: None,
         })
     }
 }

@@ -214,6 +214,7 @@ impl DecoderConfig for Gemma3TextConfig {
             }),
             phi3: None,
             token_classification: None,
+            question_answering: None,
         })
     }
 }

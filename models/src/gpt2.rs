@@ -585,6 +585,88 @@ impl TrainableModel for GPT2ForSequenceClassification {
     }
 }
 
+/// Upstream `GPT2ForQuestionAnswering`: `transformer` and `qa_outputs` (hidden → 2, with a
+/// bias) on every token. The logits are `qa_outputs`' `[batch, seq, 2]`
+/// ([`ModelOutput::start_end_logits`] splits them); the loss is a plain
+/// `CrossEntropyLoss` mean (no `num_items_in_batch`), as upstream's.
+#[derive(Debug)]
+pub struct GPT2ForQuestionAnswering {
+    vs: nn::VarStore,
+    transformer: GPT2Model,
+    qa_outputs: nn::Linear,
+    config: GPT2Config,
+    training: bool,
+}
+
+impl GPT2ForQuestionAnswering {
+    /// A freshly initialised model.
+    pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        let vs = build_vs(device);
+        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
+        let qa_outputs = layers::linear(
+            vs.root() / "qa_outputs",
+            config.n_embd,
+            2,
+            true,
+            config.initializer_range,
+        );
+        Ok(Self {
+            vs,
+            transformer,
+            qa_outputs,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir)`: a base or causal LM checkpoint gets a fresh head.
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
+        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, || {
+            Self::new(&config, device)
+        })
+    }
+}
+
+impl PreTrainedModel for GPT2ForQuestionAnswering {
+    fn architecture(&self) -> &'static str {
+        "GPT2ForQuestionAnswering"
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl TrainableModel for GPT2ForQuestionAnswering {
+    crate::modeling_utils::model_plumbing!(transformer);
+    crate::modeling_utils::checkpointing_plumbing!(transformer);
+    fn label_names(&self) -> Vec<String> {
+        crate::modeling_utils::question_answering_label_names()
+    }
+    fn layernorm_modules(&self) -> Vec<String> {
+        gpt2_layernorm_modules(&self.vs)
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.transformer.forward(inputs, self.training)?;
+        let logits = layers::apply_traced(&h, &self.qa_outputs, || "qa_outputs".into(), "Linear");
+        let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
+
 /// GPT-2's `nn.LayerNorm` modules (`ln_1`, `ln_2`, `ln_f`), whose names upstream's
 /// `forbidden_name_patterns` do not catch: their parameters get no weight decay.
 fn gpt2_layernorm_modules(vs: &nn::VarStore) -> Vec<String> {

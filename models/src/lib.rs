@@ -49,8 +49,9 @@ pub use auto_tokenizer::{
     AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 pub use bert::{
-    Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForSequenceClassification,
-    BertForTokenClassification, BertModel, EncoderConfig, EncoderFamily,
+    Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForQuestionAnswering,
+    BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
+    EncoderFamily,
 };
 pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
@@ -58,12 +59,14 @@ pub use configuration_utils::{
 };
 pub use deberta_v2::{
     DebertaV2, DebertaV2BaseModel, DebertaV2Config, DebertaV2ForMaskedLM,
-    DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification, DebertaV2Model,
+    DebertaV2ForQuestionAnswering, DebertaV2ForSequenceClassification,
+    DebertaV2ForTokenClassification, DebertaV2Model,
 };
 pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
 pub use distilbert::{
     DistilBert, DistilBertBaseModel, DistilBertConfig, DistilBertForMaskedLM,
-    DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel,
+    DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
+    DistilBertForTokenClassification, DistilBertModel,
 };
 pub use error::{Error, Result};
 pub use gemma::{
@@ -73,14 +76,17 @@ pub use gemma2::{
     Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification, Gemma2ForTokenClassification,
 };
 pub use gemma3::{Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextForSequenceClassification};
-pub use gpt2::{GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model};
+pub use gpt2::{
+    GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
+};
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
 pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, Gemma, LlamaConfig, LlamaForCausalLM,
-    LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Phi3,
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, LlamaConfig,
+    LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForSequenceClassification,
+    LlamaForTokenClassification, LlamaModel, Phi3, QuestionAnsweringClass,
 };
 pub use loading::{
     CONFIG_NAME, LoadDtype, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
@@ -88,29 +94,33 @@ pub use loading::{
     save_state_dict, write_safetensors,
 };
 pub use mistral::{
-    MistralConfig, MistralForCausalLM, MistralForSequenceClassification,
-    MistralForTokenClassification,
+    MistralConfig, MistralForCausalLM, MistralForQuestionAnswering,
+    MistralForSequenceClassification, MistralForTokenClassification,
 };
 pub use modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 pub use modernbert::{
     ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,
-    ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel,
+    ModernBertForQuestionAnswering, ModernBertForSequenceClassification,
+    ModernBertForTokenClassification, ModernBertModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
 pub use phi3::{
     Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3ForTokenClassification,
 };
 pub use qwen2::{
-    Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2ForTokenClassification,
+    Qwen2Config, Qwen2ForCausalLM, Qwen2ForQuestionAnswering, Qwen2ForSequenceClassification,
+    Qwen2ForTokenClassification,
 };
 pub use qwen3::{
-    Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3ForTokenClassification,
+    Qwen3Config, Qwen3ForCausalLM, Qwen3ForQuestionAnswering, Qwen3ForSequenceClassification,
+    Qwen3ForTokenClassification,
 };
 pub use roberta::{
-    RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification,
-    RobertaForTokenClassification, RobertaModel, XLMRobertaConfig, XLMRobertaForMaskedLM,
+    RobertaConfig, RobertaForMaskedLM, RobertaForQuestionAnswering,
+    RobertaForSequenceClassification, RobertaForTokenClassification, RobertaModel,
+    XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaForQuestionAnswering,
     XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
 };
 pub use tokenizers::Tokenizer;

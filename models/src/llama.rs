@@ -145,6 +145,19 @@ pub struct Family {
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
+    /// Upstream's question-answering class (`Qwen2ForQuestionAnswering`) and the attribute
+    /// its body sits under; `None` where upstream has none (Gemma 1–3, Phi-3).
+    pub question_answering: Option<QuestionAnsweringClass>,
+}
+
+/// A family's `XForQuestionAnswering` (`GenericForQuestionAnswering`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuestionAnsweringClass {
+    /// The class name (`LlamaForQuestionAnswering`).
+    pub name: &'static str,
+    /// Its `base_model_prefix`: `"transformer"` for Llama, Qwen2 and Qwen3 ("for BC"
+    /// upstream), `"model"` for Mistral.
+    pub base_model_prefix: &'static str,
 }
 
 /// What Phi-3 changes in Llama's layers (upstream `modeling_phi3.py`): the fused
@@ -222,6 +235,10 @@ impl DecoderConfig for LlamaConfig {
             gemma: None,
             phi3: None,
             token_classification: Some("LlamaForTokenClassification"),
+            question_answering: Some(QuestionAnsweringClass {
+                name: "LlamaForQuestionAnswering",
+                base_model_prefix: "transformer",
+            }),
         })
     }
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
@@ -1424,6 +1441,139 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
             )?),
             None => None,
         };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
+
+/// Upstream `LlamaForQuestionAnswering`.
+pub type LlamaForQuestionAnswering = DecoderForQuestionAnswering<LlamaConfig>;
+
+/// Upstream's `XForQuestionAnswering` of a Llama-shaped family
+/// (`GenericForQuestionAnswering`): the body under the class's `base_model_prefix`
+/// (`transformer` for Llama, Qwen2 and Qwen3, `model` for Mistral) and `qa_outputs`
+/// (hidden → 2, with a bias) on every token. The logits are `qa_outputs`' `[batch, seq, 2]`
+/// ([`ModelOutput::start_end_logits`] splits them); the loss is upstream's
+/// `ForQuestionAnsweringLoss` through `loss_function` (`num_items_in_batch` reaches it).
+#[derive(Debug)]
+pub struct DecoderForQuestionAnswering<C: DecoderConfig> {
+    vs: nn::VarStore,
+    model: LlamaModel,
+    qa_outputs: nn::Linear,
+    class: QuestionAnsweringClass,
+    config: C,
+    training: bool,
+}
+
+impl<C: DecoderConfig> DecoderForQuestionAnswering<C> {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &C, device: Device) -> Result<Self> {
+        let family = config.family()?;
+        let class = family
+            .question_answering
+            .ok_or_else(|| Error::UnsupportedArchitecture {
+                name: format!("{} for question answering", family.model_type),
+                supported: "upstream has no question-answering head for this model type; use sequence / token classification or the causal LM",
+            })?;
+        let vs = nn::VarStore::new(device);
+        let llama = config.llama();
+        let mut model =
+            LlamaModel::with_family(vs.root() / class.base_model_prefix, &llama, family)?;
+        // `GenericForQuestionAnswering` calls the body with `input_ids` positionally.
+        model.ids_positional = true;
+        let qa_outputs = layers::linear(
+            vs.root() / "qa_outputs",
+            llama.hidden_size,
+            2,
+            true,
+            llama.initializer_range,
+        );
+        Ok(Self {
+            vs,
+            model,
+            qa_outputs,
+            class,
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained(dir)`: a checkpoint of this class, or a base model's (its
+    /// weights at the root), gets a new `qa_outputs` drawn as upstream draws it. A causal
+    /// LM's checkpoint of a family whose body is `transformer` is refused (upstream would
+    /// draw the whole body anew: its keys are under `model.`).
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let prefix = config
+            .family()?
+            .question_answering
+            .map_or("model", |c| c.base_model_prefix);
+        let loaded =
+            loading::from_pretrained_with(dir, prefix, &["lm_head.weight"], options, || {
+                Self::new(&config, device)
+            })?;
+        // The report names the checkpoint's keys as they were tried (`transformer.model.…`).
+        let info = &loaded.info;
+        if prefix != "model"
+            && info
+                .missing_keys
+                .contains(&format!("{prefix}.embed_tokens.weight"))
+            && info
+                .unexpected_keys
+                .iter()
+                .any(|k| k.ends_with("model.embed_tokens.weight"))
+        {
+            return Err(Error::BaseModelPrefix {
+                path: dir.to_path_buf(),
+                class: loaded.model.class.name,
+                expected: prefix,
+                found: "model",
+            });
+        }
+        Ok(loaded)
+    }
+}
+
+impl<C: DecoderConfig> PreTrainedModel for DecoderForQuestionAnswering<C> {
+    fn architecture(&self) -> &'static str {
+        self.class.name
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+}
+
+impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
+    crate::modeling_utils::model_plumbing!(@common);
+    crate::modeling_utils::checkpointing_plumbing!(model);
+    fn set_use_cache(&mut self, use_cache: bool) {
+        self.config
+            .extra_mut()
+            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
+    }
+    fn label_names(&self) -> Vec<String> {
+        crate::modeling_utils::question_answering_label_names()
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == format!("{}.embed_tokens.weight", self.class.base_model_prefix)
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let h = self.model.forward(inputs, self.training)?;
+        let logits = layers::apply_traced(&h, &self.qa_outputs, || "qa_outputs".into(), "Linear");
+        let loss = crate::modeling_utils::question_answering_loss(
+            &logits,
+            inputs,
+            inputs.num_items_in_batch,
+        )?;
         crate::debug_utils::model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, LlamaConfig,
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    QuestionAnsweringClass,
 };
 
 /// Upstream `MistralConfig` with its defaults (Mistral 7B).
@@ -102,6 +103,10 @@ impl DecoderConfig for MistralConfig {
             gemma: None,
             phi3: None,
             token_classification: Some("MistralForTokenClassification"),
+            question_answering: Some(QuestionAnsweringClass {
+                name: "MistralForQuestionAnswering",
+                base_model_prefix: "model",
+            }),
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
         })
     }
@@ -115,3 +120,6 @@ pub type MistralForSequenceClassification = DecoderForSequenceClassification<Mis
 
 /// Upstream `MistralForTokenClassification`.
 pub type MistralForTokenClassification = DecoderForTokenClassification<MistralConfig>;
+
+/// Upstream `MistralForQuestionAnswering`.
+pub type MistralForQuestionAnswering = DecoderForQuestionAnswering<MistralConfig>;

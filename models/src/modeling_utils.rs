@@ -23,6 +23,11 @@ pub struct ModelInputs<'a> {
     pub position_ids: Option<&'a Tensor>,
     /// Labels; when given, the output carries the loss.
     pub labels: Option<&'a Tensor>,
+    /// Question answering: the token index where each row's answer starts `[batch]`
+    /// (int64); with `end_positions`, the output carries the loss.
+    pub start_positions: Option<&'a Tensor>,
+    /// Question answering: the token index where each row's answer ends `[batch]`.
+    pub end_positions: Option<&'a Tensor>,
     /// Number of label items in the whole accumulation window (and across ranks): the
     /// loss is summed and divided by it, as upstream's `num_items_in_batch`.
     pub num_items_in_batch: Option<&'a Tensor>,
@@ -66,6 +71,21 @@ impl ModelOutput {
     /// The logits; an error saying why when the forward skipped them.
     pub fn logits(&self) -> Result<&Tensor> {
         self.logits.as_ref().ok_or(crate::Error::LogitsSkipped)
+    }
+
+    /// A question-answering head's `(start_logits, end_logits)`, each `[batch, seq]`:
+    /// such a head's [`ModelOutput::logits`] is upstream's `qa_outputs` result
+    /// `[batch, seq, 2]` before its `split(1, dim=-1)`.
+    pub fn start_end_logits(&self) -> Result<(Tensor, Tensor)> {
+        let logits = self.logits()?;
+        match logits.size().as_slice() {
+            [_, _, 2] => Ok((logits.f_select(2, 0)?, logits.f_select(2, 1)?)),
+            got => Err(crate::Error::OutputShape {
+                what: "question-answering logits",
+                expected: "[batch, seq, 2]",
+                got: got.to_vec(),
+            }),
+        }
     }
 }
 
@@ -198,6 +218,13 @@ pub trait TrainableModel: Send {
     /// Trainer then scales its loss as upstream does for such a model.
     fn accepts_loss_kwargs(&self) -> bool {
         true
+    }
+
+    /// The batch keys that hold the labels, as upstream's `find_labels(model.__class__)`
+    /// (the Trainer's `label_names` when the arguments do not set them):
+    /// `["start_positions", "end_positions"]` for question answering, else `["labels"]`.
+    fn label_names(&self) -> Vec<String> {
+        vec!["labels".into()]
     }
 
     /// The labels a classification head takes, for the check of the training rows.
@@ -373,4 +400,61 @@ pub(crate) fn last_non_pad_logits(
         Some(Tensor::f_arange(batch, (tch::Kind::Int64, ids.device()))?),
         Some(last),
     ])?)
+}
+
+/// The batch keys of a question-answering head's labels (upstream's `find_labels` for a
+/// `...ForQuestionAnswering` class).
+pub(crate) fn question_answering_label_names() -> Vec<String> {
+    vec!["start_positions".into(), "end_positions".into()]
+}
+
+/// The loss of a question-answering head whose `logits` are `qa_outputs`' `[batch, seq, 2]`:
+/// upstream's `ForQuestionAnsweringLoss` on the split logits (start and end positions
+/// clamped to `0..=seq`, `seq` ignored). `num_items_in_batch` reaches the loss only for the
+/// heads that call `self.loss_function` (ModernBERT's and the Llama-shaped families'); BERT,
+/// RoBERTa, DistilBERT, DeBERTa and GPT-2 use a plain `CrossEntropyLoss` and pass `None`.
+/// `None` without positions; an error naming the missing one when only one is given
+/// (upstream then silently computes no loss).
+pub(crate) fn question_answering_loss(
+    logits: &Tensor,
+    inputs: &crate::ModelInputs<'_>,
+    num_items_in_batch: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let (start, end) = match (inputs.start_positions, inputs.end_positions) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(crate::Error::MissingInput {
+                name: "end_positions",
+            });
+        }
+        (None, Some(_)) => {
+            return Err(crate::Error::MissingInput {
+                name: "start_positions",
+            });
+        }
+        (Some(s), Some(e)) => (s, e),
+    };
+    let start_logits = logits.f_select(-1, 0)?.f_contiguous()?;
+    let end_logits = logits.f_select(-1, 1)?.f_contiguous()?;
+    Ok(Some(tchtrain_losses::for_question_answering_loss(
+        &start_logits,
+        &end_logits,
+        start,
+        end,
+        num_items_in_batch,
+    )?))
+}
+
+/// Upstream's question-answering heads split `qa_outputs` into exactly two logits per token;
+/// any other `num_labels` fails there (`too many values to unpack`) or, for DistilBERT, at
+/// construction.
+pub(crate) fn check_question_answering_labels(num_labels: i64) -> Result<()> {
+    if num_labels == 2 {
+        return Ok(());
+    }
+    Err(crate::Error::InvalidConfig {
+        field: "num_labels",
+        value: num_labels.to_string(),
+        fix: "a question-answering head has two outputs per token (start and end); set num_labels to 2 (the default)",
+    })
 }

@@ -681,6 +681,12 @@ enum Head {
         head: PredictionHead,
         classifier: nn::Linear,
     },
+    /// `head` on every token, dropout, `classifier` (two outputs): the start and end
+    /// logits.
+    QuestionAnswering {
+        head: PredictionHead,
+        classifier: nn::Linear,
+    },
 }
 
 /// A ModernBERT model with one of upstream's heads; use the type aliases.
@@ -697,6 +703,7 @@ const BASE: u8 = 0;
 const MLM: u8 = 1;
 const SEQ_CLS: u8 = 2;
 const TOK_CLS: u8 = 3;
+const QA: u8 = 4;
 
 /// Upstream `ModernBertModel` as a standalone model (weights at the root).
 pub type ModernBertBaseModel = ModernBert<BASE>;
@@ -706,6 +713,8 @@ pub type ModernBertForMaskedLM = ModernBert<MLM>;
 pub type ModernBertForSequenceClassification = ModernBert<SEQ_CLS>;
 /// Upstream `ModernBertForTokenClassification`.
 pub type ModernBertForTokenClassification = ModernBert<TOK_CLS>;
+/// Upstream `ModernBertForQuestionAnswering`.
+pub type ModernBertForQuestionAnswering = ModernBert<QA>;
 
 impl<const KIND: u8> ModernBert<KIND> {
     /// A freshly initialised model, seeded by tch's RNG.
@@ -751,6 +760,13 @@ impl<const KIND: u8> ModernBert<KIND> {
                 head: PredictionHead::new(&root / "head", config)?,
                 classifier: classifier(&root)?,
             },
+            QA => {
+                crate::modeling_utils::check_question_answering_labels(n)?;
+                Head::QuestionAnswering {
+                    head: PredictionHead::new(&root / "head", config)?,
+                    classifier: classifier(&root)?,
+                }
+            }
             _ => Head::None,
         };
         if KIND == MLM && !config.tie_word_embeddings {
@@ -790,6 +806,7 @@ impl<const KIND: u8> PreTrainedModel for ModernBert<KIND> {
             MLM => "ModernBertForMaskedLM",
             SEQ_CLS => "ModernBertForSequenceClassification",
             TOK_CLS => "ModernBertForTokenClassification",
+            QA => "ModernBertForQuestionAnswering",
             _ => "ModernBertModel",
         }
     }
@@ -810,6 +827,12 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
             SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
             TOK_CLS => Some(LabelCheck::Token { num_labels }),
             _ => None,
+        }
+    }
+    fn label_names(&self) -> Vec<String> {
+        match KIND {
+            QA => crate::modeling_utils::question_answering_label_names(),
+            _ => vec!["labels".into()],
         }
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
@@ -899,6 +922,17 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
                     )?),
                     None => None,
                 };
+                (logits, loss)
+            }
+            Head::QuestionAnswering { head, classifier } => {
+                let t = dropout(&head.forward(&h));
+                let logits = layers::apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                // `self.loss_function`: `num_items_in_batch` reaches the loss.
+                let loss = crate::modeling_utils::question_answering_loss(
+                    &logits,
+                    inputs,
+                    inputs.num_items_in_batch,
+                )?;
                 (logits, loss)
             }
         };

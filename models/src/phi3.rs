@@ -175,6 +175,7 @@ impl DecoderConfig for Phi3Config {
                 resid_pdrop: self.resid_pdrop,
             }),
             token_classification: Some("Phi3ForTokenClassification"),
+            question_answering: None,
         })
     }
 }

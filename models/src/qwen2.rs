@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, LlamaConfig, sliding_windows,
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    QuestionAnsweringClass, sliding_windows,
 };
 
 /// Upstream `Qwen2Config` with its defaults.
@@ -113,6 +114,10 @@ impl DecoderConfig for Qwen2Config {
             gemma: None,
             phi3: None,
             token_classification: Some("Qwen2ForTokenClassification"),
+            question_answering: Some(QuestionAnsweringClass {
+                name: "Qwen2ForQuestionAnswering",
+                base_model_prefix: "transformer",
+            }),
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,
@@ -131,3 +136,6 @@ pub type Qwen2ForSequenceClassification = DecoderForSequenceClassification<Qwen2
 
 /// Upstream `Qwen2ForTokenClassification`.
 pub type Qwen2ForTokenClassification = DecoderForTokenClassification<Qwen2Config>;
+
+/// Upstream `Qwen2ForQuestionAnswering`.
+pub type Qwen2ForQuestionAnswering = DecoderForQuestionAnswering<Qwen2Config>;

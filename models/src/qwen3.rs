@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, LlamaConfig, sliding_windows,
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    QuestionAnsweringClass, sliding_windows,
 };
 
 /// Upstream `Qwen3Config` with its defaults.
@@ -111,6 +112,10 @@ impl DecoderConfig for Qwen3Config {
             gemma: None,
             phi3: None,
             token_classification: Some("Qwen3ForTokenClassification"),
+            question_answering: Some(QuestionAnsweringClass {
+                name: "Qwen3ForQuestionAnswering",
+                base_model_prefix: "transformer",
+            }),
             sliding_windows: sliding_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,
@@ -129,3 +134,6 @@ pub type Qwen3ForSequenceClassification = DecoderForSequenceClassification<Qwen3
 
 /// Upstream `Qwen3ForTokenClassification`.
 pub type Qwen3ForTokenClassification = DecoderForTokenClassification<Qwen3Config>;
+
+/// Upstream `Qwen3ForQuestionAnswering`.
+pub type Qwen3ForQuestionAnswering = DecoderForQuestionAnswering<Qwen3Config>;

@@ -10,7 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, EncoderFamily, MLM, SEQ_CLS, TOK_CLS};
+use crate::bert::{
+    BASE, Bert, BertConfig, EncoderConfig, EncoderFamily, MLM, QA, SEQ_CLS, TOK_CLS,
+};
 use crate::configuration_utils::LabelConfig;
 
 /// A RoBERTa-shaped config: upstream's fields (BERT's plus `bos_token_id`, `eos_token_id`)
@@ -132,6 +134,7 @@ macro_rules! roberta_config {
                         concat!($prefix, "ForMaskedLM"),
                         concat!($prefix, "ForSequenceClassification"),
                         concat!($prefix, "ForTokenClassification"),
+                        concat!($prefix, "ForQuestionAnswering"),
                     ],
                     roberta: true,
                     head_first: $head_first,
@@ -164,6 +167,8 @@ pub type RobertaForMaskedLM = Bert<RobertaConfig, MLM>;
 pub type RobertaForSequenceClassification = Bert<RobertaConfig, SEQ_CLS>;
 /// Upstream `RobertaForTokenClassification`.
 pub type RobertaForTokenClassification = Bert<RobertaConfig, TOK_CLS>;
+/// Upstream `RobertaForQuestionAnswering`.
+pub type RobertaForQuestionAnswering = Bert<RobertaConfig, QA>;
 /// Upstream `XLMRobertaModel` (weights at the root, with the pooler).
 pub type XLMRobertaModel = Bert<XLMRobertaConfig, BASE>;
 /// Upstream `XLMRobertaForMaskedLM`.
@@ -172,3 +177,5 @@ pub type XLMRobertaForMaskedLM = Bert<XLMRobertaConfig, MLM>;
 pub type XLMRobertaForSequenceClassification = Bert<XLMRobertaConfig, SEQ_CLS>;
 /// Upstream `XLMRobertaForTokenClassification`.
 pub type XLMRobertaForTokenClassification = Bert<XLMRobertaConfig, TOK_CLS>;
+/// Upstream `XLMRobertaForQuestionAnswering`.
+pub type XLMRobertaForQuestionAnswering = Bert<XLMRobertaConfig, QA>;

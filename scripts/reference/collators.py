@@ -113,6 +113,15 @@ for name, tokname, opts, side in [
     collator = DataCollatorWithPadding(tok, **opts)
     record(name, "with_padding", tokname, opts, to_jsonable(feats), collator([dict(f) for f in feats]), side)
     tok.padding_side = "right"
+# question answering's answer positions (run_qa's columns): stacked as int64 [batch]
+feats = encode(bert, texts[2:6])
+for i, f in enumerate(feats):
+    f["start_positions"], f["end_positions"] = i + 1, 2 * i + 3
+record("padding_qa", "with_padding", "bert", {}, to_jsonable(feats), DataCollatorWithPadding(bert)([dict(f) for f in feats]))
+feats = encode(bert, texts[:3], padding="max_length", max_length=24, truncation=True)
+for i, f in enumerate(feats):
+    f["start_positions"], f["end_positions"] = 0, 23 - i
+record("default_qa", "default", "bert", {}, to_jsonable(feats), default_data_collator(feats))
 feats = encode(bert, texts[:3], padding="max_length", max_length=30, truncation=True)
 record("padding_do_not_pad", "with_padding", "bert", {"padding": "do_not_pad"}, to_jsonable(feats),
        DataCollatorWithPadding(bert, padding=False)(feats))

@@ -49,11 +49,17 @@ def record(case, model, ids, mask, labels, grads="all", output="logits", extra=N
         tensors.update({k: v.contiguous() for k, v in extra.items()})
     with torch.no_grad():
         out = model(**kwargs)
-    tensors[output] = getattr(out, output).contiguous()
+    if output == "qa":
+        # A question-answering head: `qa_outputs` before its split, [batch, seq, 2].
+        tensors["logits"] = torch.stack([out.start_logits, out.end_logits], -1).contiguous()
+    else:
+        tensors[output] = getattr(out, output).contiguous()
     if labels is not None:
-        tensors["labels"] = labels.contiguous()
+        # A dict of label tensors (question answering's start / end positions) or `labels`.
+        label_kwargs = labels if isinstance(labels, dict) else {"labels": labels}
+        tensors.update({k: v.contiguous() for k, v in label_kwargs.items()})
         model.zero_grad()
-        out = model(**kwargs, labels=labels)
+        out = model(**kwargs, **label_kwargs)
         out.loss.backward()
         tensors["loss"] = out.loss.detach().reshape(1)
         for name, p in model.named_parameters():
@@ -345,6 +351,40 @@ def main():
         ids, mask = batch(m.config.vocab_size)
         tok_labels = torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(7))
         record(case, m, ids, mask, tok_labels.masked_fill(mask == 0, -100))
+
+    # --- question answering (`qa_outputs`, or ModernBERT's head + `classifier`, two logits per
+    # token), drawn after torch.manual_seed(0) on each family's checkpoint and saved for Rust;
+    # positions past the end (clamped to seq: ignored) and negative (clamped to 0) included.
+    # Llama, Qwen2 and Qwen3 keep their body under `transformer` (upstream's BC prefix): a
+    # causal LM's `model.` keys would not load, so their heads are drawn on the base model
+    # saved alone (keys at the root, which from_pretrained prefixes).
+    qa_cases = [
+        ("tiny_gpt2_qa", ASSETS / "tiny-gpt2", tf.GPT2ForQuestionAnswering, 8),
+        ("tiny_bert_qa", ASSETS / "tiny-bert", tf.BertForQuestionAnswering, 8),
+        ("tiny_roberta_qa", OUT / "tiny_roberta_mlm", tf.RobertaForQuestionAnswering, 8),
+        ("tiny_xlmr_qa", OUT / "tiny_xlmr_mlm", tf.XLMRobertaForQuestionAnswering, 8),
+        ("tiny_distilbert_qa", OUT / "tiny_distilbert_mlm", tf.DistilBertForQuestionAnswering, 8),
+        ("tiny_deberta_qa", OUT / "tiny_deberta_mlm", tf.DebertaV2ForQuestionAnswering, 20),
+        ("tiny_modernbert_qa", OUT / "tiny_modernbert_mlm", tf.ModernBertForQuestionAnswering, 8),
+        ("tiny_mistral_qa", OUT / "tiny_mistral_lm", tf.MistralForQuestionAnswering, 8),
+    ]
+    for fam, src, cls in [
+        ("llama", ASSETS / "tiny-llama", tf.LlamaForQuestionAnswering),
+        ("qwen2", OUT / "tiny_qwen2_lm", tf.Qwen2ForQuestionAnswering),
+        ("qwen3", OUT / "tiny_qwen3_lm", tf.Qwen3ForQuestionAnswering),
+    ]:
+        tf.AutoModel.from_pretrained(src).save_pretrained(OUT / f"tiny_{fam}_base")
+        qa_cases.append((f"tiny_{fam}_qa", OUT / f"tiny_{fam}_base", cls, 8))
+    for case, src, cls, seq in qa_cases:
+        torch.manual_seed(0)
+        m = cls.from_pretrained(src)
+        m.save_pretrained(OUT / case)
+        ids, mask = batch(m.config.vocab_size, seq=seq)
+        positions = {
+            "start_positions": torch.tensor([2, seq + 3]),
+            "end_positions": torch.tensor([seq - 3, -2]),
+        }
+        record(case, m, ids, mask, positions, output="qa")
 
     # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
     m = tf.BertModel.from_pretrained(ASSETS / "minilm")

@@ -15,7 +15,8 @@ steps; OUT_DIR/<case>/log_history.json and train_output.json are the run.
            defaults), layers 0 and 2 sliding over 16 tokens, Gemma's norms and scaled
            embeddings, tied head
 
-and OUT_DIR/modernbert_cls/, a tiny ModernBERT sequence classifier (see modernbert_cls).
+and OUT_DIR/modernbert_cls/, a tiny ModernBERT sequence classifier (see modernbert_cls), and
+OUT_DIR/bert_qa/, a tiny BERT question answerer (see bert_qa).
 """
 
 import importlib.util
@@ -109,9 +110,75 @@ def modernbert_cls(parity):
     print("modernbert_cls", trainer.state.log_history[-1])
 
 
+def bert_qa(parity):
+    """A tiny BertForQuestionAnswering (MiniLM's vocabulary, seeded) trained 20 steps on
+    modernbert_cls's reviews with made-up answer spans (start a third of the way in, end 3
+    tokens later; every 7th row's start past the end, which the loss ignores), padded by
+    DataCollatorWithPadding, evaluated every 10 steps; then `predict` on the eval rows:
+    predict.safetensors holds its predictions (start and end logits stacked on a last axis,
+    padded with -100 across batches) and label ids (start and end stacked)."""
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    folder = parity.OUT / "bert_qa"
+    folder.mkdir()
+    ids = json.loads((parity.OUT / "modernbert_cls" / "ids.json").read_text())
+    rows = {}
+    for split in ("train", "eval"):
+        rows[split] = []
+        for i, r in enumerate(ids[split]):
+            start = len(r) // 3 if i % 7 else len(r) + 5
+            end = min(len(r) // 3 + 3, len(r) - 1)
+            rows[split].append({"input_ids": r, "start_positions": start, "end_positions": end})
+    (folder / "rows.json").write_text(json.dumps(rows))
+    tok = tf.AutoTokenizer.from_pretrained(parity.ASSETS / "minilm")
+    config = tf.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    tf.BertForQuestionAnswering(config).save_pretrained(folder / "initial")
+    model = tf.BertForQuestionAnswering.from_pretrained(folder / "initial")
+    args = parity.common_args(
+        "bert_qa",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=20,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=10,
+    )
+    assert args.label_names is None
+    trainer = tf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=parity.Rows(rows["train"]),
+        eval_dataset=parity.Rows(rows["eval"]),
+        data_collator=tf.DataCollatorWithPadding(tok),
+    )
+    assert trainer.label_names == ["start_positions", "end_positions"], trainer.label_names
+    result = trainer.train()
+    pred = trainer.predict(parity.Rows(rows["eval"]))
+    save_file(
+        {
+            "predictions": np.ascontiguousarray(np.stack(pred.predictions, -1)),
+            "label_ids": np.ascontiguousarray(np.stack(pred.label_ids, -1)),
+            "test_loss": np.array([pred.metrics["test_loss"]], dtype=np.float64),
+        },
+        str(folder / "predict.safetensors"),
+    )
+    parity.write_run("bert_qa", trainer, result, model)
+    print("bert_qa", trainer.state.log_history[-1], pred.metrics)
+
+
 def main():
     parity = sibling("trainer_parity")
     modernbert_cls(parity)
+    bert_qa(parity)
     blocks = parity.llama_blocks()
     train_rows, eval_rows = blocks[:48], blocks[48:56]
 

@@ -82,11 +82,20 @@ impl StepContext<'_> {
     ) -> Result<PredictionStepOutput> {
         let has_labels =
             !self.label_names.is_empty() && self.label_names.iter().all(|k| inputs.contains(k));
+        // Upstream keeps a tuple of the label tensors (one tensor for one name); several
+        // (question answering's `start_positions`, `end_positions`) are stacked along a new
+        // last dimension, `[batch, 2]`, so that they concatenate as one array.
         let labels = if has_labels {
-            self.label_names
-                .first()
-                .and_then(|k| inputs.get(k))
+            let tensors: Vec<Tensor> = self
+                .label_names
+                .iter()
+                .filter_map(|k| inputs.get(k))
                 .map(Tensor::detach)
+                .collect();
+            match tensors.len() {
+                1 => tensors.into_iter().next(),
+                _ => Some(Tensor::f_stack(&tensors, -1)?),
+            }
         } else {
             None
         };

@@ -36,7 +36,8 @@ pub struct StepContext<'a> {
     pub current_gradient_accumulation_steps: usize,
     /// The device batches are moved to.
     pub device: Device,
-    /// Names of the label tensors in a batch (`label_names`, default `["labels"]`).
+    /// Names of the label tensors in a batch (`label_names`, default the model's
+    /// [`TrainableModel::label_names`](tchtrain_models::TrainableModel::label_names)).
     pub label_names: &'a [String],
     /// Upstream `_loss_shifts_labels`: the model's loss is `ForCausalLM` (it predicts
     /// `labels[..., 1:]`), so `num_items_in_batch` counts `labels[..., 1:]`.
@@ -96,7 +97,8 @@ pub struct PredictionStepOutput {
 }
 
 /// The model inputs found in `batch` (`input_ids`, `attention_mask`, `token_type_ids`,
-/// `position_ids`, `labels`); other keys are ignored, as upstream's
+/// `position_ids`, `labels`, question answering's `start_positions` / `end_positions`);
+/// other keys are ignored, as upstream's
 /// `remove_unused_columns` drops columns the forward does not take.
 pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     ModelInputs {
@@ -105,6 +107,8 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         token_type_ids: batch.get("token_type_ids"),
         position_ids: batch.get("position_ids"),
         labels: batch.get("labels"),
+        start_positions: batch.get("start_positions"),
+        end_positions: batch.get("end_positions"),
         num_items_in_batch: None,
         skip_logits: None,
     }

@@ -482,11 +482,12 @@ impl TrainerBuilder {
         let loss_shifts_labels = model.loss_shifts_labels();
         let is_causal_lm = model.is_causal_lm();
         let num_params_without_embeddings = model_info::num_parameters(&*model, true);
+        // Upstream: `find_labels(model.__class__)` unless `label_names` is set.
         let label_names = self
             .args
             .label_names
             .clone()
-            .unwrap_or_else(|| vec!["labels".to_string()]);
+            .unwrap_or_else(|| model.label_names());
         let pretrained = model.as_pretrained().is_some();
         let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {

@@ -19,10 +19,13 @@ fn rows() -> Vec<Feature> {
             special_tokens_mask: Some(vec![1, 0, 1]),
             offset_mapping: Some(vec![(0, 0), (0, 4), (5, 9)]),
             labels: Some(Label::Ids(vec![-100, 4, 5])),
+            start_positions: Some(i64::MIN),
+            end_positions: Some(-1),
         },
         Feature::new(vec![]).with_labels(Label::Value(-0.125)),
         Feature::new(vec![9]).with_labels(Label::Values(vec![1.5, f64::NAN, -0.0])),
         Feature::new(vec![4, 4]),
+        Feature::new(vec![6, 7]).with_answer(1, 1),
     ]
 }
 

@@ -513,10 +513,9 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             input_ids: Some(ids),
             attention_mask: batch.get("attention_mask"),
             token_type_ids: batch.get("token_type_ids"),
-            position_ids: None,
             labels: batch.get("labels"),
             num_items_in_batch: num_items.as_ref(),
-            skip_logits: None,
+            ..ModelInputs::default()
         };
         // fp32: the model's forward; bf16: the same inside CPU autocast with the outputs back
         // in fp32 (the Trainer's `model_forward`, what accelerate does).

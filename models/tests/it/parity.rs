@@ -91,9 +91,12 @@ fn check(case: &str, model: &mut dyn PreTrainedModel, logits_key: &str) -> Resul
         "{case}: logits max abs diff {logits_diff}"
     );
     let mut worst = 0.0f64;
-    if let Some(labels) = r.get("labels") {
+    let has_labels = r.contains_key("labels") || r.contains_key("start_positions");
+    if has_labels {
         let inputs = ModelInputs {
-            labels: Some(labels),
+            labels: r.get("labels"),
+            start_positions: r.get("start_positions"),
+            end_positions: r.get("end_positions"),
             ..inputs
         };
         for (_, v) in model.var_store().variables() {
@@ -605,5 +608,145 @@ fn real_smollm2_causal_lm() -> Result<()> {
     )?;
     assert!(loaded.info.is_clean(), "{}", loaded.info);
     check("smollm2", &mut { loaded.model }, "logits")?;
+    Ok(())
+}
+
+/// Question answering on every family upstream gives it (`qa_outputs`, DistilBERT's dropout
+/// before it, ModernBERT's prediction head and `classifier`), drawn after
+/// `torch.manual_seed(0)` on each family's checkpoint (`models.py`): the `[batch, seq, 2]`
+/// logits, the loss with one start past the end (ignored) and one negative end (clamped to
+/// 0), the gradients, and the drawn heads equal to upstream's. Llama, Qwen2 and Qwen3 keep
+/// their body under `transformer` (upstream's prefix): their heads are drawn on the base
+/// model saved alone, and a causal LM's checkpoint (body under `model.`, which upstream
+/// would silently draw anew) is refused.
+#[test]
+fn question_answering_heads() -> Result<()> {
+    let _g = lock();
+    use tchtrain_models::{AutoTask, Error};
+    let reference = assets().join("reference/models");
+    let qa = AutoTask::QuestionAnswering;
+    let qa_outputs = &["qa_outputs.bias", "qa_outputs.weight"][..];
+    for (case, src, head) in [
+        ("tiny_gpt2_qa", assets().join("tiny-gpt2"), qa_outputs),
+        ("tiny_bert_qa", assets().join("tiny-bert"), qa_outputs),
+        (
+            "tiny_roberta_qa",
+            reference.join("tiny_roberta_mlm"),
+            qa_outputs,
+        ),
+        ("tiny_xlmr_qa", reference.join("tiny_xlmr_mlm"), qa_outputs),
+        (
+            "tiny_distilbert_qa",
+            reference.join("tiny_distilbert_mlm"),
+            qa_outputs,
+        ),
+        (
+            "tiny_deberta_qa",
+            reference.join("tiny_deberta_mlm"),
+            qa_outputs,
+        ),
+        (
+            "tiny_modernbert_qa",
+            reference.join("tiny_modernbert_mlm"),
+            // The masked LM's `head` loads; only the classifier is new.
+            &["classifier.bias", "classifier.weight"][..],
+        ),
+        (
+            "tiny_mistral_qa",
+            reference.join("tiny_mistral_lm"),
+            qa_outputs,
+        ),
+        (
+            "tiny_llama_qa",
+            reference.join("tiny_llama_base"),
+            qa_outputs,
+        ),
+        (
+            "tiny_qwen2_qa",
+            reference.join("tiny_qwen2_base"),
+            qa_outputs,
+        ),
+        (
+            "tiny_qwen3_qa",
+            reference.join("tiny_qwen3_base"),
+            qa_outputs,
+        ),
+    ] {
+        let loaded = tchtrain_models::from_pretrained_dir(
+            &reference.join(case),
+            qa,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        let mut model = loaded.model;
+        assert_eq!(
+            model.label_names(),
+            ["start_positions", "end_positions"],
+            "{case}"
+        );
+        check(case, &mut *model, "logits")?;
+        tch::manual_seed(0);
+        let fresh =
+            tchtrain_models::from_pretrained_dir(&src, qa, Device::Cpu, &LoadOptions::default())?;
+        let mut missing = fresh.info.missing_keys.clone();
+        missing.sort();
+        assert_eq!(missing, head, "{case}");
+        for name in head {
+            assert!(
+                fresh.model.var_store().variables()[*name]
+                    .equal(&model.var_store().variables()[*name]),
+                "{case}: the new {name} differs from upstream's"
+            );
+        }
+    }
+    // A causal LM's checkpoint under Qwen2's `transformer` body: refused, naming both prefixes.
+    let err = tchtrain_models::from_pretrained_dir(
+        &reference.join("tiny_qwen2_lm"),
+        qa,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )
+    .expect_err("a `model.` body under `transformer` must be refused");
+    assert!(
+        matches!(
+            err,
+            Error::BaseModelPrefix {
+                class: "Qwen2ForQuestionAnswering",
+                expected: "transformer",
+                found: "model",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Families upstream gives no question-answering head, and a head with 3 outputs.
+    for dir in ["tiny_gemma2_lm", "tiny_phi3_lm"] {
+        let err = tchtrain_models::from_pretrained_dir(
+            &reference.join(dir),
+            qa,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )
+        .expect_err("no question answering upstream");
+        assert!(err.to_string().contains("question answering"), "{err}");
+    }
+    let err = tchtrain_models::from_pretrained_dir(
+        &reference.join("tiny_bert_seqcls"),
+        qa,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )
+    .expect_err("3 labels cannot split into start and end");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidConfig {
+                field: "num_labels",
+                ..
+            }
+        ),
+        "{err}"
+    );
     Ok(())
 }

@@ -452,6 +452,81 @@ fn modernbert_trains_as_upstream() -> Result<()> {
     Ok(())
 }
 
+/// A tiny BERT question answerer (`trainer_families.py`, `bert_qa`: MiniLM's vocabulary,
+/// made-up answer spans, every 7th start past the end) trained 20 steps with
+/// `DataCollatorWithPadding` and no `label_names` (the model's `start_positions` /
+/// `end_positions`, as upstream's `find_labels`): every logged value equals upstream's to
+/// the bit; then `predict`: the start / end logits (stacked on a last axis, -100 padding
+/// across batches) and label ids (stacked) equal upstream's tuples, and so does the loss.
+#[test]
+fn bert_question_answering_trains_and_predicts_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/trainer_families/bert_qa");
+    let out = temp_dir("bert-qa");
+    let info = AutoTokenizer::from_pretrained(assets().join("minilm"))?
+        .info()
+        .clone();
+    let rows = read_json(&dir.join("rows.json"))?;
+    let split = |name: &str| -> Result<Arc<dyn Dataset>> {
+        let rows = rows[name].as_array().context("rows")?;
+        let features = rows
+            .iter()
+            .map(|r| {
+                let input_ids: Vec<i64> = serde_json::from_value(r["input_ids"].clone())?;
+                let at = |k: &str| r[k].as_i64().context("position");
+                Ok(Feature::new(input_ids)
+                    .with_answer(at("start_positions")?, at("end_positions")?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(InMemoryDataset::new(features)))
+    };
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 1e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let model = load(&dir.join("initial"), AutoTask::QuestionAnswering)?;
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(split("train")?)
+        .eval_dataset(split("eval")?)
+        .data_collator(DataCollatorWithPadding::new(info))
+        .build()?;
+    trainer.train(None)?;
+    let m = compare(
+        "bert qa",
+        &trainer.state.log_history,
+        &read_json(&dir.join("log_history.json"))?,
+    )?;
+    assert_exact("bert qa", &m);
+    let pred = trainer.predict(split("eval")?, "test")?;
+    let reference: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(dir.join("predict.safetensors"))?
+            .into_iter()
+            .collect();
+    let predictions = pred.predictions.context("predictions")?.concatenated()?;
+    let labels = pred.label_ids.context("label ids")?.concatenated()?;
+    assert_eq!(predictions.size(), reference["predictions"].size());
+    let d = (&predictions - &reference["predictions"])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(d == 0.0, "predictions differ by {d}");
+    assert!(labels.equal(&reference["label_ids"]), "label ids differ");
+    let loss = reference["test_loss"].double_value(&[0]);
+    assert_eq!(pred.metrics["test_loss"], loss, "test_loss");
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// NEFTune (`neftune_noise_alpha` 5) on llama_wd's job for one epoch: the noise on
 /// `embed_tokens` drawn from the global generator in training only (evaluation every 3
 /// steps runs without it). Every logged value equals upstream's to the bit.
