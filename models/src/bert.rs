@@ -944,7 +944,7 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                     &t,
                 );
                 let weight = self.bert.word_embeddings();
-                let logits = t.matmul(&weight.tr()) + bias;
+                let logits = t.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
                 leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
                 leaf(
@@ -975,7 +975,7 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 let x = x.gelu("none");
                 let x = apply_traced(&x, layer_norm, || "lm_head.layer_norm".into(), "LayerNorm");
                 let weight = self.bert.word_embeddings();
-                let logits = x.matmul(&weight.tr()) + bias;
+                let logits = x.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
                 leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
                 leaf(

@@ -438,10 +438,11 @@ impl Layer {
         } else {
             (&x.full_rope, &x.full_mask)
         };
-        // Upstream rotates in float32 and casts back.
+        // Upstream rotates in float32 and casts back, casting the input once per term: under
+        // autocast the two terms' gradients come back to bfloat16 separately and add there.
         let rotate = |t: &Tensor| {
-            let f = t.to_kind(Kind::Float);
-            (&f * cos + rotate_half(&f) * sin).to_kind(t.kind())
+            let f = || t.to_kind(Kind::Float);
+            (f() * cos + rotate_half(&f()) * sin).to_kind(t.kind())
         };
         let (q, k) = (rotate(&q), rotate(&k));
         let p = if x.train { x.attention_dropout } else { 0.0 };
@@ -869,8 +870,8 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
                 let t = head.forward(&x);
                 let weight = self.model.tok_embeddings();
                 let logits = match bias {
-                    Some(b) => t.matmul(&weight.tr()) + b,
-                    None => t.matmul(&weight.tr()),
+                    Some(b) => t.linear(weight, Some(b)),
+                    None => t.linear(weight, None::<&Tensor>),
                 };
                 let loss = match labels {
                     Some(l) => Some(tchtrain_losses::for_masked_lm_loss(

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file as safe_load, save_file
 
 import transformers as tf
 
@@ -70,6 +70,16 @@ def record(case, model, ids, mask, labels, grads="all", output="logits", extra=N
     # clipping stacks the per-parameter norms in this order.
     names = [name for name, _ in model.named_parameters()]
     (OUT / f"{case}.parameters.json").write_text(json.dumps(names))
+
+
+# The saved cases rerun under bf16 autocast: every family, and each kind of head.
+AUTOCAST_CASES = [
+    "tiny_qwen2_lm", "tiny_qwen3_lm", "tiny_mistral_lm", "tiny_gemma_lm", "tiny_gemma2_lm",
+    "tiny_gemma3_lm", "tiny_phi3_lm", "tiny_llama_yarn_lm", "tiny_roberta_mlm", "tiny_xlmr_mlm",
+    "tiny_distilbert_mlm", "tiny_deberta_mlm", "tiny_modernbert_mlm", "tiny_qwen2_seqcls",
+    "tiny_qwen2_tokcls", "tiny_roberta_seqcls", "tiny_deberta_tokcls", "tiny_modernbert_seqcls",
+    "tiny_bert_qa", "tiny_gpt2_qa", "tiny_qwen2_qa",
+]
 
 
 def main():
@@ -385,6 +395,36 @@ def main():
             "end_positions": torch.tensor([seq - 3, -2]),
         }
         record(case, m, ids, mask, positions, output="qa")
+
+    # --- bf16 autocast on the CPU (the Trainer's `--bf16`: accelerate's autocast region around
+    # the forward, the outputs cast back to float32): every family's saved case rerun on its
+    # own batch and labels, train mode with dropout off as above; logits, loss and gradients
+    # (float32 parameters) into OUT_DIR/autocast.safetensors as `<case>.<name>`.
+    autocast = {}
+    for case in AUTOCAST_CASES:
+        saved = {k: v for k, v in safe_load(str(OUT / f"{case}.safetensors")).items()}
+        arch = json.loads((OUT / case / "config.json").read_text())["architectures"][0]
+        m = getattr(tf, arch).from_pretrained(OUT / case, dtype=torch.float32)
+        m.eval()
+        inputs = {k: saved[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in saved}
+        labels = {k: saved[k] for k in ("labels", "start_positions", "end_positions") if k in saved}
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(**inputs)
+        if "start_positions" in labels:
+            logits = torch.stack([out.start_logits, out.end_logits], -1)
+        else:
+            logits = out.logits
+        autocast[f"{case}.logits"] = logits.float().contiguous()
+        m.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(**inputs, **labels).loss
+        loss = loss.float()
+        loss.backward()
+        autocast[f"{case}.loss"] = loss.detach().reshape(1)
+        for name, p in m.named_parameters():
+            if p.grad is not None:
+                autocast[f"{case}.grad.{name}"] = p.grad.detach().contiguous()
+    save_file(autocast, str(OUT / "autocast.safetensors"))
 
     # --- real MiniLM (BertModel, checkpoint without the `bert.` prefix)
     m = tf.BertModel.from_pretrained(ASSETS / "minilm")
