@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use tchtrain_collators::{TokenizerInfo, read_tokenizer_config};
 use tokenizers::Tokenizer;
 
+use crate::chat_template::{ChatTemplate, ChatTemplateOptions, render_jinja_template};
 use crate::hub::{HubOptions, resolve};
 use crate::tokenization::{gpt2_tokenizer, load_tokenizer};
 use crate::{Error, Result};
@@ -32,18 +33,106 @@ pub struct PreTrainedTokenizerFast {
     tokenizer: Tokenizer,
     config: Map<String, Value>,
     info: TokenizerInfo,
+    chat_template: Option<ChatTemplate>,
 }
+
+/// The special-token names upstream's `special_tokens_map` (what chat templates see) holds.
+const NAMED_SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 impl PreTrainedTokenizerFast {
     /// A tokenizer with `config` (`tokenizer_config.json`'s keys: special tokens,
     /// `padding_side`, `model_max_length`, ...).
-    pub fn new(tokenizer: Tokenizer, config: Map<String, Value>) -> Self {
+    /// A `chat_template` key in `config` becomes the tokenizer's chat template (an error
+    /// when it is neither a string nor a list of `{name, template}`).
+    pub fn new(tokenizer: Tokenizer, mut config: Map<String, Value>) -> Result<Self> {
+        let chat_template = ChatTemplate::from_config(
+            config.remove("chat_template"),
+            Path::new(TOKENIZER_CONFIG_FILE),
+        )?;
         let info = TokenizerInfo::from_tokenizer_config(&tokenizer, &Value::Object(config.clone()));
-        Self {
+        Ok(Self {
             tokenizer,
             config,
             info,
-        }
+            chat_template,
+        })
+    }
+
+    /// Upstream's `tokenizer.chat_template`: the template(s) `tokenizer_config.json` or the
+    /// folder's `.jinja` files gave.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Sets (or removes) the chat template, as assigning `tokenizer.chat_template`.
+    pub fn set_chat_template(&mut self, template: Option<ChatTemplate>) {
+        self.chat_template = template;
+    }
+
+    /// Upstream's `special_tokens_map`: the named special tokens that are set, as text.
+    pub fn special_tokens_map(&self) -> Vec<(String, String)> {
+        NAMED_SPECIAL_TOKENS
+            .iter()
+            .filter_map(|&name| {
+                let token = match self.config.get(name)? {
+                    Value::String(s) => s.clone(),
+                    Value::Object(o) => o.get("content")?.as_str()?.to_string(),
+                    _ => return None,
+                };
+                Some((name.to_string(), token))
+            })
+            .collect()
+    }
+
+    /// Upstream's `apply_chat_template(conversation, tokenize=False)`: the conversation (JSON
+    /// text of a list of messages) rendered by the tokenizer's template (or the one
+    /// `options.chat_template` names or gives), with the special tokens as variables.
+    pub fn apply_chat_template_text(
+        &self,
+        conversation: &str,
+        options: &ChatTemplateOptions,
+    ) -> Result<String> {
+        let template = match (&self.chat_template, options.chat_template.as_deref()) {
+            (Some(t), given) => t.select(given, options.tools.is_some())?,
+            (None, Some(text)) => text,
+            (None, None) => {
+                return Err(Error::ChatTemplate {
+                    detail: "this tokenizer has no chat template (tokenizer_config.json's chat_template or chat_template.jinja) and none was passed; set one with set_chat_template or pass options.chat_template".into(),
+                });
+            }
+        };
+        render_jinja_template(template, conversation, options, &self.special_tokens_map())
+    }
+
+    /// Upstream's `apply_chat_template(conversation)` (`tokenize=True`, `return_dict=True`):
+    /// the rendered text tokenized without adding special tokens (the template writes
+    /// them), as a row with `input_ids` and `attention_mask`.
+    pub fn apply_chat_template(
+        &self,
+        conversation: &str,
+        options: &ChatTemplateOptions,
+    ) -> Result<tchtrain_collators::Feature> {
+        let text = self.apply_chat_template_text(conversation, options)?;
+        let encoding =
+            self.tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| Error::ChatTemplate {
+                    detail: format!("the rendered chat does not tokenize: {e}"),
+                })?;
+        let ids = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+        Ok(tchtrain_collators::Feature {
+            input_ids: ids(encoding.get_ids()),
+            attention_mask: Some(ids(encoding.get_attention_mask())),
+            ..Default::default()
+        })
     }
 
     /// The `tokenizers` tokenizer (`backend_tokenizer`).
@@ -77,6 +166,9 @@ impl PreTrainedTokenizerFast {
                 path: file.clone(),
                 detail: e.to_string(),
             })?;
+        if let Some(template) = &self.chat_template {
+            template.save(dir)?;
+        }
         let mut config = self.config.clone();
         config
             .entry("tokenizer_class")
@@ -112,15 +204,21 @@ impl AutoTokenizer {
             })?;
             resolve(name, &HubOptions::from_env())?
         };
-        let config = match read_tokenizer_config(&dir).map_err(|e| Error::Tokenizer {
+        let mut config = match read_tokenizer_config(&dir).map_err(|e| Error::Tokenizer {
             path: dir.join(TOKENIZER_CONFIG_FILE),
             detail: e.to_string(),
         })? {
             Value::Object(map) => map,
             _ => Map::new(),
         };
+        let chat_template = ChatTemplate::load(&dir, &mut config)?;
+        let with_template = |mut t: PreTrainedTokenizerFast| {
+            t.chat_template = chat_template.clone();
+            t
+        };
         if dir.join(TOKENIZER_FILE).is_file() {
-            return Ok(PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config));
+            let tokenizer = PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config)?;
+            return Ok(with_template(tokenizer));
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
         if vocab.is_file() && merges.is_file() {
@@ -136,7 +234,9 @@ impl AutoTokenizer {
             config
                 .entry("tokenizer_class")
                 .or_insert_with(|| Value::from("GPT2Tokenizer"));
-            return Ok(PreTrainedTokenizerFast::new(tokenizer, config));
+            return Ok(with_template(PreTrainedTokenizerFast::new(
+                tokenizer, config,
+            )?));
         }
         Err(Error::MissingFile {
             path: dir.join(TOKENIZER_FILE),

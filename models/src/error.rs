@@ -138,6 +138,13 @@ pub enum Error {
         /// The tokenizers crate's message.
         detail: String,
     },
+    /// A chat template could not be found, compiled or rendered, or its inputs are unusable
+    /// (upstream's `ValueError` / `TemplateError` of `apply_chat_template`).
+    #[error("chat template: {detail}")]
+    ChatTemplate {
+        /// What went wrong, and the fix.
+        detail: String,
+    },
     /// A layer hook ([`LayerHooks`](crate::LayerHooks)) failed.
     #[error("layer {layer}: {detail}")]
     LayerHook {

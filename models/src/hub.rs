@@ -14,6 +14,7 @@ pub const OPTIONAL_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
     "generation_config.json",
     "vocab.json",
     "merges.txt",

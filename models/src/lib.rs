@@ -16,6 +16,7 @@ mod attention;
 mod auto;
 mod auto_tokenizer;
 mod bert;
+mod chat_template;
 mod checkpoint;
 mod configuration_utils;
 mod deberta_v2;
@@ -52,6 +53,10 @@ pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
     EncoderFamily,
+};
+pub use chat_template::{
+    ADDITIONAL_CHAT_TEMPLATES_DIR, CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateOptions,
+    render_jinja_template,
 };
 pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{

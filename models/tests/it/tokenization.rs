@@ -106,3 +106,105 @@ fn save_pretrained_round_trips() -> Result<()> {
 }
 
 type AutoTokenizerOutput = tchtrain_models::PreTrainedTokenizerFast;
+
+/// Chat templates against transformers 5.23's `apply_chat_template`
+/// (`scripts/reference/chat_templates.py` on SmolLM2's tokenizer): its own
+/// `chat_template.jinja`, a Qwen2.5-style template with tools and tool calls given as
+/// `tokenizer_config.json`'s string, named templates (`default` / `tool_use`) given as its
+/// list and as saved files, `continue_final_message`, documents, template kwargs, and a
+/// template exercising upstream's environment (tojson's options and float spelling, Python
+/// string methods, namespace, loop controls, a generation block, reasoning aliases, null keys
+/// dropped). Each case: the same text and token ids, or an error where upstream raises.
+#[test]
+fn chat_templates_render_as_upstream() -> Result<()> {
+    let _g = lock();
+    use tchtrain_models::ChatTemplateOptions;
+    let root = assets().join("reference/chat_templates");
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("cases.json"))
+            .with_context(|| format!("{} (run `cargo xtask setup`)", root.display()))?,
+    )?;
+    let cases = cases.as_array().context("cases")?;
+    assert_eq!(cases.len(), 15);
+    for (i, case) in cases.iter().enumerate() {
+        let folder = case["folder"].as_str().context("folder")?;
+        let tok = AutoTokenizer::from_pretrained(root.join(folder))?;
+        let o = &case["options"];
+        let mut options = ChatTemplateOptions {
+            add_generation_prompt: o["add_generation_prompt"].as_bool().unwrap_or(false),
+            continue_final_message: match &o["continue_final_message"] {
+                serde_json::Value::Bool(true) => Some("content".into()),
+                serde_json::Value::String(field) => Some(field.clone()),
+                _ => None,
+            },
+            tools: o["tools"].as_str().map(str::to_string),
+            documents: o["documents"].as_str().map(str::to_string),
+            chat_template: o["chat_template"].as_str().map(str::to_string),
+            ..Default::default()
+        };
+        for (k, v) in o.as_object().context("options")? {
+            if ![
+                "add_generation_prompt",
+                "continue_final_message",
+                "tools",
+                "documents",
+                "chat_template",
+            ]
+            .contains(&k.as_str())
+            {
+                options.template_kwargs.insert(k.clone(), v.clone());
+            }
+        }
+        let conversation = case["conversation"].as_str().context("conversation")?;
+        let text = tok.apply_chat_template_text(conversation, &options);
+        match case.get("error") {
+            Some(error) => {
+                let err = text.expect_err(&format!("case {i} ({folder}): upstream raised {error}"));
+                eprintln!("case {i}: {err} (upstream: {error})");
+            }
+            None => {
+                let text = text.with_context(|| format!("case {i} ({folder})"))?;
+                assert_eq!(
+                    text,
+                    case["text"].as_str().context("text")?,
+                    "case {i} ({folder})"
+                );
+                let ids: Vec<i64> = serde_json::from_value(case["input_ids"].clone())?;
+                let row = tok.apply_chat_template(conversation, &options)?;
+                assert_eq!(row.input_ids, ids, "case {i} ({folder}): ids");
+                assert_eq!(row.attention_mask, Some(vec![1; ids.len()]));
+            }
+        }
+    }
+    // save_pretrained writes named templates as upstream's: chat_template.jinja and
+    // additional_chat_templates/, the key out of tokenizer_config.json; they load back.
+    let named = AutoTokenizer::from_pretrained(root.join("named"))?;
+    let out = temp_dir("chat-templates");
+    named.save_pretrained(out.path())?;
+    for file in [
+        "chat_template.jinja",
+        "additional_chat_templates/tool_use.jinja",
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(out.path().join(file))?,
+            std::fs::read_to_string(root.join("named_saved").join(file))?,
+            "{file}"
+        );
+    }
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        out.path().join("tokenizer_config.json"),
+    )?)?;
+    assert!(config.get("chat_template").is_none());
+    let again = AutoTokenizer::from_pretrained(out.path())?;
+    assert_eq!(again.chat_template(), named.chat_template());
+    // No template: a typed error naming the fix.
+    let minilm = AutoTokenizer::from_pretrained(assets().join("minilm"))?;
+    let err = minilm
+        .apply_chat_template_text(
+            r#"[{"role": "user", "content": "hi"}]"#,
+            &ChatTemplateOptions::default(),
+        )
+        .expect_err("MiniLM has no chat template");
+    assert!(err.to_string().contains("no chat template"), "{err}");
+    Ok(())
+}
