@@ -306,6 +306,22 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
             seqcls,
             "AutoModelForSequenceClassification",
         ),
+        // Qwen2's question answering keeps its body under `transformer`.
+        (
+            reference.join("tiny_qwen2_qa"),
+            AutoTask::QuestionAnswering,
+            "AutoModelForQuestionAnswering",
+        ),
+        (
+            reference.join("tiny_distilbert_qa"),
+            AutoTask::QuestionAnswering,
+            "AutoModelForQuestionAnswering",
+        ),
+        (
+            reference.join("tiny_modernbert_qa"),
+            AutoTask::QuestionAnswering,
+            "AutoModelForQuestionAnswering",
+        ),
     ];
     let python = std::env::var("TCHTRAIN_VENV_PYTHON").context(
         "TCHTRAIN_VENV_PYTHON is not set: run `cargo xtask setup` (it writes .cargo/libtorch.toml)",
@@ -341,7 +357,9 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
              for p in m.parameters(): p.data = p.data.clone()\n\
              assert type(m).__name__ == {name:?}, type(m).__name__\n\
              ids = torch.tensor([[4, 268, 75, 218, 18, 625, 26, 931]])\n\
-             save_file({{'logits': m(input_ids=ids).logits.detach().contiguous()}}, {out:?})\n",
+             o = m(input_ids=ids)\n\
+             l = torch.stack([o.start_logits, o.end_logits], -1) if 'start_logits' in o else o.logits\n\
+             save_file({{'logits': l.detach().contiguous()}}, {out:?})\n",
             dir = dir.to_str().unwrap(),
             out = out.to_str().unwrap()
         );
