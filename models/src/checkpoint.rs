@@ -204,15 +204,21 @@ pub(crate) fn checkpoint_layer_with(
     if !x.requires_grad() {
         return f(x, extra);
     }
-    // The recompute computes the linear maps in the form this forward uses, and reports to
-    // the underflow / overflow tracer of this forward, whichever thread runs it.
+    // The recompute computes the linear maps in the form this forward uses, applies this
+    // forward's LoRA adapters, and reports to the underflow / overflow tracer of this
+    // forward, whichever thread runs it.
     let releases = crate::layer_hooks::releases_parameters();
     let tracer = crate::debug_utils::current();
+    let adapters = crate::peft::current_adapters();
     let f = move |x: &Tensor, e: Option<&Tensor>| {
         let run = || crate::layer_hooks::with_releases(releases, || f(x, e));
-        match &tracer {
+        let traced = || match &tracer {
             Some(t) => crate::debug_utils::with_debug_underflow_overflow(t, run),
             None => run(),
+        };
+        match &adapters {
+            Some(a) => crate::peft::with_adapters(std::sync::Arc::clone(a), traced),
+            None => traced(),
         }
     };
     let layer: *mut LayerClosure = Box::into_raw(Box::new(Box::new(f) as LayerClosure));

@@ -437,11 +437,17 @@ impl TrainableModel for GPT2LMHeadModel {
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
     // `_loss_shifts_labels` is false); it is in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.
+    fn output_embeddings(&self) -> Option<String> {
+        Some("lm_head".into())
+    }
     fn is_causal_lm(&self) -> bool {
         true
     }
     fn layernorm_modules(&self) -> Vec<String> {
         gpt2_layernorm_modules(&self.vs)
+    }
+    fn linear_modules(&self) -> Vec<crate::LinearModule> {
+        gpt2_linear_modules(self)
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
@@ -554,6 +560,9 @@ impl TrainableModel for GPT2ForSequenceClassification {
     fn layernorm_modules(&self) -> Vec<String> {
         gpt2_layernorm_modules(&self.vs)
     }
+    fn linear_modules(&self) -> Vec<crate::LinearModule> {
+        gpt2_linear_modules(self)
+    }
     fn is_embedding_weight(&self, name: &str) -> bool {
         matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
     }
@@ -650,6 +659,9 @@ impl TrainableModel for GPT2ForQuestionAnswering {
     fn layernorm_modules(&self) -> Vec<String> {
         gpt2_layernorm_modules(&self.vs)
     }
+    fn linear_modules(&self) -> Vec<crate::LinearModule> {
+        gpt2_linear_modules(self)
+    }
     fn is_embedding_weight(&self, name: &str) -> bool {
         matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
     }
@@ -665,6 +677,22 @@ impl TrainableModel for GPT2ForQuestionAnswering {
             pooler_output: None,
         })
     }
+}
+
+/// GPT-2's linear layers: its `Conv1D`s (`c_attn`, `c_proj`, `c_fc`, weights `[in, out]`)
+/// and the heads' `nn.Linear`s.
+fn gpt2_linear_modules<M: TrainableModel + ?Sized>(model: &M) -> Vec<crate::LinearModule> {
+    crate::modeling_utils::linear_modules_of(model)
+        .into_iter()
+        .map(|mut l| {
+            let last = l.name.rsplit('.').next().unwrap_or_default();
+            if matches!(last, "c_attn" | "c_proj" | "c_fc") {
+                std::mem::swap(&mut l.in_features, &mut l.out_features);
+                l.conv1d = true;
+            }
+            l
+        })
+        .collect()
 }
 
 /// GPT-2's `nn.LayerNorm` modules (`ln_1`, `ln_2`, `ln_f`), whose names upstream's

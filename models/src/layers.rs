@@ -310,10 +310,22 @@ pub(crate) fn apply_traced<M: Module + Params>(
     name: impl FnOnce() -> String,
     class: &str,
 ) -> Tensor {
+    let traced = crate::debug_utils::active();
+    let adapted = crate::peft::adapters_active();
+    if !traced && !adapted {
+        return x.apply(module);
+    }
+    let name = name();
     let y = x.apply(module);
+    // An active LoRA adapter of this layer adds its term (peft's `Linear.forward`).
+    let y = if adapted {
+        crate::peft::apply_adapter(&name, x, y)
+    } else {
+        y
+    };
     // `params` allocates: only when a tracer listens (this runs in every training step).
-    if crate::debug_utils::active() {
-        crate::debug_utils::leaf(name, class, &module.params(), x, &y);
+    if traced {
+        crate::debug_utils::leaf(|| name, class, &module.params(), x, &y);
     }
     y
 }

@@ -38,6 +38,7 @@ mod mistral;
 mod modeling_utils;
 mod modernbert;
 mod neftune;
+mod peft;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -103,7 +104,7 @@ pub use mistral::{
     MistralForSequenceClassification, MistralForTokenClassification,
 };
 pub use modeling_utils::{
-    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+    LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 pub use modernbert::{
     ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,
@@ -111,6 +112,10 @@ pub use modernbert::{
     ModernBertForTokenClassification, ModernBertModel,
 };
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
+pub use peft::{
+    ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
+    LoraConfig, LoraLayer, PEFT_VERSION, PeftModel, TargetModules, get_peft_model,
+};
 pub use phi3::{
     Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3ForTokenClassification,
 };

@@ -1100,6 +1100,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
     }
+    fn output_embeddings(&self) -> Option<String> {
+        Some("lm_head".into())
+    }
     fn is_causal_lm(&self) -> bool {
         true
     }

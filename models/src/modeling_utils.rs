@@ -106,6 +106,57 @@ pub enum LabelCheck {
     },
 }
 
+/// A linear layer of a model (upstream's `nn.Linear`, or GPT-2's `Conv1D`), as LoRA targets
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinearModule {
+    /// The module's name (`model.layers.0.self_attn.q_proj`).
+    pub name: String,
+    /// Input features.
+    pub in_features: i64,
+    /// Output features.
+    pub out_features: i64,
+    /// GPT-2's `Conv1D` (weight stored `[in, out]`).
+    pub conv1d: bool,
+}
+
+/// The names of `vs`'s variables in creation order (the models keep it equal to upstream's
+/// registration order).
+pub(crate) fn ordered_variable_names(vs: &VarStore) -> Vec<String> {
+    let by_ptr: std::collections::HashMap<usize, String> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (t.data_ptr() as usize, n))
+        .collect();
+    vs.trainable_variables()
+        .iter()
+        .filter_map(|t| by_ptr.get(&(t.data_ptr() as usize)).cloned())
+        .collect()
+}
+
+/// [`TrainableModel::linear_modules`]' default.
+pub(crate) fn linear_modules_of<M: TrainableModel + ?Sized>(model: &M) -> Vec<LinearModule> {
+    let vs = model.var_store();
+    let vars = vs.variables();
+    let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+    ordered_variable_names(vs)
+        .into_iter()
+        .filter_map(|n| {
+            let module = n.strip_suffix(".weight")?;
+            let size = vars.get(&n)?.size();
+            if size.len() != 2 || model.is_embedding_weight(&n) || tied.contains(&n) {
+                return None;
+            }
+            Some(LinearModule {
+                name: module.to_string(),
+                in_features: size[1],
+                out_features: size[0],
+                conv1d: false,
+            })
+        })
+        .collect()
+}
+
 /// What the Trainer needs from a model: its variables, train / eval mode and a forward pass
 /// (which computes the loss when the inputs carry labels), plus the facts upstream's Trainer
 /// reads off a model, as default methods a model overrides where they differ
@@ -243,6 +294,30 @@ pub trait TrainableModel: Send {
     /// `num_parameters(exclude_embeddings=True)`, and so of `floating_point_ops`).
     fn is_embedding_weight(&self, _name: &str) -> bool {
         false
+    }
+
+    /// The linear layers in registration order (`named_modules()`), for LoRA: by default
+    /// every two-dimensional `*.weight` that is neither an embedding
+    /// ([`is_embedding_weight`](Self::is_embedding_weight)) nor tied, as `nn.Linear`
+    /// (`[out, in]`); GPT-2 says which are `Conv1D`.
+    fn linear_modules(&self) -> Vec<LinearModule> {
+        linear_modules_of(self)
+    }
+
+    /// Upstream's `get_output_embeddings()` module name (a causal LM's `lm_head`), which
+    /// LoRA's `"all-linear"` leaves out.
+    fn output_embeddings(&self) -> Option<String> {
+        None
+    }
+
+    /// Upstream's `model.parameters()` that require a gradient, in its order (gradient
+    /// clipping sums the norms in this order): the variables in creation order by default.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.var_store()
+            .trainable_variables()
+            .into_iter()
+            .filter(Tensor::requires_grad)
+            .collect()
     }
 
     /// Keys that are views of another parameter (tied weights) and are not saved,

@@ -15,12 +15,7 @@ use tchtrain_models::TrainableModel;
 /// another order changes the total norm in the last bits, and with bf16 autocast such a bit
 /// shows in the next steps' losses.
 pub fn parameters(model: &dyn TrainableModel) -> Vec<Tensor> {
-    model
-        .var_store()
-        .trainable_variables()
-        .into_iter()
-        .filter(Tensor::requires_grad)
-        .collect()
+    model.parameters()
 }
 
 /// The model's parameters with their names, sorted by name (a stable order for the

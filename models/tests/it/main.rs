@@ -9,4 +9,5 @@ mod hub_and_save;
 mod layer_hooks;
 mod liger;
 mod parity;
+mod peft;
 mod tokenization;

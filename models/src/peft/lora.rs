@@ -1,0 +1,504 @@
+//! LoRA layers: which linear layers an adapter targets (peft's `check_target_module_exists`,
+//! `"all-linear"`, the per-architecture defaults, `layers_to_transform`, `rank_pattern` /
+//! `alpha_pattern`), their `lora_A` / `lora_B` drawn as peft draws them, and the forward
+//! `base_layer(x) + lora_B(lora_A(dropout(x))) * scaling` (peft's `tuners/lora/layer.py`
+//! `Linear.forward`) run by every model's linear layers while an adapter is active.
+//!
+//! The adapters live in the base model's own `VarStore` under peft's parameter names
+//! without the `base_model.model.` prefix (`model.layers.0.self_attn.q_proj.lora_A.default.weight`),
+//! so the Trainer's optimizer, gradient clipping, DDP and checkpoints see them as any
+//! parameter. The models apply their linear layers through `layers::apply_traced`, which
+//! adds an active adapter's term by the layer's module name ([`with_adapters`] installs
+//! the adapters for the forwards run inside it on the current thread; activation
+//! checkpointing carries them into its recompute).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use tch::{Kind, Tensor, nn};
+
+use super::config::{InitLoraWeights, LayerIndices, LoraConfig, TargetModules};
+use crate::modeling_utils::LinearModule;
+use crate::{Error, Result};
+
+/// One adapted layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraLayer {
+    /// The module's name (`model.layers.0.self_attn.q_proj`).
+    pub module: String,
+    /// Input features.
+    pub in_features: i64,
+    /// Output features.
+    pub out_features: i64,
+    /// GPT-2's `Conv1D` (`[in, out]` weight; `fan_in_fan_out`).
+    pub conv1d: bool,
+    /// The rank (`r`, or `rank_pattern`'s).
+    pub r: i64,
+    /// `alpha / r` (or `/ √r`), with `alpha_pattern`'s alpha.
+    pub scaling: f64,
+}
+
+impl LoraLayer {
+    /// The variable names of `lora_A` / `lora_B` under `adapter`.
+    pub fn weight_names(&self, adapter: &str) -> (String, String) {
+        (
+            format!("{}.lora_A.{adapter}.weight", self.module),
+            format!("{}.lora_B.{adapter}.weight", self.module),
+        )
+    }
+}
+
+/// peft's `TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING` for the model types here.
+fn default_targets(model_type: &str) -> Option<&'static [&'static str]> {
+    Some(match model_type {
+        "llama" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "qwen2" | "qwen3" => {
+            &["q_proj", "v_proj"]
+        }
+        "gpt2" => &["c_attn"],
+        "bert" | "roberta" | "xlm-roberta" => &["query", "value"],
+        "deberta-v2" => &["query_proj", "value_proj"],
+        _ => return None,
+    })
+}
+
+/// Python's `re.match(pattern, text)` (anchored at the start) or `re.fullmatch`.
+fn regex_matches(pattern: &str, text: &str, full: bool) -> Result<bool> {
+    let anchored = if full {
+        format!("^(?:{pattern})$")
+    } else {
+        format!("^(?:{pattern})")
+    };
+    let re = regex::Regex::new(&anchored).map_err(|e| Error::InvalidArgument {
+        field: "target_modules",
+        detail: format!("{pattern:?} is not a regular expression this crate reads: {e}"),
+    })?;
+    Ok(re.is_match(text))
+}
+
+/// The first number after a dotted component (`.*?\.[^.]*\.(\d+)\.`), or after one of
+/// `patterns` (`(?:^|.*?\.){pattern}\.(\d+)\.`): the layer index `layers_to_transform` reads.
+fn layer_index(name: &str, patterns: Option<&[String]>) -> Result<Option<i64>> {
+    let candidates: Vec<String> = match patterns {
+        None | Some([]) => vec![r".*?\.[^.]*\.(\d+)\.".to_string()],
+        Some(p) => p
+            .iter()
+            .map(|p| format!(r"(?:^|.*?\.){p}\.(\d+)\."))
+            .collect(),
+    };
+    for pattern in candidates {
+        let re =
+            regex::Regex::new(&format!("^(?:{pattern})")).map_err(|e| Error::InvalidArgument {
+                field: "layers_pattern",
+                detail: format!("{pattern:?}: {e}"),
+            })?;
+        if let Some(c) = re.captures(name) {
+            return Ok(c.get(1).and_then(|m| m.as_str().parse().ok()));
+        }
+    }
+    Ok(None)
+}
+
+fn matches_targets(targets: &TargetModules, name: &str) -> Result<bool> {
+    Ok(match targets {
+        TargetModules::Regex(pattern) => regex_matches(pattern, name, true)?,
+        TargetModules::Names(names) => names
+            .iter()
+            .any(|t| name == t || name.ends_with(&format!(".{t}"))),
+    })
+}
+
+/// peft's `get_pattern_key`: the first key (in key order) with `(.*\.)?({key})$` matching
+/// the start of `name`.
+fn pattern_key<'a, V>(
+    patterns: &'a std::collections::BTreeMap<String, V>,
+    name: &str,
+) -> Result<Option<&'a V>> {
+    for (key, value) in patterns {
+        if regex_matches(&format!(r"(.*\.)?({key})$"), name, false)? {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
+}
+
+/// What a model tells the target resolution.
+pub(crate) struct ModelFacts<'a> {
+    /// `model_type`.
+    pub model_type: &'a str,
+    /// Every module with parameters, in registration order (names of the variables without
+    /// their last component), and whether it is one of `linear`.
+    pub modules: Vec<String>,
+    /// The linear layers (`nn.Linear` / `Conv1D`), in registration order.
+    pub linear: Vec<LinearModule>,
+    /// `get_output_embeddings()` (the causal LM's `lm_head`), left out of `"all-linear"`.
+    pub output_embeddings: Option<String>,
+}
+
+/// peft's injection walk: the adapted layers in module order, `config` resolved as peft
+/// mutates it (`all-linear` into names, `fan_in_fan_out` for `Conv1D`, the task's
+/// `modules_to_save`).
+pub(crate) fn resolve_targets(
+    config: &mut LoraConfig,
+    facts: &ModelFacts<'_>,
+) -> Result<Vec<LoraLayer>> {
+    config.validate()?;
+    if config.use_dora {
+        return Err(Error::InvalidArgument {
+            field: "use_dora",
+            detail: "DoRA is not implemented yet; train plain LoRA (use_dora false)".into(),
+        });
+    }
+    let task = config.task_type.clone().unwrap_or_default();
+    let task_modules: &[&str] = match task.as_str() {
+        "SEQ_CLS" | "TOKEN_CLS" => &["classifier", "score"],
+        "QUESTION_ANS" => &["qa_outputs"],
+        "" | "CAUSAL_LM" | "FEATURE_EXTRACTION" => &[],
+        other => {
+            return Err(Error::InvalidArgument {
+                field: "task_type",
+                detail: format!(
+                    "{other}: implemented are CAUSAL_LM, SEQ_CLS, TOKEN_CLS, QUESTION_ANS and FEATURE_EXTRACTION"
+                ),
+            });
+        }
+    };
+    // SEQ_CLS adds its heads before the injection, TOKEN_CLS after (peft's order: with
+    // "all-linear" the token classifier is then targeted and wrapped, which peft refuses).
+    if task == "SEQ_CLS" || task == "QUESTION_ANS" {
+        config
+            .modules_to_save
+            .get_or_insert_with(Vec::new)
+            .extend(task_modules.iter().map(|s| s.to_string()));
+    }
+    let targets = match config.target_modules.clone() {
+        Some(TargetModules::Regex(s)) if s == "all-linear" => {
+            let mut names: Vec<String> = facts
+                .linear
+                .iter()
+                .map(|m| m.name.clone())
+                .filter(|n| Some(n) != facts.output_embeddings.as_ref())
+                .collect();
+            if facts.output_embeddings.is_none()
+                && task == "SEQ_CLS"
+                && let Some(i) = names.iter().position(|n| n == "score" || n == "classifier")
+            {
+                names.remove(i);
+            }
+            TargetModules::Names(names)
+        }
+        Some(t) => t,
+        None => match default_targets(facts.model_type) {
+            Some(d) => TargetModules::Names(d.iter().map(|s| s.to_string()).collect()),
+            None => {
+                return Err(Error::InvalidArgument {
+                    field: "target_modules",
+                    detail: format!(
+                        "peft has no default target modules for {}: give target_modules (names, a regular expression or \"all-linear\")",
+                        facts.model_type
+                    ),
+                });
+            }
+        },
+    };
+    config.target_modules = Some(targets.clone());
+    let linear: HashMap<&str, &LinearModule> =
+        facts.linear.iter().map(|m| (m.name.as_str(), m)).collect();
+    let save_patterns: Vec<String> = config
+        .modules_to_save
+        .iter()
+        .flatten()
+        .map(|m| format!(r"(^|.*\.){m}($|\..*)"))
+        .collect();
+    let mut layers = Vec::new();
+    for name in &facts.modules {
+        if let Some(exclude) = &config.exclude_modules
+            && matches_targets(exclude, name)?
+        {
+            continue;
+        }
+        let mut saved = false;
+        for p in &save_patterns {
+            saved |= regex_matches(p, name, false)?;
+        }
+        if saved || !matches_targets(&targets, name)? {
+            continue;
+        }
+        if let (TargetModules::Names(names), Some(indices)) =
+            (&targets, &config.layers_to_transform)
+            && !names.contains(name)
+        {
+            let index = layer_index(name, config.layers_pattern.as_deref())?;
+            let keep = match (index, indices) {
+                (None, _) => false,
+                (Some(i), LayerIndices::One(want)) => i == *want,
+                (Some(i), LayerIndices::Many(want)) => want.contains(&i),
+            };
+            if !keep {
+                continue;
+            }
+        }
+        let Some(module) = linear.get(name.as_str()) else {
+            return Err(Error::InvalidArgument {
+                field: "target_modules",
+                detail: format!(
+                    "{name} is targeted but is not a linear layer (nn.Linear / Conv1D); LoRA on embeddings and other layers is not implemented"
+                ),
+            });
+        };
+        let r = *pattern_key(&config.rank_pattern, name)?.unwrap_or(&config.r);
+        let alpha = *pattern_key(&config.alpha_pattern, name)?.unwrap_or(&config.lora_alpha);
+        if module.conv1d {
+            // peft: "fan_in_fan_out is set to False but the target module is `Conv1D`.
+            // Setting fan_in_fan_out to True."
+            config.fan_in_fan_out = true;
+        }
+        layers.push(LoraLayer {
+            module: name.clone(),
+            in_features: module.in_features,
+            out_features: module.out_features,
+            conv1d: module.conv1d,
+            r,
+            scaling: config.scaling(r, alpha),
+        });
+    }
+    if layers.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "target_modules",
+            detail: format!(
+                "{targets:?} matched no linear layer of the model (peft: \"Target modules not found in the base model\"); the linear layers are {}",
+                facts
+                    .linear
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    if task == "TOKEN_CLS" {
+        let added: Vec<String> = task_modules.iter().map(|s| s.to_string()).collect();
+        if let Some(l) = layers
+            .iter()
+            .find(|l| added.iter().any(|m| l.module.ends_with(m.as_str())))
+        {
+            return Err(Error::InvalidArgument {
+                field: "modules_to_save",
+                detail: format!(
+                    "{} is adapted and is also the token classifier TOKEN_CLS trains in full (peft: \"modules_to_save cannot be applied to modules of type lora.Linear\"); leave it out of target_modules",
+                    l.module
+                ),
+            });
+        }
+        config
+            .modules_to_save
+            .get_or_insert_with(Vec::new)
+            .extend(added);
+    }
+    Ok(layers)
+}
+
+/// torch's `kaiming_uniform_(t, a=math.sqrt(5))` on a `[out, fan_in]` tensor (the bound
+/// computed in double precision as torch computes it).
+fn kaiming_uniform(t: &mut Tensor) {
+    let fan_in = t.size()[1] as f64;
+    let a = 5f64.sqrt();
+    let gain = (2.0 / (1.0 + a.powi(2))).sqrt();
+    let bound = 3f64.sqrt() * (gain / fan_in.sqrt());
+    let _ = t.uniform_(-bound, bound);
+}
+
+/// Creates the adapters' `lora_A` / `lora_B` in `vs` for `layers` (in order), drawn from
+/// the global generator exactly as peft's `update_layer` draws them: `nn.Linear(in, r)`
+/// and `nn.Linear(r, out)` are built (two Kaiming-uniform draws), then
+/// `reset_lora_parameters` draws `lora_A` again (Kaiming-uniform, or a normal of deviation
+/// `1 / r` for `"gaussian"`) and zeroes `lora_B` (`init_lora_weights=False` keeps both
+/// constructor draws). On the CPU, in float32, then rounded through the base weight's
+/// half-precision dtype and back, as peft's `autocast_adapter_dtype`.
+pub(crate) fn create_adapters(
+    vs: &nn::VarStore,
+    layers: &[LoraLayer],
+    adapter: &str,
+    init: InitLoraWeights,
+) -> Result<()> {
+    let base_kind = vs.kind();
+    for layer in layers {
+        let mut a = Tensor::empty(
+            [layer.r, layer.in_features],
+            (Kind::Float, tch::Device::Cpu),
+        );
+        let mut b = Tensor::empty(
+            [layer.out_features, layer.r],
+            (Kind::Float, tch::Device::Cpu),
+        );
+        tch::no_grad(|| {
+            kaiming_uniform(&mut a);
+            kaiming_uniform(&mut b);
+            match init {
+                InitLoraWeights::Default => {
+                    kaiming_uniform(&mut a);
+                    let _ = b.zero_();
+                }
+                InitLoraWeights::Gaussian => {
+                    let _ = a.normal_(0.0, 1.0 / layer.r as f64);
+                    let _ = b.zero_();
+                }
+                InitLoraWeights::Random => {}
+            }
+        });
+        let round = |t: Tensor| match base_kind {
+            Kind::BFloat16 | Kind::Half => t.to_kind(base_kind).to_kind(Kind::Float),
+            _ => t,
+        };
+        let (a, b) = (round(a), round(b));
+        let mut path = vs.root();
+        for part in layer.module.split('.') {
+            path = path / part;
+        }
+        for (which, t) in [("lora_A", a), ("lora_B", b)] {
+            let p = &path / which / adapter;
+            let mut var = p.f_zeros("weight", &t.size())?;
+            tch::no_grad(|| var.f_copy_(&t.to_device(var.device()).to_kind(var.kind())))?;
+        }
+    }
+    Ok(())
+}
+
+/// An active adapter's layer during a forward.
+struct ActiveLayer {
+    a: Tensor,
+    b: Tensor,
+    scaling: f64,
+}
+
+/// The adapters a forward applies (installed by [`with_adapters`]).
+pub(crate) struct ActiveAdapters {
+    layers: HashMap<String, ActiveLayer>,
+    dropout: f64,
+    train: bool,
+    hit: HashSet<String>,
+}
+
+impl ActiveAdapters {
+    /// The adapters named `adapter` of `layers`, read from `vs` (so a dtype or device move
+    /// of the store is always seen).
+    pub(crate) fn new(
+        vs: &nn::VarStore,
+        layers: &[LoraLayer],
+        adapter: &str,
+        dropout: f64,
+        train: bool,
+    ) -> Result<Self> {
+        let vars = vs.variables();
+        let mut active = HashMap::with_capacity(layers.len());
+        for l in layers {
+            let (a, b) = l.weight_names(adapter);
+            let get = |n: &str| {
+                vars.get(n)
+                    .map(Tensor::shallow_clone)
+                    .ok_or_else(|| Error::InvalidArgument {
+                        field: "adapter",
+                        detail: format!("{n} is missing from the model (was the adapter removed?)"),
+                    })
+            };
+            active.insert(
+                l.module.clone(),
+                ActiveLayer {
+                    a: get(&a)?,
+                    b: get(&b)?,
+                    scaling: l.scaling,
+                },
+            );
+        }
+        Ok(Self {
+            layers: active,
+            dropout,
+            train,
+            hit: HashSet::new(),
+        })
+    }
+
+    /// The adapted layers the forward did not run (their module names differ from the
+    /// model's own, or the model skipped them).
+    pub(crate) fn missed(&self) -> Vec<String> {
+        let mut missed: Vec<String> = self
+            .layers
+            .keys()
+            .filter(|k| !self.hit.contains(*k))
+            .cloned()
+            .collect();
+        missed.sort();
+        missed
+    }
+}
+
+type Shared = Arc<Mutex<ActiveAdapters>>;
+
+thread_local! {
+    static ACTIVE: std::cell::RefCell<Option<Shared>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `adapters` applied by every linear layer the models run on this thread
+/// (the previous ones put back afterwards, also on panic).
+pub(crate) fn with_adapters<R>(adapters: Shared, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Shared>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            ACTIVE.with(|a| *a.borrow_mut() = prev);
+        }
+    }
+    let prev = ACTIVE.with(|a| a.borrow_mut().replace(adapters));
+    let _restore = Restore(prev);
+    f()
+}
+
+/// The adapters installed on this thread (for activation checkpointing's recompute).
+pub(crate) fn current() -> Option<Shared> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
+/// Whether adapters are installed on this thread.
+pub(crate) fn active() -> bool {
+    ACTIVE.with(|a| a.borrow().is_some())
+}
+
+/// peft's `Linear.forward` for the layer `module` whose base output is `y` on input `x`:
+/// `y + lora_B(lora_A(dropout(x))) * scaling`, `x` first cast to the adapter's dtype and
+/// the sum back to `y`'s (`y` itself when the layer is not adapted).
+pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
+    let Some(shared) = current() else {
+        return y;
+    };
+    let mut active = match shared.lock() {
+        Ok(a) => a,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let (dropout, train) = (active.dropout, active.train);
+    let Some(layer) = active.layers.get(module) else {
+        return y;
+    };
+    let x = if x.kind() == layer.a.kind() {
+        x.shallow_clone()
+    } else {
+        x.to_kind(layer.a.kind())
+    };
+    let x = if dropout > 0.0 && train {
+        x.dropout(dropout, true)
+    } else {
+        x
+    };
+    let delta = x
+        .linear::<Tensor>(&layer.a, None)
+        .linear::<Tensor>(&layer.b, None)
+        * layer.scaling;
+    let kind = y.kind();
+    let out = (y + delta).to_kind(kind);
+    active.hit.insert(module.to_string());
+    out
+}
+
+/// peft's `get_delta_weight`: `B @ A * scaling`, transposed for a `Conv1D` (`[in, out]`).
+pub(crate) fn delta_weight(a: &Tensor, b: &Tensor, layer: &LoraLayer) -> Tensor {
+    let d = b.matmul(a) * layer.scaling;
+    if layer.conv1d { d.tr() } else { d }
+}

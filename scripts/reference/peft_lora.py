@@ -1,0 +1,147 @@
+"""Reference for models/tests: LoRA adapters as peft 0.21.2 makes, runs, saves and merges them.
+
+Usage: python peft_lora.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+
+For each case a base model is loaded, `torch.manual_seed(0)`, `get_peft_model(base, config)`;
+then OUT_DIR/<case>/ holds the adapter as peft saves it (adapter_config.json,
+adapter_model.safetensors) and OUT_DIR/<case>.safetensors:
+  input_ids, attention_mask, labels     the batch
+  init.<key>                            every adapter tensor right after get_peft_model (the
+                                        draws from the global generator), under its saved key
+  logits                                eval mode (no dropout)
+  train_logits, loss, grad.<key>        train mode after torch.manual_seed(1) (LoRA dropout
+                                        drawn), labels as the case says; gradients of the
+                                        trainable tensors under their saved keys
+  merged_logits                         eval logits of merge_and_unload()'s model
+
+  llama_all_linear   tiny Llama causal LM, "all-linear", r 4, alpha 8, dropout 0.1,
+                     init_lora_weights False (lora_B drawn, so the adapter acts)
+  qwen2_default      tiny Qwen2 causal LM, peft's default targets (q_proj, v_proj), r 8,
+                     alpha 16, rsLoRA, "gaussian" init, then every lora_B set to seeded
+                     normal values (an adapter that acts) before saving
+  gpt2_conv1d        tiny GPT-2, c_attn and mlp.c_proj (Conv1D: fan_in_fan_out set by peft),
+                     rank_pattern / alpha_pattern, init False
+  bert_seqcls        tiny BERT with a new 3-label classifier, SEQ_CLS (the classifier in
+                     modules_to_save), query / value in layer 1 only (layers_to_transform),
+                     bias "lora_only", init False
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import transformers as tf
+from peft import LoraConfig, get_peft_model
+
+OUT = Path(sys.argv[1])
+ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+torch.set_num_threads(2)
+
+
+def batch(vocab, seq=8):
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (2, seq), generator=g)
+    mask = torch.ones(2, seq, dtype=torch.int64)
+    mask[1, seq - 3:] = 0
+    return ids, mask
+
+
+def saved_key(name):
+    """The key peft saves a PeftModel parameter under (adapter name and wrappers dropped)."""
+    return name.replace(".default", "").replace(".modules_to_save", "").replace(".original_module", "")
+
+
+def run(case, base, config, labels_of, after_init=None):
+    torch.manual_seed(0)
+    model = get_peft_model(base, config)
+    tensors = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            tensors[f"init.{saved_key(name)}"] = p.detach().clone()
+    if after_init:
+        after_init(model)
+    ids, mask = batch(model.config.vocab_size)
+    labels = labels_of(ids, mask)
+    tensors.update(input_ids=ids, attention_mask=mask, labels=labels)
+    model.eval()
+    with torch.no_grad():
+        tensors["logits"] = model(input_ids=ids, attention_mask=mask).logits.contiguous()
+    model.train()
+    torch.manual_seed(1)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    tensors["train_logits"] = out.logits.detach().contiguous()
+    tensors["loss"] = out.loss.detach().reshape(1)
+    order = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            tensors[f"grad.{saved_key(name)}"] = p.grad.detach().contiguous()
+            order.append(saved_key(name))
+    model.zero_grad()
+    model.save_pretrained(OUT / case)
+    saved = load_file(str(OUT / case / "adapter_model.safetensors"))
+    assert sorted(saved) == sorted(order), (sorted(saved), sorted(order))
+    model.eval()
+    merged = model.merge_and_unload()
+    with torch.no_grad():
+        tensors["merged_logits"] = merged(input_ids=ids, attention_mask=mask).logits.contiguous()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(OUT / f"{case}.safetensors"))
+    (OUT / f"{case}.parameters.json").write_text(json.dumps(order))
+    print(case, "loss", float(tensors["loss"]))
+
+
+def lm_labels(ids, mask):
+    return ids.masked_fill(mask == 0, -100)
+
+
+def main():
+    run(
+        "llama_all_linear",
+        tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama"),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=False),
+        lm_labels,
+    )
+
+    def perturb_b(model):
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+    run(
+        "qwen2_default",
+        tf.Qwen2ForCausalLM.from_pretrained(ASSETS / "reference" / "models" / "tiny_qwen2_lm"),
+        LoraConfig(r=8, lora_alpha=16, use_rslora=True, init_lora_weights="gaussian", task_type="CAUSAL_LM"),
+        lm_labels,
+        after_init=perturb_b,
+    )
+    run(
+        "gpt2_conv1d",
+        tf.GPT2LMHeadModel.from_pretrained(ASSETS / "tiny-gpt2"),
+        LoraConfig(
+            r=4, lora_alpha=8, target_modules=["c_attn", "mlp.c_proj"], init_lora_weights=False,
+            rank_pattern={"h.0.attn.c_attn": 2}, alpha_pattern={"mlp.c_proj": 4},
+        ),
+        lm_labels,
+    )
+    torch.manual_seed(0)
+    base = tf.BertForSequenceClassification.from_pretrained(ASSETS / "tiny-bert", num_labels=3)
+    base.save_pretrained(OUT / "bert_seqcls_base")
+    run(
+        "bert_seqcls",
+        base,
+        LoraConfig(
+            r=4, lora_alpha=4, target_modules=["query", "value"], layers_to_transform=[1],
+            bias="lora_only", task_type="SEQ_CLS", init_lora_weights=False,
+        ),
+        lambda ids, mask: torch.tensor([1, 2]),
+    )
+
+
+if __name__ == "__main__":
+    main()
