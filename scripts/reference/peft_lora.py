@@ -24,8 +24,15 @@ adapter_model.safetensors) and OUT_DIR/<case>.safetensors:
   bert_seqcls        tiny BERT with a new 3-label classifier, SEQ_CLS (the classifier in
                      modules_to_save), query / value in layer 1 only (layers_to_transform),
                      bias "lora_only", init False
+
+and OUT_DIR/trainer_llama/: upstream's Trainer on a LoRA model (tiny Llama saved as initial/,
+attention dropout 0, `torch.manual_seed(0)` then get_peft_model with "all-linear", r 8,
+alpha 16, LoRA dropout 0.1) for 20 steps on trainer_parity.py's Hamlet blocks (batch 4, lr
+2e-3, cosine after 2 warm-up steps, weight decay 0.1, clipping at 1.0, evaluation every 10
+steps): log_history.json, train_output.json, and the adapter save_model writes (adapter/).
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -94,6 +101,54 @@ def run(case, base, config, labels_of, after_init=None):
     print(case, "loss", float(tensors["loss"]))
 
 
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).resolve().parent / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trainer_llama():
+    parity = sibling("trainer_parity")
+    folder = OUT / "trainer_llama"
+    folder.mkdir()
+    blocks = parity.llama_blocks()
+    train_rows, eval_rows = blocks[:48], blocks[48:56]
+    (folder / "blocks.json").write_text(json.dumps({"train": train_rows, "eval": eval_rows}))
+    tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama", attention_dropout=0.0).save_pretrained(folder / "initial")
+    base = tf.LlamaForCausalLM.from_pretrained(folder / "initial")
+    torch.manual_seed(0)
+    model = get_peft_model(base, LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear", task_type="CAUSAL_LM",
+    ))
+    args = parity.common_args(
+        "trainer_llama",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=20,
+        learning_rate=2e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=10,
+    )
+
+    def rows(part):
+        return parity.Rows([{"input_ids": r, "labels": list(r)} for r in part])
+
+    trainer = tf.Trainer(
+        model=model, args=args, train_dataset=rows(train_rows), eval_dataset=rows(eval_rows),
+        data_collator=tf.default_data_collator,
+    )
+    result = trainer.train()
+    trainer.save_model(str(folder / "adapter"))
+    parity.write_run("trainer_llama", trainer, result, model)
+    print("trainer_llama", trainer.state.log_history[-1])
+
+
 def lm_labels(ids, mask):
     return ids.masked_fill(mask == 0, -100)
 
@@ -145,3 +200,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    trainer_llama()
