@@ -336,6 +336,20 @@ pub trait TrainableModel: Send {
             .sum()
     }
 
+    /// Loads a LoRA adapter's weights (`adapter_model.safetensors` in `dir`: a checkpoint of
+    /// a [`PeftModel`](crate::PeftModel)'s run) into the model's adapter; a model without an
+    /// adapter refuses, naming the fix.
+    fn load_adapter(&mut self, dir: &Path) -> Result<()> {
+        Err(crate::Error::InvalidArgument {
+            field: "adapter",
+            detail: format!(
+                "{} holds a LoRA adapter but {} has none: wrap the model with get_peft_model (the same LoraConfig) before resuming",
+                dir.display(),
+                self.model_name()
+            ),
+        })
+    }
+
     /// Writes the model into `dir` for `save_model` and checkpoints: `save_pretrained` for a
     /// [`PreTrainedModel`]; otherwise the variables as `model.safetensors` (upstream: "Trainer.model
     /// is not a `PreTrainedModel`, only saving its state dict").

@@ -225,6 +225,15 @@ pub fn load_model_weights(model: &mut dyn TrainableModel, dir: &Path) -> Result<
     if !dir.is_dir() {
         return Err(invalid("not a folder".into()));
     }
+    // A LoRA run's checkpoint holds the adapter alone (as upstream's Trainer saves a
+    // `PeftModel`).
+    if dir
+        .join(tchtrain_models::ADAPTER_SAFE_WEIGHTS_NAME)
+        .is_file()
+        && !dir.join(tchtrain_models::SAFE_WEIGHTS_NAME).is_file()
+    {
+        return model.load_adapter(dir).map_err(|e| invalid(e.to_string()));
+    }
     let tensors = read_checkpoint(dir)?;
     let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     let vars = model.var_store().variables();

@@ -192,6 +192,18 @@ impl PeftModel {
                 ..config
             },
         )?;
+        model.load_adapter_weights(adapter_dir)?;
+        if !is_trainable {
+            model.set_trainable(false);
+            model.base.eval();
+        }
+        Ok(model)
+    }
+
+    /// Loads `adapter_model.safetensors` of `adapter_dir` into this adapter (and its
+    /// `modules_to_save` / biases): every key of this adapter must be there with its shape,
+    /// and nothing else.
+    pub fn load_adapter_weights(&self, adapter_dir: &Path) -> Result<()> {
         let path = adapter_dir.join(ADAPTER_SAFE_WEIGHTS_NAME);
         if !path.is_file() {
             return Err(Error::MissingFile {
@@ -206,11 +218,11 @@ impl PeftModel {
             })?
             .into_iter()
             .collect();
-        let expected = model.adapter_state_dict()?;
-        let vars = model.base.var_store().variables();
+        let expected = self.adapter_state_dict()?;
+        let vars = self.base.var_store().variables();
         let mut missing = Vec::new();
         let mut used = HashSet::new();
-        let adapted: HashSet<&str> = model.layers.iter().map(|l| l.module.as_str()).collect();
+        let adapted: HashSet<&str> = self.layers.iter().map(|l| l.module.as_str()).collect();
         tch::no_grad(|| -> Result<()> {
             for (key, _) in &expected {
                 let Some(src) = tensors.get(key) else {
@@ -257,11 +269,7 @@ impl PeftModel {
                 ),
             });
         }
-        if !is_trainable {
-            model.set_trainable(false);
-            model.base.eval();
-        }
-        Ok(model)
+        Ok(())
     }
 
     /// peft's `merge_and_unload()`: each adapted weight becomes `W + B @ A * scaling`
@@ -449,6 +457,9 @@ impl TrainableModel for PeftModel {
     /// Trainer saves one.
     fn save_weights(&self, dir: &Path) -> Result<()> {
         self.save_adapter(dir)
+    }
+    fn load_adapter(&mut self, dir: &Path) -> Result<()> {
+        self.load_adapter_weights(dir)
     }
 }
 

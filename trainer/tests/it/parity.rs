@@ -532,63 +532,65 @@ fn bert_question_answering_trains_and_predicts_as_upstream() -> Result<()> {
 /// `manual_seed(0)`, 20 steps with a cosine schedule, weight decay, clipping and evaluation
 /// every 10 steps: every logged value equals peft + upstream's Trainer to the bit, and
 /// `save_model` writes the adapter alone, with peft's keys and the same trained values.
+/// The run saves at step 10 (the adapter alone, as upstream's checkpoints of a
+/// `PeftModel`); a new adapter resumed from that checkpoint ends with the same log.
 #[test]
 fn tiny_llama_lora_trains_as_peft_and_upstream() -> Result<()> {
     let _g = lock();
     use tchtrain_models::{LoraConfig, TargetModules, get_peft_model};
     let dir = assets().join("reference/peft_lora/trainer_llama");
     let out = temp_dir("lora");
-    let mut args = TrainingArguments {
-        per_device_train_batch_size: 4,
-        per_device_eval_batch_size: 4,
-        max_steps: 20,
-        learning_rate: 2e-3,
-        lr_scheduler_type: SchedulerType::Cosine,
-        warmup_steps: 2.0,
-        weight_decay: 0.1,
-        max_grad_norm: 1.0,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(10.0),
-        ..base_args(&out)
+    let args = || -> Result<TrainingArguments> {
+        let mut args = TrainingArguments {
+            per_device_train_batch_size: 4,
+            per_device_eval_batch_size: 4,
+            max_steps: 20,
+            learning_rate: 2e-3,
+            lr_scheduler_type: SchedulerType::Cosine,
+            warmup_steps: 2.0,
+            weight_decay: 0.1,
+            max_grad_norm: 1.0,
+            eval_strategy: IntervalStrategy::Steps,
+            eval_steps: Some(10.0),
+            save_strategy: SaveStrategy::Steps,
+            save_steps: 10.0,
+            ..base_args(&out)
+        };
+        args.post_init()?;
+        Ok(args)
     };
-    args.post_init()?;
-    let base = load(&dir.join("initial"), AutoTask::CausalLm)?;
-    tch::manual_seed(0);
-    let model = get_peft_model(
-        base,
-        LoraConfig {
-            r: 8,
-            lora_alpha: 16.0,
-            lora_dropout: 0.1,
-            target_modules: Some(TargetModules::Regex("all-linear".into())),
-            task_type: Some("CAUSAL_LM".into()),
-            ..Default::default()
-        },
-    )?;
-    let mut trainer = Trainer::builder(Box::new(model), args)
-        .train_dataset(lm_blocks(&dir.join("blocks.json"), "train")?)
-        .eval_dataset(lm_blocks(&dir.join("blocks.json"), "eval")?)
-        .build()?;
+    let trainer_for = |args: TrainingArguments| -> Result<Trainer> {
+        let base = load(&dir.join("initial"), AutoTask::CausalLm)?;
+        tch::manual_seed(0);
+        let model = get_peft_model(
+            base,
+            LoraConfig {
+                r: 8,
+                lora_alpha: 16.0,
+                lora_dropout: 0.1,
+                target_modules: Some(TargetModules::Regex("all-linear".into())),
+                task_type: Some("CAUSAL_LM".into()),
+                ..Default::default()
+            },
+        )?;
+        Ok(Trainer::builder(Box::new(model), args)
+            .train_dataset(lm_blocks(&dir.join("blocks.json"), "train")?)
+            .eval_dataset(lm_blocks(&dir.join("blocks.json"), "eval")?)
+            .build()?)
+    };
+    let upstream = read_json(&dir.join("log_history.json"))?;
+    let mut trainer = trainer_for(args()?)?;
     let result = trainer.train(None)?;
-    let m = compare(
+    assert_exact(
         "lora",
-        &trainer.state.log_history,
-        &read_json(&dir.join("log_history.json"))?,
-    )?;
-    assert_exact("lora", &m);
+        &compare("lora", &trainer.state.log_history, &upstream)?,
+    );
     let summary = read_json(&dir.join("train_output.json"))?;
     assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    let checkpoint = out.join("checkpoint-10");
+    assert!(checkpoint.join("adapter_model.safetensors").is_file());
+    assert!(!checkpoint.join("model.safetensors").exists());
     let saved = trainer.save_model(Some(&out.join("adapter")))?;
-    let mut files: Vec<String> = std::fs::read_dir(&saved)?
-        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_>>()?;
-    files.sort();
-    assert!(
-        files.contains(&"adapter_model.safetensors".to_string())
-            && files.contains(&"adapter_config.json".to_string())
-            && !files.contains(&"model.safetensors".to_string()),
-        "{files:?}"
-    );
     let read = |p: PathBuf| -> Result<std::collections::BTreeMap<String, tch::Tensor>> {
         Ok(tch::Tensor::read_safetensors(p)?.into_iter().collect())
     };
@@ -601,6 +603,22 @@ fn tiny_llama_lora_trains_as_peft_and_upstream() -> Result<()> {
     for (k, t) in &ours {
         assert!(t.equal(&theirs[k]), "trained {k} differs from peft's");
     }
+    assert!(!saved.join("model.safetensors").exists());
+    // Resume from the adapter checkpoint of step 10: every step's log as the uninterrupted
+    // run's (the final `train_loss` averages the resumed steps only, as upstream's).
+    let mut resumed = trainer_for(args()?)?;
+    resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(checkpoint)))?;
+    let history = &resumed.state.log_history;
+    let mut upstream_steps = upstream.as_array().context("log_history")?.clone();
+    upstream_steps.pop();
+    assert_exact(
+        "lora resumed",
+        &compare(
+            "lora resumed",
+            &history[..history.len() - 1],
+            &serde_json::Value::Array(upstream_steps),
+        )?,
+    );
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
