@@ -18,7 +18,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 12] = [
+pub const TARGETS: [&str; 13] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -31,6 +31,7 @@ pub const TARGETS: [&str; 12] = [
     "table_json",
     "data_file",
     "dataset_cache_rows",
+    "adapter_config",
 ];
 
 /// Inputs per target in a run: `cargo xtask test` and `cargo xtask fuzz` without `--runs`.

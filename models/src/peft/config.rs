@@ -186,11 +186,16 @@ fn targets_from(v: &Value, field: &'static str) -> Result<Option<TargetModules>>
         Value::Null => None,
         Value::String(s) => Some(TargetModules::Regex(s.clone())),
         Value::Array(items) => {
-            let names = items
+            let mut names = items
                 .iter()
                 .map(|x| x.as_str().map(str::to_string))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| invalid(field, v.to_string(), "give module names as strings"))?;
+            // peft keeps target_modules / exclude_modules as a set.
+            if matches!(field, "target_modules" | "exclude_modules") {
+                names.sort();
+                names.dedup();
+            }
             Some(TargetModules::Names(names))
         }
         other => {
