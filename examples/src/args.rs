@@ -13,6 +13,12 @@ pub(crate) type RawFlag = (String, Option<String>);
 pub(crate) trait ScriptFlags {
     /// Sets the field `name` from `value`.
     fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool>;
+
+    /// The flags that take several values (`nargs="+"`): their values come to
+    /// [`apply`](Self::apply) joined by newlines.
+    fn list_flags(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// Splits `argv` into `TrainingArguments` and the script's flags, applied to `flags`.
@@ -42,7 +48,7 @@ where
     for w in parsed.warnings() {
         log::warn!("{w}");
     }
-    for (name, value) in split_flags(&rest)? {
+    for (name, value) in split_flags_with_lists(&rest, flags.list_flags())? {
         if !flags.apply(&name, value.as_deref())? {
             return Err(Error::InvalidFlag {
                 flag: name,
@@ -55,6 +61,12 @@ where
 
 /// `--name value`, `--name=value` or `--name` pairs; names with `-` spelled `_`.
 pub(crate) fn split_flags(rest: &[String]) -> Result<Vec<RawFlag>> {
+    split_flags_with_lists(rest, &[])
+}
+
+/// [`split_flags`] where the flags `lists` names take every value up to the next flag
+/// (joined by newlines).
+pub(crate) fn split_flags_with_lists(rest: &[String], lists: &[&str]) -> Result<Vec<RawFlag>> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < rest.len() {
@@ -67,6 +79,17 @@ pub(crate) fn split_flags(rest: &[String]) -> Result<Vec<RawFlag>> {
         };
         let (name, value) = match body.split_once('=') {
             Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None if lists.contains(&body.replace('-', "_").as_str()) => {
+                let mut values = Vec::new();
+                while let Some(next) = rest.get(i + 1).filter(|n| !n.starts_with("--")) {
+                    values.push(next.clone());
+                    i += 1;
+                }
+                (
+                    body.to_string(),
+                    (!values.is_empty()).then(|| values.join("\n")),
+                )
+            }
             None => match rest.get(i + 1) {
                 Some(next) if !next.starts_with("--") => {
                     i += 1;

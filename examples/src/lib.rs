@@ -28,6 +28,7 @@ mod common;
 pub mod custom_loss;
 pub mod custom_model;
 mod error;
+pub mod peft_args;
 mod plot;
 mod raster;
 pub mod run_classification;

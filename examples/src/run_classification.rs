@@ -41,6 +41,7 @@ use tchtrain_training_args::TrainingArguments;
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
+use super::peft_args::{self, PeftArguments};
 use super::split;
 use crate::error::{Error, Result};
 use crate::text_classification::{
@@ -92,6 +93,9 @@ pub struct ClassificationArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...; `--lora_task_type SEQ_CLS` keeps
+    /// the new classifier trained and saved with the adapter).
+    pub peft: PeftArguments,
 }
 
 impl Default for ClassificationArguments {
@@ -114,6 +118,7 @@ impl Default for ClassificationArguments {
             label_filter: None,
             validation_split_percentage: None,
             overwrite_cache: false,
+            peft: PeftArguments::default(),
         }
     }
 }
@@ -178,9 +183,12 @@ impl ScriptFlags for ClassificationArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
-            _ => return Ok(false),
+            _ => return self.peft.apply(name, value),
         }
         Ok(true)
+    }
+    fn list_flags(&self) -> &'static [&'static str] {
+        &peft_args::LIST_FLAGS
     }
 }
 
@@ -192,7 +200,8 @@ where
     S: AsRef<str>,
 {
     let mut cls = ClassificationArguments::default();
-    let training = args::parse(argv, HELP, &mut cls)?;
+    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut cls)?;
+    cls.peft.check()?;
     Ok((cls, training))
 }
 
@@ -385,7 +394,9 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
     // Upstream: `processing_class=tokenizer`, and `default_data_collator` with
     // `--pad_to_max_length` (otherwise the Trainer's default, `DataCollatorWithPadding`).
-    let mut builder = Trainer::builder(loaded.model, training.clone())
+    // TRL: `get_peft_model(model, peft_config)` on the loaded model.
+    let model = cls.peft.wrap(loaded.model)?;
+    let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .compute_metrics(Box::new(classification_metrics(regression)));
     if cls.pad_to_max_length {

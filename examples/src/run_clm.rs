@@ -31,6 +31,7 @@ use tchtrain_training_args::TrainingArguments;
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
+use super::peft_args::{self, PeftArguments};
 use crate::error::{Error, Result};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::{CausalLmTextStream, group_texts, tokenize_lines};
@@ -69,6 +70,8 @@ pub struct ClmArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached tokens
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    pub peft: PeftArguments,
 }
 
 impl Default for ClmArguments {
@@ -86,6 +89,7 @@ impl Default for ClmArguments {
             keep_linebreaks: true,
             streaming: false,
             overwrite_cache: false,
+            peft: PeftArguments::default(),
         }
     }
 }
@@ -145,9 +149,12 @@ impl ScriptFlags for ClmArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
-            _ => return Ok(false),
+            _ => return self.peft.apply(name, value),
         }
         Ok(true)
+    }
+    fn list_flags(&self) -> &'static [&'static str] {
+        &peft_args::LIST_FLAGS
     }
 }
 
@@ -159,7 +166,8 @@ where
     S: AsRef<str>,
 {
     let mut clm = ClmArguments::default();
-    let training = args::parse(argv, HELP, &mut clm)?;
+    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut clm)?;
+    clm.peft.check()?;
     Ok((clm, training))
 }
 
@@ -394,7 +402,9 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
     // Upstream: `processing_class=tokenizer, data_collator=default_data_collator`.
-    let mut builder = Trainer::builder(loaded.model, training.clone())
+    // TRL: `get_peft_model(model, peft_config)` on the loaded model.
+    let model = clm.peft.wrap(loaded.model)?;
+    let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(DefaultDataCollator);
     if let Some(ds) = train_ds {

@@ -1,0 +1,146 @@
+//! TRL's LoRA flags for the example scripts (`trl.ModelConfig`'s `--use_peft`, `--lora_r`,
+//! `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`, `--lora_modules_to_save`,
+//! `--lora_task_type`, `--use_rslora`, `--use_dora`, with TRL's defaults), made into a
+//! [`LoraConfig`] as `trl.get_peft_config` makes it and applied to the loaded model.
+
+use tchtrain_models::{LoraConfig, PreTrainedModel, TargetModules, get_peft_model};
+
+use crate::args;
+use crate::error::{Error, Result};
+
+/// The LoRA flags (TRL's `ModelConfig` fields and defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeftArguments {
+    /// `--use_peft`: train a LoRA adapter instead of the whole model.
+    pub use_peft: bool,
+    /// `--lora_r` (default 16).
+    pub lora_r: i64,
+    /// `--lora_alpha` (default 32).
+    pub lora_alpha: f64,
+    /// `--lora_dropout` (default 0.05).
+    pub lora_dropout: f64,
+    /// `--lora_target_modules NAME...`: one value is a regular expression or
+    /// `all-linear` (as TRL passes a single value on); several are module names. Default:
+    /// peft's for the model type.
+    pub lora_target_modules: Option<Vec<String>>,
+    /// `--lora_modules_to_save NAME...`: modules trained in full and saved with the adapter.
+    pub lora_modules_to_save: Option<Vec<String>>,
+    /// `--lora_task_type` (default `CAUSAL_LM`; `SEQ_CLS` for classification heads).
+    pub lora_task_type: String,
+    /// `--use_rslora`.
+    pub use_rslora: bool,
+    /// `--use_dora`.
+    pub use_dora: bool,
+}
+
+impl Default for PeftArguments {
+    fn default() -> Self {
+        Self {
+            use_peft: false,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.05,
+            lora_target_modules: None,
+            lora_modules_to_save: None,
+            lora_task_type: "CAUSAL_LM".into(),
+            use_rslora: false,
+            use_dora: false,
+        }
+    }
+}
+
+/// The flags' help lines.
+pub(crate) const HELP: &str = "\
+LoRA (TRL's flags):
+  --use_peft [BOOL]           train a LoRA adapter (peft's files) instead of the whole model
+  --lora_r N                  rank (default: 16)
+  --lora_alpha X              scaling numerator (default: 32)
+  --lora_dropout P            dropout on the adapters' input (default: 0.05)
+  --lora_target_modules NAME...
+                              modules to adapt: names, or one regular expression / all-linear
+                              (default: peft's for the model type)
+  --lora_modules_to_save NAME...
+                              modules trained in full and saved with the adapter
+  --lora_task_type TYPE       CAUSAL_LM (default), SEQ_CLS, TOKEN_CLS, QUESTION_ANS
+  --use_rslora [BOOL]         rank-stabilised scaling alpha / sqrt(r)
+  --use_dora [BOOL]           weight-decomposed LoRA
+";
+
+/// The flags that take several values (`nargs="+"`).
+pub(crate) const LIST_FLAGS: [&str; 2] = ["lora_target_modules", "lora_modules_to_save"];
+
+fn list(name: &str, value: Option<&str>) -> Result<Vec<String>> {
+    let v = args::string(name, value)?;
+    Ok(v.split('\n').map(str::to_string).collect())
+}
+
+impl PeftArguments {
+    /// Sets the flag `name`; `Ok(false)` when it is not a LoRA flag.
+    pub(crate) fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
+        match name {
+            "use_peft" => self.use_peft = args::boolean(name, value)?,
+            "lora_r" => self.lora_r = args::number(name, value)?,
+            "lora_alpha" => self.lora_alpha = args::number(name, value)?,
+            "lora_dropout" => self.lora_dropout = args::number(name, value)?,
+            "lora_target_modules" => self.lora_target_modules = Some(list(name, value)?),
+            "lora_modules_to_save" => self.lora_modules_to_save = Some(list(name, value)?),
+            "lora_task_type" => self.lora_task_type = args::string(name, value)?,
+            "use_rslora" => self.use_rslora = args::boolean(name, value)?,
+            "use_dora" => self.use_dora = args::boolean(name, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `trl.get_peft_config(model_args)`: `None` without `--use_peft`.
+    pub fn lora_config(&self) -> Option<LoraConfig> {
+        self.use_peft.then(|| LoraConfig {
+            task_type: Some(self.lora_task_type.clone()),
+            r: self.lora_r,
+            target_modules: self
+                .lora_target_modules
+                .as_ref()
+                .map(|t| match t.as_slice() {
+                    // TRL's `ModelConfig.__post_init__` passes a single value on as a string.
+                    [one] => TargetModules::Regex(one.clone()),
+                    many => TargetModules::Names(many.to_vec()),
+                }),
+            lora_alpha: self.lora_alpha,
+            lora_dropout: self.lora_dropout,
+            use_rslora: self.use_rslora,
+            use_dora: self.use_dora,
+            modules_to_save: self.lora_modules_to_save.clone(),
+            ..LoraConfig::default()
+        })
+    }
+
+    /// LoRA flags without `--use_peft` would do nothing: an error naming the fix.
+    pub(crate) fn check(&self) -> Result<()> {
+        if !self.use_peft && *self != Self::default() {
+            return Err(Error::InvalidFlag {
+                flag: "use_peft".into(),
+                detail:
+                    "LoRA flags were given without --use_peft: add --use_peft to train an adapter"
+                        .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model with its adapter (`get_peft_model`, drawing from the global generator as
+    /// peft does), or as it is without `--use_peft`.
+    pub(crate) fn wrap(&self, model: Box<dyn PreTrainedModel>) -> Result<Box<dyn PreTrainedModel>> {
+        match self.lora_config() {
+            Some(config) => {
+                let peft = get_peft_model(model, config)?;
+                let (trainable, all) = peft.get_nb_trainable_parameters();
+                log::info!(
+                    "trainable params: {trainable} || all params: {all} || trainable%: {:.4}",
+                    100.0 * trainable as f64 / all.max(1) as f64
+                );
+                Ok(Box::new(peft))
+            }
+            None => Ok(model),
+        }
+    }
+}
