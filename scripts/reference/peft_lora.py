@@ -21,6 +21,9 @@ adapter_model.safetensors) and OUT_DIR/<case>.safetensors:
                      normal values (an adapter that acts) before saving
   gpt2_conv1d        tiny GPT-2, c_attn and mlp.c_proj (Conv1D: fan_in_fan_out set by peft),
                      rank_pattern / alpha_pattern, init False
+  llama_dora         tiny Llama, DoRA on q_proj, v_proj and down_proj, r 4, alpha 8, LoRA
+                     dropout 0.1 (DoRA recomputes the base output on the dropped input),
+                     init False (the magnitudes start from W + scaling · B A)
   bert_seqcls        tiny BERT with a new 3-label classifier, SEQ_CLS (the classifier in
                      modules_to_save), query / value in layer 1 only (layers_to_transform),
                      bias "lora_only", init False
@@ -59,7 +62,8 @@ def batch(vocab, seq=8):
 
 def saved_key(name):
     """The key peft saves a PeftModel parameter under (adapter name and wrappers dropped)."""
-    return name.replace(".default", "").replace(".modules_to_save", "").replace(".original_module", "")
+    name = name.replace(".default", "").replace(".modules_to_save", "").replace(".original_module", "")
+    return name.replace("lora_magnitude_vector.weight", "lora_magnitude_vector")
 
 
 def run(case, base, config, labels_of, after_init=None):
@@ -181,6 +185,15 @@ def main():
         LoraConfig(
             r=4, lora_alpha=8, target_modules=["c_attn", "mlp.c_proj"], init_lora_weights=False,
             rank_pattern={"h.0.attn.c_attn": 2}, alpha_pattern={"mlp.c_proj": 4},
+        ),
+        lm_labels,
+    )
+    run(
+        "llama_dora",
+        tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama"),
+        LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"],
+            use_dora=True, init_lora_weights=False, task_type="CAUSAL_LM",
         ),
         lm_labels,
     )

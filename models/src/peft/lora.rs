@@ -36,6 +36,8 @@ pub struct LoraLayer {
     pub r: i64,
     /// `alpha / r` (or `/ √r`), with `alpha_pattern`'s alpha.
     pub scaling: f64,
+    /// DoRA (`use_dora`): a magnitude vector rescales each output row.
+    pub dora: bool,
 }
 
 impl LoraLayer {
@@ -45,6 +47,22 @@ impl LoraLayer {
             format!("{}.lora_A.{adapter}.weight", self.module),
             format!("{}.lora_B.{adapter}.weight", self.module),
         )
+    }
+
+    /// The variable name of DoRA's magnitude vector under `adapter`.
+    pub fn magnitude_name(&self, adapter: &str) -> String {
+        format!("{}.lora_magnitude_vector.{adapter}.weight", self.module)
+    }
+
+    /// The adapter's variable names (`lora_A`, `lora_B`, and DoRA's magnitude), in peft's
+    /// registration order.
+    pub fn variable_names(&self, adapter: &str) -> Vec<String> {
+        let (a, b) = self.weight_names(adapter);
+        let mut names = vec![a, b];
+        if self.dora {
+            names.push(self.magnitude_name(adapter));
+        }
+        names
     }
 }
 
@@ -142,12 +160,6 @@ pub(crate) fn resolve_targets(
     facts: &ModelFacts<'_>,
 ) -> Result<Vec<LoraLayer>> {
     config.validate()?;
-    if config.use_dora {
-        return Err(Error::InvalidArgument {
-            field: "use_dora",
-            detail: "DoRA is not implemented yet; train plain LoRA (use_dora false)".into(),
-        });
-    }
     let task = config.task_type.clone().unwrap_or_default();
     let task_modules: &[&str] = match task.as_str() {
         "SEQ_CLS" | "TOKEN_CLS" => &["classifier", "score"],
@@ -259,6 +271,7 @@ pub(crate) fn resolve_targets(
             conv1d: module.conv1d,
             r,
             scaling: config.scaling(r, alpha),
+            dora: config.use_dora,
         });
     }
     if layers.is_empty() {
@@ -354,7 +367,32 @@ pub(crate) fn create_adapters(
         for part in layer.module.split('.') {
             path = path / part;
         }
-        for (which, t) in [("lora_A", a), ("lora_B", b)] {
+        // DoRA's `update_layer`: the magnitude is the row norm of `W + scaling · B @ A`
+        // (`W` transposed for a `Conv1D`), in the weight's dtype.
+        let magnitude = if layer.dora {
+            let w = vs
+                .variables()
+                .get(&format!("{}.weight", layer.module))
+                .map(Tensor::shallow_clone)
+                .ok_or_else(|| Error::InvalidArgument {
+                    field: "use_dora",
+                    detail: format!("{} has no weight", layer.module),
+                })?;
+            let w = if layer.conv1d { w.tr() } else { w };
+            let lora_weight = b.to_device(w.device()).matmul(&a.to_device(w.device()));
+            Some(tch::no_grad(|| {
+                (&w + lora_weight.to_kind(w.kind()) * layer.scaling)
+                    .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
+                    .to_kind(w.kind())
+            }))
+        } else {
+            None
+        };
+        let mut vars: Vec<(&str, Tensor)> = vec![("lora_A", a), ("lora_B", b)];
+        if let Some(m) = magnitude {
+            vars.push(("lora_magnitude_vector", m));
+        }
+        for (which, t) in vars {
             let p = &path / which / adapter;
             let mut var = p.f_zeros("weight", &t.size())?;
             tch::no_grad(|| var.f_copy_(&t.to_device(var.device()).to_kind(var.kind())))?;
@@ -368,6 +406,15 @@ struct ActiveLayer {
     a: Tensor,
     b: Tensor,
     scaling: f64,
+    dora: Option<Dora>,
+}
+
+/// What DoRA's forward reads besides the adapter.
+struct Dora {
+    magnitude: Tensor,
+    weight: Tensor,
+    bias: Option<Tensor>,
+    conv1d: bool,
 }
 
 /// The adapters a forward applies (installed by [`with_adapters`]).
@@ -400,12 +447,25 @@ impl ActiveAdapters {
                         detail: format!("{n} is missing from the model (was the adapter removed?)"),
                     })
             };
+            let dora = if l.dora {
+                Some(Dora {
+                    magnitude: get(&l.magnitude_name(adapter))?,
+                    weight: get(&format!("{}.weight", l.module))?,
+                    bias: vars
+                        .get(&format!("{}.bias", l.module))
+                        .map(Tensor::shallow_clone),
+                    conv1d: l.conv1d,
+                })
+            } else {
+                None
+            };
             active.insert(
                 l.module.clone(),
                 ActiveLayer {
                     a: get(&a)?,
                     b: get(&b)?,
                     scaling: l.scaling,
+                    dora,
                 },
             );
         }
@@ -482,19 +542,92 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
     } else {
         x.to_kind(layer.a.kind())
     };
-    let x = if dropout > 0.0 && train {
-        x.dropout(dropout, true)
-    } else {
-        x
-    };
-    let delta = x
-        .linear::<Tensor>(&layer.a, None)
-        .linear::<Tensor>(&layer.b, None)
-        * layer.scaling;
     let kind = y.kind();
-    let out = (y + delta).to_kind(kind);
+    let out = match &layer.dora {
+        None => {
+            let x = if dropout > 0.0 && train {
+                x.dropout(dropout, true)
+            } else {
+                x
+            };
+            let delta = x
+                .linear::<Tensor>(&layer.a, None)
+                .linear::<Tensor>(&layer.b, None)
+                * layer.scaling;
+            (y + delta).to_kind(kind)
+        }
+        Some(d) => (&y + dora_term(&x, &y, layer, d, dropout, train)).to_kind(kind),
+    };
     active.hit.insert(module.to_string());
     out
+}
+
+/// peft's `DoraLinearVariant.forward` + `DoraLinearLayer.forward`: the term added to the
+/// base output `y`, op for op (the LoRA weight through the adapter's forward on an
+/// identity, the row norms of `W + scaling · ΔW` detached, the base output reused without
+/// dropout and recomputed on the dropped input with it).
+fn dora_term(
+    x: &Tensor,
+    y: &Tensor,
+    layer: &ActiveLayer,
+    d: &Dora,
+    dropout: f64,
+    train: bool,
+) -> Tensor {
+    let (x, base_result) = if dropout > 0.0 && train {
+        (x.dropout(dropout, true), None)
+    } else {
+        (x.shallow_clone(), Some(y))
+    };
+    let in_features = layer.a.size()[1];
+    let eye = Tensor::eye(in_features, (layer.a.kind(), layer.a.device()));
+    let lora_weight = eye
+        .linear::<Tensor>(&layer.a, None)
+        .linear::<Tensor>(&layer.b, None)
+        .tr()
+        .to_kind(x.kind());
+    let weight = d.weight.to_kind(x.kind());
+    let oriented = if d.conv1d {
+        weight.tr()
+    } else {
+        weight.shallow_clone()
+    };
+    let weight_norm = (&oriented + lora_weight.detach() * layer.scaling)
+        .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
+        .to_kind(oriented.kind())
+        .detach();
+    let mag_norm_scale = (&d.magnitude / weight_norm).view([1, -1]);
+    let lora_result = x
+        .linear::<Tensor>(&layer.a, None)
+        .linear::<Tensor>(&layer.b, None);
+    let base_result = match (base_result, &d.bias) {
+        (Some(r), Some(bias)) => r - bias,
+        (Some(r), None) => r.shallow_clone(),
+        (None, _) => x.linear::<Tensor>(&oriented, None),
+    };
+    (&mag_norm_scale - 1.0) * base_result + &mag_norm_scale * lora_result * layer.scaling
+}
+
+/// peft's DoRA merge: `W' = m / ‖W + ΔW‖ · (W + ΔW)` (row norms of the weight as `nn.Linear`
+/// holds it; the factor transposed for a `Conv1D`).
+pub(crate) fn dora_merged_weight(
+    weight: &Tensor,
+    delta: &Tensor,
+    magnitude: &Tensor,
+    layer: &LoraLayer,
+) -> Tensor {
+    let orient = |t: &Tensor| {
+        if layer.conv1d {
+            t.tr()
+        } else {
+            t.shallow_clone()
+        }
+    };
+    let weight_norm = (orient(weight) + orient(delta))
+        .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
+        .to_kind(weight.kind());
+    let factor = orient(&(magnitude / weight_norm).view([-1, 1]));
+    factor * (weight + delta)
 }
 
 /// peft's `get_delta_weight`: `B @ A * scaling`, transposed for a `Conv1D` (`[in, out]`).

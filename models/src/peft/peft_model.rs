@@ -105,10 +105,7 @@ impl PeftModel {
         let lora: HashSet<String> = self
             .layers
             .iter()
-            .flat_map(|l| {
-                let (a, b) = l.weight_names(ADAPTER);
-                [a, b]
-            })
+            .flat_map(|l| l.variable_names(ADAPTER))
             .collect();
         let trained: HashSet<&String> = self.trained_base.iter().collect();
         for (name, t) in self.base.var_store().variables() {
@@ -151,12 +148,23 @@ impl PeftModel {
         let mut out = Vec::new();
         for l in &self.layers {
             let (a, b) = l.weight_names(ADAPTER);
-            for (name, which) in [(a, "lora_A"), (b, "lora_B")] {
+            let mut saved = vec![
+                (a, format!("{}.lora_A.weight", l.module)),
+                (b, format!("{}.lora_B.weight", l.module)),
+            ];
+            if l.dora {
+                // peft saves DoRA's magnitude without `.weight`.
+                saved.push((
+                    l.magnitude_name(ADAPTER),
+                    format!("{}.lora_magnitude_vector", l.module),
+                ));
+            }
+            for (name, key) in saved {
                 let t = vars.get(&name).ok_or_else(|| Error::InvalidArgument {
                     field: "adapter",
                     detail: format!("{name} is missing from the model"),
                 })?;
-                out.push((format!("{PREFIX}{}.{which}.weight", l.module), t.detach()));
+                out.push((format!("{PREFIX}{key}"), t.detach()));
             }
         }
         for n in &self.trained_base {
@@ -235,6 +243,8 @@ impl PeftModel {
                     format!("{rest}.lora_A.{ADAPTER}.weight")
                 } else if let Some(rest) = name.strip_suffix(".lora_B.weight") {
                     format!("{rest}.lora_B.{ADAPTER}.weight")
+                } else if let Some(rest) = name.strip_suffix(".lora_magnitude_vector") {
+                    format!("{rest}.lora_magnitude_vector.{ADAPTER}.weight")
                 } else if let Some(rest) = name
                     .strip_suffix(".base_layer.bias")
                     .filter(|m| adapted.contains(m))
@@ -282,20 +292,25 @@ impl PeftModel {
             for l in &self.layers {
                 let (a, b) = l.weight_names(ADAPTER);
                 let weight = &vars[&format!("{}.weight", l.module)];
-                let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
-                let _ = weight
-                    .shallow_clone()
-                    .f_add_(&delta.f_to_kind(weight.kind())?)?;
+                let delta = lora::delta_weight(&vars[&a], &vars[&b], l).f_to_kind(weight.kind())?;
+                if l.dora {
+                    let merged = lora::dora_merged_weight(
+                        weight,
+                        &delta,
+                        &vars[&l.magnitude_name(ADAPTER)],
+                        l,
+                    );
+                    let _ = weight.shallow_clone().f_copy_(&merged)?;
+                } else {
+                    let _ = weight.shallow_clone().f_add_(&delta)?;
+                }
             }
             Ok(())
         })?;
         let removed: HashSet<String> = self
             .layers
             .iter()
-            .flat_map(|l| {
-                let (a, b) = l.weight_names(ADAPTER);
-                [a, b]
-            })
+            .flat_map(|l| l.variable_names(ADAPTER))
             .collect();
         let ptrs: HashSet<usize> = removed
             .iter()
@@ -434,13 +449,19 @@ impl TrainableModel for PeftModel {
         // then `lora_A`, `lora_B`: a module's adapters follow its last own parameter.
         let flush = |module: Option<&str>, out: &mut Vec<Tensor>| {
             if let Some(l) = module.and_then(|m| lora.get(m)) {
-                let (a, b) = l.weight_names(ADAPTER);
-                out.extend([vars[&a].shallow_clone(), vars[&b].shallow_clone()]);
+                out.extend(
+                    l.variable_names(ADAPTER)
+                        .iter()
+                        .map(|n| vars[n].shallow_clone()),
+                );
             }
         };
         let mut current: Option<String> = None;
         for name in crate::modeling_utils::ordered_variable_names(vs) {
-            if name.contains(".lora_A.") || name.contains(".lora_B.") {
+            if name.contains(".lora_A.")
+                || name.contains(".lora_B.")
+                || name.contains(".lora_magnitude_vector.")
+            {
                 continue;
             }
             let module = module_of(&name);

@@ -11,7 +11,9 @@
 //! - our `save_pretrained` writes peft's keys and values and an `adapter_config.json` peft
 //!   reads (checked by loading it in Python with warnings as errors: peft only warns on
 //!   missing adapter keys), giving the same logits there;
-//! - `merge_and_unload` gives peft's merged logits.
+//! - `merge_and_unload` gives peft's merged logits;
+//! - and DoRA on the tiny Llama (magnitudes, the forward with and without dropout, the
+//!   merge) as peft's.
 //!
 //! Tolerance: 0 (the same libtorch ops in the same order).
 
@@ -96,6 +98,21 @@ fn cases() -> Vec<Case> {
                 init_lora_weights: tchtrain_models::InitLoraWeights::Random,
                 rank_pattern: [("h.0.attn.c_attn".to_string(), 2)].into(),
                 alpha_pattern: [("mlp.c_proj".to_string(), 4.0)].into(),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "llama_dora",
+            base: assets().join("tiny-llama"),
+            task: AutoTask::CausalLm,
+            config: LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                lora_dropout: 0.1,
+                target_modules: names(&["q_proj", "v_proj", "down_proj"]),
+                use_dora: true,
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+                task_type: Some("CAUSAL_LM".into()),
                 ..Default::default()
             },
         },
