@@ -300,7 +300,7 @@ impl PeftModel {
                         &vars[&l.magnitude_name(ADAPTER)],
                         l,
                     );
-                    let _ = weight.shallow_clone().f_copy_(&merged)?;
+                    weight.shallow_clone().f_copy_(&merged)?;
                 } else {
                     let _ = weight.shallow_clone().f_add_(&delta)?;
                 }

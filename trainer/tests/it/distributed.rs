@@ -90,8 +90,24 @@ fn read_log(path: &Path) -> Result<Log> {
 }
 
 /// Trains the job and returns its `log_history` and `is_world_process_zero`.
-fn run_job(output_dir: &Path, batch: usize) -> Result<(Log, bool)> {
-    let mut trainer = Trainer::builder(initial_model()?, job_args(output_dir, batch)?)
+fn run_job(output_dir: &Path, batch: usize, lora: bool) -> Result<(Log, bool)> {
+    let model: Box<dyn tchtrain_models::TrainableModel> = if lora {
+        // The same adapter on every rank and in the single process.
+        tch::manual_seed(0);
+        Box::new(tchtrain_models::get_peft_model(
+            initial_model()?,
+            tchtrain_models::LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                target_modules: Some(tchtrain_models::TargetModules::Regex("all-linear".into())),
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+                ..Default::default()
+            },
+        )?)
+    } else {
+        initial_model()?
+    };
+    let mut trainer = Trainer::builder(model, job_args(output_dir, batch)?)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
         .preprocess_logits_for_metrics(|logits: &tch::Tensor, _: Option<&tch::Tensor>| {
@@ -139,7 +155,20 @@ fn rel(a: f64, b: f64) -> f64 {
 #[test]
 fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
     let _g = lock();
-    world_equals_one_process("two_ranks_equal_one_process_with_twice_the_batch", 2, B)
+    world_equals_one_process(
+        "two_ranks_equal_one_process_with_twice_the_batch",
+        2,
+        B,
+        false,
+    )
+}
+
+/// The same job training a LoRA adapter (`all-linear`, the base frozen): DDP reduces the
+/// adapter's gradients alone, and rank 0's checkpoints hold the adapter.
+#[test]
+fn two_ranks_train_a_lora_adapter_as_one_process() -> Result<()> {
+    let _g = lock();
+    world_equals_one_process("two_ranks_train_a_lora_adapter_as_one_process", 2, B, true)
 }
 
 #[test]
@@ -149,23 +178,24 @@ fn four_ranks_equal_one_process_with_four_times_the_batch() -> Result<()> {
         "four_ranks_equal_one_process_with_four_times_the_batch",
         4,
         1,
+        false,
     )
 }
 
 /// `world` ranks with micro-batches of `per_rank` rows against one process with
 /// `world * per_rank`: the same logs (within the stated tolerances), rank 0 alone saving.
-fn world_equals_one_process(test: &str, world: i32, per_rank: usize) -> Result<()> {
+fn world_equals_one_process(test: &str, world: i32, per_rank: usize, lora: bool) -> Result<()> {
     if is_rank() {
         let dir = test_dir();
         let r = rank();
-        let (history, zero) = run_job(&dir.join(format!("out-rank{r}")), per_rank)?;
+        let (history, zero) = run_job(&dir.join(format!("out-rank{r}")), per_rank, lora)?;
         assert_eq!(zero, r == 0, "is_world_process_zero on rank {r}");
         write_log(&dir.join(format!("history-rank{r}.json")), &history)?;
         return Ok(());
     }
-    let dir = temp_dir(&format!("parity-{world}"));
+    let dir = temp_dir(&format!("parity-{world}-{lora}"));
     let total = world as usize * per_rank;
-    let (single, _) = run_job(&dir.join("single"), total)?;
+    let (single, _) = run_job(&dir.join("single"), total, lora)?;
     let codes = wait_codes(launch(test, world, &dir, "rank"), Duration::from_secs(600));
     assert_eq!(codes, vec![Some(0); world as usize], "rank exit codes");
     let logs: Vec<Log> = (0..world)
@@ -240,11 +270,12 @@ fn world_equals_one_process(test: &str, world: i32, per_rank: usize) -> Result<(
     // Rank 0 alone wrote checkpoints; the other ranks' output_dir was never created.
     for step in [3, 6] {
         let ckpt = dir.join(format!("out-rank0/checkpoint-{step}"));
-        for file in [
-            "model.safetensors",
-            "trainer_state.json",
-            "optimizer.safetensors",
-        ] {
+        let weights = if lora {
+            "adapter_model.safetensors"
+        } else {
+            "model.safetensors"
+        };
+        for file in [weights, "trainer_state.json", "optimizer.safetensors"] {
             assert!(ckpt.join(file).is_file(), "{} lacks {file}", ckpt.display());
         }
     }
