@@ -212,7 +212,23 @@ fn run_job(
 ) -> Result<(Log, Figures)> {
     let mut args = job_args(output_dir, batch, ds, fsdp)?;
     args.activation_checkpointing = name == "zero3_ac";
-    let mut trainer = Trainer::builder(initial_model()?, args)
+    // `lora_*` jobs train an all-linear LoRA adapter (the same draws on every rank).
+    let model: Box<dyn tchtrain_models::TrainableModel> = if name.starts_with("lora_") {
+        tch::manual_seed(0);
+        Box::new(tchtrain_models::get_peft_model(
+            initial_model()?,
+            tchtrain_models::LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                target_modules: Some(tchtrain_models::TargetModules::Regex("all-linear".into())),
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+                ..Default::default()
+            },
+        )?)
+    } else {
+        initial_model()?
+    };
+    let mut trainer = Trainer::builder(model, args)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
         .build()?;
@@ -1041,6 +1057,59 @@ fn zero3_with_offload_on_one_process_trains_as_the_plain_run() -> Result<()> {
     let shard_dir = tchtrain_deepspeed::find_shard_dir(&dir.join("zero3_offload/checkpoint-6"))?;
     let stem = tchtrain_deepspeed::zero_shard_stem(0);
     assert!(shard_dir.join(format!("{stem}.safetensors")).is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// LoRA under ZeRO-2 and ZeRO-3 on 2 ranks: the adapter (the base frozen) trains as under
+/// DDP, within the tolerances of the full model's comparison.
+#[test]
+fn lora_under_zero_2_and_3_equals_ddp() -> Result<()> {
+    let _g = lock();
+    const TEST: &str = "lora_under_zero_2_and_3_equals_ddp";
+    let cases = || -> Vec<(&'static str, Option<serde_json::Value>)> {
+        configs()
+            .into_iter()
+            .filter_map(|(name, ds, _)| match name {
+                "ddp" => Some(("lora_ddp", None)),
+                "zero2" => Some(("lora_zero2", ds)),
+                "zero3" => Some(("lora_zero3", ds)),
+                _ => None,
+            })
+            .collect()
+    };
+    if is_rank() {
+        let dir = test_dir();
+        let r = rank();
+        for (name, ds) in cases() {
+            run_and_record(&dir, name, &format!("-rank{r}"), B, ds, None)?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("lora-zero");
+    let codes = wait_codes(launch(TEST, 2, &dir, "rank"), Duration::from_secs(600));
+    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
+    let ddp = read_log(&dir.join("lora_ddp-history-rank0.json"))?;
+    for name in ["lora_zero2", "lora_zero3"] {
+        let log = read_log(&dir.join(format!("{name}-history-rank0.json")))?;
+        assert_eq!(log.len(), ddp.len(), "{name}: number of log entries");
+        let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+        for (z, d) in log.iter().zip(&ddp) {
+            for key in ["loss", "grad_norm", "eval_loss", "learning_rate"] {
+                if let (Some(a), Some(b)) = (num(z, key), num(d, key)) {
+                    let w = worst.entry(key).or_default();
+                    *w = w.max(rel(a, b));
+                }
+            }
+        }
+        println!("{name} vs DDP: max relative differences {worst:?}");
+        assert!(
+            worst["loss"] < 1e-5 && worst["eval_loss"] < 1e-5,
+            "{name}: {worst:?}"
+        );
+        assert!(worst["grad_norm"] < 5e-4, "{name}: {worst:?}");
+        assert_eq!(worst["learning_rate"], 0.0, "{name}: {worst:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
