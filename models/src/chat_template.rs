@@ -27,6 +27,8 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Map;
 
+use tchtrain_training_args::{python_float_repr, python_str_repr};
+
 use crate::{Error, Result};
 
 /// The file `save_pretrained` writes the (default) chat template to.
@@ -297,59 +299,6 @@ fn rewrite_generation_blocks(template: &str) -> String {
     out
 }
 
-/// Python's `repr(float)` as `json.dumps` writes it (`1e-05`, `1.0`, `NaN`, `Infinity`).
-fn py_float(f: f64) -> String {
-    if f.is_nan() {
-        return "NaN".into();
-    }
-    if f.is_infinite() {
-        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0" } else { "0.0" }.into();
-    }
-    // Rust's `{:e}` gives the shortest round-trip digits, as Python's repr.
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (negative, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => (true, m),
-        None => (false, mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let mut out = String::new();
-    if negative {
-        out.push('-');
-    }
-    if (-4..16).contains(&exp) {
-        if exp >= 0 {
-            let e = exp as usize;
-            if digits.len() > e + 1 {
-                out.push_str(&digits[..e + 1]);
-                out.push('.');
-                out.push_str(&digits[e + 1..]);
-            } else {
-                out.push_str(&digits);
-                out.push_str(&"0".repeat(e + 1 - digits.len()));
-                out.push_str(".0");
-            }
-        } else {
-            out.push_str("0.");
-            out.push_str(&"0".repeat((-exp - 1) as usize));
-            out.push_str(&digits);
-        }
-    } else {
-        out.push_str(&digits[..1]);
-        if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let sign = if exp < 0 { '-' } else { '+' };
-        out.push_str(&format!("e{sign}{:02}", exp.abs()));
-    }
-    out
-}
-
 /// `json.dumps`' options.
 struct JsonStyle {
     ensure_ascii: bool,
@@ -400,7 +349,7 @@ fn json_key(key: &Value) -> std::result::Result<String, minijinja::Error> {
         ValueKind::None | ValueKind::Undefined => "null".into(),
         ValueKind::Number => match key.as_i64() {
             Some(i) => i.to_string(),
-            None => py_float(f64::try_from(key.clone())?),
+            None => python_float_repr(f64::try_from(key.clone())?),
         },
         _ => {
             return Err(minijinja::Error::new(
@@ -421,7 +370,7 @@ fn json_dump(
         ValueKind::None | ValueKind::Undefined => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number if value.is_integer() => out.push_str(&value.to_string()),
-        ValueKind::Number => out.push_str(&py_float(f64::try_from(value.clone())?)),
+        ValueKind::Number => out.push_str(&python_float_repr(f64::try_from(value.clone())?)),
         ValueKind::String => {
             json_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
         }
@@ -515,33 +464,6 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja
     Ok(Value::from(out))
 }
 
-/// Python's `repr` of a string (single quotes unless the text has one and no double quote).
-fn py_repr_str(out: &mut String, s: &str) {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-}
-
 /// Python's `repr` of a template value, as jinja2 prints a value nested in a list or dict
 /// (`[1, 'a', 1e-06]`, `{'b': True, 'a': None}`); `None` for what it cannot spell.
 fn py_repr(out: &mut String, value: &Value) -> Option<()> {
@@ -549,8 +471,8 @@ fn py_repr(out: &mut String, value: &Value) -> Option<()> {
         ValueKind::None | ValueKind::Undefined => out.push_str("None"),
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number if value.is_integer() => out.push_str(&value.to_string()),
-        ValueKind::Number => out.push_str(&py_float(f64::try_from(value.clone()).ok()?)),
-        ValueKind::String => py_repr_str(out, value.as_str()?),
+        ValueKind::Number => out.push_str(&python_float_repr(f64::try_from(value.clone()).ok()?)),
+        ValueKind::String => out.push_str(&python_str_repr(value.as_str()?)),
         ValueKind::Seq => {
             out.push('[');
             for (i, item) in value.try_iter().ok()?.enumerate() {
@@ -856,7 +778,7 @@ mod tests {
             (123.456, "123.456"),
             (0.0001, "0.0001"),
         ] {
-            assert_eq!(py_float(f), want, "{f}");
+            assert_eq!(python_float_repr(f), want, "{f}");
         }
     }
 
