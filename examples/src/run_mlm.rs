@@ -44,6 +44,7 @@ use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
+use super::peft_args::{self, PeftArguments};
 use crate::error::{Error, Result};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::DEFAULT_MAP_BATCH_SIZE;
@@ -87,6 +88,8 @@ pub struct MlmArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    pub peft: PeftArguments,
 }
 
 impl Default for MlmArguments {
@@ -107,6 +110,7 @@ impl Default for MlmArguments {
             max_train_samples: None,
             max_eval_samples: None,
             overwrite_cache: false,
+            peft: PeftArguments::default(),
         }
     }
 }
@@ -179,9 +183,12 @@ impl ScriptFlags for MlmArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
-            _ => return Ok(false),
+            _ => return self.peft.apply(name, value),
         }
         Ok(true)
+    }
+    fn list_flags(&self) -> &'static [&'static str] {
+        &peft_args::LIST_FLAGS
     }
 }
 
@@ -193,7 +200,8 @@ where
     S: AsRef<str>,
 {
     let mut mlm = MlmArguments::default();
-    let training = args::parse(argv, HELP, &mut mlm)?;
+    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut mlm)?;
+    mlm.peft.check()?;
     Ok((mlm, training))
 }
 
@@ -501,7 +509,9 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     )?;
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
-    let mut builder = Trainer::builder(loaded.model, training.clone())
+    // TRL: `get_peft_model(model, peft_config)` on the loaded model.
+    let model = mlm.peft.wrap(loaded.model)?;
+    let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(collator);
     if let Some(ds) = train_ds {

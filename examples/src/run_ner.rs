@@ -44,6 +44,7 @@ use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 use super::ExampleOutput;
 use super::args::{self, ScriptFlags};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
+use super::peft_args::{self, PeftArguments};
 use super::seqeval;
 use crate::error::{Error, Result};
 use tchtrain_data::{Dataset, InMemoryDataset};
@@ -91,6 +92,8 @@ pub struct NerArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    pub peft: PeftArguments,
 }
 
 impl Default for NerArguments {
@@ -113,6 +116,7 @@ impl Default for NerArguments {
             label_all_tokens: false,
             return_entity_level_metrics: false,
             overwrite_cache: false,
+            peft: PeftArguments::default(),
         }
     }
 }
@@ -167,9 +171,12 @@ impl ScriptFlags for NerArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
-            _ => return Ok(false),
+            _ => return self.peft.apply(name, value),
         }
         Ok(true)
+    }
+    fn list_flags(&self) -> &'static [&'static str] {
+        &peft_args::LIST_FLAGS
     }
 }
 
@@ -181,7 +188,8 @@ where
     S: AsRef<str>,
 {
     let mut ner = NerArguments::default();
-    let training = args::parse(argv, HELP, &mut ner)?;
+    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut ner)?;
+    ner.peft.check()?;
     Ok((ner, training))
 }
 
@@ -783,7 +791,9 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     if training.fp16 {
         collator.pad_to_multiple_of = Some(8);
     }
-    let mut builder = Trainer::builder(loaded.model, training.clone())
+    // TRL: `get_peft_model(model, peft_config)` on the loaded model.
+    let model = ner.peft.wrap(loaded.model)?;
+    let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(collator)
         .compute_metrics(Box::new(ner_metrics(

@@ -578,6 +578,14 @@ fn run_clm_trains_a_lora_adapter_with_trl_flags() -> Result<()> {
         config.target_modules,
         Some(tchtrain_models::TargetModules::Regex("all-linear".into()))
     );
+    // The other scripts take the same flags.
+    let argv = ["--use_peft", "--lora_r", "2", "--output_dir", "o"];
+    let (mlm, _) = tchtrain_examples::run_mlm::parse_args(argv)?;
+    let (ner, _) = tchtrain_examples::run_ner::parse_args(argv)?;
+    let (cls, _) = run_classification::parse_args(argv)?;
+    for peft in [mlm.peft, ner.peft, cls.peft] {
+        assert_eq!(peft.lora_config().context("a LoRA config")?.r, 2);
+    }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
