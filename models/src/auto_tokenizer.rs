@@ -101,7 +101,11 @@ impl PreTrainedTokenizerFast {
         options: &ChatTemplateOptions,
     ) -> Result<String> {
         let template = match (&self.chat_template, options.chat_template.as_deref()) {
-            (Some(t), given) => t.select(given, options.tools.is_some())?,
+            // Upstream: `tools is not None`.
+            (Some(t), given) => {
+                let tools = options.tools.as_deref().is_some_and(|t| t.trim() != "null");
+                t.select(given, tools)?
+            }
             (None, Some(text)) => text,
             (None, None) => {
                 return Err(Error::ChatTemplate {

@@ -148,6 +148,12 @@ impl ChatTemplate {
             Self::Single(t) => write(&dir.join(CHAT_TEMPLATE_FILE), t),
             Self::Named(named) => {
                 for (name, text) in named {
+                    // Upstream: "Invalid chat template name".
+                    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+                        return Err(template_error(format!(
+                            "invalid chat template name {name:?}: a name becomes a file name in additional_chat_templates/; use letters, digits, '-' or '_'"
+                        )));
+                    }
                     if name == "default" {
                         write(&dir.join(CHAT_TEMPLATE_FILE), text)?;
                     } else {
@@ -271,7 +277,8 @@ fn rewrite_generation_blocks(template: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` after the opening `{%` (`{%}` is not a tag).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -784,6 +791,8 @@ mod tests {
 
     #[test]
     fn generation_blocks_become_ifs() {
+        // Not a tag: left for the template compiler to refuse.
+        assert_eq!(rewrite_generation_blocks("a{%}b"), "a{%}b");
         assert_eq!(
             rewrite_generation_blocks("a{%- generation %}b{% endgeneration -%}c{% if x %}"),
             "a{%- if true %}b{% endif -%}c{% if x %}"

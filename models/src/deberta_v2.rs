@@ -423,12 +423,24 @@ impl Layer {
                 n("attention.self.pos_dropout")
             });
             let re = re.narrow(0, 0, 2 * span).unsqueeze(0);
-            let project =
-                |proj: &layers::LayerLinear| for_scores(re.apply(proj)).repeat([batch, 1, 1]);
+            // Upstream calls the projection module on the relative embeddings (so LoRA
+            // adapters and the tracer see this call too).
+            let project = |proj: &layers::LayerLinear, name: &str| {
+                let y = layers::apply_traced(
+                    &re,
+                    proj,
+                    || n(&format!("attention.self.{name}")),
+                    "Linear",
+                );
+                for_scores(y).repeat([batch, 1, 1])
+            };
             let bh = batch * heads;
             let mut score: Option<Tensor> = None;
             if x.c2p {
-                let pos_key = project(self.pos_key_proj.as_ref().unwrap_or(&self.key_proj));
+                let pos_key = match &self.pos_key_proj {
+                    Some(own) => project(own, "pos_key_proj"),
+                    None => project(&self.key_proj, "key_proj"),
+                };
                 let c2p = q.bmm(&pos_key.transpose(-1, -2));
                 let index = (rel_pos + span)
                     .clamp(0, 2 * span - 1)
@@ -437,7 +449,10 @@ impl Layer {
                 score = Some(c2p / &scale);
             }
             if x.p2c {
-                let pos_query = project(self.pos_query_proj.as_ref().unwrap_or(&self.query_proj));
+                let pos_query = match &self.pos_query_proj {
+                    Some(own) => project(own, "pos_query_proj"),
+                    None => project(&self.query_proj, "query_proj"),
+                };
                 let index = (-rel_pos + span)
                     .clamp(0, 2 * span - 1)
                     .expand([bh, seq, seq], false);

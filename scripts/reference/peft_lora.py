@@ -16,7 +16,10 @@ adapter_model.safetensors) and OUT_DIR/<case>.safetensors:
 
   llama_all_linear   tiny Llama causal LM, "all-linear", r 4, alpha 8, dropout 0.1,
                      init_lora_weights False (lora_B drawn, so the adapter acts)
-  qwen2_default      tiny Qwen2 causal LM, peft's default targets (q_proj, v_proj), r 8,
+  deberta_default    tiny DeBERTa-v3 masked LM (shared attention keys: query_proj and key_proj
+                     also project the relative embeddings), peft's defaults (query_proj,
+                     value_proj), init False
+  qwen2_default      tiny Qwen2 causal LM (made here, qwen2_base/), peft's default targets (q_proj, v_proj), r 8,
                      alpha 16, rsLoRA, "gaussian" init, then every lora_B set to seeded
                      normal values (an adapter that acts) before saving
   gpt2_conv1d        tiny GPT-2, c_attn and mlp.c_proj (Conv1D: fan_in_fan_out set by peft),
@@ -157,6 +160,13 @@ def lm_labels(ids, mask):
     return ids.masked_fill(mask == 0, -100)
 
 
+def tiny(name, cls, config):
+    """A tiny seeded model saved as OUT_DIR/<name>/ (the base Rust loads) and loaded back."""
+    torch.manual_seed(0)
+    cls(config).save_pretrained(OUT / name)
+    return cls.from_pretrained(OUT / name)
+
+
 def main():
     run(
         "llama_all_linear",
@@ -174,7 +184,10 @@ def main():
 
     run(
         "qwen2_default",
-        tf.Qwen2ForCausalLM.from_pretrained(ASSETS / "reference" / "models" / "tiny_qwen2_lm"),
+        tiny("qwen2_base", tf.Qwen2ForCausalLM, tf.Qwen2Config(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=96, vocab_size=1000,
+        )),
         LoraConfig(r=8, lora_alpha=16, use_rslora=True, init_lora_weights="gaussian", task_type="CAUSAL_LM"),
         lm_labels,
         after_init=perturb_b,
@@ -196,6 +209,17 @@ def main():
             use_dora=True, init_lora_weights=False, task_type="CAUSAL_LM",
         ),
         lm_labels,
+    )
+    run(
+        "deberta_default",
+        tiny("deberta_base", tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=96, max_position_embeddings=64, relative_attention=True,
+            position_buckets=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+            share_att_key=True, position_biased_input=False, type_vocab_size=0, pad_token_id=0,
+        )),
+        LoraConfig(r=4, lora_alpha=8, init_lora_weights=False),
+        lambda ids, mask: ids.masked_fill(mask == 0, -100),
     )
     torch.manual_seed(0)
     base = tf.BertForSequenceClassification.from_pretrained(ASSETS / "tiny-bert", num_labels=3)

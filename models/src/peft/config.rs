@@ -451,11 +451,11 @@ impl LoraConfig {
         if self.r <= 0 {
             return Err(invalid("r", self.r.to_string(), "give a positive rank"));
         }
-        if !(0.0..1.0).contains(&self.lora_dropout) {
+        if !(0.0..=1.0).contains(&self.lora_dropout) {
             return Err(invalid(
                 "lora_dropout",
                 self.lora_dropout.to_string(),
-                "give a probability in [0, 1)",
+                "give a probability in [0, 1]",
             ));
         }
         if matches!(self.target_modules, Some(TargetModules::Regex(_)))
@@ -467,7 +467,12 @@ impl LoraConfig {
                 "`layers_to_transform` and `layers_pattern` take a list of target_modules; put the layers in the regular expression instead",
             ));
         }
-        if self.layers_pattern.is_some() && self.layers_to_transform.is_none() {
+        // peft tests these for truth: an empty pattern or list is no pattern / no list.
+        let pattern_given = self
+            .layers_pattern
+            .as_ref()
+            .is_some_and(|p| p.iter().any(|s| !s.is_empty()));
+        if pattern_given && self.layers_to_transform.is_none() {
             return Err(invalid(
                 "layers_pattern",
                 "without layers_to_transform",

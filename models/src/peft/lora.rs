@@ -174,16 +174,16 @@ pub(crate) fn resolve_targets(
             });
         }
     };
-    // SEQ_CLS adds its heads before the injection, TOKEN_CLS after (peft's order: with
-    // "all-linear" the token classifier is then targeted and wrapped, which peft refuses).
-    if task == "SEQ_CLS" || task == "QUESTION_ANS" {
+    // SEQ_CLS adds its heads before the injection, TOKEN_CLS and QUESTION_ANS after (peft's
+    // order: with "all-linear" their head is then targeted and wrapped, which peft refuses).
+    if task == "SEQ_CLS" {
         config
             .modules_to_save
             .get_or_insert_with(Vec::new)
             .extend(task_modules.iter().map(|s| s.to_string()));
     }
     let targets = match config.target_modules.clone() {
-        Some(TargetModules::Regex(s)) if s == "all-linear" => {
+        Some(TargetModules::Regex(s)) if s.eq_ignore_ascii_case("all-linear") => {
             let mut names: Vec<String> = facts
                 .linear
                 .iter()
@@ -235,8 +235,11 @@ pub(crate) fn resolve_targets(
         if saved || !matches_targets(&targets, name)? {
             continue;
         }
-        if let (TargetModules::Names(names), Some(indices)) =
-            (&targets, &config.layers_to_transform)
+        let indices = match &config.layers_to_transform {
+            Some(LayerIndices::Many(v)) if v.is_empty() => None,
+            other => other.as_ref(),
+        };
+        if let (TargetModules::Names(names), Some(indices)) = (&targets, indices)
             && !names.contains(name)
         {
             let index = layer_index(name, config.layers_pattern.as_deref())?;
@@ -288,7 +291,7 @@ pub(crate) fn resolve_targets(
             ),
         });
     }
-    if task == "TOKEN_CLS" {
+    if task == "TOKEN_CLS" || task == "QUESTION_ANS" {
         let added: Vec<String> = task_modules.iter().map(|s| s.to_string()).collect();
         if let Some(l) = layers
             .iter()
@@ -297,7 +300,7 @@ pub(crate) fn resolve_targets(
             return Err(Error::InvalidArgument {
                 field: "modules_to_save",
                 detail: format!(
-                    "{} is adapted and is also the token classifier TOKEN_CLS trains in full (peft: \"modules_to_save cannot be applied to modules of type lora.Linear\"); leave it out of target_modules",
+                    "{} is adapted and is also the head {task} trains in full (peft: \"modules_to_save cannot be applied to modules of type lora.Linear\"); leave it out of target_modules",
                     l.module
                 ),
             });
@@ -312,12 +315,13 @@ pub(crate) fn resolve_targets(
 
 /// torch's `kaiming_uniform_(t, a=math.sqrt(5))` on a `[out, fan_in]` tensor (the bound
 /// computed in double precision as torch computes it).
-fn kaiming_uniform(t: &mut Tensor) {
+fn kaiming_uniform(t: &mut Tensor) -> Result<()> {
     let fan_in = t.size()[1] as f64;
     let a = 5f64.sqrt();
     let gain = (2.0 / (1.0 + a.powi(2))).sqrt();
     let bound = 3f64.sqrt() * (gain / fan_in.sqrt());
-    let _ = t.uniform_(-bound, bound);
+    let _ = t.f_uniform_(-bound, bound)?;
+    Ok(())
 }
 
 /// Creates the adapters' `lora_A` / `lora_B` in `vs` for `layers` (in order), drawn from
@@ -335,34 +339,37 @@ pub(crate) fn create_adapters(
 ) -> Result<()> {
     let base_kind = vs.kind();
     for layer in layers {
-        let mut a = Tensor::empty(
+        let mut a = Tensor::f_empty(
             [layer.r, layer.in_features],
             (Kind::Float, tch::Device::Cpu),
-        );
-        let mut b = Tensor::empty(
+        )?;
+        let mut b = Tensor::f_empty(
             [layer.out_features, layer.r],
             (Kind::Float, tch::Device::Cpu),
-        );
-        tch::no_grad(|| {
-            kaiming_uniform(&mut a);
-            kaiming_uniform(&mut b);
+        )?;
+        tch::no_grad(|| -> Result<()> {
+            kaiming_uniform(&mut a)?;
+            kaiming_uniform(&mut b)?;
             match init {
                 InitLoraWeights::Default => {
-                    kaiming_uniform(&mut a);
-                    let _ = b.zero_();
+                    kaiming_uniform(&mut a)?;
+                    let _ = b.f_zero_()?;
                 }
                 InitLoraWeights::Gaussian => {
-                    let _ = a.normal_(0.0, 1.0 / layer.r as f64);
-                    let _ = b.zero_();
+                    let _ = a.f_normal_(0.0, 1.0 / layer.r as f64)?;
+                    let _ = b.f_zero_()?;
                 }
                 InitLoraWeights::Random => {}
             }
-        });
-        let round = |t: Tensor| match base_kind {
-            Kind::BFloat16 | Kind::Half => t.to_kind(base_kind).to_kind(Kind::Float),
-            _ => t,
+            Ok(())
+        })?;
+        let round = |t: Tensor| -> Result<Tensor> {
+            Ok(match base_kind {
+                Kind::BFloat16 | Kind::Half => t.f_to_kind(base_kind)?.f_to_kind(Kind::Float)?,
+                _ => t,
+            })
         };
-        let (a, b) = (round(a), round(b));
+        let (a, b) = (round(a)?, round(b)?);
         let mut path = vs.root();
         for part in layer.module.split('.') {
             path = path / part;
@@ -378,13 +385,15 @@ pub(crate) fn create_adapters(
                     field: "use_dora",
                     detail: format!("{} has no weight", layer.module),
                 })?;
-            let w = if layer.conv1d { w.tr() } else { w };
-            let lora_weight = b.to_device(w.device()).matmul(&a.to_device(w.device()));
-            Some(tch::no_grad(|| {
-                (&w + lora_weight.to_kind(w.kind()) * layer.scaling)
-                    .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
-                    .to_kind(w.kind())
-            }))
+            let w = if layer.conv1d { w.f_tr()? } else { w };
+            let lora_weight = b
+                .f_to_device(w.device())?
+                .f_matmul(&a.f_to_device(w.device())?)?;
+            Some(tch::no_grad(|| -> Result<Tensor> {
+                Ok((&w + lora_weight.f_to_kind(w.kind())? * layer.scaling)
+                    .f_linalg_norm(2.0, &[1i64][..], false, None::<Kind>)?
+                    .f_to_kind(w.kind())?)
+            })?)
         } else {
             None
         };
@@ -392,10 +401,12 @@ pub(crate) fn create_adapters(
         if let Some(m) = magnitude {
             vars.push(("lora_magnitude_vector", m));
         }
+        // Float32 whatever the base's dtype (peft's `autocast_adapter_dtype`).
+        let device = vs.device();
         for (which, t) in vars {
             let p = &path / which / adapter;
-            let mut var = p.f_zeros("weight", &t.size())?;
-            tch::no_grad(|| var.f_copy_(&t.to_device(var.device()).to_kind(var.kind())))?;
+            let t = t.f_to_device(device)?.f_to_kind(Kind::Float)?;
+            let _ = p.add("weight", t, true);
         }
     }
     Ok(())

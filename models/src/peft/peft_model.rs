@@ -94,7 +94,8 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, mut config: LoraConfig) ->
         layers,
         trained_base,
     };
-    model.set_trainable(true);
+    // peft's `inject_adapter`: `set_adapter(..., inference_mode=config.inference_mode)`.
+    model.set_trainable(!model.config.inference_mode);
     Ok(model)
 }
 
@@ -283,8 +284,9 @@ impl PeftModel {
     }
 
     /// peft's `merge_and_unload()`: each adapted weight becomes `W + B @ A * scaling`
-    /// (transposed for `Conv1D`), the adapters are removed from the model, and the base model
-    /// is returned (its parameters keep their `requires_grad`, as peft leaves them).
+    /// (transposed for `Conv1D`; with DoRA, rescaled row by row to the magnitude), the
+    /// adapters are removed from the model, and the base model is returned (its parameters
+    /// keep their `requires_grad`, as peft leaves them).
     pub fn merge_and_unload(self) -> Result<Box<dyn PreTrainedModel>> {
         let vs = self.base.var_store();
         let vars = vs.variables();
@@ -397,6 +399,13 @@ impl TrainableModel for PeftModel {
     }
     fn set_use_cache(&mut self, use_cache: bool) {
         self.base.set_use_cache(use_cache);
+    }
+    /// Upstream applies Liger to the peft model's base (`unwrap_peft_model`).
+    fn apply_liger_kernel(
+        &mut self,
+        liger_kernel_config: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        self.base.apply_liger_kernel(liger_kernel_config)
     }
     fn model_name(&self) -> &str {
         "PeftModel"

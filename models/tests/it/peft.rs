@@ -53,7 +53,6 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let models = assets().join("reference/models");
     let names = |v: &[&str]| {
         Some(TargetModules::Names(
             v.iter().map(|s| s.to_string()).collect(),
@@ -76,7 +75,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "qwen2_default",
-            base: models.join("tiny_qwen2_lm"),
+            base: assets().join("reference/peft_lora/qwen2_base"),
             task: AutoTask::CausalLm,
             config: LoraConfig {
                 r: 8,
@@ -113,6 +112,17 @@ fn cases() -> Vec<Case> {
                 use_dora: true,
                 init_lora_weights: tchtrain_models::InitLoraWeights::Random,
                 task_type: Some("CAUSAL_LM".into()),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "deberta_default",
+            base: assets().join("reference/peft_lora/deberta_base"),
+            task: AutoTask::MaskedLm,
+            config: LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
                 ..Default::default()
             },
         },
@@ -271,6 +281,7 @@ fn lora_equals_peft() -> Result<()> {
         let py_out = out_dir.path().join("python_logits.safetensors");
         let task_class = match case.task {
             AutoTask::CausalLm => "AutoModelForCausalLM",
+            AutoTask::MaskedLm => "AutoModelForMaskedLM",
             _ => "AutoModelForSequenceClassification",
         };
         let script = format!(
@@ -372,5 +383,33 @@ fn bad_adapters_are_typed_errors() -> Result<()> {
         msg.contains("missing adapter keys") || msg.contains("shapes do not match"),
         "{msg}"
     );
+    Ok(())
+}
+
+/// On a bfloat16 base (the tiny Qwen2 saved in bfloat16, loaded in its dtype) the adapters
+/// are float32 holding bfloat16-rounded draws, as peft's `autocast_adapter_dtype`.
+#[test]
+fn adapters_on_a_bfloat16_base_are_float32() -> Result<()> {
+    let _g = lock();
+    let base = base(
+        &assets().join("reference/models/tiny_qwen2_bf16"),
+        AutoTask::CausalLm,
+    )?;
+    assert_eq!(base.var_store().kind(), tch::Kind::BFloat16);
+    tch::manual_seed(0);
+    let model = get_peft_model(
+        base,
+        LoraConfig {
+            init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+            ..Default::default()
+        },
+    )?;
+    let state = model.adapter_state_dict()?;
+    assert!(!state.is_empty());
+    for (key, t) in state {
+        assert_eq!(t.kind(), tch::Kind::Float, "{key}");
+        let rounded = t.to_kind(tch::Kind::BFloat16).to_kind(tch::Kind::Float);
+        assert!(rounded.equal(&t), "{key}: not bfloat16-rounded");
+    }
     Ok(())
 }
