@@ -1,7 +1,7 @@
 //! `LoraConfig`: peft's `tuners/lora/config.py` (names, defaults and checks of peft 0.21.2),
 //! read from and written to `adapter_config.json` as peft writes it.
 
-use std::collections::BTreeMap;
+use indexmap::IndexMap;
 use std::path::Path;
 
 use serde_json::{Map, Value};
@@ -94,11 +94,12 @@ pub struct LoraConfig {
     /// `layers_pattern`: the name of the layer list (`layers`, `h`) whose index
     /// `layers_to_transform` reads.
     pub layers_pattern: Option<Vec<String>>,
-    /// `rank_pattern`: a rank per module-name pattern (the first matching key, in key
-    /// order, wins).
-    pub rank_pattern: BTreeMap<String, i64>,
+    /// `rank_pattern`: a rank per module-name pattern (the first matching key, in insertion
+    /// order, wins, as peft's dict; read from a file, in the file's order, which peft
+    /// writes sorted).
+    pub rank_pattern: IndexMap<String, i64>,
     /// `alpha_pattern`: an alpha per module-name pattern.
-    pub alpha_pattern: BTreeMap<String, f64>,
+    pub alpha_pattern: IndexMap<String, f64>,
     /// `use_dora`: weight-decomposed LoRA (a magnitude vector per adapted layer).
     pub use_dora: bool,
     /// `task_type` (`CAUSAL_LM`, `SEQ_CLS`, `TOKEN_CLS`, `QUESTION_ANS`,
@@ -127,8 +128,8 @@ impl Default for LoraConfig {
             init_lora_weights: InitLoraWeights::Default,
             layers_to_transform: None,
             layers_pattern: None,
-            rank_pattern: BTreeMap::new(),
-            alpha_pattern: BTreeMap::new(),
+            rank_pattern: IndexMap::new(),
+            alpha_pattern: IndexMap::new(),
             use_dora: false,
             task_type: None,
             base_model_name_or_path: None,

@@ -128,7 +128,7 @@ fn matches_targets(targets: &TargetModules, name: &str) -> Result<bool> {
 /// peft's `get_pattern_key`: the first key (in key order) with `(.*\.)?({key})$` matching
 /// the start of `name`.
 fn pattern_key<'a, V>(
-    patterns: &'a std::collections::BTreeMap<String, V>,
+    patterns: &'a indexmap::IndexMap<String, V>,
     name: &str,
 ) -> Result<Option<&'a V>> {
     for (key, value) in patterns {
@@ -262,10 +262,24 @@ pub(crate) fn resolve_targets(
         };
         let r = *pattern_key(&config.rank_pattern, name)?.unwrap_or(&config.r);
         let alpha = *pattern_key(&config.alpha_pattern, name)?.unwrap_or(&config.lora_alpha);
-        if module.conv1d {
-            // peft: "fan_in_fan_out is set to False but the target module is `Conv1D`.
-            // Setting fan_in_fan_out to True."
-            config.fan_in_fan_out = true;
+        // peft sets `fan_in_fan_out` for each new layer by its kind, with a warning when
+        // that changes it: the config keeps the last layer's.
+        if module.conv1d != config.fan_in_fan_out {
+            log::warn!(
+                "fan_in_fan_out is set to {} but the target module is `{}`. Setting fan_in_fan_out to {}.",
+                if config.fan_in_fan_out {
+                    "True"
+                } else {
+                    "False"
+                },
+                if module.conv1d {
+                    "Conv1D"
+                } else {
+                    "torch.nn.Linear"
+                },
+                if module.conv1d { "True" } else { "False" },
+            );
+            config.fan_in_fan_out = module.conv1d;
         }
         layers.push(LoraLayer {
             module: name.clone(),
@@ -276,6 +290,32 @@ pub(crate) fn resolve_targets(
             scaling: config.scaling(r, alpha),
             dora: config.use_dora,
         });
+    }
+    // peft walks every module, containers included: a target naming one (`mlp`,
+    // `self_attn`) is "not supported" there.
+    let mut containers: Vec<&str> = Vec::new();
+    for name in &facts.modules {
+        let mut rest = name.as_str();
+        while let Some((parent, _)) = rest.rsplit_once('.') {
+            if !containers.contains(&parent) && !facts.modules.iter().any(|m| m == parent) {
+                containers.push(parent);
+            }
+            rest = parent;
+        }
+    }
+    for container in containers {
+        let excluded = match &config.exclude_modules {
+            Some(exclude) => matches_targets(exclude, container)?,
+            None => false,
+        };
+        if !excluded && matches_targets(&targets, container)? {
+            return Err(Error::InvalidArgument {
+                field: "target_modules",
+                detail: format!(
+                    "{container} is targeted but is a container of layers, not a linear layer (peft: \"Target module ... is not supported\"); name its linear layers instead"
+                ),
+            });
+        }
     }
     if layers.is_empty() {
         return Err(Error::InvalidArgument {

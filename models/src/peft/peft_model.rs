@@ -70,6 +70,26 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, mut config: LoraConfig) ->
     lora::create_adapters(base.var_store(), &layers, ADAPTER, config.init_lora_weights)?;
     let save_prefixes: Vec<String> = config.modules_to_save.iter().flatten().cloned().collect();
     let adapted: HashSet<&str> = layers.iter().map(|l| l.module.as_str()).collect();
+    // peft wraps the modules whose name ends with a `modules_to_save` entry; an adapted
+    // layer (or one inside such a module) cannot be wrapped.
+    for l in &layers {
+        let chain: Vec<&str> = std::iter::successors(Some(l.module.as_str()), |m| {
+            m.rsplit_once('.').map(|(p, _)| p)
+        })
+        .collect();
+        if let Some(s) = save_prefixes
+            .iter()
+            .find(|s| chain.iter().any(|m| m.ends_with(s.as_str())))
+        {
+            return Err(Error::InvalidArgument {
+                field: "modules_to_save",
+                detail: format!(
+                    "{s:?} names {}, which is also adapted (peft: \"modules_to_save cannot be applied to modules of type lora.Linear\"); leave it out of target_modules or modules_to_save",
+                    l.module
+                ),
+            });
+        }
+    }
     // peft's ModulesToSaveWrapper wraps every module whose name ends with one of the names
     // (no dot boundary); it trains a copy, equal to training the module itself here.
     let mut trained_base = Vec::new();

@@ -342,6 +342,8 @@ fn bad_adapters_are_typed_errors() -> Result<()> {
     for (targets, want) in [
         (vec!["nothing_here"], "matched no linear layer"),
         (vec!["embed_tokens"], "not a linear layer"),
+        // A container of layers next to a valid name: peft's "not supported".
+        (vec!["q_proj", "mlp"], "container of layers"),
     ] {
         let err = get_peft_model(
             base(&llama, AutoTask::CausalLm)?,
@@ -355,6 +357,27 @@ fn bad_adapters_are_typed_errors() -> Result<()> {
         .expect_err("refused");
         assert!(err.to_string().contains(want), "{err}");
     }
+    // A modules_to_save entry naming an adapted layer (peft's suffix match: "proj" ends
+    // q_proj), refused as peft's TypeError.
+    let err = get_peft_model(
+        base(&llama, AutoTask::CausalLm)?,
+        LoraConfig {
+            target_modules: Some(TargetModules::Names(vec!["q_proj".into()])),
+            modules_to_save: Some(vec!["proj".into()]),
+            ..Default::default()
+        },
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("also adapted"), "{err}");
+    // fan_in_fan_out on nn.Linear layers is set back to false, as peft does.
+    let model = get_peft_model(
+        base(&llama, AutoTask::CausalLm)?,
+        LoraConfig {
+            fan_in_fan_out: true,
+            ..Default::default()
+        },
+    )?;
+    assert!(!model.peft_config().fan_in_fan_out);
     // peft has no default targets for ModernBERT.
     let err = get_peft_model(
         base(
