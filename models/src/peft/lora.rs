@@ -144,7 +144,7 @@ pub(crate) struct ModelFacts<'a> {
     /// `model_type`.
     pub model_type: &'a str,
     /// Every module with parameters, in registration order (names of the variables without
-    /// their last component), and whether it is one of `linear`.
+    /// their last component).
     pub modules: Vec<String>,
     /// The linear layers (`nn.Linear` / `Conv1D`), in registration order.
     pub linear: Vec<LinearModule>,

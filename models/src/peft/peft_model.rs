@@ -222,8 +222,8 @@ impl PeftModel {
             },
         )?;
         model.load_adapter_weights(adapter_dir)?;
+        // `inference_mode` (not `is_trainable`) already froze the adapter in get_peft_model.
         if !is_trainable {
-            model.set_trainable(false);
             model.base.eval();
         }
         Ok(model)
