@@ -24,6 +24,8 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
                   with 50257 tokens the LM head is 97 % of the tiny model's matmul work, so
                   only this variant is bound by per-step overhead rather than by the LM head.
     gpt2_6x384    GPT-2, 6 layers x 384 wide (6 heads), block 128, batch 4, same data.
+    smollm2_lora  SmolLM2-135M with a LoRA adapter on every linear layer (peft), block 128,
+                  batch 4: the frozen base's forward and input gradients, the adapter trained.
     minilm_cls    assets/minilm (BERT, 6 x 384) under a fresh 2-label head (seed 0),
                   Rotten Tomatoes fresh / rotten reviews truncated to 128 tokens, batch 16,
                   `DataCollatorWithPadding` (dynamic padding).
@@ -72,6 +74,13 @@ JOBS = {
     # A tiny Qwen2 (the Llama-shaped family: RMSNorm, RoPE, grouped-query attention with
     # q/k/v biases, SwiGLU), 2 x 64, 4 heads over 2 key-value heads, a 1024-token vocabulary.
     "qwen2_tiny": dict(kind="clm", arch="qwen2", layers=2, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40),
+    # SmolLM2-135M (assets/smollm2-135m, 30 x 576, tied embeddings) under a LoRA adapter on
+    # every linear layer (peft's "all-linear": r 16, alpha 32, dropout 0.05), drawn after
+    # torch.manual_seed(0) on both sides; hamlet.txt in the model's own tokenizer.
+    "smollm2_lora": dict(
+        kind="clm", arch="smollm2", block=128, batch=4, warmup=2, steps=6,
+        lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
+    ),
 }
 
 
@@ -86,8 +95,8 @@ class Rows(Dataset):
         return dict(self.rows[i])
 
 
-def gpt2_blocks(block):
-    tok = tf.GPT2TokenizerFast(
+def gpt2_blocks(block, tok=None):
+    tok = tok or tf.GPT2TokenizerFast(
         vocab=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
         merges=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
     )
@@ -102,6 +111,17 @@ def prepare(out: Path):
         folder = out / name
         folder.mkdir(exist_ok=True)
         torch.manual_seed(0)
+        if job.get("arch") == "smollm2":
+            # The checkpoint as it is: both sides read the asset's files.
+            (folder / "initial").mkdir()
+            for f in ("config.json", "model.safetensors"):
+                (folder / "initial" / f).symlink_to(ASSETS / "smollm2-135m" / f)
+            tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+            rows = [{"input_ids": b} for b in gpt2_blocks(job["block"], tok)]
+            (folder / "rows.json").write_text(json.dumps(rows))
+            (folder / "job.json").write_text(json.dumps({"name": name, **job}, indent=1))
+            print(f"prepared {name}: {len(rows)} rows", file=sys.stderr)
+            continue
         if job.get("arch") == "qwen2":
             vocab = job["vocab"]
             config = tf.Qwen2Config(
@@ -192,6 +212,11 @@ def run(data: Path, name: str, precision: str, threads: int):
     rows = json.loads((folder / "rows.json").read_text())
     if job["kind"] == "clm":
         model = tf.AutoModelForCausalLM.from_pretrained(folder / "initial")
+        if "lora" in job:
+            import peft
+
+            torch.manual_seed(0)
+            model = peft.get_peft_model(model, peft.LoraConfig(**job["lora"]))
         rows = [{"input_ids": r["input_ids"], "labels": list(r["input_ids"])} for r in rows]
         collator = ShapeRecorder(tf.default_data_collator)
     else:

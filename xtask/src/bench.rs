@@ -5,7 +5,8 @@
 //!
 //! * the Trainer suite (the default; `bench/trainer.rs`): our Trainer, upstream's Python
 //!   Trainer and a bare tch loop on the same training jobs (tiny GPT-2, GPT-2 6 x 384,
-//!   MiniLM classification; fp32 and bf16 autocast): tokens/s, median step time, peak RSS,
+//!   MiniLM classification, a tiny Qwen2, a LoRA adapter on SmolLM2-135M against peft; fp32
+//!   and bf16 autocast): tokens/s, median step time, peak RSS,
 //!   the ratios, and the achieved matmul FLOP/s against the machine's measured matmul peak;
 //!   `examples/src/bin/bench_trainer.rs` and `scripts/bench/bench_trainer.py`.
 //! * `--activation-memory`: activation checkpointing's memory and step time on SmolLM2-135M

@@ -51,7 +51,8 @@ use tchtrain::collators::{
 };
 use tchtrain::data::{Dataset, InMemoryDataset, RandomSampler, Sampler};
 use tchtrain::models::{
-    AutoTask, AutoTokenizer, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir,
+    AutoTask, AutoTokenizer, LoadOptions, LoraConfig, ModelInputs, PreTrainedModel,
+    from_pretrained_dir, get_peft_model,
 };
 use tchtrain::optim::{OptimizerArgs, create_optimizer, create_scheduler, decay_param_groups};
 use tchtrain::tch::{self, Device, Kind, Tensor};
@@ -114,6 +115,8 @@ struct Job {
     steps: usize,
     /// The model's config.json.
     config: Value,
+    /// peft's `LoraConfig` fields: the model trains a LoRA adapter.
+    lora: Option<Value>,
 }
 
 impl Job {
@@ -134,6 +137,7 @@ impl Job {
             warmup: num("warmup")?,
             steps: num("steps")?,
             config,
+            lora: job.get("lora").cloned(),
             dir,
         })
     }
@@ -150,9 +154,21 @@ impl Job {
         }
     }
 
+    /// The job's model; with `lora`, wrapped by `get_peft_model` after `manual_seed(0)` (the
+    /// Python side draws the same adapter).
     fn load_model(&self) -> Result<Box<dyn PreTrainedModel>> {
         let dir = self.dir.join("initial");
-        Ok(from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model)
+        let model = from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model;
+        Ok(match &self.lora {
+            Some(lora) => {
+                // The keyword arguments of `LoraConfig(...)`, as an adapter_config.json.
+                let mut fields = lora.clone();
+                fields["peft_type"] = json!("LORA");
+                tch::manual_seed(0);
+                Box::new(get_peft_model(model, LoraConfig::from_json(&fields)?)?)
+            }
+            None => model,
+        })
     }
 
     /// The rows: causal-LM blocks with `labels` = `input_ids`, or tokenized reviews with
@@ -229,6 +245,10 @@ impl Job {
     /// * attention: scores Q K^T and the weighted sum of V, 2 x (s d) multiply-adds per
     ///   token and layer (the full s x s matrix, as the math / flash kernels on CPU compute it).
     ///
+    /// With a LoRA adapter the frozen weights get no gradient: they count 2 x forward
+    /// (forward and the input's gradient), attention still 3 x, and each adapted layer adds
+    /// its `r (in + out)` multiply-adds per token (3 x forward).
+    ///
     /// Embedding look-ups, layer norms, softmax, GELU, the loss and the optimizer are not
     /// matmuls and are not counted. transformers' `floating_point_ops` (6 x parameters without
     /// embeddings x tokens) counts neither the LM head nor attention.
@@ -262,8 +282,21 @@ impl Job {
             (0.0, d * d + d * 2.0)
         };
         let attention_macs = layers * 2.0 * s * d * tokens;
-        3.0 * 2.0
-            * ((per_token_weights + head_per_token) * tokens + head_per_row * b + attention_macs)
+        let Some(lora) = &self.lora else {
+            return 3.0
+                * 2.0
+                * ((per_token_weights + head_per_token) * tokens
+                    + head_per_row * b
+                    + attention_macs);
+        };
+        // "all-linear" on a Llama-shaped model: q, k, v, o, gate, up, down.
+        let r = lora["r"].as_f64().unwrap_or(8.0);
+        let kv_width = self.config["num_key_value_heads"].as_f64().unwrap_or(0.0) * d
+            / c(&["num_attention_heads"]).max(1.0);
+        let adapter_per_token =
+            layers * r * (2.0 * 2.0 * d + 2.0 * (d + kv_width) + 3.0 * (d + inner));
+        2.0 * 2.0 * (per_token_weights + head_per_token) * tokens
+            + 3.0 * 2.0 * (attention_macs + adapter_per_token * tokens)
     }
 }
 
