@@ -558,7 +558,15 @@ impl BertModel {
         use crate::debug_utils::{Out, Var, hook, join, leaf};
         use layers::apply_traced;
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        let words = crate::peft::adapt_embedding(
+            || n("embeddings.word_embeddings"),
+            &ids,
+            ids.apply(&self.word_embeddings),
+            self.config.pad_token_id,
+            self.config.vocab_size,
+            None,
+        );
+        let words = neftune_post_forward_hook(words, train)?;
         let word_params = self.word_embeddings.params();
         leaf(
             || n("embeddings.word_embeddings"),

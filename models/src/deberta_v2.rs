@@ -643,7 +643,15 @@ impl DebertaV2Model {
         let device = self.word_embeddings.ws.device();
         let ids = ids.f_to_device(device)?;
         let n = |rest: &str| join(&self.prefix, rest);
-        let mut h = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        let words = crate::peft::adapt_embedding(
+            || n("embeddings.word_embeddings"),
+            &ids,
+            ids.apply(&self.word_embeddings),
+            c.pad_token_id,
+            c.vocab_size,
+            None,
+        );
+        let mut h = neftune_post_forward_hook(words, train)?;
         crate::debug_utils::leaf(
             || n("embeddings.word_embeddings"),
             "Embedding",

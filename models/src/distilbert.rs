@@ -307,7 +307,15 @@ impl DistilBertModel {
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = neftune_post_forward_hook(ids.apply(&self.word_embeddings), train)?;
+        let words = crate::peft::adapt_embedding(
+            || n("embeddings.word_embeddings"),
+            &ids,
+            ids.apply(&self.word_embeddings),
+            c.pad_token_id,
+            c.vocab_size,
+            None,
+        );
+        let words = neftune_post_forward_hook(words, train)?;
         crate::debug_utils::leaf(
             || n("embeddings.word_embeddings"),
             "Embedding",

@@ -317,7 +317,15 @@ impl GPT2Model {
         // underflow / overflow tracer, registered after it, sees the noisy output).
         let n = |rest: &str| crate::debug_utils::join(&self.prefix, rest);
         let embed = |ids: &Tensor| -> Result<Tensor> {
-            let e = neftune_post_forward_hook(ids.apply(&self.wte), train)?;
+            let e = crate::peft::adapt_embedding(
+                || n("wte"),
+                ids,
+                ids.apply(&self.wte),
+                None,
+                self.config.vocab_size,
+                None,
+            );
+            let e = neftune_post_forward_hook(e, train)?;
             crate::debug_utils::leaf(|| n("wte"), "Embedding", &self.wte.params(), ids, &e);
             Ok(e)
         };

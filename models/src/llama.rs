@@ -919,15 +919,25 @@ impl LlamaModel {
         use crate::debug_utils::{Out, Var, hook, join, leaf};
         let n = |rest: &str| join(&self.prefix, rest);
         let mut h = ids.apply(&self.embed_tokens);
-        if self.family.gemma.is_some() {
-            // `embed_scale`: `torch.tensor(hidden_size ** 0.5)` (float32) in the weights' dtype.
-            let scale = Tensor::scalar_tensor(
+        // Gemma's `embed_scale`: `torch.tensor(hidden_size ** 0.5)` (a float32 buffer),
+        // applied in the weights' dtype (and to a LoRA adapter's term in its own).
+        let embed_scale = self.family.gemma.is_some().then(|| {
+            Tensor::scalar_tensor(
                 f64::from((c.hidden_size as f64).sqrt() as f32),
                 (Kind::Float, device),
             )
-            .to_kind(self.embed_tokens.ws.kind());
-            h = h * scale;
+        });
+        if let Some(scale) = &embed_scale {
+            h = h * scale.to_kind(self.embed_tokens.ws.kind());
         }
+        let h = crate::peft::adapt_embedding(
+            || n("embed_tokens"),
+            &ids,
+            h,
+            c.pad_token_id,
+            c.vocab_size,
+            embed_scale.as_ref(),
+        );
         let mut h = neftune_post_forward_hook(h, train)?;
         leaf(
             || n("embed_tokens"),

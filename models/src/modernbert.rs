@@ -566,6 +566,14 @@ impl ModernBertModel {
         let n = |rest: &str| join(&self.prefix, rest);
         let padding_idx = c.pad_token_id.unwrap_or(-1);
         let h = Tensor::embedding(&self.tok_embeddings, &ids, padding_idx, false, false);
+        let h = crate::peft::adapt_embedding(
+            || n("embeddings.tok_embeddings"),
+            &ids,
+            h,
+            c.pad_token_id,
+            c.vocab_size,
+            None,
+        );
         let h = neftune_post_forward_hook(h, train)?;
         leaf(
             || n("embeddings.tok_embeddings"),

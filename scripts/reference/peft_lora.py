@@ -31,6 +31,22 @@ adapter_model.safetensors) and OUT_DIR/<case>.safetensors:
                      modules_to_save), query / value in layer 1 only (layers_to_transform),
                      bias "lora_only", init False
 
+  llama_embed        tiny Llama (tied embeddings), LoRA on embed_tokens (lora_embedding_A / B,
+                     no dropout on the lookup; the base embedding saved with the adapter, as
+                     peft's save_embedding_layers="auto") and q_proj, init False
+  bert_embed_dora    tiny BERT masked LM (made here, bert_mlm_base/), DoRA on word_embeddings
+                     (padding index 0, which every row starts with) and query, init False
+
+OUT_DIR/multi/ and multi.safetensors: several adapters on the tiny Llama ("default" on q_proj
+/ v_proj as get_peft_model makes it, "other" on q_proj / k_proj / o_proj added by
+add_adapter after torch.manual_seed(2)): init.other.<key> (its draws), default_logits,
+other_logits (after set_adapter("other")), other's training loss and gradients (grad.<key>,
+dropout after manual_seed(1); multi.parameters.json their order), merged_logits
+(merge_adapter(["default", "other"])), unmerged_logits and unmerged.<module> (the q_proj
+weights after unmerge_adapter, not bit-exact with the originals), deleted_logits
+(delete_adapter("other"): "default" active again); the folder is save_pretrained's (default at
+the root, other/).
+
 and OUT_DIR/trainer_llama/: upstream's Trainer on a LoRA model (tiny Llama saved as initial/,
 attention dropout 0, `torch.manual_seed(0)` then get_peft_model with "all-linear", r 8,
 alpha 16, LoRA dropout 0.1) for 20 steps on trainer_parity.py's Hamlet blocks (batch 4, lr
@@ -69,7 +85,7 @@ def saved_key(name):
     return name.replace("lora_magnitude_vector.weight", "lora_magnitude_vector")
 
 
-def run(case, base, config, labels_of, after_init=None):
+def run(case, base, config, labels_of, after_init=None, first_id=None):
     torch.manual_seed(0)
     model = get_peft_model(base, config)
     tensors = {}
@@ -79,6 +95,8 @@ def run(case, base, config, labels_of, after_init=None):
     if after_init:
         after_init(model)
     ids, mask = batch(model.config.vocab_size)
+    if first_id is not None:
+        ids[:, 0] = first_id
     labels = labels_of(ids, mask)
     tensors.update(input_ids=ids, attention_mask=mask, labels=labels)
     model.eval()
@@ -98,7 +116,9 @@ def run(case, base, config, labels_of, after_init=None):
     model.zero_grad()
     model.save_pretrained(OUT / case)
     saved = load_file(str(OUT / case / "adapter_model.safetensors"))
-    assert sorted(saved) == sorted(order), (sorted(saved), sorted(order))
+    # Besides the trained tensors, the base weight of an embedding named in target_modules.
+    trained = sorted(k for k in saved if not k.endswith(".base_layer.weight"))
+    assert trained == sorted(order), (trained, sorted(order))
     model.eval()
     merged = model.merge_and_unload()
     with torch.no_grad():
@@ -233,8 +253,79 @@ def main():
         ),
         lambda ids, mask: torch.tensor([1, 2]),
     )
+    run(
+        "llama_embed",
+        tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama"),
+        LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["embed_tokens", "q_proj"],
+            init_lora_weights=False, task_type="CAUSAL_LM",
+        ),
+        lm_labels,
+    )
+    run(
+        "bert_embed_dora",
+        tiny("bert_mlm_base", tf.BertForMaskedLM, tf.BertConfig(
+            vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+        )),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["word_embeddings", "query"], use_dora=True, init_lora_weights=False),
+        lm_labels,
+        first_id=0,
+    )
+
+
+def multi_adapter():
+    model = get_peft_model(
+        tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama"),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    torch.manual_seed(2)
+    model.add_adapter("other", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj", "k_proj", "o_proj"], init_lora_weights=False))
+    tensors = {}
+    for name, p in model.named_parameters():
+        if ".other" in name:
+            tensors[f"init.other.{name.replace('.other', '')}"] = p.detach().clone()
+    ids, mask = batch(model.config.vocab_size)
+    labels = lm_labels(ids, mask)
+    tensors.update(input_ids=ids, attention_mask=mask, labels=labels)
+
+    def logits():
+        model.eval()
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits.contiguous()
+
+    tensors["default_logits"] = logits()
+    model.set_adapter("other")
+    tensors["other_logits"] = logits()
+    model.train()
+    torch.manual_seed(1)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    tensors["loss"] = out.loss.detach().reshape(1)
+    order = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            key = name.replace(".other", "")
+            tensors[f"grad.{key}"] = p.grad.detach().contiguous()
+            order.append(key)
+    model.zero_grad()
+    model.save_pretrained(OUT / "multi")
+    model.merge_adapter(["default", "other"])
+    tensors["merged_logits"] = logits()
+    model.unmerge_adapter()
+    model.set_adapter("default")
+    tensors["unmerged_logits"] = logits()
+    for name, p in model.named_parameters():
+        if name.endswith("q_proj.base_layer.weight"):
+            tensors[f"unmerged.{name}"] = p.detach().clone()
+    model.delete_adapter("other")
+    tensors["deleted_logits"] = logits()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(OUT / "multi.safetensors"))
+    (OUT / "multi.parameters.json").write_text(json.dumps(order))
+    print("multi", "loss", float(tensors["loss"]))
 
 
 if __name__ == "__main__":
     main()
+    multi_adapter()
     trainer_llama()

@@ -158,7 +158,8 @@ impl Job {
     /// Python side draws the same adapter).
     fn load_model(&self) -> Result<Box<dyn PreTrainedModel>> {
         let dir = self.dir.join("initial");
-        let model = from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model;
+        let model =
+            from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model;
         Ok(match &self.lora {
             Some(lora) => {
                 // The keyword arguments of `LoraConfig(...)`, as an adapter_config.json.

@@ -32,6 +32,10 @@ pub struct LoraLayer {
     pub out_features: i64,
     /// GPT-2's `Conv1D` (`[in, out]` weight; `fan_in_fan_out`).
     pub conv1d: bool,
+    /// An `nn.Embedding` (peft's `lora.Embedding`): `in_features` is the vocabulary,
+    /// `out_features` the embedding width, the adapter `lora_embedding_A` `[r, vocab]` /
+    /// `lora_embedding_B` `[width, r]`.
+    pub embedding: bool,
     /// The rank (`r`, or `rank_pattern`'s).
     pub r: i64,
     /// `alpha / r` (or `/ √r`), with `alpha_pattern`'s alpha.
@@ -41,12 +45,40 @@ pub struct LoraLayer {
 }
 
 impl LoraLayer {
-    /// The variable names of `lora_A` / `lora_B` under `adapter`.
+    /// The variable names of `lora_A` / `lora_B` (an embedding's `lora_embedding_A` /
+    /// `lora_embedding_B`, plain parameters) under `adapter`.
     pub fn weight_names(&self, adapter: &str) -> (String, String) {
+        if self.embedding {
+            return (
+                format!("{}.lora_embedding_A.{adapter}", self.module),
+                format!("{}.lora_embedding_B.{adapter}", self.module),
+            );
+        }
         (
             format!("{}.lora_A.{adapter}.weight", self.module),
             format!("{}.lora_B.{adapter}.weight", self.module),
         )
+    }
+
+    /// The keys peft saves `lora_A` / `lora_B` under (no adapter name; an embedding's
+    /// without `.weight`), without the `base_model.model.` prefix.
+    pub fn saved_names(&self) -> (String, String) {
+        if self.embedding {
+            return (
+                format!("{}.lora_embedding_A", self.module),
+                format!("{}.lora_embedding_B", self.module),
+            );
+        }
+        (
+            format!("{}.lora_A.weight", self.module),
+            format!("{}.lora_B.weight", self.module),
+        )
+    }
+
+    /// Whether the base weight is oriented `[in, out]` relative to the adapter's `B @ A`
+    /// (`Conv1D`, and an embedding's `[vocab, width]`): peft's `fan_in_fan_out` transpose.
+    fn transposed(&self) -> bool {
+        self.conv1d || self.embedding
     }
 
     /// The variable name of DoRA's magnitude vector under `adapter`.
@@ -139,6 +171,17 @@ fn pattern_key<'a, V>(
     Ok(None)
 }
 
+/// An `nn.Embedding` of a model, as LoRA targets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EmbeddingModule {
+    /// The module's name (`model.embed_tokens`).
+    pub name: String,
+    /// `num_embeddings`.
+    pub num_embeddings: i64,
+    /// `embedding_dim`.
+    pub embedding_dim: i64,
+}
+
 /// What a model tells the target resolution.
 pub(crate) struct ModelFacts<'a> {
     /// `model_type`.
@@ -150,6 +193,10 @@ pub(crate) struct ModelFacts<'a> {
     pub linear: Vec<LinearModule>,
     /// `get_output_embeddings()` (the causal LM's `lm_head`), left out of `"all-linear"`.
     pub output_embeddings: Option<String>,
+    /// The embeddings (`nn.Embedding`), in registration order.
+    pub embeddings: Vec<EmbeddingModule>,
+    /// Whether the output embeddings are tied to the input embeddings.
+    pub tied_embeddings: bool,
 }
 
 /// peft's injection walk: the adapted layers in module order, `config` resolved as peft
@@ -252,16 +299,36 @@ pub(crate) fn resolve_targets(
                 continue;
             }
         }
+        let r = *pattern_key(&config.rank_pattern, name)?.unwrap_or(&config.r);
+        let alpha = *pattern_key(&config.alpha_pattern, name)?.unwrap_or(&config.lora_alpha);
+        if let Some(e) = facts.embeddings.iter().find(|e| &e.name == name) {
+            // peft's `lora.Embedding` (its `update_layer` refuses `lora_bias`, which is
+            // refused here for every layer).
+            if facts.tied_embeddings {
+                log::warn!(
+                    "Model has `tie_word_embeddings=True` and a tied layer is part of the adapter, but `ensure_weight_tying` is not set to True. This can lead to complications, for example when merging the adapter or converting your model to formats other than safetensors."
+                );
+            }
+            layers.push(LoraLayer {
+                module: name.clone(),
+                in_features: e.num_embeddings,
+                out_features: e.embedding_dim,
+                conv1d: false,
+                embedding: true,
+                r,
+                scaling: config.scaling(r, alpha),
+                dora: config.use_dora,
+            });
+            continue;
+        }
         let Some(module) = linear.get(name.as_str()) else {
             return Err(Error::InvalidArgument {
                 field: "target_modules",
                 detail: format!(
-                    "{name} is targeted but is not a linear layer (nn.Linear / Conv1D); LoRA on embeddings and other layers is not implemented"
+                    "{name} is targeted but is neither a linear layer (nn.Linear / Conv1D) nor an embedding; LoRA on other layers is not implemented"
                 ),
             });
         };
-        let r = *pattern_key(&config.rank_pattern, name)?.unwrap_or(&config.r);
-        let alpha = *pattern_key(&config.alpha_pattern, name)?.unwrap_or(&config.lora_alpha);
         // peft sets `fan_in_fan_out` for each new layer by its kind, with a warning when
         // that changes it: the config keeps the last layer's.
         if module.conv1d != config.fan_in_fan_out {
@@ -286,6 +353,7 @@ pub(crate) fn resolve_targets(
             in_features: module.in_features,
             out_features: module.out_features,
             conv1d: module.conv1d,
+            embedding: false,
             r,
             scaling: config.scaling(r, alpha),
             dora: config.use_dora,
@@ -364,6 +432,47 @@ fn kaiming_uniform(t: &mut Tensor) -> Result<()> {
     Ok(())
 }
 
+/// A linear layer's draws (see [`create_adapters`]).
+fn linear_adapter_draws(
+    a: &mut Tensor,
+    b: &mut Tensor,
+    layer: &LoraLayer,
+    init: InitLoraWeights,
+) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        kaiming_uniform(a)?;
+        kaiming_uniform(b)?;
+        match init {
+            InitLoraWeights::Default => {
+                kaiming_uniform(a)?;
+                let _ = b.f_zero_()?;
+            }
+            InitLoraWeights::Gaussian => {
+                let _ = a.f_normal_(0.0, 1.0 / layer.r as f64)?;
+                let _ = b.f_zero_()?;
+            }
+            InitLoraWeights::Random => {}
+        }
+        Ok(())
+    })
+}
+
+/// An embedding's draws (peft's `Embedding.update_layer`): `randn(r, vocab)`,
+/// `randn(width, r)`, then `reset_lora_parameters` zeroes A and draws B again from a
+/// standard normal (for `"gaussian"` too); `init_lora_weights=False` keeps both draws.
+fn embedding_adapter_draws(layer: &LoraLayer, init: InitLoraWeights) -> Result<(Tensor, Tensor)> {
+    tch::no_grad(|| -> Result<(Tensor, Tensor)> {
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let mut a = Tensor::f_randn([layer.r, layer.in_features], cpu)?;
+        let mut b = Tensor::f_randn([layer.out_features, layer.r], cpu)?;
+        if init != InitLoraWeights::Random {
+            let _ = a.f_zero_()?;
+            let _ = b.f_normal_(0.0, 1.0)?;
+        }
+        Ok((a, b))
+    })
+}
+
 /// Creates the adapters' `lora_A` / `lora_B` in `vs` for `layers` (in order), drawn from
 /// the global generator exactly as peft's `update_layer` draws them: `nn.Linear(in, r)`
 /// and `nn.Linear(r, out)` are built (two Kaiming-uniform draws), then
@@ -379,30 +488,15 @@ pub(crate) fn create_adapters(
 ) -> Result<()> {
     let base_kind = vs.kind();
     for layer in layers {
-        let mut a = Tensor::f_empty(
-            [layer.r, layer.in_features],
-            (Kind::Float, tch::Device::Cpu),
-        )?;
-        let mut b = Tensor::f_empty(
-            [layer.out_features, layer.r],
-            (Kind::Float, tch::Device::Cpu),
-        )?;
-        tch::no_grad(|| -> Result<()> {
-            kaiming_uniform(&mut a)?;
-            kaiming_uniform(&mut b)?;
-            match init {
-                InitLoraWeights::Default => {
-                    kaiming_uniform(&mut a)?;
-                    let _ = b.f_zero_()?;
-                }
-                InitLoraWeights::Gaussian => {
-                    let _ = a.f_normal_(0.0, 1.0 / layer.r as f64)?;
-                    let _ = b.f_zero_()?;
-                }
-                InitLoraWeights::Random => {}
-            }
-            Ok(())
-        })?;
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let (a, b) = if layer.embedding {
+            embedding_adapter_draws(layer, init)?
+        } else {
+            let mut a = Tensor::f_empty([layer.r, layer.in_features], cpu)?;
+            let mut b = Tensor::f_empty([layer.out_features, layer.r], cpu)?;
+            linear_adapter_draws(&mut a, &mut b, layer, init)?;
+            (a, b)
+        };
         let round = |t: Tensor| -> Result<Tensor> {
             Ok(match base_kind {
                 Kind::BFloat16 | Kind::Half => t.f_to_kind(base_kind)?.f_to_kind(Kind::Float)?,
@@ -415,7 +509,7 @@ pub(crate) fn create_adapters(
             path = path / part;
         }
         // DoRA's `update_layer`: the magnitude is the row norm of `W + scaling · B @ A`
-        // (`W` transposed for a `Conv1D`), in the weight's dtype.
+        // (`W` transposed for a `Conv1D` or an embedding), in the weight's dtype.
         let magnitude = if layer.dora {
             let w = vs
                 .variables()
@@ -425,7 +519,7 @@ pub(crate) fn create_adapters(
                     field: "use_dora",
                     detail: format!("{} has no weight", layer.module),
                 })?;
-            let w = if layer.conv1d { w.f_tr()? } else { w };
+            let w = if layer.transposed() { w.f_tr()? } else { w };
             let lora_weight = b
                 .f_to_device(w.device())?
                 .f_matmul(&a.f_to_device(w.device())?)?;
@@ -437,16 +531,25 @@ pub(crate) fn create_adapters(
         } else {
             None
         };
-        let mut vars: Vec<(&str, Tensor)> = vec![("lora_A", a), ("lora_B", b)];
-        if let Some(m) = magnitude {
-            vars.push(("lora_magnitude_vector", m));
-        }
-        // Float32 whatever the base's dtype (peft's `autocast_adapter_dtype`).
+        // Float32 whatever the base's dtype (peft's `autocast_adapter_dtype`); an
+        // embedding's A / B are plain parameters (`lora_embedding_A.<adapter>`).
         let device = vs.device();
-        for (which, t) in vars {
-            let p = &path / which / adapter;
+        let (a_name, b_name) = if layer.embedding {
+            ("lora_embedding_A", "lora_embedding_B")
+        } else {
+            ("lora_A", "lora_B")
+        };
+        for (which, t) in [(a_name, a), (b_name, b)] {
             let t = t.f_to_device(device)?.f_to_kind(Kind::Float)?;
-            let _ = p.add("weight", t, true);
+            if layer.embedding {
+                let _ = (&path / which).add(adapter, t, true);
+            } else {
+                let _ = (&path / which / adapter).add("weight", t, true);
+            }
+        }
+        if let Some(m) = magnitude {
+            let t = m.f_to_device(device)?.f_to_kind(Kind::Float)?;
+            let _ = (&path / "lora_magnitude_vector" / adapter).add("weight", t, true);
         }
     }
     Ok(())
@@ -458,6 +561,7 @@ struct ActiveLayer {
     b: Tensor,
     scaling: f64,
     dora: Option<Dora>,
+    embedding: bool,
 }
 
 /// What DoRA's forward reads besides the adapter.
@@ -465,6 +569,7 @@ struct Dora {
     magnitude: Tensor,
     weight: Tensor,
     bias: Option<Tensor>,
+    /// `Conv1D`: the weight is `[in, out]`.
     conv1d: bool,
 }
 
@@ -478,17 +583,19 @@ pub(crate) struct ActiveAdapters {
 
 impl ActiveAdapters {
     /// The adapters named `adapter` of `layers`, read from `vs` (so a dtype or device move
-    /// of the store is always seen).
+    /// of the store is always seen); the layers in `merged` (an adapter merged into their
+    /// weight) run their base layer alone, as peft's.
     pub(crate) fn new(
         vs: &nn::VarStore,
         layers: &[LoraLayer],
         adapter: &str,
         dropout: f64,
         train: bool,
+        merged: &HashSet<String>,
     ) -> Result<Self> {
         let vars = vs.variables();
         let mut active = HashMap::with_capacity(layers.len());
-        for l in layers {
+        for l in layers.iter().filter(|l| !merged.contains(&l.module)) {
             let (a, b) = l.weight_names(adapter);
             let get = |n: &str| {
                 vars.get(n)
@@ -517,6 +624,7 @@ impl ActiveAdapters {
                     b: get(&b)?,
                     scaling: l.scaling,
                     dora,
+                    embedding: l.embedding,
                 },
             );
         }
@@ -585,7 +693,7 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
         Err(poisoned) => poisoned.into_inner(),
     };
     let (dropout, train) = (active.dropout, active.train);
-    let Some(layer) = active.layers.get(module) else {
+    let Some(layer) = active.layers.get(module).filter(|l| !l.embedding) else {
         return y;
     };
     let x = if x.kind() == layer.a.kind() {
@@ -611,6 +719,77 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
     };
     active.hit.insert(module.to_string());
     out
+}
+
+/// peft's `Embedding.forward` for the embedding `module` whose base output is `y` on the
+/// ids `ids`: `y + (embedding(ids, A.T, padding_idx) @ B.T) * scaling`, times the layer's
+/// `embed_scale` where it has one (Gemma's scaled embeddings), in `y`'s dtype; no dropout
+/// and no input cast, as peft's. With DoRA, `m / ‖W.T + s · B @ A‖` rescales `y` and the
+/// term. `y` itself when the embedding is not adapted.
+pub(crate) fn apply_embedding_adapter(
+    module: &str,
+    ids: &Tensor,
+    y: Tensor,
+    padding_idx: Option<i64>,
+    embed_scale: Option<&Tensor>,
+) -> Tensor {
+    let Some(shared) = current() else {
+        return y;
+    };
+    let mut active = match shared.lock() {
+        Ok(a) => a,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let Some(layer) = active.layers.get(module).filter(|l| l.embedding) else {
+        return y;
+    };
+    let kind = y.kind();
+    let after_a = Tensor::embedding(&layer.a.tr(), ids, padding_idx.unwrap_or(-1), false, false);
+    let scale = |t: Tensor| match embed_scale {
+        Some(s) => {
+            let s = s.to_kind(t.kind());
+            t * s
+        }
+        None => t,
+    };
+    let out = match &layer.dora {
+        None => {
+            let term = scale(after_a.matmul(&layer.b.tr()) * layer.scaling);
+            (y + term).to_kind(kind)
+        }
+        Some(d) => {
+            // `DoraEmbeddingLayer.forward`: the LoRA weight `(A.T @ B.T).T`, the norms of
+            // `W.T + scaling · lora_weight` (detached) in the weight's dtype.
+            let lora_weight = layer.a.tr().matmul(&layer.b.tr()).tr();
+            let weight_norm = (d.weight.tr() + lora_weight.detach() * layer.scaling)
+                .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
+                .detach();
+            let mns = &d.magnitude / weight_norm;
+            let dora = scale(&mns * after_a.matmul(&layer.b.tr()) * layer.scaling);
+            (mns * y + dora).to_kind(kind)
+        }
+    };
+    active.hit.insert(module.to_string());
+    out
+}
+
+/// A model's input-embedding lookup `y = embedding(ids)` (`name`: the module, built only
+/// while adapters are installed) with an active adapter's term added (peft's
+/// `lora.Embedding` wrapping the module); `padding_idx` as the module's, negative counted
+/// from `vocab`; `embed_scale` the module's own output scale (Gemma).
+pub(crate) fn adapt_embedding(
+    name: impl FnOnce() -> String,
+    ids: &Tensor,
+    y: Tensor,
+    padding_idx: Option<i64>,
+    vocab: i64,
+    embed_scale: Option<&Tensor>,
+) -> Tensor {
+    if !active() {
+        return y;
+    }
+    let padding_idx = padding_idx.map(|i| if i < 0 { i + vocab } else { i });
+    apply_embedding_adapter(&name(), ids, y, padding_idx, embed_scale)
 }
 
 /// peft's `DoraLinearVariant.forward` + `DoraLinearLayer.forward`: the term added to the
@@ -668,7 +847,7 @@ pub(crate) fn dora_merged_weight(
     layer: &LoraLayer,
 ) -> Tensor {
     let orient = |t: &Tensor| {
-        if layer.conv1d {
+        if layer.transposed() {
             t.tr()
         } else {
             t.shallow_clone()
@@ -681,8 +860,12 @@ pub(crate) fn dora_merged_weight(
     factor * (weight + delta)
 }
 
-/// peft's `get_delta_weight`: `B @ A * scaling`, transposed for a `Conv1D` (`[in, out]`).
+/// peft's `get_delta_weight`: `B @ A * scaling`, transposed for a `Conv1D` (`[in, out]`)
+/// and an embedding (`[vocab, width]`: `transpose(B @ A) * scaling`).
 pub(crate) fn delta_weight(a: &Tensor, b: &Tensor, layer: &LoraLayer) -> Tensor {
+    if layer.embedding {
+        return b.matmul(a).tr() * layer.scaling;
+    }
     let d = b.matmul(a) * layer.scaling;
     if layer.conv1d { d.tr() } else { d }
 }

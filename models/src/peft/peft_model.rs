@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use tch::{Tensor, nn::VarStore};
 
-use super::config::{ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, LoraBias, LoraConfig};
+use super::config::{
+    ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, LoraBias, LoraConfig, TargetModules,
+};
 use super::lora::{self, ActiveAdapters, LoraLayer, ModelFacts};
 use crate::configuration_utils::PretrainedConfig;
 use crate::modeling_utils::{
@@ -18,28 +20,51 @@ use crate::modeling_utils::{
 };
 use crate::{Error, Result};
 
-/// The adapter's name (peft's `"default"`, the only one implemented).
-const ADAPTER: &str = "default";
+/// The first adapter's name (peft's `"default"`), saved at the folder's root.
+pub const DEFAULT_ADAPTER: &str = "default";
 /// The prefix of every saved adapter key.
 const PREFIX: &str = "base_model.model.";
+/// peft's `EMBEDDING_LAYER_NAMES`: targeting one of these by name also saves the targeted
+/// layer's base weight (`save_embedding_layers="auto"`).
+const EMBEDDING_LAYER_NAMES: [&str; 2] = ["embed_tokens", "lm_head"];
+/// The input-embedding modules the models here run an adapter on (upstream's
+/// `get_input_embeddings()`: GPT-2's `wte`, the encoders' `word_embeddings` /
+/// `tok_embeddings`, the decoders' `embed_tokens`).
+const INPUT_EMBEDDINGS: [&str; 4] = ["wte", "word_embeddings", "tok_embeddings", "embed_tokens"];
 
-/// A model with a LoRA adapter (peft's `PeftModel` over a `LoraModel`): the base model's
-/// weights frozen, the adapter's `lora_A` / `lora_B` (and `modules_to_save`, and the biases
-/// `bias` names) trained; saving writes the adapter alone.
-pub struct PeftModel {
-    base: Box<dyn PreTrainedModel>,
+/// One named adapter: its resolved configuration and layers.
+#[derive(Debug, Clone)]
+struct Adapter {
     config: LoraConfig,
     layers: Vec<LoraLayer>,
     /// The base variables trained with the adapter (`modules_to_save`, biases).
     trained_base: Vec<String>,
 }
 
+/// A model with LoRA adapters (peft's `PeftModel` over a `LoraModel`): the base model's
+/// weights frozen, the active adapter's `lora_A` / `lora_B` (and `modules_to_save`, and the
+/// biases `bias` names) trained; saving writes the adapters alone.
+///
+/// Several adapters are held as peft holds them (`add_adapter`, `load_adapter`,
+/// `set_adapter`, `delete_adapter`; one active at a time). Unlike peft, which keeps one copy
+/// of each `modules_to_save` module per adapter, the module itself is trained here: an
+/// adapter with `modules_to_save` or trained biases is refused beside another adapter.
+pub struct PeftModel {
+    base: Box<dyn PreTrainedModel>,
+    /// The adapters in insertion order (peft's `peft_config` keys).
+    adapters: Vec<(String, Adapter)>,
+    active: String,
+    /// The adapters merged into the base weights (`merge_adapter`), in merge order.
+    merged: Vec<String>,
+}
+
 impl std::fmt::Debug for PeftModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeftModel")
             .field("base", &self.base.architecture())
-            .field("config", &self.config)
-            .field("layers", &self.layers.len())
+            .field("adapters", &self.adapter_names())
+            .field("active", &self.active)
+            .field("merged", &self.merged)
             .finish_non_exhaustive()
     }
 }
@@ -48,26 +73,72 @@ fn module_of(var: &str) -> &str {
     var.rsplit_once('.').map_or(var, |(m, _)| m)
 }
 
-/// peft's `get_peft_model(model, config)` for LoRA: the adapted layers resolved (the
-/// config mutated as peft mutates it), their adapters drawn from the global generator as
-/// peft draws them, the base frozen but for `modules_to_save` and the biases `bias` names.
-pub fn get_peft_model(base: Box<dyn PreTrainedModel>, mut config: LoraConfig) -> Result<PeftModel> {
+/// peft's `get_peft_model(model, config)` for LoRA: the adapter `"default"` resolved (the
+/// config mutated as peft mutates it), drawn from the global generator as peft draws it,
+/// the base frozen but for `modules_to_save` and the biases `bias` names.
+pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Result<PeftModel> {
+    let adapter = build_adapter(&*base, config)?;
+    let inference_mode = adapter.config.inference_mode;
+    let mut model = PeftModel {
+        base,
+        adapters: Vec::new(),
+        active: DEFAULT_ADAPTER.to_string(),
+        merged: Vec::new(),
+    };
+    model.create(DEFAULT_ADAPTER, adapter)?;
+    // peft's `inject_adapter`: `set_adapter(..., inference_mode=config.inference_mode)`.
+    model.set_trainable(!inference_mode);
+    Ok(model)
+}
+
+/// Resolves `config` on `base` and creates the adapter `name`'s variables (peft's
+/// `inject_adapter`).
+fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<Adapter> {
     let names = crate::modeling_utils::ordered_variable_names(base.var_store());
+    let vars = base.var_store().variables();
     let mut modules: Vec<String> = Vec::new();
     for n in &names {
+        if is_adapter_variable(n) {
+            continue;
+        }
         let m = module_of(n).to_string();
         if modules.last() != Some(&m) && !modules.contains(&m) {
             modules.push(m);
         }
     }
+    let embeddings = names
+        .iter()
+        .filter(|n| base.is_embedding_weight(n))
+        .filter_map(|n| {
+            let size = vars.get(n)?.size();
+            (size.len() == 2).then(|| lora::EmbeddingModule {
+                name: module_of(n).to_string(),
+                num_embeddings: size[0],
+                embedding_dim: size[1],
+            })
+        })
+        .collect();
     let facts = ModelFacts {
         model_type: base.config().model_type(),
         modules,
         linear: base.linear_modules(),
         output_embeddings: base.output_embeddings(),
+        embeddings,
+        tied_embeddings: !base.tied_weights().is_empty(),
     };
     let layers = lora::resolve_targets(&mut config, &facts)?;
-    lora::create_adapters(base.var_store(), &layers, ADAPTER, config.init_lora_weights)?;
+    if let Some(l) = layers.iter().find(|l| {
+        l.embedding && !INPUT_EMBEDDINGS.contains(&l.module.rsplit('.').next().unwrap_or(""))
+    }) {
+        return Err(Error::InvalidArgument {
+            field: "target_modules",
+            detail: format!(
+                "{} is an embedding other than the input embeddings; LoRA runs on the input embeddings ({}) and linear layers here",
+                l.module,
+                INPUT_EMBEDDINGS.join(", ")
+            ),
+        });
+    }
     let save_prefixes: Vec<String> = config.modules_to_save.iter().flatten().cloned().collect();
     let adapted: HashSet<&str> = layers.iter().map(|l| l.module.as_str()).collect();
     // peft wraps the modules whose name ends with a `modules_to_save` entry; an adapted
@@ -93,7 +164,7 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, mut config: LoraConfig) ->
     // peft's ModulesToSaveWrapper wraps every module whose name ends with one of the names
     // (no dot boundary); it trains a copy, equal to training the module itself here.
     let mut trained_base = Vec::new();
-    for n in &names {
+    for n in names.iter().filter(|n| !is_adapter_variable(n)) {
         let module = module_of(n);
         let mut ancestors =
             std::iter::successors(Some(module), |m| m.rsplit_once('.').map(|(p, _)| p));
@@ -108,41 +179,103 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, mut config: LoraConfig) ->
             trained_base.push(n.clone());
         }
     }
-    let model = PeftModel {
-        base,
+    Ok(Adapter {
         config,
         layers,
         trained_base,
-    };
-    // peft's `inject_adapter`: `set_adapter(..., inference_mode=config.inference_mode)`.
-    model.set_trainable(!model.config.inference_mode);
-    Ok(model)
+    })
+}
+
+/// Whether `name` is an adapter's variable (`lora_A`, `lora_B`, `lora_embedding_A/B`,
+/// DoRA's magnitude) rather than the base model's.
+fn is_adapter_variable(name: &str) -> bool {
+    [
+        ".lora_A.",
+        ".lora_B.",
+        ".lora_embedding_A.",
+        ".lora_embedding_B.",
+        ".lora_magnitude_vector.",
+    ]
+    .iter()
+    .any(|p| name.contains(p))
+}
+
+/// The adapter variable name a saved key (without the prefix) loads into, for `adapter`.
+fn variable_for_key(key: &str, adapter: &str) -> Option<String> {
+    for (suffix, infix, tail) in [
+        (".lora_A.weight", "lora_A", ".weight"),
+        (".lora_B.weight", "lora_B", ".weight"),
+        (".lora_magnitude_vector", "lora_magnitude_vector", ".weight"),
+        (".lora_embedding_A", "lora_embedding_A", ""),
+        (".lora_embedding_B", "lora_embedding_B", ""),
+    ] {
+        if let Some(rest) = key.strip_suffix(suffix) {
+            return Some(format!("{rest}.{infix}.{adapter}{tail}"));
+        }
+    }
+    None
 }
 
 impl PeftModel {
-    /// Freezes the base but for what trains with the adapter; `trainable` false freezes
-    /// the adapter too (peft's `inference_mode`).
+    fn adapter(&self, name: &str) -> Result<&Adapter> {
+        self.adapters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a)
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "adapter_name",
+                detail: format!(
+                    "no adapter named {name:?}; the adapters are {:?}",
+                    self.adapter_names()
+                ),
+            })
+    }
+
+    fn active_adapter_entry(&self) -> &Adapter {
+        // `active` always names a held adapter (every method that changes either keeps it so).
+        self.adapters
+            .iter()
+            .find(|(n, _)| *n == self.active)
+            .map(|(_, a)| a)
+            .unwrap_or(&self.adapters[0].1)
+    }
+
+    /// The adapters' names, in the order they were added (peft's `peft_config` keys).
+    pub fn adapter_names(&self) -> Vec<String> {
+        self.adapters.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// peft's `active_adapter`.
+    pub fn active_adapter(&self) -> &str {
+        &self.active
+    }
+
+    /// Sets `requires_grad`: the base frozen but for what trains with the active adapter,
+    /// the active adapter's variables `trainable`, every other adapter's frozen (peft's
+    /// `set_adapter` and `_mark_only_adapters_as_trainable`).
     fn set_trainable(&self, trainable: bool) {
-        let lora: HashSet<String> = self
+        let active = self.active_adapter_entry();
+        let lora: HashSet<String> = active
             .layers
             .iter()
-            .flat_map(|l| l.variable_names(ADAPTER))
+            .flat_map(|l| l.variable_names(&self.active))
             .collect();
-        let trained: HashSet<&String> = self.trained_base.iter().collect();
+        let trained: HashSet<&String> = active.trained_base.iter().collect();
         for (name, t) in self.base.var_store().variables() {
             let on = trainable && (lora.contains(&name) || trained.contains(&name));
             let _ = t.set_requires_grad(on);
         }
     }
 
-    /// The LoRA configuration as resolved (`target_modules` as the adapted layers' names).
+    /// The active adapter's LoRA configuration as resolved (`target_modules` as the adapted
+    /// layers' names).
     pub fn peft_config(&self) -> &LoraConfig {
-        &self.config
+        &self.active_adapter_entry().config
     }
 
-    /// The adapted layers, in module order.
+    /// The active adapter's layers, in module order.
     pub fn lora_layers(&self) -> &[LoraLayer] {
-        &self.layers
+        &self.active_adapter_entry().layers
     }
 
     /// The base model.
@@ -162,34 +295,180 @@ impl PeftModel {
         (trainable, all)
     }
 
-    /// The adapter's tensors under the keys peft saves (`get_peft_model_state_dict`).
-    pub fn adapter_state_dict(&self) -> Result<Vec<(String, Tensor)>> {
+    /// peft's `add_adapter(adapter_name, config)`: a second adapter injected (drawn from the
+    /// global generator as peft draws it), frozen and not active; `set_adapter` activates it.
+    /// Refused: a name already held, and `modules_to_save` / trained biases on either side
+    /// (peft keeps a copy of those modules per adapter; here the module itself trains).
+    pub fn add_adapter(&mut self, adapter_name: &str, config: LoraConfig) -> Result<()> {
+        if self.adapters.iter().any(|(n, _)| n == adapter_name) {
+            return Err(Error::InvalidArgument {
+                field: "adapter_name",
+                detail: format!("Adapter with name '{adapter_name}' already exists."),
+            });
+        }
+        if !self.merged.is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "adapter_name",
+                detail: format!(
+                    "the adapters {:?} are merged into the base weights: unmerge_adapter() first",
+                    self.merged
+                ),
+            });
+        }
+        if let Some((n, _)) = self
+            .adapters
+            .iter()
+            .find(|(_, a)| !a.trained_base.is_empty())
+        {
+            return Err(several_with_trained_base(n));
+        }
+        // Resolved before any draw: a refusal leaves the model (and the generator) untouched.
+        let adapter = build_adapter(&*self.base, config)?;
+        if !adapter.trained_base.is_empty() {
+            return Err(several_with_trained_base(adapter_name));
+        }
+        self.create(adapter_name, adapter)
+    }
+
+    /// Draws the adapter's variables (frozen) and holds it.
+    fn create(&mut self, adapter_name: &str, adapter: Adapter) -> Result<()> {
+        lora::create_adapters(
+            self.base.var_store(),
+            &adapter.layers,
+            adapter_name,
+            adapter.config.init_lora_weights,
+        )?;
         let vars = self.base.var_store().variables();
-        let adapted: HashSet<&str> = self.layers.iter().map(|l| l.module.as_str()).collect();
+        for n in adapter
+            .layers
+            .iter()
+            .flat_map(|l| l.variable_names(adapter_name))
+        {
+            if let Some(t) = vars.get(&n) {
+                let _ = t.set_requires_grad(false);
+            }
+        }
+        self.adapters.push((adapter_name.to_string(), adapter));
+        Ok(())
+    }
+
+    /// peft's `set_adapter(adapter_name)`: the adapter the forward applies and training
+    /// updates (its variables trainable, every other adapter's frozen; train / eval mode
+    /// untouched). Merged adapters are unmerged first, with peft's warning.
+    pub fn set_adapter(&mut self, adapter_name: &str) -> Result<()> {
+        self.adapter(adapter_name)?;
+        if !self.merged.is_empty() {
+            log::warn!(
+                "Adapter cannot be set when the model is merged. Unmerging the model first."
+            );
+            self.unmerge_adapter()?;
+        }
+        self.active = adapter_name.to_string();
+        self.set_trainable(true);
+        Ok(())
+    }
+
+    /// peft's `delete_adapter(adapter_name)`: its variables removed; when it was active, the
+    /// first remaining adapter in name order becomes active (peft picks per layer; the same
+    /// where the adapters target the same layers). A merged adapter, and the last one, are
+    /// refused.
+    pub fn delete_adapter(&mut self, adapter_name: &str) -> Result<()> {
+        let adapter = self.adapter(adapter_name)?.clone();
+        if self.merged.iter().any(|m| m == adapter_name) {
+            return Err(Error::InvalidArgument {
+                field: "adapter_name",
+                detail: format!(
+                    "Cannot delete adapter(s) ['{adapter_name}'] while they are merged. Please unmerge them first."
+                ),
+            });
+        }
+        if self.adapters.len() == 1 {
+            return Err(Error::InvalidArgument {
+                field: "adapter_name",
+                detail: format!(
+                    "{adapter_name:?} is the only adapter: use merge_and_unload() or base_model() instead of a PeftModel without adapters"
+                ),
+            });
+        }
+        self.remove_variables(
+            &adapter
+                .layers
+                .iter()
+                .flat_map(|l| l.variable_names(adapter_name))
+                .collect(),
+        );
+        self.adapters.retain(|(n, _)| n != adapter_name);
+        if self.active == adapter_name {
+            let mut names = self.adapter_names();
+            names.sort();
+            log::warn!(
+                "Adapter {adapter_name} was active which is now deleted. Setting active adapter to {}.",
+                names[0]
+            );
+            self.active = names[0].clone();
+            self.set_trainable(true);
+        }
+        Ok(())
+    }
+
+    /// Removes `names` from the base model's store (variables and trainable list).
+    fn remove_variables(&self, names: &HashSet<String>) {
+        let vs = self.base.var_store();
+        let vars = vs.variables();
+        let ptrs: HashSet<usize> = names
+            .iter()
+            .filter_map(|n| vars.get(n))
+            .map(|t| t.data_ptr() as usize)
+            .collect();
+        let mut v = match vs.variables_.lock() {
+            Ok(v) => v,
+            Err(p) => p.into_inner(),
+        };
+        v.named_variables.retain(|n, _| !names.contains(n));
+        v.trainable_variables
+            .retain(|var| !ptrs.contains(&(var.tensor.data_ptr() as usize)));
+    }
+
+    /// The adapter `adapter_name`'s tensors under the keys peft saves
+    /// (`get_peft_model_state_dict`): no adapter-name infix, `modules_to_save` and trained
+    /// biases by their module's name, and, when `target_modules` names `embed_tokens` or
+    /// `lm_head` (peft's `save_embedding_layers="auto"`), the targeted layer's base weight
+    /// as `<module>.base_layer.weight`.
+    pub fn adapter_state_dict(&self, adapter_name: &str) -> Result<Vec<(String, Tensor)>> {
+        let adapter = self.adapter(adapter_name)?;
+        let vars = self.base.var_store().variables();
+        let adapted: HashSet<&str> = adapter.layers.iter().map(|l| l.module.as_str()).collect();
+        let get = |name: &str| {
+            vars.get(name).ok_or_else(|| Error::InvalidArgument {
+                field: "adapter",
+                detail: format!("{name} is missing from the model"),
+            })
+        };
         let mut out = Vec::new();
-        for l in &self.layers {
-            let (a, b) = l.weight_names(ADAPTER);
-            let mut saved = vec![
-                (a, format!("{}.lora_A.weight", l.module)),
-                (b, format!("{}.lora_B.weight", l.module)),
-            ];
+        for l in &adapter.layers {
+            let (a, b) = l.weight_names(adapter_name);
+            let (ka, kb) = l.saved_names();
+            let mut saved = vec![(a, ka), (b, kb)];
             if l.dora {
                 // peft saves DoRA's magnitude without `.weight`.
                 saved.push((
-                    l.magnitude_name(ADAPTER),
+                    l.magnitude_name(adapter_name),
                     format!("{}.lora_magnitude_vector", l.module),
                 ));
             }
             for (name, key) in saved {
-                let t = vars.get(&name).ok_or_else(|| Error::InvalidArgument {
-                    field: "adapter",
-                    detail: format!("{name} is missing from the model"),
-                })?;
-                out.push((format!("{PREFIX}{key}"), t.detach()));
+                out.push((format!("{PREFIX}{key}"), get(&name)?.detach()));
             }
         }
-        for n in &self.trained_base {
-            let t = &vars[n];
+        for l in self.saved_embedding_layers(adapter) {
+            let weight = get(&format!("{}.weight", l.module))?;
+            out.push((
+                format!("{PREFIX}{}.base_layer.weight", l.module),
+                weight.detach(),
+            ));
+        }
+        for n in &adapter.trained_base {
+            let t = get(n)?;
             // An adapted layer's own bias is `base_layer.bias` in peft's state dict.
             let module = module_of(n);
             let key = if n.ends_with(".bias") && adapted.contains(module) {
@@ -203,11 +482,36 @@ impl PeftModel {
         Ok(out)
     }
 
+    /// peft's `save_embedding_layers="auto"`: with `embed_tokens` / `lm_head` named in
+    /// `target_modules` (or matched by its regular expression), the adapted input / output
+    /// embedding layers, whose base weight the adapter file carries.
+    fn saved_embedding_layers<'a>(&self, adapter: &'a Adapter) -> Vec<&'a LoraLayer> {
+        let targeted = match &adapter.config.target_modules {
+            Some(TargetModules::Names(names)) => EMBEDDING_LAYER_NAMES
+                .iter()
+                .any(|e| names.iter().any(|n| n == e)),
+            Some(TargetModules::Regex(_)) => adapter
+                .layers
+                .iter()
+                .any(|l| EMBEDDING_LAYER_NAMES.iter().any(|e| l.module.ends_with(e))),
+            None => false,
+        };
+        if !targeted {
+            return Vec::new();
+        }
+        let output = self.base.output_embeddings();
+        adapter
+            .layers
+            .iter()
+            .filter(|l| l.embedding || Some(&l.module) == output.as_ref())
+            .collect()
+    }
+
     /// peft's `PeftModel.from_pretrained(model, adapter_dir, is_trainable)`: the adapter
-    /// built as `get_peft_model` builds it (drawing from the global generator as peft does),
-    /// then its weights loaded. Stricter than peft, which only warns about missing adapter
-    /// keys and ignores unexpected ones: both are errors naming the keys. Without
-    /// `is_trainable`, everything is frozen and the model is in evaluation mode.
+    /// `"default"` built as `get_peft_model` builds it (drawing from the global generator as
+    /// peft does), then its weights loaded. Stricter than peft, which only warns about
+    /// missing adapter keys and ignores unexpected ones: both are errors naming the keys.
+    /// Without `is_trainable`, everything is frozen and the model is in evaluation mode.
     pub fn from_pretrained(
         base: Box<dyn PreTrainedModel>,
         adapter_dir: &Path,
@@ -221,7 +525,7 @@ impl PeftModel {
                 ..config
             },
         )?;
-        model.load_adapter_weights(adapter_dir)?;
+        model.load_adapter_weights(adapter_dir, DEFAULT_ADAPTER)?;
         // `inference_mode` (not `is_trainable`) already froze the adapter in get_peft_model.
         if !is_trainable {
             model.base.eval();
@@ -229,10 +533,50 @@ impl PeftModel {
         Ok(model)
     }
 
-    /// Loads `adapter_model.safetensors` of `adapter_dir` into this adapter (and its
-    /// `modules_to_save` / biases): every key of this adapter must be there with its shape,
-    /// and nothing else.
-    pub fn load_adapter_weights(&self, adapter_dir: &Path) -> Result<()> {
+    /// peft's `load_adapter(adapter_dir, adapter_name, is_trainable)`: a new name is added
+    /// as `add_adapter` adds it (the same draws) and not made active; then the weights are
+    /// loaded. `is_trainable` makes the adapter's variables trainable; without it the model
+    /// goes to evaluation mode, as peft's.
+    pub fn load_adapter(
+        &mut self,
+        adapter_dir: &Path,
+        adapter_name: &str,
+        is_trainable: bool,
+    ) -> Result<()> {
+        if !self.adapters.iter().any(|(n, _)| n == adapter_name) {
+            let config = LoraConfig::from_file(&adapter_dir.join(ADAPTER_CONFIG_NAME))?;
+            self.add_adapter(
+                adapter_name,
+                LoraConfig {
+                    inference_mode: !is_trainable,
+                    ..config
+                },
+            )?;
+        }
+        self.load_adapter_weights(adapter_dir, adapter_name)?;
+        if is_trainable {
+            let adapter = self.adapter(adapter_name)?;
+            let vars = self.base.var_store().variables();
+            for n in adapter
+                .layers
+                .iter()
+                .flat_map(|l| l.variable_names(adapter_name))
+            {
+                if let Some(t) = vars.get(&n) {
+                    let _ = t.set_requires_grad(true);
+                }
+            }
+        } else {
+            self.base.eval();
+        }
+        Ok(())
+    }
+
+    /// Loads `adapter_model.safetensors` of `adapter_dir` into the adapter `adapter_name`
+    /// (and its `modules_to_save` / biases, and the base embedding weights peft saves with
+    /// an adapter that targets them): every key of this adapter must be there with its
+    /// shape, and nothing else.
+    pub fn load_adapter_weights(&self, adapter_dir: &Path, adapter_name: &str) -> Result<()> {
         let path = adapter_dir.join(ADAPTER_SAFE_WEIGHTS_NAME);
         if !path.is_file() {
             return Err(Error::MissingFile {
@@ -247,25 +591,30 @@ impl PeftModel {
             })?
             .into_iter()
             .collect();
-        let expected = self.adapter_state_dict()?;
+        let adapter = self.adapter(adapter_name)?;
+        let expected = self.adapter_state_dict(adapter_name)?;
         let vars = self.base.var_store().variables();
         let mut missing = Vec::new();
         let mut used = HashSet::new();
-        let adapted: HashSet<&str> = self.layers.iter().map(|l| l.module.as_str()).collect();
+        let adapted: HashSet<&str> = adapter.layers.iter().map(|l| l.module.as_str()).collect();
         tch::no_grad(|| -> Result<()> {
             for (key, _) in &expected {
+                let name = key.strip_prefix(PREFIX).unwrap_or(key);
+                let base_weight = name
+                    .strip_suffix(".base_layer.weight")
+                    .filter(|m| adapted.contains(m));
                 let Some(src) = tensors.get(key) else {
-                    missing.push(key.clone());
+                    // A file saved with `save_embedding_layers=False` has no base weight.
+                    if base_weight.is_none() {
+                        missing.push(key.clone());
+                    }
                     continue;
                 };
                 used.insert(key.clone());
-                let name = key.strip_prefix(PREFIX).unwrap_or(key);
-                let name = if let Some(rest) = name.strip_suffix(".lora_A.weight") {
-                    format!("{rest}.lora_A.{ADAPTER}.weight")
-                } else if let Some(rest) = name.strip_suffix(".lora_B.weight") {
-                    format!("{rest}.lora_B.{ADAPTER}.weight")
-                } else if let Some(rest) = name.strip_suffix(".lora_magnitude_vector") {
-                    format!("{rest}.lora_magnitude_vector.{ADAPTER}.weight")
+                let name = if let Some(v) = variable_for_key(name, adapter_name) {
+                    v
+                } else if let Some(rest) = base_weight {
+                    format!("{rest}.weight")
                 } else if let Some(rest) = name
                     .strip_suffix(".base_layer.bias")
                     .filter(|m| adapted.contains(m))
@@ -303,66 +652,182 @@ impl PeftModel {
         Ok(())
     }
 
-    /// peft's `merge_and_unload()`: each adapted weight becomes `W + B @ A * scaling`
-    /// (transposed for `Conv1D`; with DoRA, rescaled row by row to the magnitude), the
-    /// adapters are removed from the model, and the base model is returned (its parameters
-    /// keep their `requires_grad`, as peft leaves them).
-    pub fn merge_and_unload(self) -> Result<Box<dyn PreTrainedModel>> {
-        let vs = self.base.var_store();
-        let vars = vs.variables();
-        tch::no_grad(|| -> Result<()> {
-            for l in &self.layers {
-                let (a, b) = l.weight_names(ADAPTER);
-                let weight = &vars[&format!("{}.weight", l.module)];
-                let delta = lora::delta_weight(&vars[&a], &vars[&b], l).f_to_kind(weight.kind())?;
-                if l.dora {
-                    let merged = lora::dora_merged_weight(
-                        weight,
-                        &delta,
-                        &vars[&l.magnitude_name(ADAPTER)],
-                        l,
-                    );
-                    weight.shallow_clone().f_copy_(&merged)?;
-                } else {
-                    let _ = weight.shallow_clone().f_add_(&delta)?;
-                }
+    /// peft's `merge_adapter(adapter_names)`: each adapted weight of the named adapters (the
+    /// active one by default; merged ones skipped) becomes `W + ΔW` (DoRA: rescaled row by
+    /// row to the magnitude); the layers then run their base weight alone until
+    /// `unmerge_adapter`. A linear layer adds the float32 delta in place (one rounding in
+    /// half precision), an embedding adds it cast to the weight's dtype first, as peft's.
+    pub fn merge_adapter(&mut self, adapter_names: Option<&[&str]>) -> Result<()> {
+        let names: Vec<String> = match adapter_names {
+            Some(n) => n.iter().map(|s| s.to_string()).collect(),
+            None => vec![self.active.clone()],
+        };
+        for name in names {
+            if self.merged.contains(&name) {
+                continue;
             }
-            Ok(())
-        })?;
-        let removed: HashSet<String> = self
-            .layers
-            .iter()
-            .flat_map(|l| l.variable_names(ADAPTER))
-            .collect();
-        let ptrs: HashSet<usize> = removed
-            .iter()
-            .filter_map(|n| vars.get(n))
-            .map(|t| t.data_ptr() as usize)
-            .collect();
-        {
-            let mut v = match vs.variables_.lock() {
-                Ok(v) => v,
-                Err(p) => p.into_inner(),
-            };
-            v.named_variables.retain(|n, _| !removed.contains(n));
-            v.trainable_variables
-                .retain(|var| !ptrs.contains(&(var.tensor.data_ptr() as usize)));
+            let adapter = self.adapter(&name)?;
+            let vars = self.base.var_store().variables();
+            tch::no_grad(|| -> Result<()> {
+                for l in &adapter.layers {
+                    let (a, b) = l.weight_names(&name);
+                    let weight = &vars[&format!("{}.weight", l.module)];
+                    let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
+                    if l.dora {
+                        let merged = lora::dora_merged_weight(
+                            weight,
+                            &delta.f_to_kind(weight.kind())?,
+                            &vars[&l.magnitude_name(&name)],
+                            l,
+                        );
+                        weight.shallow_clone().f_copy_(&merged)?;
+                    } else if l.embedding {
+                        let _ = weight
+                            .shallow_clone()
+                            .f_add_(&delta.f_to_kind(weight.kind())?)?;
+                    } else {
+                        let _ = weight.shallow_clone().f_add_(&delta)?;
+                    }
+                }
+                Ok(())
+            })?;
+            self.merged.push(name);
         }
+        Ok(())
+    }
+
+    /// peft's `unmerge_adapter()`: the merged adapters subtracted in reverse order
+    /// (`W - ΔW` in the weight's dtype: not bit-exact, as peft's). DoRA layers are refused
+    /// (peft divides by a cached norm).
+    pub fn unmerge_adapter(&mut self) -> Result<()> {
+        while let Some(name) = self.merged.last().cloned() {
+            let adapter = self.adapter(&name)?;
+            if let Some(l) = adapter.layers.iter().find(|l| l.dora) {
+                return Err(Error::InvalidArgument {
+                    field: "use_dora",
+                    detail: format!(
+                        "{} is a DoRA layer: unmerging DoRA is not implemented here; keep the unmerged model (merge_and_unload merges for good)",
+                        l.module
+                    ),
+                });
+            }
+            let vars = self.base.var_store().variables();
+            tch::no_grad(|| -> Result<()> {
+                for l in adapter.layers.iter().rev() {
+                    let (a, b) = l.weight_names(&name);
+                    let weight = &vars[&format!("{}.weight", l.module)];
+                    let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
+                    let _ = weight
+                        .shallow_clone()
+                        .f_sub_(&delta.f_to_kind(weight.kind())?)?;
+                }
+                Ok(())
+            })?;
+            self.merged.pop();
+        }
+        Ok(())
+    }
+
+    /// The adapters merged into the base weights (`merge_adapter`), in merge order.
+    pub fn merged_adapters(&self) -> &[String] {
+        &self.merged
+    }
+
+    /// peft's `merge_and_unload()`: the active adapter merged (as `merge_adapter`), every
+    /// adapter removed from the model, and the base model returned (its parameters keep
+    /// their `requires_grad`, as peft leaves them).
+    pub fn merge_and_unload(mut self) -> Result<Box<dyn PreTrainedModel>> {
+        if !self.merged.contains(&self.active) {
+            self.merge_adapter(None)?;
+        }
+        let removed: HashSet<String> = self
+            .adapters
+            .iter()
+            .flat_map(|(n, a)| a.layers.iter().flat_map(move |l| l.variable_names(n)))
+            .collect();
+        self.remove_variables(&removed);
         Ok(self.base)
     }
 
-    /// Writes the adapter as peft's `save_pretrained`: `adapter_config.json` (the resolved
-    /// configuration, `inference_mode` true) and `adapter_model.safetensors`.
+    /// Writes the adapters as peft's `save_pretrained`: for each, `adapter_config.json` (the
+    /// resolved configuration, `inference_mode` true) and `adapter_model.safetensors`, the
+    /// adapter `"default"` in `dir` and any other in `dir/<name>/`.
     pub fn save_adapter(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        self.config.save(dir)?;
-        crate::loading::write_safetensors(
-            &self.adapter_state_dict()?,
-            &dir.join(ADAPTER_SAFE_WEIGHTS_NAME),
-        )
+        let names = self.adapter_names();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.save_selected_adapters(dir, &names)
+    }
+
+    /// `save_pretrained(dir, selected_adapters=names)`.
+    pub fn save_selected_adapters(&self, dir: &Path, names: &[&str]) -> Result<()> {
+        for name in names {
+            self.adapter(name)?;
+        }
+        for name in names {
+            let adapter = self.adapter(name)?;
+            if !self.saved_embedding_layers(adapter).is_empty() {
+                log::warn!(
+                    "Setting `save_embedding_layers` to `True` as embedding layers found in `target_modules`."
+                );
+            }
+            let out = if *name == DEFAULT_ADAPTER {
+                dir.to_path_buf()
+            } else {
+                dir.join(name)
+            };
+            std::fs::create_dir_all(&out).map_err(|source| Error::Io {
+                path: out.clone(),
+                source,
+            })?;
+            adapter.config.save(&out)?;
+            crate::loading::write_safetensors(
+                &self.adapter_state_dict(name)?,
+                &out.join(ADAPTER_SAFE_WEIGHTS_NAME),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Upstream's Trainer resuming a `PeftModel` (`_load_from_checkpoint`): with adapter
+    /// subfolders, `"default"` from `dir` (where it has an adapter file) and each subfolder
+    /// as the adapter of its name, trainable when it is the active one, then the active
+    /// adapter set again; without, `dir` into the active adapter.
+    fn resume_adapters(&mut self, dir: &Path) -> Result<()> {
+        let mut subdirs: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|source| Error::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join(ADAPTER_SAFE_WEIGHTS_NAME).is_file())
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .collect();
+        subdirs.sort();
+        let active = self.active.clone();
+        let training = self.base.is_training();
+        if subdirs.is_empty() {
+            self.load_adapter(dir, &active, true)?;
+        } else {
+            if dir.join(ADAPTER_SAFE_WEIGHTS_NAME).is_file() {
+                self.load_adapter(dir, DEFAULT_ADAPTER, active == DEFAULT_ADAPTER)?;
+            }
+            for sub in subdirs {
+                self.load_adapter(&dir.join(&sub), &sub, sub == active)?;
+            }
+            self.set_adapter(&active)?;
+        }
+        // peft's non-trainable loads call `eval()`; the training step sets the mode again.
+        self.base.set_training(training);
+        Ok(())
+    }
+}
+
+fn several_with_trained_base(name: &str) -> Error {
+    Error::InvalidArgument {
+        field: "modules_to_save",
+        detail: format!(
+            "the adapter {name:?} trains base modules (modules_to_save or bias): with several adapters peft keeps a copy of them per adapter, which is not implemented here; train such an adapter alone"
+        ),
     }
 }
 
@@ -382,12 +847,21 @@ impl TrainableModel for PeftModel {
     /// The base model's forward with the adapter applied by every adapted layer; an error
     /// names the adapted layers the forward never ran.
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        let adapter = self.active_adapter_entry();
+        // peft: a layer any merged adapter lives in runs its (merged) base weight alone.
+        let merged: HashSet<String> = self
+            .adapters
+            .iter()
+            .filter(|(n, _)| self.merged.contains(n))
+            .flat_map(|(_, a)| a.layers.iter().map(|l| l.module.clone()))
+            .collect();
         let active = ActiveAdapters::new(
             self.base.var_store(),
-            &self.layers,
-            ADAPTER,
-            self.config.lora_dropout,
+            &adapter.layers,
+            &self.active,
+            adapter.config.lora_dropout,
             self.base.is_training(),
+            &merged,
         )?;
         let shared = Arc::new(Mutex::new(active));
         let out = lora::with_adapters(Arc::clone(&shared), || self.base.forward(inputs))?;
@@ -467,30 +941,37 @@ impl TrainableModel for PeftModel {
         self.base.output_embeddings()
     }
     /// Upstream's `model.parameters()` of a `PeftModel`: module order, each adapted layer's
-    /// `lora_A` / `lora_B` at its place, the trainable ones only.
+    /// adapters at its place, the trainable ones only.
     fn parameters(&self) -> Vec<Tensor> {
         let vs = self.base.var_store();
         let vars = vs.variables();
-        let lora: HashMap<&str, &LoraLayer> =
-            self.layers.iter().map(|l| (l.module.as_str(), l)).collect();
+        // Per adapted module, its (adapter, layer) pairs in adapter order.
+        let mut lora: HashMap<&str, Vec<(&str, &LoraLayer)>> = HashMap::new();
+        for (name, adapter) in &self.adapters {
+            for l in &adapter.layers {
+                lora.entry(l.module.as_str())
+                    .or_default()
+                    .push((name.as_str(), l));
+            }
+        }
         let mut out = Vec::new();
         // peft's LoRA layer registers `base_layer` (the module's own parameters) first,
-        // then `lora_A`, `lora_B`: a module's adapters follow its last own parameter.
+        // then its dictionaries `lora_A`, `lora_B` (or `lora_embedding_A` / `_B`) and
+        // `lora_magnitude_vector`, each holding every adapter in order.
         let flush = |module: Option<&str>, out: &mut Vec<Tensor>| {
-            if let Some(l) = module.and_then(|m| lora.get(m)) {
-                out.extend(
-                    l.variable_names(ADAPTER)
-                        .iter()
-                        .map(|n| vars[n].shallow_clone()),
-                );
+            if let Some(entries) = module.and_then(|m| lora.get(m)) {
+                for which in 0..3 {
+                    for (adapter, l) in entries {
+                        if let Some(n) = l.variable_names(adapter).get(which) {
+                            out.push(vars[n].shallow_clone());
+                        }
+                    }
+                }
             }
         };
         let mut current: Option<String> = None;
         for name in crate::modeling_utils::ordered_variable_names(vs) {
-            if name.contains(".lora_A.")
-                || name.contains(".lora_B.")
-                || name.contains(".lora_magnitude_vector.")
-            {
+            if is_adapter_variable(&name) {
                 continue;
             }
             let module = module_of(&name);
@@ -509,7 +990,7 @@ impl TrainableModel for PeftModel {
         self.save_adapter(dir)
     }
     fn load_adapter(&mut self, dir: &Path) -> Result<()> {
-        self.load_adapter_weights(dir)
+        self.resume_adapters(dir)
     }
 }
 

@@ -141,6 +141,33 @@ fn cases() -> Vec<Case> {
                 ..Default::default()
             },
         },
+        Case {
+            name: "llama_embed",
+            base: assets().join("tiny-llama"),
+            task: AutoTask::CausalLm,
+            config: LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                lora_dropout: 0.1,
+                target_modules: names(&["embed_tokens", "q_proj"]),
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+                task_type: Some("CAUSAL_LM".into()),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "bert_embed_dora",
+            base: assets().join("reference/peft_lora/bert_mlm_base"),
+            task: AutoTask::MaskedLm,
+            config: LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                target_modules: names(&["word_embeddings", "query"]),
+                use_dora: true,
+                init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+                ..Default::default()
+            },
+        },
     ]
 }
 
@@ -167,7 +194,8 @@ fn lora_equals_peft() -> Result<()> {
         // The draws of get_peft_model.
         tch::manual_seed(0);
         let fresh = get_peft_model(base(&case.base, case.task)?, case.config.clone())?;
-        let state: HashMap<String, Tensor> = fresh.adapter_state_dict()?.into_iter().collect();
+        let state: HashMap<String, Tensor> =
+            fresh.adapter_state_dict("default")?.into_iter().collect();
         let mut n = 0;
         for (key, want) in r.iter().filter(|(k, _)| k.starts_with("init.")) {
             let key = &key["init.".len()..];
@@ -177,7 +205,13 @@ fn lora_equals_peft() -> Result<()> {
             assert!(got.equal(want), "{name}: {key} drawn differently from peft");
             n += 1;
         }
-        assert_eq!(n, state.len(), "{name}: adapter tensors");
+        // Besides the adapter, the base weight of an embedding named in target_modules
+        // (peft's save_embedding_layers="auto").
+        let trained = state
+            .keys()
+            .filter(|k| !k.ends_with(".base_layer.weight"))
+            .count();
+        assert_eq!(n, trained, "{name}: adapter tensors");
         drop(fresh);
 
         // peft's adapter loaded here.
@@ -211,7 +245,7 @@ fn lora_equals_peft() -> Result<()> {
             assets().join(format!("reference/peft_lora/{name}.parameters.json")),
         )?)?;
         let by_ptr: HashMap<usize, String> = model
-            .adapter_state_dict()?
+            .adapter_state_dict("default")?
             .into_iter()
             .map(|(k, t)| (t.data_ptr() as usize, k))
             .collect();
@@ -289,6 +323,7 @@ fn lora_equals_peft() -> Result<()> {
              from safetensors.torch import load_file, save_file\n\
              from peft import PeftModel\n\
              warnings.simplefilter('error', UserWarning)\n\
+             warnings.filterwarnings('ignore', 'Model has `tie_word_embeddings=True`', UserWarning)\n\
              base = tf.{task_class}.from_pretrained({base:?})\n\
              m = PeftModel.from_pretrained(base, {adapter:?}).eval()\n\
              r = load_file({reference:?})\n\
@@ -341,7 +376,7 @@ fn bad_adapters_are_typed_errors() -> Result<()> {
     // A target that matches nothing, and an embedding target.
     for (targets, want) in [
         (vec!["nothing_here"], "matched no linear layer"),
-        (vec!["embed_tokens"], "not a linear layer"),
+        (vec!["norm"], "neither a linear layer"),
         // A container of layers next to a valid name: peft's "not supported".
         (vec!["q_proj", "mlp"], "container of layers"),
     ] {
@@ -369,6 +404,19 @@ fn bad_adapters_are_typed_errors() -> Result<()> {
     )
     .expect_err("refused");
     assert!(err.to_string().contains("also adapted"), "{err}");
+    // LoRA on an embedding other than the input embeddings.
+    let err = get_peft_model(
+        base(&assets().join("tiny-gpt2"), AutoTask::CausalLm)?,
+        LoraConfig {
+            target_modules: Some(TargetModules::Names(vec!["wpe".into()])),
+            ..Default::default()
+        },
+    )
+    .expect_err("refused");
+    assert!(
+        err.to_string().contains("other than the input embeddings"),
+        "{err}"
+    );
     // fan_in_fan_out on nn.Linear layers is set back to false, as peft does.
     let model = get_peft_model(
         base(&llama, AutoTask::CausalLm)?,
@@ -427,12 +475,219 @@ fn adapters_on_a_bfloat16_base_are_float32() -> Result<()> {
             ..Default::default()
         },
     )?;
-    let state = model.adapter_state_dict()?;
+    let state = model.adapter_state_dict("default")?;
     assert!(!state.is_empty());
     for (key, t) in state {
         assert_eq!(t.kind(), tch::Kind::Float, "{key}");
         let rounded = t.to_kind(tch::Kind::BFloat16).to_kind(tch::Kind::Float);
         assert!(rounded.equal(&t), "{key}: not bfloat16-rounded");
     }
+    Ok(())
+}
+
+/// Several adapters as peft holds them (`multi` of the reference): `add_adapter`'s draws,
+/// `set_adapter`, training the active one (the others frozen, peft's parameter order and
+/// gradients), `save_pretrained`'s layout (default at the root, `other/`), `merge_adapter`
+/// of both and `unmerge_adapter` (peft's rounding), `delete_adapter`; the Trainer's resume
+/// of the saved folder; and the refusals.
+#[test]
+fn several_adapters_equal_peft() -> Result<()> {
+    let _g = lock();
+    let r = reference("multi")?;
+    let llama = assets().join("tiny-llama");
+    let names = |v: &[&str]| {
+        Some(TargetModules::Names(
+            v.iter().map(|s| s.to_string()).collect(),
+        ))
+    };
+    let default = LoraConfig {
+        r: 4,
+        lora_alpha: 8.0,
+        lora_dropout: 0.1,
+        target_modules: names(&["q_proj", "v_proj"]),
+        init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+        ..Default::default()
+    };
+    let other = LoraConfig {
+        r: 2,
+        lora_alpha: 2.0,
+        target_modules: names(&["q_proj", "k_proj", "o_proj"]),
+        init_lora_weights: tchtrain_models::InitLoraWeights::Random,
+        ..Default::default()
+    };
+    tch::manual_seed(0);
+    let mut model = get_peft_model(base(&llama, AutoTask::CausalLm)?, default.clone())?;
+    // peft's saved default adapter (drawn the same way) in place of ours.
+    model.load_adapter_weights(&assets().join("reference/peft_lora/multi"), "default")?;
+    tch::manual_seed(2);
+    model.add_adapter("other", other.clone())?;
+    assert_eq!(model.adapter_names(), ["default", "other"]);
+    assert_eq!(model.active_adapter(), "default");
+    let vars = model.var_store().variables();
+    let mut n = 0;
+    for (key, want) in r.iter().filter(|(k, _)| k.starts_with("init.other.")) {
+        let var = key["init.other.".len()..].replace("base_model.model.", "");
+        let var = var.replace(".weight", ".other.weight");
+        let got = vars.get(&var).with_context(|| format!("no {var}"))?;
+        assert!(got.equal(want), "{var} drawn differently from peft");
+        assert!(!got.requires_grad(), "{var}: a new adapter starts frozen");
+        n += 1;
+    }
+    assert_eq!(n, 12);
+    let eval_logits = |m: &mut PeftModel| -> Result<Tensor> {
+        m.eval();
+        logits(m, &r)
+    };
+    assert_eq!(
+        max_abs(&eval_logits(&mut model)?, &r["default_logits"]),
+        0.0
+    );
+    model.set_adapter("other")?;
+    assert_eq!(max_abs(&eval_logits(&mut model)?, &r["other_logits"]), 0.0);
+    model.train();
+    tch::manual_seed(1);
+    let out = model.forward(&ModelInputs {
+        input_ids: Some(&r["input_ids"]),
+        attention_mask: Some(&r["attention_mask"]),
+        labels: Some(&r["labels"]),
+        ..Default::default()
+    })?;
+    let loss = out.loss.context("loss")?;
+    assert_eq!(max_abs(&loss.reshape([1]), &r["loss"]), 0.0);
+    loss.backward();
+    let order: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
+        assets().join("reference/peft_lora/multi.parameters.json"),
+    )?)?;
+    let by_ptr: HashMap<usize, String> = model
+        .adapter_state_dict("other")?
+        .into_iter()
+        .map(|(k, t)| (t.data_ptr() as usize, k))
+        .collect();
+    let params = model.parameters();
+    let ours: Vec<String> = params
+        .iter()
+        .map(|t| {
+            by_ptr
+                .get(&(t.data_ptr() as usize))
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(ours, order, "parameter order");
+    for (key, p) in ours.iter().zip(&params) {
+        assert_eq!(max_abs(&p.grad(), &r[&format!("grad.{key}")]), 0.0, "{key}");
+    }
+    for p in &params {
+        let _ = p.grad().zero_();
+    }
+
+    // save_pretrained: peft's layout, keys and values.
+    let out_dir = temp_dir("lora-multi");
+    model.save_pretrained(out_dir.path())?;
+    for sub in ["", "other"] {
+        let read = |dir: &Path| -> Result<HashMap<String, Tensor>> {
+            Ok(
+                Tensor::read_safetensors(dir.join(sub).join("adapter_model.safetensors"))?
+                    .into_iter()
+                    .collect(),
+            )
+        };
+        let ours = read(out_dir.path())?;
+        let theirs = read(&assets().join("reference/peft_lora/multi"))?;
+        let mut keys: Vec<&String> = ours.keys().collect();
+        keys.sort();
+        let mut want: Vec<&String> = theirs.keys().collect();
+        want.sort();
+        assert_eq!(keys, want, "saved keys of {sub:?}");
+        for k in keys {
+            assert!(ours[k].equal(&theirs[k]), "saved {sub:?} {k}");
+        }
+    }
+
+    // merge both, unmerge (not bit-exact, as peft's), the layers run their base alone.
+    model.merge_adapter(Some(&["default", "other"]))?;
+    assert_eq!(max_abs(&eval_logits(&mut model)?, &r["merged_logits"]), 0.0);
+    assert!(
+        model.add_adapter("third", other.clone()).is_err(),
+        "adding while merged"
+    );
+    model.unmerge_adapter()?;
+    model.set_adapter("default")?;
+    assert_eq!(
+        max_abs(&eval_logits(&mut model)?, &r["unmerged_logits"]),
+        0.0
+    );
+    let vars = model.var_store().variables();
+    for (key, want) in r.iter().filter(|(k, _)| k.starts_with("unmerged.")) {
+        let var = key["unmerged.".len()..]
+            .replace("base_model.model.", "")
+            .replace(".base_layer", "");
+        assert!(vars[&var].equal(want), "{var} after unmerge_adapter");
+    }
+
+    // The Trainer's resume of the saved folder: both adapters' values back, "default"
+    // active and trainable, "other" frozen.
+    let saved_other = model.adapter_state_dict("other")?;
+    tch::no_grad(|| {
+        for (_, t) in model.var_store().variables() {
+            if t.requires_grad() || t.size().len() == 2 && t.size()[1] <= 4 {
+                let _ = t.shallow_clone().fill_(0.5);
+            }
+        }
+    });
+    TrainableModel::load_adapter(&mut model, out_dir.path())?;
+    assert_eq!(model.active_adapter(), "default");
+    for (key, want) in saved_other {
+        let got: HashMap<String, Tensor> = model.adapter_state_dict("other")?.into_iter().collect();
+        assert!(got[&key].equal(&want), "resumed {key}");
+    }
+    let trainable: Vec<String> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(trainable.len(), 8);
+    assert!(
+        trainable.iter().all(|n| n.contains(".default.")),
+        "{trainable:?}"
+    );
+
+    // delete_adapter: "default" stays active.
+    model.delete_adapter("other")?;
+    assert_eq!(model.adapter_names(), ["default"]);
+    assert!(
+        !model
+            .var_store()
+            .variables()
+            .keys()
+            .any(|k| k.contains(".other"))
+    );
+    let err = model
+        .delete_adapter("default")
+        .expect_err("the last adapter");
+    assert!(err.to_string().contains("only adapter"), "{err}");
+    // Refusals: a name held twice, modules_to_save beside another adapter.
+    let err = model
+        .add_adapter("default", other.clone())
+        .expect_err("twice");
+    assert!(err.to_string().contains("already exists"), "{err}");
+    let err = model
+        .add_adapter(
+            "head",
+            LoraConfig {
+                modules_to_save: Some(vec!["model.norm".into()]),
+                ..other.clone()
+            },
+        )
+        .expect_err("modules_to_save");
+    assert!(
+        err.to_string().contains("copy of them per adapter"),
+        "{err}"
+    );
+    assert_eq!(model.adapter_names(), ["default"]);
+    let err = model.set_adapter("nope").expect_err("unknown");
+    assert!(err.to_string().contains("no adapter named"), "{err}");
     Ok(())
 }
