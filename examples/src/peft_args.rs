@@ -128,10 +128,19 @@ impl PeftArguments {
     }
 
     /// The model with its adapter (`get_peft_model`, drawing from the global generator as
-    /// peft does), or as it is without `--use_peft`.
-    pub(crate) fn wrap(&self, model: Box<dyn PreTrainedModel>) -> Result<Box<dyn PreTrainedModel>> {
+    /// peft does), or as it is without `--use_peft`. `name_or_path` (`--model_name_or_path`)
+    /// is the adapter's `base_model_name_or_path`, as peft takes it from the model.
+    pub(crate) fn wrap(
+        &self,
+        model: Box<dyn PreTrainedModel>,
+        name_or_path: Option<&str>,
+    ) -> Result<Box<dyn PreTrainedModel>> {
         match self.lora_config() {
             Some(config) => {
+                let config = LoraConfig {
+                    base_model_name_or_path: name_or_path.map(String::from),
+                    ..config
+                };
                 let peft = get_peft_model(model, config)?;
                 let (trainable, all) = peft.get_nb_trainable_parameters();
                 log::info!(

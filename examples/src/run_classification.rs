@@ -395,7 +395,9 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     // Upstream: `processing_class=tokenizer`, and `default_data_collator` with
     // `--pad_to_max_length` (otherwise the Trainer's default, `DataCollatorWithPadding`).
     // TRL: `get_peft_model(model, peft_config)` on the loaded model.
-    let model = cls.peft.wrap(loaded.model)?;
+    let model = cls
+        .peft
+        .wrap(loaded.model, cls.model_name_or_path.as_deref())?;
     let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .compute_metrics(Box::new(classification_metrics(regression)));

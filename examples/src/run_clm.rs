@@ -403,7 +403,9 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
     // Upstream: `processing_class=tokenizer, data_collator=default_data_collator`.
     // TRL: `get_peft_model(model, peft_config)` on the loaded model.
-    let model = clm.peft.wrap(loaded.model)?;
+    let model = clm
+        .peft
+        .wrap(loaded.model, clm.model_name_or_path.as_deref())?;
     let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(DefaultDataCollator);

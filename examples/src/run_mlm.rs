@@ -510,7 +510,9 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     let n_train = train_ds.as_ref().map_or(0, InMemoryDataset::len);
     let n_eval = eval_ds.as_ref().map_or(0, InMemoryDataset::len);
     // TRL: `get_peft_model(model, peft_config)` on the loaded model.
-    let model = mlm.peft.wrap(loaded.model)?;
+    let model = mlm
+        .peft
+        .wrap(loaded.model, mlm.model_name_or_path.as_deref())?;
     let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(collator);

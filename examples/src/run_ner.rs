@@ -792,7 +792,9 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         collator.pad_to_multiple_of = Some(8);
     }
     // TRL: `get_peft_model(model, peft_config)` on the loaded model.
-    let model = ner.peft.wrap(loaded.model)?;
+    let model = ner
+        .peft
+        .wrap(loaded.model, ner.model_name_or_path.as_deref())?;
     let mut builder = Trainer::builder(model, training.clone())
         .processing_class(tok.clone())
         .data_collator(collator)

@@ -85,13 +85,35 @@ pub fn from_pretrained(
     from_pretrained_dir(&dir, task, device, options)
 }
 
-/// [`from_pretrained`] on an already resolved folder.
+/// [`from_pretrained`] on an already resolved folder. A folder holding a LoRA adapter
+/// (`adapter_config.json`, no `config.json`) loads its `base_model_name_or_path` with the
+/// adapter on it, frozen and in evaluation mode (transformers' PEFT integration: an
+/// adapter folder given to `from_pretrained`).
 pub fn from_pretrained_dir(
     dir: &Path,
     task: AutoTask,
     device: Device,
     options: &LoadOptions,
 ) -> Result<AutoModel> {
+    let adapter_config = dir.join(crate::ADAPTER_CONFIG_NAME);
+    if adapter_config.is_file() && !dir.join(CONFIG_NAME).is_file() {
+        let config = crate::LoraConfig::from_file(&adapter_config)?;
+        let Some(base) = config.base_model_name_or_path.as_deref() else {
+            return Err(Error::InvalidArgument {
+                field: "base_model_name_or_path",
+                detail: format!(
+                    "{} names no base model: load the base model and use PeftModel::from_pretrained(base, adapter folder)",
+                    adapter_config.display()
+                ),
+            });
+        };
+        let base = from_pretrained(base, task, device, &HubOptions::from_env(), options)?;
+        let model = crate::PeftModel::from_pretrained(base.model, dir, false)?;
+        return Ok(Loaded {
+            model: Box::new(model),
+            info: base.info,
+        });
+    }
     let model_type = read_model_type(&dir.join(CONFIG_NAME))?;
     let unsupported = || Error::UnsupportedArchitecture {
         name: format!("{model_type} for {task:?}"),

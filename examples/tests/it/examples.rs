@@ -554,6 +554,8 @@ fn run_clm_trains_a_lora_adapter_with_trl_flags() -> Result<()> {
         config["target_modules"],
         serde_json::json!(["q_proj", "v_proj"])
     );
+    // peft records the base model as it was given, so that the folder loads on its own.
+    assert_eq!(config["base_model_name_or_path"], asset("tiny-llama"));
     let keys: Vec<String> = tch::Tensor::read_safetensors(out.join("adapter_model.safetensors"))?
         .into_iter()
         .map(|(k, _)| k)

@@ -691,3 +691,23 @@ fn several_adapters_equal_peft() -> Result<()> {
     assert!(err.to_string().contains("no adapter named"), "{err}");
     Ok(())
 }
+
+/// An adapter folder given to `from_pretrained` loads its `base_model_name_or_path` with the
+/// adapter on it (transformers' PEFT integration): peft's logits, frozen, in evaluation mode.
+#[test]
+fn an_adapter_folder_loads_through_the_auto_classes() -> Result<()> {
+    let _g = lock();
+    let r = reference("llama_all_linear")?;
+    let model = from_pretrained_dir(
+        &assets().join("reference/peft_lora/llama_all_linear"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    assert_eq!(model.model_name(), "PeftModel");
+    assert!(!model.is_training());
+    assert!(model.parameters().is_empty(), "frozen");
+    assert_eq!(max_abs(&logits(&*model, &r)?, &r["logits"]), 0.0);
+    Ok(())
+}
