@@ -470,12 +470,15 @@ impl TrainableModel for GPT2LMHeadModel {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
         let weight = self.lm_head.as_ref().unwrap_or(self.transformer.wte());
-        let logits = h.matmul(&weight.tr());
+        // `logits_to_keep`: the head on the last positions' hidden states alone.
+        let kept = crate::modeling_utils::keep_last_positions(&h, inputs.logits_to_keep)?;
+        let h_head = kept.as_ref().unwrap_or(&h);
+        let logits = h_head.matmul(&weight.tr());
         crate::debug_utils::leaf(
             || "lm_head".into(),
             "Linear",
             &[("weight", weight)],
-            &h,
+            h_head,
             &logits,
         );
         let loss = match inputs.labels {

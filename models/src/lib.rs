@@ -26,6 +26,7 @@ mod error;
 mod gemma;
 mod gemma2;
 mod gemma3;
+mod generation;
 mod gpt2;
 mod hub;
 mod initialization;
@@ -82,6 +83,10 @@ pub use gemma2::{
     Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification, Gemma2ForTokenClassification,
 };
 pub use gemma3::{Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextForSequenceClassification};
+pub use generation::{
+    GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor, generate,
+    logits_processors,
+};
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
 };

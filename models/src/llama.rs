@@ -1176,10 +1176,14 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 pooler_output: None,
             });
         }
+        // `logits_to_keep`: the head on the last positions' hidden states alone.
+        let kept = crate::modeling_utils::keep_last_positions(&h, inputs.logits_to_keep)?;
+        let h_head = kept.as_ref().unwrap_or(&h);
         let logits = match &self.lm_head {
-            Some(head) => layers::apply_traced(&h, head, || "lm_head".into(), "Linear"),
+            Some(head) => layers::apply_traced(h_head, head, || "lm_head".into(), "Linear"),
             None => {
                 let weight = self.model.embed_tokens();
+                let h = h_head;
                 let logits = h.matmul(&weight.tr());
                 crate::debug_utils::leaf(
                     || "lm_head".into(),

@@ -34,6 +34,9 @@ pub struct ModelInputs<'a> {
     /// Upstream's `skip_logits` (Liger's fused linear cross-entropy): compute the loss
     /// without the logits; `None` lets the model decide (in training, with labels).
     pub skip_logits: Option<bool>,
+    /// Upstream's `logits_to_keep` (causal LMs): the logits of the last `n` positions only
+    /// (the head runs on those hidden states); `None` or 0: every position.
+    pub logits_to_keep: Option<i64>,
 }
 
 impl<'a> ModelInputs<'a> {
@@ -118,6 +121,18 @@ pub struct LinearModule {
     pub out_features: i64,
     /// GPT-2's `Conv1D` (weight stored `[in, out]`).
     pub conv1d: bool,
+}
+
+/// Upstream's `slice_logits_to_keep`: the last `n` positions of `hidden` `[batch, seq, d]`
+/// (`None` when every position is kept: `None` or 0).
+pub(crate) fn keep_last_positions(hidden: &Tensor, n: Option<i64>) -> Result<Option<Tensor>> {
+    match n.filter(|n| *n > 0) {
+        Some(n) => {
+            let seq = hidden.size()[1];
+            Ok(Some(hidden.f_narrow(1, seq - n.min(seq), n.min(seq))?))
+        }
+        None => Ok(None),
+    }
 }
 
 /// The names of `vs`'s variables in creation order (the models keep it equal to upstream's

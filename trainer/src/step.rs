@@ -111,6 +111,7 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         end_positions: batch.get("end_positions"),
         num_items_in_batch: None,
         skip_logits: None,
+        logits_to_keep: None,
     }
 }
 

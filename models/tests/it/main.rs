@@ -5,6 +5,7 @@ mod checkpointing;
 mod debug_utils;
 mod fresh_heads;
 mod fuzz_regressions;
+mod generation;
 mod hub_and_save;
 mod layer_hooks;
 mod liger;

@@ -1,0 +1,423 @@
+//! Upstream's `GenerationConfig` (`generation/configuration_utils.py` of transformers 5.23):
+//! every field unset (`None`) until `generate` fills the global defaults in; read from
+//! `generation_config.json` (or derived from `config.json`, `from_model_config`), written
+//! back with only the fields that are set.
+//!
+//! The fields a decoding here reads are the ones below. Every other field upstream knows is
+//! refused when set to a value that would change the output (beam search, the other
+//! warpers and processors, assisted decoding, watermarking...), with the field's name; the
+//! ones that change nothing here (`output_attentions`, `cache_implementation`...) are kept
+//! as they were read and written back.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::{Error, Result};
+
+/// The file `save_pretrained` writes.
+pub const GENERATION_CONFIG_NAME: &str = "generation_config.json";
+
+/// Upstream's `GenerationConfig`, for greedy decoding and multinomial sampling.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GenerationConfig {
+    /// `max_length`: prompt + new tokens (default 20 new tokens past the prompt, capped at
+    /// the model's `max_position_embeddings`).
+    pub max_length: Option<i64>,
+    /// `max_new_tokens`: takes precedence over `max_length`.
+    pub max_new_tokens: Option<i64>,
+    /// `min_length` (prompt included): the end-of-sequence tokens are masked before it.
+    pub min_length: Option<i64>,
+    /// `min_new_tokens`.
+    pub min_new_tokens: Option<i64>,
+    /// `do_sample` (default false: greedy).
+    pub do_sample: Option<bool>,
+    /// `num_beams` (default 1; beam search is refused).
+    pub num_beams: Option<i64>,
+    /// `use_cache` (default true).
+    pub use_cache: Option<bool>,
+    /// `temperature` (default 1.0).
+    pub temperature: Option<f64>,
+    /// `top_k` (default 50; 0 turns it off).
+    pub top_k: Option<i64>,
+    /// `top_p` (default 1.0: off).
+    pub top_p: Option<f64>,
+    /// `min_p`.
+    pub min_p: Option<f64>,
+    /// `repetition_penalty` (default 1.0: off).
+    pub repetition_penalty: Option<f64>,
+    /// `no_repeat_ngram_size` (default 0: off).
+    pub no_repeat_ngram_size: Option<i64>,
+    /// `num_return_sequences` (default 1).
+    pub num_return_sequences: Option<i64>,
+    /// `output_scores`.
+    pub output_scores: Option<bool>,
+    /// `return_dict_in_generate`.
+    pub return_dict_in_generate: Option<bool>,
+    /// `pad_token_id` (default: the first end-of-sequence token).
+    pub pad_token_id: Option<i64>,
+    /// `bos_token_id`.
+    pub bos_token_id: Option<i64>,
+    /// `eos_token_id`: one id or a list.
+    pub eos_token_id: Option<Vec<i64>>,
+    /// Fields kept as read that change nothing here, written back as they were.
+    pub other: Map<String, Value>,
+}
+
+/// Upstream fields that change nothing in greedy decoding and sampling here.
+const INERT: [&str; 16] = [
+    "_from_model_config",
+    "transformers_version",
+    "output_attentions",
+    "output_hidden_states",
+    "output_logits",
+    "cache_implementation",
+    "cache_config",
+    "max_cache_len",
+    "compile_config",
+    "disable_compile",
+    "low_memory",
+    "max_time",
+    "prefill_chunk_size",
+    "is_assistant",
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+];
+
+/// Upstream fields with their neutral value (`_get_default_generation_params`): set to
+/// anything else they would change the output, which is not implemented here.
+const NEUTRAL: [(&str, f64); 10] = [
+    ("length_penalty", 1.0),
+    ("typical_p", 1.0),
+    ("epsilon_cutoff", 0.0),
+    ("eta_cutoff", 0.0),
+    ("encoder_repetition_penalty", 1.0),
+    ("encoder_no_repeat_ngram_size", 0.0),
+    ("diversity_penalty", 0.0),
+    ("num_beam_groups", 1.0),
+    ("guidance_scale", 1.0),
+    ("penalty_alpha", 0.0),
+];
+
+fn bad(field: &str, detail: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        field: "generation_config",
+        detail: format!("{field}: {}", detail.into()),
+    }
+}
+
+impl GenerationConfig {
+    /// A config from upstream's keyword arguments / `generation_config.json` object.
+    pub fn from_json(value: &Value) -> Result<Self> {
+        let obj = value
+            .as_object()
+            .ok_or_else(|| bad("generation_config", "expected a JSON object"))?;
+        let mut c = Self::default();
+        for (key, v) in obj {
+            if v.is_null() {
+                continue;
+            }
+            let int = || {
+                v.as_i64()
+                    .ok_or_else(|| bad(key, format!("expected an integer, got {v}")))
+            };
+            let float = || {
+                v.as_f64()
+                    .ok_or_else(|| bad(key, format!("expected a number, got {v}")))
+            };
+            let boolean = || {
+                v.as_bool()
+                    .ok_or_else(|| bad(key, format!("expected true or false, got {v}")))
+            };
+            match key.as_str() {
+                "max_length" => c.max_length = Some(int()?),
+                "max_new_tokens" => c.max_new_tokens = Some(int()?),
+                "min_length" => c.min_length = Some(int()?),
+                "min_new_tokens" => c.min_new_tokens = Some(int()?),
+                "do_sample" => c.do_sample = Some(boolean()?),
+                "num_beams" => c.num_beams = Some(int()?),
+                "use_cache" => c.use_cache = Some(boolean()?),
+                "temperature" => c.temperature = Some(float()?),
+                "top_k" => c.top_k = Some(int()?),
+                "top_p" => c.top_p = Some(float()?),
+                "min_p" => c.min_p = Some(float()?),
+                "repetition_penalty" => c.repetition_penalty = Some(float()?),
+                "no_repeat_ngram_size" => c.no_repeat_ngram_size = Some(int()?),
+                "num_return_sequences" => c.num_return_sequences = Some(int()?),
+                "output_scores" => c.output_scores = Some(boolean()?),
+                "return_dict_in_generate" => c.return_dict_in_generate = Some(boolean()?),
+                "pad_token_id" => c.pad_token_id = Some(int()?),
+                "bos_token_id" => c.bos_token_id = Some(int()?),
+                "eos_token_id" => {
+                    c.eos_token_id = Some(match v {
+                        Value::Array(ids) => ids
+                            .iter()
+                            .map(|x| {
+                                x.as_i64()
+                                    .ok_or_else(|| bad(key, format!("expected token ids, got {v}")))
+                            })
+                            .collect::<Result<_>>()?,
+                        _ => vec![int()?],
+                    })
+                }
+                "early_stopping" => {
+                    // Beam search's; without beams only `false` (the default) is meaningful.
+                    if v != &Value::Bool(false) {
+                        return Err(bad(
+                            key,
+                            format!(
+                                "{v} is beam search's, which is not implemented here; leave it unset"
+                            ),
+                        ));
+                    }
+                    c.other.insert(key.clone(), v.clone());
+                }
+                k if INERT.contains(&k) => {
+                    c.other.insert(key.clone(), v.clone());
+                }
+                k => match NEUTRAL.iter().find(|(n, _)| *n == k) {
+                    Some((_, neutral)) if v.as_f64() == Some(*neutral) => {
+                        c.other.insert(key.clone(), v.clone());
+                    }
+                    _ => {
+                        return Err(bad(
+                            key,
+                            format!(
+                                "{v}: this generation option is not implemented here (greedy decoding and sampling with temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size, min / max lengths are); leave it unset"
+                            ),
+                        ));
+                    }
+                },
+            }
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads `generation_config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let value: Value = crate::configuration_utils::read_config(path)?;
+        Self::from_json(&value).map_err(|e| match e {
+            Error::InvalidArgument { detail, .. } => Error::InvalidArgument {
+                field: "generation_config",
+                detail: format!("{}: {detail}", path.display()),
+            },
+            other => other,
+        })
+    }
+
+    /// Upstream's `GenerationConfig.from_model_config`: the generation fields of a model's
+    /// `config.json` (its special token ids), as `from_pretrained` derives them when a model
+    /// folder has no `generation_config.json`.
+    pub fn from_model_config(config: &Value) -> Result<Self> {
+        let mut c = Self::default();
+        let get = |k: &str| config.get(k).filter(|v| !v.is_null());
+        if let Some(v) = get("bos_token_id") {
+            c.bos_token_id = v.as_i64();
+        }
+        if let Some(v) = get("pad_token_id") {
+            c.pad_token_id = v.as_i64();
+        }
+        if let Some(v) = get("eos_token_id") {
+            c.eos_token_id = match v {
+                Value::Array(ids) => Some(ids.iter().filter_map(Value::as_i64).collect()),
+                other => other.as_i64().map(|i| vec![i]),
+            };
+        }
+        if let Some(v) = get("use_cache") {
+            c.use_cache = v.as_bool();
+        }
+        c.other
+            .insert("_from_model_config".into(), Value::Bool(true));
+        Ok(c)
+    }
+
+    /// The generation config of a model folder: `generation_config.json`, else derived from
+    /// `config.json` (upstream's `from_pretrained` fallback).
+    pub fn from_pretrained(dir: &Path) -> Result<Self> {
+        let file = dir.join(GENERATION_CONFIG_NAME);
+        if file.is_file() {
+            return Self::from_file(&file);
+        }
+        let config: Value =
+            crate::configuration_utils::read_config(&dir.join(crate::loading::CONFIG_NAME))?;
+        Self::from_model_config(&config)
+    }
+
+    /// The fields that are set, as `save_pretrained` writes them (sorted keys, upstream's
+    /// `to_diff_dict` plus `transformers_version`).
+    pub fn to_json(&self) -> Value {
+        let mut m: Map<String, Value> = self.other.clone();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("max_length", self.max_length.map(Value::from));
+        put("max_new_tokens", self.max_new_tokens.map(Value::from));
+        put("min_length", self.min_length.map(Value::from));
+        put("min_new_tokens", self.min_new_tokens.map(Value::from));
+        put("do_sample", self.do_sample.map(Value::from));
+        put("num_beams", self.num_beams.map(Value::from));
+        put("use_cache", self.use_cache.map(Value::from));
+        put("temperature", self.temperature.map(Value::from));
+        put("top_k", self.top_k.map(Value::from));
+        put("top_p", self.top_p.map(Value::from));
+        put("min_p", self.min_p.map(Value::from));
+        put(
+            "repetition_penalty",
+            self.repetition_penalty.map(Value::from),
+        );
+        put(
+            "no_repeat_ngram_size",
+            self.no_repeat_ngram_size.map(Value::from),
+        );
+        put(
+            "num_return_sequences",
+            self.num_return_sequences.map(Value::from),
+        );
+        put("output_scores", self.output_scores.map(Value::from));
+        put(
+            "return_dict_in_generate",
+            self.return_dict_in_generate.map(Value::from),
+        );
+        put("pad_token_id", self.pad_token_id.map(Value::from));
+        put("bos_token_id", self.bos_token_id.map(Value::from));
+        put(
+            "eos_token_id",
+            self.eos_token_id.as_ref().map(|ids| match ids.as_slice() {
+                [one] => Value::from(*one),
+                many => Value::from(many.to_vec()),
+            }),
+        );
+        m.insert(
+            "transformers_version".into(),
+            Value::from(crate::configuration_utils::TRANSFORMERS_VERSION),
+        );
+        let mut sorted: Vec<(String, Value)> = m.into_iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        Value::Object(sorted.into_iter().collect())
+    }
+
+    /// Writes `generation_config.json` into `dir` (indented by 2, as upstream's).
+    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(GENERATION_CONFIG_NAME);
+        let text = serde_json::to_string_pretty(&self.to_json()).unwrap_or_default() + "\n";
+        std::fs::write(&path, text).map_err(|source| Error::Io { path, source })
+    }
+
+    /// `update(**kwargs)`: every field `other` sets overrides this one's.
+    pub fn update(&mut self, other: &GenerationConfig) {
+        macro_rules! take {
+            ($($f:ident),*) => {$(if other.$f.is_some() { self.$f = other.$f.clone(); })*};
+        }
+        take!(
+            max_length,
+            max_new_tokens,
+            min_length,
+            min_new_tokens,
+            do_sample,
+            num_beams,
+            use_cache,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            no_repeat_ngram_size,
+            num_return_sequences,
+            output_scores,
+            return_dict_in_generate,
+            pad_token_id,
+            bos_token_id,
+            eos_token_id
+        );
+        for (k, v) in &other.other {
+            self.other.insert(k.clone(), v.clone());
+        }
+    }
+
+    /// Upstream's `validate()`: the combinations it raises on (the ones it only warns
+    /// about are logged), and what this crate does not implement.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(n) = self.max_new_tokens.filter(|n| *n <= 0) {
+            return Err(bad(
+                "max_new_tokens",
+                format!("`max_new_tokens` must be greater than 0, but is {n}."),
+            ));
+        }
+        if let Some(b) = self.num_beams.filter(|b| *b != 1) {
+            return Err(bad(
+                "num_beams",
+                format!(
+                    "{b}: beam search is not implemented here yet; use num_beams=1 (greedy decoding or do_sample=true)"
+                ),
+            ));
+        }
+        let sampling = self.do_sample == Some(true);
+        if let Some(n) = self.num_return_sequences.filter(|n| *n != 1) {
+            if n < 1 {
+                return Err(bad("num_return_sequences", format!("{n}: at least 1")));
+            }
+            if !sampling {
+                return Err(bad(
+                    "num_return_sequences",
+                    format!(
+                        "Greedy methods without beam search do not support `num_return_sequences` different than 1 (got {n})."
+                    ),
+                ));
+            }
+        }
+        if let Some(p) = self.repetition_penalty.filter(|p| *p <= 0.0) {
+            return Err(bad(
+                "repetition_penalty",
+                format!("`penalty` has to be a strictly positive float, but is {p}"),
+            ));
+        }
+        if sampling && self.temperature.is_some_and(|t| t <= 0.0) {
+            return Err(bad(
+                "temperature",
+                format!(
+                    "`temperature` (={}) has to be a strictly positive float, otherwise your next token scores will be invalid. If you're looking for greedy decoding strategies, set `do_sample=False`.",
+                    self.temperature.unwrap_or_default()
+                ),
+            ));
+        }
+        if let Some(k) = self.top_k.filter(|k| *k < 0) {
+            return Err(bad(
+                "top_k",
+                format!("`top_k` has to be a strictly positive integer, but is {k}"),
+            ));
+        }
+        if let Some(p) = self.min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            return Err(bad(
+                "min_p",
+                format!("`min_p` has to be a float in the [0, 1] interval, but is {p}"),
+            ));
+        }
+        if let Some(n) = self.no_repeat_ngram_size.filter(|n| *n < 0) {
+            return Err(bad(
+                "no_repeat_ngram_size",
+                format!("`ngram_size` has to be a strictly positive integer, but is {n}"),
+            ));
+        }
+        if !sampling {
+            let set: Vec<&str> = [
+                ("temperature", self.temperature.is_some_and(|t| t != 1.0)),
+                ("top_p", self.top_p.is_some_and(|p| p != 1.0)),
+                ("top_k", self.top_k.is_some_and(|k| k != 50)),
+                ("min_p", self.min_p.is_some()),
+            ]
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| *n)
+            .collect();
+            if !set.is_empty() {
+                log::warn!(
+                    "The following generation flags are not valid and may be ignored: {set:?}. Set `TRANSFORMERS_VERBOSITY=info` for more details."
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,212 @@
+//! Upstream's logits processors and warpers (`generation/logits_process.py` of transformers
+//! 5.23) that greedy decoding and sampling use here, op for op on float32 scores `[batch,
+//! vocab]`, and `_get_logits_processor`'s order: repetition penalty, no-repeat n-grams,
+//! minimum length, minimum new tokens, then (sampling only) temperature, top-k, top-p, min-p.
+
+use tch::{Kind, Tensor};
+
+use super::configuration_utils::GenerationConfig;
+use crate::Result;
+
+/// One processor.
+#[derive(Debug)]
+pub enum LogitsProcessor {
+    /// `RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length)`: every token id of
+    /// a row (but its leading padding) scored `s * p` where negative, `s / p` otherwise.
+    RepetitionPenalty {
+        /// The penalty.
+        penalty: f64,
+        /// Each row's leading padding `[batch]`, left out.
+        prompt_ignore_length: Option<Tensor>,
+    },
+    /// `NoRepeatNGramLogitsProcessor(n)`: the token that would repeat an n-gram is banned.
+    NoRepeatNGram(i64),
+    /// `MinLengthLogitsProcessor(min_length, eos)`: the end-of-sequence ids banned while the
+    /// sequence (prompt included) is shorter.
+    MinLength {
+        /// `min_length`.
+        min_length: i64,
+        /// The end-of-sequence ids.
+        eos: Vec<i64>,
+    },
+    /// `MinNewTokensLengthLogitsProcessor(prompt_length_to_skip, min_new_tokens, eos)`.
+    MinNewTokens {
+        /// The prompt's width.
+        prompt_length_to_skip: i64,
+        /// `min_new_tokens`.
+        min_new_tokens: i64,
+        /// The end-of-sequence ids.
+        eos: Vec<i64>,
+    },
+    /// `TemperatureLogitsWarper(t)`: `scores / t`.
+    Temperature(f64),
+    /// `TopKLogitsWarper(k)`: below the k-th score removed (ties kept).
+    TopK(i64),
+    /// `TopPLogitsWarper(p)`: the smallest-probability tail summing to at most `1 - p`
+    /// removed (the most probable token always kept).
+    TopP(f64),
+    /// `MinPLogitsWarper(p)`: probabilities under `p` times the largest removed.
+    MinP(f64),
+}
+
+/// `filter_value`.
+const REMOVED: f64 = f64::NEG_INFINITY;
+
+/// `torch.isin(arange(vocab), ids)`.
+fn vocab_mask(scores: &Tensor, ids: &[i64]) -> Result<Tensor> {
+    let vocab = Tensor::f_arange(scores.size()[1], (Kind::Int64, scores.device()))?;
+    let ids = Tensor::f_from_slice(ids)?.f_to_device(scores.device())?;
+    Ok(Tensor::f_isin(&vocab, &ids, false, false)?)
+}
+
+impl LogitsProcessor {
+    /// `processor(input_ids, scores)`.
+    pub fn process(&self, input_ids: &Tensor, scores: Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Self::RepetitionPenalty {
+                penalty,
+                prompt_ignore_length,
+            } => {
+                let vocab = scores.size()[1];
+                let ids = match prompt_ignore_length {
+                    Some(pil) => {
+                        let positions = Tensor::f_arange(
+                            input_ids.size()[1],
+                            (Kind::Int64, input_ids.device()),
+                        )?;
+                        let ignored = positions.unsqueeze(0).f_lt_tensor(&pil.unsqueeze(1))?;
+                        input_ids.f_masked_fill(&ignored, vocab)?
+                    }
+                    None => input_ids.shallow_clone(),
+                };
+                let ids = ids.f_clamp_max(vocab)?;
+                let padded = scores.f_constant_pad_nd([0, 1])?;
+                let score = padded.f_gather(1, &ids, false)?;
+                // `torch.where(score < 0, score * p, score / p)`.
+                let score =
+                    (&score * *penalty).f_where_self(&score.f_lt(0.0)?, &(&score / *penalty))?;
+                padded.f_scatter(1, &ids, &score)?.f_narrow(1, 0, vocab)?
+            }
+            Self::NoRepeatNGram(n) => {
+                let cur_len = input_ids.size()[1];
+                if cur_len < *n {
+                    return Ok(scores);
+                }
+                let prefix = input_ids.f_narrow(1, cur_len + 1 - n, n - 1)?;
+                let windows = input_ids.f_unfold(1, *n, 1)?;
+                let matches = windows
+                    .f_narrow(-1, 0, n - 1)?
+                    .f_eq_tensor(&prefix.unsqueeze(1))?
+                    .f_all_dims(&[-1i64][..], false)?;
+                let vocab = scores.size()[1];
+                let last = windows.f_select(-1, n - 1)?.f_clamp_max(vocab)?;
+                let spare = Tensor::f_full_like(&last, vocab)?;
+                let index = last.f_where_self(&matches, &spare)?;
+                let banned =
+                    Tensor::f_zeros([scores.size()[0], vocab + 1], (Kind::Bool, scores.device()))?
+                        .f_scatter_value(1, &index, 1)?;
+                scores.f_masked_fill(&banned.f_narrow(1, 0, vocab)?, REMOVED)?
+            }
+            Self::MinLength { min_length, eos } => {
+                if input_ids.size()[1] < *min_length {
+                    let mask = vocab_mask(&scores, eos)?;
+                    scores.f_masked_fill(&mask, REMOVED)?
+                } else {
+                    scores
+                }
+            }
+            Self::MinNewTokens {
+                prompt_length_to_skip,
+                min_new_tokens,
+                eos,
+            } => {
+                if input_ids.size()[1] - prompt_length_to_skip < *min_new_tokens {
+                    let mask = vocab_mask(&scores, eos)?;
+                    scores.f_masked_fill(&mask, REMOVED)?
+                } else {
+                    scores
+                }
+            }
+            Self::Temperature(t) => scores.f_div_scalar(*t)?,
+            Self::TopK(k) => {
+                let k = (*k).min(scores.size()[1]);
+                let (values, _) = scores.f_topk(k, -1, true, true)?;
+                let kth = values.f_narrow(-1, k - 1, 1)?;
+                let remove = scores.f_lt_tensor(&kth)?;
+                scores.f_masked_fill(&remove, REMOVED)?
+            }
+            Self::TopP(p) => {
+                let (sorted, indices) = scores.f_sort(-1, false)?;
+                let cumulative = sorted
+                    .f_softmax(-1, Kind::Float)?
+                    .f_cumsum(-1, None::<Kind>)?;
+                let remove = cumulative.f_le(1.0 - *p)?;
+                let keep_last = remove.size()[1] - 1;
+                let _ = remove.f_narrow(1, keep_last, 1)?.f_fill_(0)?;
+                let remove = remove.f_scatter(1, &indices, &remove)?;
+                scores.f_masked_fill(&remove, REMOVED)?
+            }
+            Self::MinP(p) => {
+                let probs = scores.f_softmax(-1, Kind::Float)?;
+                let top = probs.f_amax(&[-1i64][..], true)?;
+                let remove = probs.f_lt_tensor(&(top * *p))?;
+                let (_, keep) = probs.f_topk(1, -1, true, true)?;
+                let remove = remove.f_scatter_value(-1, &keep, 0)?;
+                scores.f_masked_fill(&remove, REMOVED)?
+            }
+        })
+    }
+}
+
+/// Upstream's `_get_logits_processor` for greedy decoding and sampling: the processors
+/// `config` asks for, in upstream's order. `prompt_len` is the input's width (padding
+/// included), `padding_lengths` each row's leading padding when the mask has any.
+pub fn logits_processors(
+    config: &GenerationConfig,
+    prompt_len: i64,
+    eos: &[i64],
+    padding_lengths: Option<&Tensor>,
+) -> Vec<LogitsProcessor> {
+    let mut out = Vec::new();
+    if let Some(p) = config.repetition_penalty.filter(|p| *p != 1.0) {
+        out.push(LogitsProcessor::RepetitionPenalty {
+            penalty: p,
+            prompt_ignore_length: padding_lengths.map(Tensor::shallow_clone),
+        });
+    }
+    if let Some(n) = config.no_repeat_ngram_size.filter(|n| *n > 0) {
+        out.push(LogitsProcessor::NoRepeatNGram(n));
+    }
+    if !eos.is_empty() {
+        if let Some(min_length) = config.min_length.filter(|m| *m > 0) {
+            out.push(LogitsProcessor::MinLength {
+                min_length,
+                eos: eos.to_vec(),
+            });
+        }
+        if let Some(min_new_tokens) = config.min_new_tokens.filter(|m| *m > 0) {
+            out.push(LogitsProcessor::MinNewTokens {
+                prompt_length_to_skip: prompt_len,
+                min_new_tokens,
+                eos: eos.to_vec(),
+            });
+        }
+    }
+    if config.do_sample == Some(true) {
+        if let Some(t) = config.temperature.filter(|t| *t != 1.0) {
+            out.push(LogitsProcessor::Temperature(t));
+        }
+        // `top_k` defaults to 50 (`_get_default_generation_params`): sampling keeps the 50
+        // best tokens unless told otherwise.
+        if let Some(k) = Some(config.top_k.unwrap_or(50)).filter(|k| *k != 0) {
+            out.push(LogitsProcessor::TopK(k.max(1)));
+        }
+        if let Some(p) = config.top_p.filter(|p| *p < 1.0) {
+            out.push(LogitsProcessor::TopP(p));
+        }
+        if let Some(p) = config.min_p {
+            out.push(LogitsProcessor::MinP(p));
+        }
+    }
+    out
+}

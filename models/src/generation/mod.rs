@@ -1,0 +1,11 @@
+//! Text generation (transformers' `generation/` package): [`GenerationConfig`] with
+//! `generation_config.json`, the logits processors and warpers, and [`generate`] for
+//! decoder-only models (greedy decoding and multinomial sampling).
+
+mod configuration_utils;
+mod logits_process;
+mod utils;
+
+pub use configuration_utils::{GENERATION_CONFIG_NAME, GenerationConfig};
+pub use logits_process::{LogitsProcessor, logits_processors};
+pub use utils::{GenerateOutput, generate};

@@ -1,0 +1,249 @@
+//! Upstream's `GenerationMixin.generate` (`generation/utils.py` of transformers 5.23) for
+//! decoder-only models: greedy decoding and multinomial sampling (`_sample`).
+//!
+//! Each step runs the model on the whole sequence so far, with upstream's `position_ids`
+//! (the attention mask's running count, padding at 0), its attention mask (dropped when it
+//! is all ones) and `logits_to_keep = 1`; this is upstream's `use_cache=False` path op for
+//! op, so the scores equal its scores to the bit. With `use_cache=True` (upstream's default)
+//! upstream reuses a key / value cache: the same tokens, scores that differ in the last bits
+//! (about 3e-8), and less work per step; this crate recomputes instead.
+
+use tch::{Kind, Tensor};
+
+use super::configuration_utils::GenerationConfig;
+use super::logits_process::logits_processors;
+use crate::modeling_utils::{ModelInputs, TrainableModel};
+use crate::{Error, Result};
+
+/// What `generate` returns: upstream's `GenerateDecoderOnlyOutput` (the sequences, and the
+/// processed scores of each step with `output_scores` and `return_dict_in_generate`).
+#[derive(Debug)]
+pub struct GenerateOutput {
+    /// Prompt and new tokens `[batch * num_return_sequences, length]` (shorter than
+    /// `max_length` when every row ended).
+    pub sequences: Tensor,
+    /// The processed scores of each step `[batch * num_return_sequences, vocab]` (float32).
+    pub scores: Vec<Tensor>,
+}
+
+/// Upstream's `model.generate(input_ids, attention_mask=..., generation_config=...)` for a
+/// causal LM, in `torch.no_grad()`. `config` is the merged configuration (the model's
+/// `generation_config` updated with the call's arguments); `max_position_embeddings` caps the
+/// default length as upstream's does. The model is used in the mode it is in (upstream's
+/// `generate` does not switch to evaluation either).
+pub fn generate(
+    model: &dyn TrainableModel,
+    input_ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    max_position_embeddings: Option<i64>,
+) -> Result<GenerateOutput> {
+    config.validate()?;
+    if !model.is_causal_lm() {
+        return Err(Error::InvalidArgument {
+            field: "model",
+            detail: format!(
+                "{} is not a causal language model: generate runs decoder-only models here",
+                model.model_name()
+            ),
+        });
+    }
+    let size = input_ids.size();
+    if size.len() != 2 || size[1] == 0 || input_ids.kind() != Kind::Int64 {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!(
+                "expected int64 token ids [batch, length > 0], got {:?} {:?}",
+                input_ids.kind(),
+                size
+            ),
+        });
+    }
+    if let Some(m) = attention_mask.filter(|m| m.size() != size) {
+        return Err(Error::InvalidInput {
+            name: "attention_mask",
+            detail: format!("shape {:?} differs from input_ids' {size:?}", m.size()),
+        });
+    }
+    tch::no_grad(|| {
+        generate_inner(
+            model,
+            input_ids,
+            attention_mask,
+            config,
+            max_position_embeddings,
+        )
+    })
+}
+
+fn generate_inner(
+    model: &dyn TrainableModel,
+    input_ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    max_position_embeddings: Option<i64>,
+) -> Result<GenerateOutput> {
+    let (batch, prompt_len) = (input_ids.size()[0], input_ids.size()[1]);
+    let device = input_ids.device();
+    // `_prepare_special_tokens`: the pad token defaults to the first end-of-sequence id.
+    let eos: Vec<i64> = config.eos_token_id.clone().unwrap_or_default();
+    let pad = config.pad_token_id.or_else(|| eos.first().copied());
+    if config.pad_token_id.is_none() && pad.is_some() && batch > 1 && attention_mask.is_none() {
+        log::warn!(
+            "Setting `pad_token_id` to `eos_token_id`:{} for open-end generation.",
+            eos[0]
+        );
+    }
+    // `_prepare_attention_mask_for_generation`: inferred from the pad token where the
+    // prompt holds it and it is not an end-of-sequence id.
+    let mask = match attention_mask {
+        Some(m) => m.f_to_kind(Kind::Int64)?,
+        None => match pad {
+            Some(p) if !eos.contains(&p) && bool::try_from(input_ids.f_eq(p)?.f_any()?)? => {
+                input_ids.f_ne(p)?.f_to_kind(Kind::Int64)?
+            }
+            _ => Tensor::f_ones([batch, prompt_len], (Kind::Int64, device))?,
+        },
+    };
+    if batch > 1
+        && pad.is_some()
+        && bool::try_from(mask.f_select(1, prompt_len - 1)?.f_eq(0)?.f_any()?)?
+    {
+        log::warn!(
+            "A decoder-only architecture is being used, but right-padding was detected! For correct generation results, please set `padding_side='left'` when initializing the tokenizer."
+        );
+    }
+    // Positions: the mask's running count, 0 on padding.
+    let mut position_ids = mask
+        .f_cumsum(-1, Kind::Int64)?
+        .f_sub_scalar(1)?
+        .f_masked_fill(&mask.f_eq(0)?, 0)?;
+    // An all-ones mask is dropped (the model then runs its causal attention alone).
+    let mut mask = if bool::try_from(mask.f_eq(1)?.f_all()?)? {
+        None
+    } else {
+        Some(mask)
+    };
+    if mask.is_none() && attention_mask.is_none() {
+        position_ids = Tensor::f_arange(prompt_len, (Kind::Int64, device))?.unsqueeze(0);
+    }
+    let padding_lengths = match &mask {
+        Some(m) => Some(m.f_ne(0)?.f_to_kind(Kind::Int)?.f_argmax(1, false)?),
+        None => None,
+    };
+    // `_expand_inputs_for_generation`.
+    let expand = config.num_return_sequences.unwrap_or(1);
+    let expand_rows = |t: &Tensor| -> Result<Tensor> {
+        if expand == 1 || t.size()[0] != batch {
+            Ok(t.shallow_clone())
+        } else {
+            Ok(t.f_repeat_interleave_self_int(expand, 0, None)?)
+        }
+    };
+    let mut ids = expand_rows(input_ids)?;
+    position_ids = expand_rows(&position_ids)?;
+    mask = mask.as_ref().map(&expand_rows).transpose()?;
+    let padding_lengths = padding_lengths.as_ref().map(&expand_rows).transpose()?;
+    let rows = ids.size()[0];
+
+    // Lengths (`_prepare_generated_length`, `_validate_generated_length`).
+    let max_length = match (config.max_new_tokens, config.max_length) {
+        (Some(n), given) => {
+            if given.is_some() {
+                log::warn!(
+                    "Both `max_new_tokens` (={n}) and `max_length`(={}) seem to have been set. `max_new_tokens` will take precedence.",
+                    given.unwrap_or_default()
+                );
+            }
+            n + prompt_len
+        }
+        (None, Some(m)) => m,
+        (None, None) => {
+            log::warn!(
+                "Using the model-agnostic default `max_length` (={}) to control the generation length. We recommend setting `max_new_tokens` to control the maximum length of the generation.",
+                20 + prompt_len
+            );
+            match max_position_embeddings {
+                Some(cap) => (20 + prompt_len).min(cap),
+                None => 20 + prompt_len,
+            }
+        }
+    };
+    if prompt_len >= max_length {
+        return Err(Error::InvalidArgument {
+            field: "max_length",
+            detail: format!(
+                "Input length of input_ids is {prompt_len}, but `max_length` is set to {max_length}. This can lead to unexpected behavior. You should consider increasing `max_length` or, better yet, setting `max_new_tokens`."
+            ),
+        });
+    }
+    let mut resolved = config.clone();
+    if let Some(n) = config.min_new_tokens {
+        resolved.min_length = Some(n + prompt_len);
+    }
+    let processors = logits_processors(&resolved, prompt_len, &eos, padding_lengths.as_ref());
+    let sampling = config.do_sample == Some(true);
+    let keep_scores =
+        config.output_scores == Some(true) && config.return_dict_in_generate == Some(true);
+
+    let eos_ids = Tensor::f_from_slice(&eos)?.f_to_device(device)?;
+    let mut unfinished = Tensor::f_ones([rows], (Kind::Int64, device))?;
+    let mut scores = Vec::new();
+    loop {
+        let inputs = ModelInputs {
+            input_ids: Some(&ids),
+            attention_mask: mask.as_ref(),
+            position_ids: Some(&position_ids),
+            logits_to_keep: Some(1),
+            ..ModelInputs::default()
+        };
+        let out = model.forward(&inputs)?;
+        let logits = out.logits()?;
+        let last = logits.f_select(1, logits.size()[1] - 1)?;
+        let mut step_scores = last.f_to_dtype(Kind::Float, false, true)?;
+        for p in &processors {
+            step_scores = p.process(&ids, step_scores)?;
+        }
+        let next = if sampling {
+            step_scores
+                .f_softmax(-1, Kind::Float)?
+                .f_multinomial(1, false)?
+                .f_squeeze_dim(1)?
+        } else {
+            step_scores.f_argmax(-1, false)?
+        };
+        if keep_scores {
+            scores.push(step_scores);
+        }
+        let next = match (eos.is_empty(), pad) {
+            (false, Some(pad)) => (&next * &unfinished) + (1 - &unfinished) * pad,
+            _ => next,
+        };
+        ids = Tensor::f_cat(&[&ids, &next.unsqueeze(1)], -1)?;
+        let last_position = position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?;
+        position_ids = Tensor::f_cat(&[&position_ids, &(last_position + 1)], -1)?;
+        if let Some(m) = &mask {
+            let ones = Tensor::f_ones([rows, 1], (Kind::Int64, device))?;
+            mask = Some(Tensor::f_cat(&[m, &ones], -1)?);
+        }
+        let cur_len = ids.size()[1];
+        let mut done = Tensor::f_full(
+            [rows],
+            i64::from(cur_len >= max_length),
+            (Kind::Bool, device),
+        )?;
+        if !eos.is_empty() {
+            done = done.f_logical_or(&Tensor::f_isin(&next, &eos_ids, false, false)?)?;
+        }
+        unfinished = unfinished
+            .f_logical_and(&done.f_logical_not()?)?
+            .f_to_kind(Kind::Int64)?;
+        if i64::try_from(unfinished.f_max()?)? == 0 {
+            break;
+        }
+    }
+    Ok(GenerateOutput {
+        sequences: ids,
+        scores,
+    })
+}
