@@ -3,7 +3,7 @@
 //! code in process: [`run_clm`] (causal LM fine-tuning on a text file), [`run_mlm`] (masked LM
 //! fine-tuning on a text file), [`run_classification`] (sequence classification from a CSV /
 //! JSON-lines file) and [`run_ner`] (token classification of pre-split words, scored by
-//! [`seqeval`]).
+//! [`seqeval`]); [`run_generation`] samples continuations of a prompt (`generate`).
 //!
 //! Each script's `main_with_args(argv)` takes the command line without the program name:
 //! its own flags (upstream's `ModelArguments` / `DataTrainingArguments`) next to every
@@ -33,6 +33,7 @@ mod plot;
 mod raster;
 pub mod run_classification;
 pub mod run_clm;
+pub mod run_generation;
 pub mod run_mlm;
 pub mod run_ner;
 pub mod seqeval;

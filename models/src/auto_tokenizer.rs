@@ -139,6 +139,72 @@ impl PreTrainedTokenizerFast {
         })
     }
 
+    /// Upstream `tokenizer.encode(text, add_special_tokens=...)`: the token ids.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
+        let enc = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::InvalidInput {
+                name: "text",
+                detail: format!("the tokenizer failed: {e}"),
+            })?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    /// Upstream `tokenizer.decode(ids, skip_special_tokens, clean_up_tokenization_spaces)`
+    /// of a fast tokenizer: the backend's decoding, then (asked for, or the tokenizer's
+    /// `clean_up_tokenization_spaces`, default false) upstream's `clean_up_tokenization`,
+    /// which a BPE tokenizer skips with upstream's warning (it would strip real spaces).
+    pub fn decode(
+        &self,
+        ids: &[i64],
+        skip_special_tokens: bool,
+        clean_up_tokenization_spaces: Option<bool>,
+    ) -> Result<String> {
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&i| {
+                u32::try_from(i).map_err(|_| Error::InvalidInput {
+                    name: "token_ids",
+                    detail: format!("{i} is not a token id"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let text = self
+            .tokenizer
+            .decode(&ids, skip_special_tokens)
+            .map_err(|e| Error::InvalidInput {
+                name: "token_ids",
+                detail: format!("the tokenizer failed: {e}"),
+            })?;
+        let clean = clean_up_tokenization_spaces.unwrap_or_else(|| {
+            self.config
+                .get("clean_up_tokenization_spaces")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        });
+        if !clean {
+            return Ok(text);
+        }
+        if matches!(self.tokenizer.get_model(), tokenizers::ModelWrapper::BPE(_)) {
+            log::warn!(
+                "Ignoring clean_up_tokenization_spaces=True for BPE tokenizer PreTrainedTokenizerFast. The clean_up_tokenization post-processing step is designed for WordPiece tokenizers and is destructive for BPE (it strips spaces before punctuation)."
+            );
+            return Ok(text);
+        }
+        Ok(text
+            .replace(" .", ".")
+            .replace(" ?", "?")
+            .replace(" !", "!")
+            .replace(" ,", ",")
+            .replace(" ' ", "'")
+            .replace(" n't", "n't")
+            .replace(" 'm", "'m")
+            .replace(" 's", "'s")
+            .replace(" 've", "'ve")
+            .replace(" 're", "'re"))
+    }
+
     /// The `tokenizers` tokenizer (`backend_tokenizer`).
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -1189,7 +1189,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                     || "lm_head".into(),
                     "Linear",
                     &[("weight", weight)],
-                    &h,
+                    h,
                     &logits,
                 );
                 logits

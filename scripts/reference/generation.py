@@ -20,6 +20,9 @@ cache (`cached_sequences`, `cached_scores`: the same tokens, scores within a few
                       ends at its second new token (then filled with the pad id), the second
                       row's first choice is an end-of-sequence id held back by min_new_tokens
   gpt2_return_seqs    one prompt, sampling with num_return_sequences 3, max_length 16
+
+and OUT_DIR/run_generation.json: the texts upstream's run_generation.py prints for SmolLM2-135M
+(see run_generation_script).
 """
 
 import json
@@ -93,6 +96,30 @@ def main():
         max_length=16, do_sample=True, num_return_sequences=3, pad_token_id=50256,
     ), seed=11)
     (OUT / "cases.json").write_text(json.dumps(cases, indent=1))
+    run_generation_script()
+
+
+def run_generation_script():
+    """upstream run_generation.py's generation on SmolLM2-135M (its steps, without argparse):
+    --model_type llama --prompt "To be, or not to be: that is" --length 24 --k 50
+    --temperature 0.7 --num_return_sequences 2 --stop_token "." (seed 42, p 0.9)."""
+    folder = ASSETS / "smollm2-135m"
+    tok = tf.AutoTokenizer.from_pretrained(folder)
+    m = tf.AutoModelForCausalLM.from_pretrained(folder)
+    torch.manual_seed(42)
+    prompt = "To be, or not to be: that is"
+    encoded = tok.encode(prompt, add_special_tokens=False, return_tensors="pt")
+    out = m.generate(
+        input_ids=encoded, max_length=24 + len(encoded[0]), temperature=0.7, top_k=50, top_p=0.9,
+        repetition_penalty=1.0, do_sample=True, num_return_sequences=2,
+    )
+    texts = []
+    for seq in out:
+        text = tok.decode(seq.tolist(), clean_up_tokenization_spaces=True)
+        text = text[: text.find(".")]
+        texts.append(prompt + text[len(tok.decode(encoded[0], clean_up_tokenization_spaces=True)) :])
+    (OUT / "run_generation.json").write_text(json.dumps(texts, indent=1))
+    print("run_generation", texts)
 
 
 if __name__ == "__main__":

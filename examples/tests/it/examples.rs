@@ -591,3 +591,61 @@ fn run_clm_trains_a_lora_adapter_with_trl_flags() -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+/// `run_generation` prints what upstream's `run_generation.py` prints for SmolLM2-135M
+/// (`scripts/reference/generation.py`: the same seed, sampling flags, stop token and text
+/// assembly); its refusals name the flag.
+#[test]
+fn run_generation_samples_as_upstreams_script() -> Result<()> {
+    let _g = lock();
+    let want: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
+        assets().join("reference/generation/run_generation.json"),
+    )?)?;
+    let texts = tchtrain_examples::run_generation::main_with_args([
+        "--model_type",
+        "llama",
+        "--model_name_or_path",
+        &asset("smollm2-135m"),
+        "--prompt",
+        "To be, or not to be: that is",
+        "--length",
+        "24",
+        "--k",
+        "50",
+        "--temperature",
+        "0.7",
+        "--num_return_sequences",
+        "2",
+        "--stop_token",
+        ".",
+    ])?;
+    assert_eq!(texts, want);
+    for (argv, flag) in [
+        (
+            vec!["--model_type", "ctrl", "--model_name_or_path", "x"],
+            "model_type",
+        ),
+        (
+            vec!["--model_type", "nope", "--model_name_or_path", "x"],
+            "model_type",
+        ),
+        (
+            vec![
+                "--model_type",
+                "gpt2",
+                "--model_name_or_path",
+                "x",
+                "--fp16",
+            ],
+            "fp16",
+        ),
+        (vec!["--model_name_or_path", "x"], "model_type"),
+    ] {
+        let err = tchtrain_examples::run_generation::parse_args(argv).expect_err("refused");
+        assert!(
+            matches!(&err, Error::InvalidFlag { flag: f, .. } if f == flag),
+            "{err}"
+        );
+    }
+    Ok(())
+}
