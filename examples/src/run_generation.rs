@@ -203,9 +203,7 @@ where
 
 /// Upstream's `adjust_length_to_model`.
 fn adjust_length_to_model(length: i64, max_sequence_length: i64) -> i64 {
-    if (length < 0 && max_sequence_length > 0)
-        || (0 < max_sequence_length && max_sequence_length < length)
-    {
+    if max_sequence_length > 0 && (length < 0 || max_sequence_length < length) {
         max_sequence_length
     } else if length < 0 {
         MAX_LENGTH
