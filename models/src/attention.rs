@@ -55,6 +55,44 @@ pub(crate) fn attention_mask(
     }
 }
 
+/// [`attention_mask`] for `seq` new queries after `past` cached keys (decoding with a
+/// [`DynamicCache`](crate::DynamicCache)): `attention_mask` covers the `past + seq` keys; key
+/// `k` is visible from query `q` when `k <= q + past` and `k` is not padding. Without padding,
+/// one query needs no mask (upstream's `_ignore_causal_mask_sdpa`), several get the causal
+/// band over the batch.
+pub(crate) fn attention_mask_after(
+    attention_mask: Option<&Tensor>,
+    batch: i64,
+    seq: i64,
+    past: i64,
+    device: Device,
+) -> Mask {
+    if past == 0 {
+        return self::attention_mask(attention_mask, batch, seq, true, device);
+    }
+    let total = past + seq;
+    let padding = attention_mask
+        .map(|m| m.to_device(device).ne(0).view([batch, 1, 1, total]))
+        .filter(|p| p.all().int64_value(&[]) == 0);
+    if padding.is_none() && seq == 1 {
+        return Mask {
+            mask: None,
+            is_causal: false,
+        };
+    }
+    let q = Tensor::arange(seq, (Kind::Int64, device)).view([seq, 1]);
+    let k = Tensor::arange(total, (Kind::Int64, device)).view([1, total]);
+    let band = k.le_tensor(&(q + past)).view([1, 1, seq, total]);
+    let mask = match padding {
+        Some(p) => p.logical_and(&band),
+        None => band.expand([batch, 1, seq, total], false),
+    };
+    Mask {
+        mask: Some(mask),
+        is_causal: false,
+    }
+}
+
 /// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query
 /// `q` when `q - window < k <= q` and `k` is not padding. As upstream's
 /// `_ignore_causal_mask_sdpa`, a window at least as long as the sequence adds nothing and
@@ -127,8 +165,10 @@ pub(crate) fn local_window_mask(
 /// `softmax(q kᵀ · scale + mask) v` with dropout in training; `q`, `k`, `v` are
 /// `[batch, heads, seq, head_dim]` (k / v may have fewer heads: grouped-query attention).
 /// As upstream's `sdpa_attention_forward`, grouped-query attention goes through SDPA's
-/// `enable_gqa` only without a mask (`use_gqa_in_sdpa`); with one, k / v are repeated per
-/// query head first (`repeat_kv`), which selects another kernel, with other roundings.
+/// `enable_gqa` only without a mask (`use_gqa_in_sdpa`); with one, a single query is packed
+/// per key / value head (`pack_gqa`: `[batch, kv_heads, n_rep, head_dim]`), and otherwise
+/// k / v are repeated per query head (`repeat_kv`): each selects another kernel, with
+/// other roundings.
 pub(crate) fn sdpa(
     q: &Tensor,
     k: &Tensor,
@@ -140,6 +180,24 @@ pub(crate) fn sdpa(
     let (heads, kv_heads) = (q.size()[1], k.size()[1]);
     let grouped = heads != kv_heads;
     let gqa_in_sdpa = mask.mask.is_none() && k.size()[3] == v.size()[3] && k.size()[3] <= 256;
+    let q_len = q.size()[2];
+    if grouped && !gqa_in_sdpa && q_len == 1 {
+        // `pack_gqa` (the mask, shared by the heads, as it is), undone on the output.
+        let (b, d) = (q.size()[0], q.size()[3]);
+        let packed = q.reshape([b, kv_heads, heads / kv_heads, d]);
+        let out = Tensor::scaled_dot_product_attention(
+            &packed,
+            k,
+            v,
+            mask.mask.as_ref(),
+            dropout,
+            false,
+            Some(scale),
+            false,
+        );
+        let out_batch = out.size()[0];
+        return out.reshape([out_batch, -1, q_len, v.size()[3]]);
+    }
     let (k, v) = if grouped && !gqa_in_sdpa {
         (
             repeat_kv(k, heads / kv_heads),

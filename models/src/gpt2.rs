@@ -142,6 +142,8 @@ struct Block {
     c_fc: Conv1D,
     mlp_proj: Conv1D,
     scaling: f64,
+    /// The block's index (its place in a key / value cache).
+    idx: usize,
     /// `transformer.h.{i}`, as the underflow / overflow tracer names it.
     name: String,
 }
@@ -180,6 +182,8 @@ struct BlockInputs {
     act: Activation,
     /// The config's `use_cache`: upstream's blocks then get a cache object.
     use_cache: bool,
+    /// The key / value cache the blocks append to (decoding).
+    cache: Option<crate::DynamicCache>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -189,7 +193,7 @@ unsafe impl ReadOnlyLayer for BlockInputs {}
 impl Block {
     /// Upstream `GPT2Block.forward`: attention and MLP, each behind a pre-LayerNorm and a
     /// residual connection.
-    fn forward(&self, h: &Tensor, x: &BlockInputs) -> Tensor {
+    fn forward(&self, h: &Tensor, x: &BlockInputs) -> Result<Tensor> {
         use crate::debug_utils::{Out, Var, hook};
         use layers::{apply_traced, dropout_traced};
         let BlockInputs {
@@ -205,14 +209,12 @@ impl Block {
         let qkv =
             apply_traced(&normed, &self.c_attn, || n("attn.c_attn"), "Conv1D").split(n_embd, 2);
         let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
-        let a = attention::sdpa(
-            &to_heads(&qkv[0]),
-            &to_heads(&qkv[1]),
-            &to_heads(&qkv[2]),
-            &x.mask,
-            x.attn_p,
-            self.scaling,
-        );
+        let (k, v) = (to_heads(&qkv[1]), to_heads(&qkv[2]));
+        let (k, v) = match &x.cache {
+            Some(cache) => cache.update(self.idx, &k, &v)?,
+            None => (k, v),
+        };
+        let a = attention::sdpa(&to_heads(&qkv[0]), &k, &v, &x.mask, x.attn_p, self.scaling);
         let a = a.transpose(1, 2).reshape([batch, seq, n_embd]);
         let a = apply_traced(&a, &self.c_proj, || n("attn.c_proj"), "Conv1D");
         let a = dropout_traced(&a, x.resid_pdrop, x.train, || n("attn.resid_dropout"));
@@ -246,7 +248,7 @@ impl Block {
             &[Var::T(h), cache, mask, Var::None],
             Out::One(Var::T(&out)),
         );
-        out
+        Ok(out)
     }
 }
 
@@ -282,6 +284,7 @@ impl GPT2Model {
                     c_fc: Conv1D::new(&b / "mlp" / "c_fc", inner, d, std),
                     mlp_proj: Conv1D::new(&b / "mlp" / "c_proj", d, inner, proj_std),
                     scaling,
+                    idx: i as usize,
                     name: b.components().collect::<Vec<_>>().join("."),
                 }))
             })
@@ -309,9 +312,11 @@ impl GPT2Model {
         let (batch, seq) = crate::check_ids(ids, self.config.vocab_size, self.config.n_positions)?;
         let device = self.wte.ws.device();
         let ids = ids.f_to_device(device)?;
+        let cache = inputs.past_key_values;
+        let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
         let positions = match inputs.position_ids {
             Some(p) => p.f_to_device(device)?,
-            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+            None => Tensor::arange_start(past, past + seq, (Kind::Int64, device)).unsqueeze(0),
         };
         // NEFTune's hook sits on `wte`, so it also sees the token-type lookup (and the
         // underflow / overflow tracer, registered after it, sees the noisy output).
@@ -338,7 +343,7 @@ impl GPT2Model {
         let c = &self.config;
         let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
         let x = Arc::new(Shared(BlockInputs {
-            mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
+            mask: attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device),
             batch,
             seq,
             heads: c.n_head,
@@ -351,6 +356,7 @@ impl GPT2Model {
             // Upstream passes no cache to checkpointed blocks in training.
             use_cache: crate::configuration_utils::use_cache(&c.extra)
                 && !(train && self.checkpointing.is_some()),
+            cache: cache.cloned(),
         }));
         for (i, b) in self.h.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -358,12 +364,12 @@ impl GPT2Model {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (b, x) = (Arc::clone(b), Arc::clone(&x));
                     checkpoint_layer(&h, ac, move |h| {
-                        let out = b.forward(h, &x);
+                        let out = b.forward(h, &x)?;
                         crate::debug_utils::check()?;
                         Ok(out)
                     })?
                 }
-                _ => b.forward(&h, &x),
+                _ => b.forward(&h, &x)?,
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
@@ -445,6 +451,9 @@ impl TrainableModel for GPT2LMHeadModel {
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
     // `_loss_shifts_labels` is false); it is in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.
+    fn supports_cache(&self) -> bool {
+        true
+    }
     fn output_embeddings(&self) -> Option<String> {
         Some("lm_head".into())
     }

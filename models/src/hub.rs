@@ -86,14 +86,17 @@ pub fn cached_snapshot(cache_dir: &Path, repo_id: &str, revision: &str) -> Optio
     complete.then_some(snapshot)
 }
 
-/// Resolves a name or path to a folder with `config.json` and safetensors weights.
+/// Resolves a name or path to a folder with `config.json` and safetensors weights (or a
+/// local LoRA adapter folder, `adapter_config.json`).
 pub fn resolve(name_or_path: &str, options: &HubOptions) -> Result<PathBuf> {
     let local = Path::new(name_or_path);
     if local.is_dir() {
-        if !local.join(CONFIG_NAME).is_file() {
+        // A LoRA adapter's folder stands for its base model with the adapter (the Auto
+        // classes load both).
+        if !local.join(CONFIG_NAME).is_file() && !local.join(crate::ADAPTER_CONFIG_NAME).is_file() {
             return Err(Error::MissingFile {
                 path: local.join(CONFIG_NAME),
-                fix: "a model folder needs config.json (save it with save_pretrained)",
+                fix: "a model folder needs config.json (save it with save_pretrained), or adapter_config.json for a LoRA adapter",
             });
         }
         return Ok(local.to_path_buf());

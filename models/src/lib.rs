@@ -16,6 +16,7 @@ mod attention;
 mod auto;
 mod auto_tokenizer;
 mod bert;
+mod cache_utils;
 mod chat_template;
 mod checkpoint;
 mod configuration_utils;
@@ -56,6 +57,7 @@ pub use bert::{
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
     EncoderFamily,
 };
+pub use cache_utils::DynamicCache;
 pub use chat_template::{
     ADDITIONAL_CHAT_TEMPLATES_DIR, CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateOptions,
     render_jinja_template,

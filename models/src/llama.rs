@@ -457,6 +457,8 @@ struct DecoderLayer {
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
+    /// The layer's index (its place in a key / value cache).
+    idx: usize,
     /// `model.layers.{i}`, as the underflow / overflow tracer names it.
     name: String,
     /// Upstream's class names of the family's modules.
@@ -553,6 +555,8 @@ struct LayerInputs {
     /// Upstream's eager attention (Gemma 2) with its soft-capping, and the hidden dtype its
     /// mask is built in.
     eager: Option<(Option<f64>, Kind)>,
+    /// The key / value cache the layers append to (decoding).
+    cache: Option<crate::DynamicCache>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -562,7 +566,7 @@ unsafe impl ReadOnlyLayer for LayerInputs {}
 impl DecoderLayer {
     /// Upstream `LlamaDecoderLayer.forward`: RMSNorm, rotary self-attention and residual,
     /// then RMSNorm, the gated MLP and residual.
-    fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
+    fn forward(&self, h: &Tensor, x: &LayerInputs) -> Result<Tensor> {
         let LayerInputs {
             batch,
             seq,
@@ -648,6 +652,11 @@ impl DecoderLayer {
             }
         };
         let (q, k) = (rotate(&q), rotate(&k));
+        // The cache holds the keys after the rotary embedding, as upstream's.
+        let (k, v) = match &x.cache {
+            Some(cache) => cache.update(self.idx, &k, &v)?,
+            None => (k, v),
+        };
         let mask = match (&x.sliding_mask, self.sliding) {
             (Some(m), true) => m,
             _ => &x.mask,
@@ -730,7 +739,7 @@ impl DecoderLayer {
         };
         let out = h2 + m;
         leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
-        out
+        Ok(out)
     }
 }
 
@@ -873,6 +882,7 @@ impl LlamaModel {
                         )
                     }),
                     sliding: family.sliding_windows[i as usize].is_some(),
+                    idx: i as usize,
                     name: l.components().collect::<Vec<_>>().join("."),
                     classes: Arc::clone(&classes),
                 }))
@@ -912,9 +922,20 @@ impl LlamaModel {
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
         let device = self.embed_tokens.ws.device();
         let ids = ids.f_to_device(device)?;
+        let cache = inputs.past_key_values;
+        let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
+        if cache.is_some() && self.family.sliding_windows.iter().any(Option::is_some) {
+            return Err(Error::InvalidArgument {
+                field: "past_key_values",
+                detail: format!(
+                    "{} has sliding-window layers, whose cache upstream trims to the window: not implemented here; run without a cache",
+                    self.family.model_type
+                ),
+            });
+        }
         let positions = match inputs.position_ids {
             Some(p) => p.f_to_device(device)?,
-            None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
+            None => Tensor::arange_start(past, past + seq, (Kind::Int64, device)).unsqueeze(0),
         };
         use crate::debug_utils::{Out, Var, hook, join, leaf};
         let n = |rest: &str| join(&self.prefix, rest);
@@ -976,7 +997,7 @@ impl LlamaModel {
             cos,
             sin,
             sliding_cos_sin,
-            mask: attention::attention_mask(inputs.attention_mask, batch, seq, true, device),
+            mask: attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device),
             // The families' layers share one window size (upstream's `sliding_window`).
             sliding_mask: self
                 .family
@@ -1004,6 +1025,7 @@ impl LlamaModel {
             eager: gemma
                 .filter(|g| g.eager_attention)
                 .map(|g| (g.attn_logit_softcapping, h.kind())),
+            cache: cache.cloned(),
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -1011,12 +1033,12 @@ impl LlamaModel {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
                     checkpoint_layer(&h, ac, move |h| {
-                        let out = l.forward(h, &x);
+                        let out = l.forward(h, &x)?;
                         crate::debug_utils::check()?;
                         Ok(out)
                     })?
                 }
-                _ => l.forward(&h, &x),
+                _ => l.forward(&h, &x)?,
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
@@ -1109,6 +1131,14 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
+    }
+    fn supports_cache(&self) -> bool {
+        !self
+            .model
+            .family
+            .sliding_windows
+            .iter()
+            .any(Option::is_some)
     }
     fn output_embeddings(&self) -> Option<String> {
         Some("lm_head".into())

@@ -37,6 +37,10 @@ pub struct ModelInputs<'a> {
     /// Upstream's `logits_to_keep` (causal LMs): the logits of the last `n` positions only
     /// (the head runs on those hidden states); `None` or 0: every position.
     pub logits_to_keep: Option<i64>,
+    /// Upstream's `past_key_values` (decoder-only models): the keys / values of the tokens
+    /// before `input_ids`, which the forward appends to; `attention_mask` then covers the
+    /// cached tokens and the new ones.
+    pub past_key_values: Option<&'a crate::DynamicCache>,
 }
 
 impl<'a> ModelInputs<'a> {
@@ -317,6 +321,13 @@ pub trait TrainableModel: Send {
     /// (`[out, in]`); GPT-2 says which are `Conv1D`.
     fn linear_modules(&self) -> Vec<LinearModule> {
         linear_modules_of(self)
+    }
+
+    /// Whether the forward takes a [`DynamicCache`](crate::DynamicCache)
+    /// (`ModelInputs::past_key_values`): the causal LMs here but the families with
+    /// sliding-window layers (whose cache upstream trims to the window).
+    fn supports_cache(&self) -> bool {
+        false
     }
 
     /// Upstream's `get_output_embeddings()` module name (a causal LM's `lm_head`), which

@@ -112,6 +112,7 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         num_items_in_batch: None,
         skip_logits: None,
         logits_to_keep: None,
+        past_key_values: None,
     }
 }
 

@@ -10,7 +10,10 @@
 //!    `--per_device_train_batch_size` blocks of `--block_size` tokens, AdamW, cosine
 //!    schedule with warmup), logging every few steps, evaluating half-way and at the end,
 //!    and saving `checkpoint-N/` plus the final model;
-//! 3. `reloaded/`: the saved `checkpoint-N/` loaded back and evaluated again.
+//! 3. `reloaded/`: the saved `checkpoint-N/` loaded back and evaluated again;
+//!
+//! and a continuation of a fixed prompt from the held-out part of the play, sampled with the
+//! same seed from the pretrained model and from the fine-tuned one (`run_generation`).
 //!
 //! It fails (non-zero exit) unless the evaluation loss went down and the reloaded
 //! checkpoint gives the loss the training run measured.
@@ -108,9 +111,13 @@ pub(crate) fn run_example(
     cmd::status(&mut c, what)
 }
 
-/// `--clm`: runs setup, builds the example and runs the three stages; otherwise the
-/// sentiment demo.
+/// `--clm`: runs setup, builds the example and runs the three stages; `--lora`: the LoRA
+/// demo (`demo_lora`); otherwise the sentiment demo.
 pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--lora") {
+        let args: Vec<String> = args.iter().filter(|a| *a != "--lora").cloned().collect();
+        return crate::demo_lora::run(&args);
+    }
     if !args.iter().any(|a| a == "--clm") {
         return crate::demo_sentiment::run(args);
     }
@@ -128,19 +135,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "tchtrain-examples",
         "--bin",
         "run_clm",
+        "--bin",
+        "run_generation",
     ]);
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
     }
     println!("demo: {}", cmd::display(&build));
     let tb = Instant::now();
-    cmd::status(&mut build, "building the run_clm example")?;
+    cmd::status(
+        &mut build,
+        "building the run_clm and run_generation examples",
+    )?;
     println!("demo: built in {:.1}s", tb.elapsed().as_secs_f64());
 
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
     let exe = target.join("release").join("run_clm");
+    let run_generation = target.join("release").join("run_generation");
     let out = target.join("demo");
     if out.exists() {
         std::fs::remove_dir_all(&out)
@@ -244,6 +257,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
             &reloaded.display().to_string(),
         ]),
     )?;
+    println!("\ndemo: a continuation before and after fine-tuning (the same seed)");
+    let text_before = crate::demo_lora::continuation(&run_generation, &root, &model, 40)?;
+    let text_after = crate::demo_lora::continuation(&run_generation, &root, &trained, 40)?;
     let job_secs = t_job.elapsed().as_secs_f64();
 
     let loss_before = read_metric(&before, "eval_results.json", "eval_loss")?;
@@ -268,6 +284,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "  model, trainer_state.json, *_results.json: {}",
         trained.display()
+    );
+    println!(
+        "  continuation before:\n{}",
+        crate::demo_lora::indent(&text_before)
+    );
+    println!(
+        "  continuation after:\n{}",
+        crate::demo_lora::indent(&text_after)
     );
     println!(
         "  demo job {job_secs:.0}s (three runs), {:.0}s in all with setup and build",

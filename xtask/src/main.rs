@@ -16,6 +16,7 @@ mod bench;
 mod cmd;
 mod codegen;
 mod demo;
+mod demo_lora;
 mod demo_sentiment;
 mod disk;
 mod fuzz;
@@ -67,7 +68,16 @@ commands:
         setup, a release build of the run_clm example, then into target/demo/:
         evaluate SmolLM2-135M on the held-out 5% of hamlet.txt, fine-tune it on
         the rest (default 30 steps x 4 rows x 128 tokens, CPU), reload the saved
-        checkpoint and evaluate it again; fails unless the evaluation loss decreased
+        checkpoint and evaluate it again, and sample a continuation of a prompt
+        before and after; fails unless the evaluation loss decreased
+  demo --lora [--steps N] [--block-size N] [--batch-size N] [--length N]
+        setup, release builds of run_clm and run_generation, then into
+        target/demo-lora/: SmolLM2-135M's evaluation loss on the held-out 5% of
+        hamlet.txt and a sampled continuation of a fixed prompt; a LoRA adapter
+        (r 16 on every linear layer, TRL's flags) trained on the rest (default 30
+        steps x 4 rows x 128 tokens); the loss and the continuation again from the
+        saved adapter folder; fails unless the loss decreased and the folder holds
+        the adapter alone
   launch [--nproc-per-node N] [--master-port P] [--master-addr A] -- COMMAND [ARGS...]
         torchrun on one node: starts N copies of COMMAND with RANK, LOCAL_RANK,
         WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1

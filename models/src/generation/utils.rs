@@ -1,17 +1,19 @@
 //! Upstream's `GenerationMixin.generate` (`generation/utils.py` of transformers 5.23) for
 //! decoder-only models: greedy decoding and multinomial sampling (`_sample`).
 //!
-//! Each step runs the model on the whole sequence so far, with upstream's `position_ids`
-//! (the attention mask's running count, padding at 0), its attention mask (dropped when it
-//! is all ones) and `logits_to_keep = 1`; this is upstream's `use_cache=False` path op for
-//! op, so the scores equal its scores to the bit. With `use_cache=True` (upstream's default)
-//! upstream reuses a key / value cache: the same tokens, scores that differ in the last bits
-//! (about 3e-8), and less work per step; this crate recomputes instead.
+//! The first step runs the model on the prompt with upstream's `position_ids` (the attention
+//! mask's running count, padding at 0), its attention mask (dropped when it is all ones) and
+//! `logits_to_keep = 1`. With `use_cache` (the default) the keys and values go into a
+//! [`DynamicCache`] and each later step runs the new token alone, as upstream's; with
+//! `use_cache=False`, or a model without a cache (sliding-window families), each step runs
+//! the whole sequence again, as upstream's `use_cache=False`. Either way the same ops as
+//! upstream's, in the same order.
 
 use tch::{Kind, Tensor};
 
 use super::configuration_utils::GenerationConfig;
 use super::logits_process::logits_processors;
+use crate::cache_utils::DynamicCache;
 use crate::modeling_utils::{ModelInputs, TrainableModel};
 use crate::{Error, Result};
 
@@ -189,12 +191,22 @@ fn generate_inner(
     let eos_ids = Tensor::f_from_slice(&eos)?.f_to_device(device)?;
     let mut unfinished = Tensor::f_ones([rows], (Kind::Int64, device))?;
     let mut scores = Vec::new();
+    let cache = (config.use_cache != Some(false) && model.supports_cache()).then(DynamicCache::new);
     loop {
+        // With a cache, the steps after the first run the newest token alone.
+        let (step_ids, step_positions) = match &cache {
+            Some(c) if c.get_seq_length() > 0 => (
+                ids.f_narrow(1, ids.size()[1] - 1, 1)?,
+                position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?,
+            ),
+            _ => (ids.shallow_clone(), position_ids.shallow_clone()),
+        };
         let inputs = ModelInputs {
-            input_ids: Some(&ids),
+            input_ids: Some(&step_ids),
             attention_mask: mask.as_ref(),
-            position_ids: Some(&position_ids),
+            position_ids: Some(&step_positions),
             logits_to_keep: Some(1),
+            past_key_values: cache.as_ref(),
             ..ModelInputs::default()
         };
         let out = model.forward(&inputs)?;

@@ -940,6 +940,9 @@ impl TrainableModel for PeftModel {
     fn output_embeddings(&self) -> Option<String> {
         self.base.output_embeddings()
     }
+    fn supports_cache(&self) -> bool {
+        self.base.supports_cache()
+    }
     /// Upstream's `model.parameters()` of a `PeftModel`: module order, each adapted layer's
     /// adapters at its place, the trainable ones only.
     fn parameters(&self) -> Vec<Tensor> {

@@ -1,0 +1,64 @@
+//! Upstream's `DynamicCache` (`cache_utils.py` of transformers 5.23): each decoder layer's
+//! keys and values `[batch, kv_heads, seq, head_dim]` (keys after the rotary embedding),
+//! grown along the sequence by every forward that is given the cache, so that decoding
+//! runs each new token alone.
+
+use std::sync::{Arc, Mutex};
+
+use tch::Tensor;
+
+use crate::Result;
+
+/// One layer's keys and values, once it ran.
+type Layer = Option<(Tensor, Tensor)>;
+
+/// The keys and values of the tokens seen so far, per layer. Cloning shares the cache.
+#[derive(Debug, Clone, Default)]
+pub struct DynamicCache {
+    layers: Arc<Mutex<Vec<Layer>>>,
+}
+
+impl DynamicCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Layer>> {
+        match self.layers.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// `get_seq_length()`: the tokens cached (the first layer's).
+    pub fn get_seq_length(&self) -> i64 {
+        self.lock()
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// `update(keys, values, layer_idx)`: appends the new keys / values along the sequence
+    /// and returns the whole of them.
+    pub(crate) fn update(
+        &self,
+        layer: usize,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut layers = self.lock();
+        if layers.len() <= layer {
+            layers.resize_with(layer + 1, || None);
+        }
+        let (k, v) = match layers[layer].take() {
+            Some((k, v)) => (
+                Tensor::f_cat(&[&k, keys], -2)?,
+                Tensor::f_cat(&[&v, values], -2)?,
+            ),
+            None => (keys.shallow_clone(), values.shallow_clone()),
+        };
+        layers[layer] = Some((k.shallow_clone(), v.shallow_clone()));
+        Ok((k, v))
+    }
+}
