@@ -61,4 +61,18 @@ impl DynamicCache {
         layers[layer] = Some((k.shallow_clone(), v.shallow_clone()));
         Ok((k, v))
     }
+
+    /// `reorder_cache(beam_idx)`: every layer's rows picked by `beam_idx` (beam search).
+    pub(crate) fn reorder_cache(&self, beam_idx: &Tensor) -> Result<()> {
+        let mut layers = self.lock();
+        for layer in layers.iter_mut() {
+            if let Some((k, v)) = layer.take() {
+                *layer = Some((
+                    k.f_index_select(0, beam_idx)?,
+                    v.f_index_select(0, beam_idx)?,
+                ));
+            }
+        }
+        Ok(())
+    }
 }

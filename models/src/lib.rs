@@ -86,8 +86,8 @@ pub use gemma2::{
 };
 pub use gemma3::{Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextForSequenceClassification};
 pub use generation::{
-    GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor, generate,
-    logits_processors,
+    EarlyStopping, GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor,
+    generate, logits_processors,
 };
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,

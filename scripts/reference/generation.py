@@ -20,6 +20,13 @@ cache (`cached_sequences`, `cached_scores`: the same tokens, scores within a few
                       ends at its second new token (then filled with the pad id), the second
                       row's first choice is an end-of-sequence id held back by min_new_tokens
   gpt2_return_seqs    one prompt, sampling with num_return_sequences 3, max_length 16
+  llama_beam          two prompts (one left-padded), beam search with 3 beams, 2 returned
+                      (sequences_scores saved too)
+  gpt2_beam_eos       two prompts, 4 beams, early_stopping True, length_penalty 2.0,
+                      end-of-sequence ids and pad id 0 (which upstream's fill treats as unset),
+                      no_repeat_ngram_size 2
+  llama_beam_sample   beam sampling: 2 beams, early_stopping "never", length_penalty 0.5,
+                      top_k 20, temperature 0.9
 
 and OUT_DIR/run_generation.json: the texts upstream's run_generation.py prints for SmolLM2-135M
 (see run_generation_script).
@@ -58,6 +65,8 @@ def run(case, name, ids, mask, kwargs, seed=0):
         prefix = "cached_" if cached else ""
         out[prefix + "sequences"] = g.sequences
         out[prefix + "scores"] = torch.stack(g.scores)
+        if getattr(g, "sequences_scores", None) is not None:
+            out[prefix + "sequences_scores"] = g.sequences_scores
     assert torch.equal(out["sequences"], out["cached_sequences"]), case
     save_file(
         {"input_ids": ids, "attention_mask": mask, **{k: v.contiguous() for k, v in out.items()}},
@@ -95,6 +104,23 @@ def main():
     cases["gpt2_return_seqs"] = run("gpt2_return_seqs", "tiny-gpt2", ids, ones(ids), dict(
         max_length=16, do_sample=True, num_return_sequences=3, pad_token_id=50256,
     ), seed=11)
+    # Beam search.
+    ids = torch.tensor([[1, 45, 300, 17, 9, 77], [0, 0, 1, 88, 5, 120]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    cases["llama_beam"] = run("llama_beam", "tiny-llama", ids, mask, dict(
+        max_new_tokens=8, num_beams=3, num_return_sequences=2,
+    ))
+    ids = torch.tensor([[464, 3290, 318, 257], [0, 0, 40, 588]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    cases["gpt2_beam_eos"] = run("gpt2_beam_eos", "tiny-gpt2", ids, mask, dict(
+        max_new_tokens=9, num_beams=4, early_stopping=True, length_penalty=2.0,
+        eos_token_id=[7171, 588, 50256], pad_token_id=0, no_repeat_ngram_size=2,
+    ))
+    ids = torch.tensor([[1, 45, 300, 17], [1, 88, 5, 120]])
+    cases["llama_beam_sample"] = run("llama_beam_sample", "tiny-llama", ids, torch.ones_like(ids), dict(
+        max_new_tokens=6, num_beams=2, do_sample=True, early_stopping="never", length_penalty=0.5,
+        top_k=20, temperature=0.9,
+    ), seed=5)
     (OUT / "cases.json").write_text(json.dumps(cases, indent=1))
     run_generation_script()
 

@@ -4,8 +4,9 @@
 //! back with only the fields that are set.
 //!
 //! The fields a decoding here reads are the ones below. Every other field upstream knows is
-//! refused when set to a value that would change the output (beam search, the other
-//! warpers and processors, assisted decoding, watermarking...), with the field's name; the
+//! refused when set to a value that would change the output (group / constrained beam
+//! search, the other warpers and processors, assisted decoding, watermarking...), with the
+//! field's name; the
 //! ones that change nothing here (`output_attentions`, `cache_implementation`...) are kept
 //! as they were read and written back.
 
@@ -15,10 +16,24 @@ use serde_json::{Map, Value};
 
 use crate::{Error, Result};
 
+/// `early_stopping` of beam search: stop when `num_beams` hypotheses are done (`True`),
+/// by upstream's heuristic (`False`, the default), or only when no better one can come
+/// (`"never"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EarlyStopping {
+    /// `False`.
+    #[default]
+    False,
+    /// `True`.
+    True,
+    /// `"never"`.
+    Never,
+}
+
 /// The file `save_pretrained` writes.
 pub const GENERATION_CONFIG_NAME: &str = "generation_config.json";
 
-/// Upstream's `GenerationConfig`, for greedy decoding and multinomial sampling.
+/// Upstream's `GenerationConfig`, for greedy decoding, multinomial sampling and beam search.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct GenerationConfig {
     /// `max_length`: prompt + new tokens (default 20 new tokens past the prompt, capped at
@@ -32,8 +47,13 @@ pub struct GenerationConfig {
     pub min_new_tokens: Option<i64>,
     /// `do_sample` (default false: greedy).
     pub do_sample: Option<bool>,
-    /// `num_beams` (default 1; beam search is refused).
+    /// `num_beams` (default 1: no beam search).
     pub num_beams: Option<i64>,
+    /// `length_penalty` of beam search (default 1.0): finished hypotheses score
+    /// `sum of log-probabilities / length ** length_penalty`.
+    pub length_penalty: Option<f64>,
+    /// `early_stopping` of beam search.
+    pub early_stopping: Option<EarlyStopping>,
     /// `use_cache` (default true).
     pub use_cache: Option<bool>,
     /// `temperature` (default 1.0).
@@ -86,8 +106,7 @@ const INERT: [&str; 16] = [
 
 /// Upstream fields with their neutral value (`_get_default_generation_params`): set to
 /// anything else they would change the output, which is not implemented here.
-const NEUTRAL: [(&str, f64); 10] = [
-    ("length_penalty", 1.0),
+const NEUTRAL: [(&str, f64); 9] = [
     ("typical_p", 1.0),
     ("epsilon_cutoff", 0.0),
     ("eta_cutoff", 0.0),
@@ -160,17 +179,21 @@ impl GenerationConfig {
                         _ => vec![int()?],
                     })
                 }
+                "length_penalty" => c.length_penalty = Some(float()?),
                 "early_stopping" => {
-                    // Beam search's; without beams only `false` (the default) is meaningful.
-                    if v != &Value::Bool(false) {
-                        return Err(bad(
-                            key,
-                            format!(
-                                "{v} is beam search's, which is not implemented here; leave it unset"
-                            ),
-                        ));
-                    }
-                    c.other.insert(key.clone(), v.clone());
+                    c.early_stopping = Some(match v {
+                        Value::Bool(true) => EarlyStopping::True,
+                        Value::Bool(false) => EarlyStopping::False,
+                        Value::String(s) if s == "never" => EarlyStopping::Never,
+                        _ => {
+                            return Err(bad(
+                                key,
+                                format!(
+                                    "`early_stopping` must be a boolean or 'never', but is {v}."
+                                ),
+                            ));
+                        }
+                    })
                 }
                 k if INERT.contains(&k) => {
                     c.other.insert(key.clone(), v.clone());
@@ -183,7 +206,7 @@ impl GenerationConfig {
                         return Err(bad(
                             key,
                             format!(
-                                "{v}: this generation option is not implemented here (greedy decoding and sampling with temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size, min / max lengths are); leave it unset"
+                                "{v}: this generation option is not implemented here (greedy decoding, sampling and beam search with temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size, min / max lengths, length_penalty and early_stopping are); leave it unset"
                             ),
                         ));
                     }
@@ -259,6 +282,15 @@ impl GenerationConfig {
         put("min_new_tokens", self.min_new_tokens.map(Value::from));
         put("do_sample", self.do_sample.map(Value::from));
         put("num_beams", self.num_beams.map(Value::from));
+        put("length_penalty", self.length_penalty.map(Value::from));
+        put(
+            "early_stopping",
+            self.early_stopping.map(|e| match e {
+                EarlyStopping::True => Value::Bool(true),
+                EarlyStopping::False => Value::Bool(false),
+                EarlyStopping::Never => Value::from("never"),
+            }),
+        );
         put("use_cache", self.use_cache.map(Value::from));
         put("temperature", self.temperature.map(Value::from));
         put("top_k", self.top_k.map(Value::from));
@@ -318,6 +350,8 @@ impl GenerationConfig {
             min_new_tokens,
             do_sample,
             num_beams,
+            length_penalty,
+            early_stopping,
             use_cache,
             temperature,
             top_k,
@@ -346,20 +380,24 @@ impl GenerationConfig {
                 format!("`max_new_tokens` must be greater than 0, but is {n}."),
             ));
         }
-        if let Some(b) = self.num_beams.filter(|b| *b != 1) {
-            return Err(bad(
-                "num_beams",
-                format!(
-                    "{b}: beam search is not implemented here yet; use num_beams=1 (greedy decoding or do_sample=true)"
-                ),
-            ));
+        let beams = self.num_beams.unwrap_or(1);
+        if beams < 1 {
+            return Err(bad("num_beams", format!("{beams}: at least 1")));
         }
         let sampling = self.do_sample == Some(true);
         if let Some(n) = self.num_return_sequences.filter(|n| *n != 1) {
             if n < 1 {
                 return Err(bad("num_return_sequences", format!("{n}: at least 1")));
             }
-            if !sampling {
+            if beams > 1 && n > beams {
+                return Err(bad(
+                    "num_return_sequences",
+                    format!(
+                        "`num_return_sequences` (={n}) has to be smaller or equal to `num_beams` (={beams})."
+                    ),
+                ));
+            }
+            if beams == 1 && !sampling {
                 return Err(bad(
                     "num_return_sequences",
                     format!(
@@ -400,6 +438,28 @@ impl GenerationConfig {
                 "no_repeat_ngram_size",
                 format!("`ngram_size` has to be a strictly positive integer, but is {n}"),
             ));
+        }
+        if beams == 1 {
+            let set: Vec<&str> = [
+                (
+                    "early_stopping",
+                    self.early_stopping
+                        .is_some_and(|e| e != EarlyStopping::False),
+                ),
+                (
+                    "length_penalty",
+                    self.length_penalty.is_some_and(|p| p != 1.0),
+                ),
+            ]
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| *n)
+            .collect();
+            if !set.is_empty() {
+                log::warn!(
+                    "The following generation flags are not valid and may be ignored: {set:?}. Set `TRANSFORMERS_VERBOSITY=info` for more details."
+                );
+            }
         }
         if !sampling {
             let set: Vec<&str> = [

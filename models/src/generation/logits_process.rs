@@ -42,11 +42,22 @@ pub enum LogitsProcessor {
     Temperature(f64),
     /// `TopKLogitsWarper(k)`: below the k-th score removed (ties kept).
     TopK(i64),
-    /// `TopPLogitsWarper(p)`: the smallest-probability tail summing to at most `1 - p`
-    /// removed (the most probable token always kept).
-    TopP(f64),
-    /// `MinPLogitsWarper(p)`: probabilities under `p` times the largest removed.
-    MinP(f64),
+    /// `TopPLogitsWarper(p, min_tokens_to_keep)`: the smallest-probability tail summing to at
+    /// most `1 - p` removed (the `min_keep` most probable tokens always kept).
+    TopP {
+        /// `top_p`.
+        p: f64,
+        /// `min_tokens_to_keep`.
+        min_keep: i64,
+    },
+    /// `MinPLogitsWarper(p, min_tokens_to_keep)`: probabilities under `p` times the largest
+    /// removed.
+    MinP {
+        /// `min_p`.
+        p: f64,
+        /// `min_tokens_to_keep`.
+        min_keep: i64,
+    },
 }
 
 /// `filter_value`.
@@ -135,22 +146,24 @@ impl LogitsProcessor {
                 let remove = scores.f_lt_tensor(&kth)?;
                 scores.f_masked_fill(&remove, REMOVED)?
             }
-            Self::TopP(p) => {
+            Self::TopP { p, min_keep } => {
                 let (sorted, indices) = scores.f_sort(-1, false)?;
                 let cumulative = sorted
                     .f_softmax(-1, Kind::Float)?
                     .f_cumsum(-1, None::<Kind>)?;
                 let remove = cumulative.f_le(1.0 - *p)?;
-                let keep_last = remove.size()[1] - 1;
-                let _ = remove.f_narrow(1, keep_last, 1)?.f_fill_(0)?;
+                let vocab = remove.size()[1];
+                let keep = (*min_keep).min(vocab);
+                let _ = remove.f_narrow(1, vocab - keep, keep)?.f_fill_(0)?;
                 let remove = remove.f_scatter(1, &indices, &remove)?;
                 scores.f_masked_fill(&remove, REMOVED)?
             }
-            Self::MinP(p) => {
+            Self::MinP { p, min_keep } => {
                 let probs = scores.f_softmax(-1, Kind::Float)?;
                 let top = probs.f_amax(&[-1i64][..], true)?;
                 let remove = probs.f_lt_tensor(&(top * *p))?;
-                let (_, keep) = probs.f_topk(1, -1, true, true)?;
+                let k = (*min_keep).min(probs.size()[1]);
+                let (_, keep) = probs.f_topk(k, -1, true, true)?;
                 let remove = remove.f_scatter_value(-1, &keep, 0)?;
                 scores.f_masked_fill(&remove, REMOVED)?
             }
@@ -193,19 +206,29 @@ pub fn logits_processors(
         }
     }
     if config.do_sample == Some(true) {
+        // Beam sampling keeps one token past the end-of-sequence ids.
+        let min_keep = if config.num_beams.unwrap_or(1) > 1 {
+            if eos.is_empty() {
+                2
+            } else {
+                eos.len() as i64 + 1
+            }
+        } else {
+            1
+        };
         if let Some(t) = config.temperature.filter(|t| *t != 1.0) {
             out.push(LogitsProcessor::Temperature(t));
         }
         // `top_k` defaults to 50 (`_get_default_generation_params`): sampling keeps the 50
         // best tokens unless told otherwise.
         if let Some(k) = Some(config.top_k.unwrap_or(50)).filter(|k| *k != 0) {
-            out.push(LogitsProcessor::TopK(k.max(1)));
+            out.push(LogitsProcessor::TopK(k.max(min_keep)));
         }
         if let Some(p) = config.top_p.filter(|p| *p < 1.0) {
-            out.push(LogitsProcessor::TopP(p));
+            out.push(LogitsProcessor::TopP { p, min_keep });
         }
         if let Some(p) = config.min_p {
-            out.push(LogitsProcessor::MinP(p));
+            out.push(LogitsProcessor::MinP { p, min_keep });
         }
     }
     out

@@ -1,11 +1,12 @@
 //! Text generation (transformers' `generation/` package): [`GenerationConfig`] with
 //! `generation_config.json`, the logits processors and warpers, and [`generate`] for
-//! decoder-only models (greedy decoding and multinomial sampling).
+//! decoder-only models (greedy decoding, multinomial sampling, beam search and beam sampling).
 
+mod beam_search;
 mod configuration_utils;
 mod logits_process;
 mod utils;
 
-pub use configuration_utils::{GENERATION_CONFIG_NAME, GenerationConfig};
+pub use configuration_utils::{EarlyStopping, GENERATION_CONFIG_NAME, GenerationConfig};
 pub use logits_process::{LogitsProcessor, logits_processors};
 pub use utils::{GenerateOutput, generate};

@@ -1,5 +1,6 @@
 //! Upstream's `GenerationMixin.generate` (`generation/utils.py` of transformers 5.23) for
-//! decoder-only models: greedy decoding and multinomial sampling (`_sample`).
+//! decoder-only models: greedy decoding and multinomial sampling (`_sample`), and beam search
+//! (`_beam_search`, in `beam_search.rs`).
 //!
 //! The first step runs the model on the prompt with upstream's `position_ids` (the attention
 //! mask's running count, padding at 0), its attention mask (dropped when it is all ones) and
@@ -24,8 +25,13 @@ pub struct GenerateOutput {
     /// Prompt and new tokens `[batch * num_return_sequences, length]` (shorter than
     /// `max_length` when every row ended).
     pub sequences: Tensor,
-    /// The processed scores of each step `[batch * num_return_sequences, vocab]` (float32).
+    /// The processed scores of each step `[batch * num_return_sequences, vocab]` (float32;
+    /// beam search: the processed log-probabilities of every beam, `[batch * num_beams,
+    /// vocab]`).
     pub scores: Vec<Tensor>,
+    /// Beam search's `sequences_scores`: each returned hypothesis's score `[batch *
+    /// num_return_sequences]`.
+    pub sequences_scores: Option<Tensor>,
 }
 
 /// Upstream's `model.generate(input_ids, attention_mask=..., generation_config=...)` for a
@@ -133,8 +139,13 @@ fn generate_inner(
         Some(m) => Some(m.f_ne(0)?.f_to_kind(Kind::Int)?.f_argmax(1, false)?),
         None => None,
     };
-    // `_expand_inputs_for_generation`.
-    let expand = config.num_return_sequences.unwrap_or(1);
+    // `_expand_inputs_for_generation`: a row per beam, or per returned sequence.
+    let beams = config.num_beams.unwrap_or(1);
+    let expand = if beams > 1 {
+        beams
+    } else {
+        config.num_return_sequences.unwrap_or(1)
+    };
     let expand_rows = |t: &Tensor| -> Result<Tensor> {
         if expand == 1 || t.size()[0] != batch {
             Ok(t.shallow_clone())
@@ -188,10 +199,37 @@ fn generate_inner(
     let keep_scores =
         config.output_scores == Some(true) && config.return_dict_in_generate == Some(true);
 
+    let use_cache = config.use_cache != Some(false) && model.supports_cache();
+    if beams > 1 {
+        let out = super::beam_search::beam_search(
+            model,
+            &ids,
+            mask,
+            position_ids,
+            &processors,
+            &super::beam_search::BeamSettings {
+                num_beams: beams,
+                max_length,
+                eos: &eos,
+                pad,
+                do_sample: sampling,
+                length_penalty: config.length_penalty.unwrap_or(1.0),
+                early_stopping: config.early_stopping.unwrap_or_default(),
+                num_return_sequences: config.num_return_sequences.unwrap_or(1),
+                keep_scores,
+                use_cache,
+            },
+        )?;
+        return Ok(GenerateOutput {
+            sequences: out.sequences,
+            scores: out.scores,
+            sequences_scores: keep_scores.then_some(out.sequences_scores),
+        });
+    }
     let eos_ids = Tensor::f_from_slice(&eos)?.f_to_device(device)?;
     let mut unfinished = Tensor::f_ones([rows], (Kind::Int64, device))?;
     let mut scores = Vec::new();
-    let cache = (config.use_cache != Some(false) && model.supports_cache()).then(DynamicCache::new);
+    let cache = use_cache.then(DynamicCache::new);
     loop {
         // With a cache, the steps after the first run the newest token alone.
         let (step_ids, step_positions) = match &cache {
@@ -257,5 +295,6 @@ fn generate_inner(
     Ok(GenerateOutput {
         sequences: ids,
         scores,
+        sequences_scores: None,
     })
 }

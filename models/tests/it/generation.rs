@@ -1,7 +1,9 @@
 //! `generate()` against transformers 5.23 (`scripts/reference/generation.py`): greedy
 //! decoding and sampling on the tiny Llama and GPT-2 (left padding, temperature, top-k,
 //! top-p, min-p, repetition penalty, no-repeat n-grams, end-of-sequence lists with the pad
-//! fill, min_new_tokens, num_return_sequences), each with the key / value cache (upstream's
+//! fill, min_new_tokens, num_return_sequences) and beam search (returned sequences, early
+//! stopping true / false / "never", length penalties, beam sampling, end-of-sequence ids
+//! with upstream's fill), each with the key / value cache (upstream's
 //! default) and without: the sequences equal upstream's, and every step's processed scores
 //! equal its scores to the bit for batches of several rows (one row: see the tolerance
 //! below).
@@ -20,7 +22,7 @@ fn generate_equals_transformers() -> Result<()> {
     let dir = assets().join("reference/generation");
     let cases: serde_json::Map<String, Value> =
         serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json"))?)?;
-    assert_eq!(cases.len(), 5);
+    assert_eq!(cases.len(), 8);
     for (name, case) in &cases {
         let r: HashMap<String, Tensor> =
             Tensor::read_safetensors(dir.join(format!("{name}.safetensors")))?
@@ -85,6 +87,12 @@ fn generate_equals_transformers() -> Result<()> {
                 .max()
                 .double_value(&[]);
             assert!(d <= tol, "{name} {prefix}: scores differ by {d}");
+            // Beam search: each returned hypothesis's score.
+            if let Some(want) = r.get(&format!("{prefix}sequences_scores")) {
+                let got = out.sequences_scores.as_ref().context("sequences_scores")?;
+                let d = (got - want).abs().max().double_value(&[]);
+                assert!(d <= tol, "{name} {prefix}: sequences_scores differ by {d}");
+            }
         }
         eprintln!("{name}: sequences and scores equal upstream's, with and without the cache");
     }
@@ -100,7 +108,15 @@ fn generation_config_checks_and_lengths() -> Result<()> {
         let err = GenerationConfig::from_json(&v).expect_err("refused");
         assert!(err.to_string().contains(want), "{err}");
     };
-    refused(serde_json::json!({"num_beams": 4}), "beam search");
+    refused(
+        serde_json::json!({"num_beams": 2, "num_return_sequences": 3}),
+        "smaller or equal to `num_beams`",
+    );
+    refused(
+        serde_json::json!({"early_stopping": "sometimes"}),
+        "boolean or 'never'",
+    );
+    refused(serde_json::json!({"num_beam_groups": 2}), "num_beam_groups");
     refused(serde_json::json!({"typical_p": 0.9}), "typical_p");
     refused(serde_json::json!({"max_new_tokens": 0}), "greater than 0");
     refused(

@@ -81,14 +81,17 @@ impl Run {
     }
 }
 
-/// The matmul probe's line: (fp32, bf16) FLOP/s.
+/// The matmul probe's line: (fp32, bf16) FLOP/s, NaN for a precision not probed.
 fn peak_from_line(line: &str) -> Option<(f64, f64)> {
     let m = parse_flat_json(line)?;
+    if !m.contains_key("probe") {
+        return None;
+    }
     let num = |k: &str| match m.get(k) {
-        Some(Value::Num(x)) => Some(*x),
-        _ => None,
+        Some(Value::Num(x)) => *x,
+        _ => f64::NAN,
     };
-    Some((num("fp32_flops_per_s")?, num("bf16_flops_per_s")?))
+    Some((num("fp32_flops_per_s"), num("bf16_flops_per_s")))
 }
 
 /// Runs one side and returns its line; a failed process becomes a run with an error, so
@@ -216,7 +219,8 @@ pub fn table(jobs: &[String], precisions: &[String], r: &Results) -> String {
             let flops = (!flops.is_empty()).then(|| median(flops));
             let peak = r
                 .peak
-                .map(|(fp32, bf16)| if precision == "bf16" { bf16 } else { fp32 });
+                .map(|(fp32, bf16)| if precision == "bf16" { bf16 } else { fp32 })
+                .filter(|p| p.is_finite());
             let flops_cell = match (flops, peak) {
                 (Some(f), Some(p)) => format!("{:.1} ({:.0} %)", f / 1e9, f / p * 100.0),
                 (Some(f), None) => format!("{:.1}", f / 1e9),
@@ -296,17 +300,28 @@ pub struct Plan<'a> {
     pub precisions: &'a [String],
 }
 
+/// FLOP/s as GFLOP/s, or "not probed".
+fn gflops(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.1} GFLOP/s", x / 1e9)
+    } else {
+        "not probed".into()
+    }
+}
+
 fn probe(plan: &Plan<'_>) -> Option<(f64, f64)> {
     let mut c = Command::new(plan.exe);
     c.current_dir(plan.root)
-        .args(["--peak", "--threads", plan.threads]);
+        .args(["--peak", "--threads", plan.threads])
+        .arg("--peak-precisions")
+        .arg(plan.precisions.join(","));
     let out = cmd::output(&mut c, "matmul probe").ok()?;
     let peak = out.lines().find_map(peak_from_line);
     if let Some((fp32, bf16)) = peak {
         println!(
-            "bench: matmul probe: fp32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s",
-            fp32 / 1e9,
-            bf16 / 1e9
+            "bench: matmul probe: fp32 {}, bf16 {}",
+            gflops(fp32),
+            gflops(bf16)
         );
     }
     peak
@@ -384,9 +399,9 @@ pub fn print_report(plan: &Plan<'_>, results: &Results, load_before: &str) {
     );
     if let Some((fp32, bf16)) = results.peak {
         println!(
-            "matmul peak (best [2048, 2048] x [2048, 2048]): fp32 {:.1} GFLOP/s, bf16 {:.1} GFLOP/s",
-            fp32 / 1e9,
-            bf16 / 1e9
+            "matmul peak (best [2048, 2048] x [2048, 2048]): fp32 {}, bf16 {}",
+            gflops(fp32),
+            gflops(bf16)
         );
     }
     println!();
