@@ -206,14 +206,16 @@ pub(crate) fn beam_search(
         let full = is_sent_finished
             .f_all_dims(&[-1i64][..], true)?
             .f_logical_and_(&Tensor::from(s.early_stopping == EarlyStopping::True))?;
-        finished_scores = finished_scores + full.f_to_kind(Kind::Float)? * -1.0e9;
-        finished_scores = finished_scores
-            + heuristic_unsatisfied
+        // In place, as upstream's `+=`.
+        let _ = finished_scores.f_add_(&(full.f_to_kind(Kind::Float)? * -1.0e9))?;
+        let _ = finished_scores.f_add_(
+            &(heuristic_unsatisfied
                 .f_logical_not()?
                 .f_to_kind(Kind::Float)?
-                * -1.0e9;
-        finished_scores =
-            finished_scores + did_finish.f_logical_not()?.f_to_kind(Kind::Float)? * -1.0e9;
+                * -1.0e9),
+        )?;
+        let _ = finished_scores
+            .f_add_(&(did_finish.f_logical_not()?.f_to_kind(Kind::Float)? * -1.0e9))?;
         let merged_sequences = Tensor::f_cat(&[&sequences, &topk_running_sequences], 1)?;
         let merged_scores = Tensor::f_cat(&[&beam_scores, &finished_scores], 1)?;
         let merged_indices = Tensor::f_cat(&[&beam_indices, &topk_running_beam_indices], 1)?;
