@@ -324,7 +324,8 @@ where
             },
             None => &text[..],
         };
-        let rest = text.get(prompt_decoded.len()..).unwrap_or_default();
+        // Python's `text[len(decoded prompt):]` counts characters.
+        let rest: String = text.chars().skip(prompt_decoded.chars().count()).collect();
         let total = format!("{prompt_text}{rest}");
         println!("{total}");
         texts.push(total);

@@ -66,19 +66,34 @@ pub(crate) fn attention_mask_after(
     seq: i64,
     past: i64,
     device: Device,
-) -> Mask {
-    if past == 0 {
-        return self::attention_mask(attention_mask, batch, seq, true, device);
-    }
+) -> crate::Result<Mask> {
     let total = past + seq;
+    if let Some(m) = attention_mask.filter(|m| m.size() != [batch, total]) {
+        return Err(crate::Error::InvalidInput {
+            name: "attention_mask",
+            detail: format!(
+                "shape {:?}: expected [batch, cached + new tokens] = [{batch}, {total}]",
+                m.size()
+            ),
+        });
+    }
+    if past == 0 {
+        return Ok(self::attention_mask(
+            attention_mask,
+            batch,
+            seq,
+            true,
+            device,
+        ));
+    }
     let padding = attention_mask
         .map(|m| m.to_device(device).ne(0).view([batch, 1, 1, total]))
         .filter(|p| p.all().int64_value(&[]) == 0);
     if padding.is_none() && seq == 1 {
-        return Mask {
+        return Ok(Mask {
             mask: None,
             is_causal: false,
-        };
+        });
     }
     let q = Tensor::arange(seq, (Kind::Int64, device)).view([seq, 1]);
     let k = Tensor::arange(total, (Kind::Int64, device)).view([1, total]);
@@ -87,10 +102,10 @@ pub(crate) fn attention_mask_after(
         Some(p) => p.logical_and(&band),
         None => band.expand([batch, 1, seq, total], false),
     };
-    Mask {
+    Ok(Mask {
         mask: Some(mask),
         is_causal: false,
-    }
+    })
 }
 
 /// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query

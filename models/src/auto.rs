@@ -107,7 +107,17 @@ pub fn from_pretrained_dir(
                 ),
             });
         };
-        let base = from_pretrained(base, task, device, &HubOptions::from_env(), options)?;
+        let base_dir = resolve(base, &HubOptions::from_env())?;
+        if !base_dir.join(CONFIG_NAME).is_file() {
+            return Err(Error::InvalidArgument {
+                field: "base_model_name_or_path",
+                detail: format!(
+                    "{}: {base} is itself an adapter folder; name the base model the adapter was trained on",
+                    adapter_config.display()
+                ),
+            });
+        }
+        let base = from_pretrained_dir(&base_dir, task, device, options)?;
         let model = crate::PeftModel::from_pretrained(base.model, dir, false)?;
         return Ok(Loaded {
             model: Box::new(model),

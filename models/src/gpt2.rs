@@ -312,10 +312,43 @@ impl GPT2Model {
         let (batch, seq) = crate::check_ids(ids, self.config.vocab_size, self.config.n_positions)?;
         let device = self.wte.ws.device();
         let ids = ids.f_to_device(device)?;
-        let cache = inputs.past_key_values;
+        // Upstream's checkpointed blocks drop the cache in training (with this warning): the
+        // recompute would append the keys twice.
+        let cache = match inputs.past_key_values {
+            Some(_) if train && self.checkpointing.is_some() => {
+                log::warn!(
+                    "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+                );
+                None
+            }
+            c => c,
+        };
         let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
+        // `wpe` has `n_positions` rows: the cached tokens count.
+        if past + seq > self.config.n_positions {
+            return Err(Error::InvalidInput {
+                name: "input_ids",
+                detail: format!(
+                    "{past} cached and {seq} new tokens exceed the {} positions of the model (n_positions)",
+                    self.config.n_positions
+                ),
+            });
+        }
         let positions = match inputs.position_ids {
-            Some(p) => p.f_to_device(device)?,
+            Some(p) => {
+                let p = p.f_to_device(device)?;
+                let (lo, hi) = (i64::try_from(p.f_min()?)?, i64::try_from(p.f_max()?)?);
+                if lo < 0 || hi >= self.config.n_positions {
+                    return Err(Error::InvalidInput {
+                        name: "position_ids",
+                        detail: format!(
+                            "positions {lo}..={hi} outside the model's 0..{} (n_positions)",
+                            self.config.n_positions
+                        ),
+                    });
+                }
+                p
+            }
             None => Tensor::arange_start(past, past + seq, (Kind::Int64, device)).unsqueeze(0),
         };
         // NEFTune's hook sits on `wte`, so it also sees the token-type lookup (and the
@@ -342,8 +375,10 @@ impl GPT2Model {
         }
         let c = &self.config;
         let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
+        let mask =
+            attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?;
         let x = Arc::new(Shared(BlockInputs {
-            mask: attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device),
+            mask: mask,
             batch,
             seq,
             heads: c.n_head,

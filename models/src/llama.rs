@@ -922,7 +922,17 @@ impl LlamaModel {
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
         let device = self.embed_tokens.ws.device();
         let ids = ids.f_to_device(device)?;
-        let cache = inputs.past_key_values;
+        // Upstream's checkpointed layers drop the cache in training (with this warning): the
+        // recompute would append the keys twice.
+        let cache = match inputs.past_key_values {
+            Some(_) if train && self.checkpointing.is_some() => {
+                log::warn!(
+                    "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+                );
+                None
+            }
+            c => c,
+        };
         let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
         if cache.is_some() && self.family.sliding_windows.iter().any(Option::is_some) {
             return Err(Error::InvalidArgument {
@@ -951,13 +961,17 @@ impl LlamaModel {
         if let Some(scale) = &embed_scale {
             h = h * scale.to_kind(self.embed_tokens.ws.kind());
         }
+        // peft scales the adapter's term by the module's buffer, held in the model's dtype.
+        let adapter_scale = embed_scale
+            .as_ref()
+            .map(|s| s.to_kind(self.embed_tokens.ws.kind()));
         let h = crate::peft::adapt_embedding(
             || n("embed_tokens"),
             &ids,
             h,
             c.pad_token_id,
             c.vocab_size,
-            embed_scale.as_ref(),
+            adapter_scale.as_ref(),
         );
         let mut h = neftune_post_forward_hook(h, train)?;
         leaf(
@@ -993,11 +1007,13 @@ impl LlamaModel {
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
+        let mask =
+            attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?;
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
             sliding_cos_sin,
-            mask: attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device),
+            mask: mask,
             // The families' layers share one window size (upstream's `sliding_window`).
             sliding_mask: self
                 .family

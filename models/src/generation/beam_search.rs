@@ -143,10 +143,10 @@ pub(crate) fn beam_search(
             mask = Some(Tensor::f_cat(&[m, &ones], -1)?);
         }
         let logits = out.logits()?;
-        let logits =
-            logits
-                .f_select(1, logits.size()[1] - 1)?
-                .f_to_dtype(Kind::Float, false, true)?;
+        let logits = logits
+            .f_select(1, logits.size()[1] - 1)?
+            .f_to_dtype(Kind::Float, false, true)?
+            .f_to_device(device)?;
         let mut log_probs = logits.f_log_softmax(-1, Kind::Float)?;
         for p in processors {
             log_probs = p.process(&flat_running, log_probs)?;

@@ -84,38 +84,130 @@ pub struct GenerationConfig {
     pub other: Map<String, Value>,
 }
 
-/// Upstream fields that change nothing in greedy decoding and sampling here.
-const INERT: [&str; 16] = [
+/// Upstream fields that change nothing here: versions and provenance, compilation, and
+/// what only an assistant model, continuous batching or an encoder-decoder model reads
+/// (`generate` here takes none of those).
+const INERT: [&str; 17] = [
     "_from_model_config",
     "transformers_version",
-    "output_attentions",
-    "output_hidden_states",
-    "output_logits",
-    "cache_implementation",
-    "cache_config",
-    "max_cache_len",
     "compile_config",
     "disable_compile",
-    "low_memory",
-    "max_time",
-    "prefill_chunk_size",
     "is_assistant",
     "num_assistant_tokens",
     "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+    "assistant_lookbehind",
+    "target_lookbehind",
+    "assistant_early_exit",
+    "assistant_ensemble_weight",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
+    "speculation_type",
+    "continuous_batching_config",
+    "decoder_start_token_id",
 ];
 
-/// Upstream fields with their neutral value (`_get_default_generation_params`): set to
-/// anything else they would change the output, which is not implemented here.
-const NEUTRAL: [(&str, f64); 9] = [
-    ("typical_p", 1.0),
-    ("epsilon_cutoff", 0.0),
-    ("eta_cutoff", 0.0),
-    ("encoder_repetition_penalty", 1.0),
-    ("encoder_no_repeat_ngram_size", 0.0),
-    ("diversity_penalty", 0.0),
-    ("num_beam_groups", 1.0),
-    ("guidance_scale", 1.0),
-    ("penalty_alpha", 0.0),
+/// Upstream fields with their neutral value: set to anything else they would change the
+/// output (or what `generate` returns), which is not implemented here.
+fn neutral(key: &str) -> Option<Value> {
+    Some(match key {
+        "typical_p" | "encoder_repetition_penalty" | "num_beam_groups" | "guidance_scale" => {
+            Value::from(1.0)
+        }
+        "epsilon_cutoff"
+        | "eta_cutoff"
+        | "encoder_no_repeat_ngram_size"
+        | "diversity_penalty"
+        | "penalty_alpha" => Value::from(0.0),
+        "remove_invalid_values"
+        | "renormalize_logits"
+        | "low_memory"
+        | "output_attentions"
+        | "output_hidden_states"
+        | "output_logits"
+        | "token_healing"
+        | "use_mtp" => Value::Bool(false),
+        "cache_implementation" => Value::from("dynamic"),
+        _ => return None,
+    })
+}
+
+/// Every field of upstream's `GenerationConfig` (what `from_model_config` takes from a
+/// `config.json`).
+const GENERATION_FIELDS: [&str; 73] = [
+    "assistant_confidence_threshold",
+    "assistant_early_exit",
+    "assistant_ensemble_weight",
+    "assistant_lookbehind",
+    "bad_words_ids",
+    "begin_suppress_tokens",
+    "bos_token_id",
+    "cache_config",
+    "cache_implementation",
+    "compile_config",
+    "constraints",
+    "continuous_batching_config",
+    "decoder_start_token_id",
+    "disable_compile",
+    "diversity_penalty",
+    "do_sample",
+    "dola_layers",
+    "early_stopping",
+    "encoder_no_repeat_ngram_size",
+    "encoder_repetition_penalty",
+    "eos_token_id",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "exponential_decay_length_penalty",
+    "force_words_ids",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "guidance_scale",
+    "is_assistant",
+    "length_penalty",
+    "low_memory",
+    "max_cache_len",
+    "max_length",
+    "max_matching_ngram_size",
+    "max_new_tokens",
+    "max_time",
+    "min_length",
+    "min_new_tokens",
+    "min_p",
+    "no_repeat_ngram_size",
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "num_beam_groups",
+    "num_beams",
+    "num_return_sequences",
+    "output_attentions",
+    "output_hidden_states",
+    "output_logits",
+    "output_scores",
+    "pad_token_id",
+    "penalty_alpha",
+    "prefill_chunk_size",
+    "prompt_lookup_num_tokens",
+    "remove_invalid_values",
+    "renormalize_logits",
+    "repetition_penalty",
+    "return_dict_in_generate",
+    "sequence_bias",
+    "speculation_type",
+    "stop_strings",
+    "suppress_tokens",
+    "target_lookbehind",
+    "temperature",
+    "token_healing",
+    "top_h",
+    "top_k",
+    "top_p",
+    "transformers_version",
+    "typical_p",
+    "use_cache",
+    "use_mtp",
+    "watermarking_config",
+    "_from_model_config",
 ];
 
 fn bad(field: &str, detail: impl Into<String>) -> Error {
@@ -198,8 +290,8 @@ impl GenerationConfig {
                 k if INERT.contains(&k) => {
                     c.other.insert(key.clone(), v.clone());
                 }
-                k => match NEUTRAL.iter().find(|(n, _)| *n == k) {
-                    Some((_, neutral)) if v.as_f64() == Some(*neutral) => {
+                k if GENERATION_FIELDS.contains(&k) => match neutral(k) {
+                    Some(n) if n == *v || (n.as_f64().is_some() && n.as_f64() == v.as_f64()) => {
                         c.other.insert(key.clone(), v.clone());
                     }
                     _ => {
@@ -211,6 +303,12 @@ impl GenerationConfig {
                         ));
                     }
                 },
+                _ => {
+                    return Err(bad(
+                        key,
+                        "not a generation option (upstream would pass it to the model's forward, which takes no such argument)",
+                    ));
+                }
             }
         }
         c.validate()?;
@@ -230,26 +328,20 @@ impl GenerationConfig {
     }
 
     /// Upstream's `GenerationConfig.from_model_config`: the generation fields of a model's
-    /// `config.json` (its special token ids), as `from_pretrained` derives them when a model
-    /// folder has no `generation_config.json`.
+    /// `config.json` (its special token ids, and the generation options older configs carry
+    /// at their top level), as `from_pretrained` derives them when a model folder has no
+    /// `generation_config.json`.
     pub fn from_model_config(config: &Value) -> Result<Self> {
-        let mut c = Self::default();
-        let get = |k: &str| config.get(k).filter(|v| !v.is_null());
-        if let Some(v) = get("bos_token_id") {
-            c.bos_token_id = v.as_i64();
-        }
-        if let Some(v) = get("pad_token_id") {
-            c.pad_token_id = v.as_i64();
-        }
-        if let Some(v) = get("eos_token_id") {
-            c.eos_token_id = match v {
-                Value::Array(ids) => Some(ids.iter().filter_map(Value::as_i64).collect()),
-                other => other.as_i64().map(|i| vec![i]),
-            };
-        }
-        if let Some(v) = get("use_cache") {
-            c.use_cache = v.as_bool();
-        }
+        let fields: serde_json::Map<String, Value> = config
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, v)| GENERATION_FIELDS.contains(&k.as_str()) && !v.is_null())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut c = Self::from_json(&Value::Object(fields))?;
         c.other
             .insert("_from_model_config".into(), Value::Bool(true));
         Ok(c)
@@ -419,6 +511,12 @@ impl GenerationConfig {
                     "`temperature` (={}) has to be a strictly positive float, otherwise your next token scores will be invalid. If you're looking for greedy decoding strategies, set `do_sample=False`.",
                     self.temperature.unwrap_or_default()
                 ),
+            ));
+        }
+        if let Some(p) = self.top_p.filter(|p| sampling && *p < 0.0) {
+            return Err(bad(
+                "top_p",
+                format!("`top_p` has to be a float > 0 and < 1, but is {p}"),
             ));
         }
         if let Some(k) = self.top_k.filter(|k| *k < 0) {

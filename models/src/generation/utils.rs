@@ -250,7 +250,10 @@ fn generate_inner(
         let out = model.forward(&inputs)?;
         let logits = out.logits()?;
         let last = logits.f_select(1, logits.size()[1] - 1)?;
-        let mut step_scores = last.f_to_dtype(Kind::Float, false, true)?;
+        // A float32 copy on the inputs' device, as upstream's.
+        let mut step_scores = last
+            .f_to_dtype(Kind::Float, false, true)?
+            .f_to_device(device)?;
         for p in &processors {
             step_scores = p.process(&ids, step_scores)?;
         }

@@ -300,6 +300,7 @@ impl PeftModel {
     /// Refused: a name already held, and `modules_to_save` / trained biases on either side
     /// (peft keeps a copy of those modules per adapter; here the module itself trains).
     pub fn add_adapter(&mut self, adapter_name: &str, config: LoraConfig) -> Result<()> {
+        check_adapter_name(adapter_name)?;
         if self.adapters.iter().any(|(n, _)| n == adapter_name) {
             return Err(Error::InvalidArgument {
                 field: "adapter_name",
@@ -543,7 +544,8 @@ impl PeftModel {
         adapter_name: &str,
         is_trainable: bool,
     ) -> Result<()> {
-        if !self.adapters.iter().any(|(n, _)| n == adapter_name) {
+        let new = !self.adapters.iter().any(|(n, _)| n == adapter_name);
+        if new {
             let config = LoraConfig::from_file(&adapter_dir.join(ADAPTER_CONFIG_NAME))?;
             self.add_adapter(
                 adapter_name,
@@ -553,8 +555,22 @@ impl PeftModel {
                 },
             )?;
         }
-        self.load_adapter_weights(adapter_dir, adapter_name)?;
-        if is_trainable {
+        if let Err(e) = self.load_adapter_weights(adapter_dir, adapter_name) {
+            // A new adapter whose weights do not load is not kept half-made.
+            if new {
+                let names: HashSet<String> = self
+                    .adapter(adapter_name)?
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.variable_names(adapter_name))
+                    .collect();
+                self.remove_variables(&names);
+                self.adapters.retain(|(n, _)| n != adapter_name);
+            }
+            return Err(e);
+        }
+        // peft's `set_requires_grad` for a newly added trainable adapter.
+        if is_trainable && new {
             let adapter = self.adapter(adapter_name)?;
             let vars = self.base.var_store().variables();
             for n in adapter
@@ -597,47 +613,51 @@ impl PeftModel {
         let mut missing = Vec::new();
         let mut used = HashSet::new();
         let adapted: HashSet<&str> = adapter.layers.iter().map(|l| l.module.as_str()).collect();
-        tch::no_grad(|| -> Result<()> {
-            for (key, _) in &expected {
-                let name = key.strip_prefix(PREFIX).unwrap_or(key);
-                let base_weight = name
-                    .strip_suffix(".base_layer.weight")
-                    .filter(|m| adapted.contains(m));
-                let Some(src) = tensors.get(key) else {
-                    // A file saved with `save_embedding_layers=False` has no base weight.
-                    if base_weight.is_none() {
-                        missing.push(key.clone());
-                    }
-                    continue;
-                };
-                used.insert(key.clone());
-                let name = if let Some(v) = variable_for_key(name, adapter_name) {
-                    v
-                } else if let Some(rest) = base_weight {
-                    format!("{rest}.weight")
-                } else if let Some(rest) = name
-                    .strip_suffix(".base_layer.bias")
-                    .filter(|m| adapted.contains(m))
-                {
-                    format!("{rest}.bias")
-                } else {
-                    name.to_string()
-                };
-                let var = &vars[&name];
-                if var.size() != src.size() {
-                    return Err(Error::MismatchedSizes {
-                        keys: vec![format!(
-                            "{key}: checkpoint {:?}, model {:?}",
-                            src.size(),
-                            var.size()
-                        )],
-                    });
+        // Every key and shape checked first, then copied: a refused file changes nothing.
+        let mut plan: Vec<(Tensor, &Tensor)> = Vec::new();
+        let mut mismatched = Vec::new();
+        for (key, _) in &expected {
+            let name = key.strip_prefix(PREFIX).unwrap_or(key);
+            let base_weight = name
+                .strip_suffix(".base_layer.weight")
+                .filter(|m| adapted.contains(m));
+            let Some(src) = tensors.get(key) else {
+                // A file saved with `save_embedding_layers=False` has no base weight.
+                if base_weight.is_none() {
+                    missing.push(key.clone());
                 }
-                var.shallow_clone()
-                    .f_copy_(&src.f_to_device(var.device())?.f_to_kind(var.kind())?)?;
+                continue;
+            };
+            used.insert(key.clone());
+            let name = if let Some(v) = variable_for_key(name, adapter_name) {
+                v
+            } else if let Some(rest) = base_weight {
+                format!("{rest}.weight")
+            } else if let Some(rest) = name
+                .strip_suffix(".base_layer.bias")
+                .filter(|m| adapted.contains(m))
+            {
+                format!("{rest}.bias")
+            } else {
+                name.to_string()
+            };
+            let Some(var) = vars.get(&name) else {
+                missing.push(key.clone());
+                continue;
+            };
+            if var.size() != src.size() {
+                mismatched.push(format!(
+                    "{key}: checkpoint {:?}, model {:?}",
+                    src.size(),
+                    var.size()
+                ));
+                continue;
             }
-            Ok(())
-        })?;
+            plan.push((var.shallow_clone(), src));
+        }
+        if !mismatched.is_empty() {
+            return Err(Error::MismatchedSizes { keys: mismatched });
+        }
         let mut unexpected: Vec<&String> = tensors.keys().filter(|k| !used.contains(*k)).collect();
         unexpected.sort();
         if !missing.is_empty() || !unexpected.is_empty() {
@@ -649,6 +669,12 @@ impl PeftModel {
                 ),
             });
         }
+        tch::no_grad(|| -> Result<()> {
+            for (mut var, src) in plan {
+                var.f_copy_(&src.f_to_device(var.device())?.f_to_kind(var.kind())?)?;
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 
@@ -700,9 +726,9 @@ impl PeftModel {
     /// (`W - ΔW` in the weight's dtype: not bit-exact, as peft's). DoRA layers are refused
     /// (peft divides by a cached norm).
     pub fn unmerge_adapter(&mut self) -> Result<()> {
-        while let Some(name) = self.merged.last().cloned() {
-            let adapter = self.adapter(&name)?;
-            if let Some(l) = adapter.layers.iter().find(|l| l.dora) {
+        // Checked before anything is subtracted: a refusal leaves every merge in place.
+        for name in &self.merged {
+            if let Some(l) = self.adapter(name)?.layers.iter().find(|l| l.dora) {
                 return Err(Error::InvalidArgument {
                     field: "use_dora",
                     detail: format!(
@@ -711,6 +737,9 @@ impl PeftModel {
                     ),
                 });
             }
+        }
+        while let Some(name) = self.merged.last().cloned() {
+            let adapter = self.adapter(&name)?;
             let vars = self.base.var_store().variables();
             tch::no_grad(|| -> Result<()> {
                 for l in adapter.layers.iter().rev() {
@@ -820,6 +849,19 @@ impl PeftModel {
         self.base.set_training(training);
         Ok(())
     }
+}
+
+/// An adapter's name is a key of peft's `ModuleDict`s: not empty, without a dot.
+fn check_adapter_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.contains('.') {
+        return Err(Error::InvalidArgument {
+            field: "adapter_name",
+            detail: format!(
+                "{name:?}: module name can't contain \".\" or be empty (torch's ModuleDict); name the adapter without dots"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn several_with_trained_base(name: &str) -> Error {

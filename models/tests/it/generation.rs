@@ -117,6 +117,33 @@ fn generation_config_checks_and_lengths() -> Result<()> {
         "boolean or 'never'",
     );
     refused(serde_json::json!({"num_beam_groups": 2}), "num_beam_groups");
+    refused(serde_json::json!({"max_time": 5.0}), "max_time");
+    refused(serde_json::json!({"output_logits": true}), "output_logits");
+    refused(
+        serde_json::json!({"cache_implementation": "quantized"}),
+        "cache_implementation",
+    );
+    refused(
+        serde_json::json!({"frobnicate": 1}),
+        "not a generation option",
+    );
+    refused(
+        serde_json::json!({"do_sample": true, "top_p": -0.5}),
+        "top_p",
+    );
+    // Defaults of options not implemented are fine; so are the generation options an older
+    // config.json carries at its top level, which from_model_config honours.
+    GenerationConfig::from_json(&serde_json::json!({
+        "remove_invalid_values": false, "renormalize_logits": false, "num_beam_groups": 1,
+    }))?;
+    let c = GenerationConfig::from_model_config(&serde_json::json!({
+        "model_type": "gpt2", "n_positions": 64, "do_sample": true, "top_k": 3,
+        "eos_token_id": 7, "task_specific_params": {"x": 1},
+    }))?;
+    assert_eq!(
+        (c.do_sample, c.top_k, c.eos_token_id.clone()),
+        (Some(true), Some(3), Some(vec![7]))
+    );
     refused(serde_json::json!({"typical_p": 0.9}), "typical_p");
     refused(serde_json::json!({"max_new_tokens": 0}), "greater than 0");
     refused(
@@ -188,6 +215,52 @@ fn generation_config_checks_and_lengths() -> Result<()> {
     let err =
         generate(&*model, &ids.to_kind(Kind::Float), None, &greedy, None).expect_err("float ids");
     assert!(err.to_string().contains("int64"), "{err}");
+    // GPT-2's positions: the cached tokens count (n_positions 256 here).
+    let mut gpt2 = from_pretrained_dir(
+        &assets().join("tiny-gpt2"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    gpt2.eval();
+    for use_cache in [true, false] {
+        let err = generate(
+            &*gpt2,
+            &ids,
+            None,
+            &GenerationConfig {
+                max_length: Some(300),
+                use_cache: Some(use_cache),
+                ..Default::default()
+            },
+            None,
+        )
+        .expect_err("past n_positions");
+        assert!(err.to_string().contains("256"), "{err}");
+    }
+    // A mask that does not cover the cached tokens is an error, not a panic.
+    let cache = tchtrain_models::DynamicCache::new();
+    tch::no_grad(|| {
+        gpt2.forward(&tchtrain_models::ModelInputs {
+            input_ids: Some(&ids),
+            past_key_values: Some(&cache),
+            ..Default::default()
+        })
+    })?;
+    assert_eq!(cache.get_seq_length(), 3);
+    let one = Tensor::from_slice(&[5i64]).unsqueeze(0);
+    let short_mask = Tensor::ones([1, 1], (Kind::Int64, Device::Cpu));
+    let err = tch::no_grad(|| {
+        gpt2.forward(&tchtrain_models::ModelInputs {
+            input_ids: Some(&one),
+            attention_mask: Some(&short_mask),
+            past_key_values: Some(&cache),
+            ..Default::default()
+        })
+    })
+    .expect_err("mask width");
+    assert!(err.to_string().contains("cached + new tokens"), "{err}");
     // An encoder is refused.
     let bert = from_pretrained_dir(
         &assets().join("tiny-bert"),

@@ -668,6 +668,25 @@ fn several_adapters_equal_peft() -> Result<()> {
         .delete_adapter("default")
         .expect_err("the last adapter");
     assert!(err.to_string().contains("only adapter"), "{err}");
+    // A failed load of a new adapter keeps nothing of it (here: another model's adapter).
+    let err = model
+        .load_adapter(
+            &assets().join("reference/peft_lora/gpt2_conv1d"),
+            "gpt",
+            false,
+        )
+        .expect_err("another model's adapter");
+    assert!(!err.to_string().is_empty());
+    assert_eq!(model.adapter_names(), ["default"]);
+    assert!(
+        !model
+            .var_store()
+            .variables()
+            .keys()
+            .any(|k| k.contains(".gpt"))
+    );
+    let err = model.add_adapter("v1.0", other.clone()).expect_err("a dot");
+    assert!(err.to_string().contains("can't contain"), "{err}");
     // Refusals: a name held twice, modules_to_save beside another adapter.
     let err = model
         .add_adapter("default", other.clone())
