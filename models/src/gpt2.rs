@@ -378,7 +378,7 @@ impl GPT2Model {
         let mask =
             attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?;
         let x = Arc::new(Shared(BlockInputs {
-            mask: mask,
+            mask,
             batch,
             seq,
             heads: c.n_head,

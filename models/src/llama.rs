@@ -1013,7 +1013,7 @@ impl LlamaModel {
             cos,
             sin,
             sliding_cos_sin,
-            mask: mask,
+            mask,
             // The families' layers share one window size (upstream's `sliding_window`).
             sliding_mask: self
                 .family
