@@ -18,7 +18,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 13] = [
+pub const TARGETS: [&str; 14] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -32,6 +32,7 @@ pub const TARGETS: [&str; 13] = [
     "data_file",
     "dataset_cache_rows",
     "adapter_config",
+    "generation_config",
 ];
 
 /// Inputs per target in a run: `cargo xtask test` and `cargo xtask fuzz` without `--runs`.
