@@ -435,6 +435,8 @@ pub struct GPT2LMHeadModel {
     lm_head: Option<Tensor>,
     config: GPT2Config,
     training: bool,
+    /// `generation_config` (as JSON).
+    generation_config: serde_json::Value,
 }
 
 impl GPT2LMHeadModel {
@@ -456,6 +458,8 @@ impl GPT2LMHeadModel {
             lm_head,
             config: config.clone(),
             training: false,
+            // Upstream's `GenerationConfig.from_model_config(config)`.
+            generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
         })
     }
 
@@ -466,9 +470,12 @@ impl GPT2LMHeadModel {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        loading::from_pretrained_with(dir, "transformer", &[], options, || {
+        let mut loaded = loading::from_pretrained_with(dir, "transformer", &[], options, || {
             Self::new(&config, device)
-        })
+        })?;
+        loaded.model.generation_config =
+            crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
+        Ok(loaded)
     }
 }
 
@@ -478,6 +485,9 @@ impl PreTrainedModel for GPT2LMHeadModel {
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
+    }
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        Some(&self.generation_config)
     }
 }
 

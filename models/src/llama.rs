@@ -1090,6 +1090,8 @@ pub struct DecoderForCausalLM<C: DecoderConfig> {
     /// Liger's fused linear cross-entropy (`use_liger_kernel`): the training loss without
     /// the logits.
     fused_linear_cross_entropy: bool,
+    /// `generation_config` (as JSON).
+    generation_config: serde_json::Value,
 }
 
 impl<C: DecoderConfig> DecoderForCausalLM<C> {
@@ -1114,6 +1116,8 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
             config: config.clone(),
             training: false,
             fused_linear_cross_entropy: false,
+            // Upstream's `GenerationConfig.from_model_config(config)`.
+            generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
         })
     }
 
@@ -1124,7 +1128,12 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
-        loading::from_pretrained_with(dir, "model", &[], options, || Self::new(&config, device))
+        let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, || {
+            Self::new(&config, device)
+        })?;
+        loaded.model.generation_config =
+            crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
+        Ok(loaded)
     }
 }
 
@@ -1134,6 +1143,9 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
+    }
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        Some(&self.generation_config)
     }
 }
 

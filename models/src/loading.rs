@@ -418,7 +418,11 @@ pub fn save_pretrained_state_dict<M: PreTrainedModel + ?Sized>(
         source,
     })?;
     let path = dir.join(CONFIG_NAME);
-    std::fs::write(&path, text + "\n").map_err(|source| Error::Io { path, source })
+    std::fs::write(&path, text + "\n").map_err(|source| Error::Io { path, source })?;
+    if let Some(generation) = model.generation_config() {
+        crate::generation::save_model_generation_config(dir, generation)?;
+    }
+    Ok(())
 }
 
 /// Upstream's dtype names in config.json.

@@ -397,8 +397,16 @@ pub trait PreTrainedModel: TrainableModel {
     /// The model's config (serialised as `config.json`).
     fn config(&self) -> &dyn PretrainedConfig;
 
-    /// Writes `config.json` and `model.safetensors` (tied weights saved once), so that
-    /// upstream's `from_pretrained` loads the folder.
+    /// Upstream's `model.generation_config` of a generative model, as JSON (what
+    /// `generation_config.json` holds; [`GenerationConfig::from_json`](crate::GenerationConfig::from_json)
+    /// reads it): `None` for a model that does not generate.
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        None
+    }
+
+    /// Writes `config.json` and `model.safetensors` (tied weights saved once), and a
+    /// generative model's `generation_config.json`, so that upstream's `from_pretrained`
+    /// loads the folder.
     fn save_pretrained(&self, dir: &Path) -> Result<()> {
         loading::save_pretrained(self, dir)
     }

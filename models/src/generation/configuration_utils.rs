@@ -217,6 +217,66 @@ fn bad(field: &str, detail: impl Into<String>) -> Error {
     }
 }
 
+/// A model folder's generation configuration as upstream keeps it on a generative model
+/// (`model.generation_config`): `generation_config.json` as written, else the generation
+/// fields of `config.json` with `_from_model_config` (`GenerationConfig.from_model_config`).
+/// Kept as JSON so that loading never refuses a model for an option `generate` here does not
+/// implement; [`GenerationConfig::from_json`] reads it when generating.
+pub(crate) fn model_generation_config(dir: &Path, config: &Value) -> Result<Value> {
+    let file = dir.join(GENERATION_CONFIG_NAME);
+    if file.is_file() {
+        return crate::configuration_utils::read_config(&file);
+    }
+    Ok(generation_fields_of(config))
+}
+
+/// `from_model_config`'s dictionary: the generation fields `config` sets.
+pub(crate) fn generation_fields_of(config: &Value) -> Value {
+    let mut fields: serde_json::Map<String, Value> = config
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, v)| {
+                    GENERATION_FIELDS.contains(&k.as_str())
+                        && k.as_str() != "transformers_version"
+                        && !v.is_null()
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Upstream's `PretrainedConfig.to_dict()` always holds these three.
+    for (k, v) in [
+        ("output_attentions", false),
+        ("output_hidden_states", false),
+        ("use_cache", true),
+    ] {
+        fields.entry(k).or_insert(Value::Bool(v));
+    }
+    fields.insert("_from_model_config".into(), Value::Bool(true));
+    Value::Object(fields)
+}
+
+/// Writes a model's generation configuration into `dir` as upstream's `save_pretrained`:
+/// `generation_config.json`, keys sorted, indented by 2, this version of transformers.
+pub(crate) fn save_model_generation_config(dir: &Path, value: &Value) -> Result<()> {
+    let mut sorted: Vec<(String, Value)> = value
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    sorted.retain(|(k, _)| k != "transformers_version");
+    sorted.push((
+        "transformers_version".into(),
+        Value::from(crate::configuration_utils::TRANSFORMERS_VERSION),
+    ));
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let text = serde_json::to_string_pretty(&Value::Object(sorted.into_iter().collect()))
+        .unwrap_or_default()
+        + "\n";
+    let path = dir.join(GENERATION_CONFIG_NAME);
+    std::fs::write(&path, text).map_err(|source| Error::Io { path, source })
+}
+
 impl GenerationConfig {
     /// A config from upstream's keyword arguments / `generation_config.json` object.
     pub fn from_json(value: &Value) -> Result<Self> {

@@ -8,5 +8,8 @@ mod logits_process;
 mod utils;
 
 pub use configuration_utils::{EarlyStopping, GENERATION_CONFIG_NAME, GenerationConfig};
+pub(crate) use configuration_utils::{
+    generation_fields_of, model_generation_config, save_model_generation_config,
+};
 pub use logits_process::{LogitsProcessor, logits_processors};
 pub use utils::{GenerateOutput, generate};

@@ -1046,6 +1046,9 @@ impl PreTrainedModel for PeftModel {
     fn config(&self) -> &dyn PretrainedConfig {
         self.base.config()
     }
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        self.base.generation_config()
+    }
     /// The adapter alone (peft's `PeftModel.save_pretrained`).
     fn save_pretrained(&self, dir: &Path) -> Result<()> {
         self.save_adapter(dir)

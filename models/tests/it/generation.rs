@@ -277,3 +277,45 @@ fn generation_config_checks_and_lengths() -> Result<()> {
     assert!(!bert.is_causal_lm());
     Ok(())
 }
+
+/// A causal LM keeps its generation configuration and `save_pretrained` writes it: the same
+/// `generation_config.json` upstream wrote for the tiny models, and for a model made from its
+/// config (no file), upstream's `from_model_config` one.
+#[test]
+fn save_pretrained_writes_the_generation_config() -> Result<()> {
+    let _g = lock();
+    for name in ["tiny-llama", "tiny-gpt2"] {
+        let dir = assets().join(name);
+        let model = from_pretrained_dir(
+            &dir,
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        let out = tchtrain_testing::temp_dir("generation-config-save");
+        model.save_pretrained(out.path())?;
+        let want = std::fs::read_to_string(dir.join("generation_config.json"))?;
+        let got = std::fs::read_to_string(out.path().join("generation_config.json"))?;
+        assert_eq!(got.trim_end(), want.trim_end(), "{name}");
+        // Without the file, the same from the config (these files were derived so too).
+        let bare = tchtrain_testing::temp_dir("generation-config-derived");
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(dir.join(f), bare.path().join(f))?;
+        }
+        let model = from_pretrained_dir(
+            bare.path(),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        let value = model.generation_config().context("a generation config")?;
+        let want: Value = serde_json::from_str(&want)?;
+        let mut value = value.clone();
+        value["transformers_version"] = want["transformers_version"].clone();
+        assert_eq!(value, want, "{name}: derived from config.json");
+        GenerationConfig::from_json(&value)?;
+    }
+    Ok(())
+}
