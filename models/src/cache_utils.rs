@@ -18,6 +18,23 @@ pub struct DynamicCache {
     layers: Arc<Mutex<Vec<Layer>>>,
 }
 
+/// The cache a model's layers get: `cache`, but none when activation checkpointing runs in
+/// training (upstream's checkpointed layers drop it with this warning: the recompute would
+/// append the keys twice).
+pub(crate) fn cache_for_layers(
+    cache: Option<&DynamicCache>,
+    train: bool,
+    checkpointing: bool,
+) -> Option<&DynamicCache> {
+    if cache.is_some() && train && checkpointing {
+        log::warn!(
+            "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
+        );
+        return None;
+    }
+    cache
+}
+
 impl DynamicCache {
     /// An empty cache.
     pub fn new() -> Self {

@@ -312,17 +312,11 @@ impl GPT2Model {
         let (batch, seq) = crate::check_ids(ids, self.config.vocab_size, self.config.n_positions)?;
         let device = self.wte.ws.device();
         let ids = ids.f_to_device(device)?;
-        // Upstream's checkpointed blocks drop the cache in training (with this warning): the
-        // recompute would append the keys twice.
-        let cache = match inputs.past_key_values {
-            Some(_) if train && self.checkpointing.is_some() => {
-                log::warn!(
-                    "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
-                );
-                None
-            }
-            c => c,
-        };
+        let cache = crate::cache_utils::cache_for_layers(
+            inputs.past_key_values,
+            train,
+            self.checkpointing.is_some(),
+        );
         let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
         // `wpe` has `n_positions` rows: the cached tokens count.
         if past + seq > self.config.n_positions {

@@ -922,17 +922,11 @@ impl LlamaModel {
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
         let device = self.embed_tokens.ws.device();
         let ids = ids.f_to_device(device)?;
-        // Upstream's checkpointed layers drop the cache in training (with this warning): the
-        // recompute would append the keys twice.
-        let cache = match inputs.past_key_values {
-            Some(_) if train && self.checkpointing.is_some() => {
-                log::warn!(
-                    "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`."
-                );
-                None
-            }
-            c => c,
-        };
+        let cache = crate::cache_utils::cache_for_layers(
+            inputs.past_key_values,
+            train,
+            self.checkpointing.is_some(),
+        );
         let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
         if cache.is_some() && self.family.sliding_windows.iter().any(Option::is_some) {
             return Err(Error::InvalidArgument {

@@ -339,16 +339,7 @@ impl PeftModel {
             adapter_name,
             adapter.config.init_lora_weights,
         )?;
-        let vars = self.base.var_store().variables();
-        for n in adapter
-            .layers
-            .iter()
-            .flat_map(|l| l.variable_names(adapter_name))
-        {
-            if let Some(t) = vars.get(&n) {
-                let _ = t.set_requires_grad(false);
-            }
-        }
+        set_requires_grad(self.base.var_store(), &adapter, adapter_name, false);
         self.adapters.push((adapter_name.to_string(), adapter));
         Ok(())
     }
@@ -571,17 +562,12 @@ impl PeftModel {
         }
         // peft's `set_requires_grad` for a newly added trainable adapter.
         if is_trainable && new {
-            let adapter = self.adapter(adapter_name)?;
-            let vars = self.base.var_store().variables();
-            for n in adapter
-                .layers
-                .iter()
-                .flat_map(|l| l.variable_names(adapter_name))
-            {
-                if let Some(t) = vars.get(&n) {
-                    let _ = t.set_requires_grad(true);
-                }
-            }
+            set_requires_grad(
+                self.base.var_store(),
+                self.adapter(adapter_name)?,
+                adapter_name,
+                true,
+            );
         } else {
             self.base.eval();
         }
@@ -848,6 +834,16 @@ impl PeftModel {
         // peft's non-trainable loads call `eval()`; the training step sets the mode again.
         self.base.set_training(training);
         Ok(())
+    }
+}
+
+/// Sets `requires_grad` of the adapter `name`'s variables.
+fn set_requires_grad(vs: &VarStore, adapter: &Adapter, name: &str, on: bool) {
+    let vars = vs.variables();
+    for n in adapter.layers.iter().flat_map(|l| l.variable_names(name)) {
+        if let Some(t) = vars.get(&n) {
+            let _ = t.set_requires_grad(on);
+        }
     }
 }
 
