@@ -246,19 +246,8 @@ where
     )?
     .model;
     model.eval();
-    let config_path = base_dir.join("config.json");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).map_err(|source| {
-            Error::Io {
-                action: "reading",
-                path: config_path.clone(),
-                source,
-            }
-        })?)
-        .map_err(|source| Error::Json {
-            path: config_path.clone(),
-            source,
-        })?;
+    // What the model read from its folder (an adapter folder's: its base's).
+    let config = model.config().to_json_value()?;
     let max_positions = config["max_position_embeddings"]
         .as_i64()
         .or(config["n_positions"].as_i64());
@@ -292,7 +281,10 @@ where
         });
     }
     let input_ids = Tensor::from_slice(&encoded).unsqueeze(0);
-    let mut generation = GenerationConfig::from_pretrained(&base_dir)?;
+    let mut generation = match model.generation_config() {
+        Some(g) => GenerationConfig::from_json(g)?,
+        None => GenerationConfig::default(),
+    };
     generation.update(&GenerationConfig {
         max_length: Some(length + encoded.len() as i64),
         // `max_new_tokens` from the model's file would take precedence over the script's

@@ -10,9 +10,10 @@ use tch::{Kind, Tensor};
 
 use super::configuration_utils::EarlyStopping;
 use super::logits_process::LogitsProcessor;
+use super::utils::Decoding;
 use crate::Result;
 use crate::cache_utils::DynamicCache;
-use crate::modeling_utils::{ModelInputs, TrainableModel};
+use crate::modeling_utils::TrainableModel;
 
 /// What one beam search needs besides the model and the (expanded) inputs.
 pub(crate) struct BeamSettings<'a> {
@@ -65,8 +66,8 @@ fn gather_beams(t: &Tensor, indices: &Tensor) -> Result<Tensor> {
 pub(crate) fn beam_search(
     model: &dyn TrainableModel,
     input_ids: &Tensor,
-    mut mask: Option<Tensor>,
-    mut position_ids: Tensor,
+    mask: Option<Tensor>,
+    position_ids: Tensor,
     processors: &[LogitsProcessor],
     s: &BeamSettings<'_>,
 ) -> Result<BeamOutput> {
@@ -109,44 +110,16 @@ pub(crate) fn beam_search(
     )?;
     let mut beam_indices = running_beam_indices.f_detach_copy()?;
     let eos_ids = Tensor::f_from_slice(s.eos)?.f_to_device(device)?;
-    let cache = s.use_cache.then(DynamicCache::new);
+    let mut decoding = Decoding {
+        position_ids,
+        mask,
+        cache: s.use_cache.then(DynamicCache::new),
+    };
     let mut all_scores = Vec::new();
     let mut cur_len = prompt_len;
-    let mut first = true;
     loop {
-        let flat_running = if first {
-            input_ids.shallow_clone()
-        } else {
-            flatten(&running_sequences.f_narrow(2, 0, cur_len)?)?
-        };
-        let (step_ids, step_positions) = match (&cache, first) {
-            (Some(_), false) => (
-                flat_running.f_narrow(1, cur_len - 1, 1)?,
-                position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?,
-            ),
-            _ => (flat_running.shallow_clone(), position_ids.shallow_clone()),
-        };
-        first = false;
-        let out = model.forward(&ModelInputs {
-            input_ids: Some(&step_ids),
-            attention_mask: mask.as_ref(),
-            position_ids: Some(&step_positions),
-            logits_to_keep: Some(1),
-            past_key_values: cache.as_ref(),
-            ..ModelInputs::default()
-        })?;
-        // `_update_model_kwargs_for_generation`.
-        let last_position = position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?;
-        position_ids = Tensor::f_cat(&[&position_ids, &(last_position + 1)], -1)?;
-        if let Some(m) = &mask {
-            let ones = Tensor::f_ones([m.size()[0], 1], (m.kind(), device))?;
-            mask = Some(Tensor::f_cat(&[m, &ones], -1)?);
-        }
-        let logits = out.logits()?;
-        let logits = logits
-            .f_select(1, logits.size()[1] - 1)?
-            .f_to_dtype(Kind::Float, false, true)?
-            .f_to_device(device)?;
+        let flat_running = flatten(&running_sequences.f_narrow(2, 0, cur_len)?)?;
+        let logits = decoding.step(model, &flat_running)?;
         let mut log_probs = logits.f_log_softmax(-1, Kind::Float)?;
         for p in processors {
             log_probs = p.process(&flat_running, log_probs)?;
@@ -226,7 +199,7 @@ pub(crate) fn beam_search(
         beam_indices = gather_beams(&merged_indices, &keep)?;
         is_sent_finished = gather_beams(&merged_finished, &keep)?;
 
-        if let Some(c) = &cache {
+        if let Some(c) = &decoding.cache {
             let beam_idx = flatten(&running_beam_indices.f_select(2, cur_len - prompt_len)?)?;
             c.reorder_cache(&beam_idx)?;
         }

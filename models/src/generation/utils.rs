@@ -34,6 +34,50 @@ pub struct GenerateOutput {
     pub sequences_scores: Option<Tensor>,
 }
 
+/// What the decoding steps carry from one forward to the next (upstream's `model_kwargs`):
+/// the positions and attention mask of the whole sequence so far, and the cache.
+pub(super) struct Decoding {
+    pub position_ids: Tensor,
+    pub mask: Option<Tensor>,
+    pub cache: Option<DynamicCache>,
+}
+
+impl Decoding {
+    /// One forward on `ids` (the whole sequence so far; with a filled cache, its newest
+    /// token alone) with `logits_to_keep = 1`, then the positions and mask grown by one
+    /// (`_update_model_kwargs_for_generation`); returns the last position's logits as a
+    /// float32 copy on the inputs' device, as upstream's.
+    pub(super) fn step(&mut self, model: &dyn TrainableModel, ids: &Tensor) -> Result<Tensor> {
+        let positions = &self.position_ids;
+        let (step_ids, step_positions) = match &self.cache {
+            Some(c) if c.get_seq_length() > 0 => (
+                ids.f_narrow(1, ids.size()[1] - 1, 1)?,
+                positions.f_narrow(-1, positions.size()[1] - 1, 1)?,
+            ),
+            _ => (ids.shallow_clone(), positions.shallow_clone()),
+        };
+        let out = model.forward(&ModelInputs {
+            input_ids: Some(&step_ids),
+            attention_mask: self.mask.as_ref(),
+            position_ids: Some(&step_positions),
+            logits_to_keep: Some(1),
+            past_key_values: self.cache.as_ref(),
+            ..ModelInputs::default()
+        })?;
+        let last_position = positions.f_narrow(-1, positions.size()[1] - 1, 1)?;
+        self.position_ids = Tensor::f_cat(&[positions, &(last_position + 1)], -1)?;
+        if let Some(m) = &self.mask {
+            let ones = Tensor::f_ones([m.size()[0], 1], (m.kind(), m.device()))?;
+            self.mask = Some(Tensor::f_cat(&[m, &ones], -1)?);
+        }
+        let logits = out.logits()?;
+        Ok(logits
+            .f_select(1, logits.size()[1] - 1)?
+            .f_to_dtype(Kind::Float, false, true)?
+            .f_to_device(ids.device())?)
+    }
+}
+
 /// Upstream's `model.generate(input_ids, attention_mask=..., generation_config=...)` for a
 /// causal LM, in `torch.no_grad()`. `config` is the merged configuration (the model's
 /// `generation_config` updated with the call's arguments); `max_position_embeddings` caps the
@@ -229,31 +273,13 @@ fn generate_inner(
     let eos_ids = Tensor::f_from_slice(&eos)?.f_to_device(device)?;
     let mut unfinished = Tensor::f_ones([rows], (Kind::Int64, device))?;
     let mut scores = Vec::new();
-    let cache = use_cache.then(DynamicCache::new);
+    let mut decoding = Decoding {
+        position_ids,
+        mask,
+        cache: use_cache.then(DynamicCache::new),
+    };
     loop {
-        // With a cache, the steps after the first run the newest token alone.
-        let (step_ids, step_positions) = match &cache {
-            Some(c) if c.get_seq_length() > 0 => (
-                ids.f_narrow(1, ids.size()[1] - 1, 1)?,
-                position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?,
-            ),
-            _ => (ids.shallow_clone(), position_ids.shallow_clone()),
-        };
-        let inputs = ModelInputs {
-            input_ids: Some(&step_ids),
-            attention_mask: mask.as_ref(),
-            position_ids: Some(&step_positions),
-            logits_to_keep: Some(1),
-            past_key_values: cache.as_ref(),
-            ..ModelInputs::default()
-        };
-        let out = model.forward(&inputs)?;
-        let logits = out.logits()?;
-        let last = logits.f_select(1, logits.size()[1] - 1)?;
-        // A float32 copy on the inputs' device, as upstream's.
-        let mut step_scores = last
-            .f_to_dtype(Kind::Float, false, true)?
-            .f_to_device(device)?;
+        let mut step_scores = decoding.step(model, &ids)?;
         for p in &processors {
             step_scores = p.process(&ids, step_scores)?;
         }
@@ -273,12 +299,6 @@ fn generate_inner(
             _ => next,
         };
         ids = Tensor::f_cat(&[&ids, &next.unsqueeze(1)], -1)?;
-        let last_position = position_ids.f_narrow(-1, position_ids.size()[1] - 1, 1)?;
-        position_ids = Tensor::f_cat(&[&position_ids, &(last_position + 1)], -1)?;
-        if let Some(m) = &mask {
-            let ones = Tensor::f_ones([rows, 1], (Kind::Int64, device))?;
-            mask = Some(Tensor::f_cat(&[m, &ones], -1)?);
-        }
         let cur_len = ids.size()[1];
         let mut done = Tensor::f_full(
             [rows],
