@@ -233,6 +233,36 @@ pub(crate) fn sdpa(
     )
 }
 
+/// Upstream's sdpa with a relative position bias (T5's `position_bias` `[1, heads, q, k]`):
+/// `create_position_bias_mask` merges it with the mask into one additive float mask (the
+/// bias where a key is visible, the dtype's lowest value elsewhere; the causal mask built
+/// when the mask was left to `is_causal`), and SDPA runs with it and `scale = 1` (T5 does
+/// not scale `q kᵀ`).
+pub(crate) fn sdpa_with_position_bias(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    position_bias: &Tensor,
+    dropout: f64,
+) -> Tensor {
+    let lowest = finfo_min(k.kind());
+    let merged = match (&mask.mask, mask.is_causal) {
+        (Some(m), _) => position_bias.where_scalarother(m, lowest),
+        (None, true) => {
+            let (q_len, k_len) = (q.size()[2], k.size()[2]);
+            let causal = Tensor::arange(q_len, (Kind::Int64, q.device()))
+                .view([q_len, 1])
+                .ge_tensor(&Tensor::arange(k_len, (Kind::Int64, q.device())).view([1, k_len]))
+                .view([1, 1, q_len, k_len]);
+            position_bias.where_scalarother(&causal, lowest)
+        }
+        (None, false) => position_bias.shallow_clone(),
+    }
+    .contiguous();
+    Tensor::scaled_dot_product_attention(q, k, v, Some(&merged), dropout, false, Some(1.0), false)
+}
+
 /// Upstream's `eager_attention_forward` (the Gemma 2 form, with `softcap`): `q kᵀ · scale`,
 /// soft-capped as `tanh(x / softcap) · softcap`, plus the additive mask (0 where a key is
 /// visible, the dtype's lowest value elsewhere, as `masking_utils.eager_mask`), softmax in

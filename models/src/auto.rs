@@ -35,6 +35,7 @@ use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
 use crate::qwen3::Qwen3Config;
 use crate::roberta::{RobertaConfig, XLMRobertaConfig};
+use crate::t5::T5ForConditionalGeneration;
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -58,10 +59,12 @@ pub enum AutoTask {
     },
     /// `AutoModelForQuestionAnswering` (extractive: start and end logits per token).
     QuestionAnswering,
+    /// `AutoModelForSeq2SeqLM` (encoder-decoder with a language-modeling head).
+    Seq2SeqLm,
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), t5 (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -205,6 +208,9 @@ pub fn from_pretrained_dir(
         ("gemma2", task) => decoder::<Gemma2Config>(dir, task, device, options)?,
         ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
         ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
+        ("t5", AutoTask::Seq2SeqLm) => boxed(T5ForConditionalGeneration::from_pretrained_dir(
+            dir, device, options,
+        )?),
         _ => return Err(unsupported()),
     })
 }
@@ -233,7 +239,7 @@ fn encoder<C: EncoderConfig>(
         AutoTask::QuestionAnswering => boxed(Bert::<C, QA>::from_pretrained_dir(
             dir, None, device, options,
         )?),
-        AutoTask::CausalLm => {
+        AutoTask::CausalLm | AutoTask::Seq2SeqLm => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
                 supported: SUPPORTED,
@@ -266,7 +272,7 @@ fn decoder<C: DecoderConfig>(
         AutoTask::QuestionAnswering => boxed(
             DecoderForQuestionAnswering::<C>::from_pretrained_dir(dir, device, options)?,
         ),
-        AutoTask::Base | AutoTask::MaskedLm => {
+        AutoTask::Base | AutoTask::MaskedLm | AutoTask::Seq2SeqLm => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
                 supported: SUPPORTED,

@@ -46,6 +46,7 @@ mod qwen2;
 mod qwen3;
 mod roberta;
 mod rope;
+mod t5;
 mod tokenization;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
@@ -140,6 +141,7 @@ pub use roberta::{
     XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaForQuestionAnswering,
     XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
 };
+pub use t5::{T5Config, T5ForConditionalGeneration};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

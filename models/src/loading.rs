@@ -191,6 +191,63 @@ pub fn read_checkpoint(dir: &Path) -> Result<Vec<(String, Tensor)>> {
     Ok(out)
 }
 
+/// The raw bytes, dtype and shape of the tensor `key` in the checkpoint in `dir` (read from
+/// its file's header and byte range alone), `None` when no file holds it.
+fn checkpoint_tensor_bytes(dir: &Path, key: &str) -> Result<Option<(String, Vec<u8>)>> {
+    use std::io::{Read, Seek, SeekFrom};
+    for file in checkpoint_files(dir)? {
+        let io = |e: std::io::Error| Error::Io {
+            path: file.clone(),
+            source: e,
+        };
+        let mut f = std::fs::File::open(&file).map_err(io)?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).map_err(io)?;
+        let header_len = u64::from_le_bytes(len);
+        let mut header = vec![
+            0u8;
+            usize::try_from(header_len)
+                .unwrap_or(usize::MAX)
+                .min(100 << 20)
+        ];
+        f.read_exact(&mut header).map_err(io)?;
+        let header: serde_json::Value =
+            serde_json::from_slice(&header).map_err(|e| Error::Checkpoint {
+                path: file.clone(),
+                source: tch::TchError::FileFormat(format!("unreadable safetensors header: {e}")),
+            })?;
+        let Some(entry) = header.get(key) else {
+            continue;
+        };
+        let offsets: Vec<u64> = entry["data_offsets"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+            .unwrap_or_default();
+        let [start, end] = offsets[..] else {
+            return Err(Error::Checkpoint {
+                path: file.clone(),
+                source: tch::TchError::FileFormat(format!("{key}: no data_offsets in the header")),
+            });
+        };
+        f.seek(SeekFrom::Start(8 + header_len + start))
+            .map_err(io)?;
+        let mut bytes = vec![0u8; usize::try_from(end.saturating_sub(start)).unwrap_or(0)];
+        f.read_exact(&mut bytes).map_err(io)?;
+        let described = format!("{} {}", entry["dtype"], entry["shape"]);
+        return Ok(Some((described, bytes)));
+    }
+    Ok(None)
+}
+
+/// Whether the checkpoint in `dir` holds `key` with other values than `other` (upstream's
+/// `tie_weights` leaves two such weights apart): `false` when `key` is absent or equal.
+pub(crate) fn checkpoint_tensors_differ(dir: &Path, key: &str, other: &str) -> Result<bool> {
+    let Some(a) = checkpoint_tensor_bytes(dir, key)? else {
+        return Ok(false);
+    };
+    Ok(checkpoint_tensor_bytes(dir, other)?.is_none_or(|b| a != b))
+}
+
 /// Keys that are buffers or leftovers of older upstream versions, never reported.
 fn ignorable(key: &str) -> bool {
     key.ends_with("embeddings.position_ids")

@@ -41,6 +41,15 @@ pub struct ModelInputs<'a> {
     /// before `input_ids`, which the forward appends to; `attention_mask` then covers the
     /// cached tokens and the new ones.
     pub past_key_values: Option<&'a crate::DynamicCache>,
+    /// Encoder-decoder models: the decoder's token ids `[batch, target_len]`; without them
+    /// the model shifts `labels` right (`prepare_decoder_input_ids_from_labels`).
+    pub decoder_input_ids: Option<&'a Tensor>,
+    /// Encoder-decoder models: the decoder's padding mask (causal masking is added).
+    pub decoder_attention_mask: Option<&'a Tensor>,
+    /// Encoder-decoder models: the encoder's last hidden state `[batch, seq, d_model]`
+    /// (upstream's `encoder_outputs`), which then does not run again; `attention_mask`
+    /// stays the encoder's padding mask.
+    pub encoder_outputs: Option<&'a Tensor>,
 }
 
 impl<'a> ModelInputs<'a> {
@@ -279,6 +288,22 @@ pub trait TrainableModel: Send {
     /// smoother shifts the labels of such models).
     fn is_causal_lm(&self) -> bool {
         false
+    }
+
+    /// Upstream `config.is_encoder_decoder` (T5, BART): `generate` runs the encoder once
+    /// ([`encode`](Self::encode)) and decodes from `decoder_start_token_id`.
+    fn is_encoder_decoder(&self) -> bool {
+        false
+    }
+
+    /// An encoder-decoder model's encoder on `input_ids` (upstream `model.get_encoder()(...)`):
+    /// its last hidden state, which [`ModelInputs::encoder_outputs`] takes back.
+    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let _ = (input_ids, attention_mask);
+        Err(crate::Error::InvalidArgument {
+            field: "model",
+            detail: format!("{} is not an encoder-decoder model", self.model_name()),
+        })
     }
 
     /// Upstream `model_accepts_loss_kwargs`: the forward uses `num_items_in_batch` (sums its

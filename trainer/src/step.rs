@@ -97,7 +97,8 @@ pub struct PredictionStepOutput {
 }
 
 /// The model inputs found in `batch` (`input_ids`, `attention_mask`, `token_type_ids`,
-/// `position_ids`, `labels`, question answering's `start_positions` / `end_positions`);
+/// `position_ids`, `labels`, question answering's `start_positions` / `end_positions`,
+/// encoder-decoder models' `decoder_input_ids` / `decoder_attention_mask`);
 /// other keys are ignored, as upstream's
 /// `remove_unused_columns` drops columns the forward does not take.
 pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
@@ -113,6 +114,9 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         skip_logits: None,
         logits_to_keep: None,
         past_key_values: None,
+        decoder_input_ids: batch.get("decoder_input_ids"),
+        decoder_attention_mask: batch.get("decoder_attention_mask"),
+        encoder_outputs: None,
     }
 }
 

@@ -12,7 +12,6 @@ use super::configuration_utils::EarlyStopping;
 use super::logits_process::LogitsProcessor;
 use super::utils::Decoding;
 use crate::Result;
-use crate::cache_utils::DynamicCache;
 use crate::modeling_utils::TrainableModel;
 
 /// What one beam search needs besides the model and the (expanded) inputs.
@@ -26,7 +25,6 @@ pub(crate) struct BeamSettings<'a> {
     pub early_stopping: EarlyStopping,
     pub num_return_sequences: i64,
     pub keep_scores: bool,
-    pub use_cache: bool,
 }
 
 /// The result: the best `num_return_sequences` hypotheses per prompt, their scores, and
@@ -62,12 +60,11 @@ fn gather_beams(t: &Tensor, indices: &Tensor) -> Result<Tensor> {
 }
 
 /// Runs the search on `input_ids` `[batch * beams, prompt]` (each prompt repeated per beam),
-/// with `mask` / `position_ids` expanded alike.
+/// with what `decoding` carries (mask, positions, encoder output) expanded alike.
 pub(crate) fn beam_search(
     model: &dyn TrainableModel,
     input_ids: &Tensor,
-    mask: Option<Tensor>,
-    position_ids: Tensor,
+    mut decoding: Decoding,
     processors: &[LogitsProcessor],
     s: &BeamSettings<'_>,
 ) -> Result<BeamOutput> {
@@ -110,11 +107,6 @@ pub(crate) fn beam_search(
     )?;
     let mut beam_indices = running_beam_indices.f_detach_copy()?;
     let eos_ids = Tensor::f_from_slice(s.eos)?.f_to_device(device)?;
-    let mut decoding = Decoding {
-        position_ids,
-        mask,
-        cache: s.use_cache.then(DynamicCache::new),
-    };
     let mut all_scores = Vec::new();
     let mut cur_len = prompt_len;
     loop {

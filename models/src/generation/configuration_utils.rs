@@ -80,14 +80,17 @@ pub struct GenerationConfig {
     pub bos_token_id: Option<i64>,
     /// `eos_token_id`: one id or a list.
     pub eos_token_id: Option<Vec<i64>>,
+    /// `decoder_start_token_id`: the first decoder token of an encoder-decoder model
+    /// (default: `bos_token_id`).
+    pub decoder_start_token_id: Option<i64>,
     /// Fields kept as read that change nothing here, written back as they were.
     pub other: Map<String, Value>,
 }
 
 /// Upstream fields that change nothing here: versions and provenance, compilation, and
-/// what only an assistant model, continuous batching or an encoder-decoder model reads
-/// (`generate` here takes none of those).
-const INERT: [&str; 17] = [
+/// what only an assistant model or continuous batching reads (`generate` here takes none of
+/// those).
+const INERT: [&str; 16] = [
     "_from_model_config",
     "transformers_version",
     "compile_config",
@@ -104,7 +107,6 @@ const INERT: [&str; 17] = [
     "max_matching_ngram_size",
     "speculation_type",
     "continuous_batching_config",
-    "decoder_start_token_id",
 ];
 
 /// Upstream fields with their neutral value: set to anything else they would change the
@@ -319,6 +321,7 @@ impl GenerationConfig {
                 "return_dict_in_generate" => c.return_dict_in_generate = Some(boolean()?),
                 "pad_token_id" => c.pad_token_id = Some(int()?),
                 "bos_token_id" => c.bos_token_id = Some(int()?),
+                "decoder_start_token_id" => c.decoder_start_token_id = Some(int()?),
                 "eos_token_id" => {
                     c.eos_token_id = Some(match v {
                         Value::Array(ids) => ids
@@ -468,6 +471,10 @@ impl GenerationConfig {
         put("pad_token_id", self.pad_token_id.map(Value::from));
         put("bos_token_id", self.bos_token_id.map(Value::from));
         put(
+            "decoder_start_token_id",
+            self.decoder_start_token_id.map(Value::from),
+        );
+        put(
             "eos_token_id",
             self.eos_token_id.as_ref().map(|ids| match ids.as_slice() {
                 [one] => Value::from(*one),
@@ -516,7 +523,8 @@ impl GenerationConfig {
             return_dict_in_generate,
             pad_token_id,
             bos_token_id,
-            eos_token_id
+            eos_token_id,
+            decoder_start_token_id
         );
         for (k, v) in &other.other {
             self.other.insert(k.clone(), v.clone());

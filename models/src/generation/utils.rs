@@ -1,6 +1,11 @@
 //! Upstream's `GenerationMixin.generate` (`generation/utils.py` of transformers 5.23) for
-//! decoder-only models: greedy decoding and multinomial sampling (`_sample`), and beam search
-//! (`_beam_search`, in `beam_search.rs`).
+//! decoder-only and encoder-decoder models: greedy decoding and multinomial sampling
+//! (`_sample`), and beam search (`_beam_search`, in `beam_search.rs`).
+//!
+//! An encoder-decoder model (T5) runs its encoder once on the prompt
+//! (`_prepare_encoder_decoder_kwargs_for_generation`), then decodes from
+//! `decoder_start_token_id` (`_prepare_decoder_input_ids_for_generation`): the lengths, the
+//! processors and the returned sequences are the decoder's.
 //!
 //! The first step runs the model on the prompt with upstream's `position_ids` (the attention
 //! mask's running count, padding at 0), its attention mask (dropped when it is all ones) and
@@ -35,11 +40,14 @@ pub struct GenerateOutput {
 }
 
 /// What the decoding steps carry from one forward to the next (upstream's `model_kwargs`):
-/// the positions and attention mask of the whole sequence so far, and the cache.
+/// the positions and attention mask of the whole sequence so far, and the cache; for an
+/// encoder-decoder model, the encoder's last hidden state and padding mask instead of the
+/// positions and mask.
 pub(super) struct Decoding {
     pub position_ids: Tensor,
     pub mask: Option<Tensor>,
     pub cache: Option<DynamicCache>,
+    pub encoder: Option<(Tensor, Tensor)>,
 }
 
 impl Decoding {
@@ -48,6 +56,25 @@ impl Decoding {
     /// (`_update_model_kwargs_for_generation`); returns the last position's logits as a
     /// float32 copy on the inputs' device, as upstream's.
     pub(super) fn step(&mut self, model: &dyn TrainableModel, ids: &Tensor) -> Result<Tensor> {
+        if let Some((hidden, mask)) = &self.encoder {
+            // The decoder on its newest token (the whole of them without a filled cache).
+            let step_ids = match &self.cache {
+                Some(c) if c.get_seq_length() > 0 => ids.f_narrow(1, ids.size()[1] - 1, 1)?,
+                _ => ids.shallow_clone(),
+            };
+            let out = model.forward(&ModelInputs {
+                decoder_input_ids: Some(&step_ids),
+                encoder_outputs: Some(hidden),
+                attention_mask: Some(mask),
+                past_key_values: self.cache.as_ref(),
+                ..ModelInputs::default()
+            })?;
+            let logits = out.logits()?;
+            return Ok(logits
+                .f_select(1, logits.size()[1] - 1)?
+                .f_to_dtype(Kind::Float, false, true)?
+                .f_to_device(ids.device())?);
+        }
         let positions = &self.position_ids;
         let (step_ids, step_positions) = match &self.cache {
             Some(c) if c.get_seq_length() > 0 => (
@@ -79,7 +106,7 @@ impl Decoding {
 }
 
 /// Upstream's `model.generate(input_ids, attention_mask=..., generation_config=...)` for a
-/// causal LM, in `torch.no_grad()`. `config` is the merged configuration (the model's
+/// causal LM or an encoder-decoder model, in `torch.no_grad()`. `config` is the merged configuration (the model's
 /// `generation_config` updated with the call's arguments); `max_position_embeddings` caps the
 /// default length as upstream's does. The model is used in the mode it is in (upstream's
 /// `generate` does not switch to evaluation either).
@@ -91,11 +118,11 @@ pub fn generate(
     max_position_embeddings: Option<i64>,
 ) -> Result<GenerateOutput> {
     config.validate()?;
-    if !model.is_causal_lm() {
+    if !model.is_causal_lm() && !model.is_encoder_decoder() {
         return Err(Error::InvalidArgument {
             field: "model",
             detail: format!(
-                "{} is not a causal language model: generate runs decoder-only models here",
+                "{} is neither a causal language model nor an encoder-decoder model: it has no language-modeling head to generate with",
                 model.model_name()
             ),
         });
@@ -135,8 +162,9 @@ fn generate_inner(
     config: &GenerationConfig,
     max_position_embeddings: Option<i64>,
 ) -> Result<GenerateOutput> {
-    let (batch, prompt_len) = (input_ids.size()[0], input_ids.size()[1]);
+    let batch = input_ids.size()[0];
     let device = input_ids.device();
+    let encoder_decoder = model.is_encoder_decoder();
     // `_prepare_special_tokens`: the pad token defaults to the first end-of-sequence id.
     let eos: Vec<i64> = config.eos_token_id.clone().unwrap_or_default();
     let pad = config.pad_token_id.or_else(|| eos.first().copied());
@@ -154,9 +182,13 @@ fn generate_inner(
             Some(p) if !eos.contains(&p) && bool::try_from(input_ids.f_eq(p)?.f_any()?)? => {
                 input_ids.f_ne(p)?.f_to_kind(Kind::Int64)?
             }
-            _ => Tensor::f_ones([batch, prompt_len], (Kind::Int64, device))?,
+            _ => Tensor::f_ones(input_ids.size(), (Kind::Int64, device))?,
         },
     };
+    if encoder_decoder {
+        return encoder_decoder_generate(model, input_ids, mask, config, &eos, pad);
+    }
+    let prompt_len = input_ids.size()[1];
     if batch > 1
         && pad.is_some()
         && bool::try_from(mask.f_select(1, prompt_len - 1)?.f_eq(0)?.f_any()?)?
@@ -171,7 +203,7 @@ fn generate_inner(
         .f_sub_scalar(1)?
         .f_masked_fill(&mask.f_eq(0)?, 0)?;
     // An all-ones mask is dropped (the model then runs its causal attention alone).
-    let mut mask = if bool::try_from(mask.f_eq(1)?.f_all()?)? {
+    let mask = if bool::try_from(mask.f_eq(1)?.f_all()?)? {
         None
     } else {
         Some(mask)
@@ -183,6 +215,77 @@ fn generate_inner(
         Some(m) => Some(m.f_ne(0)?.f_to_kind(Kind::Int)?.f_argmax(1, false)?),
         None => None,
     };
+    let prompt = Prompt {
+        ids: input_ids.shallow_clone(),
+        position_ids,
+        mask,
+        padding_lengths,
+        encoder: None,
+    };
+    decode(model, prompt, config, &eos, pad, max_position_embeddings)
+}
+
+/// The decoder's starting point: its prompt ids (and for a decoder-only model their
+/// positions, mask and left-padding lengths; for an encoder-decoder model the encoder's
+/// output and mask), one row per prompt.
+struct Prompt {
+    ids: Tensor,
+    position_ids: Tensor,
+    mask: Option<Tensor>,
+    padding_lengths: Option<Tensor>,
+    encoder: Option<(Tensor, Tensor)>,
+}
+
+/// An encoder-decoder model's `generate`: the encoder on the prompt (with its mask), then
+/// the decoder from `decoder_start_token_id` (else `bos_token_id`, upstream's
+/// `_get_decoder_start_token_id`).
+fn encoder_decoder_generate(
+    model: &dyn TrainableModel,
+    input_ids: &Tensor,
+    mask: Tensor,
+    config: &GenerationConfig,
+    eos: &[i64],
+    pad: Option<i64>,
+) -> Result<GenerateOutput> {
+    let start = config
+        .decoder_start_token_id
+        .or(config.bos_token_id)
+        .ok_or_else(|| Error::InvalidArgument {
+            field: "decoder_start_token_id",
+            detail: "`decoder_start_token_id` or `bos_token_id` has to be defined for encoder-decoder generation. (upstream's message); set it in the generation config".into(),
+        })?;
+    let batch = input_ids.size()[0];
+    let device = input_ids.device();
+    let hidden = model.encode(input_ids, Some(&mask))?;
+    let ids = Tensor::f_full([batch, 1], start, (Kind::Int64, device))?;
+    let prompt = Prompt {
+        position_ids: Tensor::f_zeros([batch, 1], (Kind::Int64, device))?,
+        ids,
+        mask: None,
+        padding_lengths: None,
+        encoder: Some((hidden, mask)),
+    };
+    decode(model, prompt, config, eos, pad, None)
+}
+
+/// Greedy decoding, sampling or beam search from `prompt`.
+fn decode(
+    model: &dyn TrainableModel,
+    prompt: Prompt,
+    config: &GenerationConfig,
+    eos: &[i64],
+    pad: Option<i64>,
+    max_position_embeddings: Option<i64>,
+) -> Result<GenerateOutput> {
+    let Prompt {
+        ids,
+        mut position_ids,
+        mut mask,
+        padding_lengths,
+        mut encoder,
+    } = prompt;
+    let (batch, prompt_len) = (ids.size()[0], ids.size()[1]);
+    let device = ids.device();
     // `_expand_inputs_for_generation`: a row per beam, or per returned sequence.
     let beams = config.num_beams.unwrap_or(1);
     let expand = if beams > 1 {
@@ -197,10 +300,13 @@ fn generate_inner(
             Ok(t.f_repeat_interleave_self_int(expand, 0, None)?)
         }
     };
-    let mut ids = expand_rows(input_ids)?;
+    let mut ids = expand_rows(&ids)?;
     position_ids = expand_rows(&position_ids)?;
     mask = mask.as_ref().map(&expand_rows).transpose()?;
     let padding_lengths = padding_lengths.as_ref().map(&expand_rows).transpose()?;
+    encoder = encoder
+        .map(|(h, m)| Ok::<_, Error>((expand_rows(&h)?, expand_rows(&m)?)))
+        .transpose()?;
     let rows = ids.size()[0];
 
     // Lengths (`_prepare_generated_length`, `_validate_generated_length`).
@@ -238,30 +344,34 @@ fn generate_inner(
     if let Some(n) = config.min_new_tokens {
         resolved.min_length = Some(n + prompt_len);
     }
-    let processors = logits_processors(&resolved, prompt_len, &eos, padding_lengths.as_ref());
+    let processors = logits_processors(&resolved, prompt_len, eos, padding_lengths.as_ref());
     let sampling = config.do_sample == Some(true);
     let keep_scores =
         config.output_scores == Some(true) && config.return_dict_in_generate == Some(true);
 
     let use_cache = config.use_cache != Some(false) && model.supports_cache();
+    let decoding = Decoding {
+        position_ids,
+        mask,
+        cache: use_cache.then(DynamicCache::new),
+        encoder,
+    };
     if beams > 1 {
         let out = super::beam_search::beam_search(
             model,
             &ids,
-            mask,
-            position_ids,
+            decoding,
             &processors,
             &super::beam_search::BeamSettings {
                 num_beams: beams,
                 max_length,
-                eos: &eos,
+                eos,
                 pad,
                 do_sample: sampling,
                 length_penalty: config.length_penalty.unwrap_or(1.0),
                 early_stopping: config.early_stopping.unwrap_or_default(),
                 num_return_sequences: config.num_return_sequences.unwrap_or(1),
                 keep_scores,
-                use_cache,
             },
         )?;
         return Ok(GenerateOutput {
@@ -270,14 +380,10 @@ fn generate_inner(
             sequences_scores: keep_scores.then_some(out.sequences_scores),
         });
     }
-    let eos_ids = Tensor::f_from_slice(&eos)?.f_to_device(device)?;
+    let eos_ids = Tensor::f_from_slice(eos)?.f_to_device(device)?;
     let mut unfinished = Tensor::f_ones([rows], (Kind::Int64, device))?;
     let mut scores = Vec::new();
-    let mut decoding = Decoding {
-        position_ids,
-        mask,
-        cache: use_cache.then(DynamicCache::new),
-    };
+    let mut decoding = decoding;
     loop {
         let mut step_scores = decoding.step(model, &ids)?;
         for p in &processors {

@@ -869,22 +869,15 @@ fn several_with_trained_base(name: &str) -> Error {
     }
 }
 
-impl TrainableModel for PeftModel {
-    fn var_store(&self) -> &VarStore {
-        self.base.var_store()
-    }
-    fn var_store_mut(&mut self) -> &mut VarStore {
-        self.base.var_store_mut()
-    }
-    fn is_training(&self) -> bool {
-        self.base.is_training()
-    }
-    fn set_training(&mut self, training: bool) {
-        self.base.set_training(training);
-    }
-    /// The base model's forward with the adapter applied by every adapted layer; an error
-    /// names the adapted layers the forward never ran.
-    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+impl PeftModel {
+    /// Runs `f` (the base model's forward or encoder) with the active adapter's layers
+    /// applied (and every merged adapter's layers left to their base weights); with
+    /// `check_all_ran`, an adapted layer `f` never reached is an error.
+    fn with_active_adapters<R>(
+        &self,
+        check_all_ran: bool,
+        f: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
         let adapter = self.active_adapter_entry();
         // peft: a layer any merged adapter lives in runs its (merged) base weight alone.
         let merged: HashSet<String> = self
@@ -902,12 +895,12 @@ impl TrainableModel for PeftModel {
             &merged,
         )?;
         let shared = Arc::new(Mutex::new(active));
-        let out = lora::with_adapters(Arc::clone(&shared), || self.base.forward(inputs))?;
+        let out = lora::with_adapters(Arc::clone(&shared), f)?;
         let missed = match shared.lock() {
             Ok(a) => a.missed(),
             Err(p) => p.into_inner().missed(),
         };
-        if !missed.is_empty() {
+        if check_all_ran && !missed.is_empty() {
             return Err(Error::InvalidArgument {
                 field: "target_modules",
                 detail: format!(
@@ -916,6 +909,36 @@ impl TrainableModel for PeftModel {
             });
         }
         Ok(out)
+    }
+}
+
+impl TrainableModel for PeftModel {
+    fn var_store(&self) -> &VarStore {
+        self.base.var_store()
+    }
+    fn var_store_mut(&mut self) -> &mut VarStore {
+        self.base.var_store_mut()
+    }
+    fn is_training(&self) -> bool {
+        self.base.is_training()
+    }
+    fn set_training(&mut self, training: bool) {
+        self.base.set_training(training);
+    }
+    /// The base model's forward with the adapter applied by every adapted layer; an error
+    /// names the adapted layers the forward never ran.
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        // Given the encoder's output, an encoder-decoder model runs its decoder alone: the
+        // encoder's adapted layers are not missed.
+        self.with_active_adapters(inputs.encoder_outputs.is_none(), || {
+            self.base.forward(inputs)
+        })
+    }
+    fn is_encoder_decoder(&self) -> bool {
+        self.base.is_encoder_decoder()
+    }
+    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.with_active_adapters(false, || self.base.encode(input_ids, attention_mask))
     }
     fn activation_checkpointing_enable(
         &mut self,

@@ -11,4 +11,5 @@ mod layer_hooks;
 mod liger;
 mod parity;
 mod peft;
+mod seq2seq;
 mod tokenization;

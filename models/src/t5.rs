@@ -1,0 +1,969 @@
+//! T5 (upstream `models/t5`): `T5Config` and `T5ForConditionalGeneration`, with upstream's
+//! parameter names (`encoder.block.0.layer.0.SelfAttention.q.weight`, ...).
+//!
+//! Both generations of the checkpoints load: T5 v1.0 (`feed_forward_proj="relu"`, the head
+//! tied to `shared` and the decoder output rescaled by `d_model ** -0.5`) and T5 v1.1 /
+//! Flan-T5 (`"gated-gelu"`, an untied `lm_head`, no rescale). As transformers 5.23: the
+//! config's `tie_word_embeddings` decides only the rescale (`scale_decoder_outputs`), and the
+//! head is tied unless the checkpoint holds an `lm_head.weight` that differs from
+//! `shared.weight`.
+//!
+//! The attention is upstream's sdpa path: no scaling of `q kᵀ`, the relative position bias
+//! (computed by the first block of each stack, shared by the others) merged with the mask
+//! into one additive float mask (`create_position_bias_mask`).
+
+// `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
+// saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, LayerLinear, Params};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
+use crate::neftune::neftune_post_forward_hook;
+use crate::{DynamicCache, Error, Result};
+
+/// Upstream `T5Config` with its defaults (t5-small).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct T5Config {
+    pub vocab_size: i64,
+    pub d_model: i64,
+    pub d_kv: i64,
+    pub d_ff: i64,
+    pub num_layers: i64,
+    /// `None`: as many as `num_layers` (upstream's "symmetry").
+    pub num_decoder_layers: Option<i64>,
+    pub num_heads: i64,
+    pub relative_attention_num_buckets: i64,
+    pub relative_attention_max_distance: i64,
+    pub dropout_rate: f64,
+    pub layer_norm_epsilon: f64,
+    pub initializer_factor: f64,
+    /// `"relu"` (v1.0), `"gated-gelu"` (v1.1, Flan-T5), `"gated-silu"`, ...
+    pub feed_forward_proj: String,
+    pub is_encoder_decoder: bool,
+    pub pad_token_id: Option<i64>,
+    /// An id or a list of ids.
+    pub eos_token_id: Option<serde_json::Value>,
+    pub decoder_start_token_id: Option<i64>,
+    /// Always `true` once read, as upstream's `__post_init__` forces it; what a file said
+    /// decides [`scale_decoder_outputs`](Self::scale_decoder_outputs).
+    pub tie_word_embeddings: Option<bool>,
+    /// Whether the decoder output is multiplied by `d_model ** -0.5` before the head
+    /// (T5 v1.0); `None` in a file: `tie_word_embeddings != false`.
+    pub scale_decoder_outputs: Option<bool>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for T5Config {
+    fn default() -> Self {
+        Self {
+            vocab_size: 32128,
+            d_model: 512,
+            d_kv: 64,
+            d_ff: 2048,
+            num_layers: 6,
+            num_decoder_layers: None,
+            num_heads: 8,
+            relative_attention_num_buckets: 32,
+            relative_attention_max_distance: 128,
+            dropout_rate: 0.1,
+            layer_norm_epsilon: 1e-6,
+            initializer_factor: 1.0,
+            feed_forward_proj: "relu".into(),
+            is_encoder_decoder: true,
+            pad_token_id: Some(0),
+            eos_token_id: Some(serde_json::Value::from(1)),
+            decoder_start_token_id: None,
+            tie_word_embeddings: None,
+            scale_decoder_outputs: None,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for T5Config {
+    fn model_type(&self) -> &'static str {
+        "t5"
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        let mut c = self.clone();
+        c.normalize();
+        let mut v = configuration_utils::to_value(&c)?;
+        // Upstream's derived attributes, as its `to_dict` writes them.
+        if let Some(m) = v.as_object_mut() {
+            let (act, gated) = self.activation_name()?;
+            m.insert("dense_act_fn".into(), act.into());
+            m.insert("is_gated_act".into(), gated.into());
+            m.insert("num_decoder_layers".into(), self.decoder_layers().into());
+        }
+        Ok(v)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl T5Config {
+    /// Reads `config.json`, with upstream's `__post_init__` (the rescale decided from
+    /// `tie_word_embeddings`, which is then forced to `true`).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let mut c: Self = configuration_utils::read_config(path)?;
+        c.normalize();
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Upstream's `__post_init__`: `scale_decoder_outputs = tie_word_embeddings is not
+    /// False` unless the file states it, and `tie_word_embeddings = True`.
+    fn normalize(&mut self) {
+        let scale = self
+            .scale_decoder_outputs
+            .unwrap_or(self.tie_word_embeddings != Some(false));
+        self.scale_decoder_outputs = Some(scale);
+        self.tie_word_embeddings = Some(true);
+        // Derived on reading, as upstream's `__post_init__` does.
+        self.extra.remove("dense_act_fn");
+        self.extra.remove("is_gated_act");
+    }
+
+    /// Whether the decoder output is rescaled by `d_model ** -0.5`.
+    pub fn scales_decoder_outputs(&self) -> bool {
+        self.scale_decoder_outputs
+            .unwrap_or(self.tie_word_embeddings != Some(false))
+    }
+
+    /// The decoder's number of blocks.
+    pub fn decoder_layers(&self) -> i64 {
+        self.num_decoder_layers.unwrap_or(self.num_layers)
+    }
+
+    /// Upstream's `dense_act_fn` and `is_gated_act` from `feed_forward_proj`
+    /// (`"gated-gelu"` means `gelu_new`), with `validate_architecture`'s check.
+    fn activation_name(&self) -> Result<(String, bool)> {
+        let parts: Vec<&str> = self.feed_forward_proj.split('-').collect();
+        if (parts.len() > 1 && parts[0] != "gated") || parts.len() > 2 {
+            return Err(Error::InvalidConfig {
+                field: "feed_forward_proj",
+                value: self.feed_forward_proj.clone(),
+                fix: "use the format `gated-{ACT_FN}` or `{ACT_FN}`, e.g. 'gated-gelu' or 'relu' (upstream's check)",
+            });
+        }
+        let gated = parts[0] == "gated";
+        let act = if self.feed_forward_proj == "gated-gelu" {
+            "gelu_new"
+        } else {
+            parts[parts.len() - 1]
+        };
+        Ok((act.to_string(), gated))
+    }
+
+    fn activation(&self) -> Result<(Activation, bool)> {
+        let (name, gated) = self.activation_name()?;
+        Ok((Activation::parse(&name, "feed_forward_proj")?, gated))
+    }
+
+    fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("d_model", self.d_model),
+                ("d_kv", self.d_kv),
+                ("d_ff", self.d_ff),
+                ("num_heads", self.num_heads),
+                (
+                    "relative_attention_num_buckets",
+                    self.relative_attention_num_buckets,
+                ),
+                (
+                    "relative_attention_max_distance",
+                    self.relative_attention_max_distance,
+                ),
+            ],
+            ("num_layers", self.num_layers),
+        )?;
+        if self.decoder_layers() < 1 {
+            return Err(Error::InvalidConfig {
+                field: "num_decoder_layers",
+                value: self.decoder_layers().to_string(),
+                fix: "the decoder needs at least one block",
+            });
+        }
+        if self.relative_attention_num_buckets < 4 {
+            return Err(Error::InvalidConfig {
+                field: "relative_attention_num_buckets",
+                value: self.relative_attention_num_buckets.to_string(),
+                fix: "at least 4 buckets (half exact, half logarithmic, per direction)",
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout_rate) {
+            return Err(Error::InvalidConfig {
+                field: "dropout_rate",
+                value: self.dropout_rate.to_string(),
+                fix: "a probability in [0, 1)",
+            });
+        }
+        self.activation()?;
+        Ok(())
+    }
+}
+
+/// Upstream `T5LayerNorm`: the variance in float32, `x * rsqrt(variance + eps)` (promoted
+/// to float32), cast to the weight's dtype when that is half precision, times the weight.
+#[derive(Debug)]
+struct T5LayerNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl T5LayerNorm {
+    fn new(p: nn::Path<'_>, dim: i64, eps: f64, factor: f64) -> Self {
+        Self {
+            weight: crate::initialization::var(&p, "weight", &[dim], nn::Init::Const(factor)),
+            eps,
+        }
+    }
+}
+
+impl nn::Module for T5LayerNorm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let variance = x
+            .to_kind(Kind::Float)
+            .pow_tensor_scalar(2)
+            .mean_dim(-1, true, Kind::Float);
+        let mut h = x * (variance + self.eps).rsqrt();
+        if matches!(self.weight.kind(), Kind::Half | Kind::BFloat16) {
+            h = h.to_kind(self.weight.kind());
+        }
+        &self.weight * h
+    }
+}
+
+impl Params for T5LayerNorm {
+    fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![("weight", &self.weight)]
+    }
+}
+
+/// Upstream `T5Attention` (self-attention, or cross-attention over the encoder's states).
+#[derive(Debug)]
+struct Attention {
+    q: LayerLinear,
+    k: LayerLinear,
+    v: LayerLinear,
+    o: LayerLinear,
+    relative_attention_bias: Option<nn::Embedding>,
+    /// `encoder.block.0.layer.0.SelfAttention`, ...
+    name: String,
+}
+
+/// One of a stack's sub-layers with its pre-norm (`T5LayerSelfAttention`,
+/// `T5LayerCrossAttention`).
+#[derive(Debug)]
+struct AttentionLayer {
+    attention: Attention,
+    layer_norm: T5LayerNorm,
+    name: String,
+}
+
+/// Upstream `T5DenseActDense` (`wi`) or `T5DenseGatedActDense` (`wi_0`, `wi_1`), then `wo`.
+#[derive(Debug)]
+struct FeedForward {
+    wi: Option<LayerLinear>,
+    wi_0: Option<LayerLinear>,
+    wi_1: Option<LayerLinear>,
+    wo: LayerLinear,
+    layer_norm: T5LayerNorm,
+    name: String,
+}
+
+#[derive(Debug)]
+struct Block {
+    self_attention: AttentionLayer,
+    cross_attention: Option<AttentionLayer>,
+    ff: FeedForward,
+    idx: usize,
+}
+
+/// Upstream `T5Stack` (the encoder, or the decoder with cross-attention); its
+/// `embed_tokens` is the model's `shared`.
+#[derive(Debug)]
+struct Stack {
+    block: Vec<Block>,
+    final_layer_norm: T5LayerNorm,
+    is_decoder: bool,
+    name: &'static str,
+}
+
+/// What every block of a stack's forward shares.
+struct StackInputs<'a> {
+    config: &'a T5Config,
+    act: Activation,
+    train: bool,
+    /// The decoder (its relative positions are one-sided).
+    is_decoder: bool,
+    /// The self-attention mask (causal in the decoder).
+    mask: attention::Mask,
+    /// The decoder's view of the encoder: its last hidden state and padding mask.
+    encoder: Option<(&'a Tensor, attention::Mask)>,
+    cache: Option<&'a DynamicCache>,
+    /// Tokens already in the cache (the decoder's relative positions start there).
+    past: i64,
+}
+
+/// Upstream `_relative_position_bucket`, op for op (the logarithmic buckets through a
+/// float32 log and a truncating cast).
+fn relative_position_bucket(
+    relative_position: &Tensor,
+    bidirectional: bool,
+    num_buckets: i64,
+    max_distance: i64,
+) -> Tensor {
+    let mut num_buckets = num_buckets;
+    let mut buckets = relative_position.zeros_like();
+    let relative_position = if bidirectional {
+        num_buckets /= 2;
+        buckets = buckets + relative_position.gt(0).to_kind(Kind::Int64) * num_buckets;
+        relative_position.abs()
+    } else {
+        -relative_position.minimum(&relative_position.zeros_like())
+    };
+    let max_exact = num_buckets / 2;
+    let is_small = relative_position.lt(max_exact);
+    let if_large = (relative_position.to_kind(Kind::Float) / max_exact as f64).log()
+        / (max_distance as f64 / max_exact as f64).ln()
+        * (num_buckets - max_exact) as f64;
+    let if_large = if_large.to_kind(Kind::Int64) + max_exact;
+    let if_large = if_large.minimum(&if_large.full_like(num_buckets - 1));
+    buckets + relative_position.where_self(&is_small, &if_large)
+}
+
+impl Attention {
+    fn new(p: nn::Path<'_>, c: &T5Config, has_relative_attention_bias: bool, name: String) -> Self {
+        let f = c.initializer_factor;
+        let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
+        let std_q = f * ((d * c.d_kv) as f64).powf(-0.5);
+        let std_kv = f * (d as f64).powf(-0.5);
+        let std_o = f * (inner as f64).powf(-0.5);
+        Self {
+            q: layers::layer_linear(&p / "q", d, inner, false, std_q),
+            k: layers::layer_linear(&p / "k", d, inner, false, std_kv),
+            v: layers::layer_linear(&p / "v", d, inner, false, std_kv),
+            o: layers::layer_linear(&p / "o", inner, d, false, std_o),
+            relative_attention_bias: has_relative_attention_bias.then(|| {
+                layers::embedding(
+                    &p / "relative_attention_bias",
+                    c.relative_attention_num_buckets,
+                    c.num_heads,
+                    std_kv,
+                )
+            }),
+            name,
+        }
+    }
+
+    /// Upstream `compute_bias`: `[1, heads, q, k]` for queries after `past` cached tokens.
+    fn compute_bias(
+        &self,
+        table: &nn::Embedding,
+        q_len: i64,
+        k_len: i64,
+        s: &StackInputs<'_>,
+    ) -> Tensor {
+        let device = table.ws.device();
+        let context = Tensor::arange(q_len, (Kind::Int64, device)).unsqueeze(1) + s.past;
+        let memory = Tensor::arange(k_len, (Kind::Int64, device)).unsqueeze(0);
+        let buckets = relative_position_bucket(
+            &(memory - context),
+            !s.is_decoder,
+            s.config.relative_attention_num_buckets,
+            s.config.relative_attention_max_distance,
+        );
+        let values = layers::apply_traced(
+            &buckets,
+            table,
+            || format!("{}.relative_attention_bias", self.name),
+            "Embedding",
+        );
+        values.permute([2, 0, 1]).unsqueeze(0)
+    }
+
+    /// Upstream `T5Attention.forward`: returns the output and the position bias the next
+    /// blocks reuse.
+    fn forward(
+        &self,
+        h: &Tensor,
+        key_value_states: Option<&Tensor>,
+        mask: &attention::Mask,
+        position_bias: Option<&Tensor>,
+        s: &StackInputs<'_>,
+        idx: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        use layers::apply_traced;
+        let c = s.config;
+        let (batch, q_len) = (h.size()[0], h.size()[1]);
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let heads = |t: &Tensor| t.view([batch, -1, c.num_heads, c.d_kv]).transpose(1, 2);
+        let q = heads(&apply_traced(h, &self.q, || n("q"), "Linear"));
+        let current = key_value_states.unwrap_or(h);
+        let k = heads(&apply_traced(current, &self.k, || n("k"), "Linear"));
+        let v = heads(&apply_traced(current, &self.v, || n("v"), "Linear"));
+        // The cross-attention keys of the encoder are computed again at every step (upstream
+        // caches them: the same op on the same states, the same values).
+        let (k, v) = match (s.cache, key_value_states) {
+            (Some(cache), None) => cache.update(idx, &k, &v)?,
+            _ => (k, v),
+        };
+        let k_len = k.size()[2];
+        let position_bias = match (position_bias, &self.relative_attention_bias) {
+            (Some(b), _) => b.shallow_clone(),
+            (None, Some(table)) => self.compute_bias(table, q_len, k_len, s),
+            (None, None) => Tensor::zeros([1, c.num_heads, q_len, k_len], (q.kind(), q.device())),
+        };
+        let dropout = if s.train { c.dropout_rate } else { 0.0 };
+        let a = attention::sdpa_with_position_bias(&q, &k, &v, mask, &position_bias, dropout);
+        let a = a.transpose(1, 2).reshape([batch, q_len, -1]);
+        let a = apply_traced(&a, &self.o, || n("o"), "Linear");
+        Ok((a, position_bias))
+    }
+}
+
+impl FeedForward {
+    fn new(p: nn::Path<'_>, c: &T5Config, gated: bool, name: String) -> Self {
+        let f = c.initializer_factor;
+        let std_i = f * (c.d_model as f64).powf(-0.5);
+        let std_o = f * (c.d_ff as f64).powf(-0.5);
+        let dense = &p / "DenseReluDense";
+        let lin = |n: &str, i, o, std| Some(layers::layer_linear(&dense / n, i, o, false, std));
+        let (wi, wi_0, wi_1) = if gated {
+            (
+                None,
+                lin("wi_0", c.d_model, c.d_ff, std_i),
+                lin("wi_1", c.d_model, c.d_ff, std_i),
+            )
+        } else {
+            (lin("wi", c.d_model, c.d_ff, std_i), None, None)
+        };
+        Self {
+            wi,
+            wi_0,
+            wi_1,
+            wo: layers::layer_linear(&dense / "wo", c.d_ff, c.d_model, false, std_o),
+            layer_norm: T5LayerNorm::new(&p / "layer_norm", c.d_model, c.layer_norm_epsilon, f),
+            name,
+        }
+    }
+
+    /// Upstream `T5LayerFF.forward`.
+    fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Tensor {
+        use layers::{apply_traced, dropout_traced};
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let x = apply_traced(h, &self.layer_norm, || n("layer_norm"), "T5LayerNorm");
+        let p = s.config.dropout_rate;
+        let inner = match (&self.wi, &self.wi_0, &self.wi_1) {
+            (Some(wi), _, _) => {
+                let x = apply_traced(&x, wi, || n("DenseReluDense.wi"), "Linear");
+                s.act.apply_traced(&x, || n("DenseReluDense.act"))
+            }
+            (None, Some(wi_0), Some(wi_1)) => {
+                let gelu = s.act.apply_traced(
+                    &apply_traced(&x, wi_0, || n("DenseReluDense.wi_0"), "Linear"),
+                    || n("DenseReluDense.act"),
+                );
+                let linear = apply_traced(&x, wi_1, || n("DenseReluDense.wi_1"), "Linear");
+                gelu * linear
+            }
+            _ => unreachable!("a feed-forward layer has `wi` or `wi_0` and `wi_1`"),
+        };
+        let inner = dropout_traced(&inner, p, s.train, || n("DenseReluDense.dropout"));
+        // `wo` stays in float32 when the rest is in half precision (`_keep_in_fp32_modules`).
+        let wo_kind = self.wo.0.ws.kind();
+        let inner = if inner.kind() != wo_kind {
+            inner.to_kind(wo_kind)
+        } else {
+            inner
+        };
+        let out = apply_traced(&inner, &self.wo, || n("DenseReluDense.wo"), "Linear");
+        h + dropout_traced(&out, p, s.train, || n("dropout"))
+    }
+}
+
+/// Upstream's clamp of float16 hidden states in each block (`finfo.max`, less 1000 when an
+/// infinity showed up).
+fn clamp_fp16(h: Tensor) -> Tensor {
+    if h.kind() != Kind::Half {
+        return h;
+    }
+    let max = 65504.0;
+    let clamp = if h.isinf().any().int64_value(&[]) != 0 {
+        max - 1000.0
+    } else {
+        max
+    };
+    h.clamp(-clamp, clamp)
+}
+
+impl AttentionLayer {
+    fn forward(
+        &self,
+        h: &Tensor,
+        key_value_states: Option<&Tensor>,
+        mask: &attention::Mask,
+        position_bias: Option<&Tensor>,
+        s: &StackInputs<'_>,
+        idx: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let normed = layers::apply_traced(
+            h,
+            &self.layer_norm,
+            || format!("{}.layer_norm", self.name),
+            "T5LayerNorm",
+        );
+        let (a, bias) =
+            self.attention
+                .forward(&normed, key_value_states, mask, position_bias, s, idx)?;
+        let a = layers::dropout_traced(&a, s.config.dropout_rate, s.train, || {
+            format!("{}.dropout", self.name)
+        });
+        Ok((h + a, bias))
+    }
+}
+
+impl Block {
+    /// Upstream `T5Block.forward`: self-attention, cross-attention (decoder), feed-forward;
+    /// returns the hidden states and the two position biases.
+    fn forward(
+        &self,
+        h: &Tensor,
+        self_bias: Option<&Tensor>,
+        cross_bias: Option<&Tensor>,
+        s: &StackInputs<'_>,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (h, self_bias) = self
+            .self_attention
+            .forward(h, None, &s.mask, self_bias, s, self.idx)?;
+        let mut h = clamp_fp16(h);
+        let mut cross = None;
+        if let (Some(layer), Some((states, mask))) = (&self.cross_attention, &s.encoder) {
+            let (out, bias) = layer.forward(&h, Some(states), mask, cross_bias, s, self.idx)?;
+            h = clamp_fp16(out);
+            cross = Some(bias);
+        }
+        let h = clamp_fp16(self.ff.forward(&h, s));
+        Ok((h, self_bias, cross))
+    }
+}
+
+impl Stack {
+    fn new(p: nn::Path<'_>, c: &T5Config, is_decoder: bool, gated: bool) -> Self {
+        let name = if is_decoder { "decoder" } else { "encoder" };
+        let layers_n = if is_decoder {
+            c.decoder_layers()
+        } else {
+            c.num_layers
+        };
+        let eps = c.layer_norm_epsilon;
+        let f = c.initializer_factor;
+        let block = (0..layers_n)
+            .map(|i| {
+                let b = &p / "block" / i;
+                let prefix = format!("{name}.block.{i}");
+                let l0 = &b / "layer" / 0;
+                let self_attention = AttentionLayer {
+                    attention: Attention::new(
+                        &l0 / "SelfAttention",
+                        c,
+                        i == 0,
+                        format!("{prefix}.layer.0.SelfAttention"),
+                    ),
+                    layer_norm: T5LayerNorm::new(&l0 / "layer_norm", c.d_model, eps, f),
+                    name: format!("{prefix}.layer.0"),
+                };
+                let cross_attention = is_decoder.then(|| {
+                    let l1 = &b / "layer" / 1;
+                    AttentionLayer {
+                        attention: Attention::new(
+                            &l1 / "EncDecAttention",
+                            c,
+                            false,
+                            format!("{prefix}.layer.1.EncDecAttention"),
+                        ),
+                        layer_norm: T5LayerNorm::new(&l1 / "layer_norm", c.d_model, eps, f),
+                        name: format!("{prefix}.layer.1"),
+                    }
+                });
+                let ff_idx = if is_decoder { 2 } else { 1 };
+                let ff = FeedForward::new(
+                    &b / "layer" / ff_idx,
+                    c,
+                    gated,
+                    format!("{prefix}.layer.{ff_idx}"),
+                );
+                Block {
+                    self_attention,
+                    cross_attention,
+                    ff,
+                    idx: i as usize,
+                }
+            })
+            .collect();
+        Self {
+            block,
+            final_layer_norm: T5LayerNorm::new(&p / "final_layer_norm", c.d_model, eps, f),
+            is_decoder,
+            name,
+        }
+    }
+
+    /// Upstream `T5Stack.forward` on the token embeddings; the last hidden state.
+    fn forward(&self, embeds: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
+        let p = s.config.dropout_rate;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let mut h = layers::dropout_traced(embeds, p, s.train, || n("dropout"));
+        let (mut self_bias, mut cross_bias) = (None::<Tensor>, None::<Tensor>);
+        for b in &self.block {
+            let (out, sb, cb) = b.forward(&h, self_bias.as_ref(), cross_bias.as_ref(), s)?;
+            h = out;
+            self_bias = Some(sb);
+            if self.is_decoder {
+                cross_bias = cb;
+            }
+        }
+        let h = layers::apply_traced(
+            &h,
+            &self.final_layer_norm,
+            || n("final_layer_norm"),
+            "T5LayerNorm",
+        );
+        Ok(layers::dropout_traced(&h, p, s.train, || n("dropout")))
+    }
+}
+
+/// Upstream `T5ForConditionalGeneration`: `shared` embeddings, the encoder and decoder
+/// stacks, and `lm_head` (tied to `shared` unless the checkpoint holds its own).
+#[derive(Debug)]
+pub struct T5ForConditionalGeneration {
+    vs: nn::VarStore,
+    shared: nn::Embedding,
+    encoder: Stack,
+    decoder: Stack,
+    lm_head: Option<Tensor>,
+    act: Activation,
+    config: T5Config,
+    training: bool,
+    /// `generation_config` (as JSON).
+    generation_config: serde_json::Value,
+}
+
+impl T5ForConditionalGeneration {
+    /// A freshly initialised model (upstream `T5ForConditionalGeneration(config)`: the head
+    /// tied to `shared`), seeded by tch's RNG.
+    pub fn new(config: &T5Config, device: Device) -> Result<Self> {
+        Self::build(config, false, device)
+    }
+
+    fn build(config: &T5Config, untied_head: bool, device: Device) -> Result<Self> {
+        let mut config = config.clone();
+        config.normalize();
+        config.validate()?;
+        let (act, gated) = config.activation()?;
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let f = config.initializer_factor;
+        // Upstream's registration order: shared, encoder, decoder, lm_head.
+        let shared = layers::embedding(&root / "shared", config.vocab_size, config.d_model, f);
+        let encoder = Stack::new(&root / "encoder", &config, false, gated);
+        let decoder = Stack::new(&root / "decoder", &config, true, gated);
+        let lm_head = untied_head.then(|| {
+            crate::initialization::var(
+                &(&root / "lm_head"),
+                "weight",
+                &[config.vocab_size, config.d_model],
+                layers::normal(f),
+            )
+        });
+        let generation_config = crate::generation::generation_fields_of(&config.to_json_value()?);
+        Ok(Self {
+            vs,
+            shared,
+            encoder,
+            decoder,
+            lm_head,
+            act,
+            config,
+            training: false,
+            generation_config,
+        })
+    }
+
+    /// Upstream `from_pretrained` on a resolved local folder. The head is tied to
+    /// `shared` unless the checkpoint holds an `lm_head.weight` that differs from it
+    /// (upstream's `tie_weights` then warns and leaves them apart).
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = T5Config::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let untied = loading::checkpoint_tensors_differ(dir, "lm_head.weight", "shared.weight")?;
+        if untied {
+            log::warn!(
+                "The tied weights mapping and config for this model specifies to tie shared.weight to lm_head.weight, but both are present in the checkpoints with different values, so we will NOT tie them. You should update the config with `tie_word_embeddings=False` to silence this warning."
+            );
+        }
+        let mut loaded = loading::from_pretrained_with(
+            dir,
+            "transformer",
+            &["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"],
+            options,
+            || Self::build(&config, untied, device),
+        )?;
+        // `_keep_in_fp32_modules = ["wo"]`: a half-precision load keeps `wo` in float32.
+        let m = &mut loaded.model;
+        if m.vs.root().kind() != Kind::Float {
+            tch::no_grad(|| {
+                for (name, mut var) in m.vs.variables() {
+                    if name.ends_with(".DenseReluDense.wo.weight") {
+                        var.set_data(&var.to_kind(Kind::Float));
+                    }
+                }
+            });
+        }
+        loaded.model.generation_config =
+            crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
+        Ok(loaded)
+    }
+
+    /// The config.
+    pub fn t5_config(&self) -> &T5Config {
+        &self.config
+    }
+
+    /// Upstream `_shift_right` (`prepare_decoder_input_ids_from_labels`): the labels moved
+    /// one position right behind `decoder_start_token_id`, -100 replaced by the pad id.
+    pub fn prepare_decoder_input_ids_from_labels(&self, labels: &Tensor) -> Result<Tensor> {
+        let start = self
+            .config
+            .decoder_start_token_id
+            .ok_or(Error::InvalidConfig {
+                field: "decoder_start_token_id",
+                value: "null".into(),
+                fix: "self.model.config.decoder_start_token_id has to be defined. In T5 it is usually set to the pad_token_id. (upstream's message)",
+            })?;
+        let pad = self.config.pad_token_id.ok_or(Error::InvalidConfig {
+            field: "pad_token_id",
+            value: "null".into(),
+            fix: "self.model.config.pad_token_id has to be defined. (upstream's message)",
+        })?;
+        tchtrain_collators::shift_tokens_right(labels, pad, start).map_err(|e| {
+            Error::InvalidInput {
+                name: "labels",
+                detail: e.to_string(),
+            }
+        })
+    }
+
+    fn embed(&self, ids: &Tensor, name: &str) -> Result<Tensor> {
+        crate::check_ids(ids, self.config.vocab_size, i64::MAX)?;
+        let ids = ids.f_to_device(self.shared.ws.device())?;
+        let e = ids.apply(&self.shared);
+        let e = neftune_post_forward_hook(e, self.training)?;
+        crate::debug_utils::leaf(
+            || format!("{name}.embed_tokens"),
+            "Embedding",
+            &self.shared.params(),
+            &ids,
+            &e,
+        );
+        Ok(e)
+    }
+
+    /// The encoder's last hidden state for `input_ids` (upstream `model.get_encoder()`).
+    fn run_encoder(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let embeds = self.embed(input_ids, "encoder")?;
+        let (batch, seq) = (embeds.size()[0], embeds.size()[1]);
+        check_mask(attention_mask, "attention_mask", batch, seq)?;
+        let device = embeds.device();
+        let s = StackInputs {
+            config: &self.config,
+            act: self.act,
+            train: self.training,
+            is_decoder: false,
+            mask: attention::attention_mask(attention_mask, batch, seq, false, device),
+            encoder: None,
+            cache: None,
+            past: 0,
+        };
+        self.encoder.forward(&embeds, &s)
+    }
+}
+
+fn check_mask(mask: Option<&Tensor>, name: &'static str, batch: i64, seq: i64) -> Result<()> {
+    match mask {
+        Some(m) if m.size() != [batch, seq] => Err(Error::InvalidInput {
+            name,
+            detail: format!("shape {:?}, expected [{batch}, {seq}]", m.size()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl PreTrainedModel for T5ForConditionalGeneration {
+    fn architecture(&self) -> &'static str {
+        "T5ForConditionalGeneration"
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        Some(&self.generation_config)
+    }
+}
+
+impl TrainableModel for T5ForConditionalGeneration {
+    crate::modeling_utils::model_plumbing!();
+
+    fn activation_checkpointing_enable(
+        &mut self,
+        settings: crate::ActivationCheckpointing,
+    ) -> Result<()> {
+        let _ = settings;
+        Err(Error::InvalidArgument {
+            field: "activation_checkpointing",
+            detail: "T5ForConditionalGeneration: activation checkpointing of T5's blocks is not implemented here yet (upstream supports it); train without --activation_checkpointing".into(),
+        })
+    }
+    fn supports_cache(&self) -> bool {
+        true
+    }
+    fn is_encoder_decoder(&self) -> bool {
+        true
+    }
+    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.run_encoder(input_ids, attention_mask)
+    }
+    fn output_embeddings(&self) -> Option<String> {
+        Some("lm_head".into())
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == "shared.weight" || name.ends_with(".relative_attention_bias.weight")
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        let mut tied = vec![
+            ("encoder.embed_tokens.weight".into(), "shared.weight".into()),
+            ("decoder.embed_tokens.weight".into(), "shared.weight".into()),
+        ];
+        if self.lm_head.is_none() {
+            tied.push(("lm_head.weight".into(), "shared.weight".into()));
+        }
+        tied
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        if inputs.logits_to_keep.is_some_and(|n| n > 0) {
+            return Err(Error::InvalidArgument {
+                field: "logits_to_keep",
+                detail: "T5ForConditionalGeneration's forward takes no logits_to_keep (upstream's neither); leave it unset".into(),
+            });
+        }
+        let device = self.shared.ws.device();
+        let encoder_hidden = match inputs.encoder_outputs {
+            Some(h) => h.f_to_device(device)?,
+            None => self.run_encoder(inputs.ids()?, inputs.attention_mask)?,
+        };
+        let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
+        check_mask(inputs.attention_mask, "attention_mask", batch, enc_seq)?;
+        let labels = inputs.labels.map(|l| l.f_to_device(device)).transpose()?;
+        let shifted;
+        let decoder_input_ids = match (inputs.decoder_input_ids, &labels) {
+            (Some(d), _) => d,
+            (None, Some(l)) => {
+                shifted = self.prepare_decoder_input_ids_from_labels(l)?;
+                &shifted
+            }
+            (None, None) => {
+                return Err(Error::MissingInput {
+                    name: "decoder_input_ids",
+                });
+            }
+        };
+        let embeds = self.embed(decoder_input_ids, "decoder")?;
+        let seq = embeds.size()[1];
+        if embeds.size()[0] != batch {
+            return Err(Error::InvalidInput {
+                name: "decoder_input_ids",
+                detail: format!(
+                    "batch of {} rows, the encoder's has {batch}",
+                    embeds.size()[0]
+                ),
+            });
+        }
+        let cache = inputs.past_key_values;
+        let past = cache.map_or(0, DynamicCache::get_seq_length);
+        let s = StackInputs {
+            config: &self.config,
+            act: self.act,
+            train: self.training,
+            is_decoder: true,
+            mask: attention::attention_mask_after(
+                inputs.decoder_attention_mask,
+                batch,
+                seq,
+                past,
+                device,
+            )?,
+            encoder: Some((
+                &encoder_hidden,
+                attention::attention_mask(inputs.attention_mask, batch, enc_seq, false, device),
+            )),
+            cache,
+            past,
+        };
+        let mut h = self.decoder.forward(&embeds, &s)?;
+        if self.config.scales_decoder_outputs() {
+            h = h * (self.config.d_model as f64).powf(-0.5);
+        }
+        let weight = self.lm_head.as_ref().unwrap_or(&self.shared.ws);
+        let logits = h.matmul(&weight.tr());
+        crate::debug_utils::leaf(
+            || "lm_head".into(),
+            "Linear",
+            &[("weight", weight)],
+            &h,
+            &logits,
+        );
+        let loss = match &labels {
+            Some(labels) => {
+                let vocab = logits.size()[2];
+                Some(logits.f_view([-1, vocab])?.f_cross_entropy_loss::<Tensor>(
+                    &labels.f_view([-1])?,
+                    None,
+                    tch::Reduction::Mean,
+                    -100,
+                    0.0,
+                )?)
+            }
+            None => None,
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}

@@ -1,0 +1,119 @@
+"""Reference for models/tests: encoder-decoder models and their `generate()` in transformers 5.23.
+
+Usage: python seq2seq.py OUT_DIR
+
+Tiny random checkpoints are made here (after `torch.manual_seed(0)`) and saved with
+save_pretrained into OUT_DIR/<case>/:
+
+  t5_v1      T5 v1.0: feed_forward_proj "relu", the head tied to `shared`, the decoder output
+             rescaled by d_model ** -0.5
+  flan_t5    T5 v1.1 / Flan-T5: "gated-gelu", tie_word_embeddings False (no rescale) and an
+             `lm_head.weight` of its own (drawn after the model; upstream then leaves the two
+             apart when loading)
+
+t5_v1 has 2 encoder and 3 decoder blocks, flan_t5 2 and 2; both 8 relative-position buckets
+up to distance 12 (the 10-token inputs reach the logarithmic buckets) and dropout 0.1 (off in
+evaluation). t5_v1 generates with use_cache=False: with fewer encoder than decoder blocks,
+upstream's generate sizes its cache by `num_layers` and fails (IndexError).
+
+OUT_DIR/<case>.safetensors holds, for a batch of two (the second row padded at its end):
+  input_ids, attention_mask, labels (-100 at the second row's end)
+  logits, loss                    eval mode, `model(input_ids, attention_mask, labels)`
+                                  (decoder_input_ids: the labels shifted right)
+  grad.<name>                     every parameter's gradient after loss.backward()
+  decoder_input_ids, decoder_attention_mask, masked_logits
+                                  eval mode, explicit decoder ids with a padded decoder mask
+  gen_<kind>.sequences / .scores  `generate(input_ids, attention_mask, ...)` with
+                                  output_scores (scores stacked [steps, rows, vocab]):
+    greedy   max_new_tokens 8
+    beam     num_beams 3, num_return_sequences 2, length_penalty 0.8, no_repeat_ngram_size 2,
+             max_new_tokens 8 (sequences_scores too)
+    sample   do_sample, top_k 10, temperature 0.9, max_new_tokens 8, seed 0
+OUT_DIR/<case>.parameters.json: named_parameters() order.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import transformers as tf
+
+OUT = Path(sys.argv[1])
+OUT.mkdir(parents=True, exist_ok=True)
+torch.set_num_threads(2)
+
+GENERATE = {
+    "greedy": dict(max_new_tokens=8),
+    "beam": dict(num_beams=3, num_return_sequences=2, length_penalty=0.8, no_repeat_ngram_size=2, max_new_tokens=8),
+    "sample": dict(do_sample=True, top_k=10, temperature=0.9, max_new_tokens=8),
+}
+
+
+def t5(case, **kw):
+    config = tf.T5Config(
+        vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+        num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=12,
+        dropout_rate=0.1, decoder_start_token_id=0, **kw,
+    )
+    torch.manual_seed(0)
+    m = tf.T5ForConditionalGeneration(config)
+    if kw.get("tie_word_embeddings") is False:
+        m.lm_head.weight = torch.nn.Parameter(torch.randn(config.vocab_size, config.d_model))
+    m.save_pretrained(OUT / case)
+    return tf.T5ForConditionalGeneration.from_pretrained(OUT / case).eval()
+
+
+def record(case, m, use_cache=True):
+    g = torch.Generator().manual_seed(1234)
+    vocab = m.config.vocab_size
+    ids = torch.randint(2, vocab, (2, 10), generator=g)
+    mask = torch.ones(2, 10, dtype=torch.int64)
+    mask[1, 7:] = 0
+    ids[1, 7:] = m.config.pad_token_id
+    labels = torch.randint(2, vocab, (2, 6), generator=g)
+    labels[1, 4:] = -100
+    t = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    m.zero_grad()
+    out = m(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    t["logits"] = out.logits.detach()
+    t["loss"] = out.loss.detach().reshape(1)
+    for name, p in m.named_parameters():
+        t[f"grad.{name}"] = p.grad.detach()
+    dec = torch.randint(2, vocab, (2, 5), generator=g)
+    dec[:, 0] = m.config.decoder_start_token_id
+    dec_mask = torch.ones(2, 5, dtype=torch.int64)
+    dec_mask[0, 3:] = 0
+    with torch.no_grad():
+        t["masked_logits"] = m(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask
+        ).logits
+    t["decoder_input_ids"] = dec
+    t["decoder_attention_mask"] = dec_mask
+    for kind, kwargs in GENERATE.items():
+        torch.manual_seed(0)
+        out = m.generate(
+            input_ids=ids, attention_mask=mask, output_scores=True, return_dict_in_generate=True,
+            use_cache=use_cache, **kwargs,
+        )
+        t[f"gen_{kind}.sequences"] = out.sequences
+        t[f"gen_{kind}.scores"] = torch.stack(out.scores)
+        if getattr(out, "sequences_scores", None) is not None:
+            t[f"gen_{kind}.sequences_scores"] = out.sequences_scores
+        print(case, kind, out.sequences.tolist())
+    save_file({k: v.contiguous() for k, v in t.items()}, str(OUT / f"{case}.safetensors"))
+    names = [name for name, _ in m.named_parameters()]
+    (OUT / f"{case}.parameters.json").write_text(json.dumps(names))
+
+
+def main():
+    record("t5_v1", t5("t5_v1", num_decoder_layers=3), use_cache=False)
+    record("flan_t5", t5("flan_t5", feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    (OUT / "generate.json").write_text(json.dumps(GENERATE, indent=1))
+
+
+if __name__ == "__main__":
+    main()
