@@ -5,6 +5,7 @@ use std::path::Path;
 
 use tch::Device;
 
+use crate::bart::BartForConditionalGeneration;
 use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, QA, SEQ_CLS, TOK_CLS};
 use crate::configuration_utils::read_model_type;
 use crate::deberta_v2::{
@@ -64,7 +65,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), t5 (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -208,6 +209,9 @@ pub fn from_pretrained_dir(
         ("gemma2", task) => decoder::<Gemma2Config>(dir, task, device, options)?,
         ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
         ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
+        ("bart" | "mbart", AutoTask::Seq2SeqLm) => boxed(
+            BartForConditionalGeneration::from_pretrained_dir(dir, device, options)?,
+        ),
         ("t5", AutoTask::Seq2SeqLm) => boxed(T5ForConditionalGeneration::from_pretrained_dir(
             dir, device, options,
         )?),

@@ -15,6 +15,7 @@
 mod attention;
 mod auto;
 mod auto_tokenizer;
+mod bart;
 mod bert;
 mod cache_utils;
 mod chat_template;
@@ -53,6 +54,7 @@ pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
 pub use auto_tokenizer::{
     AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
+pub use bart::{BartConfig, BartForConditionalGeneration, MBartForConditionalGeneration};
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,

@@ -10,6 +10,12 @@ save_pretrained into OUT_DIR/<case>/:
   flan_t5    T5 v1.1 / Flan-T5: "gated-gelu", tie_word_embeddings False (no rescale) and an
              `lm_head.weight` of its own (drawn after the model; upstream then leaves the two
              apart when loading)
+  bart       BART: post-norm layers, 4 encoder / 2 decoder heads, dropout 0.1, the config's
+             forced_eos_token_id 2, a non-zero final_logits_bias (drawn after the model)
+  mbart      mBART: pre-norm layers with a final LayerNorm per stack, scale_embedding, its
+             label shift (the last non-padding token wrapped to the front), no
+             decoder_start_token_id (generate starts from bos_token_id) and a
+             generation_config.json with forced_bos_token_id 5
 
 t5_v1 has 2 encoder and 3 decoder blocks, flan_t5 2 and 2; both 8 relative-position buckets
 up to distance 12 (the 10-token inputs reach the logarithmic buckets) and dropout 0.1 (off in
@@ -66,6 +72,23 @@ def t5(case, **kw):
     return tf.T5ForConditionalGeneration.from_pretrained(OUT / case).eval()
 
 
+def bart(case, mbart=False):
+    cls = tf.MBartForConditionalGeneration if mbart else tf.BartForConditionalGeneration
+    kw = dict(
+        vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=41, max_position_embeddings=32,
+        dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
+    )
+    config = tf.MBartConfig(scale_embedding=True, **kw) if mbart else tf.BartConfig(**kw)
+    torch.manual_seed(0)
+    m = cls(config)
+    m.final_logits_bias.normal_()
+    if mbart:
+        m.generation_config.forced_bos_token_id = 5
+    m.save_pretrained(OUT / case)
+    return cls.from_pretrained(OUT / case).eval()
+
+
 def record(case, m, use_cache=True):
     g = torch.Generator().manual_seed(1234)
     vocab = m.config.vocab_size
@@ -84,7 +107,8 @@ def record(case, m, use_cache=True):
     for name, p in m.named_parameters():
         t[f"grad.{name}"] = p.grad.detach()
     dec = torch.randint(2, vocab, (2, 5), generator=g)
-    dec[:, 0] = m.config.decoder_start_token_id
+    start = m.config.decoder_start_token_id
+    dec[:, 0] = start if start is not None else m.config.bos_token_id
     dec_mask = torch.ones(2, 5, dtype=torch.int64)
     dec_mask[0, 3:] = 0
     with torch.no_grad():
@@ -112,6 +136,8 @@ def record(case, m, use_cache=True):
 def main():
     record("t5_v1", t5("t5_v1", num_decoder_layers=3), use_cache=False)
     record("flan_t5", t5("flan_t5", feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    record("bart", bart("bart"))
+    record("mbart", bart("mbart", mbart=True))
     (OUT / "generate.json").write_text(json.dumps(GENERATE, indent=1))
 
 

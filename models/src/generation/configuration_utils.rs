@@ -83,6 +83,12 @@ pub struct GenerationConfig {
     /// `decoder_start_token_id`: the first decoder token of an encoder-decoder model
     /// (default: `bos_token_id`).
     pub decoder_start_token_id: Option<i64>,
+    /// `forced_bos_token_id`: the token forced first after the decoder start (mBART's target
+    /// language).
+    pub forced_bos_token_id: Option<i64>,
+    /// `forced_eos_token_id`: one id or a list, forced at the last position `max_length`
+    /// allows (BART).
+    pub forced_eos_token_id: Option<Vec<i64>>,
     /// Fields kept as read that change nothing here, written back as they were.
     pub other: Map<String, Value>,
 }
@@ -298,6 +304,19 @@ impl GenerationConfig {
                 v.as_f64()
                     .ok_or_else(|| bad(key, format!("expected a number, got {v}")))
             };
+            // One id or a list of ids.
+            let ids = || -> Result<Vec<i64>> {
+                match v {
+                    Value::Array(ids) => ids
+                        .iter()
+                        .map(|x| {
+                            x.as_i64()
+                                .ok_or_else(|| bad(key, format!("expected token ids, got {v}")))
+                        })
+                        .collect(),
+                    _ => Ok(vec![int()?]),
+                }
+            };
             let boolean = || {
                 v.as_bool()
                     .ok_or_else(|| bad(key, format!("expected true or false, got {v}")))
@@ -322,18 +341,9 @@ impl GenerationConfig {
                 "pad_token_id" => c.pad_token_id = Some(int()?),
                 "bos_token_id" => c.bos_token_id = Some(int()?),
                 "decoder_start_token_id" => c.decoder_start_token_id = Some(int()?),
-                "eos_token_id" => {
-                    c.eos_token_id = Some(match v {
-                        Value::Array(ids) => ids
-                            .iter()
-                            .map(|x| {
-                                x.as_i64()
-                                    .ok_or_else(|| bad(key, format!("expected token ids, got {v}")))
-                            })
-                            .collect::<Result<_>>()?,
-                        _ => vec![int()?],
-                    })
-                }
+                "forced_bos_token_id" => c.forced_bos_token_id = Some(int()?),
+                "forced_eos_token_id" => c.forced_eos_token_id = Some(ids()?),
+                "eos_token_id" => c.eos_token_id = Some(ids()?),
                 "length_penalty" => c.length_penalty = Some(float()?),
                 "early_stopping" => {
                     c.early_stopping = Some(match v {
@@ -475,6 +485,18 @@ impl GenerationConfig {
             self.decoder_start_token_id.map(Value::from),
         );
         put(
+            "forced_bos_token_id",
+            self.forced_bos_token_id.map(Value::from),
+        );
+        let one_or_list = |ids: &Vec<i64>| match ids.as_slice() {
+            [one] => Value::from(*one),
+            many => Value::from(many.to_vec()),
+        };
+        put(
+            "forced_eos_token_id",
+            self.forced_eos_token_id.as_ref().map(one_or_list),
+        );
+        put(
             "eos_token_id",
             self.eos_token_id.as_ref().map(|ids| match ids.as_slice() {
                 [one] => Value::from(*one),
@@ -524,7 +546,9 @@ impl GenerationConfig {
             pad_token_id,
             bos_token_id,
             eos_token_id,
-            decoder_start_token_id
+            decoder_start_token_id,
+            forced_bos_token_id,
+            forced_eos_token_id
         );
         for (k, v) in &other.other {
             self.other.insert(k.clone(), v.clone());

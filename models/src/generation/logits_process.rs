@@ -1,7 +1,8 @@
 //! Upstream's logits processors and warpers (`generation/logits_process.py` of transformers
 //! 5.23) that greedy decoding and sampling use here, op for op on float32 scores `[batch,
 //! vocab]`, and `_get_logits_processor`'s order: repetition penalty, no-repeat n-grams,
-//! minimum length, minimum new tokens, then (sampling only) temperature, top-k, top-p, min-p.
+//! minimum length, minimum new tokens, forced BOS / EOS tokens, then (sampling only)
+//! temperature, top-k, top-p, min-p.
 
 use tch::{Kind, Tensor};
 
@@ -38,6 +39,17 @@ pub enum LogitsProcessor {
         /// The end-of-sequence ids.
         eos: Vec<i64>,
     },
+    /// `ForcedBOSTokenLogitsProcessor(id)`: at length 1 (the decoder start alone) every
+    /// score -inf but `id`'s, 0.
+    ForcedBos(i64),
+    /// `ForcedEOSTokenLogitsProcessor(max_length, ids)`: at length `max_length - 1` every
+    /// score -inf but the ids', 0.
+    ForcedEos {
+        /// The generation's `max_length`.
+        max_length: i64,
+        /// The forced ids.
+        ids: Vec<i64>,
+    },
     /// `TemperatureLogitsWarper(t)`: `scores / t`.
     Temperature(f64),
     /// `TopKLogitsWarper(k)`: below the k-th score removed (ties kept).
@@ -68,6 +80,14 @@ fn vocab_mask(scores: &Tensor, ids: &[i64]) -> Result<Tensor> {
     let vocab = Tensor::f_arange(scores.size()[1], (Kind::Int64, scores.device()))?;
     let ids = Tensor::f_from_slice(ids)?.f_to_device(scores.device())?;
     Ok(Tensor::f_isin(&vocab, &ids, false, false)?)
+}
+
+/// `torch.full_like(scores, -inf)` with the `ids` columns set to 0.
+fn forced(scores: &Tensor, ids: &[i64]) -> Result<Tensor> {
+    let mut out = scores.f_full_like(REMOVED)?;
+    let index = Tensor::f_from_slice(ids)?.f_to_device(scores.device())?;
+    let _ = out.f_index_fill_(1, &index, 0.0)?;
+    Ok(out)
 }
 
 impl LogitsProcessor {
@@ -138,6 +158,20 @@ impl LogitsProcessor {
                     scores
                 }
             }
+            Self::ForcedBos(id) => {
+                if input_ids.size()[1] == 1 {
+                    forced(&scores, &[*id])?
+                } else {
+                    scores
+                }
+            }
+            Self::ForcedEos { max_length, ids } => {
+                if input_ids.size()[1] == max_length - 1 {
+                    forced(&scores, ids)?
+                } else {
+                    scores
+                }
+            }
             Self::Temperature(t) => scores.f_div_scalar(*t)?,
             Self::TopK(k) => {
                 let k = (*k).min(scores.size()[1]);
@@ -173,12 +207,14 @@ impl LogitsProcessor {
 
 /// Upstream's `_get_logits_processor` for greedy decoding and sampling: the processors
 /// `config` asks for, in upstream's order. `prompt_len` is the input's width (padding
-/// included), `padding_lengths` each row's leading padding when the mask has any.
+/// included), `padding_lengths` each row's leading padding when the mask has any,
+/// `max_length` the generation's resolved length.
 pub fn logits_processors(
     config: &GenerationConfig,
     prompt_len: i64,
     eos: &[i64],
     padding_lengths: Option<&Tensor>,
+    max_length: i64,
 ) -> Vec<LogitsProcessor> {
     let mut out = Vec::new();
     if let Some(p) = config.repetition_penalty.filter(|p| *p != 1.0) {
@@ -204,6 +240,15 @@ pub fn logits_processors(
                 eos: eos.to_vec(),
             });
         }
+    }
+    if let Some(id) = config.forced_bos_token_id {
+        out.push(LogitsProcessor::ForcedBos(id));
+    }
+    if let Some(ids) = &config.forced_eos_token_id {
+        out.push(LogitsProcessor::ForcedEos {
+            max_length,
+            ids: ids.clone(),
+        });
     }
     if config.do_sample == Some(true) {
         // Beam sampling keeps one token past the end-of-sequence ids.

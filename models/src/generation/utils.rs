@@ -344,7 +344,13 @@ fn decode(
     if let Some(n) = config.min_new_tokens {
         resolved.min_length = Some(n + prompt_len);
     }
-    let processors = logits_processors(&resolved, prompt_len, eos, padding_lengths.as_ref());
+    let processors = logits_processors(
+        &resolved,
+        prompt_len,
+        eos,
+        padding_lengths.as_ref(),
+        max_length,
+    );
     let sampling = config.do_sample == Some(true);
     let keep_scores =
         config.output_scores == Some(true) && config.return_dict_in_generate == Some(true);

@@ -1,7 +1,8 @@
 //! Encoder-decoder models against transformers 5.23 (`scripts/reference/seq2seq.py`): the
-//! tiny T5 v1.0 (ReLU, tied head, rescaled decoder output, 2 encoder / 3 decoder blocks) and
-//! Flan-T5-style (gated GELU, untied head) checkpoints made there load clean through
-//! `AutoModelForSeq2SeqLM`; their parameters come in upstream's order; logits, loss (labels
+//! tiny T5 v1.0 (ReLU, tied head, rescaled decoder output, 2 encoder / 3 decoder blocks),
+//! Flan-T5-style (gated GELU, untied head), BART (post-norm, a non-zero `final_logits_bias`,
+//! forced end-of-sequence id) and mBART (pre-norm, scaled embeddings, its label shift, a
+//! forced first token) checkpoints made there load clean through `AutoModelForSeq2SeqLM`; their parameters come in upstream's order; logits, loss (labels
 //! shifted into `decoder_input_ids`) and every gradient, and the logits with explicit decoder
 //! ids under a padded decoder mask, equal upstream's; and `generate` (greedy, beam search
 //! with returned sequences / length penalty / no-repeat n-grams, seeded sampling) returns
@@ -20,6 +21,9 @@ use tchtrain_models::{
     generate,
 };
 use tchtrain_testing::{assets, lock};
+
+/// The tiny checkpoints of the reference.
+const CASES: [&str; 4] = ["t5_v1", "flan_t5", "bart", "mbart"];
 
 fn reference(case: &str) -> Result<HashMap<String, Tensor>> {
     let path = assets().join(format!("reference/seq2seq/{case}.safetensors"));
@@ -51,9 +55,9 @@ fn load(case: &str) -> Result<Box<dyn PreTrainedModel>> {
 }
 
 #[test]
-fn t5_logits_loss_and_gradients_equal_transformers() -> Result<()> {
+fn seq2seq_logits_loss_and_gradients_equal_transformers() -> Result<()> {
     let _g = lock();
-    for case in ["t5_v1", "flan_t5"] {
+    for case in CASES {
         let mut model = load(case)?;
         // `named_parameters()` order (a tied weight under the name met first).
         let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
@@ -124,12 +128,12 @@ fn t5_logits_loss_and_gradients_equal_transformers() -> Result<()> {
 }
 
 #[test]
-fn t5_generate_equals_transformers() -> Result<()> {
+fn seq2seq_generate_equals_transformers() -> Result<()> {
     let _g = lock();
     let kinds: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
         &std::fs::read_to_string(assets().join("reference/seq2seq/generate.json"))?,
     )?;
-    for case in ["t5_v1", "flan_t5"] {
+    for case in CASES {
         let model = load(case)?;
         let r = reference(case)?;
         let dir = assets().join("reference/seq2seq").join(case);

@@ -1,0 +1,875 @@
+//! BART and mBART (upstream `models/bart`, `models/mbart`): `BartConfig` and
+//! `BartForConditionalGeneration` / `MBartForConditionalGeneration`, with upstream's
+//! parameter names (`model.encoder.layers.0.self_attn.k_proj.weight`, ...).
+//!
+//! Both are the same encoder-decoder: token embeddings shared by the two stacks (scaled by
+//! `sqrt(d_model)` with `scale_embedding`), learned positions with upstream's offset of 2, a
+//! LayerNorm on the embeddings, post-norm layers (BART) or pre-norm layers with a final
+//! LayerNorm per stack (mBART), the head tied to the embeddings plus the
+//! `final_logits_bias` buffer. mBART shifts its labels by wrapping each row's last
+//! non-padding token (the language code) to the front (its `shift_tokens_right`).
+
+// `h = h + x` on purpose: tch's `+=` works in place and would modify tensors autograd
+// saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::attention;
+use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::layers::{self, Activation, LayerLinear, Params};
+use crate::loading::{self, LoadOptions};
+use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
+use crate::neftune::neftune_post_forward_hook;
+use crate::{DynamicCache, Error, Result};
+
+/// Upstream `BartConfig` / `MBartConfig` with BART's defaults (bart-large).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct BartConfig {
+    pub vocab_size: i64,
+    pub max_position_embeddings: i64,
+    pub encoder_layers: i64,
+    pub encoder_ffn_dim: i64,
+    pub encoder_attention_heads: i64,
+    pub decoder_layers: i64,
+    pub decoder_ffn_dim: i64,
+    pub decoder_attention_heads: i64,
+    pub encoder_layerdrop: f64,
+    pub decoder_layerdrop: f64,
+    pub activation_function: String,
+    pub d_model: i64,
+    pub dropout: f64,
+    pub attention_dropout: f64,
+    pub activation_dropout: f64,
+    pub init_std: f64,
+    pub scale_embedding: bool,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    /// An id or a list of ids.
+    pub eos_token_id: Option<serde_json::Value>,
+    pub decoder_start_token_id: Option<i64>,
+    /// An id or a list of ids.
+    pub forced_eos_token_id: Option<serde_json::Value>,
+    pub is_encoder_decoder: bool,
+    pub tie_word_embeddings: bool,
+    /// mBART (`model_type` "mbart"): pre-norm layers, a final LayerNorm per stack, its
+    /// label shift.
+    #[serde(skip)]
+    pub mbart: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for BartConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 50265,
+            max_position_embeddings: 1024,
+            encoder_layers: 12,
+            encoder_ffn_dim: 4096,
+            encoder_attention_heads: 16,
+            decoder_layers: 12,
+            decoder_ffn_dim: 4096,
+            decoder_attention_heads: 16,
+            encoder_layerdrop: 0.0,
+            decoder_layerdrop: 0.0,
+            activation_function: "gelu".into(),
+            d_model: 1024,
+            dropout: 0.1,
+            attention_dropout: 0.0,
+            activation_dropout: 0.0,
+            init_std: 0.02,
+            scale_embedding: false,
+            pad_token_id: Some(1),
+            bos_token_id: Some(0),
+            eos_token_id: Some(2.into()),
+            decoder_start_token_id: Some(2),
+            forced_eos_token_id: Some(2.into()),
+            is_encoder_decoder: true,
+            tie_word_embeddings: true,
+            mbart: false,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl PretrainedConfig for BartConfig {
+    fn model_type(&self) -> &'static str {
+        if self.mbart { "mbart" } else { "bart" }
+    }
+    fn to_json_value(&self) -> Result<serde_json::Value> {
+        configuration_utils::to_value(self)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl BartConfig {
+    /// Upstream `MBartConfig()`'s defaults (BART's, but no decoder start token).
+    pub fn mbart() -> Self {
+        Self {
+            mbart: true,
+            decoder_start_token_id: None,
+            ..Self::default()
+        }
+    }
+
+    /// Reads `config.json` (`model_type` "bart" or "mbart").
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let model_type = configuration_utils::read_model_type(path)?;
+        let mut c: Self = configuration_utils::read_config(path)?;
+        c.mbart = match model_type.as_str() {
+            "bart" => false,
+            "mbart" => true,
+            other => {
+                return Err(Error::InvalidConfig {
+                    field: "model_type",
+                    value: other.into(),
+                    fix: "BartConfig reads bart and mbart checkpoints",
+                });
+            }
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+                ("d_model", self.d_model),
+                ("encoder_ffn_dim", self.encoder_ffn_dim),
+                ("decoder_ffn_dim", self.decoder_ffn_dim),
+                ("decoder_layers", self.decoder_layers),
+            ],
+            ("encoder_layers", self.encoder_layers),
+        )?;
+        for (field, heads) in [
+            ("encoder_attention_heads", self.encoder_attention_heads),
+            ("decoder_attention_heads", self.decoder_attention_heads),
+        ] {
+            if heads <= 0 || self.d_model % heads != 0 {
+                return Err(Error::InvalidConfig {
+                    field,
+                    value: format!("{heads} (d_model {})", self.d_model),
+                    fix: "embed_dim must be divisible by num_heads (upstream's check)",
+                });
+            }
+        }
+        for (field, p) in [
+            ("dropout", self.dropout),
+            ("attention_dropout", self.attention_dropout),
+            ("activation_dropout", self.activation_dropout),
+            ("encoder_layerdrop", self.encoder_layerdrop),
+            ("decoder_layerdrop", self.decoder_layerdrop),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(Error::InvalidConfig {
+                    field,
+                    value: p.to_string(),
+                    fix: "a probability in [0, 1]",
+                });
+            }
+        }
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
+        Activation::parse(&self.activation_function, "activation_function")?;
+        Ok(())
+    }
+
+    fn embed_scale(&self) -> f64 {
+        if self.scale_embedding {
+            (self.d_model as f64).sqrt()
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Upstream `BartAttention` (`k_proj`, `v_proj`, `q_proj`, `out_proj`, biased).
+#[derive(Debug)]
+struct Attention {
+    k_proj: LayerLinear,
+    v_proj: LayerLinear,
+    q_proj: LayerLinear,
+    out_proj: LayerLinear,
+    heads: i64,
+    name: String,
+}
+
+impl Attention {
+    fn new(p: nn::Path<'_>, c: &BartConfig, heads: i64, name: String) -> Self {
+        let (d, std) = (c.d_model, c.init_std);
+        Self {
+            k_proj: layers::layer_linear(&p / "k_proj", d, d, true, std),
+            v_proj: layers::layer_linear(&p / "v_proj", d, d, true, std),
+            q_proj: layers::layer_linear(&p / "q_proj", d, d, true, std),
+            out_proj: layers::layer_linear(&p / "out_proj", d, d, true, std),
+            heads,
+            name,
+        }
+    }
+
+    /// Self-attention (`key_value_states` `None`, the cache appended to in the decoder) or
+    /// cross-attention over the encoder's states.
+    fn forward(
+        &self,
+        h: &Tensor,
+        key_value_states: Option<&Tensor>,
+        mask: &attention::Mask,
+        cache: Option<(&DynamicCache, usize)>,
+        s: &StackInputs<'_>,
+    ) -> Result<Tensor> {
+        use layers::apply_traced;
+        let (batch, q_len, d) = (h.size()[0], h.size()[1], h.size()[2]);
+        let head_dim = d / self.heads;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let heads = |t: &Tensor| t.view([batch, -1, self.heads, head_dim]).transpose(1, 2);
+        let q = heads(&apply_traced(h, &self.q_proj, || n("q_proj"), "Linear"));
+        let current = key_value_states.unwrap_or(h);
+        let k = heads(&apply_traced(
+            current,
+            &self.k_proj,
+            || n("k_proj"),
+            "Linear",
+        ));
+        let v = heads(&apply_traced(
+            current,
+            &self.v_proj,
+            || n("v_proj"),
+            "Linear",
+        ));
+        // The encoder's keys are computed again at every decoding step (upstream caches
+        // them: the same op on the same states, the same values).
+        let (k, v) = match (cache, key_value_states) {
+            (Some((cache, idx)), None) => cache.update(idx, &k, &v)?,
+            _ => (k, v),
+        };
+        let dropout = if s.train {
+            s.config.attention_dropout
+        } else {
+            0.0
+        };
+        let a = attention::sdpa(&q, &k, &v, mask, dropout, (head_dim as f64).powf(-0.5));
+        let a = a.transpose(1, 2).reshape([batch, q_len, d]);
+        Ok(apply_traced(&a, &self.out_proj, || n("out_proj"), "Linear"))
+    }
+}
+
+/// An encoder layer (`self_attn`, `fc1`, `fc2`) or a decoder layer (plus `encoder_attn`).
+#[derive(Debug)]
+struct Layer {
+    self_attn: Attention,
+    self_attn_layer_norm: nn::LayerNorm,
+    encoder_attn: Option<(Attention, nn::LayerNorm)>,
+    fc1: LayerLinear,
+    fc2: LayerLinear,
+    final_layer_norm: nn::LayerNorm,
+    idx: usize,
+    name: String,
+}
+
+/// What every layer of a stack's forward shares.
+struct StackInputs<'a> {
+    config: &'a BartConfig,
+    act: Activation,
+    train: bool,
+    mask: attention::Mask,
+    encoder: Option<(&'a Tensor, attention::Mask)>,
+    cache: Option<&'a DynamicCache>,
+}
+
+/// Upstream's fp16 clamp: BART's encoder layers clamp when a value is not finite, mBART's
+/// always.
+fn clamp_fp16(h: Tensor, always: bool) -> Tensor {
+    if h.kind() != Kind::Half || !(always || h.isfinite().all().int64_value(&[]) == 0) {
+        return h;
+    }
+    let clamp = 65504.0 - 1000.0;
+    h.clamp(-clamp, clamp)
+}
+
+impl Layer {
+    fn new(p: nn::Path<'_>, c: &BartConfig, decoder: bool, idx: i64, name: String) -> Self {
+        let (d, std) = (c.d_model, c.init_std);
+        let (heads, ffn) = if decoder {
+            (c.decoder_attention_heads, c.decoder_ffn_dim)
+        } else {
+            (c.encoder_attention_heads, c.encoder_ffn_dim)
+        };
+        let ln = |n: &str| layers::layer_norm(&p / n, d, 1e-5);
+        Self {
+            self_attn: Attention::new(&p / "self_attn", c, heads, format!("{name}.self_attn")),
+            self_attn_layer_norm: ln("self_attn_layer_norm"),
+            encoder_attn: decoder.then(|| {
+                (
+                    Attention::new(
+                        &p / "encoder_attn",
+                        c,
+                        heads,
+                        format!("{name}.encoder_attn"),
+                    ),
+                    ln("encoder_attn_layer_norm"),
+                )
+            }),
+            fc1: layers::layer_linear(&p / "fc1", d, ffn, true, std),
+            fc2: layers::layer_linear(&p / "fc2", ffn, d, true, std),
+            final_layer_norm: ln("final_layer_norm"),
+            idx: idx as usize,
+            name,
+        }
+    }
+
+    /// `BartEncoderLayer` / `BartDecoderLayer` (post-norm), or mBART's (pre-norm).
+    fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
+        use layers::{apply_traced, dropout_traced};
+        let c = s.config;
+        let pre = c.mbart;
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let norm = |x: &Tensor, ln: &nn::LayerNorm, name: &str| {
+            apply_traced(x, ln, || n(name), "LayerNorm")
+        };
+        let drop = |x: &Tensor, p: f64| dropout_traced(x, p, s.train, || n("dropout"));
+        // Self-attention.
+        let residual = h;
+        let x = if pre {
+            norm(h, &self.self_attn_layer_norm, "self_attn_layer_norm")
+        } else {
+            h.shallow_clone()
+        };
+        let cache = s.cache.map(|cache| (cache, self.idx));
+        let x = self.self_attn.forward(&x, None, &s.mask, cache, s)?;
+        let mut h = residual + drop(&x, c.dropout);
+        if !pre {
+            h = norm(&h, &self.self_attn_layer_norm, "self_attn_layer_norm");
+        }
+        // Cross-attention.
+        if let (Some((attn, ln)), Some((states, mask))) = (&self.encoder_attn, &s.encoder) {
+            let residual = &h;
+            let x = if pre {
+                norm(&h, ln, "encoder_attn_layer_norm")
+            } else {
+                h.shallow_clone()
+            };
+            let x = attn.forward(&x, Some(states), mask, None, s)?;
+            let mut out = residual + drop(&x, c.dropout);
+            if !pre {
+                out = norm(&out, ln, "encoder_attn_layer_norm");
+            }
+            h = out;
+        }
+        // Feed-forward.
+        let residual = &h;
+        let x = if pre {
+            norm(&h, &self.final_layer_norm, "final_layer_norm")
+        } else {
+            h.shallow_clone()
+        };
+        let x = apply_traced(&x, &self.fc1, || n("fc1"), "Linear");
+        let x = s.act.apply_traced(&x, || n("activation_fn"));
+        let x = drop(&x, c.activation_dropout);
+        let x = apply_traced(&x, &self.fc2, || n("fc2"), "Linear");
+        let mut out = residual + drop(&x, c.dropout);
+        if !pre {
+            out = norm(&out, &self.final_layer_norm, "final_layer_norm");
+        }
+        Ok(if self.encoder_attn.is_none() {
+            clamp_fp16(out, pre)
+        } else {
+            out
+        })
+    }
+}
+
+/// `BartEncoder` / `BartDecoder`: positions, `layernorm_embedding`, the layers, and mBART's
+/// final `layer_norm`.
+#[derive(Debug)]
+struct Stack {
+    embed_positions: nn::Embedding,
+    layers: Vec<Layer>,
+    layernorm_embedding: nn::LayerNorm,
+    layer_norm: Option<nn::LayerNorm>,
+    layerdrop: f64,
+    decoder: bool,
+    name: &'static str,
+}
+
+impl Stack {
+    fn new(p: nn::Path<'_>, c: &BartConfig, decoder: bool) -> Self {
+        let name = if decoder {
+            "model.decoder"
+        } else {
+            "model.encoder"
+        };
+        let n_layers = if decoder {
+            c.decoder_layers
+        } else {
+            c.encoder_layers
+        };
+        // Created in upstream's registration order.
+        let embed_positions = layers::embedding(
+            &p / "embed_positions",
+            c.max_position_embeddings + 2,
+            c.d_model,
+            c.init_std,
+        );
+        let layers = (0..n_layers)
+            .map(|i| {
+                Layer::new(
+                    &p / "layers" / i,
+                    c,
+                    decoder,
+                    i,
+                    format!("{name}.layers.{i}"),
+                )
+            })
+            .collect();
+        let layernorm_embedding = layers::layer_norm(&p / "layernorm_embedding", c.d_model, 1e-5);
+        let layer_norm = c
+            .mbart
+            .then(|| layers::layer_norm(&p / "layer_norm", c.d_model, 1e-5));
+        Self {
+            embed_positions,
+            layers,
+            layernorm_embedding,
+            layer_norm,
+            layerdrop: if decoder {
+                c.decoder_layerdrop
+            } else {
+                c.encoder_layerdrop
+            },
+            decoder,
+            name,
+        }
+    }
+
+    /// The stack on its (scaled) token embeddings, positions from `past` on.
+    fn forward(&self, embeds: &Tensor, past: i64, s: &StackInputs<'_>) -> Result<Tensor> {
+        let (batch, seq) = (embeds.size()[0], embeds.size()[1]);
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let device = embeds.device();
+        // `BartLearnedPositionalEmbedding`: positions past..past+seq, offset by 2; the
+        // encoder's expanded over the batch, the decoder's one row broadcast in the sum (the
+        // gradient then sums over the batch before the lookup's backward, as upstream's).
+        let positions = Tensor::arange_start(past, past + seq, (Kind::Int64, device));
+        let positions = if self.decoder {
+            positions.unsqueeze(0)
+        } else {
+            positions.expand([batch, seq], false)
+        } + 2;
+        let positions = layers::apply_traced(
+            &positions,
+            &self.embed_positions,
+            || n("embed_positions"),
+            "BartLearnedPositionalEmbedding",
+        );
+        let h = embeds + positions;
+        let h = layers::apply_traced(
+            &h,
+            &self.layernorm_embedding,
+            || n("layernorm_embedding"),
+            "LayerNorm",
+        );
+        let mut h = layers::dropout_traced(&h, s.config.dropout, s.train, || n("dropout"));
+        for layer in &self.layers {
+            // LayerDrop: one `torch.rand([])` per layer in training.
+            if s.train && self.layerdrop > 0.0 {
+                let draw = Tensor::rand([], (Kind::Float, Device::Cpu)).double_value(&[]);
+                if draw < self.layerdrop {
+                    continue;
+                }
+            }
+            h = layer.forward(&h, s)?;
+        }
+        Ok(match &self.layer_norm {
+            Some(ln) => layers::apply_traced(&h, ln, || n("layer_norm"), "LayerNorm"),
+            None => h,
+        })
+    }
+}
+
+/// Upstream `BartForConditionalGeneration` / `MBartForConditionalGeneration`: `model`
+/// (shared embeddings, encoder, decoder), `lm_head` tied to the embeddings, and the
+/// `final_logits_bias` buffer added to the logits.
+#[derive(Debug)]
+pub struct BartForConditionalGeneration {
+    vs: nn::VarStore,
+    shared: nn::Embedding,
+    encoder: Stack,
+    decoder: Stack,
+    lm_head: Option<Tensor>,
+    final_logits_bias: Tensor,
+    act: Activation,
+    config: BartConfig,
+    training: bool,
+    /// `generation_config` (as JSON).
+    generation_config: serde_json::Value,
+}
+
+/// mBART's conditional-generation model: [`BartForConditionalGeneration`] with an mBART
+/// config (`BartConfig::mbart()` or an "mbart" checkpoint).
+pub type MBartForConditionalGeneration = BartForConditionalGeneration;
+
+impl BartForConditionalGeneration {
+    /// A freshly initialised model, seeded by tch's RNG.
+    pub fn new(config: &BartConfig, device: Device) -> Result<Self> {
+        Self::build(config, !config.tie_word_embeddings, device)
+    }
+
+    fn build(config: &BartConfig, untied_head: bool, device: Device) -> Result<Self> {
+        config.validate()?;
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let model = &root / "model";
+        let shared = layers::embedding_with_padding(
+            &model / "shared",
+            config.vocab_size,
+            config.d_model,
+            config.init_std,
+            config.pad_token_id,
+        );
+        let encoder = Stack::new(&model / "encoder", config, false);
+        let decoder = Stack::new(&model / "decoder", config, true);
+        let lm_head = untied_head.then(|| {
+            crate::initialization::var(
+                &(&root / "lm_head"),
+                "weight",
+                &[config.vocab_size, config.d_model],
+                layers::normal(config.init_std),
+            )
+        });
+        let final_logits_bias = root.zeros_no_train("final_logits_bias", &[1, config.vocab_size]);
+        Ok(Self {
+            vs,
+            shared,
+            encoder,
+            decoder,
+            lm_head,
+            final_logits_bias,
+            act: Activation::parse(&config.activation_function, "activation_function")?,
+            generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
+            config: config.clone(),
+            training: false,
+        })
+    }
+
+    /// Upstream `from_pretrained` on a resolved local folder (a `bart` or `mbart` one). The
+    /// head is tied unless the config unties it or the checkpoint holds an `lm_head.weight`
+    /// that differs from the embeddings (upstream then warns and leaves them apart).
+    pub fn from_pretrained_dir(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+    ) -> Result<Loaded<Self>> {
+        let config = BartConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
+        let differ =
+            loading::checkpoint_tensors_differ(dir, "lm_head.weight", "model.shared.weight")?;
+        if differ && config.tie_word_embeddings {
+            log::warn!(
+                "The tied weights mapping and config for this model specifies to tie model.shared.weight to lm_head.weight, but both are present in the checkpoints with different values, so we will NOT tie them. You should update the config with `tie_word_embeddings=False` to silence this warning."
+            );
+        }
+        let untied = differ || !config.tie_word_embeddings;
+        let mut loaded = loading::from_pretrained_with(
+            dir,
+            "model",
+            &[
+                "model.encoder.version",
+                "model.decoder.version",
+                "encoder.version",
+                "decoder.version",
+            ],
+            options,
+            || Self::build(&config, untied, device),
+        )?;
+        // `_keys_to_ignore_on_load_missing = ["final_logits_bias"]` (zeros).
+        loaded
+            .info
+            .missing_keys
+            .retain(|k| k != "final_logits_bias");
+        loaded.model.generation_config =
+            crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
+        Ok(loaded)
+    }
+
+    /// The config.
+    pub fn bart_config(&self) -> &BartConfig {
+        &self.config
+    }
+
+    /// Upstream `prepare_decoder_input_ids_from_labels`: BART's `shift_tokens_right(labels,
+    /// pad_token_id, decoder_start_token_id)`, or mBART's (each row's last non-padding token
+    /// wrapped to the front).
+    pub fn prepare_decoder_input_ids_from_labels(&self, labels: &Tensor) -> Result<Tensor> {
+        let pad = self.config.pad_token_id.ok_or(Error::InvalidConfig {
+            field: "pad_token_id",
+            value: "null".into(),
+            fix: "self.model.config.pad_token_id has to be defined. (upstream's message)",
+        })?;
+        if self.config.mbart {
+            return mbart_shift_tokens_right(labels, pad);
+        }
+        let start = self
+            .config
+            .decoder_start_token_id
+            .ok_or(Error::InvalidConfig {
+                field: "decoder_start_token_id",
+                value: "null".into(),
+                fix: "set decoder_start_token_id in config.json (BART's is the eos id, 2)",
+            })?;
+        tchtrain_collators::shift_tokens_right(labels, pad, start).map_err(|e| {
+            Error::InvalidInput {
+                name: "labels",
+                detail: e.to_string(),
+            }
+        })
+    }
+
+    fn embed(&self, ids: &Tensor, name: &str) -> Result<Tensor> {
+        crate::check_ids(ids, self.config.vocab_size, i64::MAX)?;
+        let ids = ids.f_to_device(self.shared.ws.device())?;
+        // `BartScaledWordEmbedding`: the lookup times `embed_scale` (1.0 included).
+        let e = ids.apply(&self.shared) * self.config.embed_scale();
+        let e = neftune_post_forward_hook(e, self.training)?;
+        crate::debug_utils::leaf(
+            || format!("{name}.embed_tokens"),
+            "BartScaledWordEmbedding",
+            &self.shared.params(),
+            &ids,
+            &e,
+        );
+        Ok(e)
+    }
+
+    fn run_encoder(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let embeds = self.embed(input_ids, "model.encoder")?;
+        let (batch, seq) = (embeds.size()[0], embeds.size()[1]);
+        check_positions(seq, 0, &self.config)?;
+        check_mask(attention_mask, "attention_mask", batch, seq)?;
+        let s = StackInputs {
+            config: &self.config,
+            act: self.act,
+            train: self.training,
+            mask: attention::attention_mask(attention_mask, batch, seq, false, embeds.device()),
+            encoder: None,
+            cache: None,
+        };
+        self.encoder.forward(&embeds, 0, &s)
+    }
+}
+
+/// mBART's `shift_tokens_right(input_ids, pad_token_id)`: -100 replaced by the pad id, each
+/// row's last non-padding token (its language code) moved to the front, the rest shifted
+/// right.
+fn mbart_shift_tokens_right(input_ids: &Tensor, pad: i64) -> Result<Tensor> {
+    let prev = input_ids.f_masked_fill(&input_ids.f_eq(-100)?, pad)?;
+    let index_of_eos = (prev
+        .f_ne(pad)?
+        .f_sum_dim_intlist(&[1i64][..], false, Kind::Int64)?
+        - 1)
+    .f_unsqueeze(-1)?;
+    let start = prev.f_gather(1, &index_of_eos, false)?;
+    let len = prev.size()[1];
+    Ok(Tensor::f_cat(&[&start, &prev.f_narrow(1, 0, len - 1)?], 1)?)
+}
+
+fn check_mask(mask: Option<&Tensor>, name: &'static str, batch: i64, seq: i64) -> Result<()> {
+    match mask {
+        Some(m) if m.size() != [batch, seq] => Err(Error::InvalidInput {
+            name,
+            detail: format!("shape {:?}, expected [{batch}, {seq}]", m.size()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn check_positions(seq: i64, past: i64, c: &BartConfig) -> Result<()> {
+    if past + seq > c.max_position_embeddings {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!(
+                "{past} cached and {seq} new tokens exceed the model's {} positions (max_position_embeddings)",
+                c.max_position_embeddings
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl PreTrainedModel for BartForConditionalGeneration {
+    fn architecture(&self) -> &'static str {
+        if self.config.mbart {
+            "MBartForConditionalGeneration"
+        } else {
+            "BartForConditionalGeneration"
+        }
+    }
+    fn config(&self) -> &dyn PretrainedConfig {
+        &self.config
+    }
+    fn generation_config(&self) -> Option<&serde_json::Value> {
+        Some(&self.generation_config)
+    }
+}
+
+impl TrainableModel for BartForConditionalGeneration {
+    crate::modeling_utils::model_plumbing!();
+
+    fn activation_checkpointing_enable(
+        &mut self,
+        settings: crate::ActivationCheckpointing,
+    ) -> Result<()> {
+        let _ = settings;
+        Err(Error::InvalidArgument {
+            field: "activation_checkpointing",
+            detail: format!(
+                "{}: activation checkpointing of its layers is not implemented here yet (upstream supports it); train without --activation_checkpointing",
+                self.architecture()
+            ),
+        })
+    }
+    fn supports_cache(&self) -> bool {
+        true
+    }
+    fn is_encoder_decoder(&self) -> bool {
+        true
+    }
+    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.run_encoder(input_ids, attention_mask)
+    }
+    fn output_embeddings(&self) -> Option<String> {
+        Some("lm_head".into())
+    }
+    fn is_embedding_weight(&self, name: &str) -> bool {
+        name == "model.shared.weight" || name.ends_with(".embed_positions.weight")
+    }
+    fn tied_weights(&self) -> Vec<(String, String)> {
+        let mut tied = vec![
+            (
+                "model.encoder.embed_tokens.weight".into(),
+                "model.shared.weight".into(),
+            ),
+            (
+                "model.decoder.embed_tokens.weight".into(),
+                "model.shared.weight".into(),
+            ),
+        ];
+        if self.lm_head.is_none() {
+            tied.push(("lm_head.weight".into(), "model.shared.weight".into()));
+        }
+        tied
+    }
+    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        if inputs.logits_to_keep.is_some_and(|n| n > 0) {
+            return Err(Error::InvalidArgument {
+                field: "logits_to_keep",
+                detail: format!(
+                    "{} takes logits_to_keep only with a cache (decoding); leave it unset",
+                    self.architecture()
+                ),
+            });
+        }
+        let device = self.shared.ws.device();
+        let encoder_hidden = match inputs.encoder_outputs {
+            Some(h) => h.f_to_device(device)?,
+            None => self.run_encoder(inputs.ids()?, inputs.attention_mask)?,
+        };
+        let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
+        check_mask(inputs.attention_mask, "attention_mask", batch, enc_seq)?;
+        let labels = inputs.labels.map(|l| l.f_to_device(device)).transpose()?;
+        // Without decoder ids: the labels shifted right, else the inputs (BartModel's
+        // denoising default).
+        let shifted;
+        let decoder_input_ids = match (inputs.decoder_input_ids, &labels, inputs.input_ids) {
+            (Some(d), _, _) => d,
+            (None, Some(l), _) => {
+                shifted = self.prepare_decoder_input_ids_from_labels(l)?;
+                &shifted
+            }
+            (None, None, Some(ids)) => {
+                shifted = self.prepare_decoder_input_ids_from_labels(&ids.f_to_device(device)?)?;
+                &shifted
+            }
+            (None, None, None) => {
+                return Err(Error::MissingInput {
+                    name: "decoder_input_ids",
+                });
+            }
+        };
+        let embeds = self.embed(decoder_input_ids, "model.decoder")?;
+        let seq = embeds.size()[1];
+        if embeds.size()[0] != batch {
+            return Err(Error::InvalidInput {
+                name: "decoder_input_ids",
+                detail: format!(
+                    "batch of {} rows, the encoder's has {batch}",
+                    embeds.size()[0]
+                ),
+            });
+        }
+        // Upstream drops the cache when labels are given.
+        let cache = inputs.past_key_values.filter(|_| labels.is_none());
+        let past = cache.map_or(0, DynamicCache::get_seq_length);
+        check_positions(seq, past, &self.config)?;
+        let s = StackInputs {
+            config: &self.config,
+            act: self.act,
+            train: self.training,
+            mask: attention::attention_mask_after(
+                inputs.decoder_attention_mask,
+                batch,
+                seq,
+                past,
+                device,
+            )?,
+            encoder: Some((
+                &encoder_hidden,
+                attention::attention_mask(inputs.attention_mask, batch, enc_seq, false, device),
+            )),
+            cache,
+        };
+        let h = self.decoder.forward(&embeds, past, &s)?;
+        let weight = self.lm_head.as_ref().unwrap_or(&self.shared.ws);
+        let logits = h.matmul(&weight.tr());
+        crate::debug_utils::leaf(
+            || "lm_head".into(),
+            "Linear",
+            &[("weight", weight)],
+            &h,
+            &logits,
+        );
+        let logits = logits + &self.final_logits_bias;
+        let loss = match &labels {
+            Some(labels) => Some(
+                logits
+                    .f_view([-1, self.config.vocab_size])?
+                    .f_cross_entropy_loss::<Tensor>(
+                        &labels.f_view([-1])?,
+                        None,
+                        tch::Reduction::Mean,
+                        -100,
+                        0.0,
+                    )?,
+            ),
+            None => None,
+        };
+        crate::debug_utils::model_frame(self.architecture())?;
+        Ok(ModelOutput {
+            loss,
+            logits: Some(logits),
+            last_hidden_state: Some(h),
+            pooler_output: None,
+        })
+    }
+}
