@@ -52,7 +52,9 @@ pub use flattening::DataCollatorWithFlattening;
 pub use language_modeling::{DataCollatorForLanguageModeling, LanguageModelingOptions};
 pub use multiple_choice::{DataCollatorForMultipleChoice, MultipleChoiceFeature};
 pub use padding::{DataCollatorWithPadding, PaddingSide, PaddingStrategy};
-pub use seq2seq::{DataCollatorForSeq2Seq, DecoderStart, shift_tokens_right};
+pub use seq2seq::{
+    DataCollatorForSeq2Seq, DecoderStart, mbart_shift_tokens_right, shift_tokens_right,
+};
 pub use tchtrain_datasets::{Feature, Label};
 pub use token_classification::DataCollatorForTokenClassification;
 pub use tokenizer_info::{TokenizerInfo, read_tokenizer_config};

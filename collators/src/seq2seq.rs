@@ -42,14 +42,64 @@ pub fn shift_tokens_right(
     Ok(shifted.f_masked_fill(&is_ignored, pad_token_id)?)
 }
 
-/// What the model's `prepare_decoder_input_ids_from_labels` needs: upstream passes the
-/// model itself; here its two config ids.
+/// mBART's `shift_tokens_right(input_ids, pad_token_id)`: -100 replaced by the pad id,
+/// each row's last non-padding token (its language code) moved to the front, the rest
+/// shifted one position right.
+///
+/// ```
+/// use tch::Tensor;
+/// let labels = Tensor::from_slice(&[5i64, 6, 250004, -100]).reshape([1, 4]);
+/// let shifted = tchtrain_collators::mbart_shift_tokens_right(&labels, 1)?;
+/// assert_eq!(Vec::<i64>::try_from(shifted.get(0))?, [250004, 5, 6, 250004]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn mbart_shift_tokens_right(input_ids: &Tensor, pad_token_id: i64) -> Result<Tensor> {
+    let len = input_ids.size().last().copied().unwrap_or(0);
+    if len == 0 {
+        return Ok(input_ids.f_detach_copy()?);
+    }
+    let prev = input_ids.f_masked_fill(&input_ids.f_eq(-100)?, pad_token_id)?;
+    let index_of_eos =
+        (prev
+            .f_ne(pad_token_id)?
+            .f_sum_dim_intlist(&[1i64][..], false, Kind::Int64)?
+            - 1)
+        .f_clamp_min(0)?
+        .f_unsqueeze(-1)?;
+    let start = prev.f_gather(1, &index_of_eos, false)?;
+    Ok(Tensor::f_cat(&[&start, &prev.f_narrow(1, 0, len - 1)?], 1)?)
+}
+
+/// How the model's `prepare_decoder_input_ids_from_labels` builds `decoder_input_ids`:
+/// upstream passes the model itself; here what its config says
+/// (`TrainableModel::decoder_start` of tchtrain-models gives it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecoderStart {
-    /// `config.decoder_start_token_id`.
-    pub decoder_start_token_id: i64,
-    /// `config.pad_token_id` (replaces -100 in the shifted labels).
-    pub pad_token_id: i64,
+pub enum DecoderStart {
+    /// BART, T5, Marian...: [`shift_tokens_right`] behind `decoder_start_token_id`.
+    Token {
+        /// `config.decoder_start_token_id`.
+        decoder_start_token_id: i64,
+        /// `config.pad_token_id` (replaces -100 in the shifted labels).
+        pad_token_id: i64,
+    },
+    /// mBART: [`mbart_shift_tokens_right`] (each row's last non-padding token first).
+    LastToken {
+        /// `config.pad_token_id`.
+        pad_token_id: i64,
+    },
+}
+
+impl DecoderStart {
+    /// The decoder ids for `labels` `[batch, len]`.
+    pub fn decoder_input_ids(&self, labels: &Tensor) -> Result<Tensor> {
+        match *self {
+            Self::Token {
+                decoder_start_token_id,
+                pad_token_id,
+            } => shift_tokens_right(labels, pad_token_id, decoder_start_token_id),
+            Self::LastToken { pad_token_id } => mbart_shift_tokens_right(labels, pad_token_id),
+        }
+    }
 }
 
 /// Pads the inputs like [`DataCollatorWithPadding`](crate::DataCollatorWithPadding) and
@@ -62,7 +112,7 @@ pub struct DecoderStart {
 /// use tchtrain_collators::{DataCollator, DataCollatorForSeq2Seq, DecoderStart, Feature, Label, TokenizerInfo};
 /// let tokenizer = TokenizerInfo { pad_token_id: Some(1), ..Default::default() };
 /// let mut collator = DataCollatorForSeq2Seq {
-///     decoder_start: Some(DecoderStart { decoder_start_token_id: 2, pad_token_id: 1 }),
+///     decoder_start: Some(DecoderStart::Token { decoder_start_token_id: 2, pad_token_id: 1 }),
 ///     ..DataCollatorForSeq2Seq::new(tokenizer)
 /// };
 /// let rows = [Feature::new(vec![0, 9, 2]).with_labels(Label::Ids(vec![0, 7, 2])),
@@ -153,8 +203,7 @@ impl DataCollator for DataCollatorForSeq2Seq {
         };
         let labels = stack_i64("labels", &padded)?.f_to_kind(Kind::Int64)?;
         if let Some(start) = self.decoder_start {
-            let decoder_input_ids =
-                shift_tokens_right(&labels, start.pad_token_id, start.decoder_start_token_id)?;
+            let decoder_input_ids = start.decoder_input_ids(&labels)?;
             batch.insert("labels", labels);
             batch.insert("decoder_input_ids", decoder_input_ids);
         } else {

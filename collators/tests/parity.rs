@@ -284,10 +284,12 @@ fn every_collator_matches_upstream() -> Result<()> {
                     .get("label_pad_token_id")
                     .and_then(Value::as_i64)
                     .unwrap_or(-100),
-                decoder_start: case.get("decoder_start_token_id").map(|d| DecoderStart {
-                    decoder_start_token_id: d.as_i64().unwrap(),
-                    pad_token_id: case["decoder_pad_token_id"].as_i64().unwrap(),
-                }),
+                decoder_start: case
+                    .get("decoder_start_token_id")
+                    .map(|d| DecoderStart::Token {
+                        decoder_start_token_id: d.as_i64().unwrap(),
+                        pad_token_id: case["decoder_pad_token_id"].as_i64().unwrap(),
+                    }),
                 ..DataCollatorForSeq2Seq::new(info)
             }
             .collate(&features)?,

@@ -612,27 +612,34 @@ impl BartForConditionalGeneration {
     /// pad_token_id, decoder_start_token_id)`, or mBART's (each row's last non-padding token
     /// wrapped to the front).
     pub fn prepare_decoder_input_ids_from_labels(&self, labels: &Tensor) -> Result<Tensor> {
-        let pad = self.config.pad_token_id.ok_or(Error::InvalidConfig {
+        self.decoder_start_of()?
+            .decoder_input_ids(labels)
+            .map_err(|e| Error::InvalidInput {
+                name: "labels",
+                detail: e.to_string(),
+            })
+    }
+
+    fn decoder_start_of(&self) -> Result<tchtrain_collators::DecoderStart> {
+        let pad_token_id = self.config.pad_token_id.ok_or(Error::InvalidConfig {
             field: "pad_token_id",
             value: "null".into(),
             fix: "self.model.config.pad_token_id has to be defined. (upstream's message)",
         })?;
         if self.config.mbart {
-            return mbart_shift_tokens_right(labels, pad);
+            return Ok(tchtrain_collators::DecoderStart::LastToken { pad_token_id });
         }
-        let start = self
-            .config
-            .decoder_start_token_id
-            .ok_or(Error::InvalidConfig {
-                field: "decoder_start_token_id",
-                value: "null".into(),
-                fix: "set decoder_start_token_id in config.json (BART's is the eos id, 2)",
-            })?;
-        tchtrain_collators::shift_tokens_right(labels, pad, start).map_err(|e| {
-            Error::InvalidInput {
-                name: "labels",
-                detail: e.to_string(),
-            }
+        let decoder_start_token_id =
+            self.config
+                .decoder_start_token_id
+                .ok_or(Error::InvalidConfig {
+                    field: "decoder_start_token_id",
+                    value: "null".into(),
+                    fix: "set decoder_start_token_id in config.json (BART's is the eos id, 2)",
+                })?;
+        Ok(tchtrain_collators::DecoderStart::Token {
+            decoder_start_token_id,
+            pad_token_id,
         })
     }
 
@@ -667,21 +674,6 @@ impl BartForConditionalGeneration {
         };
         self.encoder.forward(&embeds, 0, &s)
     }
-}
-
-/// mBART's `shift_tokens_right(input_ids, pad_token_id)`: -100 replaced by the pad id, each
-/// row's last non-padding token (its language code) moved to the front, the rest shifted
-/// right.
-fn mbart_shift_tokens_right(input_ids: &Tensor, pad: i64) -> Result<Tensor> {
-    let prev = input_ids.f_masked_fill(&input_ids.f_eq(-100)?, pad)?;
-    let index_of_eos = (prev
-        .f_ne(pad)?
-        .f_sum_dim_intlist(&[1i64][..], false, Kind::Int64)?
-        - 1)
-    .f_unsqueeze(-1)?;
-    let start = prev.f_gather(1, &index_of_eos, false)?;
-    let len = prev.size()[1];
-    Ok(Tensor::f_cat(&[&start, &prev.f_narrow(1, 0, len - 1)?], 1)?)
 }
 
 fn check_mask(mask: Option<&Tensor>, name: &'static str, batch: i64, seq: i64) -> Result<()> {
@@ -744,6 +736,9 @@ impl TrainableModel for BartForConditionalGeneration {
     }
     fn is_encoder_decoder(&self) -> bool {
         true
+    }
+    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
+        self.decoder_start_of().map(Some)
     }
     fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
         self.run_encoder(input_ids, attention_mask)

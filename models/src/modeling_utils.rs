@@ -296,6 +296,14 @@ pub trait TrainableModel: Send {
         false
     }
 
+    /// How the model's `prepare_decoder_input_ids_from_labels` shifts labels into
+    /// `decoder_input_ids` (`None`: the model has no decoder inputs): what
+    /// `DataCollatorForSeq2Seq` takes as `decoder_start`, as upstream's collator given the
+    /// model. An encoder-decoder model whose config lacks the ids says so.
+    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
+        Ok(None)
+    }
+
     /// An encoder-decoder model's encoder on `input_ids` (upstream `model.get_encoder()(...)`):
     /// its last hidden state, which [`ModelInputs::encoder_outputs`] takes back.
     fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {

@@ -756,6 +756,15 @@ impl T5ForConditionalGeneration {
     /// Upstream `_shift_right` (`prepare_decoder_input_ids_from_labels`): the labels moved
     /// one position right behind `decoder_start_token_id`, -100 replaced by the pad id.
     pub fn prepare_decoder_input_ids_from_labels(&self, labels: &Tensor) -> Result<Tensor> {
+        self.decoder_start_of()?
+            .decoder_input_ids(labels)
+            .map_err(|e| Error::InvalidInput {
+                name: "labels",
+                detail: e.to_string(),
+            })
+    }
+
+    fn decoder_start_of(&self) -> Result<tchtrain_collators::DecoderStart> {
         let start = self
             .config
             .decoder_start_token_id
@@ -769,11 +778,9 @@ impl T5ForConditionalGeneration {
             value: "null".into(),
             fix: "self.model.config.pad_token_id has to be defined. (upstream's message)",
         })?;
-        tchtrain_collators::shift_tokens_right(labels, pad, start).map_err(|e| {
-            Error::InvalidInput {
-                name: "labels",
-                detail: e.to_string(),
-            }
+        Ok(tchtrain_collators::DecoderStart::Token {
+            decoder_start_token_id: start,
+            pad_token_id: pad,
         })
     }
 
@@ -852,6 +859,9 @@ impl TrainableModel for T5ForConditionalGeneration {
     }
     fn is_encoder_decoder(&self) -> bool {
         true
+    }
+    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
+        self.decoder_start_of().map(Some)
     }
     fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
         self.run_encoder(input_ids, attention_mask)

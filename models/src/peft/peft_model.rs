@@ -937,6 +937,9 @@ impl TrainableModel for PeftModel {
     fn is_encoder_decoder(&self) -> bool {
         self.base.is_encoder_decoder()
     }
+    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
+        self.base.decoder_start()
+    }
     fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
         self.with_active_adapters(false, || self.base.encode(input_ids, attention_mask))
     }

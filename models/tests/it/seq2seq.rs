@@ -181,3 +181,55 @@ fn seq2seq_generate_equals_transformers() -> Result<()> {
     }
     Ok(())
 }
+
+/// `DataCollatorForSeq2Seq` given the model (its `decoder_start`) builds the decoder ids the
+/// model's own label shift builds (T5 and BART behind their start token, mBART's last
+/// non-padding token first): the logits from the collated batch equal those from the
+/// labels alone, which equal upstream's.
+#[test]
+fn seq2seq_collator_given_the_model_shifts_as_the_model() -> Result<()> {
+    use tchtrain_collators::{DataCollator, DataCollatorForSeq2Seq, Feature, Label, TokenizerInfo};
+    let _g = lock();
+    for case in CASES {
+        let mut model = load(case)?;
+        model.eval();
+        let r = reference(case)?;
+        let pad = r["input_ids"].int64_value(&[1, 9]);
+        let rows: Vec<Feature> = (0..2)
+            .map(|i| -> Result<Feature> {
+                let len = r["attention_mask"].get(i).sum(Kind::Int64).int64_value(&[]);
+                let ids: Vec<i64> = Vec::try_from(r["input_ids"].get(i).narrow(0, 0, len))?;
+                let labels: Vec<i64> = Vec::<i64>::try_from(r["labels"].get(i))?
+                    .into_iter()
+                    .filter(|l| *l != -100)
+                    .collect();
+                Ok(Feature::new(ids).with_labels(Label::Ids(labels)))
+            })
+            .collect::<Result<_>>()?;
+        let mut collator = DataCollatorForSeq2Seq {
+            decoder_start: model.decoder_start()?,
+            ..DataCollatorForSeq2Seq::new(TokenizerInfo {
+                pad_token_id: Some(pad),
+                ..Default::default()
+            })
+        };
+        let batch = collator.collate(&rows)?;
+        assert!(
+            batch.get("labels").context("labels")?.equal(&r["labels"]),
+            "{case}"
+        );
+        // With autograd recording, as the reference's logits (SDPA's CPU kernel differs
+        // under no_grad).
+        let out = model.forward(&ModelInputs {
+            input_ids: batch.get("input_ids"),
+            attention_mask: batch.get("attention_mask"),
+            decoder_input_ids: batch.get("decoder_input_ids"),
+            ..Default::default()
+        })?;
+        assert!(
+            out.logits()?.equal(&r["logits"]),
+            "{case}: logits from the collated batch"
+        );
+    }
+    Ok(())
+}
