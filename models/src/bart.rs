@@ -254,7 +254,11 @@ impl Attention {
         // them: the same op on the same states, the same values).
         let (k, v) = match (cache, key_value_states) {
             (Some((cache, idx)), None) => cache.update(idx, &k, &v)?,
-            _ => (k, v),
+            (Some(_), Some(_)) => (
+                crate::cache_utils::first_update(&k)?,
+                crate::cache_utils::first_update(&v)?,
+            ),
+            (None, _) => (k, v),
         };
         let dropout = if s.train {
             s.config.attention_dropout
@@ -362,7 +366,7 @@ impl Layer {
             } else {
                 h.shallow_clone()
             };
-            let x = attn.forward(&x, Some(states), mask, None, s)?;
+            let x = attn.forward(&x, Some(states), mask, cache, s)?;
             let mut out = residual + drop(&x, c.dropout);
             if !pre {
                 out = norm(&out, ln, "encoder_attn_layer_norm");
@@ -813,8 +817,14 @@ impl TrainableModel for BartForConditionalGeneration {
                 ),
             });
         }
-        // Upstream drops the cache when labels are given.
-        let cache = inputs.past_key_values.filter(|_| labels.is_none());
+        // Upstream drops the cache when labels are given; without one given, the decoder
+        // builds its own when the config's `use_cache` says so.
+        let use_cache = labels.is_none() && configuration_utils::use_cache(&self.config.extra);
+        let own_cache = (inputs.past_key_values.is_none() && use_cache).then(DynamicCache::new);
+        let cache = inputs
+            .past_key_values
+            .filter(|_| labels.is_none())
+            .or(own_cache.as_ref());
         let past = cache.map_or(0, DynamicCache::get_seq_length);
         check_positions(seq, past, &self.config)?;
         let s = StackInputs {

@@ -35,6 +35,15 @@ pub(crate) fn cache_for_layers(
     cache
 }
 
+/// What upstream's first `DynamicLayer.update` returns for `states`: `torch.cat` onto the
+/// empty tensor of its lazy initialisation, a contiguous copy (attention kernels round by
+/// the layout of their inputs, so the cached keys are laid out as upstream's). An
+/// encoder-decoder model's cross-attention keys go through the same first update.
+pub(crate) fn first_update(states: &Tensor) -> Result<Tensor> {
+    let empty = Tensor::f_empty([0], (states.kind(), states.device()))?;
+    Ok(Tensor::f_cat(&[&empty, states], -2)?)
+}
+
 impl DynamicCache {
     /// An empty cache.
     pub fn new() -> Self {
@@ -73,7 +82,7 @@ impl DynamicCache {
                 Tensor::f_cat(&[&k, keys], -2)?,
                 Tensor::f_cat(&[&v, values], -2)?,
             ),
-            None => (keys.shallow_clone(), values.shallow_clone()),
+            None => (first_update(keys)?, first_update(values)?),
         };
         layers[layer] = Some((k.shallow_clone(), v.shallow_clone()));
         Ok((k, v))

@@ -426,7 +426,11 @@ impl Attention {
         // caches them: the same op on the same states, the same values).
         let (k, v) = match (s.cache, key_value_states) {
             (Some(cache), None) => cache.update(idx, &k, &v)?,
-            _ => (k, v),
+            (Some(_), Some(_)) => (
+                crate::cache_utils::first_update(&k)?,
+                crate::cache_utils::first_update(&v)?,
+            ),
+            (None, _) => (k, v),
         };
         let k_len = k.size()[2];
         let position_bias = match (position_bias, &self.relative_attention_bias) {
@@ -667,6 +671,11 @@ pub struct T5ForConditionalGeneration {
     training: bool,
     /// `generation_config` (as JSON).
     generation_config: serde_json::Value,
+    /// The decoder stack's own `use_cache` (upstream deep-copies the config into each stack
+    /// when the model is built, so a later `model.config.use_cache = ...`, the Trainer's
+    /// included, does not reach it): with it, every decoder forward builds a cache, whose
+    /// first update lays the keys out anew.
+    decoder_use_cache: bool,
 }
 
 impl T5ForConditionalGeneration {
@@ -704,6 +713,7 @@ impl T5ForConditionalGeneration {
             decoder,
             lm_head,
             act,
+            decoder_use_cache: configuration_utils::use_cache(&config.extra),
             config,
             training: false,
             generation_config,
@@ -921,7 +931,10 @@ impl TrainableModel for T5ForConditionalGeneration {
                 ),
             });
         }
-        let cache = inputs.past_key_values;
+        // Without a cache given, the decoder builds its own when its `use_cache` says so.
+        let own_cache =
+            (inputs.past_key_values.is_none() && self.decoder_use_cache).then(DynamicCache::new);
+        let cache = inputs.past_key_values.or(own_cache.as_ref());
         let past = cache.map_or(0, DynamicCache::get_seq_length);
         let s = StackInputs {
             config: &self.config,

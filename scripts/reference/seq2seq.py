@@ -27,6 +27,12 @@ OUT_DIR/<case>.safetensors holds, for a batch of two (the second row padded at i
   logits, loss                    eval mode, `model(input_ids, attention_mask, labels)`
                                   (decoder_input_ids: the labels shifted right)
   grad.<name>                     every parameter's gradient after loss.backward()
+  train_logits, train_loss, train_grad.<name>
+                                  training mode after `torch.manual_seed(3)`: every dropout
+                                  drawn (attention probabilities included), the decoder
+                                  building its cache as its config's use_cache says (T5:
+                                  always; BART: not with labels), which lays the keys out
+                                  anew (attention rounds by layout)
   decoder_input_ids, decoder_attention_mask, masked_logits
                                   eval mode, explicit decoder ids with a padded decoder mask
   gen_<kind>.sequences / .scores  `generate(input_ids, attention_mask, ...)` with
@@ -106,6 +112,16 @@ def record(case, m, use_cache=True):
     t["loss"] = out.loss.detach().reshape(1)
     for name, p in m.named_parameters():
         t[f"grad.{name}"] = p.grad.detach()
+    m.train()
+    m.zero_grad()
+    torch.manual_seed(3)
+    out = m(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    t["train_logits"] = out.logits.detach()
+    t["train_loss"] = out.loss.detach().reshape(1)
+    for name, p in m.named_parameters():
+        t[f"train_grad.{name}"] = p.grad.detach()
+    m.eval()
     dec = torch.randint(2, vocab, (2, 5), generator=g)
     start = m.config.decoder_start_token_id
     dec[:, 0] = start if start is not None else m.config.bos_token_id

@@ -278,7 +278,8 @@ fn generation_config_checks_and_lengths() -> Result<()> {
     .model;
     let err = generate(&*bert, &ids, None, &greedy, None).expect_err("encoder");
     assert!(
-        err.to_string().contains("not a causal language model"),
+        err.to_string()
+            .contains("neither a causal language model nor an encoder-decoder model"),
         "{err}"
     );
     assert!(!bert.is_causal_lm());

@@ -6,7 +6,9 @@
 //! shifted into `decoder_input_ids`) and every gradient, and the logits with explicit decoder
 //! ids under a padded decoder mask, equal upstream's; and `generate` (greedy, beam search
 //! with returned sequences / length penalty / no-repeat n-grams, seeded sampling) returns
-//! upstream's sequences and scores.
+//! upstream's sequences and scores. In training mode (every dropout drawn from one seed)
+//! the logits, loss and gradients equal upstream's too, which needs T5's decoder to build
+//! its own cache in training as upstream's does (its keys then laid out anew).
 //!
 //! Tolerances: fp32 on the same libtorch ops in the same order; the measured differences
 //! are printed (logits, loss and gradients 0 when measured: the bound is 1e-6 relative to
@@ -116,6 +118,33 @@ fn seq2seq_logits_loss_and_gradients_equal_transformers() -> Result<()> {
             })
         })?;
         let masked = rel(masked.logits()?, &r["masked_logits"]);
+        // Training mode: every dropout drawn from the same seed, the decoder's own cache.
+        for (_, v) in model.var_store().variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        model.train();
+        tch::manual_seed(3);
+        let out = model.forward(&inputs)?;
+        let train_logits = rel(out.logits()?, &r["train_logits"]);
+        let loss = out.loss.context("no loss")?;
+        let train_loss = rel(&loss.reshape([1]), &r["train_loss"]);
+        loss.backward();
+        let mut train_worst = 0.0f64;
+        for (key, want) in r.iter().filter(|(k, _)| k.starts_with("train_grad.")) {
+            let var = &vars[&key["train_grad.".len()..]];
+            train_worst = train_worst.max(rel(&var.grad(), want));
+        }
+        model.eval();
+        eprintln!(
+            "{case} training mode: logits {train_logits:.2e}, loss {train_loss:.2e}, worst gradient {train_worst:.2e}"
+        );
+        assert!(
+            train_logits <= 1e-6 && train_loss <= 1e-6 && train_worst <= 1e-6,
+            "{case}: training mode"
+        );
         eprintln!(
             "{case}: logits {logits:.2e}, loss {loss_rel:.2e}, worst gradient {worst:.2e}, masked decoder logits {masked:.2e} (relative)"
         );
