@@ -7,6 +7,10 @@ Writes OUT_DIR/training_args.json with:
   warmup            get_warmup_steps(n) for several warmup_steps
   cli               HfArgumentParser command lines -> to_dict() or the parser's error
   env_dependent     fields whose upstream value depends on the machine or environment, and why
+  seq2seq           the same for Seq2SeqTrainingArguments (training_args_seq2seq.py): defaults
+                    (to_dict, to_json_string, field_order, to_sanitized_dict), `set` (all five
+                    fields set), combos, `generation_config_object` (to_dict with a
+                    GenerationConfig object) and cli (HfArgumentParser(Seq2SeqTrainingArguments))
 Also OUT_DIR/fsdp_config.json, a file the `--fsdp_config FILE` cases read; "{REF}" in any
 argument stands for OUT_DIR (the Rust test substitutes its own path).
 
@@ -24,7 +28,7 @@ for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "A
     os.environ.pop(var, None)
 
 import transformers  # noqa: E402
-from transformers import HfArgumentParser, TrainingArguments  # noqa: E402
+from transformers import GenerationConfig, HfArgumentParser, Seq2SeqTrainingArguments, TrainingArguments  # noqa: E402
 from transformers.debug_utils import DebugOption  # noqa: E402
 from transformers.trainer_utils import FSDPOption, HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType  # noqa: E402
 from transformers.training_args import OptimizerNames, ParallelMode  # noqa: E402
@@ -57,11 +61,11 @@ def unsubst(x):
     return x
 
 
-def build(kwargs):
+def build(kwargs, cls=TrainingArguments):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            args = TrainingArguments(**subst(kwargs))
+            args = cls(**subst(kwargs))
         except Exception as e:  # noqa: BLE001 - record whatever upstream raises
             return {"ok": False, "error_type": type(e).__name__, "error": str(e)}
     deprecations = sorted({str(w.message) for w in caught if issubclass(w.category, FutureWarning)})
@@ -182,8 +186,14 @@ class ParserError(Exception):
     pass
 
 
-def parse(argv):
-    p = HfArgumentParser(TrainingArguments)
+def to_json(args):
+    """to_json_string's content; a `pathlib.Path` (Seq2Seq's --generation_config) as its string,
+    where upstream's own to_json_string raises TypeError."""
+    return json.loads(json.dumps(args.to_dict(), default=str))
+
+
+def parse(argv, cls=TrainingArguments):
+    p = HfArgumentParser(cls)
 
     def error(message):
         raise ParserError(message)
@@ -198,7 +208,7 @@ def parse(argv):
         except Exception as e:  # noqa: BLE001
             return {"ok": False, "error_type": type(e).__name__, "error": str(e)}
     deprecations = sorted({str(w.message) for w in caught if issubclass(w.category, FutureWarning)})
-    return {"ok": True, "to_dict": unsubst(json.loads(args.to_json_string())), "future_warnings": deprecations}
+    return {"ok": True, "to_dict": unsubst(to_json(args)), "future_warnings": deprecations}
 
 
 O = ["--output_dir", "out"]
@@ -286,6 +296,105 @@ for c in CLI:
     entry.update(parse(c.get("v5_argv") or c["argv"]))
     cli.append(entry)
 
+# Seq2SeqTrainingArguments: upstream checks none of its five fields; `tchtrain_rejects` marks the
+# values tchtrain refuses when reading (wrong types, counts below 1), with the field the error names.
+SEQ2SEQ_COMBOS = [
+    dict(name="predict_with_generate", kwargs=dict(predict_with_generate=True)),
+    dict(name="sortish_sampler", kwargs=dict(sortish_sampler=True)),
+    dict(name="generation_lengths", kwargs=dict(generation_max_length=128, generation_num_beams=4)),
+    dict(name="generation_ones", kwargs=dict(generation_max_length=1, generation_num_beams=1)),
+    dict(name="generation_config_path", kwargs=dict(generation_config="{REF}/gen")),
+    dict(name="generation_config_dict", kwargs=dict(generation_config={"max_length": 3, "num_beams": 2})),
+    dict(name="generation_nulls", kwargs=dict(generation_max_length=None, generation_num_beams=None, generation_config=None)),
+    dict(name="with_base_fields", kwargs=dict(predict_with_generate=True, eval_strategy="epoch", learning_rate=3e-4,
+                                              per_device_eval_batch_size=16, generation_num_beams=2)),
+    dict(name="base_check_still_applies", kwargs=dict(predict_with_generate=True, logging_steps=0), field="logging_strategy"),
+    dict(name="unknown_key", kwargs=dict(predict_with_generat=True), field="predict_with_generat"),
+    dict(name="num_beams_zero", kwargs=dict(generation_num_beams=0), field="generation_num_beams", tchtrain_rejects=True),
+    dict(name="max_length_negative", kwargs=dict(generation_max_length=-1), field="generation_max_length", tchtrain_rejects=True),
+    dict(name="num_beams_string", kwargs=dict(generation_num_beams="4"), field="generation_num_beams", tchtrain_rejects=True),
+    dict(name="max_length_float", kwargs=dict(generation_max_length=2.5), field="generation_max_length", tchtrain_rejects=True),
+    dict(name="predict_string", kwargs=dict(predict_with_generate="yes"), field="predict_with_generate", tchtrain_rejects=True),
+    dict(name="sortish_null", kwargs=dict(sortish_sampler=None), field="sortish_sampler", tchtrain_rejects=True),
+    dict(name="generation_config_number", kwargs=dict(generation_config=3), field="generation_config", tchtrain_rejects=True),
+    dict(name="generation_config_list", kwargs=dict(generation_config=["a"]), field="generation_config", tchtrain_rejects=True),
+]
+seq2seq_combos = []
+for c in SEQ2SEQ_COMBOS:
+    kwargs = dict(c["kwargs"])
+    kwargs.setdefault("output_dir", "out")
+    entry = {"name": c["name"], "kwargs": kwargs, "field": c.get("field"), "tchtrain_rejects": c.get("tchtrain_rejects", False)}
+    entry.update(build(kwargs, Seq2SeqTrainingArguments))
+    seq2seq_combos.append(entry)
+
+SEQ2SEQ_CLI = [
+    O + ["--predict_with_generate"],
+    O + ["--predict_with_generate", "false"],
+    O + ["--predict_with_generate=no"],
+    O + ["--predict-with-generate", "T"],
+    O + ["--sortish_sampler"],
+    O + ["--sortish_sampler", "0", "--predict_with_generate", "1"],
+    O + ["--generation_max_length", "128", "--generation_num_beams", "4"],
+    O + ["--generation-max-length=64", "--generation-num-beams", "2"],
+    O + ["--generation_config", "{REF}/gen"],
+    O + ["--generation_config", "google/flan-t5-small", "--predict_with_generate"],
+    O + ["--generation_num_beams", "3", "--generation_num_beams", "5"],
+    O + ["--predict_with_gen"],
+    O + ["--eval_strategy", "epoch", "--predict_with_generate", "--generation_num_beams", "3", "--bf16", "--use_cpu"],
+    O + ["--predict_with_generate", "maybe"],
+    O + ["--generation_num_beams", "x"],
+    O + ["--generation_max_length", "2.5"],
+    O + ["--generation_max_length"],
+    O + ["--generation_config"],
+    O + ["--predict", "true"],
+    O + ["--generation", "3"],
+    O + ["--generation_num_beam", "3"],
+    O + ["--generation_beams", "3"],
+    O + ["--no_predict_with_generate"],
+]
+# Upstream accepts these (no check); tchtrain rejects them when reading.
+SEQ2SEQ_CLI_TCHTRAIN_REJECTS = [
+    (O + ["--generation_num_beams", "0"], "generation_num_beams"),
+    (O + ["--generation_max_length", "-5"], "generation_max_length"),
+]
+seq2seq_cli = []
+for argv in SEQ2SEQ_CLI:
+    entry = {"argv": argv, "tchtrain_rejects": False, "field": None}
+    entry.update(parse(argv, Seq2SeqTrainingArguments))
+    seq2seq_cli.append(entry)
+for argv, field in SEQ2SEQ_CLI_TCHTRAIN_REJECTS:
+    entry = {"argv": argv, "tchtrain_rejects": True, "field": field}
+    entry.update(parse(argv, Seq2SeqTrainingArguments))
+    seq2seq_cli.append(entry)
+
+s2s_defaults = Seq2SeqTrainingArguments(output_dir="out")
+s2s_set = Seq2SeqTrainingArguments(
+    output_dir="out", sortish_sampler=True, predict_with_generate=True, generation_max_length=64,
+    generation_num_beams=4, generation_config="gen_dir",
+)
+s2s_object = Seq2SeqTrainingArguments(
+    output_dir="out", predict_with_generate=True,
+    generation_config=GenerationConfig(max_length=32, num_beams=3, temperature=0.7, do_sample=True),
+)
+seq2seq = {
+    "defaults": {
+        "to_dict": json.loads(s2s_defaults.to_json_string()),
+        "to_json_string": s2s_defaults.to_json_string(),
+        "field_order": [f for f in s2s_defaults.to_dict()],
+        "to_sanitized_dict": s2s_defaults.to_sanitized_dict(),
+    },
+    "set": {
+        "to_json_string": s2s_set.to_json_string(),
+        "to_sanitized_dict": s2s_set.to_sanitized_dict(),
+    },
+    "generation_config_object": {
+        "to_dict": json.loads(s2s_object.to_json_string()),
+        "to_sanitized_generation_config": s2s_object.to_sanitized_dict()["generation_config"],
+    },
+    "combos": seq2seq_combos,
+    "cli": seq2seq_cli,
+}
+
 defaults = TrainingArguments(output_dir="out")
 out = {
     "transformers_version": transformers.__version__,
@@ -316,6 +425,10 @@ out = {
     "combos": combos,
     "warmup": warmup,
     "cli": cli,
+    "seq2seq": seq2seq,
 }
 (OUT / "training_args.json").write_text(json.dumps(out, indent=2))
-print(f"training_args: {len(combos)} combos, {len(cli)} command lines, {len(warmup)} warmup cases")
+print(
+    f"training_args: {len(combos)} combos, {len(cli)} command lines, {len(warmup)} warmup cases; "
+    f"seq2seq: {len(seq2seq_combos)} combos, {len(seq2seq_cli)} command lines"
+)

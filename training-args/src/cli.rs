@@ -1,6 +1,7 @@
-//! The command line: upstream's `HfArgumentParser(TrainingArguments)`, reproduced as a
-//! table-driven parser over the field table that `tools/gen_field_table.py` extracts from
-//! upstream's own argparse actions (`field_table.rs`).
+//! The command line: upstream's `HfArgumentParser(TrainingArguments)` and
+//! `HfArgumentParser(Seq2SeqTrainingArguments)`, reproduced as a table-driven parser over the
+//! field tables that `tools/gen_field_table.py` and `tools/gen_seq2seq_field_table.py` extract
+//! from upstream's own argparse actions (`field_table.rs`, `seq2seq_field_table.rs`).
 //!
 //! A table rather than clap: argparse's behaviour is what users' scripts rely on, and it differs
 //! from clap's in ways that matter here: `--bf16` / `--bf16 false` / `--bf16=0` on the same flag
@@ -23,7 +24,9 @@ use crate::debug_utils::DebugOption;
 use crate::error::{Error, Result};
 use crate::field_table::FIELDS;
 use crate::normalize::from_map;
-use crate::parsed::ParsedArguments;
+use crate::parsed::{ParsedArguments, ParsedSeq2SeqArguments};
+use crate::seq2seq::from_map_seq2seq;
+use crate::seq2seq_field_table::SEQ2SEQ_FIELDS;
 use crate::suggest::close_matches;
 use crate::values::JsonDict;
 
@@ -154,7 +157,9 @@ fn looks_like_negative_number(s: &str) -> bool {
     }
 }
 
-/// `HfArgumentParser(TrainingArguments)`: parses command lines with upstream's flags.
+/// `HfArgumentParser(TrainingArguments)` ([`HfArgumentParser::new`]) or
+/// `HfArgumentParser(Seq2SeqTrainingArguments)` ([`HfArgumentParser::for_seq2seq`]): parses
+/// command lines with upstream's flags.
 ///
 /// ```
 /// use tchtrain_training_args::HfArgumentParser;
@@ -166,9 +171,27 @@ fn looks_like_negative_number(s: &str) -> bool {
 /// assert_eq!(parsed.args.per_device_train_batch_size, 4);
 /// assert!(parsed.args.bf16);
 /// ```
+///
+/// For `Seq2SeqTrainingArguments`, build the parser with [`HfArgumentParser::for_seq2seq`] and
+/// read with the `parse_seq2seq_*` methods:
+///
+/// ```
+/// use tchtrain_training_args::HfArgumentParser;
+///
+/// let parsed = HfArgumentParser::for_seq2seq()
+///     .parse_seq2seq_args_into_dataclasses([
+///         "--output_dir", "out", "--predict_with_generate", "--generation_num_beams", "4",
+///     ])
+///     .unwrap();
+/// assert!(parsed.args.predict_with_generate);
+/// assert_eq!(parsed.args.generation_num_beams, Some(4));
+/// assert_eq!(parsed.args.output_dir(), "out"); // base fields through Deref
+/// ```
 #[derive(Debug)]
 pub struct HfArgumentParser {
     options: Vec<(String, Target)>,
+    /// Built for `Seq2SeqTrainingArguments` (its five fields are flags too).
+    seq2seq: bool,
 }
 
 impl Default for HfArgumentParser {
@@ -180,11 +203,28 @@ impl Default for HfArgumentParser {
 impl HfArgumentParser {
     /// The parser for `TrainingArguments` (plus the v4 alias flags).
     pub fn new() -> Self {
+        Self::build(false)
+    }
+
+    /// The parser for `Seq2SeqTrainingArguments` (upstream's
+    /// `HfArgumentParser(Seq2SeqTrainingArguments)`): `TrainingArguments`' flags, then
+    /// `--sortish_sampler [BOOL]`, `--predict_with_generate [BOOL]`, `--generation_max_length N`,
+    /// `--generation_num_beams N` and `--generation_config PATH` (plus the v4 alias flags).
+    /// Read with [`Self::parse_seq2seq_args_into_dataclasses`] and the other `parse_seq2seq_*`
+    /// methods.
+    ///
+    /// As upstream, the extra flags take part in prefix matching: `--predict_with_gen` means
+    /// `--predict_with_generate`, and `--generation` is ambiguous.
+    pub fn for_seq2seq() -> Self {
+        Self::build(true)
+    }
+
+    fn build(seq2seq: bool) -> Self {
         let mut options = vec![
             ("-h".to_string(), Target::Help),
             ("--help".to_string(), Target::Help),
         ];
-        for spec in FIELDS.iter().chain(ALIAS_FIELDS) {
+        for spec in Self::specs(seq2seq) {
             options.push((format!("--{}", spec.name), Target::Store(spec)));
             if spec.name.contains('_') {
                 options.push((
@@ -200,7 +240,13 @@ impl HfArgumentParser {
                 ));
             }
         }
-        Self { options }
+        Self { options, seq2seq }
+    }
+
+    /// Every field row this parser knows, in `--help` order.
+    fn specs(seq2seq: bool) -> impl Iterator<Item = &'static FieldSpec> {
+        let extra: &'static [FieldSpec] = if seq2seq { SEQ2SEQ_FIELDS } else { &[] };
+        FIELDS.iter().chain(extra).chain(ALIAS_FIELDS)
     }
 
     fn exact(&self, flag: &str) -> Option<Target> {
@@ -270,22 +316,80 @@ impl HfArgumentParser {
         S: AsRef<str>,
     {
         let (parsed, remaining) = self.parse_known_args(args)?;
+        self.reject_remaining(remaining)?;
+        Ok(parsed)
+    }
+
+    /// Fails with [`Error::UnknownArgument`] (with close matches) when strings are left over.
+    fn reject_remaining(&self, remaining: Vec<String>) -> Result<()> {
         if remaining.is_empty() {
-            Ok(parsed)
-        } else {
-            let first_flag = remaining.iter().find(|r| r.starts_with("--"));
-            let suggestions = first_flag.map_or_else(Vec::new, |f| self.suggest(f));
-            Err(Error::UnknownArgument {
-                args: remaining,
-                suggestions,
-            })
+            return Ok(());
         }
+        let first_flag = remaining.iter().find(|r| r.starts_with("--"));
+        let suggestions = first_flag.map_or_else(Vec::new, |f| self.suggest(f));
+        Err(Error::UnknownArgument {
+            args: remaining,
+            suggestions,
+        })
     }
 
     /// Like [`Self::parse_args_into_dataclasses`], but returns the strings no flag used instead
     /// of failing on them (upstream's `return_remaining_strings=True`), for programs that parse
     /// their own flags next to `TrainingArguments`.
+    ///
+    /// On a [`Self::for_seq2seq`] parser, a seq2seq flag given here is an error (it has no place
+    /// in `TrainingArguments`; read with [`Self::parse_seq2seq_known_args`] instead).
     pub fn parse_known_args<I, S>(&self, args: I) -> Result<(ParsedArguments, Vec<String>)>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (map, remaining) = self.collect(args)?;
+        if let Some(name) = crate::seq2seq::seq2seq_field_names().find(|n| map.contains_key(*n)) {
+            return Err(Error::InvalidValue {
+                field: name.to_string(),
+                value: map[name].to_string(),
+                reason: "this is a Seq2SeqTrainingArguments field; read the command line with \
+                         `parse_seq2seq_args_into_dataclasses` (or `parse_seq2seq_known_args`)"
+                    .to_string(),
+            });
+        }
+        Ok((from_map(map)?, remaining))
+    }
+
+    /// Upstream's `HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses`:
+    /// [`Self::parse_args_into_dataclasses`] for `Seq2SeqTrainingArguments`. The parser must come
+    /// from [`Self::for_seq2seq`]; on one from [`Self::new`] the seq2seq flags are unknown
+    /// arguments (as upstream's `HfArgumentParser(TrainingArguments)` would say).
+    pub fn parse_seq2seq_args_into_dataclasses<I, S>(
+        &self,
+        args: I,
+    ) -> Result<ParsedSeq2SeqArguments>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (parsed, remaining) = self.parse_seq2seq_known_args(args)?;
+        self.reject_remaining(remaining)?;
+        Ok(parsed)
+    }
+
+    /// [`Self::parse_known_args`] for `Seq2SeqTrainingArguments`: also returns the strings no
+    /// flag used.
+    pub fn parse_seq2seq_known_args<I, S>(
+        &self,
+        args: I,
+    ) -> Result<(ParsedSeq2SeqArguments, Vec<String>)>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (map, remaining) = self.collect(args)?;
+        Ok((from_map_seq2seq(map)?, remaining))
+    }
+
+    /// Turns a command line into the key/value map the readers take, and the strings no flag used.
+    fn collect<I, S>(&self, args: I) -> Result<(JsonDict, Vec<String>)>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -375,16 +479,27 @@ impl HfArgumentParser {
             i += 1;
         }
         remaining.extend(after_double_dash);
-        Ok((from_map(map)?, remaining))
+        Ok((map, remaining))
     }
 
     /// Parses the process's own command line (`std::env::args`, skipping the program name);
     /// prints the help and exits 0 on `--help`, prints the error and exits 2 on bad input, as
     /// argparse does.
     pub fn parse_args_or_exit(&self) -> ParsedArguments {
+        self.or_exit(|argv| self.parse_args_into_dataclasses(argv))
+    }
+
+    /// [`Self::parse_args_or_exit`] for `Seq2SeqTrainingArguments` (build the parser with
+    /// [`Self::for_seq2seq`]).
+    pub fn parse_seq2seq_args_or_exit(&self) -> ParsedSeq2SeqArguments {
+        self.or_exit(|argv| self.parse_seq2seq_args_into_dataclasses(argv))
+    }
+
+    /// Runs `parse` on the process's arguments; help and errors end the process as argparse does.
+    fn or_exit<T>(&self, parse: impl FnOnce(std::env::Args) -> Result<T>) -> T {
         let mut argv = std::env::args();
         let prog = argv.next().unwrap_or_else(|| "train".to_string());
-        match self.parse_args_into_dataclasses(argv) {
+        match parse(argv) {
             Ok(parsed) => parsed,
             Err(Error::HelpRequested(_)) => {
                 println!("{}", self.format_help(&prog));
@@ -405,6 +520,21 @@ impl HfArgumentParser {
     /// Upstream's `parse_json_file`: see [`crate::TrainingArguments::from_json_file`].
     pub fn parse_json_file(&self, path: impl AsRef<std::path::Path>) -> Result<ParsedArguments> {
         crate::TrainingArguments::from_json_file(path)
+    }
+
+    /// Upstream's `HfArgumentParser(Seq2SeqTrainingArguments).parse_dict`: see
+    /// [`crate::Seq2SeqTrainingArguments::from_dict`].
+    pub fn parse_seq2seq_dict(&self, args: JsonDict) -> Result<ParsedSeq2SeqArguments> {
+        from_map_seq2seq(args)
+    }
+
+    /// Upstream's `HfArgumentParser(Seq2SeqTrainingArguments).parse_json_file`: see
+    /// [`crate::Seq2SeqTrainingArguments::from_json_file`].
+    pub fn parse_seq2seq_json_file(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<ParsedSeq2SeqArguments> {
+        crate::Seq2SeqTrainingArguments::from_json_file(path)
     }
 
     /// Close matches among the flags for an unknown flag (compared without dashes).
@@ -437,14 +567,19 @@ impl HfArgumentParser {
 
     /// The `--help` text: every flag with its help and default, as `ArgumentDefaultsHelpFormatter` shows them.
     pub fn format_help(&self, prog: &str) -> String {
+        let class = if self.seq2seq {
+            "Seq2SeqTrainingArguments"
+        } else {
+            "TrainingArguments"
+        };
         let mut out = format!(
             "usage: {prog} [-h] [--FIELD VALUE ...]\n\n\
-             Arguments of transformers.TrainingArguments (5.23), parsed as HfArgumentParser parses them.\n\
+             Arguments of transformers.{class} (5.23), parsed as HfArgumentParser parses them.\n\
              Each flag also accepts `--flag=value` and a kebab-case spelling; bool flags alone mean true.\n\n\
              options:\n  -h, --help\n{pad}show this help message and exit\n",
             pad = " ".repeat(24)
         );
-        for spec in FIELDS.iter().chain(ALIAS_FIELDS) {
+        for spec in Self::specs(self.seq2seq) {
             let metavar = if spec.choices.is_empty() {
                 spec.name.to_uppercase()
             } else {

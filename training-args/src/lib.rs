@@ -8,6 +8,10 @@
 //! - JSON: [`TrainingArguments::to_json_string`] writes what upstream's `to_json_string` writes
 //!   (`training_args.json`); [`TrainingArguments::from_json_str`] / `from_json_file` /
 //!   `from_dict` read it back through the same checks.
+//! - [`Seq2SeqTrainingArguments`]: upstream's `training_args_seq2seq.py`, the base plus
+//!   `sortish_sampler`, `predict_with_generate`, `generation_max_length`, `generation_num_beams`
+//!   and `generation_config`, with the same JSON forms and readers
+//!   ([`ParsedSeq2SeqArguments`]) and `HfArgumentParser::for_seq2seq()` on the command line.
 //! - Command line: [`HfArgumentParser`] parses as upstream's `HfArgumentParser` does. It is a
 //!   table-driven parser over field metadata extracted from upstream's own argparse actions,
 //!   not clap: argparse's conventions (`--bf16` / `--bf16 false`, `--no_<field>`, kebab-case
@@ -47,6 +51,8 @@ mod optimizer_names;
 mod parsed;
 mod post_init;
 mod python_json;
+mod seq2seq;
+mod seq2seq_field_table;
 mod setters;
 mod string_enum;
 mod suggest;
@@ -62,8 +68,9 @@ pub use json_loads::{JsonSyntaxError, loads};
 pub use json_value::{JsonMap, JsonValue, dumps};
 pub use normalize::{V4_ALIASES, field_names};
 pub use optimizer_names::OptimizerNames;
-pub use parsed::{ParsedArguments, Warning};
+pub use parsed::{ParsedArguments, ParsedSeq2SeqArguments, Warning};
 pub use python_json::{python_float_repr, python_repr, python_str_repr};
+pub use seq2seq::{Seq2SeqTrainingArguments, seq2seq_field_names};
 pub use setters::{
     SetDataloader, SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetPushToHub, SetSave,
     SetTesting, SetTraining,

@@ -1,6 +1,7 @@
-//! `ParsedArguments` (what the JSON and command-line readers return) and `Warning`
-//! (deprecations and other non-fatal notices, returned instead of printed).
+//! `ParsedArguments` and `ParsedSeq2SeqArguments` (what the JSON and command-line readers
+//! return) and `Warning` (deprecations and other non-fatal notices, returned instead of printed).
 
+use crate::seq2seq::Seq2SeqTrainingArguments;
 use crate::training_args::TrainingArguments;
 
 /// A non-fatal notice produced while reading or finalising arguments: a deprecated v4 name, a
@@ -49,6 +50,30 @@ impl ParsedArguments {
 
     /// The arguments, dropping the warnings.
     pub fn into_args(self) -> TrainingArguments {
+        self.args
+    }
+}
+
+/// [`ParsedArguments`] for `Seq2SeqTrainingArguments`: what its JSON and command-line readers
+/// return.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedSeq2SeqArguments {
+    /// The validated arguments.
+    pub args: Seq2SeqTrainingArguments,
+    /// Deprecations and other notices, in the order they arose.
+    pub warnings: Vec<Warning>,
+    /// The value of the v4 `logging_dir`, if one was given (see [`ParsedArguments::logging_dir`]).
+    pub logging_dir: Option<String>,
+}
+
+impl ParsedSeq2SeqArguments {
+    /// The warnings met while reading and validating.
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
+
+    /// The arguments, dropping the warnings.
+    pub fn into_args(self) -> Seq2SeqTrainingArguments {
         self.args
     }
 }

@@ -1,9 +1,12 @@
 //! `cargo xtask codegen [--check]`: the generated sources, regenerated from the pinned
 //! Python packages (rust-analyzer's `cargo codegen` convention).
 //!
-//! Today one file: `training-args/src/field_table.rs`, which
+//! Today two files: `training-args/src/field_table.rs`, which
 //! `training-args/tools/gen_field_table.py` writes from the argparse actions that
-//! transformers 5.23's `HfArgumentParser(TrainingArguments)` builds. `--check` writes
+//! transformers 5.23's `HfArgumentParser(TrainingArguments)` builds, and
+//! `training-args/src/seq2seq_field_table.rs`, which
+//! `training-args/tools/gen_seq2seq_field_table.py` writes from those of
+//! `HfArgumentParser(Seq2SeqTrainingArguments)` (the fields it adds). `--check` writes
 //! nothing and fails when the committed file differs from what the generator gives now
 //! (`cargo xtask test` runs the check, so a stale table fails the suite).
 
@@ -19,10 +22,16 @@ struct Generated {
     script: &'static str,
 }
 
-const GENERATED: &[Generated] = &[Generated {
-    file: "training-args/src/field_table.rs",
-    script: "training-args/tools/gen_field_table.py",
-}];
+const GENERATED: &[Generated] = &[
+    Generated {
+        file: "training-args/src/field_table.rs",
+        script: "training-args/tools/gen_field_table.py",
+    },
+    Generated {
+        file: "training-args/src/seq2seq_field_table.rs",
+        script: "training-args/tools/gen_seq2seq_field_table.py",
+    },
+];
 
 /// The command's options.
 #[derive(Debug, Default, PartialEq, Eq)]
