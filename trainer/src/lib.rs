@@ -31,6 +31,7 @@ mod prediction;
 mod preflight;
 mod profile;
 mod results;
+mod seq2seq;
 mod sharding;
 mod signals;
 mod step;
@@ -64,6 +65,7 @@ pub use metrics::{
 };
 pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
 pub use results::metrics_format;
+pub use seq2seq::{Seq2SeqHooks, Seq2SeqTrainer};
 pub use step::{
     PredictionStepOutput, StepContext, count_num_items_in_batch, default_compute_loss,
     model_forward, model_inputs,

@@ -19,6 +19,7 @@ mod gpu;
 mod hooks;
 mod parity;
 mod sampling;
+mod seq2seq;
 mod signals;
 mod streaming;
 mod trainer;
