@@ -17,6 +17,10 @@
 //! loop on the `Accelerator` alone; [`custom_loss`] is the documentation's custom
 //! `compute_loss` (class weights) as [`TrainerHooks`](tchtrain_trainer::TrainerHooks).
 //!
+//! The metrics of upstream's seq2seq scripts are here too, in pure Rust: [`sacrebleu`]
+//! (`run_translation`'s corpus BLEU) and [`rouge`] (`run_summarization`'s ROUGE, with nltk's
+//! Porter stemmer in [`porter`]).
+//!
 //! Also here: the plot of a run's `log_history` ([`plot_log_history`], drawn by a small
 //! raster with a built-in font into a PNG), `run_classification`'s text-classification
 //! preparation ([`tokenize_text_classification`], [`ClassificationLabels`]), and the
@@ -30,12 +34,15 @@ pub mod custom_model;
 mod error;
 pub mod peft_args;
 mod plot;
+pub mod porter;
 mod raster;
+pub mod rouge;
 pub mod run_classification;
 pub mod run_clm;
 pub mod run_generation;
 pub mod run_mlm;
 pub mod run_ner;
+pub mod sacrebleu;
 pub mod seqeval;
 mod split;
 mod text_classification;
