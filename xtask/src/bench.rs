@@ -17,6 +17,10 @@
 //!   table shows, per benchmark, the median over rounds of each side's median time, the ratio
 //!   python / tchtrain (> 1: tchtrain is faster), the same ratio for the fastest step or pass
 //!   seen (less sensitive to other load on a shared machine) and tokens/s for the collators.
+//! * `--generate`: greedy decoding with the key / value cache on SmolLM2-135M, batch 1 and
+//!   8, 128 new tokens (`examples/src/bin/bench_generate.rs`, `scripts/bench/bench_generate.py`),
+//!   in the same table: pass times, the ratio, new tokens/s; both sides must generate the same
+//!   tokens (the sum of the generated ids is compared).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +39,8 @@ mod trainer;
 pub struct Options {
     /// The micro-benchmarks instead of the Trainer suite.
     micro: bool,
+    /// Greedy decoding (`generate`) instead of the Trainer suite.
+    generate: bool,
     /// Activation checkpointing's memory and time instead of the Trainer suite.
     activation_memory: bool,
     /// Rounds of (Rust run, Python run); `None`: 3 for `--micro`, 2 for the Trainer suite.
@@ -51,6 +57,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             micro: false,
+            generate: false,
             activation_memory: false,
             repeat: None,
             threads: None,
@@ -96,6 +103,7 @@ impl Options {
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--micro" => o.micro = true,
+                "--generate" => o.generate = true,
                 "--activation-memory" => o.activation_memory = true,
                 "--repeat" => o.repeat = Some(positive(a, it.next())?),
                 "--threads" => o.threads = Some(positive(a, it.next())?),
@@ -103,7 +111,7 @@ impl Options {
                 "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
                 other => {
                     return Err(format!(
-                        "bench: unknown option `{other}` (known: --micro, --activation-memory, --repeat N, \
+                        "bench: unknown option `{other}` (known: --micro, --generate, --activation-memory, --repeat N, \
                          --threads N, --jobs {}, --precisions fp32,bf16)",
                         trainer::JOBS.join(",")
                     ));
@@ -365,6 +373,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let example = if o.micro {
         "bench_micro"
+    } else if o.generate {
+        "bench_generate"
     } else if o.activation_memory {
         "bench_checkpointing"
     } else {
@@ -417,7 +427,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
 
-    if !o.micro {
+    if !o.micro && !o.generate {
         let plan = trainer::Plan {
             exe: &exe,
             python: &s.python,
@@ -443,7 +453,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
 
-    let repeat = o.repeat.unwrap_or(3);
+    let repeat = o.repeat.unwrap_or(if o.generate { 2 } else { 3 });
     let mut order: Vec<String> = Vec::new();
     let mut rounds = Rounds::new();
     for round in 1..=repeat {
@@ -474,8 +484,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     println!();
     println!(
-        "micro-benchmarks, CPU fp32, {threads} threads, median of {} rounds ({machine}; \
+        "{}, CPU fp32, {threads} threads, median of {} rounds ({machine}; \
          load average {load_before} before, {} after):",
+        if o.generate {
+            "greedy generate (128 new tokens, key / value cache, SmolLM2-135M)"
+        } else {
+            "micro-benchmarks"
+        },
         repeat,
         load_average()
     );
@@ -582,6 +597,8 @@ mod tests {
         assert_eq!(o.precisions, ["bf16"]);
         assert!(Options::parse(&["--jobs".into(), "gpt3".into()]).is_err());
         assert!(Options::parse(&["--threads".into()]).is_err());
+        let o = Options::parse(&["--generate".into()]).unwrap();
+        assert!(o.generate && !o.micro);
         assert!(Options::parse(&["--repeat".into(), "0".into()]).is_err());
         assert!(Options::parse(&["--fast".into()]).is_err());
     }
