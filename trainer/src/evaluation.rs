@@ -18,7 +18,8 @@ impl Trainer {
     /// of `per_device_eval_batch_size` and returns `{prefix}_loss` (the mean of the batch
     /// losses, each weighted by its number of rows: upstream repeats each loss
     /// `batch_size` times and accelerate's `gather_for_metrics` cuts the last batch's
-    /// repeats to the dataset's remainder),
+    /// repeats to the dataset's remainder; a `Seq2SeqTrainer`'s plain `gather` does not,
+    /// so there a short last batch weighs as a full one),
     /// the `compute_metrics` results and the speed metrics, each named `{prefix}_...`, plus
     /// `epoch`. The metrics are logged and passed to `on_evaluate`. Runs through the hooks
     /// ([`TrainerHooks::evaluate`]).
@@ -134,7 +135,11 @@ impl Trainer {
                 Some(loss) => Some(
                     loss.f_to_kind(Kind::Float)?
                         .f_reshape([1])?
-                        .f_repeat([rows])?
+                        .f_repeat([if self.gather_for_metrics {
+                            rows
+                        } else {
+                            batch_size
+                        }])?
                         .f_to_device(Device::Cpu)?,
                 ),
                 None => None,

@@ -20,6 +20,9 @@
 //!   Here the filled configuration is kept by the trainer; the model's
 //!   `generation_config.json` written by `save_model` stays as loaded (upstream's would hold
 //!   the filled defaults).
+//! - `evaluate` / `predict` gather with `accelerator.gather`, not `gather_for_metrics`: the
+//!   evaluation loss repeats a short last batch's loss `eval_batch_size` times, as a full
+//!   batch's (the mean of the batch losses when every batch but the last is full).
 //! - `args.generation_config` (a file, a folder holding `generation_config.json`, or the
 //!   options as a JSON object) replaces the model's generation configuration, checked as
 //!   upstream's `validate(strict=True)`.
@@ -256,12 +259,15 @@ impl Seq2SeqTrainer {
             pad_token_id: None,
             max_position_embeddings: None,
         }));
-        let trainer = builder
+        let mut trainer = builder
             .hooks(Seq2SeqHooks {
                 inner,
                 state: Arc::clone(&state),
             })
             .build()?;
+        // `evaluate` / `predict` set `self.gather_function = self.accelerator.gather`, and
+        // every evaluation (those during training too) goes through them.
+        trainer.gather_for_metrics = false;
         if *trainer.args() != args.base {
             return Err(Error::InvalidArgument {
                 field: "args",

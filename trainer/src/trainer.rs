@@ -231,6 +231,11 @@ pub struct Trainer {
     /// `debug="underflow_overflow"`: the tracer `train` registers (upstream's hooks stay on
     /// the model afterwards, so evaluations and predictions after it are traced too).
     pub(crate) debug_overflow: Option<Arc<Mutex<tchtrain_models::DebugUnderflowOverflow>>>,
+    /// Upstream's `gather_function`: `accelerator.gather_for_metrics` (true: the last
+    /// batch's repeated loss is cut to its rows) or, as `Seq2SeqTrainer.evaluate` /
+    /// `predict` set it, `accelerator.gather` (false: every batch's loss counts
+    /// `eval_batch_size` times, a short last batch's too).
+    pub(crate) gather_for_metrics: bool,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -540,6 +545,7 @@ impl TrainerBuilder {
             train_batch_size: self.args.train_batch_size(),
             memory_tracker,
             debug_overflow: None,
+            gather_for_metrics: true,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
