@@ -2,7 +2,7 @@
 //! `HfArgumentParser::parse_known_args`, then the script's own flags from what is left
 //! (`--flag value`, `--flag=value`, a bool flag alone meaning true, dashes or underscores).
 
-use tchtrain_training_args::{HfArgumentParser, TrainingArguments};
+use tchtrain_training_args::{HfArgumentParser, Seq2SeqTrainingArguments, TrainingArguments};
 
 use crate::error::{Error, Result};
 
@@ -48,7 +48,43 @@ where
     for w in parsed.warnings() {
         log::warn!("{w}");
     }
-    for (name, value) in split_flags_with_lists(&rest, flags.list_flags())? {
+    apply_rest(&rest, flags)?;
+    Ok(parsed.into_args())
+}
+
+/// [`parse`] for the seq2seq scripts: `Seq2SeqTrainingArguments` flags
+/// (`HfArgumentParser::for_seq2seq().parse_seq2seq_known_args`), then the script's own.
+pub(crate) fn parse_seq2seq<I, S>(
+    argv: I,
+    script_help: &str,
+    flags: &mut dyn ScriptFlags,
+) -> Result<Seq2SeqTrainingArguments>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let argv: Vec<String> = argv.into_iter().map(|a| a.as_ref().to_string()).collect();
+    let parser = HfArgumentParser::for_seq2seq();
+    let (parsed, rest) = match parser.parse_seq2seq_known_args(&argv) {
+        Ok(r) => r,
+        Err(tchtrain_training_args::Error::HelpRequested(help)) => {
+            return Err(Error::TrainingArgs(
+                tchtrain_training_args::Error::HelpRequested(format!("{script_help}\n{help}")),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tchtrain_trainer::init_logging(&parsed.args.base);
+    for w in parsed.warnings() {
+        log::warn!("{w}");
+    }
+    apply_rest(&rest, flags)?;
+    Ok(parsed.into_args())
+}
+
+/// Applies the flags `TrainingArguments` left to the script's own.
+fn apply_rest(rest: &[String], flags: &mut dyn ScriptFlags) -> Result<()> {
+    for (name, value) in split_flags_with_lists(rest, flags.list_flags())? {
         if !flags.apply(&name, value.as_deref())? {
             return Err(Error::InvalidFlag {
                 flag: name,
@@ -56,7 +92,7 @@ where
             });
         }
     }
-    Ok(parsed.into_args())
+    Ok(())
 }
 
 /// `--name value`, `--name=value` or `--name` pairs; names with `-` spelled `_`.

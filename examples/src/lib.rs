@@ -3,7 +3,9 @@
 //! code in process: [`run_clm`] (causal LM fine-tuning on a text file), [`run_mlm`] (masked LM
 //! fine-tuning on a text file), [`run_classification`] (sequence classification from a CSV /
 //! JSON-lines file) and [`run_ner`] (token classification of pre-split words, scored by
-//! [`seqeval`]); [`run_generation`] samples continuations of a prompt (`generate`).
+//! [`seqeval`]); the sequence-to-sequence script [`run_translation`] (translation pairs,
+//! sacreBLEU) on `Seq2SeqTrainer`; [`run_generation`] samples
+//! continuations of a prompt (`generate`).
 //!
 //! Each script's `main_with_args(argv)` takes the command line without the program name:
 //! its own flags (upstream's `ModelArguments` / `DataTrainingArguments`) next to every
@@ -42,7 +44,9 @@ pub mod run_clm;
 pub mod run_generation;
 pub mod run_mlm;
 pub mod run_ner;
+pub mod run_translation;
 pub mod sacrebleu;
+mod seq2seq_example;
 pub mod seqeval;
 mod split;
 mod text_classification;
@@ -56,6 +60,7 @@ pub use common::load_example_tokenizer;
 pub use error::{Error, Result};
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH, log_history_series, plot_log_history, render_log_history};
 pub use raster::{Rgb, RgbImage};
+pub use seq2seq_example::Seq2SeqDataArguments;
 pub use text_classification::{
     ClassificationLabels, TextClassificationOptions, tokenize_text_classification,
 };

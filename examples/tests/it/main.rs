@@ -7,4 +7,5 @@ mod dataset_cache;
 mod demo_pieces;
 mod examples;
 mod examples_mlm_ner;
+mod examples_seq2seq;
 mod launch;

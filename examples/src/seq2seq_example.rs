@@ -1,0 +1,712 @@
+//! What `run_translation` and `run_summarization` share: upstream's common
+//! `ModelArguments` / `DataTrainingArguments` flags, the model and tokenizer with the
+//! scripts' checks, the tokenization of inputs and targets (through the dataset cache), the
+//! collator, the decoding of generated ids, and the train / evaluate / predict driver around
+//! [`Seq2SeqTrainer`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tch::{Device, Tensor};
+use tchtrain_collators::{DataCollatorForSeq2Seq, DefaultDataCollator, Feature, Label};
+use tchtrain_data::InMemoryDataset;
+use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
+use tchtrain_models::{
+    AutoTask, GenerationConfig, LoadOptions, PreTrainedTokenizerFast, TrainableModel,
+    from_pretrained_dir,
+};
+use tchtrain_trainer::{EvalPrediction, Metrics, Seq2SeqTrainer, Trainer};
+use tchtrain_training_args::Seq2SeqTrainingArguments;
+use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
+
+use super::ExampleOutput;
+use super::args;
+use super::common::{self, load_example_tokenizer, tokenizer_json};
+use crate::error::{Error, Result};
+use crate::sacrebleu::py_isspace;
+
+/// The flags `run_translation` and `run_summarization` share (upstream's `ModelArguments`
+/// and `DataTrainingArguments` fields of both scripts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seq2SeqDataArguments {
+    /// `--model_name_or_path`: a model folder or hub id (required).
+    pub model_name_or_path: Option<String>,
+    /// `--config_name`: only the model folder itself is supported.
+    pub config_name: Option<String>,
+    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    pub tokenizer_name: Option<String>,
+    /// `--dataset_name`: hub datasets are refused (pass the files).
+    pub dataset_name: Option<String>,
+    /// `--dataset_config_name`: as `--dataset_name`.
+    pub dataset_config_name: Option<String>,
+    /// `--train_file`.
+    pub train_file: Option<String>,
+    /// `--validation_file`.
+    pub validation_file: Option<String>,
+    /// `--test_file`.
+    pub test_file: Option<String>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows.
+    pub overwrite_cache: bool,
+    /// `--max_source_length` (default 1024): inputs truncated to N tokens.
+    pub max_source_length: usize,
+    /// `--max_target_length` (default 128): training targets truncated to N tokens.
+    pub max_target_length: usize,
+    /// `--val_max_target_length` (default: `max_target_length`): evaluation and prediction
+    /// targets truncated to N tokens; also the generation `max_length`.
+    pub val_max_target_length: Option<usize>,
+    /// `--pad_to_max_length`: pad every row to the maximum lengths.
+    pub pad_to_max_length: bool,
+    /// `--max_train_samples`.
+    pub max_train_samples: Option<usize>,
+    /// `--max_eval_samples`.
+    pub max_eval_samples: Option<usize>,
+    /// `--max_predict_samples`.
+    pub max_predict_samples: Option<usize>,
+    /// `--num_beams` (default 1): beams of the scripts' generation.
+    pub num_beams: Option<i64>,
+    /// `--ignore_pad_token_for_loss` (default true): padded label positions are -100.
+    pub ignore_pad_token_for_loss: bool,
+    /// `--source_prefix`: text put before every input (T5's `translate ...: `).
+    pub source_prefix: Option<String>,
+    /// `--forced_bos_token`: accepted; only multilingual tokenizers (refused here) use it.
+    pub forced_bos_token: Option<String>,
+}
+
+impl Default for Seq2SeqDataArguments {
+    fn default() -> Self {
+        Self {
+            model_name_or_path: None,
+            config_name: None,
+            tokenizer_name: None,
+            dataset_name: None,
+            dataset_config_name: None,
+            train_file: None,
+            validation_file: None,
+            test_file: None,
+            overwrite_cache: false,
+            max_source_length: 1024,
+            max_target_length: 128,
+            val_max_target_length: None,
+            pad_to_max_length: false,
+            max_train_samples: None,
+            max_eval_samples: None,
+            max_predict_samples: None,
+            num_beams: Some(1),
+            ignore_pad_token_for_loss: true,
+            source_prefix: None,
+            forced_bos_token: None,
+        }
+    }
+}
+
+/// The help of the shared flags.
+pub(crate) const HELP: &str = "\
+  --model_name_or_path PATH   model folder or hub id (required)
+  --config_name PATH          only the model folder itself is supported
+  --tokenizer_name PATH       tokenizer folder (tokenizer.json)
+  --train_file FILE           training rows
+  --validation_file FILE      evaluation rows (needed for --do_eval)
+  --test_file FILE            prediction rows (needed for --do_predict)
+  --max_source_length N       truncate inputs to N tokens (default: 1024)
+  --max_target_length N       truncate training targets to N tokens (default: 128)
+  --val_max_target_length N   truncate evaluation / prediction targets to N tokens, and
+                              generate at most N (default: --max_target_length)
+  --pad_to_max_length BOOL    pad every row to the maximum lengths (default: false)
+  --max_train_samples N       keep the first N training rows
+  --max_eval_samples N        keep the first N evaluation rows
+  --max_predict_samples N     keep the first N prediction rows
+  --num_beams N               beams of the final evaluation / prediction (default: 1)
+  --ignore_pad_token_for_loss BOOL
+                              label padding as -100 (default: true)
+  --source_prefix TEXT        put before every input (T5: e.g. 'translate English to German: ')
+  --forced_bos_token TOKEN    accepted; only for multilingual tokenizers (not supported here)
+  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --preprocessing_num_workers N
+                              accepted for upstream's command lines; no effect here
+  --dataset_name / --dataset_config_name
+                              hub datasets are not supported: pass the files
+";
+
+/// The T5 checkpoints upstream warns about without a `--source_prefix`.
+const T5_MODELS: [&str; 5] = [
+    "google-t5/t5-small",
+    "google-t5/t5-base",
+    "google-t5/t5-large",
+    "google-t5/t5-3b",
+    "google-t5/t5-11b",
+];
+
+impl Seq2SeqDataArguments {
+    /// Sets a shared flag; `Ok(false)` when `name` is not one.
+    pub(crate) fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
+        match name {
+            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
+            "config_name" => self.config_name = Some(args::string(name, value)?),
+            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
+            "dataset_name" => self.dataset_name = Some(args::string(name, value)?),
+            "dataset_config_name" => self.dataset_config_name = Some(args::string(name, value)?),
+            "train_file" => self.train_file = Some(args::string(name, value)?),
+            "validation_file" => self.validation_file = Some(args::string(name, value)?),
+            "test_file" => self.test_file = Some(args::string(name, value)?),
+            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "max_source_length" => self.max_source_length = args::number(name, value)?,
+            "max_target_length" => self.max_target_length = args::number(name, value)?,
+            "val_max_target_length" => {
+                self.val_max_target_length = Some(args::number(name, value)?);
+            }
+            "pad_to_max_length" => self.pad_to_max_length = args::boolean(name, value)?,
+            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
+            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
+            "max_predict_samples" => self.max_predict_samples = Some(args::number(name, value)?),
+            "num_beams" => self.num_beams = Some(args::number(name, value)?),
+            "ignore_pad_token_for_loss" => {
+                self.ignore_pad_token_for_loss = args::boolean(name, value)?;
+            }
+            "source_prefix" => self.source_prefix = Some(args::string(name, value)?),
+            "forced_bos_token" => self.forced_bos_token = Some(args::string(name, value)?),
+            "preprocessing_num_workers" => {
+                args::number::<usize>(name, value)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Upstream's `__post_init__`: `val_max_target_length` defaults to
+    /// `max_target_length`; hub datasets are refused; the files must be there and end in one
+    /// of `extensions` (`message` names them).
+    pub(crate) fn post_init(
+        &mut self,
+        need_message: &str,
+        with_test: bool,
+        extensions: &[&str],
+        ext_message: &str,
+        script_checks: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if self.dataset_name.is_some() || self.dataset_config_name.is_some() {
+            return Err(Error::InvalidFlag {
+                flag: "dataset_name".into(),
+                detail: "hub datasets are not supported; pass --train_file/--validation_file/--test_file".into(),
+            });
+        }
+        let any = self.train_file.is_some()
+            || self.validation_file.is_some()
+            || (with_test && self.test_file.is_some());
+        if !any {
+            return Err(Error::InvalidFlag {
+                flag: "train_file".into(),
+                detail: need_message.into(),
+            });
+        }
+        script_checks()?;
+        let mut files = vec![
+            ("train_file", &self.train_file),
+            ("validation_file", &self.validation_file),
+        ];
+        if with_test {
+            files.push(("test_file", &self.test_file));
+        }
+        for (flag, file) in files {
+            if let Some(f) = file {
+                let ext = f.rsplit('.').next().unwrap_or_default();
+                if !extensions.contains(&ext) {
+                    return Err(Error::InvalidFlag {
+                        flag: flag.into(),
+                        detail: format!("`{flag}` should be {ext_message}."),
+                    });
+                }
+            }
+        }
+        if self.val_max_target_length.is_none() {
+            self.val_max_target_length = Some(self.max_target_length);
+        }
+        Ok(())
+    }
+
+    /// `val_max_target_length` (`max_target_length` before `post_init`).
+    pub(crate) fn val_max_target_length(&self) -> usize {
+        self.val_max_target_length.unwrap_or(self.max_target_length)
+    }
+
+    /// Upstream's warning for a T5 checkpoint without `--source_prefix` (`example` is the
+    /// script's suggestion).
+    pub(crate) fn warn_t5_prefix(&self, expected: &str) {
+        if self.source_prefix.is_none()
+            && self
+                .model_name_or_path
+                .as_deref()
+                .is_some_and(|m| T5_MODELS.contains(&m))
+        {
+            log::warn!("You're running a t5 model but didn't provide a source prefix, {expected}");
+        }
+    }
+
+    /// The files each requested step needs (upstream's "--do_train requires a train
+    /// dataset", ...), checked before any is read.
+    pub(crate) fn check_steps(&self, training: &Seq2SeqTrainingArguments) -> Result<()> {
+        let base = &training.base;
+        for (wanted, file, flag, what) in [
+            (
+                base.do_train,
+                &self.train_file,
+                "train_file",
+                "--do_train requires a train dataset",
+            ),
+            (
+                base.do_eval,
+                &self.validation_file,
+                "validation_file",
+                "--do_eval requires a validation dataset",
+            ),
+            (
+                base.do_predict,
+                &self.test_file,
+                "test_file",
+                "--do_predict requires a test dataset",
+            ),
+        ] {
+            if wanted && file.is_none() {
+                return Err(Error::InvalidFlag {
+                    flag: flag.into(),
+                    detail: format!("{what} (pass --{flag} FILE)"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether the run has something to do; logs upstream's message when not.
+pub(crate) fn something_to_do(training: &Seq2SeqTrainingArguments) -> bool {
+    let b = &training.base;
+    if b.do_train || b.do_eval || b.do_predict {
+        return true;
+    }
+    log::info!("There is nothing to do. Please pass `do_train`, `do_eval` and/or `do_predict`.");
+    false
+}
+
+/// The model and its tokenizer, after upstream's checks.
+pub(crate) struct LoadedSeq2Seq {
+    pub(crate) tokenizer: PreTrainedTokenizerFast,
+    pub(crate) model: Box<dyn TrainableModel>,
+}
+
+/// How a script treats a model with fewer position embeddings than `max_source_length`.
+pub(crate) enum PositionCheck {
+    /// run_translation: refuse unless the model has relative attention (T5).
+    Translation,
+    /// run_summarization: upstream would resize the embeddings (`--resize_position_embeddings`
+    /// true or unset), which BART and T5 do not implement; refuse either way.
+    Summarization {
+        /// `--resize_position_embeddings`.
+        resize: Option<bool>,
+    },
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("reading", path, e))?;
+    serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Upstream's `AutoConfig` / `AutoTokenizer` / `AutoModelForSeq2SeqLM.from_pretrained`, the
+/// embedding-size check, `decoder_start_token_id` and the position-embedding check.
+pub(crate) fn load_model(
+    data: &Seq2SeqDataArguments,
+    training: &Seq2SeqTrainingArguments,
+    positions: PositionCheck,
+) -> Result<LoadedSeq2Seq> {
+    let dir = common::model_dir(data.model_name_or_path.as_deref())?;
+    if let Some(c) = &data.config_name
+        && Path::new(c) != dir
+    {
+        return Err(Error::InvalidFlag {
+            flag: "config_name".into(),
+            detail: "a config apart from the model folder is not supported; put it in --model_name_or_path".into(),
+        });
+    }
+    let tokenizer = load_example_tokenizer(&dir, data.tokenizer_name.as_deref())?;
+    let class = tokenizer
+        .config()
+        .get("tokenizer_class")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if [
+        "MBartTokenizer",
+        "MBartTokenizerFast",
+        "MBart50Tokenizer",
+        "MBart50TokenizerFast",
+        "M2M100Tokenizer",
+    ]
+    .contains(&class.as_str())
+    {
+        return Err(Error::InvalidFlag {
+            flag: "model_name_or_path".into(),
+            detail: format!(
+                "{class}: multilingual tokenizers (language codes, forced_bos_token) are not implemented here"
+            ),
+        });
+    }
+    let config = read_json(&dir.join("config.json"))?;
+    let embedding_size = config["vocab_size"].as_i64().unwrap_or(i64::MAX);
+    let len_tokenizer = tokenizer.tokenizer().get_vocab_size(true) as i64;
+    if len_tokenizer > embedding_size {
+        return Err(Error::InvalidFlag {
+            flag: "tokenizer_name".into(),
+            detail: format!(
+                "the tokenizer has {len_tokenizer} tokens but the model's embeddings only {embedding_size}; upstream resizes the embeddings (`model.resize_token_embeddings`), which is not implemented here: use a tokenizer of the model"
+            ),
+        });
+    }
+    if config["decoder_start_token_id"].as_i64().is_none() {
+        return Err(Error::InvalidArgument {
+            field: "config.decoder_start_token_id",
+            detail: "Make sure that `config.decoder_start_token_id` is correctly defined".into(),
+        });
+    }
+    if let Some(m) = config["max_position_embeddings"].as_u64()
+        && (m as usize) < data.max_source_length
+    {
+        let n = data.max_source_length;
+        match positions {
+            PositionCheck::Translation => {
+                if config.get("relative_attention_max_distance").is_none() {
+                    return Err(Error::InvalidFlag {
+                        flag: "max_source_length".into(),
+                        detail: format!(
+                            "`--max_source_length` is set to {n}, but the model only has {m} position encodings. Consider either reducing `--max_source_length` to {m} or using a model with larger position embeddings"
+                        ),
+                    });
+                }
+            }
+            PositionCheck::Summarization { resize } => {
+                if resize.is_none() {
+                    log::warn!(
+                        "Increasing the model's number of position embedding vectors from {m} to {n}."
+                    );
+                }
+                let detail = if resize == Some(false) {
+                    format!(
+                        "`--max_source_length` is set to {n}, but the model only has {m} position encodings. Consider either reducing `--max_source_length` to {m} or to automatically resize the model's position encodings by passing `--resize_position_embeddings`."
+                    )
+                } else {
+                    format!(
+                        "`--max_source_length` is set to {n}, but the model only has {m} position encodings; resizing them (`model.resize_position_embeddings`) is not implemented for this model (upstream raises NotImplementedError for BART and T5): pass --max_source_length {m} or less"
+                    )
+                };
+                return Err(Error::InvalidFlag {
+                    flag: "max_source_length".into(),
+                    detail,
+                });
+            }
+        }
+    }
+    tch::manual_seed(training.base.seed as i64);
+    let loaded = from_pretrained_dir(
+        &dir,
+        AutoTask::Seq2SeqLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    Ok(LoadedSeq2Seq {
+        tokenizer,
+        model: loaded.model,
+    })
+}
+
+/// The scripts' `preprocess_function` once the inputs and targets are picked: inputs (with
+/// the prefix) truncated to `max_source_length`, targets tokenized as `text_target`
+/// truncated to `max_target_length`, both padded to those lengths with
+/// `--pad_to_max_length` (label padding -100 with `--ignore_pad_token_for_loss`), the target
+/// ids as `labels`.
+pub(crate) struct Seq2SeqTokenization<'a> {
+    pub(crate) tokenizer: &'a PreTrainedTokenizerFast,
+    pub(crate) prefix: String,
+    pub(crate) max_source_length: usize,
+    pub(crate) pad_to_max_length: bool,
+    pub(crate) ignore_pad_token_for_loss: bool,
+    /// The name of the script's function (the cache fingerprint's).
+    pub(crate) function: &'static str,
+}
+
+impl Seq2SeqTokenization<'_> {
+    fn configured(&self, max_length: usize) -> Result<tokenizers::Tokenizer> {
+        let mut tok = self.tokenizer.tokenizer().clone();
+        tok.with_truncation(Some(TruncationParams {
+            max_length,
+            ..TruncationParams::default()
+        }))
+        .map_err(|e| Error::Tokenizer {
+            what: "settings".into(),
+            detail: e.to_string(),
+        })?;
+        if self.pad_to_max_length {
+            tok.with_padding(Some(PaddingParams {
+                strategy: PaddingStrategy::Fixed(max_length),
+                pad_id: self.pad_id() as u32,
+                pad_token: self
+                    .tokenizer
+                    .tokenizer()
+                    .id_to_token(self.pad_id() as u32)
+                    .unwrap_or_default(),
+                ..PaddingParams::default()
+            }));
+        } else {
+            tok.with_padding(None);
+        }
+        Ok(tok)
+    }
+
+    fn pad_id(&self) -> i64 {
+        self.tokenizer.info().pad_token_id.unwrap_or(0)
+    }
+
+    /// The rows for `inputs` / `targets` (without the prefix).
+    pub(crate) fn features(
+        &self,
+        inputs: &[String],
+        targets: &[String],
+        max_target_length: usize,
+    ) -> Result<Vec<Feature>> {
+        let source = self.configured(self.max_source_length)?;
+        let target = self.configured(max_target_length)?;
+        let pad = self.pad_id();
+        inputs
+            .iter()
+            .zip(targets)
+            .enumerate()
+            .map(|(i, (input, t))| {
+                let text = format!("{}{input}", self.prefix);
+                let enc = source
+                    .encode(text.as_str(), true)
+                    .map_err(|e| Error::Tokenizer {
+                        what: format!("input of row {i}"),
+                        detail: e.to_string(),
+                    })?;
+                let mut feature = Feature::from_encoding(&enc, false);
+                feature.special_tokens_mask = None;
+                feature.offset_mapping = None;
+                let labels = target
+                    .encode(t.as_str(), true)
+                    .map_err(|e| Error::Tokenizer {
+                        what: format!("target of row {i}"),
+                        detail: e.to_string(),
+                    })?;
+                let mut ids: Vec<i64> = labels.get_ids().iter().map(|&x| i64::from(x)).collect();
+                if self.pad_to_max_length && self.ignore_pad_token_for_loss {
+                    for id in &mut ids {
+                        if *id == pad {
+                            *id = -100;
+                        }
+                    }
+                }
+                feature.labels = Some(Label::Ids(ids));
+                Ok(feature)
+            })
+            .collect()
+    }
+
+    /// [`features`](Self::features) through the dataset cache.
+    pub(crate) fn dataset(
+        &self,
+        inputs: &[String],
+        targets: &[String],
+        max_target_length: usize,
+        cache: Option<&MapCache>,
+        overwrite: bool,
+    ) -> Result<InMemoryDataset> {
+        let mut fingerprint = Fingerprint::new(self.function);
+        fingerprint
+            .update(tokenizer_json(self.tokenizer.tokenizer())?)
+            .update(&self.prefix)
+            .update((self.max_source_length as u64).to_le_bytes())
+            .update((max_target_length as u64).to_le_bytes())
+            .update([
+                u8::from(self.pad_to_max_length),
+                u8::from(self.ignore_pad_token_for_loss),
+            ]);
+        for (i, t) in inputs.iter().zip(targets) {
+            fingerprint
+                .update((i.len() as u64).to_le_bytes())
+                .update(i)
+                .update((t.len() as u64).to_le_bytes())
+                .update(t);
+        }
+        let features = map_cached(cache, &fingerprint, overwrite, || {
+            self.features(inputs, targets, max_target_length)
+        })?;
+        Ok(InMemoryDataset::new(features))
+    }
+}
+
+/// Python's `round(x, 4)`: the double nearest the exact decimal value of `x` rounded to 4
+/// places, ties to even (Rust's formatting rounds the exact binary value the same way).
+pub(crate) fn py_round(x: f64) -> f64 {
+    if !x.is_finite() {
+        return x;
+    }
+    format!("{x:.4}").parse().unwrap_or(x)
+}
+
+/// Generated (or label) ids with -100 replaced by the pad id (upstream's `np.where(preds !=
+/// -100, preds, tokenizer.pad_token_id)`), as rows.
+pub(crate) fn unpadded_rows(ids: &Tensor, pad: i64) -> tchtrain_trainer::Result<Vec<Vec<i64>>> {
+    let ids = ids.f_masked_fill(&ids.f_eq(-100)?, pad)?;
+    Ok(Vec::<Vec<i64>>::try_from(&ids)?)
+}
+
+/// `tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=...)`.
+pub(crate) fn batch_decode(
+    tokenizer: &PreTrainedTokenizerFast,
+    rows: &[Vec<i64>],
+    clean_up_tokenization_spaces: Option<bool>,
+) -> tchtrain_trainer::Result<Vec<String>> {
+    rows.iter()
+        .map(|r| {
+            tokenizer
+                .decode(r, true, clean_up_tokenization_spaces)
+                .map_err(tchtrain_trainer::Error::from)
+        })
+        .collect()
+}
+
+/// `np.mean([np.count_nonzero(pred != pad) for pred in preds])`.
+pub(crate) fn gen_len(rows: &[Vec<i64>], pad: i64) -> f64 {
+    let total: usize = rows
+        .iter()
+        .map(|r| r.iter().filter(|&&t| t != pad).count())
+        .sum();
+    total as f64 / rows.len() as f64
+}
+
+/// The predictions and labels of an evaluation as decoded text (`skip_special_tokens`,
+/// the tokenizer's own clean-up setting) and the `gen_len` of the predictions.
+pub(crate) fn decoded(
+    tokenizer: &PreTrainedTokenizerFast,
+    p: &EvalPrediction,
+) -> tchtrain_trainer::Result<(Vec<String>, Vec<String>, f64)> {
+    let pad = tokenizer.info().pad_token_id.unwrap_or(0);
+    let preds = unpadded_rows(&p.predictions.concatenated()?, pad)?;
+    let labels = match &p.label_ids {
+        Some(l) => unpadded_rows(&l.concatenated()?, pad)?,
+        None => Vec::new(),
+    };
+    Ok((
+        batch_decode(tokenizer, &preds, None)?,
+        batch_decode(tokenizer, &labels, None)?,
+        gen_len(&preds, pad),
+    ))
+}
+
+/// A split ready for the trainer: its rows and the count upstream reports as
+/// `{split}_samples`.
+pub(crate) struct Split {
+    pub(crate) dataset: InMemoryDataset,
+    pub(crate) samples: usize,
+}
+
+/// What the driver needs besides the datasets.
+pub(crate) struct Drive {
+    /// Generation options of the final `evaluate` (translation) or none (summarization).
+    pub(crate) eval_gen: Option<GenerationConfig>,
+    /// Generation options of `predict`.
+    pub(crate) predict_gen: Option<GenerationConfig>,
+    /// `compute_metrics` (only with `--predict_with_generate`).
+    pub(crate) metrics: Option<tchtrain_trainer::ComputeMetrics>,
+    /// Use `default_data_collator` (translation with `--pad_to_max_length`).
+    pub(crate) default_collator: bool,
+    /// `--ignore_pad_token_for_loss`.
+    pub(crate) ignore_pad_token_for_loss: bool,
+}
+
+/// The scripts' trainer and steps: `DataCollatorForSeq2Seq` given the model (labels
+/// padded with -100 unless `--ignore_pad_token_for_loss false`, multiples of 8 with fp16),
+/// `Seq2SeqTrainer`, train (`train_samples`, model, state), evaluate (`eval_samples`),
+/// predict (`predict_samples`, `predict_results.json`, `generated_predictions.txt`).
+pub(crate) fn drive(
+    training: &Seq2SeqTrainingArguments,
+    loaded: LoadedSeq2Seq,
+    train: Option<Split>,
+    eval: Option<Split>,
+    test: Option<Split>,
+    options: Drive,
+) -> Result<ExampleOutput> {
+    let output_dir = PathBuf::from(training.base.output_dir());
+    let LoadedSeq2Seq {
+        tokenizer, model, ..
+    } = loaded;
+    let pad = tokenizer.info().pad_token_id.unwrap_or(0);
+    let decoder_start = model.decoder_start()?;
+    let mut builder =
+        Trainer::builder(model, training.base.clone()).processing_class(tokenizer.clone());
+    builder = if options.default_collator {
+        builder.data_collator(DefaultDataCollator)
+    } else {
+        builder.data_collator(DataCollatorForSeq2Seq {
+            decoder_start,
+            label_pad_token_id: if options.ignore_pad_token_for_loss {
+                -100
+            } else {
+                pad
+            },
+            pad_to_multiple_of: training.base.fp16.then_some(8),
+            ..DataCollatorForSeq2Seq::new(tokenizer.info().clone())
+        })
+    };
+    if let Some(f) = options.metrics {
+        builder = builder.compute_metrics(f);
+    }
+    let n_train = train.as_ref().map(|s| s.samples);
+    if let Some(s) = train {
+        builder = builder.train_dataset(s.dataset);
+    }
+    let n_eval = eval.as_ref().map_or(0, |s| s.samples);
+    if let Some(s) = eval {
+        builder = builder.eval_dataset(s.dataset);
+    }
+    let mut trainer = Seq2SeqTrainer::new(builder, training)?;
+    let mut out = ExampleOutput {
+        output_dir: output_dir.clone(),
+        ..ExampleOutput::default()
+    };
+    if training.base.do_train {
+        out.train_metrics = Some(common::do_train(&mut trainer, n_train, |_| Ok(()))?);
+    }
+    if training.base.do_eval {
+        log::info!("*** Evaluate ***");
+        let mut metrics = trainer.evaluate(None, "eval", options.eval_gen)?;
+        metrics.insert("eval_samples".into(), n_eval as f64);
+        trainer.log_metrics("eval", &metrics);
+        trainer.save_metrics("eval", &metrics, true)?;
+        out.eval_metrics = Some(metrics);
+    }
+    if let Some(s) = test {
+        log::info!("*** Predict ***");
+        let prediction = trainer.predict(Arc::new(s.dataset), "predict", options.predict_gen)?;
+        let mut metrics: Metrics = prediction.metrics;
+        metrics.insert("predict_samples".into(), s.samples as f64);
+        trainer.log_metrics("predict", &metrics);
+        trainer.save_metrics("predict", &metrics, true)?;
+        if trainer.is_world_process_zero()
+            && training.predict_with_generate
+            && let Some(p) = &prediction.predictions
+        {
+            let rows = unpadded_rows(&p.concatenated()?, pad)?;
+            let text: Vec<String> = batch_decode(&tokenizer, &rows, Some(true))?
+                .into_iter()
+                .map(|t| t.trim_matches(py_isspace).to_string())
+                .collect();
+            std::fs::create_dir_all(&output_dir)
+                .map_err(|e| Error::io("creating", &output_dir, e))?;
+            let path = output_dir.join("generated_predictions.txt");
+            std::fs::write(&path, text.join("\n")).map_err(|e| Error::io("writing", &path, e))?;
+        }
+        out.predict_metrics = Some(metrics);
+    }
+    Ok(out)
+}
