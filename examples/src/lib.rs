@@ -3,8 +3,9 @@
 //! code in process: [`run_clm`] (causal LM fine-tuning on a text file), [`run_mlm`] (masked LM
 //! fine-tuning on a text file), [`run_classification`] (sequence classification from a CSV /
 //! JSON-lines file) and [`run_ner`] (token classification of pre-split words, scored by
-//! [`seqeval`]); the sequence-to-sequence script [`run_translation`] (translation pairs,
-//! sacreBLEU) on `Seq2SeqTrainer`; [`run_generation`] samples
+//! [`seqeval`]); the sequence-to-sequence scripts [`run_translation`] (translation pairs,
+//! sacreBLEU) and [`run_summarization`] (texts and summaries, ROUGE with nltk's sentence
+//! splitter ported as [`punkt`]) on `Seq2SeqTrainer`; [`run_generation`] samples
 //! continuations of a prompt (`generate`).
 //!
 //! Each script's `main_with_args(argv)` takes the command line without the program name:
@@ -37,6 +38,7 @@ mod error;
 pub mod peft_args;
 mod plot;
 pub mod porter;
+pub mod punkt;
 mod raster;
 pub mod rouge;
 pub mod run_classification;
@@ -44,6 +46,7 @@ pub mod run_clm;
 pub mod run_generation;
 pub mod run_mlm;
 pub mod run_ner;
+pub mod run_summarization;
 pub mod run_translation;
 pub mod sacrebleu;
 mod seq2seq_example;

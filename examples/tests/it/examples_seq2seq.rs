@@ -1,10 +1,11 @@
-//! The `run_translation` example against upstream's steps around
+//! The `run_translation` and `run_summarization` examples against upstream's steps around
 //! `Seq2SeqTrainer` on the same data (scripts/reference/trainer_translation_summarization.py,
 //! transformers 5.23 / torch 2.13, CPU, fp32, a tiny T5 with dropout 0): every logged
 //! `loss`, `grad_norm`, `learning_rate` and every evaluation value (`eval_loss`, `eval_bleu`
 //! / `eval_rouge*`, `eval_gen_len`) of the example's `trainer_state.json` against upstream's
 //! `log_history`, the final evaluation and prediction metrics, `generated_predictions.txt`
-//! byte for byte, the tokenized rows, and the script's handling of bad flags.
+//! byte for byte, the tokenized rows, nltk's `sent_tokenize` ([`punkt`]), and the scripts'
+//! handling of bad flags.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,10 +14,14 @@ use anyhow::{Context, Result, ensure};
 use tchtrain_callbacks::TrainerState;
 use tchtrain_collators::Label;
 use tchtrain_data::Dataset;
+use tchtrain_datasets::{Table, cell_text};
+use tchtrain_examples::punkt::{PunktSentenceTokenizer, find_punkt_tab};
 use tchtrain_examples::run_translation::preprocess_function;
-use tchtrain_examples::{Error, ExampleOutput, Seq2SeqDataArguments, exit_code, run_translation};
+use tchtrain_examples::{
+    Error, ExampleOutput, Seq2SeqDataArguments, exit_code, run_summarization, run_translation,
+};
 use tchtrain_models::AutoTokenizer;
-use tchtrain_testing::{assert_exact, asset, compare, lock};
+use tchtrain_testing::{assert_exact, asset, assets, compare, lock};
 
 use super::examples_mlm_ner::read_json;
 
@@ -179,6 +184,36 @@ fn run_translation_matches_upstream() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn run_summarization_matches_upstream() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("summarization");
+    let mut argv = flags(&[
+        "--model_name_or_path",
+        &reference("summarization/initial"),
+        "--source_prefix",
+        "summarize: ",
+        "--train_file",
+        &reference("summarization/train.csv"),
+        "--validation_file",
+        &reference("summarization/validation.csv"),
+        "--test_file",
+        &reference("summarization/test.csv"),
+        "--nltk_data",
+        &asset("nltk_data"),
+    ]);
+    argv.extend(run_flags(&out));
+    let result = run_summarization::main_with_args(&argv)?;
+    check_run("summarization", &result, &out)?;
+    // One training row has an empty summary: dropped.
+    assert_eq!(
+        result.train_metrics.context("train")?["train_samples"],
+        47.0
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// A file's `translation` texts.
 fn pairs(file: &str) -> Result<(Vec<String>, Vec<String>)> {
     let (mut en, mut ro) = (Vec::new(), Vec::new());
@@ -256,6 +291,63 @@ fn translation_rows_tokenize_as_upstream() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn summarization_rows_tokenize_as_upstream() -> Result<()> {
+    let ids = read_json(reference("summarization/ids.json"))?;
+    let tok = AutoTokenizer::from_pretrained(reference("summarization/initial"))?;
+    let data = Seq2SeqDataArguments {
+        source_prefix: Some("summarize: ".into()),
+        max_source_length: 32,
+        ..Seq2SeqDataArguments::default()
+    };
+    for (split, len) in [("train", 32), ("validation", 16), ("test", 16)] {
+        let table = Table::read(reference(&format!("summarization/{split}.csv")))?;
+        let (mut texts, mut summaries) = (Vec::new(), Vec::new());
+        for row in 0..table.len() {
+            let text = cell_text(table.cell(row, "text")?);
+            let summary = cell_text(table.cell(row, "summary")?);
+            if !text.is_empty() && !summary.is_empty() {
+                texts.push(text);
+                summaries.push(summary);
+            }
+        }
+        let ds = preprocess_function(&tok, &data, &texts, &summaries, len)?;
+        let want_ids: Vec<Vec<i64>> =
+            serde_json::from_value(ids[format!("{split}_input_ids")].clone())?;
+        let want_labels: Vec<Vec<i64>> =
+            serde_json::from_value(ids[format!("{split}_labels")].clone())?;
+        assert_eq!(ds.len(), want_ids.len(), "{split}");
+        for i in 0..ds.len() {
+            let row = ds.get(i)?;
+            assert_eq!(row.input_ids, want_ids[i], "{split} row {i}: input_ids");
+            assert_eq!(
+                row.labels,
+                Some(Label::Ids(want_labels[i].clone())),
+                "{split} row {i}: labels"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn punkt_matches_nltk() -> Result<()> {
+    let punkt = PunktSentenceTokenizer::load(&find_punkt_tab(
+        Some(&assets().join("nltk_data")),
+        "english",
+    )?)?;
+    let cases = read_json(reference("punkt.json"))?;
+    let mut n = 0;
+    for case in cases.as_array().context("cases")? {
+        let text = case[0].as_str().context("text")?;
+        let want: Vec<String> = serde_json::from_value(case[1].clone())?;
+        assert_eq!(punkt.tokenize(text), want, "{text:?}");
+        n += 1;
+    }
+    ensure!(n > 20, "{n} cases");
+    Ok(())
+}
+
 /// The error of a command line, checked to be a usage error (exit status 2) of `flag`
 /// whose message holds `needle`.
 fn usage_error(err: Error, script: &str, flag: &str, needle: &str) {
@@ -279,6 +371,16 @@ fn bad_flags_name_the_fix() -> Result<()> {
         let mut argv = flags(&["--model_name_or_path", &model, "--output_dir", &out_s]);
         argv.extend(flags(extra));
         run_translation::main_with_args(argv).map(|_| ())
+    };
+    let summarization = |extra: &[&str]| {
+        let mut argv = flags(&[
+            "--model_name_or_path",
+            &reference("summarization/initial"),
+            "--output_dir",
+            &out_s,
+        ]);
+        argv.extend(flags(extra));
+        run_summarization::main_with_args(argv).map(|_| ())
     };
     let e = translation(&["--train_file", &train_json, "--target_lang", "ro"]).unwrap_err();
     usage_error(
@@ -315,6 +417,35 @@ fn bad_flags_name_the_fix() -> Result<()> {
         "run_translation",
         "train_file",
         "Need either a dataset name",
+    );
+    let e =
+        summarization(&["--train_file", &reference("translation/validation.jsonl")]).unwrap_err();
+    usage_error(
+        e,
+        "run_summarization",
+        "train_file",
+        "should be a csv or a json file.",
+    );
+    let e = summarization(&[
+        "--train_file",
+        &train_csv,
+        "--do_train",
+        "--text_column",
+        "body",
+    ])
+    .unwrap_err();
+    usage_error(
+        e,
+        "run_summarization",
+        "text_column",
+        "--text_column' value 'body' needs to be one of: text, summary",
+    );
+    let e = summarization(&["--train_file", &train_csv, "--do_predict"]).unwrap_err();
+    usage_error(
+        e,
+        "run_summarization",
+        "test_file",
+        "--do_predict requires a test dataset",
     );
     // BART (32 position embeddings) with the default --max_source_length 1024.
     let e = translation(&[
