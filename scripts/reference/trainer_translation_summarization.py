@@ -367,6 +367,19 @@ EDGE_CASES = [
     "Ask Prof. Brown, Mrs. Green and Mr. White. They know.",
     "Ha! Ha. ha. Ho.",
     "The 1990s. The 2000s. Etc. and so on.",
+    "(Sent one.) Sent two.",
+    'He said "hi." Then he left.',
+    "The U.S.A. is big. It is.",
+    "Mr. and Mrs. Smith arrived. They sat.",
+    "It was 5 p.m. Tomorrow we go.",
+    "Hello!!! Are you there?? Yes!?",
+    "'Tis strange. 'Tis true.",
+    "Go -- now. Stay.--Yes.",
+    "Wait.\tTab follows.",
+    "i.e. this is it. e.g. that one.",
+    "No. 5 is next. No. 6 too.",
+    "\u201cQuoted.\u201d Next one. \u00abAlso.\u00bb Done.",
+    "Dr. J. Smith met Prof. K. Lee. They talked.",
 ]
 
 
