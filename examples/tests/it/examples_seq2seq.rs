@@ -468,6 +468,56 @@ fn bad_flags_name_the_fix() -> Result<()> {
         "max_source_length",
         "`--max_source_length` is set to 1024, but the model only has 32 position encodings",
     );
+    // A tokenizer larger than the embeddings (upstream resizes them).
+    let e = translation(&[
+        "--tokenizer_name",
+        &reference("summarization/initial"),
+        "--train_file",
+        &train_json,
+        "--source_lang",
+        "en",
+        "--target_lang",
+        "ro",
+        "--do_train",
+    ])
+    .unwrap_err();
+    usage_error(
+        e,
+        "run_translation",
+        "tokenizer_name",
+        "the tokenizer has 491 tokens but the model's embeddings only 428",
+    );
+    // --predict_with_generate without nltk's punkt_tab: the error says how to get it.
+    let empty = out.join("no-nltk-data");
+    std::fs::create_dir_all(&empty)?;
+    let e = summarization(&[
+        "--train_file",
+        &train_csv,
+        "--do_train",
+        "--predict_with_generate",
+        "--nltk_data",
+        &empty.display().to_string(),
+    ])
+    .unwrap_err();
+    usage_error(
+        e,
+        "run_summarization",
+        "nltk_data",
+        "nltk.download('punkt_tab')",
+    );
+    // --help: the script's flags, then every Seq2SeqTrainingArguments flag; status 0.
+    for (script, result) in [
+        ("run_translation", translation(&["--help"])),
+        ("run_summarization", summarization(&["--help"])),
+    ] {
+        let e = result.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("--max_source_length") && text.contains("--predict_with_generate"),
+            "{script}: {text}"
+        );
+        assert_eq!(exit_code(script, Err::<(), _>(e)), ExitCode::SUCCESS);
+    }
     // Nothing requested: upstream returns without doing anything.
     translation(&[
         "--train_file",
