@@ -125,8 +125,8 @@ fn main() -> Result<()> {
         if ids.len() < rows * PROMPT_TOKENS {
             bail!("hamlet.txt is too short for {rows} prompts");
         }
-        let prompts = Tensor::from_slice(&ids[..rows * PROMPT_TOKENS])
-            .reshape([batch, PROMPT_TOKENS as i64]);
+        let prompts =
+            Tensor::from_slice(&ids[..rows * PROMPT_TOKENS]).reshape([batch, PROMPT_TOKENS as i64]);
         let mask = Tensor::ones([batch, PROMPT_TOKENS as i64], (Kind::Int64, Device::Cpu));
         let one_pass = || -> Result<(f64, Tensor)> {
             let t0 = Instant::now();
