@@ -667,7 +667,7 @@ impl BartForConditionalGeneration {
         let embeds = self.embed(input_ids, "model.encoder")?;
         let (batch, seq) = (embeds.size()[0], embeds.size()[1]);
         check_positions(seq, 0, &self.config)?;
-        check_mask(attention_mask, "attention_mask", batch, seq)?;
+        crate::modeling_utils::check_mask_shape(attention_mask, "attention_mask", batch, seq)?;
         let s = StackInputs {
             config: &self.config,
             act: self.act,
@@ -677,16 +677,6 @@ impl BartForConditionalGeneration {
             cache: None,
         };
         self.encoder.forward(&embeds, 0, &s)
-    }
-}
-
-fn check_mask(mask: Option<&Tensor>, name: &'static str, batch: i64, seq: i64) -> Result<()> {
-    match mask {
-        Some(m) if m.size() != [batch, seq] => Err(Error::InvalidInput {
-            name,
-            detail: format!("shape {:?}, expected [{batch}, {seq}]", m.size()),
-        }),
-        _ => Ok(()),
     }
 }
 
@@ -722,34 +712,7 @@ impl PreTrainedModel for BartForConditionalGeneration {
 impl TrainableModel for BartForConditionalGeneration {
     crate::modeling_utils::model_plumbing!();
 
-    fn activation_checkpointing_enable(
-        &mut self,
-        settings: crate::ActivationCheckpointing,
-    ) -> Result<()> {
-        let _ = settings;
-        Err(Error::InvalidArgument {
-            field: "activation_checkpointing",
-            detail: format!(
-                "{}: activation checkpointing of its layers is not implemented here yet (upstream supports it); train without --activation_checkpointing",
-                self.architecture()
-            ),
-        })
-    }
-    fn supports_cache(&self) -> bool {
-        true
-    }
-    fn is_encoder_decoder(&self) -> bool {
-        true
-    }
-    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
-        self.decoder_start_of().map(Some)
-    }
-    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
-        self.run_encoder(input_ids, attention_mask)
-    }
-    fn output_embeddings(&self) -> Option<String> {
-        Some("lm_head".into())
-    }
+    crate::modeling_utils::encoder_decoder_plumbing!();
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == "model.shared.weight" || name.ends_with(".embed_positions.weight")
     }
@@ -770,53 +733,22 @@ impl TrainableModel for BartForConditionalGeneration {
         tied
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        if inputs.logits_to_keep.is_some_and(|n| n > 0) {
-            return Err(Error::InvalidArgument {
-                field: "logits_to_keep",
-                detail: format!(
-                    "{} takes logits_to_keep only with a cache (decoding); leave it unset",
-                    self.architecture()
-                ),
-            });
-        }
         let device = self.shared.ws.device();
-        let encoder_hidden = match inputs.encoder_outputs {
-            Some(h) => h.f_to_device(device)?,
-            None => self.run_encoder(inputs.ids()?, inputs.attention_mask)?,
-        };
-        let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
-        check_mask(inputs.attention_mask, "attention_mask", batch, enc_seq)?;
-        let labels = inputs.labels.map(|l| l.f_to_device(device)).transpose()?;
         // Without decoder ids: the labels shifted right, else the inputs (BartModel's
         // denoising default).
-        let shifted;
-        let decoder_input_ids = match (inputs.decoder_input_ids, &labels, inputs.input_ids) {
-            (Some(d), _, _) => d,
-            (None, Some(l), _) => {
-                shifted = self.prepare_decoder_input_ids_from_labels(l)?;
-                &shifted
-            }
-            (None, None, Some(ids)) => {
-                shifted = self.prepare_decoder_input_ids_from_labels(&ids.f_to_device(device)?)?;
-                &shifted
-            }
-            (None, None, None) => {
-                return Err(Error::MissingInput {
-                    name: "decoder_input_ids",
-                });
-            }
-        };
-        let embeds = self.embed(decoder_input_ids, "model.decoder")?;
+        let resolved = crate::modeling_utils::seq2seq_inputs(
+            inputs,
+            device,
+            self.architecture(),
+            |ids, mask| self.run_encoder(ids, mask),
+            |labels| self.prepare_decoder_input_ids_from_labels(labels),
+            true,
+        )?;
+        let encoder_hidden = &resolved.encoder_hidden;
+        let labels = &resolved.labels;
+        let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
+        let embeds = self.embed(&resolved.decoder_input_ids, "model.decoder")?;
         let seq = embeds.size()[1];
-        if embeds.size()[0] != batch {
-            return Err(Error::InvalidInput {
-                name: "decoder_input_ids",
-                detail: format!(
-                    "batch of {} rows, the encoder's has {batch}",
-                    embeds.size()[0]
-                ),
-            });
-        }
         // Upstream drops the cache when labels are given; without one given, the decoder
         // builds its own when the config's `use_cache` says so.
         let use_cache = labels.is_none() && configuration_utils::use_cache(&self.config.extra);
@@ -839,7 +771,7 @@ impl TrainableModel for BartForConditionalGeneration {
                 device,
             )?,
             encoder: Some((
-                &encoder_hidden,
+                encoder_hidden,
                 attention::attention_mask(inputs.attention_mask, batch, enc_seq, false, device),
             )),
             cache,
@@ -855,7 +787,7 @@ impl TrainableModel for BartForConditionalGeneration {
             &logits,
         );
         let logits = logits + &self.final_logits_bias;
-        let loss = match &labels {
+        let loss = match labels {
             Some(labels) => Some(
                 logits
                     .f_view([-1, self.config.vocab_size])?

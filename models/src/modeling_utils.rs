@@ -162,6 +162,128 @@ pub(crate) fn ordered_variable_names(vs: &VarStore) -> Vec<String> {
         .collect()
 }
 
+/// An attention mask must be `[batch, seq]` (the encoder's, under `name`).
+pub(crate) fn check_mask_shape(
+    mask: Option<&Tensor>,
+    name: &'static str,
+    batch: i64,
+    seq: i64,
+) -> Result<()> {
+    match mask {
+        Some(m) if m.size() != [batch, seq] => Err(crate::Error::InvalidInput {
+            name,
+            detail: format!("shape {:?}, expected [{batch}, {seq}]", m.size()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What an encoder-decoder model's forward resolves before its decoder runs (upstream's
+/// `...ForConditionalGeneration.forward`).
+pub(crate) struct Seq2SeqInputs {
+    /// The encoder's last hidden state: `encoder_outputs` as given, or the encoder run on
+    /// `input_ids`.
+    pub encoder_hidden: Tensor,
+    /// The labels, on the model's device.
+    pub labels: Option<Tensor>,
+    /// The decoder's ids: as given, else the labels shifted right (`shift`), else (BART's
+    /// denoising default, `shift_inputs`) the inputs shifted.
+    pub decoder_input_ids: Tensor,
+}
+
+/// Resolves [`Seq2SeqInputs`] for `model` (its name in messages): `logits_to_keep` refused,
+/// the encoder mask's shape and the decoder ids' batch checked.
+pub(crate) fn seq2seq_inputs(
+    inputs: &ModelInputs<'_>,
+    device: tch::Device,
+    model: &str,
+    run_encoder: impl FnOnce(&Tensor, Option<&Tensor>) -> Result<Tensor>,
+    shift: impl Fn(&Tensor) -> Result<Tensor>,
+    shift_inputs: bool,
+) -> Result<Seq2SeqInputs> {
+    if inputs.logits_to_keep.is_some_and(|n| n > 0) {
+        return Err(crate::Error::InvalidArgument {
+            field: "logits_to_keep",
+            detail: format!(
+                "{model}'s forward takes no logits_to_keep (upstream's neither); leave it unset"
+            ),
+        });
+    }
+    let encoder_hidden = match inputs.encoder_outputs {
+        Some(h) => h.f_to_device(device)?,
+        None => run_encoder(inputs.ids()?, inputs.attention_mask)?,
+    };
+    let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
+    check_mask_shape(inputs.attention_mask, "attention_mask", batch, enc_seq)?;
+    let labels = inputs.labels.map(|l| l.f_to_device(device)).transpose()?;
+    let decoder_input_ids = match (inputs.decoder_input_ids, &labels, inputs.input_ids) {
+        (Some(d), _, _) => d.f_to_device(device)?,
+        (None, Some(l), _) => shift(l)?,
+        (None, None, Some(ids)) if shift_inputs => shift(&ids.f_to_device(device)?)?,
+        _ => {
+            return Err(crate::Error::MissingInput {
+                name: "decoder_input_ids",
+            });
+        }
+    };
+    if decoder_input_ids.dim() != 2 || decoder_input_ids.size()[0] != batch {
+        return Err(crate::Error::InvalidInput {
+            name: "decoder_input_ids",
+            detail: format!(
+                "shape {:?}: expected [batch, target_len] with the encoder's batch of {batch}",
+                decoder_input_ids.size()
+            ),
+        });
+    }
+    Ok(Seq2SeqInputs {
+        encoder_hidden,
+        labels,
+        decoder_input_ids,
+    })
+}
+
+/// The `TrainableModel` methods an encoder-decoder model with a language-modeling head
+/// (`lm_head`) shares: it has a cache, runs its encoder alone (`run_encoder`), shifts labels
+/// as `decoder_start_of` says; activation checkpointing of its blocks is refused (not
+/// implemented here; upstream supports it).
+macro_rules! encoder_decoder_plumbing {
+    () => {
+        fn activation_checkpointing_enable(
+            &mut self,
+            settings: $crate::ActivationCheckpointing,
+        ) -> $crate::Result<()> {
+            let _ = settings;
+            Err($crate::Error::InvalidArgument {
+                field: "activation_checkpointing",
+                detail: format!(
+                    "{}: activation checkpointing of its blocks is not implemented here yet (upstream supports it); train without --activation_checkpointing",
+                    $crate::PreTrainedModel::architecture(self)
+                ),
+            })
+        }
+        fn supports_cache(&self) -> bool {
+            true
+        }
+        fn is_encoder_decoder(&self) -> bool {
+            true
+        }
+        fn decoder_start(&self) -> $crate::Result<Option<tchtrain_collators::DecoderStart>> {
+            self.decoder_start_of().map(Some)
+        }
+        fn encode(
+            &self,
+            input_ids: &tch::Tensor,
+            attention_mask: Option<&tch::Tensor>,
+        ) -> $crate::Result<tch::Tensor> {
+            self.run_encoder(input_ids, attention_mask)
+        }
+        fn output_embeddings(&self) -> Option<String> {
+            Some("lm_head".into())
+        }
+    };
+}
+pub(crate) use encoder_decoder_plumbing;
+
 /// [`TrainableModel::linear_modules`]' default.
 pub(crate) fn linear_modules_of<M: TrainableModel + ?Sized>(model: &M) -> Vec<LinearModule> {
     let vs = model.var_store();

@@ -813,7 +813,7 @@ impl T5ForConditionalGeneration {
     fn run_encoder(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
         let embeds = self.embed(input_ids, "encoder")?;
         let (batch, seq) = (embeds.size()[0], embeds.size()[1]);
-        check_mask(attention_mask, "attention_mask", batch, seq)?;
+        crate::modeling_utils::check_mask_shape(attention_mask, "attention_mask", batch, seq)?;
         let device = embeds.device();
         let s = StackInputs {
             config: &self.config,
@@ -826,16 +826,6 @@ impl T5ForConditionalGeneration {
             past: 0,
         };
         self.encoder.forward(&embeds, &s)
-    }
-}
-
-fn check_mask(mask: Option<&Tensor>, name: &'static str, batch: i64, seq: i64) -> Result<()> {
-    match mask {
-        Some(m) if m.size() != [batch, seq] => Err(Error::InvalidInput {
-            name,
-            detail: format!("shape {:?}, expected [{batch}, {seq}]", m.size()),
-        }),
-        _ => Ok(()),
     }
 }
 
@@ -854,31 +844,7 @@ impl PreTrainedModel for T5ForConditionalGeneration {
 impl TrainableModel for T5ForConditionalGeneration {
     crate::modeling_utils::model_plumbing!();
 
-    fn activation_checkpointing_enable(
-        &mut self,
-        settings: crate::ActivationCheckpointing,
-    ) -> Result<()> {
-        let _ = settings;
-        Err(Error::InvalidArgument {
-            field: "activation_checkpointing",
-            detail: "T5ForConditionalGeneration: activation checkpointing of T5's blocks is not implemented here yet (upstream supports it); train without --activation_checkpointing".into(),
-        })
-    }
-    fn supports_cache(&self) -> bool {
-        true
-    }
-    fn is_encoder_decoder(&self) -> bool {
-        true
-    }
-    fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
-        self.decoder_start_of().map(Some)
-    }
-    fn encode(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
-        self.run_encoder(input_ids, attention_mask)
-    }
-    fn output_embeddings(&self) -> Option<String> {
-        Some("lm_head".into())
-    }
+    crate::modeling_utils::encoder_decoder_plumbing!();
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == "shared.weight" || name.ends_with(".relative_attention_bias.weight")
     }
@@ -893,44 +859,20 @@ impl TrainableModel for T5ForConditionalGeneration {
         tied
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        if inputs.logits_to_keep.is_some_and(|n| n > 0) {
-            return Err(Error::InvalidArgument {
-                field: "logits_to_keep",
-                detail: "T5ForConditionalGeneration's forward takes no logits_to_keep (upstream's neither); leave it unset".into(),
-            });
-        }
         let device = self.shared.ws.device();
-        let encoder_hidden = match inputs.encoder_outputs {
-            Some(h) => h.f_to_device(device)?,
-            None => self.run_encoder(inputs.ids()?, inputs.attention_mask)?,
-        };
+        let resolved = crate::modeling_utils::seq2seq_inputs(
+            inputs,
+            device,
+            self.architecture(),
+            |ids, mask| self.run_encoder(ids, mask),
+            |labels| self.prepare_decoder_input_ids_from_labels(labels),
+            false,
+        )?;
+        let encoder_hidden = &resolved.encoder_hidden;
+        let labels = &resolved.labels;
         let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
-        check_mask(inputs.attention_mask, "attention_mask", batch, enc_seq)?;
-        let labels = inputs.labels.map(|l| l.f_to_device(device)).transpose()?;
-        let shifted;
-        let decoder_input_ids = match (inputs.decoder_input_ids, &labels) {
-            (Some(d), _) => d,
-            (None, Some(l)) => {
-                shifted = self.prepare_decoder_input_ids_from_labels(l)?;
-                &shifted
-            }
-            (None, None) => {
-                return Err(Error::MissingInput {
-                    name: "decoder_input_ids",
-                });
-            }
-        };
-        let embeds = self.embed(decoder_input_ids, "decoder")?;
+        let embeds = self.embed(&resolved.decoder_input_ids, "decoder")?;
         let seq = embeds.size()[1];
-        if embeds.size()[0] != batch {
-            return Err(Error::InvalidInput {
-                name: "decoder_input_ids",
-                detail: format!(
-                    "batch of {} rows, the encoder's has {batch}",
-                    embeds.size()[0]
-                ),
-            });
-        }
         // Without a cache given, the decoder builds its own when its `use_cache` says so.
         let own_cache =
             (inputs.past_key_values.is_none() && self.decoder_use_cache).then(DynamicCache::new);
@@ -949,7 +891,7 @@ impl TrainableModel for T5ForConditionalGeneration {
                 device,
             )?,
             encoder: Some((
-                &encoder_hidden,
+                encoder_hidden,
                 attention::attention_mask(inputs.attention_mask, batch, enc_seq, false, device),
             )),
             cache,
@@ -968,7 +910,7 @@ impl TrainableModel for T5ForConditionalGeneration {
             &h,
             &logits,
         );
-        let loss = match &labels {
+        let loss = match labels {
             Some(labels) => {
                 let vocab = logits.size()[2];
                 Some(logits.f_view([-1, vocab])?.f_cross_entropy_loss::<Tensor>(
