@@ -25,6 +25,8 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 
 pub use torch_sys::C_tensor;
 
+pub mod cpu_cache;
+
 /// The shim's c10d process group (a TCPStore and its backend), owned through a pointer.
 #[repr(C)]
 #[allow(non_camel_case_types)]

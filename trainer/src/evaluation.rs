@@ -40,7 +40,7 @@ impl Trainer {
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
-        let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
+        let _cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
         self.memory_tracker.start("eval");
         let loader = hooks.get_eval_dataloader(self, eval_dataset)?;
         let start = Instant::now();

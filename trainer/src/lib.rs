@@ -17,7 +17,6 @@
 //! names follow upstream so a transformers user finds each concept where they expect it.
 
 mod checkpoint;
-mod cpu_cache;
 mod error;
 mod evaluation;
 mod field_support;
@@ -44,10 +43,6 @@ pub use checkpoint::{
     TRAINING_ARGS_NAME, get_last_checkpoint, load_model_weights, rotate_checkpoints,
     sort_checkpoints,
 };
-pub use cpu_cache::{
-    CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,
-    LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
-};
 pub use error::{Error, Result};
 pub use field_support::{
     DEEPSPEED_KEY_SUPPORT, FIELD_SUPPORT, FSDP_KEY_SUPPORT, FieldSupport, Support,
@@ -69,6 +64,10 @@ pub use seq2seq::{Seq2SeqHooks, Seq2SeqTrainer};
 pub use step::{
     PredictionStepOutput, StepContext, count_num_items_in_batch, default_compute_loss,
     model_forward, model_inputs,
+};
+pub use tchtrain_sys::cpu_cache::{
+    CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,
+    LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
 pub use train_loop::ResumeFrom;
 pub use trainer::{DefaultHooks, Trainer, TrainerBuilder, TrainerHooks};

@@ -35,7 +35,7 @@ impl Trainer {
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {
-        let _cache = crate::cpu_cache::CpuMemoryCache::from_env();
+        let _cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
         self.memory_tracker.start("test");
         let loader = hooks.get_test_dataloader(self, test_dataset)?;
         let start = Instant::now();

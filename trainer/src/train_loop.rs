@@ -113,7 +113,7 @@ impl Trainer {
             if t.args.auto_find_batch_size {
                 t.train_finding_batch_size(resume_from_checkpoint)
             } else {
-                let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+                let cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
                 let out = t.train_inner(resume_from_checkpoint);
                 drop(cache);
                 out
@@ -150,7 +150,7 @@ impl Trainer {
                 });
             }
             // A cache per attempt: dropping it hands the freed blocks back before the next.
-            let cache = crate::cpu_cache::CpuMemoryCache::from_env();
+            let cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
             let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.train_inner(resume.clone())
             }));

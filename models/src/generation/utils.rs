@@ -144,6 +144,9 @@ pub fn generate(
             detail: format!("shape {:?} differs from input_ids' {size:?}", m.size()),
         });
     }
+    // The caching CPU allocator: each step allocates the same large buffers (the cache's
+    // grown keys, the logits), which glibc would map and fault in anew every time.
+    let _cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
     tch::no_grad(|| {
         generate_inner(
             model,

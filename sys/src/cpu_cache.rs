@@ -1,4 +1,5 @@
-//! The caching CPU allocator held while the Trainer trains, evaluates or predicts.
+//! The caching CPU allocator (`csrc/cpu_cache.cpp`) behind a guard: held while the Trainer
+//! trains, evaluates or predicts, and while `generate` decodes.
 //!
 //! glibc returns every freed block above its mmap threshold (at most 32 MB) to the kernel, so
 //! a CPU training step that allocates the same large buffers every time (GPT-2's
@@ -101,14 +102,14 @@ impl Drop for CpuMemoryCache {
 #[allow(unsafe_code)]
 fn cpu_cache_acquire(limit: u64) -> bool {
     // SAFETY: a plain value; the shim catches every C++ exception.
-    unsafe { tchtrain_sys::tchtrain_cpu_cache_acquire(limit) }
+    unsafe { crate::tchtrain_cpu_cache_acquire(limit) }
 }
 
 /// Leaves the holders; the last one restores the previous allocator and frees the cache.
 #[allow(unsafe_code)]
 fn cpu_cache_release() {
     // SAFETY: no arguments; the shim catches every C++ exception.
-    unsafe { tchtrain_sys::tchtrain_cpu_cache_release() }
+    unsafe { crate::tchtrain_cpu_cache_release() }
 }
 
 /// (reuses, fresh large allocations, bytes cached now, most bytes cached at once), counted
@@ -117,8 +118,6 @@ fn cpu_cache_release() {
 fn cpu_cache_stats() -> (u64, u64, u64, u64) {
     let (mut hits, mut misses, mut cached, mut peak) = (0, 0, 0, 0);
     // SAFETY: the out-pointers point at live locals for the duration of the call.
-    unsafe {
-        tchtrain_sys::tchtrain_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak)
-    };
+    unsafe { crate::tchtrain_cpu_cache_stats(&mut hits, &mut misses, &mut cached, &mut peak) };
     (hits, misses, cached, peak)
 }
