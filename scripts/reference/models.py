@@ -14,7 +14,8 @@ writes OUT_DIR/<case>.safetensors with
 Fresh-head cases (sequence / token classification on tiny models) save the Python model
 with save_pretrained into OUT_DIR/<case>/ so Rust loads the very same head weights.
 Token ids of a hamlet.txt paragraph for the GPT-2, MiniLM and SmolLM2 tokenizers go to
-OUT_DIR/tokenizers.json.
+OUT_DIR/tokenizers.json. The Llama-shaped families' tiny models also generate (see
+record_generate): OUT_DIR/<case>.generate.safetensors.
 """
 
 import json
@@ -70,6 +71,30 @@ def record(case, model, ids, mask, labels, grads="all", output="logits", extra=N
     # clipping stacks the per-parameter norms in this order.
     names = [name for name, _ in model.named_parameters()]
     (OUT / f"{case}.parameters.json").write_text(json.dumps(names))
+
+
+GENERATE = {
+    "greedy": dict(max_new_tokens=6),
+    "beam": dict(num_beams=3, num_return_sequences=2, length_penalty=0.9, max_new_tokens=6),
+}
+
+
+def record_generate(case, model, ids, mask):
+    """`generate` on the family's tiny model (evaluation mode, its default cache: the
+    sliding-window families' sliding layers included): the batch's second row left-padded
+    (its last 3 tokens dropped, pad id 0), greedy and beam search (3 beams, 2 returned);
+    OUT_DIR/<case>.generate.safetensors holds the inputs and the sequences."""
+    model.eval()
+    left = ids.clone()
+    left[1] = torch.cat([torch.zeros(3, dtype=ids.dtype), ids[1, :-3]])
+    left_mask = mask.flip(1).contiguous()
+    out = {"input_ids": left, "attention_mask": left_mask}
+    for kind, kwargs in GENERATE.items():
+        torch.manual_seed(0)
+        out[kind] = model.generate(
+            input_ids=left, attention_mask=left_mask, pad_token_id=0, do_sample=False, **kwargs
+        )
+    save_file({k: v.contiguous() for k, v in out.items()}, str(OUT / f"{case}.generate.safetensors"))
 
 
 # The saved cases rerun under bf16 autocast: every family, and each kind of head.
@@ -322,6 +347,7 @@ def main():
             ids[0, 3] = 0
         labels = ids.masked_fill(mask == 0, -100)
         record(case, m, ids, mask, labels)
+        record_generate(case, m, ids, mask)
 
     # --- dtype="auto" (transformers 5's default): the tiny Qwen2 saved in bfloat16 (its config
     # says so) loads and runs in bfloat16, logits, loss and gradients in bfloat16
