@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 use tchtrain_callbacks::{TrainerState, TrainingReferences};
 use tchtrain_collators::Batch;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
@@ -131,6 +131,14 @@ impl Trainer {
     /// or raised as a panic by tch's infallible ops: accelerate's `should_reduce_batch_size`
     /// messages) the batch size is multiplied by 0.9 and the training starts again; at 0, a
     /// typed error. Resuming, the checkpoint's `train_batch_size` is the start.
+    ///
+    /// An attempt can run out of memory after it stepped the optimizer (the first step
+    /// fits, a later one adds the optimizer's state and does not). Upstream's retry then
+    /// continues from the weights that attempt trained and with its optimizer's moments and
+    /// step counts; here it starts again from the weights the training started with (kept
+    /// as a copy in host memory while the search runs) and a fresh optimizer and scheduler
+    /// (unless the caller passed them), so that the run equals one started with the batch
+    /// size found.
     fn train_finding_batch_size(&mut self, resume: Option<ResumeFrom>) -> Result<TrainOutput> {
         if let Some(ckpt) = match &resume {
             Some(ResumeFrom::Path(p)) => Some(p.clone()),
@@ -142,6 +150,17 @@ impl Trainer {
                 self.train_batch_size = b;
             }
         }
+        let start: Vec<(Tensor, Tensor)> = tch::no_grad(|| {
+            self.model
+                .var_store()
+                .trainable_variables()
+                .into_iter()
+                .map(|v| {
+                    let copy = v.f_to_device(Device::Cpu)?.f_detach_copy()?;
+                    Ok((v, copy))
+                })
+                .collect::<std::result::Result<_, tch::TchError>>()
+        })?;
         loop {
             if self.train_batch_size == 0 {
                 return Err(Error::InvalidArgument {
@@ -178,6 +197,18 @@ impl Trainer {
             };
             self.loop_state.is_in_train = false;
             self.accelerator.free_memory();
+            tch::no_grad(|| {
+                start
+                    .iter()
+                    .try_for_each(|(v, copy)| v.shallow_clone().f_copy_(copy))
+            })?;
+            if !self.optimizers_passed {
+                // The attempt's optimizer state (moments, step counts) goes with it: the
+                // next attempt builds a fresh one, as a run started at that size would.
+                self.optimizer = None;
+                self.lr_scheduler = None;
+                self.created_lr_scheduler = false;
+            }
             tchtrain_accelerate::clear_device_cache(self.device())?;
             let smaller = (self.train_batch_size as f64 * 0.9) as usize;
             log::warn!(
