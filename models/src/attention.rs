@@ -108,6 +108,80 @@ pub(crate) fn attention_mask_after(
     })
 }
 
+/// Upstream's packed-sequence detection (masking_utils' `find_packed_sequence_indices`), for
+/// batches of `DataCollatorWithFlattening`: several documents in one row, without an
+/// attention mask, their `position_ids` restarting at each. Upstream looks only when
+/// `position_ids` are given, no 2D attention mask is, and no cache is used (`cached`: one was
+/// given, or the model builds one because its config's `use_cache` is true, which the
+/// Trainer sets to `args.use_cache`, false by default). A position that does not follow its
+/// predecessor by 1 starts a new document; a batch whose rows each hold one document is not
+/// packed (one host read, as upstream's).
+pub(crate) struct Packed {
+    /// `[batch, seq]`: the index of each token's document within its row.
+    documents: Tensor,
+    /// `[batch, seq]`: the positions, expanded over the batch.
+    positions: Tensor,
+}
+
+impl Packed {
+    pub(crate) fn detect(
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        cached: bool,
+        batch: i64,
+        seq: i64,
+        device: Device,
+    ) -> crate::Result<Option<Self>> {
+        let (Some(p), None, false) = (position_ids, attention_mask, cached) else {
+            return Ok(None);
+        };
+        let size = p.size();
+        if size.len() != 2 || (size[0] != batch && size[0] != 1) || size[1] != seq {
+            return Err(crate::Error::InvalidInput {
+                name: "position_ids",
+                detail: format!("shape {size:?}: expected [{batch} or 1, {seq}]"),
+            });
+        }
+        let positions = p.f_to_device(device)?.f_expand([batch, seq], false)?;
+        // `torch.diff(position_ids, prepend=position_ids[:, :1] - 1)`, then where it is not 1.
+        let previous = Tensor::f_cat(
+            &[
+                positions.narrow(1, 0, 1) - 1,
+                positions.narrow(1, 0, seq - 1),
+            ],
+            1,
+        )?;
+        let documents = (&positions - previous).ne(1).cumsum(-1, Kind::Int64);
+        if documents.select(1, -1).eq(0).all().int64_value(&[]) != 0 {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            documents,
+            positions,
+        }))
+    }
+
+    /// Upstream's causal mask under `packed_sequence_compatibility_function`: key `k` is
+    /// visible from query `q` when both are in the same document and, on the documents' own
+    /// positions, `k <= q` (and `q - window < k` with a sliding `window`). Always an
+    /// explicit `[batch, 1, q, k]` boolean mask (upstream then allows no `is_causal` skip).
+    pub(crate) fn causal_mask(&self, window: Option<i64>) -> Mask {
+        let (d, p) = (&self.documents, &self.positions);
+        let (q, k) = (p.unsqueeze(2), p.unsqueeze(1));
+        let mut mask = d
+            .unsqueeze(2)
+            .eq_tensor(&d.unsqueeze(1))
+            .logical_and(&k.le_tensor(&q));
+        if let Some(w) = window {
+            mask = mask.logical_and(&k.gt_tensor(&(&q - w)));
+        }
+        Mask {
+            mask: Some(mask.unsqueeze(1)),
+            is_causal: false,
+        }
+    }
+}
+
 /// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query
 /// `q` when `q - window < k <= q` and `k` is not padding. As upstream's
 /// `_ignore_causal_mask_sdpa`, a window at least as long as the sequence adds nothing and

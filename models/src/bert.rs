@@ -285,11 +285,94 @@ struct LayerInputs {
     hidden_dropout_prob: f64,
     train: bool,
     act: Activation,
+    /// The padding-free layout, when the layers run on the real tokens only.
+    unpadded: Option<Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
 #[allow(unsafe_code)]
 unsafe impl ReadOnlyLayer for LayerInputs {}
+
+/// Padding-free execution of a padded batch: the real tokens (those the attention mask
+/// keeps) gathered into `[tokens, hidden]`, so that the projections, the feed-forward
+/// blocks, the LayerNorms and the dropouts do no work on padding; attention scatters q / k / v
+/// back to the padded `[batch, seq]` layout and runs SDPA with the same mask as the padded
+/// run (the same kernel on the same real rows), and gathers its output again.
+///
+/// Dropout draws its mask over the padded shape, as the padded run does, and keeps the real
+/// tokens' entries: the same elements are dropped. Padding positions come out as zeros
+/// instead of the values upstream computes for them (which nothing reads in the heads this
+/// path is used for), and the real tokens' values equal the padded run's up to the last bits
+/// (a matmul over fewer rows may block its sums differently; the weight gradients sum over
+/// the tokens in other chunks).
+struct Unpadded {
+    /// `[tokens]`: the real tokens' indices in the flattened `[batch * seq]` layout.
+    index: Tensor,
+    batch: i64,
+    seq: i64,
+}
+
+impl Unpadded {
+    /// The layout of `attention_mask` when it pads at least one token (one host read).
+    fn new(attention_mask: Option<&Tensor>, device: Device) -> Result<Option<Self>> {
+        let Some(mask) = attention_mask else {
+            return Ok(None);
+        };
+        let (batch, seq) = (mask.size()[0], mask.size()[1]);
+        let keep = mask.f_to_device(device)?.ne(0).reshape([-1]);
+        let index = keep.nonzero().squeeze_dim(1);
+        if index.size()[0] == batch * seq {
+            return Ok(None);
+        }
+        Ok(Some(Self { index, batch, seq }))
+    }
+
+    /// `[batch, seq, hidden]` -> the real tokens' `[tokens, hidden]`.
+    fn gather(&self, t: &Tensor) -> Tensor {
+        let hidden = t.size()[2];
+        t.reshape([self.batch * self.seq, hidden])
+            .index_select(0, &self.index)
+    }
+
+    /// `[tokens, hidden]` -> `[batch, seq, hidden]`, zeros at the padding.
+    fn scatter(&self, t: &Tensor) -> Tensor {
+        let hidden = t.size()[1];
+        Tensor::zeros([self.batch * self.seq, hidden], (t.kind(), t.device()))
+            .index_copy(0, &self.index, t)
+            .view([self.batch, self.seq, hidden])
+    }
+
+    /// `torch.nn.functional.dropout` of the padded run on the real tokens: the noise drawn
+    /// over the padded shape (`empty_like(input).bernoulli_(1 - p).div_(1 - p)`, as
+    /// libtorch's CPU dropout), the real tokens' rows kept.
+    fn dropout(&self, x: &Tensor, p: f64, train: bool) -> Tensor {
+        if !train || p == 0.0 {
+            return x.shallow_clone();
+        }
+        let hidden = x.size()[1];
+        if p == 1.0 {
+            return x * Tensor::zeros([], (x.kind(), x.device()));
+        }
+        let mut noise = Tensor::empty([self.batch, self.seq, hidden], (x.kind(), x.device()));
+        let _ = noise.bernoulli_float_(1.0 - p);
+        let _ = noise.g_div_scalar_(1.0 - p);
+        x * self.gather(&noise)
+    }
+}
+
+impl LayerInputs {
+    /// Dropout on the hidden states, padded or padding-free (see [`Unpadded::dropout`]).
+    fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
+        match &self.unpadded {
+            Some(u) => {
+                let y = u.dropout(x, self.hidden_dropout_prob, self.train);
+                crate::debug_utils::leaf(name, "Dropout", &[], x, &y);
+                y
+            }
+            None => layers::dropout_traced(x, self.hidden_dropout_prob, self.train, name),
+        }
+    }
+}
 
 impl Layer {
     /// Upstream `BertLayer.forward`: self-attention, then the feed-forward block, each
@@ -303,9 +386,15 @@ impl Layer {
             ..
         } = *x;
         use crate::debug_utils::{Out, Var, hook, leaf};
-        use layers::{apply_traced, dropout_traced};
+        use layers::apply_traced;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let to_heads = |t: Tensor| {
+            let t = match &x.unpadded {
+                Some(u) => u.scatter(&t),
+                None => t,
+            };
+            t.view([batch, seq, heads, head_dim]).transpose(1, 2)
+        };
         let q = apply_traced(h, &self.query, || n("attention.self.query"), "Linear");
         let k = apply_traced(h, &self.key, || n("attention.self.key"), "Linear");
         let v = apply_traced(h, &self.value, || n("attention.self.value"), "Linear");
@@ -318,6 +407,10 @@ impl Layer {
             x.scale,
         );
         let ctx = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
+        let ctx = match &x.unpadded {
+            Some(u) => u.gather(&ctx),
+            None => ctx,
+        };
         hook(
             || n("attention.self"),
             &self.classes.self_attention,
@@ -331,9 +424,7 @@ impl Layer {
             || n("attention.output.dense"),
             "Linear",
         );
-        let d = dropout_traced(&d, x.hidden_dropout_prob, x.train, || {
-            n("attention.output.dropout")
-        });
+        let d = x.dropout(&d, || n("attention.output.dropout"));
         let a = apply_traced(
             &(d + h),
             &self.attn_ln,
@@ -368,7 +459,7 @@ impl Layer {
             &i,
         );
         let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
-        let m = dropout_traced(&m, x.hidden_dropout_prob, x.train, || n("output.dropout"));
+        let m = x.dropout(&m, || n("output.dropout"));
         let out = apply_traced(
             &(m + &a),
             &self.output_ln,
@@ -531,6 +622,19 @@ impl BertModel {
         inputs: &ModelInputs<'_>,
         train: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.forward_with(inputs, train, false)
+    }
+
+    /// [`forward`](Self::forward), the layers run padding-free when `padding_free` and the
+    /// attention mask pads a token (see `Unpadded`): the padding positions of the last
+    /// hidden state are then zeros, the real tokens' values those of the padded run up to
+    /// the last bits.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let ids = inputs.ids()?;
         // RoBERTa's positions run from `pad_token_id + 1`.
@@ -605,6 +709,13 @@ impl BertModel {
             Out::One(Var::T(&h)),
         );
         let embedding_output = h.shallow_clone();
+        let unpadded = match padding_free && !crate::debug_utils::active() {
+            true => Unpadded::new(inputs.attention_mask, device)?,
+            false => None,
+        };
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         let head_dim = c.hidden_size / c.num_attention_heads;
         let x = Arc::new(Shared(LayerInputs {
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, false, device),
@@ -622,6 +733,7 @@ impl BertModel {
             hidden_dropout_prob: c.hidden_dropout_prob,
             train,
             act: self.act,
+            unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -637,6 +749,9 @@ impl BertModel {
                 _ => l.forward(&h, &x),
             };
             h = crate::layer_hooks::after_layer(i, h)?;
+        }
+        if let Some(u) = &x.unpadded {
+            h = u.scatter(&h);
         }
         hook(
             || n("encoder"),
@@ -711,6 +826,9 @@ pub struct Bert<C: EncoderConfig, const KIND: u8> {
     head: Head,
     config: C,
     training: bool,
+    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`];
+    /// off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 /// The head kinds of [`Bert`].
@@ -773,6 +891,7 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
             head,
             config: encoder_config.clone(),
             training: false,
+            padding_free: KIND == SEQ_CLS && crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -875,6 +994,19 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
             .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
     }
     crate::modeling_utils::checkpointing_plumbing!(bert);
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        if on && KIND != SEQ_CLS {
+            return Err(Error::InvalidArgument {
+                field: "padding_free",
+                detail: format!(
+                    "{} reads every position's output (its loss or its logits cover the padding as upstream computes it); padding-free execution is implemented for the sequence classifiers, which read the first token only",
+                    self.architecture()
+                ),
+            });
+        }
+        self.padding_free = on;
+        Ok(())
+    }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels().num_labels();
         match KIND {
@@ -928,7 +1060,7 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let train = self.training;
-        let (h, pooled) = self.bert.forward(inputs, train)?;
+        let (h, pooled) = self.bert.forward_with(inputs, train, self.padding_free)?;
         let labels_config = self.config.labels();
         let num_labels = labels_config.num_labels();
         let vocab_size = self.bert.config.vocab_size;

@@ -369,8 +369,24 @@ impl GPT2Model {
         }
         let c = &self.config;
         let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
-        let mask =
-            attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?;
+        // Upstream builds a cache when the config's `use_cache` is set (not in a
+        // checkpointed training forward), and does not look for packed rows with one.
+        let use_cache = crate::configuration_utils::use_cache(&c.extra)
+            && !(train && self.checkpointing.is_some());
+        let packed = attention::Packed::detect(
+            inputs.position_ids,
+            inputs.attention_mask,
+            inputs.past_key_values.is_some() || use_cache,
+            batch,
+            seq,
+            device,
+        )?;
+        let mask = match &packed {
+            Some(p) => p.causal_mask(None),
+            None => {
+                attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?
+            }
+        };
         let x = Arc::new(Shared(BlockInputs {
             mask,
             batch,
@@ -383,8 +399,7 @@ impl GPT2Model {
             train,
             act: self.act,
             // Upstream passes no cache to checkpointed blocks in training.
-            use_cache: crate::configuration_utils::use_cache(&c.extra)
-                && !(train && self.checkpointing.is_some()),
+            use_cache,
             cache: cache.cloned(),
         }));
         for (i, b) in self.h.iter().enumerate() {

@@ -114,7 +114,8 @@ pub use mistral::{
     MistralForSequenceClassification, MistralForTokenClassification,
 };
 pub use modeling_utils::{
-    LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
+    LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PADDING_FREE_ENV, PreTrainedModel,
+    TrainableModel,
 };
 pub use modernbert::{
     ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,

@@ -765,6 +765,20 @@ pub struct LlamaModel {
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
 }
 
+/// Upstream's `model.config.use_cache = ...` on a head: the head's config and its base
+/// model's (which decides whether a plain forward builds a cache).
+macro_rules! set_use_cache {
+    () => {
+        fn set_use_cache(&mut self, use_cache: bool) {
+            let value = serde_json::Value::Bool(use_cache);
+            self.config
+                .extra_mut()
+                .insert("use_cache".into(), value.clone());
+            self.model.config.extra.insert("use_cache".into(), value);
+        }
+    };
+}
+
 fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size().last().copied().unwrap_or(0) / 2;
     let x1 = x.narrow(-1, 0, half);
@@ -1001,23 +1015,38 @@ impl LlamaModel {
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
-        let mask =
-            attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?;
+        // Upstream builds a cache when the config's `use_cache` is set (not in a
+        // checkpointed training forward), and does not look for packed rows with one.
+        let builds_cache = crate::configuration_utils::use_cache(&c.extra)
+            && !(train && self.checkpointing.is_some());
+        let packed = attention::Packed::detect(
+            inputs.position_ids,
+            inputs.attention_mask,
+            inputs.past_key_values.is_some() || builds_cache,
+            batch,
+            seq,
+            device,
+        )?;
+        let mask = match &packed {
+            Some(p) => p.causal_mask(None),
+            None => {
+                attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?
+            }
+        };
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
             sliding_cos_sin,
             mask,
             // The families' layers share one window size (upstream's `sliding_window`).
-            sliding_mask: self
-                .family
-                .sliding_windows
-                .iter()
-                .flatten()
-                .next()
-                .map(|&w| {
-                    attention::sliding_window_mask(inputs.attention_mask, batch, seq, w, device)
-                }),
+            sliding_mask: self.family.sliding_windows.iter().flatten().next().map(
+                |&w| match &packed {
+                    Some(p) => p.causal_mask(Some(w)),
+                    None => {
+                        attention::sliding_window_mask(inputs.attention_mask, batch, seq, w, device)
+                    }
+                },
+            ),
             batch,
             seq,
             heads: c.num_attention_heads,
@@ -1145,11 +1174,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
 
 impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     crate::modeling_utils::model_plumbing!(@common);
-    fn set_use_cache(&mut self, use_cache: bool) {
-        self.config
-            .extra_mut()
-            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
-    }
+    set_use_cache!();
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -1350,11 +1375,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn set_use_cache(&mut self, use_cache: bool) {
-        self.config
-            .extra_mut()
-            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
-    }
+    set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Sequence {
             num_labels: self.config.labels().num_labels(),
@@ -1484,11 +1505,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForTokenClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn set_use_cache(&mut self, use_cache: bool) {
-        self.config
-            .extra_mut()
-            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
-    }
+    set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Token {
             num_labels: self.config.labels().num_labels(),
@@ -1624,11 +1641,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForQuestionAnswering<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn set_use_cache(&mut self, use_cache: bool) {
-        self.config
-            .extra_mut()
-            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
-    }
+    set_use_cache!();
     fn label_names(&self) -> Vec<String> {
         crate::modeling_utils::question_answering_label_names()
     }

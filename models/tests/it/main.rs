@@ -9,6 +9,7 @@ mod generation;
 mod hub_and_save;
 mod layer_hooks;
 mod liger;
+mod padding_free;
 mod parity;
 mod peft;
 mod seq2seq;

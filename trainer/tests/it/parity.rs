@@ -7,6 +7,8 @@
 //! - MiniLM sequence classification on Rotten Tomatoes fresh / rotten under a fresh 2-label
 //!   head, `DataCollatorWithPadding` (scripts/reference/trainer_parity.py, `minilm_cls`);
 //! - tiny Llama causal LM with weight decay 0.1 (trainer_parity.py, `llama_wd`);
+//! - tiny Qwen2 on packed documents, `DataCollatorWithFlattening`
+//!   (scripts/reference/packed_sequences.py, `trainer_qwen2`);
 //! - bf16 autocast on CPU (tiny GPT-2 and tiny Llama) and label smoothing 0.1 (tiny GPT-2,
 //!   fp32) (scripts/reference/trainer_mixed.py);
 //! - fp16 as accelerate runs it on a GPU, float16 autocast and a `GradScaler` whose first
@@ -24,7 +26,7 @@ use tchtrain_testing::{MaxRel, assert_exact, assets, compare, lock, rel};
 use anyhow::{Context, Result};
 use tch::Device;
 use tchtrain_callbacks::{JsonMap, JsonValue};
-use tchtrain_collators::{DataCollatorWithPadding, Feature, Label};
+use tchtrain_collators::{DataCollatorWithFlattening, DataCollatorWithPadding, Feature, Label};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_datasets::Table;
 use tchtrain_models::{
@@ -400,6 +402,57 @@ fn llama_shaped_families_train_as_upstream() -> Result<()> {
         assert_exact(case, &m);
         let _ = std::fs::remove_dir_all(&out);
     }
+    Ok(())
+}
+
+/// `packed_sequences.py`'s Trainer run: the tiny Qwen2 (two sliding layers) trained 12 steps
+/// on Hamlet documents of 12 to 60 tokens batched by `DataCollatorWithFlattening` (four
+/// documents packed into one row, no attention mask, positions restarting per document),
+/// evaluated every 6 steps: the documents attend only within themselves, and every logged
+/// value equals upstream's Trainer's to the bit.
+#[test]
+fn tiny_qwen2_trains_on_flattened_batches_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/packed_sequences/trainer_qwen2");
+    let out = temp_dir("packed-qwen2");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 12,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(6.0),
+        ..base_args(&out)
+    };
+    args.post_init()?;
+    let docs = read_json(&dir.join("docs.json"))?;
+    let part = |name: &str| -> Result<Arc<dyn Dataset>> {
+        let rows = docs[name]
+            .as_array()
+            .context("docs")?
+            .iter()
+            .map(|d| Ok(Feature::new(serde_json::from_value::<Vec<i64>>(d.clone())?)))
+            .collect::<Result<_>>()?;
+        Ok(InMemoryDataset::new(rows).into_shared())
+    };
+    let mut trainer = Trainer::builder(load(&dir.join("initial"), AutoTask::CausalLm)?, args)
+        .train_dataset(part("train")?)
+        .eval_dataset(part("eval")?)
+        .data_collator(DataCollatorWithFlattening::default())
+        .build()?;
+    let result = trainer.train(None)?;
+    let m = compare(
+        "packed qwen2",
+        &trainer.state.log_history,
+        &read_json(&dir.join("log_history.json"))?,
+    )?;
+    let summary = read_json(&dir.join("train_output.json"))?;
+    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    assert_exact("packed qwen2", &m);
+    let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
 

@@ -1,0 +1,374 @@
+//! Padding costs nothing.
+//!
+//! Packed sequences against `scripts/reference/packed_sequences.py`: a batch of
+//! `DataCollatorWithFlattening` (no attention mask, `position_ids` restarting at each
+//! document) gives upstream's block-diagonal causal attention (sliding windows included) in
+//! every decoder family: logits, loss and every gradient equal transformers 5.23's, and the
+//! loss equals the documents' own losses, each run alone.
+//!
+//! Tolerances: logits, loss and gradients are compared to the bit (the same kernels on the
+//! same mask); the packed loss against the documents run alone within 1e-6 relative (their
+//! attention rows are shorter, so the softmax and the matmuls sum other lengths: measured
+//! ≤ 1.3e-7 upstream). Phi-3 is left out of the last check, in upstream as here: LongRoPE
+//! picks its short or long factors by the batch's largest position, so a short document
+//! packed with long ones gets the long factors.
+//!
+//! Padding-free execution of padded batches (the BERT-family sequence classifiers, turned
+//! on by `set_padding_free`): against the same model run padded. Tolerances: evaluation
+//! logits and the loss 1e-6 relative, training logits and gradients 1e-5 relative to each
+//! tensor's largest magnitude (measured 2.7e-7, 0, 1.3e-6, 4.9e-6); the dropout masks are the
+//! padded run's, so what differs is only the order of the matmuls' sums (fewer rows; the
+//! weight gradients summed over the tokens in other chunks).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use tch::{Device, Kind, Tensor};
+use tchtrain_models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
+use tchtrain_testing::{assets, lock};
+
+fn reference(case: &str) -> Result<HashMap<String, Tensor>> {
+    let path = assets()
+        .join("reference/packed_sequences")
+        .join(format!("{case}.safetensors"));
+    if !path.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", path.display());
+    }
+    Ok(Tensor::read_safetensors(&path)?.into_iter().collect())
+}
+
+fn model_dir(case: &str) -> PathBuf {
+    match case {
+        "gpt2" => assets().join("tiny-gpt2"),
+        _ => assets()
+            .join("reference/packed_sequences")
+            .join(case.trim_end_matches("_rows")),
+    }
+}
+
+fn load(case: &str) -> Result<Box<dyn PreTrainedModel>> {
+    let loaded = from_pretrained_dir(
+        &model_dir(case),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+    Ok(loaded.model)
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shape mismatch");
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// Each row's documents, split where a position does not follow its predecessor by 1.
+fn documents(ids: &Tensor, positions: &Tensor) -> Result<Vec<Tensor>> {
+    let mut docs = Vec::new();
+    for row in 0..ids.size()[0] {
+        let p = Vec::<i64>::try_from(positions.get(row))?;
+        let mut start = 0usize;
+        for i in 1..=p.len() {
+            if i == p.len() || p[i] != p[i - 1] + 1 {
+                docs.push(
+                    ids.get(row)
+                        .narrow(0, start as i64, (i - start) as i64)
+                        .unsqueeze(0),
+                );
+                start = i;
+            }
+        }
+    }
+    Ok(docs)
+}
+
+const CASES: [&str; 9] = [
+    "qwen2",
+    "qwen2_rows",
+    "qwen3",
+    "mistral",
+    "llama",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "gpt2",
+];
+
+/// Logits, loss and gradients of a packed batch equal upstream's, to the bit, on Qwen2
+/// (one and two rows; layers sliding over 3 tokens), Qwen3, Mistral (sliding), Llama,
+/// Gemma 2 (eager soft-capped attention, sliding layers), Gemma 3 (sliding layers with
+/// their own RoPE), Phi-3 (LongRoPE, sliding) and GPT-2 (learned positions).
+#[test]
+fn packed_documents_attend_only_within_themselves_as_upstream() -> Result<()> {
+    let _g = lock();
+    for case in CASES {
+        let r = reference(case)?;
+        let mut model = load(case)?;
+        // As the Trainer sets it (`args.use_cache`, false) and the reference runs.
+        model.set_use_cache(false);
+        model.eval();
+        let inputs = ModelInputs {
+            input_ids: Some(&r["input_ids"]),
+            position_ids: Some(&r["position_ids"]),
+            ..Default::default()
+        };
+        let logits = tch::no_grad(|| model.forward(&inputs))?
+            .logits
+            .context("no logits")?;
+        let logits_diff = max_abs(&logits, &r["logits"]);
+        for (_, v) in model.var_store().variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let out = model.forward(&ModelInputs {
+            labels: Some(&r["labels"]),
+            ..inputs
+        })?;
+        let loss = out.loss.context("no loss")?;
+        let loss_diff = max_abs(&loss.reshape([1]), &r["loss"]);
+        loss.backward();
+        let vars = model.var_store().variables();
+        let tied = model.tied_weights();
+        let mut worst_grad = 0.0f64;
+        let mut n = 0;
+        for (key, expected) in r.iter().filter(|(k, _)| k.starts_with("grad.")) {
+            let name = &key["grad.".len()..];
+            let name = tied
+                .iter()
+                .find(|(t, _)| t == name)
+                .map_or(name, |(_, source)| source.as_str());
+            let var = vars
+                .get(name)
+                .with_context(|| format!("{case}: no parameter {name}"))?;
+            worst_grad = worst_grad.max(max_abs(&var.grad(), expected));
+            n += 1;
+        }
+        assert!(n > 0, "{case}: no gradients compared");
+        eprintln!(
+            "{case}: logits {logits_diff:.1e}, loss {loss_diff:.1e}, worst grad {worst_grad:.1e} (max abs)"
+        );
+        assert_eq!(logits_diff, 0.0, "{case}: logits");
+        assert_eq!(loss_diff, 0.0, "{case}: loss");
+        assert_eq!(worst_grad, 0.0, "{case}: gradients");
+    }
+    Ok(())
+}
+
+/// The packed loss is the token-weighted mean of the documents' losses, each document run
+/// alone (within 1e-6 relative), and equals the reference's own per-document figure.
+#[test]
+fn packed_loss_equals_the_documents_run_alone() -> Result<()> {
+    let _g = lock();
+    for case in CASES.into_iter().filter(|c| *c != "phi3") {
+        let r = reference(case)?;
+        let mut model = load(case)?;
+        model.set_use_cache(false);
+        model.eval();
+        let packed = tch::no_grad(|| {
+            model.forward(&ModelInputs {
+                input_ids: Some(&r["input_ids"]),
+                position_ids: Some(&r["position_ids"]),
+                labels: Some(&r["labels"]),
+                ..Default::default()
+            })
+        })?
+        .loss
+        .context("no loss")?
+        .double_value(&[]);
+        let (mut total, mut count) = (0.0, 0.0);
+        for doc in documents(&r["input_ids"], &r["position_ids"])? {
+            let loss = tch::no_grad(|| {
+                model.forward(&ModelInputs {
+                    input_ids: Some(&doc),
+                    labels: Some(&doc),
+                    ..Default::default()
+                })
+            })?
+            .loss
+            .context("no loss")?
+            .double_value(&[]);
+            let tokens = (doc.size()[1] - 1) as f64;
+            total += loss * tokens;
+            count += tokens;
+        }
+        let alone = total / count;
+        let rel = (packed - alone).abs() / alone;
+        let upstream = r["doc_loss"].double_value(&[0]);
+        eprintln!(
+            "{case}: packed {packed:.8}, documents alone {alone:.8} (rel {rel:.1e}), upstream's documents alone {upstream:.8}"
+        );
+        assert!(rel <= 1e-6, "{case}: packed loss {packed} vs {alone}");
+        assert!((alone - upstream).abs() / upstream <= 1e-6, "{case}");
+    }
+    Ok(())
+}
+
+/// Under the config's `use_cache: true` a plain forward builds a cache in upstream, which
+/// then does not look for packed rows: the documents see each other, here as there. The
+/// Trainer sets `use_cache` from `args.use_cache` (false by default) and packs.
+#[test]
+fn with_the_configs_use_cache_packed_rows_are_not_detected_as_upstream() -> Result<()> {
+    let _g = lock();
+    let r = reference("qwen2")?;
+    let mut model = load("qwen2")?;
+    model.eval();
+    let inputs = ModelInputs {
+        input_ids: Some(&r["input_ids"]),
+        position_ids: Some(&r["position_ids"]),
+        ..Default::default()
+    };
+    let logits = tch::no_grad(|| model.forward(&inputs))?
+        .logits
+        .context("no logits")?;
+    assert_eq!(max_abs(&logits, &r["logits_use_cache"]), 0.0);
+    assert!(max_abs(&logits, &r["logits"]) > 0.1);
+    Ok(())
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    max_abs(a, b) / b.abs().max().double_value(&[]).max(1e-12)
+}
+
+/// A padded batch for MiniLM's vocabulary: 4 rows of 16 tokens, 16, 9, 5 and 12 of them
+/// real (`[CLS]` first), random ids, labels 0 / 1.
+fn padded_batch() -> (Tensor, Tensor, Tensor) {
+    let lengths = [16i64, 9, 5, 12];
+    tch::manual_seed(3);
+    let ids = Tensor::randint_low(1000, 30000, [4, 16], (Kind::Int64, Device::Cpu));
+    let _ = ids.narrow(1, 0, 1).fill_(101);
+    let mask = Tensor::zeros([4, 16], (Kind::Int64, Device::Cpu));
+    for (row, n) in lengths.iter().enumerate() {
+        let _ = mask.get(row as i64).narrow(0, 0, *n).fill_(1);
+    }
+    let ids = ids * &mask;
+    let labels = Tensor::from_slice(&[0i64, 1, 1, 0]);
+    (ids, mask, labels)
+}
+
+/// One forward and backward in training mode (dropout drawn after `manual_seed(0)`):
+/// the loss, the logits and every parameter's gradient.
+fn train_step(
+    model: &mut dyn PreTrainedModel,
+    inputs: &ModelInputs<'_>,
+) -> Result<(Tensor, Tensor, Vec<(String, Tensor)>)> {
+    model.train();
+    for (_, v) in model.var_store().variables() {
+        let mut g = v.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    tch::manual_seed(0);
+    let out = model.forward(inputs)?;
+    let loss = out.loss.context("no loss")?;
+    loss.backward();
+    let mut grads: Vec<(String, Tensor)> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(_, v)| v.grad().defined())
+        .map(|(n, v)| (n, v.grad().copy()))
+        .collect();
+    grads.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((
+        loss.detach(),
+        out.logits.context("no logits")?.detach(),
+        grads,
+    ))
+}
+
+/// MiniLM's sequence classifier (hidden and attention dropout 0.1) on a padded batch:
+/// padding-free gives the padded run's logits, loss and gradients within the
+/// module's tolerances, in evaluation and in training with dropout.
+#[test]
+fn padding_free_sequence_classification_equals_the_padded_run() -> Result<()> {
+    let _g = lock();
+    let mut model = load_task(
+        "reference/models/minilm_seqcls",
+        AutoTask::SequenceClassification { num_labels: None },
+    )?;
+    let (ids, mask, labels) = padded_batch();
+    let inputs = ModelInputs {
+        input_ids: Some(&ids),
+        attention_mask: Some(&mask),
+        labels: Some(&labels),
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for padding_free in [false, true] {
+        model.set_padding_free(padding_free)?;
+        model.eval();
+        let logits = tch::no_grad(|| model.forward(&inputs))?
+            .logits
+            .context("no logits")?;
+        runs.push((logits, train_step(&mut *model, &inputs)?));
+    }
+    let (padded, free) = (&runs[0], &runs[1]);
+    let eval_rel = rel(&free.0, &padded.0);
+    let loss_rel = rel(&free.1.0, &padded.1.0);
+    let train_logits_rel = rel(&free.1.1, &padded.1.1);
+    let mut worst = 0.0f64;
+    for ((name, a), (other, b)) in free.1.2.iter().zip(&padded.1.2) {
+        assert_eq!(name, other);
+        // The key bias's gradient is zero in exact arithmetic (softmax does not see a
+        // constant added to a row's logits): both runs hold rounding noise, ~1e-10.
+        if name.ends_with("key.bias") {
+            let noise = a.abs().max().double_value(&[]);
+            assert!(noise <= 1e-7, "gradient of {name}: {noise}");
+            continue;
+        }
+        let d = rel(a, b);
+        assert!(d <= 1e-5, "gradient of {name}: rel {d}");
+        worst = worst.max(d);
+    }
+    eprintln!(
+        "padding-free vs padded: eval logits {eval_rel:.1e}, train logits {train_logits_rel:.1e}, loss {loss_rel:.1e}, worst gradient {worst:.1e} ({} tensors)",
+        free.1.2.len()
+    );
+    assert!(eval_rel <= 1e-6, "eval logits rel {eval_rel}");
+    assert!(
+        train_logits_rel <= 1e-5,
+        "train logits rel {train_logits_rel}"
+    );
+    assert!(loss_rel <= 1e-6, "loss rel {loss_rel}");
+    assert!(
+        free.1.2.len() > 100,
+        "gradients compared: {}",
+        free.1.2.len()
+    );
+    Ok(())
+}
+
+/// Heads that read every position refuse padding-free execution with the reason; so do
+/// models without the path.
+#[test]
+fn padding_free_is_refused_where_every_position_is_read() -> Result<()> {
+    let _g = lock();
+    let mut mlm = load_task("tiny-bert", AutoTask::MaskedLm)?;
+    let err = mlm.set_padding_free(true).unwrap_err().to_string();
+    assert!(
+        err.contains("padding_free") && err.contains("every position"),
+        "{err}"
+    );
+    mlm.set_padding_free(false)?;
+    let mut lm = load("gpt2")?;
+    let err = lm.set_padding_free(true).unwrap_err().to_string();
+    assert!(err.contains("no padding-free path"), "{err}");
+    Ok(())
+}
+
+fn load_task(asset: &str, task: AutoTask) -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(
+        &assets().join(asset),
+        task,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model)
+}
