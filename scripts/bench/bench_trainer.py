@@ -39,6 +39,7 @@ on_step_begin and on_step_end; `median_step_ms` is the median of (end - begin) o
 after `warmup` (the window of on_step_begin .. on_step_end holds forward, backward, clipping,
 optimizer and scheduler step; the batch is collated just before on_step_begin);
 `tokens_per_s` = input tokens (padded, numel of input_ids) of the measured steps / wall time
+(`real_tokens_per_s`: the real tokens, those the attention mask keeps, over the same time)
 from the warm-up's last on_step_end to the last on_step_end (collation included). `peak_rss_mb`
 is getrusage's ru_maxrss of the process (KiB on Linux) / 1024. The step's parts (medians):
 `median_forward_backward_ms` (on_step_begin to on_pre_optimizer_step: forward, loss, backward,
@@ -193,15 +194,19 @@ class StepTimer(tf.TrainerCallback):
 
 
 class ShapeRecorder:
-    """Wraps a collator and records each batch's input_ids numel (padded tokens)."""
+    """Wraps a collator and records each batch's input_ids numel (padded tokens) and its
+    real tokens (the attention mask's sum; every token without one)."""
 
     def __init__(self, collator):
         self.collator = collator
         self.tokens = []
+        self.real = []
 
     def __call__(self, features):
         batch = self.collator(features)
         self.tokens.append(int(batch["input_ids"].numel()))
+        mask = batch.get("attention_mask")
+        self.real.append(int(mask.sum()) if mask is not None else self.tokens[-1])
         return batch
 
 
@@ -254,12 +259,14 @@ def run(data: Path, name: str, precision: str, threads: int):
     def part(a, b):
         return statistics.median(y - x for x, y in zip(a[w:], b[w:])) * 1e3
     tokens = sum(collator.tokens[w:total])
+    real = sum(collator.real[w:total])
     wall = timer.end[-1] - timer.end[w - 1]
     print(json.dumps({
         "job": name,
         "precision": precision,
         "impl": "python",
         "tokens_per_s": tokens / wall,
+        "real_tokens_per_s": real / wall,
         "median_step_ms": statistics.median(steps) * 1e3,
         "min_step_ms": min(steps) * 1e3,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -23,7 +23,7 @@
 //!
 //! Each run prints one flat JSON line with the fields of the Python side: `tokens_per_s` (input
 //! tokens, padded, of the measured steps over the wall time from the warm-up's last step end to
-//! the last step end), `median_step_ms` / `min_step_ms` (step begin to step end, after the
+//! the last step end; `real_tokens_per_s` counts only the tokens the attention mask keeps), `median_step_ms` / `min_step_ms` (step begin to step end, after the
 //! warm-up), `peak_rss_mb` (`VmHWM` of /proc/self/status, what `ru_maxrss` reports), `steps`,
 //! `tokens`, `threads`; plus `matmul_flops` (the measured steps' matmul FLOPs, counted
 //! analytically by `Job::matmul_flops`), `matmul_flops_per_s` (those over the same wall time)
@@ -343,6 +343,8 @@ struct Record {
     post_optimizer: Vec<Instant>,
     end: Vec<Instant>,
     shapes: Vec<(i64, i64)>,
+    /// Each batch's real tokens (the attention mask's sum; every token without one).
+    real: Vec<i64>,
 }
 
 type SharedRecord = Arc<Mutex<Record>>;
@@ -408,7 +410,9 @@ impl DataCollator<Feature> for ShapeRecorder {
         let batch = self.inner.collate(features)?;
         if let Some(ids) = batch.get("input_ids") {
             let size = ids.size();
-            lock(&self.record).shapes.push((size[0], size[1]));
+            let mut record = lock(&self.record);
+            record.shapes.push((size[0], size[1]));
+            record.real.push(real_tokens(&batch, size[0] * size[1]));
         }
         Ok(batch)
     }
@@ -425,6 +429,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// A batch's real tokens: the attention mask's sum, `all` without one.
+fn real_tokens(batch: &Batch, all: i64) -> i64 {
+    batch
+        .get("attention_mask")
+        .map_or(all, |m| m.sum(Kind::Int64).int64_value(&[]))
 }
 
 /// The JSON line of a finished run.
@@ -454,6 +465,7 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
         .collect();
     let measured = &record.shapes[w..total];
     let tokens: i64 = measured.iter().map(|(b, s)| b * s).sum();
+    let real: i64 = record.real[w..total].iter().sum();
     let flops: f64 = measured.iter().map(|&(b, s)| job.matmul_flops(b, s)).sum();
     let wall = (record.end[total - 1] - record.end[w - 1]).as_secs_f64();
     let cache = tchtrain::trainer::CpuMemoryCache::stats();
@@ -462,6 +474,7 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
         "precision": if o.bf16 { "bf16" } else { "fp32" },
         "impl": implementation,
         "tokens_per_s": tokens as f64 / wall,
+        "real_tokens_per_s": real as f64 / wall,
         "median_step_ms": median(steps.clone()),
         "min_step_ms": steps.iter().copied().fold(f64::INFINITY, f64::min),
         "peak_rss_mb": peak_rss_mb(),
@@ -550,6 +563,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         let ids = batch.get("input_ids").context("input_ids")?;
         let size = ids.size();
         record.shapes.push((size[0], size[1]));
+        record.real.push(real_tokens(&batch, size[0] * size[1]));
         record.begin.push(Instant::now());
         // The causal LM's loss is a sum over the predicted tokens divided by their count
         // (`num_items_in_batch`), counted here on the host.
