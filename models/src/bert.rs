@@ -286,82 +286,15 @@ struct LayerInputs {
     train: bool,
     act: Activation,
     /// The padding-free layout, when the layers run on the real tokens only.
-    unpadded: Option<Unpadded>,
+    unpadded: Option<crate::padding_free::Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
 #[allow(unsafe_code)]
 unsafe impl ReadOnlyLayer for LayerInputs {}
 
-/// Padding-free execution of a padded batch: the real tokens (those the attention mask
-/// keeps) gathered into `[tokens, hidden]`, so that the projections, the feed-forward
-/// blocks, the LayerNorms and the dropouts do no work on padding; attention scatters q / k / v
-/// back to the padded `[batch, seq]` layout and runs SDPA with the same mask as the padded
-/// run (the same kernel on the same real rows), and gathers its output again.
-///
-/// Dropout draws its mask over the padded shape, as the padded run does, and keeps the real
-/// tokens' entries: the same elements are dropped. Padding positions come out as zeros
-/// instead of the values upstream computes for them (which nothing reads in the heads this
-/// path is used for), and the real tokens' values equal the padded run's up to the last bits
-/// (a matmul over fewer rows may block its sums differently; the weight gradients sum over
-/// the tokens in other chunks).
-struct Unpadded {
-    /// `[tokens]`: the real tokens' indices in the flattened `[batch * seq]` layout.
-    index: Tensor,
-    batch: i64,
-    seq: i64,
-}
-
-impl Unpadded {
-    /// The layout of `attention_mask` when it pads at least one token (one host read).
-    fn new(attention_mask: Option<&Tensor>, device: Device) -> Result<Option<Self>> {
-        let Some(mask) = attention_mask else {
-            return Ok(None);
-        };
-        let (batch, seq) = (mask.size()[0], mask.size()[1]);
-        let keep = mask.f_to_device(device)?.ne(0).reshape([-1]);
-        let index = keep.nonzero().squeeze_dim(1);
-        if index.size()[0] == batch * seq {
-            return Ok(None);
-        }
-        Ok(Some(Self { index, batch, seq }))
-    }
-
-    /// `[batch, seq, hidden]` -> the real tokens' `[tokens, hidden]`.
-    fn gather(&self, t: &Tensor) -> Tensor {
-        let hidden = t.size()[2];
-        t.reshape([self.batch * self.seq, hidden])
-            .index_select(0, &self.index)
-    }
-
-    /// `[tokens, hidden]` -> `[batch, seq, hidden]`, zeros at the padding.
-    fn scatter(&self, t: &Tensor) -> Tensor {
-        let hidden = t.size()[1];
-        Tensor::zeros([self.batch * self.seq, hidden], (t.kind(), t.device()))
-            .index_copy(0, &self.index, t)
-            .view([self.batch, self.seq, hidden])
-    }
-
-    /// `torch.nn.functional.dropout` of the padded run on the real tokens: the noise drawn
-    /// over the padded shape (`empty_like(input).bernoulli_(1 - p).div_(1 - p)`, as
-    /// libtorch's CPU dropout), the real tokens' rows kept.
-    fn dropout(&self, x: &Tensor, p: f64, train: bool) -> Tensor {
-        if !train || p == 0.0 {
-            return x.shallow_clone();
-        }
-        let hidden = x.size()[1];
-        if p == 1.0 {
-            return x * Tensor::zeros([], (x.kind(), x.device()));
-        }
-        let mut noise = Tensor::empty([self.batch, self.seq, hidden], (x.kind(), x.device()));
-        let _ = noise.bernoulli_float_(1.0 - p);
-        let _ = noise.g_div_scalar_(1.0 - p);
-        x * self.gather(&noise)
-    }
-}
-
 impl LayerInputs {
-    /// Dropout on the hidden states, padded or padding-free (see [`Unpadded::dropout`]).
+    /// Dropout on the hidden states, padded or padding-free.
     fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
         match &self.unpadded {
             Some(u) => {
@@ -626,7 +559,7 @@ impl BertModel {
     }
 
     /// [`forward`](Self::forward), the layers run padding-free when `padding_free` and the
-    /// attention mask pads a token (see `Unpadded`): the padding positions of the last
+    /// attention mask pads a token (see `crate::padding_free`): the padding positions of the last
     /// hidden state are then zeros, the real tokens' values those of the padded run up to
     /// the last bits.
     pub(crate) fn forward_with(
@@ -710,7 +643,7 @@ impl BertModel {
         );
         let embedding_output = h.shallow_clone();
         let unpadded = match padding_free && !crate::debug_utils::active() {
-            true => Unpadded::new(inputs.attention_mask, device)?,
+            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
             false => None,
         };
         if let Some(u) = &unpadded {

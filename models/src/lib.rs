@@ -41,6 +41,7 @@ mod mistral;
 mod modeling_utils;
 mod modernbert;
 mod neftune;
+mod padding_free;
 mod peft;
 mod phi3;
 mod qwen2;

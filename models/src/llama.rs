@@ -557,6 +557,8 @@ struct LayerInputs {
     eager: Option<(Option<f64>, Kind)>,
     /// The key / value cache the layers append to (decoding).
     cache: Option<crate::DynamicCache>,
+    /// The padding-free layout, when the layers run on the real tokens only.
+    unpadded: Option<crate::padding_free::Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -585,7 +587,14 @@ impl DecoderLayer {
             || n("input_layernorm"),
             &c.rms_norm,
         );
-        let heads_of = |t: Tensor, heads: i64| t.view([batch, seq, heads, hd]);
+        // Padding-free, the projections' real tokens go back to the padded layout here.
+        let heads_of = |t: Tensor, heads: i64| {
+            let t = match &x.unpadded {
+                Some(u) => u.scatter(&t),
+                None => t,
+            };
+            t.view([batch, seq, heads, hd])
+        };
         let (q, k, v) = match &self.attention_projections {
             AttentionProjections::Separate {
                 q_proj,
@@ -668,6 +677,10 @@ impl DecoderLayer {
             None => attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale),
         };
         let a = a.transpose(1, 2).reshape([batch, seq, heads * hd]);
+        let a = match &x.unpadded {
+            Some(u) => u.gather(&a),
+            None => a,
+        };
         let a = apply_traced(&a, &self.o_proj, || n("self_attn.o_proj"), "Linear");
         // Called with keyword arguments: no positional inputs.
         hook(
@@ -679,12 +692,10 @@ impl DecoderLayer {
         );
         let norm =
             |x: &Tensor, norm: &RmsNorm, name: &str| apply_traced(x, norm, || n(name), &c.rms_norm);
-        let resid_dropout = |t: Tensor| {
-            if x.train && x.resid_p > 0.0 {
-                t.dropout(x.resid_p, true)
-            } else {
-                t
-            }
+        let resid_dropout = |t: Tensor| match &x.unpadded {
+            Some(u) => u.dropout(&t, x.resid_p, x.train),
+            None if x.train && x.resid_p > 0.0 => t.dropout(x.resid_p, true),
+            None => t,
         };
         let a = resid_dropout(a);
         // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
@@ -720,7 +731,7 @@ impl DecoderLayer {
             MlpProjections::Fused { gate_up_proj } => {
                 let gate_up =
                     apply_traced(&normed, gate_up_proj, || n("mlp.gate_up_proj"), "Linear");
-                let half = gate_up.size()[2] / 2;
+                let half = gate_up.size()[gate_up.dim() - 1] / 2;
                 let gate = gate_up.narrow(-1, 0, half);
                 let up = gate_up.narrow(-1, half, half);
                 (x.act.apply_traced(&gate, || n("mlp.activation_fn")), up)
@@ -931,6 +942,18 @@ impl LlamaModel {
 
     /// The last hidden state `[batch, seq, hidden]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        Ok(self.forward_with(inputs, train, false)?.0)
+    }
+
+    /// [`forward`](Self::forward), the layers run padding-free when `padding_free`, the
+    /// attention mask pads a token and no cache is used (see `crate::padding_free`): the
+    /// last hidden state is then the real tokens' `[tokens, hidden]`, with their layout.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<(Tensor, Option<crate::padding_free::Unpadded>)> {
         let c = &self.config;
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
@@ -1015,6 +1038,13 @@ impl LlamaModel {
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
+        let unpadded = match padding_free && cache.is_none() && !crate::debug_utils::active() {
+            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
+            false => None,
+        };
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         // Upstream builds a cache when the config's `use_cache` is set (not in a
         // checkpointed training forward), and does not look for packed rows with one.
         let builds_cache = crate::configuration_utils::use_cache(&c.extra)
@@ -1065,6 +1095,9 @@ impl LlamaModel {
                 .filter(|g| g.eager_attention)
                 .map(|g| (g.attn_logit_softcapping, h.kind())),
             cache: cache.cloned(),
+            unpadded: unpadded
+                .as_ref()
+                .map(crate::padding_free::Unpadded::shallow_clone),
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -1093,7 +1126,7 @@ impl LlamaModel {
                 Out::One(Var::NotTensor),
             );
         }
-        Ok(h)
+        Ok((h, unpadded))
     }
 }
 
@@ -1113,6 +1146,9 @@ pub struct DecoderForCausalLM<C: DecoderConfig> {
     /// Liger's fused linear cross-entropy (`use_liger_kernel`): the training loss without
     /// the logits.
     fused_linear_cross_entropy: bool,
+    /// Run the layers and the head on the real tokens only in training (see
+    /// [`TrainableModel::set_padding_free`]; off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
     /// `generation_config` (as JSON).
     generation_config: serde_json::Value,
 }
@@ -1139,6 +1175,7 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
             config: config.clone(),
             training: false,
             fused_linear_cross_entropy: false,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
             // Upstream's `GenerationConfig.from_model_config(config)`.
             generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
         })
@@ -1175,6 +1212,12 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     crate::modeling_utils::model_plumbing!(@common);
     set_use_cache!();
+    /// In training, when the labels count only real tokens (the loss then reads no
+    /// padding position's logits); otherwise the forward runs padded.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        self.padding_free = on;
+        Ok(())
+    }
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -1222,13 +1265,24 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Ok(())
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let h = self.model.forward(inputs, self.training)?;
         // Liger's `lce_forward`: in training with labels (or when asked), the loss without
         // the logits.
         let skip_logits = self.fused_linear_cross_entropy
             && inputs
                 .skip_logits
                 .unwrap_or(self.training && inputs.labels.is_some());
+        // Padding-free in training when the loss reads only real tokens' logits.
+        let padding_free = self.padding_free
+            && self.training
+            && !skip_logits
+            && inputs.logits_to_keep.is_none()
+            && match (inputs.labels, inputs.attention_mask) {
+                (Some(l), Some(m)) => crate::padding_free::causal_loss_reads_only_real_tokens(l, m),
+                _ => false,
+            };
+        let (h, unpadded) = self
+            .model
+            .forward_with(inputs, self.training, padding_free)?;
         if skip_logits {
             let labels = inputs.labels.ok_or(Error::InvalidArgument {
                 field: "skip_logits",
@@ -1282,6 +1336,12 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         {
             Some(cap) => (logits / cap).tanh() * cap,
             None => logits,
+        };
+        // Padding-free: the real tokens' logits and hidden states back in the padded layout
+        // (zeros at the padding, which the loss does not read).
+        let (logits, h) = match &unpadded {
+            Some(u) => (u.scatter(&logits), u.scatter(&h)),
+            None => (logits, h),
         };
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(

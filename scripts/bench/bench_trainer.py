@@ -26,6 +26,8 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
     gpt2_6x384    GPT-2, 6 layers x 384 wide (6 heads), block 128, batch 4, same data.
     smollm2_lora  SmolLM2-135M with a LoRA adapter on every linear layer (peft), block 128,
                   batch 4: the frozen base's forward and input gradients, the adapter trained.
+    qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
+    qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     minilm_cls    assets/minilm (BERT, 6 x 384) under a fresh 2-label head (seed 0),
                   Rotten Tomatoes fresh / rotten reviews truncated to 128 tokens, batch 16,
                   `DataCollatorWithPadding` (dynamic padding).
@@ -75,6 +77,10 @@ JOBS = {
     # A tiny Qwen2 (the Llama-shaped family: RMSNorm, RoPE, grouped-query attention with
     # q/k/v biases, SwiGLU), 2 x 64, 4 heads over 2 key-value heads, a 1024-token vocabulary.
     "qwen2_tiny": dict(kind="clm", arch="qwen2", layers=2, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40),
+    # The same tiny Qwen2 on padded rows: each Hamlet block cut to 16..128 tokens (16 +
+    # (37 i) mod 113; 55 % real on average) and padded to 128 (pad id 0, attention mask,
+    # labels -100 on the padding), `default_data_collator`.
+    "qwen2_padded": dict(kind="clm", arch="qwen2", layers=2, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40, padded=True),
     # SmolLM2-135M (assets/smollm2-135m, 30 x 576, tied embeddings) under a LoRA adapter on
     # every linear layer (peft's "all-linear": r 16, alpha 32, dropout 0.05), drawn after
     # torch.manual_seed(0) on both sides; hamlet.txt in the model's own tokenizer.
@@ -137,6 +143,14 @@ def prepare(out: Path):
             )
             model = tf.Qwen2ForCausalLM(config)
             rows = [{"input_ids": [i % vocab for i in b]} for b in gpt2_blocks(job["block"])]
+            if job.get("padded"):
+                block = job["block"]
+                for i, r in enumerate(rows):
+                    n = 16 + (37 * i) % 113
+                    ids = r["input_ids"][:n]
+                    r["input_ids"] = ids + [0] * (block - n)
+                    r["attention_mask"] = [1] * n + [0] * (block - n)
+                    r["labels"] = ids + [-100] * (block - n)
         elif job["kind"] == "clm":
             vocab = job.get("vocab", 50257)
             config = tf.GPT2Config(
@@ -222,7 +236,7 @@ def run(data: Path, name: str, precision: str, threads: int):
 
             torch.manual_seed(0)
             model = peft.get_peft_model(model, peft.LoraConfig(**job["lora"]))
-        rows = [{"input_ids": r["input_ids"], "labels": list(r["input_ids"])} for r in rows]
+        rows = [r if "labels" in r else {"input_ids": r["input_ids"], "labels": list(r["input_ids"])} for r in rows]
         collator = ShapeRecorder(tf.default_data_collator)
     else:
         model = tf.BertForSequenceClassification.from_pretrained(folder / "initial")

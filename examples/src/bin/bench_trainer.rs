@@ -11,6 +11,9 @@
 //!   max_grad_norm 1.0, seed 42, no logging until the end, no saving, no reports), the same
 //!   collator (`DefaultDataCollator` / `DataCollatorWithPadding`), the seeded random sampler.
 //!   A callback takes the time at `on_step_begin` / `on_step_end`.
+//! * The jobs with padded batches (MiniLM's classifier, the padded Qwen2) run padding-free
+//!   (`set_padding_free(true)`: the layers on the real tokens only; `"padding_free": true`
+//!   in the line), `--padded` runs them padded as upstream.
 //! * `--bare`: the same model, rows, order (the same seeded permutation), collator, optimizer
 //!   with the same decay groups, scheduler and clipping, in a plain loop: collate, forward
 //!   with labels (and `num_items_in_batch` counted on the host for the causal LM; in bf16
@@ -26,7 +29,7 @@
 //! the last step end; `real_tokens_per_s` counts only the tokens the attention mask keeps), `median_step_ms` / `min_step_ms` (step begin to step end, after the
 //! warm-up), `peak_rss_mb` (`VmHWM` of /proc/self/status, what `ru_maxrss` reports), `steps`,
 //! `tokens`, `threads`; plus `matmul_flops` (the measured steps' matmul FLOPs, counted
-//! analytically by `Job::matmul_flops`), `matmul_flops_per_s` (those over the same wall time)
+//! analytically by `Job::matmul_flops`; padding-free, the real tokens' share), `matmul_flops_per_s` (those over the same wall time)
 //! and the step's parts (medians): `median_forward_backward_ms` (step begin to
 //! `on_pre_optimizer_step`: forward, loss, backward, the loop's bookkeeping, clipping),
 //! `median_optimizer_ms` (to `on_optimizer_step`) and `median_after_optimizer_ms` (scheduler,
@@ -66,6 +69,9 @@ struct Options {
     bf16: bool,
     threads: Option<i32>,
     bare: bool,
+    /// `--padded`: the sequence classifier runs padded batches padded (by default it runs
+    /// them padding-free, `set_padding_free(true)`).
+    padded: bool,
     peak: bool,
     /// The precisions the probe measures (`--peak-precisions`, default both).
     peak_precisions: Vec<String>,
@@ -79,6 +85,7 @@ impl Options {
             bf16: false,
             threads: None,
             bare: false,
+            padded: false,
             peak: false,
             peak_precisions: vec!["fp32".into(), "bf16".into()],
         };
@@ -97,6 +104,7 @@ impl Options {
                 }
                 "--threads" => o.threads = Some(value()?.parse()?),
                 "--bare" => o.bare = true,
+                "--padded" => o.padded = true,
                 "--peak" => o.peak = true,
                 "--peak-precisions" => {
                     o.peak_precisions = value()?.split(',').map(String::from).collect();
@@ -110,7 +118,7 @@ impl Options {
                 }
                 other => bail!(
                     "unknown option `{other}` (known: --data DIR, --job NAME, \
-                     --precision fp32|bf16, --threads N, --bare, --peak, --peak-precisions LIST)"
+                     --precision fp32|bf16, --threads N, --bare, --padded, --peak, --peak-precisions LIST)"
                 ),
             }
         }
@@ -131,6 +139,8 @@ struct Job {
     config: Value,
     /// peft's `LoraConfig` fields: the model trains a LoRA adapter.
     lora: Option<Value>,
+    /// The causal-LM rows are padded (`"padded": true`: attention mask, labels -100).
+    padded_rows: bool,
 }
 
 impl Job {
@@ -150,6 +160,7 @@ impl Job {
             batch: num("batch")?,
             warmup: num("warmup")?,
             steps: num("steps")?,
+            padded_rows: job["padded"].as_bool().unwrap_or(false),
             config,
             lora: job.get("lora").cloned(),
             dir,
@@ -169,11 +180,15 @@ impl Job {
     }
 
     /// The job's model; with `lora`, wrapped by `get_peft_model` after `manual_seed(0)` (the
-    /// Python side draws the same adapter).
-    fn load_model(&self) -> Result<Box<dyn PreTrainedModel>> {
+    /// Python side draws the same adapter). The sequence classifier runs padding-free
+    /// unless `padded`.
+    fn load_model(&self, padded: bool) -> Result<Box<dyn PreTrainedModel>> {
         let dir = self.dir.join("initial");
-        let model =
+        let mut model =
             from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model;
+        if self.kind == "cls" || self.padded_rows {
+            model.set_padding_free(!padded)?;
+        }
         Ok(match &self.lora {
             Some(lora) => {
                 // The keyword arguments of `LoraConfig(...)`, as an adapter_config.json.
@@ -203,7 +218,16 @@ impl Job {
             .map(|r| {
                 let input_ids = ids(&r["input_ids"])?;
                 Ok(if self.kind == "clm" {
-                    Feature::new(input_ids.clone()).with_labels(Label::Ids(input_ids))
+                    // Padded rows (qwen2_padded) bring their attention mask and labels.
+                    let labels = match r.get("labels") {
+                        Some(l) => ids(l)?,
+                        None => input_ids.clone(),
+                    };
+                    let mut f = Feature::new(input_ids).with_labels(Label::Ids(labels));
+                    if let Some(m) = r.get("attention_mask") {
+                        f.attention_mask = Some(ids(m)?);
+                    }
+                    f
                 } else {
                     Feature {
                         input_ids,
@@ -466,13 +490,28 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
     let measured = &record.shapes[w..total];
     let tokens: i64 = measured.iter().map(|(b, s)| b * s).sum();
     let real: i64 = record.real[w..total].iter().sum();
-    let flops: f64 = measured.iter().map(|&(b, s)| job.matmul_flops(b, s)).sum();
+    // Padding-free, the real tokens' share of the work (attention, computed padded, is
+    // counted in the same share: the figure is a lower bound there).
+    let padding_free = (job.kind == "cls" || job.padded_rows) && !o.padded;
+    let flops: f64 = measured
+        .iter()
+        .zip(&record.real[w..total])
+        .map(|(&(b, s), &real)| {
+            let share = if padding_free {
+                real as f64 / (b * s) as f64
+            } else {
+                1.0
+            };
+            job.matmul_flops(b, s) * share
+        })
+        .sum();
     let wall = (record.end[total - 1] - record.end[w - 1]).as_secs_f64();
     let cache = tchtrain::trainer::CpuMemoryCache::stats();
     Ok(json!({
         "job": job.name,
         "precision": if o.bf16 { "bf16" } else { "fp32" },
         "impl": implementation,
+        "padding_free": padding_free,
         "tokens_per_s": tokens as f64 / wall,
         "real_tokens_per_s": real as f64 / wall,
         "median_step_ms": median(steps.clone()),
@@ -497,7 +536,7 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let record = SharedRecord::default();
     let args = job.args(&out, o.bf16)?;
-    let mut trainer = Trainer::builder(job.load_model()?, args)
+    let mut trainer = Trainer::builder(job.load_model(o.padded)?, args)
         .train_dataset(InMemoryDataset::new(job.rows()?).into_shared())
         .data_collator(ShapeRecorder {
             inner: job.collator()?,
@@ -516,7 +555,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let args = job.args(&out, o.bf16)?;
     tch::manual_seed(args.seed as i64);
-    let mut model = job.load_model()?;
+    let mut model = job.load_model(o.padded)?;
     model.train();
     // The Trainer holds the caching CPU allocator from the start of `train` (the model
     // already loaded); so does the bare loop.
@@ -568,7 +607,13 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         // The causal LM's loss is a sum over the predicted tokens divided by their count
         // (`num_items_in_batch`), counted here on the host.
         let num_items = (job.kind == "clm").then(|| {
-            let n: usize = features.iter().map(|f| f.input_ids.len() - 1).sum();
+            let n: usize = features
+                .iter()
+                .map(|f| match &f.labels {
+                    Some(Label::Ids(l)) => l.iter().skip(1).filter(|&&x| x != -100).count(),
+                    _ => f.input_ids.len() - 1,
+                })
+                .sum();
             Tensor::from(n as f32)
         });
         let inputs = ModelInputs {

@@ -13,8 +13,9 @@
 //! picks its short or long factors by the batch's largest position, so a short document
 //! packed with long ones gets the long factors.
 //!
-//! Padding-free execution of padded batches (the BERT-family sequence classifiers, turned
-//! on by `set_padding_free`): against the same model run padded. Tolerances: evaluation
+//! Padding-free execution of padded batches (the BERT-family sequence classifiers, the
+//! Llama-shaped causal LMs in training; turned on by `set_padding_free`): against the same
+//! model run padded. Tolerances: evaluation
 //! logits and the loss 1e-6 relative, training logits and gradients 1e-5 relative to each
 //! tensor's largest magnitude (measured 2.7e-7, 0, 1.3e-6, 4.9e-6); the dropout masks are the
 //! padded run's, so what differs is only the order of the matmuls' sums (fewer rows; the
@@ -371,4 +372,84 @@ fn load_task(asset: &str, task: AutoTask) -> Result<Box<dyn PreTrainedModel>> {
         &LoadOptions::default(),
     )?
     .model)
+}
+
+/// Rows of 12 tokens, 12, 7 and 4 of them real: right-padded (pad id 0, labels -100 on the
+/// padding), or (`left`) left-padded with every real token labelled.
+fn padded_lm_batch(left: bool) -> (Tensor, Tensor, Tensor) {
+    tch::manual_seed(5);
+    let ids = Tensor::randint_low(1, 1000, [3, 12], (Kind::Int64, Device::Cpu));
+    let mask = Tensor::zeros([3, 12], (Kind::Int64, Device::Cpu));
+    for (row, n) in [12i64, 7, 4].iter().enumerate() {
+        let start = if left { 12 - n } else { 0 };
+        let _ = mask.get(row as i64).narrow(0, start, *n).fill_(1);
+    }
+    let ids = ids * &mask;
+    let labels = ids.masked_fill(&mask.eq(0), -100);
+    (ids, mask, labels)
+}
+
+/// The Llama-shaped causal LMs in training (Qwen2 with sliding layers, Gemma 2's eager
+/// soft-capped attention, Phi-3's fused projections and partial rotary) on right-padded
+/// rows: padding-free gives the padded run's loss (1e-6) and gradients (1e-5, relative to
+/// each tensor's largest magnitude). Left-padded rows whose first real token is labelled
+/// make the loss read a padding position's logits: those run padded, to the bit.
+#[test]
+fn padding_free_causal_lm_training_equals_the_padded_run() -> Result<()> {
+    let _g = lock();
+    for case in ["qwen2", "gemma2", "phi3"] {
+        let mut model = load(case)?;
+        model.set_use_cache(false);
+        for left in [false, true] {
+            let (ids, mask, labels) = padded_lm_batch(left);
+            let inputs = ModelInputs {
+                input_ids: Some(&ids),
+                attention_mask: Some(&mask),
+                labels: Some(&labels),
+                ..Default::default()
+            };
+            let mut runs = Vec::new();
+            for padding_free in [false, true] {
+                model.set_padding_free(padding_free)?;
+                runs.push(train_step(&mut *model, &inputs)?);
+            }
+            let (padded, free) = (&runs[0], &runs[1]);
+            let loss_rel = rel(&free.0, &padded.0);
+            let mut worst = 0.0f64;
+            for ((name, a), (other, b)) in free.2.iter().zip(&padded.2) {
+                assert_eq!(name, other);
+                worst = worst.max(rel(a, b));
+            }
+            eprintln!(
+                "{case} ({} padding): loss {loss_rel:.1e}, worst gradient {worst:.1e}",
+                if left { "left" } else { "right" }
+            );
+            // Padding-free, the padding positions' logits are zeros (nothing computes them);
+            // padded, upstream's values.
+            let at_padding = |logits: &Tensor| {
+                logits
+                    .masked_select(&mask.eq(0).unsqueeze(-1))
+                    .abs()
+                    .max()
+                    .double_value(&[])
+            };
+            assert!(at_padding(&padded.1) > 0.0, "{case}");
+            if left {
+                assert_eq!(
+                    (loss_rel, worst),
+                    (0.0, 0.0),
+                    "{case}: left padding runs padded"
+                );
+                assert!(
+                    at_padding(&free.1) > 0.0,
+                    "{case}: left padding runs padded"
+                );
+            } else {
+                assert_eq!(at_padding(&free.1), 0.0, "{case}: padding-free");
+                assert!(loss_rel <= 1e-6, "{case}: loss rel {loss_rel}");
+                assert!(worst <= 1e-5, "{case}: gradient rel {worst}");
+            }
+        }
+    }
+    Ok(())
 }

@@ -18,12 +18,13 @@ use super::{Value, load_average, machine, median, parse_flat_json};
 use crate::cmd;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 6] = [
+pub const JOBS: [&str; 7] = [
     "gpt2_tiny",
     "gpt2_tiny_v1k",
     "gpt2_6x384",
     "minilm_cls",
     "qwen2_tiny",
+    "qwen2_padded",
     "smollm2_lora",
 ];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).

@@ -1,0 +1,106 @@
+//! Padding-free execution of padded batches (see
+//! [`TrainableModel::set_padding_free`](crate::TrainableModel::set_padding_free)): the real
+//! tokens (those the attention mask keeps) gathered into `[tokens, ...]`, so that the
+//! projections, the feed-forward blocks, the norms and the dropouts do no work on padding;
+//! attention scatters q / k / v back to the padded `[batch, seq]` layout and runs with the
+//! same mask as the padded run (the same kernel on the same real rows), and gathers its
+//! output again.
+//!
+//! Dropout draws its mask over the padded shape, as the padded run does, and keeps the real
+//! tokens' entries: the same elements are dropped. Padding positions come out as zeros
+//! instead of the values upstream computes for them, which the heads using this path never
+//! read; the real tokens' values equal the padded run's up to the last bits (a matmul over
+//! fewer rows may block its sums differently; the weight gradients sum over the tokens in
+//! other chunks).
+
+use tch::{Device, Tensor};
+
+use crate::error::Result;
+
+/// The real tokens of a padded `[batch, seq]` batch.
+pub(crate) struct Unpadded {
+    /// `[tokens]`: the real tokens' indices in the flattened `[batch * seq]` layout.
+    index: Tensor,
+    batch: i64,
+    seq: i64,
+}
+
+impl Unpadded {
+    /// The layout of `attention_mask` when it pads at least one token (one host read).
+    pub(crate) fn new(attention_mask: Option<&Tensor>, device: Device) -> Result<Option<Self>> {
+        let Some(mask) = attention_mask else {
+            return Ok(None);
+        };
+        let size = mask.size();
+        let [batch, seq] = size[..] else {
+            return Ok(None);
+        };
+        let keep = mask.f_to_device(device)?.ne(0).reshape([-1]);
+        let index = keep.nonzero().squeeze_dim(1);
+        if index.size()[0] == batch * seq {
+            return Ok(None);
+        }
+        Ok(Some(Self { index, batch, seq }))
+    }
+
+    /// `[batch, seq, features]` -> the real tokens' `[tokens, features]`.
+    pub(crate) fn gather(&self, t: &Tensor) -> Tensor {
+        let features = t.size()[2];
+        t.reshape([self.batch * self.seq, features])
+            .index_select(0, &self.index)
+    }
+
+    /// `[tokens, features]` -> `[batch, seq, features]`, zeros at the padding.
+    pub(crate) fn scatter(&self, t: &Tensor) -> Tensor {
+        let features = t.size()[1];
+        Tensor::zeros([self.batch * self.seq, features], (t.kind(), t.device()))
+            .index_copy(0, &self.index, t)
+            .view([self.batch, self.seq, features])
+    }
+
+    /// `torch.nn.functional.dropout` of the padded run on the real tokens: the noise drawn
+    /// over the padded shape (`empty_like(input).bernoulli_(1 - p).div_(1 - p)`, as
+    /// libtorch's CPU dropout), the real tokens' rows kept.
+    pub(crate) fn dropout(&self, x: &Tensor, p: f64, train: bool) -> Tensor {
+        if !train || p == 0.0 {
+            return x.shallow_clone();
+        }
+        if p == 1.0 {
+            return x * Tensor::zeros([], (x.kind(), x.device()));
+        }
+        let features = x.size()[1];
+        let mut noise = Tensor::empty([self.batch, self.seq, features], (x.kind(), x.device()));
+        let _ = noise.bernoulli_float_(1.0 - p);
+        let _ = noise.g_div_scalar_(1.0 - p);
+        x * self.gather(&noise)
+    }
+}
+
+impl Unpadded {
+    /// A second handle on the same layout.
+    pub(crate) fn shallow_clone(&self) -> Self {
+        Self {
+            index: self.index.shallow_clone(),
+            batch: self.batch,
+            seq: self.seq,
+        }
+    }
+}
+
+/// Whether a causal LM's loss reads only real tokens' logits: every position whose shifted
+/// label counts (`labels[:, t + 1] != -100`) is kept by the attention mask (one host read).
+/// Right padding with its labels at -100 passes; left padding whose first real token is
+/// labelled does not (upstream's loss then reads the last padding position's logits).
+pub(crate) fn causal_loss_reads_only_real_tokens(labels: &Tensor, attention_mask: &Tensor) -> bool {
+    let (ls, ms) = (labels.size(), attention_mask.size());
+    if ls.len() != 2 || ls != ms || ls[1] < 2 {
+        return false;
+    }
+    let seq = ls[1];
+    let counted = labels.narrow(1, 1, seq - 1).ne(-100);
+    let padding = attention_mask
+        .to_device(labels.device())
+        .narrow(1, 0, seq - 1)
+        .eq(0);
+    counted.logical_and(&padding).any().int64_value(&[]) == 0
+}
