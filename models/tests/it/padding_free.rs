@@ -252,12 +252,15 @@ fn padded_batch() -> (Tensor, Tensor, Tensor) {
     (ids, mask, labels)
 }
 
+/// A training step's loss, logits and named gradients (sorted by name).
+type TrainStep = (Tensor, Tensor, Vec<(String, Tensor)>);
+
 /// One forward and backward in training mode (dropout drawn after `manual_seed(0)`):
 /// the loss, the logits and every parameter's gradient.
 fn train_step(
     model: &mut dyn PreTrainedModel,
     inputs: &ModelInputs<'_>,
-) -> Result<(Tensor, Tensor, Vec<(String, Tensor)>)> {
+) -> Result<TrainStep> {
     model.train();
     for (_, v) in model.var_store().variables() {
         let mut g = v.grad();
