@@ -7,7 +7,7 @@
 //! ([`MapCache`], [`Fingerprint`]), the parallel map of `map(num_proc=...)`
 //! ([`parallel_map`]), and `run_clm.py`'s text preparation ([`tokenize_lines`],
 //! [`group_texts`], [`causal_lm_blocks_from_file`], and the streamed form
-//! [`CausalLmTextStream`]).
+//! [`CausalLmTextStream`]), and TRL's packing of tokenized rows ([`pack_dataset`]).
 //!
 //! Mirrors the Hugging Face `datasets` library (the loaders, `arrow_dataset.map`,
 //! `fingerprint.py`); names follow upstream so a user finds each concept where they expect it.
@@ -24,6 +24,7 @@
 mod error;
 mod feature;
 mod map_cache;
+mod packing;
 mod parallel;
 mod table;
 mod text;
@@ -33,6 +34,7 @@ pub use feature::{Feature, Label};
 pub use map_cache::{
     DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows, map_cached,
 };
+pub use packing::{Packed, PackingStrategy, pack_dataset};
 pub use parallel::parallel_map;
 pub use table::{Table, cell_text, read_text_maybe_bz2};
 pub use text::{

@@ -346,9 +346,13 @@ fn lora_equals_peft() -> Result<()> {
             "{name}: peft could not load our adapter cleanly"
         );
         let py: HashMap<String, Tensor> = Tensor::read_safetensors(&py_out)?.into_iter().collect();
+        // Python against its own reference run, in another process: GPT-2's Conv1D
+        // (`addmm`) rounds by its operands' memory addresses in MKL, seen once at 1.9e-6
+        // (the bound, 1e-5, for it; the others to the bit).
         let d = max_abs(&py["logits"], &r["logits"]);
+        let tol = if name == "gpt2_conv1d" { 1e-5 } else { 0.0 };
         assert!(
-            d == 0.0,
+            d <= tol,
             "{name}: peft's logits with our adapter differ by {d}"
         );
 
