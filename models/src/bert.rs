@@ -824,7 +824,8 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
             head,
             config: encoder_config.clone(),
             training: false,
-            padding_free: KIND == SEQ_CLS && crate::modeling_utils::padding_free_from_env(),
+            padding_free: matches!(KIND, SEQ_CLS | MLM | TOK_CLS)
+                && crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -927,12 +928,17 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
             .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
     }
     crate::modeling_utils::checkpointing_plumbing!(bert);
+    /// The sequence classifiers when every row's first token is real (the head reads
+    /// position 0); the masked-LM and token classifiers in training when the labels ignore
+    /// the padding (-100 there: the loss reads no padding position); otherwise the forward
+    /// runs padded. The base model and the question answerer (whose loss is a softmax over
+    /// every position, padding included) refuse it.
     fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        if on && KIND != SEQ_CLS {
+        if on && matches!(KIND, BASE | QA) {
             return Err(Error::InvalidArgument {
                 field: "padding_free",
                 detail: format!(
-                    "{} reads every position's output (its loss or its logits cover the padding as upstream computes it); padding-free execution is implemented for the sequence classifiers, which read the first token only",
+                    "{} reads every position's output (its logits, or a loss over every position, cover the padding as upstream computes it); padding-free execution is implemented for the sequence, token and masked-LM heads",
                     self.architecture()
                 ),
             });
@@ -993,7 +999,18 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let train = self.training;
-        let (h, pooled) = self.bert.forward_with(inputs, train, self.padding_free)?;
+        let padding_free = self.padding_free
+            && match (KIND, inputs.attention_mask) {
+                (SEQ_CLS, Some(m)) => crate::padding_free::first_tokens_real(m),
+                (MLM | TOK_CLS, Some(m)) => {
+                    train
+                        && inputs
+                            .labels
+                            .is_some_and(|l| crate::padding_free::labels_ignore_padding(l, m))
+                }
+                _ => false,
+            };
+        let (h, pooled) = self.bert.forward_with(inputs, train, padding_free)?;
         let labels_config = self.config.labels();
         let num_labels = labels_config.num_labels();
         let vocab_size = self.bert.config.vocab_size;

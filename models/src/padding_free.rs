@@ -104,3 +104,22 @@ pub(crate) fn causal_loss_reads_only_real_tokens(labels: &Tensor, attention_mask
         .eq(0);
     counted.logical_and(&padding).any().int64_value(&[]) == 0
 }
+
+/// Whether every row's first token is real (a head reading position 0 reads a real token).
+pub(crate) fn first_tokens_real(attention_mask: &Tensor) -> bool {
+    attention_mask.dim() == 2
+        && attention_mask.size()[1] > 0
+        && attention_mask.select(1, 0).ne(0).all().int64_value(&[]) != 0
+}
+
+/// Whether per-token labels ignore every padding position (-100 wherever the attention
+/// mask is 0), so that a loss over them reads no padding position's logits.
+pub(crate) fn labels_ignore_padding(labels: &Tensor, attention_mask: &Tensor) -> bool {
+    labels.size() == attention_mask.size()
+        && labels
+            .ne(-100)
+            .logical_and(&attention_mask.to_device(labels.device()).eq(0))
+            .any()
+            .int64_value(&[])
+            == 0
+}
