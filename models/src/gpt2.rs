@@ -184,6 +184,8 @@ struct BlockInputs {
     use_cache: bool,
     /// The key / value cache the blocks append to (decoding).
     cache: Option<crate::DynamicCache>,
+    /// The padding-free layout, when the blocks run on the real tokens only.
+    unpadded: Option<crate::padding_free::Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -207,8 +209,23 @@ impl Block {
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let normed = apply_traced(h, &self.ln_1, || n("ln_1"), "LayerNorm");
         let qkv =
-            apply_traced(&normed, &self.c_attn, || n("attn.c_attn"), "Conv1D").split(n_embd, 2);
-        let to_heads = |t: &Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+            apply_traced(&normed, &self.c_attn, || n("attn.c_attn"), "Conv1D").split(n_embd, -1);
+        // Padding-free, the real tokens go back to the padded layout for attention.
+        let to_heads = |t: &Tensor| {
+            let t = match &x.unpadded {
+                Some(u) => u.scatter(t),
+                None => t.shallow_clone(),
+            };
+            t.view([batch, seq, heads, head_dim]).transpose(1, 2)
+        };
+        let dropout = |t: &Tensor, name: &str| match &x.unpadded {
+            Some(u) => {
+                let y = u.dropout(t, x.resid_pdrop, x.train);
+                crate::debug_utils::leaf(|| n(name), "Dropout", &[], t, &y);
+                y
+            }
+            None => dropout_traced(t, x.resid_pdrop, x.train, || n(name)),
+        };
         let (k, v) = (to_heads(&qkv[1]), to_heads(&qkv[2]));
         let (k, v) = match &x.cache {
             Some(cache) => cache.update(self.idx, &k, &v)?,
@@ -216,8 +233,12 @@ impl Block {
         };
         let a = attention::sdpa(&to_heads(&qkv[0]), &k, &v, &x.mask, x.attn_p, self.scaling);
         let a = a.transpose(1, 2).reshape([batch, seq, n_embd]);
+        let a = match &x.unpadded {
+            Some(u) => u.gather(&a),
+            None => a,
+        };
         let a = apply_traced(&a, &self.c_proj, || n("attn.c_proj"), "Conv1D");
-        let a = dropout_traced(&a, x.resid_pdrop, x.train, || n("attn.resid_dropout"));
+        let a = dropout(&a, "attn.resid_dropout");
         hook(
             || n("attn"),
             "GPT2Attention",
@@ -230,7 +251,7 @@ impl Block {
         let f = apply_traced(&normed, &self.c_fc, || n("mlp.c_fc"), "Conv1D");
         let f = x.act.apply_traced(&f, || n("mlp.act"));
         let f = apply_traced(&f, &self.mlp_proj, || n("mlp.c_proj"), "Conv1D");
-        let m = dropout_traced(&f, x.resid_pdrop, x.train, || n("mlp.dropout"));
+        let m = dropout(&f, "mlp.dropout");
         crate::debug_utils::leaf(|| n("mlp"), "GPT2MLP", &[], &normed, &m);
         let out = h2 + m;
         // Upstream's block gets (hidden_states, past_key_values, causal_mask,
@@ -308,6 +329,18 @@ impl GPT2Model {
 
     /// The last hidden state `[batch, seq, n_embd]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        Ok(self.forward_with(inputs, train, false)?.0)
+    }
+
+    /// [`forward`](Self::forward), the blocks run padding-free when `padding_free`, the
+    /// attention mask pads a token and no cache is used (see `crate::padding_free`): the
+    /// last hidden state is then the real tokens' `[tokens, n_embd]`, with their layout.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<(Tensor, Option<crate::padding_free::Unpadded>)> {
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, self.config.vocab_size, self.config.n_positions)?;
         let device = self.wte.ws.device();
@@ -369,6 +402,13 @@ impl GPT2Model {
         }
         let c = &self.config;
         let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
+        let unpadded = match padding_free && cache.is_none() && !crate::debug_utils::active() {
+            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
+            false => None,
+        };
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         // Upstream builds a cache when the config's `use_cache` is set (not in a
         // checkpointed training forward), and does not look for packed rows with one.
         let use_cache = crate::configuration_utils::use_cache(&c.extra)
@@ -401,6 +441,9 @@ impl GPT2Model {
             // Upstream passes no cache to checkpointed blocks in training.
             use_cache,
             cache: cache.cloned(),
+            unpadded: unpadded
+                .as_ref()
+                .map(crate::padding_free::Unpadded::shallow_clone),
         }));
         for (i, b) in self.h.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -428,7 +471,7 @@ impl GPT2Model {
                 crate::debug_utils::Out::One(crate::debug_utils::Var::NotTensor),
             );
         }
-        Ok(h)
+        Ok((h, unpadded))
     }
 }
 
@@ -444,6 +487,9 @@ pub struct GPT2LMHeadModel {
     lm_head: Option<Tensor>,
     config: GPT2Config,
     training: bool,
+    /// Run the blocks and the head on the real tokens only in training (see
+    /// [`TrainableModel::set_padding_free`]; off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
     /// `generation_config` (as JSON).
     generation_config: serde_json::Value,
 }
@@ -467,6 +513,7 @@ impl GPT2LMHeadModel {
             lm_head,
             config: config.clone(),
             training: false,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
             // Upstream's `GenerationConfig.from_model_config(config)`.
             generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
         })
@@ -530,8 +577,23 @@ impl TrainableModel for GPT2LMHeadModel {
             vec![]
         }
     }
+    /// In training, when the labels count only real tokens (the loss then reads no
+    /// padding position's logits); otherwise the forward runs padded.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        self.padding_free = on;
+        Ok(())
+    }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let h = self.transformer.forward(inputs, self.training)?;
+        let padding_free = self.padding_free
+            && self.training
+            && inputs.logits_to_keep.is_none()
+            && match (inputs.labels, inputs.attention_mask) {
+                (Some(l), Some(m)) => crate::padding_free::causal_loss_reads_only_real_tokens(l, m),
+                _ => false,
+            };
+        let (h, unpadded) = self
+            .transformer
+            .forward_with(inputs, self.training, padding_free)?;
         let weight = self.lm_head.as_ref().unwrap_or(self.transformer.wte());
         // `logits_to_keep`: the head on the last positions' hidden states alone.
         let kept = crate::modeling_utils::keep_last_positions(&h, inputs.logits_to_keep)?;
@@ -544,6 +606,12 @@ impl TrainableModel for GPT2LMHeadModel {
             h_head,
             &logits,
         );
+        // Padding-free: the real tokens' logits and hidden states back in the padded layout
+        // (zeros at the padding, which the loss does not read).
+        let (logits, h) = match &unpadded {
+            Some(u) => (u.scatter(&logits), u.scatter(&h)),
+            None => (logits, h),
+        };
         let loss = match inputs.labels {
             Some(labels) => Some(tchtrain_losses::for_causal_lm_loss(
                 &logits,

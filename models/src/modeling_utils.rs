@@ -357,8 +357,9 @@ pub trait TrainableModel: Send {
     /// no projection, feed-forward, norm or head work. Implemented for the BERT-family
     /// sequence classifiers (when each row's first token, which they read, is real), their
     /// masked-LM and token classifiers in training when the labels are -100 on the padding,
-    /// and the Llama-shaped causal LMs in training when the labels count only real tokens
-    /// (right padding with -100 labels); otherwise the forward runs padded. The results equal the padded run's up to
+    /// and the causal LMs (GPT-2, the Llama-shaped families) in training when the labels
+    /// count only real tokens (right padding with -100 labels); otherwise the forward runs
+    /// padded. The results equal the padded run's up to
     /// the last bits of the matmuls' sums (MiniLM: logits 3e-7 relative in evaluation,
     /// gradients 5e-6), not to the bit, so it is off by default (the padded run computes
     /// upstream's numbers exactly) and turned on here or, at model creation, by

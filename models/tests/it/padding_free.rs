@@ -358,8 +358,13 @@ fn padding_free_is_refused_where_every_position_is_read() -> Result<()> {
         "{err}"
     );
     base.set_padding_free(false)?;
-    let mut lm = load("gpt2")?;
-    let err = lm.set_padding_free(true).unwrap_err().to_string();
+    let mut cls = load_task(
+        "tiny-gpt2",
+        AutoTask::SequenceClassification {
+            num_labels: Some(2),
+        },
+    )?;
+    let err = cls.set_padding_free(true).unwrap_err().to_string();
     assert!(err.contains("no padding-free path"), "{err}");
     Ok(())
 }
@@ -389,15 +394,15 @@ fn padded_lm_batch(left: bool) -> (Tensor, Tensor, Tensor) {
     (ids, mask, labels)
 }
 
-/// The Llama-shaped causal LMs in training (Qwen2 with sliding layers, Gemma 2's eager
-/// soft-capped attention, Phi-3's fused projections and partial rotary) on right-padded
-/// rows: padding-free gives the padded run's loss (1e-6) and gradients (1e-5, relative to
+/// The causal LMs in training (Qwen2 with sliding layers, Gemma 2's eager soft-capped
+/// attention, Phi-3's fused projections and partial rotary, GPT-2 with its dropouts at 0.1)
+/// on right-padded rows: padding-free gives the padded run's loss (1e-6) and gradients (1e-5, relative to
 /// each tensor's largest magnitude). Left-padded rows whose first real token is labelled
 /// make the loss read a padding position's logits: those run padded, to the bit.
 #[test]
 fn padding_free_causal_lm_training_equals_the_padded_run() -> Result<()> {
     let _g = lock();
-    for case in ["qwen2", "gemma2", "phi3"] {
+    for case in ["qwen2", "gemma2", "phi3", "gpt2"] {
         let mut model = load(case)?;
         model.set_use_cache(false);
         for left in [false, true] {
