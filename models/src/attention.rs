@@ -116,7 +116,7 @@ pub(crate) fn attention_mask_after(
 /// Trainer sets to `args.use_cache`, false by default). A position that does not follow its
 /// predecessor by 1 starts a new document; a batch whose rows each hold one document is not
 /// packed (one host read, as upstream's).
-pub(crate) struct Packed {
+struct Packed {
     /// `[batch, seq]`: the index of each token's document within its row.
     documents: Tensor,
     /// `[batch, seq]`: the positions, expanded over the batch.
@@ -124,7 +124,7 @@ pub(crate) struct Packed {
 }
 
 impl Packed {
-    pub(crate) fn detect(
+    fn detect(
         position_ids: Option<&Tensor>,
         attention_mask: Option<&Tensor>,
         cached: bool,
@@ -165,7 +165,7 @@ impl Packed {
     /// visible from query `q` when both are in the same document and, on the documents' own
     /// positions, `k <= q` (and `q - window < k` with a sliding `window`). Always an
     /// explicit `[batch, 1, q, k]` boolean mask (upstream then allows no `is_causal` skip).
-    pub(crate) fn causal_mask(&self, window: Option<i64>) -> Mask {
+    fn causal_mask(&self, window: Option<i64>) -> Mask {
         let (d, p) = (&self.documents, &self.positions);
         let (q, k) = (p.unsqueeze(2), p.unsqueeze(1));
         let mut mask = d
@@ -180,6 +180,32 @@ impl Packed {
             is_causal: false,
         }
     }
+}
+
+/// A decoder forward's causal mask, and with `window` its sliding-window mask, as upstream's
+/// `create_causal_mask` / `create_sliding_window_causal_mask` build them: over the packed
+/// documents when [`Packed::detect`] finds some (`cached`: a cache is given, or the model
+/// builds one), else over the padding and the `past` cached keys.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn causal_masks(
+    position_ids: Option<&Tensor>,
+    attention_mask: Option<&Tensor>,
+    cached: bool,
+    batch: i64,
+    seq: i64,
+    past: i64,
+    window: Option<i64>,
+    device: Device,
+) -> crate::Result<(Mask, Option<Mask>)> {
+    Ok(
+        match Packed::detect(position_ids, attention_mask, cached, batch, seq, device)? {
+            Some(p) => (p.causal_mask(None), window.map(|w| p.causal_mask(Some(w)))),
+            None => (
+                attention_mask_after(attention_mask, batch, seq, past, device)?,
+                window.map(|w| sliding_window_mask(attention_mask, batch, seq, w, device)),
+            ),
+        },
+    )
 }
 
 /// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query

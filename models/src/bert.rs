@@ -642,10 +642,12 @@ impl BertModel {
             Out::One(Var::T(&h)),
         );
         let embedding_output = h.shallow_clone();
-        let unpadded = match padding_free && !crate::debug_utils::active() {
-            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
-            false => None,
-        };
+        let unpadded = crate::padding_free::Unpadded::for_forward(
+            padding_free,
+            false,
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }

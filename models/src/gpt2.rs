@@ -402,10 +402,12 @@ impl GPT2Model {
         }
         let c = &self.config;
         let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
-        let unpadded = match padding_free && cache.is_none() && !crate::debug_utils::active() {
-            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
-            false => None,
-        };
+        let unpadded = crate::padding_free::Unpadded::for_forward(
+            padding_free,
+            cache.is_some(),
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
@@ -413,20 +415,16 @@ impl GPT2Model {
         // checkpointed training forward), and does not look for packed rows with one.
         let use_cache = crate::configuration_utils::use_cache(&c.extra)
             && !(train && self.checkpointing.is_some());
-        let packed = attention::Packed::detect(
+        let (mask, _) = attention::causal_masks(
             inputs.position_ids,
             inputs.attention_mask,
             inputs.past_key_values.is_some() || use_cache,
             batch,
             seq,
+            past,
+            None,
             device,
         )?;
-        let mask = match &packed {
-            Some(p) => p.causal_mask(None),
-            None => {
-                attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?
-            }
-        };
         let x = Arc::new(Shared(BlockInputs {
             mask,
             batch,

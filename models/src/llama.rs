@@ -1038,10 +1038,12 @@ impl LlamaModel {
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
-        let unpadded = match padding_free && cache.is_none() && !crate::debug_utils::active() {
-            true => crate::padding_free::Unpadded::new(inputs.attention_mask, device)?,
-            false => None,
-        };
+        let unpadded = crate::padding_free::Unpadded::for_forward(
+            padding_free,
+            cache.is_some(),
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
@@ -1049,34 +1051,23 @@ impl LlamaModel {
         // checkpointed training forward), and does not look for packed rows with one.
         let builds_cache = crate::configuration_utils::use_cache(&c.extra)
             && !(train && self.checkpointing.is_some());
-        let packed = attention::Packed::detect(
+        let (mask, sliding_mask) = attention::causal_masks(
             inputs.position_ids,
             inputs.attention_mask,
             inputs.past_key_values.is_some() || builds_cache,
             batch,
             seq,
+            past,
+            // The families' layers share one window size (upstream's `sliding_window`).
+            self.family.sliding_windows.iter().flatten().next().copied(),
             device,
         )?;
-        let mask = match &packed {
-            Some(p) => p.causal_mask(None),
-            None => {
-                attention::attention_mask_after(inputs.attention_mask, batch, seq, past, device)?
-            }
-        };
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
             sliding_cos_sin,
             mask,
-            // The families' layers share one window size (upstream's `sliding_window`).
-            sliding_mask: self.family.sliding_windows.iter().flatten().next().map(
-                |&w| match &packed {
-                    Some(p) => p.causal_mask(Some(w)),
-                    None => {
-                        attention::sliding_window_mask(inputs.attention_mask, batch, seq, w, device)
-                    }
-                },
-            ),
+            sliding_mask,
             batch,
             seq,
             heads: c.num_attention_heads,

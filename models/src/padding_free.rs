@@ -26,9 +26,18 @@ pub(crate) struct Unpadded {
 }
 
 impl Unpadded {
-    /// The layout of `attention_mask` when it pads at least one token (one host read).
-    pub(crate) fn new(attention_mask: Option<&Tensor>, device: Device) -> Result<Option<Self>> {
-        let Some(mask) = attention_mask else {
+    /// The layout of a forward's `attention_mask` when `padding_free` is asked, no cache is
+    /// used, the underflow / overflow tracer is off (it reports upstream's padded shapes)
+    /// and the mask pads at least one token (one host read).
+    pub(crate) fn for_forward(
+        padding_free: bool,
+        cached: bool,
+        attention_mask: Option<&Tensor>,
+        device: Device,
+    ) -> Result<Option<Self>> {
+        let Some(mask) =
+            attention_mask.filter(|_| padding_free && !cached && !crate::debug_utils::active())
+        else {
             return Ok(None);
         };
         let size = mask.size();

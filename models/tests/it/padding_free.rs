@@ -284,6 +284,35 @@ fn train_step(model: &mut dyn PreTrainedModel, inputs: &ModelInputs<'_>) -> Resu
     ))
 }
 
+/// The worst relative difference between two steps' gradients (names checked in step).
+/// The attention key bias's gradient is zero in exact arithmetic (softmax does not see a
+/// constant added to a row's logits): both runs hold rounding noise (~1e-10), checked
+/// small and left out.
+fn worst_gradient(free: &TrainStep, padded: &TrainStep) -> f64 {
+    let mut worst = 0.0f64;
+    for ((name, a), (other, b)) in free.2.iter().zip(&padded.2) {
+        assert_eq!(name, other);
+        if name.ends_with("key.bias") {
+            let noise = a.abs().max().double_value(&[]);
+            assert!(noise <= 1e-7, "gradient of {name}: {noise}");
+            continue;
+        }
+        worst = worst.max(rel(a, b));
+    }
+    worst
+}
+
+/// The same training step run padded, then padding-free.
+fn padded_then_free(
+    model: &mut dyn PreTrainedModel,
+    inputs: &ModelInputs<'_>,
+) -> Result<(TrainStep, TrainStep)> {
+    model.set_padding_free(false)?;
+    let padded = train_step(model, inputs)?;
+    model.set_padding_free(true)?;
+    Ok((padded, train_step(model, inputs)?))
+}
+
 /// MiniLM's sequence classifier (hidden and attention dropout 0.1) on a padded batch:
 /// padding-free gives the padded run's logits, loss and gradients within the
 /// module's tolerances, in evaluation and in training with dropout.
@@ -314,20 +343,8 @@ fn padding_free_sequence_classification_equals_the_padded_run() -> Result<()> {
     let eval_rel = rel(&free.0, &padded.0);
     let loss_rel = rel(&free.1.0, &padded.1.0);
     let train_logits_rel = rel(&free.1.1, &padded.1.1);
-    let mut worst = 0.0f64;
-    for ((name, a), (other, b)) in free.1.2.iter().zip(&padded.1.2) {
-        assert_eq!(name, other);
-        // The key bias's gradient is zero in exact arithmetic (softmax does not see a
-        // constant added to a row's logits): both runs hold rounding noise, ~1e-10.
-        if name.ends_with("key.bias") {
-            let noise = a.abs().max().double_value(&[]);
-            assert!(noise <= 1e-7, "gradient of {name}: {noise}");
-            continue;
-        }
-        let d = rel(a, b);
-        assert!(d <= 1e-5, "gradient of {name}: rel {d}");
-        worst = worst.max(d);
-    }
+    let worst = worst_gradient(&free.1, &padded.1);
+    assert!(worst <= 1e-5, "gradient rel {worst}");
     eprintln!(
         "padding-free vs padded: eval logits {eval_rel:.1e}, train logits {train_logits_rel:.1e}, loss {loss_rel:.1e}, worst gradient {worst:.1e} ({} tensors)",
         free.1.2.len()
@@ -413,18 +430,9 @@ fn padding_free_causal_lm_training_equals_the_padded_run() -> Result<()> {
                 labels: Some(&labels),
                 ..Default::default()
             };
-            let mut runs = Vec::new();
-            for padding_free in [false, true] {
-                model.set_padding_free(padding_free)?;
-                runs.push(train_step(&mut *model, &inputs)?);
-            }
-            let (padded, free) = (&runs[0], &runs[1]);
+            let (padded, free) = &padded_then_free(&mut *model, &inputs)?;
             let loss_rel = rel(&free.0, &padded.0);
-            let mut worst = 0.0f64;
-            for ((name, a), (other, b)) in free.2.iter().zip(&padded.2) {
-                assert_eq!(name, other);
-                worst = worst.max(rel(a, b));
-            }
+            let worst = worst_gradient(free, padded);
             eprintln!(
                 "{case} ({} padding): loss {loss_rel:.1e}, worst gradient {worst:.1e}",
                 if left { "left" } else { "right" }
@@ -491,23 +499,9 @@ fn padding_free_encoder_heads_fall_back_where_padding_is_read() -> Result<()> {
                 labels: Some(labels),
                 ..Default::default()
             };
-            let mut runs = Vec::new();
-            for padding_free in [false, true] {
-                model.set_padding_free(padding_free)?;
-                runs.push(train_step(&mut *model, &inputs)?);
-            }
-            let (padded, free) = (&runs[0], &runs[1]);
+            let (padded, free) = &padded_then_free(&mut *model, &inputs)?;
             let loss_rel = rel(&free.0, &padded.0);
-            let mut worst = 0.0f64;
-            for ((name, a), (other, b)) in free.2.iter().zip(&padded.2) {
-                assert_eq!(name, other);
-                // Zero in exact arithmetic (see the MiniLM test): rounding noise on both sides.
-                if name.ends_with("key.bias") {
-                    assert!(a.abs().max().double_value(&[]) <= 1e-7, "{name}");
-                    continue;
-                }
-                worst = worst.max(rel(a, b));
-            }
+            let worst = worst_gradient(free, padded);
             let padding_logits = max_abs(
                 &free.1.masked_select(&mask.eq(0).unsqueeze(-1)),
                 &padded.1.masked_select(&mask.eq(0).unsqueeze(-1)),
@@ -540,17 +534,9 @@ fn padding_free_encoder_heads_fall_back_where_padding_is_read() -> Result<()> {
         labels: Some(&labels),
         ..Default::default()
     };
-    let mut runs = Vec::new();
-    for padding_free in [false, true] {
-        cls.set_padding_free(padding_free)?;
-        runs.push(train_step(&mut *cls, &inputs)?);
-    }
-    assert_eq!(
-        max_abs(&runs[0].0, &runs[1].0),
-        0.0,
-        "left padding runs padded"
-    );
-    for ((name, a), (_, b)) in runs[0].2.iter().zip(&runs[1].2) {
+    let (padded, free) = &padded_then_free(&mut *cls, &inputs)?;
+    assert_eq!(max_abs(&free.0, &padded.0), 0.0, "left padding runs padded");
+    for ((name, a), (_, b)) in free.2.iter().zip(&padded.2) {
         assert_eq!(max_abs(a, b), 0.0, "{name}");
     }
     Ok(())
