@@ -1370,6 +1370,9 @@ pub struct DecoderForSequenceClassification<C: DecoderConfig> {
     score: nn::Linear,
     config: C,
     training: bool,
+    /// Run the layers and the head on the real tokens only (see
+    /// [`TrainableModel::set_padding_free`]; off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
@@ -1393,6 +1396,7 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
             score,
             config: config.clone(),
             training: false,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -1427,6 +1431,12 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     set_use_cache!();
+    /// When every row's pooled token (its last non-pad token) is real; otherwise the
+    /// forward runs padded.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        self.padding_free = on;
+        Ok(())
+    }
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Sequence {
             num_labels: self.config.labels().num_labels(),
@@ -1436,8 +1446,24 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
         name == "model.embed_tokens.weight"
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let h = self.model.forward(inputs, self.training)?;
+        // Padding-free when every row's pooled token (its last non-pad token) is real.
+        let pad = self.model.config.pad_token_id;
+        let padding_free = self.padding_free
+            && match (inputs.attention_mask, pad) {
+                (Some(m), Some(pad)) => {
+                    crate::modeling_utils::last_non_pad_tokens_real(inputs.ids()?, m, pad)?
+                }
+                _ => false,
+            };
+        let (h, unpadded) = self
+            .model
+            .forward_with(inputs, self.training, padding_free)?;
         let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
+        // Padding-free: back in the padded layout (zeros at the padding, never pooled).
+        let (logits, h) = match &unpadded {
+            Some(u) => (u.scatter(&logits), u.scatter(&h)),
+            None => (logits, h),
+        };
         let pooled = crate::modeling_utils::last_non_pad_logits(
             &logits,
             inputs.ids()?,

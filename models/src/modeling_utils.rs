@@ -357,9 +357,10 @@ pub trait TrainableModel: Send {
     /// no projection, feed-forward, norm or head work. Implemented for the BERT-family
     /// sequence classifiers (when each row's first token, which they read, is real), their
     /// masked-LM and token classifiers in training when the labels are -100 on the padding,
-    /// and the causal LMs (GPT-2, the Llama-shaped families) in training when the labels
-    /// count only real tokens (right padding with -100 labels); otherwise the forward runs
-    /// padded. The results equal the padded run's up to
+    /// the causal LMs (GPT-2, the Llama-shaped families) in training when the labels count
+    /// only real tokens (right padding with -100 labels), and the Llama-shaped sequence
+    /// classifiers when each row's pooled (last non-pad) token is real; otherwise the
+    /// forward runs padded. The results equal the padded run's up to
     /// the last bits of the matmuls' sums (MiniLM: logits 3e-7 relative in evaluation,
     /// gradients 5e-6), not to the bit, so it is off by default (the padded run computes
     /// upstream's numbers exactly) and turned on here or, at model creation, by
@@ -686,11 +687,7 @@ pub(crate) fn last_non_pad_logits(
     let ids = input_ids.f_to_device(logits.device())?;
     let (batch, seq) = (ids.size()[0], ids.size()[1]);
     let last = match pad_token_id {
-        Some(pad) => {
-            let non_pad = ids.f_ne(pad)?.f_to_kind(tch::Kind::Int64)?;
-            (Tensor::f_arange(seq, (tch::Kind::Int64, ids.device()))? * non_pad)
-                .f_argmax(-1, false)?
-        }
+        Some(pad) => last_non_pad_index(&ids, pad)?,
         None if batch == 1 => Tensor::f_from_slice(&[seq - 1])?.f_to_device(ids.device())?,
         None => {
             return Err(crate::Error::InvalidConfig {
@@ -704,6 +701,36 @@ pub(crate) fn last_non_pad_logits(
         Some(Tensor::f_arange(batch, (tch::Kind::Int64, ids.device()))?),
         Some(last),
     ])?)
+}
+
+/// Upstream's pooled position: each row's last token that is not `pad`
+/// (`(arange(seq) * (ids != pad)).argmax(-1)`).
+fn last_non_pad_index(ids: &Tensor, pad: i64) -> Result<Tensor> {
+    let non_pad = ids.f_ne(pad)?.f_to_kind(tch::Kind::Int64)?;
+    Ok(
+        (Tensor::f_arange(ids.size()[1], (tch::Kind::Int64, ids.device()))? * non_pad)
+            .f_argmax(-1, false)?,
+    )
+}
+
+/// Whether each row's pooled token (its last non-pad token) is one the attention mask
+/// keeps (one host read): a padding-free forward computes no padding position.
+pub(crate) fn last_non_pad_tokens_real(
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    pad: i64,
+) -> Result<bool> {
+    if input_ids.size() != attention_mask.size() || input_ids.dim() != 2 {
+        return Ok(false);
+    }
+    let mask = attention_mask.f_to_device(input_ids.device())?;
+    let last = last_non_pad_index(input_ids, pad)?;
+    Ok(mask
+        .f_gather(1, &last.unsqueeze(1), false)?
+        .f_ne(0)?
+        .f_all()?
+        .int64_value(&[])
+        != 0)
 }
 
 /// The batch keys of a question-answering head's labels (upstream's `find_labels` for a

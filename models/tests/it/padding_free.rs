@@ -541,3 +541,57 @@ fn padding_free_encoder_heads_fall_back_where_padding_is_read() -> Result<()> {
     }
     Ok(())
 }
+
+/// The Llama-shaped sequence classifiers (tiny Qwen2, Gemma 2; pad id 0), pooled at each
+/// row's last non-pad token: padding-free on right-padded rows gives the padded run's
+/// pooled logits, loss (1e-6) and gradients (1e-5), padding positions unused (the last
+/// hidden state is zero there). When the pooled token is a padding position (rows padded
+/// with another id than the pad id), the forward runs padded, to the bit.
+#[test]
+fn padding_free_decoder_sequence_classification_equals_the_padded_run() -> Result<()> {
+    let _g = lock();
+    for case in ["tiny_qwen2_seqcls", "tiny_gemma2_seqcls"] {
+        let mut model = load_task(
+            &format!("reference/models/{case}"),
+            AutoTask::SequenceClassification { num_labels: None },
+        )?;
+        let (ids, mask, _) = padded_lm_batch(false);
+        let labels = Tensor::from_slice(&[0i64, 2, 1]);
+        // Padding with id 7 instead of the pad id 0: upstream pools a padding position.
+        let other_pad = &ids + mask.eq(0).to_kind(Kind::Int64) * 7;
+        for (ids, falls_back) in [(&ids, false), (&other_pad, true)] {
+            let inputs = ModelInputs {
+                input_ids: Some(ids),
+                attention_mask: Some(&mask),
+                labels: Some(&labels),
+                ..Default::default()
+            };
+            let (padded, free) = &padded_then_free(&mut *model, &inputs)?;
+            let (loss_rel, logits_rel) = (rel(&free.0, &padded.0), rel(&free.1, &padded.1));
+            let worst = worst_gradient(free, padded);
+            eprintln!(
+                "{case} (pooling a padding position: {falls_back}): logits {logits_rel:.1e}, loss {loss_rel:.1e}, worst gradient {worst:.1e}"
+            );
+            if falls_back {
+                assert_eq!((loss_rel, logits_rel, worst), (0.0, 0.0, 0.0), "{case}");
+            } else {
+                assert!(logits_rel <= 1e-6 && loss_rel <= 1e-6, "{case}");
+                assert!(worst <= 1e-5, "{case}: gradient rel {worst}");
+            }
+        }
+        // The path ran: the last hidden state is zero at the padding.
+        model.set_padding_free(true)?;
+        model.eval();
+        let out = tch::no_grad(|| {
+            model.forward(&ModelInputs {
+                input_ids: Some(&ids),
+                attention_mask: Some(&mask),
+                ..Default::default()
+            })
+        })?;
+        let h = out.last_hidden_state.context("hidden states")?;
+        let at_padding = h.masked_select(&mask.eq(0).unsqueeze(-1)).abs().max();
+        assert_eq!(at_padding.double_value(&[]), 0.0, "{case}");
+    }
+    Ok(())
+}
