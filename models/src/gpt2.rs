@@ -640,6 +640,9 @@ pub struct GPT2ForSequenceClassification {
     score: nn::Linear,
     config: GPT2Config,
     training: bool,
+    /// Run the blocks and the head on the real tokens only (see
+    /// [`TrainableModel::set_padding_free`]; off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 impl GPT2ForSequenceClassification {
@@ -660,6 +663,7 @@ impl GPT2ForSequenceClassification {
             score,
             config: config.clone(),
             training: false,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -706,9 +710,30 @@ impl TrainableModel for GPT2ForSequenceClassification {
     fn is_embedding_weight(&self, name: &str) -> bool {
         matches!(name, "transformer.wte.weight" | "transformer.wpe.weight")
     }
+    /// When every row's pooled token (its last non-pad token) is real; otherwise the
+    /// forward runs padded.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        self.padding_free = on;
+        Ok(())
+    }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let h = self.transformer.forward(inputs, self.training)?;
+        // Padding-free when every row's pooled token (its last non-pad token) is real.
+        let padding_free = self.padding_free
+            && match (inputs.attention_mask, self.config.pad_token_id) {
+                (Some(m), Some(pad)) => {
+                    crate::modeling_utils::last_non_pad_tokens_real(inputs.ids()?, m, pad)?
+                }
+                _ => false,
+            };
+        let (h, unpadded) = self
+            .transformer
+            .forward_with(inputs, self.training, padding_free)?;
         let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
+        // Padding-free: back in the padded layout (zeros at the padding, never pooled).
+        let (logits, h) = match &unpadded {
+            Some(u) => (u.scatter(&logits), u.scatter(&h)),
+            None => (logits, h),
+        };
         let pooled = crate::modeling_utils::last_non_pad_logits(
             &logits,
             inputs.ids()?,

@@ -358,9 +358,9 @@ pub trait TrainableModel: Send {
     /// sequence classifiers (when each row's first token, which they read, is real), their
     /// masked-LM and token classifiers in training when the labels are -100 on the padding,
     /// the causal LMs (GPT-2, the Llama-shaped families) in training when the labels count
-    /// only real tokens (right padding with -100 labels), and the Llama-shaped sequence
-    /// classifiers when each row's pooled (last non-pad) token is real; otherwise the
-    /// forward runs padded. The results equal the padded run's up to
+    /// only real tokens (right padding with -100 labels), and the decoders' sequence
+    /// classifiers (GPT-2, the Llama-shaped families) when each row's pooled (last non-pad)
+    /// token is real; otherwise the forward runs padded. The results equal the padded run's up to
     /// the last bits of the matmuls' sums (MiniLM: logits 3e-7 relative in evaluation,
     /// gradients 5e-6), not to the bit, so it is off by default (the padded run computes
     /// upstream's numbers exactly) and turned on here or, at model creation, by

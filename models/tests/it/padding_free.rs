@@ -375,13 +375,8 @@ fn padding_free_is_refused_where_every_position_is_read() -> Result<()> {
         "{err}"
     );
     base.set_padding_free(false)?;
-    let mut cls = load_task(
-        "tiny-gpt2",
-        AutoTask::SequenceClassification {
-            num_labels: Some(2),
-        },
-    )?;
-    let err = cls.set_padding_free(true).unwrap_err().to_string();
+    let mut qa = load_task("tiny-gpt2", AutoTask::QuestionAnswering)?;
+    let err = qa.set_padding_free(true).unwrap_err().to_string();
     assert!(err.contains("no padding-free path"), "{err}");
     Ok(())
 }
@@ -542,7 +537,8 @@ fn padding_free_encoder_heads_fall_back_where_padding_is_read() -> Result<()> {
     Ok(())
 }
 
-/// The Llama-shaped sequence classifiers (tiny Qwen2, Gemma 2; pad id 0), pooled at each
+/// The decoders' sequence classifiers (tiny Qwen2, Gemma 2; GPT-2 with its dropouts, pad id
+/// 50256), pooled at each
 /// row's last non-pad token: padding-free on right-padded rows gives the padded run's
 /// pooled logits, loss (1e-6) and gradients (1e-5), padding positions unused (the last
 /// hidden state is zero there). When the pooled token is a padding position (rows padded
@@ -550,15 +546,20 @@ fn padding_free_encoder_heads_fall_back_where_padding_is_read() -> Result<()> {
 #[test]
 fn padding_free_decoder_sequence_classification_equals_the_padded_run() -> Result<()> {
     let _g = lock();
-    for case in ["tiny_qwen2_seqcls", "tiny_gemma2_seqcls"] {
+    for (case, pad) in [
+        ("tiny_qwen2_seqcls", 0),
+        ("tiny_gemma2_seqcls", 0),
+        ("tiny_gpt2_seqcls", 50256),
+    ] {
         let mut model = load_task(
             &format!("reference/models/{case}"),
             AutoTask::SequenceClassification { num_labels: None },
         )?;
         let (ids, mask, _) = padded_lm_batch(false);
+        let ids = &ids + mask.eq(0).to_kind(Kind::Int64) * pad;
         let labels = Tensor::from_slice(&[0i64, 2, 1]);
-        // Padding with id 7 instead of the pad id 0: upstream pools a padding position.
-        let other_pad = &ids + mask.eq(0).to_kind(Kind::Int64) * 7;
+        // Padding with id 7 instead of the pad id: upstream pools a padding position.
+        let other_pad = ids.where_self(&mask.ne(0), &ids.full_like(7));
         for (ids, falls_back) in [(&ids, false), (&other_pad, true)] {
             let inputs = ModelInputs {
                 input_ids: Some(ids),
