@@ -166,3 +166,14 @@ pub(crate) fn use_cache(extra: &serde_json::Map<String, serde_json::Value>) -> b
         .and_then(serde_json::Value::as_bool)
         .unwrap_or(true)
 }
+
+/// Whether upstream's plain forward builds a cache: the config's `use_cache`, turned off in a
+/// training forward with gradient checkpointing (`merge_with_config_defaults`). With a cache,
+/// upstream does not look for packed rows.
+pub(crate) fn forward_builds_cache(
+    extra: &serde_json::Map<String, serde_json::Value>,
+    train: bool,
+    checkpointing: bool,
+) -> bool {
+    use_cache(extra) && !(train && checkpointing)
+}

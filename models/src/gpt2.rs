@@ -411,10 +411,11 @@ impl GPT2Model {
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
-        // Upstream builds a cache when the config's `use_cache` is set (not in a
-        // checkpointed training forward), and does not look for packed rows with one.
-        let use_cache = crate::configuration_utils::use_cache(&c.extra)
-            && !(train && self.checkpointing.is_some());
+        let use_cache = crate::configuration_utils::forward_builds_cache(
+            &c.extra,
+            train,
+            self.checkpointing.is_some(),
+        );
         let (mask, _) = attention::causal_masks(
             inputs.position_ids,
             inputs.attention_mask,

@@ -1047,10 +1047,11 @@ impl LlamaModel {
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
-        // Upstream builds a cache when the config's `use_cache` is set (not in a
-        // checkpointed training forward), and does not look for packed rows with one.
-        let builds_cache = crate::configuration_utils::use_cache(&c.extra)
-            && !(train && self.checkpointing.is_some());
+        let builds_cache = crate::configuration_utils::forward_builds_cache(
+            &c.extra,
+            train,
+            self.checkpointing.is_some(),
+        );
         let (mask, sliding_mask) = attention::causal_masks(
             inputs.position_ids,
             inputs.attention_mask,
