@@ -156,13 +156,26 @@ pub enum Error {
         detail: String,
     },
 
-    /// No optimizer has this name, or it is one tchtrain does not provide (8-bit, GaLore ...).
-    #[error("unsupported optimizer `{name}`; supported: {supported}")]
+    /// `optim` is not one of upstream's `OptimizerNames`, or is one tchtrain refuses (the
+    /// reason and the name to use instead come from `OptimizerNames::support`).
+    #[error("unsupported optimizer `{name}`: {why}; use `{instead}` instead")]
     UnsupportedOptimizer {
         /// The name given.
         name: String,
-        /// The supported names, comma-separated.
-        supported: String,
+        /// Why it is refused.
+        why: String,
+        /// The name to use instead.
+        instead: String,
+    },
+
+    /// The optimizer's arguments do not fit what it needs (`optim_target_modules` missing,
+    /// a layer-wise optimizer with gradient accumulation, ...), as upstream's handler refuses.
+    #[error("optimizer `{name}`: {detail}")]
+    InvalidOptimizerSetup {
+        /// The `optim` name.
+        name: String,
+        /// What is wrong and what to do.
+        detail: String,
     },
 
     /// `optim_args` is not a comma-separated list of `key=value`.

@@ -92,5 +92,5 @@ pub use schedules::{
 };
 pub use sgd::{Sgd, SgdConfig};
 pub use trainer_optimizer::{
-    OptimizerArgs, SUPPORTED_OPTIMIZERS, create_optimizer, create_scheduler,
+    OptimizerArgs, create_optimizer, create_scheduler, supported_optimizers,
 };

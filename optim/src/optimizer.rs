@@ -267,6 +267,20 @@ pub trait Optimizer {
         false
     }
 
+    /// `optimizer.train()`: schedule-free optimizers move the parameters to the point the
+    /// gradient is taken at (upstream's Trainer calls it in every `training_step`). A no-op
+    /// for the others, as upstream's `hasattr(optimizer, "train")` finds none there.
+    fn train(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// `optimizer.eval()`: schedule-free optimizers move the parameters to the averaged
+    /// point (upstream's Trainer calls it at the start of `evaluation_loop`). A no-op for the
+    /// others.
+    fn eval(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// The param groups.
     fn param_groups(&self) -> &[ParamGroup];
 

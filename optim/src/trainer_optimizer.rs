@@ -2,7 +2,7 @@
 //! `trainer_optimizer.py` (`Trainer.get_optimizer_cls_and_kwargs` and its handlers), and
 //! `Trainer.create_scheduler` from `TrainingArguments`.
 
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{OptimizerNames, OptimizerSupport, StrOrList, TrainingArguments};
 
 use crate::optim_args::{bool_arg, float_arg, parse_optim_args};
 use crate::{
@@ -10,19 +10,17 @@ use crate::{
     LionConfig, LrScheduler, Optimizer, Result, RmsProp, RmsPropConfig, Sgd, SgdConfig,
 };
 
-/// The optimizer names (upstream `OptimizerNames` values) that [`create_optimizer`] builds.
-pub const SUPPORTED_OPTIMIZERS: [&str; 8] = [
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adafactor",
-    "sgd",
-    "adagrad",
-    "rmsprop",
-    "lion_32bit",
-    "paged_lion_32bit",
-];
+/// The optimizer names (upstream `OptimizerNames` values) that [`create_optimizer`] builds,
+/// in upstream's order: the working rows of `OptimizerNames::support`.
+pub fn supported_optimizers() -> Vec<&'static str> {
+    OptimizerNames::supported()
+        .into_iter()
+        .map(OptimizerNames::as_str)
+        .collect()
+}
 
-/// The `TrainingArguments` fields the optimizer factory reads (defaults as upstream).
+/// The `TrainingArguments` fields the optimizer factory reads (defaults as upstream), and
+/// the facts about the model some optimizers need (upstream's handlers take the model).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerArgs {
     /// `optim` (an `OptimizerNames` value; default `adamw_torch`, upstream picks
@@ -38,6 +36,25 @@ pub struct OptimizerArgs {
     pub adam_epsilon: f64,
     /// `optim_args` (`"k=v,k2=v2"`).
     pub optim_args: Option<String>,
+    /// `weight_decay` (default 0): the schedule-free and StableAdamW handlers pass it to the
+    /// optimizer as its default (the groups still carry their own).
+    pub weight_decay: f64,
+    /// `warmup_steps` as given (default 0; a ratio below 1 stays a ratio): the schedule-free
+    /// handler passes it to the optimizer unconverted, as upstream does.
+    pub warmup_steps: f64,
+    /// `optim_target_modules`: the modules GaLore and APOLLO project.
+    pub optim_target_modules: Option<StrOrList>,
+    /// `gradient_accumulation_steps` (layer-wise optimizers refuse more than 1).
+    pub gradient_accumulation_steps: usize,
+    /// Whether the run is distributed (`parallel_mode == DISTRIBUTED`; layer-wise optimizers
+    /// refuse it).
+    pub distributed: bool,
+    /// The parameter names of the model's `nn.Embedding` weights: the Trainer keeps them in
+    /// 32-bit state under bitsandbytes' 8-bit optimizers (`register_module_override`).
+    pub embedding_weights: Vec<String>,
+    /// The model's `nn.Linear` modules (names without `.weight`), in registration order: the
+    /// modules `optim_target_modules` may select.
+    pub linear_modules: Vec<String>,
 }
 
 impl Default for OptimizerArgs {
@@ -49,11 +66,20 @@ impl Default for OptimizerArgs {
             adam_beta2: 0.999,
             adam_epsilon: 1e-8,
             optim_args: None,
+            weight_decay: 0.0,
+            warmup_steps: 0.0,
+            optim_target_modules: None,
+            gradient_accumulation_steps: 1,
+            distributed: false,
+            embedding_weights: Vec::new(),
+            linear_modules: Vec::new(),
         }
     }
 }
 
 impl From<&TrainingArguments> for OptimizerArgs {
+    /// The fields of `args`; the model's facts (`embedding_weights`, `linear_modules`) are
+    /// left empty for the caller to fill.
     fn from(args: &TrainingArguments) -> Self {
         Self {
             optim: args.optim.as_str().to_string(),
@@ -62,6 +88,13 @@ impl From<&TrainingArguments> for OptimizerArgs {
             adam_beta2: args.adam_beta2,
             adam_epsilon: args.adam_epsilon,
             optim_args: args.optim_args.clone(),
+            weight_decay: args.weight_decay,
+            warmup_steps: args.warmup_steps,
+            optim_target_modules: args.optim_target_modules.clone(),
+            gradient_accumulation_steps: args.gradient_accumulation_steps,
+            distributed: args.world_size() > 1,
+            embedding_weights: Vec::new(),
+            linear_modules: Vec::new(),
         }
     }
 }
@@ -161,11 +194,30 @@ pub fn create_optimizer(
                 ..Default::default()
             },
         )?),
-        other => {
-            return Err(Error::UnsupportedOptimizer {
-                name: other.to_string(),
-                supported: SUPPORTED_OPTIMIZERS.join(", "),
-            });
-        }
+        other => return Err(refusal(other)),
     })
+}
+
+/// The error for a name the factory does not build: the reason `OptimizerNames::support`
+/// gives, or "not an upstream name" with the list of working ones.
+fn refusal(name: &str) -> Error {
+    let (why, instead) = match name.parse::<OptimizerNames>().map(OptimizerNames::support) {
+        Ok(OptimizerSupport::Refused { why, instead }) => (why.to_string(), instead.to_string()),
+        Ok(OptimizerSupport::Working { .. }) => (
+            "it is marked working but the factory has no arm for it (a tchtrain bug)".into(),
+            "adamw_torch_fused".into(),
+        ),
+        Err(_) => (
+            format!(
+                "it is not one of upstream's OptimizerNames (working here: {})",
+                supported_optimizers().join(", ")
+            ),
+            "adamw_torch_fused".into(),
+        ),
+    };
+    Error::UnsupportedOptimizer {
+        name: name.to_string(),
+        why,
+        instead,
+    }
 }

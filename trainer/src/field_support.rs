@@ -108,7 +108,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     partly(
         "optim",
         &["every_optimizer_matches_torch_for_50_steps"],
-        "the optimizers `tchtrain-optim` implements; any other name is refused when the arguments are read (`UnsupportedOptimizer` lists the ones there are)",
+        "the optimizers `tchtrain-optim` implements (the README's table); any other name is refused when the optimizer is created, with the reason and the name to use instead",
     ),
     h(
         "optim_args",

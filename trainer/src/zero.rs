@@ -235,10 +235,25 @@ impl Trainer {
     ) -> Result<Box<dyn tchtrain_optim::Optimizer>> {
         Ok(match self.deepspeed_optimizer()? {
             Some(ds) => ds.build(groups)?,
-            None => tchtrain_optim::create_optimizer(
-                &tchtrain_optim::OptimizerArgs::from(&self.args),
-                groups,
-            )?,
+            None => {
+                let mut args = tchtrain_optim::OptimizerArgs::from(&self.args);
+                let named = model_info::named_parameters(&*self.model);
+                args.embedding_weights = named
+                    .iter()
+                    .map(|(n, _)| n)
+                    .filter(|n| self.model.is_embedding_weight(n))
+                    .cloned()
+                    .collect();
+                // GaLore and APOLLO project `nn.Linear` only (GPT-2's `Conv1D` is not one).
+                args.linear_modules = self
+                    .model
+                    .linear_modules()
+                    .into_iter()
+                    .filter(|m| !m.conv1d)
+                    .map(|m| m.name)
+                    .collect();
+                tchtrain_optim::create_optimizer(&args, groups)?
+            }
         })
     }
 

@@ -142,15 +142,15 @@ pub enum Error {
         field_value: String,
     },
 
-    /// The optimizer name is valid upstream but tchtrain does not implement it.
-    #[error(
-        "optim {optim:?} is a valid upstream optimizer but tchtrain does not implement it; use one of: {supported}"
-    )]
+    /// The optimizer name is valid upstream but tchtrain does not run it.
+    #[error("optim {optim:?} is a valid upstream optimizer but tchtrain refuses it: {why}; use {instead:?} instead")]
     UnsupportedOptimizer {
         /// The requested optimizer.
         optim: String,
-        /// The supported names, comma separated.
-        supported: String,
+        /// Why it is refused.
+        why: &'static str,
+        /// The name to use instead.
+        instead: &'static str,
     },
 
     /// A command-line flag is not known.

@@ -67,7 +67,7 @@ pub use error::{Error, Result};
 pub use json_loads::{JsonSyntaxError, loads};
 pub use json_value::{JsonMap, JsonValue, dumps};
 pub use normalize::{V4_ALIASES, field_names};
-pub use optimizer_names::OptimizerNames;
+pub use optimizer_names::{OptimizerNames, OptimizerSupport};
 pub use parsed::{ParsedArguments, ParsedSeq2SeqArguments, Warning};
 pub use python_json::{python_float_repr, python_repr, python_str_repr};
 pub use seq2seq::{Seq2SeqTrainingArguments, seq2seq_field_names};

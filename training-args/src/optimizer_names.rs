@@ -94,38 +94,99 @@ string_enum! {
     default = AdamwTorchFused;
 }
 
+/// How tchtrain serves one `optim` name: implemented and checked against a reference, or
+/// refused with the reason and the name to use instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerSupport {
+    /// Implemented in `tchtrain-optim`; `reference` names what its numbers are checked against.
+    Working {
+        /// The Python class (and package) the parity tests compare with.
+        reference: &'static str,
+    },
+    /// Refused by the optimizer factory with this reason.
+    Refused {
+        /// Why tchtrain does not run it.
+        why: &'static str,
+        /// The name to use instead.
+        instead: &'static str,
+    },
+}
+
+/// Not implemented yet (an open piece of work, not a limit of the machine).
+const NOT_YET: OptimizerSupport = OptimizerSupport::Refused {
+    why: "it is not implemented in tchtrain-optim yet",
+    instead: "adamw_torch_fused",
+};
+
 impl OptimizerNames {
-    /// The optimizers tchtrain implements (in `tchtrain-optim`); every other name parses but is
-    /// rejected by [`OptimizerNames::ensure_supported`]. Extend this list when the optim crate
-    /// gains an optimizer.
-    pub const SUPPORTED: &'static [OptimizerNames] = &[
-        OptimizerNames::AdamwTorch,
-        OptimizerNames::AdamwTorchFused,
-        OptimizerNames::Adafactor,
-        OptimizerNames::Sgd,
-        OptimizerNames::Adagrad,
-        OptimizerNames::Rmsprop,
-    ];
+    /// Whether and how tchtrain serves this name: the one table of working and refused
+    /// optimizers (`tchtrain-optim`'s factory builds exactly the working ones).
+    pub fn support(self) -> OptimizerSupport {
+        use OptimizerNames::*;
+        use OptimizerSupport::{Refused, Working};
+        match self {
+            AdamwTorch => Working {
+                reference: "torch.optim.AdamW",
+            },
+            AdamwTorchFused => Working {
+                reference: "torch.optim.AdamW(fused=True)",
+            },
+            Adafactor => Working {
+                reference: "transformers.optimization.Adafactor",
+            },
+            Sgd => Working {
+                reference: "torch.optim.SGD",
+            },
+            Adagrad => Working {
+                reference: "torch.optim.Adagrad",
+            },
+            Rmsprop => Working {
+                reference: "torch.optim.RMSprop",
+            },
+            Lion32bit | PagedLion32bit => Working {
+                reference: "bitsandbytes.optim.Lion(optim_bits=32) (lion-pytorch's update)",
+            },
+            AdamwTorchXla => Refused {
+                why: "it is torch_xla's AdamW for XLA devices (TPU), and libtorch has no XLA backend",
+                instead: "adamw_torch_fused",
+            },
+            AdamwTorchNpuFused => Refused {
+                why: "it is torch_npu's fused AdamW for Ascend NPUs, which libtorch does not drive",
+                instead: "adamw_torch_fused",
+            },
+            AdamwAnyprecision => Refused {
+                why: "its package, torchdistx, is not on PyPI and does not build against torch 2.13, \
+                      so there is no reference to check it against",
+                instead: "adamw_torch_fused",
+            },
+            _ => NOT_YET,
+        }
+    }
+
+    /// The names tchtrain implements, in upstream's order.
+    pub fn supported() -> Vec<OptimizerNames> {
+        Self::ALL
+            .iter()
+            .copied()
+            .filter(|o| o.is_supported())
+            .collect()
+    }
 
     /// Whether tchtrain implements this optimizer.
     pub fn is_supported(self) -> bool {
-        Self::SUPPORTED.contains(&self)
+        matches!(self.support(), OptimizerSupport::Working { .. })
     }
 
     /// `Ok(self)` when tchtrain implements this optimizer, else
-    /// [`Error::UnsupportedOptimizer`] listing the ones it does.
+    /// [`Error::UnsupportedOptimizer`] with the reason and the name to use instead.
     pub fn ensure_supported(self) -> Result<Self> {
-        if self.is_supported() {
-            Ok(self)
-        } else {
-            Err(Error::UnsupportedOptimizer {
+        match self.support() {
+            OptimizerSupport::Working { .. } => Ok(self),
+            OptimizerSupport::Refused { why, instead } => Err(Error::UnsupportedOptimizer {
                 optim: self.as_str().to_string(),
-                supported: Self::SUPPORTED
-                    .iter()
-                    .map(|o| o.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+                why,
+                instead,
+            }),
         }
     }
 }

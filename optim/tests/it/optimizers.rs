@@ -499,7 +499,7 @@ fn optim_args_and_factory_follow_trainer_optimizer() -> Result<()> {
             (Kind::Float, Device::Cpu),
         )])]
     };
-    for name in tchtrain_optim::SUPPORTED_OPTIMIZERS {
+    for name in tchtrain_optim::supported_optimizers() {
         let args = OptimizerArgs {
             optim: name.into(),
             learning_rate: 1e-3,
@@ -524,14 +524,24 @@ fn optim_args_and_factory_follow_trainer_optimizer() -> Result<()> {
         create_optimizer(&fused, p())?.hyperparameters()["fused"],
         true
     );
-    let bad = OptimizerArgs {
-        optim: "adamw_bnb_8bit".into(),
-        ..Default::default()
-    };
-    assert!(matches!(
-        create_optimizer(&bad, p()),
-        Err(Error::UnsupportedOptimizer { .. })
-    ));
+    for (name, says) in [
+        ("adamw_torch_xla", "XLA"),
+        ("adamw_anyprecision", "torchdistx"),
+        ("adamw_torch_2bit", "not one of upstream's OptimizerNames"),
+    ] {
+        let bad = OptimizerArgs {
+            optim: name.into(),
+            ..Default::default()
+        };
+        match create_optimizer(&bad, p()) {
+            Err(e @ Error::UnsupportedOptimizer { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(name) && text.contains(says), "{text}");
+                assert!(text.contains("use `adamw_torch_fused` instead"), "{text}");
+            }
+            other => panic!("{name}: {:?}", other.map(|o| o.name())),
+        }
+    }
     let bad_value = OptimizerArgs {
         optim: "rmsprop".into(),
         optim_args: Some("alpha=abc".into()),
