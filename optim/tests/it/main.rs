@@ -3,5 +3,6 @@
 
 mod grad_scaler;
 mod optimizers;
+mod packages;
 mod schedules;
 mod set_grad;
