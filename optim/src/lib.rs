@@ -47,6 +47,7 @@ mod error;
 mod ffi;
 mod grad;
 mod grad_scaler;
+mod grokadamw;
 mod lion;
 mod optim_args;
 mod optimizer;
@@ -55,6 +56,7 @@ mod rmsprop;
 mod scheduler;
 mod schedules;
 mod sgd;
+mod stable_adamw;
 mod trainer_optimizer;
 
 pub use adafactor::{Adafactor, AdafactorConfig};
@@ -71,6 +73,7 @@ pub use decay::{
 };
 pub use error::{Error, Result};
 pub use grad::set_grad;
+pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use lion::{Lion, LionConfig};
 pub use optim_args::parse_optim_args;
@@ -91,6 +94,7 @@ pub use schedules::{
     get_linear_schedule_with_warmup, get_polynomial_decay_schedule_with_warmup, get_wsd_schedule,
 };
 pub use sgd::{Sgd, SgdConfig};
+pub use stable_adamw::{StableAdamW, StableAdamWConfig};
 pub use trainer_optimizer::{
     OptimizerArgs, create_optimizer, create_scheduler, supported_optimizers,
 };

@@ -6,8 +6,9 @@ use tchtrain_training_args::{OptimizerNames, OptimizerSupport, StrOrList, Traini
 
 use crate::optim_args::{bool_arg, float_arg, parse_optim_args};
 use crate::{
-    Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig, Error, GroupSpec, Lion,
-    LionConfig, LrScheduler, Optimizer, Result, RmsProp, RmsPropConfig, Sgd, SgdConfig,
+    Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig, Error, GrokAdamW,
+    GrokAdamWConfig, GroupSpec, Lion, LionConfig, LrScheduler, Optimizer, Result, RmsProp,
+    RmsPropConfig, Sgd, SgdConfig, StableAdamW, StableAdamWConfig,
 };
 
 /// The optimizer names (upstream `OptimizerNames` values) that [`create_optimizer`] builds,
@@ -194,6 +195,46 @@ pub fn create_optimizer(
                 ..Default::default()
             },
         )?),
+        "stable_adamw" => {
+            // `_get_stable_adamw`: `bool(optim_args.pop(...))` of a string is Python's truth
+            // of a non-empty string, so `decouple_lr=False` turns it on, as upstream.
+            let truthy = |k: &str| optim_args.get(k).map(|v| !v.is_empty());
+            Box::new(StableAdamW::new(
+                groups,
+                StableAdamWConfig {
+                    lr,
+                    betas,
+                    eps: args.adam_epsilon,
+                    weight_decay: args.weight_decay,
+                    decouple_lr: truthy("decouple_lr").unwrap_or(false),
+                    max_lr: float_arg(&optim_args, "max_lr")?,
+                    kahan_sum: truthy("kahan_sum"),
+                    ..Default::default()
+                },
+            )?)
+        }
+        "grokadamw" => {
+            // `_get_grokadamw`: lr and the grokking arguments; betas, eps and the default weight
+            // decay stay the package's.
+            let d = GrokAdamWConfig::default();
+            Box::new(GrokAdamW::new(
+                groups,
+                GrokAdamWConfig {
+                    lr,
+                    alpha_init: float_arg(&optim_args, "alpha_init")?.unwrap_or(d.alpha_init),
+                    lamb: float_arg(&optim_args, "lamb")?.unwrap_or(d.lamb),
+                    gamma: float_arg(&optim_args, "gamma")?.unwrap_or(d.gamma),
+                    grokking_signal_decay_rate: float_arg(
+                        &optim_args,
+                        "grokking_signal_decay_rate",
+                    )?
+                    .unwrap_or(d.grokking_signal_decay_rate),
+                    gradient_clipping: float_arg(&optim_args, "gradient_clipping")?
+                        .unwrap_or(d.gradient_clipping),
+                    ..d
+                },
+            )?)
+        }
         other => return Err(refusal(other)),
     })
 }

@@ -146,6 +146,12 @@ impl OptimizerNames {
             Lion32bit | PagedLion32bit => Working {
                 reference: "bitsandbytes.optim.Lion(optim_bits=32) (lion-pytorch's update)",
             },
+            StableAdamw => Working {
+                reference: "optimi.StableAdamW (torch-optimi, single-tensor path)",
+            },
+            Grokadamw => Working {
+                reference: "grokadamw.GrokAdamW",
+            },
             AdamwTorchXla => Refused {
                 why: "it is torch_xla's AdamW for XLA devices (TPU), and libtorch has no XLA backend",
                 instead: "adamw_torch_fused",

@@ -90,7 +90,10 @@ impl Reference {
             adam_beta1: f("adam_beta1", d.adam_beta1),
             adam_beta2: f("adam_beta2", d.adam_beta2),
             adam_epsilon: f("adam_epsilon", d.adam_epsilon),
-            optim_args: a.get("optim_args").and_then(Value::as_str).map(String::from),
+            optim_args: a
+                .get("optim_args")
+                .and_then(Value::as_str)
+                .map(String::from),
             weight_decay: f("weight_decay", d.weight_decay),
             warmup_steps: f("warmup_steps", d.warmup_steps),
             optim_target_modules: a
@@ -179,19 +182,31 @@ fn package_optimizers_match_their_packages_for_50_steps() -> Result<()> {
             worst = worst.max(relative_diff(p, r.t(&format!("{case}.final.{n}"))?));
         }
         let mut line = format!("{case:34} final {worst:.2e}");
-        assert!(worst <= BOUND, "{case}: parameters differ by {worst:e} relative");
-        if r.tensors.keys().any(|k| k.starts_with(&format!("{case}.eval."))) {
+        assert!(
+            worst <= BOUND,
+            "{case}: parameters differ by {worst:e} relative"
+        );
+        if r.tensors
+            .keys()
+            .any(|k| k.starts_with(&format!("{case}.eval.")))
+        {
             opt.eval()?;
             let mut worst = 0.0f64;
             for (n, p) in &params {
                 worst = worst.max(relative_diff(p, r.t(&format!("{case}.eval.{n}"))?));
             }
             line += &format!("  eval {worst:.2e}");
-            assert!(worst <= BOUND, "{case}: eval() parameters differ by {worst:e}");
+            assert!(
+                worst <= BOUND,
+                "{case}: eval() parameters differ by {worst:e}"
+            );
         }
         report.push(line);
     }
-    println!("relative difference from the packages:\n{}", report.join("\n"));
+    println!(
+        "relative difference from the packages:\n{}",
+        report.join("\n")
+    );
     Ok(())
 }
 
