@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::ffi;
+use crate::low_rank::Projector;
 use crate::optimizer::{
     build_groups, check_non_negative, expect_shape, grad_of, is_reduced, optimizer_accessors,
 };
@@ -146,113 +147,9 @@ impl Optimizer for Adafactor {
             for group in &self.groups {
                 for (j, p) in group.params.iter().enumerate() {
                     let index = offset + j;
-                    let Some(mut grad) = grad_of(p) else { continue };
-                    if is_reduced(grad.kind()) {
-                        grad = grad.f_to_kind(Kind::Float)?;
-                    }
-                    let shape = grad.size();
-                    let factored = shape.len() >= 2;
-                    let use_first_moment = c.beta1.is_some();
+                    let Some(grad) = grad_of(p) else { continue };
                     let st = self.state[index].get_or_insert_with(ParamState::default);
-                    if st.step == 0 && st.tensors.is_empty() {
-                        if use_first_moment {
-                            st.tensors.insert("exp_avg".into(), grad.f_zeros_like()?);
-                        }
-                        let opts = (grad.kind(), grad.device());
-                        if factored {
-                            let row = &shape[..shape.len() - 1];
-                            let mut col = shape[..shape.len() - 2].to_vec();
-                            col.push(shape[shape.len() - 1]);
-                            st.tensors
-                                .insert("exp_avg_sq_row".into(), Tensor::f_zeros(row, opts)?);
-                            st.tensors
-                                .insert("exp_avg_sq_col".into(), Tensor::f_zeros(&col, opts)?);
-                        } else {
-                            st.tensors.insert("exp_avg_sq".into(), grad.f_zeros_like()?);
-                        }
-                        st.scalars.insert("RMS".into(), 0.0);
-                    } else {
-                        for t in st.tensors.values_mut() {
-                            if t.kind() != grad.kind() || t.device() != grad.device() {
-                                *t = t.f_to_device(grad.device())?.f_to_kind(grad.kind())?;
-                            }
-                        }
-                    }
-
-                    let mut p_orig = p.shallow_clone();
-                    let mut p32 = if is_reduced(p.kind()) {
-                        p.f_to_kind(Kind::Float)?
-                    } else {
-                        p.shallow_clone()
-                    };
-
-                    st.step += 1;
-                    let rms_p = rms(&p32)?.f_double_value(&[])?;
-                    st.scalars.insert("RMS".into(), rms_p);
-                    let lr = lr_of(&c, group.lr, st.step, rms_p);
-                    // Whether upstream's lr is the float32 tensor (RMS won the max).
-                    let lr_is_tensor = c.scale_parameter && rms_p > c.eps.1;
-
-                    let beta2t = 1.0 - (st.step as f64).powf(c.decay_rate);
-                    let mut update = grad.f_pow_tensor_scalar(2)?;
-                    let _ = update.f_add_scalar_(c.eps.0)?;
-                    let mut update = if factored {
-                        let mut row = st.handle(index, "exp_avg_sq_row")?;
-                        let mut col = st.handle(index, "exp_avg_sq_col")?;
-                        let _ = row.f_mul_scalar_(beta2t)?;
-                        ffi::add_(
-                            &mut row,
-                            &update.f_mean_dim(-1, false, None::<Kind>)?,
-                            1.0 - beta2t,
-                        )?;
-                        let _ = col.f_mul_scalar_(beta2t)?;
-                        ffi::add_(
-                            &mut col,
-                            &update.f_mean_dim(-2, false, None::<Kind>)?,
-                            1.0 - beta2t,
-                        )?;
-                        // _approx_sq_grad
-                        let mut r = row.f_div(&row.f_mean_dim(-1, true, None::<Kind>)?)?;
-                        let _ = r.f_rsqrt_()?;
-                        let r = r.f_unsqueeze(-1)?;
-                        let cf = col.f_unsqueeze(-2)?.f_rsqrt()?;
-                        let mut u = r.f_mul(&cf)?;
-                        let _ = u.f_mul_(&grad)?;
-                        u
-                    } else {
-                        let mut v = st.handle(index, "exp_avg_sq")?;
-                        let _ = v.f_mul_scalar_(beta2t)?;
-                        ffi::add_(&mut v, &update, 1.0 - beta2t)?;
-                        let mut u = v.f_rsqrt()?;
-                        let _ = u.f_mul_(&grad)?;
-                        u
-                    };
-                    let mut clip = rms(&update)?.f_div_scalar(c.clip_threshold)?;
-                    let _ = clip.f_clamp_min_(1.0)?;
-                    let _ = update.f_div_(&clip)?;
-                    let _ = update.f_mul_scalar_(lr)?;
-
-                    if let Some(beta1) = c.beta1 {
-                        let mut exp_avg = st.handle(index, "exp_avg")?;
-                        let _ = exp_avg.f_mul_scalar_(beta1)?;
-                        ffi::add_(&mut exp_avg, &update, 1.0 - beta1)?;
-                        update = exp_avg;
-                    }
-
-                    if group.weight_decay != 0.0 {
-                        let alpha = if lr_is_tensor {
-                            // `-wd * lr` with lr a float32 tensor is computed in float32.
-                            ((-group.weight_decay) as f32 * lr as f32) as f64
-                        } else {
-                            -group.weight_decay * lr
-                        };
-                        let p_copy = p32.shallow_clone();
-                        ffi::add_(&mut p32, &p_copy, alpha)?;
-                    }
-                    let _ = p32.f_add_(&update.f_neg()?)?;
-                    if is_reduced(p_orig.kind()) {
-                        p_orig.f_copy_(&p32)?;
-                    }
+                    adafactor_update(&c, group, p, index, st, grad, None)?;
                 }
                 offset += group.params.len();
             }
@@ -279,3 +176,139 @@ impl Optimizer for Adafactor {
 
     optimizer_accessors!();
 }
+
+/// The Adafactor update of one parameter `p` (flat index `index`) with gradient `grad`, op for
+/// op as upstream's loop body. With a `projector` it is galore_torch's `GaLoreAdafactor`: the
+/// gradient is projected (at the step count before the increment) before the moments are
+/// initialised or updated, and the update projected back before the weight decay.
+pub(crate) fn adafactor_update(
+    c: &AdafactorConfig,
+    group: &ParamGroup,
+    p: &Tensor,
+    index: usize,
+    st: &mut ParamState,
+    mut grad: Tensor,
+    projector: Option<&Projector<'_>>,
+) -> Result<()> {
+    if is_reduced(grad.kind()) {
+        grad = grad.f_to_kind(Kind::Float)?;
+    }
+    if let Some(pr) = projector {
+        grad = pr.project(st, &grad, st.step)?;
+    }
+    let shape = grad.size();
+    let factored = shape.len() >= 2;
+    let use_first_moment = c.beta1.is_some();
+    // Upstream's `"RMS" not in state` (GaLore; plain Adafactor tests `len(state) == 0`, the
+    // same here: both set `RMS` with the moments).
+    if !st.scalars.contains_key("RMS") {
+        st.step = 0;
+        if use_first_moment {
+            st.tensors.insert("exp_avg".into(), grad.f_zeros_like()?);
+        }
+        let opts = (grad.kind(), grad.device());
+        if factored {
+            let row = &shape[..shape.len() - 1];
+            let mut col = shape[..shape.len() - 2].to_vec();
+            col.push(shape[shape.len() - 1]);
+            st.tensors
+                .insert("exp_avg_sq_row".into(), Tensor::f_zeros(row, opts)?);
+            st.tensors
+                .insert("exp_avg_sq_col".into(), Tensor::f_zeros(&col, opts)?);
+        } else {
+            st.tensors.insert("exp_avg_sq".into(), grad.f_zeros_like()?);
+        }
+        st.scalars.insert("RMS".into(), 0.0);
+    } else {
+        for key in MOMENTS {
+            if let Some(t) = st.tensors.get_mut(key)
+                && (t.kind() != grad.kind() || t.device() != grad.device())
+            {
+                *t = t.f_to_device(grad.device())?.f_to_kind(grad.kind())?;
+            }
+        }
+    }
+
+    let mut p_orig = p.shallow_clone();
+    let mut p32 = if is_reduced(p.kind()) {
+        p.f_to_kind(Kind::Float)?
+    } else {
+        p.shallow_clone()
+    };
+
+    st.step += 1;
+    let rms_p = rms(&p32)?.f_double_value(&[])?;
+    st.scalars.insert("RMS".into(), rms_p);
+    let lr = lr_of(c, group.lr, st.step, rms_p);
+    // Whether upstream's lr is the float32 tensor (RMS won the max).
+    let lr_is_tensor = c.scale_parameter && rms_p > c.eps.1;
+
+    let beta2t = 1.0 - (st.step as f64).powf(c.decay_rate);
+    let mut update = grad.f_pow_tensor_scalar(2)?;
+    let _ = update.f_add_scalar_(c.eps.0)?;
+    let mut update = if factored {
+        let mut row = st.handle(index, "exp_avg_sq_row")?;
+        let mut col = st.handle(index, "exp_avg_sq_col")?;
+        let _ = row.f_mul_scalar_(beta2t)?;
+        ffi::add_(
+            &mut row,
+            &update.f_mean_dim(-1, false, None::<Kind>)?,
+            1.0 - beta2t,
+        )?;
+        let _ = col.f_mul_scalar_(beta2t)?;
+        ffi::add_(
+            &mut col,
+            &update.f_mean_dim(-2, false, None::<Kind>)?,
+            1.0 - beta2t,
+        )?;
+        // _approx_sq_grad
+        let mut r = row.f_div(&row.f_mean_dim(-1, true, None::<Kind>)?)?;
+        let _ = r.f_rsqrt_()?;
+        let r = r.f_unsqueeze(-1)?;
+        let cf = col.f_unsqueeze(-2)?.f_rsqrt()?;
+        let mut u = r.f_mul(&cf)?;
+        let _ = u.f_mul_(&grad)?;
+        u
+    } else {
+        let mut v = st.handle(index, "exp_avg_sq")?;
+        let _ = v.f_mul_scalar_(beta2t)?;
+        ffi::add_(&mut v, &update, 1.0 - beta2t)?;
+        let mut u = v.f_rsqrt()?;
+        let _ = u.f_mul_(&grad)?;
+        u
+    };
+    let mut clip = rms(&update)?.f_div_scalar(c.clip_threshold)?;
+    let _ = clip.f_clamp_min_(1.0)?;
+    let _ = update.f_div_(&clip)?;
+    let _ = update.f_mul_scalar_(lr)?;
+
+    if let Some(beta1) = c.beta1 {
+        let mut exp_avg = st.handle(index, "exp_avg")?;
+        let _ = exp_avg.f_mul_scalar_(beta1)?;
+        ffi::add_(&mut exp_avg, &update, 1.0 - beta1)?;
+        update = exp_avg;
+    }
+
+    if let Some(pr) = projector {
+        update = pr.project_back(st, &update)?;
+    }
+
+    if group.weight_decay != 0.0 {
+        let alpha = if lr_is_tensor {
+            // `-wd * lr` with lr a float32 tensor is computed in float32.
+            ((-group.weight_decay) as f32 * lr as f32) as f64
+        } else {
+            -group.weight_decay * lr
+        };
+        let p_copy = p32.shallow_clone();
+        ffi::add_(&mut p32, &p_copy, alpha)?;
+    }
+    let _ = p32.f_add_(&update.f_neg()?)?;
+    if is_reduced(p_orig.kind()) {
+        p_orig.f_copy_(&p32)?;
+    }
+    Ok(())
+}
+
+/// Adafactor's moment entries (upstream's `.to(grad)` moves these, not a projector's).
+const MOMENTS: [&str; 4] = ["exp_avg", "exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq"];

@@ -178,6 +178,27 @@ pub enum Error {
         detail: String,
     },
 
+    /// `fused_backward` on an optimizer that does not fuse its update into the backward, or a
+    /// loss it cannot run the fused backward of.
+    #[error("optimizer `{optimizer}`: {detail}")]
+    FusedBackward {
+        /// The optimizer's name.
+        optimizer: &'static str,
+        /// What is wrong and what to do.
+        detail: String,
+    },
+
+    /// `step()` on a schedule-free optimizer that is not in train mode (upstream raises the
+    /// same).
+    #[error(
+        "{optimizer}: optimizer was not in train mode when step is called; call train() before \
+         the training steps and eval() before evaluating"
+    )]
+    NotInTrainMode {
+        /// The optimizer's name.
+        optimizer: &'static str,
+    },
+
     /// `optim_args` is not a comma-separated list of `key=value`.
     #[error("invalid optim_args entry `{entry}`: expected key=value")]
     InvalidOptimArgs {

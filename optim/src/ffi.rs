@@ -1,6 +1,7 @@
 //! The safe Rust face of `tchtrain-sys`'s `csrc/optim.cpp`: libtorch ops that tch does not expose
 //! (`add(other, alpha)`, `addcmul(.., value)`, `addcdiv(.., value)`, `p.grad = g`) and the fused
-//! multi-tensor kernels `_fused_adamw_` / `_fused_adam_` / `_fused_sgd_`.
+//! multi-tensor kernels `_fused_adamw_` / `_fused_adam_` / `_fused_sgd_`; and of
+//! `csrc/generator.cpp`'s draws from a fresh seeded CPU generator.
 //!
 //! This is the only module that sees raw pointers. Each call hands libtorch pointers to
 //! tensors borrowed for the duration of the call; C++ exceptions are caught in the shim and
@@ -202,4 +203,24 @@ pub(crate) fn fused_sgd(
             c_int::from(a.is_first_step),
         )
     })
+}
+
+/// `torch.randn(shape, generator=torch.Generator().manual_seed(seed))`: float32, on the CPU,
+/// from a fresh generator (libtorch's own draw, so the same numbers as upstream's).
+pub(crate) fn randn_seeded(seed: u64, shape: &[i64]) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `shape` is a live slice of `shape.len()` values; `out` is written on success.
+    check(unsafe {
+        tchtrain_sys::tchtrain_randn_seeded(seed, shape.as_ptr(), shape.len(), &mut out)
+    })?;
+    adopt(out)
+}
+
+/// `torch.randint(low, high, (n,), generator=torch.Generator().manual_seed(seed))`: int64, on
+/// the CPU, from a fresh generator.
+pub(crate) fn randint_seeded(seed: u64, low: i64, high: i64, n: i64) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: plain values in; `out` is written on success.
+    check(unsafe { tchtrain_sys::tchtrain_randint_seeded(seed, low, high, n, &mut out) })?;
+    adopt(out)
 }

@@ -41,28 +41,39 @@ mod adafactor;
 mod adagrad;
 mod adam;
 mod adamw;
+mod apollo;
+mod bitsandbytes;
+mod blockwise;
 mod clip;
 mod decay;
 mod error;
 mod ffi;
+mod galore;
 mod grad;
 mod grad_scaler;
 mod grokadamw;
 mod lion;
+mod low_rank;
+mod lomo;
 mod optim_args;
 mod optimizer;
 mod plateau;
 mod rmsprop;
+mod schedule_free;
 mod scheduler;
 mod schedules;
 mod sgd;
 mod stable_adamw;
+mod torchao;
 mod trainer_optimizer;
 
 pub use adafactor::{Adafactor, AdafactorConfig};
 pub use adagrad::{Adagrad, AdagradConfig};
 pub use adam::{Adam, AdamConfig};
 pub use adamw::{AdamW, AdamWConfig};
+pub use apollo::{ApolloAdamW, ApolloAdamWConfig, ApolloGroup, ApolloProjection, ScaleType};
+pub use bitsandbytes::{BnbAlgorithm, BnbConfig, BnbOptimizer};
+pub use blockwise::{BLOCKSIZE, create_dynamic_map, dequantize_blockwise, quantize_blockwise};
 pub use clip::{
     clip_grad_norm, clip_grad_norm_if_enabled, clip_grad_value, clip_grads_with_norm,
     get_total_norm,
@@ -72,10 +83,15 @@ pub use decay::{
     matches_forbidden_name,
 };
 pub use error::{Error, Result};
+pub use galore::{GaLoreAdafactor, GaLoreAdafactorConfig, GaLoreAdamW, GaLoreAdamWConfig};
 pub use grad::set_grad;
 pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use lion::{Lion, LionConfig};
+pub use low_rank::{
+    ProjType, Projection, ProjectorKind, check_target_module_exists, low_rank_target_names,
+};
+pub use lomo::{AdaLomo, AdaLomoConfig, Lomo, LomoConfig};
 pub use optim_args::parse_optim_args;
 pub use optimizer::{
     GroupSpec, OPTIMIZER_STATE_NAME, OPTIMIZER_TENSORS_NAME, Optimizer, OptimizerStateDict,
@@ -83,6 +99,10 @@ pub use optimizer::{
 };
 pub use plateau::{GreedyLR, PlateauMode, ReduceLROnPlateau, StreamingAverage, ThresholdMode};
 pub use rmsprop::{RmsProp, RmsPropConfig};
+pub use schedule_free::{
+    AdamWScheduleFree, AdamWScheduleFreeConfig, RAdamScheduleFree, RAdamScheduleFreeConfig,
+    ScheduleFreeGroupState, SgdScheduleFree, SgdScheduleFreeConfig,
+};
 pub use scheduler::{
     LambdaLR, LrScheduler, SCHEDULER_NAME, SCHEDULER_TYPES, SchedulerKwargs, get_scheduler,
 };
@@ -95,6 +115,7 @@ pub use schedules::{
 };
 pub use sgd::{Sgd, SgdConfig};
 pub use stable_adamw::{StableAdamW, StableAdamWConfig};
+pub use torchao::{LOW_BIT_MIN_SIZE, LowBitAdamW, LowBitAdamWConfig, StateBits};
 pub use trainer_optimizer::{
     OptimizerArgs, create_optimizer, create_scheduler, supported_optimizers,
 };

@@ -281,6 +281,26 @@ pub trait Optimizer {
         Ok(())
     }
 
+    /// Whether the optimizer takes its update inside the backward pass (LOMO, AdaLomo): the
+    /// training step then calls [`Optimizer::fused_backward`] instead of `loss.backward()`,
+    /// and `step()` does nothing (upstream's Trainer passes `learning_rate` to
+    /// `accelerator.backward` for these).
+    fn fuses_backward(&self) -> bool {
+        false
+    }
+
+    /// LOMO's `fused_backward(loss, lr)`: the backward of `loss` with each parameter updated
+    /// from its gradient at learning rate `lr`, the gradients dropped. Only for optimizers
+    /// whose [`Optimizer::fuses_backward`] is true.
+    fn fused_backward(&mut self, _loss: &Tensor, _lr: f64) -> Result<()> {
+        Err(Error::FusedBackward {
+            optimizer: self.name(),
+            detail: "this optimizer does not fuse its update into the backward pass; call \
+                     `backward()` and `step()`"
+                .into(),
+        })
+    }
+
     /// The param groups.
     fn param_groups(&self) -> &[ParamGroup];
 

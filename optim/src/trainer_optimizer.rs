@@ -6,8 +6,9 @@ use tchtrain_training_args::{OptimizerNames, OptimizerSupport, StrOrList, Traini
 
 use crate::optim_args::{bool_arg, float_arg, parse_optim_args};
 use crate::{
-    Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig, Error, GrokAdamW,
-    GrokAdamWConfig, GroupSpec, Lion, LionConfig, LrScheduler, Optimizer, Result, RmsProp,
+    AdaLomo, AdaLomoConfig, Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig,
+    Error, GrokAdamW, Lomo, LomoConfig,
+    GrokAdamWConfig, GroupSpec, LrScheduler, Optimizer, Result, RmsProp,
     RmsPropConfig, Sgd, SgdConfig, StableAdamW, StableAdamWConfig,
 };
 
@@ -123,8 +124,8 @@ pub fn create_scheduler(
 /// Handlers mirrored: `adamw_torch` / `adamw_torch_fused` (`_get_adamw_torch`), `adafactor`
 /// (`scale_parameter=False, relative_step=False`), `sgd` (`momentum`, `dampening`,
 /// `weight_decay`, `nesterov`), `adagrad` (`lr_decay`, `weight_decay`, `eps`), `rmsprop`
-/// (`momentum`, `alpha`, `eps`, `weight_decay`, `centered`), `lion_32bit` /
-/// `paged_lion_32bit` (bitsandbytes' 32-bit Lion with `betas=(adam_beta1, adam_beta2)`).
+/// (`momentum`, `alpha`, `eps`, `weight_decay`, `centered`), bitsandbytes' AdamW / AdEMAMix /
+/// Lion / RMSprop names (`_get_bitsandbytes_optimizer`, see [`BnbOptimizer`](crate::BnbOptimizer)).
 /// Other names are [`Error::UnsupportedOptimizer`].
 #[doc(alias = "get_optimizer_cls_and_kwargs")]
 pub fn create_optimizer(
@@ -187,14 +188,17 @@ pub fn create_optimizer(
             c.centered = bool_arg(&optim_args, "centered").unwrap_or(c.centered);
             Box::new(RmsProp::new(groups, c)?)
         }
-        "lion_32bit" | "paged_lion_32bit" => Box::new(Lion::new(
-            groups,
-            LionConfig {
-                lr,
-                betas,
-                ..Default::default()
-            },
-        )?),
+        // `_get_bitsandbytes_optimizer` (AdamW, AdEMAMix, Lion, RMSprop; 32- or 8-bit state)
+        name if crate::bitsandbytes::BITSANDBYTES_OPTIMIZERS.contains(&name) => Box::new(
+            crate::BnbOptimizer::new(
+                groups,
+                crate::bitsandbytes::trainer_config(name, args, &optim_args)?,
+            )?,
+        ),
+        "galore_adamw" | "galore_adafactor" => {
+            crate::galore::create_galore(args, &optim_args, groups)?
+        }
+        "apollo_adamw" => crate::apollo::create_apollo(args, &optim_args, groups)?,
         "stable_adamw" => {
             // `_get_stable_adamw`: `bool(optim_args.pop(...))` of a string is Python's truth
             // of a non-empty string, so `decouple_lr=False` turns it on, as upstream.
@@ -235,6 +239,89 @@ pub fn create_optimizer(
                 },
             )?)
         }
+        // `_get_lomo_optimizer`: the model (every parameter, one group) and `lr`; the rest
+        // stays the package's defaults.
+        "lomo" => Box::new(Lomo::new(
+            groups,
+            LomoConfig {
+                lr,
+                ..Default::default()
+            },
+        )?),
+        "adalomo" => Box::new(AdaLomo::new(
+            groups,
+            AdaLomoConfig {
+                lr,
+                ..Default::default()
+            },
+        )?),
+        // `_get_torchao_optimizer`: torchao's AdamW8bit / AdamW4bit, `block_size` (default
+        // 256) and `bf16_stochastic_round` from optim_args, the Adam betas / eps.
+        name @ ("adamw_torch_8bit" | "adamw_torch_4bit") => Box::new(
+            crate::torchao::from_trainer(name, lr, betas, args.adam_epsilon, &optim_args, groups)?,
+        ),
+        "schedule_free_adamw" | "schedule_free_sgd" | "schedule_free_radam" => {
+            schedule_free(args, &optim_args, groups)?
+        }
+        other => return Err(refusal(other)),
+    })
+}
+
+/// `_get_schedule_free_optimizer`: `lr`, `weight_decay=args.weight_decay`, the Adam betas /
+/// eps for AdamW and RAdam, `warmup_steps=args.warmup_steps` as given (a ratio stays a ratio)
+/// for AdamW and SGD, and `optim_args`' `weight_lr_power` (default 2) and `r` (default 0).
+fn schedule_free(
+    args: &OptimizerArgs,
+    optim_args: &std::collections::BTreeMap<String, String>,
+    groups: Vec<GroupSpec>,
+) -> Result<Box<dyn Optimizer>> {
+    use crate::{
+        AdamWScheduleFree, AdamWScheduleFreeConfig, RAdamScheduleFree, RAdamScheduleFreeConfig,
+        SgdScheduleFree, SgdScheduleFreeConfig,
+    };
+    let (lr, weight_decay, warmup_steps) =
+        (args.learning_rate, args.weight_decay, args.warmup_steps);
+    let betas = (args.adam_beta1, args.adam_beta2);
+    let eps = args.adam_epsilon;
+    let weight_lr_power = float_arg(optim_args, "weight_lr_power")?.unwrap_or(2.0);
+    let r = float_arg(optim_args, "r")?.unwrap_or(0.0);
+    Ok(match args.optim.as_str() {
+        "schedule_free_adamw" => Box::new(AdamWScheduleFree::new(
+            groups,
+            AdamWScheduleFreeConfig {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+                warmup_steps,
+                r,
+                weight_lr_power,
+                ..Default::default()
+            },
+        )?),
+        "schedule_free_sgd" => Box::new(SgdScheduleFree::new(
+            groups,
+            SgdScheduleFreeConfig {
+                lr,
+                weight_decay,
+                warmup_steps,
+                r,
+                weight_lr_power,
+                ..Default::default()
+            },
+        )?),
+        "schedule_free_radam" => Box::new(RAdamScheduleFree::new(
+            groups,
+            RAdamScheduleFreeConfig {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+                r,
+                weight_lr_power,
+                ..Default::default()
+            },
+        )?),
         other => return Err(refusal(other)),
     })
 }

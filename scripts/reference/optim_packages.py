@@ -43,6 +43,20 @@ import optimi.stableadamw  # noqa: E402
 
 sys.modules["optimi.stableadamw"]._default_to_triton = lambda params: False
 
+# transformers' `_get_torchao_optimizer` passes optim_args' `block_size` on as a string, and
+# torchao's `_new_buffer` then fails (`numel % "128"`: TypeError) on any parameter of 4096
+# elements or more. tchtrain reads it as the integer it names; so does the reference.
+import torchao.optim.adam  # noqa: E402
+
+_torchao_adam_init = torchao.optim.adam._AdamBase.__init__
+
+
+def _int_block_size_init(self, *args, block_size, **kwargs):
+    _torchao_adam_init(self, *args, block_size=int(block_size), **kwargs)
+
+
+torchao.optim.adam._AdamBase.__init__ = _int_block_size_init
+
 STEPS = 50
 
 
@@ -69,6 +83,61 @@ CASES = {
     "stable_adamw_decouple_lr": dict(optim="stable_adamw", optim_args="decouple_lr=True,max_lr=0.002"),
     "grokadamw": dict(optim="grokadamw"),
     "grokadamw_args": dict(optim="grokadamw", optim_args="alpha_init=0.9,lamb=1.5,gamma=0.2,grokking_signal_decay_rate=0.05,gradient_clipping=0.5"),
+    # schedulefree: warmup_steps reaches AdamW / SGD as given (a ratio too: 0.5 makes the
+    # first step's lr twice the base, as upstream), RAdam ignores it.
+    "schedule_free_adamw": dict(optim="schedule_free_adamw"),
+    "schedule_free_adamw_warmup_args": dict(optim="schedule_free_adamw", warmup_steps=5, optim_args="weight_lr_power=1.5,r=0.5"),
+    "schedule_free_adamw_warmup_ratio_betas": dict(optim="schedule_free_adamw", warmup_steps=0.5, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6),
+    "schedule_free_sgd": dict(optim="schedule_free_sgd"),
+    "schedule_free_sgd_warmup_args": dict(optim="schedule_free_sgd", learning_rate=0.05, warmup_steps=5, optim_args="weight_lr_power=1.5,r=0.5"),
+    "schedule_free_radam": dict(optim="schedule_free_radam"),
+    "schedule_free_radam_args": dict(optim="schedule_free_radam", warmup_steps=5, adam_beta2=0.99, optim_args="weight_lr_power=1.5,r=0.5"),
+    # LOMO / AdaLomo: updated inside `fused_backward(loss, lr)`, from a backward of
+    # sum(p * g) whose gradients are the reference's.
+    "lomo": dict(optim="lomo"),
+    "adalomo": dict(optim="adalomo"),
+    "adalomo_lr": dict(optim="adalomo", learning_rate=5e-2),
+    # GaLore / APOLLO: update_proj_gap=10 so the projection is recomputed within the 50 steps
+    "galore_adamw": dict(optim="galore_adamw", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
+    "galore_adamw_regex_reverse_std": dict(optim="galore_adamw", optim_target_modules=r"pro.*", optim_args="rank=8,update_proj_gap=10,proj_type=reverse_std"),
+    "galore_adamw_all_linear_full": dict(optim="galore_adamw", optim_target_modules="all-linear", optim_args="rank=6,update_proj_gap=7,scale=0.5,proj_type=full"),
+    "galore_adamw_left": dict(optim="galore_adamw", optim_target_modules=["head", "embed"], optim_args="rank=4,update_proj_gap=10,proj_type=left"),
+    "galore_adamw_right": dict(optim="galore_adamw", optim_target_modules=["pro"], optim_args="rank=4,update_proj_gap=10,proj_type=right", adam_beta1=0.8),
+    "galore_adafactor": dict(optim="galore_adafactor", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
+    "galore_adafactor_all_linear_full": dict(optim="galore_adafactor", optim_target_modules="all_linear", optim_args="rank=6,update_proj_gap=7,proj_type=full"),
+    "apollo_adamw": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10"),
+    "apollo_adamw_tensor_reverse_std": dict(optim="apollo_adamw", optim_target_modules="all-linear", optim_args="rank=4,update_proj_gap=10,scale=2,scale_type=tensor,proj_type=reverse_std", adam_epsilon=1e-7),
+    "apollo_adamw_svd": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=8,proj=svd,update_proj_gap=10,scale=0.5"),
+    "apollo_adamw_left": dict(optim="apollo_adamw", optim_target_modules=r"(proj|head)", optim_args="rank=4,update_proj_gap=9,proj_type=left,scale_type=tensor"),
+    "apollo_adamw_right": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=4,update_proj_gap=9,proj_type=right,scale_type=tensor"),
+    # bitsandbytes (0.50.2 on CPU: paged falls back to non-paged; 8-bit state above min_8bit_size)
+    "adamw_bnb_8bit": dict(optim="adamw_bnb_8bit"),
+    "adamw_8bit": dict(optim="adamw_8bit"),
+    "adamw_8bit_betas": dict(optim="adamw_8bit", adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6),
+    "paged_adamw_32bit": dict(optim="paged_adamw_32bit"),
+    "paged_adamw_8bit": dict(optim="paged_adamw_8bit"),
+    "ademamix": dict(optim="ademamix"),
+    "ademamix_8bit": dict(optim="ademamix_8bit"),
+    "paged_ademamix_32bit": dict(optim="paged_ademamix_32bit"),
+    "paged_ademamix_8bit": dict(optim="paged_ademamix_8bit"),
+    "ademamix_schedules": dict(optim="ademamix", optim_args="t_alpha=20,t_beta3=30"),
+    "ademamix_8bit_args": dict(optim="ademamix_8bit", optim_args="beta1=0.8,beta2=0.99,beta3=0.999,alpha=3.0,eps=1e-6,t_alpha=20,t_beta3=30"),
+    "lion_8bit": dict(optim="lion_8bit"),
+    "paged_lion_8bit": dict(optim="paged_lion_8bit"),
+    "lion_32bit": dict(optim="lion_32bit"),
+    "paged_lion_32bit": dict(optim="paged_lion_32bit", adam_beta1=0.95, adam_beta2=0.98),
+    "rmsprop_bnb": dict(optim="rmsprop_bnb"),
+    "rmsprop_bnb_8bit": dict(optim="rmsprop_bnb_8bit"),
+    "rmsprop_bnb_32bit": dict(optim="rmsprop_bnb_32bit"),
+    "rmsprop_bnb_8bit_optim_bits_arg": dict(optim="rmsprop_bnb_8bit", optim_args="optim_bits=32"),
+    # torchao (AdamW8bit / AdamW4bit; the Trainer passes block_size=256 to both). block_size=1024
+    # leaves the embedding (4608 elements, not a multiple) in fp32 state.
+    "adamw_torch_8bit": dict(optim="adamw_torch_8bit"),
+    "adamw_torch_4bit": dict(optim="adamw_torch_4bit"),
+    "adamw_torch_8bit_block128": dict(optim="adamw_torch_8bit", optim_args="block_size=128"),
+    "adamw_torch_4bit_block128": dict(optim="adamw_torch_4bit", optim_args="block_size=128"),
+    "adamw_torch_8bit_block1024": dict(optim="adamw_torch_8bit", optim_args="block_size=1024", adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6),
+    "adamw_torch_4bit_args": dict(optim="adamw_torch_4bit", optim_args="block_size=1024,bf16_stochastic_round=True", adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6),
 }
 
 torch.manual_seed(0)
@@ -97,9 +166,21 @@ def run_case(name, overrides, tensors, meta):
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(output_dir=tmp, report_to=[], **{**BASE, **overrides})
         trainer = Trainer(model=model, args=args)
-        opt = trainer.create_optimizer()
+        # lomo-optim's AdaLomo allocates its state with `.cuda()`: on this CPU the reference
+        # keeps it on the CPU (the package's algorithm, unchanged).
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda self, *a, **k: self
+        try:
+            opt = trainer.create_optimizer()
+        finally:
+            torch.Tensor.cuda = cuda
     params = dict(model.named_parameters())
     for step in range(STEPS):
+        if hasattr(opt, "fused_backward"):
+            # upstream's training_step: accelerator.backward(loss, learning_rate=lr)
+            loss = sum((p * grads[n][step]).sum() for n, p in params.items())
+            opt.fused_backward(loss, args.learning_rate)
+            continue
         for n, p in params.items():
             p.grad = grads[n][step].clone()
         if hasattr(opt, "train") and callable(opt.train):
@@ -112,7 +193,13 @@ def run_case(name, overrides, tensors, meta):
     for p, st in opt.state.items():
         for k, v in st.items():
             if torch.is_tensor(v) and id(p) in names:
-                tensors[f"{name}.state.{names[id(p)]}.{k}"] = v.detach().clone()
+                key = f"{name}.state.{names[id(p)]}.{k}"
+                if hasattr(v, "codes") and hasattr(v, "scale"):  # torchao's quantized states
+                    tensors[f"{key}.codes"] = v.codes.detach().clone()
+                    tensors[f"{key}.scale"] = v.scale.detach().clone()
+                    tensors[f"{key}.qmap"] = v.qmap.detach().clone()
+                else:
+                    tensors[key] = v.detach().clone()
     if hasattr(opt, "eval") and callable(opt.eval):
         opt.eval()
         for n, p in params.items():

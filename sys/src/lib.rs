@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `csrc/autocast.cpp` | `torch.autocast(device_type, dtype)` enter / exit for the CPU or CUDA |
 //! | `csrc/backends.cpp` | `tf32` (fp32 precision), deterministic algorithms, the device allocator's `emptyCache` |
-//! | `csrc/generator.cpp` | the default generators' states (`torch.get_rng_state` / `set_rng_state`) |
+//! | `csrc/generator.cpp` | the default generators' states (`torch.get_rng_state` / `set_rng_state`); `randn` / `randint` from a fresh seeded CPU generator |
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
 //! | `csrc/checkpoint.cpp` | activation checkpointing: a layer recomputed in the backward (a Rust closure), generator and autocast states replayed |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
@@ -83,6 +83,19 @@ unsafe extern "C" {
         device: c_int,
         index: c_int,
         state: *const C_tensor,
+    ) -> *mut c_char;
+    pub fn tchtrain_randn_seeded(
+        seed: u64,
+        shape: *const i64,
+        ndim: usize,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub fn tchtrain_randint_seeded(
+        seed: u64,
+        low: i64,
+        high: i64,
+        n: i64,
+        out: *mut *mut C_tensor,
     ) -> *mut c_char;
     pub fn tchtrain_grad_boundary(
         x: *const C_tensor,

@@ -113,6 +113,11 @@ impl Trainer {
             }
         }
         self.model.eval();
+        // Upstream: `optimizer.eval()` when the optimizer has one (schedule-free optimizers
+        // move the parameters to their average; a no-op for the others).
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.eval()?;
+        }
         let mut losses: Vec<Tensor> = Vec::new();
         let mut preds: Vec<Tensor> = Vec::new();
         let mut labels: Vec<Tensor> = Vec::new();

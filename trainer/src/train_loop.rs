@@ -563,6 +563,13 @@ impl Trainer {
                     )?;
                 }
                 self.prof_mark(Phase::Callbacks);
+                // Upstream's `training_step` starts with `optimizer.train()` (schedule-free
+                // optimizers move the parameters to the point the gradient is taken at; a
+                // no-op for the others). The hook gets no optimizer, so the loop calls it just
+                // before the hook, every micro-step as upstream.
+                if let Some(opt) = self.optimizer.as_mut() {
+                    opt.train()?;
+                }
                 let tr_loss_step = {
                     let scope = self.accelerator.forward_scope(true)?;
                     let hooks = self

@@ -61,7 +61,9 @@ pub trait TrainerHooks: Send {
     }
 
     /// Upstream `training_step`: forward, loss scaling for gradient accumulation, backward;
-    /// returns the detached loss that is logged.
+    /// returns the detached loss that is logged. The Trainer calls the optimizer's
+    /// [`train`](tchtrain_optim::Optimizer::train) just before (upstream's `training_step`
+    /// starts with it), so an override need not.
     fn training_step(
         &mut self,
         ctx: &StepContext<'_>,

@@ -143,14 +143,56 @@ impl OptimizerNames {
             Rmsprop => Working {
                 reference: "torch.optim.RMSprop",
             },
+            AdamwBnb8bit | Adamw8bit | PagedAdamw8bit => Working {
+                reference: "bitsandbytes.optim.AdamW(optim_bits=8)",
+            },
+            PagedAdamw32bit => Working {
+                reference: "bitsandbytes.optim.AdamW(optim_bits=32)",
+            },
+            Ademamix | PagedAdemamix32bit => Working {
+                reference: "bitsandbytes.optim.AdEMAMix(optim_bits=32)",
+            },
+            Ademamix8bit | PagedAdemamix8bit => Working {
+                reference: "bitsandbytes.optim.AdEMAMix(optim_bits=8)",
+            },
             Lion32bit | PagedLion32bit => Working {
-                reference: "bitsandbytes.optim.Lion(optim_bits=32) (lion-pytorch's update)",
+                reference: "bitsandbytes.optim.Lion(optim_bits=32)",
+            },
+            Lion8bit | PagedLion8bit => Working {
+                reference: "bitsandbytes.optim.Lion(optim_bits=8)",
+            },
+            RmspropBnb | RmspropBnb32bit => Working {
+                reference: "bitsandbytes.optim.RMSprop(optim_bits=32)",
+            },
+            RmspropBnb8bit => Working {
+                reference: "bitsandbytes.optim.RMSprop(optim_bits=8)",
             },
             StableAdamw => Working {
                 reference: "optimi.StableAdamW (torch-optimi, single-tensor path)",
             },
             Grokadamw => Working {
                 reference: "grokadamw.GrokAdamW",
+            },
+            Lomo => Working {
+                reference: "lomo_optim.Lomo (fused_backward)",
+            },
+            Adalomo => Working {
+                reference: "lomo_optim.AdaLomo (fused_backward; its state kept on the CPU)",
+            },
+            ScheduleFreeAdamw => Working {
+                reference: "schedulefree.AdamWScheduleFree",
+            },
+            ScheduleFreeSgd => Working {
+                reference: "schedulefree.SGDScheduleFree",
+            },
+            ScheduleFreeRadam => Working {
+                reference: "schedulefree.RAdamScheduleFree",
+            },
+            AdamwTorch8bit => Working {
+                reference: "torchao.optim.AdamW8bit",
+            },
+            AdamwTorch4bit => Working {
+                reference: "torchao.optim.AdamW4bit",
             },
             AdamwTorchXla => Refused {
                 why: "it is torch_xla's AdamW for XLA devices (TPU), and libtorch has no XLA backend",

@@ -6,3 +6,4 @@ mod optimizers;
 mod packages;
 mod schedules;
 mod set_grad;
+mod torchao;

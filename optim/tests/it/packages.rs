@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use tch::{Kind, Tensor};
-use tchtrain_optim::{Optimizer, OptimizerArgs, create_optimizer, decay_param_groups};
+use tchtrain_optim::{GroupSpec, Optimizer, OptimizerArgs, create_optimizer, decay_param_groups};
 use tchtrain_testing::lock;
-use tchtrain_training_args::StrOrList;
+use tchtrain_training_args::{OptimizerNames, OptimizerSupport, StrOrList};
 
 /// The test module's layout (`Tiny` in the reference script).
 pub(crate) const LAYERNORMS: [&str; 1] = ["norm"];
@@ -129,6 +129,17 @@ impl Reference {
         opt: &mut dyn Optimizer,
         step: i64,
     ) -> Result<()> {
+        if opt.fuses_backward() {
+            // upstream's training_step for LOMO: `accelerator.backward(loss, learning_rate=lr)`
+            // on a loss whose gradients are the reference's.
+            let mut loss = Tensor::zeros([], (Kind::Float, tch::Device::Cpu));
+            for (n, p) in params {
+                let g = self.t(&format!("grads.{n}"))?.get(step);
+                loss = loss + (p * g).sum(Kind::Float);
+            }
+            let lr = opt.lrs()[0];
+            return Ok(opt.fused_backward(&loss, lr)?);
+        }
         for (n, p) in params {
             // A copy: some optimizers write into the gradient (optimi's Kahan path does).
             let g = self.t(&format!("grads.{n}"))?.get(step).copy();
@@ -241,5 +252,85 @@ fn package_optimizers_resume_bit_exactly_from_their_state_dict() -> Result<()> {
             assert!(a.equal(b), "{case}: {n} differs after the resume");
         }
     }
+    Ok(())
+}
+
+/// The README's table of `optim` names, from `OptimizerNames::support`.
+fn optimizer_table() -> String {
+    let mut out =
+        String::from("| `optim` | here | checked against / why refused |\n|---|---|---|\n");
+    for name in OptimizerNames::ALL {
+        let row = match name.support() {
+            OptimizerSupport::Working { reference } => format!("working | `{reference}`"),
+            OptimizerSupport::Refused { why, instead } => {
+                format!("refused | {why}; use `{instead}`")
+            }
+        };
+        out += &format!("| `{}` | {row} |\n", name.as_str());
+    }
+    out
+}
+
+#[test]
+fn every_optim_name_is_built_or_refused_as_the_table_and_readme_say() -> Result<()> {
+    let _g = lock();
+    let params = || {
+        vec![GroupSpec::new(vec![
+            (
+                "proj.weight".to_string(),
+                Tensor::zeros([8, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true),
+            ),
+            (
+                "proj.bias".to_string(),
+                Tensor::zeros([8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true),
+            ),
+        ])]
+    };
+    let mut working = 0;
+    for name in OptimizerNames::ALL {
+        let args = OptimizerArgs {
+            optim: name.as_str().into(),
+            learning_rate: 1e-3,
+            optim_target_modules: Some(StrOrList::List(vec!["proj".into()])),
+            linear_modules: vec!["proj".into()],
+            ..Default::default()
+        };
+        match (name.support(), create_optimizer(&args, params())) {
+            (OptimizerSupport::Working { .. }, Ok(opt)) => {
+                working += 1;
+                assert!(opt.lrs().iter().all(|&lr| lr == 1e-3), "{name}");
+            }
+            (OptimizerSupport::Refused { why, instead }, Err(e)) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains(why) && text.contains(instead),
+                    "{name}: {text}"
+                );
+            }
+            (support, built) => panic!(
+                "{name}: the table says {support:?}, the factory gave {:?}",
+                built.map(|o| o.name())
+            ),
+        }
+    }
+    assert_eq!(working, OptimizerNames::supported().len());
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let (begin, end) = (
+        "<!-- optim-support:begin -->\n",
+        "<!-- optim-support:end -->",
+    );
+    let start = readme
+        .find(begin)
+        .context("README lacks the optim-support markers")?
+        + begin.len();
+    let stop = readme[start..]
+        .find(end)
+        .context("README lacks the end marker")?
+        + start;
+    let table = optimizer_table();
+    assert!(
+        readme[start..stop] == table,
+        "README's optim-support table is stale; replace it with:\n{table}"
+    );
     Ok(())
 }
