@@ -201,7 +201,9 @@ impl Optimizer for ApolloAdamW {
                 let eps = options.and_then(|o| o.eps).unwrap_or(c.eps);
                 for (j, p) in group.params.iter().enumerate() {
                     let index = offset + j;
-                    let Some(full_grad) = grad_of(p) else { continue };
+                    let Some(full_grad) = grad_of(p) else {
+                        continue;
+                    };
                     let st = self.state[index].get_or_insert_with(ParamState::default);
                     let pr = projector(c, gi, index);
                     let grad = match &pr {
@@ -273,7 +275,8 @@ fn apollo_scaled_grad(
                 // is false, then the tensor `ratio / 1.01`.
                 if ratio.f_lt(1.01)?.f_int64_value(&[])? != 0 {
                     scaled = scaled.f_div_scalar(1.0)?;
-                    st.tensors.insert(SCALED_GRAD.into(), norm.f_div_scalar(1.0)?);
+                    st.tensors
+                        .insert(SCALED_GRAD.into(), norm.f_div_scalar(1.0)?);
                 } else {
                     let limiter = ratio.f_div_scalar(1.01)?;
                     scaled = scaled.f_div(&limiter)?;

@@ -10,15 +10,15 @@
 //! `nn.Embedding` weight), keep float32 state. The update is the CPU backend's pure-torch
 //! kernel (`backends/cpu/ops.py`: `_optimizer_update_32bit_cpu`,
 //! `_optimizer_update_8bit_blockwise_cpu`), op for op; the 8-bit path dequantizes the state,
-//! updates it in float32 and quantizes it back (see [`crate::blockwise`]). Paged optimizers
+//! updates it in float32 and quantizes it back ([`quantize_blockwise`](crate::quantize_blockwise)). Paged optimizers
 //! are not paged on a CPU (bitsandbytes warns and falls back), so `is_paged` changes nothing
 //! here. (bitsandbytes 0.50.2's paged AdEMAMix fails on a CPU for parameters of 100k
 //! elements or more, asking for CUDA managed memory; this implementation runs them unpaged.)
 //!
 //! State keys are bitsandbytes' (`state1`, `state2`, `qmap1`, `qmap2`, `absmax1`,
 //! `absmax2`); AdEMAMix's `state1` stacks its two EMAs as `(2, *shape)` (and `absmax1` as
-//! `(2, blocks)`). The CPU kernels read neither `max_unorm` nor `skip_zeros` at their
-//! defaults, and ignore RMSprop's `momentum` (its `betas[1]`).
+//! `(2, blocks)`). `max_unorm` and `skip_zeros` stay at their defaults (0, false: all the
+//! Trainer passes), and the CPU kernel ignores RMSprop's `momentum` (its `betas[1]`).
 
 use std::collections::BTreeMap;
 
@@ -33,7 +33,9 @@ use crate::optim_args::float_arg;
 use crate::optimizer::{
     build_groups, check_non_negative, check_unit, expect_shape, grad_of, optimizer_accessors,
 };
-use crate::{Error, GroupSpec, Optimizer, OptimizerArgs, ParamGroup, ParamState, Result};
+use crate::{
+    Error, GroupSpec, Optimizer, OptimizerArgs, OptimizerStateDict, ParamGroup, ParamState, Result,
+};
 
 /// The update rule (bitsandbytes' `optimizer_name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,8 +168,16 @@ impl Default for BnbConfig {
     }
 }
 
-/// A bitsandbytes optimizer (see the [module docs](self)): AdamW, AdEMAMix, Lion or RMSprop
-/// with 32-bit or blockwise 8-bit state.
+/// A bitsandbytes optimizer: AdamW, AdEMAMix, Lion or RMSprop with 32-bit or blockwise 8-bit
+/// state, bit-identical to bitsandbytes 0.50.2 on a CPU (its pure-torch CPU kernels, and the C
+/// library's blockwise quantization for the 8-bit states).
+///
+/// Per parameter: `step`, `state1` (and `state2` for AdamW / AdEMAMix; AdEMAMix's `state1`
+/// stacks its two EMAs as `(2, *shape)`), float32, or under `optim_bits = 8` for parameters
+/// of at least `min_8bit_size` elements not in `fp32_params`, uint8 codes with `qmap1` /
+/// `qmap2` ([`create_dynamic_map`](crate::create_dynamic_map) signed / unsigned) and one
+/// float32 `absmax1` / `absmax2` per block of 256 elements. The state stays float32 for
+/// float16 / bfloat16 parameters too, and loads uncast, as bitsandbytes' does.
 #[derive(Debug)]
 pub struct BnbOptimizer {
     config: BnbConfig,
@@ -314,11 +324,15 @@ fn init_state(c: &BnbConfig, name: &str, p: &Tensor) -> Result<ParamState> {
     let s1_shape = state1_shape(c.algorithm, &shape);
     let kind = if eight_bit { Kind::Uint8 } else { Kind::Float };
     let mut st = ParamState::default();
-    st.tensors
-        .insert("state1".into(), Tensor::f_zeros(s1_shape.as_slice(), (kind, device))?);
+    st.tensors.insert(
+        "state1".into(),
+        Tensor::f_zeros(s1_shape.as_slice(), (kind, device))?,
+    );
     if c.algorithm.two_state() {
-        st.tensors
-            .insert("state2".into(), Tensor::f_zeros(shape.as_slice(), (kind, device))?);
+        st.tensors.insert(
+            "state2".into(),
+            Tensor::f_zeros(shape.as_slice(), (kind, device))?,
+        );
     }
     if eight_bit {
         let blocks = num_blocks(n, BLOCKSIZE) as i64;
@@ -497,12 +511,12 @@ fn requantize(
     }
     let mut state = st.handle(index, &format!("state{which}"))?;
     let mut absmax_t = st.handle(index, &format!("absmax{which}"))?;
-    let _ = state.f_copy_(
+    state.f_copy_(
         &Tensor::from_slice(&bytes)
             .f_view(state.size().as_slice())?
             .f_to_device(state.device())?,
     )?;
-    let _ = absmax_t.f_copy_(
+    absmax_t.f_copy_(
         &Tensor::from_slice(&absmax)
             .f_view(absmax_t.size().as_slice())?
             .f_to_device(absmax_t.device())?,
@@ -615,19 +629,6 @@ fn expect_kind(index: usize, state: &ParamState, key: &str, kind: Kind) -> Resul
     }
 }
 
-/// bitsandbytes keeps float32 state whatever the parameter's dtype; a state loaded for a
-/// reduced-precision parameter comes back cast to it, so the float states return to float32.
-fn float32_state(st: &mut ParamState) -> Result<()> {
-    for key in ["state1", "state2"] {
-        if let Some(t) = st.tensors.get_mut(key) {
-            if t.is_floating_point() && t.kind() != Kind::Float {
-                *t = t.f_to_kind(Kind::Float)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 impl Optimizer for BnbOptimizer {
     fn name(&self) -> &'static str {
         self.config.algorithm.name()
@@ -657,7 +658,6 @@ impl Optimizer for BnbOptimizer {
                     if st.tensor(index, "state1")?.kind() == Kind::Uint8 {
                         update_8bit(config.algorithm, &h, p, &grad, st, index, quantizers)?;
                     } else {
-                        float32_state(st)?;
                         update_32bit(config.algorithm, &h, p, &grad, st, index)?;
                     }
                 }
@@ -695,26 +695,111 @@ impl Optimizer for BnbOptimizer {
                 expect_kind(index, state, key, Kind::Float)?;
             }
         } else {
-            let mut keys = vec!["state1"];
+            // bitsandbytes keeps float32 or uint8 state
+            expect_kind(index, state, "state1", Kind::Float)?;
             if two_state {
-                keys.push("state2");
-            }
-            for key in keys {
-                let t = state.tensor(index, key)?;
-                if !t.is_floating_point() {
-                    return Err(TchError::Kind(format!(
-                        "state `{key}` of parameter {index} is {:?}: bitsandbytes keeps float32 \
-                         or uint8 state",
-                        t.kind()
-                    ))
-                    .into());
-                }
+                expect_kind(index, state, "state2", Kind::Float)?;
             }
         }
         Ok(())
     }
 
+    /// bitsandbytes loads its state tensors uncast (`non_castable_tensor_keys`), where the
+    /// generic loader casts floating state to the parameter's dtype: the float32 entries
+    /// travel through it bit-cast to int32 and come back as float32, bit for bit.
+    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
+        let tensors = sd
+            .tensors
+            .iter()
+            .map(|(k, t)| {
+                let t = if t.kind() == Kind::Float {
+                    t.f_view_dtype(Kind::Int)?
+                } else {
+                    t.shallow_clone()
+                };
+                Ok((k.clone(), t))
+            })
+            .collect::<Result<_>>()?;
+        let bitcast = OptimizerStateDict {
+            meta: sd.meta.clone(),
+            tensors,
+        };
+        Uncast(self).load_state_dict(&bitcast)?;
+        for st in self.state.iter_mut().flatten() {
+            *st = float32_view(st)?;
+        }
+        Ok(())
+    }
+
     optimizer_accessors!();
+}
+
+/// `state` with its int32 tensors viewed as float32 again (see
+/// [`BnbOptimizer::load_state_dict`]).
+fn float32_view(state: &ParamState) -> Result<ParamState> {
+    let tensors = state
+        .tensors
+        .iter()
+        .map(|(k, t)| {
+            let t = if t.kind() == Kind::Int {
+                t.f_view_dtype(Kind::Float)?
+            } else {
+                t.shallow_clone()
+            };
+            Ok((k.clone(), t))
+        })
+        .collect::<Result<_>>()?;
+    Ok(ParamState {
+        step: state.step,
+        tensors,
+        scalars: state.scalars.clone(),
+    })
+}
+
+/// A [`BnbOptimizer`] seen through the generic state loader, its float32 state bit-cast to
+/// int32 so the loader leaves it uncast; validation sees it as float32.
+struct Uncast<'a>(&'a mut BnbOptimizer);
+
+impl Optimizer for Uncast<'_> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn step(&mut self) -> Result<()> {
+        self.0.step()
+    }
+
+    fn param_groups(&self) -> &[ParamGroup] {
+        &self.0.groups
+    }
+
+    fn param_groups_mut(&mut self) -> &mut [ParamGroup] {
+        &mut self.0.groups
+    }
+
+    fn state(&self) -> &[Option<ParamState>] {
+        &self.0.state
+    }
+
+    fn state_mut(&mut self) -> &mut Vec<Option<ParamState>> {
+        &mut self.0.state
+    }
+
+    fn default_lr(&self) -> f64 {
+        self.0.default_lr()
+    }
+
+    fn hyperparameters(&self) -> serde_json::Value {
+        self.0.hyperparameters()
+    }
+
+    fn set_hyperparameters(&mut self, value: &serde_json::Value) -> Result<()> {
+        self.0.set_hyperparameters(value)
+    }
+
+    fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
+        self.0.validate_state(index, param, &float32_view(state)?)
+    }
 }
 
 /// The `optim` names upstream's Trainer builds with bitsandbytes (`_BITSANDBYTES_OPTIMIZERS`).

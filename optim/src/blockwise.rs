@@ -34,7 +34,11 @@ pub fn create_dynamic_map(signed: bool) -> Result<Tensor> {
     let mut data: Vec<f32> = Vec::with_capacity(CODEBOOK_SIZE);
     // (total_bits - 1 == max_exponent_bits: no additional linear items)
     for i in 0..MAX_EXPONENT_BITS {
-        let fraction_items = if signed { (1i64 << i) + 1 } else { (1i64 << (i + 1)) + 1 };
+        let fraction_items = if signed {
+            (1i64 << i) + 1
+        } else {
+            (1i64 << (i + 1)) + 1
+        };
         let boundaries = Tensor::f_linspace(
             Scalar::float(0.1),
             Scalar::int(1),
@@ -194,7 +198,9 @@ fn check_blocksize(blocksize: i64) -> Result<usize> {
     usize::try_from(blocksize)
         .ok()
         .filter(|&b| b > 0)
-        .ok_or_else(|| TchError::Shape(format!("blocksize must be positive, got {blocksize}")).into())
+        .ok_or_else(|| {
+            TchError::Shape(format!("blocksize must be positive, got {blocksize}")).into()
+        })
 }
 
 /// The elements of a tensor as f32, in row-major order, read on the CPU.

@@ -13,9 +13,7 @@ use crate::low_rank::{Projection, Projector, ProjectorKind};
 use crate::optimizer::{
     build_groups, check_non_negative, check_unit, expect_shape, grad_of, optimizer_accessors,
 };
-use crate::{
-    AdafactorConfig, Error, GroupSpec, Optimizer, ParamGroup, ParamState, Result, ffi,
-};
+use crate::{AdafactorConfig, Error, GroupSpec, Optimizer, ParamGroup, ParamState, Result, ffi};
 
 /// Hyper-parameters of [`GaLoreAdamW`] (galore_torch's `AdamW` arguments and defaults) and
 /// the projection of each param group.
@@ -137,7 +135,10 @@ fn validate_projections(projections: &[Option<Projection>], groups: usize) -> Re
             found: projections.len(),
         });
     }
-    projections.iter().flatten().try_for_each(Projection::validate)
+    projections
+        .iter()
+        .flatten()
+        .try_for_each(Projection::validate)
 }
 
 /// galore_torch's `GaLoreAdamW`: AdamW whose projected groups keep their moments in the
@@ -340,8 +341,8 @@ impl Optimizer for GaLoreAdafactor {
 
     fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
         let shape = param.size();
-        let projector = group_of(&self.groups, index)
-            .and_then(|g| svd_projector(&self.config.projections, g));
+        let projector =
+            group_of(&self.groups, index).and_then(|g| svd_projector(&self.config.projections, g));
         let shape = match &projector {
             Some(pr) if shape.len() == 2 => {
                 pr.validate(index, &shape, state)?;

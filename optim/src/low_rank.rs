@@ -174,7 +174,7 @@ impl Projector<'_> {
             Side::Full => st.tensors.contains_key(ORTHO_FULL[0]),
             _ => st.tensors.contains_key(ORTHO),
         };
-        if !present || iter % self.projection.update_proj_gap == 0 {
+        if !present || iter.is_multiple_of(self.projection.update_proj_gap) {
             self.update(st, grad, side)?;
         }
         Ok(match side {

@@ -23,14 +23,21 @@
 //! `weight_sum`, `lr_max`, `scheduled_lr`) are saved with the hyper-parameters, so a state dict
 //! taken in either mode resumes exactly (with the parameters saved in the same mode).
 //!
-//! Beyond upstream, `beta1` (the momentum of SGD) must lie in `(0, 1)`, as `eval()` divides
-//! by it, and `beta2` in `[0, 1)`.
+//! `lr` above is the group's learning rate times the warmup factor `min(1, (k+1) /
+//! warmup_steps)` (AdamW, SGD) or RAdam's rectification (0 while the variance is not
+//! tractable, with the default `silent_sgd_phase`, and no normalisation of `g` then).
+//!
+//! Beyond upstream, AdamW's and RAdam's `beta1` must lie in `(0, 1)` as SGD's momentum does
+//! there (`eval()` divides by it), `beta2` in `[0, 1)`, `eps` and `warmup_steps` be
+//! non-negative and `r`, `weight_lr_power` finite.
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::ffi;
-use crate::optimizer::{build_groups, check_non_negative, deep_copy, expect_shape, grad_of};
+use crate::optimizer::{
+    build_groups, check_non_negative, check_unit, deep_copy, expect_shape, grad_of,
+};
 use crate::{Error, GroupSpec, Optimizer, ParamGroup, ParamState, Result};
 
 /// The values a schedule-free optimizer keeps per param group (upstream's `group["k"]`,
@@ -105,19 +112,6 @@ fn check_open_unit(name: &'static str, value: f64) -> Result<()> {
             name,
             value,
             expected: "in (0, 1)",
-        })
-    }
-}
-
-/// Checks `0 <= value < 1`.
-fn check_unit(name: &'static str, value: f64) -> Result<()> {
-    if (0.0..1.0).contains(&value) {
-        Ok(())
-    } else {
-        Err(Error::InvalidHyperparameter {
-            name,
-            value,
-            expected: "in [0, 1)",
         })
     }
 }

@@ -22,8 +22,9 @@
 //!
 //! torchao runs that step through `torch.compile`; on a CPU, inductor emits one C++ kernel
 //! built with `-ffp-contract=off`, so every multiply and add rounds on its own (eager torch's
-//! `lerp` fuses them). The ops below follow the compiled kernel one rounding at a time: same
-//! parameters, codes and scales bit for bit (see the tests).
+//! `lerp` fuses them), and its square root is the correctly rounded one (eager torch's fp32
+//! `sqrt` on CPU is not, on some 0.6% of inputs). The ops below follow the compiled kernel one
+//! rounding at a time: same parameters, codes and scales bit for bit (see the tests).
 //!
 //! State entries: `exp_avg`, `exp_avg_sq` (and `max_exp_avg_sq` with `amsgrad`), each either a
 //! plain tensor or the pair `KEY.codes` (uint8) / `KEY.scale` (fp32) — torchao's
@@ -55,10 +56,10 @@ const MOMENTS: [(&str, bool); 3] = [
 pub enum StateBits {
     /// `torchao.optim.AdamW8bit` (`adamw_torch_8bit`).
     #[serde(rename = "8")]
-    Eight,
+    Eight = 0,
     /// `torchao.optim.AdamW4bit` (`adamw_torch_4bit`).
     #[serde(rename = "4")]
-    Four,
+    Four = 1,
 }
 
 /// Hyper-parameters of [`LowBitAdamW`] (torchao's `AdamW8bit` / `AdamW4bit` arguments).
@@ -123,7 +124,7 @@ impl LowBitAdamWConfig {
         check_unit("betas[0]", self.betas.0)?;
         check_unit("betas[1]", self.betas.1)?;
         check_non_negative("weight_decay", self.weight_decay)?;
-        let even = self.bits == StateBits::Eight || self.block_size % 2 == 0;
+        let even = self.bits == StateBits::Eight || self.block_size.is_multiple_of(2);
         if self.block_size == 0 || !even || i64::try_from(self.block_size).is_err() {
             return Err(Error::InvalidHyperparameter {
                 name: "block_size",
@@ -135,14 +136,15 @@ impl LowBitAdamWConfig {
     }
 
     fn block(&self) -> i64 {
-        // Checked to fit by `validate`.
-        self.block_size as i64
+        // Checked by `validate`; a value set through `set_hyperparameters` is not, so it
+        // saturates rather than wraps.
+        i64::try_from(self.block_size).unwrap_or(i64::MAX)
     }
 
     /// torchao's `_new_buffer` rule: quantize tensors of at least 4096 elements that split
     /// into whole blocks.
     fn quantizes(&self, numel: i64) -> bool {
-        numel >= LOW_BIT_MIN_SIZE && numel % self.block() == 0
+        numel >= LOW_BIT_MIN_SIZE && numel.checked_rem(self.block()) == Some(0)
     }
 }
 
@@ -317,6 +319,9 @@ pub struct LowBitAdamW {
     config: LowBitAdamWConfig,
     groups: Vec<ParamGroup>,
     state: Vec<Option<ParamState>>,
+    /// The maps on CPU, `[8-bit, 4-bit][signed, unsigned]` (`config.bits` may be changed by
+    /// `set_hyperparameters`).
+    qmaps: [[Tensor; 2]; 2],
 }
 
 impl LowBitAdamW {
@@ -346,10 +351,18 @@ impl LowBitAdamW {
                 });
             }
         }
+        let qmaps = [
+            [
+                qmap(StateBits::Eight, true)?,
+                qmap(StateBits::Eight, false)?,
+            ],
+            [qmap(StateBits::Four, true)?, qmap(StateBits::Four, false)?],
+        ];
         Ok(Self {
             config,
             groups,
             state,
+            qmaps,
         })
     }
 
@@ -401,7 +414,8 @@ impl LowBitAdamW {
         Ok(Moment::Quantized(Quantized {
             codes,
             scale,
-            qmap: qmap(self.config.bits, signed)?.f_to_device(device)?,
+            qmap: self.qmaps[self.config.bits as usize][usize::from(!signed)]
+                .f_to_device(device)?,
             bits: self.config.bits,
             block: self.config.block(),
         }))
@@ -470,8 +484,13 @@ impl LowBitAdamW {
         } else {
             v32
         };
+        // The compiled kernel's square root is correctly rounded (`_mm512_sqrt_ps`); ATen's
+        // fp32 `sqrt` on CPU (MKL's VML) misses by one ulp on some 0.6% of inputs. The fp64 root
+        // rounded to fp32 is the correctly rounded fp32 root (53 >= 2 * 24 + 2 bits).
         let denom = second
+            .f_to_kind(Kind::Double)?
             .f_sqrt()?
+            .f_to_kind(Kind::Float)?
             .f_div_scalar(f64::from(bc2_sqrt))?
             .f_add_scalar(self.config.eps)?;
         let update = m32
@@ -546,7 +565,7 @@ fn strtobool(value: &str) -> Option<bool> {
 
 /// torchao's `_fp32_to_bf16_sr`: rounds away from zero with probability (low 16 bits) / 2^16.
 fn fp32_to_bf16_sr(x: &Tensor) -> Result<Tensor> {
-    let rand = Tensor::f_randint_low(0, 1 << 16, &x.size(), (Kind::Int, x.device()))?;
+    let rand = Tensor::f_randint_low(0, 1 << 16, x.size(), (Kind::Int, x.device()))?;
     let bits = x.f_contiguous()?.f_view_dtype(Kind::Int)?;
     let fraction = bits.f_bitwise_and(0xFFFF)?;
     let truncated = bits.f_bitwise_and(0xFFFF_0000u32 as i32 as i64)?;

@@ -239,6 +239,18 @@ pub fn create_optimizer(
                 },
             )?)
         }
+        // LOMO under DDP: the package updates each process's parameters from its own
+        // gradient inside the backward, racing DDP's all-reduce (its own all-reduce exists
+        // only for ZeRO-3); refused rather than let the ranks drift apart.
+        name @ ("lomo" | "adalomo") if args.distributed => {
+            return Err(Error::InvalidOptimizerSetup {
+                name: name.into(),
+                detail: "LOMO updates each process's parameters from its own gradient inside \
+                         the backward pass, before any all-reduce, so data-parallel ranks would \
+                         drift apart; run it on one process, or use `adamw_torch_fused`"
+                    .into(),
+            });
+        }
         // `_get_lomo_optimizer`: the model (every parameter, one group) and `lr`; the rest
         // stays the package's defaults.
         "lomo" => Box::new(Lomo::new(

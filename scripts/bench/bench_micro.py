@@ -9,6 +9,11 @@ Measures the same things on the same data as the Rust example:
   foreach=False), transformers' Adafactor with the Trainer's settings (lr=1e-3,
   scale_parameter=False, relative_step=False). Median of --steps steps after --warmup steps
   (`min_ms`: the fastest step).
+* the package-backed `optim` names (PACKAGE_OPTIMS), each built by upstream's
+  `Trainer.get_optimizer_cls_and_kwargs` (optim, learning_rate=1e-3,
+  optim_target_modules="all-linear") over a module whose eight Linear layers hold the
+  parameter set, one group. Every optimizer row reports `state_bytes`: the optimizer's state
+  after the steps (each storage counted once; torchao's codes and scales).
 * collator throughput: DataCollatorWithPadding and DataCollatorForLanguageModeling(mlm, seed=42)
   on the hamlet.txt lines longer than 20 characters, tokenized with the MiniLM tokenizer
   (input_ids, token_type_ids, attention_mask, special_tokens_mask as lists), 32 rows per batch.
@@ -44,12 +49,59 @@ MIN_LINE_CHARS = 20
 MLM_SEED = 42
 
 
+PACKAGE_OPTIMS = [
+    "stable_adamw", "grokadamw", "schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam",
+    "paged_adamw_32bit", "adamw_bnb_8bit", "ademamix", "ademamix_8bit", "lion_8bit",
+    "rmsprop_bnb_8bit", "galore_adamw", "galore_adafactor", "apollo_adamw", "adamw_torch_8bit",
+    "adamw_torch_4bit",
+]
+
+
+def state_bytes(opt):
+    seen, total = set(), 0
+    for st in opt.state.values():
+        for v in st.values():
+            parts = [v.codes, v.scale, v.qmap] if hasattr(v, "codes") else [v]
+            for t in parts:
+                if torch.is_tensor(t) and t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def package_optimizer(name, params):
+    """The optimizer upstream's Trainer builds for `optim=name` over the parameter set."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    # optimi 0.3.3 picks its Triton kernel on a CPU when triton imports (see
+    # scripts/reference/optim_packages.py): run its single-tensor path.
+    import optimi.stableadamw  # noqa: F401
+    import sys
+    sys.modules["optimi.stableadamw"]._default_to_triton = lambda params: False
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
+    for i, layer in enumerate(model.layers):
+        layer.weight, layer.bias = params[2 * i], params[2 * i + 1]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(output_dir=tmp, report_to=[], optim=name, learning_rate=1e-3,
+                                 optim_target_modules="all-linear")
+        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    groups = kwargs.pop("params", list(model.parameters()))
+    opt = cls(groups, **kwargs)
+    if hasattr(opt, "train"):
+        opt.train()
+    return opt
+
+
 def parameter_set():
     torch.manual_seed(0)
     params = []
     for _ in range(LAYERS):
-        w = torch.randn(WIDTH, WIDTH, requires_grad=True)
-        b = (torch.randn(WIDTH) * 0.02).requires_grad_(True)
+        w = torch.nn.Parameter(torch.randn(WIDTH, WIDTH))
+        b = torch.nn.Parameter(torch.randn(WIDTH) * 0.02)
         params += [w, b]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -74,6 +126,7 @@ def bench_optimizer(name, threads, args, make):
         "steps": args.steps,
         "params": sum(p.numel() for p in params),
         "threads": threads,
+        "state_bytes": state_bytes(opt),
     }), flush=True)
 
 
@@ -129,6 +182,8 @@ def main():
                         lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=False))
         bench_optimizer("adafactor", threads, args,
                         lambda p: Adafactor(p, lr=1e-3, scale_parameter=False, relative_step=False))
+        for name in PACKAGE_OPTIMS:
+            bench_optimizer(name, threads, args, lambda p, name=name: package_optimizer(name, p))
 
     if args.only in (None, "collate"):
         tokenizer = AutoTokenizer.from_pretrained(str(assets / "minilm"))

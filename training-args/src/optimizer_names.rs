@@ -112,11 +112,13 @@ pub enum OptimizerSupport {
     },
 }
 
-/// Not implemented yet (an open piece of work, not a limit of the machine).
-const NOT_YET: OptimizerSupport = OptimizerSupport::Refused {
-    why: "it is not implemented in tchtrain-optim yet",
-    instead: "adamw_torch_fused",
-};
+/// Why the layer-wise GaLore / APOLLO names are refused.
+const LAYERWISE: &str = "upstream steps one optimizer per parameter inside backward \
+                         (post-accumulate-grad hooks) and frees each gradient there, so the \
+                         Trainer's gradient clipping sees none; tch registers no such hooks, and \
+                         stepping after backward instead would clip what upstream does not and \
+                         save no memory";
+
 
 impl OptimizerNames {
     /// Whether and how tchtrain serves this name: the one table of working and refused
@@ -194,6 +196,34 @@ impl OptimizerNames {
             AdamwTorch4bit => Working {
                 reference: "torchao.optim.AdamW4bit",
             },
+            GaloreAdamw => Working {
+                reference: "galore_torch.GaLoreAdamW",
+            },
+            GaloreAdafactor => Working {
+                reference: "galore_torch.GaLoreAdafactor",
+            },
+            ApolloAdamw => Working {
+                reference: "apollo_torch.APOLLOAdamW (random projection drawn on the CPU)",
+            },
+            GaloreAdamw8bit | GaloreAdamw8bitLayerwise => Refused {
+                why: "galore_torch's AdamW8bit calls torch.cuda.synchronize() in every step, so \
+                      it runs on CUDA only and there is no CPU reference to check a port against; \
+                      it also runs bitsandbytes' 8-bit AdamW update on the projected gradient \
+                      swapped into p.data, a path not ported",
+                instead: "galore_adamw",
+            },
+            GaloreAdamwLayerwise => Refused {
+                why: LAYERWISE,
+                instead: "galore_adamw",
+            },
+            GaloreAdafactorLayerwise => Refused {
+                why: LAYERWISE,
+                instead: "galore_adafactor",
+            },
+            ApolloAdamwLayerwise => Refused {
+                why: LAYERWISE,
+                instead: "apollo_adamw",
+            },
             AdamwTorchXla => Refused {
                 why: "it is torch_xla's AdamW for XLA devices (TPU), and libtorch has no XLA backend",
                 instead: "adamw_torch_fused",
@@ -207,7 +237,6 @@ impl OptimizerNames {
                       so there is no reference to check it against",
                 instead: "adamw_torch_fused",
             },
-            _ => NOT_YET,
         }
     }
 

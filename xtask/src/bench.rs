@@ -214,6 +214,8 @@ struct Measurement {
     threads: Option<f64>,
     /// `tokens` and `padded_len_sum`: both sides must have seen the same data.
     data_check: Option<(f64, f64)>,
+    /// The optimizer's state after the steps, in bytes (optimizer rows).
+    state_bytes: Option<f64>,
 }
 
 impl Measurement {
@@ -235,6 +237,7 @@ impl Measurement {
             tokens_per_s: num("tokens_per_s"),
             threads: num("threads"),
             data_check: num("tokens").zip(num("padded_len_sum")),
+            state_bytes: num("state_bytes"),
         })
     }
 }
@@ -275,8 +278,8 @@ type Rounds = BTreeMap<String, BTreeMap<String, Vec<Measurement>>>;
 /// The markdown table: one row per benchmark, in first-seen order.
 fn table(order: &[String], rounds: &Rounds) -> String {
     let mut out = String::from(
-        "| bench | tchtrain ms | python ms | ratio (python/tchtrain) | ratio of fastest | tchtrain tokens/s | python tokens/s |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+        "| bench | tchtrain ms | python ms | ratio (python/tchtrain) | ratio of fastest | tchtrain tokens/s | python tokens/s | tchtrain state MiB | python state MiB |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for bench in order {
         let side = |implementation: &str| rounds.get(bench).and_then(|m| m.get(implementation));
@@ -293,6 +296,11 @@ fn table(order: &[String], rounds: &Rounds) -> String {
             side(implementation)
                 .and_then(|v| v.iter().filter_map(|m| m.min_ms).min_by(f64::total_cmp))
         };
+        let state = |implementation: &str| {
+            side(implementation)
+                .and_then(|v| v.iter().filter_map(|m| m.state_bytes).next())
+                .map_or(String::new(), |b| format!("{:.1}", b / (1024.0 * 1024.0)))
+        };
         let (rs, py) = (ms("tchtrain"), ms("python"));
         let fmt_ms = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.3}"));
         let fmt_tps = |x: Option<f64>| x.map_or("".into(), |x| format!("{:.0}", x));
@@ -301,13 +309,15 @@ fn table(order: &[String], rounds: &Rounds) -> String {
             _ => "—".into(),
         };
         out.push_str(&format!(
-            "| {bench} | {} | {} | {} | {} | {} | {} |\n",
+            "| {bench} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             fmt_ms(rs),
             fmt_ms(py),
             ratio(rs, py),
             ratio(fastest("tchtrain"), fastest("python")),
             fmt_tps(tps("tchtrain")),
             fmt_tps(tps("python")),
+            state("tchtrain"),
+            state("python"),
         ));
     }
     out
@@ -560,6 +570,7 @@ mod tests {
             tokens_per_s: None,
             threads: Some(2.0),
             data_check: None,
+            state_bytes: None,
         };
         let mut rounds = Rounds::new();
         let sides = rounds.entry("optim/sgd".into()).or_default();
@@ -574,7 +585,7 @@ mod tests {
         sides.insert("python".into(), vec![m("python", 40.0)]);
         let t = table(&["optim/sgd".into()], &rounds);
         assert!(
-            t.contains("| optim/sgd | 20.000 | 40.000 | 2.00 | 4.00 |  |  |"),
+            t.contains("| optim/sgd | 20.000 | 40.000 | 2.00 | 4.00 |  |  |  |  |"),
             "{t}"
         );
         assert!(consistency_warnings(&rounds).is_empty());

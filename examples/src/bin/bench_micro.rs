@@ -6,6 +6,11 @@
 //!   (`adamw_torch_fused`), SGD with momentum 0.9, Adafactor with the Trainer's settings
 //!   (`lr=1e-3, scale_parameter=False, relative_step=False`). Median of `--steps` steps after
 //!   `--warmup` steps (`min_ms`: the fastest step).
+//! * The optimizers upstream's `optim` names take from packages ([`PACKAGE_OPTIMS`]), each
+//!   built as the Trainer builds it (`create_optimizer` from `optim`, `learning_rate=1e-3`,
+//!   `optim_target_modules="all-linear"` for GaLore / APOLLO, the eight weights as the
+//!   model's linear layers) over one group. Every optimizer row also reports `state_bytes`:
+//!   the optimizer's state after the steps (each storage counted once).
 //! * Collator throughput: `DataCollatorWithPadding` and `DataCollatorForLanguageModeling`
 //!   (mlm, seed 42) on the lines of `hamlet.txt` longer than 20 characters, tokenized with
 //!   the MiniLM tokenizer (`input_ids`, `token_type_ids`, `attention_mask`,
@@ -35,8 +40,10 @@ use tchtrain::collators::{
 };
 use tchtrain::models::AutoTokenizer;
 use tchtrain::optim::{
-    Adafactor, AdafactorConfig, AdamW, AdamWConfig, GroupSpec, Optimizer, Sgd, SgdConfig,
+    Adafactor, AdafactorConfig, AdamW, AdamWConfig, GroupSpec, Optimizer, OptimizerArgs, Sgd,
+    SgdConfig, create_optimizer,
 };
+use tchtrain::training_args::StrOrList;
 use tchtrain::tch::{self, Device, Kind, Tensor};
 
 /// Shape of the benchmark's parameter set: `LAYERS` × ([`WIDTH`, `WIDTH`] + [`WIDTH`]).
@@ -48,6 +55,27 @@ const BATCH_ROWS: usize = 32;
 /// reference script does.
 const MIN_LINE_CHARS: usize = 20;
 const MLM_SEED: u64 = 42;
+
+/// The package-backed `optim` names benchmarked against their packages (LOMO / AdaLomo are
+/// left out: their update runs inside a backward pass, not in `step()`).
+const PACKAGE_OPTIMS: [&str; 16] = [
+    "stable_adamw",
+    "grokadamw",
+    "schedule_free_adamw",
+    "schedule_free_sgd",
+    "schedule_free_radam",
+    "paged_adamw_32bit",
+    "adamw_bnb_8bit",
+    "ademamix",
+    "ademamix_8bit",
+    "lion_8bit",
+    "rmsprop_bnb_8bit",
+    "galore_adamw",
+    "galore_adafactor",
+    "apollo_adamw",
+    "adamw_torch_8bit",
+    "adamw_torch_4bit",
+];
 
 struct Options {
     threads: Option<i32>,
@@ -122,6 +150,20 @@ fn parameter_set() -> Vec<(String, Tensor)> {
     named
 }
 
+/// The bytes of the optimizer's state tensors, each storage counted once.
+fn state_bytes(opt: &dyn Optimizer) -> f64 {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut bytes = 0usize;
+    for st in opt.state().iter().flatten() {
+        for t in st.tensors.values() {
+            if seen.insert(t.data_ptr() as usize) {
+                bytes += t.numel() * t.kind().elt_size_in_bytes();
+            }
+        }
+    }
+    bytes as f64
+}
+
 fn numel(named: &[(String, Tensor)]) -> i64 {
     named.iter().map(|(_, p)| p.numel() as i64).sum()
 }
@@ -158,6 +200,7 @@ fn bench_optimizer(
             "steps": o.steps,
             "params": params,
             "threads": threads,
+            "state_bytes": state_bytes(opt.as_ref()),
         })
     );
     Ok(())
@@ -263,6 +306,18 @@ fn main() -> Result<()> {
             };
             Ok(Box::new(Adafactor::new(g, config)?))
         })?;
+        for name in PACKAGE_OPTIMS {
+            bench_optimizer(name, threads, &o, |g| {
+                let args = OptimizerArgs {
+                    optim: name.into(),
+                    learning_rate: 1e-3,
+                    optim_target_modules: Some(StrOrList::One("all-linear".into())),
+                    linear_modules: (0..LAYERS).map(|i| format!("layers.{i}")).collect(),
+                    ..Default::default()
+                };
+                Ok(create_optimizer(&args, g)?)
+            })?;
+        }
     }
 
     if o.wants("collate") {

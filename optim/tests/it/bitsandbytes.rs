@@ -87,10 +87,16 @@ fn bitsandbytes_states_match_the_reference_after_50_steps() -> Result<()> {
         ));
         // Identical bytes: the quantization reproduces the library's lookup table and
         // fused multiply-add, and the float32 updates are torch's own ops in the same order.
-        assert_eq!(mismatched, 0, "{case}: {mismatched} of {bytes} 8-bit codes differ");
+        assert_eq!(
+            mismatched, 0,
+            "{case}: {mismatched} of {bytes} 8-bit codes differ"
+        );
         assert!(worst <= 1e-6, "{case}: float states differ by {worst:e}");
     }
-    println!("bitsandbytes states against the reference:\n{}", report.join("\n"));
+    println!(
+        "bitsandbytes states against the reference:\n{}",
+        report.join("\n")
+    );
     Ok(())
 }
 
@@ -109,13 +115,18 @@ fn dynamic_maps_are_bitsandbytes_maps() -> Result<()> {
         assert_eq!(map.kind(), Kind::Float);
         assert_eq!(map.max().double_value(&[]), 1.0);
     }
-    assert_eq!(signed.min().double_value(&[]), -1.0);
-    assert_eq!(unsigned.min().double_value(&[]), 0.0);
-    // bitsandbytes' values at a few indices (`create_dynamic_map()` printed with repr)
+    // bitsandbytes' values at a few indices (the signed map has no -1: its most negative
+    // entry is the mean of the last fraction bin, as the largest positive below 1.0)
     let s = Vec::<f32>::try_from(&signed)?;
     let u = Vec::<f32>::try_from(&unsigned)?;
-    assert_eq!((s[0], s[127], s[128], s[255]), (-1.0, 0.0, 5.5e-7, 1.0));
-    assert_eq!((u[0], u[1], u[254], u[255]), (0.0, 5.5e-7, 0.99648434, 1.0));
+    assert_eq!(
+        (s[0], s[127], s[128], s[254], s[255]),
+        (-0.99296874, 0.0, 5.5000004e-7, 0.99296874, 1.0)
+    );
+    assert_eq!(
+        (u[0], u[1], u[254], u[255]),
+        (0.0, 3.2500003e-7, 0.9964844, 1.0)
+    );
     Ok(())
 }
 
@@ -123,25 +134,46 @@ fn dynamic_maps_are_bitsandbytes_maps() -> Result<()> {
 fn blockwise_quantization_reproduces_the_reference_codes() -> Result<()> {
     let _g = lock();
     let r = reference()?;
-    // dequantize the reference's codes and quantize them back: every block's maximum maps
-    // to code 1.0, so the absmax comes back unchanged, and each value is a codebook entry
-    // times that absmax: the nearest entry is itself
-    for case in ["adamw_bnb_8bit", "lion_8bit", "ademamix_8bit"] {
+    // dequantize the reference's codes and quantize them back. In a block whose largest
+    // magnitude is positive, that element has code 255 (1.0), so the absmax comes back
+    // unchanged and every value is a codebook entry times it: its own nearest entry. (A
+    // negative maximum has code 0, -0.99296874: the absmax would shrink.)
+    for case in [
+        "adamw_bnb_8bit",
+        "lion_8bit",
+        "ademamix_8bit",
+        "rmsprop_bnb_8bit",
+    ] {
         let prefix = format!("{case}.state.proj.weight");
         let codes = r.t(&format!("{prefix}.state1"))?.reshape([-1, 256]);
         let absmax = r.t(&format!("{prefix}.absmax1"))?.reshape([-1]);
         let qmap = r.t(&format!("{prefix}.qmap1"))?;
-        let values = dequantize_blockwise(&codes.reshape([-1]), &absmax, qmap, 256)?;
+        let values = dequantize_blockwise(&codes, &absmax, qmap, 256)?;
+        assert_eq!(values.size(), codes.size());
         let (again, absmax_again) = quantize_blockwise(&values, qmap, 256)?;
-        let differ = again
-            .ne_tensor(&codes.reshape([-1]))
-            .sum(Kind::Int64)
-            .int64_value(&[]);
+        let positive = codes.eq(255).any_dim(1, false);
+        let kept = i64::try_from(positive.sum(Kind::Int64))?;
+        assert!(kept > 0, "{case}: no block with a positive maximum");
+        let differ = i64::try_from(
+            again
+                .index_select(0, &positive.nonzero().squeeze_dim(1))
+                .ne_tensor(&codes.index_select(0, &positive.nonzero().squeeze_dim(1)))
+                .sum(Kind::Int64),
+        )?;
         assert_eq!(differ, 0, "{case}: requantized codes differ");
-        assert!(absmax_again.equal(&absmax), "{case}: absmax differs");
+        assert!(
+            absmax_again
+                .masked_select(&positive)
+                .equal(&absmax.masked_select(&positive)),
+            "{case}: absmax differs"
+        );
     }
     // a block of zeros: absmax 0 and code 0, as the library writes them
-    let (q, m) = quantize_blockwise(&Tensor::zeros([300], tch::kind::FLOAT_CPU), &create_dynamic_map(true)?, 256)?;
+    let (q, m) = quantize_blockwise(
+        &Tensor::zeros([300], tch::kind::FLOAT_CPU),
+        &create_dynamic_map(true)?,
+        256,
+    )?;
     assert_eq!(m.size(), [2]);
     assert_eq!(q.sum(Kind::Int64).int64_value(&[]), 0);
     assert_eq!(m.sum(Kind::Float).double_value(&[]), 0.0);
@@ -157,7 +189,10 @@ fn embeddings_keep_32bit_state_under_8bit_optimizers() -> Result<()> {
     let kinds = |args: &OptimizerArgs| -> Result<BTreeMap<String, Kind>> {
         let params = r.fresh_params()?;
         let groups = vec![GroupSpec::new(
-            params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+            params
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect(),
         )];
         let mut opt = create_optimizer(args, groups)?;
         r.step(&params, opt.as_mut(), 0)?;
@@ -211,7 +246,12 @@ fn uint8_state_survives_the_state_dict() -> Result<()> {
 #[test]
 fn bitsandbytes_handler_refuses_what_upstream_fails_on() -> Result<()> {
     let _g = lock();
-    let p = || vec![GroupSpec::unnamed(vec![Tensor::zeros([4], tch::kind::FLOAT_CPU)])];
+    let p = || {
+        vec![GroupSpec::unnamed(vec![Tensor::zeros(
+            [4],
+            tch::kind::FLOAT_CPU,
+        )])]
+    };
     let args = |optim: &str, optim_args: Option<&str>| OptimizerArgs {
         optim: optim.into(),
         optim_args: optim_args.map(String::from),
@@ -219,7 +259,13 @@ fn bitsandbytes_handler_refuses_what_upstream_fails_on() -> Result<()> {
     };
     // RMSprop gets optim_args as strings: bitsandbytes fails on every one but `optim_bits`
     // (replaced by the name's) and an empty `centered`
-    for bad in ["alpha=0.9", "momentum=0.9", "eps=1e-6", "centered=False", "foo=1"] {
+    for bad in [
+        "alpha=0.9",
+        "momentum=0.9",
+        "eps=1e-6",
+        "centered=False",
+        "foo=1",
+    ] {
         let err = create_optimizer(&args("rmsprop_bnb", Some(bad)), p()).err();
         assert!(
             matches!(err, Some(Error::InvalidOptimizerSetup { .. })),
@@ -231,8 +277,14 @@ fn bitsandbytes_handler_refuses_what_upstream_fails_on() -> Result<()> {
     }
     // AdEMAMix reads t_alpha / t_beta3 as Python's int()
     let err = create_optimizer(&args("ademamix", Some("t_alpha=1.5")), p()).err();
-    assert!(matches!(err, Some(Error::InvalidOptimArgValue { .. })), "{err:?}");
-    create_optimizer(&args("ademamix_8bit", Some("t_alpha=1_000,t_beta3=20")), p())?;
+    assert!(
+        matches!(err, Some(Error::InvalidOptimArgValue { .. })),
+        "{err:?}"
+    );
+    create_optimizer(
+        &args("ademamix_8bit", Some("t_alpha=1_000,t_beta3=20")),
+        p(),
+    )?;
     // bitsandbytes' own checks
     let bad_configs = [
         BnbConfig {

@@ -500,6 +500,11 @@ fn optim_args_and_factory_follow_trainer_optimizer() -> Result<()> {
         )])]
     };
     for name in tchtrain_optim::supported_optimizers() {
+        // GaLore / APOLLO need `optim_target_modules` and build their own two groups
+        // (checked in low_rank.rs).
+        if name.starts_with("galore_") || name.starts_with("apollo_") {
+            continue;
+        }
         let args = OptimizerArgs {
             optim: name.into(),
             learning_rate: 1e-3,

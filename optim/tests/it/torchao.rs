@@ -428,3 +428,58 @@ fn a_state_dict_of_the_other_width_or_block_size_is_refused() -> Result<()> {
     ensure!(matches!(err, Some(Error::ShapeMismatch { .. })), "{err:?}");
     Ok(())
 }
+
+#[test]
+fn quantization_maps_are_torchaos() -> Result<()> {
+    let _g = lock();
+    let r = reference()?;
+    for (case, bits) in [
+        ("adamw_torch_8bit", StateBits::Eight),
+        ("adamw_torch_4bit", StateBits::Four),
+    ] {
+        let params = params_with_grads(&[8192], Kind::Float, 9);
+        let config = LowBitAdamWConfig {
+            bits,
+            block_size: 256,
+            ..Default::default()
+        };
+        let mut opt = LowBitAdamW::new(group(&params), config)?;
+        set_grads(&params, 9)?;
+        opt.step()?;
+        // Every byte value, block scales of one: the dequantized state lists the map.
+        let st = opt.state_mut()[0].as_mut().context("state")?;
+        for key in ["exp_avg", "exp_avg_sq"] {
+            let codes = &st.tensors[&format!("{key}.codes")];
+            let bytes = Tensor::arange(codes.numel() as i64, (Kind::Int64, Device::Cpu))
+                .remainder(256)
+                .to_kind(Kind::Uint8)
+                .view(codes.size().as_slice());
+            st.tensors.insert(format!("{key}.codes"), bytes);
+            let _ = st
+                .tensors
+                .get_mut(&format!("{key}.scale"))
+                .context("scale")?
+                .fill_(1.0);
+        }
+        for key in ["exp_avg", "exp_avg_sq"] {
+            let qmap = r.t(&format!("{case}.state.proj.weight.{key}.qmap"))?;
+            let values = opt.state_value(0, key)?;
+            let want = match bits {
+                StateBits::Eight => qmap.shallow_clone(),
+                // Byte b holds codes b >> 4 (even element) and b & 15 (odd element).
+                StateBits::Four => {
+                    let b = Tensor::arange(256, (Kind::Int64, Device::Cpu));
+                    let codes =
+                        Tensor::stack(&[b.divide_scalar_mode(16, "floor"), b.remainder(16)], -1);
+                    qmap.take(&codes.reshape([-1]))
+                }
+            };
+            let n = want.numel() as i64;
+            ensure!(
+                mismatches(&values.slice(0, 0, n, 1), &want)? == 0,
+                "{case} {key}: the map differs from torchao's"
+            );
+        }
+    }
+    Ok(())
+}

@@ -20,7 +20,9 @@ use tchtrain_models::{
 use tchtrain_trainer::{
     Error, EvalPrediction, Metrics, RNG_GENERATOR_STATE_NAME, ResumeFrom, Trainer,
 };
-use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
+use tchtrain_training_args::{
+    IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, TrainingArguments,
+};
 
 fn reference_dir() -> PathBuf {
     assets().join("reference/trainer_clm")
@@ -215,6 +217,98 @@ fn resume_with_dropout_restores_the_generator_at_an_epoch_boundary() -> Result<(
     let _g = lock();
     let dir = dropout_model_dir("dropout-epoch-boundary")?;
     stop_and_resume_with("dropout-epoch-boundary", 4, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// [`resume_args`] with `schedule_free_adamw` and an evaluation at every checkpoint (after
+/// it, as upstream's `_maybe_log_save_evaluate` evaluates before it saves).
+fn schedule_free_args(output_dir: &Path, k: i64) -> Result<TrainingArguments> {
+    let mut args = TrainingArguments {
+        optim: OptimizerNames::ScheduleFreeAdamw,
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 2,
+        gradient_accumulation_steps: 3,
+        num_train_epochs: 3.0,
+        learning_rate: 1e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.01,
+        logging_steps: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(k as f64),
+        save_strategy: SaveStrategy::Steps,
+        save_steps: k as f64,
+        seed: 11,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        ..TrainingArguments::new(output_dir.display().to_string())
+    };
+    args.post_init()?;
+    Ok(args)
+}
+
+/// `(step, eval_loss)` of every evaluation log entry.
+fn eval_logs(history: &[JsonMap]) -> Vec<(i64, f64)> {
+    history
+        .iter()
+        .filter_map(|e| Some((e.get("step")?.as_i64()?, e.get("eval_loss")?.as_f64()?)))
+        .collect()
+}
+
+/// `schedule_free_adamw`: the Trainer puts the optimizer in train mode for every training
+/// step and in eval mode for every evaluation, so the checkpoint at step 6, written after
+/// that step's evaluation, holds the average `x` and an optimizer in eval mode. A fresh
+/// Trainer resumed from it moves the parameters back with `train()` at its first step: its
+/// training and evaluation logs and its final weights equal the uninterrupted run's exactly.
+#[test]
+fn resume_schedule_free_adamw_from_a_checkpoint_taken_in_eval_mode() -> Result<()> {
+    let _g = lock();
+    let k = 6;
+    let build = |dir: &Path| -> Result<tchtrain_trainer::TrainerBuilder> {
+        Ok(
+            Trainer::builder(initial_model()?, schedule_free_args(dir, k)?)
+                .train_dataset(blocks("train", 38)?)
+                .eval_dataset(blocks("eval", 2)?),
+        )
+    };
+    let full_dir = temp_dir("schedule-free-full");
+    let mut full = build(&full_dir)?.build()?;
+    full.train(None)?;
+    let expected = step_logs(&full.state.log_history);
+    let expected_eval = eval_logs(&full.state.log_history);
+    assert_eq!(expected.len(), 12);
+    assert_eq!(
+        expected_eval.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [6, 12]
+    );
+    assert_eq!(
+        full.optimizer().map(|o| o.name()),
+        Some("schedule_free_adamw")
+    );
+
+    let dir = temp_dir("schedule-free");
+    let mut stopped = build(&dir)?.callback(StopAt(k)).build()?;
+    stopped.train(None)?;
+    let ckpt = dir.join(format!("checkpoint-{k}"));
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("optimizer.json"))?)?;
+    let modes: Vec<_> = saved["defaults"]["group_state"]
+        .as_array()
+        .context("group_state")?
+        .iter()
+        .map(|g| (g["k"].as_u64(), g["train_mode"].as_bool()))
+        .collect();
+    assert_eq!(modes, [(Some(6), Some(false)); 2], "{saved}");
+
+    let mut resumed = build(&dir)?.build()?;
+    let out = resumed.train(Some(ResumeFrom::Last))?;
+    assert_eq!(out.global_step, 12);
+    assert_eq!(step_logs(&resumed.state.log_history), expected);
+    assert_eq!(eval_logs(&resumed.state.log_history), expected_eval);
+    assert_weights_equal(resumed.model(), &full_dir.join("checkpoint-12"))?;
+    let _ = std::fs::remove_dir_all(&full_dir);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
