@@ -315,3 +315,67 @@ fn bitsandbytes_handler_refuses_what_upstream_fails_on() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn bfloat16_parameters_keep_float32_state_through_a_resume() -> Result<()> {
+    let _g = lock();
+    let r = reference()?;
+    let bf16 = |params: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+        params
+            .iter()
+            .map(|(n, t)| {
+                let t = t.detach().to_kind(Kind::BFloat16).set_requires_grad(true);
+                (n.clone(), t)
+            })
+            .collect()
+    };
+    let step = |params: &[(String, Tensor)], opt: &mut dyn Optimizer, step: i64| -> Result<()> {
+        for (n, p) in params {
+            let g = r
+                .t(&format!("grads.{n}"))?
+                .get(step)
+                .to_kind(Kind::BFloat16);
+            tchtrain_optim::set_grad(p, Some(&g))?;
+        }
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    for case in [
+        "adamw_bnb_8bit",
+        "ademamix_8bit",
+        "lion_32bit",
+        "rmsprop_bnb_8bit",
+    ] {
+        let params = bf16(&r.fresh_params()?);
+        let mut opt = r.build(case, &params)?;
+        for s in 0..3 {
+            step(&params, opt.as_mut(), s)?;
+        }
+        let dir = tchtrain_testing::temp_dir("bnb_bf16");
+        opt.save(dir.path())?;
+        let resumed = bf16(&params);
+        let mut other = r.build(case, &resumed)?;
+        other.load(dir.path())?;
+        for s in 3..6 {
+            step(&params, opt.as_mut(), s)?;
+            step(&resumed, other.as_mut(), s)?;
+        }
+        for ((n, a), (_, b)) in params.iter().zip(&resumed) {
+            assert_eq!(a.kind(), Kind::BFloat16);
+            assert!(a.equal(b), "{case}: {n} differs after the resume");
+        }
+        let (a, b) = (states_by_name(opt.as_ref()), states_by_name(other.as_ref()));
+        for (name, st) in &a {
+            for (key, t) in &st.tensors {
+                // float32 (or uint8) whatever the parameter's dtype, as bitsandbytes keeps it
+                assert!(
+                    matches!(t.kind(), Kind::Float | Kind::Uint8),
+                    "{case}: {name}.{key}"
+                );
+                assert!(b[name].tensors[key].equal(t), "{case}: {name}.{key}");
+            }
+        }
+    }
+    Ok(())
+}
