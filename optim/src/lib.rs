@@ -85,13 +85,13 @@ pub use decay::{
 pub use error::{Error, Result};
 pub use galore::{GaLoreAdafactor, GaLoreAdafactorConfig, GaLoreAdamW, GaLoreAdamWConfig};
 pub use grad::set_grad;
-pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
+pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
 pub use lion::{Lion, LionConfig};
+pub use lomo::{AdaLomo, AdaLomoConfig, Lomo, LomoConfig};
 pub use low_rank::{
     ProjType, Projection, ProjectorKind, check_target_module_exists, low_rank_target_names,
 };
-pub use lomo::{AdaLomo, AdaLomoConfig, Lomo, LomoConfig};
 pub use optim_args::parse_optim_args;
 pub use optimizer::{
     GroupSpec, OPTIMIZER_STATE_NAME, OPTIMIZER_TENSORS_NAME, Optimizer, OptimizerStateDict,

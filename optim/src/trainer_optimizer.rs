@@ -7,9 +7,8 @@ use tchtrain_training_args::{OptimizerNames, OptimizerSupport, StrOrList, Traini
 use crate::optim_args::{bool_arg, float_arg, parse_optim_args};
 use crate::{
     AdaLomo, AdaLomoConfig, Adafactor, AdafactorConfig, Adagrad, AdagradConfig, AdamW, AdamWConfig,
-    Error, GrokAdamW, Lomo, LomoConfig,
-    GrokAdamWConfig, GroupSpec, LrScheduler, Optimizer, Result, RmsProp,
-    RmsPropConfig, Sgd, SgdConfig, StableAdamW, StableAdamWConfig,
+    Error, GrokAdamW, GrokAdamWConfig, GroupSpec, Lomo, LomoConfig, LrScheduler, Optimizer, Result,
+    RmsProp, RmsPropConfig, Sgd, SgdConfig, StableAdamW, StableAdamWConfig,
 };
 
 /// The optimizer names (upstream `OptimizerNames` values) that [`create_optimizer`] builds,
@@ -189,12 +188,12 @@ pub fn create_optimizer(
             Box::new(RmsProp::new(groups, c)?)
         }
         // `_get_bitsandbytes_optimizer` (AdamW, AdEMAMix, Lion, RMSprop; 32- or 8-bit state)
-        name if crate::bitsandbytes::BITSANDBYTES_OPTIMIZERS.contains(&name) => Box::new(
-            crate::BnbOptimizer::new(
+        name if crate::bitsandbytes::BITSANDBYTES_OPTIMIZERS.contains(&name) => {
+            Box::new(crate::BnbOptimizer::new(
                 groups,
                 crate::bitsandbytes::trainer_config(name, args, &optim_args)?,
-            )?,
-        ),
+            )?)
+        }
         "galore_adamw" | "galore_adafactor" => {
             crate::galore::create_galore(args, &optim_args, groups)?
         }
@@ -269,9 +268,14 @@ pub fn create_optimizer(
         )?),
         // `_get_torchao_optimizer`: torchao's AdamW8bit / AdamW4bit, `block_size` (default
         // 256) and `bf16_stochastic_round` from optim_args, the Adam betas / eps.
-        name @ ("adamw_torch_8bit" | "adamw_torch_4bit") => Box::new(
-            crate::torchao::from_trainer(name, lr, betas, args.adam_epsilon, &optim_args, groups)?,
-        ),
+        name @ ("adamw_torch_8bit" | "adamw_torch_4bit") => Box::new(crate::torchao::from_trainer(
+            name,
+            lr,
+            betas,
+            args.adam_epsilon,
+            &optim_args,
+            groups,
+        )?),
         "schedule_free_adamw" | "schedule_free_sgd" | "schedule_free_radam" => {
             schedule_free(args, &optim_args, groups)?
         }

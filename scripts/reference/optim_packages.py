@@ -159,6 +159,11 @@ def jsonable(v):
 
 
 def run_case(name, overrides, tensors, meta):
+    # bitsandbytes' GlobalOptimManager is a process-wide singleton: the Trainer's 32-bit
+    # override of embeddings (by parameter position) would leak from one case into the next.
+    import bitsandbytes
+
+    bitsandbytes.optim.GlobalOptimManager._instance = None
     model = Tiny()
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -62,8 +62,8 @@ pub use model_info::{floating_point_ops, named_parameters, num_parameters, param
 pub use results::metrics_format;
 pub use seq2seq::{Seq2SeqHooks, Seq2SeqTrainer};
 pub use step::{
-    PredictionStepOutput, StepContext, count_num_items_in_batch, default_compute_loss,
-    model_forward, model_inputs,
+    FusedBackward, PredictionStepOutput, StepContext, count_num_items_in_batch,
+    default_compute_loss, model_forward, model_inputs,
 };
 pub use tchtrain_sys::cpu_cache::{
     CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,

@@ -23,6 +23,18 @@ pub(crate) struct StepFacts {
     pub label_names: Vec<String>,
 }
 
+/// The backward of a step whose optimizer takes its update inside it (LOMO, AdaLomo):
+/// upstream's `accelerator.backward(loss, learning_rate=lr)`, which calls the optimizer's
+/// `fused_backward(loss, lr)` instead of `loss.backward()`. Built by the Trainer's loop.
+#[derive(Clone, Copy)]
+pub struct FusedBackward<'a>(pub(crate) &'a dyn Fn(&Tensor) -> Result<()>);
+
+impl std::fmt::Debug for FusedBackward<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FusedBackward(..)")
+    }
+}
+
 /// What a hook may read about the Trainer at a step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepContext<'a> {
@@ -52,6 +64,9 @@ pub struct StepContext<'a> {
     /// Upstream's `skip_logits` input: `Some(true)` in a prediction step that keeps only
     /// the loss with `use_liger_kernel` (the model then computes it without the logits).
     pub skip_logits: Option<bool>,
+    /// `Some` in a training step whose optimizer fuses its update into the backward (LOMO,
+    /// AdaLomo): [`StepContext::backward`] runs it.
+    pub fused_backward: Option<FusedBackward<'a>>,
 }
 
 impl<'a> StepContext<'a> {
@@ -73,14 +88,19 @@ impl<'a> StepContext<'a> {
             is_causal_lm: facts.is_causal_lm,
             accelerator,
             skip_logits: None,
+            fused_backward: None,
         }
     }
 
     /// Upstream's `self.accelerator.backward(loss)`: `loss.backward()`, the loss first
     /// multiplied by the fp16 loss scale when there is one, and on the accumulation window's
-    /// last batch the gradients reduced across processes. A custom
+    /// last batch the gradients reduced across processes; with LOMO / AdaLomo the
+    /// optimizer's `fused_backward(loss, lr)` at the scheduler's current rate. A custom
     /// [`TrainerHooks::training_step`](crate::TrainerHooks::training_step) calls it instead of `loss.backward()`.
     pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        if let Some(FusedBackward(fused)) = self.fused_backward {
+            return fused(loss);
+        }
         Ok(self.accelerator.backward(loss)?)
     }
 }

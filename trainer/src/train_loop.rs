@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, TrainOutput, metric_key, speed_metrics};
 use crate::model_info::{floating_point_ops, parameters};
 use crate::profile::{Phase, StepProfile};
-use crate::step::{StepContext, count_num_items_in_batch};
+use crate::step::{FusedBackward, StepContext, count_num_items_in_batch};
 use crate::trainer::Trainer;
 use tchtrain_accelerate::Reduction;
 use tchtrain_data::DataLoader;
@@ -570,14 +570,36 @@ impl Trainer {
                 if let Some(opt) = self.optimizer.as_mut() {
                     opt.train()?;
                 }
+                // LOMO / AdaLomo: upstream's training_step passes `learning_rate=
+                // self._get_learning_rate()` to `accelerator.backward`, which runs the
+                // optimizer's `fused_backward(loss, lr)`.
+                let fused_lr = self
+                    .optimizer
+                    .as_deref()
+                    .is_some_and(|o| o.fuses_backward())
+                    .then(|| self.get_learning_rate());
                 let tr_loss_step = {
                     let scope = self.accelerator.forward_scope(true)?;
                     let hooks = self
                         .hooks
                         .as_deref_mut()
                         .ok_or(Error::HookReentry { method: "train" })?;
-                    let ctx =
+                    let optimizer = std::cell::RefCell::new(self.optimizer.as_deref_mut());
+                    let fused = |loss: &Tensor| -> Result<()> {
+                        let mut opt =
+                            optimizer.try_borrow_mut().map_err(|_| Error::HookReentry {
+                                method: "training_step",
+                            })?;
+                        match (opt.as_deref_mut(), fused_lr) {
+                            (Some(opt), Some(lr)) => Ok(opt.fused_backward(loss, lr)?),
+                            _ => Ok(()),
+                        }
+                    };
+                    let mut ctx =
                         StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
+                    if fused_lr.is_some() {
+                        ctx.fused_backward = Some(FusedBackward(&fused));
+                    }
                     let model = &mut *self.model;
                     scope.run(|| hooks.training_step(&ctx, model, inputs, num_items.as_ref()))?
                 };

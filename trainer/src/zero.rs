@@ -172,6 +172,7 @@ impl Trainer {
             offload_param: offload.param,
             offload_optimizer: offload.optimizer,
         };
+        refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
         self.optimizer = Some(self.build_optimizer(shard_groups)?);
         self.sharding = Some(source);
@@ -252,7 +253,20 @@ impl Trainer {
                     .filter(|m| !m.conv1d)
                     .map(|m| m.name)
                     .collect();
-                tchtrain_optim::create_optimizer(&args, groups)?
+                let opt = tchtrain_optim::create_optimizer(&args, groups)?;
+                if opt.fuses_backward() && self.args.fp16 {
+                    // Upstream's accelerate scales an fp16 loss and calls
+                    // `backward(learning_rate=...)` on it, which torch rejects.
+                    return Err(Error::InvalidArgument {
+                        field: "optim",
+                        detail: format!(
+                            "`{}` with fp16: accelerate's loss scaler runs the backward, not \
+                             LOMO's fused one (upstream fails there); use bf16 or fp32",
+                            self.args.optim.as_str()
+                        ),
+                    });
+                }
+                opt
             }
         })
     }
@@ -369,4 +383,29 @@ fn layer_units(trainer: &Trainer) -> Vec<String> {
         activation_checkpointing: false,
     };
     tchtrain_fsdp::auto_wrap_units(&named, &plugin)
+}
+
+/// The `optim` names whose update cannot run on the flat shards of ZeRO / FSDP: refused
+/// before the engine is built, naming why.
+fn refuse_unshardable_optimizer(optim: &str) -> Result<()> {
+    let why = if optim.starts_with("schedule_free") {
+        "its train() / eval() move the parameters it holds, and under ZeRO / FSDP those are \
+         the shards the model's weights are gathered from only after a step, so evaluation \
+         and saving would not see the averaged weights"
+    } else if optim == "lomo" || optim == "adalomo" {
+        "it updates the model's parameters inside the backward pass, while the sharded engine \
+         reduces the gradients into shards first"
+    } else if optim.starts_with("galore") || optim.starts_with("apollo") {
+        "it projects the gradients of whole 2-D linear weights, which the flat shards no \
+         longer are"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidArgument {
+        field: "optim",
+        detail: format!(
+            "`{optim}` cannot run under ZeRO / FSDP sharding: {why}; use `adamw_torch_fused` \
+             or train without sharding"
+        ),
+    })
 }

@@ -143,7 +143,9 @@ pub enum Error {
     },
 
     /// The optimizer name is valid upstream but tchtrain does not run it.
-    #[error("optim {optim:?} is a valid upstream optimizer but tchtrain refuses it: {why}; use {instead:?} instead")]
+    #[error(
+        "optim {optim:?} is a valid upstream optimizer but tchtrain refuses it: {why}; use {instead:?} instead"
+    )]
     UnsupportedOptimizer {
         /// The requested optimizer.
         optim: String,

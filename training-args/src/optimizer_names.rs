@@ -119,7 +119,6 @@ const LAYERWISE: &str = "upstream steps one optimizer per parameter inside backw
                          stepping after backward instead would clip what upstream does not and \
                          save no memory";
 
-
 impl OptimizerNames {
     /// Whether and how tchtrain serves this name: the one table of working and refused
     /// optimizers (`tchtrain-optim`'s factory builds exactly the working ones).

@@ -43,8 +43,8 @@ use tchtrain::optim::{
     Adafactor, AdafactorConfig, AdamW, AdamWConfig, GroupSpec, Optimizer, OptimizerArgs, Sgd,
     SgdConfig, create_optimizer,
 };
-use tchtrain::training_args::StrOrList;
 use tchtrain::tch::{self, Device, Kind, Tensor};
+use tchtrain::training_args::StrOrList;
 
 /// Shape of the benchmark's parameter set: `LAYERS` × ([`WIDTH`, `WIDTH`] + [`WIDTH`]).
 const LAYERS: usize = 8;

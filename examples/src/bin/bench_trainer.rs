@@ -636,6 +636,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             is_causal_lm: job.kind == "clm",
             accelerator: &accelerator,
             skip_logits: None,
+            fused_backward: None,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss

@@ -324,7 +324,12 @@ fn bfloat16_parameters_keep_float32_state_through_a_resume() -> Result<()> {
         params
             .iter()
             .map(|(n, t)| {
-                let t = t.detach().to_kind(Kind::BFloat16).set_requires_grad(true);
+                // (a copy: `to_kind` of a bfloat16 tensor is the tensor itself)
+                let t = t
+                    .detach()
+                    .to_kind(Kind::BFloat16)
+                    .copy()
+                    .set_requires_grad(true);
                 (n.clone(), t)
             })
             .collect()

@@ -135,7 +135,7 @@ impl Reference {
             let mut loss = Tensor::zeros([], (Kind::Float, tch::Device::Cpu));
             for (n, p) in params {
                 let g = self.t(&format!("grads.{n}"))?.get(step);
-                loss = loss + (p * g).sum(Kind::Float);
+                loss += (p * g).sum(Kind::Float);
             }
             let lr = opt.lrs()[0];
             return Ok(opt.fused_backward(&loss, lr)?);

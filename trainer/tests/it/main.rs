@@ -17,6 +17,7 @@ mod distributed_resume;
 mod fields;
 mod gpu;
 mod hooks;
+mod optimizers;
 mod parity;
 mod sampling;
 mod seq2seq;

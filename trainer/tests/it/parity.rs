@@ -51,7 +51,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 /// Causal-LM rows (`input_ids`, `labels` = `input_ids`) from a `blocks.json` part.
-fn lm_blocks(path: &Path, part: &str) -> Result<Arc<dyn Dataset>> {
+pub(crate) fn lm_blocks(path: &Path, part: &str) -> Result<Arc<dyn Dataset>> {
     let v = read_json(path)?;
     let rows = v[part]
         .as_array()
@@ -70,7 +70,7 @@ fn lm_blocks(path: &Path, part: &str) -> Result<Arc<dyn Dataset>> {
     Ok(InMemoryDataset::new(rows).into_shared())
 }
 
-fn load(dir: &Path, task: AutoTask) -> Result<Box<dyn PreTrainedModel>> {
+pub(crate) fn load(dir: &Path, task: AutoTask) -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(dir, task, Device::Cpu, &LoadOptions::default())?.model)
 }
 
