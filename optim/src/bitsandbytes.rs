@@ -33,9 +33,7 @@ use crate::optim_args::float_arg;
 use crate::optimizer::{
     build_groups, check_non_negative, check_unit, expect_shape, grad_of, optimizer_accessors,
 };
-use crate::{
-    Error, GroupSpec, Optimizer, OptimizerArgs, OptimizerStateDict, ParamGroup, ParamState, Result,
-};
+use crate::{Error, GroupSpec, Optimizer, OptimizerArgs, ParamGroup, ParamState, Result};
 
 /// The update rule (bitsandbytes' `optimizer_name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -704,102 +702,27 @@ impl Optimizer for BnbOptimizer {
         Ok(())
     }
 
-    /// bitsandbytes loads its state tensors uncast (`non_castable_tensor_keys`), where the
-    /// generic loader casts floating state to the parameter's dtype: the float32 entries
-    /// travel through it bit-cast to int32 and come back as float32, bit for bit.
-    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let tensors = sd
-            .tensors
-            .iter()
-            .map(|(k, t)| {
-                let t = if t.kind() == Kind::Float {
-                    t.f_view_dtype(Kind::Int)?
-                } else {
-                    t.shallow_clone()
-                };
-                Ok((k.clone(), t))
-            })
-            .collect::<Result<_>>()?;
-        let bitcast = OptimizerStateDict {
-            meta: sd.meta.clone(),
-            tensors,
-        };
-        Uncast(self).load_state_dict(&bitcast)?;
-        for st in self.state.iter_mut().flatten() {
-            *st = float32_view(st)?;
-        }
-        Ok(())
+    /// bitsandbytes loads these uncast (`Optimizer8bit.non_castable_tensor_keys`), where
+    /// torch casts floating state to the parameter's dtype.
+    fn keeps_state_dtype(&self, key: &str) -> bool {
+        matches!(
+            key,
+            "qmap1"
+                | "qmap2"
+                | "max1"
+                | "max2"
+                | "new_max1"
+                | "new_max2"
+                | "state1"
+                | "state2"
+                | "gnorm_vec"
+                | "absmax1"
+                | "absmax2"
+                | "unorm_vec"
+        )
     }
 
     optimizer_accessors!();
-}
-
-/// `state` with its int32 tensors viewed as float32 again (see
-/// [`BnbOptimizer::load_state_dict`]).
-fn float32_view(state: &ParamState) -> Result<ParamState> {
-    let tensors = state
-        .tensors
-        .iter()
-        .map(|(k, t)| {
-            let t = if t.kind() == Kind::Int {
-                t.f_view_dtype(Kind::Float)?
-            } else {
-                t.shallow_clone()
-            };
-            Ok((k.clone(), t))
-        })
-        .collect::<Result<_>>()?;
-    Ok(ParamState {
-        step: state.step,
-        tensors,
-        scalars: state.scalars.clone(),
-    })
-}
-
-/// A [`BnbOptimizer`] seen through the generic state loader, its float32 state bit-cast to
-/// int32 so the loader leaves it uncast; validation sees it as float32.
-struct Uncast<'a>(&'a mut BnbOptimizer);
-
-impl Optimizer for Uncast<'_> {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn step(&mut self) -> Result<()> {
-        self.0.step()
-    }
-
-    fn param_groups(&self) -> &[ParamGroup] {
-        &self.0.groups
-    }
-
-    fn param_groups_mut(&mut self) -> &mut [ParamGroup] {
-        &mut self.0.groups
-    }
-
-    fn state(&self) -> &[Option<ParamState>] {
-        &self.0.state
-    }
-
-    fn state_mut(&mut self) -> &mut Vec<Option<ParamState>> {
-        &mut self.0.state
-    }
-
-    fn default_lr(&self) -> f64 {
-        self.0.default_lr()
-    }
-
-    fn hyperparameters(&self) -> serde_json::Value {
-        self.0.hyperparameters()
-    }
-
-    fn set_hyperparameters(&mut self, value: &serde_json::Value) -> Result<()> {
-        self.0.set_hyperparameters(value)
-    }
-
-    fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
-        self.0.validate_state(index, param, &float32_view(state)?)
-    }
 }
 
 /// The `optim` names upstream's Trainer builds with bitsandbytes (`_BITSANDBYTES_OPTIMIZERS`).

@@ -325,6 +325,13 @@ pub trait Optimizer {
     /// Checks a loaded state entry for parameter `index` (required keys, shapes).
     fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()>;
 
+    /// Whether the state entry `key` keeps its saved dtype on load. torch casts floating
+    /// state to the parameter's dtype (the default, `false`); bitsandbytes keeps its
+    /// `non_castable_tensor_keys` and torchao its float32 scales as they are.
+    fn keeps_state_dtype(&self, _key: &str) -> bool {
+        false
+    }
+
     /// Clears the gradients of all parameters: torch's `zero_grad()` with its default
     /// `set_to_none=True` (`p.grad = None`), so the gradient memory is freed and the next
     /// backward writes a fresh gradient instead of adding into a buffer of zeros.
@@ -441,7 +448,10 @@ pub trait Optimizer {
                     param: i,
                     key: key.clone(),
                 })?;
-                let t = if t.is_floating_point() && param.is_floating_point() {
+                let t = if t.is_floating_point()
+                    && param.is_floating_point()
+                    && !self.keeps_state_dtype(key)
+                {
                     t.f_to_kind(param.kind())?
                 } else {
                     t.shallow_clone()

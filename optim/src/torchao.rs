@@ -36,10 +36,9 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::optimizer::{
-    ParamStateMeta, build_groups, check_non_negative, check_unit, deep_copy, expect_shape, grad_of,
-    optimizer_accessors,
+    build_groups, check_non_negative, check_unit, expect_shape, grad_of, optimizer_accessors,
 };
-use crate::{Error, GroupSpec, Optimizer, OptimizerStateDict, ParamGroup, ParamState, Result};
+use crate::{Error, GroupSpec, Optimizer, ParamGroup, ParamState, Result};
 
 /// torchao (like bitsandbytes) quantizes only tensors of at least this many elements.
 pub const LOW_BIT_MIN_SIZE: i64 = 4096;
@@ -630,71 +629,10 @@ impl Optimizer for LowBitAdamW {
         Ok(())
     }
 
-    /// The trait's loader, then the block scales restored in fp32: torch's loader casts
-    /// floating state to the parameter's dtype, but torchao's scales stay fp32 whatever the
-    /// parameter's dtype (only the subclass' apparent dtype changes).
-    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        TraitLoader(self).load_state_dict(sd)?;
-        let devices: Vec<Device> = self
-            .groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(Tensor::device))
-            .collect();
-        let metas: &BTreeMap<usize, ParamStateMeta> = &sd.meta.state;
-        for (&i, meta) in metas {
-            let (Some(Some(st)), Some(&device)) = (self.state.get_mut(i), devices.get(i)) else {
-                continue;
-            };
-            for key in meta.tensors.iter().filter(|k| k.ends_with(".scale")) {
-                let saved = sd.tensors.get(&format!("state.{i}.{key}")).ok_or_else(|| {
-                    Error::MissingState {
-                        param: i,
-                        key: key.clone(),
-                    }
-                })?;
-                let scale = deep_copy(&saved.f_to_kind(Kind::Float)?.f_to_device(device)?)?;
-                st.tensors.insert(key.clone(), scale);
-            }
-        }
-        Ok(())
+    /// torchao keeps its scales float32 whatever the parameter's dtype.
+    fn keeps_state_dtype(&self, key: &str) -> bool {
+        key.ends_with(".scale")
     }
 
     optimizer_accessors!();
-}
-
-/// [`LowBitAdamW`] seen through the trait's provided `load_state_dict` (an override cannot
-/// call the provided method on itself).
-struct TraitLoader<'a>(&'a mut LowBitAdamW);
-
-impl Optimizer for TraitLoader<'_> {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn step(&mut self) -> Result<()> {
-        self.0.step()
-    }
-    fn param_groups(&self) -> &[ParamGroup] {
-        &self.0.groups
-    }
-    fn param_groups_mut(&mut self) -> &mut [ParamGroup] {
-        &mut self.0.groups
-    }
-    fn state(&self) -> &[Option<ParamState>] {
-        &self.0.state
-    }
-    fn state_mut(&mut self) -> &mut Vec<Option<ParamState>> {
-        &mut self.0.state
-    }
-    fn default_lr(&self) -> f64 {
-        self.0.default_lr()
-    }
-    fn hyperparameters(&self) -> serde_json::Value {
-        self.0.hyperparameters()
-    }
-    fn set_hyperparameters(&mut self, value: &serde_json::Value) -> Result<()> {
-        self.0.set_hyperparameters(value)
-    }
-    fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
-        self.0.validate_state(index, param, state)
-    }
 }
