@@ -1,9 +1,9 @@
 //! Optimizers, clipping and decay groups against `scripts/reference/optim_parity.py`
 //! (torch 2.13 / transformers 5.23), plus state export / restore and typed errors.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use tchtrain_testing::lock;
+
+use crate::packages::Reference;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -15,48 +15,13 @@ use tchtrain_optim::{
     decay_param_groups, get_decay_parameter_names, parse_optim_args,
 };
 
-fn assets_dir() -> PathBuf {
-    std::env::var_os("TCHTRAIN_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../assets"))
-}
-
-struct Reference {
-    meta: Value,
-    tensors: BTreeMap<String, Tensor>,
-}
-
 fn reference() -> Result<Reference> {
-    let dir = assets_dir().join("reference/optim_parity");
-    let json = dir.join("optim_parity.json");
-    let text = std::fs::read_to_string(&json).with_context(|| {
-        format!(
-            "{} is missing: run `cargo xtask setup` to generate the reference values",
-            json.display()
-        )
-    })?;
-    let st = dir.join("optim_parity.safetensors");
-    let tensors = Tensor::read_safetensors(&st)
-        .with_context(|| format!("{} (run `cargo xtask setup`)", st.display()))?
-        .into_iter()
-        .collect();
-    Ok(Reference {
-        meta: serde_json::from_str(&text)?,
-        tensors,
-    })
+    Reference::read("optim_parity")
 }
 
 impl Reference {
-    fn t(&self, key: &str) -> Result<&Tensor> {
-        self.tensors
-            .get(key)
-            .with_context(|| format!("reference tensor {key} missing"))
-    }
     fn groups(&self) -> Vec<Vec<String>> {
         serde_json::from_value(self.meta["groups"].clone()).expect("groups")
-    }
-    fn steps(&self) -> i64 {
-        self.meta["steps"].as_i64().expect("steps")
     }
 }
 

@@ -27,23 +27,30 @@ pub(crate) struct Reference {
 }
 
 pub(crate) fn reference() -> Result<Reference> {
-    let dir = tchtrain_testing::reference_dir("optim_packages");
-    let json = dir.join("optim_packages.json");
-    let text = std::fs::read_to_string(&json).with_context(|| {
-        format!(
-            "{} is missing: run `cargo xtask setup` to generate the reference values",
-            json.display()
-        )
-    })?;
-    let st = dir.join("optim_packages.safetensors");
-    let tensors = Tensor::read_safetensors(&st)
-        .with_context(|| format!("{} (run `cargo xtask setup`)", st.display()))?
-        .into_iter()
-        .collect();
-    Ok(Reference {
-        meta: serde_json::from_str(&text)?,
-        tensors,
-    })
+    Reference::read("optim_packages")
+}
+
+impl Reference {
+    /// `STEM.json` and `STEM.safetensors` of `scripts/reference/STEM.py`.
+    pub fn read(stem: &str) -> Result<Self> {
+        let dir = tchtrain_testing::reference_dir(stem);
+        let json = dir.join(format!("{stem}.json"));
+        let text = std::fs::read_to_string(&json).with_context(|| {
+            format!(
+                "{} is missing: run `cargo xtask setup` to generate the reference values",
+                json.display()
+            )
+        })?;
+        let st = dir.join(format!("{stem}.safetensors"));
+        let tensors = Tensor::read_safetensors(&st)
+            .with_context(|| format!("{} (run `cargo xtask setup`)", st.display()))?
+            .into_iter()
+            .collect();
+        Ok(Reference {
+            meta: serde_json::from_str(&text)?,
+            tensors,
+        })
+    }
 }
 
 impl Reference {
