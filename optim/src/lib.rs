@@ -1,7 +1,11 @@
 //! `tchtrain-optim` — Optimizers with exportable state and every transformers LR scheduler, on tch.
 //!
 //! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()` (AdamW incl.
-//! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion), every `SchedulerType`,
+//! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion, and the optimizers of the
+//! packages upstream's `optim` names load: bitsandbytes' 32- and 8-bit ones, schedule-free,
+//! GaLore, APOLLO, torchao's 4- / 8-bit AdamW, LOMO / AdaLomo, StableAdamW, GrokAdamW, each
+//! equal to its package), the factory that builds them from `optim` as upstream's
+//! `trainer_optimizer.py` does ([`create_optimizer`]), every `SchedulerType`,
 //! decay / no-decay parameter groups, `optim_args` parsing, global grad-norm clipping and
 //! [`set_grad`] (torch's `p.grad = g`, to step on gradients computed elsewhere) and
 //! [`GradScaler`] (torch's dynamic loss scaling for float16).
@@ -52,6 +56,7 @@ mod galore;
 mod grad;
 mod grad_scaler;
 mod grokadamw;
+mod layerwise;
 mod lion;
 mod lomo;
 mod low_rank;
@@ -87,6 +92,7 @@ pub use galore::{GaLoreAdafactor, GaLoreAdafactorConfig, GaLoreAdamW, GaLoreAdam
 pub use grad::set_grad;
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
+pub use layerwise::LayerWise;
 pub use lion::{Lion, LionConfig};
 pub use lomo::{AdaLomo, AdaLomoConfig, Lomo, LomoConfig};
 pub use low_rank::{
