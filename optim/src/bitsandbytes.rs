@@ -17,8 +17,11 @@
 //!
 //! State keys are bitsandbytes' (`state1`, `state2`, `qmap1`, `qmap2`, `absmax1`,
 //! `absmax2`); AdEMAMix's `state1` stacks its two EMAs as `(2, *shape)` (and `absmax1` as
-//! `(2, blocks)`). `max_unorm` and `skip_zeros` stay at their defaults (0, false: all the
-//! Trainer passes), and the CPU kernel ignores RMSprop's `momentum` (its `betas[1]`).
+//! `(2, blocks)`). `skip_zeros` stays at its default (false: all the Trainer passes; the CPU
+//! kernels ignore it), and so does `max_unorm` (0) under the Trainer's names; a positive
+//! `max_unorm` (GaLore's 8-bit AdamW passes one) adds the `unorm_vec` state and the CPU
+//! kernel's update-norm limit on the 32-bit AdamW / RMSprop update. The CPU kernel ignores
+//! RMSprop's `momentum` (its `betas[1]`).
 
 use std::collections::BTreeMap;
 
@@ -100,6 +103,11 @@ pub struct BnbConfig {
     pub min_8bit_size: u64,
     /// `is_paged`: recorded; a CPU optimizer is never paged.
     pub is_paged: bool,
+    /// `max_unorm` (default 0: off): when positive, every parameter keeps `unorm_vec` (the
+    /// norm of its last update) and a 32-bit AdamW / RMSprop update whose norm exceeds
+    /// `max_unorm * ||p||` (the parameter's norm before the step) is scaled down to it. The
+    /// 8-bit kernel ignores it, as bitsandbytes' CPU backend does.
+    pub max_unorm: f64,
     /// Names of the parameters registered with `{"optim_bits": 32}` (the Trainer's
     /// `register_module_override` of every `nn.Embedding` weight): float32 state whatever
     /// `optim_bits` says.
@@ -121,6 +129,7 @@ impl BnbConfig {
             optim_bits: 32,
             min_8bit_size: 4096,
             is_paged: false,
+            max_unorm: 0.0,
             fp32_params: Vec::new(),
         }
     }
@@ -193,6 +202,7 @@ impl BnbOptimizer {
         check_unit("betas[0]", config.betas.0)?;
         check_unit("betas[1]", config.betas.1)?;
         check_non_negative("weight_decay", config.weight_decay)?;
+        check_non_negative("max_unorm", config.max_unorm)?;
         if config.algorithm == BnbAlgorithm::Ademamix {
             check_unit("betas[2]", config.beta3)?;
             // the schedule takes log(beta1) and log(beta3) (Python's math.log(0) raises)
@@ -250,10 +260,11 @@ struct Hyper {
     alpha: f64,
     eps: f64,
     step: f64,
+    max_unorm: f64,
 }
 
 impl Hyper {
-    fn new(c: &BnbConfig, group: &ParamGroup, step: u64) -> Self {
+    fn new(c: &BnbConfig, lr: f64, weight_decay: f64, step: u64) -> Self {
         let (beta1, beta2) = c.betas;
         let (mut beta3, mut alpha) = match c.algorithm {
             BnbAlgorithm::Ademamix => (c.beta3, c.alpha),
@@ -279,14 +290,15 @@ impl Hyper {
             }
         }
         Self {
-            lr: group.lr,
-            weight_decay: group.weight_decay,
+            lr,
+            weight_decay,
             beta1,
             beta2,
             beta3,
             alpha,
             eps: c.eps,
             step: s,
+            max_unorm: c.max_unorm,
         }
     }
 
@@ -357,6 +369,12 @@ fn init_state(c: &BnbConfig, name: &str, p: &Tensor) -> Result<ParamState> {
             );
         }
     }
+    if c.max_unorm > 0.0 {
+        st.tensors.insert(
+            "unorm_vec".into(),
+            Tensor::f_zeros([1], (Kind::Float, device))?,
+        );
+    }
     Ok(st)
 }
 
@@ -404,7 +422,23 @@ fn decay_(pf: &mut Tensor, h: &Hyper) -> Result<()> {
     Ok(())
 }
 
-/// `_optimizer_update_32bit_cpu` (max_unorm 0: the update scale is 1).
+/// `_compute_update_norm_and_scale`: 1 unless `max_unorm > 0`; then the update's norm goes
+/// into `unorm_vec` and an update longer than `max_unorm * param_norm` is scaled down to it
+/// (Python floats: the op's schema turns the norms into doubles).
+fn update_scale(update: &Tensor, st: &ParamState, h: &Hyper, param_norm: f64) -> Result<f64> {
+    if h.max_unorm <= 0.0 {
+        return Ok(1.0);
+    }
+    let unorm = ffi::vector_norm(update, 2.0)?.f_double_value(&[])?;
+    if let Some(unorm_vec) = st.tensors.get("unorm_vec") {
+        let _ = unorm_vec.shallow_clone().f_fill_(unorm)?;
+    }
+    let limit = h.max_unorm * param_norm;
+    Ok(if unorm > limit { limit / unorm } else { 1.0 })
+}
+
+/// `_optimizer_update_32bit_cpu` (with `optimizer_update_32bit`'s `param_norm`, the norm of
+/// the parameter before the step, when `max_unorm > 0`).
 fn update_32bit(
     algorithm: BnbAlgorithm,
     h: &Hyper,
@@ -415,6 +449,11 @@ fn update_32bit(
 ) -> Result<()> {
     let g = grad_f32(grad)?;
     let (mut pf, aliased) = param_f32(p)?;
+    let param_norm = if h.max_unorm > 0.0 {
+        ffi::vector_norm(&pf, 2.0)?.f_double_value(&[])?
+    } else {
+        0.0
+    };
     let mut s1 = st.handle(index, "state1")?;
     match algorithm {
         BnbAlgorithm::AdamW => {
@@ -425,7 +464,8 @@ fn update_32bit(
             let step_size = -h.lr * c2 / c1;
             decay_(&mut pf, h)?;
             let update = s1.f_div(&s2.f_sqrt()?.f_add_scalar(h.eps * c2)?)?;
-            ffi::add_(&mut pf, &update, step_size)?;
+            let scale = update_scale(&update, st, h, param_norm)?;
+            ffi::add_(&mut pf, &update, step_size * scale)?;
         }
         BnbAlgorithm::Ademamix => {
             let mut nu = st.handle(index, "state2")?;
@@ -453,7 +493,8 @@ fn update_32bit(
             };
             ema_sq_(&mut s1, &g_wd, h.beta1)?;
             let update = g_wd.f_div(&s1.f_sqrt()?.f_add_scalar(h.eps)?)?;
-            ffi::add_(&mut pf, &update, -h.lr)?;
+            let scale = update_scale(&update, st, h, param_norm)?;
+            ffi::add_(&mut pf, &update, -h.lr * scale)?;
         }
     }
     write_back(p, &pf, aliased)
@@ -646,18 +687,14 @@ impl Optimizer for BnbOptimizer {
                 for (j, p) in group.params.iter().enumerate() {
                     let index = offset + j;
                     let Some(grad) = grad_of(p) else { continue };
-                    let slot = &mut states[index];
-                    if slot.is_none() {
-                        *slot = Some(init_state(config, &group.param_names[j], p)?);
-                    }
-                    let Some(st) = slot.as_mut() else { continue };
-                    st.step += 1;
-                    let h = Hyper::new(config, group, st.step);
-                    if st.tensor(index, "state1")?.kind() == Kind::Uint8 {
-                        update_8bit(config.algorithm, &h, p, &grad, st, index, quantizers)?;
-                    } else {
-                        update_32bit(config.algorithm, &h, p, &grad, st, index)?;
-                    }
+                    let st = states[index].get_or_insert_with(ParamState::default);
+                    let param = ParamRef {
+                        name: &group.param_names[j],
+                        tensor: p,
+                        index,
+                    };
+                    let (lr, weight_decay) = (group.lr, group.weight_decay);
+                    update_param(config, lr, weight_decay, param, &grad, st, quantizers)?;
                 }
                 offset += group.params.len();
             }
@@ -666,63 +703,121 @@ impl Optimizer for BnbOptimizer {
     }
 
     fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
-        let algorithm = self.config.algorithm;
-        let two_state = algorithm.two_state();
-        let shape = param.size();
-        expect_shape(index, state, "state1", &state1_shape(algorithm, &shape))?;
-        if two_state {
-            expect_shape(index, state, "state2", &shape)?;
-        }
-        let kind = state.tensor(index, "state1")?.kind();
-        if kind == Kind::Uint8 {
-            let blocks = num_blocks(param.numel(), BLOCKSIZE) as i64;
-            let absmax1 = match algorithm {
-                BnbAlgorithm::Ademamix => vec![2, blocks],
-                _ => vec![blocks],
-            };
-            expect_shape(index, state, "qmap1", &[256])?;
-            expect_shape(index, state, "absmax1", &absmax1)?;
-            let mut float32 = vec!["qmap1", "absmax1"];
-            if two_state {
-                expect_shape(index, state, "qmap2", &[256])?;
-                expect_shape(index, state, "absmax2", &[blocks])?;
-                expect_kind(index, state, "state2", Kind::Uint8)?;
-                float32.extend(["qmap2", "absmax2"]);
-            }
-            for key in float32 {
-                expect_kind(index, state, key, Kind::Float)?;
-            }
-        } else {
-            // bitsandbytes keeps float32 or uint8 state
-            expect_kind(index, state, "state1", Kind::Float)?;
-            if two_state {
-                expect_kind(index, state, "state2", Kind::Float)?;
-            }
-        }
-        Ok(())
+        validate_bnb_state(self.config.algorithm, index, &param.size(), state)
     }
 
     /// bitsandbytes loads these uncast (`Optimizer8bit.non_castable_tensor_keys`), where
     /// torch casts floating state to the parameter's dtype.
     fn keeps_state_dtype(&self, key: &str) -> bool {
-        matches!(
-            key,
-            "qmap1"
-                | "qmap2"
-                | "max1"
-                | "max2"
-                | "new_max1"
-                | "new_max2"
-                | "state1"
-                | "state2"
-                | "gnorm_vec"
-                | "absmax1"
-                | "absmax2"
-                | "unorm_vec"
-        )
+        is_non_castable(key)
     }
 
     optimizer_accessors!();
+}
+
+/// The parameter an update is for: its name (for `fp32_params`), the tensor updated in place
+/// and its flat index (for errors).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ParamRef<'a> {
+    pub name: &'a str,
+    pub tensor: &'a Tensor,
+    pub index: usize,
+}
+
+/// One parameter's step of a bitsandbytes optimizer: `init_state` when `st` has no `state1`
+/// yet (entries are added, so `st` may hold others, as GaLore's projector), the step count,
+/// and `update_step` with the group's `lr` / `weight_decay`: the 8-bit blockwise or the
+/// 32-bit kernel, as the state's dtype says.
+pub(crate) fn update_param(
+    config: &BnbConfig,
+    lr: f64,
+    weight_decay: f64,
+    param: ParamRef<'_>,
+    grad: &Tensor,
+    st: &mut ParamState,
+    quantizers: &mut QuantizerCache,
+) -> Result<()> {
+    let (p, index) = (param.tensor, param.index);
+    if !st.tensors.contains_key("state1") {
+        st.tensors
+            .extend(init_state(config, param.name, p)?.tensors);
+        st.step = 0;
+    }
+    st.step += 1;
+    let h = Hyper::new(config, lr, weight_decay, st.step);
+    if st.tensor(index, "state1")?.kind() == Kind::Uint8 {
+        update_8bit(config.algorithm, &h, p, grad, st, index, quantizers)
+    } else {
+        update_32bit(config.algorithm, &h, p, grad, st, index)
+    }
+}
+
+/// bitsandbytes' `Optimizer8bit.non_castable_tensor_keys`: state entries loaded uncast.
+pub(crate) fn is_non_castable(key: &str) -> bool {
+    matches!(
+        key,
+        "qmap1"
+            | "qmap2"
+            | "max1"
+            | "max2"
+            | "new_max1"
+            | "new_max2"
+            | "state1"
+            | "state2"
+            | "gnorm_vec"
+            | "absmax1"
+            | "absmax2"
+            | "unorm_vec"
+    )
+}
+
+/// Checks the bitsandbytes state of a parameter of `shape` (for GaLore's projected parameters,
+/// the low-rank shape): `state1` / `state2`, and for uint8 state the maps and absmax, their
+/// shapes and dtypes; `unorm_vec` when present.
+pub(crate) fn validate_bnb_state(
+    algorithm: BnbAlgorithm,
+    index: usize,
+    shape: &[i64],
+    state: &ParamState,
+) -> Result<()> {
+    let two_state = algorithm.two_state();
+    let shape = shape.to_vec();
+    if state.tensors.contains_key("unorm_vec") {
+        expect_shape(index, state, "unorm_vec", &[1])?;
+        expect_kind(index, state, "unorm_vec", Kind::Float)?;
+    }
+    expect_shape(index, state, "state1", &state1_shape(algorithm, &shape))?;
+    if two_state {
+        expect_shape(index, state, "state2", &shape)?;
+    }
+    let kind = state.tensor(index, "state1")?.kind();
+    if kind == Kind::Uint8 {
+        let numel: i64 = shape.iter().product();
+        let blocks = num_blocks(numel.max(0) as usize, BLOCKSIZE) as i64;
+        let absmax1 = match algorithm {
+            BnbAlgorithm::Ademamix => vec![2, blocks],
+            _ => vec![blocks],
+        };
+        expect_shape(index, state, "qmap1", &[256])?;
+        expect_shape(index, state, "absmax1", &absmax1)?;
+        let mut float32 = vec!["qmap1", "absmax1"];
+        if two_state {
+            expect_shape(index, state, "qmap2", &[256])?;
+            expect_shape(index, state, "absmax2", &[blocks])?;
+            expect_kind(index, state, "state2", Kind::Uint8)?;
+            float32.extend(["qmap2", "absmax2"]);
+        }
+        for key in float32 {
+            expect_kind(index, state, key, Kind::Float)?;
+        }
+    } else {
+        // bitsandbytes keeps float32 or uint8 state
+        expect_kind(index, state, "state1", Kind::Float)?;
+        if two_state {
+            expect_kind(index, state, "state2", Kind::Float)?;
+        }
+    }
+    Ok(())
 }
 
 /// The `optim` names upstream's Trainer builds with bitsandbytes (`_BITSANDBYTES_OPTIMIZERS`).

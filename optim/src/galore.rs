@@ -127,7 +127,10 @@ pub(crate) fn validate_low_rank_adam(
 }
 
 /// Checks each projection and that no projection asks for more groups than there are.
-fn validate_projections(projections: &[Option<Projection>], groups: usize) -> Result<()> {
+pub(crate) fn validate_projections(
+    projections: &[Option<Projection>],
+    groups: usize,
+) -> Result<()> {
     if projections.len() > groups {
         return Err(Error::GroupCountMismatch {
             what: "projections",
@@ -203,7 +206,10 @@ pub(crate) fn group_of(groups: &[ParamGroup], index: usize) -> Option<usize> {
 }
 
 /// GaLore's SVD projector for group `group`, if it has a projection.
-fn svd_projector(projections: &[Option<Projection>], group: usize) -> Option<Projector<'_>> {
+pub(crate) fn svd_projector(
+    projections: &[Option<Projection>],
+    group: usize,
+) -> Option<Projector<'_>> {
     let projection = projections.get(group)?.as_ref()?;
     Some(Projector {
         projection,
@@ -375,7 +381,8 @@ impl Optimizer for GaLoreAdafactor {
 /// `optim_args` (`rank=128`, `update_proj_gap=200`, `scale=0.25`, `proj_type=std`), the groups
 /// `[non-target, target]` with no weight decay (the handler drops the Trainer's decay groups,
 /// and galore_torch's default is 0), `lr`; `galore_adafactor` adds
-/// `scale_parameter=False, relative_step=False`.
+/// `scale_parameter=False, relative_step=False`. (`galore_adamw_8bit`'s groups carry its own
+/// default weight decay, 1e-2.)
 pub(crate) fn create_galore(
     args: &crate::OptimizerArgs,
     optim_args: &std::collections::BTreeMap<String, String>,
@@ -404,6 +411,16 @@ pub(crate) fn create_galore(
         "galore_adamw" => Box::new(GaLoreAdamW::new(
             groups,
             GaLoreAdamWConfig {
+                lr: args.learning_rate,
+                projections,
+                ..Default::default()
+            },
+        )?),
+        // galore_torch's AdamW8bit with `lr` only: bitsandbytes' eps (1e-8) and weight decay
+        // (1e-2) stay
+        "galore_adamw_8bit" => Box::new(crate::GaLoreAdamW8bit::new(
+            groups,
+            crate::GaLoreAdamW8bitConfig {
                 lr: args.learning_rate,
                 projections,
                 ..Default::default()

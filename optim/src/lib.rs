@@ -53,6 +53,7 @@ mod decay;
 mod error;
 mod ffi;
 mod galore;
+mod galore_8bit;
 mod grad;
 mod grad_scaler;
 mod grokadamw;
@@ -89,6 +90,7 @@ pub use decay::{
 };
 pub use error::{Error, Result};
 pub use galore::{GaLoreAdafactor, GaLoreAdafactorConfig, GaLoreAdamW, GaLoreAdamWConfig};
+pub use galore_8bit::{GaLoreAdamW8bit, GaLoreAdamW8bitConfig};
 pub use grad::set_grad;
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use grokadamw::{GrokAdamW, GrokAdamWConfig};

@@ -194,10 +194,15 @@ pub fn create_optimizer(
                 crate::bitsandbytes::trainer_config(name, args, &optim_args)?,
             )?)
         }
-        "galore_adamw" | "galore_adafactor" => {
+        "galore_adamw" | "galore_adafactor" | "galore_adamw_8bit" => {
             crate::galore::create_galore(args, &optim_args, groups)?
         }
         "apollo_adamw" => crate::apollo::create_apollo(args, &optim_args, groups)?,
+        // `_setup_low_rank_optimizer`'s layer-wise branch: one optimizer per parameter,
+        // stepped inside the backward (see `LayerWise`).
+        "galore_adamw_layerwise" | "galore_adamw_8bit_layerwise" | "apollo_adamw_layerwise" => {
+            crate::layerwise::create_layerwise(args, groups)?
+        }
         "stable_adamw" => {
             // `_get_stable_adamw`: `bool(optim_args.pop(...))` of a string is Python's truth
             // of a non-empty string, so `decouple_lr=False` turns it on, as upstream.

@@ -57,6 +57,12 @@ def _int_block_size_init(self, *args, block_size, **kwargs):
 
 torchao.optim.adam._AdamBase.__init__ = _int_block_size_init
 
+# galore_torch's AdamW8bit calls `torch.cuda.synchronize()` after every parameter's update,
+# which fails without CUDA; the rest of its step runs on a CPU (bitsandbytes' CPU backend does
+# the 8-bit update). The reference runs the package's algorithm on the CPU, its CUDA-only
+# synchronize call stubbed.
+torch.cuda.synchronize = lambda *args, **kwargs: None
+
 STEPS = 50
 
 
@@ -105,11 +111,29 @@ CASES = {
     "galore_adamw_right": dict(optim="galore_adamw", optim_target_modules=["pro"], optim_args="rank=4,update_proj_gap=10,proj_type=right", adam_beta1=0.8),
     "galore_adafactor": dict(optim="galore_adafactor", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
     "galore_adafactor_all_linear_full": dict(optim="galore_adafactor", optim_target_modules="all_linear", optim_args="rank=6,update_proj_gap=7,proj_type=full"),
+    # GaLoreAdamW8bit: the Trainer passes only lr (bitsandbytes' eps 1e-8 and weight decay 1e-2
+    # stay) and, "bitsandbytes" not being in the class's name, no 32-bit override: the
+    # embedding (4608 elements) keeps 8-bit state in every case. Projected states are 80x8 /
+    # 8x80 (32-bit) but for rank=52, where proj's 80x52 = 4160 elements (17 blocks, the last
+    # partial) are 8-bit.
+    "galore_adamw_8bit": dict(optim="galore_adamw_8bit", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
+    "galore_adamw_8bit_reverse_std": dict(optim="galore_adamw_8bit", optim_target_modules=r"pro.*", optim_args="rank=8,update_proj_gap=10,proj_type=reverse_std"),
+    "galore_adamw_8bit_rank52": dict(optim="galore_adamw_8bit", optim_target_modules=["proj"], optim_args="rank=52,update_proj_gap=10,scale=0.5"),
+    "galore_adamw_8bit_all_linear_full": dict(optim="galore_adamw_8bit", optim_target_modules="all-linear", optim_args="rank=6,update_proj_gap=7,scale=0.5,proj_type=full"),
     "apollo_adamw": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10"),
     "apollo_adamw_tensor_reverse_std": dict(optim="apollo_adamw", optim_target_modules="all-linear", optim_args="rank=4,update_proj_gap=10,scale=2,scale_type=tensor,proj_type=reverse_std", adam_epsilon=1e-7),
     "apollo_adamw_svd": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=8,proj=svd,update_proj_gap=10,scale=0.5"),
     "apollo_adamw_left": dict(optim="apollo_adamw", optim_target_modules=r"(proj|head)", optim_args="rank=4,update_proj_gap=9,proj_type=left,scale_type=tensor"),
     "apollo_adamw_right": dict(optim="apollo_adamw", optim_target_modules=["proj", "head"], optim_args="rank=4,update_proj_gap=9,proj_type=right,scale_type=tensor"),
+    # Layer-wise GaLore / APOLLO: one optimizer per parameter, stepped by post-accumulate-grad
+    # hooks during `loss.backward()` (gradient_accumulation_steps stays 1, as upstream needs).
+    "galore_adamw_layerwise": dict(optim="galore_adamw_layerwise", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
+    "galore_adamw_layerwise_all_linear_full": dict(optim="galore_adamw_layerwise", optim_target_modules="all-linear", optim_args="rank=6,update_proj_gap=7,scale=0.5,proj_type=full"),
+    "galore_adamw_8bit_layerwise": dict(optim="galore_adamw_8bit_layerwise", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10,scale=0.25"),
+    "galore_adamw_8bit_layerwise_rank52": dict(optim="galore_adamw_8bit_layerwise", optim_target_modules=["proj"], optim_args="rank=52,update_proj_gap=10,scale=0.5"),
+    "apollo_adamw_layerwise": dict(optim="apollo_adamw_layerwise", optim_target_modules=["proj", "head"], optim_args="rank=8,update_proj_gap=10"),
+    "apollo_adamw_layerwise_tensor_reverse_std": dict(optim="apollo_adamw_layerwise", optim_target_modules="all-linear", optim_args="rank=4,update_proj_gap=10,scale=2,scale_type=tensor,proj_type=reverse_std", adam_epsilon=1e-7),
+    "apollo_adamw_layerwise_svd": dict(optim="apollo_adamw_layerwise", optim_target_modules=["proj", "head"], optim_args="rank=8,proj=svd,update_proj_gap=10,scale=0.5"),
     # bitsandbytes (0.50.2 on CPU: paged falls back to non-paged; 8-bit state above min_8bit_size)
     "adamw_bnb_8bit": dict(optim="adamw_bnb_8bit"),
     "adamw_8bit": dict(optim="adamw_8bit"),
@@ -180,7 +204,15 @@ def run_case(name, overrides, tensors, meta):
         finally:
             torch.Tensor.cuda = cuda
     params = dict(model.named_parameters())
+    # Layer-wise: a dummy optimizer; each parameter's own optimizer steps in its hook.
+    layerwise = getattr(opt, "optimizer_dict", None)
     for step in range(STEPS):
+        if layerwise is not None:
+            # upstream's training_step: `accelerator.backward(loss)` runs the hooks (the
+            # dummy's step / zero_grad do nothing, the Trainer's clip finds no gradient)
+            loss = sum((p * grads[n][step]).sum() for n, p in params.items())
+            loss.backward()
+            continue
         if hasattr(opt, "fused_backward"):
             # upstream's training_step: accelerator.backward(loss, learning_rate=lr)
             loss = sum((p * grads[n][step]).sum() for n, p in params.items())
@@ -195,7 +227,9 @@ def run_case(name, overrides, tensors, meta):
     for n, p in params.items():
         tensors[f"{name}.final.{n}"] = p.detach().clone()
     names = {id(p): n for n, p in params.items()}
-    for p, st in opt.state.items():
+    inner = list(layerwise.values()) if layerwise is not None else [opt]
+    states = [(p, st) for o in inner for p, st in o.state.items()]
+    for p, st in states:
         for k, v in st.items():
             if torch.is_tensor(v) and id(p) in names:
                 key = f"{name}.state.{names[id(p)]}.{k}"
@@ -218,7 +252,8 @@ def run_case(name, overrides, tensors, meta):
                 # (GrokAdamW keeps a copy of its state in each group: left out)
                 **{k: jsonable(v) for k, v in g.items() if k not in ("params", "state")},
             }
-            for g in opt.param_groups
+            for o in inner
+            for g in o.param_groups
         ],
     }
 

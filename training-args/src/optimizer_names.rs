@@ -112,13 +112,6 @@ pub enum OptimizerSupport {
     },
 }
 
-/// Why the layer-wise GaLore / APOLLO names are refused.
-const LAYERWISE: &str = "upstream steps one optimizer per parameter inside backward \
-                         (post-accumulate-grad hooks) and frees each gradient there, so the \
-                         Trainer's gradient clipping sees none; tch registers no such hooks, and \
-                         stepping after backward instead would clip what upstream does not and \
-                         save no memory";
-
 impl OptimizerNames {
     /// Whether and how tchtrain serves this name: the one table of working and refused
     /// optimizers (`tchtrain-optim`'s factory builds exactly the working ones).
@@ -204,24 +197,28 @@ impl OptimizerNames {
             ApolloAdamw => Working {
                 reference: "apollo_torch.APOLLOAdamW (random projection drawn on the CPU)",
             },
-            GaloreAdamw8bit | GaloreAdamw8bitLayerwise => Refused {
-                why: "galore_torch's AdamW8bit calls torch.cuda.synchronize() in every step, so \
-                      it runs on CUDA only and there is no CPU reference to check a port against; \
-                      it also runs bitsandbytes' 8-bit AdamW update on the projected gradient \
-                      swapped into p.data, a path not ported",
-                instead: "galore_adamw",
+            GaloreAdamw8bit => Working {
+                reference: "galore_torch.GaLoreAdamW8bit (bitsandbytes' CPU update; \
+                            torch.cuda.synchronize stubbed)",
             },
-            GaloreAdamwLayerwise => Refused {
-                why: LAYERWISE,
-                instead: "galore_adamw",
+            GaloreAdamw8bitLayerwise => Working {
+                reference: "galore_torch.GaLoreAdamW8bit, one per parameter (fused_backward; \
+                            bitsandbytes' CPU update; torch.cuda.synchronize stubbed)",
+            },
+            GaloreAdamwLayerwise => Working {
+                reference: "galore_torch.GaLoreAdamW, one per parameter (fused_backward)",
+            },
+            ApolloAdamwLayerwise => Working {
+                reference: "apollo_torch.APOLLOAdamW, one per parameter (fused_backward; random \
+                            projection drawn on the CPU)",
             },
             GaloreAdafactorLayerwise => Refused {
-                why: LAYERWISE,
+                why: "upstream builds each parameter's GaLoreAdafactor with the Trainer's lr but \
+                      adds scale_parameter=False, relative_step=False for galore_adafactor only, \
+                      so galore_torch raises \"Cannot combine manual `lr` and \
+                      `relative_step=True` options\" when the optimizer is created: there is no \
+                      run to match",
                 instead: "galore_adafactor",
-            },
-            ApolloAdamwLayerwise => Refused {
-                why: LAYERWISE,
-                instead: "apollo_adamw",
             },
             AdamwTorchXla => Refused {
                 why: "it is torch_xla's AdamW for XLA devices (TPU), and libtorch has no XLA backend",
