@@ -154,14 +154,31 @@ impl LayerWise {
     /// Steps the inner optimizer `index` at `lr` with its state moved in, and clears the
     /// parameter's gradient (upstream's `optimizer_dict[param].step()` then `.zero_grad()`).
     fn step_inner(&mut self, index: usize, lr: f64) -> Result<()> {
-        let opt = &mut self.inner[index];
+        let (Some(opt), Some(state)) = (self.inner.get_mut(index), self.state.get_mut(index))
+        else {
+            return Err(missing_inner(self.name, index));
+        };
         let lrs = vec![lr; opt.param_groups().len()];
         opt.set_lrs(&lrs)?;
-        std::mem::swap(&mut opt.state_mut()[0], &mut self.state[index]);
+        let Some(slot) = opt.state_mut().first_mut() else {
+            return Err(missing_inner(self.name, index));
+        };
+        std::mem::swap(slot, state);
         let stepped = opt.step();
-        std::mem::swap(&mut opt.state_mut()[0], &mut self.state[index]);
+        if let Some(slot) = opt.state_mut().first_mut() {
+            std::mem::swap(slot, state);
+        }
         opt.zero_grad();
         stepped
+    }
+}
+
+/// The error for an inner optimizer without a state slot for parameter `index` (one built
+/// outside [`LayerWise::new`]'s check).
+fn missing_inner(name: &str, index: usize) -> Error {
+    Error::InvalidOptimizerSetup {
+        name: name.into(),
+        detail: format!("no inner optimizer state for parameter {index}"),
     }
 }
 

@@ -112,7 +112,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "package_optimizers_match_their_packages_for_50_steps",
             "every_working_optim_resumes_exactly_through_the_trainer",
         ],
-        "33 of upstream's 41 names, each equal to its package (the README's optim table); the other 8 are refused when the optimizer is created, with the reason and the name to use instead",
+        "37 of upstream's 41 names, each equal to its package (the README's optim table); the other 4 are refused when the optimizer is created, with the reason and the name to use instead",
     ),
     h(
         "optim_args",

@@ -255,13 +255,15 @@ impl Trainer {
                     .collect();
                 let opt = tchtrain_optim::create_optimizer(&args, groups)?;
                 if opt.fuses_backward() && self.args.fp16 {
-                    // Upstream's accelerate scales an fp16 loss and calls
-                    // `backward(learning_rate=...)` on it, which torch rejects.
+                    // Upstream fails there too: accelerate scales an fp16 loss and calls
+                    // `backward(learning_rate=...)` on it (LOMO), or the GradScaler finds no
+                    // gradient left to unscale (the layer-wise forms).
                     return Err(Error::InvalidArgument {
                         field: "optim",
                         detail: format!(
-                            "`{}` with fp16: accelerate's loss scaler runs the backward, not \
-                             LOMO's fused one (upstream fails there); use bf16 or fp32",
+                            "`{}` with fp16: it updates the parameters inside the backward, \
+                             where fp16's loss scaler cannot unscale and check the gradients \
+                             first (upstream fails there); use bf16 or fp32",
                             self.args.optim.as_str()
                         ),
                     });

@@ -1,7 +1,8 @@
 //! Every working `optim` name through the Trainer: a run of tiny Llama checkpointed at step 3
 //! and resumed from there ends with the weights of the uninterrupted run, bit for bit (the
-//! optimizer's state, step counts and modes, the scheduler and the RNG restored); and the
-//! Trainer-level refusals (LOMO with fp16).
+//! optimizer's state, step counts and modes, the scheduler and the RNG restored); the
+//! layer-wise optimizers' place in the loop (updates before the clip, the scheduled rates);
+//! and the Trainer-level refusals (LOMO with fp16).
 
 use std::path::Path;
 
@@ -111,5 +112,63 @@ fn lomo_with_fp16_is_refused_naming_the_way_out() -> Result<()> {
     let err = err.unwrap_or_default();
     assert!(err.contains("lomo") && err.contains("bf16"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `(grad_norm, learning_rate)` of every training log entry.
+fn norms_and_rates(trainer: &Trainer) -> Vec<(f64, f64)> {
+    trainer
+        .state
+        .log_history
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e.get("grad_norm")?.as_f64()?,
+                e.get("learning_rate")?.as_f64()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn layer_wise_galore_trains_as_galore_unclipped_and_logs_a_zero_grad_norm() -> Result<()> {
+    let _g = lock();
+    let run = |optim: OptimizerNames, max_grad_norm: f64| -> Result<Trainer> {
+        let dir = std::env::temp_dir().join(format!(
+            "tchtrain-optim-layerwise-{}-{max_grad_norm}",
+            optim.as_str()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let model_dir = assets().join("reference/trainer_parity/llama_wd");
+        let mut a = args(&dir, optim)?;
+        a.max_grad_norm = max_grad_norm;
+        let mut t = Trainer::builder(load(&model_dir.join("initial"), AutoTask::CausalLm)?, a)
+            .train_dataset(lm_blocks(&model_dir.join("blocks.json"), "train")?)
+            .build()?;
+        t.train(None)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(t)
+    };
+    // Upstream's hooks take each update from the full gradient, before the Trainer's clip:
+    // without clipping, layer-wise GaLore is GaLore, the scheduled rates included.
+    let whole = run(OptimizerNames::GaloreAdamw, 0.0)?;
+    let layered = run(OptimizerNames::GaloreAdamwLayerwise, 0.0)?;
+    for ((n, a), (_, b)) in weights(whole.model()).iter().zip(&weights(layered.model())) {
+        assert!(a.equal(b), "{n} differs from galore_adamw");
+    }
+    let rates = |t: &Trainer| -> Vec<f64> { norms_and_rates(t).iter().map(|x| x.1).collect() };
+    assert_eq!(rates(&layered), rates(&whole));
+    assert_eq!(rates(&layered).len(), 6);
+    // With clipping on, the clip finds no gradient: a norm of 0 every step, as upstream's.
+    let clipped = run(OptimizerNames::GaloreAdamwLayerwise, 1.0)?;
+    let logs = norms_and_rates(&clipped);
+    assert_eq!(logs.len(), 6);
+    assert!(logs.iter().all(|&(norm, _)| norm == 0.0), "{logs:?}");
+    for ((n, a), (_, b)) in weights(clipped.model())
+        .iter()
+        .zip(&weights(layered.model()))
+    {
+        assert!(a.equal(b), "{n}: the clip changed a layer-wise update");
+    }
     Ok(())
 }
