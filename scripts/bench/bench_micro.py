@@ -59,7 +59,11 @@ PACKAGE_OPTIMS = [
 
 def state_bytes(opt):
     seen, total = set(), 0
-    for st in opt.state.values():
+    # GrokAdamW keeps its state in each param group (`group["state"]`), not in `opt.state`.
+    states = list(opt.state.values()) + [
+        st for g in opt.param_groups for st in g.get("state", {}).values()
+    ]
+    for st in states:
         for v in st.values():
             parts = [v.codes, v.scale, v.qmap] if hasattr(v, "codes") else [v]
             for t in parts:
