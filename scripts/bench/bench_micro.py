@@ -65,7 +65,13 @@ def state_bytes(opt):
     ]
     for st in states:
         for v in st.values():
-            parts = [v.codes, v.scale, v.qmap] if hasattr(v, "codes") else [v]
+            if hasattr(v, "codes"):  # torchao's quantized states
+                parts = [v.codes, v.scale, v.qmap]
+            elif hasattr(v, "ortho_matrix"):  # GaLore / APOLLO projectors (tensors inside)
+                m = v.ortho_matrix
+                parts = list(m) if isinstance(m, (list, tuple)) else [m]
+            else:
+                parts = [v]
             for t in parts:
                 if torch.is_tensor(t) and t.data_ptr() not in seen:
                     seen.add(t.data_ptr())

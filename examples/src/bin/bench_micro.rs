@@ -315,7 +315,11 @@ fn main() -> Result<()> {
                     linear_modules: (0..LAYERS).map(|i| format!("layers.{i}")).collect(),
                     ..Default::default()
                 };
-                Ok(create_optimizer(&args, g)?)
+                let mut opt = create_optimizer(&args, g)?;
+                // schedule-free optimizers step only in train mode (the Trainer's
+                // training_step calls it; a no-op for the others)
+                opt.train()?;
+                Ok(opt)
             })?;
         }
     }
