@@ -1,7 +1,7 @@
 //! `tchtrain-optim` — Optimizers with exportable state and every transformers LR scheduler, on tch.
 //!
 //! Owns optimizers written over tensors with `state_dict()` / `load_state_dict()` (AdamW incl.
-//! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, Lion, and the optimizers of the
+//! the fused kernel, Adam, SGD, Adagrad, RMSprop, Adafactor, and the optimizers of the
 //! packages upstream's `optim` names load: bitsandbytes' 32- and 8-bit ones, schedule-free,
 //! GaLore, APOLLO, torchao's 4- / 8-bit AdamW, LOMO / AdaLomo, StableAdamW, GrokAdamW, each
 //! equal to its package), the factory that builds them from `optim` as upstream's
@@ -58,7 +58,6 @@ mod grad;
 mod grad_scaler;
 mod grokadamw;
 mod layerwise;
-mod lion;
 mod lomo;
 mod low_rank;
 mod optim_args;
@@ -95,7 +94,6 @@ pub use grad::set_grad;
 pub use grad_scaler::{GradScaler, GradScalerKwargs, GradScalerState, SCALER_NAME};
 pub use grokadamw::{GrokAdamW, GrokAdamWConfig};
 pub use layerwise::LayerWise;
-pub use lion::{Lion, LionConfig};
 pub use lomo::{AdaLomo, AdaLomoConfig, Lomo, LomoConfig};
 pub use low_rank::{
     ProjType, Projection, ProjectorKind, check_target_module_exists, low_rank_target_names,

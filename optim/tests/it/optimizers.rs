@@ -10,9 +10,9 @@ use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 use tchtrain_optim::{
     Adafactor, AdafactorConfig, Adagrad, AdagradConfig, Adam, AdamConfig, AdamW, AdamWConfig,
-    Error, GroupSpec, Lion, LionConfig, Optimizer, OptimizerArgs, OptimizerStateDict, RmsProp,
-    RmsPropConfig, Sgd, SgdConfig, clip_grad_norm, clip_grad_norm_if_enabled, create_optimizer,
-    decay_param_groups, get_decay_parameter_names, parse_optim_args,
+    BnbConfig, BnbOptimizer, Error, GroupSpec, Optimizer, OptimizerArgs, OptimizerStateDict,
+    RmsProp, RmsPropConfig, Sgd, SgdConfig, clip_grad_norm, clip_grad_norm_if_enabled,
+    create_optimizer, decay_param_groups, get_decay_parameter_names, parse_optim_args,
 };
 
 fn reference() -> Result<Reference> {
@@ -88,7 +88,21 @@ fn build(case: &str, meta: &Value, params: &[Vec<(String, Tensor)>]) -> Result<B
             specs,
             serde_json::from_value::<AdafactorConfig>(d)?,
         )?),
-        "lion" => Box::new(Lion::new(specs, serde_json::from_value::<LionConfig>(d)?)?),
+        // lion-pytorch's update, which bitsandbytes' 32-bit Lion (the one owner here) computes
+        "lion" => {
+            let f = |k: &str| d.get(k).and_then(Value::as_f64);
+            let betas = d["betas"].as_array().context("betas")?;
+            let c = BnbConfig {
+                lr: f("lr").context("lr")?,
+                betas: (
+                    betas[0].as_f64().context("beta1")?,
+                    betas[1].as_f64().context("beta2")?,
+                ),
+                weight_decay: f("weight_decay").unwrap_or(0.0),
+                ..BnbConfig::lion()
+            };
+            Box::new(BnbOptimizer::new(specs, c)?)
+        }
         other => bail!("unknown case kind {other}"),
     })
 }
