@@ -158,23 +158,34 @@ impl Optimizer for Adafactor {
     }
 
     fn validate_state(&self, index: usize, param: &Tensor, state: &ParamState) -> Result<()> {
-        let shape = param.size();
-        if self.config.beta1.is_some() {
-            expect_shape(index, state, "exp_avg", &shape)?;
-        }
-        if shape.len() >= 2 {
-            let row = &shape[..shape.len() - 1];
-            let mut col = shape[..shape.len() - 2].to_vec();
-            col.push(shape[shape.len() - 1]);
-            expect_shape(index, state, "exp_avg_sq_row", row)?;
-            expect_shape(index, state, "exp_avg_sq_col", &col)?;
-        } else {
-            expect_shape(index, state, "exp_avg_sq", &shape)?;
-        }
-        Ok(())
+        validate_moments(&self.config, index, &param.size(), state)
     }
 
     optimizer_accessors!();
+}
+
+/// Checks Adafactor's moments of parameter `index` against the shape they factor (the
+/// parameter's, or GaLore's projected one): `exp_avg` with `beta1`, row and column factors
+/// for two or more dimensions, else `exp_avg_sq`.
+pub(crate) fn validate_moments(
+    c: &AdafactorConfig,
+    index: usize,
+    shape: &[i64],
+    state: &ParamState,
+) -> Result<()> {
+    if c.beta1.is_some() {
+        expect_shape(index, state, "exp_avg", shape)?;
+    }
+    if shape.len() >= 2 {
+        let row = &shape[..shape.len() - 1];
+        let mut col = shape[..shape.len() - 2].to_vec();
+        col.push(shape[shape.len() - 1]);
+        expect_shape(index, state, "exp_avg_sq_row", row)?;
+        expect_shape(index, state, "exp_avg_sq_col", &col)?;
+    } else {
+        expect_shape(index, state, "exp_avg_sq", shape)?;
+    }
+    Ok(())
 }
 
 /// The Adafactor update of one parameter `p` (flat index `index`) with gradient `grad`, op for

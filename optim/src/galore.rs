@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::adafactor::adafactor_update;
+use crate::adafactor::{adafactor_update, validate_moments};
 use crate::low_rank::{Projection, Projector, ProjectorKind};
 use crate::optimizer::{
     build_groups, check_non_negative, check_unit, expect_shape, grad_of, optimizer_accessors,
@@ -359,19 +359,7 @@ impl Optimizer for GaLoreAdafactor {
         if !state.scalars.contains_key("RMS") {
             return Ok(());
         }
-        if self.config.adafactor.beta1.is_some() {
-            expect_shape(index, state, "exp_avg", &shape)?;
-        }
-        if shape.len() >= 2 {
-            let row = &shape[..shape.len() - 1];
-            let mut col = shape[..shape.len() - 2].to_vec();
-            col.push(shape[shape.len() - 1]);
-            expect_shape(index, state, "exp_avg_sq_row", row)?;
-            expect_shape(index, state, "exp_avg_sq_col", &col)?;
-        } else {
-            expect_shape(index, state, "exp_avg_sq", &shape)?;
-        }
-        Ok(())
+        validate_moments(&self.config.adafactor, index, &shape, state)
     }
 
     optimizer_accessors!();

@@ -50,11 +50,7 @@ fn bitsandbytes_states_match_the_reference_after_50_steps() -> Result<()> {
     assert!(!cases.is_empty(), "no bitsandbytes case in the reference");
     let mut report = Vec::new();
     for case in &cases {
-        let params = r.fresh_params()?;
-        let mut opt = r.build(case, &params)?;
-        for step in 0..r.steps() {
-            r.step(&params, opt.as_mut(), step)?;
-        }
+        let (_, opt) = r.run(case)?;
         let states = states_by_name(opt.as_ref());
         let prefix = format!("{case}.state.");
         let expected: BTreeSet<&str> = r

@@ -37,15 +37,8 @@ fn galore_and_apollo_match_their_packages_for_50_steps() -> Result<()> {
     assert!(cases.len() >= 12, "low-rank cases missing: {cases:?}");
     let mut report = Vec::new();
     for case in &cases {
-        let params = r.fresh_params()?;
-        let mut opt = r.build(case, &params)?;
-        for step in 0..r.steps() {
-            r.step(&params, opt.as_mut(), step)?;
-        }
-        let mut worst = 0.0f64;
-        for (n, p) in &params {
-            worst = worst.max(relative_diff(p, r.t(&format!("{case}.final.{n}"))?));
-        }
+        let (params, opt) = r.run(case)?;
+        let worst = r.final_diff(case, &params)?;
         // The moments (low-rank for the projected weights), by parameter name.
         let names: Vec<String> = opt
             .param_groups()

@@ -21,6 +21,9 @@ pub(crate) const LAYERNORMS: [&str; 1] = ["norm"];
 pub(crate) const EMBEDDINGS: [&str; 1] = ["embed.weight"];
 pub(crate) const LINEARS: [&str; 2] = ["proj", "head"];
 
+/// Named parameters in `named_parameters()` order.
+pub(crate) type NamedParams = Vec<(String, Tensor)>;
+
 pub(crate) struct Reference {
     pub meta: Value,
     pub tensors: BTreeMap<String, Tensor>,
@@ -128,6 +131,26 @@ impl Reference {
         Ok(create_optimizer(&args, groups)?)
     }
 
+    /// The case run over the reference's steps from fresh parameters: the parameters and
+    /// the optimizer after it.
+    pub fn run(&self, case: &str) -> Result<(NamedParams, Box<dyn Optimizer>)> {
+        let params = self.fresh_params()?;
+        let mut opt = self.build(case, &params)?;
+        for step in 0..self.steps() {
+            self.step(&params, opt.as_mut(), step)?;
+        }
+        Ok((params, opt))
+    }
+
+    /// The worst [`relative_diff`] of `params` from the case's final parameters.
+    pub fn final_diff(&self, case: &str, params: &[(String, Tensor)]) -> Result<f64> {
+        let mut worst = 0.0f64;
+        for (n, p) in params {
+            worst = worst.max(relative_diff(p, self.t(&format!("{case}.final.{n}"))?));
+        }
+        Ok(worst)
+    }
+
     /// One training step of the reference: gradients of `step`, `train()`, `step()`,
     /// `zero_grad()`.
     pub fn step(
@@ -190,15 +213,8 @@ fn package_optimizers_match_their_packages_for_50_steps() -> Result<()> {
         .collect();
     let mut report = Vec::new();
     for case in &cases {
-        let params = r.fresh_params()?;
-        let mut opt = r.build(case, &params)?;
-        for step in 0..r.steps() {
-            r.step(&params, opt.as_mut(), step)?;
-        }
-        let mut worst = 0.0f64;
-        for (n, p) in &params {
-            worst = worst.max(relative_diff(p, r.t(&format!("{case}.final.{n}"))?));
-        }
+        let (params, mut opt) = r.run(case)?;
+        let worst = r.final_diff(case, &params)?;
         let mut line = format!("{case:34} final {worst:.2e}");
         assert!(
             worst <= BOUND,

@@ -57,11 +57,7 @@ fn low_bit_adamw_matches_torchao_bit_for_bit() -> Result<()> {
     let r = reference()?;
     let mut report = Vec::new();
     for case in torchao_cases(&r)? {
-        let params = r.fresh_params()?;
-        let mut opt = r.build(&case, &params)?;
-        for step in 0..r.steps() {
-            r.step(&params, opt.as_mut(), step)?;
-        }
+        let (params, opt) = r.run(&case)?;
         let mut worst = 0.0f64;
         let mut param_mismatches = 0;
         for (n, p) in &params {
