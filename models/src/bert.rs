@@ -23,6 +23,7 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, EncoderHead};
 use crate::{Error, Result};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
@@ -286,7 +287,7 @@ struct LayerInputs {
     train: bool,
     act: Activation,
     /// The padding-free layout, when the layers run on the real tokens only.
-    unpadded: Option<crate::padding_free::Unpadded>,
+    unpadded: Option<padding_free::Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -296,14 +297,13 @@ unsafe impl ReadOnlyLayer for LayerInputs {}
 impl LayerInputs {
     /// Dropout on the hidden states, padded or padding-free.
     fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
-        match &self.unpadded {
-            Some(u) => {
-                let y = u.dropout(x, self.hidden_dropout_prob, self.train);
-                crate::debug_utils::leaf(name, "Dropout", &[], x, &y);
-                y
-            }
-            None => layers::dropout_traced(x, self.hidden_dropout_prob, self.train, name),
-        }
+        padding_free::dropout_traced(
+            self.unpadded.as_ref(),
+            x,
+            self.hidden_dropout_prob,
+            self.train,
+            name,
+        )
     }
 }
 
@@ -322,11 +322,9 @@ impl Layer {
         use layers::apply_traced;
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let to_heads = |t: Tensor| {
-            let t = match &x.unpadded {
-                Some(u) => u.scatter(&t),
-                None => t,
-            };
-            t.view([batch, seq, heads, head_dim]).transpose(1, 2)
+            padding_free::padded(x.unpadded.as_ref(), t)
+                .view([batch, seq, heads, head_dim])
+                .transpose(1, 2)
         };
         let q = apply_traced(h, &self.query, || n("attention.self.query"), "Linear");
         let k = apply_traced(h, &self.key, || n("attention.self.key"), "Linear");
@@ -339,11 +337,10 @@ impl Layer {
             x.attn_p,
             x.scale,
         );
-        let ctx = a.transpose(1, 2).reshape([batch, seq, x.hidden_size]);
-        let ctx = match &x.unpadded {
-            Some(u) => u.gather(&ctx),
-            None => ctx,
-        };
+        let ctx = padding_free::unpadded(
+            x.unpadded.as_ref(),
+            a.transpose(1, 2).reshape([batch, seq, x.hidden_size]),
+        );
         hook(
             || n("attention.self"),
             &self.classes.self_attention,
@@ -642,7 +639,7 @@ impl BertModel {
             Out::One(Var::T(&h)),
         );
         let embedding_output = h.shallow_clone();
-        let unpadded = crate::padding_free::Unpadded::for_forward(
+        let unpadded = padding_free::Unpadded::for_forward(
             padding_free,
             false,
             inputs.attention_mask,
@@ -785,6 +782,13 @@ pub type BertForTokenClassification = Bert<BertConfig, TOK_CLS>;
 pub type BertForQuestionAnswering = Bert<BertConfig, QA>;
 
 impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
+    /// What the head reads of the last hidden state (whether it can run padding-free).
+    const ENCODER_HEAD: EncoderHead = match KIND {
+        SEQ_CLS => EncoderHead::FirstToken,
+        MLM | TOK_CLS => EncoderHead::EveryToken,
+        _ => EncoderHead::AllPositions,
+    };
+
     /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
     pub fn new(encoder_config: &C, device: Device) -> Result<Self> {
         let config = &encoder_config.bert();
@@ -826,7 +830,7 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
             head,
             config: encoder_config.clone(),
             training: false,
-            padding_free: matches!(KIND, SEQ_CLS | MLM | TOK_CLS)
+            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
                 && crate::modeling_utils::padding_free_from_env(),
         })
     }
@@ -936,15 +940,7 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     /// runs padded. The base model and the question answerer (whose loss is a softmax over
     /// every position, padding included) refuse it.
     fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        if on && matches!(KIND, BASE | QA) {
-            return Err(Error::InvalidArgument {
-                field: "padding_free",
-                detail: format!(
-                    "{} reads every position's output (its logits, or a loss over every position, cover the padding as upstream computes it); padding-free execution is implemented for the sequence, token and masked-LM heads",
-                    self.architecture()
-                ),
-            });
-        }
+        Self::ENCODER_HEAD.check(on, self.architecture())?;
         self.padding_free = on;
         Ok(())
     }
@@ -1001,17 +997,7 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let train = self.training;
-        let padding_free = self.padding_free
-            && match (KIND, inputs.attention_mask) {
-                (SEQ_CLS, Some(m)) => crate::padding_free::first_tokens_real(m),
-                (MLM | TOK_CLS, Some(m)) => {
-                    train
-                        && inputs
-                            .labels
-                            .is_some_and(|l| crate::padding_free::labels_ignore_padding(l, m))
-                }
-                _ => false,
-            };
+        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
         let (h, pooled) = self.bert.forward_with(inputs, train, padding_free)?;
         let labels_config = self.config.labels();
         let num_labels = labels_config.num_labels();

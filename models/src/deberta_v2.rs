@@ -34,6 +34,7 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
 
 /// Upstream `DebertaV2Config` with its defaults (DeBERTa-v2 xlarge), and the keys v3's
@@ -366,6 +367,8 @@ struct LayerInputs {
     hidden_p: f64,
     train: bool,
     act: Activation,
+    /// The padding-free layout, when the layers run on the real tokens only.
+    unpadded: Option<Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -385,6 +388,8 @@ impl Layer {
             ..
         } = *x;
         let n = |rest: &str| format!("{}.{rest}", self.name);
+        let unpadded = x.unpadded.as_ref();
+        let padded = |t: Tensor| padding_free::padded(unpadded, t);
         // `transpose_for_scores`: [b, l, H] -> [b·heads, l, d]
         let for_scores = |t: Tensor| {
             let l = t.size()[1];
@@ -393,24 +398,24 @@ impl Layer {
                 .contiguous()
                 .view([-1, l, d])
         };
-        let q = for_scores(apply_traced(
+        let q = for_scores(padded(apply_traced(
             h,
             &self.query_proj,
             || n("attention.self.query_proj"),
             "Linear",
-        ));
-        let k = for_scores(apply_traced(
+        )));
+        let k = for_scores(padded(apply_traced(
             h,
             &self.key_proj,
             || n("attention.self.key_proj"),
             "Linear",
-        ));
-        let v = for_scores(apply_traced(
+        )));
+        let v = for_scores(padded(apply_traced(
             h,
             &self.value_proj,
             || n("attention.self.value_proj"),
             "Linear",
-        ));
+        )));
         let scale_factor = 1 + i64::from(x.c2p) + i64::from(x.p2c);
         // `torch.sqrt(torch.tensor(d, dtype=float) * scale_factor)`
         let scale = (Tensor::scalar_tensor(d as f64, (Kind::Float, h.device())) * scale_factor)
@@ -485,13 +490,16 @@ impl Layer {
             .permute([0, 2, 1, 3])
             .contiguous()
             .view([batch, seq, x.hidden_size]);
+        let ctx = padding_free::unpadded(unpadded, ctx);
         let o = apply_traced(
             &ctx,
             &self.attn_out,
             || n("attention.output.dense"),
             "Linear",
         );
-        let o = dropout_traced(&o, x.hidden_p, x.train, || n("attention.output.dropout"));
+        let o = padding_free::dropout_traced(unpadded, &o, x.hidden_p, x.train, || {
+            n("attention.output.dropout")
+        });
         let a = apply_traced(
             &(o + h),
             &self.attn_ln,
@@ -503,7 +511,8 @@ impl Layer {
             .act
             .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
         let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
-        let m = dropout_traced(&m, x.hidden_p, x.train, || n("output.dropout"));
+        let m =
+            padding_free::dropout_traced(unpadded, &m, x.hidden_p, x.train, || n("output.dropout"));
         let out = apply_traced(
             &(m + &a),
             &self.output_ln,
@@ -630,6 +639,19 @@ impl DebertaV2Model {
 
     /// The last hidden state `[batch, seq, hidden]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        self.forward_with(inputs, train, false)
+    }
+
+    /// [`forward`](Self::forward), the layers run padding-free when `padding_free` and the
+    /// attention mask pads a token (see `crate::padding_free`): the padding positions of the
+    /// last hidden state are then zeros, the real tokens' values those of the padded run up
+    /// to the last bits.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<Tensor> {
         use crate::debug_utils::join;
         use layers::apply_traced;
         let c = &self.config;
@@ -698,6 +720,10 @@ impl DebertaV2Model {
         let h = h * mask.unsqueeze(2).to_kind(kind);
         let mut h =
             layers::dropout_traced(&h, c.hidden_dropout_prob, train, || n("embeddings.dropout"));
+        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         // `get_attention_mask`: the outer product of the padding mask, as booleans.
         let ext = mask.unsqueeze(1).unsqueeze(2);
         let mask = (&ext * ext.squeeze_dim(-2).unsqueeze(-1)).to_kind(Kind::Bool);
@@ -725,6 +751,7 @@ impl DebertaV2Model {
             hidden_p: c.hidden_dropout_prob,
             train,
             act: self.act,
+            unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -741,7 +768,7 @@ impl DebertaV2Model {
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        Ok(h)
+        Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
 }
 
@@ -780,6 +807,9 @@ pub struct DebertaV2<const KIND: u8> {
     head: Head,
     config: DebertaV2Config,
     training: bool,
+    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
+    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 const BASE: u8 = 0;
@@ -800,6 +830,13 @@ pub type DebertaV2ForTokenClassification = DebertaV2<TOK_CLS>;
 pub type DebertaV2ForQuestionAnswering = DebertaV2<QA>;
 
 impl<const KIND: u8> DebertaV2<KIND> {
+    /// What the head reads of the last hidden state (whether it can run padding-free).
+    const ENCODER_HEAD: EncoderHead = match KIND {
+        SEQ_CLS => EncoderHead::FirstToken,
+        MLM | TOK_CLS => EncoderHead::EveryToken,
+        _ => EncoderHead::AllPositions,
+    };
+
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DebertaV2Config, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
@@ -868,6 +905,8 @@ impl<const KIND: u8> DebertaV2<KIND> {
             head,
             config: config.clone(),
             training: false,
+            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
+                && crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -960,6 +999,14 @@ impl<const KIND: u8> PreTrainedModel for DebertaV2<KIND> {
 impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
     crate::modeling_utils::model_plumbing!();
     crate::modeling_utils::checkpointing_plumbing!(deberta);
+    /// As BERT's: the sequence classifier when every row's first token (the one its pooler
+    /// reads) is real, the masked-LM and token classifiers in training when the labels
+    /// ignore the padding; the base model and the question answerer refuse it.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        Self::ENCODER_HEAD.check(on, self.architecture())?;
+        self.padding_free = on;
+        Ok(())
+    }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
         match KIND {
@@ -998,7 +1045,8 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         use layers::{apply_traced, dropout_traced};
         let train = self.training;
-        let h = self.deberta.forward(inputs, train)?;
+        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
+        let h = self.deberta.forward_with(inputs, train, padding_free)?;
         let c = &self.config;
         let num_labels = c.labels.num_labels();
         let (logits, loss) = match &self.head {

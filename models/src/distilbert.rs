@@ -26,6 +26,7 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
 
 /// Upstream `DistilBertConfig` with its defaults (DistilBERT base).
@@ -167,6 +168,8 @@ struct LayerInputs {
     dropout: f64,
     train: bool,
     act: Activation,
+    /// The padding-free layout, when the layers run on the real tokens only.
+    unpadded: Option<Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -178,7 +181,7 @@ impl Layer {
     /// `output_layer_norm(ffn + that)`.
     fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
         use crate::debug_utils::leaf;
-        use layers::{apply_traced, dropout_traced};
+        use layers::apply_traced;
         let LayerInputs {
             batch,
             seq,
@@ -187,7 +190,12 @@ impl Layer {
             ..
         } = *x;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let to_heads = |t: Tensor| t.view([batch, seq, heads, head_dim]).transpose(1, 2);
+        let unpadded = x.unpadded.as_ref();
+        let to_heads = |t: Tensor| {
+            padding_free::padded(unpadded, t)
+                .view([batch, seq, heads, head_dim])
+                .transpose(1, 2)
+        };
         let q = apply_traced(h, &self.q_lin, || n("attention.q_lin"), "Linear");
         let k = apply_traced(h, &self.k_lin, || n("attention.k_lin"), "Linear");
         let v = apply_traced(h, &self.v_lin, || n("attention.v_lin"), "Linear");
@@ -199,7 +207,10 @@ impl Layer {
             x.attn_p,
             (head_dim as f64).powf(-0.5),
         );
-        let a = a.transpose(1, 2).reshape([batch, seq, heads * head_dim]);
+        let a = padding_free::unpadded(
+            unpadded,
+            a.transpose(1, 2).reshape([batch, seq, heads * head_dim]),
+        );
         let a = apply_traced(&a, &self.out_lin, || n("attention.out_lin"), "Linear");
         let a = apply_traced(
             &(a + h),
@@ -210,7 +221,7 @@ impl Layer {
         let f = apply_traced(&a, &self.lin1, || n("ffn.lin1"), "Linear");
         let f = x.act.apply_traced(&f, || n("ffn.activation"));
         let f = apply_traced(&f, &self.lin2, || n("ffn.lin2"), "Linear");
-        let f = dropout_traced(&f, x.dropout, x.train, || n("ffn.dropout"));
+        let f = padding_free::dropout_traced(unpadded, &f, x.dropout, x.train, || n("ffn.dropout"));
         let out = apply_traced(
             &(f + &a),
             &self.output_layer_norm,
@@ -295,6 +306,19 @@ impl DistilBertModel {
 
     /// The last hidden state `[batch, seq, dim]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        self.forward_with(inputs, train, false)
+    }
+
+    /// [`forward`](Self::forward), the layers run padding-free when `padding_free` and the
+    /// attention mask pads a token (see `crate::padding_free`): the padding positions of the
+    /// last hidden state are then zeros, the real tokens' values those of the padded run up
+    /// to the last bits.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<Tensor> {
         use crate::debug_utils::join;
         use layers::apply_traced;
         let c = &self.config;
@@ -336,6 +360,10 @@ impl DistilBertModel {
             "LayerNorm",
         );
         let mut h = layers::dropout_traced(&h, c.dropout, train, || n("embeddings.dropout"));
+        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         let x = Arc::new(Shared(LayerInputs {
             mask: attention::attention_mask(inputs.attention_mask, batch, seq, false, device),
             batch,
@@ -346,6 +374,7 @@ impl DistilBertModel {
             dropout: c.dropout,
             train,
             act: self.act,
+            unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -361,6 +390,9 @@ impl DistilBertModel {
                 _ => l.forward(&h, &x),
             };
             h = crate::layer_hooks::after_layer(i, h)?;
+        }
+        if let Some(u) = &x.unpadded {
+            h = u.scatter(&h);
         }
         Ok(h)
     }
@@ -400,6 +432,9 @@ pub struct DistilBert<const KIND: u8> {
     head: Head,
     config: DistilBertConfig,
     training: bool,
+    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
+    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 const BASE: u8 = 0;
@@ -420,6 +455,13 @@ pub type DistilBertForTokenClassification = DistilBert<TOK_CLS>;
 pub type DistilBertForQuestionAnswering = DistilBert<QA>;
 
 impl<const KIND: u8> DistilBert<KIND> {
+    /// What the head reads of the last hidden state (whether it can run padding-free).
+    const ENCODER_HEAD: EncoderHead = match KIND {
+        SEQ_CLS => EncoderHead::FirstToken,
+        MLM | TOK_CLS => EncoderHead::EveryToken,
+        _ => EncoderHead::AllPositions,
+    };
+
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DistilBertConfig, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
@@ -480,6 +522,8 @@ impl<const KIND: u8> DistilBert<KIND> {
             head,
             config: config.clone(),
             training: false,
+            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
+                && crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -518,6 +562,14 @@ impl<const KIND: u8> PreTrainedModel for DistilBert<KIND> {
 impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
     crate::modeling_utils::model_plumbing!();
     crate::modeling_utils::checkpointing_plumbing!(distilbert);
+    /// As BERT's: the sequence classifier when every row's first token (the one it pools) is
+    /// real, the masked-LM and token classifiers in training when the labels ignore the
+    /// padding; the base model and the question answerer refuse it.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        Self::ENCODER_HEAD.check(on, self.architecture())?;
+        self.padding_free = on;
+        Ok(())
+    }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
         match KIND {
@@ -551,7 +603,8 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         use layers::{apply_traced, dropout_traced};
         let train = self.training;
-        let h = self.distilbert.forward(inputs, train)?;
+        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
+        let h = self.distilbert.forward_with(inputs, train, padding_free)?;
         let c = &self.config;
         let num_labels = c.labels.num_labels();
         let (logits, loss) = match &self.head {

@@ -354,8 +354,9 @@ pub trait TrainableModel: Send {
 
     /// Padding-free execution of padded batches: the layers run on the real tokens only
     /// (those the attention mask keeps) and attention per sequence, so that padding costs
-    /// no projection, feed-forward, norm or head work. Implemented for the BERT-family
-    /// sequence classifiers (when each row's first token, which they read, is real), their
+    /// no projection, feed-forward, norm or head work. Implemented for the encoders' (BERT,
+    /// RoBERTa / XLM-R, DistilBERT, DeBERTa-v2, ModernBERT) sequence classifiers (when each
+    /// row's first token, which they read, is real; ModernBERT's mean pooling always), their
     /// masked-LM and token classifiers in training when the labels are -100 on the padding,
     /// the causal LMs (GPT-2, the Llama-shaped families) in training when the labels count
     /// only real tokens (right padding with -100 labels), and the decoders' sequence

@@ -37,6 +37,7 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
 
@@ -401,6 +402,8 @@ struct LayerInputs {
     mlp_dropout: f64,
     train: bool,
     act: Activation,
+    /// The padding-free layout, when the layers run on the real tokens only.
+    unpadded: Option<Unpadded>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -429,8 +432,9 @@ impl Layer {
             Some(norm) => apply_traced(h, norm, || n("attn_norm"), "LayerNorm"),
             None => h.shallow_clone(),
         };
-        let qkv = apply_traced(&normed, &self.wqkv, || n("attn.Wqkv"), "Linear")
-            .view([batch, seq, 3, heads, hd]);
+        let unpadded = x.unpadded.as_ref();
+        let qkv = apply_traced(&normed, &self.wqkv, || n("attn.Wqkv"), "Linear");
+        let qkv = padding_free::padded(unpadded, qkv).view([batch, seq, 3, heads, hd]);
         let part = |i: i64| qkv.select(2, i).transpose(1, 2);
         let (q, k, v) = (part(0), part(1), part(2));
         let ((cos, sin), mask) = if self.sliding {
@@ -451,19 +455,21 @@ impl Layer {
             .transpose(1, 2)
             .contiguous()
             .reshape([batch, seq, heads * hd]);
+        let a = padding_free::unpadded(unpadded, a);
         let a = apply_traced(&a, &self.attn_wo, || n("attn.Wo"), "Linear");
-        let a = if x.train && x.attention_dropout > 0.0 {
-            a.dropout(x.attention_dropout, true)
-        } else {
-            a
+        let a = match unpadded {
+            Some(u) => u.dropout(&a, x.attention_dropout, x.train),
+            None if x.train && x.attention_dropout > 0.0 => a.dropout(x.attention_dropout, true),
+            None => a,
         };
         let h2 = h + a;
         let normed = apply_traced(&h2, &self.mlp_norm, || n("mlp_norm"), "LayerNorm");
         let wi = apply_traced(&normed, &self.wi, || n("mlp.Wi"), "Linear");
-        let half = wi.size()[2] / 2;
+        let half = wi.size().last().copied().unwrap_or(0) / 2;
         let (input, gate) = (wi.narrow(-1, 0, half), wi.narrow(-1, half, half));
         let m = x.act.apply_traced(&input, || n("mlp.act")) * gate;
-        let m = layers::dropout_traced(&m, x.mlp_dropout, x.train, || n("mlp.drop"));
+        let m =
+            padding_free::dropout_traced(unpadded, &m, x.mlp_dropout, x.train, || n("mlp.drop"));
         let m = apply_traced(&m, &self.mlp_wo, || n("mlp.Wo"), "Linear");
         let out = h2 + m;
         crate::debug_utils::leaf(|| self.name.clone(), "ModernBertEncoderLayer", &[], h, &out);
@@ -553,6 +559,19 @@ impl ModernBertModel {
 
     /// The last hidden state `[batch, seq, hidden]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        self.forward_with(inputs, train, false)
+    }
+
+    /// [`forward`](Self::forward), the layers and `final_norm` run padding-free when
+    /// `padding_free` and the attention mask pads a token (see `crate::padding_free`): the
+    /// padding positions of the last hidden state are then zeros, the real tokens' values
+    /// those of the padded run up to the last bits.
+    pub(crate) fn forward_with(
+        &self,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<Tensor> {
         let c = &self.config;
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
@@ -590,6 +609,10 @@ impl ModernBertModel {
         );
         let mut h = layers::dropout_traced(&h, c.embedding_dropout, train, || n("embeddings.drop"));
         let kind = h.kind();
+        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+        if let Some(u) = &unpadded {
+            h = u.gather(&h);
+        }
         let cos_sin = |r: &RotaryEmbedding| -> Result<(Tensor, Tensor)> {
             let (cos, sin) = r.cos_sin(&positions, kind)?;
             Ok((cos.unsqueeze(1), sin.unsqueeze(1)))
@@ -613,6 +636,7 @@ impl ModernBertModel {
             mlp_dropout: c.mlp_dropout,
             train,
             act: self.act,
+            unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
             h = crate::layer_hooks::before_layer(i, h)?;
@@ -629,12 +653,8 @@ impl ModernBertModel {
             };
             h = crate::layer_hooks::after_layer(i, h)?;
         }
-        Ok(layers::apply_traced(
-            &h,
-            &self.final_norm,
-            || n("final_norm"),
-            "LayerNorm",
-        ))
+        let h = layers::apply_traced(&h, &self.final_norm, || n("final_norm"), "LayerNorm");
+        Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
 }
 
@@ -706,6 +726,9 @@ pub struct ModernBert<const KIND: u8> {
     head: Head,
     config: ModernBertConfig,
     training: bool,
+    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
+    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 const BASE: u8 = 0;
@@ -726,6 +749,18 @@ pub type ModernBertForTokenClassification = ModernBert<TOK_CLS>;
 pub type ModernBertForQuestionAnswering = ModernBert<QA>;
 
 impl<const KIND: u8> ModernBert<KIND> {
+    /// What the head reads of the last hidden state (whether it can run padding-free):
+    /// the sequence classifier pools the first token or, with `classifier_pooling: "mean"`,
+    /// the real tokens' mean.
+    fn encoder_head(config: &ModernBertConfig) -> EncoderHead {
+        match KIND {
+            SEQ_CLS if config.classifier_pooling == "mean" => EncoderHead::MaskedMean,
+            SEQ_CLS => EncoderHead::FirstToken,
+            MLM | TOK_CLS => EncoderHead::EveryToken,
+            _ => EncoderHead::AllPositions,
+        }
+    }
+
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &ModernBertConfig, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
@@ -791,6 +826,8 @@ impl<const KIND: u8> ModernBert<KIND> {
             head,
             config: config.clone(),
             training: false,
+            padding_free: Self::encoder_head(config) != EncoderHead::AllPositions
+                && crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -830,6 +867,14 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
     fn loss_type(&self) -> Option<&str> {
         (KIND == MLM).then_some("ForMaskedLM")
     }
+    /// As BERT's: the sequence classifier when every row's first token is real (or always,
+    /// pooling the mean), the masked-LM and token classifiers in training when the labels
+    /// ignore the padding; the base model and the question answerer refuse it.
+    fn set_padding_free(&mut self, on: bool) -> Result<()> {
+        Self::encoder_head(&self.config).check(on, self.architecture())?;
+        self.padding_free = on;
+        Ok(())
+    }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
         match KIND {
@@ -858,7 +903,9 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let train = self.training;
-        let h = self.model.forward(inputs, train)?;
+        let padding_free =
+            Self::encoder_head(&self.config).runs_padding_free(self.padding_free, train, inputs);
+        let h = self.model.forward_with(inputs, train, padding_free)?;
         let c = &self.config;
         let dropout =
             |x: &Tensor| layers::dropout_traced(x, c.classifier_dropout, train, || "drop".into());

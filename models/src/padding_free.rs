@@ -15,7 +15,8 @@
 
 use tch::{Device, Tensor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::modeling_utils::ModelInputs;
 
 /// The real tokens of a padded `[batch, seq]` batch.
 pub(crate) struct Unpadded {
@@ -82,6 +83,88 @@ impl Unpadded {
         let _ = noise.bernoulli_float_(1.0 - p);
         let _ = noise.g_div_scalar_(1.0 - p);
         x * self.gather(&noise)
+    }
+}
+
+/// `t` (`[tokens, features]` when `unpadded`) on the padded `[batch, seq, features]` layout
+/// that attention runs on.
+pub(crate) fn padded(unpadded: Option<&Unpadded>, t: Tensor) -> Tensor {
+    match unpadded {
+        Some(u) => u.scatter(&t),
+        None => t,
+    }
+}
+
+/// Attention's padded output `[batch, seq, features]` back on the layers' layout.
+pub(crate) fn unpadded(unpadded: Option<&Unpadded>, t: Tensor) -> Tensor {
+    match unpadded {
+        Some(u) => u.gather(&t),
+        None => t,
+    }
+}
+
+/// Dropout on the hidden states, padded or padding-free, traced under `name`.
+pub(crate) fn dropout_traced(
+    unpadded: Option<&Unpadded>,
+    x: &Tensor,
+    p: f64,
+    train: bool,
+    name: impl FnOnce() -> String,
+) -> Tensor {
+    match unpadded {
+        Some(u) => {
+            let y = u.dropout(x, p, train);
+            crate::debug_utils::leaf(name, "Dropout", &[], x, &y);
+            y
+        }
+        None => crate::layers::dropout_traced(x, p, train, name),
+    }
+}
+
+/// What an encoder's head reads of the last hidden state, which decides whether its forward
+/// may run padding-free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EncoderHead {
+    /// A sequence classifier pooling the first token: padding-free when every row's first
+    /// token is real.
+    FirstToken,
+    /// A sequence classifier pooling the mean of the real tokens (the mask weighs the
+    /// padding out): padding-free whenever the mask pads.
+    MaskedMean,
+    /// Masked-LM and token-classification heads: padding-free in training when the labels
+    /// are -100 on the padding (the loss reads no padding position's logits).
+    EveryToken,
+    /// The base model and question answering (a softmax over every position, padding
+    /// included): never; asking is refused.
+    AllPositions,
+}
+
+impl EncoderHead {
+    /// Refuses padding-free execution for a head that reads every position, naming
+    /// `architecture`.
+    pub(crate) fn check(self, on: bool, architecture: &str) -> Result<()> {
+        if on && self == Self::AllPositions {
+            return Err(Error::InvalidArgument {
+                field: "padding_free",
+                detail: format!(
+                    "{architecture} reads every position's output (its logits, or a loss over every position, cover the padding as upstream computes it); padding-free execution is implemented for the sequence, token and masked-LM heads"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether this forward runs padding-free: asked (`on`), and the head reads no padding
+    /// position of these inputs.
+    pub(crate) fn runs_padding_free(self, on: bool, train: bool, inputs: &ModelInputs<'_>) -> bool {
+        on && match (self, inputs.attention_mask) {
+            (Self::FirstToken, Some(m)) => first_tokens_real(m),
+            (Self::MaskedMean, Some(_)) => true,
+            (Self::EveryToken, Some(m)) => {
+                train && inputs.labels.is_some_and(|l| labels_ignore_padding(l, m))
+            }
+            _ => false,
+        }
     }
 }
 

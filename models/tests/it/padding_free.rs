@@ -13,8 +13,8 @@
 //! picks its short or long factors by the batch's largest position, so a short document
 //! packed with long ones gets the long factors.
 //!
-//! Padding-free execution of padded batches (the BERT-family sequence classifiers, the
-//! Llama-shaped causal LMs in training; turned on by `set_padding_free`): against the same
+//! Padding-free execution of padded batches (the encoders' heads, the causal LMs in
+//! training, the decoders' sequence classifiers; turned on by `set_padding_free`): against the same
 //! model run padded. Tolerances: evaluation
 //! logits and the loss 1e-6 relative, training logits and gradients 1e-5 relative to each
 //! tensor's largest magnitude (measured 2.7e-7, 0, 1.3e-6, 4.9e-6); the dropout masks are the
@@ -595,4 +595,180 @@ fn padding_free_decoder_sequence_classification_equals_the_padded_run() -> Resul
         assert_eq!(at_padding.double_value(&[]), 0.0, "{case}");
     }
     Ok(())
+}
+
+/// A copy of the tiny checkpoint `reference/models/{case}` with every dropout of `keys` at
+/// 0.1 (ModernBERT's tiny checkpoints have none), so that the padding-free dropouts are
+/// checked to drop the padded run's elements.
+fn with_dropout(case: &str, keys: &[&str]) -> Result<PathBuf> {
+    let from = assets().join("reference/models").join(case);
+    let to = std::env::temp_dir().join(format!(
+        "tchtrain-padding-free-{case}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&to)?;
+    for entry in std::fs::read_dir(&from)? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+    }
+    let path = to.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    for key in keys {
+        config[*key] = serde_json::json!(0.1);
+    }
+    std::fs::write(&path, serde_json::to_string(&config)?)?;
+    Ok(to)
+}
+
+/// DistilBERT, DeBERTa-v2 (c2p + p2c relative attention) and ModernBERT (alternating
+/// sliding-window layers, RoPE; its first-token and mean-pooling classifiers, its dense and
+/// sparse masked LM) on the padded batch, dropout on: padding-free gives the padded run's
+/// evaluation logits and training loss within 1e-6 relative, training logits and
+/// gradients within 1e-5 (the module's tolerances: only the matmuls' summation order
+/// differs). The padding positions' hidden states show the padding-free path ran (zeros
+/// there, the padded run's values differ). The question answerers refuse it.
+#[test]
+fn padding_free_every_encoder_family_equals_the_padded_run() -> Result<()> {
+    let _g = lock();
+    let (ids, mask, class_labels) = padded_batch();
+    let ids = ids.remainder(1000);
+    tch::manual_seed(11);
+    let token_labels = Tensor::randint(2, [4, 16], (Kind::Int64, Device::Cpu));
+    let vocab_labels = Tensor::randint(1000, [4, 16], (Kind::Int64, Device::Cpu));
+    let ignored = Tensor::rand([4, 16], (Kind::Float, Device::Cpu))
+        .lt(0.3)
+        .logical_or(&mask.eq(0));
+    let modernbert_dropouts = ["attention_dropout", "mlp_dropout", "embedding_dropout"];
+    // The checkpoints' own label counts (2 or more); the labels are 0 / 1.
+    let seq = AutoTask::SequenceClassification { num_labels: None };
+    let tok = AutoTask::TokenClassification { num_labels: None };
+    let mlm = AutoTask::MaskedLm;
+    let cases = [
+        ("tiny_distilbert_seqcls", seq),
+        ("tiny_distilbert_tokcls", tok),
+        ("tiny_distilbert_mlm", mlm),
+        ("tiny_deberta_seqcls", seq),
+        ("tiny_deberta_tokcls", tok),
+        ("tiny_deberta_mlm", mlm),
+        ("tiny_modernbert_seqcls", seq),
+        ("tiny_modernbert_biased_seqcls", seq),
+        ("tiny_modernbert_tokcls", tok),
+        ("tiny_modernbert_mlm", mlm),
+        ("tiny_modernbert_sparse_mlm", mlm),
+    ];
+    for (case, task) in cases {
+        let dir = if case.starts_with("tiny_modernbert") {
+            with_dropout(case, &modernbert_dropouts)?
+        } else {
+            assets().join("reference/models").join(case)
+        };
+        let mut model =
+            from_pretrained_dir(&dir, task, Device::Cpu, &LoadOptions::default())?.model;
+        let labels = match task {
+            AutoTask::MaskedLm => vocab_labels.masked_fill(&ignored, -100),
+            AutoTask::TokenClassification { .. } => token_labels.masked_fill(&ignored, -100),
+            _ => class_labels.shallow_clone(),
+        };
+        let inputs = ModelInputs {
+            input_ids: Some(&ids),
+            attention_mask: Some(&mask),
+            labels: Some(&labels),
+            ..Default::default()
+        };
+        let mut eval = Vec::new();
+        for on in [false, true] {
+            model.set_padding_free(on)?;
+            model.eval();
+            eval.push(
+                tch::no_grad(|| model.forward(&inputs))?
+                    .logits
+                    .context("no logits")?,
+            );
+        }
+        // The last hidden state at the padding: zeros when the path ran (in training, where
+        // every head takes it), the values the padded run computes otherwise.
+        let padding = mask.eq(0).unsqueeze(-1);
+        let mut at_padding = Vec::new();
+        for on in [false, true] {
+            model.set_padding_free(on)?;
+            model.train();
+            let h = tch::no_grad(|| model.forward(&inputs))?
+                .last_hidden_state
+                .context("no hidden state")?;
+            at_padding.push(h.masked_select(&padding).abs().max().double_value(&[]));
+        }
+        let (padded, free) = &padded_then_free(&mut *model, &inputs)?;
+        let loss_rel = rel(&free.0, &padded.0);
+        let train_logits_rel = if task == seq {
+            rel(&free.1, &padded.1)
+        } else {
+            // The per-token heads' logits at the padding are not the padded run's.
+            let real = mask.ne(0).unsqueeze(-1);
+            let pick = |t: &Tensor| match task {
+                // The sparse masked LM's logits are the labelled tokens' only.
+                AutoTask::MaskedLm if t.dim() == 2 => t.shallow_clone(),
+                _ => t.masked_select(&real),
+            };
+            rel(&pick(&free.1), &pick(&padded.1))
+        };
+        let worst = worst_gradient_of(free, padded);
+        eprintln!(
+            "{case}: eval logits {:.1e}, train logits {train_logits_rel:.1e}, loss {loss_rel:.1e}, worst gradient {worst:.1e}",
+            rel(&eval[1], &eval[0])
+        );
+        assert_eq!(at_padding[1], 0.0, "{case}: the padding-free path ran");
+        assert!(
+            at_padding[0] > 0.0,
+            "{case}: the padded run computes the padding"
+        );
+        if task == seq {
+            let eval_rel = rel(&eval[1], &eval[0]);
+            assert!(eval_rel <= 1e-6, "{case}: eval logits rel {eval_rel}");
+        }
+        assert!(loss_rel <= 1e-6, "{case}: loss rel {loss_rel}");
+        assert!(
+            train_logits_rel <= 1e-5,
+            "{case}: train logits rel {train_logits_rel}"
+        );
+        assert!(worst <= 1e-5, "{case}: gradient rel {worst}");
+        assert!(
+            free.2.len() > 10,
+            "{case}: gradients compared: {}",
+            free.2.len()
+        );
+    }
+    for case in [
+        "tiny_distilbert_qa",
+        "tiny_deberta_qa",
+        "tiny_modernbert_qa",
+    ] {
+        let mut qa = load_task(
+            &format!("reference/models/{case}"),
+            AutoTask::QuestionAnswering,
+        )?;
+        let err = qa.set_padding_free(true).unwrap_err().to_string();
+        assert!(
+            err.contains("padding_free") && err.contains("every position"),
+            "{case}: {err}"
+        );
+    }
+    Ok(())
+}
+
+/// [`worst_gradient`] for any encoder: the key projections' biases (BERT's `key.bias`,
+/// DistilBERT's `k_lin.bias`) get a gradient that is zero in exact arithmetic and are
+/// checked to be noise (not DeBERTa's `key_proj.bias`: its keys also meet the relative
+/// position queries, `p2c`).
+fn worst_gradient_of(free: &TrainStep, padded: &TrainStep) -> f64 {
+    let mut worst = 0.0f64;
+    for ((name, a), (other, b)) in free.2.iter().zip(&padded.2) {
+        assert_eq!(name, other);
+        if name.ends_with(".key.bias") || name.ends_with(".k_lin.bias") {
+            let noise = a.abs().max().double_value(&[]);
+            assert!(noise <= 1e-7, "gradient of {name}: {noise}");
+            continue;
+        }
+        worst = worst.max(rel(a, b));
+    }
+    worst
 }
