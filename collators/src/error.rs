@@ -107,6 +107,20 @@ pub enum Error {
         input_len: usize,
     },
 
+    /// A packed row's `seq_lengths` do not split its `input_ids` (a negative length, or a
+    /// sum other than the row's length).
+    #[error(
+        "feature {index}: `seq_lengths` {seq_lengths:?} do not split its {input_len} input_ids (each length >= 0, their sum the row's length)"
+    )]
+    SeqLengthsMismatch {
+        /// The feature.
+        index: usize,
+        /// Its `seq_lengths`.
+        seq_lengths: Vec<i64>,
+        /// The length of input_ids.
+        input_len: usize,
+    },
+
     /// Padding was asked for but the tokenizer has no pad token.
     #[error(
         "asking to pad but the tokenizer has no pad token; set `pad_token_id` on the TokenizerInfo (e.g. to the eos id)"

@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 use tchtrain_datasets::{Feature, Label};
 
 /// Concatenates the batch into one `[1, total_tokens]` row (upstream's
-/// `DataCollatorWithFlattening`).
+/// `DataCollatorWithFlattening`). A packed row (a [`Feature`] with `seq_lengths`, from
+/// [`pack_dataset`](tchtrain_datasets::pack_dataset)) counts as its documents, each with its
+/// own positions and separator label: TRL's `DataCollatorForLanguageModeling(padding_free=True)`
+/// on packed rows.
 ///
 /// Returns `input_ids` and `labels` (int64 `[1, T]`; each row's first label is replaced
 /// by `separator_id`, the labels being the row's own [`Label::Ids`] or its input ids),
@@ -67,10 +70,7 @@ impl DataCollator for DataCollatorWithFlattening {
         let mut max_length = 0usize;
         for (index, f) in features.iter().enumerate() {
             let n = f.input_ids.len();
-            if n == 0 {
-                return Err(Error::EmptySequence { index });
-            }
-            input_ids.extend_from_slice(&f.input_ids);
+            let documents = documents(index, f)?;
             let source = if labels_provided {
                 match &f.labels {
                     Some(Label::Ids(l)) => l,
@@ -91,12 +91,21 @@ impl DataCollator for DataCollatorWithFlattening {
                     seq_len: n,
                 });
             }
-            labels.push(self.separator_id);
-            labels.extend_from_slice(&source[1..]);
-            position_ids.extend((0..n as i64).map(|i| self.position_ids_start + i));
-            seq_idx.extend(std::iter::repeat_n(index as i32, n));
-            cu_seq_lens.push(cu_seq_lens[cu_seq_lens.len() - 1] + n as i32);
-            max_length = max_length.max(n);
+            input_ids.extend_from_slice(&f.input_ids);
+            let mut at = 0;
+            for len in documents {
+                let doc = &source[at..at + len];
+                at += len;
+                if len == 0 {
+                    continue;
+                }
+                labels.push(self.separator_id);
+                labels.extend_from_slice(&doc[1..]);
+                position_ids.extend((0..len as i64).map(|i| self.position_ids_start + i));
+                seq_idx.extend(std::iter::repeat_n((cu_seq_lens.len() - 1) as i32, len));
+                cu_seq_lens.push(cu_seq_lens[cu_seq_lens.len() - 1] + len as i32);
+                max_length = max_length.max(len);
+            }
         }
         let row =
             |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_reshape([1, -1])?) };
@@ -119,5 +128,30 @@ impl DataCollator for DataCollatorWithFlattening {
             batch.insert_int("max_length_k", max_length as i64);
         }
         Ok(batch)
+    }
+}
+
+/// The lengths of the documents feature `index` holds: its `seq_lengths` (a packed row;
+/// empty documents hold no token, as TRL's `arange(0)`), else the whole row, which must not
+/// be empty.
+fn documents(index: usize, f: &Feature) -> Result<Vec<usize>> {
+    let n = f.input_ids.len();
+    match &f.seq_lengths {
+        None if n == 0 => Err(Error::EmptySequence { index }),
+        None => Ok(vec![n]),
+        Some(lengths) => {
+            let total = lengths.iter().try_fold(0u64, |sum, &l| {
+                u64::try_from(l).ok().and_then(|l| sum.checked_add(l))
+            });
+            let valid = total == Some(n as u64);
+            if !valid || n == 0 {
+                return Err(Error::SeqLengthsMismatch {
+                    index,
+                    seq_lengths: lengths.clone(),
+                    input_len: n,
+                });
+            }
+            Ok(lengths.iter().map(|&l| l as usize).collect())
+        }
     }
 }

@@ -41,6 +41,10 @@ pub struct Feature {
     pub start_positions: Option<i64>,
     /// Token index where the answer ends (upstream's `end_positions`).
     pub end_positions: Option<i64>,
+    /// The lengths of the documents a packed row holds, in order (the `seq_lengths` column
+    /// of TRL's `pack_dataset`, see [`pack_dataset`](crate::pack_dataset)); a padding-free
+    /// collator restarts `position_ids` at each.
+    pub seq_lengths: Option<Vec<i64>>,
 }
 
 impl Feature {
@@ -88,6 +92,7 @@ impl Feature {
             labels: None,
             start_positions: None,
             end_positions: None,
+            seq_lengths: None,
         }
     }
 }

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 /// The environment variable naming the cache folder (`0` or `off` turns the cache off).
 pub const DATASETS_CACHE_ENV: &str = "TCHTRAIN_DATASETS_CACHE";
 
-const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v2";
+const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v3";
 
 /// The SHA-256 of a sequence of parts, each length-prefixed (so `["ab", "c"]` and
 /// `["a", "bc"]` differ).
@@ -224,6 +224,7 @@ pub fn encode_rows(rows: &[Feature]) -> Vec<u8> {
         for position in [r.start_positions, r.end_positions] {
             put_opt_ids(&mut out, position.map(|p| vec![p]).as_ref());
         }
+        put_opt_ids(&mut out, r.seq_lengths.as_ref());
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -294,8 +295,8 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
         at: MAGIC.len(),
     };
     let n = r.u64()?;
-    // A row takes at least 8 + 5 bytes.
-    if n > (body.len() / 13) as u64 {
+    // A row takes at least 16 bytes: the ids count and eight presence / tag bytes.
+    if n > (body.len() / 16) as u64 {
         return Err(format!("{n} rows cannot fit in {} bytes", body.len()));
     }
     let mut rows = Vec::with_capacity(n as usize);
@@ -333,6 +334,7 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
         };
         let start_positions = position()?;
         let end_positions = position()?;
+        let seq_lengths = r.opt_ids()?;
         rows.push(Feature {
             input_ids,
             token_type_ids,
@@ -342,6 +344,7 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
             labels,
             start_positions,
             end_positions,
+            seq_lengths,
         });
     }
     if r.at != body.len() {

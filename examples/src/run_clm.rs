@@ -9,6 +9,10 @@
 //! `trainer_state.json`; `--do_eval` adds `perplexity = exp(eval_loss)` and writes
 //! `eval_results.json` (both merged into `all_results.json`).
 //!
+//! `--packing` (TRL's `SFTConfig.packing`, not in upstream's script) replaces `group_texts`
+//! with TRL's `pack_dataset` (`--packing_strategy bfd` or `bfd_split`) and TRL's
+//! padding-free collator: each document stays whole and attends only within itself.
+//!
 //! ```no_run
 //! use tchtrain_examples::run_clm;
 //! let out = run_clm::main_with_args([
@@ -24,7 +28,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
-use tchtrain_collators::{DefaultDataCollator, Feature};
+use tchtrain_collators::{DataCollatorWithFlattening, DefaultDataCollator, Feature};
 use tchtrain_models::{AutoTask, LoadDtype, LoadOptions, Tokenizer, from_pretrained_dir};
 use tchtrain_training_args::TrainingArguments;
 
@@ -34,7 +38,9 @@ use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use crate::error::{Error, Result};
 use tchtrain_data::{Dataset, InMemoryDataset};
-use tchtrain_datasets::{CausalLmTextStream, group_texts, tokenize_lines};
+use tchtrain_datasets::{
+    CausalLmTextStream, PackingStrategy, group_texts, pack_dataset, tokenize_lines,
+};
 use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
 use tchtrain_trainer::Trainer;
 use tchtrain_trainer::{EvalPrediction, Metrics};
@@ -70,6 +76,14 @@ pub struct ClmArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached tokens
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// `--packing` (TRL's `SFTConfig.packing`): pack the tokenized rows into rows of at most
+    /// `--block_size` tokens instead of `group_texts`' blocks, each document kept whole and
+    /// attending only within itself (`position_ids` restarting per document, padding-free
+    /// batches as TRL's collator makes them).
+    pub packing: bool,
+    /// `--packing_strategy` (TRL's, default `bfd`): `bfd` truncates a row longer than a
+    /// block, `bfd_split` splits it into blocks.
+    pub packing_strategy: PackingStrategy,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
     pub peft: PeftArguments,
 }
@@ -89,6 +103,8 @@ impl Default for ClmArguments {
             keep_linebreaks: true,
             streaming: false,
             overwrite_cache: false,
+            packing: false,
+            packing_strategy: PackingStrategy::Bfd,
             peft: PeftArguments::default(),
         }
     }
@@ -114,6 +130,10 @@ script flags:
   --overwrite_cache [BOOL]    tokenize again instead of loading the cached tokens
   --preprocessing_num_workers N
                               accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
+  --packing [BOOL]            TRL's packing: whole rows packed into blocks of --block_size
+                              tokens (best-fit decreasing), each attending only within itself
+  --packing_strategy bfd|bfd_split
+                              TRL's: truncate (bfd, the default) or split rows longer than a block
 ";
 
 impl ScriptFlags for ClmArguments {
@@ -149,6 +169,25 @@ impl ScriptFlags for ClmArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
+            "packing" => self.packing = args::boolean(name, value)?,
+            "packing_strategy" => {
+                let strategy = args::string(name, value)?;
+                self.packing_strategy = match strategy.parse() {
+                    Ok(PackingStrategy::Wrapped) => {
+                        return Err(Error::InvalidFlag {
+                            flag: name.into(),
+                            detail: "`wrapped` concatenates the rows and cuts them every block, document boundaries ignored: that is run_clm's default grouping (group_texts); leave out --packing for it".into(),
+                        });
+                    }
+                    Ok(s) => s,
+                    Err(e) => {
+                        return Err(Error::InvalidFlag {
+                            flag: name.into(),
+                            detail: e.to_string(),
+                        });
+                    }
+                };
+            }
             _ => return self.peft.apply(name, value),
         }
         Ok(true)
@@ -171,14 +210,17 @@ where
     Ok((clm, training))
 }
 
-/// Tokenized, grouped blocks of `lines`, the first `max_samples` kept. The tokens come from
-/// the dataset cache when an earlier run tokenized the same lines with the same tokenizer.
+/// Tokenized, grouped blocks of `lines` (or, with `packing`, the rows packed into blocks
+/// by TRL's `pack_dataset`, their documents' lengths in `seq_lengths`), the first
+/// `max_samples` kept. The tokens come from the dataset cache when an earlier run tokenized
+/// the same lines with the same tokenizer.
 fn blocks(
     lines: &[String],
     tokenizer: &Tokenizer,
     block_size: usize,
     max_samples: Option<usize>,
     overwrite_cache: bool,
+    packing: Option<PackingStrategy>,
 ) -> Result<InMemoryDataset> {
     let mut fingerprint = Fingerprint::new("run_clm.tokenize_function");
     fingerprint.update(tokenizer_json(tokenizer)?);
@@ -195,7 +237,26 @@ fn blocks(
         )
     })?;
     let ids: Vec<Vec<i64>> = rows.into_iter().map(|r| r.input_ids).collect();
-    let ds = InMemoryDataset::new(group_texts(&ids, block_size, None)?);
+    let ds = match packing {
+        None => InMemoryDataset::new(group_texts(&ids, block_size, None)?),
+        Some(strategy) => {
+            // TRL: `pack_dataset(dataset, max_length, strategy, map_kwargs)` with `datasets`'
+            // default batch of 1000 rows.
+            let packed = pack_dataset(&[ids], block_size, strategy, 1000)?;
+            let lengths = packed.seq_lengths.unwrap_or_default();
+            let rows = packed.columns.into_iter().next().unwrap_or_default();
+            InMemoryDataset::new(
+                rows.into_iter()
+                    .zip(lengths)
+                    .map(|(input_ids, seq_lengths)| Feature {
+                        input_ids,
+                        seq_lengths: Some(seq_lengths),
+                        ..Feature::default()
+                    })
+                    .collect(),
+            )
+        }
+    };
     Ok(match max_samples {
         Some(n) => ds.take(n),
         None => ds,
@@ -314,7 +375,14 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
 
     if clm.streaming {
         check_streaming(clm, &training)?;
+        if clm.packing {
+            return Err(Error::InvalidFlag {
+                flag: "packing".into(),
+                detail: "packs a loaded dataset (best fit needs every row of a batch of 1000); leave out --streaming or --packing".into(),
+            });
+        }
     }
+    let packing = clm.packing.then_some(clm.packing_strategy);
     let (train_lines, eval_lines) = match (&clm.train_file, &clm.validation_file) {
         (None, None) => {
             return Err(Error::InvalidFlag {
@@ -355,6 +423,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
             block_size,
             clm.max_train_samples,
             clm.overwrite_cache,
+            packing,
         )?;
         if ds.is_empty() {
             return Err(Error::EmptyDataset {
@@ -373,6 +442,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
             block_size,
             clm.max_eval_samples,
             clm.overwrite_cache,
+            packing,
         )?;
         if ds.is_empty() {
             return Err(Error::EmptyDataset {
@@ -406,9 +476,15 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     let model = clm
         .peft
         .wrap(loaded.model, clm.model_name_or_path.as_deref())?;
-    let mut builder = Trainer::builder(model, training.clone())
-        .processing_class(tok.clone())
-        .data_collator(DefaultDataCollator);
+    let mut builder = Trainer::builder(model, training.clone()).processing_class(tok.clone());
+    // TRL's `DataCollatorForLanguageModeling(padding_free=True)` for packed rows: the batch
+    // flattened into one row, positions restarting per document (the models' packed-sequence
+    // detection keeps the documents apart), each document's first label -100.
+    builder = if clm.packing {
+        builder.data_collator(DataCollatorWithFlattening::default())
+    } else {
+        builder.data_collator(DefaultDataCollator)
+    };
     if let Some(ds) = train_ds {
         builder = builder.train_dataset(Arc::new(ds));
     }

@@ -183,6 +183,12 @@ impl ScriptFlags for MlmArguments {
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
+            "packing" | "packing_strategy" => {
+                return Err(Error::InvalidFlag {
+                    flag: name.into(),
+                    detail: "packing keeps packed documents apart through the causal mask's packed-sequence detection (upstream's `find_packed_sequence_indices`); the encoders' bidirectional attention has none, so packed documents would attend to each other. Use the default grouping (group_texts, which concatenates as upstream does) or --line_by_line with padding; run_clm takes --packing".into(),
+                });
+            }
             _ => return self.peft.apply(name, value),
         }
         Ok(true)

@@ -4,7 +4,8 @@ Tokenizes lines of hamlet.txt with the real tokenizers of the assets folder (min
 WordPiece, smollm2-135m = Llama BPE, gpt2-tokenizer = GPT-2 byte-level BPE), collates them with
 upstream's collators, and records the features fed in and every output tensor. Masked LM runs
 with fixed seeds (upstream's private torch.Generator), twice in a row to follow the generator
-across batches, and once on the global generator after torch.manual_seed.
+across batches, and once on the global generator after torch.manual_seed. TRL's padding-free
+collator (trl 1.16.0) runs on rows packed by its `pack_dataset`.
 
 Usage: python collators.py OUT_DIR
 Writes OUT_DIR/collators.json (tokenizer facts, encodings, cases: collator, options, features,
@@ -17,7 +18,10 @@ import sys
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from safetensors.torch import save_file
+from trl import pack_dataset
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TrlLanguageModeling
 from transformers import (
     AutoTokenizer,
     BartConfig,
@@ -68,7 +72,7 @@ def record(name, collator, tokenizer, options, features, batch, padding_side="ri
         if v is None:
             continue
         if isinstance(v, torch.Tensor):
-            tensors[f"{name}.{k}"] = v.contiguous()
+            tensors[f"{name}.{k}"] = v.clone()
             keys.append(k)
     ints = {k: v for k, v in batch.items() if isinstance(v, int)}
     case = {"name": name, "collator": collator, "tokenizer": tokenizer, "options": options,
@@ -211,6 +215,15 @@ record("flattening", "flattening", "llama", {}, [{"input_ids": f["input_ids"]} f
 flat_l = [{"input_ids": f["input_ids"], "labels": [x + 1 for x in f["input_ids"]]} for f in flat]
 opts = {"return_flash_attn_kwargs": True, "return_seq_idx": True, "separator_id": -1, "position_ids_start": 2}
 record("flattening_all", "flattening", "llama", opts, flat_l, DataCollatorWithFlattening(**opts)(flat_l))
+# TRL's padding-free collator on rows packed by TRL's `pack_dataset` (bfd; `seq_lengths`
+# restart the positions): DataCollatorWithFlattening with every output, over the documents.
+packed = pack_dataset(Dataset.from_dict({"input_ids": [f["input_ids"] for f in encode(llama, texts[0:8])]}),
+                      40, strategy="bfd")[:]
+packed_rows = [{"input_ids": i, "seq_lengths": s} for i, s in zip(packed["input_ids"], packed["seq_lengths"])]
+assert any(len(r["seq_lengths"]) > 1 for r in packed_rows)
+record("trl_padding_free", "flattening", "llama", {"return_flash_attn_kwargs": True, "return_seq_idx": True},
+       packed_rows, TrlLanguageModeling(pad_token_id=0, padding_free=True)(packed_rows),
+       extra={"unordered_keys": True})
 
 # ---------------------------------------------------------------- the generator itself
 streams = {}

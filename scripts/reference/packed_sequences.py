@@ -33,6 +33,16 @@ trained 12 steps by upstream's Trainer with `DataCollatorWithFlattening` on docu
 from trainer_parity.py's Hamlet blocks to 12..60 tokens (4 per step, lr 2e-3, cosine after
 2 warm-up steps, clipping at 1.0, evaluation every 6 steps on 8 documents):
 log_history.json, train_output.json, docs.json, initial/.
+
+run_clm --packing (OUT_DIR/run_clm_packing/): what examples/run_clm does with `--packing`,
+as TRL's SFTTrainer packs: hamlet.txt's lines (line breaks kept; the first 5 % held out for
+evaluation, as run_clm's `--validation_split_percentage`), each tokenized by the GPT-2
+tokenizer, packed into rows of at most 64 tokens by TRL's `pack_dataset` (bfd, trl 1.16.0),
+collated by TRL's `DataCollatorForLanguageModeling(padding_free=True)` (one flattened row,
+positions restarting per document); the tiny GPT-2 of the assets (dropout 0.1) trained 8
+steps by upstream's Trainer (batch 4, lr 1e-3, evaluation every 4 steps on the first 8
+packed evaluation rows; `remove_unused_columns=False` keeps `seq_lengths`, as SFTTrainer's
+signature columns do): log_history.json, train_output.json.
 """
 
 import importlib.util
@@ -193,9 +203,55 @@ def trainer_run():
     print("trainer_qwen2", trainer.state.log_history[-1])
 
 
+def run_clm_packing():
+    from datasets import Dataset as HfDataset
+    from trl import pack_dataset
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TrlCollator
+
+    parity = sibling("trainer_parity")
+    parity.OUT = OUT
+    tok = tf.GPT2TokenizerFast(
+        vocab=str(ASSETS / "gpt2-tokenizer" / "vocab.json"),
+        merges=str(ASSETS / "gpt2-tokenizer" / "merges.txt"),
+    )
+    lines = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    # `train[:5%]` / `train[5%:]`: datasets rounds the boundary half to even, as round().
+    cut = round(len(lines) * 5 / 100)
+
+    def packed(rows):
+        ids = [tok(line)["input_ids"] for line in rows]
+        out = pack_dataset(HfDataset.from_dict({"input_ids": ids}), 64, strategy="bfd")[:]
+        return [{"input_ids": i, "seq_lengths": s} for i, s in zip(out["input_ids"], out["seq_lengths"])]
+
+    train, evaluation = packed(lines[cut:]), packed(lines[:cut])[:8]
+    model = tf.GPT2LMHeadModel.from_pretrained(ASSETS / "tiny-gpt2")
+    args = parity.common_args(
+        "run_clm_packing",
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=8,
+        learning_rate=1e-3,
+        eval_strategy="steps",
+        eval_steps=4,
+        remove_unused_columns=False,
+    )
+    trainer = tf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=parity.Rows(train),
+        eval_dataset=parity.Rows(evaluation),
+        data_collator=TrlCollator(pad_token_id=tok.eos_token_id, padding_free=True),
+    )
+    result = trainer.train()
+    (OUT / "run_clm_packing").mkdir()
+    parity.write_run("run_clm_packing", trainer, result, model)
+    print("run_clm_packing", len(train), "packed rows", trainer.state.log_history[-1])
+
+
 def main():
     models()
     trainer_run()
+    run_clm_packing()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ fn rows() -> Vec<Feature> {
             labels: Some(Label::Ids(vec![-100, 4, 5])),
             start_positions: Some(i64::MIN),
             end_positions: Some(-1),
+            seq_lengths: Some(vec![1, 0, 2]),
         },
         Feature::new(vec![]).with_labels(Label::Value(-0.125)),
         Feature::new(vec![9]).with_labels(Label::Values(vec![1.5, f64::NAN, -0.0])),
