@@ -25,6 +25,7 @@ use crate::layers::{self, Activation, LayerLinear, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
 
 /// Upstream `BartConfig` / `MBartConfig` with BART's defaults (bart-large).
@@ -232,10 +233,19 @@ impl Attention {
         s: &StackInputs<'_>,
     ) -> Result<Tensor> {
         use layers::apply_traced;
-        let (batch, q_len, d) = (h.size()[0], h.size()[1], h.size()[2]);
+        let unpadded = s.unpadded.as_ref();
+        let (batch, q_len) = match unpadded {
+            Some(u) => u.batch_seq(),
+            None => (h.size()[0], h.size()[1]),
+        };
+        let d = h.size().last().copied().unwrap_or(0);
         let head_dim = d / self.heads;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let heads = |t: &Tensor| t.view([batch, -1, self.heads, head_dim]).transpose(1, 2);
+        let heads = |t: &Tensor| {
+            padding_free::padded(unpadded, t.shallow_clone())
+                .view([batch, -1, self.heads, head_dim])
+                .transpose(1, 2)
+        };
         let q = heads(&apply_traced(h, &self.q_proj, || n("q_proj"), "Linear"));
         let current = key_value_states.unwrap_or(h);
         let k = heads(&apply_traced(
@@ -266,7 +276,7 @@ impl Attention {
             0.0
         };
         let a = attention::sdpa(&q, &k, &v, mask, dropout, (head_dim as f64).powf(-0.5));
-        let a = a.transpose(1, 2).reshape([batch, q_len, d]);
+        let a = padding_free::unpadded(unpadded, a.transpose(1, 2).reshape([batch, q_len, d]));
         Ok(apply_traced(&a, &self.out_proj, || n("out_proj"), "Linear"))
     }
 }
@@ -292,6 +302,8 @@ struct StackInputs<'a> {
     mask: attention::Mask,
     encoder: Option<(&'a Tensor, attention::Mask)>,
     cache: Option<&'a DynamicCache>,
+    /// The encoder's padding-free layout, when its layers run on the real tokens only.
+    unpadded: Option<Unpadded>,
 }
 
 /// Upstream's fp16 clamp: BART's encoder layers clamp when a value is not finite, mBART's
@@ -337,14 +349,16 @@ impl Layer {
 
     /// `BartEncoderLayer` / `BartDecoderLayer` (post-norm), or mBART's (pre-norm).
     fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
-        use layers::{apply_traced, dropout_traced};
+        use layers::apply_traced;
         let c = s.config;
         let pre = c.mbart;
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let norm = |x: &Tensor, ln: &nn::LayerNorm, name: &str| {
             apply_traced(x, ln, || n(name), "LayerNorm")
         };
-        let drop = |x: &Tensor, p: f64| dropout_traced(x, p, s.train, || n("dropout"));
+        let drop = |x: &Tensor, p: f64| {
+            padding_free::dropout_traced(s.unpadded.as_ref(), x, p, s.train, || n("dropout"))
+        };
         // Self-attention.
         let residual = h;
         let x = if pre {
@@ -486,6 +500,9 @@ impl Stack {
             "LayerNorm",
         );
         let mut h = layers::dropout_traced(&h, s.config.dropout, s.train, || n("dropout"));
+        if let Some(u) = &s.unpadded {
+            h = u.gather(&h);
+        }
         for layer in &self.layers {
             // LayerDrop: one `torch.rand([])` per layer in training.
             if s.train && self.layerdrop > 0.0 {
@@ -496,10 +513,11 @@ impl Stack {
             }
             h = layer.forward(&h, s)?;
         }
-        Ok(match &self.layer_norm {
+        let h = match &self.layer_norm {
             Some(ln) => layers::apply_traced(&h, ln, || n("layer_norm"), "LayerNorm"),
             None => h,
-        })
+        };
+        Ok(padding_free::padded(s.unpadded.as_ref(), h))
     }
 }
 
@@ -519,6 +537,9 @@ pub struct BartForConditionalGeneration {
     training: bool,
     /// `generation_config` (as JSON).
     generation_config: serde_json::Value,
+    /// Run the encoder on the real tokens only (see [`TrainableModel::set_padding_free`];
+    /// off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 /// mBART's conditional-generation model: [`BartForConditionalGeneration`] with an mBART
@@ -565,6 +586,7 @@ impl BartForConditionalGeneration {
             generation_config: crate::generation::generation_fields_of(&config.to_json_value()?),
             config: config.clone(),
             training: false,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -675,6 +697,12 @@ impl BartForConditionalGeneration {
             mask: attention::attention_mask(attention_mask, batch, seq, false, embeds.device()),
             encoder: None,
             cache: None,
+            unpadded: Unpadded::for_forward(
+                self.padding_free,
+                false,
+                attention_mask,
+                embeds.device(),
+            )?,
         };
         self.encoder.forward(&embeds, 0, &s)
     }
@@ -775,6 +803,7 @@ impl TrainableModel for BartForConditionalGeneration {
                 attention::attention_mask(inputs.attention_mask, batch, enc_seq, false, device),
             )),
             cache,
+            unpadded: None,
         };
         let h = self.decoder.forward(&embeds, past, &s)?;
         let weight = self.lm_head.as_ref().unwrap_or(&self.shared.ws);

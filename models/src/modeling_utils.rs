@@ -264,6 +264,13 @@ macro_rules! encoder_decoder_plumbing {
         fn supports_cache(&self) -> bool {
             true
         }
+        /// The encoder runs padding-free (its blocks on the real tokens of
+        /// `attention_mask`; the decoder reads its output through the cross-attention,
+        /// whose mask hides the padding); the decoder runs padded.
+        fn set_padding_free(&mut self, on: bool) -> $crate::Result<()> {
+            self.padding_free = on;
+            Ok(())
+        }
         fn is_encoder_decoder(&self) -> bool {
             true
         }
@@ -361,7 +368,8 @@ pub trait TrainableModel: Send {
     /// the causal LMs (GPT-2, the Llama-shaped families) in training when the labels count
     /// only real tokens (right padding with -100 labels), and the decoders' sequence
     /// classifiers (GPT-2, the Llama-shaped families) when each row's pooled (last non-pad)
-    /// token is real; otherwise the forward runs padded. The results equal the padded run's up to
+    /// token is real, and the encoder of the encoder-decoder models (BART, mBART, T5);
+    /// otherwise the forward runs padded. The results equal the padded run's up to
     /// the last bits of the matmuls' sums (MiniLM: logits 3e-7 relative in evaluation,
     /// gradients 5e-6), not to the bit, so it is off by default (the padded run computes
     /// upstream's numbers exactly) and turned on here or, at model creation, by

@@ -169,6 +169,11 @@ impl EncoderHead {
 }
 
 impl Unpadded {
+    /// The padded layout's `(batch, seq)`.
+    pub(crate) fn batch_seq(&self) -> (i64, i64) {
+        (self.batch, self.seq)
+    }
+
     /// A second handle on the same layout.
     pub(crate) fn shallow_clone(&self) -> Self {
         Self {

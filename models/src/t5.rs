@@ -28,6 +28,7 @@ use crate::layers::{self, Activation, LayerLinear, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::neftune::neftune_post_forward_hook;
+use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
 
 /// Upstream `T5Config` with its defaults (t5-small).
@@ -323,6 +324,21 @@ struct StackInputs<'a> {
     cache: Option<&'a DynamicCache>,
     /// Tokens already in the cache (the decoder's relative positions start there).
     past: i64,
+    /// The encoder's padding-free layout, when its blocks run on the real tokens only.
+    unpadded: Option<Unpadded>,
+}
+
+impl StackInputs<'_> {
+    /// Dropout on the hidden states, padded or padding-free.
+    fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
+        padding_free::dropout_traced(
+            self.unpadded.as_ref(),
+            x,
+            self.config.dropout_rate,
+            self.train,
+            name,
+        )
+    }
 }
 
 /// Upstream `_relative_position_bucket`, op for op (the logarithmic buckets through a
@@ -415,9 +431,17 @@ impl Attention {
     ) -> Result<(Tensor, Tensor)> {
         use layers::apply_traced;
         let c = s.config;
-        let (batch, q_len) = (h.size()[0], h.size()[1]);
+        let unpadded = s.unpadded.as_ref();
+        let (batch, q_len) = match unpadded {
+            Some(u) => u.batch_seq(),
+            None => (h.size()[0], h.size()[1]),
+        };
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let heads = |t: &Tensor| t.view([batch, -1, c.num_heads, c.d_kv]).transpose(1, 2);
+        let heads = |t: &Tensor| {
+            padding_free::padded(unpadded, t.shallow_clone())
+                .view([batch, -1, c.num_heads, c.d_kv])
+                .transpose(1, 2)
+        };
         let q = heads(&apply_traced(h, &self.q, || n("q"), "Linear"));
         let current = key_value_states.unwrap_or(h);
         let k = heads(&apply_traced(current, &self.k, || n("k"), "Linear"));
@@ -440,7 +464,7 @@ impl Attention {
         };
         let dropout = if s.train { c.dropout_rate } else { 0.0 };
         let a = attention::sdpa_with_position_bias(&q, &k, &v, mask, &position_bias, dropout);
-        let a = a.transpose(1, 2).reshape([batch, q_len, -1]);
+        let a = padding_free::unpadded(unpadded, a.transpose(1, 2).reshape([batch, q_len, -1]));
         let a = apply_traced(&a, &self.o, || n("o"), "Linear");
         Ok((a, position_bias))
     }
@@ -474,10 +498,9 @@ impl FeedForward {
 
     /// Upstream `T5LayerFF.forward`.
     fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Tensor {
-        use layers::{apply_traced, dropout_traced};
+        use layers::apply_traced;
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let x = apply_traced(h, &self.layer_norm, || n("layer_norm"), "T5LayerNorm");
-        let p = s.config.dropout_rate;
         let inner = match (&self.wi, &self.wi_0, &self.wi_1) {
             (Some(wi), _, _) => {
                 let x = apply_traced(&x, wi, || n("DenseReluDense.wi"), "Linear");
@@ -493,7 +516,7 @@ impl FeedForward {
             }
             _ => unreachable!("a feed-forward layer has `wi` or `wi_0` and `wi_1`"),
         };
-        let inner = dropout_traced(&inner, p, s.train, || n("DenseReluDense.dropout"));
+        let inner = s.dropout(&inner, || n("DenseReluDense.dropout"));
         // `wo` stays in float32 when the rest is in half precision (`_keep_in_fp32_modules`).
         let wo_kind = self.wo.0.ws.kind();
         let inner = if inner.kind() != wo_kind {
@@ -502,7 +525,7 @@ impl FeedForward {
             inner
         };
         let out = apply_traced(&inner, &self.wo, || n("DenseReluDense.wo"), "Linear");
-        h + dropout_traced(&out, p, s.train, || n("dropout"))
+        h + s.dropout(&out, || n("dropout"))
     }
 }
 
@@ -540,9 +563,7 @@ impl AttentionLayer {
         let (a, bias) =
             self.attention
                 .forward(&normed, key_value_states, mask, position_bias, s, idx)?;
-        let a = layers::dropout_traced(&a, s.config.dropout_rate, s.train, || {
-            format!("{}.dropout", self.name)
-        });
+        let a = s.dropout(&a, || format!("{}.dropout", self.name));
         Ok((h + a, bias))
     }
 }
@@ -638,6 +659,9 @@ impl Stack {
         let p = s.config.dropout_rate;
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let mut h = layers::dropout_traced(embeds, p, s.train, || n("dropout"));
+        if let Some(u) = &s.unpadded {
+            h = u.gather(&h);
+        }
         let (mut self_bias, mut cross_bias) = (None::<Tensor>, None::<Tensor>);
         for b in &self.block {
             let (out, sb, cb) = b.forward(&h, self_bias.as_ref(), cross_bias.as_ref(), s)?;
@@ -653,7 +677,8 @@ impl Stack {
             || n("final_layer_norm"),
             "T5LayerNorm",
         );
-        Ok(layers::dropout_traced(&h, p, s.train, || n("dropout")))
+        let h = s.dropout(&h, || n("dropout"));
+        Ok(padding_free::padded(s.unpadded.as_ref(), h))
     }
 }
 
@@ -676,6 +701,9 @@ pub struct T5ForConditionalGeneration {
     /// included, does not reach it): with it, every decoder forward builds a cache, whose
     /// first update lays the keys out anew.
     decoder_use_cache: bool,
+    /// Run the encoder on the real tokens only (see [`TrainableModel::set_padding_free`];
+    /// off unless `TCHTRAIN_PADDING_FREE` turns it on).
+    padding_free: bool,
 }
 
 impl T5ForConditionalGeneration {
@@ -717,6 +745,7 @@ impl T5ForConditionalGeneration {
             config,
             training: false,
             generation_config,
+            padding_free: crate::modeling_utils::padding_free_from_env(),
         })
     }
 
@@ -824,6 +853,7 @@ impl T5ForConditionalGeneration {
             encoder: None,
             cache: None,
             past: 0,
+            unpadded: Unpadded::for_forward(self.padding_free, false, attention_mask, device)?,
         };
         self.encoder.forward(&embeds, &s)
     }
@@ -896,6 +926,7 @@ impl TrainableModel for T5ForConditionalGeneration {
             )),
             cache,
             past,
+            unpadded: None,
         };
         let mut h = self.decoder.forward(&embeds, &s)?;
         if self.config.scales_decoder_outputs() {
