@@ -32,7 +32,8 @@ mod text;
 pub use error::{Error, Result};
 pub use feature::{Feature, Label};
 pub use map_cache::{
-    DATASETS_CACHE_ENV, Fingerprint, MapCache, decode_rows, encode_rows, map_cached,
+    CacheEntry, DATASETS_CACHE_ENV, DATASETS_CACHE_MB_ENV, DEFAULT_DATASETS_CACHE_MB, Fingerprint,
+    MapCache, decode_rows, encode_rows, map_cached,
 };
 pub use packing::{Packed, PackingStrategy, pack_dataset};
 pub use parallel::parallel_map;

@@ -14,7 +14,14 @@
 //! The folder is `$TCHTRAIN_DATASETS_CACHE` when set (`0` or `off`: no cache), else
 //! `datasets/` in the per-user cache folder (`$TCHTRAIN_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/tchtrain`, else `~/.cache/tchtrain`).
+//!
+//! The folder is bounded: `$TCHTRAIN_DATASETS_CACHE_MB` (default 4096 MiB) caps the size of
+//! its cache files, the least recently used going first. A load marks a file used (its
+//! modification time); after each write the oldest files are deleted until the rest fit. A
+//! dataset larger than the whole cap is used uncached (logged). `cargo xtask clean-cache`
+//! lists and clears the folder.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use crate::feature::{Feature, Label};
@@ -22,6 +29,12 @@ use sha2::{Digest, Sha256};
 
 /// The environment variable naming the cache folder (`0` or `off` turns the cache off).
 pub const DATASETS_CACHE_ENV: &str = "TCHTRAIN_DATASETS_CACHE";
+
+/// The environment variable capping the cache folder's size, in MiB.
+pub const DATASETS_CACHE_MB_ENV: &str = "TCHTRAIN_DATASETS_CACHE_MB";
+
+/// The cap when [`DATASETS_CACHE_MB_ENV`] is unset: 4096 MiB.
+pub const DEFAULT_DATASETS_CACHE_MB: u64 = 4096;
 
 const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v3";
 
@@ -65,35 +78,77 @@ impl Fingerprint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapCache {
     dir: PathBuf,
+    max_bytes: u64,
 }
 
 impl MapCache {
-    /// A cache in `dir` (created when the first file is written).
+    /// A cache in `dir` (created when the first file is written), capped at
+    /// [`DEFAULT_DATASETS_CACHE_MB`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            max_bytes: DEFAULT_DATASETS_CACHE_MB << 20,
+        }
+    }
+
+    /// This cache capped at `max_bytes` (its files' total size; least recently used first
+    /// out).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The cap on the files' total size, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// The cache the environment names: `$TCHTRAIN_DATASETS_CACHE` (`0` / `off` / empty:
     /// none), else `datasets/` in the per-user cache folder the rest of the project uses
     /// (`$TCHTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/tchtrain`, else `~/.cache/tchtrain`);
-    /// `None` when none of them is set.
-    pub fn from_env() -> Option<Self> {
-        if let Some(v) = std::env::var_os(DATASETS_CACHE_ENV) {
+    /// `None` when none of them is set. The cap is `$TCHTRAIN_DATASETS_CACHE_MB` (MiB), else
+    /// [`DEFAULT_DATASETS_CACHE_MB`]; a value that is not a whole number of MiB is an error
+    /// naming the variable.
+    pub fn from_env() -> crate::Result<Option<Self>> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`from_env`](Self::from_env) with the variables `var` gives.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> crate::Result<Option<Self>> {
+        let max_mb = match var(DATASETS_CACHE_MB_ENV) {
+            None => DEFAULT_DATASETS_CACHE_MB,
+            Some(v) => {
+                let v = v.to_string_lossy();
+                match v.trim().parse::<u64>() {
+                    Ok(mb) if mb < 1 << 40 => mb,
+                    _ => {
+                        return Err(crate::Error::InvalidArgument {
+                            field: DATASETS_CACHE_MB_ENV,
+                            detail: format!(
+                                "`{v}` is not a size in MiB: give a whole number (0 keeps nothing), or unset it for {DEFAULT_DATASETS_CACHE_MB}"
+                            ),
+                        });
+                    }
+                }
+            }
+        };
+        Ok(Self::dir_from_vars(&var).map(|dir| Self::new(dir).with_max_bytes(max_mb << 20)))
+    }
+
+    /// The folder the variables name (see [`from_env`](Self::from_env)).
+    fn dir_from_vars(var: &impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+        if let Some(v) = var(DATASETS_CACHE_ENV) {
             let s = v.to_string_lossy();
             if s.is_empty() || s == "0" || s.eq_ignore_ascii_case("off") {
                 return None;
             }
-            return Some(Self::new(PathBuf::from(v)));
+            return Some(PathBuf::from(v));
         }
-        let nonempty = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
+        let nonempty = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         let root = nonempty("TCHTRAIN_CACHE_DIR")
             .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("tchtrain")))
             .or_else(|| nonempty("HOME").map(|h| h.join(".cache").join("tchtrain")))?;
-        Some(Self::new(root.join("datasets")))
+        Some(root.join("datasets"))
     }
 
     /// The folder.
@@ -120,6 +175,7 @@ impl MapCache {
             match decode_rows(&bytes) {
                 Ok(rows) => {
                     log::info!("Loading cached processed dataset at {}", path.display());
+                    mark_used(&path);
                     return Ok(rows);
                 }
                 Err(e) => log::warn!(
@@ -139,12 +195,108 @@ impl MapCache {
     }
 
     fn store(&self, path: &Path, rows: &[Feature]) -> std::io::Result<()> {
+        let bytes = encode_rows(rows);
+        if bytes.len() as u64 > self.max_bytes {
+            log::info!(
+                "the tokenized dataset ({} MiB) is larger than the cache's cap ({} MiB, {DATASETS_CACHE_MB_ENV}): not cached",
+                bytes.len() >> 20,
+                self.max_bytes >> 20
+            );
+            return Ok(());
+        }
         std::fs::create_dir_all(&self.dir)?;
         let tmp = path.with_extension(format!("rows.tmp-{}", std::process::id()));
-        std::fs::write(&tmp, encode_rows(rows))?;
+        std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, path).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
-        })
+        })?;
+        self.evict(path);
+        Ok(())
+    }
+
+    /// The cache files (`cache-*.rows`) with their sizes and last use, least recently used
+    /// first.
+    pub fn entries(&self) -> std::io::Result<Vec<CacheEntry>> {
+        let mut entries = Vec::new();
+        let read = match std::fs::read_dir(&self.dir) {
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(entries),
+            Err(e) => return Err(e),
+        };
+        for entry in read {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with("cache-") && name.ends_with(".rows")) {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            entries.push(CacheEntry {
+                path: entry.path(),
+                bytes: meta.len(),
+                used: meta.modified()?,
+            });
+        }
+        entries.sort_by(|a, b| a.used.cmp(&b.used).then_with(|| a.path.cmp(&b.path)));
+        Ok(entries)
+    }
+
+    /// Deletes the least recently used files until the rest fit under the cap, never `keep`
+    /// (the file just written). Failures are logged: the cache stays usable.
+    fn evict(&self, keep: &Path) {
+        let entries = match self.entries() {
+            Ok(entries) => entries,
+            Err(e) => {
+                log::warn!(
+                    "could not list the dataset cache {}: {e}",
+                    self.dir.display()
+                );
+                return;
+            }
+        };
+        let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+        for entry in &entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if entry.path == keep {
+                continue;
+            }
+            match std::fs::remove_file(&entry.path) {
+                Ok(()) => {
+                    log::info!(
+                        "dataset cache over {} MiB ({DATASETS_CACHE_MB_ENV}): removed the least recently used {}",
+                        self.max_bytes >> 20,
+                        entry.path.display()
+                    );
+                    total -= entry.bytes;
+                }
+                Err(e) => log::warn!("could not remove {}: {e}", entry.path.display()),
+            }
+        }
+    }
+}
+
+/// One file of a [`MapCache`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheEntry {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// When it was last written or loaded.
+    pub used: std::time::SystemTime,
+}
+
+/// Marks a cache file used now (its modification time), for least-recently-used eviction.
+fn mark_used(path: &Path) {
+    let now = std::time::SystemTime::now();
+    if let Err(e) = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(now))
+    {
+        log::debug!("could not mark {} used: {e}", path.display());
     }
 }
 

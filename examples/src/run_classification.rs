@@ -344,7 +344,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         with_token_type_ids,
         pad_token_id: tok.info().pad_token_id.unwrap_or(0).max(0) as u32,
     };
-    let cache = MapCache::from_env();
+    let cache = MapCache::from_env()?;
     let prepare = |table: &Table, max: Option<usize>| -> Result<InMemoryDataset> {
         let table = match max {
             Some(n) => table.select(&(0..n.min(table.len())).collect::<Vec<_>>())?,

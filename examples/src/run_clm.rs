@@ -227,7 +227,7 @@ fn blocks(
     for line in lines {
         fingerprint.update(line);
     }
-    let cache = MapCache::from_env();
+    let cache = MapCache::from_env()?;
     let rows = map_cached(cache.as_ref(), &fingerprint, overwrite_cache, || {
         Ok::<_, Error>(
             tokenize_lines(tokenizer, lines)?

@@ -267,7 +267,7 @@ impl Tokenization<'_> {
         for line in lines {
             fingerprint.update(line);
         }
-        let cache = MapCache::from_env();
+        let cache = MapCache::from_env()?;
         let rows = map_cached(cache.as_ref(), &fingerprint, self.overwrite_cache, || {
             self.tokenize(lines)
         })?;

@@ -761,7 +761,7 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         max_length,
         with_token_type_ids,
     )?;
-    let cache = MapCache::from_env();
+    let cache = MapCache::from_env()?;
     let prepare = |rows: &NerRows| align.dataset(rows, cache.as_ref(), ner.overwrite_cache);
     let train_ds = match (&train_rows, training.do_train) {
         (Some(rows), true) => Some(prepare(rows)?),

@@ -264,7 +264,7 @@ pub fn run(
         ignore_pad_token_for_loss: data.ignore_pad_token_for_loss,
         function: "run_summarization.preprocess_function",
     };
-    let cache = MapCache::from_env();
+    let cache = MapCache::from_env()?;
     let split = |file: &Option<String>, max: Option<usize>, target_len: usize| -> Result<Split> {
         let file = file.as_deref().unwrap_or_default();
         let (inputs, targets) = read_rows(file, &text_column, &summary_column, max)?;

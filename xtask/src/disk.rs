@@ -144,7 +144,7 @@ fn newest_mtime(path: &Path) -> Option<SystemTime> {
 }
 
 /// Bytes under `path` (a file or a folder, recursively; links not followed).
-fn size_of(path: &Path) -> u64 {
+pub fn size_of(path: &Path) -> u64 {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return 0;
     };

@@ -13,6 +13,7 @@
 //!   (`--check`: fail when a committed one is stale; `test` runs the check).
 
 mod bench;
+mod clean_cache;
 mod cmd;
 mod codegen;
 mod demo;
@@ -99,12 +100,21 @@ commands:
         (training-args/src/field_table.rs from transformers' HfArgumentParser);
         --check writes nothing and fails when a committed file is stale (`test`
         runs the check before the tests)
+  clean-cache [--all] [NAME...]
+        list what the project keeps in the cache folder (the virtualenv, assets,
+        the tokenized-dataset cache, the fuzz build folder, cargo-fuzz) and the
+        `tchtrain-*` folders killed runs left in the temporary folder (`tmp`),
+        with sizes; with names (or --all) remove those parts
   help  this text
 
 environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
   TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 5000; 0 skips fuzzing)
+  TCHTRAIN_FUZZ_BUILD_MB  cap on the fuzz build folder (default 8192); over it, the
+                      folder is cleared before the next fuzz build
+  TCHTRAIN_DATASETS_CACHE_MB  cap on the tokenized-dataset cache (default 4096; least
+                      recently used files go first)
 ";
 
 fn main() -> ExitCode {
@@ -121,12 +131,13 @@ fn main() -> ExitCode {
         "launch" => launch::run(rest),
         "fuzz" => fuzz::run(rest),
         "codegen" => codegen::run(rest),
+        "clean-cache" => clean_cache::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, clean-cache, help"
         )),
     };
     match result {

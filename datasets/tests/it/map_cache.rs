@@ -131,3 +131,89 @@ fn computes_once_then_loads_and_rebuilds_when_asked_or_damaged() -> Result<()> {
     assert_eq!(calls.get(), 5);
     Ok(())
 }
+
+/// The cache keeps its files under the cap, the least recently used (written or loaded)
+/// going first; a dataset larger than the cap is used uncached; a bad cap in the
+/// environment is an error naming the variable.
+#[test]
+fn the_cache_is_bounded_least_recently_used_first() -> Result<()> {
+    let dir = temp_dir("map-cache-lru");
+    let one = encode_rows(&rows()).len() as u64;
+    // Room for three files, not four.
+    let cache = MapCache::new(dir.path()).with_max_bytes(3 * one + one / 2);
+    let fp = |name: &str| {
+        let mut f = Fingerprint::new("lru");
+        f.update(name);
+        f
+    };
+    let compute = || Ok::<_, tchtrain_datasets::Error>(rows());
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+    for name in ["a", "b", "c"] {
+        cache.map(&fp(name), false, compute)?;
+        pause();
+    }
+    // Loading `a` makes `b` the least recently used.
+    cache.map(&fp("a"), false, || {
+        Err(tchtrain_datasets::Error::InvalidArgument {
+            field: "a",
+            detail: "must load from the cache".into(),
+        })
+    })?;
+    pause();
+    cache.map(&fp("d"), false, compute)?;
+    let names: Vec<bool> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| cache.path(&fp(n)).is_file())
+        .collect();
+    assert_eq!(
+        names,
+        [true, false, true, true],
+        "b was the least recently used"
+    );
+    let total: u64 = cache.entries()?.iter().map(|e| e.bytes).sum();
+    assert!(
+        total <= cache.max_bytes(),
+        "{total} > {}",
+        cache.max_bytes()
+    );
+    // Entries come least recently used first.
+    let order: Vec<_> = cache.entries()?.into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        order,
+        [
+            cache.path(&fp("c")),
+            cache.path(&fp("a")),
+            cache.path(&fp("d"))
+        ]
+    );
+
+    // Larger than the whole cap: used, not stored, nothing evicted.
+    let tiny = MapCache::new(dir.join("tiny")).with_max_bytes(one - 1);
+    assert!(same(&tiny.map(&fp("e"), false, compute)?, &rows()));
+    assert!(!tiny.path(&fp("e")).exists());
+
+    let vars = |mb: &'static str| {
+        let dir = dir.path().as_os_str().to_owned();
+        move |name: &str| match name {
+            "TCHTRAIN_DATASETS_CACHE" => Some(dir.clone()),
+            "TCHTRAIN_DATASETS_CACHE_MB" => Some(mb.into()),
+            _ => None,
+        }
+    };
+    let from_env = MapCache::from_vars(vars("12"))?.expect("a cache");
+    assert_eq!(
+        (from_env.dir(), from_env.max_bytes()),
+        (dir.path(), 12 << 20)
+    );
+    let err = MapCache::from_vars(vars("12GB")).unwrap_err().to_string();
+    assert!(
+        err.contains("TCHTRAIN_DATASETS_CACHE_MB") && err.contains("12GB"),
+        "{err}"
+    );
+    let default = MapCache::from_vars(|name| (name == "HOME").then(|| "/home/u".into()))?;
+    assert_eq!(
+        default.map(|c| (c.dir().to_path_buf(), c.max_bytes())),
+        Some(("/home/u/.cache/tchtrain/datasets".into(), 4096 << 20))
+    );
+    Ok(())
+}
