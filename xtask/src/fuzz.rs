@@ -18,7 +18,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 14] = [
+pub const TARGETS: [&str; 15] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -33,7 +33,28 @@ pub const TARGETS: [&str; 14] = [
     "dataset_cache_rows",
     "adapter_config",
     "generation_config",
+    "torch_pickle",
 ];
+
+/// The environment variable capping the fuzz build folder, in MiB.
+const BUILD_CAP_ENV: &str = "TCHTRAIN_FUZZ_BUILD_MB";
+
+/// The cap on the fuzz build folder: `$TCHTRAIN_FUZZ_BUILD_MB` MiB, else 8192 MiB (a full
+/// build of every target takes about 4 GB; the stale artifacts of earlier builds are pruned
+/// after each build, this bounds what pruning misses, such as other toolchains' builds).
+fn build_cap() -> Result<u64, String> {
+    match std::env::var(BUILD_CAP_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(8192 << 20),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|mb| *mb < 1 << 40)
+            .map(|mb| mb << 20)
+            .ok_or_else(|| format!("{BUILD_CAP_ENV}=`{v}` is not a size in MiB (a whole number)")),
+        Err(e) => Err(format!("{BUILD_CAP_ENV} is unreadable: {e}")),
+    }
+}
 
 /// Inputs per target in a run: `cargo xtask test` and `cargo xtask fuzz` without `--runs`.
 pub const DEFAULT_RUNS: u64 = 5000;
@@ -196,6 +217,26 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
         }
     };
     let target_dir = cache.join("fuzz-target");
+    match build_cap() {
+        Ok(cap) => {
+            let size = disk::size_of(&target_dir);
+            if size > cap {
+                println!(
+                    "fuzz: the build folder {} holds {:.1} GB, over its cap of {:.1} GB ({BUILD_CAP_ENV}): clearing it",
+                    target_dir.display(),
+                    size as f64 / 1e9,
+                    cap as f64 / 1e9
+                );
+                if let Err(e) = std::fs::remove_dir_all(&target_dir) {
+                    return Outcome::Failed(vec![format!(
+                        "cannot clear {}: {e}",
+                        target_dir.display()
+                    )]);
+                }
+            }
+        }
+        Err(e) => return Outcome::Failed(vec![e]),
+    }
     let t_build = Instant::now();
     let build_started = SystemTime::now();
     let mut build = nightly(&cargo_fuzz);
