@@ -8,6 +8,10 @@
 //! `CUDA_HOME` when set, else from the `nvidia-*` wheels beside the torch wheel
 //! (`site-packages/nvidia/cu13/include` with `nvidia-cuda-crt` and `nvidia-cuda-cccl`, which
 //! `cargo xtask setup` installs, and `nvidia/nccl/include`).
+//!
+//! `_GLIBCXX_USE_CXX11_ABI` follows torch-sys (`tchtrain_build::libtorch_cxx11_abi`). Under
+//! docs.rs or the `doc-only` feature nothing is compiled (there is no libtorch); other
+//! failures are `cargo::error` lines, not panics.
 
 use std::path::{Path, PathBuf};
 
@@ -41,9 +45,25 @@ fn cuda_include_dirs(libtorch_lib: &Path) -> Result<Vec<PathBuf>, String> {
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc");
-    let Some(includes) = tchtrain_build::libtorch_include_dirs() else {
-        panic!("DEP_TCH_LIBTORCH_LIB is unset: tchtrain-sys must depend on torch-sys directly");
-    };
+    // A failure is reported with `cargo::error` (one line, no panic backtrace); cargo then
+    // fails the build.
+    if let Err(e) = build() {
+        println!("cargo::error={}", e.replace('\n', " "));
+    }
+}
+
+fn build() -> Result<(), String> {
+    if tchtrain_build::doc_only() {
+        // docs.rs or the `doc-only` feature: no libtorch to compile against, and rustdoc
+        // needs no C++ (torch-sys's `doc-only` links nothing either).
+        return Ok(());
+    }
+    let includes = tchtrain_build::libtorch_include_dirs().ok_or(
+        "torch-sys did not report its libtorch (DEP_TCH_LIBTORCH_LIB is unset): tchtrain-sys compiles its C++ on Linux and macOS against the libtorch torch-sys found (LIBTORCH or LIBTORCH_USE_PYTORCH); to build documentation only, enable the `doc-only` feature",
+    )?;
+    // The same `_GLIBCXX_USE_CXX11_ABI` torch-sys compiled with: a mismatch fails to link
+    // (std::string in every libtorch signature).
+    let abi = tchtrain_build::libtorch_cxx11_abi()?;
     let mut build = cc::Build::new();
     build.cpp(true);
     for file in [
@@ -63,7 +83,7 @@ fn main() {
         .include("csrc")
         .includes(includes)
         .flag("-std=c++20")
-        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DUSE_C10D_GLOO")
         .flag("-DUSE_DISTRIBUTED")
         .flag_if_supported("-Wno-unused-parameter")
@@ -72,24 +92,19 @@ fn main() {
         let lib =
             PathBuf::from(std::env::var_os(tchtrain_build::LIBTORCH_LIB_VAR).unwrap_or_default());
         if !lib.join("libtorch_cuda.so").exists() {
-            panic!(
+            return Err(format!(
                 "the `cuda` feature needs a CUDA build of libtorch, but {} has no libtorch_cuda.so: point LIBTORCH (or LIBTORCH_USE_PYTORCH) at a CUDA torch",
                 lib.display()
-            );
+            ));
         }
-        match cuda_include_dirs(&lib) {
-            Ok(dirs) => {
-                build
-                    .includes(dirs)
-                    .flag("-DUSE_C10D_NCCL")
-                    .flag("-DUSE_CUDA");
-            }
-            Err(e) => panic!("{e}"),
-        }
+        build
+            .includes(cuda_include_dirs(&lib)?)
+            .flag("-DUSE_C10D_NCCL")
+            .flag("-DUSE_CUDA");
         println!("cargo:rustc-link-search=native={}", lib.display());
         for l in ["c10_cuda", "torch_cuda"] {
             println!("cargo:rustc-link-lib=dylib={l}");
         }
     }
-    build.compile("tchtrain_sys");
+    build.try_compile("tchtrain_sys").map_err(|e| e.to_string())
 }
