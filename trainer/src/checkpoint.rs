@@ -13,7 +13,9 @@
 //! A checkpoint is written into `tmp-checkpoint-{step}/`, its files and the folder are
 //! fsynced, it is renamed to `checkpoint-{step}` and the parent folder is fsynced: a crash
 //! or power loss never leaves a half-written `checkpoint-N`. Rotation deletes older
-//! checkpoints only after that. Resuming restores the weights, the
+//! checkpoints only after that. A write that fails (the disk full, a file-size limit, a
+//! read-only folder) removes the partial folder and stops the training with
+//! [`Error::CheckpointSave`] (see `save_failure.rs`). Resuming restores the weights, the
 //! optimizer and scheduler, the trainer state and callbacks, and the data position (the
 //! sampler's order is a function of its seed and the epoch, the batches already used are
 //! skipped), and libtorch's default generators (dropout masks, unseeded collators) at the
@@ -329,15 +331,36 @@ impl Trainer {
             return self.save_checkpoint_elsewhere();
         }
         self.store_flos()?;
+        crate::save_failure::catch_file_size_signal();
         let run_dir = PathBuf::from(self.args.output_dir());
         let name = format!("{PREFIX_CHECKPOINT_DIR}-{}", self.state.global_step);
         let final_dir = run_dir.join(&name);
         let tmp = run_dir.join(format!("tmp-{name}"));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("deleting", &tmp, e))?;
+        // The newest complete checkpoint before this one: untouched whatever happens here.
+        let previous = get_last_checkpoint(&run_dir).ok().flatten();
+        if let Err(e) = self
+            .write_checkpoint(&tmp, &run_dir)
+            .and_then(|()| commit_checkpoint(&tmp, &final_dir))
+        {
+            return Err(crate::save_failure::failed_save(
+                e, &final_dir, &tmp, previous,
+            ));
         }
-        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        let state_dict = self.save_sharded_state(&tmp)?;
+        // Only now that the new checkpoint is complete and durable.
+        rotate_checkpoints(
+            &run_dir,
+            self.args.save_total_limit,
+            self.state.best_model_checkpoint.as_deref(),
+        )
+    }
+
+    /// The files of a checkpoint, written into `tmp` (see [`save_checkpoint`](Self::save_checkpoint)).
+    fn write_checkpoint(&mut self, tmp: &Path, run_dir: &Path) -> Result<()> {
+        if tmp.exists() {
+            std::fs::remove_dir_all(tmp).map_err(|e| Error::io("deleting", tmp, e))?;
+        }
+        std::fs::create_dir_all(tmp).map_err(|e| Error::io("creating", tmp, e))?;
+        let state_dict = self.save_sharded_state(tmp)?;
         if !self.saves_sharded_model() {
             match state_dict {
                 // ZeRO-3: the sharded parameters come gathered unit by unit; anything the
@@ -353,18 +376,16 @@ impl Trainer {
                             .filter(|(n, _)| !sharded.contains(n)),
                     );
                     match self.model.as_pretrained() {
-                        Some(m) => {
-                            tchtrain_models::save_pretrained_state_dict(m, &tmp, state_dict)?
-                        }
-                        None => tchtrain_models::save_state_dict(&tmp, state_dict)?,
+                        Some(m) => tchtrain_models::save_pretrained_state_dict(m, tmp, state_dict)?,
+                        None => tchtrain_models::save_state_dict(tmp, state_dict)?,
                     }
                 }
-                None => self.model.save_weights(&tmp)?,
+                None => self.model.save_weights(tmp)?,
             }
         }
         // Upstream `_save`: the processing class beside the model.
         if let Some(tok) = &self.processing_class {
-            tok.save_pretrained(&tmp)?;
+            tok.save_pretrained(tmp)?;
         }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
@@ -380,13 +401,13 @@ impl Trainer {
             if let Some(opt) = &self.optimizer
                 && self.sharding.is_none()
             {
-                opt.save(&tmp)?;
+                opt.save(tmp)?;
             }
             if let Some(sched) = &self.lr_scheduler {
-                sched.save(&tmp)?;
+                sched.save(tmp)?;
             }
             // Upstream `_save_scaler` (`scaler.pt`; here `scaler.json`).
-            self.accelerator.save_state(&tmp)?;
+            self.accelerator.save_state(tmp)?;
             let (sampler, sampler_seed) = self.train_order();
             let rng = RngState {
                 seed: self.args.seed,
@@ -396,19 +417,13 @@ impl Trainer {
                 epoch: self.state.epoch,
             };
             write_json(&tmp.join(RNG_STATE_NAME), &rng)?;
-            save_generator_states(&tmp, self.device())?;
+            save_generator_states(tmp, self.device())?;
         }
         let states = self.callback_handler.exportable_states(&self.control);
         self.state.update_stateful_callbacks(states);
         self.state.save_to_json(tmp.join(TRAINER_STATE_NAME))?;
         self.args.to_json_file(tmp.join(TRAINING_ARGS_NAME))?;
-        commit_checkpoint(&tmp, &final_dir)?;
-        // Only now that the new checkpoint is complete and durable.
-        rotate_checkpoints(
-            &run_dir,
-            self.args.save_total_limit,
-            self.state.best_model_checkpoint.as_deref(),
-        )
+        Ok(())
     }
 
     /// A checkpoint save on a process that does not write (`should_save` is false): the

@@ -60,6 +60,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint could not be written (the disk full, a file-size limit, a read-only
+    /// folder, a file removed while saving): its partial folder was removed, the previous
+    /// checkpoint is untouched and the newest complete one; the training stops here (see
+    /// [`SaveFailure`](crate::SaveFailure)).
+    #[error("{failure}")]
+    CheckpointSave {
+        /// What failed, why, and what a resume can start from.
+        failure: Box<crate::SaveFailure>,
+        /// The error the write returned.
+        #[source]
+        source: Box<Error>,
+    },
     /// The SIGINT / SIGTERM handler of `enable_jit_checkpoint` could not be installed.
     #[error("installing the SIGINT / SIGTERM handler for enable_jit_checkpoint: {0}")]
     Signal(#[source] std::io::Error),

@@ -30,6 +30,7 @@ mod prediction;
 mod preflight;
 mod profile;
 mod results;
+mod save_failure;
 mod seq2seq;
 mod sharding;
 mod signals;
@@ -60,6 +61,7 @@ pub use metrics::{
 };
 pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
 pub use results::metrics_format;
+pub use save_failure::{SaveFailure, SaveFailureKind};
 pub use seq2seq::{Seq2SeqHooks, Seq2SeqTrainer};
 pub use step::{
     FusedBackward, PredictionStepOutput, StepContext, count_num_items_in_batch,

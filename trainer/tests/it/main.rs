@@ -20,6 +20,7 @@ mod hooks;
 mod optimizers;
 mod parity;
 mod sampling;
+mod save_failures;
 mod seq2seq;
 mod signals;
 mod streaming;
