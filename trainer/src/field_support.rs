@@ -91,7 +91,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     h(
         "learning_rate",
-        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+        &["two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch"],
     ),
     h(
         "lr_scheduler_type",
@@ -138,7 +138,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     h(
         "average_tokens_across_devices",
-        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+        &["two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch"],
     ),
     h("max_grad_norm", &["clip_grad_norm_nonfinite_and_disabled"]),
     h("label_smoothing_factor", &["tiny_gpt2_label_smoothing"]),
@@ -232,7 +232,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     h(
         "include_num_input_tokens_seen",
-        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+        &["two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch"],
     ),
     h(
         "log_level",
@@ -416,7 +416,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     h(
         "ddp_bucket_cap_mb",
-        &["four_ranks_equal_one_process_with_four_times_the_batch"],
+        &["two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch"],
     ),
     inert(
         "ddp_broadcast_buffers",

@@ -1,19 +1,28 @@
-//! `cargo xtask launch`: torchrun's single-node launcher for any command.
+//! `cargo xtask launch`: torchrun's launcher for any command, on one node or several.
 //!
 //! ```text
 //! cargo xtask launch --nproc-per-node 2 [--master-port 0] -- target/release/run_clm ...
+//! # two nodes, static rendezvous (torchrun's `--nnodes 2 --node-rank R`), on each node:
+//! cargo xtask launch --nnodes 2 --node-rank R --nproc-per-node 2 \
+//!     --master-addr NODE0 --master-port 29500 -- target/release/run_clm ...
 //! ```
 //!
-//! Like `torchrun --standalone`-style static launches it starts `--nproc-per-node` copies of
-//! the command, each with torchrun's environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
-//! `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `ROLE_RANK`, `MASTER_ADDR`, `MASTER_PORT`, ... and
-//! `OMP_NUM_THREADS=1` unless set), each in its own process group (torchrun's
-//! `start_new_session`); every output line is prefixed with `[rank N] `. When a rank fails
+//! Like torchrun's static launches it starts `--nproc-per-node` copies of the command, each
+//! with torchrun's environment (`RANK` = node rank × processes per node + local rank,
+//! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` (the node), `GROUP_WORLD_SIZE`,
+//! `ROLE_RANK`, `ROLE_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, ... and `OMP_NUM_THREADS=1`
+//! unless set), each in its own process group (torchrun's `start_new_session`); every output
+//! line is prefixed with `[rank N] ` (the global rank). With several nodes the launchers do
+//! not talk to each other: the ranks meet at `MASTER_ADDR:MASTER_PORT`, where global rank 0
+//! (on node 0) serves the rendezvous store, as with torchrun's `static` rendezvous. A node
+//! that never arrives leaves the others' ranks waiting in their rendezvous, which fails each
+//! of them after `ddp_timeout` with an error naming the address, the ranks and the timeout
+//! (`tchtrain_distributed::Error::Rendezvous`). When a rank fails
 //! (non-zero exit or a signal) the others are stopped as torchrun stops them: SIGTERM to
 //! each process group, SIGKILL to what is left after `--term-timeout` seconds (torchrun's
 //! 30); the launcher then fails naming the rank and its exit status. SIGINT / SIGTERM sent
-//! to the launcher stop every rank the same way. Multi-node rendezvous (`--nnodes` > 1) is
-//! torchrun's job and is refused.
+//! to the launcher stop every rank the same way. Elastic ranges (`--nnodes 1:4`) need
+//! torchrun's dynamic rendezvous and are refused.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -38,8 +47,12 @@ const READER_GRACE: Duration = Duration::from_secs(2);
 /// The parsed command line of `launch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Processes to start (`--nproc-per-node`, default 1).
+    /// Processes to start on this node (`--nproc-per-node`, default 1).
     pub nproc_per_node: usize,
+    /// Nodes in the run (`--nnodes`, default 1).
+    pub nnodes: usize,
+    /// This node's rank (`--node-rank`, default 0).
+    pub node_rank: usize,
     /// Rendezvous address handed to the ranks (`--master-addr`).
     pub master_addr: String,
     /// Rendezvous port (`--master-port`); 0 picks a free port at launch.
@@ -94,6 +107,8 @@ impl Options {
     pub fn parse(args: &[String]) -> Result<Self, String> {
         let mut o = Options {
             nproc_per_node: 1,
+            nnodes: 1,
+            node_rank: 0,
             master_addr: DEFAULT_MASTER_ADDR.into(),
             master_port: DEFAULT_MASTER_PORT,
             term_timeout: DEFAULT_TERM_TIMEOUT,
@@ -140,19 +155,27 @@ impl Options {
                 }
                 "nnodes" => {
                     let v = value(flag, inline, &mut it)?;
-                    if v != "1" && v != "1:1" {
-                        return Err(format!(
-                            "launch: `--nnodes {v}`: only single-node launches are supported; use torchrun for several nodes"
-                        ));
-                    }
+                    // torchrun's `MIN[:MAX]`: a fixed count only.
+                    let (min, max) = v.split_once(':').unwrap_or((v, v));
+                    o.nnodes = match (min.parse::<usize>(), max.parse::<usize>()) {
+                        (Ok(a), Ok(b)) if a == b && a > 0 => a,
+                        (Ok(a), Ok(b)) if a > 0 && b > a => {
+                            return Err(format!(
+                                "launch: `--nnodes {v}`: an elastic range needs torchrun's dynamic rendezvous; give a fixed number of nodes"
+                            ));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "launch: `--nnodes {v}`: expected a positive number of nodes"
+                            ));
+                        }
+                    };
                 }
                 "node-rank" => {
                     let v = value(flag, inline, &mut it)?;
-                    if v != "0" {
-                        return Err(format!(
-                            "launch: `--node-rank {v}`: only single-node launches (node rank 0) are supported"
-                        ));
-                    }
+                    o.node_rank = v.parse().map_err(|_| {
+                        format!("launch: `--node-rank {v}`: expected a node number 0, 1, ...")
+                    })?;
                 }
                 "term-timeout" => {
                     let v = value(flag, inline, &mut it)?;
@@ -167,10 +190,24 @@ impl Options {
                 }
                 _ => {
                     return Err(format!(
-                        "launch: unknown option `{arg}`; known: --nproc-per-node, --master-addr, --master-port, --standalone, --nnodes 1, --node-rank 0, --term-timeout (the command goes after `--`)"
+                        "launch: unknown option `{arg}`; known: --nproc-per-node, --nnodes, --node-rank, --master-addr, --master-port, --standalone, --term-timeout (the command goes after `--`)"
                     ));
                 }
             }
+        }
+        if o.node_rank >= o.nnodes {
+            return Err(format!(
+                "launch: `--node-rank {}` is not below `--nnodes {}`: number the nodes 0 to {}",
+                o.node_rank,
+                o.nnodes,
+                o.nnodes - 1
+            ));
+        }
+        if o.nnodes > 1 && o.master_port == 0 {
+            return Err(format!(
+                "launch: {} nodes must meet on one port: give every node the same `--master-port` (and `--master-addr`, node 0's address); `--standalone` and port 0 are for one node",
+                o.nnodes
+            ));
         }
         if o.command.is_empty() {
             return Err(
@@ -194,18 +231,43 @@ impl Options {
     }
 }
 
-/// torchrun's environment for `rank` of a one-node world of `world` processes.
-pub fn rank_env(rank: usize, world: usize, addr: &str, port: u16) -> Vec<(&'static str, String)> {
-    let (r, w) = (rank.to_string(), world.to_string());
+/// Where a process sits in the run: its node and its place there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The process's rank on its node (`LOCAL_RANK`).
+    pub local_rank: usize,
+    /// Processes per node (`LOCAL_WORLD_SIZE`).
+    pub nproc_per_node: usize,
+    /// The node's rank (`GROUP_RANK`).
+    pub node_rank: usize,
+    /// Nodes (`GROUP_WORLD_SIZE`).
+    pub nnodes: usize,
+}
+
+impl Placement {
+    /// The global rank: `node_rank * nproc_per_node + local_rank`.
+    pub fn rank(&self) -> usize {
+        self.node_rank * self.nproc_per_node + self.local_rank
+    }
+
+    /// Processes in the run.
+    pub fn world(&self) -> usize {
+        self.nnodes * self.nproc_per_node
+    }
+}
+
+/// torchrun's environment for the process at `p`.
+pub fn rank_env(p: Placement, addr: &str, port: u16) -> Vec<(&'static str, String)> {
+    let (r, w) = (p.rank().to_string(), p.world().to_string());
     vec![
         ("RANK", r.clone()),
-        ("LOCAL_RANK", r.clone()),
-        ("GROUP_RANK", "0".into()),
+        ("LOCAL_RANK", p.local_rank.to_string()),
+        ("GROUP_RANK", p.node_rank.to_string()),
         ("ROLE_RANK", r),
         ("ROLE_NAME", "default".into()),
         ("WORLD_SIZE", w.clone()),
-        ("LOCAL_WORLD_SIZE", w.clone()),
-        ("GROUP_WORLD_SIZE", "1".into()),
+        ("LOCAL_WORLD_SIZE", p.nproc_per_node.to_string()),
+        ("GROUP_WORLD_SIZE", p.nnodes.to_string()),
         ("ROLE_WORLD_SIZE", w),
         ("MASTER_ADDR", addr.to_string()),
         ("MASTER_PORT", port.to_string()),
@@ -307,14 +369,34 @@ fn describe(status: &Option<Result<ExitStatus, String>>) -> String {
 /// Starts the ranks and supervises them until all succeed, one fails, or the launcher is
 /// signalled (see the module docs). The error names the failed rank and its exit status.
 pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
+    // `world`: the processes of this node; `global` gives a local index's global rank.
     let world = options.nproc_per_node;
+    let place = |local_rank: usize| Placement {
+        local_rank,
+        nproc_per_node: world,
+        node_rank: options.node_rank,
+        nnodes: options.nnodes,
+    };
+    let global = |local: usize| place(local).rank();
     let port = options.resolve_port()?;
-    let set_omp = world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
+    let set_omp = world * options.nnodes > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
     if set_omp {
         out.note("setting OMP_NUM_THREADS=1 for each rank (torchrun's default, to avoid overloading the machine); set it to tune");
     }
+    let node = if options.nnodes > 1 {
+        format!(
+            " on node {} of {} (ranks {}..={} of {})",
+            options.node_rank,
+            options.nnodes,
+            global(0),
+            global(world - 1),
+            place(0).world()
+        )
+    } else {
+        String::new()
+    };
     out.note(&format!(
-        "{world} rank(s), MASTER_ADDR={} MASTER_PORT={port}: {}",
+        "{world} rank(s){node}, MASTER_ADDR={} MASTER_PORT={port}: {}",
         options.master_addr,
         options.command.join(" ")
     ));
@@ -325,7 +407,7 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
     for rank in 0..world {
         let mut cmd = Command::new(&options.command[0]);
         cmd.args(&options.command[1..])
-            .envs(rank_env(rank, world, &options.master_addr, port))
+            .envs(rank_env(place(rank), &options.master_addr, port))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -339,13 +421,14 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
                 let mut exits = vec![None; rank];
                 stop_all(&pgids, &exit_rx, &mut exits, options.term_timeout, out);
                 return Err(format!(
-                    "launch: could not start rank {rank} (`{}`): {e}",
+                    "launch: could not start rank {} (`{}`): {e}",
+                    global(rank),
                     options.command[0]
                 ));
             }
         };
         pgids.push(child.id());
-        let prefix = format!("[rank {rank}] ");
+        let prefix = format!("[rank {}] ", global(rank));
         if let Some(s) = child.stdout.take() {
             let (p, sink, tx) = (prefix.clone(), Arc::clone(&out.stdout), done_tx.clone());
             std::thread::spawn(move || pump(s, p, sink, tx));
@@ -403,13 +486,14 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
     let others = |skip: Option<usize>| -> String {
         (0..world)
             .filter(|&r| Some(r) != skip)
-            .map(|r| format!("rank {r}: {}", describe(&exits[r])))
+            .map(|r| format!("rank {}: {}", global(r), describe(&exits[r])))
             .collect::<Vec<_>>()
             .join(", ")
     };
     if let Some(rank) = failed {
         return Err(format!(
-            "rank {rank} failed ({}); stopped the other ranks ({})",
+            "rank {} failed ({}); stopped the other ranks ({})",
+            global(rank),
             describe(&exits[rank]),
             others(Some(rank))
         ));
@@ -477,8 +561,19 @@ mod tests {
             (&["--nproc-per-node", "two", "--", "p"][..], "positive"),
             (&["--nproc-per-node"][..], "needs a value"),
             (&["--master-port", "70000", "--", "p"][..], "0..=65535"),
-            (&["--nnodes", "2", "--", "p"][..], "single-node"),
-            (&["--node-rank", "1", "--", "p"][..], "single-node"),
+            (&["--nnodes", "1:4", "--", "p"][..], "elastic range"),
+            (
+                &["--nnodes", "0", "--", "p"][..],
+                "positive number of nodes",
+            ),
+            (
+                &["--node-rank", "1", "--", "p"][..],
+                "not below `--nnodes 1`",
+            ),
+            (
+                &["--nnodes", "2", "--standalone", "--", "p"][..],
+                "one port",
+            ),
             (&["--term-timeout", "-1", "--", "p"][..], "seconds"),
             (&["--rdzv-backend", "c10d", "--", "p"][..], "unknown option"),
             (&["--nproc-per-node", "2"][..], "no command"),
@@ -500,7 +595,16 @@ mod tests {
 
     #[test]
     fn rank_env_follows_torchrun() {
-        let env = rank_env(1, 3, "127.0.0.1", 4242);
+        let env = rank_env(
+            Placement {
+                local_rank: 1,
+                nproc_per_node: 3,
+                node_rank: 0,
+                nnodes: 1,
+            },
+            "127.0.0.1",
+            4242,
+        );
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("RANK"), Some("1"));
         assert_eq!(get("LOCAL_RANK"), Some("1"));
@@ -540,11 +644,74 @@ mod tests {
     fn sh(nproc: usize, script: &str, term_timeout: f64) -> Options {
         Options {
             nproc_per_node: nproc,
+            nnodes: 1,
+            node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: 0,
             term_timeout: Duration::from_secs_f64(term_timeout),
             command: args(&["sh", "-c", script]),
         }
+    }
+
+    /// Two "nodes" on this machine, two processes each, launched side by side as on two
+    /// hosts: the four processes get the global ranks 0..3 once each, their node's
+    /// `GROUP_RANK` and local ranks, and the same rendezvous address.
+    #[test]
+    fn two_nodes_give_torchrun_s_multi_node_env() {
+        let port = Options::parse(&args(&["--standalone", "p"]))
+            .unwrap()
+            .resolve_port()
+            .unwrap()
+            .to_string();
+        let script = "echo \"$RANK $LOCAL_RANK $GROUP_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT\"";
+        let nodes: Vec<_> = (0..2)
+            .map(|node| {
+                let o = Options::parse(&args(&[
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    &node.to_string(),
+                    "--nproc-per-node",
+                    "2",
+                    "--master-port",
+                    &port,
+                    "--",
+                    "sh",
+                    "-c",
+                    script,
+                ]))
+                .unwrap();
+                std::thread::spawn(move || {
+                    let c = Captured::new();
+                    launch(&o, &c.out).unwrap();
+                    (Captured::text(&c.stdout), Captured::text(&c.stderr))
+                })
+            })
+            .collect();
+        let mut lines = Vec::new();
+        for (node, handle) in nodes.into_iter().enumerate() {
+            let (stdout, stderr) = handle.join().unwrap();
+            assert!(
+                stderr.contains(&format!(
+                    "on node {node} of 2 (ranks {}..={} of 4)",
+                    2 * node,
+                    2 * node + 1
+                )),
+                "{stderr}"
+            );
+            lines.extend(stdout.lines().map(str::to_string));
+        }
+        lines.sort();
+        let want: Vec<String> = (0..4)
+            .map(|rank| {
+                format!(
+                    "[rank {rank}] {rank} {} {} 4 2 2 {rank} 4 127.0.0.1:{port}",
+                    rank % 2,
+                    rank / 2
+                )
+            })
+            .collect();
+        assert_eq!(lines, want);
     }
 
     #[test]
@@ -615,7 +782,9 @@ mod tests {
         let c = Captured::new();
         let o = sh(
             2,
-            "if [ \"$RANK\" = 1 ]; then exit 5; fi; trap '' TERM; sleep 60",
+            // Rank 1 fails once rank 0 has had time to ignore SIGTERM (else the SIGTERM can
+            // reach rank 0's shell before its `trap`).
+            "if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 5; fi; trap '' TERM; sleep 60",
             0.5,
         );
         let err = launch(&o, &c.out).unwrap_err();

@@ -79,12 +79,17 @@ commands:
         steps x 4 rows x 128 tokens); the loss and the continuation again from the
         saved adapter folder; fails unless the loss decreased and the folder holds
         the adapter alone
-  launch [--nproc-per-node N] [--master-port P] [--master-addr A] -- COMMAND [ARGS...]
-        torchrun on one node: starts N copies of COMMAND with RANK, LOCAL_RANK,
-        WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS=1
-        unless set), prefixes their output lines with `[rank N]`; when one fails, stops
-        the others (SIGTERM, SIGKILL after --term-timeout) and fails naming it
-        --nproc-per-node N   processes (default 1)
+  launch [--nproc-per-node N] [--nnodes M --node-rank R] [--master-port P] [--master-addr A]
+         -- COMMAND [ARGS...]
+        torchrun's static launch: starts N copies of COMMAND with RANK, LOCAL_RANK,
+        WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
+        OMP_NUM_THREADS=1 unless set), prefixes their output lines with `[rank N]`; when
+        one fails, stops the others (SIGTERM, SIGKILL after --term-timeout) and fails
+        naming it. On several nodes, run it on each with the same --nnodes, --master-addr
+        (node 0's address) and --master-port, and its own --node-rank
+        --nproc-per-node N   processes on this node (default 1)
+        --nnodes M           nodes (default 1; a fixed number, no elastic range)
+        --node-rank R        this node (0..M-1; default 0)
         --master-addr A      rendezvous address (default 127.0.0.1)
         --master-port P      rendezvous port (default 29500; 0 picks a free port)
         --standalone         127.0.0.1 and a free port

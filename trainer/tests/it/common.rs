@@ -110,9 +110,23 @@ pub fn isolated(test: &str) -> bool {
 
 /// Spawns this binary running only `test` as each rank of a world of `world`, in `role`.
 pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
+    launch_nodes(test, 1, world, dir, role)
+}
+
+/// [`launch`] as `nodes` nodes of `world / nodes` processes each, with the environment
+/// `cargo xtask launch --nnodes` gives each rank (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+/// `GROUP_RANK`, `GROUP_WORLD_SIZE` those of its node), all on 127.0.0.1.
+pub fn launch_nodes(test: &str, nodes: i32, world: i32, dir: &Path, role: &str) -> Vec<Child> {
     let port = free_port();
+    let per_node = world / nodes;
     (0..world)
         .map(|rank| {
+            let node = [
+                ("LOCAL_RANK", (rank % per_node).to_string()),
+                ("LOCAL_WORLD_SIZE", per_node.to_string()),
+                ("GROUP_RANK", (rank / per_node).to_string()),
+                ("GROUP_WORLD_SIZE", nodes.to_string()),
+            ];
             Command::new(std::env::current_exe().unwrap())
                 .args([
                     "--exact",
@@ -122,6 +136,7 @@ pub fn launch(test: &str, world: i32, dir: &Path, role: &str) -> Vec<Child> {
                     "1",
                 ])
                 .envs(DistributedEnv::vars_for(rank, world, "127.0.0.1", port))
+                .envs(node)
                 .env(ROLE, role)
                 .env(DIR, dir)
                 .env("OMP_NUM_THREADS", "1")

@@ -23,7 +23,9 @@ use tchtrain_callbacks::{JsonMap, TrainerCallback, TrainerControl, TrainerState}
 use tchtrain_trainer::{EvalPrediction, Metrics, Trainer};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, TrainingArguments};
 
-use crate::common::{blocks, initial_model, is_rank, launch, rank, temp_dir, test_dir, wait_codes};
+use crate::common::{
+    blocks, initial_model, is_rank, launch, launch_nodes, rank, temp_dir, test_dir, wait_codes,
+};
 
 /// Rows per rank and micro-batch; the single process uses twice as many.
 const B: usize = 2;
@@ -158,6 +160,7 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
     world_equals_one_process(
         "two_ranks_equal_one_process_with_twice_the_batch",
         2,
+        1,
         B,
         false,
     )
@@ -168,23 +171,39 @@ fn two_ranks_equal_one_process_with_twice_the_batch() -> Result<()> {
 #[test]
 fn two_ranks_train_a_lora_adapter_as_one_process() -> Result<()> {
     let _g = lock();
-    world_equals_one_process("two_ranks_train_a_lora_adapter_as_one_process", 2, B, true)
+    world_equals_one_process(
+        "two_ranks_train_a_lora_adapter_as_one_process",
+        2,
+        1,
+        B,
+        true,
+    )
 }
 
+/// Four ranks launched as two nodes of two (the environment `cargo xtask launch --nnodes 2`
+/// gives: local ranks 0, 1 on each node, `GROUP_RANK` the node), all on 127.0.0.1.
 #[test]
-fn four_ranks_equal_one_process_with_four_times_the_batch() -> Result<()> {
+fn two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch() -> Result<()> {
     let _g = lock();
     world_equals_one_process(
-        "four_ranks_equal_one_process_with_four_times_the_batch",
+        "two_nodes_of_two_ranks_equal_one_process_with_four_times_the_batch",
         4,
+        2,
         1,
         false,
     )
 }
 
-/// `world` ranks with micro-batches of `per_rank` rows against one process with
-/// `world * per_rank`: the same logs (within the stated tolerances), rank 0 alone saving.
-fn world_equals_one_process(test: &str, world: i32, per_rank: usize, lora: bool) -> Result<()> {
+/// `world` ranks (on `nodes` nodes) with micro-batches of `per_rank` rows against one
+/// process with `world * per_rank`: the same logs (within the stated tolerances), rank 0
+/// alone saving.
+fn world_equals_one_process(
+    test: &str,
+    world: i32,
+    nodes: i32,
+    per_rank: usize,
+    lora: bool,
+) -> Result<()> {
     if is_rank() {
         let dir = test_dir();
         let r = rank();
@@ -196,7 +215,10 @@ fn world_equals_one_process(test: &str, world: i32, per_rank: usize, lora: bool)
     let dir = temp_dir(&format!("parity-{world}-{lora}"));
     let total = world as usize * per_rank;
     let (single, _) = run_job(&dir.join("single"), total, lora)?;
-    let codes = wait_codes(launch(test, world, &dir, "rank"), Duration::from_secs(600));
+    let codes = wait_codes(
+        launch_nodes(test, nodes, world, &dir, "rank"),
+        Duration::from_secs(600),
+    );
     assert_eq!(codes, vec![Some(0); world as usize], "rank exit codes");
     let logs: Vec<Log> = (0..world)
         .map(|r| read_log(&dir.join(format!("history-rank{r}.json"))))
