@@ -280,3 +280,137 @@ fn run_ner_on_two_ranks_saves_once_and_loads() -> Result<()> {
         Path::new(&format!("{ner}/initial")),
     )
 }
+
+/// A free TCP port on 127.0.0.1 for the rendezvous.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `xtask launch --nnodes 2 --node-rank <node> --nproc-per-node 2` of run_clm, started.
+fn node(node: usize, port: u16, args: &[String], out: &Path) -> Result<std::process::Child> {
+    Ok(Command::new(xtask()?)
+        .args(["launch", "--nnodes", "2", "--node-rank", &node.to_string()])
+        .args(["--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
+        .args(["--master-port", &port.to_string(), "--"])
+        .arg(env!("CARGO_BIN_EXE_run_clm"))
+        .args(args)
+        .args(["--use_cpu", "--report_to", "none", "--save_strategy", "no"])
+        .args(["--disable_tqdm", "true", "--output_dir"])
+        .arg(out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?)
+}
+
+/// `(loss, grad_norm)` of every step logged in `out/trainer_state.json`.
+fn step_logs(out: &Path) -> Result<Vec<(f64, f64)>> {
+    let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
+    Ok(state
+        .log_history
+        .iter()
+        .filter_map(|e| Some((e.get("loss")?.as_f64()?, e.get("grad_norm")?.as_f64()?)))
+        .collect())
+}
+
+/// run_clm on two "nodes" of two processes each (two `cargo xtask launch --nnodes 2`
+/// launchers on 127.0.0.1, as on two hosts) with one row per process equals run_clm in one
+/// process with four rows per batch: the same losses and gradient norms, up to the order of
+/// the sums (the tolerances of trainer/tests/it/distributed.rs: 1e-5 and 1e-4 relative).
+/// Then a node that never arrives: node 0's ranks fail within `ddp_timeout`, naming it.
+#[test]
+fn run_clm_on_two_nodes_of_two_ranks_equals_one_process() -> Result<()> {
+    let _g = tchtrain_testing::lock();
+    let model = asset("reference/trainer_clm/initial");
+    let common = |batch: &str| {
+        strings(&[
+            "--model_name_or_path",
+            &model,
+            "--tokenizer_name",
+            &asset("gpt2-tokenizer"),
+            "--train_file",
+            &asset("text/hamlet.txt"),
+            "--block_size",
+            "32",
+            "--per_device_train_batch_size",
+            batch,
+            "--learning_rate",
+            "1e-3",
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "1",
+            "--do_train",
+            "--ddp_timeout",
+            "20",
+        ])
+    };
+    let nodes_out = temp_dir("launch-two-nodes");
+    let port = free_port()?;
+    let launchers = [
+        node(0, port, &common("1"), &nodes_out)?,
+        node(1, port, &common("1"), &nodes_out)?,
+    ];
+    for (n, launcher) in launchers.into_iter().enumerate() {
+        let output = launcher.wait_with_output()?;
+        ensure!(
+            output.status.success(),
+            "node {n} failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let single_out = temp_dir("launch-one-process");
+    let mut single = common("4");
+    single.extend(strings(&[
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+    ]));
+    single.push(single_out.display().to_string());
+    tchtrain_examples::run_clm::main_with_args(&single)?;
+    let (four, one) = (step_logs(&nodes_out)?, step_logs(&single_out)?);
+    assert_eq!(four.len(), 4, "{four:?}");
+    assert_eq!(four.len(), one.len());
+    let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
+    for (step, ((loss, norm), (loss1, norm1))) in four.iter().zip(&one).enumerate() {
+        assert!(
+            rel(*loss, *loss1) < 1e-5,
+            "step {step}: loss {loss} vs {loss1}"
+        );
+        assert!(
+            rel(*norm, *norm1) < 1e-4,
+            "step {step}: grad_norm {norm} vs {norm1}"
+        );
+    }
+
+    // Node 1 never starts: node 0's ranks give up after ddp_timeout (here 3 s).
+    let lonely_out = temp_dir("launch-lonely-node");
+    let mut args = common("1");
+    let at = args.iter().position(|a| a == "20").context("ddp_timeout")?;
+    args[at] = "3".into();
+    let started = std::time::Instant::now();
+    let output = node(0, free_port()?, &args, &lonely_out)?.wait_with_output()?;
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success(),
+        "node 0 alone succeeded:\n{stderr}"
+    );
+    ensure!(
+        stderr.contains("could not join the process group") && stderr.contains("ddp_timeout=3s"),
+        "the failure names the rendezvous and the timeout:\n{stderr}"
+    );
+    // Loading the model and the data comes first; the wait itself is bounded by the timeout.
+    ensure!(took.as_secs_f64() < 60.0, "node 0 gave up after {took:?}");
+    let _ = std::fs::remove_dir_all(&nodes_out);
+    let _ = std::fs::remove_dir_all(&single_out);
+    let _ = std::fs::remove_dir_all(&lonely_out);
+    Ok(())
+}
