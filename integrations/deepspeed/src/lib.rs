@@ -18,6 +18,7 @@ mod config;
 mod error;
 mod lr_schedules;
 mod optimizer;
+mod universal_checkpoint;
 mod zero_checkpoint;
 mod zero_to_fp32;
 
@@ -25,6 +26,9 @@ pub use config::HfTrainerDeepSpeedConfig;
 pub use error::{Error, Result};
 pub use lr_schedules::{DeepSpeedLR, SCHEDULER_TYPES, WarmupType};
 pub use optimizer::DeepSpeedOptimizer;
+pub use universal_checkpoint::{
+    UniversalCheckpoint, UniversalParam, ds_to_universal, load_universal,
+};
 pub use zero_checkpoint::{
     FSDP_MODEL_DIR, LATEST_NAME, ZeroShardMeta, global_step_dir, load_zero_shard, read_zero_shard,
     save_zero_shard, zero_shard_stem,

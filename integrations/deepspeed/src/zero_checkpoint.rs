@@ -115,31 +115,40 @@ pub fn read_zero_shard(dir: &Path, rank: i64) -> Result<(ZeroShardMeta, Vec<(Str
 }
 
 /// Restores this rank's shards and optimizer state from `dir` (written by
-/// [`save_zero_shard`] with the same world size and model), then (stages 1 and 2)
-/// all-gathers the parameters: a collective.
+/// [`save_zero_shard`]), then (stages 1 and 2) all-gathers the parameters: a collective. A
+/// checkpoint written by another world size, stage or wrap policy is resharded through
+/// DeepSpeed's universal form ([`crate::ds_to_universal`], [`crate::load_universal`]).
 pub fn load_zero_shard(
     engine: &mut ZeroEngine,
     pg: &mut ProcessGroup,
     optimizer: Option<&mut dyn Optimizer>,
     dir: &Path,
 ) -> Result<()> {
-    let (meta, tensors) = read_zero_shard(dir, engine.rank())?;
     let bad = |detail: String| Error::Checkpoint {
         path: dir.to_path_buf(),
         detail,
     };
-    if meta.world_size != engine.world_size() {
-        return Err(bad(format!(
-            "written by {} ranks, this run has {} (consolidate it with zero_to_fp32 and start from the model)",
-            meta.world_size,
-            engine.world_size()
-        )));
-    }
+    // Rank 0's description says how the checkpoint was cut (every rank wrote one).
+    let (meta0, _) = read_zero_shard(dir, 0)?;
     let layouts: Vec<FlatLayout> = engine.layouts().into_iter().cloned().collect();
+    if meta0.world_size != engine.world_size() || meta0.buffers != layouts {
+        log::info!(
+            "{}: written by {} ranks at ZeRO stage {}, this run has {} at stage {}: resharding through the universal checkpoint form",
+            dir.display(),
+            meta0.world_size,
+            meta0.zero_stage,
+            engine.world_size(),
+            engine.stage().number()
+        );
+        let uc = crate::ds_to_universal(dir)?;
+        return crate::load_universal(engine, pg, optimizer, &uc, dir);
+    }
+    let (meta, tensors) = read_zero_shard(dir, engine.rank())?;
     if meta.buffers != layouts {
-        return Err(bad(
-            "its flat layout differs from this model's (another model, wrap policy or param groups?)".into(),
-        ));
+        return Err(bad(format!(
+            "rank {}'s flat layout differs from rank 0's (files of two runs mixed?)",
+            engine.rank()
+        )));
     }
     let mut by_name: std::collections::BTreeMap<String, Tensor> = tensors.into_iter().collect();
     let shards = (0..layouts.len())
