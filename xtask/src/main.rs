@@ -25,6 +25,7 @@ mod launch;
 mod paths;
 mod setup;
 mod signal;
+mod soak;
 mod test;
 
 use std::process::ExitCode;
@@ -105,6 +106,12 @@ commands:
         (training-args/src/field_table.rs from transformers' HfArgumentParser);
         --check writes nothing and fails when a committed file is stale (`test`
         runs the check before the tests)
+  soak [--kills N] [--seed S]
+        setup, then the Trainer's crash test at length: a run saving every step killed
+        with SIGKILL N times (default 100) at seeded random moments, each relaunch
+        resuming from the newest checkpoint, the chain then resumed and compared with an
+        uninterrupted run; prints kills, unloadable checkpoints and the most steps a kill
+        lost. Not part of `test` (minutes)
   clean-cache [--all] [NAME...]
         list what the project keeps in the cache folder (the virtualenv, assets,
         the tokenized-dataset cache, the fuzz build folder, cargo-fuzz) and the
@@ -137,12 +144,13 @@ fn main() -> ExitCode {
         "fuzz" => fuzz::run(rest),
         "codegen" => codegen::run(rest),
         "clean-cache" => clean_cache::run(rest),
+        "soak" => soak::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, clean-cache, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, clean-cache, soak, help"
         )),
     };
     match result {
