@@ -1114,10 +1114,20 @@ fn lora_under_zero_2_and_3_equals_ddp() -> Result<()> {
     Ok(())
 }
 
-/// Resumes `ckpt` with the DeepSpeed config `ds` and micro-batches of `batch` rows, to the
+/// The DeepSpeed and FSDP settings of the configuration `name` in [`configs`].
+fn sharding_config(name: &str) -> Result<(Option<serde_json::Value>, Option<serde_json::Value>)> {
+    configs()
+        .into_iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, ds, fsdp)| (ds, fsdp))
+        .with_context(|| format!("no configuration `{name}`"))
+}
+
+/// Resumes `ckpt` with the configuration `config` and micro-batches of `batch` rows, to the
 /// end of the job; the log of the resumed run (the checkpoint's history, then its own).
-fn resume_job(out: &Path, batch: usize, ds: serde_json::Value, ckpt: &Path) -> Result<Log> {
-    let mut trainer = Trainer::builder(initial_model()?, job_args(out, batch, Some(ds), None)?)
+fn resume_job(out: &Path, batch: usize, config: &str, ckpt: &Path) -> Result<Log> {
+    let (ds, fsdp) = sharding_config(config)?;
+    let mut trainer = Trainer::builder(initial_model()?, job_args(out, batch, ds, fsdp)?)
         .train_dataset(blocks("train", 32)?)
         .eval_dataset(blocks("eval", 12)?)
         .build()?;
@@ -1126,7 +1136,8 @@ fn resume_job(out: &Path, batch: usize, ds: serde_json::Value, ckpt: &Path) -> R
 }
 
 /// A ZeRO-2 checkpoint written by 2 ranks (step 3 of 6) resumed on 1 process at ZeRO-2 and
-/// at ZeRO-3, and on 4 ranks at ZeRO-1: the shards are read into DeepSpeed's universal form
+/// at ZeRO-3, and on 4 ranks at ZeRO-1; an FSDP full_shard SHARDED_STATE_DICT checkpoint of
+/// 2 ranks resumed on 4 (FSDP on one process is refused, as upstream): the shards are read into DeepSpeed's universal form
 /// (per-parameter fp32 master, `exp_avg`, `exp_avg_sq`) and cut for the new world, stage and
 /// wrap units. With the global batch kept (2 x 2, 1 x 4, 4 x 1 rows), every resumed run
 /// logs the losses, gradient norms, learning rates and evaluation losses of the 2-rank run
@@ -1139,27 +1150,33 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
     if is_rank() {
         let dir = test_dir();
         let r = rank();
-        let ckpt = dir.join("zero2/checkpoint-3");
         match role().as_deref() {
             Some("save") => {
-                let (log, _) = run_job(
-                    &dir.join("zero2"),
-                    "zero2",
-                    B,
-                    Some(deepspeed_config("zero2")?),
-                    None,
-                )?;
-                write_log(&dir.join(format!("save-rank{r}.json")), &log)?;
+                for name in ["zero2", "fsdp_full_shard"] {
+                    let (ds, fsdp) = sharding_config(name)?;
+                    let (log, _) = run_job(&dir.join(name), name, B, ds, fsdp)?;
+                    write_log(&dir.join(format!("{name}-save-rank{r}.json")), &log)?;
+                }
             }
             Some("one") => {
-                for (name, stage) in [("one_zero2", "zero2"), ("one_zero3", "zero3")] {
-                    let log = resume_job(&dir.join(name), 2 * B, deepspeed_config(stage)?, &ckpt)?;
+                for (name, config, from) in [
+                    ("one_zero2", "zero2", "zero2"),
+                    ("one_zero3", "zero3", "zero2"),
+                ] {
+                    let ckpt = dir.join(from).join("checkpoint-3");
+                    let log = resume_job(&dir.join(name), 2 * B, config, &ckpt)?;
                     write_log(&dir.join(format!("{name}.json")), &log)?;
                 }
             }
             Some("four") => {
-                let log = resume_job(&dir.join("four"), B / 2, deepspeed_config("zero1")?, &ckpt)?;
-                write_log(&dir.join(format!("four-rank{r}.json")), &log)?;
+                for (name, config, from) in [
+                    ("four_zero1", "zero1", "zero2"),
+                    ("four_fsdp", "fsdp_full_shard", "fsdp_full_shard"),
+                ] {
+                    let ckpt = dir.join(from).join("checkpoint-3");
+                    let log = resume_job(&dir.join(name), B / 2, config, &ckpt)?;
+                    write_log(&dir.join(format!("{name}-rank{r}.json")), &log)?;
+                }
             }
             other => anyhow::bail!("unknown role {other:?}"),
         }
@@ -1170,7 +1187,8 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
         let codes = wait_codes(launch(TEST, world, &dir, role), Duration::from_secs(600));
         assert_eq!(codes, vec![Some(0); world as usize], "{role}: exit codes");
     }
-    let original = read_log(&dir.join("save-rank0.json"))?;
+    let original = read_log(&dir.join("zero2-save-rank0.json"))?;
+    let original_fsdp = read_log(&dir.join("fsdp_full_shard-save-rank0.json"))?;
     let after = |log: &Log| -> Log {
         log.iter()
             .filter(|e| num(e, "step").is_some_and(|s| s > 3.0))
@@ -1178,9 +1196,14 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
             .cloned()
             .collect()
     };
-    let want = after(&original);
-    assert_eq!(want.len(), 4, "steps 4-6 and the evaluation at 6: {want:?}");
-    for name in ["one_zero2.json", "one_zero3.json", "four-rank0.json"] {
+    for (name, original) in [
+        ("one_zero2.json", &original),
+        ("one_zero3.json", &original),
+        ("four_zero1-rank0.json", &original),
+        ("four_fsdp-rank0.json", &original_fsdp),
+    ] {
+        let want = after(original);
+        assert_eq!(want.len(), 4, "steps 4-6 and the evaluation at 6: {want:?}");
         let got = after(&read_log(&dir.join(name))?);
         assert_eq!(got.len(), want.len(), "{name}: {got:?}");
         let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
@@ -1197,9 +1220,7 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
                 }
             }
         }
-        println!(
-            "{name} resumed from 2 ranks' ZeRO-2 checkpoint: max relative differences {worst:?}"
-        );
+        println!("{name} resumed from 2 ranks' checkpoint: max relative differences {worst:?}");
         // Measured: losses 1.9e-7, gradient norms and learning rates equal.
         assert!(
             worst["loss"] < 1e-6 && worst["eval_loss"] < 1e-6,
