@@ -18,7 +18,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 15] = [
+pub const TARGETS: [&str; 16] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -34,6 +34,7 @@ pub const TARGETS: [&str; 15] = [
     "adapter_config",
     "generation_config",
     "torch_pickle",
+    "deepspeed_scheduler",
 ];
 
 /// The environment variable capping the fuzz build folder, in MiB.
