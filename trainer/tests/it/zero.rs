@@ -1137,12 +1137,14 @@ fn resume_job(out: &Path, batch: usize, config: &str, ckpt: &Path) -> Result<Log
 
 /// A ZeRO-2 checkpoint written by 2 ranks (step 3 of 6) resumed on 1 process at ZeRO-2 and
 /// at ZeRO-3, and on 4 ranks at ZeRO-1; an FSDP full_shard SHARDED_STATE_DICT checkpoint of
-/// 2 ranks resumed on 4 (FSDP on one process is refused, as upstream): the shards are read into DeepSpeed's universal form
+/// 2 ranks resumed on 4 (FSDP on one process is refused, as upstream); a ZeRO-3 checkpoint of
+/// 4 ranks resumed on 2 at ZeRO-2: the shards are read into DeepSpeed's universal form
 /// (per-parameter fp32 master, `exp_avg`, `exp_avg_sq`) and cut for the new world, stage and
 /// wrap units. With the global batch kept (2 x 2, 1 x 4, 4 x 1 rows), every resumed run
-/// logs the losses, gradient norms, learning rates and evaluation losses of the 2-rank run
-/// from step 4 on: losses within 1e-6 relative, gradient norms 1e-4 (only the order of the
-/// sums differs, as between DDP and one process). zero_to_fp32 still reads the checkpoint.
+/// logs the losses, gradient norms, learning rates and evaluation losses of the run that
+/// wrote the checkpoint from step 4 on: losses within 1e-6 relative, gradient norms 1e-4
+/// (only the order of the sums differs, as between DDP and one process). zero_to_fp32
+/// still reads the checkpoint.
 #[test]
 fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
     let _g = lock();
@@ -1178,17 +1180,36 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
                     write_log(&dir.join(format!("{name}-rank{r}.json")), &log)?;
                 }
             }
+            // A 4-rank ZeRO-3 run of its own (one row per rank), checkpoint-3 of which
+            // 2 ranks resume at ZeRO-2.
+            Some("four_save") => {
+                let (ds, _) = sharding_config("zero3")?;
+                let (log, _) = run_job(&dir.join("four_zero3"), "four_zero3", B / 2, ds, None)?;
+                write_log(&dir.join(format!("four_zero3-save-rank{r}.json")), &log)?;
+            }
+            Some("two") => {
+                let ckpt = dir.join("four_zero3").join("checkpoint-3");
+                let log = resume_job(&dir.join("two_zero2"), B, "zero2", &ckpt)?;
+                write_log(&dir.join(format!("two_zero2-rank{r}.json")), &log)?;
+            }
             other => anyhow::bail!("unknown role {other:?}"),
         }
         return Ok(());
     }
     let dir = temp_dir("zero-reshard");
-    for (world, role) in [(2, "save"), (1, "one"), (4, "four")] {
+    for (world, role) in [
+        (2, "save"),
+        (1, "one"),
+        (4, "four"),
+        (4, "four_save"),
+        (2, "two"),
+    ] {
         let codes = wait_codes(launch(TEST, world, &dir, role), Duration::from_secs(600));
         assert_eq!(codes, vec![Some(0); world as usize], "{role}: exit codes");
     }
     let original = read_log(&dir.join("zero2-save-rank0.json"))?;
     let original_fsdp = read_log(&dir.join("fsdp_full_shard-save-rank0.json"))?;
+    let original_four = read_log(&dir.join("four_zero3-save-rank0.json"))?;
     let after = |log: &Log| -> Log {
         log.iter()
             .filter(|e| num(e, "step").is_some_and(|s| s > 3.0))
@@ -1201,6 +1222,7 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
         ("one_zero3.json", &original),
         ("four_zero1-rank0.json", &original),
         ("four_fsdp-rank0.json", &original_fsdp),
+        ("two_zero2-rank0.json", &original_four),
     ] {
         let want = after(original);
         assert_eq!(want.len(), 4, "steps 4-6 and the evaluation at 6: {want:?}");
@@ -1220,7 +1242,9 @@ fn a_zero_checkpoint_resumes_on_another_world_size_and_stage() -> Result<()> {
                 }
             }
         }
-        println!("{name} resumed from 2 ranks' checkpoint: max relative differences {worst:?}");
+        println!(
+            "{name} resumed on another world size or stage: max relative differences {worst:?}"
+        );
         // Measured: losses 1.9e-7, gradient norms and learning rates equal.
         assert!(
             worst["loss"] < 1e-6 && worst["eval_loss"] < 1e-6,
