@@ -19,6 +19,22 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A torch checkpoint file (`optimizer.pt`, ...) could not be read or written.
+    #[error(transparent)]
+    Serialization(#[from] tchtrain_serialization::Error),
+
+    /// A torch state file (`optimizer.pt`, `scheduler.pt`, `scaler.pt`) holds something this
+    /// optimizer / scheduler cannot take, or ours has no torch form.
+    #[error("{file}: `{field}`: {detail}")]
+    TorchState {
+        /// The file (`optimizer.pt`).
+        file: String,
+        /// The field (`param_groups[0].params`, `state[3].exp_avg`).
+        field: String,
+        /// What is wrong.
+        detail: String,
+    },
+
     /// A state JSON file could not be parsed or written.
     #[error("{path}: invalid state JSON: {source}")]
     Json {

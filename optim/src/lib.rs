@@ -69,6 +69,7 @@ mod scheduler;
 mod schedules;
 mod sgd;
 mod stable_adamw;
+mod torch_state;
 mod torchao;
 mod trainer_optimizer;
 
@@ -121,6 +122,11 @@ pub use schedules::{
 };
 pub use sgd::{Sgd, SgdConfig};
 pub use stable_adamw::{StableAdamW, StableAdamWConfig};
+pub use torch_state::{
+    TORCH_OPTIMIZER_NAME, TORCH_SCALER_NAME, TORCH_SCHEDULER_NAME, grad_scaler_from_torch,
+    grad_scaler_to_torch, load_torch_file, optimizer_from_torch, optimizer_to_torch,
+    scheduler_from_torch, scheduler_to_torch, tensor_from_torch, tensor_to_torch,
+};
 pub use torchao::{LOW_BIT_MIN_SIZE, LowBitAdamW, LowBitAdamWConfig, StateBits};
 pub use trainer_optimizer::{
     OptimizerArgs, create_optimizer, create_scheduler, supported_optimizers,

@@ -109,6 +109,11 @@ fn unordered_set_order(names: &[&str]) -> Vec<usize> {
                             }
                             bbegin_bucket = b;
                         }
+                        // The bucket of the list's first node: insert at the front.
+                        Some(HEAD) => {
+                            next[cur] = head;
+                            head = Some(cur);
+                        }
                         Some(before) => {
                             next[cur] = next[before];
                             next[before] = Some(cur);

@@ -9,6 +9,7 @@
 //! | `scheduler.json` | the scheduler state (upstream: `scheduler.pt`) |
 //! | `rng_state.json` | the data order's seed and position |
 //! | `rng_state.safetensors` | libtorch's default generators: `cpu` (and `cuda` on a GPU), as upstream's `rng_state.pth` keys |
+//! | `optimizer.pt`, `scheduler.pt`, `scaler.pt`, `rng_state.pth` | upstream's own files, so that Python's Trainer resumes this checkpoint (see `torch_checkpoint.rs`); read in place of ours when a checkpoint written by Python lacks ours |
 //!
 //! A checkpoint is written into `tmp-checkpoint-{step}/`, its files and the folder are
 //! fsynced, it is renamed to `checkpoint-{step}` and the parent folder is fsynced: a crash
@@ -60,29 +61,49 @@ pub(crate) fn save_generator_states(dir: &Path, device: Device) -> Result<()> {
     })
 }
 
-/// Reads and checks a checkpoint's generator states before training starts: `None` when the
-/// checkpoint has no `rng_state.safetensors` (an older or a Python checkpoint: the run then
-/// continues from the reseeded generator), an error naming the file when it cannot be used.
+/// Reads and checks a checkpoint's generator states before training starts: from
+/// `rng_state.safetensors`, else from upstream's `rng_state.pth` (a Python checkpoint);
+/// `None` when the checkpoint has neither (the run then continues from the reseeded
+/// generator), an error naming the file when it cannot be used.
 pub(crate) fn read_generator_states(
     dir: &Path,
     device: Device,
 ) -> Result<Option<Vec<(String, Tensor)>>> {
     let path = dir.join(RNG_GENERATOR_STATE_NAME);
     if !path.is_file() {
+        if let Some(states) = crate::torch_checkpoint::read_generator_states(dir, device)? {
+            let file = crate::torch_checkpoint::TORCH_RNG_STATE_NAME;
+            return check_generator_states(dir, file, states, device).map(Some);
+        }
         log::info!(
             "{} has no {RNG_GENERATOR_STATE_NAME}: dropout masks after the resume will differ from an uninterrupted run",
             dir.display()
         );
         return Ok(None);
     }
+    let states = Tensor::read_safetensors(&path).map_err(|e| Error::InvalidCheckpoint {
+        dir: dir.to_path_buf(),
+        detail: format!(
+            "{RNG_GENERATOR_STATE_NAME}: unreadable ({e}); delete that file to resume without restoring the generators"
+        ),
+    })?;
+    check_generator_states(dir, RNG_GENERATOR_STATE_NAME, states, device).map(Some)
+}
+
+/// The `cpu` (and on a GPU `cuda`) states of `states`, each checked against libtorch's own
+/// (dtype and size).
+fn check_generator_states(
+    dir: &Path,
+    file: &str,
+    states: Vec<(String, Tensor)>,
+    device: Device,
+) -> Result<Vec<(String, Tensor)>> {
     let invalid = |reason: String| Error::InvalidCheckpoint {
         dir: dir.to_path_buf(),
         detail: format!(
-            "{RNG_GENERATOR_STATE_NAME}: {reason}; delete that file to resume without restoring the generators"
+            "{file}: {reason}; delete that file to resume without restoring the generators"
         ),
     };
-    let states =
-        Tensor::read_safetensors(&path).map_err(|e| invalid(format!("unreadable ({e})")))?;
     let mut out = Vec::new();
     for (key, dev) in [("cpu", Device::Cpu), ("cuda", device)] {
         if key == "cuda" && !device.is_cuda() {
@@ -106,7 +127,7 @@ pub(crate) fn read_generator_states(
         }
         out.push((key.to_string(), state.shallow_clone()));
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// Restores generator states [`read_generator_states`] returned (upstream `_load_rng_state`).
@@ -418,6 +439,24 @@ impl Trainer {
             };
             write_json(&tmp.join(RNG_STATE_NAME), &rng)?;
             save_generator_states(tmp, self.device())?;
+            // Upstream's own files beside ours, so that Python's Trainer resumes this
+            // checkpoint.
+            let scaler = match self.accelerator.scaler() {
+                Some(s) => s.state_dict()?,
+                None => None,
+            };
+            let order = crate::torch_checkpoint::upstream_parameter_order(&*self.model);
+            crate::torch_checkpoint::write_torch_files(
+                tmp,
+                &order,
+                self.optimizer
+                    .as_deref()
+                    .filter(|_| self.sharding.is_none()),
+                self.lr_scheduler.as_deref(),
+                scaler,
+                self.args.seed,
+                self.device(),
+            )?;
         }
         let states = self.callback_handler.exportable_states(&self.control);
         self.state.update_stateful_callbacks(states);
@@ -454,19 +493,28 @@ impl Trainer {
     /// has them.
     pub(crate) fn load_optimizer_and_scheduler(&mut self, dir: &Path) -> Result<()> {
         let sharded = self.load_sharded_state(dir)?;
-        if !sharded
-            && let Some(opt) = self.optimizer.as_mut()
-            && dir.join(OPTIMIZER_STATE_NAME).is_file()
-        {
-            opt.load(dir)?;
+        if !sharded && let Some(opt) = self.optimizer.as_mut() {
+            if dir.join(OPTIMIZER_STATE_NAME).is_file() {
+                opt.load(dir)?;
+            } else {
+                // A checkpoint of Python's Trainer: its `optimizer.pt`.
+                let order = crate::torch_checkpoint::upstream_parameter_order(&*self.model);
+                crate::torch_checkpoint::load_optimizer(opt.as_mut(), dir, &order)?;
+            }
         }
-        if let Some(sched) = self.lr_scheduler.as_mut()
-            && dir.join(SCHEDULER_NAME).is_file()
-        {
-            sched.load(dir)?;
+        if let Some(sched) = self.lr_scheduler.as_mut() {
+            if dir.join(SCHEDULER_NAME).is_file() {
+                sched.load(dir)?;
+            } else {
+                crate::torch_checkpoint::load_scheduler(sched.as_mut(), dir)?;
+            }
         }
         // Upstream `_load_scaler`: when the checkpoint has the scaler's state.
         self.accelerator.load_state(dir)?;
+        if let Some(mut scaler) = self.accelerator.scaler() {
+            crate::torch_checkpoint::load_scaler(&mut scaler, dir)?;
+        }
+        crate::torch_checkpoint::compare_training_args(dir, &self.args)?;
         Ok(())
     }
 

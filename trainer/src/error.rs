@@ -15,6 +15,9 @@ pub enum Error {
     /// An error from the optimizer / scheduler crate.
     #[error(transparent)]
     Optim(#[from] tchtrain_optim::Error),
+    /// Reading or writing one of upstream's torch files (`optimizer.pt`, `rng_state.pth`, ...).
+    #[error(transparent)]
+    Serialization(#[from] tchtrain_serialization::Error),
     /// An error from a callback or the trainer state.
     #[error(transparent)]
     Callbacks(#[from] tchtrain_callbacks::Error),

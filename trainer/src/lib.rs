@@ -35,6 +35,7 @@ mod seq2seq;
 mod sharding;
 mod signals;
 mod step;
+mod torch_checkpoint;
 mod train_loop;
 mod trainer;
 mod zero;
@@ -71,5 +72,6 @@ pub use tchtrain_sys::cpu_cache::{
     CpuMemoryCache, CpuMemoryCacheStats, DEFAULT_LIMIT_MB as CPU_CACHE_DEFAULT_LIMIT_MB,
     LIMIT_ENV as CPU_CACHE_LIMIT_ENV,
 };
+pub use torch_checkpoint::{TORCH_RNG_STATE_NAME, TORCH_TRAINING_ARGS_NAME};
 pub use train_loop::ResumeFrom;
 pub use trainer::{DefaultHooks, Trainer, TrainerBuilder, TrainerHooks};

@@ -9,4 +9,5 @@ mod packages;
 mod schedule_free;
 mod schedules;
 mod set_grad;
+mod torch_state;
 mod torchao;

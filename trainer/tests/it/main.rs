@@ -17,6 +17,7 @@ mod distributed_resume;
 mod fields;
 mod gpu;
 mod hooks;
+mod interop;
 mod optimizers;
 mod parity;
 mod sampling;
