@@ -116,13 +116,13 @@ fn tokenizes_once(
     run: impl Fn(&Path, &Path, bool) -> Result<f64>,
 ) -> Result<()> {
     let out = temp_dir(&format!("dataset-cache-out-{files}"));
-    let stamps = || -> Result<Vec<std::time::SystemTime>> {
+    // A file's inode: a rewrite (written to a temporary name, renamed) makes a new one; a
+    // load only marks the file used (its modification time, for the cache's LRU eviction).
+    let stamps = || -> Result<Vec<u64>> {
+        use std::os::unix::fs::MetadataExt;
         let mut entries: Vec<_> = std::fs::read_dir(cache_dir)?.collect::<std::io::Result<_>>()?;
         entries.sort_by_key(|e| e.file_name());
-        entries
-            .iter()
-            .map(|e| Ok(e.metadata()?.modified()?))
-            .collect()
+        entries.iter().map(|e| Ok(e.metadata()?.ino())).collect()
     };
     let first = run(cache_dir, &out, false)?;
     let written = stamps()?;
