@@ -116,7 +116,7 @@ pub use mistral::{
 };
 pub use modeling_utils::{
     LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PADDING_FREE_ENV, PreTrainedModel,
-    TrainableModel,
+    TrainableModel, ordered_variable_names,
 };
 pub use modernbert::{
     ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,

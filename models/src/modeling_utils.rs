@@ -148,9 +148,10 @@ pub(crate) fn keep_last_positions(hidden: &Tensor, n: Option<i64>) -> Result<Opt
     }
 }
 
-/// The names of `vs`'s variables in creation order (the models keep it equal to upstream's
-/// registration order).
-pub(crate) fn ordered_variable_names(vs: &VarStore) -> Vec<String> {
+/// The names of `vs`'s trainable variables in creation order (the models keep it equal to
+/// upstream's registration order: `named_parameters()`'s order, which upstream's optimizer
+/// state is numbered by).
+pub fn ordered_variable_names(vs: &VarStore) -> Vec<String> {
     let by_ptr: std::collections::HashMap<usize, String> = vs
         .variables()
         .into_iter()

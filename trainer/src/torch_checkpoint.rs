@@ -133,16 +133,7 @@ pub(crate) fn load_optimizer(
 /// The model's parameter names in upstream's `named_parameters()` order: the order the
 /// variables were created in (every model creates them in upstream's registration order).
 pub(crate) fn upstream_parameter_order(model: &dyn tchtrain_models::TrainableModel) -> Vec<String> {
-    let vs = model.var_store();
-    let by_ptr: std::collections::HashMap<usize, String> = vs
-        .variables()
-        .into_iter()
-        .map(|(n, t)| (t.data_ptr() as usize, n))
-        .collect();
-    vs.trainable_variables()
-        .iter()
-        .filter_map(|t| by_ptr.get(&(t.data_ptr() as usize)).cloned())
-        .collect()
+    tchtrain_models::ordered_variable_names(model.var_store())
 }
 
 /// Restores the scheduler from `scheduler.pt` when the checkpoint has it but not our

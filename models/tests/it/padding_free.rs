@@ -302,6 +302,21 @@ fn worst_gradient(free: &TrainStep, padded: &TrainStep) -> f64 {
     worst
 }
 
+/// The evaluation-mode logits of `inputs`, padded then padding-free.
+fn eval_logits_padded_then_free(
+    model: &mut dyn PreTrainedModel,
+    inputs: &ModelInputs<'_>,
+) -> Result<[Tensor; 2]> {
+    let mut run = |on: bool| -> Result<Tensor> {
+        model.set_padding_free(on)?;
+        model.eval();
+        tch::no_grad(|| model.forward(inputs))?
+            .logits
+            .context("no logits")
+    };
+    Ok([run(false)?, run(true)?])
+}
+
 /// The same training step run padded, then padding-free.
 fn padded_then_free(
     model: &mut dyn PreTrainedModel,
@@ -675,16 +690,7 @@ fn padding_free_every_encoder_family_equals_the_padded_run() -> Result<()> {
             labels: Some(&labels),
             ..Default::default()
         };
-        let mut eval = Vec::new();
-        for on in [false, true] {
-            model.set_padding_free(on)?;
-            model.eval();
-            eval.push(
-                tch::no_grad(|| model.forward(&inputs))?
-                    .logits
-                    .context("no logits")?,
-            );
-        }
+        let eval = eval_logits_padded_then_free(&mut *model, &inputs)?;
         // The last hidden state at the padding: zeros when the path ran (in training, where
         // every head takes it), the values the padded run computes otherwise.
         let padding = mask.eq(0).unsqueeze(-1);
@@ -815,16 +821,7 @@ fn padding_free_encoder_decoder_equals_the_padded_run() -> Result<()> {
             labels: Some(&labels),
             ..Default::default()
         };
-        let mut eval = Vec::new();
-        for on in [false, true] {
-            model.set_padding_free(on)?;
-            model.eval();
-            eval.push(
-                tch::no_grad(|| model.forward(&inputs))?
-                    .logits
-                    .context("no logits")?,
-            );
-        }
+        let eval = eval_logits_padded_then_free(&mut *model, &inputs)?;
         // The encoder's output at the padding: zeros padding-free, computed padded.
         let padding = mask.eq(0).unsqueeze(-1);
         let mut at_padding = Vec::new();
