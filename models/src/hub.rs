@@ -1,8 +1,10 @@
 //! Resolving `from_pretrained(name_or_path)` to a local folder, in upstream's order:
 //! a local folder; the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME`, the
 //! `models--org--name/snapshots/<rev>/` layout, `HF_HUB_OFFLINE=1` honoured); a download
-//! through the `hf-hub` crate (endpoint overridable with `HF_ENDPOINT`, token `HF_TOKEN`)
-//! into that same cache, so Python and Rust share downloads.
+//! through the `hf-hub` crate (endpoint overridable with `HF_ENDPOINT`; the token of
+//! `HF_TOKEN`, else of the file `huggingface-cli login` writes, as huggingface_hub resolves
+//! it) into that same cache, so Python and Rust share downloads. Downloads show progress
+//! bars unless `HF_HUB_DISABLE_PROGRESS_BARS` is set.
 
 use std::path::{Path, PathBuf};
 
@@ -33,38 +35,52 @@ pub struct HubOptions {
     pub endpoint: String,
     /// Never use the network (`HF_HUB_OFFLINE=1` or `local_files_only=True`).
     pub offline: bool,
-    /// Access token (`HF_TOKEN`).
+    /// Access token: `HF_TOKEN`, else the login file (`HF_TOKEN_PATH`, else
+    /// `$HF_HOME/token`, else `~/.cache/huggingface/token`).
     pub token: Option<String>,
-}
-
-fn env_true(name: &str) -> bool {
-    std::env::var(name)
-        .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
-        .unwrap_or(false)
+    /// Progress bars while downloading (off with `HF_HUB_DISABLE_PROGRESS_BARS`).
+    pub progress: bool,
 }
 
 impl HubOptions {
     /// Options from the environment, as huggingface_hub reads it.
     pub fn from_env() -> Self {
-        let var = |n: &str| {
-            std::env::var_os(n)
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`from_env`](Self::from_env) with the variables `var` gives.
+    pub fn from_vars(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Self {
+        let path = |n: &str| var(n).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let text = |n: &str| {
+            var(n)
+                .map(|v| v.to_string_lossy().into_owned())
                 .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
         };
-        let cache_dir = var("HF_HUB_CACHE")
-            .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
-            .or_else(|| var("XDG_CACHE_HOME").map(|c| c.join("huggingface").join("hub")))
-            .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
+        let is_true = |n: &str| {
+            text(n).is_some_and(|v| {
+                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+            })
+        };
+        // huggingface_hub's constants: HF_HOME defaults to $XDG_CACHE_HOME/huggingface.
+        let hf_home = path("HF_HOME")
+            .or_else(|| path("XDG_CACHE_HOME").map(|c| c.join("huggingface")))
+            .or_else(|| path("HOME").map(|h| h.join(".cache").join("huggingface")));
+        let cache_dir = path("HF_HUB_CACHE")
+            .or_else(|| hf_home.as_ref().map(|h| h.join("hub")))
             .unwrap_or_else(|| PathBuf::from(".cache/huggingface/hub"));
+        // `get_token()`: the variable, else the file `huggingface-cli login` writes.
+        let token_file = path("HF_TOKEN_PATH").or_else(|| hf_home.map(|h| h.join("token")));
+        let token = text("HF_TOKEN").or_else(|| {
+            let t = std::fs::read_to_string(token_file?).ok()?;
+            Some(t.trim().to_string()).filter(|t| !t.is_empty())
+        });
         Self {
             revision: "main".into(),
             cache_dir,
-            endpoint: std::env::var("HF_ENDPOINT")
-                .ok()
-                .filter(|e| !e.is_empty())
-                .unwrap_or_else(|| "https://huggingface.co".into()),
-            offline: env_true("HF_HUB_OFFLINE") || env_true("TRANSFORMERS_OFFLINE"),
-            token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            endpoint: text("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into()),
+            offline: is_true("HF_HUB_OFFLINE") || is_true("TRANSFORMERS_OFFLINE"),
+            token,
+            progress: !is_true("HF_HUB_DISABLE_PROGRESS_BARS"),
         }
     }
 }
@@ -144,7 +160,7 @@ fn download(repo_id: &str, options: &HubOptions) -> Result<PathBuf> {
         .with_endpoint(options.endpoint.clone())
         .with_cache_dir(options.cache_dir.clone())
         .with_token(options.token.clone())
-        .with_progress(false)
+        .with_progress(options.progress)
         .with_retries(0)
         .build()
         .map_err(|e| fail("creating the hub client", &e))?;

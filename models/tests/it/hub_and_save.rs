@@ -42,12 +42,14 @@ fn offline_options(cache: &Path) -> HubOptions {
         endpoint: "http://127.0.0.1:9".into(),
         offline: true,
         token: None,
+        progress: false,
     }
 }
 
 /// A minimal Hugging Face hub on 127.0.0.1 serving `/{repo}/resolve/main/{file}` from a
 /// folder, with the headers hf-hub reads (etag, x-repo-commit, Content-Range). Serves at
-/// most `max_requests` requests, then its thread ends.
+/// most `max_requests` requests, then its thread ends. The log holds each request's path
+/// and its `Authorization` header lines.
 fn serve_hub(root: PathBuf, max_requests: usize) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
@@ -64,6 +66,9 @@ fn serve_hub(root: PathBuf, max_requests: usize) -> (String, Arc<Mutex<Vec<Strin
                 let mut line = String::new();
                 if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
                     break;
+                }
+                if line.to_ascii_lowercase().starts_with("authorization:") {
+                    log2.lock().unwrap().push(line.trim().to_string());
                 }
                 if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
                     let (a, b) = v.trim().split_once('-').unwrap_or(("0", ""));
@@ -487,5 +492,65 @@ fn bf16_checkpoint_loads_into_fp32_model_and_back() -> Result<()> {
             "{name} equals the bf16 value cast to fp32"
         );
     }
+    Ok(())
+}
+
+/// The token `huggingface-cli login` wrote (`$HF_HOME/token`) reaches the hub with every
+/// download, as huggingface_hub sends it; `HF_TOKEN` wins over the file; no token, no
+/// header. `HF_HUB_DISABLE_PROGRESS_BARS` turns the download bars off.
+#[test]
+fn the_login_token_reaches_the_hub() -> Result<()> {
+    let _g = lock();
+    let served = temp_dir("served-token");
+    std::fs::create_dir_all(&served)?;
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(assets().join("tiny-llama").join(f), served.join(f))?;
+    }
+    let hf_home = temp_dir("hf-home");
+    std::fs::create_dir_all(&hf_home)?;
+    std::fs::write(hf_home.join("token"), "hf_from_login_file\n")?;
+    for (env_token, want) in [
+        (None, Some("Bearer hf_from_login_file")),
+        (Some("hf_from_env"), Some("Bearer hf_from_env")),
+    ] {
+        let (endpoint, log) = serve_hub(served.clone(), 200);
+        let cache = temp_dir("token-cache");
+        let _ = std::fs::remove_dir_all(&cache);
+        let (home, cache_s) = (hf_home.clone(), cache.clone());
+        let opts = HubOptions::from_vars(|name| match name {
+            "HF_HOME" => Some(home.clone().into_os_string()),
+            "HF_HUB_CACHE" => Some(cache_s.clone().into_os_string()),
+            "HF_ENDPOINT" => Some(endpoint.clone().into()),
+            "HF_TOKEN" => env_token.map(Into::into),
+            "HF_HUB_DISABLE_PROGRESS_BARS" => Some("1".into()),
+            _ => None,
+        });
+        assert_eq!(opts.token.as_deref(), want.map(|w| &w[7..]));
+        assert!(!opts.progress);
+        from_pretrained(
+            "tchtrain/tiny-llama",
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &opts,
+            &LoadOptions::default(),
+        )?;
+        let auth: Vec<String> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+            .cloned()
+            .collect();
+        assert!(!auth.is_empty(), "no Authorization header sent");
+        for line in &auth {
+            assert!(line.ends_with(want.unwrap_or_default()), "{line}");
+        }
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+    // Neither the variable nor a login file: no token.
+    let none = HubOptions::from_vars(|name| {
+        (name == "HF_HOME").then(|| temp_dir("empty-hf-home").into_os_string())
+    });
+    assert_eq!((none.token, none.progress), (None, true));
     Ok(())
 }
