@@ -93,6 +93,10 @@ pub struct ClassificationArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// `--ignore_mismatched_sizes` (upstream's `ModelArguments`): re-initialise the weights
+    /// whose shapes differ from the checkpoint's (a classifier with another number of
+    /// labels) instead of refusing the checkpoint.
+    pub ignore_mismatched_sizes: bool,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...; `--lora_task_type SEQ_CLS` keeps
     /// the new classifier trained and saved with the adapter).
     pub peft: PeftArguments,
@@ -118,6 +122,7 @@ impl Default for ClassificationArguments {
             label_filter: None,
             validation_split_percentage: None,
             overwrite_cache: false,
+            ignore_mismatched_sizes: false,
             peft: PeftArguments::default(),
         }
     }
@@ -146,6 +151,8 @@ script flags:
                               without --validation_file: hold out P% of the training rows,
                               drawn with --shuffle_seed, for evaluation (not upstream)
   --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --ignore_mismatched_sizes [BOOL]
+                              re-initialise weights whose shapes differ from the checkpoint's
   --preprocessing_num_workers N
                               accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
 ";
@@ -180,6 +187,9 @@ impl ScriptFlags for ClassificationArguments {
                 self.validation_split_percentage = Some(args::number(name, value)?);
             }
             "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "ignore_mismatched_sizes" => {
+                self.ignore_mismatched_sizes = args::boolean(name, value)?;
+            }
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
@@ -382,7 +392,10 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
             num_labels: Some(num_labels),
         },
         Device::Cpu,
-        &LoadOptions::default(),
+        &LoadOptions {
+            ignore_mismatched_sizes: cls.ignore_mismatched_sizes,
+            ..LoadOptions::default()
+        },
     )?;
     if !loaded.info.missing_keys.is_empty() {
         log::info!(

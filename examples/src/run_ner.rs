@@ -92,6 +92,10 @@ pub struct NerArguments {
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// `--ignore_mismatched_sizes` (upstream's `ModelArguments`): re-initialise the weights
+    /// whose shapes differ from the checkpoint's (a classifier with another number of
+    /// labels) instead of refusing the checkpoint.
+    pub ignore_mismatched_sizes: bool,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
     pub peft: PeftArguments,
 }
@@ -116,6 +120,7 @@ impl Default for NerArguments {
             label_all_tokens: false,
             return_entity_level_metrics: false,
             overwrite_cache: false,
+            ignore_mismatched_sizes: false,
             peft: PeftArguments::default(),
         }
     }
@@ -142,6 +147,8 @@ script flags:
   --return_entity_level_metrics BOOL
                               per entity type precision / recall / f1 / number too
   --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
+  --ignore_mismatched_sizes [BOOL]
+                              re-initialise weights whose shapes differ from the checkpoint's
   --preprocessing_num_workers N
                               accepted for upstream's command lines; no effect here
 ";
@@ -168,6 +175,9 @@ impl ScriptFlags for NerArguments {
                 self.return_entity_level_metrics = args::boolean(name, value)?;
             }
             "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
+            "ignore_mismatched_sizes" => {
+                self.ignore_mismatched_sizes = args::boolean(name, value)?;
+            }
             "preprocessing_num_workers" => {
                 args::number::<usize>(name, value)?;
             }
@@ -777,7 +787,10 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
             num_labels: Some(labels.len() as i64),
         },
         Device::Cpu,
-        &LoadOptions::default(),
+        &LoadOptions {
+            ignore_mismatched_sizes: ner.ignore_mismatched_sizes,
+            ..LoadOptions::default()
+        },
     )?;
     if !loaded.info.missing_keys.is_empty() {
         log::info!(

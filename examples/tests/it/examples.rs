@@ -737,3 +737,68 @@ fn run_clm_packing_trains_as_trl_packing_under_upstreams_trainer() -> Result<()>
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+/// `--ignore_mismatched_sizes` (upstream's `ModelArguments` flag, which the loading error
+/// names): a checkpoint with a 3-label classifier fine-tuned on the 2 labels of the Rotten
+/// Tomatoes rows is refused without it, naming the flag, and trains with the classifier
+/// re-initialised with it.
+#[test]
+fn run_classification_ignore_mismatched_sizes_reinitialises_the_classifier() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("cls-mismatched");
+    let o = out.display().to_string();
+    let argv = |extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "--model_name_or_path",
+            &asset("reference/models/tiny_bert_seqcls"),
+            "--tokenizer_name",
+            &asset("minilm"),
+            "--train_file",
+            &asset("text/rotten_tomatoes_corpus.csv.bz2"),
+            "--text_column_names",
+            "text",
+            "--label_column_name",
+            "category",
+            "--label_filter",
+            "fresh,rotten",
+            "--max_train_samples",
+            "16",
+            "--max_seq_length",
+            "32",
+            "--do_train",
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "4",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            &o,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let err = run_classification::main_with_args(argv(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("classifier") && err.contains("ignore_mismatched_sizes"),
+        "{err}"
+    );
+    let result = run_classification::main_with_args(argv(&["--ignore_mismatched_sizes"]))?;
+    let train = result.train_metrics.context("train metrics")?;
+    assert!(train["train_loss"].is_finite());
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
+    assert_eq!(config["id2label"].as_object().map(|m| m.len()), Some(2));
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
