@@ -32,7 +32,7 @@ use crate::values::JsonDict;
 
 /// How `HfArgumentParser` converts one command-line string for a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ValueKind {
+pub enum ValueKind {
     /// `string_to_bool`: yes/no, true/false, t/f, y/n, 1/0, any case.
     Bool,
     /// Python `int()`.
@@ -49,7 +49,7 @@ pub(crate) enum ValueKind {
 
 /// How many command-line values a flag takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Nargs {
+pub enum Nargs {
     /// Exactly one.
     One,
     /// Zero or one; alone it means `true` (`nargs="?"`, `const=True`).
@@ -58,17 +58,117 @@ pub(crate) enum Nargs {
     OneOrMore,
 }
 
-/// One field as the command line sees it (see `field_table.rs`).
-#[derive(Debug)]
-pub(crate) struct FieldSpec {
-    pub(crate) name: &'static str,
-    pub(crate) kind: ValueKind,
-    pub(crate) nargs: Nargs,
-    pub(crate) choices: &'static [&'static str],
-    pub(crate) no_flag: bool,
-    pub(crate) default: &'static str,
-    pub(crate) help: &'static str,
+/// One dataclass field as the command line sees it: the argparse action
+/// `HfArgumentParser._parse_dataclass_field` adds for it (see `field_table.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldSpec {
+    /// The field's name; the flags are `--name` and, with `_` in it, `--kebab-name`.
+    pub name: &'static str,
+    /// How a value is converted (argparse's `type`).
+    pub kind: ValueKind,
+    /// How many values the flag takes.
+    pub nargs: Nargs,
+    /// The allowed values (argparse's `choices`; `Literal` / `Enum` fields), or none.
+    pub choices: &'static [&'static str],
+    /// A `--no_<name>` flag setting it to false (bool fields defaulting to true).
+    pub no_flag: bool,
+    /// The field has no default (argparse's `required=True`).
+    pub required: bool,
+    /// The default as argparse shows it (`str(default)`: `None`, `True`, `5`, `text`).
+    pub default: &'static str,
+    /// The help text.
+    pub help: &'static str,
 }
+
+impl FieldSpec {
+    /// An `Optional[str]` / `str` field (`default` as `str(default)`, `None` for none).
+    pub const fn str(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind: ValueKind::Str,
+            nargs: Nargs::One,
+            choices: &[],
+            no_flag: false,
+            required: false,
+            default,
+            help,
+        }
+    }
+
+    /// An `int` field.
+    pub const fn int(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            kind: ValueKind::Int,
+            ..Self::str(name, default, help)
+        }
+    }
+
+    /// A `float` field.
+    pub const fn float(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            kind: ValueKind::Float,
+            ..Self::str(name, default, help)
+        }
+    }
+
+    /// A `bool` field with a default: `--name` alone means true, `--name false` too
+    /// (`nargs="?"`, `const=True`), and a default of true adds `--no_<name>`.
+    pub const fn bool(name: &'static str, default: bool, help: &'static str) -> Self {
+        Self {
+            kind: ValueKind::Bool,
+            nargs: Nargs::OptionalConstTrue,
+            no_flag: default,
+            default: if default { "True" } else { "False" },
+            ..Self::str(name, "False", help)
+        }
+    }
+
+    /// An `Optional[bool] = None` field: one value required after the flag (upstream gives
+    /// such fields no `nargs="?"`).
+    pub const fn optional_bool(name: &'static str, help: &'static str) -> Self {
+        Self {
+            kind: ValueKind::Bool,
+            ..Self::str(name, "None", help)
+        }
+    }
+
+    /// A `list[str]` field (`nargs="+"`).
+    pub const fn list(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            nargs: Nargs::OneOrMore,
+            ..Self::str(name, default, help)
+        }
+    }
+
+    /// The same field with argparse `choices`.
+    pub const fn choices(self, choices: &'static [&'static str]) -> Self {
+        Self { choices, ..self }
+    }
+
+    /// The same field without a default (argparse's `required=True`).
+    pub const fn required(self) -> Self {
+        Self {
+            required: true,
+            ..self
+        }
+    }
+}
+
+/// A dataclass of fields parsed next to `TrainingArguments`, as upstream's scripts build
+/// `HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))`.
+#[derive(Debug)]
+pub struct Dataclass {
+    /// The class name (`ModelArguments`), shown in `--help`.
+    pub name: &'static str,
+    /// Its fields, in declaration order.
+    pub fields: &'static [FieldSpec],
+}
+
+/// What [`HfArgumentParser::with_dataclass`] parsers return besides the `TrainingArguments`:
+/// for each added dataclass, in the order they were added, the fields that were given, with
+/// their values converted as argparse's `type` converts them (bool, int, float, string, or
+/// a list for `nargs="+"`). Fields not given are absent: their defaults are the reader's.
+pub type DataclassValues = Vec<JsonDict>;
 
 /// The v4 names accepted on the command line (mapped with a warning; see `normalize.rs`).
 static ALIAS_FIELDS: &[FieldSpec] = &[
@@ -78,6 +178,7 @@ static ALIAS_FIELDS: &[FieldSpec] = &[
         nargs: Nargs::One,
         choices: &["no", "steps", "epoch"],
         no_flag: false,
+        required: false,
         default: "None",
         help: "Deprecated v4 name of `eval_strategy`.",
     },
@@ -87,6 +188,7 @@ static ALIAS_FIELDS: &[FieldSpec] = &[
         nargs: Nargs::One,
         choices: &[],
         no_flag: false,
+        required: false,
         default: "None",
         help: "Deprecated v4 name: sets `warmup_steps` to this ratio in [0, 1).",
     },
@@ -96,6 +198,7 @@ static ALIAS_FIELDS: &[FieldSpec] = &[
         nargs: Nargs::OptionalConstTrue,
         choices: &[],
         no_flag: false,
+        required: false,
         default: "False",
         help: "Deprecated v4 name: `train_sampling_strategy = \"group_by_length\"`.",
     },
@@ -105,18 +208,23 @@ static ALIAS_FIELDS: &[FieldSpec] = &[
         nargs: Nargs::One,
         choices: &[],
         no_flag: false,
+        required: false,
         default: "None",
         help: "Removed in v5 (TensorBoard reads TENSORBOARD_LOGGING_DIR); accepted with a warning and returned \
                as `ParsedArguments::logging_dir`.",
     },
 ];
 
+/// Which dataclass a field belongs to: `None` for `TrainingArguments` (or
+/// `Seq2SeqTrainingArguments`), else the index among the added dataclasses.
+type Owner = Option<usize>;
+
 /// What a flag does.
 #[derive(Debug, Clone, Copy)]
 enum Target {
     Help,
-    Store(&'static FieldSpec),
-    StoreFalse(&'static FieldSpec),
+    Store(&'static FieldSpec, Owner),
+    StoreFalse(&'static FieldSpec, Owner),
 }
 
 /// One command-line string, classified as argparse does.
@@ -192,6 +300,8 @@ pub struct HfArgumentParser {
     options: Vec<(String, Target)>,
     /// Built for `Seq2SeqTrainingArguments` (its five fields are flags too).
     seq2seq: bool,
+    /// The dataclasses parsed beside the training arguments ([`Self::with_dataclass`]).
+    dataclasses: Vec<&'static Dataclass>,
 }
 
 impl Default for HfArgumentParser {
@@ -225,22 +335,62 @@ impl HfArgumentParser {
             ("--help".to_string(), Target::Help),
         ];
         for spec in Self::specs(seq2seq) {
-            options.push((format!("--{}", spec.name), Target::Store(spec)));
-            if spec.name.contains('_') {
-                options.push((
-                    format!("--{}", spec.name.replace('_', "-")),
-                    Target::Store(spec),
-                ));
-            }
-            if spec.no_flag {
-                options.push((format!("--no_{}", spec.name), Target::StoreFalse(spec)));
-                options.push((
-                    format!("--no-{}", spec.name.replace('_', "-")),
-                    Target::StoreFalse(spec),
-                ));
-            }
+            push_options(&mut options, spec, None);
         }
-        Self { options, seq2seq }
+        Self {
+            options,
+            seq2seq,
+            dataclasses: Vec::new(),
+        }
+    }
+
+    /// Adds a dataclass's fields as flags, as upstream's scripts pass
+    /// `HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))`: its
+    /// flags share prefix matching, `--no_<flag>`, did-you-mean and `--help` with the
+    /// training arguments'. Read with [`Self::parse_args_with_dataclasses`] (or the
+    /// `seq2seq` / JSON-file twins), which return the added dataclasses' values in the order
+    /// they were added.
+    ///
+    /// A field whose flag another field already has is [`Error::ConflictingOption`]
+    /// (argparse's "conflicting option string").
+    ///
+    /// ```
+    /// use tchtrain_training_args::{Dataclass, FieldSpec, HfArgumentParser};
+    ///
+    /// static DATA: Dataclass = Dataclass {
+    ///     name: "DataTrainingArguments",
+    ///     fields: &[
+    ///         FieldSpec::str("train_file", "None", "A training file."),
+    ///         FieldSpec::bool("keep_linebreaks", true, "Keep line breaks."),
+    ///     ],
+    /// };
+    /// let parser = HfArgumentParser::new().with_dataclass(&DATA)?;
+    /// let (values, parsed) = parser.parse_args_with_dataclasses([
+    ///     "--train_f", "a.txt", "--no_keep_linebreaks", "--output_dir", "out",
+    /// ])?;
+    /// assert_eq!(values[0]["train_file"], "a.txt");
+    /// assert_eq!(values[0]["keep_linebreaks"], false);
+    /// assert_eq!(parsed.args.output_dir(), "out");
+    /// # Ok::<(), tchtrain_training_args::Error>(())
+    /// ```
+    pub fn with_dataclass(mut self, dataclass: &'static Dataclass) -> Result<Self> {
+        let owner = Some(self.dataclasses.len());
+        for spec in dataclass.fields {
+            let mut added = Vec::new();
+            push_options(&mut added, spec, owner);
+            if let Some((flag, _)) = added
+                .iter()
+                .find(|(flag, _)| self.options.iter().any(|(o, _)| o == flag))
+            {
+                return Err(Error::ConflictingOption {
+                    flag: flag.clone(),
+                    dataclass: dataclass.name.to_string(),
+                });
+            }
+            self.options.extend(added);
+        }
+        self.dataclasses.push(dataclass);
+        Ok(self)
     }
 
     /// Every field row this parser knows, in `--help` order.
@@ -344,7 +494,12 @@ impl HfArgumentParser {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let (map, remaining) = self.collect(args)?;
+        let (map, _, remaining) = self.collect(args)?;
+        self.training_only(map).map(|parsed| (parsed, remaining))
+    }
+
+    /// The training arguments of a parsed map, refusing seq2seq fields.
+    fn training_only(&self, map: JsonDict) -> Result<ParsedArguments> {
         if let Some(name) = crate::seq2seq::seq2seq_field_names().find(|n| map.contains_key(*n)) {
             return Err(Error::InvalidValue {
                 field: name.to_string(),
@@ -354,7 +509,122 @@ impl HfArgumentParser {
                     .to_string(),
             });
         }
-        Ok((from_map(map)?, remaining))
+        from_map(map)
+    }
+
+    /// Upstream's `parse_args_into_dataclasses` on a parser with added dataclasses
+    /// ([`Self::with_dataclass`]): their values (see [`DataclassValues`]), then the
+    /// training arguments. Strings no flag uses are [`Error::UnknownArgument`], with close
+    /// matches among every dataclass's flags; a required field not given is
+    /// [`Error::MissingRequired`].
+    pub fn parse_args_with_dataclasses<I, S>(
+        &self,
+        args: I,
+    ) -> Result<(DataclassValues, ParsedArguments)>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (map, values, remaining) = self.collect(args)?;
+        self.reject_remaining(remaining)?;
+        self.check_required(&values)?;
+        Ok((values, self.training_only(map)?))
+    }
+
+    /// [`Self::parse_args_with_dataclasses`] for `Seq2SeqTrainingArguments` (a parser from
+    /// [`Self::for_seq2seq`]).
+    pub fn parse_seq2seq_args_with_dataclasses<I, S>(
+        &self,
+        args: I,
+    ) -> Result<(DataclassValues, ParsedSeq2SeqArguments)>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let (map, values, remaining) = self.collect(args)?;
+        self.reject_remaining(remaining)?;
+        self.check_required(&values)?;
+        Ok((values, from_map_seq2seq(map)?))
+    }
+
+    /// Upstream's `parse_json_file` (and `parse_dict`) on a parser with added dataclasses:
+    /// each key goes to the dataclass with that field; the rest are the training arguments,
+    /// read as [`crate::TrainingArguments::from_dict`] reads them. A key no dataclass has is
+    /// an error, as `allow_extra_keys=False` makes it upstream. Values are JSON values of the
+    /// field's type (`null` for a field whose default is `None` is the default).
+    pub fn parse_json_file_with_dataclasses(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<(DataclassValues, ParsedArguments)> {
+        let (map, values) = self.split_json_file(path.as_ref())?;
+        Ok((values, self.training_only(map)?))
+    }
+
+    /// [`Self::parse_json_file_with_dataclasses`] for `Seq2SeqTrainingArguments`.
+    pub fn parse_seq2seq_json_file_with_dataclasses(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<(DataclassValues, ParsedSeq2SeqArguments)> {
+        let (map, values) = self.split_json_file(path.as_ref())?;
+        Ok((values, from_map_seq2seq(map)?))
+    }
+
+    /// Reads a JSON file of arguments and hands each key to its dataclass.
+    fn split_json_file(&self, path: &std::path::Path) -> Result<(JsonDict, DataclassValues)> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            field: "-".to_string(),
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let Value::Object(all) = serde_json::from_str::<Value>(&text)? else {
+            return Err(Error::InvalidValue {
+                field: path.display().to_string(),
+                value: "(the file)".into(),
+                reason: "expected a JSON object of argument names and values".into(),
+            });
+        };
+        let mut map = JsonDict::new();
+        let mut values: DataclassValues = vec![JsonDict::new(); self.dataclasses.len()];
+        for (key, value) in all {
+            let owned = self.dataclasses.iter().enumerate().find_map(|(i, dc)| {
+                dc.fields
+                    .iter()
+                    .find(|f| f.name == key)
+                    .map(|spec| (i, spec))
+            });
+            match owned {
+                Some((i, spec)) => {
+                    if let Some(value) = check_json_value(spec, value)? {
+                        values[i].insert(key, value);
+                    }
+                }
+                None => {
+                    map.insert(key, value);
+                }
+            }
+        }
+        self.check_required(&values)?;
+        Ok((map, values))
+    }
+
+    /// argparse's "the following arguments are required".
+    fn check_required(&self, values: &DataclassValues) -> Result<()> {
+        let missing: Vec<String> = self
+            .dataclasses
+            .iter()
+            .zip(values)
+            .flat_map(|(dc, given)| {
+                dc.fields
+                    .iter()
+                    .filter(|f| f.required && !given.contains_key(f.name))
+                    .map(|f| format!("--{}", f.name))
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::MissingRequired { flags: missing })
+        }
     }
 
     /// Upstream's `HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses`:
@@ -384,12 +654,13 @@ impl HfArgumentParser {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let (map, remaining) = self.collect(args)?;
+        let (map, _, remaining) = self.collect(args)?;
         Ok((from_map_seq2seq(map)?, remaining))
     }
 
-    /// Turns a command line into the key/value map the readers take, and the strings no flag used.
-    fn collect<I, S>(&self, args: I) -> Result<(JsonDict, Vec<String>)>
+    /// Turns a command line into the key/value map the readers take, the added dataclasses'
+    /// values, and the strings no flag used.
+    fn collect<I, S>(&self, args: I) -> Result<(JsonDict, DataclassValues, Vec<String>)>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -407,6 +678,7 @@ impl HfArgumentParser {
         let after_double_dash: Vec<String> = iter.map(|a| a.as_ref().to_string()).collect();
 
         let mut map = JsonDict::new();
+        let mut extra: DataclassValues = vec![JsonDict::new(); self.dataclasses.len()];
         let mut i = 0;
         while i < tokens.len() {
             match &tokens[i] {
@@ -416,7 +688,7 @@ impl HfArgumentParser {
                     ..
                 } => return Err(Error::HelpRequested(self.format_help("train"))),
                 Token::Flag {
-                    target: Target::StoreFalse(spec),
+                    target: Target::StoreFalse(spec, owner),
                     flag,
                     explicit,
                 } => {
@@ -426,10 +698,11 @@ impl HfArgumentParser {
                             value: value.clone(),
                         });
                     }
-                    map.insert(spec.name.to_string(), Value::Bool(false));
+                    let into = owner.map_or(&mut map, |o| &mut extra[o]);
+                    into.insert(spec.name.to_string(), Value::Bool(false));
                 }
                 Token::Flag {
-                    target: Target::Store(spec),
+                    target: Target::Store(spec, owner),
                     flag,
                     explicit,
                 } => {
@@ -473,13 +746,14 @@ impl HfArgumentParser {
                         ),
                         _ => convert(spec, flag, &values[0])?,
                     };
-                    map.insert(spec.name.to_string(), value);
+                    let into = owner.map_or(&mut map, |o| &mut extra[o]);
+                    into.insert(spec.name.to_string(), value);
                 }
             }
             i += 1;
         }
         remaining.extend(after_double_dash);
-        Ok((map, remaining))
+        Ok((map, extra, remaining))
     }
 
     /// Parses the process's own command line (`std::env::args`, skipping the program name);
@@ -572,14 +846,22 @@ impl HfArgumentParser {
         } else {
             "TrainingArguments"
         };
+        let classes: Vec<String> = self
+            .dataclasses
+            .iter()
+            .map(|d| d.name.to_string())
+            .chain([format!("transformers.{class} (5.23)")])
+            .collect();
         let mut out = format!(
             "usage: {prog} [-h] [--FIELD VALUE ...]\n\n\
-             Arguments of transformers.{class} (5.23), parsed as HfArgumentParser parses them.\n\
+             Arguments of {}, parsed as HfArgumentParser parses them.\n\
              Each flag also accepts `--flag=value` and a kebab-case spelling; bool flags alone mean true.\n\n\
              options:\n  -h, --help\n{pad}show this help message and exit\n",
+            classes.join(", "),
             pad = " ".repeat(24)
         );
-        for spec in Self::specs(self.seq2seq) {
+        let extra = self.dataclasses.iter().flat_map(|d| d.fields.iter());
+        for spec in extra.chain(Self::specs(self.seq2seq)) {
             let metavar = if spec.choices.is_empty() {
                 spec.name.to_uppercase()
             } else {
@@ -591,17 +873,84 @@ impl HfArgumentParser {
                 Nargs::OneOrMore => format!("{metavar} [{metavar} ...]"),
             };
             out.push_str(&format!("  --{} {usage}\n", spec.name));
-            out.push_str(&wrap(
-                &format!("{} (default: {})", spec.help, spec.default),
-                24,
-                100,
-            ));
+            let default = if spec.required {
+                "required".to_string()
+            } else {
+                format!("default: {}", spec.default)
+            };
+            out.push_str(&wrap(&format!("{} ({default})", spec.help), 24, 100));
             if spec.no_flag {
                 out.push_str(&format!("  --no_{}\n", spec.name));
                 out.push_str(&wrap(&format!("Set `{}` to false.", spec.name), 24, 100));
             }
         }
         out
+    }
+}
+
+/// The flags of one field: `--name`, `--kebab-name`, and for a true-by-default bool
+/// `--no_name` / `--no-kebab-name`.
+fn push_options(options: &mut Vec<(String, Target)>, spec: &'static FieldSpec, owner: Owner) {
+    options.push((format!("--{}", spec.name), Target::Store(spec, owner)));
+    if spec.name.contains('_') {
+        options.push((
+            format!("--{}", spec.name.replace('_', "-")),
+            Target::Store(spec, owner),
+        ));
+    }
+    if spec.no_flag {
+        options.push((
+            format!("--no_{}", spec.name),
+            Target::StoreFalse(spec, owner),
+        ));
+        options.push((
+            format!("--no-{}", spec.name.replace('_', "-")),
+            Target::StoreFalse(spec, owner),
+        ));
+    }
+}
+
+/// A JSON value for a dataclass field: checked against the field's type and choices;
+/// `None` for `null` where the default is `None` (the default, so not given).
+fn check_json_value(spec: &FieldSpec, value: Value) -> Result<Option<Value>> {
+    let invalid = |reason: &str| Error::InvalidValue {
+        field: spec.name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    let fits = |v: &Value| match spec.kind {
+        ValueKind::Bool => v.is_boolean(),
+        ValueKind::Int => v.is_i64() || v.is_u64(),
+        ValueKind::Float => v.is_number(),
+        ValueKind::Str | ValueKind::Debug => v
+            .as_str()
+            .is_some_and(|s| spec.choices.is_empty() || spec.choices.contains(&s)),
+        ValueKind::Unsupported(_) => true,
+    };
+    if value.is_null() {
+        return if spec.default == "None" {
+            Ok(None)
+        } else {
+            Err(invalid("null is not a value of this field"))
+        };
+    }
+    let ok = match (&spec.nargs, &value) {
+        (Nargs::OneOrMore, Value::Array(items)) => items.iter().all(fits),
+        (Nargs::OneOrMore, _) => false,
+        _ => fits(&value),
+    };
+    if ok {
+        Ok(Some(value))
+    } else {
+        let expected = match (spec.nargs, spec.kind) {
+            (Nargs::OneOrMore, _) => "a list of values".to_string(),
+            (_, ValueKind::Bool) => "true or false".to_string(),
+            (_, ValueKind::Int) => "an integer".to_string(),
+            (_, ValueKind::Float) => "a number".to_string(),
+            _ if !spec.choices.is_empty() => format!("one of {}", spec.choices.join(", ")),
+            _ => "a string".to_string(),
+        };
+        Err(invalid(&format!("expected {expected}")))
     }
 }
 

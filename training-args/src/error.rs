@@ -194,6 +194,25 @@ pub enum Error {
     /// `--help` / `-h` was given: the payload is the help text to print (exit status 0).
     #[error("{0}")]
     HelpRequested(String),
+
+    /// Fields without a default were not given (argparse's message).
+    #[error("the following arguments are required: {}", flags.join(", "))]
+    MissingRequired {
+        /// The flags missing.
+        flags: Vec<String>,
+    },
+
+    /// A dataclass added to the parser has a field whose flag another field already has
+    /// (argparse's "conflicting option string" when the parser is built).
+    #[error(
+        "argument {flag}: conflicting option string (a field of {dataclass} repeats a flag the parser already has)"
+    )]
+    ConflictingOption {
+        /// The flag.
+        flag: String,
+        /// The dataclass being added.
+        dataclass: String,
+    },
 }
 
 impl Error {
@@ -213,6 +232,8 @@ impl Error {
             Error::MissingValue { flag, .. } | Error::UnexpectedValue { flag, .. } => Some(flag),
             Error::AmbiguousOption { arg, .. } => Some(arg),
             Error::UnknownArgument { args, .. } => args.first().map(String::as_str),
+            Error::MissingRequired { flags } => flags.first().map(String::as_str),
+            Error::ConflictingOption { flag, .. } => Some(flag),
             Error::Json(_) | Error::UnknownVariant { .. } | Error::HelpRequested(_) => None,
         }
     }

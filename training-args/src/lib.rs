@@ -60,7 +60,7 @@ mod trainer_utils;
 mod training_args;
 mod values;
 
-pub use cli::HfArgumentParser;
+pub use cli::{Dataclass, DataclassValues, FieldSpec, HfArgumentParser, Nargs, ValueKind};
 pub use debug_utils::DebugOption;
 pub use distributed::ParallelMode;
 pub use error::{Error, Result};

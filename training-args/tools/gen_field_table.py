@@ -67,6 +67,7 @@ def print_rows(p: HfArgumentParser, skip: frozenset = frozenset()) -> None:
         print(f"        nargs: {nargs_of(a)},")
         print(f"        choices: {choices},")
         print(f"        no_flag: {'true' if a.dest in no_flags else 'false'},")
+        print(f"        required: {'true' if a.required else 'false'},")
         print(f"        default: {rs(str(a.default))},")
         print(f"        help: {rs(help_text)},")
         print("    },")
