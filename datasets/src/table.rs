@@ -1,7 +1,8 @@
-//! Tabular data files as the `datasets` "csv" and "json" loaders read them for the example
-//! scripts: a header of column names and rows of cells. CSV (RFC 4180: quoted fields with
-//! commas, doubled quotes and line breaks), JSON lines (one object per line) or a JSON
-//! array of objects; any of them bzip2-compressed when the name ends in `.bz2`.
+//! Tabular data files as the `datasets` "csv", "json", "parquet" and "arrow" loaders read
+//! them for the example scripts: a header of column names and rows of cells. CSV (RFC 4180:
+//! quoted fields with commas, doubled quotes and line breaks), JSON lines (one object per
+//! line) or a JSON array of objects, any of them bzip2-compressed when the name ends in
+//! `.bz2`; Parquet (`parquet.rs`) and Arrow IPC (`arrow_ipc.rs`) files.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Rows of named cells read from a data file. CSV cells are strings; JSON cells keep their
-/// JSON type (a missing key is `null`).
+/// JSON type (a missing key is `null`); Parquet and Arrow cells are what `to_list()` gives in
+/// Python, as JSON (integers, floats, strings, lists as arrays, structs as objects).
 ///
 /// ```
 /// use tchtrain_datasets::Table;
@@ -43,37 +45,93 @@ pub fn read_text_maybe_bz2(path: impl AsRef<Path>) -> Result<String> {
     Ok(text)
 }
 
-/// The format of a data file, from its name (`.csv`, `.json`, `.jsonl`, each optionally
-/// followed by `.bz2`).
-fn format_of(path: &Path) -> Option<&'static str> {
+/// The format of a data file, from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Csv,
+    Json,
+    Parquet,
+    Arrow,
+}
+
+/// The format of a data file, from its name: `.csv`, `.json`, `.jsonl` (each optionally
+/// followed by `.bz2`), `.parquet`, `.arrow`.
+fn format_of(path: &Path) -> Option<Format> {
     let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+    if name.ends_with(".parquet") {
+        return Some(Format::Parquet);
+    }
+    if name.ends_with(".arrow") {
+        return Some(Format::Arrow);
+    }
     let name = name.strip_suffix(".bz2").unwrap_or(&name);
     if name.ends_with(".csv") {
-        Some("csv")
+        Some(Format::Csv)
     } else if name.ends_with(".json") || name.ends_with(".jsonl") {
-        Some("json")
+        Some(Format::Json)
     } else {
         None
     }
 }
 
+/// Whether `path` names a Parquet file (by its extension, as [`Table::read`] decides).
+pub(crate) fn is_parquet(path: &Path) -> bool {
+    format_of(path) == Some(Format::Parquet)
+}
+
 impl Table {
-    /// Reads a CSV or JSON (lines) file, the format chosen by the extension as upstream's
-    /// examples do (`.csv`, `.json`, `.jsonl`, optionally `.bz2`-compressed).
+    /// Reads a data file, the format chosen by the extension as upstream's examples do:
+    /// `.csv`, `.json`, `.jsonl` (optionally `.bz2`-compressed), `.parquet`
+    /// ([`Table::read_parquet`]) or `.arrow` ([`Table::read_arrow`]).
     pub fn read(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = read_text_maybe_bz2(path)?;
-        match format_of(path) {
-            Some("csv") => Self::from_csv_str(&text, path),
-            Some(_) => Self::from_json_str(&text, path),
-            None => Err(Error::DataFile {
+        let Some(format) = format_of(path) else {
+            return Err(Error::DataFile {
                 path: path.to_path_buf(),
                 line: 1,
-                detail:
-                    "unknown format: the name should end in .csv, .json or .jsonl (optionally .bz2)"
-                        .into(),
-            }),
+                detail: "unknown format: the name should end in .csv, .json or .jsonl \
+                         (optionally .bz2), .parquet or .arrow"
+                    .into(),
+            });
+        };
+        match format {
+            Format::Parquet => Self::read_parquet(path),
+            Format::Arrow => Self::read_arrow(path),
+            Format::Csv => Self::from_csv_str(&read_text_maybe_bz2(path)?, path),
+            Format::Json => Self::from_json_str(&read_text_maybe_bz2(path)?, path),
         }
+    }
+
+    /// Reads every row of a Parquet file (`datasets.load_dataset("parquet", ...)`); see
+    /// [`crate::ParquetFile`] to read it row group by row group.
+    pub fn read_parquet(path: impl AsRef<Path>) -> Result<Self> {
+        crate::parquet::ParquetFile::open(path)?.read()
+    }
+
+    /// Reads every row of an Arrow IPC stream or file (`datasets.load_dataset("arrow", ...)`;
+    /// `datasets` writes streams).
+    pub fn read_arrow(path: impl AsRef<Path>) -> Result<Self> {
+        crate::arrow_ipc::read_arrow_ipc(path.as_ref())
+    }
+
+    /// Reads a `Dataset.save_to_disk` folder (`Dataset.load_from_disk`): its shards, in the
+    /// order `state.json` lists them. See [`crate::load_from_disk`] for `DatasetDict`s.
+    pub fn load_from_disk(path: impl AsRef<Path>) -> Result<Self> {
+        crate::arrow_dataset::load_dataset_folder(path.as_ref())
+    }
+
+    /// A table of `rows` (each as long as `columns`) read from `path`.
+    pub(crate) fn from_parts(path: PathBuf, columns: Vec<String>, rows: Vec<Vec<Value>>) -> Self {
+        Self {
+            path,
+            columns,
+            rows,
+        }
+    }
+
+    /// The rows, by value.
+    pub(crate) fn into_rows(self) -> Vec<Vec<Value>> {
+        self.rows
     }
 
     /// Parses CSV text with a header row; `path` names the source in errors.
@@ -260,6 +318,82 @@ impl Table {
             columns: self.columns.clone(),
             rows,
         })
+    }
+
+    /// The rows of several tables, one after the other (`concatenate_datasets`, as
+    /// `load_dataset` joins a split's files): the columns must be the same, in the same
+    /// order, else [`Error::DataFile`] names the first table that differs. The result
+    /// carries the first table's path.
+    pub fn concat(tables: Vec<Self>) -> Result<Self> {
+        let mut tables = tables.into_iter();
+        let Some(mut out) = tables.next() else {
+            return Ok(Self::default());
+        };
+        for t in tables {
+            if t.columns != out.columns {
+                return Err(Error::DataFile {
+                    path: t.path,
+                    line: 1,
+                    detail: format!(
+                        "its columns {:?} differ from {:?} of {}; the files of one split must have the same columns",
+                        t.columns,
+                        out.columns,
+                        out.path.display()
+                    ),
+                });
+            }
+            out.rows.extend(t.rows);
+        }
+        Ok(out)
+    }
+
+    /// The table without the columns `names` (`remove_columns`); a name that is not a
+    /// column is [`Error::MissingColumn`].
+    pub fn remove_columns(&self, names: &[String]) -> Result<Self> {
+        for n in names {
+            self.column_index(n)?;
+        }
+        let keep: Vec<usize> = (0..self.columns.len())
+            .filter(|&i| !names.contains(&self.columns[i]))
+            .collect();
+        Ok(Self {
+            path: self.path.clone(),
+            columns: keep.iter().map(|&i| self.columns[i].clone()).collect(),
+            rows: self
+                .rows
+                .iter()
+                .map(|r| keep.iter().map(|&i| r[i].clone()).collect())
+                .collect(),
+        })
+    }
+}
+
+/// Reads up to `buf.len()` bytes (fewer only at the end of the file).
+pub(crate) fn read_up_to(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A hint naming the format a binary file's first bytes belong to, when we know it.
+pub(crate) fn other_format_hint(head: &[u8]) -> &'static str {
+    if head.starts_with(b"ARRO") || head.starts_with(&[0xff, 0xff, 0xff, 0xff]) {
+        " (it looks like an Arrow IPC file: name it .arrow)"
+    } else if head.starts_with(b"PAR1") {
+        " (it looks like a Parquet file: name it .parquet)"
+    } else if head.starts_with(b"BZh") {
+        " (it looks bzip2-compressed)"
+    } else if head.starts_with(b"{") || head.starts_with(b"[") {
+        " (it looks like JSON)"
+    } else {
+        ""
     }
 }
 

@@ -1,16 +1,20 @@
 //! Plain-text data for causal language modelling, as upstream's `run_clm.py` prepares it:
-//! the `datasets` text loader (one row per line), `tokenize_function`, then `group_texts`
-//! (concatenate, cut into `block_size` blocks, `labels = input_ids`).
+//! the `datasets` text loader (one row per line) or a Parquet file's text column,
+//! `tokenize_function`, then `group_texts` (concatenate, cut into `block_size` blocks,
+//! `labels = input_ids`).
 
 use std::collections::VecDeque;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::feature::{Feature, Label};
+use crate::parquet::{ColumnChunks, ParquetFile};
+use crate::table::is_parquet;
 
 /// `datasets.Dataset.map(batched=True)`'s default batch size: `group_texts` runs on chunks
 /// of this many rows and drops each chunk's remainder.
@@ -125,16 +129,73 @@ pub fn group_texts(
     Ok(out)
 }
 
+/// `run_clm.py`'s choice of the column to tokenize: `"text"` if there is one, else the
+/// first column (`text_column_name = "text" if "text" in column_names else
+/// column_names[0]`). No columns at all is [`Error::MissingColumn`].
+pub fn clm_text_column(columns: &[String], path: &Path) -> Result<String> {
+    if columns.iter().any(|c| c == "text") {
+        return Ok("text".into());
+    }
+    columns
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::MissingColumn {
+            column: "text".into(),
+            path: path.to_path_buf(),
+            available: String::new(),
+        })
+}
+
+/// The text of a cell of `run_clm.py`'s text column: a string, else [`Error::InvalidCell`]
+/// (upstream's tokenizer refuses `None` and numbers too).
+fn text_cell(cell: Value, chunks: &ColumnChunks, row: usize) -> Result<String> {
+    match cell {
+        Value::String(s) => Ok(s),
+        other => Err(Error::InvalidCell {
+            path: chunks.path().to_path_buf(),
+            column: chunks.column().to_string(),
+            row,
+            detail: format!(
+                "{} where text is needed",
+                if other.is_null() {
+                    "null".to_string()
+                } else {
+                    format!("the value {other}")
+                }
+            ),
+        }),
+    }
+}
+
+/// The rows of `run_clm.py`'s text column of a Parquet file (see [`clm_text_column`]).
+fn parquet_text_rows(path: &Path) -> Result<Vec<String>> {
+    let file = ParquetFile::open(path)?;
+    let mut chunks = file.iter_column(&clm_text_column(&file.columns(), path)?)?;
+    let mut lines = Vec::with_capacity(file.num_rows());
+    while let Some(cells) = chunks.next() {
+        for cell in cells? {
+            let row = lines.len();
+            lines.push(text_cell(cell, &chunks, row)?);
+        }
+    }
+    Ok(lines)
+}
+
 /// The whole `run_clm.py` preparation of a text file: [`load_text_lines`] (line breaks
-/// kept), [`tokenize_lines`], [`group_texts`] with `datasets`' default chunking: the rows
-/// of the blocks. Too little text for one block is [`Error::EmptyDataset`].
+/// kept) — or, for a `.parquet` file, the rows of its text column ([`clm_text_column`]) —,
+/// [`tokenize_lines`], [`group_texts`] with `datasets`' default chunking: the rows of the
+/// blocks. Too little text for one block is [`Error::EmptyDataset`].
 pub fn causal_lm_blocks_from_file(
     path: impl AsRef<Path>,
     tokenizer: &Tokenizer,
     block_size: usize,
 ) -> Result<Vec<Feature>> {
     let path = path.as_ref();
-    let lines = load_text_lines(path, true)?;
+    let lines = if is_parquet(path) {
+        parquet_text_rows(path)?
+    } else {
+        load_text_lines(path, true)?
+    };
     let ids = tokenize_lines(tokenizer, &lines)?;
     let blocks = group_texts(&ids, block_size, None)?;
     if blocks.is_empty() {
@@ -153,6 +214,10 @@ pub fn causal_lm_blocks_from_file(
 /// is read [`DEFAULT_MAP_BATCH_SIZE`] lines at a time, each chunk tokenized and grouped into
 /// `block_size` blocks as the training consumes them, so the text never has to fit in
 /// memory. The blocks are exactly those of the in-memory preparation, in the same order.
+///
+/// A `.parquet` file streams its text column ([`clm_text_column`]) one row group at a
+/// time: the rows are the lines, chunked across row groups as `datasets`' batched `map` over
+/// an `IterableDataset` chunks them.
 #[derive(Clone)]
 pub struct CausalLmTextStream {
     path: PathBuf,
@@ -170,8 +235,9 @@ impl std::fmt::Debug for CausalLmTextStream {
 }
 
 impl CausalLmTextStream {
-    /// A stream of `block_size`-token blocks of the text file at `path`. A zero block size is
-    /// [`Error::InvalidArgument`]; a missing file is reported when a pass starts.
+    /// A stream of `block_size`-token blocks of the text file (or `.parquet` file) at `path`.
+    /// A zero block size is [`Error::InvalidArgument`]; a missing file is reported when a
+    /// pass starts.
     pub fn new(
         path: impl AsRef<Path>,
         tokenizer: Arc<Tokenizer>,
@@ -192,14 +258,22 @@ impl CausalLmTextStream {
 
     /// One pass over the file from its beginning: the blocks in order, each an item (a
     /// line that cannot be read or tokenized is an error item, the last one). Failing to
-    /// open the file is an error here. (`tchtrain-data` makes the stream an
-    /// `IterableDataset`, one pass per epoch.)
+    /// open the file (or, for Parquet, to read its footer or find its text column) is an
+    /// error here. (`tchtrain-data` makes the stream an `IterableDataset`, one pass per
+    /// epoch.)
     pub fn blocks(&self) -> Result<TextBlocks> {
-        let file =
-            std::fs::File::open(&self.path).map_err(|e| Error::io("reading", &self.path, e))?;
+        let source = if is_parquet(&self.path) {
+            let file = ParquetFile::open(&self.path)?;
+            let column = clm_text_column(&file.columns(), &self.path)?;
+            LineSource::Parquet(file.iter_column(&column)?)
+        } else {
+            let file =
+                std::fs::File::open(&self.path).map_err(|e| Error::io("reading", &self.path, e))?;
+            LineSource::Text(std::io::BufReader::new(file))
+        };
         Ok(TextBlocks {
             stream: self.clone(),
-            reader: std::io::BufReader::new(file),
+            source,
             line_no: 0,
             carried: VecDeque::new(),
             pending: VecDeque::new(),
@@ -208,14 +282,22 @@ impl CausalLmTextStream {
     }
 }
 
+/// Where a [`TextBlocks`] pass reads its lines.
+enum LineSource {
+    /// A text file, read up to each `\n`.
+    Text(std::io::BufReader<std::fs::File>),
+    /// A Parquet file's text column, one row group at a time.
+    Parquet(ColumnChunks),
+}
+
 /// One pass of a [`CausalLmTextStream`]: an iterator over its blocks.
 pub struct TextBlocks {
     stream: CausalLmTextStream,
-    reader: std::io::BufReader<std::fs::File>,
+    source: LineSource,
     /// Lines read so far (for error messages).
     line_no: usize,
-    /// Lines already split off the file but not yet in a chunk (a `\n`-terminated piece
-    /// may hold several of Python's lines: `\r`, `\x0b`, ...).
+    /// Lines already read but not yet in a chunk (a `\n`-terminated piece may hold several
+    /// of Python's lines: `\r`, `\x0b`, ...; a row group holds many rows).
     carried: VecDeque<String>,
     /// Blocks of the current chunk not yet yielded.
     pending: VecDeque<Feature>,
@@ -223,9 +305,42 @@ pub struct TextBlocks {
 }
 
 impl TextBlocks {
+    /// Reads the next piece of the source into `carried`; false at its end.
+    fn read_more(&mut self, lines_in_chunk: usize) -> Result<bool> {
+        match &mut self.source {
+            LineSource::Text(reader) => {
+                let mut buf = Vec::new();
+                let n = reader
+                    .read_until(b'\n', &mut buf)
+                    .map_err(|e| Error::io("reading", &self.stream.path, e))?;
+                if n == 0 {
+                    return Ok(false);
+                }
+                let piece = String::from_utf8(buf).map_err(|e| Error::DataFile {
+                    path: self.stream.path.clone(),
+                    line: self.line_no + lines_in_chunk + 1,
+                    detail: format!("not UTF-8 ({e})"),
+                })?;
+                self.carried.extend(split_lines(&piece, true));
+                Ok(true)
+            }
+            LineSource::Parquet(chunks) => {
+                let Some(cells) = chunks.next() else {
+                    return Ok(false);
+                };
+                let first_row = self.line_no + lines_in_chunk + self.carried.len();
+                for (i, cell) in cells?.into_iter().enumerate() {
+                    let line = text_cell(cell, chunks, first_row + i)?;
+                    self.carried.push_back(line);
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// Reads the next chunk of up to [`DEFAULT_MAP_BATCH_SIZE`] lines (Python's
-    /// `splitlines(keepends=True)` lines) and groups it into blocks, as `datasets`' batched
-    /// `map` does chunk by chunk.
+    /// `splitlines(keepends=True)` lines, or a Parquet column's rows) and groups it into
+    /// blocks, as `datasets`' batched `map` does chunk by chunk.
     fn refill(&mut self) -> Result<()> {
         let mut lines: Vec<String> = Vec::with_capacity(DEFAULT_MAP_BATCH_SIZE);
         while lines.len() < DEFAULT_MAP_BATCH_SIZE {
@@ -233,21 +348,10 @@ impl TextBlocks {
                 lines.push(line);
                 continue;
             }
-            let mut buf = Vec::new();
-            let n = self
-                .reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| Error::io("reading", &self.stream.path, e))?;
-            if n == 0 {
+            if !self.read_more(lines.len())? {
                 self.done = true;
                 break;
             }
-            let piece = String::from_utf8(buf).map_err(|e| Error::DataFile {
-                path: self.stream.path.clone(),
-                line: self.line_no + lines.len() + 1,
-                detail: format!("not UTF-8 ({e})"),
-            })?;
-            self.carried.extend(split_lines(&piece, true));
         }
         self.line_no += lines.len();
         let ids = tokenize_lines(&self.stream.tokenizer, &lines)?;

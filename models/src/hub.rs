@@ -1,12 +1,15 @@
-//! Resolving `from_pretrained(name_or_path)` to a local folder, in upstream's order:
-//! a local folder; the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME`, the
-//! `models--org--name/snapshots/<rev>/` layout, `HF_HUB_OFFLINE=1` honoured); a download
-//! through the `hf-hub` crate (endpoint overridable with `HF_ENDPOINT`; the token of
-//! `HF_TOKEN`, else of the file `huggingface-cli login` writes, as huggingface_hub resolves
-//! it) into that same cache, so Python and Rust share downloads. Downloads show progress
-//! bars unless `HF_HUB_DISABLE_PROGRESS_BARS` is set.
+//! Resolving `from_pretrained(name_or_path)` to a local folder, in upstream's order: a local
+//! folder; a complete snapshot in the Hugging Face cache (`HF_HUB_OFFLINE=1` honoured); a
+//! download of the files a model needs (config, weights or their index and shards, the
+//! tokenizer and generation files it has) into that same cache. The cache, the endpoint,
+//! the token and the downloads themselves are `tchtrain-hub`'s ([`HubOptions`]); this file
+//! owns which files make a model.
 
 use std::path::{Path, PathBuf};
+
+/// Where and how to reach the hub: `tchtrain-hub`'s, re-exported for `crate::hub` users.
+pub use tchtrain_hub::HubOptions;
+use tchtrain_hub::RepoType;
 
 use crate::loading::{CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
 use crate::{Error, Result};
@@ -23,80 +26,13 @@ pub const OPTIONAL_FILES: &[&str] = &[
     "vocab.txt",
 ];
 
-/// Where and how to look for a model (upstream's `from_pretrained` hub arguments and
-/// huggingface_hub's environment variables).
-#[derive(Debug, Clone, PartialEq)]
-pub struct HubOptions {
-    /// Branch, tag or commit (`revision=`); default `main`.
-    pub revision: String,
-    /// The hub cache folder (`cache_dir=`).
-    pub cache_dir: PathBuf,
-    /// The hub endpoint (`HF_ENDPOINT`).
-    pub endpoint: String,
-    /// Never use the network (`HF_HUB_OFFLINE=1` or `local_files_only=True`).
-    pub offline: bool,
-    /// Access token: `HF_TOKEN`, else the login file (`HF_TOKEN_PATH`, else
-    /// `$HF_HOME/token`, else `~/.cache/huggingface/token`).
-    pub token: Option<String>,
-    /// Progress bars while downloading (off with `HF_HUB_DISABLE_PROGRESS_BARS`).
-    pub progress: bool,
-}
-
-impl HubOptions {
-    /// Options from the environment, as huggingface_hub reads it.
-    pub fn from_env() -> Self {
-        Self::from_vars(|name| std::env::var_os(name))
-    }
-
-    /// [`from_env`](Self::from_env) with the variables `var` gives.
-    pub fn from_vars(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Self {
-        let path = |n: &str| var(n).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let text = |n: &str| {
-            var(n)
-                .map(|v| v.to_string_lossy().into_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let is_true = |n: &str| {
-            text(n).is_some_and(|v| {
-                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
-            })
-        };
-        // huggingface_hub's constants: HF_HOME defaults to $XDG_CACHE_HOME/huggingface.
-        let hf_home = path("HF_HOME")
-            .or_else(|| path("XDG_CACHE_HOME").map(|c| c.join("huggingface")))
-            .or_else(|| path("HOME").map(|h| h.join(".cache").join("huggingface")));
-        let cache_dir = path("HF_HUB_CACHE")
-            .or_else(|| hf_home.as_ref().map(|h| h.join("hub")))
-            .unwrap_or_else(|| PathBuf::from(".cache/huggingface/hub"));
-        // `get_token()`: the variable, else the file `huggingface-cli login` writes.
-        let token_file = path("HF_TOKEN_PATH").or_else(|| hf_home.map(|h| h.join("token")));
-        let token = text("HF_TOKEN").or_else(|| {
-            let t = std::fs::read_to_string(token_file?).ok()?;
-            Some(t.trim().to_string()).filter(|t| !t.is_empty())
-        });
-        Self {
-            revision: "main".into(),
-            cache_dir,
-            endpoint: text("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into()),
-            offline: is_true("HF_HUB_OFFLINE") || is_true("TRANSFORMERS_OFFLINE"),
-            token,
-            progress: !is_true("HF_HUB_DISABLE_PROGRESS_BARS"),
-        }
-    }
-}
-
-/// The cache folder of one model repository (`models--org--name`).
-pub fn repo_cache_dir(cache_dir: &Path, repo_id: &str) -> PathBuf {
-    cache_dir.join(format!("models--{}", repo_id.replace('/', "--")))
-}
-
-/// A snapshot of `repo_id` at `revision` in the cache that holds a config and weights.
+/// A snapshot of model `repo_id` at `revision` in the cache that holds a config and weights.
 pub fn cached_snapshot(cache_dir: &Path, repo_id: &str, revision: &str) -> Option<PathBuf> {
-    let repo = repo_cache_dir(cache_dir, repo_id);
-    let commit = std::fs::read_to_string(repo.join("refs").join(revision))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| revision.to_string());
-    let snapshot = repo.join("snapshots").join(commit);
+    let commit = tchtrain_hub::cached_commit_hash(cache_dir, repo_id, RepoType::Model, revision)
+        .unwrap_or_else(|| revision.to_string());
+    let snapshot = tchtrain_hub::repo_cache_dir(cache_dir, repo_id, RepoType::Model)
+        .join("snapshots")
+        .join(commit);
     let complete =
         snapshot.join(CONFIG_NAME).is_file() && crate::loading::checkpoint_files(&snapshot).is_ok();
     complete.then_some(snapshot)
@@ -117,13 +53,7 @@ pub fn resolve(name_or_path: &str, options: &HubOptions) -> Result<PathBuf> {
         }
         return Ok(local.to_path_buf());
     }
-    let looks_like_repo = !name_or_path.is_empty()
-        && name_or_path.split('/').count() <= 2
-        && name_or_path
-            .split('/')
-            .all(|p| !p.is_empty() && p != "." && p != "..")
-        && !name_or_path.starts_with('/');
-    if !looks_like_repo {
+    if !tchtrain_hub::is_valid_repo_id(name_or_path) {
         return Err(Error::Resolve {
             name: name_or_path.into(),
             detail: "not a folder and not a hub repository id (`org/name`)".into(),
@@ -145,40 +75,25 @@ pub fn resolve(name_or_path: &str, options: &HubOptions) -> Result<PathBuf> {
     download(name_or_path, options)
 }
 
+/// Downloads what a model needs at the commit `options.revision` points to (as
+/// `snapshot_download` would, restricted to these files); returns the snapshot folder.
 fn download(repo_id: &str, options: &HubOptions) -> Result<PathBuf> {
-    use hf_hub::api::sync::ApiBuilder;
-    use hf_hub::{Repo, RepoType};
-    let fail = |what: &str, e: &dyn std::fmt::Display| Error::Resolve {
+    let fail = |what: &str, e: tchtrain_hub::Error| Error::Resolve {
         name: repo_id.into(),
-        detail: format!("{what} from {}: {e}", options.endpoint),
+        detail: format!("{what}: {e}"),
     };
-    std::fs::create_dir_all(&options.cache_dir).map_err(|source| Error::Io {
-        path: options.cache_dir.clone(),
-        source,
-    })?;
-    let api = ApiBuilder::new()
-        .with_endpoint(options.endpoint.clone())
-        .with_cache_dir(options.cache_dir.clone())
-        .with_token(options.token.clone())
-        .with_progress(options.progress)
-        .with_retries(0)
-        .build()
-        .map_err(|e| fail("creating the hub client", &e))?;
-    let repo = api.repo(Repo::with_revision(
-        repo_id.into(),
-        RepoType::Model,
-        options.revision.clone(),
-    ));
-    let config = repo
-        .get(CONFIG_NAME)
-        .map_err(|e| fail("downloading config.json", &e))?;
-    if repo.get(SAFE_WEIGHTS_NAME).is_err() {
-        let index = repo.get(SAFE_WEIGHTS_INDEX_NAME).map_err(|e| {
-            fail(
-                "downloading model.safetensors or model.safetensors.index.json",
-                &e,
-            )
-        })?;
+    let info = tchtrain_hub::repo_info(repo_id, RepoType::Model, &options.revision, options)
+        .map_err(|e| fail("listing the repository", e))?;
+    let has = |f: &str| info.siblings.iter().any(|s| s == f);
+    let get = |f: &str| {
+        tchtrain_hub::hf_hub_download(repo_id, f, RepoType::Model, &info.sha, options)
+            .map_err(|e| fail(&format!("downloading {f}"), e))
+    };
+    let config = get(CONFIG_NAME)?;
+    if has(SAFE_WEIGHTS_NAME) || !has(SAFE_WEIGHTS_INDEX_NAME) {
+        get(SAFE_WEIGHTS_NAME)?;
+    } else {
+        let index = get(SAFE_WEIGHTS_INDEX_NAME)?;
         #[derive(serde::Deserialize)]
         struct Index {
             weight_map: std::collections::BTreeMap<String, String>,
@@ -193,15 +108,17 @@ fn download(repo_id: &str, options: &HubOptions) -> Result<PathBuf> {
         })?;
         let shards: std::collections::BTreeSet<&String> = parsed.weight_map.values().collect();
         for shard in shards {
-            repo.get(shard)
-                .map_err(|e| fail(&format!("downloading shard {shard}"), &e))?;
+            get(shard)?;
         }
     }
-    for f in OPTIONAL_FILES {
-        let _ = repo.get(f);
+    for f in OPTIONAL_FILES.iter().filter(|f| has(f)) {
+        get(f)?;
     }
     config
         .parent()
         .map(Path::to_path_buf)
-        .ok_or_else(|| fail("locating the snapshot", &"config.json has no parent folder"))
+        .ok_or_else(|| Error::Resolve {
+            name: repo_id.into(),
+            detail: "config.json has no parent folder".into(),
+        })
 }

@@ -96,7 +96,7 @@ pub use generation::{
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
 };
-pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, repo_cache_dir, resolve};
+pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{

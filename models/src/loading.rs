@@ -78,6 +78,15 @@ pub enum LoadDtype {
     Kind(Kind),
 }
 
+impl std::str::FromStr for LoadDtype {
+    type Err = Error;
+
+    /// [`LoadDtype::parse`].
+    fn from_str(value: &str) -> Result<Self> {
+        Self::parse(value)
+    }
+}
+
 impl LoadDtype {
     /// Parses upstream's values: `auto` or a torch dtype name (`bfloat16`, `torch.float16`,
     /// `fp32`-style abbreviations are not torch's and are refused, as upstream's).

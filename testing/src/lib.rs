@@ -1,15 +1,18 @@
 //! `tchtrain-testing` — what the tests of every tchtrain crate share (upstream's
 //! `testing_utils.py`): where the offline assets and the reference values are, the lock
-//! that serialises tests using libtorch's process-global generator, and scratch folders that
-//! remove themselves.
+//! that serialises tests using libtorch's process-global generator, scratch folders that
+//! remove themselves, and a local Hugging Face hub ([`HubServer`]) serving model and dataset
+//! repositories on 127.0.0.1.
 //!
 //! Each crate's integration tests are one binary (`tests/it/main.rs` with a module per
 //! topic), so its tests share one process: every test that seeds or draws from the global
 //! generator (`tch::manual_seed`, dropout, a model's initialisation, an unseeded collator)
 //! takes [`lock`] for its whole run.
 
+mod hub_server;
 mod log_history;
 
+pub use hub_server::{HubRequest, HubServer, HubServerBuilder, ServedRevision};
 pub use log_history::{MaxRel, assert_exact, compare, rel};
 
 use std::path::{Path, PathBuf};

@@ -18,7 +18,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 16] = [
+pub const TARGETS: [&str; 17] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -35,6 +35,7 @@ pub const TARGETS: [&str; 16] = [
     "generation_config",
     "torch_pickle",
     "deepspeed_scheduler",
+    "parquet",
 ];
 
 /// The environment variable capping the fuzz build folder, in MiB.

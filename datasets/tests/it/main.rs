@@ -1,4 +1,7 @@
 //! The integration tests of tchtrain-datasets, one binary (a module per topic).
 
+mod arrow;
+mod hub;
 mod map_cache;
 mod packing;
+mod parquet;

@@ -3,11 +3,9 @@
 //! transformers 5.23, and typed errors for broken folders.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use tchtrain_testing::{assets, lock};
+use tchtrain_testing::{HubServer, assets, lock};
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
@@ -44,64 +42,6 @@ fn offline_options(cache: &Path) -> HubOptions {
         token: None,
         progress: false,
     }
-}
-
-/// A minimal Hugging Face hub on 127.0.0.1 serving `/{repo}/resolve/main/{file}` from a
-/// folder, with the headers hf-hub reads (etag, x-repo-commit, Content-Range). Serves at
-/// most `max_requests` requests, then its thread ends. The log holds each request's path
-/// and its `Authorization` header lines.
-fn serve_hub(root: PathBuf, max_requests: usize) -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().take(max_requests) {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            let _ = reader.read_line(&mut request);
-            let mut range = None;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if line.to_ascii_lowercase().starts_with("authorization:") {
-                    log2.lock().unwrap().push(line.trim().to_string());
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
-                    let (a, b) = v.trim().split_once('-').unwrap_or(("0", ""));
-                    range = Some((a.parse::<usize>().unwrap_or(0), b.parse::<usize>().ok()));
-                }
-            }
-            let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
-            log2.lock().unwrap().push(path.clone());
-            let file = path.split("/resolve/main/").nth(1).map(|f| root.join(f));
-            match file.and_then(|f| std::fs::read(f).ok()) {
-                Some(bytes) => {
-                    let size = bytes.len();
-                    let (a, b) = range.unwrap_or((0, None));
-                    let b = b
-                        .unwrap_or(size.saturating_sub(1))
-                        .min(size.saturating_sub(1));
-                    let body = if size == 0 { &bytes[..] } else { &bytes[a..=b] };
-                    let etag = format!("{:x}", size * 2654435761 % 1_000_000_007 + path.len());
-                    let head = format!(
-                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{b}/{size}\r\nETag: \"{etag}\"\r\nx-repo-commit: 0123456789abcdef0123456789abcdef01234567\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream
-                        .write_all(head.as_bytes())
-                        .and_then(|_| stream.write_all(body));
-                }
-                None => {
-                    let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 15\r\nx-error-code: EntryNotFound\r\nConnection: close\r\n\r\nEntry not found");
-                }
-            }
-        }
-    });
-    (addr, log)
 }
 
 /// Splits a checkpoint into two shards with upstream's index format.
@@ -183,11 +123,13 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
     let _g = lock();
     let served = temp_dir("served");
     write_sharded(&assets().join("tiny-llama"), &served)?;
-    let (endpoint, log) = serve_hub(served, 200);
+    let server = HubServer::builder()
+        .model("tchtrain/tiny-llama", "main", served)
+        .start();
     let cache = temp_dir("dlcache");
     let opts = HubOptions {
         offline: false,
-        endpoint,
+        endpoint: server.endpoint().into(),
         ..offline_options(&cache)
     };
     let auto = from_pretrained(
@@ -204,7 +146,7 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
         &LoadOptions::default(),
     )?;
     assert_eq!(logits(auto.model.as_ref())?, logits(&direct.model)?);
-    let requests = log.lock().unwrap().clone();
+    let requests: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
     assert!(
         requests
             .iter()
@@ -513,7 +455,10 @@ fn the_login_token_reaches_the_hub() -> Result<()> {
         (None, Some("Bearer hf_from_login_file")),
         (Some("hf_from_env"), Some("Bearer hf_from_env")),
     ] {
-        let (endpoint, log) = serve_hub(served.clone(), 200);
+        let server = HubServer::builder()
+            .model("tchtrain/tiny-llama", "main", served.clone())
+            .start();
+        let endpoint = server.endpoint().to_string();
         let cache = temp_dir("token-cache");
         let _ = std::fs::remove_dir_all(&cache);
         let (home, cache_s) = (hf_home.clone(), cache.clone());
@@ -534,12 +479,10 @@ fn the_login_token_reaches_the_hub() -> Result<()> {
             &opts,
             &LoadOptions::default(),
         )?;
-        let auth: Vec<String> = log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.to_ascii_lowercase().starts_with("authorization:"))
-            .cloned()
+        let auth: Vec<String> = server
+            .requests()
+            .into_iter()
+            .filter_map(|r| r.authorization)
             .collect();
         assert!(!auth.is_empty(), "no Authorization header sent");
         for line in &auth {

@@ -1,0 +1,4 @@
+//! The integration tests of tchtrain-hub, one binary (a module per topic).
+
+mod cache_and_download;
+mod options;
