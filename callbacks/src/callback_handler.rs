@@ -7,6 +7,7 @@ use tchtrain_training_args::TrainingArguments;
 use crate::default_flow::DefaultFlowCallback;
 use crate::error::Result;
 use crate::exportable_state::{CallbackState, ExportableState};
+use crate::model_config::ModelConfig;
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
@@ -25,6 +26,9 @@ pub struct CallbackHandler {
     /// Number of batches of the current evaluation dataloader, when known (upstream
     /// `eval_dataloader`); passed to `on_prediction_step`.
     pub eval_dataloader_len: Option<usize>,
+    /// The model's configuration (upstream's handler holds the `model`; its integrations read
+    /// `model.config`), set with [`CallbackHandler::set_model_config`].
+    model_config: Option<ModelConfig>,
 }
 
 impl std::fmt::Debug for CallbackHandler {
@@ -36,6 +40,7 @@ impl std::fmt::Debug for CallbackHandler {
             )
             .field("train_dataloader_len", &self.train_dataloader_len)
             .field("eval_dataloader_len", &self.eval_dataloader_len)
+            .field("model_config", &self.model_config.is_some())
             .finish()
     }
 }
@@ -88,7 +93,26 @@ impl CallbackHandler {
                 self.callback_list()
             );
         }
+        let mut callback = callback;
+        if let Some(config) = &self.model_config {
+            callback.set_model_config(config);
+        }
         self.callbacks.push(callback);
+    }
+
+    /// Hands the model's configuration to every callback, now and as they are added (upstream
+    /// passes `model` to every event; MLflow and TensorBoard read `model.config`). The Trainer
+    /// calls it once, before training, for a model that has a config.
+    pub fn set_model_config(&mut self, config: ModelConfig) {
+        for cb in &mut self.callbacks {
+            cb.set_model_config(&config);
+        }
+        self.model_config = Some(config);
+    }
+
+    /// The model's configuration, when one was set.
+    pub fn model_config(&self) -> Option<&ModelConfig> {
+        self.model_config.as_ref()
     }
 
     /// Removes and returns the first callback of type `T` (upstream `pop_callback(cls)`).

@@ -88,6 +88,44 @@ pub enum Error {
         supported: String,
     },
 
+    /// An MLflow environment variable (or [`MLflowSettings`](crate::MLflowSettings) field) holds
+    /// a value this crate cannot honour: why, and what to do instead.
+    #[error("{variable}={value:?}: {reason}")]
+    MlflowSetting {
+        /// The environment variable (`MLFLOW_TRACKING_URI`, `HF_MLFLOW_LOG_ARTIFACTS`, ...).
+        variable: &'static str,
+        /// Its value (empty when unset).
+        value: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
+    /// A request to the MLflow tracking server failed: the server answered with an error, or
+    /// could not be reached.
+    #[error("MLflow {endpoint} at {uri}: {}{message}", .error_code.as_ref().map(|c| format!("{c}: ")).unwrap_or_default())]
+    MlflowRequest {
+        /// The REST endpoint (`runs/create`, `runs/log-batch`, ...).
+        endpoint: &'static str,
+        /// The tracking URI.
+        uri: String,
+        /// The HTTP status, when the server answered.
+        status: Option<u16>,
+        /// MLflow's `error_code` (`RESOURCE_DOES_NOT_EXIST`, `INVALID_PARAMETER_VALUE`, ...).
+        error_code: Option<String>,
+        /// MLflow's message, or the transport error.
+        message: String,
+    },
+
+    /// An MLflow run or experiment cannot be used as asked (upstream's `MlflowException`s of
+    /// `set_experiment` / `start_run`, with their messages).
+    #[error("MLflow: {message}")]
+    MlflowRun {
+        /// The run or experiment concerned.
+        id: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+
     /// A user-defined callback failed: the extension point for third-party callbacks,
     /// whose errors this crate cannot name.
     #[error("callback {callback} failed: {source}")]

@@ -1,6 +1,7 @@
 //! TensorBoard event files: TFRecord framing with masked CRC32C around hand-encoded
 //! `tensorflow.Event` protobufs (scalars as `simple_value`, text as the text plugin's string
-//! tensors), starting with the `file_version: "brain.Event:2"` event TensorBoard expects.
+//! tensors, hyperparameters as the hparams plugin's summaries), starting with the
+//! `file_version: "brain.Event:2"` event TensorBoard expects.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -9,6 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
+use crate::printer::python_str;
+use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 
 const CRC32C_TABLE: [u32; 256] = {
     let mut table = [0u32; 256];
@@ -140,6 +143,117 @@ fn text_summary(tag: &str, text: &str) -> Vec<u8> {
     s.0
 }
 
+/// `Summary { value = 1: Value { tag = 1; metadata = 9: SummaryMetadata { plugin_data = 1:
+/// PluginData { plugin_name = 1; content = 2 } } } }`: a value that carries only plugin data, as
+/// the hparams plugin's summaries do.
+fn plugin_summary(tag: &str, plugin_name: &str, content: &[u8]) -> Vec<u8> {
+    let mut plugin = Proto::default();
+    plugin.bytes(1, plugin_name.as_bytes());
+    plugin.bytes(2, content);
+    let mut metadata = Proto::default();
+    metadata.bytes(1, &plugin.0);
+    let mut v = Proto::default();
+    v.bytes(1, tag.as_bytes());
+    v.bytes(9, &metadata.0);
+    let mut s = Proto::default();
+    s.bytes(1, &v.0);
+    s.0
+}
+
+/// TensorBoard's hparams plugin (tensorboard/plugins/hparams/metadata.py).
+const HPARAMS_PLUGIN_NAME: &str = "hparams";
+const HPARAMS_EXPERIMENT_TAG: &str = "_hparams_/experiment";
+const HPARAMS_SESSION_START_INFO_TAG: &str = "_hparams_/session_start_info";
+const HPARAMS_SESSION_END_INFO_TAG: &str = "_hparams_/session_end_info";
+/// `DataType`: `DATA_TYPE_STRING = 1`, `DATA_TYPE_FLOAT64 = 3` (api.proto).
+const DATA_TYPE_STRING: i64 = 1;
+const DATA_TYPE_FLOAT64: i64 = 3;
+/// `Status.STATUS_SUCCESS` (api.proto).
+const STATUS_SUCCESS: i64 = 1;
+
+/// The three summaries of `torch.utils.tensorboard.summary.hparams(hparam_dict, metric_dict)`:
+/// the experiment (`HParamsPluginData { experiment = 2: Experiment { hparam_infos = 4:
+/// HParamInfo { name = 1; type = 4 }; metric_infos = 5: MetricInfo { name = 1: MetricName {
+/// tag = 2 } } } }`), the session start (`session_start_info = 3: SessionStartInfo { hparams = 1:
+/// map<string, google.protobuf.Value { number_value = 2 | string_value = 3 }> }`) and the
+/// session end (`session_end_info = 4: SessionEndInfo { status = 1: STATUS_SUCCESS }`); the
+/// plugin data `version` is 0, which protobuf leaves out. As torch does, `None` values are
+/// skipped and booleans are numbers (Python's `bool` is an `int`); lists and dicts are refused
+/// there and written here as their Python `str()`.
+fn hparams_summaries(hparams: &JsonMap, metrics: &JsonMap) -> [Vec<u8>; 3] {
+    let mut infos = Vec::new();
+    let mut start = Proto::default();
+    for (k, v) in hparams.iter() {
+        let mut value = Proto::default();
+        let data_type = match v {
+            JsonValue::Null => continue,
+            JsonValue::Bool(b) => {
+                value.double(2, f64::from(u8::from(*b)));
+                DATA_TYPE_FLOAT64
+            }
+            JsonValue::Int(i) => {
+                value.double(2, *i as f64);
+                DATA_TYPE_FLOAT64
+            }
+            JsonValue::Float(f) => {
+                value.double(2, *f);
+                DATA_TYPE_FLOAT64
+            }
+            JsonValue::Str(s) => {
+                value.bytes(3, s.as_bytes());
+                DATA_TYPE_STRING
+            }
+            other => {
+                value.bytes(3, python_str(other).as_bytes());
+                DATA_TYPE_STRING
+            }
+        };
+        let mut entry = Proto::default();
+        entry.bytes(1, k.as_bytes());
+        entry.bytes(2, &value.0);
+        start.bytes(1, &entry.0);
+        let mut info = Proto::default();
+        info.bytes(1, k.as_bytes());
+        info.int(4, data_type);
+        infos.push(info.0);
+    }
+    let mut experiment = Proto::default();
+    for info in &infos {
+        experiment.bytes(4, info);
+    }
+    for (k, _) in metrics.iter() {
+        let mut name = Proto::default();
+        name.bytes(2, k.as_bytes());
+        let mut info = Proto::default();
+        info.bytes(1, &name.0);
+        experiment.bytes(5, &info.0);
+    }
+    let plugin_data = |field: u32, message: &[u8]| {
+        let mut data = Proto::default();
+        data.bytes(field, message);
+        data.0
+    };
+    let mut end = Proto::default();
+    end.int(1, STATUS_SUCCESS);
+    [
+        plugin_summary(
+            HPARAMS_EXPERIMENT_TAG,
+            HPARAMS_PLUGIN_NAME,
+            &plugin_data(2, &experiment.0),
+        ),
+        plugin_summary(
+            HPARAMS_SESSION_START_INFO_TAG,
+            HPARAMS_PLUGIN_NAME,
+            &plugin_data(3, &start.0),
+        ),
+        plugin_summary(
+            HPARAMS_SESSION_END_INFO_TAG,
+            HPARAMS_PLUGIN_NAME,
+            &plugin_data(4, &end.0),
+        ),
+    ]
+}
+
 fn wall_time() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -219,6 +333,42 @@ impl EventFileWriter {
             None,
             Some(&text_summary(tag, text)),
         ))
+    }
+
+    /// PyTorch's `SummaryWriter.add_hparams(hparam_dict, metric_dict, run_name=run_name,
+    /// global_step=global_step)`: a new event file in the sub-folder `run_name` (by default
+    /// the current time in seconds, as Python's `str(time.time())`) of this file's folder,
+    /// holding the hparams plugin's experiment, session start and session end summaries and
+    /// one scalar per metric. Returns the sub-folder.
+    pub fn add_hparams(
+        &mut self,
+        hparam_dict: &JsonMap,
+        metric_dict: &JsonMap,
+        run_name: Option<&str>,
+        global_step: Option<i64>,
+    ) -> Result<PathBuf> {
+        let run_name = match run_name {
+            Some(r) if !r.is_empty() => r.to_string(),
+            _ => python_float_repr(wall_time()),
+        };
+        let dir = self
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+            .join(run_name);
+        let mut w = EventFileWriter::new(&dir)?;
+        let step = global_step.unwrap_or(0);
+        for summary in hparams_summaries(hparam_dict, metric_dict) {
+            w.write(&event(wall_time(), step, None, Some(&summary)))?;
+        }
+        for (k, v) in metric_dict.iter() {
+            if let Some(x) = v.as_f64() {
+                w.add_scalar(k, x, step)?;
+            }
+        }
+        w.flush()?;
+        Ok(dir)
     }
 
     /// Writes buffered events to disk.

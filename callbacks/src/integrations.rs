@@ -2,15 +2,30 @@
 
 use crate::error::{Error, Result};
 use crate::jsonl::JsonlLoggerCallback;
+use crate::mlflow::MLflowCallback;
+use crate::mlflow_settings::is_mlflow_available;
 use crate::tensorboard::TensorBoardCallback;
 use crate::trainer_callback::TrainerCallback;
 
-/// The `report_to` names this crate implements (`"all"` selects them all, `"none"` none).
-pub const SUPPORTED_INTEGRATIONS: [&str; 2] = ["tensorboard", "jsonl"];
+/// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
+/// none), in upstream's order.
+pub const SUPPORTED_INTEGRATIONS: [&str; 3] = ["mlflow", "tensorboard", "jsonl"];
+
+/// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]: `mlflow`
+/// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
+/// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard` and `jsonl`.
+pub fn get_available_reporting_integrations() -> Vec<&'static str> {
+    SUPPORTED_INTEGRATIONS
+        .into_iter()
+        .filter(|n| *n != "mlflow" || is_mlflow_available())
+        .collect()
+}
 
 /// Upstream `get_reporting_integration_callbacks`: one logger callback per name in
-/// `report_to`, in order. Names upstream knows but this crate does not implement (`wandb`,
-/// `mlflow`, ...) are an error naming the supported ones.
+/// `report_to`, in order (`"all"`: [`get_available_reporting_integrations`]). Names upstream
+/// knows but this crate does not implement (`wandb`, `comet_ml`, ...) are an error naming the
+/// supported ones; `mlflow` reads its settings from the environment
+/// ([`MLflowSettings::from_env`](crate::MLflowSettings::from_env)) and refuses those it cannot honour.
 pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
     report_to: &[S],
 ) -> Result<Vec<Box<dyn TrainerCallback>>> {
@@ -18,7 +33,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
     for name in report_to.iter().map(AsRef::as_ref) {
         match name {
             "none" => {}
-            "all" => names.extend(SUPPORTED_INTEGRATIONS),
+            "all" => names.extend(get_available_reporting_integrations()),
             n if SUPPORTED_INTEGRATIONS.contains(&n) => names.push(n),
             other => {
                 return Err(Error::UnknownIntegration {
@@ -29,14 +44,14 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
         }
     }
     names.dedup();
-    Ok(names
+    names
         .into_iter()
-        .map(|n| -> Box<dyn TrainerCallback> {
-            if n == "tensorboard" {
-                Box::new(TensorBoardCallback::new())
-            } else {
-                Box::new(JsonlLoggerCallback::new())
-            }
+        .map(|n| -> Result<Box<dyn TrainerCallback>> {
+            Ok(match n {
+                "mlflow" => Box::new(MLflowCallback::new()?),
+                "tensorboard" => Box::new(TensorBoardCallback::new()),
+                _ => Box::new(JsonlLoggerCallback::new()),
+            })
         })
-        .collect())
+        .collect()
 }

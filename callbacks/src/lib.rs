@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+mod args_dict;
 mod callback_handler;
 mod default_flow;
 mod early_stopping;
@@ -55,6 +56,10 @@ mod event_file;
 mod exportable_state;
 mod integrations;
 mod jsonl;
+mod mlflow;
+mod mlflow_rest;
+mod mlflow_settings;
+mod model_config;
 mod printer;
 mod progress;
 mod tensorboard;
@@ -68,14 +73,23 @@ pub use early_stopping::EarlyStoppingCallback;
 pub use error::{Error, Result};
 pub use event_file::{EventFileWriter, crc32c, masked_crc32c, tfrecord};
 pub use exportable_state::{CallbackState, ExportableState};
-pub use integrations::{SUPPORTED_INTEGRATIONS, get_reporting_integration_callbacks};
+pub use integrations::{
+    SUPPORTED_INTEGRATIONS, get_available_reporting_integrations,
+    get_reporting_integration_callbacks,
+};
 pub use jsonl::{JsonlLoggerCallback, METRICS_JSONL_NAME};
+pub use mlflow::{
+    MLFLOW_MAX_PARAM_VAL_LENGTH, MLflowCallback, mlflow_metrics, mlflow_params,
+    sanitize_metric_name,
+};
+pub use mlflow_settings::{MLflowSettings, is_mlflow_available};
+pub use model_config::ModelConfig;
 pub use printer::{PrinterCallback, format_g, format_logs};
-pub use progress::ProgressCallback;
+pub use progress::{ProgressCallback, current_rss_bytes, format_postfix};
 pub use tchtrain_training_args::{
     JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr,
 };
-pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs};
+pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs, sanitized_hparams};
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
 pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};

@@ -67,6 +67,23 @@ pub(crate) fn python_repr(v: &JsonValue) -> String {
     }
 }
 
+/// Python's `str` of a JSON-like value: a string as it is, anything else as its `repr`.
+pub(crate) fn python_str(v: &JsonValue) -> String {
+    match v {
+        JsonValue::Str(s) => s.clone(),
+        other => python_repr(other),
+    }
+}
+
+/// Python's `type(v)` as `str` shows it (`<class 'str'>`, `<class 'NoneType'>`).
+pub(crate) fn python_type(v: &JsonValue) -> String {
+    let name = match v {
+        JsonValue::Null => "NoneType",
+        other => other.type_name(),
+    };
+    format!("<class '{name}'>")
+}
+
 fn python_dict_repr<'a>(entries: impl Iterator<Item = (&'a str, String)>) -> String {
     let parts: Vec<String> = entries
         .map(|(k, v)| format!("{}: {v}", python_str_repr(k)))

@@ -5,12 +5,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tchtrain_training_args::TrainingArguments;
 
+use crate::args_dict::args_to_dict;
 use crate::error::Result;
 use crate::event_file::{EventFileWriter, hostname};
+use crate::model_config::ModelConfig;
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
-use tchtrain_training_args::{JsonMap, JsonValue};
+use tchtrain_training_args::{JsonMap, JsonValue, dumps};
 
 /// Upstream `rewrite_logs`: `eval_x` becomes `eval/x`, `test_x` becomes `test/x`, anything
 /// else `train/x`.
@@ -61,7 +63,37 @@ pub fn default_logdir() -> PathBuf {
     Path::new("runs").join(name)
 }
 
-/// Upstream `TensorBoardCallback`: writes every numeric log as a scalar (tag rewritten by
+/// Upstream `args.to_sanitized_dict()` in upstream's order (the fields in declaration order,
+/// then `train_batch_size` and `eval_batch_size`): bools, numbers and strings as they are,
+/// anything else as its Python `str()`. What TensorBoard's hparams dashboard shows.
+pub fn sanitized_hparams(args: &TrainingArguments) -> JsonMap {
+    let sanitized = args.to_sanitized_dict();
+    let mut keys: Vec<String> = args_to_dict(args).into_iter().map(|(k, _)| k).collect();
+    keys.extend([
+        "train_batch_size".to_string(),
+        "eval_batch_size".to_string(),
+    ]);
+    let mut out = JsonMap::new();
+    for k in keys {
+        let value = match sanitized.get(&k) {
+            Some(serde_json::Value::Bool(b)) => JsonValue::Bool(*b),
+            Some(serde_json::Value::Number(n)) => match n.as_i64() {
+                Some(i) => JsonValue::Int(i),
+                None => JsonValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            Some(serde_json::Value::String(s)) => JsonValue::Str(s.clone()),
+            Some(other) => JsonValue::Str(other.to_string()),
+            None => continue,
+        };
+        out.insert(k, value);
+    }
+    out
+}
+
+/// Upstream `TensorBoardCallback`: at the beginning of training writes the arguments
+/// (`args.to_json_string()`) as the text `args` and the model's config
+/// (`model.config.to_json_string()`, when [`set_model_config`](TrainerCallback::set_model_config)
+/// gave one) as the text `model_config`; then every numeric log as a scalar (tag rewritten by
 /// [`rewrite_logs`], step = `global_step`) and every string log as text, on the world's main
 /// process. The folder is `TENSORBOARD_LOGGING_DIR` when set, else
 /// `<output_dir>/runs/<time>_<host>` (or `<output_dir>/runs/<time>_<host>/<trial_name>` in a
@@ -70,7 +102,13 @@ pub fn default_logdir() -> PathBuf {
 pub struct TensorBoardCallback {
     /// Where the event file goes; chosen at `on_train_begin` when unset.
     pub logging_dir: Option<PathBuf>,
+    /// Also write the arguments to TensorBoard's HParams dashboard at the beginning of
+    /// training: `add_hparams(args.to_sanitized_dict(), metric_dict={})` (see
+    /// [`EventFileWriter::add_hparams`]). Off by default, as in transformers 5.23, whose
+    /// callback no longer calls it (4.x did).
+    pub log_hparams: bool,
     tb_writer: Option<EventFileWriter>,
+    model_config_json: Option<String>,
 }
 
 impl TensorBoardCallback {
@@ -85,7 +123,7 @@ impl TensorBoardCallback {
         });
         Self {
             logging_dir,
-            tb_writer: None,
+            ..Default::default()
         }
     }
 
@@ -93,8 +131,15 @@ impl TensorBoardCallback {
     pub fn with_logging_dir(logging_dir: impl Into<PathBuf>) -> Self {
         Self {
             logging_dir: Some(logging_dir.into()),
-            tb_writer: None,
+            ..Default::default()
         }
+    }
+
+    /// The same callback, writing the arguments to the HParams dashboard too
+    /// ([`TensorBoardCallback::log_hparams`]).
+    pub fn with_hparams(mut self) -> Self {
+        self.log_hparams = true;
+        self
     }
 
     /// The current event file, while one is open.
@@ -113,6 +158,10 @@ impl TensorBoardCallback {
 }
 
 impl TrainerCallback for TensorBoardCallback {
+    fn set_model_config(&mut self, config: &ModelConfig) {
+        self.model_config_json = Some(config.json_string.clone());
+    }
+
     fn on_train_begin(
         &mut self,
         args: &TrainingArguments,
@@ -131,8 +180,19 @@ impl TrainerCallback for TensorBoardCallback {
         if self.logging_dir.is_none() {
             self.logging_dir = Some(output_dir.join(default_logdir()));
         }
-        let args_json = serde_json::to_string_pretty(args)?;
-        self.writer()?.add_text("args", &args_json, 0)
+        // Upstream `args.to_json_string()`: `json.dumps(args.to_dict(), indent=2)`.
+        let args_json = dumps(&JsonValue::Object(args_to_dict(args)), Some(2), false);
+        let model_config = self.model_config_json.clone();
+        let log_hparams = self.log_hparams;
+        let writer = self.writer()?;
+        writer.add_text("args", &args_json, 0)?;
+        if let Some(text) = model_config {
+            writer.add_text("model_config", &text, 0)?;
+        }
+        if log_hparams {
+            writer.add_hparams(&sanitized_hparams(args), &JsonMap::new(), None, None)?;
+        }
+        writer.flush()
     }
 
     fn on_log(

@@ -12,6 +12,7 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::error::Result;
 use crate::exportable_state::CallbackState;
+use crate::model_config::ModelConfig;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
 use tchtrain_training_args::JsonMap;
@@ -48,6 +49,11 @@ pub trait TrainerCallback: Any + Send {
     fn load_state(&mut self, state: &CallbackState) -> Result<bool> {
         Ok(false)
     }
+
+    /// Receives the model's configuration before training (upstream passes `model` to every
+    /// event, and loggers read `model.config`); see
+    /// [`CallbackHandler::set_model_config`](crate::CallbackHandler::set_model_config).
+    fn set_model_config(&mut self, config: &ModelConfig) {}
 
     /// At the end of the initialization of the Trainer.
     fn on_init_end(

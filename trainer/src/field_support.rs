@@ -72,7 +72,7 @@ const fn refused(field: &'static str, why: &'static str) -> FieldSupport {
 
 const HUB_ONLY: &str =
     "read only when uploading to the Hub (`push_to_hub`), which this build refuses";
-const TRACKERS_ONLY: &str = "read only by the wandb / mlflow / trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard and jsonl do not read it, as upstream's TensorBoardCallback)";
+const TRACKERS_ONLY: &str = "read only by the wandb / trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard, mlflow and jsonl do not read it, as upstream's TensorBoardCallback and MLflowCallback)";
 
 /// Every `TrainingArguments` field and what the Trainer does with it, in upstream's order.
 pub static FIELD_SUPPORT: &[FieldSupport] = &[
@@ -242,10 +242,16 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     h("disable_tqdm", &["run_clm_fine_tunes_tiny_gpt2_on_hamlet"]),
     partly(
         "report_to",
-        &["report_to_selects_loggers"],
-        "`tensorboard` and `jsonl`; the other integrations upstream knows (wandb, mlflow, ...) are refused by name",
+        &[
+            "report_to_selects_loggers",
+            "mlflow_callback_logs_what_upstream_logs_to_a_real_server",
+        ],
+        "`mlflow` (to a tracking server over HTTP), `tensorboard` and `jsonl`; the other integrations upstream knows (wandb, comet_ml, ...) are refused by name",
     ),
-    inert("run_name", TRACKERS_ONLY),
+    h(
+        "run_name",
+        &["mlflow_callback_resumes_nests_and_ends_runs_as_upstream"],
+    ),
     inert("project", TRACKERS_ONLY),
     inert("trackio_space_id", TRACKERS_ONLY),
     inert("trackio_bucket_id", TRACKERS_ONLY),

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchtrain_accelerate::{Accelerator, AcceleratorOptions, MixedPrecision};
 use tchtrain_callbacks::{
-    CallbackHandler, DefaultFlowCallback, JsonMap, PrinterCallback, ProgressCallback,
+    CallbackHandler, DefaultFlowCallback, JsonMap, ModelConfig, PrinterCallback, ProgressCallback,
     TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
 };
 use tchtrain_collators::{
@@ -496,6 +496,12 @@ impl TrainerBuilder {
             .clone()
             .unwrap_or_else(|| model.label_names());
         let pretrained = model.as_pretrained().is_some();
+        // Upstream passes `model` to every event; the loggers read `model.config`.
+        let mut callback_handler = CallbackHandler::new(callbacks);
+        if let Some(pretrained) = model.as_pretrained() {
+            let config = pretrained.config().to_json_value()?;
+            callback_handler.set_model_config(ModelConfig::from_json_value(&config)?);
+        }
         let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {
             model,
@@ -511,7 +517,7 @@ impl TrainerBuilder {
             },
             processing_class: self.processing_class,
             train_sampler: self.train_sampler,
-            callback_handler: CallbackHandler::new(callbacks),
+            callback_handler,
             state: TrainerState::default(),
             control: TrainerControl::default(),
             created_lr_scheduler: false,

@@ -7,12 +7,18 @@ use std::path::PathBuf;
 use tchtrain_callbacks::{JsonValue, loads};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
-/// `$TCHTRAIN_ASSETS/reference/trainer_callback`, else `<crate>/../assets/reference/trainer_callback`.
-pub fn reference_dir() -> PathBuf {
+/// `$TCHTRAIN_ASSETS/reference`, else `<crate>/../assets/reference`: one folder per script of
+/// scripts/reference/.
+pub fn reference_root() -> PathBuf {
     let assets = std::env::var_os("TCHTRAIN_ASSETS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../assets"));
-    assets.join("reference").join("trainer_callback")
+    assets.join("reference")
+}
+
+/// `$TCHTRAIN_ASSETS/reference/trainer_callback`, else `<crate>/../assets/reference/trainer_callback`.
+pub fn reference_dir() -> PathBuf {
+    reference_root().join("trainer_callback")
 }
 
 /// The text of a reference file; fails (never skips) when it is missing.

@@ -9,8 +9,9 @@ use crate::common::temp_dir;
 use indicatif::ProgressDrawTarget;
 use tchtrain_callbacks::{
     CallbackHandler, CallbackState, DefaultFlowCallback, EarlyStoppingCallback, Error, JsonMap,
-    JsonValue, JsonlLoggerCallback, PrinterCallback, ProgressCallback, Result, TensorBoardCallback,
-    TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks, loads,
+    JsonValue, JsonlLoggerCallback, ModelConfig, PrinterCallback, ProgressCallback, Result,
+    TensorBoardCallback, TrainerCallback, TrainerControl, TrainerState,
+    get_reporting_integration_callbacks, loads,
 };
 use tchtrain_training_args::TrainingArguments;
 
@@ -279,12 +280,47 @@ fn progress_bars_follow_steps_and_evaluation() {
         progress.on_step_end(&args, &state, &mut control).unwrap();
     }
     assert_eq!(progress.training_position(), Some((3, 10)));
+    // Beside the bar: memory from the start; loss and learning rate once logged; tokens per
+    // second once the Trainer counts input tokens.
+    let message = progress.training_message().unwrap();
+    assert!(
+        message.starts_with("mem=") && message.ends_with("iB"),
+        "{message}"
+    );
+    let mut logs = JsonMap::new();
+    logs.insert("loss", 2.5);
+    logs.insert("learning_rate", 1e-5);
+    progress.on_log(&args, &state, &mut control, &logs).unwrap();
+    let message = progress.training_message().unwrap();
+    assert!(message.starts_with("loss=2.5 lr=1e-05 mem="), "{message}");
+    // (Step ends refresh the text at most every 100 ms.)
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    state.num_input_tokens_seen = 4096;
+    state.global_step = 4;
+    progress.on_step_end(&args, &state, &mut control).unwrap();
+    let message = progress.training_message().unwrap();
+    assert!(message.starts_with("loss=2.5 lr=1e-05 tok/s="), "{message}");
+    // 4096 tokens in at least 120 ms: more than none, at most 34.1k tokens per second.
+    let rate = message
+        .split("tok/s=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let (digits, scale) = match rate.strip_suffix('k') {
+        Some(d) => (d, 1e3),
+        None => (rate, 1.0),
+    };
+    let rate_value = digits.parse::<f64>().unwrap() * scale;
+    assert!(rate_value > 0.0 && rate_value <= 34_134.0, "{message}");
     for _ in 0..2 {
         progress
             .on_prediction_step(&args, &state, &mut control, Some(4))
             .unwrap();
     }
     assert_eq!(progress.prediction_position(), Some((2, 4)));
+    assert_eq!(progress.training_position(), Some((4, 10)));
     progress
         .on_evaluate(&args, &state, &mut control, &JsonMap::new())
         .unwrap();
@@ -366,10 +402,33 @@ fn report_to_selects_loggers() {
     };
     assert_eq!(names(&["none"]), Vec::<String>::new());
     assert_eq!(names(&["tensorboard"]), ["TensorBoardCallback"]);
-    assert_eq!(
-        names(&["all"]),
-        ["TensorBoardCallback", "JsonlLoggerCallback"]
-    );
+    // "all": the available ones, in upstream's order; mlflow when a tracking server is named.
+    if tchtrain_callbacks::is_mlflow_available() {
+        assert_eq!(
+            names(&["all"]),
+            [
+                "MLflowCallback",
+                "TensorBoardCallback",
+                "JsonlLoggerCallback"
+            ]
+        );
+    } else {
+        assert_eq!(
+            names(&["all"]),
+            ["TensorBoardCallback", "JsonlLoggerCallback"]
+        );
+        if std::env::var_os("MLFLOW_TRACKING_URI").is_none() {
+            let err = get_reporting_integration_callbacks(&["mlflow"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.starts_with("MLFLOW_TRACKING_URI=\"\": is not set")
+                    && err.contains("mlflow server"),
+                "{err}"
+            );
+        }
+    }
     let err = get_reporting_integration_callbacks(&["wandb"])
         .err()
         .unwrap();
@@ -574,4 +633,90 @@ fn malformed_trainer_state_files_give_errors_naming_file_and_field() {
         text.contains("\"logging_steps\": 4,") && text.contains("\"epoch\": 1.0,"),
         "{text}"
     );
+}
+
+/// Reads the event files under `dir` with the reference script's own reader (TensorBoard's
+/// EventAccumulator and the hparams plugin's protobufs).
+fn read_with_tensorboard(python: &std::ffi::OsStr, dir: &std::path::Path) -> JsonValue {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts/reference/tensorboard_callback.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg("--read")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", python.to_string_lossy()));
+    assert!(
+        out.status.success(),
+        "tensorboard reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    loads(String::from_utf8(out.stdout).unwrap().trim()).unwrap()
+}
+
+#[test]
+fn tensorboard_texts_and_hparams_read_back_as_upstreams() {
+    let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
+        panic!(
+            "TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with tensorboard), and \
+             `cargo xtask setup` writes it into .cargo/libtorch.toml; run `cargo xtask setup`"
+        );
+    };
+    let path = crate::common::reference_root()
+        .join("tensorboard_callback")
+        .join("tensorboard_callback.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reference file {} is missing ({e}); run `cargo xtask setup` (it runs \
+             scripts/reference/tensorboard_callback.py)",
+            path.display()
+        )
+    });
+    let reference = loads(&text).unwrap();
+    let reference = reference.as_object().unwrap();
+    let kwargs: serde_json::Value = serde_json::from_str(&tchtrain_callbacks::dumps(
+        reference.get("args").unwrap(),
+        None,
+        false,
+    ))
+    .unwrap();
+    let args = TrainingArguments::from_dict(kwargs.as_object().unwrap().clone())
+        .unwrap()
+        .args;
+    let config_json = reference
+        .get("model_config_json")
+        .unwrap()
+        .as_str()
+        .unwrap();
+
+    let dir = temp_dir("tensorboard-upstream");
+    let mut handler = CallbackHandler::new(vec![
+        Box::new(DefaultFlowCallback),
+        Box::new(TensorBoardCallback::with_logging_dir(&dir).with_hparams()),
+    ]);
+    handler.set_model_config(ModelConfig::from_json(config_json).unwrap());
+    let state = TrainerState::default();
+    let mut control = TrainerControl::default();
+    handler.on_train_begin(&args, &state, &mut control).unwrap();
+    handler.on_train_end(&args, &state, &mut control).unwrap();
+
+    let ours = read_with_tensorboard(&python, &dir);
+    let want = reference.get("read").unwrap();
+    let (ours_runs, want_runs) = (ours.as_object().unwrap(), want.as_object().unwrap());
+    assert_eq!(
+        ours_runs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        want_runs.iter().map(|(k, _)| k).collect::<Vec<_>>()
+    );
+    for (run, want_run) in want_runs.iter() {
+        let ours_run = ours_runs.get(run).unwrap().as_object().unwrap();
+        for (key, want_value) in want_run.as_object().unwrap().iter() {
+            let got = ours_run.get(key).unwrap();
+            if let (JsonValue::Object(g), JsonValue::Object(w)) = (got, want_value) {
+                for (tag, w_tag) in w.iter() {
+                    assert_eq!(g.get(tag), Some(w_tag), "run {run:?}, {key}, {tag}");
+                }
+            }
+            assert_eq!(got, want_value, "run {run:?}, {key}");
+        }
+    }
 }

@@ -2,4 +2,5 @@
 
 mod common;
 mod handler_and_loggers;
+mod mlflow;
 mod upstream_parity;
