@@ -35,9 +35,9 @@ use tchtrain_data::{
 use tchtrain_models::{ModelInputs, TrainableModel};
 use tchtrain_optim::{AdamW, AdamWConfig, GroupSpec, Optimizer};
 
-use crate::args::split_flags;
 use crate::custom_model::{BagOfWords, rows};
 use crate::error::{Error, Result};
+use crate::plain_args::split_flags;
 
 /// The loop's flags (upstream's `nlp_example.py` arguments and its hyper-parameters).
 #[derive(Debug, Clone, PartialEq)]

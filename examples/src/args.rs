@@ -1,175 +1,428 @@
-//! The command line of an example script: `TrainingArguments` flags through
-//! `HfArgumentParser::parse_known_args`, then the script's own flags from what is left
-//! (`--flag value`, `--flag=value`, a bool flag alone meaning true, dashes or underscores).
+//! The command line of an example script, read as upstream's scripts read it:
+//! `HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))`, or, when
+//! the only argument ends in `.json`, `parser.parse_json_file(sys.argv[1])`.
+//!
+//! A script describes its dataclasses as tables of [`FieldSpec`]s (upstream's fields, names,
+//! types and defaults); the one parser of `tchtrain-training-args` reads them next to every
+//! `TrainingArguments` flag, so the script's flags get the same `--no_<flag>`, prefix
+//! abbreviations, did-you-mean, messages and `--help` as the training arguments. The values
+//! then fill the script's structs through serde, each field not given taking the table's
+//! default: the table is the one place a default is written.
+//!
+//! Upstream flags a script cannot honour are in its list of [`Refusal`]s: given with a value
+//! other than upstream's default they are refused with the reason; given with the default
+//! they are what the script does anyway.
 
-use tchtrain_training_args::{HfArgumentParser, Seq2SeqTrainingArguments, TrainingArguments};
+use std::collections::BTreeSet;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tchtrain_training_args::{
+    Dataclass, DataclassValues, FieldSpec, HfArgumentParser, JsonDict, Nargs, ParsedArguments,
+    ParsedSeq2SeqArguments, Seq2SeqTrainingArguments, TrainingArguments, ValueKind, Warning,
+};
 
 use crate::error::{Error, Result};
 
-/// One of the script's own flags: its name (underscores) and value, if it had one.
-pub(crate) type RawFlag = (String, Option<String>);
+/// An upstream flag the script refuses unless it has upstream's default value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal {
+    /// The field.
+    pub(crate) flag: &'static str,
+    /// Why, and what to use instead.
+    pub(crate) reason: &'static str,
+}
 
-/// A script's own flags: applies one flag, `Ok(false)` when the name is not one of them.
-pub(crate) trait ScriptFlags {
-    /// Sets the field `name` from `value`.
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool>;
+/// A script's command line: its dataclasses (in upstream's order, before the training
+/// arguments), the flags it refuses, and the first line of its `--help`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScriptCommandLine {
+    /// `run_clm: causal language modelling (...)`.
+    pub(crate) title: &'static str,
+    /// The dataclasses.
+    pub(crate) dataclasses: &'static [&'static Dataclass],
+    /// Upstream flags refused unless at their default.
+    pub(crate) refused: &'static [Refusal],
+}
 
-    /// The flags that take several values (`nargs="+"`): their values come to
-    /// [`apply`](Self::apply) joined by newlines.
-    fn list_flags(&self) -> &'static [&'static str] {
-        &[]
+/// The dataclasses' values, with the defaults of the fields not given filled in.
+#[derive(Debug)]
+pub(crate) struct ScriptValues {
+    values: DataclassValues,
+    given: Vec<BTreeSet<String>>,
+}
+
+impl ScriptValues {
+    /// The dataclasses `which` (indices into the script's list) merged into `T`.
+    pub(crate) fn take<T: DeserializeOwned>(&self, which: &[usize]) -> Result<T> {
+        let merged = |skip: Option<&str>| {
+            let mut map = JsonDict::new();
+            for &i in which {
+                for (k, v) in &self.values[i] {
+                    if skip.is_none_or(|s| s == k) || !self.given[i].contains(k) {
+                        map.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            map
+        };
+        serde_json::from_value(Value::Object(merged(None))).map_err(|e| {
+            // Name the flag: the first given value that fails on its own.
+            let flag = which
+                .iter()
+                .flat_map(|&i| self.given[i].iter())
+                .find(|k| serde_json::from_value::<T>(Value::Object(merged(Some(k)))).is_err())
+                .cloned()
+                .unwrap_or_else(|| "(script arguments)".into());
+            Error::InvalidFlag {
+                flag,
+                detail: e.to_string(),
+            }
+        })
     }
 }
 
-/// Splits `argv` into `TrainingArguments` and the script's flags, applied to `flags`.
-/// `--help` returns the help with `script_help` (the script's flags) in front.
+/// The parser for `line`'s dataclasses on top of `base` (`TrainingArguments`' or
+/// `Seq2SeqTrainingArguments`').
+fn parser(base: HfArgumentParser, line: &ScriptCommandLine) -> Result<HfArgumentParser> {
+    line.dataclasses
+        .iter()
+        .try_fold(base, |p, dc| p.with_dataclass(dc))
+        .map_err(Error::from)
+}
+
+/// `len(sys.argv) == 2 and sys.argv[1].endswith(".json")`.
+fn json_file(argv: &[String]) -> Option<&str> {
+    match argv {
+        [one] if one.ends_with(".json") => Some(one),
+        _ => None,
+    }
+}
+
+/// The help with the script's title in front.
+fn with_title(e: tchtrain_training_args::Error, title: &str) -> Error {
+    match e {
+        tchtrain_training_args::Error::HelpRequested(help) => Error::TrainingArgs(
+            tchtrain_training_args::Error::HelpRequested(format!("{title}\n\n{help}")),
+        ),
+        e => e.into(),
+    }
+}
+
+/// Parses `argv` (without the program name) into the script's values and
+/// `TrainingArguments`; starts the logging as upstream's scripts do.
 pub(crate) fn parse<I, S>(
     argv: I,
-    script_help: &str,
-    flags: &mut dyn ScriptFlags,
-) -> Result<TrainingArguments>
+    line: &ScriptCommandLine,
+) -> Result<(ScriptValues, TrainingArguments)>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
     let argv: Vec<String> = argv.into_iter().map(|a| a.as_ref().to_string()).collect();
-    let parser = HfArgumentParser::new();
-    let (parsed, rest) = match parser.parse_known_args(&argv) {
-        Ok(r) => r,
-        Err(tchtrain_training_args::Error::HelpRequested(help)) => {
-            return Err(Error::TrainingArgs(
-                tchtrain_training_args::Error::HelpRequested(format!("{script_help}\n{help}")),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    // Upstream's scripts: `logging.basicConfig(...)`, then the process's log level.
-    tchtrain_trainer::init_logging(&parsed.args);
-    for w in parsed.warnings() {
-        log::warn!("{w}");
+    let parser = parser(HfArgumentParser::new(), line)?;
+    let (values, parsed): (DataclassValues, ParsedArguments) = match json_file(&argv) {
+        Some(file) => parser.parse_json_file_with_dataclasses(file),
+        None => parser.parse_args_with_dataclasses(&argv),
     }
-    apply_rest(&rest, flags)?;
-    Ok(parsed.into_args())
+    .map_err(|e| with_title(e, line.title))?;
+    start_logging(&parsed.args, parsed.warnings());
+    Ok((finish(values, line)?, parsed.into_args()))
 }
 
-/// [`parse`] for the seq2seq scripts: `Seq2SeqTrainingArguments` flags
-/// (`HfArgumentParser::for_seq2seq().parse_seq2seq_known_args`), then the script's own.
+/// [`parse`] for the seq2seq scripts (`Seq2SeqTrainingArguments`).
 pub(crate) fn parse_seq2seq<I, S>(
     argv: I,
-    script_help: &str,
-    flags: &mut dyn ScriptFlags,
-) -> Result<Seq2SeqTrainingArguments>
+    line: &ScriptCommandLine,
+) -> Result<(ScriptValues, Seq2SeqTrainingArguments)>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
     let argv: Vec<String> = argv.into_iter().map(|a| a.as_ref().to_string()).collect();
-    let parser = HfArgumentParser::for_seq2seq();
-    let (parsed, rest) = match parser.parse_seq2seq_known_args(&argv) {
-        Ok(r) => r,
-        Err(tchtrain_training_args::Error::HelpRequested(help)) => {
-            return Err(Error::TrainingArgs(
-                tchtrain_training_args::Error::HelpRequested(format!("{script_help}\n{help}")),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    tchtrain_trainer::init_logging(&parsed.args.base);
-    for w in parsed.warnings() {
+    let parser = parser(HfArgumentParser::for_seq2seq(), line)?;
+    let (values, parsed): (DataclassValues, ParsedSeq2SeqArguments) = match json_file(&argv) {
+        Some(file) => parser.parse_seq2seq_json_file_with_dataclasses(file),
+        None => parser.parse_seq2seq_args_with_dataclasses(&argv),
+    }
+    .map_err(|e| with_title(e, line.title))?;
+    start_logging(&parsed.args.base, parsed.warnings());
+    Ok((finish(values, line)?, parsed.into_args()))
+}
+
+/// Upstream's scripts: `logging.basicConfig(...)`, then the process's log level; the
+/// parser's warnings logged.
+fn start_logging(args: &TrainingArguments, warnings: &[Warning]) {
+    tchtrain_trainer::init_logging(args);
+    for w in warnings {
         log::warn!("{w}");
     }
-    apply_rest(&rest, flags)?;
-    Ok(parsed.into_args())
 }
 
-/// Applies the flags `TrainingArguments` left to the script's own.
-fn apply_rest(rest: &[String], flags: &mut dyn ScriptFlags) -> Result<()> {
-    for (name, value) in split_flags_with_lists(rest, flags.list_flags())? {
-        if !flags.apply(&name, value.as_deref())? {
-            return Err(Error::InvalidFlag {
-                flag: name,
-                detail: "unrecognized argument (see --help for the script's flags and every TrainingArguments flag)".into(),
-            });
+/// Refuses the refused flags given with other values than the default, then fills in the
+/// defaults.
+fn finish(mut values: DataclassValues, line: &ScriptCommandLine) -> Result<ScriptValues> {
+    let mut given = Vec::new();
+    for (dc, dict) in line.dataclasses.iter().zip(values.iter_mut()) {
+        for refusal in line.refused {
+            let Some(spec) = dc.fields.iter().find(|f| f.name == refusal.flag) else {
+                continue;
+            };
+            if let Some(value) = dict.remove(refusal.flag)
+                && python_str(&value) != spec.default
+            {
+                return Err(Error::InvalidFlag {
+                    flag: refusal.flag.into(),
+                    detail: refusal.reason.into(),
+                });
+            }
+        }
+        given.push(dict.keys().cloned().collect());
+        for spec in dc.fields {
+            let refused = line.refused.iter().any(|r| r.flag == spec.name);
+            if !refused
+                && !dict.contains_key(spec.name)
+                && let Some(default) = default_value(spec)
+            {
+                dict.insert(spec.name.into(), default);
+            }
         }
     }
-    Ok(())
+    Ok(ScriptValues { values, given })
 }
 
-/// `--name value`, `--name=value` or `--name` pairs; names with `-` spelled `_`.
-pub(crate) fn split_flags(rest: &[String]) -> Result<Vec<RawFlag>> {
-    split_flags_with_lists(rest, &[])
-}
-
-/// [`split_flags`] where the flags `lists` names take every value up to the next flag
-/// (joined by newlines).
-pub(crate) fn split_flags_with_lists(rest: &[String], lists: &[&str]) -> Result<Vec<RawFlag>> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < rest.len() {
-        let arg = &rest[i];
-        let Some(body) = arg.strip_prefix("--") else {
-            return Err(Error::InvalidFlag {
-                flag: arg.clone(),
-                detail: "unexpected positional argument".into(),
-            });
-        };
-        let (name, value) = match body.split_once('=') {
-            Some((n, v)) => (n.to_string(), Some(v.to_string())),
-            None if lists.contains(&body.replace('-', "_").as_str()) => {
-                let mut values = Vec::new();
-                while let Some(next) = rest.get(i + 1).filter(|n| !n.starts_with("--")) {
-                    values.push(next.clone());
-                    i += 1;
-                }
-                (
-                    body.to_string(),
-                    (!values.is_empty()).then(|| values.join("\n")),
-                )
-            }
-            None => match rest.get(i + 1) {
-                Some(next) if !next.starts_with("--") => {
-                    i += 1;
-                    (body.to_string(), Some(next.clone()))
-                }
-                _ => (body.to_string(), None),
-            },
-        };
-        out.push((name.replace('-', "_"), value));
-        i += 1;
+/// Python's `str(value)` for the values a flag can take (how argparse shows a default).
+fn python_str(value: &Value) -> String {
+    match value {
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Null => "None".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if !n.is_i64() && !n.is_u64() => tchtrain_training_args::python_float_repr(x),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
     }
-    Ok(out)
 }
 
-/// A flag's value, required.
-pub(crate) fn string(name: &str, value: Option<&str>) -> Result<String> {
-    value.map(str::to_string).ok_or_else(|| Error::InvalidFlag {
-        flag: name.to_string(),
-        detail: "expected one argument".into(),
+/// A field's default as a JSON value, from the table (`None` for `None`: the field is
+/// absent and an `Option` reads it as `None`).
+fn default_value(spec: &FieldSpec) -> Option<Value> {
+    if spec.default == "None" || spec.required {
+        return None;
+    }
+    if spec.nargs == Nargs::OneOrMore {
+        return (spec.default == "[]").then(|| Value::Array(Vec::new()));
+    }
+    Some(match spec.kind {
+        ValueKind::Bool => Value::Bool(spec.default == "True"),
+        ValueKind::Int => Value::from(spec.default.parse::<i64>().ok()?),
+        ValueKind::Float => Value::from(spec.default.parse::<f64>().ok()?),
+        _ => Value::String(spec.default.into()),
     })
 }
 
-/// A flag's value as a number.
-pub(crate) fn number<T: std::str::FromStr>(name: &str, value: Option<&str>) -> Result<T> {
-    let v = string(name, value)?;
-    v.parse().map_err(|_| Error::InvalidFlag {
-        flag: name.to_string(),
-        detail: format!("invalid number: '{v}'"),
+/// The tables' defaults as `T` (what parsing an empty command line gives), for `Default`.
+pub(crate) fn defaults<T: DeserializeOwned>(dataclasses: &[&Dataclass]) -> Result<T> {
+    let mut map = JsonDict::new();
+    for spec in dataclasses.iter().flat_map(|dc| dc.fields.iter()) {
+        if let Some(v) = default_value(spec) {
+            map.insert(spec.name.into(), v);
+        }
+    }
+    serde_json::from_value(Value::Object(map)).map_err(|e| Error::InvalidFlag {
+        flag: "(defaults)".into(),
+        detail: e.to_string(),
     })
 }
 
-/// A bool flag as `HfArgumentParser` reads it: alone means true, else
-/// `true/false/yes/no/1/0` in any case.
-pub(crate) fn boolean(name: &str, value: Option<&str>) -> Result<bool> {
-    match value.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("true" | "yes" | "t" | "y" | "1") => Ok(true),
-        Some("false" | "no" | "f" | "n" | "0") => Ok(false),
-        Some(other) => Err(Error::InvalidFlag {
-            flag: name.to_string(),
-            detail: format!(
-                "Truthy value expected: got {other} but expected one of yes/no, true/false, t/f, y/n, 1/0 (case insensitive)."
-            ),
-        }),
-    }
+/// Serde for fields held as a type parsed from a string (`--dtype`, `--packing_strategy`):
+/// `#[serde(deserialize_with = "args::from_str")]`.
+pub(crate) fn from_str<'de, D, T>(deserializer: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let s: String = serde::Deserialize::deserialize(deserializer)?;
+    s.parse().map_err(serde::de::Error::custom)
+}
+
+/// Serde for upstream's comma-separated string fields (`--text_column_names a,b`): the
+/// parts, trimmed.
+pub(crate) fn comma_separated<'de, D>(deserializer: D) -> std::result::Result<Vec<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let s: String = serde::Deserialize::deserialize(deserializer)?;
+    Ok(s.split(',').map(|p| p.trim().to_string()).collect())
+}
+
+/// [`comma_separated`] for an optional field.
+pub(crate) fn comma_separated_opt<'de, D>(
+    deserializer: D,
+) -> std::result::Result<Option<Vec<String>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    comma_separated(deserializer).map(Some)
+}
+
+/// The fields every script's `ModelArguments` shares with the others, as upstream declares
+/// them.
+pub(crate) mod fields {
+    use tchtrain_training_args::FieldSpec;
+
+    pub(crate) const MODEL_NAME_OR_PATH: FieldSpec = FieldSpec::str(
+        "model_name_or_path",
+        "None",
+        "The model checkpoint for weights initialization: a folder or a hub id.",
+    );
+    pub(crate) const MODEL_TYPE: FieldSpec = FieldSpec::str(
+        "model_type",
+        "None",
+        "If training from scratch, the model type (refused here: training from scratch is not supported).",
+    );
+    pub(crate) const CONFIG_OVERRIDES: FieldSpec = FieldSpec::str(
+        "config_overrides",
+        "None",
+        "Overrides of a from-scratch config (refused here: training from scratch is not supported).",
+    );
+    pub(crate) const CONFIG_NAME: FieldSpec = FieldSpec::str(
+        "config_name",
+        "None",
+        "Pretrained config name or path if not the same as model_name (only the model's own folder is accepted).",
+    );
+    pub(crate) const TOKENIZER_NAME: FieldSpec = FieldSpec::str(
+        "tokenizer_name",
+        "None",
+        "Pretrained tokenizer name or path if not the same as model_name.",
+    );
+    pub(crate) const CACHE_DIR: FieldSpec = FieldSpec::str(
+        "cache_dir",
+        "None",
+        "Where to store the pretrained models downloaded from the hub (default: the HF hub cache).",
+    );
+    pub(crate) const USE_FAST_TOKENIZER: FieldSpec = FieldSpec::bool(
+        "use_fast_tokenizer",
+        true,
+        "Use a fast tokenizer (backed by the tokenizers library); the only kind here.",
+    );
+    pub(crate) const MODEL_REVISION: FieldSpec = FieldSpec::str(
+        "model_revision",
+        "main",
+        "The model version to use (a branch name, tag name or commit id).",
+    );
+    pub(crate) const TOKEN: FieldSpec = FieldSpec::str(
+        "token",
+        "None",
+        "The token for remote files (default: HF_TOKEN, else the `huggingface-cli login` file).",
+    );
+    pub(crate) const TRUST_REMOTE_CODE: FieldSpec = FieldSpec::bool(
+        "trust_remote_code",
+        false,
+        "Run the hub repository's own modeling code (refused here: no Python code is run).",
+    );
+    pub(crate) const DTYPE: FieldSpec = FieldSpec::str(
+        "dtype",
+        "None",
+        "Load the model under this dtype; `auto` reads it from the checkpoint.",
+    )
+    .choices(&["auto", "bfloat16", "float16", "float32"]);
+    pub(crate) const IGNORE_MISMATCHED_SIZES: FieldSpec = FieldSpec::bool(
+        "ignore_mismatched_sizes",
+        false,
+        "Re-initialise checkpoint weights whose size differs from the model's (e.g. another number of labels).",
+    );
+    pub(crate) const DATASET_NAME: FieldSpec = FieldSpec::str(
+        "dataset_name",
+        "None",
+        "The hub dataset to use (a repo id or a local folder), read from its Parquet files through the HF cache.",
+    );
+    pub(crate) const DATASET_CONFIG_NAME: FieldSpec = FieldSpec::str(
+        "dataset_config_name",
+        "None",
+        "The configuration name of the dataset.",
+    );
+    pub(crate) const OVERWRITE_CACHE: FieldSpec = FieldSpec::bool(
+        "overwrite_cache",
+        false,
+        "Overwrite the cached training and evaluation sets.",
+    );
+    pub(crate) const PREPROCESSING_NUM_WORKERS: FieldSpec = FieldSpec::int(
+        "preprocessing_num_workers",
+        "None",
+        "The number of processes for the preprocessing (tokenization here uses every core, TCHTRAIN_NUM_PROC).",
+    );
+    pub(crate) const MAX_TRAIN_SAMPLES: FieldSpec = FieldSpec::int(
+        "max_train_samples",
+        "None",
+        "Truncate the number of training examples to this value if set.",
+    );
+    pub(crate) const MAX_EVAL_SAMPLES: FieldSpec = FieldSpec::int(
+        "max_eval_samples",
+        "None",
+        "Truncate the number of evaluation examples to this value if set.",
+    );
+    pub(crate) const MAX_PREDICT_SAMPLES: FieldSpec = FieldSpec::int(
+        "max_predict_samples",
+        "None",
+        "Truncate the number of prediction examples to this value if set.",
+    );
+    pub(crate) const TRAIN_FILE: FieldSpec =
+        FieldSpec::str("train_file", "None", "The input training data file.");
+    pub(crate) const VALIDATION_FILE: FieldSpec = FieldSpec::str(
+        "validation_file",
+        "None",
+        "An optional input evaluation data file.",
+    );
+    pub(crate) const TEST_FILE: FieldSpec =
+        FieldSpec::str("test_file", "None", "An optional input test data file.");
+    pub(crate) const PACKING: FieldSpec = FieldSpec::bool(
+        "packing",
+        false,
+        "TRL's packing: whole rows packed into blocks of --block_size tokens (best-fit decreasing), each attending only within itself.",
+    );
+    pub(crate) const PACKING_STRATEGY: FieldSpec = FieldSpec::str(
+        "packing_strategy",
+        "bfd",
+        "TRL's: truncate (bfd) or split (bfd_split) rows longer than a block.",
+    )
+    .choices(&["bfd", "bfd_split", "wrapped"]);
+    pub(crate) const VALIDATION_SPLIT_PERCENTAGE: FieldSpec = FieldSpec::int(
+        "validation_split_percentage",
+        "5",
+        "The percentage of the train set used as validation set in case there's no validation split.",
+    );
+}
+
+/// TRL's `SFTConfig` packing flags (not in upstream's scripts).
+pub(crate) static PACKING_ARGUMENTS: Dataclass = Dataclass {
+    name: "SFTConfig (packing)",
+    fields: &[fields::PACKING, fields::PACKING_STRATEGY],
+};
+
+/// The refusals every script shares.
+pub(crate) mod refusals {
+    use super::Refusal;
+
+    pub(crate) const TRUST_REMOTE_CODE: Refusal = Refusal {
+        flag: "trust_remote_code",
+        reason: "no Python code is run here: a repository's own modeling code cannot be loaded; use a model family tchtrain implements",
+    };
+    pub(crate) const USE_FAST_TOKENIZER: Refusal = Refusal {
+        flag: "use_fast_tokenizer",
+        reason: "only fast tokenizers (tokenizer.json, the `tokenizers` library) exist here; leave the flag out",
+    };
+    pub(crate) const MODEL_TYPE: Refusal = Refusal {
+        flag: "model_type",
+        reason: "training from scratch is not supported: pass --model_name_or_path with a checkpoint folder or hub id",
+    };
+    pub(crate) const CONFIG_OVERRIDES: Refusal = Refusal {
+        flag: "config_overrides",
+        reason: "it overrides a from-scratch config, and training from scratch is not supported: pass --model_name_or_path (edit that folder's config.json to change the model)",
+    };
 }
 
 #[cfg(test)]
@@ -177,31 +430,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_flag_forms() {
-        let rest: Vec<String> = [
-            "--block-size",
-            "64",
-            "--keep_linebreaks",
-            "--x=1",
-            "--y",
-            "-2",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let flags = split_flags(&rest).unwrap();
+    fn python_str_matches_argparse_defaults() {
+        assert_eq!(python_str(&Value::Bool(true)), "True");
+        assert_eq!(python_str(&Value::from(5)), "5");
+        assert_eq!(python_str(&Value::from(0.15)), "0.15");
+        assert_eq!(python_str(&Value::from("main")), "main");
+        let spec = FieldSpec::float("p", "0.15", "");
+        assert_eq!(default_value(&spec), Some(Value::from(0.15)));
+        assert_eq!(default_value(&FieldSpec::int("n", "None", "")), None);
         assert_eq!(
-            flags,
-            vec![
-                ("block_size".into(), Some("64".into())),
-                ("keep_linebreaks".into(), None),
-                ("x".into(), Some("1".into())),
-                ("y".into(), Some("-2".into())),
-            ]
+            default_value(&FieldSpec::bool("b", true, "")),
+            Some(Value::Bool(true))
         );
-        assert!(split_flags(&["stray".to_string()]).is_err());
-        assert!(boolean("b", Some("False")).is_ok_and(|b| !b));
-        assert!(boolean("b", Some("maybe")).is_err());
-        assert!(number::<usize>("n", Some("x")).is_err());
     }
 }

@@ -11,23 +11,54 @@ use crate::error::{Error, Result};
 use tchtrain_trainer::ResumeFrom;
 use tchtrain_trainer::get_last_checkpoint;
 
+/// The hub options of upstream's `ModelArguments`: `--cache_dir`, `--model_revision` and
+/// `--token` over the environment's (`HF_HUB_CACHE`, `HF_TOKEN`, ...).
+pub(crate) fn hub_options(
+    cache_dir: Option<&str>,
+    model_revision: &str,
+    token: Option<&str>,
+) -> HubOptions {
+    let env = HubOptions::from_env();
+    HubOptions {
+        cache_dir: cache_dir.map_or(env.cache_dir.clone(), PathBuf::from),
+        revision: model_revision.to_string(),
+        token: token.map(str::to_string).or(env.token.clone()),
+        ..env
+    }
+}
+
 /// A tokenizer folder: a local folder as it is (it need not hold a model), else a hub id
 /// resolved through the cache or a download.
-fn tokenizer_dir(name: &str) -> Result<PathBuf> {
+fn tokenizer_dir(name: &str, hub: &HubOptions) -> Result<PathBuf> {
     let local = Path::new(name);
     if local.is_dir() {
         return Ok(local.to_path_buf());
     }
-    Ok(resolve(name, &HubOptions::from_env())?)
+    Ok(resolve(name, hub)?)
 }
 
-/// Resolves `--model_name_or_path` (a local folder, the hub cache, or a download).
-pub(crate) fn model_dir(name_or_path: Option<&str>) -> Result<PathBuf> {
+/// Resolves `--model_name_or_path` (a local folder, the hub cache, or a download). A
+/// `--config_name` other than that folder is refused: the config is the checkpoint's.
+pub(crate) fn model_dir(
+    name_or_path: Option<&str>,
+    config_name: Option<&str>,
+    hub: &HubOptions,
+) -> Result<PathBuf> {
     let name = name_or_path.ok_or_else(|| Error::InvalidFlag {
         flag: "model_name_or_path".into(),
         detail: "required: a model folder (e.g. assets/tiny-gpt2) or a hub id; training from scratch is not supported".into(),
     })?;
-    Ok(resolve(name, &HubOptions::from_env())?)
+    let dir = resolve(name, hub)?;
+    if let Some(c) = config_name
+        && c != name
+        && Path::new(c) != dir
+    {
+        return Err(Error::InvalidFlag {
+            flag: "config_name".into(),
+            detail: "a config apart from the model folder is not supported; put it in --model_name_or_path".into(),
+        });
+    }
+    Ok(dir)
 }
 
 /// Upstream `AutoTokenizer.from_pretrained(tokenizer_name or model_name_or_path)`:
@@ -36,9 +67,10 @@ pub(crate) fn model_dir(name_or_path: Option<&str>) -> Result<PathBuf> {
 pub fn load_example_tokenizer(
     model_dir: &Path,
     tokenizer_name: Option<&str>,
+    hub: &HubOptions,
 ) -> Result<PreTrainedTokenizerFast> {
     let dir = match tokenizer_name {
-        Some(name) => tokenizer_dir(name)?,
+        Some(name) => tokenizer_dir(name, hub)?,
         None => model_dir.to_path_buf(),
     };
     match AutoTokenizer::from_pretrained(&dir) {
@@ -158,6 +190,68 @@ pub(crate) fn read_text_rows(path: &str, keep_linebreaks: bool) -> Result<Vec<St
 /// `datasets`' percent slice boundary (`rounding="closest"`): `round(p * n / 100)`.
 pub(crate) fn split_boundary(percent: usize, n: usize) -> usize {
     (percent as f64 * n as f64 / 100.0).round_ties_even() as usize
+}
+
+/// `load_dataset(--dataset_name, --dataset_config_name, token=--token)`: each split's data
+/// files, resolved as `datasets` resolves a hub dataset repository (its own data files, or
+/// its `refs/convert/parquet` export) or a local folder, downloaded into the HF hub cache
+/// (`HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` honoured).
+pub(crate) fn load_dataset_splits(
+    name: &str,
+    config_name: Option<&str>,
+    token: Option<&str>,
+) -> Result<tchtrain_datasets::DataFilesDict> {
+    let mut options = tchtrain_datasets::hub_options_from_env();
+    if let Some(t) = token {
+        options.token = Some(t.to_string());
+    }
+    let files = tchtrain_datasets::load_dataset_files(name, config_name, None, &options)?;
+    log::info!(
+        "dataset {name} (config {}): {}",
+        files.config_name,
+        files
+            .data_files
+            .iter()
+            .map(|(split, f)| format!("{split}: {} file(s)", f.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(files.data_files)
+}
+
+/// The text rows of a dataset split's files, in order ([`read_text_rows`] of each; the
+/// `text` builder of `load_dataset(name)` drops line breaks, as `keep_linebreaks` is passed
+/// for local files only upstream).
+pub(crate) fn split_text_rows(files: &[PathBuf]) -> Result<Vec<String>> {
+    let mut rows = Vec::new();
+    for f in files {
+        rows.extend(read_text_rows(&f.display().to_string(), false)?);
+    }
+    Ok(rows)
+}
+
+/// The language-modelling scripts' rows of `--dataset_name`: the `train` split's text
+/// rows and the `validation` split's, or, without a validation split, upstream's
+/// `train[:N%]` as validation and `train[N%:]` as training. `None` for the training rows
+/// when the dataset has no `train` split.
+pub(crate) fn dataset_text_splits(
+    name: &str,
+    config_name: Option<&str>,
+    token: Option<&str>,
+    validation_split_percentage: usize,
+) -> Result<(Option<Vec<String>>, Vec<String>)> {
+    let splits = load_dataset_splits(name, config_name, token)?;
+    let mut train = splits.get("train").map(split_text_rows).transpose()?;
+    let eval = match (splits.get("validation"), train.as_mut()) {
+        (Some(files), _) => split_text_rows(files)?,
+        (None, Some(rows)) => {
+            let cut = split_boundary(validation_split_percentage, rows.len());
+            let rest = rows.split_off(cut);
+            std::mem::replace(rows, rest)
+        }
+        (None, None) => Vec::new(),
+    };
+    Ok((train, eval))
 }
 
 /// The tokenizer's JSON (`tokenizer.json`'s content), part of a dataset-cache fingerprint.

@@ -28,8 +28,9 @@ use tchtrain_trainer::{Metrics, Trainer};
 use tchtrain_training_args::TrainingArguments;
 
 use crate::ExampleOutput;
-use crate::args::{self, ScriptFlags};
+use crate::args::{self, ScriptCommandLine};
 use crate::error::Result;
+use tchtrain_training_args::{Dataclass, FieldSpec};
 
 /// Token ids run over `0..VOCAB`.
 pub const VOCAB: i64 = 32;
@@ -138,8 +139,9 @@ pub fn rows(n: usize, seed: u64) -> Vec<Feature> {
         .collect()
 }
 
-/// The script's own flags.
-#[derive(Debug, Clone, PartialEq)]
+/// The script's own flags (defaults from [`COMMAND_LINE`]).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CustomModelArguments {
     /// `--embedding_dim` (default 16).
     pub embedding_dim: i64,
@@ -151,32 +153,28 @@ pub struct CustomModelArguments {
 
 impl Default for CustomModelArguments {
     fn default() -> Self {
-        Self {
-            embedding_dim: 16,
-            train_rows: 256,
-            eval_rows: 64,
-        }
+        args::defaults(COMMAND_LINE)
+            .unwrap_or_else(|e| unreachable!("custom_model's defaults read: {e}"))
     }
 }
 
-const HELP: &str = "\
-custom_model: a user-written TrainableModel (an embedding bag classifier) on seeded rows.
-  --embedding_dim N   embedding width (default 16)
-  --train_rows N      training rows (default 256)
-  --eval_rows N       evaluation rows (default 64)
-";
+static CUSTOM_MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "CustomModelArguments",
+    fields: &[
+        FieldSpec::int("embedding_dim", "16", "Embedding width."),
+        FieldSpec::int("train_rows", "256", "Training rows."),
+        FieldSpec::int("eval_rows", "64", "Evaluation rows."),
+    ],
+};
 
-impl ScriptFlags for CustomModelArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "embedding_dim" => self.embedding_dim = args::number(name, value)?,
-            "train_rows" => self.train_rows = args::number(name, value)?,
-            "eval_rows" => self.eval_rows = args::number(name, value)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-}
+/// The command line: the script's one dataclass.
+pub const COMMAND_LINE: &[&Dataclass] = &[&CUSTOM_MODEL_ARGUMENTS];
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "custom_model: a user-written TrainableModel (an embedding bag classifier) on seeded rows",
+    dataclasses: COMMAND_LINE,
+    refused: &[],
+};
 
 /// Runs the script with `argv` (without the program name).
 pub fn main_with_args<I, S>(argv: I) -> Result<ExampleOutput>
@@ -184,8 +182,8 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut custom = CustomModelArguments::default();
-    let training = args::parse(argv, HELP, &mut custom)?;
+    let (values, training) = args::parse(argv, &LINE)?;
+    let custom: CustomModelArguments = values.take(&[0])?;
     run(&custom, training)
 }
 

@@ -10,7 +10,9 @@
 //!
 //! Each script's `main_with_args(argv)` takes the command line without the program name:
 //! its own flags (upstream's `ModelArguments` / `DataTrainingArguments`) next to every
-//! `TrainingArguments` flag, parsed by `HfArgumentParser::parse_known_args`. It returns an
+//! `TrainingArguments` flag, parsed by one `HfArgumentParser` with the script's dataclasses
+//! added (`HfArgumentParser::with_dataclass`; a single `args.json` argument is read as
+//! upstream's `parse_json_file`), each script's `COMMAND_LINE` listing them. It returns an
 //! [`ExampleOutput`]; [`exit_code`] turns a result into the process's exit status the way
 //! argparse and upstream's scripts do (help: 0, bad flags: 2, failures: 1).
 
@@ -36,6 +38,7 @@ pub mod custom_loss;
 pub mod custom_model;
 mod error;
 pub mod peft_args;
+mod plain_args;
 mod plot;
 pub mod porter;
 pub mod punkt;

@@ -5,11 +5,12 @@
 
 use tchtrain_models::{LoraConfig, PreTrainedModel, TargetModules, get_peft_model};
 
-use crate::args;
 use crate::error::{Error, Result};
+use tchtrain_training_args::{Dataclass, FieldSpec};
 
-/// The LoRA flags (TRL's `ModelConfig` fields and defaults).
-#[derive(Debug, Clone, PartialEq)]
+/// The LoRA flags (TRL's `ModelConfig` fields; defaults from [`LORA_ARGUMENTS`]).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PeftArguments {
     /// `--use_peft`: train a LoRA adapter instead of the whole model.
     pub use_peft: bool,
@@ -34,64 +35,56 @@ pub struct PeftArguments {
 }
 
 impl Default for PeftArguments {
+    /// TRL's defaults (the table's).
     fn default() -> Self {
-        Self {
-            use_peft: false,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            lora_dropout: 0.05,
-            lora_target_modules: None,
-            lora_modules_to_save: None,
-            lora_task_type: "CAUSAL_LM".into(),
-            use_rslora: false,
-            use_dora: false,
-        }
+        crate::args::defaults(&[&LORA_ARGUMENTS])
+            .unwrap_or_else(|e| unreachable!("the LoRA table's defaults read: {e}"))
     }
 }
 
-/// The flags' help lines.
-pub(crate) const HELP: &str = "\
-LoRA (TRL's flags):
-  --use_peft [BOOL]           train a LoRA adapter (peft's files) instead of the whole model
-  --lora_r N                  rank (default: 16)
-  --lora_alpha X              scaling numerator (default: 32)
-  --lora_dropout P            dropout on the adapters' input (default: 0.05)
-  --lora_target_modules NAME...
-                              modules to adapt: names, or one regular expression / all-linear
-                              (default: peft's for the model type)
-  --lora_modules_to_save NAME...
-                              modules trained in full and saved with the adapter
-  --lora_task_type TYPE       CAUSAL_LM (default), SEQ_CLS, TOKEN_CLS, QUESTION_ANS
-  --use_rslora [BOOL]         rank-stabilised scaling alpha / sqrt(r)
-  --use_dora [BOOL]           weight-decomposed LoRA
-";
-
-/// The flags that take several values (`nargs="+"`).
-pub(crate) const LIST_FLAGS: [&str; 2] = ["lora_target_modules", "lora_modules_to_save"];
-
-fn list(name: &str, value: Option<&str>) -> Result<Vec<String>> {
-    let v = args::string(name, value)?;
-    Ok(v.split('\n').map(str::to_string).collect())
-}
+/// TRL's `ModelConfig` LoRA fields (trl 1.16), as the scripts take them. TRL's
+/// `lora_target_parameters` (adapters on bare parameters, for mixture-of-experts) is not
+/// offered: peft's `target_parameters` is not implemented here.
+pub static LORA_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelConfig (TRL's LoRA flags)",
+    fields: &[
+        FieldSpec::bool(
+            "use_peft",
+            false,
+            "Train a LoRA adapter (peft's files) instead of the whole model.",
+        ),
+        FieldSpec::int("lora_r", "16", "LoRA R value (the rank)."),
+        FieldSpec::int("lora_alpha", "32", "LoRA alpha (the scaling numerator)."),
+        FieldSpec::float(
+            "lora_dropout",
+            "0.05",
+            "LoRA dropout on the adapters' input.",
+        ),
+        FieldSpec::list(
+            "lora_target_modules",
+            "None",
+            "Modules to adapt: names, or one regular expression / all-linear (default: peft's for the model type).",
+        ),
+        FieldSpec::list(
+            "lora_modules_to_save",
+            "None",
+            "Model layers trained in full and saved with the adapter.",
+        ),
+        FieldSpec::str(
+            "lora_task_type",
+            "CAUSAL_LM",
+            "Task type of the adapter: CAUSAL_LM, SEQ_CLS, TOKEN_CLS, QUESTION_ANS.",
+        ),
+        FieldSpec::bool(
+            "use_rslora",
+            false,
+            "Rank-stabilised LoRA: scaling alpha / sqrt(r) instead of alpha / r.",
+        ),
+        FieldSpec::bool("use_dora", false, "Weight-decomposed LoRA (DoRA)."),
+    ],
+};
 
 impl PeftArguments {
-    /// Sets the flag `name`; `Ok(false)` when it is not a LoRA flag.
-    pub(crate) fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "use_peft" => self.use_peft = args::boolean(name, value)?,
-            "lora_r" => self.lora_r = args::number(name, value)?,
-            "lora_alpha" => self.lora_alpha = args::number(name, value)?,
-            "lora_dropout" => self.lora_dropout = args::number(name, value)?,
-            "lora_target_modules" => self.lora_target_modules = Some(list(name, value)?),
-            "lora_modules_to_save" => self.lora_modules_to_save = Some(list(name, value)?),
-            "lora_task_type" => self.lora_task_type = args::string(name, value)?,
-            "use_rslora" => self.use_rslora = args::boolean(name, value)?,
-            "use_dora" => self.use_dora = args::boolean(name, value)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// `trl.get_peft_config(model_args)`: `None` without `--use_peft`.
     pub fn lora_config(&self) -> Option<LoraConfig> {
         self.use_peft.then(|| LoraConfig {

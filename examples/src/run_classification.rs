@@ -36,10 +36,10 @@ use std::sync::Arc;
 use tch::{Device, Kind};
 use tchtrain_collators::{DefaultDataCollator, TorchGenerator};
 use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir, read_model_type};
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, Refusal, ScriptCommandLine, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use super::split;
@@ -54,27 +54,65 @@ use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
 use tchtrain_trainer::Trainer;
 use tchtrain_trainer::{EvalPrediction, Metrics};
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq)]
+/// The script's own arguments: upstream's `ModelArguments` and `DataTrainingArguments`
+/// (the flags tchtrain honours; see [`COMMAND_LINE`] for the ones it refuses), two flags of
+/// tchtrain's, and TRL's LoRA flags.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClassificationArguments {
     /// `--model_name_or_path`: a model folder or hub id (required).
     pub model_name_or_path: Option<String>,
-    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    /// `--config_name`: only the model's own folder is accepted.
+    pub config_name: Option<String>,
+    /// `--tokenizer_name`: a tokenizer folder or hub id when the model folder has none.
     pub tokenizer_name: Option<String>,
-    /// `--train_file`: `.csv`, `.json` or `.jsonl` (optionally `.bz2`).
-    pub train_file: Option<String>,
-    /// `--validation_file`.
-    pub validation_file: Option<String>,
+    /// `--cache_dir`: the hub cache downloads go to (default: the HF hub cache).
+    pub cache_dir: Option<String>,
+    /// `--model_revision` (default `main`).
+    pub model_revision: String,
+    /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
+    pub token: Option<String>,
+    /// `--ignore_mismatched_sizes`: re-initialise the weights whose shapes differ from the
+    /// checkpoint's (a classifier with another number of labels) instead of refusing the
+    /// checkpoint.
+    pub ignore_mismatched_sizes: bool,
+    /// `--dataset_name`: a hub dataset repository (or a local folder of data files).
+    pub dataset_name: Option<String>,
+    /// `--dataset_config_name`: the dataset's configuration.
+    pub dataset_config_name: Option<String>,
+    /// `--do_regression`: treat the labels as numbers whatever their type (default: a
+    /// float label column means regression).
+    pub do_regression: Option<bool>,
     /// `--text_column_names`: comma-separated text columns (default `sentence`).
+    #[serde(
+        default = "default_text_columns",
+        deserialize_with = "args::comma_separated"
+    )]
     pub text_column_names: Vec<String>,
     /// `--text_column_delimiter`: joins the text columns (default `" "`).
     pub text_column_delimiter: String,
+    /// `--train_split_name`: the dataset's split used for training (default `train`).
+    pub train_split_name: Option<String>,
+    /// `--validation_split_name`: the dataset's split used for evaluation (default
+    /// `validation`).
+    pub validation_split_name: Option<String>,
+    /// `--remove_splits`: comma-separated splits dropped from the dataset.
+    #[serde(default, deserialize_with = "args::comma_separated")]
+    pub remove_splits: Vec<String>,
+    /// `--remove_columns`: comma-separated columns dropped from the dataset.
+    #[serde(default, deserialize_with = "args::comma_separated")]
+    pub remove_columns: Vec<String>,
     /// `--label_column_name` (default `label`).
+    #[serde(default = "default_label_column")]
     pub label_column_name: String,
-    /// `--do_regression`: treat the labels as numbers whatever their type.
-    pub do_regression: Option<bool>,
     /// `--max_seq_length` (default 128).
     pub max_seq_length: usize,
+    /// `--preprocessing_num_workers`: accepted; tokenization uses every core
+    /// (`TCHTRAIN_NUM_PROC`), with the same result.
+    pub preprocessing_num_workers: Option<usize>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](tchtrain_datasets::MapCache)).
+    pub overwrite_cache: bool,
     /// `--pad_to_max_length` (default true).
     pub pad_to_max_length: bool,
     /// `--shuffle_train_dataset` (default false).
@@ -85,122 +123,192 @@ pub struct ClassificationArguments {
     pub max_train_samples: Option<usize>,
     /// `--max_eval_samples`.
     pub max_eval_samples: Option<usize>,
+    /// `--metric_name`: `accuracy` (classification) or `mse` (regression), the metrics the
+    /// script computes without `evaluate`.
+    pub metric_name: Option<String>,
+    /// `--train_file`: `.csv`, `.json`, `.jsonl` (optionally `.bz2`) or `.parquet`.
+    pub train_file: Option<String>,
+    /// `--validation_file`.
+    pub validation_file: Option<String>,
     /// `--label_filter A,B` (not upstream): keep only the rows with these labels.
+    #[serde(default, deserialize_with = "args::comma_separated_opt")]
     pub label_filter: Option<Vec<String>>,
     /// `--validation_split_percentage P` (not upstream; run_clm's flag): without
     /// `--validation_file`, hold out P % of the training rows (seeded by `shuffle_seed`).
     pub validation_split_percentage: Option<usize>,
-    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
-    /// ([`MapCache`](tchtrain_datasets::MapCache)).
-    pub overwrite_cache: bool,
-    /// `--ignore_mismatched_sizes` (upstream's `ModelArguments`): re-initialise the weights
-    /// whose shapes differ from the checkpoint's (a classifier with another number of
-    /// labels) instead of refusing the checkpoint.
-    pub ignore_mismatched_sizes: bool,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...; `--lora_task_type SEQ_CLS` keeps
     /// the new classifier trained and saved with the adapter).
+    #[serde(skip)]
     pub peft: PeftArguments,
 }
 
+fn default_text_columns() -> Vec<String> {
+    vec!["sentence".into()]
+}
+
+fn default_label_column() -> String {
+    "label".into()
+}
+
 impl Default for ClassificationArguments {
+    /// Upstream's defaults (the tables').
     fn default() -> Self {
-        Self {
-            model_name_or_path: None,
-            tokenizer_name: None,
-            train_file: None,
-            validation_file: None,
-            text_column_names: vec!["sentence".into()],
-            text_column_delimiter: " ".into(),
-            label_column_name: "label".into(),
-            do_regression: None,
-            max_seq_length: 128,
-            pad_to_max_length: true,
-            shuffle_train_dataset: false,
-            shuffle_seed: 42,
-            max_train_samples: None,
-            max_eval_samples: None,
-            label_filter: None,
-            validation_split_percentage: None,
-            overwrite_cache: false,
-            ignore_mismatched_sizes: false,
-            peft: PeftArguments::default(),
-        }
+        let mut cls: Self = args::defaults(&COMMAND_LINE[..3])
+            .unwrap_or_else(|e| unreachable!("run_classification's defaults read: {e}"));
+        cls.peft = PeftArguments::default();
+        cls
     }
 }
 
-const HELP: &str = "\
-run_classification: sequence classification (upstream examples/pytorch/text-classification/run_classification.py)
+/// Upstream's `ModelArguments` of run_classification.py.
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &[
+        fields::MODEL_NAME_OR_PATH.required(),
+        fields::CONFIG_NAME,
+        fields::TOKENIZER_NAME,
+        fields::CACHE_DIR,
+        fields::USE_FAST_TOKENIZER,
+        fields::MODEL_REVISION,
+        fields::TOKEN,
+        fields::TRUST_REMOTE_CODE,
+        fields::IGNORE_MISMATCHED_SIZES,
+    ],
+};
 
-script flags:
-  --model_name_or_path PATH   model folder or hub id (required)
-  --tokenizer_name PATH       tokenizer folder (tokenizer.json, or vocab.json + merges.txt)
-  --train_file FILE           .csv, .json or .jsonl (optionally .bz2)
-  --validation_file FILE      evaluation rows (needed for --do_eval)
-  --text_column_names A,B     text columns, joined (default: sentence)
-  --text_column_delimiter S   joins the text columns (default: a space)
-  --label_column_name NAME    label column (default: label)
-  --do_regression BOOL        numeric labels, mean squared error
-  --max_seq_length N          truncate to N tokens (default: 128)
-  --pad_to_max_length BOOL    pad every row to max_seq_length (default: true)
-  --shuffle_train_dataset     shuffle the training rows before --max_train_samples
-  --shuffle_seed N            seed of that shuffle (default: 42)
-  --max_train_samples N       keep the first N training rows
-  --max_eval_samples N        keep the first N evaluation rows
-  --label_filter A,B          keep only the rows labelled A or B (both files; not upstream)
-  --validation_split_percentage P
-                              without --validation_file: hold out P% of the training rows,
-                              drawn with --shuffle_seed, for evaluation (not upstream)
-  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
-  --ignore_mismatched_sizes [BOOL]
-                              re-initialise weights whose shapes differ from the checkpoint's
-  --preprocessing_num_workers N
-                              accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
-";
+/// Upstream's `DataTrainingArguments` of run_classification.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        FieldSpec::optional_bool(
+            "do_regression",
+            "Whether to do regression instead of classification (default: a float label column means regression).",
+        ),
+        FieldSpec::str(
+            "text_column_names",
+            "None",
+            "The name of the text column(s), comma-separated (default: sentence).",
+        ),
+        FieldSpec::str(
+            "text_column_delimiter",
+            " ",
+            "The delimiter joining the text columns.",
+        ),
+        FieldSpec::str(
+            "train_split_name",
+            "None",
+            "The dataset split used for training (default: train).",
+        ),
+        FieldSpec::str(
+            "validation_split_name",
+            "None",
+            "The dataset split used for validation (default: validation).",
+        ),
+        FieldSpec::str(
+            "test_split_name",
+            "None",
+            "The dataset split used for prediction (refused here: no --do_predict).",
+        ),
+        FieldSpec::str(
+            "remove_splits",
+            "None",
+            "Splits to remove from the dataset, comma-separated.",
+        ),
+        FieldSpec::str(
+            "remove_columns",
+            "None",
+            "Columns to remove from the dataset, comma-separated.",
+        ),
+        FieldSpec::str(
+            "label_column_name",
+            "None",
+            "The name of the label column (default: label).",
+        ),
+        FieldSpec::int(
+            "max_seq_length",
+            "128",
+            "The maximum total input sequence length after tokenization.",
+        ),
+        fields::PREPROCESSING_NUM_WORKERS,
+        fields::OVERWRITE_CACHE,
+        FieldSpec::bool(
+            "pad_to_max_length",
+            true,
+            "Whether to pad all samples to `max_seq_length`.",
+        ),
+        FieldSpec::bool(
+            "shuffle_train_dataset",
+            false,
+            "Whether to shuffle the train dataset or not.",
+        ),
+        FieldSpec::int(
+            "shuffle_seed",
+            "42",
+            "Random seed that will be used to shuffle the train dataset.",
+        ),
+        fields::MAX_TRAIN_SAMPLES,
+        fields::MAX_EVAL_SAMPLES,
+        fields::MAX_PREDICT_SAMPLES,
+        FieldSpec::str(
+            "metric_name",
+            "None",
+            "The metric to use for evaluation (accuracy or mse here).",
+        ),
+        fields::TRAIN_FILE,
+        fields::VALIDATION_FILE,
+        fields::TEST_FILE,
+    ],
+};
 
-impl ScriptFlags for ClassificationArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
-            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
-            "train_file" => self.train_file = Some(args::string(name, value)?),
-            "validation_file" => self.validation_file = Some(args::string(name, value)?),
-            "text_column_names" => {
-                self.text_column_names = args::string(name, value)?
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .collect();
-            }
-            "text_column_delimiter" => self.text_column_delimiter = args::string(name, value)?,
-            "label_column_name" => self.label_column_name = args::string(name, value)?,
-            "do_regression" => self.do_regression = Some(args::boolean(name, value)?),
-            "max_seq_length" => self.max_seq_length = args::number(name, value)?,
-            "pad_to_max_length" => self.pad_to_max_length = args::boolean(name, value)?,
-            "shuffle_train_dataset" => self.shuffle_train_dataset = args::boolean(name, value)?,
-            "shuffle_seed" => self.shuffle_seed = args::number(name, value)?,
-            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
-            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "label_filter" => {
-                let labels = args::string(name, value)?;
-                self.label_filter = Some(labels.split(',').map(|s| s.trim().to_string()).collect());
-            }
-            "validation_split_percentage" => {
-                self.validation_split_percentage = Some(args::number(name, value)?);
-            }
-            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
-            "ignore_mismatched_sizes" => {
-                self.ignore_mismatched_sizes = args::boolean(name, value)?;
-            }
-            "preprocessing_num_workers" => {
-                args::number::<usize>(name, value)?;
-            }
-            _ => return self.peft.apply(name, value),
-        }
-        Ok(true)
-    }
-    fn list_flags(&self) -> &'static [&'static str] {
-        &peft_args::LIST_FLAGS
-    }
-}
+/// Two flags of tchtrain's, for one labelled file such as the Rotten Tomatoes corpus.
+static EXTRA_ARGUMENTS: Dataclass = Dataclass {
+    name: "tchtrain",
+    fields: &[
+        FieldSpec::str(
+            "label_filter",
+            "None",
+            "Keep only the rows with these labels, comma-separated (both files).",
+        ),
+        FieldSpec::int(
+            "validation_split_percentage",
+            "None",
+            "Without --validation_file: hold out this % of the training rows, drawn with --shuffle_seed.",
+        ),
+    ],
+};
+
+/// The command line: upstream's dataclasses, tchtrain's two flags, TRL's LoRA flags.
+pub const COMMAND_LINE: &[&Dataclass] = &[
+    &MODEL_ARGUMENTS,
+    &DATA_TRAINING_ARGUMENTS,
+    &EXTRA_ARGUMENTS,
+    &peft_args::LORA_ARGUMENTS,
+];
+
+const NO_PREDICT: &str = "run_classification does not predict on a test split yet; use --do_eval with --validation_file (or the dataset's validation split)";
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_classification: sequence classification (upstream examples/pytorch/text-classification/run_classification.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &[
+        refusals::USE_FAST_TOKENIZER,
+        refusals::TRUST_REMOTE_CODE,
+        Refusal {
+            flag: "test_split_name",
+            reason: NO_PREDICT,
+        },
+        Refusal {
+            flag: "max_predict_samples",
+            reason: NO_PREDICT,
+        },
+        Refusal {
+            flag: "test_file",
+            reason: NO_PREDICT,
+        },
+    ],
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `TrainingArguments`.
@@ -209,9 +317,21 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut cls = ClassificationArguments::default();
-    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut cls)?;
+    let (values, training) = args::parse(argv, &LINE)?;
+    let mut cls: ClassificationArguments = values.take(&[0, 1, 2])?;
+    cls.peft = values.take(&[3])?;
     cls.peft.check()?;
+    if let Some(metric) = &cls.metric_name
+        && metric != "accuracy"
+        && metric != "mse"
+    {
+        return Err(Error::InvalidFlag {
+            flag: "metric_name".into(),
+            detail: format!(
+                "{metric:?}: the script computes accuracy (classification) or mse (regression) itself, without `evaluate`; leave the flag out or name one of those"
+            ),
+        });
+    }
     Ok((cls, training))
 }
 
@@ -290,6 +410,37 @@ fn write_label_names(dir: &Path, labels: &ClassificationLabels) -> Result<()> {
     std::fs::write(&path, text + "\n").map_err(|e| Error::io("writing", &path, e))
 }
 
+/// The training and validation tables of `--dataset_name` (`load_dataset(name, config)`):
+/// the splits `--train_split_name` / `--validation_split_name` (default `train` /
+/// `validation`) unless `--remove_splits` names them, each split's files concatenated.
+fn dataset_tables(
+    cls: &ClassificationArguments,
+    name: &str,
+) -> Result<(Option<Table>, Option<Table>)> {
+    let splits = common::load_dataset_splits(
+        name,
+        cls.dataset_config_name.as_deref(),
+        cls.token.as_deref(),
+    )?;
+    let table = |split: &str| -> Result<Option<Table>> {
+        if cls.remove_splits.iter().any(|r| r == split) {
+            return Ok(None);
+        }
+        let Some(files) = splits.get(split) else {
+            return Ok(None);
+        };
+        let tables = files
+            .iter()
+            .map(Table::read)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Some(Table::concat(tables)?))
+    };
+    Ok((
+        table(cls.train_split_name.as_deref().unwrap_or("train"))?,
+        table(cls.validation_split_name.as_deref().unwrap_or("validation"))?,
+    ))
+}
+
 fn read_table(flag: &str, file: Option<&String>) -> Result<Table> {
     let file = file.ok_or_else(|| Error::InvalidFlag {
         flag: flag.into(),
@@ -307,16 +458,53 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
             detail: "run_classification does not predict on a test file yet; use --do_eval with --validation_file".into(),
         });
     }
-    let dir = common::model_dir(cls.model_name_or_path.as_deref())?;
-    let tok = load_example_tokenizer(&dir, cls.tokenizer_name.as_deref())?;
+    let hub = common::hub_options(
+        cls.cache_dir.as_deref(),
+        &cls.model_revision,
+        cls.token.as_deref(),
+    );
+    let dir = common::model_dir(
+        cls.model_name_or_path.as_deref(),
+        cls.config_name.as_deref(),
+        &hub,
+    )?;
+    let tok = load_example_tokenizer(&dir, cls.tokenizer_name.as_deref(), &hub)?;
 
     // The label list comes from the training file, as upstream; without training, from the
     // validation file.
-    let mut train_table = match (&cls.train_file, training.do_train) {
-        (Some(_), _) | (None, true) => Some(read_table("train_file", cls.train_file.as_ref())?),
-        (None, false) => None,
+    let (mut train_table, dataset_validation) = match &cls.dataset_name {
+        Some(name) => dataset_tables(cls, name)?,
+        None => (
+            match (&cls.train_file, training.do_train) {
+                (Some(_), _) | (None, true) => {
+                    Some(read_table("train_file", cls.train_file.as_ref())?)
+                }
+                (None, false) => None,
+            },
+            None,
+        ),
     };
-    let (train_split, eval_table) = split::prepare_tables(cls, train_table, training.do_eval)?;
+    if training.do_train && train_table.is_none() {
+        return Err(Error::InvalidFlag {
+            flag: "train_split_name".into(),
+            detail: "--do_train requires a train dataset: the dataset has no such split".into(),
+        });
+    }
+    let remove = |t: Option<Table>| -> Result<Option<Table>> {
+        Ok(match t {
+            Some(t) if !cls.remove_columns.is_empty() => {
+                Some(t.remove_columns(&cls.remove_columns)?)
+            }
+            t => t,
+        })
+    };
+    let (train_split, eval_table) = split::prepare_tables(
+        cls,
+        remove(train_table)?,
+        remove(dataset_validation)?,
+        training.do_eval,
+    )?;
+    let eval_table = remove(eval_table)?;
     train_table = train_split;
     let label_source = train_table
         .as_ref()

@@ -30,10 +30,10 @@ use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 use tchtrain_collators::{DataCollatorWithFlattening, DefaultDataCollator, Feature};
 use tchtrain_models::{AutoTask, LoadDtype, LoadOptions, Tokenizer, from_pretrained_dir};
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, ScriptCommandLine, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use crate::error::{Error, Result};
@@ -45,37 +45,57 @@ use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
 use tchtrain_trainer::Trainer;
 use tchtrain_trainer::{EvalPrediction, Metrics};
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq)]
+/// The script's own arguments: upstream's `ModelArguments` and `DataTrainingArguments`
+/// (the flags tchtrain honours; see [`COMMAND_LINE`] for the ones it refuses), TRL's packing
+/// flags, and TRL's LoRA flags.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClmArguments {
-    /// `--model_name_or_path`: a model folder or hub id (required).
+    /// `--model_name_or_path`: a model folder or hub id (required here: no training from
+    /// scratch).
     pub model_name_or_path: Option<String>,
-    /// `--dtype` (v4 `--torch_dtype`): the dtype the model is loaded in (`auto`, the
-    /// default as in transformers 5, reads it from the checkpoint).
-    pub dtype: LoadDtype,
-    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    /// `--config_name`: only the model's own folder is accepted.
+    pub config_name: Option<String>,
+    /// `--tokenizer_name`: a tokenizer folder or hub id when the model folder has none.
     pub tokenizer_name: Option<String>,
-    /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`.
+    /// `--cache_dir`: the hub cache downloads go to (default: the HF hub cache).
+    pub cache_dir: Option<String>,
+    /// `--model_revision` (default `main`).
+    pub model_revision: String,
+    /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
+    pub token: Option<String>,
+    /// `--dtype`: the dtype the model is loaded in (`auto`, the default as in
+    /// transformers 5, reads it from the checkpoint).
+    #[serde(default, deserialize_with = "args::from_str")]
+    pub dtype: LoadDtype,
+    /// `--dataset_name`: a hub dataset repository (or a local folder of data files).
+    pub dataset_name: Option<String>,
+    /// `--dataset_config_name`: the dataset's configuration.
+    pub dataset_config_name: Option<String>,
+    /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`, `.parquet`.
     pub train_file: Option<String>,
     /// `--validation_file`.
     pub validation_file: Option<String>,
-    /// `--block_size`: tokens per training row (default `min(1024, model_max_length)`).
-    pub block_size: Option<usize>,
-    /// `--validation_split_percentage`: the share of lines held out when there is no
-    /// validation file (default 5).
-    pub validation_split_percentage: usize,
     /// `--max_train_samples`: keep the first N training blocks.
     pub max_train_samples: Option<usize>,
     /// `--max_eval_samples`: keep the first N evaluation blocks.
     pub max_eval_samples: Option<usize>,
-    /// `--keep_linebreaks`: keep line breaks in `.txt` rows (default true).
-    pub keep_linebreaks: bool,
-    /// `--streaming`: read the training file as a stream (a `.txt` file, 1000 lines at a
-    /// time, as the training goes); needs `--max_steps`.
+    /// `--streaming`: read the training file as a stream (1000 lines at a time, as the
+    /// training goes); needs `--max_steps`.
     pub streaming: bool,
+    /// `--block_size`: tokens per training row (default `min(1024, model_max_length)`).
+    pub block_size: Option<usize>,
     /// `--overwrite_cache`: tokenize again instead of loading the cached tokens
     /// ([`MapCache`](tchtrain_datasets::MapCache)).
     pub overwrite_cache: bool,
+    /// `--validation_split_percentage`: the share of lines held out when there is no
+    /// validation file (default 5).
+    pub validation_split_percentage: usize,
+    /// `--preprocessing_num_workers`: accepted; tokenization uses every core
+    /// (`TCHTRAIN_NUM_PROC`), with the same result.
+    pub preprocessing_num_workers: Option<usize>,
+    /// `--keep_linebreaks`: keep line breaks in `.txt` rows (default true).
+    pub keep_linebreaks: bool,
     /// `--packing` (TRL's `SFTConfig.packing`): pack the tokenized rows into rows of at most
     /// `--block_size` tokens instead of `group_texts`' blocks, each document kept whole and
     /// attending only within itself (`position_ids` restarting per document, padding-free
@@ -83,119 +103,91 @@ pub struct ClmArguments {
     pub packing: bool,
     /// `--packing_strategy` (TRL's, default `bfd`): `bfd` truncates a row longer than a
     /// block, `bfd_split` splits it into blocks.
+    #[serde(deserialize_with = "args::from_str")]
     pub packing_strategy: PackingStrategy,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    #[serde(skip)]
     pub peft: PeftArguments,
 }
 
 impl Default for ClmArguments {
+    /// Upstream's defaults (the tables').
     fn default() -> Self {
-        Self {
-            model_name_or_path: None,
-            dtype: LoadDtype::Auto,
-            tokenizer_name: None,
-            train_file: None,
-            validation_file: None,
-            block_size: None,
-            validation_split_percentage: 5,
-            max_train_samples: None,
-            max_eval_samples: None,
-            keep_linebreaks: true,
-            streaming: false,
-            overwrite_cache: false,
-            packing: false,
-            packing_strategy: PackingStrategy::Bfd,
-            peft: PeftArguments::default(),
-        }
+        let mut clm: Self = args::defaults(&COMMAND_LINE[..3])
+            .unwrap_or_else(|e| unreachable!("run_clm's defaults read: {e}"));
+        clm.peft = PeftArguments::default();
+        clm
     }
 }
 
-const HELP: &str = "\
-run_clm: causal language modelling (upstream examples/pytorch/language-modeling/run_clm.py)
+/// Upstream's `ModelArguments` of run_clm.py.
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &[
+        fields::MODEL_NAME_OR_PATH,
+        fields::MODEL_TYPE,
+        fields::CONFIG_OVERRIDES,
+        fields::CONFIG_NAME,
+        fields::TOKENIZER_NAME,
+        fields::CACHE_DIR,
+        fields::USE_FAST_TOKENIZER,
+        fields::MODEL_REVISION,
+        fields::TOKEN,
+        fields::TRUST_REMOTE_CODE,
+        fields::DTYPE,
+    ],
+};
 
-script flags:
-  --model_name_or_path PATH   model folder or hub id (required)
-  --dtype auto|bfloat16|float16|float32
-                              load the model in this dtype (default: auto, the checkpoint's)
-  --tokenizer_name PATH       tokenizer folder (tokenizer.json, or vocab.json + merges.txt)
-  --train_file FILE           .txt, .csv, .json or .jsonl training text
-  --validation_file FILE      evaluation text (default: a split of the training file)
-  --block_size N              tokens per row (default: min(1024, model_max_length))
-  --validation_split_percentage N
-                              % of training lines held out without a validation file (default: 5)
-  --max_train_samples N       keep the first N training blocks
-  --max_eval_samples N        keep the first N evaluation blocks
-  --keep_linebreaks BOOL      keep line breaks in .txt rows (default: true)
-  --streaming [BOOL]          stream the .txt training file instead of loading it (needs --max_steps)
-  --overwrite_cache [BOOL]    tokenize again instead of loading the cached tokens
-  --preprocessing_num_workers N
-                              accepted; tokenization uses every core (TCHTRAIN_NUM_PROC)
-  --packing [BOOL]            TRL's packing: whole rows packed into blocks of --block_size
-                              tokens (best-fit decreasing), each attending only within itself
-  --packing_strategy bfd|bfd_split
-                              TRL's: truncate (bfd, the default) or split rows longer than a block
-";
+/// Upstream's `DataTrainingArguments` of run_clm.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        fields::TRAIN_FILE,
+        fields::VALIDATION_FILE,
+        fields::MAX_TRAIN_SAMPLES,
+        fields::MAX_EVAL_SAMPLES,
+        FieldSpec::bool(
+            "streaming",
+            false,
+            "Enable streaming mode: the training file is read as the training goes.",
+        ),
+        FieldSpec::int(
+            "block_size",
+            "None",
+            "Optional input sequence length after tokenization (default: the model max input length for single sentence inputs).",
+        ),
+        fields::OVERWRITE_CACHE,
+        fields::VALIDATION_SPLIT_PERCENTAGE,
+        fields::PREPROCESSING_NUM_WORKERS,
+        FieldSpec::bool(
+            "keep_linebreaks",
+            true,
+            "Whether to keep line breaks when using TXT files or not.",
+        ),
+    ],
+};
 
-impl ScriptFlags for ClmArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
-            "dtype" | "torch_dtype" => {
-                self.dtype = LoadDtype::parse(&args::string(name, value)?).map_err(|e| {
-                    Error::InvalidFlag {
-                        flag: name.into(),
-                        detail: e.to_string(),
-                    }
-                })?
-            }
-            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
-            "train_file" => self.train_file = Some(args::string(name, value)?),
-            "validation_file" => self.validation_file = Some(args::string(name, value)?),
-            "block_size" => self.block_size = Some(args::number(name, value)?),
-            "validation_split_percentage" => {
-                self.validation_split_percentage = args::number(name, value)?;
-                if self.validation_split_percentage > 100 {
-                    return Err(Error::InvalidFlag {
-                        flag: name.into(),
-                        detail: "must be between 0 and 100".into(),
-                    });
-                }
-            }
-            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
-            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "keep_linebreaks" => self.keep_linebreaks = args::boolean(name, value)?,
-            "streaming" => self.streaming = args::boolean(name, value)?,
-            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
-            "preprocessing_num_workers" => {
-                args::number::<usize>(name, value)?;
-            }
-            "packing" => self.packing = args::boolean(name, value)?,
-            "packing_strategy" => {
-                let strategy = args::string(name, value)?;
-                self.packing_strategy = match strategy.parse() {
-                    Ok(PackingStrategy::Wrapped) => {
-                        return Err(Error::InvalidFlag {
-                            flag: name.into(),
-                            detail: "`wrapped` concatenates the rows and cuts them every block, document boundaries ignored: that is run_clm's default grouping (group_texts); leave out --packing for it".into(),
-                        });
-                    }
-                    Ok(s) => s,
-                    Err(e) => {
-                        return Err(Error::InvalidFlag {
-                            flag: name.into(),
-                            detail: e.to_string(),
-                        });
-                    }
-                };
-            }
-            _ => return self.peft.apply(name, value),
-        }
-        Ok(true)
-    }
-    fn list_flags(&self) -> &'static [&'static str] {
-        &peft_args::LIST_FLAGS
-    }
-}
+/// The command line: upstream's dataclasses, TRL's packing and LoRA flags, and the flags
+/// refused.
+pub const COMMAND_LINE: &[&Dataclass] = &[
+    &MODEL_ARGUMENTS,
+    &DATA_TRAINING_ARGUMENTS,
+    &args::PACKING_ARGUMENTS,
+    &peft_args::LORA_ARGUMENTS,
+];
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_clm: causal language modelling (upstream examples/pytorch/language-modeling/run_clm.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &[
+        refusals::MODEL_TYPE,
+        refusals::CONFIG_OVERRIDES,
+        refusals::USE_FAST_TOKENIZER,
+        refusals::TRUST_REMOTE_CODE,
+    ],
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `TrainingArguments`.
@@ -204,9 +196,22 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut clm = ClmArguments::default();
-    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut clm)?;
+    let (values, training) = args::parse(argv, &LINE)?;
+    let mut clm: ClmArguments = values.take(&[0, 1, 2])?;
+    clm.peft = values.take(&[3])?;
     clm.peft.check()?;
+    if clm.validation_split_percentage > 100 {
+        return Err(Error::InvalidFlag {
+            flag: "validation_split_percentage".into(),
+            detail: "must be between 0 and 100".into(),
+        });
+    }
+    if clm.packing_strategy == PackingStrategy::Wrapped {
+        return Err(Error::InvalidFlag {
+            flag: "packing_strategy".into(),
+            detail: "`wrapped` concatenates the rows and cuts them every block, document boundaries ignored: that is run_clm's default grouping (group_texts); leave out --packing for it".into(),
+        });
+    }
     Ok((clm, training))
 }
 
@@ -299,11 +304,11 @@ fn check_streaming(clm: &ClmArguments, training: &TrainingArguments) -> Result<(
     };
     if training.do_train {
         match &clm.train_file {
-            Some(f) if f.ends_with(".txt") => {}
+            Some(f) if f.ends_with(".txt") || f.ends_with(".parquet") => {}
             _ => {
                 return refuse(
                     "streaming",
-                    "streams a .txt --train_file; load CSV / JSON files without --streaming",
+                    "streams a .txt or .parquet --train_file (a Parquet file one row group at a time); load CSV / JSON files without --streaming",
                 );
             }
         }
@@ -351,8 +356,17 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     if !training.do_train && !training.do_eval {
         log::warn!("neither --do_train nor --do_eval was given: nothing to do");
     }
-    let dir = common::model_dir(clm.model_name_or_path.as_deref())?;
-    let tok = load_example_tokenizer(&dir, clm.tokenizer_name.as_deref())?;
+    let hub = common::hub_options(
+        clm.cache_dir.as_deref(),
+        &clm.model_revision,
+        clm.token.as_deref(),
+    );
+    let dir = common::model_dir(
+        clm.model_name_or_path.as_deref(),
+        clm.config_name.as_deref(),
+        &hub,
+    )?;
+    let tok = load_example_tokenizer(&dir, clm.tokenizer_name.as_deref(), &hub)?;
     let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let block_size = match clm.block_size {
         None => {
@@ -383,7 +397,29 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         }
     }
     let packing = clm.packing.then_some(clm.packing_strategy);
+    let dataset = match &clm.dataset_name {
+        Some(name) if clm.streaming => {
+            return Err(Error::InvalidFlag {
+                flag: "streaming".into(),
+                detail: format!(
+                    "streams a local --train_file; load {name} without --streaming (its files are read from the hub cache)"
+                ),
+            });
+        }
+        Some(name) => Some(common::dataset_text_splits(
+            name,
+            clm.dataset_config_name.as_deref(),
+            clm.token.as_deref(),
+            clm.validation_split_percentage,
+        )?),
+        None => None,
+    };
+    let has_train = clm.train_file.is_some() || dataset.as_ref().is_some_and(|d| d.0.is_some());
     let (train_lines, eval_lines) = match (&clm.train_file, &clm.validation_file) {
+        _ if dataset.is_some() => {
+            let (train, eval) = dataset.unwrap_or_default();
+            (train.unwrap_or_default(), eval)
+        }
         (None, None) => {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
@@ -411,7 +447,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     };
 
     let train_ds = if training.do_train && !clm.streaming {
-        if clm.train_file.is_none() {
+        if !has_train {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
                 detail: "--do_train requires a train file".into(),

@@ -22,9 +22,10 @@ use tchtrain_models::{
     AutoTask, GenerationConfig, LoadOptions, LoraConfig, from_pretrained_dir, generate,
 };
 
-use crate::args::{self, split_flags};
 use crate::common::{load_example_tokenizer, model_dir};
 use crate::error::{Error, Result};
+use crate::plain_args::{self as args, split_flags};
+use tchtrain_models::HubOptions;
 
 /// Upstream's `MODEL_CLASSES` keys (`--model_type` choices).
 const MODEL_TYPES: [&str; 10] = [
@@ -219,7 +220,7 @@ fn config_dir(dir: &Path) -> Result<PathBuf> {
     if adapter.is_file() && !dir.join("config.json").is_file() {
         let config = LoraConfig::from_file(&adapter)?;
         if let Some(base) = config.base_model_name_or_path {
-            return model_dir(Some(&base));
+            return model_dir(Some(&base), None, &HubOptions::from_env());
         }
     }
     Ok(dir.to_path_buf())
@@ -234,10 +235,11 @@ where
     let a = parse_args(argv)?;
     // `set_seed(args)`.
     tch::manual_seed(a.seed);
-    let dir = model_dir(a.model_name_or_path.as_deref())?;
+    let hub = HubOptions::from_env();
+    let dir = model_dir(a.model_name_or_path.as_deref(), None, &hub)?;
     let base_dir = config_dir(&dir)?;
-    let tokenizer =
-        load_example_tokenizer(&dir, None).or_else(|_| load_example_tokenizer(&base_dir, None))?;
+    let tokenizer = load_example_tokenizer(&dir, None, &hub)
+        .or_else(|_| load_example_tokenizer(&base_dir, None, &hub))?;
     let mut model = from_pretrained_dir(
         &dir,
         AutoTask::CausalLm,

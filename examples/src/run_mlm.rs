@@ -38,11 +38,11 @@ use tchtrain_collators::{DataCollatorForLanguageModeling, Feature, LanguageModel
 use tchtrain_models::{
     AutoTask, LoadDtype, LoadOptions, Tokenizer, from_pretrained_dir, read_model_type,
 };
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, Refusal, ScriptCommandLine, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use crate::error::{Error, Result};
@@ -52,151 +52,179 @@ use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
 use tchtrain_trainer::Trainer;
 use tchtrain_trainer::{EvalPrediction, Metrics};
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq)]
+/// The script's own arguments: upstream's `ModelArguments` and `DataTrainingArguments`
+/// (the flags tchtrain honours; see [`COMMAND_LINE`] for the ones it refuses), `--mlm_seed`,
+/// and TRL's LoRA flags.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MlmArguments {
-    /// `--model_name_or_path`: a model folder or hub id (required).
+    /// `--model_name_or_path`: a model folder or hub id (required here: no training from
+    /// scratch).
     pub model_name_or_path: Option<String>,
-    /// `--dtype` (v4 `--torch_dtype`): the dtype the model is loaded in (`auto`, the
-    /// default as in transformers 5, reads it from the checkpoint).
-    pub dtype: LoadDtype,
-    /// `--config_name`: only the model folder itself is supported.
+    /// `--config_name`: only the model's own folder is accepted.
     pub config_name: Option<String>,
-    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    /// `--tokenizer_name`: a tokenizer folder or hub id when the model folder has none.
     pub tokenizer_name: Option<String>,
-    /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`.
+    /// `--cache_dir`: the hub cache downloads go to (default: the HF hub cache).
+    pub cache_dir: Option<String>,
+    /// `--model_revision` (default `main`).
+    pub model_revision: String,
+    /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
+    pub token: Option<String>,
+    /// `--dtype`: the dtype the model is loaded in (`auto`, the default as in
+    /// transformers 5, reads it from the checkpoint).
+    #[serde(default, deserialize_with = "args::from_str")]
+    pub dtype: LoadDtype,
+    /// `--dataset_name`: a hub dataset repository (or a local folder of data files).
+    pub dataset_name: Option<String>,
+    /// `--dataset_config_name`: the dataset's configuration.
+    pub dataset_config_name: Option<String>,
+    /// `--train_file`: `.txt` (one row per line), `.csv` / `.json` / `.jsonl`, `.parquet`.
     pub train_file: Option<String>,
     /// `--validation_file`.
     pub validation_file: Option<String>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](tchtrain_datasets::MapCache)).
+    pub overwrite_cache: bool,
     /// `--validation_split_percentage`: the share of lines held out when there is no
     /// validation file (default 5).
     pub validation_split_percentage: usize,
     /// `--max_seq_length`: tokens per row (default `min(1024, model_max_length)`).
     pub max_seq_length: Option<usize>,
+    /// `--preprocessing_num_workers`: accepted; tokenization uses every core
+    /// (`TCHTRAIN_NUM_PROC`), with the same result.
+    pub preprocessing_num_workers: Option<usize>,
+    /// `--mlm_probability` (default 0.15).
+    pub mlm_probability: f64,
     /// `--line_by_line`: each non-blank line is one row (default: grouped blocks).
     pub line_by_line: bool,
     /// `--pad_to_max_length`: with `--line_by_line`, pad every row to `max_seq_length`.
     pub pad_to_max_length: bool,
-    /// `--mlm_probability` (default 0.15).
-    pub mlm_probability: f64,
-    /// `--mlm_seed` (not upstream): seed of the collator's own masking generator.
-    pub mlm_seed: Option<u64>,
     /// `--max_train_samples`: keep the first N training rows.
     pub max_train_samples: Option<usize>,
     /// `--max_eval_samples`: keep the first N evaluation rows.
     pub max_eval_samples: Option<usize>,
-    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
-    /// ([`MapCache`](tchtrain_datasets::MapCache)).
-    pub overwrite_cache: bool,
+    /// `--mlm_seed` (not upstream): seed of the collator's own masking generator.
+    pub mlm_seed: Option<u64>,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    #[serde(skip)]
     pub peft: PeftArguments,
 }
 
 impl Default for MlmArguments {
+    /// Upstream's defaults (the tables').
     fn default() -> Self {
-        Self {
-            model_name_or_path: None,
-            dtype: LoadDtype::Auto,
-            config_name: None,
-            tokenizer_name: None,
-            train_file: None,
-            validation_file: None,
-            validation_split_percentage: 5,
-            max_seq_length: None,
-            line_by_line: false,
-            pad_to_max_length: false,
-            mlm_probability: 0.15,
-            mlm_seed: None,
-            max_train_samples: None,
-            max_eval_samples: None,
-            overwrite_cache: false,
-            peft: PeftArguments::default(),
-        }
+        let mut mlm: Self =
+            args::defaults(&[&MODEL_ARGUMENTS, &DATA_TRAINING_ARGUMENTS, &SEED_ARGUMENTS])
+                .unwrap_or_else(|e| unreachable!("run_mlm's defaults read: {e}"));
+        mlm.peft = PeftArguments::default();
+        mlm
     }
 }
 
-const HELP: &str = "\
-run_mlm: masked language modelling (upstream examples/pytorch/language-modeling/run_mlm.py)
+/// Upstream's `ModelArguments` of run_mlm.py.
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &[
+        fields::MODEL_NAME_OR_PATH,
+        fields::MODEL_TYPE,
+        fields::CONFIG_OVERRIDES,
+        fields::CONFIG_NAME,
+        fields::TOKENIZER_NAME,
+        fields::CACHE_DIR,
+        fields::USE_FAST_TOKENIZER,
+        fields::MODEL_REVISION,
+        fields::TOKEN,
+        fields::TRUST_REMOTE_CODE,
+        fields::DTYPE,
+    ],
+};
 
-script flags:
-  --model_name_or_path PATH   model folder or hub id (required)
-  --dtype auto|bfloat16|float16|float32
-                              load the model in this dtype (default: auto, the checkpoint's)
-  --tokenizer_name PATH       tokenizer folder (tokenizer.json)
-  --train_file FILE           .txt, .csv, .json or .jsonl training text
-  --validation_file FILE      evaluation text (default: a split of the training file)
-  --validation_split_percentage N
-                              % of training lines held out without a validation file (default: 5)
-  --max_seq_length N          tokens per row (default: min(1024, model_max_length))
-  --line_by_line BOOL         each non-blank line is a row (default: lines grouped into blocks)
-  --pad_to_max_length BOOL    with --line_by_line, pad every row to max_seq_length
-  --mlm_probability P         share of tokens masked (default: 0.15)
-  --mlm_seed N                seed of the masking generator (not upstream; default: torch's)
-  --max_train_samples N       keep the first N training rows
-  --max_eval_samples N        keep the first N evaluation rows
-  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
-  --preprocessing_num_workers N
-                              accepted for upstream's command lines; no effect here
-";
+/// Upstream's `DataTrainingArguments` of run_mlm.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        fields::TRAIN_FILE,
+        fields::VALIDATION_FILE,
+        fields::OVERWRITE_CACHE,
+        fields::VALIDATION_SPLIT_PERCENTAGE,
+        FieldSpec::int(
+            "max_seq_length",
+            "None",
+            "The maximum total input sequence length after tokenization (default: min(1024, model_max_length)).",
+        ),
+        fields::PREPROCESSING_NUM_WORKERS,
+        FieldSpec::float(
+            "mlm_probability",
+            "0.15",
+            "Ratio of tokens to mask for masked language modeling loss.",
+        ),
+        FieldSpec::bool(
+            "line_by_line",
+            false,
+            "Whether distinct lines of text in the dataset are to be handled as distinct sequences.",
+        ),
+        FieldSpec::bool(
+            "pad_to_max_length",
+            false,
+            "Whether to pad all samples to `max_seq_length` (with --line_by_line).",
+        ),
+        fields::MAX_TRAIN_SAMPLES,
+        fields::MAX_EVAL_SAMPLES,
+        FieldSpec::bool(
+            "streaming",
+            false,
+            "Enable streaming mode (refused here: run_clm streams).",
+        ),
+    ],
+};
 
-impl ScriptFlags for MlmArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
-            "dtype" | "torch_dtype" => {
-                self.dtype = LoadDtype::parse(&args::string(name, value)?).map_err(|e| {
-                    Error::InvalidFlag {
-                        flag: name.into(),
-                        detail: e.to_string(),
-                    }
-                })?
-            }
-            "config_name" => self.config_name = Some(args::string(name, value)?),
-            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
-            "train_file" => self.train_file = Some(args::string(name, value)?),
-            "validation_file" => self.validation_file = Some(args::string(name, value)?),
-            "validation_split_percentage" => {
-                self.validation_split_percentage = args::number(name, value)?;
-                if self.validation_split_percentage > 100 {
-                    return Err(Error::InvalidFlag {
-                        flag: name.into(),
-                        detail: "must be between 0 and 100".into(),
-                    });
-                }
-            }
-            "max_seq_length" => self.max_seq_length = Some(args::number(name, value)?),
-            "line_by_line" => self.line_by_line = args::boolean(name, value)?,
-            "pad_to_max_length" => self.pad_to_max_length = args::boolean(name, value)?,
-            "mlm_probability" => {
-                self.mlm_probability = args::number(name, value)?;
-                if !(0.0..=1.0).contains(&self.mlm_probability) {
-                    return Err(Error::InvalidFlag {
-                        flag: name.into(),
-                        detail: "must be between 0 and 1".into(),
-                    });
-                }
-            }
-            "mlm_seed" => self.mlm_seed = Some(args::number(name, value)?),
-            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
-            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
-            "preprocessing_num_workers" => {
-                args::number::<usize>(name, value)?;
-            }
-            "packing" | "packing_strategy" => {
-                return Err(Error::InvalidFlag {
-                    flag: name.into(),
-                    detail: "packing keeps packed documents apart through the causal mask's packed-sequence detection (upstream's `find_packed_sequence_indices`); the encoders' bidirectional attention has none, so packed documents would attend to each other. Use the default grouping (group_texts, which concatenates as upstream does) or --line_by_line with padding; run_clm takes --packing".into(),
-                });
-            }
-            _ => return self.peft.apply(name, value),
-        }
-        Ok(true)
-    }
-    fn list_flags(&self) -> &'static [&'static str] {
-        &peft_args::LIST_FLAGS
-    }
-}
+/// `--mlm_seed` (not upstream).
+static SEED_ARGUMENTS: Dataclass = Dataclass {
+    name: "tchtrain",
+    fields: &[FieldSpec::int(
+        "mlm_seed",
+        "None",
+        "Seed of the collator's own masking generator (DataCollatorForLanguageModeling(seed=N)); default: torch's global generator.",
+    )],
+};
+
+/// The command line: upstream's dataclasses, `--mlm_seed`, TRL's packing flags (refused)
+/// and LoRA flags.
+pub const COMMAND_LINE: &[&Dataclass] = &[
+    &MODEL_ARGUMENTS,
+    &DATA_TRAINING_ARGUMENTS,
+    &SEED_ARGUMENTS,
+    &args::PACKING_ARGUMENTS,
+    &peft_args::LORA_ARGUMENTS,
+];
+
+const PACKING_REFUSED: &str = "packing keeps packed documents apart through the causal mask's packed-sequence detection (upstream's `find_packed_sequence_indices`); the encoders' bidirectional attention has none, so packed documents would attend to each other. Use the default grouping (group_texts, which concatenates as upstream does) or --line_by_line with padding; run_clm takes --packing";
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_mlm: masked language modelling (upstream examples/pytorch/language-modeling/run_mlm.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &[
+        refusals::MODEL_TYPE,
+        refusals::CONFIG_OVERRIDES,
+        refusals::USE_FAST_TOKENIZER,
+        refusals::TRUST_REMOTE_CODE,
+        Refusal {
+            flag: "streaming",
+            reason: "run_mlm reads its files whole here; run_clm --streaming streams a training file",
+        },
+        Refusal {
+            flag: "packing",
+            reason: PACKING_REFUSED,
+        },
+        Refusal {
+            flag: "packing_strategy",
+            reason: PACKING_REFUSED,
+        },
+    ],
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `TrainingArguments`.
@@ -205,9 +233,22 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut mlm = MlmArguments::default();
-    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut mlm)?;
+    let (values, training) = args::parse(argv, &LINE)?;
+    let mut mlm: MlmArguments = values.take(&[0, 1, 2])?;
+    mlm.peft = values.take(&[4])?;
     mlm.peft.check()?;
+    if mlm.validation_split_percentage > 100 {
+        return Err(Error::InvalidFlag {
+            flag: "validation_split_percentage".into(),
+            detail: "must be between 0 and 100".into(),
+        });
+    }
+    if !(0.0..=1.0).contains(&mlm.mlm_probability) {
+        return Err(Error::InvalidFlag {
+            flag: "mlm_probability".into(),
+            detail: "must be between 0 and 1".into(),
+        });
+    }
     Ok((mlm, training))
 }
 
@@ -372,16 +413,17 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     if !training.do_train && !training.do_eval {
         log::warn!("neither --do_train nor --do_eval was given: nothing to do");
     }
-    let dir = common::model_dir(mlm.model_name_or_path.as_deref())?;
-    if let Some(c) = &mlm.config_name
-        && Path::new(c) != dir
-    {
-        return Err(Error::InvalidFlag {
-            flag: "config_name".into(),
-            detail: "a config apart from the model folder is not supported; put it in --model_name_or_path".into(),
-        });
-    }
-    let tok = load_example_tokenizer(&dir, mlm.tokenizer_name.as_deref())?;
+    let hub = common::hub_options(
+        mlm.cache_dir.as_deref(),
+        &mlm.model_revision,
+        mlm.token.as_deref(),
+    );
+    let dir = common::model_dir(
+        mlm.model_name_or_path.as_deref(),
+        mlm.config_name.as_deref(),
+        &hub,
+    )?;
+    let tok = load_example_tokenizer(&dir, mlm.tokenizer_name.as_deref(), &hub)?;
     let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let max_seq_length = match mlm.max_seq_length {
         None => {
@@ -408,7 +450,21 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         });
     }
 
+    let dataset = match &mlm.dataset_name {
+        Some(name) => Some(common::dataset_text_splits(
+            name,
+            mlm.dataset_config_name.as_deref(),
+            mlm.token.as_deref(),
+            mlm.validation_split_percentage,
+        )?),
+        None => None,
+    };
+    let has_train = mlm.train_file.is_some() || dataset.as_ref().is_some_and(|d| d.0.is_some());
     let (train_lines, eval_lines) = match (&mlm.train_file, &mlm.validation_file) {
+        _ if dataset.is_some() => {
+            let (train, eval) = dataset.unwrap_or_default();
+            (train.unwrap_or_default(), eval)
+        }
         (None, None) => {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
@@ -457,7 +513,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         ))
     };
     let train_ds = if training.do_train {
-        if mlm.train_file.is_none() {
+        if !has_train {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
                 detail: "--do_train requires a train file".into(),

@@ -38,11 +38,11 @@ use serde_json::Value;
 use tch::{Device, Kind};
 use tchtrain_collators::{DataCollatorForTokenClassification, Feature, Label};
 use tchtrain_models::{AutoTask, LoadOptions, Tokenizer, from_pretrained_dir, read_model_type};
-use tchtrain_training_args::TrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, ScriptCommandLine, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use super::seqeval;
@@ -53,18 +53,36 @@ use tchtrain_datasets::{Table, cell_text};
 use tchtrain_trainer::Trainer;
 use tchtrain_trainer::{EvalPrediction, Metrics};
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq)]
+/// The script's own arguments: upstream's `ModelArguments` and `DataTrainingArguments`
+/// (the flags tchtrain honours; see [`COMMAND_LINE`] for the ones it refuses) and TRL's
+/// LoRA flags.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NerArguments {
     /// `--model_name_or_path`: a model folder or hub id (required).
     pub model_name_or_path: Option<String>,
-    /// `--config_name`: only the model folder itself is supported.
+    /// `--config_name`: only the model's own folder is accepted.
     pub config_name: Option<String>,
-    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    /// `--tokenizer_name`: a tokenizer folder or hub id when the model folder has none.
     pub tokenizer_name: Option<String>,
-    /// `--task_name` (default `ner`): the tag column defaults to `{task_name}_tags`.
+    /// `--cache_dir`: the hub cache downloads go to (default: the HF hub cache).
+    pub cache_dir: Option<String>,
+    /// `--model_revision` (default `main`).
+    pub model_revision: String,
+    /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
+    pub token: Option<String>,
+    /// `--ignore_mismatched_sizes`: re-initialise the weights whose shapes differ from the
+    /// checkpoint's (a classifier with another number of labels) instead of refusing the
+    /// checkpoint.
+    pub ignore_mismatched_sizes: bool,
+    /// `--task_name` (default `ner`, lower-cased as upstream): the tag column defaults to
+    /// `{task_name}_tags`.
     pub task_name: String,
-    /// `--train_file`: `.json` / `.jsonl` (JSON lines) or `.csv`.
+    /// `--dataset_name`: a hub dataset repository (or a local folder of data files).
+    pub dataset_name: Option<String>,
+    /// `--dataset_config_name`: the dataset's configuration.
+    pub dataset_config_name: Option<String>,
+    /// `--train_file`: `.json` / `.jsonl` (JSON lines), `.csv` or `.parquet`.
     pub train_file: Option<String>,
     /// `--validation_file`.
     pub validation_file: Option<String>,
@@ -75,6 +93,12 @@ pub struct NerArguments {
     /// `--label_column_name`: the column of tags (default `{task_name}_tags`, else the
     /// second).
     pub label_column_name: Option<String>,
+    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
+    /// ([`MapCache`](tchtrain_datasets::MapCache)).
+    pub overwrite_cache: bool,
+    /// `--preprocessing_num_workers`: accepted; tokenization uses every core
+    /// (`TCHTRAIN_NUM_PROC`), with the same result.
+    pub preprocessing_num_workers: Option<usize>,
     /// `--max_seq_length`: truncate to N tokens (default: the tokenizer's maximum).
     pub max_seq_length: Option<usize>,
     /// `--pad_to_max_length` (default false: the collator pads each batch).
@@ -89,106 +113,97 @@ pub struct NerArguments {
     pub label_all_tokens: bool,
     /// `--return_entity_level_metrics`: per-type precision / recall / f1 / number too.
     pub return_entity_level_metrics: bool,
-    /// `--overwrite_cache`: tokenize again instead of loading the cached rows
-    /// ([`MapCache`](tchtrain_datasets::MapCache)).
-    pub overwrite_cache: bool,
-    /// `--ignore_mismatched_sizes` (upstream's `ModelArguments`): re-initialise the weights
-    /// whose shapes differ from the checkpoint's (a classifier with another number of
-    /// labels) instead of refusing the checkpoint.
-    pub ignore_mismatched_sizes: bool,
     /// TRL's LoRA flags (`--use_peft`, `--lora_r`, ...).
+    #[serde(skip)]
     pub peft: PeftArguments,
 }
 
 impl Default for NerArguments {
+    /// Upstream's defaults (the tables').
     fn default() -> Self {
-        Self {
-            model_name_or_path: None,
-            config_name: None,
-            tokenizer_name: None,
-            task_name: "ner".into(),
-            train_file: None,
-            validation_file: None,
-            test_file: None,
-            text_column_name: None,
-            label_column_name: None,
-            max_seq_length: None,
-            pad_to_max_length: false,
-            max_train_samples: None,
-            max_eval_samples: None,
-            max_predict_samples: None,
-            label_all_tokens: false,
-            return_entity_level_metrics: false,
-            overwrite_cache: false,
-            ignore_mismatched_sizes: false,
-            peft: PeftArguments::default(),
-        }
+        let mut ner: Self = args::defaults(&COMMAND_LINE[..2])
+            .unwrap_or_else(|e| unreachable!("run_ner's defaults read: {e}"));
+        ner.peft = PeftArguments::default();
+        ner
     }
 }
 
-const HELP: &str = "\
-run_ner: token classification (upstream examples/pytorch/token-classification/run_ner.py)
+/// Upstream's `ModelArguments` of run_ner.py (it has no `use_fast_tokenizer`: the script
+/// needs a fast tokenizer).
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &[
+        fields::MODEL_NAME_OR_PATH.required(),
+        fields::CONFIG_NAME,
+        fields::TOKENIZER_NAME,
+        fields::CACHE_DIR,
+        fields::MODEL_REVISION,
+        fields::TOKEN,
+        fields::TRUST_REMOTE_CODE,
+        fields::IGNORE_MISMATCHED_SIZES,
+    ],
+};
 
-script flags:
-  --model_name_or_path PATH   model folder or hub id (required)
-  --tokenizer_name PATH       tokenizer folder (tokenizer.json)
-  --task_name NAME            ner, pos, ... (default: ner; tag column {task_name}_tags)
-  --train_file FILE           .json / .jsonl (JSON lines) or .csv of words and tags
-  --validation_file FILE      evaluation rows (needed for --do_eval)
-  --test_file FILE            prediction rows (needed for --do_predict)
-  --text_column_name NAME     column of words (default: tokens, else the first column)
-  --label_column_name NAME    column of tags (default: {task_name}_tags, else the second)
-  --max_seq_length N          truncate to N tokens (default: the tokenizer's maximum)
-  --pad_to_max_length BOOL    pad every row to max_seq_length (default: false)
-  --max_train_samples N       keep the first N training rows
-  --max_eval_samples N        keep the first N evaluation rows
-  --max_predict_samples N     keep the first N prediction rows
-  --label_all_tokens BOOL     label every sub-word of a word, not only its first
-  --return_entity_level_metrics BOOL
-                              per entity type precision / recall / f1 / number too
-  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
-  --ignore_mismatched_sizes [BOOL]
-                              re-initialise weights whose shapes differ from the checkpoint's
-  --preprocessing_num_workers N
-                              accepted for upstream's command lines; no effect here
-";
+/// Upstream's `DataTrainingArguments` of run_ner.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        FieldSpec::str("task_name", "ner", "The name of the task (ner, pos...)."),
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        fields::TRAIN_FILE,
+        fields::VALIDATION_FILE,
+        fields::TEST_FILE,
+        FieldSpec::str(
+            "text_column_name",
+            "None",
+            "The column name of text to input in the file (default: tokens, else the first column).",
+        ),
+        FieldSpec::str(
+            "label_column_name",
+            "None",
+            "The column name of label to input in the file (default: {task_name}_tags, else the second column).",
+        ),
+        fields::OVERWRITE_CACHE,
+        fields::PREPROCESSING_NUM_WORKERS,
+        FieldSpec::int(
+            "max_seq_length",
+            "None",
+            "The maximum total input sequence length after tokenization.",
+        ),
+        FieldSpec::bool(
+            "pad_to_max_length",
+            false,
+            "Whether to pad all samples to model maximum sentence length.",
+        ),
+        fields::MAX_TRAIN_SAMPLES,
+        fields::MAX_EVAL_SAMPLES,
+        fields::MAX_PREDICT_SAMPLES,
+        FieldSpec::bool(
+            "label_all_tokens",
+            false,
+            "Whether to put the label for one word on all tokens generated by that word or just on the one.",
+        ),
+        FieldSpec::bool(
+            "return_entity_level_metrics",
+            false,
+            "Whether to return all the entity levels during evaluation or just the overall ones.",
+        ),
+    ],
+};
 
-impl ScriptFlags for NerArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
-            "config_name" => self.config_name = Some(args::string(name, value)?),
-            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
-            "task_name" => self.task_name = args::string(name, value)?.to_lowercase(),
-            "train_file" => self.train_file = Some(args::string(name, value)?),
-            "validation_file" => self.validation_file = Some(args::string(name, value)?),
-            "test_file" => self.test_file = Some(args::string(name, value)?),
-            "text_column_name" => self.text_column_name = Some(args::string(name, value)?),
-            "label_column_name" => self.label_column_name = Some(args::string(name, value)?),
-            "max_seq_length" => self.max_seq_length = Some(args::number(name, value)?),
-            "pad_to_max_length" => self.pad_to_max_length = args::boolean(name, value)?,
-            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
-            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "max_predict_samples" => self.max_predict_samples = Some(args::number(name, value)?),
-            "label_all_tokens" => self.label_all_tokens = args::boolean(name, value)?,
-            "return_entity_level_metrics" => {
-                self.return_entity_level_metrics = args::boolean(name, value)?;
-            }
-            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
-            "ignore_mismatched_sizes" => {
-                self.ignore_mismatched_sizes = args::boolean(name, value)?;
-            }
-            "preprocessing_num_workers" => {
-                args::number::<usize>(name, value)?;
-            }
-            _ => return self.peft.apply(name, value),
-        }
-        Ok(true)
-    }
-    fn list_flags(&self) -> &'static [&'static str] {
-        &peft_args::LIST_FLAGS
-    }
-}
+/// The command line: upstream's dataclasses and TRL's LoRA flags.
+pub const COMMAND_LINE: &[&Dataclass] = &[
+    &MODEL_ARGUMENTS,
+    &DATA_TRAINING_ARGUMENTS,
+    &peft_args::LORA_ARGUMENTS,
+];
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_ner: token classification (upstream examples/pytorch/token-classification/run_ner.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &[refusals::TRUST_REMOTE_CODE],
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `TrainingArguments`.
@@ -197,9 +212,12 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut ner = NerArguments::default();
-    let training = args::parse(argv, &format!("{HELP}\n{}", peft_args::HELP), &mut ner)?;
+    let (values, training) = args::parse(argv, &LINE)?;
+    let mut ner: NerArguments = values.take(&[0, 1])?;
+    ner.peft = values.take(&[2])?;
     ner.peft.check()?;
+    // Upstream's `DataTrainingArguments.__post_init__`: `self.task_name = self.task_name.lower()`.
+    ner.task_name = ner.task_name.to_lowercase();
     Ok((ner, training))
 }
 
@@ -670,6 +688,39 @@ fn write_label_names(dir: &Path, labels: &[String], task: &str) -> Result<()> {
     std::fs::write(&path, text + "\n").map_err(|e| Error::io("writing", &path, e))
 }
 
+/// `--dataset_name`: the arguments with the dataset's `train` / `validation` / `test`
+/// files (from the hub cache) as the file flags. A split of several files is refused (read
+/// it as one file with `--train_file` etc.). Tags are read as the files hold them: a
+/// `ClassLabel` column gives integer tags, named by their integers (the label names in
+/// the dataset's features metadata are not read).
+fn dataset_files(ner: &NerArguments, name: &str) -> Result<NerArguments> {
+    let splits = common::load_dataset_splits(
+        name,
+        ner.dataset_config_name.as_deref(),
+        ner.token.as_deref(),
+    )?;
+    let file = |split: &str| -> Result<Option<String>> {
+        match splits.get(split) {
+            None => Ok(None),
+            Some([one]) => Ok(Some(one.display().to_string())),
+            Some(many) => Err(Error::InvalidFlag {
+                flag: "dataset_name".into(),
+                detail: format!(
+                    "the {split} split of {name} has {} files; run_ner reads one file per split: pass them as --train_file / --validation_file / --test_file",
+                    many.len()
+                ),
+            }),
+        }
+    };
+    Ok(NerArguments {
+        train_file: file("train")?,
+        validation_file: file("validation")?,
+        test_file: file("test")?,
+        dataset_name: None,
+        ..ner.clone()
+    })
+}
+
 fn required(flag: &str, file: Option<&String>, why: &str) -> Result<String> {
     file.cloned().ok_or_else(|| Error::InvalidFlag {
         flag: flag.into(),
@@ -679,6 +730,14 @@ fn required(flag: &str, file: Option<&String>, why: &str) -> Result<String> {
 
 /// Runs the script with parsed arguments.
 pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    let with_dataset;
+    let ner = match &ner.dataset_name {
+        Some(name) => {
+            with_dataset = dataset_files(ner, name)?;
+            &with_dataset
+        }
+        None => ner,
+    };
     let output_dir = PathBuf::from(training.output_dir());
     if ner.train_file.is_none() && ner.validation_file.is_none() && ner.test_file.is_none() {
         return Err(Error::InvalidFlag {
@@ -686,15 +745,16 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
             detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
         });
     }
-    let dir = common::model_dir(ner.model_name_or_path.as_deref())?;
-    if let Some(c) = &ner.config_name
-        && Path::new(c) != dir
-    {
-        return Err(Error::InvalidFlag {
-            flag: "config_name".into(),
-            detail: "a config apart from the model folder is not supported; put it in --model_name_or_path".into(),
-        });
-    }
+    let hub = common::hub_options(
+        ner.cache_dir.as_deref(),
+        &ner.model_revision,
+        ner.token.as_deref(),
+    );
+    let dir = common::model_dir(
+        ner.model_name_or_path.as_deref(),
+        ner.config_name.as_deref(),
+        &hub,
+    )?;
     // The files each step needs, checked before any is read.
     if training.do_train {
         required("train_file", ner.train_file.as_ref(), "--do_train")?;
@@ -705,7 +765,7 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
     if training.do_predict {
         required("test_file", ner.test_file.as_ref(), "--do_predict")?;
     }
-    let tok = load_example_tokenizer(&dir, ner.tokenizer_name.as_deref())?;
+    let tok = load_example_tokenizer(&dir, ner.tokenizer_name.as_deref(), &hub)?;
 
     let train_rows = match (&ner.train_file, training.do_train) {
         (_, true) => Some(read_rows(

@@ -48,10 +48,10 @@ use std::path::PathBuf;
 use tchtrain_datasets::{MapCache, Table, cell_text};
 use tchtrain_models::PreTrainedTokenizerFast;
 use tchtrain_trainer::{EvalPrediction, Metrics};
-use tchtrain_training_args::Seq2SeqTrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, Seq2SeqTrainingArguments};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, ScriptCommandLine, fields};
 use super::punkt::{PunktSentenceTokenizer, find_punkt_tab};
 use super::rouge;
 use super::seq2seq_example::{
@@ -60,10 +60,12 @@ use super::seq2seq_example::{
 use crate::error::{Error, Result};
 use crate::sacrebleu::py_isspace;
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The script's own arguments (upstream's `ModelArguments` and `DataTrainingArguments`,
+/// and `--nltk_data`; see [`COMMAND_LINE`]).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct SummarizationArguments {
     /// The flags `run_translation` has too.
+    #[serde(flatten)]
     pub data: Seq2SeqDataArguments,
     /// `--lang`: accepted (only multilingual tokenizers, refused here, use it).
     pub lang: Option<String>,
@@ -77,35 +79,104 @@ pub struct SummarizationArguments {
     pub nltk_data: Option<PathBuf>,
 }
 
-const HELP: &str = "\
-run_summarization: sequence-to-sequence summarization (upstream examples/pytorch/summarization/run_summarization.py)
-
-script flags:
-  --text_column NAME          column of the texts (default: the first column)
-  --summary_column NAME       column of the summaries (default: the second column)
-  --lang LANG                 accepted; only for multilingual tokenizers (not supported here)
-  --resize_position_embeddings BOOL
-                              resizing is not supported: a model with fewer position
-                              embeddings than --max_source_length is refused
-  --nltk_data DIR             folder holding nltk's tokenizers/punkt_tab (default: NLTK_DATA,
-                              ~/nltk_data, /usr/share/nltk_data, ..., $TCHTRAIN_ASSETS/nltk_data)
-";
-
-impl ScriptFlags for SummarizationArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "lang" => self.lang = Some(args::string(name, value)?),
-            "text_column" => self.text_column = Some(args::string(name, value)?),
-            "summary_column" => self.summary_column = Some(args::string(name, value)?),
-            "resize_position_embeddings" => {
-                self.resize_position_embeddings = Some(args::boolean(name, value)?);
-            }
-            "nltk_data" => self.nltk_data = Some(args::string(name, value)?.into()),
-            _ => return self.data.apply(name, value),
-        }
-        Ok(true)
+impl Default for SummarizationArguments {
+    /// Upstream's defaults (the tables').
+    fn default() -> Self {
+        args::defaults(COMMAND_LINE)
+            .unwrap_or_else(|e| unreachable!("run_summarization's defaults read: {e}"))
     }
 }
+
+/// Upstream's `ModelArguments` of run_summarization.py.
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &[
+        s2s::MODEL_FIELDS[0],
+        s2s::MODEL_FIELDS[1],
+        s2s::MODEL_FIELDS[2],
+        s2s::MODEL_FIELDS[3],
+        s2s::MODEL_FIELDS[4],
+        s2s::MODEL_FIELDS[5],
+        s2s::MODEL_FIELDS[6],
+        s2s::MODEL_FIELDS[7],
+        FieldSpec::optional_bool(
+            "resize_position_embeddings",
+            "Whether to automatically resize the position embeddings if `max_source_length` exceeds the model's (resizing is not supported: such a model is refused).",
+        ),
+    ],
+};
+
+/// Upstream's `DataTrainingArguments` of run_summarization.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        FieldSpec::str(
+            "lang",
+            "None",
+            "Language id for summarization (multilingual tokenizers, refused here).",
+        ),
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        FieldSpec::str(
+            "text_column",
+            "None",
+            "The name of the column in the datasets containing the full texts (default: the first column).",
+        ),
+        FieldSpec::str(
+            "summary_column",
+            "None",
+            "The name of the column in the datasets containing the summaries (default: the second column).",
+        ),
+        FieldSpec::str(
+            "train_file",
+            "None",
+            "The input training data file (a jsonlines or csv file).",
+        ),
+        FieldSpec::str(
+            "validation_file",
+            "None",
+            "An optional input evaluation data file to evaluate the metrics (rouge) on (a jsonlines or csv file).",
+        ),
+        FieldSpec::str(
+            "test_file",
+            "None",
+            "An optional input test data file to evaluate the metrics (rouge) on (a jsonlines or csv file).",
+        ),
+        s2s::DATA_FIELDS[0],
+        s2s::DATA_FIELDS[1],
+        s2s::DATA_FIELDS[2],
+        s2s::DATA_FIELDS[3],
+        s2s::DATA_FIELDS[4],
+        s2s::DATA_FIELDS[5],
+        s2s::DATA_FIELDS[6],
+        s2s::DATA_FIELDS[7],
+        s2s::DATA_FIELDS[8],
+        s2s::DATA_FIELDS[9],
+        s2s::DATA_FIELDS[10],
+        s2s::DATA_FIELDS[11],
+        s2s::DATA_FIELDS[12],
+    ],
+};
+
+/// `--nltk_data` (not upstream: upstream downloads punkt at import).
+static NLTK_ARGUMENTS: Dataclass = Dataclass {
+    name: "tchtrain",
+    fields: &[FieldSpec::str(
+        "nltk_data",
+        "None",
+        "Folder holding nltk's tokenizers/punkt_tab (default: NLTK_DATA, ~/nltk_data, /usr/share/nltk_data, ..., $TCHTRAIN_ASSETS/nltk_data).",
+    )],
+};
+
+/// The command line: upstream's dataclasses and `--nltk_data`.
+pub const COMMAND_LINE: &[&Dataclass] =
+    &[&MODEL_ARGUMENTS, &DATA_TRAINING_ARGUMENTS, &NLTK_ARGUMENTS];
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_summarization: sequence-to-sequence summarization (upstream examples/pytorch/summarization/run_summarization.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &s2s::REFUSED,
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `Seq2SeqTrainingArguments`, with upstream's `__post_init__` checks.
@@ -114,8 +185,8 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut flags = SummarizationArguments::default();
-    let training = args::parse_seq2seq(argv, &format!("{HELP}{}", s2s::HELP), &mut flags)?;
+    let (values, training) = args::parse_seq2seq(argv, &LINE)?;
+    let mut flags: SummarizationArguments = values.take(&[0, 1, 2])?;
     flags.data.post_init(
         "Need either a dataset name or a training, validation, or test file.",
         true,

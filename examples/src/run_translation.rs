@@ -41,10 +41,10 @@ use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{MapCache, Table, cell_text};
 use tchtrain_models::{GenerationConfig, PreTrainedTokenizerFast};
 use tchtrain_trainer::{EvalPrediction, Metrics};
-use tchtrain_training_args::Seq2SeqTrainingArguments;
+use tchtrain_training_args::{Dataclass, FieldSpec, Seq2SeqTrainingArguments};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptFlags};
+use super::args::{self, ScriptCommandLine, fields};
 use super::sacrebleu;
 use super::seq2seq_example::{
     self as s2s, Drive, PositionCheck, Seq2SeqDataArguments, Seq2SeqTokenization, Split,
@@ -52,10 +52,12 @@ use super::seq2seq_example::{
 use crate::error::{Error, Result};
 use crate::sacrebleu::py_isspace;
 
-/// The script's own flags (upstream's `ModelArguments` and `DataTrainingArguments`).
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The script's own arguments (upstream's `ModelArguments` and `DataTrainingArguments`;
+/// see [`COMMAND_LINE`]).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct TranslationArguments {
     /// The flags `run_summarization` has too.
+    #[serde(flatten)]
     pub data: Seq2SeqDataArguments,
     /// `--source_lang`: the key of the input text in each row's `translation` (required).
     pub source_lang: Option<String>,
@@ -63,24 +65,67 @@ pub struct TranslationArguments {
     pub target_lang: Option<String>,
 }
 
-const HELP: &str = "\
-run_translation: sequence-to-sequence translation (upstream examples/pytorch/translation/run_translation.py)
-
-script flags:
-  --source_lang LANG          key of the input text in each row's translation object
-  --target_lang LANG          key of the target text (both required; `en_XX` means `en`)
-";
-
-impl ScriptFlags for TranslationArguments {
-    fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "source_lang" => self.source_lang = Some(args::string(name, value)?),
-            "target_lang" => self.target_lang = Some(args::string(name, value)?),
-            _ => return self.data.apply(name, value),
-        }
-        Ok(true)
+impl Default for TranslationArguments {
+    /// Upstream's defaults (the tables').
+    fn default() -> Self {
+        args::defaults(COMMAND_LINE)
+            .unwrap_or_else(|e| unreachable!("run_translation's defaults read: {e}"))
     }
 }
+
+/// Upstream's `ModelArguments` of run_translation.py.
+static MODEL_ARGUMENTS: Dataclass = Dataclass {
+    name: "ModelArguments",
+    fields: &s2s::MODEL_FIELDS,
+};
+
+/// Upstream's `DataTrainingArguments` of run_translation.py.
+static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
+    name: "DataTrainingArguments",
+    fields: &[
+        FieldSpec::str("source_lang", "None", "Source language id for translation."),
+        FieldSpec::str("target_lang", "None", "Target language id for translation."),
+        fields::DATASET_NAME,
+        fields::DATASET_CONFIG_NAME,
+        FieldSpec::str(
+            "train_file",
+            "None",
+            "The input training data file (a jsonlines).",
+        ),
+        FieldSpec::str(
+            "validation_file",
+            "None",
+            "An optional input evaluation data file to evaluate the metrics (sacrebleu) on a jsonlines file.",
+        ),
+        FieldSpec::str(
+            "test_file",
+            "None",
+            "An optional input test data file to evaluate the metrics (sacrebleu) on a jsonlines file.",
+        ),
+        s2s::DATA_FIELDS[0],
+        s2s::DATA_FIELDS[1],
+        s2s::DATA_FIELDS[2],
+        s2s::DATA_FIELDS[3],
+        s2s::DATA_FIELDS[4],
+        s2s::DATA_FIELDS[5],
+        s2s::DATA_FIELDS[6],
+        s2s::DATA_FIELDS[7],
+        s2s::DATA_FIELDS[8],
+        s2s::DATA_FIELDS[9],
+        s2s::DATA_FIELDS[10],
+        s2s::DATA_FIELDS[11],
+        s2s::DATA_FIELDS[12],
+    ],
+};
+
+/// The command line: upstream's dataclasses.
+pub const COMMAND_LINE: &[&Dataclass] = &[&MODEL_ARGUMENTS, &DATA_TRAINING_ARGUMENTS];
+
+const LINE: ScriptCommandLine = ScriptCommandLine {
+    title: "run_translation: sequence-to-sequence translation (upstream examples/pytorch/translation/run_translation.py)",
+    dataclasses: COMMAND_LINE,
+    refused: &s2s::REFUSED,
+};
 
 /// Parses a command line (without the program name) into the script's flags and
 /// `Seq2SeqTrainingArguments`, with upstream's `__post_init__` checks.
@@ -89,8 +134,8 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut flags = TranslationArguments::default();
-    let training = args::parse_seq2seq(argv, &format!("{HELP}{}", s2s::HELP), &mut flags)?;
+    let (values, training) = args::parse_seq2seq(argv, &LINE)?;
+    let mut flags: TranslationArguments = values.take(&[0, 1])?;
     let (source, target) = (flags.source_lang.is_some(), flags.target_lang.is_some());
     flags.data.post_init(
         "Need either a dataset name or a training/validation file.",

@@ -21,21 +21,28 @@ use tchtrain_training_args::Seq2SeqTrainingArguments;
 use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
 
 use super::ExampleOutput;
-use super::args;
+use super::args::{Refusal, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use crate::error::{Error, Result};
 use crate::sacrebleu::py_isspace;
+use tchtrain_training_args::FieldSpec;
 
 /// The flags `run_translation` and `run_summarization` share (upstream's `ModelArguments`
-/// and `DataTrainingArguments` fields of both scripts).
-#[derive(Debug, Clone, PartialEq)]
+/// and `DataTrainingArguments` fields of both scripts; defaults from their tables).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct Seq2SeqDataArguments {
     /// `--model_name_or_path`: a model folder or hub id (required).
     pub model_name_or_path: Option<String>,
-    /// `--config_name`: only the model folder itself is supported.
+    /// `--config_name`: only the model's own folder is accepted.
     pub config_name: Option<String>,
-    /// `--tokenizer_name`: a tokenizer folder when the model folder has none.
+    /// `--tokenizer_name`: a tokenizer folder or hub id when the model folder has none.
     pub tokenizer_name: Option<String>,
+    /// `--cache_dir`: the hub cache downloads go to (default: the HF hub cache).
+    pub cache_dir: Option<String>,
+    /// `--model_revision` (default `main`).
+    pub model_revision: String,
+    /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
+    pub token: Option<String>,
     /// `--dataset_name`: hub datasets are refused (pass the files).
     pub dataset_name: Option<String>,
     /// `--dataset_config_name`: as `--dataset_name`.
@@ -48,6 +55,9 @@ pub struct Seq2SeqDataArguments {
     pub test_file: Option<String>,
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows.
     pub overwrite_cache: bool,
+    /// `--preprocessing_num_workers`: accepted; tokenization uses every core
+    /// (`TCHTRAIN_NUM_PROC`), with the same result.
+    pub preprocessing_num_workers: Option<usize>,
     /// `--max_source_length` (default 1024): inputs truncated to N tokens.
     pub max_source_length: usize,
     /// `--max_target_length` (default 128): training targets truncated to N tokens.
@@ -74,59 +84,78 @@ pub struct Seq2SeqDataArguments {
 }
 
 impl Default for Seq2SeqDataArguments {
+    /// Upstream's defaults (the tables').
     fn default() -> Self {
-        Self {
-            model_name_or_path: None,
-            config_name: None,
-            tokenizer_name: None,
-            dataset_name: None,
-            dataset_config_name: None,
-            train_file: None,
-            validation_file: None,
-            test_file: None,
-            overwrite_cache: false,
-            max_source_length: 1024,
-            max_target_length: 128,
-            val_max_target_length: None,
-            pad_to_max_length: false,
-            max_train_samples: None,
-            max_eval_samples: None,
-            max_predict_samples: None,
-            num_beams: Some(1),
-            ignore_pad_token_for_loss: true,
-            source_prefix: None,
-            forced_bos_token: None,
-        }
+        crate::run_translation::TranslationArguments::default().data
     }
 }
 
-/// The help of the shared flags.
-pub(crate) const HELP: &str = "\
-  --model_name_or_path PATH   model folder or hub id (required)
-  --config_name PATH          only the model folder itself is supported
-  --tokenizer_name PATH       tokenizer folder (tokenizer.json)
-  --train_file FILE           training rows
-  --validation_file FILE      evaluation rows (needed for --do_eval)
-  --test_file FILE            prediction rows (needed for --do_predict)
-  --max_source_length N       truncate inputs to N tokens (default: 1024)
-  --max_target_length N       truncate training targets to N tokens (default: 128)
-  --val_max_target_length N   truncate evaluation / prediction targets to N tokens, and
-                              generate at most N (default: --max_target_length)
-  --pad_to_max_length BOOL    pad every row to the maximum lengths (default: false)
-  --max_train_samples N       keep the first N training rows
-  --max_eval_samples N        keep the first N evaluation rows
-  --max_predict_samples N     keep the first N prediction rows
-  --num_beams N               beams of the final evaluation / prediction (default: 1)
-  --ignore_pad_token_for_loss BOOL
-                              label padding as -100 (default: true)
-  --source_prefix TEXT        put before every input (T5: e.g. 'translate English to German: ')
-  --forced_bos_token TOKEN    accepted; only for multilingual tokenizers (not supported here)
-  --overwrite_cache [BOOL]    tokenize again instead of loading the cached rows
-  --preprocessing_num_workers N
-                              accepted for upstream's command lines; no effect here
-  --dataset_name / --dataset_config_name
-                              hub datasets are not supported: pass the files
-";
+/// The `ModelArguments` fields both scripts declare (run_summarization.py adds
+/// `resize_position_embeddings`).
+pub(crate) const MODEL_FIELDS: [FieldSpec; 8] = [
+    fields::MODEL_NAME_OR_PATH.required(),
+    fields::CONFIG_NAME,
+    fields::TOKENIZER_NAME,
+    fields::CACHE_DIR,
+    fields::USE_FAST_TOKENIZER,
+    fields::MODEL_REVISION,
+    fields::TOKEN,
+    fields::TRUST_REMOTE_CODE,
+];
+
+/// The `DataTrainingArguments` fields both scripts declare after their own
+/// (`source_lang` ... / `lang` ...) and the file flags.
+pub(crate) const DATA_FIELDS: [FieldSpec; 13] = [
+    fields::OVERWRITE_CACHE,
+    fields::PREPROCESSING_NUM_WORKERS,
+    FieldSpec::int(
+        "max_source_length",
+        "1024",
+        "The maximum total input sequence length after tokenization.",
+    ),
+    FieldSpec::int(
+        "max_target_length",
+        "128",
+        "The maximum total sequence length for target text after tokenization.",
+    ),
+    FieldSpec::int(
+        "val_max_target_length",
+        "None",
+        "The maximum total sequence length for validation target text (default: max_target_length); also the generation max_length.",
+    ),
+    FieldSpec::bool(
+        "pad_to_max_length",
+        false,
+        "Whether to pad all samples to model maximum sentence length.",
+    ),
+    fields::MAX_TRAIN_SAMPLES,
+    fields::MAX_EVAL_SAMPLES,
+    fields::MAX_PREDICT_SAMPLES,
+    FieldSpec::int(
+        "num_beams",
+        "1",
+        "Number of beams to use for evaluation (evaluate and predict).",
+    ),
+    FieldSpec::bool(
+        "ignore_pad_token_for_loss",
+        true,
+        "Whether to ignore the tokens corresponding to padded labels in the loss computation or not.",
+    ),
+    FieldSpec::str(
+        "source_prefix",
+        "None",
+        "A prefix to add before every source text (useful for T5 models).",
+    ),
+    FieldSpec::str(
+        "forced_bos_token",
+        "None",
+        "The token to force as the first generated token (multilingual models, refused here).",
+    ),
+];
+
+/// The refusals both scripts share.
+pub(crate) const REFUSED: [Refusal; 2] =
+    [refusals::USE_FAST_TOKENIZER, refusals::TRUST_REMOTE_CODE];
 
 /// The T5 checkpoints upstream warns about without a `--source_prefix`.
 const T5_MODELS: [&str; 5] = [
@@ -138,41 +167,6 @@ const T5_MODELS: [&str; 5] = [
 ];
 
 impl Seq2SeqDataArguments {
-    /// Sets a shared flag; `Ok(false)` when `name` is not one.
-    pub(crate) fn apply(&mut self, name: &str, value: Option<&str>) -> Result<bool> {
-        match name {
-            "model_name_or_path" => self.model_name_or_path = Some(args::string(name, value)?),
-            "config_name" => self.config_name = Some(args::string(name, value)?),
-            "tokenizer_name" => self.tokenizer_name = Some(args::string(name, value)?),
-            "dataset_name" => self.dataset_name = Some(args::string(name, value)?),
-            "dataset_config_name" => self.dataset_config_name = Some(args::string(name, value)?),
-            "train_file" => self.train_file = Some(args::string(name, value)?),
-            "validation_file" => self.validation_file = Some(args::string(name, value)?),
-            "test_file" => self.test_file = Some(args::string(name, value)?),
-            "overwrite_cache" => self.overwrite_cache = args::boolean(name, value)?,
-            "max_source_length" => self.max_source_length = args::number(name, value)?,
-            "max_target_length" => self.max_target_length = args::number(name, value)?,
-            "val_max_target_length" => {
-                self.val_max_target_length = Some(args::number(name, value)?);
-            }
-            "pad_to_max_length" => self.pad_to_max_length = args::boolean(name, value)?,
-            "max_train_samples" => self.max_train_samples = Some(args::number(name, value)?),
-            "max_eval_samples" => self.max_eval_samples = Some(args::number(name, value)?),
-            "max_predict_samples" => self.max_predict_samples = Some(args::number(name, value)?),
-            "num_beams" => self.num_beams = Some(args::number(name, value)?),
-            "ignore_pad_token_for_loss" => {
-                self.ignore_pad_token_for_loss = args::boolean(name, value)?;
-            }
-            "source_prefix" => self.source_prefix = Some(args::string(name, value)?),
-            "forced_bos_token" => self.forced_bos_token = Some(args::string(name, value)?),
-            "preprocessing_num_workers" => {
-                args::number::<usize>(name, value)?;
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Upstream's `__post_init__`: `val_max_target_length` defaults to
     /// `max_target_length`; hub datasets are refused; the files must be there and end in one
     /// of `extensions` (`message` names them).
@@ -186,7 +180,12 @@ impl Seq2SeqDataArguments {
     ) -> Result<()> {
         if self.dataset_name.is_some() || self.dataset_config_name.is_some() {
             return Err(Error::InvalidFlag {
-                flag: "dataset_name".into(),
+                flag: if self.dataset_name.is_some() {
+                    "dataset_name"
+                } else {
+                    "dataset_config_name"
+                }
+                .into(),
                 detail: "hub datasets are not supported; pass --train_file/--validation_file/--test_file".into(),
             });
         }
@@ -320,16 +319,17 @@ pub(crate) fn load_model(
     training: &Seq2SeqTrainingArguments,
     positions: PositionCheck,
 ) -> Result<LoadedSeq2Seq> {
-    let dir = common::model_dir(data.model_name_or_path.as_deref())?;
-    if let Some(c) = &data.config_name
-        && Path::new(c) != dir
-    {
-        return Err(Error::InvalidFlag {
-            flag: "config_name".into(),
-            detail: "a config apart from the model folder is not supported; put it in --model_name_or_path".into(),
-        });
-    }
-    let tokenizer = load_example_tokenizer(&dir, data.tokenizer_name.as_deref())?;
+    let hub = common::hub_options(
+        data.cache_dir.as_deref(),
+        &data.model_revision,
+        data.token.as_deref(),
+    );
+    let dir = common::model_dir(
+        data.model_name_or_path.as_deref(),
+        data.config_name.as_deref(),
+        &hub,
+    )?;
+    let tokenizer = load_example_tokenizer(&dir, data.tokenizer_name.as_deref(), &hub)?;
     let class = tokenizer
         .config()
         .get("tokenizer_class")

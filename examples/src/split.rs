@@ -72,12 +72,13 @@ pub(crate) fn train_validation_split(
 }
 
 /// The training and evaluation tables of a run: `train` (already read) and, with
-/// `do_eval`, `--validation_file` or the `--validation_split_percentage` held out of
+/// `do_eval`, `validation` (a dataset's split), `--validation_file` or the `--validation_split_percentage` held out of
 /// `train`; both filtered by `--label_filter` first. The held-out rows leave the training
 /// table even without `do_eval`, so that a training run never sees them.
 pub(crate) fn prepare_tables(
     cls: &ClassificationArguments,
     train: Option<Table>,
+    validation: Option<Table>,
     do_eval: bool,
 ) -> Result<(Option<Table>, Option<Table>)> {
     let filter = |t: Table| match &cls.label_filter {
@@ -98,6 +99,9 @@ pub(crate) fn prepare_tables(
             })?;
             let (train, valid) = train_validation_split(&t, p, cls.shuffle_seed)?;
             Ok((Some(train), do_eval.then_some(valid)))
+        }
+        (None, _) if do_eval && validation.is_some() => {
+            Ok((train, validation.map(filter).transpose()?))
         }
         (None, file) if do_eval => {
             let file = file.as_ref().ok_or_else(|| Error::InvalidFlag {

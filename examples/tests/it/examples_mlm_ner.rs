@@ -395,8 +395,8 @@ fn bad_flags_and_files_name_the_column_and_the_fix() -> Result<()> {
         matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "validation_file"),
         "{err}"
     );
-    let err = run_ner::main_with_args(["--label_all_token"]).unwrap_err();
-    assert!(matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "label_all_token"));
+    let err = run_ner::main_with_args(["--label_all_tokenz"]).unwrap_err();
+    assert!(err.to_string().contains("--label_all_tokens"), "{err}");
     let err = run_mlm::main_with_args(["--mlm_probability", "1.5"]).unwrap_err();
     assert!(matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "mlm_probability"));
     assert_eq!(exit_code("run_mlm", Err::<(), _>(err)), ExitCode::from(2));

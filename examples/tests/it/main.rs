@@ -9,3 +9,4 @@ mod examples;
 mod examples_mlm_ner;
 mod examples_seq2seq;
 mod launch;
+mod script_flags;
