@@ -27,6 +27,35 @@ pub(crate) fn hub_options(
     }
 }
 
+/// The hub options and model folder of a script's `ModelArguments` (`--model_name_or_path`,
+/// `--config_name`, `--cache_dir`, `--model_revision`, `--token`): [`hub_options`], then
+/// [`model_dir`]. `resolve_model!(args)` passes those fields of `args`.
+pub(crate) fn resolve_model_dir(
+    name_or_path: Option<&str>,
+    config_name: Option<&str>,
+    cache_dir: Option<&str>,
+    model_revision: &str,
+    token: Option<&str>,
+) -> Result<(HubOptions, PathBuf)> {
+    let hub = hub_options(cache_dir, model_revision, token);
+    let dir = model_dir(name_or_path, config_name, &hub)?;
+    Ok((hub, dir))
+}
+
+/// [`resolve_model_dir`] with the fields of a script's arguments.
+macro_rules! resolve_model {
+    ($args:expr) => {
+        $crate::common::resolve_model_dir(
+            $args.model_name_or_path.as_deref(),
+            $args.config_name.as_deref(),
+            $args.cache_dir.as_deref(),
+            &$args.model_revision,
+            $args.token.as_deref(),
+        )
+    };
+}
+pub(crate) use resolve_model;
+
 /// A tokenizer folder: a local folder as it is (it need not hold a model), else a hub id
 /// resolved through the cache or a download.
 fn tokenizer_dir(name: &str, hub: &HubOptions) -> Result<PathBuf> {

@@ -458,16 +458,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
             detail: "run_classification does not predict on a test file yet; use --do_eval with --validation_file".into(),
         });
     }
-    let hub = common::hub_options(
-        cls.cache_dir.as_deref(),
-        &cls.model_revision,
-        cls.token.as_deref(),
-    );
-    let dir = common::model_dir(
-        cls.model_name_or_path.as_deref(),
-        cls.config_name.as_deref(),
-        &hub,
-    )?;
+    let (hub, dir) = common::resolve_model!(cls)?;
     let tok = load_example_tokenizer(&dir, cls.tokenizer_name.as_deref(), &hub)?;
 
     // The label list comes from the training file, as upstream; without training, from the

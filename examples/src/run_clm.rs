@@ -356,16 +356,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
     if !training.do_train && !training.do_eval {
         log::warn!("neither --do_train nor --do_eval was given: nothing to do");
     }
-    let hub = common::hub_options(
-        clm.cache_dir.as_deref(),
-        &clm.model_revision,
-        clm.token.as_deref(),
-    );
-    let dir = common::model_dir(
-        clm.model_name_or_path.as_deref(),
-        clm.config_name.as_deref(),
-        &hub,
-    )?;
+    let (hub, dir) = common::resolve_model!(clm)?;
     let tok = load_example_tokenizer(&dir, clm.tokenizer_name.as_deref(), &hub)?;
     let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let block_size = match clm.block_size {

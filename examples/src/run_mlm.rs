@@ -413,16 +413,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     if !training.do_train && !training.do_eval {
         log::warn!("neither --do_train nor --do_eval was given: nothing to do");
     }
-    let hub = common::hub_options(
-        mlm.cache_dir.as_deref(),
-        &mlm.model_revision,
-        mlm.token.as_deref(),
-    );
-    let dir = common::model_dir(
-        mlm.model_name_or_path.as_deref(),
-        mlm.config_name.as_deref(),
-        &hub,
-    )?;
+    let (hub, dir) = common::resolve_model!(mlm)?;
     let tok = load_example_tokenizer(&dir, mlm.tokenizer_name.as_deref(), &hub)?;
     let model_max_length = tok.info().model_max_length.unwrap_or(usize::MAX);
     let max_seq_length = match mlm.max_seq_length {

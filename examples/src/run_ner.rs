@@ -745,16 +745,7 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
             detail: "Need either a dataset name or a training/validation file (--train_file, --validation_file)".into(),
         });
     }
-    let hub = common::hub_options(
-        ner.cache_dir.as_deref(),
-        &ner.model_revision,
-        ner.token.as_deref(),
-    );
-    let dir = common::model_dir(
-        ner.model_name_or_path.as_deref(),
-        ner.config_name.as_deref(),
-        &hub,
-    )?;
+    let (hub, dir) = common::resolve_model!(ner)?;
     // The files each step needs, checked before any is read.
     if training.do_train {
         required("train_file", ner.train_file.as_ref(), "--do_train")?;

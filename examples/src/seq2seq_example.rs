@@ -319,16 +319,7 @@ pub(crate) fn load_model(
     training: &Seq2SeqTrainingArguments,
     positions: PositionCheck,
 ) -> Result<LoadedSeq2Seq> {
-    let hub = common::hub_options(
-        data.cache_dir.as_deref(),
-        &data.model_revision,
-        data.token.as_deref(),
-    );
-    let dir = common::model_dir(
-        data.model_name_or_path.as_deref(),
-        data.config_name.as_deref(),
-        &hub,
-    )?;
+    let (hub, dir) = common::resolve_model!(data)?;
     let tokenizer = load_example_tokenizer(&dir, data.tokenizer_name.as_deref(), &hub)?;
     let class = tokenizer
         .config()

@@ -21,6 +21,10 @@
 //!   8, 128 new tokens (`examples/src/bin/bench_generate.rs`, `scripts/bench/bench_generate.py`),
 //!   in the same table: pass times, the ratio, new tokens/s; both sides must generate the same
 //!   tokens (the sum of the generated ids is compared).
+//! * `--datasets [--datasets-mb N]` (`bench/datasets.rs`): a Parquet text column of N MB of
+//!   text (default 1024) streamed and tokenised one row group at a time, against `datasets`'
+//!   `load_dataset("parquet")` + `map(batched=True)`: seconds, tokens/s and peak RSS
+//!   (`examples/src/bin/bench_datasets.rs`, `scripts/bench/bench_datasets.py`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +36,7 @@ use crate::paths;
 use crate::setup;
 
 mod checkpointing;
+mod datasets;
 mod trainer;
 
 /// Command-line options of `bench`.
@@ -43,6 +48,8 @@ pub struct Options {
     generate: bool,
     /// Activation checkpointing's memory and time instead of the Trainer suite.
     activation_memory: bool,
+    /// A large Parquet text column tokenised, against `datasets.map`: the MB of text.
+    datasets_mb: Option<usize>,
     /// Rounds of (Rust run, Python run); `None`: 3 for `--micro`, 2 for the Trainer suite.
     repeat: Option<usize>,
     /// Intra-op threads on both sides; `None`: the core count (libtorch's default).
@@ -59,6 +66,7 @@ impl Default for Options {
             micro: false,
             generate: false,
             activation_memory: false,
+            datasets_mb: None,
             repeat: None,
             threads: None,
             jobs: trainer::JOBS.map(String::from).into(),
@@ -105,13 +113,15 @@ impl Options {
                 "--micro" => o.micro = true,
                 "--generate" => o.generate = true,
                 "--activation-memory" => o.activation_memory = true,
+                "--datasets" => o.datasets_mb = Some(o.datasets_mb.unwrap_or(1024)),
+                "--datasets-mb" => o.datasets_mb = Some(positive(a, it.next())?),
                 "--repeat" => o.repeat = Some(positive(a, it.next())?),
                 "--threads" => o.threads = Some(positive(a, it.next())?),
                 "--jobs" => o.jobs = names(a, it.next(), &trainer::JOBS)?,
                 "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
                 other => {
                     return Err(format!(
-                        "bench: unknown option `{other}` (known: --micro, --generate, --activation-memory, --repeat N, \
+                        "bench: unknown option `{other}` (known: --micro, --generate, --activation-memory, --datasets, --datasets-mb N, --repeat N, \
                          --threads N, --jobs {}, --precisions fp32,bf16)",
                         trainer::JOBS.join(",")
                     ));
@@ -387,6 +397,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "bench_generate"
     } else if o.activation_memory {
         "bench_checkpointing"
+    } else if o.datasets_mb.is_some() {
+        "bench_datasets"
     } else {
         "bench_trainer"
     };
@@ -426,6 +438,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let machine = machine();
     println!("bench: {machine}; {threads} intra-op threads on both sides");
     let load_before = load_average();
+
+    if let Some(mb) = o.datasets_mb {
+        let work = target.join("bench-datasets");
+        datasets::run(&exe, &s.python, &script, &s.assets, &work, &threads, mb)?;
+        println!(
+            "xtask bench finished in {:.1}s (setup and build included)",
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
 
     if o.activation_memory {
         checkpointing::run(&exe, &s.python, &script, &s.assets, &threads)?;

@@ -7,6 +7,8 @@
 //! * `bench` — `setup`, then benchmarks side by side with PyTorch / transformers.
 //! * `demo` — `setup`, then the main training job (MiniLM fine-tuned on Rotten Tomatoes
 //!   sentiment; `--clm`: SmolLM2-135M fine-tuned on hamlet.txt).
+//! * `e2e` — `setup`, then the example scripts against upstream-equivalent Python drivers
+//!   (same flags, same data, 1 and 2 ranks), with tables of per-step differences.
 //! * `launch` — torchrun for one node: starts N ranks of a command, stops all if one fails.
 //! * `fuzz` — `setup`, then a bounded libFuzzer run of every parser's fuzz target.
 //! * `codegen` — regenerate the generated sources from the pinned Python packages
@@ -20,6 +22,7 @@ mod demo;
 mod demo_lora;
 mod demo_sentiment;
 mod disk;
+mod e2e;
 mod fuzz;
 mod launch;
 mod paths;
@@ -43,8 +46,8 @@ commands:
   test [--gpu] [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
         multi-process tests), the `cuda` build of tchtrain-distributed (NCCL compiled,
-        its tests run; skipped with a CPU-only libtorch), a bounded fuzz run, and a
-        summary line
+        its tests run; skipped with a CPU-only libtorch), `e2e --short`, a bounded
+        fuzz run, and a summary line
         --gpu           also the tests that need a CUDA device (NCCL collectives, the
                         Trainer on one GPU: ZeRO-3 with offload over NCCL)
   bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
@@ -80,6 +83,18 @@ commands:
         steps x 4 rows x 128 tokens); the loss and the continuation again from the
         saved adapter folder; fails unless the loss decreased and the folder holds
         the adapter alone
+  e2e [--short] [--case NAME[,NAME...]]
+        setup, a dev build of the run_clm and run_classification examples, then each
+        parity case: our binary and an upstream-equivalent Python driver
+        (scripts/e2e/, upstream's script steps on the pinned transformers / datasets /
+        torch) with the same flags and data into target/e2e/<case>/, on 1 or 2 ranks
+        (xtask launch / torchrun, Gloo), OMP_NUM_THREADS=2; prints per case the logged
+        steps (loss, rel diff of loss, grad_norm, learning rate) and the final metrics;
+        fails when any relative difference exceeds 1e-6. Cases: clm-txt,
+        clm-txt-2ranks, clm-parquet, classification-parquet, clm-dataset-name
+        --short         the short form `test` runs (clm-txt-2ranks and
+                        classification-parquet, fewer steps)
+        --case NAME     only these cases
   launch [--nproc-per-node N] [--nnodes M --node-rank R] [--master-port P] [--master-addr A]
          -- COMMAND [ARGS...]
         torchrun's static launch: starts N copies of COMMAND with RANK, LOCAL_RANK,
@@ -122,6 +137,7 @@ commands:
 environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
+  TCHTRAIN_E2E        `0` skips the e2e short form in `test`
   TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 5000; 0 skips fuzzing)
   TCHTRAIN_FUZZ_BUILD_MB  cap on the fuzz build folder (default 8192); over it, the
                       folder is cleared before the next fuzz build
@@ -140,6 +156,7 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
+        "e2e" => e2e::run(rest),
         "launch" => launch::run(rest),
         "fuzz" => fuzz::run(rest),
         "codegen" => codegen::run(rest),
@@ -150,7 +167,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, launch, fuzz, codegen, clean-cache, soak, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, e2e, launch, fuzz, codegen, clean-cache, soak, help"
         )),
     };
     match result {

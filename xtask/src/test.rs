@@ -1,5 +1,6 @@
-//! `cargo xtask test`: setup, then every test of the workspace, then a bounded run of every
-//! fuzz target (`cargo xtask fuzz`), then one summary line.
+//! `cargo xtask test`: setup, then every test of the workspace, then the short form of the
+//! end-to-end parity suite (`cargo xtask e2e --short`), then a bounded run of every fuzz
+//! target (`cargo xtask fuzz`), then one summary line.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -8,12 +9,13 @@ use std::time::Instant;
 
 use crate::cmd;
 use crate::disk;
+use crate::e2e;
 use crate::fuzz;
 use crate::setup;
 
 /// The intra-op threads of the reference values (`REFERENCE_THREADS` in
 /// scripts/setup_assets.py).
-const REFERENCE_THREADS: &str = "2";
+pub(crate) const REFERENCE_THREADS: &str = "2";
 
 /// Counts read from cargo test's `test result:` lines.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -71,6 +73,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut totals = Totals::default();
     let workspace = cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?;
     let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
+    let parity = e2e_step(&s)?;
     let fuzz = fuzz_step(&s)?;
     let passed = workspace && cuda && totals.failed == 0;
     if passed {
@@ -86,14 +89,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     );
     println!(
-        "summary: {} passed, {} failed, {} skipped; {}",
+        "summary: {} passed, {} failed, {} skipped; {}; {}",
         totals.passed,
         totals.failed,
         totals.ignored,
+        parity.as_ref().map_or_else(
+            || "e2e: skipped (TCHTRAIN_E2E=0)".into(),
+            e2e::Report::summary
+        ),
         fuzz.summary()
     );
     if !passed {
         Err("cargo test failed (see the `test result:` lines above)".into())
+    } else if parity.as_ref().is_some_and(|r| !r.passed()) {
+        Err("the e2e parity suite failed (see the `e2e` tables above; rerun with `cargo xtask e2e --short`)".into())
     } else if let fuzz::Outcome::Failed(_) = fuzz.outcome {
         Err("fuzzing found a failure (see the `fuzz:` lines above)".into())
     } else {
@@ -198,6 +207,28 @@ fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Re
         ok &= cargo_test(s, tmp, &trainer, &extra, totals)?;
     }
     Ok(ok)
+}
+
+/// The short form of `cargo xtask e2e` on the example binaries `cargo test` just built
+/// (nothing to build); `None` when `TCHTRAIN_E2E=0` skips it.
+fn e2e_step(s: &setup::Setup) -> Result<Option<e2e::Report>, String> {
+    match std::env::var("TCHTRAIN_E2E").as_deref() {
+        Ok("0") => return Ok(None),
+        Ok("1") | Err(_) => {}
+        Ok(other) => {
+            return Err(format!(
+                "TCHTRAIN_E2E={other}: expected 0 (skip the e2e short form) or 1"
+            ));
+        }
+    }
+    println!("test: the e2e parity suite, short form (cargo xtask e2e --short)");
+    let report = e2e::short_step(s);
+    println!(
+        "test: e2e took {:.1}s; {}",
+        report.seconds,
+        report.summary()
+    );
+    Ok(Some(report))
 }
 
 /// The bounded fuzz run: `TCHTRAIN_FUZZ_RUNS` inputs per target (default
