@@ -579,7 +579,7 @@ mod tests {
         assert_eq!(t.max_steps, 3);
         assert!(matches!(
             parse_args(["--blok_size", "3"]),
-            Err(Error::InvalidFlag { .. })
+            Err(Error::TrainingArgs(_))
         ));
     }
 }

@@ -146,6 +146,34 @@ fn clm_dataset_name(i: &Inputs<'_>, short: bool) -> Vec<String> {
     clm_args(i, short, &["--dataset_name".into(), repo])
 }
 
+/// SmolLM2-135M (a real Llama-family checkpoint, its own tokenizer) on hamlet.txt: 64-token
+/// blocks, AdamW lr 1e-4 with 1 warmup step, batches of 2, 4 steps (2 in the short form),
+/// evaluation on 16 blocks.
+fn clm_smollm2(i: &Inputs<'_>, short: bool) -> Vec<String> {
+    strings(&[
+        "--model_name_or_path",
+        &path_arg(i.assets.join("smollm2-135m")),
+        "--train_file",
+        &path_arg(i.assets.join("text").join("hamlet.txt")),
+        "--block_size",
+        "64",
+        "--do_train",
+        "--do_eval",
+        "--max_steps",
+        if short { "2" } else { "4" },
+        "--per_device_train_batch_size",
+        "2",
+        "--per_device_eval_batch_size",
+        "4",
+        "--max_eval_samples",
+        "16",
+        "--learning_rate",
+        "1e-4",
+        "--warmup_steps",
+        "1",
+    ])
+}
+
 /// MiniLM-L6 with a new 2-label head on the Rotten Tomatoes rows (Parquet, `sentence` and
 /// `label` columns), 64 tokens padded, AdamW lr 1e-4 with 2 warmup steps, batches of 8.
 fn classification_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
@@ -220,6 +248,15 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: Some("train_file"),
             args: classification_parquet,
+        },
+        Case {
+            name: "clm-smollm2",
+            what: "run_clm, SmolLM2-135M (fp32) on hamlet.txt, 1 rank",
+            script: Script::Clm,
+            ranks: 1,
+            short: false,
+            skip_if_refused: None,
+            args: clm_smollm2,
         },
         Case {
             name: "clm-dataset-name",
