@@ -33,7 +33,7 @@ fn describe(name: &str) -> Option<&'static str> {
             "tokenized-dataset cache, capped by TCHTRAIN_DATASETS_CACHE_MB (default 4096)"
         }
         "fuzz-target" => {
-            "the fuzz targets' build folder, capped by TCHTRAIN_FUZZ_BUILD_MB (default 8192)"
+            "the fuzz targets' build folder, capped by TCHTRAIN_FUZZ_BUILD_MB (default 16384)"
         }
         n if n.starts_with("cargo-fuzz-") => "the cargo-fuzz install `cargo xtask fuzz` uses",
         _ => return None,

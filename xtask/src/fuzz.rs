@@ -41,12 +41,13 @@ pub const TARGETS: [&str; 17] = [
 /// The environment variable capping the fuzz build folder, in MiB.
 const BUILD_CAP_ENV: &str = "TCHTRAIN_FUZZ_BUILD_MB";
 
-/// The cap on the fuzz build folder: `$TCHTRAIN_FUZZ_BUILD_MB` MiB, else 8192 MiB (a full
-/// build of every target takes about 4 GB; the stale artifacts of earlier builds are pruned
+/// The cap on the fuzz build folder: `$TCHTRAIN_FUZZ_BUILD_MB` MiB, else 16384 MiB (a full
+/// build of every target takes about 8.6 GB since the Parquet / Arrow target, which the old
+/// 8192 cap cleared before every build; the stale artifacts of earlier builds are pruned
 /// after each build, this bounds what pruning misses, such as other toolchains' builds).
 fn build_cap() -> Result<u64, String> {
     match std::env::var(BUILD_CAP_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(8192 << 20),
+        Err(std::env::VarError::NotPresent) => Ok(16384 << 20),
         Ok(v) => v
             .trim()
             .parse::<u64>()

@@ -139,7 +139,7 @@ environment:
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
   TCHTRAIN_E2E        `0` skips the e2e short form in `test`
   TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 5000; 0 skips fuzzing)
-  TCHTRAIN_FUZZ_BUILD_MB  cap on the fuzz build folder (default 8192); over it, the
+  TCHTRAIN_FUZZ_BUILD_MB  cap on the fuzz build folder (default 16384); over it, the
                       folder is cleared before the next fuzz build
   TCHTRAIN_DATASETS_CACHE_MB  cap on the tokenized-dataset cache (default 4096; least
                       recently used files go first)
