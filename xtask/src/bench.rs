@@ -132,6 +132,38 @@ impl Options {
     }
 }
 
+/// The last flat JSON line of a benchmark process's output (the process run and its command
+/// echoed), for the modes that run each side once per setting.
+struct JsonLine {
+    what: String,
+    fields: BTreeMap<String, Value>,
+}
+
+impl JsonLine {
+    /// Runs `c` (`what` names it in messages) and reads its last JSON line.
+    fn run(c: &mut Command, what: &str) -> Result<Self, String> {
+        println!("bench: {what}: {}", cmd::display(c));
+        let out = cmd::output(c, what)?;
+        let fields = out
+            .lines()
+            .rev()
+            .find_map(parse_flat_json)
+            .ok_or_else(|| format!("{what}: no JSON line in its output:\n{out}"))?;
+        Ok(Self {
+            what: what.to_string(),
+            fields,
+        })
+    }
+
+    /// The number `key`.
+    fn num(&self, key: &str) -> Result<f64, String> {
+        match self.fields.get(key) {
+            Some(Value::Num(x)) => Ok(*x),
+            _ => Err(format!("{}: no number `{key}` in its line", self.what)),
+        }
+    }
+}
+
 /// A value of a flat JSON object: what the benchmark binaries print.
 #[derive(Debug, Clone, PartialEq)]
 enum Value {

@@ -12,8 +12,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::{Value, parse_flat_json};
-use crate::cmd;
+use super::JsonLine;
 
 /// One run's figures.
 struct Run {
@@ -23,21 +22,11 @@ struct Run {
 }
 
 fn run_one(c: &mut Command, what: &str) -> Result<Run, String> {
-    println!("bench: {what}: {}", cmd::display(c));
-    let out = cmd::output(c, what)?;
-    let fields = out
-        .lines()
-        .rev()
-        .find_map(parse_flat_json)
-        .ok_or_else(|| format!("{what}: no JSON line in its output:\n{out}"))?;
-    let num = |k: &str| match fields.get(k) {
-        Some(Value::Num(x)) => Ok(*x),
-        _ => Err(format!("{what}: no number `{k}` in its line")),
-    };
+    let line = JsonLine::run(c, what)?;
     Ok(Run {
-        peak_rss_mb: num("peak_rss_mb")?,
-        activation_mb: num("activation_mb")?,
-        median_step_ms: num("median_step_ms")?,
+        peak_rss_mb: line.num("peak_rss_mb")?,
+        activation_mb: line.num("activation_mb")?,
+        median_step_ms: line.num("median_step_ms")?,
     })
 }
 

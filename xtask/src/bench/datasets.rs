@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::{Value, parse_flat_json};
+use super::JsonLine;
 use crate::cmd;
 
 /// One side's figures.
@@ -21,22 +21,12 @@ struct Run {
 }
 
 fn run_one(c: &mut Command, what: &str) -> Result<Run, String> {
-    println!("bench: {what}: {}", cmd::display(c));
-    let out = cmd::output(c, what)?;
-    let fields = out
-        .lines()
-        .rev()
-        .find_map(parse_flat_json)
-        .ok_or_else(|| format!("{what}: no JSON line in its output:\n{out}"))?;
-    let num = |k: &str| match fields.get(k) {
-        Some(Value::Num(x)) => Ok(*x),
-        _ => Err(format!("{what}: no number `{k}` in its line")),
-    };
+    let line = JsonLine::run(c, what)?;
     Ok(Run {
-        tokens: num("tokens")?,
-        seconds: num("seconds")?,
-        tokens_per_s: num("tokens_per_s")?,
-        peak_rss_mb: num("peak_rss_mb")?,
+        tokens: line.num("tokens")?,
+        seconds: line.num("seconds")?,
+        tokens_per_s: line.num("tokens_per_s")?,
+        peak_rss_mb: line.num("peak_rss_mb")?,
     })
 }
 
