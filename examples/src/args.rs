@@ -177,6 +177,12 @@ fn finish(mut values: DataclassValues, line: &ScriptCommandLine) -> Result<Scrip
                 });
             }
         }
+        if let Some(n) = dict.get("preprocessing_num_workers") {
+            // A speed knob that changes no number: said once, as the design asks.
+            log::info!(
+                "--preprocessing_num_workers {n}: tokenization here uses every core (TCHTRAIN_NUM_PROC sets how many), with the same result"
+            );
+        }
         given.push(dict.keys().cloned().collect());
         for spec in dc.fields {
             let refused = line.refused.iter().any(|r| r.flag == spec.name);

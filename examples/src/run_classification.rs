@@ -513,6 +513,22 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         labels.extend_from(t, &cls.label_column_name)?;
     }
     let regression = labels == ClassificationLabels::Regression;
+    let computed = if regression { "mse" } else { "accuracy" };
+    if let Some(metric) = cls.metric_name.as_deref()
+        && metric != computed
+    {
+        return Err(Error::InvalidFlag {
+            flag: "metric_name".into(),
+            detail: format!(
+                "{metric:?}: this is a {} run, whose metric is {computed}; leave the flag out or pass {computed}",
+                if regression {
+                    "regression"
+                } else {
+                    "classification"
+                }
+            ),
+        });
+    }
     if let ClassificationLabels::Classes(list) = &labels {
         log::info!("labels: {list:?}");
     }
