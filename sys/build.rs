@@ -72,6 +72,7 @@ fn build() -> Result<(), String> {
         "backends.cpp",
         "checkpoint.cpp",
         "generator.cpp",
+        "dropout.cpp",
         "grad_boundary.cpp",
         "cpu_cache.cpp",
         "optim.cpp",

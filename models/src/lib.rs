@@ -23,6 +23,7 @@ mod checkpoint;
 mod configuration_utils;
 mod deberta_v2;
 mod debug_utils;
+mod dropout;
 mod distilbert;
 mod error;
 mod gemma;
@@ -81,6 +82,7 @@ pub use distilbert::{
     DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
     DistilBertForTokenClassification, DistilBertModel,
 };
+pub use dropout::{dropout, dropout_fast_path};
 pub use error::{Error, Result};
 pub use gemma::{
     GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,

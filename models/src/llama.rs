@@ -694,7 +694,7 @@ impl DecoderLayer {
             |x: &Tensor, norm: &RmsNorm, name: &str| apply_traced(x, norm, || n(name), &c.rms_norm);
         let resid_dropout = |t: Tensor| match &x.unpadded {
             Some(u) => u.dropout(&t, x.resid_p, x.train),
-            None if x.train && x.resid_p > 0.0 => t.dropout(x.resid_p, true),
+            None if x.train && x.resid_p > 0.0 => crate::dropout::dropout(&t, x.resid_p, true),
             None => t,
         };
         let a = resid_dropout(a);

@@ -79,9 +79,8 @@ impl Unpadded {
             return x * Tensor::zeros([], (x.kind(), x.device()));
         }
         let features = x.size()[1];
-        let mut noise = Tensor::empty([self.batch, self.seq, features], (x.kind(), x.device()));
-        let _ = noise.bernoulli_float_(1.0 - p);
-        let _ = noise.g_div_scalar_(1.0 - p);
+        let noise =
+            crate::dropout::noise(&[self.batch, self.seq, features], p, x.kind(), x.device());
         x * self.gather(&noise)
     }
 }

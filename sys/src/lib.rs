@@ -7,6 +7,7 @@
 //! | `csrc/autocast.cpp` | `torch.autocast(device_type, dtype)` enter / exit for the CPU or CUDA |
 //! | `csrc/backends.cpp` | `tf32` (fp32 precision), deterministic algorithms, the device allocator's `emptyCache` |
 //! | `csrc/generator.cpp` | the default generators' states (`torch.get_rng_state` / `set_rng_state`); `randn` / `randint` from a fresh seeded CPU generator |
+//! | `csrc/dropout.cpp` | dropout's CPU noise, drawn from the default generator exactly as libtorch's `bernoulli_` draws it (self-checked), faster |
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
 //! | `csrc/checkpoint.cpp` | activation checkpointing: a layer recomputed in the backward (a Rust closure), generator and autocast states replayed |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
@@ -103,6 +104,12 @@ unsafe extern "C" {
         f: BoundaryFn,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
+}
+
+// csrc/dropout.cpp
+unsafe extern "C" {
+    pub fn tchtrain_dropout_fast_path() -> c_int;
+    pub fn tchtrain_dropout_noise_(noise: *mut C_tensor, p: f64) -> *mut c_char;
 }
 
 // csrc/backends.cpp

@@ -705,7 +705,7 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
     let out = match &layer.dora {
         None => {
             let x = if dropout > 0.0 && train {
-                x.dropout(dropout, true)
+                crate::dropout::dropout(&x, dropout, true)
             } else {
                 x
             };
@@ -805,7 +805,7 @@ fn dora_term(
     train: bool,
 ) -> Tensor {
     let (x, base_result) = if dropout > 0.0 && train {
-        (x.dropout(dropout, true), None)
+        (crate::dropout::dropout(x, dropout, true), None)
     } else {
         (x.shallow_clone(), Some(y))
     };

@@ -3,6 +3,7 @@
 
 mod checkpointing;
 mod debug_utils;
+mod dropout;
 mod fresh_heads;
 mod fuzz_regressions;
 mod generation;
