@@ -459,7 +459,9 @@ impl Layer {
         let a = apply_traced(&a, &self.attn_wo, || n("attn.Wo"), "Linear");
         let a = match unpadded {
             Some(u) => u.dropout(&a, x.attention_dropout, x.train),
-            None if x.train && x.attention_dropout > 0.0 => crate::dropout::dropout(&a, x.attention_dropout, true),
+            None if x.train && x.attention_dropout > 0.0 => {
+                crate::dropout::dropout(&a, x.attention_dropout, true)
+            }
             None => a,
         };
         let h2 = h + a;

@@ -23,7 +23,7 @@ Measures the same things on the same data as the Rust example:
 Prints one flat JSON object per line, with "impl": "python".
 
 Usage: python bench_micro.py [--threads N] [--steps N] [--warmup N] [--passes N]
-                             [--only optim|collate]
+                             [--only optim|collate|dropout]
 Assets: $TCHTRAIN_ASSETS or <workspace>/assets.
 """
 
@@ -169,6 +169,28 @@ def bench_collator(name, threads, args, batches, collator):
     }), flush=True)
 
 
+DROPOUT_CALLS = 20
+
+
+def bench_dropout(shape, p, threads, args):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    times = []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        for _ in range(DROPOUT_CALLS):
+            torch.nn.functional.dropout(x, p, training=True)
+        if step >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3 / DROPOUT_CALLS)
+    print(json.dumps({
+        "bench": f"dropout/{'x'.join(map(str, shape))}_p{p}",
+        "impl": "python",
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "threads": threads,
+    }), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=None,
@@ -176,7 +198,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--passes", type=int, default=10)
-    ap.add_argument("--only", choices=["optim", "collate"], default=None)
+    ap.add_argument("--only", choices=["optim", "collate", "dropout"], default=None)
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -194,6 +216,11 @@ def main():
                         lambda p: Adafactor(p, lr=1e-3, scale_parameter=False, relative_step=False))
         for name in PACKAGE_OPTIMS:
             bench_optimizer(name, threads, args, lambda p, name=name: package_optimizer(name, p))
+
+    if args.only in (None, "dropout"):
+        for shape in ([4, 128, 576], [4, 128, 1536]):
+            for p in (0.05, 0.1):
+                bench_dropout(shape, p, threads, args)
 
     if args.only in (None, "collate"):
         tokenizer = AutoTokenizer.from_pretrained(str(assets / "minilm"))

@@ -1,4 +1,4 @@
-// Dropout's noise on the CPU, drawn exactly as libtorch draws it, in a quarter of the time.
+// Dropout's noise on the CPU, drawn exactly as libtorch draws it, about four times faster.
 //
 // `torch.nn.functional.dropout(x, p, training=True)` on the CPU is `_dropout_impl`:
 // `noise = empty_like(x).bernoulli_(1 - p); noise.div_(1 - p); x * noise`. The scalar
@@ -54,7 +54,11 @@ inline uint32_t temper(uint32_t y) {
 }
 
 // at::mt19937::next_state, as index loops.
-__attribute__((optimize("O3"))) void next_state(uint32_t* s) {
+// Each hot loop is compiled twice, for AVX2 and for the baseline, picked at load time
+// (`target_clones`), and at -O3 whatever the profile (the loops vectorise only there).
+#define TCHTRAIN_HOT __attribute__((target_clones("avx2", "default"), optimize("O3")))
+
+TCHTRAIN_HOT void next_state(uint32_t* s) {
   for (int i = 0; i < kN - kM; ++i) {
     s[i] = s[i + kM] ^ twist(s[i], s[i + 1]);
   }
@@ -66,7 +70,7 @@ __attribute__((optimize("O3"))) void next_state(uint32_t* s) {
 
 // `n` outputs of the engine whose state is `d`, as `n` calls of at::mt19937::operator()
 // would return them, leaving `d` as those calls would.
-__attribute__((optimize("O3"))) void draw(at::mt19937_data_pod& d, uint32_t* out, int64_t n) {
+TCHTRAIN_HOT void draw(at::mt19937_data_pod& d, uint32_t* out, int64_t n) {
   while (n > 0) {
     if (d.left_ == 1) {
       // The next call twists, then reads word 0 and leaves left_ = kN.
@@ -88,9 +92,7 @@ __attribute__((optimize("O3"))) void draw(at::mt19937_data_pod& d, uint32_t* out
 
 // `bernoulli_distribution<double>(q)` for `n` elements: `keep` where the draw falls below
 // `q`, else 0.
-template <typename T>
-__attribute__((optimize("O3"))) void fill(at::mt19937_data_pod& d, T* out, int64_t n, double q,
-                                          T keep) {
+TCHTRAIN_HOT void fill(at::mt19937_data_pod& d, float* out, int64_t n, double q, float keep) {
   // x53 * 2^-53 < q  <=>  x53 < q * 2^53 (exact)  <=>  x53 < ceil(q * 2^53).
   const uint64_t threshold = static_cast<uint64_t>(std::ceil(std::ldexp(q, 53)));
   constexpr int64_t kChunk = 2048;
@@ -98,10 +100,10 @@ __attribute__((optimize("O3"))) void fill(at::mt19937_data_pod& d, T* out, int64
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t m = std::min(kChunk, n - start);
     draw(d, words, 2 * m);
-    T* o = out + start;
+    float* o = out + start;
     for (int64_t j = 0; j < m; ++j) {
       const uint64_t x = (static_cast<uint64_t>(words[2 * j] & 0x1fffff) << 32) | words[2 * j + 1];
-      o[j] = x < threshold ? keep : T(0);
+      o[j] = x < threshold ? keep : 0.0f;
     }
   }
 }
@@ -114,7 +116,7 @@ at::Tensor fill_with(at::Generator& g, int64_t n, double q) {
   std::lock_guard<std::mutex> lock(g.mutex());
   at::mt19937 engine = impl->engine();
   at::mt19937_data_pod d = engine.data();
-  fill<float>(d, out.data_ptr<float>(), n, q, 1.0f);
+  fill(d, out.data_ptr<float>(), n, q, 1.0f);
   engine.set_data(d);
   impl->set_engine(engine);
   return out;
@@ -192,7 +194,7 @@ char* tchtrain_dropout_noise_(at::Tensor* noise, double p) {
     std::lock_guard<std::mutex> lock(g.mutex());
     at::mt19937 engine = impl->engine();
     at::mt19937_data_pod d = engine.data();
-    fill<float>(d, noise->data_ptr<float>(), noise->numel(), q, keep);
+    fill(d, noise->data_ptr<float>(), noise->numel(), q, keep);
     engine.set_data(d);
     impl->set_engine(engine);
   });

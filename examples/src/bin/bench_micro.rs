@@ -19,13 +19,17 @@
 //!   that of the fastest pass, and `tokens_per_s` counts real (unpadded) tokens over the
 //!   median pass.
 //!
+//! * Dropout in training mode (`torch.nn.functional.dropout`), the shapes of a LoRA step on
+//!   SmolLM2-135M (batch 4 × 128 tokens × 576 and × 1536 features), p 0.05 and 0.1: each
+//!   step times 20 calls, `median_ms` / `min_ms` per call.
+//!
 //! Prints one flat JSON object per measurement, e.g.
 //! `{"bench":"optim/adamw_torch","impl":"tchtrain","median_ms":61.2,"threads":2,...}`;
 //! `scripts/bench/bench_micro.py` prints the same lines for PyTorch / transformers.
 //!
 //! ```sh
 //! cargo run --release -p tchtrain-examples --bin bench_micro -- [--threads N] [--steps N]
-//!     [--warmup N] [--passes N] [--only optim|collate]
+//!     [--warmup N] [--passes N] [--only optim|collate|dropout]
 //! ```
 //! Assets come from `$TCHTRAIN_ASSETS` or `<workspace>/assets` (`cargo xtask setup`).
 
@@ -105,7 +109,7 @@ impl Options {
                 "--only" => o.only = Some(value()?),
                 other => bail!(
                     "unknown option `{other}` (known: --threads N, --steps N, --warmup N, \
-                     --passes N, --only optim|collate)"
+                     --passes N, --only optim|collate|dropout)"
                 ),
             }
         }
@@ -271,6 +275,37 @@ fn bench_collator(
     Ok(())
 }
 
+/// Calls per timed dropout step.
+const DROPOUT_CALLS: usize = 20;
+
+/// Times `tchtrain_models::dropout` on `shape` at rate `p` (seeded, in training mode).
+fn bench_dropout(shape: &[i64], p: f64, threads: i32, o: &Options) {
+    tch::manual_seed(0);
+    let x = Tensor::randn(shape, (Kind::Float, Device::Cpu));
+    let mut times = Vec::new();
+    for step in 0..o.warmup + o.steps {
+        let t0 = Instant::now();
+        for _ in 0..DROPOUT_CALLS {
+            let _ = tchtrain::models::dropout(&x, p, true);
+        }
+        if step >= o.warmup {
+            times.push(t0.elapsed().as_secs_f64() * 1e3 / DROPOUT_CALLS as f64);
+        }
+    }
+    let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
+    println!(
+        "{}",
+        json!({
+            "bench": format!("dropout/{}_p{p}", dims.join("x")),
+            "impl": "tchtrain",
+            "median_ms": median(times.clone()),
+            "min_ms": times.iter().copied().fold(f64::INFINITY, f64::min),
+            "threads": threads,
+            "fast_path": tchtrain::models::dropout_fast_path(),
+        })
+    );
+}
+
 fn main() -> Result<()> {
     let o = Options::parse()?;
     if let Some(n) = o.threads {
@@ -321,6 +356,14 @@ fn main() -> Result<()> {
                 opt.train()?;
                 Ok(opt)
             })?;
+        }
+    }
+
+    if o.wants("dropout") {
+        for shape in [[4, 128, 576], [4, 128, 1536]] {
+            for p in [0.05, 0.1] {
+                bench_dropout(&shape, p, threads, &o);
+            }
         }
     }
 

@@ -709,16 +709,30 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
             } else {
                 x
             };
-            let delta = x
-                .linear::<Tensor>(&layer.a, None)
-                .linear::<Tensor>(&layer.b, None)
-                * layer.scaling;
+            let after_a = x.linear::<Tensor>(&layer.a, None);
+            // `B(A x) * s` as `B(s · A x)`: the same bits for s = 2^k, k >= 0 (every product
+            // and sum of the matmul scales exactly), on `r` columns instead of the output's,
+            // forward and backward; no multiply at all for s = 1.
+            let delta = match exact_rank_side_scaling(layer.scaling) {
+                Some(s) if s == 1.0 => after_a.linear::<Tensor>(&layer.b, None),
+                Some(s) => (after_a * s).linear::<Tensor>(&layer.b, None),
+                None => after_a.linear::<Tensor>(&layer.b, None) * layer.scaling,
+            };
             (y + delta).to_kind(kind)
         }
         Some(d) => (&y + dora_term(&x, &y, layer, d, dropout, train)).to_kind(kind),
     };
     active.hit.insert(module.to_string());
     out
+}
+
+/// `Some(scaling)` when `scaling` is 2^k with k >= 0 (peft's default `lora_alpha / r` = 1,
+/// and `alpha = 2r`): multiplying the rank-`r` intermediate instead of the output then gives
+/// the same bits, as scaling by a power of two at least 1 rounds nothing (short of overflow,
+/// where both are infinite).
+fn exact_rank_side_scaling(scaling: f64) -> Option<f64> {
+    let power_of_two = scaling.is_normal() && scaling.to_bits() & ((1u64 << 52) - 1) == 0;
+    (power_of_two && (1.0..=2f64.powi(64)).contains(&scaling)).then_some(scaling)
 }
 
 /// peft's `Embedding.forward` for the embedding `module` whose base output is `y` on the

@@ -27,7 +27,11 @@ fn run(seed: i64, x: &Tensor, f: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor,
 fn same_bits(a: &Tensor, b: &Tensor) -> bool {
     a.size() == b.size()
         && a.kind() == b.kind()
-        && a.to_kind(Kind::Double).eq_tensor(&b.to_kind(Kind::Double)).all().int64_value(&[]) == 1
+        && a.to_kind(Kind::Double)
+            .eq_tensor(&b.to_kind(Kind::Double))
+            .all()
+            .int64_value(&[])
+            == 1
         && a.signbit().eq_tensor(&b.signbit()).all().int64_value(&[]) == 1
 }
 
@@ -53,11 +57,19 @@ fn dropout_draws_libtorchs_noise_and_leaves_the_generator_as_libtorch() -> Resul
                     ("gradient", &ours.1, &theirs.1),
                     ("next draw", &ours.2, &theirs.2),
                 ] {
-                    ensure!(same_bits(a, b), "{what} differs: shape {shape:?}, p {p}, train {train}");
+                    ensure!(
+                        same_bits(a, b),
+                        "{what} differs: shape {shape:?}, p {p}, train {train}"
+                    );
                 }
                 if train && shape.len() == 3 {
                     // The noise really drops about p of the elements.
-                    let dropped = ours.0.eq(0.0).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+                    let dropped = ours
+                        .0
+                        .eq(0.0)
+                        .to_kind(Kind::Double)
+                        .mean(Kind::Double)
+                        .double_value(&[]);
                     ensure!((dropped - p).abs() < 0.01, "p {p}: dropped {dropped}");
                 }
             }
