@@ -21,8 +21,12 @@
 //! `TCHTRAIN_CPU_CACHE_MB` sets the cap in MiB (default [`DEFAULT_LIMIT_MB`]); `0` turns the
 //! cache off.
 
-/// The default cap on cached free bytes, in MiB.
-pub const DEFAULT_LIMIT_MB: u64 = 1024;
+/// The default cap on cached free bytes, in MiB. The bound that matters is the other one
+/// (in use plus cached within the peak in use plus 1/4); at 1024 MiB this cap evicted
+/// SmolLM2-135M's 100 MB logit-sized blocks (logits, log-softmax, their gradients) in every
+/// LoRA step, and each came back as 25,000 fresh page faults: 4096 MiB made that step 6 %
+/// faster at the same resident memory (BENCHMARKS.md, smollm2_lora).
+pub const DEFAULT_LIMIT_MB: u64 = 4096;
 
 /// The environment variable that sets the cap in MiB (`0`: no cache).
 pub const LIMIT_ENV: &str = "TCHTRAIN_CPU_CACHE_MB";
