@@ -25,7 +25,7 @@ Runs:
                i.e. `torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))`.
 `order.json` records the dataset indices in the order the train loader fetched them.
 Each run writes log_history.json (state.log_history), train_output.json (global_step,
-training_loss, total_flos) and order.json. OUT_DIR/initial/ holds the starting model
+training_loss, total_flos, the returned metrics' keys) and order.json. OUT_DIR/initial/ holds the starting model
 (config with dropouts 0, weights as assets/tiny-gpt2) and OUT_DIR/blocks.json the train and
 eval blocks.
 """
@@ -122,6 +122,9 @@ def run(name, sampling, train_rows, eval_rows, gradient_accumulation_steps=2):
                 "training_loss": result.training_loss,
                 "total_flos": trainer.state.total_flos,
                 "num_parameters_exclude_embeddings": model.num_parameters(exclude_embeddings=True),
+                # The keys of the metrics train() returns: PrinterCallback (disable_tqdm) pops
+                # total_flos from that very dict when it is logged.
+                "metrics_keys": sorted(result.metrics),
             },
             indent=1,
         )

@@ -954,6 +954,16 @@ impl Trainer {
         self.loop_state.is_in_train = false;
         let mut out: Metrics = metrics.into_iter().collect();
         out.insert("epoch".into(), self.state.epoch);
+        // Upstream hands this very dict to `on_log`, and its PrinterCallback (the progress
+        // callback under `disable_tqdm`) pops `total_flos` from it there: the returned
+        // metrics (a script's `train_results.json`) lack it then; the log history keeps it.
+        if self
+            .callback_handler
+            .get::<tchtrain_callbacks::PrinterCallback>()
+            .is_some()
+        {
+            out.remove("total_flos");
+        }
         Ok(TrainOutput {
             global_step: self.state.global_step,
             training_loss: train_loss,

@@ -858,10 +858,9 @@ struct MetricRow {
 struct Comparison {
     steps: Vec<StepRow>,
     metrics: Vec<MetricRow>,
-    /// Differences that fail the case whatever the numbers (a step logged by one side).
+    /// Differences that fail the case whatever the numbers (a step logged by one side, a key
+    /// one side writes and the other does not).
     problems: Vec<String>,
-    /// Keys one side writes and the other does not.
-    notes: Vec<String>,
 }
 
 impl Comparison {
@@ -871,7 +870,7 @@ impl Comparison {
         steps.chain(metrics).fold(0.0, f64::max)
     }
 
-    /// The two tables and the notes.
+    /// The two tables and the problems.
     fn render(&self) -> String {
         let mut out = String::from(
             "| step | loss ours | loss theirs | rel diff | grad_norm rel diff | lr rel diff |\n|---:|---:|---:|---:|---:|---:|\n",
@@ -904,9 +903,6 @@ impl Comparison {
         for p in &self.problems {
             out.push_str(&format!("problem: {p}\n"));
         }
-        for n in &self.notes {
-            out.push_str(&format!("note: {n}\n"));
-        }
         out
     }
 }
@@ -938,13 +934,13 @@ fn compare_objects(
                 theirs: t,
             }),
             None => cmp
-                .notes
+                .problems
                 .push(format!("{place}: `{key}` = {o} is written by ours only")),
         }
     }
     for (key, t) in theirs {
         if !is_timing(key) && !skip.contains(&key.as_str()) && !ours.contains_key(key) {
-            cmp.notes.push(format!(
+            cmp.problems.push(format!(
                 "{place}: `{key}` = {t} is written by upstream only"
             ));
         }
@@ -1386,7 +1382,7 @@ mod tests {
     }
 
     #[test]
-    fn one_sided_keys_are_notes() {
+    fn one_sided_keys_are_problems() {
         let ours = numbers(&obj(
             r#"{"train_loss": 1.0, "total_flos": 3.0, "train_runtime": 2.0}"#,
         ));
@@ -1394,8 +1390,8 @@ mod tests {
         let mut cmp = Comparison::default();
         compare_objects("train_results.json", &ours, &theirs, &[], &mut cmp);
         assert_eq!(cmp.metrics.len(), 1);
-        assert_eq!(cmp.notes.len(), 1);
-        assert!(cmp.notes[0].contains("total_flos"));
+        assert_eq!(cmp.problems.len(), 1);
+        assert!(cmp.problems[0].contains("total_flos"));
     }
 
     #[test]

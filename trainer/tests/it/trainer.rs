@@ -145,6 +145,16 @@ fn parity(sampling: &str) -> Result<()> {
     );
     let summary = reference(&format!("{sampling}/train_output.json"))?;
     assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    // Upstream's PrinterCallback (disable_tqdm) pops `total_flos` from the returned metrics.
+    let mut keys: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let want: Vec<&str> = summary["metrics_keys"]
+        .as_array()
+        .context("metrics_keys")?
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    assert_eq!(keys, want, "the keys of the metrics train() returns");
     assert_eq!(
         tchtrain_trainer::num_parameters(trainer.model(), true),
         summary["num_parameters_exclude_embeddings"]
