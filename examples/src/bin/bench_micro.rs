@@ -21,7 +21,8 @@
 //!
 //! * Dropout in training mode (`torch.nn.functional.dropout`), the shapes of a LoRA step on
 //!   SmolLM2-135M (batch 4 × 128 tokens × 576 and × 1536 features), p 0.05 and 0.1: each
-//!   step times 20 calls, `median_ms` / `min_ms` per call.
+//!   step times 20 calls, `median_ms` / `min_ms` per call; `dropout_cached/*` the same while
+//!   holding the caching CPU allocator, as the Trainer does (tchtrain only).
 //!
 //! Prints one flat JSON object per measurement, e.g.
 //! `{"bench":"optim/adamw_torch","impl":"tchtrain","median_ms":61.2,"threads":2,...}`;
@@ -278,8 +279,11 @@ fn bench_collator(
 /// Calls per timed dropout step.
 const DROPOUT_CALLS: usize = 20;
 
-/// Times `tchtrain_models::dropout` on `shape` at rate `p` (seeded, in training mode).
-fn bench_dropout(shape: &[i64], p: f64, threads: i32, o: &Options) {
+/// Times `tchtrain_models::dropout` on `shape` at rate `p` (seeded, in training mode);
+/// `cached`: while holding the caching CPU allocator, as the Trainer does (a row of
+/// tchtrain's only: PyTorch has no such cache on the CPU).
+fn bench_dropout(shape: &[i64], p: f64, threads: i32, o: &Options, cached: bool) {
+    let _cache = cached.then(tchtrain::trainer::CpuMemoryCache::from_env);
     tch::manual_seed(0);
     let x = Tensor::randn(shape, (Kind::Float, Device::Cpu));
     let mut times = Vec::new();
@@ -296,7 +300,11 @@ fn bench_dropout(shape: &[i64], p: f64, threads: i32, o: &Options) {
     println!(
         "{}",
         json!({
-            "bench": format!("dropout/{}_p{p}", dims.join("x")),
+            "bench": format!(
+                "{}/{}_p{p}",
+                if cached { "dropout_cached" } else { "dropout" },
+                dims.join("x")
+            ),
             "impl": "tchtrain",
             "median_ms": median(times.clone()),
             "min_ms": times.iter().copied().fold(f64::INFINITY, f64::min),
@@ -362,7 +370,8 @@ fn main() -> Result<()> {
     if o.wants("dropout") {
         for shape in [[4, 128, 576], [4, 128, 1536]] {
             for p in [0.05, 0.1] {
-                bench_dropout(&shape, p, threads, &o);
+                bench_dropout(&shape, p, threads, &o, false);
+                bench_dropout(&shape, p, threads, &o, true);
             }
         }
     }
