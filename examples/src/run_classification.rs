@@ -39,7 +39,7 @@ use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir, read_model_typ
 use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 
 use super::ExampleOutput;
-use super::args::{self, Refusal, ScriptCommandLine, fields, refusals};
+use super::args::{self, ScriptCommandLine, fields, refusals};
 use super::common::{self, load_example_tokenizer, tokenizer_json};
 use super::peft_args::{self, PeftArguments};
 use super::split;
@@ -130,6 +130,12 @@ pub struct ClassificationArguments {
     pub train_file: Option<String>,
     /// `--validation_file`.
     pub validation_file: Option<String>,
+    /// `--test_file`: the rows `--do_predict` predicts (same extension as `--train_file`).
+    pub test_file: Option<String>,
+    /// `--test_split_name`: the dataset's split `--do_predict` predicts (default `test`).
+    pub test_split_name: Option<String>,
+    /// `--max_predict_samples`.
+    pub max_predict_samples: Option<usize>,
     /// `--label_filter A,B` (not upstream): keep only the rows with these labels.
     #[serde(default, deserialize_with = "args::comma_separated_opt")]
     pub label_filter: Option<Vec<String>>,
@@ -209,7 +215,7 @@ static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
         FieldSpec::str(
             "test_split_name",
             "None",
-            "The dataset split used for prediction (refused here: no --do_predict).",
+            "The dataset split used for prediction (default: test).",
         ),
         FieldSpec::str(
             "remove_splits",
@@ -287,27 +293,10 @@ pub const COMMAND_LINE: &[&Dataclass] = &[
     &peft_args::LORA_ARGUMENTS,
 ];
 
-const NO_PREDICT: &str = "run_classification does not predict on a test split yet; use --do_eval with --validation_file (or the dataset's validation split)";
-
 const LINE: ScriptCommandLine = ScriptCommandLine {
     title: "run_classification: sequence classification (upstream examples/pytorch/text-classification/run_classification.py)",
     dataclasses: COMMAND_LINE,
-    refused: &[
-        refusals::USE_FAST_TOKENIZER,
-        refusals::TRUST_REMOTE_CODE,
-        Refusal {
-            flag: "test_split_name",
-            reason: NO_PREDICT,
-        },
-        Refusal {
-            flag: "max_predict_samples",
-            reason: NO_PREDICT,
-        },
-        Refusal {
-            flag: "test_file",
-            reason: NO_PREDICT,
-        },
-    ],
+    refused: &[refusals::USE_FAST_TOKENIZER, refusals::TRUST_REMOTE_CODE],
 };
 
 /// Parses a command line (without the program name) into the script's flags and
@@ -410,13 +399,11 @@ fn write_label_names(dir: &Path, labels: &ClassificationLabels) -> Result<()> {
     std::fs::write(&path, text + "\n").map_err(|e| Error::io("writing", &path, e))
 }
 
-/// The training and validation tables of `--dataset_name` (`load_dataset(name, config)`):
-/// the splits `--train_split_name` / `--validation_split_name` (default `train` /
-/// `validation`) unless `--remove_splits` names them, each split's files concatenated.
-fn dataset_tables(
-    cls: &ClassificationArguments,
-    name: &str,
-) -> Result<(Option<Table>, Option<Table>)> {
+/// The training, validation and test tables of `--dataset_name` (`load_dataset(name,
+/// config)`): the splits `--train_split_name` / `--validation_split_name` /
+/// `--test_split_name` (default `train` / `validation` / `test`) unless `--remove_splits`
+/// names them, each split's files concatenated.
+fn dataset_tables(cls: &ClassificationArguments, name: &str) -> Result<Tables> {
     let splits = common::load_dataset_splits(
         name,
         cls.dataset_config_name.as_deref(),
@@ -438,7 +425,97 @@ fn dataset_tables(
     Ok((
         table(cls.train_split_name.as_deref().unwrap_or("train"))?,
         table(cls.validation_split_name.as_deref().unwrap_or("validation"))?,
+        table(cls.test_split_name.as_deref().unwrap_or("test"))?,
     ))
+}
+
+/// The training, validation and test tables, each when there is one.
+type Tables = (Option<Table>, Option<Table>, Option<Table>);
+
+/// The test table of the files (`--test_file`), read only with `--do_predict` as upstream:
+/// its extension must be the training file's (upstream asserts it), and `--do_predict`
+/// without one is upstream's "Need either a dataset name or a test file".
+fn test_file_table(cls: &ClassificationArguments, do_predict: bool) -> Result<Option<Table>> {
+    if !do_predict {
+        if cls.test_file.is_some() {
+            // Upstream loads the test file only under --do_predict and then raises
+            // "--do_predict requires a test dataset".
+            return Err(Error::InvalidFlag {
+                flag: "test_file".into(),
+                detail: "--do_predict requires a test dataset: the test file is read only with --do_predict; pass it, or leave --test_file out".into(),
+            });
+        }
+        return Ok(None);
+    }
+    let Some(test) = &cls.test_file else {
+        return Err(Error::InvalidFlag {
+            flag: "test_file".into(),
+            detail: "Need either a dataset name or a test file for `do_predict`: pass --test_file FILE or --dataset_name".into(),
+        });
+    };
+    if let Some(train) = &cls.train_file {
+        let extension = |f: &str| f.rsplit('.').next().unwrap_or_default().to_string();
+        if extension(test) != extension(train) {
+            return Err(Error::InvalidFlag {
+                flag: "test_file".into(),
+                detail: format!(
+                    "`test_file` should have the same extension (csv or json) as `train_file` ({test} against {train})"
+                ),
+            });
+        }
+    }
+    Ok(Some(Table::read(test)?))
+}
+
+/// `model.config.id2label` of the model folder, for the `num_labels` class ids: the names
+/// `config.json` gives, else transformers' default `LABEL_{i}`.
+fn config_id2label(dir: &Path, num_labels: usize) -> Result<Vec<String>> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
+    let config: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.clone(),
+        source,
+    })?;
+    let given = config
+        .get("id2label")
+        .and_then(serde_json::Value::as_object);
+    Ok((0..num_labels)
+        .map(|i| {
+            given
+                .and_then(|m| m.get(&i.to_string()))
+                .and_then(serde_json::Value::as_str)
+                .map_or_else(|| format!("LABEL_{i}"), str::to_string)
+        })
+        .collect())
+}
+
+/// Upstream's `predict_results.txt`: `index\tprediction` and a line per row, the argmax's
+/// label name (`model.config.id2label`), or the value as `{:3.3f}` for regression.
+fn predict_results(predictions: &tch::Tensor, names: Option<&[String]>) -> Result<String> {
+    let mut text = String::from("index\tprediction\n");
+    match names {
+        None => {
+            let values =
+                Vec::<f64>::try_from(predictions.f_reshape([-1])?.f_to_kind(Kind::Double)?)?;
+            for (i, v) in values.iter().enumerate() {
+                text.push_str(&format!("{i}\t{v:3.3}\n"));
+            }
+        }
+        Some(names) => {
+            let ids = Vec::<i64>::try_from(predictions.f_argmax(-1, false)?)?;
+            for (i, id) in ids.iter().enumerate() {
+                let name = usize::try_from(*id)
+                    .ok()
+                    .and_then(|id| names.get(id))
+                    .ok_or_else(|| Error::InvalidArgument {
+                        field: "id2label",
+                        detail: format!("class {id} has no name in the model's id2label"),
+                    })?;
+                text.push_str(&format!("{i}\t{name}\n"));
+            }
+        }
+    }
+    Ok(text)
 }
 
 fn read_table(flag: &str, file: Option<&String>) -> Result<Table> {
@@ -452,18 +529,12 @@ fn read_table(flag: &str, file: Option<&String>) -> Result<Table> {
 /// Runs the script with parsed arguments.
 pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result<ExampleOutput> {
     let output_dir = PathBuf::from(training.output_dir());
-    if training.do_predict {
-        return Err(Error::InvalidArgument {
-            field: "do_predict",
-            detail: "run_classification does not predict on a test file yet; use --do_eval with --validation_file".into(),
-        });
-    }
     let (hub, dir) = common::resolve_model!(cls)?;
     let tok = load_example_tokenizer(&dir, cls.tokenizer_name.as_deref(), &hub)?;
 
     // The label list comes from the training file, as upstream; without training, from the
     // validation file.
-    let (mut train_table, dataset_validation) = match &cls.dataset_name {
+    let (mut train_table, dataset_validation, test_table) = match &cls.dataset_name {
         Some(name) => dataset_tables(cls, name)?,
         None => (
             match (&cls.train_file, training.do_train) {
@@ -473,8 +544,15 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
                 (None, false) => None,
             },
             None,
+            test_file_table(cls, training.do_predict)?,
         ),
     };
+    if training.do_predict && test_table.is_none() {
+        return Err(Error::InvalidFlag {
+            flag: "test_split_name".into(),
+            detail: "--do_predict requires a test dataset: the dataset has no such split".into(),
+        });
+    }
     if training.do_train && train_table.is_none() {
         return Err(Error::InvalidFlag {
             flag: "train_split_name".into(),
@@ -496,6 +574,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         training.do_eval,
     )?;
     let eval_table = remove(eval_table)?;
+    let test_table = remove(test_table)?;
     train_table = train_split;
     let label_source = train_table
         .as_ref()
@@ -509,7 +588,14 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         Some(true) => ClassificationLabels::Regression,
         _ => ClassificationLabels::from_table(label_source, &cls.label_column_name)?,
     };
+    // Upstream extends the list with the validation and test splits' labels (a test split
+    // without a label column adds none).
     if let Some(t) = &eval_table {
+        labels.extend_from(t, &cls.label_column_name)?;
+    }
+    if let Some(t) = &test_table
+        && t.column_index(&cls.label_column_name).is_ok()
+    {
         labels.extend_from(t, &cls.label_column_name)?;
     }
     let regression = labels == ClassificationLabels::Regression;
@@ -550,7 +636,10 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         pad_token_id: tok.info().pad_token_id.unwrap_or(0).max(0) as u32,
     };
     let cache = MapCache::from_env()?;
-    let prepare = |table: &Table, max: Option<usize>| -> Result<InMemoryDataset> {
+    let prepare = |table: &Table,
+                   max: Option<usize>,
+                   options: &TextClassificationOptions|
+     -> Result<InMemoryDataset> {
         let table = match max {
             Some(n) => table.select(&(0..n.min(table.len())).collect::<Vec<_>>())?,
             None => table.clone(),
@@ -563,7 +652,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         table.fingerprint_into(&mut fingerprint);
         let rows = map_cached(cache.as_ref(), &fingerprint, cls.overwrite_cache, || {
             Ok::<_, Error>(
-                tokenize_text_classification(&table, tok.tokenizer(), &labels, &options)?
+                tokenize_text_classification(&table, tok.tokenizer(), &labels, options)?
                     .rows()
                     .to_vec(),
             )
@@ -571,12 +660,21 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         Ok(InMemoryDataset::new(rows))
     };
     let train_ds = match (&train_table, training.do_train) {
-        (Some(t), true) => Some(prepare(t, cls.max_train_samples)?),
+        (Some(t), true) => Some(prepare(t, cls.max_train_samples, &options)?),
         _ => None,
     };
     let eval_ds = match &eval_table {
-        Some(t) => Some(prepare(t, cls.max_eval_samples)?),
+        Some(t) => Some(prepare(t, cls.max_eval_samples, &options)?),
         None => None,
+    };
+    // Upstream removes the label column before predicting (it may hold -1).
+    let test_options = TextClassificationOptions {
+        label_column_name: None,
+        ..options.clone()
+    };
+    let test_ds = match (&test_table, training.do_predict) {
+        (Some(t), true) => Some(prepare(t, cls.max_predict_samples, &test_options)?),
+        _ => None,
     };
 
     let num_labels = labels.num_labels() as i64;
@@ -631,6 +729,27 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
     }
     if training.do_eval {
         out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, false)?);
+    }
+    if let Some(ds) = test_ds {
+        // Upstream names the classes by `model.config.id2label`: the label list when this
+        // run trained, else the loaded config's.
+        let names = match &labels {
+            ClassificationLabels::Regression => None,
+            ClassificationLabels::Classes(list) if training.do_train => Some(list.clone()),
+            ClassificationLabels::Classes(list) => Some(config_id2label(&dir, list.len())?),
+        };
+        let prediction = trainer.predict(Arc::new(ds), "predict")?;
+        if let Some(p) = &prediction.predictions
+            && trainer.is_world_process_zero()
+        {
+            let text = predict_results(&p.concatenated()?, names.as_deref())?;
+            std::fs::create_dir_all(&out.output_dir)
+                .map_err(|e| Error::io("creating", &out.output_dir, e))?;
+            let path = out.output_dir.join("predict_results.txt");
+            std::fs::write(&path, text).map_err(|e| Error::io("writing", &path, e))?;
+            log::info!("Predict results saved at {}", path.display());
+        }
+        out.predict_metrics = Some(prediction.metrics);
     }
     Ok(out)
 }

@@ -41,10 +41,15 @@ fn is_float_cell(v: &Value) -> Option<bool> {
     }
 }
 
-/// Sorts label names as Python sorts the column's values: numerically when every one is
-/// an integer, else as strings.
-fn sort_labels(labels: &mut [String]) {
+/// Upstream's last steps on `label_list`: the label -1 of an integer column removed (with a
+/// warning: it marks unlabelled rows), then sorted as Python sorts the column's values,
+/// numerically when every one is an integer, else as strings.
+fn sort_labels(labels: &mut Vec<String>) {
     if labels.iter().all(|l| l.trim().parse::<i64>().is_ok()) {
+        if labels.iter().any(|l| l.trim() == "-1") {
+            log::warn!("Label -1 found in label list, removing it.");
+            labels.retain(|l| l.trim() != "-1");
+        }
         labels.sort_by_key(|l| l.trim().parse::<i64>().unwrap_or(0));
     } else {
         labels.sort();
@@ -82,7 +87,7 @@ impl ClassificationLabels {
     }
 
     /// Adds the classes of another split that the training split lacks (upstream warns and
-    /// extends `label_list`), sorted, after the existing ones.
+    /// extends `label_list`), then sorts the whole list as upstream does.
     pub fn extend_from(&mut self, table: &Table, label_column: &str) -> Result<()> {
         let Self::Classes(list) = self else {
             return Ok(());
@@ -99,8 +104,8 @@ impl ClassificationLabels {
                 "labels {extra:?} of {} are not in the training data; they are added to the label list",
                 table.path().display()
             );
-            sort_labels(&mut extra);
             list.extend(extra);
+            sort_labels(list);
         }
         Ok(())
     }
@@ -238,4 +243,32 @@ pub fn tokenize_text_classification(
         Ok::<_, Error>(feature)
     })?;
     Ok(InMemoryDataset::new(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upstream's `label_list`: the training split's labels, the other splits' extra ones
+    /// added, -1 dropped from an integer column, then the whole list sorted.
+    #[test]
+    fn label_lists_are_extended_then_sorted_as_upstream() -> Result<()> {
+        let train = Table::from_csv_str("text,label\na,b\nb,c\n", "train.csv")?;
+        let valid = Table::from_csv_str("text,label\nc,a\nd,c\n", "validation.csv")?;
+        let mut labels = ClassificationLabels::from_table(&train, "label")?;
+        labels.extend_from(&valid, "label")?;
+        assert_eq!(
+            labels,
+            ClassificationLabels::Classes(vec!["a".into(), "b".into(), "c".into()])
+        );
+        let train = Table::from_csv_str("text,label\na,10\nb,2\n", "train.csv")?;
+        let test = Table::from_csv_str("text,label\nc,-1\nd,3\n", "test.csv")?;
+        let mut labels = ClassificationLabels::from_table(&train, "label")?;
+        labels.extend_from(&test, "label")?;
+        assert_eq!(
+            labels,
+            ClassificationLabels::Classes(vec!["2".into(), "3".into(), "10".into()])
+        );
+        Ok(())
+    }
 }

@@ -12,10 +12,12 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
   hamlet-repo/data/      hamlet.txt laid out as a hub dataset repository: the first 10 % of the
                          lines in validation-00000-of-00001.parquet, the rest in
                          train-00000-of-00001.parquet (column "text")
-  rotten-tomatoes/       train.parquet and validation.parquet, columns sentence,label: the
-                         corpus's fresh and rotten reviews (the plot synopses dropped), the two
-                         labels alternating; N_TRAIN rows for training, the next N_VALID for
-                         validation
+  rotten-tomatoes/       train.parquet, validation.parquet and test.parquet, columns
+                         sentence,label: the corpus's fresh and rotten reviews (the plot
+                         synopses dropped), the two labels alternating; N_TRAIN rows for
+                         training, the next N_VALID for validation, the next N_TEST for
+                         prediction; column score is the label as a float (fresh 1.0,
+                         rotten 0.0) for the regression case
   manifest.json          row counts, for the log
 """
 
@@ -33,6 +35,7 @@ from transformers import GPT2TokenizerFast
 
 N_TRAIN = 320
 N_VALID = 100
+N_TEST = 40
 
 
 def write_parquet(path, columns):
@@ -70,13 +73,22 @@ def main():
                 by_label[row["category"]].append(row["text"])
     pairs = [
         (text, label)
-        for i in range((N_TRAIN + N_VALID) // 2)
+        for i in range((N_TRAIN + N_VALID + N_TEST) // 2)
         for label, text in (("fresh", by_label["fresh"][i]), ("rotten", by_label["rotten"][i]))
     ]
-    for name, part in (("train", pairs[:N_TRAIN]), ("validation", pairs[N_TRAIN:])):
+    splits = (
+        ("train", pairs[:N_TRAIN]),
+        ("validation", pairs[N_TRAIN : N_TRAIN + N_VALID]),
+        ("test", pairs[N_TRAIN + N_VALID :]),
+    )
+    for name, part in splits:
         write_parquet(
             out / "rotten-tomatoes" / f"{name}.parquet",
-            {"sentence": [t for t, _ in part], "label": [lab for _, lab in part]},
+            {
+                "sentence": [t for t, _ in part],
+                "label": [lab for _, lab in part],
+                "score": [1.0 if lab == "fresh" else 0.0 for _, lab in part],
+            },
         )
         manifest[f"rotten_tomatoes_{name}"] = len(part)
 

@@ -33,11 +33,13 @@ The steps, in upstream's order:
      max_eval_samples; the metric (accuracy, or mse for regression); the collator
      (default_data_collator when padded to max_seq_length, else the Trainer's default).
   9. train (save_model, train metrics with train_samples, save_state); evaluate (eval
-     metrics with eval_samples).
+     metrics with eval_samples); predict (the label column removed, the argmax named by
+     model.config.id2label, or the value as {:3.3f} for regression, into
+     predict_results.txt).
 
 Accuracy and mse are computed with numpy as `evaluate`'s metrics compute them (sklearn's
 accuracy_score / mean_squared_error), without that package. Multi-label classification
-(list labels) and --do_predict are not part of the e2e cases and are refused.
+(list labels) is not part of the e2e cases and is refused.
 OMP_NUM_THREADS, when set, also sets torch's intra-op threads.
 """
 
@@ -149,8 +151,8 @@ def main():
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
-    if training_args.do_predict or model_args.trust_remote_code:
-        raise ValueError("--do_predict and --trust_remote_code are not part of the e2e cases")
+    if model_args.trust_remote_code:
+        raise ValueError("--trust_remote_code is not part of the e2e cases")
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -175,6 +177,12 @@ def main():
         raw_datasets = load_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
     else:
         data_files = {"train": data_args.train_file, "validation": data_args.validation_file}
+        if training_args.do_predict:
+            if data_args.test_file is None:
+                raise ValueError("Need either a dataset name or a test file for `do_predict`.")
+            if data_args.test_file.split(".")[-1] != data_args.train_file.split(".")[-1]:
+                raise ValueError("`test_file` should have the same extension (csv or json) as `train_file`.")
+            data_files["test"] = data_args.test_file
         builder = data_args.train_file.split(".")[-1]
         raw_datasets = load_dataset(builder, data_files=data_files, **hub)
 
@@ -302,6 +310,13 @@ def main():
         if data_args.max_eval_samples is not None:
             eval_dataset = eval_dataset.select(range(min(len(eval_dataset), data_args.max_eval_samples)))
 
+    if training_args.do_predict or data_args.test_file is not None:
+        if "test" not in raw_datasets:
+            raise ValueError("--do_predict requires a test dataset")
+        predict_dataset = raw_datasets["test"]
+        if data_args.max_predict_samples is not None:
+            predict_dataset = predict_dataset.select(range(min(len(predict_dataset), data_args.max_predict_samples)))
+
     metric_name = data_args.metric_name or ("mse" if is_regression else "accuracy")
     if metric_name not in ("accuracy", "mse"):
         raise ValueError(f"--metric_name {metric_name}: accuracy or mse")
@@ -354,6 +369,23 @@ def main():
         metrics["eval_samples"] = min(data_args.max_eval_samples, n) if data_args.max_eval_samples else n
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
+
+
+    if training_args.do_predict:
+        # The label column may hold -1, which the Trainer would not take.
+        if "label" in predict_dataset.features:
+            predict_dataset = predict_dataset.remove_columns("label")
+        predictions = trainer.predict(predict_dataset, metric_key_prefix="predict").predictions
+        predictions = np.squeeze(predictions) if is_regression else np.argmax(predictions, axis=1)
+        id2label = model.config.id2label
+        if trainer.is_world_process_zero():
+            with open(os.path.join(training_args.output_dir, "predict_results.txt"), "w") as writer:
+                writer.write("index\tprediction\n")
+                for index, item in enumerate(predictions):
+                    if is_regression:
+                        writer.write(f"{index}\t{item:3.3f}\n")
+                    else:
+                        writer.write(f"{index}\t{id2label[item]}\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 //! libtorch kernels split their sums by thread) and offline.
 //!
 //! It then reads both `trainer_state.json` `log_history`s, `train_results.json` and
-//! `eval_results.json`, and prints per case one table of the logged steps (loss, and the
+//! `eval_results.json` (and compares `predict_results.txt` line for line), and prints per case one table of the logged steps (loss, and the
 //! relative differences of the loss, the gradient norm and the learning rate) and one of the
 //! final metrics (train loss, evaluation loss and accuracy, perplexity, sample counts,
 //! epochs; timings are left out). Relative difference: `|ours - theirs| / |theirs|`, 0 when
@@ -20,7 +20,7 @@
 //! ([`TOLERANCE`]); both sides run the same libtorch on the same batches in the same op
 //! order, so equal values are expected, and the tolerance leaves room for no more than a
 //! sum's rounding (README.md has the measured figures). A key written by one side only
-//! is printed as a note, not compared. A case whose preparation our script refuses with a
+//! fails the case, as does a line of `predict_results.txt` that differs. A case whose preparation our script refuses with a
 //! usage error naming the case's flag (a data format or `--dataset_name` not wired yet) is
 //! skipped with the script's message; any other failure of either side fails the case. The
 //! command exits non-zero when a case fails.
@@ -175,7 +175,8 @@ fn clm_smollm2(i: &Inputs<'_>, short: bool) -> Vec<String> {
 }
 
 /// MiniLM-L6 with a new 2-label head on the Rotten Tomatoes rows (Parquet, `sentence` and
-/// `label` columns), 64 tokens padded, AdamW lr 1e-4 with 2 warmup steps, batches of 8.
+/// `label` columns), 64 tokens padded, AdamW lr 1e-4 with 2 warmup steps, batches of 8; then
+/// `--do_predict` on the test rows (`predict_results.txt`).
 fn classification_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
     let dir = i.data.join("rotten-tomatoes");
     let mut v = vec![
@@ -186,11 +187,13 @@ fn classification_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
         "--validation_file".into(),
         path_arg(dir.join("validation.parquet")),
     ];
+    v.extend(["--test_file".into(), path_arg(dir.join("test.parquet"))]);
     v.extend(strings(&[
         "--max_seq_length",
         "64",
         "--do_train",
         "--do_eval",
+        "--do_predict",
         "--max_steps",
         if short { "5" } else { "10" },
         "--per_device_train_batch_size",
@@ -205,8 +208,27 @@ fn classification_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
         "0.01",
     ]));
     if short {
-        v.extend(strings(&["--max_eval_samples", "48"]));
+        v.extend(strings(&[
+            "--max_eval_samples",
+            "48",
+            "--max_predict_samples",
+            "24",
+        ]));
     }
+    v
+}
+
+/// The classification case as a regression: the `score` column (fresh 1.0, rotten 0.0) as
+/// the label (`--remove_columns label --label_column_name score`), so `predict_results.txt`
+/// holds each row's value to three decimals.
+fn regression_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
+    let mut v = classification_parquet(i, short);
+    v.extend(strings(&[
+        "--remove_columns",
+        "label",
+        "--label_column_name",
+        "score",
+    ]));
     v
 }
 
@@ -248,6 +270,15 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: Some("train_file"),
             args: classification_parquet,
+        },
+        Case {
+            name: "regression-parquet",
+            what: "run_classification as a regression (float labels), MiniLM on the same rows, 1 rank",
+            script: Script::Classification,
+            ranks: 1,
+            short: false,
+            skip_if_refused: Some("train_file"),
+            args: regression_parquet,
         },
         Case {
             name: "clm-smollm2",
@@ -859,8 +890,10 @@ struct Comparison {
     steps: Vec<StepRow>,
     metrics: Vec<MetricRow>,
     /// Differences that fail the case whatever the numbers (a step logged by one side, a key
-    /// one side writes and the other does not).
+    /// one side writes and the other does not, a text output that differs).
     problems: Vec<String>,
+    /// Text outputs found equal.
+    texts: Vec<String>,
 }
 
 impl Comparison {
@@ -899,6 +932,9 @@ impl Comparison {
                 m.theirs,
                 rel(m.ours, m.theirs)
             ));
+        }
+        for t in &self.texts {
+            out.push_str(&format!("{t}\n"));
         }
         for p in &self.problems {
             out.push_str(&format!("problem: {p}\n"));
@@ -988,6 +1024,41 @@ fn compare_dirs(ours: &Path, theirs: &Path) -> Result<Comparison, String> {
                     Ok(numbers(obj))
                 };
                 compare_objects(file, &num(&o)?, &num(&t)?, &[], &mut cmp);
+            }
+            (false, false) => {}
+            (mine, _) => cmp.problems.push(format!(
+                "{file} is written by {} only",
+                if mine { "ours" } else { "upstream" }
+            )),
+        }
+    }
+    // Text outputs, compared line for line.
+    for file in ["predict_results.txt"] {
+        let (o, t) = (ours.join(file), theirs.join(file));
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))
+        };
+        match (o.is_file(), t.is_file()) {
+            (true, true) => {
+                let (o, t) = (read(&o)?, read(&t)?);
+                if let Some((i, (a, b))) = o
+                    .lines()
+                    .zip(t.lines())
+                    .enumerate()
+                    .find(|(_, (a, b))| a != b)
+                {
+                    cmp.problems
+                        .push(format!("{file} line {}: ours {a:?}, upstream {b:?}", i + 1));
+                } else if o.lines().count() != t.lines().count() {
+                    cmp.problems.push(format!(
+                        "{file}: ours has {} lines, upstream {}",
+                        o.lines().count(),
+                        t.lines().count()
+                    ));
+                } else {
+                    cmp.texts
+                        .push(format!("{file}: {} lines equal", o.lines().count()));
+                }
             }
             (false, false) => {}
             (mine, _) => cmp.problems.push(format!(

@@ -331,6 +331,42 @@ fn bad_flags_are_usage_errors() {
         matches!(err, Error::Datasets(tchtrain_datasets::Error::MissingColumn { ref column, .. }) if column == "label"),
         "{err}"
     );
+    // `--do_predict`'s test file, checked as upstream before anything is trained.
+    let predict = |extra: &[&str]| {
+        let mut argv = vec![
+            "--model_name_or_path".to_string(),
+            asset("tiny-bert"),
+            "--tokenizer_name".into(),
+            asset("minilm"),
+            "--train_file".into(),
+            asset("text/rotten_tomatoes_corpus.csv.bz2"),
+            "--output_dir".into(),
+            "unused".into(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        run_classification::main_with_args(argv).unwrap_err()
+    };
+    for (extra, says) in [
+        (
+            &["--do_predict"][..],
+            "Need either a dataset name or a test file",
+        ),
+        (
+            &["--test_file", "t.csv.bz2"][..],
+            "--do_predict requires a test dataset",
+        ),
+        (
+            &["--do_predict", "--test_file", "t.json"][..],
+            "should have the same extension",
+        ),
+    ] {
+        let err = predict(extra);
+        assert!(
+            matches!(err, Error::InvalidFlag { ref flag, .. } if flag == "test_file")
+                && err.to_string().contains(says),
+            "{extra:?}: {err}"
+        );
+    }
 }
 
 /// `--dataset_name` with a folder laid out as a dataset repository (`train.txt`,
