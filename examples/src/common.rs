@@ -224,7 +224,11 @@ pub(crate) fn split_boundary(percent: usize, n: usize) -> usize {
 /// `load_dataset(--dataset_name, --dataset_config_name, token=--token)`: each split's data
 /// files, resolved as `datasets` resolves a hub dataset repository (its own data files, or
 /// its `refs/convert/parquet` export) or a local folder, downloaded into the HF hub cache
-/// (`HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` honoured).
+/// (`HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` honoured). `--cache_dir` is not passed, on
+/// purpose: upstream passes it to `load_dataset`, where it places `datasets`' own Arrow
+/// cache, while datasets 5.2 downloads a repository's files with `hf_hub_download` into the
+/// HF hub cache whatever it says (`utils/file_utils.py`, `cached_path`); the tokenized rows'
+/// cache here is `MapCache`'s.
 pub(crate) fn load_dataset_splits(
     name: &str,
     config_name: Option<&str>,
