@@ -26,6 +26,7 @@
 mod arrow_cells;
 mod arrow_dataset;
 mod arrow_ipc;
+mod class_label;
 mod data_files;
 mod error;
 mod feature;
@@ -41,6 +42,7 @@ mod text;
 mod yaml;
 
 pub use arrow_dataset::{DatasetDict, LoadedDataset, load_from_disk};
+pub use class_label::class_label_names;
 pub use data_files::{DataFilesDict, PackagedModule};
 pub use error::{Error, Result};
 pub use feature::{Feature, Label};

@@ -95,6 +95,33 @@ impl ParquetFile {
         self.metadata.metadata().num_row_groups()
     }
 
+    /// The `datasets` features the file records (the footer's `huggingface` key-value
+    /// metadata, `{"info": {"features": ...}}`, which `Dataset.to_parquet` and the hub's
+    /// Parquet export write); `None` when absent or not that JSON.
+    pub fn huggingface_features(&self) -> Option<serde_json::Value> {
+        let kv = self
+            .metadata
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()?;
+        let text = kv
+            .iter()
+            .find(|e| e.key == "huggingface")?
+            .value
+            .as_deref()?;
+        let json: serde_json::Value = match serde_json::from_str(text) {
+            Ok(j) => j,
+            Err(e) => {
+                log::warn!(
+                    "{}: the `huggingface` metadata is not JSON ({e}); its features are ignored",
+                    self.path.display()
+                );
+                return None;
+            }
+        };
+        json.get("info")?.get("features").cloned()
+    }
+
     /// Every row of the file (`datasets.load_dataset("parquet", data_files=...)`). A column
     /// whose type has no cell is [`Error::UnsupportedType`], before anything is decoded.
     pub fn read(&self) -> Result<Table> {

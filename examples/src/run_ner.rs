@@ -325,16 +325,39 @@ struct NerRows {
     tags: Vec<Vec<String>>,
     /// Whether every tag was an integer (sorted as numbers).
     integer_tags: bool,
+    /// The tag column's `ClassLabel` names, when the file records them (a Parquet file
+    /// written by `datasets`): the tags are then those names, and the label list is them.
+    class_names: Option<Vec<String>>,
+}
+
+/// The name of class id `tag` of a `ClassLabel` column.
+fn class_name(tag: &Value, names: &[String], column: &str, row: usize) -> Result<String> {
+    tag.as_u64()
+        .and_then(|id| names.get(usize::try_from(id).ok()?))
+        .cloned()
+        .ok_or_else(|| Error::InvalidLabel {
+            label: tag.to_string(),
+            row,
+            detail: format!(
+                "'{column}' is a ClassLabel of {} names, so its cells must be class ids 0..{}",
+                names.len(),
+                names.len().saturating_sub(1)
+            ),
+        })
 }
 
 fn read_rows(ner: &NerArguments, flag: &str, file: &str, max: Option<usize>) -> Result<NerRows> {
     let table = Table::read(file)?;
     let (text_col, label_col) = pick_columns(ner, &table)?;
+    // Upstream: `if isinstance(features[label_column_name].feature, ClassLabel): label_list
+    // = features[label_column_name].feature.names`.
+    let class_names = tchtrain_datasets::class_label_names(file, &label_col)?;
     let n = max.map_or(table.len(), |m| m.min(table.len()));
     let mut rows = NerRows {
         words: Vec::with_capacity(n),
         tags: Vec::with_capacity(n),
-        integer_tags: true,
+        integer_tags: class_names.is_none(),
+        class_names: class_names.clone(),
     };
     for row in 0..n {
         let words: Vec<String> =
@@ -355,20 +378,27 @@ fn read_rows(ner: &NerArguments, flag: &str, file: &str, max: Option<usize>) -> 
             });
         }
         rows.integer_tags &= tag_cells.iter().all(Value::is_number);
-        rows.tags.push(
-            tag_cells
+        rows.tags.push(match &class_names {
+            Some(names) => tag_cells
+                .iter()
+                .map(|t| class_name(t, names, &label_col, row))
+                .collect::<Result<_>>()?,
+            None => tag_cells
                 .iter()
                 .map(|t| tag_name(t, row))
                 .collect::<Result<_>>()?,
-        );
+        });
         rows.words.push(words);
     }
     Ok(rows)
 }
 
-/// Upstream's `get_label_list`: the sorted distinct tags (as numbers when all are
-/// integers).
+/// Upstream's label list: a `ClassLabel` column's names, else `get_label_list`, the sorted
+/// distinct tags (as numbers when all are integers).
 fn label_list(rows: &NerRows) -> Vec<String> {
+    if let Some(names) = &rows.class_names {
+        return names.clone();
+    }
     let set: BTreeSet<&String> = rows.tags.iter().flatten().collect();
     let mut list: Vec<String> = set.into_iter().cloned().collect();
     if rows.integer_tags {
@@ -591,6 +621,7 @@ pub fn tokenize_and_align_labels(
         words: words.to_vec(),
         tags: tags.to_vec(),
         integer_tags: false,
+        class_names: None,
     })?;
     Ok(InMemoryDataset::new(features))
 }
@@ -691,8 +722,8 @@ fn write_label_names(dir: &Path, labels: &[String], task: &str) -> Result<()> {
 /// `--dataset_name`: the arguments with the dataset's `train` / `validation` / `test`
 /// files (from the hub cache) as the file flags. A split of several files is refused (read
 /// it as one file with `--train_file` etc.). Tags are read as the files hold them: a
-/// `ClassLabel` column gives integer tags, named by their integers (the label names in
-/// the dataset's features metadata are not read).
+/// `ClassLabel` column of a Parquet file gives its class names (the file's `huggingface`
+/// features metadata), other integer tags are named by their integers.
 fn dataset_files(ner: &NerArguments, name: &str) -> Result<NerArguments> {
     let splits = common::load_dataset_splits(
         name,
@@ -915,14 +946,24 @@ mod tests {
             words: vec![],
             tags: vec![vec!["O".into(), "B-PER".into()], vec!["I-PER".into()]],
             integer_tags: false,
+            class_names: None,
         };
         assert_eq!(label_list(&rows), ["B-PER", "I-PER", "O"]);
         let ints = NerRows {
             words: vec![],
             tags: vec![vec!["10".into(), "2".into()], vec!["0".into()]],
             integer_tags: true,
+            class_names: None,
         };
         assert_eq!(label_list(&ints), ["0", "2", "10"]);
+        // A ClassLabel column: its names, in their order, whatever the tags seen.
+        let named = NerRows {
+            words: vec![],
+            tags: vec![vec!["O".into()]],
+            integer_tags: false,
+            class_names: Some(vec!["O".into(), "B-X".into(), "A".into()]),
+        };
+        assert_eq!(label_list(&named), ["O", "B-X", "A"]);
     }
 
     #[test]

@@ -19,6 +19,10 @@ Files (OUT_DIR/...):
   parquet/first_column.parquet
               columns content, id (no "text" column: run_clm.py then takes the first one),
               row groups of 5.
+  parquet/ner_class_label.parquet
+              `Dataset.to_parquet` of 24 NER rows (tokens: list<string>, ner_tags:
+              list<ClassLabel>, label: ClassLabel), so the schema's `huggingface` metadata
+              names the classes.
   parquet/unsupported.parquet
               columns text, when (timestamp[ms]), blob (binary): text reads, the others are
               types that have no JSON cell.
@@ -34,7 +38,8 @@ Files (OUT_DIR/...):
               what `datasets` reads back, via `.to_list()`: for each Parquet file
               `load_dataset("parquet", data_files=...)` (columns, rows, num_row_groups), for
               each Arrow file `load_dataset("arrow", data_files=...)`, and `load_from_disk`
-              of both folders (the splits in order).
+              of both folders (the splits in order); class_labels: for
+              ner_class_label.parquet, the ClassLabel names `load_dataset` gives each column.
 """
 
 import json
@@ -171,6 +176,28 @@ def main():
         }),
         OUT / "parquet" / "unsupported.parquet",
     )
+    ner_names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC"]
+    ner_features = Features({
+        "tokens": List(Value("string")),
+        "ner_tags": List(ClassLabel(names=ner_names)),
+        "label": ClassLabel(names=["prose", "verse"]),
+    })
+    words = " ".join(lines[:400]).split()
+    ner_rows = {"tokens": [], "ner_tags": [], "label": []}
+    for i in range(24):
+        toks = words[i * 7:(i * 7) + 5 + i % 4]
+        ner_rows["tokens"].append(toks)
+        ner_rows["ner_tags"].append([(i + j) % len(ner_names) for j in range(len(toks))])
+        ner_rows["label"].append(i % 2)
+    Dataset.from_dict(ner_rows, features=ner_features).to_parquet(str(OUT / "parquet" / "ner_class_label.parquet"))
+    loaded_ner = load("parquet", OUT / "parquet" / "ner_class_label.parquet")
+    expected["class_labels"] = {
+        "ner_class_label.parquet": {
+            "ner_tags": loaded_ner.features["ner_tags"].feature.names,
+            "label": loaded_ner.features["label"].names,
+        }
+    }
+
     for path in sorted((OUT / "parquet").glob("*.parquet")):
         if path.name == "unsupported.parquet":
             continue

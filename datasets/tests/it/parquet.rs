@@ -67,7 +67,11 @@ fn gpt2() -> Result<Arc<Tokenizer>> {
 fn every_parquet_cell_equals_load_dataset() -> Result<()> {
     let expected = expected()?;
     let files = expected["parquet"].as_object().context("parquet files")?;
-    assert_eq!(files.len(), 8, "six compressions, hamlet, first_column");
+    assert_eq!(
+        files.len(),
+        9,
+        "six compressions, hamlet, first_column, ner_class_label"
+    );
     for (name, entry) in files {
         let path = parquet(name);
         let table = Table::read(&path)?;
@@ -321,5 +325,26 @@ fn bad_parquet_files_are_typed_errors() -> Result<()> {
         std::fs::write(&damaged, &bytes)?;
         let _ = Table::read(&damaged);
     }
+    Ok(())
+}
+
+/// The `ClassLabel` names of a file `Dataset.to_parquet` wrote are the ones `load_dataset`
+/// gives its columns (a list of class labels and a class label); other columns and other
+/// formats have none.
+#[test]
+fn class_label_names_are_the_ones_load_dataset_gives() -> Result<()> {
+    let expected = expected()?;
+    let want = &expected["class_labels"]["ner_class_label.parquet"];
+    let file = parquet("ner_class_label.parquet");
+    for column in ["ner_tags", "label"] {
+        let names = tchtrain_datasets::class_label_names(&file, column)?;
+        let want: Vec<String> = serde_json::from_value(want[column].clone())?;
+        assert_eq!(names, Some(want), "{column}");
+    }
+    assert_eq!(tchtrain_datasets::class_label_names(&file, "tokens")?, None);
+    assert_eq!(
+        tchtrain_datasets::class_label_names(parquet("hamlet.parquet"), "text")?,
+        None
+    );
     Ok(())
 }

@@ -435,11 +435,21 @@ fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
         &csv,
         "words,tags\nTom left Paris,\"[\"\"B-PER\"\", \"\"O\"\", \"\"B-LOC\"\"]\"\nAnn stayed,B-PER O\n",
     )?;
-    for (file, text_column, label_column, id2label) in [
-        (&json, "tokens", "ner_tags", ["0", "2", "10"]),
-        (&csv, "words", "tags", ["B-LOC", "B-PER", "O"]),
+    // A Parquet file `Dataset.to_parquet` wrote, whose ner_tags are a list of ClassLabel:
+    // the label list is the class names (in their order), the tags are named by them.
+    let parquet = PathBuf::from(asset(
+        "reference/datasets_parquet/parquet/ner_class_label.parquet",
+    ));
+    let class_names: &[&str] = &["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC"];
+    for (file, text_column, label_column, id2label, rows) in [
+        (&json, "tokens", "ner_tags", &["0", "2", "10"][..], 2.0),
+        (&csv, "words", "tags", &["B-LOC", "B-PER", "O"][..], 2.0),
+        (&parquet, "tokens", "ner_tags", class_names, 24.0),
     ] {
-        let out = dir.join(format!("out-{label_column}"));
+        let out = dir.join(format!(
+            "out-{label_column}-{}",
+            file.extension().unwrap_or_default().display()
+        ));
         let file = file.display().to_string();
         let mut argv = flags(&[
             "--model_name_or_path",
@@ -464,7 +474,7 @@ fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
         argv.extend(common_flags(&out));
         let result = run_ner::main_with_args(&argv)?;
         let eval = result.eval_metrics.context("eval metrics")?;
-        assert_eq!(eval["eval_samples"], 2.0);
+        assert_eq!(eval["eval_samples"], rows, "{file}");
         // --return_entity_level_metrics: seqeval's nested dict flattened, as upstream.
         for key in ["eval_overall_f1", "eval_overall_accuracy"] {
             assert!(eval.contains_key(key), "{key} missing: {eval:?}");
@@ -472,6 +482,12 @@ fn run_ner_reads_integer_tags_and_csv_lists() -> Result<()> {
         if label_column == "tags" {
             assert_eq!(eval["eval_PER_number"], 2.0);
             assert_eq!(eval["eval_LOC_number"], 1.0);
+        }
+        if rows == 24.0 {
+            // Named tags make entities: seqeval counts them per type.
+            for key in ["eval_PER_number", "eval_LOC_number", "eval_MISC_number"] {
+                assert!(eval.get(key).is_some_and(|n| *n > 0.0), "{key}: {eval:?}");
+            }
         }
         let config = read_json(out.join("config.json"))?;
         for (i, name) in id2label.iter().enumerate() {
