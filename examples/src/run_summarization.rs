@@ -26,7 +26,11 @@
 //! (this port's flag), else nltk's search (`NLTK_DATA`, `~/nltk_data`, ...), else
 //! `$TCHTRAIN_ASSETS/nltk_data` ([`crate::punkt::find_punkt_tab`]).
 //!
-//! Not supported (refused with an error): hub datasets (`--dataset_name`), multilingual
+//! `--dataset_name` / `--dataset_config_name` read a hub dataset repository's (or a local
+//! folder's) `train` / `validation` / `test` splits, each split's files concatenated, in
+//! place of the file flags, as upstream's `load_dataset`.
+//!
+//! Not supported (refused with an error): multilingual
 //! tokenizers (mBART: language codes), a tokenizer larger than the model's embeddings and a
 //! model with fewer position embeddings than `--max_source_length` (upstream resizes
 //! them; BART and T5 do not implement it there either). `--lang`, `--forced_bos_token` and
@@ -238,15 +242,14 @@ fn pick_columns(flags: &SummarizationArguments, columns: &[String]) -> Result<(S
     ))
 }
 
-/// The texts and summaries of the first `max` rows of `file`, rows with an empty text or
+/// The texts and summaries of the first `max` rows of a split, rows with an empty text or
 /// summary left out.
 fn read_rows(
-    file: &str,
+    table: &Table,
     text_column: &str,
     summary_column: &str,
     max: Option<usize>,
 ) -> Result<(Vec<String>, Vec<String>)> {
-    let table = Table::read(file)?;
     let n = max.map_or(table.len(), |m| m.min(table.len()));
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());
     for row in 0..n {
@@ -291,7 +294,9 @@ pub fn run(
     flags: &SummarizationArguments,
     mut training: Seq2SeqTrainingArguments,
 ) -> Result<ExampleOutput> {
-    let data = &flags.data;
+    let mut data = flags.data.clone();
+    data.resolve_dataset()?;
+    let data = &data;
     data.check_steps(&training)?;
     let punkt = if training.predict_with_generate {
         Some(PunktSentenceTokenizer::load(&find_punkt_tab(
@@ -310,12 +315,12 @@ pub fn run(
     )?;
     data.warn_t5_prefix("which is the expected, e.g. with `--source_prefix 'summarize: ' `");
     let b = &training.base;
-    let first_file = if b.do_train {
-        &data.train_file
+    let first_split = if b.do_train {
+        "train"
     } else if b.do_eval {
-        &data.validation_file
+        "validation"
     } else if b.do_predict {
-        &data.test_file
+        "test"
     } else {
         s2s::something_to_do(&training);
         return Ok(ExampleOutput {
@@ -323,9 +328,7 @@ pub fn run(
             ..ExampleOutput::default()
         });
     };
-    let columns = Table::read(first_file.as_deref().unwrap_or_default())?
-        .columns()
-        .to_vec();
+    let columns = data.split_table(first_split)?.columns().to_vec();
     let (text_column, summary_column) = pick_columns(flags, &columns)?;
     let tok = Seq2SeqTokenization {
         tokenizer: &loaded.tokenizer,
@@ -336,9 +339,9 @@ pub fn run(
         function: "run_summarization.preprocess_function",
     };
     let cache = MapCache::from_env()?;
-    let split = |file: &Option<String>, max: Option<usize>, target_len: usize| -> Result<Split> {
-        let file = file.as_deref().unwrap_or_default();
-        let (inputs, targets) = read_rows(file, &text_column, &summary_column, max)?;
+    let split = |split: &str, max: Option<usize>, target_len: usize| -> Result<Split> {
+        let table = data.split_table(split)?;
+        let (inputs, targets) = read_rows(&table, &text_column, &summary_column, max)?;
         let dataset = tok.dataset(
             &inputs,
             &targets,
@@ -352,21 +355,15 @@ pub fn run(
     let val_len = data.val_max_target_length();
     let train = b
         .do_train
-        .then(|| {
-            split(
-                &data.train_file,
-                data.max_train_samples,
-                data.max_target_length,
-            )
-        })
+        .then(|| split("train", data.max_train_samples, data.max_target_length))
         .transpose()?;
     let eval = b
         .do_eval
-        .then(|| split(&data.validation_file, data.max_eval_samples, val_len))
+        .then(|| split("validation", data.max_eval_samples, val_len))
         .transpose()?;
     let test = b
         .do_predict
-        .then(|| split(&data.test_file, data.max_predict_samples, val_len))
+        .then(|| split("test", data.max_predict_samples, val_len))
         .transpose()?;
     training.generation_max_length = training.generation_max_length.or(Some(val_len as i64));
     training.generation_num_beams = data.num_beams.or(training.generation_num_beams);

@@ -19,7 +19,11 @@
 //! non-pad generated ids), rounded to 4 places; `--do_predict` writes
 //! `predict_results.json` and `generated_predictions.txt`.
 //!
-//! Not supported (refused with an error): hub datasets (`--dataset_name`), multilingual
+//! `--dataset_name` / `--dataset_config_name` read a hub dataset repository's (or a local
+//! folder's) `train` / `validation` / `test` splits, each split's files concatenated, in
+//! place of the file flags, as upstream's `load_dataset`.
+//!
+//! Not supported (refused with an error): multilingual
 //! tokenizers (mBART, M2M100: language codes), a tokenizer larger than the model's
 //! embeddings (upstream resizes them). `--forced_bos_token` and
 //! `--preprocessing_num_workers` are accepted without effect.
@@ -166,15 +170,14 @@ where
     run(&flags, training)
 }
 
-/// The source and target texts of a file's rows (`ex[source_lang]` of each row's
+/// The source and target texts of a split's rows (`ex[source_lang]` of each row's
 /// `translation`), the first `max`.
 fn read_pairs(
-    file: &str,
+    table: &Table,
     source: &str,
     target: &str,
     max: Option<usize>,
 ) -> Result<(Vec<String>, Vec<String>)> {
-    let table = Table::read(file)?;
     let n = max.map_or(table.len(), |m| m.min(table.len()));
     let (mut inputs, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for row in 0..n {
@@ -264,7 +267,9 @@ pub fn run(
     flags: &TranslationArguments,
     training: Seq2SeqTrainingArguments,
 ) -> Result<ExampleOutput> {
-    let data = &flags.data;
+    let mut data = flags.data.clone();
+    data.resolve_dataset()?;
+    let data = &data;
     data.check_steps(&training)?;
     data.warn_t5_prefix(
         "which is expected, e.g. with `--source_prefix 'translate English to German: ' `",
@@ -294,9 +299,9 @@ pub fn run(
         function: "run_translation.preprocess_function",
     };
     let cache = MapCache::from_env()?;
-    let split = |file: &Option<String>, max: Option<usize>, target_len: usize| -> Result<Split> {
-        let file = file.as_deref().unwrap_or_default();
-        let (inputs, targets) = read_pairs(file, &source_lang, &target_lang, max)?;
+    let split = |split: &str, max: Option<usize>, target_len: usize| -> Result<Split> {
+        let table = data.split_table(split)?;
+        let (inputs, targets) = read_pairs(&table, &source_lang, &target_lang, max)?;
         let dataset = tok.dataset(
             &inputs,
             &targets,
@@ -311,21 +316,15 @@ pub fn run(
     let val_len = data.val_max_target_length();
     let train = b
         .do_train
-        .then(|| {
-            split(
-                &data.train_file,
-                data.max_train_samples,
-                data.max_target_length,
-            )
-        })
+        .then(|| split("train", data.max_train_samples, data.max_target_length))
         .transpose()?;
     let eval = b
         .do_eval
-        .then(|| split(&data.validation_file, data.max_eval_samples, val_len))
+        .then(|| split("validation", data.max_eval_samples, val_len))
         .transpose()?;
     let test = b
         .do_predict
-        .then(|| split(&data.test_file, data.max_predict_samples, val_len))
+        .then(|| split("test", data.max_predict_samples, val_len))
         .transpose()?;
     let gen_kwargs = GenerationConfig {
         max_length: Some(training.generation_max_length.unwrap_or(val_len as i64)),

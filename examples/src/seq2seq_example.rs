@@ -11,7 +11,7 @@ use serde_json::Value;
 use tch::{Device, Tensor};
 use tchtrain_collators::{DataCollatorForSeq2Seq, DefaultDataCollator, Feature, Label};
 use tchtrain_data::InMemoryDataset;
-use tchtrain_datasets::{Fingerprint, MapCache, map_cached};
+use tchtrain_datasets::{DataFilesDict, Fingerprint, MapCache, Table, map_cached};
 use tchtrain_models::{
     AutoTask, GenerationConfig, LoadOptions, PreTrainedTokenizerFast, TrainableModel,
     from_pretrained_dir,
@@ -43,9 +43,10 @@ pub struct Seq2SeqDataArguments {
     pub model_revision: String,
     /// `--token`: the hub token (default: `HF_TOKEN`, else the login file).
     pub token: Option<String>,
-    /// `--dataset_name`: hub datasets are refused (pass the files).
+    /// `--dataset_name`: a hub dataset repository (or a local folder of data files) whose
+    /// `train` / `validation` / `test` splits replace the file flags.
     pub dataset_name: Option<String>,
-    /// `--dataset_config_name`: as `--dataset_name`.
+    /// `--dataset_config_name`: the dataset's configuration.
     pub dataset_config_name: Option<String>,
     /// `--train_file`.
     pub train_file: Option<String>,
@@ -53,6 +54,9 @@ pub struct Seq2SeqDataArguments {
     pub validation_file: Option<String>,
     /// `--test_file`.
     pub test_file: Option<String>,
+    /// The splits' files of `--dataset_name` ([`Self::resolve_dataset`]).
+    #[serde(skip)]
+    pub dataset_splits: Option<DataFilesDict>,
     /// `--overwrite_cache`: tokenize again instead of loading the cached rows.
     pub overwrite_cache: bool,
     /// `--preprocessing_num_workers`: accepted; tokenization uses every core
@@ -168,8 +172,8 @@ const T5_MODELS: [&str; 5] = [
 
 impl Seq2SeqDataArguments {
     /// Upstream's `__post_init__`: `val_max_target_length` defaults to
-    /// `max_target_length`; hub datasets are refused; the files must be there and end in one
-    /// of `extensions` (`message` names them).
+    /// `max_target_length`; without `--dataset_name` a file must be given; the files given
+    /// must end in one of `extensions` (`message` names them).
     pub(crate) fn post_init(
         &mut self,
         need_message: &str,
@@ -178,21 +182,10 @@ impl Seq2SeqDataArguments {
         ext_message: &str,
         script_checks: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        if self.dataset_name.is_some() || self.dataset_config_name.is_some() {
-            return Err(Error::InvalidFlag {
-                flag: if self.dataset_name.is_some() {
-                    "dataset_name"
-                } else {
-                    "dataset_config_name"
-                }
-                .into(),
-                detail: "hub datasets are not supported; pass --train_file/--validation_file/--test_file".into(),
-            });
-        }
         let any = self.train_file.is_some()
             || self.validation_file.is_some()
             || (with_test && self.test_file.is_some());
-        if !any {
+        if self.dataset_name.is_none() && !any {
             return Err(Error::InvalidFlag {
                 flag: "train_file".into(),
                 detail: need_message.into(),
@@ -241,10 +234,79 @@ impl Seq2SeqDataArguments {
         }
     }
 
-    /// The files each requested step needs (upstream's "--do_train requires a train
-    /// dataset", ...), checked before any is read.
+    /// `load_dataset(--dataset_name, --dataset_config_name)`: each split's data files, which
+    /// [`Self::split_table`] then reads instead of the file flags (upstream loads the
+    /// dataset and ignores the files). Nothing without `--dataset_name`.
+    pub(crate) fn resolve_dataset(&mut self) -> Result<()> {
+        if let Some(name) = &self.dataset_name {
+            self.dataset_splits = Some(common::load_dataset_splits(
+                name,
+                self.dataset_config_name.as_deref(),
+                self.token.as_deref(),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// The rows of split `split` (`train`, `validation` or `test`): the dataset's files of
+    /// that split concatenated, or the split's file flag.
+    pub(crate) fn split_table(&self, split: &str) -> Result<Table> {
+        if let Some(splits) = &self.dataset_splits {
+            let files = splits.get(split).ok_or_else(|| Error::InvalidFlag {
+                flag: "dataset_name".into(),
+                detail: format!(
+                    "the dataset {} has no {split} split",
+                    self.dataset_name.as_deref().unwrap_or_default()
+                ),
+            })?;
+            let tables = files
+                .iter()
+                .map(Table::read)
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            return Ok(Table::concat(tables)?);
+        }
+        let file = match split {
+            "train" => &self.train_file,
+            "validation" => &self.validation_file,
+            _ => &self.test_file,
+        };
+        Ok(Table::read(file.as_deref().unwrap_or_default())?)
+    }
+
+    /// The files (or the dataset's splits) each requested step needs (upstream's
+    /// "--do_train requires a train dataset", ...), checked before any is read.
     pub(crate) fn check_steps(&self, training: &Seq2SeqTrainingArguments) -> Result<()> {
         let base = &training.base;
+        if let Some(splits) = &self.dataset_splits {
+            for (wanted, split, what) in [
+                (
+                    base.do_train,
+                    "train",
+                    "--do_train requires a train dataset",
+                ),
+                (
+                    base.do_eval,
+                    "validation",
+                    "--do_eval requires a validation dataset",
+                ),
+                (
+                    base.do_predict,
+                    "test",
+                    "--do_predict requires a test dataset",
+                ),
+            ] {
+                if wanted && splits.get(split).is_none() {
+                    return Err(Error::InvalidFlag {
+                        flag: "dataset_name".into(),
+                        detail: format!(
+                            "{what}: the dataset {} has no {split} split",
+                            self.dataset_name.as_deref().unwrap_or_default()
+                        ),
+                    });
+                }
+            }
+            return Ok(());
+        }
         for (wanted, file, flag, what) in [
             (
                 base.do_train,

@@ -184,6 +184,50 @@ fn run_translation_matches_upstream() -> Result<()> {
     Ok(())
 }
 
+/// `--dataset_name` on a local folder laid out as a dataset repository (the reference's
+/// `train.json`, `validation.jsonl` and `test.json`: `datasets`' split patterns) trains,
+/// evaluates and predicts as the same files given as `--train_file` / `--validation_file` /
+/// `--test_file`: upstream's values, to the bit. A split the folder lacks names itself.
+#[test]
+fn run_translation_reads_the_splits_of_a_dataset_folder() -> Result<()> {
+    let _g = lock();
+    let data = temp_dir("translation-dataset");
+    std::fs::create_dir_all(&data)?;
+    for file in ["train.json", "validation.jsonl", "test.json"] {
+        std::fs::copy(reference(&format!("translation/{file}")), data.join(file))?;
+    }
+    let out = temp_dir("translation-dataset-out");
+    let argv = |out: &Path| {
+        let mut argv = flags(&[
+            "--model_name_or_path",
+            &reference("translation/initial"),
+            "--source_lang",
+            "en",
+            "--target_lang",
+            "ro",
+            "--source_prefix",
+            "translate English to Romanian: ",
+            "--dataset_name",
+            &data.display().to_string(),
+        ]);
+        argv.extend(run_flags(out));
+        argv
+    };
+    let result = run_translation::main_with_args(argv(&out))?;
+    check_run("translation", &result, &out)?;
+    std::fs::remove_file(data.join("test.json"))?;
+    let err = run_translation::main_with_args(argv(&out)).unwrap_err();
+    usage_error(
+        err,
+        "run_translation",
+        "dataset_name",
+        "--do_predict requires a test dataset",
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
 #[test]
 fn run_summarization_matches_upstream() -> Result<()> {
     let _g = lock();
@@ -403,13 +447,6 @@ fn bad_flags_name_the_fix() -> Result<()> {
         "run_translation",
         "train_file",
         "`train_file` should be a jsonlines file.",
-    );
-    let e = translation(&["--dataset_name", "wmt16", "--source_lang", "en"]).unwrap_err();
-    usage_error(
-        e,
-        "run_translation",
-        "dataset_name",
-        "hub datasets are not supported",
     );
     let e = translation(&["--source_lang", "en", "--target_lang", "ro"]).unwrap_err();
     usage_error(
