@@ -155,10 +155,8 @@ fn check_run(task: &str, result: &ExampleOutput, out: &Path) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn run_translation_matches_upstream() -> Result<()> {
-    let _g = lock();
-    let out = temp_dir("translation");
+/// The reference translation run's command line with the data flags `data`.
+fn translation_argv(data: &[&str], out: &Path) -> Vec<String> {
     let mut argv = flags(&[
         "--model_name_or_path",
         &reference("translation/initial"),
@@ -168,14 +166,27 @@ fn run_translation_matches_upstream() -> Result<()> {
         "ro",
         "--source_prefix",
         "translate English to Romanian: ",
-        "--train_file",
-        &reference("translation/train.json"),
-        "--validation_file",
-        &reference("translation/validation.jsonl"),
-        "--test_file",
-        &reference("translation/test.json"),
     ]);
-    argv.extend(run_flags(&out));
+    argv.extend(flags(data));
+    argv.extend(run_flags(out));
+    argv
+}
+
+#[test]
+fn run_translation_matches_upstream() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("translation");
+    let argv = translation_argv(
+        &[
+            "--train_file",
+            &reference("translation/train.json"),
+            "--validation_file",
+            &reference("translation/validation.jsonl"),
+            "--test_file",
+            &reference("translation/test.json"),
+        ],
+        &out,
+    );
     let result = run_translation::main_with_args(&argv)?;
     check_run("translation", &result, &out)?;
     let eval = result.eval_metrics.context("eval")?;
@@ -197,22 +208,8 @@ fn run_translation_reads_the_splits_of_a_dataset_folder() -> Result<()> {
         std::fs::copy(reference(&format!("translation/{file}")), data.join(file))?;
     }
     let out = temp_dir("translation-dataset-out");
-    let argv = |out: &Path| {
-        let mut argv = flags(&[
-            "--model_name_or_path",
-            &reference("translation/initial"),
-            "--source_lang",
-            "en",
-            "--target_lang",
-            "ro",
-            "--source_prefix",
-            "translate English to Romanian: ",
-            "--dataset_name",
-            &data.display().to_string(),
-        ]);
-        argv.extend(run_flags(out));
-        argv
-    };
+    let folder = data.display().to_string();
+    let argv = |out: &Path| translation_argv(&["--dataset_name", &folder], out);
     let result = run_translation::main_with_args(argv(&out))?;
     check_run("translation", &result, &out)?;
     std::fs::remove_file(data.join("test.json"))?;
