@@ -32,6 +32,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::cmd;
+use crate::json::Json;
 use crate::paths;
 use crate::setup;
 
@@ -136,7 +137,7 @@ impl Options {
 /// echoed), for the modes that run each side once per setting.
 struct JsonLine {
     what: String,
-    fields: BTreeMap<String, Value>,
+    fields: BTreeMap<String, Json>,
 }
 
 impl JsonLine {
@@ -147,7 +148,7 @@ impl JsonLine {
         let fields = out
             .lines()
             .rev()
-            .find_map(parse_flat_json)
+            .find_map(Json::object_line)
             .ok_or_else(|| format!("{what}: no JSON line in its output:\n{out}"))?;
         Ok(Self {
             what: what.to_string(),
@@ -158,88 +159,8 @@ impl JsonLine {
     /// The number `key`.
     fn num(&self, key: &str) -> Result<f64, String> {
         match self.fields.get(key) {
-            Some(Value::Num(x)) => Ok(*x),
+            Some(Json::Num(x)) => Ok(*x),
             _ => Err(format!("{}: no number `{key}` in its line", self.what)),
-        }
-    }
-}
-
-/// A value of a flat JSON object: what the benchmark binaries print.
-#[derive(Debug, Clone, PartialEq)]
-enum Value {
-    Str(String),
-    Num(f64),
-    /// `true`, `false` or `null`.
-    Word(String),
-}
-
-type Cursor<'a> = std::iter::Peekable<std::str::Chars<'a>>;
-
-fn skip_ws(c: &mut Cursor<'_>) {
-    while c.peek().is_some_and(|ch| ch.is_whitespace()) {
-        c.next();
-    }
-}
-
-/// A JSON string starting at the cursor (escapes `\n`, `\t`, `\uXXXX`, `\"`, `\\`, `\/`).
-fn json_string(c: &mut Cursor<'_>) -> Option<String> {
-    if c.next()? != '"' {
-        return None;
-    }
-    let mut s = String::new();
-    loop {
-        match c.next()? {
-            '"' => return Some(s),
-            '\\' => match c.next()? {
-                'n' => s.push('\n'),
-                't' => s.push('\t'),
-                'u' => {
-                    let hex: String = (0..4).filter_map(|_| c.next()).collect();
-                    s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                other => s.push(other),
-            },
-            ch => s.push(ch),
-        }
-    }
-}
-
-/// Parses one flat JSON object (`{"key": "text" | number | true | false | null, ...}`, no
-/// nesting); `None` for anything else, e.g. a log line.
-fn parse_flat_json(line: &str) -> Option<BTreeMap<String, Value>> {
-    let body = line.trim().strip_prefix('{')?.strip_suffix('}')?;
-    let mut chars = body.chars().peekable();
-    let mut out = BTreeMap::new();
-    loop {
-        skip_ws(&mut chars);
-        if chars.peek().is_none() {
-            return Some(out);
-        }
-        let key = json_string(&mut chars)?;
-        skip_ws(&mut chars);
-        if chars.next()? != ':' {
-            return None;
-        }
-        skip_ws(&mut chars);
-        let value = if chars.peek() == Some(&'"') {
-            Value::Str(json_string(&mut chars)?)
-        } else {
-            let mut raw = String::new();
-            while chars.peek().is_some_and(|&ch| ch != ',') {
-                raw.push(chars.next()?);
-            }
-            let raw = raw.trim();
-            match raw {
-                "true" | "false" | "null" => Value::Word(raw.to_string()),
-                _ => Value::Num(raw.parse().ok()?),
-            }
-        };
-        out.insert(key, value);
-        skip_ws(&mut chars);
-        match chars.next() {
-            None => return Some(out),
-            Some(',') => {}
-            Some(_) => return None,
         }
     }
 }
@@ -262,13 +183,10 @@ struct Measurement {
 
 impl Measurement {
     fn from_line(line: &str) -> Option<Self> {
-        let m = parse_flat_json(line)?;
-        let text = |k: &str| match m.get(k) {
-            Some(Value::Str(s)) => Some(s.clone()),
-            _ => None,
-        };
+        let m = Json::object_line(line)?;
+        let text = |k: &str| m.get(k).and_then(Json::as_str).map(str::to_string);
         let num = |k: &str| match m.get(k) {
-            Some(Value::Num(x)) => Some(*x),
+            Some(Json::Num(x)) => Some(*x),
             _ => None,
         };
         Some(Self {
@@ -601,17 +519,9 @@ mod tests {
     }
 
     #[test]
-    fn flat_json_strings_words_and_rejects() {
-        let m =
-            parse_flat_json(r#"{"a": "x, \"y\"", "b": null, "c": -1e-3, "d": "\u00e9"}"#).unwrap();
-        assert_eq!(m["a"], Value::Str("x, \"y\"".into()));
-        assert_eq!(m["b"], Value::Word("null".into()));
-        assert_eq!(m["c"], Value::Num(-1e-3));
-        assert_eq!(m["d"], Value::Str("é".into()));
-        assert_eq!(parse_flat_json("{}"), Some(BTreeMap::new()));
-        assert_eq!(parse_flat_json("warning: something"), None);
-        assert_eq!(parse_flat_json(r#"{"a" 1}"#), None);
+    fn a_line_without_the_measurement_keys_is_not_a_measurement() {
         assert!(Measurement::from_line(r#"{"bench": "x"}"#).is_none());
+        assert!(Measurement::from_line("warning: something").is_none());
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod demo_sentiment;
 mod disk;
 mod e2e;
 mod fuzz;
+mod json;
 mod launch;
 mod paths;
 mod setup;

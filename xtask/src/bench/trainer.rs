@@ -14,8 +14,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use super::{Value, load_average, machine, median, parse_flat_json};
+use super::{load_average, machine, median};
 use crate::cmd;
+use crate::json::Json;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
 pub const JOBS: [&str; 7] = [
@@ -54,13 +55,10 @@ pub struct Run {
 
 impl Run {
     pub fn from_line(line: &str) -> Option<Self> {
-        let m = parse_flat_json(line)?;
-        let text = |k: &str| match m.get(k) {
-            Some(Value::Str(s)) => Some(s.clone()),
-            _ => None,
-        };
+        let m = Json::object_line(line)?;
+        let text = |k: &str| m.get(k).and_then(Json::as_str).map(str::to_string);
         let num = |k: &str| match m.get(k) {
-            Some(Value::Num(x)) => Some(*x),
+            Some(Json::Num(x)) => Some(*x),
             _ => None,
         };
         let error = text("error");
@@ -87,12 +85,12 @@ impl Run {
 
 /// The matmul probe's line: (fp32, bf16) FLOP/s, NaN for a precision not probed.
 fn peak_from_line(line: &str) -> Option<(f64, f64)> {
-    let m = parse_flat_json(line)?;
+    let m = Json::object_line(line)?;
     if !m.contains_key("probe") {
         return None;
     }
     let num = |k: &str| match m.get(k) {
-        Some(Value::Num(x)) => *x,
+        Some(Json::Num(x)) => *x,
         _ => f64::NAN,
     };
     Some((num("fp32_flops_per_s"), num("bf16_flops_per_s")))
