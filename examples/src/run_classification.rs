@@ -467,8 +467,9 @@ fn test_file_table(cls: &ClassificationArguments, do_predict: bool) -> Result<Op
     Ok(Some(Table::read(test)?))
 }
 
-/// `model.config.id2label` of the model folder, for the `num_labels` class ids: the names
-/// `config.json` gives, else transformers' default `LABEL_{i}`.
+/// `model.config.id2label` after upstream's `AutoConfig.from_pretrained(num_labels=N)`: the
+/// names `config.json` gives when it names exactly `num_labels` classes, else transformers'
+/// default `LABEL_{i}` (a config of another size is given new default names).
 fn config_id2label(dir: &Path, num_labels: usize) -> Result<Vec<String>> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
@@ -478,7 +479,8 @@ fn config_id2label(dir: &Path, num_labels: usize) -> Result<Vec<String>> {
     })?;
     let given = config
         .get("id2label")
-        .and_then(serde_json::Value::as_object);
+        .and_then(serde_json::Value::as_object)
+        .filter(|m| m.len() == num_labels);
     Ok((0..num_labels)
         .map(|i| {
             given
@@ -597,6 +599,33 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         && t.column_index(&cls.label_column_name).is_ok()
     {
         labels.extend_from(t, &cls.label_column_name)?;
+    }
+    // Without training, upstream maps the labels through the checkpoint's own `label2id`
+    // ("using label infos in the model config"): a fine-tuned model's class ids, in its
+    // order. A label the checkpoint does not name is upstream's KeyError, said here; a
+    // checkpoint with default names (`LABEL_0` ...) keeps the data's list, where upstream
+    // fails on the first label.
+    if !training.do_train
+        && let ClassificationLabels::Classes(list) = &labels
+    {
+        let names = config_id2label(&dir, list.len())?;
+        let default = names
+            .iter()
+            .enumerate()
+            .all(|(i, n)| *n == format!("LABEL_{i}"));
+        if !default {
+            if let Some(unknown) = list.iter().find(|l| !names.contains(l)) {
+                return Err(Error::InvalidLabel {
+                    label: unknown.clone(),
+                    row: 0,
+                    detail: format!(
+                        "without --do_train the labels are the model's own (label2id {names:?}), and this one is not among them: train with --do_train, or evaluate data labelled as the model is"
+                    ),
+                });
+            }
+            log::info!("using label infos in the model config: {names:?}");
+            labels = ClassificationLabels::Classes(names);
+        }
     }
     let regression = labels == ClassificationLabels::Regression;
     let computed = if regression { "mse" } else { "accuracy" };

@@ -931,3 +931,79 @@ fn run_classification_ignore_mismatched_sizes_reinitialises_the_classifier() -> 
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+/// Without `--do_train`, run_classification maps the labels through the checkpoint's own
+/// `label2id`, as upstream ("using label infos in the model config"): with a config that
+/// names the classes out of sorted order (`0: rotten, 1: fresh`), the evaluation's accuracy
+/// is the share of `predict_results.txt` names that equal the rows' labels. A label the
+/// checkpoint does not name is an error naming it.
+#[test]
+fn run_classification_without_training_uses_the_models_label_ids() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("cls-model-labels");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model)?;
+    std::fs::copy(
+        asset("tiny-bert/model.safetensors"),
+        model.join("model.safetensors"),
+    )?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("tiny-bert/config.json"))?)?;
+    config["id2label"] = serde_json::json!({"0": "rotten", "1": "fresh"});
+    config["label2id"] = serde_json::json!({"rotten": 0, "fresh": 1});
+    std::fs::write(model.join("config.json"), config.to_string())?;
+    // Unbalanced on purpose: a head that always says one class scores 3/4 or 1/4.
+    let data = dir.join("rows.csv");
+    let labels = ["fresh", "fresh", "rotten", "fresh"];
+    let mut csv = String::from("sentence,label\n");
+    for (i, l) in labels.iter().enumerate() {
+        csv.push_str(&format!("review number {i} of the film,{l}\n"));
+    }
+    std::fs::write(&data, csv)?;
+    let argv = |data: &Path, out: &Path| {
+        [
+            "--model_name_or_path",
+            &model.display().to_string(),
+            "--tokenizer_name",
+            &asset("minilm"),
+            "--validation_file",
+            &data.display().to_string(),
+            "--train_file",
+            &data.display().to_string(),
+            "--test_file",
+            &data.display().to_string(),
+            "--do_eval",
+            "--do_predict",
+            "--max_seq_length",
+            "16",
+            "--output_dir",
+            &out.display().to_string(),
+            "--report_to",
+            "none",
+            "--use_cpu",
+        ]
+        .map(String::from)
+    };
+    let out = dir.join("out");
+    let result = run_classification::main_with_args(argv(&data, &out))?;
+    let accuracy = result.eval_metrics.context("eval metrics")?["eval_accuracy"];
+    let predicted = std::fs::read_to_string(out.join("predict_results.txt"))?;
+    let names: Vec<&str> = predicted
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').nth(1).unwrap_or_default())
+        .collect();
+    assert_eq!(names.len(), labels.len(), "{predicted}");
+    let agree = names.iter().zip(labels).filter(|(n, l)| **n == *l).count();
+    assert_eq!(accuracy, agree as f64 / labels.len() as f64, "{predicted}");
+    // A label the model does not name.
+    let other = dir.join("other.csv");
+    std::fs::write(&other, "sentence,label\na,fresh\nb,stale\n")?;
+    let err = run_classification::main_with_args(argv(&other, &dir.join("out2"))).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidLabel { ref label, .. } if label == "stale"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
