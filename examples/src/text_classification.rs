@@ -56,6 +56,20 @@ fn sort_labels(labels: &mut Vec<String>) {
     }
 }
 
+/// Lists in the label column are upstream's multi-label classification (multi-hot float
+/// labels, BCE loss, micro F1, `['a', 'b']` predictions), which this script does not do:
+/// refused, not read as one class per distinct list.
+fn refuse_lists(cells: &[&Value]) -> Result<()> {
+    match cells.iter().position(|v| v.is_array()) {
+        Some(row) => Err(Error::InvalidLabel {
+            label: "a list".into(),
+            row,
+            detail: "the label column holds lists: that is multi-label classification upstream (multi-hot labels, BCE loss, F1), which run_classification does not do yet; give each row one label".into(),
+        }),
+        None => Ok(()),
+    }
+}
+
 impl ClassificationLabels {
     /// Upstream's choice for the training split's label column: regression when every
     /// value is a number and some is a float, else the sorted distinct values
@@ -71,6 +85,7 @@ impl ClassificationLabels {
     /// ```
     pub fn from_table(table: &Table, label_column: &str) -> Result<Self> {
         let cells = table.column(label_column)?;
+        refuse_lists(&cells)?;
         let kinds: Vec<Option<bool>> = cells.iter().map(|v| is_float_cell(v)).collect();
         if !cells.is_empty() && kinds.iter().all(Option::is_some) && kinds.contains(&Some(true)) {
             return Ok(Self::Regression);
@@ -93,7 +108,9 @@ impl ClassificationLabels {
             return Ok(());
         };
         let mut extra: Vec<String> = Vec::new();
-        for v in table.column(label_column)? {
+        let cells = table.column(label_column)?;
+        refuse_lists(&cells)?;
+        for v in cells {
             let t = cell_text(v);
             if !list.contains(&t) && !extra.contains(&t) {
                 extra.push(t);
@@ -269,6 +286,28 @@ mod tests {
             labels,
             ClassificationLabels::Classes(vec!["2".into(), "3".into(), "10".into()])
         );
+        Ok(())
+    }
+
+    /// List labels (multi-label classification upstream) are refused, naming the row.
+    #[test]
+    fn list_labels_are_refused() -> Result<()> {
+        let path =
+            std::env::temp_dir().join(format!("tchtrain-list-labels-{}.jsonl", std::process::id()));
+        std::fs::write(
+            &path,
+            "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\", \"label\": [\"x\", \"y\"]}\n",
+        )
+        .map_err(|e| Error::io("writing", &path, e))?;
+        let table = Table::read(&path)?;
+        let _ = std::fs::remove_file(&path);
+        let err = ClassificationLabels::from_table(&table, "label").unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidLabel { row: 1, ref detail, .. } if detail.contains("multi-label")),
+            "{err}"
+        );
+        let mut labels = ClassificationLabels::Classes(vec!["x".into()]);
+        assert!(labels.extend_from(&table, "label").is_err());
         Ok(())
     }
 }

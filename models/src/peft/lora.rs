@@ -714,7 +714,7 @@ pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
             // and sum of the matmul scales exactly), on `r` columns instead of the output's,
             // forward and backward; no multiply at all for s = 1.
             let delta = match exact_rank_side_scaling(layer.scaling) {
-                Some(s) if s == 1.0 => after_a.linear::<Tensor>(&layer.b, None),
+                Some(1.0) => after_a.linear::<Tensor>(&layer.b, None),
                 Some(s) => (after_a * s).linear::<Tensor>(&layer.b, None),
                 None => after_a.linear::<Tensor>(&layer.b, None) * layer.scaling,
             };
