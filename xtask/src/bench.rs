@@ -27,7 +27,6 @@
 //!   (`examples/src/bin/bench_datasets.rs`, `scripts/bench/bench_datasets.py`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -340,7 +339,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
     let root = paths::workspace_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let example = if o.micro {
         "bench_micro"
     } else if o.generate {
@@ -353,27 +351,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "bench_trainer"
     };
 
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "tchtrain-examples",
-        "--bin",
-        example,
-    ]);
-    if let Some(libtorch) = &s.child_libtorch {
-        build.env("LIBTORCH", libtorch);
-    }
-    println!("bench: {}", cmd::display(&build));
-    cmd::status(
-        &mut build,
-        &format!("building the Rust benchmark {example}"),
-    )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release").join(example);
+    let exe = crate::build_examples::build_examples(&s, true, &[example], "bench")?.join(example);
+    let target = paths::target_dir();
     let script = root
         .join("scripts")
         .join("bench")

@@ -19,7 +19,7 @@
 //! It fails (non-zero exit) unless the evaluation loss went down and the adapter folder
 //! holds the adapter alone.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -116,32 +116,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
     let root = paths::workspace_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "tchtrain-examples",
-        "--bin",
-        "run_clm",
-        "--bin",
-        "run_generation",
-    ]);
-    if let Some(libtorch) = &s.child_libtorch {
-        build.env("LIBTORCH", libtorch);
-    }
-    println!("demo: {}", cmd::display(&build));
-    cmd::status(
-        &mut build,
-        "building the run_clm and run_generation examples",
-    )?;
-
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let run_clm = target.join("release").join("run_clm");
-    let run_generation = target.join("release").join("run_generation");
+    let release =
+        crate::build_examples::build_examples(&s, true, &["run_clm", "run_generation"], "demo")?;
+    let target = paths::target_dir();
+    let run_clm = release.join("run_clm");
+    let run_generation = release.join("run_generation");
     let out = target.join("demo-lora");
     if out.exists() {
         std::fs::remove_dir_all(&out)

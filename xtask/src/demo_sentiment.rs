@@ -20,10 +20,8 @@
 //! the reloaded model scores what the trained one did.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
-use crate::cmd;
 use crate::demo::{json_number, positive, read_metric, run_example};
 use crate::paths;
 use crate::setup;
@@ -99,30 +97,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
     let root = paths::workspace_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "tchtrain-examples",
-        "--bin",
-        "run_classification",
-        "--bin",
-        "plot_log_history",
-    ]);
-    if let Some(libtorch) = &s.child_libtorch {
-        build.env("LIBTORCH", libtorch);
-    }
-    println!("demo: {}", cmd::display(&build));
-    let tb = Instant::now();
-    cmd::status(&mut build, "building the examples")?;
-    println!("demo: built in {:.1}s", tb.elapsed().as_secs_f64());
-
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let examples = target.join("release");
+    let examples = crate::build_examples::build_examples(
+        &s,
+        true,
+        &["run_classification", "plot_log_history"],
+        "demo",
+    )?;
+    let target = paths::target_dir();
     let out = target.join("demo");
     if out.exists() {
         std::fs::remove_dir_all(&out)

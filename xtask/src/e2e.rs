@@ -42,6 +42,7 @@ use std::time::Instant;
 
 mod compare;
 
+use crate::build_examples::build_examples;
 use crate::cmd;
 use crate::paths;
 use crate::setup;
@@ -438,14 +439,6 @@ impl Report {
     }
 }
 
-/// The folder the example binaries of the dev profile land in.
-fn debug_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("debug")
-}
-
 /// `cargo xtask e2e [--short] [--case NAME]`: setup, the dev build of the two example
 /// binaries, the cases, the tables and a summary; fails when a case fails.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -459,28 +452,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = Options::parse(args)?;
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
-    let root = paths::workspace_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "-p",
-        "tchtrain-examples",
-        "--bin",
-        "run_clm",
-        "--bin",
-        "run_classification",
-    ]);
-    if let Some(libtorch) = &s.child_libtorch {
-        build.env("LIBTORCH", libtorch);
-    }
-    println!("e2e: {}", cmd::display(&build));
-    let tb = Instant::now();
-    cmd::status(
-        &mut build,
-        "building the run_clm and run_classification examples",
-    )?;
-    println!("e2e: built in {:.1}s", tb.elapsed().as_secs_f64());
+    build_examples(&s, false, &["run_clm", "run_classification"], "e2e")?;
     let report = suite(&s, &o.selected(), o.short);
     println!(
         "xtask e2e finished in {:.1}s (setup and build included); {}",
@@ -507,7 +479,7 @@ pub fn short_step(s: &setup::Setup) -> Report {
 fn suite(s: &setup::Setup, cases: &[Case], short: bool) -> Report {
     let t0 = Instant::now();
     let root = paths::workspace_root();
-    let bin = debug_dir(&root);
+    let bin = paths::target_dir().join("debug");
     let work = root.join("target").join("e2e");
     let fail = |e: String| Report {
         outcomes: Vec::new(),

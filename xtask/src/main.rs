@@ -15,6 +15,7 @@
 //!   (`--check`: fail when a committed one is stale; `test` runs the check).
 
 mod bench;
+mod build_examples;
 mod clean_cache;
 mod cmd;
 mod codegen;

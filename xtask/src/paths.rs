@@ -13,6 +13,13 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Cargo's build folder: `CARGO_TARGET_DIR`, else `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// Per-user cache folder shared by every clone: `$TCHTRAIN_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/tchtrain`, else `~/.cache/tchtrain`.
 pub fn cache_dir() -> Result<PathBuf, String> {
