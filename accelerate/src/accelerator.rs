@@ -41,7 +41,7 @@ use crate::autocast::AutocastGuard;
 use crate::error::{Error, Result};
 use crate::operations::{concat_padded, gather_in_batch_order};
 use crate::state::PartialState;
-use crate::zero::{ShardMemory, ZeroEngine, ZeroStage};
+use crate::zero::{ShardMemory, ZeroEngine, ZeroMixedPrecision, ZeroStage};
 use crate::zero_layers::{LayerGather, lock_engine};
 
 /// accelerate's `PrecisionType`: `mixed_precision="no" | "fp16" | "bf16"`.
@@ -121,6 +121,11 @@ pub struct ZeroPlugin {
     pub offload_param: Option<(Device, bool)>,
     /// `offload_optimizer`: `(device, pin_memory)`.
     pub offload_optimizer: Option<(Device, bool)>,
+    /// DeepSpeed's `fp16` / `bf16` regime: the model's parameters are already float16 /
+    /// bfloat16, the engine keeps float32 masters and steps with this loss scaler, and
+    /// the accelerator's own autocast and `GradScaler` are off (accelerate's `native_amp`
+    /// is false under DeepSpeed).
+    pub mixed_precision: Option<ZeroMixedPrecision>,
 }
 
 /// The engine of a sharded run.
@@ -309,6 +314,9 @@ impl Accelerator {
             .state
             .with_sharding_group(|pg| {
                 let mut engine = ZeroEngine::new(pg, plugin.stage, groups, &plugin.units)?;
+                if let Some(mp) = plugin.mixed_precision.clone() {
+                    engine.set_mixed_precision(mp)?;
+                }
                 if let Some((device, pin_memory)) = plugin.offload_param {
                     engine.offload_param(device, pin_memory)?;
                 }
@@ -325,6 +333,11 @@ impl Accelerator {
                 detail: "no process group could be created for the sharded run".into(),
             })?;
         let shard_groups = engine.shard_groups();
+        if plugin.mixed_precision.is_some() {
+            // The model computes in its own half dtype; the engine scales the loss.
+            self.autocast = None;
+            self.scaler = None;
+        }
         self.ddp = None;
         self.zero = Some(Zero {
             engine: Arc::new(Mutex::new(engine)),
@@ -379,6 +392,12 @@ impl Accelerator {
         };
         self.state
             .with_sharding_group(|pg| f(pg, &mut lock_engine(&z.engine)))
+    }
+
+    /// Whether the sharded engine runs DeepSpeed's half-precision regime (its loss scaler
+    /// skips overflowed steps: a non-finite gradient norm is a skipped step there).
+    pub fn loss_scaled_engine(&self) -> bool {
+        self.zero_engine().is_some_and(|e| e.loss_scaler().is_some())
     }
 
     /// The memory the sharded engine holds on this rank (`None` outside a sharded run).
@@ -455,6 +474,15 @@ impl Accelerator {
             Some(mut s) => s.scale_tensor(loss.device())?,
             None => None,
         };
+        // DeepSpeed's half-precision engine: `loss_scaler.backward(loss)`, `loss * cur_scale`.
+        let engine_scale = self.zero_engine().map_or(1.0, |e| e.loss_scale());
+        if engine_scale != 1.0 {
+            loss.f_mul_scalar(engine_scale)?.f_backward()?;
+            if self.sync_gradients() {
+                self.reduce_gradients()?;
+            }
+            return Ok(());
+        }
         match scale {
             Some(scale) => loss
                 .f_mul(&scale.f_to_device(loss.device())?)?
@@ -520,6 +548,13 @@ impl Accelerator {
     /// accelerate counts the step as taken).
     pub fn optimizer_step(&self, optimizer: &mut dyn Optimizer) -> Result<bool> {
         self.reduce_gradients()?;
+        // DeepSpeed's half-precision engine: an overflowed step is skipped (its
+        // `optimizer.overflow`, which accelerate reports as `optimizer_step_was_skipped`).
+        if self.zero_op(|pg, engine| engine.prepare_step(pg))? == Some(true) {
+            self.zero_op(|_, engine| engine.zero_grad())?;
+            self.gradients_reduced.store(false, Ordering::Relaxed);
+            return Ok(true);
+        }
         let skipped = match self.scaler() {
             None => {
                 optimizer.step()?;

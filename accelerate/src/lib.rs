@@ -50,6 +50,7 @@ mod error;
 mod ffi;
 mod flat;
 mod grad_boundary;
+mod loss_scaler;
 mod operations;
 mod random;
 mod state;
@@ -67,7 +68,10 @@ pub use backends::{
 };
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};
+pub use loss_scaler::{DynamicLossArgs, DynamicLossScaler, LossScaler};
 pub use operations::concat_padded;
 pub use random::{get_rng_state, set_rng_state};
 pub use state::{PartialState, backend_for};
-pub use zero::{ShardMemory, ZeroEngine, ZeroStage, optimizer_state_bytes, unit_of};
+pub use zero::{
+    ShardMemory, ZeroEngine, ZeroMixedPrecision, ZeroStage, optimizer_state_bytes, unit_of,
+};

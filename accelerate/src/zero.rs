@@ -52,6 +52,23 @@
 //! shards themselves there, copied to the model's device for each all-gather. Both are
 //! bookkeeping of devices around the same operations, so the numbers are those without
 //! offload; [`ShardMemory::offload_bytes`] counts what lives on the offload device.
+//!
+//! Half precision (DeepSpeed's `fp16` / `bf16` sections, [`ZeroEngine::set_mixed_precision`]):
+//! the model's variables are float16 / bfloat16 (the Trainer casts the model first, as
+//! DeepSpeed's engine calls `module.half()` / `.bfloat16()`), and the shards are float32
+//! masters made from them (DeepSpeed's `single_partition_of_fp32_groups`). The gradients are
+//! reduced in the model's dtype (DeepSpeed's default `communication_data_type`; at stages 2
+//! and 3 each rank's gradients divided by the world size before the sum, as DeepSpeed's
+//! reduce-scatter does) and handed to the masters as float32; the optimizer steps the masters; the updated masters are
+//! rounded to the model's dtype before every all-gather. The step follows
+//! `DeepSpeedZeroOptimizer.step` ([`ZeroEngine::clip_grad_norm`]): an inf / NaN in any
+//! rank's gradient shard (all-reduced with MAX) is an overflow; the [`LossScaler`] is
+//! updated; an overflowed step clears the gradients and is skipped
+//! ([`ZeroEngine::step_was_skipped`]: the optimizer and the scheduler do not step, the
+//! gradient norm is `inf`); otherwise the gradient norm is the scaled norm over the scale
+//! the loss was multiplied by, and the gradients are divided by `clip * loss_scale` with the
+//! scale as updated (DeepSpeed's `unscale_and_clip_grads`, which reads the scale after
+//! `_update_scale`).
 
 use tch::{Kind, Tensor};
 use tchtrain_distributed::{ProcessGroup, ReduceOp};
@@ -59,6 +76,29 @@ use tchtrain_optim::{GroupSpec, Optimizer, set_grad};
 
 use crate::error::{Error, Result};
 use crate::flat::{FlatBuffer, FlatLayout};
+use crate::loss_scaler::LossScaler;
+
+/// DeepSpeed's half-precision regime for the engine (its `fp16` / `bf16` config sections):
+/// what [`ZeroEngine::set_mixed_precision`] takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZeroMixedPrecision {
+    /// The loss scaler (`CreateLossScaler`): dynamic or static for float16, a static scale of
+    /// 1 for bfloat16.
+    pub loss_scaler: LossScaler,
+    /// `check_grad_overflow`: skip a step whose gradients hold an inf or NaN (always for
+    /// fp16; `bf16.check_grad_overflow`, default true, for bf16).
+    pub check_grad_overflow: bool,
+}
+
+/// The state of the half-precision regime while training.
+#[derive(Debug)]
+struct MixedState {
+    config: ZeroMixedPrecision,
+    /// Whether the last step overflowed (DeepSpeed's `optimizer.overflow`).
+    overflow: bool,
+    /// Whether this step's prologue ([`ZeroEngine::clip_grad_norm`]) ran.
+    prologue_done: bool,
+}
 
 /// DeepSpeed's `ZeroStageEnum`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -150,17 +190,30 @@ pub fn unit_of(name: &str, prefixes: &[String]) -> usize {
 /// This rank's slice of the average over ranks of `flat_grad` (`b`'s flattened gradients),
 /// then `b`'s variables' gradients freed. On CPU the reduce-scatter is an all-reduce and a
 /// narrow, which Gloo runs faster.
+///
+/// `predivide` (DeepSpeed's half-precision ZeRO-2 / ZeRO-3 reduce-scatter): every rank's
+/// gradients are divided by the world size first and then summed, as DeepSpeed's
+/// `average_tensor` / `reduce_scatter_coalesced` do, so that half-precision sums that would
+/// pass the dtype's largest value do not overflow.
 fn reduce_scatter_grads(
     pg: &mut ProcessGroup,
     b: &Sharded,
     flat_grad: &Tensor,
     on_cpu: bool,
+    predivide: bool,
 ) -> Result<Tensor> {
     let mut out = Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
-    if on_cpu {
-        pg.reduce_scatter_via_all_reduce(&mut out, flat_grad, ReduceOp::Avg)?;
+    let op = if predivide {
+        let mut g = flat_grad.shallow_clone();
+        let _ = g.f_div_scalar_(f64::from(pg.world_size()))?;
+        ReduceOp::Sum
     } else {
-        pg.reduce_scatter(&mut out, flat_grad, ReduceOp::Avg)?;
+        ReduceOp::Avg
+    };
+    if on_cpu {
+        pg.reduce_scatter_via_all_reduce(&mut out, flat_grad, op)?;
+    } else {
+        pg.reduce_scatter(&mut out, flat_grad, op)?;
     }
     for v in &b.flat.vars {
         set_grad(v, None)?;
@@ -203,6 +256,8 @@ pub struct ZeroEngine {
     /// Whether [`ZeroEngine::offload_param`] moved the shards off the model's device.
     params_offloaded: bool,
     full_gathers: usize,
+    /// DeepSpeed's fp16 / bf16 regime (float32 master shards, the loss scaler).
+    mixed: Option<MixedState>,
 }
 
 /// A detached, contiguous copy of `t` on `device` for offloading (always new storage),
@@ -244,7 +299,8 @@ impl Sharded {
     /// device; with `accumulate`, added to the gradient it holds.
     fn set_opt_grad(&self, grad: Tensor, accumulate: bool) -> Result<()> {
         let target = self.opt_param();
-        let grad = grad.f_to_device(target.device())?;
+        // Half precision: the gradient was reduced in the model's dtype; the master is fp32.
+        let grad = grad.f_to_device(target.device())?.f_to_kind(target.kind())?;
         let held = target.grad();
         let grad = if accumulate && held.defined() {
             tch::no_grad(|| held.f_add(&grad))?
@@ -335,6 +391,7 @@ impl ZeroEngine {
             step_end: (0, 0, 0),
             params_offloaded: false,
             full_gathers: 0,
+            mixed: None,
         };
         engine.note_peak();
         Ok(engine)
@@ -390,6 +447,80 @@ impl ZeroEngine {
                 }
             })
             .collect()
+    }
+
+    /// DeepSpeed's `fp16` / `bf16` regime (see the module docs): this rank's shards become
+    /// float32 masters of the model's float16 / bfloat16 parameters, and the step follows
+    /// the loss scaler of `mp`. The model's parameters must already be in the half dtype.
+    /// Call it right after [`Self::new`], before the offload methods and before building the
+    /// optimizer.
+    pub fn set_mixed_precision(&mut self, mp: ZeroMixedPrecision) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            for b in &mut self.buffers {
+                if !matches!(b.flat.kind, Kind::Half | Kind::BFloat16) {
+                    return Err(Error::Sharding {
+                        detail: format!(
+                            "half-precision ZeRO needs float16 / bfloat16 parameters; `{}` is {:?} (cast the model first, as DeepSpeed's engine does)",
+                            b.flat.layout.params.first().map_or("?", |p| p.name.as_str()),
+                            b.flat.kind
+                        ),
+                    });
+                }
+                b.shard = b
+                    .shard
+                    .f_detach()?
+                    .f_to_kind(Kind::Float)?
+                    .set_requires_grad(true);
+            }
+            Ok(())
+        })?;
+        self.mixed = Some(MixedState {
+            config: mp,
+            overflow: false,
+            prologue_done: false,
+        });
+        Ok(())
+    }
+
+    /// The loss scale the next backward multiplies the loss by (1 without a half-precision
+    /// regime).
+    pub fn loss_scale(&self) -> f64 {
+        self.mixed
+            .as_ref()
+            .map_or(1.0, |m| m.config.loss_scaler.loss_scale())
+    }
+
+    /// The loss scaler of the half-precision regime, if any (a checkpoint saves it).
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.mixed.as_ref().map(|m| &m.config.loss_scaler)
+    }
+
+    /// Replaces the loss scaler's state (resuming from a checkpoint).
+    pub fn load_loss_scaler(&mut self, scaler: LossScaler) -> Result<()> {
+        match &mut self.mixed {
+            Some(m) => {
+                m.config.loss_scaler = scaler;
+                Ok(())
+            }
+            None => Err(Error::Sharding {
+                detail: "a loss scaler state was given to a run without DeepSpeed's fp16 / bf16 regime".into(),
+            }),
+        }
+    }
+
+    /// Whether the last step overflowed and was skipped (DeepSpeed's `optimizer.overflow`).
+    pub fn step_was_skipped(&self) -> bool {
+        self.mixed.as_ref().is_some_and(|m| m.overflow)
+    }
+
+    /// Under half precision, runs the step's prologue (overflow check, loss-scale update,
+    /// unscaling; no clipping) unless [`Self::clip_grad_norm`] ran it this step; returns
+    /// whether the step is to be skipped. Nothing otherwise. A collective.
+    pub fn prepare_step(&mut self, pg: &mut ProcessGroup) -> Result<bool> {
+        if self.mixed.as_ref().is_some_and(|m| !m.prologue_done) {
+            self.clip_grad_norm(pg, 0.0)?;
+        }
+        Ok(self.step_was_skipped())
     }
 
     /// DeepSpeed's `offload_optimizer`: keeps a copy of every shard on `device` (the CPU
@@ -457,7 +588,8 @@ impl ZeroEngine {
     fn memory_now(&self) -> ShardMemory {
         let mut m = ShardMemory::default();
         for b in &self.buffers {
-            let elt = b.flat.kind.elt_size_in_bytes();
+            // The shards' dtype: the model's, or float32 masters under half precision.
+            let elt = b.shard.kind().elt_size_in_bytes();
             let held = |t: &Tensor| {
                 let g = t.grad();
                 if g.defined() { g.numel() * elt } else { 0 }
@@ -523,8 +655,13 @@ impl ZeroEngine {
             }
             let mut full =
                 Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
-            // With offload_param the shard comes to the model's device first.
-            let shard = b.shard.f_detach()?.f_to_device(b.flat.device)?;
+            // With offload_param the shard comes to the model's device first; a float32
+            // master is rounded to the model's dtype.
+            let shard = b
+                .shard
+                .f_detach()?
+                .f_to_device(b.flat.device)?
+                .f_to_kind(b.flat.kind)?;
             pg.all_gather_into(&mut full, &shard)?;
             b.flat.materialise(&full)?;
             b.gathered = true;
@@ -612,12 +749,13 @@ impl ZeroEngine {
             return Ok(());
         }
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
+        let predivide = self.mixed.is_some();
         for b in &mut self.buffers {
             if b.flat.layout.unit != unit {
                 continue;
             }
             let flat_grad = b.flat.flatten(true)?;
-            let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu))?;
+            let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu, predivide))?;
             b.set_opt_grad(out, b.reduced)?;
             b.reduced = true;
         }
@@ -632,6 +770,7 @@ impl ZeroEngine {
         let rank = self.rank;
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let stage = self.stage;
+        let predivide = self.mixed.is_some();
         for b in &mut self.buffers {
             if b.reduced {
                 continue;
@@ -652,7 +791,7 @@ impl ZeroEngine {
                     }
                     Ok(b.flat.slice_of(&full, rank)?.f_contiguous()?.copy())
                 } else {
-                    reduce_scatter_grads(pg, b, &flat_grad, on_cpu)
+                    reduce_scatter_grads(pg, b, &flat_grad, on_cpu, predivide)
                 }
             })?;
             b.set_opt_grad(grad_shard, false)?;
@@ -663,20 +802,13 @@ impl ZeroEngine {
         Ok(())
     }
 
-    /// The global L2 norm of the shard gradients (all ranks together) and, when
-    /// `max_norm > 0`, clipping to it as `torch.nn.utils.clip_grad_norm_` (every shard
-    /// gradient scaled by `min(max_norm / (norm + 1e-6), 1)`). A collective.
-    pub fn clip_grad_norm(&mut self, pg: &mut ProcessGroup, max_norm: f64) -> Result<f64> {
-        let grads: Vec<Tensor> = self
-            .buffers
-            .iter()
-            .map(|b| b.opt_param().grad())
-            .filter(Tensor::defined)
-            .collect();
-        let total = tch::no_grad(|| -> Result<Tensor> {
+    /// The global L2 norm of the shard gradients (all ranks together, summed in float64) on
+    /// the group's device, as a float32 scalar. A collective.
+    fn global_grad_norm(pg: &mut ProcessGroup, grads: &[Tensor]) -> Result<Tensor> {
+        tch::no_grad(|| -> Result<Tensor> {
             // On the group's device (NCCL: the GPU), whatever device the gradients are on.
             let mut sq = Tensor::f_zeros([1], (Kind::Double, pg.device()))?;
-            for g in &grads {
+            for g in grads {
                 let g64 = g.f_to_kind(Kind::Double)?;
                 let s = g64.f_dot(&g64)?.f_to_device(pg.device())?;
                 sq = sq.f_add(&s)?;
@@ -686,7 +818,26 @@ impl ZeroEngine {
                 .f_sqrt()?
                 .f_to_kind(Kind::Float)?
                 .f_reshape([] as [i64; 0])?)
-        })?;
+        })
+    }
+
+    /// The global L2 norm of the shard gradients (all ranks together) and, when
+    /// `max_norm > 0`, clipping to it as `torch.nn.utils.clip_grad_norm_` (every shard
+    /// gradient scaled by `min(max_norm / (norm + 1e-6), 1)`). Under half precision this is
+    /// DeepSpeed's step prologue instead ([`Self::set_mixed_precision`]): the overflow check,
+    /// the loss scaler's update, and the gradients unscaled and clipped together; an
+    /// overflowed step returns `inf` and clears the gradients. A collective.
+    pub fn clip_grad_norm(&mut self, pg: &mut ProcessGroup, max_norm: f64) -> Result<f64> {
+        let grads: Vec<Tensor> = self
+            .buffers
+            .iter()
+            .map(|b| b.opt_param().grad())
+            .filter(Tensor::defined)
+            .collect();
+        if self.mixed.is_some() {
+            return self.unscale_and_clip(pg, max_norm, grads);
+        }
+        let total = Self::global_grad_norm(pg, &grads)?;
         let norm = total.f_double_value(&[])?;
         if max_norm > 0.0 {
             let coef = total
@@ -705,10 +856,86 @@ impl ZeroEngine {
         Ok(norm)
     }
 
+    /// `DeepSpeedZeroOptimizer.step` up to the optimizer's own step, on the float32 master
+    /// gradients `grads` (see the module docs). Returns DeepSpeed's `_global_grad_norm`.
+    fn unscale_and_clip(
+        &mut self,
+        pg: &mut ProcessGroup,
+        clip_grad: f64,
+        grads: Vec<Tensor>,
+    ) -> Result<f64> {
+        let check = self.mixed.as_ref().is_some_and(|m| m.config.check_grad_overflow);
+        // DeepSpeed's `self.dtype != torch.bfloat16`.
+        let not_bf16 = self.buffers.iter().any(|b| b.flat.kind != Kind::BFloat16);
+        let mut overflow = false;
+        if check {
+            // `has_overflow_partitioned_grads_serial` on this rank's partition, then the
+            // flag all-reduced with MAX over the ranks.
+            let mut local = false;
+            for g in &grads {
+                if g.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
+                    local = true;
+                    break;
+                }
+            }
+            let mut flag = Tensor::f_from_slice(&[f32::from(u8::from(local))])?
+                .f_to_device(pg.device())?;
+            pg.all_reduce(&mut flag, ReduceOp::Max)?;
+            overflow = flag.f_double_value(&[0])? > 0.0;
+        }
+        let mut scaled_norm = None;
+        if !overflow {
+            let total = Self::global_grad_norm(pg, &grads)?;
+            let value = total.f_double_value(&[])?;
+            // DeepSpeed: an invalid norm is an overflow too, except bf16 without the check.
+            if (not_bf16 || check) && !value.is_finite() {
+                overflow = true;
+            }
+            scaled_norm = Some(value as f32);
+        }
+        let mixed = self.mixed.as_mut().expect("checked by the caller");
+        let prev_scale = mixed.config.loss_scaler.loss_scale();
+        mixed.config.loss_scaler.update_scale(overflow)?;
+        mixed.overflow = overflow;
+        mixed.prologue_done = true;
+        let loss_scale = mixed.config.loss_scaler.loss_scale();
+        if overflow {
+            // `zero_grad(set_to_none=True)`: the step is skipped.
+            for b in &self.buffers {
+                set_grad(b.opt_param(), None)?;
+            }
+            return Ok(f64::INFINITY);
+        }
+        let norm = scaled_norm.unwrap_or(0.0);
+        // `unscale_and_clip_grads` with the scale as `_update_scale` left it, in float32 as
+        // DeepSpeed's tensor arithmetic.
+        if !(clip_grad == 0.0 && loss_scale == 1.0) {
+            let factor = if clip_grad > 0.0 {
+                let clip = ((norm / loss_scale as f32 + 1e-6) / clip_grad as f32).max(1.0);
+                let combined = clip * loss_scale as f32;
+                Tensor::from(1.0f32 / combined)
+            } else {
+                Tensor::from(1.0 / loss_scale)
+            };
+            tch::no_grad(|| -> Result<()> {
+                for mut g in grads {
+                    let c = factor.f_to_device(g.device())?.f_to_kind(g.kind())?;
+                    let _ = g.f_mul_(&c)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(f64::from(norm / prev_scale as f32))
+    }
+
     /// After the optimizer's step: offloaded masters are copied back into the shards;
     /// stages 1 and 2 then all-gather the updated shards into every rank's full parameters
     /// (a collective); stage 3 keeps them sharded.
     pub fn after_step(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        if self.step_was_skipped() {
+            // An overflowed half-precision step: the weights did not change.
+            return Ok(());
+        }
         tch::no_grad(|| -> Result<()> {
             for b in &mut self.buffers {
                 if let Some(master) = &b.master {
@@ -723,7 +950,7 @@ impl ZeroEngine {
         for b in &mut self.buffers {
             let mut full =
                 Tensor::f_empty([b.flat.layout.padded_numel], (b.flat.kind, b.flat.device))?;
-            let shard = b.shard.f_detach()?;
+            let shard = b.shard.f_detach()?.f_to_kind(b.flat.kind)?;
             pg.all_gather_into(&mut full, &shard)?;
             b.flat.copy_into_vars(&full)?;
         }
@@ -734,6 +961,9 @@ impl ZeroEngine {
     /// `zero_grad`; the optimizer's `zero_grad` zeroes the shards'), and records the memory
     /// held at the end of the step ([`ShardMemory::step_end_param_bytes`]).
     pub fn zero_grad(&mut self) -> Result<()> {
+        if let Some(m) = &mut self.mixed {
+            m.prologue_done = false;
+        }
         for b in &mut self.buffers {
             b.reduced = false;
             for v in &mut b.flat.vars {

@@ -483,7 +483,10 @@ pub fn field_support(field: &str) -> Option<&'static FieldSupport> {
 }
 
 const DS_PERF: &str = "tunes DeepSpeed's communication buckets, overlap or memory reuse; the engine here reduces and gathers whole shards per step, and no value changes a number";
-const DS_SCALER: &str = "read only by DeepSpeed's fp16 loss scaler: fp16 trains in fp32 on the CPU (as upstream) and DeepSpeed's fp16 is refused on CUDA";
+const DS_HALF: &[&str] = &[
+    "deepspeed_fp16_and_bf16_train_as_deepspeeds_engine",
+    "loss_scaler_trajectories_equal_deepspeeds",
+];
 const DS_OWN_LOGS: &str = "DeepSpeed's own console output; the Trainer logs as usual";
 const DS_SECTIONS: &[&str] = &["the_config_optimizer_and_scheduler_replace_the_trainers"];
 const DS_SCHEDULES: &[&str] = &[
@@ -504,22 +507,38 @@ pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
     h("train_micro_batch_size_per_gpu", DS_FILLED),
     h("gradient_accumulation_steps", DS_FILLED),
     h("gradient_clipping", DS_FILLED),
+    h("fp16.enabled", DS_HALF),
     partly(
-        "fp16.enabled",
-        &["fp16_on_the_cpu_trains_in_fp32_as_upstream"],
-        "`false`, and `true` on the CPU, where fp16 trains in fp32 as upstream; on CUDA DeepSpeed's fp16 (half-precision weights, fp32 masters, its loss scaler) is refused: train in fp32, or with --bf16 (accelerate's autocast) and no DeepSpeed `bf16` section",
+        "fp16.auto_cast",
+        DS_HALF,
+        "casts the model's floating-point inputs to float16; the models here take token ids (integers), which DeepSpeed leaves as they are",
     ),
-    inert("fp16.auto_cast", DS_SCALER),
-    inert("fp16.loss_scale", DS_SCALER),
-    inert("fp16.loss_scale_window", DS_SCALER),
-    inert("fp16.initial_scale_power", DS_SCALER),
-    inert("fp16.hysteresis", DS_SCALER),
-    inert("fp16.consecutive_hysteresis", DS_SCALER),
-    inert("fp16.min_loss_scale", DS_SCALER),
+    h("fp16.loss_scale", DS_HALF),
+    h("fp16.loss_scale_window", DS_HALF),
+    h("fp16.initial_scale_power", DS_HALF),
+    h("fp16.hysteresis", DS_HALF),
+    h("fp16.consecutive_hysteresis", DS_HALF),
+    h("fp16.min_loss_scale", DS_HALF),
     partly(
-        "bf16.enabled",
-        &["every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused"],
-        "`false`; DeepSpeed's bf16 (the model cast to bfloat16 with fp32 masters in the optimizer, not autocast) is refused: use --bf16 without a `bf16` section, which runs accelerate's autocast",
+        "fp16.fp16_master_weights_and_grads",
+        DS_HALF,
+        "`false`; `true` (fp16 masters, with DeepSpeed's CPU Adam only) is refused",
+    ),
+    h("bf16.enabled", DS_HALF),
+    h("bf16.check_grad_overflow", DS_HALF),
+    inert(
+        "bf16.immediate_grad_update",
+        "read by DeepSpeed's BF16_Optimizer (ZeRO stage 0) only; its ZeRO-1/2/3 optimizers, the ones that run here, do not read it",
+    ),
+    partly(
+        "bf16.bf16_master_weights_and_grads",
+        DS_HALF,
+        "`false`; bf16 masters are refused (the masters here are fp32)",
+    ),
+    partly(
+        "bf16.bf16_optimizer_states",
+        DS_HALF,
+        "`false`; bf16 optimizer states are refused",
     ),
     partly(
         "optimizer.type",
@@ -540,6 +559,18 @@ pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
     h(
         "zero_optimization.stage",
         &["zero_and_fsdp_runs_equal_ddp_with_sharded_memory"],
+    ),
+    h(
+        "zero_optimization.cpu_offload",
+        &["deprecated_offload_keys_map_as_deepspeeds"],
+    ),
+    h(
+        "zero_optimization.cpu_offload_param",
+        &["deprecated_offload_keys_map_as_deepspeeds"],
+    ),
+    inert(
+        "zero_optimization.cpu_offload_use_pin_memory",
+        "deprecated: DeepSpeed warns and reads nothing from it (use the `pin_memory` of offload_optimizer / offload_param)",
     ),
     partly(
         "zero_optimization.offload_optimizer.device",
@@ -653,6 +684,11 @@ pub static FSDP_KEY_SUPPORT: &[FieldSupport] = &[
         "activation_checkpointing",
         &["activation_checkpointing_trains_as_the_plain_run"],
     ),
+    partly(
+        "mixed_precision",
+        &["fsdp_mixed_precision_key_follows_the_flag"],
+        "upstream's Trainer does not read it (--bf16 / --fp16 decide): a value naming the flag's dtype is accepted with a log line saying so, one that contradicts the flag is refused",
+    ),
     refused(
         "xla",
         "XLA (TPU) FSDP is not available: libtorch here runs on the CPU or CUDA; remove it",
@@ -695,6 +731,43 @@ pub fn check_fsdp_keys(config: &serde_json::Map<String, Value>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `fsdp_config` key `mixed_precision` (written by some guides, e.g. `"bf16"`), which
+/// upstream's Trainer does not read: the run's precision is `--bf16` / `--fp16`
+/// (`args.mixed_precision()`). A value naming that precision is accepted with a log line
+/// saying the flag decides; another is refused, naming both.
+pub fn check_fsdp_mixed_precision(
+    config: &serde_json::Map<String, Value>,
+    args: &TrainingArguments,
+) -> Result<()> {
+    let Some(value) = config.get("mixed_precision") else {
+        return Ok(());
+    };
+    let named = match value {
+        Value::String(s) => s.to_lowercase(),
+        Value::Bool(false) | Value::Null => "no".into(),
+        other => other.to_string(),
+    };
+    let named = match named.as_str() {
+        "bfloat16" => "bf16".to_string(),
+        "float16" | "half" => "fp16".to_string(),
+        "fp32" | "float32" | "none" => "no".to_string(),
+        _ => named,
+    };
+    let flag = args.mixed_precision();
+    if named == flag {
+        log::info!(
+            "fsdp_config `mixed_precision`={value}: upstream's Trainer does not read this key; the run's precision comes from --bf16 / --fp16 (here {flag}), which it agrees with"
+        );
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        field: "fsdp_config",
+        detail: format!(
+            "`mixed_precision`={value} contradicts the run's precision `{flag}` (--bf16 / --fp16): upstream's Trainer does not read this key and would train in `{flag}`; pass the flag you mean (--bf16 for \"bf16\") or remove the key"
+        ),
+    })
 }
 
 /// Python's truth value of a JSON value, with upstream's `str_to_bool` for strings.
@@ -749,10 +822,11 @@ pub fn deepspeed_key_support(key: &str) -> Option<&'static FieldSupport> {
         .or_else(|| rows.iter().find(|r| key_matches(r.field, key)))
 }
 
-/// Applies [`DEEPSPEED_KEY_SUPPORT`] to a processed DeepSpeed config for a run on `device`:
-/// an unknown key or a refused value is an [`Error::InvalidArgument`] of `deepspeed`
-/// naming the key; inert keys are logged once.
-pub fn check_deepspeed_keys(config: &serde_json::Map<String, Value>, device: Device) -> Result<()> {
+/// Applies [`DEEPSPEED_KEY_SUPPORT`] to a processed DeepSpeed config: an unknown key or a
+/// refused value is an [`Error::InvalidArgument`] of `deepspeed` naming the key; inert keys
+/// are logged once. (The values of the `fp16` / `bf16` sections are checked where they are
+/// read, `HfTrainerDeepSpeedConfig::zero_mixed_precision`.)
+pub fn check_deepspeed_keys(config: &serde_json::Map<String, Value>) -> Result<()> {
     let refuse = |key: &str, why: &str| {
         Err(Error::InvalidArgument {
             field: "deepspeed",
@@ -773,18 +847,6 @@ pub fn check_deepspeed_keys(config: &serde_json::Map<String, Value>, device: Dev
             (_, Support::Refused(why)) if is_true => return refuse(&key, why),
             (_, Support::Inert(why)) => {
                 log::info!("DeepSpeed `{key}`={value}: accepted, changes nothing here: {why}")
-            }
-            ("fp16.enabled", _) if is_true && device != Device::Cpu => {
-                return refuse(
-                    &key,
-                    "DeepSpeed's fp16 (half-precision weights, fp32 masters and its dynamic loss scaler) is not implemented; train in bf16 without DeepSpeed's `bf16` section (--bf16 runs accelerate's autocast) or in fp32",
-                );
-            }
-            ("bf16.enabled", _) if is_true => {
-                return refuse(
-                    &key,
-                    "DeepSpeed's bf16 (the model cast to bfloat16, fp32 masters in the optimizer) is not implemented; remove the `bf16` section and --bf16 runs accelerate's bf16 autocast, or train in fp32",
-                );
             }
             (
                 "zero_optimization.stage3_gather_16bit_weights_on_model_save"

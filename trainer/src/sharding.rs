@@ -111,11 +111,6 @@ pub(crate) fn fsdp_requested(args: &TrainingArguments) -> bool {
     matches!(args.fsdp, Some(StrOrBool::Bool(true)))
 }
 
-/// Whether the arguments ask for DeepSpeed or FSDP (which bring their own loss scalers).
-pub(crate) fn sharding_requested(args: &TrainingArguments) -> bool {
-    args.deepspeed.is_some() || fsdp_requested(args)
-}
-
 /// Whether checkpoint `ckpt` holds its weights only as shards: no `model.safetensors`
 /// (nor its index) but shard files (FSDP's SHARDED_STATE_DICT). Resuming it skips the
 /// full-model load; the shards restore the weights ([`Trainer::load_sharded_state`]).

@@ -349,7 +349,7 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
-        if self.args.fp16 && self.accelerator.scaler().is_none() {
+        if self.args.fp16 && self.accelerator.scaler().is_none() && self.args.deepspeed.is_none() {
             // As accelerate: fp16 enables autocast and loss scaling on accelerators only.
             log::warn!(
                 "fp16 has no effect on the CPU (accelerate enables float16 autocast and loss \
@@ -357,12 +357,12 @@ impl Trainer {
                  use --bf16 for mixed precision on the CPU"
             );
         }
-        if self.accelerator.scaler().is_some() && crate::sharding::sharding_requested(&self.args) {
+        if self.accelerator.scaler().is_some() && crate::sharding::fsdp_requested(&self.args) {
             return Err(Error::InvalidArgument {
                 field: "fp16",
-                detail: "fp16 loss scaling with --deepspeed / --fsdp (DeepSpeed's own loss \
-                         scaler, FSDP's ShardedGradScaler) is not implemented yet: use --bf16 \
-                         (no scaling needed)"
+                detail: "fp16 loss scaling with --fsdp (FSDP's ShardedGradScaler) is not \
+                         implemented yet: use --bf16 (no scaling needed), or DeepSpeed's fp16 \
+                         (--deepspeed with an fp16 section)"
                     .into(),
             });
         }
@@ -625,7 +625,10 @@ impl Trainer {
                         self.created_optimizer()?,
                     )?;
                     // With loss scaling a non-finite norm is a skipped step, not a divergence.
-                    if self.stop_on_non_finite && self.accelerator.scaler().is_none() {
+                    if self.stop_on_non_finite
+                        && self.accelerator.scaler().is_none()
+                        && !self.accelerator.loss_scaled_engine()
+                    {
                         let value = norm.f_double_value(&[])?;
                         if !value.is_finite() {
                             return self.stop_non_finite(value);

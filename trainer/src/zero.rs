@@ -48,6 +48,22 @@ use crate::sharding::{
 };
 use crate::trainer::Trainer;
 
+/// Casts the model's floating-point variables to `kind` in place (DeepSpeed's
+/// `_cast_module_mixed_precision` of the parameters); the model then computes in `kind`.
+fn cast_parameters(model: &dyn tchtrain_models::TrainableModel, kind: tch::Kind) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        for (_, mut var) in model.var_store().variables() {
+            if matches!(var.kind(), tch::Kind::Float | tch::Kind::Double | tch::Kind::Half | tch::Kind::BFloat16)
+                && var.kind() != kind
+            {
+                let cast = var.f_to_kind(kind)?;
+                var.f_set_data(&cast)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
 fn hidden_size(trainer: &Trainer) -> Option<i64> {
     let v = trainer
@@ -71,6 +87,7 @@ impl Trainer {
         let ds = deepspeed_config(&self.args)?;
         let fsdp_on = fsdp_requested(&self.args);
         let mut offload = Offload::default();
+        let mut half = None;
         self.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -78,17 +95,38 @@ impl Trainer {
                 return Err(tchtrain_fsdp::Error::Upstream("Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags.".into()).into());
             }
             ds.check_trainer_compat(&self.args)?;
+            // DeepSpeed maps its deprecated keys when it reads the config.
+            for warning in ds.normalize_deprecated_keys()? {
+                log::warn!("{warning}");
+            }
             // With auto_find_batch_size, the batch size the search is at (upstream's
             // `_update_auto_batch_size` propagates it into the config).
             let mut args = self.args.clone();
             args.per_device_train_batch_size = self.train_batch_size;
             ds.trainer_config_process(&args, self.args.auto_find_batch_size);
+            // accelerate's DeepSpeedPlugin, built after the arguments processed the config.
+            ds.set_mixed_precision(if self.args.fp16 {
+                "fp16"
+            } else if self.args.bf16 {
+                "bf16"
+            } else {
+                "no"
+            })?;
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
-            crate::field_support::check_deepspeed_keys(&ds.config, self.device())?;
+            crate::field_support::check_deepspeed_keys(&ds.config)?;
+            half = ds.zero_mixed_precision()?;
             self.deepspeed = Some(Box::new(ds));
             let ds = self.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
+                if let Some((kind, _)) = &half {
+                    return Err(Error::InvalidArgument {
+                        field: "deepspeed",
+                        detail: format!(
+                            "DeepSpeed's {kind:?} training without ZeRO (stage 0: its FP16_Optimizer / BF16_Optimizer) is not implemented; set zero_optimization.stage to 1, 2 or 3 (the same numbers on one process, and sharded on several)"
+                        ),
+                    });
+                }
                 return Ok(false);
             };
             offload = offload_settings(ds)?;
@@ -105,6 +143,7 @@ impl Trainer {
                     detail: "the XLA FSDP path is not available".into(),
                 })?;
             if let Some(DictOrPath::Dict(config)) = &self.args.fsdp_config {
+                crate::field_support::check_fsdp_mixed_precision(config, &self.args)?;
                 crate::field_support::check_fsdp_keys(config)?;
             }
             let plugin = FsdpPlugin::from_args(&map)?;
@@ -161,6 +200,16 @@ impl Trainer {
                 detail: "a sharded run builds its optimizer over the shards: let the Trainer create it (set optim / learning_rate / weight_decay)".into(),
             });
         }
+        if let Some((kind, _)) = &half {
+            // DeepSpeed's engine casts the model's parameters (not its buffers) to the half
+            // dtype before building the optimizer.
+            cast_parameters(&*self.model, *kind)?;
+            if *kind == tch::Kind::Half && self.device() == tch::Device::Cpu {
+                log::warn!(
+                    "DeepSpeed's fp16 regime on the CPU: DeepSpeed's own engine refuses fp16 on a CPU without mkldnn fp16 kernels; it runs here (float16 weights and activations, fp32 masters, the dynamic loss scaler) so that it can be tested, slowly"
+                );
+            }
+        }
         let groups = self.optimizer_param_groups()?;
         let plugin = ZeroPlugin {
             distributed_type: match source {
@@ -171,6 +220,7 @@ impl Trainer {
             units,
             offload_param: offload.param,
             offload_optimizer: offload.optimizer,
+            mixed_precision: half.map(|(_, mp)| mp),
         };
         refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
@@ -187,6 +237,14 @@ impl Trainer {
     /// Bytes of the optimizer's state tensors on this rank (its shard under ZeRO / FSDP).
     pub fn optimizer_state_bytes(&self) -> usize {
         self.optimizer.as_deref().map_or(0, optimizer_state_bytes)
+    }
+
+    /// DeepSpeed's loss scale now (`loss_scaler.cur_scale`) in a run of its fp16 / bf16
+    /// regime; `None` otherwise.
+    pub fn deepspeed_loss_scale(&self) -> Option<f64> {
+        self.accelerator
+            .zero_engine()
+            .and_then(|e| e.loss_scaler().map(|s| s.loss_scale()))
     }
 
     /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run, once

@@ -6,6 +6,8 @@
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
+use tch::Kind;
+use tchtrain_accelerate::{DynamicLossArgs, LossScaler, ZeroMixedPrecision};
 use tchtrain_training_args::{TrainingArguments, python_repr};
 
 use crate::{Error, Result};
@@ -341,6 +343,232 @@ impl HfTrainerDeepSpeedConfig {
             });
         }
         Ok(())
+    }
+
+    /// DeepSpeed's deprecated `zero_optimization` keys mapped as its config classes map them
+    /// (`DeepSpeedZeroConfig`'s `new_param_fn`s): `cpu_offload: true` becomes
+    /// `offload_optimizer: {"device": "cpu"}`, `cpu_offload_param: true` becomes
+    /// `offload_param: {"device": "cpu"}` (a false value removes the key and sets nothing);
+    /// giving one with its replacement is DeepSpeed's assertion error.
+    /// `cpu_offload_use_pin_memory` is kept as DeepSpeed keeps it (it reads nothing from
+    /// it). Returns DeepSpeed's deprecation warnings, one per mapped key.
+    pub fn normalize_deprecated_keys(&mut self) -> Result<Vec<String>> {
+        let mut warnings = Vec::new();
+        let Some(zero) = self
+            .config
+            .get_mut("zero_optimization")
+            .and_then(Value::as_object_mut)
+        else {
+            return Ok(warnings);
+        };
+        for (old, new) in [
+            ("cpu_offload", "offload_optimizer"),
+            ("cpu_offload_param", "offload_param"),
+        ] {
+            let Some(value) = zero.remove(old) else {
+                continue;
+            };
+            if zero.contains_key(new) {
+                return Err(Error::InvalidConfig {
+                    key: format!("zero_optimization.{old}"),
+                    value: python_repr(&value),
+                    fix: "Cannot provide a deprecated parameter and its replacing parameter together (DeepSpeed's assertion): remove it and keep the new key",
+                });
+            }
+            let on = match &value {
+                Value::Bool(b) => *b,
+                Value::Null => false,
+                _ => {
+                    return Err(Error::InvalidConfig {
+                        key: format!("zero_optimization.{old}"),
+                        value: python_repr(&value),
+                        fix: "a boolean (DeepSpeed's `Optional[bool]`)",
+                    });
+                }
+            };
+            if on {
+                zero.insert(new.into(), json!({"device": "cpu"}));
+            }
+            warnings.push(format!(
+                "Config parameter {old} is deprecated use {new} instead"
+            ));
+        }
+        if zero.contains_key("cpu_offload_use_pin_memory") {
+            warnings.push(
+                "Config parameter cpu_offload_use_pin_memory is deprecated use offload_param or offload_optimizer instead"
+                    .into(),
+            );
+        }
+        Ok(warnings)
+    }
+
+    /// accelerate's `DeepSpeedPlugin.set_mixed_precision(mixed_precision)` (`"no"`,
+    /// `"fp16"` or `"bf16"`, from `--fp16` / `--bf16`): the requested section is added when
+    /// absent (`{"enabled": true, "auto_cast": true}` for fp16, `{"enabled": true}` for
+    /// bf16), a config enabling the other dtype is accelerate's error, both sections exist
+    /// afterwards and their `"auto"` `enabled` values are filled.
+    pub fn set_mixed_precision(&mut self, mixed_precision: &str) -> Result<()> {
+        match mixed_precision {
+            "fp16" if !self.config.contains_key("fp16") => {
+                self.config
+                    .insert("fp16".into(), json!({"enabled": true, "auto_cast": true}));
+            }
+            "bf16" if !self.config.contains_key("bf16") => {
+                self.config.insert("bf16".into(), json!({"enabled": true}));
+            }
+            _ => {}
+        }
+        if mixed_precision != "no" {
+            let other = if mixed_precision == "fp16" {
+                "bf16"
+            } else {
+                "fp16"
+            };
+            // `str(ds_config.get(diff_dtype, {}).get("enabled", "False")).lower() == "true"`
+            let enabled = self
+                .get_value(&format!("{other}.enabled"))
+                .map(|v| match v {
+                    Value::String(s) => s.to_lowercase(),
+                    Value::Bool(b) => b.to_string(),
+                    other => other.to_string(),
+                });
+            if enabled.as_deref() == Some("true") {
+                return Err(Error::MixedPrecisionConflict {
+                    mixed_precision: mixed_precision.to_string(),
+                    other,
+                });
+            }
+        }
+        for dtype in ["fp16", "bf16"] {
+            if !self.config.contains_key(dtype) {
+                self.config.insert(dtype.into(), json!({"enabled": false}));
+            }
+        }
+        self.fill_only("fp16.enabled", json!(mixed_precision == "fp16"));
+        self.fill_only("bf16.enabled", json!(mixed_precision == "bf16"));
+        Ok(())
+    }
+
+    /// The half-precision regime of the `fp16` / `bf16` sections, as DeepSpeed's engine
+    /// builds its ZeRO optimizer from them (`DeepSpeedFP16Config` /
+    /// `DeepSpeedBF16Config` with their validators, `CreateLossScaler`,
+    /// `check_grad_overflow`): the dtype the model is cast to and what the engine takes;
+    /// `None` when both are disabled. Call it on a processed config (no `"auto"` left in
+    /// `enabled`).
+    pub fn zero_mixed_precision(&self) -> Result<Option<(Kind, ZeroMixedPrecision)>> {
+        let fp16 = self.is_true("fp16.enabled");
+        // DeepSpeed still reads the old `bfloat16` section name.
+        let bf16_section = if self.config.contains_key("bf16") {
+            "bf16"
+        } else {
+            "bfloat16"
+        };
+        let bf16 = self.is_true(&format!("{bf16_section}.enabled"));
+        if fp16 && bf16 {
+            return Err(Error::InvalidConfig {
+                key: "fp16.enabled".into(),
+                value: "true".into(),
+                fix: "fp16 and bf16 cannot both be enabled (DeepSpeed's check): enable one",
+            });
+        }
+        let number = |key: &str, default: f64| -> Result<f64> {
+            match self.get_value(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(Value::Number(n)) => n.as_f64().ok_or_else(|| Error::InvalidConfig {
+                    key: key.into(),
+                    value: n.to_string(),
+                    fix: "a number",
+                }),
+                Some(other) => Err(Error::InvalidConfig {
+                    key: key.into(),
+                    value: python_repr(other),
+                    fix: "a number (DeepSpeed's validator refuses booleans and strings)",
+                }),
+            }
+        };
+        let flag = |key: &str, default: bool| -> Result<bool> {
+            match self.get_value(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(other) => Err(Error::InvalidConfig {
+                    key: key.into(),
+                    value: python_repr(other),
+                    fix: "true or false",
+                }),
+            }
+        };
+        if fp16 {
+            if flag("fp16.fp16_master_weights_and_grads", false)? {
+                return Err(Error::NotSupported {
+                    key: "fp16.fp16_master_weights_and_grads".into(),
+                    why: "fp16 master weights need DeepSpeed's CPU Adam (DeepSpeedCPUAdam), which is not implemented; the masters here are fp32: remove it".into(),
+                });
+            }
+            let loss_scale = number("fp16.loss_scale", 0.0)?;
+            if !loss_scale.is_finite() || loss_scale < 0.0 {
+                return Err(Error::InvalidConfig {
+                    key: "fp16.loss_scale".into(),
+                    value: loss_scale.to_string(),
+                    fix: "fp16.loss_scale must be >= 0 (0 enables dynamic loss scaling)",
+                });
+            }
+            let power = number("fp16.initial_scale_power", 16.0)?;
+            let window = number("fp16.loss_scale_window", 1000.0)?;
+            let min_scale = number("fp16.min_loss_scale", 1.0)?;
+            let hysteresis = number("fp16.hysteresis", 2.0)?;
+            let dynamic = loss_scale == 0.0;
+            if dynamic && window <= 0.0 {
+                return Err(Error::InvalidConfig {
+                    key: "fp16.loss_scale_window".into(),
+                    value: window.to_string(),
+                    fix: "fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled (loss_scale=0)",
+                });
+            }
+            if dynamic && min_scale <= 0.0 {
+                return Err(Error::InvalidConfig {
+                    key: "fp16.min_loss_scale".into(),
+                    value: min_scale.to_string(),
+                    fix: "fp16.min_loss_scale must be > 0 when dynamic loss scaling is enabled (loss_scale=0)",
+                });
+            }
+            let args = DynamicLossArgs {
+                // `2**self.initial_scale_power` (an int power).
+                init_scale: 2f64.powi(power as i32),
+                // pydantic's int fields truncate floats.
+                scale_window: window as i64,
+                min_scale: (min_scale as i64) as f64,
+                delayed_shift: hysteresis as i64,
+                consecutive_hysteresis: flag("fp16.consecutive_hysteresis", false)?,
+            };
+            return Ok(Some((
+                Kind::Half,
+                ZeroMixedPrecision {
+                    loss_scaler: LossScaler::create(true, loss_scale, dynamic, args),
+                    check_grad_overflow: true,
+                },
+            )));
+        }
+        if bf16 {
+            for key in ["bf16_master_weights_and_grads", "bf16_optimizer_states"] {
+                if flag(&format!("{bf16_section}.{key}"), false)? {
+                    return Err(Error::NotSupported {
+                        key: format!("{bf16_section}.{key}"),
+                        why: "bf16 master weights / optimizer states are not implemented; the masters and the optimizer state here are fp32: remove it".into(),
+                    });
+                }
+            }
+            return Ok(Some((
+                Kind::BFloat16,
+                ZeroMixedPrecision {
+                    loss_scaler: LossScaler::create(false, 1.0, false, DynamicLossArgs::default()),
+                    check_grad_overflow: flag(
+                        &format!("{bf16_section}.check_grad_overflow"),
+                        true,
+                    )?,
+                },
+            )));
+        }
+        Ok(None)
     }
 
     /// The Trainer's DeepSpeed constraints that do not depend on the model.

@@ -19,7 +19,7 @@ use tchtrain_distributed::ProcessGroup;
 use tchtrain_optim::{Optimizer, OptimizerStateDict, OptimizerStateMeta};
 
 use crate::{Error, Result};
-use tchtrain_accelerate::{FlatLayout, ZeroEngine};
+use tchtrain_accelerate::{FlatLayout, LossScaler, ZeroEngine};
 
 /// DeepSpeed's `latest` file: the name of the newest `global_step{N}` folder.
 pub const LATEST_NAME: &str = "latest";
@@ -49,6 +49,10 @@ pub struct ZeroShardMeta {
     pub buffers: Vec<FlatLayout>,
     /// The optimizer's JSON state over the shards (absent when saved without one).
     pub optimizer: Option<OptimizerStateMeta>,
+    /// DeepSpeed's fp16 / bf16 regime: the loss scaler's state (DeepSpeed keeps it in the
+    /// optimizer state as `loss_scaler`); absent for fp32 runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
 }
 
 fn io(path: &Path, e: std::io::Error) -> Error {
@@ -87,6 +91,7 @@ pub fn save_zero_shard(
         rank: engine.rank(),
         buffers: engine.layouts().into_iter().cloned().collect(),
         optimizer,
+        loss_scaler: engine.loss_scaler().cloned(),
     };
     let refs: Vec<(&str, Tensor)> = tensors
         .iter()
@@ -130,6 +135,19 @@ pub fn load_zero_shard(
     };
     // Rank 0's description says how the checkpoint was cut (every rank wrote one).
     let (meta0, _) = read_zero_shard(dir, 0)?;
+    // The loss scaler is the same on every rank.
+    match (&meta0.loss_scaler, engine.loss_scaler().is_some()) {
+        (Some(scaler), true) => engine.load_loss_scaler(scaler.clone())?,
+        (Some(_), false) => log::warn!(
+            "{}: written by a DeepSpeed fp16 / bf16 run; this run trains without them: its loss scaler is not used",
+            dir.display()
+        ),
+        (None, true) => log::warn!(
+            "{}: written without DeepSpeed's fp16 / bf16 regime; the loss scaler starts afresh",
+            dir.display()
+        ),
+        (None, false) => {}
+    }
     let layouts: Vec<FlatLayout> = engine.layouts().into_iter().cloned().collect();
     if meta0.world_size != engine.world_size() || meta0.buffers != layouts {
         log::info!(

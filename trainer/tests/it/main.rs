@@ -10,6 +10,7 @@ mod common;
 mod cpu_cache;
 mod crash_save;
 mod deepspeed_configs;
+mod deepspeed_half;
 mod dist_faults;
 mod dist_signals;
 mod distributed;

@@ -2,4 +2,5 @@
 
 mod config;
 mod doc_configs;
+mod half_precision;
 mod lr_schedules;

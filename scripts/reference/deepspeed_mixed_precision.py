@@ -1,0 +1,164 @@
+"""Reference for trainer/tests/it/deepspeed_half.rs: upstream's Trainer (transformers 5.23 +
+accelerate 1.15) under DeepSpeed 0.19.8's own engine, on 2 CPU ranks (gloo, launched here with
+`torch.distributed.run`), in DeepSpeed's bf16 and fp16 regimes.
+
+Usage: python deepspeed_mixed_precision.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+
+The job (every case): trainer_clm.py's tiny GPT-2 (dropouts 0; OUT_DIR/initial/) on its first 32
+train and 12 eval
+blocks of 64 tokens; row j's last (j * 13) % 40 labels are -100 (the Rust tests' `blocks`);
+per_device_train_batch_size 2 on each rank, gradient_accumulation_steps 1, 8 steps, lr 1e-3,
+linear schedule with warmup_steps 2, weight_decay 0.01, max_grad_norm 1.0, evaluation every
+4 steps, seed 42, use_cpu, `--deepspeed` a dict config with "auto" sizes.
+
+Cases (OUT_DIR/<case>/log_history.json, from rank 0):
+  zero2_bf16/  `"bf16": {"enabled": "auto"}`, ZeRO-2, --bf16.
+  zero3_bf16/  the same at ZeRO-3.
+  zero2_fp16/  `"fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 17,
+               "loss_scale_window": 2, "hysteresis": 2, "min_loss_scale": 1}`, ZeRO-2, --fp16:
+               the first steps overflow and are skipped, the scale then rises every 2 stable
+               steps. DeepSpeed's engine refuses fp16 on a CPU without mkldnn fp16 kernels
+               (`is_fp16_supported`); that check alone is patched to pass, everything else
+               is DeepSpeed's own fp16 path (the model cast to half, fp32 masters, its
+               DynamicLossScaler, the overflow check and skipped steps).
+Each case also writes loss_scales.json: DeepSpeed's loss scale after every optimizer step.
+
+The first run JIT-builds DeepSpeed's `deepspeed_shm_comm` op with ninja (about 1.5 min on 2
+cores) into TORCH_EXTENSIONS_DIR (the per-user cache beside the assets); later runs reuse it.
+"""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+CASES = {
+    "zero2_bf16": ({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2}}, "bf16"),
+    "zero3_bf16": ({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3,
+                    "stage3_gather_16bit_weights_on_model_save": True}}, "bf16"),
+    "zero2_fp16": ({"fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 17, "loss_scale_window": 2,
+                             "hysteresis": 2, "min_loss_scale": 1},
+                    "zero_optimization": {"stage": 2}}, "fp16"),
+}
+AUTO = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto", "gradient_clipping": "auto"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).resolve().parent / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch(out):
+    import transformers as tf
+
+    clm = sibling("trainer_clm")
+    model = tf.GPT2LMHeadModel.from_pretrained(
+        clm.ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
+    )
+    model.save_pretrained(out / "initial")
+    all_blocks = clm.blocks()
+    (out / "blocks.json").write_text(json.dumps({"train": all_blocks[:32], "eval": all_blocks[90:102]}))
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")  # ninja
+    assets = Path(env["TCHTRAIN_ASSETS"]).resolve()
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(assets.parent / "torch_extensions"))
+    env["OMP_NUM_THREADS"] = "1"
+    for case in CASES:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), __file__, str(out), case]
+        subprocess.run(cmd, env=env, check=True)
+        print(f"{case}: done")
+
+
+def rank_main(out, case):
+    import logging
+
+    import torch
+    from torch.utils.data import Dataset
+
+    import transformers as tf
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    config, precision = CASES[case]
+    config = {**AUTO, **config}
+    if precision == "fp16":
+        from deepspeed.accelerator import get_accelerator
+
+        type(get_accelerator()).is_fp16_supported = lambda self: True
+    blocks = json.loads((out / "blocks.json").read_text())
+
+    class Rows(Dataset):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, j):
+            ids = self.rows[j]
+            labels = list(ids)
+            ignored = (j * 13) % 40
+            for k in range(len(labels) - ignored, len(labels)):
+                labels[k] = -100
+            return {"input_ids": ids, "labels": labels}
+
+    model = tf.GPT2LMHeadModel.from_pretrained(out / "initial")
+    folder = out / case
+    args = tf.TrainingArguments(
+        output_dir=str(folder / ".tmp"),
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_steps=8,
+        learning_rate=1e-3,
+        warmup_steps=2,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=4,
+        save_strategy="no",
+        seed=42,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        deepspeed=config,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+    )
+    trainer = tf.Trainer(model=model, args=args, train_dataset=Rows(blocks["train"]),
+                         eval_dataset=Rows(blocks["eval"]), data_collator=tf.default_data_collator)
+    scales = []
+
+    class Scales(tf.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            scales.append(float(trainer.model_wrapped.optimizer.loss_scale))
+
+    trainer.add_callback(Scales())
+    trainer.train()
+    if torch.distributed.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        (folder / "loss_scales.json").write_text(json.dumps(scales))
+        first = next(p for p in trainer.model_wrapped.module.parameters())
+        (folder / "model_dtype.json").write_text(json.dumps(str(first.dtype)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:
+        rank_main(Path(sys.argv[1]), sys.argv[2])
+    else:
+        launch(Path(sys.argv[1]))
