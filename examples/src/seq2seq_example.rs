@@ -83,7 +83,8 @@ pub struct Seq2SeqDataArguments {
     pub ignore_pad_token_for_loss: bool,
     /// `--source_prefix`: text put before every input (T5's `translate ...: `).
     pub source_prefix: Option<String>,
-    /// `--forced_bos_token`: accepted; only multilingual tokenizers (refused here) use it.
+    /// `--forced_bos_token`: refused with a multilingual tokenizer (setting the model's
+    /// `forced_bos_token_id` is not implemented); the others ignore it, as upstream's script.
     pub forced_bos_token: Option<String>,
 }
 
@@ -153,7 +154,7 @@ pub(crate) const DATA_FIELDS: [FieldSpec; 13] = [
     FieldSpec::str(
         "forced_bos_token",
         "None",
-        "The token to force as the first generated token (multilingual models, refused here).",
+        "The token to force as the first generated token (multilingual models; refused here).",
     ),
 ];
 
@@ -389,19 +390,11 @@ pub(crate) fn load_model(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    if [
-        "MBartTokenizer",
-        "MBartTokenizerFast",
-        "MBart50Tokenizer",
-        "MBart50TokenizerFast",
-        "M2M100Tokenizer",
-    ]
-    .contains(&class.as_str())
-    {
+    if class == "M2M100Tokenizer" {
         return Err(Error::InvalidFlag {
             flag: "model_name_or_path".into(),
             detail: format!(
-                "{class}: multilingual tokenizers (language codes, forced_bos_token) are not implemented here"
+                "{class}: M2M100's tokenizer has no fast form upstream (a SentencePiece model, no tokenizer.json), which this build reads; mBART, mBART-50 and NLLB tokenizers work"
             ),
         });
     }
@@ -488,8 +481,15 @@ pub(crate) struct Seq2SeqTokenization<'a> {
 }
 
 impl Seq2SeqTokenization<'_> {
-    fn configured(&self, max_length: usize) -> Result<tokenizers::Tokenizer> {
-        let mut tok = self.tokenizer.tokenizer().clone();
+    /// The backend tokenizer for sources, or for targets (`text_target`: a multilingual
+    /// tokenizer's `tgt_lang` code), truncating to `max_length` (and padding to it with
+    /// `--pad_to_max_length`).
+    fn configured(&self, max_length: usize, target: bool) -> Result<tokenizers::Tokenizer> {
+        let mut tok = if target {
+            self.tokenizer.target_tokenizer()?
+        } else {
+            self.tokenizer.tokenizer().clone()
+        };
         tok.with_truncation(Some(TruncationParams {
             max_length,
             ..TruncationParams::default()
@@ -526,8 +526,8 @@ impl Seq2SeqTokenization<'_> {
         targets: &[String],
         max_target_length: usize,
     ) -> Result<Vec<Feature>> {
-        let source = self.configured(self.max_source_length)?;
-        let target = self.configured(max_target_length)?;
+        let source = self.configured(self.max_source_length, false)?;
+        let target = self.configured(max_target_length, true)?;
         let pad = self.pad_id();
         inputs
             .iter()
@@ -583,6 +583,10 @@ impl Seq2SeqTokenization<'_> {
                 u8::from(self.pad_to_max_length),
                 u8::from(self.ignore_pad_token_for_loss),
             ]);
+        if self.tokenizer.language_codes().is_some() {
+            // The targets' language code.
+            fingerprint.update(tokenizer_json(&self.tokenizer.target_tokenizer()?)?);
+        }
         for (i, t) in inputs.iter().zip(targets) {
             fingerprint
                 .update((i.len() as u64).to_le_bytes())

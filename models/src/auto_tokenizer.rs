@@ -221,6 +221,16 @@ impl PreTrainedTokenizerFast {
         &self.config
     }
 
+    /// The backend tokenizer, to change (a multilingual tokenizer's post-processor).
+    pub(crate) fn tokenizer_mut(&mut self) -> &mut Tokenizer {
+        &mut self.tokenizer
+    }
+
+    /// The configuration, to change (`src_lang`, `tgt_lang`).
+    pub(crate) fn config_mut(&mut self) -> &mut Map<String, Value> {
+        &mut self.config
+    }
+
     /// Upstream `save_pretrained`: `tokenizer.json` and `tokenizer_config.json` in `dir`
     /// (created if needed), which [`AutoTokenizer::from_pretrained`] and upstream's read back.
     pub fn save_pretrained(&self, dir: impl AsRef<Path>) -> Result<()> {

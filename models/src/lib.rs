@@ -41,6 +41,7 @@ mod loading;
 mod mistral;
 mod modeling_utils;
 mod modernbert;
+mod multilingual;
 mod neftune;
 mod padding_free;
 mod peft;
@@ -57,6 +58,7 @@ pub use auto_tokenizer::{
     AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 pub use bart::{BartConfig, BartForConditionalGeneration, MBartForConditionalGeneration};
+pub use multilingual::LanguageCodes;
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,

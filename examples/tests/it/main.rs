@@ -5,6 +5,7 @@ mod custom_loss;
 mod custom_model;
 mod dataset_cache;
 mod demo_pieces;
+mod documents;
 mod examples;
 mod examples_mlm_ner;
 mod examples_seq2seq;

@@ -208,3 +208,75 @@ fn chat_templates_render_as_upstream() -> Result<()> {
     assert!(err.to_string().contains("no chat template"), "{err}");
     Ok(())
 }
+
+/// Upstream's multilingual tokenizers (`scripts/reference/multilingual_tokenizers.py`): the
+/// setup's mBART tokenizer (mBART-cc25's vocabulary and codes: `tokens </s> lang`) and an
+/// mBART-50 layout (`lang tokens </s>`), with `src_lang` / `tgt_lang` set as
+/// run_translation.py sets them: sources and `text_target`s give upstream's ids exactly.
+#[test]
+fn multilingual_tokenizers_place_language_codes_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/multilingual_tokenizers");
+    let text = std::fs::read_to_string(dir.join("multilingual_tokenizers.json"))
+        .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let sources = [
+        "UN Chief Says There Is No Military Solution in Syria",
+        "Hello, world!",
+        "",
+    ];
+    let targets = [
+        "Şeful ONU declară că nu există o soluţie militară în Siria",
+        "Bună ziua!",
+        "x",
+    ];
+    let ids = |v: &serde_json::Value| -> Vec<Vec<i64>> {
+        v.as_array()
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| r.as_array().map(|r| r.iter().filter_map(|x| x.as_i64()).collect()).unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (case, folder) in [
+        ("mbart", assets().join("mbart-tokenizer")),
+        ("mbart50", dir.join("mbart50")),
+    ] {
+        let mut tok = AutoTokenizer::from_pretrained(&folder)?;
+        assert!(tok.language_codes().is_some(), "{case}");
+        for run in v[case].as_array().context("runs")? {
+            let (src, tgt) = (
+                run["src_lang"].as_str().context("src")?,
+                run["tgt_lang"].as_str().context("tgt")?,
+            );
+            tok.set_src_lang(src)?;
+            tok.set_tgt_lang(tgt)?;
+            let ours: Vec<Vec<i64>> = sources
+                .iter()
+                .map(|s| tok.encode(s, true))
+                .collect::<Result<_, _>>()?;
+            assert_eq!(ours, ids(&run["sources"]), "{case} {src} sources");
+            let target = tok.target_tokenizer()?;
+            let ours: Vec<Vec<i64>> = targets
+                .iter()
+                .map(|t| {
+                    target
+                        .encode(*t, true)
+                        .map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect())
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            assert_eq!(ours, ids(&run["targets"]), "{case} {tgt} targets");
+        }
+    }
+    // A code the vocabulary lacks is refused by name.
+    let mut tok = AutoTokenizer::from_pretrained(assets().join("mbart-tokenizer"))?;
+    let err = tok.set_src_lang("xx_YY").expect_err("unknown code").to_string();
+    assert!(err.contains("`xx_YY`"), "{err}");
+    // A tokenizer without language codes refuses them.
+    let mut gpt2 = AutoTokenizer::from_pretrained(assets().join("gpt2-tokenizer"))?;
+    assert!(gpt2.language_codes().is_none());
+    assert!(gpt2.set_src_lang("en_XX").is_err());
+    Ok(())
+}

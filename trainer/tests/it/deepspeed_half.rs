@@ -3,7 +3,8 @@
 //! GPT-2, 8 steps of 2 rows per rank, evaluation every 4:
 //!
 //! * `zero2_bf16`, `zero3_bf16`: `"bf16": {"enabled": "auto"}` with `--bf16` (the model cast
-//!   to bfloat16, fp32 masters, gradients reduced in bfloat16);
+//!   to bfloat16, fp32 masters, gradients reduced in bfloat16): ZeRO-2 logs every number
+//!   of DeepSpeed's engine to the bit;
 //! * `zero2_fp16`: an fp16 section whose dynamic loss scaler starts at 2^17, so that the first
 //!   steps overflow: the same steps are skipped (`grad_norm` inf, the learning rate held), the
 //!   loss scale ends where DeepSpeed's does, and the other steps train as DeepSpeed's.
@@ -212,17 +213,24 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
             assert!(skipped >= 1, "the reference skips steps");
             assert_eq!(scale, scales.last().copied(), "{case}: the final loss scale");
         }
-        // Bounds: the same model and data in the same half dtype; the ops that differ are
-        // the gradient norm (summed in float64 here, per-tensor float32 norms there) and the
-        // clipping factor it gives, which moves the fp32 masters in their last bits, and
-        // those differences round to a neighbouring half-precision weight now and then.
-        let bound = if case.ends_with("fp16") { 2e-3 } else { 1e-2 };
+        // Bounds (measured: zero2_bf16 0 everywhere; zero3_bf16 loss 8.8e-6, grad_norm
+        // 3.1e-4; zero2_fp16 loss 1.0e-6, grad_norm 3.3e-6). ZeRO-2 in bf16 runs DeepSpeed's
+        // operations in its order: every number equal. The others differ only where the
+        // gradient norm is summed differently (float64 over flat shards here; per-tensor
+        // float32 norms at ZeRO-2 fp16, ZeRO-3's per-partition norms there), which moves the
+        // clipping factor and so the fp32 masters in their last bits, now and then rounding
+        // to a neighbouring half-precision weight.
+        let (loss_bound, norm_bound) = match case {
+            "zero2_bf16" => (0.0, 0.0),
+            "zero3_bf16" => (2e-5, 1e-3),
+            _ => (1e-5, 1e-4),
+        };
         for key in ["loss", "eval_loss", "train_loss"] {
             let w = worst.get(key).copied().unwrap_or(0.0);
-            assert!(w < bound, "{case} {key}: {w} (bound {bound})");
+            assert!(w <= loss_bound, "{case} {key}: {w} (bound {loss_bound})");
         }
         let g = worst.get("grad_norm").copied().unwrap_or(0.0);
-        assert!(g < 5e-2, "{case} grad_norm: {g}");
+        assert!(g <= norm_bound, "{case} grad_norm: {g} (bound {norm_bound})");
     }
     Ok(())
 }

@@ -1,0 +1,282 @@
+//! The design documents' own runs, as a user runs them: each example script under
+//! `cargo xtask launch --nproc-per-node 2` with its config file from `../shared/configs/`
+//! unchanged, to the end, saving a checkpoint mid-run and the model at the end; then the run
+//! resumed from that checkpoint, whose later steps must log exactly what the uninterrupted
+//! run logged (every number, to the bit), and the saved model loaded back.
+//!
+//! | config | run |
+//! |---|---|
+//! | `ds_zero2_fp16.json` (fp16 with its dynamic loss scaler, the legacy `cpu_offload`, DeepSpeed's AdamW and WarmupLR) | `run_translation --fp16` on a tiny T5, with the document's `--learning_rate 3e-5 --adam_beta1 0.8 --weight_decay 3e-7 --warmup_steps 500 --lr_scheduler_type constant_with_warmup` |
+//! | `ds_zero2_short.json` (the ZeRO-2 section alone) | the same, the Trainer's optimizer and schedule |
+//! | `ds_zero3_bf16_auto.json` (the DeepSpeed docs' ZeRO-3: `bf16: auto`, offload, `"auto"` sizes) | `run_clm --bf16` on tiny GPT-2 |
+//! | `fsdp_gpt2_bf16.json` (`GPT2Block` units, `min_num_params`, CPU offload, `mixed_precision: "bf16"`) | `run_clm --fsdp "full_shard auto_wrap" --bf16` |
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use tch::{Device, Kind};
+use tchtrain_callbacks::{JsonValue, TrainerState};
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_testing::{asset, temp_dir};
+
+use crate::launch::xtask;
+
+/// A config file of the documents (`../shared/configs/`, beside the repository).
+fn config(name: &str) -> Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/configs").join(name);
+    ensure!(path.is_file(), "{} missing: the documents' configs sit beside the repository", path.display());
+    Ok(path.display().to_string())
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// `cargo xtask launch --nproc-per-node 2 -- <script> <args>`; the launcher's output when it
+/// fails.
+fn launch_2(script: &str, args: &[String]) -> Result<String> {
+    let output = Command::new(xtask()?)
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"])
+        .arg(script)
+        .args(args)
+        .output()?;
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(output.status.success(), "{script} on 2 ranks failed ({}):\n{text}", output.status);
+    Ok(text)
+}
+
+/// The numbers of `trainer_state.json`'s log history, by step, as bits (speed keys left out).
+fn logged_steps(out: &Path) -> Result<Vec<(i64, Vec<(String, u64)>)>> {
+    let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
+    Ok(state
+        .log_history
+        .iter()
+        .filter(|e| e.contains_key("loss") || e.contains_key("eval_loss"))
+        .map(|e| {
+            let step = e.get("step").and_then(JsonValue::as_i64).unwrap_or(-1);
+            let numbers = e
+                .iter()
+                .filter(|(k, _)| !k.contains("runtime") && !k.contains("per_second"))
+                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?.to_bits())))
+                .collect();
+            (step, numbers)
+        })
+        .collect())
+}
+
+/// Runs `script` with `args` to step 6 (a checkpoint at 3), resumes a second run from that
+/// checkpoint, and checks: both end at step 6, the resumed steps equal the uninterrupted
+/// run's to the bit, and the saved model loads in `dtype`.
+fn run_and_resume(
+    name: &str,
+    script: &str,
+    args: &[String],
+    task: AutoTask,
+    dtype: Kind,
+) -> Result<String> {
+    let dir = temp_dir(name);
+    let full = dir.join("full");
+    let common = strings(&[
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--seed",
+        "42",
+    ]);
+    let mut argv = args.to_vec();
+    argv.extend(common.iter().cloned());
+    let mut first = argv.clone();
+    first.extend(["--output_dir".into(), full.display().to_string()]);
+    let log = launch_2(script, &first)?;
+    let resumed = dir.join("resumed");
+    copy_dir(&full.join("checkpoint-3"), &resumed.join("checkpoint-3"))?;
+    let mut second = argv;
+    second.extend([
+        "--output_dir".into(),
+        resumed.display().to_string(),
+        "--resume_from_checkpoint".into(),
+        resumed.join("checkpoint-3").display().to_string(),
+    ]);
+    launch_2(script, &second)?;
+    let (a, b) = (logged_steps(&full)?, logged_steps(&resumed)?);
+    ensure!(a.iter().filter(|(_, e)| e.iter().any(|(k, _)| k == "loss")).count() == 6, "{name}: 6 logged steps: {a:?}");
+    let later = |l: &[(i64, Vec<(String, u64)>)]| -> Vec<(i64, Vec<(String, u64)>)> {
+        l.iter().filter(|(s, _)| *s > 3).cloned().collect()
+    };
+    ensure!(later(&a) == later(&b), "{name}: the resumed steps differ:\n{:?}\nvs\n{:?}", later(&a), later(&b));
+    // The file holds the dtype the run trained in (DeepSpeed's half-precision weights; FSDP's
+    // fp32 parameters), and the model loads from it.
+    let tensors = tch::Tensor::read_safetensors(full.join("model.safetensors"))?;
+    let kinds: Vec<(String, Kind)> = tensors
+        .iter()
+        .filter(|(_, t)| t.kind() != dtype)
+        .map(|(n, t)| (n.clone(), t.kind()))
+        .collect();
+    ensure!(kinds.is_empty(), "{name}: saved tensors not in {dtype:?}: {kinds:?}");
+    from_pretrained_dir(&full, task, Device::Cpu, &LoadOptions::default())
+        .with_context(|| format!("{name}: loading the saved model"))?;
+    loads_in_python(&full, task)?;
+    Ok(log)
+}
+
+/// Upstream's `AutoModelFor...from_pretrained(dir)` loads the folder (when `cargo xtask test`
+/// names the reference virtualenv's python).
+fn loads_in_python(dir: &Path, task: AutoTask) -> Result<()> {
+    let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
+        return Ok(());
+    };
+    let class = match task {
+        AutoTask::Seq2SeqLm => "AutoModelForSeq2SeqLM",
+        _ => "AutoModelForCausalLM",
+    };
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import sys, transformers as tf; m = getattr(tf, sys.argv[1]).from_pretrained(sys.argv[2]); print(m.dtype)",
+            class,
+        ])
+        .arg(dir)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "transformers could not load {}:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target: PathBuf = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+fn translation(config_file: &str) -> Result<Vec<String>> {
+    let reference = |rel: &str| asset(&format!("reference/trainer_translation_summarization/{rel}"));
+    Ok(strings(&[
+        "--model_name_or_path",
+        &reference("translation/initial"),
+        "--source_lang",
+        "en",
+        "--target_lang",
+        "ro",
+        "--source_prefix",
+        "translate English to Romanian: ",
+        "--train_file",
+        &reference("translation/train.json"),
+        "--do_train",
+        "--per_device_train_batch_size",
+        "2",
+        "--deepspeed",
+        &config(config_file)?,
+        "--fp16",
+        "--learning_rate",
+        "3e-5",
+        "--adam_beta1",
+        "0.8",
+        "--weight_decay",
+        "3e-7",
+        "--warmup_steps",
+        "500",
+        "--lr_scheduler_type",
+        "constant_with_warmup",
+    ]))
+}
+
+fn clm(extra: &[&str]) -> Vec<String> {
+    let mut args = strings(&[
+        "--model_name_or_path",
+        &asset("tiny-gpt2"),
+        "--tokenizer_name",
+        &asset("gpt2-tokenizer"),
+        "--train_file",
+        &asset("text/hamlet.txt"),
+        "--block_size",
+        "32",
+        "--per_device_train_batch_size",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--do_train",
+        "--bf16",
+    ]);
+    args.extend(strings(extra));
+    args
+}
+
+#[test]
+fn the_documents_deepspeed_fp16_translation_runs_and_resumes() -> Result<()> {
+    let log = run_and_resume(
+        "doc-ds-zero2-fp16",
+        env!("CARGO_BIN_EXE_run_translation"),
+        &translation("ds_zero2_fp16.json")?,
+        AutoTask::Seq2SeqLm,
+        Kind::Half,
+    )?;
+    ensure!(log.contains("cpu_offload is deprecated"), "DeepSpeed's deprecation warning:\n{log}");
+    run_and_resume(
+        "doc-ds-zero2-short",
+        env!("CARGO_BIN_EXE_run_translation"),
+        &translation("ds_zero2_short.json")?,
+        AutoTask::Seq2SeqLm,
+        Kind::Half,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn the_documents_deepspeed_zero3_bf16_auto_runs_and_resumes() -> Result<()> {
+    let args = clm(&["--deepspeed", &config("ds_zero3_bf16_auto.json")?]);
+    run_and_resume(
+        "doc-ds-zero3-bf16",
+        env!("CARGO_BIN_EXE_run_clm"),
+        &args,
+        AutoTask::CausalLm,
+        Kind::BFloat16,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn the_documents_fsdp_bf16_run_trains_and_resumes() -> Result<()> {
+    let args = clm(&[
+        "--fsdp",
+        "full_shard auto_wrap",
+        "--fsdp_config",
+        &config("fsdp_gpt2_bf16.json")?,
+    ]);
+    // FSDP keeps fp32 parameters (its sharded masters) and saves them.
+    run_and_resume(
+        "doc-fsdp-bf16",
+        env!("CARGO_BIN_EXE_run_clm"),
+        &args,
+        AutoTask::CausalLm,
+        Kind::Float,
+    )?;
+    Ok(())
+}
