@@ -397,7 +397,8 @@ impl Accelerator {
     /// Whether the sharded engine runs DeepSpeed's half-precision regime (its loss scaler
     /// skips overflowed steps: a non-finite gradient norm is a skipped step there).
     pub fn loss_scaled_engine(&self) -> bool {
-        self.zero_engine().is_some_and(|e| e.loss_scaler().is_some())
+        self.zero_engine()
+            .is_some_and(|e| e.loss_scaler().is_some())
     }
 
     /// The memory the sharded engine holds on this rank (`None` outside a sharded run).

@@ -29,7 +29,9 @@ pub enum Error {
         detail: String,
     },
     /// DeepSpeed's dynamic loss scaler overflowed at its minimum scale (its `Exception`).
-    #[error("Current loss scale already at minimum - cannot decrease scale anymore. Exiting run. (DeepSpeed's message: the fp16 gradients overflowed at loss scale {scale} = fp16.min_loss_scale; lower fp16.min_loss_scale, lower the learning rate, or train in bf16)")]
+    #[error(
+        "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run. (DeepSpeed's message: the fp16 gradients overflowed at loss scale {scale} = fp16.min_loss_scale; lower fp16.min_loss_scale, lower the learning rate, or train in bf16)"
+    )]
     LossScaleAtMinimum {
         /// The scale that overflowed.
         scale: f64,

@@ -300,7 +300,9 @@ impl Sharded {
     fn set_opt_grad(&self, grad: Tensor, accumulate: bool) -> Result<()> {
         let target = self.opt_param();
         // Half precision: the gradient was reduced in the model's dtype; the master is fp32.
-        let grad = grad.f_to_device(target.device())?.f_to_kind(target.kind())?;
+        let grad = grad
+            .f_to_device(target.device())?
+            .f_to_kind(target.kind())?;
         let held = target.grad();
         let grad = if accumulate && held.defined() {
             tch::no_grad(|| held.f_add(&grad))?
@@ -461,7 +463,11 @@ impl ZeroEngine {
                     return Err(Error::Sharding {
                         detail: format!(
                             "half-precision ZeRO needs float16 / bfloat16 parameters; `{}` is {:?} (cast the model first, as DeepSpeed's engine does)",
-                            b.flat.layout.params.first().map_or("?", |p| p.name.as_str()),
+                            b.flat
+                                .layout
+                                .params
+                                .first()
+                                .map_or("?", |p| p.name.as_str()),
                             b.flat.kind
                         ),
                     });
@@ -503,7 +509,9 @@ impl ZeroEngine {
                 Ok(())
             }
             None => Err(Error::Sharding {
-                detail: "a loss scaler state was given to a run without DeepSpeed's fp16 / bf16 regime".into(),
+                detail:
+                    "a loss scaler state was given to a run without DeepSpeed's fp16 / bf16 regime"
+                        .into(),
             }),
         }
     }
@@ -864,7 +872,10 @@ impl ZeroEngine {
         clip_grad: f64,
         grads: Vec<Tensor>,
     ) -> Result<f64> {
-        let check = self.mixed.as_ref().is_some_and(|m| m.config.check_grad_overflow);
+        let check = self
+            .mixed
+            .as_ref()
+            .is_some_and(|m| m.config.check_grad_overflow);
         // DeepSpeed's `self.dtype != torch.bfloat16`.
         let not_bf16 = self.buffers.iter().any(|b| b.flat.kind != Kind::BFloat16);
         let mut overflow = false;
@@ -878,8 +889,8 @@ impl ZeroEngine {
                     break;
                 }
             }
-            let mut flag = Tensor::f_from_slice(&[f32::from(u8::from(local))])?
-                .f_to_device(pg.device())?;
+            let mut flag =
+                Tensor::f_from_slice(&[f32::from(u8::from(local))])?.f_to_device(pg.device())?;
             pg.all_reduce(&mut flag, ReduceOp::Max)?;
             overflow = flag.f_double_value(&[0])? > 0.0;
         }

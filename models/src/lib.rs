@@ -58,7 +58,6 @@ pub use auto_tokenizer::{
     AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 pub use bart::{BartConfig, BartForConditionalGeneration, MBartForConditionalGeneration};
-pub use multilingual::LanguageCodes;
 pub use bert::{
     Bert, BertBaseModel, BertConfig, BertForMaskedLM, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
@@ -127,6 +126,7 @@ pub use modernbert::{
     ModernBertForQuestionAnswering, ModernBertForSequenceClassification,
     ModernBertForTokenClassification, ModernBertModel,
 };
+pub use multilingual::LanguageCodes;
 pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
 pub use peft::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,

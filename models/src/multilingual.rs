@@ -59,7 +59,9 @@ impl PreTrainedTokenizerFast {
     fn language_template(&self, lang: &str) -> Result<TemplateProcessing> {
         let codes = self.language_codes().ok_or_else(|| Error::InvalidInput {
             name: "src_lang",
-            detail: "this tokenizer has no language codes (only mBART, mBART-50 and NLLB tokenizers do)".into(),
+            detail:
+                "this tokenizer has no language codes (only mBART, mBART-50 and NLLB tokenizers do)"
+                    .into(),
         })?;
         let eos = self
             .config()
@@ -77,14 +79,8 @@ impl PreTrainedTokenizerFast {
         };
         let (eos_id, lang_id) = (id(&eos, "eos_token")?, id(lang, "src_lang")?);
         let (single, pair) = match codes {
-            LanguageCodes::Suffix => (
-                format!("$A {eos} {lang}"),
-                format!("$A $B:0 {eos} {lang}"),
-            ),
-            LanguageCodes::Prefix => (
-                format!("{lang} $A {eos}"),
-                format!("{lang} $A $B:0 {eos}"),
-            ),
+            LanguageCodes::Suffix => (format!("$A {eos} {lang}"), format!("$A $B:0 {eos} {lang}")),
+            LanguageCodes::Prefix => (format!("{lang} $A {eos}"), format!("{lang} $A $B:0 {eos}")),
         };
         let build = || -> std::result::Result<TemplateProcessing, String> {
             TemplateProcessing::builder()

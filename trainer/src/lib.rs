@@ -48,7 +48,8 @@ pub use checkpoint::{
 pub use error::{Error, Result};
 pub use field_support::{
     DEEPSPEED_KEY_SUPPORT, FIELD_SUPPORT, FSDP_KEY_SUPPORT, FieldSupport, Support,
-    check_deepspeed_keys, check_fsdp_keys, check_fsdp_mixed_precision, deepspeed_key_support, field_support, markdown_table,
+    check_deepspeed_keys, check_fsdp_keys, check_fsdp_mixed_precision, deepspeed_key_support,
+    field_support, markdown_table,
 };
 pub use hooks::{
     default_create_optimizer_and_scheduler, default_evaluate, default_get_eval_dataloader,

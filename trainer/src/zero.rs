@@ -53,8 +53,10 @@ use crate::trainer::Trainer;
 fn cast_parameters(model: &dyn tchtrain_models::TrainableModel, kind: tch::Kind) -> Result<()> {
     tch::no_grad(|| -> Result<()> {
         for (_, mut var) in model.var_store().variables() {
-            if matches!(var.kind(), tch::Kind::Float | tch::Kind::Double | tch::Kind::Half | tch::Kind::BFloat16)
-                && var.kind() != kind
+            if matches!(
+                var.kind(),
+                tch::Kind::Float | tch::Kind::Double | tch::Kind::Half | tch::Kind::BFloat16
+            ) && var.kind() != kind
             {
                 let cast = var.f_to_kind(kind)?;
                 var.f_set_data(&cast)?;

@@ -24,8 +24,14 @@ use crate::launch::xtask;
 
 /// A config file of the documents (`../shared/configs/`, beside the repository).
 fn config(name: &str) -> Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/configs").join(name);
-    ensure!(path.is_file(), "{} missing: the documents' configs sit beside the repository", path.display());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/configs")
+        .join(name);
+    ensure!(
+        path.is_file(),
+        "{} missing: the documents' configs sit beside the repository",
+        path.display()
+    );
     Ok(path.display().to_string())
 }
 
@@ -37,7 +43,14 @@ fn strings(list: &[&str]) -> Vec<String> {
 /// fails.
 fn launch_2(script: &str, args: &[String]) -> Result<String> {
     let output = Command::new(xtask()?)
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+        ])
         .arg(script)
         .args(args)
         .output()?;
@@ -46,7 +59,11 @@ fn launch_2(script: &str, args: &[String]) -> Result<String> {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    ensure!(output.status.success(), "{script} on 2 ranks failed ({}):\n{text}", output.status);
+    ensure!(
+        output.status.success(),
+        "{script} on 2 ranks failed ({}):\n{text}",
+        output.status
+    );
     Ok(text)
 }
 
@@ -114,11 +131,22 @@ fn run_and_resume(
     ]);
     launch_2(script, &second)?;
     let (a, b) = (logged_steps(&full)?, logged_steps(&resumed)?);
-    ensure!(a.iter().filter(|(_, e)| e.iter().any(|(k, _)| k == "loss")).count() == 6, "{name}: 6 logged steps: {a:?}");
+    ensure!(
+        a.iter()
+            .filter(|(_, e)| e.iter().any(|(k, _)| k == "loss"))
+            .count()
+            == 6,
+        "{name}: 6 logged steps: {a:?}"
+    );
     let later = |l: &[(i64, Vec<(String, u64)>)]| -> Vec<(i64, Vec<(String, u64)>)> {
         l.iter().filter(|(s, _)| *s > 3).cloned().collect()
     };
-    ensure!(later(&a) == later(&b), "{name}: the resumed steps differ:\n{:?}\nvs\n{:?}", later(&a), later(&b));
+    ensure!(
+        later(&a) == later(&b),
+        "{name}: the resumed steps differ:\n{:?}\nvs\n{:?}",
+        later(&a),
+        later(&b)
+    );
     // The file holds the dtype the run trained in (DeepSpeed's half-precision weights; FSDP's
     // fp32 parameters), and the model loads from it.
     let tensors = tch::Tensor::read_safetensors(full.join("model.safetensors"))?;
@@ -127,7 +155,10 @@ fn run_and_resume(
         .filter(|(_, t)| t.kind() != dtype)
         .map(|(n, t)| (n.clone(), t.kind()))
         .collect();
-    ensure!(kinds.is_empty(), "{name}: saved tensors not in {dtype:?}: {kinds:?}");
+    ensure!(
+        kinds.is_empty(),
+        "{name}: saved tensors not in {dtype:?}: {kinds:?}"
+    );
     from_pretrained_dir(&full, task, Device::Cpu, &LoadOptions::default())
         .with_context(|| format!("{name}: loading the saved model"))?;
     loads_in_python(&full, task)?;
@@ -177,7 +208,11 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn translation(config_file: &str) -> Result<Vec<String>> {
-    let reference = |rel: &str| asset(&format!("reference/trainer_translation_summarization/{rel}"));
+    let reference = |rel: &str| {
+        asset(&format!(
+            "reference/trainer_translation_summarization/{rel}"
+        ))
+    };
     Ok(strings(&[
         "--model_name_or_path",
         &reference("translation/initial"),
@@ -238,7 +273,10 @@ fn the_documents_deepspeed_fp16_translation_runs_and_resumes() -> Result<()> {
         AutoTask::Seq2SeqLm,
         Kind::Half,
     )?;
-    ensure!(log.contains("cpu_offload is deprecated"), "DeepSpeed's deprecation warning:\n{log}");
+    ensure!(
+        log.contains("cpu_offload is deprecated"),
+        "DeepSpeed's deprecation warning:\n{log}"
+    );
     run_and_resume(
         "doc-ds-zero2-short",
         env!("CARGO_BIN_EXE_run_translation"),

@@ -40,7 +40,9 @@ pub enum Error {
     },
     /// `--fp16` / `--bf16` against a config enabling the other dtype (accelerate's
     /// `DeepSpeedPlugin.set_mixed_precision`).
-    #[error("`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the DeepSpeed config file. (accelerate's message: pass the flag of the dtype the config enables, or disable its section)")]
+    #[error(
+        "`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set in the DeepSpeed config file. (accelerate's message: pass the flag of the dtype the config enables, or disable its section)"
+    )]
     MixedPrecisionConflict {
         /// `fp16` or `bf16`.
         mixed_precision: String,

@@ -234,7 +234,11 @@ fn multilingual_tokenizers_place_language_codes_as_upstream() -> Result<()> {
         v.as_array()
             .map(|rows| {
                 rows.iter()
-                    .map(|r| r.as_array().map(|r| r.iter().filter_map(|x| x.as_i64()).collect()).unwrap_or_default())
+                    .map(|r| {
+                        r.as_array()
+                            .map(|r| r.iter().filter_map(|x| x.as_i64()).collect())
+                            .unwrap_or_default()
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -272,7 +276,10 @@ fn multilingual_tokenizers_place_language_codes_as_upstream() -> Result<()> {
     }
     // A code the vocabulary lacks is refused by name.
     let mut tok = AutoTokenizer::from_pretrained(assets().join("mbart-tokenizer"))?;
-    let err = tok.set_src_lang("xx_YY").expect_err("unknown code").to_string();
+    let err = tok
+        .set_src_lang("xx_YY")
+        .expect_err("unknown code")
+        .to_string();
     assert!(err.contains("`xx_YY`"), "{err}");
     // A tokenizer without language codes refuses them.
     let mut gpt2 = AutoTokenizer::from_pretrained(assets().join("gpt2-tokenizer"))?;

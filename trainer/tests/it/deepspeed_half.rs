@@ -23,7 +23,13 @@ use tchtrain_training_args::{DictOrPath, IntervalStrategy, SaveStrategy, Trainin
 use crate::common::{blocks, initial_model, is_rank, launch, rank, temp_dir, test_dir, wait_codes};
 
 const CASES: [&str; 3] = ["zero2_bf16", "zero3_bf16", "zero2_fp16"];
-const KEYS: [&str; 5] = ["loss", "grad_norm", "learning_rate", "eval_loss", "train_loss"];
+const KEYS: [&str; 5] = [
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "eval_loss",
+    "train_loss",
+];
 
 /// The reference's config of `case` (the same dict the Python side passes).
 fn ds_config(case: &str) -> Value {
@@ -164,7 +170,9 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
                 .train_dataset(blocks("train", 32)?)
                 .eval_dataset(blocks("eval", 12)?)
                 .build()?;
-            trainer.train(None).with_context(|| format!("training {case}"))?;
+            trainer
+                .train(None)
+                .with_context(|| format!("training {case}"))?;
             let log = numbers(&trainer.state.log_history);
             write_entries(
                 &dir.join(format!("{case}-rank{}.json", rank())),
@@ -176,7 +184,12 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
     }
     let dir = temp_dir("deepspeed-half");
     let codes = wait_codes(
-        launch("deepspeed_fp16_and_bf16_train_as_deepspeeds_engine", 2, &dir, "rank"),
+        launch(
+            "deepspeed_fp16_and_bf16_train_as_deepspeeds_engine",
+            2,
+            &dir,
+            "rank",
+        ),
         Duration::from_secs(900),
     );
     assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
@@ -191,7 +204,11 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
                 match (a.get(key), b.get(key)) {
                     (Some(x), Some(y)) => {
                         // A skipped step: inf on both sides, and the same learning rate.
-                        assert_eq!(x.is_finite(), y.is_finite(), "{case} entry {i} {key}: {x} vs {y}");
+                        assert_eq!(
+                            x.is_finite(),
+                            y.is_finite(),
+                            "{case} entry {i} {key}: {x} vs {y}"
+                        );
                         if x.is_finite() {
                             let w = worst.entry(key).or_default();
                             *w = w.max(rel(*x, *y));
@@ -204,14 +221,22 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
         }
         println!("{case} vs DeepSpeed's engine: max relative differences {worst:?}");
         // The schedule is stepped exactly when DeepSpeed steps it.
-        assert_eq!(worst.get("learning_rate").copied().unwrap_or(0.0), 0.0, "{case}");
+        assert_eq!(
+            worst.get("learning_rate").copied().unwrap_or(0.0),
+            0.0,
+            "{case}"
+        );
         if case.ends_with("fp16") {
             let skipped = theirs
                 .iter()
                 .filter(|e| e.get("grad_norm").is_some_and(|g| g.is_infinite()))
                 .count();
             assert!(skipped >= 1, "the reference skips steps");
-            assert_eq!(scale, scales.last().copied(), "{case}: the final loss scale");
+            assert_eq!(
+                scale,
+                scales.last().copied(),
+                "{case}: the final loss scale"
+            );
         }
         // Bounds (measured: zero2_bf16 0 everywhere; zero3_bf16 loss 8.8e-6, grad_norm
         // 3.1e-4; zero2_fp16 loss 1.0e-6, grad_norm 3.3e-6). ZeRO-2 in bf16 runs DeepSpeed's
@@ -230,7 +255,10 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
             assert!(w <= loss_bound, "{case} {key}: {w} (bound {loss_bound})");
         }
         let g = worst.get("grad_norm").copied().unwrap_or(0.0);
-        assert!(g <= norm_bound, "{case} grad_norm: {g} (bound {norm_bound})");
+        assert!(
+            g <= norm_bound,
+            "{case} grad_norm: {g} (bound {norm_bound})"
+        );
     }
     Ok(())
 }

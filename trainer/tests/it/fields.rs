@@ -273,8 +273,7 @@ fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
         let Value::Object(nested) = nested else {
             unreachable!()
         };
-        check_deepspeed_keys(&nested)
-            .with_context(|| format!("{key} should be accepted"))?;
+        check_deepspeed_keys(&nested).with_context(|| format!("{key} should be accepted"))?;
     }
     // What is refused, by key.
     let refused = [
@@ -299,9 +298,7 @@ fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
         let Value::Object(config) = config else {
             unreachable!()
         };
-        let err = check_deepspeed_keys(&config)
-            .expect_err(key)
-            .to_string();
+        let err = check_deepspeed_keys(&config).expect_err(key).to_string();
         assert!(
             err.starts_with(&format!("invalid `deepspeed`: `{key}`: ")),
             "{err}"
@@ -879,7 +876,9 @@ fn fsdp_mixed_precision_key_follows_the_flag() -> Result<()> {
         "{err}"
     );
     args.bf16 = false;
-    assert!(check_fsdp_mixed_precision(&config(json!({"mixed_precision": "bf16"})), &args).is_err());
+    assert!(
+        check_fsdp_mixed_precision(&config(json!({"mixed_precision": "bf16"})), &args).is_err()
+    );
     check_fsdp_mixed_precision(&config(json!({"mixed_precision": "no"})), &args)?;
     Ok(())
 }

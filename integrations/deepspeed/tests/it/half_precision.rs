@@ -46,16 +46,30 @@ fn loss_scaler_trajectories_equal_deepspeeds() -> Result<()> {
     for case in cases {
         let name = case["name"].as_str().context("name")?;
         let mut scaler = scaler_of(&case["section"])?;
-        assert_eq!(scaler.is_dynamic(), case["dynamic"].as_bool() == Some(true), "{name}");
-        assert_eq!(scaler.loss_scale(), case["init_scale"].as_f64().context("init")?, "{name}");
+        assert_eq!(
+            scaler.is_dynamic(),
+            case["dynamic"].as_bool() == Some(true),
+            "{name}"
+        );
+        assert_eq!(
+            scaler.loss_scale(),
+            case["init_scale"].as_f64().context("init")?,
+            "{name}"
+        );
         let trace = case["trace"].as_array().context("trace")?;
         let raised_at = case["raised_at"].as_u64().map(|i| i as usize);
-        for (i, overflow) in case["pattern"].as_array().context("pattern")?.iter().enumerate() {
+        for (i, overflow) in case["pattern"]
+            .as_array()
+            .context("pattern")?
+            .iter()
+            .enumerate()
+        {
             let outcome = scaler.update_scale(overflow.as_i64() == Some(1));
             if raised_at == Some(i) {
                 let err = outcome.expect_err(name);
                 assert!(
-                    err.to_string().starts_with("Current loss scale already at minimum"),
+                    err.to_string()
+                        .starts_with("Current loss scale already at minimum"),
                     "{err}"
                 );
                 break;
@@ -63,19 +77,35 @@ fn loss_scaler_trajectories_equal_deepspeeds() -> Result<()> {
             outcome.with_context(|| format!("{name} step {i}"))?;
             let want = &trace[i];
             // Every scale is a power of two times an integer: exact in f64 on both sides.
-            assert_eq!(scaler.loss_scale(), want["cur_scale"].as_f64().context("scale")?, "{name} step {i}");
+            assert_eq!(
+                scaler.loss_scale(),
+                want["cur_scale"].as_f64().context("scale")?,
+                "{name} step {i}"
+            );
             if let LossScaler::Dynamic(d) = &scaler {
-                assert_eq!(Some(d.cur_iter), want["cur_iter"].as_i64(), "{name} step {i}");
+                assert_eq!(
+                    Some(d.cur_iter),
+                    want["cur_iter"].as_i64(),
+                    "{name} step {i}"
+                );
                 assert_eq!(
                     Some(d.last_overflow_iter),
                     want["last_overflow_iter"].as_i64(),
                     "{name} step {i}"
                 );
-                assert_eq!(Some(d.cur_hysteresis), want["cur_hysteresis"].as_i64(), "{name} step {i}");
+                assert_eq!(
+                    Some(d.cur_hysteresis),
+                    want["cur_hysteresis"].as_i64(),
+                    "{name} step {i}"
+                );
             }
         }
         if raised_at.is_none() {
-            assert_eq!(trace.len(), case["pattern"].as_array().map_or(0, Vec::len), "{name}");
+            assert_eq!(
+                trace.len(),
+                case["pattern"].as_array().map_or(0, Vec::len),
+                "{name}"
+            );
         }
     }
     // DeepSpeed's validators refuse the same sections.
@@ -92,15 +122,32 @@ fn loss_scaler_trajectories_equal_deepspeeds() -> Result<()> {
     assert_eq!(kind, Kind::BFloat16);
     assert!(mp.check_grad_overflow);
     mp.loss_scaler.update_scale(true)?;
-    assert_eq!(mp.loss_scaler.loss_scale(), reference["bf16_scale"].as_f64().context("bf16")?);
-    let ds = config(json!({"bf16": {"enabled": true, "check_grad_overflow": false}, "zero_optimization": {}}))?;
-    assert!(!ds.zero_mixed_precision()?.context("bf16")?.1.check_grad_overflow);
+    assert_eq!(
+        mp.loss_scaler.loss_scale(),
+        reference["bf16_scale"].as_f64().context("bf16")?
+    );
+    let ds = config(
+        json!({"bf16": {"enabled": true, "check_grad_overflow": false}, "zero_optimization": {}}),
+    )?;
+    assert!(
+        !ds.zero_mixed_precision()?
+            .context("bf16")?
+            .1
+            .check_grad_overflow
+    );
     // fp32 masters only.
     let ds = config(json!({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}}))?;
-    assert!(matches!(ds.zero_mixed_precision(), Err(Error::NotSupported { .. })));
+    assert!(matches!(
+        ds.zero_mixed_precision(),
+        Err(Error::NotSupported { .. })
+    ));
     let ds = config(json!({"fp16": {"enabled": true}, "bf16": {"enabled": true}}))?;
     assert!(ds.zero_mixed_precision().is_err());
-    assert!(config(json!({"fp16": {"enabled": false}}))?.zero_mixed_precision()?.is_none());
+    assert!(
+        config(json!({"fp16": {"enabled": false}}))?
+            .zero_mixed_precision()?
+            .is_none()
+    );
     Ok(())
 }
 
@@ -109,7 +156,10 @@ fn set_mixed_precision_adds_and_refuses_sections_as_accelerate() -> Result<()> {
     // `--fp16` with no section: accelerate adds `{"enabled": True, "auto_cast": True}`.
     let mut ds = config(json!({"zero_optimization": {"stage": 2}}))?;
     ds.set_mixed_precision("fp16")?;
-    assert_eq!(ds.config["fp16"], json!({"enabled": true, "auto_cast": true}));
+    assert_eq!(
+        ds.config["fp16"],
+        json!({"enabled": true, "auto_cast": true})
+    );
     assert_eq!(ds.config["bf16"], json!({"enabled": false}));
     // `--bf16` with the docs' `"auto"`: filled.
     let mut ds = config(json!({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}}))?;
@@ -122,7 +172,10 @@ fn set_mixed_precision_adds_and_refuses_sections_as_accelerate() -> Result<()> {
     assert_eq!(ds.config["fp16"], json!({"enabled": false}));
     // The other dtype enabled in the file: accelerate's error.
     let mut ds = config(json!({"fp16": {"enabled": true}, "zero_optimization": {}}))?;
-    let err = ds.set_mixed_precision("bf16").expect_err("conflict").to_string();
+    let err = ds
+        .set_mixed_precision("bf16")
+        .expect_err("conflict")
+        .to_string();
     assert!(
         err.starts_with("`--mixed_precision` arg cannot be set to `bf16` when `fp16` is set in the DeepSpeed config file."),
         "{err}"
@@ -133,26 +186,49 @@ fn set_mixed_precision_adds_and_refuses_sections_as_accelerate() -> Result<()> {
 #[test]
 fn deprecated_offload_keys_map_as_deepspeeds() -> Result<()> {
     // The documents' ZeRO-2 section.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/configs/ds_zero2_fp16.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/configs/ds_zero2_fp16.json");
     let mut ds = if path.is_file() {
         HfTrainerDeepSpeedConfig::from_path_or_json(&path.display().to_string())?
     } else {
         config(json!({"zero_optimization": {"stage": 2, "cpu_offload": true}}))?
     };
     let warnings = ds.normalize_deprecated_keys()?;
-    assert_eq!(warnings, ["Config parameter cpu_offload is deprecated use offload_optimizer instead"]);
-    assert_eq!(ds.get_value("zero_optimization.offload_optimizer"), Some(&json!({"device": "cpu"})));
+    assert_eq!(
+        warnings,
+        ["Config parameter cpu_offload is deprecated use offload_optimizer instead"]
+    );
+    assert_eq!(
+        ds.get_value("zero_optimization.offload_optimizer"),
+        Some(&json!({"device": "cpu"}))
+    );
     assert!(ds.get_value("zero_optimization.cpu_offload").is_none());
     assert!(ds.is_offload());
-    let mut ds = config(json!({"zero_optimization": {"stage": 3, "cpu_offload_param": true,
-        "cpu_offload": false, "cpu_offload_use_pin_memory": true}}))?;
+    let mut ds = config(
+        json!({"zero_optimization": {"stage": 3, "cpu_offload_param": true,
+        "cpu_offload": false, "cpu_offload_use_pin_memory": true}}),
+    )?;
     assert_eq!(ds.normalize_deprecated_keys()?.len(), 3);
-    assert_eq!(ds.get_value("zero_optimization.offload_param"), Some(&json!({"device": "cpu"})));
-    assert!(ds.get_value("zero_optimization.offload_optimizer").is_none());
+    assert_eq!(
+        ds.get_value("zero_optimization.offload_param"),
+        Some(&json!({"device": "cpu"}))
+    );
+    assert!(
+        ds.get_value("zero_optimization.offload_optimizer")
+            .is_none()
+    );
     // DeepSpeed keeps the pin-memory key (and reads nothing from it).
-    assert_eq!(ds.get_value("zero_optimization.cpu_offload_use_pin_memory"), Some(&json!(true)));
+    assert_eq!(
+        ds.get_value("zero_optimization.cpu_offload_use_pin_memory"),
+        Some(&json!(true))
+    );
     // With its replacement: DeepSpeed's assertion.
-    let mut ds = config(json!({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}}))?;
-    assert!(matches!(ds.normalize_deprecated_keys(), Err(Error::InvalidConfig { .. })));
+    let mut ds = config(
+        json!({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}}),
+    )?;
+    assert!(matches!(
+        ds.normalize_deprecated_keys(),
+        Err(Error::InvalidConfig { .. })
+    ));
     Ok(())
 }
