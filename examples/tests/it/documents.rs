@@ -20,7 +20,7 @@ use tchtrain_callbacks::{JsonValue, TrainerState};
 use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
 use tchtrain_testing::{asset, temp_dir};
 
-use crate::launch::xtask;
+use crate::launch::{launch_2_as_given as launch_2, strings};
 
 /// A config file of the documents (`../shared/configs/`, beside the repository).
 fn config(name: &str) -> Result<String> {
@@ -33,38 +33,6 @@ fn config(name: &str) -> Result<String> {
         path.display()
     );
     Ok(path.display().to_string())
-}
-
-fn strings(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-/// `cargo xtask launch --nproc-per-node 2 -- <script> <args>`; the launcher's output when it
-/// fails.
-fn launch_2(script: &str, args: &[String]) -> Result<String> {
-    let output = Command::new(xtask()?)
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            "0",
-            "--",
-        ])
-        .arg(script)
-        .args(args)
-        .output()?;
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    ensure!(
-        output.status.success(),
-        "{script} on 2 ranks failed ({}):\n{text}",
-        output.status
-    );
-    Ok(text)
 }
 
 /// The numbers of `trainer_state.json`'s log history, by step, as bits (speed keys left out).

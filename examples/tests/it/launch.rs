@@ -35,6 +35,24 @@ pub(crate) fn xtask() -> Result<PathBuf> {
 /// `cargo xtask launch --nproc-per-node 2 -- <script> <args> --output_dir <out>` with the
 /// CPU, no reports and no checkpoints; the launcher's output when it fails.
 fn launch_2(script: &str, args: &[String], out: &Path) -> Result<()> {
+    let mut all = args.to_vec();
+    all.extend(strings(&[
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+    ]));
+    all.push(out.display().to_string());
+    launch_2_as_given(script, &all).map(|_| ())
+}
+
+/// `cargo xtask launch --nproc-per-node 2 -- <script> <args>` (127.0.0.1, a free port):
+/// the launcher's output (stdout, then stderr); an error with it when a rank failed.
+pub(crate) fn launch_2_as_given(script: &str, args: &[String]) -> Result<String> {
     let output = Command::new(xtask()?)
         .args([
             "launch",
@@ -46,18 +64,18 @@ fn launch_2(script: &str, args: &[String], out: &Path) -> Result<()> {
         ])
         .arg(script)
         .args(args)
-        .args(["--use_cpu", "--report_to", "none", "--save_strategy", "no"])
-        .args(["--disable_tqdm", "true", "--output_dir"])
-        .arg(out)
         .output()?;
-    ensure!(
-        output.status.success(),
-        "{script} on 2 ranks failed ({}):\n{}\n{}",
-        output.status,
+    let text = format!(
+        "{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    Ok(())
+    ensure!(
+        output.status.success(),
+        "{script} on 2 ranks failed ({}):\n{text}",
+        output.status
+    );
+    Ok(text)
 }
 
 /// What a finished run leaves: every file named, the state at `steps`, and a saved model
@@ -97,7 +115,7 @@ fn check_outputs(
     Ok(())
 }
 
-fn strings(list: &[&str]) -> Vec<String> {
+pub(crate) fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 

@@ -3,6 +3,7 @@
 //! environment, children's stdout dropped so their `test result` lines are not counted).
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tch::Device;
+use tchtrain_callbacks::JsonMap;
 use tchtrain_collators::{Feature, Label};
 use tchtrain_data::{Dataset, InMemoryDataset};
 use tchtrain_distributed::DistributedEnv;
@@ -248,4 +250,39 @@ pub fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
         &LoadOptions::default(),
     )?
     .model)
+}
+
+/// A `log_history` with only its numbers, each entry by key.
+pub type Log = Vec<BTreeMap<String, f64>>;
+
+/// The numbers of a `log_history`.
+pub fn numbers(history: &[JsonMap]) -> Log {
+    history
+        .iter()
+        .map(|e| {
+            e.iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Writes a log exactly (the bits of each number).
+pub fn write_log(path: &Path, log: &Log) -> Result<()> {
+    let bits: Vec<BTreeMap<&String, u64>> = log
+        .iter()
+        .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
+        .collect();
+    Ok(std::fs::write(path, serde_json::to_string(&bits)?)?)
+}
+
+/// Reads a log [`write_log`] wrote.
+pub fn read_log(path: &Path) -> Result<Log> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bits: Vec<BTreeMap<String, u64>> = serde_json::from_str(&text)?;
+    Ok(bits
+        .into_iter()
+        .map(|e| e.into_iter().map(|(k, b)| (k, f64::from_bits(b))).collect())
+        .collect())
 }

@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use tchtrain_callbacks::{JsonMap, JsonValue};
+use tchtrain_callbacks::JsonValue;
 use tchtrain_testing::{lock, reference_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{DictOrPath, IntervalStrategy, SaveStrategy, TrainingArguments};
 
-use crate::common::{blocks, initial_model, is_rank, launch, rank, temp_dir, test_dir, wait_codes};
+use crate::common::{
+    blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
+};
 
 const CASES: [&str; 3] = ["zero2_bf16", "zero3_bf16", "zero2_fp16"];
 const KEYS: [&str; 5] = [
@@ -83,21 +85,7 @@ fn args(output_dir: &Path, case: &str) -> Result<TrainingArguments> {
     Ok(args)
 }
 
-/// A log entry's numbers.
-type Entry = BTreeMap<String, f64>;
-
-fn numbers(history: &[JsonMap]) -> Vec<Entry> {
-    history
-        .iter()
-        .map(|e| {
-            e.iter()
-                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?)))
-                .collect()
-        })
-        .collect()
-}
-
-fn write_entries(path: &Path, log: &[Entry], scale: Option<f64>) -> Result<()> {
+fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>) -> Result<()> {
     let bits: Vec<BTreeMap<&String, u64>> = log
         .iter()
         .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
@@ -108,7 +96,7 @@ fn write_entries(path: &Path, log: &[Entry], scale: Option<f64>) -> Result<()> {
     )?)
 }
 
-fn read_entries(path: &Path) -> Result<(Vec<Entry>, Option<f64>)> {
+fn read_entries(path: &Path) -> Result<(Vec<BTreeMap<String, f64>>, Option<f64>)> {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let log = v["log"]
         .as_array()
@@ -128,7 +116,7 @@ fn read_entries(path: &Path) -> Result<(Vec<Entry>, Option<f64>)> {
 }
 
 /// The reference's `log_history.json` (Python's JSON: `Infinity` for a skipped step's norm).
-fn reference_log(case: &str) -> Result<(Vec<Entry>, Vec<f64>)> {
+fn reference_log(case: &str) -> Result<(Vec<BTreeMap<String, f64>>, Vec<f64>)> {
     let dir = reference_dir("deepspeed_mixed_precision").join(case);
     let text = std::fs::read_to_string(dir.join("log_history.json"))
         .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?;

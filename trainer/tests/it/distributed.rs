@@ -19,12 +19,13 @@ use tchtrain_testing::lock;
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
-use tchtrain_callbacks::{JsonMap, TrainerCallback, TrainerControl, TrainerState};
+use tchtrain_callbacks::{TrainerCallback, TrainerControl, TrainerState};
 use tchtrain_trainer::{EvalPrediction, Metrics, Trainer};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, TrainingArguments};
 
 use crate::common::{
-    blocks, initial_model, is_rank, launch, launch_nodes, rank, temp_dir, test_dir, wait_codes,
+    Log, blocks, initial_model, is_rank, launch, launch_nodes, numbers, rank, read_log, temp_dir,
+    test_dir, wait_codes, write_log,
 };
 
 /// Rows per rank and micro-batch; the single process uses twice as many.
@@ -56,39 +57,6 @@ fn job_args(output_dir: &Path, batch: usize) -> Result<TrainingArguments> {
     };
     args.post_init()?;
     Ok(args)
-}
-
-/// A `log_history` with only its numbers, each entry by key.
-type Log = Vec<BTreeMap<String, f64>>;
-
-fn numbers(history: &[JsonMap]) -> Log {
-    history
-        .iter()
-        .map(|e| {
-            e.iter()
-                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?)))
-                .collect()
-        })
-        .collect()
-}
-
-/// Writes a log exactly (the bits of each number).
-fn write_log(path: &Path, log: &Log) -> Result<()> {
-    let bits: Vec<BTreeMap<&String, u64>> = log
-        .iter()
-        .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
-        .collect();
-    Ok(std::fs::write(path, serde_json::to_string(&bits)?)?)
-}
-
-fn read_log(path: &Path) -> Result<Log> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let bits: Vec<BTreeMap<String, u64>> = serde_json::from_str(&text)?;
-    Ok(bits
-        .into_iter()
-        .map(|e| e.into_iter().map(|(k, b)| (k, f64::from_bits(b))).collect())
-        .collect())
 }
 
 /// Trains the job and returns its `log_history` and `is_world_process_zero`.

@@ -29,7 +29,6 @@ use tchtrain_testing::lock;
 use anyhow::{Context, Result};
 use serde_json::json;
 use tch::{Device, Tensor};
-use tchtrain_callbacks::JsonMap;
 use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
 use tchtrain_trainer::{Trainer, named_parameters};
 use tchtrain_training_args::{
@@ -37,45 +36,12 @@ use tchtrain_training_args::{
 };
 
 use crate::common::{
-    blocks, initial_model, is_rank, launch, rank, reference_dir, role, temp_dir, test_dir,
-    wait_codes,
+    Log, blocks, initial_model, is_rank, launch, numbers, rank, read_log, reference_dir, role,
+    temp_dir, test_dir, wait_codes, write_log,
 };
 
 /// Rows per rank and micro-batch; the single process uses twice as many.
 const B: usize = 2;
-
-/// A `log_history` with only its numbers, each entry by key.
-type Log = Vec<BTreeMap<String, f64>>;
-
-fn numbers(history: &[JsonMap]) -> Log {
-    history
-        .iter()
-        .map(|e| {
-            e.iter()
-                .filter_map(|(k, v)| Some((k.to_string(), v.as_f64()?)))
-                .collect()
-        })
-        .collect()
-}
-
-/// Writes a log exactly (the bits of each number).
-fn write_log(path: &Path, log: &Log) -> Result<()> {
-    let bits: Vec<BTreeMap<&String, u64>> = log
-        .iter()
-        .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
-        .collect();
-    Ok(std::fs::write(path, serde_json::to_string(&bits)?)?)
-}
-
-fn read_log(path: &Path) -> Result<Log> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let bits: Vec<BTreeMap<String, u64>> = serde_json::from_str(&text)?;
-    Ok(bits
-        .into_iter()
-        .map(|e| e.into_iter().map(|(k, b)| (k, f64::from_bits(b))).collect())
-        .collect())
-}
 
 /// The configurations each rank trains, in order: (name, DeepSpeed config, FSDP config).
 fn configs() -> Vec<(
