@@ -156,13 +156,10 @@ pub struct Accelerator {
 }
 
 impl Accelerator {
-    /// An accelerator on the CPU (`cpu`) or the first CUDA device when there is one.
+    /// An accelerator on the CPU (`cpu`), else on this process's CUDA device
+    /// (`cuda:LOCAL_RANK`, [`crate::default_device`]) when there is one.
     pub fn new(options: AcceleratorOptions) -> Result<Self> {
-        let device = if options.cpu {
-            Device::Cpu
-        } else {
-            Device::cuda_if_available()
-        };
+        let device = crate::state::default_device(options.cpu)?;
         Self::on_device(device, options)
     }
 

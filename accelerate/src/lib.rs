@@ -71,7 +71,7 @@ pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};
 pub use loss_scaler::{DynamicLossArgs, DynamicLossScaler, LossScaler};
 pub use operations::concat_padded;
 pub use random::{get_rng_state, set_rng_state};
-pub use state::{PartialState, backend_for};
+pub use state::{PartialState, backend_for, default_device, device_for_rank};
 pub use zero::{
     ShardMemory, ZeroEngine, ZeroMixedPrecision, ZeroStage, optimizer_state_bytes, unit_of,
 };

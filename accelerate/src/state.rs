@@ -189,6 +189,34 @@ impl PartialState {
     }
 }
 
+/// accelerate's device for this process (`PartialState.device`): the CPU with `cpu` (upstream's
+/// `use_cpu`) or when no CUDA device is visible, else `cuda:LOCAL_RANK`, the device
+/// ProcessGroupNCCL binds this rank to (`CUDA_VISIBLE_DEVICES` renumbers the visible
+/// devices from 0, as for torch). A `LOCAL_RANK` past the visible devices is refused.
+pub fn default_device(cpu: bool) -> Result<Device> {
+    device_for_rank(
+        cpu,
+        tch::Cuda::device_count(),
+        env_usize("LOCAL_RANK").unwrap_or(0),
+    )
+}
+
+/// [`default_device`] for `cuda_devices` visible devices and this `local_rank`.
+pub fn device_for_rank(cpu: bool, cuda_devices: i64, local_rank: usize) -> Result<Device> {
+    if cpu || cuda_devices <= 0 {
+        return Ok(Device::Cpu);
+    }
+    if local_rank as i64 >= cuda_devices {
+        return Err(Error::InvalidArgument {
+            field: "LOCAL_RANK",
+            detail: format!(
+                "local rank {local_rank} has no CUDA device: {cuda_devices} visible (CUDA_VISIBLE_DEVICES); launch at most {cuda_devices} processes per node (--nproc-per-node), or train on the CPU with --use_cpu"
+            ),
+        });
+    }
+    Ok(Device::Cuda(local_rank))
+}
+
 /// The c10d backend of a run on `device`: `name` when given, else accelerate's default.
 /// Refused with the field named (`ddp_backend`): a name c10d here does not have, and
 /// `nccl` for a CPU run.
@@ -212,6 +240,24 @@ pub fn backend_for(name: Option<&str>, device: Device) -> Result<Backend> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_rank_trains_on_its_local_ranks_device() {
+        // Faked device counts: no GPU is needed to check the choice.
+        assert_eq!(device_for_rank(false, 0, 3).unwrap(), Device::Cpu);
+        assert_eq!(device_for_rank(true, 8, 3).unwrap(), Device::Cpu);
+        assert_eq!(device_for_rank(false, 8, 0).unwrap(), Device::Cuda(0));
+        assert_eq!(device_for_rank(false, 8, 3).unwrap(), Device::Cuda(3));
+        let err = device_for_rank(false, 2, 2).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid `LOCAL_RANK`: local rank 2 has no CUDA device: 2 visible"),
+            "{err}"
+        );
+        // Here (no GPU) every rank is on the CPU.
+        if tch::Cuda::device_count() == 0 {
+            assert_eq!(default_device(false).unwrap(), Device::Cpu);
+        }
+    }
 
     #[test]
     fn backend_defaults_and_refusals() {

@@ -460,14 +460,10 @@ impl TrainerBuilder {
         // Upstream: `logging.set_verbosity(args.get_process_log_level())`.
         crate::logging::init_logging(&self.args);
         let mut model = self.model;
-        // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else CUDA device 0 when
-        // there is one (`LOCAL_RANK`'s device in a multi-GPU run, which ProcessGroupNCCL
-        // binds), else the CPU.
-        let device = if self.args.use_cpu {
-            Device::Cpu
-        } else {
-            Device::cuda_if_available()
-        };
+        // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else `cuda:LOCAL_RANK`
+        // when there is a CUDA device (the one ProcessGroupNCCL binds this rank to), else the
+        // CPU.
+        let device = tchtrain_accelerate::default_device(self.args.use_cpu)?;
         if model.var_store().device() != device && self.optimizer.is_none() {
             model.var_store_mut().set_device(device);
         }
