@@ -36,7 +36,10 @@ fn config(name: &str) -> Result<String> {
 }
 
 /// The numbers of `trainer_state.json`'s log history, by step, as bits (speed keys left out).
-fn logged_steps(out: &Path) -> Result<Vec<(i64, Vec<(String, u64)>)>> {
+/// Log entries by step: `(step, [(key, bits)])`.
+type Steps = Vec<(i64, Vec<(String, u64)>)>;
+
+fn logged_steps(out: &Path) -> Result<Steps> {
     let state = TrainerState::load_from_json(out.join("trainer_state.json"))?;
     Ok(state
         .log_history
@@ -106,7 +109,7 @@ fn run_and_resume(
             == 6,
         "{name}: 6 logged steps: {a:?}"
     );
-    let later = |l: &[(i64, Vec<(String, u64)>)]| -> Vec<(i64, Vec<(String, u64)>)> {
+    let later = |l: &[(i64, Vec<(String, u64)>)]| -> Steps {
         l.iter().filter(|(s, _)| *s > 3).cloned().collect()
     };
     ensure!(

@@ -21,7 +21,7 @@ use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{DictOrPath, IntervalStrategy, SaveStrategy, TrainingArguments};
 
 use crate::common::{
-    blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
+    Log, blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
 };
 
 const CASES: [&str; 3] = ["zero2_bf16", "zero3_bf16", "zero2_fp16"];
@@ -96,7 +96,7 @@ fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>)
     )?)
 }
 
-fn read_entries(path: &Path) -> Result<(Vec<BTreeMap<String, f64>>, Option<f64>)> {
+fn read_entries(path: &Path) -> Result<(Log, Option<f64>)> {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let log = v["log"]
         .as_array()
@@ -116,7 +116,7 @@ fn read_entries(path: &Path) -> Result<(Vec<BTreeMap<String, f64>>, Option<f64>)
 }
 
 /// The reference's `log_history.json` (Python's JSON: `Infinity` for a skipped step's norm).
-fn reference_log(case: &str) -> Result<(Vec<BTreeMap<String, f64>>, Vec<f64>)> {
+fn reference_log(case: &str) -> Result<(Log, Vec<f64>)> {
     let dir = reference_dir("deepspeed_mixed_precision").join(case);
     let text = std::fs::read_to_string(dir.join("log_history.json"))
         .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?;
