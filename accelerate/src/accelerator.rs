@@ -145,6 +145,8 @@ pub struct Accelerator {
     mixed_precision: MixedPrecision,
     autocast: Option<Kind>,
     scaler: Option<Mutex<GradScaler>>,
+    /// Whether the scaler's settings were given (`GradScalerKwargs`), not accelerate's default.
+    scaler_kwargs_given: bool,
     bucket_cap_mb: f64,
     find_unused_parameters: bool,
     ddp: Option<DistributedDataParallel>,
@@ -166,8 +168,9 @@ impl Accelerator {
     /// An accelerator computing on `device` (`options.cpu` is not read).
     pub fn on_device(device: Device, options: AcceleratorOptions) -> Result<Self> {
         // accelerate's `native_amp` for fp16: off the CPU, or asked for with a scaler's kwargs.
+        let scaler_kwargs_given = options.grad_scaler.is_some();
         let native_fp16 = options.mixed_precision == MixedPrecision::Fp16
-            && (device != Device::Cpu || options.grad_scaler.is_some());
+            && (device != Device::Cpu || scaler_kwargs_given);
         let scaler = if native_fp16 {
             Some(Mutex::new(GradScaler::new(
                 options.grad_scaler.unwrap_or_default(),
@@ -188,6 +191,7 @@ impl Accelerator {
             mixed_precision: options.mixed_precision,
             autocast,
             scaler,
+            scaler_kwargs_given,
             bucket_cap_mb: options.bucket_cap_mb.unwrap_or(DEFAULT_BUCKET_CAP_MB),
             find_unused_parameters: options.find_unused_parameters,
             ddp: None,
@@ -299,6 +303,12 @@ impl Accelerator {
                 "ZeRO stage {} on a single process: the engine runs over a world of one (nothing is sharded; offload_optimizer applies)",
                 plugin.stage.number()
             );
+        }
+        if plugin.mixed_precision.is_some() && self.scaler_kwargs_given && self.scaler.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "grad_scaler",
+                detail: "GradScalerKwargs with DeepSpeed's fp16: DeepSpeed's own loss scaler replaces accelerate's GradScaler; set its settings in the config's fp16 section (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale) and drop the kwargs".into(),
+            });
         }
         let per_layer = plugin.stage == ZeroStage::Weights
             && !plugin.units.is_empty()

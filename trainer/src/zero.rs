@@ -107,13 +107,7 @@ impl Trainer {
             args.per_device_train_batch_size = self.train_batch_size;
             ds.trainer_config_process(&args, self.args.auto_find_batch_size);
             // accelerate's DeepSpeedPlugin, built after the arguments processed the config.
-            ds.set_mixed_precision(if self.args.fp16 {
-                "fp16"
-            } else if self.args.bf16 {
-                "bf16"
-            } else {
-                "no"
-            })?;
+            ds.set_mixed_precision(&self.args.mixed_precision())?;
             let h = hidden_size(self);
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
             crate::field_support::check_deepspeed_keys(&ds.config)?;

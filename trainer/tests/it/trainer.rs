@@ -320,6 +320,23 @@ fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
         ) && err.to_string().contains("--bf16"),
         "{err}"
     );
+    // DeepSpeed's fp16 brings its own scaler: explicit GradScalerKwargs are refused by name.
+    let mut a = args(4)?;
+    a.deepspeed = Some(tchtrain_training_args::DictOrPath::Dict(
+        serde_json::json!({"zero_optimization": {"stage": 2}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    ));
+    let mut t = Trainer::builder(initial_model()?, a)
+        .train_dataset(small_train()?)
+        .grad_scaler(kwargs)
+        .build()?;
+    let err = t.train(None).unwrap_err().to_string();
+    assert!(
+        err.contains("grad_scaler") && err.contains("fp16 section"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
