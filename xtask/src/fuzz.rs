@@ -78,6 +78,10 @@ pub struct Options {
     pub seed: u64,
     /// `address` (default) or `none`.
     pub sanitizer: String,
+    /// `--dev`: cargo's dev profile (no optimisation; the fuzz workspace's `profile.dev`)
+    /// instead of release. A cold build takes a fraction of the release build's time; the
+    /// inputs run slower, which a bounded run does not notice.
+    pub dev: bool,
     /// The targets to run (all when empty).
     pub targets: Vec<String>,
 }
@@ -88,6 +92,7 @@ impl Default for Options {
             runs: DEFAULT_RUNS,
             seed: 1,
             sanitizer: "address".into(),
+            dev: false,
             targets: Vec::new(),
         }
     }
@@ -106,6 +111,7 @@ impl Options {
             match a.as_str() {
                 "--runs" => o.runs = number("--runs", it.next())?,
                 "--seed" => o.seed = number("--seed", it.next())?,
+                "--dev" => o.dev = true,
                 "--sanitizer" => {
                     o.sanitizer = it
                         .next()
@@ -117,7 +123,7 @@ impl Options {
                 other => {
                     return Err(format!(
                         "fuzz: unknown option or target `{other}` (options: --runs N, --seed N, \
-                         --sanitizer address|none; targets: {})",
+                         --sanitizer address|none, --dev; targets: {})",
                         TARGETS.join(", ")
                     ));
                 }
@@ -178,7 +184,7 @@ impl Report {
     }
 }
 
-/// `cargo xtask fuzz [--runs N] [--seed N] [--sanitizer address|none] [TARGET...]`.
+/// `cargo xtask fuzz [--runs N] [--seed N] [--sanitizer address|none] [--dev] [TARGET...]`.
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = Options::parse(args)?;
     let s = crate::setup::run(&crate::setup::Options::default())?;
@@ -249,6 +255,9 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
         .arg(root.join("fuzz"))
         .args(["--sanitizer", &o.sanitizer, "--target-dir"])
         .arg(&target_dir);
+    if o.dev {
+        build.arg("--dev");
+    }
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);
     }
@@ -260,7 +269,8 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
         "fuzz: targets built in {:.1}s",
         t_build.elapsed().as_secs_f64()
     );
-    let bin_dir = target_dir.join(host_triple()).join("release");
+    let profile = if o.dev { "debug" } else { "release" };
+    let bin_dir = target_dir.join(host_triple()).join(profile);
     let ours = |c: &str| c.starts_with("tchtrain") || TARGETS.contains(&c);
     let freed = disk::prune_stale(&bin_dir.join("deps"), &ours, build_started);
     if freed > 0 {
@@ -486,7 +496,9 @@ mod tests {
             .collect();
         let o = Options::parse(&args).unwrap();
         assert_eq!(o.runs, 50);
+        assert!(!o.dev);
         assert_eq!(o.selected(), ["config_json", "table_csv"]);
+        assert!(Options::parse(&["--dev".to_string()]).unwrap().dev);
         assert!(Options::parse(&["nope".to_string()]).is_err());
         let log = "Done 2000 runs in 1 second(s)\nstat::number_of_executed_units: 2003\n";
         assert_eq!(executed_units(log), Some(2003));

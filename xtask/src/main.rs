@@ -112,12 +112,14 @@ commands:
         --master-port P      rendezvous port (default 29500; 0 picks a free port)
         --standalone         127.0.0.1 and a free port
         --term-timeout S     seconds between SIGTERM and SIGKILL (default 30)
-  fuzz [--runs N] [--seed N] [--sanitizer address|none] [TARGET...]
+  fuzz [--runs N] [--seed N] [--sanitizer address|none] [--dev] [TARGET...]
         setup, then every fuzz target under fuzz/ (one per parser of outside
         input) built with cargo fuzz (nightly; cargo-fuzz is installed into the
-        cache once) and run for N inputs each (default 5000, fixed seed 1) from
-        the seeds in fuzz/corpus/<target>/; fails on a crash, with the
-        reproducer under target/fuzz/artifacts/<target>/. `test` ends with this.
+        cache once; release with AddressSanitizer unless --dev / --sanitizer none)
+        and run for N inputs each (default 5000, fixed seed 1) from the seeds in
+        fuzz/corpus/<target>/; fails on a crash, with the reproducer under
+        target/fuzz/artifacts/<target>/. `test` ends with this, as --dev
+        --sanitizer none.
   codegen [--check]
         setup, then regenerate the generated sources from the pinned Python packages
         (training-args/src/field_table.rs from transformers' HfArgumentParser);

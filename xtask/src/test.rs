@@ -172,7 +172,7 @@ fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Re
         );
         return Ok(true);
     }
-    let target = crate::paths::workspace_root().join("target").join("cuda");
+    let target = crate::paths::target_dir().join("cuda");
     let target = target.to_string_lossy().into_owned();
     let args = [
         "-p",
@@ -248,8 +248,14 @@ fn fuzz_step(s: &setup::Setup) -> Result<fuzz::Report, String> {
             seconds: 0.0,
         });
     }
+    // The dev profile without AddressSanitizer: a cold build of the fuzz workspace in
+    // release with ASan took longer than the rest of `test` together. ASan instruments only
+    // Rust code, and this workspace forbids `unsafe` (libtorch's C++ is not instrumented
+    // either way); `cargo xtask fuzz` keeps release + ASan for longer runs.
     let o = fuzz::Options {
         runs,
+        sanitizer: "none".into(),
+        dev: true,
         ..fuzz::Options::default()
     };
     println!("test: fuzzing every target for {runs} inputs (cargo xtask fuzz)");
