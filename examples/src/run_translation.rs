@@ -26,11 +26,14 @@
 //! Multilingual tokenizers (mBART, mBART-50, NLLB) get `--source_lang` / `--target_lang`
 //! (`en_XX`, `ro_RO`) as their `src_lang` / `tgt_lang`: the inputs end with the source
 //! code, the labels with the target's (mBART), and the dataset columns are the part before
-//! `_`, as upstream's script.
+//! `_`, as upstream's script. With an mBART tokenizer and a model config without
+//! `decoder_start_token_id` (mBART-cc25's), the model's is set to `--target_lang`'s id, as
+//! upstream's script does (saved in `config.json`; `generate` keeps the loaded generation
+//! config, as transformers 5's).
 //!
 //! Not supported (refused with an error): M2M100's tokenizer (no fast form upstream),
-//! `--forced_bos_token` with a multilingual tokenizer (the model's `forced_bos_token_id` is
-//! not overridden here), a tokenizer larger than the model's embeddings (upstream resizes
+//! `--forced_bos_token` with a multilingual tokenizer (transformers 5's `generate` refuses
+//! what upstream's script does with it), a tokenizer larger than the model's embeddings (upstream resizes
 //! them). `--preprocessing_num_workers` is accepted without effect.
 //!
 //! ```no_run
@@ -270,9 +273,10 @@ fn translation_metrics(
 /// Upstream's block for `MULTILINGUAL_TOKENIZERS` (mBART, mBART-50; NLLB here too): both
 /// languages required, `tokenizer.src_lang` / `tgt_lang` set from `--source_lang` /
 /// `--target_lang` (`en_XX`, `ro_RO`). Upstream also sets `model.config.forced_bos_token_id`
-/// from `--forced_bos_token` (to `None` without it); that override of the model's generation
-/// config is not implemented, so `--forced_bos_token` is refused; without it a config's own
-/// `forced_bos_token_id` stays (upstream clears it; mBART-cc25 / en-ro configs set none).
+/// from `--forced_bos_token`: with transformers 5 a generation setting on the model config
+/// makes `generate` raise ("You have modified the pretrained model configuration to control
+/// generation"), so the flag is refused up front with that reason and the fix (the model's
+/// `generation_config.json`); without it nothing changes, as upstream (`None` is no setting).
 fn set_language_codes(
     tokenizer: &mut PreTrainedTokenizerFast,
     flags: &TranslationArguments,
@@ -301,7 +305,7 @@ fn set_language_codes(
         return Err(Error::InvalidFlag {
             flag: "forced_bos_token".into(),
             detail: format!(
-                "`{token}`: upstream sets the model's `forced_bos_token_id` from it, which is not implemented here; set `forced_bos_token_id` in the model's config.json (or generation_config.json) and remove the flag"
+                "`{token}`: upstream's script sets `model.config.forced_bos_token_id` from it, and transformers 5's `generate` then raises (\"You have modified the pretrained model configuration to control generation\"); set `forced_bos_token_id` in the model's generation_config.json (or `--generation_config`) and remove the flag"
             ),
         });
     }
@@ -320,7 +324,12 @@ pub fn run(
     data.warn_t5_prefix(
         "which is expected, e.g. with `--source_prefix 'translate English to German: ' `",
     );
-    let mut loaded = s2s::load_model(data, &training, PositionCheck::Translation)?;
+    let mut loaded = s2s::load_model(
+        data,
+        &training,
+        PositionCheck::Translation,
+        flags.target_lang.as_deref(),
+    )?;
     set_language_codes(&mut loaded.tokenizer, flags, data)?;
     if !s2s::something_to_do(&training) {
         return Ok(ExampleOutput {

@@ -13,7 +13,8 @@ use tchtrain_collators::{DataCollatorForSeq2Seq, DefaultDataCollator, Feature, L
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{DataFilesDict, Fingerprint, MapCache, Table, map_cached};
 use tchtrain_models::{
-    AutoTask, GenerationConfig, LoadOptions, PreTrainedTokenizerFast, TrainableModel,
+    AutoTask, BartForConditionalGeneration, GenerationConfig, LoadOptions, PreTrainedTokenizerFast,
+    TrainableModel,
     from_pretrained_dir,
 };
 use tchtrain_trainer::{EvalPrediction, Metrics, Seq2SeqTrainer, Trainer};
@@ -377,10 +378,13 @@ fn read_json(path: &Path) -> Result<Value> {
 
 /// Upstream's `AutoConfig` / `AutoTokenizer` / `AutoModelForSeq2SeqLM.from_pretrained`, the
 /// embedding-size check, `decoder_start_token_id` and the position-embedding check.
+/// `decoder_start_lang` is the language code an mBART tokenizer's model starts decoding with
+/// when its config names no `decoder_start_token_id` (run_translation's `--target_lang`).
 pub(crate) fn load_model(
     data: &Seq2SeqDataArguments,
     training: &Seq2SeqTrainingArguments,
     positions: PositionCheck,
+    decoder_start_lang: Option<&str>,
 ) -> Result<LoadedSeq2Seq> {
     let (hub, dir) = common::resolve_model!(data)?;
     let tokenizer = load_example_tokenizer(&dir, data.tokenizer_name.as_deref(), &hub)?;
@@ -409,7 +413,26 @@ pub(crate) fn load_model(
             ),
         });
     }
-    if config["decoder_start_token_id"].as_i64().is_none() {
+    // Upstream: `if model.config.decoder_start_token_id is None and isinstance(tokenizer,
+    // (MBartTokenizer, MBartTokenizerFast))`, the target language's id
+    // (`convert_tokens_to_ids`: the unknown token's id for a code the vocabulary lacks).
+    let decoder_start = match (
+        config["decoder_start_token_id"].as_i64(),
+        class.as_str(),
+        decoder_start_lang,
+    ) {
+        (None, "MBartTokenizer" | "MBartTokenizerFast", Some(lang)) => {
+            let tok = tokenizer.tokenizer();
+            let unk = tokenizer
+                .config()
+                .get("unk_token")
+                .and_then(Value::as_str)
+                .and_then(|u| tok.token_to_id(u));
+            tok.token_to_id(lang).or(unk).map(i64::from)
+        }
+        _ => None,
+    };
+    if config["decoder_start_token_id"].as_i64().is_none() && decoder_start.is_none() {
         return Err(Error::InvalidArgument {
             field: "config.decoder_start_token_id",
             detail: "Make sure that `config.decoder_start_token_id` is correctly defined".into(),
@@ -453,16 +476,36 @@ pub(crate) fn load_model(
         }
     }
     tch::manual_seed(training.base.seed as i64);
-    let loaded = from_pretrained_dir(
-        &dir,
-        AutoTask::Seq2SeqLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?;
-    Ok(LoadedSeq2Seq {
-        tokenizer,
-        model: loaded.model,
-    })
+    let model: Box<dyn TrainableModel> = match decoder_start {
+        None => {
+            from_pretrained_dir(
+                &dir,
+                AutoTask::Seq2SeqLm,
+                Device::Cpu,
+                &LoadOptions::default(),
+            )?
+            .model
+        }
+        Some(id) => {
+            let model_type = config["model_type"].as_str().unwrap_or_default();
+            if !matches!(model_type, "mbart" | "bart") {
+                return Err(Error::InvalidArgument {
+                    field: "config.decoder_start_token_id",
+                    detail: format!(
+                        "the config names none and upstream would set it to the target language's id ({id}) on this `{model_type}` model; that is implemented for mBART / BART models: set `decoder_start_token_id` in config.json"
+                    ),
+                });
+            }
+            let mut loaded = BartForConditionalGeneration::from_pretrained_dir(
+                &dir,
+                Device::Cpu,
+                &LoadOptions::default(),
+            )?;
+            loaded.model.set_decoder_start_token_id(id);
+            Box::new(loaded.model)
+        }
+    };
+    Ok(LoadedSeq2Seq { tokenizer, model })
 }
 
 /// The scripts' `preprocess_function` once the inputs and targets are picked: inputs (with

@@ -634,6 +634,16 @@ impl BartForConditionalGeneration {
         &self.config
     }
 
+    /// Upstream's scripts' `model.config.decoder_start_token_id = ...` after loading (the
+    /// mBART language code when the checkpoint's config has none). The config, and the
+    /// `config.json` saved from it, change; the generation config made at load does not:
+    /// transformers 5 no longer reads generation settings from a modified model config, so
+    /// `generate` keeps starting from the loaded generation config's
+    /// `decoder_start_token_id`, else `bos_token_id`.
+    pub fn set_decoder_start_token_id(&mut self, id: i64) {
+        self.config.decoder_start_token_id = Some(id);
+    }
+
     /// Upstream `prepare_decoder_input_ids_from_labels`: BART's `shift_tokens_right(labels,
     /// pad_token_id, decoder_start_token_id)`, or mBART's (each row's last non-padding token
     /// wrapped to the front).

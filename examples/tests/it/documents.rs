@@ -7,6 +7,7 @@
 //! | config | run |
 //! |---|---|
 //! | `ds_zero2_fp16.json` (fp16 with its dynamic loss scaler, the legacy `cpu_offload`, DeepSpeed's AdamW and WarmupLR) | `run_translation --fp16` on a tiny T5, with the document's `--learning_rate 3e-5 --adam_beta1 0.8 --weight_decay 3e-7 --warmup_steps 500 --lr_scheduler_type constant_with_warmup` |
+//! | `ds_zero2_fp16.json` | the document's own model: `run_translation --fp16` on a tiny mBART (`assets/tiny-mbart`, mBART's real tokenizer) with `--source_lang en_XX --target_lang ro_RO` |
 //! | `ds_zero2_short.json` (the ZeRO-2 section alone) | the same, the Trainer's optimizer and schedule |
 //! | `ds_zero3_bf16_auto.json` (the DeepSpeed docs' ZeRO-3: `bf16: auto`, offload, `"auto"` sizes) | `run_clm --bf16` on tiny GPT-2 |
 //! | `fsdp_gpt2_bf16.json` (`GPT2Block` units, `min_num_params`, CPU offload, `mixed_precision: "bf16"`) | `run_clm --fsdp "full_shard auto_wrap" --bf16` |
@@ -57,15 +58,19 @@ fn logged_steps(out: &Path) -> Result<Steps> {
         .collect())
 }
 
+/// What a test checks in the uninterrupted run's output folder.
+type Check<'a> = &'a dyn Fn(&Path) -> Result<()>;
+
 /// Runs `script` with `args` to step 6 (a checkpoint at 3), resumes a second run from that
 /// checkpoint, and checks: both end at step 6, the resumed steps equal the uninterrupted
-/// run's to the bit, and the saved model loads in `dtype`.
+/// run's to the bit, the saved model loads in `dtype`, and `check` on the first run's folder.
 fn run_and_resume(
     name: &str,
     script: &str,
     args: &[String],
     task: AutoTask,
     dtype: Kind,
+    check: Check<'_>,
 ) -> Result<String> {
     let dir = temp_dir(name);
     let full = dir.join("full");
@@ -133,6 +138,7 @@ fn run_and_resume(
     from_pretrained_dir(&full, task, Device::Cpu, &LoadOptions::default())
         .with_context(|| format!("{name}: loading the saved model"))?;
     loads_in_python(&full, task)?;
+    check(&full)?;
     Ok(log)
 }
 
@@ -178,21 +184,36 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-fn translation(config_file: &str) -> Result<Vec<String>> {
+/// The documents' translation run: a tiny T5 with its task prefix, or (`mbart`) the tiny
+/// mBART with the language codes `en_XX` / `ro_RO`.
+fn translation(config_file: &str, mbart: bool) -> Result<Vec<String>> {
     let reference = |rel: &str| {
         asset(&format!(
             "reference/trainer_translation_summarization/{rel}"
         ))
     };
-    Ok(strings(&[
-        "--model_name_or_path",
-        &reference("translation/initial"),
-        "--source_lang",
-        "en",
-        "--target_lang",
-        "ro",
-        "--source_prefix",
-        "translate English to Romanian: ",
+    let model = if mbart {
+        strings(&[
+            "--model_name_or_path",
+            &asset("tiny-mbart"),
+            "--source_lang",
+            "en_XX",
+            "--target_lang",
+            "ro_RO",
+        ])
+    } else {
+        strings(&[
+            "--model_name_or_path",
+            &reference("translation/initial"),
+            "--source_lang",
+            "en",
+            "--target_lang",
+            "ro",
+            "--source_prefix",
+            "translate English to Romanian: ",
+        ])
+    };
+    Ok([model, strings(&[
         "--train_file",
         &reference("translation/train.json"),
         "--do_train",
@@ -211,7 +232,8 @@ fn translation(config_file: &str) -> Result<Vec<String>> {
         "500",
         "--lr_scheduler_type",
         "constant_with_warmup",
-    ]))
+    ])]
+    .concat())
 }
 
 fn clm(extra: &[&str]) -> Vec<String> {
@@ -240,9 +262,10 @@ fn the_documents_deepspeed_fp16_translation_runs_and_resumes() -> Result<()> {
     let log = run_and_resume(
         "doc-ds-zero2-fp16",
         env!("CARGO_BIN_EXE_run_translation"),
-        &translation("ds_zero2_fp16.json")?,
+        &translation("ds_zero2_fp16.json", false)?,
         AutoTask::Seq2SeqLm,
         Kind::Half,
+        &|_| Ok(()),
     )?;
     ensure!(
         log.contains("cpu_offload is deprecated"),
@@ -251,9 +274,44 @@ fn the_documents_deepspeed_fp16_translation_runs_and_resumes() -> Result<()> {
     run_and_resume(
         "doc-ds-zero2-short",
         env!("CARGO_BIN_EXE_run_translation"),
-        &translation("ds_zero2_short.json")?,
+        &translation("ds_zero2_short.json", false)?,
         AutoTask::Seq2SeqLm,
         Kind::Half,
+        &|_| Ok(()),
+    )?;
+    Ok(())
+}
+
+/// The document's own model: an mBART en-ro (here the tiny one) with `en_XX` / `ro_RO`.
+/// Its config names no `decoder_start_token_id`, so the script sets the model's to `ro_RO`'s
+/// id, as upstream's does: the saved `config.json` holds it, the generation config keeps
+/// the loaded one's (transformers 5 reads none from a modified model config).
+#[test]
+fn the_documents_mbart_translation_runs_under_deepspeed_fp16() -> Result<()> {
+    run_and_resume(
+        "doc-ds-zero2-fp16-mbart",
+        env!("CARGO_BIN_EXE_run_translation"),
+        &translation("ds_zero2_fp16.json", true)?,
+        AutoTask::Seq2SeqLm,
+        Kind::Half,
+        &|full| {
+            let read = |name: &str| -> Result<serde_json::Value> {
+                Ok(serde_json::from_str(&std::fs::read_to_string(
+                    full.join(name),
+                )?)?)
+            };
+            let (config, generation) = (read("config.json")?, read("generation_config.json")?);
+            // mBART's `ro_RO`: 250001 + its place (19) among the 25 fairseq codes.
+            ensure!(
+                config["decoder_start_token_id"] == 250020,
+                "config.json: {config}"
+            );
+            ensure!(
+                generation.get("decoder_start_token_id").is_none(),
+                "generation_config.json: {generation}"
+            );
+            Ok(())
+        },
     )?;
     Ok(())
 }
@@ -267,6 +325,7 @@ fn the_documents_deepspeed_zero3_bf16_auto_runs_and_resumes() -> Result<()> {
         &args,
         AutoTask::CausalLm,
         Kind::BFloat16,
+        &|_| Ok(()),
     )?;
     Ok(())
 }
@@ -286,6 +345,7 @@ fn the_documents_fsdp_bf16_run_trains_and_resumes() -> Result<()> {
         &args,
         AutoTask::CausalLm,
         Kind::Float,
+        &|_| Ok(()),
     )?;
     Ok(())
 }
