@@ -541,6 +541,11 @@ pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
         "`false`; bf16 optimizer states are refused",
     ),
     partly(
+        "data_types.grad_accum_dtype",
+        &["grad_accum_dtype_as_deepspeeds_engine_reads_it"],
+        "as DeepSpeed's engine reads it: any dtype under ZeRO (its ZeRO optimizers do not read it), the model's own without ZeRO; bf16 with `\"fp32\"` at stage 1 without optimizer offload (DeepSpeed's BF16_Optimizer) is refused",
+    ),
+    partly(
         "optimizer.type",
         DS_SECTIONS,
         "`Adam` and `AdamW` (torch's update over one group of every parameter, as upstream hands DeepSpeed `model.parameters()`); other DeepSpeed optimizers are refused",

@@ -200,6 +200,9 @@ fn translation(config_file: &str, mbart: bool) -> Result<Vec<String>> {
             "en_XX",
             "--target_lang",
             "ro_RO",
+            // The tiny model's 128 positions (upstream's script refuses the default 1024).
+            "--max_source_length",
+            "128",
         ])
     } else {
         strings(&[

@@ -471,6 +471,14 @@ impl HfTrainerDeepSpeedConfig {
                 fix: "fp16 and bf16 cannot both be enabled (DeepSpeed's check): enable one",
             });
         }
+        let model = if fp16 {
+            Kind::Half
+        } else if bf16 {
+            Kind::BFloat16
+        } else {
+            Kind::Float
+        };
+        self.check_grad_accum_dtype(model)?;
         let number = |key: &str, default: f64| -> Result<f64> {
             match self.get_value(key) {
                 None | Some(Value::Null) => Ok(default),
@@ -569,6 +577,66 @@ impl HfTrainerDeepSpeedConfig {
             )));
         }
         Ok(None)
+    }
+
+    /// DeepSpeed's `data_types.grad_accum_dtype` (`DeepSpeedEngine.get_data_types` and
+    /// `_do_optimizer_sanity_check`; unset means the model's dtype). Under ZeRO its
+    /// optimizers keep their own gradient buffers and the key changes nothing, except at stage
+    /// 1 with bf16 weights, fp32 accumulation and no optimizer offload, where DeepSpeed runs
+    /// its `BF16_Optimizer` instead: not implemented, refused by name. Without ZeRO, a dtype
+    /// other than the model's is DeepSpeed's `NotImplementedError`; a value that is not a
+    /// dtype is refused as DeepSpeed's `DtypeEnum` refuses it.
+    pub fn check_grad_accum_dtype(&self, model: Kind) -> Result<()> {
+        const KEY: &str = "data_types.grad_accum_dtype";
+        let value = match self.get_value(KEY) {
+            None | Some(Value::Null) => return Ok(()),
+            Some(v) => v,
+        };
+        let accum = match value.as_str() {
+            Some("torch.float16" | "fp16" | "float16" | "half") => Kind::Half,
+            Some("torch.float32" | "fp32" | "float32" | "float") => Kind::Float,
+            Some("torch.int8" | "int8") => Kind::Int8,
+            Some("torch.bfloat16" | "bf16" | "bfloat16") => Kind::BFloat16,
+            _ => {
+                return Err(Error::InvalidConfig {
+                    key: KEY.into(),
+                    value: python_repr(value),
+                    fix: "one of DeepSpeed's DtypeEnum values: \"fp32\", \"fp16\", \"bf16\" (or their torch / long names)",
+                });
+            }
+        };
+        let name = |k: Kind| match k {
+            Kind::Half => "torch.float16",
+            Kind::BFloat16 => "torch.bfloat16",
+            Kind::Int8 => "torch.int8",
+            _ => "torch.float32",
+        };
+        let stage = self.zero_stage();
+        if stage >= 1 {
+            let cpu_offload = self
+                .get_value("zero_optimization.offload_optimizer.device")
+                .and_then(Value::as_str)
+                == Some("cpu");
+            if stage == 1 && model == Kind::BFloat16 && accum == Kind::Float && !cpu_offload {
+                return Err(Error::NotSupported {
+                    key: KEY.into(),
+                    why: "\"fp32\" with bf16 at ZeRO stage 1 (without optimizer offload) makes DeepSpeed run its BF16_Optimizer (fp32 gradient accumulation), which is not implemented; use ZeRO stage 2, or remove the key (bf16 accumulation, DeepSpeed's default)".into(),
+                });
+            }
+            return Ok(());
+        }
+        if accum != model {
+            return Err(Error::NotSupported {
+                key: KEY.into(),
+                why: format!(
+                    "{}: unsupported mix of model_dtype={} and grad_accum_dtype={} (DeepSpeed's NotImplementedError: without ZeRO it accumulates in the model's dtype); remove the key",
+                    python_repr(value),
+                    name(model),
+                    name(accum)
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The Trainer's DeepSpeed constraints that do not depend on the model.

@@ -232,3 +232,70 @@ fn deprecated_offload_keys_map_as_deepspeeds() -> Result<()> {
     ));
     Ok(())
 }
+
+/// `data_types.grad_accum_dtype` as DeepSpeed 0.19.8's engine reads it
+/// (`DeepSpeedEngine.get_data_types` and `_do_optimizer_sanity_check`): under ZeRO only
+/// stage 1 + bf16 + fp32 without optimizer offload changes the optimizer (its
+/// `BF16_Optimizer`, refused here by name); without ZeRO only the model's own dtype is
+/// accepted; DeepSpeed's `DtypeEnum` names are read.
+#[test]
+fn grad_accum_dtype_as_deepspeeds_engine_reads_it() -> Result<()> {
+    let check = |stage: i64, half: &str, accum: Value, offload: bool| {
+        let mut v = json!({
+            "zero_optimization": {"stage": stage},
+            "data_types": {"grad_accum_dtype": accum},
+        });
+        if !half.is_empty() {
+            v[half] = json!({"enabled": true});
+        }
+        if offload {
+            v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
+        }
+        config(v)?.zero_mixed_precision().map(|_| ())
+    };
+    // Accepted: the ZeRO optimizers do not read it.
+    for (stage, half, accum, offload) in [
+        (2, "bf16", "fp32", false),
+        (3, "bf16", "fp32", false),
+        (2, "fp16", "fp32", false),
+        (1, "bf16", "fp32", true),
+        (1, "bf16", "bf16", false),
+        (1, "fp16", "torch.float32", false),
+        (1, "", "half", false),
+    ] {
+        check(stage, half, json!(accum), offload)
+            .with_context(|| format!("stage {stage} {half} {accum} offload {offload}"))?;
+    }
+    // Without ZeRO: the model's dtype only.
+    check(0, "", json!("float32"), false)?;
+    match check(0, "", json!("fp16"), false) {
+        Err(Error::NotSupported { key, why }) => {
+            assert_eq!(key, "data_types.grad_accum_dtype");
+            assert!(
+                why.contains(
+                    "unsupported mix of model_dtype=torch.float32 and grad_accum_dtype=torch.float16"
+                ),
+                "{why}"
+            );
+        }
+        other => bail!("stage 0 fp32 with fp16 accumulation: {other:?}"),
+    }
+    // BF16_Optimizer's case.
+    match check(1, "bf16", json!("fp32"), false) {
+        Err(Error::NotSupported { key, why }) => {
+            assert_eq!(key, "data_types.grad_accum_dtype");
+            assert!(why.contains("BF16_Optimizer"), "{why}");
+        }
+        other => bail!("stage 1 bf16 with fp32 accumulation: {other:?}"),
+    }
+    // Not a DtypeEnum value.
+    assert!(matches!(
+        check(2, "bf16", json!("float64"), false),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        check(2, "bf16", json!(32), false),
+        Err(Error::InvalidConfig { .. })
+    ));
+    Ok(())
+}
