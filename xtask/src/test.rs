@@ -160,9 +160,11 @@ fn cargo_test(
 }
 
 /// The `cuda` build of `tchtrain-distributed` (ProcessGroupNCCL compiled and linked, its
-/// tests run; with `gpu`, the ignored GPU tests too, and the Trainer's GPU tests), in its
-/// own target folder so the workspace build keeps its features. Skipped, with a line saying
-/// so, when the libtorch has no CUDA.
+/// tests run; with `gpu`, the ignored GPU tests too, and the Trainer's GPU tests), in the
+/// workspace's build folder: cargo keeps each feature set's artifacts apart (they hash
+/// differently), so the workspace build keeps its own and the dependencies both builds share
+/// are built once (a separate folder rebuilt them all, ~15 min on 2 cores). Skipped, with a
+/// line saying so, when the libtorch has no CUDA.
 fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
     let lib = s.libtorch.join("lib");
     if !lib.join("libtorch_cuda.so").exists() {
@@ -172,16 +174,7 @@ fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Re
         );
         return Ok(true);
     }
-    let target = crate::paths::target_dir().join("cuda");
-    let target = target.to_string_lossy().into_owned();
-    let args = [
-        "-p",
-        "tchtrain-distributed",
-        "--features",
-        "cuda",
-        "--target-dir",
-        target.as_str(),
-    ];
+    let args = ["-p", "tchtrain-distributed", "--features", "cuda"];
     let include = "--include-ignored".to_string();
     let separator = "--".to_string();
     let extra: Vec<&String> = if gpu {
@@ -192,17 +185,18 @@ fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Re
     println!("test: the cuda build of tchtrain-distributed (NCCL)");
     let mut ok = cargo_test(s, tmp, &args, &extra, totals)?;
     if gpu {
-        // The Trainer on a GPU (NCCL, ZeRO-3 with offload): trainer/tests/gpu.rs.
+        // The Trainer on a GPU (NCCL, ZeRO-3 with offload).
         let trainer = [
             "-p",
             "tchtrain-trainer",
             "--features",
             "cuda",
-            "--target-dir",
-            target.as_str(),
             "--test",
-            "gpu",
+            "it",
         ];
+        // The `gpu` module of the trainer's test binary (trainer/tests/it/gpu.rs).
+        let filter = "gpu::".to_string();
+        let extra = [&separator, &include, &filter];
         println!("test: the Trainer's GPU tests (cuda build)");
         ok &= cargo_test(s, tmp, &trainer, &extra, totals)?;
     }
