@@ -14,8 +14,7 @@ use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{DataFilesDict, Fingerprint, MapCache, Table, map_cached};
 use tchtrain_models::{
     AutoTask, BartForConditionalGeneration, GenerationConfig, LoadOptions, PreTrainedTokenizerFast,
-    TrainableModel,
-    from_pretrained_dir,
+    TrainableModel, from_pretrained_dir,
 };
 use tchtrain_trainer::{EvalPrediction, Metrics, Seq2SeqTrainer, Trainer};
 use tchtrain_training_args::Seq2SeqTrainingArguments;

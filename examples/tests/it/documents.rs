@@ -216,26 +216,29 @@ fn translation(config_file: &str, mbart: bool) -> Result<Vec<String>> {
             "translate English to Romanian: ",
         ])
     };
-    Ok([model, strings(&[
-        "--train_file",
-        &reference("translation/train.json"),
-        "--do_train",
-        "--per_device_train_batch_size",
-        "2",
-        "--deepspeed",
-        &config(config_file)?,
-        "--fp16",
-        "--learning_rate",
-        "3e-5",
-        "--adam_beta1",
-        "0.8",
-        "--weight_decay",
-        "3e-7",
-        "--warmup_steps",
-        "500",
-        "--lr_scheduler_type",
-        "constant_with_warmup",
-    ])]
+    Ok([
+        model,
+        strings(&[
+            "--train_file",
+            &reference("translation/train.json"),
+            "--do_train",
+            "--per_device_train_batch_size",
+            "2",
+            "--deepspeed",
+            &config(config_file)?,
+            "--fp16",
+            "--learning_rate",
+            "3e-5",
+            "--adam_beta1",
+            "0.8",
+            "--weight_decay",
+            "3e-7",
+            "--warmup_steps",
+            "500",
+            "--lr_scheduler_type",
+            "constant_with_warmup",
+        ]),
+    ]
     .concat())
 }
 
