@@ -278,10 +278,6 @@ fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
     // What is refused, by key.
     let refused = [
         (
-            json!({"data_types": {"grad_accum_dtype": "fp32"}}),
-            "data_types.grad_accum_dtype",
-        ),
-        (
             json!({"communication_data_type": "fp32"}),
             "communication_data_type",
         ),
