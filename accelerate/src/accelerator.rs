@@ -41,6 +41,7 @@ use crate::autocast::AutocastGuard;
 use crate::error::{Error, Result};
 use crate::operations::{concat_padded, gather_in_batch_order};
 use crate::state::PartialState;
+use crate::mixed_precision_policy::MixedPrecisionPolicy;
 use crate::zero::{ShardMemory, ZeroEngine, ZeroMixedPrecision, ZeroStage};
 use crate::zero_layers::{LayerGather, lock_engine};
 
@@ -126,6 +127,15 @@ pub struct ZeroPlugin {
     /// the accelerator's own autocast and `GradScaler` are off (accelerate's `native_amp`
     /// is false under DeepSpeed).
     pub mixed_precision: Option<ZeroMixedPrecision>,
+    /// FSDP's mixed-precision policy (accelerate's `set_mixed_precision` on the FSDP plugin):
+    /// float32 shards, parameters gathered in `param_dtype`, gradients reduced in
+    /// `reduce_dtype`, the model's outputs cast to `output_dtype`; the accelerator's
+    /// autocast and `GradScaler` stay as they are (accelerate's `native_amp`).
+    pub mp_policy: Option<MixedPrecisionPolicy>,
+    /// FSDP2: shard every parameter along dim 0 as `fully_shard` does
+    /// ([`ZeroEngine::new_per_parameter`]); the names are the model's trainable parameters
+    /// in its `parameters()` order. `None`: DeepSpeed's / FSDP1's contiguous flat shards.
+    pub per_parameter_order: Option<Vec<String>>,
 }
 
 /// The engine of a sharded run.
@@ -320,9 +330,21 @@ impl Accelerator {
         let engine = self
             .state
             .with_sharding_group(|pg| {
-                let mut engine = ZeroEngine::new(pg, plugin.stage, groups, &plugin.units)?;
+                let mut engine = match &plugin.per_parameter_order {
+                    Some(order) => ZeroEngine::new_per_parameter(
+                        pg,
+                        plugin.stage,
+                        groups,
+                        &plugin.units,
+                        order,
+                    )?,
+                    None => ZeroEngine::new(pg, plugin.stage, groups, &plugin.units)?,
+                };
                 if let Some(mp) = plugin.mixed_precision.clone() {
                     engine.set_mixed_precision(mp)?;
+                }
+                if let Some(policy) = plugin.mp_policy {
+                    engine.set_mp_policy(policy)?;
                 }
                 if let Some((device, pin_memory)) = plugin.offload_param {
                     engine.offload_param(device, pin_memory)?;
@@ -531,6 +553,7 @@ impl Accelerator {
         optimizer: &dyn Optimizer,
     ) -> Result<Tensor> {
         self.reduce_gradients()?;
+        self.unscale_shards(optimizer)?;
         if let Some(norm) = self.zero_op(|pg, engine| engine.clip_grad_norm(pg, max_norm))? {
             return Ok(Tensor::from(norm));
         }
@@ -563,6 +586,7 @@ impl Accelerator {
             self.gradients_reduced.store(false, Ordering::Relaxed);
             return Ok(true);
         }
+        self.unscale_shards(optimizer)?;
         let skipped = match self.scaler() {
             None => {
                 optimizer.step()?;
@@ -580,6 +604,40 @@ impl Accelerator {
         })?;
         self.gradients_reduced.store(false, Ordering::Relaxed);
         Ok(skipped)
+    }
+
+    /// A sharded run with a `GradScaler` (FSDP with fp16 on an accelerator): the shards'
+    /// gradients unscaled once per step, and the inf flag reduced with MAX across the
+    /// ranks (DTensor's `found_inf_reduce_handler`), so that every rank skips the same
+    /// steps. Nothing otherwise.
+    fn unscale_shards(&self, optimizer: &dyn Optimizer) -> Result<()> {
+        if self.zero.is_none() {
+            return Ok(());
+        }
+        let Some(mut scaler) = self.scaler() else {
+            return Ok(());
+        };
+        if scaler.is_unscaled() {
+            return Ok(());
+        }
+        scaler.unscale_(optimizer)?;
+        if let Some(found) = scaler.found_inf_mut() {
+            self.state.with_sharding_group(|pg| {
+                let mut flag = found.f_to_device(pg.device())?.f_contiguous()?.copy();
+                pg.all_reduce(&mut flag, ReduceOp::Max)?;
+                found.f_copy_(&flag)?;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The dtype the model's floating outputs are cast to after the forward: FSDP's
+    /// `output_dtype` under its mixed-precision policy (`None` otherwise).
+    pub fn output_dtype(&self) -> Option<Kind> {
+        self.zero_engine()
+            .and_then(|e| e.mp_policy())
+            .and_then(|p| p.output_dtype)
     }
 
     /// `accelerator.reduce(tensor, reduction)` for a float tensor: summed (or averaged) over

@@ -51,6 +51,7 @@ mod ffi;
 mod flat;
 mod grad_boundary;
 mod loss_scaler;
+mod mixed_precision_policy;
 mod operations;
 mod random;
 mod state;
@@ -69,6 +70,7 @@ pub use backends::{
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};
 pub use loss_scaler::{DynamicLossArgs, DynamicLossScaler, LossScaler};
+pub use mixed_precision_policy::{GradientDivideFactors, MixedPrecisionPolicy};
 pub use operations::concat_padded;
 pub use random::{get_rng_state, set_rng_state};
 pub use state::{PartialState, backend_for, default_device, device_for_rank};

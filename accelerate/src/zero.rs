@@ -77,6 +77,7 @@ use tchtrain_optim::{GroupSpec, Optimizer, set_grad};
 use crate::error::{Error, Result};
 use crate::flat::{FlatBuffer, FlatLayout};
 use crate::loss_scaler::LossScaler;
+use crate::mixed_precision_policy::{GradientDivideFactors, MixedPrecisionPolicy};
 
 /// DeepSpeed's half-precision regime for the engine (its `fp16` / `bf16` config sections):
 /// what [`ZeroEngine::set_mixed_precision`] takes.
@@ -187,38 +188,51 @@ pub fn unit_of(name: &str, prefixes: &[String]) -> usize {
         .unwrap_or(prefixes.len())
 }
 
-/// This rank's slice of the average over ranks of `flat_grad` (`b`'s flattened gradients),
-/// then `b`'s variables' gradients freed. On CPU the reduce-scatter is an all-reduce and a
-/// narrow, which Gloo runs faster.
+/// This rank's slice of the average over ranks of `flat_grad` (`b`'s flattened gradients,
+/// in the dtype they are reduced in), then `b`'s variables' gradients freed. On CPU the
+/// reduce-scatter is an all-reduce and a narrow, which Gloo runs faster.
 ///
-/// `predivide` (DeepSpeed's half-precision ZeRO-2 / ZeRO-3 reduce-scatter): every rank's
-/// gradients are divided by the world size first and then summed, as DeepSpeed's
+/// `factors` say how the average is taken: DeepSpeed's half-precision ZeRO-2 / ZeRO-3
+/// divides every rank's gradients by the world size first and then sums, as its
 /// `average_tensor` / `reduce_scatter_coalesced` do, so that half-precision sums that would
-/// pass the dtype's largest value do not overflow.
+/// pass the dtype's largest value do not overflow; FSDP2 uses its own factors
+/// ([`GradientDivideFactors::fsdp2`]); otherwise the collective averages.
 fn reduce_scatter_grads(
     pg: &mut ProcessGroup,
     b: &Sharded,
     flat_grad: &Tensor,
     on_cpu: bool,
-    predivide: bool,
+    factors: GradientDivideFactors,
 ) -> Result<Tensor> {
-    let mut out = Tensor::f_empty([b.flat.layout.shard_numel], (b.flat.kind, b.flat.device))?;
-    let op = if predivide {
+    let mut out = Tensor::f_empty(
+        [b.flat.layout.shard_numel],
+        (flat_grad.kind(), b.flat.device),
+    )?;
+    if let Some(pre) = factors.pre.filter(|f| *f != 1.0) {
         let mut g = flat_grad.shallow_clone();
-        let _ = g.f_div_scalar_(f64::from(pg.world_size()))?;
-        ReduceOp::Sum
-    } else {
-        ReduceOp::Avg
-    };
+        let _ = g.f_div_scalar_(pre)?;
+    }
     if on_cpu {
-        pg.reduce_scatter_via_all_reduce(&mut out, flat_grad, op)?;
+        pg.reduce_scatter_via_all_reduce(&mut out, flat_grad, factors.op)?;
     } else {
-        pg.reduce_scatter(&mut out, flat_grad, op)?;
+        pg.reduce_scatter(&mut out, flat_grad, factors.op)?;
+    }
+    if let Some(post) = factors.post.filter(|f| *f != 1.0) {
+        let _ = out.f_div_scalar_(post)?;
     }
     for v in &b.flat.vars {
         set_grad(v, None)?;
     }
     Ok(out)
+}
+
+/// `b`'s flattened gradients in `kind` (FSDP's `reduce_dtype`), else in their own dtype.
+fn flat_grad_in(b: &Sharded, kind: Option<Kind>) -> Result<Tensor> {
+    let flat = b.flat.flatten(true)?;
+    Ok(match kind {
+        Some(k) if k != flat.kind() => flat.f_to_kind(k)?,
+        _ => flat,
+    })
 }
 
 /// One sharded buffer: its layout and variables, and this rank's slice.
@@ -258,6 +272,12 @@ pub struct ZeroEngine {
     full_gathers: usize,
     /// DeepSpeed's fp16 / bf16 regime (float32 master shards, the loss scaler).
     mixed: Option<MixedState>,
+    /// FSDP's mixed-precision policy (float32 shards, parameters gathered and gradients
+    /// reduced in lower precision).
+    mp_policy: Option<MixedPrecisionPolicy>,
+    /// FSDP2 (per-parameter layouts): `(buffer, parameter)` in the model's `parameters()`
+    /// order, the order its DTensor gradient norm stacks the per-parameter norms in.
+    param_order: Option<Vec<(usize, usize)>>,
 }
 
 /// A detached, contiguous copy of `t` on `device` for offloading (always new storage),
@@ -327,6 +347,32 @@ impl ZeroEngine {
         groups: Vec<GroupSpec>,
         unit_prefixes: &[String],
     ) -> Result<Self> {
+        Self::build(pg, stage, groups, unit_prefixes, None)
+    }
+
+    /// [`Self::new`] with FSDP2's per-parameter sharding ([`FlatLayout::per_parameter`]):
+    /// each rank's shards hold the local tensors of FSDP2's `Shard(0)` DTensors, and
+    /// [`Self::clip_grad_norm`] computes the norm as `clip_grad_norm_` does over them
+    /// (per-parameter float32 norms in `param_order`, the model's `parameters()` order,
+    /// stacked, then the ranks' norms combined as DTensor's `_NormPartial`).
+    pub fn new_per_parameter(
+        pg: &mut ProcessGroup,
+        stage: ZeroStage,
+        groups: Vec<GroupSpec>,
+        unit_prefixes: &[String],
+        param_order: &[String],
+    ) -> Result<Self> {
+        Self::build(pg, stage, groups, unit_prefixes, Some(param_order))
+    }
+
+    fn build(
+        pg: &mut ProcessGroup,
+        stage: ZeroStage,
+        groups: Vec<GroupSpec>,
+        unit_prefixes: &[String],
+        param_order: Option<&[String]>,
+    ) -> Result<Self> {
+        let per_parameter = param_order.is_some();
         let rank = i64::from(pg.rank());
         let world_size = i64::from(pg.world_size());
         let mut buffers = Vec::new();
@@ -356,7 +402,7 @@ impl ZeroEngine {
                         .filter(|(pg_, _, v)| *pg_ == g && v.kind() == kind)
                         .map(|(_, n, v)| (n.clone(), v.shallow_clone()))
                         .collect();
-                    let flat = FlatBuffer::new(unit, g, members, world_size)?;
+                    let flat = FlatBuffer::new(unit, g, members, world_size, per_parameter)?;
                     let mut full = flat.flatten(false)?;
                     pg.broadcast(&mut full, 0)?;
                     let shard = flat
@@ -394,7 +440,35 @@ impl ZeroEngine {
             params_offloaded: false,
             full_gathers: 0,
             mixed: None,
+            mp_policy: None,
+            param_order: None,
         };
+        if let Some(order) = param_order {
+            let mut positions = Vec::new();
+            for name in order {
+                let found = engine.buffers.iter().enumerate().find_map(|(b, buf)| {
+                    buf.flat
+                        .layout
+                        .params
+                        .iter()
+                        .position(|p| &p.name == name)
+                        .map(|i| (b, i))
+                });
+                if let Some(at) = found {
+                    positions.push(at);
+                }
+            }
+            let sharded: usize = engine.buffers.iter().map(|b| b.flat.layout.params.len()).sum();
+            if positions.len() != sharded {
+                return Err(Error::Sharding {
+                    detail: format!(
+                        "the parameter order names {} of the {sharded} sharded parameters",
+                        positions.len()
+                    ),
+                });
+            }
+            engine.param_order = Some(positions);
+        }
         engine.note_peak();
         Ok(engine)
     }
@@ -486,6 +560,73 @@ impl ZeroEngine {
             prologue_done: false,
         });
         Ok(())
+    }
+
+    /// FSDP's mixed-precision policy (see [`MixedPrecisionPolicy`]): the shards stay the
+    /// float32 values they are (the optimizer's), the model's variables become
+    /// `param_dtype` (every gather rounds the shards to it), and the gradients are reduced
+    /// in `reduce_dtype` with FSDP2's divide factors before they reach the shards as
+    /// float32. No loss scaler (fp16's `GradScaler` is the accelerator's). Call it right
+    /// after [`Self::new`], before the offload methods and before building the optimizer.
+    pub fn set_mp_policy(&mut self, policy: MixedPrecisionPolicy) -> Result<()> {
+        if self.mixed.is_some() {
+            return Err(Error::Sharding {
+                detail: "FSDP's mixed-precision policy on an engine in DeepSpeed's fp16 / bf16 regime".into(),
+            });
+        }
+        if let Some(kind) = policy.param_dtype {
+            tch::no_grad(|| -> Result<()> {
+                for b in &mut self.buffers {
+                    if b.flat.kind == kind {
+                        continue;
+                    }
+                    for v in &mut b.flat.vars {
+                        let cast = v.f_detach()?.f_to_kind(kind)?;
+                        v.f_set_data(&cast)?;
+                    }
+                    b.flat.kind = kind;
+                }
+                Ok(())
+            })?;
+        }
+        self.mp_policy = Some(policy);
+        self.note_peak();
+        Ok(())
+    }
+
+    /// FSDP's mixed-precision policy, if one is set.
+    pub fn mp_policy(&self) -> Option<MixedPrecisionPolicy> {
+        self.mp_policy
+    }
+
+    /// The dtype the gradients are reduced in when it is not theirs (FSDP's `reduce_dtype`).
+    fn reduce_kind(&self) -> Option<Kind> {
+        self.mp_policy.and_then(|p| p.reduce_dtype)
+    }
+
+    /// How the reduce-scatter averages: DeepSpeed's half-precision regime divides by the
+    /// world size before the sum; FSDP's policy uses FSDP2's factors; otherwise an average.
+    fn divide_factors(&self) -> GradientDivideFactors {
+        if self.mixed.is_some() {
+            return GradientDivideFactors {
+                pre: Some(self.world_size as f64),
+                post: None,
+                op: ReduceOp::Sum,
+            };
+        }
+        if let Some(policy) = self.mp_policy {
+            let kind = policy
+                .reduce_dtype
+                .or(policy.param_dtype)
+                .or_else(|| self.buffers.first().map(|b| b.flat.kind))
+                .unwrap_or(Kind::Float);
+            return GradientDivideFactors::fsdp2(self.world_size, kind);
+        }
+        GradientDivideFactors {
+            pre: None,
+            post: None,
+            op: ReduceOp::Avg,
+        }
     }
 
     /// The loss scale the next backward multiplies the loss by (1 without a half-precision
@@ -724,6 +865,9 @@ impl ZeroEngine {
         &mut self,
         pg: &mut ProcessGroup,
     ) -> Result<Vec<(String, Tensor)>> {
+        if self.mp_policy.is_some_and(|p| p.param_dtype.is_some()) {
+            return self.consolidated_shards(pg);
+        }
         let is_rank0 = self.rank == 0;
         let mut out = Vec::new();
         for unit in 0..=self.layer_units {
@@ -746,6 +890,26 @@ impl ZeroEngine {
         Ok(out)
     }
 
+    /// FSDP's full state dict under a mixed-precision policy: the float32 shards (the
+    /// parameters FSDP's `state_dict` holds), all-gathered buffer by buffer in their own
+    /// dtype; `(name, CPU tensor)` pairs on rank 0, an empty list elsewhere. A collective
+    /// at every stage.
+    fn consolidated_shards(&mut self, pg: &mut ProcessGroup) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for b in &self.buffers {
+            let shard = b.shard.f_detach()?.f_to_device(b.flat.device)?;
+            let mut full =
+                Tensor::f_empty([b.flat.layout.padded_numel], (shard.kind(), b.flat.device))?;
+            pg.all_gather_into(&mut full, &shard)?;
+            if self.rank == 0 {
+                for (i, info) in b.flat.layout.params.iter().enumerate() {
+                    out.push((info.name.clone(), cpu_copy(&b.flat.piece(&full, i)?)?));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Stage 3, per layer: right after wrap unit `unit`'s backward, averages its gradients
     /// across ranks (reduce-scatter) into this rank's shards, added to what the shards'
     /// `.grad` already holds from earlier micro-batches of the window, and frees the
@@ -757,13 +921,13 @@ impl ZeroEngine {
             return Ok(());
         }
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
-        let predivide = self.mixed.is_some();
+        let (reduce_kind, factors) = (self.reduce_kind(), self.divide_factors());
         for b in &mut self.buffers {
             if b.flat.layout.unit != unit {
                 continue;
             }
-            let flat_grad = b.flat.flatten(true)?;
-            let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu, predivide))?;
+            let flat_grad = flat_grad_in(b, reduce_kind)?;
+            let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu, factors))?;
             b.set_opt_grad(out, b.reduced)?;
             b.reduced = true;
         }
@@ -778,28 +942,25 @@ impl ZeroEngine {
         let rank = self.rank;
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let stage = self.stage;
-        let predivide = self.mixed.is_some();
+        let (reduce_kind, factors) = (self.reduce_kind(), self.divide_factors());
         for b in &mut self.buffers {
             if b.reduced {
                 continue;
             }
-            let flat_grad = b.flat.flatten(true)?;
+            let flat_grad = flat_grad_in(b, reduce_kind)?;
             let grad_shard = tch::no_grad(|| -> Result<Tensor> {
                 if stage == ZeroStage::OptimizerStates {
                     let mut full = flat_grad;
                     pg.all_reduce(&mut full, ReduceOp::Avg)?;
-                    for (v, info) in b.flat.vars.iter().zip(&b.flat.layout.params) {
+                    for (i, v) in b.flat.vars.iter().enumerate() {
                         let mut g = v.grad();
                         if g.defined() {
-                            let piece = full
-                                .f_narrow(0, info.offset, info.numel)?
-                                .f_view(info.shape.as_slice())?;
-                            g.f_copy_(&piece)?;
+                            g.f_copy_(&b.flat.piece(&full, i)?)?;
                         }
                     }
                     Ok(b.flat.slice_of(&full, rank)?.f_contiguous()?.copy())
                 } else {
-                    reduce_scatter_grads(pg, b, &flat_grad, on_cpu, predivide)
+                    reduce_scatter_grads(pg, b, &flat_grad, on_cpu, factors)
                 }
             })?;
             b.set_opt_grad(grad_shard, false)?;
@@ -808,6 +969,31 @@ impl ZeroEngine {
             self.release()?;
         }
         Ok(())
+    }
+
+    /// FSDP2's gradient norm (`clip_grad_norm_` over `Shard(0)` DTensors): this rank's
+    /// float32 norm of each parameter's local gradient chunk in `order` (`_foreach_norm`),
+    /// their stack's norm, then DTensor's `_NormPartial` reduction over the ranks (squared,
+    /// summed, square root). A collective.
+    fn dtensor_grad_norm(&self, pg: &mut ProcessGroup, order: &[(usize, usize)]) -> Result<Tensor> {
+        tch::no_grad(|| -> Result<Tensor> {
+            let mut chunks = Vec::with_capacity(order.len());
+            for &(b, i) in order {
+                let buf = &self.buffers[b];
+                let g = buf.opt_param().grad();
+                if g.defined() {
+                    chunks.push(buf.flat.layout.local_chunk(&g, i, self.rank)?);
+                }
+            }
+            let local = tchtrain_optim::get_total_norm(&chunks, 2.0, false)?;
+            let mut sq = local
+                .f_pow_tensor_scalar(2.0)?
+                .f_to_device(pg.device())?
+                .f_contiguous()?
+                .copy();
+            pg.all_reduce(&mut sq, ReduceOp::Sum)?;
+            Ok(sq.f_pow_tensor_scalar(0.5)?.f_reshape([] as [i64; 0])?)
+        })
     }
 
     /// The global L2 norm of the shard gradients (all ranks together, summed in float64) on
@@ -845,7 +1031,10 @@ impl ZeroEngine {
         if self.mixed.is_some() {
             return self.unscale_and_clip(pg, max_norm, grads);
         }
-        let total = Self::global_grad_norm(pg, &grads)?;
+        let total = match &self.param_order {
+            Some(order) => self.dtensor_grad_norm(pg, order)?,
+            None => Self::global_grad_norm(pg, &grads)?,
+        };
         let norm = total.f_double_value(&[])?;
         if max_norm > 0.0 {
             let coef = total

@@ -754,6 +754,9 @@ impl TrainableModel for BartForConditionalGeneration {
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == "model.shared.weight" || name.ends_with(".embed_positions.weight")
     }
+    fn buffer_names(&self) -> Vec<String> {
+        vec!["final_logits_bias".into()]
+    }
     fn tied_weights(&self) -> Vec<(String, String)> {
         let mut tied = vec![
             (

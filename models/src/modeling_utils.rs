@@ -353,6 +353,13 @@ pub trait TrainableModel: Send {
         })
     }
 
+    /// The variables that are upstream buffers (`register_buffer`: BART's
+    /// `final_logits_bias`), not parameters: FSDP2's `param_dtype` leaves them as they are,
+    /// FSDP1's `buffer_dtype` casts them. Empty for a model without buffers.
+    fn buffer_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Upstream's `model.config.use_cache = args.use_cache`, which the Trainer sets when it
     /// is built: the value the saved `config.json` carries. A model without a config has
     /// nothing to set.

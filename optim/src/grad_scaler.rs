@@ -232,6 +232,19 @@ impl GradScaler {
         Ok(())
     }
 
+    /// Whether [`unscale_`](Self::unscale_) ran in this iteration.
+    pub fn is_unscaled(&self) -> bool {
+        self.stage == Stage::Unscaled
+    }
+
+    /// The inf / NaN flag [`unscale_`](Self::unscale_) recorded (a float32 scalar, 1 when a
+    /// gradient was not finite), for a sharded run to reduce across ranks before the
+    /// step, as DTensor's handler of `_amp_foreach_non_finite_check_and_unscale_` does
+    /// (`Partial("max")`): every rank then skips the same steps.
+    pub fn found_inf_mut(&mut self) -> Option<&mut Tensor> {
+        self.found_inf.as_mut()
+    }
+
     /// Unscales (unless [`unscale_`](Self::unscale_) already did) and steps `optimizer`
     /// unless a gradient was inf or NaN. Returns whether it stepped.
     pub fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {

@@ -137,8 +137,14 @@ impl Trainer {
                 hooks.prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
             let batch_losses = match out.loss {
+                // float32, as `nested_numpify` (which converts bfloat16) and numpy keep
+                // it, except float16, which numpy keeps.
                 Some(loss) => Some(
-                    loss.f_to_kind(Kind::Float)?
+                    loss.f_to_kind(if loss.kind() == Kind::Half {
+                        Kind::Half
+                    } else {
+                        Kind::Float
+                    })?
                         .f_reshape([1])?
                         .f_repeat([if self.gather_for_metrics {
                             rows
@@ -228,11 +234,17 @@ impl Trainer {
             }
             // Upstream `losses.mean().item()` on the float32 numpy array: numpy's pairwise
             // float32 sum, so the loss is upstream's to the bit when the rows' losses are.
+            // A float16 array (FSDP's fp16 outputs; `nested_numpify` converts only bfloat16
+            // to float32): numpy's float16 `mean` sums in float32 and rounds the mean to
+            // float16.
             let values = Vec::<f32>::try_from(all.f_to_kind(Kind::Float)?.f_contiguous()?)?;
-            metrics.insert(
-                format!("{metric_key_prefix}_loss"),
-                crate::numpy_mean::numpy_mean_f32(&values),
-            );
+            let mut mean = crate::numpy_mean::numpy_mean_f32(&values);
+            if all.kind() == Kind::Half {
+                mean = Tensor::from(mean as f32)
+                    .f_to_kind(Kind::Half)?
+                    .f_double_value(&[])?;
+            }
+            metrics.insert(format!("{metric_key_prefix}_loss"), mean);
         }
         let prefix = format!("{metric_key_prefix}_");
         let metrics: Metrics = metrics

@@ -35,7 +35,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 use tchtrain_collators::Batch;
 use tchtrain_data::{DataLoader, Dataset};
 use tchtrain_models::TrainableModel;
@@ -109,7 +109,9 @@ impl StepContext<'_> {
             if has_labels {
                 let num_items = count_num_items_in_batch(std::slice::from_ref(inputs), self)?;
                 let (loss, out) = hooks.compute_loss(&ctx, model, inputs, num_items.as_ref())?;
-                Ok((Some(loss.detach().f_mean(Kind::Float)?), out))
+                // Upstream `loss.mean().detach()`: in the loss's own dtype (FSDP's
+                // half-precision outputs stay half).
+                Ok((Some(loss.detach().f_mean(loss.kind())?), out))
             } else {
                 Ok((None, model_forward(self, model, &model_inputs(inputs))?))
             }

@@ -18,6 +18,21 @@ pub fn parameters(model: &dyn TrainableModel) -> Vec<Tensor> {
     model.parameters()
 }
 
+/// The names of the trainable parameters in [`parameters`] order (`named_parameters()`'s
+/// order upstream; each variable matched by its storage).
+pub fn parameter_names_in_order(model: &dyn TrainableModel) -> Vec<String> {
+    let named = named_parameters(model);
+    parameters(model)
+        .iter()
+        .filter_map(|t| {
+            named
+                .iter()
+                .find(|(_, v)| v.data_ptr() == t.data_ptr() && v.size() == t.size())
+                .map(|(n, _)| n.clone())
+        })
+        .collect()
+}
+
 /// The model's parameters with their names, sorted by name (a stable order for the
 /// optimizer's state layout).
 pub fn named_parameters(model: &dyn TrainableModel) -> Vec<(String, Tensor)> {

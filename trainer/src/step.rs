@@ -143,31 +143,49 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
 /// The model's forward as the Trainer calls it (upstream: the model accelerate prepared):
 /// with `bf16` (or native `fp16`) inside the accelerator's `autocast()` region, its floating outputs
 /// converted back to fp32 afterwards (accelerate's `convert_outputs_to_fp32`); a plain forward
-/// in fp32.
+/// in fp32. Under FSDP's mixed-precision policy the floating outputs are then cast to its
+/// `output_dtype` (FSDP2's post-forward hook on the root module, which runs after the
+/// forward accelerate wrapped): the loss the Trainer sees is bfloat16 with `--bf16`.
 pub fn model_forward(
     ctx: &StepContext<'_>,
     model: &dyn TrainableModel,
     inputs: &ModelInputs<'_>,
 ) -> Result<ModelOutput> {
-    if ctx.accelerator.autocast_dtype().is_none() {
-        return Ok(model.forward(inputs)?);
-    }
-    let out = {
-        let _autocast = ctx.accelerator.autocast()?;
+    let out = if ctx.accelerator.autocast_dtype().is_none() {
         model.forward(inputs)?
+    } else {
+        let out = {
+            let _autocast = ctx.accelerator.autocast()?;
+            model.forward(inputs)?
+        };
+        cast_outputs(out, Kind::Float)?
     };
-    let fp32 = |t: Tensor| -> Result<Tensor> {
-        Ok(if matches!(t.kind(), Kind::BFloat16 | Kind::Half) {
-            t.f_to_kind(Kind::Float)?
+    match ctx.accelerator.output_dtype() {
+        Some(kind) => cast_outputs(out, kind),
+        None => Ok(out),
+    }
+}
+
+/// `out`'s floating-point tensors in `kind` (accelerate's `convert_outputs_to_fp32` for
+/// float32 casts only half-precision ones; FSDP2's `output_dtype` casts every floating one).
+fn cast_outputs(out: ModelOutput, kind: Kind) -> Result<ModelOutput> {
+    let cast = |t: Tensor| -> Result<Tensor> {
+        let floating = matches!(
+            t.kind(),
+            Kind::BFloat16 | Kind::Half | Kind::Float | Kind::Double
+        );
+        let from_half = matches!(t.kind(), Kind::BFloat16 | Kind::Half);
+        Ok(if floating && t.kind() != kind && (kind != Kind::Float || from_half) {
+            t.f_to_kind(kind)?
         } else {
             t
         })
     };
     Ok(ModelOutput {
-        loss: out.loss.map(fp32).transpose()?,
-        logits: out.logits.map(fp32).transpose()?,
-        last_hidden_state: out.last_hidden_state.map(fp32).transpose()?,
-        pooler_output: out.pooler_output.map(fp32).transpose()?,
+        loss: out.loss.map(cast).transpose()?,
+        logits: out.logits.map(cast).transpose()?,
+        last_hidden_state: out.last_hidden_state.map(cast).transpose()?,
+        pooler_output: out.pooler_output.map(cast).transpose()?,
     })
 }
 

@@ -349,22 +349,17 @@ impl Trainer {
                 detail: "must be positive when max_steps is not set".into(),
             });
         }
-        if self.args.fp16 && self.accelerator.scaler().is_none() && self.args.deepspeed.is_none() {
+        if self.args.fp16
+            && self.accelerator.scaler().is_none()
+            && self.args.deepspeed.is_none()
+            && !crate::sharding::fsdp_requested(&self.args)
+        {
             // As accelerate: fp16 enables autocast and loss scaling on accelerators only.
             log::warn!(
                 "fp16 has no effect on the CPU (accelerate enables float16 autocast and loss \
                  scaling only on accelerators): training runs in float32, as upstream's does; \
                  use --bf16 for mixed precision on the CPU"
             );
-        }
-        if self.accelerator.scaler().is_some() && crate::sharding::fsdp_requested(&self.args) {
-            return Err(Error::InvalidArgument {
-                field: "fp16",
-                detail: "fp16 loss scaling with --fsdp (FSDP's ShardedGradScaler) is not \
-                         implemented yet: use --bf16 (no scaling needed), or DeepSpeed's fp16 \
-                         (--deepspeed with an fp16 section)"
-                    .into(),
-            });
         }
         Ok(())
     }

@@ -30,7 +30,8 @@
 use std::path::Path;
 
 use tchtrain_accelerate::{
-    DistributedType, ShardMemory, ZeroPlugin, ZeroStage, optimizer_state_bytes,
+    DistributedType, MixedPrecisionPolicy, ShardMemory, ZeroPlugin, ZeroStage,
+    optimizer_state_bytes,
 };
 use tchtrain_deepspeed::{
     DeepSpeedOptimizer, HfTrainerDeepSpeedConfig, LATEST_NAME, global_step_dir, load_zero_shard,
@@ -66,6 +67,34 @@ fn cast_parameters(model: &dyn tchtrain_models::TrainableModel, kind: tch::Kind)
     })
 }
 
+/// FSDP's policy for what the engine does not shard: frozen parameters (FSDP shards them
+/// too and gathers them in `param_dtype`; they never change, so one cast is the same) and,
+/// with FSDP1's `buffer_dtype`, the model's buffers ([`TrainableModel::buffer_names`]),
+/// which FSDP2 leaves as they are.
+fn cast_unsharded(
+    model: &dyn tchtrain_models::TrainableModel,
+    policy: MixedPrecisionPolicy,
+) -> Result<()> {
+    let buffers = model.buffer_names();
+    tch::no_grad(|| -> Result<()> {
+        for (name, mut var) in model.var_store().variables() {
+            if var.requires_grad() || !var.is_floating_point() {
+                continue;
+            }
+            let kind = if buffers.contains(&name) {
+                policy.buffer_dtype
+            } else {
+                policy.param_dtype
+            };
+            if let Some(kind) = kind.filter(|k| *k != var.kind()) {
+                let cast = var.f_to_kind(kind)?;
+                var.f_set_data(&cast)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
 fn hidden_size(trainer: &Trainer) -> Option<i64> {
     let v = trainer
@@ -90,6 +119,8 @@ impl Trainer {
         let fsdp_on = fsdp_requested(&self.args);
         let mut offload = Offload::default();
         let mut half = None;
+        let mut mp_policy = None;
+        let mut per_parameter_order = None;
         self.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -184,7 +215,13 @@ impl Trainer {
                     }
                 };
             }
+            // accelerate's `set_mixed_precision` on the plugin, from --bf16 / --fp16.
+            mp_policy =
+                MixedPrecisionPolicy::for_dtype(&self.args.mixed_precision(), plugin.version)?;
             let named = model_info::named_parameters(&*self.model);
+            if plugin.version == 2 {
+                per_parameter_order = Some(model_info::parameter_names_in_order(&*self.model));
+            }
             let units = tchtrain_fsdp::auto_wrap_units(&named, &plugin);
             (stage, ShardingSource::Fsdp(plugin), units)
         } else {
@@ -217,9 +254,14 @@ impl Trainer {
             offload_param: offload.param,
             offload_optimizer: offload.optimizer,
             mixed_precision: half.map(|(_, mp)| mp),
+            mp_policy,
+            per_parameter_order,
         };
         refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
+        if let Some(policy) = mp_policy {
+            cast_unsharded(&*self.model, policy)?;
+        }
         self.optimizer = Some(self.build_optimizer(shard_groups)?);
         self.sharding = Some(source);
         Ok(true)

@@ -112,11 +112,8 @@ pub fn ds_to_universal(dir: &Path) -> Result<UniversalCheckpoint> {
     let mut params = BTreeMap::new();
     for (b, layout) in meta0.buffers.iter().enumerate() {
         let flat = full(layout, &format!("fp32_flat.{b}"))?;
-        for p in &layout.params {
-            let fp32 = flat
-                .f_narrow(0, p.offset, p.numel)?
-                .f_view(p.shape.as_slice())?
-                .copy();
+        for (i, p) in layout.params.iter().enumerate() {
+            let fp32 = layout.piece(&flat, i)?.copy();
             params.insert(
                 p.name.clone(),
                 UniversalParam {
@@ -165,11 +162,8 @@ pub fn ds_to_universal(dir: &Path) -> Result<UniversalCheckpoint> {
                 }
                 for key in &state.tensors {
                     let flat = full(layout, &format!("state.{i}.{key}"))?;
-                    for p in &layout.params {
-                        let t = flat
-                            .f_narrow(0, p.offset, p.numel)?
-                            .f_view(p.shape.as_slice())?
-                            .copy();
+                    for (i, p) in layout.params.iter().enumerate() {
+                        let t = layout.piece(&flat, i)?.copy();
                         if let Some(u) = params.get_mut(&p.name) {
                             u.state.insert(key.clone(), t);
                         }
@@ -197,7 +191,7 @@ fn slice_of(
     mut value: impl FnMut(&str) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let full = Tensor::f_zeros([layout.padded_numel], (kind, tch::Device::Cpu))?;
-    for p in &layout.params {
+    for (i, p) in layout.params.iter().enumerate() {
         let v = value(&p.name)?;
         if v.numel() as i64 != p.numel {
             return Err(bad(
@@ -210,8 +204,7 @@ fn slice_of(
                 ),
             ));
         }
-        full.f_narrow(0, p.offset, p.numel)?
-            .f_copy_(&v.f_reshape([-1])?.f_to_kind(kind)?)?;
+        layout.place(&full, i, &v)?;
     }
     Ok(full
         .f_narrow(0, rank * layout.shard_numel, layout.shard_numel)?

@@ -85,7 +85,7 @@ fn args(output_dir: &Path, case: &str) -> Result<TrainingArguments> {
     Ok(args)
 }
 
-fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>) -> Result<()> {
+pub(crate) fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>) -> Result<()> {
     let bits: Vec<BTreeMap<&String, u64>> = log
         .iter()
         .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())
@@ -96,7 +96,7 @@ fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>)
     )?)
 }
 
-fn read_entries(path: &Path) -> Result<(Log, Option<f64>)> {
+pub(crate) fn read_entries(path: &Path) -> Result<(Log, Option<f64>)> {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let log = v["log"]
         .as_array()
@@ -115,9 +115,10 @@ fn read_entries(path: &Path) -> Result<(Log, Option<f64>)> {
     Ok((log, v["loss_scale"].as_f64()))
 }
 
-/// The reference's `log_history.json` (Python's JSON: `Infinity` for a skipped step's norm).
-fn reference_log(case: &str) -> Result<(Log, Vec<f64>)> {
-    let dir = reference_dir("deepspeed_mixed_precision").join(case);
+/// The log of `reference`'s `case` (Python's JSON: `Infinity` for a skipped step's norm)
+/// and, when it wrote one, its `loss_scales.json`.
+pub(crate) fn reference_log(reference: &str, case: &str) -> Result<(Log, Vec<f64>)> {
+    let dir = reference_dir(reference).join(case);
     let text = std::fs::read_to_string(dir.join("log_history.json"))
         .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?;
     let JsonValue::Array(entries) = tchtrain_callbacks::loads(&text)? else {
@@ -135,12 +136,14 @@ fn reference_log(case: &str) -> Result<(Log, Vec<f64>)> {
                 .unwrap_or_default()
         })
         .collect();
-    let scales: Vec<f64> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("loss_scales.json"))?)?;
+    let scales = match std::fs::read_to_string(dir.join("loss_scales.json")) {
+        Ok(text) => serde_json::from_str(&text)?,
+        Err(_) => Vec::new(),
+    };
     Ok((log, scales))
 }
 
-fn rel(a: f64, b: f64) -> f64 {
+pub(crate) fn rel(a: f64, b: f64) -> f64 {
     if a == b {
         return 0.0;
     }
@@ -183,7 +186,7 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
     assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
     for case in CASES {
         let (ours, scale) = read_entries(&dir.join(format!("{case}-rank0.json")))?;
-        let (theirs, scales) = reference_log(case)?;
+        let (theirs, scales) = reference_log("deepspeed_mixed_precision", case)?;
         assert_eq!(ours.len(), theirs.len(), "{case}: log entries");
         let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
         for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {

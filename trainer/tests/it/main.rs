@@ -16,6 +16,7 @@ mod dist_signals;
 mod distributed;
 mod distributed_resume;
 mod fields;
+mod fsdp_half;
 mod gpu;
 mod hooks;
 mod interop;

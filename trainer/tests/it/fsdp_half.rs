@@ -1,0 +1,135 @@
+//! FSDP's mixed precision against upstream's Trainer under torch 2.13's FSDP2
+//! (`scripts/reference/fsdp_mixed_precision.py`: accelerate's GPU branch applied to a CPU
+//! run, `fully_shard` with its `MixedPrecisionPolicy` on gloo), 2 ranks on 127.0.0.1, tiny
+//! GPT-2 wrapped per `GPT2Block`, 8 steps of 2 rows per rank, evaluation every 4:
+//!
+//! * `full_shard_bf16`, `shard_grad_op_bf16`: `--bf16` gives the policy
+//!   `(param_dtype, reduce_dtype, output_dtype) = bfloat16` under bf16 autocast: float32
+//!   shards, parameters gathered in bfloat16, gradients reduced in bfloat16, the loss the
+//!   Trainer logs rounded to bfloat16;
+//! * `full_shard_fp16`: `--fp16` on the CPU: the policy in float16, with neither autocast
+//!   nor a gradient scaler (accelerate's `native_amp` is off on the CPU for fp16).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tchtrain_testing::lock;
+use tchtrain_trainer::Trainer;
+use tchtrain_training_args::{
+    DictOrPath, IntervalStrategy, SaveStrategy, StrOrBool, TrainingArguments,
+};
+
+use crate::common::{
+    blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
+};
+use crate::deepspeed_half::{read_entries, reference_log, rel, write_entries};
+
+const CASES: [&str; 3] = ["full_shard_bf16", "shard_grad_op_bf16", "full_shard_fp16"];
+const KEYS: [&str; 5] = [
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "eval_loss",
+    "train_loss",
+];
+
+fn args(output_dir: &Path, case: &str) -> Result<TrainingArguments> {
+    let strategy = if case.starts_with("full_shard") {
+        "full_shard auto_wrap"
+    } else {
+        "shard_grad_op auto_wrap"
+    };
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 2,
+        per_device_eval_batch_size: 2,
+        gradient_accumulation_steps: 1,
+        max_steps: 8,
+        learning_rate: 1e-3,
+        warmup_steps: 2.0,
+        weight_decay: 0.01,
+        max_grad_norm: 1.0,
+        logging_steps: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(4.0),
+        save_strategy: SaveStrategy::No,
+        seed: 42,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        bf16: case.ends_with("bf16"),
+        fp16: case.ends_with("fp16"),
+        fsdp: Some(StrOrBool::Str(strategy.into())),
+        fsdp_config: Some(DictOrPath::Dict(
+            json!({"transformer_layer_cls_to_wrap": ["GPT2Block"]})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        )),
+        ..TrainingArguments::new(output_dir.display().to_string())
+    };
+    args.post_init()?;
+    Ok(args)
+}
+
+#[test]
+fn fsdp_mixed_precision_trains_as_fsdp2() -> Result<()> {
+    let _g = lock();
+    if is_rank() {
+        let dir = test_dir();
+        for case in CASES {
+            let out = dir.join(case);
+            let mut trainer = Trainer::builder(initial_model()?, args(&out, case)?)
+                .train_dataset(blocks("train", 32)?)
+                .eval_dataset(blocks("eval", 12)?)
+                .build()?;
+            trainer
+                .train(None)
+                .with_context(|| format!("training {case}"))?;
+            let log = numbers(&trainer.state.log_history);
+            write_entries(&dir.join(format!("{case}-rank{}.json", rank())), &log, None)?;
+        }
+        return Ok(());
+    }
+    let dir = temp_dir("fsdp-half");
+    let codes = wait_codes(
+        launch("fsdp_mixed_precision_trains_as_fsdp2", 2, &dir, "rank"),
+        Duration::from_secs(900),
+    );
+    assert_eq!(codes, [Some(0), Some(0)], "rank exit codes");
+    for case in CASES {
+        let (ours, _) = read_entries(&dir.join(format!("{case}-rank0.json")))?;
+        let (theirs, _) = reference_log("fsdp_mixed_precision", case)?;
+        assert_eq!(ours.len(), theirs.len(), "{case}: log entries");
+        let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert_eq!(a.get("step"), b.get("step"), "{case} entry {i}");
+            for key in KEYS {
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => {
+                        let w = worst.entry(key).or_default();
+                        *w = w.max(rel(*x, *y));
+                    }
+                    (None, None) => {}
+                    (x, y) => panic!("{case} entry {i}: {key} {x:?} vs FSDP2's {y:?}"),
+                }
+            }
+        }
+        println!("{case} vs FSDP2: max relative differences {worst:?}");
+        // Bounds (measured: every loss, eval_loss and learning_rate equal in all three
+        // cases; grad_norm equal to the bit for the first three steps, then within 1.7e-5).
+        // The losses the Trainer logs are FSDP2's bfloat16 / float16 outputs, and the norms
+        // follow FSDP2's DTensor computation over per-parameter shards; from the fourth
+        // step the fp32 shards differ from FSDP2's in a few last bits, which moves the norm
+        // by a few float32 units.
+        for key in ["loss", "eval_loss", "train_loss", "learning_rate"] {
+            let w = worst.get(key).copied().unwrap_or(0.0);
+            assert!(w == 0.0, "{case} {key}: {w}");
+        }
+        let g = worst.get("grad_norm").copied().unwrap_or(0.0);
+        assert!(g <= 5e-5, "{case} grad_norm: {g} (bound 5e-5)");
+    }
+    Ok(())
+}
