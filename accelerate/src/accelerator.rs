@@ -39,9 +39,9 @@ use tchtrain_optim::{GradScaler, GradScalerKwargs, GroupSpec, Optimizer};
 
 use crate::autocast::AutocastGuard;
 use crate::error::{Error, Result};
+use crate::mixed_precision_policy::MixedPrecisionPolicy;
 use crate::operations::{concat_padded, gather_in_batch_order};
 use crate::state::PartialState;
-use crate::mixed_precision_policy::MixedPrecisionPolicy;
 use crate::zero::{ShardMemory, ZeroEngine, ZeroMixedPrecision, ZeroStage};
 use crate::zero_layers::{LayerGather, lock_engine};
 

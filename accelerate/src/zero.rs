@@ -53,6 +53,12 @@
 //! bookkeeping of devices around the same operations, so the numbers are those without
 //! offload; [`ShardMemory::offload_bytes`] counts what lives on the offload device.
 //!
+//! FSDP2 ([`ZeroEngine::new_per_parameter`]) shards each parameter along dim 0 as
+//! `fully_shard` does ([`FlatLayout::per_parameter`]) and computes the gradient norm as
+//! `clip_grad_norm_` does over its DTensors; FSDP's mixed-precision policy
+//! ([`ZeroEngine::set_mp_policy`], `crate::MixedPrecisionPolicy`) keeps float32 shards,
+//! gathers and computes in `param_dtype` and reduces in `reduce_dtype`.
+//!
 //! Half precision (DeepSpeed's `fp16` / `bf16` sections, [`ZeroEngine::set_mixed_precision`]):
 //! the model's variables are float16 / bfloat16 (the Trainer casts the model first, as
 //! DeepSpeed's engine calls `module.half()` / `.bfloat16()`), and the shards are float32
@@ -278,6 +284,9 @@ pub struct ZeroEngine {
     /// FSDP2 (per-parameter layouts): `(buffer, parameter)` in the model's `parameters()`
     /// order, the order its DTensor gradient norm stacks the per-parameter norms in.
     param_order: Option<Vec<(usize, usize)>>,
+    /// Variables the engine does not shard but cast for computing
+    /// ([`Self::cast_unsharded`]), with their original values (what a save writes).
+    unsharded: Vec<(String, Tensor)>,
 }
 
 /// A detached, contiguous copy of `t` on `device` for offloading (always new storage),
@@ -354,7 +363,7 @@ impl ZeroEngine {
     /// each rank's shards hold the local tensors of FSDP2's `Shard(0)` DTensors, and
     /// [`Self::clip_grad_norm`] computes the norm as `clip_grad_norm_` does over them
     /// (per-parameter float32 norms in `param_order`, the model's `parameters()` order,
-    /// stacked, then the ranks' norms combined as DTensor's `_NormPartial`).
+    /// each made whole across the ranks, then the norm of those).
     pub fn new_per_parameter(
         pg: &mut ProcessGroup,
         stage: ZeroStage,
@@ -442,6 +451,7 @@ impl ZeroEngine {
             mixed: None,
             mp_policy: None,
             param_order: None,
+            unsharded: Vec::new(),
         };
         if let Some(order) = param_order {
             let mut positions = Vec::new();
@@ -458,7 +468,11 @@ impl ZeroEngine {
                     positions.push(at);
                 }
             }
-            let sharded: usize = engine.buffers.iter().map(|b| b.flat.layout.params.len()).sum();
+            let sharded: usize = engine
+                .buffers
+                .iter()
+                .map(|b| b.flat.layout.params.len())
+                .sum();
             if positions.len() != sharded {
                 return Err(Error::Sharding {
                     detail: format!(
@@ -571,7 +585,9 @@ impl ZeroEngine {
     pub fn set_mp_policy(&mut self, policy: MixedPrecisionPolicy) -> Result<()> {
         if self.mixed.is_some() {
             return Err(Error::Sharding {
-                detail: "FSDP's mixed-precision policy on an engine in DeepSpeed's fp16 / bf16 regime".into(),
+                detail:
+                    "FSDP's mixed-precision policy on an engine in DeepSpeed's fp16 / bf16 regime"
+                        .into(),
             });
         }
         if let Some(kind) = policy.param_dtype {
@@ -592,6 +608,25 @@ impl ZeroEngine {
         self.mp_policy = Some(policy);
         self.note_peak();
         Ok(())
+    }
+
+    /// Under FSDP's policy, variables the engine does not shard (frozen parameters, FSDP1's
+    /// buffers) are cast to `kind` for computing, as FSDP gathers them in `param_dtype`
+    /// (they never change, so one cast is the same); their original values are kept here
+    /// and are what [`Self::consolidated_state_dict`] returns for them.
+    pub fn cast_unsharded(&mut self, vars: Vec<(String, Tensor)>, kind: Kind) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            for (name, mut var) in vars {
+                if var.kind() == kind {
+                    continue;
+                }
+                let original = var.f_detach()?.copy();
+                let cast = var.f_to_kind(kind)?;
+                var.f_set_data(&cast)?;
+                self.unsharded.push((name, original));
+            }
+            Ok(())
+        })
     }
 
     /// FSDP's mixed-precision policy, if one is set.
@@ -859,15 +894,28 @@ impl ZeroEngine {
     /// other ranks. Stage 3 gathers one unit at a time, rank 0 copies it to the CPU, and the
     /// unit is released again unless it was gathered before the call, so no rank holds more
     /// than one unit beyond what it held already (a whole-model gather is not counted in
-    /// `full_gathers`). Stages 1 and 2 copy the variables, which hold full values. A
-    /// collective at stage 3: every rank calls it.
+    /// `full_gathers`). Stages 1 and 2 copy the variables, which hold full values. Under
+    /// FSDP's mixed-precision policy the float32 shards are gathered instead, buffer by
+    /// buffer, and the unsharded variables' originals ([`Self::cast_unsharded`]) follow. A
+    /// collective at stage 3 and under the policy: every rank calls it.
     pub fn consolidated_state_dict(
         &mut self,
         pg: &mut ProcessGroup,
     ) -> Result<Vec<(String, Tensor)>> {
-        if self.mp_policy.is_some_and(|p| p.param_dtype.is_some()) {
-            return self.consolidated_shards(pg);
+        let mut out = if self.mp_policy.is_some_and(|p| p.param_dtype.is_some()) {
+            self.consolidated_shards(pg)?
+        } else {
+            self.consolidated_variables(pg)?
+        };
+        if self.rank == 0 {
+            for (name, t) in &self.unsharded {
+                out.push((name.clone(), cpu_copy(t)?));
+            }
         }
+        Ok(out)
+    }
+
+    fn consolidated_variables(&mut self, pg: &mut ProcessGroup) -> Result<Vec<(String, Tensor)>> {
         let is_rank0 = self.rank == 0;
         let mut out = Vec::new();
         for unit in 0..=self.layer_units {
@@ -972,27 +1020,32 @@ impl ZeroEngine {
     }
 
     /// FSDP2's gradient norm (`clip_grad_norm_` over `Shard(0)` DTensors): this rank's
-    /// float32 norm of each parameter's local gradient chunk in `order` (`_foreach_norm`),
-    /// their stack's norm, then DTensor's `_NormPartial` reduction over the ranks (squared,
-    /// summed, square root). A collective.
+    /// float32 norm of each parameter's local gradient chunk in `order` (`_foreach_norm`,
+    /// each a `_NormPartial(2)` DTensor); their stack is made whole across ranks before the
+    /// total norm (DTensor's `stack` keeps the partial placement, `vector_norm` needs it
+    /// replicated: every parameter's norm squared, summed over the ranks, square-rooted),
+    /// then the norm of those per-parameter norms. A collective.
     fn dtensor_grad_norm(&self, pg: &mut ProcessGroup, order: &[(usize, usize)]) -> Result<Tensor> {
         tch::no_grad(|| -> Result<Tensor> {
-            let mut chunks = Vec::with_capacity(order.len());
+            let mut norms = Vec::with_capacity(order.len());
             for &(b, i) in order {
                 let buf = &self.buffers[b];
                 let g = buf.opt_param().grad();
                 if g.defined() {
-                    chunks.push(buf.flat.layout.local_chunk(&g, i, self.rank)?);
+                    let chunk = buf.flat.layout.local_chunk(&g, i, self.rank)?;
+                    norms.push(tchtrain_optim::vector_norm(&chunk, 2.0)?.f_to_device(pg.device())?);
                 }
             }
-            let local = tchtrain_optim::get_total_norm(&chunks, 2.0, false)?;
-            let mut sq = local
+            if norms.is_empty() {
+                return Ok(Tensor::f_zeros([], (Kind::Float, pg.device()))?);
+            }
+            let mut squares = Tensor::f_stack(&norms, 0)?
                 .f_pow_tensor_scalar(2.0)?
-                .f_to_device(pg.device())?
                 .f_contiguous()?
                 .copy();
-            pg.all_reduce(&mut sq, ReduceOp::Sum)?;
-            Ok(sq.f_pow_tensor_scalar(0.5)?.f_reshape([] as [i64; 0])?)
+            pg.all_reduce(&mut squares, ReduceOp::Sum)?;
+            let whole = squares.f_pow_tensor_scalar(0.5)?;
+            Ok(tchtrain_optim::vector_norm(&whole, 2.0)?.f_reshape([] as [i64; 0])?)
         })
     }
 

@@ -10,6 +10,12 @@ use tch::{Device, Kind, Tensor};
 use crate::optimizer::grad_of;
 use crate::{Error, Result, ffi};
 
+/// `torch.linalg.vector_norm(t, ord)`: the norm of all of `t`'s elements, a 0-d tensor
+/// (the per-gradient norm of [`get_total_norm`]).
+pub fn vector_norm(t: &Tensor, ord: f64) -> Result<Tensor> {
+    ffi::vector_norm(t, ord)
+}
+
 /// The norm of the norms of `tensors` (as if concatenated into one vector), a 0-d tensor
 /// (`torch.nn.utils.get_total_norm`). `norm_type` may be `f64::INFINITY`. An empty list gives
 /// `tensor(0.)`.

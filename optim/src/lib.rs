@@ -82,7 +82,7 @@ pub use bitsandbytes::{BnbAlgorithm, BnbConfig, BnbOptimizer};
 pub use blockwise::{BLOCKSIZE, create_dynamic_map, dequantize_blockwise, quantize_blockwise};
 pub use clip::{
     clip_grad_norm, clip_grad_norm_if_enabled, clip_grad_value, clip_grads_with_norm,
-    get_total_norm,
+    get_total_norm, vector_norm,
 };
 pub use decay::{
     FORBIDDEN_NAME_PATTERNS, decay_param_groups, get_decay_parameter_names, is_decay_parameter,

@@ -37,12 +37,14 @@ OMP_NUM_THREADS, when set, also sets torch's intra-op threads (the Rust side fol
 same variable).
 """
 
+import importlib.util
 import logging
 import math
 import os
 import sys
 from dataclasses import dataclass, field
 from itertools import chain
+from pathlib import Path
 from typing import Optional
 
 import datasets
@@ -169,6 +171,18 @@ def raw_datasets_of(model_args, data_args):
     return raw
 
 
+def fsdp_on_the_cpu():
+    """accelerate turns FSDP on only for accelerator devices: on the CPU its Trainer drops
+    the plugin and trains DDP. For `--fsdp` cases this applies accelerate's GPU branch to the
+    CPU run (scripts/reference/fsdp_mixed_precision.py's `fsdp_on_the_cpu`), so that the run
+    is the FSDP2 run a GPU user gets, computed on CPU gloo."""
+    path = Path(__file__).resolve().parents[1] / "reference" / "fsdp_mixed_precision.py"
+    spec = importlib.util.spec_from_file_location("fsdp_mixed_precision", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.fsdp_on_the_cpu()
+
+
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
@@ -176,6 +190,8 @@ def main():
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     refuse_unsupported(model_args, data_args)
+    if training_args.fsdp and not torch.cuda.is_available():
+        fsdp_on_the_cpu()
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -20,6 +20,12 @@ Cases (OUT_DIR/<case>/log_history.json, from rank 0):
   full_shard_fp16/     --fp16: the policy in float16; on the CPU accelerate has no autocast
                        and no gradient scaler for fp16 (`native_amp` is off there), so the
                        float16 parameters compute without either.
+  full_shard_fp16_scaler/  --fp16 as accelerate runs it on a GPU: `native_amp` on (float16
+                       autocast) and `get_fsdp2_grad_scaler`'s GradScaler (init_scale 2**20,
+                       growth_interval 2), set before `train()`: the scaler unscales the
+                       DTensor gradients, DTensor's handler reduces its inf flag with MAX
+                       over the ranks, and the first steps overflow and are skipped.
+                       loss_scales.json holds the scale after every optimizer step.
 accelerate turns FSDP on only for accelerator devices (on the CPU its Trainer silently runs
 DDP); `fsdp_on_the_cpu` applies its GPU branch to the CPU run, so each case is the FSDP2 run a
 GPU user gets, computed on CPU gloo.
@@ -39,7 +45,12 @@ CASES = {
     "full_shard_bf16": ("full_shard auto_wrap", "bf16"),
     "shard_grad_op_bf16": ("shard_grad_op auto_wrap", "bf16"),
     "full_shard_fp16": ("full_shard auto_wrap", "fp16"),
+    "full_shard_fp16_scaler": ("full_shard auto_wrap", "fp16"),
 }
+# full_shard_fp16_scaler's GradScaler (what accelerate builds for FSDP2 on a GPU:
+# `get_fsdp2_grad_scaler`, a plain torch.amp.GradScaler).
+INIT_SCALE = 2.0**20
+GROWTH_INTERVAL = 2
 
 
 def free_port():
@@ -154,6 +165,19 @@ def rank_main(out, case):
     )
     trainer = tf.Trainer(model=model, args=args, train_dataset=Rows(blocks["train"]),
                          eval_dataset=Rows(blocks["eval"]), data_collator=tf.default_data_collator)
+    if case.endswith("_scaler"):
+        trainer.accelerator.native_amp = True
+        trainer.accelerator.scaler = torch.amp.GradScaler(
+            "cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL
+        )
+    scales = []
+
+    class Scales(tf.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if trainer.accelerator.scaler is not None:
+                scales.append(float(trainer.accelerator.scaler.get_scale()))
+
+    trainer.add_callback(Scales())
     losses = []
     step = trainer.training_step
 
@@ -168,6 +192,8 @@ def rank_main(out, case):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
         (folder / "loss_dtype.json").write_text(json.dumps(sorted(set(losses))))
+        if scales:
+            (folder / "loss_scales.json").write_text(json.dumps(scales))
 
 
 if __name__ == "__main__":

@@ -383,26 +383,9 @@ impl Trainer {
         std::fs::create_dir_all(tmp).map_err(|e| Error::io("creating", tmp, e))?;
         let state_dict = self.save_sharded_state(tmp)?;
         if !self.saves_sharded_model() {
-            match state_dict {
-                // ZeRO-3: the sharded parameters come gathered unit by unit; anything the
-                // engine does not shard (frozen variables) from the model itself.
-                Some(mut state_dict) => {
-                    let sharded: std::collections::HashSet<String> =
-                        state_dict.iter().map(|(n, _)| n.clone()).collect();
-                    state_dict.extend(
-                        self.model
-                            .var_store()
-                            .variables()
-                            .into_iter()
-                            .filter(|(n, _)| !sharded.contains(n)),
-                    );
-                    match self.model.as_pretrained() {
-                        Some(m) => tchtrain_models::save_pretrained_state_dict(m, tmp, state_dict)?,
-                        None => tchtrain_models::save_state_dict(tmp, state_dict)?,
-                    }
-                }
-                None => self.model.save_weights(tmp)?,
-            }
+            // ZeRO-3 (gathered unit by unit) and FSDP's mixed precision (the float32
+            // shards) come consolidated; stages 1 and 2 write the model's variables.
+            self.write_model_weights(tmp, state_dict)?;
         }
         // Upstream `_save`: the processing class beside the model.
         if let Some(tok) = &self.processing_class {

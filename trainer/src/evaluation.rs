@@ -145,13 +145,13 @@ impl Trainer {
                     } else {
                         Kind::Float
                     })?
-                        .f_reshape([1])?
-                        .f_repeat([if self.gather_for_metrics {
-                            rows
-                        } else {
-                            batch_size
-                        }])?
-                        .f_to_device(Device::Cpu)?,
+                    .f_reshape([1])?
+                    .f_repeat([if self.gather_for_metrics {
+                        rows
+                    } else {
+                        batch_size
+                    }])?
+                    .f_to_device(Device::Cpu)?,
                 ),
                 None => None,
             };

@@ -695,6 +695,10 @@ pub static FSDP_KEY_SUPPORT: &[FieldSupport] = &[
         "upstream's Trainer does not read it (--bf16 / --fp16 decide): a value naming the flag's dtype is accepted with a log line saying so, one that contradicts the flag is refused",
     ),
     refused(
+        "mixed_precision_policy",
+        "transformers' Trainer does not pass this key to accelerate: FSDP's policy comes from --bf16 / --fp16 (parameters, gradient reduction and outputs all in that dtype, float32 shards); pass the flag and remove the key",
+    ),
+    refused(
         "xla",
         "XLA (TPU) FSDP is not available: libtorch here runs on the CPU or CUDA; remove it",
     ),

@@ -67,12 +67,14 @@ impl Trainer {
         let dir =
             output_dir.map_or_else(|| PathBuf::from(self.args.output_dir()), Path::to_path_buf);
         // At the end of `train` a sharded model is whole again on every rank, so there is
-        // nothing to gather here; what upstream's `_save` writes, only rank 0 writes.
+        // nothing to gather, except under FSDP's mixed precision, whose float32 shards are
+        // the model (a collective); what upstream's `_save` writes, only rank 0 writes.
+        let state_dict = self.policy_state_dict()?;
         if !self.args.should_save() {
             return Ok(dir);
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
-        self.model.save_weights(&dir)?;
+        self.write_model_weights(&dir, state_dict)?;
         // Upstream `_save`: `self.processing_class.save_pretrained(output_dir)`.
         if let Some(tok) = &self.processing_class {
             tok.save_pretrained(&dir)?;

@@ -175,11 +175,13 @@ fn cast_outputs(out: ModelOutput, kind: Kind) -> Result<ModelOutput> {
             Kind::BFloat16 | Kind::Half | Kind::Float | Kind::Double
         );
         let from_half = matches!(t.kind(), Kind::BFloat16 | Kind::Half);
-        Ok(if floating && t.kind() != kind && (kind != Kind::Float || from_half) {
-            t.f_to_kind(kind)?
-        } else {
-            t
-        })
+        Ok(
+            if floating && t.kind() != kind && (kind != Kind::Float || from_half) {
+                t.f_to_kind(kind)?
+            } else {
+                t
+            },
+        )
     };
     Ok(ModelOutput {
         loss: out.loss.map(cast).transpose()?,

@@ -68,31 +68,33 @@ fn cast_parameters(model: &dyn tchtrain_models::TrainableModel, kind: tch::Kind)
 }
 
 /// FSDP's policy for what the engine does not shard: frozen parameters (FSDP shards them
-/// too and gathers them in `param_dtype`; they never change, so one cast is the same) and,
-/// with FSDP1's `buffer_dtype`, the model's buffers ([`TrainableModel::buffer_names`]),
-/// which FSDP2 leaves as they are.
-fn cast_unsharded(
+/// too and gathers them in `param_dtype`) and, with FSDP1's `buffer_dtype`, the model's
+/// buffers ([`TrainableModel::buffer_names`]), which FSDP2 leaves as they are: by target
+/// dtype, the floating variables that do not train.
+fn unsharded_by_dtype(
     model: &dyn tchtrain_models::TrainableModel,
     policy: MixedPrecisionPolicy,
-) -> Result<()> {
+) -> Vec<(tch::Kind, Vec<(String, tch::Tensor)>)> {
     let buffers = model.buffer_names();
-    tch::no_grad(|| -> Result<()> {
-        for (name, mut var) in model.var_store().variables() {
-            if var.requires_grad() || !var.is_floating_point() {
-                continue;
-            }
-            let kind = if buffers.contains(&name) {
-                policy.buffer_dtype
-            } else {
-                policy.param_dtype
-            };
-            if let Some(kind) = kind.filter(|k| *k != var.kind()) {
-                let cast = var.f_to_kind(kind)?;
-                var.f_set_data(&cast)?;
-            }
+    let mut out: Vec<(tch::Kind, Vec<(String, tch::Tensor)>)> = Vec::new();
+    for (name, var) in model.var_store().variables() {
+        if var.requires_grad() || !var.is_floating_point() {
+            continue;
         }
-        Ok(())
-    })
+        let kind = if buffers.contains(&name) {
+            policy.buffer_dtype
+        } else {
+            policy.param_dtype
+        };
+        let Some(kind) = kind.filter(|k| *k != var.kind()) else {
+            continue;
+        };
+        match out.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, vars)) => vars.push((name, var)),
+            None => out.push((kind, vec![(name, var)])),
+        }
+    }
+    out
 }
 
 /// The model's `hidden_size` (or GPT-2's `n_embd`) from its config, for `"auto"` buckets.
@@ -260,7 +262,11 @@ impl Trainer {
         refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
         if let Some(policy) = mp_policy {
-            cast_unsharded(&*self.model, policy)?;
+            for (kind, vars) in unsharded_by_dtype(&*self.model, policy) {
+                self.accelerator.with_zero_engine(|_, engine| {
+                    Ok::<_, Error>(engine.cast_unsharded(vars, kind)?)
+                })?;
+            }
         }
         self.optimizer = Some(self.build_optimizer(shard_groups)?);
         self.sharding = Some(source);
@@ -383,6 +389,51 @@ impl Trainer {
         )
     }
 
+    /// Under FSDP's mixed precision, the model as it is saved: the float32 shards gathered
+    /// with the unsharded variables' originals (the model's variables hold the
+    /// low-precision copies it computes with); on rank 0, `None` elsewhere and without the
+    /// policy. A collective under the policy: every rank calls it, as every rank calls
+    /// upstream's `save_model` under FSDP.
+    pub(crate) fn policy_state_dict(&self) -> Result<Option<Vec<(String, tch::Tensor)>>> {
+        let is_rank0 = self.args.process_index() == 0;
+        let state_dict = self.accelerator.with_zero_engine(|pg, engine| {
+            if engine.mp_policy().is_some_and(|p| p.param_dtype.is_some()) {
+                Ok::<_, Error>(Some(engine.consolidated_state_dict(pg)?))
+            } else {
+                Ok(None)
+            }
+        })?;
+        Ok(state_dict.flatten().filter(|_| is_rank0))
+    }
+
+    /// Writes the model's weights into `dir`: from `state_dict` (a consolidated sharded
+    /// model) when given, with anything the engine does not hold taken from the model
+    /// itself, else the model's variables.
+    pub(crate) fn write_model_weights(
+        &self,
+        dir: &Path,
+        state_dict: Option<Vec<(String, tch::Tensor)>>,
+    ) -> Result<()> {
+        let Some(mut state_dict) = state_dict else {
+            self.model.save_weights(dir)?;
+            return Ok(());
+        };
+        let held: std::collections::HashSet<String> =
+            state_dict.iter().map(|(n, _)| n.clone()).collect();
+        state_dict.extend(
+            self.model
+                .var_store()
+                .variables()
+                .into_iter()
+                .filter(|(n, _)| !held.contains(n)),
+        );
+        match self.model.as_pretrained() {
+            Some(m) => tchtrain_models::save_pretrained_state_dict(m, dir, state_dict)?,
+            None => tchtrain_models::save_state_dict(dir, state_dict)?,
+        }
+        Ok(())
+    }
+
     /// Every rank's part of a checkpoint save into `tmp` (the folder rank 0 renames when
     /// complete). At stage 3, unless the checkpoint holds only shards, the model's state
     /// dict is gathered one unit at a time ([`ZeroEngine::consolidated_state_dict`], as
@@ -414,7 +465,11 @@ impl Trainer {
         };
         let deepspeed = matches!(source, ShardingSource::DeepSpeed);
         let state_dict = self.accelerator.with_zero_engine(|pg, engine| {
-            let consolidate = engine.stage() == ZeroStage::Weights && !shards_only;
+            // Stage 3's variables are released; under FSDP's mixed precision they hold the
+            // low-precision copies, and the float32 shards are the model.
+            let consolidate = (engine.stage() == ZeroStage::Weights
+                || engine.mp_policy().is_some_and(|p| p.param_dtype.is_some()))
+                && !shards_only;
             let state_dict = if consolidate {
                 Some(engine.consolidated_state_dict(pg)?)
             } else {

@@ -138,6 +138,24 @@ fn clm_txt(i: &Inputs<'_>, short: bool) -> Vec<String> {
     clm_args(i, short, &["--train_file".into(), file])
 }
 
+/// The design documents' FSDP run: run_clm on hamlet.txt with `--fsdp "full_shard
+/// auto_wrap" --bf16` and the documents' `fsdp_gpt2_bf16.json` as it is (`../shared/configs/`,
+/// beside the repository: GPT2Block wrapping, `cpu_offload`, and the `mixed_precision` key
+/// upstream does not read).
+fn clm_fsdp_documents(i: &Inputs<'_>, short: bool) -> Vec<String> {
+    let file = path_arg(i.assets.join("text").join("hamlet.txt"));
+    let config = paths::workspace_root().join("../shared/configs/fsdp_gpt2_bf16.json");
+    let mut v = clm_args(i, short, &["--train_file".into(), file]);
+    v.extend([
+        "--fsdp".into(),
+        "full_shard auto_wrap".into(),
+        "--fsdp_config".into(),
+        path_arg(config),
+        "--bf16".into(),
+    ]);
+    v
+}
+
 fn clm_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
     let file = path_arg(i.data.join("hamlet.parquet"));
     clm_args(i, short, &["--train_file".into(), file])
@@ -254,6 +272,15 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: None,
             args: clm_txt,
+        },
+        Case {
+            name: "clm-fsdp-bf16-documents",
+            what: "run_clm, tiny GPT-2 on hamlet.txt, 2 ranks, FSDP full_shard with the documents' fsdp_gpt2_bf16.json and --bf16 (FSDP2's mixed-precision policy; upstream's side runs accelerate's GPU branch on the CPU)",
+            script: Script::Clm,
+            ranks: 2,
+            short: false,
+            skip_if_refused: None,
+            args: clm_fsdp_documents,
         },
         Case {
             name: "clm-parquet",

@@ -94,12 +94,8 @@ pub fn get_fp32_state_dict_from_zero_checkpoint(
             })
             .collect::<Result<Vec<_>>>()?;
         let full = Tensor::f_cat(&slices, 0)?;
-        for p in &layout.params {
-            let t = full
-                .f_narrow(0, p.offset, p.numel)?
-                .f_view(p.shape.as_slice())?
-                .f_contiguous()?
-                .copy();
+        for (i, p) in layout.params.iter().enumerate() {
+            let t = layout.piece(&full, i)?.f_contiguous()?.copy();
             out.push((p.name.clone(), t));
         }
     }

@@ -85,7 +85,11 @@ fn args(output_dir: &Path, case: &str) -> Result<TrainingArguments> {
     Ok(args)
 }
 
-pub(crate) fn write_entries(path: &Path, log: &[BTreeMap<String, f64>], scale: Option<f64>) -> Result<()> {
+pub(crate) fn write_entries(
+    path: &Path,
+    log: &[BTreeMap<String, f64>],
+    scale: Option<f64>,
+) -> Result<()> {
     let bits: Vec<BTreeMap<&String, u64>> = log
         .iter()
         .map(|e| e.iter().map(|(k, v)| (k, v.to_bits())).collect())

@@ -325,13 +325,13 @@ fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
             _ => outcome.with_context(|| format!("fsdp_config {} true", row.field))?,
         }
     }
-    let Value::Object(unknown) = json!({"mixed_precision_policy": "bf16"}) else {
+    let Value::Object(unknown) = json!({"param_dtype": "bf16"}) else {
         unreachable!()
     };
     let err = check_fsdp_keys(&unknown)
         .expect_err("unknown key")
         .to_string();
-    assert!(err.contains("`mixed_precision_policy`"), "{err}");
+    assert!(err.contains("`param_dtype`"), "{err}");
     Ok(())
 }
 

@@ -251,8 +251,8 @@ fn fp16_on_the_cpu_trains_in_fp32_as_upstream() -> Result<()> {
 
 /// fp16 with a loss scaler (`grad_scaler`, the GPU recipe on the CPU): the scaler's state
 /// goes into each checkpoint as `scaler.json` and a resumed run continues with it, so the
-/// resumed steps and the final scale equal the uninterrupted run's. With `--fsdp` the
-/// scaler is refused (FSDP's ShardedGradScaler is not implemented).
+/// resumed steps and the final scale equal the uninterrupted run's (with `--fsdp` the scaler
+/// runs over the shards: `fsdp_half.rs`).
 #[test]
 fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
     let _g = lock();
@@ -297,28 +297,6 @@ fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
     assert!(
         full_scale.is_some_and(|s| s != 2f64.powi(20)),
         "the scale moved"
-    );
-    // FSDP's ShardedGradScaler is not implemented (DeepSpeed runs its own scaler:
-    // `deepspeed_half.rs`).
-    let mut a = args(4)?;
-    a.fsdp = Some(tchtrain_training_args::StrOrBool::Bool(true));
-    a.fsdp_config = Some(tchtrain_training_args::DictOrPath::Dict(
-        serde_json::json!({"reshard_after_forward": true})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-    ));
-    let mut t = Trainer::builder(initial_model()?, a)
-        .train_dataset(small_train()?)
-        .grad_scaler(kwargs)
-        .build()?;
-    let err = t.train(None).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            tchtrain_trainer::Error::InvalidArgument { field: "fp16", .. }
-        ) && err.to_string().contains("--bf16"),
-        "{err}"
     );
     // DeepSpeed's fp16 brings its own scaler: explicit GradScalerKwargs are refused by name.
     let mut a = args(4)?;
