@@ -136,6 +136,9 @@ pub struct ZeroPlugin {
     /// ([`ZeroEngine::new_per_parameter`]); the names are the model's trainable parameters
     /// in its `parameters()` order. `None`: DeepSpeed's / FSDP1's contiguous flat shards.
     pub per_parameter_order: Option<Vec<String>>,
+    /// DeepSpeed's `communication_data_type` and the dtype the reduced gradients are kept
+    /// in ([`ZeroEngine::set_communication_data_type`]).
+    pub communication_data_type: Option<(Kind, Kind)>,
 }
 
 /// The engine of a sharded run.
@@ -345,6 +348,9 @@ impl Accelerator {
                 }
                 if let Some(policy) = plugin.mp_policy {
                     engine.set_mp_policy(policy)?;
+                }
+                if let Some((kind, accumulate)) = plugin.communication_data_type {
+                    engine.set_communication_data_type(kind, accumulate);
                 }
                 if let Some((device, pin_memory)) = plugin.offload_param {
                     engine.offload_param(device, pin_memory)?;

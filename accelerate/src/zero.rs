@@ -284,6 +284,9 @@ pub struct ZeroEngine {
     /// FSDP2 (per-parameter layouts): `(buffer, parameter)` in the model's `parameters()`
     /// order, the order its DTensor gradient norm stacks the per-parameter norms in.
     param_order: Option<Vec<(usize, usize)>>,
+    /// DeepSpeed's `communication_data_type`: the dtype the gradients are reduced in, and
+    /// the dtype the reduced gradients are kept in before the masters read them.
+    comm_dtype: Option<(Kind, Kind)>,
     /// Variables the engine does not shard but cast for computing
     /// ([`Self::cast_unsharded`]), with their original values (what a save writes).
     unsharded: Vec<(String, Tensor)>,
@@ -451,6 +454,7 @@ impl ZeroEngine {
             mixed: None,
             mp_policy: None,
             param_order: None,
+            comm_dtype: None,
             unsharded: Vec::new(),
         };
         if let Some(order) = param_order {
@@ -634,15 +638,33 @@ impl ZeroEngine {
         self.mp_policy
     }
 
-    /// The dtype the gradients are reduced in when it is not theirs (FSDP's `reduce_dtype`).
-    fn reduce_kind(&self) -> Option<Kind> {
-        self.mp_policy.and_then(|p| p.reduce_dtype)
+    /// DeepSpeed's `communication_data_type`: the gradients are cast to `kind` for their
+    /// reduction (DeepSpeed's IPG buckets are of that dtype) and divided by the world size
+    /// in it before the sum; the reduced values are then stored in `accumulate` (its
+    /// gradient partition, of `gradient_accumulation_dtype`: the model's dtype unless
+    /// `data_types.grad_accum_dtype` says otherwise) before the float32 masters read them.
+    pub fn set_communication_data_type(&mut self, kind: Kind, accumulate: Kind) {
+        self.comm_dtype = Some((kind, accumulate));
     }
 
-    /// How the reduce-scatter averages: DeepSpeed's half-precision regime divides by the
-    /// world size before the sum; FSDP's policy uses FSDP2's factors; otherwise an average.
+    /// The dtype the gradients are reduced in when it is not theirs (FSDP's `reduce_dtype`,
+    /// DeepSpeed's `communication_data_type`).
+    fn reduce_kind(&self) -> Option<Kind> {
+        self.mp_policy
+            .and_then(|p| p.reduce_dtype)
+            .or(self.comm_dtype.map(|(k, _)| k))
+    }
+
+    /// The dtype the reduced gradients are stored in before the shards read them (DeepSpeed
+    /// with a `communication_data_type`); `None`: as reduced.
+    fn reduced_kind(&self) -> Option<Kind> {
+        self.comm_dtype.map(|(_, k)| k)
+    }
+
+    /// How the reduce-scatter averages: DeepSpeed's half-precision regime (and any
+    /// `communication_data_type`) divides by the world size before the sum; FSDP's policy uses FSDP2's factors; otherwise an average.
     fn divide_factors(&self) -> GradientDivideFactors {
-        if self.mixed.is_some() {
+        if self.mixed.is_some() || self.comm_dtype.is_some() {
             return GradientDivideFactors {
                 pre: Some(self.world_size as f64),
                 post: None,
@@ -970,12 +992,17 @@ impl ZeroEngine {
         }
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let (reduce_kind, factors) = (self.reduce_kind(), self.divide_factors());
+        let reduced_kind = self.reduced_kind();
         for b in &mut self.buffers {
             if b.flat.layout.unit != unit {
                 continue;
             }
             let flat_grad = flat_grad_in(b, reduce_kind)?;
             let out = tch::no_grad(|| reduce_scatter_grads(pg, b, &flat_grad, on_cpu, factors))?;
+            let out = match reduced_kind {
+                Some(k) => out.f_to_kind(k)?,
+                None => out,
+            };
             b.set_opt_grad(out, b.reduced)?;
             b.reduced = true;
         }
@@ -991,6 +1018,7 @@ impl ZeroEngine {
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let stage = self.stage;
         let (reduce_kind, factors) = (self.reduce_kind(), self.divide_factors());
+        let reduced_kind = self.reduced_kind();
         for b in &mut self.buffers {
             if b.reduced {
                 continue;
@@ -1011,6 +1039,10 @@ impl ZeroEngine {
                     reduce_scatter_grads(pg, b, &flat_grad, on_cpu, factors)
                 }
             })?;
+            let grad_shard = match reduced_kind {
+                Some(k) => grad_shard.f_to_kind(k)?,
+                None => grad_shard,
+            };
             b.set_opt_grad(grad_shard, false)?;
         }
         if self.stage == ZeroStage::Weights {

@@ -21,6 +21,8 @@ Cases (OUT_DIR/<case>/log_history.json, from rank 0):
                (`is_fp16_supported`); that check alone is patched to pass, everything else
                is DeepSpeed's own fp16 path (the model cast to half, fp32 masters, its
                DynamicLossScaler, the overflow check and skipped steps).
+  zero2_bf16_comm_fp32/  zero2_bf16 with `"communication_data_type": "fp32"`: the bf16 gradients
+               are reduced in float32 (DeepSpeed's IPG bucket of that dtype).
 Each case also writes loss_scales.json: DeepSpeed's loss scale after every optimizer step.
 
 The first run JIT-builds DeepSpeed's `deepspeed_shm_comm` op with ninja (about 1.5 min on 2
@@ -42,6 +44,8 @@ CASES = {
     "zero2_fp16": ({"fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 17, "loss_scale_window": 2,
                              "hysteresis": 2, "min_loss_scale": 1},
                     "zero_optimization": {"stage": 2}}, "fp16"),
+    "zero2_bf16_comm_fp32": ({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2},
+                              "communication_data_type": "fp32"}, "bf16"),
 }
 AUTO = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto", "gradient_clipping": "auto"}

@@ -545,6 +545,13 @@ pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
         &["grad_accum_dtype_as_deepspeeds_engine_reads_it"],
         "as DeepSpeed's engine reads it: any dtype under ZeRO (its ZeRO optimizers do not read it), the model's own without ZeRO; bf16 with `\"fp32\"` at stage 1 without optimizer offload (DeepSpeed's BF16_Optimizer) is refused",
     ),
+    h(
+        "communication_data_type",
+        &[
+            "deepspeed_fp16_and_bf16_train_as_deepspeeds_engine",
+            "communication_data_type_as_deepspeed_parses_it",
+        ],
+    ),
     partly(
         "optimizer.type",
         DS_SECTIONS,

@@ -123,6 +123,7 @@ impl Trainer {
         let mut half = None;
         let mut mp_policy = None;
         let mut per_parameter_order = None;
+        let mut communication_data_type = None;
         self.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -145,6 +146,11 @@ impl Trainer {
             ds.trainer_config_finalize(&self.args, h, num_training_steps)?;
             crate::field_support::check_deepspeed_keys(&ds.config)?;
             half = ds.zero_mixed_precision()?;
+            // DeepSpeed's gradient partitions are of `gradient_accumulation_dtype`: the
+            // model's dtype unless `data_types.grad_accum_dtype` names another.
+            let model_kind = half.as_ref().map_or(tch::Kind::Float, |(k, _)| *k);
+            let accumulate = ds.grad_accum_dtype()?.unwrap_or(model_kind);
+            communication_data_type = ds.communication_data_type()?.map(|kind| (kind, accumulate));
             self.deepspeed = Some(Box::new(ds));
             let ds = self.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
@@ -258,6 +264,7 @@ impl Trainer {
             mixed_precision: half.map(|(_, mp)| mp),
             mp_policy,
             per_parameter_order,
+            communication_data_type,
         };
         refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;

@@ -579,20 +579,37 @@ impl HfTrainerDeepSpeedConfig {
         Ok(None)
     }
 
-    /// DeepSpeed's `data_types.grad_accum_dtype` (`DeepSpeedEngine.get_data_types` and
-    /// `_do_optimizer_sanity_check`; unset means the model's dtype). Under ZeRO its
-    /// optimizers keep their own gradient buffers and the key changes nothing, except at stage
-    /// 1 with bf16 weights, fp32 accumulation and no optimizer offload, where DeepSpeed runs
-    /// its `BF16_Optimizer` instead: not implemented, refused by name. Without ZeRO, a dtype
-    /// other than the model's is DeepSpeed's `NotImplementedError`; a value that is not a
-    /// dtype is refused as DeepSpeed's `DtypeEnum` refuses it.
-    pub fn check_grad_accum_dtype(&self, model: Kind) -> Result<()> {
-        const KEY: &str = "data_types.grad_accum_dtype";
+    /// DeepSpeed's `get_communication_data_type`: the top-level `communication_data_type`
+    /// (`"fp32"`, `"fp16"`, `"bf16"`, any case) as the dtype the ZeRO optimizers reduce
+    /// gradients in; `None` when absent or null (the engine then uses the model's dtype).
+    /// Another value is DeepSpeed's `ValueError`, as [`Error::InvalidConfig`].
+    pub fn communication_data_type(&self) -> Result<Option<Kind>> {
+        const KEY: &str = "communication_data_type";
         let value = match self.get_value(KEY) {
-            None | Some(Value::Null) => return Ok(()),
+            None | Some(Value::Null) => return Ok(None),
             Some(v) => v,
         };
-        let accum = match value.as_str() {
+        match value.as_str().map(str::to_lowercase).as_deref() {
+            Some("fp32") => Ok(Some(Kind::Float)),
+            Some("fp16") => Ok(Some(Kind::Half)),
+            Some("bf16") => Ok(Some(Kind::BFloat16)),
+            _ => Err(Error::InvalidConfig {
+                key: KEY.into(),
+                value: python_repr(value),
+                fix: "Invalid communication_data_type. Supported data types: ['fp16', 'bf16', 'fp32'] (DeepSpeed's message)",
+            }),
+        }
+    }
+
+    /// `data_types.grad_accum_dtype` as DeepSpeed's `DtypeEnum` reads it (`None`: unset, the
+    /// model's dtype).
+    pub fn grad_accum_dtype(&self) -> Result<Option<Kind>> {
+        const KEY: &str = "data_types.grad_accum_dtype";
+        let value = match self.get_value(KEY) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v) => v,
+        };
+        Ok(Some(match value.as_str() {
             Some("torch.float16" | "fp16" | "float16" | "half") => Kind::Half,
             Some("torch.float32" | "fp32" | "float32" | "float") => Kind::Float,
             Some("torch.int8" | "int8") => Kind::Int8,
@@ -604,7 +621,22 @@ impl HfTrainerDeepSpeedConfig {
                     fix: "one of DeepSpeed's DtypeEnum values: \"fp32\", \"fp16\", \"bf16\" (or their torch / long names)",
                 });
             }
+        }))
+    }
+
+    /// DeepSpeed's `data_types.grad_accum_dtype` (`DeepSpeedEngine.get_data_types` and
+    /// `_do_optimizer_sanity_check`; unset means the model's dtype). Under ZeRO its
+    /// optimizers keep their own gradient buffers and the key changes nothing, except at stage
+    /// 1 with bf16 weights, fp32 accumulation and no optimizer offload, where DeepSpeed runs
+    /// its `BF16_Optimizer` instead: not implemented, refused by name. Without ZeRO, a dtype
+    /// other than the model's is DeepSpeed's `NotImplementedError`; a value that is not a
+    /// dtype is refused as DeepSpeed's `DtypeEnum` refuses it.
+    pub fn check_grad_accum_dtype(&self, model: Kind) -> Result<()> {
+        const KEY: &str = "data_types.grad_accum_dtype";
+        let Some(accum) = self.grad_accum_dtype()? else {
+            return Ok(());
         };
+        let value = self.get_value(KEY).cloned().unwrap_or(Value::Null);
         let name = |k: Kind| match k {
             Kind::Half => "torch.float16",
             Kind::BFloat16 => "torch.bfloat16",
@@ -630,7 +662,7 @@ impl HfTrainerDeepSpeedConfig {
                 key: KEY.into(),
                 why: format!(
                     "{}: unsupported mix of model_dtype={} and grad_accum_dtype={} (DeepSpeed's NotImplementedError: without ZeRO it accumulates in the model's dtype); remove the key",
-                    python_repr(value),
+                    python_repr(&value),
                     name(model),
                     name(accum)
                 ),

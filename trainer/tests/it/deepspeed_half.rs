@@ -5,6 +5,8 @@
 //! * `zero2_bf16`, `zero3_bf16`: `"bf16": {"enabled": "auto"}` with `--bf16` (the model cast
 //!   to bfloat16, fp32 masters, gradients reduced in bfloat16): ZeRO-2 logs every number
 //!   of DeepSpeed's engine to the bit;
+//! * `zero2_bf16_comm_fp32`: the same with `"communication_data_type": "fp32"` (the bf16
+//!   gradients reduced in float32): every number of DeepSpeed's engine to the bit;
 //! * `zero2_fp16`: an fp16 section whose dynamic loss scaler starts at 2^17, so that the first
 //!   steps overflow: the same steps are skipped (`grad_norm` inf, the learning rate held), the
 //!   loss scale ends where DeepSpeed's does, and the other steps train as DeepSpeed's.
@@ -24,7 +26,12 @@ use crate::common::{
     Log, blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
 };
 
-const CASES: [&str; 3] = ["zero2_bf16", "zero3_bf16", "zero2_fp16"];
+const CASES: [&str; 4] = [
+    "zero2_bf16",
+    "zero3_bf16",
+    "zero2_fp16",
+    "zero2_bf16_comm_fp32",
+];
 const KEYS: [&str; 5] = [
     "loss",
     "grad_norm",
@@ -41,6 +48,11 @@ fn ds_config(case: &str) -> Value {
         "zero2_bf16" => {
             v["bf16"] = json!({"enabled": "auto"});
             v["zero_optimization"] = json!({"stage": 2});
+        }
+        "zero2_bf16_comm_fp32" => {
+            v["bf16"] = json!({"enabled": "auto"});
+            v["zero_optimization"] = json!({"stage": 2});
+            v["communication_data_type"] = json!("fp32");
         }
         "zero3_bf16" => {
             v["bf16"] = json!({"enabled": "auto"});
@@ -74,8 +86,8 @@ fn args(output_dir: &Path, case: &str) -> Result<TrainingArguments> {
         use_cpu: true,
         report_to: vec![],
         disable_tqdm: true,
-        bf16: case.ends_with("bf16"),
-        fp16: case.ends_with("fp16"),
+        bf16: case.contains("bf16"),
+        fp16: case.contains("fp16"),
         deepspeed: Some(DictOrPath::Dict(
             ds_config(case).as_object().cloned().unwrap_or_default(),
         )),
@@ -221,7 +233,7 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
             0.0,
             "{case}"
         );
-        if case.ends_with("fp16") {
+        if case.contains("fp16") {
             let skipped = theirs
                 .iter()
                 .filter(|e| e.get("grad_norm").is_some_and(|g| g.is_infinite()))
@@ -241,7 +253,7 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
         // clipping factor and so the fp32 masters in their last bits, now and then rounding
         // to a neighbouring half-precision weight.
         let (loss_bound, norm_bound) = match case {
-            "zero2_bf16" => (0.0, 0.0),
+            "zero2_bf16" | "zero2_bf16_comm_fp32" => (0.0, 0.0),
             "zero3_bf16" => (2e-5, 1e-3),
             _ => (1e-5, 1e-4),
         };

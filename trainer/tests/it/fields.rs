@@ -278,8 +278,8 @@ fn every_deepspeed_and_fsdp_key_is_honoured_inert_or_refused() -> Result<()> {
     // What is refused, by key.
     let refused = [
         (
-            json!({"communication_data_type": "fp32"}),
-            "communication_data_type",
+            json!({"gradient_predivide_factor": 2.0}),
+            "gradient_predivide_factor",
         ),
         (
             json!({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": false}}),

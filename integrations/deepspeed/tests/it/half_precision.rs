@@ -299,3 +299,32 @@ fn grad_accum_dtype_as_deepspeeds_engine_reads_it() -> Result<()> {
     ));
     Ok(())
 }
+
+/// `communication_data_type` as DeepSpeed's `get_communication_data_type` parses it: the
+/// three names in any case, absent or null for none (the engine then reduces in the model's
+/// dtype), and DeepSpeed's `ValueError` for anything else.
+#[test]
+fn communication_data_type_as_deepspeed_parses_it() -> Result<()> {
+    let parse = |v: Value| {
+        HfTrainerDeepSpeedConfig::from_value(json!({"communication_data_type": v}))
+            .and_then(|c| c.communication_data_type())
+    };
+    assert_eq!(parse(json!("fp32"))?, Some(tch::Kind::Float));
+    assert_eq!(parse(json!("FP16"))?, Some(tch::Kind::Half));
+    assert_eq!(parse(json!("bf16"))?, Some(tch::Kind::BFloat16));
+    assert_eq!(parse(Value::Null)?, None);
+    assert_eq!(
+        HfTrainerDeepSpeedConfig::from_value(json!({}))?.communication_data_type()?,
+        None
+    );
+    for bad in [json!("float32"), json!(32)] {
+        match parse(bad.clone()) {
+            Err(Error::InvalidConfig { key, fix, .. }) => {
+                assert_eq!(key, "communication_data_type");
+                assert!(fix.contains("['fp16', 'bf16', 'fp32']"), "{fix}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    Ok(())
+}
