@@ -27,7 +27,7 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Map;
 
-use tchtrain_training_args::{python_float_repr, python_str_repr};
+use tchtrain_python_json::{python_float_repr, python_str_repr};
 
 use crate::{Error, Result};
 

@@ -10,7 +10,7 @@
 //!   the field, why, and what to use instead, when the Trainer is built.
 //!
 //! Nothing is accepted and ignored. `trainer/tests/it/fields.rs` walks every field with a
-//! non-default value, and the README's field table is rendered from these rows
+//! non-default value, and the field table in docs/fields.md is rendered from these rows
 //! ([`markdown_table`]).
 
 use serde_json::Value;
@@ -112,7 +112,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "package_optimizers_match_their_packages_for_50_steps",
             "every_working_optim_resumes_exactly_through_the_trainer",
         ],
-        "37 of upstream's 41 names, each equal to its package (the README's optim table); the other 4 are refused when the optimizer is created, with the reason and the name to use instead",
+        "37 of upstream's 41 names, each equal to its package (the optim table in docs/optimizers.md); the other 4 are refused when the optimizer is created, with the reason and the name to use instead",
     ),
     h(
         "optim_args",
@@ -445,12 +445,12 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     partly(
         "fsdp_config",
         &["typed_plugin_and_trainer_checks"],
-        "the keys of the FSDP table in the README; the others are refused",
+        "the keys of the FSDP table in docs/fields.md; the others are refused",
     ),
     partly(
         "deepspeed",
         &["a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message"],
-        "the keys of the DeepSpeed table in the README; the others are refused",
+        "the keys of the DeepSpeed table in docs/fields.md; the others are refused",
     ),
     partly(
         "debug",
@@ -729,7 +729,7 @@ pub fn check_fsdp_keys(config: &serde_json::Map<String, Value>) -> Result<()> {
             return Err(Error::InvalidArgument {
                 field: "fsdp_config",
                 detail: format!(
-                    "`{key}`: not an FSDP setting this build implements (see the FSDP table in the README); remove it"
+                    "`{key}`: not an FSDP setting this build implements (see the FSDP table in docs/fields.md); remove it"
                 ),
             });
         };
@@ -855,7 +855,7 @@ pub fn check_deepspeed_keys(config: &serde_json::Map<String, Value>) -> Result<(
         let Some(row) = deepspeed_key_support(&key) else {
             return refuse(
                 &key,
-                "this DeepSpeed key is not implemented by the engine here (see the DeepSpeed table in the README); remove it",
+                "this DeepSpeed key is not implemented by the engine here (see the DeepSpeed table in docs/fields.md); remove it",
             );
         };
         let is_true = truthy(value);
@@ -1041,7 +1041,7 @@ fn test_list(tests: &[&str]) -> String {
         .join(", ")
 }
 
-/// A README table of `rows` (`what`: the first column's title): name, status, notes.
+/// A markdown table (docs/fields.md) of `rows` (`what`: the first column's title): name, status, notes.
 pub fn markdown_table(rows: &[FieldSupport], what: &str) -> String {
     let mut out = format!("| {what} | here | notes |\n|---|---|---|\n");
     for row in rows {

@@ -17,9 +17,9 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::normalize::from_map;
 use crate::parsed::ParsedArguments;
-use crate::python_json::{python_repr, to_python_json};
 use crate::training_args::TrainingArguments;
 use crate::values::JsonDict;
+use tchtrain_python_json::{python_repr, to_python_json};
 
 const TOKEN_MASK: &str = "<HUB_TOKEN>";
 

@@ -44,13 +44,10 @@ mod distributed;
 mod error;
 mod field_table;
 mod json;
-mod json_loads;
-mod json_value;
 mod normalize;
 mod optimizer_names;
 mod parsed;
 mod post_init;
-mod python_json;
 mod seq2seq;
 mod seq2seq_field_table;
 mod setters;
@@ -64,16 +61,19 @@ pub use cli::{Dataclass, DataclassValues, FieldSpec, HfArgumentParser, Nargs, Va
 pub use debug_utils::DebugOption;
 pub use distributed::ParallelMode;
 pub use error::{Error, Result};
-pub use json_loads::{JsonSyntaxError, loads};
-pub use json_value::{JsonMap, JsonValue, dumps};
+// Python's `json` and `repr` (the `tchtrain-python-json` crate), re-exported where the
+// Trainer's crates have always found them.
 pub use normalize::{V4_ALIASES, field_names};
 pub use optimizer_names::{OptimizerNames, OptimizerSupport};
 pub use parsed::{ParsedArguments, ParsedSeq2SeqArguments, Warning};
-pub use python_json::{python_float_repr, python_repr, python_str_repr};
 pub use seq2seq::{Seq2SeqTrainingArguments, seq2seq_field_names};
 pub use setters::{
     SetDataloader, SetEvaluate, SetLogging, SetLrScheduler, SetOptimizer, SetPushToHub, SetSave,
     SetTesting, SetTraining,
+};
+pub use tchtrain_python_json::{
+    JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr, python_repr,
+    python_str_repr,
 };
 pub use trainer_utils::{FsdpOption, HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType};
 pub use training_args::TrainingArguments;

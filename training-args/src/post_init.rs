@@ -48,7 +48,7 @@ fn py_mod(a: f64, b: f64) -> f64 {
 
 /// Python's `str()` of a float-typed step value (`500` stays `500`, `0.5` is `0.5`).
 fn show(x: f64) -> String {
-    crate::python_json::python_float_repr(x)
+    tchtrain_python_json::python_float_repr(x)
 }
 
 impl TrainingArguments {

@@ -16,10 +16,10 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::normalize::{V4_ALIASES, field_names, from_map};
 use crate::parsed::{ParsedSeq2SeqArguments, Warning};
-use crate::python_json::{python_repr, to_python_json};
 use crate::seq2seq_field_table::SEQ2SEQ_FIELDS;
 use crate::training_args::TrainingArguments;
 use crate::values::JsonDict;
+use tchtrain_python_json::{python_repr, to_python_json};
 
 /// The names of the fields `Seq2SeqTrainingArguments` adds to `TrainingArguments`, in upstream's
 /// declaration order (which is also their order in `to_dict()`, after `local_rank`).

@@ -19,7 +19,7 @@
 //! equal. **Tolerance: a case passes when every relative difference is at most 1e-6**
 //! ([`TOLERANCE`]); both sides run the same libtorch on the same batches in the same op
 //! order, so equal values are expected, and the tolerance leaves room for no more than a
-//! sum's rounding (README.md has the measured figures). A key written by one side only
+//! sum's rounding (docs/commands.md has the measured figures). A key written by one side only
 //! fails the case, as does a line of `predict_results.txt` that differs. A case whose preparation our script refuses with a
 //! usage error naming the case's flag (a data format or `--dataset_name` not wired yet) is
 //! skipped with the script's message; any other failure of either side fails the case. The

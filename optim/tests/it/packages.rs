@@ -198,7 +198,7 @@ fn copies(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// The relative bound of the issue for float states (see each case's note in the README).
+/// The relative bound of the issue for float states (see each case's note in docs/optimizers.md).
 const BOUND: f64 = 1e-6;
 
 #[test]
@@ -278,7 +278,7 @@ fn package_optimizers_resume_bit_exactly_from_their_state_dict() -> Result<()> {
     Ok(())
 }
 
-/// The README's table of `optim` names, from `OptimizerNames::support`.
+/// The table in docs/optimizers.md of `optim` names, from `OptimizerNames::support`.
 fn optimizer_table() -> String {
     let mut out =
         String::from("| `optim` | here | checked against / why refused |\n|---|---|---|\n");
@@ -337,23 +337,26 @@ fn every_optim_name_is_built_or_refused_as_the_table_and_readme_say() -> Result<
         }
     }
     assert_eq!(working, OptimizerNames::supported().len());
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/optimizers.md"
+    ))?;
     let (begin, end) = (
         "<!-- optim-support:begin -->\n",
         "<!-- optim-support:end -->",
     );
     let start = readme
         .find(begin)
-        .context("README lacks the optim-support markers")?
+        .context("docs/optimizers.md lacks the optim-support markers")?
         + begin.len();
     let stop = readme[start..]
         .find(end)
-        .context("README lacks the end marker")?
+        .context("docs/optimizers.md lacks the end marker")?
         + start;
     let table = optimizer_table();
     assert!(
         readme[start..stop] == table,
-        "README's optim-support table is stale; replace it with:\n{table}"
+        "docs/optimizers.md's optim-support table is stale; replace it with:\n{table}"
     );
     Ok(())
 }

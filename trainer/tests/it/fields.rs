@@ -1,5 +1,5 @@
 //! Every `TrainingArguments` field is honoured, inert or refused (`FIELD_SUPPORT`): the walk
-//! over the whole field table, the README's table, and the observations of the honoured
+//! over the whole field table, the table in docs/fields.md, and the observations of the honoured
 //! fields no other test looks at.
 
 use std::path::{Path, PathBuf};
@@ -182,8 +182,8 @@ fn every_field_is_honoured_inert_or_refused() -> Result<()> {
 }
 
 #[test]
-fn the_readme_lists_every_field_and_key_as_the_trainer_treats_it() -> Result<()> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
+fn the_field_tables_in_docs_list_every_field_and_key_as_the_trainer_treats_it() -> Result<()> {
+    let readme = std::fs::read_to_string(workspace_root().join("docs/fields.md"))?;
     for (name, table) in [
         ("field-support", markdown_table(FIELD_SUPPORT, "field")),
         (
@@ -199,14 +199,14 @@ fn the_readme_lists_every_field_and_key_as_the_trainer_treats_it() -> Result<()>
         let end = format!("<!-- {name}:end -->");
         let start = readme
             .find(&begin)
-            .with_context(|| format!("README lacks the {name} markers"))?
+            .with_context(|| format!("docs/fields.md lacks the {name} markers"))?
             + begin.len();
         let stop = readme[start..]
             .find(&end)
-            .context("README lacks the end marker")?
+            .context("docs/fields.md lacks the end marker")?
             + start;
         if readme[start..stop] != table {
-            bail!("README's {name} table is stale; replace it with:\n{table}");
+            bail!("docs/fields.md's {name} table is stale; replace it with:\n{table}");
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 #[cfg(test)]
 use crate::json_loads::loads;
-use crate::python_json::python_float_repr;
+use crate::repr::python_float_repr;
 
 /// A JSON value as Python's `json` module sees it: integers and floats are distinct.
 #[derive(Debug, Clone, PartialEq)]

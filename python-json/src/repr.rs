@@ -1,9 +1,9 @@
 //! Python's `repr(float)` ([`python_float_repr`], the one implementation every tchtrain file
 //! writer uses: `training_args.json`, `trainer_state.json`, logs), JSON text in the form
 //! Python's `json.dumps(..., indent=2)` writes it from serde values (floats as Python's
-//! `repr`, non-ASCII escaped, two-space indent), and Python's `repr` of JSON values (for
-//! `to_sanitized_dict`). Python's own JSON values, `json.dumps` and `json.loads` are in
-//! `json_value` and `json_loads`.
+//! `repr`, non-ASCII escaped, two-space indent), and Python's `repr` of JSON values and
+//! strings (`to_sanitized_dict`, chat templates' literals). Python's own JSON values,
+//! `json.dumps` and `json.loads` are in `json_value` and `json_loads`.
 
 use std::io;
 
@@ -154,9 +154,7 @@ impl Formatter for PythonFormatter {
 }
 
 /// Serialises `value` as Python's `json.dumps(value, indent=2)` would.
-pub(crate) fn to_python_json<T: serde::Serialize + ?Sized>(
-    value: &T,
-) -> serde_json::Result<String> {
+pub fn to_python_json<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter::new());
     value.serialize(&mut ser)?;
