@@ -251,20 +251,9 @@ impl FlatBuffer {
         }
         let mut pieces = Vec::with_capacity(self.vars.len() + 1);
         for (v, info) in self.vars.iter().zip(&self.layout.params) {
-            let t = if grads { v.grad() } else { v.f_detach()? };
-            if !t.defined() {
-                pieces.push(Tensor::f_zeros([info.numel], (self.kind, self.device))?);
-            } else if t.numel() as i64 != info.numel {
-                return Err(Error::Sharding {
-                    detail: format!(
-                        "`{}` holds {} elements, its flat layout {} (parameters released? gather them first)",
-                        info.name,
-                        t.numel(),
-                        info.numel
-                    ),
-                });
-            } else {
-                pieces.push(t.f_reshape([-1])?);
+            match Self::value_of(v, info, grads)? {
+                None => pieces.push(Tensor::f_zeros([info.numel], (self.kind, self.device))?),
+                Some(t) => pieces.push(t.f_reshape([-1])?),
             }
         }
         let pad = self.layout.padded_numel - self.layout.numel;
@@ -277,23 +266,31 @@ impl FlatBuffer {
     fn flatten_per_parameter(&self, grads: bool) -> Result<Tensor> {
         let full = Tensor::f_zeros([self.layout.padded_numel], (self.kind, self.device))?;
         for (i, (v, info)) in self.vars.iter().zip(&self.layout.params).enumerate() {
-            let t = if grads { v.grad() } else { v.f_detach()? };
-            if !t.defined() {
-                continue;
+            if let Some(t) = Self::value_of(v, info, grads)? {
+                self.layout.place(&full, i, &t)?;
             }
-            if t.numel() as i64 != info.numel {
-                return Err(Error::Sharding {
-                    detail: format!(
-                        "`{}` holds {} elements, its flat layout {} (parameters released? gather them first)",
-                        info.name,
-                        t.numel(),
-                        info.numel
-                    ),
-                });
-            }
-            self.layout.place(&full, i, &t)?;
         }
         Ok(full)
+    }
+
+    /// `v`'s value (or `.grad` with `grads`), `None` for a missing gradient; an error when
+    /// it does not hold the layout's element count (a released parameter).
+    fn value_of(v: &Tensor, info: &FlatParamInfo, grads: bool) -> Result<Option<Tensor>> {
+        let t = if grads { v.grad() } else { v.f_detach()? };
+        if !t.defined() {
+            return Ok(None);
+        }
+        if t.numel() as i64 != info.numel {
+            return Err(Error::Sharding {
+                detail: format!(
+                    "`{}` holds {} elements, its flat layout {} (parameters released? gather them first)",
+                    info.name,
+                    t.numel(),
+                    info.numel
+                ),
+            });
+        }
+        Ok(Some(t))
     }
 
     /// `rank`'s slice of a `[padded_numel]` tensor (a view).

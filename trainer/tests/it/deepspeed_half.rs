@@ -159,6 +159,40 @@ pub(crate) fn reference_log(reference: &str, case: &str) -> Result<(Log, Vec<f64
     Ok((log, scales))
 }
 
+/// The largest relative difference per key of `keys` between two logs of `case`, entry by
+/// entry (the same steps; a key on one side only panics; a skipped step must be non-finite on
+/// both sides and is left out of the differences).
+pub(crate) fn compare_logs(
+    case: &str,
+    ours: &Log,
+    theirs: &Log,
+    keys: &[&'static str],
+) -> BTreeMap<&'static str, f64> {
+    assert_eq!(ours.len(), theirs.len(), "{case}: log entries");
+    let mut worst: BTreeMap<&'static str, f64> = BTreeMap::new();
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(a.get("step"), b.get("step"), "{case} entry {i}");
+        for &key in keys {
+            match (a.get(key), b.get(key)) {
+                (Some(x), Some(y)) => {
+                    assert_eq!(
+                        x.is_finite(),
+                        y.is_finite(),
+                        "{case} entry {i} {key}: {x} vs {y}"
+                    );
+                    if x.is_finite() {
+                        let w = worst.entry(key).or_default();
+                        *w = w.max(rel(*x, *y));
+                    }
+                }
+                (None, None) => {}
+                (x, y) => panic!("{case} entry {i}: {key} {x:?} vs the reference's {y:?}"),
+            }
+        }
+    }
+    worst
+}
+
 pub(crate) fn rel(a: f64, b: f64) -> f64 {
     if a == b {
         return 0.0;
@@ -203,29 +237,7 @@ fn deepspeed_fp16_and_bf16_train_as_deepspeeds_engine() -> Result<()> {
     for case in CASES {
         let (ours, scale) = read_entries(&dir.join(format!("{case}-rank0.json")))?;
         let (theirs, scales) = reference_log("deepspeed_mixed_precision", case)?;
-        assert_eq!(ours.len(), theirs.len(), "{case}: log entries");
-        let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
-        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-            assert_eq!(a.get("step"), b.get("step"), "{case} entry {i}");
-            for key in KEYS {
-                match (a.get(key), b.get(key)) {
-                    (Some(x), Some(y)) => {
-                        // A skipped step: inf on both sides, and the same learning rate.
-                        assert_eq!(
-                            x.is_finite(),
-                            y.is_finite(),
-                            "{case} entry {i} {key}: {x} vs {y}"
-                        );
-                        if x.is_finite() {
-                            let w = worst.entry(key).or_default();
-                            *w = w.max(rel(*x, *y));
-                        }
-                    }
-                    (None, None) => {}
-                    (x, y) => panic!("{case} entry {i}: {key} {x:?} vs DeepSpeed's {y:?}"),
-                }
-            }
-        }
+        let worst = compare_logs(case, &ours, &theirs, &KEYS);
         println!("{case} vs DeepSpeed's engine: max relative differences {worst:?}");
         // The schedule is stepped exactly when DeepSpeed steps it.
         assert_eq!(

@@ -14,7 +14,6 @@
 //!   unscales the shards and reduces its inf flag over the ranks, the same steps are
 //!   skipped, and the scale ends where torch's does.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use tchtrain_training_args::{
 use crate::common::{
     blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
 };
-use crate::deepspeed_half::{read_entries, reference_log, rel, write_entries};
+use crate::deepspeed_half::{compare_logs, read_entries, reference_log, write_entries};
 
 const CASES: [&str; 4] = [
     "full_shard_bf16",
@@ -124,29 +123,7 @@ fn fsdp_mixed_precision_trains_as_fsdp2() -> Result<()> {
     for case in CASES {
         let (ours, scale) = read_entries(&dir.join(format!("{case}-rank0.json")))?;
         let (theirs, scales) = reference_log("fsdp_mixed_precision", case)?;
-        assert_eq!(ours.len(), theirs.len(), "{case}: log entries");
-        let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
-        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-            assert_eq!(a.get("step"), b.get("step"), "{case} entry {i}");
-            for key in KEYS {
-                match (a.get(key), b.get(key)) {
-                    (Some(x), Some(y)) => {
-                        // A skipped step: a non-finite norm on both sides.
-                        assert_eq!(
-                            x.is_finite(),
-                            y.is_finite(),
-                            "{case} entry {i} {key}: {x} vs {y}"
-                        );
-                        if x.is_finite() {
-                            let w = worst.entry(key).or_default();
-                            *w = w.max(rel(*x, *y));
-                        }
-                    }
-                    (None, None) => {}
-                    (x, y) => panic!("{case} entry {i}: {key} {x:?} vs FSDP2's {y:?}"),
-                }
-            }
-        }
+        let worst = compare_logs(case, &ours, &theirs, &KEYS);
         println!("{case} vs FSDP2: max relative differences {worst:?}");
         if case.ends_with("_scaler") {
             assert!(
