@@ -25,7 +25,6 @@
 //! gradient in each window (DDP's default).
 
 use std::path::Path;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -464,7 +463,7 @@ impl Accelerator {
         })?;
         let hooks = z.per_layer.then(|| {
             let (engine, state) = (z.engine.clone(), self.state.clone());
-            Rc::new(if training {
+            Arc::new(if training {
                 LayerGather::new(engine, state)
             } else {
                 LayerGather::for_evaluation(engine, state)
@@ -800,7 +799,7 @@ pub enum Reduction {
 /// What [`Accelerator::forward_scope`] prepared: at ZeRO-3 layer by layer, the hooks that
 /// gather each layer while it runs; nothing otherwise.
 pub struct ForwardScope {
-    hooks: Option<Rc<LayerGather>>,
+    hooks: Option<Arc<LayerGather>>,
 }
 
 impl std::fmt::Debug for ForwardScope {
@@ -812,17 +811,18 @@ impl std::fmt::Debug for ForwardScope {
 }
 
 impl ForwardScope {
-    /// Runs `f` (the forward, and in training the backward) with the hooks in place. An
-    /// error a hook met (a dead peer, a timeout) is the one returned, rather than the
-    /// model's generic report of it.
+    /// Runs `f` (the forward, and in training the backward) with the hooks in place on the
+    /// model whose parts share `model`. An error a hook met (a dead peer, a timeout) is
+    /// the one returned, rather than the model's generic report of it.
     pub fn run<T, E: From<Error>>(
         &self,
+        model: &tchtrain_nn::Context,
         f: impl FnOnce() -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
         let Some(g) = &self.hooks else {
             return f();
         };
-        let out = tchtrain_models::with_layer_hooks(g.clone(), f);
+        let out = model.with_layer_hooks(g.clone(), f);
         match g.take_error() {
             Some(e) => Err(e.into()),
             None => out,

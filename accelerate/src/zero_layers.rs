@@ -27,12 +27,11 @@
 //! the backward as a generic error, and [`LayerGather::take_error`] hands the accelerator the
 //! original one.
 
-use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tch::Tensor;
 use tchtrain_distributed::ProcessGroup;
-use tchtrain_models::LayerHooks;
+use tchtrain_nn::LayerHooks;
 
 use crate::error::{Error, Result};
 use crate::grad_boundary::{self, BoundaryAction};
@@ -66,7 +65,7 @@ pub(crate) struct LayerGather {
     /// The first error a hook or a backward action met.
     error: Arc<Mutex<Option<Error>>>,
     /// The boundaries this step registered (forgotten when the step ends).
-    tokens: RefCell<Vec<u64>>,
+    tokens: Mutex<Vec<u64>>,
 }
 
 impl LayerGather {
@@ -76,7 +75,7 @@ impl LayerGather {
             state,
             backward: true,
             error: Arc::new(Mutex::new(None)),
-            tokens: RefCell::new(Vec::new()),
+            tokens: Mutex::new(Vec::new()),
         }
     }
 
@@ -116,7 +115,7 @@ impl LayerGather {
         let action: BoundaryAction = Box::new(move || keep(&error, collective(&engine, &state, f)));
         let (out, token) =
             grad_boundary::grad_boundary(hidden, action).map_err(|e| e.to_string())?;
-        self.tokens.borrow_mut().push(token);
+        lock_tokens(&self.tokens).push(token);
         Ok(out)
     }
 }
@@ -134,7 +133,15 @@ fn keep(slot: &Mutex<Option<Error>>, r: Result<()>) -> std::result::Result<(), S
 
 impl Drop for LayerGather {
     fn drop(&mut self) {
-        grad_boundary::forget_boundaries(&self.tokens.borrow());
+        grad_boundary::forget_boundaries(&lock_tokens(&self.tokens));
+    }
+}
+
+/// The boundaries list (a poisoned lock still holds a usable list).
+fn lock_tokens(m: &Mutex<Vec<u64>>) -> std::sync::MutexGuard<'_, Vec<u64>> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 

@@ -43,6 +43,9 @@ pub const MARKER: i64 = 3;
 /// class ids.
 pub struct BagOfWords {
     vs: nn::VarStore,
+    /// Its parts are tch's own: the context nothing reads (no layer hooks, tracer or
+    /// adapters).
+    ctx: tchtrain_models::Context,
     embed: nn::Embedding,
     head: nn::Linear,
     training: bool,
@@ -58,6 +61,7 @@ impl BagOfWords {
         let head = nn::linear(&root / "head", dim, 2, Default::default());
         Self {
             vs,
+            ctx: tchtrain_models::Context::new(),
             embed,
             head,
             training: false,
@@ -66,6 +70,9 @@ impl BagOfWords {
 }
 
 impl TrainableModel for BagOfWords {
+    fn context(&self) -> &tchtrain_models::Context {
+        &self.ctx
+    }
     fn var_store(&self) -> &nn::VarStore {
         &self.vs
     }

@@ -417,7 +417,7 @@ pub(crate) fn eager(
     }
     let w = w.softmax(-1, Kind::Float).to_kind(q.kind());
     let w = if train && dropout > 0.0 {
-        crate::dropout::dropout(&w, dropout, true)
+        tchtrain_nn::dropout(&w, dropout, true)
     } else {
         w
     };

@@ -21,12 +21,12 @@ use tch::{Device, Kind, Tensor};
 
 use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, LayerLinear, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `BartConfig` / `MBartConfig` with BART's defaults (bart-large).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -201,24 +201,22 @@ impl BartConfig {
 /// Upstream `BartAttention` (`k_proj`, `v_proj`, `q_proj`, `out_proj`, biased).
 #[derive(Debug)]
 struct Attention {
-    k_proj: LayerLinear,
-    v_proj: LayerLinear,
-    q_proj: LayerLinear,
-    out_proj: LayerLinear,
+    k_proj: Linear,
+    v_proj: Linear,
+    q_proj: Linear,
+    out_proj: Linear,
     heads: i64,
-    name: String,
 }
 
 impl Attention {
-    fn new(p: nn::Path<'_>, c: &BartConfig, heads: i64, name: String) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, c: &BartConfig, heads: i64) -> Self {
         let (d, std) = (c.d_model, c.init_std);
         Self {
-            k_proj: layers::layer_linear(&p / "k_proj", d, d, true, std),
-            v_proj: layers::layer_linear(&p / "v_proj", d, d, true, std),
-            q_proj: layers::layer_linear(&p / "q_proj", d, d, true, std),
-            out_proj: layers::layer_linear(&p / "out_proj", d, d, true, std),
+            k_proj: Linear::in_layer(&p / "k_proj", d, d, true, std),
+            v_proj: Linear::in_layer(&p / "v_proj", d, d, true, std),
+            q_proj: Linear::in_layer(&p / "q_proj", d, d, true, std),
+            out_proj: Linear::in_layer(&p / "out_proj", d, d, true, std),
             heads,
-            name,
         }
     }
 
@@ -232,7 +230,6 @@ impl Attention {
         cache: Option<(&DynamicCache, usize)>,
         s: &StackInputs<'_>,
     ) -> Result<Tensor> {
-        use layers::apply_traced;
         let unpadded = s.unpadded.as_ref();
         let (batch, q_len) = match unpadded {
             Some(u) => u.batch_seq(),
@@ -240,26 +237,15 @@ impl Attention {
         };
         let d = h.size().last().copied().unwrap_or(0);
         let head_dim = d / self.heads;
-        let n = |rest: &str| format!("{}.{rest}", self.name);
         let heads = |t: &Tensor| {
             padding_free::padded(unpadded, t.shallow_clone())
                 .view([batch, -1, self.heads, head_dim])
                 .transpose(1, 2)
         };
-        let q = heads(&apply_traced(h, &self.q_proj, || n("q_proj"), "Linear"));
+        let q = heads(&self.q_proj.forward(h));
         let current = key_value_states.unwrap_or(h);
-        let k = heads(&apply_traced(
-            current,
-            &self.k_proj,
-            || n("k_proj"),
-            "Linear",
-        ));
-        let v = heads(&apply_traced(
-            current,
-            &self.v_proj,
-            || n("v_proj"),
-            "Linear",
-        ));
+        let k = heads(&self.k_proj.forward(current));
+        let v = heads(&self.v_proj.forward(current));
         // The encoder's keys are computed again at every decoding step (upstream caches
         // them: the same op on the same states, the same values).
         let (k, v) = match (cache, key_value_states) {
@@ -277,19 +263,20 @@ impl Attention {
         };
         let a = attention::sdpa(&q, &k, &v, mask, dropout, (head_dim as f64).powf(-0.5));
         let a = padding_free::unpadded(unpadded, a.transpose(1, 2).reshape([batch, q_len, d]));
-        Ok(apply_traced(&a, &self.out_proj, || n("out_proj"), "Linear"))
+        Ok(self.out_proj.forward(&a))
     }
 }
 
 /// An encoder layer (`self_attn`, `fc1`, `fc2`) or a decoder layer (plus `encoder_attn`).
 #[derive(Debug)]
 struct Layer {
+    ctx: Context,
     self_attn: Attention,
-    self_attn_layer_norm: nn::LayerNorm,
-    encoder_attn: Option<(Attention, nn::LayerNorm)>,
-    fc1: LayerLinear,
-    fc2: LayerLinear,
-    final_layer_norm: nn::LayerNorm,
+    self_attn_layer_norm: LayerNorm,
+    encoder_attn: Option<(Attention, LayerNorm)>,
+    fc1: Linear,
+    fc2: Linear,
+    final_layer_norm: LayerNorm,
     idx: usize,
     name: String,
 }
@@ -317,30 +304,32 @@ fn clamp_fp16(h: Tensor, always: bool) -> Tensor {
 }
 
 impl Layer {
-    fn new(p: nn::Path<'_>, c: &BartConfig, decoder: bool, idx: i64, name: String) -> Self {
+    fn new(
+        p: tchtrain_nn::Path<'_>,
+        c: &BartConfig,
+        decoder: bool,
+        idx: i64,
+        name: String,
+    ) -> Self {
         let (d, std) = (c.d_model, c.init_std);
         let (heads, ffn) = if decoder {
             (c.decoder_attention_heads, c.decoder_ffn_dim)
         } else {
             (c.encoder_attention_heads, c.encoder_ffn_dim)
         };
-        let ln = |n: &str| layers::layer_norm(&p / n, d, 1e-5);
+        let ln = |n: &str| LayerNorm::new(&p / n, d, 1e-5);
         Self {
-            self_attn: Attention::new(&p / "self_attn", c, heads, format!("{name}.self_attn")),
+            ctx: p.ctx().clone(),
+            self_attn: Attention::new(&p / "self_attn", c, heads),
             self_attn_layer_norm: ln("self_attn_layer_norm"),
             encoder_attn: decoder.then(|| {
                 (
-                    Attention::new(
-                        &p / "encoder_attn",
-                        c,
-                        heads,
-                        format!("{name}.encoder_attn"),
-                    ),
+                    Attention::new(&p / "encoder_attn", c, heads),
                     ln("encoder_attn_layer_norm"),
                 )
             }),
-            fc1: layers::layer_linear(&p / "fc1", d, ffn, true, std),
-            fc2: layers::layer_linear(&p / "fc2", ffn, d, true, std),
+            fc1: Linear::in_layer(&p / "fc1", d, ffn, true, std),
+            fc2: Linear::in_layer(&p / "fc2", ffn, d, true, std),
             final_layer_norm: ln("final_layer_norm"),
             idx: idx as usize,
             name,
@@ -349,20 +338,18 @@ impl Layer {
 
     /// `BartEncoderLayer` / `BartDecoderLayer` (post-norm), or mBART's (pre-norm).
     fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
-        use layers::apply_traced;
         let c = s.config;
         let pre = c.mbart;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let norm = |x: &Tensor, ln: &nn::LayerNorm, name: &str| {
-            apply_traced(x, ln, || n(name), "LayerNorm")
-        };
         let drop = |x: &Tensor, p: f64| {
-            padding_free::dropout_traced(s.unpadded.as_ref(), x, p, s.train, || n("dropout"))
+            padding_free::dropout_traced(&self.ctx, s.unpadded.as_ref(), x, p, s.train, || {
+                n("dropout")
+            })
         };
         // Self-attention.
         let residual = h;
         let x = if pre {
-            norm(h, &self.self_attn_layer_norm, "self_attn_layer_norm")
+            self.self_attn_layer_norm.forward(h)
         } else {
             h.shallow_clone()
         };
@@ -370,37 +357,37 @@ impl Layer {
         let x = self.self_attn.forward(&x, None, &s.mask, cache, s)?;
         let mut h = residual + drop(&x, c.dropout);
         if !pre {
-            h = norm(&h, &self.self_attn_layer_norm, "self_attn_layer_norm");
+            h = self.self_attn_layer_norm.forward(&h);
         }
         // Cross-attention.
         if let (Some((attn, ln)), Some((states, mask))) = (&self.encoder_attn, &s.encoder) {
             let residual = &h;
             let x = if pre {
-                norm(&h, ln, "encoder_attn_layer_norm")
+                ln.forward(&h)
             } else {
                 h.shallow_clone()
             };
             let x = attn.forward(&x, Some(states), mask, cache, s)?;
             let mut out = residual + drop(&x, c.dropout);
             if !pre {
-                out = norm(&out, ln, "encoder_attn_layer_norm");
+                out = ln.forward(&out);
             }
             h = out;
         }
         // Feed-forward.
         let residual = &h;
         let x = if pre {
-            norm(&h, &self.final_layer_norm, "final_layer_norm")
+            self.final_layer_norm.forward(&h)
         } else {
             h.shallow_clone()
         };
-        let x = apply_traced(&x, &self.fc1, || n("fc1"), "Linear");
-        let x = s.act.apply_traced(&x, || n("activation_fn"));
+        let x = self.fc1.forward(&x);
+        let x = s.act.apply_traced(&self.ctx, &x, || n("activation_fn"));
         let x = drop(&x, c.activation_dropout);
-        let x = apply_traced(&x, &self.fc2, || n("fc2"), "Linear");
+        let x = self.fc2.forward(&x);
         let mut out = residual + drop(&x, c.dropout);
         if !pre {
-            out = norm(&out, &self.final_layer_norm, "final_layer_norm");
+            out = self.final_layer_norm.forward(&out);
         }
         Ok(if self.encoder_attn.is_none() {
             clamp_fp16(out, pre)
@@ -414,17 +401,18 @@ impl Layer {
 /// final `layer_norm`.
 #[derive(Debug)]
 struct Stack {
-    embed_positions: nn::Embedding,
+    ctx: Context,
+    embed_positions: Embedding,
     layers: Vec<Layer>,
-    layernorm_embedding: nn::LayerNorm,
-    layer_norm: Option<nn::LayerNorm>,
+    layernorm_embedding: LayerNorm,
+    layer_norm: Option<LayerNorm>,
     layerdrop: f64,
     decoder: bool,
     name: &'static str,
 }
 
 impl Stack {
-    fn new(p: nn::Path<'_>, c: &BartConfig, decoder: bool) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, c: &BartConfig, decoder: bool) -> Self {
         let name = if decoder {
             "model.decoder"
         } else {
@@ -436,12 +424,13 @@ impl Stack {
             c.encoder_layers
         };
         // Created in upstream's registration order.
-        let embed_positions = layers::embedding(
+        let embed_positions = Embedding::new(
             &p / "embed_positions",
             c.max_position_embeddings + 2,
             c.d_model,
             c.init_std,
-        );
+        )
+        .with_class("BartLearnedPositionalEmbedding");
         let layers = (0..n_layers)
             .map(|i| {
                 Layer::new(
@@ -453,11 +442,12 @@ impl Stack {
                 )
             })
             .collect();
-        let layernorm_embedding = layers::layer_norm(&p / "layernorm_embedding", c.d_model, 1e-5);
+        let layernorm_embedding = LayerNorm::new(&p / "layernorm_embedding", c.d_model, 1e-5);
         let layer_norm = c
             .mbart
-            .then(|| layers::layer_norm(&p / "layer_norm", c.d_model, 1e-5));
+            .then(|| LayerNorm::new(&p / "layer_norm", c.d_model, 1e-5));
         Self {
+            ctx: p.ctx().clone(),
             embed_positions,
             layers,
             layernorm_embedding,
@@ -486,20 +476,11 @@ impl Stack {
         } else {
             positions.expand([batch, seq], false)
         } + 2;
-        let positions = layers::apply_traced(
-            &positions,
-            &self.embed_positions,
-            || n("embed_positions"),
-            "BartLearnedPositionalEmbedding",
-        );
+        let positions = self.embed_positions.forward(&positions);
         let h = embeds + positions;
-        let h = layers::apply_traced(
-            &h,
-            &self.layernorm_embedding,
-            || n("layernorm_embedding"),
-            "LayerNorm",
-        );
-        let mut h = layers::dropout_traced(&h, s.config.dropout, s.train, || n("dropout"));
+        let h = self.layernorm_embedding.forward(&h);
+        let mut h =
+            tchtrain_nn::dropout_traced(&self.ctx, &h, s.config.dropout, s.train, || n("dropout"));
         if let Some(u) = &s.unpadded {
             h = u.gather(&h);
         }
@@ -514,7 +495,7 @@ impl Stack {
             h = layer.forward(&h, s)?;
         }
         let h = match &self.layer_norm {
-            Some(ln) => layers::apply_traced(&h, ln, || n("layer_norm"), "LayerNorm"),
+            Some(ln) => ln.forward(&h),
             None => h,
         };
         Ok(padding_free::padded(s.unpadded.as_ref(), h))
@@ -527,7 +508,8 @@ impl Stack {
 #[derive(Debug)]
 pub struct BartForConditionalGeneration {
     vs: nn::VarStore,
-    shared: nn::Embedding,
+    ctx: Context,
+    shared: Embedding,
     encoder: Stack,
     decoder: Stack,
     lm_head: Option<Tensor>,
@@ -549,15 +531,26 @@ pub type MBartForConditionalGeneration = BartForConditionalGeneration;
 impl BartForConditionalGeneration {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &BartConfig, device: Device) -> Result<Self> {
-        Self::build(config, !config.tie_word_embeddings, device)
+        Self::new_in(config, device, &Context::new())
     }
 
-    fn build(config: &BartConfig, untied_head: bool, device: Device) -> Result<Self> {
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &BartConfig, device: Device, ctx: &Context) -> Result<Self> {
+        Self::build(config, !config.tie_word_embeddings, device, ctx)
+    }
+
+    fn build(
+        config: &BartConfig,
+        untied_head: bool,
+        device: Device,
+        ctx: &Context,
+    ) -> Result<Self> {
         config.validate()?;
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let model = &root / "model";
-        let shared = layers::embedding_with_padding(
+        let shared = Embedding::with_padding(
             &model / "shared",
             config.vocab_size,
             config.d_model,
@@ -567,16 +560,17 @@ impl BartForConditionalGeneration {
         let encoder = Stack::new(&model / "encoder", config, false);
         let decoder = Stack::new(&model / "decoder", config, true);
         let lm_head = untied_head.then(|| {
-            crate::initialization::var(
+            tchtrain_nn::initialization::var(
                 &(&root / "lm_head"),
                 "weight",
                 &[config.vocab_size, config.d_model],
-                layers::normal(config.init_std),
+                tchtrain_nn::initialization::normal(config.init_std),
             )
         });
         let final_logits_bias = root.zeros_no_train("final_logits_bias", &[1, config.vocab_size]);
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             shared,
             encoder,
             decoder,
@@ -617,7 +611,7 @@ impl BartForConditionalGeneration {
                 "decoder.version",
             ],
             options,
-            || Self::build(&config, untied, device),
+            |ctx| Self::build(&config, untied, device, ctx),
         )?;
         // `_keys_to_ignore_on_load_missing = ["final_logits_bias"]` (zeros).
         loaded
@@ -683,12 +677,12 @@ impl BartForConditionalGeneration {
         crate::check_ids(ids, self.config.vocab_size, i64::MAX)?;
         let ids = ids.f_to_device(self.shared.ws.device())?;
         // `BartScaledWordEmbedding`: the lookup times `embed_scale` (1.0 included).
-        let e = ids.apply(&self.shared) * self.config.embed_scale();
-        let e = neftune_post_forward_hook(e, self.training)?;
-        crate::debug_utils::leaf(
+        let e = self.shared.lookup(&ids) * self.config.embed_scale();
+        let e = neftune_post_forward_hook(&self.ctx, e, self.training)?;
+        self.ctx.leaf(
             || format!("{name}.embed_tokens"),
             "BartScaledWordEmbedding",
-            &self.shared.params(),
+            &[("weight", &self.shared.ws)],
             &ids,
             &e,
         );
@@ -708,6 +702,7 @@ impl BartForConditionalGeneration {
             encoder: None,
             cache: None,
             unpadded: Unpadded::for_forward(
+                &self.ctx,
                 self.padding_free,
                 false,
                 attention_mask,
@@ -821,7 +816,7 @@ impl TrainableModel for BartForConditionalGeneration {
         let h = self.decoder.forward(&embeds, past, &s)?;
         let weight = self.lm_head.as_ref().unwrap_or(&self.shared.ws);
         let logits = h.matmul(&weight.tr());
-        crate::debug_utils::leaf(
+        self.ctx.leaf(
             || "lm_head".into(),
             "Linear",
             &[("weight", weight)],
@@ -843,7 +838,7 @@ impl TrainableModel for BartForConditionalGeneration {
             ),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

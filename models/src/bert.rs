@@ -17,14 +17,14 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, EncoderHead};
 use crate::{Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,14 +255,15 @@ impl Classes {
 
 #[derive(Debug)]
 struct Layer {
-    query: layers::LayerLinear,
-    key: layers::LayerLinear,
-    value: layers::LayerLinear,
-    attn_out: layers::LayerLinear,
-    attn_ln: nn::LayerNorm,
-    intermediate: layers::LayerLinear,
-    output: layers::LayerLinear,
-    output_ln: nn::LayerNorm,
+    ctx: Context,
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    attn_ln: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    output_ln: LayerNorm,
     /// `bert.encoder.layer.{i}`, as the underflow / overflow tracer names it.
     name: String,
     classes: Arc<Classes>,
@@ -296,8 +297,9 @@ unsafe impl ReadOnlyLayer for LayerInputs {}
 
 impl LayerInputs {
     /// Dropout on the hidden states, padded or padding-free.
-    fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
+    fn dropout(&self, ctx: &Context, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
         padding_free::dropout_traced(
+            ctx,
             self.unpadded.as_ref(),
             x,
             self.hidden_dropout_prob,
@@ -318,17 +320,16 @@ impl Layer {
             head_dim,
             ..
         } = *x;
-        use crate::debug_utils::{Out, Var, hook, leaf};
-        use layers::apply_traced;
+        use tchtrain_nn::{Out, Var};
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let to_heads = |t: Tensor| {
             padding_free::padded(x.unpadded.as_ref(), t)
                 .view([batch, seq, heads, head_dim])
                 .transpose(1, 2)
         };
-        let q = apply_traced(h, &self.query, || n("attention.self.query"), "Linear");
-        let k = apply_traced(h, &self.key, || n("attention.self.key"), "Linear");
-        let v = apply_traced(h, &self.value, || n("attention.self.value"), "Linear");
+        let q = self.query.forward(h);
+        let k = self.key.forward(h);
+        let v = self.value.forward(h);
         let a = attention::sdpa(
             &to_heads(q),
             &to_heads(k),
@@ -341,27 +342,17 @@ impl Layer {
             x.unpadded.as_ref(),
             a.transpose(1, 2).reshape([batch, seq, x.hidden_size]),
         );
-        hook(
+        self.ctx.hook(
             || n("attention.self"),
             &self.classes.self_attention,
             &[],
             &[Var::T(h)],
             Out::Tuple(&[Var::T(&ctx), Var::None]),
         );
-        let d = apply_traced(
-            &ctx,
-            &self.attn_out,
-            || n("attention.output.dense"),
-            "Linear",
-        );
-        let d = x.dropout(&d, || n("attention.output.dropout"));
-        let a = apply_traced(
-            &(d + h),
-            &self.attn_ln,
-            || n("attention.output.LayerNorm"),
-            "LayerNorm",
-        );
-        hook(
+        let d = self.attn_out.forward(&ctx);
+        let d = x.dropout(&self.ctx, &d, || n("attention.output.dropout"));
+        let a = self.attn_ln.forward(&(d + h));
+        self.ctx.hook(
             || n("attention.output"),
             &self.classes.self_output,
             &[],
@@ -370,40 +361,35 @@ impl Layer {
         );
         // Upstream's layers get (hidden_states, attention_mask, ...) positionally.
         let mask = x.mask.tensor().map_or(Var::None, Var::T);
-        hook(
+        self.ctx.hook(
             || n("attention"),
             &self.classes.attention,
             &[],
             &[Var::T(h), mask],
             Out::Tuple(&[Var::T(&a), Var::None]),
         );
-        let i = apply_traced(&a, &self.intermediate, || n("intermediate.dense"), "Linear");
+        let i = self.intermediate.forward(&a);
         let i = x
             .act
-            .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
-        leaf(
+            .apply_traced(&self.ctx, &i, || n("intermediate.intermediate_act_fn"));
+        self.ctx.leaf(
             || n("intermediate"),
             &self.classes.intermediate,
             &[],
             &a,
             &i,
         );
-        let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
-        let m = x.dropout(&m, || n("output.dropout"));
-        let out = apply_traced(
-            &(m + &a),
-            &self.output_ln,
-            || n("output.LayerNorm"),
-            "LayerNorm",
-        );
-        hook(
+        let m = self.output.forward(&i);
+        let m = x.dropout(&self.ctx, &m, || n("output.dropout"));
+        let out = self.output_ln.forward(&(m + &a));
+        self.ctx.hook(
             || n("output"),
             &self.classes.output,
             &[],
             &[Var::T(&i), Var::T(&a)],
             Out::One(Var::T(&out)),
         );
-        hook(
+        self.ctx.hook(
             || self.name.clone(),
             &self.classes.layer,
             &[],
@@ -417,14 +403,15 @@ impl Layer {
 /// Upstream `BertModel`: embeddings, encoder and (optionally) the pooler.
 #[derive(Debug)]
 pub struct BertModel {
+    ctx: Context,
     /// Where it sits in its model (`bert`; empty for `BertModel` itself).
     prefix: String,
-    word_embeddings: nn::Embedding,
-    position_embeddings: nn::Embedding,
-    token_type_embeddings: nn::Embedding,
-    embeddings_ln: nn::LayerNorm,
+    word_embeddings: Embedding,
+    position_embeddings: Embedding,
+    token_type_embeddings: Embedding,
+    embeddings_ln: LayerNorm,
     layers: Vec<Arc<Shared<Layer>>>,
-    pooler: Option<nn::Linear>,
+    pooler: Option<Linear>,
     act: Activation,
     config: BertConfig,
     family: EncoderFamily,
@@ -435,13 +422,17 @@ pub struct BertModel {
 
 impl BertModel {
     /// Creates the variables under `p` (upstream prefix `bert`, or the root for `BertModel`).
-    pub fn new(p: nn::Path<'_>, config: &BertConfig, add_pooling_layer: bool) -> Result<Self> {
+    pub fn new(
+        p: tchtrain_nn::Path<'_>,
+        config: &BertConfig,
+        add_pooling_layer: bool,
+    ) -> Result<Self> {
         Self::with_family(p, config, add_pooling_layer, EncoderFamily::bert())
     }
 
     /// [`new`](Self::new) for a BERT-shaped family.
     pub fn with_family(
-        p: nn::Path<'_>,
+        p: tchtrain_nn::Path<'_>,
         config: &BertConfig,
         add_pooling_layer: bool,
         family: EncoderFamily,
@@ -481,9 +472,9 @@ impl BertModel {
         // RoBERTa registers `position_embeddings` (with the padding index) last.
         let pad = config.pad_token_id;
         let word_embeddings =
-            layers::embedding_with_padding(&e / "word_embeddings", config.vocab_size, d, std, pad);
-        let positions = |e: &nn::Path<'_>, padding| {
-            layers::embedding_with_padding(
+            Embedding::with_padding(&e / "word_embeddings", config.vocab_size, d, std, pad);
+        let positions = |e: &tchtrain_nn::Path<'_>, padding| {
+            Embedding::with_padding(
                 e / "position_embeddings",
                 config.max_position_embeddings,
                 d,
@@ -493,8 +484,8 @@ impl BertModel {
         };
         let position_embeddings = (!family.roberta).then(|| positions(&e, None));
         let token_type_embeddings =
-            layers::embedding(&e / "token_type_embeddings", config.type_vocab_size, d, std);
-        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, eps);
+            Embedding::new(&e / "token_type_embeddings", config.type_vocab_size, d, std);
+        let embeddings_ln = LayerNorm::new(&e / "LayerNorm", d, eps);
         let position_embeddings = match position_embeddings {
             Some(p) => p,
             None => positions(&e, pad),
@@ -504,40 +495,42 @@ impl BertModel {
                 let l = &p / "encoder" / "layer" / i;
                 let a = &l / "attention";
                 Arc::new(Shared(Layer {
-                    query: layers::layer_linear(&a / "self" / "query", d, d, true, std),
-                    key: layers::layer_linear(&a / "self" / "key", d, d, true, std),
-                    value: layers::layer_linear(&a / "self" / "value", d, d, true, std),
-                    attn_out: layers::layer_linear(&a / "output" / "dense", d, d, true, std),
-                    attn_ln: layers::layer_norm(&a / "output" / "LayerNorm", d, eps),
-                    intermediate: layers::layer_linear(
+                    query: Linear::in_layer(&a / "self" / "query", d, d, true, std),
+                    key: Linear::in_layer(&a / "self" / "key", d, d, true, std),
+                    value: Linear::in_layer(&a / "self" / "value", d, d, true, std),
+                    attn_out: Linear::in_layer(&a / "output" / "dense", d, d, true, std),
+                    attn_ln: LayerNorm::new(&a / "output" / "LayerNorm", d, eps),
+                    intermediate: Linear::in_layer(
                         &l / "intermediate" / "dense",
                         d,
                         config.intermediate_size,
                         true,
                         std,
                     ),
-                    output: layers::layer_linear(
+                    output: Linear::in_layer(
                         &l / "output" / "dense",
                         config.intermediate_size,
                         d,
                         true,
                         std,
                     ),
-                    output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
-                    name: l.components().collect::<Vec<_>>().join("."),
+                    output_ln: LayerNorm::new(&l / "output" / "LayerNorm", d, eps),
+                    name: l.name(),
+                    ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
                 }))
             })
             .collect();
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
+            ctx: p.ctx().clone(),
             word_embeddings,
             position_embeddings,
             token_type_embeddings,
             embeddings_ln,
             layers,
             pooler: add_pooling_layer
-                .then(|| layers::linear(&p / "pooler" / "dense", d, d, true, std)),
+                .then(|| Linear::new(&p / "pooler" / "dense", d, d, true, std)),
             act: Activation::parse(&config.hidden_act, "hidden_act")?,
             config: config.clone(),
             family,
@@ -589,49 +582,23 @@ impl BertModel {
             Some(t) => t.f_to_device(device)?,
             None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
         };
-        use crate::debug_utils::{Out, Var, hook, join, leaf};
-        use layers::apply_traced;
+        use tchtrain_nn::{Out, Var, join};
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = crate::peft::adapt_embedding(
-            || n("embeddings.word_embeddings"),
-            &ids,
-            ids.apply(&self.word_embeddings),
-            self.config.pad_token_id,
-            self.config.vocab_size,
-            None,
-        );
-        let words = neftune_post_forward_hook(words, train)?;
-        let word_params = self.word_embeddings.params();
-        leaf(
-            || n("embeddings.word_embeddings"),
-            "Embedding",
-            &word_params,
-            &ids,
-            &words,
-        );
-        let types = apply_traced(
-            &token_types,
-            &self.token_type_embeddings,
-            || n("embeddings.token_type_embeddings"),
-            "Embedding",
-        );
-        let position = apply_traced(
-            &positions,
-            &self.position_embeddings,
-            || n("embeddings.position_embeddings"),
-            "Embedding",
-        );
+        let words = self
+            .word_embeddings
+            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
+        let words = neftune_post_forward_hook(&self.ctx, words, train)?;
+        self.word_embeddings.report(&ids, &words);
+        let types = self.token_type_embeddings.forward(&token_types);
+        let position = self.position_embeddings.forward(&positions);
         let h = words + types + position;
-        let h = apply_traced(
-            &h,
-            &self.embeddings_ln,
-            || n("embeddings.LayerNorm"),
-            "LayerNorm",
-        );
+        let h = self.embeddings_ln.forward(&h);
         let mut h =
-            layers::dropout_traced(&h, c.hidden_dropout_prob, train, || n("embeddings.dropout"));
+            tchtrain_nn::dropout_traced(&self.ctx, &h, c.hidden_dropout_prob, train, || {
+                n("embeddings.dropout")
+            });
         // Called with keyword arguments: no positional inputs.
-        hook(
+        self.ctx.hook(
             || n("embeddings"),
             &self.classes.embeddings,
             &[],
@@ -640,6 +607,7 @@ impl BertModel {
         );
         let embedding_output = h.shallow_clone();
         let unpadded = padding_free::Unpadded::for_forward(
+            &self.ctx,
             padding_free,
             false,
             inputs.attention_mask,
@@ -668,24 +636,25 @@ impl BertModel {
             unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| {
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
                         let out = l.forward(h, &x);
-                        crate::debug_utils::check()?;
+                        ctx.check()?;
                         Ok(out)
                     })?
                 }
                 _ => l.forward(&h, &x),
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
         if let Some(u) = &x.unpadded {
             h = u.scatter(&h);
         }
-        hook(
+        self.ctx.hook(
             || n("encoder"),
             &self.classes.encoder,
             &[],
@@ -693,15 +662,17 @@ impl BertModel {
             Out::One(Var::NotTensor),
         );
         let pooled = self.pooler.as_ref().map(|p| {
-            let dense = apply_traced(&h.select(1, 0), p, || n("pooler.dense"), "Linear");
+            let dense = p.forward(&h.select(1, 0));
             let pooled = dense.tanh();
-            leaf(|| n("pooler.activation"), "Tanh", &[], &dense, &pooled);
-            leaf(|| n("pooler"), &self.classes.pooler, &[], &h, &pooled);
+            self.ctx
+                .leaf(|| n("pooler.activation"), "Tanh", &[], &dense, &pooled);
+            self.ctx
+                .leaf(|| n("pooler"), &self.classes.pooler, &[], &h, &pooled);
             pooled
         });
         if !self.prefix.is_empty() {
             // Called positionally with `input_ids` by the heads.
-            hook(
+            self.ctx.hook(
                 || self.prefix.clone(),
                 &self.classes.model,
                 &[],
@@ -725,28 +696,25 @@ enum Head {
     None,
     /// `cls.predictions`: transform (dense, act, LayerNorm) then the tied decoder + bias.
     MaskedLm {
-        dense: nn::Linear,
-        ln: nn::LayerNorm,
+        dense: Linear,
+        ln: LayerNorm,
         bias: Tensor,
     },
     /// RoBERTa's `lm_head`: dense, GELU, `layer_norm`, then the tied decoder + bias.
     RobertaLm {
-        dense: nn::Linear,
-        layer_norm: nn::LayerNorm,
+        dense: Linear,
+        layer_norm: LayerNorm,
         bias: Tensor,
     },
     /// `classifier` on the pooled output.
-    SequenceClassification { classifier: nn::Linear },
+    SequenceClassification { classifier: Linear },
     /// RoBERTa's `classifier` (`RobertaClassificationHead`) on the first token: dropout,
     /// dense, tanh, dropout, `out_proj`.
-    RobertaClassification {
-        dense: nn::Linear,
-        out_proj: nn::Linear,
-    },
+    RobertaClassification { dense: Linear, out_proj: Linear },
     /// `classifier` on every token.
-    TokenClassification { classifier: nn::Linear },
+    TokenClassification { classifier: Linear },
     /// `qa_outputs` on every token (no dropout): the start and end logits.
-    QuestionAnswering { qa_outputs: nn::Linear },
+    QuestionAnswering { qa_outputs: Linear },
 }
 
 /// A BERT-shaped model with one of upstream's heads; use the type aliases
@@ -754,6 +722,7 @@ enum Head {
 #[derive(Debug)]
 pub struct Bert<C: EncoderConfig, const KIND: u8> {
     vs: nn::VarStore,
+    ctx: Context,
     bert: BertModel,
     head: Head,
     config: C,
@@ -791,10 +760,16 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
 
     /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
     pub fn new(encoder_config: &C, device: Device) -> Result<Self> {
+        Self::new_in(encoder_config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(encoder_config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let config = &encoder_config.bert();
         let family = encoder_config.family();
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let body = if KIND == BASE {
             root.clone()
         } else {
@@ -826,6 +801,7 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
         }
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             bert,
             head,
             config: encoder_config.clone(),
@@ -836,29 +812,29 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
     }
 
     /// The head's variables, created under `root` in upstream's order.
-    fn head(root: &nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
+    fn head(root: &tchtrain_nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
         let (d, std) = (config.hidden_size, config.initializer_range);
         match KIND {
             MLM if roberta => {
                 let t = root / "lm_head";
                 // `lm_head.bias` (the decoder's bias) comes first in `named_parameters()`.
-                let bias = crate::initialization::var(
+                let bias = tchtrain_nn::initialization::var(
                     &t,
                     "bias",
                     &[config.vocab_size],
                     nn::Init::Const(0.0),
                 );
                 Head::RobertaLm {
-                    dense: layers::linear(&t / "dense", d, d, true, std),
-                    layer_norm: layers::layer_norm(&t / "layer_norm", d, config.layer_norm_eps),
+                    dense: Linear::new(&t / "dense", d, d, true, std),
+                    layer_norm: LayerNorm::new(&t / "layer_norm", d, config.layer_norm_eps),
                     bias,
                 }
             }
             SEQ_CLS if roberta => {
                 let c = root / "classifier";
                 Head::RobertaClassification {
-                    dense: layers::linear(&c / "dense", d, d, true, std),
-                    out_proj: layers::linear(&c / "out_proj", d, config.num_labels(), true, std),
+                    dense: Linear::new(&c / "dense", d, d, true, std),
+                    out_proj: Linear::new(&c / "out_proj", d, config.num_labels(), true, std),
                 }
             }
             MLM => {
@@ -866,30 +842,26 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
                 // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
                 // transform (the decoder's bias is that parameter, and the decoder weight is
                 // the tied word embeddings): created in that order.
-                let bias = crate::initialization::var(
+                let bias = tchtrain_nn::initialization::var(
                     &t,
                     "bias",
                     &[config.vocab_size],
                     nn::Init::Const(0.0),
                 );
                 Head::MaskedLm {
-                    dense: layers::linear(&t / "transform" / "dense", d, d, true, std),
-                    ln: layers::layer_norm(
-                        &t / "transform" / "LayerNorm",
-                        d,
-                        config.layer_norm_eps,
-                    ),
+                    dense: Linear::new(&t / "transform" / "dense", d, d, true, std),
+                    ln: LayerNorm::new(&t / "transform" / "LayerNorm", d, config.layer_norm_eps),
                     bias,
                 }
             }
             SEQ_CLS => Head::SequenceClassification {
-                classifier: layers::linear(root / "classifier", d, config.num_labels(), true, std),
+                classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
             },
             TOK_CLS => Head::TokenClassification {
-                classifier: layers::linear(root / "classifier", d, config.num_labels(), true, std),
+                classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
             },
             QA => Head::QuestionAnswering {
-                qa_outputs: layers::linear(root / "qa_outputs", d, 2, true, std),
+                qa_outputs: Linear::new(root / "qa_outputs", d, 2, true, std),
             },
             _ => Head::None,
         }
@@ -908,7 +880,9 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
             config.labels_mut().set_num_labels(n)?;
         }
         let prefix = config.family().base_model_prefix;
-        loading::from_pretrained_with(dir, prefix, &[], options, || Self::new(&config, device))
+        loading::from_pretrained_with(dir, prefix, &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
+        })
     }
 
     fn dropout_p(&self) -> f64 {
@@ -1005,16 +979,14 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
         let (logits, loss) = match &self.head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { dense, ln, bias } => {
-                use crate::debug_utils::leaf;
-                use layers::apply_traced;
                 let p = "cls.predictions";
-                let t = apply_traced(&h, dense, || format!("{p}.transform.dense"), "Linear");
+                let t = dense.forward(&h);
                 let t = self
                     .bert
                     .act
-                    .apply_traced(&t, || format!("{p}.transform.transform_act_fn"));
-                let t = apply_traced(&t, ln, || format!("{p}.transform.LayerNorm"), "LayerNorm");
-                leaf(
+                    .apply_traced(&self.ctx, &t, || format!("{p}.transform.transform_act_fn"));
+                let t = ln.forward(&t);
+                self.ctx.leaf(
                     || format!("{p}.transform"),
                     "BertPredictionHeadTransform",
                     &[],
@@ -1024,15 +996,17 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 let weight = self.bert.word_embeddings();
                 let logits = t.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
-                leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
-                leaf(
+                self.ctx
+                    .leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
+                self.ctx.leaf(
                     || p.into(),
                     "BertLMPredictionHead",
                     &[("bias", bias)],
                     &h,
                     &logits,
                 );
-                leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
+                self.ctx
+                    .leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
                         &logits, l, vocab_size, None, -100,
@@ -1046,17 +1020,16 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 layer_norm,
                 bias,
             } => {
-                use crate::debug_utils::leaf;
-                use layers::apply_traced;
-                let x = apply_traced(&h, dense, || "lm_head.dense".into(), "Linear");
+                let x = dense.forward(&h);
                 // upstream's `gelu` function (exact), whatever `hidden_act` says
                 let x = x.gelu("none");
-                let x = apply_traced(&x, layer_norm, || "lm_head.layer_norm".into(), "LayerNorm");
+                let x = layer_norm.forward(&x);
                 let weight = self.bert.word_embeddings();
                 let logits = x.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
-                leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
-                leaf(
+                self.ctx
+                    .leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
+                self.ctx.leaf(
                     || "lm_head".into(),
                     "RobertaLMHead",
                     &[("bias", bias)],
@@ -1072,13 +1045,13 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 (logits, loss)
             }
             Head::RobertaClassification { dense, out_proj } => {
-                use layers::{apply_traced, dropout_traced};
+                use tchtrain_nn::dropout_traced;
                 let p = self.dropout_p();
                 let x = h.select(1, 0);
-                let x = dropout_traced(&x, p, train, || "classifier.dropout".into());
-                let x = apply_traced(&x, dense, || "classifier.dense".into(), "Linear").tanh();
-                let x = dropout_traced(&x, p, train, || "classifier.dropout".into());
-                let logits = apply_traced(&x, out_proj, || "classifier.out_proj".into(), "Linear");
+                let x = dropout_traced(&self.ctx, &x, p, train, || "classifier.dropout".into());
+                let x = dense.forward(&x).tanh();
+                let x = dropout_traced(&self.ctx, &x, p, train, || "classifier.dropout".into());
+                let logits = out_proj.forward(&x);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
@@ -1096,8 +1069,10 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                     name: "pooler_output",
                 })?;
                 let d =
-                    layers::dropout_traced(pooled, self.dropout_p(), train, || "dropout".into());
-                let logits = layers::apply_traced(&d, classifier, || "classifier".into(), "Linear");
+                    tchtrain_nn::dropout_traced(&self.ctx, pooled, self.dropout_p(), train, || {
+                        "dropout".into()
+                    });
+                let logits = classifier.forward(&d);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
@@ -1111,8 +1086,10 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let d = layers::dropout_traced(&h, self.dropout_p(), train, || "dropout".into());
-                let logits = layers::apply_traced(&d, classifier, || "classifier".into(), "Linear");
+                let d = tchtrain_nn::dropout_traced(&self.ctx, &h, self.dropout_p(), train, || {
+                    "dropout".into()
+                });
+                let logits = classifier.forward(&d);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_token_classification(
                         &logits, l, num_labels, None,
@@ -1122,12 +1099,12 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {
-                let logits = layers::apply_traced(&h, qa_outputs, || "qa_outputs".into(), "Linear");
+                let logits = qa_outputs.forward(&h);
                 let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

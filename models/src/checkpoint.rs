@@ -185,10 +185,11 @@ unsafe extern "C" fn drop_layer(layer: *mut c_void) {
 /// gradients back through `x`; a frozen input would cut the layer's parameters off).
 pub(crate) fn checkpoint_layer(
     x: &Tensor,
+    ctx: &tchtrain_nn::Context,
     options: &ActivationCheckpointing,
     f: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
 ) -> Result<Tensor> {
-    checkpoint_layer_with(x, None, options, move |x, _| f(x))
+    checkpoint_layer_with(x, None, ctx, options, move |x, _| f(x))
 }
 
 /// [`checkpoint_layer`] with a second tensor input (DeBERTa's relative embeddings, made from
@@ -198,27 +199,24 @@ pub(crate) fn checkpoint_layer(
 pub(crate) fn checkpoint_layer_with(
     x: &Tensor,
     extra: Option<&Tensor>,
+    ctx: &tchtrain_nn::Context,
     options: &ActivationCheckpointing,
     f: impl Fn(&Tensor, Option<&Tensor>) -> Result<Tensor> + Send + 'static,
 ) -> Result<Tensor> {
     if !x.requires_grad() {
         return f(x, extra);
     }
-    // The recompute computes the linear maps in the form this forward uses, applies this
-    // forward's LoRA adapters, and reports to the underflow / overflow tracer of this
-    // forward, whichever thread runs it.
-    let releases = crate::layer_hooks::releases_parameters();
-    let tracer = crate::debug_utils::current();
-    let adapters = crate::peft::current_adapters();
+    // The recompute computes the linear maps in the form this forward uses and reports to
+    // the underflow / overflow tracer of this forward (the layers' LoRA slots keep this
+    // forward's adapters).
+    let ctx = ctx.clone();
+    let releases = ctx.releases_parameters();
+    let tracer = ctx.tracer();
     let f = move |x: &Tensor, e: Option<&Tensor>| {
-        let run = || crate::layer_hooks::with_releases(releases, || f(x, e));
-        let traced = || match &tracer {
-            Some(t) => crate::debug_utils::with_debug_underflow_overflow(t, run),
+        let run = || ctx.with_releases(releases, || f(x, e));
+        match &tracer {
+            Some(t) => ctx.with_tracer(t, run),
             None => run(),
-        };
-        match &adapters {
-            Some(a) => crate::peft::with_adapters(std::sync::Arc::clone(a), traced),
-            None => traced(),
         }
     };
     let layer: *mut LayerClosure = Box::into_raw(Box::new(Box::new(f) as LayerClosure));
@@ -262,7 +260,7 @@ mod tests {
         let options = ActivationCheckpointing::default();
         // An error in the forward, then a panic: their text comes back (auto_find_batch_size
         // reads out-of-memory errors from it).
-        let err = checkpoint_layer(&input(), &options, |_| {
+        let err = checkpoint_layer(&input(), &tchtrain_nn::Context::new(), &options, |_| {
             Err(Error::InvalidArgument {
                 field: "layer",
                 detail: OOM.into(),
@@ -270,9 +268,12 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains(OOM), "{err}");
-        let err = checkpoint_layer(&input(), &options, |_| -> Result<Tensor> {
-            panic!("CUDA out of memory. Tried to allocate 2 GiB")
-        })
+        let err = checkpoint_layer(
+            &input(),
+            &tchtrain_nn::Context::new(),
+            &options,
+            |_| -> Result<Tensor> { panic!("CUDA out of memory. Tried to allocate 2 GiB") },
+        )
         .unwrap_err();
         assert!(err.to_string().contains(" out of memory."), "{err}");
         // A recompute that fails in the backward: the backward fails with its message, and
@@ -280,7 +281,7 @@ mod tests {
         let calls = std::sync::Arc::new(AtomicUsize::new(0));
         let seen = std::sync::Arc::clone(&calls);
         let x = input();
-        let y = checkpoint_layer(&x, &options, move |x| {
+        let y = checkpoint_layer(&x, &tchtrain_nn::Context::new(), &options, move |x| {
             if seen.fetch_add(1, Ordering::SeqCst) == 1 {
                 return Err(Error::InvalidArgument {
                     field: "layer",

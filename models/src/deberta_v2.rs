@@ -28,14 +28,14 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer_with};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `DebertaV2Config` with its defaults (DeBERTa-v2 xlarge), and the keys v3's
 /// `config.json` adds that upstream reads with `getattr` (`position_buckets`,
@@ -329,17 +329,18 @@ fn relative_positions(seq: i64, buckets: i64, max_position: i64, device: Device)
 
 #[derive(Debug)]
 struct Layer {
-    query_proj: layers::LayerLinear,
-    key_proj: layers::LayerLinear,
-    value_proj: layers::LayerLinear,
+    ctx: Context,
+    query_proj: Linear,
+    key_proj: Linear,
+    value_proj: Linear,
     /// Without `share_att_key`: the relative embeddings' own projections.
-    pos_key_proj: Option<layers::LayerLinear>,
-    pos_query_proj: Option<layers::LayerLinear>,
-    attn_out: layers::LayerLinear,
-    attn_ln: nn::LayerNorm,
-    intermediate: layers::LayerLinear,
-    output: layers::LayerLinear,
-    output_ln: nn::LayerNorm,
+    pos_key_proj: Option<Linear>,
+    pos_query_proj: Option<Linear>,
+    attn_out: Linear,
+    attn_ln: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    output_ln: LayerNorm,
     /// `deberta.encoder.layer.{i}`, as the underflow / overflow tracer names it.
     name: String,
 }
@@ -379,7 +380,7 @@ impl Layer {
     /// Upstream `DebertaV2Layer.forward`: disentangled self-attention, then the
     /// feed-forward block, each followed by dropout, the residual and a LayerNorm.
     fn forward(&self, h: &Tensor, rel_embeddings: Option<&Tensor>, x: &LayerInputs) -> Tensor {
-        use layers::{apply_traced, dropout_traced};
+        use tchtrain_nn::dropout_traced;
         let LayerInputs {
             batch,
             seq,
@@ -398,24 +399,9 @@ impl Layer {
                 .contiguous()
                 .view([-1, l, d])
         };
-        let q = for_scores(padded(apply_traced(
-            h,
-            &self.query_proj,
-            || n("attention.self.query_proj"),
-            "Linear",
-        )));
-        let k = for_scores(padded(apply_traced(
-            h,
-            &self.key_proj,
-            || n("attention.self.key_proj"),
-            "Linear",
-        )));
-        let v = for_scores(padded(apply_traced(
-            h,
-            &self.value_proj,
-            || n("attention.self.value_proj"),
-            "Linear",
-        )));
+        let q = for_scores(padded(self.query_proj.forward(h)));
+        let k = for_scores(padded(self.key_proj.forward(h)));
+        let v = for_scores(padded(self.value_proj.forward(h)));
         let scale_factor = 1 + i64::from(x.c2p) + i64::from(x.p2c);
         // `torch.sqrt(torch.tensor(d, dtype=float) * scale_factor)`
         let scale = (Tensor::scalar_tensor(d as f64, (Kind::Float, h.device())) * scale_factor)
@@ -424,27 +410,22 @@ impl Layer {
         let mut scores = q.bmm(&(k.transpose(-1, -2) / &scale));
         if let (Some(rel_embeddings), Some(rel_pos)) = (rel_embeddings, &x.rel_pos) {
             let span = x.span;
-            let re = dropout_traced(rel_embeddings, x.hidden_p, x.train, || {
+            let re = dropout_traced(&self.ctx, rel_embeddings, x.hidden_p, x.train, || {
                 n("attention.self.pos_dropout")
             });
             let re = re.narrow(0, 0, 2 * span).unsqueeze(0);
             // Upstream calls the projection module on the relative embeddings (so LoRA
             // adapters and the tracer see this call too).
-            let project = |proj: &layers::LayerLinear, name: &str| {
-                let y = layers::apply_traced(
-                    &re,
-                    proj,
-                    || n(&format!("attention.self.{name}")),
-                    "Linear",
-                );
+            let project = |proj: &Linear| {
+                let y = proj.forward(&re);
                 for_scores(y).repeat([batch, 1, 1])
             };
             let bh = batch * heads;
             let mut score: Option<Tensor> = None;
             if x.c2p {
                 let pos_key = match &self.pos_key_proj {
-                    Some(own) => project(own, "pos_key_proj"),
-                    None => project(&self.key_proj, "key_proj"),
+                    Some(own) => project(own),
+                    None => project(&self.key_proj),
                 };
                 let c2p = q.bmm(&pos_key.transpose(-1, -2));
                 let index = (rel_pos + span)
@@ -455,8 +436,8 @@ impl Layer {
             }
             if x.p2c {
                 let pos_query = match &self.pos_query_proj {
-                    Some(own) => project(own, "pos_query_proj"),
-                    None => project(&self.query_proj, "query_proj"),
+                    Some(own) => project(own),
+                    None => project(&self.query_proj),
                 };
                 let index = (-rel_pos + span)
                     .clamp(0, 2 * span - 1)
@@ -482,7 +463,9 @@ impl Layer {
             .view([-1, heads, seq, seq])
             .masked_fill(&x.mask.logical_not(), lowest);
         let probs = scores.softmax(-1, None::<Kind>);
-        let probs = dropout_traced(&probs, x.attn_p, x.train, || n("attention.self.dropout"));
+        let probs = dropout_traced(&self.ctx, &probs, x.attn_p, x.train, || {
+            n("attention.self.dropout")
+        });
         let ctx = probs
             .view([-1, seq, seq])
             .bmm(&v)
@@ -491,35 +474,22 @@ impl Layer {
             .contiguous()
             .view([batch, seq, x.hidden_size]);
         let ctx = padding_free::unpadded(unpadded, ctx);
-        let o = apply_traced(
-            &ctx,
-            &self.attn_out,
-            || n("attention.output.dense"),
-            "Linear",
-        );
-        let o = padding_free::dropout_traced(unpadded, &o, x.hidden_p, x.train, || {
+        let o = self.attn_out.forward(&ctx);
+        let o = padding_free::dropout_traced(&self.ctx, unpadded, &o, x.hidden_p, x.train, || {
             n("attention.output.dropout")
         });
-        let a = apply_traced(
-            &(o + h),
-            &self.attn_ln,
-            || n("attention.output.LayerNorm"),
-            "LayerNorm",
-        );
-        let i = apply_traced(&a, &self.intermediate, || n("intermediate.dense"), "Linear");
+        let a = self.attn_ln.forward(&(o + h));
+        let i = self.intermediate.forward(&a);
         let i = x
             .act
-            .apply_traced(&i, || n("intermediate.intermediate_act_fn"));
-        let m = apply_traced(&i, &self.output, || n("output.dense"), "Linear");
-        let m =
-            padding_free::dropout_traced(unpadded, &m, x.hidden_p, x.train, || n("output.dropout"));
-        let out = apply_traced(
-            &(m + &a),
-            &self.output_ln,
-            || n("output.LayerNorm"),
-            "LayerNorm",
-        );
-        crate::debug_utils::leaf(|| self.name.clone(), "DebertaV2Layer", &[], h, &out);
+            .apply_traced(&self.ctx, &i, || n("intermediate.intermediate_act_fn"));
+        let m = self.output.forward(&i);
+        let m = padding_free::dropout_traced(&self.ctx, unpadded, &m, x.hidden_p, x.train, || {
+            n("output.dropout")
+        });
+        let out = self.output_ln.forward(&(m + &a));
+        self.ctx
+            .leaf(|| self.name.clone(), "DebertaV2Layer", &[], h, &out);
         out
     }
 }
@@ -527,15 +497,16 @@ impl Layer {
 /// Upstream `DebertaV2Model`: embeddings and the encoder.
 #[derive(Debug)]
 pub struct DebertaV2Model {
+    ctx: Context,
     /// Where it sits in its model (`deberta`; empty for `DebertaV2Model` itself).
     prefix: String,
-    word_embeddings: nn::Embedding,
-    position_embeddings: Option<nn::Embedding>,
-    token_type_embeddings: Option<nn::Embedding>,
-    embeddings_ln: nn::LayerNorm,
+    word_embeddings: Embedding,
+    position_embeddings: Option<Embedding>,
+    token_type_embeddings: Option<Embedding>,
+    embeddings_ln: LayerNorm,
     layers: Vec<Arc<Shared<Layer>>>,
-    rel_embeddings: Option<nn::Embedding>,
-    rel_ln: Option<nn::LayerNorm>,
+    rel_embeddings: Option<Embedding>,
+    rel_ln: Option<LayerNorm>,
     act: Activation,
     config: DebertaV2Config,
     /// Upstream's `gradient_checkpointing` on the layers.
@@ -544,7 +515,7 @@ pub struct DebertaV2Model {
 
 impl DebertaV2Model {
     /// Creates the variables under `p` (upstream prefix `deberta`, or the root).
-    pub fn new(p: nn::Path<'_>, config: &DebertaV2Config) -> Result<Self> {
+    pub fn new(p: tchtrain_nn::Path<'_>, config: &DebertaV2Config) -> Result<Self> {
         config.validate()?;
         let (d, std, eps) = (
             config.hidden_size,
@@ -552,7 +523,7 @@ impl DebertaV2Model {
             config.layer_norm_eps,
         );
         let e = &p / "embeddings";
-        let word_embeddings = layers::embedding_with_padding(
+        let word_embeddings = Embedding::with_padding(
             &e / "word_embeddings",
             config.vocab_size,
             d,
@@ -560,17 +531,16 @@ impl DebertaV2Model {
             config.pad_token_id,
         );
         let position_embeddings = config.position_biased_input.then(|| {
-            layers::embedding(
+            Embedding::new(
                 &e / "position_embeddings",
                 config.max_position_embeddings,
                 d,
                 std,
             )
         });
-        let token_type_embeddings = (config.type_vocab_size > 0).then(|| {
-            layers::embedding(&e / "token_type_embeddings", config.type_vocab_size, d, std)
-        });
-        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, eps);
+        let token_type_embeddings = (config.type_vocab_size > 0)
+            .then(|| Embedding::new(&e / "token_type_embeddings", config.type_vocab_size, d, std));
+        let embeddings_ln = LayerNorm::new(&e / "LayerNorm", d, eps);
         let types = config.pos_att_type()?;
         let own_pos = config.relative_attention && !config.share_att_key.unwrap_or(false);
         let layers = (0..config.num_hidden_layers)
@@ -579,7 +549,7 @@ impl DebertaV2Model {
                 let a = &l / "attention";
                 let s = &a / "self";
                 let linear =
-                    |p: nn::Path<'_>, i: i64, o: i64| layers::layer_linear(p, i, o, true, std);
+                    |p: tchtrain_nn::Path<'_>, i: i64, o: i64| Linear::in_layer(p, i, o, true, std);
                 let query_proj = linear(&s / "query_proj", d, d);
                 let key_proj = linear(&s / "key_proj", d, d);
                 let value_proj = linear(&s / "value_proj", d, d);
@@ -594,20 +564,21 @@ impl DebertaV2Model {
                     pos_key_proj,
                     pos_query_proj,
                     attn_out: linear(&a / "output" / "dense", d, d),
-                    attn_ln: layers::layer_norm(&a / "output" / "LayerNorm", d, eps),
+                    attn_ln: LayerNorm::new(&a / "output" / "LayerNorm", d, eps),
                     intermediate: linear(
                         &l / "intermediate" / "dense",
                         d,
                         config.intermediate_size,
                     ),
                     output: linear(&l / "output" / "dense", config.intermediate_size, d),
-                    output_ln: layers::layer_norm(&l / "output" / "LayerNorm", d, eps),
-                    name: l.components().collect::<Vec<_>>().join("."),
+                    output_ln: LayerNorm::new(&l / "output" / "LayerNorm", d, eps),
+                    name: l.name(),
+                    ctx: l.ctx().clone(),
                 }))
             })
             .collect();
         let rel_embeddings = config.relative_attention.then(|| {
-            layers::embedding(
+            Embedding::new(
                 &p / "encoder" / "rel_embeddings",
                 2 * config.att_span(),
                 d,
@@ -616,9 +587,10 @@ impl DebertaV2Model {
         });
         let rel_ln = config
             .norm_rel()
-            .then(|| layers::layer_norm(&p / "encoder" / "LayerNorm", d, eps));
+            .then(|| LayerNorm::new(&p / "encoder" / "LayerNorm", d, eps));
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
+            ctx: p.ctx().clone(),
             word_embeddings,
             position_embeddings,
             token_type_embeddings,
@@ -652,8 +624,7 @@ impl DebertaV2Model {
         train: bool,
         padding_free: bool,
     ) -> Result<Tensor> {
-        use crate::debug_utils::join;
-        use layers::apply_traced;
+        use tchtrain_nn::join;
         let c = &self.config;
         let ids = inputs.ids()?;
         let max_len = if c.position_biased_input {
@@ -665,52 +636,26 @@ impl DebertaV2Model {
         let device = self.word_embeddings.ws.device();
         let ids = ids.f_to_device(device)?;
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = crate::peft::adapt_embedding(
-            || n("embeddings.word_embeddings"),
-            &ids,
-            ids.apply(&self.word_embeddings),
-            c.pad_token_id,
-            c.vocab_size,
-            None,
-        );
-        let mut h = neftune_post_forward_hook(words, train)?;
-        crate::debug_utils::leaf(
-            || n("embeddings.word_embeddings"),
-            "Embedding",
-            &self.word_embeddings.params(),
-            &ids,
-            &h,
-        );
+        let words = self
+            .word_embeddings
+            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
+        let mut h = neftune_post_forward_hook(&self.ctx, words, train)?;
+        self.word_embeddings.report(&ids, &h);
         if let Some(pe) = &self.position_embeddings {
             let positions = match inputs.position_ids {
                 Some(p) => p.f_to_device(device)?,
                 None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
             };
-            h = h + apply_traced(
-                &positions,
-                pe,
-                || n("embeddings.position_embeddings"),
-                "Embedding",
-            );
+            h = h + pe.forward(&positions);
         }
         if let Some(te) = &self.token_type_embeddings {
             let types = match inputs.token_type_ids {
                 Some(t) => t.f_to_device(device)?,
                 None => Tensor::zeros([batch, seq], (Kind::Int64, device)),
             };
-            h = h + apply_traced(
-                &types,
-                te,
-                || n("embeddings.token_type_embeddings"),
-                "Embedding",
-            );
+            h = h + te.forward(&types);
         }
-        let h = apply_traced(
-            &h,
-            &self.embeddings_ln,
-            || n("embeddings.LayerNorm"),
-            "LayerNorm",
-        );
+        let h = self.embeddings_ln.forward(&h);
         // Without a mask upstream uses float ones.
         let mask = match inputs.attention_mask {
             Some(m) => m.f_to_device(device)?,
@@ -719,8 +664,16 @@ impl DebertaV2Model {
         let kind = h.kind();
         let h = h * mask.unsqueeze(2).to_kind(kind);
         let mut h =
-            layers::dropout_traced(&h, c.hidden_dropout_prob, train, || n("embeddings.dropout"));
-        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+            tchtrain_nn::dropout_traced(&self.ctx, &h, c.hidden_dropout_prob, train, || {
+                n("embeddings.dropout")
+            });
+        let unpadded = Unpadded::for_forward(
+            &self.ctx,
+            padding_free,
+            false,
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
@@ -729,7 +682,7 @@ impl DebertaV2Model {
         let mask = (&ext * ext.squeeze_dim(-2).unsqueeze(-1)).to_kind(Kind::Bool);
         // `get_rel_embedding()`, once per forward.
         let rel_embeddings = self.rel_embeddings.as_ref().map(|re| match &self.rel_ln {
-            Some(ln) => re.ws.apply(ln),
+            Some(ln) => ln.forward(&re.ws),
             None => re.ws.shallow_clone(),
         });
         let rel_pos = rel_embeddings
@@ -754,19 +707,26 @@ impl DebertaV2Model {
             unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer_with(&h, rel_embeddings.as_ref(), ac, move |h, re| {
-                        let out = l.forward(h, re, &x);
-                        crate::debug_utils::check()?;
-                        Ok(out)
-                    })?
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer_with(
+                        &h,
+                        rel_embeddings.as_ref(),
+                        &self.ctx,
+                        ac,
+                        move |h, re| {
+                            let out = l.forward(h, re, &x);
+                            ctx.check()?;
+                            Ok(out)
+                        },
+                    )?
                 }
                 _ => l.forward(&h, rel_embeddings.as_ref(), &x),
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
         Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
@@ -779,23 +739,23 @@ enum Head {
     /// `cls.predictions` (legacy) or `lm_predictions.lm_head`: dense, act, LayerNorm, the
     /// tied decoder with `bias`.
     MaskedLm {
-        dense: nn::Linear,
-        ln: nn::LayerNorm,
+        dense: Linear,
+        ln: LayerNorm,
         bias: Tensor,
         legacy: bool,
     },
     /// `pooler` (dropout, dense, act on the first token), dropout, `classifier`.
     SequenceClassification {
-        pooler: nn::Linear,
-        classifier: nn::Linear,
+        pooler: Linear,
+        classifier: Linear,
     },
     /// Dropout and `classifier` on every token.
     TokenClassification {
-        classifier: nn::Linear,
+        classifier: Linear,
     },
     /// `qa_outputs` on every token (no dropout): the start and end logits.
     QuestionAnswering {
-        qa_outputs: nn::Linear,
+        qa_outputs: Linear,
     },
 }
 
@@ -803,6 +763,7 @@ enum Head {
 #[derive(Debug)]
 pub struct DebertaV2<const KIND: u8> {
     vs: nn::VarStore,
+    ctx: Context,
     deberta: DebertaV2Model,
     head: Head,
     config: DebertaV2Config,
@@ -839,8 +800,14 @@ impl<const KIND: u8> DebertaV2<KIND> {
 
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DebertaV2Config, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &DebertaV2Config, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let body = if KIND == BASE {
             root.clone()
         } else {
@@ -871,36 +838,37 @@ impl<const KIND: u8> DebertaV2<KIND> {
                     (t, transform)
                 };
                 // The head's own `bias` is listed before its children's parameters.
-                let bias = crate::initialization::var(
+                let bias = tchtrain_nn::initialization::var(
                     &t,
                     "bias",
                     &[config.vocab_size],
                     nn::Init::Const(0.0),
                 );
                 Head::MaskedLm {
-                    dense: layers::linear(&transform / "dense", d, d, true, std),
-                    ln: layers::layer_norm(&transform / "LayerNorm", d, config.layer_norm_eps),
+                    dense: Linear::new(&transform / "dense", d, d, true, std),
+                    ln: LayerNorm::new(&transform / "LayerNorm", d, config.layer_norm_eps),
                     bias,
                     legacy: config.legacy,
                 }
             }
             SEQ_CLS => Head::SequenceClassification {
-                pooler: layers::linear(&root / "pooler" / "dense", d, d, true, std),
-                classifier: layers::linear(&root / "classifier", d, n, true, std),
+                pooler: Linear::new(&root / "pooler" / "dense", d, d, true, std),
+                classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
             TOK_CLS => Head::TokenClassification {
-                classifier: layers::linear(&root / "classifier", d, n, true, std),
+                classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
             QA => {
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
-                    qa_outputs: layers::linear(&root / "qa_outputs", d, n, true, std),
+                    qa_outputs: Linear::new(&root / "qa_outputs", d, n, true, std),
                 }
             }
             _ => Head::None,
         };
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             deberta,
             head,
             config: config.clone(),
@@ -924,8 +892,8 @@ impl<const KIND: u8> DebertaV2<KIND> {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        let mut loaded = loading::from_pretrained_with(dir, "deberta", &[], options, || {
-            Self::new(&config, device)
+        let mut loaded = loading::from_pretrained_with(dir, "deberta", &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })?;
         loaded
             .info
@@ -1043,7 +1011,7 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
         }
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        use layers::{apply_traced, dropout_traced};
+        use tchtrain_nn::dropout_traced;
         let train = self.training;
         let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
         let h = self.deberta.forward_with(inputs, train, padding_free)?;
@@ -1057,12 +1025,12 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
                 bias,
                 legacy,
             } => {
-                let t = h.apply(dense);
+                let t = dense.forward(&h);
                 let t = self
                     .deberta
                     .act
-                    .apply_traced(&t, || "transform_act_fn".into());
-                let t = t.apply(ln);
+                    .apply_traced(&self.ctx, &t, || "transform_act_fn".into());
+                let t = ln.forward(&t);
                 let weight = self.deberta.word_embeddings();
                 let logits = if *legacy {
                     t.linear(weight, Some(bias))
@@ -1083,14 +1051,15 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
             }
             Head::SequenceClassification { pooler, classifier } => {
                 let first = h.select(1, 0);
-                let first =
-                    dropout_traced(&first, c.pooler_dropout, train, || "pooler.dropout".into());
-                let pooled = apply_traced(&first, pooler, || "pooler.dense".into(), "Linear");
+                let first = dropout_traced(&self.ctx, &first, c.pooler_dropout, train, || {
+                    "pooler.dropout".into()
+                });
+                let pooled = pooler.forward(&first);
                 let pooled = Activation::parse(&c.pooler_hidden_act, "pooler_hidden_act")?
-                    .apply_traced(&pooled, || "pooler.activation".into());
+                    .apply_traced(&self.ctx, &pooled, || "pooler.activation".into());
                 let p = c.cls_dropout.unwrap_or(c.hidden_dropout_prob);
-                let pooled = dropout_traced(&pooled, p, train, || "dropout".into());
-                let logits = apply_traced(&pooled, classifier, || "classifier".into(), "Linear");
+                let pooled = dropout_traced(&self.ctx, &pooled, p, train, || "dropout".into());
+                let logits = classifier.forward(&pooled);
                 let loss = match inputs.labels {
                     Some(l) => Some(sequence_classification_loss(&logits, l, c)?),
                     None => None,
@@ -1098,8 +1067,10 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let t = dropout_traced(&h, c.hidden_dropout_prob, train, || "dropout".into());
-                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let t = dropout_traced(&self.ctx, &h, c.hidden_dropout_prob, train, || {
+                    "dropout".into()
+                });
+                let logits = classifier.forward(&t);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_token_classification(
                         &logits, l, num_labels, None,
@@ -1109,12 +1080,12 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {
-                let logits = apply_traced(&h, qa_outputs, || "qa_outputs".into(), "Linear");
+                let logits = qa_outputs.forward(&h);
                 let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

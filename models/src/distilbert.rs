@@ -20,14 +20,14 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `DistilBertConfig` with its defaults (DistilBERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,14 +140,15 @@ impl DistilBertConfig {
 
 #[derive(Debug)]
 struct Layer {
-    q_lin: layers::LayerLinear,
-    k_lin: layers::LayerLinear,
-    v_lin: layers::LayerLinear,
-    out_lin: layers::LayerLinear,
-    sa_layer_norm: nn::LayerNorm,
-    lin1: layers::LayerLinear,
-    lin2: layers::LayerLinear,
-    output_layer_norm: nn::LayerNorm,
+    ctx: Context,
+    q_lin: Linear,
+    k_lin: Linear,
+    v_lin: Linear,
+    out_lin: Linear,
+    sa_layer_norm: LayerNorm,
+    lin1: Linear,
+    lin2: Linear,
+    output_layer_norm: LayerNorm,
     /// `distilbert.transformer.layer.{i}`, as the underflow / overflow tracer names it.
     name: String,
 }
@@ -180,8 +181,6 @@ impl Layer {
     /// Upstream `TransformerBlock.forward`: `sa_layer_norm(attention + h)`, then
     /// `output_layer_norm(ffn + that)`.
     fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
-        use crate::debug_utils::leaf;
-        use layers::apply_traced;
         let LayerInputs {
             batch,
             seq,
@@ -196,9 +195,9 @@ impl Layer {
                 .view([batch, seq, heads, head_dim])
                 .transpose(1, 2)
         };
-        let q = apply_traced(h, &self.q_lin, || n("attention.q_lin"), "Linear");
-        let k = apply_traced(h, &self.k_lin, || n("attention.k_lin"), "Linear");
-        let v = apply_traced(h, &self.v_lin, || n("attention.v_lin"), "Linear");
+        let q = self.q_lin.forward(h);
+        let k = self.k_lin.forward(h);
+        let v = self.v_lin.forward(h);
         let a = attention::sdpa(
             &to_heads(q),
             &to_heads(k),
@@ -211,24 +210,17 @@ impl Layer {
             unpadded,
             a.transpose(1, 2).reshape([batch, seq, heads * head_dim]),
         );
-        let a = apply_traced(&a, &self.out_lin, || n("attention.out_lin"), "Linear");
-        let a = apply_traced(
-            &(a + h),
-            &self.sa_layer_norm,
-            || n("sa_layer_norm"),
-            "LayerNorm",
-        );
-        let f = apply_traced(&a, &self.lin1, || n("ffn.lin1"), "Linear");
-        let f = x.act.apply_traced(&f, || n("ffn.activation"));
-        let f = apply_traced(&f, &self.lin2, || n("ffn.lin2"), "Linear");
-        let f = padding_free::dropout_traced(unpadded, &f, x.dropout, x.train, || n("ffn.dropout"));
-        let out = apply_traced(
-            &(f + &a),
-            &self.output_layer_norm,
-            || n("output_layer_norm"),
-            "LayerNorm",
-        );
-        leaf(|| self.name.clone(), "TransformerBlock", &[], h, &out);
+        let a = self.out_lin.forward(&a);
+        let a = self.sa_layer_norm.forward(&(a + h));
+        let f = self.lin1.forward(&a);
+        let f = x.act.apply_traced(&self.ctx, &f, || n("ffn.activation"));
+        let f = self.lin2.forward(&f);
+        let f = padding_free::dropout_traced(&self.ctx, unpadded, &f, x.dropout, x.train, || {
+            n("ffn.dropout")
+        });
+        let out = self.output_layer_norm.forward(&(f + &a));
+        self.ctx
+            .leaf(|| self.name.clone(), "TransformerBlock", &[], h, &out);
         out
     }
 }
@@ -236,11 +228,12 @@ impl Layer {
 /// Upstream `DistilBertModel`: embeddings and the transformer.
 #[derive(Debug)]
 pub struct DistilBertModel {
+    ctx: Context,
     /// Where it sits in its model (`distilbert`; empty for `DistilBertModel` itself).
     prefix: String,
-    word_embeddings: nn::Embedding,
-    position_embeddings: nn::Embedding,
-    embeddings_ln: nn::LayerNorm,
+    word_embeddings: Embedding,
+    position_embeddings: Embedding,
+    embeddings_ln: LayerNorm,
     layers: Vec<Arc<Shared<Layer>>>,
     act: Activation,
     config: DistilBertConfig,
@@ -250,45 +243,47 @@ pub struct DistilBertModel {
 
 impl DistilBertModel {
     /// Creates the variables under `p` (upstream prefix `distilbert`, or the root).
-    pub fn new(p: nn::Path<'_>, config: &DistilBertConfig) -> Result<Self> {
+    pub fn new(p: tchtrain_nn::Path<'_>, config: &DistilBertConfig) -> Result<Self> {
         config.validate()?;
         let (d, std) = (config.dim, config.initializer_range);
         let e = &p / "embeddings";
-        let word_embeddings = layers::embedding_with_padding(
+        let word_embeddings = Embedding::with_padding(
             &e / "word_embeddings",
             config.vocab_size,
             d,
             std,
             config.pad_token_id,
         );
-        let position_embeddings = layers::embedding(
+        let position_embeddings = Embedding::new(
             &e / "position_embeddings",
             config.max_position_embeddings,
             d,
             std,
         );
-        let embeddings_ln = layers::layer_norm(&e / "LayerNorm", d, EPS);
+        let embeddings_ln = LayerNorm::new(&e / "LayerNorm", d, EPS);
         let layers = (0..config.n_layers)
             .map(|i| {
                 let l = &p / "transformer" / "layer" / i;
                 let a = &l / "attention";
                 let linear =
-                    |p: nn::Path<'_>, i: i64, o: i64| layers::layer_linear(p, i, o, true, std);
+                    |p: tchtrain_nn::Path<'_>, i: i64, o: i64| Linear::in_layer(p, i, o, true, std);
                 Arc::new(Shared(Layer {
                     q_lin: linear(&a / "q_lin", d, d),
                     k_lin: linear(&a / "k_lin", d, d),
                     v_lin: linear(&a / "v_lin", d, d),
                     out_lin: linear(&a / "out_lin", d, d),
-                    sa_layer_norm: layers::layer_norm(&l / "sa_layer_norm", d, EPS),
+                    sa_layer_norm: LayerNorm::new(&l / "sa_layer_norm", d, EPS),
                     lin1: linear(&l / "ffn" / "lin1", d, config.hidden_dim),
                     lin2: linear(&l / "ffn" / "lin2", config.hidden_dim, d),
-                    output_layer_norm: layers::layer_norm(&l / "output_layer_norm", d, EPS),
-                    name: l.components().collect::<Vec<_>>().join("."),
+                    output_layer_norm: LayerNorm::new(&l / "output_layer_norm", d, EPS),
+                    name: l.name(),
+                    ctx: l.ctx().clone(),
                 }))
             })
             .collect();
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
+            ctx: p.ctx().clone(),
             word_embeddings,
             position_embeddings,
             embeddings_ln,
@@ -319,8 +314,7 @@ impl DistilBertModel {
         train: bool,
         padding_free: bool,
     ) -> Result<Tensor> {
-        use crate::debug_utils::join;
-        use layers::apply_traced;
+        use tchtrain_nn::join;
         let c = &self.config;
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
@@ -331,36 +325,23 @@ impl DistilBertModel {
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = crate::peft::adapt_embedding(
-            || n("embeddings.word_embeddings"),
-            &ids,
-            ids.apply(&self.word_embeddings),
-            c.pad_token_id,
-            c.vocab_size,
-            None,
-        );
-        let words = neftune_post_forward_hook(words, train)?;
-        crate::debug_utils::leaf(
-            || n("embeddings.word_embeddings"),
-            "Embedding",
-            &self.word_embeddings.params(),
-            &ids,
-            &words,
-        );
-        let position = apply_traced(
-            &positions,
-            &self.position_embeddings,
-            || n("embeddings.position_embeddings"),
-            "Embedding",
-        );
-        let h = apply_traced(
-            &(words + position),
-            &self.embeddings_ln,
-            || n("embeddings.LayerNorm"),
-            "LayerNorm",
-        );
-        let mut h = layers::dropout_traced(&h, c.dropout, train, || n("embeddings.dropout"));
-        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+        let words = self
+            .word_embeddings
+            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
+        let words = neftune_post_forward_hook(&self.ctx, words, train)?;
+        self.word_embeddings.report(&ids, &words);
+        let position = self.position_embeddings.forward(&positions);
+        let h = self.embeddings_ln.forward(&(words + position));
+        let mut h = tchtrain_nn::dropout_traced(&self.ctx, &h, c.dropout, train, || {
+            n("embeddings.dropout")
+        });
+        let unpadded = Unpadded::for_forward(
+            &self.ctx,
+            padding_free,
+            false,
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
@@ -377,19 +358,20 @@ impl DistilBertModel {
             unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| {
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
                         let out = l.forward(h, &x);
-                        crate::debug_utils::check()?;
+                        ctx.check()?;
                         Ok(out)
                     })?
                 }
                 _ => l.forward(&h, &x),
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
         if let Some(u) = &x.unpadded {
             h = u.scatter(&h);
@@ -405,22 +387,22 @@ enum Head {
     /// `vocab_transform`, the activation, `vocab_layer_norm`, `vocab_projector` (weight tied
     /// to the word embeddings, its own bias).
     MaskedLm {
-        vocab_transform: nn::Linear,
-        vocab_layer_norm: nn::LayerNorm,
+        vocab_transform: Linear,
+        vocab_layer_norm: LayerNorm,
         projector_bias: Tensor,
     },
     /// `pre_classifier`, ReLU, dropout, `classifier` on the first token.
     SequenceClassification {
-        pre_classifier: nn::Linear,
-        classifier: nn::Linear,
+        pre_classifier: Linear,
+        classifier: Linear,
     },
     /// Dropout and `classifier` on every token.
     TokenClassification {
-        classifier: nn::Linear,
+        classifier: Linear,
     },
     /// Dropout (`qa_dropout`) and `qa_outputs` on every token: the start and end logits.
     QuestionAnswering {
-        qa_outputs: nn::Linear,
+        qa_outputs: Linear,
     },
 }
 
@@ -428,6 +410,7 @@ enum Head {
 #[derive(Debug)]
 pub struct DistilBert<const KIND: u8> {
     vs: nn::VarStore,
+    ctx: Context,
     distilbert: DistilBertModel,
     head: Head,
     config: DistilBertConfig,
@@ -464,8 +447,14 @@ impl<const KIND: u8> DistilBert<KIND> {
 
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DistilBertConfig, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &DistilBertConfig, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let body = if KIND == BASE {
             root.clone()
         } else {
@@ -486,9 +475,9 @@ impl<const KIND: u8> DistilBert<KIND> {
                         fix: "only the tied vocab_projector is implemented; set tie_word_embeddings to true",
                     });
                 }
-                let vocab_transform = layers::linear(&root / "vocab_transform", d, d, true, std);
-                let vocab_layer_norm = layers::layer_norm(&root / "vocab_layer_norm", d, EPS);
-                let projector_bias = crate::initialization::var(
+                let vocab_transform = Linear::new(&root / "vocab_transform", d, d, true, std);
+                let vocab_layer_norm = LayerNorm::new(&root / "vocab_layer_norm", d, EPS);
+                let projector_bias = tchtrain_nn::initialization::var(
                     &(&root / "vocab_projector"),
                     "bias",
                     &[config.vocab_size],
@@ -501,23 +490,24 @@ impl<const KIND: u8> DistilBert<KIND> {
                 }
             }
             SEQ_CLS => Head::SequenceClassification {
-                pre_classifier: layers::linear(&root / "pre_classifier", d, d, true, std),
-                classifier: layers::linear(&root / "classifier", d, n, true, std),
+                pre_classifier: Linear::new(&root / "pre_classifier", d, d, true, std),
+                classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
             TOK_CLS => Head::TokenClassification {
-                classifier: layers::linear(&root / "classifier", d, n, true, std),
+                classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
             QA => {
                 // Upstream raises after building `qa_outputs` with `num_labels` outputs.
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
-                    qa_outputs: layers::linear(&root / "qa_outputs", d, n, true, std),
+                    qa_outputs: Linear::new(&root / "qa_outputs", d, n, true, std),
                 }
             }
             _ => Head::None,
         };
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             distilbert,
             head,
             config: config.clone(),
@@ -538,8 +528,8 @@ impl<const KIND: u8> DistilBert<KIND> {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "distilbert", &[], options, || {
-            Self::new(&config, device)
+        loading::from_pretrained_with(dir, "distilbert", &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })
     }
 }
@@ -601,7 +591,7 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
         }
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        use layers::{apply_traced, dropout_traced};
+        use tchtrain_nn::dropout_traced;
         let train = self.training;
         let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
         let h = self.distilbert.forward_with(inputs, train, padding_free)?;
@@ -614,24 +604,17 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
                 vocab_layer_norm,
                 projector_bias,
             } => {
-                let t = apply_traced(&h, vocab_transform, || "vocab_transform".into(), "Linear");
-                let t = self.distilbert.act.apply_traced(&t, || "activation".into());
-                let t = apply_traced(
-                    &t,
-                    vocab_layer_norm,
-                    || "vocab_layer_norm".into(),
-                    "LayerNorm",
-                );
+                let t = vocab_transform.forward(&h);
+                let t = self
+                    .distilbert
+                    .act
+                    .apply_traced(&self.ctx, &t, || "activation".into());
+                let t = vocab_layer_norm.forward(&t);
                 let weight = self.distilbert.word_embeddings();
                 let logits = t.linear(weight, Some(projector_bias));
                 let decoder = [("weight", weight), ("bias", projector_bias)];
-                crate::debug_utils::leaf(
-                    || "vocab_projector".into(),
-                    "Linear",
-                    &decoder,
-                    &t,
-                    &logits,
-                );
+                self.ctx
+                    .leaf(|| "vocab_projector".into(), "Linear", &decoder, &t, &logits);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
                         &logits,
@@ -649,15 +632,11 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
                 classifier,
             } => {
                 let pooled = h.select(1, 0);
-                let t = apply_traced(
-                    &pooled,
-                    pre_classifier,
-                    || "pre_classifier".into(),
-                    "Linear",
-                )
-                .relu();
-                let t = dropout_traced(&t, c.seq_classif_dropout, train, || "dropout".into());
-                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let t = pre_classifier.forward(&pooled).relu();
+                let t = dropout_traced(&self.ctx, &t, c.seq_classif_dropout, train, || {
+                    "dropout".into()
+                });
+                let logits = classifier.forward(&t);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
@@ -671,8 +650,8 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let t = dropout_traced(&h, c.dropout, train, || "dropout".into());
-                let logits = apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let t = dropout_traced(&self.ctx, &h, c.dropout, train, || "dropout".into());
+                let logits = classifier.forward(&t);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_token_classification(
                         &logits, l, num_labels, None,
@@ -682,13 +661,13 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {
-                let t = dropout_traced(&h, c.qa_dropout, train, || "dropout".into());
-                let logits = apply_traced(&t, qa_outputs, || "qa_outputs".into(), "Linear");
+                let t = dropout_traced(&self.ctx, &h, c.qa_dropout, train, || "dropout".into());
+                let logits = qa_outputs.forward(&t);
                 let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

@@ -181,5 +181,21 @@ pub enum Error {
     Torch(#[from] tch::TchError),
 }
 
+impl From<tchtrain_nn::Error> for Error {
+    fn from(e: tchtrain_nn::Error) -> Self {
+        match e {
+            tchtrain_nn::Error::InvalidConfig { field, value, fix } => {
+                Self::InvalidConfig { field, value, fix }
+            }
+            tchtrain_nn::Error::InvalidArgument { field, detail } => {
+                Self::InvalidArgument { field, detail }
+            }
+            tchtrain_nn::Error::LayerHook { layer, detail } => Self::LayerHook { layer, detail },
+            tchtrain_nn::Error::DebugUnderflowOverflow(m) => Self::DebugUnderflowOverflow(m),
+            tchtrain_nn::Error::Torch(e) => Self::Torch(e),
+        }
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

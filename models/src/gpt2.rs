@@ -16,13 +16,13 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Conv1D, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-use crate::neftune::neftune_post_forward_hook;
 use crate::{Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Conv1D, Embedding, LayerNorm, Linear};
 
 /// Upstream `GPT2Config` with its defaults (GPT-2 small).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,10 +135,10 @@ impl GPT2Config {
 
 #[derive(Debug)]
 struct Block {
-    ln_1: nn::LayerNorm,
+    ln_1: LayerNorm,
     c_attn: Conv1D,
     c_proj: Conv1D,
-    ln_2: nn::LayerNorm,
+    ln_2: LayerNorm,
     c_fc: Conv1D,
     mlp_proj: Conv1D,
     scaling: f64,
@@ -146,6 +146,7 @@ struct Block {
     idx: usize,
     /// `transformer.h.{i}`, as the underflow / overflow tracer names it.
     name: String,
+    ctx: Context,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -157,14 +158,15 @@ unsafe impl ReadOnlyLayer for Block {}
 pub struct GPT2Model {
     /// Where it sits in its model (`transformer`; empty for a bare base model).
     prefix: String,
-    wte: nn::Embedding,
-    wpe: nn::Embedding,
+    wte: Embedding,
+    wpe: Embedding,
     h: Vec<Arc<Shared<Block>>>,
-    ln_f: nn::LayerNorm,
+    ln_f: LayerNorm,
     act: Activation,
     config: GPT2Config,
     /// Upstream's `gradient_checkpointing` on the blocks.
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
+    ctx: Context,
 }
 
 /// What a block's forward needs besides the hidden states (owned, so that a checkpointed
@@ -196,8 +198,7 @@ impl Block {
     /// Upstream `GPT2Block.forward`: attention and MLP, each behind a pre-LayerNorm and a
     /// residual connection.
     fn forward(&self, h: &Tensor, x: &BlockInputs) -> Result<Tensor> {
-        use crate::debug_utils::{Out, Var, hook};
-        use layers::{apply_traced, dropout_traced};
+        use tchtrain_nn::{Out, Var, dropout_traced};
         let BlockInputs {
             batch,
             seq,
@@ -207,9 +208,8 @@ impl Block {
             ..
         } = *x;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let normed = apply_traced(h, &self.ln_1, || n("ln_1"), "LayerNorm");
-        let qkv =
-            apply_traced(&normed, &self.c_attn, || n("attn.c_attn"), "Conv1D").split(n_embd, -1);
+        let normed = self.ln_1.forward(h);
+        let qkv = self.c_attn.forward(&normed).split(n_embd, -1);
         // Padding-free, the real tokens go back to the padded layout for attention.
         let to_heads = |t: &Tensor| {
             let t = match &x.unpadded {
@@ -221,10 +221,10 @@ impl Block {
         let dropout = |t: &Tensor, name: &str| match &x.unpadded {
             Some(u) => {
                 let y = u.dropout(t, x.resid_pdrop, x.train);
-                crate::debug_utils::leaf(|| n(name), "Dropout", &[], t, &y);
+                self.ctx.leaf(|| n(name), "Dropout", &[], t, &y);
                 y
             }
-            None => dropout_traced(t, x.resid_pdrop, x.train, || n(name)),
+            None => dropout_traced(&self.ctx, t, x.resid_pdrop, x.train, || n(name)),
         };
         let (k, v) = (to_heads(&qkv[1]), to_heads(&qkv[2]));
         let (k, v) = match &x.cache {
@@ -237,9 +237,9 @@ impl Block {
             Some(u) => u.gather(&a),
             None => a,
         };
-        let a = apply_traced(&a, &self.c_proj, || n("attn.c_proj"), "Conv1D");
+        let a = self.c_proj.forward(&a);
         let a = dropout(&a, "attn.resid_dropout");
-        hook(
+        self.ctx.hook(
             || n("attn"),
             "GPT2Attention",
             &[],
@@ -247,12 +247,12 @@ impl Block {
             Out::Tuple(&[Var::T(&a), Var::None]),
         );
         let h2 = a + h;
-        let normed = apply_traced(&h2, &self.ln_2, || n("ln_2"), "LayerNorm");
-        let f = apply_traced(&normed, &self.c_fc, || n("mlp.c_fc"), "Conv1D");
-        let f = x.act.apply_traced(&f, || n("mlp.act"));
-        let f = apply_traced(&f, &self.mlp_proj, || n("mlp.c_proj"), "Conv1D");
+        let normed = self.ln_2.forward(&h2);
+        let f = self.c_fc.forward(&normed);
+        let f = x.act.apply_traced(&self.ctx, &f, || n("mlp.act"));
+        let f = self.mlp_proj.forward(&f);
         let m = dropout(&f, "mlp.dropout");
-        crate::debug_utils::leaf(|| n("mlp"), "GPT2MLP", &[], &normed, &m);
+        self.ctx.leaf(|| n("mlp"), "GPT2MLP", &[], &normed, &m);
         let out = h2 + m;
         // Upstream's block gets (hidden_states, past_key_values, causal_mask,
         // encoder_hidden_states) positionally.
@@ -262,7 +262,7 @@ impl Block {
             Var::None
         };
         let mask = x.mask.tensor().map_or(Var::None, Var::T);
-        hook(
+        self.ctx.hook(
             || self.name.clone(),
             "GPT2Block",
             &[],
@@ -275,7 +275,7 @@ impl Block {
 
 impl GPT2Model {
     /// Creates the variables under `p` (upstream prefix `transformer`).
-    pub fn new(p: nn::Path<'_>, config: &GPT2Config) -> Result<Self> {
+    pub fn new(p: tchtrain_nn::Path<'_>, config: &GPT2Config) -> Result<Self> {
         config.validate()?;
         let std = config.initializer_range;
         let (d, inner) = (config.n_embd, config.n_inner.unwrap_or(4 * config.n_embd));
@@ -284,8 +284,8 @@ impl GPT2Model {
         let proj_std = std / (2.0 * config.n_layer as f64).sqrt();
         // Created in upstream's registration order (wte, wpe, h, ln_f): `model.parameters()`
         // follows it, and gradient clipping sums the per-parameter norms in that order.
-        let wte = layers::embedding(&p / "wte", config.vocab_size, d, std);
-        let wpe = layers::embedding(&p / "wpe", config.n_positions, d, std);
+        let wte = Embedding::new(&p / "wte", config.vocab_size, d, std);
+        let wpe = Embedding::new(&p / "wpe", config.n_positions, d, std);
         let h = (0..config.n_layer)
             .map(|i| {
                 let b = &p / "h" / i;
@@ -298,27 +298,29 @@ impl GPT2Model {
                     scaling /= (i + 1) as f64;
                 }
                 Arc::new(Shared(Block {
-                    ln_1: layers::layer_norm(&b / "ln_1", d, config.layer_norm_epsilon),
+                    ln_1: LayerNorm::new(&b / "ln_1", d, config.layer_norm_epsilon),
                     c_attn: Conv1D::new(&b / "attn" / "c_attn", 3 * d, d, std),
                     c_proj: Conv1D::new(&b / "attn" / "c_proj", d, d, proj_std),
-                    ln_2: layers::layer_norm(&b / "ln_2", d, config.layer_norm_epsilon),
+                    ln_2: LayerNorm::new(&b / "ln_2", d, config.layer_norm_epsilon),
                     c_fc: Conv1D::new(&b / "mlp" / "c_fc", inner, d, std),
                     mlp_proj: Conv1D::new(&b / "mlp" / "c_proj", d, inner, proj_std),
                     scaling,
                     idx: i as usize,
-                    name: b.components().collect::<Vec<_>>().join("."),
+                    name: b.name(),
+                    ctx: b.ctx().clone(),
                 }))
             })
             .collect();
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
             wte,
             wpe,
             h,
-            ln_f: layers::layer_norm(&p / "ln_f", d, config.layer_norm_epsilon),
+            ln_f: LayerNorm::new(&p / "ln_f", d, config.layer_norm_epsilon),
             act: Activation::parse(&config.activation_function, "activation_function")?,
             config: config.clone(),
             checkpointing: None,
+            ctx: p.ctx().clone(),
         })
     }
 
@@ -380,29 +382,23 @@ impl GPT2Model {
         };
         // NEFTune's hook sits on `wte`, so it also sees the token-type lookup (and the
         // underflow / overflow tracer, registered after it, sees the noisy output).
-        let n = |rest: &str| crate::debug_utils::join(&self.prefix, rest);
+        let n = |rest: &str| tchtrain_nn::join(&self.prefix, rest);
         let embed = |ids: &Tensor| -> Result<Tensor> {
-            let e = crate::peft::adapt_embedding(
-                || n("wte"),
-                ids,
-                ids.apply(&self.wte),
-                None,
-                self.config.vocab_size,
-                None,
-            );
-            let e = neftune_post_forward_hook(e, train)?;
-            crate::debug_utils::leaf(|| n("wte"), "Embedding", &self.wte.params(), ids, &e);
+            let e = self.wte.adapt(ids, self.wte.lookup(ids), None);
+            let e = neftune_post_forward_hook(&self.ctx, e, train)?;
+            self.wte.report(ids, &e);
             Ok(e)
         };
         let inputs_embeds = embed(&ids)?;
-        let position_embeds = layers::apply_traced(&positions, &self.wpe, || n("wpe"), "Embedding");
+        let position_embeds = self.wpe.forward(&positions);
         let mut h = inputs_embeds + position_embeds;
         if let Some(tt) = inputs.token_type_ids {
             h = h + embed(&tt.f_to_device(device)?)?;
         }
         let c = &self.config;
-        let mut h = layers::dropout_traced(&h, c.embd_pdrop, train, || n("drop"));
+        let mut h = tchtrain_nn::dropout_traced(&self.ctx, &h, c.embd_pdrop, train, || n("drop"));
         let unpadded = crate::padding_free::Unpadded::for_forward(
+            &self.ctx,
             padding_free,
             cache.is_some(),
             inputs.attention_mask,
@@ -445,29 +441,30 @@ impl GPT2Model {
                 .map(crate::padding_free::Unpadded::shallow_clone),
         }));
         for (i, b) in self.h.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (b, x) = (Arc::clone(b), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| {
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
                         let out = b.forward(h, &x)?;
-                        crate::debug_utils::check()?;
+                        ctx.check()?;
                         Ok(out)
                     })?
                 }
                 _ => b.forward(&h, &x)?,
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
-        let h = layers::apply_traced(&h, &self.ln_f, || n("ln_f"), "LayerNorm");
+        let h = self.ln_f.forward(&h);
         if !self.prefix.is_empty() {
             // Called positionally with `input_ids` by the heads.
-            crate::debug_utils::hook(
+            self.ctx.hook(
                 || self.prefix.clone(),
                 "GPT2Model",
                 &[],
-                &[crate::debug_utils::Var::T(&ids)],
-                crate::debug_utils::Out::One(crate::debug_utils::Var::NotTensor),
+                &[tchtrain_nn::Var::T(&ids)],
+                tchtrain_nn::Out::One(tchtrain_nn::Var::NotTensor),
             );
         }
         Ok((h, unpadded))
@@ -482,6 +479,7 @@ fn build_vs(device: Device) -> nn::VarStore {
 #[derive(Debug)]
 pub struct GPT2LMHeadModel {
     vs: nn::VarStore,
+    ctx: Context,
     transformer: GPT2Model,
     lm_head: Option<Tensor>,
     config: GPT2Config,
@@ -496,18 +494,26 @@ pub struct GPT2LMHeadModel {
 impl GPT2LMHeadModel {
     /// A freshly initialised model (upstream `GPT2LMHeadModel(config)`), seeded by tch's RNG.
     pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &GPT2Config, device: Device, ctx: &Context) -> Result<Self> {
         let vs = build_vs(device);
-        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
+        let transformer =
+            GPT2Model::new(tchtrain_nn::Path::root(&vs, ctx) / "transformer", config)?;
         let lm_head = (!config.tie_word_embeddings).then(|| {
-            crate::initialization::var(
-                &(vs.root() / "lm_head"),
+            tchtrain_nn::initialization::var(
+                &(tchtrain_nn::Path::root(&vs, ctx) / "lm_head"),
                 "weight",
                 &[config.vocab_size, config.n_embd],
-                layers::normal(config.initializer_range),
+                tchtrain_nn::initialization::normal(config.initializer_range),
             )
         });
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             transformer,
             lm_head,
             config: config.clone(),
@@ -525,8 +531,8 @@ impl GPT2LMHeadModel {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        let mut loaded = loading::from_pretrained_with(dir, "transformer", &[], options, || {
-            Self::new(&config, device)
+        let mut loaded = loading::from_pretrained_with(dir, "transformer", &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })?;
         loaded.model.generation_config =
             crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
@@ -598,7 +604,7 @@ impl TrainableModel for GPT2LMHeadModel {
         let kept = crate::modeling_utils::keep_last_positions(&h, inputs.logits_to_keep)?;
         let h_head = kept.as_ref().unwrap_or(&h);
         let logits = h_head.matmul(&weight.tr());
-        crate::debug_utils::leaf(
+        self.ctx.leaf(
             || "lm_head".into(),
             "Linear",
             &[("weight", weight)],
@@ -622,7 +628,7 @@ impl TrainableModel for GPT2LMHeadModel {
             )?),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),
@@ -637,8 +643,9 @@ impl TrainableModel for GPT2LMHeadModel {
 #[derive(Debug)]
 pub struct GPT2ForSequenceClassification {
     vs: nn::VarStore,
+    ctx: Context,
     transformer: GPT2Model,
-    score: nn::Linear,
+    score: Linear,
     config: GPT2Config,
     training: bool,
     /// Run the blocks and the head on the real tokens only (see
@@ -649,10 +656,17 @@ pub struct GPT2ForSequenceClassification {
 impl GPT2ForSequenceClassification {
     /// A freshly initialised model.
     pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &GPT2Config, device: Device, ctx: &Context) -> Result<Self> {
         let vs = build_vs(device);
-        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
-        let score = layers::linear(
-            vs.root() / "score",
+        let transformer =
+            GPT2Model::new(tchtrain_nn::Path::root(&vs, ctx) / "transformer", config)?;
+        let score = Linear::new(
+            tchtrain_nn::Path::root(&vs, ctx) / "score",
             config.n_embd,
             config.num_labels(),
             false,
@@ -660,6 +674,7 @@ impl GPT2ForSequenceClassification {
         );
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             transformer,
             score,
             config: config.clone(),
@@ -679,8 +694,8 @@ impl GPT2ForSequenceClassification {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, || {
-            Self::new(&config, device)
+        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })
     }
 }
@@ -729,7 +744,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
         let (h, unpadded) = self
             .transformer
             .forward_with(inputs, self.training, padding_free)?;
-        let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
+        let logits = self.score.forward(&h);
         // Padding-free: back in the padded layout (zeros at the padding, never pooled).
         let (logits, h) = match &unpadded {
             Some(u) => (u.scatter(&logits), u.scatter(&h)),
@@ -750,7 +765,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
             )?),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(pooled),
@@ -767,8 +782,9 @@ impl TrainableModel for GPT2ForSequenceClassification {
 #[derive(Debug)]
 pub struct GPT2ForQuestionAnswering {
     vs: nn::VarStore,
+    ctx: Context,
     transformer: GPT2Model,
-    qa_outputs: nn::Linear,
+    qa_outputs: Linear,
     config: GPT2Config,
     training: bool,
 }
@@ -776,10 +792,17 @@ pub struct GPT2ForQuestionAnswering {
 impl GPT2ForQuestionAnswering {
     /// A freshly initialised model.
     pub fn new(config: &GPT2Config, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &GPT2Config, device: Device, ctx: &Context) -> Result<Self> {
         let vs = build_vs(device);
-        let transformer = GPT2Model::new(vs.root() / "transformer", config)?;
-        let qa_outputs = layers::linear(
-            vs.root() / "qa_outputs",
+        let transformer =
+            GPT2Model::new(tchtrain_nn::Path::root(&vs, ctx) / "transformer", config)?;
+        let qa_outputs = Linear::new(
+            tchtrain_nn::Path::root(&vs, ctx) / "qa_outputs",
             config.n_embd,
             2,
             true,
@@ -787,6 +810,7 @@ impl GPT2ForQuestionAnswering {
         );
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             transformer,
             qa_outputs,
             config: config.clone(),
@@ -801,8 +825,8 @@ impl GPT2ForQuestionAnswering {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = GPT2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, || {
-            Self::new(&config, device)
+        loading::from_pretrained_with(dir, "transformer", &["lm_head.weight"], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })
     }
 }
@@ -833,9 +857,9 @@ impl TrainableModel for GPT2ForQuestionAnswering {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.transformer.forward(inputs, self.training)?;
-        let logits = layers::apply_traced(&h, &self.qa_outputs, || "qa_outputs".into(), "Linear");
+        let logits = self.qa_outputs.forward(&h);
         let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

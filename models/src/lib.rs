@@ -22,9 +22,7 @@ mod chat_template;
 mod checkpoint;
 mod configuration_utils;
 mod deberta_v2;
-mod debug_utils;
 mod distilbert;
-mod dropout;
 mod error;
 mod gemma;
 mod gemma2;
@@ -32,9 +30,6 @@ mod gemma3;
 mod generation;
 mod gpt2;
 mod hub;
-mod initialization;
-mod layer_hooks;
-mod layers;
 mod liger;
 mod llama;
 mod loading;
@@ -42,7 +37,6 @@ mod mistral;
 mod modeling_utils;
 mod modernbert;
 mod multilingual;
-mod neftune;
 mod padding_free;
 mod peft;
 mod phi3;
@@ -77,13 +71,11 @@ pub use deberta_v2::{
     DebertaV2ForQuestionAnswering, DebertaV2ForSequenceClassification,
     DebertaV2ForTokenClassification, DebertaV2Model,
 };
-pub use debug_utils::{DebugUnderflowOverflow, with_debug_underflow_overflow};
 pub use distilbert::{
     DistilBert, DistilBertBaseModel, DistilBertConfig, DistilBertForMaskedLM,
     DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
     DistilBertForTokenClassification, DistilBertModel,
 };
-pub use dropout::{dropout, dropout_fast_path};
 pub use error::{Error, Result};
 pub use gemma::{
     GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,
@@ -100,7 +92,6 @@ pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
 };
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
-pub use layer_hooks::{LayerHooks, with_layer_hooks};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
@@ -127,7 +118,6 @@ pub use modernbert::{
     ModernBertForTokenClassification, ModernBertModel,
 };
 pub use multilingual::LanguageCodes;
-pub use neftune::{NeftuneGuard, activate_neftune, neftune_noise_alpha, neftune_post_forward_hook};
 pub use peft::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
     LoraConfig, LoraLayer, PEFT_VERSION, PeftModel, TargetModules, get_peft_model,
@@ -150,6 +140,9 @@ pub use roberta::{
     XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
 };
 pub use t5::{T5Config, T5ForConditionalGeneration};
+pub use tchtrain_nn::{
+    Context, DebugUnderflowOverflow, LayerHooks, NeftuneGuard, dropout, dropout_fast_path,
+};
 pub use tokenizers::Tokenizer;
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.

@@ -23,12 +23,12 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, Params, RmsNorm};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
-use crate::neftune::neftune_post_forward_hook;
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, Linear, RmsNorm};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
 /// dict and the v4 `rope_theta` / `rope_scaling` keys are read.
@@ -445,10 +445,11 @@ impl LlamaConfig {
 
 #[derive(Debug)]
 struct DecoderLayer {
+    ctx: Context,
     attention_projections: AttentionProjections,
-    o_proj: layers::LayerLinear,
+    o_proj: Linear,
     mlp_projections: MlpProjections,
-    down_proj: layers::LayerLinear,
+    down_proj: Linear,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma 2 / 3's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
@@ -469,25 +470,20 @@ struct DecoderLayer {
 #[derive(Debug)]
 enum AttentionProjections {
     Separate {
-        q_proj: layers::LayerLinear,
-        k_proj: layers::LayerLinear,
-        v_proj: layers::LayerLinear,
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
     },
     Fused {
-        qkv_proj: layers::LayerLinear,
+        qkv_proj: Linear,
     },
 }
 
 /// The MLP's gate and up projections: Llama's two, or Phi-3's fused `gate_up_proj`.
 #[derive(Debug)]
 enum MlpProjections {
-    Separate {
-        gate_proj: layers::LayerLinear,
-        up_proj: layers::LayerLinear,
-    },
-    Fused {
-        gate_up_proj: layers::LayerLinear,
-    },
+    Separate { gate_proj: Linear, up_proj: Linear },
+    Fused { gate_up_proj: Linear },
 }
 
 /// Upstream's class names of a family's modules (what the underflow / overflow tracer prints).
@@ -577,16 +573,10 @@ impl DecoderLayer {
             head_dim: hd,
             ..
         } = *x;
-        use crate::debug_utils::{Out, Var, hook, leaf};
-        use layers::apply_traced;
+        use tchtrain_nn::{Out, Var};
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let c = &self.classes;
-        let normed = apply_traced(
-            h,
-            &self.input_layernorm,
-            || n("input_layernorm"),
-            &c.rms_norm,
-        );
+        let normed = self.input_layernorm.forward(h);
         // Padding-free, the projections' real tokens go back to the padded layout here.
         let heads_of = |t: Tensor, heads: i64| {
             let t = match &x.unpadded {
@@ -602,39 +592,21 @@ impl DecoderLayer {
                 v_proj,
             } => {
                 // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
-                let project =
-                    |proj: &layers::LayerLinear, heads: i64, name: &str, norm: Option<&RmsNorm>| {
-                        let t = heads_of(
-                            apply_traced(
-                                &normed,
-                                proj,
-                                || n(&format!("self_attn.{name}_proj")),
-                                "Linear",
-                            ),
-                            heads,
-                        );
-                        let t = match norm {
-                            Some(norm) => apply_traced(
-                                &t,
-                                norm,
-                                || n(&format!("self_attn.{name}_norm")),
-                                &c.rms_norm,
-                            ),
-                            None => t,
-                        };
-                        t.transpose(1, 2)
+                let project = |proj: &Linear, heads: i64, norm: Option<&RmsNorm>| {
+                    let t = heads_of(proj.forward(&normed), heads);
+                    let t = match norm {
+                        Some(norm) => norm.forward(&t),
+                        None => t,
                     };
-                let q = project(q_proj, heads, "q", self.qk_norm.as_ref().map(|(q, _)| q));
-                let k = project(k_proj, kv_heads, "k", self.qk_norm.as_ref().map(|(_, k)| k));
-                let v = heads_of(
-                    apply_traced(&normed, v_proj, || n("self_attn.v_proj"), "Linear"),
-                    kv_heads,
-                )
-                .transpose(1, 2);
+                    t.transpose(1, 2)
+                };
+                let q = project(q_proj, heads, self.qk_norm.as_ref().map(|(q, _)| q));
+                let k = project(k_proj, kv_heads, self.qk_norm.as_ref().map(|(_, k)| k));
+                let v = heads_of(v_proj.forward(&normed), kv_heads).transpose(1, 2);
                 (q, k, v)
             }
             AttentionProjections::Fused { qkv_proj } => {
-                let qkv = apply_traced(&normed, qkv_proj, || n("self_attn.qkv_proj"), "Linear");
+                let qkv = qkv_proj.forward(&normed);
                 let (q_len, kv_len) = (heads * hd, kv_heads * hd);
                 let part = |start: i64, len: i64, heads: i64| {
                     heads_of(qkv.narrow(-1, start, len), heads).transpose(1, 2)
@@ -681,20 +653,18 @@ impl DecoderLayer {
             Some(u) => u.gather(&a),
             None => a,
         };
-        let a = apply_traced(&a, &self.o_proj, || n("self_attn.o_proj"), "Linear");
+        let a = self.o_proj.forward(&a);
         // Called with keyword arguments: no positional inputs.
-        hook(
+        self.ctx.hook(
             || n("self_attn"),
             &c.attention,
             &[],
             &[],
             Out::Tuple(&[Var::T(&a), Var::None]),
         );
-        let norm =
-            |x: &Tensor, norm: &RmsNorm, name: &str| apply_traced(x, norm, || n(name), &c.rms_norm);
         let resid_dropout = |t: Tensor| match &x.unpadded {
             Some(u) => u.dropout(&t, x.resid_p, x.train),
-            None if x.train && x.resid_p > 0.0 => crate::dropout::dropout(&t, x.resid_p, true),
+            None if x.train && x.resid_p > 0.0 => tchtrain_nn::dropout(&t, x.resid_p, true),
             None => t,
         };
         let a = resid_dropout(a);
@@ -703,53 +673,44 @@ impl DecoderLayer {
         // `post_attention_layernorm`.
         let (h2, normed) = match &self.feedforward_norms {
             Some((pre, _)) => {
-                let h2 = h + norm(
-                    &a,
-                    &self.post_attention_layernorm,
-                    "post_attention_layernorm",
-                );
-                let normed = norm(&h2, pre, "pre_feedforward_layernorm");
+                let h2 = h + self.post_attention_layernorm.forward(&a);
+                let normed = pre.forward(&h2);
                 (h2, normed)
             }
             None => {
                 let h2 = h + a;
-                let normed = norm(
-                    &h2,
-                    &self.post_attention_layernorm,
-                    "post_attention_layernorm",
-                );
+                let normed = self.post_attention_layernorm.forward(&h2);
                 (h2, normed)
             }
         };
         let (gate, up) = match &self.mlp_projections {
             MlpProjections::Separate { gate_proj, up_proj } => {
-                let gate = apply_traced(&normed, gate_proj, || n("mlp.gate_proj"), "Linear");
-                let gate = x.act.apply_traced(&gate, || n("mlp.act_fn"));
-                let up = apply_traced(&normed, up_proj, || n("mlp.up_proj"), "Linear");
+                let gate = gate_proj.forward(&normed);
+                let gate = x.act.apply_traced(&self.ctx, &gate, || n("mlp.act_fn"));
+                let up = up_proj.forward(&normed);
                 (gate, up)
             }
             MlpProjections::Fused { gate_up_proj } => {
-                let gate_up =
-                    apply_traced(&normed, gate_up_proj, || n("mlp.gate_up_proj"), "Linear");
+                let gate_up = gate_up_proj.forward(&normed);
                 let half = gate_up.size()[gate_up.dim() - 1] / 2;
                 let gate = gate_up.narrow(-1, 0, half);
                 let up = gate_up.narrow(-1, half, half);
-                (x.act.apply_traced(&gate, || n("mlp.activation_fn")), up)
+                (
+                    x.act
+                        .apply_traced(&self.ctx, &gate, || n("mlp.activation_fn")),
+                    up,
+                )
             }
         };
-        let m = apply_traced(
-            &(gate * up),
-            &self.down_proj,
-            || n("mlp.down_proj"),
-            "Linear",
-        );
-        leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
+        let m = self.down_proj.forward(&(gate * up));
+        self.ctx.leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
         let m = match &self.feedforward_norms {
-            Some((_, post)) => norm(&m, post, "post_feedforward_layernorm"),
+            Some((_, post)) => post.forward(&m),
             None => resid_dropout(m),
         };
         let out = h2 + m;
-        leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
+        self.ctx
+            .leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
         Ok(out)
     }
 }
@@ -757,9 +718,10 @@ impl DecoderLayer {
 /// Upstream `LlamaModel`: embeddings, decoder layers, final RMSNorm.
 #[derive(Debug)]
 pub struct LlamaModel {
+    ctx: Context,
     /// Where it sits in its model (`model`).
     prefix: String,
-    embed_tokens: nn::Embedding,
+    embed_tokens: Embedding,
     layers: Vec<Arc<Shared<DecoderLayer>>>,
     norm: RmsNorm,
     rotary_emb: RotaryEmbedding,
@@ -799,12 +761,16 @@ fn rotate_half(x: &Tensor) -> Tensor {
 
 impl LlamaModel {
     /// Creates the variables under `p` (upstream prefix `model`).
-    pub fn new(p: nn::Path<'_>, config: &LlamaConfig) -> Result<Self> {
+    pub fn new(p: tchtrain_nn::Path<'_>, config: &LlamaConfig) -> Result<Self> {
         Self::with_family(p, config, config.family()?)
     }
 
     /// [`new`](Self::new) for a Llama-shaped family's layers.
-    pub fn with_family(p: nn::Path<'_>, config: &LlamaConfig, family: Family) -> Result<Self> {
+    pub fn with_family(
+        p: tchtrain_nn::Path<'_>,
+        config: &LlamaConfig,
+        family: Family,
+    ) -> Result<Self> {
         config.validate()?;
         if family.sliding_windows.len() as i64 != config.num_hidden_layers {
             return Err(Error::InvalidConfig {
@@ -828,9 +794,9 @@ impl LlamaModel {
             });
         }
         let gemma = family.gemma.as_ref();
-        let rms_norm = |p: nn::Path<'_>, dim: i64| match gemma {
-            Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps),
-            None => RmsNorm::new(p, dim, config.rms_norm_eps),
+        let rms_norm = |p: tchtrain_nn::Path<'_>, dim: i64| match gemma {
+            Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
+            None => RmsNorm::new(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
         };
         let (d, std) = (config.hidden_size, config.initializer_range);
         let (hd, heads, kv) = (
@@ -841,20 +807,21 @@ impl LlamaModel {
         // Created in upstream's registration order (embed_tokens, layers, norm):
         // `model.parameters()` follows it, and gradient clipping sums the per-parameter norms
         // in that order.
-        let embed_tokens = layers::embedding_with_padding(
+        let embed_tokens = Embedding::with_padding(
             &p / "embed_tokens",
             config.vocab_size,
             d,
             std,
             config.pad_token_id,
-        );
+        )
+        .with_class(classes.embedding.clone());
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &p / "layers" / i;
                 let a = &l / "self_attn";
                 let m = &l / "mlp";
-                let linear = |p: nn::Path<'_>, i: i64, o: i64, bias: bool| {
-                    layers::layer_linear(p, i, o, bias, std)
+                let linear = |p: tchtrain_nn::Path<'_>, i: i64, o: i64, bias: bool| {
+                    Linear::in_layer(p, i, o, bias, std)
                 };
                 let inter = config.intermediate_size;
                 // Created in upstream's registration order: Phi-3's attention registers
@@ -908,13 +875,15 @@ impl LlamaModel {
                     }),
                     sliding: family.sliding_windows[i as usize].is_some(),
                     idx: i as usize,
-                    name: l.components().collect::<Vec<_>>().join("."),
+                    name: l.name(),
+                    ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
                 }))
             })
             .collect();
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
+            ctx: p.ctx().clone(),
             embed_tokens,
             layers,
             norm: rms_norm(&p / "norm", d),
@@ -978,9 +947,9 @@ impl LlamaModel {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange_start(past, past + seq, (Kind::Int64, device)).unsqueeze(0),
         };
-        use crate::debug_utils::{Out, Var, hook, join, leaf};
+        use tchtrain_nn::{Out, Var, join};
         let n = |rest: &str| join(&self.prefix, rest);
-        let mut h = ids.apply(&self.embed_tokens);
+        let mut h = self.embed_tokens.lookup(&ids);
         // Gemma's `embed_scale`: `torch.tensor(hidden_size ** 0.5)` (a float32 buffer),
         // applied in the weights' dtype (and to a LoRA adapter's term in its own).
         let embed_scale = self.family.gemma.is_some().then(|| {
@@ -996,22 +965,9 @@ impl LlamaModel {
         let adapter_scale = embed_scale
             .as_ref()
             .map(|s| s.to_kind(self.embed_tokens.ws.kind()));
-        let h = crate::peft::adapt_embedding(
-            || n("embed_tokens"),
-            &ids,
-            h,
-            c.pad_token_id,
-            c.vocab_size,
-            adapter_scale.as_ref(),
-        );
-        let mut h = neftune_post_forward_hook(h, train)?;
-        leaf(
-            || n("embed_tokens"),
-            &self.classes.embedding,
-            &self.embed_tokens.params(),
-            &ids,
-            &h,
-        );
+        let h = self.embed_tokens.adapt(&ids, h, adapter_scale.as_ref());
+        let mut h = neftune_post_forward_hook(&self.ctx, h, train)?;
+        self.embed_tokens.report(&ids, &h);
         // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
         let (cos, sin) = self.rotary_emb.cos_sin(&positions, h.kind())?;
         let sliding_cos_sin = match &self.sliding_rotary_emb {
@@ -1029,7 +985,7 @@ impl LlamaModel {
         } else {
             &rotary_inputs[..1]
         };
-        hook(
+        self.ctx.hook(
             || n("rotary_emb"),
             &self.classes.rotary,
             &[],
@@ -1039,6 +995,7 @@ impl LlamaModel {
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
         let unpadded = crate::padding_free::Unpadded::for_forward(
+            &self.ctx,
             padding_free,
             cache.is_some(),
             inputs.attention_mask,
@@ -1092,25 +1049,26 @@ impl LlamaModel {
                 .map(crate::padding_free::Unpadded::shallow_clone),
         }));
         for (i, l) in self.layers.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| {
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
                         let out = l.forward(h, &x)?;
-                        crate::debug_utils::check()?;
+                        ctx.check()?;
                         Ok(out)
                     })?
                 }
                 _ => l.forward(&h, &x)?,
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
-        let h = layers::apply_traced(&h, &self.norm, || n("norm"), &self.classes.rms_norm);
+        let h = self.norm.forward(&h);
         // Called with keyword arguments by the causal LM, with `input_ids` positionally by
         // the sequence classifier.
         if !self.prefix.is_empty() {
-            hook(
+            self.ctx.hook(
                 || self.prefix.clone(),
                 &self.classes.model,
                 &[],
@@ -1131,8 +1089,9 @@ pub type LlamaForCausalLM = DecoderForCausalLM<LlamaConfig>;
 #[derive(Debug)]
 pub struct DecoderForCausalLM<C: DecoderConfig> {
     vs: nn::VarStore,
+    ctx: Context,
     model: LlamaModel,
-    lm_head: Option<nn::Linear>,
+    lm_head: Option<Linear>,
     config: C,
     training: bool,
     /// Liger's fused linear cross-entropy (`use_liger_kernel`): the training loss without
@@ -1148,12 +1107,22 @@ pub struct DecoderForCausalLM<C: DecoderConfig> {
 impl<C: DecoderConfig> DecoderForCausalLM<C> {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &C, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        let model = LlamaModel::with_family(
+            tchtrain_nn::Path::root(&vs, ctx) / "model",
+            &llama,
+            config.family()?,
+        )?;
         let lm_head = (!llama.tie_word_embeddings).then(|| {
-            layers::linear(
-                vs.root() / "lm_head",
+            Linear::new(
+                tchtrain_nn::Path::root(&vs, ctx) / "lm_head",
                 llama.hidden_size,
                 llama.vocab_size,
                 false,
@@ -1162,6 +1131,7 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         });
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             model,
             lm_head,
             config: config.clone(),
@@ -1180,8 +1150,8 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
-        let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, || {
-            Self::new(&config, device)
+        let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })?;
         loaded.model.generation_config =
             crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
@@ -1291,7 +1261,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 inputs.num_items_in_batch,
                 -100,
             )?;
-            crate::debug_utils::model_frame(self.architecture())?;
+            self.ctx.model_frame(self.architecture())?;
             return Ok(ModelOutput {
                 loss: Some(loss),
                 logits: None,
@@ -1303,12 +1273,12 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         let kept = crate::modeling_utils::keep_last_positions(&h, inputs.logits_to_keep)?;
         let h_head = kept.as_ref().unwrap_or(&h);
         let logits = match &self.lm_head {
-            Some(head) => layers::apply_traced(h_head, head, || "lm_head".into(), "Linear"),
+            Some(head) => head.forward(h_head),
             None => {
                 let weight = self.model.embed_tokens();
                 let h = h_head;
                 let logits = h.matmul(&weight.tr());
-                crate::debug_utils::leaf(
+                self.ctx.leaf(
                     || "lm_head".into(),
                     "Linear",
                     &[("weight", weight)],
@@ -1346,7 +1316,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
             )?),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),
@@ -1367,8 +1337,9 @@ pub type LlamaForSequenceClassification = DecoderForSequenceClassification<Llama
 #[derive(Debug)]
 pub struct DecoderForSequenceClassification<C: DecoderConfig> {
     vs: nn::VarStore,
+    ctx: Context,
     model: LlamaModel,
-    score: nn::Linear,
+    score: Linear,
     config: C,
     training: bool,
     /// Run the layers and the head on the real tokens only (see
@@ -1379,13 +1350,23 @@ pub struct DecoderForSequenceClassification<C: DecoderConfig> {
 impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &C, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let mut model = LlamaModel::with_family(vs.root() / "model", &llama, config.family()?)?;
+        let mut model = LlamaModel::with_family(
+            tchtrain_nn::Path::root(&vs, ctx) / "model",
+            &llama,
+            config.family()?,
+        )?;
         // `GenericForSequenceClassification` calls `self.model(input_ids, ...)`.
         model.ids_positional = true;
-        let score = layers::linear(
-            vs.root() / "score",
+        let score = Linear::new(
+            tchtrain_nn::Path::root(&vs, ctx) / "score",
             llama.hidden_size,
             config.labels().num_labels(),
             false,
@@ -1393,6 +1374,7 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
         );
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             model,
             score,
             config: config.clone(),
@@ -1413,8 +1395,8 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
         if let Some(n) = num_labels {
             config.labels_mut().set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, || {
-            Self::new(&config, device)
+        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })
     }
 }
@@ -1459,7 +1441,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
         let (h, unpadded) = self
             .model
             .forward_with(inputs, self.training, padding_free)?;
-        let logits = layers::apply_traced(&h, &self.score, || "score".into(), "Linear");
+        let logits = self.score.forward(&h);
         // Padding-free: back in the padded layout (zeros at the padding, never pooled).
         let (logits, h) = match &unpadded {
             Some(u) => (u.scatter(&logits), u.scatter(&h)),
@@ -1481,7 +1463,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
             )?),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(pooled),
@@ -1502,8 +1484,9 @@ pub type LlamaForTokenClassification = DecoderForTokenClassification<LlamaConfig
 #[derive(Debug)]
 pub struct DecoderForTokenClassification<C: DecoderConfig> {
     vs: nn::VarStore,
+    ctx: Context,
     model: LlamaModel,
-    score: nn::Linear,
+    score: Linear,
     dropout: f64,
     architecture: &'static str,
     config: C,
@@ -1513,6 +1496,12 @@ pub struct DecoderForTokenClassification<C: DecoderConfig> {
 impl<C: DecoderConfig> DecoderForTokenClassification<C> {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &C, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let family = config.family()?;
         let architecture = family
             .token_classification
@@ -1522,7 +1511,8 @@ impl<C: DecoderConfig> DecoderForTokenClassification<C> {
             })?;
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let mut model = LlamaModel::with_family(vs.root() / "model", &llama, family)?;
+        let mut model =
+            LlamaModel::with_family(tchtrain_nn::Path::root(&vs, ctx) / "model", &llama, family)?;
         // `GenericForTokenClassification` calls `self.model(input_ids, ...)`.
         model.ids_positional = true;
         let json = config.to_json_value()?;
@@ -1535,8 +1525,8 @@ impl<C: DecoderConfig> DecoderForTokenClassification<C> {
             .get("token_classification_bias")
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(true);
-        let score = layers::linear(
-            vs.root() / "score",
+        let score = Linear::new(
+            tchtrain_nn::Path::root(&vs, ctx) / "score",
             llama.hidden_size,
             config.labels().num_labels(),
             bias,
@@ -1544,6 +1534,7 @@ impl<C: DecoderConfig> DecoderForTokenClassification<C> {
         );
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             model,
             score,
             dropout,
@@ -1565,8 +1556,8 @@ impl<C: DecoderConfig> DecoderForTokenClassification<C> {
         if let Some(n) = num_labels {
             config.labels_mut().set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, || {
-            Self::new(&config, device)
+        loading::from_pretrained_with(dir, "model", &["lm_head.weight"], options, |ctx| {
+            Self::new_in(&config, device, ctx)
         })
     }
 }
@@ -1594,8 +1585,10 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.model.forward(inputs, self.training)?;
-        let d = layers::dropout_traced(&h, self.dropout, self.training, || "dropout".into());
-        let logits = layers::apply_traced(&d, &self.score, || "score".into(), "Linear");
+        let d = tchtrain_nn::dropout_traced(&self.ctx, &h, self.dropout, self.training, || {
+            "dropout".into()
+        });
+        let logits = self.score.forward(&d);
         let loss = match inputs.labels {
             Some(l) => Some(tchtrain_losses::for_token_classification(
                 &logits,
@@ -1605,7 +1598,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
             )?),
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),
@@ -1627,8 +1620,9 @@ pub type LlamaForQuestionAnswering = DecoderForQuestionAnswering<LlamaConfig>;
 #[derive(Debug)]
 pub struct DecoderForQuestionAnswering<C: DecoderConfig> {
     vs: nn::VarStore,
+    ctx: Context,
     model: LlamaModel,
-    qa_outputs: nn::Linear,
+    qa_outputs: Linear,
     class: QuestionAnsweringClass,
     config: C,
     training: bool,
@@ -1637,6 +1631,12 @@ pub struct DecoderForQuestionAnswering<C: DecoderConfig> {
 impl<C: DecoderConfig> DecoderForQuestionAnswering<C> {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &C, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let family = config.family()?;
         let class = family
             .question_answering
@@ -1646,12 +1646,15 @@ impl<C: DecoderConfig> DecoderForQuestionAnswering<C> {
             })?;
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let mut model =
-            LlamaModel::with_family(vs.root() / class.base_model_prefix, &llama, family)?;
+        let mut model = LlamaModel::with_family(
+            tchtrain_nn::Path::root(&vs, ctx) / class.base_model_prefix,
+            &llama,
+            family,
+        )?;
         // `GenericForQuestionAnswering` calls the body with `input_ids` positionally.
         model.ids_positional = true;
-        let qa_outputs = layers::linear(
-            vs.root() / "qa_outputs",
+        let qa_outputs = Linear::new(
+            tchtrain_nn::Path::root(&vs, ctx) / "qa_outputs",
             llama.hidden_size,
             2,
             true,
@@ -1659,6 +1662,7 @@ impl<C: DecoderConfig> DecoderForQuestionAnswering<C> {
         );
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             model,
             qa_outputs,
             class,
@@ -1682,8 +1686,8 @@ impl<C: DecoderConfig> DecoderForQuestionAnswering<C> {
             .question_answering
             .map_or("model", |c| c.base_model_prefix);
         let loaded =
-            loading::from_pretrained_with(dir, prefix, &["lm_head.weight"], options, || {
-                Self::new(&config, device)
+            loading::from_pretrained_with(dir, prefix, &["lm_head.weight"], options, |ctx| {
+                Self::new_in(&config, device, ctx)
             })?;
         // The report names the checkpoint's keys as they were tried (`transformer.model.…`).
         let info = &loaded.info;
@@ -1728,13 +1732,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         let h = self.model.forward(inputs, self.training)?;
-        let logits = layers::apply_traced(&h, &self.qa_outputs, || "qa_outputs".into(), "Linear");
+        let logits = self.qa_outputs.forward(&h);
         let loss = crate::modeling_utils::question_answering_loss(
             &logits,
             inputs,
             inputs.num_items_in_batch,
         )?;
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

@@ -275,9 +275,12 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     base_model_prefix: &str,
     dropped: &[&str],
     options: &LoadOptions,
-    build: impl FnOnce() -> Result<M>,
+    build: impl FnOnce(&tchtrain_nn::Context) -> Result<M>,
 ) -> Result<crate::Loaded<M>> {
-    let (mut model, inits) = crate::initialization::deferred(build)?;
+    let ctx = tchtrain_nn::Context::deferred();
+    let built = build(&ctx);
+    let inits = ctx.take_deferred();
+    let mut model = built?;
     let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     skipped.extend(dropped.iter().map(|k| k.to_string()));
     let tensors = read_checkpoint(dir)?;
@@ -291,7 +294,7 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     )?;
     // The missing weights are drawn in float32 and then cast (upstream draws them in the
     // model's dtype; whether those half-precision draws are bit-equal is not measured).
-    crate::initialization::initialize_missing(model.var_store(), &inits, &info.missing_keys)?;
+    tchtrain_nn::initialization::initialize_missing(model.var_store(), &inits, &info.missing_keys)?;
     if kind != Kind::Float {
         model.var_store_mut().set_kind(kind);
     }

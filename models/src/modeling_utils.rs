@@ -321,9 +321,13 @@ pub(crate) fn linear_modules_of<M: TrainableModel + ?Sized>(model: &M) -> Vec<Li
 /// (`modeling_utils.PreTrainedModel`'s `loss_type`, `accepts_loss_kwargs`,
 /// `num_parameters`, `_tied_weights_keys`, and the module types behind weight decay).
 ///
-/// A user's own model implements this (the five required methods) and trains with
+/// A user's own model implements this (the six required methods) and trains with
 /// `Trainer::builder` like any hub model; see `examples/src/bin/custom_model.rs`.
 pub trait TrainableModel: Send {
+    /// The state the model's parts share ([`tchtrain_nn::Context`]): the layer hooks, the
+    /// underflow / overflow tracer, NEFTune and the LoRA slots are set through it. A model
+    /// without parts of `tchtrain-nn` holds a `Context::new()` that nothing reads.
+    fn context(&self) -> &tchtrain_nn::Context;
     /// The variables, named as the model's `state_dict` keys.
     fn var_store(&self) -> &VarStore;
     /// Mutable access to the variables (dtype / device moves, loading).
@@ -633,6 +637,9 @@ macro_rules! model_plumbing {
         }
     };
     (@common) => {
+        fn context(&self) -> &tchtrain_nn::Context {
+            &self.ctx
+        }
         fn var_store(&self) -> &tch::nn::VarStore {
             &self.vs
         }

@@ -24,22 +24,22 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tch::nn::{self, Init, Module};
+use tch::nn::{self, Init};
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::initialization::{self, TruncNormal};
-use crate::layers::{self, Activation, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
+use tchtrain_nn::initialization::{self, TruncNormal};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, Linear};
 
 /// Upstream `ModernBertConfig` with its defaults (ModernBERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,74 +309,76 @@ struct Norm {
     weight: Tensor,
     bias: Option<Tensor>,
     eps: f64,
+    name: String,
+    ctx: Context,
 }
 
 impl Norm {
-    fn new(p: nn::Path<'_>, dim: i64, config: &ModernBertConfig) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, dim: i64, config: &ModernBertConfig) -> Self {
         Self {
-            weight: initialization::var(&p, "weight", &[dim], Init::Const(1.0)),
+            weight: tchtrain_nn::initialization::var(&p, "weight", &[dim], Init::Const(1.0)),
             bias: config
                 .norm_bias
-                .then(|| initialization::var(&p, "bias", &[dim], Init::Const(0.0))),
+                .then(|| tchtrain_nn::initialization::var(&p, "bias", &[dim], Init::Const(0.0))),
             eps: config.norm_eps,
+            name: p.name(),
+            ctx: p.ctx().clone(),
         }
     }
-}
 
-impl Module for Norm {
+    /// `nn.LayerNorm(dim, eps, bias=norm_bias)`, reported to the tracer.
     fn forward(&self, x: &Tensor) -> Tensor {
         let dim = x.size().last().copied().unwrap_or(0);
-        x.layer_norm(
+        let y = x.layer_norm(
             [dim],
             Some(&self.weight),
             self.bias.as_ref(),
             self.eps,
             false,
-        )
-    }
-}
-
-impl Params for Norm {
-    fn params(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut p = vec![("weight", &self.weight)];
-        if let Some(b) = &self.bias {
-            p.push(("bias", b));
+        );
+        if self.ctx.traced() {
+            let mut params = vec![("weight", &self.weight)];
+            params.extend(self.bias.as_ref().map(|b| ("bias", b)));
+            self.ctx
+                .leaf(|| self.name.clone(), "LayerNorm", &params, x, &y);
         }
-        p
+        y
     }
 }
 
 /// `nn.Linear` drawn as ModernBERT's `_init_weights` draws it: the generic normal, then the
 /// truncated normal of `std`; a zero bias.
 fn linear(
-    p: nn::Path<'_>,
+    p: tchtrain_nn::Path<'_>,
     in_dim: i64,
     out_dim: i64,
     bias: bool,
     std: f64,
     config: &ModernBertConfig,
-) -> Result<nn::Linear> {
+) -> Result<Linear> {
     let ws = initialization::var_trunc_normal(
         &p,
         "weight",
         &[out_dim, in_dim],
-        layers::normal(config.initializer_range),
+        tchtrain_nn::initialization::normal(config.initializer_range),
         None,
         config.trunc(std),
     )?;
-    let bs = bias.then(|| initialization::var(&p, "bias", &[out_dim], Init::Const(0.0)));
-    Ok(nn::Linear { ws, bs })
+    let bs =
+        bias.then(|| tchtrain_nn::initialization::var(&p, "bias", &[out_dim], Init::Const(0.0)));
+    Ok(Linear::from_parts(&p, ws, bs))
 }
 
 #[derive(Debug)]
 struct Layer {
+    ctx: Context,
     /// `None` for layer 0 (upstream's `nn.Identity`).
     attn_norm: Option<Norm>,
-    wqkv: layers::LayerLinear,
-    attn_wo: layers::LayerLinear,
+    wqkv: Linear,
+    attn_wo: Linear,
     mlp_norm: Norm,
-    wi: layers::LayerLinear,
-    mlp_wo: layers::LayerLinear,
+    wi: Linear,
+    mlp_wo: Linear,
     sliding: bool,
     /// `model.layers.{i}`, as the underflow / overflow tracer names it.
     name: String,
@@ -419,7 +421,6 @@ impl Layer {
     /// Upstream `ModernBertEncoderLayer.forward`: `h + attn(attn_norm(h))`, then
     /// `h + mlp(mlp_norm(h))`.
     fn forward(&self, h: &Tensor, x: &LayerInputs) -> Tensor {
-        use layers::apply_traced;
         let LayerInputs {
             batch,
             seq,
@@ -429,11 +430,11 @@ impl Layer {
         } = *x;
         let n = |rest: &str| format!("{}.{rest}", self.name);
         let normed = match &self.attn_norm {
-            Some(norm) => apply_traced(h, norm, || n("attn_norm"), "LayerNorm"),
+            Some(norm) => norm.forward(h),
             None => h.shallow_clone(),
         };
         let unpadded = x.unpadded.as_ref();
-        let qkv = apply_traced(&normed, &self.wqkv, || n("attn.Wqkv"), "Linear");
+        let qkv = self.wqkv.forward(&normed);
         let qkv = padding_free::padded(unpadded, qkv).view([batch, seq, 3, heads, hd]);
         let part = |i: i64| qkv.select(2, i).transpose(1, 2);
         let (q, k, v) = (part(0), part(1), part(2));
@@ -456,25 +457,28 @@ impl Layer {
             .contiguous()
             .reshape([batch, seq, heads * hd]);
         let a = padding_free::unpadded(unpadded, a);
-        let a = apply_traced(&a, &self.attn_wo, || n("attn.Wo"), "Linear");
+        let a = self.attn_wo.forward(&a);
         let a = match unpadded {
             Some(u) => u.dropout(&a, x.attention_dropout, x.train),
             None if x.train && x.attention_dropout > 0.0 => {
-                crate::dropout::dropout(&a, x.attention_dropout, true)
+                tchtrain_nn::dropout(&a, x.attention_dropout, true)
             }
             None => a,
         };
         let h2 = h + a;
-        let normed = apply_traced(&h2, &self.mlp_norm, || n("mlp_norm"), "LayerNorm");
-        let wi = apply_traced(&normed, &self.wi, || n("mlp.Wi"), "Linear");
+        let normed = self.mlp_norm.forward(&h2);
+        let wi = self.wi.forward(&normed);
         let half = wi.size().last().copied().unwrap_or(0) / 2;
         let (input, gate) = (wi.narrow(-1, 0, half), wi.narrow(-1, half, half));
-        let m = x.act.apply_traced(&input, || n("mlp.act")) * gate;
+        let m = x.act.apply_traced(&self.ctx, &input, || n("mlp.act")) * gate;
         let m =
-            padding_free::dropout_traced(unpadded, &m, x.mlp_dropout, x.train, || n("mlp.drop"));
-        let m = apply_traced(&m, &self.mlp_wo, || n("mlp.Wo"), "Linear");
+            padding_free::dropout_traced(&self.ctx, unpadded, &m, x.mlp_dropout, x.train, || {
+                n("mlp.drop")
+            });
+        let m = self.mlp_wo.forward(&m);
         let out = h2 + m;
-        crate::debug_utils::leaf(|| self.name.clone(), "ModernBertEncoderLayer", &[], h, &out);
+        self.ctx
+            .leaf(|| self.name.clone(), "ModernBertEncoderLayer", &[], h, &out);
         out
     }
 }
@@ -482,9 +486,10 @@ impl Layer {
 /// Upstream `ModernBertModel`: embeddings, encoder layers, `final_norm`.
 #[derive(Debug)]
 pub struct ModernBertModel {
+    ctx: Context,
     /// Where it sits in its model (`model`; empty for `ModernBertModel` itself).
     prefix: String,
-    tok_embeddings: Tensor,
+    tok_embeddings: Embedding,
     embeddings_norm: Norm,
     layers: Vec<Arc<Shared<Layer>>>,
     final_norm: Norm,
@@ -498,21 +503,26 @@ pub struct ModernBertModel {
 
 impl ModernBertModel {
     /// Creates the variables under `p` (upstream prefix `model`, or the root).
-    pub fn new(p: nn::Path<'_>, config: &ModernBertConfig) -> Result<Self> {
+    pub fn new(p: tchtrain_nn::Path<'_>, config: &ModernBertConfig) -> Result<Self> {
         config.validate()?;
         let (d, r) = (config.hidden_size, config.initializer_range);
         let std_out = config.std_out();
         let e = &p / "embeddings";
         // The generic init zeroes the padding row, ModernBERT's truncated draw then
         // overwrites it (upstream's pad row is not zero).
-        let tok_embeddings = initialization::var_trunc_normal(
-            &(&e / "tok_embeddings"),
+        let tok = &e / "tok_embeddings";
+        let weight = initialization::var_trunc_normal(
+            &tok,
             "weight",
             &[config.vocab_size, d],
-            layers::normal(r),
+            tchtrain_nn::initialization::normal(r),
             config.pad_token_id,
             config.trunc(r),
         )?;
+        let padding_idx = config
+            .pad_token_id
+            .map(|i| if i < 0 { i + config.vocab_size } else { i });
+        let tok_embeddings = Embedding::from_parts(&tok, weight, padding_idx);
         let embeddings_norm = Norm::new(&e / "norm", d, config);
         let sliding = config.sliding_layers()?;
         let layers = (0..config.num_hidden_layers)
@@ -530,18 +540,20 @@ impl ModernBertModel {
                 let mlp_wo = linear(&m / "Wo", inter, d, mb, std_out, config)?;
                 Ok(Arc::new(Shared(Layer {
                     attn_norm,
-                    wqkv: layers::LayerLinear(wqkv),
-                    attn_wo: layers::LayerLinear(attn_wo),
+                    wqkv: wqkv.layer_form(),
+                    attn_wo: attn_wo.layer_form(),
                     mlp_norm,
-                    wi: layers::LayerLinear(wi),
-                    mlp_wo: layers::LayerLinear(mlp_wo),
+                    wi: wi.layer_form(),
+                    mlp_wo: mlp_wo.layer_form(),
                     sliding: sliding[i as usize],
-                    name: l.components().collect::<Vec<_>>().join("."),
+                    name: l.name(),
+                    ctx: l.ctx().clone(),
                 })))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            prefix: p.components().collect::<Vec<_>>().join("."),
+            prefix: p.name(),
+            ctx: p.ctx().clone(),
             tok_embeddings,
             embeddings_norm,
             layers,
@@ -556,7 +568,7 @@ impl ModernBertModel {
 
     /// The token embedding matrix (tied to the masked LM's decoder).
     pub fn tok_embeddings(&self) -> &Tensor {
-        &self.tok_embeddings
+        &self.tok_embeddings.ws
     }
 
     /// The last hidden state `[batch, seq, hidden]`.
@@ -577,41 +589,30 @@ impl ModernBertModel {
         let c = &self.config;
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, c.max_position_embeddings)?;
-        let device = self.tok_embeddings.device();
+        let device = self.tok_embeddings.ws.device();
         let ids = ids.f_to_device(device)?;
         let positions = match inputs.position_ids {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
-        use crate::debug_utils::{join, leaf};
+        use tchtrain_nn::join;
         let n = |rest: &str| join(&self.prefix, rest);
-        let padding_idx = c.pad_token_id.unwrap_or(-1);
-        let h = Tensor::embedding(&self.tok_embeddings, &ids, padding_idx, false, false);
-        let h = crate::peft::adapt_embedding(
-            || n("embeddings.tok_embeddings"),
-            &ids,
-            h,
-            c.pad_token_id,
-            c.vocab_size,
-            None,
-        );
-        let h = neftune_post_forward_hook(h, train)?;
-        leaf(
-            || n("embeddings.tok_embeddings"),
-            "Embedding",
-            &[("weight", &self.tok_embeddings)],
-            &ids,
-            &h,
-        );
-        let h = layers::apply_traced(
-            &h,
-            &self.embeddings_norm,
-            || n("embeddings.norm"),
-            "LayerNorm",
-        );
-        let mut h = layers::dropout_traced(&h, c.embedding_dropout, train, || n("embeddings.drop"));
+        let h = self.tok_embeddings.lookup(&ids);
+        let h = self.tok_embeddings.adapt(&ids, h, None);
+        let h = neftune_post_forward_hook(&self.ctx, h, train)?;
+        self.tok_embeddings.report(&ids, &h);
+        let h = self.embeddings_norm.forward(&h);
+        let mut h = tchtrain_nn::dropout_traced(&self.ctx, &h, c.embedding_dropout, train, || {
+            n("embeddings.drop")
+        });
         let kind = h.kind();
-        let unpadded = Unpadded::for_forward(padding_free, false, inputs.attention_mask, device)?;
+        let unpadded = Unpadded::for_forward(
+            &self.ctx,
+            padding_free,
+            false,
+            inputs.attention_mask,
+            device,
+        )?;
         if let Some(u) = &unpadded {
             h = u.gather(&h);
         }
@@ -641,21 +642,22 @@ impl ModernBertModel {
             unpadded,
         }));
         for (i, l) in self.layers.iter().enumerate() {
-            h = crate::layer_hooks::before_layer(i, h)?;
+            h = self.ctx.before_layer(i, h)?;
             h = match &self.checkpointing {
                 Some(ac) if train && ac.checkpoints(i) => {
                     let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    checkpoint_layer(&h, ac, move |h| {
+                    let ctx = self.ctx.clone();
+                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
                         let out = l.forward(h, &x);
-                        crate::debug_utils::check()?;
+                        ctx.check()?;
                         Ok(out)
                     })?
                 }
                 _ => l.forward(&h, &x),
             };
-            h = crate::layer_hooks::after_layer(i, h)?;
+            h = self.ctx.after_layer(i, h)?;
         }
-        let h = layers::apply_traced(&h, &self.final_norm, || n("final_norm"), "LayerNorm");
+        let h = self.final_norm.forward(&h);
         Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
 }
@@ -663,15 +665,17 @@ impl ModernBertModel {
 /// Upstream `ModernBertPredictionHead`: `norm(act(dense(x)))`.
 #[derive(Debug)]
 struct PredictionHead {
-    dense: nn::Linear,
+    ctx: Context,
+    dense: Linear,
     norm: Norm,
     act: Activation,
 }
 
 impl PredictionHead {
-    fn new(p: nn::Path<'_>, config: &ModernBertConfig) -> Result<Self> {
+    fn new(p: tchtrain_nn::Path<'_>, config: &ModernBertConfig) -> Result<Self> {
         let d = config.hidden_size;
         Ok(Self {
+            ctx: p.ctx().clone(),
             dense: linear(
                 &p / "dense",
                 d,
@@ -686,10 +690,9 @@ impl PredictionHead {
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        use layers::apply_traced;
-        let t = apply_traced(x, &self.dense, || "head.dense".into(), "Linear");
-        let t = self.act.apply_traced(&t, || "head.act".into());
-        apply_traced(&t, &self.norm, || "head.norm".into(), "LayerNorm")
+        let t = self.dense.forward(x);
+        let t = self.act.apply_traced(&self.ctx, &t, || "head.act".into());
+        self.norm.forward(&t)
     }
 }
 
@@ -705,18 +708,18 @@ enum Head {
     /// `head` on the pooled states, dropout, `classifier`.
     SequenceClassification {
         head: PredictionHead,
-        classifier: nn::Linear,
+        classifier: Linear,
     },
     /// `head` on every token, dropout, `classifier`.
     TokenClassification {
         head: PredictionHead,
-        classifier: nn::Linear,
+        classifier: Linear,
     },
     /// `head` on every token, dropout, `classifier` (two outputs): the start and end
     /// logits.
     QuestionAnswering {
         head: PredictionHead,
-        classifier: nn::Linear,
+        classifier: Linear,
     },
 }
 
@@ -724,6 +727,7 @@ enum Head {
 #[derive(Debug)]
 pub struct ModernBert<const KIND: u8> {
     vs: nn::VarStore,
+    ctx: Context,
     model: ModernBertModel,
     head: Head,
     config: ModernBertConfig,
@@ -765,8 +769,14 @@ impl<const KIND: u8> ModernBert<KIND> {
 
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &ModernBertConfig, device: Device) -> Result<Self> {
+        Self::new_in(config, device, &Context::new())
+    }
+
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &ModernBertConfig, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let body = if KIND == BASE {
             root.clone()
         } else {
@@ -775,7 +785,7 @@ impl<const KIND: u8> ModernBert<KIND> {
         let model = ModernBertModel::new(body, config)?;
         let (d, n) = (config.hidden_size, config.labels.num_labels());
         // Every classifier has a bias; its weight's deviation is `hidden_size ** -0.5`.
-        let classifier = |root: &nn::Path<'_>| {
+        let classifier = |root: &tchtrain_nn::Path<'_>| {
             linear(
                 root / "classifier",
                 d,
@@ -789,7 +799,7 @@ impl<const KIND: u8> ModernBert<KIND> {
             MLM => {
                 let head = PredictionHead::new(&root / "head", config)?;
                 let bias = config.decoder_bias.then(|| {
-                    initialization::var(
+                    tchtrain_nn::initialization::var(
                         &(&root / "decoder"),
                         "bias",
                         &[config.vocab_size],
@@ -824,6 +834,7 @@ impl<const KIND: u8> ModernBert<KIND> {
         }
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             model,
             head,
             config: config.clone(),
@@ -844,7 +855,9 @@ impl<const KIND: u8> ModernBert<KIND> {
         if let Some(n) = num_labels {
             config.labels.set_num_labels(n)?;
         }
-        loading::from_pretrained_with(dir, "model", &[], options, || Self::new(&config, device))
+        loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
+            Self::new_in(&config, device, ctx)
+        })
     }
 }
 
@@ -909,8 +922,9 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
             Self::encoder_head(&self.config).runs_padding_free(self.padding_free, train, inputs);
         let h = self.model.forward_with(inputs, train, padding_free)?;
         let c = &self.config;
-        let dropout =
-            |x: &Tensor| layers::dropout_traced(x, c.classifier_dropout, train, || "drop".into());
+        let dropout = |x: &Tensor| {
+            tchtrain_nn::dropout_traced(&self.ctx, x, c.classifier_dropout, train, || "drop".into())
+        };
         let (logits, loss) = match &self.head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { head, bias } => {
@@ -955,7 +969,7 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
                     _ => h.select(1, 0),
                 };
                 let t = dropout(&head.forward(&pooled));
-                let logits = layers::apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let logits = classifier.forward(&t);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
                         l,
@@ -970,7 +984,7 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
             }
             Head::TokenClassification { head, classifier } => {
                 let t = dropout(&head.forward(&h));
-                let logits = layers::apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let logits = classifier.forward(&t);
                 let loss = match inputs.labels {
                     Some(l) => Some(tchtrain_losses::for_token_classification(
                         &logits,
@@ -984,7 +998,7 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
             }
             Head::QuestionAnswering { head, classifier } => {
                 let t = dropout(&head.forward(&h));
-                let logits = layers::apply_traced(&t, classifier, || "classifier".into(), "Linear");
+                let logits = classifier.forward(&t);
                 // `self.loss_function`: `num_items_in_batch` reaches the loss.
                 let loss = crate::modeling_utils::question_answering_loss(
                     &logits,
@@ -994,7 +1008,7 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
                 (logits, loss)
             }
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

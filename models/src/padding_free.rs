@@ -31,14 +31,13 @@ impl Unpadded {
     /// used, the underflow / overflow tracer is off (it reports upstream's padded shapes)
     /// and the mask pads at least one token (one host read).
     pub(crate) fn for_forward(
+        ctx: &tchtrain_nn::Context,
         padding_free: bool,
         cached: bool,
         attention_mask: Option<&Tensor>,
         device: Device,
     ) -> Result<Option<Self>> {
-        let Some(mask) =
-            attention_mask.filter(|_| padding_free && !cached && !crate::debug_utils::active())
-        else {
+        let Some(mask) = attention_mask.filter(|_| padding_free && !cached && !ctx.traced()) else {
             return Ok(None);
         };
         let size = mask.size();
@@ -79,8 +78,7 @@ impl Unpadded {
             return x * Tensor::zeros([], (x.kind(), x.device()));
         }
         let features = x.size()[1];
-        let noise =
-            crate::dropout::noise(&[self.batch, self.seq, features], p, x.kind(), x.device());
+        let noise = tchtrain_nn::noise(&[self.batch, self.seq, features], p, x.kind(), x.device());
         x * self.gather(&noise)
     }
 }
@@ -104,6 +102,7 @@ pub(crate) fn unpadded(unpadded: Option<&Unpadded>, t: Tensor) -> Tensor {
 
 /// Dropout on the hidden states, padded or padding-free, traced under `name`.
 pub(crate) fn dropout_traced(
+    ctx: &tchtrain_nn::Context,
     unpadded: Option<&Unpadded>,
     x: &Tensor,
     p: f64,
@@ -113,10 +112,10 @@ pub(crate) fn dropout_traced(
     match unpadded {
         Some(u) => {
             let y = u.dropout(x, p, train);
-            crate::debug_utils::leaf(name, "Dropout", &[], x, &y);
+            ctx.leaf(name, "Dropout", &[], x, &y);
             y
         }
-        None => crate::layers::dropout_traced(x, p, train, name),
+        None => tchtrain_nn::dropout_traced(ctx, x, p, train, name),
     }
 }
 

@@ -24,12 +24,12 @@ use tch::{Device, Kind, Tensor};
 
 use crate::attention;
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::layers::{self, Activation, LayerLinear, Params};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
-use crate::neftune::neftune_post_forward_hook;
 use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
+use tchtrain_nn::neftune_post_forward_hook;
+use tchtrain_nn::{Activation, Context, Embedding, Linear};
 
 /// Upstream `T5Config` with its defaults (t5-small).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,19 +229,32 @@ impl T5Config {
 struct T5LayerNorm {
     weight: Tensor,
     eps: f64,
+    name: String,
+    ctx: Context,
 }
 
 impl T5LayerNorm {
-    fn new(p: nn::Path<'_>, dim: i64, eps: f64, factor: f64) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, dim: i64, eps: f64, factor: f64) -> Self {
         Self {
-            weight: crate::initialization::var(&p, "weight", &[dim], nn::Init::Const(factor)),
+            weight: tchtrain_nn::initialization::var(&p, "weight", &[dim], nn::Init::Const(factor)),
             eps,
+            name: p.name(),
+            ctx: p.ctx().clone(),
         }
     }
-}
 
-impl nn::Module for T5LayerNorm {
+    /// The norm, reported to the tracer.
     fn forward(&self, x: &Tensor) -> Tensor {
+        let y = self.norm(x);
+        if self.ctx.traced() {
+            let params = [("weight", &self.weight)];
+            self.ctx
+                .leaf(|| self.name.clone(), "T5LayerNorm", &params, x, &y);
+        }
+        y
+    }
+
+    fn norm(&self, x: &Tensor) -> Tensor {
         let variance = x
             .to_kind(Kind::Float)
             .pow_tensor_scalar(2)
@@ -254,22 +267,14 @@ impl nn::Module for T5LayerNorm {
     }
 }
 
-impl Params for T5LayerNorm {
-    fn params(&self) -> Vec<(&'static str, &Tensor)> {
-        vec![("weight", &self.weight)]
-    }
-}
-
 /// Upstream `T5Attention` (self-attention, or cross-attention over the encoder's states).
 #[derive(Debug)]
 struct Attention {
-    q: LayerLinear,
-    k: LayerLinear,
-    v: LayerLinear,
-    o: LayerLinear,
-    relative_attention_bias: Option<nn::Embedding>,
-    /// `encoder.block.0.layer.0.SelfAttention`, ...
-    name: String,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    relative_attention_bias: Option<Embedding>,
 }
 
 /// One of a stack's sub-layers with its pre-norm (`T5LayerSelfAttention`,
@@ -284,10 +289,10 @@ struct AttentionLayer {
 /// Upstream `T5DenseActDense` (`wi`) or `T5DenseGatedActDense` (`wi_0`, `wi_1`), then `wo`.
 #[derive(Debug)]
 struct FeedForward {
-    wi: Option<LayerLinear>,
-    wi_0: Option<LayerLinear>,
-    wi_1: Option<LayerLinear>,
-    wo: LayerLinear,
+    wi: Option<Linear>,
+    wi_0: Option<Linear>,
+    wi_1: Option<Linear>,
+    wo: Linear,
     layer_norm: T5LayerNorm,
     name: String,
 }
@@ -304,6 +309,7 @@ struct Block {
 /// `embed_tokens` is the model's `shared`.
 #[derive(Debug)]
 struct Stack {
+    ctx: Context,
     block: Vec<Block>,
     final_layer_norm: T5LayerNorm,
     is_decoder: bool,
@@ -312,6 +318,7 @@ struct Stack {
 
 /// What every block of a stack's forward shares.
 struct StackInputs<'a> {
+    ctx: Context,
     config: &'a T5Config,
     act: Activation,
     train: bool,
@@ -332,6 +339,7 @@ impl StackInputs<'_> {
     /// Dropout on the hidden states, padded or padding-free.
     fn dropout(&self, x: &Tensor, name: impl FnOnce() -> String) -> Tensor {
         padding_free::dropout_traced(
+            &self.ctx,
             self.unpadded.as_ref(),
             x,
             self.config.dropout_rate,
@@ -369,33 +377,32 @@ fn relative_position_bucket(
 }
 
 impl Attention {
-    fn new(p: nn::Path<'_>, c: &T5Config, has_relative_attention_bias: bool, name: String) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, c: &T5Config, has_relative_attention_bias: bool) -> Self {
         let f = c.initializer_factor;
         let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
         let std_q = f * ((d * c.d_kv) as f64).powf(-0.5);
         let std_kv = f * (d as f64).powf(-0.5);
         let std_o = f * (inner as f64).powf(-0.5);
         Self {
-            q: layers::layer_linear(&p / "q", d, inner, false, std_q),
-            k: layers::layer_linear(&p / "k", d, inner, false, std_kv),
-            v: layers::layer_linear(&p / "v", d, inner, false, std_kv),
-            o: layers::layer_linear(&p / "o", inner, d, false, std_o),
+            q: Linear::in_layer(&p / "q", d, inner, false, std_q),
+            k: Linear::in_layer(&p / "k", d, inner, false, std_kv),
+            v: Linear::in_layer(&p / "v", d, inner, false, std_kv),
+            o: Linear::in_layer(&p / "o", inner, d, false, std_o),
             relative_attention_bias: has_relative_attention_bias.then(|| {
-                layers::embedding(
+                Embedding::new(
                     &p / "relative_attention_bias",
                     c.relative_attention_num_buckets,
                     c.num_heads,
                     std_kv,
                 )
             }),
-            name,
         }
     }
 
     /// Upstream `compute_bias`: `[1, heads, q, k]` for queries after `past` cached tokens.
     fn compute_bias(
         &self,
-        table: &nn::Embedding,
+        table: &Embedding,
         q_len: i64,
         k_len: i64,
         s: &StackInputs<'_>,
@@ -409,12 +416,7 @@ impl Attention {
             s.config.relative_attention_num_buckets,
             s.config.relative_attention_max_distance,
         );
-        let values = layers::apply_traced(
-            &buckets,
-            table,
-            || format!("{}.relative_attention_bias", self.name),
-            "Embedding",
-        );
+        let values = table.forward(&buckets);
         values.permute([2, 0, 1]).unsqueeze(0)
     }
 
@@ -429,23 +431,21 @@ impl Attention {
         s: &StackInputs<'_>,
         idx: usize,
     ) -> Result<(Tensor, Tensor)> {
-        use layers::apply_traced;
         let c = s.config;
         let unpadded = s.unpadded.as_ref();
         let (batch, q_len) = match unpadded {
             Some(u) => u.batch_seq(),
             None => (h.size()[0], h.size()[1]),
         };
-        let n = |rest: &str| format!("{}.{rest}", self.name);
         let heads = |t: &Tensor| {
             padding_free::padded(unpadded, t.shallow_clone())
                 .view([batch, -1, c.num_heads, c.d_kv])
                 .transpose(1, 2)
         };
-        let q = heads(&apply_traced(h, &self.q, || n("q"), "Linear"));
+        let q = heads(&self.q.forward(h));
         let current = key_value_states.unwrap_or(h);
-        let k = heads(&apply_traced(current, &self.k, || n("k"), "Linear"));
-        let v = heads(&apply_traced(current, &self.v, || n("v"), "Linear"));
+        let k = heads(&self.k.forward(current));
+        let v = heads(&self.v.forward(current));
         // The cross-attention keys of the encoder are computed again at every step (upstream
         // caches them: the same op on the same states, the same values).
         let (k, v) = match (s.cache, key_value_states) {
@@ -465,18 +465,18 @@ impl Attention {
         let dropout = if s.train { c.dropout_rate } else { 0.0 };
         let a = attention::sdpa_with_position_bias(&q, &k, &v, mask, &position_bias, dropout);
         let a = padding_free::unpadded(unpadded, a.transpose(1, 2).reshape([batch, q_len, -1]));
-        let a = apply_traced(&a, &self.o, || n("o"), "Linear");
+        let a = self.o.forward(&a);
         Ok((a, position_bias))
     }
 }
 
 impl FeedForward {
-    fn new(p: nn::Path<'_>, c: &T5Config, gated: bool, name: String) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, c: &T5Config, gated: bool, name: String) -> Self {
         let f = c.initializer_factor;
         let std_i = f * (c.d_model as f64).powf(-0.5);
         let std_o = f * (c.d_ff as f64).powf(-0.5);
         let dense = &p / "DenseReluDense";
-        let lin = |n: &str, i, o, std| Some(layers::layer_linear(&dense / n, i, o, false, std));
+        let lin = |n: &str, i, o, std| Some(Linear::in_layer(&dense / n, i, o, false, std));
         let (wi, wi_0, wi_1) = if gated {
             (
                 None,
@@ -490,7 +490,7 @@ impl FeedForward {
             wi,
             wi_0,
             wi_1,
-            wo: layers::layer_linear(&dense / "wo", c.d_ff, c.d_model, false, std_o),
+            wo: Linear::in_layer(&dense / "wo", c.d_ff, c.d_model, false, std_o),
             layer_norm: T5LayerNorm::new(&p / "layer_norm", c.d_model, c.layer_norm_epsilon, f),
             name,
         }
@@ -498,33 +498,31 @@ impl FeedForward {
 
     /// Upstream `T5LayerFF.forward`.
     fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Tensor {
-        use layers::apply_traced;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let x = apply_traced(h, &self.layer_norm, || n("layer_norm"), "T5LayerNorm");
+        let x = self.layer_norm.forward(h);
         let inner = match (&self.wi, &self.wi_0, &self.wi_1) {
             (Some(wi), _, _) => {
-                let x = apply_traced(&x, wi, || n("DenseReluDense.wi"), "Linear");
-                s.act.apply_traced(&x, || n("DenseReluDense.act"))
+                let x = wi.forward(&x);
+                s.act.apply_traced(&s.ctx, &x, || n("DenseReluDense.act"))
             }
             (None, Some(wi_0), Some(wi_1)) => {
-                let gelu = s.act.apply_traced(
-                    &apply_traced(&x, wi_0, || n("DenseReluDense.wi_0"), "Linear"),
-                    || n("DenseReluDense.act"),
-                );
-                let linear = apply_traced(&x, wi_1, || n("DenseReluDense.wi_1"), "Linear");
+                let gelu = s
+                    .act
+                    .apply_traced(&s.ctx, &wi_0.forward(&x), || n("DenseReluDense.act"));
+                let linear = wi_1.forward(&x);
                 gelu * linear
             }
             _ => unreachable!("a feed-forward layer has `wi` or `wi_0` and `wi_1`"),
         };
         let inner = s.dropout(&inner, || n("DenseReluDense.dropout"));
         // `wo` stays in float32 when the rest is in half precision (`_keep_in_fp32_modules`).
-        let wo_kind = self.wo.0.ws.kind();
+        let wo_kind = self.wo.ws.kind();
         let inner = if inner.kind() != wo_kind {
             inner.to_kind(wo_kind)
         } else {
             inner
         };
-        let out = apply_traced(&inner, &self.wo, || n("DenseReluDense.wo"), "Linear");
+        let out = self.wo.forward(&inner);
         h + s.dropout(&out, || n("dropout"))
     }
 }
@@ -554,12 +552,7 @@ impl AttentionLayer {
         s: &StackInputs<'_>,
         idx: usize,
     ) -> Result<(Tensor, Tensor)> {
-        let normed = layers::apply_traced(
-            h,
-            &self.layer_norm,
-            || format!("{}.layer_norm", self.name),
-            "T5LayerNorm",
-        );
+        let normed = self.layer_norm.forward(h);
         let (a, bias) =
             self.attention
                 .forward(&normed, key_value_states, mask, position_bias, s, idx)?;
@@ -594,7 +587,7 @@ impl Block {
 }
 
 impl Stack {
-    fn new(p: nn::Path<'_>, c: &T5Config, is_decoder: bool, gated: bool) -> Self {
+    fn new(p: tchtrain_nn::Path<'_>, c: &T5Config, is_decoder: bool, gated: bool) -> Self {
         let name = if is_decoder { "decoder" } else { "encoder" };
         let layers_n = if is_decoder {
             c.decoder_layers()
@@ -609,24 +602,14 @@ impl Stack {
                 let prefix = format!("{name}.block.{i}");
                 let l0 = &b / "layer" / 0;
                 let self_attention = AttentionLayer {
-                    attention: Attention::new(
-                        &l0 / "SelfAttention",
-                        c,
-                        i == 0,
-                        format!("{prefix}.layer.0.SelfAttention"),
-                    ),
+                    attention: Attention::new(&l0 / "SelfAttention", c, i == 0),
                     layer_norm: T5LayerNorm::new(&l0 / "layer_norm", c.d_model, eps, f),
                     name: format!("{prefix}.layer.0"),
                 };
                 let cross_attention = is_decoder.then(|| {
                     let l1 = &b / "layer" / 1;
                     AttentionLayer {
-                        attention: Attention::new(
-                            &l1 / "EncDecAttention",
-                            c,
-                            false,
-                            format!("{prefix}.layer.1.EncDecAttention"),
-                        ),
+                        attention: Attention::new(&l1 / "EncDecAttention", c, false),
                         layer_norm: T5LayerNorm::new(&l1 / "layer_norm", c.d_model, eps, f),
                         name: format!("{prefix}.layer.1"),
                     }
@@ -647,6 +630,7 @@ impl Stack {
             })
             .collect();
         Self {
+            ctx: p.ctx().clone(),
             block,
             final_layer_norm: T5LayerNorm::new(&p / "final_layer_norm", c.d_model, eps, f),
             is_decoder,
@@ -658,7 +642,7 @@ impl Stack {
     fn forward(&self, embeds: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
         let p = s.config.dropout_rate;
         let n = |rest: &str| format!("{}.{rest}", self.name);
-        let mut h = layers::dropout_traced(embeds, p, s.train, || n("dropout"));
+        let mut h = tchtrain_nn::dropout_traced(&self.ctx, embeds, p, s.train, || n("dropout"));
         if let Some(u) = &s.unpadded {
             h = u.gather(&h);
         }
@@ -671,12 +655,7 @@ impl Stack {
                 cross_bias = cb;
             }
         }
-        let h = layers::apply_traced(
-            &h,
-            &self.final_layer_norm,
-            || n("final_layer_norm"),
-            "T5LayerNorm",
-        );
+        let h = self.final_layer_norm.forward(&h);
         let h = s.dropout(&h, || n("dropout"));
         Ok(padding_free::padded(s.unpadded.as_ref(), h))
     }
@@ -687,7 +666,8 @@ impl Stack {
 #[derive(Debug)]
 pub struct T5ForConditionalGeneration {
     vs: nn::VarStore,
-    shared: nn::Embedding,
+    ctx: Context,
+    shared: Embedding,
     encoder: Stack,
     decoder: Stack,
     lm_head: Option<Tensor>,
@@ -710,32 +690,39 @@ impl T5ForConditionalGeneration {
     /// A freshly initialised model (upstream `T5ForConditionalGeneration(config)`: the head
     /// tied to `shared`), seeded by tch's RNG.
     pub fn new(config: &T5Config, device: Device) -> Result<Self> {
-        Self::build(config, false, device)
+        Self::new_in(config, device, &Context::new())
     }
 
-    fn build(config: &T5Config, untied_head: bool, device: Device) -> Result<Self> {
+    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
+    /// `from_pretrained`).
+    pub(crate) fn new_in(config: &T5Config, device: Device, ctx: &Context) -> Result<Self> {
+        Self::build(config, false, device, ctx)
+    }
+
+    fn build(config: &T5Config, untied_head: bool, device: Device, ctx: &Context) -> Result<Self> {
         let mut config = config.clone();
         config.normalize();
         config.validate()?;
         let (act, gated) = config.activation()?;
         let vs = nn::VarStore::new(device);
-        let root = vs.root();
+        let root = tchtrain_nn::Path::root(&vs, ctx);
         let f = config.initializer_factor;
         // Upstream's registration order: shared, encoder, decoder, lm_head.
-        let shared = layers::embedding(&root / "shared", config.vocab_size, config.d_model, f);
+        let shared = Embedding::new(&root / "shared", config.vocab_size, config.d_model, f);
         let encoder = Stack::new(&root / "encoder", &config, false, gated);
         let decoder = Stack::new(&root / "decoder", &config, true, gated);
         let lm_head = untied_head.then(|| {
-            crate::initialization::var(
+            tchtrain_nn::initialization::var(
                 &(&root / "lm_head"),
                 "weight",
                 &[config.vocab_size, config.d_model],
-                layers::normal(f),
+                tchtrain_nn::initialization::normal(f),
             )
         });
         let generation_config = crate::generation::generation_fields_of(&config.to_json_value()?);
         Ok(Self {
             vs,
+            ctx: ctx.clone(),
             shared,
             encoder,
             decoder,
@@ -769,7 +756,7 @@ impl T5ForConditionalGeneration {
             "transformer",
             &["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"],
             options,
-            || Self::build(&config, untied, device),
+            |ctx| Self::build(&config, untied, device, ctx),
         )?;
         // `_keep_in_fp32_modules = ["wo"]`: a half-precision load keeps `wo` in float32.
         let m = &mut loaded.model;
@@ -826,12 +813,12 @@ impl T5ForConditionalGeneration {
     fn embed(&self, ids: &Tensor, name: &str) -> Result<Tensor> {
         crate::check_ids(ids, self.config.vocab_size, i64::MAX)?;
         let ids = ids.f_to_device(self.shared.ws.device())?;
-        let e = ids.apply(&self.shared);
-        let e = neftune_post_forward_hook(e, self.training)?;
-        crate::debug_utils::leaf(
+        let e = self.shared.lookup(&ids);
+        let e = neftune_post_forward_hook(&self.ctx, e, self.training)?;
+        self.ctx.leaf(
             || format!("{name}.embed_tokens"),
             "Embedding",
-            &self.shared.params(),
+            &[("weight", &self.shared.ws)],
             &ids,
             &e,
         );
@@ -845,6 +832,7 @@ impl T5ForConditionalGeneration {
         crate::modeling_utils::check_mask_shape(attention_mask, "attention_mask", batch, seq)?;
         let device = embeds.device();
         let s = StackInputs {
+            ctx: self.ctx.clone(),
             config: &self.config,
             act: self.act,
             train: self.training,
@@ -853,7 +841,13 @@ impl T5ForConditionalGeneration {
             encoder: None,
             cache: None,
             past: 0,
-            unpadded: Unpadded::for_forward(self.padding_free, false, attention_mask, device)?,
+            unpadded: Unpadded::for_forward(
+                &self.ctx,
+                self.padding_free,
+                false,
+                attention_mask,
+                device,
+            )?,
         };
         self.encoder.forward(&embeds, &s)
     }
@@ -909,6 +903,7 @@ impl TrainableModel for T5ForConditionalGeneration {
         let cache = inputs.past_key_values.or(own_cache.as_ref());
         let past = cache.map_or(0, DynamicCache::get_seq_length);
         let s = StackInputs {
+            ctx: self.ctx.clone(),
             config: &self.config,
             act: self.act,
             train: self.training,
@@ -934,7 +929,7 @@ impl TrainableModel for T5ForConditionalGeneration {
         }
         let weight = self.lm_head.as_ref().unwrap_or(&self.shared.ws);
         let logits = h.matmul(&weight.tr());
-        crate::debug_utils::leaf(
+        self.ctx.leaf(
             || "lm_head".into(),
             "Linear",
             &[("weight", weight)],
@@ -954,7 +949,7 @@ impl TrainableModel for T5ForConditionalGeneration {
             }
             None => None,
         };
-        crate::debug_utils::model_frame(self.architecture())?;
+        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

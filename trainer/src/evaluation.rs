@@ -271,7 +271,8 @@ impl Trainer {
         // ZeRO-3 layer by layer: each layer gathered only while it runs; other sharded runs
         // evaluate the gathered model.
         let scope = self.accelerator.forward_scope(false)?;
-        let metrics = scope.run(|| self.evaluate(None, "eval"))?;
+        let model = self.model.context().clone();
+        let metrics = scope.run(&model, || self.evaluate(None, "eval"))?;
         if !skip_scheduler
             && let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
             && sched.steps_on_metric()

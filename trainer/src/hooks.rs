@@ -59,7 +59,9 @@ impl StepContext<'_> {
         model.train();
         let t0 = std::time::Instant::now();
         let (loss, _) = hooks.compute_loss(self, &*model, inputs, num_items_in_batch)?;
-        crate::profile::record_forward(t0.elapsed());
+        if let Some(forward) = self.forward_time {
+            forward.set(forward.get() + t0.elapsed());
+        }
         let scaled = hooks
             .loss_is_scaled_for_ga()
             .unwrap_or(self.model_accepts_loss_kwargs && num_items_in_batch.is_some());

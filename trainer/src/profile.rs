@@ -8,8 +8,6 @@
 //! synchronises the device so that queued kernels count where they were launched (profiling
 //! then costs a little speed). Off by default: no marks, no synchronisation.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tch::Device;
@@ -43,22 +41,6 @@ const PHASES: [(Phase, &str); 7] = [
     (Phase::Other, "other"),
 ];
 
-/// Whether the training step records its forward / backward split (set while a profiled
-/// `train` runs).
-static SPLIT_FORWARD_BACKWARD: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    /// Forward time of the current training step, when profiling.
-    static FORWARD: Cell<Duration> = const { Cell::new(Duration::ZERO) };
-}
-
-/// Called by the default training step: the time its forward took (ignored unless profiling).
-pub(crate) fn record_forward(elapsed: Duration) {
-    if SPLIT_FORWARD_BACKWARD.load(Ordering::Relaxed) {
-        FORWARD.with(|f| f.set(f.get() + elapsed));
-    }
-}
-
 /// Whether profiling was asked for (`TCHTRAIN_PROFILE` set to anything but `0` / empty).
 pub(crate) fn requested() -> bool {
     std::env::var("TCHTRAIN_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
@@ -76,8 +58,6 @@ pub(crate) struct StepProfile {
 impl StepProfile {
     /// Starts profiling (the loop calls [`mark`](Self::mark) after each phase).
     pub(crate) fn start(device: Device) -> Self {
-        SPLIT_FORWARD_BACKWARD.store(true, Ordering::Relaxed);
-        FORWARD.with(|f| f.set(Duration::ZERO));
         Self {
             device,
             totals: [Duration::ZERO; PHASES.len()],
@@ -106,13 +86,14 @@ impl StepProfile {
         self.last = now;
     }
 
-    /// Charges the time since the previous mark to a training step: its forward part (as
-    /// the step recorded it) to [`Phase::Forward`], the rest to [`Phase::Backward`].
-    pub(crate) fn mark_training_step(&mut self) {
+    /// Charges the time since the previous mark to a training step: its `forward` part (as
+    /// the step recorded it in its context's `forward_time`) to [`Phase::Forward`], the
+    /// rest to [`Phase::Backward`].
+    pub(crate) fn mark_training_step(&mut self, forward: Duration) {
         self.sync();
         let now = Instant::now();
         let total = now - self.last;
-        let forward = FORWARD.with(|f| f.replace(Duration::ZERO)).min(total);
+        let forward = forward.min(total);
         self.add(Phase::Forward, forward);
         self.add(Phase::Backward, total - forward);
         self.last = now;
@@ -147,11 +128,5 @@ impl StepProfile {
         json.insert("steps".into(), serde_json::json!(self.steps));
         json.insert("seconds".into(), serde_json::json!(total));
         (text, serde_json::Value::Object(json))
-    }
-}
-
-impl Drop for StepProfile {
-    fn drop(&mut self) {
-        SPLIT_FORWARD_BACKWARD.store(false, Ordering::Relaxed);
     }
 }

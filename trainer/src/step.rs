@@ -67,6 +67,9 @@ pub struct StepContext<'a> {
     /// `Some` in a training step whose optimizer fuses its update into the backward (LOMO,
     /// AdaLomo): [`StepContext::backward`] runs it.
     pub fused_backward: Option<FusedBackward<'a>>,
+    /// Where the default training step adds its forward's time, when the loop is
+    /// profiled (`TCHTRAIN_PROFILE`).
+    pub forward_time: Option<&'a std::cell::Cell<std::time::Duration>>,
 }
 
 impl<'a> StepContext<'a> {
@@ -89,6 +92,7 @@ impl<'a> StepContext<'a> {
             accelerator,
             skip_logits: None,
             fused_backward: None,
+            forward_time: None,
         }
     }
 

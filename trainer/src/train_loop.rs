@@ -89,7 +89,7 @@ impl Trainer {
         let neftune = self
             .args
             .neftune_noise_alpha
-            .map(tchtrain_models::activate_neftune);
+            .map(|alpha| self.model.context().activate_neftune(alpha));
         // Upstream: `apply_liger_kernel(self.model, self.args.liger_kernel_config)`.
         if self.args.use_liger_kernel {
             let config = self
@@ -573,6 +573,8 @@ impl Trainer {
                     .as_deref()
                     .is_some_and(|o| o.fuses_backward())
                     .then(|| self.get_learning_rate());
+                // The default training step adds its forward's time here when profiling.
+                let forward_time = std::cell::Cell::new(std::time::Duration::ZERO);
                 let tr_loss_step = {
                     let scope = self.accelerator.forward_scope(true)?;
                     let hooks = self
@@ -595,11 +597,17 @@ impl Trainer {
                     if fused_lr.is_some() {
                         ctx.fused_backward = Some(FusedBackward(&fused));
                     }
+                    if self.loop_state.profile.is_some() {
+                        ctx.forward_time = Some(&forward_time);
+                    }
                     let model = &mut *self.model;
-                    scope.run(|| hooks.training_step(&ctx, model, inputs, num_items.as_ref()))?
+                    let parts = model.context().clone();
+                    scope.run(&parts, || {
+                        hooks.training_step(&ctx, model, inputs, num_items.as_ref())
+                    })?
                 };
                 if let Some(p) = self.loop_state.profile.as_mut() {
-                    p.mark_training_step();
+                    p.mark_training_step(forward_time.get());
                 }
                 // Upstream checks after every micro-step, at the current global step.
                 if let Some(n) = self.args.torch_empty_cache_steps

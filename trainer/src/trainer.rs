@@ -719,10 +719,13 @@ impl Trainer {
     }
 
     /// Runs `f` with the `debug="underflow_overflow"` tracer, when there is one, reporting
-    /// the model's forwards on this thread.
+    /// the model's forwards.
     pub(crate) fn traced<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         match self.debug_overflow.clone() {
-            Some(d) => tchtrain_models::with_debug_underflow_overflow(&d, || f(self)),
+            Some(d) => {
+                let model = self.model.context().clone();
+                model.with_tracer(&d, || f(self))
+            }
             None => f(self),
         }
     }

@@ -637,6 +637,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             accelerator: &accelerator,
             skip_logits: None,
             fused_backward: None,
+            forward_time: None,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss

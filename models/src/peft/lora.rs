@@ -7,15 +7,13 @@
 //! The adapters live in the base model's own `VarStore` under peft's parameter names
 //! without the `base_model.model.` prefix (`model.layers.0.self_attn.q_proj.lora_A.default.weight`),
 //! so the Trainer's optimizer, gradient clipping, DDP and checkpoints see them as any
-//! parameter. The models apply their linear layers through `layers::apply_traced`, which
-//! adds an active adapter's term by the layer's module name ([`with_adapters`] installs
-//! the adapters for the forwards run inside it on the current thread; activation
-//! checkpointing carries them into its recompute).
+//! parameter. Each adaptable part of `tchtrain-nn` holds a LoRA slot; [`set_adapters`]
+//! fills the slots before a forward, and each part adds its own slot's term.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor, nn};
+use tchtrain_nn::{Dora, LoraAdapter, LoraSlot};
 
 use super::config::{InitLoraWeights, LayerIndices, LoraConfig, TargetModules};
 use crate::modeling_utils::LinearModule;
@@ -555,301 +553,67 @@ pub(crate) fn create_adapters(
     Ok(())
 }
 
-/// An active adapter's layer during a forward.
-struct ActiveLayer {
-    a: Tensor,
-    b: Tensor,
-    scaling: f64,
-    dora: Option<Dora>,
-    embedding: bool,
-}
-
-/// What DoRA's forward reads besides the adapter.
-struct Dora {
-    magnitude: Tensor,
-    weight: Tensor,
-    bias: Option<Tensor>,
-    /// `Conv1D`: the weight is `[in, out]`.
-    conv1d: bool,
-}
-
-/// The adapters a forward applies (installed by [`with_adapters`]).
-pub(crate) struct ActiveAdapters {
-    layers: HashMap<String, ActiveLayer>,
+/// Fills the LoRA slots of the model whose parts share `ctx` for a forward: each part
+/// adapted in `layers` gets the adapter named `adapter`, read from `vs` (so a dtype or
+/// device move of the store is always seen); every other part, and the parts in `merged`
+/// (an adapter merged into their weight, which run their base layer alone, as peft's),
+/// gets none. Returns the adapted layers' slots, and the adapted layers no part of the
+/// model is named after.
+pub(crate) fn set_adapters(
+    ctx: &tchtrain_nn::Context,
+    vs: &nn::VarStore,
+    layers: &[LoraLayer],
+    adapter: &str,
     dropout: f64,
     train: bool,
-    hit: HashSet<String>,
-}
-
-impl ActiveAdapters {
-    /// The adapters named `adapter` of `layers`, read from `vs` (so a dtype or device move
-    /// of the store is always seen); the layers in `merged` (an adapter merged into their
-    /// weight) run their base layer alone, as peft's.
-    pub(crate) fn new(
-        vs: &nn::VarStore,
-        layers: &[LoraLayer],
-        adapter: &str,
-        dropout: f64,
-        train: bool,
-        merged: &HashSet<String>,
-    ) -> Result<Self> {
-        let vars = vs.variables();
-        let mut active = HashMap::with_capacity(layers.len());
-        for l in layers.iter().filter(|l| !merged.contains(&l.module)) {
-            let (a, b) = l.weight_names(adapter);
-            let get = |n: &str| {
-                vars.get(n)
-                    .map(Tensor::shallow_clone)
-                    .ok_or_else(|| Error::InvalidArgument {
-                        field: "adapter",
-                        detail: format!("{n} is missing from the model (was the adapter removed?)"),
-                    })
-            };
-            let dora = if l.dora {
-                Some(Dora {
-                    magnitude: get(&l.magnitude_name(adapter))?,
-                    weight: get(&format!("{}.weight", l.module))?,
-                    bias: vars
-                        .get(&format!("{}.bias", l.module))
-                        .map(Tensor::shallow_clone),
-                    conv1d: l.conv1d,
-                })
-            } else {
-                None
-            };
-            active.insert(
-                l.module.clone(),
-                ActiveLayer {
-                    a: get(&a)?,
-                    b: get(&b)?,
-                    scaling: l.scaling,
-                    dora,
-                    embedding: l.embedding,
-                },
-            );
-        }
-        Ok(Self {
-            layers: active,
-            dropout,
+    merged: &HashSet<String>,
+) -> Result<(Vec<(String, LoraSlot)>, Vec<String>)> {
+    let vars = vs.variables();
+    let get = |n: &str| {
+        vars.get(n)
+            .map(Tensor::shallow_clone)
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "adapter",
+                detail: format!("{n} is missing from the model (was the adapter removed?)"),
+            })
+    };
+    let mut by_name: HashMap<&str, &LoraLayer> = layers
+        .iter()
+        .filter(|l| !merged.contains(&l.module))
+        .map(|l| (l.module.as_str(), l))
+        .collect();
+    let mut filled = Vec::with_capacity(by_name.len());
+    for (name, slot) in ctx.lora_slots() {
+        let Some(l) = by_name.remove(name.as_str()) else {
+            slot.set(None);
+            continue;
+        };
+        let (a, b) = l.weight_names(adapter);
+        let dora = if l.dora {
+            Some(Dora {
+                magnitude: get(&l.magnitude_name(adapter))?,
+                weight: get(&format!("{}.weight", l.module))?,
+                bias: vars
+                    .get(&format!("{}.bias", l.module))
+                    .map(Tensor::shallow_clone),
+                conv1d: l.conv1d,
+            })
+        } else {
+            None
+        };
+        slot.set(Some(LoraAdapter {
+            a: get(&a)?,
+            b: get(&b)?,
+            scaling: l.scaling,
+            dora,
+            dropout: if l.embedding { 0.0 } else { dropout },
             train,
-            hit: HashSet::new(),
-        })
+        }));
+        filled.push((name, slot));
     }
-
-    /// The adapted layers the forward did not run (their module names differ from the
-    /// model's own, or the model skipped them).
-    pub(crate) fn missed(&self) -> Vec<String> {
-        let mut missed: Vec<String> = self
-            .layers
-            .keys()
-            .filter(|k| !self.hit.contains(*k))
-            .cloned()
-            .collect();
-        missed.sort();
-        missed
-    }
-}
-
-type Shared = Arc<Mutex<ActiveAdapters>>;
-
-thread_local! {
-    static ACTIVE: std::cell::RefCell<Option<Shared>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Runs `f` with `adapters` applied by every linear layer the models run on this thread
-/// (the previous ones put back afterwards, also on panic).
-pub(crate) fn with_adapters<R>(adapters: Shared, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Shared>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            ACTIVE.with(|a| *a.borrow_mut() = prev);
-        }
-    }
-    let prev = ACTIVE.with(|a| a.borrow_mut().replace(adapters));
-    let _restore = Restore(prev);
-    f()
-}
-
-/// The adapters installed on this thread (for activation checkpointing's recompute).
-pub(crate) fn current() -> Option<Shared> {
-    ACTIVE.with(|a| a.borrow().clone())
-}
-
-/// Whether adapters are installed on this thread.
-pub(crate) fn active() -> bool {
-    ACTIVE.with(|a| a.borrow().is_some())
-}
-
-/// peft's `Linear.forward` for the layer `module` whose base output is `y` on input `x`:
-/// `y + lora_B(lora_A(dropout(x))) * scaling`, `x` first cast to the adapter's dtype and
-/// the sum back to `y`'s (`y` itself when the layer is not adapted).
-pub(crate) fn apply_adapter(module: &str, x: &Tensor, y: Tensor) -> Tensor {
-    let Some(shared) = current() else {
-        return y;
-    };
-    let mut active = match shared.lock() {
-        Ok(a) => a,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    let (dropout, train) = (active.dropout, active.train);
-    let Some(layer) = active.layers.get(module).filter(|l| !l.embedding) else {
-        return y;
-    };
-    let x = if x.kind() == layer.a.kind() {
-        x.shallow_clone()
-    } else {
-        x.to_kind(layer.a.kind())
-    };
-    let kind = y.kind();
-    let out = match &layer.dora {
-        None => {
-            let x = if dropout > 0.0 && train {
-                crate::dropout::dropout(&x, dropout, true)
-            } else {
-                x
-            };
-            let after_a = x.linear::<Tensor>(&layer.a, None);
-            // `B(A x) * s` as `B(s · A x)`: the same bits for s = 2^k, k >= 0 (every product
-            // and sum of the matmul scales exactly), on `r` columns instead of the output's,
-            // forward and backward; no multiply at all for s = 1.
-            let delta = match exact_rank_side_scaling(layer.scaling) {
-                Some(1.0) => after_a.linear::<Tensor>(&layer.b, None),
-                Some(s) => (after_a * s).linear::<Tensor>(&layer.b, None),
-                None => after_a.linear::<Tensor>(&layer.b, None) * layer.scaling,
-            };
-            (y + delta).to_kind(kind)
-        }
-        Some(d) => (&y + dora_term(&x, &y, layer, d, dropout, train)).to_kind(kind),
-    };
-    active.hit.insert(module.to_string());
-    out
-}
-
-/// `Some(scaling)` when `scaling` is 2^k with k >= 0 (peft's default `lora_alpha / r` = 1,
-/// and `alpha = 2r`): multiplying the rank-`r` intermediate instead of the output then gives
-/// the same bits, as scaling by a power of two at least 1 rounds nothing (short of overflow,
-/// where both are infinite).
-fn exact_rank_side_scaling(scaling: f64) -> Option<f64> {
-    let power_of_two = scaling.is_normal() && scaling.to_bits() & ((1u64 << 52) - 1) == 0;
-    (power_of_two && (1.0..=2f64.powi(64)).contains(&scaling)).then_some(scaling)
-}
-
-/// peft's `Embedding.forward` for the embedding `module` whose base output is `y` on the
-/// ids `ids`: `y + (embedding(ids, A.T, padding_idx) @ B.T) * scaling`, times the layer's
-/// `embed_scale` where it has one (Gemma's scaled embeddings), in `y`'s dtype; no dropout
-/// and no input cast, as peft's. With DoRA, `m / ‖W.T + s · B @ A‖` rescales `y` and the
-/// term. `y` itself when the embedding is not adapted.
-pub(crate) fn apply_embedding_adapter(
-    module: &str,
-    ids: &Tensor,
-    y: Tensor,
-    padding_idx: Option<i64>,
-    embed_scale: Option<&Tensor>,
-) -> Tensor {
-    let Some(shared) = current() else {
-        return y;
-    };
-    let mut active = match shared.lock() {
-        Ok(a) => a,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    let Some(layer) = active.layers.get(module).filter(|l| l.embedding) else {
-        return y;
-    };
-    let kind = y.kind();
-    let after_a = Tensor::embedding(&layer.a.tr(), ids, padding_idx.unwrap_or(-1), false, false);
-    let scale = |t: Tensor| match embed_scale {
-        Some(s) => {
-            let s = s.to_kind(t.kind());
-            t * s
-        }
-        None => t,
-    };
-    let out = match &layer.dora {
-        None => {
-            let term = scale(after_a.matmul(&layer.b.tr()) * layer.scaling);
-            (y + term).to_kind(kind)
-        }
-        Some(d) => {
-            // `DoraEmbeddingLayer.forward`: the LoRA weight `(A.T @ B.T).T`, the norms of
-            // `W.T + scaling · lora_weight` (detached) in the weight's dtype.
-            let lora_weight = layer.a.tr().matmul(&layer.b.tr()).tr();
-            let weight_norm = (d.weight.tr() + lora_weight.detach() * layer.scaling)
-                .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
-                .detach();
-            let mns = &d.magnitude / weight_norm;
-            let dora = scale(&mns * after_a.matmul(&layer.b.tr()) * layer.scaling);
-            (mns * y + dora).to_kind(kind)
-        }
-    };
-    active.hit.insert(module.to_string());
-    out
-}
-
-/// A model's input-embedding lookup `y = embedding(ids)` (`name`: the module, built only
-/// while adapters are installed) with an active adapter's term added (peft's
-/// `lora.Embedding` wrapping the module); `padding_idx` as the module's, negative counted
-/// from `vocab`; `embed_scale` the module's own output scale (Gemma).
-pub(crate) fn adapt_embedding(
-    name: impl FnOnce() -> String,
-    ids: &Tensor,
-    y: Tensor,
-    padding_idx: Option<i64>,
-    vocab: i64,
-    embed_scale: Option<&Tensor>,
-) -> Tensor {
-    if !active() {
-        return y;
-    }
-    let padding_idx = padding_idx.map(|i| if i < 0 { i + vocab } else { i });
-    apply_embedding_adapter(&name(), ids, y, padding_idx, embed_scale)
-}
-
-/// peft's `DoraLinearVariant.forward` + `DoraLinearLayer.forward`: the term added to the
-/// base output `y`, op for op (the LoRA weight through the adapter's forward on an
-/// identity, the row norms of `W + scaling · ΔW` detached, the base output reused without
-/// dropout and recomputed on the dropped input with it).
-fn dora_term(
-    x: &Tensor,
-    y: &Tensor,
-    layer: &ActiveLayer,
-    d: &Dora,
-    dropout: f64,
-    train: bool,
-) -> Tensor {
-    let (x, base_result) = if dropout > 0.0 && train {
-        (crate::dropout::dropout(x, dropout, true), None)
-    } else {
-        (x.shallow_clone(), Some(y))
-    };
-    let in_features = layer.a.size()[1];
-    let eye = Tensor::eye(in_features, (layer.a.kind(), layer.a.device()));
-    let lora_weight = eye
-        .linear::<Tensor>(&layer.a, None)
-        .linear::<Tensor>(&layer.b, None)
-        .tr()
-        .to_kind(x.kind());
-    let weight = d.weight.to_kind(x.kind());
-    let oriented = if d.conv1d {
-        weight.tr()
-    } else {
-        weight.shallow_clone()
-    };
-    let weight_norm = (&oriented + lora_weight.detach() * layer.scaling)
-        .linalg_norm(2.0, &[1i64][..], false, None::<Kind>)
-        .to_kind(oriented.kind())
-        .detach();
-    let mag_norm_scale = (&d.magnitude / weight_norm).view([1, -1]);
-    let lora_result = x
-        .linear::<Tensor>(&layer.a, None)
-        .linear::<Tensor>(&layer.b, None);
-    let base_result = match (base_result, &d.bias) {
-        (Some(r), Some(bias)) => r - bias,
-        (Some(r), None) => r.shallow_clone(),
-        (None, _) => x.linear::<Tensor>(&oriented, None),
-    };
-    (&mag_norm_scale - 1.0) * base_result + &mag_norm_scale * lora_result * layer.scaling
+    let mut unknown: Vec<String> = by_name.into_keys().map(str::to_string).collect();
+    unknown.sort();
+    Ok((filled, unknown))
 }
 
 /// peft's DoRA merge: `W' = m / ‖W + ΔW‖ · (W + ΔW)` (row norms of the weight as `nn.Linear`

@@ -13,8 +13,3 @@ pub use config::{
 };
 pub use lora::LoraLayer;
 pub use peft_model::{PeftModel, get_peft_model};
-
-pub(crate) use lora::{
-    active as adapters_active, adapt_embedding, apply_adapter, current as current_adapters,
-    with_adapters,
-};

@@ -6,14 +6,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use tch::{Tensor, nn::VarStore};
 
 use super::config::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, LoraBias, LoraConfig, TargetModules,
 };
-use super::lora::{self, ActiveAdapters, LoraLayer, ModelFacts};
+use super::lora::{self, LoraLayer, ModelFacts};
 use crate::configuration_utils::PretrainedConfig;
 use crate::modeling_utils::{
     LabelCheck, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -761,6 +760,10 @@ impl PeftModel {
             .flat_map(|(n, a)| a.layers.iter().flat_map(move |l| l.variable_names(n)))
             .collect();
         self.remove_variables(&removed);
+        // The parts keep no adapter of the adapters just removed.
+        for (_, slot) in self.base.context().lora_slots() {
+            slot.set(None);
+        }
         Ok(self.base)
     }
 
@@ -886,7 +889,8 @@ impl PeftModel {
             .filter(|(n, _)| self.merged.contains(n))
             .flat_map(|(_, a)| a.layers.iter().map(|l| l.module.clone()))
             .collect();
-        let active = ActiveAdapters::new(
+        let (filled, mut missed) = lora::set_adapters(
+            self.base.context(),
             self.base.var_store(),
             &adapter.layers,
             &self.active,
@@ -894,12 +898,14 @@ impl PeftModel {
             self.base.is_training(),
             &merged,
         )?;
-        let shared = Arc::new(Mutex::new(active));
-        let out = lora::with_adapters(Arc::clone(&shared), f)?;
-        let missed = match shared.lock() {
-            Ok(a) => a.missed(),
-            Err(p) => p.into_inner().missed(),
-        };
+        let out = f()?;
+        missed.extend(
+            filled
+                .iter()
+                .filter(|(_, slot)| !slot.ran())
+                .map(|(name, _)| name.clone()),
+        );
+        missed.sort();
         if check_all_ran && !missed.is_empty() {
             return Err(Error::InvalidArgument {
                 field: "target_modules",
@@ -913,6 +919,9 @@ impl PeftModel {
 }
 
 impl TrainableModel for PeftModel {
+    fn context(&self) -> &tchtrain_nn::Context {
+        self.base.context()
+    }
     fn var_store(&self) -> &VarStore {
         self.base.var_store()
     }

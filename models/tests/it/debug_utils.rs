@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use tch::{Device, Tensor};
 use tchtrain_models::{
     AutoTask, DebugUnderflowOverflow, LoadOptions, ModelInputs, PreTrainedModel,
-    from_pretrained_dir, with_debug_underflow_overflow,
+    from_pretrained_dir,
 };
 use tchtrain_testing::{assets, lock};
 
@@ -73,7 +73,7 @@ fn run(
         ..Default::default()
     };
     let mut error = None;
-    with_debug_underflow_overflow(&tracer, || {
+    model.context().with_tracer(&tracer, || {
         for _ in 0..forwards {
             if let Some(s) = seed {
                 tch::manual_seed(s);

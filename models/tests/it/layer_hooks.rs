@@ -1,29 +1,27 @@
-//! The per-layer hooks (`LayerHooks`, `with_layer_hooks`) of GPT-2, BERT and Llama: called
+//! The per-layer hooks (`LayerHooks`, `Context::with_layer_hooks`) of GPT-2, BERT and Llama: called
 //! before and after every layer in order, with the hidden states of the right shape; hooks
 //! that hand the tensor back change nothing (bit for bit); a failing hook is an error naming
 //! the layer; outside `with_layer_hooks` nothing is called.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use tchtrain_testing::{assets, lock};
 
 use anyhow::{Context, Result};
 use tch::{Device, Tensor};
-use tchtrain_models::{
-    AutoTask, Error, LayerHooks, LoadOptions, ModelInputs, from_pretrained_dir, with_layer_hooks,
-};
+use tchtrain_models::{AutoTask, Error, LayerHooks, LoadOptions, ModelInputs, from_pretrained_dir};
 
 /// Records every call; fails at `fail_at` (layer, "before" / "after") when set.
 #[derive(Default)]
 struct Recorder {
-    calls: RefCell<Vec<(String, usize, Vec<i64>)>>,
+    calls: Mutex<Vec<(String, usize, Vec<i64>)>>,
     fail_at: Option<(usize, &'static str)>,
 }
 
 impl Recorder {
     fn record(&self, what: &str, index: usize, hidden: Tensor) -> Result<Tensor, String> {
         self.calls
-            .borrow_mut()
+            .lock()
+            .expect("calls")
             .push((what.to_string(), index, hidden.size()));
         if self.fail_at == Some((index, if what == "before" { "before" } else { "after" })) {
             return Err("the hook failed".into());
@@ -69,8 +67,10 @@ fn every_model_calls_the_hooks_around_each_layer_in_order() -> Result<()> {
             .logits
             .context("logits")?;
 
-        let rec = Rc::new(Recorder::default());
-        let hooked = with_layer_hooks(rec.clone(), || tch::no_grad(|| model.forward(&inputs)))?
+        let rec = Arc::new(Recorder::default());
+        let hooked = model
+            .context()
+            .with_layer_hooks(rec.clone(), || tch::no_grad(|| model.forward(&inputs)))?
             .logits
             .context("logits")?;
         assert_eq!(
@@ -83,19 +83,25 @@ fn every_model_calls_the_hooks_around_each_layer_in_order() -> Result<()> {
                 [("before", i), ("after", i)].map(|(w, i)| (w.to_string(), i, vec![2, 3, hidden]))
             })
             .collect();
-        assert_eq!(*rec.calls.borrow(), expected, "{name}");
+        assert_eq!(*rec.calls.lock().expect("calls"), expected, "{name}");
 
         // Outside `with_layer_hooks`: no calls.
-        let n = rec.calls.borrow().len();
+        let n = rec.calls.lock().expect("calls").len();
         let _ = tch::no_grad(|| model.forward(&inputs))?;
-        assert_eq!(rec.calls.borrow().len(), n, "{name}: hooks uninstalled");
+        assert_eq!(
+            rec.calls.lock().expect("calls").len(),
+            n,
+            "{name}: hooks uninstalled"
+        );
 
         // A failing hook stops the forward with an error naming the layer.
-        let failing = Rc::new(Recorder {
+        let failing = Arc::new(Recorder {
             fail_at: Some((layers - 1, "after")),
             ..Recorder::default()
         });
-        let err = with_layer_hooks(failing, || tch::no_grad(|| model.forward(&inputs)))
+        let err = model
+            .context()
+            .with_layer_hooks(failing, || tch::no_grad(|| model.forward(&inputs)))
             .expect_err("the hook fails");
         assert!(
             matches!(err, Error::LayerHook { layer, .. } if layer == layers - 1),
@@ -130,7 +136,7 @@ impl LayerHooks for Releasing {
 fn grad_after_swapping_weights(
     model: &dyn tchtrain_models::PreTrainedModel,
     inputs: &ModelInputs<'_>,
-    hooks: Option<Rc<dyn LayerHooks>>,
+    hooks: Option<Arc<dyn LayerHooks>>,
     swap: bool,
 ) -> Result<(f64, Tensor)> {
     let named: Vec<(String, Tensor)> = model.var_store().variables().into_iter().collect();
@@ -141,7 +147,9 @@ fn grad_after_swapping_weights(
         }
     }
     let out = match hooks {
-        Some(h) => with_layer_hooks(h, || model.forward(inputs))?,
+        Some(h) => model
+            .context()
+            .with_layer_hooks(h, || model.forward(inputs))?,
         None => model.forward(inputs)?,
     };
     let loss = out.loss.expect("labels given");
@@ -197,7 +205,7 @@ fn releasing_hooks_save_the_weights_themselves() -> Result<()> {
             labels: Some(&ids),
             ..ModelInputs::default()
         };
-        let releasing: Rc<dyn LayerHooks> = Rc::new(Releasing);
+        let releasing: Arc<dyn LayerHooks> = Arc::new(Releasing);
         let (loss, grad) = grad_after_swapping_weights(&*model, &inputs, None, false)?;
         let (loss_r, grad_r) =
             grad_after_swapping_weights(&*model, &inputs, Some(releasing.clone()), false)?;

@@ -702,7 +702,7 @@ fn tiny_llama_with_neftune() -> Result<()> {
     )?;
     assert_exact("llama neftune", &m);
     // NEFTune is off again after `train`: a plain forward has no noise.
-    assert_eq!(tchtrain_models::neftune_noise_alpha(), None);
+    assert_eq!(trainer.model().context().neftune_noise_alpha(), None);
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

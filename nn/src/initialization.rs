@@ -6,35 +6,50 @@
 //! `torch.empty(2, 384).normal_(0, 0.02)` and leaves the generator right after it.
 //!
 //! A model's constructor draws every weight (upstream's `Model(config)`). `from_pretrained`
-//! builds it inside [`deferred`] instead: each variable is created without drawing (its
-//! constant, or zeros for a random init) and its init is recorded; once the checkpoint is
-//! loaded, [`initialize_missing`] applies the recorded init to the missing variables only,
-//! in creation order (which is upstream's registration order).
-
-use std::cell::RefCell;
+//! builds it with a [`Context::deferred`](crate::Context::deferred) instead: each variable
+//! is created without drawing (its constant, or zeros for a random init) and its init is
+//! recorded; once the checkpoint is loaded, [`initialize_missing`] applies the recorded
+//! init to the missing variables only, in creation order (which is upstream's
+//! registration order).
 
 use tch::Tensor;
-use tch::nn::{self, Init, VarStore};
+use tch::nn::{Init, VarStore};
 
 use crate::error::{Error, Result};
+use crate::path::Path;
+
+/// Upstream `_init_weights` for Linear / Conv1D / Embedding: `normal(0, initializer_range)`.
+pub fn normal(std: f64) -> Init {
+    Init::Randn {
+        mean: 0.0,
+        stdev: std,
+    }
+}
 
 /// A variable's upstream initialisation: its init, for an embedding with a `padding_idx`
 /// the row `_init_weights` zeroes after the draw, and a truncated normal a model's own
 /// `_init_weights` draws after the generic one (ModernBERT's).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct VarInit {
-    pub(crate) init: Init,
-    pub(crate) zero_row: Option<i64>,
-    pub(crate) trunc_normal: Option<TruncNormal>,
+pub struct VarInit {
+    /// The init.
+    pub init: Init,
+    /// The row zeroed after the draw.
+    pub zero_row: Option<i64>,
+    /// A truncated normal drawn after.
+    pub trunc_normal: Option<TruncNormal>,
 }
 
 /// `init.trunc_normal_(mean, std, a, b)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct TruncNormal {
-    pub(crate) mean: f64,
-    pub(crate) std: f64,
-    pub(crate) a: f64,
-    pub(crate) b: f64,
+pub struct TruncNormal {
+    /// `mean`.
+    pub mean: f64,
+    /// `std`.
+    pub std: f64,
+    /// The lower bound.
+    pub a: f64,
+    /// The upper bound.
+    pub b: f64,
 }
 
 impl TruncNormal {
@@ -42,7 +57,7 @@ impl TruncNormal {
     /// holds more than 30% of the mass, normal draws of the whole tensor, each rejected value
     /// replaced from a fresh draw of the whole tensor until none is left; otherwise
     /// rejection sampling from uniform proposals.
-    pub(crate) fn apply(&self, t: &mut Tensor) -> Result<()> {
+    pub fn apply(&self, t: &mut Tensor) -> Result<()> {
         let TruncNormal { mean, std, a, b } = *self;
         let cdf = |x: f64| (1.0 + erf(x / std::f64::consts::SQRT_2)) / 2.0;
         let p = cdf((b - mean) / std) - cdf((a - mean) / std);
@@ -118,40 +133,31 @@ fn erf(x: f64) -> f64 {
     if x >= 0.0 { y } else { -y }
 }
 
-thread_local! {
-    static DEFERRED: RefCell<Option<Vec<(String, VarInit)>>> = const { RefCell::new(None) };
-}
-
-/// The init to create `name` under `p` with: `init` itself, or, inside [`deferred`], one
-/// that draws nothing (the recorded `init` is applied later if the checkpoint lacks it).
-pub(crate) fn init(p: &nn::Path<'_>, name: &str, init: Init) -> Init {
+/// The init to create `name` under `p` with: `init` itself, or, when the model's context
+/// defers initialisation, one that draws nothing (the recorded `init` is applied later if
+/// the checkpoint lacks it).
+pub fn init(p: &Path<'_>, name: &str, init: Init) -> Init {
     init_zero_row(p, name, init, None)
 }
 
 /// `p.var(name, dims, init)`, its `zero_row` zeroed, then `trunc_normal` drawn over it
-/// (now, or recorded inside [`deferred`] for [`initialize_missing`]).
-pub(crate) fn var_trunc_normal(
-    p: &nn::Path<'_>,
+/// (now, or recorded when deferred, for [`initialize_missing`]).
+pub fn var_trunc_normal(
+    p: &Path<'_>,
     name: &str,
     dims: &[i64],
     init: Init,
     zero_row: Option<i64>,
     trunc_normal: TruncNormal,
 ) -> Result<Tensor> {
-    let recorded = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
-        None => false,
-        Some(recorded) => {
-            recorded.push((
-                p.path(name),
-                VarInit {
-                    init,
-                    zero_row,
-                    trunc_normal: Some(trunc_normal),
-                },
-            ));
-            true
-        }
-    });
+    let recorded = p.ctx().record_init(
+        p.path(name),
+        VarInit {
+            init,
+            zero_row,
+            trunc_normal: Some(trunc_normal),
+        },
+    );
     if recorded {
         return Ok(p.var(name, dims, Init::Const(0.0)));
     }
@@ -163,67 +169,33 @@ pub(crate) fn var_trunc_normal(
     Ok(t)
 }
 
-/// [`init`] for an embedding whose `padding_idx` row is zeroed after the draw (inside
-/// [`deferred`], recorded for [`initialize_missing`]; otherwise the caller zeroes it).
-pub(crate) fn init_zero_row(
-    p: &nn::Path<'_>,
-    name: &str,
-    init: Init,
-    zero_row: Option<i64>,
-) -> Init {
-    DEFERRED.with(|d| match d.borrow_mut().as_mut() {
-        None => init,
-        Some(recorded) => {
-            recorded.push((
-                p.path(name),
-                VarInit {
-                    init,
-                    zero_row,
-                    trunc_normal: None,
-                },
-            ));
-            match init {
-                Init::Const(_) => init,
-                _ => Init::Const(0.0),
-            }
-        }
-    })
+/// [`init`] for an embedding whose `padding_idx` row is zeroed after the draw (when
+/// deferred, recorded for [`initialize_missing`]; otherwise the caller zeroes it).
+pub fn init_zero_row(p: &Path<'_>, name: &str, init: Init, zero_row: Option<i64>) -> Init {
+    let recorded = p.ctx().record_init(
+        p.path(name),
+        VarInit {
+            init,
+            zero_row,
+            trunc_normal: None,
+        },
+    );
+    match init {
+        _ if !recorded => init,
+        Init::Const(_) => init,
+        _ => Init::Const(0.0),
+    }
 }
 
 /// `p.var(name, dims, init)` through [`init`].
-pub(crate) fn var(p: &nn::Path<'_>, name: &str, dims: &[i64], i: Init) -> Tensor {
+pub fn var(p: &Path<'_>, name: &str, dims: &[i64], i: Init) -> Tensor {
     p.var(name, dims, init(p, name, i))
-}
-
-/// Whether variables are being created inside [`deferred`] (nothing drawn now).
-pub(crate) fn is_deferred() -> bool {
-    DEFERRED.with(|d| d.borrow().is_some())
-}
-
-/// Runs `build` (a model's constructor) with initialisation deferred; returns what it built
-/// and the init of every variable, in creation order.
-pub(crate) fn deferred<T>(
-    build: impl FnOnce() -> Result<T>,
-) -> Result<(T, Vec<(String, VarInit)>)> {
-    struct Restore(Option<Vec<(String, VarInit)>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            DEFERRED.with(|d| *d.borrow_mut() = prev);
-        }
-    }
-    let prev = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
-    let restore = Restore(prev);
-    let built = build();
-    let recorded = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
-    drop(restore);
-    Ok((built?, recorded))
 }
 
 /// `_initialize_missing_keys`: the variables named in `missing` get their recorded init, in
 /// creation order, from the global generator (`normal_(mean, std)` for a normal init, as
 /// upstream's `init.normal_`), an embedding's padding row zeroed after.
-pub(crate) fn initialize_missing(
+pub fn initialize_missing(
     vs: &VarStore,
     inits: &[(String, VarInit)],
     missing: &[String],

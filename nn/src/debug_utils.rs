@@ -2,32 +2,30 @@
 //! the absolute min / max of every module's parameters, inputs and outputs and stops at the
 //! first inf / nan, printing the frames that led to it.
 //!
-//! Upstream registers a forward hook on every `nn.Module` of the model. Here the models
-//! call [`hook`] after each of upstream's modules would have run (the same fully qualified
-//! names, class names, parameters in registration order, and the positional inputs and
-//! outputs upstream's hook receives, `None` and non-tensor arguments included), and
-//! [`model_frame`] for the model itself, which counts the batches and returns the tracer's
-//! error. A tracer is active for the forwards run on the current thread inside
-//! [`with_debug_underflow_overflow`]; the layers a checkpoint recomputes in the backward
-//! report again, as upstream's reentrant checkpoint calls the modules again.
+//! Upstream registers a forward hook on every `nn.Module` of the model. Here each part
+//! reports its own forward, and the models call
+//! [`Context::hook`](crate::Context::hook) after each of upstream's other modules would
+//! have run (the same fully qualified names, class names, parameters in registration
+//! order, and the positional inputs and outputs upstream's hook receives, `None` and
+//! non-tensor arguments included), and [`Context::model_frame`](crate::Context::model_frame)
+//! for the model itself, which counts the batches and returns the tracer's error. A tracer
+//! listens to a model inside [`Context::with_tracer`](crate::Context::with_tracer); the
+//! layers a checkpoint recomputes in the backward report again, as upstream's reentrant
+//! checkpoint calls the modules again.
 //!
 //! Output goes to stdout as upstream's `print`, or to the writer given with
 //! [`DebugUnderflowOverflow::with_output`]. One difference: upstream fails on a boolean
 //! tensor (`abs` is not implemented for `Bool`; GPT-2's block gets one as its padding
 //! mask); here its absolute values are its values, 0 and 1.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
 
-use crate::error::{Error, Result};
-
 /// What upstream's hook sees in one position of a module's inputs or outputs.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Var<'a> {
+pub enum Var<'a> {
     /// A tensor: its absolute min and max.
     T(&'a Tensor),
     /// `None`.
@@ -38,7 +36,7 @@ pub(crate) enum Var<'a> {
 
 /// A module's output as upstream's hook receives it: one value or a tuple.
 #[derive(Debug)]
-pub(crate) enum Out<'a> {
+pub enum Out<'a> {
     /// `output`.
     One(Var<'a>),
     /// `output[0]`, `output[1]`, ...
@@ -237,7 +235,7 @@ impl DebugUnderflowOverflow {
     }
 
     /// Upstream `forward_hook`; the model itself is the module named `""`.
-    fn forward_hook(
+    pub(crate) fn forward_hook(
         &mut self,
         name: &str,
         class: &str,
@@ -319,96 +317,15 @@ fn python_e(x: f64) -> String {
     format!("{s:>8}")
 }
 
-thread_local! {
-    static ACTIVE: RefCell<Option<Arc<Mutex<DebugUnderflowOverflow>>>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` with `tracer` reporting every module's forward on the current thread (the
-/// previous tracer, if any, is put back afterwards, also when `f` panics).
-pub fn with_debug_underflow_overflow<R>(
-    tracer: &Arc<Mutex<DebugUnderflowOverflow>>,
-    f: impl FnOnce() -> R,
-) -> R {
-    struct Restore(Option<Arc<Mutex<DebugUnderflowOverflow>>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            ACTIVE.with(|a| *a.borrow_mut() = prev);
-        }
-    }
-    let prev = ACTIVE.with(|a| a.borrow_mut().replace(Arc::clone(tracer)));
-    let _restore = Restore(prev);
-    f()
-}
-
-fn with_active(f: impl FnOnce(&mut DebugUnderflowOverflow)) {
-    let Some(tracer) = ACTIVE.with(|a| a.borrow().clone()) else {
-        return;
-    };
-    let mut guard = match tracer.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    f(&mut guard);
-}
-
-/// The tracer active on this thread, for a closure that runs elsewhere later (a checkpoint's
-/// recompute runs on the autograd engine's thread on CUDA).
-pub(crate) fn current() -> Option<Arc<Mutex<DebugUnderflowOverflow>>> {
-    ACTIVE.with(|a| a.borrow().clone())
-}
-
-/// Whether a tracer is active on this thread (the models skip building names otherwise).
-pub(crate) fn active() -> bool {
-    ACTIVE.with(|a| a.borrow().is_some())
-}
-
-/// Upstream's forward hook on the module `name` of class `class`, after it ran.
-pub(crate) fn hook(
-    name: impl FnOnce() -> String,
-    class: &str,
-    params: &[(&str, &Tensor)],
-    inputs: &[Var<'_>],
-    output: Out<'_>,
-) {
-    if !active() {
-        return;
-    }
-    let name = name();
-    with_active(|d| d.forward_hook(&name, class, params, inputs, &output));
-}
-
-/// The hook of a module with one tensor input and one tensor output.
-pub(crate) fn leaf(
-    name: impl FnOnce() -> String,
-    class: &str,
-    params: &[(&str, &Tensor)],
-    x: &Tensor,
-    y: &Tensor,
-) {
-    hook(name, class, params, &[Var::T(x)], Out::One(Var::T(y)));
-}
-
-/// The hook of the model itself (called by the Trainer with keyword arguments, so no
-/// positional inputs; its output is a `ModelOutput`), then the tracer's error, if a hook
-/// raised during this forward.
-pub(crate) fn model_frame(class: &str) -> Result<()> {
-    hook(String::new, class, &[], &[], Out::One(Var::NotTensor));
-    check()
-}
-
-/// The error a hook raised during this forward (or a checkpoint's recompute), if any.
-pub(crate) fn check() -> Result<()> {
-    let mut pending = None;
-    with_active(|d| pending = d.pending.take());
-    match pending {
-        Some(message) => Err(Error::DebugUnderflowOverflow(message)),
-        None => Ok(()),
+impl DebugUnderflowOverflow {
+    /// The error the last hook raised, until the model returns it.
+    pub(crate) fn take_pending(&mut self) -> Option<String> {
+        self.pending.take()
     }
 }
 
 /// `"{prefix}.{rest}"`, or `rest` under an empty prefix (a bare base model).
-pub(crate) fn join(prefix: &str, rest: &str) -> String {
+pub fn join(prefix: &str, rest: &str) -> String {
     if prefix.is_empty() {
         rest.to_string()
     } else if rest.is_empty() {

@@ -25,7 +25,7 @@ pub fn dropout(x: &Tensor, p: f64, train: bool) -> Tensor {
 
 /// Dropout's noise for a tensor of `shape`: `empty(shape).bernoulli_(1 - p).div_(1 - p)` on
 /// the default generator, for `0 < p < 1`.
-pub(crate) fn noise(shape: &[i64], p: f64, kind: Kind, device: Device) -> Tensor {
+pub fn noise(shape: &[i64], p: f64, kind: Kind, device: Device) -> Tensor {
     let mut noise = Tensor::empty(shape, (kind, device));
     if fast_path_applies(kind, device) {
         // SAFETY: `noise` is a live, contiguous float32 CPU tensor owned here, and 0 < p < 1
@@ -53,4 +53,17 @@ fn fast_path_applies(kind: Kind, device: Device) -> bool {
 pub fn dropout_fast_path() -> bool {
     // SAFETY: no arguments; the shim catches everything.
     unsafe { tchtrain_sys::tchtrain_dropout_fast_path() == 1 }
+}
+
+/// Dropout as upstream's `nn.Dropout` module `name` (which reports in evaluation too).
+pub fn dropout_traced(
+    ctx: &crate::Context,
+    x: &Tensor,
+    p: f64,
+    train: bool,
+    name: impl FnOnce() -> String,
+) -> Tensor {
+    let y = dropout(x, p, train);
+    ctx.leaf(name, "Dropout", &[], x, &y);
+    y
 }
