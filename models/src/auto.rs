@@ -6,7 +6,7 @@ use std::path::Path;
 use tch::Device;
 
 use crate::bart::BartForConditionalGeneration;
-use crate::bert::{BASE, Bert, BertConfig, EncoderConfig, MLM, QA, SEQ_CLS, TOK_CLS};
+use crate::bert::{Bert, BertConfig, EncoderConfig};
 use crate::configuration_utils::read_model_type;
 use crate::deberta_v2::{
     DebertaV2BaseModel, DebertaV2ForMaskedLM, DebertaV2ForQuestionAnswering,
@@ -20,6 +20,7 @@ use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::Gemma3TextConfig;
 use crate::gpt2::{GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel};
+use crate::heads;
 use crate::hub::{HubOptions, resolve};
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
@@ -228,21 +229,26 @@ fn encoder<C: EncoderConfig>(
     options: &LoadOptions,
 ) -> Result<AutoModel> {
     Ok(match task {
-        AutoTask::Base => boxed(Bert::<C, BASE>::from_pretrained_dir(
+        AutoTask::Base => boxed(Bert::<C, heads::Base>::from_pretrained_dir(
             dir, None, device, options,
         )?),
-        AutoTask::MaskedLm => boxed(Bert::<C, MLM>::from_pretrained_dir(
+        AutoTask::MaskedLm => boxed(Bert::<C, heads::MaskedLm>::from_pretrained_dir(
             dir, None, device, options,
         )?),
-        AutoTask::SequenceClassification { num_labels } => boxed(
-            Bert::<C, SEQ_CLS>::from_pretrained_dir(dir, num_labels, device, options)?,
+        AutoTask::SequenceClassification { num_labels } => boxed(Bert::<
+            C,
+            heads::SequenceClassification,
+        >::from_pretrained_dir(
+            dir, num_labels, device, options,
+        )?),
+        AutoTask::TokenClassification { num_labels } => {
+            boxed(Bert::<C, heads::TokenClassification>::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
+        AutoTask::QuestionAnswering => boxed(
+            Bert::<C, heads::QuestionAnswering>::from_pretrained_dir(dir, None, device, options)?,
         ),
-        AutoTask::TokenClassification { num_labels } => boxed(
-            Bert::<C, TOK_CLS>::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        AutoTask::QuestionAnswering => boxed(Bert::<C, QA>::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
         AutoTask::CausalLm | AutoTask::Seq2SeqLm => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),

@@ -17,6 +17,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -683,7 +684,7 @@ impl BertModel {
         Ok((h, pooled))
     }
 
-    /// The word embedding matrix (tied to the MLM decoder).
+    /// The word embedding matrix (tied to the HeadKind::MaskedLm decoder).
     pub fn word_embeddings(&self) -> &Tensor {
         &self.word_embeddings.ws
     }
@@ -720,7 +721,8 @@ enum Head {
 /// A BERT-shaped model with one of upstream's heads; use the type aliases
 /// ([`BertForMaskedLM`], `RobertaForSequenceClassification`, ...).
 #[derive(Debug)]
-pub struct Bert<C: EncoderConfig, const KIND: u8> {
+pub struct Bert<C: EncoderConfig, K: TaskHead> {
+    task: std::marker::PhantomData<K>,
     vs: nn::VarStore,
     ctx: Context,
     bert: BertModel,
@@ -732,29 +734,22 @@ pub struct Bert<C: EncoderConfig, const KIND: u8> {
     padding_free: bool,
 }
 
-/// The head kinds of [`Bert`].
-pub(crate) const BASE: u8 = 0;
-pub(crate) const MLM: u8 = 1;
-pub(crate) const SEQ_CLS: u8 = 2;
-pub(crate) const TOK_CLS: u8 = 3;
-pub(crate) const QA: u8 = 4;
-
 /// Upstream `BertModel` as a standalone model (weights at the root, with the pooler).
-pub type BertBaseModel = Bert<BertConfig, BASE>;
+pub type BertBaseModel = Bert<BertConfig, heads::Base>;
 /// Upstream `BertForMaskedLM`.
-pub type BertForMaskedLM = Bert<BertConfig, MLM>;
+pub type BertForMaskedLM = Bert<BertConfig, heads::MaskedLm>;
 /// Upstream `BertForSequenceClassification`.
-pub type BertForSequenceClassification = Bert<BertConfig, SEQ_CLS>;
+pub type BertForSequenceClassification = Bert<BertConfig, heads::SequenceClassification>;
 /// Upstream `BertForTokenClassification`.
-pub type BertForTokenClassification = Bert<BertConfig, TOK_CLS>;
+pub type BertForTokenClassification = Bert<BertConfig, heads::TokenClassification>;
 /// Upstream `BertForQuestionAnswering`.
-pub type BertForQuestionAnswering = Bert<BertConfig, QA>;
+pub type BertForQuestionAnswering = Bert<BertConfig, heads::QuestionAnswering>;
 
-impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
+impl<C: EncoderConfig, K: TaskHead> Bert<C, K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match KIND {
-        SEQ_CLS => EncoderHead::FirstToken,
-        MLM | TOK_CLS => EncoderHead::EveryToken,
+    const ENCODER_HEAD: EncoderHead = match K::KIND {
+        HeadKind::SequenceClassification => EncoderHead::FirstToken,
+        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
         _ => EncoderHead::AllPositions,
     };
 
@@ -770,18 +765,19 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
         let family = encoder_config.family();
         let vs = nn::VarStore::new(device);
         let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if KIND == BASE {
+        let body = if K::KIND == HeadKind::Base {
             root.clone()
         } else {
             &root / family.base_model_prefix
         };
         // BERT's sequence classifier reads the pooler; RoBERTa's heads have none.
-        let pooler = KIND == BASE || (KIND == SEQ_CLS && !family.roberta);
+        let pooler = K::KIND == HeadKind::Base
+            || (K::KIND == HeadKind::SequenceClassification && !family.roberta);
         let roberta = family.roberta;
-        if KIND == QA {
+        if K::KIND == HeadKind::QuestionAnswering {
             crate::modeling_utils::check_question_answering_labels(config.num_labels())?;
         }
-        if KIND == MLM && !config.tie_word_embeddings {
+        if K::KIND == HeadKind::MaskedLm && !config.tie_word_embeddings {
             return Err(Error::InvalidConfig {
                 field: "tie_word_embeddings",
                 value: "false".into(),
@@ -802,6 +798,7 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
         Ok(Self {
             vs,
             ctx: ctx.clone(),
+            task: std::marker::PhantomData,
             bert,
             head,
             config: encoder_config.clone(),
@@ -814,8 +811,8 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
     /// The head's variables, created under `root` in upstream's order.
     fn head(root: &tchtrain_nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
         let (d, std) = (config.hidden_size, config.initializer_range);
-        match KIND {
-            MLM if roberta => {
+        match K::KIND {
+            HeadKind::MaskedLm if roberta => {
                 let t = root / "lm_head";
                 // `lm_head.bias` (the decoder's bias) comes first in `named_parameters()`.
                 let bias = tchtrain_nn::initialization::var(
@@ -830,14 +827,14 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
                     bias,
                 }
             }
-            SEQ_CLS if roberta => {
+            HeadKind::SequenceClassification if roberta => {
                 let c = root / "classifier";
                 Head::RobertaClassification {
                     dense: Linear::new(&c / "dense", d, d, true, std),
                     out_proj: Linear::new(&c / "out_proj", d, config.num_labels(), true, std),
                 }
             }
-            MLM => {
+            HeadKind::MaskedLm => {
                 let t = root / "cls" / "predictions";
                 // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
                 // transform (the decoder's bias is that parameter, and the decoder weight is
@@ -854,13 +851,13 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
                     bias,
                 }
             }
-            SEQ_CLS => Head::SequenceClassification {
+            HeadKind::SequenceClassification => Head::SequenceClassification {
                 classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
             },
-            TOK_CLS => Head::TokenClassification {
+            HeadKind::TokenClassification => Head::TokenClassification {
                 classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
             },
-            QA => Head::QuestionAnswering {
+            HeadKind::QuestionAnswering => Head::QuestionAnswering {
                 qa_outputs: Linear::new(root / "qa_outputs", d, 2, true, std),
             },
             _ => Head::None,
@@ -891,16 +888,16 @@ impl<C: EncoderConfig, const KIND: u8> Bert<C, KIND> {
     }
 }
 
-impl<C: EncoderConfig, const KIND: u8> PreTrainedModel for Bert<C, KIND> {
+impl<C: EncoderConfig, K: TaskHead> PreTrainedModel for Bert<C, K> {
     fn architecture(&self) -> &'static str {
-        self.bert.family.classes[usize::from(KIND)]
+        self.bert.family.classes[K::KIND as usize]
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
     }
 }
 
-impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
+impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
     crate::modeling_utils::model_plumbing!(@common);
     fn set_use_cache(&mut self, use_cache: bool) {
         self.config
@@ -920,15 +917,15 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels().num_labels();
-        match KIND {
-            SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
-            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+        match K::KIND {
+            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
+            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
             _ => None,
         }
     }
     fn label_names(&self) -> Vec<String> {
-        match KIND {
-            QA => crate::modeling_utils::question_answering_label_names(),
+        match K::KIND {
+            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
             _ => vec!["labels".into()],
         }
     }
@@ -948,15 +945,15 @@ impl<C: EncoderConfig, const KIND: u8> TrainableModel for Bert<C, KIND> {
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
         let prefix = self.bert.family.base_model_prefix;
-        match KIND {
-            MLM if self.bert.family.roberta => vec![
+        match K::KIND {
+            HeadKind::MaskedLm if self.bert.family.roberta => vec![
                 (
                     "lm_head.decoder.weight".into(),
                     format!("{prefix}.embeddings.word_embeddings.weight"),
                 ),
                 ("lm_head.decoder.bias".into(), "lm_head.bias".into()),
             ],
-            MLM => vec![
+            HeadKind::MaskedLm => vec![
                 (
                     "cls.predictions.decoder.weight".into(),
                     "bert.embeddings.word_embeddings.weight".into(),

@@ -28,6 +28,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer_with};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -761,7 +762,8 @@ enum Head {
 
 /// A DeBERTa-v2 model with one of upstream's heads; use the type aliases.
 #[derive(Debug)]
-pub struct DebertaV2<const KIND: u8> {
+pub struct DebertaV2<K: TaskHead> {
+    task: std::marker::PhantomData<K>,
     vs: nn::VarStore,
     ctx: Context,
     deberta: DebertaV2Model,
@@ -773,28 +775,22 @@ pub struct DebertaV2<const KIND: u8> {
     padding_free: bool,
 }
 
-const BASE: u8 = 0;
-const MLM: u8 = 1;
-const SEQ_CLS: u8 = 2;
-const TOK_CLS: u8 = 3;
-const QA: u8 = 4;
-
 /// Upstream `DebertaV2Model` as a standalone model (weights at the root).
-pub type DebertaV2BaseModel = DebertaV2<BASE>;
+pub type DebertaV2BaseModel = DebertaV2<heads::Base>;
 /// Upstream `DebertaV2ForMaskedLM`.
-pub type DebertaV2ForMaskedLM = DebertaV2<MLM>;
+pub type DebertaV2ForMaskedLM = DebertaV2<heads::MaskedLm>;
 /// Upstream `DebertaV2ForSequenceClassification`.
-pub type DebertaV2ForSequenceClassification = DebertaV2<SEQ_CLS>;
+pub type DebertaV2ForSequenceClassification = DebertaV2<heads::SequenceClassification>;
 /// Upstream `DebertaV2ForTokenClassification`.
-pub type DebertaV2ForTokenClassification = DebertaV2<TOK_CLS>;
+pub type DebertaV2ForTokenClassification = DebertaV2<heads::TokenClassification>;
 /// Upstream `DebertaV2ForQuestionAnswering`.
-pub type DebertaV2ForQuestionAnswering = DebertaV2<QA>;
+pub type DebertaV2ForQuestionAnswering = DebertaV2<heads::QuestionAnswering>;
 
-impl<const KIND: u8> DebertaV2<KIND> {
+impl<K: TaskHead> DebertaV2<K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match KIND {
-        SEQ_CLS => EncoderHead::FirstToken,
-        MLM | TOK_CLS => EncoderHead::EveryToken,
+    const ENCODER_HEAD: EncoderHead = match K::KIND {
+        HeadKind::SequenceClassification => EncoderHead::FirstToken,
+        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
         _ => EncoderHead::AllPositions,
     };
 
@@ -808,7 +804,7 @@ impl<const KIND: u8> DebertaV2<KIND> {
     pub(crate) fn new_in(config: &DebertaV2Config, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if KIND == BASE {
+        let body = if K::KIND == HeadKind::Base {
             root.clone()
         } else {
             &root / "deberta"
@@ -819,8 +815,8 @@ impl<const KIND: u8> DebertaV2<KIND> {
             config.initializer_range,
             config.labels.num_labels(),
         );
-        let head = match KIND {
-            MLM => {
+        let head = match K::KIND {
+            HeadKind::MaskedLm => {
                 if !config.tie_word_embeddings {
                     return Err(Error::InvalidConfig {
                         field: "tie_word_embeddings",
@@ -851,14 +847,14 @@ impl<const KIND: u8> DebertaV2<KIND> {
                     legacy: config.legacy,
                 }
             }
-            SEQ_CLS => Head::SequenceClassification {
+            HeadKind::SequenceClassification => Head::SequenceClassification {
                 pooler: Linear::new(&root / "pooler" / "dense", d, d, true, std),
                 classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
-            TOK_CLS => Head::TokenClassification {
+            HeadKind::TokenClassification => Head::TokenClassification {
                 classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
-            QA => {
+            HeadKind::QuestionAnswering => {
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
                     qa_outputs: Linear::new(&root / "qa_outputs", d, n, true, std),
@@ -869,6 +865,7 @@ impl<const KIND: u8> DebertaV2<KIND> {
         Ok(Self {
             vs,
             ctx: ctx.clone(),
+            task: std::marker::PhantomData,
             deberta,
             head,
             config: config.clone(),
@@ -949,13 +946,13 @@ fn sequence_classification_loss(
         .mean(None))
 }
 
-impl<const KIND: u8> PreTrainedModel for DebertaV2<KIND> {
+impl<K: TaskHead> PreTrainedModel for DebertaV2<K> {
     fn architecture(&self) -> &'static str {
-        match KIND {
-            MLM => "DebertaV2ForMaskedLM",
-            SEQ_CLS => "DebertaV2ForSequenceClassification",
-            TOK_CLS => "DebertaV2ForTokenClassification",
-            QA => "DebertaV2ForQuestionAnswering",
+        match K::KIND {
+            HeadKind::MaskedLm => "DebertaV2ForMaskedLM",
+            HeadKind::SequenceClassification => "DebertaV2ForSequenceClassification",
+            HeadKind::TokenClassification => "DebertaV2ForTokenClassification",
+            HeadKind::QuestionAnswering => "DebertaV2ForQuestionAnswering",
             _ => "DebertaV2Model",
         }
     }
@@ -964,7 +961,7 @@ impl<const KIND: u8> PreTrainedModel for DebertaV2<KIND> {
     }
 }
 
-impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
+impl<K: TaskHead> TrainableModel for DebertaV2<K> {
     crate::modeling_utils::model_plumbing!();
     crate::modeling_utils::checkpointing_plumbing!(deberta);
     /// As BERT's: the sequence classifier when every row's first token (the one its pooler
@@ -977,16 +974,16 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
     }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
-        match KIND {
+        match K::KIND {
             // Negative class ids are dropped from the loss, not refused.
-            SEQ_CLS => None,
-            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+            HeadKind::SequenceClassification => None,
+            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
             _ => None,
         }
     }
     fn label_names(&self) -> Vec<String> {
-        match KIND {
-            QA => crate::modeling_utils::question_answering_label_names(),
+        match K::KIND {
+            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
             _ => vec!["labels".into()],
         }
     }
@@ -996,8 +993,8 @@ impl<const KIND: u8> TrainableModel for DebertaV2<KIND> {
             || name == "encoder.rel_embeddings.weight"
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
-        match (&self.head, KIND) {
-            (Head::MaskedLm { legacy: true, .. }, MLM) => vec![
+        match (&self.head, K::KIND) {
+            (Head::MaskedLm { legacy: true, .. }, HeadKind::MaskedLm) => vec![
                 (
                     "cls.predictions.decoder.weight".into(),
                     "deberta.embeddings.word_embeddings.weight".into(),

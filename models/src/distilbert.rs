@@ -20,6 +20,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -408,7 +409,8 @@ enum Head {
 
 /// A DistilBERT model with one of upstream's heads; use the type aliases.
 #[derive(Debug)]
-pub struct DistilBert<const KIND: u8> {
+pub struct DistilBert<K: TaskHead> {
+    task: std::marker::PhantomData<K>,
     vs: nn::VarStore,
     ctx: Context,
     distilbert: DistilBertModel,
@@ -420,28 +422,22 @@ pub struct DistilBert<const KIND: u8> {
     padding_free: bool,
 }
 
-const BASE: u8 = 0;
-const MLM: u8 = 1;
-const SEQ_CLS: u8 = 2;
-const TOK_CLS: u8 = 3;
-const QA: u8 = 4;
-
 /// Upstream `DistilBertModel` as a standalone model (weights at the root).
-pub type DistilBertBaseModel = DistilBert<BASE>;
+pub type DistilBertBaseModel = DistilBert<heads::Base>;
 /// Upstream `DistilBertForMaskedLM`.
-pub type DistilBertForMaskedLM = DistilBert<MLM>;
+pub type DistilBertForMaskedLM = DistilBert<heads::MaskedLm>;
 /// Upstream `DistilBertForSequenceClassification`.
-pub type DistilBertForSequenceClassification = DistilBert<SEQ_CLS>;
+pub type DistilBertForSequenceClassification = DistilBert<heads::SequenceClassification>;
 /// Upstream `DistilBertForTokenClassification`.
-pub type DistilBertForTokenClassification = DistilBert<TOK_CLS>;
+pub type DistilBertForTokenClassification = DistilBert<heads::TokenClassification>;
 /// Upstream `DistilBertForQuestionAnswering`.
-pub type DistilBertForQuestionAnswering = DistilBert<QA>;
+pub type DistilBertForQuestionAnswering = DistilBert<heads::QuestionAnswering>;
 
-impl<const KIND: u8> DistilBert<KIND> {
+impl<K: TaskHead> DistilBert<K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match KIND {
-        SEQ_CLS => EncoderHead::FirstToken,
-        MLM | TOK_CLS => EncoderHead::EveryToken,
+    const ENCODER_HEAD: EncoderHead = match K::KIND {
+        HeadKind::SequenceClassification => EncoderHead::FirstToken,
+        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
         _ => EncoderHead::AllPositions,
     };
 
@@ -455,7 +451,7 @@ impl<const KIND: u8> DistilBert<KIND> {
     pub(crate) fn new_in(config: &DistilBertConfig, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if KIND == BASE {
+        let body = if K::KIND == HeadKind::Base {
             root.clone()
         } else {
             &root / "distilbert"
@@ -466,8 +462,8 @@ impl<const KIND: u8> DistilBert<KIND> {
             config.initializer_range,
             config.labels.num_labels(),
         );
-        let head = match KIND {
-            MLM => {
+        let head = match K::KIND {
+            HeadKind::MaskedLm => {
                 if !config.tie_word_embeddings {
                     return Err(Error::InvalidConfig {
                         field: "tie_word_embeddings",
@@ -489,14 +485,14 @@ impl<const KIND: u8> DistilBert<KIND> {
                     projector_bias,
                 }
             }
-            SEQ_CLS => Head::SequenceClassification {
+            HeadKind::SequenceClassification => Head::SequenceClassification {
                 pre_classifier: Linear::new(&root / "pre_classifier", d, d, true, std),
                 classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
-            TOK_CLS => Head::TokenClassification {
+            HeadKind::TokenClassification => Head::TokenClassification {
                 classifier: Linear::new(&root / "classifier", d, n, true, std),
             },
-            QA => {
+            HeadKind::QuestionAnswering => {
                 // Upstream raises after building `qa_outputs` with `num_labels` outputs.
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
@@ -508,6 +504,7 @@ impl<const KIND: u8> DistilBert<KIND> {
         Ok(Self {
             vs,
             ctx: ctx.clone(),
+            task: std::marker::PhantomData,
             distilbert,
             head,
             config: config.clone(),
@@ -534,13 +531,13 @@ impl<const KIND: u8> DistilBert<KIND> {
     }
 }
 
-impl<const KIND: u8> PreTrainedModel for DistilBert<KIND> {
+impl<K: TaskHead> PreTrainedModel for DistilBert<K> {
     fn architecture(&self) -> &'static str {
-        match KIND {
-            MLM => "DistilBertForMaskedLM",
-            SEQ_CLS => "DistilBertForSequenceClassification",
-            TOK_CLS => "DistilBertForTokenClassification",
-            QA => "DistilBertForQuestionAnswering",
+        match K::KIND {
+            HeadKind::MaskedLm => "DistilBertForMaskedLM",
+            HeadKind::SequenceClassification => "DistilBertForSequenceClassification",
+            HeadKind::TokenClassification => "DistilBertForTokenClassification",
+            HeadKind::QuestionAnswering => "DistilBertForQuestionAnswering",
             _ => "DistilBertModel",
         }
     }
@@ -549,7 +546,7 @@ impl<const KIND: u8> PreTrainedModel for DistilBert<KIND> {
     }
 }
 
-impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
+impl<K: TaskHead> TrainableModel for DistilBert<K> {
     crate::modeling_utils::model_plumbing!();
     crate::modeling_utils::checkpointing_plumbing!(distilbert);
     /// As BERT's: the sequence classifier when every row's first token (the one it pools) is
@@ -562,15 +559,15 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
     }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
-        match KIND {
-            SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
-            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+        match K::KIND {
+            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
+            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
             _ => None,
         }
     }
     fn label_names(&self) -> Vec<String> {
-        match KIND {
-            QA => crate::modeling_utils::question_answering_label_names(),
+        match K::KIND {
+            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
             _ => vec!["labels".into()],
         }
     }
@@ -582,8 +579,8 @@ impl<const KIND: u8> TrainableModel for DistilBert<KIND> {
         )
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
-        match KIND {
-            MLM => vec![(
+        match K::KIND {
+            HeadKind::MaskedLm => vec![(
                 "vocab_projector.weight".into(),
                 "distilbert.embeddings.word_embeddings.weight".into(),
             )],

@@ -29,6 +29,7 @@ mod gemma2;
 mod gemma3;
 mod generation;
 mod gpt2;
+mod heads;
 mod hub;
 mod liger;
 mod llama;
@@ -90,6 +91,10 @@ pub use generation::{
 };
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
+};
+pub use heads::{
+    Base, HeadKind, MaskedLm, QuestionAnswering, SequenceClassification, TaskHead,
+    TokenClassification,
 };
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};

@@ -443,27 +443,50 @@ impl LlamaConfig {
     }
 }
 
+/// Upstream `LlamaDecoderLayer` and its variants: self-attention and MLP, each behind its
+/// norms and a residual connection.
 #[derive(Debug)]
 struct DecoderLayer {
     ctx: Context,
-    attention_projections: AttentionProjections,
-    o_proj: Linear,
-    mlp_projections: MlpProjections,
-    down_proj: Linear,
+    self_attn: SelfAttention,
+    mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma 2 / 3's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
     feedforward_norms: Option<(RmsNorm, RmsNorm)>,
+    /// `model.layers.{i}`, as the underflow / overflow tracer names it.
+    name: String,
+    /// Upstream's class names of the family's modules.
+    classes: Arc<Classes>,
+}
+
+/// Upstream `LlamaAttention` and its variants: the projections, rotary embeddings, the
+/// key / value cache, attention, `o_proj`.
+#[derive(Debug)]
+struct SelfAttention {
+    ctx: Context,
+    projections: AttentionProjections,
+    o_proj: Linear,
     /// Qwen3's `q_norm` / `k_norm` (per head, before RoPE).
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
     /// The layer's index (its place in a key / value cache).
     idx: usize,
-    /// `model.layers.{i}`, as the underflow / overflow tracer names it.
+    /// `model.layers.{i}.self_attn`.
     name: String,
-    /// Upstream's class names of the family's modules.
-    classes: Arc<Classes>,
+    class: String,
+}
+
+/// Upstream `LlamaMLP` and its variants: `down_proj(act(gate) * up)`.
+#[derive(Debug)]
+struct Mlp {
+    ctx: Context,
+    projections: MlpProjections,
+    down_proj: Linear,
+    /// `model.layers.{i}.mlp`.
+    name: String,
+    class: String,
 }
 
 /// The query, key and value projections: Llama's three, or Phi-3's fused `qkv_proj`.
@@ -565,6 +588,59 @@ impl DecoderLayer {
     /// Upstream `LlamaDecoderLayer.forward`: RMSNorm, rotary self-attention and residual,
     /// then RMSNorm, the gated MLP and residual.
     fn forward(&self, h: &Tensor, x: &LayerInputs) -> Result<Tensor> {
+        let a = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(h), x)?;
+        let a = x.resid_dropout(a);
+        // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
+        // input and output with their own norms; Llama normalises the MLP's input with
+        // `post_attention_layernorm`.
+        let (h2, normed) = match &self.feedforward_norms {
+            Some((pre, _)) => {
+                let h2 = h + self.post_attention_layernorm.forward(&a);
+                let normed = pre.forward(&h2);
+                (h2, normed)
+            }
+            None => {
+                let h2 = h + a;
+                let normed = self.post_attention_layernorm.forward(&h2);
+                (h2, normed)
+            }
+        };
+        let m = self.mlp.forward(&normed, x);
+        let m = match &self.feedforward_norms {
+            Some((_, post)) => post.forward(&m),
+            None => x.resid_dropout(m),
+        };
+        let out = h2 + m;
+        self.ctx.leaf(
+            || self.name.clone(),
+            &self.classes.decoder_layer,
+            &[],
+            h,
+            &out,
+        );
+        Ok(out)
+    }
+}
+
+impl LayerInputs {
+    /// Phi-3's `resid_pdrop` on the attention's and the MLP's outputs (padded or
+    /// padding-free).
+    fn resid_dropout(&self, t: Tensor) -> Tensor {
+        match &self.unpadded {
+            Some(u) => u.dropout(&t, self.resid_p, self.train),
+            None if self.train && self.resid_p > 0.0 => {
+                tchtrain_nn::dropout(&t, self.resid_p, true)
+            }
+            None => t,
+        }
+    }
+}
+
+impl SelfAttention {
+    /// The attention on the normed hidden states `normed`.
+    fn forward(&self, normed: &Tensor, x: &LayerInputs) -> Result<Tensor> {
         let LayerInputs {
             batch,
             seq,
@@ -573,10 +649,6 @@ impl DecoderLayer {
             head_dim: hd,
             ..
         } = *x;
-        use tchtrain_nn::{Out, Var};
-        let n = |rest: &str| format!("{}.{rest}", self.name);
-        let c = &self.classes;
-        let normed = self.input_layernorm.forward(h);
         // Padding-free, the projections' real tokens go back to the padded layout here.
         let heads_of = |t: Tensor, heads: i64| {
             let t = match &x.unpadded {
@@ -585,7 +657,7 @@ impl DecoderLayer {
             };
             t.view([batch, seq, heads, hd])
         };
-        let (q, k, v) = match &self.attention_projections {
+        let (q, k, v) = match &self.projections {
             AttentionProjections::Separate {
                 q_proj,
                 k_proj,
@@ -593,7 +665,7 @@ impl DecoderLayer {
             } => {
                 // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
                 let project = |proj: &Linear, heads: i64, norm: Option<&RmsNorm>| {
-                    let t = heads_of(proj.forward(&normed), heads);
+                    let t = heads_of(proj.forward(normed), heads);
                     let t = match norm {
                         Some(norm) => norm.forward(&t),
                         None => t,
@@ -602,11 +674,11 @@ impl DecoderLayer {
                 };
                 let q = project(q_proj, heads, self.qk_norm.as_ref().map(|(q, _)| q));
                 let k = project(k_proj, kv_heads, self.qk_norm.as_ref().map(|(_, k)| k));
-                let v = heads_of(v_proj.forward(&normed), kv_heads).transpose(1, 2);
+                let v = heads_of(v_proj.forward(normed), kv_heads).transpose(1, 2);
                 (q, k, v)
             }
             AttentionProjections::Fused { qkv_proj } => {
-                let qkv = qkv_proj.forward(&normed);
+                let qkv = qkv_proj.forward(normed);
                 let (q_len, kv_len) = (heads * hd, kv_heads * hd);
                 let part = |start: i64, len: i64, heads: i64| {
                     heads_of(qkv.narrow(-1, start, len), heads).transpose(1, 2)
@@ -656,62 +728,39 @@ impl DecoderLayer {
         let a = self.o_proj.forward(&a);
         // Called with keyword arguments: no positional inputs.
         self.ctx.hook(
-            || n("self_attn"),
-            &c.attention,
+            || self.name.clone(),
+            &self.class,
             &[],
             &[],
-            Out::Tuple(&[Var::T(&a), Var::None]),
+            tchtrain_nn::Out::Tuple(&[tchtrain_nn::Var::T(&a), tchtrain_nn::Var::None]),
         );
-        let resid_dropout = |t: Tensor| match &x.unpadded {
-            Some(u) => u.dropout(&t, x.resid_p, x.train),
-            None if x.train && x.resid_p > 0.0 => tchtrain_nn::dropout(&t, x.resid_p, true),
-            None => t,
-        };
-        let a = resid_dropout(a);
-        // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
-        // input and output with their own norms; Llama normalises the MLP's input with
-        // `post_attention_layernorm`.
-        let (h2, normed) = match &self.feedforward_norms {
-            Some((pre, _)) => {
-                let h2 = h + self.post_attention_layernorm.forward(&a);
-                let normed = pre.forward(&h2);
-                (h2, normed)
-            }
-            None => {
-                let h2 = h + a;
-                let normed = self.post_attention_layernorm.forward(&h2);
-                (h2, normed)
-            }
-        };
-        let (gate, up) = match &self.mlp_projections {
+        Ok(a)
+    }
+}
+
+impl Mlp {
+    /// `down_proj(act(gate_proj(x)) * up_proj(x))`, or with Phi-3's fused `gate_up_proj`.
+    fn forward(&self, normed: &Tensor, x: &LayerInputs) -> Tensor {
+        let n = |rest: &str| format!("{}.{rest}", self.name);
+        let (gate, up) = match &self.projections {
             MlpProjections::Separate { gate_proj, up_proj } => {
-                let gate = gate_proj.forward(&normed);
-                let gate = x.act.apply_traced(&self.ctx, &gate, || n("mlp.act_fn"));
-                let up = up_proj.forward(&normed);
-                (gate, up)
+                let gate = gate_proj.forward(normed);
+                let gate = x.act.apply_traced(&self.ctx, &gate, || n("act_fn"));
+                (gate, up_proj.forward(normed))
             }
             MlpProjections::Fused { gate_up_proj } => {
-                let gate_up = gate_up_proj.forward(&normed);
+                let gate_up = gate_up_proj.forward(normed);
                 let half = gate_up.size()[gate_up.dim() - 1] / 2;
                 let gate = gate_up.narrow(-1, 0, half);
                 let up = gate_up.narrow(-1, half, half);
-                (
-                    x.act
-                        .apply_traced(&self.ctx, &gate, || n("mlp.activation_fn")),
-                    up,
-                )
+                let gate = x.act.apply_traced(&self.ctx, &gate, || n("activation_fn"));
+                (gate, up)
             }
         };
         let m = self.down_proj.forward(&(gate * up));
-        self.ctx.leaf(|| n("mlp"), &c.mlp, &[], &normed, &m);
-        let m = match &self.feedforward_norms {
-            Some((_, post)) => post.forward(&m),
-            None => resid_dropout(m),
-        };
-        let out = h2 + m;
         self.ctx
-            .leaf(|| self.name.clone(), &c.decoder_layer, &[], h, &out);
-        Ok(out)
+            .leaf(|| self.name.clone(), &self.class, &[], normed, &m);
+        m
     }
 }
 
@@ -826,7 +875,7 @@ impl LlamaModel {
                 let inter = config.intermediate_size;
                 // Created in upstream's registration order: Phi-3's attention registers
                 // `o_proj` before `qkv_proj`.
-                let (attention_projections, o_proj) = match family.phi3 {
+                let (projections, o_proj) = match family.phi3 {
                     None => {
                         let q_proj = linear(&a / "q_proj", d, heads * hd, family.qkv_bias);
                         let k_proj = linear(&a / "k_proj", d, kv * hd, family.qkv_bias);
@@ -859,12 +908,26 @@ impl LlamaModel {
                     },
                 };
                 let down_proj = linear(&m / "down_proj", inter, d, family.mlp_bias);
-                Arc::new(Shared(DecoderLayer {
-                    attention_projections,
+                let self_attn = SelfAttention {
+                    ctx: a.ctx().clone(),
+                    projections,
                     o_proj,
                     qk_norm,
-                    mlp_projections,
+                    sliding: family.sliding_windows[i as usize].is_some(),
+                    idx: i as usize,
+                    name: a.name(),
+                    class: classes.attention.clone(),
+                };
+                let mlp = Mlp {
+                    ctx: m.ctx().clone(),
+                    projections: mlp_projections,
                     down_proj,
+                    name: m.name(),
+                    class: classes.mlp.clone(),
+                };
+                Arc::new(Shared(DecoderLayer {
+                    self_attn,
+                    mlp,
                     input_layernorm: rms_norm(&l / "input_layernorm", d),
                     post_attention_layernorm: rms_norm(&l / "post_attention_layernorm", d),
                     feedforward_norms: gemma.filter(|g| g.sandwich_norms).map(|_| {
@@ -873,8 +936,6 @@ impl LlamaModel {
                             rms_norm(&l / "post_feedforward_layernorm", d),
                         )
                     }),
-                    sliding: family.sliding_windows[i as usize].is_some(),
-                    idx: i as usize,
                     name: l.name(),
                     ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),

@@ -30,6 +30,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
@@ -725,7 +726,8 @@ enum Head {
 
 /// A ModernBERT model with one of upstream's heads; use the type aliases.
 #[derive(Debug)]
-pub struct ModernBert<const KIND: u8> {
+pub struct ModernBert<K: TaskHead> {
+    task: std::marker::PhantomData<K>,
     vs: nn::VarStore,
     ctx: Context,
     model: ModernBertModel,
@@ -737,32 +739,28 @@ pub struct ModernBert<const KIND: u8> {
     padding_free: bool,
 }
 
-const BASE: u8 = 0;
-const MLM: u8 = 1;
-const SEQ_CLS: u8 = 2;
-const TOK_CLS: u8 = 3;
-const QA: u8 = 4;
-
 /// Upstream `ModernBertModel` as a standalone model (weights at the root).
-pub type ModernBertBaseModel = ModernBert<BASE>;
+pub type ModernBertBaseModel = ModernBert<heads::Base>;
 /// Upstream `ModernBertForMaskedLM`.
-pub type ModernBertForMaskedLM = ModernBert<MLM>;
+pub type ModernBertForMaskedLM = ModernBert<heads::MaskedLm>;
 /// Upstream `ModernBertForSequenceClassification`.
-pub type ModernBertForSequenceClassification = ModernBert<SEQ_CLS>;
+pub type ModernBertForSequenceClassification = ModernBert<heads::SequenceClassification>;
 /// Upstream `ModernBertForTokenClassification`.
-pub type ModernBertForTokenClassification = ModernBert<TOK_CLS>;
+pub type ModernBertForTokenClassification = ModernBert<heads::TokenClassification>;
 /// Upstream `ModernBertForQuestionAnswering`.
-pub type ModernBertForQuestionAnswering = ModernBert<QA>;
+pub type ModernBertForQuestionAnswering = ModernBert<heads::QuestionAnswering>;
 
-impl<const KIND: u8> ModernBert<KIND> {
+impl<K: TaskHead> ModernBert<K> {
     /// What the head reads of the last hidden state (whether it can run padding-free):
     /// the sequence classifier pools the first token or, with `classifier_pooling: "mean"`,
     /// the real tokens' mean.
     fn encoder_head(config: &ModernBertConfig) -> EncoderHead {
-        match KIND {
-            SEQ_CLS if config.classifier_pooling == "mean" => EncoderHead::MaskedMean,
-            SEQ_CLS => EncoderHead::FirstToken,
-            MLM | TOK_CLS => EncoderHead::EveryToken,
+        match K::KIND {
+            HeadKind::SequenceClassification if config.classifier_pooling == "mean" => {
+                EncoderHead::MaskedMean
+            }
+            HeadKind::SequenceClassification => EncoderHead::FirstToken,
+            HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
             _ => EncoderHead::AllPositions,
         }
     }
@@ -777,7 +775,7 @@ impl<const KIND: u8> ModernBert<KIND> {
     pub(crate) fn new_in(config: &ModernBertConfig, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if KIND == BASE {
+        let body = if K::KIND == HeadKind::Base {
             root.clone()
         } else {
             &root / "model"
@@ -795,8 +793,8 @@ impl<const KIND: u8> ModernBert<KIND> {
                 config,
             )
         };
-        let head = match KIND {
-            MLM => {
+        let head = match K::KIND {
+            HeadKind::MaskedLm => {
                 let head = PredictionHead::new(&root / "head", config)?;
                 let bias = config.decoder_bias.then(|| {
                     tchtrain_nn::initialization::var(
@@ -808,15 +806,15 @@ impl<const KIND: u8> ModernBert<KIND> {
                 });
                 Head::MaskedLm { head, bias }
             }
-            SEQ_CLS => Head::SequenceClassification {
+            HeadKind::SequenceClassification => Head::SequenceClassification {
                 head: PredictionHead::new(&root / "head", config)?,
                 classifier: classifier(&root)?,
             },
-            TOK_CLS => Head::TokenClassification {
+            HeadKind::TokenClassification => Head::TokenClassification {
                 head: PredictionHead::new(&root / "head", config)?,
                 classifier: classifier(&root)?,
             },
-            QA => {
+            HeadKind::QuestionAnswering => {
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
                     head: PredictionHead::new(&root / "head", config)?,
@@ -825,7 +823,7 @@ impl<const KIND: u8> ModernBert<KIND> {
             }
             _ => Head::None,
         };
-        if KIND == MLM && !config.tie_word_embeddings {
+        if K::KIND == HeadKind::MaskedLm && !config.tie_word_embeddings {
             return Err(Error::InvalidConfig {
                 field: "tie_word_embeddings",
                 value: "false".into(),
@@ -835,6 +833,7 @@ impl<const KIND: u8> ModernBert<KIND> {
         Ok(Self {
             vs,
             ctx: ctx.clone(),
+            task: std::marker::PhantomData,
             model,
             head,
             config: config.clone(),
@@ -861,13 +860,13 @@ impl<const KIND: u8> ModernBert<KIND> {
     }
 }
 
-impl<const KIND: u8> PreTrainedModel for ModernBert<KIND> {
+impl<K: TaskHead> PreTrainedModel for ModernBert<K> {
     fn architecture(&self) -> &'static str {
-        match KIND {
-            MLM => "ModernBertForMaskedLM",
-            SEQ_CLS => "ModernBertForSequenceClassification",
-            TOK_CLS => "ModernBertForTokenClassification",
-            QA => "ModernBertForQuestionAnswering",
+        match K::KIND {
+            HeadKind::MaskedLm => "ModernBertForMaskedLM",
+            HeadKind::SequenceClassification => "ModernBertForSequenceClassification",
+            HeadKind::TokenClassification => "ModernBertForTokenClassification",
+            HeadKind::QuestionAnswering => "ModernBertForQuestionAnswering",
             _ => "ModernBertModel",
         }
     }
@@ -876,11 +875,11 @@ impl<const KIND: u8> PreTrainedModel for ModernBert<KIND> {
     }
 }
 
-impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
+impl<K: TaskHead> TrainableModel for ModernBert<K> {
     crate::modeling_utils::model_plumbing!();
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn loss_type(&self) -> Option<&str> {
-        (KIND == MLM).then_some("ForMaskedLM")
+        (K::KIND == HeadKind::MaskedLm).then_some("ForMaskedLM")
     }
     /// As BERT's: the sequence classifier when every row's first token is real (or always,
     /// pooling the mean), the masked-LM and token classifiers in training when the labels
@@ -892,15 +891,15 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
     }
     fn label_check(&self) -> Option<LabelCheck> {
         let num_labels = self.config.labels.num_labels();
-        match KIND {
-            SEQ_CLS => Some(LabelCheck::Sequence { num_labels }),
-            TOK_CLS => Some(LabelCheck::Token { num_labels }),
+        match K::KIND {
+            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
+            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
             _ => None,
         }
     }
     fn label_names(&self) -> Vec<String> {
-        match KIND {
-            QA => crate::modeling_utils::question_answering_label_names(),
+        match K::KIND {
+            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
             _ => vec!["labels".into()],
         }
     }
@@ -908,8 +907,8 @@ impl<const KIND: u8> TrainableModel for ModernBert<KIND> {
         name.strip_prefix("model.").unwrap_or(name) == "embeddings.tok_embeddings.weight"
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
-        match KIND {
-            MLM => vec![(
+        match K::KIND {
+            HeadKind::MaskedLm => vec![(
                 "decoder.weight".into(),
                 "model.embeddings.tok_embeddings.weight".into(),
             )],

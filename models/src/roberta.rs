@@ -10,10 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::bert::{
-    BASE, Bert, BertConfig, EncoderConfig, EncoderFamily, MLM, QA, SEQ_CLS, TOK_CLS,
-};
+use crate::bert::{Bert, BertConfig, EncoderConfig, EncoderFamily};
 use crate::configuration_utils::LabelConfig;
+use crate::heads;
 
 /// A RoBERTa-shaped config: upstream's fields (BERT's plus `bos_token_id`, `eos_token_id`)
 /// and defaults, its `model_type` and class names.
@@ -160,22 +159,23 @@ roberta_config!(
 );
 
 /// Upstream `RobertaModel` as a standalone model (weights at the root, with the pooler).
-pub type RobertaModel = Bert<RobertaConfig, BASE>;
+pub type RobertaModel = Bert<RobertaConfig, heads::Base>;
 /// Upstream `RobertaForMaskedLM`.
-pub type RobertaForMaskedLM = Bert<RobertaConfig, MLM>;
+pub type RobertaForMaskedLM = Bert<RobertaConfig, heads::MaskedLm>;
 /// Upstream `RobertaForSequenceClassification`.
-pub type RobertaForSequenceClassification = Bert<RobertaConfig, SEQ_CLS>;
+pub type RobertaForSequenceClassification = Bert<RobertaConfig, heads::SequenceClassification>;
 /// Upstream `RobertaForTokenClassification`.
-pub type RobertaForTokenClassification = Bert<RobertaConfig, TOK_CLS>;
+pub type RobertaForTokenClassification = Bert<RobertaConfig, heads::TokenClassification>;
 /// Upstream `RobertaForQuestionAnswering`.
-pub type RobertaForQuestionAnswering = Bert<RobertaConfig, QA>;
+pub type RobertaForQuestionAnswering = Bert<RobertaConfig, heads::QuestionAnswering>;
 /// Upstream `XLMRobertaModel` (weights at the root, with the pooler).
-pub type XLMRobertaModel = Bert<XLMRobertaConfig, BASE>;
+pub type XLMRobertaModel = Bert<XLMRobertaConfig, heads::Base>;
 /// Upstream `XLMRobertaForMaskedLM`.
-pub type XLMRobertaForMaskedLM = Bert<XLMRobertaConfig, MLM>;
+pub type XLMRobertaForMaskedLM = Bert<XLMRobertaConfig, heads::MaskedLm>;
 /// Upstream `XLMRobertaForSequenceClassification`.
-pub type XLMRobertaForSequenceClassification = Bert<XLMRobertaConfig, SEQ_CLS>;
+pub type XLMRobertaForSequenceClassification =
+    Bert<XLMRobertaConfig, heads::SequenceClassification>;
 /// Upstream `XLMRobertaForTokenClassification`.
-pub type XLMRobertaForTokenClassification = Bert<XLMRobertaConfig, TOK_CLS>;
+pub type XLMRobertaForTokenClassification = Bert<XLMRobertaConfig, heads::TokenClassification>;
 /// Upstream `XLMRobertaForQuestionAnswering`.
-pub type XLMRobertaForQuestionAnswering = Bert<XLMRobertaConfig, QA>;
+pub type XLMRobertaForQuestionAnswering = Bert<XLMRobertaConfig, heads::QuestionAnswering>;
