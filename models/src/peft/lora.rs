@@ -553,6 +553,9 @@ pub(crate) fn create_adapters(
     Ok(())
 }
 
+/// The adapted parts' slots by module name, and the adapted layers no part is named after.
+type FilledSlots = (Vec<(String, LoraSlot)>, Vec<String>);
+
 /// Fills the LoRA slots of the model whose parts share `ctx` for a forward: each part
 /// adapted in `layers` gets the adapter named `adapter`, read from `vs` (so a dtype or
 /// device move of the store is always seen); every other part, and the parts in `merged`
@@ -567,7 +570,7 @@ pub(crate) fn set_adapters(
     dropout: f64,
     train: bool,
     merged: &HashSet<String>,
-) -> Result<(Vec<(String, LoraSlot)>, Vec<String>)> {
+) -> Result<FilledSlots> {
     let vars = vs.variables();
     let get = |n: &str| {
         vars.get(n)
