@@ -24,7 +24,6 @@ use crate::modeling_utils::{
 };
 use crate::padding_free::{self, EncoderHead};
 use crate::{Error, Result};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
@@ -585,11 +584,12 @@ impl BertModel {
         };
         use tchtrain_nn::{Out, Var, join};
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = self
-            .word_embeddings
-            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
-        let words = neftune_post_forward_hook(&self.ctx, words, train)?;
-        self.word_embeddings.report(&ids, &words);
+        let words = self.word_embeddings.input_forward(
+            &ids,
+            self.word_embeddings.lookup(&ids),
+            None,
+            train,
+        )?;
         let types = self.token_type_embeddings.forward(&token_types);
         let position = self.position_embeddings.forward(&positions);
         let h = words + types + position;

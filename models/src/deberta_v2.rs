@@ -35,7 +35,6 @@ use crate::modeling_utils::{
 };
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `DebertaV2Config` with its defaults (DeBERTa-v2 xlarge), and the keys v3's
@@ -637,11 +636,12 @@ impl DebertaV2Model {
         let device = self.word_embeddings.ws.device();
         let ids = ids.f_to_device(device)?;
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = self
-            .word_embeddings
-            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
-        let mut h = neftune_post_forward_hook(&self.ctx, words, train)?;
-        self.word_embeddings.report(&ids, &h);
+        let mut h = self.word_embeddings.input_forward(
+            &ids,
+            self.word_embeddings.lookup(&ids),
+            None,
+            train,
+        )?;
         if let Some(pe) = &self.position_embeddings {
             let positions = match inputs.position_ids {
                 Some(p) => p.f_to_device(device)?,

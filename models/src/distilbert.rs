@@ -27,7 +27,6 @@ use crate::modeling_utils::{
 };
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::{Error, Result};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
 /// Upstream `DistilBertConfig` with its defaults (DistilBERT base).
@@ -326,11 +325,12 @@ impl DistilBertModel {
             None => Tensor::arange(seq, (Kind::Int64, device)).unsqueeze(0),
         };
         let n = |rest: &str| join(&self.prefix, rest);
-        let words = self
-            .word_embeddings
-            .adapt(&ids, self.word_embeddings.lookup(&ids), None);
-        let words = neftune_post_forward_hook(&self.ctx, words, train)?;
-        self.word_embeddings.report(&ids, &words);
+        let words = self.word_embeddings.input_forward(
+            &ids,
+            self.word_embeddings.lookup(&ids),
+            None,
+            train,
+        )?;
         let position = self.position_embeddings.forward(&positions);
         let h = self.embeddings_ln.forward(&(words + position));
         let mut h = tchtrain_nn::dropout_traced(&self.ctx, &h, c.dropout, train, || {

@@ -21,7 +21,6 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::{Error, Result};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Conv1D, Embedding, LayerNorm, Linear};
 
 /// Upstream `GPT2Config` with its defaults (GPT-2 small).
@@ -384,9 +383,9 @@ impl GPT2Model {
         // underflow / overflow tracer, registered after it, sees the noisy output).
         let n = |rest: &str| tchtrain_nn::join(&self.prefix, rest);
         let embed = |ids: &Tensor| -> Result<Tensor> {
-            let e = self.wte.adapt(ids, self.wte.lookup(ids), None);
-            let e = neftune_post_forward_hook(&self.ctx, e, train)?;
-            self.wte.report(ids, &e);
+            let e = self
+                .wte
+                .input_forward(ids, self.wte.lookup(ids), None, train)?;
             Ok(e)
         };
         let inputs_embeds = embed(&ids)?;

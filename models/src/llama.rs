@@ -27,7 +27,6 @@ use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Embedding, Linear, RmsNorm};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
@@ -1026,9 +1025,9 @@ impl LlamaModel {
         let adapter_scale = embed_scale
             .as_ref()
             .map(|s| s.to_kind(self.embed_tokens.ws.kind()));
-        let h = self.embed_tokens.adapt(&ids, h, adapter_scale.as_ref());
-        let mut h = neftune_post_forward_hook(&self.ctx, h, train)?;
-        self.embed_tokens.report(&ids, &h);
+        let mut h = self
+            .embed_tokens
+            .input_forward(&ids, h, adapter_scale.as_ref(), train)?;
         // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
         let (cos, sin) = self.rotary_emb.cos_sin(&positions, h.kind())?;
         let sliding_cos_sin = match &self.sliding_rotary_emb {

@@ -39,7 +39,6 @@ use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
 use tchtrain_nn::initialization::{self, TruncNormal};
-use tchtrain_nn::neftune_post_forward_hook;
 use tchtrain_nn::{Activation, Context, Embedding, Linear};
 
 /// Upstream `ModernBertConfig` with its defaults (ModernBERT base).
@@ -599,9 +598,7 @@ impl ModernBertModel {
         use tchtrain_nn::join;
         let n = |rest: &str| join(&self.prefix, rest);
         let h = self.tok_embeddings.lookup(&ids);
-        let h = self.tok_embeddings.adapt(&ids, h, None);
-        let h = neftune_post_forward_hook(&self.ctx, h, train)?;
-        self.tok_embeddings.report(&ids, &h);
+        let h = self.tok_embeddings.input_forward(&ids, h, None, train)?;
         let h = self.embeddings_norm.forward(&h);
         let mut h = tchtrain_nn::dropout_traced(&self.ctx, &h, c.embedding_dropout, train, || {
             n("embeddings.drop")

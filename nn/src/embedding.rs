@@ -117,6 +117,22 @@ impl Embedding {
         }
     }
 
+    /// The model's input embeddings (upstream's `get_input_embeddings()`): `y` (this part's
+    /// lookup of `ids`, possibly scaled) [`adapt`](Self::adapt)ed, NEFTune's noise added
+    /// while `training` (its forward hook), then [`report`](Self::report)ed.
+    pub fn input_forward(
+        &self,
+        ids: &Tensor,
+        y: Tensor,
+        embed_scale: Option<&Tensor>,
+        training: bool,
+    ) -> crate::Result<Tensor> {
+        let y = self.adapt(ids, y, embed_scale);
+        let y = crate::neftune_post_forward_hook(&self.ctx, y, training)?;
+        self.report(ids, &y);
+        Ok(y)
+    }
+
     /// The module's forward: [`lookup`](Self::lookup), [`adapt`](Self::adapt), reported.
     pub fn forward(&self, ids: &Tensor) -> Tensor {
         let y = self.adapt(ids, self.lookup(ids), None);
