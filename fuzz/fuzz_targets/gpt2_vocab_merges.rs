@@ -1,24 +1,5 @@
-//! `AutoTokenizer::from_pretrained` on GPT-2's `vocab.json` + `merges.txt`: the input is
-//! `vocab.json`, a NUL byte, then `merges.txt`; a tokenizer that loads must also encode and
-//! decode a short text.
+//! libFuzzer's entry for [`tchtrain_fuzz::targets::gpt2_vocab_merges`].
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use tchtrain_models::AutoTokenizer;
-
-fuzz_target!(|data: &[u8]| {
-    let split = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-    let vocab = tchtrain_fuzz::scratch_file("vocab.json", &data[..split]);
-    let merges = tchtrain_fuzz::scratch_file("merges.txt", data.get(split + 1..).unwrap_or(&[]));
-    let (Some(dir), Some(_)) = (vocab.parent(), merges.parent()) else {
-        return;
-    };
-    let Ok(tok) = AutoTokenizer::from_pretrained(dir) else {
-        return;
-    };
-    let tokenizer = tok.tokenizer();
-    if let Ok(encoding) = tokenizer.encode("Hello, world! A b c.", true) {
-        let _ = tokenizer.decode(encoding.get_ids(), true);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tchtrain_fuzz::targets::gpt2_vocab_merges::run(data));

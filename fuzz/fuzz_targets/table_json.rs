@@ -1,23 +1,5 @@
-//! `Table::from_json_str` (the `--train_file x.jsonl` / `x.json` loader: JSON lines or an
-//! array of objects) and reading every cell back.
+//! libFuzzer's entry for [`tchtrain_fuzz::targets::table_json`].
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use tchtrain_datasets::{Table, cell_text};
-
-fuzz_target!(|data: &[u8]| {
-    let Some(text) = tchtrain_fuzz::text(data) else {
-        return;
-    };
-    let Ok(table) = Table::from_json_str(text, "fuzz.jsonl") else {
-        return;
-    };
-    for column in table.columns() {
-        for row in 0..=table.len() {
-            if let Ok(v) = table.cell(row, column) {
-                let _ = cell_text(v);
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tchtrain_fuzz::targets::table_json::run(data));

@@ -1,26 +1,5 @@
-//! `TrainerState::from_json_str` (a checkpoint's `trainer_state.json`) and the Python-style
-//! `loads` / `dumps` under it; what parses must write itself out and read back.
+//! libFuzzer's entry for [`tchtrain_fuzz::targets::trainer_state_json`].
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use tchtrain_callbacks::{TrainerState, dumps, loads};
-
-fuzz_target!(|data: &[u8]| {
-    let Some(text) = tchtrain_fuzz::text(data) else {
-        return;
-    };
-    if let Ok(value) = loads(text) {
-        let written = dumps(&value, Some(2), true);
-        if let Err(e) = loads(&written) {
-            panic!("dumps output does not parse again: {e}\n{written}");
-        }
-    }
-    let Ok(state) = TrainerState::from_json_str(text, "trainer_state.json") else {
-        return;
-    };
-    let saved = state.to_json_string();
-    if let Err(e) = TrainerState::from_json_str(&saved, "saved trainer_state.json") {
-        panic!("to_json_string output does not parse again: {e}\n{saved}");
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tchtrain_fuzz::targets::trainer_state_json::run(data));

@@ -1,26 +1,5 @@
-//! `HfArgumentParser::parse_args_into_dataclasses` / `parse_known_args`: the input is a
-//! command line, one argument per line.
+//! libFuzzer's entry for [`tchtrain_fuzz::targets::training_args_cli`].
 
 #![no_main]
 
-use std::sync::OnceLock;
-
-use libfuzzer_sys::fuzz_target;
-use tchtrain_training_args::HfArgumentParser;
-
-fuzz_target!(|data: &[u8]| {
-    static PARSER: OnceLock<HfArgumentParser> = OnceLock::new();
-    let parser = PARSER.get_or_init(HfArgumentParser::new);
-    let Some(text) = tchtrain_fuzz::text(data) else {
-        return;
-    };
-    let argv: Vec<&str> = if text.is_empty() {
-        Vec::new()
-    } else {
-        text.split('\n').collect()
-    };
-    let _ = parser.parse_args_into_dataclasses(&argv);
-    if let Ok((parsed, _rest)) = parser.parse_known_args(&argv) {
-        let _ = parsed.args.to_json_string();
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tchtrain_fuzz::targets::training_args_cli::run(data));

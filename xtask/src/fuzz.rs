@@ -1,5 +1,6 @@
 //! `cargo xtask fuzz`: a bounded libFuzzer run of every fuzz target under `fuzz/` (one per
-//! parser of outside input), also the last step of `cargo xtask test`.
+//! parser of outside input). `cargo xtask test` runs the same targets without libFuzzer: the
+//! replay test `fuzz/tests/it` (seeds and seeded mutations, stable, no instrumented build).
 //!
 //! The targets build with `cargo fuzz` on the nightly toolchain. This module installs
 //! `cargo-fuzz` (a pinned version, once, into the per-user cache), builds every target in
@@ -78,7 +79,7 @@ pub struct Options {
     pub seed: u64,
     /// `address` (default) or `none`.
     pub sanitizer: String,
-    /// `--dev`: cargo's dev profile (no optimisation; the fuzz workspace's `profile.dev`)
+    /// `--dev`: cargo's dev profile (the workspace's `profile.dev`)
     /// instead of release. A cold build takes a fraction of the release build's time; the
     /// inputs run slower, which a bounded run does not notice.
     pub dev: bool,
@@ -189,7 +190,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = Options::parse(args)?;
     let s = crate::setup::run(&crate::setup::Options::default())?;
     let report = fuzz(&s, &o);
-    println!("{}", report.summary());
+    println!("{} ({:.1}s)", report.summary(), report.seconds);
     match report.outcome {
         Outcome::Failed(_) => Err("fuzzing found a failure (see above)".into()),
         Outcome::Passed | Outcome::Skipped(_) => Ok(()),
@@ -253,7 +254,13 @@ fn fuzz_inner(s: &Setup, o: &Options, executed: &mut Vec<(String, u64)>) -> Outc
         .current_dir(&root)
         .args(["fuzz", "build", "--fuzz-dir"])
         .arg(root.join("fuzz"))
-        .args(["--sanitizer", &o.sanitizer, "--target-dir"])
+        .args([
+            "--features",
+            "libfuzzer",
+            "--sanitizer",
+            &o.sanitizer,
+            "--target-dir",
+        ])
         .arg(&target_dir);
     if o.dev {
         build.arg("--dev");

@@ -48,8 +48,9 @@ commands:
   test [--gpu] [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
         multi-process tests), the `cuda` build of tchtrain-distributed (NCCL compiled,
-        its tests run; skipped with a CPU-only libtorch), `e2e --short`, a bounded
-        fuzz run, and a summary line
+        its tests run; skipped with a CPU-only libtorch; the fuzz targets' replay of
+        their seeds and seeded mutations among the tests), `e2e --short`, and a
+        summary line
         --gpu           also the tests that need a CUDA device (NCCL collectives, the
                         Trainer on one GPU: ZeRO-3 with offload over NCCL)
   bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
@@ -118,8 +119,8 @@ commands:
         cache once; release with AddressSanitizer unless --dev / --sanitizer none)
         and run for N inputs each (default 5000, fixed seed 1) from the seeds in
         fuzz/corpus/<target>/; fails on a crash, with the reproducer under
-        target/fuzz/artifacts/<target>/. `test` ends with this, as --dev
-        --sanitizer none.
+        target/fuzz/artifacts/<target>/. `test` runs the same targets without
+        libFuzzer (fuzz/tests/it: seeds and seeded mutations, no nightly build).
   codegen [--check]
         setup, then regenerate the generated sources from the pinned Python packages
         (training-args/src/field_table.rs from transformers' HfArgumentParser);
@@ -142,7 +143,9 @@ environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
   TCHTRAIN_E2E        `0` skips the e2e short form in `test`
-  TCHTRAIN_FUZZ_RUNS  inputs per fuzz target in `test` (default 5000; 0 skips fuzzing)
+  TCHTRAIN_FUZZ_RUNS  inputs the replay test makes per fuzz target in `test` (default
+                      5000; 0 replays the committed seeds only); TCHTRAIN_FUZZ_SEED their
+                      seed (default 1)
   TCHTRAIN_FUZZ_BUILD_MB  cap on the fuzz build folder (default 16384); over it, the
                       folder is cleared before the next fuzz build
   TCHTRAIN_DATASETS_CACHE_MB  cap on the tokenized-dataset cache (default 4096; least

@@ -1,6 +1,8 @@
-//! `cargo xtask test`: setup, then every test of the workspace, then the short form of the
-//! end-to-end parity suite (`cargo xtask e2e --short`), then a bounded run of every fuzz
-//! target (`cargo xtask fuzz`), then one summary line.
+//! `cargo xtask test`: setup, then every test of the workspace (the fuzz targets' replay of
+//! their seeds and of inputs made from them among them, `fuzz/tests/it`), then the short
+//! form of the end-to-end parity suite (`cargo xtask e2e --short`), then one summary line.
+//! Coverage-guided fuzzing under libFuzzer is `cargo xtask fuzz` (a nightly build of its own,
+//! ~12 min on 2 cores, so not part of this command).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -10,7 +12,6 @@ use std::time::Instant;
 use crate::cmd;
 use crate::disk;
 use crate::e2e;
-use crate::fuzz;
 use crate::setup;
 
 /// The intra-op threads of the reference values (`REFERENCE_THREADS` in
@@ -74,7 +75,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let workspace = cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?;
     let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
     let parity = e2e_step(&s)?;
-    let fuzz = fuzz_step(&s)?;
     let passed = workspace && cuda && totals.failed == 0;
     if passed {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -89,22 +89,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     );
     println!(
-        "summary: {} passed, {} failed, {} skipped; {}; {}",
+        "summary: {} passed, {} failed, {} skipped; {}",
         totals.passed,
         totals.failed,
         totals.ignored,
         parity.as_ref().map_or_else(
             || "e2e: skipped (TCHTRAIN_E2E=0)".into(),
             e2e::Report::summary
-        ),
-        fuzz.summary()
+        )
     );
     if !passed {
         Err("cargo test failed (see the `test result:` lines above)".into())
     } else if parity.as_ref().is_some_and(|r| !r.passed()) {
         Err("the e2e parity suite failed (see the `e2e` tables above; rerun with `cargo xtask e2e --short`)".into())
-    } else if let fuzz::Outcome::Failed(_) = fuzz.outcome {
-        Err("fuzzing found a failure (see the `fuzz:` lines above)".into())
     } else {
         Ok(())
     }
@@ -223,39 +220,6 @@ fn e2e_step(s: &setup::Setup) -> Result<Option<e2e::Report>, String> {
         report.summary()
     );
     Ok(Some(report))
-}
-
-/// The bounded fuzz run: `TCHTRAIN_FUZZ_RUNS` inputs per target (default
-/// [`fuzz::DEFAULT_RUNS`], `0` skips it).
-fn fuzz_step(s: &setup::Setup) -> Result<fuzz::Report, String> {
-    let runs = match std::env::var("TCHTRAIN_FUZZ_RUNS") {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("TCHTRAIN_FUZZ_RUNS={v}: expected a number of inputs"))?,
-        Err(_) => fuzz::DEFAULT_RUNS,
-    };
-    if runs == 0 {
-        return Ok(fuzz::Report {
-            executed: Vec::new(),
-            outcome: fuzz::Outcome::Skipped("TCHTRAIN_FUZZ_RUNS=0".into()),
-            seconds: 0.0,
-        });
-    }
-    // The dev profile without AddressSanitizer: a cold build of the fuzz workspace in
-    // release with ASan took longer than the rest of `test` together. ASan instruments only
-    // Rust code, and this workspace forbids `unsafe` (libtorch's C++ is not instrumented
-    // either way); `cargo xtask fuzz` keeps release + ASan for longer runs.
-    let o = fuzz::Options {
-        runs,
-        sanitizer: "none".into(),
-        dev: true,
-        ..fuzz::Options::default()
-    };
-    println!("test: fuzzing every target for {runs} inputs (cargo xtask fuzz)");
-    let report = fuzz::fuzz(s, &o);
-    println!("test: fuzzing took {:.1}s", report.seconds);
-    Ok(report)
 }
 
 #[cfg(test)]
