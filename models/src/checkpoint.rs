@@ -6,11 +6,13 @@
 //!
 //! [`ActivationCheckpointing`] holds upstream's settings (`activation_checkpointing_enable`'s
 //! `every_n_layers` and `offload`, `checkpoint`'s `preserve_rng_state`; `use_reentrant` picks
-//! between two implementations with the same numbers). Models call [`checkpoint_layer`] for
-//! each layer [`ActivationCheckpointing::checkpoints`] selects, while training.
+//! between two implementations with the same numbers). Models run their layers with
+//! [`run_layers`], which checkpoints each layer [`ActivationCheckpointing::checkpoints`]
+//! selects, while training.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void};
+use std::sync::Arc;
 
 use serde_json::Value;
 use tch::Tensor;
@@ -124,6 +126,45 @@ impl<T: ReadOnlyLayer> std::ops::Deref for Shared<T> {
     }
 }
 
+/// The layer loop of every model (upstream: `for layer in self.layers` with
+/// `GradientCheckpointingLayer.__call__`). For each layer in turn: the context's layer hooks
+/// before it (ZeRO-3 gathers its parameters), its forward, checkpointed while training when
+/// `checkpointing` selects its index, then the hooks after it (the release).
+/// `forward(layer, h, extra, inputs)` runs one layer; `extra` is a tensor made outside the
+/// layers that the checkpoint hands back its gradient (DeBERTa's relative embeddings).
+pub(crate) fn run_layers<L, X, F>(
+    ctx: &tchtrain_nn::Context,
+    layers: &[Arc<Shared<L>>],
+    inputs: &Arc<Shared<X>>,
+    extra: Option<&Tensor>,
+    checkpointing: Option<&ActivationCheckpointing>,
+    train: bool,
+    mut h: Tensor,
+    forward: F,
+) -> Result<Tensor>
+where
+    L: ReadOnlyLayer + 'static,
+    X: ReadOnlyLayer + 'static,
+    F: Fn(&L, &Tensor, Option<&Tensor>, &X) -> Result<Tensor> + Copy + Send + 'static,
+{
+    for (i, layer) in layers.iter().enumerate() {
+        h = ctx.before_layer(i, h)?;
+        h = match checkpointing {
+            Some(options) if train && options.checkpoints(i) => {
+                let (layer, x, c) = (Arc::clone(layer), Arc::clone(inputs), ctx.clone());
+                checkpoint_layer_with(&h, extra, ctx, options, move |h, e| {
+                    let out = forward(&layer, h, e, &x)?;
+                    c.check()?;
+                    Ok(out)
+                })?
+            }
+            _ => forward(layer, &h, extra, inputs)?,
+        };
+        h = ctx.after_layer(i, h)?;
+    }
+    Ok(h)
+}
+
 /// A malloc'd copy of `message` for the shim (which throws and frees it).
 fn shim_message(message: &str) -> *mut c_char {
     let text = std::ffi::CString::new(message.replace('\0', " ")).unwrap_or_default();
@@ -178,23 +219,14 @@ unsafe extern "C" fn drop_layer(layer: *mut c_void) {
     drop(unsafe { Box::from_raw(layer as *mut LayerClosure) });
 }
 
-/// `torch.utils.checkpoint.checkpoint(f, x)`: `f(x)` without keeping its activations, `f`
-/// run again in the backward. `f` must capture what it needs by value (shallow tensor
-/// clones, `Arc`s of the layer): it outlives this call, for as long as the graph. When `x`
-/// does not require a gradient the layer runs plainly (the checkpoint's backward hands
-/// gradients back through `x`; a frozen input would cut the layer's parameters off).
-pub(crate) fn checkpoint_layer(
-    x: &Tensor,
-    ctx: &tchtrain_nn::Context,
-    options: &ActivationCheckpointing,
-    f: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
-) -> Result<Tensor> {
-    checkpoint_layer_with(x, None, ctx, options, move |x, _| f(x))
-}
-
-/// [`checkpoint_layer`] with a second tensor input (DeBERTa's relative embeddings, made from
-/// parameters outside the layer): the recompute gets it as a leaf of its own and hands its
-/// gradient back to the graph that made it, as reentrant checkpointing does for every
+/// `torch.utils.checkpoint.checkpoint(f, x, extra)`: `f(x, extra)` without keeping its
+/// activations, `f` run again in the backward. `f` must capture what it needs by value
+/// (shallow tensor clones, `Arc`s of the layer): it outlives this call, for as long as the
+/// graph. When `x` does not require a gradient the layer runs plainly (the checkpoint's
+/// backward hands gradients back through `x`; a frozen input would cut the layer's
+/// parameters off). `extra` is a second tensor input (DeBERTa's relative embeddings, made
+/// from parameters outside the layer): the recompute gets it as a leaf of its own and hands
+/// its gradient back to the graph that made it, as reentrant checkpointing does for every
 /// tensor input. `f` gets `extra` (or, in the recompute, that leaf).
 pub(crate) fn checkpoint_layer_with(
     x: &Tensor,
@@ -248,6 +280,16 @@ mod tests {
     use tch::{Device, Kind};
 
     use super::*;
+
+    /// One tensor input.
+    fn checkpoint_layer(
+        x: &Tensor,
+        ctx: &tchtrain_nn::Context,
+        options: &ActivationCheckpointing,
+        f: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
+    ) -> Result<Tensor> {
+        checkpoint_layer_with(x, None, ctx, options, move |x, _| f(x))
+    }
 
     const OOM: &str = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes";
 

@@ -26,7 +26,7 @@ use serde_json::Value;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer_with};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
@@ -707,28 +707,16 @@ impl DebertaV2Model {
             act: self.act,
             unpadded,
         }));
-        for (i, l) in self.layers.iter().enumerate() {
-            h = self.ctx.before_layer(i, h)?;
-            h = match &self.checkpointing {
-                Some(ac) if train && ac.checkpoints(i) => {
-                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    let ctx = self.ctx.clone();
-                    checkpoint_layer_with(
-                        &h,
-                        rel_embeddings.as_ref(),
-                        &self.ctx,
-                        ac,
-                        move |h, re| {
-                            let out = l.forward(h, re, &x);
-                            ctx.check()?;
-                            Ok(out)
-                        },
-                    )?
-                }
-                _ => l.forward(&h, rel_embeddings.as_ref(), &x),
-            };
-            h = self.ctx.after_layer(i, h)?;
-        }
+        let h = run_layers(
+            &self.ctx,
+            &self.layers,
+            &x,
+            rel_embeddings.as_ref(),
+            self.checkpointing.as_ref(),
+            train,
+            h,
+            |l, h, e, x| Ok(l.forward(h, e, x)),
+        )?;
         Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
 }

@@ -18,7 +18,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
@@ -358,22 +358,16 @@ impl DistilBertModel {
             act: self.act,
             unpadded,
         }));
-        for (i, l) in self.layers.iter().enumerate() {
-            h = self.ctx.before_layer(i, h)?;
-            h = match &self.checkpointing {
-                Some(ac) if train && ac.checkpoints(i) => {
-                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    let ctx = self.ctx.clone();
-                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
-                        let out = l.forward(h, &x);
-                        ctx.check()?;
-                        Ok(out)
-                    })?
-                }
-                _ => l.forward(&h, &x),
-            };
-            h = self.ctx.after_layer(i, h)?;
-        }
+        let mut h = run_layers(
+            &self.ctx,
+            &self.layers,
+            &x,
+            None,
+            self.checkpointing.as_ref(),
+            train,
+            h,
+            |l, h, _, x| Ok(l.forward(h, x)),
+        )?;
         if let Some(u) = &x.unpadded {
             h = u.scatter(&h);
         }

@@ -14,7 +14,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{
@@ -439,22 +439,16 @@ impl GPT2Model {
                 .as_ref()
                 .map(crate::padding_free::Unpadded::shallow_clone),
         }));
-        for (i, b) in self.h.iter().enumerate() {
-            h = self.ctx.before_layer(i, h)?;
-            h = match &self.checkpointing {
-                Some(ac) if train && ac.checkpoints(i) => {
-                    let (b, x) = (Arc::clone(b), Arc::clone(&x));
-                    let ctx = self.ctx.clone();
-                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
-                        let out = b.forward(h, &x)?;
-                        ctx.check()?;
-                        Ok(out)
-                    })?
-                }
-                _ => b.forward(&h, &x)?,
-            };
-            h = self.ctx.after_layer(i, h)?;
-        }
+        let h = run_layers(
+            &self.ctx,
+            &self.h,
+            &x,
+            None,
+            self.checkpointing.as_ref(),
+            train,
+            h,
+            |b, h, _, x| b.forward(h, x),
+        )?;
         let h = self.ln_f.forward(&h);
         if !self.prefix.is_empty() {
             // Called positionally with `input_ids` by the heads.

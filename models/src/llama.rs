@@ -21,7 +21,7 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
@@ -1108,22 +1108,16 @@ impl LlamaModel {
                 .as_ref()
                 .map(crate::padding_free::Unpadded::shallow_clone),
         }));
-        for (i, l) in self.layers.iter().enumerate() {
-            h = self.ctx.before_layer(i, h)?;
-            h = match &self.checkpointing {
-                Some(ac) if train && ac.checkpoints(i) => {
-                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    let ctx = self.ctx.clone();
-                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
-                        let out = l.forward(h, &x)?;
-                        ctx.check()?;
-                        Ok(out)
-                    })?
-                }
-                _ => l.forward(&h, &x)?,
-            };
-            h = self.ctx.after_layer(i, h)?;
-        }
+        let h = run_layers(
+            &self.ctx,
+            &self.layers,
+            &x,
+            None,
+            self.checkpointing.as_ref(),
+            train,
+            h,
+            |l, h, _, x| l.forward(h, x),
+        )?;
         let h = self.norm.forward(&h);
         // Called with keyword arguments by the causal LM, with `input_ids` positionally by
         // the sequence classifier.

@@ -28,7 +28,7 @@ use tch::nn::{self, Init};
 use tch::{Device, Kind, Tensor};
 
 use crate::attention;
-use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, checkpoint_layer};
+use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
 use crate::heads::{self, HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
@@ -639,22 +639,16 @@ impl ModernBertModel {
             act: self.act,
             unpadded,
         }));
-        for (i, l) in self.layers.iter().enumerate() {
-            h = self.ctx.before_layer(i, h)?;
-            h = match &self.checkpointing {
-                Some(ac) if train && ac.checkpoints(i) => {
-                    let (l, x) = (Arc::clone(l), Arc::clone(&x));
-                    let ctx = self.ctx.clone();
-                    checkpoint_layer(&h, &self.ctx, ac, move |h| {
-                        let out = l.forward(h, &x);
-                        ctx.check()?;
-                        Ok(out)
-                    })?
-                }
-                _ => l.forward(&h, &x),
-            };
-            h = self.ctx.after_layer(i, h)?;
-        }
+        let h = run_layers(
+            &self.ctx,
+            &self.layers,
+            &x,
+            None,
+            self.checkpointing.as_ref(),
+            train,
+            h,
+            |l, h, _, x| Ok(l.forward(h, x)),
+        )?;
         let h = self.final_norm.forward(&h);
         Ok(padding_free::padded(x.unpadded.as_ref(), h))
     }
