@@ -38,7 +38,7 @@ impl WeightedLoss {
 
 impl TrainerHooks for WeightedLoss {
     fn compute_loss(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &Batch,

@@ -108,14 +108,6 @@ pub enum Error {
     /// The accelerator refused (a ZeRO layout or setting the engine does not run with).
     #[error(transparent)]
     Accelerate(tchtrain_accelerate::Error),
-    /// A Trainer method that dispatches to the hooks was called while a hook runs.
-    #[error(
-        "Trainer::{method} was called from inside a TrainerHooks method: call the matching default_* function with the hooks (upstream's super()), e.g. default_evaluate(self, trainer, ...)"
-    )]
-    HookReentry {
-        /// The method called.
-        method: &'static str,
-    },
     /// The arguments are invalid for the Trainer (checked before training starts).
     #[error("invalid `{field}`: {detail}")]
     InvalidArgument {

@@ -28,15 +28,13 @@ impl Trainer {
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
-        self.with_hooks("evaluate", |h, t| {
-            h.evaluate(t, eval_dataset, metric_key_prefix)
-        })
+        self.with_hooks(|h, t| h.evaluate(t, eval_dataset, metric_key_prefix))
     }
 
     /// Upstream's base `evaluate` with `hooks` for its steps, data loader and log.
     pub(crate) fn evaluate_with<H: TrainerHooks + ?Sized>(
         &mut self,
-        hooks: &mut H,
+        hooks: &H,
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
@@ -86,7 +84,7 @@ impl Trainer {
     /// batch as it comes (`compute_result` on the last) and nothing but the losses is kept.
     pub(crate) fn evaluation_loop<H: TrainerHooks + ?Sized>(
         &mut self,
-        hooks: &mut H,
+        hooks: &H,
         loader: &tchtrain_data::DataLoader,
         prediction_loss_only: bool,
         metric_key_prefix: &str,

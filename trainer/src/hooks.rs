@@ -13,7 +13,7 @@
 //!
 //! impl TrainerHooks for DoubleLoss {
 //!     fn compute_loss(
-//!         &mut self,
+//!         &self,
 //!         ctx: &StepContext<'_>,
 //!         model: &dyn TrainableModel,
 //!         inputs: &Batch,
@@ -51,7 +51,7 @@ impl StepContext<'_> {
     /// [`default_training_step`] (what [`TrainerHooks::training_step`] runs by default).
     pub(crate) fn run_training_step<H: TrainerHooks + ?Sized>(
         &self,
-        hooks: &mut H,
+        hooks: &H,
         model: &mut dyn TrainableModel,
         inputs: &Batch,
         num_items_in_batch: Option<&Tensor>,
@@ -77,7 +77,7 @@ impl StepContext<'_> {
     /// [`default_prediction_step`] (what [`TrainerHooks::prediction_step`] runs by default).
     pub(crate) fn run_prediction_step<H: TrainerHooks + ?Sized>(
         &self,
-        hooks: &mut H,
+        hooks: &H,
         model: &dyn TrainableModel,
         inputs: &Batch,
         prediction_loss_only: bool,
@@ -140,7 +140,7 @@ impl StepContext<'_> {
 /// divided by `ctx.current_gradient_accumulation_steps`. Then the accelerator's
 /// `backward()`.
 pub fn default_training_step<H: TrainerHooks + ?Sized>(
-    hooks: &mut H,
+    hooks: &H,
     ctx: &StepContext<'_>,
     model: &mut dyn TrainableModel,
     inputs: &Batch,
@@ -151,7 +151,7 @@ pub fn default_training_step<H: TrainerHooks + ?Sized>(
 
 /// Upstream's default `prediction_step` (no context parallelism, no SageMaker).
 pub fn default_prediction_step<H: TrainerHooks + ?Sized>(
-    hooks: &mut H,
+    hooks: &H,
     ctx: &StepContext<'_>,
     model: &dyn TrainableModel,
     inputs: &Batch,
@@ -208,7 +208,7 @@ pub fn default_log(
 /// Upstream's default `evaluate`, with `hooks` for its data loader, steps and log (see
 /// [`Trainer::evaluate`]).
 pub fn default_evaluate<H: TrainerHooks + ?Sized>(
-    hooks: &mut H,
+    hooks: &H,
     trainer: &mut Trainer,
     eval_dataset: Option<Arc<dyn Dataset>>,
     metric_key_prefix: &str,
@@ -219,7 +219,7 @@ pub fn default_evaluate<H: TrainerHooks + ?Sized>(
 /// Upstream's default `predict`, with `hooks` for its data loader and steps (see
 /// [`Trainer::predict`]).
 pub fn default_predict<H: TrainerHooks + ?Sized>(
-    hooks: &mut H,
+    hooks: &H,
     trainer: &mut Trainer,
     test_dataset: Arc<dyn Dataset>,
     metric_key_prefix: &str,

@@ -23,15 +23,13 @@ impl Trainer {
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {
-        self.with_hooks("predict", |h, t| {
-            h.predict(t, test_dataset, metric_key_prefix)
-        })
+        self.with_hooks(|h, t| h.predict(t, test_dataset, metric_key_prefix))
     }
 
     /// Upstream's base `predict` with `hooks` for its steps and data loader.
     pub(crate) fn predict_with<H: TrainerHooks + ?Sized>(
         &mut self,
-        hooks: &mut H,
+        hooks: &H,
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {

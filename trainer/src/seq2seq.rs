@@ -389,7 +389,7 @@ impl<H: TrainerHooks> Seq2SeqHooks<H> {
 
 impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
     fn compute_loss(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &Batch,
@@ -402,7 +402,7 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
         self.inner.loss_is_scaled_for_ga()
     }
     fn training_step(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &mut dyn TrainableModel,
         inputs: &Batch,
@@ -411,25 +411,25 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
         self.inner
             .training_step(ctx, model, inputs, num_items_in_batch)
     }
-    fn get_train_dataloader(&mut self, trainer: &Trainer) -> Result<tchtrain_data::DataLoader> {
+    fn get_train_dataloader(&self, trainer: &Trainer) -> Result<tchtrain_data::DataLoader> {
         self.inner.get_train_dataloader(trainer)
     }
     fn get_eval_dataloader(
-        &mut self,
+        &self,
         trainer: &Trainer,
         eval_dataset: Option<Arc<dyn Dataset>>,
     ) -> Result<tchtrain_data::DataLoader> {
         self.inner.get_eval_dataloader(trainer, eval_dataset)
     }
     fn get_test_dataloader(
-        &mut self,
+        &self,
         trainer: &Trainer,
         test_dataset: Arc<dyn Dataset>,
     ) -> Result<tchtrain_data::DataLoader> {
         self.inner.get_test_dataloader(trainer, test_dataset)
     }
     fn create_optimizer_and_scheduler(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         num_training_steps: usize,
     ) -> Result<()> {
@@ -437,7 +437,7 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
             .create_optimizer_and_scheduler(trainer, num_training_steps)
     }
     fn log(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         logs: Vec<(String, f64)>,
         start_time: Option<std::time::Instant>,
@@ -446,7 +446,7 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
     }
 
     fn evaluate(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
@@ -456,7 +456,7 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
     }
 
     fn predict(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
@@ -466,7 +466,7 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
     }
 
     fn prediction_step(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &Batch,

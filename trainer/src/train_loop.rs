@@ -577,15 +577,13 @@ impl Trainer {
                 let forward_time = std::cell::Cell::new(std::time::Duration::ZERO);
                 let tr_loss_step = {
                     let scope = self.accelerator.forward_scope(true)?;
-                    let hooks = self
-                        .hooks
-                        .as_deref_mut()
-                        .ok_or(Error::HookReentry { method: "train" })?;
+                    let hooks = Arc::clone(&self.hooks);
                     let optimizer = std::cell::RefCell::new(self.optimizer.as_deref_mut());
                     let fused = |loss: &Tensor| -> Result<()> {
                         let mut opt =
-                            optimizer.try_borrow_mut().map_err(|_| Error::HookReentry {
-                                method: "training_step",
+                            optimizer.try_borrow_mut().map_err(|_| Error::InvalidArgument {
+                                field: "training_step",
+                                detail: "the fused backward (LOMO / AdaLomo) was called from inside itself".into(),
                             })?;
                         match (opt.as_deref_mut(), fused_lr) {
                             (Some(opt), Some(lr)) => Ok(opt.fused_backward(loss, lr)?),

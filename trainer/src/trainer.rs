@@ -33,16 +33,16 @@ use crate::step::{PredictionStepOutput, StepContext, StepFacts, default_compute_
 /// behaviour, which the `default_*` functions of this crate run (an override's `super()`).
 ///
 /// The step methods (`compute_loss`, `training_step`, `prediction_step`) get a
-/// [`StepContext`] and the model; the others get the Trainer itself. While one of these runs,
-/// the Trainer's own entry points that dispatch to the hooks (`evaluate`, `predict`, `log`,
-/// `get_*_dataloader`, `create_optimizer_and_scheduler`) are refused with
-/// [`Error::HookReentry`]: call the `default_*` function with `self` instead, as upstream's
-/// override calls `super()`.
-pub trait TrainerHooks: Send {
+/// [`StepContext`] and the model; the others get the Trainer itself, whose entry points a
+/// hook may call as an upstream override calls `self.evaluate()` (they dispatch to the same
+/// hooks). An override's `super()` is the matching `default_*` function. The methods take
+/// `&self`, as the Trainer shares its hooks with the calls it makes from inside one: state a
+/// hook keeps goes in a `Mutex` or an atomic.
+pub trait TrainerHooks: Send + Sync {
     /// Upstream `compute_loss`: runs the model on `inputs` (with `num_items_in_batch` when
     /// the model accepts loss kwargs) and returns its loss and outputs.
     fn compute_loss(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &Batch,
@@ -65,7 +65,7 @@ pub trait TrainerHooks: Send {
     /// [`train`](tchtrain_optim::Optimizer::train) just before (upstream's `training_step`
     /// starts with it), so an override need not.
     fn training_step(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &mut dyn TrainableModel,
         inputs: &Batch,
@@ -77,7 +77,7 @@ pub trait TrainerHooks: Send {
     /// Upstream `prediction_step`: the loss (when the batch has every label), and unless
     /// `prediction_loss_only`, the logits and labels; no gradients.
     fn prediction_step(
-        &mut self,
+        &self,
         ctx: &StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &Batch,
@@ -88,14 +88,14 @@ pub trait TrainerHooks: Send {
 
     /// Upstream `get_train_dataloader`: the training batches (see
     /// [`default_get_train_dataloader`](crate::default_get_train_dataloader)).
-    fn get_train_dataloader(&mut self, trainer: &Trainer) -> Result<DataLoader> {
+    fn get_train_dataloader(&self, trainer: &Trainer) -> Result<DataLoader> {
         trainer.default_train_dataloader()
     }
 
     /// Upstream `get_eval_dataloader`: the evaluation batches of `eval_dataset` or the
     /// Trainer's (see [`default_get_eval_dataloader`](crate::default_get_eval_dataloader)).
     fn get_eval_dataloader(
-        &mut self,
+        &self,
         trainer: &Trainer,
         eval_dataset: Option<Arc<dyn Dataset>>,
     ) -> Result<DataLoader> {
@@ -104,7 +104,7 @@ pub trait TrainerHooks: Send {
 
     /// Upstream `get_test_dataloader`: the batches `predict` runs over.
     fn get_test_dataloader(
-        &mut self,
+        &self,
         trainer: &Trainer,
         test_dataset: Arc<dyn Dataset>,
     ) -> Result<DataLoader> {
@@ -115,7 +115,7 @@ pub trait TrainerHooks: Send {
     /// scheduler of a run of `num_training_steps` steps (see
     /// [`Trainer::create_optimizer`], [`Trainer::create_scheduler`]).
     fn create_optimizer_and_scheduler(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         num_training_steps: usize,
     ) -> Result<()> {
@@ -126,7 +126,7 @@ pub trait TrainerHooks: Send {
     /// Upstream `log`: records `logs` in the state's `log_history` and calls `on_log`
     /// (see [`default_log`](crate::default_log)).
     fn log(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         logs: Vec<(String, f64)>,
         start_time: Option<Instant>,
@@ -136,7 +136,7 @@ pub trait TrainerHooks: Send {
 
     /// Upstream `evaluate` (see [`default_evaluate`](crate::default_evaluate)).
     fn evaluate(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
@@ -146,7 +146,7 @@ pub trait TrainerHooks: Send {
 
     /// Upstream `predict` (see [`default_predict`](crate::default_predict)).
     fn predict(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         test_dataset: Arc<dyn Dataset>,
         metric_key_prefix: &str,
@@ -209,8 +209,8 @@ pub struct Trainer {
     pub(crate) optimizers_passed: bool,
     pub(crate) compute_metrics: Option<ComputeMetrics>,
     pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
-    /// The overrides; `None` while one of the Trainer-level hooks runs (it borrows them).
-    pub(crate) hooks: Option<Box<dyn TrainerHooks>>,
+    /// The overrides (shared with the calls a hook makes back into the Trainer).
+    pub(crate) hooks: Arc<dyn TrainerHooks>,
     /// What the steps read about the model (see [`StepContext`]).
     pub(crate) facts: StepFacts,
     /// See [`TrainerBuilder::stop_on_non_finite`].
@@ -282,7 +282,7 @@ pub struct TrainerBuilder {
     lr_scheduler: Option<Box<dyn LrScheduler>>,
     compute_metrics: Option<ComputeMetrics>,
     preprocess_logits_for_metrics: Option<PreprocessLogits>,
-    hooks: Option<Box<dyn TrainerHooks>>,
+    hooks: Option<Arc<dyn TrainerHooks>>,
     train_sampler: Option<Arc<dyn Sampler>>,
     model_accepts_loss_kwargs: Option<bool>,
     stop_on_non_finite: bool,
@@ -393,7 +393,7 @@ impl TrainerBuilder {
 
     /// The overrides of upstream's subclassable methods ([`TrainerHooks`]).
     pub fn hooks(mut self, hooks: impl TrainerHooks + 'static) -> Self {
-        self.hooks = Some(Box::new(hooks));
+        self.hooks = Some(Arc::new(hooks));
         self
     }
 
@@ -522,7 +522,7 @@ impl TrainerBuilder {
             lr_scheduler: self.lr_scheduler,
             compute_metrics: self.compute_metrics,
             preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
-            hooks: Some(self.hooks.unwrap_or_else(|| Box::new(DefaultHooks))),
+            hooks: self.hooks.unwrap_or_else(|| Arc::new(DefaultHooks)),
             facts: StepFacts {
                 model_accepts_loss_kwargs: accepts,
                 loss_shifts_labels,
@@ -705,17 +705,14 @@ impl Trainer {
         }
     }
 
-    /// Runs `f` with the hooks taken out of the Trainer, so that a hook can borrow it;
-    /// [`Error::HookReentry`] naming `method` when a hook is running already.
+    /// Runs `f` with the hooks and the Trainer (the hooks are shared, so that a hook can call
+    /// back into the Trainer).
     pub(crate) fn with_hooks<T>(
         &mut self,
-        method: &'static str,
-        f: impl FnOnce(&mut dyn TrainerHooks, &mut Trainer) -> Result<T>,
+        f: impl FnOnce(&dyn TrainerHooks, &mut Trainer) -> Result<T>,
     ) -> Result<T> {
-        let mut hooks = self.hooks.take().ok_or(Error::HookReentry { method })?;
-        let out = self.traced(|t| f(&mut *hooks, t));
-        self.hooks = Some(hooks);
-        out
+        let hooks = Arc::clone(&self.hooks);
+        self.traced(|t| f(&*hooks, t))
     }
 
     /// Runs `f` with the `debug="underflow_overflow"` tracer, when there is one, reporting
@@ -732,7 +729,7 @@ impl Trainer {
 
     /// Upstream `get_train_dataloader`, through the hooks ([`TrainerHooks::get_train_dataloader`]).
     pub fn get_train_dataloader(&mut self) -> Result<DataLoader> {
-        self.with_hooks("get_train_dataloader", |h, t| h.get_train_dataloader(t))
+        self.with_hooks(|h, t| h.get_train_dataloader(t))
     }
 
     /// Upstream `get_eval_dataloader`, through the hooks ([`TrainerHooks::get_eval_dataloader`]).
@@ -740,29 +737,23 @@ impl Trainer {
         &mut self,
         eval_dataset: Option<Arc<dyn Dataset>>,
     ) -> Result<DataLoader> {
-        self.with_hooks("get_eval_dataloader", |h, t| {
-            h.get_eval_dataloader(t, eval_dataset)
-        })
+        self.with_hooks(|h, t| h.get_eval_dataloader(t, eval_dataset))
     }
 
     /// Upstream `get_test_dataloader`, through the hooks ([`TrainerHooks::get_test_dataloader`]).
     pub fn get_test_dataloader(&mut self, test_dataset: Arc<dyn Dataset>) -> Result<DataLoader> {
-        self.with_hooks("get_test_dataloader", |h, t| {
-            h.get_test_dataloader(t, test_dataset)
-        })
+        self.with_hooks(|h, t| h.get_test_dataloader(t, test_dataset))
     }
 
     /// Upstream `create_optimizer_and_scheduler`, through the hooks
     /// ([`TrainerHooks::create_optimizer_and_scheduler`]).
     pub fn create_optimizer_and_scheduler(&mut self, num_training_steps: usize) -> Result<()> {
-        self.with_hooks("create_optimizer_and_scheduler", |h, t| {
-            h.create_optimizer_and_scheduler(t, num_training_steps)
-        })
+        self.with_hooks(|h, t| h.create_optimizer_and_scheduler(t, num_training_steps))
     }
 
     /// Upstream `log`, through the hooks ([`TrainerHooks::log`]).
     pub fn log(&mut self, logs: Vec<(String, f64)>, start_time: Option<Instant>) -> Result<()> {
-        self.with_hooks("log", |h, t| h.log(t, logs, start_time))
+        self.with_hooks(|h, t| h.log(t, logs, start_time))
     }
 
     /// Upstream's base `get_train_dataloader`: `train_batch_size` rows per batch in the

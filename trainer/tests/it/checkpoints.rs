@@ -538,22 +538,22 @@ fn bad_checkpoints_are_typed_errors_before_training() -> Result<()> {
 
 /// Returns a NaN loss from the `nan_at`-th forward on (counted from 1).
 struct NanFrom {
-    calls: usize,
+    calls: std::sync::atomic::AtomicUsize,
     nan_at: usize,
 }
 
 impl tchtrain_trainer::TrainerHooks for NanFrom {
     fn compute_loss(
-        &mut self,
+        &self,
         ctx: &tchtrain_trainer::StepContext<'_>,
         model: &dyn TrainableModel,
         inputs: &tchtrain_collators::Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<(Tensor, tchtrain_models::ModelOutput)> {
-        self.calls += 1;
+        let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let (loss, out) =
             tchtrain_trainer::default_compute_loss(ctx, model, inputs, num_items_in_batch)?;
-        let loss = if self.calls >= self.nan_at {
+        let loss = if calls >= self.nan_at {
             loss * f64::NAN
         } else {
             loss
@@ -570,7 +570,7 @@ fn non_finite_loss_stops_with_a_checkpoint_of_the_last_good_state() -> Result<()
     let mut t = Trainer::builder(initial_model()?, resume_args(&dir, 100.0)?)
         .train_dataset(blocks("train", 38)?)
         .hooks(NanFrom {
-            calls: 0,
+            calls: Default::default(),
             nan_at: 7,
         })
         .stop_on_non_finite(true)
@@ -612,7 +612,7 @@ fn non_finite_loss_stops_with_a_checkpoint_of_the_last_good_state() -> Result<()
     let mut t = Trainer::builder(initial_model()?, resume_args(&dir2, 100.0)?)
         .train_dataset(blocks("train", 38)?)
         .hooks(NanFrom {
-            calls: 0,
+            calls: Default::default(),
             nan_at: 7,
         })
         .build()?;

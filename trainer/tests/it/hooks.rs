@@ -1,7 +1,8 @@
 //! `TrainerHooks` beyond the step: the data loaders, `create_optimizer_and_scheduler`, `log`,
 //! `evaluate` overridden as upstream's subclass overrides them (`super()` being the
-//! `default_*` functions), and a Trainer entry point called from inside a hook refused.
+//! `default_*` functions), and a hook calling back into the Trainer (`evaluate` from `log`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -27,7 +28,7 @@ struct Seen {
 struct Overrides(Arc<Mutex<Seen>>);
 
 impl TrainerHooks for Overrides {
-    fn get_train_dataloader(&mut self, trainer: &Trainer) -> TrainerResult<DataLoader> {
+    fn get_train_dataloader(&self, trainer: &Trainer) -> TrainerResult<DataLoader> {
         self.0.lock().unwrap().train_loaders += 1;
         let dataset = trainer.train_dataset().expect("a training set").clone();
         Ok(DataLoader::new(
@@ -40,7 +41,7 @@ impl TrainerHooks for Overrides {
     }
 
     fn create_optimizer_and_scheduler(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         num_training_steps: usize,
     ) -> TrainerResult<()> {
@@ -49,7 +50,7 @@ impl TrainerHooks for Overrides {
     }
 
     fn log(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         mut logs: Vec<(String, f64)>,
         start_time: Option<Instant>,
@@ -60,7 +61,7 @@ impl TrainerHooks for Overrides {
     }
 
     fn evaluate(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
         eval_dataset: Option<Arc<dyn Dataset>>,
         metric_key_prefix: &str,
@@ -115,39 +116,57 @@ fn trainer_level_hooks_override_upstreams_methods() -> Result<()> {
     Ok(())
 }
 
-/// Calls the Trainer's own `evaluate` from inside `log`.
-struct Reentrant;
+/// Calls the Trainer's own `evaluate` from inside `log` after each training log, as an
+/// upstream override calling `self.evaluate()` would.
+struct EvaluateOnLog {
+    nested: Arc<AtomicUsize>,
+}
 
-impl TrainerHooks for Reentrant {
+impl TrainerHooks for EvaluateOnLog {
     fn log(
-        &mut self,
+        &self,
         trainer: &mut Trainer,
-        _logs: Vec<(String, f64)>,
-        _start_time: Option<Instant>,
+        logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
     ) -> TrainerResult<()> {
-        trainer.evaluate(None, "eval").map(|_| ())
+        let training = logs.iter().any(|(k, _)| k == "loss");
+        default_log(trainer, logs, start_time)?;
+        if training {
+            self.nested.fetch_add(1, Ordering::SeqCst);
+            trainer.evaluate(None, "nested")?;
+        }
+        Ok(())
     }
 }
 
 #[test]
-fn a_trainer_entry_point_called_from_a_hook_is_refused() -> Result<()> {
+fn a_hook_calls_back_into_the_trainer() -> Result<()> {
     let _g = lock();
     let dir = temp_dir("hooks-reentry");
     let mut args = small_args(dir.path())?;
     args.save_strategy = tchtrain_training_args::SaveStrategy::No;
+    let nested = Arc::new(AtomicUsize::new(0));
     let mut trainer = Trainer::builder(initial_model()?, args)
         .train_dataset(small_train()?)
         .eval_dataset(small_train()?)
-        .hooks(Reentrant)
+        .hooks(EvaluateOnLog {
+            nested: Arc::clone(&nested),
+        })
         .build()?;
-    let err = trainer.train(None).expect_err("evaluate inside log");
-    assert!(
-        err.to_string().starts_with(
-            "Trainer::evaluate was called from inside a TrainerHooks method: call the matching default_* function"
-        ),
-        "{err}"
-    );
-    // The hooks are back in place after the refusal.
+    trainer.train(None)?;
+    // Each training log is followed by the nested evaluation's log (its own `log` call
+    // through the same hooks, which does not evaluate again).
+    let history = &trainer.state.log_history;
+    let has = |i: usize, key: &str| history.get(i).is_some_and(|e| e.contains_key(key));
+    let trained: Vec<usize> = (0..history.len()).filter(|&i| has(i, "loss")).collect();
+    assert!(!trained.is_empty(), "{history:?}");
+    for &i in &trained {
+        assert!(
+            has(i + 1, "nested_loss"),
+            "entry {i} is not followed by the nested evaluation: {history:?}"
+        );
+    }
+    assert_eq!(nested.load(Ordering::SeqCst), trained.len());
     assert!(trainer.get_train_dataloader().is_ok());
     Ok(())
 }

@@ -752,19 +752,19 @@ fn a_conflicting_deepspeed_config_fails_before_training_with_upstreams_message()
 /// "backward". Rank 0 is then inside a layer hook or a gradient boundary's action.
 struct ExitMidStep {
     phase: &'static str,
-    calls: usize,
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl tchtrain_trainer::TrainerHooks for ExitMidStep {
     fn training_step(
-        &mut self,
+        &self,
         ctx: &tchtrain_trainer::StepContext<'_>,
         model: &mut dyn tchtrain_models::TrainableModel,
         inputs: &tchtrain_collators::Batch,
         num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<Tensor> {
-        self.calls += 1;
-        if rank() == 1 && self.calls == 3 {
+        let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if rank() == 1 && calls == 3 {
             if self.phase == "forward" {
                 std::process::exit(17);
             }
@@ -796,7 +796,10 @@ fn a_dead_rank_inside_a_layer_by_layer_step_is_a_clear_error_within_ddp_timeout(
         args.save_strategy = SaveStrategy::No;
         let mut trainer = Trainer::builder(initial_model()?, args)
             .train_dataset(blocks("train", 32)?)
-            .hooks(ExitMidStep { phase, calls: 0 })
+            .hooks(ExitMidStep {
+                phase,
+                calls: Default::default(),
+            })
             .build()?;
         let began = std::time::Instant::now();
         let err = trainer.train(None).unwrap_err();
