@@ -32,6 +32,7 @@ mod setup;
 mod signal;
 mod soak;
 mod test;
+mod test_jobs;
 
 use std::process::ExitCode;
 

@@ -4,6 +4,7 @@
 //! Coverage-guided fuzzing under libFuzzer is `cargo xtask fuzz` (a nightly build of its own,
 //! ~12 min on 2 cores, so not part of this command).
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,6 +14,7 @@ use crate::cmd;
 use crate::disk;
 use crate::e2e;
 use crate::setup;
+use crate::test_jobs;
 
 /// The intra-op threads of the reference values (`REFERENCE_THREADS` in
 /// scripts/setup_assets.py).
@@ -72,7 +74,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // not to /tmp, and are removed when the run passes.
     let tmp = disk::scratch_dir("test")?;
     let mut totals = Totals::default();
-    let workspace = cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?;
+    // Extra arguments go to one plain `cargo test`; without them the test binaries run side
+    // by side (test_jobs.rs).
+    let workspace = if extra.is_empty() {
+        workspace_tests(&s, &tmp, &mut totals)?
+    } else {
+        cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?
+    };
     let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
     let parity = e2e_step(&s)?;
     let passed = workspace && cuda && totals.failed == 0;
@@ -107,6 +115,107 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
+/// `cargo` (the one running xtask) in the workspace's folder.
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(crate::paths::workspace_root());
+    c
+}
+
+/// The environment of the tests: the setup's assets and virtualenv, `tmp` as `TMPDIR`.
+fn test_env(s: &setup::Setup, tmp: &Path) -> Vec<(String, OsString)> {
+    let mut env = vec![
+        (
+            "TCHTRAIN_ASSETS".to_string(),
+            s.assets.clone().into_os_string(),
+        ),
+        (
+            "TCHTRAIN_VENV_PYTHON".to_string(),
+            s.python.clone().into_os_string(),
+        ),
+        ("TMPDIR".to_string(), tmp.as_os_str().to_owned()),
+        // The reference values were generated with this many intra-op threads
+        // (scripts/setup_assets.py, REFERENCE_THREADS): some libtorch kernels split their sums
+        // by thread, so the Rust side runs with the same (MKL follows OpenMP's count).
+        // Relaunched ranks set their own.
+        ("OMP_NUM_THREADS".to_string(), REFERENCE_THREADS.into()),
+    ];
+    // The examples' multi-process tests run the scripts under `xtask launch`.
+    if let Ok(exe) = std::env::current_exe() {
+        env.push(("TCHTRAIN_XTASK".to_string(), exe.into_os_string()));
+    }
+    if let Some(libtorch) = &s.child_libtorch {
+        env.push(("LIBTORCH".to_string(), libtorch.clone().into_os_string()));
+    }
+    env
+}
+
+/// Every test of the workspace: the test binaries built by `cargo test --no-run`, then run
+/// side by side with the doc tests ([`test_jobs`]), each one's output printed when it ends
+/// and its `test result:` lines added to `totals`; whether all built and passed.
+fn workspace_tests(s: &setup::Setup, tmp: &Path, totals: &mut Totals) -> Result<bool, String> {
+    let env = test_env(s, tmp);
+    let mut build = cargo();
+    build
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .envs(env.iter().cloned())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    println!("test: {}", cmd::display(&build));
+    let t0 = Instant::now();
+    let out = build
+        .output()
+        .map_err(|e| format!("could not start cargo test --no-run: {e}"))?;
+    if !out.status.success() {
+        println!("test: building the tests failed ({})", out.status);
+        return Ok(false);
+    }
+    let binaries = test_jobs::test_binaries(&String::from_utf8_lossy(&out.stdout));
+    println!(
+        "test: {} test binaries built in {:.1}s",
+        binaries.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let mut jobs: Vec<test_jobs::Job> = binaries
+        .iter()
+        .map(|b| test_jobs::Job::binary(b, &env))
+        .collect();
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc", "--no-fail-fast"])
+        .envs(env.iter().cloned());
+    jobs.push(test_jobs::Job {
+        label: "doc tests".into(),
+        command: doc,
+        weight: 120,
+    });
+    let slots = test_jobs::slots()?;
+    println!("test: {} jobs, {slots} at a time", jobs.len());
+    let mut ok = true;
+    test_jobs::run(jobs, slots, tmp, |f| {
+        print!("{}", f.output);
+        for line in f.output.lines() {
+            totals.add_line(line);
+        }
+        match f.status {
+            Ok(status) if status.success() => {}
+            Ok(status) => {
+                println!("test: {} FAILED ({status})", f.label);
+                ok = false;
+            }
+            Err(e) => {
+                println!("test: {} FAILED: {e}", f.label);
+                ok = false;
+            }
+        }
+    })?;
+    Ok(ok)
+}
+
 /// `cargo test --no-fail-fast {args} {extra}` with the setup's environment and `tmp` as
 /// `TMPDIR`, its output echoed and its `test result:` lines added to `totals`; whether it
 /// succeeded.
@@ -117,28 +226,12 @@ fn cargo_test(
     extra: &[&String],
     totals: &mut Totals,
 ) -> Result<bool, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut c = Command::new(cargo);
-    c.current_dir(crate::paths::workspace_root())
-        .args(["test", "--no-fail-fast"])
+    let mut c = cargo();
+    c.args(["test", "--no-fail-fast"])
         .args(args)
         .args(extra)
-        .env("TCHTRAIN_ASSETS", &s.assets)
-        .env("TCHTRAIN_VENV_PYTHON", &s.python)
-        .env("TMPDIR", tmp)
-        // The reference values were generated with this many intra-op threads
-        // (scripts/setup_assets.py, REFERENCE_THREADS): some libtorch kernels split their sums
-        // by thread, so the Rust side runs with the same (MKL follows OpenMP's count).
-        // Relaunched ranks set their own.
-        .env("OMP_NUM_THREADS", REFERENCE_THREADS)
+        .envs(test_env(s, tmp))
         .stdout(Stdio::piped());
-    // The examples' multi-process tests run the scripts under `xtask launch`.
-    if let Ok(exe) = std::env::current_exe() {
-        c.env("TCHTRAIN_XTASK", exe);
-    }
-    if let Some(libtorch) = &s.child_libtorch {
-        c.env("LIBTORCH", libtorch);
-    }
     println!("test: {}", cmd::display(&c));
     let mut child = c
         .spawn()
