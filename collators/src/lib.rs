@@ -57,5 +57,7 @@ pub use seq2seq::{
 };
 pub use tchtrain_datasets::{Feature, Label};
 pub use token_classification::DataCollatorForTokenClassification;
-pub use tokenizer_info::{TokenizerInfo, read_tokenizer_config};
+pub use tokenizer_info::{
+    SPECIAL_TOKENS_ATTRIBUTES, TokenizerInfo, read_tokenizer_config, special_tokens_map,
+};
 pub use torch_generator::TorchGenerator;

@@ -1,6 +1,9 @@
-//! `TokenizerInfo`: what the collators need from a tokenizer (pad / mask ids, padding
-//! side, vocabulary size, special ids), read from a `tokenizers::Tokenizer` or a
-//! Hugging Face tokenizer folder, or given explicitly.
+//! The tokenizer facts (upstream's `SpecialTokensMixin` and the attributes of
+//! `PreTrainedTokenizerBase` the collators read): the named special tokens, a folder's
+//! configuration, and `TokenizerInfo` (pad / mask ids, padding side, vocabulary size,
+//! special ids), read from a `tokenizers::Tokenizer` or a tokenizer configuration, or given
+//! explicitly. `tchtrain_models::AutoTokenizer` loads, saves and runs tokenizers on these
+//! facts.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -54,9 +57,9 @@ impl Default for TokenizerInfo {
     }
 }
 
-/// The special-token keys of `tokenizer_config.json` / `special_tokens_map.json`
-/// (`SpecialTokensMixin.SPECIAL_TOKENS_ATTRIBUTES`).
-const SPECIAL_KEYS: [&str; 7] = [
+/// The named special tokens: the keys of `tokenizer_config.json` /
+/// `special_tokens_map.json` upstream reads them from (`SPECIAL_TOKENS_ATTRIBUTES`).
+pub const SPECIAL_TOKENS_ATTRIBUTES: [&str; 7] = [
     "bos_token",
     "eos_token",
     "unk_token",
@@ -105,6 +108,21 @@ fn token_content(v: &Value) -> Option<&str> {
         .or_else(|| v.get("content").and_then(Value::as_str))
 }
 
+/// Upstream's `special_tokens_map`: the named special tokens `config` sets (a tokenizer
+/// configuration, as [`read_tokenizer_config`] returns it), as text, in
+/// [`SPECIAL_TOKENS_ATTRIBUTES`]' order. What chat templates see as variables.
+pub fn special_tokens_map(config: &serde_json::Map<String, Value>) -> Vec<(String, String)> {
+    SPECIAL_TOKENS_ATTRIBUTES
+        .iter()
+        .filter_map(|&name| {
+            Some((
+                name.to_string(),
+                token_content(config.get(name)?)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
 impl TokenizerInfo {
     /// The facts of `tokenizer` with its configuration `config` (what
     /// [`read_tokenizer_config`] returns): the special tokens' ids, `padding_side` and
@@ -118,8 +136,10 @@ impl TokenizerInfo {
                 .and_then(|t| tokenizer.token_to_id(t))
                 .map(i64::from)
         };
-        let mut all_special_ids: BTreeSet<i64> =
-            SPECIAL_KEYS.iter().filter_map(|k| id_of(k)).collect();
+        let mut all_special_ids: BTreeSet<i64> = SPECIAL_TOKENS_ATTRIBUTES
+            .iter()
+            .filter_map(|k| id_of(k))
+            .collect();
         for key in ["additional_special_tokens", "extra_special_tokens"] {
             if let Some(Value::Array(tokens)) = config.get(key) {
                 all_special_ids.extend(

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use serde_json::{Map, Value};
-use tchtrain_collators::{TokenizerInfo, read_tokenizer_config};
+use tchtrain_collators::{TokenizerInfo, read_tokenizer_config, special_tokens_map};
 use tokenizers::Tokenizer;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateOptions, render_jinja_template};
@@ -35,17 +35,6 @@ pub struct PreTrainedTokenizerFast {
     info: TokenizerInfo,
     chat_template: Option<ChatTemplate>,
 }
-
-/// The special-token names upstream's `special_tokens_map` (what chat templates see) holds.
-const NAMED_SPECIAL_TOKENS: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
 
 impl PreTrainedTokenizerFast {
     /// A tokenizer with `config` (`tokenizer_config.json`'s keys: special tokens,
@@ -77,19 +66,10 @@ impl PreTrainedTokenizerFast {
         self.chat_template = template;
     }
 
-    /// Upstream's `special_tokens_map`: the named special tokens that are set, as text.
+    /// Upstream's `special_tokens_map`: the named special tokens that are set, as text
+    /// ([`tchtrain_collators::special_tokens_map`] of the configuration).
     pub fn special_tokens_map(&self) -> Vec<(String, String)> {
-        NAMED_SPECIAL_TOKENS
-            .iter()
-            .filter_map(|&name| {
-                let token = match self.config.get(name)? {
-                    Value::String(s) => s.clone(),
-                    Value::Object(o) => o.get("content")?.as_str()?.to_string(),
-                    _ => return None,
-                };
-                Some((name.to_string(), token))
-            })
-            .collect()
+        special_tokens_map(&self.config)
     }
 
     /// Upstream's `apply_chat_template(conversation, tokenize=False)`: the conversation (JSON
