@@ -68,6 +68,25 @@ struct ResumePoint {
     generator_states: Option<Vec<(String, Tensor)>>,
 }
 
+/// One epoch's progress (the locals of upstream's `_run_epoch`).
+struct EpochRun<'a> {
+    /// The epoch (from 0).
+    epoch: usize,
+    /// Its batches.
+    steps_in_epoch: i64,
+    /// The parameters clipping reads.
+    params: &'a [Tensor],
+    /// When training started (for the speed metrics of the logs).
+    start: Instant,
+    /// The last batch stepped (-1 before the first).
+    step: i64,
+    /// The last update's gradient norm, kept as a tensor until a log reads it (upstream's
+    /// `.item()` in `_maybe_log_save_evaluate`): no host synchronisation per step for it.
+    grad_norm: Option<Tensor>,
+    /// The learning rate of the last update.
+    learning_rate: Option<f64>,
+}
+
 impl Trainer {
     /// Upstream `train`: runs the training loop (resuming from a checkpoint when asked) and
     /// returns the final metrics. Bad arguments and data are reported before the first step.
@@ -473,7 +492,9 @@ impl Trainer {
         Ok(point)
     }
 
-    /// Upstream `_run_epoch`.
+    /// Upstream `_run_epoch`: the accumulation windows of one epoch, each batch's training
+    /// step, and after each window the optimizer update ([`EpochRun`] holds the epoch's
+    /// progress).
     fn run_epoch(
         &mut self,
         loader: &DataLoader,
@@ -484,45 +505,17 @@ impl Trainer {
         start: Instant,
     ) -> Result<()> {
         let ga = self.args.gradient_accumulation_steps;
-        let mut step: i64 = -1;
-        // Kept as a tensor until a log reads it (upstream's `.item()` in `_maybe_log_save_evaluate`):
-        // no host synchronisation per step for it.
-        let mut grad_norm: Option<Tensor> = None;
-        let mut learning_rate: Option<f64> = None;
-        let mut first_update = 0;
-        // Upstream restores the generators at the start of the resumed epoch (before the
-        // data loader's iterator draws from them), or, when batches were skipped, after
-        // fetching the first accumulation window.
-        let resuming_here = point.resumed && epoch == point.epochs_trained;
-        let skip = if resuming_here {
-            point.steps_trained_in_current_epoch
-        } else {
-            0
+        let mut run = EpochRun {
+            epoch,
+            steps_in_epoch: values.steps_in_epoch as i64,
+            params,
+            start,
+            step: -1,
+            grad_norm: None,
+            learning_rate: None,
         };
-        if resuming_here
-            && skip == 0
-            && let Some(states) = &point.generator_states
-        {
-            checkpoint::restore_generator_states(states, self.device())?;
-        }
-        let mut batches = loader.epoch(epoch as u64);
-        let mut rng_to_sync = None;
-        if skip > 0 {
-            batches.skip_batches(skip);
-            step = skip as i64 - 1;
-            first_update = skip / ga;
-            rng_to_sync = point.generator_states.as_deref();
-        }
-        // dataloader_num_workers > 0: batches read and collated on a background thread,
-        // dataloader_prefetch_factor (default 2) ahead.
-        let mut batches: Box<dyn Iterator<Item = Result<Batch>>> =
-            if self.args.dataloader_num_workers > 0 {
-                let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1);
-                Box::new(batches.prefetch(depth).map(|b| b.map_err(Error::from)))
-            } else {
-                Box::new(batches.map(|b| b.map_err(Error::from)))
-            };
-        let steps_in_epoch = values.steps_in_epoch as i64;
+        let (mut batches, first_update, mut rng_to_sync) =
+            self.epoch_batches(loader, point, &mut run)?;
         let remainder = match values.steps_in_epoch % ga {
             0 => ga,
             r => r,
@@ -545,12 +538,13 @@ impl Trainer {
             let num_items = count_num_items_in_batch(&window, &self.step_context(current_ga))?;
             self.prof_mark(Phase::Data);
             for inputs in &window {
-                step += 1;
-                let do_sync_step = (step + 1) % ga as i64 == 0 || step + 1 == steps_in_epoch;
+                run.step += 1;
+                let do_sync_step =
+                    (run.step + 1) % ga as i64 == 0 || run.step + 1 == run.steps_in_epoch;
                 // Upstream's `gradient_state._set_sync_gradients(do_sync_step)`: the other
                 // batches' backward runs under DDP's `no_sync`.
                 self.accelerator.set_sync_gradients(do_sync_step);
-                if step % ga as i64 == 0 {
+                if run.step % ga as i64 == 0 {
                     self.callback_handler.on_step_begin(
                         &self.args,
                         &self.state,
@@ -558,143 +552,11 @@ impl Trainer {
                     )?;
                 }
                 self.prof_mark(Phase::Callbacks);
-                // Upstream's `training_step` starts with `optimizer.train()` (schedule-free
-                // optimizers move the parameters to the point the gradient is taken at; a
-                // no-op for the others). The hook gets no optimizer, so the loop calls it just
-                // before the hook, every micro-step as upstream.
-                if let Some(opt) = self.optimizer.as_mut() {
-                    opt.train()?;
-                }
-                // LOMO / AdaLomo: upstream's training_step passes `learning_rate=
-                // self._get_learning_rate()` to `accelerator.backward`, which runs the
-                // optimizer's `fused_backward(loss, lr)`.
-                let fused_lr = self
-                    .optimizer
-                    .as_deref()
-                    .is_some_and(|o| o.fuses_backward())
-                    .then(|| self.get_learning_rate());
-                // The default training step adds its forward's time here when profiling.
-                let forward_time = std::cell::Cell::new(std::time::Duration::ZERO);
-                let tr_loss_step = {
-                    let scope = self.accelerator.forward_scope(true)?;
-                    let hooks = Arc::clone(&self.hooks);
-                    let optimizer = std::cell::RefCell::new(self.optimizer.as_deref_mut());
-                    let fused = |loss: &Tensor| -> Result<()> {
-                        let mut opt =
-                            optimizer.try_borrow_mut().map_err(|_| Error::InvalidArgument {
-                                field: "training_step",
-                                detail: "the fused backward (LOMO / AdaLomo) was called from inside itself".into(),
-                            })?;
-                        match (opt.as_deref_mut(), fused_lr) {
-                            (Some(opt), Some(lr)) => Ok(opt.fused_backward(loss, lr)?),
-                            _ => Ok(()),
-                        }
-                    };
-                    let mut ctx =
-                        StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
-                    if fused_lr.is_some() {
-                        ctx.fused_backward = Some(FusedBackward(&fused));
-                    }
-                    if self.loop_state.profile.is_some() {
-                        ctx.forward_time = Some(&forward_time);
-                    }
-                    let model = &mut *self.model;
-                    let parts = model.context().clone();
-                    scope.run(&parts, || {
-                        hooks.training_step(&ctx, model, inputs, num_items.as_ref())
-                    })?
-                };
-                if let Some(p) = self.loop_state.profile.as_mut() {
-                    p.mark_training_step(forward_time.get());
-                }
-                // Upstream checks after every micro-step, at the current global step.
-                if let Some(n) = self.args.torch_empty_cache_steps
-                    && n > 0
-                    && self.state.global_step % n == 0
-                {
-                    tchtrain_accelerate::clear_device_cache(self.accelerator.device())?;
-                }
-                self.accumulate_loss(&tr_loss_step)?;
-                self.loop_state.current_flos +=
-                    floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
-                self.track_num_input_tokens(inputs)?;
-                self.prof_mark(Phase::Other);
+                let tr_loss_step =
+                    self.run_training_step(inputs, num_items.as_ref(), current_ga)?;
+                self.after_training_step(inputs, &tr_loss_step)?;
                 if do_sync_step {
-                    let norm = self.accelerator.clip_grad_norm_(
-                        params,
-                        self.args.max_grad_norm,
-                        self.created_optimizer()?,
-                    )?;
-                    // With loss scaling a non-finite norm is a skipped step, not a divergence.
-                    if self.stop_on_non_finite
-                        && self.accelerator.scaler().is_none()
-                        && !self.accelerator.loss_scaled_engine()
-                    {
-                        let value = norm.f_double_value(&[])?;
-                        if !value.is_finite() {
-                            return self.stop_non_finite(value);
-                        }
-                    }
-                    grad_norm = Some(norm);
-                    self.callback_handler.on_pre_optimizer_step(
-                        &self.args,
-                        &self.state,
-                        &mut self.control,
-                    )?;
-                    let step_was_skipped = match self.optimizer.as_deref_mut() {
-                        Some(opt) => self.accelerator.optimizer_step(opt)?,
-                        None => false,
-                    };
-                    self.callback_handler.on_optimizer_step(
-                        &self.args,
-                        &self.state,
-                        &mut self.control,
-                    )?;
-                    // Upstream reads the lr before stepping the scheduler, except when
-                    // DeepSpeed owns it (a `scheduler` or `optimizer` section: the
-                    // `DummyScheduler` its `engine.step()` steps inside
-                    // `accelerator.backward`), which has stepped by then.
-                    let stepped_by_deepspeed = self.deepspeed_steps_scheduler();
-                    if !stepped_by_deepspeed {
-                        learning_rate = Some(self.get_learning_rate());
-                    }
-                    if let (Some(sched), Some(opt)) =
-                        (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
-                        && !sched.steps_on_metric()
-                        && !step_was_skipped
-                    {
-                        sched.step(opt.as_mut())?;
-                    }
-                    if stepped_by_deepspeed {
-                        learning_rate = Some(self.get_learning_rate());
-                    }
-                    if let Some(opt) = self.optimizer.as_mut() {
-                        opt.zero_grad();
-                    }
-                    self.prof_mark(Phase::Optimizer);
-                    self.state.global_step += 1;
-                    self.state.epoch = epoch as f64 + (step + 1) as f64 / steps_in_epoch as f64;
-                    self.callback_handler.on_step_end(
-                        &self.args,
-                        &self.state,
-                        &mut self.control,
-                    )?;
-                    if let Some(sig) = self.agreed_stop_signal()? {
-                        // enable_jit_checkpoint: checkpoint at this step boundary, then stop.
-                        log::warn!(
-                            "{} received: saving a checkpoint at step {} and stopping (send it again to exit at once)",
-                            crate::signals::name(sig),
-                            self.state.global_step
-                        );
-                        self.control.should_save = true;
-                        self.control.should_training_stop = true;
-                    }
-                    self.prof_mark(Phase::Callbacks);
-                    self.maybe_log_save_evaluate(grad_norm.as_ref(), learning_rate, start)?;
-                    self.prof_mark(Phase::LogSaveEvaluate);
-                    if let Some(p) = self.loop_state.profile.as_mut() {
-                        p.step_done();
-                    }
+                    self.optimizer_update(&mut run)?;
                 } else {
                     self.callback_handler.on_substep_end(
                         &self.args,
@@ -711,7 +573,211 @@ impl Trainer {
                 break;
             }
         }
-        if step < 0 {
+        self.end_epoch(&run)
+    }
+
+    /// The epoch's batches: on the epoch a run resumes in, the batches already trained are
+    /// skipped (`run.step` set after them) and the generators restored, before the first
+    /// batch is drawn when none are skipped, else after the first window is fetched (the
+    /// states returned, with the first update step). With `dataloader_num_workers > 0` the
+    /// batches are read and collated on a background thread, `dataloader_prefetch_factor`
+    /// (default 2) ahead.
+    #[allow(clippy::type_complexity)]
+    fn epoch_batches<'p>(
+        &self,
+        loader: &DataLoader,
+        point: &'p ResumePoint,
+        run: &mut EpochRun<'_>,
+    ) -> Result<(
+        Box<dyn Iterator<Item = Result<Batch>>>,
+        usize,
+        Option<&'p [(String, Tensor)]>,
+    )> {
+        let resuming_here = point.resumed && run.epoch == point.epochs_trained;
+        let skip = if resuming_here {
+            point.steps_trained_in_current_epoch
+        } else {
+            0
+        };
+        if resuming_here
+            && skip == 0
+            && let Some(states) = &point.generator_states
+        {
+            checkpoint::restore_generator_states(states, self.device())?;
+        }
+        let mut batches = loader.epoch(run.epoch as u64);
+        let (mut first_update, mut rng_to_sync) = (0, None);
+        if skip > 0 {
+            batches.skip_batches(skip);
+            run.step = skip as i64 - 1;
+            first_update = skip / self.args.gradient_accumulation_steps;
+            rng_to_sync = point.generator_states.as_deref();
+        }
+        let batches: Box<dyn Iterator<Item = Result<Batch>>> =
+            if self.args.dataloader_num_workers > 0 {
+                let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1);
+                Box::new(batches.prefetch(depth).map(|b| b.map_err(Error::from)))
+            } else {
+                Box::new(batches.map(|b| b.map_err(Error::from)))
+            };
+        Ok((batches, first_update, rng_to_sync))
+    }
+
+    /// One batch's training step through the hooks (upstream's `self.training_step(model,
+    /// inputs, num_items_in_batch)`), in the accelerator's forward scope; the detached loss.
+    fn run_training_step(
+        &mut self,
+        inputs: &Batch,
+        num_items: Option<&Tensor>,
+        current_ga: usize,
+    ) -> Result<Tensor> {
+        // Upstream's `training_step` starts with `optimizer.train()` (schedule-free
+        // optimizers move the parameters to the point the gradient is taken at; a no-op for
+        // the others). The hook gets no optimizer, so the loop calls it just before the hook,
+        // every micro-step as upstream.
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.train()?;
+        }
+        // LOMO / AdaLomo: upstream's training_step passes `learning_rate=
+        // self._get_learning_rate()` to `accelerator.backward`, which runs the optimizer's
+        // `fused_backward(loss, lr)`.
+        let fused_lr = self
+            .optimizer
+            .as_deref()
+            .is_some_and(|o| o.fuses_backward())
+            .then(|| self.get_learning_rate());
+        // The default training step adds its forward's time here when profiling.
+        let forward_time = std::cell::Cell::new(std::time::Duration::ZERO);
+        let loss = {
+            let scope = self.accelerator.forward_scope(true)?;
+            let hooks = Arc::clone(&self.hooks);
+            let optimizer = std::cell::RefCell::new(self.optimizer.as_deref_mut());
+            let fused = |loss: &Tensor| -> Result<()> {
+                let mut opt = optimizer
+                    .try_borrow_mut()
+                    .map_err(|_| Error::InvalidArgument {
+                        field: "training_step",
+                        detail: "the fused backward (LOMO / AdaLomo) was called from inside itself"
+                            .into(),
+                    })?;
+                match (opt.as_deref_mut(), fused_lr) {
+                    (Some(opt), Some(lr)) => Ok(opt.fused_backward(loss, lr)?),
+                    _ => Ok(()),
+                }
+            };
+            let mut ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
+            if fused_lr.is_some() {
+                ctx.fused_backward = Some(FusedBackward(&fused));
+            }
+            if self.loop_state.profile.is_some() {
+                ctx.forward_time = Some(&forward_time);
+            }
+            let model = &mut *self.model;
+            let parts = model.context().clone();
+            scope.run(&parts, || {
+                hooks.training_step(&ctx, model, inputs, num_items)
+            })?
+        };
+        if let Some(p) = self.loop_state.profile.as_mut() {
+            p.mark_training_step(forward_time.get());
+        }
+        Ok(loss)
+    }
+
+    /// What follows each training step: the device cache emptied every
+    /// `torch_empty_cache_steps` (checked after every micro-step, at the current global
+    /// step, as upstream), the loss accumulated, the FLOs and input tokens counted.
+    fn after_training_step(&mut self, inputs: &Batch, tr_loss_step: &Tensor) -> Result<()> {
+        if let Some(n) = self.args.torch_empty_cache_steps
+            && n > 0
+            && self.state.global_step % n == 0
+        {
+            tchtrain_accelerate::clear_device_cache(self.accelerator.device())?;
+        }
+        self.accumulate_loss(tr_loss_step)?;
+        self.loop_state.current_flos +=
+            floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
+        self.track_num_input_tokens(inputs)?;
+        self.prof_mark(Phase::Other);
+        Ok(())
+    }
+
+    /// The update at the end of an accumulation window: clipping (a non-finite norm stops
+    /// the run when asked, unless loss scaling skips the step), the optimizer step, the
+    /// learning rate read and the scheduler stepped in upstream's order, the global step,
+    /// the step's callbacks, a stop signal, then logging / saving / evaluation.
+    fn optimizer_update(&mut self, run: &mut EpochRun<'_>) -> Result<()> {
+        let norm = self.accelerator.clip_grad_norm_(
+            run.params,
+            self.args.max_grad_norm,
+            self.created_optimizer()?,
+        )?;
+        // With loss scaling a non-finite norm is a skipped step, not a divergence.
+        if self.stop_on_non_finite
+            && self.accelerator.scaler().is_none()
+            && !self.accelerator.loss_scaled_engine()
+        {
+            let value = norm.f_double_value(&[])?;
+            if !value.is_finite() {
+                return Err(self.stop_non_finite(value));
+            }
+        }
+        run.grad_norm = Some(norm);
+        self.callback_handler
+            .on_pre_optimizer_step(&self.args, &self.state, &mut self.control)?;
+        let step_was_skipped = match self.optimizer.as_deref_mut() {
+            Some(opt) => self.accelerator.optimizer_step(opt)?,
+            None => false,
+        };
+        self.callback_handler
+            .on_optimizer_step(&self.args, &self.state, &mut self.control)?;
+        // Upstream reads the lr before stepping the scheduler, except when DeepSpeed owns it
+        // (a `scheduler` or `optimizer` section: the `DummyScheduler` its `engine.step()`
+        // steps inside `accelerator.backward`), which has stepped by then.
+        let stepped_by_deepspeed = self.deepspeed_steps_scheduler();
+        if !stepped_by_deepspeed {
+            run.learning_rate = Some(self.get_learning_rate());
+        }
+        if let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
+            && !sched.steps_on_metric()
+            && !step_was_skipped
+        {
+            sched.step(opt.as_mut())?;
+        }
+        if stepped_by_deepspeed {
+            run.learning_rate = Some(self.get_learning_rate());
+        }
+        if let Some(opt) = self.optimizer.as_mut() {
+            opt.zero_grad();
+        }
+        self.prof_mark(Phase::Optimizer);
+        self.state.global_step += 1;
+        self.state.epoch = run.epoch as f64 + (run.step + 1) as f64 / run.steps_in_epoch as f64;
+        self.callback_handler
+            .on_step_end(&self.args, &self.state, &mut self.control)?;
+        if let Some(sig) = self.agreed_stop_signal()? {
+            // enable_jit_checkpoint: checkpoint at this step boundary, then stop.
+            log::warn!(
+                "{} received: saving a checkpoint at step {} and stopping (send it again to exit at once)",
+                crate::signals::name(sig),
+                self.state.global_step
+            );
+            self.control.should_save = true;
+            self.control.should_training_stop = true;
+        }
+        self.prof_mark(Phase::Callbacks);
+        self.maybe_log_save_evaluate(run.grad_norm.as_ref(), run.learning_rate, run.start)?;
+        self.prof_mark(Phase::LogSaveEvaluate);
+        if let Some(p) = self.loop_state.profile.as_mut() {
+            p.step_done();
+        }
+        Ok(())
+    }
+
+    /// The end of an epoch: a warning and a stop when it had no batch, `on_epoch_end`, then
+    /// logging / saving / evaluation.
+    fn end_epoch(&mut self, run: &EpochRun<'_>) -> Result<()> {
+        if run.step < 0 {
             log::warn!(
                 "There seems not to be a single sample in your epoch_iterator, stopping training at step {}!",
                 self.state.global_step
@@ -721,7 +787,7 @@ impl Trainer {
         self.callback_handler
             .on_epoch_end(&self.args, &self.state, &mut self.control)?;
         self.prof_mark(Phase::Callbacks);
-        self.maybe_log_save_evaluate(grad_norm.as_ref(), learning_rate, start)?;
+        self.maybe_log_save_evaluate(run.grad_norm.as_ref(), run.learning_rate, run.start)?;
         self.prof_mark(Phase::LogSaveEvaluate);
         Ok(())
     }
@@ -778,8 +844,9 @@ impl Trainer {
     }
 
     /// [`TrainerBuilder::stop_on_non_finite`](crate::TrainerBuilder::stop_on_non_finite):
-    /// drops the step's gradients, saves the state after the previous step and fails.
-    fn stop_non_finite(&mut self, grad_norm: f64) -> Result<()> {
+    /// drops the step's gradients, saves the state after the previous step and returns the
+    /// error that stops the run (the save's, when it fails).
+    fn stop_non_finite(&mut self, grad_norm: f64) -> Error {
         if let Some(opt) = self.optimizer.as_mut() {
             opt.zero_grad();
         }
@@ -789,12 +856,14 @@ impl Trainer {
             checkpoint::PREFIX_CHECKPOINT_DIR,
             self.state.global_step
         ));
-        self.save_checkpoint()?;
-        Err(Error::NonFiniteLoss {
+        if let Err(e) = self.save_checkpoint() {
+            return e;
+        }
+        Error::NonFiniteLoss {
             step: self.state.global_step + 1,
             grad_norm,
             checkpoint,
-        })
+        }
     }
 
     /// Prints the profile to stderr and writes `output_dir/profile.json` (main process).
