@@ -741,11 +741,7 @@ pub type BertForQuestionAnswering = Bert<BertConfig, heads::QuestionAnswering>;
 
 impl<C: EncoderConfig, K: TaskHead> Bert<C, K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match K::KIND {
-        HeadKind::SequenceClassification => EncoderHead::FirstToken,
-        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
-        _ => EncoderHead::AllPositions,
-    };
+    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
 
     /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
     pub fn new(encoder_config: &C, device: Device) -> Result<Self> {

@@ -776,11 +776,7 @@ pub type DebertaV2ForQuestionAnswering = DebertaV2<heads::QuestionAnswering>;
 
 impl<K: TaskHead> DebertaV2<K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match K::KIND {
-        HeadKind::SequenceClassification => EncoderHead::FirstToken,
-        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
-        _ => EncoderHead::AllPositions,
-    };
+    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
 
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DebertaV2Config, device: Device) -> Result<Self> {

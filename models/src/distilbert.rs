@@ -429,11 +429,7 @@ pub type DistilBertForQuestionAnswering = DistilBert<heads::QuestionAnswering>;
 
 impl<K: TaskHead> DistilBert<K> {
     /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = match K::KIND {
-        HeadKind::SequenceClassification => EncoderHead::FirstToken,
-        HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
-        _ => EncoderHead::AllPositions,
-    };
+    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
 
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &DistilBertConfig, device: Device) -> Result<Self> {

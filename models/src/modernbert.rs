@@ -750,9 +750,7 @@ impl<K: TaskHead> ModernBert<K> {
             HeadKind::SequenceClassification if config.classifier_pooling == "mean" => {
                 EncoderHead::MaskedMean
             }
-            HeadKind::SequenceClassification => EncoderHead::FirstToken,
-            HeadKind::MaskedLm | HeadKind::TokenClassification => EncoderHead::EveryToken,
-            _ => EncoderHead::AllPositions,
+            kind => EncoderHead::of(kind),
         }
     }
 

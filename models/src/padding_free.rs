@@ -138,6 +138,17 @@ pub(crate) enum EncoderHead {
 }
 
 impl EncoderHead {
+    /// What a head of `kind` reads when it pools the first token (BERT, DeBERTa, DistilBERT;
+    /// ModernBERT's mean pooling is [`MaskedMean`](Self::MaskedMean)).
+    pub(crate) const fn of(kind: crate::heads::HeadKind) -> Self {
+        use crate::heads::HeadKind;
+        match kind {
+            HeadKind::SequenceClassification => Self::FirstToken,
+            HeadKind::MaskedLm | HeadKind::TokenClassification => Self::EveryToken,
+            HeadKind::Base | HeadKind::QuestionAnswering => Self::AllPositions,
+        }
+    }
+
     /// Refuses padding-free execution for a head that reads every position, naming
     /// `architecture`.
     pub(crate) fn check(self, on: bool, architecture: &str) -> Result<()> {
