@@ -600,11 +600,17 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path, help="assets folder (created if missing)")
     ap.add_argument("--verify", action="store_true", help="re-hash every asset file against the manifest")
     ap.add_argument("--only-reference", help="regenerate only this reference script (by stem)")
+    part = ap.add_mutually_exclusive_group()
+    part.add_argument("--assets-only", action="store_true", help="the offline assets, not the reference values")
+    part.add_argument("--references-only", action="store_true",
+                      help="the reference values (the assets must be there: run --assets-only first)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        ensure_assets(args.out, args.verify)
-        ensure_references(args.out, args.only_reference)
+        if not args.references_only:
+            ensure_assets(args.out, args.verify)
+        if not args.assets_only:
+            ensure_references(args.out, args.only_reference)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

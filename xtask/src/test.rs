@@ -56,7 +56,19 @@ impl Totals {
 /// the tests that need a CUDA device (ignored otherwise) in the `cuda` build step.
 pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
-    let s = setup::run(&setup::Options::default())?;
+    let (s, references) = setup::run_deferring_references(&setup::Options::default())?;
+    // The reference values are generated while cargo builds the tests, which need only
+    // libtorch; the tests wait for them.
+    let references = std::thread::spawn(move || references.generate());
+    let mut references = Some(references);
+    let mut wait_for_references = move || -> Result<(), String> {
+        match references.take() {
+            Some(handle) => handle
+                .join()
+                .map_err(|_| "the reference values' thread panicked".to_string())?,
+            None => Ok(()),
+        }
+    };
     let gpu = args.iter().any(|a| a == "--gpu");
     let args: Vec<&String> = args.iter().filter(|a| *a != "--gpu").collect();
     let extra: Vec<&String> = match args.first().map(|a| a.as_str()) {
@@ -77,10 +89,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // Extra arguments go to one plain `cargo test`; without them the test binaries run side
     // by side (test_jobs.rs).
     let workspace = if extra.is_empty() {
-        workspace_tests(&s, &tmp, &mut totals)?
+        workspace_tests(&s, &tmp, &mut totals, &mut wait_for_references)?
     } else {
+        wait_for_references()?;
         cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?
     };
+    wait_for_references()?;
     let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
     let parity = e2e_step(&s)?;
     let passed = workspace && cuda && totals.failed == 0;
@@ -150,10 +164,16 @@ fn test_env(s: &setup::Setup, tmp: &Path) -> Vec<(String, OsString)> {
     env
 }
 
-/// Every test of the workspace: the test binaries built by `cargo test --no-run`, then run
-/// side by side with the doc tests ([`test_jobs`]), each one's output printed when it ends
-/// and its `test result:` lines added to `totals`; whether all built and passed.
-fn workspace_tests(s: &setup::Setup, tmp: &Path, totals: &mut Totals) -> Result<bool, String> {
+/// Every test of the workspace: the test binaries built by `cargo test --no-run`, then
+/// (after `before_running`: the reference values) run side by side with the doc tests
+/// ([`test_jobs`]), each one's output printed when it ends and its `test result:` lines added
+/// to `totals`; whether all built and passed.
+fn workspace_tests(
+    s: &setup::Setup,
+    tmp: &Path,
+    totals: &mut Totals,
+    before_running: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<bool, String> {
     let env = test_env(s, tmp);
     let mut build = cargo();
     build
@@ -175,6 +195,7 @@ fn workspace_tests(s: &setup::Setup, tmp: &Path, totals: &mut Totals) -> Result<
         println!("test: building the tests failed ({})", out.status);
         return Ok(false);
     }
+    before_running()?;
     let binaries = test_jobs::test_binaries(&String::from_utf8_lossy(&out.stdout));
     println!(
         "test: {} test binaries built in {:.1}s",
