@@ -60,11 +60,15 @@ pub(crate) fn test_binaries(json_lines: &str) -> Vec<TestBinary> {
         .collect()
 }
 
-/// The name in a package id: `path+file:///w/trainer#tchtrain-trainer@0.1.0` (cargo ≥ 1.77)
-/// or `tchtrain-trainer 0.1.0 (path+file:///w/trainer)`.
+/// The name in a package id: `path+file:///w/trainer#tchtrain-trainer@0.1.0` (cargo ≥ 1.77;
+/// `path+file:///w/xtask#0.1.0` when the name is the folder's) or
+/// `tchtrain-trainer 0.1.0 (path+file:///w/trainer)`.
 fn package_name(id: &str) -> String {
     match id.split_once('#') {
-        Some((_, rest)) => rest.split('@').next().unwrap_or(rest).to_string(),
+        Some((url, rest)) => match rest.split_once('@') {
+            Some((name, _)) => name.to_string(),
+            None => url.rsplit('/').next().unwrap_or(rest).to_string(),
+        },
         None => id.split(' ').next().unwrap_or(id).to_string(),
     }
 }
@@ -230,6 +234,19 @@ warning: not json"#;
                     dir: "/w/models".into(),
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn reads_package_names_from_ids() {
+        assert_eq!(
+            package_name("path+file:///w/trainer#tchtrain-trainer@0.1.0"),
+            "tchtrain-trainer"
+        );
+        assert_eq!(package_name("path+file:///w/xtask#0.1.0"), "xtask");
+        assert_eq!(
+            package_name("tchtrain-models 0.1.0 (path+file:///w/models)"),
+            "tchtrain-models"
         );
     }
 
