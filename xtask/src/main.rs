@@ -144,6 +144,7 @@ environment:
   TCHTRAIN_CACHE_DIR  cache folder (default: $XDG_CACHE_HOME/tchtrain or ~/.cache/tchtrain)
   TCHTRAIN_PYTHON     base python (>= 3.10) used to create the virtualenv (default: python3)
   TCHTRAIN_E2E        `0` skips the e2e short form in `test`
+  TCHTRAIN_TEST_JOBS  test binaries `test` runs at once (default 2, at most the cores)
   TCHTRAIN_FUZZ_RUNS  inputs the replay test makes per fuzz target in `test` (default
                       5000; 0 replays the committed seeds only); TCHTRAIN_FUZZ_SEED their
                       seed (default 1)
