@@ -48,10 +48,10 @@ commands:
                         instead of the virtualenv's torch
   test [--gpu] [-- CARGO_TEST_ARGS...]
         setup, then `cargo test --workspace` (unit, integration, doc, parity and
-        multi-process tests), the `cuda` build of tchtrain-distributed (NCCL compiled,
-        its tests run; skipped with a CPU-only libtorch; the fuzz targets' replay of
-        their seeds and seeded mutations among the tests), `e2e --short`, and a
-        summary line
+        multi-process tests, the fuzz targets' replay of their seeds and seeded
+        mutations; built with every crate's `cuda` feature when libtorch has CUDA;
+        the binaries run side by side, TCHTRAIN_TEST_JOBS at a time, the longest in
+        shards), `e2e --short`, and a summary line
         --gpu           also the tests that need a CUDA device (NCCL collectives, the
                         Trainer on one GPU: ZeRO-3 with offload over NCCL)
   bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]

@@ -53,7 +53,7 @@ impl Totals {
 }
 
 /// Runs setup and the test suite; extra arguments go to `cargo test`. `--gpu` also runs
-/// the tests that need a CUDA device (ignored otherwise) in the `cuda` build step.
+/// the tests that need a CUDA device (ignored otherwise).
 pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
     let (s, references) = setup::run_deferring_references(&setup::Options::default())?;
@@ -88,16 +88,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut totals = Totals::default();
     // Extra arguments go to one plain `cargo test`; without them the test binaries run side
     // by side (test_jobs.rs).
+    if gpu && !extra.is_empty() {
+        return Err(
+            "--gpu with cargo test's arguments: pass `-- --include-ignored` among them instead"
+                .into(),
+        );
+    }
+    let features = cuda_features(&s, gpu)?;
     let workspace = if extra.is_empty() {
-        workspace_tests(&s, &tmp, &mut totals, &mut wait_for_references)?
+        workspace_tests(
+            &s,
+            &tmp,
+            &features,
+            gpu,
+            &mut totals,
+            &mut wait_for_references,
+        )?
     } else {
         wait_for_references()?;
-        cargo_test(&s, &tmp, &["--workspace"], &extra, &mut totals)?
+        let mut args = vec!["--workspace"];
+        args.extend(features.iter().map(String::as_str));
+        cargo_test(&s, &tmp, &args, &extra, &mut totals)?
     };
     wait_for_references()?;
-    let cuda = cuda_step(&s, &tmp, gpu, &mut totals)?;
     let parity = e2e_step(&s)?;
-    let passed = workspace && cuda && totals.failed == 0;
+    let passed = workspace && totals.failed == 0;
     if passed {
         let _ = std::fs::remove_dir_all(&tmp);
     } else {
@@ -164,13 +179,40 @@ fn test_env(s: &setup::Setup, tmp: &Path) -> Vec<(String, OsString)> {
     env
 }
 
-/// Every test of the workspace: the test binaries built by `cargo test --no-run`, then
-/// (after `before_running`: the reference values) run side by side with the doc tests
-/// ([`test_jobs`]), each one's output printed when it ends and its `test result:` lines added
-/// to `totals`; whether all built and passed.
+/// The `cargo` options that compile every crate's `cuda` feature (ProcessGroupNCCL in
+/// tchtrain-sys, the Trainer's GPU paths) when the libtorch has CUDA: the workspace's one
+/// test build then compiles and links them, and its tests (the NCCL ones ignored without a
+/// device) run on the CPU with that build. With a CPU-only libtorch, none (a line says so),
+/// and `--gpu` is refused.
+fn cuda_features(s: &setup::Setup, gpu: bool) -> Result<Vec<String>, String> {
+    let lib = s.libtorch.join("lib");
+    if lib.join("libtorch_cuda.so").exists() {
+        return Ok(vec!["--features".into(), "tchtrain/cuda".into()]);
+    }
+    if gpu {
+        return Err(format!(
+            "--gpu: {} has no libtorch_cuda.so (a CPU-only libtorch); run `cargo xtask setup` \
+             for the CUDA wheel, or pass --libtorch a CUDA build",
+            lib.display()
+        ));
+    }
+    println!(
+        "test: the `cuda` features are not compiled: {} has no libtorch_cuda.so (a CPU-only libtorch)",
+        lib.display()
+    );
+    Ok(Vec::new())
+}
+
+/// Every test of the workspace: the test binaries built by `cargo test --no-run` (with
+/// `features`), then (after `before_running`: the reference values) run side by side with
+/// the doc tests ([`test_jobs`]), the longest binaries in shards, each job's output printed
+/// when it ends and its `test result:` lines added to `totals`; whether all built and
+/// passed. `gpu` runs the ignored tests too (every one needs a CUDA device).
 fn workspace_tests(
     s: &setup::Setup,
     tmp: &Path,
+    features: &[String],
+    gpu: bool,
     totals: &mut Totals,
     before_running: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<bool, String> {
@@ -183,6 +225,7 @@ fn workspace_tests(
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
+        .args(features)
         .envs(env.iter().cloned())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -202,19 +245,21 @@ fn workspace_tests(
         binaries.len(),
         t0.elapsed().as_secs_f64()
     );
-    let mut jobs: Vec<test_jobs::Job> = binaries
-        .iter()
-        .map(|b| test_jobs::Job::binary(b, &env))
-        .collect();
+    let slots = test_jobs::slots()?;
+    let args: &[&str] = if gpu { &["--include-ignored"] } else { &[] };
+    let mut jobs = Vec::new();
+    for binary in &binaries {
+        jobs.extend(test_jobs::Job::for_binary(binary, &env, args, slots)?);
+    }
     let mut doc = cargo();
     doc.args(["test", "--workspace", "--doc", "--no-fail-fast"])
+        .args(features)
         .envs(env.iter().cloned());
     jobs.push(test_jobs::Job {
         label: "doc tests".into(),
         command: doc,
         weight: 120,
     });
-    let slots = test_jobs::slots()?;
     println!("test: {} jobs, {slots} at a time", jobs.len());
     let mut ok = true;
     test_jobs::run(jobs, slots, tmp, |f| {
@@ -268,50 +313,6 @@ fn cargo_test(
         .wait()
         .map_err(|e| format!("waiting for cargo test: {e}"))?;
     Ok(status.success())
-}
-
-/// The `cuda` build of `tchtrain-distributed` (ProcessGroupNCCL compiled and linked, its
-/// tests run; with `gpu`, the ignored GPU tests too, and the Trainer's GPU tests), in the
-/// workspace's build folder: cargo keeps each feature set's artifacts apart (they hash
-/// differently), so the workspace build keeps its own and the dependencies both builds share
-/// are built once (a separate folder rebuilt them all, ~15 min on 2 cores). Skipped, with a
-/// line saying so, when the libtorch has no CUDA.
-fn cuda_step(s: &setup::Setup, tmp: &Path, gpu: bool, totals: &mut Totals) -> Result<bool, String> {
-    let lib = s.libtorch.join("lib");
-    if !lib.join("libtorch_cuda.so").exists() {
-        println!(
-            "test: the cuda build is skipped: {} has no libtorch_cuda.so (a CPU-only libtorch)",
-            lib.display()
-        );
-        return Ok(true);
-    }
-    let args = ["-p", "tchtrain-distributed", "--features", "cuda"];
-    let include = "--include-ignored".to_string();
-    let separator = "--".to_string();
-    let extra: Vec<&String> = if gpu {
-        vec![&separator, &include]
-    } else {
-        Vec::new()
-    };
-    println!("test: the cuda build of tchtrain-distributed (NCCL)");
-    let mut ok = cargo_test(s, tmp, &args, &extra, totals)?;
-    if gpu {
-        // The Trainer on a GPU (NCCL, ZeRO-3 with offload).
-        let trainer = [
-            "-p",
-            "tchtrain-trainer",
-            "--features",
-            "cuda",
-            "--test",
-            "it",
-        ];
-        // The `gpu` module of the trainer's test binary (trainer/tests/it/gpu.rs).
-        let filter = "gpu::".to_string();
-        let extra = [&separator, &include, &filter];
-        println!("test: the Trainer's GPU tests (cuda build)");
-        ok &= cargo_test(s, tmp, &trainer, &extra, totals)?;
-    }
-    Ok(ok)
 }
 
 /// The short form of `cargo xtask e2e` on the example binaries `cargo test` just built

@@ -3,9 +3,10 @@
 //! while its tests wait on each other (one global-generator lock) and on their ranks. So
 //! `cargo xtask test` builds every test binary first (`cargo test --no-run`), then runs them
 //! in `TCHTRAIN_TEST_JOBS` slots (default 2, at most the cores), the longest first, with the
-//! doc tests as one more job. Each binary runs as `cargo test` runs it (its package's folder
-//! as the working directory, the same environment); its output is printed whole when it
-//! ends, with its time.
+//! doc tests as one more job. The longest binaries run as one shard per slot (separate
+//! processes, each with its own generator and lock). Each binary runs as `cargo test` runs
+//! it (its package's folder as the working directory, the same environment); its output is
+//! printed whole when it ends, with its time.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -73,9 +74,10 @@ fn package_name(id: &str) -> String {
     }
 }
 
-/// Seconds a package's integration tests (`it`) took on 2 cores (the trainer's 1517 s, the
-/// models' 433 s, the examples' 159 s when last measured alone), so that the longest start
-/// first; the others, and every library's unit tests, take well under a minute.
+/// Seconds a package's integration tests (`it`) take on 2 cores when run alone (the
+/// trainer's ~1500 s, the models' ~450 s, the examples' ~160 s when last measured), so that
+/// the longest start first; the others, and every library's unit tests, take well under a
+/// minute.
 fn expected_seconds(package: &str, target: &str) -> u64 {
     match (package, target) {
         ("tchtrain-trainer", "it") => 1500,
@@ -84,6 +86,12 @@ fn expected_seconds(package: &str, target: &str) -> u64 {
         _ => 30,
     }
 }
+
+/// A binary expected to run at least this long is split into shards, one process each.
+/// Its tests serialise on one lock per process (libtorch's global generator,
+/// `tchtrain_testing::lock`) and wait on their ranks, so one process leaves about half of
+/// 2 cores idle; shards in separate processes have a generator each.
+const SHARD_ABOVE_SECONDS: u64 = 400;
 
 /// One job: a label and the command it runs.
 pub(crate) struct Job {
@@ -96,17 +104,67 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// The job running `binary` with `env` in its package's folder.
-    pub(crate) fn binary(binary: &TestBinary, env: &[(String, std::ffi::OsString)]) -> Self {
-        let mut command = Command::new(&binary.exe);
-        command.current_dir(&binary.dir);
-        command.envs(env.iter().map(|(k, v)| (k, v)));
-        Self {
-            label: format!("{} {}", binary.package, binary.target),
-            command,
-            weight: expected_seconds(&binary.package, &binary.target),
+    /// The jobs running `binary` with `env` and `args` (libtest's options) in its package's
+    /// folder: one, or `shards` for a binary expected to run longer than
+    /// [`SHARD_ABOVE_SECONDS`], each running every `shards`-th of its tests (`--exact`
+    /// names, in libtest's order so that each module's tests spread over the shards).
+    pub(crate) fn for_binary(
+        binary: &TestBinary,
+        env: &[(String, std::ffi::OsString)],
+        args: &[&str],
+        shards: usize,
+    ) -> Result<Vec<Self>, String> {
+        let label = format!("{} {}", binary.package, binary.target);
+        let weight = expected_seconds(&binary.package, &binary.target);
+        let command = || {
+            let mut command = Command::new(&binary.exe);
+            command.current_dir(&binary.dir);
+            command.envs(env.iter().map(|(k, v)| (k, v)));
+            command.args(args);
+            command
+        };
+        if shards < 2 || weight < SHARD_ABOVE_SECONDS {
+            return Ok(vec![Self {
+                label,
+                command: command(),
+                weight,
+            }]);
         }
+        let listing = command()
+            .args(["--list", "--format", "terse"])
+            .output()
+            .map_err(|e| format!("could not list the tests of {label}: {e}"))?;
+        if !listing.status.success() {
+            return Err(format!(
+                "listing the tests of {label} failed ({}): {}",
+                listing.status,
+                String::from_utf8_lossy(&listing.stderr)
+            ));
+        }
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        let names = listed_tests(&listing);
+        let shards = shards.min(names.len().max(1));
+        Ok((0..shards)
+            .map(|i| {
+                let mut c = command();
+                c.arg("--exact").args(names.iter().skip(i).step_by(shards));
+                Self {
+                    label: format!("{label} (shard {}/{shards})", i + 1),
+                    command: c,
+                    weight: weight / shards as u64,
+                }
+            })
+            .collect())
     }
+}
+
+/// The test names in libtest's `--list --format terse` output (`module::name: test`
+/// lines; benchmarks and the summary line left out).
+fn listed_tests(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .filter_map(|line| line.strip_suffix(": test"))
+        .collect()
 }
 
 /// How one job ended.
@@ -248,6 +306,64 @@ warning: not json"#;
             package_name("tchtrain-models 0.1.0 (path+file:///w/models)"),
             "tchtrain-models"
         );
+    }
+
+    #[test]
+    fn shards_a_long_binary_by_its_listed_tests() {
+        let scratch = std::env::temp_dir().join(format!("xtask-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let exe = scratch.join("it.sh");
+        std::fs::write(
+            &exe,
+            "#!/bin/sh\n[ \"$X\" = 1 ] || exit 9\nprintf 'a::one: test\\na::two: test\\nb::three: test\\nb::bench: bench\\n\\n3 tests, 1 benchmark\\n'\n",
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .args(["+x", exe.to_str().unwrap()])
+            .status()
+            .unwrap();
+        let binary = |package: &str| TestBinary {
+            package: package.into(),
+            target: "it".into(),
+            exe: exe.clone(),
+            dir: scratch.clone(),
+        };
+        let env = [("X".to_string(), "1".into())];
+        let args = |job: &Job| -> Vec<String> {
+            job.command
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let jobs =
+            Job::for_binary(&binary("tchtrain-trainer"), &env, &["--include-ignored"], 2).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0].label, "tchtrain-trainer it (shard 1/2)");
+        assert_eq!(jobs[0].weight, 750);
+        assert_eq!(
+            args(&jobs[0]),
+            ["--include-ignored", "--exact", "a::one", "b::three"]
+        );
+        assert_eq!(args(&jobs[1]), ["--include-ignored", "--exact", "a::two"]);
+        // A short binary, or one slot: one job with every test.
+        let jobs = Job::for_binary(&binary("tchtrain-losses"), &env, &[], 2).unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert!(args(&jobs[0]).is_empty());
+        assert_eq!(
+            Job::for_binary(&binary("tchtrain-trainer"), &env, &[], 1)
+                .unwrap()
+                .len(),
+            1
+        );
+        // A listing that fails names the binary.
+        let err = Job::for_binary(&binary("tchtrain-trainer"), &[], &[], 2)
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("listing the tests of tchtrain-trainer it failed"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&scratch);
     }
 
     #[test]
