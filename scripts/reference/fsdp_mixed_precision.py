@@ -4,8 +4,9 @@ accelerate 1.15) under torch 2.13's FSDP2 (`fully_shard` with accelerate's
 
 Usage: python fsdp_mixed_precision.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
-The job (every case) is deepspeed_mixed_precision.py's: trainer_clm.py's tiny GPT-2 (dropouts 0;
-OUT_DIR/initial/) on its first 32 train and 12 eval blocks of 64 tokens, row j's last
+The job (every case) is deepspeed_mixed_precision.py's: trainer_clm.py's tiny GPT-2 (dropouts 0)
+cut to its SMALL_VOCAB tokens (OUT_DIR/initial/), on its first 32 train and 12 eval blocks of 64
+tokens with the ids mapped into them (OUT_DIR/blocks.json), row j's last
 (j * 13) % 40 labels -100; per_device_train_batch_size 2 on each rank, 8 steps, lr 1e-3,
 linear schedule with warmup_steps 2, weight_decay 0.01, max_grad_norm 1.0, evaluation every
 4 steps, seed 42, use_cpu; `fsdp_config={"transformer_layer_cls_to_wrap": ["GPT2Block"]}`.
@@ -74,8 +75,8 @@ def launch(out):
     model = tf.GPT2LMHeadModel.from_pretrained(
         clm.ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
     )
-    model.save_pretrained(out / "initial")
-    all_blocks = clm.blocks()
+    clm.small_vocab_model(model).save_pretrained(out / "initial")
+    all_blocks = clm.small_vocab_rows(clm.blocks())
     (out / "blocks.json").write_text(json.dumps({"train": all_blocks[:32], "eval": all_blocks[90:102]}))
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"

@@ -12,7 +12,9 @@ scale overflows float16 gradients, so the first steps are skipped while it backs
 grows every 4 clean steps.
 
 Data and starting model are trainer_mixed.py's (tiny GPT-2, dropouts 0, hamlet.txt in blocks
-of 64, 90 train / 14 eval blocks), saved again here. Every run: seed 42, per-device batch 4,
+of 64, 90 train / 14 eval blocks), cut to trainer_clm.py's SMALL_VOCAB tokens (float16 GEMMs
+are slow on a CPU; the ids are mapped with id % SMALL_VOCAB), saved here as gpt2_initial/ and
+gpt2_blocks.json. Every run: seed 42, per-device batch 4,
 gradient_accumulation_steps 2, max_steps 12, learning_rate 1e-3, cosine schedule,
 warmup_steps 3, weight_decay 0.01, max_grad_norm 1.0, logging_steps 1, evaluation every 6
 steps, save_strategy no.
@@ -96,6 +98,10 @@ def run(name, train_rows, eval_rows, optim):
 
 def main():
     train, evaluation = MIXED.gpt2_setup()
+    clm = sibling("trainer_clm")
+    model = clm.small_vocab_model(tf.GPT2LMHeadModel.from_pretrained(OUT / "gpt2_initial"))
+    model.save_pretrained(OUT / "gpt2_initial")
+    train, evaluation = clm.small_vocab_rows(train), clm.small_vocab_rows(evaluation)
     (OUT / "gpt2_blocks.json").write_text(json.dumps({"train": train, "eval": evaluation}))
     run("gpt2_fp16", train, evaluation, "adamw_torch")
     run("gpt2_fp16_fused", train, evaluation, "adamw_torch_fused")

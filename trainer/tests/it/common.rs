@@ -210,7 +210,12 @@ pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>>
 
 /// The token ids of the first `n` reference blocks of `part` (`train` / `eval`).
 pub fn block_ids(part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
-    let path = reference_dir().join("blocks.json");
+    block_ids_in(&reference_dir(), part, n)
+}
+
+/// [`block_ids`] of another reference job's `dir/blocks.json`.
+pub fn block_ids_in(dir: &Path, part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
+    let path = dir.join("blocks.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
@@ -223,8 +228,14 @@ pub fn block_ids(part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
         .collect()
 }
 
+/// The first `n` reference blocks of `part`, row j's last (j * 13) % 40 labels -100.
 pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let rows = block_ids(part, n)?
+    blocks_in(&reference_dir(), part, n)
+}
+
+/// [`blocks`] of another reference job's `dir/blocks.json`.
+pub fn blocks_in(dir: &Path, part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
+    let rows = block_ids_in(dir, part, n)?
         .into_iter()
         .enumerate()
         .map(|(j, ids)| {
@@ -243,8 +254,13 @@ pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
 
 /// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
 pub fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
+    initial_model_in(&reference_dir())
+}
+
+/// Another reference job's starting point, `dir/initial`.
+pub fn initial_model_in(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(
-        &reference_dir().join("initial"),
+        &dir.join("initial"),
         AutoTask::CausalLm,
         Device::Cpu,
         &LoadOptions::default(),

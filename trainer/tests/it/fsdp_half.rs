@@ -1,7 +1,7 @@
 //! FSDP's mixed precision against upstream's Trainer under torch 2.13's FSDP2
 //! (`scripts/reference/fsdp_mixed_precision.py`: accelerate's GPU branch applied to a CPU
 //! run, `fully_shard` with its `MixedPrecisionPolicy` on gloo), 2 ranks on 127.0.0.1, tiny
-//! GPT-2 wrapped per `GPT2Block`, 8 steps of 2 rows per rank, evaluation every 4:
+//! GPT-2 cut to 1024 tokens wrapped per `GPT2Block`, 8 steps of 2 rows per rank, evaluation every 4:
 //!
 //! * `full_shard_bf16`, `shard_grad_op_bf16`: `--bf16` gives the policy
 //!   `(param_dtype, reduce_dtype, output_dtype) = bfloat16` under bf16 autocast: float32
@@ -20,14 +20,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::json;
 use tchtrain_optim::GradScalerKwargs;
-use tchtrain_testing::lock;
+use tchtrain_testing::{lock, reference_dir};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{
     DictOrPath, IntervalStrategy, SaveStrategy, StrOrBool, TrainingArguments,
 };
 
 use crate::common::{
-    blocks, initial_model, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
+    blocks_in, initial_model_in, is_rank, launch, numbers, rank, temp_dir, test_dir, wait_codes,
 };
 use crate::deepspeed_half::{compare_logs, read_entries, reference_log, write_entries};
 
@@ -88,11 +88,13 @@ fn fsdp_mixed_precision_trains_as_fsdp2() -> Result<()> {
     let _g = lock();
     if is_rank() {
         let dir = test_dir();
+        // The reference job's model and data (tiny GPT-2 cut to 1024 tokens).
+        let job = reference_dir("fsdp_mixed_precision");
         for case in CASES {
             let out = dir.join(case);
-            let mut builder = Trainer::builder(initial_model()?, args(&out, case)?)
-                .train_dataset(blocks("train", 32)?)
-                .eval_dataset(blocks("eval", 12)?);
+            let mut builder = Trainer::builder(initial_model_in(&job)?, args(&out, case)?)
+                .train_dataset(blocks_in(&job, "train", 32)?)
+                .eval_dataset(blocks_in(&job, "eval", 12)?);
             if case.ends_with("_scaler") {
                 builder = builder.grad_scaler(GradScalerKwargs {
                     init_scale: 2f64.powi(20),

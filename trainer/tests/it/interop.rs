@@ -1,7 +1,7 @@
 //! Checkpoints passed between upstream's Trainer and ours in torch's own files
-//! (scripts/reference/trainer_interop.py: tiny GPT-2 with dropout on, batch 4 over 24
-//! hamlet blocks, 10 steps, cosine schedule with 2 warmup steps, checkpoint at step 5
-//! mid-epoch):
+//! (scripts/reference/trainer_interop.py: tiny GPT-2 cut to 1024 tokens, dropout on, batch 4
+//! over 24 hamlet blocks, 10 steps, cosine schedule with 2 warmup steps, checkpoint at step
+//! 5 mid-epoch):
 //! - Python -> us: we resume upstream's `checkpoint-5/` (`optimizer.pt`, `scheduler.pt`,
 //!   `rng_state.pth`, `scaler.pt`, `trainer_state.json`) and log steps 6-10 as upstream's
 //!   uninterrupted run does;

@@ -257,6 +257,17 @@ fn fp16_on_the_cpu_trains_in_fp32_as_upstream() -> Result<()> {
 fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
     let _g = lock();
     let out = temp_dir("fp16-scaler");
+    // trainer_fp16.py's tiny GPT-2 cut to 1024 tokens (float16 GEMMs are slow on a CPU), on
+    // the first 32 of its train blocks (4 steps of 2 x 4 rows).
+    let fp16 = assets().join("reference/trainer_fp16");
+    let model = || crate::parity::load(&fp16.join("gpt2_initial"), AutoTask::CausalLm);
+    let train = || -> Result<Arc<dyn Dataset>> {
+        let all = crate::parity::lm_blocks(&fp16.join("gpt2_blocks.json"), "train")?;
+        Ok(
+            InMemoryDataset::new((0..32).map(|i| all.get(i)).collect::<Result<_, _>>()?)
+                .into_shared(),
+        )
+    };
     let kwargs = tchtrain_optim::GradScalerKwargs {
         init_scale: 2f64.powi(20),
         growth_interval: 2,
@@ -274,8 +285,8 @@ fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
         let scale = t.grad_scaler().map(|s| s.get_scale().unwrap());
         (losses(&t.state.log_history), scale)
     };
-    let mut full = Trainer::builder(initial_model()?, args(4)?)
-        .train_dataset(small_train()?)
+    let mut full = Trainer::builder(model()?, args(4)?)
+        .train_dataset(train()?)
         .grad_scaler(kwargs)
         .build()?;
     full.train(None)?;
@@ -284,8 +295,8 @@ fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(ckpt.join("scaler.json"))?)?;
     assert_eq!(saved["growth_interval"], 2, "{saved}");
-    let mut resumed = Trainer::builder(initial_model()?, args(4)?)
-        .train_dataset(small_train()?)
+    let mut resumed = Trainer::builder(model()?, args(4)?)
+        .train_dataset(train()?)
         .grad_scaler(tchtrain_optim::GradScalerKwargs::default())
         .build()?;
     resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(ckpt)))?;
@@ -306,8 +317,8 @@ fn fp16_loss_scaler_state_is_checkpointed_and_resumed() -> Result<()> {
             .cloned()
             .unwrap_or_default(),
     ));
-    let mut t = Trainer::builder(initial_model()?, a)
-        .train_dataset(small_train()?)
+    let mut t = Trainer::builder(model()?, a)
+        .train_dataset(train()?)
         .grad_scaler(kwargs)
         .build()?;
     let err = t.train(None).unwrap_err().to_string();
