@@ -880,7 +880,7 @@ impl<C: EncoderConfig, K: TaskHead> Bert<C, K> {
 
 impl<C: EncoderConfig, K: TaskHead> PreTrainedModel for Bert<C, K> {
     fn architecture(&self) -> &'static str {
-        self.bert.family.classes[K::KIND as usize]
+        K::KIND.class(&self.bert.family.classes)
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
@@ -906,18 +906,10 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
         Ok(())
     }
     fn label_check(&self) -> Option<LabelCheck> {
-        let num_labels = self.config.labels().num_labels();
-        match K::KIND {
-            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
-            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
-            _ => None,
-        }
+        K::KIND.label_check(self.config.labels().num_labels())
     }
     fn label_names(&self) -> Vec<String> {
-        match K::KIND {
-            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
-            _ => vec!["labels".into()],
-        }
+        K::KIND.label_names()
     }
     // BERT's LayerNorms are named `LayerNorm`, which the name patterns already exclude.
     fn is_embedding_weight(&self, name: &str) -> bool {
@@ -994,12 +986,7 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 );
                 self.ctx
                     .leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits, l, vocab_size, None, -100,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::masked_lm_loss(&logits, inputs.labels, vocab_size, None)?;
                 (logits, loss)
             }
             Head::RobertaLm {
@@ -1023,12 +1010,7 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                     &h,
                     &logits,
                 );
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits, l, vocab_size, None, -100,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::masked_lm_loss(&logits, inputs.labels, vocab_size, None)?;
                 (logits, loss)
             }
             Head::RobertaClassification { dense, out_proj } => {
@@ -1039,16 +1021,7 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 let x = dense.forward(&x).tanh();
                 let x = dropout_traced(&self.ctx, &x, p, train, || "classifier.dropout".into());
                 let logits = out_proj.forward(&x);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
-                        l,
-                        &logits,
-                        num_labels,
-                        labels_config.problem_type()?,
-                        None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::sequence_classification_loss(&logits, inputs, labels_config)?;
                 (logits, loss)
             }
             Head::SequenceClassification { classifier } => {
@@ -1060,16 +1033,7 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                         "dropout".into()
                     });
                 let logits = classifier.forward(&d);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
-                        l,
-                        &logits,
-                        num_labels,
-                        labels_config.problem_type()?,
-                        None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::sequence_classification_loss(&logits, inputs, labels_config)?;
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
@@ -1077,12 +1041,7 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                     "dropout".into()
                 });
                 let logits = classifier.forward(&d);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_token_classification(
-                        &logits, l, num_labels, None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {

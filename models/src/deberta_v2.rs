@@ -932,13 +932,13 @@ fn sequence_classification_loss(
 
 impl<K: TaskHead> PreTrainedModel for DebertaV2<K> {
     fn architecture(&self) -> &'static str {
-        match K::KIND {
-            HeadKind::MaskedLm => "DebertaV2ForMaskedLM",
-            HeadKind::SequenceClassification => "DebertaV2ForSequenceClassification",
-            HeadKind::TokenClassification => "DebertaV2ForTokenClassification",
-            HeadKind::QuestionAnswering => "DebertaV2ForQuestionAnswering",
-            _ => "DebertaV2Model",
-        }
+        K::KIND.class(&[
+            "DebertaV2Model",
+            "DebertaV2ForMaskedLM",
+            "DebertaV2ForSequenceClassification",
+            "DebertaV2ForTokenClassification",
+            "DebertaV2ForQuestionAnswering",
+        ])
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
@@ -957,19 +957,14 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
         Ok(())
     }
     fn label_check(&self) -> Option<LabelCheck> {
-        let num_labels = self.config.labels.num_labels();
         match K::KIND {
             // Negative class ids are dropped from the loss, not refused.
             HeadKind::SequenceClassification => None,
-            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
-            _ => None,
+            kind => kind.label_check(self.config.labels.num_labels()),
         }
     }
     fn label_names(&self) -> Vec<String> {
-        match K::KIND {
-            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
-            _ => vec!["labels".into()],
-        }
+        K::KIND.label_names()
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         let name = name.strip_prefix("deberta.").unwrap_or(name);
@@ -1018,16 +1013,7 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
                 } else {
                     t.matmul(&weight.tr()) + bias
                 };
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits,
-                        l,
-                        c.vocab_size,
-                        None,
-                        -100,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::masked_lm_loss(&logits, inputs.labels, c.vocab_size, None)?;
                 (logits, loss)
             }
             Head::SequenceClassification { pooler, classifier } => {
@@ -1052,12 +1038,7 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
                     "dropout".into()
                 });
                 let logits = classifier.forward(&t);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_token_classification(
-                        &logits, l, num_labels, None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {

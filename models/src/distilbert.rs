@@ -523,13 +523,13 @@ impl<K: TaskHead> DistilBert<K> {
 
 impl<K: TaskHead> PreTrainedModel for DistilBert<K> {
     fn architecture(&self) -> &'static str {
-        match K::KIND {
-            HeadKind::MaskedLm => "DistilBertForMaskedLM",
-            HeadKind::SequenceClassification => "DistilBertForSequenceClassification",
-            HeadKind::TokenClassification => "DistilBertForTokenClassification",
-            HeadKind::QuestionAnswering => "DistilBertForQuestionAnswering",
-            _ => "DistilBertModel",
-        }
+        K::KIND.class(&[
+            "DistilBertModel",
+            "DistilBertForMaskedLM",
+            "DistilBertForSequenceClassification",
+            "DistilBertForTokenClassification",
+            "DistilBertForQuestionAnswering",
+        ])
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
@@ -548,18 +548,10 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
         Ok(())
     }
     fn label_check(&self) -> Option<LabelCheck> {
-        let num_labels = self.config.labels.num_labels();
-        match K::KIND {
-            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
-            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
-            _ => None,
-        }
+        K::KIND.label_check(self.config.labels.num_labels())
     }
     fn label_names(&self) -> Vec<String> {
-        match K::KIND {
-            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
-            _ => vec!["labels".into()],
-        }
+        K::KIND.label_names()
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         let name = name.strip_prefix("distilbert.").unwrap_or(name);
@@ -602,16 +594,7 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
                 let decoder = [("weight", weight), ("bias", projector_bias)];
                 self.ctx
                     .leaf(|| "vocab_projector".into(), "Linear", &decoder, &t, &logits);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits,
-                        l,
-                        c.vocab_size,
-                        None,
-                        -100,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::masked_lm_loss(&logits, inputs.labels, c.vocab_size, None)?;
                 (logits, loss)
             }
             Head::SequenceClassification {
@@ -624,27 +607,13 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
                     "dropout".into()
                 });
                 let logits = classifier.forward(&t);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
-                        l,
-                        &logits,
-                        num_labels,
-                        c.labels.problem_type()?,
-                        None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::sequence_classification_loss(&logits, inputs, &c.labels)?;
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
                 let t = dropout_traced(&self.ctx, &h, c.dropout, train, || "dropout".into());
                 let logits = classifier.forward(&t);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_token_classification(
-                        &logits, l, num_labels, None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {

@@ -2,6 +2,16 @@
 //! `...Model`, `...ForMaskedLM`, `...ForSequenceClassification`,
 //! `...ForTokenClassification` and `...ForQuestionAnswering` are `Bert<C, MaskedLm>` and
 //! so on. A head that does not exist does not compile.
+//!
+//! What every family's head of a kind shares lives here: its class name among the family's
+//! five, the labels the Trainer checks and feeds it, and its loss (upstream's
+//! `loss_utils.py` through `tchtrain-losses`, a plain mean unless `num_items_in_batch`).
+
+use tch::Tensor;
+
+use crate::Result;
+use crate::configuration_utils::LabelConfig;
+use crate::modeling_utils::{LabelCheck, ModelInputs};
 
 /// Which head (the value a model matches on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +26,88 @@ pub enum HeadKind {
     TokenClassification,
     /// An extractive question-answering head (start and end logits).
     QuestionAnswering,
+}
+
+impl HeadKind {
+    /// This head's class among a family's five (`...Model`, `...ForMaskedLM`,
+    /// `...ForSequenceClassification`, `...ForTokenClassification`,
+    /// `...ForQuestionAnswering`, in that order).
+    pub const fn class(self, classes: &[&'static str; 5]) -> &'static str {
+        classes[self as usize]
+    }
+
+    /// What the Trainer checks of the training labels before the first step: a class id
+    /// per row for the sequence classifier, a tag (or -100) per token for the token
+    /// classifier.
+    pub fn label_check(self, num_labels: i64) -> Option<LabelCheck> {
+        match self {
+            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
+            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
+            _ => None,
+        }
+    }
+
+    /// The columns the head's loss reads (upstream's `label_names`): the answer span's
+    /// `start_positions` and `end_positions` for question answering, else `labels`.
+    pub fn label_names(self) -> Vec<String> {
+        match self {
+            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
+            _ => vec!["labels".into()],
+        }
+    }
+}
+
+/// `...ForSequenceClassification`'s loss on `logits` when `inputs` has labels (regression,
+/// single- or multi-label as `labels` says).
+pub(crate) fn sequence_classification_loss(
+    logits: &Tensor,
+    inputs: &ModelInputs<'_>,
+    labels: &LabelConfig,
+) -> Result<Option<Tensor>> {
+    let Some(l) = inputs.labels else {
+        return Ok(None);
+    };
+    Ok(Some(tchtrain_losses::for_sequence_classification_loss(
+        l,
+        logits,
+        labels.num_labels(),
+        labels.problem_type()?,
+        None,
+    )?))
+}
+
+/// `...ForTokenClassification`'s loss on `logits` when `inputs` has labels (-100 ignored).
+pub(crate) fn token_classification_loss(
+    logits: &Tensor,
+    inputs: &ModelInputs<'_>,
+    num_labels: i64,
+) -> Result<Option<Tensor>> {
+    let Some(l) = inputs.labels else {
+        return Ok(None);
+    };
+    Ok(Some(tchtrain_losses::for_token_classification(
+        logits, l, num_labels, None,
+    )?))
+}
+
+/// `...ForMaskedLM`'s loss on `logits` over `vocab_size` tokens when there are `labels`
+/// (-100 ignored), summed over `num_items_in_batch` when given.
+pub(crate) fn masked_lm_loss(
+    logits: &Tensor,
+    labels: Option<&Tensor>,
+    vocab_size: i64,
+    num_items_in_batch: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let Some(l) = labels else {
+        return Ok(None);
+    };
+    Ok(Some(tchtrain_losses::for_masked_lm_loss(
+        logits,
+        l,
+        vocab_size,
+        num_items_in_batch,
+        -100,
+    )?))
 }
 
 /// A task head type (one of this module's unit structs).

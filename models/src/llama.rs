@@ -23,6 +23,7 @@ use tch::{Device, Kind, Tensor};
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
+use crate::heads;
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
@@ -1506,17 +1507,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
             inputs.ids()?,
             self.model.config.pad_token_id,
         )?;
-        let labels = self.config.labels();
-        let loss = match inputs.labels {
-            Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
-                l,
-                &pooled,
-                labels.num_labels(),
-                labels.problem_type()?,
-                None,
-            )?),
-            None => None,
-        };
+        let loss = heads::sequence_classification_loss(&pooled, inputs, self.config.labels())?;
         self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
@@ -1643,15 +1634,8 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
             "dropout".into()
         });
         let logits = self.score.forward(&d);
-        let loss = match inputs.labels {
-            Some(l) => Some(tchtrain_losses::for_token_classification(
-                &logits,
-                l,
-                self.config.labels().num_labels(),
-                None,
-            )?),
-            None => None,
-        };
+        let loss =
+            heads::token_classification_loss(&logits, inputs, self.config.labels().num_labels())?;
         self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,

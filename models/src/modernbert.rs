@@ -851,13 +851,13 @@ impl<K: TaskHead> ModernBert<K> {
 
 impl<K: TaskHead> PreTrainedModel for ModernBert<K> {
     fn architecture(&self) -> &'static str {
-        match K::KIND {
-            HeadKind::MaskedLm => "ModernBertForMaskedLM",
-            HeadKind::SequenceClassification => "ModernBertForSequenceClassification",
-            HeadKind::TokenClassification => "ModernBertForTokenClassification",
-            HeadKind::QuestionAnswering => "ModernBertForQuestionAnswering",
-            _ => "ModernBertModel",
-        }
+        K::KIND.class(&[
+            "ModernBertModel",
+            "ModernBertForMaskedLM",
+            "ModernBertForSequenceClassification",
+            "ModernBertForTokenClassification",
+            "ModernBertForQuestionAnswering",
+        ])
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
@@ -879,18 +879,10 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
         Ok(())
     }
     fn label_check(&self) -> Option<LabelCheck> {
-        let num_labels = self.config.labels.num_labels();
-        match K::KIND {
-            HeadKind::SequenceClassification => Some(LabelCheck::Sequence { num_labels }),
-            HeadKind::TokenClassification => Some(LabelCheck::Token { num_labels }),
-            _ => None,
-        }
+        K::KIND.label_check(self.config.labels.num_labels())
     }
     fn label_names(&self) -> Vec<String> {
-        match K::KIND {
-            HeadKind::QuestionAnswering => crate::modeling_utils::question_answering_label_names(),
-            _ => vec!["labels".into()],
-        }
+        K::KIND.label_names()
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         name.strip_prefix("model.").unwrap_or(name) == "embeddings.tok_embeddings.weight"
@@ -932,16 +924,12 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
                     Some(b) => t.linear(weight, Some(b)),
                     None => t.linear(weight, None::<&Tensor>),
                 };
-                let loss = match labels {
-                    Some(l) => Some(tchtrain_losses::for_masked_lm_loss(
-                        &logits,
-                        &l,
-                        c.vocab_size,
-                        inputs.num_items_in_batch,
-                        -100,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::masked_lm_loss(
+                    &logits,
+                    labels.as_ref(),
+                    c.vocab_size,
+                    inputs.num_items_in_batch,
+                )?;
                 (logits, loss)
             }
             Head::SequenceClassification { head, classifier } => {
@@ -958,30 +946,14 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
                 };
                 let t = dropout(&head.forward(&pooled));
                 let logits = classifier.forward(&t);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_sequence_classification_loss(
-                        l,
-                        &logits,
-                        c.labels.num_labels(),
-                        c.labels.problem_type()?,
-                        None,
-                    )?),
-                    None => None,
-                };
+                let loss = heads::sequence_classification_loss(&logits, inputs, &c.labels)?;
                 (logits, loss)
             }
             Head::TokenClassification { head, classifier } => {
                 let t = dropout(&head.forward(&h));
                 let logits = classifier.forward(&t);
-                let loss = match inputs.labels {
-                    Some(l) => Some(tchtrain_losses::for_token_classification(
-                        &logits,
-                        l,
-                        c.labels.num_labels(),
-                        None,
-                    )?),
-                    None => None,
-                };
+                let loss =
+                    heads::token_classification_loss(&logits, inputs, c.labels.num_labels())?;
                 (logits, loss)
             }
             Head::QuestionAnswering { head, classifier } => {

@@ -28,8 +28,11 @@ Cases (OUT_DIR/<case>/log_history.json, from rank 0):
                are reduced in float32 (DeepSpeed's IPG bucket of that dtype).
 Each case also writes loss_scales.json: DeepSpeed's loss scale after every optimizer step.
 
-The first run JIT-builds DeepSpeed's `deepspeed_shm_comm` op with ninja (about 1.5 min on 2
-cores) into TORCH_EXTENSIONS_DIR (the per-user cache beside the assets); later runs reuse it.
+DeepSpeed's TorchBackend would JIT-build its shared-memory all-reduce op (`deepspeed_shm_comm`,
+~1.5 min of ninja on 2 cores) on the first run; only `inference_all_reduce` uses it (training
+reduces through torch.distributed), so the ranks skip the build (`build_shm_op` returns None,
+as it does where the op is not compatible). Any other op would build into TORCH_EXTENSIONS_DIR
+(the per-user cache beside the assets).
 """
 
 import importlib.util
@@ -105,6 +108,9 @@ def rank_main(out, case):
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     config, precision = CASES[case]
     config = {**AUTO, **config}
+    # The module itself: `deepspeed.comm.torch` as an attribute is the torch library that
+    # deepspeed.comm re-exports.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     if precision == "fp16":
         from deepspeed.accelerator import get_accelerator
 
