@@ -130,18 +130,10 @@ impl Job {
                 weight,
             }]);
         }
-        let listing = command()
-            .args(["--list", "--format", "terse"])
-            .output()
-            .map_err(|e| format!("could not list the tests of {label}: {e}"))?;
-        if !listing.status.success() {
-            return Err(format!(
-                "listing the tests of {label} failed ({}): {}",
-                listing.status,
-                String::from_utf8_lossy(&listing.stderr)
-            ));
-        }
-        let listing = String::from_utf8_lossy(&listing.stdout);
+        let listing = crate::cmd::output(
+            command().args(["--list", "--format", "terse"]),
+            &format!("listing the tests of {label}"),
+        )?;
         let names = listed_tests(&listing);
         let shards = shards.min(names.len().max(1));
         Ok((0..shards)
@@ -360,7 +352,7 @@ warning: not json"#;
             .err()
             .unwrap();
         assert!(
-            err.contains("listing the tests of tchtrain-trainer it failed"),
+            err.contains("listing the tests of tchtrain-trainer it") && err.contains("failed"),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&scratch);
