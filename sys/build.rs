@@ -1,5 +1,6 @@
 //! Compiles all of tchtrain's C++ (`csrc/*.cpp`, one exception guard in `csrc/guard.h`)
-//! into one static library against the libtorch `torch-sys` linked, as C++20.
+//! into one static library against the libtorch `torch-sys` linked, as C++20, from one
+//! translation unit (`csrc/unity.cpp`).
 //! `csrc/gloo/` holds stand-in declarations of the gloo types the c10d header names (the
 //! torch wheel has no gloo headers); libtorch_cpu carries gloo itself, so nothing else links.
 //!
@@ -66,20 +67,9 @@ fn build() -> Result<(), String> {
     let abi = tchtrain_build::libtorch_cxx11_abi()?;
     let mut build = cc::Build::new();
     build.cpp(true);
-    for file in [
-        "guard.cpp",
-        "autocast.cpp",
-        "backends.cpp",
-        "checkpoint.cpp",
-        "generator.cpp",
-        "dropout.cpp",
-        "grad_boundary.cpp",
-        "cpu_cache.cpp",
-        "optim.cpp",
-        "c10d.cpp",
-    ] {
-        build.file(format!("csrc/{file}"));
-    }
+    // One translation unit (csrc/unity.cpp includes every other .cpp): libtorch's headers
+    // are parsed once instead of once per file.
+    build.file("csrc/unity.cpp");
     build
         .include("csrc")
         .includes(includes)

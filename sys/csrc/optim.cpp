@@ -27,7 +27,7 @@ namespace {
 
 // libtorch's optimizers step under no_grad.
 template <typename F>
-char* guarded(F&& f) {
+char* guarded_no_grad(F&& f) {
   return tchtrain::guarded([&] {
     at::NoGradGuard no_grad;
     f();
@@ -49,34 +49,34 @@ extern "C" {
 
 // self.add_(other, alpha=alpha)
 char* tchtrain_optim_add_(at::Tensor* self, const at::Tensor* other, double alpha) {
-  return guarded([&] { self->add_(*other, alpha); });
+  return guarded_no_grad([&] { self->add_(*other, alpha); });
 }
 
 // *out = self.add(other, alpha=alpha)
 char* tchtrain_optim_add(const at::Tensor* self, const at::Tensor* other, double alpha, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(at::add(*self, *other, alpha)); });
+  return guarded_no_grad([&] { *out = new at::Tensor(at::add(*self, *other, alpha)); });
 }
 
 // self.addcmul_(t1, t2, value=value)
 char* tchtrain_optim_addcmul_(at::Tensor* self, const at::Tensor* t1, const at::Tensor* t2, double value) {
-  return guarded([&] { self->addcmul_(*t1, *t2, value); });
+  return guarded_no_grad([&] { self->addcmul_(*t1, *t2, value); });
 }
 
 // *out = self.addcmul(t1, t2, value=value)
 char* tchtrain_optim_addcmul(const at::Tensor* self, const at::Tensor* t1, const at::Tensor* t2, double value,
                              at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(at::addcmul(*self, *t1, *t2, value)); });
+  return guarded_no_grad([&] { *out = new at::Tensor(at::addcmul(*self, *t1, *t2, value)); });
 }
 
 // self.addcdiv_(t1, t2, value=value)
 char* tchtrain_optim_addcdiv_(at::Tensor* self, const at::Tensor* t1, const at::Tensor* t2, double value) {
-  return guarded([&] { self->addcdiv_(*t1, *t2, value); });
+  return guarded_no_grad([&] { self->addcdiv_(*t1, *t2, value); });
 }
 
 // *out = torch.linalg.vector_norm(self, ord) over all elements
 // `p.grad = grad` (a null `grad`: `p.grad = None`); shapes, dtypes and devices must agree.
 char* tchtrain_optim_set_grad(at::Tensor* self, const at::Tensor* grad) {
-  return guarded([&] {
+  return guarded_no_grad([&] {
     if (grad == nullptr) {
       self->mutable_grad() = at::Tensor();
       return;
@@ -92,7 +92,7 @@ char* tchtrain_optim_set_grad(at::Tensor* self, const at::Tensor* grad) {
 }
 
 char* tchtrain_optim_vector_norm(const at::Tensor* self, double ord, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(at::linalg_vector_norm(*self, ord)); });
+  return guarded_no_grad([&] { *out = new at::Tensor(at::linalg_vector_norm(*self, ord)); });
 }
 
 // torch._fused_adamw_ (decoupled != 0) or torch._fused_adam_ over n parameters.
@@ -101,7 +101,7 @@ char* tchtrain_optim_fused_adam(at::Tensor* const* params, at::Tensor* const* gr
                                 at::Tensor* const* exp_avg_sqs, at::Tensor* const* max_exp_avg_sqs,
                                 at::Tensor* const* state_steps, size_t n, double lr, double beta1, double beta2,
                                 double weight_decay, double eps, int amsgrad, int maximize, int decoupled) {
-  return guarded([&] {
+  return guarded_no_grad([&] {
     auto p = gather(params, n);
     auto g = gather(grads, n);
     auto m = gather(exp_avgs, n);
@@ -123,7 +123,7 @@ char* tchtrain_optim_fused_adam(at::Tensor* const* params, at::Tensor* const* gr
 char* tchtrain_optim_fused_sgd(at::Tensor* const* params, at::Tensor* const* grads, at::Tensor* const* momentum_buffers,
                                size_t n, double weight_decay, double momentum, double lr, double dampening,
                                int nesterov, int maximize, int is_first_step) {
-  return guarded([&] {
+  return guarded_no_grad([&] {
     auto p = gather(params, n);
     auto g = gather(grads, n);
     std::vector<at::Tensor> b;

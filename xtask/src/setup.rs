@@ -7,7 +7,9 @@
 //!    `LIBTORCH` pointing at the venv's torch, so plain `cargo build` / `cargo test` work.
 //!    Binaries get an rpath and a real `libtorch_cuda` link from `tchtrain-build`.
 //! 3. Offline assets and reference values through `scripts/setup_assets.py`, into the
-//!    per-user cache, linked from `<workspace>/assets`.
+//!    per-user cache, linked from `<workspace>/assets` (`cargo xtask test` makes them while
+//!    cargo builds the tests, and builds the dependencies that need no libtorch while pip
+//!    installs: [`WarmBuild`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +23,19 @@ use crate::paths::{self, TORCH_VERSION};
 pub struct Options {
     verify: bool,
     libtorch: Option<PathBuf>,
+    /// While pip installs a new virtualenv, build the dependencies that need no libtorch
+    /// ([`WarmBuild`]); `cargo xtask test` asks for it.
+    warm_build: bool,
+}
+
+impl Options {
+    /// The defaults with the warm-up build during pip ([`WarmBuild`]).
+    pub fn with_warm_build() -> Self {
+        Self {
+            warm_build: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl Options {
@@ -63,43 +78,111 @@ pub struct Setup {
 
 /// Runs every setup step.
 pub fn run(o: &Options) -> Result<Setup, String> {
-    let (setup, references) = run_deferring_references(o)?;
+    let (setup, references, warm) = run_deferring_references(o)?;
+    if let Some(warm) = warm {
+        warm.finish()?;
+    }
     references.generate()?;
     println!("setup: done");
     Ok(setup)
 }
 
-/// The reference values `scripts/setup_assets.py --references-only` generates (or finds up
+/// The offline assets and the reference values `scripts/setup_assets.py` makes (or finds up
 /// to date), as a step a caller may run beside other work: `cargo xtask test` runs it on a
 /// thread of its own while cargo builds the tests, which need only libtorch (on a fresh
-/// machine the 44 scripts take ~15 min of 2 cores, the build ~20).
+/// machine the assets take ~2 min and the 44 scripts ~15 min of 2 cores, the build ~25).
 #[derive(Debug, Clone)]
 pub struct References {
     root: PathBuf,
     python: PathBuf,
     assets: PathBuf,
+    verify: bool,
 }
 
 impl References {
-    /// Generates what is missing or stale.
+    /// Makes the assets and reference values that are missing or stale.
     pub fn generate(&self) -> Result<(), String> {
         let t0 = Instant::now();
         let mut c = Command::new(&self.python);
         c.arg(self.root.join("scripts").join("setup_assets.py"))
-            .arg("--references-only")
             .arg("--out")
             .arg(&self.assets);
-        cmd::status(&mut c, "generating reference values")?;
+        if self.verify {
+            c.arg("--verify");
+        }
+        cmd::status(&mut c, "making the offline assets and reference values")?;
         println!(
-            "setup: reference values ready in {:.1}s",
+            "setup: offline assets and reference values ready in {:.1}s",
             t0.elapsed().as_secs_f64()
         );
         Ok(())
     }
 }
 
-/// Every setup step but the reference values, which come back as a step to run.
-pub fn run_deferring_references(o: &Options) -> Result<(Setup, References), String> {
+/// `cargo build --workspace --tests --keep-going` without libtorch, started while pip
+/// installs a new virtualenv (a fresh machine's ~6 min, mostly downloads): every dependency
+/// that does not need libtorch (~1,800 of the build's ~3,300 CPU-seconds) compiles meanwhile,
+/// into the folder the test build uses, with the same features and profile. torch-sys and
+/// what depends on it fail here (`LIBTORCH` names no folder) and are built by the test build; the
+/// output goes to a log, and the exit status means nothing.
+#[derive(Debug)]
+pub struct WarmBuild {
+    child: std::process::Child,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl WarmBuild {
+    fn start(cache: &Path) -> Result<Self, String> {
+        let log = cache.join("warm-build.log");
+        let file = std::fs::File::create(&log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = file
+            .try_clone()
+            .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.current_dir(paths::workspace_root())
+            .args(["build", "--workspace", "--tests", "--keep-going"])
+            // A folder that does not exist: a `.cargo/libtorch.toml` of an earlier setup
+            // must not point torch-sys at the torch pip is replacing.
+            .env("LIBTORCH", cache.join("no-libtorch-during-the-warm-up-build"))
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        let shown = cmd::display(&c);
+        let child = c
+            .spawn()
+            .map_err(|e| format!("could not start `{shown}`: {e}"))?;
+        println!(
+            "setup: building the dependencies that need no libtorch while pip installs ({shown}, log {})",
+            log.display()
+        );
+        Ok(Self {
+            child,
+            log,
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits for it (the test build would wait for cargo's lock on the build folder anyway).
+    pub fn finish(mut self) -> Result<(), String> {
+        self.child
+            .wait()
+            .map_err(|e| format!("waiting for the warm-up build: {e}"))?;
+        println!(
+            "setup: warm-up build done after {:.1}s (its log: {})",
+            self.started.elapsed().as_secs_f64(),
+            self.log.display()
+        );
+        Ok(())
+    }
+}
+
+/// Every setup step but the assets and reference values, which come back as a step to
+/// run; with [`Options::warm_build`], the warm-up build when pip had to install.
+pub fn run_deferring_references(
+    o: &Options,
+) -> Result<(Setup, References, Option<WarmBuild>), String> {
     let t0 = Instant::now();
     let root = paths::workspace_root();
     let cache = paths::cache_dir()?;
@@ -108,6 +191,11 @@ pub fn run_deferring_references(o: &Options) -> Result<(Setup, References), Stri
     println!("setup: cache folder {}", cache.display());
 
     let venv = paths::venv_dir(&cache);
+    let warm = if o.warm_build && !venv_up_to_date(&root, &venv)? {
+        Some(WarmBuild::start(&cache)?)
+    } else {
+        None
+    };
     ensure_venv(&root, &venv)?;
     let python = paths::venv_python(&venv);
 
@@ -129,15 +217,17 @@ pub fn run_deferring_references(o: &Options) -> Result<(Setup, References), Stri
         _ => Some(libtorch.clone()),
     };
 
-    let assets = ensure_assets(&root, &cache, &python, o.verify)?;
+    let assets = assets_dir(&root, &cache)?;
     println!(
-        "setup: virtualenv and assets done in {:.1}s",
-        t0.elapsed().as_secs_f64()
+        "setup: virtualenv done in {:.1}s; offline assets and reference values in {}",
+        t0.elapsed().as_secs_f64(),
+        assets.display()
     );
     let references = References {
         root,
         python: python.clone(),
         assets: assets.clone(),
+        verify: o.verify,
     };
     Ok((
         Setup {
@@ -147,6 +237,7 @@ pub fn run_deferring_references(o: &Options) -> Result<(Setup, References), Stri
             child_libtorch,
         },
         references,
+        warm,
     ))
 }
 
@@ -160,14 +251,25 @@ fn fnv1a(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
+/// `xtask/requirements.txt` and the stamp of it a complete install leaves in the venv.
+fn requirements_stamp(root: &Path, venv: &Path) -> Result<(PathBuf, String, PathBuf), String> {
     let req_path = root.join("xtask").join("requirements.txt");
     let req =
         std::fs::read(&req_path).map_err(|e| format!("cannot read {}: {e}", req_path.display()))?;
-    let stamp_path = venv.join(".tchtrain-requirements");
-    let stamp = fnv1a(&req);
+    Ok((req_path, fnv1a(&req), venv.join(".tchtrain-requirements")))
+}
+
+/// Whether the virtualenv exists with every requirement installed.
+fn venv_up_to_date(root: &Path, venv: &Path) -> Result<bool, String> {
+    let (_, stamp, stamp_path) = requirements_stamp(root, venv)?;
+    Ok(paths::venv_python(venv).exists()
+        && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&stamp))
+}
+
+fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
+    let (req_path, stamp, stamp_path) = requirements_stamp(root, venv)?;
     let python = paths::venv_python(venv);
-    if python.exists() && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&stamp) {
+    if venv_up_to_date(root, venv)? {
         println!("setup: virtualenv {} is up to date", venv.display());
         return Ok(());
     }
@@ -320,40 +422,22 @@ fn write_cargo_config(
     Ok(previous)
 }
 
-fn ensure_assets(
-    root: &Path,
-    cache: &Path,
-    python: &Path,
-    verify: bool,
-) -> Result<PathBuf, String> {
+/// The assets folder: a real `<workspace>/assets` folder is used as is; otherwise the
+/// per-user cache's, which `<workspace>/assets` links to.
+fn assets_dir(root: &Path, cache: &Path) -> Result<PathBuf, String> {
     let link = root.join("assets");
-    // A real `assets/` folder in the clone is used as is; otherwise it links to the cache.
     let is_real_dir = link.symlink_metadata().map(|m| m.is_dir()).unwrap_or(false);
-    let out = if is_real_dir {
-        link.clone()
-    } else {
-        paths::assets_cache(cache)
-    };
-    println!(
-        "setup: offline assets and reference values in {}",
-        out.display()
-    );
-    let mut c = Command::new(python);
-    c.arg(root.join("scripts").join("setup_assets.py"))
-        .arg("--assets-only")
-        .arg("--out")
-        .arg(&out);
-    if verify {
-        c.arg("--verify");
+    if is_real_dir {
+        return Ok(link);
     }
-    cmd::status(&mut c, "fetching offline assets")?;
-    if !is_real_dir {
-        let current = std::fs::read_link(&link).ok();
-        if current.as_deref() != Some(out.as_path()) {
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&out, &link)
-                .map_err(|e| format!("cannot link {} -> {}: {e}", link.display(), out.display()))?;
-        }
+    let out = paths::assets_cache(cache);
+    std::fs::create_dir_all(&out)
+        .map_err(|e| format!("cannot create the assets folder {}: {e}", out.display()))?;
+    let current = std::fs::read_link(&link).ok();
+    if current.as_deref() != Some(out.as_path()) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&out, &link)
+            .map_err(|e| format!("cannot link {} -> {}: {e}", link.display(), out.display()))?;
     }
     Ok(out)
 }

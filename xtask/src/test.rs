@@ -56,10 +56,14 @@ impl Totals {
 /// the tests that need a CUDA device (ignored otherwise).
 pub fn run(args: &[String]) -> Result<(), String> {
     let t0 = Instant::now();
-    let (s, references) = setup::run_deferring_references(&setup::Options::default())?;
-    // The reference values are generated while cargo builds the tests, which need only
-    // libtorch; the tests wait for them.
+    let (s, references, warm) =
+        setup::run_deferring_references(&setup::Options::with_warm_build())?;
+    // The assets and reference values are made while cargo builds the tests, which need
+    // only libtorch; the tests wait for them.
     let references = std::thread::spawn(move || references.generate());
+    if let Some(warm) = warm {
+        warm.finish()?;
+    }
     let mut references = Some(references);
     let mut wait_for_references = move || -> Result<(), String> {
         match references.take() {
