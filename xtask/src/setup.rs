@@ -145,7 +145,10 @@ impl WarmBuild {
             .args(["build", "--workspace", "--tests", "--keep-going"])
             // A folder that does not exist: a `.cargo/libtorch.toml` of an earlier setup
             // must not point torch-sys at the torch pip is replacing.
-            .env("LIBTORCH", cache.join("no-libtorch-during-the-warm-up-build"))
+            .env(
+                "LIBTORCH",
+                cache.join("no-libtorch-during-the-warm-up-build"),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(file)
             .stderr(err);
