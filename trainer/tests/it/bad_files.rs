@@ -17,7 +17,7 @@ use tchtrain_models::{AutoTask, LoadOptions, TrainableModel, from_pretrained_dir
 use tchtrain_trainer::{Error, ResumeFrom, Trainer};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
-use crate::common::{assets, blocks, initial_model, reference_dir};
+use crate::common::{assets, blocks, initial_model, reference_dir, small_vocab_initial};
 
 fn args(output_dir: &Path) -> Result<TrainingArguments> {
     let mut args = TrainingArguments {
@@ -72,7 +72,7 @@ fn copy_checkpoint(case: &str) -> Result<PathBuf> {
 
 /// The model's weights equal the initial model's (every tensor, exactly).
 fn assert_initial_weights(model: &dyn TrainableModel) -> Result<()> {
-    let initial = tchtrain_models::read_checkpoint(&reference_dir().join("initial"))?;
+    let initial = tchtrain_models::read_checkpoint(&small_vocab_initial())?;
     let vars = model.var_store().variables();
     assert!(!initial.is_empty());
     for (name, t) in &initial {

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tchtrain_testing::{assets, lock};
 
+use crate::common::{small_vocab_blocks_json, small_vocab_initial};
+
 use anyhow::{Context, Result};
 use tch::{Device, Tensor};
 use tchtrain_callbacks::{JsonMap, JsonValue, TrainerCallback, TrainerControl, TrainerState};
@@ -24,19 +26,16 @@ use tchtrain_training_args::{
     IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, TrainingArguments,
 };
 
-fn reference_dir() -> PathBuf {
-    assets().join("reference/trainer_clm")
-}
-
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tchtrain-ckpt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
 
-/// The first `n` hamlet blocks of the reference (`input_ids`, `labels`).
+/// The first `n` hamlet blocks in the small vocabulary (`input_ids`, `labels`): these tests
+/// compare our runs with our runs (common::small_vocab_initial).
 fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let path = reference_dir().join("blocks.json");
+    let path = small_vocab_blocks_json();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     let rows = v[part]
         .as_array()
@@ -52,7 +51,7 @@ fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
 }
 
 fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
-    model_from(&reference_dir().join("initial"))
+    model_from(&small_vocab_initial())
 }
 
 fn model_from(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
@@ -65,11 +64,11 @@ fn model_from(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
     .model)
 }
 
-/// The reference's initial tiny GPT-2 with every dropout at 0.1 (a copy in a temp folder).
+/// The small-vocabulary tiny GPT-2 with every dropout at 0.1 (a copy in a temp folder).
 fn dropout_model_dir(name: &str) -> Result<PathBuf> {
     let dir = temp_dir(&format!("{name}-initial"));
     std::fs::create_dir_all(&dir)?;
-    let initial = reference_dir().join("initial");
+    let initial = small_vocab_initial();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(initial.join("config.json"))?)?;
     for key in ["attn_pdrop", "embd_pdrop", "resid_pdrop"] {
@@ -146,7 +145,7 @@ fn step_logs(history: &[JsonMap]) -> Vec<(i64, f64, f64, f64)> {
 /// Trainer (on the initial weights) from the last checkpoint: the logged values after the
 /// resume equal the uninterrupted ones bit for bit.
 fn stop_and_resume(name: &str, k: i64) -> Result<()> {
-    stop_and_resume_with(name, k, &reference_dir().join("initial"))
+    stop_and_resume_with(name, k, &small_vocab_initial())
 }
 
 fn stop_and_resume_with(name: &str, k: i64, model_dir: &Path) -> Result<()> {
@@ -456,7 +455,7 @@ fn expect_invalid_checkpoint(ckpt: &Path, needle: &str) -> Result<()> {
         "{err}"
     );
     assert_eq!(t.state.global_step, 0, "nothing was trained");
-    assert_weights_equal(t.model(), &reference_dir().join("initial"))?;
+    assert_weights_equal(t.model(), &small_vocab_initial())?;
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

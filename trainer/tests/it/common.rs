@@ -27,6 +27,20 @@ pub fn reference_dir() -> PathBuf {
     assets().join("reference/trainer_clm")
 }
 
+/// Tiny GPT-2 cut to its first 1024 tokens (`trainer_clm.py`'s `small_vocab_model`, saved by
+/// `trainer_fp16.py` as `gpt2_initial/`): the model of the tests that compare our runs with
+/// our runs. Its LM head, 1/49 of the full vocabulary's, is most of a step's time and of a
+/// checkpoint's size.
+pub fn small_vocab_initial() -> PathBuf {
+    assets().join("reference/trainer_fp16/gpt2_initial")
+}
+
+/// The reference's hamlet blocks with their ids mapped into [`small_vocab_initial`]'s 1024
+/// tokens (`id % 1024`; the same 90 train and 14 eval rows as `blocks.json`).
+pub fn small_vocab_blocks_json() -> PathBuf {
+    assets().join("reference/trainer_fp16/gpt2_blocks.json")
+}
+
 pub fn rank() -> usize {
     std::env::var("RANK")
         .ok()
@@ -208,16 +222,20 @@ pub fn wait_codes(mut children: Vec<Child>, limit: Duration) -> Vec<Option<i32>>
     codes.into_iter().map(Option::flatten).collect()
 }
 
-/// The token ids of the first `n` reference blocks of `part` (`train` / `eval`).
+/// The token ids of the first `n` blocks of `part` (`train` / `eval`) in the small
+/// vocabulary ([`small_vocab_blocks_json`]).
 pub fn block_ids(part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
-    block_ids_in(&reference_dir(), part, n)
+    block_ids_from(&small_vocab_blocks_json(), part, n)
 }
 
-/// [`block_ids`] of another reference job's `dir/blocks.json`.
+/// [`block_ids`] of a reference job's `dir/blocks.json`.
 pub fn block_ids_in(dir: &Path, part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
-    let path = dir.join("blocks.json");
+    block_ids_from(&dir.join("blocks.json"), part, n)
+}
+
+fn block_ids_from(path: &Path, part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
     let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
     v[part]
         .as_array()
@@ -228,14 +246,19 @@ pub fn block_ids_in(dir: &Path, part: &str, n: usize) -> Result<Vec<Vec<i64>>> {
         .collect()
 }
 
-/// The first `n` reference blocks of `part`, row j's last (j * 13) % 40 labels -100.
+/// The first `n` blocks of `part` in the small vocabulary, row j's last (j * 13) % 40
+/// labels -100: the data of the tests that compare our runs with our runs.
 pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    blocks_in(&reference_dir(), part, n)
+    Ok(rows_with_ignored_tails(block_ids(part, n)?))
 }
 
-/// [`blocks`] of another reference job's `dir/blocks.json`.
+/// [`blocks`] of a reference job's `dir/blocks.json`.
 pub fn blocks_in(dir: &Path, part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let rows = block_ids_in(dir, part, n)?
+    Ok(rows_with_ignored_tails(block_ids_in(dir, part, n)?))
+}
+
+fn rows_with_ignored_tails(ids: Vec<Vec<i64>>) -> Arc<dyn Dataset> {
+    let rows = ids
         .into_iter()
         .enumerate()
         .map(|(j, ids)| {
@@ -249,18 +272,23 @@ pub fn blocks_in(dir: &Path, part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
             Feature::new(ids).with_labels(Label::Ids(labels))
         })
         .collect();
-    Ok(InMemoryDataset::new(rows).into_shared())
+    InMemoryDataset::new(rows).into_shared()
 }
 
-/// The reference job's starting point: tiny GPT-2 with every dropout 0 (a config copy).
+/// The starting point of the tests that compare our runs with our runs: tiny GPT-2 in the
+/// small vocabulary, every dropout 0 ([`small_vocab_initial`]).
 pub fn initial_model() -> Result<Box<dyn PreTrainedModel>> {
-    initial_model_in(&reference_dir())
+    model_from(&small_vocab_initial())
 }
 
-/// Another reference job's starting point, `dir/initial`.
+/// A reference job's starting point, `dir/initial`.
 pub fn initial_model_in(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
+    model_from(&dir.join("initial"))
+}
+
+fn model_from(dir: &Path) -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(
-        &dir.join("initial"),
+        dir,
         AutoTask::CausalLm,
         Device::Cpu,
         &LoadOptions::default(),

@@ -17,7 +17,7 @@
 //! cannot resume the sharded FSDP checkpoint (it holds no full model): a typed error.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use tchtrain_testing::lock;
@@ -32,8 +32,8 @@ use tchtrain_training_args::{
 };
 
 use crate::common::{
-    Log, blocks, initial_model, launch, numbers, rank, read_log, reference_dir, role, temp_dir,
-    test_dir, wait_codes, write_log,
+    Log, blocks, initial_model, launch, numbers, rank, read_log, role, small_vocab_initial,
+    temp_dir, test_dir, wait_codes, write_log,
 };
 
 /// Rows per rank and micro-batch.
@@ -206,6 +206,7 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
     // Fresh processes, fresh process group.
     let codes = wait_codes(launch(TEST, 2, &dir, "resume"), Duration::from_secs(900));
     assert_eq!(codes, [Some(0), Some(0)], "resume launch: rank exit codes");
+    let mut python_loads = Vec::new();
     for (name, _, _) in configs() {
         for r in 0..2 {
             let full = read_log(&dir.join(format!("{name}-full-rank{r}.json")))?;
@@ -248,12 +249,13 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
             let out = dir.join(format!("{name}-consolidated"));
             tchtrain_deepspeed::convert_zero_checkpoint_to_fp32_state_dict(&ckpt6, &out)?;
             std::fs::copy(
-                reference_dir().join("initial/config.json"),
+                small_vocab_initial().join("config.json"),
                 out.join("config.json"),
             )?;
-            load_in_python(&out, name)?;
+            python_loads.push((out, name));
         }
     }
+    load_in_python(&python_loads)?;
     // A SHARDED_STATE_DICT checkpoint holds no full model: one process cannot resume it.
     let ckpt3 = dir.join(format!("fsdp_full_shard_sharded/part/checkpoint-{STOP_AT}"));
     let mut single = trainer(&dir.join("single"), None, None, false)?;
@@ -276,30 +278,41 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
 /// transformers (the setup virtualenv's python, `TCHTRAIN_VENV_PYTHON`) loads `dir` with no
 /// missing or unexpected weights, and every parameter it loaded equals the consolidated
 /// file's tensor of that name exactly (their float64 sums are compared bit for bit).
-fn load_in_python(dir: &Path, name: &str) -> Result<()> {
+fn load_in_python(dirs: &[(PathBuf, &str)]) -> Result<()> {
     let python = std::env::var_os("TCHTRAIN_VENV_PYTHON").context(
         "TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with transformers); run `cargo xtask setup` (it writes .cargo/libtorch.toml) or set it by hand",
     )?;
+    // One process for every folder: importing transformers is most of a load's time.
     let script = r#"
 import json, sys, transformers
-m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
-sums = {n: p.detach().double().sum().item() for n, p in m.named_parameters()}
-print(json.dumps({"missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]), "sums": sums}))
+for d in sys.argv[1:]:
+    m, info = transformers.AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
+    sums = {n: p.detach().double().sum().item() for n, p in m.named_parameters()}
+    print(json.dumps({"missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]), "sums": sums}))
 "#;
     let out = Command::new(&python)
         .args(["-c", script])
-        .arg(dir)
+        .args(dirs.iter().map(|(d, _)| d))
         .output()
         .with_context(|| format!("running TCHTRAIN_VENV_PYTHON={}", python.to_string_lossy()))?;
     assert!(
         out.status.success(),
-        "{name}: transformers could not load {}: {}",
-        dir.display(),
+        "transformers could not load {:?}: {}",
+        dirs.iter().map(|(_, n)| n).collect::<Vec<_>>(),
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().context("no output from python")?;
-    let v: serde_json::Value = serde_json::from_str(line)?;
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), dirs.len(), "one line per folder: {stdout}");
+    for ((dir, name), line) in dirs.iter().zip(lines) {
+        check_python_load(dir, name, serde_json::from_str(line)?)?;
+    }
+    Ok(())
+}
+
+/// What transformers loaded from `dir` (missing / unexpected keys, each parameter's sum)
+/// against the file.
+fn check_python_load(dir: &Path, name: &str, v: serde_json::Value) -> Result<()> {
     assert_eq!(
         v["missing"],
         json!([]),

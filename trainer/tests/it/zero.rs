@@ -21,7 +21,7 @@
 //!   layer hook, or from the gradient boundary's action inside the backward).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use tchtrain_testing::lock;
@@ -36,8 +36,8 @@ use tchtrain_training_args::{
 };
 
 use crate::common::{
-    Log, blocks, initial_model, is_rank, launch, numbers, rank, read_log, reference_dir, role,
-    temp_dir, test_dir, wait_codes, write_log,
+    Log, blocks, initial_model, is_rank, launch, numbers, rank, read_log, role,
+    small_vocab_initial, temp_dir, test_dir, wait_codes, write_log,
 };
 
 /// Rows per rank and micro-batch; the single process uses twice as many.
@@ -336,6 +336,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
     }
     // Padding: fewer than `world` elements per flat buffer (at most 2 groups x 3 units).
     let slack = 64.0 * 4.0;
+    let mut python_loads = Vec::new();
     for (name, _, _) in configs().into_iter().skip(1) {
         for r in 0..2 {
             let log = read_log(&dir.join(format!("{name}-history-rank{r}.json")))?;
@@ -366,7 +367,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
             // fp32: the same averaged gradients; the global norm is summed differently
             // (squared shard norms accumulated in float64 and all-reduced, against torch's
             // float32 norm of per-tensor norms), which moves the clipping coefficient and so
-            // the AdamW updates in the last bits; the gradient norm, a sum over 3.3M
+            // the AdamW updates in the last bits; the gradient norm, a sum over the model's
             // elements, amplifies that over 6 steps (the DDP test's 1-vs-2-process bound).
             assert!(worst["loss"] < 1e-5, "{name} loss {worst:?}");
             assert!(worst["eval_loss"] < 1e-5, "{name} eval_loss {worst:?}");
@@ -528,7 +529,7 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
             );
         }
         std::fs::copy(
-            reference_dir().join("initial/config.json"),
+            small_vocab_initial().join("config.json"),
             out.join("config.json"),
         )?;
         let loaded = from_pretrained_dir(
@@ -542,8 +543,9 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
             "{name}: {:?}",
             loaded.info.missing_keys
         );
-        maybe_load_in_python(&out, name)?;
+        python_loads.push((out, name));
     }
+    maybe_load_in_python(&python_loads)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -648,18 +650,20 @@ fn zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory() -> Result<()> {
 }
 
 /// With `TCHTRAIN_VENV_PYTHON` set, transformers loads the consolidated folder.
-fn maybe_load_in_python(dir: &Path, name: &str) -> Result<()> {
+fn maybe_load_in_python(dirs: &[(PathBuf, &str)]) -> Result<()> {
     let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
         return Ok(());
     };
-    let script = "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(sum(p.numel() for p in m.parameters()))";
+    // One process for every folder: importing transformers is most of a load's time.
+    let script = "import sys, transformers\nfor d in sys.argv[1:]: m = transformers.AutoModelForCausalLM.from_pretrained(d); print(sum(p.numel() for p in m.parameters()))";
     let out = Command::new(python)
         .args(["-c", script])
-        .arg(dir)
+        .args(dirs.iter().map(|(d, _)| d))
         .output()?;
     assert!(
         out.status.success(),
-        "{name}: transformers could not load it: {}",
+        "transformers could not load {:?}: {}",
+        dirs.iter().map(|(_, n)| n).collect::<Vec<_>>(),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
