@@ -121,7 +121,7 @@ impl References {
 
 /// `cargo build --workspace --tests --keep-going` without libtorch, started while pip
 /// installs a new virtualenv (a fresh machine's ~6 min, mostly downloads): every dependency
-/// that does not need libtorch (~1,800 of the build's ~3,300 CPU-seconds) compiles meanwhile,
+/// that does not need libtorch (~1,200 of the build's ~2,200 CPU-seconds) compiles meanwhile,
 /// into the folder the test build uses, with the same features and profile. torch-sys and
 /// what depends on it fail here (`LIBTORCH` names no folder) and are built by the test build; the
 /// output goes to a log, and the exit status means nothing.

@@ -75,14 +75,14 @@ fn package_name(id: &str) -> String {
 }
 
 /// Seconds a package's integration tests (`it`) take on 2 cores when run alone (the
-/// trainer's ~1500 s, the models' ~450 s, the examples' ~160 s when last measured), so that
-/// the longest start first; the others, and every library's unit tests, take well under a
-/// minute.
+/// trainer's ~500 s one test at a time, the models' ~450 s, the examples' ~230 s when last
+/// measured), so that the longest start first; the others, and every library's unit tests,
+/// take well under a minute.
 fn expected_seconds(package: &str, target: &str) -> u64 {
     match (package, target) {
-        ("tchtrain-trainer", "it") => 1500,
+        ("tchtrain-trainer", "it") => 500,
         ("tchtrain-models", "it") => 450,
-        ("tchtrain-examples", "it") => 160,
+        ("tchtrain-examples", "it") => 230,
         _ => 30,
     }
 }
@@ -105,15 +105,18 @@ pub(crate) struct Job {
 
 impl Job {
     /// The jobs running `binary` with `env` and `args` (libtest's options) in its package's
-    /// folder: one, or `shards` for a binary expected to run longer than
-    /// [`SHARD_ABOVE_SECONDS`], each running every `shards`-th of its tests (`--exact`
-    /// names, in libtest's order so that each module's tests spread over the shards).
+    /// folder: one, or for a binary expected to run longer than [`SHARD_ABOVE_SECONDS`]
+    /// twice `slots` shards, each running every n-th of its tests (`--exact` names, in
+    /// libtest's order so that each module's tests spread over the shards). More shards than
+    /// slots: the pool evens out shards of unequal length (the models' two halves took 204 s
+    /// and 385 s).
     pub(crate) fn for_binary(
         binary: &TestBinary,
         env: &[(String, std::ffi::OsString)],
         args: &[&str],
-        shards: usize,
+        slots: usize,
     ) -> Result<Vec<Self>, String> {
+        let shards = 2 * slots;
         let label = format!("{} {}", binary.package, binary.target);
         let weight = expected_seconds(&binary.package, &binary.target);
         let command = || {
@@ -123,7 +126,7 @@ impl Job {
             command.args(args);
             command
         };
-        if shards < 2 || weight < SHARD_ABOVE_SECONDS {
+        if slots < 2 || weight < SHARD_ABOVE_SECONDS {
             return Ok(vec![Self {
                 label,
                 command: command(),
@@ -329,14 +332,13 @@ warning: not json"#;
         };
         let jobs =
             Job::for_binary(&binary("tchtrain-trainer"), &env, &["--include-ignored"], 2).unwrap();
-        assert_eq!(jobs.len(), 2);
-        assert_eq!(jobs[0].label, "tchtrain-trainer it (shard 1/2)");
-        assert_eq!(jobs[0].weight, 750);
-        assert_eq!(
-            args(&jobs[0]),
-            ["--include-ignored", "--exact", "a::one", "b::three"]
-        );
+        // Twice the slots, at most one shard per test.
+        assert_eq!(jobs.len(), 3);
+        assert_eq!(jobs[0].label, "tchtrain-trainer it (shard 1/3)");
+        assert_eq!(jobs[0].weight, 166);
+        assert_eq!(args(&jobs[0]), ["--include-ignored", "--exact", "a::one"]);
         assert_eq!(args(&jobs[1]), ["--include-ignored", "--exact", "a::two"]);
+        assert_eq!(args(&jobs[2]), ["--include-ignored", "--exact", "b::three"]);
         // A short binary, or one slot: one job with every test.
         let jobs = Job::for_binary(&binary("tchtrain-losses"), &env, &[], 2).unwrap();
         assert_eq!(jobs.len(), 1);
