@@ -2,6 +2,13 @@
 
 use std::process::{Command, Stdio};
 
+/// `cargo` (the one running xtask) in the workspace's folder.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(crate::paths::workspace_root());
+    c
+}
+
 /// Shows a command the way a user would type it.
 pub fn display(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();

@@ -122,9 +122,10 @@ impl References {
 /// `cargo build --workspace --tests --keep-going` without libtorch, started while pip
 /// installs a new virtualenv (a fresh machine's ~6 min, mostly downloads): every dependency
 /// that does not need libtorch (~1,200 of the build's ~2,200 CPU-seconds) compiles meanwhile,
-/// into the folder the test build uses, with the same features and profile. torch-sys and
-/// what depends on it fail here (`LIBTORCH` names no folder) and are built by the test build; the
-/// output goes to a log, and the exit status means nothing.
+/// into the folder the test build uses, with the same profile and the same dependency
+/// features (the test build's `cuda` features change only this workspace's crates).
+/// torch-sys and what depends on it fail here (`LIBTORCH` names no folder) and are built by
+/// the test build; the output goes to a log, and the exit status means nothing.
 #[derive(Debug)]
 pub struct WarmBuild {
     child: std::process::Child,
@@ -140,9 +141,8 @@ impl WarmBuild {
         let err = file
             .try_clone()
             .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.current_dir(paths::workspace_root())
-            .args(["build", "--workspace", "--tests", "--keep-going"])
+        let mut c = cmd::cargo();
+        c.args(["build", "--workspace", "--tests", "--keep-going"])
             // A folder that does not exist: a `.cargo/libtorch.toml` of an earlier setup
             // must not point torch-sys at the torch pip is replacing.
             .env(

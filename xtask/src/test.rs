@@ -7,10 +7,11 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use crate::cmd;
+use crate::cmd::cargo;
 use crate::disk;
 use crate::e2e;
 use crate::setup;
@@ -146,13 +147,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     } else {
         Ok(())
     }
-}
-
-/// `cargo` (the one running xtask) in the workspace's folder.
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(crate::paths::workspace_root());
-    c
 }
 
 /// The environment of the tests: the setup's assets and virtualenv, `tmp` as `TMPDIR`.
