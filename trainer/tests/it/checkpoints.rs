@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tchtrain_testing::{assets, lock};
 
-use crate::common::{small_vocab_blocks_json, small_vocab_initial};
+use crate::common::{block_ids, small_vocab_initial};
 
 use anyhow::{Context, Result};
 use tch::{Device, Tensor};
@@ -35,18 +35,10 @@ fn temp_dir(name: &str) -> PathBuf {
 /// The first `n` hamlet blocks in the small vocabulary (`input_ids`, `labels`): these tests
 /// compare our runs with our runs (common::small_vocab_initial).
 fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
-    let path = small_vocab_blocks_json();
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-    let rows = v[part]
-        .as_array()
-        .context("blocks")?
-        .iter()
-        .take(n)
-        .map(|row| {
-            let ids: Vec<i64> = serde_json::from_value(row.clone())?;
-            Ok(Feature::new(ids.clone()).with_labels(Label::Ids(ids)))
-        })
-        .collect::<Result<_>>()?;
+    let rows = block_ids(part, n)?
+        .into_iter()
+        .map(|ids| Feature::new(ids.clone()).with_labels(Label::Ids(ids)))
+        .collect();
     Ok(InMemoryDataset::new(rows).into_shared())
 }
 

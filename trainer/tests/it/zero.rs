@@ -649,7 +649,7 @@ fn zero3_on_four_ranks_equals_ddp_with_a_quarter_of_the_memory() -> Result<()> {
     Ok(())
 }
 
-/// With `TCHTRAIN_VENV_PYTHON` set, transformers loads the consolidated folder.
+/// With `TCHTRAIN_VENV_PYTHON` set, transformers loads each consolidated folder.
 fn maybe_load_in_python(dirs: &[(PathBuf, &str)]) -> Result<()> {
     let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
         return Ok(());
