@@ -3,10 +3,11 @@
 `scheduler.pt`, `rng_state.pth`, `scaler.pt`).
 
 Usage: python trainer_interop.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
-       python trainer_interop.py resume OUT_DIR CHECKPOINT RUN
-The second form is what the Rust test runs on a checkpoint our Trainer wrote: upstream's
-Trainer, set up as RUN below, resumes CHECKPOINT (`train(resume_from_checkpoint=...)`) and
-writes OUT_DIR/log_history.json.
+       python trainer_interop.py resume OUT_DIR CHECKPOINT RUN [OUT_DIR CHECKPOINT RUN ...]
+The second form is what the Rust test runs on checkpoints our Trainer wrote: for each
+triple, upstream's Trainer, set up as RUN below, resumes CHECKPOINT
+(`train(resume_from_checkpoint=...)`) and writes OUT_DIR/log_history.json. The triples run
+one after another in one process (one import of torch and transformers).
 
 Model: assets/tiny-gpt2 with its dropouts on (attn / embd / resid 0.1), cut to trainer_clm.py's
 SMALL_VOCAB tokens (float16 GEMMs are slow on a CPU), saved into initial/.
@@ -149,6 +150,10 @@ def main(out):
 
 if __name__ == "__main__":
     if sys.argv[1] == "resume":
-        resume(*sys.argv[2:5])
+        jobs = sys.argv[2:]
+        if not jobs or len(jobs) % 3:
+            sys.exit("resume takes OUT_DIR CHECKPOINT RUN triples")
+        for i in range(0, len(jobs), 3):
+            resume(*jobs[i : i + 3])
     else:
         main(Path(sys.argv[1]))
