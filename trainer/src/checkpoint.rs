@@ -388,7 +388,7 @@ impl Trainer {
             self.write_model_weights(tmp, state_dict)?;
         }
         // Upstream `_save`: the processing class beside the model.
-        if let Some(tok) = &self.processing_class {
+        if let Some(tok) = &self.data.processing_class {
             tok.save_pretrained(tmp)?;
         }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
@@ -402,12 +402,12 @@ impl Trainer {
             }
         }
         if !self.args.save_only_model {
-            if let Some(opt) = &self.optimizer
+            if let Some(opt) = &self.optimization.optimizer
                 && self.sharding.is_none()
             {
                 opt.save(tmp)?;
             }
-            if let Some(sched) = &self.lr_scheduler {
+            if let Some(sched) = &self.optimization.lr_scheduler {
                 sched.save(tmp)?;
             }
             // Upstream `_save_scaler` (`scaler.pt`; here `scaler.json`).
@@ -432,10 +432,11 @@ impl Trainer {
             crate::torch_checkpoint::write_torch_files(
                 tmp,
                 &order,
-                self.optimizer
+                self.optimization
+                    .optimizer
                     .as_deref()
                     .filter(|_| self.sharding.is_none()),
-                self.lr_scheduler.as_deref(),
+                self.optimization.lr_scheduler.as_deref(),
                 scaler,
                 self.args.seed,
                 self.device(),
@@ -476,7 +477,7 @@ impl Trainer {
     /// has them.
     pub(crate) fn load_optimizer_and_scheduler(&mut self, dir: &Path) -> Result<()> {
         let sharded = self.load_sharded_state(dir)?;
-        if !sharded && let Some(opt) = self.optimizer.as_mut() {
+        if !sharded && let Some(opt) = self.optimization.optimizer.as_mut() {
             if dir.join(OPTIMIZER_STATE_NAME).is_file() {
                 opt.load(dir)?;
             } else {
@@ -485,7 +486,7 @@ impl Trainer {
                 crate::torch_checkpoint::load_optimizer(opt.as_mut(), dir, &order)?;
             }
         }
-        if let Some(sched) = self.lr_scheduler.as_mut() {
+        if let Some(sched) = self.optimization.lr_scheduler.as_mut() {
             if dir.join(SCHEDULER_NAME).is_file() {
                 sched.load(dir)?;
             } else {

@@ -39,11 +39,12 @@ impl Trainer {
         metric_key_prefix: &str,
     ) -> Result<Metrics> {
         let _cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
-        self.memory_tracker.start("eval");
+        self.diagnostics.memory_tracker.start("eval");
         let loader = hooks.get_eval_dataloader(self, eval_dataset)?;
         let start = Instant::now();
-        // Upstream: `prediction_loss_only=True if self.compute_metrics is None else None`.
-        let prediction_loss_only = self.compute_metrics.is_none() || self.args.prediction_loss_only;
+        // Upstream: `prediction_loss_only=True if self.evaluation.compute_metrics is None else None`.
+        let prediction_loss_only =
+            self.evaluation.compute_metrics.is_none() || self.args.prediction_loss_only;
         let output = self.evaluation_loop(
             hooks,
             &loader,
@@ -70,7 +71,8 @@ impl Trainer {
         let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
         self.callback_handler
             .on_evaluate(&self.args, &self.state, &mut self.control, &map)?;
-        self.memory_tracker
+        self.diagnostics
+            .memory_tracker
             .stop_and_update_metrics("eval", Some(&mut metrics));
         Ok(metrics)
     }
@@ -113,7 +115,7 @@ impl Trainer {
         self.model.eval();
         // Upstream: `optimizer.eval()` when the optimizer has one (schedule-free optimizers
         // move the parameters to their average; a no-op for the others).
-        if let Some(opt) = self.optimizer.as_mut() {
+        if let Some(opt) = self.optimization.optimizer.as_mut() {
             opt.eval()?;
         }
         let mut losses: Vec<Tensor> = Vec::new();
@@ -144,7 +146,7 @@ impl Trainer {
                         Kind::Float
                     })?
                     .f_reshape([1])?
-                    .f_repeat([if self.gather_for_metrics {
+                    .f_repeat([if self.evaluation.gather_for_metrics {
                         rows
                     } else {
                         batch_size
@@ -163,7 +165,10 @@ impl Trainer {
             if let (false, Some(ids)) = (batch_metrics, &batch_inputs) {
                 inputs.push(ids.shallow_clone());
             }
-            let logits = match (out.logits, self.preprocess_logits_for_metrics.as_mut()) {
+            let logits = match (
+                out.logits,
+                self.evaluation.preprocess_logits_for_metrics.as_mut(),
+            ) {
                 (Some(logits), Some(f)) => Some(f(&logits, out.labels.as_ref())?),
                 (logits, _) => logits,
             };
@@ -180,7 +185,7 @@ impl Trainer {
             batch_index += 1;
             if batch_metrics
                 && let (Some(f), Some(p), Some(l)) =
-                    (self.compute_metrics.as_mut(), logits, out.labels)
+                    (self.evaluation.compute_metrics.as_mut(), logits, out.labels)
             {
                 let is_last_step = batch_index == num_batches;
                 let metrics = f(&EvalPrediction {
@@ -206,9 +211,11 @@ impl Trainer {
         let mut metrics = batch_result.unwrap_or_default();
         let predictions = EvalArrays::from_batches(preds, concat)?;
         let label_ids = EvalArrays::from_batches(labels, concat)?;
-        if let (Some(f), Some(p), Some(l)) =
-            (self.compute_metrics.as_mut(), &predictions, &label_ids)
-        {
+        if let (Some(f), Some(p), Some(l)) = (
+            self.evaluation.compute_metrics.as_mut(),
+            &predictions,
+            &label_ids,
+        ) {
             let prediction = EvalPrediction {
                 predictions: p.shallow_clone(),
                 label_ids: Some(l.shallow_clone()),
@@ -272,7 +279,10 @@ impl Trainer {
         let model = self.model.context().clone();
         let metrics = scope.run(&model, || self.evaluate(None, "eval"))?;
         if !skip_scheduler
-            && let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
+            && let (Some(sched), Some(opt)) = (
+                self.optimization.lr_scheduler.as_mut(),
+                self.optimization.optimizer.as_mut(),
+            )
             && sched.steps_on_metric()
         {
             let key = metric_key(self.args.metric_for_best_model.as_deref().unwrap_or("loss"));

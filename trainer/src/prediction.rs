@@ -34,7 +34,7 @@ impl Trainer {
         metric_key_prefix: &str,
     ) -> Result<PredictionOutput> {
         let _cache = tchtrain_sys::cpu_cache::CpuMemoryCache::from_env();
-        self.memory_tracker.start("test");
+        self.diagnostics.memory_tracker.start("test");
         let loader = hooks.get_test_dataloader(self, test_dataset)?;
         let start = Instant::now();
         let prediction_loss_only = self.args.prediction_loss_only;
@@ -59,7 +59,8 @@ impl Trainer {
         let map: JsonMap = metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
         self.callback_handler
             .on_predict(&self.args, &self.state, &mut self.control, &map)?;
-        self.memory_tracker
+        self.diagnostics
+            .memory_tracker
             .stop_and_update_metrics("test", Some(&mut metrics));
         Ok(PredictionOutput {
             predictions: output.predictions,

@@ -43,7 +43,7 @@ impl Trainer {
             None => return Ok(()),
         };
         let token = !sequence;
-        let Some(dataset) = self.train_dataset.as_ref() else {
+        let Some(dataset) = self.data.train_dataset.as_ref() else {
             return Ok(());
         };
         let bad = |label: i64, row: usize| Error::InvalidLabel {

@@ -267,7 +267,7 @@ impl Seq2SeqTrainer {
             .build()?;
         // `evaluate` / `predict` set `self.gather_function = self.accelerator.gather`, and
         // every evaluation (those during training too) goes through them.
-        trainer.gather_for_metrics = false;
+        trainer.evaluation.gather_for_metrics = false;
         if *trainer.args() != args.base {
             return Err(Error::InvalidArgument {
                 field: "args",

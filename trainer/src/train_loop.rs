@@ -103,7 +103,7 @@ impl Trainer {
             let guard = crate::signals::StopSignals::install().map_err(Error::Signal)?;
             self.loop_state.stop_signals = Some(guard);
         }
-        self.memory_tracker.start("train");
+        self.diagnostics.memory_tracker.start("train");
         // Upstream `activate_neftune` / `deactivate_neftune` around the training.
         let neftune = self
             .args
@@ -124,7 +124,7 @@ impl Trainer {
             .debug
             .contains(&tchtrain_training_args::DebugOption::UnderflowOverflow)
         {
-            self.debug_overflow = Some(Arc::new(Mutex::new(
+            self.diagnostics.debug_overflow = Some(Arc::new(Mutex::new(
                 tchtrain_models::DebugUnderflowOverflow::default(),
             )));
         }
@@ -166,7 +166,7 @@ impl Trainer {
         } {
             let saved = TrainerState::load_from_json(ckpt.join(checkpoint::TRAINER_STATE_NAME))?;
             if let Some(b) = saved.train_batch_size.and_then(|b| usize::try_from(b).ok()) {
-                self.train_batch_size = b;
+                self.data.train_batch_size = b;
             }
         }
         let start: Vec<(Tensor, Tensor)> = tch::no_grad(|| {
@@ -181,7 +181,7 @@ impl Trainer {
                 .collect::<std::result::Result<_, tch::TchError>>()
         })?;
         loop {
-            if self.train_batch_size == 0 {
+            if self.data.train_batch_size == 0 {
                 return Err(Error::InvalidArgument {
                     field: "auto_find_batch_size",
                     detail: "No executable batch size found, reached zero. (accelerate's message): even one row per batch runs out of memory; use a smaller model or block size, or more memory".into(),
@@ -221,21 +221,21 @@ impl Trainer {
                     .iter()
                     .try_for_each(|(v, copy)| v.shallow_clone().f_copy_(copy))
             })?;
-            if !self.optimizers_passed {
+            if !self.optimization.optimizers_passed {
                 // The attempt's optimizer state (moments, step counts) goes with it: the
                 // next attempt builds a fresh one, as a run started at that size would.
-                self.optimizer = None;
-                self.lr_scheduler = None;
-                self.created_lr_scheduler = false;
+                self.optimization.optimizer = None;
+                self.optimization.lr_scheduler = None;
+                self.optimization.created_lr_scheduler = false;
             }
             tchtrain_accelerate::clear_device_cache(self.device())?;
-            let smaller = (self.train_batch_size as f64 * 0.9) as usize;
+            let smaller = (self.data.train_batch_size as f64 * 0.9) as usize;
             log::warn!(
                 "out of memory with {} rows per batch ({}); trying {smaller} (auto_find_batch_size)",
-                self.train_batch_size,
+                self.data.train_batch_size,
                 message.lines().next().unwrap_or_default()
             );
-            self.train_batch_size = smaller;
+            self.data.train_batch_size = smaller;
         }
     }
 
@@ -272,9 +272,9 @@ impl Trainer {
         let loader = self.get_train_dataloader()?;
         let values = self.set_initial_training_values(&loader)?;
         let point = self.init_training_state(&values, resume.as_deref())?;
-        if self.created_lr_scheduler {
-            self.lr_scheduler = None;
-            self.created_lr_scheduler = false;
+        if self.optimization.created_lr_scheduler {
+            self.optimization.lr_scheduler = None;
+            self.optimization.created_lr_scheduler = false;
         }
         // ZeRO / FSDP: config checks, then the optimizer over the shards (zero.rs).
         let sharded = self.setup_sharding(values.max_steps)?;
@@ -297,7 +297,7 @@ impl Trainer {
         self.loop_state.tr_loss = Tensor::f_zeros([], (Kind::Float, self.device()))?;
         self.loop_state.total_loss_scalar = 0.0;
         self.loop_state.globalstep_last_logged = self.state.global_step;
-        if let Some(opt) = self.optimizer.as_mut() {
+        if let Some(opt) = self.optimization.optimizer.as_mut() {
             opt.zero_grad();
         }
         self.callback_handler
@@ -306,7 +306,7 @@ impl Trainer {
             self.evaluate_during_training(true)?;
         }
         let params = parameters(&*self.model);
-        self.loop_state.profile = (self.profile || crate::profile::requested())
+        self.loop_state.profile = (self.diagnostics.profile || crate::profile::requested())
             .then(|| StepProfile::start(self.device()));
         for epoch in point.epochs_trained..values.num_train_epochs {
             self.callback_handler
@@ -325,7 +325,7 @@ impl Trainer {
     /// Bad input caught before training starts: no or empty training data, an evaluation
     /// strategy without evaluation data, options not implemented yet.
     fn check_before_training(&self) -> Result<()> {
-        if self.train_stream.is_some() {
+        if self.data.train_stream.is_some() {
             if self.args.max_steps <= 0 {
                 return Err(Error::InvalidArgument {
                     field: "max_steps",
@@ -335,7 +335,7 @@ impl Trainer {
                     ),
                 });
             }
-        } else if let Some(train) = &self.train_dataset {
+        } else if let Some(train) = &self.data.train_dataset {
             if train.is_empty() {
                 return Err(Error::EmptyDataset {
                     what: "training",
@@ -349,7 +349,7 @@ impl Trainer {
                 fix: "pass one with TrainerBuilder::train_dataset",
             });
         }
-        if self.args.eval_strategy != IntervalStrategy::No && self.eval_dataset.is_none() {
+        if self.args.eval_strategy != IntervalStrategy::No && self.data.eval_dataset.is_none() {
             return Err(Error::MissingDataset {
                 what: format!("eval_strategy=\"{}\"", self.args.eval_strategy.as_str()),
                 dataset: "eval",
@@ -389,7 +389,7 @@ impl Trainer {
         if loader.is_stream() {
             // No length: rely on max_steps, as many passes over the stream as needed.
             let max_steps = self.args.max_steps.max(1) as usize;
-            let total_batch = self.train_batch_size * ga * self.args.world_size();
+            let total_batch = self.data.train_batch_size * ga * self.args.world_size();
             return Ok(TrainingValues {
                 num_train_epochs: usize::MAX,
                 num_update_steps_per_epoch: max_steps,
@@ -411,7 +411,7 @@ impl Trainer {
         } else {
             (self.args.num_train_epochs * per_epoch as f64).ceil() as usize
         };
-        let total_batch = self.train_batch_size * ga * self.args.world_size();
+        let total_batch = self.data.train_batch_size * ga * self.args.world_size();
         let (num_train_epochs, num_train_samples) = if self.args.max_steps > 0 {
             (
                 max_steps / per_epoch + usize::from(max_steps % per_epoch > 0),
@@ -441,7 +441,7 @@ impl Trainer {
         self.state = TrainerState::with_stateful_callbacks(
             self.callback_handler.exportable_states(&self.control),
         );
-        self.state.train_batch_size = Some(self.train_batch_size as i64);
+        self.state.train_batch_size = Some(self.data.train_batch_size as i64);
         self.state
             .compute_steps(&self.args, values.max_steps as i64);
         let mut point = ResumePoint {
@@ -635,13 +635,14 @@ impl Trainer {
         // optimizers move the parameters to the point the gradient is taken at; a no-op for
         // the others). The hook gets no optimizer, so the loop calls it just before the hook,
         // every micro-step as upstream.
-        if let Some(opt) = self.optimizer.as_mut() {
+        if let Some(opt) = self.optimization.optimizer.as_mut() {
             opt.train()?;
         }
         // LOMO / AdaLomo: upstream's training_step passes `learning_rate=
         // self._get_learning_rate()` to `accelerator.backward`, which runs the optimizer's
         // `fused_backward(loss, lr)`.
         let fused_lr = self
+            .optimization
             .optimizer
             .as_deref()
             .is_some_and(|o| o.fuses_backward())
@@ -651,7 +652,7 @@ impl Trainer {
         let loss = {
             let scope = self.accelerator.forward_scope(true)?;
             let hooks = Arc::clone(&self.hooks);
-            let optimizer = std::cell::RefCell::new(self.optimizer.as_deref_mut());
+            let optimizer = std::cell::RefCell::new(self.optimization.optimizer.as_deref_mut());
             let fused = |loss: &Tensor| -> Result<()> {
                 let mut opt = optimizer
                     .try_borrow_mut()
@@ -713,7 +714,7 @@ impl Trainer {
             self.created_optimizer()?,
         )?;
         // With loss scaling a non-finite norm is a skipped step, not a divergence.
-        if self.stop_on_non_finite
+        if self.diagnostics.stop_on_non_finite
             && self.accelerator.scaler().is_none()
             && !self.accelerator.loss_scaled_engine()
         {
@@ -725,7 +726,7 @@ impl Trainer {
         run.grad_norm = Some(norm);
         self.callback_handler
             .on_pre_optimizer_step(&self.args, &self.state, &mut self.control)?;
-        let step_was_skipped = match self.optimizer.as_deref_mut() {
+        let step_was_skipped = match self.optimization.optimizer.as_deref_mut() {
             Some(opt) => self.accelerator.optimizer_step(opt)?,
             None => false,
         };
@@ -738,8 +739,10 @@ impl Trainer {
         if !stepped_by_deepspeed {
             run.learning_rate = Some(self.get_learning_rate());
         }
-        if let (Some(sched), Some(opt)) = (self.lr_scheduler.as_mut(), self.optimizer.as_mut())
-            && !sched.steps_on_metric()
+        if let (Some(sched), Some(opt)) = (
+            self.optimization.lr_scheduler.as_mut(),
+            self.optimization.optimizer.as_mut(),
+        ) && !sched.steps_on_metric()
             && !step_was_skipped
         {
             sched.step(opt.as_mut())?;
@@ -747,7 +750,7 @@ impl Trainer {
         if stepped_by_deepspeed {
             run.learning_rate = Some(self.get_learning_rate());
         }
-        if let Some(opt) = self.optimizer.as_mut() {
+        if let Some(opt) = self.optimization.optimizer.as_mut() {
             opt.zero_grad();
         }
         self.prof_mark(Phase::Optimizer);
@@ -847,7 +850,7 @@ impl Trainer {
     /// drops the step's gradients, saves the state after the previous step and returns the
     /// error that stops the run (the save's, when it fails).
     fn stop_non_finite(&mut self, grad_norm: f64) -> Error {
-        if let Some(opt) = self.optimizer.as_mut() {
+        if let Some(opt) = self.optimization.optimizer.as_mut() {
             opt.zero_grad();
         }
         let run_dir = std::path::PathBuf::from(self.args.output_dir());
@@ -885,10 +888,13 @@ impl Trainer {
 
     /// The optimizer, which `train` creates before the first step.
     fn created_optimizer(&self) -> Result<&dyn tchtrain_optim::Optimizer> {
-        self.optimizer.as_deref().ok_or(Error::InvalidArgument {
-            field: "optimizers",
-            detail: "no optimizer: train creates one unless given".into(),
-        })
+        self.optimization
+            .optimizer
+            .as_deref()
+            .ok_or(Error::InvalidArgument {
+                field: "optimizers",
+                detail: "no optimizer: train creates one unless given".into(),
+            })
     }
 
     /// Upstream `_track_num_input_tokens` (`include_num_input_tokens_seen`).
@@ -1010,7 +1016,8 @@ impl Trainer {
         metrics.push(("total_flos".into(), self.state.total_flos));
         metrics.push(("train_loss".into(), train_loss));
         let mut memory = Metrics::new();
-        self.memory_tracker
+        self.diagnostics
+            .memory_tracker
             .stop_and_update_metrics("train", Some(&mut memory));
         metrics.extend(memory);
         self.log(metrics.clone(), None)?;

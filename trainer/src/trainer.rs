@@ -188,56 +188,81 @@ impl TrainerHooks for DefaultHooks {}
 pub struct Trainer {
     pub(crate) model: Box<dyn TrainableModel>,
     pub(crate) args: TrainingArguments,
-    pub(crate) train_dataset: Option<Arc<dyn Dataset>>,
-    /// The training stream, when training reads an [`IterableDataset`].
-    pub(crate) train_stream: Option<Arc<dyn IterableDataset>>,
-    pub(crate) eval_dataset: Option<Arc<dyn Dataset>>,
-    pub(crate) collator: SharedCollator,
-    /// Upstream `processing_class`: the tokenizer saved with the model.
-    pub(crate) processing_class: Option<PreTrainedTokenizerFast>,
-    pub(crate) train_sampler: Option<Arc<dyn Sampler>>,
+    /// The datasets, the collator and the batch size.
+    pub(crate) data: TrainerData,
     /// The callbacks, in calling order.
     pub callback_handler: CallbackHandler,
     /// The state of the training loop (saved as `trainer_state.json`).
     pub state: TrainerState,
     /// The flags callbacks set.
     pub control: TrainerControl,
-    pub(crate) optimizer: Option<Box<dyn Optimizer>>,
-    pub(crate) lr_scheduler: Option<Box<dyn LrScheduler>>,
-    pub(crate) created_lr_scheduler: bool,
-    /// Upstream's `optimizers=(...)`: an optimizer or a scheduler came from the builder.
-    pub(crate) optimizers_passed: bool,
-    pub(crate) compute_metrics: Option<ComputeMetrics>,
-    pub(crate) preprocess_logits_for_metrics: Option<PreprocessLogits>,
+    /// The optimizer and its schedule.
+    pub(crate) optimization: Optimization,
+    /// What evaluation makes of the predictions.
+    pub(crate) evaluation: EvaluationSetup,
     /// The overrides (shared with the calls a hook makes back into the Trainer).
     pub(crate) hooks: Arc<dyn TrainerHooks>,
     /// What the steps read about the model (see [`StepContext`]).
     pub(crate) facts: StepFacts,
-    /// See [`TrainerBuilder::stop_on_non_finite`].
-    pub(crate) stop_on_non_finite: bool,
-    /// See [`TrainerBuilder::profile`].
-    pub(crate) profile: bool,
+    /// The profile, the memory tracker, the non-finite stop and the overflow tracer.
+    pub(crate) diagnostics: Diagnostics,
     pub(crate) loop_state: LoopState,
     /// Device, mixed precision, DDP or the ZeRO engine (upstream's `self.accelerator`).
     pub(crate) accelerator: Accelerator,
     /// The DeepSpeed config or FSDP plugin of a sharded run (`zero.rs`).
     pub(crate) sharding: Option<crate::sharding::ShardingSource>,
-    /// The processed DeepSpeed config of a `--deepspeed` run (any stage), once `train`
-    /// has read it: its `optimizer` / `scheduler` sections replace the Trainer's.
-    pub(crate) deepspeed: Option<Box<tchtrain_deepspeed::HfTrainerDeepSpeedConfig>>,
+}
+
+/// What the Trainer reads its batches from (upstream's `train_dataset`, `eval_dataset`,
+/// `data_collator`, `processing_class`).
+pub(crate) struct TrainerData {
+    pub train_dataset: Option<Arc<dyn Dataset>>,
+    /// The training stream, when training reads an [`IterableDataset`].
+    pub train_stream: Option<Arc<dyn IterableDataset>>,
+    pub eval_dataset: Option<Arc<dyn Dataset>>,
+    pub collator: SharedCollator,
+    /// Upstream `processing_class`: the tokenizer saved with the model.
+    pub processing_class: Option<PreTrainedTokenizerFast>,
+    pub train_sampler: Option<Arc<dyn Sampler>>,
     /// Rows per training batch on this process (upstream `_train_batch_size`): the
     /// arguments', lowered by `auto_find_batch_size` after an out-of-memory error.
-    pub(crate) train_batch_size: usize,
-    /// Upstream `_memory_tracker` (`skip_memory_metrics=False`).
-    pub(crate) memory_tracker: crate::memory_tracker::TrainerMemoryTracker,
-    /// `debug="underflow_overflow"`: the tracer `train` registers (upstream's hooks stay on
-    /// the model afterwards, so evaluations and predictions after it are traced too).
-    pub(crate) debug_overflow: Option<Arc<Mutex<tchtrain_models::DebugUnderflowOverflow>>>,
+    pub train_batch_size: usize,
+}
+
+/// The optimizer and its learning-rate schedule (upstream's `optimizer`, `lr_scheduler`).
+pub(crate) struct Optimization {
+    pub optimizer: Option<Box<dyn Optimizer>>,
+    pub lr_scheduler: Option<Box<dyn LrScheduler>>,
+    pub created_lr_scheduler: bool,
+    /// Upstream's `optimizers=(...)`: an optimizer or a scheduler came from the builder.
+    pub optimizers_passed: bool,
+    /// The processed DeepSpeed config of a `--deepspeed` run (any stage), once `train`
+    /// has read it: its `optimizer` / `scheduler` sections replace the Trainer's.
+    pub deepspeed: Option<Box<tchtrain_deepspeed::HfTrainerDeepSpeedConfig>>,
+}
+
+/// How evaluation turns predictions into metrics.
+pub(crate) struct EvaluationSetup {
+    pub compute_metrics: Option<ComputeMetrics>,
+    pub preprocess_logits_for_metrics: Option<PreprocessLogits>,
     /// Upstream's `gather_function`: `accelerator.gather_for_metrics` (true: the last
     /// batch's repeated loss is cut to its rows) or, as `Seq2SeqTrainer.evaluate` /
     /// `predict` set it, `accelerator.gather` (false: every batch's loss counts
     /// `eval_batch_size` times, a short last batch's too).
-    pub(crate) gather_for_metrics: bool,
+    pub gather_for_metrics: bool,
+}
+
+/// What the Trainer watches besides the loss.
+pub(crate) struct Diagnostics {
+    /// See [`TrainerBuilder::stop_on_non_finite`].
+    pub stop_on_non_finite: bool,
+    /// See [`TrainerBuilder::profile`].
+    pub profile: bool,
+    /// Upstream `_memory_tracker` (`skip_memory_metrics=False`).
+    pub memory_tracker: crate::memory_tracker::TrainerMemoryTracker,
+    /// `debug="underflow_overflow"`: the tracer `train` registers (upstream's hooks stay on
+    /// the model afterwards, so evaluations and predictions after it are traced too).
+    pub debug_overflow: Option<Arc<Mutex<tchtrain_models::DebugUnderflowOverflow>>>,
 }
 
 /// Bookkeeping of the running loop (upstream's `_tr_loss`, `_total_loss_scalar`, ...).
@@ -501,27 +526,36 @@ impl TrainerBuilder {
         let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {
             model,
-            train_dataset: self.train_dataset,
-            train_stream: self.train_stream,
-            eval_dataset: self.eval_dataset,
-            collator: match (self.collator, &self.processing_class) {
-                (Some(c), _) => c,
-                (None, Some(tok)) => {
-                    shared_collator(DataCollatorWithPadding::new(tok.info().clone()))
-                }
-                (None, None) => shared_collator(DefaultDataCollator),
+            data: TrainerData {
+                train_dataset: self.train_dataset,
+                train_stream: self.train_stream,
+                eval_dataset: self.eval_dataset,
+                collator: match (self.collator, &self.processing_class) {
+                    (Some(c), _) => c,
+                    (None, Some(tok)) => {
+                        shared_collator(DataCollatorWithPadding::new(tok.info().clone()))
+                    }
+                    (None, None) => shared_collator(DefaultDataCollator),
+                },
+                processing_class: self.processing_class,
+                train_sampler: self.train_sampler,
+                train_batch_size: self.args.train_batch_size(),
             },
-            processing_class: self.processing_class,
-            train_sampler: self.train_sampler,
             callback_handler,
             state: TrainerState::default(),
             control: TrainerControl::default(),
-            created_lr_scheduler: false,
-            optimizers_passed: self.optimizer.is_some() || self.lr_scheduler.is_some(),
-            optimizer: self.optimizer,
-            lr_scheduler: self.lr_scheduler,
-            compute_metrics: self.compute_metrics,
-            preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
+            optimization: Optimization {
+                created_lr_scheduler: false,
+                optimizers_passed: self.optimizer.is_some() || self.lr_scheduler.is_some(),
+                optimizer: self.optimizer,
+                lr_scheduler: self.lr_scheduler,
+                deepspeed: None,
+            },
+            evaluation: EvaluationSetup {
+                compute_metrics: self.compute_metrics,
+                preprocess_logits_for_metrics: self.preprocess_logits_for_metrics,
+                gather_for_metrics: true,
+            },
             hooks: self.hooks.unwrap_or_else(|| Arc::new(DefaultHooks)),
             facts: StepFacts {
                 model_accepts_loss_kwargs: accepts,
@@ -529,8 +563,12 @@ impl TrainerBuilder {
                 is_causal_lm,
                 label_names,
             },
-            stop_on_non_finite: self.stop_on_non_finite,
-            profile: self.profile,
+            diagnostics: Diagnostics {
+                stop_on_non_finite: self.stop_on_non_finite,
+                profile: self.profile,
+                memory_tracker,
+                debug_overflow: None,
+            },
             loop_state: LoopState {
                 tr_loss: Tensor::zeros([], (Kind::Float, device)),
                 total_loss_scalar: 0.0,
@@ -545,11 +583,6 @@ impl TrainerBuilder {
             },
             accelerator,
             sharding: None,
-            deepspeed: None,
-            train_batch_size: self.args.train_batch_size(),
-            memory_tracker,
-            debug_overflow: None,
-            gather_for_metrics: true,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -562,7 +595,10 @@ impl TrainerBuilder {
             &trainer.state,
             &mut trainer.control,
         )?;
-        trainer.memory_tracker.stop_and_update_metrics("init", None);
+        trainer
+            .diagnostics
+            .memory_tracker
+            .stop_and_update_metrics("init", None);
         Ok(trainer)
     }
 }
@@ -614,22 +650,22 @@ impl Trainer {
 
     /// `train_dataset` (`None` for a stream or without training data).
     pub fn train_dataset(&self) -> Option<&Arc<dyn Dataset>> {
-        self.train_dataset.as_ref()
+        self.data.train_dataset.as_ref()
     }
 
     /// `eval_dataset`.
     pub fn eval_dataset(&self) -> Option<&Arc<dyn Dataset>> {
-        self.eval_dataset.as_ref()
+        self.data.eval_dataset.as_ref()
     }
 
     /// `data_collator`.
     pub fn data_collator(&self) -> &SharedCollator {
-        &self.collator
+        &self.data.collator
     }
 
     /// `processing_class`, when one was given.
     pub fn processing_class(&self) -> Option<&PreTrainedTokenizerFast> {
-        self.processing_class.as_ref()
+        self.data.processing_class.as_ref()
     }
 
     /// The device batches run on.
@@ -655,12 +691,12 @@ impl Trainer {
 
     /// The optimizer, once created.
     pub fn optimizer(&self) -> Option<&dyn Optimizer> {
-        self.optimizer.as_deref()
+        self.optimization.optimizer.as_deref()
     }
 
     /// The learning-rate scheduler, once created.
     pub fn lr_scheduler(&self) -> Option<&dyn LrScheduler> {
-        self.lr_scheduler.as_deref()
+        self.optimization.lr_scheduler.as_deref()
     }
 
     /// The loss scaler of float16 mixed precision (accelerate's `scaler`), when `fp16` runs
@@ -690,13 +726,13 @@ impl Trainer {
     /// training data), without building the sampler (`group_by_length` would read every
     /// row for its lengths at each save).
     pub(crate) fn train_order(&self) -> (String, Option<u64>) {
-        if self.train_stream.is_some() {
+        if self.data.train_stream.is_some() {
             return ("stream".into(), None);
         }
-        if self.train_dataset.is_none() {
+        if self.data.train_dataset.is_none() {
             return ("none".into(), None);
         }
-        match &self.train_sampler {
+        match &self.data.train_sampler {
             Some(s) => (s.name().to_string(), s.seed()),
             None => match self.args.train_sampling_strategy.as_str() {
                 "random" => ("random".into(), Some(self.args.sampler_seed())),
@@ -718,7 +754,7 @@ impl Trainer {
     /// Runs `f` with the `debug="underflow_overflow"` tracer, when there is one, reporting
     /// the model's forwards.
     pub(crate) fn traced<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
-        match self.debug_overflow.clone() {
+        match self.diagnostics.debug_overflow.clone() {
             Some(d) => {
                 let model = self.model.context().clone();
                 model.with_tracer(&d, || f(self))
@@ -761,7 +797,7 @@ impl Trainer {
     /// `"group_by_length"`, or the one given to the builder), `dataloader_drop_last`, this
     /// process's shard in a data-parallel run.
     pub(crate) fn default_train_dataloader(&self) -> Result<DataLoader> {
-        if let Some(stream) = &self.train_stream {
+        if let Some(stream) = &self.data.train_stream {
             if self.args.world_size() > 1 {
                 return Err(Error::InvalidArgument {
                     field: "train_dataset",
@@ -770,23 +806,27 @@ impl Trainer {
             }
             return Ok(DataLoader::streaming(
                 Arc::clone(stream),
-                Arc::clone(&self.collator),
-                self.train_batch_size,
+                Arc::clone(&self.data.collator),
+                self.data.train_batch_size,
                 self.args.dataloader_drop_last,
             )?);
         }
-        let dataset = self.train_dataset.clone().ok_or(Error::MissingDataset {
-            what: "training".into(),
-            dataset: "train",
-            fix: "pass one with TrainerBuilder::train_dataset",
-        })?;
-        let sampler: Arc<dyn Sampler> = match &self.train_sampler {
+        let dataset = self
+            .data
+            .train_dataset
+            .clone()
+            .ok_or(Error::MissingDataset {
+                what: "training".into(),
+                dataset: "train",
+                fix: "pass one with TrainerBuilder::train_dataset",
+            })?;
+        let sampler: Arc<dyn Sampler> = match &self.data.train_sampler {
             Some(s) => Arc::clone(s),
             None => match self.args.train_sampling_strategy.as_str() {
                 "random" => Arc::new(RandomSampler::new(self.args.sampler_seed())),
                 "sequential" => Arc::new(SequentialSampler),
                 "group_by_length" => Arc::new(LengthGroupedSampler::from_dataset(
-                    self.train_batch_size * self.args.gradient_accumulation_steps,
+                    self.data.train_batch_size * self.args.gradient_accumulation_steps,
                     &*dataset,
                 )?),
                 other => {
@@ -801,9 +841,9 @@ impl Trainer {
         };
         DataLoader::new(
             dataset,
-            Arc::clone(&self.collator),
+            Arc::clone(&self.data.collator),
             sampler,
-            self.train_batch_size,
+            self.data.train_batch_size,
             self.args.dataloader_drop_last,
         )
         .map(|l| self.accelerator.prepare_data_loader(l))
@@ -817,7 +857,7 @@ impl Trainer {
     ) -> Result<DataLoader> {
         let dataset =
             dataset
-                .or_else(|| self.eval_dataset.clone())
+                .or_else(|| self.data.eval_dataset.clone())
                 .ok_or(Error::MissingDataset {
                     what: "evaluation".into(),
                     dataset: "eval",
@@ -825,7 +865,7 @@ impl Trainer {
                 })?;
         DataLoader::new(
             dataset,
-            Arc::clone(&self.collator),
+            Arc::clone(&self.data.collator),
             Arc::new(SequentialSampler),
             self.args.eval_batch_size(),
             self.args.dataloader_drop_last,
@@ -837,48 +877,52 @@ impl Trainer {
     /// Upstream `create_optimizer`: unless one was given, the optimizer `optim` names over
     /// two groups, `weight_decay` for every parameter but biases and norms, 0 for those.
     pub fn create_optimizer(&mut self) -> Result<()> {
-        if self.optimizer.is_some() {
+        if self.optimization.optimizer.is_some() {
             return Ok(());
         }
         let groups = self.optimizer_param_groups()?;
-        self.optimizer = Some(self.build_optimizer(groups)?);
+        self.optimization.optimizer = Some(self.build_optimizer(groups)?);
         Ok(())
     }
 
     /// Upstream `create_scheduler`: unless one was given, `lr_scheduler_type` with
     /// `get_warmup_steps(num_training_steps)` warmup steps.
     pub fn create_scheduler(&mut self, num_training_steps: usize) -> Result<()> {
-        if self.lr_scheduler.is_some() {
+        if self.optimization.lr_scheduler.is_some() {
             return Ok(());
         }
         self.create_optimizer()?;
-        let Some(opt) = self.optimizer.as_mut() else {
+        let Some(opt) = self.optimization.optimizer.as_mut() else {
             return Ok(());
         };
         if let Some(section) = self
+            .optimization
             .deepspeed
             .as_ref()
             .and_then(|ds| ds.config.get("scheduler"))
         {
             // Upstream `deepspeed_optim_sched`: the section's scheduler, built by DeepSpeed.
             let sched = tchtrain_deepspeed::DeepSpeedLR::from_config(section, opt.as_mut())?;
-            self.lr_scheduler = Some(Box::new(sched));
-            self.created_lr_scheduler = true;
+            self.optimization.lr_scheduler = Some(Box::new(sched));
+            self.optimization.created_lr_scheduler = true;
             return Ok(());
         }
-        self.lr_scheduler = Some(tchtrain_optim::create_scheduler(
+        self.optimization.lr_scheduler = Some(tchtrain_optim::create_scheduler(
             &self.args,
             opt.as_mut(),
             num_training_steps,
         )?);
-        self.created_lr_scheduler = true;
+        self.optimization.created_lr_scheduler = true;
         Ok(())
     }
 
     /// Upstream `_get_learning_rate`: the scheduler's last lr (the first group's), or the
     /// optimizer's for metric-driven schedulers.
     pub(crate) fn get_learning_rate(&self) -> f64 {
-        match (&self.lr_scheduler, &self.optimizer) {
+        match (
+            &self.optimization.lr_scheduler,
+            &self.optimization.optimizer,
+        ) {
             (Some(s), _) if !s.steps_on_metric() => s.get_last_lr().first().copied().unwrap_or(0.0),
             (_, Some(o)) => o.lrs().first().copied().unwrap_or(0.0),
             _ => 0.0,

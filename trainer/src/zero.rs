@@ -124,7 +124,7 @@ impl Trainer {
         let mut mp_policy = None;
         let mut per_parameter_order = None;
         let mut communication_data_type = None;
-        self.deepspeed = None;
+        self.optimization.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
                 // Upstream's message (tchtrain-fsdp's check raises the same).
@@ -138,7 +138,7 @@ impl Trainer {
             // With auto_find_batch_size, the batch size the search is at (upstream's
             // `_update_auto_batch_size` propagates it into the config).
             let mut args = self.args.clone();
-            args.per_device_train_batch_size = self.train_batch_size;
+            args.per_device_train_batch_size = self.data.train_batch_size;
             ds.trainer_config_process(&args, self.args.auto_find_batch_size);
             // accelerate's DeepSpeedPlugin, built after the arguments processed the config.
             ds.set_mixed_precision(&self.args.mixed_precision())?;
@@ -151,8 +151,8 @@ impl Trainer {
             let model_kind = half.as_ref().map_or(tch::Kind::Float, |(k, _)| *k);
             let accumulate = ds.grad_accum_dtype()?.unwrap_or(model_kind);
             communication_data_type = ds.communication_data_type()?.map(|kind| (kind, accumulate));
-            self.deepspeed = Some(Box::new(ds));
-            let ds = self.deepspeed.as_deref().expect("just set");
+            self.optimization.deepspeed = Some(Box::new(ds));
+            let ds = self.optimization.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
                 if let Some((kind, _)) = &half {
                     return Err(Error::InvalidArgument {
@@ -184,7 +184,7 @@ impl Trainer {
             let plugin = FsdpPlugin::from_args(&map)?;
             // Checked on what the builder was given (upstream checks at `__init__`), not on
             // what an earlier `train()` built.
-            let optimizers_passed = self.optimizers_passed;
+            let optimizers_passed = self.optimization.optimizers_passed;
             tchtrain_fsdp::check_trainer_compat(
                 &self.args,
                 &plugin,
@@ -235,7 +235,7 @@ impl Trainer {
         } else {
             return Ok(false);
         };
-        if self.optimizer.is_some() {
+        if self.optimization.optimizer.is_some() {
             return Err(Error::InvalidArgument {
                 field: "optimizers",
                 detail: "a sharded run builds its optimizer over the shards: let the Trainer create it (set optim / learning_rate / weight_decay)".into(),
@@ -275,7 +275,7 @@ impl Trainer {
                 })?;
             }
         }
-        self.optimizer = Some(self.build_optimizer(shard_groups)?);
+        self.optimization.optimizer = Some(self.build_optimizer(shard_groups)?);
         self.sharding = Some(source);
         Ok(true)
     }
@@ -287,7 +287,10 @@ impl Trainer {
 
     /// Bytes of the optimizer's state tensors on this rank (its shard under ZeRO / FSDP).
     pub fn optimizer_state_bytes(&self) -> usize {
-        self.optimizer.as_deref().map_or(0, optimizer_state_bytes)
+        self.optimization
+            .optimizer
+            .as_deref()
+            .map_or(0, optimizer_state_bytes)
     }
 
     /// DeepSpeed's loss scale now (`loss_scaler.cur_scale`) in a run of its fp16 / bf16
@@ -301,13 +304,13 @@ impl Trainer {
     /// The processed DeepSpeed config (`"auto"` values filled) of a `--deepspeed` run, once
     /// `train` has read it.
     pub fn hf_deepspeed_config(&self) -> Option<&HfTrainerDeepSpeedConfig> {
-        self.deepspeed.as_deref()
+        self.optimization.deepspeed.as_deref()
     }
 
     /// Whether DeepSpeed's engine steps the scheduler (upstream hands it a
     /// `DummyScheduler` when the config has a `scheduler` or an `optimizer` section).
     pub(crate) fn deepspeed_steps_scheduler(&self) -> bool {
-        self.deepspeed.as_ref().is_some_and(|ds| {
+        self.optimization.deepspeed.as_ref().is_some_and(|ds| {
             ds.config.contains_key("scheduler") || ds.config.contains_key("optimizer")
         })
     }
@@ -315,6 +318,7 @@ impl Trainer {
     /// The DeepSpeed config's `optimizer` section, when this run has one.
     fn deepspeed_optimizer(&self) -> Result<Option<DeepSpeedOptimizer>> {
         match self
+            .optimization
             .deepspeed
             .as_ref()
             .and_then(|ds| ds.config.get("optimizer"))
@@ -468,7 +472,7 @@ impl Trainer {
         let optimizer = if self.args.save_only_model {
             None
         } else {
-            self.optimizer.as_deref()
+            self.optimization.optimizer.as_deref()
         };
         let deepspeed = matches!(source, ShardingSource::DeepSpeed);
         let state_dict = self.accelerator.with_zero_engine(|pg, engine| {
@@ -517,6 +521,7 @@ impl Trainer {
             return Ok(false);
         };
         let optimizer = self
+            .optimization
             .optimizer
             .as_mut()
             .map(|o| &mut **o as &mut dyn tchtrain_optim::Optimizer);
