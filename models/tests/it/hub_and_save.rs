@@ -275,10 +275,16 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
     )?;
     // Token ids every tiny vocabulary (1000 and up) holds.
     let ids = Tensor::from_slice(&[4i64, 268, 75, 218, 18, 625, 26, 931]).view([1, 8]);
+    // Every saved folder is loaded by one Python process (its imports take ~15 s).
+    let mut script = String::from(
+        "import torch, transformers as tf; from safetensors.torch import save_file\n\
+         ids = torch.tensor([[4, 268, 75, 218, 18, 625, 26, 931]])\n",
+    );
+    let mut saved = Vec::new();
     for (src, task, auto) in cases {
         let loaded = from_pretrained_dir(&src, task, Device::Cpu, &LoadOptions::default())?;
         let name = loaded.model.architecture();
-        let dir = temp_dir("saved");
+        let dir = temp_dir(&format!("saved-{}", saved.len()));
         loaded.model.save_pretrained(&dir)?;
         let tensors = read_checkpoint(&dir)?;
         let tied = loaded.model.tied_weights();
@@ -298,26 +304,24 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
         assert_eq!(ours, run(&*again.model)?, "{name}: reloaded here");
 
         let out = dir.join("python_logits.safetensors");
-        let script = format!(
-            "import torch, transformers as tf; from safetensors.torch import save_file\n\
-             m = tf.{auto}.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
+        script.push_str(&format!(
+            "m = tf.{auto}.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
              for p in m.parameters(): p.data = p.data.clone()\n\
              assert type(m).__name__ == {name:?}, type(m).__name__\n\
-             ids = torch.tensor([[4, 268, 75, 218, 18, 625, 26, 931]])\n\
              o = m(input_ids=ids)\n\
              l = torch.stack([o.start_logits, o.end_logits], -1) if 'start_logits' in o else o.logits\n\
              save_file({{'logits': l.detach().contiguous()}}, {out:?})\n",
             dir = dir.to_str().unwrap(),
             out = out.to_str().unwrap()
-        );
-        let status = std::process::Command::new(&python)
-            .arg("-c")
-            .arg(script)
-            .status()?;
-        assert!(
-            status.success(),
-            "{name}: Python could not load the saved model"
-        );
+        ));
+        saved.push((name, dir, out, ours));
+    }
+    let status = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .status()?;
+    assert!(status.success(), "Python could not load a saved model");
+    for (name, dir, out, ours) in saved {
         let theirs: BTreeMap<String, Tensor> =
             Tensor::read_safetensors(&out)?.into_iter().collect();
         let diff = (&ours - &theirs["logits"]).abs().max().double_value(&[]);
