@@ -252,6 +252,16 @@ pub fn blocks(part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
     Ok(rows_with_ignored_tails(block_ids(part, n)?))
 }
 
+/// The first 38 train blocks in the small vocabulary, labels = input ids: the data of the
+/// field and hook tests, which compare our runs with our runs.
+pub fn small_train() -> Result<Arc<dyn Dataset>> {
+    let rows = block_ids("train", 38)?
+        .into_iter()
+        .map(|ids| Feature::new(ids.clone()).with_labels(Label::Ids(ids)))
+        .collect();
+    Ok(InMemoryDataset::new(rows).into_shared())
+}
+
 /// [`blocks`] of a reference job's `dir/blocks.json`.
 pub fn blocks_in(dir: &Path, part: &str, n: usize) -> Result<Arc<dyn Dataset>> {
     Ok(rows_with_ignored_tails(block_ids_in(dir, part, n)?))

@@ -13,8 +13,8 @@ use tchtrain_trainer::{
 };
 use tchtrain_training_args::{TrainingArguments, field_names};
 
-use crate::common::temp_dir;
-use crate::trainer::{initial_model, losses, small_args, small_train};
+use crate::common::{initial_model, small_train, temp_dir};
+use crate::trainer::{losses, small_args};
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

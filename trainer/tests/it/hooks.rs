@@ -14,7 +14,8 @@ use tchtrain_trainer::{
     default_create_optimizer_and_scheduler, default_evaluate, default_log,
 };
 
-use crate::trainer::{initial_model, losses, small_args, small_train};
+use crate::common::{initial_model, small_train};
+use crate::trainer::{losses, small_args};
 
 /// What the overrides saw.
 #[derive(Debug, Default)]
