@@ -6,16 +6,11 @@ use std::path::Path;
 use tch::Device;
 
 use crate::bart::BartForConditionalGeneration;
-use crate::bert::{Bert, BertConfig, EncoderConfig};
+use crate::bert::BertConfig;
 use crate::configuration_utils::read_model_type;
-use crate::deberta_v2::{
-    DebertaV2BaseModel, DebertaV2ForMaskedLM, DebertaV2ForQuestionAnswering,
-    DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification,
-};
-use crate::distilbert::{
-    DistilBertBaseModel, DistilBertForMaskedLM, DistilBertForQuestionAnswering,
-    DistilBertForSequenceClassification, DistilBertForTokenClassification,
-};
+use crate::deberta_v2::DebertaV2Config;
+use crate::distilbert::DistilBertConfig;
+use crate::encoder::{EncoderArchitecture, EncoderFor};
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::Gemma3TextConfig;
@@ -29,10 +24,7 @@ use crate::llama::{
 use crate::loading::{CONFIG_NAME, LoadOptions};
 use crate::mistral::MistralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
-use crate::modernbert::{
-    ModernBertBaseModel, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
-    ModernBertForSequenceClassification, ModernBertForTokenClassification,
-};
+use crate::modernbert::ModernBertConfig;
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
 use crate::qwen3::Qwen3Config;
@@ -147,61 +139,9 @@ pub fn from_pretrained_dir(
         ("bert", task) => encoder::<BertConfig>(dir, task, device, options)?,
         ("roberta", task) => encoder::<RobertaConfig>(dir, task, device, options)?,
         ("xlm-roberta", task) => encoder::<XLMRobertaConfig>(dir, task, device, options)?,
-        ("deberta-v2", AutoTask::Base) => boxed(DebertaV2BaseModel::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("deberta-v2", AutoTask::MaskedLm) => boxed(DebertaV2ForMaskedLM::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("deberta-v2", AutoTask::SequenceClassification { num_labels }) => {
-            boxed(DebertaV2ForSequenceClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("deberta-v2", AutoTask::QuestionAnswering) => boxed(
-            DebertaV2ForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
-        ),
-        ("deberta-v2", AutoTask::TokenClassification { num_labels }) => boxed(
-            DebertaV2ForTokenClassification::from_pretrained_dir(dir, num_labels, device, options)?,
-        ),
-        ("distilbert", AutoTask::Base) => boxed(DistilBertBaseModel::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("distilbert", AutoTask::MaskedLm) => boxed(DistilBertForMaskedLM::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("distilbert", AutoTask::SequenceClassification { num_labels }) => {
-            boxed(DistilBertForSequenceClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("distilbert", AutoTask::QuestionAnswering) => boxed(
-            DistilBertForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
-        ),
-        ("distilbert", AutoTask::TokenClassification { num_labels }) => {
-            boxed(DistilBertForTokenClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("modernbert", AutoTask::Base) => boxed(ModernBertBaseModel::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("modernbert", AutoTask::MaskedLm) => boxed(ModernBertForMaskedLM::from_pretrained_dir(
-            dir, None, device, options,
-        )?),
-        ("modernbert", AutoTask::SequenceClassification { num_labels }) => {
-            boxed(ModernBertForSequenceClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
-        ("modernbert", AutoTask::QuestionAnswering) => boxed(
-            ModernBertForQuestionAnswering::from_pretrained_dir(dir, None, device, options)?,
-        ),
-        ("modernbert", AutoTask::TokenClassification { num_labels }) => {
-            boxed(ModernBertForTokenClassification::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
+        ("deberta-v2", task) => encoder::<DebertaV2Config>(dir, task, device, options)?,
+        ("distilbert", task) => encoder::<DistilBertConfig>(dir, task, device, options)?,
+        ("modernbert", task) => encoder::<ModernBertConfig>(dir, task, device, options)?,
         ("llama", task) => decoder::<LlamaConfig>(dir, task, device, options)?,
         ("qwen2", task) => decoder::<Qwen2Config>(dir, task, device, options)?,
         ("qwen3", task) => decoder::<Qwen3Config>(dir, task, device, options)?,
@@ -220,34 +160,37 @@ pub fn from_pretrained_dir(
     })
 }
 
-/// A BERT-shaped family's head for `task` (base, masked LM, sequence or token
-/// classification).
-fn encoder<C: EncoderConfig>(
+/// An encoder family's head for `task` (base, masked LM, sequence or token
+/// classification, question answering).
+fn encoder<C: EncoderArchitecture>(
     dir: &Path,
     task: AutoTask,
     device: Device,
     options: &LoadOptions,
 ) -> Result<AutoModel> {
     Ok(match task {
-        AutoTask::Base => boxed(Bert::<C, heads::Base>::from_pretrained_dir(
+        AutoTask::Base => boxed(EncoderFor::<C, heads::Base>::from_pretrained_dir(
             dir, None, device, options,
         )?),
-        AutoTask::MaskedLm => boxed(Bert::<C, heads::MaskedLm>::from_pretrained_dir(
+        AutoTask::MaskedLm => boxed(EncoderFor::<C, heads::MaskedLm>::from_pretrained_dir(
             dir, None, device, options,
         )?),
-        AutoTask::SequenceClassification { num_labels } => boxed(Bert::<
+        AutoTask::SequenceClassification { num_labels } => boxed(EncoderFor::<
             C,
             heads::SequenceClassification,
         >::from_pretrained_dir(
             dir, num_labels, device, options,
         )?),
-        AutoTask::TokenClassification { num_labels } => {
-            boxed(Bert::<C, heads::TokenClassification>::from_pretrained_dir(
-                dir, num_labels, device, options,
-            )?)
-        }
+        AutoTask::TokenClassification { num_labels } => boxed(EncoderFor::<
+            C,
+            heads::TokenClassification,
+        >::from_pretrained_dir(
+            dir, num_labels, device, options
+        )?),
         AutoTask::QuestionAnswering => boxed(
-            Bert::<C, heads::QuestionAnswering>::from_pretrained_dir(dir, None, device, options)?,
+            EncoderFor::<C, heads::QuestionAnswering>::from_pretrained_dir(
+                dir, None, device, options,
+            )?,
         ),
         AutoTask::CausalLm | AutoTask::Seq2SeqLm => {
             return Err(Error::UnsupportedArchitecture {

@@ -12,17 +12,15 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::nn;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::heads::{self, HeadKind, TaskHead};
-use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{
-    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
-};
-use crate::padding_free::{self, EncoderHead};
+use crate::encoder::{EncoderArchitecture, EncoderFor};
+use crate::heads::{self, HeadKind};
+use crate::modeling_utils::{ModelInputs, ModelOutput};
+use crate::padding_free;
 use crate::{Error, Result};
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
@@ -686,7 +684,7 @@ impl BertModel {
 
 /// Which head sits on the BERT body.
 #[derive(Debug)]
-enum Head {
+pub enum Head {
     /// `BertModel` itself: no head.
     None,
     /// `cls.predictions`: transform (dense, act, LayerNorm) then the tied decoder + bias.
@@ -714,19 +712,7 @@ enum Head {
 
 /// A BERT-shaped model with one of upstream's heads; use the type aliases
 /// ([`BertForMaskedLM`], `RobertaForSequenceClassification`, ...).
-#[derive(Debug)]
-pub struct Bert<C: EncoderConfig, K: TaskHead> {
-    task: std::marker::PhantomData<K>,
-    vs: nn::VarStore,
-    ctx: Context,
-    bert: BertModel,
-    head: Head,
-    config: C,
-    training: bool,
-    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`];
-    /// off unless `TCHTRAIN_PADDING_FREE` turns it on).
-    padding_free: bool,
-}
+pub type Bert<C, K> = EncoderFor<C, K>;
 
 /// Upstream `BertModel` as a standalone model (weights at the root, with the pooler).
 pub type BertBaseModel = Bert<BertConfig, heads::Base>;
@@ -739,35 +725,104 @@ pub type BertForTokenClassification = Bert<BertConfig, heads::TokenClassificatio
 /// Upstream `BertForQuestionAnswering`.
 pub type BertForQuestionAnswering = Bert<BertConfig, heads::QuestionAnswering>;
 
-impl<C: EncoderConfig, K: TaskHead> Bert<C, K> {
-    /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
-
-    /// A freshly initialised model (upstream `BertFor...(config)`), seeded by tch's RNG.
-    pub fn new(encoder_config: &C, device: Device) -> Result<Self> {
-        Self::new_in(encoder_config, device, &Context::new())
+/// The head of `kind`'s variables, created under `root` in upstream's order.
+fn head(kind: HeadKind, root: &tchtrain_nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
+    let (d, std) = (config.hidden_size, config.initializer_range);
+    match kind {
+        HeadKind::MaskedLm if roberta => {
+            let t = root / "lm_head";
+            // `lm_head.bias` (the decoder's bias) comes first in `named_parameters()`.
+            let bias = tchtrain_nn::initialization::var(
+                &t,
+                "bias",
+                &[config.vocab_size],
+                nn::Init::Const(0.0),
+            );
+            Head::RobertaLm {
+                dense: Linear::new(&t / "dense", d, d, true, std),
+                layer_norm: LayerNorm::new(&t / "layer_norm", d, config.layer_norm_eps),
+                bias,
+            }
+        }
+        HeadKind::SequenceClassification if roberta => {
+            let c = root / "classifier";
+            Head::RobertaClassification {
+                dense: Linear::new(&c / "dense", d, d, true, std),
+                out_proj: Linear::new(&c / "out_proj", d, config.num_labels(), true, std),
+            }
+        }
+        HeadKind::MaskedLm => {
+            let t = root / "cls" / "predictions";
+            // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
+            // transform (the decoder's bias is that parameter, and the decoder weight is
+            // the tied word embeddings): created in that order.
+            let bias = tchtrain_nn::initialization::var(
+                &t,
+                "bias",
+                &[config.vocab_size],
+                nn::Init::Const(0.0),
+            );
+            Head::MaskedLm {
+                dense: Linear::new(&t / "transform" / "dense", d, d, true, std),
+                ln: LayerNorm::new(&t / "transform" / "LayerNorm", d, config.layer_norm_eps),
+                bias,
+            }
+        }
+        HeadKind::SequenceClassification => Head::SequenceClassification {
+            classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
+        },
+        HeadKind::TokenClassification => Head::TokenClassification {
+            classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
+        },
+        HeadKind::QuestionAnswering => Head::QuestionAnswering {
+            qa_outputs: Linear::new(root / "qa_outputs", d, 2, true, std),
+        },
+        HeadKind::Base => Head::None,
     }
+}
 
-    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
-    /// `from_pretrained`).
-    pub(crate) fn new_in(encoder_config: &C, device: Device, ctx: &Context) -> Result<Self> {
-        let config = &encoder_config.bert();
-        let family = encoder_config.family();
-        let vs = nn::VarStore::new(device);
-        let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if K::KIND == HeadKind::Base {
-            root.clone()
-        } else {
-            &root / family.base_model_prefix
-        };
+/// The heads' dropout: `classifier_dropout`, else `hidden_dropout_prob`.
+fn dropout_p(c: &BertConfig) -> f64 {
+    c.classifier_dropout.unwrap_or(c.hidden_dropout_prob)
+}
+
+/// Every BERT-shaped config (BERT, RoBERTa, XLM-RoBERTa, ...) is an encoder family through
+/// its [`EncoderFamily`] facts.
+impl<C: EncoderConfig> EncoderArchitecture for C {
+    type Body = BertModel;
+    type Head = Head;
+
+    fn config_from_file(path: &Path) -> Result<Self> {
+        C::from_file(path)
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        EncoderConfig::labels_mut(self)
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        EncoderConfig::extra_mut(self)
+    }
+    fn base_model_prefix(&self) -> &'static str {
+        self.family().base_model_prefix
+    }
+    fn classes(&self) -> [&'static str; 5] {
+        self.family().classes
+    }
+    fn build(
+        &self,
+        kind: HeadKind,
+        root: &tchtrain_nn::Path<'_>,
+        body: tchtrain_nn::Path<'_>,
+    ) -> Result<(BertModel, Head)> {
+        let config = &self.bert();
+        let family = self.family();
         // BERT's sequence classifier reads the pooler; RoBERTa's heads have none.
-        let pooler = K::KIND == HeadKind::Base
-            || (K::KIND == HeadKind::SequenceClassification && !family.roberta);
+        let pooler =
+            kind == HeadKind::Base || (kind == HeadKind::SequenceClassification && !family.roberta);
         let roberta = family.roberta;
-        if K::KIND == HeadKind::QuestionAnswering {
+        if kind == HeadKind::QuestionAnswering {
             crate::modeling_utils::check_question_answering_labels(config.num_labels())?;
         }
-        if K::KIND == HeadKind::MaskedLm && !config.tie_word_embeddings {
+        if kind == HeadKind::MaskedLm && !config.tie_word_embeddings {
             return Err(Error::InvalidConfig {
                 field: "tie_word_embeddings",
                 value: "false".into(),
@@ -775,149 +830,22 @@ impl<C: EncoderConfig, K: TaskHead> Bert<C, K> {
             });
         }
         // XLM-RoBERTa's heads register before the body (their parameters come first).
-        let head_first = family.head_first;
-        let body_then = |family| BertModel::with_family(body, config, pooler, family);
-        let (bert, head);
-        if head_first {
-            head = Self::head(&root, config, roberta);
-            bert = body_then(family)?;
+        if family.head_first {
+            let head = head(kind, root, config, roberta);
+            Ok((BertModel::with_family(body, config, pooler, family)?, head))
         } else {
-            bert = body_then(family)?;
-            head = Self::head(&root, config, roberta);
-        }
-        Ok(Self {
-            vs,
-            ctx: ctx.clone(),
-            task: std::marker::PhantomData,
-            bert,
-            head,
-            config: encoder_config.clone(),
-            training: false,
-            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
-                && crate::modeling_utils::padding_free_from_env(),
-        })
-    }
-
-    /// The head's variables, created under `root` in upstream's order.
-    fn head(root: &tchtrain_nn::Path<'_>, config: &BertConfig, roberta: bool) -> Head {
-        let (d, std) = (config.hidden_size, config.initializer_range);
-        match K::KIND {
-            HeadKind::MaskedLm if roberta => {
-                let t = root / "lm_head";
-                // `lm_head.bias` (the decoder's bias) comes first in `named_parameters()`.
-                let bias = tchtrain_nn::initialization::var(
-                    &t,
-                    "bias",
-                    &[config.vocab_size],
-                    nn::Init::Const(0.0),
-                );
-                Head::RobertaLm {
-                    dense: Linear::new(&t / "dense", d, d, true, std),
-                    layer_norm: LayerNorm::new(&t / "layer_norm", d, config.layer_norm_eps),
-                    bias,
-                }
-            }
-            HeadKind::SequenceClassification if roberta => {
-                let c = root / "classifier";
-                Head::RobertaClassification {
-                    dense: Linear::new(&c / "dense", d, d, true, std),
-                    out_proj: Linear::new(&c / "out_proj", d, config.num_labels(), true, std),
-                }
-            }
-            HeadKind::MaskedLm => {
-                let t = root / "cls" / "predictions";
-                // Upstream's `named_parameters()` lists `cls.predictions.bias` before the
-                // transform (the decoder's bias is that parameter, and the decoder weight is
-                // the tied word embeddings): created in that order.
-                let bias = tchtrain_nn::initialization::var(
-                    &t,
-                    "bias",
-                    &[config.vocab_size],
-                    nn::Init::Const(0.0),
-                );
-                Head::MaskedLm {
-                    dense: Linear::new(&t / "transform" / "dense", d, d, true, std),
-                    ln: LayerNorm::new(&t / "transform" / "LayerNorm", d, config.layer_norm_eps),
-                    bias,
-                }
-            }
-            HeadKind::SequenceClassification => Head::SequenceClassification {
-                classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
-            },
-            HeadKind::TokenClassification => Head::TokenClassification {
-                classifier: Linear::new(root / "classifier", d, config.num_labels(), true, std),
-            },
-            HeadKind::QuestionAnswering => Head::QuestionAnswering {
-                qa_outputs: Linear::new(root / "qa_outputs", d, 2, true, std),
-            },
-            _ => Head::None,
+            let bert = BertModel::with_family(body, config, pooler, family)?;
+            Ok((bert, head(kind, root, config, roberta)))
         }
     }
-
-    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder: a base
-    /// checkpoint (no `bert.` prefix, e.g. MiniLM) loads into a head model and back.
-    pub fn from_pretrained_dir(
-        dir: &Path,
-        num_labels: Option<i64>,
-        device: Device,
-        options: &LoadOptions,
-    ) -> Result<Loaded<Self>> {
-        let mut config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
-        if let Some(n) = num_labels {
-            config.labels_mut().set_num_labels(n)?;
-        }
-        let prefix = config.family().base_model_prefix;
-        loading::from_pretrained_with(dir, prefix, &[], options, |ctx| {
-            Self::new_in(&config, device, ctx)
-        })
+    fn checkpointing(body: &mut BertModel) -> &mut Option<ActivationCheckpointing> {
+        &mut body.checkpointing
     }
-
-    fn dropout_p(&self) -> f64 {
-        let c = &self.bert.config;
-        c.classifier_dropout.unwrap_or(c.hidden_dropout_prob)
-    }
-}
-
-impl<C: EncoderConfig, K: TaskHead> PreTrainedModel for Bert<C, K> {
-    fn architecture(&self) -> &'static str {
-        K::KIND.class(&self.bert.family.classes)
-    }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-}
-
-impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
-    crate::modeling_utils::model_plumbing!(@common);
-    fn set_use_cache(&mut self, use_cache: bool) {
-        self.config
-            .extra_mut()
-            .insert("use_cache".into(), serde_json::Value::Bool(use_cache));
-    }
-    crate::modeling_utils::checkpointing_plumbing!(bert);
-    /// The sequence classifiers when every row's first token is real (the head reads
-    /// position 0); the masked-LM and token classifiers in training when the labels ignore
-    /// the padding (-100 there: the loss reads no padding position); otherwise the forward
-    /// runs padded. The base model and the question answerer (whose loss is a softmax over
-    /// every position, padding included) refuse it.
-    fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        Self::ENCODER_HEAD.check(on, self.architecture())?;
-        self.padding_free = on;
-        Ok(())
-    }
-    fn label_check(&self) -> Option<LabelCheck> {
-        K::KIND.label_check(self.config.labels().num_labels())
-    }
-    fn label_names(&self) -> Vec<String> {
-        K::KIND.label_names()
+    fn is_checkpointing(body: &BertModel) -> bool {
+        body.checkpointing.is_some()
     }
     // BERT's LayerNorms are named `LayerNorm`, which the name patterns already exclude.
     fn is_embedding_weight(&self, name: &str) -> bool {
-        let prefix = self.bert.family.base_model_prefix;
-        let name = name
-            .strip_prefix(prefix)
-            .and_then(|n| n.strip_prefix('.'))
-            .unwrap_or(name);
         matches!(
             name,
             "embeddings.word_embeddings.weight"
@@ -925,13 +853,16 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 | "embeddings.token_type_embeddings.weight"
         )
     }
-    fn tied_weights(&self) -> Vec<(String, String)> {
-        let prefix = self.bert.family.base_model_prefix;
-        match K::KIND {
-            HeadKind::MaskedLm if self.bert.family.roberta => vec![
+    fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
+        let family = self.family();
+        match kind {
+            HeadKind::MaskedLm if family.roberta => vec![
                 (
                     "lm_head.decoder.weight".into(),
-                    format!("{prefix}.embeddings.word_embeddings.weight"),
+                    format!(
+                        "{}.embeddings.word_embeddings.weight",
+                        family.base_model_prefix
+                    ),
                 ),
                 ("lm_head.decoder.bias".into(), "lm_head.bias".into()),
             ],
@@ -948,44 +879,48 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
             _ => vec![],
         }
     }
-    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let train = self.training;
-        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
-        let (h, pooled) = self.bert.forward_with(inputs, train, padding_free)?;
-        let labels_config = self.config.labels();
+    fn forward(
+        &self,
+        _kind: HeadKind,
+        bert: &BertModel,
+        head: &Head,
+        ctx: &Context,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<ModelOutput> {
+        let (h, pooled) = bert.forward_with(inputs, train, padding_free)?;
+        let labels_config = self.labels();
         let num_labels = labels_config.num_labels();
-        let vocab_size = self.bert.config.vocab_size;
-        let (logits, loss) = match &self.head {
+        let vocab_size = bert.config.vocab_size;
+        let (logits, loss) = match head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { dense, ln, bias } => {
                 let p = "cls.predictions";
                 let t = dense.forward(&h);
-                let t = self
-                    .bert
+                let t = bert
                     .act
-                    .apply_traced(&self.ctx, &t, || format!("{p}.transform.transform_act_fn"));
+                    .apply_traced(ctx, &t, || format!("{p}.transform.transform_act_fn"));
                 let t = ln.forward(&t);
-                self.ctx.leaf(
+                ctx.leaf(
                     || format!("{p}.transform"),
                     "BertPredictionHeadTransform",
                     &[],
                     &h,
                     &t,
                 );
-                let weight = self.bert.word_embeddings();
+                let weight = bert.word_embeddings();
                 let logits = t.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
-                self.ctx
-                    .leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
-                self.ctx.leaf(
+                ctx.leaf(|| format!("{p}.decoder"), "Linear", &decoder, &t, &logits);
+                ctx.leaf(
                     || p.into(),
                     "BertLMPredictionHead",
                     &[("bias", bias)],
                     &h,
                     &logits,
                 );
-                self.ctx
-                    .leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
+                ctx.leaf(|| "cls".into(), "BertOnlyMLMHead", &[], &h, &logits);
                 let loss = heads::masked_lm_loss(&logits, inputs.labels, vocab_size, None)?;
                 (logits, loss)
             }
@@ -998,12 +933,11 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 // upstream's `gelu` function (exact), whatever `hidden_act` says
                 let x = x.gelu("none");
                 let x = layer_norm.forward(&x);
-                let weight = self.bert.word_embeddings();
+                let weight = bert.word_embeddings();
                 let logits = x.linear(weight, Some(bias));
                 let decoder = [("weight", weight), ("bias", bias)];
-                self.ctx
-                    .leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
-                self.ctx.leaf(
+                ctx.leaf(|| "lm_head.decoder".into(), "Linear", &decoder, &x, &logits);
+                ctx.leaf(
                     || "lm_head".into(),
                     "RobertaLMHead",
                     &[("bias", bias)],
@@ -1015,11 +949,11 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
             }
             Head::RobertaClassification { dense, out_proj } => {
                 use tchtrain_nn::dropout_traced;
-                let p = self.dropout_p();
+                let p = dropout_p(&bert.config);
                 let x = h.select(1, 0);
-                let x = dropout_traced(&self.ctx, &x, p, train, || "classifier.dropout".into());
+                let x = dropout_traced(ctx, &x, p, train, || "classifier.dropout".into());
                 let x = dense.forward(&x).tanh();
-                let x = dropout_traced(&self.ctx, &x, p, train, || "classifier.dropout".into());
+                let x = dropout_traced(ctx, &x, p, train, || "classifier.dropout".into());
                 let logits = out_proj.forward(&x);
                 let loss = heads::sequence_classification_loss(&logits, inputs, labels_config)?;
                 (logits, loss)
@@ -1028,18 +962,22 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 let pooled = pooled.as_ref().ok_or(Error::MissingInput {
                     name: "pooler_output",
                 })?;
-                let d =
-                    tchtrain_nn::dropout_traced(&self.ctx, pooled, self.dropout_p(), train, || {
-                        "dropout".into()
-                    });
+                let d = tchtrain_nn::dropout_traced(
+                    ctx,
+                    pooled,
+                    dropout_p(&bert.config),
+                    train,
+                    || "dropout".into(),
+                );
                 let logits = classifier.forward(&d);
                 let loss = heads::sequence_classification_loss(&logits, inputs, labels_config)?;
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let d = tchtrain_nn::dropout_traced(&self.ctx, &h, self.dropout_p(), train, || {
-                    "dropout".into()
-                });
+                let d =
+                    tchtrain_nn::dropout_traced(ctx, &h, dropout_p(&bert.config), train, || {
+                        "dropout".into()
+                    });
                 let logits = classifier.forward(&d);
                 let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
@@ -1050,7 +988,6 @@ impl<C: EncoderConfig, K: TaskHead> TrainableModel for Bert<C, K> {
                 (logits, loss)
             }
         };
-        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

@@ -28,12 +28,10 @@ use tch::{Device, Kind, Tensor};
 
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::heads::{self, HeadKind, TaskHead};
-use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{
-    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
-};
-use crate::padding_free::{self, EncoderHead, Unpadded};
+use crate::encoder::{EncoderArchitecture, EncoderFor};
+use crate::heads::{self, HeadKind};
+use crate::modeling_utils::{LabelCheck, ModelInputs, ModelOutput};
+use crate::padding_free::{self, Unpadded};
 use crate::{Error, Result};
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
@@ -723,7 +721,8 @@ impl DebertaV2Model {
 
 /// Which head sits on the body.
 #[derive(Debug)]
-enum Head {
+pub enum Head {
+    /// The base model's: none.
     None,
     /// `cls.predictions` (legacy) or `lm_predictions.lm_head`: dense, act, LayerNorm, the
     /// tied decoder with `bias`.
@@ -734,34 +733,15 @@ enum Head {
         legacy: bool,
     },
     /// `pooler` (dropout, dense, act on the first token), dropout, `classifier`.
-    SequenceClassification {
-        pooler: Linear,
-        classifier: Linear,
-    },
+    SequenceClassification { pooler: Linear, classifier: Linear },
     /// Dropout and `classifier` on every token.
-    TokenClassification {
-        classifier: Linear,
-    },
+    TokenClassification { classifier: Linear },
     /// `qa_outputs` on every token (no dropout): the start and end logits.
-    QuestionAnswering {
-        qa_outputs: Linear,
-    },
+    QuestionAnswering { qa_outputs: Linear },
 }
 
 /// A DeBERTa-v2 model with one of upstream's heads; use the type aliases.
-#[derive(Debug)]
-pub struct DebertaV2<K: TaskHead> {
-    task: std::marker::PhantomData<K>,
-    vs: nn::VarStore,
-    ctx: Context,
-    deberta: DebertaV2Model,
-    head: Head,
-    config: DebertaV2Config,
-    training: bool,
-    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
-    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
-    padding_free: bool,
-}
+pub type DebertaV2<K> = EncoderFor<DebertaV2Config, K>;
 
 /// Upstream `DebertaV2Model` as a standalone model (weights at the root).
 pub type DebertaV2BaseModel = DebertaV2<heads::Base>;
@@ -773,116 +753,6 @@ pub type DebertaV2ForSequenceClassification = DebertaV2<heads::SequenceClassific
 pub type DebertaV2ForTokenClassification = DebertaV2<heads::TokenClassification>;
 /// Upstream `DebertaV2ForQuestionAnswering`.
 pub type DebertaV2ForQuestionAnswering = DebertaV2<heads::QuestionAnswering>;
-
-impl<K: TaskHead> DebertaV2<K> {
-    /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
-
-    /// A freshly initialised model, seeded by tch's RNG.
-    pub fn new(config: &DebertaV2Config, device: Device) -> Result<Self> {
-        Self::new_in(config, device, &Context::new())
-    }
-
-    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
-    /// `from_pretrained`).
-    pub(crate) fn new_in(config: &DebertaV2Config, device: Device, ctx: &Context) -> Result<Self> {
-        let vs = nn::VarStore::new(device);
-        let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if K::KIND == HeadKind::Base {
-            root.clone()
-        } else {
-            &root / "deberta"
-        };
-        let deberta = DebertaV2Model::new(body, config)?;
-        let (d, std, n) = (
-            config.hidden_size,
-            config.initializer_range,
-            config.labels.num_labels(),
-        );
-        let head = match K::KIND {
-            HeadKind::MaskedLm => {
-                if !config.tie_word_embeddings {
-                    return Err(Error::InvalidConfig {
-                        field: "tie_word_embeddings",
-                        value: "false".into(),
-                        fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
-                    });
-                }
-                let (t, transform) = if config.legacy {
-                    let t = &root / "cls" / "predictions";
-                    let transform = &t / "transform";
-                    (t, transform)
-                } else {
-                    let t = &root / "lm_predictions" / "lm_head";
-                    let transform = t.clone();
-                    (t, transform)
-                };
-                // The head's own `bias` is listed before its children's parameters.
-                let bias = tchtrain_nn::initialization::var(
-                    &t,
-                    "bias",
-                    &[config.vocab_size],
-                    nn::Init::Const(0.0),
-                );
-                Head::MaskedLm {
-                    dense: Linear::new(&transform / "dense", d, d, true, std),
-                    ln: LayerNorm::new(&transform / "LayerNorm", d, config.layer_norm_eps),
-                    bias,
-                    legacy: config.legacy,
-                }
-            }
-            HeadKind::SequenceClassification => Head::SequenceClassification {
-                pooler: Linear::new(&root / "pooler" / "dense", d, d, true, std),
-                classifier: Linear::new(&root / "classifier", d, n, true, std),
-            },
-            HeadKind::TokenClassification => Head::TokenClassification {
-                classifier: Linear::new(&root / "classifier", d, n, true, std),
-            },
-            HeadKind::QuestionAnswering => {
-                crate::modeling_utils::check_question_answering_labels(n)?;
-                Head::QuestionAnswering {
-                    qa_outputs: Linear::new(&root / "qa_outputs", d, n, true, std),
-                }
-            }
-            _ => Head::None,
-        };
-        Ok(Self {
-            vs,
-            ctx: ctx.clone(),
-            task: std::marker::PhantomData,
-            deberta,
-            head,
-            config: config.clone(),
-            training: false,
-            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
-                && crate::modeling_utils::padding_free_from_env(),
-        })
-    }
-
-    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder. As
-    /// upstream's `_keys_to_ignore_on_load_unexpected`, a checkpoint's
-    /// `position_embeddings` (v3 stores them, unused) and masked-LM `mask_predictions` are
-    /// not reported.
-    pub fn from_pretrained_dir(
-        dir: &Path,
-        num_labels: Option<i64>,
-        device: Device,
-        options: &LoadOptions,
-    ) -> Result<Loaded<Self>> {
-        let mut config = DebertaV2Config::from_file(&dir.join(loading::CONFIG_NAME))?;
-        if let Some(n) = num_labels {
-            config.labels.set_num_labels(n)?;
-        }
-        let mut loaded = loading::from_pretrained_with(dir, "deberta", &[], options, |ctx| {
-            Self::new_in(&config, device, ctx)
-        })?;
-        loaded
-            .info
-            .unexpected_keys
-            .retain(|k| !k.contains("position_embeddings") && !k.contains("mask_predictions"));
-        Ok(loaded)
-    }
-}
 
 /// DeBERTa-v2's sequence-classification loss without a `problem_type`: one label → MSE on
 /// the logits cast to the labels' dtype; class ids → cross-entropy over the rows whose
@@ -930,50 +800,118 @@ fn sequence_classification_loss(
         .mean(None))
 }
 
-impl<K: TaskHead> PreTrainedModel for DebertaV2<K> {
-    fn architecture(&self) -> &'static str {
-        K::KIND.class(&[
+impl EncoderArchitecture for DebertaV2Config {
+    type Body = DebertaV2Model;
+    type Head = Head;
+
+    fn config_from_file(path: &Path) -> Result<Self> {
+        Self::from_file(path)
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, Value> {
+        &mut self.extra
+    }
+    fn base_model_prefix(&self) -> &'static str {
+        "deberta"
+    }
+    fn classes(&self) -> [&'static str; 5] {
+        [
             "DebertaV2Model",
             "DebertaV2ForMaskedLM",
             "DebertaV2ForSequenceClassification",
             "DebertaV2ForTokenClassification",
             "DebertaV2ForQuestionAnswering",
-        ])
+        ]
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
+    fn build(
+        &self,
+        kind: HeadKind,
+        root: &tchtrain_nn::Path<'_>,
+        body: tchtrain_nn::Path<'_>,
+    ) -> Result<(DebertaV2Model, Head)> {
+        let config = self;
+        let deberta = DebertaV2Model::new(body, config)?;
+        let (d, std, n) = (
+            config.hidden_size,
+            config.initializer_range,
+            config.labels.num_labels(),
+        );
+        let head = match kind {
+            HeadKind::MaskedLm => {
+                if !config.tie_word_embeddings {
+                    return Err(Error::InvalidConfig {
+                        field: "tie_word_embeddings",
+                        value: "false".into(),
+                        fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
+                    });
+                }
+                let (t, transform) = if config.legacy {
+                    let t = root / "cls" / "predictions";
+                    let transform = &t / "transform";
+                    (t, transform)
+                } else {
+                    let t = root / "lm_predictions" / "lm_head";
+                    let transform = t.clone();
+                    (t, transform)
+                };
+                // The head's own `bias` is listed before its children's parameters.
+                let bias = tchtrain_nn::initialization::var(
+                    &t,
+                    "bias",
+                    &[config.vocab_size],
+                    nn::Init::Const(0.0),
+                );
+                Head::MaskedLm {
+                    dense: Linear::new(&transform / "dense", d, d, true, std),
+                    ln: LayerNorm::new(&transform / "LayerNorm", d, config.layer_norm_eps),
+                    bias,
+                    legacy: config.legacy,
+                }
+            }
+            HeadKind::SequenceClassification => Head::SequenceClassification {
+                pooler: Linear::new(root / "pooler" / "dense", d, d, true, std),
+                classifier: Linear::new(root / "classifier", d, n, true, std),
+            },
+            HeadKind::TokenClassification => Head::TokenClassification {
+                classifier: Linear::new(root / "classifier", d, n, true, std),
+            },
+            HeadKind::QuestionAnswering => {
+                crate::modeling_utils::check_question_answering_labels(n)?;
+                Head::QuestionAnswering {
+                    qa_outputs: Linear::new(root / "qa_outputs", d, n, true, std),
+                }
+            }
+            HeadKind::Base => Head::None,
+        };
+        Ok((deberta, head))
     }
-}
-
-impl<K: TaskHead> TrainableModel for DebertaV2<K> {
-    crate::modeling_utils::model_plumbing!();
-    crate::modeling_utils::checkpointing_plumbing!(deberta);
-    /// As BERT's: the sequence classifier when every row's first token (the one its pooler
-    /// reads) is real, the masked-LM and token classifiers in training when the labels
-    /// ignore the padding; the base model and the question answerer refuse it.
-    fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        Self::ENCODER_HEAD.check(on, self.architecture())?;
-        self.padding_free = on;
-        Ok(())
+    fn checkpointing(body: &mut DebertaV2Model) -> &mut Option<ActivationCheckpointing> {
+        &mut body.checkpointing
     }
-    fn label_check(&self) -> Option<LabelCheck> {
-        match K::KIND {
+    fn is_checkpointing(body: &DebertaV2Model) -> bool {
+        body.checkpointing.is_some()
+    }
+    fn label_check(&self, kind: HeadKind) -> Option<LabelCheck> {
+        match kind {
             // Negative class ids are dropped from the loss, not refused.
             HeadKind::SequenceClassification => None,
-            kind => kind.label_check(self.config.labels.num_labels()),
+            kind => kind.label_check(self.labels.num_labels()),
         }
     }
-    fn label_names(&self) -> Vec<String> {
-        K::KIND.label_names()
+    /// As upstream's `_keys_to_ignore_on_load_unexpected`: a checkpoint's
+    /// `position_embeddings` (v3 stores them, unused) and masked-LM `mask_predictions`.
+    fn reports_unexpected(key: &str) -> bool {
+        !key.contains("position_embeddings") && !key.contains("mask_predictions")
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
-        let name = name.strip_prefix("deberta.").unwrap_or(name);
         name.starts_with("embeddings.") && name.ends_with("_embeddings.weight")
             || name == "encoder.rel_embeddings.weight"
     }
-    fn tied_weights(&self) -> Vec<(String, String)> {
-        match (&self.head, K::KIND) {
-            (Head::MaskedLm { legacy: true, .. }, HeadKind::MaskedLm) => vec![
+    fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
+        match kind {
+            HeadKind::MaskedLm if self.legacy => vec![
                 (
                     "cls.predictions.decoder.weight".into(),
                     "deberta.embeddings.word_embeddings.weight".into(),
@@ -986,14 +924,21 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
             _ => vec![],
         }
     }
-    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+    fn forward(
+        &self,
+        _kind: HeadKind,
+        deberta: &DebertaV2Model,
+        head: &Head,
+        ctx: &Context,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<ModelOutput> {
         use tchtrain_nn::dropout_traced;
-        let train = self.training;
-        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
-        let h = self.deberta.forward_with(inputs, train, padding_free)?;
-        let c = &self.config;
+        let h = deberta.forward_with(inputs, train, padding_free)?;
+        let c = self;
         let num_labels = c.labels.num_labels();
-        let (logits, loss) = match &self.head {
+        let (logits, loss) = match head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm {
                 dense,
@@ -1002,12 +947,11 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
                 legacy,
             } => {
                 let t = dense.forward(&h);
-                let t = self
-                    .deberta
+                let t = deberta
                     .act
-                    .apply_traced(&self.ctx, &t, || "transform_act_fn".into());
+                    .apply_traced(ctx, &t, || "transform_act_fn".into());
                 let t = ln.forward(&t);
-                let weight = self.deberta.word_embeddings();
+                let weight = deberta.word_embeddings();
                 let logits = if *legacy {
                     t.linear(weight, Some(bias))
                 } else {
@@ -1018,14 +962,14 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
             }
             Head::SequenceClassification { pooler, classifier } => {
                 let first = h.select(1, 0);
-                let first = dropout_traced(&self.ctx, &first, c.pooler_dropout, train, || {
+                let first = dropout_traced(ctx, &first, c.pooler_dropout, train, || {
                     "pooler.dropout".into()
                 });
                 let pooled = pooler.forward(&first);
                 let pooled = Activation::parse(&c.pooler_hidden_act, "pooler_hidden_act")?
-                    .apply_traced(&self.ctx, &pooled, || "pooler.activation".into());
+                    .apply_traced(ctx, &pooled, || "pooler.activation".into());
                 let p = c.cls_dropout.unwrap_or(c.hidden_dropout_prob);
-                let pooled = dropout_traced(&self.ctx, &pooled, p, train, || "dropout".into());
+                let pooled = dropout_traced(ctx, &pooled, p, train, || "dropout".into());
                 let logits = classifier.forward(&pooled);
                 let loss = match inputs.labels {
                     Some(l) => Some(sequence_classification_loss(&logits, l, c)?),
@@ -1034,9 +978,7 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let t = dropout_traced(&self.ctx, &h, c.hidden_dropout_prob, train, || {
-                    "dropout".into()
-                });
+                let t = dropout_traced(ctx, &h, c.hidden_dropout_prob, train, || "dropout".into());
                 let logits = classifier.forward(&t);
                 let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
@@ -1047,7 +989,6 @@ impl<K: TaskHead> TrainableModel for DebertaV2<K> {
                 (logits, loss)
             }
         };
-        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

@@ -15,17 +15,15 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::nn;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::heads::{self, HeadKind, TaskHead};
-use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{
-    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
-};
-use crate::padding_free::{self, EncoderHead, Unpadded};
+use crate::encoder::{EncoderArchitecture, EncoderFor};
+use crate::heads::{self, HeadKind};
+use crate::modeling_utils::{ModelInputs, ModelOutput};
+use crate::padding_free::{self, Unpadded};
 use crate::{Error, Result};
 use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
 
@@ -377,7 +375,8 @@ impl DistilBertModel {
 
 /// Which head sits on the body.
 #[derive(Debug)]
-enum Head {
+pub enum Head {
+    /// The base model's: none.
     None,
     /// `vocab_transform`, the activation, `vocab_layer_norm`, `vocab_projector` (weight tied
     /// to the word embeddings, its own bias).
@@ -392,29 +391,13 @@ enum Head {
         classifier: Linear,
     },
     /// Dropout and `classifier` on every token.
-    TokenClassification {
-        classifier: Linear,
-    },
+    TokenClassification { classifier: Linear },
     /// Dropout (`qa_dropout`) and `qa_outputs` on every token: the start and end logits.
-    QuestionAnswering {
-        qa_outputs: Linear,
-    },
+    QuestionAnswering { qa_outputs: Linear },
 }
 
 /// A DistilBERT model with one of upstream's heads; use the type aliases.
-#[derive(Debug)]
-pub struct DistilBert<K: TaskHead> {
-    task: std::marker::PhantomData<K>,
-    vs: nn::VarStore,
-    ctx: Context,
-    distilbert: DistilBertModel,
-    head: Head,
-    config: DistilBertConfig,
-    training: bool,
-    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
-    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
-    padding_free: bool,
-}
+pub type DistilBert<K> = EncoderFor<DistilBertConfig, K>;
 
 /// Upstream `DistilBertModel` as a standalone model (weights at the root).
 pub type DistilBertBaseModel = DistilBert<heads::Base>;
@@ -427,32 +410,45 @@ pub type DistilBertForTokenClassification = DistilBert<heads::TokenClassificatio
 /// Upstream `DistilBertForQuestionAnswering`.
 pub type DistilBertForQuestionAnswering = DistilBert<heads::QuestionAnswering>;
 
-impl<K: TaskHead> DistilBert<K> {
-    /// What the head reads of the last hidden state (whether it can run padding-free).
-    const ENCODER_HEAD: EncoderHead = EncoderHead::of(K::KIND);
+impl EncoderArchitecture for DistilBertConfig {
+    type Body = DistilBertModel;
+    type Head = Head;
 
-    /// A freshly initialised model, seeded by tch's RNG.
-    pub fn new(config: &DistilBertConfig, device: Device) -> Result<Self> {
-        Self::new_in(config, device, &Context::new())
+    fn config_from_file(path: &Path) -> Result<Self> {
+        Self::from_file(path)
     }
-
-    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
-    /// `from_pretrained`).
-    pub(crate) fn new_in(config: &DistilBertConfig, device: Device, ctx: &Context) -> Result<Self> {
-        let vs = nn::VarStore::new(device);
-        let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if K::KIND == HeadKind::Base {
-            root.clone()
-        } else {
-            &root / "distilbert"
-        };
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+    fn base_model_prefix(&self) -> &'static str {
+        "distilbert"
+    }
+    fn classes(&self) -> [&'static str; 5] {
+        [
+            "DistilBertModel",
+            "DistilBertForMaskedLM",
+            "DistilBertForSequenceClassification",
+            "DistilBertForTokenClassification",
+            "DistilBertForQuestionAnswering",
+        ]
+    }
+    fn build(
+        &self,
+        kind: HeadKind,
+        root: &tchtrain_nn::Path<'_>,
+        body: tchtrain_nn::Path<'_>,
+    ) -> Result<(DistilBertModel, Head)> {
+        let config = self;
         let distilbert = DistilBertModel::new(body, config)?;
         let (d, std, n) = (
             config.dim,
             config.initializer_range,
             config.labels.num_labels(),
         );
-        let head = match K::KIND {
+        let head = match kind {
             HeadKind::MaskedLm => {
                 if !config.tie_word_embeddings {
                     return Err(Error::InvalidConfig {
@@ -461,10 +457,10 @@ impl<K: TaskHead> DistilBert<K> {
                         fix: "only the tied vocab_projector is implemented; set tie_word_embeddings to true",
                     });
                 }
-                let vocab_transform = Linear::new(&root / "vocab_transform", d, d, true, std);
-                let vocab_layer_norm = LayerNorm::new(&root / "vocab_layer_norm", d, EPS);
+                let vocab_transform = Linear::new(root / "vocab_transform", d, d, true, std);
+                let vocab_layer_norm = LayerNorm::new(root / "vocab_layer_norm", d, EPS);
                 let projector_bias = tchtrain_nn::initialization::var(
-                    &(&root / "vocab_projector"),
+                    &(root / "vocab_projector"),
                     "bias",
                     &[config.vocab_size],
                     nn::Init::Const(0.0),
@@ -476,92 +472,37 @@ impl<K: TaskHead> DistilBert<K> {
                 }
             }
             HeadKind::SequenceClassification => Head::SequenceClassification {
-                pre_classifier: Linear::new(&root / "pre_classifier", d, d, true, std),
-                classifier: Linear::new(&root / "classifier", d, n, true, std),
+                pre_classifier: Linear::new(root / "pre_classifier", d, d, true, std),
+                classifier: Linear::new(root / "classifier", d, n, true, std),
             },
             HeadKind::TokenClassification => Head::TokenClassification {
-                classifier: Linear::new(&root / "classifier", d, n, true, std),
+                classifier: Linear::new(root / "classifier", d, n, true, std),
             },
             HeadKind::QuestionAnswering => {
                 // Upstream raises after building `qa_outputs` with `num_labels` outputs.
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
-                    qa_outputs: Linear::new(&root / "qa_outputs", d, n, true, std),
+                    qa_outputs: Linear::new(root / "qa_outputs", d, n, true, std),
                 }
             }
-            _ => Head::None,
+            HeadKind::Base => Head::None,
         };
-        Ok(Self {
-            vs,
-            ctx: ctx.clone(),
-            task: std::marker::PhantomData,
-            distilbert,
-            head,
-            config: config.clone(),
-            training: false,
-            padding_free: Self::ENCODER_HEAD != EncoderHead::AllPositions
-                && crate::modeling_utils::padding_free_from_env(),
-        })
+        Ok((distilbert, head))
     }
-
-    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder.
-    pub fn from_pretrained_dir(
-        dir: &Path,
-        num_labels: Option<i64>,
-        device: Device,
-        options: &LoadOptions,
-    ) -> Result<Loaded<Self>> {
-        let mut config = DistilBertConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
-        if let Some(n) = num_labels {
-            config.labels.set_num_labels(n)?;
-        }
-        loading::from_pretrained_with(dir, "distilbert", &[], options, |ctx| {
-            Self::new_in(&config, device, ctx)
-        })
+    fn checkpointing(body: &mut DistilBertModel) -> &mut Option<ActivationCheckpointing> {
+        &mut body.checkpointing
     }
-}
-
-impl<K: TaskHead> PreTrainedModel for DistilBert<K> {
-    fn architecture(&self) -> &'static str {
-        K::KIND.class(&[
-            "DistilBertModel",
-            "DistilBertForMaskedLM",
-            "DistilBertForSequenceClassification",
-            "DistilBertForTokenClassification",
-            "DistilBertForQuestionAnswering",
-        ])
-    }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-}
-
-impl<K: TaskHead> TrainableModel for DistilBert<K> {
-    crate::modeling_utils::model_plumbing!();
-    crate::modeling_utils::checkpointing_plumbing!(distilbert);
-    /// As BERT's: the sequence classifier when every row's first token (the one it pools) is
-    /// real, the masked-LM and token classifiers in training when the labels ignore the
-    /// padding; the base model and the question answerer refuse it.
-    fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        Self::ENCODER_HEAD.check(on, self.architecture())?;
-        self.padding_free = on;
-        Ok(())
-    }
-    fn label_check(&self) -> Option<LabelCheck> {
-        K::KIND.label_check(self.config.labels.num_labels())
-    }
-    fn label_names(&self) -> Vec<String> {
-        K::KIND.label_names()
+    fn is_checkpointing(body: &DistilBertModel) -> bool {
+        body.checkpointing.is_some()
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
-        let name = name.strip_prefix("distilbert.").unwrap_or(name);
         matches!(
             name,
             "embeddings.word_embeddings.weight" | "embeddings.position_embeddings.weight"
         )
     }
-    fn tied_weights(&self) -> Vec<(String, String)> {
-        match K::KIND {
+    fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
+        match kind {
             HeadKind::MaskedLm => vec![(
                 "vocab_projector.weight".into(),
                 "distilbert.embeddings.word_embeddings.weight".into(),
@@ -569,14 +510,21 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
             _ => vec![],
         }
     }
-    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+    fn forward(
+        &self,
+        _kind: HeadKind,
+        distilbert: &DistilBertModel,
+        head: &Head,
+        ctx: &Context,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<ModelOutput> {
         use tchtrain_nn::dropout_traced;
-        let train = self.training;
-        let padding_free = Self::ENCODER_HEAD.runs_padding_free(self.padding_free, train, inputs);
-        let h = self.distilbert.forward_with(inputs, train, padding_free)?;
-        let c = &self.config;
+        let h = distilbert.forward_with(inputs, train, padding_free)?;
+        let c = self;
         let num_labels = c.labels.num_labels();
-        let (logits, loss) = match &self.head {
+        let (logits, loss) = match head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm {
                 vocab_transform,
@@ -584,16 +532,12 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
                 projector_bias,
             } => {
                 let t = vocab_transform.forward(&h);
-                let t = self
-                    .distilbert
-                    .act
-                    .apply_traced(&self.ctx, &t, || "activation".into());
+                let t = distilbert.act.apply_traced(ctx, &t, || "activation".into());
                 let t = vocab_layer_norm.forward(&t);
-                let weight = self.distilbert.word_embeddings();
+                let weight = distilbert.word_embeddings();
                 let logits = t.linear(weight, Some(projector_bias));
                 let decoder = [("weight", weight), ("bias", projector_bias)];
-                self.ctx
-                    .leaf(|| "vocab_projector".into(), "Linear", &decoder, &t, &logits);
+                ctx.leaf(|| "vocab_projector".into(), "Linear", &decoder, &t, &logits);
                 let loss = heads::masked_lm_loss(&logits, inputs.labels, c.vocab_size, None)?;
                 (logits, loss)
             }
@@ -603,27 +547,24 @@ impl<K: TaskHead> TrainableModel for DistilBert<K> {
             } => {
                 let pooled = h.select(1, 0);
                 let t = pre_classifier.forward(&pooled).relu();
-                let t = dropout_traced(&self.ctx, &t, c.seq_classif_dropout, train, || {
-                    "dropout".into()
-                });
+                let t = dropout_traced(ctx, &t, c.seq_classif_dropout, train, || "dropout".into());
                 let logits = classifier.forward(&t);
                 let loss = heads::sequence_classification_loss(&logits, inputs, &c.labels)?;
                 (logits, loss)
             }
             Head::TokenClassification { classifier } => {
-                let t = dropout_traced(&self.ctx, &h, c.dropout, train, || "dropout".into());
+                let t = dropout_traced(ctx, &h, c.dropout, train, || "dropout".into());
                 let logits = classifier.forward(&t);
                 let loss = heads::token_classification_loss(&logits, inputs, num_labels)?;
                 (logits, loss)
             }
             Head::QuestionAnswering { qa_outputs } => {
-                let t = dropout_traced(&self.ctx, &h, c.qa_dropout, train, || "dropout".into());
+                let t = dropout_traced(ctx, &h, c.qa_dropout, train, || "dropout".into());
                 let logits = qa_outputs.forward(&t);
                 let loss = crate::modeling_utils::question_answering_loss(&logits, inputs, None)?;
                 (logits, loss)
             }
         };
-        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

@@ -23,6 +23,7 @@ mod checkpoint;
 mod configuration_utils;
 mod deberta_v2;
 mod distilbert;
+mod encoder;
 mod error;
 mod gemma;
 mod gemma2;
@@ -77,6 +78,7 @@ pub use distilbert::{
     DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
     DistilBertForTokenClassification, DistilBertModel,
 };
+pub use encoder::{EncoderArchitecture, EncoderFor};
 pub use error::{Error, Result};
 pub use gemma::{
     GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,
@@ -123,6 +125,7 @@ pub use modernbert::{
     ModernBertForTokenClassification, ModernBertModel,
 };
 pub use multilingual::LanguageCodes;
+pub use padding_free::EncoderHead;
 pub use peft::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
     LoraConfig, LoraLayer, PEFT_VERSION, PeftModel, TargetModules, get_peft_model,

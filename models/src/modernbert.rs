@@ -24,17 +24,15 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tch::nn::{self, Init};
-use tch::{Device, Kind, Tensor};
+use tch::nn::Init;
+use tch::{Kind, Tensor};
 
 use crate::attention;
 use crate::checkpoint::{ActivationCheckpointing, ReadOnlyLayer, Shared, run_layers};
 use crate::configuration_utils::{self, LabelConfig, PretrainedConfig};
-use crate::heads::{self, HeadKind, TaskHead};
-use crate::loading::{self, LoadOptions};
-use crate::modeling_utils::{
-    LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
-};
+use crate::encoder::{EncoderArchitecture, EncoderFor};
+use crate::heads::{self, HeadKind};
+use crate::modeling_utils::{ModelInputs, ModelOutput};
 use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
@@ -656,7 +654,7 @@ impl ModernBertModel {
 
 /// Upstream `ModernBertPredictionHead`: `norm(act(dense(x)))`.
 #[derive(Debug)]
-struct PredictionHead {
+pub struct PredictionHead {
     ctx: Context,
     dense: Linear,
     norm: Norm,
@@ -690,7 +688,8 @@ impl PredictionHead {
 
 /// Which head sits on the body.
 #[derive(Debug)]
-enum Head {
+pub enum Head {
+    /// The base model's: none.
     None,
     /// `head` then the decoder tied to `tok_embeddings`, with `decoder.bias`.
     MaskedLm {
@@ -716,19 +715,7 @@ enum Head {
 }
 
 /// A ModernBERT model with one of upstream's heads; use the type aliases.
-#[derive(Debug)]
-pub struct ModernBert<K: TaskHead> {
-    task: std::marker::PhantomData<K>,
-    vs: nn::VarStore,
-    ctx: Context,
-    model: ModernBertModel,
-    head: Head,
-    config: ModernBertConfig,
-    training: bool,
-    /// Run the layers on the real tokens only (see [`TrainableModel::set_padding_free`]; off
-    /// unless `TCHTRAIN_PADDING_FREE` turns it on).
-    padding_free: bool,
-}
+pub type ModernBert<K> = EncoderFor<ModernBertConfig, K>;
 
 /// Upstream `ModernBertModel` as a standalone model (weights at the root).
 pub type ModernBertBaseModel = ModernBert<heads::Base>;
@@ -741,34 +728,48 @@ pub type ModernBertForTokenClassification = ModernBert<heads::TokenClassificatio
 /// Upstream `ModernBertForQuestionAnswering`.
 pub type ModernBertForQuestionAnswering = ModernBert<heads::QuestionAnswering>;
 
-impl<K: TaskHead> ModernBert<K> {
-    /// What the head reads of the last hidden state (whether it can run padding-free):
-    /// the sequence classifier pools the first token or, with `classifier_pooling: "mean"`,
-    /// the real tokens' mean.
-    fn encoder_head(config: &ModernBertConfig) -> EncoderHead {
-        match K::KIND {
-            HeadKind::SequenceClassification if config.classifier_pooling == "mean" => {
+impl EncoderArchitecture for ModernBertConfig {
+    type Body = ModernBertModel;
+    type Head = Head;
+
+    fn config_from_file(path: &Path) -> Result<Self> {
+        Self::from_file(path)
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
+    fn extra_mut(&mut self) -> &mut Map<String, Value> {
+        &mut self.extra
+    }
+    fn base_model_prefix(&self) -> &'static str {
+        "model"
+    }
+    fn classes(&self) -> [&'static str; 5] {
+        [
+            "ModernBertModel",
+            "ModernBertForMaskedLM",
+            "ModernBertForSequenceClassification",
+            "ModernBertForTokenClassification",
+            "ModernBertForQuestionAnswering",
+        ]
+    }
+    /// The sequence classifier pools the first token or, with `classifier_pooling:
+    /// "mean"`, the real tokens' mean.
+    fn encoder_head(&self, kind: HeadKind) -> EncoderHead {
+        match kind {
+            HeadKind::SequenceClassification if self.classifier_pooling == "mean" => {
                 EncoderHead::MaskedMean
             }
             kind => EncoderHead::of(kind),
         }
     }
-
-    /// A freshly initialised model, seeded by tch's RNG.
-    pub fn new(config: &ModernBertConfig, device: Device) -> Result<Self> {
-        Self::new_in(config, device, &Context::new())
-    }
-
-    /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
-    /// `from_pretrained`).
-    pub(crate) fn new_in(config: &ModernBertConfig, device: Device, ctx: &Context) -> Result<Self> {
-        let vs = nn::VarStore::new(device);
-        let root = tchtrain_nn::Path::root(&vs, ctx);
-        let body = if K::KIND == HeadKind::Base {
-            root.clone()
-        } else {
-            &root / "model"
-        };
+    fn build(
+        &self,
+        kind: HeadKind,
+        root: &tchtrain_nn::Path<'_>,
+        body: tchtrain_nn::Path<'_>,
+    ) -> Result<(ModernBertModel, Head)> {
+        let config = self;
         let model = ModernBertModel::new(body, config)?;
         let (d, n) = (config.hidden_size, config.labels.num_labels());
         // Every classifier has a bias; its weight's deviation is `hidden_size ** -0.5`.
@@ -782,12 +783,12 @@ impl<K: TaskHead> ModernBert<K> {
                 config,
             )
         };
-        let head = match K::KIND {
+        let head = match kind {
             HeadKind::MaskedLm => {
-                let head = PredictionHead::new(&root / "head", config)?;
+                let head = PredictionHead::new(root / "head", config)?;
                 let bias = config.decoder_bias.then(|| {
                     tchtrain_nn::initialization::var(
-                        &(&root / "decoder"),
+                        &(root / "decoder"),
                         "bias",
                         &[config.vocab_size],
                         Init::Const(0.0),
@@ -796,99 +797,45 @@ impl<K: TaskHead> ModernBert<K> {
                 Head::MaskedLm { head, bias }
             }
             HeadKind::SequenceClassification => Head::SequenceClassification {
-                head: PredictionHead::new(&root / "head", config)?,
-                classifier: classifier(&root)?,
+                head: PredictionHead::new(root / "head", config)?,
+                classifier: classifier(root)?,
             },
             HeadKind::TokenClassification => Head::TokenClassification {
-                head: PredictionHead::new(&root / "head", config)?,
-                classifier: classifier(&root)?,
+                head: PredictionHead::new(root / "head", config)?,
+                classifier: classifier(root)?,
             },
             HeadKind::QuestionAnswering => {
                 crate::modeling_utils::check_question_answering_labels(n)?;
                 Head::QuestionAnswering {
-                    head: PredictionHead::new(&root / "head", config)?,
-                    classifier: classifier(&root)?,
+                    head: PredictionHead::new(root / "head", config)?,
+                    classifier: classifier(root)?,
                 }
             }
-            _ => Head::None,
+            HeadKind::Base => Head::None,
         };
-        if K::KIND == HeadKind::MaskedLm && !config.tie_word_embeddings {
+        if kind == HeadKind::MaskedLm && !config.tie_word_embeddings {
             return Err(Error::InvalidConfig {
                 field: "tie_word_embeddings",
                 value: "false".into(),
                 fix: "only ModernBERT's tied decoder is implemented; set tie_word_embeddings to true",
             });
         }
-        Ok(Self {
-            vs,
-            ctx: ctx.clone(),
-            task: std::marker::PhantomData,
-            model,
-            head,
-            config: config.clone(),
-            training: false,
-            padding_free: Self::encoder_head(config) != EncoderHead::AllPositions
-                && crate::modeling_utils::padding_free_from_env(),
-        })
+        Ok((model, head))
     }
-
-    /// Upstream `from_pretrained(dir, num_labels=...)` on a resolved local folder.
-    pub fn from_pretrained_dir(
-        dir: &Path,
-        num_labels: Option<i64>,
-        device: Device,
-        options: &LoadOptions,
-    ) -> Result<Loaded<Self>> {
-        let mut config = ModernBertConfig::from_file(&dir.join(loading::CONFIG_NAME))?;
-        if let Some(n) = num_labels {
-            config.labels.set_num_labels(n)?;
-        }
-        loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
-            Self::new_in(&config, device, ctx)
-        })
+    fn checkpointing(body: &mut ModernBertModel) -> &mut Option<ActivationCheckpointing> {
+        &mut body.checkpointing
     }
-}
-
-impl<K: TaskHead> PreTrainedModel for ModernBert<K> {
-    fn architecture(&self) -> &'static str {
-        K::KIND.class(&[
-            "ModernBertModel",
-            "ModernBertForMaskedLM",
-            "ModernBertForSequenceClassification",
-            "ModernBertForTokenClassification",
-            "ModernBertForQuestionAnswering",
-        ])
+    fn is_checkpointing(body: &ModernBertModel) -> bool {
+        body.checkpointing.is_some()
     }
-    fn config(&self) -> &dyn PretrainedConfig {
-        &self.config
-    }
-}
-
-impl<K: TaskHead> TrainableModel for ModernBert<K> {
-    crate::modeling_utils::model_plumbing!();
-    crate::modeling_utils::checkpointing_plumbing!(model);
-    fn loss_type(&self) -> Option<&str> {
-        (K::KIND == HeadKind::MaskedLm).then_some("ForMaskedLM")
-    }
-    /// As BERT's: the sequence classifier when every row's first token is real (or always,
-    /// pooling the mean), the masked-LM and token classifiers in training when the labels
-    /// ignore the padding; the base model and the question answerer refuse it.
-    fn set_padding_free(&mut self, on: bool) -> Result<()> {
-        Self::encoder_head(&self.config).check(on, self.architecture())?;
-        self.padding_free = on;
-        Ok(())
-    }
-    fn label_check(&self) -> Option<LabelCheck> {
-        K::KIND.label_check(self.config.labels.num_labels())
-    }
-    fn label_names(&self) -> Vec<String> {
-        K::KIND.label_names()
+    fn loss_type(kind: HeadKind) -> Option<&'static str> {
+        (kind == HeadKind::MaskedLm).then_some("ForMaskedLM")
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
-        name.strip_prefix("model.").unwrap_or(name) == "embeddings.tok_embeddings.weight"
+        name == "embeddings.tok_embeddings.weight"
     }
-    fn tied_weights(&self) -> Vec<(String, String)> {
-        match K::KIND {
+    fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
+        match kind {
             HeadKind::MaskedLm => vec![(
                 "decoder.weight".into(),
                 "model.embeddings.tok_embeddings.weight".into(),
@@ -896,16 +843,22 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
             _ => vec![],
         }
     }
-    fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
-        let train = self.training;
-        let padding_free =
-            Self::encoder_head(&self.config).runs_padding_free(self.padding_free, train, inputs);
-        let h = self.model.forward_with(inputs, train, padding_free)?;
-        let c = &self.config;
+    fn forward(
+        &self,
+        _kind: HeadKind,
+        model: &ModernBertModel,
+        head: &Head,
+        ctx: &Context,
+        inputs: &ModelInputs<'_>,
+        train: bool,
+        padding_free: bool,
+    ) -> Result<ModelOutput> {
+        let h = model.forward_with(inputs, train, padding_free)?;
+        let c = self;
         let dropout = |x: &Tensor| {
-            tchtrain_nn::dropout_traced(&self.ctx, x, c.classifier_dropout, train, || "drop".into())
+            tchtrain_nn::dropout_traced(ctx, x, c.classifier_dropout, train, || "drop".into())
         };
-        let (logits, loss) = match &self.head {
+        let (logits, loss) = match head {
             Head::None => (h.shallow_clone(), None),
             Head::MaskedLm { head, bias } => {
                 // `sparse_prediction`: only the labelled tokens go through the head.
@@ -919,7 +872,7 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
                     (_, l) => (h.shallow_clone(), l.map(|l| l.shallow_clone())),
                 };
                 let t = head.forward(&x);
-                let weight = self.model.tok_embeddings();
+                let weight = model.tok_embeddings();
                 let logits = match bias {
                     Some(b) => t.linear(weight, Some(b)),
                     None => t.linear(weight, None::<&Tensor>),
@@ -968,7 +921,6 @@ impl<K: TaskHead> TrainableModel for ModernBert<K> {
                 (logits, loss)
             }
         };
-        self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),

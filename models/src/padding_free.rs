@@ -122,7 +122,7 @@ pub(crate) fn dropout_traced(
 /// What an encoder's head reads of the last hidden state, which decides whether its forward
 /// may run padding-free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EncoderHead {
+pub enum EncoderHead {
     /// A sequence classifier pooling the first token: padding-free when every row's first
     /// token is real.
     FirstToken,
