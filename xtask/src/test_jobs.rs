@@ -1,10 +1,10 @@
 //! The workspace's test binaries run side by side: `cargo test` runs one binary after the
-//! other, and the Trainer's (the longest, ~25 min on 2 cores) leaves about half the CPU idle
+//! other, and the Trainer's (the longest, ~8 min one test at a time) leaves about half the CPU idle
 //! while its tests wait on each other (one global-generator lock) and on their ranks. So
 //! `cargo xtask test` builds every test binary first (`cargo test --no-run`), then runs them
 //! in `TCHTRAIN_TEST_JOBS` slots (default 2, at most the cores), the longest first, with the
-//! doc tests as one more job. The longest binaries run as one shard per slot (separate
-//! processes, each with its own generator and lock). Each binary runs as `cargo test` runs
+//! doc tests as one more job. The longest binaries run as shards of about a minute each
+//! (separate processes, each with its own generator and lock). Each binary runs as `cargo test` runs
 //! it (its package's folder as the working directory, the same environment); its output is
 //! printed whole when it ends, with its time.
 
@@ -75,14 +75,15 @@ fn package_name(id: &str) -> String {
 }
 
 /// Seconds a package's integration tests (`it`) take on 2 cores when run alone (the
-/// trainer's ~500 s one test at a time, the models' ~450 s, the examples' ~230 s when last
-/// measured), so that the longest start first; the others, and every library's unit tests,
-/// take well under a minute.
+/// trainer's ~400 s one test at a time, the models' ~450 s, the examples' ~230 s, the
+/// optimizers' ~90 s when last measured), so that the longest start first; the others, and
+/// every library's unit tests, take well under a minute.
 fn expected_seconds(package: &str, target: &str) -> u64 {
     match (package, target) {
-        ("tchtrain-trainer", "it") => 500,
+        ("tchtrain-trainer", "it") => 400,
         ("tchtrain-models", "it") => 450,
         ("tchtrain-examples", "it") => 230,
+        ("tchtrain-optim", "it") => 90,
         _ => 30,
     }
 }
@@ -91,7 +92,12 @@ fn expected_seconds(package: &str, target: &str) -> u64 {
 /// Its tests serialise on one lock per process (libtorch's global generator,
 /// `tchtrain_testing::lock`) and wait on their ranks, so one process leaves about half of
 /// 2 cores idle; shards in separate processes have a generator each.
-const SHARD_ABOVE_SECONDS: u64 = 400;
+const SHARD_ABOVE_SECONDS: u64 = 200;
+
+/// About this many expected seconds of tests per shard: short shards let the pool even out
+/// the long ones (round-robin shards of the Trainer's tests took 232 s to 773 s side by
+/// side when they were four). A shard's process start costs about a second.
+const SECONDS_PER_SHARD: u64 = 60;
 
 /// One job: a label and the command it runs.
 pub(crate) struct Job {
@@ -106,17 +112,15 @@ pub(crate) struct Job {
 impl Job {
     /// The jobs running `binary` with `env` and `args` (libtest's options) in its package's
     /// folder: one, or for a binary expected to run longer than [`SHARD_ABOVE_SECONDS`]
-    /// twice `slots` shards, each running every n-th of its tests (`--exact` names, in
-    /// libtest's order so that each module's tests spread over the shards). More shards than
-    /// slots: the pool evens out shards of unequal length (the models' two halves took 204 s
-    /// and 385 s).
+    /// one shard per [`SECONDS_PER_SHARD`] (at least twice `slots`, at most one per test),
+    /// each running every n-th of its tests (`--exact` names, in libtest's order so that
+    /// each module's tests spread over the shards).
     pub(crate) fn for_binary(
         binary: &TestBinary,
         env: &[(String, std::ffi::OsString)],
         args: &[&str],
         slots: usize,
     ) -> Result<Vec<Self>, String> {
-        let shards = 2 * slots;
         let label = format!("{} {}", binary.package, binary.target);
         let weight = expected_seconds(&binary.package, &binary.target);
         let command = || {
@@ -138,7 +142,9 @@ impl Job {
             &format!("listing the tests of {label}"),
         )?;
         let names = listed_tests(&listing);
-        let shards = shards.min(names.len().max(1));
+        let shards = (2 * slots)
+            .max(weight.div_ceil(SECONDS_PER_SHARD) as usize)
+            .min(names.len().max(1));
         Ok((0..shards)
             .map(|i| {
                 let mut c = command();
@@ -332,10 +338,10 @@ warning: not json"#;
         };
         let jobs =
             Job::for_binary(&binary("tchtrain-trainer"), &env, &["--include-ignored"], 2).unwrap();
-        // Twice the slots, at most one shard per test.
+        // One shard per minute expected (400 s: 7), at most one per test.
         assert_eq!(jobs.len(), 3);
         assert_eq!(jobs[0].label, "tchtrain-trainer it (shard 1/3)");
-        assert_eq!(jobs[0].weight, 166);
+        assert_eq!(jobs[0].weight, 133);
         assert_eq!(args(&jobs[0]), ["--include-ignored", "--exact", "a::one"]);
         assert_eq!(args(&jobs[1]), ["--include-ignored", "--exact", "a::two"]);
         assert_eq!(args(&jobs[2]), ["--include-ignored", "--exact", "b::three"]);
