@@ -307,19 +307,9 @@ fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
         "setup: installing torch=={TORCH_VERSION} and reference packages from {} (first time: ~1-2 min, ~5 GB)",
         req_path.display()
     );
-    // `--no-compile`: pip would byte-compile every installed module (transformers alone holds
-    // ~40 MB of Python, most of it models no script imports) while the warm-up build wants
-    // the cores; Python compiles what it imports on first use and caches it.
     cmd::status(
         Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-compile",
-                "-r",
-            ])
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "-r"])
             .arg(&req_path),
         "installing the Python requirements from PyPI (is PyPI reachable?)",
     )?;
