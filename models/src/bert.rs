@@ -801,6 +801,9 @@ impl<C: EncoderConfig> EncoderArchitecture for C {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         EncoderConfig::extra_mut(self)
     }
+    fn tie_word_embeddings(&self) -> bool {
+        self.bert().tie_word_embeddings
+    }
     fn base_model_prefix(&self) -> &'static str {
         self.family().base_model_prefix
     }
@@ -821,13 +824,6 @@ impl<C: EncoderConfig> EncoderArchitecture for C {
         let roberta = family.roberta;
         if kind == HeadKind::QuestionAnswering {
             crate::modeling_utils::check_question_answering_labels(config.num_labels())?;
-        }
-        if kind == HeadKind::MaskedLm && !config.tie_word_embeddings {
-            return Err(Error::InvalidConfig {
-                field: "tie_word_embeddings",
-                value: "false".into(),
-                fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
-            });
         }
         // XLM-RoBERTa's heads register before the body (their parameters come first).
         if family.head_first {

@@ -813,6 +813,9 @@ impl EncoderArchitecture for DebertaV2Config {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, Value> {
         &mut self.extra
     }
+    fn tie_word_embeddings(&self) -> bool {
+        self.tie_word_embeddings
+    }
     fn base_model_prefix(&self) -> &'static str {
         "deberta"
     }
@@ -840,13 +843,6 @@ impl EncoderArchitecture for DebertaV2Config {
         );
         let head = match kind {
             HeadKind::MaskedLm => {
-                if !config.tie_word_embeddings {
-                    return Err(Error::InvalidConfig {
-                        field: "tie_word_embeddings",
-                        value: "false".into(),
-                        fix: "only the decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
-                    });
-                }
                 let (t, transform) = if config.legacy {
                     let t = root / "cls" / "predictions";
                     let transform = &t / "transform";

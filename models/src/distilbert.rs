@@ -423,6 +423,9 @@ impl EncoderArchitecture for DistilBertConfig {
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
         &mut self.extra
     }
+    fn tie_word_embeddings(&self) -> bool {
+        self.tie_word_embeddings
+    }
     fn base_model_prefix(&self) -> &'static str {
         "distilbert"
     }
@@ -450,13 +453,6 @@ impl EncoderArchitecture for DistilBertConfig {
         );
         let head = match kind {
             HeadKind::MaskedLm => {
-                if !config.tie_word_embeddings {
-                    return Err(Error::InvalidConfig {
-                        field: "tie_word_embeddings",
-                        value: "false".into(),
-                        fix: "only the tied vocab_projector is implemented; set tie_word_embeddings to true",
-                    });
-                }
                 let vocab_transform = Linear::new(root / "vocab_transform", d, d, true, std);
                 let vocab_layer_norm = LayerNorm::new(root / "vocab_layer_norm", d, EPS);
                 let projector_bias = tchtrain_nn::initialization::var(

@@ -15,13 +15,13 @@ use tch::{Device, nn};
 use tchtrain_nn::Context;
 
 use crate::PreTrainedModel;
-use crate::Result;
 use crate::checkpoint::ActivationCheckpointing;
 use crate::configuration_utils::{LabelConfig, PretrainedConfig};
 use crate::heads::{HeadKind, TaskHead};
 use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{LabelCheck, Loaded, ModelInputs, ModelOutput, TrainableModel};
 use crate::padding_free::EncoderHead;
+use crate::{Error, Result};
 
 /// What an encoder family puts in [`EncoderFor`]; its config type is the family.
 pub trait EncoderArchitecture:
@@ -38,6 +38,9 @@ pub trait EncoderArchitecture:
     fn labels_mut(&mut self) -> &mut LabelConfig;
     /// Keys not interpreted (`use_cache`, ...), kept so that `config.json` round-trips.
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value>;
+    /// `tie_word_embeddings`: the masked-LM decoder is the word embeddings (the only
+    /// decoder implemented).
+    fn tie_word_embeddings(&self) -> bool;
     /// Upstream's `base_model_prefix`: where the body sits under a head.
     fn base_model_prefix(&self) -> &'static str;
     /// Upstream's class names: base, masked LM, sequence classification, token
@@ -124,6 +127,13 @@ impl<C: EncoderArchitecture, K: TaskHead> EncoderFor<C, K> {
         } else {
             &root / config.base_model_prefix()
         };
+        if K::KIND == HeadKind::MaskedLm && !config.tie_word_embeddings() {
+            return Err(Error::InvalidConfig {
+                field: "tie_word_embeddings",
+                value: "false".into(),
+                fix: "only the masked-LM decoder tied to the word embeddings is implemented; set tie_word_embeddings to true",
+            });
+        }
         let (body, head) = config.build(K::KIND, &root, body)?;
         Ok(Self {
             task: PhantomData,

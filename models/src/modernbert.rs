@@ -741,6 +741,9 @@ impl EncoderArchitecture for ModernBertConfig {
     fn extra_mut(&mut self) -> &mut Map<String, Value> {
         &mut self.extra
     }
+    fn tie_word_embeddings(&self) -> bool {
+        self.tie_word_embeddings
+    }
     fn base_model_prefix(&self) -> &'static str {
         "model"
     }
@@ -813,13 +816,6 @@ impl EncoderArchitecture for ModernBertConfig {
             }
             HeadKind::Base => Head::None,
         };
-        if kind == HeadKind::MaskedLm && !config.tie_word_embeddings {
-            return Err(Error::InvalidConfig {
-                field: "tie_word_embeddings",
-                value: "false".into(),
-                fix: "only ModernBERT's tied decoder is implemented; set tie_word_embeddings to true",
-            });
-        }
         Ok((model, head))
     }
     fn checkpointing(body: &mut ModernBertModel) -> &mut Option<ActivationCheckpointing> {

@@ -331,6 +331,55 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
     Ok(())
 }
 
+/// A masked LM whose config unties the decoder is refused before any weight is built,
+/// naming the field and the fix, for every encoder family.
+#[test]
+fn an_untied_masked_lm_decoder_is_refused_naming_the_field() {
+    use tchtrain_models::{
+        BertConfig, BertForMaskedLM, DebertaV2Config, DebertaV2ForMaskedLM, DistilBertConfig,
+        DistilBertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM,
+    };
+    fn check<M>(built: tchtrain_models::Result<M>, family: &str) {
+        let Err(e) = built else {
+            panic!("{family}: an untied masked-LM decoder was accepted");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("tie_word_embeddings") && e.contains("set tie_word_embeddings to true"),
+            "{family}: {e}"
+        );
+    }
+    let bert = BertConfig {
+        tie_word_embeddings: false,
+        ..Default::default()
+    };
+    check(BertForMaskedLM::new(&bert, Device::Cpu), "BERT");
+    let distilbert = DistilBertConfig {
+        tie_word_embeddings: false,
+        ..Default::default()
+    };
+    check(
+        DistilBertForMaskedLM::new(&distilbert, Device::Cpu),
+        "DistilBERT",
+    );
+    let deberta = DebertaV2Config {
+        tie_word_embeddings: false,
+        ..Default::default()
+    };
+    check(
+        DebertaV2ForMaskedLM::new(&deberta, Device::Cpu),
+        "DeBERTa-v2",
+    );
+    let modernbert = ModernBertConfig {
+        tie_word_embeddings: false,
+        ..Default::default()
+    };
+    check(
+        ModernBertForMaskedLM::new(&modernbert, Device::Cpu),
+        "ModernBERT",
+    );
+}
+
 #[test]
 fn broken_folders_are_typed_errors() -> Result<()> {
     let _g = lock();
