@@ -106,6 +106,7 @@ impl TrainableModel for BagOfWords {
             logits: Some(logits),
             last_hidden_state: None,
             pooler_output: None,
+            aux_loss: None,
         })
     }
     fn model_name(&self) -> &str {

@@ -23,11 +23,15 @@ use crate::llama::{
 };
 use crate::loading::{CONFIG_NAME, LoadOptions};
 use crate::mistral::MistralConfig;
+use crate::mixtral::MixtralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
 use crate::modernbert::ModernBertConfig;
+use crate::olmoe::OlmoeConfig;
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
+use crate::qwen2_moe::Qwen2MoeConfig;
 use crate::qwen3::Qwen3Config;
+use crate::qwen3_moe::Qwen3MoeConfig;
 use crate::roberta::{RobertaConfig, XLMRobertaConfig};
 use crate::t5::T5ForConditionalGeneration;
 use crate::{Error, Result};
@@ -58,7 +62,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmoe (causal LM), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -150,6 +154,12 @@ pub fn from_pretrained_dir(
         ("gemma2", task) => decoder::<Gemma2Config>(dir, task, device, options)?,
         ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
         ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
+        ("qwen2_moe", task) => decoder::<Qwen2MoeConfig>(dir, task, device, options)?,
+        ("qwen3_moe", task) => decoder::<Qwen3MoeConfig>(dir, task, device, options)?,
+        ("mixtral", task) => decoder::<MixtralConfig>(dir, task, device, options)?,
+        ("olmoe", AutoTask::CausalLm) => {
+            decoder::<OlmoeConfig>(dir, AutoTask::CausalLm, device, options)?
+        }
         ("bart" | "mbart", AutoTask::Seq2SeqLm) => boxed(
             BartForConditionalGeneration::from_pretrained_dir(dir, device, options)?,
         ),

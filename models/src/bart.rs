@@ -844,6 +844,7 @@ impl TrainableModel for BartForConditionalGeneration {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

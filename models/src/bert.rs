@@ -989,6 +989,7 @@ impl<C: EncoderConfig> EncoderArchitecture for C {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: pooled,
+            aux_loss: None,
         })
     }
 }

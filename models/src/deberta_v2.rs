@@ -990,6 +990,7 @@ impl EncoderArchitecture for DebertaV2Config {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

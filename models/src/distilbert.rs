@@ -566,6 +566,7 @@ impl EncoderArchitecture for DistilBertConfig {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

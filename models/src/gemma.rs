@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, Gemma, LlamaConfig,
+    DecoderForTokenClassification, Family, Gemma, LlamaConfig, QkNorm,
 };
 use crate::{Error, Result};
 
@@ -119,12 +119,14 @@ impl DecoderConfig for GemmaConfig {
         Ok(Family {
             model_type: "gemma",
             causal_lm: "GemmaForCausalLM",
-            sequence_classification: "GemmaForSequenceClassification",
+            sequence_classification: Some("GemmaForSequenceClassification"),
             prefix: "Gemma",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             mlp_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
             rotary_positional: false,
             gemma: Some(Gemma {

@@ -12,7 +12,7 @@ use crate::configuration_utils::LabelConfig;
 use crate::gemma::refuse_bidirectional;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, Gemma, LlamaConfig, sliding_windows,
+    DecoderForTokenClassification, Family, Gemma, LlamaConfig, QkNorm, sliding_windows,
 };
 use crate::{Error, Result};
 
@@ -154,12 +154,14 @@ impl DecoderConfig for Gemma2Config {
         Ok(Family {
             model_type: "gemma2",
             causal_lm: "Gemma2ForCausalLM",
-            sequence_classification: "Gemma2ForSequenceClassification",
+            sequence_classification: Some("Gemma2ForSequenceClassification"),
             prefix: "Gemma2",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             mlp_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             sliding_windows: gemma_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

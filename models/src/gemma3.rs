@@ -12,7 +12,8 @@ use serde_json::{Map, Value};
 use crate::configuration_utils::LabelConfig;
 use crate::gemma2::{check_heads, gemma_windows};
 use crate::llama::{
-    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma, LlamaConfig,
+    DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma,
+    LlamaConfig, QkNorm,
 };
 use crate::{Error, Result};
 
@@ -190,12 +191,14 @@ impl DecoderConfig for Gemma3TextConfig {
         Ok(Family {
             model_type: "gemma3_text",
             causal_lm: "Gemma3ForCausalLM",
-            sequence_classification: "Gemma3TextForSequenceClassification",
+            sequence_classification: Some("Gemma3TextForSequenceClassification"),
             prefix: "Gemma3",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             mlp_bias: false,
-            qk_norm: true,
+            qk_norm: QkNorm::PerHead,
+            clip_qkv: None,
+            moe: None,
             sliding_windows: gemma_windows(
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,

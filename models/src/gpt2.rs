@@ -627,6 +627,7 @@ impl TrainableModel for GPT2LMHeadModel {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }
@@ -764,6 +765,7 @@ impl TrainableModel for GPT2ForSequenceClassification {
             logits: Some(pooled),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }
@@ -858,6 +860,7 @@ impl TrainableModel for GPT2ForQuestionAnswering {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

@@ -21,6 +21,7 @@ mod cache_utils;
 mod chat_template;
 mod checkpoint;
 mod configuration_utils;
+mod conversion_mapping;
 mod deberta_v2;
 mod distilbert;
 mod encoder;
@@ -36,14 +37,18 @@ mod liger;
 mod llama;
 mod loading;
 mod mistral;
+mod mixtral;
 mod modeling_utils;
 mod modernbert;
 mod multilingual;
+mod olmoe;
 mod padding_free;
 mod peft;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
+mod qwen3_moe;
 mod roberta;
 mod rope;
 mod t5;
@@ -68,6 +73,7 @@ pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{
     LabelConfig, PretrainedConfig, TRANSFORMERS_VERSION, read_model_type,
 };
+pub use conversion_mapping::WeightConversion;
 pub use deberta_v2::{
     DebertaV2, DebertaV2BaseModel, DebertaV2Config, DebertaV2ForMaskedLM,
     DebertaV2ForQuestionAnswering, DebertaV2ForSequenceClassification,
@@ -104,7 +110,7 @@ pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
     DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, LlamaConfig,
     LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForSequenceClassification,
-    LlamaForTokenClassification, LlamaModel, Phi3, QuestionAnsweringClass,
+    LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm, QuestionAnsweringClass,
 };
 pub use loading::{
     CONFIG_NAME, LoadDtype, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
@@ -114,6 +120,10 @@ pub use loading::{
 pub use mistral::{
     MistralConfig, MistralForCausalLM, MistralForQuestionAnswering,
     MistralForSequenceClassification, MistralForTokenClassification,
+};
+pub use mixtral::{
+    MixtralConfig, MixtralForCausalLM, MixtralForQuestionAnswering,
+    MixtralForSequenceClassification, MixtralForTokenClassification,
 };
 pub use modeling_utils::{
     LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PADDING_FREE_ENV, PreTrainedModel,
@@ -125,6 +135,7 @@ pub use modernbert::{
     ModernBertForTokenClassification, ModernBertModel,
 };
 pub use multilingual::LanguageCodes;
+pub use olmoe::{OlmoeConfig, OlmoeForCausalLM};
 pub use padding_free::EncoderHead;
 pub use peft::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
@@ -137,9 +148,17 @@ pub use qwen2::{
     Qwen2Config, Qwen2ForCausalLM, Qwen2ForQuestionAnswering, Qwen2ForSequenceClassification,
     Qwen2ForTokenClassification,
 };
+pub use qwen2_moe::{
+    Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen2MoeForQuestionAnswering,
+    Qwen2MoeForSequenceClassification, Qwen2MoeForTokenClassification,
+};
 pub use qwen3::{
     Qwen3Config, Qwen3ForCausalLM, Qwen3ForQuestionAnswering, Qwen3ForSequenceClassification,
     Qwen3ForTokenClassification,
+};
+pub use qwen3_moe::{
+    Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeForQuestionAnswering,
+    Qwen3MoeForSequenceClassification, Qwen3MoeForTokenClassification,
 };
 pub use roberta::{
     RobertaConfig, RobertaForMaskedLM, RobertaForQuestionAnswering,

@@ -122,7 +122,8 @@ pub struct Family {
     /// Upstream's class name of the causal LM (`Qwen2ForCausalLM`).
     pub causal_lm: &'static str,
     /// Upstream's class name of the sequence classifier (`Qwen2ForSequenceClassification`).
-    pub sequence_classification: &'static str,
+    /// `None` where upstream has none (OLMoE).
+    pub sequence_classification: Option<&'static str>,
     /// Upstream's class-name prefix (`Qwen2` for `Qwen2DecoderLayer`, `Qwen2RMSNorm`, ...).
     pub prefix: &'static str,
     /// Biases on `q_proj`, `k_proj`, `v_proj`.
@@ -131,8 +132,12 @@ pub struct Family {
     pub o_bias: bool,
     /// Biases on the MLP's projections.
     pub mlp_bias: bool,
-    /// Qwen3's per-head RMSNorm of the queries and keys (`q_norm`, `k_norm`) before RoPE.
-    pub qk_norm: bool,
+    /// RMSNorms of the queries and keys (`q_norm`, `k_norm`) before RoPE.
+    pub qk_norm: QkNorm,
+    /// OLMoE's `clip_qkv`: the projections clamped to `[-clip, clip]` after the norms.
+    pub clip_qkv: Option<f64>,
+    /// The mixture-of-experts blocks (`None`: every layer's MLP is dense).
+    pub moe: Option<Moe>,
     /// Each layer's sliding window (`None`: full causal attention).
     pub sliding_windows: Vec<Option<i64>>,
     /// The model calls its rotary embedding with `position_ids` as a positional argument
@@ -148,6 +153,108 @@ pub struct Family {
     /// Upstream's question-answering class (`Qwen2ForQuestionAnswering`) and the attribute
     /// its body sits under; `None` where upstream has none (Gemma 1–3, Phi-3).
     pub question_answering: Option<QuestionAnsweringClass>,
+}
+
+/// Where a family normalises its queries and keys before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// No query / key norm (Llama).
+    None,
+    /// Qwen3's and Gemma 3's: per head, over `head_dim`, right after each projection.
+    PerHead,
+    /// OLMoE's: over the whole projection (`hidden_size` for the queries, the key heads'
+    /// width for the keys), before the split into heads.
+    Projection,
+}
+
+/// What a mixture-of-experts family's sparse blocks are (upstream's `XSparseMoeBlock`: a
+/// top-k router `gate` and the fused `experts`; Qwen2-MoE adds a gated shared expert).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    /// `num_experts` / `num_local_experts`.
+    pub num_experts: i64,
+    /// `num_experts_per_tok`.
+    pub num_experts_per_tok: i64,
+    /// Each expert's intermediate size (`moe_intermediate_size`, Mixtral's and OLMoE's
+    /// `intermediate_size`).
+    pub moe_intermediate_size: i64,
+    /// How the router weighs the chosen experts.
+    pub router: tchtrain_nn::RouterKind,
+    /// Which layers are sparse (the others have the dense MLP of `intermediate_size`):
+    /// upstream's `mlp_only_layers` and `decoder_sparse_step`.
+    pub sparse_layers: Vec<bool>,
+    /// Qwen2-MoE's `shared_expert_intermediate_size`: a dense MLP on every token, gated by
+    /// `sigmoid(shared_expert_gate(x))`, added to the experts' output.
+    pub shared_expert_intermediate_size: Option<i64>,
+    /// Upstream registers the router before the experts (Mixtral, OLMoE, Qwen2-MoE); Qwen3-MoE
+    /// registers the experts first.
+    pub router_first: bool,
+    /// `output_router_logits`: the causal LM adds `router_aux_loss_coef` times
+    /// upstream's `load_balancing_loss_func` to its loss.
+    pub output_router_logits: bool,
+    /// `router_aux_loss_coef`.
+    pub router_aux_loss_coef: f64,
+    /// How the family's checkpoints store the experts (per expert, under upstream's names).
+    pub checkpoint_layout: crate::WeightConversion,
+    /// Mixtral's `router_jitter_noise`: in training, the block's input scaled by
+    /// `U(1 - noise, 1 + noise)`.
+    pub router_jitter_noise: f64,
+}
+
+impl Moe {
+    /// The sizes upstream's blocks need to run.
+    fn validate(&self, num_hidden_layers: i64) -> Result<()> {
+        configuration_utils::check_sizes(
+            &[
+                ("num_experts", self.num_experts),
+                ("num_experts_per_tok", self.num_experts_per_tok),
+                ("moe_intermediate_size", self.moe_intermediate_size),
+            ],
+            ("num_hidden_layers", num_hidden_layers),
+        )?;
+        if self.num_experts_per_tok > self.num_experts {
+            return Err(Error::InvalidConfig {
+                field: "num_experts_per_tok",
+                value: format!(
+                    "{} (num_experts {})",
+                    self.num_experts_per_tok, self.num_experts
+                ),
+                fix: "route each token to at most num_experts experts",
+            });
+        }
+        if self.sparse_layers.len() as i64 != num_hidden_layers {
+            return Err(Error::InvalidConfig {
+                field: "mlp_only_layers",
+                value: format!("{} layers", self.sparse_layers.len()),
+                fix: "give one entry per layer (num_hidden_layers)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Upstream's sparse layers: not in `mlp_only_layers`, and every `decoder_sparse_step`-th
+    /// (`(i + 1) % step == 0`) when there are experts.
+    pub(crate) fn sparse_layers(
+        num_hidden_layers: i64,
+        num_experts: i64,
+        mlp_only_layers: &[i64],
+        decoder_sparse_step: i64,
+    ) -> Result<Vec<bool>> {
+        if decoder_sparse_step <= 0 {
+            return Err(Error::InvalidConfig {
+                field: "decoder_sparse_step",
+                value: decoder_sparse_step.to_string(),
+                fix: "use a positive number of layers per sparse layer",
+            });
+        }
+        Ok((0..num_hidden_layers)
+            .map(|i| {
+                !mlp_only_layers.contains(&i)
+                    && num_experts > 0
+                    && (i + 1) % decoder_sparse_step == 0
+            })
+            .collect())
+    }
 }
 
 /// A family's `XForQuestionAnswering` (`GenericForQuestionAnswering`).
@@ -224,12 +331,14 @@ impl DecoderConfig for LlamaConfig {
         Ok(Family {
             model_type: "llama",
             causal_lm: "LlamaForCausalLM",
-            sequence_classification: "LlamaForSequenceClassification",
+            sequence_classification: Some("LlamaForSequenceClassification"),
             prefix: "Llama",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             mlp_bias: self.mlp_bias,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],
             rotary_positional: false,
             gemma: None,
@@ -449,7 +558,7 @@ impl LlamaConfig {
 struct DecoderLayer {
     ctx: Context,
     self_attn: SelfAttention,
-    mlp: Mlp,
+    mlp: FeedForward,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma 2 / 3's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
@@ -467,13 +576,39 @@ struct SelfAttention {
     ctx: Context,
     projections: AttentionProjections,
     o_proj: Linear,
-    /// Qwen3's `q_norm` / `k_norm` (per head, before RoPE).
+    /// `q_norm` / `k_norm` (before RoPE).
     qk_norm: Option<(RmsNorm, RmsNorm)>,
+    /// Whether the norms take the whole projection (OLMoE) rather than each head.
+    qk_norm_projection: bool,
+    /// OLMoE's `clip_qkv`.
+    clip_qkv: Option<f64>,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
     /// The layer's index (its place in a key / value cache).
     idx: usize,
     /// `model.layers.{i}.self_attn`.
+    name: String,
+    class: String,
+}
+
+/// A layer's feed-forward block: the dense MLP, or a mixture of experts.
+#[derive(Debug)]
+enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoeBlock),
+}
+
+/// Upstream `XSparseMoeBlock`: the router `gate`, the `experts`, and Qwen2-MoE's gated
+/// `shared_expert`.
+#[derive(Debug)]
+struct SparseMoeBlock {
+    ctx: Context,
+    gate: tchtrain_nn::TopKRouter,
+    experts: tchtrain_nn::Experts,
+    /// Qwen2-MoE's `shared_expert` and `shared_expert_gate`.
+    shared_expert: Option<(Mlp, Linear)>,
+    jitter_noise: f64,
+    /// `model.layers.{i}.mlp`.
     name: String,
     class: String,
 }
@@ -515,6 +650,8 @@ struct Classes {
     rms_norm: String,
     attention: String,
     mlp: String,
+    sparse_moe_block: String,
+    experts: String,
     decoder_layer: String,
     rotary: String,
     model: String,
@@ -533,6 +670,8 @@ impl Classes {
             rms_norm: format!("{prefix}RMSNorm"),
             attention: format!("{prefix}Attention"),
             mlp: format!("{prefix}MLP"),
+            sparse_moe_block: format!("{prefix}SparseMoeBlock"),
+            experts: format!("{prefix}Experts"),
             decoder_layer: format!("{prefix}DecoderLayer"),
             rotary: format!("{prefix}RotaryEmbedding"),
             model: format!("{prefix}{text}Model"),
@@ -578,6 +717,10 @@ struct LayerInputs {
     cache: Option<crate::DynamicCache>,
     /// The padding-free layout, when the layers run on the real tokens only.
     unpadded: Option<crate::padding_free::Unpadded>,
+    /// The sparse blocks' router logits `[tokens, experts]`, in layer order, when the causal
+    /// LM adds the load-balancing loss (`output_router_logits`; never with checkpointed
+    /// layers, whose forward runs again in the backward).
+    router_logits: Option<std::sync::Mutex<Vec<Tensor>>>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -607,7 +750,10 @@ impl DecoderLayer {
                 (h2, normed)
             }
         };
-        let m = self.mlp.forward(&normed, x);
+        let m = match &self.mlp {
+            FeedForward::Dense(mlp) => mlp.forward(&normed, x),
+            FeedForward::Sparse(block) => block.forward(&normed, x)?,
+        };
         let m = match &self.feedforward_norms {
             Some((_, post)) => post.forward(&m),
             None => x.resid_dropout(m),
@@ -663,18 +809,29 @@ impl SelfAttention {
                 k_proj,
                 v_proj,
             } => {
-                // Qwen3 normalises each projection right after it (q_proj, q_norm, k_proj, k_norm).
+                // Qwen3 normalises each head of a projection right after it (q_proj, q_norm,
+                // k_proj, k_norm); OLMoE the whole projection, then clamps all three
+                // (`clip_qkv`) before splitting them into heads.
+                let clip = |t: Tensor| match self.clip_qkv {
+                    Some(c) => t.clamp(-c, c),
+                    None => t,
+                };
                 let project = |proj: &Linear, heads: i64, norm: Option<&RmsNorm>| {
-                    let t = heads_of(proj.forward(normed), heads);
+                    let t = proj.forward(normed);
                     let t = match norm {
-                        Some(norm) => norm.forward(&t),
-                        None => t,
+                        Some(norm) if self.qk_norm_projection => clip(norm.forward(&t)),
+                        _ => clip(t),
+                    };
+                    let t = heads_of(t, heads);
+                    let t = match norm {
+                        Some(norm) if !self.qk_norm_projection => norm.forward(&t),
+                        _ => t,
                     };
                     t.transpose(1, 2)
                 };
                 let q = project(q_proj, heads, self.qk_norm.as_ref().map(|(q, _)| q));
                 let k = project(k_proj, kv_heads, self.qk_norm.as_ref().map(|(_, k)| k));
-                let v = heads_of(v_proj.forward(normed), kv_heads).transpose(1, 2);
+                let v = heads_of(clip(v_proj.forward(normed)), kv_heads).transpose(1, 2);
                 (q, k, v)
             }
             AttentionProjections::Fused { qkv_proj } => {
@@ -735,6 +892,49 @@ impl SelfAttention {
             tchtrain_nn::Out::Tuple(&[tchtrain_nn::Var::T(&a), tchtrain_nn::Var::None]),
         );
         Ok(a)
+    }
+}
+
+impl SparseMoeBlock {
+    /// Upstream `XSparseMoeBlock.forward`: the tokens flattened, routed and run through their
+    /// experts (plus the gated shared expert), back in the input's shape.
+    fn forward(&self, normed: &Tensor, x: &LayerInputs) -> Result<Tensor> {
+        let size = normed.size();
+        let hidden = size.last().copied().unwrap_or(0);
+        // Mixtral's jitter: `hidden_states *= U(1 - noise, 1 + noise)` in training.
+        let input = if x.train && self.jitter_noise > 0.0 {
+            let noise = normed
+                .f_empty_like()?
+                .f_uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)?;
+            normed * noise
+        } else {
+            normed.shallow_clone()
+        };
+        let flat = input.f_reshape([-1, hidden])?;
+        // Qwen2-MoE's shared expert runs first, as upstream's: autograd sums the gradients
+        // reaching the input in the reverse order of the uses.
+        let shared_out = self
+            .shared_expert
+            .as_ref()
+            .map(|(shared, _)| shared.forward(&flat, x));
+        let (logits, weights, index) = self.gate.forward(&flat)?;
+        if let Some(collected) = &x.router_logits {
+            collected
+                .lock()
+                .map_err(|_| Error::InvalidArgument {
+                    field: "output_router_logits",
+                    detail: "a layer panicked while recording its router logits".into(),
+                })?
+                .push(logits);
+        }
+        let mut out = self.experts.forward(&flat, &index, &weights)?;
+        if let (Some((_, gate)), Some(shared_out)) = (&self.shared_expert, shared_out) {
+            out = out + gate.forward(&flat).sigmoid() * shared_out;
+        }
+        let out = out.f_reshape(size)?;
+        self.ctx
+            .leaf(|| self.name.clone(), &self.class, &[], normed, &out);
+        Ok(out)
     }
 }
 
@@ -848,6 +1048,10 @@ impl LlamaModel {
             None => RmsNorm::new(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
         };
         let (d, std) = (config.hidden_size, config.initializer_range);
+        let act = Activation::parse(&config.hidden_act, "hidden_act")?;
+        if let Some(moe) = &family.moe {
+            moe.validate(config.num_hidden_layers)?;
+        }
         let (hd, heads, kv) = (
             config.head_dim(),
             config.num_attention_heads,
@@ -872,7 +1076,6 @@ impl LlamaModel {
                 let linear = |p: tchtrain_nn::Path<'_>, i: i64, o: i64, bias: bool| {
                     Linear::in_layer(p, i, o, bias, std)
                 };
-                let inter = config.intermediate_size;
                 // Created in upstream's registration order: Phi-3's attention registers
                 // `o_proj` before `qkv_proj`.
                 let (projections, o_proj) = match family.phi3 {
@@ -895,35 +1098,92 @@ impl LlamaModel {
                     }
                 };
                 // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
-                let qk_norm = family
-                    .qk_norm
-                    .then(|| (rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)));
-                let mlp_projections = match family.phi3 {
-                    None => MlpProjections::Separate {
-                        gate_proj: linear(&m / "gate_proj", d, inter, family.mlp_bias),
-                        up_proj: linear(&m / "up_proj", d, inter, family.mlp_bias),
-                    },
-                    Some(_) => MlpProjections::Fused {
-                        gate_up_proj: linear(&m / "gate_up_proj", d, 2 * inter, false),
-                    },
+                let qk_norm = match family.qk_norm {
+                    QkNorm::None => None,
+                    QkNorm::PerHead => {
+                        Some((rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)))
+                    }
+                    QkNorm::Projection => Some((
+                        rms_norm(&a / "q_norm", heads * hd),
+                        rms_norm(&a / "k_norm", kv * hd),
+                    )),
                 };
-                let down_proj = linear(&m / "down_proj", inter, d, family.mlp_bias);
+                let dense = |m: &tchtrain_nn::Path<'_>, inter: i64, class: &str| {
+                    let projections = match family.phi3 {
+                        None => MlpProjections::Separate {
+                            gate_proj: linear(m / "gate_proj", d, inter, family.mlp_bias),
+                            up_proj: linear(m / "up_proj", d, inter, family.mlp_bias),
+                        },
+                        Some(_) => MlpProjections::Fused {
+                            gate_up_proj: linear(m / "gate_up_proj", d, 2 * inter, false),
+                        },
+                    };
+                    Mlp {
+                        ctx: m.ctx().clone(),
+                        projections,
+                        down_proj: linear(m / "down_proj", inter, d, family.mlp_bias),
+                        name: m.name(),
+                        class: class.to_string(),
+                    }
+                };
+                let mlp = match &family.moe {
+                    Some(moe) if moe.sparse_layers[i as usize] => {
+                        let gate = |p| {
+                            tchtrain_nn::TopKRouter::new(
+                                p,
+                                moe.num_experts,
+                                d,
+                                moe.num_experts_per_tok,
+                                std,
+                                moe.router,
+                            )
+                        };
+                        let experts = |p| {
+                            tchtrain_nn::Experts::new(
+                                p,
+                                moe.num_experts,
+                                d,
+                                moe.moe_intermediate_size,
+                                act,
+                                std,
+                                classes.experts.clone(),
+                            )
+                        };
+                        // Created in upstream's registration order.
+                        let (gate, experts) = if moe.router_first {
+                            let gate = gate(&m / "gate");
+                            (gate, experts(&m / "experts"))
+                        } else {
+                            let experts = experts(&m / "experts");
+                            (gate(&m / "gate"), experts)
+                        };
+                        let shared_expert = moe.shared_expert_intermediate_size.map(|inter| {
+                            let shared = dense(&(&m / "shared_expert"), inter, &classes.mlp);
+                            (shared, linear(&m / "shared_expert_gate", d, 1, false))
+                        });
+                        FeedForward::Sparse(SparseMoeBlock {
+                            ctx: m.ctx().clone(),
+                            gate,
+                            experts,
+                            shared_expert,
+                            jitter_noise: moe.router_jitter_noise,
+                            name: m.name(),
+                            class: classes.sparse_moe_block.clone(),
+                        })
+                    }
+                    _ => FeedForward::Dense(dense(&m, config.intermediate_size, &classes.mlp)),
+                };
                 let self_attn = SelfAttention {
                     ctx: a.ctx().clone(),
                     projections,
                     o_proj,
                     qk_norm,
+                    qk_norm_projection: family.qk_norm == QkNorm::Projection,
+                    clip_qkv: family.clip_qkv,
                     sliding: family.sliding_windows[i as usize].is_some(),
                     idx: i as usize,
                     name: a.name(),
                     class: classes.attention.clone(),
-                };
-                let mlp = Mlp {
-                    ctx: m.ctx().clone(),
-                    projections: mlp_projections,
-                    down_proj,
-                    name: m.name(),
-                    class: classes.mlp.clone(),
                 };
                 Arc::new(Shared(DecoderLayer {
                     self_attn,
@@ -956,7 +1216,7 @@ impl LlamaModel {
                 )?),
                 None => None,
             },
-            act: Activation::parse(&config.hidden_act, "hidden_act")?,
+            act,
             config: config.clone(),
             family,
             classes,
@@ -972,18 +1232,31 @@ impl LlamaModel {
 
     /// The last hidden state `[batch, seq, hidden]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
-        Ok(self.forward_with(inputs, train, false)?.0)
+        Ok(self.forward_with(inputs, train, false, false)?.0)
     }
 
     /// [`forward`](Self::forward), the layers run padding-free when `padding_free`, the
     /// attention mask pads a token and no cache is used (see `crate::padding_free`): the
-    /// last hidden state is then the real tokens' `[tokens, hidden]`, with their layout.
+    /// last hidden state is then the real tokens' `[tokens, hidden]`, with their layout. With
+    /// `router_logits`, the sparse layers' router logits `[batch · seq, experts]` in layer
+    /// order come back too (padding-free, zeros at the padding).
+    #[allow(clippy::type_complexity)]
     pub(crate) fn forward_with(
         &self,
         inputs: &ModelInputs<'_>,
         train: bool,
         padding_free: bool,
-    ) -> Result<(Tensor, Option<crate::padding_free::Unpadded>)> {
+        router_logits: bool,
+    ) -> Result<(Tensor, Option<crate::padding_free::Unpadded>, Vec<Tensor>)> {
+        if router_logits && train && self.checkpointing.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "output_router_logits",
+                detail: format!(
+                    "{}: the load-balancing loss reads the router logits of every layer, which checkpointed layers recompute in the backward: not implemented with gradient_checkpointing here; turn one of them off",
+                    self.family.model_type
+                ),
+            });
+        }
         let c = &self.config;
         let ids = inputs.ids()?;
         let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
@@ -1108,6 +1381,7 @@ impl LlamaModel {
             unpadded: unpadded
                 .as_ref()
                 .map(crate::padding_free::Unpadded::shallow_clone),
+            router_logits: router_logits.then(Default::default),
         }));
         let h = run_layers(
             &self.ctx,
@@ -1120,6 +1394,21 @@ impl LlamaModel {
             |l, h, _, x| l.forward(h, x),
         )?;
         let h = self.norm.forward(&h);
+        let collected = match &x.router_logits {
+            Some(m) => std::mem::take(&mut *m.lock().map_err(|_| Error::InvalidArgument {
+                field: "output_router_logits",
+                detail: "a layer panicked while recording its router logits".into(),
+            })?),
+            None => Vec::new(),
+        };
+        let experts = self.family.moe.as_ref().map_or(0, |m| m.num_experts);
+        let collected = match &unpadded {
+            Some(u) => collected
+                .iter()
+                .map(|l| u.scatter(l).reshape([-1, experts]))
+                .collect(),
+            None => collected,
+        };
         // Called with keyword arguments by the causal LM, with `input_ids` positionally by
         // the sequence classifier.
         if !self.prefix.is_empty() {
@@ -1131,7 +1420,7 @@ impl LlamaModel {
                 Out::One(Var::NotTensor),
             );
         }
-        Ok((h, unpadded))
+        Ok((h, unpadded, collected))
     }
 }
 
@@ -1236,6 +1525,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Ok(())
     }
     crate::modeling_utils::checkpointing_plumbing!(model);
+    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+    }
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
     }
@@ -1269,6 +1561,14 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         liger_kernel_config: Option<&serde_json::Value>,
     ) -> Result<()> {
         let model_type = self.model.family.model_type;
+        if self.model.family.moe.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "use_liger_kernel",
+                detail: format!(
+                    "Liger's kernels for the mixture-of-experts {model_type} (its fused loss with the router's load-balancing term) are not implemented here; train without use_liger_kernel"
+                ),
+            });
+        }
         if self.model.family.gemma.is_some() {
             return Err(Error::InvalidArgument {
                 field: "use_liger_kernel",
@@ -1297,9 +1597,15 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 (Some(l), Some(m)) => crate::padding_free::causal_loss_reads_only_real_tokens(l, m),
                 _ => false,
             };
-        let (h, unpadded) = self
+        let moe = self
             .model
-            .forward_with(inputs, self.training, padding_free)?;
+            .family
+            .moe
+            .as_ref()
+            .filter(|m| m.output_router_logits);
+        let (h, unpadded, router_logits) =
+            self.model
+                .forward_with(inputs, self.training, padding_free, moe.is_some())?;
         if skip_logits {
             let labels = inputs.labels.ok_or(Error::InvalidArgument {
                 field: "skip_logits",
@@ -1322,6 +1628,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 logits: None,
                 last_hidden_state: Some(h),
                 pooler_output: None,
+                aux_loss: None,
             });
         }
         // `logits_to_keep`: the head on the last positions' hidden states alone.
@@ -1371,12 +1678,30 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
             )?),
             None => None,
         };
+        // Mixture of experts with `output_router_logits`: the load-balancing loss, added to
+        // the loss (scaled by `router_aux_loss_coef`) when there are labels.
+        let aux_loss = match moe {
+            Some(moe) => tchtrain_nn::load_balancing_loss_func(
+                &router_logits,
+                moe.num_experts,
+                moe.num_experts_per_tok,
+                inputs.attention_mask,
+            )?,
+            None => None,
+        };
+        let loss = match (loss, &aux_loss, moe) {
+            (Some(loss), Some(aux), Some(moe)) => {
+                Some(loss + aux.to_device(logits.device()) * moe.router_aux_loss_coef)
+            }
+            (loss, _, _) => loss,
+        };
         self.ctx.model_frame(self.architecture())?;
         Ok(ModelOutput {
             loss,
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss,
         })
     }
 }
@@ -1411,13 +1736,17 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
     /// [`new`](Self::new) with the parts sharing `ctx` (a deferred one in
     /// `from_pretrained`).
     pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
+        let family = config.family()?;
+        if family.sequence_classification.is_none() {
+            return Err(Error::UnsupportedArchitecture {
+                name: format!("{} for sequence classification", family.model_type),
+                supported: "upstream has no sequence classifier for this model type; use the causal LM",
+            });
+        }
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let mut model = LlamaModel::with_family(
-            tchtrain_nn::Path::root(&vs, ctx) / "model",
-            &llama,
-            config.family()?,
-        )?;
+        let mut model =
+            LlamaModel::with_family(tchtrain_nn::Path::root(&vs, ctx) / "model", &llama, family)?;
         // `GenericForSequenceClassification` calls `self.model(input_ids, ...)`.
         model.ids_positional = true;
         let score = Linear::new(
@@ -1458,7 +1787,11 @@ impl<C: DecoderConfig> DecoderForSequenceClassification<C> {
 
 impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
     fn architecture(&self) -> &'static str {
-        self.model.family.sequence_classification
+        // Checked when the model was built.
+        self.model
+            .family
+            .sequence_classification
+            .unwrap_or("GenericForSequenceClassification")
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
@@ -1468,6 +1801,9 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
+    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+    }
     set_use_cache!();
     /// When every row's pooled token (its last non-pad token) is real; otherwise the
     /// forward runs padded.
@@ -1493,9 +1829,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
                 }
                 _ => false,
             };
-        let (h, unpadded) = self
-            .model
-            .forward_with(inputs, self.training, padding_free)?;
+        let (h, unpadded, _) =
+            self.model
+                .forward_with(inputs, self.training, padding_free, false)?;
         let logits = self.score.forward(&h);
         // Padding-free: back in the padded layout (zeros at the padding, never pooled).
         let (logits, h) = match &unpadded {
@@ -1514,6 +1850,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
             logits: Some(pooled),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }
@@ -1619,6 +1956,9 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForTokenClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
+    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+    }
     set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Token {
@@ -1642,6 +1982,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }
@@ -1761,6 +2102,9 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForQuestionAnswering<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
+    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+    }
     set_use_cache!();
     fn label_names(&self) -> Vec<String> {
         crate::modeling_utils::question_answering_label_names()
@@ -1782,6 +2126,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

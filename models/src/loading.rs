@@ -284,6 +284,10 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     skipped.extend(dropped.iter().map(|k| k.to_string()));
     let tensors = read_checkpoint(dir)?;
+    let tensors = match model.weight_conversion() {
+        Some(conversion) => conversion.convert(tensors)?,
+        None => tensors,
+    };
     let kind = options.dtype.resolve(dir, &tensors)?;
     let info = load_into(
         model.var_store_mut(),
@@ -463,6 +467,9 @@ pub fn save_pretrained_state_dict<M: PreTrainedModel + ?Sized>(
         path: dir.to_path_buf(),
         source,
     })?;
+    if let Some(conversion) = model.weight_conversion() {
+        tensors = conversion.revert(tensors)?;
+    }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let dtype = tensors
         .first()

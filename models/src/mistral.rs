@@ -8,7 +8,7 @@ use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig, QkNorm,
     QuestionAnsweringClass,
 };
 
@@ -93,12 +93,14 @@ impl DecoderConfig for MistralConfig {
         Ok(Family {
             model_type: "mistral",
             causal_lm: "MistralForCausalLM",
-            sequence_classification: "MistralForSequenceClassification",
+            sequence_classification: Some("MistralForSequenceClassification"),
             prefix: "Mistral",
             qkv_bias: false,
             o_bias: false,
             mlp_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             rotary_positional: false,
             gemma: None,
             phi3: None,

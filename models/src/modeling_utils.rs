@@ -81,6 +81,9 @@ pub struct ModelOutput {
     pub last_hidden_state: Option<Tensor>,
     /// The pooled output (BERT's pooler) when the model has one.
     pub pooler_output: Option<Tensor>,
+    /// A mixture-of-experts causal LM's load-balancing loss (`aux_loss`, unscaled) when
+    /// `output_router_logits`; the `loss` already includes `router_aux_loss_coef` times it.
+    pub aux_loss: Option<Tensor>,
 }
 
 impl ModelOutput {
@@ -547,6 +550,13 @@ pub trait TrainableModel: Send {
             .into_iter()
             .filter(Tensor::requires_grad)
             .collect()
+    }
+
+    /// How upstream's checkpoints of this model name its weights when they differ from its
+    /// modules (a mixture of experts saved per expert): `from_pretrained`, `save_pretrained`
+    /// and the Trainer's resume convert through it. `None`: the names are the modules'.
+    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        None
     }
 
     /// Keys that are views of another parameter (tied weights) and are not saved,

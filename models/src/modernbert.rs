@@ -922,6 +922,7 @@ impl EncoderArchitecture for ModernBertConfig {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification,
-    DecoderForTokenClassification, Family, LlamaConfig, Phi3,
+    DecoderForTokenClassification, Family, LlamaConfig, Phi3, QkNorm,
 };
 use crate::{Error, Result};
 
@@ -162,12 +162,14 @@ impl DecoderConfig for Phi3Config {
         Ok(Family {
             model_type: "phi3",
             causal_lm: "Phi3ForCausalLM",
-            sequence_classification: "Phi3ForSequenceClassification",
+            sequence_classification: Some("Phi3ForSequenceClassification"),
             prefix: "Phi3",
             qkv_bias: false,
             o_bias: false,
             mlp_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             sliding_windows: vec![self.sliding_window; self.num_hidden_layers.max(0) as usize],
             rotary_positional: false,
             gemma: None,

@@ -10,7 +10,7 @@ use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig, QkNorm,
     QuestionAnsweringClass, sliding_windows,
 };
 
@@ -104,12 +104,14 @@ impl DecoderConfig for Qwen2Config {
         Ok(Family {
             model_type: "qwen2",
             causal_lm: "Qwen2ForCausalLM",
-            sequence_classification: "Qwen2ForSequenceClassification",
+            sequence_classification: Some("Qwen2ForSequenceClassification"),
             prefix: "Qwen2",
             qkv_bias: true,
             o_bias: false,
             mlp_bias: false,
-            qk_norm: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: None,
             rotary_positional: true,
             gemma: None,
             phi3: None,

@@ -9,7 +9,7 @@ use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig, QkNorm,
     QuestionAnsweringClass, sliding_windows,
 };
 
@@ -102,12 +102,14 @@ impl DecoderConfig for Qwen3Config {
         Ok(Family {
             model_type: "qwen3",
             causal_lm: "Qwen3ForCausalLM",
-            sequence_classification: "Qwen3ForSequenceClassification",
+            sequence_classification: Some("Qwen3ForSequenceClassification"),
             prefix: "Qwen3",
             qkv_bias: self.attention_bias,
             o_bias: self.attention_bias,
             mlp_bias: false,
-            qk_norm: true,
+            qk_norm: QkNorm::PerHead,
+            clip_qkv: None,
+            moe: None,
             rotary_positional: true,
             gemma: None,
             phi3: None,

@@ -955,6 +955,7 @@ impl TrainableModel for T5ForConditionalGeneration {
             logits: Some(logits),
             last_hidden_state: Some(h),
             pooler_output: None,
+            aux_loss: None,
         })
     }
 }

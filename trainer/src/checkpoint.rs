@@ -258,6 +258,11 @@ pub fn load_model_weights(model: &mut dyn TrainableModel, dir: &Path) -> Result<
         return model.load_adapter(dir).map_err(|e| invalid(e.to_string()));
     }
     let tensors = read_checkpoint(dir)?;
+    // A mixture of experts' checkpoint holds the experts one by one, as upstream writes it.
+    let tensors = match model.weight_conversion() {
+        Some(conversion) => conversion.convert(tensors)?,
+        None => tensors,
+    };
     let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     let vars = model.var_store().variables();
     for (name, _) in &tensors {

@@ -192,6 +192,7 @@ fn cast_outputs(out: ModelOutput, kind: Kind) -> Result<ModelOutput> {
         logits: out.logits.map(cast).transpose()?,
         last_hidden_state: out.last_hidden_state.map(cast).transpose()?,
         pooler_output: out.pooler_output.map(cast).transpose()?,
+        aux_loss: out.aux_loss.map(cast).transpose()?,
     })
 }
 

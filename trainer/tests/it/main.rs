@@ -20,6 +20,7 @@ mod fsdp_half;
 mod gpu;
 mod hooks;
 mod interop;
+mod moe;
 mod optimizers;
 mod parity;
 mod sampling;

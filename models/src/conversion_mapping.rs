@@ -1,0 +1,140 @@
+//! Upstream `conversion_mapping.py`: the families whose checkpoints on disk name their
+//! weights otherwise than their modules do. transformers 5 holds a mixture of experts'
+//! weights fused (`experts.gate_up_proj` `[experts, 2 · inter, hidden]`, `experts.down_proj`
+//! `[experts, hidden, inter]`) but reads and writes checkpoints per expert, as the released
+//! ones are: `from_pretrained` fuses them ([`WeightConversion::convert`]) and `save_pretrained`
+//! splits them back ([`WeightConversion::revert`]). Fused keys load as they are.
+
+use std::collections::BTreeMap;
+
+use tch::Tensor;
+
+use crate::{Error, Result};
+
+/// A family's checkpoint layout (upstream's `_MODEL_TO_CONVERSION_PATTERN` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightConversion {
+    /// `qwen2_moe` (and `qwen3_moe`, `olmoe`): `mlp.experts.{j}.gate_proj.weight`,
+    /// `up_proj.weight`, `down_proj.weight`.
+    Qwen2Moe,
+    /// `mixtral`: `block_sparse_moe.` for `mlp.`, and `experts.{j}.w1.weight` (gate),
+    /// `w3.weight` (up), `w2.weight` (down).
+    Mixtral,
+}
+
+/// One expert projection's place in a per-expert key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Part {
+    Gate,
+    Up,
+    Down,
+}
+
+impl WeightConversion {
+    /// The per-expert names of gate, up and down.
+    fn names(self) -> [&'static str; 3] {
+        match self {
+            Self::Qwen2Moe => ["gate_proj", "up_proj", "down_proj"],
+            Self::Mixtral => ["w1", "w3", "w2"],
+        }
+    }
+
+    /// `(…experts, j, part)` of a per-expert key (after Mixtral's renaming).
+    fn split(self, key: &str) -> Option<(String, usize, Part)> {
+        let rest = key.strip_suffix(".weight")?;
+        let (head, name) = rest.rsplit_once('.')?;
+        let part = match self.names().iter().position(|n| *n == name)? {
+            0 => Part::Gate,
+            1 => Part::Up,
+            _ => Part::Down,
+        };
+        let (experts, j) = head.rsplit_once('.')?;
+        if !experts.ends_with("experts") {
+            return None;
+        }
+        Some((experts.to_string(), j.parse().ok()?, part))
+    }
+
+    /// Checkpoint names and tensors → the model's: each layer's experts stacked, gate and up
+    /// concatenated (`MergeModulelist(dim=0)`, `Concatenate(dim=1)`).
+    pub fn convert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::with_capacity(tensors.len());
+        let mut experts: BTreeMap<String, BTreeMap<(Part, usize), Tensor>> = BTreeMap::new();
+        for (key, t) in tensors {
+            let key = match self {
+                Self::Mixtral => key.replace(".block_sparse_moe.", ".mlp."),
+                Self::Qwen2Moe => key,
+            };
+            match self.split(&key) {
+                Some((prefix, j, part)) => {
+                    experts.entry(prefix).or_default().insert((part, j), t);
+                }
+                None => out.push((key, t)),
+            }
+        }
+        for (prefix, mut parts) in experts {
+            let count = parts.keys().map(|(_, j)| j + 1).max().unwrap_or(0);
+            let mut take = |part: Part| -> Result<Vec<Tensor>> {
+                (0..count)
+                    .map(|j| {
+                        parts.remove(&(part, j)).ok_or_else(|| Error::InvalidArgument {
+                            field: "checkpoint",
+                            detail: format!(
+                                "{prefix}.{j}.{}.weight is missing while other experts of the layer are there: the checkpoint is incomplete",
+                                self.names()[part as usize]
+                            ),
+                        })
+                    })
+                    .collect()
+            };
+            let gate = Tensor::f_stack(&take(Part::Gate)?, 0)?;
+            let up = Tensor::f_stack(&take(Part::Up)?, 0)?;
+            let down = Tensor::f_stack(&take(Part::Down)?, 0)?;
+            out.push((
+                format!("{prefix}.gate_up_proj"),
+                Tensor::f_cat(&[gate, up], 1)?,
+            ));
+            out.push((format!("{prefix}.down_proj"), down));
+        }
+        Ok(out)
+    }
+
+    /// The model's names and tensors → the checkpoint's (upstream's reverse conversion in
+    /// `save_pretrained`).
+    pub fn revert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        let [gate_name, up_name, down_name] = self.names();
+        let mut out = Vec::with_capacity(tensors.len());
+        for (key, t) in tensors {
+            if let Some(prefix) = key.strip_suffix(".experts.gate_up_proj") {
+                let half = t.size()[1] / 2;
+                for j in 0..t.size()[0] {
+                    let e = t.f_select(0, j)?;
+                    out.push((
+                        format!("{prefix}.experts.{j}.{gate_name}.weight"),
+                        e.f_narrow(0, 0, half)?,
+                    ));
+                    out.push((
+                        format!("{prefix}.experts.{j}.{up_name}.weight"),
+                        e.f_narrow(0, half, half)?,
+                    ));
+                }
+            } else if let Some(prefix) = key.strip_suffix(".experts.down_proj") {
+                for j in 0..t.size()[0] {
+                    out.push((
+                        format!("{prefix}.experts.{j}.{down_name}.weight"),
+                        t.f_select(0, j)?,
+                    ));
+                }
+            } else {
+                out.push((key, t));
+            }
+        }
+        Ok(match self {
+            Self::Mixtral => out
+                .into_iter()
+                .map(|(k, t)| (k.replace(".mlp.", ".block_sparse_moe."), t))
+                .collect(),
+            Self::Qwen2Moe => out,
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! Qwen2-MoE (upstream `models/qwen2_moe`): `Qwen2MoeConfig` with upstream's defaults, and
+//! `Qwen2MoeForCausalLM`, Qwen2's model (q/k/v biases, `qkv_bias`) whose MLPs are sparse
+//! mixture-of-experts blocks (a softmax top-k router, `norm_topk_prob`, the experts' fused
+//! 3-D weights) plus a shared expert gated by `sigmoid(shared_expert_gate(x))`, except the
+//! layers in `mlp_only_layers` or off `decoder_sparse_step`; upstream's `layer_types` pick
+//! the sliding layers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::configuration_utils::LabelConfig;
+use crate::llama::{
+    DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, LlamaConfig, Moe,
+    QkNorm, QuestionAnsweringClass, sliding_windows,
+};
+
+/// Upstream `Qwen2MoeConfig` with its defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct Qwen2MoeConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: Option<i64>,
+    /// Not a field of upstream's class: read from `config.json` when there, else
+    /// `hidden_size / num_attention_heads`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<i64>,
+    pub hidden_act: String,
+    pub max_position_embeddings: i64,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    /// v5 form: `{"rope_type": "default", "rope_theta": ...}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// v4 form of the RoPE base.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// v4 form of the RoPE scaling dict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Map<String, serde_json::Value>>,
+    pub qkv_bias: bool,
+    pub use_sliding_window: bool,
+    pub sliding_window: Option<i64>,
+    pub max_window_layers: i64,
+    /// `full_attention` / `sliding_attention` per layer; `None`: upstream's default (every
+    /// other layer from the first sliding, below `max_window_layers`, with
+    /// `use_sliding_window`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    pub attention_dropout: f64,
+    pub decoder_sparse_step: i64,
+    pub moe_intermediate_size: i64,
+    pub num_experts_per_tok: i64,
+    pub shared_expert_intermediate_size: i64,
+    pub num_experts: i64,
+    pub norm_topk_prob: bool,
+    pub output_router_logits: bool,
+    pub router_aux_loss_coef: f64,
+    /// `None` means none.
+    pub mlp_only_layers: Option<Vec<i64>>,
+    pub pad_token_id: Option<i64>,
+    pub bos_token_id: Option<i64>,
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for Qwen2MoeConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 151936,
+            hidden_size: 2048,
+            intermediate_size: 5632,
+            num_hidden_layers: 24,
+            num_attention_heads: 16,
+            num_key_value_heads: Some(16),
+            head_dim: None,
+            hidden_act: "silu".into(),
+            max_position_embeddings: 32768,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: false,
+            rope_parameters: None,
+            rope_theta: None,
+            rope_scaling: None,
+            qkv_bias: true,
+            use_sliding_window: false,
+            sliding_window: Some(4096),
+            max_window_layers: 28,
+            layer_types: None,
+            attention_dropout: 0.0,
+            decoder_sparse_step: 1,
+            moe_intermediate_size: 1408,
+            num_experts_per_tok: 4,
+            shared_expert_intermediate_size: 5632,
+            num_experts: 60,
+            norm_topk_prob: false,
+            output_router_logits: false,
+            router_aux_loss_coef: 0.001,
+            mlp_only_layers: None,
+            pad_token_id: None,
+            bos_token_id: None,
+            eos_token_id: None,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+crate::llama::decoder_config_plumbing!(Qwen2MoeConfig, "qwen2_moe");
+
+impl DecoderConfig for Qwen2MoeConfig {
+    crate::llama::decoder_config_plumbing!(@methods);
+    fn llama(&self) -> LlamaConfig {
+        crate::llama::to_llama!(self, head_dim: self.head_dim, attention_bias: self.qkv_bias)
+    }
+    fn family(&self) -> Result<Family> {
+        // Upstream's `__post_init__`: the window only with `use_sliding_window`; by default
+        // the even layers below `max_window_layers` slide.
+        let window = self.sliding_window.filter(|_| self.use_sliding_window);
+        let default: Vec<String> = (0..self.num_hidden_layers)
+            .map(|i| {
+                if (i + 1) % 2 == 1 && i < self.max_window_layers && self.use_sliding_window {
+                    "sliding_attention".into()
+                } else {
+                    "full_attention".into()
+                }
+            })
+            .collect();
+        Ok(Family {
+            model_type: "qwen2_moe",
+            causal_lm: "Qwen2MoeForCausalLM",
+            sequence_classification: Some("Qwen2MoeForSequenceClassification"),
+            prefix: "Qwen2Moe",
+            qkv_bias: self.qkv_bias,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            moe: Some(Moe {
+                num_experts: self.num_experts,
+                num_experts_per_tok: self.num_experts_per_tok,
+                moe_intermediate_size: self.moe_intermediate_size,
+                router: tchtrain_nn::RouterKind {
+                    norm_topk_prob: self.norm_topk_prob,
+                    scores_in_logits_dtype: true,
+                },
+                sparse_layers: Moe::sparse_layers(
+                    self.num_hidden_layers,
+                    self.num_experts,
+                    self.mlp_only_layers.as_deref().unwrap_or(&[]),
+                    self.decoder_sparse_step,
+                )?,
+                shared_expert_intermediate_size: Some(self.shared_expert_intermediate_size),
+                router_first: true,
+                output_router_logits: self.output_router_logits,
+                router_aux_loss_coef: self.router_aux_loss_coef,
+                checkpoint_layout: crate::WeightConversion::Qwen2Moe,
+                router_jitter_noise: 0.0,
+            }),
+            rotary_positional: true,
+            gemma: None,
+            phi3: None,
+            token_classification: Some("Qwen2MoeForTokenClassification"),
+            question_answering: Some(QuestionAnsweringClass {
+                name: "Qwen2MoeForQuestionAnswering",
+                base_model_prefix: "model",
+            }),
+            sliding_windows: sliding_windows(
+                Some(self.layer_types.as_deref().unwrap_or(&default)),
+                self.num_hidden_layers,
+                window,
+                0,
+            )?,
+        })
+    }
+}
+
+/// Upstream `Qwen2MoeForCausalLM`.
+pub type Qwen2MoeForCausalLM = DecoderForCausalLM<Qwen2MoeConfig>;
+
+/// Upstream `Qwen2MoeForSequenceClassification`.
+pub type Qwen2MoeForSequenceClassification = DecoderForSequenceClassification<Qwen2MoeConfig>;
+
+/// Upstream `Qwen2MoeForTokenClassification`.
+pub type Qwen2MoeForTokenClassification = DecoderForTokenClassification<Qwen2MoeConfig>;
+
+/// Upstream `Qwen2MoeForQuestionAnswering`.
+pub type Qwen2MoeForQuestionAnswering = DecoderForQuestionAnswering<Qwen2MoeConfig>;

@@ -1,0 +1,276 @@
+//! The mixture-of-experts parts (transformers' `integrations/moe.py` and the families'
+//! `XTopKRouter` / `XExperts` / `load_balancing_loss_func`): the top-k router, the experts
+//! stored as upstream stores them (fused 3-D `gate_up_proj` `[experts, 2 · inter, hidden]`
+//! and `down_proj` `[experts, hidden, inter]`), their grouped-matmul forward
+//! (`grouped_mm_experts_forward`, transformers 5's default `experts_implementation`), and the
+//! auxiliary load-balancing loss.
+
+use tch::{Kind, Tensor};
+
+use crate::activations::Activation;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::initialization::{self, normal};
+use crate::path::Path;
+
+/// How a family's router turns its logits into the experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterKind {
+    /// `norm_topk_prob`: the top-k probabilities renormalised to sum to 1 (always for
+    /// Mixtral).
+    pub norm_topk_prob: bool,
+    /// The weights cast back to the logits' dtype (`router_top_value.to(router_logits.dtype)`:
+    /// Qwen2-MoE, Qwen3-MoE, OLMoE); Mixtral keeps them in float32.
+    pub scores_in_logits_dtype: bool,
+}
+
+/// Upstream `XTopKRouter`: `weight` `[experts, hidden]` (no bias), softmax in float32 over the
+/// experts, the top `top_k`.
+#[derive(Debug)]
+pub struct TopKRouter {
+    /// `weight` `[num_experts, hidden]`.
+    pub weight: Tensor,
+    top_k: i64,
+    kind: RouterKind,
+}
+
+impl TopKRouter {
+    /// The router at `p` (upstream's `gate`), `normal(0, std)` as `_init_weights` draws it.
+    pub fn new(
+        p: Path<'_>,
+        num_experts: i64,
+        hidden: i64,
+        top_k: i64,
+        std: f64,
+        kind: RouterKind,
+    ) -> Self {
+        Self {
+            weight: initialization::var(&p, "weight", &[num_experts, hidden], normal(std)),
+            top_k,
+            kind,
+        }
+    }
+
+    /// `(router_logits [tokens, experts], top_k_weights [tokens, k], top_k_index [tokens, k])`
+    /// for the hidden states `[tokens, hidden]`.
+    pub fn forward(&self, h: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let logits = h.f_linear::<&Tensor>(&self.weight, None)?;
+        let probs = logits.f_softmax(-1, Kind::Float)?;
+        let (top, index) = probs.f_topk(self.top_k, -1, true, true)?;
+        let top = if self.kind.norm_topk_prob {
+            top.f_div(&top.f_sum_dim_intlist(-1, true, None::<Kind>)?)?
+        } else {
+            top
+        };
+        let top = if self.kind.scores_in_logits_dtype {
+            top.f_to_kind(logits.kind())?
+        } else {
+            top
+        };
+        Ok((logits, top, index))
+    }
+}
+
+/// Upstream `XExperts` (`@use_experts_implementation`, gated, concatenated `[gate; up]`, not
+/// transposed, no bias): `down(act(gate) · up)` per expert, the tokens routed to it weighted
+/// by their router scores.
+#[derive(Debug)]
+pub struct Experts {
+    /// `gate_up_proj` `[num_experts, 2 · intermediate, hidden]`.
+    pub gate_up_proj: Tensor,
+    /// `down_proj` `[num_experts, hidden, intermediate]`.
+    pub down_proj: Tensor,
+    act: Activation,
+    num_experts: i64,
+    name: String,
+    class: String,
+    ctx: Context,
+}
+
+impl Experts {
+    /// The experts at `p` (upstream's `experts`), each parameter `normal(0, std)`.
+    pub fn new(
+        p: Path<'_>,
+        num_experts: i64,
+        hidden: i64,
+        intermediate: i64,
+        act: Activation,
+        std: f64,
+        class: impl Into<String>,
+    ) -> Self {
+        let gate_up_proj = initialization::var(
+            &p,
+            "gate_up_proj",
+            &[num_experts, 2 * intermediate, hidden],
+            normal(std),
+        );
+        let down_proj = initialization::var(
+            &p,
+            "down_proj",
+            &[num_experts, hidden, intermediate],
+            normal(std),
+        );
+        Self {
+            gate_up_proj,
+            down_proj,
+            act,
+            num_experts,
+            name: p.name(),
+            class: class.into(),
+            ctx: p.ctx().clone(),
+        }
+    }
+
+    /// `grouped_mm_experts_forward` op for op: the (token, slot) pairs sorted by expert, one
+    /// grouped matmul per projection over the experts' row groups, the outputs weighted,
+    /// put back in token order and summed over each token's `k` slots.
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        top_k_index: &Tensor,
+        top_k_weights: &Tensor,
+    ) -> Result<Tensor> {
+        let k = top_k_index.size().last().copied().unwrap_or(1);
+        let tokens = h.size()[0];
+        let hidden = h.size()[1];
+        let device = h.device();
+        let sample_weights = top_k_weights.f_reshape([-1])?;
+        let expert_ids = top_k_index.f_reshape([-1])?;
+        let (expert_ids_g, perm) = expert_ids.f_sort(0, false)?;
+        let rows = perm.f_floor_divide_scalar(k)?;
+        // Advanced indexing as upstream's (`hidden_states[perm // k]`): its backward accumulates
+        // as torch's `index` does.
+        let selected = h.f_index(&[Some(&rows)])?;
+        let sample_weights_g = sample_weights.f_index(&[Some(&perm)])?;
+        // Upstream's `torch.histc(ids, bins=experts, min=0, max=experts - 1)` puts each whole
+        // id in its own bin: the counts per expert, as `bincount` gives them.
+        let tokens_per_expert = expert_ids_g.f_bincount::<&Tensor>(None, self.num_experts)?;
+        let offsets = tokens_per_expert.f_cumsum(0, Kind::Int)?;
+        let proj = grouped_linear(&selected, &self.gate_up_proj, &offsets, &self.name)?;
+        let half = proj.size()[1] / 2;
+        let gate = proj.f_narrow(-1, 0, half)?;
+        let up = proj.f_narrow(-1, half, half)?;
+        let proj = self.act.apply(&gate).f_mul(&up)?;
+        let proj = grouped_linear(&proj, &self.down_proj, &offsets, &self.name)?;
+        let weighted = proj.f_mul(&sample_weights_g.f_unsqueeze(-1)?)?;
+        let inv_perm = perm.f_empty_like()?.f_index_put_(
+            &[Some(&perm)],
+            &Tensor::f_arange(perm.size()[0], (perm.kind(), device))?,
+            false,
+        )?;
+        let weighted = weighted.f_index(&[Some(&inv_perm)])?;
+        let out = weighted
+            .f_view([tokens, k, hidden])?
+            .f_sum_dim_intlist(1, false, None::<Kind>)?
+            .f_to_kind(h.kind())?;
+        if self.ctx.traced() {
+            let params = [
+                ("gate_up_proj", &self.gate_up_proj),
+                ("down_proj", &self.down_proj),
+            ];
+            self.ctx
+                .leaf(|| self.name.clone(), &self.class, &params, h, &out);
+        }
+        Ok(out)
+    }
+}
+
+/// `_grouped_linear(input, weight, offs)` with an untransposed weight `[experts, out, in]`:
+/// `torch._grouped_mm(input.to(weight.dtype), weight.transpose(-2, -1), offs)`.
+fn grouped_linear(input: &Tensor, weight: &Tensor, offsets: &Tensor, name: &str) -> Result<Tensor> {
+    let input = input.f_to_kind(weight.kind())?;
+    input
+        .f_internal_grouped_mm(&weight.f_transpose(-2, -1)?, Some(offsets), None, None::<Kind>)
+        .map_err(|e| Error::InvalidArgument {
+            field: "experts",
+            detail: format!(
+                "{name}: torch's grouped matmul refused the experts' shapes ({e}); as upstream's, it needs the hidden and expert intermediate sizes' rows to be multiples of 16 bytes"
+            ),
+        })
+}
+
+/// Upstream `load_balancing_loss_func` (Switch Transformer's auxiliary loss, eqs. 4–6): over
+/// the layers' router logits `[tokens, experts]`, the fraction of routed slots per expert
+/// times its mean router probability, summed, times the number of experts; with an
+/// `attention_mask` `[batch, seq]` only the real tokens count. `None` when no layer routed.
+pub fn load_balancing_loss_func(
+    gate_logits: &[Tensor],
+    num_experts: i64,
+    top_k: i64,
+    attention_mask: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    let Some(first) = gate_logits.first() else {
+        return Ok(None);
+    };
+    let device = first.device();
+    let zeros = || Tensor::f_zeros([num_experts], (Kind::Float, device));
+    let mut tokens_per_expert_sum = zeros()?;
+    let mut router_prob_sum = zeros()?;
+    let flat_mask = match attention_mask {
+        Some(m) => Some(
+            m.f_reshape([-1])?
+                .f_to_device(device)?
+                .f_to_kind(Kind::Float)?,
+        ),
+        None => None,
+    };
+    let mut total_rows_plain = 0.0f64;
+    let mut total_rows_masked: Option<Tensor> = None;
+    for layer_gate in gate_logits {
+        let routing_weights = layer_gate.f_softmax(-1, None::<Kind>)?;
+        let (_, selected) = routing_weights.f_topk(top_k, -1, true, true)?;
+        match &flat_mask {
+            None => {
+                // `torch.histc(ids, bins=experts, min=0, max=experts)`: whole ids, one bin
+                // each, counted in float32.
+                let hist = selected
+                    .f_reshape([-1])?
+                    .f_bincount::<&Tensor>(None, num_experts)?
+                    .f_to_kind(Kind::Float)?;
+                tokens_per_expert_sum = tokens_per_expert_sum.f_add(&hist)?;
+                router_prob_sum = router_prob_sum.f_add(
+                    &routing_weights.f_to_kind(Kind::Float)?.f_sum_dim_intlist(
+                        0,
+                        false,
+                        None::<Kind>,
+                    )?,
+                )?;
+                total_rows_plain += routing_weights.size()[0] as f64;
+            }
+            Some(mask) => {
+                let counts = zeros()?.f_scatter_add(
+                    0,
+                    &selected.f_reshape([-1])?,
+                    &mask.f_repeat_interleave_self_int(top_k, None, None)?,
+                )?;
+                tokens_per_expert_sum = tokens_per_expert_sum.f_add(&counts)?;
+                router_prob_sum = router_prob_sum.f_add(
+                    &routing_weights
+                        .f_to_kind(Kind::Float)?
+                        .f_mul(&mask.f_unsqueeze(-1)?)?
+                        .f_sum_dim_intlist(0, false, None::<Kind>)?,
+                )?;
+                let rows = mask.f_sum(None::<Kind>)?;
+                // Upstream: `total_rows = 0.0 + flat_mask.sum()` (a float plus a tensor).
+                total_rows_masked = Some(match total_rows_masked {
+                    None => rows.f_add_scalar(0.0)?,
+                    Some(t) => t.f_add(&rows)?,
+                });
+            }
+        }
+    }
+    let (tokens_per_expert, router_prob_per_expert) = match &total_rows_masked {
+        Some(total) => (
+            tokens_per_expert_sum.f_div(total)?,
+            router_prob_sum.f_div(total)?,
+        ),
+        None => (
+            tokens_per_expert_sum.f_div_scalar(total_rows_plain)?,
+            router_prob_sum.f_div_scalar(total_rows_plain)?,
+        ),
+    };
+    let overall = tokens_per_expert
+        .f_mul(&router_prob_per_expert.f_unsqueeze(0)?)?
+        .f_sum(None::<Kind>)?;
+    Ok(Some(overall.f_mul_scalar(num_experts)?))
+}

@@ -1,0 +1,151 @@
+"""Reference for the mixture-of-experts families (models/tests, trainer/tests): transformers 5.23.
+
+Usage: python moe.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+
+Tiny seeded models of each family, saved into OUT_DIR/<case>/ (3 layers, hidden 64, 4 heads,
+2 key / value heads, 4 experts of intermediate size 32, 2 per token, vocabulary 1000,
+`output_router_logits=True`, `router_aux_loss_coef` 0.05 so that the auxiliary term shows):
+
+  qwen3_moe  per-head q/k RMSNorm, head_dim 32, norm_topk_prob, layer 1 dense (mlp_only_layers)
+  qwen2_moe  q/k/v biases, the shared expert (48) and its gate, layer 2 dense, layer 0 sliding
+             over 3 tokens (use_sliding_window, max_window_layers 2)
+  mixtral    renormalised float32 router scores, every layer sliding over 3 tokens
+  olmoe      q/k RMSNorm over the whole projections, clip_qkv 0.5
+
+OUT_DIR/<case>.safetensors holds, on the 2 × 8 batch of models.py (row 1's last 3 tokens
+padded), the evaluation-mode `logits`, and with the labels (padding at -100) the train-mode
+`loss` (the language-model loss plus router_aux_loss_coef × aux_loss), `aux_loss`, `grad.<name>`
+of every parameter; `autocast.logits`, `autocast.loss`, `autocast.aux_loss` and
+`autocast.grad.<name>` the same under CPU bfloat16 autocast. <case>.parameters.json is
+`named_parameters()`'s order.
+
+OUT_DIR/trainer_qwen3_moe/: the Qwen3-MoE case at SmolLM2's vocabulary (49152) trained 20
+steps by the Trainer as trainer_families.py trains its families (initial/, blocks.json,
+log_history.json, train_output.json).
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import transformers as tf
+
+HERE = Path(__file__).resolve().parent
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL = dict(
+    num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=96, max_position_embeddings=256, vocab_size=1000,
+    output_router_logits=True, router_aux_loss_coef=0.05, num_experts_per_tok=2,
+)
+
+
+def cases(vocab=1000):
+    small = dict(SMALL, vocab_size=vocab)
+    return [
+        ("qwen3_moe", tf.Qwen3MoeConfig(
+            **small, head_dim=32, num_experts=4, moe_intermediate_size=32, norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ), tf.Qwen3MoeForCausalLM),
+        ("qwen2_moe", tf.Qwen2MoeConfig(
+            **small, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            mlp_only_layers=[2], use_sliding_window=True, sliding_window=3, max_window_layers=2,
+        ), tf.Qwen2MoeForCausalLM),
+        ("mixtral", tf.MixtralConfig(
+            **dict(small, intermediate_size=32), num_local_experts=4, sliding_window=3,
+        ), tf.MixtralForCausalLM),
+        ("olmoe", tf.OlmoeConfig(
+            **dict(small, intermediate_size=32), num_experts=4, clip_qkv=0.5,
+        ), tf.OlmoeForCausalLM),
+    ]
+
+
+def run(model, kwargs, labels, prefix, tensors):
+    model.eval()
+    with torch.no_grad():
+        tensors[f"{prefix}logits"] = model(**kwargs).logits.float().contiguous()
+    model.zero_grad()
+    out = model(**kwargs, labels=labels)
+    loss = out.loss.float()
+    loss.backward()
+    tensors[f"{prefix}loss"] = loss.detach().reshape(1)
+    tensors[f"{prefix}aux_loss"] = out.aux_loss.detach().float().reshape(1)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            tensors[f"{prefix}grad.{name}"] = p.grad.detach().contiguous()
+
+
+def models(out, models_ref):
+    for case, config, cls in cases():
+        torch.manual_seed(0)
+        m = cls(config)
+        m.save_pretrained(out / case)
+        ids, mask = models_ref.batch(config.vocab_size)
+        labels = ids.masked_fill(mask == 0, -100)
+        kwargs = dict(input_ids=ids, attention_mask=mask)
+        tensors = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        run(m, kwargs, labels, "", tensors)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            run(m, kwargs, labels, "autocast.", tensors)
+        save_file(tensors, str(out / f"{case}.safetensors"))
+        names = [name for name, _ in m.named_parameters()]
+        (out / f"{case}.parameters.json").write_text(json.dumps(names))
+        print(case, float(tensors["loss"]), float(tensors["aux_loss"]))
+
+
+def trainer(parity):
+    blocks = parity.llama_blocks()
+    train_rows, eval_rows = blocks[:48], blocks[48:56]
+    case, config, cls = cases(vocab=49152)[0]
+    name = f"trainer_{case}"
+    folder = parity.OUT / name
+    folder.mkdir()
+    (folder / "blocks.json").write_text(json.dumps({"train": train_rows, "eval": eval_rows}))
+    torch.manual_seed(0)
+    cls(config).save_pretrained(folder / "initial")
+    model = cls.from_pretrained(folder / "initial")
+    args = parity.common_args(
+        name,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=20,
+        learning_rate=2e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=10,
+    )
+
+    def rows(part):
+        return parity.Rows([{"input_ids": r, "labels": list(r)} for r in part])
+
+    t = tf.Trainer(
+        model=model, args=args, train_dataset=rows(train_rows), eval_dataset=rows(eval_rows),
+        data_collator=tf.default_data_collator,
+    )
+    result = t.train()
+    parity.write_run(name, t, result, model)
+    print(name, t.state.log_history[-1])
+
+
+def main():
+    parity = sibling("trainer_parity")
+    models(parity.OUT, sibling("models"))
+    trainer(parity)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+//! The mixture-of-experts families (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral,
+//! OLMoE) against transformers 5.23 (`scripts/reference/moe.py`): tiny seeded checkpoints with
+//! `output_router_logits=True`, one row padded.
+//!
+//! - The logits, the load-balancing `aux_loss`, the total loss (language-model loss plus
+//!   `router_aux_loss_coef` × `aux_loss`) and every gradient (the experts' 3-D weights and the
+//!   routers' included), in float32 and under CPU bfloat16 autocast.
+//! - The Qwen3-MoE case trained 20 steps by the Trainer as upstream's.
+//!
+//! Tolerance: 0. The experts run as upstream's default `experts_implementation`
+//! (`grouped_mm`: the same libtorch `_grouped_mm` over the same sorted rows), the router and
+//! the auxiliary loss op for op, so every float is upstream's.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, bail};
+use tch::{Device, Kind, Tensor};
+use tchtrain_accelerate::AutocastGuard;
+use tchtrain_models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
+use tchtrain_testing::{assert_exact, assets, compare, lock};
+use tchtrain_trainer::Trainer;
+use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shape mismatch");
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// The names of the model's trainable parameters in the var store's creation order.
+fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
+    let vars = model.var_store().variables();
+    model
+        .var_store()
+        .trainable_variables()
+        .iter()
+        .map(|t| {
+            vars.iter()
+                .find(|(_, v)| v.data_ptr() == t.data_ptr())
+                .map_or_else(|| "?".to_string(), |(n, _)| n.clone())
+        })
+        .collect()
+}
+
+/// Logits, loss, aux loss and gradient differences of one run (`prefix` "" or "autocast.").
+fn run(
+    model: &mut dyn PreTrainedModel,
+    r: &HashMap<String, Tensor>,
+    prefix: &str,
+    autocast: bool,
+) -> Result<[f64; 4]> {
+    let guard = || -> Result<Option<AutocastGuard>> {
+        Ok(match autocast {
+            true => Some(AutocastGuard::enter(Device::Cpu, Kind::BFloat16)?),
+            false => None,
+        })
+    };
+    model.eval();
+    let inputs = ModelInputs {
+        input_ids: r.get("input_ids"),
+        attention_mask: r.get("attention_mask"),
+        ..Default::default()
+    };
+    let logits = {
+        let _g = guard()?;
+        tch::no_grad(|| model.forward(&inputs))?
+            .logits
+            .context("logits")?
+    };
+    let logits = max_abs(&logits, &r[&format!("{prefix}logits")]);
+    for (_, v) in model.var_store().variables() {
+        let mut g = v.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    let out = {
+        let _g = guard()?;
+        model.forward(&ModelInputs {
+            labels: r.get("labels"),
+            ..inputs
+        })?
+    };
+    let loss = out.loss.context("loss")?.to_kind(Kind::Float);
+    loss.backward();
+    let loss = max_abs(&loss.reshape([1]), &r[&format!("{prefix}loss")]);
+    let aux = out.aux_loss.context("aux_loss")?.to_kind(Kind::Float);
+    let aux = max_abs(&aux.reshape([1]), &r[&format!("{prefix}aux_loss")]);
+    let vars = model.var_store().variables();
+    let grad_prefix = format!("{prefix}grad.");
+    let (mut grads, mut n) = (0.0f64, 0);
+    for (key, expected) in r.iter().filter(|(k, _)| k.starts_with(&grad_prefix)) {
+        let name = &key[grad_prefix.len()..];
+        let var = vars
+            .get(name)
+            .with_context(|| format!("no parameter {name}"))?;
+        let d = max_abs(&var.grad(), expected);
+        if d > 0.0 {
+            eprintln!("{prefix}grad of {name} differs by {d:.3e}");
+        }
+        grads = grads.max(d);
+        n += 1;
+    }
+    assert_eq!(n, vars.len(), "every parameter's gradient compared");
+    Ok([logits, loss, aux, grads])
+}
+
+/// Every family, float32 and bf16 autocast: logits, loss, aux loss and gradients equal to
+/// upstream's, parameters in upstream's order.
+#[test]
+fn moe_families_equal_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/moe");
+    for case in ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"] {
+        let path = dir.join(format!("{case}.safetensors"));
+        if !path.exists() {
+            bail!("{} is missing: run `cargo xtask setup`", path.display());
+        }
+        let r: HashMap<String, Tensor> = Tensor::read_safetensors(&path)?.into_iter().collect();
+        let loaded = from_pretrained_dir(
+            &dir.join(case),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        let mut model = loaded.model;
+        let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
+            dir.join(format!("{case}.parameters.json")),
+        )?)?;
+        assert_eq!(
+            parameter_order(&*model),
+            upstream,
+            "{case}: parameter order"
+        );
+        for (prefix, autocast) in [("", false), ("autocast.", true)] {
+            let [logits, loss, aux, grads] = run(&mut *model, &r, prefix, autocast)?;
+            eprintln!(
+                "{case} {prefix}: logits {logits:.3e}, loss {loss:.3e}, aux_loss {aux:.3e}, gradients {grads:.3e}"
+            );
+            assert_eq!(
+                [logits, loss, aux, grads],
+                [0.0; 4],
+                "{case} {prefix}: logits, loss, aux_loss, gradients"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `moe.py`'s Trainer run: the tiny Qwen3-MoE (router logits on, coefficient 0.05, a dense
+/// layer) trained 20 steps (batch 4, cosine schedule after 2 warm-up steps, weight decay
+/// 0.1, clipping, evaluation every 10 steps) on the Hamlet blocks: every logged value
+/// equals upstream's Trainer's to the bit.
+#[test]
+fn qwen3_moe_trains_as_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/moe/trainer_qwen3_moe");
+    let out = std::env::temp_dir().join(format!("tchtrain-moe-trainer-{}", std::process::id()));
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        logging_steps: 1.0,
+        save_strategy: SaveStrategy::No,
+        seed: 42,
+        use_cpu: true,
+        report_to: vec![],
+        disable_tqdm: true,
+        ..TrainingArguments::new(out.display().to_string())
+    };
+    args.post_init()?;
+    let model = crate::parity::load(&dir.join("initial"), AutoTask::CausalLm)?;
+    let blocks = dir.join("blocks.json");
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(crate::parity::lm_blocks(&blocks, "train")?)
+        .eval_dataset(crate::parity::lm_blocks(&blocks, "eval")?)
+        .build()?;
+    let result = trainer.train(None)?;
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("log_history.json"))?)?;
+    let m = compare("qwen3_moe", &trainer.state.log_history, &expected)?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("train_output.json"))?)?;
+    assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+    assert_exact("qwen3_moe", &m);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
