@@ -15,6 +15,7 @@ use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::Gemma3TextConfig;
 use crate::gpt2::{GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel};
+use crate::granite::GraniteConfig;
 use crate::heads;
 use crate::hub::{HubOptions, resolve};
 use crate::llama::{
@@ -33,6 +34,7 @@ use crate::qwen2_moe::Qwen2MoeConfig;
 use crate::qwen3::Qwen3Config;
 use crate::qwen3_moe::Qwen3MoeConfig;
 use crate::roberta::{RobertaConfig, XLMRobertaConfig};
+use crate::smollm3::SmolLM3Config;
 use crate::t5::T5ForConditionalGeneration;
 use crate::{Error, Result};
 
@@ -62,7 +64,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmoe (causal LM), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -157,6 +159,10 @@ pub fn from_pretrained_dir(
         ("qwen2_moe", task) => decoder::<Qwen2MoeConfig>(dir, task, device, options)?,
         ("qwen3_moe", task) => decoder::<Qwen3MoeConfig>(dir, task, device, options)?,
         ("mixtral", task) => decoder::<MixtralConfig>(dir, task, device, options)?,
+        ("smollm3", task) => decoder::<SmolLM3Config>(dir, task, device, options)?,
+        ("granite", AutoTask::CausalLm) => {
+            decoder::<GraniteConfig>(dir, AutoTask::CausalLm, device, options)?
+        }
         ("olmoe", AutoTask::CausalLm) => {
             decoder::<OlmoeConfig>(dir, AutoTask::CausalLm, device, options)?
         }

@@ -139,6 +139,8 @@ impl DecoderConfig for GemmaConfig {
                 text_model: false,
             }),
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("GemmaForTokenClassification"),
             question_answering: None,
         })

@@ -179,6 +179,8 @@ impl DecoderConfig for Gemma2Config {
                 text_model: false,
             }),
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Gemma2ForTokenClassification"),
             question_answering: None,
         })

@@ -216,6 +216,8 @@ impl DecoderConfig for Gemma3TextConfig {
                 text_model: true,
             }),
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: None,
             question_answering: None,
         })

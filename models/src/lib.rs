@@ -31,6 +31,7 @@ mod gemma2;
 mod gemma3;
 mod generation;
 mod gpt2;
+mod granite;
 mod heads;
 mod hub;
 mod liger;
@@ -51,6 +52,7 @@ mod qwen3;
 mod qwen3_moe;
 mod roberta;
 mod rope;
+mod smollm3;
 mod t5;
 mod tokenization;
 
@@ -100,6 +102,7 @@ pub use generation::{
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
 };
+pub use granite::{GraniteConfig, GraniteForCausalLM};
 pub use heads::{
     Base, HeadKind, MaskedLm, QuestionAnswering, SequenceClassification, TaskHead,
     TokenClassification,
@@ -108,8 +111,8 @@ pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, LlamaConfig,
-    LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForSequenceClassification,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Granite,
+    LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForSequenceClassification,
     LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm, QuestionAnsweringClass,
 };
 pub use loading::{
@@ -165,6 +168,10 @@ pub use roberta::{
     RobertaForSequenceClassification, RobertaForTokenClassification, RobertaModel,
     XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaForQuestionAnswering,
     XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
+};
+pub use smollm3::{
+    SmolLM3Config, SmolLM3ForCausalLM, SmolLM3ForQuestionAnswering,
+    SmolLM3ForSequenceClassification, SmolLM3ForTokenClassification,
 };
 pub use t5::{T5Config, T5ForConditionalGeneration};
 pub use tchtrain_nn::{

@@ -147,6 +147,10 @@ pub struct Family {
     pub gemma: Option<Gemma>,
     /// What Phi-3 changes (`None` for the other families).
     pub phi3: Option<Phi3>,
+    /// Granite's multipliers (`None` for the other families).
+    pub granite: Option<Granite>,
+    /// SmolLM3's NoPE layers: which layers apply the rotary embedding (`None`: every layer).
+    pub rope_layers: Option<Vec<bool>>,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -277,6 +281,22 @@ pub struct Phi3 {
     pub resid_pdrop: f64,
 }
 
+/// What Granite changes in Llama's model (upstream `modeling_granite.py`): the embeddings
+/// scaled by `embedding_multiplier`, the attention by `attention_multiplier` (instead of
+/// `head_dim ** -0.5`), each block's output by `residual_multiplier` before its residual, and
+/// the logits divided by `logits_scaling`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Granite {
+    /// `embedding_multiplier`.
+    pub embedding_multiplier: f64,
+    /// `residual_multiplier`.
+    pub residual_multiplier: f64,
+    /// `attention_multiplier`: the attention's scale.
+    pub attention_multiplier: f64,
+    /// `logits_scaling`.
+    pub logits_scaling: f64,
+}
+
 /// What Gemma 1–3 change in Llama's layers (upstream `modeling_gemma*.py`) besides
 /// [`Family`]'s flags: `GemmaRMSNorm` (`1 + weight` in float32, weights initialised to
 /// zeros) everywhere, and the embeddings scaled by `√hidden_size` (rounded to float32, then
@@ -343,6 +363,8 @@ impl DecoderConfig for LlamaConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -584,6 +606,8 @@ struct SelfAttention {
     clip_qkv: Option<f64>,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
+    /// Whether this layer applies the rotary embedding (SmolLM3's NoPE layers do not).
+    rotary: bool,
     /// The layer's index (its place in a key / value cache).
     idx: usize,
     /// `model.layers.{i}.self_attn`.
@@ -708,6 +732,8 @@ struct LayerInputs {
     attn_p: f64,
     /// Phi-3's `resid_pdrop` on the attention's and the MLP's outputs (training only).
     resid_p: f64,
+    /// Granite's `residual_multiplier` on the attention's and the MLP's outputs.
+    residual_multiplier: Option<f64>,
     train: bool,
     act: Activation,
     /// Upstream's eager attention (Gemma 2) with its soft-capping, and the hidden dtype its
@@ -745,7 +771,10 @@ impl DecoderLayer {
                 (h2, normed)
             }
             None => {
-                let h2 = h + a;
+                let h2 = match x.residual_multiplier {
+                    Some(m) => h + a * m,
+                    None => h + a,
+                };
                 let normed = self.post_attention_layernorm.forward(&h2);
                 (h2, normed)
             }
@@ -754,9 +783,10 @@ impl DecoderLayer {
             FeedForward::Dense(mlp) => mlp.forward(&normed, x),
             FeedForward::Sparse(block) => block.forward(&normed, x)?,
         };
-        let m = match &self.feedforward_norms {
-            Some((_, post)) => post.forward(&m),
-            None => x.resid_dropout(m),
+        let m = match (&self.feedforward_norms, x.residual_multiplier) {
+            (Some((_, post)), _) => post.forward(&m),
+            (None, Some(multiplier)) => m * multiplier,
+            (None, None) => x.resid_dropout(m),
         };
         let out = h2 + m;
         self.ctx.leaf(
@@ -861,7 +891,11 @@ impl SelfAttention {
                 Tensor::cat(&[&r * cos + rotate_half(&r) * sin, pass], -1)
             }
         };
-        let (q, k) = (rotate(&q), rotate(&k));
+        let (q, k) = if self.rotary {
+            (rotate(&q), rotate(&k))
+        } else {
+            (q, k)
+        };
         // The cache holds the keys after the rotary embedding, as upstream's.
         let (k, v) = match &x.cache {
             Some(cache) => cache.update(self.idx, &k, &v)?,
@@ -1181,6 +1215,10 @@ impl LlamaModel {
                     qk_norm_projection: family.qk_norm == QkNorm::Projection,
                     clip_qkv: family.clip_qkv,
                     sliding: family.sliding_windows[i as usize].is_some(),
+                    rotary: family
+                        .rope_layers
+                        .as_ref()
+                        .is_none_or(|r| r.get(i as usize).copied().unwrap_or(true)),
                     idx: i as usize,
                     name: a.name(),
                     class: classes.attention.clone(),
@@ -1302,6 +1340,10 @@ impl LlamaModel {
         let mut h = self
             .embed_tokens
             .input_forward(&ids, h, adapter_scale.as_ref(), train)?;
+        // Granite's `inputs_embeds * embedding_multiplier`, outside the embedding module.
+        if let Some(g) = &self.family.granite {
+            h = h * g.embedding_multiplier;
+        }
         // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
         let (cos, sin) = self.rotary_emb.cos_sin(&positions, h.kind())?;
         let sliding_cos_sin = match &self.sliding_rotary_emb {
@@ -1366,12 +1408,17 @@ impl LlamaModel {
             kv_heads: c.num_key_value_heads(),
             head_dim: c.head_dim(),
             rotary_dim: self.rotary_emb.dim(),
-            scale: match gemma.and_then(|g| g.query_pre_attn_scalar) {
-                Some(s) => s.powf(-0.5),
-                None => (c.head_dim() as f64).powf(-0.5),
+            scale: match (
+                gemma.and_then(|g| g.query_pre_attn_scalar),
+                &self.family.granite,
+            ) {
+                (Some(s), _) => s.powf(-0.5),
+                (None, Some(g)) => g.attention_multiplier,
+                (None, None) => (c.head_dim() as f64).powf(-0.5),
             },
             attn_p: if train { c.attention_dropout } else { 0.0 },
             resid_p: self.family.phi3.as_ref().map_or(0.0, |p| p.resid_pdrop),
+            residual_multiplier: self.family.granite.as_ref().map(|g| g.residual_multiplier),
             train,
             act: self.act,
             eager: gemma
@@ -1561,11 +1608,11 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         liger_kernel_config: Option<&serde_json::Value>,
     ) -> Result<()> {
         let model_type = self.model.family.model_type;
-        if self.model.family.moe.is_some() {
+        if self.model.family.moe.is_some() || self.model.family.granite.is_some() {
             return Err(Error::InvalidArgument {
                 field: "use_liger_kernel",
                 detail: format!(
-                    "Liger's kernels for the mixture-of-experts {model_type} (its fused loss with the router's load-balancing term) are not implemented here; train without use_liger_kernel"
+                    "Liger's kernels for {model_type} (a fused loss with its router's load-balancing term or its logits scaling) are not implemented here; train without use_liger_kernel"
                 ),
             });
         }
@@ -1649,6 +1696,11 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 );
                 logits
             }
+        };
+        // Granite's `logits / logits_scaling`.
+        let logits = match &self.model.family.granite {
+            Some(g) => logits / g.logits_scaling,
+            None => logits,
         };
         // Gemma 2 / 3's final soft-capping.
         let logits = match self

@@ -104,6 +104,8 @@ impl DecoderConfig for MistralConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

@@ -143,6 +143,8 @@ impl DecoderConfig for MixtralConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

@@ -127,6 +127,8 @@ impl DecoderConfig for OlmoeConfig {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: None,
             question_answering: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],

@@ -176,6 +176,8 @@ impl DecoderConfig for Phi3Config {
             phi3: Some(Phi3 {
                 resid_pdrop: self.resid_pdrop,
             }),
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

@@ -115,6 +115,8 @@ impl DecoderConfig for Qwen2Config {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

@@ -170,6 +170,8 @@ impl DecoderConfig for Qwen2MoeConfig {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

@@ -113,6 +113,8 @@ impl DecoderConfig for Qwen3Config {
             rotary_positional: true,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Qwen3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3ForQuestionAnswering",

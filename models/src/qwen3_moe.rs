@@ -151,6 +151,8 @@ impl DecoderConfig for Qwen3MoeConfig {
             rotary_positional: false,
             gemma: None,
             phi3: None,
+            granite: None,
+            rope_layers: None,
             token_classification: Some("Qwen3MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3MoeForQuestionAnswering",

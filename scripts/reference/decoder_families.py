@@ -1,10 +1,12 @@
-"""Reference for the mixture-of-experts families (models/tests, trainer/tests): transformers 5.23.
+"""Reference for the decoder families added on the Llama house (trainer/tests/it/decoder_families.rs):
+transformers 5.23.
 
-Usage: python moe.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
+Usage: python decoder_families.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 Tiny seeded models of each family, saved into OUT_DIR/<case>/ (3 layers, hidden 64, 4 heads,
-2 key / value heads, 4 experts of intermediate size 32, 2 per token, vocabulary 1000,
-`output_router_logits=True`, `router_aux_loss_coef` 0.05 so that the auxiliary term shows):
+2 key / value heads, vocabulary 1000). The mixture-of-experts ones have 4 experts of
+intermediate size 32, 2 per token, `output_router_logits=True` and `router_aux_loss_coef`
+0.05 so that the auxiliary term shows:
 
   qwen3_moe  per-head q/k RMSNorm, head_dim 32, norm_topk_prob, layer 1 dense (mlp_only_layers)
   qwen2_moe  q/k/v biases, the shared expert (48) and its gate, layer 2 dense, layer 0 sliding
@@ -12,9 +14,16 @@ Tiny seeded models of each family, saved into OUT_DIR/<case>/ (3 layers, hidden 
   mixtral    renormalised float32 router scores, every layer sliding over 3 tokens
   olmoe      q/k RMSNorm over the whole projections, clip_qkv 0.5
 
+and the dense ones:
+
+  granite    embedding_multiplier 4, residual_multiplier 0.5, attention_multiplier 0.2,
+             logits_scaling 2.5, attention biases
+  smollm3    layer 1 NoPE (no_rope_layer_interval 2) and sliding over 3 tokens, tied head
+
 OUT_DIR/<case>.safetensors holds, on the 2 × 8 batch of models.py (row 1's last 3 tokens
 padded), the evaluation-mode `logits`, and with the labels (padding at -100) the train-mode
-`loss` (the language-model loss plus router_aux_loss_coef × aux_loss), `aux_loss`, `grad.<name>`
+`loss` (for a mixture of experts the language-model loss plus router_aux_loss_coef × aux_loss,
+and `aux_loss`), `grad.<name>`
 of every parameter; `autocast.logits`, `autocast.loss`, `autocast.aux_loss` and
 `autocast.grad.<name>` the same under CPU bfloat16 autocast. <case>.parameters.json is
 `named_parameters()`'s order.
@@ -71,6 +80,20 @@ def cases(vocab=1000):
     ]
 
 
+def dense_cases():
+    small = {k: v for k, v in SMALL.items() if k not in ("output_router_logits", "router_aux_loss_coef", "num_experts_per_tok")}
+    return [
+        ("granite", tf.GraniteConfig(
+            **small, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2,
+            logits_scaling=2.5, attention_bias=True,
+        ), tf.GraniteForCausalLM),
+        ("smollm3", tf.SmolLM3Config(
+            **small, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=3,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        ), tf.SmolLM3ForCausalLM),
+    ]
+
+
 def run(model, kwargs, labels, prefix, tensors):
     model.eval()
     with torch.no_grad():
@@ -80,14 +103,15 @@ def run(model, kwargs, labels, prefix, tensors):
     loss = out.loss.float()
     loss.backward()
     tensors[f"{prefix}loss"] = loss.detach().reshape(1)
-    tensors[f"{prefix}aux_loss"] = out.aux_loss.detach().float().reshape(1)
+    if getattr(out, "aux_loss", None) is not None:
+        tensors[f"{prefix}aux_loss"] = out.aux_loss.detach().float().reshape(1)
     for name, p in model.named_parameters():
         if p.grad is not None:
             tensors[f"{prefix}grad.{name}"] = p.grad.detach().contiguous()
 
 
 def models(out, models_ref):
-    for case, config, cls in cases():
+    for case, config, cls in cases() + dense_cases():
         torch.manual_seed(0)
         m = cls(config)
         m.save_pretrained(out / case)
@@ -101,7 +125,7 @@ def models(out, models_ref):
         save_file(tensors, str(out / f"{case}.safetensors"))
         names = [name for name, _ in m.named_parameters()]
         (out / f"{case}.parameters.json").write_text(json.dumps(names))
-        print(case, float(tensors["loss"]), float(tensors["aux_loss"]))
+        print(case, float(tensors["loss"]))
 
 
 def trainer(parity):
