@@ -27,6 +27,8 @@ use crate::mistral::MistralConfig;
 use crate::mixtral::MixtralConfig;
 use crate::modeling_utils::{Loaded, PreTrainedModel};
 use crate::modernbert::ModernBertConfig;
+use crate::olmo2::Olmo2Config;
+use crate::olmo3::Olmo3Config;
 use crate::olmoe::OlmoeConfig;
 use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
@@ -64,7 +66,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -159,6 +161,12 @@ pub fn from_pretrained_dir(
         ("qwen2_moe", task) => decoder::<Qwen2MoeConfig>(dir, task, device, options)?,
         ("qwen3_moe", task) => decoder::<Qwen3MoeConfig>(dir, task, device, options)?,
         ("mixtral", task) => decoder::<MixtralConfig>(dir, task, device, options)?,
+        ("olmo2", AutoTask::CausalLm | AutoTask::SequenceClassification { .. }) => {
+            decoder::<Olmo2Config>(dir, task, device, options)?
+        }
+        ("olmo3", AutoTask::CausalLm | AutoTask::SequenceClassification { .. }) => {
+            decoder::<Olmo3Config>(dir, task, device, options)?
+        }
         ("smollm3", task) => decoder::<SmolLM3Config>(dir, task, device, options)?,
         ("granite", AutoTask::CausalLm) => {
             decoder::<GraniteConfig>(dir, AutoTask::CausalLm, device, options)?

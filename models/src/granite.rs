@@ -118,6 +118,8 @@ impl DecoderConfig for GraniteConfig {
                 logits_scaling: self.logits_scaling,
             }),
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: None,
             question_answering: None,
         })

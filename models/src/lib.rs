@@ -42,6 +42,8 @@ mod mixtral;
 mod modeling_utils;
 mod modernbert;
 mod multilingual;
+mod olmo2;
+mod olmo3;
 mod olmoe;
 mod padding_free;
 mod peft;
@@ -138,6 +140,8 @@ pub use modernbert::{
     ModernBertForTokenClassification, ModernBertModel,
 };
 pub use multilingual::LanguageCodes;
+pub use olmo2::{Olmo2Config, Olmo2ForCausalLM, Olmo2ForSequenceClassification};
+pub use olmo3::{Olmo3Config, Olmo3ForCausalLM, Olmo3ForSequenceClassification};
 pub use olmoe::{OlmoeConfig, OlmoeForCausalLM};
 pub use padding_free::EncoderHead;
 pub use peft::{

@@ -151,6 +151,14 @@ pub struct Family {
     pub granite: Option<Granite>,
     /// SmolLM3's NoPE layers: which layers apply the rotary embedding (`None`: every layer).
     pub rope_layers: Option<Vec<bool>>,
+    /// The RoPE of the sliding layers where it is their own (Gemma 3's and OLMo 3's
+    /// `rope_parameters["sliding_attention"]`); the full layers use the config's.
+    pub sliding_rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    /// OLMo 2 / 3's layer: no input norm, the attention's and the MLP's outputs normalised
+    /// (`post_attention_layernorm`, `post_feedforward_layernorm`) before their residuals;
+    /// OLMo's RMSNorm (`(weight · x).to(dtype)`); the rotary embedding in float32, the
+    /// queries and keys cast back to their dtype.
+    pub olmo2: bool,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -315,9 +323,6 @@ pub struct Gemma {
     /// Upstream's attention is the eager one (Gemma 2's `_supports_sdpa = False`: SDPA
     /// cannot soft-cap).
     pub eager_attention: bool,
-    /// Gemma 3: the RoPE of the sliding layers (`rope_parameters["sliding_attention"]`);
-    /// the full layers use the config's (`["full_attention"]`).
-    pub sliding_rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
     /// Gemma 3: the base model's class is `Gemma3TextModel`, its embedding
     /// `Gemma3TextScaledWordEmbedding`.
     pub text_model: bool,
@@ -365,6 +370,8 @@ impl DecoderConfig for LlamaConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -581,10 +588,13 @@ struct DecoderLayer {
     ctx: Context,
     self_attn: SelfAttention,
     mlp: FeedForward,
-    input_layernorm: RmsNorm,
+    /// `None` in OLMo 2 / 3.
+    input_layernorm: Option<RmsNorm>,
     post_attention_layernorm: RmsNorm,
-    /// Gemma 2 / 3's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
-    feedforward_norms: Option<(RmsNorm, RmsNorm)>,
+    /// Gemma 2 / 3's `pre_feedforward_layernorm`.
+    pre_feedforward_layernorm: Option<RmsNorm>,
+    /// Gemma 2 / 3's and OLMo 2 / 3's `post_feedforward_layernorm`.
+    post_feedforward_layernorm: Option<RmsNorm>,
     /// `model.layers.{i}`, as the underflow / overflow tracer names it.
     name: String,
     /// Upstream's class names of the family's modules.
@@ -734,6 +744,8 @@ struct LayerInputs {
     resid_p: f64,
     /// Granite's `residual_multiplier` on the attention's and the MLP's outputs.
     residual_multiplier: Option<f64>,
+    /// OLMo 2 / 3: cos / sin in float32, the rotated queries and keys cast back.
+    rope_cast_back: bool,
     train: bool,
     act: Activation,
     /// Upstream's eager attention (Gemma 2) with its soft-capping, and the hidden dtype its
@@ -757,20 +769,27 @@ impl DecoderLayer {
     /// Upstream `LlamaDecoderLayer.forward`: RMSNorm, rotary self-attention and residual,
     /// then RMSNorm, the gated MLP and residual.
     fn forward(&self, h: &Tensor, x: &LayerInputs) -> Result<Tensor> {
-        let a = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(h), x)?;
+        let a = match &self.input_layernorm {
+            Some(norm) => self.self_attn.forward(&norm.forward(h), x)?,
+            None => self.self_attn.forward(h, x)?,
+        };
         let a = x.resid_dropout(a);
-        // Gemma 2 / 3 normalise the attention's output before the residual, and the MLP's
-        // input and output with their own norms; Llama normalises the MLP's input with
-        // `post_attention_layernorm`.
-        let (h2, normed) = match &self.feedforward_norms {
-            Some((pre, _)) => {
+        // Gemma 2 / 3 and OLMo 2 / 3 normalise the attention's output before the residual
+        // (and the MLP's output after it); Gemma the MLP's input with its own norm, OLMo not
+        // at all; Llama normalises the MLP's input with `post_attention_layernorm`.
+        let (h2, normed) = match (
+            &self.post_feedforward_layernorm,
+            &self.pre_feedforward_layernorm,
+        ) {
+            (Some(_), pre) => {
                 let h2 = h + self.post_attention_layernorm.forward(&a);
-                let normed = pre.forward(&h2);
+                let normed = match pre {
+                    Some(pre) => pre.forward(&h2),
+                    None => h2.shallow_clone(),
+                };
                 (h2, normed)
             }
-            None => {
+            (None, _) => {
                 let h2 = match x.residual_multiplier {
                     Some(m) => h + a * m,
                     None => h + a,
@@ -783,8 +802,8 @@ impl DecoderLayer {
             FeedForward::Dense(mlp) => mlp.forward(&normed, x),
             FeedForward::Sparse(block) => block.forward(&normed, x)?,
         };
-        let m = match (&self.feedforward_norms, x.residual_multiplier) {
-            (Some((_, post)), _) => post.forward(&m),
+        let m = match (&self.post_feedforward_layernorm, x.residual_multiplier) {
+            (Some(post), _) => post.forward(&m),
             (None, Some(multiplier)) => m * multiplier,
             (None, None) => x.resid_dropout(m),
         };
@@ -891,10 +910,11 @@ impl SelfAttention {
                 Tensor::cat(&[&r * cos + rotate_half(&r) * sin, pass], -1)
             }
         };
-        let (q, k) = if self.rotary {
-            (rotate(&q), rotate(&k))
-        } else {
-            (q, k)
+        let (q, k) = match (self.rotary, x.rope_cast_back) {
+            (false, _) => (q, k),
+            (true, false) => (rotate(&q), rotate(&k)),
+            // OLMo 2 / 3: float32 cos / sin, the rotated queries and keys cast back.
+            (true, true) => (rotate(&q).to_kind(q.kind()), rotate(&k).to_kind(k.kind())),
         };
         // The cache holds the keys after the rotary embedding, as upstream's.
         let (k, v) = match &x.cache {
@@ -1079,6 +1099,9 @@ impl LlamaModel {
         let gemma = family.gemma.as_ref();
         let rms_norm = |p: tchtrain_nn::Path<'_>, dim: i64| match gemma {
             Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
+            None if family.olmo2 => {
+                RmsNorm::olmo(p, dim, config.rms_norm_eps, classes.rms_norm.clone())
+            }
             None => RmsNorm::new(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
         };
         let (d, std) = (config.hidden_size, config.initializer_range);
@@ -1226,14 +1249,14 @@ impl LlamaModel {
                 Arc::new(Shared(DecoderLayer {
                     self_attn,
                     mlp,
-                    input_layernorm: rms_norm(&l / "input_layernorm", d),
+                    input_layernorm: (!family.olmo2).then(|| rms_norm(&l / "input_layernorm", d)),
                     post_attention_layernorm: rms_norm(&l / "post_attention_layernorm", d),
-                    feedforward_norms: gemma.filter(|g| g.sandwich_norms).map(|_| {
-                        (
-                            rms_norm(&l / "pre_feedforward_layernorm", d),
-                            rms_norm(&l / "post_feedforward_layernorm", d),
-                        )
-                    }),
+                    pre_feedforward_layernorm: gemma
+                        .filter(|g| g.sandwich_norms)
+                        .map(|_| rms_norm(&l / "pre_feedforward_layernorm", d)),
+                    post_feedforward_layernorm: (family.olmo2
+                        || gemma.is_some_and(|g| g.sandwich_norms))
+                    .then(|| rms_norm(&l / "post_feedforward_layernorm", d)),
                     name: l.name(),
                     ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
@@ -1247,7 +1270,7 @@ impl LlamaModel {
             layers,
             norm: rms_norm(&p / "norm", d),
             rotary_emb: RotaryEmbedding::new(rope, p.device())?,
-            sliding_rotary_emb: match gemma.and_then(|g| g.sliding_rope_parameters.as_ref()) {
+            sliding_rotary_emb: match family.sliding_rope_parameters.as_ref() {
                 Some(rope) => Some(RotaryEmbedding::new(
                     config.with_rope(rope).rope_parameters()?,
                     p.device(),
@@ -1345,10 +1368,16 @@ impl LlamaModel {
             h = h * g.embedding_multiplier;
         }
         // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
-        let (cos, sin) = self.rotary_emb.cos_sin(&positions, h.kind())?;
+        // OLMo 2 / 3 keep cos / sin in float32.
+        let rope_kind = if self.family.olmo2 {
+            Kind::Float
+        } else {
+            h.kind()
+        };
+        let (cos, sin) = self.rotary_emb.cos_sin(&positions, rope_kind)?;
         let sliding_cos_sin = match &self.sliding_rotary_emb {
             Some(r) => {
-                let (cos, sin) = r.cos_sin(&positions, h.kind())?;
+                let (cos, sin) = r.cos_sin(&positions, rope_kind)?;
                 Some((cos.unsqueeze(1), sin.unsqueeze(1)))
             }
             None => None,
@@ -1419,6 +1448,7 @@ impl LlamaModel {
             attn_p: if train { c.attention_dropout } else { 0.0 },
             resid_p: self.family.phi3.as_ref().map_or(0.0, |p| p.resid_pdrop),
             residual_multiplier: self.family.granite.as_ref().map(|g| g.residual_multiplier),
+            rope_cast_back: self.family.olmo2,
             train,
             act: self.act,
             eager: gemma

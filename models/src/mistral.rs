@@ -106,6 +106,8 @@ impl DecoderConfig for MistralConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

@@ -145,6 +145,8 @@ impl DecoderConfig for MixtralConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

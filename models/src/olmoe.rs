@@ -129,6 +129,8 @@ impl DecoderConfig for OlmoeConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: None,
             question_answering: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],

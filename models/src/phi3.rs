@@ -178,6 +178,8 @@ impl DecoderConfig for Phi3Config {
             }),
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

@@ -117,6 +117,8 @@ impl DecoderConfig for Qwen2Config {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

@@ -172,6 +172,8 @@ impl DecoderConfig for Qwen2MoeConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

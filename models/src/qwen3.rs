@@ -115,6 +115,8 @@ impl DecoderConfig for Qwen3Config {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("Qwen3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3ForQuestionAnswering",

@@ -153,6 +153,8 @@ impl DecoderConfig for Qwen3MoeConfig {
             phi3: None,
             granite: None,
             rope_layers: None,
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("Qwen3MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3MoeForQuestionAnswering",

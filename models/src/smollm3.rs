@@ -178,6 +178,8 @@ impl DecoderConfig for SmolLM3Config {
             phi3: None,
             granite: None,
             rope_layers: Some(rope_layers),
+            sliding_rope_parameters: None,
+            olmo2: false,
             token_classification: Some("SmolLM3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "SmolLM3ForQuestionAnswering",

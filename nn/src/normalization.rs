@@ -71,36 +71,56 @@ impl LayerNorm {
 }
 
 /// Llama's `RMSNorm`: computed in float32, scaled by `weight` in the input dtype; or
-/// Gemma's: scaled by `1 + weight` in float32, then cast (weights initialised to zeros).
+/// Gemma's: scaled by `1 + weight` in float32, then cast (weights initialised to zeros); or
+/// OLMo 2's: scaled by `weight` in float32, then cast.
 #[derive(Debug)]
 pub struct RmsNorm {
     /// `weight`.
     pub weight: Tensor,
     eps: f64,
-    /// Gemma's `(1 + weight)` in float32.
-    gemma: bool,
+    variant: RmsNormVariant,
     name: String,
     class: String,
     ctx: Context,
 }
 
+/// Where an RMSNorm applies its weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RmsNormVariant {
+    /// `weight * x.to(dtype)`.
+    Llama,
+    /// `(x * (1 + weight.float())).to(dtype)`.
+    Gemma,
+    /// `(weight * x).to(dtype)`.
+    Olmo,
+}
+
 impl RmsNorm {
     /// Llama's `RMSNorm(dim, eps)` at `p`, reported as class `class`.
     pub fn new(p: Path<'_>, dim: i64, eps: f64, class: impl Into<String>) -> Self {
-        Self::build(p, dim, eps, class.into(), false)
+        Self::build(p, dim, eps, class.into(), RmsNormVariant::Llama)
     }
 
     /// Upstream `GemmaRMSNorm` (Gemma 1–3) at `p`, reported as class `class`.
     pub fn gemma(p: Path<'_>, dim: i64, eps: f64, class: impl Into<String>) -> Self {
-        Self::build(p, dim, eps, class.into(), true)
+        Self::build(p, dim, eps, class.into(), RmsNormVariant::Gemma)
     }
 
-    fn build(p: Path<'_>, dim: i64, eps: f64, class: String, gemma: bool) -> Self {
-        let init = Init::Const(if gemma { 0.0 } else { 1.0 });
+    /// Upstream `Olmo2RMSNorm` (OLMo 2 / 3) at `p`, reported as class `class`.
+    pub fn olmo(p: Path<'_>, dim: i64, eps: f64, class: impl Into<String>) -> Self {
+        Self::build(p, dim, eps, class.into(), RmsNormVariant::Olmo)
+    }
+
+    fn build(p: Path<'_>, dim: i64, eps: f64, class: String, variant: RmsNormVariant) -> Self {
+        let init = Init::Const(if variant == RmsNormVariant::Gemma {
+            0.0
+        } else {
+            1.0
+        });
         Self {
             weight: initialization::var(&p, "weight", &[dim], init),
             eps,
-            gemma,
+            variant,
             name: p.name(),
             class,
             ctx: p.ctx().clone(),
@@ -113,10 +133,10 @@ impl RmsNorm {
         let h = x.to_kind(Kind::Float);
         let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
         let h = h * (variance + self.eps).rsqrt();
-        let y = if self.gemma {
-            (h * (self.weight.to_kind(Kind::Float) + 1.0)).to_kind(kind)
-        } else {
-            &self.weight * h.to_kind(kind)
+        let y = match self.variant {
+            RmsNormVariant::Gemma => (h * (self.weight.to_kind(Kind::Float) + 1.0)).to_kind(kind),
+            RmsNormVariant::Olmo => (&self.weight * h).to_kind(kind),
+            RmsNormVariant::Llama => &self.weight * h.to_kind(kind),
         };
         if self.ctx.traced() {
             self.ctx.leaf(

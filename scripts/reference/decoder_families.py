@@ -19,6 +19,9 @@ and the dense ones:
   granite    embedding_multiplier 4, residual_multiplier 0.5, attention_multiplier 0.2,
              logits_scaling 2.5, attention biases
   smollm3    layer 1 NoPE (no_rope_layer_interval 2) and sliding over 3 tokens, tied head
+  olmo2      no input norms, post-norms, q/k RMSNorm over the projections, attention biases
+  olmo3      OLMo 2's layers, layers 0 and 2 sliding over 3 tokens with their own RoPE base
+             (100), the full layer's linear-scaled RoPE
 
 OUT_DIR/<case>.safetensors holds, on the 2 × 8 batch of models.py (row 1's last 3 tokens
 padded), the evaluation-mode `logits`, and with the labels (padding at -100) the train-mode
@@ -91,6 +94,15 @@ def dense_cases():
             **small, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=3,
             pad_token_id=0, bos_token_id=1, eos_token_id=2,
         ), tf.SmolLM3ForCausalLM),
+        ("olmo2", tf.Olmo2Config(**small, attention_bias=True), tf.Olmo2ForCausalLM),
+        ("olmo3", tf.Olmo3Config(
+            **small, sliding_window=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            },
+        ), tf.Olmo3ForCausalLM),
     ]
 
 

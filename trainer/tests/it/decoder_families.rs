@@ -1,6 +1,7 @@
 //! The decoder families built on the Llama house since transformers 5 — the mixtures of
 //! experts (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral, OLMoE; `output_router_logits`
-//! on) and Granite (its multipliers) and SmolLM3 (NoPE layers) — against transformers 5.23
+//! on), Granite (its multipliers), SmolLM3 (NoPE layers), OLMo 2 (post-norms) and OLMo 3 (its
+//! sliding layers' own RoPE) — against transformers 5.23
 //! (`scripts/reference/decoder_families.py`): tiny seeded checkpoints, one row padded.
 //!
 //! - The logits, the total loss (for a mixture of experts the language-model loss plus
@@ -131,6 +132,8 @@ fn decoder_families_equal_upstream() -> Result<()> {
         "olmoe",
         "granite",
         "smollm3",
+        "olmo2",
+        "olmo3",
     ] {
         let path = dir.join(format!("{case}.safetensors"));
         if !path.exists() {
