@@ -13,7 +13,7 @@ use tokenizers::Tokenizer;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateOptions, render_jinja_template};
 use crate::hub::{HubOptions, resolve};
-use crate::tokenization::{gpt2_tokenizer, load_tokenizer};
+use crate::tokenization::{gpt2_tokenizer, load_tokenizer, qwen2_tokenizer};
 use crate::{Error, Result};
 
 /// `tokenizer.json`.
@@ -243,6 +243,58 @@ impl PreTrainedTokenizerFast {
     }
 }
 
+/// Upstream's `TOKENIZER_MAPPING_NAMES` for the model types here: the tokenizer class a
+/// model type registers (`None`: none, the file's own).
+fn registered_tokenizer_class(model_type: &str) -> Option<&'static str> {
+    Some(match model_type {
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" => "Qwen2Tokenizer",
+        "gpt2" => "GPT2Tokenizer",
+        "gemma" | "gemma2" | "gemma3" | "gemma3_text" => "GemmaTokenizer",
+        "olmoe" => "GPTNeoXTokenizer",
+        "bert" | "distilbert" => "BertTokenizer",
+        "roberta" | "bart" => "RobertaTokenizer",
+        "deberta-v2" => "DebertaV2Tokenizer",
+        "xlm-roberta" => "XLMRobertaTokenizer",
+        "t5" => "T5Tokenizer",
+        "mbart" => "MBartTokenizer",
+        "mistral" | "mixtral" | "phi3" | "olmo2" | "olmo3" | "granite" | "modernbert" => {
+            "TokenizersBackend"
+        }
+        _ => return None,
+    })
+}
+
+/// Upstream's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` among the model types here: their
+/// registered class wins over the one the folder names.
+const MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: &[&str] = &["qwen2", "phi3", "modernbert"];
+
+/// The tokenizer class upstream's `AutoTokenizer.from_pretrained` (transformers 5.23)
+/// instantiates for a folder of `model_type` whose `tokenizer_config.json` (or `config.json`)
+/// names `hub_class`: the hub's class, unless the model type registers a specific class
+/// that differs and the hub's is known to be wrong for it (`qwen2` folders that say
+/// `GPT2Tokenizer` load as `Qwen2Tokenizer`); with no class named, the registered one.
+pub fn tokenizer_class(model_type: Option<&str>, hub_class: Option<&str>) -> Option<String> {
+    let registered = model_type.and_then(registered_tokenizer_class);
+    let bare = |c: &str| c.strip_suffix("Fast").unwrap_or(c).to_string();
+    match (hub_class, registered) {
+        (Some(hub), Some(registered)) if bare(hub) != bare(registered) => {
+            let generic = [
+                "TokenizersBackend",
+                "PythonBackend",
+                "PreTrainedTokenizerFast",
+            ];
+            let wrong_hub =
+                model_type.is_some_and(|t| MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.contains(&t));
+            match generic.contains(&registered) {
+                false if wrong_hub => Some(registered.to_string()),
+                _ => Some(bare(hub)),
+            }
+        }
+        (Some(hub), _) => Some(bare(hub)),
+        (None, registered) => registered.map(str::to_string),
+    }
+}
+
 /// Upstream's `AutoTokenizer`.
 #[derive(Debug, Clone, Copy)]
 pub struct AutoTokenizer;
@@ -276,6 +328,17 @@ impl AutoTokenizer {
             t.chat_template = chat_template.clone();
             t
         };
+        // The class upstream picks from the model type and the class the folder names; a
+        // class with its own pipeline rebuilds it over the file's vocabulary.
+        let model_config = read_model_config(&dir)?;
+        let hub_class = config
+            .get("tokenizer_class")
+            .or_else(|| model_config.get("tokenizer_class"))
+            .and_then(Value::as_str);
+        let model_type = model_config.get("model_type").and_then(Value::as_str);
+        if tokenizer_class(model_type, hub_class).as_deref() == Some("Qwen2Tokenizer") {
+            return Ok(with_template(qwen2_from(&dir, config)?));
+        }
         if dir.join(TOKENIZER_FILE).is_file() {
             let tokenizer = PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config)?;
             return Ok(with_template(tokenizer));
@@ -298,9 +361,60 @@ impl AutoTokenizer {
                 tokenizer, config,
             )?));
         }
-        Err(Error::MissingFile {
-            path: dir.join(TOKENIZER_FILE),
-            fix: "a tokenizer folder needs tokenizer.json (or GPT-2's vocab.json and merges.txt); save one with `tokenizer.save_pretrained(dir)`",
-        })
+        Err(missing_tokenizer(&dir))
     }
+}
+
+fn missing_tokenizer(dir: &Path) -> Error {
+    Error::MissingFile {
+        path: dir.join(TOKENIZER_FILE),
+        fix: "a tokenizer folder needs tokenizer.json (or GPT-2's vocab.json and merges.txt); save one with `tokenizer.save_pretrained(dir)`",
+    }
+}
+
+/// The folder's `config.json` as an object (empty when there is none: a tokenizer-only
+/// folder).
+fn read_model_config(dir: &Path) -> Result<Map<String, Value>> {
+    let path = dir.join(crate::CONFIG_NAME);
+    if !path.is_file() {
+        return Ok(Map::new());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+        path: path.clone(),
+        source,
+    })?;
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Ok(Map::new()),
+        Err(source) => Err(Error::ConfigJson { path, source }),
+    }
+}
+
+/// Upstream `Qwen2Tokenizer.from_pretrained(dir)`: the vocabulary and merges of the folder's
+/// `tokenizer.json` (its post-processor and added tokens kept) or of `vocab.json` +
+/// `merges.txt`, under Qwen 2's pipeline; `<|endoftext|>` the unknown, end and padding token
+/// unless the configuration names others.
+fn qwen2_from(dir: &Path, mut config: Map<String, Value>) -> Result<PreTrainedTokenizerFast> {
+    let (source, file) = if dir.join(TOKENIZER_FILE).is_file() {
+        (load_tokenizer(dir)?, dir.join(TOKENIZER_FILE))
+    } else {
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if !(vocab.is_file() && merges.is_file()) {
+            return Err(missing_tokenizer(dir));
+        }
+        (gpt2_tokenizer(&vocab, &merges)?, vocab)
+    };
+    for key in ["unk_token", "eos_token", "pad_token"] {
+        config
+            .entry(key)
+            .or_insert_with(|| Value::from(GPT2_SPECIAL));
+    }
+    // `all_special_tokens`: the named ones that are set, then the extra ones.
+    let mut special: Vec<String> = special_tokens_map(&config)
+        .into_iter()
+        .map(|(_, token)| token)
+        .collect();
+    special.dedup();
+    let tokenizer = qwen2_tokenizer(&source, &file, &special)?;
+    PreTrainedTokenizerFast::new(tokenizer, config)
 }

@@ -60,7 +60,7 @@ mod tokenization;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
 pub use auto_tokenizer::{
-    AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    AutoTokenizer, PreTrainedTokenizerFast, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, tokenizer_class,
 };
 pub use bart::{BartConfig, BartForConditionalGeneration, MBartForConditionalGeneration};
 pub use bert::{

@@ -144,3 +144,78 @@ pub(crate) fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tok
         .with_post_processor(Some(ByteLevel::default().trim_offsets(false)));
     Ok(tokenizer)
 }
+
+/// Upstream `Qwen2Tokenizer`'s pre-tokenizing pattern (`PRETOKENIZE_REGEX`): digits one by
+/// one, letters with at most one leading non-letter.
+const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Upstream `Qwen2Tokenizer` (transformers 5, `models/qwen2/tokenization_qwen2.py`) over the
+/// vocabulary and merges of `source` (a `tokenizer.json`'s BPE, or `vocab.json` +
+/// `merges.txt` as GPT-2's): its own pipeline whatever the file's — NFC, the split on
+/// [`QWEN2_PRETOKENIZE_REGEX`], byte-level without a prefix space, a byte-level decoder —
+/// keeping the file's post-processor and added tokens, as `convert_to_native_format` does;
+/// then `special` (the special tokens) added as special tokens.
+pub(crate) fn qwen2_tokenizer(
+    source: &Tokenizer,
+    file: &Path,
+    special: &[String],
+) -> Result<Tokenizer> {
+    use tokenizers::normalizers::unicode::NFC;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{AddedToken, ModelWrapper, SplitDelimiterBehavior};
+    let mut model =
+        serde_json::to_value(source.get_model()).map_err(|e| tokenizer_error(file, e))?;
+    if model.get("type").and_then(serde_json::Value::as_str) != Some("BPE") {
+        return Err(tokenizer_error(
+            file,
+            "Qwen2Tokenizer needs a BPE vocabulary (its tokenizer.json's model is another kind); give the folder a BPE tokenizer.json or vocab.json + merges.txt",
+        ));
+    }
+    // `BPE(vocab, merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+    // end_of_word_suffix="", fuse_unk=False, byte_fallback=False)`.
+    if let Some(m) = model.as_object_mut() {
+        for (key, value) in [
+            ("dropout", serde_json::Value::Null),
+            ("unk_token", serde_json::Value::Null),
+            ("continuing_subword_prefix", "".into()),
+            ("end_of_word_suffix", "".into()),
+            ("fuse_unk", false.into()),
+            ("byte_fallback", false.into()),
+            ("ignore_merges", false.into()),
+        ] {
+            m.insert(key.into(), value);
+        }
+    }
+    let model: ModelWrapper =
+        serde_json::from_value(model).map_err(|e| tokenizer_error(file, e))?;
+    let mut tokenizer = Tokenizer::new(model);
+    let split = Split::new(
+        SplitPattern::Regex(QWEN2_PRETOKENIZE_REGEX.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| tokenizer_error(file, e))?;
+    let byte_level = ByteLevel::default()
+        .add_prefix_space(false)
+        .use_regex(false);
+    tokenizer
+        .with_normalizer(Some(NFC))
+        .with_pre_tokenizer(Some(Sequence::new(vec![split.into(), byte_level.into()])))
+        .with_decoder(Some(ByteLevel::default()))
+        .with_post_processor(source.get_post_processor().cloned());
+    let mut added: Vec<(u32, AddedToken)> = source.get_added_tokens_decoder().into_iter().collect();
+    added.sort_by_key(|(id, _)| *id);
+    for (_, token) in added {
+        match token.special {
+            true => tokenizer.add_special_tokens(&[token]),
+            false => tokenizer.add_tokens(&[token]),
+        };
+    }
+    let special: Vec<AddedToken> = special
+        .iter()
+        .map(|t| AddedToken::from(t.clone(), true))
+        .collect();
+    tokenizer.add_special_tokens(&special);
+    Ok(tokenizer)
+}

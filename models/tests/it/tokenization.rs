@@ -287,3 +287,67 @@ fn multilingual_tokenizers_place_language_codes_as_upstream() -> Result<()> {
     assert!(gpt2.set_src_lang("en_XX").is_err());
     Ok(())
 }
+
+/// `AutoTokenizer` picks the class upstream's does (`scripts/reference/auto_tokenizer.py`):
+/// a `qwen2` folder naming `GPT2Tokenizer` (or `PreTrainedTokenizerFast`, or nothing) gets
+/// `Qwen2Tokenizer`'s pipeline over GPT-2's vocabulary (digits split one by one, NFC, the
+/// folder's added tokens kept, `<|endoftext|>` its padding token), a `qwen3` one the
+/// `GPT2Tokenizer` it names, a `llama` one its own `tokenizer.json`: the same ids as
+/// upstream on hamlet.txt's first 3000 characters and on a line of digits, contractions, a
+/// decomposed accent and an added token; the same padding token.
+#[test]
+fn auto_tokenizer_picks_upstreams_class() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/auto_tokenizer");
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("ids.json"))
+            .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?,
+    )?;
+    let text = std::fs::read_to_string(assets().join("text/hamlet.txt"))?;
+    let hamlet: String = text.chars().take(3000).collect();
+    let line = v["line"].as_str().context("line")?;
+    let ids = |x: &serde_json::Value| -> Vec<i64> {
+        x.as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+            .unwrap_or_default()
+    };
+    for (case, class) in [
+        ("qwen2_vocab_merges", "Qwen2Tokenizer"),
+        ("qwen2_json", "Qwen2Tokenizer"),
+        ("qwen2_json_added", "Qwen2Tokenizer"),
+        ("qwen3_vocab_merges", "GPT2Tokenizer"),
+        ("llama_json", "TokenizersBackend"),
+    ] {
+        let expected = &v[case];
+        assert_eq!(expected["class"], class, "{case}: the reference's class");
+        let tok = AutoTokenizer::from_pretrained(dir.join(case))?;
+        assert_eq!(
+            tok.encode(&hamlet, true)?,
+            ids(&expected["hamlet"]),
+            "{case}: hamlet ids"
+        );
+        assert_eq!(
+            tok.encode(line, true)?,
+            ids(&expected["line"]),
+            "{case}: line ids"
+        );
+        assert_eq!(
+            tok.info().pad_token_id,
+            expected["pad_token_id"].as_i64(),
+            "{case}: pad token"
+        );
+    }
+    assert_eq!(
+        tchtrain_models::tokenizer_class(Some("qwen2"), Some("GPT2Tokenizer")).as_deref(),
+        Some("Qwen2Tokenizer")
+    );
+    assert_eq!(
+        tchtrain_models::tokenizer_class(Some("qwen3"), Some("GPT2TokenizerFast")).as_deref(),
+        Some("GPT2Tokenizer")
+    );
+    assert_eq!(
+        tchtrain_models::tokenizer_class(Some("qwen3_moe"), None).as_deref(),
+        Some("Qwen2Tokenizer")
+    );
+    Ok(())
+}
