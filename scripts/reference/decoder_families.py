@@ -29,7 +29,9 @@ padded), the evaluation-mode `logits`, and with the labels (padding at -100) the
 and `aux_loss`), `grad.<name>`
 of every parameter; `autocast.logits`, `autocast.loss`, `autocast.aux_loss` and
 `autocast.grad.<name>` the same under CPU bfloat16 autocast. <case>.parameters.json is
-`named_parameters()`'s order.
+`named_parameters()`'s order. <case>.generate.safetensors: greedy and beam search from the
+batch left-padded, as models.py's `record_generate`, with `output_router_logits` off (upstream's
+generate fails with it on).
 
 OUT_DIR/trainer_qwen3_moe/: the Qwen3-MoE case at SmolLM2's vocabulary (49152) trained 20
 steps by the Trainer as trainer_families.py trains its families (initial/, blocks.json,
@@ -135,6 +137,10 @@ def models(out, models_ref):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             run(m, kwargs, labels, "autocast.", tensors)
         save_file(tensors, str(out / f"{case}.safetensors"))
+        # Upstream's generate fails with router logits on (the load-balancing loss meets the
+        # whole attention mask but one step's logits): decode with them off.
+        m.config.output_router_logits = False
+        models_ref.record_generate(case, m, ids, mask)
         names = [name for name, _ in m.named_parameters()]
         (out / f"{case}.parameters.json").write_text(json.dumps(names))
         print(case, float(tensors["loss"]))

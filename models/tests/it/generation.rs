@@ -330,14 +330,16 @@ fn save_pretrained_writes_the_generation_config() -> Result<()> {
 
 /// Every Llama-shaped family's tiny model of `models.py` (Qwen2 and Mistral with sliding
 /// windows, Qwen3, Gemma 1–3 with Gemma 2's soft-capping, Phi-3's LongRoPE, Llama under each
-/// rope type) generates upstream's sequences, greedy and with beam search (3 beams, 2
-/// returned, length penalty 0.9), from a batch whose second row is left-padded. Upstream
-/// decodes with its cache (sliding layers included); the sliding-window families here
-/// recompute the whole sequence at each step, as upstream's `use_cache=False`.
+/// rope type) and of `decoder_families.py` (the mixtures of experts, Granite, SmolLM3, OLMo 2
+/// and 3) generates upstream's sequences, greedy and with beam search (3 beams, 2 returned,
+/// length penalty 0.9), from a batch whose second row is left-padded. Upstream decodes with
+/// its cache (sliding layers included); the sliding-window families here recompute the
+/// whole sequence at each step, as upstream's `use_cache=False`. The mixtures of experts
+/// decode with `output_router_logits` off, as upstream can only.
 #[test]
 fn generate_on_every_family_equals_transformers() -> Result<()> {
     let _g = lock();
-    let reference = assets().join("reference/models");
+    let models = assets().join("reference/models");
     for case in [
         "tiny_qwen2_lm",
         "tiny_qwen3_lm",
@@ -351,50 +353,84 @@ fn generate_on_every_family_equals_transformers() -> Result<()> {
         "tiny_llama_llama3_lm",
         "tiny_llama_linear_lm",
     ] {
-        let dir = reference.join(case);
-        let mut model = from_pretrained_dir(
-            &dir,
-            AutoTask::CausalLm,
-            Device::Cpu,
-            &LoadOptions::default(),
-        )?
-        .model;
-        model.eval();
-        let r: HashMap<String, Tensor> =
-            Tensor::read_safetensors(reference.join(format!("{case}.generate.safetensors")))?
-                .into_iter()
-                .collect();
-        let config_json: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-        let max_positions = config_json["max_position_embeddings"].as_i64();
-        for (kind, kwargs) in [
-            ("greedy", serde_json::json!({"max_new_tokens": 6})),
-            (
-                "beam",
-                serde_json::json!({"num_beams": 3, "num_return_sequences": 2,
-                    "length_penalty": 0.9, "max_new_tokens": 6}),
-            ),
-        ] {
-            let mut config = GenerationConfig::from_pretrained(&dir)?;
-            let mut kwargs = kwargs;
-            kwargs["pad_token_id"] = 0.into();
-            kwargs["do_sample"] = false.into();
-            config.update(&GenerationConfig::from_json(&kwargs)?);
-            tch::manual_seed(0);
-            let out = generate(
-                &*model,
-                &r["input_ids"],
-                Some(&r["attention_mask"]),
-                &config,
-                max_positions,
-            )?;
-            assert!(
-                out.sequences.equal(&r[kind]),
-                "{case} {kind}: {:?}, upstream {:?}",
-                Vec::<Vec<i64>>::try_from(&out.sequences)?,
-                Vec::<Vec<i64>>::try_from(&r[kind])?
-            );
+        check_generate(
+            &models.join(case),
+            &models.join(format!("{case}.generate.safetensors")),
+        )?;
+    }
+    let families = assets().join("reference/decoder_families");
+    for case in [
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "olmoe",
+        "granite",
+        "smollm3",
+        "olmo2",
+        "olmo3",
+    ] {
+        // The checkpoint with `output_router_logits` off.
+        let dir = tchtrain_testing::temp_dir(&format!("generate-{case}"));
+        for entry in std::fs::read_dir(families.join(case))? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
         }
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+        if config.get("output_router_logits").is_some() {
+            config["output_router_logits"] = false.into();
+        }
+        std::fs::write(dir.join("config.json"), config.to_string())?;
+        check_generate(&dir, &families.join(format!("{case}.generate.safetensors")))?;
+    }
+    Ok(())
+}
+
+/// Greedy and beam search on the model in `dir` against the sequences in `reference`.
+fn check_generate(dir: &std::path::Path, reference: &std::path::Path) -> Result<()> {
+    let case = dir.display();
+    let mut model = from_pretrained_dir(
+        dir,
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    model.eval();
+    let r: HashMap<String, Tensor> = Tensor::read_safetensors(reference)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", reference.display()))?
+        .into_iter()
+        .collect();
+    let config_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let max_positions = config_json["max_position_embeddings"].as_i64();
+    for (kind, kwargs) in [
+        ("greedy", serde_json::json!({"max_new_tokens": 6})),
+        (
+            "beam",
+            serde_json::json!({"num_beams": 3, "num_return_sequences": 2,
+                "length_penalty": 0.9, "max_new_tokens": 6}),
+        ),
+    ] {
+        let mut config = GenerationConfig::from_pretrained(dir)?;
+        let mut kwargs = kwargs;
+        kwargs["pad_token_id"] = 0.into();
+        kwargs["do_sample"] = false.into();
+        config.update(&GenerationConfig::from_json(&kwargs)?);
+        tch::manual_seed(0);
+        let out = generate(
+            &*model,
+            &r["input_ids"],
+            Some(&r["attention_mask"]),
+            &config,
+            max_positions,
+        )?;
+        assert!(
+            out.sequences.equal(&r[kind]),
+            "{case} {kind}: {:?}, upstream {:?}",
+            Vec::<Vec<i64>>::try_from(&out.sequences)?,
+            Vec::<Vec<i64>>::try_from(&r[kind])?
+        );
     }
     Ok(())
 }
