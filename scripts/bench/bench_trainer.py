@@ -28,6 +28,8 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
                   batch 4: the frozen base's forward and input gradients, the adapter trained.
     qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
+    qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
+                  token vocabulary, block 128, batch 8.
     minilm_cls    assets/minilm (BERT, 6 x 384) under a fresh 2-label head (seed 0),
                   Rotten Tomatoes fresh / rotten reviews truncated to 128 tokens, batch 16,
                   `DataCollatorWithPadding` (dynamic padding).
@@ -81,6 +83,10 @@ JOBS = {
     # (37 i) mod 113; 55 % real on average) and padded to 128 (pad id 0, attention mask,
     # labels -100 on the padding), `default_data_collator`.
     "qwen2_padded": dict(kind="clm", arch="qwen2", layers=2, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40, padded=True),
+    # A tiny Qwen3-MoE (the mixture-of-experts family: 8 experts of intermediate size 64, 2
+    # per token, normalised, the router's load-balancing loss on at 0.001), 2 x 64, 4 heads
+    # over 2 key-value heads, head_dim 16, a 1024-token vocabulary, tied head.
+    "qwen3_moe_tiny": dict(kind="clm", arch="qwen3_moe", layers=2, width=64, heads=4, kv_heads=2, experts=8, top_k=2, moe_inner=64, block=128, batch=8, vocab=1024, warmup=5, steps=40),
     # SmolLM2-135M (assets/smollm2-135m, 30 x 576, tied embeddings) under a LoRA adapter on
     # every linear layer (peft's "all-linear": r 16, alpha 32, dropout 0.05), drawn after
     # torch.manual_seed(0) on both sides; hamlet.txt in the model's own tokenizer.
@@ -129,7 +135,26 @@ def prepare(out: Path):
             (folder / "job.json").write_text(json.dumps({"name": name, **job}, indent=1))
             print(f"prepared {name}: {len(rows)} rows", file=sys.stderr)
             continue
-        if job.get("arch") == "qwen2":
+        if job.get("arch") == "qwen3_moe":
+            vocab = job["vocab"]
+            config = tf.Qwen3MoeConfig(
+                vocab_size=vocab,
+                hidden_size=job["width"],
+                num_hidden_layers=job["layers"],
+                num_attention_heads=job["heads"],
+                num_key_value_heads=job["kv_heads"],
+                head_dim=job["width"] // job["heads"],
+                num_experts=job["experts"],
+                num_experts_per_tok=job["top_k"],
+                moe_intermediate_size=job["moe_inner"],
+                norm_topk_prob=True,
+                output_router_logits=True,
+                max_position_embeddings=job["block"],
+                tie_word_embeddings=True,
+            )
+            model = tf.Qwen3MoeForCausalLM(config)
+            rows = [{"input_ids": [i % vocab for i in b]} for b in gpt2_blocks(job["block"])]
+        elif job.get("arch") == "qwen2":
             vocab = job["vocab"]
             config = tf.Qwen2Config(
                 vocab_size=vocab,

@@ -19,13 +19,14 @@ use crate::cmd;
 use crate::json::Json;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 7] = [
+pub const JOBS: [&str; 8] = [
     "gpt2_tiny",
     "gpt2_tiny_v1k",
     "gpt2_6x384",
     "minilm_cls",
     "qwen2_tiny",
     "qwen2_padded",
+    "qwen3_moe_tiny",
     "smollm2_lora",
 ];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).
