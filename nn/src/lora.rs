@@ -110,6 +110,31 @@ impl LoraSlot {
         out
     }
 
+    /// peft's `ParamWrapper` on a 3-D expert parameter `w` `[experts, out, in]` (not
+    /// transposed) with one adapter: `_LoraFactorsProxy`, `baddbmm(w, B', A', alpha=scaling)`
+    /// with autocast off, where `A'` is `lora_A` `[r · experts, in]` viewed `[experts, r, in]`
+    /// and `B'` is `lora_B` `[out, r · experts]` viewed `[out, r, experts]` and permuted to
+    /// `[experts, out, r]`, both in `w`'s dtype (`get_delta_factors`). `w` itself without an
+    /// adapter.
+    pub(crate) fn apply_parameter(&self, w: &Tensor) -> crate::Result<Tensor> {
+        let mut s = lock(&self.0);
+        let Some(layer) = &s.adapter else {
+            return Ok(w.shallow_clone());
+        };
+        let experts = w.size()[0];
+        let a = layer.a.f_reshape([experts, -1, layer.a.size()[1]])?;
+        let b = layer
+            .b
+            .f_reshape([layer.b.size()[0], -1, experts])?
+            .f_permute([2, 0, 1])?;
+        let (lhs, rhs) = (b.f_to_kind(w.kind())?, a.f_to_kind(w.kind())?);
+        let out = crate::moe::without_autocast(w.device(), || {
+            Ok(w.f_baddbmm(&lhs, &rhs, 1.0, layer.scaling)?)
+        })?;
+        s.hit = true;
+        Ok(out)
+    }
+
     /// peft's `Embedding.forward` for a part whose base output is `y` on the ids `ids`:
     /// `y + (embedding(ids, A.T, padding_idx) @ B.T) * scaling`, times the part's
     /// `embed_scale` where it has one (Gemma's scaled embeddings), in `y`'s dtype; no

@@ -11,7 +11,41 @@ use crate::activations::Activation;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::initialization::{self, normal};
+use crate::lora::LoraSlot;
 use crate::path::Path;
+
+/// `with torch.autocast(device_type, enabled=False): f()` (peft folds an expert adapter into
+/// its weight in the weight's dtype).
+#[allow(unsafe_code)]
+pub(crate) fn without_autocast<T>(device: tch::Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let code = match device {
+        tch::Device::Cuda(_) => 1,
+        _ => 0,
+    };
+    let (mut prev_enabled, mut prev_dtype, mut prev_cache) = (false, 0, false);
+    // SAFETY: the out-pointers point at live locals for the duration of the call.
+    unsafe {
+        tchtrain_sys::take_error(tchtrain_sys::tchtrain_autocast_enter_disabled(
+            code,
+            &mut prev_enabled,
+            &mut prev_dtype,
+            &mut prev_cache,
+        ))
+    }
+    .map_err(|m| Error::Torch(tch::TchError::Torch(m)))?;
+    let out = f();
+    // SAFETY: plain values; the shim only touches libtorch's thread-local autocast state.
+    unsafe {
+        tchtrain_sys::take_error(tchtrain_sys::tchtrain_autocast_exit(
+            code,
+            prev_enabled,
+            prev_dtype,
+            prev_cache,
+        ))
+    }
+    .map_err(|m| Error::Torch(tch::TchError::Torch(m)))?;
+    out
+}
 
 /// How a family's router turns its logits into the experts' weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +119,9 @@ pub struct Experts {
     name: String,
     class: String,
     ctx: Context,
+    /// peft's `ParamWrapper` slots of `gate_up_proj` and `down_proj` (`target_parameters`),
+    /// registered as `<experts>.gate_up_proj` / `<experts>.down_proj`.
+    lora: [LoraSlot; 2],
 }
 
 impl Experts {
@@ -110,14 +147,21 @@ impl Experts {
             &[num_experts, hidden, intermediate],
             normal(std),
         );
+        let name = p.name();
+        let lora = [LoraSlot::default(), LoraSlot::default()];
+        for (parameter, slot) in ["gate_up_proj", "down_proj"].iter().zip(&lora) {
+            p.ctx()
+                .register_lora_slot(format!("{name}.{parameter}"), slot.clone());
+        }
         Self {
             gate_up_proj,
             down_proj,
             act,
             num_experts,
-            name: p.name(),
+            name,
             class: class.into(),
             ctx: p.ctx().clone(),
+            lora,
         }
     }
 
@@ -146,12 +190,15 @@ impl Experts {
         // id in its own bin: the counts per expert, as `bincount` gives them.
         let tokens_per_expert = expert_ids_g.f_bincount::<&Tensor>(None, self.num_experts)?;
         let offsets = tokens_per_expert.f_cumsum(0, Kind::Int)?;
-        let proj = grouped_linear(&selected, &self.gate_up_proj, &offsets, &self.name)?;
+        // peft's `target_parameters` adapters fold into the weights for the forward.
+        let gate_up_proj = self.lora[0].apply_parameter(&self.gate_up_proj)?;
+        let down_proj = self.lora[1].apply_parameter(&self.down_proj)?;
+        let proj = grouped_linear(&selected, &gate_up_proj, &offsets, &self.name)?;
         let half = proj.size()[1] / 2;
         let gate = proj.f_narrow(-1, 0, half)?;
         let up = proj.f_narrow(-1, half, half)?;
         let proj = self.act.apply(&gate).f_mul(&up)?;
-        let proj = grouped_linear(&proj, &self.down_proj, &offsets, &self.name)?;
+        let proj = grouped_linear(&proj, &down_proj, &offsets, &self.name)?;
         let weighted = proj.f_mul(&sample_weights_g.f_unsqueeze(-1)?)?;
         let inv_perm = perm.f_empty_like()?.f_index_put_(
             &[Some(&perm)],

@@ -24,6 +24,21 @@ char* tchtrain_autocast_enter(int device, int dtype, bool* prev_enabled,
   });
 }
 
+// `torch.autocast(device_type, enabled=False).__enter__()`: as `tchtrain_autocast_enter`, with
+// autocast turned off (its dtype kept) inside the region.
+char* tchtrain_autocast_enter_disabled(int device, bool* prev_enabled, int* prev_dtype,
+                                               bool* prev_cache) {
+  return tchtrain::guarded([&] {
+    auto dev = tchtrain::device_type(device);
+    *prev_cache = at::autocast::is_autocast_cache_enabled();
+    *prev_enabled = at::autocast::is_autocast_enabled(dev);
+    *prev_dtype = static_cast<int>(at::autocast::get_autocast_dtype(dev));
+    at::autocast::set_autocast_enabled(dev, false);
+    at::autocast::increment_nesting();
+    at::autocast::set_autocast_cache_enabled(true);
+  });
+}
+
 // `torch.autocast.__exit__`: clears the cast cache when leaving the outermost region and
 // restores what `tchtrain_autocast_enter` returned.
 char* tchtrain_autocast_exit(int device, bool prev_enabled, int prev_dtype,

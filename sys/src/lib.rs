@@ -69,6 +69,12 @@ unsafe extern "C" {
         prev_dtype: *mut c_int,
         prev_cache: *mut bool,
     ) -> *mut c_char;
+    pub fn tchtrain_autocast_enter_disabled(
+        device: c_int,
+        prev_enabled: *mut bool,
+        prev_dtype: *mut c_int,
+        prev_cache: *mut bool,
+    ) -> *mut c_char;
     pub fn tchtrain_autocast_exit(
         device: c_int,
         prev_enabled: bool,

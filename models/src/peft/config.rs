@@ -102,6 +102,10 @@ pub struct LoraConfig {
     pub alpha_pattern: IndexMap<String, f64>,
     /// `use_dora`: weight-decomposed LoRA (a magnitude vector per adapted layer).
     pub use_dora: bool,
+    /// `target_parameters`: parameters adapted directly (peft's `ParamWrapper`), the
+    /// mixture-of-experts' 3-D `experts.gate_up_proj` / `experts.down_proj`, matched by
+    /// their full name or a `.`-bounded suffix of it.
+    pub target_parameters: Option<Vec<String>>,
     /// `task_type` (`CAUSAL_LM`, `SEQ_CLS`, `TOKEN_CLS`, `QUESTION_ANS`,
     /// `FEATURE_EXTRACTION`).
     pub task_type: Option<String>,
@@ -131,6 +135,7 @@ impl Default for LoraConfig {
             rank_pattern: IndexMap::new(),
             alpha_pattern: IndexMap::new(),
             use_dora: false,
+            target_parameters: None,
             task_type: None,
             base_model_name_or_path: None,
             revision: None,
@@ -151,7 +156,6 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
     ("lora_ga_config", "LoRA-GA initialisation"),
     ("megatron_config", "Megatron layers"),
     ("monteclora_config", "MonteCLoRA"),
-    ("target_parameters", "parameter targeting (MoE experts)"),
     ("trainable_token_indices", "trainable tokens"),
     ("use_bdlora", "BD-LoRA"),
     ("velora_config", "VeLoRA"),
@@ -387,6 +391,30 @@ impl LoraConfig {
                     }
                 }
                 "use_dora" => c.use_dora = boolean("use_dora")?,
+                "target_parameters" => {
+                    c.target_parameters = match v {
+                        Value::Null => None,
+                        Value::Array(a) => Some(
+                            a.iter()
+                                .map(|x| x.as_str().map(str::to_string))
+                                .collect::<Option<Vec<_>>>()
+                                .ok_or_else(|| {
+                                    invalid(
+                                        "target_parameters",
+                                        v.to_string(),
+                                        "give a list of parameter names",
+                                    )
+                                })?,
+                        ),
+                        _ => {
+                            return Err(invalid(
+                                "target_parameters",
+                                v.to_string(),
+                                "give a list of parameter names (peft: \"`target_parameters` must be a list of strings or None\")",
+                            ));
+                        }
+                    }
+                }
                 "task_type" => c.task_type = opt_string("task_type")?,
                 "base_model_name_or_path" => {
                     c.base_model_name_or_path = opt_string("base_model_name_or_path")?
@@ -572,6 +600,7 @@ impl LoraConfig {
             ),
             ("revision", self.revision.clone().into()),
             ("target_modules", targets_to(&self.target_modules)),
+            ("target_parameters", self.target_parameters.clone().into()),
             ("task_type", self.task_type.clone().into()),
             ("use_dora", self.use_dora.into()),
             ("use_qalora", false.into()),

@@ -40,9 +40,40 @@ pub struct LoraLayer {
     pub scaling: f64,
     /// DoRA (`use_dora`): a magnitude vector rescales each output row.
     pub dora: bool,
+    /// peft's `ParamWrapper` (`target_parameters`): the adapted 3-D expert parameter. The
+    /// layer's `module` is then peft's path of its wrapper (the experts module, with a
+    /// `.base_layer` per wrapper nested around it), `in_features` / `out_features` the
+    /// parameter's last two sizes swapped, and `lora_A` `[r · experts, in]`, `lora_B`
+    /// `[out, r · experts]`.
+    pub parameter: Option<ParameterTarget>,
+}
+
+/// A 3-D parameter adapted by `target_parameters`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParameterTarget {
+    /// The module that owns it (`model.layers.0.mlp.experts`).
+    pub module: String,
+    /// Its name in the module (`gate_up_proj`).
+    pub parameter: String,
+    /// Its first size.
+    pub num_experts: i64,
 }
 
 impl LoraLayer {
+    /// The name of the part's LoRA slot: the module, or for a parameter
+    /// `<module>.<parameter>`.
+    pub fn slot_name(&self) -> String {
+        match &self.parameter {
+            Some(p) => format!("{}.{}", p.module, p.parameter),
+            None => self.module.clone(),
+        }
+    }
+
+    /// `lora_A`'s rows (`lora_B`'s columns): `r`, times the experts for a parameter.
+    fn adapter_rank(&self) -> i64 {
+        self.r * self.parameter.as_ref().map_or(1, |p| p.num_experts)
+    }
+
     /// The variable names of `lora_A` / `lora_B` (an embedding's `lora_embedding_A` /
     /// `lora_embedding_B`, plain parameters) under `adapter`.
     pub fn weight_names(&self, adapter: &str) -> (String, String) {
@@ -195,6 +226,9 @@ pub(crate) struct ModelFacts<'a> {
     pub embeddings: Vec<EmbeddingModule>,
     /// Whether the output embeddings are tied to the input embeddings.
     pub tied_embeddings: bool,
+    /// Every parameter with its sizes, in registration order (what `target_parameters`
+    /// matches).
+    pub parameters: Vec<(String, Vec<i64>)>,
 }
 
 /// peft's injection walk: the adapted layers in module order, `config` resolved as peft
@@ -246,6 +280,8 @@ pub(crate) fn resolve_targets(
         Some(t) => t,
         None => match default_targets(facts.model_type) {
             Some(d) => TargetModules::Names(d.iter().map(|s| s.to_string()).collect()),
+            // peft: no module targeted, the parameters only.
+            None if config.target_parameters.is_some() => TargetModules::Names(Vec::new()),
             None => {
                 return Err(Error::InvalidArgument {
                     field: "target_modules",
@@ -316,6 +352,7 @@ pub(crate) fn resolve_targets(
                 r,
                 scaling: config.scaling(r, alpha),
                 dora: config.use_dora,
+                parameter: None,
             });
             continue;
         }
@@ -355,8 +392,10 @@ pub(crate) fn resolve_targets(
             r,
             scaling: config.scaling(r, alpha),
             dora: config.use_dora,
+            parameter: None,
         });
     }
+    layers.extend(parameter_targets(config, facts)?);
     // peft walks every module, containers included: a target naming one (`mlp`,
     // `self_attn`) is "not supported" there.
     let mut containers: Vec<&str> = Vec::new();
@@ -415,6 +454,92 @@ pub(crate) fn resolve_targets(
             .modules_to_save
             .get_or_insert_with(Vec::new)
             .extend(added);
+    }
+    Ok(layers)
+}
+
+/// peft's `_inject_parameters` (after the modules): each module's own parameters in
+/// registration order whose full name is a `target_parameters` entry or ends with `.`
+/// and one, each wrapped in a `ParamWrapper` around the previous wrapper of the same module
+/// (so the last one wrapped is the outermost, at the module's path, and each earlier one a
+/// `.base_layer` further in).
+fn parameter_targets(config: &LoraConfig, facts: &ModelFacts<'_>) -> Result<Vec<LoraLayer>> {
+    let Some(targets) = &config.target_parameters else {
+        return Ok(Vec::new());
+    };
+    if config.lora_dropout != 0.0 {
+        return Err(Error::InvalidArgument {
+            field: "lora_dropout",
+            detail: format!(
+                "{}: peft's ParamWrapper (target_parameters) \"does not work with lora_dropout != 0\"; use 0",
+                config.lora_dropout
+            ),
+        });
+    }
+    if config.use_dora {
+        return Err(Error::InvalidArgument {
+            field: "use_dora",
+            detail: "peft's ParamWrapper (target_parameters) \"does not work with LoRA variants like DoRA\"; use plain LoRA".into(),
+        });
+    }
+    let mut per_module: Vec<(String, Vec<(String, Vec<i64>)>)> = Vec::new();
+    for (name, size) in &facts.parameters {
+        let matched = targets
+            .iter()
+            .any(|t| name == t || name.ends_with(&format!(".{t}")));
+        if !matched {
+            continue;
+        }
+        let Some((module, parameter)) = name.rsplit_once('.') else {
+            return Err(Error::InvalidArgument {
+                field: "target_parameters",
+                detail: format!(
+                    "{name}: targeting a parameter of the top-level module is not supported (peft)"
+                ),
+            });
+        };
+        if size.len() != 3 {
+            return Err(Error::InvalidArgument {
+                field: "target_parameters",
+                detail: format!(
+                    "{name} has {} dimensions; parameter LoRA is implemented for the experts' 3-D weights ([experts, out, in]); target 2-D weights through their module with target_modules",
+                    size.len()
+                ),
+            });
+        }
+        match per_module.iter_mut().find(|(m, _)| m == module) {
+            Some((_, params)) => params.push((parameter.to_string(), size.clone())),
+            None => per_module.push((
+                module.to_string(),
+                vec![(parameter.to_string(), size.clone())],
+            )),
+        }
+    }
+    let mut layers = Vec::new();
+    for (module, params) in per_module {
+        let n = params.len();
+        for (k, (parameter, size)) in params.into_iter().enumerate() {
+            let key = format!("{module}.{parameter}");
+            let r = *pattern_key(&config.rank_pattern, &key)?.unwrap_or(&config.r);
+            let alpha = *pattern_key(&config.alpha_pattern, &key)?.unwrap_or(&config.lora_alpha);
+            layers.push(LoraLayer {
+                module: format!("{module}{}", ".base_layer".repeat(n - 1 - k)),
+                // `_get_in_out_features` reads `[experts, in, out]`, then swaps them: the
+                // parameter is not transposed.
+                in_features: size[2],
+                out_features: size[1],
+                conv1d: false,
+                embedding: false,
+                r,
+                scaling: config.scaling(r, alpha),
+                dora: false,
+                parameter: Some(ParameterTarget {
+                    module: module.clone(),
+                    parameter,
+                    num_experts: size[0],
+                }),
+            });
+        }
     }
     Ok(layers)
 }
@@ -490,8 +615,9 @@ pub(crate) fn create_adapters(
         let (a, b) = if layer.embedding {
             embedding_adapter_draws(layer, init)?
         } else {
-            let mut a = Tensor::f_empty([layer.r, layer.in_features], cpu)?;
-            let mut b = Tensor::f_empty([layer.out_features, layer.r], cpu)?;
+            let rank = layer.adapter_rank();
+            let mut a = Tensor::f_empty([rank, layer.in_features], cpu)?;
+            let mut b = Tensor::f_empty([layer.out_features, rank], cpu)?;
             linear_adapter_draws(&mut a, &mut b, layer, init)?;
             (a, b)
         };
@@ -580,10 +706,10 @@ pub(crate) fn set_adapters(
                 detail: format!("{n} is missing from the model (was the adapter removed?)"),
             })
     };
-    let mut by_name: HashMap<&str, &LoraLayer> = layers
+    let mut by_name: HashMap<String, &LoraLayer> = layers
         .iter()
         .filter(|l| !merged.contains(&l.module))
-        .map(|l| (l.module.as_str(), l))
+        .map(|l| (l.slot_name(), l))
         .collect();
     let mut filled = Vec::with_capacity(by_name.len());
     for (name, slot) in ctx.lora_slots() {
@@ -614,7 +740,7 @@ pub(crate) fn set_adapters(
         }));
         filled.push((name, slot));
     }
-    let mut unknown: Vec<String> = by_name.into_keys().map(str::to_string).collect();
+    let mut unknown: Vec<String> = by_name.into_keys().collect();
     unknown.sort();
     Ok((filled, unknown))
 }

@@ -11,5 +11,5 @@ pub use config::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
     LoraConfig, PEFT_VERSION, TargetModules,
 };
-pub use lora::LoraLayer;
+pub use lora::{LoraLayer, ParameterTarget};
 pub use peft_model::{PeftModel, get_peft_model};

@@ -117,6 +117,11 @@ fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<A
             })
         })
         .collect();
+    let parameters = names
+        .iter()
+        .filter(|n| !is_adapter_variable(n))
+        .filter_map(|n| Some((n.clone(), vars.get(n)?.size())))
+        .collect();
     let facts = ModelFacts {
         model_type: base.config().model_type(),
         modules,
@@ -124,6 +129,7 @@ fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<A
         output_embeddings: base.output_embeddings(),
         embeddings,
         tied_embeddings: !base.tied_weights().is_empty(),
+        parameters,
     };
     let layers = lora::resolve_targets(&mut config, &facts)?;
     if let Some(l) = layers.iter().find(|l| {
@@ -678,6 +684,7 @@ impl PeftModel {
                 continue;
             }
             let adapter = self.adapter(&name)?;
+            refuse_parameter_merge(adapter)?;
             let vars = self.base.var_store().variables();
             tch::no_grad(|| -> Result<()> {
                 for l in &adapter.layers {
@@ -851,6 +858,20 @@ fn set_requires_grad(vs: &VarStore, adapter: &Adapter, name: &str, on: bool) {
 }
 
 /// An adapter's name is a key of peft's `ModuleDict`s: not empty, without a dot.
+/// Merging a `target_parameters` adapter into its 3-D weight is not implemented.
+fn refuse_parameter_merge(adapter: &Adapter) -> Result<()> {
+    match adapter.layers.iter().find(|l| l.parameter.is_some()) {
+        Some(l) => Err(Error::InvalidArgument {
+            field: "target_parameters",
+            detail: format!(
+                "{} adapts a parameter (peft's ParamWrapper); merging such an adapter into the experts' weights is not implemented here: run it unmerged, or merge it with peft in Python",
+                l.slot_name()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn check_adapter_name(name: &str) -> Result<()> {
     if name.is_empty() || name.contains('.') {
         return Err(Error::InvalidArgument {

@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};
 use tchtrain_accelerate::AutocastGuard;
-use tchtrain_models::{AutoTask, LoadOptions, ModelInputs, PreTrainedModel, from_pretrained_dir};
+use tchtrain_models::{
+    AutoTask, LoadOptions, ModelInputs, PreTrainedModel, TrainableModel, from_pretrained_dir,
+};
 use tchtrain_testing::{assert_exact, assets, compare, lock};
 use tchtrain_trainer::Trainer;
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
@@ -236,5 +238,135 @@ fn qwen3_moe_trains_as_upstream() -> Result<()> {
     assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
     assert_exact("qwen3_moe", &m);
     let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+/// LoRA on the experts' 3-D weights as peft's `target_parameters` (`scripts/reference/
+/// peft_experts.py`): the tiny Qwen3-MoE with `q_proj` and both expert weights adapted.
+/// After the same seed the drawn adapter equals peft's, under peft's names (the outer
+/// `ParamWrapper` `experts` on `down_proj`, `experts.base_layer` on `gate_up_proj`); peft's
+/// saved adapter (its lora_B redrawn) loads, and the logits, the loss and every adapter
+/// gradient equal peft's in float32 and under bf16 autocast; `save_adapter` writes the same
+/// tensors peft wrote.
+#[test]
+fn qwen3_moe_expert_lora_equals_peft() -> Result<()> {
+    use tchtrain_models::{LoraConfig, PeftModel, get_peft_model};
+    let _g = lock();
+    let dir = assets().join("reference/peft_experts");
+    let load_base = || -> Result<Box<dyn PreTrainedModel>> {
+        Ok(from_pretrained_dir(
+            &dir.join("base"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model)
+    };
+    let read = |name: &str| -> Result<HashMap<String, Tensor>> {
+        Ok(Tensor::read_safetensors(dir.join(name))
+            .with_context(|| format!("{} (run `cargo xtask setup`)", dir.display()))?
+            .into_iter()
+            .collect())
+    };
+    // The draws.
+    let config = LoraConfig::from_file(&dir.join("adapter/adapter_config.json"))?;
+    tch::manual_seed(1);
+    let drawn = get_peft_model(
+        load_base()?,
+        LoraConfig {
+            inference_mode: false,
+            ..config
+        },
+    )?;
+    let initial = read("initial.safetensors")?;
+    let ours: HashMap<String, Tensor> = drawn.adapter_state_dict("default")?.into_iter().collect();
+    let mut names: Vec<&String> = ours.keys().collect();
+    names.sort();
+    let mut expected: Vec<&String> = initial.keys().collect();
+    expected.sort();
+    assert_eq!(names, expected, "adapter names");
+    for (name, t) in &initial {
+        assert!(ours[name].equal(t), "drawn {name} differs from peft's");
+    }
+    // peft's adapter, run.
+    let mut model = PeftModel::from_pretrained(load_base()?, &dir.join("adapter"), true)?;
+    let r = read("run.safetensors")?;
+    for (prefix, autocast) in [("", false), ("autocast.", true)] {
+        let guard = || -> Result<Option<AutocastGuard>> {
+            Ok(match autocast {
+                true => Some(AutocastGuard::enter(Device::Cpu, Kind::BFloat16)?),
+                false => None,
+            })
+        };
+        model.eval();
+        let inputs = ModelInputs {
+            input_ids: r.get("input_ids"),
+            attention_mask: r.get("attention_mask"),
+            ..Default::default()
+        };
+        let logits = {
+            let _g = guard()?;
+            tch::no_grad(|| model.forward(&inputs))?
+                .logits
+                .context("logits")?
+        };
+        let logits = max_abs(&logits, &r[&format!("{prefix}logits")]);
+        for (_, v) in model.var_store().variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let loss = {
+            let _g = guard()?;
+            model.forward(&ModelInputs {
+                labels: r.get("labels"),
+                ..inputs
+            })?
+        }
+        .loss
+        .context("loss")?
+        .to_kind(Kind::Float);
+        loss.backward();
+        let loss = max_abs(&loss.reshape([1]), &r[&format!("{prefix}loss")]);
+        let vars = model.var_store().variables();
+        let grad_prefix = format!("{prefix}grad.base_model.model.");
+        let (mut grads, mut n) = (0.0f64, 0);
+        for (key, expected) in r.iter().filter(|(k, _)| k.starts_with(&grad_prefix)) {
+            let name = &key[grad_prefix.len()..];
+            let var = vars
+                .get(name)
+                .with_context(|| format!("no parameter {name}"))?;
+            let d = max_abs(&var.grad(), expected);
+            if d > 0.0 {
+                eprintln!("{prefix}grad of {name} differs by {d:.3e}");
+            }
+            grads = grads.max(d);
+            n += 1;
+        }
+        assert_eq!(n, 14, "{prefix}: the adapter's gradients compared");
+        eprintln!(
+            "expert LoRA {prefix}: logits {logits:.3e}, loss {loss:.3e}, gradients {grads:.3e}"
+        );
+        assert_eq!(
+            [logits, loss, grads],
+            [0.0; 3],
+            "{prefix}: logits, loss, gradients"
+        );
+    }
+    // Saved as peft saved it.
+    let saved = std::env::temp_dir().join(format!("tchtrain-expert-lora-{}", std::process::id()));
+    model.save_adapter(&saved)?;
+    let ours = Tensor::read_safetensors(saved.join("adapter_model.safetensors"))?;
+    let theirs = Tensor::read_safetensors(dir.join("adapter/adapter_model.safetensors"))?;
+    assert_eq!(ours.len(), theirs.len(), "saved adapter tensors");
+    for (name, t) in &theirs {
+        let (_, mine) = ours
+            .iter()
+            .find(|(n, _)| n == name)
+            .with_context(|| format!("saved adapter lacks {name}"))?;
+        assert!(mine.equal(t), "saved {name} differs");
+    }
+    let _ = std::fs::remove_dir_all(&saved);
     Ok(())
 }
