@@ -1,6 +1,6 @@
 //! TRL's LoRA flags for the example scripts (`trl.ModelConfig`'s `--use_peft`, `--lora_r`,
-//! `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`, `--lora_modules_to_save`,
-//! `--lora_task_type`, `--use_rslora`, `--use_dora`, with TRL's defaults), made into a
+//! `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`, `--lora_target_parameters`,
+//! `--lora_modules_to_save`, `--lora_task_type`, `--use_rslora`, `--use_dora`, with TRL's defaults), made into a
 //! [`LoraConfig`] as `trl.get_peft_config` makes it and applied to the loaded model.
 
 use tchtrain_models::{LoraConfig, PreTrainedModel, TargetModules, get_peft_model};
@@ -24,6 +24,10 @@ pub struct PeftArguments {
     /// `all-linear` (as TRL passes a single value on); several are module names. Default:
     /// peft's for the model type.
     pub lora_target_modules: Option<Vec<String>>,
+    /// `--lora_target_parameters NAME...`: parameters adapted directly (peft's
+    /// `target_parameters`: a mixture of experts' `mlp.experts.gate_up_proj`,
+    /// `mlp.experts.down_proj`; peft needs `--lora_dropout 0` for them).
+    pub lora_target_parameters: Option<Vec<String>>,
     /// `--lora_modules_to_save NAME...`: modules trained in full and saved with the adapter.
     pub lora_modules_to_save: Option<Vec<String>>,
     /// `--lora_task_type` (default `CAUSAL_LM`; `SEQ_CLS` for classification heads).
@@ -42,9 +46,7 @@ impl Default for PeftArguments {
     }
 }
 
-/// TRL's `ModelConfig` LoRA fields (trl 1.16), as the scripts take them. TRL's
-/// `lora_target_parameters` (adapters on bare parameters, for mixture-of-experts) is not
-/// offered: peft's `target_parameters` is not implemented here.
+/// TRL's `ModelConfig` LoRA fields (trl 1.16), as the scripts take them.
 pub static LORA_ARGUMENTS: Dataclass = Dataclass {
     name: "ModelConfig (TRL's LoRA flags)",
     fields: &[
@@ -64,6 +66,11 @@ pub static LORA_ARGUMENTS: Dataclass = Dataclass {
             "lora_target_modules",
             "None",
             "Modules to adapt: names, or one regular expression / all-linear (default: peft's for the model type).",
+        ),
+        FieldSpec::list(
+            "lora_target_parameters",
+            "None",
+            "Parameters to adapt directly (a mixture of experts' mlp.experts.gate_up_proj, mlp.experts.down_proj); peft needs --lora_dropout 0 for them.",
         ),
         FieldSpec::list(
             "lora_modules_to_save",
@@ -103,6 +110,7 @@ impl PeftArguments {
             use_rslora: self.use_rslora,
             use_dora: self.use_dora,
             modules_to_save: self.lora_modules_to_save.clone(),
+            target_parameters: self.lora_target_parameters.clone(),
             ..LoraConfig::default()
         })
     }

@@ -610,6 +610,113 @@ fn tokenize_text_classification_gives_upstreams_ids() -> Result<()> {
     Ok(())
 }
 
+/// `run_clm --use_peft --lora_target_parameters` on a tiny Qwen3-MoE
+/// (`decoder_families.py`'s, router logits on): the experts' 3-D weights get peft's
+/// `ParamWrapper` adapters (no module: peft has no default targets for `qwen3_moe`), the
+/// saved adapter names them as peft does
+/// (`experts.lora_A` on `down_proj`, `experts.base_layer.lora_A` on `gate_up_proj`), and
+/// peft loads it back with every tensor in place (when `cargo xtask test` names the
+/// reference virtualenv's python). peft refuses dropout on such adapters: so does the
+/// script, naming `lora_dropout`.
+#[test]
+fn run_clm_trains_expert_adapters_that_peft_loads() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("clm-expert-lora");
+    let o = out.display().to_string();
+    let base = assets().join("reference/decoder_families/trainer_qwen3_moe/initial");
+    let (tokenizer, train) = (asset("smollm2-135m"), asset("text/hamlet.txt"));
+    let args = |dropout: &str| -> Vec<String> {
+        let flags = [
+            "--model_name_or_path",
+            &base.display().to_string(),
+            "--tokenizer_name",
+            &tokenizer,
+            "--train_file",
+            &train,
+            "--block_size",
+            "32",
+            "--max_train_samples",
+            "32",
+            "--max_eval_samples",
+            "8",
+            "--do_train",
+            "--do_eval",
+            "--max_steps",
+            "3",
+            "--learning_rate",
+            "1e-2",
+            "--save_strategy",
+            "no",
+            "--use_peft",
+            "--lora_r",
+            "2",
+            "--lora_alpha",
+            "4",
+            "--lora_dropout",
+            dropout,
+            "--lora_target_parameters",
+            "mlp.experts.gate_up_proj",
+            "mlp.experts.down_proj",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            &o,
+        ]
+        .map(String::from);
+        flags.to_vec()
+    };
+    let err = run_clm::main_with_args(args("0.05")).unwrap_err();
+    assert!(err.to_string().contains("lora_dropout"), "{err}");
+    let result = run_clm::main_with_args(args("0.0"))?;
+    assert!(result.eval_metrics.context("eval metrics")?["eval_loss"].is_finite());
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json"))?)?;
+    assert_eq!(
+        config["target_parameters"],
+        serde_json::json!(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    );
+    let mut keys: Vec<String> =
+        tch::Tensor::read_safetensors(out.join("adapter_model.safetensors"))?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+    keys.sort();
+    // No module targeted (peft has no default for qwen3_moe): in the 2 sparse layers, 2
+    // expert weights, each with A and B.
+    assert_eq!(keys.len(), 8, "{keys:?}");
+    assert!(keys.contains(
+        &"base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight".to_string()
+    ));
+    assert!(
+        keys.contains(&"base_model.model.model.layers.2.mlp.experts.lora_B.weight".to_string())
+    );
+    if let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") {
+        let check = "import sys, torch, peft, transformers as tf\n\
+from safetensors.torch import load_file\n\
+m = peft.PeftModel.from_pretrained(tf.AutoModelForCausalLM.from_pretrained(sys.argv[1]), sys.argv[2])\n\
+ours = peft.get_peft_model_state_dict(m)\n\
+saved = load_file(sys.argv[2] + '/adapter_model.safetensors')\n\
+assert sorted(ours) == sorted(saved), (sorted(ours), sorted(saved))\n\
+assert all(torch.equal(ours[k], saved[k]) for k in saved)\n";
+        let run = std::process::Command::new(python)
+            .args(["-c", check])
+            .arg(&base)
+            .arg(&out)
+            .env("HF_HUB_OFFLINE", "1")
+            .output()?;
+        ensure!(
+            run.status.success(),
+            "peft could not load the adapter:\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// `run_clm --use_peft` (TRL's LoRA flags) on the tiny Llama: the adapter trains (the
 /// eval loss drops) and the output folder and checkpoints hold peft's adapter files
 /// (`adapter_config.json` with the flags' values, `adapter_model.safetensors` with the
