@@ -20,7 +20,21 @@ pub enum WeightConversion {
     /// `mixtral`: `block_sparse_moe.` for `mlp.`, and `experts.{j}.w1.weight` (gate),
     /// `w3.weight` (up), `w2.weight` (down).
     Mixtral,
+    /// `llava` (and `gemma3`): the multimodal checkpoints' layout, `language_model.model.`
+    /// for `model.language_model.`, `language_model.lm_head.` for `lm_head.`,
+    /// `vision_tower.` (the hub's `vision_tower.vision_model.` too) for `model.vision_tower.`,
+    /// `multi_modal_projector.` for `model.multi_modal_projector.`.
+    Llava,
 }
+
+/// The Llava layout's prefixes, (on disk, in the model); the first matching rule applies.
+const LLAVA_PREFIXES: [(&str, &str); 5] = [
+    ("language_model.lm_head.", "lm_head."),
+    ("language_model.model.", "model.language_model."),
+    ("vision_tower.vision_model.", "model.vision_tower."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+];
 
 /// One expert projection's place in a per-expert key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -31,10 +45,39 @@ enum Part {
 }
 
 impl WeightConversion {
+    /// A checkpoint key's name in the model, for the layouts that only rename (the others'
+    /// keys as they are).
+    pub fn rename(self, key: &str) -> String {
+        match self {
+            Self::Llava => LLAVA_PREFIXES
+                .iter()
+                .find_map(|(disk, model)| {
+                    key.strip_prefix(disk).map(|rest| format!("{model}{rest}"))
+                })
+                .unwrap_or_else(|| key.to_string()),
+            Self::Qwen2Moe | Self::Mixtral => key.to_string(),
+        }
+    }
+
+    /// A model name's key on disk, as upstream's `save_pretrained` writes it.
+    fn unrename(self, key: &str) -> String {
+        match self {
+            // `vision_tower.vision_model.` is read, `vision_tower.` written (upstream's).
+            Self::Llava => LLAVA_PREFIXES
+                .iter()
+                .filter(|(disk, _)| *disk != "vision_tower.vision_model.")
+                .find_map(|(disk, model)| {
+                    key.strip_prefix(model).map(|rest| format!("{disk}{rest}"))
+                })
+                .unwrap_or_else(|| key.to_string()),
+            Self::Qwen2Moe | Self::Mixtral => key.to_string(),
+        }
+    }
+
     /// The per-expert names of gate, up and down.
     fn names(self) -> [&'static str; 3] {
         match self {
-            Self::Qwen2Moe => ["gate_proj", "up_proj", "down_proj"],
+            Self::Qwen2Moe | Self::Llava => ["gate_proj", "up_proj", "down_proj"],
             Self::Mixtral => ["w1", "w3", "w2"],
         }
     }
@@ -58,12 +101,18 @@ impl WeightConversion {
     /// Checkpoint names and tensors → the model's: each layer's experts stacked, gate and up
     /// concatenated (`MergeModulelist(dim=0)`, `Concatenate(dim=1)`).
     pub fn convert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        if self == Self::Llava {
+            return Ok(tensors
+                .into_iter()
+                .map(|(k, t)| (self.rename(&k), t))
+                .collect());
+        }
         let mut out = Vec::with_capacity(tensors.len());
         let mut experts: BTreeMap<String, BTreeMap<(Part, usize), Tensor>> = BTreeMap::new();
         for (key, t) in tensors {
             let key = match self {
                 Self::Mixtral => key.replace(".block_sparse_moe.", ".mlp."),
-                Self::Qwen2Moe => key,
+                Self::Qwen2Moe | Self::Llava => key,
             };
             match self.split(&key) {
                 Some((prefix, j, part)) => {
@@ -102,6 +151,12 @@ impl WeightConversion {
     /// The model's names and tensors → the checkpoint's (upstream's reverse conversion in
     /// `save_pretrained`).
     pub fn revert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        if self == Self::Llava {
+            return Ok(tensors
+                .into_iter()
+                .map(|(k, t)| (self.unrename(&k), t))
+                .collect());
+        }
         let [gate_name, up_name, down_name] = self.names();
         let mut out = Vec::with_capacity(tensors.len());
         for (key, t) in tensors {
@@ -134,7 +189,7 @@ impl WeightConversion {
                 .into_iter()
                 .map(|(k, t)| (k.replace(".mlp.", ".block_sparse_moe."), t))
                 .collect(),
-            Self::Qwen2Moe => out,
+            Self::Qwen2Moe | Self::Llava => out,
         })
     }
 }

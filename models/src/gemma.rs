@@ -142,6 +142,8 @@ impl DecoderConfig for GemmaConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("GemmaForTokenClassification"),
             question_answering: None,
         })

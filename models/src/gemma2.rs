@@ -182,6 +182,8 @@ impl DecoderConfig for Gemma2Config {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("Gemma2ForTokenClassification"),
             question_answering: None,
         })

@@ -219,6 +219,8 @@ impl DecoderConfig for Gemma3TextConfig {
             rope_layers: None,
             sliding_rope_parameters: Some(sliding),
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: None,
             question_answering: None,
         })
@@ -230,3 +232,109 @@ pub type Gemma3ForCausalLM = DecoderForCausalLM<Gemma3TextConfig>;
 
 /// Upstream `Gemma3TextForSequenceClassification`.
 pub type Gemma3TextForSequenceClassification = DecoderForSequenceClassification<Gemma3TextConfig>;
+
+/// Upstream `Gemma3Config` (`model_type` `gemma3`, every Gemma 3 checkpoint from 4B up): the
+/// text model's config under `text_config`, the vision tower's under `vision_config` (kept
+/// as it is: the vision tower is not run here), the image-token facts, and a head tied to
+/// the text model's embeddings by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+#[allow(missing_docs)]
+pub struct Gemma3Config {
+    pub text_config: Gemma3TextConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision_config: Option<Value>,
+    pub mm_tokens_per_image: Option<i64>,
+    pub boi_token_index: Option<i64>,
+    pub eoi_token_index: Option<i64>,
+    pub image_token_index: Option<i64>,
+    pub initializer_range: Option<f64>,
+    pub tie_word_embeddings: bool,
+    #[serde(flatten)]
+    pub labels: LabelConfig,
+    /// Keys this crate does not interpret, kept so config.json round-trips.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Default for Gemma3Config {
+    fn default() -> Self {
+        Self {
+            text_config: Gemma3TextConfig::default(),
+            vision_config: None,
+            mm_tokens_per_image: Some(256),
+            boi_token_index: Some(255_999),
+            eoi_token_index: Some(256_000),
+            image_token_index: Some(262_144),
+            initializer_range: Some(0.02),
+            tie_word_embeddings: true,
+            labels: LabelConfig::default(),
+            extra: Default::default(),
+        }
+    }
+}
+
+impl crate::configuration_utils::PretrainedConfig for Gemma3Config {
+    fn model_type(&self) -> &'static str {
+        "gemma3"
+    }
+    fn to_json_value(&self) -> Result<Value> {
+        let mut v = crate::configuration_utils::to_value(self)?;
+        // The nested config names its own type, as upstream's `to_dict` writes it.
+        if let Some(text) = v.get_mut("text_config").and_then(Value::as_object_mut) {
+            text.insert("model_type".into(), "gemma3_text".into());
+        }
+        Ok(v)
+    }
+    fn labels(&self) -> &LabelConfig {
+        &self.labels
+    }
+}
+
+impl DecoderConfig for Gemma3Config {
+    crate::llama::decoder_config_plumbing!(@methods);
+    fn llama(&self) -> LlamaConfig {
+        LlamaConfig {
+            tie_word_embeddings: self.tie_word_embeddings,
+            labels: self.labels.clone(),
+            extra: self.extra.clone(),
+            ..self.text_config.llama()
+        }
+    }
+    fn family(&self) -> Result<Family> {
+        if self
+            .image_token_index
+            .is_some_and(|i| i < self.text_config.vocab_size)
+        {
+            return Err(Error::InvalidConfig {
+                field: "image_token_index",
+                value: format!(
+                    "{:?} (vocab_size {})",
+                    self.image_token_index, self.text_config.vocab_size
+                ),
+                fix: "the image token is an id past the text vocabulary in every Gemma 3 checkpoint; images are not run here (the vision tower is carried untrained)",
+            });
+        }
+        let text = self.text_config.family()?;
+        Ok(Family {
+            model_type: "gemma3",
+            causal_lm: "Gemma3ForConditionalGeneration",
+            // Upstream's `Gemma3ForSequenceClassification` runs the vision tower's model.
+            sequence_classification: None,
+            // `Gemma3ForConditionalGeneration` returns the head's logits as they are: the
+            // text model's `final_logit_softcapping` is `Gemma3ForCausalLM`'s alone.
+            gemma: text.gemma.map(|g| Gemma {
+                final_logit_softcapping: None,
+                ..g
+            }),
+            base_model: "model.language_model",
+            checkpoint_conversion: Some(crate::WeightConversion::Llava),
+            ..text
+        })
+    }
+}
+
+/// Upstream `Gemma3ForConditionalGeneration`'s text path: the language model
+/// (`model.language_model`, Gemma 3's text model) and `lm_head`, trained and saved with the
+/// checkpoint's vision tower and projector carried as frozen variables.
+pub type Gemma3ForConditionalGeneration = DecoderForCausalLM<Gemma3Config>;

@@ -120,6 +120,8 @@ impl DecoderConfig for GraniteConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: None,
             question_answering: None,
         })

@@ -96,7 +96,10 @@ pub use gemma::{
 pub use gemma2::{
     Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification, Gemma2ForTokenClassification,
 };
-pub use gemma3::{Gemma3ForCausalLM, Gemma3TextConfig, Gemma3TextForSequenceClassification};
+pub use gemma3::{
+    Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
+    Gemma3TextForSequenceClassification,
+};
 pub use generation::{
     EarlyStopping, GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor,
     generate, logits_processors,

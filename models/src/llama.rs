@@ -159,6 +159,13 @@ pub struct Family {
     /// OLMo's RMSNorm (`(weight · x).to(dtype)`); the rotary embedding in float32, the
     /// queries and keys cast back to their dtype.
     pub olmo2: bool,
+    /// Where the decoder sits in the causal LM (`model`; a multimodal checkpoint's language
+    /// model `model.language_model`, whose other towers the causal LM carries untrained).
+    pub base_model: &'static str,
+    /// How the family's checkpoints name its weights when they differ from its modules
+    /// (upstream's conversion mapping: experts stored one by one, a multimodal model's
+    /// language model under `language_model.model`).
+    pub checkpoint_conversion: Option<crate::WeightConversion>,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -206,8 +213,6 @@ pub struct Moe {
     pub output_router_logits: bool,
     /// `router_aux_loss_coef`.
     pub router_aux_loss_coef: f64,
-    /// How the family's checkpoints store the experts (per expert, under upstream's names).
-    pub checkpoint_layout: crate::WeightConversion,
     /// Mixtral's `router_jitter_noise`: in training, the block's input scaled by
     /// `U(1 - noise, 1 + noise)`.
     pub router_jitter_noise: f64,
@@ -372,6 +377,8 @@ impl DecoderConfig for LlamaConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -1536,11 +1543,12 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
     pub(crate) fn new_in(config: &C, device: Device, ctx: &Context) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
-        let model = LlamaModel::with_family(
-            tchtrain_nn::Path::root(&vs, ctx) / "model",
-            &llama,
-            config.family()?,
-        )?;
+        let family = config.family()?;
+        let mut path = tchtrain_nn::Path::root(&vs, ctx);
+        for part in family.base_model.split('.') {
+            path = path / part;
+        }
+        let model = LlamaModel::with_family(path, &llama, family)?;
         let lm_head = (!llama.tie_word_embeddings).then(|| {
             Linear::new(
                 tchtrain_nn::Path::root(&vs, ctx) / "lm_head",
@@ -1571,8 +1579,37 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         options: &LoadOptions,
     ) -> Result<Loaded<Self>> {
         let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
+        // A multimodal checkpoint's other towers (vision encoder, projector): carried as
+        // frozen variables, loaded and saved with the language model.
+        let base_model = config.family()?.base_model;
+        let carried: Vec<(String, Vec<i64>, tch::Kind)> = match base_model {
+            "model" => Vec::new(),
+            _ => loading::checkpoint_shapes(dir)?
+                .into_iter()
+                .map(|(k, shape, kind)| {
+                    let k = match config.family().ok().and_then(|f| f.checkpoint_conversion) {
+                        Some(c) => c.rename(&k),
+                        None => k,
+                    };
+                    (k, shape, kind)
+                })
+                .filter(|(k, _, _)| {
+                    !k.starts_with(&format!("{base_model}.")) && !k.starts_with("lm_head.")
+                })
+                .collect(),
+        };
         let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
-            Self::new_in(&config, device, ctx)
+            let model = Self::new_in(&config, device, ctx)?;
+            for (name, shape, kind) in &carried {
+                let (parent, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+                let mut path = model.vs.root();
+                for part in parent.split('.').filter(|p| !p.is_empty()) {
+                    path = path / part;
+                }
+                let t = Tensor::f_zeros(shape.as_slice(), (*kind, device))?;
+                let _ = path.add(leaf, t, false);
+            }
+            Ok(model)
         })?;
         loaded.model.generation_config =
             crate::generation::model_generation_config(dir, &config.to_json_value()?)?;
@@ -1603,7 +1640,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     }
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+        self.model.family.checkpoint_conversion
     }
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -1624,11 +1661,14 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     }
     // Llama's norms (`*_layernorm`, `norm`) are excluded by the name patterns.
     fn is_embedding_weight(&self, name: &str) -> bool {
-        name == "model.embed_tokens.weight"
+        name == format!("{}.embed_tokens.weight", self.model.family.base_model)
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {
-            vec![("lm_head.weight".into(), "model.embed_tokens.weight".into())]
+            vec![(
+                "lm_head.weight".into(),
+                format!("{}.embed_tokens.weight", self.model.family.base_model),
+            )]
         } else {
             vec![]
         }
@@ -1884,7 +1924,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+        self.model.family.checkpoint_conversion
     }
     set_use_cache!();
     /// When every row's pooled token (its last non-pad token) is real; otherwise the
@@ -2039,7 +2079,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+        self.model.family.checkpoint_conversion
     }
     set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
@@ -2185,7 +2225,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.moe.as_ref().map(|m| m.checkpoint_layout)
+        self.model.family.checkpoint_conversion
     }
     set_use_cache!();
     fn label_names(&self) -> Vec<String> {

@@ -248,6 +248,53 @@ fn checkpoint_tensor_bytes(dir: &Path, key: &str) -> Result<Option<(String, Vec<
     Ok(None)
 }
 
+/// Every tensor's name, shape and dtype in the checkpoint in `dir`, read from the files'
+/// headers alone.
+pub(crate) fn checkpoint_shapes(dir: &Path) -> Result<Vec<(String, Vec<i64>, Kind)>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    for file in checkpoint_files(dir)? {
+        let io = |e: std::io::Error| Error::Io {
+            path: file.clone(),
+            source: e,
+        };
+        let mut f = std::fs::File::open(&file).map_err(io)?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).map_err(io)?;
+        let header_len = usize::try_from(u64::from_le_bytes(len))
+            .unwrap_or(usize::MAX)
+            .min(100 << 20);
+        let mut header = vec![0u8; header_len];
+        f.read_exact(&mut header).map_err(io)?;
+        let bad = |detail: String| Error::Checkpoint {
+            path: file.clone(),
+            source: tch::TchError::FileFormat(detail),
+        };
+        let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+            .map_err(|e| bad(format!("unreadable safetensors header: {e}")))?;
+        for (key, entry) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+            let shape = entry["shape"]
+                .as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+                .ok_or_else(|| bad(format!("{key}: no shape in the header")))?;
+            let kind = match entry["dtype"].as_str() {
+                Some("F32") => Kind::Float,
+                Some("F16") => Kind::Half,
+                Some("BF16") => Kind::BFloat16,
+                Some("F64") => Kind::Double,
+                Some("I64") => Kind::Int64,
+                Some("I32") => Kind::Int,
+                Some("I8") => Kind::Int8,
+                Some("U8") => Kind::Uint8,
+                Some("BOOL") => Kind::Bool,
+                other => return Err(bad(format!("{key}: dtype {other:?} is not read here"))),
+            };
+            out.push((key.clone(), shape, kind));
+        }
+    }
+    Ok(out)
+}
+
 /// Whether the checkpoint in `dir` holds `key` with other values than `other` (upstream's
 /// `tie_weights` leaves two such weights apart): `false` when `key` is absent or equal.
 pub(crate) fn checkpoint_tensors_differ(dir: &Path, key: &str, other: &str) -> Result<bool> {

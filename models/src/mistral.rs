@@ -108,6 +108,8 @@ impl DecoderConfig for MistralConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

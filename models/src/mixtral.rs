@@ -137,7 +137,6 @@ impl DecoderConfig for MixtralConfig {
                 router_first: true,
                 output_router_logits: self.output_router_logits,
                 router_aux_loss_coef: self.router_aux_loss_coef,
-                checkpoint_layout: crate::WeightConversion::Mixtral,
                 router_jitter_noise: self.router_jitter_noise,
             }),
             rotary_positional: false,
@@ -147,6 +146,8 @@ impl DecoderConfig for MixtralConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: Some(crate::WeightConversion::Mixtral),
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

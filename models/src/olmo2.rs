@@ -134,6 +134,8 @@ pub(crate) fn olmo2_family(
         rope_layers: None,
         sliding_rope_parameters,
         olmo2: true,
+        base_model: "model",
+        checkpoint_conversion: None,
         token_classification: None,
         question_answering: None,
     }

@@ -180,6 +180,8 @@ impl DecoderConfig for Phi3Config {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

@@ -119,6 +119,8 @@ impl DecoderConfig for Qwen2Config {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

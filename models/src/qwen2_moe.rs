@@ -164,7 +164,6 @@ impl DecoderConfig for Qwen2MoeConfig {
                 router_first: true,
                 output_router_logits: self.output_router_logits,
                 router_aux_loss_coef: self.router_aux_loss_coef,
-                checkpoint_layout: crate::WeightConversion::Qwen2Moe,
                 router_jitter_noise: 0.0,
             }),
             rotary_positional: true,
@@ -174,6 +173,8 @@ impl DecoderConfig for Qwen2MoeConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

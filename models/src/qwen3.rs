@@ -117,6 +117,8 @@ impl DecoderConfig for Qwen3Config {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("Qwen3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3ForQuestionAnswering",

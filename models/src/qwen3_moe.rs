@@ -145,7 +145,6 @@ impl DecoderConfig for Qwen3MoeConfig {
                 router_first: false,
                 output_router_logits: self.output_router_logits,
                 router_aux_loss_coef: self.router_aux_loss_coef,
-                checkpoint_layout: crate::WeightConversion::Qwen2Moe,
                 router_jitter_noise: 0.0,
             }),
             rotary_positional: false,
@@ -155,6 +154,8 @@ impl DecoderConfig for Qwen3MoeConfig {
             rope_layers: None,
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             token_classification: Some("Qwen3MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3MoeForQuestionAnswering",

@@ -180,6 +180,8 @@ impl DecoderConfig for SmolLM3Config {
             rope_layers: Some(rope_layers),
             sliding_rope_parameters: None,
             olmo2: false,
+            base_model: "model",
+            checkpoint_conversion: None,
             token_classification: Some("SmolLM3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "SmolLM3ForQuestionAnswering",

@@ -22,6 +22,10 @@ and the dense ones:
   olmo2      no input norms, post-norms, q/k RMSNorm over the projections, attention biases
   olmo3      OLMo 2's layers, layers 0 and 2 sliding over 3 tokens with their own RoPE base
              (100), the full layer's linear-scaled RoPE
+  gemma3     Gemma3ForConditionalGeneration (a `gemma3` checkpoint) on text: a tiny SigLIP
+             vision tower and projector beside the Gemma 3 text model (layers 0 and 2 sliding
+             over 3 tokens, the text config's final soft-capping 0.3, which this class does
+             not apply), tied head
 
 OUT_DIR/<case>.safetensors holds, on the 2 × 8 batch of models.py (row 1's last 3 tokens
 padded), the evaluation-mode `logits`, and with the labels (padding at -100) the train-mode
@@ -105,6 +109,17 @@ def dense_cases():
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
             },
         ), tf.Olmo3ForCausalLM),
+        ("gemma3", tf.Gemma3Config(
+            text_config=tf.Gemma3TextConfig(
+                **small, head_dim=16, query_pre_attn_scalar=20, sliding_window=3,
+                sliding_window_pattern=2, final_logit_softcapping=0.3,
+            ),
+            vision_config=tf.SiglipVisionConfig(
+                hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                image_size=28, patch_size=14,
+            ),
+            mm_tokens_per_image=4,
+        ), tf.Gemma3ForConditionalGeneration),
     ]
 
 
@@ -129,7 +144,7 @@ def models(out, models_ref):
         torch.manual_seed(0)
         m = cls(config)
         m.save_pretrained(out / case)
-        ids, mask = models_ref.batch(config.vocab_size)
+        ids, mask = models_ref.batch(config.get_text_config().vocab_size)
         labels = ids.masked_fill(mask == 0, -100)
         kwargs = dict(input_ids=ids, attention_mask=mask)
         tensors = {"input_ids": ids, "attention_mask": mask, "labels": labels}

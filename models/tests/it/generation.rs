@@ -368,6 +368,7 @@ fn generate_on_every_family_equals_transformers() -> Result<()> {
         "smollm3",
         "olmo2",
         "olmo3",
+        "gemma3",
     ] {
         // The checkpoint with `output_router_logits` off.
         let dir = tchtrain_testing::temp_dir(&format!("generate-{case}"));
