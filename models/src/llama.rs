@@ -1662,6 +1662,12 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     // Llama's norms (`*_layernorm`, `norm`) are excluded by the name patterns.
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == format!("{}.embed_tokens.weight", self.model.family.base_model)
+            // A multimodal checkpoint's SigLIP tower holds one `nn.Embedding` (its position
+            // embedding), which upstream's `num_parameters(exclude_embeddings=True)` leaves
+            // out as it leaves out every embedding.
+            || (self.model.family.base_model != "model"
+                && name.starts_with("model.vision_tower.")
+                && name.ends_with(".position_embedding.weight"))
     }
     fn tied_weights(&self) -> Vec<(String, String)> {
         if self.lm_head.is_none() {

@@ -37,9 +37,9 @@ of every parameter; `autocast.logits`, `autocast.loss`, `autocast.aux_loss` and
 batch left-padded, as models.py's `record_generate`, with `output_router_logits` off (upstream's
 generate fails with it on).
 
-OUT_DIR/trainer_qwen3_moe/: the Qwen3-MoE case at SmolLM2's vocabulary (49152) trained 20
-steps by the Trainer as trainer_families.py trains its families (initial/, blocks.json,
-log_history.json, train_output.json).
+OUT_DIR/trainer_<case>/: each case at SmolLM2's vocabulary (49152) trained 20 steps by the
+Trainer as trainer_families.py trains its families (initial/, blocks.json, log_history.json,
+train_output.json).
 """
 
 import importlib.util
@@ -89,8 +89,9 @@ def cases(vocab=1000):
     ]
 
 
-def dense_cases():
+def dense_cases(vocab=1000):
     small = {k: v for k, v in SMALL.items() if k not in ("output_router_logits", "router_aux_loss_coef", "num_experts_per_tok")}
+    small["vocab_size"] = vocab
     return [
         ("granite", tf.GraniteConfig(
             **small, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2,
@@ -162,9 +163,13 @@ def models(out, models_ref):
 
 
 def trainer(parity):
+    for case, config, cls in cases(vocab=49152) + dense_cases(vocab=49152):
+        train(parity, case, config, cls)
+
+
+def train(parity, case, config, cls):
     blocks = parity.llama_blocks()
     train_rows, eval_rows = blocks[:48], blocks[48:56]
-    case, config, cls = cases(vocab=49152)[0]
     name = f"trainer_{case}"
     folder = parity.OUT / name
     folder.mkdir()
