@@ -11,7 +11,7 @@ target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])` drawn 
 `torch.manual_seed(2)` (so that the adapters change the outputs) and the adapter saved as
 OUT_DIR/adapter/. OUT_DIR/run.safetensors holds, on models.py's 2 x 8 batch (row 1's last 3
 tokens padded): `logits` (evaluation mode), `loss` (with the labels, padding at -100; the
-router's load-balancing term included) and `grad.<name>` of every trainable parameter, and
+router's load-balancing term included), `aux_loss` and `grad.<name>` of every trainable parameter, and
 the same with the forwards under CPU bfloat16 autocast as `autocast.*` (the backward outside
 it, as the Trainer runs it).
 """
@@ -48,9 +48,11 @@ def run(model, kwargs, labels, prefix, tensors, region):
         tensors[f"{prefix}logits"] = model(**kwargs).logits.float().contiguous()
     model.zero_grad()
     with region():
-        loss = model(**kwargs, labels=labels).loss.float()
+        out = model(**kwargs, labels=labels)
+    loss = out.loss.float()
     loss.backward()
     tensors[f"{prefix}loss"] = loss.detach().reshape(1)
+    tensors[f"{prefix}aux_loss"] = out.aux_loss.detach().float().reshape(1)
     for name, p in model.named_parameters():
         if p.grad is not None:
             tensors[f"{prefix}grad.{name}"] = p.grad.detach().contiguous()

@@ -26,7 +26,7 @@ use tchtrain_models::{
 };
 use tchtrain_testing::{assert_exact, assets, compare, lock};
 use tchtrain_trainer::Trainer;
-use tchtrain_training_args::{IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments};
+use tchtrain_training_args::{IntervalStrategy, SchedulerType, TrainingArguments};
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shape mismatch");
@@ -52,11 +52,14 @@ fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
 }
 
 /// Logits, loss, aux loss and gradient differences of one run (`prefix` "" or "autocast.").
+/// The gradients are read under `grad.<grad_names><name>` (peft's keys carry
+/// `base_model.model.`); every trained parameter must have one.
 fn run(
-    model: &mut dyn PreTrainedModel,
+    model: &mut dyn TrainableModel,
     r: &HashMap<String, Tensor>,
     prefix: &str,
     autocast: bool,
+    grad_names: &str,
 ) -> Result<[f64; 4]> {
     let guard = || -> Result<Option<AutocastGuard>> {
         Ok(match autocast {
@@ -104,7 +107,7 @@ fn run(
         }
     };
     let vars = model.var_store().variables();
-    let grad_prefix = format!("{prefix}grad.");
+    let grad_prefix = format!("{prefix}grad.{grad_names}");
     let (mut grads, mut n) = (0.0f64, 0);
     for (key, expected) in r.iter().filter(|(k, _)| k.starts_with(&grad_prefix)) {
         let name = &key[grad_prefix.len()..];
@@ -118,7 +121,7 @@ fn run(
         grads = grads.max(d);
         n += 1;
     }
-    let trained = model.var_store().trainable_variables().len();
+    let trained = vars.values().filter(|t| t.requires_grad()).count();
     assert_eq!(n, trained, "every trained parameter's gradient compared");
     Ok([logits, loss, aux, grads])
 }
@@ -192,7 +195,7 @@ fn decoder_families_equal_upstream() -> Result<()> {
         }
         let _ = std::fs::remove_dir_all(&saved);
         for (prefix, autocast) in [("", false), ("autocast.", true)] {
-            let [logits, loss, aux, grads] = run(&mut *model, &r, prefix, autocast)?;
+            let [logits, loss, aux, grads] = run(&mut *model, &r, prefix, autocast, "")?;
             eprintln!(
                 "{case} {prefix}: logits {logits:.3e}, loss {loss:.3e}, aux_loss {aux:.3e}, gradients {grads:.3e}"
             );
@@ -238,13 +241,7 @@ fn decoder_families_train_as_upstream() -> Result<()> {
             max_grad_norm: 1.0,
             eval_strategy: IntervalStrategy::Steps,
             eval_steps: Some(10.0),
-            logging_steps: 1.0,
-            save_strategy: SaveStrategy::No,
-            seed: 42,
-            use_cpu: true,
-            report_to: vec![],
-            disable_tqdm: true,
-            ..TrainingArguments::new(out.display().to_string())
+            ..crate::parity::base_args(&out)
         };
         args.post_init()?;
         let model = crate::parity::load(&dir.join("initial"), AutoTask::CausalLm)?;
@@ -317,66 +314,11 @@ fn qwen3_moe_expert_lora_equals_peft() -> Result<()> {
     let mut model = PeftModel::from_pretrained(load_base()?, &dir.join("adapter"), true)?;
     let r = read("run.safetensors")?;
     for (prefix, autocast) in [("", false), ("autocast.", true)] {
-        let guard = || -> Result<Option<AutocastGuard>> {
-            Ok(match autocast {
-                true => Some(AutocastGuard::enter(Device::Cpu, Kind::BFloat16)?),
-                false => None,
-            })
-        };
-        model.eval();
-        let inputs = ModelInputs {
-            input_ids: r.get("input_ids"),
-            attention_mask: r.get("attention_mask"),
-            ..Default::default()
-        };
-        let logits = {
-            let _g = guard()?;
-            tch::no_grad(|| model.forward(&inputs))?
-                .logits
-                .context("logits")?
-        };
-        let logits = max_abs(&logits, &r[&format!("{prefix}logits")]);
-        for (_, v) in model.var_store().variables() {
-            let mut g = v.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        let loss = {
-            let _g = guard()?;
-            model.forward(&ModelInputs {
-                labels: r.get("labels"),
-                ..inputs
-            })?
-        }
-        .loss
-        .context("loss")?
-        .to_kind(Kind::Float);
-        loss.backward();
-        let loss = max_abs(&loss.reshape([1]), &r[&format!("{prefix}loss")]);
-        let vars = model.var_store().variables();
-        let grad_prefix = format!("{prefix}grad.base_model.model.");
-        let (mut grads, mut n) = (0.0f64, 0);
-        for (key, expected) in r.iter().filter(|(k, _)| k.starts_with(&grad_prefix)) {
-            let name = &key[grad_prefix.len()..];
-            let var = vars
-                .get(name)
-                .with_context(|| format!("no parameter {name}"))?;
-            let d = max_abs(&var.grad(), expected);
-            if d > 0.0 {
-                eprintln!("{prefix}grad of {name} differs by {d:.3e}");
-            }
-            grads = grads.max(d);
-            n += 1;
-        }
-        assert_eq!(n, 14, "{prefix}: the adapter's gradients compared");
-        eprintln!(
-            "expert LoRA {prefix}: logits {logits:.3e}, loss {loss:.3e}, gradients {grads:.3e}"
-        );
+        let diffs = run(&mut model, &r, prefix, autocast, "base_model.model.")?;
+        eprintln!("expert LoRA {prefix}: logits, loss, aux_loss, gradients {diffs:?}");
         assert_eq!(
-            [logits, loss, grads],
-            [0.0; 3],
-            "{prefix}: logits, loss, gradients"
+            diffs, [0.0; 4],
+            "{prefix}: logits, loss, aux_loss, gradients"
         );
     }
     // Saved as peft saved it.

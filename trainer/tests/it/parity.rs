@@ -74,7 +74,7 @@ pub(crate) fn load(dir: &Path, task: AutoTask) -> Result<Box<dyn PreTrainedModel
     Ok(from_pretrained_dir(dir, task, Device::Cpu, &LoadOptions::default())?.model)
 }
 
-fn base_args(output_dir: &Path) -> TrainingArguments {
+pub(crate) fn base_args(output_dir: &Path) -> TrainingArguments {
     TrainingArguments {
         logging_steps: 1.0,
         save_strategy: SaveStrategy::No,
