@@ -380,6 +380,7 @@ pub(crate) fn eager(
     train: bool,
     scale: f64,
     softcap: Option<f64>,
+    sinks: Option<&Tensor>,
 ) -> Tensor {
     let (heads, kv_heads) = (q.size()[1], k.size()[1]);
     let (k, v) = if heads != kv_heads {
@@ -415,11 +416,30 @@ pub(crate) fn eager(
             w = w + additive;
         }
     }
-    let w = w.softmax(-1, Kind::Float).to_kind(q.kind());
+    let w = match sinks {
+        // gpt-oss: each head's sink logit joins the softmax (after subtracting the row max,
+        // in the scores' dtype), then is dropped; the weights in the values' dtype.
+        Some(sinks) => {
+            let (batch, q_len) = (q.size()[0], q.size()[2]);
+            let sinks = sinks
+                .reshape([1, -1, 1, 1])
+                .expand([batch, -1, q_len, -1], false);
+            let combined = Tensor::cat(&[&w, &sinks], -1);
+            let combined = &combined - combined.max_dim(-1, true).0;
+            let probs = combined.softmax(-1, combined.kind());
+            let k_len = probs.size()[3] - 1;
+            probs.narrow(-1, 0, k_len)
+        }
+        None => w.softmax(-1, Kind::Float).to_kind(q.kind()),
+    };
     let w = if train && dropout > 0.0 {
         tchtrain_nn::dropout(&w, dropout, true)
     } else {
         w
+    };
+    let w = match sinks {
+        Some(_) => w.to_kind(v.kind()),
+        None => w,
     };
     w.matmul(&v)
 }

@@ -14,6 +14,7 @@ use crate::encoder::{EncoderArchitecture, EncoderFor};
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::{Gemma3Config, Gemma3TextConfig};
+use crate::gpt_oss::GptOssConfig;
 use crate::gpt2::{GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::granite::GraniteConfig;
 use crate::heads;
@@ -66,7 +67,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -170,6 +171,12 @@ pub fn from_pretrained_dir(
         ("olmo3", AutoTask::CausalLm | AutoTask::SequenceClassification { .. }) => {
             decoder::<Olmo3Config>(dir, task, device, options)?
         }
+        (
+            "gpt_oss",
+            AutoTask::CausalLm
+            | AutoTask::SequenceClassification { .. }
+            | AutoTask::TokenClassification { .. },
+        ) => decoder::<GptOssConfig>(dir, task, device, options)?,
         ("smollm3", task) => decoder::<SmolLM3Config>(dir, task, device, options)?,
         ("granite", AutoTask::CausalLm) => {
             decoder::<GraniteConfig>(dir, AutoTask::CausalLm, device, options)?

@@ -144,6 +144,7 @@ impl DecoderConfig for GemmaConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("GemmaForTokenClassification"),
             question_answering: None,
         })

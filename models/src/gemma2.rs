@@ -184,6 +184,7 @@ impl DecoderConfig for Gemma2Config {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("Gemma2ForTokenClassification"),
             question_answering: None,
         })

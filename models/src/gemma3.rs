@@ -221,6 +221,7 @@ impl DecoderConfig for Gemma3TextConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: None,
             question_answering: None,
         })
@@ -329,6 +330,7 @@ impl DecoderConfig for Gemma3Config {
             }),
             base_model: "model.language_model",
             checkpoint_conversion: Some(crate::WeightConversion::Llava),
+            gpt_oss: None,
             ..text
         })
     }

@@ -122,6 +122,7 @@ impl DecoderConfig for GraniteConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: None,
             question_answering: None,
         })

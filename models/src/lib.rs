@@ -31,6 +31,7 @@ mod gemma2;
 mod gemma3;
 mod generation;
 mod gpt2;
+mod gpt_oss;
 mod granite;
 mod heads;
 mod hub;
@@ -104,6 +105,9 @@ pub use generation::{
     EarlyStopping, GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor,
     generate, logits_processors,
 };
+pub use gpt_oss::{
+    GptOssConfig, GptOssForCausalLM, GptOssForSequenceClassification, GptOssForTokenClassification,
+};
 pub use gpt2::{
     GPT2Config, GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
 };
@@ -116,9 +120,10 @@ pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Granite,
-    LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForSequenceClassification,
-    LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm, QuestionAnsweringClass,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, GptOss,
+    Granite, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
+    LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm,
+    QuestionAnsweringClass,
 };
 pub use loading::{
     CONFIG_NAME, LoadDtype, LoadOptions, LoadingInfo, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

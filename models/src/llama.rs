@@ -166,6 +166,8 @@ pub struct Family {
     /// (upstream's conversion mapping: experts stored one by one, a multimodal model's
     /// language model under `language_model.model`).
     pub checkpoint_conversion: Option<crate::WeightConversion>,
+    /// What gpt-oss changes (`None` for the other families).
+    pub gpt_oss: Option<GptOss>,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -294,6 +296,19 @@ pub struct Phi3 {
     pub resid_pdrop: f64,
 }
 
+/// What gpt-oss changes in the mixture-of-experts layers (upstream `modeling_gpt_oss.py`):
+/// attention sinks (`self_attn.sinks`, one logit per head joining each softmax, then dropped)
+/// through the eager attention (its SDPA is off upstream), OLMo 2's RMSNorm (`(w · x).to(dtype)`),
+/// the MLP `GptOssMLP` (`mlp.router` with a bias, softmax over the top-k logits; the experts
+/// transposed with biases and the clamped, interleaved SwiGLU).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptOss {
+    /// `swiglu_alpha`.
+    pub swiglu_alpha: f64,
+    /// `swiglu_limit`.
+    pub swiglu_limit: f64,
+}
+
 /// What Granite changes in Llama's model (upstream `modeling_granite.py`): the embeddings
 /// scaled by `embedding_multiplier`, the attention by `attention_multiplier` (instead of
 /// `head_dim ** -0.5`), each block's output by `residual_multiplier` before its residual, and
@@ -379,6 +394,7 @@ impl DecoderConfig for LlamaConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -621,6 +637,8 @@ struct SelfAttention {
     qk_norm_projection: bool,
     /// OLMoE's `clip_qkv`.
     clip_qkv: Option<f64>,
+    /// gpt-oss's attention sinks `[heads]`.
+    sinks: Option<Tensor>,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
     /// Whether this layer applies the rotary embedding (SmolLM3's NoPE layers do not).
@@ -934,7 +952,16 @@ impl SelfAttention {
         };
         let a = match x.eager {
             Some((softcap, mask_kind)) => attention::eager(
-                &q, &k, &v, mask, mask_kind, x.attn_p, x.train, x.scale, softcap,
+                &q,
+                &k,
+                &v,
+                mask,
+                mask_kind,
+                x.attn_p,
+                x.train,
+                x.scale,
+                softcap,
+                self.sinks.as_ref(),
             ),
             None => attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale),
         };
@@ -1106,7 +1133,7 @@ impl LlamaModel {
         let gemma = family.gemma.as_ref();
         let rms_norm = |p: tchtrain_nn::Path<'_>, dim: i64| match gemma {
             Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
-            None if family.olmo2 => {
+            None if family.olmo2 || family.gpt_oss.is_some() => {
                 RmsNorm::olmo(p, dim, config.rms_norm_eps, classes.rms_norm.clone())
             }
             None => RmsNorm::new(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
@@ -1142,12 +1169,23 @@ impl LlamaModel {
                 };
                 // Created in upstream's registration order: Phi-3's attention registers
                 // `o_proj` before `qkv_proj`.
+                // gpt-oss's `sinks`: a parameter of the attention itself, so `parameters()`
+                // yields it before the projections' (submodules').
+                let sinks = family.gpt_oss.as_ref().map(|_| {
+                    tchtrain_nn::initialization::var(
+                        &a,
+                        "sinks",
+                        &[heads],
+                        tchtrain_nn::initialization::normal(std),
+                    )
+                });
                 let (projections, o_proj) = match family.phi3 {
                     None => {
                         let q_proj = linear(&a / "q_proj", d, heads * hd, family.qkv_bias);
                         let k_proj = linear(&a / "k_proj", d, kv * hd, family.qkv_bias);
                         let v_proj = linear(&a / "v_proj", d, kv * hd, family.qkv_bias);
                         let o_proj = linear(&a / "o_proj", heads * hd, d, family.o_bias);
+
                         let separate = AttentionProjections::Separate {
                             q_proj,
                             k_proj,
@@ -1192,7 +1230,7 @@ impl LlamaModel {
                 };
                 let mlp = match &family.moe {
                     Some(moe) if moe.sparse_layers[i as usize] => {
-                        let gate = |p| {
+                        let gate = |p: tchtrain_nn::Path<'_>| {
                             tchtrain_nn::TopKRouter::new(
                                 p,
                                 moe.num_experts,
@@ -1202,8 +1240,18 @@ impl LlamaModel {
                                 moe.router,
                             )
                         };
-                        let experts = |p| {
-                            tchtrain_nn::Experts::new(
+                        let experts = |p: tchtrain_nn::Path<'_>| match &family.gpt_oss {
+                            Some(g) => tchtrain_nn::Experts::gpt_oss(
+                                p,
+                                moe.num_experts,
+                                d,
+                                moe.moe_intermediate_size,
+                                g.swiglu_alpha,
+                                g.swiglu_limit,
+                                std,
+                                classes.experts.clone(),
+                            ),
+                            None => tchtrain_nn::Experts::new(
                                 p,
                                 moe.num_experts,
                                 d,
@@ -1211,15 +1259,21 @@ impl LlamaModel {
                                 act,
                                 std,
                                 classes.experts.clone(),
-                            )
+                            ),
+                        };
+                        // gpt-oss calls its router `router`.
+                        let router = if family.gpt_oss.is_some() {
+                            "router"
+                        } else {
+                            "gate"
                         };
                         // Created in upstream's registration order.
                         let (gate, experts) = if moe.router_first {
-                            let gate = gate(&m / "gate");
+                            let gate = gate(&m / router);
                             (gate, experts(&m / "experts"))
                         } else {
                             let experts = experts(&m / "experts");
-                            (gate(&m / "gate"), experts)
+                            (gate(&m / router), experts)
                         };
                         let shared_expert = moe.shared_expert_intermediate_size.map(|inter| {
                             let shared = dense(&(&m / "shared_expert"), inter, &classes.mlp);
@@ -1232,7 +1286,10 @@ impl LlamaModel {
                             shared_expert,
                             jitter_noise: moe.router_jitter_noise,
                             name: m.name(),
-                            class: classes.sparse_moe_block.clone(),
+                            class: match family.gpt_oss {
+                                Some(_) => classes.mlp.clone(),
+                                None => classes.sparse_moe_block.clone(),
+                            },
                         })
                     }
                     _ => FeedForward::Dense(dense(&m, config.intermediate_size, &classes.mlp)),
@@ -1244,6 +1301,7 @@ impl LlamaModel {
                     qk_norm,
                     qk_norm_projection: family.qk_norm == QkNorm::Projection,
                     clip_qkv: family.clip_qkv,
+                    sinks,
                     sliding: family.sliding_windows[i as usize].is_some(),
                     rotary: family
                         .rope_layers
@@ -1458,9 +1516,12 @@ impl LlamaModel {
             rope_cast_back: self.family.olmo2,
             train,
             act: self.act,
-            eager: gemma
-                .filter(|g| g.eager_attention)
-                .map(|g| (g.attn_logit_softcapping, h.kind())),
+            eager: match (gemma.filter(|g| g.eager_attention), &self.family.gpt_oss) {
+                (Some(g), _) => Some((g.attn_logit_softcapping, h.kind())),
+                // gpt-oss's attention is the eager one with its sinks.
+                (None, Some(_)) => Some((None, h.kind())),
+                (None, None) => None,
+            },
             cache: cache.cloned(),
             unpadded: unpadded
                 .as_ref()

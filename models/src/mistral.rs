@@ -110,6 +110,7 @@ impl DecoderConfig for MistralConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

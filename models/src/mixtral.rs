@@ -131,6 +131,7 @@ impl DecoderConfig for MixtralConfig {
                 router: tchtrain_nn::RouterKind {
                     norm_topk_prob: true,
                     scores_in_logits_dtype: false,
+                    softmax_after_topk: false,
                 },
                 sparse_layers: vec![true; self.num_hidden_layers.max(0) as usize],
                 shared_expert_intermediate_size: None,
@@ -148,6 +149,7 @@ impl DecoderConfig for MixtralConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Mixtral),
+            gpt_oss: None,
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

@@ -136,6 +136,7 @@ pub(crate) fn olmo2_family(
         olmo2: true,
         base_model: "model",
         checkpoint_conversion: None,
+        gpt_oss: None,
         token_classification: None,
         question_answering: None,
     }

@@ -115,6 +115,7 @@ impl DecoderConfig for OlmoeConfig {
                 router: tchtrain_nn::RouterKind {
                     norm_topk_prob: self.norm_topk_prob,
                     scores_in_logits_dtype: true,
+                    softmax_after_topk: false,
                 },
                 sparse_layers: vec![true; self.num_hidden_layers.max(0) as usize],
                 shared_expert_intermediate_size: None,
@@ -132,6 +133,7 @@ impl DecoderConfig for OlmoeConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
+            gpt_oss: None,
             token_classification: None,
             question_answering: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],

@@ -182,6 +182,7 @@ impl DecoderConfig for Phi3Config {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

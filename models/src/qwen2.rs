@@ -121,6 +121,7 @@ impl DecoderConfig for Qwen2Config {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

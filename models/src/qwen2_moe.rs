@@ -153,6 +153,7 @@ impl DecoderConfig for Qwen2MoeConfig {
                 router: tchtrain_nn::RouterKind {
                     norm_topk_prob: self.norm_topk_prob,
                     scores_in_logits_dtype: true,
+                    softmax_after_topk: false,
                 },
                 sparse_layers: Moe::sparse_layers(
                     self.num_hidden_layers,
@@ -175,6 +176,7 @@ impl DecoderConfig for Qwen2MoeConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
+            gpt_oss: None,
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

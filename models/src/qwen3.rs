@@ -119,6 +119,7 @@ impl DecoderConfig for Qwen3Config {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("Qwen3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3ForQuestionAnswering",

@@ -134,6 +134,7 @@ impl DecoderConfig for Qwen3MoeConfig {
                 router: tchtrain_nn::RouterKind {
                     norm_topk_prob: self.norm_topk_prob,
                     scores_in_logits_dtype: true,
+                    softmax_after_topk: false,
                 },
                 sparse_layers: Moe::sparse_layers(
                     self.num_hidden_layers,
@@ -156,6 +157,7 @@ impl DecoderConfig for Qwen3MoeConfig {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
+            gpt_oss: None,
             token_classification: Some("Qwen3MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3MoeForQuestionAnswering",

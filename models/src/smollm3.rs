@@ -182,6 +182,7 @@ impl DecoderConfig for SmolLM3Config {
             olmo2: false,
             base_model: "model",
             checkpoint_conversion: None,
+            gpt_oss: None,
             token_classification: Some("SmolLM3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "SmolLM3ForQuestionAnswering",

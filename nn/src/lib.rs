@@ -36,7 +36,7 @@ pub use error::{Error, Result};
 pub use layer_hooks::LayerHooks;
 pub use linear::{Conv1D, Linear};
 pub use lora::{Dora, LoraAdapter, LoraSlot};
-pub use moe::{Experts, RouterKind, TopKRouter, load_balancing_loss_func};
+pub use moe::{ExpertGate, Experts, RouterKind, TopKRouter, load_balancing_loss_func};
 pub use neftune::neftune_post_forward_hook;
 pub use normalization::{LayerNorm, RmsNorm};
 pub use path::Path;

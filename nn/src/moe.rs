@@ -56,6 +56,9 @@ pub struct RouterKind {
     /// The weights cast back to the logits' dtype (`router_top_value.to(router_logits.dtype)`:
     /// Qwen2-MoE, Qwen3-MoE, OLMoE); Mixtral keeps them in float32.
     pub scores_in_logits_dtype: bool,
+    /// gpt-oss's router: a bias on the logits, the top k of the logits, then a softmax over
+    /// those k in the logits' dtype (the other flags unused).
+    pub softmax_after_topk: bool,
 }
 
 /// Upstream `XTopKRouter`: `weight` `[experts, hidden]` (no bias), softmax in float32 over the
@@ -64,6 +67,8 @@ pub struct RouterKind {
 pub struct TopKRouter {
     /// `weight` `[num_experts, hidden]`.
     pub weight: Tensor,
+    /// gpt-oss's `bias` `[num_experts]`.
+    pub bias: Option<Tensor>,
     top_k: i64,
     kind: RouterKind,
 }
@@ -78,8 +83,14 @@ impl TopKRouter {
         std: f64,
         kind: RouterKind,
     ) -> Self {
+        let weight = initialization::var(&p, "weight", &[num_experts, hidden], normal(std));
+        // gpt-oss's router has a bias, drawn as the weight.
+        let bias = kind
+            .softmax_after_topk
+            .then(|| initialization::var(&p, "bias", &[num_experts], normal(std)));
         Self {
-            weight: initialization::var(&p, "weight", &[num_experts, hidden], normal(std)),
+            weight,
+            bias,
             top_k,
             kind,
         }
@@ -88,7 +99,12 @@ impl TopKRouter {
     /// `(router_logits [tokens, experts], top_k_weights [tokens, k], top_k_index [tokens, k])`
     /// for the hidden states `[tokens, hidden]`.
     pub fn forward(&self, h: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let logits = h.f_linear::<&Tensor>(&self.weight, None)?;
+        let logits = h.f_linear(&self.weight, self.bias.as_ref())?;
+        if self.kind.softmax_after_topk {
+            let (top, index) = logits.f_topk(self.top_k, -1, true, true)?;
+            let scores = top.f_softmax(1, top.kind())?;
+            return Ok((logits, scores, index));
+        }
         let probs = logits.f_softmax(-1, Kind::Float)?;
         let (top, index) = probs.f_topk(self.top_k, -1, true, true)?;
         let top = if self.kind.norm_topk_prob {
@@ -105,16 +121,38 @@ impl TopKRouter {
     }
 }
 
-/// Upstream `XExperts` (`@use_experts_implementation`, gated, concatenated `[gate; up]`, not
-/// transposed, no bias): `down(act(gate) · up)` per expert, the tokens routed to it weighted
-/// by their router scores.
+/// How the experts gate (`_apply_gate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertGate {
+    /// `act(gate) * up` over the concatenated `[gate; up]` halves.
+    Concatenated(Activation),
+    /// gpt-oss's: interleaved `gate = x[..., ::2]`, `up = x[..., 1::2]`, the gate clamped at
+    /// `limit` and the up to `[-limit, limit]`, `(up + 1) · gate · sigmoid(gate · alpha)`.
+    GptOss {
+        /// `swiglu_alpha`.
+        alpha: f64,
+        /// `swiglu_limit`.
+        limit: f64,
+    },
+}
+
+/// Upstream `XExperts` (`@use_experts_implementation`): `down(gate(gate_up(x)))` per expert,
+/// the tokens routed to it weighted by their router scores. The families' layout: gated and
+/// concatenated `[gate; up]`, not transposed, no bias; or gpt-oss's (`is_transposed`,
+/// `has_bias`, interleaved, its clamped gate).
 #[derive(Debug)]
 pub struct Experts {
-    /// `gate_up_proj` `[num_experts, 2 · intermediate, hidden]`.
+    /// `gate_up_proj` `[num_experts, 2 · intermediate, hidden]` (gpt-oss: transposed,
+    /// `[num_experts, hidden, 2 · intermediate]`).
     pub gate_up_proj: Tensor,
-    /// `down_proj` `[num_experts, hidden, intermediate]`.
+    /// gpt-oss's `gate_up_proj_bias` `[num_experts, 2 · intermediate]`.
+    pub gate_up_proj_bias: Option<Tensor>,
+    /// `down_proj` `[num_experts, hidden, intermediate]` (gpt-oss: `[num_experts,
+    /// intermediate, hidden]`).
     pub down_proj: Tensor,
-    act: Activation,
+    /// gpt-oss's `down_proj_bias` `[num_experts, hidden]`.
+    pub down_proj_bias: Option<Tensor>,
+    gate: ExpertGate,
     num_experts: i64,
     name: String,
     class: String,
@@ -147,6 +185,68 @@ impl Experts {
             &[num_experts, hidden, intermediate],
             normal(std),
         );
+        Self::build(
+            p,
+            [gate_up_proj, down_proj],
+            [None, None],
+            ExpertGate::Concatenated(act),
+            num_experts,
+            class,
+        )
+    }
+
+    /// gpt-oss's experts at `p`: `gate_up_proj` `[E, hidden, 2 · inter]`, its bias, `down_proj`
+    /// `[E, inter, hidden]`, its bias (registered in that order), the weights `normal(0, std)`
+    /// and the biases zero, as `_init_weights`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gpt_oss(
+        p: Path<'_>,
+        num_experts: i64,
+        hidden: i64,
+        intermediate: i64,
+        alpha: f64,
+        limit: f64,
+        std: f64,
+        class: impl Into<String>,
+    ) -> Self {
+        let zero = tch::nn::Init::Const(0.0);
+        let gate_up_proj = initialization::var(
+            &p,
+            "gate_up_proj",
+            &[num_experts, hidden, 2 * intermediate],
+            normal(std),
+        );
+        let gate_up_bias = initialization::var(
+            &p,
+            "gate_up_proj_bias",
+            &[num_experts, 2 * intermediate],
+            zero,
+        );
+        let down_proj = initialization::var(
+            &p,
+            "down_proj",
+            &[num_experts, intermediate, hidden],
+            normal(std),
+        );
+        let down_bias = initialization::var(&p, "down_proj_bias", &[num_experts, hidden], zero);
+        Self::build(
+            p,
+            [gate_up_proj, down_proj],
+            [Some(gate_up_bias), Some(down_bias)],
+            ExpertGate::GptOss { alpha, limit },
+            num_experts,
+            class,
+        )
+    }
+
+    fn build(
+        p: Path<'_>,
+        [gate_up_proj, down_proj]: [Tensor; 2],
+        [gate_up_proj_bias, down_proj_bias]: [Option<Tensor>; 2],
+        gate: ExpertGate,
+        num_experts: i64,
+        class: impl Into<String>,
+    ) -> Self {
         let name = p.name();
         let lora = [LoraSlot::default(), LoraSlot::default()];
         for (parameter, slot) in ["gate_up_proj", "down_proj"].iter().zip(&lora) {
@@ -155,8 +255,10 @@ impl Experts {
         }
         Self {
             gate_up_proj,
+            gate_up_proj_bias,
             down_proj,
-            act,
+            down_proj_bias,
+            gate,
             num_experts,
             name,
             class: class.into(),
@@ -193,12 +295,40 @@ impl Experts {
         // peft's `target_parameters` adapters fold into the weights for the forward.
         let gate_up_proj = self.lora[0].apply_parameter(&self.gate_up_proj)?;
         let down_proj = self.lora[1].apply_parameter(&self.down_proj)?;
-        let proj = grouped_linear(&selected, &gate_up_proj, &offsets, &self.name)?;
-        let half = proj.size()[1] / 2;
-        let gate = proj.f_narrow(-1, 0, half)?;
-        let up = proj.f_narrow(-1, half, half)?;
-        let proj = self.act.apply(&gate).f_mul(&up)?;
-        let proj = grouped_linear(&proj, &down_proj, &offsets, &self.name)?;
+        let transposed = self.gate_up_proj_bias.is_some();
+        let bias_of = |b: &Option<Tensor>| -> Result<Option<Tensor>> {
+            Ok(match b {
+                Some(b) => Some(b.f_index(&[Some(&expert_ids_g)])?),
+                None => None,
+            })
+        };
+        let proj = grouped_linear(&selected, &gate_up_proj, &offsets, transposed, &self.name)?;
+        let proj = match bias_of(&self.gate_up_proj_bias)? {
+            Some(b) => proj.f_add(&b)?,
+            None => proj,
+        };
+        let proj = match self.gate {
+            ExpertGate::Concatenated(act) => {
+                let half = proj.size()[1] / 2;
+                let gate = proj.f_narrow(-1, 0, half)?;
+                let up = proj.f_narrow(-1, half, half)?;
+                act.apply(&gate).f_mul(&up)?
+            }
+            ExpertGate::GptOss { alpha, limit } => {
+                let last = proj.size()[1];
+                let gate = proj.f_slice(-1, 0, last, 2)?;
+                let up = proj.f_slice(-1, 1, last, 2)?;
+                let gate = gate.f_clamp_max(limit)?;
+                let up = up.f_clamp(-limit, limit)?;
+                let glu = gate.f_mul(&gate.f_mul_scalar(alpha)?.f_sigmoid()?)?;
+                up.f_add_scalar(1.0)?.f_mul(&glu)?
+            }
+        };
+        let proj = grouped_linear(&proj, &down_proj, &offsets, transposed, &self.name)?;
+        let proj = match bias_of(&self.down_proj_bias)? {
+            Some(b) => proj.f_add(&b)?,
+            None => proj,
+        };
         let weighted = proj.f_mul(&sample_weights_g.f_unsqueeze(-1)?)?;
         let inv_perm = perm.f_empty_like()?.f_index_put_(
             &[Some(&perm)],
@@ -222,12 +352,24 @@ impl Experts {
     }
 }
 
-/// `_grouped_linear(input, weight, offs)` with an untransposed weight `[experts, out, in]`:
-/// `torch._grouped_mm(input.to(weight.dtype), weight.transpose(-2, -1), offs)`.
-fn grouped_linear(input: &Tensor, weight: &Tensor, offsets: &Tensor, name: &str) -> Result<Tensor> {
+/// `_grouped_linear(input, weight, offs, is_transposed)`: `torch._grouped_mm(input.to(weight.dtype),
+/// w, offs)` with `w` the weight `[experts, in, out]` when transposed, else the weight
+/// `[experts, out, in]` transposed.
+fn grouped_linear(
+    input: &Tensor,
+    weight: &Tensor,
+    offsets: &Tensor,
+    transposed: bool,
+    name: &str,
+) -> Result<Tensor> {
     let input = input.f_to_kind(weight.kind())?;
+    let weight = if transposed {
+        weight.shallow_clone()
+    } else {
+        weight.f_transpose(-2, -1)?
+    };
     input
-        .f_internal_grouped_mm(&weight.f_transpose(-2, -1)?, Some(offsets), None, None::<Kind>)
+        .f_internal_grouped_mm(&weight, Some(offsets), None, None::<Kind>)
         .map_err(|e| Error::InvalidArgument {
             field: "experts",
             detail: format!(

@@ -13,6 +13,9 @@ intermediate size 32, 2 per token, `output_router_logits=True` and `router_aux_l
              over 3 tokens (use_sliding_window, max_window_layers 2)
   mixtral    renormalised float32 router scores, every layer sliding over 3 tokens
   olmoe      q/k RMSNorm over the whole projections, clip_qkv 0.5
+  gpt_oss    attention sinks (eager), layers 0 and 2 sliding over 3 tokens, YaRN, the router's
+             bias and softmax over the top-k logits, transposed experts with biases and the
+             clamped interleaved SwiGLU
 
 and the dense ones:
 
@@ -86,6 +89,9 @@ def cases(vocab=1000):
         ("olmoe", tf.OlmoeConfig(
             **dict(small, intermediate_size=32), num_experts=4, clip_qkv=0.5,
         ), tf.OlmoeForCausalLM),
+        ("gpt_oss", tf.GptOssConfig(
+            **dict(small, intermediate_size=32), head_dim=16, num_local_experts=4, sliding_window=3,
+        ), tf.GptOssForCausalLM),
     ]
 
 

@@ -364,6 +364,7 @@ fn generate_on_every_family_equals_transformers() -> Result<()> {
         "qwen2_moe",
         "mixtral",
         "olmoe",
+        "gpt_oss",
         "granite",
         "smollm3",
         "olmo2",
