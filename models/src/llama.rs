@@ -650,8 +650,10 @@ struct SelfAttention {
     class: String,
 }
 
-/// A layer's feed-forward block: the dense MLP, or a mixture of experts.
+/// A layer's feed-forward block: the dense MLP, or a mixture of experts (one per layer: the
+/// variants' sizes do not matter).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum FeedForward {
     Dense(Mlp),
     Sparse(SparseMoeBlock),

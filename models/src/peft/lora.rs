@@ -482,7 +482,9 @@ fn parameter_targets(config: &LoraConfig, facts: &ModelFacts<'_>) -> Result<Vec<
             detail: "peft's ParamWrapper (target_parameters) \"does not work with LoRA variants like DoRA\"; use plain LoRA".into(),
         });
     }
-    let mut per_module: Vec<(String, Vec<(String, Vec<i64>)>)> = Vec::new();
+    // Each module's targeted parameters (name, sizes), in registration order.
+    type Targeted = Vec<(String, Vec<i64>)>;
+    let mut per_module: Vec<(String, Targeted)> = Vec::new();
     for (name, size) in &facts.parameters {
         let matched = targets
             .iter()
