@@ -1644,13 +1644,14 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         let config = C::from_file(&dir.join(loading::CONFIG_NAME))?;
         // A multimodal checkpoint's other towers (vision encoder, projector): carried as
         // frozen variables, loaded and saved with the language model.
-        let base_model = config.family()?.base_model;
+        let family = config.family()?;
+        let base_model = family.base_model;
         let carried: Vec<(String, Vec<i64>, tch::Kind)> = match base_model {
             "model" => Vec::new(),
             _ => loading::checkpoint_shapes(dir)?
                 .into_iter()
                 .map(|(k, shape, kind)| {
-                    let k = match config.family().ok().and_then(|f| f.checkpoint_conversion) {
+                    let k = match family.checkpoint_conversion {
                         Some(c) => c.rename(&k),
                         None => k,
                     };

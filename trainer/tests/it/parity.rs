@@ -372,37 +372,47 @@ fn llama_shaped_families_train_as_upstream() -> Result<()> {
     for case in ["qwen2", "qwen3", "mistral", "gemma2", "qwen2_bf16"] {
         let dir = assets().join("reference/trainer_families").join(case);
         let out = temp_dir(&format!("family-{case}"));
-        let mut args = TrainingArguments {
-            per_device_train_batch_size: 4,
-            per_device_eval_batch_size: 4,
-            max_steps: 20,
-            learning_rate: 2e-3,
-            lr_scheduler_type: SchedulerType::Cosine,
-            warmup_steps: 2.0,
-            weight_decay: 0.1,
-            max_grad_norm: 1.0,
-            eval_strategy: IntervalStrategy::Steps,
-            eval_steps: Some(10.0),
-            ..base_args(&out)
-        };
-        args.post_init()?;
-        let model = load(&dir.join("initial"), AutoTask::CausalLm)?;
-        let mut trainer = Trainer::builder(model, args)
-            .train_dataset(lm_blocks(&dir.join("blocks.json"), "train")?)
-            .eval_dataset(lm_blocks(&dir.join("blocks.json"), "eval")?)
-            .build()?;
-        let result = trainer.train(None)?;
+        let (log_history, global_step) = train_family_on_blocks(&dir, &out)?;
         let m = compare(
             case,
-            &trainer.state.log_history,
+            &log_history,
             &read_json(&dir.join("log_history.json"))?,
         )?;
         let summary = read_json(&dir.join("train_output.json"))?;
-        assert_eq!(result.global_step, summary["global_step"].as_i64().unwrap());
+        assert_eq!(global_step, summary["global_step"].as_i64().unwrap());
         assert_exact(case, &m);
         let _ = std::fs::remove_dir_all(&out);
     }
     Ok(())
+}
+
+/// The families' Trainer job (`trainer_families.py`, `decoder_families.py`): the causal LM in
+/// `dir/initial` trained 20 steps on `dir/blocks.json` (batch 4, cosine schedule after 2
+/// warm-up steps, weight decay 0.1, clipping at 1, evaluation every 10 steps) into `out`;
+/// its log history and global step.
+pub(crate) fn train_family_on_blocks(dir: &Path, out: &Path) -> Result<(Vec<JsonMap>, i64)> {
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        ..base_args(out)
+    };
+    args.post_init()?;
+    let model = load(&dir.join("initial"), AutoTask::CausalLm)?;
+    let blocks = dir.join("blocks.json");
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(lm_blocks(&blocks, "train")?)
+        .eval_dataset(lm_blocks(&blocks, "eval")?)
+        .build()?;
+    let result = trainer.train(None)?;
+    Ok((trainer.state.log_history.clone(), result.global_step))
 }
 
 /// `packed_sequences.py`'s Trainer run: the tiny Qwen2 (two sliding layers) trained 12 steps
