@@ -35,6 +35,8 @@ use crate::phi3::Phi3Config;
 use crate::qwen2::Qwen2Config;
 use crate::qwen2_moe::Qwen2MoeConfig;
 use crate::qwen3::Qwen3Config;
+use crate::qwen3_5::Qwen3_5TextConfig;
+use crate::qwen3_5_moe::Qwen3_5MoeTextConfig;
 use crate::qwen3_moe::Qwen3MoeConfig;
 use crate::roberta::{RobertaConfig, XLMRobertaConfig};
 use crate::smollm3::SmolLM3Config;
@@ -67,7 +69,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -165,6 +167,17 @@ pub fn from_pretrained_dir(
         ("qwen2_moe", task) => decoder::<Qwen2MoeConfig>(dir, task, device, options)?,
         ("qwen3_moe", task) => decoder::<Qwen3MoeConfig>(dir, task, device, options)?,
         ("mixtral", task) => decoder::<MixtralConfig>(dir, task, device, options)?,
+        ("qwen3_5_text", AutoTask::CausalLm | AutoTask::SequenceClassification { .. }) => {
+            decoder::<Qwen3_5TextConfig>(dir, task, device, options)?
+        }
+        // A multimodal checkpoint's language model, as upstream's `AutoModelForCausalLM`
+        // ("VLM compatibility"): its text config, the vision tower left out.
+        ("qwen3_5", AutoTask::CausalLm) => {
+            decoder::<Qwen3_5TextConfig>(dir, AutoTask::CausalLm, device, options)?
+        }
+        ("qwen3_5_moe_text" | "qwen3_5_moe", AutoTask::CausalLm) => {
+            decoder::<Qwen3_5MoeTextConfig>(dir, AutoTask::CausalLm, device, options)?
+        }
         ("olmo2", AutoTask::CausalLm | AutoTask::SequenceClassification { .. }) => {
             decoder::<Olmo2Config>(dir, task, device, options)?
         }

@@ -16,6 +16,9 @@ type Layer = Option<(Tensor, Tensor)>;
 #[derive(Debug, Clone, Default)]
 pub struct DynamicCache {
     layers: Arc<Mutex<Vec<Layer>>>,
+    /// The linear-attention layers' convolution and recurrent states (Qwen3.5's Gated
+    /// DeltaNet layers; upstream's `LinearAttentionLayer` entries of the same cache).
+    linear: Arc<Mutex<Vec<Option<tchtrain_nn::LinearAttentionState>>>>,
 }
 
 /// The cache a model's layers get: `cache`, but none when activation checkpointing runs in
@@ -57,12 +60,36 @@ impl DynamicCache {
         }
     }
 
-    /// `get_seq_length()`: the tokens cached (the first layer's).
+    /// `get_seq_length()`: the tokens cached (the first attention layer's).
     pub fn get_seq_length(&self) -> i64 {
         self.lock()
-            .first()
-            .and_then(|l| l.as_ref())
+            .iter()
+            .flatten()
+            .next()
             .map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// Runs `f` on linear-attention layer `layer`'s state, made by `empty` first (then `f`
+    /// is told the state is fresh: the prefill).
+    pub(crate) fn with_linear_state<T>(
+        &self,
+        layer: usize,
+        empty: impl FnOnce() -> Result<tchtrain_nn::LinearAttentionState>,
+        f: impl FnOnce(&mut tchtrain_nn::LinearAttentionState, bool) -> Result<T>,
+    ) -> Result<T> {
+        let mut states = match self.linear.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        if states.len() <= layer {
+            states.resize_with(layer + 1, || None);
+        }
+        let fresh = states[layer].is_none();
+        let state = match &mut states[layer] {
+            Some(state) => state,
+            slot @ None => slot.insert(empty()?),
+        };
+        f(state, fresh)
     }
 
     /// `update(keys, values, layer_idx)`: appends the new keys / values along the sequence
@@ -98,6 +125,15 @@ impl DynamicCache {
                     v.f_index_select(0, beam_idx)?,
                 ));
             }
+        }
+        drop(layers);
+        let mut states = match self.linear.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        for state in states.iter_mut().flatten() {
+            state.conv_state = state.conv_state.f_index_select(0, beam_idx)?;
+            state.recurrent_state = state.recurrent_state.f_index_select(0, beam_idx)?;
         }
         Ok(())
     }

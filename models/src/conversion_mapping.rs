@@ -25,7 +25,17 @@ pub enum WeightConversion {
     /// `vision_tower.` (the hub's `vision_tower.vision_model.` too) for `model.vision_tower.`,
     /// `multi_modal_projector.` for `model.multi_modal_projector.`.
     Llava,
+    /// `qwen3_5_text` (upstream's `PrefixChange(prefix_to_remove="language_model",
+    /// model_prefix="model")`): `model.language_model.` read as `model.`, and written back
+    /// so; a multimodal checkpoint's vision tower (`model.visual.`) and multi-token
+    /// prediction head (`mtp.`) are left out, as `Qwen3_5ForCausalLM` ignores them.
+    Qwen3_5Text,
+    /// `qwen3_5_moe_text`: Qwen3.5's prefix and Qwen2-MoE's per-expert weights.
+    Qwen3_5MoeText,
 }
+
+/// Qwen3.5's language-model prefix, (on disk, in the model).
+const QWEN3_5_PREFIX: (&str, &str) = ("model.language_model.", "model.");
 
 /// The Llava layout's prefixes, (on disk, in the model); the first matching rule applies.
 const LLAVA_PREFIXES: [(&str, &str); 5] = [
@@ -45,6 +55,27 @@ enum Part {
 }
 
 impl WeightConversion {
+    /// The conversion a model made from scratch saves through: upstream drops the prefix
+    /// changes (it cannot know whether a checkpoint had the prefix).
+    pub fn fresh(self) -> Option<Self> {
+        match self {
+            Self::Qwen3_5Text => None,
+            Self::Qwen3_5MoeText => Some(Self::Qwen2Moe),
+            other => Some(other),
+        }
+    }
+
+    /// The conversion that applies to a checkpoint with these keys, kept for saving it
+    /// back: the prefix change only where a key has the prefix (upstream keeps the
+    /// conversions that matched a key).
+    pub fn used_by(self, tensors: &[(String, Tensor)]) -> Option<Self> {
+        let prefixed = || tensors.iter().any(|(k, _)| k.starts_with(QWEN3_5_PREFIX.0));
+        match self {
+            Self::Qwen3_5Text | Self::Qwen3_5MoeText if !prefixed() => self.fresh(),
+            other => Some(other),
+        }
+    }
+
     /// A checkpoint key's name in the model, for the layouts that only rename (the others'
     /// keys as they are).
     pub fn rename(self, key: &str) -> String {
@@ -55,6 +86,10 @@ impl WeightConversion {
                     key.strip_prefix(disk).map(|rest| format!("{model}{rest}"))
                 })
                 .unwrap_or_else(|| key.to_string()),
+            Self::Qwen3_5Text | Self::Qwen3_5MoeText => match key.strip_prefix(QWEN3_5_PREFIX.0) {
+                Some(rest) => format!("{}{rest}", QWEN3_5_PREFIX.1),
+                None => key.to_string(),
+            },
             Self::Qwen2Moe | Self::Mixtral => key.to_string(),
         }
     }
@@ -70,14 +105,29 @@ impl WeightConversion {
                     key.strip_prefix(model).map(|rest| format!("{disk}{rest}"))
                 })
                 .unwrap_or_else(|| key.to_string()),
+            Self::Qwen3_5Text | Self::Qwen3_5MoeText => match key.strip_prefix(QWEN3_5_PREFIX.1) {
+                Some(rest) if !key.starts_with(QWEN3_5_PREFIX.0) => {
+                    format!("{}{rest}", QWEN3_5_PREFIX.0)
+                }
+                _ => key.to_string(),
+            },
             Self::Qwen2Moe | Self::Mixtral => key.to_string(),
         }
+    }
+
+    /// The checkpoint keys the model ignores on load (upstream's
+    /// `_keys_to_ignore_on_load_unexpected`).
+    fn ignored(self, key: &str) -> bool {
+        matches!(self, Self::Qwen3_5Text | Self::Qwen3_5MoeText)
+            && (key.starts_with("mtp.") || key.starts_with("model.visual."))
     }
 
     /// The per-expert names of gate, up and down.
     fn names(self) -> [&'static str; 3] {
         match self {
-            Self::Qwen2Moe | Self::Llava => ["gate_proj", "up_proj", "down_proj"],
+            Self::Qwen2Moe | Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText => {
+                ["gate_proj", "up_proj", "down_proj"]
+            }
             Self::Mixtral => ["w1", "w3", "w2"],
         }
     }
@@ -101,18 +151,23 @@ impl WeightConversion {
     /// Checkpoint names and tensors → the model's: each layer's experts stacked, gate and up
     /// concatenated (`MergeModulelist(dim=0)`, `Concatenate(dim=1)`).
     pub fn convert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
-        if self == Self::Llava {
-            return Ok(tensors
+        if matches!(self, Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText) {
+            let renamed = tensors
                 .into_iter()
+                .filter(|(k, _)| !self.ignored(k))
                 .map(|(k, t)| (self.rename(&k), t))
-                .collect());
+                .collect();
+            if self != Self::Qwen3_5MoeText {
+                return Ok(renamed);
+            }
+            return Self::Qwen2Moe.convert(renamed);
         }
         let mut out = Vec::with_capacity(tensors.len());
         let mut experts: BTreeMap<String, BTreeMap<(Part, usize), Tensor>> = BTreeMap::new();
         for (key, t) in tensors {
             let key = match self {
                 Self::Mixtral => key.replace(".block_sparse_moe.", ".mlp."),
-                Self::Qwen2Moe | Self::Llava => key,
+                _ => key,
             };
             match self.split(&key) {
                 Some((prefix, j, part)) => {
@@ -151,7 +206,11 @@ impl WeightConversion {
     /// The model's names and tensors → the checkpoint's (upstream's reverse conversion in
     /// `save_pretrained`).
     pub fn revert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
-        if self == Self::Llava {
+        if matches!(self, Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText) {
+            let tensors = match self {
+                Self::Qwen3_5MoeText => Self::Qwen2Moe.revert(tensors)?,
+                _ => tensors,
+            };
             return Ok(tensors
                 .into_iter()
                 .map(|(k, t)| (self.unrename(&k), t))
@@ -189,7 +248,7 @@ impl WeightConversion {
                 .into_iter()
                 .map(|(k, t)| (k.replace(".mlp.", ".block_sparse_moe."), t))
                 .collect(),
-            Self::Qwen2Moe | Self::Llava => out,
+            _ => out,
         })
     }
 }

@@ -145,6 +145,7 @@ impl DecoderConfig for GemmaConfig {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("GemmaForTokenClassification"),
             question_answering: None,
         })

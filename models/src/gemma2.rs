@@ -185,6 +185,7 @@ impl DecoderConfig for Gemma2Config {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("Gemma2ForTokenClassification"),
             question_answering: None,
         })

@@ -222,6 +222,7 @@ impl DecoderConfig for Gemma3TextConfig {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: None,
             question_answering: None,
         })
@@ -331,6 +332,7 @@ impl DecoderConfig for Gemma3Config {
             base_model: "model.language_model",
             checkpoint_conversion: Some(crate::WeightConversion::Llava),
             gpt_oss: None,
+            qwen3_5: None,
             ..text
         })
     }

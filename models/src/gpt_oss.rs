@@ -186,6 +186,7 @@ impl DecoderConfig for GptOssConfig {
                 swiglu_alpha: self.swiglu_alpha,
                 swiglu_limit: self.swiglu_limit,
             }),
+            qwen3_5: None,
             token_classification: Some("GptOssForTokenClassification"),
             question_answering: None,
         })

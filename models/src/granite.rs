@@ -123,6 +123,7 @@ impl DecoderConfig for GraniteConfig {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: None,
             question_answering: None,
         })

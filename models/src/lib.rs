@@ -52,6 +52,8 @@ mod phi3;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
+mod qwen3_5;
+mod qwen3_5_moe;
 mod qwen3_moe;
 mod roberta;
 mod rope;
@@ -171,6 +173,8 @@ pub use qwen3::{
     Qwen3Config, Qwen3ForCausalLM, Qwen3ForQuestionAnswering, Qwen3ForSequenceClassification,
     Qwen3ForTokenClassification,
 };
+pub use qwen3_5::{Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3_5TextForSequenceClassification};
+pub use qwen3_5_moe::{Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig};
 pub use qwen3_moe::{
     Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeForQuestionAnswering,
     Qwen3MoeForSequenceClassification, Qwen3MoeForTokenClassification,

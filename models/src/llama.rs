@@ -168,6 +168,8 @@ pub struct Family {
     pub checkpoint_conversion: Option<crate::WeightConversion>,
     /// What gpt-oss changes (`None` for the other families).
     pub gpt_oss: Option<GptOss>,
+    /// What Qwen3.5 / Qwen3.5-MoE change (`None` for the other families).
+    pub qwen3_5: Option<Qwen3_5>,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -309,6 +311,25 @@ pub struct GptOss {
     pub swiglu_limit: f64,
 }
 
+/// What Qwen3.5 and Qwen3.5-MoE change in Llama's layers (upstream `modeling_qwen3_5.py`):
+/// hybrid layers — Gated DeltaNet linear attention (`linear_attn`,
+/// [`tchtrain_nn::GatedDeltaNet`] with upstream's torch fallbacks) where `layer_types` says
+/// `linear_attention`, elsewhere the full attention with an output gate (`q_proj` twice as
+/// wide: each head's query and gate; the attention's output times `sigmoid(gate)` before
+/// `o_proj`) —, the zero-centred RMSNorm (`1 + weight`, as Gemma's) everywhere but the
+/// linear layers' gated norm, partial rotary embeddings, the padding zeroed in the linear
+/// layers' inputs (upstream's `apply_mask_to_padding_states`).
+///
+/// Upstream's multimodal RoPE (`mrope_section`) gives text positions (the three position rows
+/// equal) the one-dimensional RoPE, which is what runs here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen3_5 {
+    /// Which layers are linear attention (the others full attention).
+    pub linear_layers: Vec<bool>,
+    /// The linear layers' sizes.
+    pub linear: tchtrain_nn::GatedDeltaNetSizes,
+}
+
 /// What Granite changes in Llama's model (upstream `modeling_granite.py`): the embeddings
 /// scaled by `embedding_multiplier`, the attention by `attention_multiplier` (instead of
 /// `head_dim ** -0.5`), each block's output by `residual_multiplier` before its residual, and
@@ -395,6 +416,7 @@ impl DecoderConfig for LlamaConfig {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -609,7 +631,7 @@ impl LlamaConfig {
 #[derive(Debug)]
 struct DecoderLayer {
     ctx: Context,
-    self_attn: SelfAttention,
+    self_attn: TokenMixer,
     mlp: FeedForward,
     /// `None` in OLMo 2 / 3.
     input_layernorm: Option<RmsNorm>,
@@ -622,6 +644,38 @@ struct DecoderLayer {
     name: String,
     /// Upstream's class names of the family's modules.
     classes: Arc<Classes>,
+}
+
+/// A layer's token mixer: the attention, or Qwen3.5's Gated DeltaNet linear attention
+/// (`linear_attn`).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum TokenMixer {
+    Attention(SelfAttention),
+    Linear {
+        net: tchtrain_nn::GatedDeltaNet,
+        /// The layer's index (its place in the cache).
+        idx: usize,
+    },
+}
+
+impl TokenMixer {
+    fn forward(&self, normed: &Tensor, x: &LayerInputs) -> Result<Tensor> {
+        match self {
+            Self::Attention(a) => a.forward(normed, x),
+            Self::Linear { net, idx } => {
+                let mask = x.linear_mask.as_ref();
+                Ok(match &x.cache {
+                    Some(cache) => cache.with_linear_state(
+                        *idx,
+                        || Ok(net.empty_state(x.batch)?),
+                        |state, fresh| Ok(net.forward(normed, mask, Some((state, fresh)))?),
+                    )?,
+                    None => net.forward(normed, mask, None)?,
+                })
+            }
+        }
+    }
 }
 
 /// Upstream `LlamaAttention` and its variants: the projections, rotary embeddings, the
@@ -639,6 +693,9 @@ struct SelfAttention {
     clip_qkv: Option<f64>,
     /// gpt-oss's attention sinks `[heads]`.
     sinks: Option<Tensor>,
+    /// Qwen3.5's output gate: `q_proj` yields each head's query and gate, the attention's
+    /// output is multiplied by `sigmoid(gate)` before `o_proj`.
+    output_gate: bool,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
     /// Whether this layer applies the rotary embedding (SmolLM3's NoPE layers do not).
@@ -713,6 +770,7 @@ struct Classes {
     mlp: String,
     sparse_moe_block: String,
     experts: String,
+    linear_attention: String,
     decoder_layer: String,
     rotary: String,
     model: String,
@@ -722,17 +780,19 @@ struct Classes {
 impl Classes {
     fn new(family: &Family) -> Self {
         let prefix = family.prefix;
-        let text = if family.gemma.as_ref().is_some_and(|g| g.text_model) {
-            "Text"
-        } else {
-            ""
-        };
+        let text =
+            if family.gemma.as_ref().is_some_and(|g| g.text_model) || family.qwen3_5.is_some() {
+                "Text"
+            } else {
+                ""
+            };
         Self {
             rms_norm: format!("{prefix}RMSNorm"),
             attention: format!("{prefix}Attention"),
             mlp: format!("{prefix}MLP"),
             sparse_moe_block: format!("{prefix}SparseMoeBlock"),
             experts: format!("{prefix}Experts"),
+            linear_attention: format!("{prefix}GatedDeltaNet"),
             decoder_layer: format!("{prefix}DecoderLayer"),
             rotary: format!("{prefix}RotaryEmbedding"),
             model: format!("{prefix}{text}Model"),
@@ -782,6 +842,9 @@ struct LayerInputs {
     cache: Option<crate::DynamicCache>,
     /// The padding-free layout, when the layers run on the real tokens only.
     unpadded: Option<crate::padding_free::Unpadded>,
+    /// The 2-D padding mask the linear-attention layers zero their inputs with (upstream's
+    /// `create_recurrent_attention_mask`: none without padding or for one token).
+    linear_mask: Option<Tensor>,
     /// The sparse blocks' router logits `[tokens, experts]`, in layer order, when the causal
     /// LM adds the load-balancing loss (`output_router_logits`; never with checkpointed
     /// layers, whose forward runs again in the backward).
@@ -879,6 +942,7 @@ impl SelfAttention {
             };
             t.view([batch, seq, heads, hd])
         };
+        let mut gate = None;
         let (q, k, v) = match &self.projections {
             AttentionProjections::Separate {
                 q_proj,
@@ -905,7 +969,24 @@ impl SelfAttention {
                     };
                     t.transpose(1, 2)
                 };
-                let q = project(q_proj, heads, self.qk_norm.as_ref().map(|(q, _)| q));
+                let q = if self.output_gate {
+                    // Qwen3.5: each head's query and gate side by side in `q_proj`'s output.
+                    let t = q_proj.forward(normed);
+                    let t = match &x.unpadded {
+                        Some(u) => u.scatter(&t),
+                        None => t,
+                    };
+                    let t = t.view([batch, seq, heads, 2 * hd]);
+                    gate = Some(t.narrow(-1, hd, hd).reshape([batch, seq, heads * hd]));
+                    let q = t.narrow(-1, 0, hd);
+                    match &self.qk_norm {
+                        Some((norm, _)) => norm.forward(&q),
+                        None => q,
+                    }
+                    .transpose(1, 2)
+                } else {
+                    project(q_proj, heads, self.qk_norm.as_ref().map(|(q, _)| q))
+                };
                 let k = project(k_proj, kv_heads, self.qk_norm.as_ref().map(|(_, k)| k));
                 let v = heads_of(clip(v_proj.forward(normed)), kv_heads).transpose(1, 2);
                 (q, k, v)
@@ -968,6 +1049,10 @@ impl SelfAttention {
             None => attention::sdpa(&q, &k, &v, mask, x.attn_p, x.scale),
         };
         let a = a.transpose(1, 2).reshape([batch, seq, heads * hd]);
+        let a = match gate {
+            Some(gate) => a * gate.sigmoid(),
+            None => a,
+        };
         let a = match &x.unpadded {
             Some(u) => u.gather(&a),
             None => a,
@@ -1069,6 +1154,10 @@ pub struct LlamaModel {
     act: Activation,
     config: LlamaConfig,
     family: Family,
+    /// How this model's checkpoint names its weights: the family's layout as the
+    /// checkpoint it was loaded from used it (upstream keeps the conversions that matched a
+    /// key), a fresh model's without the prefix changes (upstream drops `PrefixChange`).
+    conversion: Option<crate::WeightConversion>,
     classes: Arc<Classes>,
     /// The head calls the model with `input_ids` positionally (the sequence classifier),
     /// which the underflow / overflow tracer shows as an input.
@@ -1120,7 +1209,7 @@ impl LlamaModel {
         }
         let classes = Arc::new(Classes::new(&family));
         let rope = config.rope_parameters()?;
-        if rope.dim() != config.head_dim() && family.phi3.is_none() {
+        if rope.dim() != config.head_dim() && family.phi3.is_none() && family.qwen3_5.is_none() {
             // Upstream's Llama-shaped rotary embeddings rotate the whole head.
             return Err(Error::InvalidConfig {
                 field: "rope_parameters.partial_rotary_factor",
@@ -1129,12 +1218,16 @@ impl LlamaModel {
                     rope.dim(),
                     config.head_dim()
                 ),
-                fix: "this family rotates whole heads (partial_rotary_factor 1.0); Phi-3 has partial rotary",
+                fix: "this family rotates whole heads (partial_rotary_factor 1.0); Phi-3 and Qwen3.5 have partial rotary",
             });
         }
         let gemma = family.gemma.as_ref();
         let rms_norm = |p: tchtrain_nn::Path<'_>, dim: i64| match gemma {
             Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
+            // Qwen3.5's zero-centred RMSNorm is Gemma's.
+            None if family.qwen3_5.is_some() => {
+                RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone())
+            }
             None if family.olmo2 || family.gpt_oss.is_some() => {
                 RmsNorm::olmo(p, dim, config.rms_norm_eps, classes.rms_norm.clone())
             }
@@ -1144,6 +1237,15 @@ impl LlamaModel {
         let act = Activation::parse(&config.hidden_act, "hidden_act")?;
         if let Some(moe) = &family.moe {
             moe.validate(config.num_hidden_layers)?;
+        }
+        if let Some(q) = &family.qwen3_5 {
+            if q.linear_layers.len() as i64 != config.num_hidden_layers {
+                return Err(Error::InvalidConfig {
+                    field: "layer_types",
+                    value: format!("{} entries", q.linear_layers.len()),
+                    fix: "give one entry per layer (num_hidden_layers)",
+                });
+            }
         }
         let (hd, heads, kv) = (
             config.head_dim(),
@@ -1162,55 +1264,93 @@ impl LlamaModel {
         )
         .with_class(classes.embedding.clone());
         let layers = (0..config.num_hidden_layers)
-            .map(|i| {
+            .map(|i| -> Result<Arc<Shared<DecoderLayer>>> {
                 let l = &p / "layers" / i;
                 let a = &l / "self_attn";
                 let m = &l / "mlp";
                 let linear = |p: tchtrain_nn::Path<'_>, i: i64, o: i64, bias: bool| {
                     Linear::in_layer(p, i, o, bias, std)
                 };
-                // Created in upstream's registration order: Phi-3's attention registers
-                // `o_proj` before `qkv_proj`.
-                // gpt-oss's `sinks`: a parameter of the attention itself, so `parameters()`
-                // yields it before the projections' (submodules').
-                let sinks = family.gpt_oss.as_ref().map(|_| {
-                    tchtrain_nn::initialization::var(
-                        &a,
-                        "sinks",
-                        &[heads],
-                        tchtrain_nn::initialization::normal(std),
-                    )
-                });
-                let (projections, o_proj) = match family.phi3 {
-                    None => {
-                        let q_proj = linear(&a / "q_proj", d, heads * hd, family.qkv_bias);
-                        let k_proj = linear(&a / "k_proj", d, kv * hd, family.qkv_bias);
-                        let v_proj = linear(&a / "v_proj", d, kv * hd, family.qkv_bias);
-                        let o_proj = linear(&a / "o_proj", heads * hd, d, family.o_bias);
+                let linear_layer = family
+                    .qwen3_5
+                    .as_ref()
+                    .filter(|q| q.linear_layers[i as usize]);
+                let self_attn = if let Some(q) = linear_layer {
+                    TokenMixer::Linear {
+                        net: tchtrain_nn::GatedDeltaNet::new(
+                            &l / "linear_attn",
+                            q.linear,
+                            act,
+                            config.rms_norm_eps,
+                            std,
+                            classes.linear_attention.clone(),
+                        )?,
+                        idx: i as usize,
+                    }
+                } else {
+                    // Created in upstream's registration order: Phi-3's attention registers
+                    // `o_proj` before `qkv_proj`.
+                    // gpt-oss's `sinks`: a parameter of the attention itself, so `parameters()`
+                    // yields it before the projections' (submodules').
+                    let sinks = family.gpt_oss.as_ref().map(|_| {
+                        tchtrain_nn::initialization::var(
+                            &a,
+                            "sinks",
+                            &[heads],
+                            tchtrain_nn::initialization::normal(std),
+                        )
+                    });
+                    let (projections, o_proj) = match family.phi3 {
+                        None => {
+                            // Qwen3.5's `q_proj` also yields each head's output gate.
+                            let q_width = heads * hd * if family.qwen3_5.is_some() { 2 } else { 1 };
+                            let q_proj = linear(&a / "q_proj", d, q_width, family.qkv_bias);
+                            let k_proj = linear(&a / "k_proj", d, kv * hd, family.qkv_bias);
+                            let v_proj = linear(&a / "v_proj", d, kv * hd, family.qkv_bias);
+                            let o_proj = linear(&a / "o_proj", heads * hd, d, family.o_bias);
 
-                        let separate = AttentionProjections::Separate {
-                            q_proj,
-                            k_proj,
-                            v_proj,
-                        };
-                        (separate, o_proj)
-                    }
-                    Some(_) => {
-                        let o_proj = linear(&a / "o_proj", heads * hd, d, false);
-                        let qkv_proj = linear(&a / "qkv_proj", d, (heads + 2 * kv) * hd, false);
-                        (AttentionProjections::Fused { qkv_proj }, o_proj)
-                    }
-                };
-                // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
-                let qk_norm = match family.qk_norm {
-                    QkNorm::None => None,
-                    QkNorm::PerHead => {
-                        Some((rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)))
-                    }
-                    QkNorm::Projection => Some((
-                        rms_norm(&a / "q_norm", heads * hd),
-                        rms_norm(&a / "k_norm", kv * hd),
-                    )),
+                            let separate = AttentionProjections::Separate {
+                                q_proj,
+                                k_proj,
+                                v_proj,
+                            };
+                            (separate, o_proj)
+                        }
+                        Some(_) => {
+                            let o_proj = linear(&a / "o_proj", heads * hd, d, false);
+                            let qkv_proj = linear(&a / "qkv_proj", d, (heads + 2 * kv) * hd, false);
+                            (AttentionProjections::Fused { qkv_proj }, o_proj)
+                        }
+                    };
+                    // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
+                    let qk_norm = match family.qk_norm {
+                        QkNorm::None => None,
+                        QkNorm::PerHead => {
+                            Some((rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)))
+                        }
+                        QkNorm::Projection => Some((
+                            rms_norm(&a / "q_norm", heads * hd),
+                            rms_norm(&a / "k_norm", kv * hd),
+                        )),
+                    };
+                    TokenMixer::Attention(SelfAttention {
+                        ctx: a.ctx().clone(),
+                        projections,
+                        o_proj,
+                        qk_norm,
+                        qk_norm_projection: family.qk_norm == QkNorm::Projection,
+                        clip_qkv: family.clip_qkv,
+                        sinks,
+                        output_gate: family.qwen3_5.is_some(),
+                        sliding: family.sliding_windows[i as usize].is_some(),
+                        rotary: family
+                            .rope_layers
+                            .as_ref()
+                            .is_none_or(|r| r.get(i as usize).copied().unwrap_or(true)),
+                        idx: i as usize,
+                        name: a.name(),
+                        class: classes.attention.clone(),
+                    })
                 };
                 let dense = |m: &tchtrain_nn::Path<'_>, inter: i64, class: &str| {
                     let projections = match family.phi3 {
@@ -1296,24 +1436,7 @@ impl LlamaModel {
                     }
                     _ => FeedForward::Dense(dense(&m, config.intermediate_size, &classes.mlp)),
                 };
-                let self_attn = SelfAttention {
-                    ctx: a.ctx().clone(),
-                    projections,
-                    o_proj,
-                    qk_norm,
-                    qk_norm_projection: family.qk_norm == QkNorm::Projection,
-                    clip_qkv: family.clip_qkv,
-                    sinks,
-                    sliding: family.sliding_windows[i as usize].is_some(),
-                    rotary: family
-                        .rope_layers
-                        .as_ref()
-                        .is_none_or(|r| r.get(i as usize).copied().unwrap_or(true)),
-                    idx: i as usize,
-                    name: a.name(),
-                    class: classes.attention.clone(),
-                };
-                Arc::new(Shared(DecoderLayer {
+                Ok(Arc::new(Shared(DecoderLayer {
                     self_attn,
                     mlp,
                     input_layernorm: (!family.olmo2).then(|| rms_norm(&l / "input_layernorm", d)),
@@ -1327,9 +1450,9 @@ impl LlamaModel {
                     name: l.name(),
                     ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
-                }))
+                })))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             prefix: p.name(),
             ctx: p.ctx().clone(),
@@ -1346,6 +1469,9 @@ impl LlamaModel {
             },
             act,
             config: config.clone(),
+            conversion: family
+                .checkpoint_conversion
+                .and_then(crate::WeightConversion::fresh),
             family,
             classes,
             ids_positional: false,
@@ -1466,9 +1592,11 @@ impl LlamaModel {
         );
         let (cos, sin) = (cos.unsqueeze(1), sin.unsqueeze(1));
         let gemma = self.family.gemma.as_ref();
+        // Linear attention runs on the padded layout (upstream's torch fallback has no
+        // variable-length path): the padding-free layout is off for those families.
         let unpadded = crate::padding_free::Unpadded::for_forward(
             &self.ctx,
-            padding_free,
+            padding_free && self.family.qwen3_5.is_none(),
             cache.is_some(),
             inputs.attention_mask,
             device,
@@ -1524,11 +1652,32 @@ impl LlamaModel {
                 (None, Some(_)) => Some((None, h.kind())),
                 (None, None) => None,
             },
-            cache: cache.cloned(),
+            // Qwen3.5's layers run through the cache a forward builds (upstream's
+            // `DynamicCache(config)` whenever `use_cache`, in training too): the
+            // linear layers' convolution and the attention's keys take its path.
+            cache: match cache {
+                Some(c) => Some(c.clone()),
+                None if builds_cache && self.family.qwen3_5.is_some() => {
+                    Some(crate::DynamicCache::new())
+                }
+                None => None,
+            },
             unpadded: unpadded
                 .as_ref()
                 .map(crate::padding_free::Unpadded::shallow_clone),
             router_logits: router_logits.then(Default::default),
+            linear_mask: match (&self.family.qwen3_5, inputs.attention_mask) {
+                (Some(_), Some(m)) if m.dim() == 2 && seq > 1 => {
+                    let m = m.f_to_device(device)?;
+                    let padded = m.f_ne(1)?.f_any()?.int64_value(&[]) != 0;
+                    let len = m.size()[1];
+                    match padded {
+                        true => Some(m.f_narrow(1, len - seq, seq)?.f_contiguous()?),
+                        false => None,
+                    }
+                }
+                _ => None,
+            },
         }));
         let h = run_layers(
             &self.ctx,
@@ -1704,7 +1853,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     }
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.conversion
+    }
+    fn load_conversion(&self) -> Option<crate::WeightConversion> {
         self.model.family.checkpoint_conversion
+    }
+    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
+        self.model.conversion = conversion;
     }
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -1994,7 +2149,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.conversion
+    }
+    fn load_conversion(&self) -> Option<crate::WeightConversion> {
         self.model.family.checkpoint_conversion
+    }
+    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
+        self.model.conversion = conversion;
     }
     set_use_cache!();
     /// When every row's pooled token (its last non-pad token) is real; otherwise the
@@ -2149,7 +2310,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.conversion
+    }
+    fn load_conversion(&self) -> Option<crate::WeightConversion> {
         self.model.family.checkpoint_conversion
+    }
+    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
+        self.model.conversion = conversion;
     }
     set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
@@ -2295,7 +2462,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
     fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+        self.model.conversion
+    }
+    fn load_conversion(&self) -> Option<crate::WeightConversion> {
         self.model.family.checkpoint_conversion
+    }
+    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
+        self.model.conversion = conversion;
     }
     set_use_cache!();
     fn label_names(&self) -> Vec<String> {

@@ -331,8 +331,12 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     skipped.extend(dropped.iter().map(|k| k.to_string()));
     let tensors = read_checkpoint(dir)?;
-    let tensors = match model.weight_conversion() {
-        Some(conversion) => conversion.convert(tensors)?,
+    let tensors = match model.load_conversion() {
+        Some(conversion) => {
+            let used = conversion.used_by(&tensors);
+            model.set_weight_conversion(used);
+            conversion.convert(tensors)?
+        }
         None => tensors,
     };
     let kind = options.dtype.resolve(dir, &tensors)?;

@@ -111,6 +111,7 @@ impl DecoderConfig for MistralConfig {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

@@ -150,6 +150,7 @@ impl DecoderConfig for MixtralConfig {
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Mixtral),
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

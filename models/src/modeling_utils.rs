@@ -559,6 +559,17 @@ pub trait TrainableModel: Send {
         None
     }
 
+    /// The conversion `from_pretrained` reads a checkpoint through (the family's whole
+    /// layout, its prefix changes included); what matched the checkpoint's keys is then
+    /// kept with [`set_weight_conversion`](Self::set_weight_conversion) for saving, as
+    /// upstream keeps the conversions that were used.
+    fn load_conversion(&self) -> Option<crate::WeightConversion> {
+        self.weight_conversion()
+    }
+
+    /// Keeps the conversion a load used (see [`load_conversion`](Self::load_conversion)).
+    fn set_weight_conversion(&mut self, _conversion: Option<crate::WeightConversion>) {}
+
     /// Keys that are views of another parameter (tied weights) and are not saved,
     /// as upstream's `_tied_weights_keys`: `(tied key, source key)`.
     fn tied_weights(&self) -> Vec<(String, String)> {

@@ -137,6 +137,7 @@ pub(crate) fn olmo2_family(
         base_model: "model",
         checkpoint_conversion: None,
         gpt_oss: None,
+        qwen3_5: None,
         token_classification: None,
         question_answering: None,
     }

@@ -134,6 +134,7 @@ impl DecoderConfig for OlmoeConfig {
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: None,
             question_answering: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],

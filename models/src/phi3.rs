@@ -183,6 +183,7 @@ impl DecoderConfig for Phi3Config {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

@@ -122,6 +122,7 @@ impl DecoderConfig for Qwen2Config {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

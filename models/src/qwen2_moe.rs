@@ -177,6 +177,7 @@ impl DecoderConfig for Qwen2MoeConfig {
             base_model: "model",
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

@@ -120,6 +120,7 @@ impl DecoderConfig for Qwen3Config {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("Qwen3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3ForQuestionAnswering",

@@ -183,6 +183,7 @@ impl DecoderConfig for SmolLM3Config {
             base_model: "model",
             checkpoint_conversion: None,
             gpt_oss: None,
+            qwen3_5: None,
             token_classification: Some("SmolLM3ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "SmolLM3ForQuestionAnswering",

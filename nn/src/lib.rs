@@ -18,6 +18,7 @@ pub mod debug_utils;
 mod dropout;
 mod embedding;
 mod error;
+mod gated_delta_net;
 pub mod initialization;
 mod layer_hooks;
 mod linear;
@@ -33,6 +34,11 @@ pub use debug_utils::{DebugUnderflowOverflow, Out, Var, join};
 pub use dropout::{dropout, dropout_fast_path, dropout_traced, noise};
 pub use embedding::Embedding;
 pub use error::{Error, Result};
+pub use gated_delta_net::{
+    GatedDeltaNet, GatedDeltaNetSizes, LinearAttentionState, causal_conv1d_fn,
+    causal_conv1d_update, rms_norm_gated, torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+};
 pub use layer_hooks::LayerHooks;
 pub use linear::{Conv1D, Linear};
 pub use lora::{Dora, LoraAdapter, LoraSlot};

@@ -142,66 +142,103 @@ fn decoder_families_equal_upstream() -> Result<()> {
         "olmo3",
         "gemma3",
     ] {
-        let path = dir.join(format!("{case}.safetensors"));
+        family_equals_upstream(&dir, case, &dir.join(case))?;
+    }
+    Ok(())
+}
+
+/// Qwen3.5 and Qwen3.5-MoE (`scripts/reference/qwen3_5.py`): the hybrid layers (Gated
+/// DeltaNet linear attention through upstream's torch fallbacks, the gated full attention)
+/// as [`decoder_families_equal_upstream`] checks its families, on the 2 × 8 batch and on a
+/// 2 × 150 one (three of the delta rule's 64-token chunks, padding inside the last); and a
+/// `qwen3_5` multimodal checkpoint read by `AutoModelForCausalLM` as upstream reads it (its
+/// language model; the vision tower and `mtp.*` left out), saved as upstream's
+/// `Qwen3_5ForCausalLM` saves it.
+#[test]
+fn qwen3_5_equal_upstream() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/qwen3_5");
+    for case in ["qwen3_5_text", "qwen3_5_moe_text"] {
+        family_equals_upstream(&dir, case, &dir.join(case))?;
+    }
+    family_equals_upstream(&dir, "qwen3_5", &dir.join("qwen3_5.saved"))
+}
+
+/// One family's case of `dir`: loaded from `dir/<case>`, its parameter order, its
+/// `save_pretrained` against the checkpoint in `saved_as`, then `<case>.safetensors` (and
+/// `<case>.long.safetensors` where the reference has it) run in float32 and under autocast.
+fn family_equals_upstream(
+    dir: &std::path::Path,
+    case: &str,
+    saved_as: &std::path::Path,
+) -> Result<()> {
+    let path = dir.join(format!("{case}.safetensors"));
+    if !path.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", path.display());
+    }
+    let loaded = from_pretrained_dir(
+        &dir.join(case),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+    let mut model = loaded.model;
+    let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
+        dir.join(format!("{case}.parameters.json")),
+    )?)?;
+    // The multimodal checkpoint's vision tower and projector are carried frozen: upstream
+    // trains them too, but the text path gives them no gradient.
+    let upstream: Vec<String> = upstream
+        .into_iter()
+        .filter(|n| {
+            !n.starts_with("model.vision_tower.") && !n.starts_with("model.multi_modal_projector.")
+        })
+        .collect();
+    assert_eq!(
+        parameter_order(&*model),
+        upstream,
+        "{case}: parameter order"
+    );
+    // `save_pretrained` writes upstream's checkpoint: the experts one by one under the
+    // family's names (Mixtral's `block_sparse_moe.experts.{j}.w1`), the same bytes.
+    let saved =
+        std::env::temp_dir().join(format!("tchtrain-moe-save-{case}-{}", std::process::id()));
+    model.save_pretrained(&saved)?;
+    let ours = tchtrain_models::read_checkpoint(&saved)?;
+    let theirs = tchtrain_models::read_checkpoint(saved_as)?;
+    let sorted = |mut v: Vec<(String, Tensor)>| {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let (ours, theirs) = (sorted(ours), sorted(theirs));
+    assert_eq!(
+        ours.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "{case}: saved names"
+    );
+    for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+        assert!(a.equal(b), "{case}: saved {name} differs");
+    }
+    let _ = std::fs::remove_dir_all(&saved);
+    for file in [
+        format!("{case}.safetensors"),
+        format!("{case}.long.safetensors"),
+    ] {
+        let path = dir.join(&file);
         if !path.exists() {
-            bail!("{} is missing: run `cargo xtask setup`", path.display());
+            continue;
         }
         let r: HashMap<String, Tensor> = Tensor::read_safetensors(&path)?.into_iter().collect();
-        let loaded = from_pretrained_dir(
-            &dir.join(case),
-            AutoTask::CausalLm,
-            Device::Cpu,
-            &LoadOptions::default(),
-        )?;
-        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
-        let mut model = loaded.model;
-        let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
-            dir.join(format!("{case}.parameters.json")),
-        )?)?;
-        // The multimodal checkpoint's vision tower and projector are carried frozen: upstream
-        // trains them too, but the text path gives them no gradient.
-        let upstream: Vec<String> = upstream
-            .into_iter()
-            .filter(|n| {
-                !n.starts_with("model.vision_tower.")
-                    && !n.starts_with("model.multi_modal_projector.")
-            })
-            .collect();
-        assert_eq!(
-            parameter_order(&*model),
-            upstream,
-            "{case}: parameter order"
-        );
-        // `save_pretrained` writes upstream's checkpoint: the experts one by one under the
-        // family's names (Mixtral's `block_sparse_moe.experts.{j}.w1`), the same bytes.
-        let saved =
-            std::env::temp_dir().join(format!("tchtrain-moe-save-{case}-{}", std::process::id()));
-        model.save_pretrained(&saved)?;
-        let ours = tchtrain_models::read_checkpoint(&saved)?;
-        let theirs = tchtrain_models::read_checkpoint(&dir.join(case))?;
-        let sorted = |mut v: Vec<(String, Tensor)>| {
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            v
-        };
-        let (ours, theirs) = (sorted(ours), sorted(theirs));
-        assert_eq!(
-            ours.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-            theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-            "{case}: saved names"
-        );
-        for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
-            assert!(a.equal(b), "{case}: saved {name} differs");
-        }
-        let _ = std::fs::remove_dir_all(&saved);
         for (prefix, autocast) in [("", false), ("autocast.", true)] {
             let [logits, loss, aux, grads] = run(&mut *model, &r, prefix, autocast, "")?;
             eprintln!(
-                "{case} {prefix}: logits {logits:.3e}, loss {loss:.3e}, aux_loss {aux:.3e}, gradients {grads:.3e}"
+                "{file} {prefix}: logits {logits:.3e}, loss {loss:.3e}, aux_loss {aux:.3e}, gradients {grads:.3e}"
             );
             assert_eq!(
                 [logits, loss, aux, grads],
                 [0.0; 4],
-                "{case} {prefix}: logits, loss, aux_loss, gradients"
+                "{file} {prefix}: logits, loss, aux_loss, gradients"
             );
         }
     }
