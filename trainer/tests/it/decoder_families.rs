@@ -245,7 +245,7 @@ fn family_equals_upstream(
     Ok(())
 }
 
-/// `decoder_families.py`'s Trainer runs: each family's tiny model (the mixtures of experts
+/// `decoder_families.py`'s and `qwen3_5.py`'s Trainer runs: each family's tiny model (the mixtures of experts
 /// with their router loss on at 0.05) trained 20 steps (batch 4, cosine schedule after 2
 /// warm-up steps, weight decay 0.1, clipping, evaluation every 10 steps) on the Hamlet
 /// blocks: every logged value equals upstream's Trainer's to the bit — gpt-oss's within one
@@ -264,8 +264,14 @@ fn decoder_families_train_as_upstream() -> Result<()> {
         "olmo3",
         "gemma3",
         "gpt_oss",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
     ] {
-        let dir = assets().join(format!("reference/decoder_families/trainer_{case}"));
+        let reference = match case {
+            "qwen3_5_text" | "qwen3_5_moe_text" => "qwen3_5",
+            _ => "decoder_families",
+        };
+        let dir = assets().join(format!("reference/{reference}/trainer_{case}"));
         let out =
             std::env::temp_dir().join(format!("tchtrain-family-{case}-{}", std::process::id()));
         let (log_history, global_step) = crate::parity::train_family_on_blocks(&dir, &out)?;
