@@ -331,7 +331,8 @@ fn save_pretrained_writes_the_generation_config() -> Result<()> {
 /// Every Llama-shaped family's tiny model of `models.py` (Qwen2 and Mistral with sliding
 /// windows, Qwen3, Gemma 1–3 with Gemma 2's soft-capping, Phi-3's LongRoPE, Llama under each
 /// rope type) and of `decoder_families.py` (the mixtures of experts, Granite, SmolLM3, OLMo 2
-/// and 3) generates upstream's sequences, greedy and with beam search (3 beams, 2 returned,
+/// and 3, Qwen3.5 and Qwen3.5-MoE: their linear layers' convolution and recurrent states in the
+/// cache, one-token steps through the recurrent rule) generates upstream's sequences, greedy and with beam search (3 beams, 2 returned,
 /// length penalty 0.9), from a batch whose second row is left-padded. Upstream decodes with
 /// its cache (sliding layers included); the sliding-window families here recompute the
 /// whole sequence at each step, as upstream's `use_cache=False`. The mixtures of experts
@@ -358,19 +359,22 @@ fn generate_on_every_family_equals_transformers() -> Result<()> {
             &models.join(format!("{case}.generate.safetensors")),
         )?;
     }
-    let families = assets().join("reference/decoder_families");
-    for case in [
-        "qwen3_moe",
-        "qwen2_moe",
-        "mixtral",
-        "olmoe",
-        "gpt_oss",
-        "granite",
-        "smollm3",
-        "olmo2",
-        "olmo3",
-        "gemma3",
+    for (reference, case) in [
+        ("decoder_families", "qwen3_moe"),
+        ("decoder_families", "qwen2_moe"),
+        ("decoder_families", "mixtral"),
+        ("decoder_families", "olmoe"),
+        ("decoder_families", "gpt_oss"),
+        ("decoder_families", "granite"),
+        ("decoder_families", "smollm3"),
+        ("decoder_families", "olmo2"),
+        ("decoder_families", "olmo3"),
+        ("decoder_families", "gemma3"),
+        ("qwen3_5", "qwen3_5_text"),
+        ("qwen3_5", "qwen3_5_moe_text"),
+        ("qwen3_5", "qwen3_5"),
     ] {
+        let families = assets().join("reference").join(reference);
         // The checkpoint with `output_router_logits` off.
         let dir = tchtrain_testing::temp_dir(&format!("generate-{case}"));
         for entry in std::fs::read_dir(families.join(case))? {
