@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::{Error, Result};
 
@@ -32,6 +32,62 @@ pub enum WeightConversion {
     Qwen3_5Text,
     /// `qwen3_5_moe_text`: Qwen3.5's prefix and Qwen2-MoE's per-expert weights.
     Qwen3_5MoeText,
+    /// gpt-oss's MXFP4 experts (`quantization_config` `mxfp4`): `….gate_up_proj_blocks`
+    /// `[experts, out, in / 32, 16]` (two FP4 codes a byte) and `….gate_up_proj_scales`
+    /// `[experts, out, in / 32]` (E8M0 exponents) dequantised into `….gate_up_proj`
+    /// `[experts, in, out]`, as upstream's `Mxfp4Dequantize` (its kernels absent). Saved back
+    /// in full precision under the parameters' own names (upstream writes the dequantised
+    /// tensors under the `_blocks` names, which its own loader then reports unexpected).
+    Mxfp4,
+}
+
+/// Upstream's `FP4_VALUES`: the E2M1 code → value table.
+const FP4_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Upstream `_convert_moe_packed_tensors`: the codes looked up (low nibble first), scaled by
+/// `2^(scale - 127)` (`torch.ldexp`), the blocks flattened and the last two dimensions
+/// swapped, in float32 (exact: every value is a 3-bit-mantissa float times a power of two).
+pub fn dequantize_mxfp4(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
+    let shape = blocks.size();
+    if shape.len() < 3 || scales.size() != shape[..shape.len() - 1] {
+        return Err(Error::InvalidArgument {
+            field: "checkpoint",
+            detail: format!(
+                "MXFP4 blocks {:?} and scales {:?}: the scales must be the blocks' shape without its last dimension",
+                shape,
+                scales.size()
+            ),
+        });
+    }
+    let b = shape[shape.len() - 1];
+    let g = shape[shape.len() - 2];
+    let prefix = &shape[..shape.len() - 2];
+    let rows: i64 = prefix.iter().product::<i64>() * g;
+    let device = blocks.device();
+    let lut = Tensor::from_slice(&FP4_VALUES).to_device(device);
+    let blk = blocks.f_to_kind(Kind::Uint8)?.f_reshape([rows, b])?;
+    let exp = (scales.f_to_kind(Kind::Int)? - 127).f_reshape([rows, 1])?;
+    let lo = lut.f_index_select(
+        0,
+        &blk.f_bitwise_and(0x0F)?
+            .f_to_kind(Kind::Int64)?
+            .f_reshape([-1])?,
+    )?;
+    let hi = lut.f_index_select(
+        0,
+        &blk.f_bitwise_right_shift_tensor_scalar(4)?
+            .f_to_kind(Kind::Int64)?
+            .f_reshape([-1])?,
+    )?;
+    // Interleaved: `out[:, 0::2] = lut[lo]`, `out[:, 1::2] = lut[hi]`.
+    let out = Tensor::f_stack(&[lo.f_reshape([rows, b])?, hi.f_reshape([rows, b])?], -1)?
+        .f_reshape([rows, 2 * b])?;
+    let out = out.f_ldexp(&exp)?;
+    let mut full = prefix.to_vec();
+    full.push(g * b * 2);
+    Ok(out.f_reshape(full)?.f_transpose(1, 2)?.f_contiguous()?)
 }
 
 /// Qwen3.5's language-model prefix, (on disk, in the model).
@@ -61,6 +117,7 @@ impl WeightConversion {
         match self {
             Self::Qwen3_5Text => None,
             Self::Qwen3_5MoeText => Some(Self::Qwen2Moe),
+            Self::Mxfp4 => None,
             other => Some(other),
         }
     }
@@ -72,6 +129,7 @@ impl WeightConversion {
         let prefixed = || tensors.iter().any(|(k, _)| k.starts_with(QWEN3_5_PREFIX.0));
         match self {
             Self::Qwen3_5Text | Self::Qwen3_5MoeText if !prefixed() => self.fresh(),
+            Self::Mxfp4 => None,
             other => Some(other),
         }
     }
@@ -90,7 +148,7 @@ impl WeightConversion {
                 Some(rest) => format!("{}{rest}", QWEN3_5_PREFIX.1),
                 None => key.to_string(),
             },
-            Self::Qwen2Moe | Self::Mixtral => key.to_string(),
+            Self::Qwen2Moe | Self::Mixtral | Self::Mxfp4 => key.to_string(),
         }
     }
 
@@ -111,7 +169,7 @@ impl WeightConversion {
                 }
                 _ => key.to_string(),
             },
-            Self::Qwen2Moe | Self::Mixtral => key.to_string(),
+            Self::Qwen2Moe | Self::Mixtral | Self::Mxfp4 => key.to_string(),
         }
     }
 
@@ -125,9 +183,11 @@ impl WeightConversion {
     /// The per-expert names of gate, up and down.
     fn names(self) -> [&'static str; 3] {
         match self {
-            Self::Qwen2Moe | Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText => {
-                ["gate_proj", "up_proj", "down_proj"]
-            }
+            Self::Qwen2Moe
+            | Self::Llava
+            | Self::Qwen3_5Text
+            | Self::Qwen3_5MoeText
+            | Self::Mxfp4 => ["gate_proj", "up_proj", "down_proj"],
             Self::Mixtral => ["w1", "w3", "w2"],
         }
     }
@@ -151,6 +211,9 @@ impl WeightConversion {
     /// Checkpoint names and tensors → the model's: each layer's experts stacked, gate and up
     /// concatenated (`MergeModulelist(dim=0)`, `Concatenate(dim=1)`).
     pub fn convert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        if self == Self::Mxfp4 {
+            return convert_mxfp4(tensors);
+        }
         if matches!(self, Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText) {
             let renamed = tensors
                 .into_iter()
@@ -206,6 +269,9 @@ impl WeightConversion {
     /// The model's names and tensors → the checkpoint's (upstream's reverse conversion in
     /// `save_pretrained`).
     pub fn revert(self, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        if self == Self::Mxfp4 {
+            return Ok(tensors);
+        }
         if matches!(self, Self::Llava | Self::Qwen3_5Text | Self::Qwen3_5MoeText) {
             let tensors = match self {
                 Self::Qwen3_5MoeText => Self::Qwen2Moe.revert(tensors)?,
@@ -251,4 +317,34 @@ impl WeightConversion {
             _ => out,
         })
     }
+}
+
+/// [`WeightConversion::Mxfp4`]'s load: each `X_blocks` / `X_scales` pair dequantised into `X`.
+fn convert_mxfp4(tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::with_capacity(tensors.len());
+    let mut pairs: BTreeMap<String, (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
+    for (key, t) in tensors {
+        if let Some(base) = key.strip_suffix("_blocks") {
+            pairs.entry(base.to_string()).or_default().0 = Some(t);
+        } else if let Some(base) = key.strip_suffix("_scales") {
+            pairs.entry(base.to_string()).or_default().1 = Some(t);
+        } else {
+            out.push((key, t));
+        }
+    }
+    for (base, pair) in pairs {
+        match pair {
+            (Some(blocks), Some(scales)) => out.push((base, dequantize_mxfp4(&blocks, &scales)?)),
+            (blocks, _) => {
+                return Err(Error::InvalidArgument {
+                    field: "checkpoint",
+                    detail: format!(
+                        "{base}_{} is missing: an MXFP4 weight needs its blocks and its scales",
+                        if blocks.is_some() { "scales" } else { "blocks" }
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
 }

@@ -3,8 +3,10 @@
 //! (eager attention), alternating sliding-window layers, biases on the attention, OLMo 2's
 //! RMSNorm, YaRN RoPE, and `GptOssMLP` — a router with a bias whose top-k logits are
 //! softmaxed, transposed experts with biases and the clamped, interleaved SwiGLU
-//! (`swiglu_alpha`, `swiglu_limit`). Checkpoints quantised to MXFP4 are refused: upstream
-//! dequantises them on load with its kernels' layout, not implemented here.
+//! (`swiglu_alpha`, `swiglu_limit`). Checkpoints whose experts are quantised to MXFP4
+//! (`quantization_config.quant_method` `mxfp4`, the released gpt-oss weights) are dequantised
+//! on load as upstream does without its kernels (`Mxfp4Dequantize`); the config read drops
+//! the quantization config, as upstream's dequantised model does.
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +66,10 @@ pub struct GptOssConfig {
     /// Keys this crate does not interpret, kept so config.json round-trips.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// The checkpoint's experts are MXFP4 (`quantization_config` `mxfp4`, removed from
+    /// `extra` when read): `from_pretrained` dequantises them.
+    #[serde(skip)]
+    pub mxfp4: bool,
 }
 
 impl Default for GptOssConfig {
@@ -99,6 +105,7 @@ impl Default for GptOssConfig {
             attention_bias: true,
             labels: LabelConfig::default(),
             extra: Default::default(),
+            mxfp4: false,
         }
     }
 }
@@ -106,7 +113,35 @@ impl Default for GptOssConfig {
 crate::llama::decoder_config_plumbing!(GptOssConfig, "gpt_oss");
 
 impl DecoderConfig for GptOssConfig {
-    crate::llama::decoder_config_plumbing!(@methods);
+    fn from_file(path: &std::path::Path) -> Result<Self> {
+        let mut c: Self = crate::configuration_utils::read_config(path)?;
+        // Upstream dequantises MXFP4 experts where its kernels cannot run (as here) and the
+        // dequantised model's config has no quantization config.
+        if let Some(q) = c.extra.get("quantization_config").filter(|q| !q.is_null()) {
+            match q.get("quant_method").and_then(serde_json::Value::as_str) {
+                Some("mxfp4") => {
+                    c.extra.remove("quantization_config");
+                    c.mxfp4 = true;
+                }
+                _ => {
+                    return Err(Error::InvalidConfig {
+                        field: "quantization_config",
+                        value: q.to_string(),
+                        fix: "gpt-oss checkpoints load here in full precision or with MXFP4 experts (quant_method mxfp4, dequantised on load); dequantise other methods with transformers first",
+                    });
+                }
+            }
+        }
+        c.llama().validate()?;
+        c.family()?;
+        Ok(c)
+    }
+    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
+        &mut self.extra
+    }
+    fn labels_mut(&mut self) -> &mut LabelConfig {
+        &mut self.labels
+    }
     fn llama(&self) -> LlamaConfig {
         let mut llama = crate::llama::to_llama!(self, head_dim: Some(self.head_dim),
             attention_bias: self.attention_bias);
@@ -132,7 +167,7 @@ impl DecoderConfig for GptOssConfig {
             return Err(Error::InvalidConfig {
                 field: "quantization_config",
                 value: self.extra["quantization_config"].to_string(),
-                fix: "MXFP4 experts are not dequantised here: load the checkpoint with transformers' Mxfp4Config(dequantize=True), save_pretrained it in bfloat16, and load that folder",
+                fix: "read the config with GptOssConfig::from_file (MXFP4 experts are dequantised on load), or remove the key",
             });
         }
         let default: Vec<String> = (0..self.num_hidden_layers)
@@ -181,7 +216,7 @@ impl DecoderConfig for GptOssConfig {
             sliding_rope_parameters: None,
             olmo2: false,
             base_model: "model",
-            checkpoint_conversion: None,
+            checkpoint_conversion: self.mxfp4.then_some(crate::WeightConversion::Mxfp4),
             gpt_oss: Some(GptOss {
                 swiglu_alpha: self.swiglu_alpha,
                 swiglu_limit: self.swiglu_limit,

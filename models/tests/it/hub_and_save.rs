@@ -550,3 +550,109 @@ fn the_login_token_reaches_the_hub() -> Result<()> {
     assert_eq!((none.token, none.progress), (None, true));
     Ok(())
 }
+
+/// gpt-oss checkpoints whose experts are MXFP4 (`scripts/reference/gpt_oss_mxfp4.py`): read as
+/// transformers 5.23 reads them without its kernels — every expert weight dequantised to the
+/// bit of upstream's (float32 and bfloat16 checkpoints), the logits equal; the config saved
+/// without the quantization config and the experts under their own names (upstream writes
+/// them under the `_blocks` names, which it cannot read back), and read back to the same
+/// logits. Another `quant_method` is refused naming the field.
+#[test]
+fn gpt_oss_mxfp4_experts_dequantised_as_upstream() -> Result<()> {
+    let _g = lock();
+    let root = assets().join("reference/gpt_oss_mxfp4");
+    for dtype in ["float32", "bfloat16"] {
+        let dir = root.join(dtype);
+        let r: BTreeMap<String, Tensor> =
+            Tensor::read_safetensors(root.join(format!("{dtype}.safetensors")))
+                .with_context(|| format!("{} (run `cargo xtask setup`)", root.display()))?
+                .into_iter()
+                .collect();
+        let loaded = from_pretrained_dir(
+            &dir,
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{dtype}: {}", loaded.info);
+        let mut model = loaded.model;
+        model.eval();
+        let vars = model.var_store().variables();
+        let mut experts = 0;
+        for (name, expected) in r.iter().filter(|(k, _)| k.contains("experts")) {
+            let ours = vars.get(name).with_context(|| format!("no {name}"))?;
+            assert_eq!(ours.kind(), expected.kind(), "{dtype}: {name} dtype");
+            assert!(
+                ours.equal(expected),
+                "{dtype}: {name} dequantised differently"
+            );
+            experts += 1;
+        }
+        assert_eq!(experts, 6, "{dtype}: 3 layers' gate_up_proj and down_proj");
+        let run = |model: &dyn PreTrainedModel| -> Result<Tensor> {
+            let out = tch::no_grad(|| {
+                model.forward(&ModelInputs {
+                    input_ids: r.get("input_ids"),
+                    attention_mask: r.get("attention_mask"),
+                    ..Default::default()
+                })
+            })?;
+            Ok(out.logits.context("logits")?.to_kind(Kind::Float))
+        };
+        assert!(run(&*model)?.equal(&r["logits"]), "{dtype}: logits");
+        let saved = temp_dir(&format!("mxfp4-{dtype}"));
+        model.save_pretrained(&saved)?;
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(saved.join("config.json"))?)?;
+        assert!(
+            config.get("quantization_config").is_none(),
+            "{dtype}: {config}"
+        );
+        let names: Vec<String> = read_checkpoint(&saved)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert!(names.contains(&"model.layers.0.mlp.experts.gate_up_proj".to_string()));
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.ends_with("_blocks") || n.ends_with("_scales"))
+        );
+        let back = from_pretrained_dir(
+            &saved,
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(back.info.is_clean(), "{dtype} saved: {}", back.info);
+        let mut back = back.model;
+        back.eval();
+        assert!(
+            run(&*back)?.equal(&r["logits"]),
+            "{dtype}: logits after save and load"
+        );
+        let _ = std::fs::remove_dir_all(&saved);
+    }
+    // Another quantization method is refused, naming the key.
+    let other = temp_dir("mxfp4-other");
+    for entry in std::fs::read_dir(root.join("float32"))? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), other.join(entry.file_name()))?;
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(other.join("config.json"))?)?;
+    config["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes"});
+    std::fs::write(other.join("config.json"), config.to_string())?;
+    let err = from_pretrained_dir(
+        &other,
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )
+    .err()
+    .context("a bitsandbytes gpt-oss config loads")?
+    .to_string();
+    assert!(err.contains("quantization_config"), "{err}");
+    let _ = std::fs::remove_dir_all(&other);
+    Ok(())
+}
