@@ -13,7 +13,7 @@ use tokenizers::Tokenizer;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateOptions, render_jinja_template};
 use crate::hub::{HubOptions, resolve};
-use crate::tokenization::{gpt2_tokenizer, load_tokenizer, qwen2_tokenizer};
+use crate::tokenization::{QwenPattern, gpt2_tokenizer, load_tokenizer, qwen2_tokenizer};
 use crate::{Error, Result};
 
 /// `tokenizer.json`.
@@ -248,6 +248,7 @@ impl PreTrainedTokenizerFast {
 fn registered_tokenizer_class(model_type: &str) -> Option<&'static str> {
     Some(match model_type {
         "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" => "Qwen2Tokenizer",
+        "qwen3_5" | "qwen3_5_text" | "qwen3_5_moe" | "qwen3_5_moe_text" => "Qwen3_5Tokenizer",
         "gpt2" => "GPT2Tokenizer",
         "gemma" | "gemma2" | "gemma3" | "gemma3_text" => "GemmaTokenizer",
         "olmoe" => "GPTNeoXTokenizer",
@@ -266,7 +267,14 @@ fn registered_tokenizer_class(model_type: &str) -> Option<&'static str> {
 
 /// Upstream's `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` among the model types here: their
 /// registered class wins over the one the folder names.
-const MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: &[&str] = &["qwen2", "phi3", "modernbert"];
+const MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: &[&str] = &[
+    "qwen2",
+    "phi3",
+    "modernbert",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+];
 
 /// The tokenizer class upstream's `AutoTokenizer.from_pretrained` (transformers 5.23)
 /// instantiates for a folder of `model_type` whose `tokenizer_config.json` (or `config.json`)
@@ -336,8 +344,18 @@ impl AutoTokenizer {
             .or_else(|| model_config.get("tokenizer_class"))
             .and_then(Value::as_str);
         let model_type = model_config.get("model_type").and_then(Value::as_str);
-        if tokenizer_class(model_type, hub_class).as_deref() == Some("Qwen2Tokenizer") {
-            return Ok(with_template(qwen2_from(&dir, config)?));
+        match tokenizer_class(model_type, hub_class).as_deref() {
+            Some("Qwen2Tokenizer") => {
+                return Ok(with_template(qwen2_from(&dir, config, QwenPattern::Qwen2)?));
+            }
+            Some("Qwen3_5Tokenizer") => {
+                return Ok(with_template(qwen2_from(
+                    &dir,
+                    config,
+                    QwenPattern::Qwen3_5,
+                )?));
+            }
+            _ => {}
         }
         if dir.join(TOKENIZER_FILE).is_file() {
             let tokenizer = PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config)?;
@@ -390,11 +408,16 @@ fn read_model_config(dir: &Path) -> Result<Map<String, Value>> {
     }
 }
 
-/// Upstream `Qwen2Tokenizer.from_pretrained(dir)`: the vocabulary and merges of the folder's
-/// `tokenizer.json` (its post-processor and added tokens kept) or of `vocab.json` +
-/// `merges.txt`, under Qwen 2's pipeline; `<|endoftext|>` the unknown, end and padding token
-/// unless the configuration names others.
-fn qwen2_from(dir: &Path, mut config: Map<String, Value>) -> Result<PreTrainedTokenizerFast> {
+/// Upstream `Qwen2Tokenizer.from_pretrained(dir)` (and `Qwen3_5Tokenizer`'s, the same but for
+/// its pattern): the vocabulary and merges of the folder's `tokenizer.json` (its
+/// post-processor and added tokens kept) or of `vocab.json` + `merges.txt`, under Qwen's
+/// pipeline; `<|endoftext|>` the unknown, end and padding token unless the configuration
+/// names others.
+fn qwen2_from(
+    dir: &Path,
+    mut config: Map<String, Value>,
+    pattern: QwenPattern,
+) -> Result<PreTrainedTokenizerFast> {
     let (source, file) = if dir.join(TOKENIZER_FILE).is_file() {
         (load_tokenizer(dir)?, dir.join(TOKENIZER_FILE))
     } else {
@@ -415,6 +438,6 @@ fn qwen2_from(dir: &Path, mut config: Map<String, Value>) -> Result<PreTrainedTo
         .map(|(_, token)| token)
         .collect();
     special.dedup();
-    let tokenizer = qwen2_tokenizer(&source, &file, &special)?;
+    let tokenizer = qwen2_tokenizer(&source, &file, &special, pattern)?;
     PreTrainedTokenizerFast::new(tokenizer, config)
 }

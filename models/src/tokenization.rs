@@ -149,6 +149,18 @@ pub(crate) fn gpt2_tokenizer(vocab_json: &Path, merges_txt: &Path) -> Result<Tok
 /// one, letters with at most one leading non-letter.
 const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Upstream `Qwen3_5Tokenizer`'s pattern: Qwen 2's, combining marks kept with their letters.
+const QWEN3_5_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Which Qwen tokenizer's pre-tokenizing pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QwenPattern {
+    /// `Qwen2Tokenizer`'s.
+    Qwen2,
+    /// `Qwen3_5Tokenizer`'s.
+    Qwen3_5,
+}
+
 /// Upstream `Qwen2Tokenizer` (transformers 5, `models/qwen2/tokenization_qwen2.py`) over the
 /// vocabulary and merges of `source` (a `tokenizer.json`'s BPE, or `vocab.json` +
 /// `merges.txt` as GPT-2's): its own pipeline whatever the file's — NFC, the split on
@@ -159,6 +171,7 @@ pub(crate) fn qwen2_tokenizer(
     source: &Tokenizer,
     file: &Path,
     special: &[String],
+    pattern: QwenPattern,
 ) -> Result<Tokenizer> {
     use tokenizers::normalizers::unicode::NFC;
     use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -191,7 +204,13 @@ pub(crate) fn qwen2_tokenizer(
         serde_json::from_value(model).map_err(|e| tokenizer_error(file, e))?;
     let mut tokenizer = Tokenizer::new(model);
     let split = Split::new(
-        SplitPattern::Regex(QWEN2_PRETOKENIZE_REGEX.into()),
+        SplitPattern::Regex(
+            match pattern {
+                QwenPattern::Qwen2 => QWEN2_PRETOKENIZE_REGEX,
+                QwenPattern::Qwen3_5 => QWEN3_5_PRETOKENIZE_REGEX,
+            }
+            .into(),
+        ),
         SplitDelimiterBehavior::Isolated,
         false,
     )

@@ -11,10 +11,15 @@ type and a tokenizer_config.json naming the class:
   qwen2_json           qwen2, tokenizer.json, "PreTrainedTokenizerFast" -> Qwen2Tokenizer
   qwen2_json_added     qwen2, tokenizer.json with an added special token, no class named
   qwen3_vocab_merges   qwen3, vocab.json + merges.txt, "GPT2Tokenizer" -> GPT2Tokenizer
+  qwen3_5_json         qwen3_5, tokenizer.json, "PreTrainedTokenizerFast" -> Qwen3_5Tokenizer
+                       (its pattern keeps combining marks with their letters; from vocab.json +
+                       merges.txt upstream's class keeps only its placeholder vocabulary)
+  qwen3_5_text_json    qwen3_5_text, tokenizer.json, "PreTrainedTokenizerFast" -> the file's own
+                       (qwen3_5_text is not among the model types whose hub class is wrong)
   llama_json           llama, tokenizer.json, "PreTrainedTokenizerFast" -> the file's own
 
 OUT_DIR/ids.json: per case the class, the ids of hamlet.txt's first 3000 characters and of a
-line with digits, contractions and a decomposed accent, and the pad token's id.
+line with digits, contractions, a decomposed accent and Devanagari (combining marks), and the pad token's id.
 """
 
 import json
@@ -27,7 +32,7 @@ import transformers as tf
 
 OUT = Path(sys.argv[1])
 ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
-LINE = "In 1603 HE'S 42 o'clock: Cafe\u0301 — it'LL   do\n\n ok"
+LINE = "In 1603 HE'S 42 o'clock: Cafe\u0301 — it'LL   do\n\n ok \u0928\u092e\u0938\u094d\u0924\u0947"
 
 
 def main():
@@ -44,6 +49,8 @@ def main():
         ("qwen2_json", "qwen2", tokenizer_json, "PreTrainedTokenizerFast"),
         ("qwen2_json_added", "qwen2", added_json, None),
         ("qwen3_vocab_merges", "qwen3", None, "GPT2Tokenizer"),
+        ("qwen3_5_json", "qwen3_5", tokenizer_json, "PreTrainedTokenizerFast"),
+        ("qwen3_5_text_json", "qwen3_5_text", tokenizer_json, "PreTrainedTokenizerFast"),
         ("llama_json", "llama", tokenizer_json, "PreTrainedTokenizerFast"),
     ]
     text = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8")[:3000]

@@ -316,6 +316,8 @@ fn auto_tokenizer_picks_upstreams_class() -> Result<()> {
         ("qwen2_json", "Qwen2Tokenizer"),
         ("qwen2_json_added", "Qwen2Tokenizer"),
         ("qwen3_vocab_merges", "GPT2Tokenizer"),
+        ("qwen3_5_json", "Qwen3_5Tokenizer"),
+        ("qwen3_5_text_json", "TokenizersBackend"),
         ("llama_json", "TokenizersBackend"),
     ] {
         let expected = &v[case];
