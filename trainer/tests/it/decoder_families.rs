@@ -304,9 +304,23 @@ fn decoder_families_train_as_upstream() -> Result<()> {
 /// tensors peft wrote.
 #[test]
 fn qwen3_moe_expert_lora_equals_peft() -> Result<()> {
+    lora_equals_peft("peft_experts")
+}
+
+/// LoRA on Qwen3.5's layers (`scripts/reference/peft_qwen3_5.py`): the gated attention's
+/// `q_proj` / `o_proj`, the linear attention's `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+/// `in_proj_a` and `out_proj`, the MLPs' `gate_proj` — drawn, run and saved as peft's, as
+/// [`qwen3_moe_expert_lora_equals_peft`] checks.
+#[test]
+fn qwen3_5_lora_equals_peft() -> Result<()> {
+    lora_equals_peft("peft_qwen3_5")
+}
+
+/// A peft reference's draws, run and save (see [`qwen3_moe_expert_lora_equals_peft`]).
+fn lora_equals_peft(reference: &str) -> Result<()> {
     use tchtrain_models::{LoraConfig, PeftModel, get_peft_model};
     let _g = lock();
-    let dir = assets().join("reference/peft_experts");
+    let dir = assets().join("reference").join(reference);
     let load_base = || -> Result<Box<dyn PreTrainedModel>> {
         Ok(from_pretrained_dir(
             &dir.join("base"),
@@ -347,7 +361,7 @@ fn qwen3_moe_expert_lora_equals_peft() -> Result<()> {
     let r = read("run.safetensors")?;
     for (prefix, autocast) in [("", false), ("autocast.", true)] {
         let diffs = run(&mut model, &r, prefix, autocast, "base_model.model.")?;
-        eprintln!("expert LoRA {prefix}: logits, loss, aux_loss, gradients {diffs:?}");
+        eprintln!("{reference} {prefix}: logits, loss, aux_loss, gradients {diffs:?}");
         assert_eq!(
             diffs, [0.0; 4],
             "{prefix}: logits, loss, aux_loss, gradients"
