@@ -457,6 +457,20 @@ macro_rules! decoder_config_plumbing {
             c.family()?;
             Ok(c)
         }
+        $crate::llama::decoder_config_plumbing!(@accessors);
+    };
+    // A text config that a multimodal checkpoint (`model_type` `$multimodal`) holds as its
+    // `text_config`: `from_file` reads either.
+    (@methods text_of: $multimodal:literal) => {
+        fn from_file(path: &std::path::Path) -> $crate::Result<Self> {
+            let c: Self = $crate::qwen3_5::read_text_config(path, $multimodal)?;
+            c.llama().validate()?;
+            c.family()?;
+            Ok(c)
+        }
+        $crate::llama::decoder_config_plumbing!(@accessors);
+    };
+    (@accessors) => {
         fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
             &mut self.extra
         }

@@ -227,18 +227,7 @@ pub(crate) fn rope_parameters(
 crate::llama::decoder_config_plumbing!(Qwen3_5TextConfig, "qwen3_5_text");
 
 impl DecoderConfig for Qwen3_5TextConfig {
-    fn from_file(path: &std::path::Path) -> Result<Self> {
-        let c: Self = read_text_config(path, "qwen3_5")?;
-        c.llama().validate()?;
-        c.family()?;
-        Ok(c)
-    }
-    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
-        &mut self.extra
-    }
-    fn labels_mut(&mut self) -> &mut LabelConfig {
-        &mut self.labels
-    }
+    crate::llama::decoder_config_plumbing!(@methods text_of: "qwen3_5");
     fn llama(&self) -> LlamaConfig {
         text_llama(self, self.intermediate_size)
     }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::Result;
 use crate::configuration_utils::LabelConfig;
 use crate::llama::{DecoderConfig, DecoderForCausalLM, Family, LlamaConfig, Moe};
-use crate::qwen3_5::{hybrid_family, linear_sizes, read_text_config, rope_parameters};
+use crate::qwen3_5::{hybrid_family, linear_sizes, rope_parameters};
 
 /// Upstream `Qwen3_5MoeTextConfig` with its defaults (Qwen3.5-35B-A3B's shape).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,18 +97,7 @@ crate::llama::decoder_config_plumbing!(Qwen3_5MoeTextConfig, "qwen3_5_moe_text")
 crate::qwen3_5::text_llama_fn!(moe_llama, Qwen3_5MoeTextConfig);
 
 impl DecoderConfig for Qwen3_5MoeTextConfig {
-    fn from_file(path: &std::path::Path) -> Result<Self> {
-        let c: Self = read_text_config(path, "qwen3_5_moe")?;
-        c.llama().validate()?;
-        c.family()?;
-        Ok(c)
-    }
-    fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value> {
-        &mut self.extra
-    }
-    fn labels_mut(&mut self) -> &mut LabelConfig {
-        &mut self.labels
-    }
+    crate::llama::decoder_config_plumbing!(@methods text_of: "qwen3_5_moe");
     fn llama(&self) -> LlamaConfig {
         // Every layer is sparse: the dense size is the experts' (upstream has none).
         moe_llama(self, self.moe_intermediate_size)

@@ -58,6 +58,23 @@ def run(model, kwargs, labels, prefix, tensors, region):
             tensors[f"{prefix}grad.{name}"] = p.grad.detach().contiguous()
 
 
+def adapt(base, lora, out):
+    """`get_peft_model` after `torch.manual_seed(1)`, the adapter as drawn saved as
+    out/initial.safetensors, every lora_B redrawn from N(0, 0.1) after `torch.manual_seed(2)`,
+    the adapter saved as out/adapter/; the model and the drawn adapter."""
+    torch.manual_seed(1)
+    model = get_peft_model(base, lora)
+    initial = {k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    save_file(initial, str(out / "initial.safetensors"))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(out / "adapter")
+    return model, initial
+
+
 def main():
     torch.set_num_threads(2)
     families = sibling("decoder_families")
@@ -70,16 +87,7 @@ def main():
         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
         task_type="CAUSAL_LM",
     )
-    torch.manual_seed(1)
-    model = get_peft_model(base, lora)
-    initial = {k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()}
-    save_file(initial, str(OUT / "initial.safetensors"))
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.1)
-    model.save_pretrained(OUT / "adapter")
+    model, initial = adapt(base, lora, OUT)
     ids, mask = sibling("models").batch(config.vocab_size)
     labels = ids.masked_fill(mask == 0, -100)
     kwargs = dict(input_ids=ids, attention_mask=mask)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft import LoraConfig
 
 OUT = Path(sys.argv[1])
 HERE = Path(__file__).resolve().parent
@@ -47,16 +47,7 @@ def main():
                         "out_proj", "gate_proj"],
         task_type="CAUSAL_LM",
     )
-    torch.manual_seed(1)
-    model = get_peft_model(base, lora)
-    initial = {k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()}
-    save_file(initial, str(OUT / "initial.safetensors"))
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.1)
-    model.save_pretrained(OUT / "adapter")
+    model, initial = sibling("peft_experts").adapt(base, lora, OUT)
     ids, mask = sibling("models").batch(config.vocab_size)
     labels = ids.masked_fill(mask == 0, -100)
     kwargs = dict(input_ids=ids, attention_mask=mask)
