@@ -202,10 +202,66 @@ pub(crate) fn causal_masks(
             Some(p) => (p.causal_mask(None), window.map(|w| p.causal_mask(Some(w)))),
             None => (
                 attention_mask_after(attention_mask, batch, seq, past, device)?,
-                window.map(|w| sliding_window_mask(attention_mask, batch, seq, w, device)),
+                match window {
+                    Some(w) if past > 0 => Some(sliding_mask_after(
+                        attention_mask,
+                        batch,
+                        seq,
+                        past,
+                        w,
+                        device,
+                    )),
+                    Some(w) => Some(sliding_window_mask(attention_mask, batch, seq, w, device)),
+                    None => None,
+                },
             ),
         },
     )
+}
+
+/// Upstream's sliding-window mask when `past` tokens are cached: the keys are the ones a
+/// sliding cache layer kept (the last `min(past, window - 1)`) and the new ones
+/// (`get_mask_sizes`), key `k` visible from query `q` when `q - window < k <= q` and `k` is not
+/// padding; none for one new token without padding (every kept key is in the window).
+pub(crate) fn sliding_mask_after(
+    attention_mask: Option<&Tensor>,
+    batch: i64,
+    seq: i64,
+    past: i64,
+    window: i64,
+    device: Device,
+) -> Mask {
+    let kept = past.min(window - 1);
+    let offset = past - kept;
+    let kv = kept + seq;
+    let padding = attention_mask
+        .map(|m| {
+            m.to_device(device)
+                .narrow(1, offset, kv)
+                .ne(0)
+                .view([batch, 1, 1, kv])
+        })
+        .filter(|p| p.all().int64_value(&[]) == 0);
+    if padding.is_none() && seq == 1 {
+        return Mask {
+            mask: None,
+            is_causal: false,
+        };
+    }
+    let q = Tensor::arange_start(past, past + seq, (Kind::Int64, device)).view([seq, 1]);
+    let k = Tensor::arange_start(offset, offset + kv, (Kind::Int64, device)).view([1, kv]);
+    let band = k
+        .le_tensor(&q)
+        .logical_and(&k.gt_tensor(&(&q - window)))
+        .view([1, 1, seq, kv]);
+    let mask = match padding {
+        Some(p) => p.logical_and(&band),
+        None => band.expand([batch, 1, seq, kv], false),
+    };
+    Mask {
+        mask: Some(mask),
+        is_causal: false,
+    }
 }
 
 /// Upstream's `create_sliding_window_causal_mask` (sdpa): key `k` is visible from query

@@ -1,7 +1,8 @@
 //! Upstream's `DynamicCache` (`cache_utils.py` of transformers 5.23): each decoder layer's
 //! keys and values `[batch, kv_heads, seq, head_dim]` (keys after the rotary embedding),
 //! grown along the sequence by every forward that is given the cache, so that decoding
-//! runs each new token alone.
+//! runs each new token alone. A sliding-window layer keeps only its last `window - 1` tokens
+//! (upstream's `DynamicSlidingWindowLayer`).
 
 use std::sync::{Arc, Mutex};
 
@@ -9,8 +10,9 @@ use tch::Tensor;
 
 use crate::Result;
 
-/// One layer's keys and values, once it ran.
-type Layer = Option<(Tensor, Tensor)>;
+/// One layer's keys and values once it ran, and the tokens it has seen (more than it keeps
+/// when it slides).
+type Layer = Option<(Tensor, Tensor, i64)>;
 
 /// The keys and values of the tokens seen so far, per layer. Cloning shares the cache.
 #[derive(Debug, Clone, Default)]
@@ -66,7 +68,7 @@ impl DynamicCache {
             .iter()
             .flatten()
             .next()
-            .map_or(0, |(k, _)| k.size()[2])
+            .map_or(0, |(_, _, seen)| *seen)
     }
 
     /// Runs `f` on linear-attention layer `layer`'s state, made by `empty` first (then `f`
@@ -104,14 +106,47 @@ impl DynamicCache {
         if layers.len() <= layer {
             layers.resize_with(layer + 1, || None);
         }
-        let (k, v) = match layers[layer].take() {
-            Some((k, v)) => (
+        let (k, v, seen) = match layers[layer].take() {
+            Some((k, v, seen)) => (
                 Tensor::f_cat(&[&k, keys], -2)?,
                 Tensor::f_cat(&[&v, values], -2)?,
+                seen,
             ),
-            None => (first_update(keys)?, first_update(values)?),
+            None => (first_update(keys)?, first_update(values)?, 0),
         };
-        layers[layer] = Some((k.shallow_clone(), v.shallow_clone()));
+        let seen = seen + keys.size()[2];
+        layers[layer] = Some((k.shallow_clone(), v.shallow_clone(), seen));
+        Ok((k, v))
+    }
+
+    /// `DynamicSlidingWindowLayer.update`: the kept keys / values and the new ones are
+    /// returned, the last `window - 1` of them kept.
+    pub(crate) fn update_sliding(
+        &self,
+        layer: usize,
+        window: i64,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut layers = self.lock();
+        if layers.len() <= layer {
+            layers.resize_with(layer + 1, || None);
+        }
+        let (k, v, seen) = match layers[layer].take() {
+            Some((k, v, seen)) => (
+                Tensor::f_cat(&[&k, keys], -2)?,
+                Tensor::f_cat(&[&v, values], -2)?,
+                seen,
+            ),
+            None => (first_update(keys)?, first_update(values)?, 0),
+        };
+        let len = k.size()[2];
+        let keep = len.min((window - 1).max(0));
+        layers[layer] = Some((
+            k.f_narrow(2, len - keep, keep)?,
+            v.f_narrow(2, len - keep, keep)?,
+            seen + keys.size()[2],
+        ));
         Ok((k, v))
     }
 
@@ -119,10 +154,11 @@ impl DynamicCache {
     pub(crate) fn reorder_cache(&self, beam_idx: &Tensor) -> Result<()> {
         let mut layers = self.lock();
         for layer in layers.iter_mut() {
-            if let Some((k, v)) = layer.take() {
+            if let Some((k, v, seen)) = layer.take() {
                 *layer = Some((
                     k.f_index_select(0, beam_idx)?,
                     v.f_index_select(0, beam_idx)?,
+                    seen,
                 ));
             }
         }

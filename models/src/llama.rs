@@ -712,6 +712,8 @@ struct SelfAttention {
     output_gate: bool,
     /// Whether this layer attends through the sliding-window mask.
     sliding: bool,
+    /// The layer's window (its cache keeps the last `window - 1` tokens).
+    window: Option<i64>,
     /// Whether this layer applies the rotary embedding (SmolLM3's NoPE layers do not).
     rotary: bool,
     /// The layer's index (its place in a key / value cache).
@@ -1040,7 +1042,10 @@ impl SelfAttention {
         };
         // The cache holds the keys after the rotary embedding, as upstream's.
         let (k, v) = match &x.cache {
-            Some(cache) => cache.update(self.idx, &k, &v)?,
+            Some(cache) => match self.window {
+                Some(w) => cache.update_sliding(self.idx, w, &k, &v)?,
+                None => cache.update(self.idx, &k, &v)?,
+            },
             None => (k, v),
         };
         let mask = match (&x.sliding_mask, self.sliding) {
@@ -1357,6 +1362,7 @@ impl LlamaModel {
                         sinks,
                         output_gate: family.qwen3_5.is_some(),
                         sliding: family.sliding_windows[i as usize].is_some(),
+                        window: family.sliding_windows[i as usize],
                         rotary: family
                             .rope_layers
                             .as_ref()
@@ -1536,15 +1542,6 @@ impl LlamaModel {
             self.checkpointing.is_some(),
         );
         let past = cache.map_or(0, crate::DynamicCache::get_seq_length);
-        if cache.is_some() && self.family.sliding_windows.iter().any(Option::is_some) {
-            return Err(Error::InvalidArgument {
-                field: "past_key_values",
-                detail: format!(
-                    "{} has sliding-window layers, whose cache upstream trims to the window: not implemented here; run without a cache",
-                    self.family.model_type
-                ),
-            });
-        }
         let positions = match inputs.position_ids {
             Some(p) => p.f_to_device(device)?,
             None => Tensor::arange_start(past, past + seq, (Kind::Int64, device)).unsqueeze(0),
@@ -1879,12 +1876,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Some("ForCausalLM")
     }
     fn supports_cache(&self) -> bool {
-        !self
-            .model
-            .family
-            .sliding_windows
-            .iter()
-            .any(Option::is_some)
+        true
     }
     fn output_embeddings(&self) -> Option<String> {
         Some("lm_head".into())

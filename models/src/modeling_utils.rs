@@ -530,8 +530,7 @@ pub trait TrainableModel: Send {
     }
 
     /// Whether the forward takes a [`DynamicCache`](crate::DynamicCache)
-    /// (`ModelInputs::past_key_values`): the causal LMs here but the families with
-    /// sliding-window layers (whose cache upstream trims to the window).
+    /// (`ModelInputs::past_key_values`): the causal LMs here.
     fn supports_cache(&self) -> bool {
         false
     }

@@ -11,7 +11,7 @@
 //! mask's running count, padding at 0), its attention mask (dropped when it is all ones) and
 //! `logits_to_keep = 1`. With `use_cache` (the default) the keys and values go into a
 //! [`DynamicCache`] and each later step runs the new token alone, as upstream's; with
-//! `use_cache=False`, or a model without a cache (sliding-window families), each step runs
+//! `use_cache=False`, or a model without a cache, each step runs
 //! the whole sequence again, as upstream's `use_cache=False`. Either way the same ops as
 //! upstream's, in the same order.
 

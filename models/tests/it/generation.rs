@@ -334,8 +334,8 @@ fn save_pretrained_writes_the_generation_config() -> Result<()> {
 /// and 3, Qwen3.5 and Qwen3.5-MoE: their linear layers' convolution and recurrent states in the
 /// cache, one-token steps through the recurrent rule) generates upstream's sequences, greedy and with beam search (3 beams, 2 returned,
 /// length penalty 0.9), from a batch whose second row is left-padded. Upstream decodes with
-/// its cache (sliding layers included); the sliding-window families here recompute the
-/// whole sequence at each step, as upstream's `use_cache=False`. The mixtures of experts
+/// its cache, as here (the sliding layers keeping the last `window - 1` tokens, as upstream's
+/// `DynamicSlidingWindowLayer`; the tiny windows of 3 are passed within the first steps). The mixtures of experts
 /// decode with `output_router_logits` off, as upstream can only.
 #[test]
 fn generate_on_every_family_equals_transformers() -> Result<()> {
