@@ -546,6 +546,9 @@ impl PreTrainedModel for GPT2LMHeadModel {
 }
 
 impl TrainableModel for GPT2LMHeadModel {
+    fn no_split_modules(&self) -> Vec<String> {
+        vec!["GPT2Block".into()]
+    }
     crate::modeling_utils::model_plumbing!(transformer);
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     // Upstream's GPT2LMHeadModel sets no `loss_type` (its loss shifts inside the model, but
@@ -704,6 +707,9 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
 }
 
 impl TrainableModel for GPT2ForSequenceClassification {
+    fn no_split_modules(&self) -> Vec<String> {
+        vec!["GPT2Block".into()]
+    }
     crate::modeling_utils::model_plumbing!(transformer);
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     fn label_check(&self) -> Option<LabelCheck> {
@@ -836,6 +842,9 @@ impl PreTrainedModel for GPT2ForQuestionAnswering {
 }
 
 impl TrainableModel for GPT2ForQuestionAnswering {
+    fn no_split_modules(&self) -> Vec<String> {
+        vec!["GPT2Block".into()]
+    }
     crate::modeling_utils::model_plumbing!(transformer);
     crate::modeling_utils::checkpointing_plumbing!(transformer);
     fn label_names(&self) -> Vec<String> {

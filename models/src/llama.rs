@@ -1872,6 +1872,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
         self.model.conversion = conversion;
     }
+    fn no_split_modules(&self) -> Vec<String> {
+        vec![self.model.classes.decoder_layer.clone()]
+    }
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
     }
@@ -2163,6 +2166,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
         self.model.conversion = conversion;
     }
+    fn no_split_modules(&self) -> Vec<String> {
+        vec![self.model.classes.decoder_layer.clone()]
+    }
     set_use_cache!();
     /// When every row's pooled token (its last non-pad token) is real; otherwise the
     /// forward runs padded.
@@ -2324,6 +2330,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
         self.model.conversion = conversion;
     }
+    fn no_split_modules(&self) -> Vec<String> {
+        vec![self.model.classes.decoder_layer.clone()]
+    }
     set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Token {
@@ -2475,6 +2484,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     }
     fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
         self.model.conversion = conversion;
+    }
+    fn no_split_modules(&self) -> Vec<String> {
+        vec![self.model.classes.decoder_layer.clone()]
     }
     set_use_cache!();
     fn label_names(&self) -> Vec<String> {

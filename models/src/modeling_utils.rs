@@ -558,6 +558,13 @@ pub trait TrainableModel: Send {
         None
     }
 
+    /// The class names of the model's transformer layers (upstream's `_no_split_modules`
+    /// that the model holds): what FSDP's `transformer_layer_cls_to_wrap` may name, as
+    /// accelerate finds them in the model. Empty: not known here (no name is checked).
+    fn no_split_modules(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The conversion `from_pretrained` reads a checkpoint through (the family's whole
     /// layout, its prefix changes included); what matched the checkpoint's keys is then
     /// kept with [`set_weight_conversion`](Self::set_weight_conversion) for saving, as

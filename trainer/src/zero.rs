@@ -230,6 +230,8 @@ impl Trainer {
             if plugin.version == 2 {
                 per_parameter_order = Some(model_info::parameter_names_in_order(&*self.model));
             }
+            // accelerate's `set_auto_wrap_policy`: each class to wrap must be in the model.
+            tchtrain_fsdp::check_wrap_classes(&plugin, &self.model.no_split_modules())?;
             let units = tchtrain_fsdp::auto_wrap_units(&named, &plugin);
             (stage, ShardingSource::Fsdp(plugin), units)
         } else {

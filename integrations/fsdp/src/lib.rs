@@ -20,4 +20,4 @@ pub use plugin::{
     FSDP_AUTO_WRAP_POLICY, FSDP_STATE_DICT_TYPE, FsdpPlugin, ShardingStrategy, StateDictType,
     check_trainer_compat, fsdp_plugin_args,
 };
-pub use sharding::{auto_wrap_units, zero_stage_for};
+pub use sharding::{auto_wrap_units, check_wrap_classes, zero_stage_for};

@@ -12,6 +12,8 @@
 //! holding at least `min_num_params` parameters; `NO_WRAP` has the root unit only.
 
 use tch::Tensor;
+
+use crate::error::{Error, Result};
 use tchtrain_accelerate::ZeroStage;
 
 use crate::plugin::{FsdpPlugin, ShardingStrategy};
@@ -56,6 +58,27 @@ fn layer_prefixes(names: &[String], lists: &[&str]) -> Vec<String> {
     }
     found.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     found.into_iter().map(|(_, _, p)| p).collect()
+}
+
+/// accelerate's `set_auto_wrap_policy` check: every class `plugin` wraps is one of the
+/// model's layer classes `layer_classes` (its `_no_split_modules`; empty: not known, nothing
+/// checked), else accelerate's error.
+pub fn check_wrap_classes(plugin: &FsdpPlugin, layer_classes: &[String]) -> Result<()> {
+    if layer_classes.is_empty() || plugin.auto_wrap_policy != "TRANSFORMER_BASED_WRAP" {
+        return Ok(());
+    }
+    match plugin
+        .transformer_cls_names_to_wrap
+        .iter()
+        .map(|c| c.trim())
+        .find(|c| !layer_classes.iter().any(|k| k == c))
+    {
+        Some(missing) => Err(Error::Upstream(format!(
+            "Could not find the transformer layer class {missing} in the model. (its layers are {}: name those in fsdp_config.transformer_layer_cls_to_wrap, or leave the key out to wrap every layer)",
+            layer_classes.join(", ")
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The wrap units (parameter-name prefixes) of a model with parameters `named` under

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::Value;
 use tchtrain_fsdp::{
-    FsdpPlugin, ShardingStrategy, StateDictType, check_trainer_compat, fsdp_plugin_args,
+    FsdpPlugin, ShardingStrategy, StateDictType, check_trainer_compat, check_wrap_classes,
+    fsdp_plugin_args,
 };
 use tchtrain_training_args::TrainingArguments;
 
@@ -156,5 +157,52 @@ fn typed_plugin_and_trainer_checks() -> Result<()> {
         err,
         "save_only_model option is not compatible with FSDP state dict type 'SHARDED_STATE_DICT'"
     );
+    Ok(())
+}
+
+/// `transformer_layer_cls_to_wrap` names classes of the model, as accelerate's
+/// `set_auto_wrap_policy` finds them: the model's layer classes (upstream's names, e.g.
+/// `Qwen3_5DecoderLayer`) pass, another is refused with accelerate's message; a model whose
+/// layer classes are not known is not checked, nor a policy that wraps by size.
+#[test]
+fn wrap_classes_are_the_models() -> Result<()> {
+    let plugin = |classes: &[&str], policy: &str| FsdpPlugin {
+        version: 2,
+        sharding_strategy: ShardingStrategy::FullShard,
+        cpu_offload: false,
+        auto_wrap_policy: policy.into(),
+        transformer_cls_names_to_wrap: classes.iter().map(|c| c.to_string()).collect(),
+        min_num_params: 0,
+        cpu_ram_efficient_loading: false,
+        state_dict_type: StateDictType::FullStateDict,
+        activation_checkpointing: false,
+    };
+    let layers = vec!["Qwen3_5DecoderLayer".to_string()];
+    check_wrap_classes(
+        &plugin(&["Qwen3_5DecoderLayer"], "TRANSFORMER_BASED_WRAP"),
+        &layers,
+    )?;
+    check_wrap_classes(&plugin(&[], "TRANSFORMER_BASED_WRAP"), &layers)?;
+    let err = check_wrap_classes(
+        &plugin(
+            &["Qwen3_5DecoderLayer", "LlamaDecoderLayer"],
+            "TRANSFORMER_BASED_WRAP",
+        ),
+        &layers,
+    )
+    .err()
+    .context("a class the model lacks")?
+    .to_string();
+    assert!(
+        err.starts_with(
+            "Could not find the transformer layer class LlamaDecoderLayer in the model."
+        ),
+        "{err}"
+    );
+    check_wrap_classes(
+        &plugin(&["LlamaDecoderLayer"], "TRANSFORMER_BASED_WRAP"),
+        &[],
+    )?;
+    check_wrap_classes(&plugin(&["LlamaDecoderLayer"], "SIZE_BASED_WRAP"), &layers)?;
     Ok(())
 }

@@ -1037,6 +1037,9 @@ impl TrainableModel for PeftModel {
     fn supports_cache(&self) -> bool {
         self.base.supports_cache()
     }
+    fn no_split_modules(&self) -> Vec<String> {
+        self.base.no_split_modules()
+    }
     /// Upstream's `model.parameters()` of a `PeftModel`: module order, each adapted layer's
     /// adapters at its place, the trainable ones only.
     fn parameters(&self) -> Vec<Tensor> {

@@ -158,8 +158,20 @@ fn decoder_families_equal_upstream() -> Result<()> {
 fn qwen3_5_equal_upstream() -> Result<()> {
     let _g = lock();
     let dir = assets().join("reference/qwen3_5");
-    for case in ["qwen3_5_text", "qwen3_5_moe_text"] {
+    for (case, layer) in [
+        ("qwen3_5_text", "Qwen3_5DecoderLayer"),
+        ("qwen3_5_moe_text", "Qwen3_5MoeDecoderLayer"),
+    ] {
         family_equals_upstream(&dir, case, &dir.join(case))?;
+        // FSDP's wrap class, as upstream's `_no_split_modules` names it.
+        let model = from_pretrained_dir(
+            &dir.join(case),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        assert_eq!(model.no_split_modules(), [layer], "{case}");
     }
     family_equals_upstream(&dir, "qwen3_5", &dir.join("qwen3_5.saved"))
 }
