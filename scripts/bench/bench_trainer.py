@@ -30,6 +30,9 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
                   token vocabulary, block 128, batch 8.
+    qwen3_5_tiny  a tiny Qwen3.5 (4 x 64: three Gated DeltaNet linear-attention layers (2 key heads,
+                  4 value heads of 16) and a gated full-attention one, upstream's torch fallbacks),
+                  1024-token vocabulary, block 128 (two 64-token chunks), batch 8.
     minilm_cls    assets/minilm (BERT, 6 x 384) under a fresh 2-label head (seed 0),
                   Rotten Tomatoes fresh / rotten reviews truncated to 128 tokens, batch 16,
                   `DataCollatorWithPadding` (dynamic padding).
@@ -87,6 +90,7 @@ JOBS = {
     # per token, normalised, the router's load-balancing loss on at 0.001), 2 x 64, 4 heads
     # over 2 key-value heads, head_dim 16, a 1024-token vocabulary, tied head.
     "qwen3_moe_tiny": dict(kind="clm", arch="qwen3_moe", layers=2, width=64, heads=4, kv_heads=2, experts=8, top_k=2, moe_inner=64, block=128, batch=8, vocab=1024, warmup=5, steps=40),
+    "qwen3_5_tiny": dict(kind="clm", arch="qwen3_5", layers=4, width=64, heads=4, kv_heads=2, inner=128, block=128, batch=8, vocab=1024, warmup=5, steps=40),
     # SmolLM2-135M (assets/smollm2-135m, 30 x 576, tied embeddings) under a LoRA adapter on
     # every linear layer (peft's "all-linear": r 16, alpha 32, dropout 0.05), drawn after
     # torch.manual_seed(0) on both sides; hamlet.txt in the model's own tokenizer.
@@ -153,6 +157,25 @@ def prepare(out: Path):
                 tie_word_embeddings=True,
             )
             model = tf.Qwen3MoeForCausalLM(config)
+            rows = [{"input_ids": [i % vocab for i in b]} for b in gpt2_blocks(job["block"])]
+        elif job.get("arch") == "qwen3_5":
+            vocab = job["vocab"]
+            config = tf.Qwen3_5TextConfig(
+                vocab_size=vocab,
+                hidden_size=job["width"],
+                intermediate_size=job["inner"],
+                num_hidden_layers=job["layers"],
+                num_attention_heads=job["heads"],
+                num_key_value_heads=job["kv_heads"],
+                head_dim=job["width"] // job["heads"],
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                max_position_embeddings=job["block"],
+                tie_word_embeddings=True,
+            )
+            model = tf.Qwen3_5ForCausalLM(config)
             rows = [{"input_ids": [i % vocab for i in b]} for b in gpt2_blocks(job["block"])]
         elif job.get("arch") == "qwen2":
             vocab = job["vocab"]

@@ -19,7 +19,7 @@ use crate::cmd;
 use crate::json::Json;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 8] = [
+pub const JOBS: [&str; 9] = [
     "gpt2_tiny",
     "gpt2_tiny_v1k",
     "gpt2_6x384",
@@ -27,6 +27,7 @@ pub const JOBS: [&str; 8] = [
     "qwen2_tiny",
     "qwen2_padded",
     "qwen3_moe_tiny",
+    "qwen3_5_tiny",
     "smollm2_lora",
 ];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).
