@@ -167,7 +167,9 @@ fn download_from_a_local_hub_into_the_cache() -> Result<()> {
 
 /// `save_pretrained` of every decoder family (Llama tied, Qwen2, Qwen3 tied, Mistral, Gemma
 /// 1–3 tied, Phi-3, RoBERTa, XLM-RoBERTa and ModernBERT masked LMs, and Qwen2, Gemma 3, XLM-RoBERTa
-/// and ModernBERT sequence classifiers): the folder reloads here with the same logits, and
+/// and ModernBERT sequence classifiers; the mixtures of experts, Granite, SmolLM3, OLMo 2 / 3,
+/// Gemma 3's and Qwen3.5's multimodal checkpoints, Qwen3.5 / Qwen3.5-MoE, a dequantised
+/// MXFP4 gpt-oss): the folder reloads here with the same logits, and
 /// transformers' Auto class loads it as the same class with the same logits (the same
 /// kernels: 0 difference). Python's parameters are copied out of the memory-mapped file
 /// first: libtorch's CPU matmul takes another path for weights at an unaligned address
@@ -270,6 +272,28 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
             "AutoModelForQuestionAnswering",
         ),
     ];
+    // The families since transformers 5 (the mixtures of experts, Qwen3.5's hybrid layers,
+    // Gemma 3's and Qwen3.5's multimodal checkpoints, gpt-oss's MXFP4 one dequantised).
+    let families = assets().join("reference/decoder_families");
+    let hybrid = assets().join("reference/qwen3_5");
+    let later = [
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "olmoe",
+        "gpt_oss",
+        "granite",
+        "smollm3",
+        "olmo2",
+        "olmo3",
+        "gemma3",
+    ]
+    .map(|case| families.join(case))
+    .into_iter()
+    .chain(["qwen3_5_text", "qwen3_5_moe_text", "qwen3_5"].map(|case| hybrid.join(case)))
+    .chain([assets().join("reference/gpt_oss_mxfp4/float32")])
+    .map(|dir| (dir, AutoTask::CausalLm, "AutoModelForCausalLM"));
+    let cases: Vec<(PathBuf, AutoTask, &str)> = cases.into_iter().chain(later).collect();
     let python = std::env::var("TCHTRAIN_VENV_PYTHON").context(
         "TCHTRAIN_VENV_PYTHON is not set: run `cargo xtask setup` (it writes .cargo/libtorch.toml)",
     )?;
