@@ -1,4 +1,5 @@
-//! Activation checkpointing (`activation_checkpointing_enable`) on GPT-2, BERT and Llama:
+//! Activation checkpointing (`activation_checkpointing_enable`) on GPT-2, BERT, Llama and
+//! Qwen3.5 (its linear-attention layers):
 //! with dropout on, the loss and every gradient equal the plain forward's bit for bit
 //! (GPT-2's gradients: within 1e-6 of their largest value, see the test) (the
 //! recompute replays the generator, which ends where the plain step leaves it), for every
@@ -62,6 +63,8 @@ fn checkpointed_layers_give_the_plain_loss_and_gradients_bit_for_bit() -> Result
         ("tiny-llama", AutoTask::CausalLm, false),
         ("reference/models/tiny_gemma2_lm", AutoTask::CausalLm, false),
         ("reference/models/tiny_phi3_lm", AutoTask::CausalLm, false),
+        // Qwen3.5's linear-attention layers recompute their convolution and delta rule.
+        ("reference/qwen3_5/qwen3_5_text", AutoTask::CausalLm, false),
         (
             "reference/models/tiny_roberta_mlm",
             AutoTask::MaskedLm,
