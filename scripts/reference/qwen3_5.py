@@ -26,6 +26,10 @@ batch (three of the gated delta rule's 64-token chunks; row 1's last 20 tokens p
 beam search as models.py's `record_generate` (upstream's cache: the convolution and recurrent
 states of the linear layers).
 
+OUT_DIR/qwen3_5_text_seqcls/: Qwen3_5TextForSequenceClassification (3 labels, pad id 0, the
+batch's padding set to it so that the last real token is pooled), recorded as the cases with the
+class labels [2, 0].
+
 OUT_DIR/trainer_<case>/: qwen3_5_text and qwen3_5_moe_text at SmolLM2's vocabulary trained 20
 steps by the Trainer as decoder_families.py trains its families.
 """
@@ -141,10 +145,30 @@ def models(out, models_ref):
         print(case, float(tensors["loss"]))
 
 
+def seqcls(out, models_ref):
+    """Qwen3_5TextForSequenceClassification (3 labels, pad id 0: the last real token pooled)
+    on the 2 x 8 batch with class labels [2, 0], as `record` runs the causal LMs."""
+    config = tf.Qwen3_5TextConfig(**dict(TEXT, vocab_size=1000), intermediate_size=96, num_labels=3, pad_token_id=0)
+    torch.manual_seed(0)
+    m = tf.Qwen3_5TextForSequenceClassification(config)
+    m.save_pretrained(out / "qwen3_5_text_seqcls")
+    ids, mask = models_ref.batch(1000)
+    ids = ids.masked_fill(mask == 0, 0).clamp(min=0)
+    ids[:, :5] = ids[:, :5].clamp(min=1)
+    labels = torch.tensor([2, 0])
+    kwargs = dict(input_ids=ids, attention_mask=mask)
+    tensors = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    run(m, kwargs, labels, "", tensors, autocast=False)
+    run(m, kwargs, labels, "autocast.", tensors, autocast=True)
+    save_file(tensors, str(out / "qwen3_5_text_seqcls.safetensors"))
+    (out / "qwen3_5_text_seqcls.parameters.json").write_text(json.dumps([n for n, _ in m.named_parameters()]))
+
+
 def main():
     parity = sibling("trainer_parity")
     families = sibling("decoder_families")
     models(parity.OUT, sibling("models"))
+    seqcls(parity.OUT, sibling("models"))
     for case, config, cls in cases(vocab=49152):
         families.train(parity, case, config, cls)
 

@@ -153,7 +153,7 @@ fn decoder_families_equal_upstream() -> Result<()> {
 /// 2 × 150 one (three of the delta rule's 64-token chunks, padding inside the last); and a
 /// `qwen3_5` multimodal checkpoint read by `AutoModelForCausalLM` as upstream reads it (its
 /// language model; the vision tower and `mtp.*` left out), saved as upstream's
-/// `Qwen3_5ForCausalLM` saves it.
+/// `Qwen3_5ForCausalLM` saves it; and `Qwen3_5TextForSequenceClassification`.
 #[test]
 fn qwen3_5_equal_upstream() -> Result<()> {
     let _g = lock();
@@ -173,7 +173,14 @@ fn qwen3_5_equal_upstream() -> Result<()> {
         .model;
         assert_eq!(model.no_split_modules(), [layer], "{case}");
     }
-    family_equals_upstream(&dir, "qwen3_5", &dir.join("qwen3_5.saved"))
+    family_equals_upstream(&dir, "qwen3_5", &dir.join("qwen3_5.saved"))?;
+    // The sequence classifier (the last real token pooled).
+    family_head_equals_upstream(
+        &dir,
+        "qwen3_5_text_seqcls",
+        &dir.join("qwen3_5_text_seqcls"),
+        AutoTask::SequenceClassification { num_labels: None },
+    )
 }
 
 /// One family's case of `dir`: loaded from `dir/<case>`, its parameter order, its
@@ -184,16 +191,21 @@ fn family_equals_upstream(
     case: &str,
     saved_as: &std::path::Path,
 ) -> Result<()> {
+    family_head_equals_upstream(dir, case, saved_as, AutoTask::CausalLm)
+}
+
+/// [`family_equals_upstream`] for the head of `task`.
+fn family_head_equals_upstream(
+    dir: &std::path::Path,
+    case: &str,
+    saved_as: &std::path::Path,
+    task: AutoTask,
+) -> Result<()> {
     let path = dir.join(format!("{case}.safetensors"));
     if !path.exists() {
         bail!("{} is missing: run `cargo xtask setup`", path.display());
     }
-    let loaded = from_pretrained_dir(
-        &dir.join(case),
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?;
+    let loaded = from_pretrained_dir(&dir.join(case), task, Device::Cpu, &LoadOptions::default())?;
     assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
     let mut model = loaded.model;
     let upstream: Vec<String> = serde_json::from_str(&std::fs::read_to_string(
