@@ -1257,14 +1257,14 @@ impl LlamaModel {
         if let Some(moe) = &family.moe {
             moe.validate(config.num_hidden_layers)?;
         }
-        if let Some(q) = &family.qwen3_5 {
-            if q.linear_layers.len() as i64 != config.num_hidden_layers {
-                return Err(Error::InvalidConfig {
-                    field: "layer_types",
-                    value: format!("{} entries", q.linear_layers.len()),
-                    fix: "give one entry per layer (num_hidden_layers)",
-                });
-            }
+        if let Some(q) = &family.qwen3_5
+            && q.linear_layers.len() as i64 != config.num_hidden_layers
+        {
+            return Err(Error::InvalidConfig {
+                field: "layer_types",
+                value: format!("{} entries", q.linear_layers.len()),
+                fix: "give one entry per layer (num_hidden_layers)",
+            });
         }
         let (hd, heads, kv) = (
             config.head_dim(),

@@ -5,6 +5,10 @@
 //! solve) and its one-token recurrent form (`torch_recurrent_gated_delta_rule`, decoding), and
 //! the gated RMSNorm (`Qwen3_5RMSNormGated`).
 
+// `state = state * d` on purpose: tch's `*=` works in place and would modify a tensor
+// autograd saved for backward.
+#![allow(clippy::assign_op_pattern)]
+
 use tch::nn::Init;
 use tch::{Kind, Tensor};
 
