@@ -102,21 +102,7 @@ impl DynamicCache {
         keys: &Tensor,
         values: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let mut layers = self.lock();
-        if layers.len() <= layer {
-            layers.resize_with(layer + 1, || None);
-        }
-        let (k, v, seen) = match layers[layer].take() {
-            Some((k, v, seen)) => (
-                Tensor::f_cat(&[&k, keys], -2)?,
-                Tensor::f_cat(&[&v, values], -2)?,
-                seen,
-            ),
-            None => (first_update(keys)?, first_update(values)?, 0),
-        };
-        let seen = seen + keys.size()[2];
-        layers[layer] = Some((k.shallow_clone(), v.shallow_clone(), seen));
-        Ok((k, v))
+        self.append(layer, keys, values, None)
     }
 
     /// `DynamicSlidingWindowLayer.update`: the kept keys / values and the new ones are
@@ -127,6 +113,18 @@ impl DynamicCache {
         window: i64,
         keys: &Tensor,
         values: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.append(layer, keys, values, Some((window - 1).max(0)))
+    }
+
+    /// The layer's states with the new ones appended (returned whole), of which the last
+    /// `keep` are kept (all without a bound).
+    fn append(
+        &self,
+        layer: usize,
+        keys: &Tensor,
+        values: &Tensor,
+        keep: Option<i64>,
     ) -> Result<(Tensor, Tensor)> {
         let mut layers = self.lock();
         if layers.len() <= layer {
@@ -140,13 +138,16 @@ impl DynamicCache {
             ),
             None => (first_update(keys)?, first_update(values)?, 0),
         };
+        let seen = seen + keys.size()[2];
         let len = k.size()[2];
-        let keep = len.min((window - 1).max(0));
-        layers[layer] = Some((
-            k.f_narrow(2, len - keep, keep)?,
-            v.f_narrow(2, len - keep, keep)?,
-            seen + keys.size()[2],
-        ));
+        let kept = match keep {
+            Some(keep) if keep < len => (
+                k.f_narrow(2, len - keep, keep)?,
+                v.f_narrow(2, len - keep, keep)?,
+            ),
+            _ => (k.shallow_clone(), v.shallow_clone()),
+        };
+        layers[layer] = Some((kept.0, kept.1, seen));
         Ok((k, v))
     }
 

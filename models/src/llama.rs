@@ -1199,6 +1199,25 @@ macro_rules! set_use_cache {
     };
 }
 
+/// What every decoder head reads from its `model`: the checkpoint layout (the family's for
+/// loading, the one its load used for saving) and the layer class FSDP wraps.
+macro_rules! decoder_head_plumbing {
+    () => {
+        fn weight_conversion(&self) -> Option<crate::WeightConversion> {
+            self.model.conversion
+        }
+        fn load_conversion(&self) -> Option<crate::WeightConversion> {
+            self.model.family.checkpoint_conversion
+        }
+        fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
+            self.model.conversion = conversion;
+        }
+        fn no_split_modules(&self) -> Vec<String> {
+            vec![self.model.classes.decoder_layer.clone()]
+        }
+    };
+}
+
 fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size().last().copied().unwrap_or(0) / 2;
     let x1 = x.narrow(-1, 0, half);
@@ -1863,18 +1882,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Ok(())
     }
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.conversion
-    }
-    fn load_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.checkpoint_conversion
-    }
-    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
-        self.model.conversion = conversion;
-    }
-    fn no_split_modules(&self) -> Vec<String> {
-        vec![self.model.classes.decoder_layer.clone()]
-    }
+    decoder_head_plumbing!();
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
     }
@@ -2157,18 +2165,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.conversion
-    }
-    fn load_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.checkpoint_conversion
-    }
-    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
-        self.model.conversion = conversion;
-    }
-    fn no_split_modules(&self) -> Vec<String> {
-        vec![self.model.classes.decoder_layer.clone()]
-    }
+    decoder_head_plumbing!();
     set_use_cache!();
     /// When every row's pooled token (its last non-pad token) is real; otherwise the
     /// forward runs padded.
@@ -2321,18 +2318,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForTokenClassification<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForTokenClassification<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.conversion
-    }
-    fn load_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.checkpoint_conversion
-    }
-    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
-        self.model.conversion = conversion;
-    }
-    fn no_split_modules(&self) -> Vec<String> {
-        vec![self.model.classes.decoder_layer.clone()]
-    }
+    decoder_head_plumbing!();
     set_use_cache!();
     fn label_check(&self) -> Option<crate::modeling_utils::LabelCheck> {
         Some(crate::modeling_utils::LabelCheck::Token {
@@ -2476,18 +2462,7 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForQuestionAnswering<C> {
 impl<C: DecoderConfig> TrainableModel for DecoderForQuestionAnswering<C> {
     crate::modeling_utils::model_plumbing!(@common);
     crate::modeling_utils::checkpointing_plumbing!(model);
-    fn weight_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.conversion
-    }
-    fn load_conversion(&self) -> Option<crate::WeightConversion> {
-        self.model.family.checkpoint_conversion
-    }
-    fn set_weight_conversion(&mut self, conversion: Option<crate::WeightConversion>) {
-        self.model.conversion = conversion;
-    }
-    fn no_split_modules(&self) -> Vec<String> {
-        vec![self.model.classes.decoder_layer.clone()]
-    }
+    decoder_head_plumbing!();
     set_use_cache!();
     fn label_names(&self) -> Vec<String> {
         crate::modeling_utils::question_answering_label_names()

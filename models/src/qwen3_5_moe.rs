@@ -129,7 +129,6 @@ impl DecoderConfig for Qwen3_5MoeTextConfig {
                 self.layer_types.as_deref(),
                 self.num_hidden_layers,
                 self.attention_bias,
-                self.hidden_size,
                 linear_sizes!(self),
                 &self.extra,
             )?

@@ -205,6 +205,7 @@ impl GatedDeltaNet {
         mask: Option<&Tensor>,
         state: Option<(&mut LinearAttentionState, bool)>,
     ) -> Result<Tensor> {
+        let input = h;
         let h = match mask {
             Some(m) => (h * m.f_unsqueeze(-1)?).f_to_kind(h.kind())?,
             None => h.shallow_clone(),
@@ -299,7 +300,7 @@ impl GatedDeltaNet {
         let core = core.f_reshape([batch, seq, -1])?;
         let out = self.out_proj.forward(&core);
         self.ctx
-            .leaf(|| self.name.clone(), &self.class, &[], &h, &out);
+            .leaf(|| self.name.clone(), &self.class, &[], input, &out);
         Ok(out)
     }
 }
