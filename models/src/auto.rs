@@ -14,6 +14,7 @@ use crate::encoder::{EncoderArchitecture, EncoderFor};
 use crate::gemma::GemmaConfig;
 use crate::gemma2::Gemma2Config;
 use crate::gemma3::{Gemma3Config, Gemma3TextConfig};
+use crate::gemma4::{Gemma4Config, Gemma4TextConfig};
 use crate::gpt_oss::GptOssConfig;
 use crate::gpt2::{GPT2ForQuestionAnswering, GPT2ForSequenceClassification, GPT2LMHeadModel};
 use crate::granite::GraniteConfig;
@@ -69,7 +70,7 @@ pub enum AutoTask {
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), gemma4_text (causal LM), gemma4 (Gemma4ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -162,6 +163,12 @@ pub fn from_pretrained_dir(
         ("gemma3_text", task) => decoder::<Gemma3TextConfig>(dir, task, device, options)?,
         ("gemma3", AutoTask::CausalLm) => {
             decoder::<Gemma3Config>(dir, AutoTask::CausalLm, device, options)?
+        }
+        ("gemma4_text", AutoTask::CausalLm) => {
+            decoder::<Gemma4TextConfig>(dir, AutoTask::CausalLm, device, options)?
+        }
+        ("gemma4", AutoTask::CausalLm) => {
+            decoder::<Gemma4Config>(dir, AutoTask::CausalLm, device, options)?
         }
         ("phi3", task) => decoder::<Phi3Config>(dir, task, device, options)?,
         ("qwen2_moe", task) => decoder::<Qwen2MoeConfig>(dir, task, device, options)?,

@@ -251,8 +251,8 @@ impl Attention {
         let (k, v) = match (cache, key_value_states) {
             (Some((cache, idx)), None) => cache.update(idx, &k, &v)?,
             (Some(_), Some(_)) => (
-                crate::cache_utils::first_update(&k)?,
-                crate::cache_utils::first_update(&v)?,
+                crate::cache_utils::first_update(&k, k.kind())?,
+                crate::cache_utils::first_update(&v, k.kind())?,
             ),
             (None, _) => (k, v),
         };

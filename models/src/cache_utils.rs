@@ -44,8 +44,13 @@ pub(crate) fn cache_for_layers(
 /// empty tensor of its lazy initialisation, a contiguous copy (attention kernels round by
 /// the layout of their inputs, so the cached keys are laid out as upstream's). An
 /// encoder-decoder model's cross-attention keys go through the same first update.
-pub(crate) fn first_update(states: &Tensor) -> Result<Tensor> {
-    let empty = Tensor::f_empty([0], (states.kind(), states.device()))?;
+///
+/// The empty tensors take the keys' dtype (`lazy_initialization`), and `cat` promotes: under
+/// autocast, float32 keys (rotated by float32 cos / sin) turn bfloat16 values into float32,
+/// so that a value used by two attentions (Gemma 4's shared ones) gathers its gradient in
+/// float32, as upstream's.
+pub(crate) fn first_update(states: &Tensor, keys_kind: tch::Kind) -> Result<Tensor> {
+    let empty = Tensor::f_empty([0], (keys_kind, states.device()))?;
     Ok(Tensor::f_cat(&[&empty, states], -2)?)
 }
 
@@ -136,7 +141,11 @@ impl DynamicCache {
                 Tensor::f_cat(&[&v, values], -2)?,
                 seen,
             ),
-            None => (first_update(keys)?, first_update(values)?, 0),
+            None => (
+                first_update(keys, keys.kind())?,
+                first_update(values, keys.kind())?,
+                0,
+            ),
         };
         let seen = seen + keys.size()[2];
         let len = k.size()[2];

@@ -146,6 +146,7 @@ impl DecoderConfig for GemmaConfig {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("GemmaForTokenClassification"),
             question_answering: None,
         })

@@ -186,6 +186,7 @@ impl DecoderConfig for Gemma2Config {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("Gemma2ForTokenClassification"),
             question_answering: None,
         })

@@ -223,6 +223,7 @@ impl DecoderConfig for Gemma3TextConfig {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: None,
             question_answering: None,
         })

@@ -222,6 +222,7 @@ impl DecoderConfig for GptOssConfig {
                 swiglu_limit: self.swiglu_limit,
             }),
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("GptOssForTokenClassification"),
             question_answering: None,
         })

@@ -124,6 +124,7 @@ impl DecoderConfig for GraniteConfig {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: None,
             question_answering: None,
         })

@@ -29,6 +29,7 @@ mod error;
 mod gemma;
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod generation;
 mod gpt2;
 mod gpt_oss;
@@ -103,6 +104,9 @@ pub use gemma3::{
     Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
     Gemma3TextForSequenceClassification,
 };
+pub use gemma4::{
+    Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig,
+};
 pub use generation::{
     EarlyStopping, GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor,
     generate, logits_processors,
@@ -122,7 +126,8 @@ pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, GptOss,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Gemma4,
+    GptOss, KvSharing,
     Granite, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
     LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm,
     QuestionAnsweringClass,

@@ -170,6 +170,8 @@ pub struct Family {
     pub gpt_oss: Option<GptOss>,
     /// What Qwen3.5 / Qwen3.5-MoE change (`None` for the other families).
     pub qwen3_5: Option<Qwen3_5>,
+    /// What Gemma 4 changes (`None` for the other families).
+    pub gemma4: Option<Gemma4>,
     /// Upstream's class name of the token classifier (`Qwen2ForTokenClassification`);
     /// `None` where upstream has none (Gemma 3's text model).
     pub token_classification: Option<&'static str>,
@@ -330,6 +332,41 @@ pub struct Qwen3_5 {
     pub linear: tchtrain_nn::GatedDeltaNetSizes,
 }
 
+/// What Gemma 4 changes in Gemma 3's layers (upstream `modeling_gemma4.py`; see
+/// `crate::gemma4`). With it, [`Family::gemma`] holds the final soft-capping and the
+/// sandwich norms; every norm is `Gemma4RMSNorm` and the attention is unscaled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4 {
+    /// Each layer's `(head_dim, num_key_value_heads)` (upstream's `per_layer_config`).
+    pub layer_heads: Vec<(i64, i64)>,
+    /// `attention_k_eq_v`: the full layers' values are their keys' projection (no `v_proj`).
+    pub attention_k_eq_v: bool,
+    /// Upstream's `kv_sharing_modes`.
+    pub kv_sharing: Vec<KvSharing>,
+    /// `use_double_wide_mlp`: the MLPs of the layers that reuse keys and values are twice as
+    /// wide.
+    pub use_double_wide_mlp: bool,
+    /// `(hidden_size_per_layer_input, vocab_size_per_layer_input)`: the per-layer input
+    /// embeddings (PLE), when on.
+    pub per_layer_input: Option<(i64, i64)>,
+    /// `enable_moe_block`: `(num_experts, top_k_experts, moe_intermediate_size)`.
+    pub moe: Option<(i64, i64, i64)>,
+    /// The ids `Gemma4ForConditionalGeneration` embeds as the pad token (its image, video and
+    /// audio placeholders, which no tower fills here); empty for the text model.
+    pub placeholder_ids: Vec<i64>,
+}
+
+/// A Gemma 4 layer's part in the key / value sharing (upstream's `kv_sharing_modes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvSharing {
+    /// Its own keys and values.
+    Own,
+    /// Its own keys and values, which the later layers of its type reuse (`"store"`).
+    Store,
+    /// No key / value projections: the storing layer's keys and values (`"reuse"`).
+    Reuse,
+}
+
 /// What Granite changes in Llama's model (upstream `modeling_granite.py`): the embeddings
 /// scaled by `embedding_multiplier`, the attention by `attention_multiplier` (instead of
 /// `head_dim ** -0.5`), each block's output by `residual_multiplier` before its residual, and
@@ -417,6 +454,7 @@ impl DecoderConfig for LlamaConfig {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("LlamaForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "LlamaForQuestionAnswering",
@@ -654,10 +692,36 @@ struct DecoderLayer {
     pre_feedforward_layernorm: Option<RmsNorm>,
     /// Gemma 2 / 3's and OLMo 2 / 3's `post_feedforward_layernorm`.
     post_feedforward_layernorm: Option<RmsNorm>,
+    /// Gemma 4's per-layer input, experts and `layer_scalar`.
+    gemma4: Option<Gemma4Layer>,
     /// `model.layers.{i}`, as the underflow / overflow tracer names it.
     name: String,
     /// Upstream's class names of the family's modules.
     classes: Arc<Classes>,
+}
+
+/// What a Gemma 4 layer adds after its norms (upstream's registration order).
+#[derive(Debug)]
+struct Gemma4Layer {
+    /// `layer_scalar` `[1]`, a buffer the layer's output is multiplied by in place.
+    layer_scalar: Tensor,
+    /// `per_layer_input_gate`, `per_layer_projection`, `post_per_layer_input_norm`.
+    per_layer: Option<(Linear, Linear, RmsNorm)>,
+    /// `enable_moe_block`: the experts beside the MLP.
+    moe: Option<Gemma4Moe>,
+    /// The layer's index (its slice of the per-layer inputs).
+    idx: i64,
+}
+
+/// Gemma 4's `router`, `experts` and their norms `post_feedforward_layernorm_1`,
+/// `post_feedforward_layernorm_2`, `pre_feedforward_layernorm_2`.
+#[derive(Debug)]
+struct Gemma4Moe {
+    router: crate::gemma4::Gemma4TextRouter,
+    experts: tchtrain_nn::Experts,
+    post_feedforward_layernorm_1: RmsNorm,
+    post_feedforward_layernorm_2: RmsNorm,
+    pre_feedforward_layernorm_2: RmsNorm,
 }
 
 /// A layer's token mixer: the attention, or Qwen3.5's Gated DeltaNet linear attention
@@ -716,6 +780,11 @@ struct SelfAttention {
     window: Option<i64>,
     /// Whether this layer applies the rotary embedding (SmolLM3's NoPE layers do not).
     rotary: bool,
+    /// The layer's head size and key / value heads (Gemma 4's full layers have their own).
+    head_dim: i64,
+    kv_heads: i64,
+    /// Gemma 4's key / value sharing.
+    sharing: KvSharing,
     /// The layer's index (its place in a key / value cache).
     idx: usize,
     /// `model.layers.{i}.self_attn`.
@@ -769,6 +838,23 @@ enum AttentionProjections {
     Fused {
         qkv_proj: Linear,
     },
+    /// Gemma 4's: `q_proj`, `q_norm`, then (unless the layer reuses another's keys and values)
+    /// `k_norm`, the scale-less `v_norm`, `k_proj` and `v_proj` (none with
+    /// `attention_k_eq_v`: the values are the keys' projection).
+    Gemma4 {
+        q_proj: Linear,
+        q_norm: RmsNorm,
+        kv: Option<Gemma4KeyValue>,
+    },
+}
+
+/// A Gemma 4 layer's own key / value projections and norms.
+#[derive(Debug)]
+struct Gemma4KeyValue {
+    k_norm: RmsNorm,
+    v_norm: RmsNorm,
+    k_proj: Linear,
+    v_proj: Option<Linear>,
 }
 
 /// The MLP's gate and up projections: Llama's two, or Phi-3's fused `gate_up_proj`.
@@ -795,15 +881,18 @@ struct Classes {
 
 impl Classes {
     fn new(family: &Family) -> Self {
-        let prefix = family.prefix;
-        let text =
-            if family.gemma.as_ref().is_some_and(|g| g.text_model) || family.qwen3_5.is_some() {
-                "Text"
-            } else {
-                ""
-            };
+        let gemma4 = family.gemma4.is_some();
+        // Gemma 4's text modules are `Gemma4Text*` (its norm is `Gemma4RMSNorm`).
+        let prefix = if gemma4 { "Gemma4Text" } else { family.prefix };
+        let text = if !gemma4
+            && (family.gemma.as_ref().is_some_and(|g| g.text_model) || family.qwen3_5.is_some())
+        {
+            "Text"
+        } else {
+            ""
+        };
         Self {
-            rms_norm: format!("{prefix}RMSNorm"),
+            rms_norm: format!("{}RMSNorm", family.prefix),
             attention: format!("{prefix}Attention"),
             mlp: format!("{prefix}MLP"),
             sparse_moe_block: format!("{prefix}SparseMoeBlock"),
@@ -813,6 +902,7 @@ impl Classes {
             rotary: format!("{prefix}RotaryEmbedding"),
             model: format!("{prefix}{text}Model"),
             embedding: match family.gemma {
+                Some(_) if gemma4 => format!("{prefix}ScaledWordEmbedding"),
                 Some(_) => format!("{prefix}TextScaledWordEmbedding"),
                 None => "Embedding".into(),
             },
@@ -837,10 +927,6 @@ struct LayerInputs {
     batch: i64,
     seq: i64,
     heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
-    /// The rotary part of each head (`partial_rotary_factor`).
-    rotary_dim: i64,
     scale: f64,
     attn_p: f64,
     /// Phi-3's `resid_pdrop` on the attention's and the MLP's outputs (training only).
@@ -865,6 +951,11 @@ struct LayerInputs {
     /// LM adds the load-balancing loss (`output_router_logits`; never with checkpointed
     /// layers, whose forward runs again in the backward).
     router_logits: Option<std::sync::Mutex<Vec<Tensor>>>,
+    /// Gemma 4's per-layer inputs `[batch, seq, layers, hidden_size_per_layer_input]`.
+    per_layer_inputs: Option<Tensor>,
+    /// Gemma 4's keys and values stored for the layers that reuse them (upstream's
+    /// `shared_kv_states`), full then sliding.
+    shared_kv: std::sync::Mutex<[Option<(Tensor, Tensor)>; 2]>,
 }
 
 // SAFETY: parameter tensors and plain values that the forward only reads.
@@ -908,12 +999,37 @@ impl DecoderLayer {
             FeedForward::Dense(mlp) => mlp.forward(&normed, x),
             FeedForward::Sparse(block) => block.forward(&normed, x)?,
         };
+        // Gemma 4's experts beside the MLP: routed from the residual (the MLP's input before
+        // its norm), each branch normalised, summed.
+        let m = match self.gemma4.as_ref().and_then(|g| g.moe.as_ref()) {
+            Some(moe) => {
+                let m1 = moe.post_feedforward_layernorm_1.forward(&m);
+                let size = h2.size();
+                let flat = h2.f_reshape([-1, size.last().copied().unwrap_or(0)])?;
+                let (_, weights, index) = moe.router.forward(&flat)?;
+                let e = moe.pre_feedforward_layernorm_2.forward(&flat);
+                let e = moe.experts.forward(&e, &index, &weights)?.f_reshape(size)?;
+                m1 + moe.post_feedforward_layernorm_2.forward(&e)
+            }
+            None => m,
+        };
         let m = match (&self.post_feedforward_layernorm, x.residual_multiplier) {
             (Some(post), _) => post.forward(&m),
             (None, Some(multiplier)) => m * multiplier,
             (None, None) => x.resid_dropout(m),
         };
-        let out = h2 + m;
+        let mut out = h2 + m;
+        if let Some(g) = &self.gemma4 {
+            // The per-layer input: `post_norm(projection(act(gate(h)) · per_layer_input))`
+            // added to the residual.
+            if let (Some((gate, projection, norm)), Some(inputs)) = (&g.per_layer, &x.per_layer_inputs) {
+                let t = x.act.apply(&gate.forward(&out)) * inputs.select(2, g.idx);
+                out = &out + norm.forward(&projection.forward(&t));
+            }
+            // `hidden_states *= self.layer_scalar`: computed in the promoted dtype, written
+            // back in the hidden states'.
+            out = (&out * &g.layer_scalar).to_kind(out.kind());
+        }
         self.ctx.leaf(
             || self.name.clone(),
             &self.classes.decoder_layer,
@@ -942,14 +1058,14 @@ impl LayerInputs {
 impl SelfAttention {
     /// The attention on the normed hidden states `normed`.
     fn forward(&self, normed: &Tensor, x: &LayerInputs) -> Result<Tensor> {
+        if let AttentionProjections::Gemma4 { q_proj, q_norm, kv } = &self.projections {
+            let (q, k, v) = self.gemma4_qkv(q_proj, q_norm, kv.as_ref(), normed, x)?;
+            return self.attend(q, k, v, None, x);
+        }
         let LayerInputs {
-            batch,
-            seq,
-            heads,
-            kv_heads,
-            head_dim: hd,
-            ..
+            batch, seq, heads, ..
         } = *x;
+        let (hd, kv_heads) = (self.head_dim, self.kv_heads);
         // Padding-free, the projections' real tokens go back to the padded layout here.
         let heads_of = |t: Tensor, heads: i64| {
             let t = match &x.unpadded {
@@ -1007,6 +1123,7 @@ impl SelfAttention {
                 let v = heads_of(clip(v_proj.forward(normed)), kv_heads).transpose(1, 2);
                 (q, k, v)
             }
+            AttentionProjections::Gemma4 { .. } => unreachable!("handled above"),
             AttentionProjections::Fused { qkv_proj } => {
                 let qkv = qkv_proj.forward(normed);
                 let (q_len, kv_len) = (heads * hd, kv_heads * hd);
@@ -1025,12 +1142,13 @@ impl SelfAttention {
             _ => (&x.cos, &x.sin),
         };
         // Phi-3's partial rotary: the first `rotary_dim` of each head rotate, the rest pass.
+        let rotary_dim = cos.size().last().copied().unwrap_or(hd);
         let rotate = |t: &Tensor| {
-            if x.rotary_dim == hd {
+            if rotary_dim == hd {
                 t * cos + rotate_half(t) * sin
             } else {
-                let r = t.narrow(-1, 0, x.rotary_dim);
-                let pass = t.narrow(-1, x.rotary_dim, hd - x.rotary_dim);
+                let r = t.narrow(-1, 0, rotary_dim);
+                let pass = t.narrow(-1, rotary_dim, hd - rotary_dim);
                 Tensor::cat(&[&r * cos + rotate_half(&r) * sin, pass], -1)
             }
         };
@@ -1048,6 +1166,85 @@ impl SelfAttention {
             },
             None => (k, v),
         };
+        self.attend(q, k, v, gate, x)
+    }
+
+    /// Gemma 4's queries, keys and values: each projection normalised per head and rotated
+    /// before the heads' transpose (upstream's `unsqueeze_dim=2`), the values normalised
+    /// without a scale; a reusing layer takes the storing layer's keys and values.
+    fn gemma4_qkv(
+        &self,
+        q_proj: &Linear,
+        q_norm: &RmsNorm,
+        kv: Option<&Gemma4KeyValue>,
+        normed: &Tensor,
+        x: &LayerInputs,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (batch, seq, hd) = (x.batch, x.seq, self.head_dim);
+        let (cos, sin) = match (&x.sliding_cos_sin, self.sliding) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&x.cos, &x.sin),
+        };
+        let (cos, sin) = (cos.transpose(1, 2), sin.transpose(1, 2));
+        let rope = |t: &Tensor| t * &cos + rotate_half(t) * &sin;
+        let q = q_norm.forward(&q_proj.forward(normed).view([batch, seq, -1, hd]));
+        let q = rope(&q).transpose(1, 2);
+        let slot = usize::from(self.sliding);
+        let shared_kv = || {
+            x.shared_kv.lock().map_err(|_| Error::InvalidArgument {
+                field: "num_kv_shared_layers",
+                detail: "a layer panicked while storing its keys and values".into(),
+            })
+        };
+        let (k, v) = match kv {
+            None => shared_kv()?[slot]
+                .as_ref()
+                .map(|(k, v)| (k.shallow_clone(), v.shallow_clone()))
+                .ok_or_else(|| Error::InvalidArgument {
+                    field: "num_kv_shared_layers",
+                    detail: format!(
+                        "{}: no earlier layer of its type stored keys and values to reuse",
+                        self.name
+                    ),
+                })?,
+            Some(kv) => {
+                let k = kv.k_proj.forward(normed).view([batch, seq, -1, hd]);
+                // `attention_k_eq_v`: the values are the keys' projection, before its norm.
+                let v = match &kv.v_proj {
+                    Some(v_proj) => v_proj.forward(normed).view([batch, seq, -1, hd]),
+                    None => k.shallow_clone(),
+                };
+                let k = rope(&kv.k_norm.forward(&k)).transpose(1, 2);
+                let v = kv.v_norm.forward(&v).transpose(1, 2);
+                match &x.cache {
+                    Some(cache) => match self.window {
+                        Some(w) => cache.update_sliding(self.idx, w, &k, &v)?,
+                        None => cache.update(self.idx, &k, &v)?,
+                    },
+                    None => (k, v),
+                }
+            }
+        };
+        if self.sharing == KvSharing::Store {
+            shared_kv()?[slot] = Some((k.shallow_clone(), v.shallow_clone()));
+        }
+        Ok((q, k, v))
+    }
+
+    /// The attention of the rotated queries over the keys and values (`[batch, heads, seq,
+    /// head_dim]`), Qwen3.5's output gate, `o_proj`.
+    fn attend(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        gate: Option<Tensor>,
+        x: &LayerInputs,
+    ) -> Result<Tensor> {
+        let LayerInputs {
+            batch, seq, heads, ..
+        } = *x;
+        let hd = self.head_dim;
         let mask = match (&x.sliding_mask, self.sliding) {
             (Some(m), true) => m,
             _ => &x.mask,
@@ -1170,6 +1367,8 @@ pub struct LlamaModel {
     rotary_emb: RotaryEmbedding,
     /// Gemma 3's rotary embedding of the sliding layers.
     sliding_rotary_emb: Option<RotaryEmbedding>,
+    /// Gemma 4's per-layer input embeddings (PLE).
+    per_layer: Option<PerLayerEmbeddings>,
     act: Activation,
     config: LlamaConfig,
     family: Family,
@@ -1183,6 +1382,18 @@ pub struct LlamaModel {
     ids_positional: bool,
     /// Upstream's `gradient_checkpointing` on the decoder layers.
     pub(crate) checkpointing: Option<ActivationCheckpointing>,
+}
+
+/// Gemma 4's per-layer input embeddings: `embed_tokens_per_layer` (all layers' inputs packed,
+/// scaled by `√hidden_size_per_layer_input`), `per_layer_model_projection` of the embeddings
+/// (scaled by `hidden_size ** -0.5`) and its norm.
+#[derive(Debug)]
+struct PerLayerEmbeddings {
+    embed_tokens_per_layer: Embedding,
+    per_layer_model_projection: Linear,
+    per_layer_projection_norm: RmsNorm,
+    hidden_size_per_layer_input: i64,
+    vocab_size_per_layer_input: i64,
 }
 
 /// Upstream's `model.config.use_cache = ...` on a head: the head's config and its base
@@ -1215,6 +1426,15 @@ macro_rules! decoder_head_plumbing {
         fn no_split_modules(&self) -> Vec<String> {
             vec![self.model.classes.decoder_layer.clone()]
         }
+        // Gemma 4's `layer_scalar`s.
+        fn buffer_names(&self) -> Vec<String> {
+            match &self.model.family.gemma4 {
+                Some(_) => (0..self.model.layers.len())
+                    .map(|i| format!("{}.layers.{i}.layer_scalar", self.model.family.base_model))
+                    .collect(),
+                None => Vec::new(),
+            }
+        }
     };
 }
 
@@ -1246,8 +1466,37 @@ impl LlamaModel {
             });
         }
         let classes = Arc::new(Classes::new(&family));
-        let rope = config.rope_parameters()?;
-        if rope.dim() != config.head_dim() && family.phi3.is_none() && family.qwen3_5.is_none() {
+        let g4 = family.gemma4.as_ref();
+        // Gemma 4's full layers rotate their own (wider) heads.
+        let rope = match g4.and_then(|g| {
+            g.layer_heads
+                .iter()
+                .zip(&family.sliding_windows)
+                .find(|(_, w)| w.is_none())
+                .map(|(h, _)| h.0)
+        }) {
+            Some(full_head_dim) => LlamaConfig {
+                head_dim: Some(full_head_dim),
+                ..config.clone()
+            }
+            .rope_parameters()?,
+            None => config.rope_parameters()?,
+        };
+        if let Some(g) = g4
+            && (g.layer_heads.len() as i64 != config.num_hidden_layers
+                || g.kv_sharing.len() as i64 != config.num_hidden_layers)
+        {
+            return Err(Error::InvalidConfig {
+                field: "per_layer_config",
+                value: format!("{} layers", g.layer_heads.len()),
+                fix: "give one entry per layer (num_hidden_layers)",
+            });
+        }
+        if rope.dim() != config.head_dim()
+            && family.phi3.is_none()
+            && family.qwen3_5.is_none()
+            && g4.is_none()
+        {
             // Upstream's Llama-shaped rotary embeddings rotate the whole head.
             return Err(Error::InvalidConfig {
                 field: "rope_parameters.partial_rotary_factor",
@@ -1261,6 +1510,9 @@ impl LlamaModel {
         }
         let gemma = family.gemma.as_ref();
         let rms_norm = |p: tchtrain_nn::Path<'_>, dim: i64| match gemma {
+            Some(_) if g4.is_some() => {
+                RmsNorm::gemma4(p, dim, config.rms_norm_eps, true, classes.rms_norm.clone())
+            }
             Some(_) => RmsNorm::gemma(p, dim, config.rms_norm_eps, classes.rms_norm.clone()),
             // Qwen3.5's zero-centred RMSNorm is Gemma's.
             None if family.qwen3_5.is_some() => {
@@ -1338,8 +1590,42 @@ impl LlamaModel {
                             tchtrain_nn::initialization::normal(std),
                         )
                     });
-                    let (projections, o_proj) = match family.phi3 {
-                        None => {
+                    // Gemma 4's layer sizes and projections, in its registration order.
+                    let (layer_hd, layer_kv, sharing) = match g4 {
+                        Some(g) => (
+                            g.layer_heads[i as usize].0,
+                            g.layer_heads[i as usize].1,
+                            g.kv_sharing[i as usize],
+                        ),
+                        None => (hd, kv, KvSharing::Own),
+                    };
+                    let gemma4_projections = g4.map(|g| {
+                        let sliding = family.sliding_windows[i as usize].is_some();
+                        let norm = |p: tchtrain_nn::Path<'_>, scale: bool| {
+                            RmsNorm::gemma4(p, layer_hd, config.rms_norm_eps, scale, classes.rms_norm.clone())
+                        };
+                        let q_proj = linear(&a / "q_proj", d, heads * layer_hd, family.qkv_bias);
+                        let q_norm = norm(&a / "q_norm", true);
+                        let kv = (sharing != KvSharing::Reuse).then(|| {
+                            let k_norm = norm(&a / "k_norm", true);
+                            let v_norm = norm(&a / "v_norm", false);
+                            let width = layer_kv * layer_hd;
+                            let k_proj = linear(&a / "k_proj", d, width, family.qkv_bias);
+                            let v_proj = (!(g.attention_k_eq_v && !sliding))
+                                .then(|| linear(&a / "v_proj", d, width, family.qkv_bias));
+                            Gemma4KeyValue {
+                                k_norm,
+                                v_norm,
+                                k_proj,
+                                v_proj,
+                            }
+                        });
+                        let o_proj = linear(&a / "o_proj", heads * layer_hd, d, family.o_bias);
+                        (AttentionProjections::Gemma4 { q_proj, q_norm, kv }, o_proj)
+                    });
+                    let (projections, o_proj) = match (gemma4_projections, family.phi3.as_ref()) {
+                        (Some(p), _) => p,
+                        (None, None) => {
                             // Qwen3.5's `q_proj` also yields each head's output gate.
                             let q_width = heads * hd * if family.qwen3_5.is_some() { 2 } else { 1 };
                             let q_proj = linear(&a / "q_proj", d, q_width, family.qkv_bias);
@@ -1354,14 +1640,16 @@ impl LlamaModel {
                             };
                             (separate, o_proj)
                         }
-                        Some(_) => {
+                        (None, Some(_)) => {
                             let o_proj = linear(&a / "o_proj", heads * hd, d, false);
                             let qkv_proj = linear(&a / "qkv_proj", d, (heads + 2 * kv) * hd, false);
                             (AttentionProjections::Fused { qkv_proj }, o_proj)
                         }
                     };
-                    // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention.
+                    // Registered after `o_proj`, before the MLP, as upstream's Qwen3Attention
+                    // (Gemma 4's are its projections').
                     let qk_norm = match family.qk_norm {
+                        _ if g4.is_some() => None,
                         QkNorm::None => None,
                         QkNorm::PerHead => {
                             Some((rms_norm(&a / "q_norm", hd), rms_norm(&a / "k_norm", hd)))
@@ -1386,6 +1674,9 @@ impl LlamaModel {
                             .rope_layers
                             .as_ref()
                             .is_none_or(|r| r.get(i as usize).copied().unwrap_or(true)),
+                        head_dim: layer_hd,
+                        kv_heads: layer_kv,
+                        sharing,
                         idx: i as usize,
                         name: a.name(),
                         class: classes.attention.clone(),
@@ -1473,7 +1764,15 @@ impl LlamaModel {
                             },
                         })
                     }
-                    _ => FeedForward::Dense(dense(&m, config.intermediate_size, &classes.mlp)),
+                    _ => {
+                        // Gemma 4's layers that reuse keys and values may have MLPs twice as
+                        // wide (`use_double_wide_mlp`).
+                        let wide = g4.is_some_and(|g| {
+                            g.use_double_wide_mlp && g.kv_sharing[i as usize] == KvSharing::Reuse
+                        });
+                        let inter = config.intermediate_size * if wide { 2 } else { 1 };
+                        FeedForward::Dense(dense(&m, inter, &classes.mlp))
+                    }
                 };
                 Ok(Arc::new(Shared(DecoderLayer {
                     self_attn,
@@ -1486,6 +1785,55 @@ impl LlamaModel {
                     post_feedforward_layernorm: (family.olmo2
                         || gemma.is_some_and(|g| g.sandwich_norms))
                     .then(|| rms_norm(&l / "post_feedforward_layernorm", d)),
+                    gemma4: match g4 {
+                        Some(g) => Some(Gemma4Layer {
+                            layer_scalar: l.tch().ones_no_train("layer_scalar", &[1]),
+                            per_layer: g.per_layer_input.map(|(ple, _)| {
+                                (
+                                    linear(&l / "per_layer_input_gate", d, ple, false),
+                                    linear(&l / "per_layer_projection", ple, d, false),
+                                    rms_norm(&l / "post_per_layer_input_norm", d),
+                                )
+                            }),
+                            moe: match g.moe {
+                                Some((experts, top_k, inter)) => Some(Gemma4Moe {
+                                    router: crate::gemma4::Gemma4TextRouter::new(
+                                        &l / "router",
+                                        d,
+                                        experts,
+                                        top_k,
+                                        config.rms_norm_eps,
+                                        std,
+                                        classes.rms_norm.clone(),
+                                    ),
+                                    experts: tchtrain_nn::Experts::new(
+                                        &l / "experts",
+                                        experts,
+                                        d,
+                                        inter,
+                                        act,
+                                        std,
+                                        classes.experts.clone(),
+                                    ),
+                                    post_feedforward_layernorm_1: rms_norm(
+                                        &l / "post_feedforward_layernorm_1",
+                                        d,
+                                    ),
+                                    post_feedforward_layernorm_2: rms_norm(
+                                        &l / "post_feedforward_layernorm_2",
+                                        d,
+                                    ),
+                                    pre_feedforward_layernorm_2: rms_norm(
+                                        &l / "pre_feedforward_layernorm_2",
+                                        d,
+                                    ),
+                                }),
+                                None => None,
+                            },
+                            idx: i,
+                        }),
+                        None => None,
+                    },
                     name: l.name(),
                     ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
@@ -1498,12 +1846,44 @@ impl LlamaModel {
             embed_tokens,
             layers,
             norm: rms_norm(&p / "norm", d),
+            // Gemma 4's per-layer input embeddings, registered after the final norm.
+            per_layer: g4.and_then(|g| g.per_layer_input).map(|(ple, vocab)| PerLayerEmbeddings {
+                embed_tokens_per_layer: Embedding::with_padding(
+                    &p / "embed_tokens_per_layer",
+                    vocab,
+                    config.num_hidden_layers * ple,
+                    std,
+                    config.pad_token_id,
+                )
+                .with_class(classes.embedding.clone()),
+                per_layer_model_projection: Linear::new(
+                    &p / "per_layer_model_projection",
+                    d,
+                    config.num_hidden_layers * ple,
+                    false,
+                    std,
+                ),
+                per_layer_projection_norm: rms_norm(&p / "per_layer_projection_norm", ple),
+                hidden_size_per_layer_input: ple,
+                vocab_size_per_layer_input: vocab,
+            }),
             rotary_emb: RotaryEmbedding::new(rope, p.device())?,
             sliding_rotary_emb: match family.sliding_rope_parameters.as_ref() {
-                Some(rope) => Some(RotaryEmbedding::new(
-                    config.with_rope(rope).rope_parameters()?,
-                    p.device(),
-                )?),
+                Some(rope) => {
+                    // Gemma 4's sliding layers rotate their own head size.
+                    let sliding_head_dim = g4.and_then(|g| {
+                        g.layer_heads
+                            .iter()
+                            .zip(&family.sliding_windows)
+                            .find(|(_, w)| w.is_some())
+                            .map(|(h, _)| h.0)
+                    });
+                    let config = LlamaConfig {
+                        head_dim: sliding_head_dim.or(config.head_dim),
+                        ..config.with_rope(rope)
+                    };
+                    Some(RotaryEmbedding::new(config.rope_parameters()?, p.device())?)
+                }
                 None => None,
             },
             act,
@@ -1552,9 +1932,40 @@ impl LlamaModel {
         }
         let c = &self.config;
         let ids = inputs.ids()?;
-        let (batch, seq) = crate::check_ids(ids, c.vocab_size, i64::MAX)?;
+        let vocab = match &self.per_layer {
+            Some(p) => c.vocab_size.min(p.vocab_size_per_layer_input),
+            None => c.vocab_size,
+        };
+        let (batch, seq) = crate::check_ids(ids, vocab, i64::MAX)?;
         let device = self.embed_tokens.ws.device();
         let ids = ids.f_to_device(device)?;
+        let g4 = self.family.gemma4.as_ref();
+        if let Some(g) = g4 {
+            // Gemma 4's KV-sharing layers read the storing layer's keys and values, which a
+            // checkpointed layer's recomputation would detach.
+            if train && self.checkpointing.is_some() && g.kv_sharing.contains(&KvSharing::Reuse)
+            {
+                return Err(Error::InvalidArgument {
+                    field: "gradient_checkpointing",
+                    detail: format!(
+                        "{}: the layers that reuse earlier layers' keys and values (num_kv_shared_layers) need those layers' graph, which checkpointed layers recompute: not implemented with gradient_checkpointing here; train without it",
+                        self.family.model_type
+                    ),
+                });
+            }
+        }
+        // `Gemma4ForConditionalGeneration` embeds its image / video / audio placeholders as
+        // the pad token (`llm_input_ids`), for both embeddings.
+        let ids = match (g4, c.pad_token_id) {
+            (Some(g), Some(pad)) if !g.placeholder_ids.is_empty() => {
+                let mut placeholder = ids.f_zeros_like()?.f_to_kind(Kind::Bool)?;
+                for &id in &g.placeholder_ids {
+                    placeholder = placeholder.f_logical_or(&ids.f_eq(id)?)?;
+                }
+                ids.f_masked_fill(&placeholder, pad)?
+            }
+            _ => ids,
+        };
         let cache = crate::cache_utils::cache_for_layers(
             inputs.past_key_values,
             train,
@@ -1590,6 +2001,26 @@ impl LlamaModel {
         if let Some(g) = &self.family.granite {
             h = h * g.embedding_multiplier;
         }
+        // Gemma 4's per-layer inputs: `(norm(projection(embeddings) · hidden ** -0.5) +
+        // embed_tokens_per_layer(ids) · √ple) · 2 ** -0.5`, `[batch, seq, layers, ple]`.
+        let per_layer_inputs = match &self.per_layer {
+            Some(p) => {
+                let ple = p.hidden_size_per_layer_input;
+                let table = &p.embed_tokens_per_layer;
+                let scale = Tensor::scalar_tensor(
+                    f64::from((ple as f64).sqrt() as f32),
+                    (Kind::Float, device),
+                );
+                let token = table.lookup(&ids) * scale.to_kind(table.ws.kind());
+                let token = token.f_reshape([batch, seq, c.num_hidden_layers, ple])?;
+                let projected = p.per_layer_model_projection.forward(&h)
+                    * (c.hidden_size as f64).powf(-0.5);
+                let projected = projected.f_reshape([batch, seq, c.num_hidden_layers, ple])?;
+                let projected = p.per_layer_projection_norm.forward(&projected);
+                Some((projected + token) * 2f64.powf(-0.5))
+            }
+            None => None,
+        };
         // Upstream's rotary embedding: float32 frequencies, cos / sin cast to the hidden dtype.
         // OLMo 2 / 3 keep cos / sin in float32.
         let rope_kind = if self.family.olmo2 {
@@ -1626,7 +2057,7 @@ impl LlamaModel {
         // variable-length path): the padding-free layout is off for those families.
         let unpadded = crate::padding_free::Unpadded::for_forward(
             &self.ctx,
-            padding_free && self.family.qwen3_5.is_none(),
+            padding_free && self.family.qwen3_5.is_none() && g4.is_none(),
             cache.is_some(),
             inputs.attention_mask,
             device,
@@ -1659,15 +2090,14 @@ impl LlamaModel {
             batch,
             seq,
             heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads(),
-            head_dim: c.head_dim(),
-            rotary_dim: self.rotary_emb.dim(),
             scale: match (
                 gemma.and_then(|g| g.query_pre_attn_scalar),
                 &self.family.granite,
             ) {
                 (Some(s), _) => s.powf(-0.5),
                 (None, Some(g)) => g.attention_multiplier,
+                // Gemma 4's attention is unscaled (its norms scale the queries and keys).
+                (None, None) if g4.is_some() => 1.0,
                 (None, None) => (c.head_dim() as f64).powf(-0.5),
             },
             attn_p: if train { c.attention_dropout } else { 0.0 },
@@ -1687,7 +2117,7 @@ impl LlamaModel {
             // linear layers' convolution and the attention's keys take its path.
             cache: match cache {
                 Some(c) => Some(c.clone()),
-                None if builds_cache && self.family.qwen3_5.is_some() => {
+                None if builds_cache && (self.family.qwen3_5.is_some() || g4.is_some()) => {
                     Some(crate::DynamicCache::new())
                 }
                 None => None,
@@ -1696,6 +2126,8 @@ impl LlamaModel {
                 .as_ref()
                 .map(crate::padding_free::Unpadded::shallow_clone),
             router_logits: router_logits.then(Default::default),
+            per_layer_inputs,
+            shared_kv: Default::default(),
             linear_mask: match (&self.family.qwen3_5, inputs.attention_mask) {
                 (Some(_), Some(m)) if m.dim() == 2 && seq > 1 => {
                     let m = m.f_to_device(device)?;
@@ -1895,9 +2327,17 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     fn is_causal_lm(&self) -> bool {
         true
     }
+    /// The multimodal models' heads (`XForConditionalGeneration`: `accepts_loss_kwargs =
+    /// False` upstream) average their loss over each batch, and the Trainer then divides it
+    /// by the accumulation steps.
+    fn accepts_loss_kwargs(&self) -> bool {
+        self.model.family.base_model == "model"
+    }
     // Llama's norms (`*_layernorm`, `norm`) are excluded by the name patterns.
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == format!("{}.embed_tokens.weight", self.model.family.base_model)
+            // Gemma 4's per-layer input table (a `Gemma4TextScaledWordEmbedding`).
+            || name == format!("{}.embed_tokens_per_layer.weight", self.model.family.base_model)
             // A multimodal checkpoint's SigLIP tower holds one `nn.Embedding` (its position
             // embedding), which upstream's `num_parameters(exclude_embeddings=True)` leaves
             // out as it leaves out every embedding.

@@ -112,6 +112,7 @@ impl DecoderConfig for MistralConfig {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("MistralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MistralForQuestionAnswering",

@@ -151,6 +151,7 @@ impl DecoderConfig for MixtralConfig {
             checkpoint_conversion: Some(crate::WeightConversion::Mixtral),
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("MixtralForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "MixtralForQuestionAnswering",

@@ -138,6 +138,7 @@ pub(crate) fn olmo2_family(
         checkpoint_conversion: None,
         gpt_oss: None,
         qwen3_5: None,
+        gemma4: None,
         token_classification: None,
         question_answering: None,
     }

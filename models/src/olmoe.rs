@@ -135,6 +135,7 @@ impl DecoderConfig for OlmoeConfig {
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: None,
             question_answering: None,
             sliding_windows: vec![None; self.num_hidden_layers.max(0) as usize],

@@ -184,6 +184,7 @@ impl DecoderConfig for Phi3Config {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("Phi3ForTokenClassification"),
             question_answering: None,
         })

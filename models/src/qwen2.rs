@@ -123,6 +123,7 @@ impl DecoderConfig for Qwen2Config {
             checkpoint_conversion: None,
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("Qwen2ForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2ForQuestionAnswering",

@@ -178,6 +178,7 @@ impl DecoderConfig for Qwen2MoeConfig {
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("Qwen2MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen2MoeForQuestionAnswering",

@@ -292,6 +292,7 @@ pub(crate) fn hybrid_family(
             linear_layers,
             linear,
         }),
+        gemma4: None,
         token_classification: None,
         question_answering: None,
     })

@@ -159,6 +159,7 @@ impl DecoderConfig for Qwen3MoeConfig {
             checkpoint_conversion: Some(crate::WeightConversion::Qwen2Moe),
             gpt_oss: None,
             qwen3_5: None,
+            gemma4: None,
             token_classification: Some("Qwen3MoeForTokenClassification"),
             question_answering: Some(QuestionAnsweringClass {
                 name: "Qwen3MoeForQuestionAnswering",

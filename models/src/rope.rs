@@ -50,6 +50,9 @@ enum RopeType {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// Gemma 4's: the first `rope_angles` frequencies of the whole head's, the rest zero
+    /// (those pairs pass unrotated), divided by `factor`.
+    Proportional { factor: f64, rope_angles: i64 },
 }
 
 /// The RoPE of one config (or one layer type of it): its type, base and rotary dimension.
@@ -126,7 +129,13 @@ impl RopeParameters {
         };
         let theta = need("rope_theta")?;
         let partial = num("partial_rotary_factor").unwrap_or(1.0);
-        let dim = (head_dim as f64 * partial) as i64;
+        let proportional = p.get("rope_type").and_then(Value::as_str) == Some("proportional");
+        // Proportional RoPE always covers the whole head (its other angles are zero).
+        let dim = if proportional {
+            head_dim
+        } else {
+            (head_dim as f64 * partial) as i64
+        };
         if dim <= 0 || dim > head_dim || dim % 2 != 0 {
             return Err(Error::InvalidConfig {
                 field: "rope_parameters.partial_rotary_factor",
@@ -191,6 +200,21 @@ impl RopeParameters {
                     original_max_position_embeddings: original(),
                 }
             }
+            "proportional" => {
+                // `int(rope_proportion * head_dim // 2)`.
+                let rope_angles = (partial * head_dim as f64 / 2.0).floor() as i64;
+                if rope_angles < 0 || rope_angles > head_dim / 2 {
+                    return Err(Error::InvalidConfig {
+                        field: "rope_parameters.partial_rotary_factor",
+                        value: format!("{partial} (head_dim {head_dim})"),
+                        fix: "use a factor between 0 and 1",
+                    });
+                }
+                RopeType::Proportional {
+                    factor: num("factor").unwrap_or(1.0),
+                    rope_angles,
+                }
+            }
             "llama3" => RopeType::Llama3 {
                 factor: need("factor")?,
                 low_freq_factor: need("low_freq_factor")?,
@@ -201,7 +225,7 @@ impl RopeParameters {
                 return Err(Error::InvalidConfig {
                     field: "rope_parameters.rope_type",
                     value: other.to_string(),
-                    fix: "supported rope types: default, linear, dynamic, yarn, longrope, llama3",
+                    fix: "supported rope types: default, linear, dynamic, yarn, longrope, llama3, proportional",
                 });
             }
         };
@@ -330,6 +354,23 @@ impl RopeParameters {
                     (ext * Tensor::f_pow_scalar(self.theta, &self.exponent(device))?).reciprocal();
                 (inv, attention)
             }
+            RopeType::Proportional {
+                factor,
+                rope_angles,
+            } => {
+                // `1 / base ** (arange(0, 2 · angles, 2).float() / head_dim)`, then zeros.
+                let exponent = Tensor::arange_start_step(0, 2 * rope_angles, 2, (Kind::Int64, device))
+                    .to_kind(Kind::Float)
+                    / d;
+                let rotated = Tensor::f_pow_scalar(self.theta, &exponent)?.reciprocal();
+                let nope = self.dim / 2 - rope_angles;
+                let inv = if nope > 0 {
+                    Tensor::cat(&[rotated, Tensor::zeros([nope], (Kind::Float, device))], 0)
+                } else {
+                    rotated
+                };
+                (inv / *factor, 1.0)
+            }
             RopeType::Llama3 {
                 factor,
                 low_freq_factor,
@@ -407,11 +448,6 @@ impl RotaryEmbedding {
             long_inv_freq,
             dynamic,
         })
-    }
-
-    /// The rotary dimension of each head.
-    pub(crate) fn dim(&self) -> i64 {
-        self.params.dim
     }
 
     /// The inverse frequencies for a forward over `positions` (`dynamic_rope_update`).

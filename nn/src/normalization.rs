@@ -72,11 +72,13 @@ impl LayerNorm {
 
 /// Llama's `RMSNorm`: computed in float32, scaled by `weight` in the input dtype; or
 /// Gemma's: scaled by `1 + weight` in float32, then cast (weights initialised to zeros); or
-/// OLMo 2's: scaled by `weight` in float32, then cast.
+/// OLMo 2's: scaled by `weight` in float32, then cast; or Gemma 4's: `x · (mean(x²) + eps) **
+/// -0.5` (a power, as upstream's, whose backward differs from `rsqrt`'s), scaled by `weight`
+/// in float32 or not scaled at all (`with_scale=False`), then cast.
 #[derive(Debug)]
 pub struct RmsNorm {
-    /// `weight`.
-    pub weight: Tensor,
+    /// `weight` (`None` for Gemma 4's scale-less norm).
+    pub weight: Option<Tensor>,
     eps: f64,
     variant: RmsNormVariant,
     name: String,
@@ -93,6 +95,8 @@ enum RmsNormVariant {
     Gemma,
     /// `(weight * x).to(dtype)`.
     Olmo,
+    /// `(x * pow(mean(x²) + eps, -0.5) [* weight.float()]).to(dtype)`.
+    Gemma4,
 }
 
 impl RmsNorm {
@@ -111,6 +115,22 @@ impl RmsNorm {
         Self::build(p, dim, eps, class.into(), RmsNormVariant::Olmo)
     }
 
+    /// Upstream `Gemma4RMSNorm(dim, eps, with_scale)` at `p`, reported as class `class`
+    /// (weights initialised to ones; none without `with_scale`).
+    pub fn gemma4(p: Path<'_>, dim: i64, eps: f64, with_scale: bool, class: impl Into<String>) -> Self {
+        if with_scale {
+            return Self::build(p, dim, eps, class.into(), RmsNormVariant::Gemma4);
+        }
+        Self {
+            weight: None,
+            eps,
+            variant: RmsNormVariant::Gemma4,
+            name: p.name(),
+            class: class.into(),
+            ctx: p.ctx().clone(),
+        }
+    }
+
     fn build(p: Path<'_>, dim: i64, eps: f64, class: String, variant: RmsNormVariant) -> Self {
         let init = Init::Const(if variant == RmsNormVariant::Gemma {
             0.0
@@ -118,7 +138,7 @@ impl RmsNorm {
             1.0
         });
         Self {
-            weight: initialization::var(&p, "weight", &[dim], init),
+            weight: Some(initialization::var(&p, "weight", &[dim], init)),
             eps,
             variant,
             name: p.name(),
@@ -132,20 +152,29 @@ impl RmsNorm {
         let kind = x.kind();
         let h = x.to_kind(Kind::Float);
         let variance = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
-        let h = h * (variance + self.eps).rsqrt();
-        let y = match self.variant {
-            RmsNormVariant::Gemma => (h * (self.weight.to_kind(Kind::Float) + 1.0)).to_kind(kind),
-            RmsNormVariant::Olmo => (&self.weight * h).to_kind(kind),
-            RmsNormVariant::Llama => &self.weight * h.to_kind(kind),
+        let y = match (self.variant, &self.weight) {
+            (RmsNormVariant::Gemma4, w) => {
+                let h = h * (variance + self.eps).pow_tensor_scalar(-0.5);
+                match w {
+                    Some(w) => (h * w.to_kind(Kind::Float)).to_kind(kind),
+                    None => h.to_kind(kind),
+                }
+            }
+            (_, None) => (h * (variance + self.eps).rsqrt()).to_kind(kind),
+            (variant, Some(w)) => {
+                let h = h * (variance + self.eps).rsqrt();
+                match variant {
+                    RmsNormVariant::Gemma => (h * (w.to_kind(Kind::Float) + 1.0)).to_kind(kind),
+                    RmsNormVariant::Olmo => (w * h).to_kind(kind),
+                    _ => w * h.to_kind(kind),
+                }
+            }
         };
         if self.ctx.traced() {
-            self.ctx.leaf(
-                || self.name.clone(),
-                &self.class,
-                &[("weight", &self.weight)],
-                x,
-                &y,
-            );
+            let params: Vec<(&str, &Tensor)> =
+                self.weight.iter().map(|w| ("weight", w)).collect();
+            self.ctx
+                .leaf(|| self.name.clone(), &self.class, &params, x, &y);
         }
         y
     }
