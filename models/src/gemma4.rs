@@ -161,8 +161,15 @@ impl Gemma4TextConfig {
                 "give one entry per layer (num_hidden_layers)",
             ));
         }
-        if let Some(t) = types.iter().find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention")) {
-            return Err(invalid("layer_types", t, "use full_attention or sliding_attention"));
+        if let Some(t) = types
+            .iter()
+            .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
+        {
+            return Err(invalid(
+                "layer_types",
+                t,
+                "use full_attention or sliding_attention",
+            ));
         }
         if let Some(last) = types.last_mut() {
             *last = "full_attention".into();
@@ -172,7 +179,10 @@ impl Gemma4TextConfig {
 
     /// The RoPE of one layer type: the config's, else upstream's default for it.
     pub fn rope_parameters_of(&self, layer_type: &str) -> Result<Map<String, Value>> {
-        let given = self.rope_parameters.as_ref().and_then(|p| p.get(layer_type));
+        let given = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.get(layer_type));
         let mut p = match given {
             Some(Value::Object(m)) => m.clone(),
             None | Some(Value::Null) => match layer_type {
@@ -205,15 +215,31 @@ impl Gemma4TextConfig {
         match &self.per_layer_config {
             Some(overrides) => {
                 for (key, value) in overrides {
-                    let idx: usize = key.parse().ok().filter(|i| *i < types.len()).ok_or_else(|| {
-                        invalid("per_layer_config", key, "key each override by a layer index below num_hidden_layers")
-                    })?;
+                    let idx: usize =
+                        key.parse()
+                            .ok()
+                            .filter(|i| *i < types.len())
+                            .ok_or_else(|| {
+                                invalid(
+                                    "per_layer_config",
+                                    key,
+                                    "key each override by a layer index below num_hidden_layers",
+                                )
+                            })?;
                     let map = value.as_object().ok_or_else(|| {
-                        invalid("per_layer_config", value, "give each layer's overrides as a dict")
+                        invalid(
+                            "per_layer_config",
+                            value,
+                            "give each layer's overrides as a dict",
+                        )
                     })?;
                     for (k, v) in map {
                         let n = v.as_i64().ok_or_else(|| {
-                            invalid("per_layer_config", format!("{key}.{k}: {v}"), "give an integer")
+                            invalid(
+                                "per_layer_config",
+                                format!("{key}.{k}: {v}"),
+                                "give an integer",
+                            )
                         })?;
                         match k.as_str() {
                             "head_dim" => heads[idx].0 = n,
@@ -246,7 +272,12 @@ impl Gemma4TextConfig {
         }
         // One RoPE per layer type: its layers share a head size.
         for kind in ["full_attention", "sliding_attention"] {
-            let dims: Vec<i64> = types.iter().zip(&heads).filter(|(t, _)| *t == kind).map(|(_, h)| h.0).collect();
+            let dims: Vec<i64> = types
+                .iter()
+                .zip(&heads)
+                .filter(|(t, _)| *t == kind)
+                .map(|(_, h)| h.0)
+                .collect();
             if dims.windows(2).any(|w| w[0] != w[1]) {
                 return Err(invalid(
                     "per_layer_config",
@@ -259,7 +290,10 @@ impl Gemma4TextConfig {
             if hd <= 0 || hd % 2 != 0 || kv <= 0 || self.num_attention_heads % kv != 0 {
                 return Err(invalid(
                     "per_layer_config",
-                    format!("head_dim {hd}, num_key_value_heads {kv} (num_attention_heads {})", self.num_attention_heads),
+                    format!(
+                        "head_dim {hd}, num_key_value_heads {kv} (num_attention_heads {})",
+                        self.num_attention_heads
+                    ),
                     "use an even positive head_dim and key / value heads dividing num_attention_heads",
                 ));
             }
@@ -284,7 +318,13 @@ impl Gemma4TextConfig {
         }
         let first_shared = n - self.num_kv_shared_layers as usize;
         let mut modes: Vec<KvSharing> = (0..n)
-            .map(|i| if i < first_shared { KvSharing::Own } else { KvSharing::Reuse })
+            .map(|i| {
+                if i < first_shared {
+                    KvSharing::Own
+                } else {
+                    KvSharing::Reuse
+                }
+            })
             .collect();
         for kind in ["full_attention", "sliding_attention"] {
             if !types.iter().any(|t| t == kind) {
@@ -324,7 +364,11 @@ impl Gemma4TextConfig {
         let sliding = self.rope_parameters_of("sliding_attention")?;
         self.rope_parameters_of("full_attention")?;
         if self.sliding_window <= 0 {
-            return Err(invalid("sliding_window", self.sliding_window, "use a positive window"));
+            return Err(invalid(
+                "sliding_window",
+                self.sliding_window,
+                "use a positive window",
+            ));
         }
         let ple = self.hidden_size_per_layer_input.filter(|&h| h != 0);
         if let Some(h) = ple
@@ -332,7 +376,10 @@ impl Gemma4TextConfig {
         {
             return Err(invalid(
                 "hidden_size_per_layer_input",
-                format!("{h} (vocab_size_per_layer_input {})", self.vocab_size_per_layer_input),
+                format!(
+                    "{h} (vocab_size_per_layer_input {})",
+                    self.vocab_size_per_layer_input
+                ),
                 "use positive per-layer input sizes, or 0 to turn the per-layer inputs off",
             ));
         }
@@ -340,8 +387,13 @@ impl Gemma4TextConfig {
             false => None,
             true => {
                 let need = |field: &'static str, v: Option<i64>| {
-                    v.filter(|v| *v > 0)
-                        .ok_or_else(|| invalid(field, format!("{v:?}"), "enable_moe_block needs a positive value"))
+                    v.filter(|v| *v > 0).ok_or_else(|| {
+                        invalid(
+                            field,
+                            format!("{v:?}"),
+                            "enable_moe_block needs a positive value",
+                        )
+                    })
                 };
                 let experts = need("num_experts", self.num_experts)?;
                 let top_k = need("top_k_experts", self.top_k_experts)?;
@@ -352,7 +404,11 @@ impl Gemma4TextConfig {
                         "route each token to at most num_experts experts",
                     ));
                 }
-                Some((experts, top_k, need("moe_intermediate_size", self.moe_intermediate_size)?))
+                Some((
+                    experts,
+                    top_k,
+                    need("moe_intermediate_size", self.moe_intermediate_size)?,
+                ))
             }
         };
         Ok(Family {
@@ -564,10 +620,14 @@ impl DecoderConfig for Gemma4Config {
     }
     fn family(&self) -> Result<Family> {
         // Upstream's `get_placeholder_mask`: the image, video and audio token ids.
-        let placeholders = [self.image_token_id, self.video_token_id, self.audio_token_id]
-            .into_iter()
-            .flatten()
-            .collect();
+        let placeholders = [
+            self.image_token_id,
+            self.video_token_id,
+            self.audio_token_id,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let text = self.text_config.family_with(placeholders)?;
         Ok(Family {
             model_type: "gemma4",
@@ -624,7 +684,10 @@ impl Gemma4TextRouter {
 
     /// `(router_probabilities, top_k_weights, top_k_index)` for the hidden states
     /// `[tokens, hidden]`.
-    pub(crate) fn forward(&self, h: &tch::Tensor) -> Result<(tch::Tensor, tch::Tensor, tch::Tensor)> {
+    pub(crate) fn forward(
+        &self,
+        h: &tch::Tensor,
+    ) -> Result<(tch::Tensor, tch::Tensor, tch::Tensor)> {
         let h = self.norm.forward(h) * &self.scale * self.scalar_root_size;
         let scores = self.proj.forward(&h);
         let probs = scores.f_softmax(-1, tch::Kind::Float)?;

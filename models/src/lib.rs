@@ -126,9 +126,8 @@ pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
-    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Gemma4,
-    GptOss, KvSharing,
-    Granite, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
+    DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Gemma4, GptOss,
+    Granite, KvSharing, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
     LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm,
     QuestionAnsweringClass,
 };

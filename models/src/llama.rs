@@ -1022,7 +1022,9 @@ impl DecoderLayer {
         if let Some(g) = &self.gemma4 {
             // The per-layer input: `post_norm(projection(act(gate(h)) · per_layer_input))`
             // added to the residual.
-            if let (Some((gate, projection, norm)), Some(inputs)) = (&g.per_layer, &x.per_layer_inputs) {
+            if let (Some((gate, projection, norm)), Some(inputs)) =
+                (&g.per_layer, &x.per_layer_inputs)
+            {
                 let t = x.act.apply(&gate.forward(&out)) * inputs.select(2, g.idx);
                 out = &out + norm.forward(&projection.forward(&t));
             }
@@ -1602,7 +1604,13 @@ impl LlamaModel {
                     let gemma4_projections = g4.map(|g| {
                         let sliding = family.sliding_windows[i as usize].is_some();
                         let norm = |p: tchtrain_nn::Path<'_>, scale: bool| {
-                            RmsNorm::gemma4(p, layer_hd, config.rms_norm_eps, scale, classes.rms_norm.clone())
+                            RmsNorm::gemma4(
+                                p,
+                                layer_hd,
+                                config.rms_norm_eps,
+                                scale,
+                                classes.rms_norm.clone(),
+                            )
                         };
                         let q_proj = linear(&a / "q_proj", d, heads * layer_hd, family.qkv_bias);
                         let q_norm = norm(&a / "q_norm", true);
@@ -1847,26 +1855,28 @@ impl LlamaModel {
             layers,
             norm: rms_norm(&p / "norm", d),
             // Gemma 4's per-layer input embeddings, registered after the final norm.
-            per_layer: g4.and_then(|g| g.per_layer_input).map(|(ple, vocab)| PerLayerEmbeddings {
-                embed_tokens_per_layer: Embedding::with_padding(
-                    &p / "embed_tokens_per_layer",
-                    vocab,
-                    config.num_hidden_layers * ple,
-                    std,
-                    config.pad_token_id,
-                )
-                .with_class(classes.embedding.clone()),
-                per_layer_model_projection: Linear::new(
-                    &p / "per_layer_model_projection",
-                    d,
-                    config.num_hidden_layers * ple,
-                    false,
-                    std,
-                ),
-                per_layer_projection_norm: rms_norm(&p / "per_layer_projection_norm", ple),
-                hidden_size_per_layer_input: ple,
-                vocab_size_per_layer_input: vocab,
-            }),
+            per_layer: g4
+                .and_then(|g| g.per_layer_input)
+                .map(|(ple, vocab)| PerLayerEmbeddings {
+                    embed_tokens_per_layer: Embedding::with_padding(
+                        &p / "embed_tokens_per_layer",
+                        vocab,
+                        config.num_hidden_layers * ple,
+                        std,
+                        config.pad_token_id,
+                    )
+                    .with_class(classes.embedding.clone()),
+                    per_layer_model_projection: Linear::new(
+                        &p / "per_layer_model_projection",
+                        d,
+                        config.num_hidden_layers * ple,
+                        false,
+                        std,
+                    ),
+                    per_layer_projection_norm: rms_norm(&p / "per_layer_projection_norm", ple),
+                    hidden_size_per_layer_input: ple,
+                    vocab_size_per_layer_input: vocab,
+                }),
             rotary_emb: RotaryEmbedding::new(rope, p.device())?,
             sliding_rotary_emb: match family.sliding_rope_parameters.as_ref() {
                 Some(rope) => {
@@ -1943,8 +1953,7 @@ impl LlamaModel {
         if let Some(g) = g4 {
             // Gemma 4's KV-sharing layers read the storing layer's keys and values, which a
             // checkpointed layer's recomputation would detach.
-            if train && self.checkpointing.is_some() && g.kv_sharing.contains(&KvSharing::Reuse)
-            {
+            if train && self.checkpointing.is_some() && g.kv_sharing.contains(&KvSharing::Reuse) {
                 return Err(Error::InvalidArgument {
                     field: "gradient_checkpointing",
                     detail: format!(
@@ -2013,8 +2022,8 @@ impl LlamaModel {
                 );
                 let token = table.lookup(&ids) * scale.to_kind(table.ws.kind());
                 let token = token.f_reshape([batch, seq, c.num_hidden_layers, ple])?;
-                let projected = p.per_layer_model_projection.forward(&h)
-                    * (c.hidden_size as f64).powf(-0.5);
+                let projected =
+                    p.per_layer_model_projection.forward(&h) * (c.hidden_size as f64).powf(-0.5);
                 let projected = projected.f_reshape([batch, seq, c.num_hidden_layers, ple])?;
                 let projected = p.per_layer_projection_norm.forward(&projected);
                 Some((projected + token) * 2f64.powf(-0.5))

@@ -52,7 +52,10 @@ enum RopeType {
     },
     /// Gemma 4's: the first `rope_angles` frequencies of the whole head's, the rest zero
     /// (those pairs pass unrotated), divided by `factor`.
-    Proportional { factor: f64, rope_angles: i64 },
+    Proportional {
+        factor: f64,
+        rope_angles: i64,
+    },
 }
 
 /// The RoPE of one config (or one layer type of it): its type, base and rotary dimension.
@@ -359,9 +362,10 @@ impl RopeParameters {
                 rope_angles,
             } => {
                 // `1 / base ** (arange(0, 2 · angles, 2).float() / head_dim)`, then zeros.
-                let exponent = Tensor::arange_start_step(0, 2 * rope_angles, 2, (Kind::Int64, device))
-                    .to_kind(Kind::Float)
-                    / d;
+                let exponent =
+                    Tensor::arange_start_step(0, 2 * rope_angles, 2, (Kind::Int64, device))
+                        .to_kind(Kind::Float)
+                        / d;
                 let rotated = Tensor::f_pow_scalar(self.theta, &exponent)?.reciprocal();
                 let nope = self.dim / 2 - rope_angles;
                 let inv = if nope > 0 {

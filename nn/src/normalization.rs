@@ -117,7 +117,13 @@ impl RmsNorm {
 
     /// Upstream `Gemma4RMSNorm(dim, eps, with_scale)` at `p`, reported as class `class`
     /// (weights initialised to ones; none without `with_scale`).
-    pub fn gemma4(p: Path<'_>, dim: i64, eps: f64, with_scale: bool, class: impl Into<String>) -> Self {
+    pub fn gemma4(
+        p: Path<'_>,
+        dim: i64,
+        eps: f64,
+        with_scale: bool,
+        class: impl Into<String>,
+    ) -> Self {
         if with_scale {
             return Self::build(p, dim, eps, class.into(), RmsNormVariant::Gemma4);
         }
@@ -171,8 +177,7 @@ impl RmsNorm {
             }
         };
         if self.ctx.traced() {
-            let params: Vec<(&str, &Tensor)> =
-                self.weight.iter().map(|w| ("weight", w)).collect();
+            let params: Vec<(&str, &Tensor)> = self.weight.iter().map(|w| ("weight", w)).collect();
             self.ctx
                 .leaf(|| self.name.clone(), &self.class, &params, x, &y);
         }

@@ -47,13 +47,16 @@ pub fn named_parameters(model: &dyn TrainableModel) -> Vec<(String, Tensor)> {
 }
 
 /// Upstream `num_parameters(exclude_embeddings)`: every parameter once (tied weights are
-/// one variable), without the embedding matrices (the model's
-/// [`is_embedding_weight`](TrainableModel::is_embedding_weight)) when asked.
+/// one variable; buffers such as Gemma 4's `layer_scalar` are not parameters), without the
+/// embedding matrices (the model's [`is_embedding_weight`](TrainableModel::is_embedding_weight))
+/// when asked.
 pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i64 {
+    let buffers = model.buffer_names();
     model
         .var_store()
         .variables()
         .iter()
+        .filter(|(name, _)| !buffers.contains(name))
         .filter(|(name, _)| !(exclude_embeddings && model.is_embedding_weight(name)))
         .map(|(_, t)| t.numel() as i64)
         .sum()

@@ -1,12 +1,12 @@
 //! Activation checkpointing (`activation_checkpointing_enable`) on GPT-2, BERT, Llama and
-//! Qwen3.5 (its linear-attention layers):
+//! Qwen3.5 (its linear-attention layers), Gemma 4 (its experts; its key / value sharing is refused):
 //! with dropout on, the loss and every gradient equal the plain forward's bit for bit
 //! (GPT-2's gradients: within 1e-6 of their largest value, see the test) (the
 //! recompute replays the generator, which ends where the plain step leaves it), for every
 //! layer or every other one; without the replay (`preserve_rng_state: false`) dropout draws
 //! new masks and the gradients differ; unknown settings are refused by name.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 use tchtrain_models::{
@@ -39,6 +39,8 @@ fn step(model: &mut dyn TrainableModel, ids: &Tensor) -> Result<Step> {
         .var_store()
         .variables()
         .into_iter()
+        // Buffers (Gemma 4's `layer_scalar`) take no gradient.
+        .filter(|(_, v)| v.requires_grad())
         .map(|(n, v)| (n, v.grad().copy()))
         .collect();
     grads.sort_by(|a, b| a.0.cmp(&b.0));
@@ -53,6 +55,47 @@ fn same(a: &Tensor, b: &Tensor) -> bool {
     a.size() == b.size() && a.f_equal(b).unwrap_or(false)
 }
 
+/// Gemma 4's layers that reuse earlier layers' keys and values read tensors a checkpointed
+/// layer would recompute: training with both is refused, naming the flag and the fix.
+#[test]
+fn gemma4_kv_sharing_refuses_checkpointed_training() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/gemma4/gemma4_text");
+    let mut model = from_pretrained_dir(
+        &dir,
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    model.activation_checkpointing_enable(ActivationCheckpointing::default())?;
+    model.train();
+    let ids = Tensor::from_slice(&[1i64, 5, 9, 3]).view([1, 4]);
+    let err = model
+        .forward(&ModelInputs {
+            input_ids: Some(&ids),
+            labels: Some(&ids),
+            ..Default::default()
+        })
+        .err()
+        .context("a checkpointed Gemma 4 with shared keys and values trained")?
+        .to_string();
+    assert!(
+        err.contains("gradient_checkpointing") && err.contains("num_kv_shared_layers"),
+        "{err}"
+    );
+    // Evaluation recomputes nothing: it runs.
+    model.eval();
+    let out = tch::no_grad(|| {
+        model.forward(&ModelInputs {
+            input_ids: Some(&ids),
+            ..Default::default()
+        })
+    })?;
+    assert!(out.logits.is_some());
+    Ok(())
+}
+
 #[test]
 fn checkpointed_layers_give_the_plain_loss_and_gradients_bit_for_bit() -> Result<()> {
     let _g = lock();
@@ -65,6 +108,12 @@ fn checkpointed_layers_give_the_plain_loss_and_gradients_bit_for_bit() -> Result
         ("reference/models/tiny_phi3_lm", AutoTask::CausalLm, false),
         // Qwen3.5's linear-attention layers recompute their convolution and delta rule.
         ("reference/qwen3_5/qwen3_5_text", AutoTask::CausalLm, false),
+        // Gemma 4's experts beside the MLP and its routers' scales.
+        (
+            "reference/gemma4/gemma4_text_moe",
+            AutoTask::CausalLm,
+            false,
+        ),
         (
             "reference/models/tiny_roberta_mlm",
             AutoTask::MaskedLm,

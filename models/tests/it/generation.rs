@@ -373,6 +373,9 @@ fn generate_on_every_family_equals_transformers() -> Result<()> {
         ("qwen3_5", "qwen3_5_text"),
         ("qwen3_5", "qwen3_5_moe_text"),
         ("qwen3_5", "qwen3_5"),
+        ("gemma4", "gemma4_text"),
+        ("gemma4", "gemma4_text_moe"),
+        ("gemma4", "gemma4"),
     ] {
         let families = assets().join("reference").join(reference);
         // The checkpoint with `output_router_logits` off.

@@ -291,6 +291,10 @@ fn save_pretrained_reloads_in_rust_and_python() -> Result<()> {
     .map(|case| families.join(case))
     .into_iter()
     .chain(["qwen3_5_text", "qwen3_5_moe_text", "qwen3_5"].map(|case| hybrid.join(case)))
+    .chain(
+        ["gemma4_text", "gemma4_text_moe", "gemma4"]
+            .map(|case| assets().join("reference/gemma4").join(case)),
+    )
     .chain([assets().join("reference/gpt_oss_mxfp4/float32")])
     .map(|dir| (dir, AutoTask::CausalLm, "AutoModelForCausalLM"));
     let cases: Vec<(PathBuf, AutoTask, &str)> = cases.into_iter().chain(later).collect();

@@ -202,7 +202,11 @@ fn gemma4_equals_upstream() -> Result<()> {
             &LoadOptions::default(),
         )?
         .model;
-        assert_eq!(model.no_split_modules(), ["Gemma4TextDecoderLayer"], "{case}");
+        assert_eq!(
+            model.no_split_modules(),
+            ["Gemma4TextDecoderLayer"],
+            "{case}"
+        );
         assert!(model.accepts_loss_kwargs(), "{case}");
     }
     family_equals_upstream(&dir, "gemma4", &dir.join("gemma4.saved"))?;
@@ -297,7 +301,7 @@ fn family_head_equals_upstream(
     Ok(())
 }
 
-/// `decoder_families.py`'s and `qwen3_5.py`'s Trainer runs: each family's tiny model (the mixtures of experts
+/// `decoder_families.py`'s, `qwen3_5.py`'s and `gemma4.py`'s Trainer runs: each family's tiny model (the mixtures of experts
 /// with their router loss on at 0.05) trained 20 steps (batch 4, cosine schedule after 2
 /// warm-up steps, weight decay 0.1, clipping, evaluation every 10 steps) on the Hamlet
 /// blocks: every logged value equals upstream's Trainer's to the bit — gpt-oss's within one
@@ -318,9 +322,12 @@ fn decoder_families_train_as_upstream() -> Result<()> {
         "gpt_oss",
         "qwen3_5_text",
         "qwen3_5_moe_text",
+        "gemma4_text",
+        "gemma4_text_moe",
     ] {
         let reference = match case {
             "qwen3_5_text" | "qwen3_5_moe_text" => "qwen3_5",
+            "gemma4_text" | "gemma4_text_moe" => "gemma4",
             _ => "decoder_families",
         };
         let dir = assets().join(format!("reference/{reference}/trainer_{case}"));
