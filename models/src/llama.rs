@@ -829,6 +829,7 @@ struct Mlp {
 
 /// The query, key and value projections: Llama's three, or Phi-3's fused `qkv_proj`.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum AttentionProjections {
     Separate {
         q_proj: Linear,
@@ -1619,7 +1620,7 @@ impl LlamaModel {
                             let v_norm = norm(&a / "v_norm", false);
                             let width = layer_kv * layer_hd;
                             let k_proj = linear(&a / "k_proj", d, width, family.qkv_bias);
-                            let v_proj = (!(g.attention_k_eq_v && !sliding))
+                            let v_proj = (!g.attention_k_eq_v || sliding)
                                 .then(|| linear(&a / "v_proj", d, width, family.qkv_bias));
                             Gemma4KeyValue {
                                 k_norm,
@@ -1793,55 +1794,49 @@ impl LlamaModel {
                     post_feedforward_layernorm: (family.olmo2
                         || gemma.is_some_and(|g| g.sandwich_norms))
                     .then(|| rms_norm(&l / "post_feedforward_layernorm", d)),
-                    gemma4: match g4 {
-                        Some(g) => Some(Gemma4Layer {
-                            layer_scalar: l.tch().ones_no_train("layer_scalar", &[1]),
-                            per_layer: g.per_layer_input.map(|(ple, _)| {
-                                (
-                                    linear(&l / "per_layer_input_gate", d, ple, false),
-                                    linear(&l / "per_layer_projection", ple, d, false),
-                                    rms_norm(&l / "post_per_layer_input_norm", d),
-                                )
-                            }),
-                            moe: match g.moe {
-                                Some((experts, top_k, inter)) => Some(Gemma4Moe {
-                                    router: crate::gemma4::Gemma4TextRouter::new(
-                                        &l / "router",
-                                        d,
-                                        experts,
-                                        top_k,
-                                        config.rms_norm_eps,
-                                        std,
-                                        classes.rms_norm.clone(),
-                                    ),
-                                    experts: tchtrain_nn::Experts::new(
-                                        &l / "experts",
-                                        experts,
-                                        d,
-                                        inter,
-                                        act,
-                                        std,
-                                        classes.experts.clone(),
-                                    ),
-                                    post_feedforward_layernorm_1: rms_norm(
-                                        &l / "post_feedforward_layernorm_1",
-                                        d,
-                                    ),
-                                    post_feedforward_layernorm_2: rms_norm(
-                                        &l / "post_feedforward_layernorm_2",
-                                        d,
-                                    ),
-                                    pre_feedforward_layernorm_2: rms_norm(
-                                        &l / "pre_feedforward_layernorm_2",
-                                        d,
-                                    ),
-                                }),
-                                None => None,
-                            },
-                            idx: i,
+                    gemma4: g4.map(|g| Gemma4Layer {
+                        layer_scalar: l.tch().ones_no_train("layer_scalar", &[1]),
+                        per_layer: g.per_layer_input.map(|(ple, _)| {
+                            (
+                                linear(&l / "per_layer_input_gate", d, ple, false),
+                                linear(&l / "per_layer_projection", ple, d, false),
+                                rms_norm(&l / "post_per_layer_input_norm", d),
+                            )
                         }),
-                        None => None,
-                    },
+                        moe: g.moe.map(|(experts, top_k, inter)| Gemma4Moe {
+                            router: crate::gemma4::Gemma4TextRouter::new(
+                                &l / "router",
+                                d,
+                                experts,
+                                top_k,
+                                config.rms_norm_eps,
+                                std,
+                                classes.rms_norm.clone(),
+                            ),
+                            experts: tchtrain_nn::Experts::new(
+                                &l / "experts",
+                                experts,
+                                d,
+                                inter,
+                                act,
+                                std,
+                                classes.experts.clone(),
+                            ),
+                            post_feedforward_layernorm_1: rms_norm(
+                                &l / "post_feedforward_layernorm_1",
+                                d,
+                            ),
+                            post_feedforward_layernorm_2: rms_norm(
+                                &l / "post_feedforward_layernorm_2",
+                                d,
+                            ),
+                            pre_feedforward_layernorm_2: rms_norm(
+                                &l / "pre_feedforward_layernorm_2",
+                                d,
+                            ),
+                        }),
+                        idx: i,
+                    }),
                     name: l.name(),
                     ctx: l.ctx().clone(),
                     classes: Arc::clone(&classes),
