@@ -17,6 +17,7 @@ mod auto;
 mod auto_tokenizer;
 mod bart;
 mod bert;
+mod bitsandbytes;
 mod cache_utils;
 mod chat_template;
 mod checkpoint;
@@ -72,6 +73,7 @@ pub use bert::{
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
     EncoderFamily,
 };
+pub use bitsandbytes::{BitsAndBytesConfig, is_quantized, quantize_model};
 pub use cache_utils::DynamicCache;
 pub use chat_template::{
     ADDITIONAL_CHAT_TEMPLATES_DIR, CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateOptions,
@@ -194,8 +196,14 @@ pub use smollm3::{
     SmolLM3ForSequenceClassification, SmolLM3ForTokenClassification,
 };
 pub use t5::{T5Config, T5ForConditionalGeneration};
+/// bitsandbytes' 4-bit functional parts (`bitsandbytes.functional`), from `tchtrain-nn`.
+pub use tchtrain_nn::bitsandbytes::{
+    NestedState, QuantState, QuantType, create_dynamic_map, dequantize_blockwise, quantize_4bit,
+    quantize_blockwise,
+};
 pub use tchtrain_nn::{
-    Context, DebugUnderflowOverflow, LayerHooks, NeftuneGuard, dropout, dropout_fast_path,
+    Context, DebugUnderflowOverflow, LayerHooks, Linear4bit, NeftuneGuard, dropout,
+    dropout_fast_path,
 };
 pub use tokenizers::Tokenizer;
 

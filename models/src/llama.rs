@@ -1429,6 +1429,22 @@ macro_rules! decoder_head_plumbing {
         fn no_split_modules(&self) -> Vec<String> {
             vec![self.model.classes.decoder_layer.clone()]
         }
+        fn set_quantization_config(
+            &mut self,
+            config: Option<serde_json::Value>,
+        ) -> crate::Result<()> {
+            match config {
+                Some(c) => {
+                    self.config
+                        .extra_mut()
+                        .insert("quantization_config".into(), c);
+                }
+                None => {
+                    self.config.extra_mut().remove("quantization_config");
+                }
+            }
+            Ok(())
+        }
         // Gemma 4's `layer_scalar`s.
         fn buffer_names(&self) -> Vec<String> {
             match &self.model.family.gemma4 {

@@ -64,6 +64,10 @@ pub struct LoadOptions {
     pub ignore_mismatched_sizes: bool,
     /// `dtype=`: the floating dtype of the loaded weights.
     pub dtype: LoadDtype,
+    /// `quantization_config=`: load the base model in 4 bits (bitsandbytes). A checkpoint
+    /// whose `config.json` holds its own `quantization_config` is pre-quantized, and that
+    /// one is used (upstream's warning: "the model already has a quantization_config").
+    pub quantization_config: Option<crate::BitsAndBytesConfig>,
 }
 
 /// Upstream `from_pretrained(dtype=...)`. transformers 5 defaults to `"auto"`: the
@@ -328,10 +332,18 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
     let built = build(&ctx);
     let inits = ctx.take_deferred();
     let mut model = built?;
+    // A pre-quantized checkpoint's own config wins over the one given.
+    let prequantized = crate::bitsandbytes::checkpoint_quantization_config(dir)?;
+    let quantization = prequantized
+        .clone()
+        .or_else(|| options.quantization_config.clone());
+    if let Some(q) = &quantization {
+        model.set_quantization_config(Some(q.to_json()))?;
+    }
     let mut skipped: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
     skipped.extend(dropped.iter().map(|k| k.to_string()));
     let tensors = read_checkpoint(dir)?;
-    let tensors = match model.load_conversion() {
+    let mut tensors = match model.load_conversion() {
         Some(conversion) => {
             let used = conversion.used_by(&tensors);
             model.set_weight_conversion(used);
@@ -339,19 +351,37 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
         }
         None => tensors,
     };
+    let prequantized_parts = match (&prequantized, &quantization) {
+        (Some(_), Some(q)) => Some(crate::bitsandbytes::load_prequantized(
+            &mut model,
+            q,
+            &mut tensors,
+        )?),
+        _ => None,
+    };
     let kind = options.dtype.resolve(dir, &tensors)?;
-    let info = load_into(
+    let mut info = load_into(
         model.var_store_mut(),
         tensors,
         base_model_prefix,
         &skipped,
         options,
     )?;
+    // The pre-quantized parts' float weights are replaced, not missing.
+    if let Some(parts) = &prequantized_parts {
+        info.missing_keys
+            .retain(|k| !parts.iter().any(|p| *k == format!("{}.weight", p.name)));
+    }
     // The missing weights are drawn in float32 and then cast (upstream draws them in the
     // model's dtype; whether those half-precision draws are bit-equal is not measured).
     tchtrain_nn::initialization::initialize_missing(model.var_store(), &inits, &info.missing_keys)?;
     if kind != Kind::Float {
         model.var_store_mut().set_kind(kind);
+    }
+    match (prequantized_parts, &quantization) {
+        (Some(parts), Some(q)) => crate::bitsandbytes::install_prequantized(&mut model, q, parts)?,
+        (None, Some(q)) => crate::bitsandbytes::quantize_model(&mut model, q)?,
+        _ => {}
     }
     Ok(crate::Loaded { model, info })
 }

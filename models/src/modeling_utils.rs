@@ -300,11 +300,21 @@ pub(crate) fn linear_modules_of<M: TrainableModel + ?Sized>(model: &M) -> Vec<Li
     let vs = model.var_store();
     let vars = vs.variables();
     let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
+    // A 4-bit part's `weight` holds its packed codes: its shape is the state's.
+    let quantized: std::collections::HashMap<String, Vec<i64>> = model
+        .context()
+        .quant_slots()
+        .into_iter()
+        .filter_map(|(name, slot)| slot.with(|q| q.map(|q| (name, q.state.shape.clone()))))
+        .collect();
     ordered_variable_names(vs)
         .into_iter()
         .filter_map(|n| {
             let module = n.strip_suffix(".weight")?;
-            let size = vars.get(&n)?.size();
+            let size = match quantized.get(module) {
+                Some(shape) => shape.clone(),
+                None => vars.get(&n)?.size(),
+            };
             if size.len() != 2 || model.is_embedding_weight(&n) || tied.contains(&n) {
                 return None;
             }
@@ -365,6 +375,26 @@ pub trait TrainableModel: Send {
     /// FSDP1's `buffer_dtype` casts them. Empty for a model without buffers.
     fn buffer_names(&self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// Whether trainable adapters sit on the model (a [`PeftModel`](crate::PeftModel)): what
+    /// the Trainer requires of a quantized model.
+    fn has_adapter(&self) -> bool {
+        false
+    }
+
+    /// Records the `quantization_config` a 4-bit load used in the model's `config.json`
+    /// (transformers writes it when it saves a quantized model). Models that cannot be
+    /// loaded in 4 bits here refuse, naming the fix.
+    fn set_quantization_config(&mut self, config: Option<serde_json::Value>) -> Result<()> {
+        let _ = config;
+        Err(crate::Error::InvalidArgument {
+            field: "quantization_config",
+            detail: format!(
+                "4-bit loading (bitsandbytes) is implemented for the decoder families (Llama, Qwen, Mistral, Gemma, ...) here, not for {}; load it without quantization_config",
+                self.model_name()
+            ),
+        })
     }
 
     /// Upstream's `model.config.use_cache = args.use_cache`, which the Trainer sets when it

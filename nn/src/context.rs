@@ -38,6 +38,7 @@ struct Inner {
     neftune: Mutex<Option<f64>>,
     deferred: Mutex<Option<Vec<(String, VarInit)>>>,
     lora_slots: Mutex<Vec<(String, LoraSlot)>>,
+    quant_slots: Mutex<Vec<(String, crate::linear::QuantSlot)>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -264,6 +265,22 @@ impl Context {
     /// Every adaptable part's LoRA slot, by module name, in creation order.
     pub fn lora_slots(&self) -> Vec<(String, LoraSlot)> {
         lock(&self.inner.lora_slots).clone()
+    }
+
+    // --- 4-bit weights ---
+
+    /// Registers the 4-bit slot of the linear part `name` (done by every [`Linear`] when
+    /// built).
+    ///
+    /// [`Linear`]: crate::Linear
+    pub(crate) fn register_quant_slot(&self, name: String, slot: crate::linear::QuantSlot) {
+        lock(&self.inner.quant_slots).push((name, slot));
+    }
+
+    /// Every linear part's 4-bit slot (`nn.Linear` upstream, which bitsandbytes replaces), by
+    /// module name, in creation order.
+    pub fn quant_slots(&self) -> Vec<(String, crate::linear::QuantSlot)> {
+        lock(&self.inner.quant_slots).clone()
     }
 }
 

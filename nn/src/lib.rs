@@ -13,6 +13,7 @@
 //! `tuners/lora/layer.py`.
 
 mod activations;
+pub mod bitsandbytes;
 mod context;
 pub mod debug_utils;
 mod dropout;
@@ -40,7 +41,7 @@ pub use gated_delta_net::{
     torch_recurrent_gated_delta_rule,
 };
 pub use layer_hooks::LayerHooks;
-pub use linear::{Conv1D, Linear};
+pub use linear::{Conv1D, Linear, Linear4bit, QuantSlot};
 pub use lora::{Dora, LoraAdapter, LoraSlot};
 pub use moe::{ExpertGate, Experts, RouterKind, TopKRouter, load_balancing_loss_func};
 pub use neftune::neftune_post_forward_hook;

@@ -1,10 +1,13 @@
 //! `nn.Linear` and GPT-2's `Conv1D` (a linear map whose weight is stored `[in, out]`):
 //! each owns its module name, its LoRA slot and its tracer report.
 
-use tch::Tensor;
-use tch::nn::Init;
+use std::sync::{Arc, Mutex};
 
-use crate::context::Context;
+use tch::nn::Init;
+use tch::{Kind, Tensor};
+
+use crate::bitsandbytes::QuantState;
+use crate::context::{Context, lock};
 use crate::initialization::{self, normal};
 use crate::lora::LoraSlot;
 use crate::path::Path;
@@ -24,6 +27,70 @@ pub struct Linear {
     /// is computed so that autograd saves the weight itself.
     in_layer: bool,
     lora: LoraSlot,
+    quant: QuantSlot,
+}
+
+/// bitsandbytes' `Linear4bit` weight: the packed 4-bit codes and their state, and the
+/// compute dtype the input is cast to (`bnb_4bit_compute_dtype`).
+#[derive(Debug)]
+pub struct Linear4bit {
+    /// The packed codes `[(out · in + 1) / 2, 1]` (uint8), the checkpoint's `weight`.
+    pub packed: Tensor,
+    /// Their `QuantState`.
+    pub state: QuantState,
+    /// `compute_dtype` (`None`: the input's).
+    pub compute_dtype: Option<Kind>,
+}
+
+impl Linear4bit {
+    /// `Linear4bit.forward`: the input cast to the compute dtype, the weight dequantized in
+    /// it (`gemm_4bit`'s default: `code[q] · absmax` in float32, then cast), `linear`, the
+    /// output back in the input's dtype. The input's gradient is `grad · W` as
+    /// `MatMul4Bit.backward` computes it; the weight takes none.
+    pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> crate::Result<Tensor> {
+        let inp = x.kind();
+        let x = match self.compute_dtype {
+            Some(k) if k != inp => x.f_to_kind(k)?,
+            _ => x.shallow_clone(),
+        };
+        let w = self.state.dequantize(&self.packed, x.kind())?;
+        let bias = match bias {
+            Some(b) if b.kind() != x.kind() => Some(b.f_to_kind(x.kind())?),
+            Some(b) => Some(b.shallow_clone()),
+            None => None,
+        };
+        // (`MatMul4Bit.backward` sums the bias's gradient over the first dimension, autograd
+        // then over the rest; `linear`'s backward sums them at once: a trainable bias's
+        // gradient can differ by the rounding of that order.)
+        let y = x.f_linear(&w, bias.as_ref())?;
+        Ok(if y.kind() == inp {
+            y
+        } else {
+            y.f_to_kind(inp)?
+        })
+    }
+}
+
+/// A linear part's 4-bit weight, once quantized (shared by the part and the model's
+/// [`Context`], through which the loader quantizes).
+#[derive(Debug, Clone, Default)]
+pub struct QuantSlot(Arc<Mutex<Option<Linear4bit>>>);
+
+impl QuantSlot {
+    /// Whether the part is quantized.
+    pub fn is_set(&self) -> bool {
+        lock(&self.0).is_some()
+    }
+
+    /// Runs `f` on the 4-bit weight (none: the part is not quantized).
+    pub fn with<R>(&self, f: impl FnOnce(Option<&Linear4bit>) -> R) -> R {
+        f(lock(&self.0).as_ref())
+    }
+
+    /// Makes the part a `Linear4bit` over `weight` (none: the float weight again).
+    pub fn set(&self, weight: Option<Linear4bit>) {
+        *lock(&self.0) = weight;
+    }
 }
 
 impl Linear {
@@ -52,6 +119,8 @@ impl Linear {
         let name = p.name();
         let lora = LoraSlot::default();
         p.ctx().register_lora_slot(name.clone(), lora.clone());
+        let quant = QuantSlot::default();
+        p.ctx().register_quant_slot(name.clone(), quant.clone());
         Self {
             ws,
             bs,
@@ -60,6 +129,7 @@ impl Linear {
             ctx: p.ctx().clone(),
             in_layer: false,
             lora,
+            quant,
         }
     }
 
@@ -84,6 +154,26 @@ impl Linear {
 
     /// The part's forward (see the type's documentation).
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        let quantized = self.quant.with(|q| {
+            q.map(|q| {
+                // The state was checked against the packed codes when it was installed
+                // (`QuantState::validate`): its forward does not fail on them.
+                let y = q
+                    .forward(x, self.bs.as_ref())
+                    .unwrap_or_else(|e| panic!("{}: 4-bit forward: {e}", self.name));
+                let y = self.lora.apply_linear_quantized(x, y);
+                if self.ctx.traced() {
+                    let mut params = vec![("weight", &q.packed)];
+                    params.extend(self.bs.as_ref().map(|b| ("bias", b)));
+                    self.ctx
+                        .leaf(|| self.name.clone(), &self.class, &params, x, &y);
+                }
+                y
+            })
+        });
+        if let Some(y) = quantized {
+            return y;
+        }
         let y = if self.in_layer && self.ctx.releases_parameters() {
             releasing_linear(x, &self.ws, self.bs.as_ref())
         } else {

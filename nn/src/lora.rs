@@ -76,6 +76,18 @@ impl LoraSlot {
     /// `y + lora_B(lora_A(dropout(x))) * scaling`, `x` first cast to the adapter's dtype
     /// and the sum back to `y`'s (`y` itself without an adapter).
     pub(crate) fn apply_linear(&self, x: &Tensor, y: Tensor) -> Tensor {
+        self.apply(x, y, false)
+    }
+
+    /// peft's `bnb.Linear4bit.forward` over a 4-bit part's output `y`: as
+    /// [`apply_linear`](Self::apply_linear), but the adapter's term is cast to `y`'s dtype
+    /// before the sum (`requires_conversion`: `torch.is_autocast_enabled()`, which reads
+    /// CUDA's autocast, is false on the CPU).
+    pub(crate) fn apply_linear_quantized(&self, x: &Tensor, y: Tensor) -> Tensor {
+        self.apply(x, y, true)
+    }
+
+    fn apply(&self, x: &Tensor, y: Tensor, quantized: bool) -> Tensor {
         let mut s = lock(&self.0);
         let Some(layer) = &s.adapter else {
             return y;
@@ -102,7 +114,11 @@ impl LoraSlot {
                     Some(s) => (after_a * s).linear::<Tensor>(&layer.b, None),
                     None => after_a.linear::<Tensor>(&layer.b, None) * layer.scaling,
                 };
-                (y + delta).to_kind(kind)
+                if quantized {
+                    y + delta.to_kind(kind)
+                } else {
+                    (y + delta).to_kind(kind)
+                }
             }
             Some(d) => (&y + dora_term(&x, &y, layer, d)).to_kind(kind),
         };

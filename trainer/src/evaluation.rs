@@ -106,6 +106,18 @@ impl Trainer {
         // Upstream: outside `train`, `fp16_full_eval` / `bf16_full_eval` cast the model
         // (`model.to(dtype=...)`, its floating parameters), and it stays cast.
         if !self.loop_state.is_in_train {
+            if (self.args.fp16_full_eval || self.args.bf16_full_eval)
+                && tchtrain_models::is_quantized(&*self.model)
+            {
+                return Err(Error::InvalidArgument {
+                    field: if self.args.fp16_full_eval {
+                        "fp16_full_eval"
+                    } else {
+                        "bf16_full_eval"
+                    },
+                    detail: "`.to` is not supported for `4-bit` or `8-bit` bitsandbytes models. Please use the model as it is, since the model has already been set to the correct devices and casted to the correct `dtype`. (upstream's message); evaluate without it".into(),
+                });
+            }
             if self.args.fp16_full_eval {
                 self.model.var_store_mut().half();
             } else if self.args.bf16_full_eval {

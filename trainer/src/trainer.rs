@@ -485,6 +485,13 @@ impl TrainerBuilder {
         // Upstream: `logging.set_verbosity(args.get_process_log_level())`.
         crate::logging::init_logging(&self.args);
         let mut model = self.model;
+        // Upstream `Trainer.__init__`: a quantized model trains through its adapters only.
+        if tchtrain_models::is_quantized(&*model) && !model.has_adapter() {
+            return Err(Error::InvalidArgument {
+                field: "model",
+                detail: "You cannot perform fine-tuning on purely quantized models. Please attach trainable adapters on top of the quantized model to correctly perform fine-tuning. (upstream's message); wrap it with get_peft_model (LoRA), as QLoRA does".into(),
+            });
+        }
         // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else `cuda:LOCAL_RANK`
         // when there is a CUDA device (the one ProcessGroupNCCL binds this rank to), else the
         // CPU.

@@ -1010,6 +1010,9 @@ impl TrainableModel for PeftModel {
     fn is_causal_lm(&self) -> bool {
         self.base.is_causal_lm()
     }
+    fn has_adapter(&self) -> bool {
+        true
+    }
     fn accepts_loss_kwargs(&self) -> bool {
         self.base.accepts_loss_kwargs()
     }

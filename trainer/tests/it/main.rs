@@ -5,6 +5,7 @@
 
 mod autocast_families;
 mod bad_files;
+mod bitsandbytes;
 mod checkpoints;
 mod common;
 mod cpu_cache;

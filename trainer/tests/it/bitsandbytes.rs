@@ -1,0 +1,336 @@
+//! 4-bit quantization (QLoRA's base) against bitsandbytes 0.50.2's CPU backend, transformers 5.23 and peft
+//! 0.21.2 (`scripts/reference/bitsandbytes_4bit.py`): the codes, absmax and double-quant state
+//! bit-identical; `Linear4bit`'s forward and backward equal; a model quantized as it loads equals
+//! transformers' pre-quantized checkpoint tensor for tensor, that checkpoint loads here, ours
+//! saves as transformers saved it; peft's LoRA over the 4-bit model runs to the bit.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+use tchtrain_accelerate::AutocastGuard;
+use tchtrain_models::{
+    AutoTask, BitsAndBytesConfig, LoadOptions, ModelInputs, PeftModel, QuantType, TrainableModel,
+    create_dynamic_map, from_pretrained_dir, is_quantized, quantize_4bit, quantize_blockwise,
+};
+use tchtrain_testing::{assets, lock};
+
+fn reference(name: &str) -> Result<HashMap<String, Tensor>> {
+    let path = assets().join("reference/bitsandbytes_4bit").join(name);
+    Ok(Tensor::read_safetensors(&path)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
+        .into_iter()
+        .collect())
+}
+
+fn same(a: &Tensor, b: &Tensor) -> bool {
+    a.size() == b.size() && a.kind() == b.kind() && a.equal(b)
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+#[test]
+fn quantize_4bit_equals_bitsandbytes() -> Result<()> {
+    let _g = lock();
+    let r = reference("functional.safetensors")?;
+    let map = Tensor::from_slice(&create_dynamic_map());
+    assert!(same(&map, &r["dynamic_map"]), "create_dynamic_map");
+    // The C kernel's 8-bit blockwise codes.
+    let (q, absmax) = quantize_blockwise(&r["v"], &create_dynamic_map(), 256)?;
+    assert!(same(&q, &r["blockwise.q"]), "quantize_blockwise codes");
+    assert!(
+        same(&absmax, &r["blockwise.absmax"]),
+        "quantize_blockwise absmax"
+    );
+    for w in ["a", "b", "c"] {
+        for qt in ["nf4", "fp4"] {
+            for dq in [0, 1] {
+                let key = format!("{w}.{qt}.{dq}");
+                let (packed, state) =
+                    quantize_4bit(&r[w], 64, QuantType::parse(qt, "quant_type")?, dq == 1)?;
+                assert!(same(&packed, &r[&format!("{key}.packed")]), "{key}: packed");
+                assert!(
+                    same(&state.absmax, &r[&format!("{key}.absmax")]),
+                    "{key}: absmax"
+                );
+                assert!(
+                    same(&state.code, &r[&format!("{key}.quant_map")]),
+                    "{key}: quant_map"
+                );
+                if let Some(n) = &state.nested {
+                    assert!(
+                        same(&n.absmax, &r[&format!("{key}.nested_absmax")]),
+                        "{key}: nested_absmax"
+                    );
+                    assert!(
+                        same(&n.code, &r[&format!("{key}.nested_quant_map")]),
+                        "{key}: nested_quant_map"
+                    );
+                    assert!(
+                        same(&n.offset.reshape([1]), &r[&format!("{key}.offset")]),
+                        "{key}: offset"
+                    );
+                }
+                state.validate(&packed)?;
+                // `F.dequantize_4bit` returns the weight's own dtype.
+                let own = state.dequantize(&packed, state.dtype)?.to_kind(Kind::Float);
+                assert!(
+                    same(&own, &r[&format!("{key}.deq_f32")]),
+                    "{key}: dequantized"
+                );
+                let bf16 = state.dequantize(&packed, Kind::BFloat16)?;
+                assert!(
+                    same(&bf16, &r[&format!("{key}.deq_bf16")]),
+                    "{key}: dequantized bfloat16"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn linear_4bit_forward_and_backward_equal_bitsandbytes() -> Result<()> {
+    let _g = lock();
+    let r = reference("linear.safetensors")?;
+    let (packed, state) = quantize_4bit(&r["weight"], 64, QuantType::Nf4, true)?;
+    assert!(same(&packed, &r["packed"]), "Params4bit's packed weight");
+    // The state as bitsandbytes serialises it, byte for byte (the JSON included).
+    for (k, t) in state.as_dict("weight")? {
+        let k = k.strip_prefix("weight.").unwrap_or(&k).to_string();
+        let theirs = &r[&format!("state.{k}")];
+        assert!(same(&t, theirs), "state {k}: {t:?} vs {theirs:?}");
+    }
+    for (prefix, compute, autocast) in [
+        ("f32.", Kind::Float, false),
+        ("bf16.", Kind::BFloat16, false),
+        ("autocast.", Kind::Float, true),
+    ] {
+        let (packed, state) = quantize_4bit(&r["weight"], 64, QuantType::Nf4, true)?;
+        let layer = tchtrain_models::Linear4bit {
+            packed,
+            state,
+            compute_dtype: Some(compute),
+        };
+        let bias = r["bias"].copy().set_requires_grad(true);
+        let x = r["x"].copy().set_requires_grad(true);
+        let _guard = autocast
+            .then(|| AutocastGuard::enter(Device::Cpu, Kind::BFloat16))
+            .transpose()?;
+        let y = layer.forward(&x, Some(&bias))?;
+        drop(_guard);
+        (&y * r["g"].to_kind(y.kind())).sum(y.kind()).backward();
+        assert!(
+            same(&y.detach(), &r[&format!("{prefix}y")]),
+            "{prefix}: output"
+        );
+        assert!(
+            same(&x.grad(), &r[&format!("{prefix}x_grad")]),
+            "{prefix}: input gradient"
+        );
+        // The bias's gradient sums the output gradient over the 10 rows: bitsandbytes over the
+        // batch first (`grad.sum(0)`, in the bias's dtype: bfloat16 with that compute dtype,
+        // as it casts the bias), autograd over the rest; ours at once. Each order is within
+        // rows · u · Σ|g| of the exact sum (u the unit roundoff of the accumulating dtype).
+        let g = r["g"].to_kind(Kind::Double).abs().sum_dim_intlist(
+            [0i64, 1].as_slice(),
+            false,
+            Kind::Double,
+        );
+        // (Under autocast the bias enters `linear` in bfloat16: ours rounds its sum there.)
+        let u = if compute == Kind::BFloat16 || autocast {
+            2f64.powi(-8)
+        } else {
+            2f64.powi(-24)
+        };
+        let bound = g * (2.0 * 10.0 * u);
+        let diff = (bias.grad().to_kind(Kind::Double)
+            - r[&format!("{prefix}bias_grad")].to_kind(Kind::Double))
+        .abs();
+        let over = diff.gt_tensor(&bound).sum(Kind::Int64).int64_value(&[]);
+        assert_eq!(
+            over, 0,
+            "{prefix}: bias gradient beyond the summation-order bound"
+        );
+    }
+    Ok(())
+}
+
+fn nf4() -> BitsAndBytesConfig {
+    BitsAndBytesConfig::nf4(Kind::Float)
+}
+
+fn load(
+    dir: &str,
+    quantization_config: Option<BitsAndBytesConfig>,
+) -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
+    let loaded = from_pretrained_dir(
+        &assets().join("reference/bitsandbytes_4bit").join(dir),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions {
+            quantization_config,
+            ..LoadOptions::default()
+        },
+    )?;
+    assert!(loaded.info.is_clean(), "{dir}: {}", loaded.info);
+    Ok(loaded.model)
+}
+
+/// The model's tensors sorted by name.
+fn sorted(tensors: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    let mut v = tensors;
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+#[test]
+fn a_model_quantized_on_load_equals_transformers_checkpoint_both_ways() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_4bit");
+    let ours = load("base", Some(nf4()))?;
+    assert!(is_quantized(&*ours));
+    // Every linear but the head quantized as transformers quantized it.
+    let theirs = sorted(tchtrain_models::read_checkpoint(&dir.join("prequantized"))?);
+    let mine = sorted(ours.var_store().variables().into_iter().collect());
+    assert_eq!(
+        mine.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "the 4-bit state's keys"
+    );
+    for ((name, a), (_, b)) in mine.iter().zip(&theirs) {
+        assert!(same(a, b), "{name} differs from transformers' quantization");
+    }
+    // The pre-quantized checkpoint loads as it is, and runs as transformers' model (in training
+    // mode there: the dequantizing path).
+    let r: HashMap<String, Tensor> = Tensor::read_safetensors(dir.join("lora/run.safetensors"))?
+        .into_iter()
+        .collect();
+    for model in [ours, load("prequantized", None)?] {
+        let logits = tch::no_grad(|| {
+            model.forward(&ModelInputs {
+                input_ids: r.get("input_ids"),
+                attention_mask: r.get("attention_mask"),
+                ..Default::default()
+            })
+        })?
+        .logits
+        .context("logits")?;
+        assert_eq!(max_abs(&logits, &r["base.logits"]), 0.0, "logits");
+    }
+    // Saved as transformers saves a 4-bit model: the same tensors and quantization_config.
+    let model = load("prequantized", None)?;
+    let saved = tchtrain_testing::temp_dir("bnb-4bit-save");
+    model.save_pretrained(&saved)?;
+    let mine = sorted(tchtrain_models::read_checkpoint(&saved)?);
+    assert_eq!(mine.len(), theirs.len());
+    for ((name, a), (_, b)) in mine.iter().zip(&theirs) {
+        assert!(same(a, b), "saved {name} differs");
+    }
+    let config = |p: &std::path::Path| -> Result<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p.join("config.json"))?)?;
+        Ok(v["quantization_config"].clone())
+    };
+    assert_eq!(config(&saved)?, config(&dir.join("prequantized"))?);
+    Ok(())
+}
+
+#[test]
+fn lora_over_4bit_equals_peft() -> Result<()> {
+    use tchtrain_models::{LoraConfig, get_peft_model};
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_4bit/lora");
+    let config = LoraConfig::from_file(&dir.join("adapter/adapter_config.json"))?;
+    tch::manual_seed(1);
+    let drawn = get_peft_model(
+        load("prequantized", None)?,
+        LoraConfig {
+            inference_mode: false,
+            ..config
+        },
+    )?;
+    let initial: HashMap<String, Tensor> =
+        Tensor::read_safetensors(dir.join("initial.safetensors"))?
+            .into_iter()
+            .collect();
+    let ours: HashMap<String, Tensor> = drawn.adapter_state_dict("default")?.into_iter().collect();
+    assert_eq!(ours.len(), initial.len());
+    for (name, t) in &initial {
+        assert!(ours[name].equal(t), "drawn {name} differs from peft's");
+    }
+    let mut model =
+        PeftModel::from_pretrained(load("prequantized", None)?, &dir.join("adapter"), true)?;
+    let r: HashMap<String, Tensor> = Tensor::read_safetensors(dir.join("run.safetensors"))?
+        .into_iter()
+        .collect();
+    for (prefix, autocast) in [("", false), ("autocast.", true)] {
+        model.eval();
+        let inputs = ModelInputs {
+            input_ids: r.get("input_ids"),
+            attention_mask: r.get("attention_mask"),
+            ..Default::default()
+        };
+        let guard = || {
+            autocast
+                .then(|| AutocastGuard::enter(Device::Cpu, Kind::BFloat16))
+                .transpose()
+        };
+        let logits = {
+            let _g = guard()?;
+            tch::no_grad(|| model.forward(&inputs))?
+                .logits
+                .context("logits")?
+        };
+        assert_eq!(
+            max_abs(&logits, &r[&format!("{prefix}logits")]),
+            0.0,
+            "{prefix}logits"
+        );
+        for (_, v) in model.var_store().variables() {
+            let mut g = v.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let out = {
+            let _g = guard()?;
+            model.forward(&ModelInputs {
+                labels: r.get("labels"),
+                ..inputs
+            })?
+        };
+        let loss = out.loss.context("loss")?.to_kind(Kind::Float);
+        loss.backward();
+        assert_eq!(
+            max_abs(&loss.reshape([1]), &r[&format!("{prefix}loss")]),
+            0.0,
+            "{prefix}loss"
+        );
+        let vars = model.var_store().variables();
+        let grad_prefix = format!("{prefix}grad.base_model.model.");
+        let mut n = 0;
+        for (key, expected) in r.iter().filter(|(k, _)| k.starts_with(&grad_prefix)) {
+            let name = &key[grad_prefix.len()..];
+            let var = vars
+                .get(name)
+                .with_context(|| format!("no parameter {name}"))?;
+            assert_eq!(
+                max_abs(&var.grad(), expected),
+                0.0,
+                "{prefix}gradient of {name}"
+            );
+            n += 1;
+        }
+        assert_eq!(
+            n, 12,
+            "{prefix}: the adapter's gradients (3 modules x 2 layers x A, B)"
+        );
+    }
+    Ok(())
+}
