@@ -474,6 +474,18 @@ pub(crate) fn checkpoint_quantization_config(
     }
 }
 
+/// The model's 4-bit parts, by module name (their `weight` holds the packed codes, the
+/// `weight.*` variables beside it the state).
+pub fn quantized_modules(model: &dyn TrainableModel) -> Vec<String> {
+    model
+        .context()
+        .quant_slots()
+        .into_iter()
+        .filter(|(_, s)| s.is_set())
+        .map(|(name, _)| name)
+        .collect()
+}
+
 /// Whether the model has 4-bit parts (upstream's `is_loaded_in_4bit`).
 pub fn is_quantized(model: &dyn TrainableModel) -> bool {
     model

@@ -73,7 +73,7 @@ pub use bert::{
     BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderConfig,
     EncoderFamily,
 };
-pub use bitsandbytes::{BitsAndBytesConfig, is_quantized, quantize_model};
+pub use bitsandbytes::{BitsAndBytesConfig, is_quantized, quantize_model, quantized_modules};
 pub use cache_utils::DynamicCache;
 pub use chat_template::{
     ADDITIONAL_CHAT_TEMPLATES_DIR, CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateOptions,

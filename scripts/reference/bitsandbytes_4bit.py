@@ -28,9 +28,12 @@ pre-quantized model as peft_experts.py's `adapt` draws it (`initial.safetensors`
 redrawn, `adapter/`), and `run.safetensors`: models.py's 2 x 8 batch, the logits (training mode,
 no gradient), the loss and the adapter's gradients in float32 and under CPU bfloat16 autocast (the
 backward after it), as qwen3_5.py's `run` records them.
+
+OUT_DIR/trainer_qlora/: QLoRA trained 20 steps by the Trainer (see `trainer`).
 """
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -40,7 +43,7 @@ from safetensors.torch import save_file
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 import transformers as tf
-from peft import LoraConfig
+from peft import LoraConfig, get_peft_model
 
 OUT = Path(sys.argv[1])
 HERE = Path(__file__).resolve().parent
@@ -160,10 +163,56 @@ def models():
     print("loss", float(tensors["loss"]), float(tensors["autocast.loss"]))
 
 
+def trainer():
+    """decoder_families.py's Trainer run for QLoRA: the tiny Llama at SmolLM2's vocabulary in
+    float32 (`initial/`), loaded in 4 bits (nf4, double quantization), peft's LoRA drawn after
+    `torch.manual_seed(1)` (`adapter_config/`), trained 20 steps on the Hamlet blocks. The
+    evaluation runs bitsandbytes' dequantizing path: its fused AVX512-bf16 inference kernel
+    (`support_avx512bf16_for_cpu`, machine-dependent, bf16 arithmetic) is turned off."""
+    parity = sibling("trainer_parity")
+    blocks = parity.llama_blocks()
+    train_rows, eval_rows = blocks[:48], blocks[48:56]
+    name = "trainer_qlora"
+    folder = OUT / name
+    folder.mkdir()
+    (folder / "blocks.json").write_text(json.dumps({"train": train_rows, "eval": eval_rows}))
+    config = tf.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(config).save_pretrained(folder / "initial")
+    q = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
+    base = tf.AutoModelForCausalLM.from_pretrained(folder / "initial", quantization_config=q)
+    for module in base.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    torch.manual_seed(1)
+    model = get_peft_model(base, lora)
+    model.peft_config["default"].save_pretrained(folder / "adapter_config")
+    args = parity.common_args(
+        name, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=20,
+        learning_rate=2e-3, lr_scheduler_type="cosine", warmup_steps=2, weight_decay=0.1,
+        max_grad_norm=1.0, eval_strategy="steps", eval_steps=10,
+    )
+
+    def rows(part):
+        return parity.Rows([{"input_ids": r, "labels": list(r)} for r in part])
+
+    t = tf.Trainer(model=model, args=args, train_dataset=rows(train_rows), eval_dataset=rows(eval_rows),
+                   data_collator=tf.default_data_collator)
+    result = t.train()
+    parity.write_run(name, t, result, model)
+    print(name, t.state.log_history[-1])
+
+
 def main():
     torch.set_num_threads(2)
     linear(functional())
     models()
+    trainer()
 
 
 if __name__ == "__main__":

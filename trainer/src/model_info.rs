@@ -50,15 +50,28 @@ pub fn named_parameters(model: &dyn TrainableModel) -> Vec<(String, Tensor)> {
 /// one variable; buffers such as Gemma 4's `layer_scalar` are not parameters), without the
 /// embedding matrices (the model's [`is_embedding_weight`](TrainableModel::is_embedding_weight))
 /// when asked.
+///
+/// A 4-bit part's packed `weight` counts twice its bytes (two values per byte), its state
+/// (`weight.absmax`, ...) not at all: `Params4bit` is its only parameter upstream.
 pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i64 {
     let buffers = model.buffer_names();
+    let quantized = tchtrain_models::quantized_modules(model);
+    let is_packed = |name: &str| {
+        name.strip_suffix(".weight")
+            .is_some_and(|m| quantized.iter().any(|q| q == m))
+    };
+    let is_state = |name: &str| {
+        quantized
+            .iter()
+            .any(|q| name.starts_with(&format!("{q}.weight.")))
+    };
     model
         .var_store()
         .variables()
         .iter()
-        .filter(|(name, _)| !buffers.contains(name))
+        .filter(|(name, _)| !buffers.contains(name) && !is_state(name))
         .filter(|(name, _)| !(exclude_embeddings && model.is_embedding_weight(name)))
-        .map(|(_, t)| t.numel() as i64)
+        .map(|(name, t)| t.numel() as i64 * if is_packed(name) { 2 } else { 1 })
         .sum()
 }
 

@@ -334,3 +334,87 @@ fn lora_over_4bit_equals_peft() -> Result<()> {
     }
     Ok(())
 }
+
+/// QLoRA through the Trainer (`bitsandbytes_4bit.py`'s `trainer`): the tiny Llama loaded in 4
+/// bits (nf4, double quantization), peft's LoRA drawn after the same seed, trained 20 steps
+/// (batch 4, cosine schedule after 2 warm-up steps, weight decay 0.1, clipping, evaluation
+/// every 10 steps) on the Hamlet blocks: every logged value equals peft + bitsandbytes +
+/// upstream's Trainer's to the bit, `total_flos` (its 4-bit weights counted twice) included.
+#[test]
+fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
+    use tchtrain_models::{LoraConfig, get_peft_model};
+    use tchtrain_trainer::Trainer;
+    use tchtrain_training_args::{IntervalStrategy, SchedulerType, TrainingArguments};
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_4bit/trainer_qlora");
+    let out = tchtrain_testing::temp_dir("qlora-trainer");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        ..crate::parity::base_args(&out)
+    };
+    args.post_init()?;
+    let base = from_pretrained_dir(
+        &dir.join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions {
+            quantization_config: Some(nf4()),
+            ..LoadOptions::default()
+        },
+    )?
+    .model;
+    // A purely quantized model does not train.
+    let refused = Trainer::builder(
+        from_pretrained_dir(
+            &dir.join("initial"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions {
+                quantization_config: Some(nf4()),
+                ..LoadOptions::default()
+            },
+        )?
+        .model,
+        args.clone(),
+    )
+    .build()
+    .err()
+    .context("a purely quantized model was accepted for training")?;
+    assert!(
+        refused.to_string().contains("purely quantized"),
+        "{refused}"
+    );
+    let config = LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?;
+    tch::manual_seed(1);
+    let model = get_peft_model(
+        base,
+        LoraConfig {
+            inference_mode: false,
+            ..config
+        },
+    )?;
+    let blocks = dir.join("blocks.json");
+    let mut trainer = Trainer::builder(Box::new(model), args)
+        .train_dataset(crate::parity::lm_blocks(&blocks, "train")?)
+        .eval_dataset(crate::parity::lm_blocks(&blocks, "eval")?)
+        .build()?;
+    let result = trainer.train(None)?;
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("log_history.json"))?)?;
+    tchtrain_testing::assert_exact(
+        "qlora",
+        &tchtrain_testing::compare("qlora", &trainer.state.log_history, &expected)?,
+    );
+    assert_eq!(result.global_step, 20);
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
