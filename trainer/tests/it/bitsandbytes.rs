@@ -340,41 +340,40 @@ fn lora_over_4bit_equals_peft() -> Result<()> {
 /// (batch 4, cosine schedule after 2 warm-up steps, weight decay 0.1, clipping, evaluation
 /// every 10 steps) on the Hamlet blocks: every logged value equals peft + bitsandbytes +
 /// upstream's Trainer's to the bit, `total_flos` (its 4-bit weights counted twice) included.
+/// The run saves the adapter alone at step 10; a new 4-bit model resumed from it logs every
+/// later step as the uninterrupted run; peft loads the saved adapter onto transformers' 4-bit
+/// base and evaluates it to our last `eval_loss`.
 #[test]
 fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
     use tchtrain_models::{LoraConfig, get_peft_model};
-    use tchtrain_trainer::Trainer;
-    use tchtrain_training_args::{IntervalStrategy, SchedulerType, TrainingArguments};
+    use tchtrain_trainer::{ResumeFrom, Trainer};
+    use tchtrain_training_args::{
+        IntervalStrategy, SaveStrategy, SchedulerType, TrainingArguments,
+    };
     let _g = lock();
     let dir = assets().join("reference/bitsandbytes_4bit/trainer_qlora");
     let out = tchtrain_testing::temp_dir("qlora-trainer");
-    let mut args = TrainingArguments {
-        per_device_train_batch_size: 4,
-        per_device_eval_batch_size: 4,
-        max_steps: 20,
-        learning_rate: 2e-3,
-        lr_scheduler_type: SchedulerType::Cosine,
-        warmup_steps: 2.0,
-        weight_decay: 0.1,
-        max_grad_norm: 1.0,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(10.0),
-        ..crate::parity::base_args(&out)
+    let args = || -> Result<TrainingArguments> {
+        let mut args = TrainingArguments {
+            per_device_train_batch_size: 4,
+            per_device_eval_batch_size: 4,
+            max_steps: 20,
+            learning_rate: 2e-3,
+            lr_scheduler_type: SchedulerType::Cosine,
+            warmup_steps: 2.0,
+            weight_decay: 0.1,
+            max_grad_norm: 1.0,
+            eval_strategy: IntervalStrategy::Steps,
+            eval_steps: Some(10.0),
+            save_strategy: SaveStrategy::Steps,
+            save_steps: 10.0,
+            ..crate::parity::base_args(&out)
+        };
+        args.post_init()?;
+        Ok(args)
     };
-    args.post_init()?;
-    let base = from_pretrained_dir(
-        &dir.join("initial"),
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions {
-            quantization_config: Some(nf4()),
-            ..LoadOptions::default()
-        },
-    )?
-    .model;
-    // A purely quantized model does not train.
-    let refused = Trainer::builder(
-        from_pretrained_dir(
+    let base = || -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
+        Ok(from_pretrained_dir(
             &dir.join("initial"),
             AutoTask::CausalLm,
             Device::Cpu,
@@ -383,30 +382,34 @@ fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
                 ..LoadOptions::default()
             },
         )?
-        .model,
-        args.clone(),
-    )
-    .build()
-    .err()
-    .context("a purely quantized model was accepted for training")?;
+        .model)
+    };
+    // A purely quantized model does not train.
+    let refused = Trainer::builder(base()?, args()?)
+        .build()
+        .err()
+        .context("a purely quantized model was accepted for training")?;
     assert!(
         refused.to_string().contains("purely quantized"),
         "{refused}"
     );
     let config = LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?;
-    tch::manual_seed(1);
-    let model = get_peft_model(
-        base,
-        LoraConfig {
-            inference_mode: false,
-            ..config
-        },
-    )?;
     let blocks = dir.join("blocks.json");
-    let mut trainer = Trainer::builder(Box::new(model), args)
-        .train_dataset(crate::parity::lm_blocks(&blocks, "train")?)
-        .eval_dataset(crate::parity::lm_blocks(&blocks, "eval")?)
-        .build()?;
+    let trainer_for = |args: TrainingArguments| -> Result<Trainer> {
+        tch::manual_seed(1);
+        let model = get_peft_model(
+            base()?,
+            LoraConfig {
+                inference_mode: false,
+                ..config.clone()
+            },
+        )?;
+        Ok(Trainer::builder(Box::new(model), args)
+            .train_dataset(crate::parity::lm_blocks(&blocks, "train")?)
+            .eval_dataset(crate::parity::lm_blocks(&blocks, "eval")?)
+            .build()?)
+    };
+    let mut trainer = trainer_for(args()?)?;
     let result = trainer.train(None)?;
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("log_history.json"))?)?;
@@ -415,6 +418,69 @@ fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
         &tchtrain_testing::compare("qlora", &trainer.state.log_history, &expected)?,
     );
     assert_eq!(result.global_step, 20);
+    let checkpoint = out.join("checkpoint-10");
+    assert!(checkpoint.join("adapter_model.safetensors").is_file());
+    assert!(!checkpoint.join("model.safetensors").exists());
+    let adapter = trainer.save_model(Some(&out.join("adapter")))?;
+    // Resumed from step 10: the later steps as the uninterrupted run's.
+    let mut resumed = trainer_for(args()?)?;
+    resumed.train(Some(ResumeFrom::Path(checkpoint)))?;
+    let history = &resumed.state.log_history;
+    let mut steps = expected.as_array().context("log_history")?.clone();
+    steps.pop();
+    tchtrain_testing::assert_exact(
+        "qlora resumed",
+        &tchtrain_testing::compare(
+            "qlora resumed",
+            &history[..history.len() - 1],
+            &serde_json::Value::Array(steps),
+        )?,
+    );
+    // peft loads our adapter onto transformers' 4-bit base.
+    let last_eval = trainer
+        .state
+        .log_history
+        .iter()
+        .rev()
+        .find_map(|e| e.get("eval_loss").and_then(|v| v.as_f64()))
+        .context("eval_loss")?;
+    let script = r#"
+import json, sys, torch, transformers as tf, bitsandbytes as bnb
+from peft import PeftModel
+d, adapter = sys.argv[1], sys.argv[2]
+q = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
+base = tf.AutoModelForCausalLM.from_pretrained(d + "/initial", quantization_config=q)
+for m in base.modules():
+    if isinstance(m, bnb.nn.Linear4bit):
+        m.support_avx512bf16_for_cpu = False
+model = PeftModel.from_pretrained(base, adapter).eval()
+rows = json.load(open(d + "/blocks.json"))["eval"]
+losses = []
+with torch.no_grad():
+    for i in range(0, len(rows), 4):
+        ids = torch.tensor(rows[i:i + 4])
+        losses.append(model(input_ids=ids, labels=ids).loss)
+print(repr(torch.stack(losses).mean().item()))
+"#;
+    let python = std::env::var("TCHTRAIN_VENV_PYTHON").context("TCHTRAIN_VENV_PYTHON")?;
+    let output = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(&dir)
+        .arg(&adapter)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let theirs: f64 = stdout
+        .trim()
+        .lines()
+        .last()
+        .context("no loss printed")?
+        .parse()?;
+    assert_eq!(theirs, last_eval, "peft's eval loss with our adapter");
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
