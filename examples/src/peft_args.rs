@@ -1,7 +1,9 @@
 //! TRL's LoRA flags for the example scripts (`trl.ModelConfig`'s `--use_peft`, `--lora_r`,
 //! `--lora_alpha`, `--lora_dropout`, `--lora_target_modules`, `--lora_target_parameters`,
 //! `--lora_modules_to_save`, `--lora_task_type`, `--use_rslora`, `--use_dora`, with TRL's defaults), made into a
-//! [`LoraConfig`] as `trl.get_peft_config` makes it and applied to the loaded model.
+//! [`LoraConfig`] as `trl.get_peft_config` makes it and applied to the loaded model; and its
+//! quantization flags (`--load_in_4bit`, `--bnb_4bit_quant_type`, `--use_bnb_nested_quant`,
+//! `--bnb_4bit_quant_storage`; `--load_in_8bit` refused) as `trl.get_quantization_config`.
 
 use tchtrain_models::{LoraConfig, PreTrainedModel, TargetModules, get_peft_model};
 
@@ -36,6 +38,16 @@ pub struct PeftArguments {
     pub use_rslora: bool,
     /// `--use_dora`.
     pub use_dora: bool,
+    /// `--load_in_8bit`: refused here (LLM.int8 is not implemented; use `--load_in_4bit`).
+    pub load_in_8bit: bool,
+    /// `--load_in_4bit`: the base model loaded in 4 bits (QLoRA, with `--use_peft`).
+    pub load_in_4bit: bool,
+    /// `--bnb_4bit_quant_type` (default `nf4`).
+    pub bnb_4bit_quant_type: String,
+    /// `--use_bnb_nested_quant`: double quantization of the absmax.
+    pub use_bnb_nested_quant: bool,
+    /// `--bnb_4bit_quant_storage` (only `uint8` here).
+    pub bnb_4bit_quant_storage: Option<String>,
 }
 
 impl Default for PeftArguments {
@@ -88,6 +100,31 @@ pub static LORA_ARGUMENTS: Dataclass = Dataclass {
             "Rank-stabilised LoRA: scaling alpha / sqrt(r) instead of alpha / r.",
         ),
         FieldSpec::bool("use_dora", false, "Weight-decomposed LoRA (DoRA)."),
+        FieldSpec::bool(
+            "load_in_8bit",
+            false,
+            "Use 8 bit precision for the base model (not implemented here: use --load_in_4bit).",
+        ),
+        FieldSpec::bool(
+            "load_in_4bit",
+            false,
+            "Use 4 bit precision for the base model (QLoRA, with --use_peft).",
+        ),
+        FieldSpec::str(
+            "bnb_4bit_quant_type",
+            "nf4",
+            "Quantization type (nf4 or fp4).",
+        ),
+        FieldSpec::bool(
+            "use_bnb_nested_quant",
+            false,
+            "Whether to use nested quantization (double quantization of the absmax).",
+        ),
+        FieldSpec::str(
+            "bnb_4bit_quant_storage",
+            "None",
+            "Quantization storage dtype (uint8 here).",
+        ),
     ],
 };
 
@@ -115,13 +152,52 @@ impl PeftArguments {
         })
     }
 
+    /// `trl.get_quantization_config(model_args)`: with `--load_in_4bit`, the 4-bit config
+    /// (its compute dtype the model's `dtype`, float32 by default); `None` otherwise.
+    pub fn quantization_config(
+        &self,
+        dtype: tchtrain_models::LoadDtype,
+    ) -> Result<Option<tchtrain_models::BitsAndBytesConfig>> {
+        if self.load_in_8bit {
+            return Err(Error::InvalidFlag {
+                flag: "load_in_8bit".into(),
+                detail: "8-bit loading (LLM.int8) is not implemented here; use --load_in_4bit"
+                    .into(),
+            });
+        }
+        if !self.load_in_4bit {
+            return Ok(None);
+        }
+        let compute = match dtype {
+            tchtrain_models::LoadDtype::Kind(k) => k,
+            tchtrain_models::LoadDtype::Auto => tch::Kind::Float,
+        };
+        let compute_name = match compute {
+            tch::Kind::BFloat16 => "bfloat16",
+            tch::Kind::Half => "float16",
+            _ => "float32",
+        };
+        let config = tchtrain_models::BitsAndBytesConfig::from_json(&serde_json::json!({
+            "load_in_4bit": true,
+            "bnb_4bit_compute_dtype": compute_name,
+            "bnb_4bit_quant_type": self.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": self.use_bnb_nested_quant,
+            "bnb_4bit_quant_storage": self.bnb_4bit_quant_storage,
+        }))
+        .map_err(|e| Error::InvalidFlag {
+            flag: "load_in_4bit".into(),
+            detail: e.to_string(),
+        })?;
+        Ok(Some(config))
+    }
+
     /// LoRA flags without `--use_peft` would do nothing: an error naming the fix.
     pub(crate) fn check(&self) -> Result<()> {
         if !self.use_peft && *self != Self::default() {
             return Err(Error::InvalidFlag {
                 flag: "use_peft".into(),
                 detail:
-                    "LoRA flags were given without --use_peft: add --use_peft to train an adapter"
+                    "LoRA or quantization flags were given without --use_peft: add --use_peft to train an adapter (a quantized model trains through its adapter only)"
                         .into(),
             });
         }

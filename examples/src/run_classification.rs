@@ -716,6 +716,9 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         Device::Cpu,
         &LoadOptions {
             ignore_mismatched_sizes: cls.ignore_mismatched_sizes,
+            quantization_config: cls
+                .peft
+                .quantization_config(tchtrain_models::LoadDtype::Auto)?,
             ..LoadOptions::default()
         },
     )?;

@@ -490,6 +490,7 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         Device::Cpu,
         &LoadOptions {
             dtype: clm.dtype,
+            quantization_config: clm.peft.quantization_config(clm.dtype)?,
             ..LoadOptions::default()
         },
     )?;

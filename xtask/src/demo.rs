@@ -112,11 +112,14 @@ pub(crate) fn run_example(
 }
 
 /// `--clm`: runs setup, builds the example and runs the three stages; `--lora`: the LoRA
-/// demo (`demo_lora`); otherwise the sentiment demo.
+/// demo (`demo_lora`); `--qlora`: the same on the base loaded in 4 bits; otherwise the
+/// sentiment demo.
 pub fn run(args: &[String]) -> Result<(), String> {
-    if args.iter().any(|a| a == "--lora") {
-        let args: Vec<String> = args.iter().filter(|a| *a != "--lora").cloned().collect();
-        return crate::demo_lora::run(&args);
+    for (flag, qlora) in [("--lora", false), ("--qlora", true)] {
+        if args.iter().any(|a| a == flag) {
+            let args: Vec<String> = args.iter().filter(|a| *a != flag).cloned().collect();
+            return crate::demo_lora::run(&args, qlora);
+        }
     }
     if !args.iter().any(|a| a == "--clm") {
         return crate::demo_sentiment::run(args);

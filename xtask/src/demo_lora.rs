@@ -18,6 +18,11 @@
 //!
 //! It fails (non-zero exit) unless the evaluation loss went down and the adapter folder
 //! holds the adapter alone.
+//!
+//! `cargo xtask demo --qlora` is QLoRA: the same under `target/demo-qlora/` with the base
+//! loaded in 4 bits for training (TRL's `--load_in_4bit --bnb_4bit_quant_type nf4
+//! --use_bnb_nested_quant`: bitsandbytes' NF4 with double quantization); the continuation
+//! after loads the adapter onto the float base, as peft users merge or serve it.
 
 use std::path::Path;
 use std::process::Command;
@@ -110,8 +115,8 @@ pub(crate) fn continuation(
     Ok(text.to_string())
 }
 
-/// Runs the demo.
-pub fn run(args: &[String]) -> Result<(), String> {
+/// Runs the demo (`qlora`: the base loaded in 4 bits for training).
+pub fn run(args: &[String], qlora: bool) -> Result<(), String> {
     let o = Options::parse(args)?;
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
@@ -121,7 +126,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let target = paths::target_dir();
     let run_clm = release.join("run_clm");
     let run_generation = release.join("run_generation");
-    let out = target.join("demo-lora");
+    let out = target.join(if qlora { "demo-qlora" } else { "demo-lora" });
     if out.exists() {
         std::fs::remove_dir_all(&out)
             .map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
@@ -168,39 +173,60 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let trained = out.join("train");
     let steps = o.steps.to_string();
+    let quantized: &[&str] = if qlora {
+        &[
+            "--load_in_4bit",
+            "--bnb_4bit_quant_type",
+            "nf4",
+            "--use_bnb_nested_quant",
+        ]
+    } else {
+        &[]
+    };
+    let stage = if qlora {
+        "2/3 training a LoRA adapter on every linear layer of the 4-bit base (NF4, frozen) on the other 95%"
+    } else {
+        "2/3 training a LoRA adapter on every linear layer (the base frozen) on the other 95%"
+    };
     run_example(
         &run_clm,
         &root,
-        "2/3 training a LoRA adapter on every linear layer (the base frozen) on the other 95%",
-        &common(&[
-            "--use_peft",
-            "--lora_r",
-            "16",
-            "--lora_alpha",
-            "32",
-            "--lora_dropout",
-            "0.05",
-            "--lora_target_modules",
-            "all-linear",
-            "--do_train",
-            "--do_eval",
-            "--max_steps",
-            &steps,
-            "--per_device_train_batch_size",
-            &o.batch_size.to_string(),
-            "--learning_rate",
-            "2e-4",
-            "--lr_scheduler_type",
-            "cosine",
-            "--warmup_steps",
-            &(o.steps / 10).to_string(),
-            "--logging_steps",
-            "5",
-            "--save_strategy",
-            "no",
-            "--output_dir",
-            &trained.display().to_string(),
-        ]),
+        stage,
+        &common(
+            &[
+                quantized,
+                &[
+                    "--use_peft",
+                    "--lora_r",
+                    "16",
+                    "--lora_alpha",
+                    "32",
+                    "--lora_dropout",
+                    "0.05",
+                    "--lora_target_modules",
+                    "all-linear",
+                    "--do_train",
+                    "--do_eval",
+                    "--max_steps",
+                    &steps,
+                    "--per_device_train_batch_size",
+                    &o.batch_size.to_string(),
+                    "--learning_rate",
+                    "2e-4",
+                    "--lr_scheduler_type",
+                    "cosine",
+                    "--warmup_steps",
+                    &(o.steps / 10).to_string(),
+                    "--logging_steps",
+                    "5",
+                    "--save_strategy",
+                    "no",
+                    "--output_dir",
+                    &trained.display().to_string(),
+                ],
+            ]
+            .concat(),
+        ),
     )?;
     println!("\ndemo: 3/3 the same continuation from the adapter folder");
     let text_after = continuation(&run_generation, &root, &trained, o.length)?;
@@ -220,7 +246,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .collect();
     files.sort();
 
-    println!("\n===== demo: a LoRA adapter for SmolLM2-135M on hamlet.txt =====");
+    println!(
+        "\n===== demo: a {}LoRA adapter for SmolLM2-135M on hamlet.txt =====",
+        if qlora { "Q" } else { "" }
+    );
     println!(
         "  train: {} steps x {} rows x {} tokens in {train_runtime:.0}s (r 16 on every linear layer)",
         o.steps, o.batch_size, o.block_size
