@@ -163,6 +163,7 @@ pub use padding_free::EncoderHead;
 pub use peft::{
     ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, InitLoraWeights, LayerIndices, LoraBias,
     LoraConfig, LoraLayer, PEFT_VERSION, ParameterTarget, PeftModel, TargetModules, get_peft_model,
+    prepare_model_for_kbit_training,
 };
 pub use phi3::{
     Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3ForTokenClassification,

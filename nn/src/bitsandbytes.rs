@@ -345,7 +345,33 @@ pub fn quantize_4bit(
     ))
 }
 
+impl NestedState {
+    /// A handle to the same tensors.
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            offset: self.offset.shallow_clone(),
+            absmax: self.absmax.shallow_clone(),
+            code: self.code.shallow_clone(),
+            blocksize: self.blocksize,
+            dtype: self.dtype,
+        }
+    }
+}
+
 impl QuantState {
+    /// A handle to the same tensors.
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            absmax: self.absmax.shallow_clone(),
+            shape: self.shape.clone(),
+            code: self.code.shallow_clone(),
+            dtype: self.dtype,
+            blocksize: self.blocksize,
+            quant_type: self.quant_type,
+            nested: self.nested.as_ref().map(NestedState::shallow_clone),
+        }
+    }
+
     /// The absmax per block in float32 (the nested codes dequantized, plus `offset`).
     pub fn block_absmax(&self) -> Result<Tensor> {
         Ok(match &self.nested {

@@ -36,6 +36,7 @@ struct Inner {
     releases: Mutex<Option<bool>>,
     tracer: Mutex<Option<Arc<Mutex<DebugUnderflowOverflow>>>>,
     neftune: Mutex<Option<f64>>,
+    input_require_grads: Mutex<bool>,
     deferred: Mutex<Option<Vec<(String, VarInit)>>>,
     lora_slots: Mutex<Vec<(String, LoraSlot)>>,
     quant_slots: Mutex<Vec<(String, crate::linear::QuantSlot)>>,
@@ -265,6 +266,20 @@ impl Context {
     /// Every adaptable part's LoRA slot, by module name, in creation order.
     pub fn lora_slots(&self) -> Vec<(String, LoraSlot)> {
         lock(&self.inner.lora_slots).clone()
+    }
+
+    // --- input gradients ---
+
+    /// transformers' `enable_input_require_grads()`: the input embeddings' output requires a
+    /// gradient from now on (a forward hook upstream), so that checkpointed layers over a
+    /// frozen embedding still take their parameters' gradients through their recompute.
+    pub fn enable_input_require_grads(&self) {
+        *lock(&self.inner.input_require_grads) = true;
+    }
+
+    /// Whether [`enable_input_require_grads`](Self::enable_input_require_grads) is on.
+    pub fn input_require_grads(&self) -> bool {
+        *lock(&self.inner.input_require_grads)
     }
 
     // --- 4-bit weights ---

@@ -119,7 +119,9 @@ impl Embedding {
 
     /// The model's input embeddings (upstream's `get_input_embeddings()`): `y` (this part's
     /// lookup of `ids`, possibly scaled) [`adapt`](Self::adapt)ed, NEFTune's noise added
-    /// while `training` (its forward hook), then [`report`](Self::report)ed.
+    /// while `training` (its forward hook), made to require a gradient after
+    /// [`Context::enable_input_require_grads`](crate::Context::enable_input_require_grads),
+    /// then [`report`](Self::report)ed.
     pub fn input_forward(
         &self,
         ids: &Tensor,
@@ -129,6 +131,12 @@ impl Embedding {
     ) -> crate::Result<Tensor> {
         let y = self.adapt(ids, y, embed_scale);
         let y = crate::neftune_post_forward_hook(&self.ctx, y, training)?;
+        // `enable_input_require_grads`' hook: `output.requires_grad_(True)`.
+        let y = if self.ctx.input_require_grads() && !y.requires_grad() {
+            y.f_set_requires_grad(true)?
+        } else {
+            y
+        };
         self.report(ids, &y);
         Ok(y)
     }

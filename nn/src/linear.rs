@@ -53,22 +53,107 @@ impl Linear4bit {
             Some(k) if k != inp => x.f_to_kind(k)?,
             _ => x.shallow_clone(),
         };
-        let w = self.state.dequantize(&self.packed, x.kind())?;
         let bias = match bias {
             Some(b) if b.kind() != x.kind() => Some(b.f_to_kind(x.kind())?),
             Some(b) => Some(b.shallow_clone()),
             None => None,
         };
-        // (`MatMul4Bit.backward` sums the bias's gradient over the first dimension, autograd
-        // then over the rest; `linear`'s backward sums them at once: a trainable bias's
-        // gradient can differ by the rounding of that order.)
-        let y = x.f_linear(&w, bias.as_ref())?;
+        let needs_grad = x.requires_grad() || bias.as_ref().is_some_and(Tensor::requires_grad);
+        let y = if needs_grad {
+            // `MatMul4Bit`: the graph keeps the packed codes, the backward dequantizes again.
+            let packed = self.packed.shallow_clone();
+            let state = self.state.shallow_clone();
+            matmul_4bit(
+                &x,
+                bias.as_ref(),
+                Box::new(move |kind| state.dequantize(&packed, kind.unwrap_or(state.dtype))),
+            )?
+        } else {
+            // `gemm_4bit` (nothing to differentiate).
+            let w = self.state.dequantize(&self.packed, x.kind())?;
+            x.f_linear(&w, bias.as_ref())?
+        };
         Ok(if y.kind() == inp {
             y
         } else {
             y.f_to_kind(inp)?
         })
     }
+}
+
+/// A 4-bit weight's dequantization in a dtype (`None`: its own), kept by the autograd graph.
+type Dequantize = Box<dyn Fn(Option<Kind>) -> crate::Result<Tensor> + Send>;
+
+/// A malloc'd copy of `text` for the shim (which throws and frees it).
+#[allow(unsafe_code)]
+fn shim_text(text: &str) -> *mut std::ffi::c_char {
+    let text = std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: `text` is a live NUL-terminated string; the shim copies it.
+    unsafe { tchtrain_sys::tchtrain_checkpoint_message(text.as_ptr()) }
+}
+
+/// Called by the shim: the weight dequantized in the dtype of code `dtype` (-1: its own).
+#[allow(unsafe_code)]
+unsafe extern "C" fn run_dequantize(
+    weight: *mut std::ffi::c_void,
+    dtype: std::ffi::c_int,
+    out: *mut *mut torch_sys::C_tensor,
+) -> *mut std::ffi::c_char {
+    let kind = match dtype {
+        d if d < 0 => None,
+        5 => Some(Kind::Half),
+        6 => Some(Kind::Float),
+        7 => Some(Kind::Double),
+        15 => Some(Kind::BFloat16),
+        other => return shim_text(&format!("4-bit matmul: no floating dtype of code {other}")),
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `weight` is the `Box<Dequantize>` leaked by `matmul_4bit`, alive until
+        // `drop_dequantize`.
+        let f = unsafe { &*(weight as *const Dequantize) };
+        f(kind)
+    }));
+    match result {
+        Ok(Ok(mut w)) => {
+            // SAFETY: the shim takes ownership of the tensor (and deletes it).
+            unsafe { *out = w.as_mut_ptr() };
+            std::mem::forget(w);
+            std::ptr::null_mut()
+        }
+        Ok(Err(e)) => shim_text(&e.to_string()),
+        Err(_) => shim_text("4-bit matmul: the dequantization panicked"),
+    }
+}
+
+/// Called by the shim when the graph lets go of the weight's closure.
+#[allow(unsafe_code)]
+unsafe extern "C" fn drop_dequantize(weight: *mut std::ffi::c_void) {
+    // SAFETY: the pointer `matmul_4bit` leaked, dropped once.
+    drop(unsafe { Box::from_raw(weight as *mut Dequantize) });
+}
+
+/// `MatMul4Bit.apply(x, W, bias)` through `tchtrain-sys` (`csrc/matmul_4bit.cpp`).
+#[allow(unsafe_code)]
+fn matmul_4bit(x: &Tensor, bias: Option<&Tensor>, dequantize: Dequantize) -> crate::Result<Tensor> {
+    let weight: *mut Dequantize = Box::into_raw(Box::new(dequantize));
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: `x` and `bias` are live for the call; `weight` is handed over (the shim frees it
+    // through `drop_dequantize`, also on failure); the callbacks live as long as the program.
+    let err = unsafe {
+        tchtrain_sys::tchtrain_matmul_4bit(
+            x.as_ptr(),
+            bias.map_or(std::ptr::null(), |b| b.as_ptr()),
+            weight.cast(),
+            run_dequantize,
+            drop_dequantize,
+            &mut out,
+        )
+    };
+    // SAFETY: the shim's result, freed by `take_error`.
+    unsafe { tchtrain_sys::take_error(err) }
+        .map_err(|m| crate::Error::Torch(tch::TchError::Torch(m)))?;
+    // SAFETY: allocated by the shim with `new at::Tensor(..)`, owned by nobody else.
+    Ok(unsafe { Tensor::from_ptr(out) })
 }
 
 /// A linear part's 4-bit weight, once quantized (shared by the part and the model's

@@ -26,6 +26,8 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
     gpt2_6x384    GPT-2, 6 layers x 384 wide (6 heads), block 128, batch 4, same data.
     smollm2_lora  SmolLM2-135M with a LoRA adapter on every linear layer (peft), block 128,
                   batch 4: the frozen base's forward and input gradients, the adapter trained.
+    smollm2_qlora the same on the base loaded in 4 bits (bitsandbytes NF4, double
+                  quantization, float32 compute): QLoRA.
     qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
@@ -97,6 +99,13 @@ JOBS = {
     "smollm2_lora": dict(
         kind="clm", arch="smollm2", block=128, batch=4, warmup=2, steps=6,
         lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
+    ),
+    # QLoRA: smollm2_lora with the base loaded in 4 bits (bitsandbytes' NF4, double
+    # quantization, float32 compute) as TRL's --load_in_4bit --use_bnb_nested_quant loads it.
+    "smollm2_qlora": dict(
+        kind="clm", arch="smollm2", block=128, batch=4, warmup=2, steps=6,
+        lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
+        quantization=dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True),
     ),
 }
 
@@ -278,7 +287,11 @@ def run(data: Path, name: str, precision: str, threads: int):
     job = json.loads((folder / "job.json").read_text())
     rows = json.loads((folder / "rows.json").read_text())
     if job["kind"] == "clm":
-        model = tf.AutoModelForCausalLM.from_pretrained(folder / "initial")
+        quantization = job.get("quantization")
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            folder / "initial",
+            quantization_config=tf.BitsAndBytesConfig(**quantization) if quantization else None,
+        )
         if "lora" in job:
             import peft
 

@@ -139,6 +139,8 @@ struct Job {
     config: Value,
     /// peft's `LoraConfig` fields: the model trains a LoRA adapter.
     lora: Option<Value>,
+    /// `BitsAndBytesConfig` fields: the base loads in 4 bits (QLoRA).
+    quantization: Option<Value>,
     /// The causal-LM rows are padded (`"padded": true`: attention mask, labels -100).
     padded_rows: bool,
 }
@@ -163,6 +165,7 @@ impl Job {
             padded_rows: job["padded"].as_bool().unwrap_or(false),
             config,
             lora: job.get("lora").cloned(),
+            quantization: job.get("quantization").cloned(),
             dir,
         })
     }
@@ -184,8 +187,15 @@ impl Job {
     /// unless `padded`.
     fn load_model(&self, padded: bool) -> Result<Box<dyn PreTrainedModel>> {
         let dir = self.dir.join("initial");
-        let mut model =
-            from_pretrained_dir(&dir, self.task(), Device::Cpu, &LoadOptions::default())?.model;
+        let options = LoadOptions {
+            quantization_config: self
+                .quantization
+                .as_ref()
+                .map(tchtrain_models::BitsAndBytesConfig::from_json)
+                .transpose()?,
+            ..LoadOptions::default()
+        };
+        let mut model = from_pretrained_dir(&dir, self.task(), Device::Cpu, &options)?.model;
         if self.kind == "cls" || self.padded_rows {
             model.set_padding_free(!padded)?;
         }

@@ -5,6 +5,7 @@
 
 mod config;
 mod lora;
+mod other;
 mod peft_model;
 
 pub use config::{
@@ -12,4 +13,5 @@ pub use config::{
     LoraConfig, PEFT_VERSION, TargetModules,
 };
 pub use lora::{LoraLayer, ParameterTarget};
+pub use other::prepare_model_for_kbit_training;
 pub use peft_model::{PeftModel, get_peft_model};
