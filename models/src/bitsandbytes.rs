@@ -470,6 +470,15 @@ pub(crate) fn checkpoint_quantization_config(
     let config: Value = crate::configuration_utils::read_config(&path)?;
     match config.get("quantization_config") {
         None | Some(Value::Null) => Ok(None),
+        // Other methods are the model's config's to read (gpt-oss's MXFP4 experts are
+        // dequantized on load) or to refuse.
+        Some(q)
+            if q.get("quant_method").and_then(Value::as_str) != Some("bitsandbytes")
+                && !(q.get("quant_method").is_none()
+                    && (q.get("load_in_4bit").is_some() || q.get("load_in_8bit").is_some())) =>
+        {
+            Ok(None)
+        }
         Some(q) => BitsAndBytesConfig::from_json(q).map(Some),
     }
 }

@@ -492,6 +492,18 @@ impl TrainerBuilder {
                 detail: "You cannot perform fine-tuning on purely quantized models. Please attach trainable adapters on top of the quantized model to correctly perform fine-tuning. (upstream's message); wrap it with get_peft_model (LoRA), as QLoRA does".into(),
             });
         }
+        if tchtrain_models::is_quantized(&*model)
+            && (self.args.deepspeed.is_some() || crate::sharding::fsdp_requested(&self.args))
+        {
+            return Err(Error::InvalidArgument {
+                field: if self.args.deepspeed.is_some() {
+                    "deepspeed"
+                } else {
+                    "fsdp"
+                },
+                detail: "sharding a 4-bit model's packed weights (DeepSpeed ZeRO / FSDP over bitsandbytes' layers) is not implemented here; train the quantized model with DDP or on one process".into(),
+            });
+        }
         // Upstream `TrainingArguments.device`: the CPU with `use_cpu`, else `cuda:LOCAL_RANK`
         // when there is a CUDA device (the one ProcessGroupNCCL binds this rank to), else the
         // CPU.

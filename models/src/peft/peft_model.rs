@@ -76,6 +76,7 @@ fn module_of(var: &str) -> &str {
 /// config mutated as peft mutates it), drawn from the global generator as peft draws it,
 /// the base frozen but for `modules_to_save` and the biases `bias` names.
 pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Result<PeftModel> {
+    refuse_dora_on_4bit(&*base, &config)?;
     let adapter = build_adapter(&*base, config)?;
     let inference_mode = adapter.config.inference_mode;
     let mut model = PeftModel {
@@ -88,6 +89,18 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Res
     // peft's `inject_adapter`: `set_adapter(..., inference_mode=config.inference_mode)`.
     model.set_trainable(!inference_mode);
     Ok(model)
+}
+
+/// DoRA reads each adapted layer's weight for its norm: over a 4-bit layer peft dequantizes
+/// it, which is not implemented here.
+fn refuse_dora_on_4bit(base: &dyn PreTrainedModel, config: &LoraConfig) -> Result<()> {
+    if config.use_dora && crate::is_quantized(base) {
+        return Err(Error::InvalidArgument {
+            field: "use_dora",
+            detail: "DoRA over 4-bit layers (peft dequantizes the weight for its magnitude) is not implemented here; train LoRA (use_dora=False) on the 4-bit model, or DoRA on the model loaded without quantization_config".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Resolves `config` on `base` and creates the adapter `name`'s variables (peft's
@@ -685,6 +698,12 @@ impl PeftModel {
             }
             let adapter = self.adapter(&name)?;
             refuse_parameter_merge(adapter)?;
+            if crate::is_quantized(&*self.base) {
+                return Err(Error::InvalidArgument {
+                    field: "merge_adapter",
+                    detail: "merging into 4-bit layers (peft dequantizes, adds the delta and quantizes again) is not implemented here; load the base without quantization_config, load the adapter onto it and merge there".into(),
+                });
+            }
             let vars = self.base.var_store().variables();
             tch::no_grad(|| -> Result<()> {
                 for l in &adapter.layers {

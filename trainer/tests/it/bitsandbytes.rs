@@ -377,6 +377,18 @@ fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
         refused.to_string().contains("purely quantized"),
         "{refused}"
     );
+    // Nor DoRA over its 4-bit layers.
+    let dora = get_peft_model(
+        base()?,
+        LoraConfig {
+            use_dora: true,
+            inference_mode: false,
+            ..LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?
+        },
+    )
+    .err()
+    .context("DoRA over 4-bit layers was accepted")?;
+    assert!(dora.to_string().contains("use_dora"), "{dora}");
     let config = LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?;
     let blocks = dir.join("blocks.json");
     let trainer_for = |args: TrainingArguments| -> Result<Trainer> {
