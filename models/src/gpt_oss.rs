@@ -123,6 +123,8 @@ impl DecoderConfig for GptOssConfig {
                     c.extra.remove("quantization_config");
                     c.mxfp4 = true;
                 }
+                // bitsandbytes' 4-bit layers: the loader installs them (`crate::bitsandbytes`).
+                Some("bitsandbytes") => {}
                 _ => {
                     return Err(Error::InvalidConfig {
                         field: "quantization_config",
@@ -159,11 +161,10 @@ impl DecoderConfig for GptOssConfig {
         llama
     }
     fn family(&self) -> Result<Family> {
-        if self
-            .extra
-            .get("quantization_config")
-            .is_some_and(|q| !q.is_null())
-        {
+        if self.extra.get("quantization_config").is_some_and(|q| {
+            !q.is_null()
+                && q.get("quant_method").and_then(serde_json::Value::as_str) != Some("bitsandbytes")
+        }) {
             return Err(Error::InvalidConfig {
                 field: "quantization_config",
                 value: self.extra["quantization_config"].to_string(),

@@ -386,14 +386,23 @@ impl QuantState {
     /// `dequantize_4bit(packed, state)` in `kind`: each nibble's code (high first) times its
     /// block's absmax, in float32, then cast.
     pub fn dequantize(&self, packed: &Tensor, kind: Kind) -> Result<Tensor> {
-        let bytes = packed.f_reshape([-1])?.f_to_kind(Kind::Int64)?;
-        let high = bytes.f_bitwise_right_shift_tensor_scalar(4)?;
-        let low = bytes.f_bitwise_and(0xF)?;
+        // Each byte's two values at once: a 256 × 2 table of the codes (high nibble first),
+        // one gather for the whole weight.
+        let byte = Tensor::f_arange(256, (Kind::Int64, self.code.device()))?;
+        let table = Tensor::f_stack(
+            &[
+                self.code
+                    .f_index_select(0, &byte.f_bitwise_right_shift_tensor_scalar(4)?)?,
+                self.code.f_index_select(0, &byte.f_bitwise_and(0xF)?)?,
+            ],
+            1,
+        )?;
         let n: i64 = self.shape.iter().product();
-        let nibbles = Tensor::f_stack(&[high, low], 1)?
+        let index = packed.f_reshape([-1])?.f_to_kind(Kind::Int)?;
+        let values = table
+            .f_index_select(0, &index)?
             .f_reshape([-1])?
             .f_narrow(0, 0, n)?;
-        let values = self.code.f_index_select(0, &nibbles)?;
         let out = scale_blocks(&values, &self.block_absmax()?, self.blocksize)?;
         Ok(out.f_reshape(self.shape.as_slice())?.f_to_kind(kind)?)
     }

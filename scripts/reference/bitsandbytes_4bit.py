@@ -30,6 +30,8 @@ no gradient), the loss and the adapter's gradients in float32 and under CPU bflo
 backward after it), as qwen3_5.py's `run` records them.
 
 OUT_DIR/trainer_qlora/: QLoRA trained 20 steps by the Trainer (see `trainer`).
+
+OUT_DIR/families/<case>/: the newer families' tiny models and their 4-bit saves (see `families`).
 """
 
 import importlib.util
@@ -208,11 +210,34 @@ def trainer():
     print(name, t.state.log_history[-1])
 
 
+FAMILIES = [("decoder_families", "qwen3_moe"), ("decoder_families", "qwen2_moe"),
+            ("decoder_families", "gpt_oss"), ("qwen3_5", "qwen3_5_text"), ("gemma4", "gemma4_text"),
+            ("gemma4", "gemma4_text_moe")]
+
+
+def families():
+    """The newer families' tiny models (their scripts' `cases()`, seeded as they seed them,
+    saved as OUT_DIR/families/<case>/base/) loaded in 4 bits (nf4, double quantization) and
+    saved (OUT_DIR/families/<case>/prequantized/): which linear layers transformers quantizes
+    in each (routers, shared-expert gates, Gated DeltaNet's projections, Gemma 4's per-layer
+    projection), and their codes."""
+    q = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)
+    for script, case in FAMILIES:
+        _, config, cls = next(c for c in sibling(script).cases() if c[0] == case)
+        folder = OUT / "families" / case
+        torch.manual_seed(0)
+        cls(config).save_pretrained(folder / "base")
+        tf.AutoModelForCausalLM.from_pretrained(folder / "base", quantization_config=q).save_pretrained(
+            folder / "prequantized"
+        )
+
+
 def main():
     torch.set_num_threads(2)
     linear(functional())
     models()
     trainer()
+    families()
 
 
 if __name__ == "__main__":

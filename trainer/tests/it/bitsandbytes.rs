@@ -529,3 +529,55 @@ fn prepare_model_for_kbit_training_checkpoints_the_4bit_model() -> Result<()> {
     }
     Ok(())
 }
+
+/// The newer families loaded in 4 bits (`bitsandbytes_4bit.py`'s `families`): the layers
+/// quantized (routers and shared-expert gates, Gated DeltaNet's projections, Gemma 4's
+/// per-layer projection...) and their codes equal transformers' — our `save_pretrained` writes
+/// the checkpoint transformers wrote, key for key and byte for byte — and that checkpoint
+/// loads here.
+#[test]
+fn families_quantize_as_transformers() -> Result<()> {
+    let _g = lock();
+    let root = assets().join("reference/bitsandbytes_4bit/families");
+    for case in [
+        "qwen3_moe",
+        "qwen2_moe",
+        "gpt_oss",
+        "qwen3_5_text",
+        "gemma4_text",
+        "gemma4_text_moe",
+    ] {
+        let dir = root.join(case);
+        let model = from_pretrained_dir(
+            &dir.join("base"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions {
+                quantization_config: Some(nf4()),
+                ..LoadOptions::default()
+            },
+        )?
+        .model;
+        let saved = tchtrain_testing::temp_dir(&format!("bnb-family-{case}"));
+        model.save_pretrained(&saved)?;
+        let mine = sorted(tchtrain_models::read_checkpoint(&saved)?);
+        let theirs = sorted(tchtrain_models::read_checkpoint(&dir.join("prequantized"))?);
+        assert_eq!(
+            mine.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            "{case}: the saved keys"
+        );
+        for ((name, a), (_, b)) in mine.iter().zip(&theirs) {
+            assert!(same(a, b), "{case}: {name} differs");
+        }
+        let loaded = from_pretrained_dir(
+            &dir.join("prequantized"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?;
+        assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
+        assert!(is_quantized(&*loaded.model), "{case}");
+    }
+    Ok(())
+}
