@@ -375,6 +375,15 @@ fn qwen3_5_lora_equals_peft() -> Result<()> {
     lora_equals_peft("peft_qwen3_5")
 }
 
+/// LoRA on Gemma 4's layers (`scripts/reference/peft_gemma4.py`): the attention's
+/// projections where a layer has them (the layers reusing keys and values have no `k_proj` /
+/// `v_proj`, the full layers no `v_proj`), `gate_proj` and the per-layer input gate — drawn,
+/// run and saved as peft's, as [`qwen3_moe_expert_lora_equals_peft`] checks.
+#[test]
+fn gemma4_lora_equals_peft() -> Result<()> {
+    lora_equals_peft("peft_gemma4")
+}
+
 /// A peft reference's draws, run and save (see [`qwen3_moe_expert_lora_equals_peft`]).
 fn lora_equals_peft(reference: &str) -> Result<()> {
     use tchtrain_models::{LoraConfig, PeftModel, get_peft_model};
