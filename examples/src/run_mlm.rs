@@ -544,6 +544,7 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
         Device::Cpu,
         &LoadOptions {
             dtype: mlm.dtype,
+            quantization_config: mlm.peft.quantization_config(mlm.dtype)?,
             ..LoadOptions::default()
         },
     )?;

@@ -871,6 +871,9 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         Device::Cpu,
         &LoadOptions {
             ignore_mismatched_sizes: ner.ignore_mismatched_sizes,
+            quantization_config: ner
+                .peft
+                .quantization_config(tchtrain_models::LoadDtype::Auto)?,
             ..LoadOptions::default()
         },
     )?;

@@ -717,6 +717,70 @@ assert all(torch.equal(ours[k], saved[k]) for k in saved)\n";
     Ok(())
 }
 
+/// QLoRA through `run_clm`: `--load_in_4bit --bnb_4bit_quant_type nf4
+/// --use_bnb_nested_quant --use_peft` on the tiny Llama trains the adapter over the 4-bit
+/// base and saves it alone; `--load_in_8bit` is refused naming `--load_in_4bit`, and the
+/// quantization flags without `--use_peft` name it.
+#[test]
+fn run_clm_trains_qlora_with_trl_flags() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("clm-qlora");
+    let o = out.display().to_string();
+    let args = |extra: &[&str]| -> Vec<String> {
+        [
+            "--model_name_or_path",
+            &asset("tiny-llama"),
+            "--tokenizer_name",
+            &asset("smollm2-135m"),
+            "--train_file",
+            &asset("text/hamlet.txt"),
+            "--block_size",
+            "32",
+            "--max_train_samples",
+            "32",
+            "--max_eval_samples",
+            "8",
+            "--do_train",
+            "--do_eval",
+            "--max_steps",
+            "3",
+            "--use_peft",
+            "--lora_target_modules",
+            "all-linear",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--save_strategy",
+            "no",
+            "--output_dir",
+            &o,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect()
+    };
+    let result = run_clm::main_with_args(args(&[
+        "--load_in_4bit",
+        "--bnb_4bit_quant_type",
+        "nf4",
+        "--use_bnb_nested_quant",
+    ]))?;
+    assert!(result.eval_metrics.context("eval metrics")?["eval_loss"].is_finite());
+    ensure!(
+        out.join("adapter_model.safetensors").is_file() && !out.join("model.safetensors").exists(),
+        "the adapter alone"
+    );
+    let err = run_clm::main_with_args(args(&["--load_in_8bit"])).unwrap_err();
+    assert!(err.to_string().contains("--load_in_4bit"), "{err}");
+    let err = run_clm::parse_args(["--load_in_4bit", "--output_dir", "o"]).unwrap_err();
+    assert!(err.to_string().contains("--use_peft"), "{err}");
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// `run_clm --use_peft` (TRL's LoRA flags) on the tiny Llama: the adapter trains (the
 /// eval loss drops) and the output folder and checkpoints hold peft's adapter files
 /// (`adapter_config.json` with the flags' values, `adapter_model.safetensors` with the
