@@ -52,7 +52,7 @@ fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
 /// Logits, loss, aux loss and gradient differences of one run (`prefix` "" or "autocast.").
 /// The gradients are read under `grad.<grad_names><name>` (peft's keys carry
 /// `base_model.model.`); every trained parameter must have one.
-fn run(
+pub(crate) fn run(
     model: &mut dyn TrainableModel,
     r: &HashMap<String, Tensor>,
     prefix: &str,
