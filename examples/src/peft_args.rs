@@ -3,7 +3,7 @@
 //! `--lora_modules_to_save`, `--lora_task_type`, `--use_rslora`, `--use_dora`, with TRL's defaults), made into a
 //! [`LoraConfig`] as `trl.get_peft_config` makes it and applied to the loaded model; and its
 //! quantization flags (`--load_in_4bit`, `--bnb_4bit_quant_type`, `--use_bnb_nested_quant`,
-//! `--bnb_4bit_quant_storage`; `--load_in_8bit` refused) as `trl.get_quantization_config`.
+//! `--bnb_4bit_quant_storage`, `--load_in_8bit`) as `trl.get_quantization_config`.
 
 use tchtrain_models::{LoraConfig, PreTrainedModel, TargetModules, get_peft_model};
 
@@ -38,7 +38,7 @@ pub struct PeftArguments {
     pub use_rslora: bool,
     /// `--use_dora`.
     pub use_dora: bool,
-    /// `--load_in_8bit`: refused here (LLM.int8 is not implemented; use `--load_in_4bit`).
+    /// `--load_in_8bit`: the base model loaded in 8 bits (LLM.int8, with `--use_peft`).
     pub load_in_8bit: bool,
     /// `--load_in_4bit`: the base model loaded in 4 bits (QLoRA, with `--use_peft`).
     pub load_in_4bit: bool,
@@ -103,7 +103,7 @@ pub static LORA_ARGUMENTS: Dataclass = Dataclass {
         FieldSpec::bool(
             "load_in_8bit",
             false,
-            "Use 8 bit precision for the base model (not implemented here: use --load_in_4bit).",
+            "Use 8 bit precision for the base model (LLM.int8, with --use_peft).",
         ),
         FieldSpec::bool(
             "load_in_4bit",
@@ -153,17 +153,20 @@ impl PeftArguments {
     }
 
     /// `trl.get_quantization_config(model_args)`: with `--load_in_4bit`, the 4-bit config
-    /// (its compute dtype the model's `dtype`, float32 by default); `None` otherwise.
+    /// (its compute dtype the model's `dtype`, float32 by default); with `--load_in_8bit`,
+    /// `BitsAndBytesConfig(load_in_8bit=True)`; `None` otherwise.
     pub fn quantization_config(
         &self,
         dtype: tchtrain_models::LoadDtype,
     ) -> Result<Option<tchtrain_models::BitsAndBytesConfig>> {
-        if self.load_in_8bit {
+        if self.load_in_8bit && self.load_in_4bit {
             return Err(Error::InvalidFlag {
                 flag: "load_in_8bit".into(),
-                detail: "8-bit loading (LLM.int8) is not implemented here; use --load_in_4bit"
-                    .into(),
+                detail: "You can't use 8 bit and 4 bit precision at the same time (TRL's message); give one of --load_in_4bit and --load_in_8bit".into(),
             });
+        }
+        if self.load_in_8bit {
+            return Ok(Some(tchtrain_models::BitsAndBytesConfig::int8()));
         }
         if !self.load_in_4bit {
             return Ok(None);

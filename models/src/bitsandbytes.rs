@@ -1,22 +1,25 @@
 //! transformers' bitsandbytes integration (`utils/quantization_config.py`'s
 //! `BitsAndBytesConfig`, `quantizers/quantizer_bnb_4bit.py`, `integrations/bitsandbytes.py`):
-//! `from_pretrained` with `quantization_config` loads the base model in 4 bits — every
+//! `from_pretrained` with `quantization_config` loads the base model in 4 or 8 bits — every
 //! `nn.Linear` but the modules left out (`llm_int8_skip_modules`, by default the output
 //! embeddings, the tied weights and the last parameter's module) becomes bitsandbytes'
-//! `Linear4bit` ([`tchtrain_nn::Linear4bit`]), its weight quantized as it loads; a
-//! checkpoint whose `config.json` has a `quantization_config` is pre-quantized and its
-//! packed weights and states load as they are. The model's variables then hold
-//! bitsandbytes' layout (`weight` packed, `weight.absmax`, `weight.quant_map`,
-//! `weight.nested_absmax`, `weight.nested_quant_map`,
-//! `weight.quant_state.bitsandbytes__nf4`), which `save_pretrained` writes, with the
-//! `quantization_config` in `config.json`, as transformers saves a 4-bit model.
+//! `Linear4bit` ([`tchtrain_nn::Linear4bit`]) or `Linear8bitLt`
+//! ([`tchtrain_nn::Linear8bitLt`], LLM.int8), its weight quantized as it loads; a checkpoint
+//! whose `config.json` has a `quantization_config` is pre-quantized and its quantized weights
+//! and states load as they are. The model's variables then hold bitsandbytes' layout — 4-bit:
+//! `weight` packed, `weight.absmax`, `weight.quant_map`, `weight.nested_absmax`,
+//! `weight.nested_quant_map`, `weight.quant_state.bitsandbytes__nf4`; 8-bit: `weight` int8,
+//! `SCB`, `weight_format` — which `save_pretrained` writes, with the `quantization_config` in
+//! `config.json`, as transformers saves a quantized model.
 //!
-//! 8-bit loading (`load_in_8bit`, LLM.int8) is refused for now, naming the 4-bit
-//! alternative; so are storages other than `uint8` (`bnb_4bit_quant_storage`, for FSDP).
+//! Refused: 8-bit training of the int8 weights themselves (`llm_int8_has_fp16_weight`, which
+//! keeps float weights and quantizes them at each forward), and 4-bit storages other than
+//! `uint8` (`bnb_4bit_quant_storage`, for FSDP).
 
 use serde_json::Value;
 use tch::{Kind, Tensor};
-use tchtrain_nn::bitsandbytes::{QuantState, QuantType, quantize_4bit};
+use tchtrain_nn::bitsandbytes::{QuantState, QuantType, int8_vectorwise_quant, quantize_4bit};
+use tchtrain_nn::{Linear4bit, Linear8bitLt, QuantizedWeight};
 
 use crate::{Error, Result, TrainableModel};
 
@@ -25,7 +28,7 @@ use crate::{Error, Result, TrainableModel};
 pub struct BitsAndBytesConfig {
     /// `load_in_4bit`.
     pub load_in_4bit: bool,
-    /// `load_in_8bit` (refused here).
+    /// `load_in_8bit` (LLM.int8).
     pub load_in_8bit: bool,
     /// `llm_int8_threshold` (8-bit only).
     pub llm_int8_threshold: f64,
@@ -33,7 +36,7 @@ pub struct BitsAndBytesConfig {
     pub llm_int8_skip_modules: Option<Vec<String>>,
     /// `llm_int8_enable_fp32_cpu_offload`.
     pub llm_int8_enable_fp32_cpu_offload: bool,
-    /// `llm_int8_has_fp16_weight`.
+    /// `llm_int8_has_fp16_weight` (refused when true).
     pub llm_int8_has_fp16_weight: bool,
     /// `bnb_4bit_compute_dtype` (`float32` by default).
     pub bnb_4bit_compute_dtype: Kind,
@@ -192,13 +195,22 @@ impl BitsAndBytesConfig {
                 "load_in_4bit and load_in_8bit are both True, but only one can be used at the same time (upstream's message)",
             ));
         }
-        if c.load_in_8bit {
+        if c.llm_int8_has_fp16_weight {
             return Err(invalid(
-                "load_in_8bit",
-                "8-bit loading (LLM.int8) is not implemented here yet; load in 4 bits (load_in_4bit=True, bnb_4bit_quant_type=\"nf4\")",
+                "llm_int8_has_fp16_weight",
+                "True keeps float weights that bitsandbytes quantizes again at each forward and trains through the int8 product (full 8-bit fine-tuning), which is not implemented here; leave it False and train adapters over the int8 weights (LoRA), or train the model loaded without quantization_config",
             ));
         }
         Ok(c)
+    }
+
+    /// A 8-bit config (`BitsAndBytesConfig(load_in_8bit=True)`: LLM.int8 with outliers of
+    /// magnitude 6 or more).
+    pub fn int8() -> Self {
+        Self {
+            load_in_8bit: true,
+            ..Self::default()
+        }
     }
 
     /// `to_dict()`, as `config.json`'s `quantization_config` holds it.
@@ -274,20 +286,40 @@ fn targets(
         .collect()
 }
 
-/// Replaces the float `weight` of `name` by the packed codes and state tensors in the
-/// model's variables (none trainable), and makes the part 4-bit.
+/// The variables beside a quantized part's `weight`: the 4-bit state (`weight.absmax`,
+/// ...) or the 8-bit `SCB` and `weight_format` (0: bitsandbytes' row-major layout, the only
+/// one it writes).
+fn extra_variables(name: &str, weight: &QuantizedWeight) -> Result<Vec<(String, Tensor)>> {
+    Ok(match weight {
+        QuantizedWeight::FourBit(w) => w.state.as_dict(&format!("{name}.weight"))?,
+        QuantizedWeight::EightBit(w) => vec![
+            (format!("{name}.SCB"), w.scb.shallow_clone()),
+            (
+                format!("{name}.weight_format"),
+                Tensor::f_from_slice(&[0u8])?.f_reshape([] as [i64; 0])?,
+            ),
+        ],
+    })
+}
+
+/// Replaces the float `weight` of `name` by the quantized one and its state tensors in the
+/// model's variables (none trainable), and makes the part quantized.
 fn install(
-    model: &mut dyn TrainableModel,
+    model: &dyn TrainableModel,
     name: &str,
     slot: &tchtrain_nn::QuantSlot,
-    packed: Tensor,
-    state: QuantState,
-    compute_dtype: Kind,
+    weight: QuantizedWeight,
 ) -> Result<()> {
     let weight_name = format!("{name}.weight");
-    let extra = state.as_dict(&weight_name)?;
+    let extra = extra_variables(name, &weight)?;
+    // A part quantized again (a merge) drops its former state's variables.
+    let former: Vec<String> = match slot.with(|q| q.map(|q| extra_variables(name, q))) {
+        Some(vars) => vars?.into_iter().map(|(k, _)| k).collect(),
+        None => Vec::new(),
+    };
+    let quantized = weight.weight().shallow_clone();
     {
-        let vs = model.var_store_mut();
+        let vs = model.var_store();
         let mut vars = vs.variables_.lock().map_err(|_| {
             invalid(
                 "quantization_config",
@@ -300,12 +332,12 @@ fn install(
                 format!("{weight_name}: no such weight to quantize"),
             )
         })?;
-        // The packed codes take the weight's place in the creation order (frozen), which
-        // orders the modules (`named_modules()`: peft draws its adapters in it).
+        // The quantized weight takes the float one's place in the creation order (frozen),
+        // which orders the modules (`named_modules()`: peft draws its adapters in it).
         let ptr = old.data_ptr();
         for v in vars.trainable_variables.iter_mut() {
             if v.tensor.data_ptr() == ptr {
-                v.tensor = packed.shallow_clone();
+                v.tensor = quantized.shallow_clone();
             }
         }
         // The float weight's storage is released (the part's handle shares it).
@@ -313,25 +345,56 @@ fn install(
         let empty = Tensor::f_empty([0], (old.kind(), old.device()))?;
         old.f_set_data(&empty)?;
         vars.named_variables
-            .insert(weight_name.clone(), packed.shallow_clone());
+            .insert(weight_name.clone(), quantized.shallow_clone());
+        for k in former {
+            vars.named_variables.remove(&k);
+        }
         for (k, t) in extra {
             vars.named_variables.insert(k, t);
         }
     }
-    state.validate(&packed)?;
-    slot.set(Some(tchtrain_nn::Linear4bit {
-        packed,
-        state,
-        compute_dtype: Some(compute_dtype),
-    }));
+    slot.set(Some(weight));
     Ok(())
 }
 
-/// `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))` after
-/// the float weights loaded: each target's weight quantized (`Params4bit` with the config's
-/// block size 64, type and double quantization), its part made 4-bit.
+/// `Int8Params._quantize`: the weight in float16, `int8_vectorwise_quant` (no threshold).
+fn quantize_8bit(weight: &Tensor, threshold: f64) -> Result<Linear8bitLt> {
+    let (cb, scb, _) = int8_vectorwise_quant(&weight.f_contiguous()?.f_to_kind(Kind::Half)?, 0.0)?;
+    Ok(Linear8bitLt {
+        weight: cb,
+        scb,
+        threshold,
+    })
+}
+
+/// A float weight quantized as the config says (`Params4bit` with block size 64, or
+/// `Int8Params`).
+fn quantize_weight(weight: &Tensor, config: &BitsAndBytesConfig) -> Result<QuantizedWeight> {
+    tch::no_grad(|| {
+        if config.load_in_8bit {
+            return Ok(quantize_8bit(weight, config.llm_int8_threshold)?.into());
+        }
+        let (packed, state) = quantize_4bit(
+            weight,
+            64,
+            config.bnb_4bit_quant_type,
+            config.bnb_4bit_use_double_quant,
+        )?;
+        state.validate(&packed)?;
+        Ok(Linear4bit {
+            packed,
+            state,
+            compute_dtype: Some(config.bnb_4bit_compute_dtype),
+        }
+        .into())
+    })
+}
+
+/// `from_pretrained(..., quantization_config=BitsAndBytesConfig(...))` after the float
+/// weights loaded: each target's weight quantized (`Params4bit` with the config's block size
+/// 64, type and double quantization, or `Int8Params`), its part made 4-bit or 8-bit.
 pub fn quantize_model(model: &mut dyn TrainableModel, config: &BitsAndBytesConfig) -> Result<()> {
-    if !config.load_in_4bit {
+    if !config.load_in_4bit && !config.load_in_8bit {
         return Err(invalid(
             "quantization_config",
             "neither load_in_4bit nor load_in_8bit is set: nothing to quantize",
@@ -351,24 +414,75 @@ pub fn quantize_model(model: &mut dyn TrainableModel, config: &BitsAndBytesConfi
                     format!("{name}.weight: no such weight"),
                 )
             })?;
-        let (packed, state) = tch::no_grad(|| {
-            quantize_4bit(
-                &weight.detach(),
-                64,
-                config.bnb_4bit_quant_type,
-                config.bnb_4bit_use_double_quant,
-            )
-        })?;
-        install(
-            model,
-            &name,
-            &slot,
-            packed,
-            state,
-            config.bnb_4bit_compute_dtype,
-        )?;
+        let quantized = quantize_weight(&weight.detach(), config)?;
+        install(model, &name, &slot, quantized)?;
     }
     Ok(())
+}
+
+/// peft's merge into a quantized part (`bnb.Linear4bit.merge` / `bnb.Linear8bitLt.merge`, and
+/// their `unmerge`): the weight dequantized (`dequantize_bnb_weight`, float32 for 8 bits), `f`
+/// applied (adding or subtracting the adapter's delta) and the result quantized again with
+/// the part's own settings (`Params4bit(w, **weight.__dict__)`: its block size, type and
+/// double quantization; `Int8Params(w)`). Returns false when `module` is not quantized.
+pub(crate) fn requantize(
+    model: &dyn TrainableModel,
+    module: &str,
+    f: impl FnOnce(Tensor) -> Result<Tensor>,
+) -> Result<bool> {
+    let Some(slot) = model
+        .context()
+        .quant_slots()
+        .into_iter()
+        .find_map(|(name, slot)| (name == module && slot.is_set()).then_some(slot))
+    else {
+        return Ok(false);
+    };
+    let merged = tch::no_grad(|| -> Result<QuantizedWeight> {
+        let (dequantized, settings) = slot
+            .with(|q| {
+                q.map(|q| -> Result<_> {
+                    let settings = match q {
+                        QuantizedWeight::FourBit(w) => BitsAndBytesConfig {
+                            load_in_4bit: true,
+                            bnb_4bit_quant_type: w.state.quant_type,
+                            bnb_4bit_use_double_quant: w.state.nested.is_some(),
+                            bnb_4bit_compute_dtype: w.compute_dtype.unwrap_or(Kind::Float),
+                            ..BitsAndBytesConfig::default()
+                        },
+                        QuantizedWeight::EightBit(w) => BitsAndBytesConfig {
+                            llm_int8_threshold: w.threshold,
+                            ..BitsAndBytesConfig::int8()
+                        },
+                    };
+                    Ok((q.dequantize()?, settings))
+                })
+            })
+            .ok_or_else(|| invalid("merge_adapter", format!("{module}: not quantized")))??;
+        let block = slot.with(|q| match q {
+            Some(QuantizedWeight::FourBit(w)) => w.state.blocksize,
+            _ => 64,
+        });
+        let w = f(dequantized)?;
+        if settings.load_in_8bit {
+            return Ok(quantize_8bit(&w, settings.llm_int8_threshold)?.into());
+        }
+        let (packed, state) = quantize_4bit(
+            &w,
+            block,
+            settings.bnb_4bit_quant_type,
+            settings.bnb_4bit_use_double_quant,
+        )?;
+        state.validate(&packed)?;
+        Ok(Linear4bit {
+            packed,
+            state,
+            compute_dtype: Some(settings.bnb_4bit_compute_dtype),
+        }
+        .into())
+    })?;
+    install(model, module, &slot, merged)?;
+    Ok(true)
 }
 
 /// The checkpoint keys of a pre-quantized 4-bit part `name` (its packed `weight` and the
@@ -396,19 +510,71 @@ fn take_state(
     Some((packed, state))
 }
 
+/// The checkpoint keys of a pre-quantized 8-bit part `name` (its int8 `weight`, `SCB` and
+/// `weight_format` when saved), taken out of `tensors` (`Bnb8bitDeserialize` and
+/// `maybe_rearrange_weight`).
+fn take_8bit(
+    tensors: &mut Vec<(String, Tensor)>,
+    name: &str,
+    threshold: f64,
+) -> Result<Option<Linear8bitLt>> {
+    let mut take = |key: String| {
+        tensors
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map(|pos| tensors.remove(pos).1)
+    };
+    let weight = take(format!("{name}.weight"));
+    let scb = take(format!("{name}.SCB"));
+    let format = take(format!("{name}.weight_format"));
+    let (Some(weight), Some(scb)) = (weight, scb) else {
+        return Ok(None);
+    };
+    if let Some(f) = format {
+        let code = f.f_to_kind(Kind::Int64)?.f_reshape([-1])?;
+        if code.numel() != 1 || code.int64_value(&[0]) != 0 {
+            return Err(invalid(
+                "quantization_config",
+                format!(
+                    "{name}.weight_format: Only 'row' weight format is supported (upstream's message); the checkpoint holds {code:?}"
+                ),
+            ));
+        }
+    }
+    let size = weight.size();
+    if weight.kind() != Kind::Int8
+        || size.len() != 2
+        || scb.kind() != Kind::Float
+        || scb.size() != [size[0]]
+    {
+        return Err(invalid(
+            "quantization_config",
+            format!(
+                "{name}: an 8-bit part holds an int8 2-D `weight` and a float32 `SCB` of one value per row; the checkpoint holds {:?} {size:?} and {:?} {:?}",
+                weight.kind(),
+                scb.kind(),
+                scb.size()
+            ),
+        ));
+    }
+    Ok(Some(Linear8bitLt {
+        weight,
+        scb,
+        threshold,
+    }))
+}
+
 /// A pre-quantized part read from its checkpoint, to install once the rest has loaded.
 pub(crate) struct PrequantizedPart {
     /// The module name.
     pub(crate) name: String,
-    packed: Tensor,
-    state: QuantState,
+    weight: QuantizedWeight,
     slot: tchtrain_nn::QuantSlot,
 }
 
-/// A pre-quantized checkpoint's 4-bit parts (`Bnb4bitDeserialize`): for each target whose
-/// checkpoint `weight` is packed, its state read and checked and the part made 4-bit; the
-/// keys are taken out of `tensors` (the rest loads as usual). Returns the float weights'
-/// names these replace (which the load does not find).
+/// A pre-quantized checkpoint's quantized parts (`Bnb4bitDeserialize`, `Bnb8bitDeserialize`):
+/// for each target its quantized weight and state read and checked; the keys are taken out of
+/// `tensors` (the rest loads as usual).
 pub(crate) fn load_prequantized(
     model: &mut dyn TrainableModel,
     config: &BitsAndBytesConfig,
@@ -416,30 +582,48 @@ pub(crate) fn load_prequantized(
 ) -> Result<Vec<PrequantizedPart>> {
     let mut parts = Vec::new();
     for (name, slot) in targets(model, config) {
-        let Some((packed, state)) = take_state(tensors, &name) else {
-            return Err(invalid(
+        let missing = || {
+            invalid(
                 "quantization_config",
                 format!(
-                    "{name}.weight: the checkpoint says it is quantized (config.json's quantization_config) but holds no packed uint8 weight for this linear part"
+                    "{name}.weight: the checkpoint says it is quantized in {} (config.json's quantization_config) but holds no {} weight for this linear part",
+                    if config.load_in_8bit {
+                        "8 bits"
+                    } else {
+                        "4 bits"
+                    },
+                    if config.load_in_8bit {
+                        "int8 (with its SCB)"
+                    } else {
+                        "packed uint8"
+                    }
                 ),
-            ));
+            )
         };
-        let lookup = |key: &str| {
-            state
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, t)| t.shallow_clone())
+        let weight: QuantizedWeight = if config.load_in_8bit {
+            take_8bit(tensors, &name, config.llm_int8_threshold)?
+                .ok_or_else(missing)?
+                .into()
+        } else {
+            let (packed, state) = take_state(tensors, &name).ok_or_else(missing)?;
+            let lookup = |key: &str| {
+                state
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, t)| t.shallow_clone())
+            };
+            let quant = QuantState::from_dict(lookup)?;
+            quant
+                .validate(&packed)
+                .map_err(|e| invalid("quantization_config", format!("{name}.weight: {e}")))?;
+            Linear4bit {
+                packed,
+                state: quant,
+                compute_dtype: Some(config.bnb_4bit_compute_dtype),
+            }
+            .into()
         };
-        let quant = QuantState::from_dict(lookup)?;
-        quant
-            .validate(&packed)
-            .map_err(|e| invalid("quantization_config", format!("{name}.weight: {e}")))?;
-        parts.push(PrequantizedPart {
-            name,
-            packed,
-            state: quant,
-            slot,
-        });
+        parts.push(PrequantizedPart { name, weight, slot });
     }
     Ok(parts)
 }
@@ -448,12 +632,10 @@ pub(crate) fn load_prequantized(
 /// took its dtype, which the states keep their own of).
 pub(crate) fn install_prequantized(
     model: &mut dyn TrainableModel,
-    config: &BitsAndBytesConfig,
     parts: Vec<PrequantizedPart>,
 ) -> Result<()> {
     for p in parts {
-        let compute = config.bnb_4bit_compute_dtype;
-        install(model, &p.name, &p.slot, p.packed, p.state, compute)?;
+        install(model, &p.name, &p.slot, p.weight)?;
     }
     Ok(())
 }
@@ -483,8 +665,8 @@ pub(crate) fn checkpoint_quantization_config(
     }
 }
 
-/// The model's 4-bit parts, by module name (their `weight` holds the packed codes, the
-/// `weight.*` variables beside it the state).
+/// The model's quantized parts, by module name (their `weight` holds the packed codes or the
+/// int8 rows, the variables beside it the state).
 pub fn quantized_modules(model: &dyn TrainableModel) -> Vec<String> {
     model
         .context()
@@ -495,7 +677,8 @@ pub fn quantized_modules(model: &dyn TrainableModel) -> Vec<String> {
         .collect()
 }
 
-/// Whether the model has 4-bit parts (upstream's `is_loaded_in_4bit`).
+/// Whether the model has quantized parts (upstream's `is_loaded_in_4bit` /
+/// `is_loaded_in_8bit`).
 pub fn is_quantized(model: &dyn TrainableModel) -> bool {
     model
         .context()

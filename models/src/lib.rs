@@ -197,14 +197,15 @@ pub use smollm3::{
     SmolLM3ForSequenceClassification, SmolLM3ForTokenClassification,
 };
 pub use t5::{T5Config, T5ForConditionalGeneration};
-/// bitsandbytes' 4-bit functional parts (`bitsandbytes.functional`), from `tchtrain-nn`.
+/// bitsandbytes' functional parts (`bitsandbytes.functional`), from `tchtrain-nn`.
 pub use tchtrain_nn::bitsandbytes::{
-    NestedState, QuantState, QuantType, create_dynamic_map, dequantize_blockwise, quantize_4bit,
-    quantize_blockwise,
+    NestedState, QuantState, QuantType, create_dynamic_map, dequantize_blockwise,
+    int8_linear_matmul, int8_mm_dequant, int8_vectorwise_dequant, int8_vectorwise_quant,
+    quantize_4bit, quantize_blockwise,
 };
 pub use tchtrain_nn::{
-    Context, DebugUnderflowOverflow, LayerHooks, Linear4bit, NeftuneGuard, dropout,
-    dropout_fast_path,
+    Context, DebugUnderflowOverflow, LayerHooks, Linear4bit, Linear8bitLt, NeftuneGuard,
+    QuantizedWeight, dropout, dropout_fast_path,
 };
 pub use tokenizers::Tokenizer;
 

@@ -379,7 +379,7 @@ pub(crate) fn from_pretrained_with<M: crate::TrainableModel>(
         model.var_store_mut().set_kind(kind);
     }
     match (prequantized_parts, &quantization) {
-        (Some(parts), Some(q)) => crate::bitsandbytes::install_prequantized(&mut model, q, parts)?,
+        (Some(parts), Some(_)) => crate::bitsandbytes::install_prequantized(&mut model, parts)?,
         (None, Some(q)) => crate::bitsandbytes::quantize_model(&mut model, q)?,
         _ => {}
     }

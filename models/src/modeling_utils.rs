@@ -300,12 +300,12 @@ pub(crate) fn linear_modules_of<M: TrainableModel + ?Sized>(model: &M) -> Vec<Li
     let vs = model.var_store();
     let vars = vs.variables();
     let tied: Vec<String> = model.tied_weights().into_iter().map(|(k, _)| k).collect();
-    // A 4-bit part's `weight` holds its packed codes: its shape is the state's.
+    // A quantized part's `weight` holds its codes: its shape is the float weight's.
     let quantized: std::collections::HashMap<String, Vec<i64>> = model
         .context()
         .quant_slots()
         .into_iter()
-        .filter_map(|(name, slot)| slot.with(|q| q.map(|q| (name, q.state.shape.clone()))))
+        .filter_map(|(name, slot)| slot.with(|q| q.map(|q| (name, q.shape()))))
         .collect();
     ordered_variable_names(vs)
         .into_iter()
@@ -708,6 +708,7 @@ macro_rules! model_plumbing {
         }
         fn set_training(&mut self, training: bool) {
             self.training = training;
+            $crate::TrainableModel::context(self).set_training(training);
         }
         fn model_name(&self) -> &str {
             $crate::PreTrainedModel::architecture(self)

@@ -563,3 +563,87 @@ impl QuantState {
         })
     }
 }
+
+/// `int8_vectorwise_quant(A, threshold)` (LLM.int8's row-wise quantization, bitsandbytes'
+/// default kernel, which its CPU backend runs) of a 2-D `a` (the callers cast to float16 as
+/// bitsandbytes' do): with `threshold > 0`, the columns holding a value of magnitude
+/// `>= threshold` are the outliers, those values zeroed before the row statistics are taken
+/// and, over more than one row, the whole columns zeroed in the codes; then per row the absmax
+/// (float32) and `round(a · (absmax⁻¹ · 127))` as int8 (torch's `127.0 / t` is
+/// `t.reciprocal() * 127`). Returns the codes, the row statistics and the outlier columns
+/// (`None` when `threshold` is 0).
+pub fn int8_vectorwise_quant(
+    a: &Tensor,
+    threshold: f64,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let size = a.size();
+    if size.len() != 2 {
+        return Err(Error::InvalidArgument {
+            field: "A",
+            detail: format!("shape {size:?}: int8_vectorwise_quant takes a 2-D tensor"),
+        });
+    }
+    let rows = size[0];
+    let mut a = a.shallow_clone();
+    let mut outlier_cols = None;
+    if threshold > 0.0 {
+        let outliers = a.f_abs()?.f_ge(threshold)?;
+        let cols = outliers.f_any_dim(0, false)?.f_argwhere()?.f_view([-1])?;
+        if cols.numel() > 0 {
+            // Zeroed in a copy (bitsandbytes zeroes them in place and restores them after).
+            a = a.f_masked_fill(&outliers, 0.0)?;
+        }
+        outlier_cols = Some(cols);
+    }
+    let row_stats = a.f_abs()?.f_amax([1], false)?.f_to_kind(Kind::Float)?;
+    let scale = row_stats
+        .f_unsqueeze(-1)?
+        .f_reciprocal()?
+        .f_mul_scalar(127.0)?;
+    let mut codes = a.f_mul(&scale)?.f_round()?.f_to_kind(Kind::Int8)?;
+    if let Some(cols) = &outlier_cols
+        && rows > 1
+        && cols.numel() > 0
+    {
+        codes = codes.f_index_fill(1, cols, 0)?;
+    }
+    Ok((codes, row_stats, outlier_cols))
+}
+
+/// `int8_vectorwise_dequant(A, stats)`: `A · stats[:, None] · (1/127)` in float32 (the
+/// reciprocal as bitsandbytes writes it, `7.874015718698502e-3`).
+pub fn int8_vectorwise_dequant(a: &Tensor, stats: &Tensor) -> Result<Tensor> {
+    Ok(a.f_mul(&stats.f_view([-1, 1])?)?
+        .f_mul_scalar(7.874015718698502e-3)?)
+}
+
+/// `int8_mm_dequant(A, row_stats, col_stats, dtype, bias)`: the int32 products scaled back,
+/// `A · (row_stats · col_stats) · 6.200124e-05` (1/127²) in float32, plus the bias, in `kind`.
+pub fn int8_mm_dequant(
+    a: &Tensor,
+    row_stats: &Tensor,
+    col_stats: &Tensor,
+    kind: Kind,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let n = *a.size().last().unwrap_or(&0);
+    let scale = row_stats
+        .f_reshape([-1])?
+        .f_unsqueeze(-1)?
+        .f_mul(&col_stats.f_reshape([-1])?.f_unsqueeze(0)?)?;
+    let mut out = a
+        .f_view([-1, n])?
+        .f_mul(&scale)?
+        .f_mul_scalar(6.200124e-05)?;
+    if let Some(b) = bias {
+        out = out.f_add(b)?;
+    }
+    Ok(out.f_to_kind(kind)?)
+}
+
+/// `int8_linear_matmul(A, B)`: `A Bᵀ` of int8 matrices in int32, exact (`torch._int_mm`, which
+/// bitsandbytes' CPU backend runs on AVX-512 machines; its fallback, a float32 product, gives
+/// the same integers while the sums stay below 2²⁴).
+pub fn int8_linear_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    Ok(a.f_internal_int_mm(&b.f_tr()?)?)
+}

@@ -37,6 +37,7 @@ struct Inner {
     tracer: Mutex<Option<Arc<Mutex<DebugUnderflowOverflow>>>>,
     neftune: Mutex<Option<f64>>,
     input_require_grads: Mutex<bool>,
+    training: Mutex<bool>,
     deferred: Mutex<Option<Vec<(String, VarInit)>>>,
     lora_slots: Mutex<Vec<(String, LoraSlot)>>,
     quant_slots: Mutex<Vec<(String, crate::linear::QuantSlot)>>,
@@ -282,9 +283,24 @@ impl Context {
         *lock(&self.inner.input_require_grads)
     }
 
-    // --- 4-bit weights ---
+    // --- training mode ---
 
-    /// Registers the 4-bit slot of the linear part `name` (done by every [`Linear`] when
+    /// Records the model's mode (upstream's `module.training`, which `model.train()` /
+    /// `model.eval()` set on every module): the parts whose computation depends on it read
+    /// it here (bitsandbytes' `Linear8bitLt`).
+    pub fn set_training(&self, training: bool) {
+        *lock(&self.inner.training) = training;
+    }
+
+    /// The mode [`set_training`](Self::set_training) recorded (evaluation at first, as a
+    /// loaded model upstream).
+    pub fn is_training(&self) -> bool {
+        *lock(&self.inner.training)
+    }
+
+    // --- quantized weights ---
+
+    /// Registers the quantized slot of the linear part `name` (done by every [`Linear`] when
     /// built).
     ///
     /// [`Linear`]: crate::Linear
@@ -292,7 +308,7 @@ impl Context {
         lock(&self.inner.quant_slots).push((name, slot));
     }
 
-    /// Every linear part's 4-bit slot (`nn.Linear` upstream, which bitsandbytes replaces), by
+    /// Every linear part's quantized slot (`nn.Linear` upstream, which bitsandbytes replaces), by
     /// module name, in creation order.
     pub fn quant_slots(&self) -> Vec<(String, crate::linear::QuantSlot)> {
         lock(&self.inner.quant_slots).clone()

@@ -41,7 +41,7 @@ pub use gated_delta_net::{
     torch_recurrent_gated_delta_rule,
 };
 pub use layer_hooks::LayerHooks;
-pub use linear::{Conv1D, Linear, Linear4bit, QuantSlot};
+pub use linear::{Conv1D, Linear, Linear4bit, Linear8bitLt, QuantSlot, QuantizedWeight};
 pub use lora::{Dora, LoraAdapter, LoraSlot};
 pub use moe::{ExpertGate, Experts, RouterKind, TopKRouter, load_balancing_loss_func};
 pub use neftune::neftune_post_forward_hook;

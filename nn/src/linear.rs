@@ -63,10 +63,20 @@ impl Linear4bit {
             // `MatMul4Bit`: the graph keeps the packed codes, the backward dequantizes again.
             let packed = self.packed.shallow_clone();
             let state = self.state.shallow_clone();
-            matmul_4bit(
+            quantized_linear(
                 &x,
                 bias.as_ref(),
-                Box::new(move |kind| state.dequantize(&packed, kind.unwrap_or(state.dtype))),
+                Box::new(move |op: Op<'_>| match op {
+                    Op::Forward(x, bias) => {
+                        let w = state.dequantize(&packed, x.kind())?;
+                        Ok(x.f_linear(&w, bias)?)
+                    }
+                    // `grad · W`, W dequantized in its own dtype then the gradient's.
+                    Op::InputGrad(g, _) => {
+                        let w = state.dequantize(&packed, state.dtype)?;
+                        Ok(g.f_matmul(&w.f_to_kind(g.kind())?)?)
+                    }
+                }),
             )?
         } else {
             // `gemm_4bit` (nothing to differentiate).
@@ -81,8 +91,189 @@ impl Linear4bit {
     }
 }
 
-/// A 4-bit weight's dequantization in a dtype (`None`: its own), kept by the autograd graph.
-type Dequantize = Box<dyn Fn(Option<Kind>) -> crate::Result<Tensor> + Send>;
+/// bitsandbytes' `Linear8bitLt` weight (LLM.int8, `has_fp16_weights=False`): the int8 rows
+/// (`CB`, the checkpoint's `weight`), their scales (`SCB`) and the outlier threshold.
+#[derive(Debug)]
+pub struct Linear8bitLt {
+    /// `weight` / `CB` `[out, in]` (int8).
+    pub weight: Tensor,
+    /// `SCB` `[out]` (float32): each row's absmax.
+    pub scb: Tensor,
+    /// `threshold` (`llm_int8_threshold`): inputs of this magnitude or more are outliers,
+    /// whose columns the evaluation multiplies in the input's dtype.
+    pub threshold: f64,
+}
+
+impl Linear8bitLt {
+    /// The weight as `MatMul8bitFp` dequantizes it in `kind`:
+    /// `CB.to(kind).mul_(SCB[:, None] · (1/127))`.
+    fn dequantize(weight: &Tensor, scb: &Tensor, kind: Kind) -> crate::Result<Tensor> {
+        let scale = scb.f_unsqueeze(1)?.f_mul_scalar(1.0 / 127.0)?;
+        let mut w = weight.f_to_kind(kind)?;
+        let _ = w.f_mul_(&scale)?;
+        Ok(w)
+    }
+
+    /// `bnb.matmul(x, weight, bias, state)` on the CPU: in training mode `MatMul8bitFp` (the
+    /// weight dequantized in the input's dtype, `linear`); in evaluation `MatMul8bitLt`, LLM.int8
+    /// itself: the input (in float16) quantized per row with its outlier columns held out,
+    /// the int8 product in int32 scaled back in float32 (plus the bias, then the input's
+    /// dtype), the outlier columns' product added in the input's dtype. Both take the input's
+    /// gradient as `grad · W` (W dequantized as `MatMul8bitFp`, in the input's dtype); the
+    /// weight takes none.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        training: bool,
+    ) -> crate::Result<Tensor> {
+        // `Linear8bitLt.forward` casts the bias to the input's dtype.
+        let bias = match bias {
+            Some(b) if b.kind() != x.kind() => Some(b.f_to_kind(x.kind())?),
+            Some(b) => Some(b.shallow_clone()),
+            None => None,
+        };
+        let weight = self.weight.shallow_clone();
+        let scb = self.scb.shallow_clone();
+        let threshold = self.threshold;
+        let output = move |x: &Tensor, bias: Option<&Tensor>| -> crate::Result<Tensor> {
+            if training {
+                let w = Self::dequantize(&weight, &scb, x.kind())?;
+                Ok(x.f_linear(&w, bias)?)
+            } else {
+                int8_linear(x, &weight, &scb, threshold, bias)
+            }
+        };
+        let needs_grad = x.requires_grad() || bias.as_ref().is_some_and(Tensor::requires_grad);
+        if !needs_grad {
+            return output(x, bias.as_ref());
+        }
+        let weight = self.weight.shallow_clone();
+        let scb = self.scb.shallow_clone();
+        quantized_linear(
+            x,
+            bias.as_ref(),
+            Box::new(move |op: Op<'_>| match op {
+                Op::Forward(x, bias) => output(x, bias),
+                Op::InputGrad(g, input) => {
+                    let out = *g.size().last().unwrap_or(&0);
+                    let mut shape = g.size();
+                    if let Some(last) = shape.last_mut() {
+                        *last = weight.size()[1];
+                    }
+                    let w = Self::dequantize(&weight, &scb, input)?;
+                    Ok(g.f_reshape([-1, out])?
+                        .f_to_kind(input)?
+                        .f_matmul(&w)?
+                        .f_view(shape.as_slice())?)
+                }
+            }),
+        )
+    }
+}
+
+/// `MatMul8bitLt.forward` (no gradient through it): see [`Linear8bitLt::forward`].
+fn int8_linear(
+    x: &Tensor,
+    weight: &Tensor,
+    scb: &Tensor,
+    threshold: f64,
+    bias: Option<&Tensor>,
+) -> crate::Result<Tensor> {
+    use crate::bitsandbytes::{
+        int8_linear_matmul, int8_mm_dequant, int8_vectorwise_dequant, int8_vectorwise_quant,
+    };
+    let mut shape = x.size();
+    let k = *shape.last().unwrap_or(&0);
+    let a = x.f_reshape([-1, k])?;
+    let (ca, sca, cols) = int8_vectorwise_quant(&a.f_to_kind(Kind::Half)?, threshold)?;
+    let product = int8_linear_matmul(&ca, weight)?;
+    let mut y = int8_mm_dequant(&product, &sca, scb, a.kind(), bias)?;
+    if let Some(cols) = cols.filter(|c| c.numel() > 0) {
+        // `int8_mixed_scaled_mm`: the outlier columns in the input's dtype.
+        let sub_a = a.f_index_select(1, &cols)?;
+        let sub_b = int8_vectorwise_dequant(&weight.f_index_select(1, &cols)?, scb)?
+            .f_to_kind(a.kind())?
+            .f_tr()?;
+        y = y.f_addmm(&sub_a, &sub_b)?;
+    }
+    if let Some(last) = shape.last_mut() {
+        *last = weight.size()[0];
+    }
+    Ok(y.f_reshape(shape.as_slice())?)
+}
+
+/// A linear part's quantized weight: bitsandbytes' `Linear4bit` or `Linear8bitLt`.
+#[derive(Debug)]
+pub enum QuantizedWeight {
+    /// 4-bit (`load_in_4bit`).
+    FourBit(Linear4bit),
+    /// 8-bit LLM.int8 (`load_in_8bit`).
+    EightBit(Linear8bitLt),
+}
+
+impl From<Linear4bit> for QuantizedWeight {
+    fn from(w: Linear4bit) -> Self {
+        Self::FourBit(w)
+    }
+}
+
+impl From<Linear8bitLt> for QuantizedWeight {
+    fn from(w: Linear8bitLt) -> Self {
+        Self::EightBit(w)
+    }
+}
+
+impl QuantizedWeight {
+    /// The checkpoint's `weight` (the packed 4-bit codes or the int8 rows).
+    pub fn weight(&self) -> &Tensor {
+        match self {
+            Self::FourBit(w) => &w.packed,
+            Self::EightBit(w) => &w.weight,
+        }
+    }
+
+    /// The float weight's shape `[out, in]`.
+    pub fn shape(&self) -> Vec<i64> {
+        match self {
+            Self::FourBit(w) => w.state.shape.clone(),
+            Self::EightBit(w) => w.weight.size(),
+        }
+    }
+
+    /// The weight dequantized in float32, as peft's `dequantize_bnb_weight` (for merging):
+    /// `dequantize_4bit`, or `int8_vectorwise_dequant`.
+    pub fn dequantize(&self) -> crate::Result<Tensor> {
+        match self {
+            Self::FourBit(w) => w.state.dequantize(&w.packed, w.state.dtype),
+            Self::EightBit(w) => crate::bitsandbytes::int8_vectorwise_dequant(&w.weight, &w.scb),
+        }
+    }
+
+    /// The part's forward (`training`: the model's mode).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        training: bool,
+    ) -> crate::Result<Tensor> {
+        match self {
+            Self::FourBit(w) => w.forward(x, bias),
+            Self::EightBit(w) => w.forward(x, bias, training),
+        }
+    }
+}
+
+/// What the autograd node asks of a quantized weight's closure.
+enum Op<'a> {
+    /// The output of the input (and the bias).
+    Forward(&'a Tensor, Option<&'a Tensor>),
+    /// The input's gradient from the output's gradient, in the input's dtype's terms.
+    InputGrad(&'a Tensor, Kind),
+}
+
+/// A quantized weight's closure, kept by the autograd graph.
+type QuantizedFn = Box<dyn Fn(Op<'_>) -> crate::Result<Tensor> + Send>;
 
 /// A malloc'd copy of `text` for the shim (which throws and frees it).
 #[allow(unsafe_code)]
@@ -92,26 +283,45 @@ fn shim_text(text: &str) -> *mut std::ffi::c_char {
     unsafe { tchtrain_sys::tchtrain_checkpoint_message(text.as_ptr()) }
 }
 
-/// Called by the shim: the weight dequantized in the dtype of code `dtype` (-1: its own).
-#[allow(unsafe_code)]
-unsafe extern "C" fn run_dequantize(
-    weight: *mut std::ffi::c_void,
-    dtype: std::ffi::c_int,
-    out: *mut *mut torch_sys::C_tensor,
-) -> *mut std::ffi::c_char {
-    let kind = match dtype {
-        d if d < 0 => None,
+/// The floating dtype of a `c10::ScalarType` code.
+fn kind_of_code(code: std::ffi::c_int) -> Option<Kind> {
+    match code {
         5 => Some(Kind::Half),
         6 => Some(Kind::Float),
         7 => Some(Kind::Double),
         15 => Some(Kind::BFloat16),
-        other => return shim_text(&format!("4-bit matmul: no floating dtype of code {other}")),
-    };
+        _ => None,
+    }
+}
+
+/// Called by the shim: runs the closure (`op` 0 the forward, 1 the input's gradient).
+#[allow(unsafe_code)]
+unsafe extern "C" fn run_quantized(
+    weight: *mut std::ffi::c_void,
+    op: std::ffi::c_int,
+    t: *const torch_sys::C_tensor,
+    bias: *const torch_sys::C_tensor,
+    dtype: std::ffi::c_int,
+    out: *mut *mut torch_sys::C_tensor,
+) -> *mut std::ffi::c_char {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: `weight` is the `Box<Dequantize>` leaked by `matmul_4bit`, alive until
-        // `drop_dequantize`.
-        let f = unsafe { &*(weight as *const Dequantize) };
-        f(kind)
+        // SAFETY: `weight` is the `Box<QuantizedFn>` leaked by `quantized_linear`, alive until
+        // `drop_quantized`; `t` and `bias` (when not null) are live for the call and are
+        // borrowed here, not owned (forgotten after use).
+        let f = unsafe { &*(weight as *const QuantizedFn) };
+        let t = std::mem::ManuallyDrop::new(unsafe { Tensor::from_ptr(t as *mut _) });
+        let bias = (!bias.is_null())
+            .then(|| std::mem::ManuallyDrop::new(unsafe { Tensor::from_ptr(bias as *mut _) }));
+        match op {
+            0 => f(Op::Forward(&t, bias.as_deref())),
+            _ => match kind_of_code(dtype) {
+                Some(kind) => f(Op::InputGrad(&t, kind)),
+                None => Err(crate::Error::InvalidArgument {
+                    field: "input",
+                    detail: format!("quantized linear: no floating dtype of code {dtype}"),
+                }),
+            },
+        }
     }));
     match result {
         Ok(Ok(mut w)) => {
@@ -121,31 +331,33 @@ unsafe extern "C" fn run_dequantize(
             std::ptr::null_mut()
         }
         Ok(Err(e)) => shim_text(&e.to_string()),
-        Err(_) => shim_text("4-bit matmul: the dequantization panicked"),
+        Err(_) => shim_text("quantized linear: the closure panicked"),
     }
 }
 
 /// Called by the shim when the graph lets go of the weight's closure.
 #[allow(unsafe_code)]
-unsafe extern "C" fn drop_dequantize(weight: *mut std::ffi::c_void) {
-    // SAFETY: the pointer `matmul_4bit` leaked, dropped once.
-    drop(unsafe { Box::from_raw(weight as *mut Dequantize) });
+unsafe extern "C" fn drop_quantized(weight: *mut std::ffi::c_void) {
+    // SAFETY: the pointer `quantized_linear` leaked, dropped once.
+    drop(unsafe { Box::from_raw(weight as *mut QuantizedFn) });
 }
 
-/// `MatMul4Bit.apply(x, W, bias)` through `tchtrain-sys` (`csrc/matmul_4bit.cpp`).
+/// bitsandbytes' autograd function (`MatMul4Bit` / `MatMul8bitFp` / `MatMul8bitLt`) through
+/// `tchtrain-sys` (`csrc/quantized_linear.cpp`): `f` computes the output and the input's
+/// gradient; the bias's gradient is `grad.sum(0)` in its dtype.
 #[allow(unsafe_code)]
-fn matmul_4bit(x: &Tensor, bias: Option<&Tensor>, dequantize: Dequantize) -> crate::Result<Tensor> {
-    let weight: *mut Dequantize = Box::into_raw(Box::new(dequantize));
+fn quantized_linear(x: &Tensor, bias: Option<&Tensor>, f: QuantizedFn) -> crate::Result<Tensor> {
+    let weight: *mut QuantizedFn = Box::into_raw(Box::new(f));
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: `x` and `bias` are live for the call; `weight` is handed over (the shim frees it
-    // through `drop_dequantize`, also on failure); the callbacks live as long as the program.
+    // through `drop_quantized`, also on failure); the callbacks live as long as the program.
     let err = unsafe {
-        tchtrain_sys::tchtrain_matmul_4bit(
+        tchtrain_sys::tchtrain_quantized_linear(
             x.as_ptr(),
             bias.map_or(std::ptr::null(), |b| b.as_ptr()),
             weight.cast(),
-            run_dequantize,
-            drop_dequantize,
+            run_quantized,
+            drop_quantized,
             &mut out,
         )
     };
@@ -156,10 +368,10 @@ fn matmul_4bit(x: &Tensor, bias: Option<&Tensor>, dequantize: Dequantize) -> cra
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
-/// A linear part's 4-bit weight, once quantized (shared by the part and the model's
+/// A linear part's quantized weight, once quantized (shared by the part and the model's
 /// [`Context`], through which the loader quantizes).
 #[derive(Debug, Clone, Default)]
-pub struct QuantSlot(Arc<Mutex<Option<Linear4bit>>>);
+pub struct QuantSlot(Arc<Mutex<Option<QuantizedWeight>>>);
 
 impl QuantSlot {
     /// Whether the part is quantized.
@@ -167,13 +379,13 @@ impl QuantSlot {
         lock(&self.0).is_some()
     }
 
-    /// Runs `f` on the 4-bit weight (none: the part is not quantized).
-    pub fn with<R>(&self, f: impl FnOnce(Option<&Linear4bit>) -> R) -> R {
+    /// Runs `f` on the quantized weight (none: the part is not quantized).
+    pub fn with<R>(&self, f: impl FnOnce(Option<&QuantizedWeight>) -> R) -> R {
         f(lock(&self.0).as_ref())
     }
 
-    /// Makes the part a `Linear4bit` over `weight` (none: the float weight again).
-    pub fn set(&self, weight: Option<Linear4bit>) {
+    /// Makes the part quantized over `weight` (none: the float weight again).
+    pub fn set(&self, weight: Option<QuantizedWeight>) {
         *lock(&self.0) = weight;
     }
 }
@@ -244,11 +456,11 @@ impl Linear {
                 // The state was checked against the packed codes when it was installed
                 // (`QuantState::validate`): its forward does not fail on them.
                 let y = q
-                    .forward(x, self.bs.as_ref())
-                    .unwrap_or_else(|e| panic!("{}: 4-bit forward: {e}", self.name));
+                    .forward(x, self.bs.as_ref(), self.ctx.is_training())
+                    .unwrap_or_else(|e| panic!("{}: quantized forward: {e}", self.name));
                 let y = self.lora.apply_linear_quantized(x, y);
                 if self.ctx.traced() {
-                    let mut params = vec![("weight", &q.packed)];
+                    let mut params = vec![("weight", q.weight())];
                     params.extend(self.bs.as_ref().map(|b| ("bias", b)));
                     self.ctx
                         .leaf(|| self.name.clone(), &self.class, &params, x, &y);

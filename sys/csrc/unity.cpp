@@ -6,7 +6,7 @@
 #include "autocast.cpp"
 #include "backends.cpp"
 #include "checkpoint.cpp"
-#include "matmul_4bit.cpp"
+#include "quantized_linear.cpp"
 #include "generator.cpp"
 #include "dropout.cpp"
 #include "grad_boundary.cpp"

@@ -10,7 +10,7 @@
 //! | `csrc/dropout.cpp` | dropout's CPU noise, drawn from the default generator exactly as libtorch's `bernoulli_` draws it (self-checked), faster |
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
 //! | `csrc/checkpoint.cpp` | activation checkpointing: a layer recomputed in the backward (a Rust closure), generator and autocast states replayed |
-//! | `csrc/matmul_4bit.cpp` | bitsandbytes' `MatMul4Bit`: a linear map over a 4-bit weight dequantized by a Rust closure, again in the backward (the graph keeps the packed codes only) |
+//! | `csrc/quantized_linear.cpp` | bitsandbytes' `MatMul4Bit` / `MatMul8bitFp` / `MatMul8bitLt`: a linear map over a quantized weight whose forward and input gradient a Rust closure computes (the graph keeps the quantized weight only) |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
 //! | `csrc/optim.cpp` | `add` / `addcmul` / `addcdiv` with their scalars, `p.grad = g`, the fused Adam(W) / SGD kernels |
 //! | `csrc/c10d.cpp` + `csrc/gloo/` | a TCPStore rendezvous, ProcessGroupGloo (ProcessGroupNCCL with the `cuda` feature), the collectives |
@@ -153,20 +153,28 @@ unsafe extern "C" {
     ) -> *mut c_char;
 }
 
-// csrc/matmul_4bit.cpp
-/// Dequantizes a 4-bit weight in `dtype` (a `c10::ScalarType` code; -1: the weight's own):
-/// null and a new tensor in `out`, or an error message made by `tchtrain_checkpoint_message`.
-pub type DequantFn =
-    unsafe extern "C" fn(weight: *mut c_void, dtype: c_int, out: *mut *mut C_tensor) -> *mut c_char;
-/// Frees a 4-bit weight's closure.
-pub type DequantDropFn = unsafe extern "C" fn(weight: *mut c_void);
+// csrc/quantized_linear.cpp
+/// Runs a quantized linear map's closure: `op` 0 is the forward of `t` (and `bias`, possibly
+/// null), `op` 1 the input's gradient from the output's gradient `t`, the input's dtype code
+/// `dtype`. Null and a new tensor in `out`, or an error message made by
+/// `tchtrain_checkpoint_message`.
+pub type QuantizedFn = unsafe extern "C" fn(
+    weight: *mut c_void,
+    op: c_int,
+    t: *const C_tensor,
+    bias: *const C_tensor,
+    dtype: c_int,
+    out: *mut *mut C_tensor,
+) -> *mut c_char;
+/// Frees a quantized linear map's closure.
+pub type QuantizedDropFn = unsafe extern "C" fn(weight: *mut c_void);
 unsafe extern "C" {
-    pub fn tchtrain_matmul_4bit(
+    pub fn tchtrain_quantized_linear(
         x: *const C_tensor,
         bias: *const C_tensor,
         weight: *mut c_void,
-        run: DequantFn,
-        drop: DequantDropFn,
+        run: QuantizedFn,
+        drop: QuantizedDropFn,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }

@@ -52,18 +52,23 @@ pub fn named_parameters(model: &dyn TrainableModel) -> Vec<(String, Tensor)> {
 /// when asked.
 ///
 /// A 4-bit part's packed `weight` counts twice its bytes (two values per byte), its state
-/// (`weight.absmax`, ...) not at all: `Params4bit` is its only parameter upstream.
+/// (`weight.absmax`, ...) not at all: `Params4bit` is its only parameter upstream; an 8-bit
+/// part's int8 `weight` counts once, its `SCB` and `weight_format` not at all (`Int8Params`).
 pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i64 {
     let buffers = model.buffer_names();
     let quantized = tchtrain_models::quantized_modules(model);
-    let is_packed = |name: &str| {
-        name.strip_suffix(".weight")
-            .is_some_and(|m| quantized.iter().any(|q| q == m))
+    let is_packed = |name: &str, t: &tch::Tensor| {
+        t.kind() == tch::Kind::Uint8
+            && name
+                .strip_suffix(".weight")
+                .is_some_and(|m| quantized.iter().any(|q| q == m))
     };
     let is_state = |name: &str| {
-        quantized
-            .iter()
-            .any(|q| name.starts_with(&format!("{q}.weight.")))
+        quantized.iter().any(|q| {
+            name.strip_prefix(q.as_str()).is_some_and(|rest| {
+                rest.starts_with(".weight.") || rest == ".SCB" || rest == ".weight_format"
+            })
+        })
     };
     model
         .var_store()
@@ -71,7 +76,7 @@ pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i
         .iter()
         .filter(|(name, _)| !buffers.contains(name) && !is_state(name))
         .filter(|(name, _)| !(exclude_embeddings && model.is_embedding_weight(name)))
-        .map(|(name, t)| t.numel() as i64 * if is_packed(name) { 2 } else { 1 })
+        .map(|(name, t)| t.numel() as i64 * if is_packed(name, t) { 2 } else { 1 })
         .sum()
 }
 

@@ -719,8 +719,9 @@ assert all(torch.equal(ours[k], saved[k]) for k in saved)\n";
 
 /// QLoRA through `run_clm`: `--load_in_4bit --bnb_4bit_quant_type nf4
 /// --use_bnb_nested_quant --use_peft` on the tiny Llama trains the adapter over the 4-bit
-/// base and saves it alone; `--load_in_8bit` is refused naming `--load_in_4bit`, and the
-/// quantization flags without `--use_peft` name it.
+/// base and saves it alone; `--load_in_8bit` trains it over the int8 base (LLM.int8); both
+/// at once are refused with TRL's message, and the quantization flags without `--use_peft`
+/// name it.
 #[test]
 fn run_clm_trains_qlora_with_trl_flags() -> Result<()> {
     let _g = lock();
@@ -773,8 +774,10 @@ fn run_clm_trains_qlora_with_trl_flags() -> Result<()> {
         out.join("adapter_model.safetensors").is_file() && !out.join("model.safetensors").exists(),
         "the adapter alone"
     );
-    let err = run_clm::main_with_args(args(&["--load_in_8bit"])).unwrap_err();
-    assert!(err.to_string().contains("--load_in_4bit"), "{err}");
+    let result = run_clm::main_with_args(args(&["--load_in_8bit"]))?;
+    assert!(result.eval_metrics.context("eval metrics")?["eval_loss"].is_finite());
+    let err = run_clm::main_with_args(args(&["--load_in_8bit", "--load_in_4bit"])).unwrap_err();
+    assert!(err.to_string().contains("at the same time"), "{err}");
     let err = run_clm::parse_args(["--load_in_4bit", "--output_dir", "o"]).unwrap_err();
     assert!(err.to_string().contains("--use_peft"), "{err}");
     let _ = std::fs::remove_dir_all(&out);

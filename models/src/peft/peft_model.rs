@@ -91,13 +91,13 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Res
     Ok(model)
 }
 
-/// DoRA reads each adapted layer's weight for its norm: over a 4-bit layer peft dequantizes
-/// it, which is not implemented here.
+/// DoRA reads each adapted layer's weight for its norm: over a quantized layer peft
+/// dequantizes it, which is not implemented here.
 fn refuse_dora_on_4bit(base: &dyn PreTrainedModel, config: &LoraConfig) -> Result<()> {
     if config.use_dora && crate::is_quantized(base) {
         return Err(Error::InvalidArgument {
             field: "use_dora",
-            detail: "DoRA over 4-bit layers (peft dequantizes the weight for its magnitude) is not implemented here; train LoRA (use_dora=False) on the 4-bit model, or DoRA on the model loaded without quantization_config".into(),
+            detail: "DoRA over quantized layers (peft dequantizes the weight for its magnitude) is not implemented here; train LoRA (use_dora=False) on the quantized model, or DoRA on the model loaded without quantization_config".into(),
         });
     }
     Ok(())
@@ -698,18 +698,20 @@ impl PeftModel {
             }
             let adapter = self.adapter(&name)?;
             refuse_parameter_merge(adapter)?;
-            if crate::is_quantized(&*self.base) {
-                return Err(Error::InvalidArgument {
-                    field: "merge_adapter",
-                    detail: "merging into 4-bit layers (peft dequantizes, adds the delta and quantizes again) is not implemented here; load the base without quantization_config, load the adapter onto it and merge there".into(),
-                });
-            }
             let vars = self.base.var_store().variables();
+            let base = &*self.base;
             tch::no_grad(|| -> Result<()> {
                 for l in &adapter.layers {
                     let (a, b) = l.weight_names(&name);
-                    let weight = &vars[&format!("{}.weight", l.module)];
                     let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
+                    // A quantized layer: dequantized, the delta added, quantized again
+                    // (not bit-exact with the float merge, as peft warns).
+                    if crate::bitsandbytes::requantize(base, &l.module, |w| {
+                        Ok(w.f_to_kind(delta.kind())?.f_add(&delta)?)
+                    })? {
+                        continue;
+                    }
+                    let weight = &vars[&format!("{}.weight", l.module)];
                     if l.dora {
                         let merged = lora::dora_merged_weight(
                             weight,
@@ -752,11 +754,17 @@ impl PeftModel {
         while let Some(name) = self.merged.last().cloned() {
             let adapter = self.adapter(&name)?;
             let vars = self.base.var_store().variables();
+            let base = &*self.base;
             tch::no_grad(|| -> Result<()> {
                 for l in adapter.layers.iter().rev() {
                     let (a, b) = l.weight_names(&name);
-                    let weight = &vars[&format!("{}.weight", l.module)];
                     let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
+                    if crate::bitsandbytes::requantize(base, &l.module, |w| {
+                        Ok(w.f_to_kind(delta.kind())?.f_sub(&delta)?)
+                    })? {
+                        continue;
+                    }
+                    let weight = &vars[&format!("{}.weight", l.module)];
                     let _ = weight
                         .shallow_clone()
                         .f_sub_(&delta.f_to_kind(weight.kind())?)?;

@@ -1,8 +1,10 @@
-//! 4-bit quantization (QLoRA's base) against bitsandbytes 0.50.2's CPU backend, transformers 5.23 and peft
-//! 0.21.2 (`scripts/reference/bitsandbytes_4bit.py`): the codes, absmax and double-quant state
-//! bit-identical; `Linear4bit`'s forward and backward equal; a model quantized as it loads equals
-//! transformers' pre-quantized checkpoint tensor for tensor, that checkpoint loads here, ours
-//! saves as transformers saved it; peft's LoRA over the 4-bit model runs to the bit.
+//! 4-bit and 8-bit quantization (QLoRA's base) against bitsandbytes 0.50.2's CPU backend,
+//! transformers 5.23 and peft 0.21.2 (`scripts/reference/bitsandbytes_4bit.py`,
+//! `bitsandbytes_8bit.py`): the codes, absmax, double-quant state and LLM.int8's row codes and
+//! scales bit-identical; `Linear4bit`'s and `Linear8bitLt`'s forward and backward equal; a model
+//! quantized as it loads equals transformers' pre-quantized checkpoint tensor for tensor, that
+//! checkpoint loads here, ours saves as transformers saved it; peft's LoRA over the quantized
+//! model runs to the bit, and merges into it as peft merges.
 
 use std::collections::HashMap;
 
@@ -16,7 +18,11 @@ use tchtrain_models::{
 use tchtrain_testing::{assets, lock};
 
 fn reference(name: &str) -> Result<HashMap<String, Tensor>> {
-    let path = assets().join("reference/bitsandbytes_4bit").join(name);
+    reference_in("bitsandbytes_4bit", name)
+}
+
+fn reference_in(script: &str, name: &str) -> Result<HashMap<String, Tensor>> {
+    let path = assets().join("reference").join(script).join(name);
     Ok(Tensor::read_safetensors(&path)
         .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
         .into_iter()
@@ -153,8 +159,16 @@ fn load(
     dir: &str,
     quantization_config: Option<BitsAndBytesConfig>,
 ) -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
+    load_in("bitsandbytes_4bit", dir, quantization_config)
+}
+
+fn load_in(
+    script: &str,
+    dir: &str,
+    quantization_config: Option<BitsAndBytesConfig>,
+) -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
     let loaded = from_pretrained_dir(
-        &assets().join("reference/bitsandbytes_4bit").join(dir),
+        &assets().join("reference").join(script).join(dir),
         AutoTask::CausalLm,
         Device::Cpu,
         &LoadOptions {
@@ -525,5 +539,307 @@ fn families_quantize_as_transformers() -> Result<()> {
         assert!(loaded.info.is_clean(), "{case}: {}", loaded.info);
         assert!(is_quantized(&*loaded.model), "{case}");
     }
+    Ok(())
+}
+
+// --- 8 bits (LLM.int8) and merges ---
+
+fn reference8(name: &str) -> Result<HashMap<String, Tensor>> {
+    reference_in("bitsandbytes_8bit", name)
+}
+
+fn load8(
+    dir: &str,
+    quantization_config: Option<BitsAndBytesConfig>,
+) -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
+    load_in("bitsandbytes_8bit", dir, quantization_config)
+}
+
+/// `int8_vectorwise_quant` as `Int8Params` quantizes a weight and as LLM.int8 quantizes
+/// activations (outlier columns held out and zeroed over several rows, kept for one row),
+/// `int8_vectorwise_dequant`: bit-identical.
+#[test]
+fn int8_quantization_equals_bitsandbytes() -> Result<()> {
+    use tchtrain_models::{int8_vectorwise_dequant, int8_vectorwise_quant};
+    let _g = lock();
+    let r = reference8("functional.safetensors")?;
+    let (cb, scb, cols) = int8_vectorwise_quant(&r["w"].to_kind(Kind::Half), 0.0)?;
+    assert!(cols.is_none());
+    assert!(same(&cb, &r["w.cb"]), "weight codes");
+    assert!(same(&scb, &r["w.scb"]), "weight scales");
+    assert!(
+        same(&int8_vectorwise_dequant(&cb, &scb)?, &r["w.deq"]),
+        "dequantized"
+    );
+    for (key, a, threshold) in [
+        ("a.6", r["a"].shallow_clone(), 6.0),
+        ("a.0", r["a"].shallow_clone(), 0.0),
+        ("a1.6", r["a"].narrow(0, 3, 1), 6.0),
+    ] {
+        let (cb, scb, cols) = int8_vectorwise_quant(&a.to_kind(Kind::Half), threshold)?;
+        assert!(same(&cb, &r[&format!("{key}.cb")]), "{key}: codes");
+        assert!(same(&scb, &r[&format!("{key}.scb")]), "{key}: scales");
+        match r.get(&format!("{key}.cols")) {
+            Some(expected) => assert!(same(&cols.context("outlier columns")?, expected), "{key}"),
+            None => assert!(cols.is_none(), "{key}: no outliers without a threshold"),
+        }
+    }
+    Ok(())
+}
+
+/// `Linear8bitLt` (threshold 6, two outliers in the input): in training mode
+/// (`MatMul8bitFp`) and in evaluation (`MatMul8bitLt`: the int8 product, the outlier columns in
+/// float32), plain and under bfloat16 autocast — output, input and bias gradients to the bit.
+#[test]
+fn linear_8bit_forward_and_backward_equal_bitsandbytes() -> Result<()> {
+    let _g = lock();
+    let r = reference8("linear.safetensors")?;
+    let (cb, scb, _) =
+        tchtrain_models::int8_vectorwise_quant(&r["weight"].to_kind(Kind::Half), 0.0)?;
+    assert!(same(&cb, &r["cb"]) && same(&scb, &r["scb"]), "Int8Params");
+    for (prefix, training, autocast) in [
+        ("train.", true, false),
+        ("train_autocast.", true, true),
+        ("eval.", false, false),
+        ("eval_autocast.", false, true),
+    ] {
+        let layer = tchtrain_models::Linear8bitLt {
+            weight: cb.shallow_clone(),
+            scb: scb.shallow_clone(),
+            threshold: 6.0,
+        };
+        let bias = r["bias"].copy().set_requires_grad(true);
+        let x = r["x"].copy().set_requires_grad(true);
+        let _guard = autocast
+            .then(|| AutocastGuard::enter(Device::Cpu, Kind::BFloat16))
+            .transpose()?;
+        let y = layer.forward(&x, Some(&bias), training)?;
+        drop(_guard);
+        (&y * r["g"].to_kind(y.kind())).sum(y.kind()).backward();
+        assert!(
+            same(&y.detach(), &r[&format!("{prefix}y")]),
+            "{prefix}: output differs by {}",
+            max_abs(&y, &r[&format!("{prefix}y")])
+        );
+        assert!(
+            same(&x.grad(), &r[&format!("{prefix}x_grad")]),
+            "{prefix}: input gradient"
+        );
+        assert_eq!(
+            max_abs(&bias.grad(), &r[&format!("{prefix}bias_grad")]),
+            0.0,
+            "{prefix}: bias gradient"
+        );
+    }
+    Ok(())
+}
+
+/// The tiny Llama loaded with `BitsAndBytesConfig(load_in_8bit=True)` equals transformers'
+/// 8-bit checkpoint (int8 `weight`, `SCB`, `weight_format`) tensor for tensor; that checkpoint
+/// loads here and runs as transformers' model in training mode and in evaluation (LLM.int8);
+/// saved, it is the same checkpoint with the same `quantization_config`.
+#[test]
+fn a_model_loaded_in_8bit_equals_transformers_checkpoint_both_ways() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_8bit");
+    let ours = load8("base", Some(BitsAndBytesConfig::int8()))?;
+    assert!(is_quantized(&*ours));
+    let theirs = sorted(tchtrain_models::read_checkpoint(&dir.join("prequantized"))?);
+    let mine = sorted(ours.var_store().variables().into_iter().collect());
+    assert_eq!(
+        mine.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "the 8-bit state's keys"
+    );
+    for ((name, a), (_, b)) in mine.iter().zip(&theirs) {
+        assert!(same(a, b), "{name} differs from transformers' quantization");
+    }
+    let r = reference8("lora/run.safetensors")?;
+    for mut model in [ours, load8("prequantized", None)?] {
+        for (training, key) in [(true, "base.logits"), (false, "base.eval.logits")] {
+            if training {
+                model.train();
+            } else {
+                model.eval();
+            }
+            let logits = tch::no_grad(|| {
+                model.forward(&ModelInputs {
+                    input_ids: r.get("input_ids"),
+                    attention_mask: r.get("attention_mask"),
+                    ..Default::default()
+                })
+            })?
+            .logits
+            .context("logits")?;
+            assert_eq!(max_abs(&logits, &r[key]), 0.0, "{key}");
+        }
+    }
+    let model = load8("prequantized", None)?;
+    let saved = tchtrain_testing::temp_dir("bnb-8bit-save");
+    model.save_pretrained(&saved)?;
+    let mine = sorted(tchtrain_models::read_checkpoint(&saved)?);
+    assert_eq!(mine.len(), theirs.len());
+    for ((name, a), (_, b)) in mine.iter().zip(&theirs) {
+        assert!(same(a, b), "saved {name} differs");
+    }
+    let config = |p: &std::path::Path| -> Result<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p.join("config.json"))?)?;
+        Ok(v["quantization_config"].clone())
+    };
+    assert_eq!(config(&saved)?, config(&dir.join("prequantized"))?);
+    let _ = std::fs::remove_dir_all(&saved);
+    Ok(())
+}
+
+/// peft's LoRA over the 8-bit model: drawn as peft draws it; loss, logits and the adapter's
+/// gradients in training mode, float32 and bfloat16 autocast, and the logits in evaluation
+/// (LLM.int8), to the bit; `merge_and_unload` dequantizes, adds the delta and quantizes again
+/// as peft: the merged int8 rows and scales and the merged model's logits equal peft's.
+#[test]
+fn lora_over_8bit_equals_peft_and_merges_as_peft() -> Result<()> {
+    use tchtrain_models::{LoraConfig, get_peft_model};
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_8bit/lora");
+    let config = LoraConfig::from_file(&dir.join("adapter/adapter_config.json"))?;
+    tch::manual_seed(1);
+    let drawn = get_peft_model(
+        load8("prequantized", None)?,
+        LoraConfig {
+            inference_mode: false,
+            ..config
+        },
+    )?;
+    let initial = reference8("lora/initial.safetensors")?;
+    let ours: HashMap<String, Tensor> = drawn.adapter_state_dict("default")?.into_iter().collect();
+    assert_eq!(ours.len(), initial.len());
+    for (name, t) in &initial {
+        assert!(ours[name].equal(t), "drawn {name} differs from peft's");
+    }
+    let mut model =
+        PeftModel::from_pretrained(load8("prequantized", None)?, &dir.join("adapter"), true)?;
+    let r = reference8("lora/run.safetensors")?;
+    for (prefix, autocast) in [("", false), ("autocast.", true)] {
+        let diffs = crate::decoder_families::run_in_mode(
+            &mut model,
+            &r,
+            prefix,
+            autocast,
+            "base_model.model.",
+            true,
+        )?;
+        assert_eq!(
+            diffs, [0.0; 4],
+            "{prefix}: logits, loss, aux_loss, gradients"
+        );
+    }
+    let eval_logits = |m: &mut dyn TrainableModel| -> Result<Tensor> {
+        m.eval();
+        tch::no_grad(|| {
+            m.forward(&ModelInputs {
+                input_ids: r.get("input_ids"),
+                attention_mask: r.get("attention_mask"),
+                ..Default::default()
+            })
+        })?
+        .logits
+        .context("logits")
+    };
+    assert_eq!(max_abs(&eval_logits(&mut model)?, &r["eval.logits"]), 0.0);
+    let mut merged = model.merge_and_unload()?;
+    let vars = merged.var_store().variables();
+    let mut n = 0;
+    for (key, expected) in r.iter().filter(|(k, _)| k.starts_with("merged.model.")) {
+        let name = &key["merged.".len()..];
+        assert!(same(&vars[name], expected), "merged {name}");
+        n += 1;
+    }
+    assert_eq!(n, 12, "6 merged layers' int8 rows and scales");
+    assert_eq!(
+        max_abs(&eval_logits(&mut *merged)?, &r["merged.eval.logits"]),
+        0.0,
+        "the merged model's logits"
+    );
+    Ok(())
+}
+
+/// peft's `merge_and_unload` over 4-bit layers: the dequantized weight plus the delta,
+/// quantized again with the layer's own type and double quantization: the packed codes and
+/// every state tensor equal peft's.
+#[test]
+fn lora_merges_into_4bit_as_peft() -> Result<()> {
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_8bit/merge4");
+    let base = load8("base", Some(nf4()))?;
+    let model = PeftModel::from_pretrained(base, &dir.join("adapter"), true)?;
+    let merged = model.merge_and_unload()?;
+    let vars = merged.var_store().variables();
+    let expected = reference8("merge4/merged.safetensors")?;
+    assert!(!expected.is_empty());
+    for (name, t) in &expected {
+        let ours = vars
+            .get(name)
+            .with_context(|| format!("no variable {name} after the merge"))?;
+        assert!(same(ours, t), "merged {name}");
+    }
+    Ok(())
+}
+
+/// LoRA over the 8-bit base through the Trainer (`bitsandbytes_8bit.py`'s `trainer`): 20
+/// steps (training through `MatMul8bitFp`, evaluation through LLM.int8's int8 product) log
+/// every value as peft + bitsandbytes + upstream's Trainer, `total_flos` included.
+#[test]
+fn qlora_8bit_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
+    use tchtrain_models::{LoraConfig, get_peft_model};
+    use tchtrain_trainer::Trainer;
+    use tchtrain_training_args::{IntervalStrategy, SchedulerType, TrainingArguments};
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_8bit/trainer_qlora8");
+    let out = tchtrain_testing::temp_dir("qlora8-trainer");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        max_steps: 20,
+        learning_rate: 2e-3,
+        lr_scheduler_type: SchedulerType::Cosine,
+        warmup_steps: 2.0,
+        weight_decay: 0.1,
+        max_grad_norm: 1.0,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(10.0),
+        ..crate::parity::base_args(&out)
+    };
+    args.post_init()?;
+    let base = from_pretrained_dir(
+        &dir.join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions {
+            quantization_config: Some(BitsAndBytesConfig::int8()),
+            ..LoadOptions::default()
+        },
+    )?
+    .model;
+    tch::manual_seed(1);
+    let model = get_peft_model(
+        base,
+        LoraConfig {
+            inference_mode: false,
+            ..LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?
+        },
+    )?;
+    let blocks = dir.join("blocks.json");
+    let mut trainer = Trainer::builder(Box::new(model), args)
+        .train_dataset(crate::parity::lm_blocks(&blocks, "train")?)
+        .eval_dataset(crate::parity::lm_blocks(&blocks, "eval")?)
+        .build()?;
+    trainer.train(None)?;
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("log_history.json"))?)?;
+    tchtrain_testing::assert_exact(
+        "qlora 8-bit",
+        &tchtrain_testing::compare("qlora 8-bit", &trainer.state.log_history, &expected)?,
+    );
+    let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

@@ -59,13 +59,31 @@ pub(crate) fn run(
     autocast: bool,
     grad_names: &str,
 ) -> Result<[f64; 4]> {
+    run_in_mode(model, r, prefix, autocast, grad_names, false)
+}
+
+/// [`run`] in training mode when `training` (the reference's `model.train()`: the same
+/// numbers without dropout, but not for parts whose computation depends on the mode, such as
+/// bitsandbytes' 8-bit layers).
+pub(crate) fn run_in_mode(
+    model: &mut dyn TrainableModel,
+    r: &HashMap<String, Tensor>,
+    prefix: &str,
+    autocast: bool,
+    grad_names: &str,
+    training: bool,
+) -> Result<[f64; 4]> {
     let guard = || -> Result<Option<AutocastGuard>> {
         Ok(match autocast {
             true => Some(AutocastGuard::enter(Device::Cpu, Kind::BFloat16)?),
             false => None,
         })
     };
-    model.eval();
+    if training {
+        model.train();
+    } else {
+        model.eval();
+    }
     let inputs = ModelInputs {
         input_ids: r.get("input_ids"),
         attention_mask: r.get("attention_mask"),
