@@ -485,6 +485,22 @@ pub(crate) fn requantize(
     Ok(true)
 }
 
+/// peft's `dequantize_module_weight` for a quantized part `module` (`None`: not quantized):
+/// `dequantize_4bit` in the weight's own dtype, or `int8_vectorwise_dequant` in float32.
+pub(crate) fn dequantized_weight(
+    ctx: &tchtrain_nn::Context,
+    module: &str,
+) -> Result<Option<Tensor>> {
+    for (name, slot) in ctx.quant_slots() {
+        if name == module {
+            return Ok(slot
+                .with(|q| q.map(QuantizedWeight::dequantize))
+                .transpose()?);
+        }
+    }
+    Ok(None)
+}
+
 /// The checkpoint keys of a pre-quantized 4-bit part `name` (its packed `weight` and the
 /// state beside it), taken out of `tensors`.
 fn take_state(
@@ -685,4 +701,13 @@ pub fn is_quantized(model: &dyn TrainableModel) -> bool {
         .quant_slots()
         .iter()
         .any(|(_, s)| s.is_set())
+}
+
+/// Whether the model has 8-bit parts (upstream's `is_loaded_in_8bit`).
+pub(crate) fn has_8bit(model: &dyn TrainableModel) -> bool {
+    model
+        .context()
+        .quant_slots()
+        .iter()
+        .any(|(_, s)| s.with(|q| matches!(q, Some(QuantizedWeight::EightBit(_)))))
 }

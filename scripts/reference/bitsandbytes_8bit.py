@@ -32,6 +32,13 @@ OUT_DIR/merge4/: the same adapter drawn over the base loaded in 4 bits (nf4, dou
 quantization; `adapter/`) and merged: the merged layers' packed weights and states
 (`merged.safetensors`).
 
+OUT_DIR/dora4/: DoRA (`use_dora=True`, the same targets) over the base loaded in 4 bits (nf4,
+double quantization), drawn as `adapt` draws it (the magnitude from the dequantized weight),
+`run.safetensors` (training mode, float32 and autocast, as `lora/`) and after
+`merge_and_unload()` the merged layers' tensors (`merged.<key>`). (DoRA over the 8-bit base
+fails in peft 0.21.2 on the CPU: `dequantize_module_weight` moves the weight, whose copy loses
+its `SCB`, and the next forward reads `None`.)
+
 OUT_DIR/trainer_qlora8/: LoRA over the 8-bit base trained 20 steps by the Trainer (see
 `trainer`).
 """
@@ -159,6 +166,30 @@ def models():
     save_file(out, str(OUT / "merge4" / "merged.safetensors"))
 
 
+def dora():
+    ids, mask = sibling("models").batch(1000)
+    labels = ids.masked_fill(mask == 0, -100)
+    kwargs = dict(input_ids=ids, attention_mask=mask)
+    four = sibling("bitsandbytes_4bit")
+    targets = ["q_proj", "v_proj", "down_proj"]
+    for name, q in [
+        ("dora4", tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
+    ]:
+        (OUT / name).mkdir()
+        base = tf.AutoModelForCausalLM.from_pretrained(OUT / "base", quantization_config=q)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=targets, use_dora=True, task_type="CAUSAL_LM")
+        model, _ = sibling("peft_experts").adapt(base, lora, OUT / name)
+        tensors = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        four.run(model, kwargs, labels, "", tensors, autocast=False)
+        four.run(model, kwargs, labels, "autocast.", tensors, autocast=True)
+        merged = model.merge_and_unload()
+        for key, t in merged.state_dict().items():
+            if any(m in key for m in targets):
+                tensors[f"merged.{key}"] = t.contiguous()
+        save_file(tensors, str(OUT / name / "run.safetensors"))
+        print(name, float(tensors["loss"]), float(tensors["autocast.loss"]))
+
+
 def trainer():
     """bitsandbytes_4bit.py's QLoRA Trainer run over the base loaded in 8 bits: the tiny Llama
     at SmolLM2's vocabulary in float32 (`initial/`), `BitsAndBytesConfig(load_in_8bit=True)`,
@@ -205,6 +236,7 @@ def main():
     torch.set_num_threads(2)
     linear(functional())
     models()
+    dora()
     trainer()
 
 

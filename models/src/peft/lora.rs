@@ -606,6 +606,7 @@ fn embedding_adapter_draws(layer: &LoraLayer, init: InitLoraWeights) -> Result<(
 /// constructor draws). On the CPU, in float32, then rounded through the base weight's
 /// half-precision dtype and back, as peft's `autocast_adapter_dtype`.
 pub(crate) fn create_adapters(
+    ctx: &tchtrain_nn::Context,
     vs: &nn::VarStore,
     layers: &[LoraLayer],
     adapter: &str,
@@ -635,16 +636,10 @@ pub(crate) fn create_adapters(
             path = path / part;
         }
         // DoRA's `update_layer`: the magnitude is the row norm of `W + scaling · B @ A`
-        // (`W` transposed for a `Conv1D` or an embedding), in the weight's dtype.
+        // (`W` transposed for a `Conv1D` or an embedding, dequantized for a quantized
+        // layer), in the weight's dtype.
         let magnitude = if layer.dora {
-            let w = vs
-                .variables()
-                .get(&format!("{}.weight", layer.module))
-                .map(Tensor::shallow_clone)
-                .ok_or_else(|| Error::InvalidArgument {
-                    field: "use_dora",
-                    detail: format!("{} has no weight", layer.module),
-                })?;
+            let w = base_weight(ctx, vs, &layer.module)?;
             let w = if layer.transposed() { w.f_tr()? } else { w };
             let lora_weight = b
                 .f_to_device(w.device())?
@@ -723,7 +718,7 @@ pub(crate) fn set_adapters(
         let dora = if l.dora {
             Some(Dora {
                 magnitude: get(&l.magnitude_name(adapter))?,
-                weight: get(&format!("{}.weight", l.module))?,
+                weight: base_weight(ctx, vs, &l.module)?,
                 bias: vars
                     .get(&format!("{}.bias", l.module))
                     .map(Tensor::shallow_clone),
@@ -745,6 +740,25 @@ pub(crate) fn set_adapters(
     let mut unknown: Vec<String> = by_name.into_keys().collect();
     unknown.sort();
     Ok((filled, unknown))
+}
+
+/// The base layer's weight as DoRA reads it (peft's `dequantize_module_weight`): a quantized
+/// layer's dequantized (again at each forward, as peft's), else the weight itself.
+pub(crate) fn base_weight(
+    ctx: &tchtrain_nn::Context,
+    vs: &nn::VarStore,
+    module: &str,
+) -> Result<Tensor> {
+    if let Some(w) = crate::bitsandbytes::dequantized_weight(ctx, module)? {
+        return Ok(w);
+    }
+    vs.variables()
+        .get(&format!("{module}.weight"))
+        .map(Tensor::shallow_clone)
+        .ok_or_else(|| Error::InvalidArgument {
+            field: "use_dora",
+            detail: format!("{module} has no weight"),
+        })
 }
 
 /// peft's DoRA merge: `W' = m / ‖W + ΔW‖ · (W + ΔW)` (row norms of the weight as `nn.Linear`

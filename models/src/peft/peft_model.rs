@@ -76,7 +76,6 @@ fn module_of(var: &str) -> &str {
 /// config mutated as peft mutates it), drawn from the global generator as peft draws it,
 /// the base frozen but for `modules_to_save` and the biases `bias` names.
 pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Result<PeftModel> {
-    refuse_dora_on_4bit(&*base, &config)?;
     let adapter = build_adapter(&*base, config)?;
     let inference_mode = adapter.config.inference_mode;
     let mut model = PeftModel {
@@ -91,21 +90,15 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Res
     Ok(model)
 }
 
-/// DoRA reads each adapted layer's weight for its norm: over a quantized layer peft
-/// dequantizes it, which is not implemented here.
-fn refuse_dora_on_4bit(base: &dyn PreTrainedModel, config: &LoraConfig) -> Result<()> {
-    if config.use_dora && crate::is_quantized(base) {
-        return Err(Error::InvalidArgument {
-            field: "use_dora",
-            detail: "DoRA over quantized layers (peft dequantizes the weight for its magnitude) is not implemented here; train LoRA (use_dora=False) on the quantized model, or DoRA on the model loaded without quantization_config".into(),
-        });
-    }
-    Ok(())
-}
-
 /// Resolves `config` on `base` and creates the adapter `name`'s variables (peft's
 /// `inject_adapter`).
 fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<Adapter> {
+    if config.use_dora && crate::bitsandbytes::has_8bit(base) {
+        return Err(Error::InvalidArgument {
+            field: "use_dora",
+            detail: "DoRA over 8-bit layers fails in peft 0.21.2 on the CPU (its dequantize_module_weight leaves the int8 weight without its SCB), so there is no reference to match; train DoRA over the 4-bit model (load_in_4bit) or LoRA (use_dora=False) over the 8-bit one".into(),
+        });
+    }
     let names = crate::modeling_utils::ordered_variable_names(base.var_store());
     let vars = base.var_store().variables();
     let mut modules: Vec<String> = Vec::new();
@@ -352,6 +345,7 @@ impl PeftModel {
     /// Draws the adapter's variables (frozen) and holds it.
     fn create(&mut self, adapter_name: &str, adapter: Adapter) -> Result<()> {
         lora::create_adapters(
+            self.base.context(),
             self.base.var_store(),
             &adapter.layers,
             adapter_name,
@@ -704,10 +698,21 @@ impl PeftModel {
                 for l in &adapter.layers {
                     let (a, b) = l.weight_names(&name);
                     let delta = lora::delta_weight(&vars[&a], &vars[&b], l);
-                    // A quantized layer: dequantized, the delta added, quantized again
-                    // (not bit-exact with the float merge, as peft warns).
+                    // A quantized layer: dequantized, the delta added (DoRA: rescaled to the
+                    // magnitude, in the dequantized weight's dtype), quantized again (not
+                    // bit-exact with the float merge, as peft warns).
                     if crate::bitsandbytes::requantize(base, &l.module, |w| {
-                        Ok(w.f_to_kind(delta.kind())?.f_add(&delta)?)
+                        Ok(if l.dora {
+                            lora::dora_merged_weight(
+                                &w,
+                                &delta.f_to_kind(w.kind())?,
+                                &vars[&l.magnitude_name(&name)],
+                                l,
+                            )
+                            .f_to_kind(w.kind())?
+                        } else {
+                            w.f_to_kind(delta.kind())?.f_add(&delta)?
+                        })
                     })? {
                         continue;
                     }

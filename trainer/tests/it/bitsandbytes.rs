@@ -337,18 +337,6 @@ fn qlora_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
         refused.to_string().contains("purely quantized"),
         "{refused}"
     );
-    // Nor DoRA over its 4-bit layers.
-    let dora = get_peft_model(
-        base()?,
-        LoraConfig {
-            use_dora: true,
-            inference_mode: false,
-            ..LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?
-        },
-    )
-    .err()
-    .context("DoRA over 4-bit layers was accepted")?;
-    assert!(dora.to_string().contains("use_dora"), "{dora}");
     let config = LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?;
     let blocks = dir.join("blocks.json");
     let trainer_for = |args: TrainingArguments| -> Result<Trainer> {
@@ -785,6 +773,66 @@ fn lora_merges_into_4bit_as_peft() -> Result<()> {
     Ok(())
 }
 
+/// DoRA over the 4-bit model (QDoRA): the magnitude drawn from the dequantized weight as
+/// peft's; loss, logits and every gradient (magnitude included) in training mode, float32 and
+/// bfloat16 autocast, to the bit; `merge_and_unload` rescales the dequantized weight plus the
+/// delta to the magnitude and quantizes it again: the packed codes and states equal peft's.
+#[test]
+fn dora_over_4bit_equals_peft_and_merges_as_peft() -> Result<()> {
+    use tchtrain_models::{LoraConfig, get_peft_model};
+    let _g = lock();
+    let dir = assets().join("reference/bitsandbytes_8bit/dora4");
+    let config = LoraConfig::from_file(&dir.join("adapter/adapter_config.json"))?;
+    assert!(config.use_dora);
+    tch::manual_seed(1);
+    let drawn = get_peft_model(
+        load8("base", Some(nf4()))?,
+        LoraConfig {
+            inference_mode: false,
+            ..config
+        },
+    )?;
+    let initial = reference8("dora4/initial.safetensors")?;
+    let ours: HashMap<String, Tensor> = drawn.adapter_state_dict("default")?.into_iter().collect();
+    assert_eq!(ours.len(), initial.len());
+    for (name, t) in &initial {
+        assert!(ours[name].equal(t), "drawn {name} differs from peft's");
+    }
+    let mut model =
+        PeftModel::from_pretrained(load8("base", Some(nf4()))?, &dir.join("adapter"), true)?;
+    let r = reference8("dora4/run.safetensors")?;
+    for (prefix, autocast) in [("", false), ("autocast.", true)] {
+        let diffs = crate::decoder_families::run_in_mode(
+            &mut model,
+            &r,
+            prefix,
+            autocast,
+            "base_model.model.",
+            true,
+        )?;
+        assert_eq!(
+            diffs, [0.0; 4],
+            "{prefix}: logits, loss, aux_loss, gradients"
+        );
+    }
+    let merged = model.merge_and_unload()?;
+    let vars = merged.var_store().variables();
+    let mut n = 0;
+    for (key, expected) in r.iter().filter(|(k, _)| k.starts_with("merged.model.")) {
+        let name = &key["merged.".len()..];
+        let ours = vars
+            .get(name)
+            .with_context(|| format!("no variable {name} after the merge"))?;
+        assert!(same(ours, expected), "merged {name}");
+        n += 1;
+    }
+    assert!(
+        n >= 6 * 5,
+        "every merged layer's packed weight and state ({n})"
+    );
+    Ok(())
+}
+
 /// LoRA over the 8-bit base through the Trainer (`bitsandbytes_8bit.py`'s `trainer`): 20
 /// steps (training through `MatMul8bitFp`, evaluation through LLM.int8's int8 product) log
 /// every value as peft + bitsandbytes + upstream's Trainer, `total_flos` included.
@@ -810,22 +858,37 @@ fn qlora_8bit_trains_as_peft_bitsandbytes_and_upstream() -> Result<()> {
         ..crate::parity::base_args(&out)
     };
     args.post_init()?;
-    let base = from_pretrained_dir(
-        &dir.join("initial"),
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions {
-            quantization_config: Some(BitsAndBytesConfig::int8()),
-            ..LoadOptions::default()
+    let config = LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?;
+    let base = || -> Result<Box<dyn tchtrain_models::PreTrainedModel>> {
+        Ok(from_pretrained_dir(
+            &dir.join("initial"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions {
+                quantization_config: Some(BitsAndBytesConfig::int8()),
+                ..LoadOptions::default()
+            },
+        )?
+        .model)
+    };
+    // DoRA over 8-bit layers has no reference (peft fails on it on the CPU): refused.
+    let dora = get_peft_model(
+        base()?,
+        LoraConfig {
+            use_dora: true,
+            inference_mode: false,
+            ..config.clone()
         },
-    )?
-    .model;
+    )
+    .err()
+    .context("DoRA over 8-bit layers was accepted")?;
+    assert!(dora.to_string().contains("use_dora"), "{dora}");
     tch::manual_seed(1);
     let model = get_peft_model(
-        base,
+        base()?,
         LoraConfig {
             inference_mode: false,
-            ..LoraConfig::from_file(&dir.join("adapter_config/adapter_config.json"))?
+            ..config
         },
     )?;
     let blocks = dir.join("blocks.json");
