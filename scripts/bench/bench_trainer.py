@@ -28,6 +28,7 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
                   batch 4: the frozen base's forward and input gradients, the adapter trained.
     smollm2_qlora the same on the base loaded in 4 bits (bitsandbytes NF4, double
                   quantization, float32 compute): QLoRA.
+    smollm2_qlora8 the same on the base loaded in 8 bits (LLM.int8, TRL's --load_in_8bit).
     qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
@@ -106,6 +107,13 @@ JOBS = {
         kind="clm", arch="smollm2", block=128, batch=4, warmup=2, steps=6,
         lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
         quantization=dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True),
+    ),
+    # smollm2_lora with the base loaded in 8 bits (LLM.int8: training through
+    # MatMul8bitFp, the int8 rows dequantized per step) as TRL's --load_in_8bit loads it.
+    "smollm2_qlora8": dict(
+        kind="clm", arch="smollm2", block=128, batch=4, warmup=2, steps=6,
+        lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
+        quantization=dict(load_in_8bit=True),
     ),
 }
 
