@@ -147,8 +147,8 @@ pub use mixtral::{
     MixtralForSequenceClassification, MixtralForTokenClassification,
 };
 pub use modeling_utils::{
-    LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, PADDING_FREE_ENV, PreTrainedModel,
-    TrainableModel, ordered_variable_names,
+    LabelCheck, LinearModule, Loaded, ModelInputs, ModelOutput, OutputHead, PADDING_FREE_ENV,
+    PreTrainedModel, TrainableModel, ordered_variable_names,
 };
 pub use modernbert::{
     ModernBert, ModernBertBaseModel, ModernBertConfig, ModernBertForMaskedLM,

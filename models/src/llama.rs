@@ -2344,6 +2344,28 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     fn output_embeddings(&self) -> Option<String> {
         Some("lm_head".into())
     }
+    fn output_head(&self) -> Option<crate::OutputHead> {
+        let weight = match &self.lm_head {
+            Some(head) => head.ws.shallow_clone(),
+            None => self.model.embed_tokens().shallow_clone(),
+        };
+        Some(crate::OutputHead {
+            weight,
+            bias: None,
+            logit_scale: self
+                .model
+                .family
+                .granite
+                .as_ref()
+                .map_or(1.0, |g| 1.0 / g.logits_scaling),
+            final_logit_softcapping: self
+                .model
+                .family
+                .gemma
+                .as_ref()
+                .and_then(|g| g.final_logit_softcapping),
+        })
+    }
     fn is_causal_lm(&self) -> bool {
         true
     }
@@ -2401,6 +2423,32 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         Ok(())
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
+        // TRL's fused LM head: the backbone alone (`model.base_model(...)`).
+        if inputs.backbone_only {
+            if self
+                .model
+                .family
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.output_router_logits)
+            {
+                return Err(Error::InvalidArgument {
+                    field: "backbone_only",
+                    detail: "the router's load-balancing loss beside TRL's fused LM head is not implemented here; set output_router_logits to False (router_aux_loss_coef 0)".into(),
+                });
+            }
+            let (h, _, _) = self
+                .model
+                .forward_with(inputs, self.training, false, false)?;
+            self.ctx.model_frame(self.architecture())?;
+            return Ok(ModelOutput {
+                loss: None,
+                logits: None,
+                last_hidden_state: Some(h),
+                pooler_output: None,
+                aux_loss: None,
+            });
+        }
         // Liger's `lce_forward`: in training with labels (or when asked), the loss without
         // the logits.
         let skip_logits = self.fused_linear_cross_entropy

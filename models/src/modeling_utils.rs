@@ -50,6 +50,11 @@ pub struct ModelInputs<'a> {
     /// (upstream's `encoder_outputs`), which then does not run again; `attention_mask`
     /// stays the encoder's padding mask.
     pub encoder_outputs: Option<&'a Tensor>,
+    /// Runs the backbone alone (TRL's fused LM head calls `model.base_model(...)` and projects
+    /// through the head itself): the output's `last_hidden_state` is the backbone's (after
+    /// its final norm), without logits or loss. Only the models with an
+    /// [`output_head`](TrainableModel::output_head) take it; the others refuse it.
+    pub backbone_only: bool,
 }
 
 impl<'a> ModelInputs<'a> {
@@ -106,6 +111,21 @@ impl ModelOutput {
             }),
         }
     }
+}
+
+/// A causal LM's output head as TRL's fused LM head reads it: `get_output_embeddings()`'s
+/// weight and bias, and the text config's logit transform (`logits · logit_scale`, then
+/// `cap · tanh(· / cap)` with `final_logit_softcapping`).
+#[derive(Debug)]
+pub struct OutputHead {
+    /// The head's weight `[vocab, hidden]` (the input embeddings when tied).
+    pub weight: Tensor,
+    /// The head's bias `[vocab]`, when it has one.
+    pub bias: Option<Tensor>,
+    /// The factor the logits are multiplied by (Granite's `1 / logits_scaling`; 1 for most).
+    pub logit_scale: f64,
+    /// `final_logit_softcapping` (Gemma 2 / 3).
+    pub final_logit_softcapping: Option<f64>,
 }
 
 /// The kind of labels a classification head takes, for the Trainer's check of the training
@@ -568,6 +588,12 @@ pub trait TrainableModel: Send {
     /// Upstream's `get_output_embeddings()` module name (a causal LM's `lm_head`), which
     /// LoRA's `"all-linear"` leaves out.
     fn output_embeddings(&self) -> Option<String> {
+        None
+    }
+
+    /// The causal LM head as TRL's fused LM head reads it, for the models whose forward
+    /// takes [`ModelInputs::backbone_only`]; `None` for the others.
+    fn output_head(&self) -> Option<OutputHead> {
         None
     }
 

@@ -7,6 +7,7 @@
 #include "backends.cpp"
 #include "checkpoint.cpp"
 #include "quantized_linear.cpp"
+#include "chunked_logprob.cpp"
 #include "generator.cpp"
 #include "dropout.cpp"
 #include "grad_boundary.cpp"

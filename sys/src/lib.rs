@@ -11,6 +11,7 @@
 //! | `csrc/grad_boundary.cpp` | an identity op whose backward calls back into Rust (ZeRO-3's per-layer hooks) |
 //! | `csrc/checkpoint.cpp` | activation checkpointing: a layer recomputed in the backward (a Rust closure), generator and autocast states replayed |
 //! | `csrc/quantized_linear.cpp` | bitsandbytes' `MatMul4Bit` / `MatMul8bitFp` / `MatMul8bitLt`: a linear map over a quantized weight whose forward and input gradient a Rust closure computes (the graph keeps the quantized weight only) |
+//! | `csrc/chunked_logprob.cpp` | TRL's `ChunkedLogProbFunction` (its torch fallback): per-token log-probabilities, entropy and top-1 hits of `hidden @ weight.T` by vocabulary tiles, without the logits, and their backward |
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
 //! | `csrc/optim.cpp` | `add` / `addcmul` / `addcdiv` with their scalars, `p.grad = g`, the fused Adam(W) / SGD kernels |
 //! | `csrc/c10d.cpp` + `csrc/gloo/` | a TCPStore rendezvous, ProcessGroupGloo (ProcessGroupNCCL with the `cuda` feature), the collectives |
@@ -175,6 +176,23 @@ unsafe extern "C" {
         weight: *mut c_void,
         run: QuantizedFn,
         drop: QuantizedDropFn,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+}
+
+// csrc/chunked_logprob.cpp
+unsafe extern "C" {
+    pub fn tchtrain_chunked_logprob(
+        hidden: *const C_tensor,
+        weight: *const C_tensor,
+        bias: *const C_tensor,
+        targets: *const C_tensor,
+        temperature: f64,
+        chunk_size: i64,
+        softcap: f64,
+        logit_scale: f64,
+        want_entropy: bool,
+        want_top1: bool,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }

@@ -141,6 +141,7 @@ pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
         decoder_input_ids: batch.get("decoder_input_ids"),
         decoder_attention_mask: batch.get("decoder_attention_mask"),
         encoder_outputs: None,
+        backbone_only: false,
     }
 }
 

@@ -1069,6 +1069,9 @@ impl TrainableModel for PeftModel {
     fn output_embeddings(&self) -> Option<String> {
         self.base.output_embeddings()
     }
+    fn output_head(&self) -> Option<crate::OutputHead> {
+        self.base.output_head()
+    }
     fn supports_cache(&self) -> bool {
         self.base.supports_cache()
     }

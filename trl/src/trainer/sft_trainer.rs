@@ -1,0 +1,859 @@
+//! `trl/trainer/sft_trainer.py`: `SFTTrainer` over the Trainer, and TRL's
+//! `DataCollatorForLanguageModeling`.
+//!
+//! The datasets are tables (`tchtrain_datasets::Table`: JSON lines, Parquet, CSV) in TRL's
+//! formats — language modeling (`text`, or `messages` rendered by the tokenizer's chat
+//! template, with `tools` and `chat_template_kwargs` when the row has them) and
+//! prompt-completion (`prompt` / `completion`, as text or as messages) — prepared as
+//! `_prepare_dataset` prepares them: EOS appended to text rows, tokenized, `labels` built
+//! from the completion mask (`completion_only_loss`), truncated to `max_length`
+//! (`keep_start` / `keep_end`, fully masked rows dropped) or packed (BFD, with the rows'
+//! `seq_lengths`). Every batch is scored through the fused LM head
+//! ([`fused_lm_head_forward`]): the loss (`nll` or `dft`) and TRL's logged `entropy`,
+//! `mean_token_accuracy` and `num_tokens`.
+//!
+//! Refused, naming the field: `assistant_only_loss` (the chat template's generation masks),
+//! ShareGPT `conversations`, vision datasets, a quantized model with `peft_config`,
+//! `shuffle_dataset`. The logits `compute_metrics` needs come from an extra forward without
+//! the fused head, as TRL recomputes them.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+use tch::{Kind, Tensor};
+use tchtrain_collators::{Batch, DataCollator, Feature, Label};
+use tchtrain_data::InMemoryDataset;
+use tchtrain_datasets::{Table, pack_dataset};
+use tchtrain_models::{
+    ChatTemplateOptions, LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast,
+    TrainableModel, get_peft_model,
+};
+use tchtrain_trainer::{
+    PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
+    model_inputs,
+};
+
+use crate::data_utils::{common_prefix_length, is_conversational, is_conversational_from_value};
+use crate::error::{Error, Result};
+use crate::trainer::sft_config::{SFTConfig, SftLossType, TruncationMode};
+use crate::trainer::utils::{FusedCausalLMOutput, count, fused_lm_head_forward};
+
+/// TRL's `DataCollatorForLanguageModeling`: rows padded on the right to the batch's longest
+/// (`pad_token_id`; labels with -100; `attention_mask`), or with `padding_free` flattened
+/// into one row with `position_ids` restarting at each row (or each packed document, from
+/// `seq_lengths`) and the first label of each sequence -100.
+#[derive(Debug, Clone)]
+pub struct DataCollatorForLanguageModeling {
+    /// `pad_token_id`.
+    pub pad_token_id: i64,
+    /// `padding_free`.
+    pub padding_free: bool,
+    /// `pad_to_multiple_of`.
+    pub pad_to_multiple_of: Option<usize>,
+}
+
+fn pad_rows(rows: &[Vec<i64>], value: i64, multiple: Option<usize>) -> Result<Tensor> {
+    let mut len = rows.iter().map(Vec::len).max().unwrap_or(0);
+    if let Some(m) = multiple {
+        len = len.div_ceil(m) * m;
+    }
+    let mut flat = Vec::with_capacity(rows.len() * len);
+    for r in rows {
+        flat.extend_from_slice(r);
+        flat.extend(std::iter::repeat_n(value, len - r.len()));
+    }
+    Ok(Tensor::from_slice(&flat).f_reshape([rows.len() as i64, len as i64])?)
+}
+
+impl DataCollator<Feature> for DataCollatorForLanguageModeling {
+    fn collate(&mut self, features: &[Feature]) -> tchtrain_collators::Result<Batch> {
+        if features.is_empty() {
+            return Err(tchtrain_collators::Error::EmptyBatch);
+        }
+        let ids: Vec<Vec<i64>> = features.iter().map(|f| f.input_ids.clone()).collect();
+        let mut labels = Vec::with_capacity(features.len());
+        for (index, f) in features.iter().enumerate() {
+            labels.push(match &f.labels {
+                None => f.input_ids.clone(),
+                Some(Label::Ids(l)) if l.len() == f.input_ids.len() => l.clone(),
+                Some(_) => {
+                    return Err(tchtrain_collators::Error::LabelKind {
+                        index,
+                        expected: "token ids as long as input_ids",
+                    });
+                }
+            });
+        }
+        let pad = |rows: &[Vec<i64>], v: i64| {
+            pad_rows(rows, v, self.pad_to_multiple_of)
+                .map_err(|e| tchtrain_collators::Error::Torch(tch::TchError::Torch(e.to_string())))
+        };
+        let mut batch = Batch::new();
+        if self.padding_free {
+            // `get_position_ids_from_packed_seq_lengths`, or each row from 0.
+            let mut positions = Vec::new();
+            for f in features {
+                match &f.seq_lengths {
+                    Some(lengths) => {
+                        for &l in lengths {
+                            positions.extend(0..l.max(0));
+                        }
+                    }
+                    None => positions.extend(0..f.input_ids.len() as i64),
+                }
+            }
+            let flat_ids: Vec<i64> = ids.concat();
+            let mut flat_labels: Vec<i64> = labels.concat();
+            if positions.len() != flat_ids.len() {
+                return Err(tchtrain_collators::Error::FieldLengthMismatch {
+                    index: 0,
+                    key: "seq_lengths",
+                    len: positions.len(),
+                    input_len: flat_ids.len(),
+                });
+            }
+            for (l, &p) in flat_labels.iter_mut().zip(&positions) {
+                if p == 0 {
+                    *l = -100;
+                }
+            }
+            batch.insert("input_ids", pad(&[flat_ids], self.pad_token_id)?);
+            batch.insert("labels", pad(&[flat_labels], -100)?);
+            batch.insert("position_ids", pad(&[positions], 0)?);
+        } else {
+            let masks: Vec<Vec<i64>> = ids.iter().map(|r| vec![1; r.len()]).collect();
+            batch.insert("input_ids", pad(&ids, self.pad_token_id)?);
+            batch.insert("labels", pad(&labels, -100)?);
+            batch.insert("attention_mask", pad(&masks, 0)?);
+        }
+        Ok(batch)
+    }
+}
+
+/// The logged metrics of one mode (TRL's `_metrics[mode]`: each key's values since the last
+/// log, in first-seen order).
+#[derive(Debug, Default)]
+struct ModeMetrics(Vec<(String, Vec<f64>)>);
+
+impl ModeMetrics {
+    fn push(&mut self, key: &str, value: f64) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => v.push(value),
+            None => self.0.push((key.to_string(), vec![value])),
+        }
+    }
+
+    fn set(&mut self, key: &str, value: f64) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = vec![value],
+            None => self.0.push((key.to_string(), vec![value])),
+        }
+    }
+
+    /// `{key: sum(val) / len(val)}`, then cleared.
+    fn take_means(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.0)
+            .into_iter()
+            .map(|(k, v)| {
+                let n = v.len() as f64;
+                (k, v.into_iter().fold(0.0, |a, x| a + x) / n)
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Default)]
+struct SftState {
+    train: ModeMetrics,
+    eval: ModeMetrics,
+    total_train_tokens: i64,
+}
+
+/// The SFT trainer's overrides of the Trainer (`compute_loss`, `prediction_step`, `log`).
+struct SftHooks {
+    state: Arc<Mutex<SftState>>,
+    loss_type: SftLossType,
+}
+
+fn hook_error(e: Error) -> tchtrain_trainer::Error {
+    match e {
+        Error::Trainer(e) => e,
+        Error::Torch(e) => tchtrain_trainer::Error::Torch(e),
+        Error::Models(e) => tchtrain_trainer::Error::Model(e),
+        other => tchtrain_trainer::Error::InvalidArgument {
+            field: "sft",
+            detail: other.to_string(),
+        },
+    }
+}
+
+impl SftHooks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SftState> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// `SFTTrainer.compute_loss`: the fused forward, the per-token loss summed over
+    /// `num_items_in_batch` (or the batch's label count), and the metrics recorded.
+    fn loss(
+        &self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let training = model.is_training();
+        let labels = inputs.get("labels").ok_or_else(|| Error::InvalidArgument {
+            field: "labels",
+            detail: "the batch has no labels (the SFT collator always builds them)".into(),
+        })?;
+        let mi = model_inputs(inputs);
+        let out: FusedCausalLMOutput = {
+            let _autocast = ctx
+                .accelerator
+                .autocast()
+                .map_err(|e| Error::Trainer(tchtrain_trainer::Error::Accelerate(e)))?;
+            fused_lm_head_forward(model, &mi, labels)?
+        };
+        let mut per_token_loss = out.log_probs.f_neg()?;
+        if self.loss_type == SftLossType::Dft {
+            per_token_loss = per_token_loss.f_mul(&out.log_probs.f_exp()?.f_detach()?)?;
+        }
+        let num_tokens = match num_items_in_batch {
+            Some(n) => n.shallow_clone(),
+            None => count(&out.label_mask)?,
+        };
+        let mut loss = per_token_loss
+            .f_sum(Kind::Float)?
+            .f_div(&num_tokens.f_clamp_min(1)?)?;
+        let world = ctx.accelerator.num_processes();
+        if ctx.args.average_tokens_across_devices && num_items_in_batch.is_some() && world > 1 {
+            loss = loss.f_mul_scalar(world as f64)?;
+        }
+        // Entropy and token accuracy (zero on the ignored positions).
+        let num_valid = count(&out.label_mask)?;
+        let valid = num_valid.int64_value(&[]);
+        let entropy_sum = out.entropy.f_detach()?.f_sum(Kind::Float)?;
+        let num_correct = out.is_top1.f_sum(Kind::Int64)?;
+        let (entropy, accuracy) = if valid > 0 {
+            (
+                entropy_sum.f_div(&num_valid)?.double_value(&[]),
+                num_correct.f_div(&num_valid)?.double_value(&[]),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let mut state = self.lock();
+        let tokens_in_batch = if training {
+            match (inputs.get("attention_mask"), inputs.get("position_ids")) {
+                (Some(mask), _) => Some(mask.f_sum(Kind::Int64)?.int64_value(&[])),
+                (None, Some(p)) => Some(p.size()[1]),
+                (None, None) => {
+                    return Err(Error::InvalidArgument {
+                        field: "inputs",
+                        detail:
+                            "Expected 'attention_mask' or 'position_ids' in inputs. (TRL's message)"
+                                .into(),
+                    });
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(n) = tokens_in_batch {
+            state.total_train_tokens += n;
+        }
+        let total = state.total_train_tokens as f64;
+        let metrics = if training {
+            &mut state.train
+        } else {
+            &mut state.eval
+        };
+        metrics.push("entropy", entropy);
+        metrics.push("mean_token_accuracy", accuracy);
+        metrics.set("num_tokens", total);
+        Ok(loss)
+    }
+}
+
+impl TrainerHooks for SftHooks {
+    fn compute_loss(
+        &self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+        num_items_in_batch: Option<&Tensor>,
+    ) -> tchtrain_trainer::Result<(Tensor, ModelOutput)> {
+        let loss = self
+            .loss(ctx, model, inputs, num_items_in_batch)
+            .map_err(hook_error)?;
+        Ok((
+            loss.shallow_clone(),
+            ModelOutput {
+                loss: Some(loss),
+                logits: None,
+                last_hidden_state: None,
+                pooler_output: None,
+                aux_loss: None,
+            },
+        ))
+    }
+
+    /// TRL's `prediction_step`: the loss without `num_items_in_batch`; the logits, when
+    /// asked for, from an extra forward without the fused head (as TRL recomputes them).
+    fn prediction_step(
+        &self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+        prediction_loss_only: bool,
+    ) -> tchtrain_trainer::Result<PredictionStepOutput> {
+        tch::no_grad(|| {
+            let (loss, _) = self.compute_loss(ctx, model, inputs, None)?;
+            let loss = Some(loss.detach());
+            if prediction_loss_only {
+                return Ok(PredictionStepOutput {
+                    loss,
+                    ..Default::default()
+                });
+            }
+            let mut mi = model_inputs(inputs);
+            mi.labels = None;
+            let out = model_forward(ctx, model, &mi)?;
+            Ok(PredictionStepOutput {
+                loss,
+                logits: out.logits.as_ref().map(Tensor::detach),
+                labels: inputs.get("labels").map(Tensor::detach),
+            })
+        })
+    }
+
+    /// TRL's `log`: the mode's metrics averaged since the last log (`eval_`-prefixed in
+    /// evaluation) added to `logs`, then the Trainer's `log`.
+    fn log(
+        &self,
+        trainer: &mut Trainer,
+        mut logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
+    ) -> tchtrain_trainer::Result<()> {
+        let training = trainer.model().is_training();
+        let metrics = {
+            let mut state = self.lock();
+            if training {
+                state.train.take_means()
+            } else {
+                state.eval.take_means()
+            }
+        };
+        for (k, v) in metrics {
+            let k = if training { k } else { format!("eval_{k}") };
+            match logs.iter_mut().find(|(name, _)| *name == k) {
+                Some((_, old)) => *old = v,
+                None => logs.push((k, v)),
+            }
+        }
+        tchtrain_trainer::default_log(trainer, logs, start_time)
+    }
+}
+
+/// A formatting function (`formatting_func`): a row to the text it trains on.
+pub type FormattingFunc = Box<dyn Fn(&Map<String, Value>) -> String + Send + Sync>;
+
+/// TRL's `SFTTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator, loss
+/// and logs are TRL's.
+pub struct SFTTrainer {
+    trainer: Trainer,
+}
+
+impl std::ops::Deref for SFTTrainer {
+    type Target = Trainer;
+    fn deref(&self) -> &Trainer {
+        &self.trainer
+    }
+}
+
+impl std::ops::DerefMut for SFTTrainer {
+    fn deref_mut(&mut self) -> &mut Trainer {
+        &mut self.trainer
+    }
+}
+
+/// The arguments of `SFTTrainer(model, args, train_dataset, eval_dataset, processing_class,
+/// peft_config, formatting_func, ...)`.
+pub struct SFTTrainerBuilder {
+    model: Box<dyn PreTrainedModel>,
+    config: SFTConfig,
+    tokenizer: PreTrainedTokenizerFast,
+    train_dataset: Option<Table>,
+    eval_dataset: Option<Table>,
+    peft_config: Option<LoraConfig>,
+    formatting_func: Option<FormattingFunc>,
+    configure: Vec<Box<dyn FnOnce(TrainerBuilder) -> TrainerBuilder>>,
+}
+
+impl SFTTrainer {
+    /// `SFTTrainer(model, args, processing_class=tokenizer)`; the datasets and the rest are
+    /// set on the builder.
+    pub fn builder(
+        model: Box<dyn PreTrainedModel>,
+        config: SFTConfig,
+        tokenizer: PreTrainedTokenizerFast,
+    ) -> SFTTrainerBuilder {
+        SFTTrainerBuilder {
+            model,
+            config,
+            tokenizer,
+            train_dataset: None,
+            eval_dataset: None,
+            peft_config: None,
+            formatting_func: None,
+            configure: Vec::new(),
+        }
+    }
+
+    /// The underlying Trainer.
+    pub fn into_trainer(self) -> Trainer {
+        self.trainer
+    }
+}
+
+impl SFTTrainerBuilder {
+    /// `train_dataset` (required).
+    pub fn train_dataset(mut self, table: Table) -> Self {
+        self.train_dataset = Some(table);
+        self
+    }
+
+    /// `eval_dataset`.
+    pub fn eval_dataset(mut self, table: Table) -> Self {
+        self.eval_dataset = Some(table);
+        self
+    }
+
+    /// `peft_config`: the model wrapped with `get_peft_model` before training.
+    pub fn peft_config(mut self, config: LoraConfig) -> Self {
+        self.peft_config = Some(config);
+        self
+    }
+
+    /// `formatting_func`: each row's training text (language modeling).
+    pub fn formatting_func(mut self, f: FormattingFunc) -> Self {
+        self.formatting_func = Some(f);
+        self
+    }
+
+    /// Any other Trainer argument (callbacks, optimizer, ...), set on the Trainer's builder.
+    pub fn configure(mut self, f: impl FnOnce(TrainerBuilder) -> TrainerBuilder + 'static) -> Self {
+        self.configure.push(Box::new(f));
+        self
+    }
+
+    /// `SFTTrainer.__init__`: the config resolved, the model wrapped in its adapter, the
+    /// datasets prepared, the collator and hooks set, the Trainer built.
+    pub fn build(self) -> Result<SFTTrainer> {
+        let Self {
+            model,
+            mut config,
+            tokenizer,
+            train_dataset,
+            eval_dataset,
+            peft_config,
+            formatting_func,
+            configure,
+        } = self;
+        config.post_init()?;
+        // TRL's `set_seed(args.seed)`, before the adapter is drawn.
+        tch::manual_seed(config.base.seed as i64);
+        let train = train_dataset.ok_or_else(|| Error::InvalidArgument {
+            field: "train_dataset",
+            detail: "`train_dataset` is required (TRL's message)".into(),
+        })?;
+        if config.assistant_only_loss {
+            return Err(Error::InvalidArgument {
+                field: "assistant_only_loss",
+                detail: "assistant-only masks (the chat template's {% generation %} blocks) are not implemented here yet; train on the whole conversation (assistant_only_loss=False) or give prompt-completion rows (completion_only_loss)".into(),
+            });
+        }
+        if model.output_head().is_none() {
+            return Err(Error::InvalidArgument {
+                field: "model",
+                detail: format!(
+                    "{} has no fused LM head here (TRL scores every batch through it): SFT takes the decoder families' causal LMs (Llama, Qwen, Mistral, Gemma, ...)",
+                    model.model_name()
+                ),
+            });
+        }
+        let first = row(&train, 0, "train")?;
+        if first.contains_key("image") || first.contains_key("images") {
+            return Err(Error::InvalidArgument {
+                field: "train_dataset",
+                detail: "vision datasets (an `image` / `images` column) are not supported here: a vision-language model is not implemented".into(),
+            });
+        }
+        let completion_only_loss = config
+            .completion_only_loss
+            .unwrap_or(first.contains_key("prompt") && first.contains_key("completion"));
+        if completion_only_loss && formatting_func.is_some() && !config.skip_prepare_dataset {
+            return Err(Error::InvalidArgument {
+                field: "completion_only_loss",
+                detail: "A formatting function was provided while `completion_only_loss=True`, which is incompatible. (TRL's message) Apply the formatting function before passing the dataset, or set completion_only_loss=False".into(),
+            });
+        }
+        let padding_free = config.padding_free
+            || (config.packing
+                && matches!(
+                    config.packing_strategy,
+                    tchtrain_datasets::PackingStrategy::Bfd
+                        | tchtrain_datasets::PackingStrategy::BfdSplit
+                ));
+        if config.padding_free && !config.packing && config.max_length.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "padding_free",
+                detail: "When `padding_free=True` without packing, `max_length` is not enforced. Either enable packing (e.g., `packing=True, packing_strategy='bfd'`), provide already truncated inputs, or set `max_length=None`. (TRL's message)".into(),
+            });
+        }
+        // The tokens TRL reads.
+        let vocab_id = |token: &str, field: &'static str| -> Result<i64> {
+            tokenizer
+                .tokenizer()
+                .token_to_id(token)
+                .map(i64::from)
+                .ok_or_else(|| Error::InvalidArgument {
+                    field,
+                    detail: format!(
+                        "The specified `{field}` ('{token}') is not found in the vocabulary of the given `processing_class`. (TRL's message)"
+                    ),
+                })
+        };
+        let special = tokenizer.special_tokens_map();
+        let special_token = |name: &str| {
+            special
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let eos_token = match &config.eos_token {
+            Some(t) => {
+                vocab_id(t, "eos_token")?;
+                Some(t.clone())
+            }
+            None => special_token("eos_token"),
+        };
+        let pad_token = config
+            .pad_token
+            .clone()
+            .or_else(|| special_token("pad_token"))
+            .or_else(|| eos_token.clone())
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "pad_token",
+                detail: "the tokenizer has neither a pad token nor an EOS token; set pad_token"
+                    .into(),
+            })?;
+        let pad_token_id = vocab_id(&pad_token, "pad_token")?;
+        let prep = Preparer {
+            tokenizer: &tokenizer,
+            config: &config,
+            eos_token: eos_token.as_deref(),
+            completion_only_loss,
+            formatting_func: formatting_func.as_ref(),
+        };
+        let train_rows = prep.prepare(&train, config.packing, "train")?;
+        let eval_rows = match &eval_dataset {
+            Some(t) => {
+                Some(prep.prepare(t, config.eval_packing.unwrap_or(config.packing), "eval")?)
+            }
+            None => None,
+        };
+        // The model, in its adapter.
+        let model: Box<dyn TrainableModel> = match peft_config {
+            Some(lora) => {
+                if tchtrain_models::is_quantized(&*model) {
+                    return Err(Error::InvalidArgument {
+                        field: "peft_config",
+                        detail: "a quantized base under SFTTrainer (TRL casts the adapter to bfloat16) is not implemented here; train the quantized model's adapter with the Trainer, or SFT the float model".into(),
+                    });
+                }
+                let m = get_peft_model(model, lora)?;
+                if config.base.gradient_checkpointing {
+                    m.context().enable_input_require_grads();
+                }
+                Box::new(m)
+            }
+            None => model,
+        };
+        let state = Arc::new(Mutex::new(SftState::default()));
+        let mut builder = Trainer::builder(model, config.base.clone())
+            .processing_class(tokenizer.clone())
+            .data_collator(DataCollatorForLanguageModeling {
+                pad_token_id,
+                padding_free,
+                pad_to_multiple_of: config.pad_to_multiple_of,
+            })
+            .hooks(SftHooks {
+                state,
+                loss_type: config.loss_type,
+            })
+            .train_dataset(InMemoryDataset::new(train_rows));
+        if let Some(rows) = eval_rows {
+            builder = builder.eval_dataset(InMemoryDataset::new(rows));
+        }
+        for f in configure {
+            builder = f(builder);
+        }
+        Ok(SFTTrainer {
+            trainer: builder.build()?,
+        })
+    }
+}
+
+/// Row `i` of `table` as an object.
+fn row(table: &Table, i: usize, dataset: &str) -> Result<Map<String, Value>> {
+    if i >= table.len() {
+        return Err(Error::Dataset {
+            dataset: dataset.into(),
+            row: i,
+            detail: "the dataset is empty".into(),
+        });
+    }
+    let mut m = Map::new();
+    for c in table.columns() {
+        m.insert(c.clone(), table.cell(i, c)?.clone());
+    }
+    Ok(m)
+}
+
+/// One tokenized row before its labels: `input_ids`, and the completion mask of a
+/// prompt-completion row.
+struct Tokenized {
+    input_ids: Vec<i64>,
+    completion_mask: Option<Vec<i64>>,
+}
+
+/// `_prepare_dataset`'s state.
+struct Preparer<'a> {
+    tokenizer: &'a PreTrainedTokenizerFast,
+    config: &'a SFTConfig,
+    eos_token: Option<&'a str>,
+    completion_only_loss: bool,
+    formatting_func: Option<&'a FormattingFunc>,
+}
+
+impl Preparer<'_> {
+    fn bad(&self, dataset: &str, row: usize, detail: impl Into<String>) -> Error {
+        Error::Dataset {
+            dataset: dataset.into(),
+            row,
+            detail: detail.into(),
+        }
+    }
+
+    /// `processing_class(text=...)` (special tokens added as the tokenizer adds them).
+    fn text(&self, text: &str) -> Result<Vec<i64>> {
+        Ok(self.tokenizer.encode(text, true)?)
+    }
+
+    /// `apply_chat_template(messages, tokenize=True, ...)`.
+    fn chat(
+        &self,
+        messages: &Value,
+        example: &Map<String, Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<i64>> {
+        let tools = match example.get("tools") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(v) => Some(v.to_string()),
+        };
+        let template_kwargs = match example.get("chat_template_kwargs") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        let options = ChatTemplateOptions {
+            add_generation_prompt,
+            tools,
+            template_kwargs,
+            ..ChatTemplateOptions::default()
+        };
+        Ok(self
+            .tokenizer
+            .apply_chat_template(&messages.to_string(), &options)?
+            .input_ids)
+    }
+
+    fn tokenize(&self, example: &Map<String, Value>, dataset: &str, i: usize) -> Result<Tokenized> {
+        let str_of = |key: &str| -> Result<String> {
+            example
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| self.bad(dataset, i, format!("`{key}` is not a string")))
+        };
+        if example.contains_key("prompt") {
+            if !example.contains_key("completion") {
+                return Err(self.bad(
+                    dataset,
+                    i,
+                    "a `prompt` without a `completion`: SFT takes prompt-completion rows",
+                ));
+            }
+            let (prompt_ids, ids) = if is_conversational(example) {
+                let prompt = &example["prompt"];
+                let mut both = prompt.as_array().cloned().unwrap_or_default();
+                both.extend(
+                    example["completion"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+                (
+                    self.chat(prompt, example, true)?,
+                    self.chat(&Value::Array(both), example, false)?,
+                )
+            } else {
+                let prompt = str_of("prompt")?;
+                let completion = str_of("completion")?;
+                (self.text(&prompt)?, self.text(&(prompt + &completion))?)
+            };
+            let prompt_len = common_prefix_length(&prompt_ids, &ids);
+            let mut mask = vec![0; prompt_len];
+            mask.resize(ids.len(), 1);
+            return Ok(Tokenized {
+                input_ids: ids,
+                completion_mask: Some(mask),
+            });
+        }
+        if is_conversational(example) {
+            return Ok(Tokenized {
+                input_ids: self.chat(&example["messages"], example, false)?,
+                completion_mask: None,
+            });
+        }
+        let field = &self.config.dataset_text_field;
+        Ok(Tokenized {
+            input_ids: self.text(&str_of(field)?)?,
+            completion_mask: None,
+        })
+    }
+
+    /// `_prepare_dataset(dataset, processing_class, args, packing, formatting_func, name)`.
+    fn prepare(&self, table: &Table, packing: bool, dataset: &str) -> Result<Vec<Feature>> {
+        let columns = table.columns();
+        let processed = columns.iter().any(|c| c == "input_ids");
+        let mut rows: Vec<(Vec<i64>, Vec<i64>)> = Vec::with_capacity(table.len());
+        for i in 0..table.len() {
+            let mut example = row(table, i, dataset)?;
+            if processed {
+                let ids = ids_of(example.get("input_ids"))
+                    .ok_or_else(|| self.bad(dataset, i, "`input_ids` is not a list of ids"))?;
+                let labels = match example.get("labels") {
+                    Some(v) => ids_of(Some(v))
+                        .ok_or_else(|| self.bad(dataset, i, "`labels` is not a list of ids"))?,
+                    None => ids.clone(),
+                };
+                rows.push((ids, labels));
+                continue;
+            }
+            if self.config.skip_prepare_dataset {
+                return Err(self.bad(
+                    dataset,
+                    i,
+                    "skip_prepare_dataset is set but the rows have no `input_ids`: give tokenized rows (`input_ids`, `labels`)",
+                ));
+            }
+            if let Some(f) = self.formatting_func {
+                let text = f(&example);
+                example.insert("text".into(), Value::String(text));
+            }
+            if is_conversational_from_value(&example) {
+                return Err(self.bad(
+                    dataset,
+                    i,
+                    "ShareGPT `conversations` ({\"from\", \"value\"}) are not converted here; give `messages` of {\"role\", \"content\"}",
+                ));
+            }
+            // `add_eos`: non-conversational rows end with the EOS token.
+            if !is_conversational(&example)
+                && let Some(eos) = self.eos_token
+            {
+                let field = self.config.dataset_text_field.as_str();
+                let key = if example.get(field).is_some_and(Value::is_string) {
+                    Some(field)
+                } else if example.get("completion").is_some_and(Value::is_string) {
+                    Some("completion")
+                } else {
+                    None
+                };
+                if let Some(key) = key
+                    && let Some(Value::String(s)) = example.get_mut(key)
+                    && !s.ends_with(eos)
+                {
+                    s.push_str(eos);
+                }
+            }
+            let t = self.tokenize(&example, dataset, i)?;
+            // `build_labels`: the completion mask when `completion_only_loss`.
+            let labels = match (&t.completion_mask, self.completion_only_loss) {
+                (Some(mask), true) => t
+                    .input_ids
+                    .iter()
+                    .zip(mask)
+                    .map(|(&id, &m)| if m == 1 { id } else { -100 })
+                    .collect(),
+                _ => t.input_ids.clone(),
+            };
+            rows.push((t.input_ids, labels));
+        }
+        if let Some(max) = self.config.max_length
+            && !packing
+        {
+            // `truncate`, then the fully masked rows dropped.
+            for (ids, labels) in rows.iter_mut() {
+                if ids.len() > max {
+                    match self.config.truncation_mode {
+                        TruncationMode::KeepStart => {
+                            ids.truncate(max);
+                            labels.truncate(max);
+                        }
+                        TruncationMode::KeepEnd => {
+                            ids.drain(..ids.len() - max);
+                            labels.drain(..labels.len() - max);
+                        }
+                    }
+                }
+            }
+            rows.retain(|(_, labels)| labels.iter().any(|&l| l != -100));
+        }
+        if packing {
+            let max = self.config.max_length.unwrap_or(usize::MAX);
+            let (ids, labels): (Vec<Vec<i64>>, Vec<Vec<i64>>) = rows.into_iter().unzip();
+            // `Dataset.map`'s default batch of 1000 rows.
+            let packed = pack_dataset(&[ids, labels], max, self.config.packing_strategy, 1000)?;
+            let mut columns = packed.columns.into_iter();
+            let ids = columns.next().unwrap_or_default();
+            let labels = columns.next().unwrap_or_default();
+            let lengths = packed.seq_lengths;
+            return Ok(ids
+                .into_iter()
+                .zip(labels)
+                .enumerate()
+                .map(|(i, (ids, labels))| Feature {
+                    input_ids: ids,
+                    labels: Some(Label::Ids(labels)),
+                    seq_lengths: lengths.as_ref().map(|l| l[i].clone()),
+                    ..Feature::default()
+                })
+                .collect());
+        }
+        Ok(rows
+            .into_iter()
+            .map(|(ids, labels)| Feature::new(ids).with_labels(Label::Ids(labels)))
+            .collect())
+    }
+}
+
+fn ids_of(v: Option<&Value>) -> Option<Vec<i64>> {
+    v?.as_array()?.iter().map(Value::as_i64).collect()
+}

@@ -1,0 +1,232 @@
+//! `SFTTrainer` against trl 1.16 + transformers 5.23 (`scripts/reference/trl_sft.py`): the
+//! prepared rows (`input_ids`, `labels`, `seq_lengths`) equal TRL's, and 8 steps log every
+//! value TRL logs — loss, grad_norm, learning_rate, entropy, mean_token_accuracy, num_tokens,
+//! and their `eval_` counterparts — to the bit, for text, conversational, prompt-completion
+//! (text and messages), packed (BFD, padding-free), DFT and LoRA-under-TRL's-defaults (bf16
+//! autocast, gradient checkpointing) runs.
+
+use anyhow::{Context, Result, ensure};
+use tch::Device;
+use tchtrain_datasets::Table;
+use tchtrain_models::{AutoTask, LoadOptions, LoraConfig, from_pretrained_dir};
+use tchtrain_testing::{assets, lock, temp_dir};
+use tchtrain_training_args::JsonMap;
+use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType};
+
+fn dir() -> std::path::PathBuf {
+    assets().join("reference/trl_sft")
+}
+
+fn table(name: &str) -> Result<Table> {
+    let path = dir().join("data").join(name);
+    Table::read(&path).with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))
+}
+
+/// Every value of every entry equal to TRL's but the timings.
+fn assert_logs_equal(case: &str, ours: &[JsonMap], theirs: &serde_json::Value) -> Result<()> {
+    let theirs = theirs.as_array().context("log_history")?;
+    ensure!(
+        ours.len() == theirs.len(),
+        "{case}: {} entries vs {}",
+        ours.len(),
+        theirs.len()
+    );
+    let timing = |k: &str| k.ends_with("_runtime") || k.ends_with("_per_second");
+    let mut bad = Vec::new();
+    for (i, (o, e)) in ours.iter().zip(theirs).enumerate() {
+        let e = e.as_object().context("entry")?;
+        let mut mine: Vec<&str> = o.iter().map(|(k, _)| k).filter(|k| !timing(k)).collect();
+        let mut want: Vec<&str> = e
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !timing(k))
+            .collect();
+        mine.sort();
+        want.sort();
+        ensure!(mine == want, "{case} entry {i}: keys {mine:?} vs {want:?}");
+        for k in want {
+            let (a, b) = (o.get(k).and_then(|v| v.as_f64()), e[k].as_f64());
+            if a != b {
+                bad.push(format!("entry {i}: {k} = {a:?}, TRL's {b:?}"));
+            }
+        }
+    }
+    ensure!(bad.is_empty(), "{case}: {}", bad.join("\n"));
+    Ok(())
+}
+
+fn run(
+    case: &str,
+    data: &str,
+    set: impl FnOnce(&mut SFTConfig),
+    lora: Option<LoraConfig>,
+) -> Result<()> {
+    let _g = lock();
+    let out = temp_dir(&format!("sft-{case}"));
+    let mut config = SFTConfig::new(out.display().to_string());
+    config.base.per_device_train_batch_size = 4;
+    config.base.per_device_eval_batch_size = 4;
+    config.base.max_steps = 8;
+    config.base.learning_rate = 1e-3;
+    config.base.logging_steps = 2.0;
+    config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
+    config.base.eval_steps = Some(4.0);
+    config.base.save_strategy = tchtrain_training_args::SaveStrategy::No;
+    config.base.seed = 42;
+    config.base.use_cpu = true;
+    config.base.report_to = vec!["none".into()];
+    config.base.disable_tqdm = true;
+    config.max_length = Some(48);
+    // The reference runs in float32 without checkpointing unless the case says.
+    config.bf16 = Some(false);
+    config.base.gradient_checkpointing = false;
+    set(&mut config);
+    let model = from_pretrained_dir(
+        &dir().join("initial"),
+        AutoTask::CausalLm,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?
+    .model;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let mut builder = SFTTrainer::builder(model, config, tokenizer)
+        .train_dataset(table(&format!("{data}.jsonl"))?)
+        .eval_dataset(table(&format!("{data}.eval.jsonl"))?);
+    if let Some(l) = lora {
+        builder = builder.peft_config(l);
+    }
+    let mut trainer = builder.build()?;
+    // The prepared rows.
+    let prepared: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dir().join(case).join("prepared.json"),
+    )?)?;
+    let prepared = prepared.as_array().context("prepared")?;
+    let rows = trainer.train_dataset().context("train dataset")?;
+    ensure!(
+        rows.len() == prepared.len(),
+        "{case}: {} prepared rows vs TRL's {}",
+        rows.len(),
+        prepared.len()
+    );
+    for (i, p) in prepared.iter().enumerate() {
+        let f = rows.get(i)?;
+        let ids = |k: &str| -> Option<Vec<i64>> {
+            p.get(k)?
+                .as_array()?
+                .iter()
+                .map(serde_json::Value::as_i64)
+                .collect()
+        };
+        ensure!(
+            Some(f.input_ids.clone()) == ids("input_ids"),
+            "{case} row {i}: input_ids"
+        );
+        let labels = match &f.labels {
+            Some(tchtrain_collators::Label::Ids(l)) => Some(l.clone()),
+            _ => None,
+        };
+        ensure!(labels == ids("labels"), "{case} row {i}: labels");
+        ensure!(
+            f.seq_lengths == ids("seq_lengths"),
+            "{case} row {i}: seq_lengths"
+        );
+    }
+    trainer.train(None)?;
+    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dir().join(case).join("log_history.json"),
+    )?)?;
+    assert_logs_equal(case, &trainer.state.log_history, &expected)?;
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+#[test]
+fn sft_text_equals_trl() -> Result<()> {
+    run("text", "text", |_| {}, None)
+}
+
+#[test]
+fn sft_messages_equals_trl() -> Result<()> {
+    run("messages", "messages", |_| {}, None)
+}
+
+#[test]
+fn sft_prompt_completion_equals_trl() -> Result<()> {
+    run("prompt_completion", "prompt_completion", |_| {}, None)?;
+    run(
+        "chat_prompt_completion",
+        "chat_prompt_completion",
+        |_| {},
+        None,
+    )
+}
+
+#[test]
+fn sft_packing_equals_trl() -> Result<()> {
+    run("packing", "text", |c| c.packing = true, None)
+}
+
+#[test]
+fn sft_dft_equals_trl() -> Result<()> {
+    run("dft", "messages", |c| c.loss_type = SftLossType::Dft, None)
+}
+
+/// TRL's defaults: bf16 autocast (`bf16=None` on the CPU), gradient checkpointing, with a LoRA
+/// adapter (input gradients enabled for the checkpointed layers).
+#[test]
+fn sft_lora_with_trl_defaults_equals_trl() -> Result<()> {
+    run(
+        "lora_defaults",
+        "messages",
+        |c| {
+            c.bf16 = None;
+            c.base.gradient_checkpointing = true;
+        },
+        Some(LoraConfig {
+            r: 4,
+            lora_alpha: 8.0,
+            target_modules: Some(tchtrain_models::TargetModules::Names(vec![
+                "q_proj".into(),
+                "v_proj".into(),
+            ])),
+            task_type: Some("CAUSAL_LM".into()),
+            inference_mode: false,
+            ..LoraConfig::default()
+        }),
+    )
+}
+
+/// The refusals name their field.
+#[test]
+fn sft_refuses_what_is_not_implemented() -> Result<()> {
+    let _g = lock();
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let model = || {
+        from_pretrained_dir(
+            &dir().join("initial"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )
+        .map(|l| l.model)
+    };
+    let mut config = SFTConfig::new("unused");
+    config.assistant_only_loss = true;
+    config.base.use_cpu = true;
+    let err = SFTTrainer::builder(model()?, config, tokenizer.clone())
+        .train_dataset(table("messages.jsonl")?)
+        .build()
+        .err()
+        .context("assistant_only_loss was accepted")?;
+    ensure!(err.to_string().contains("assistant_only_loss"), "{err}");
+    let mut config = SFTConfig::new("unused");
+    config.base.use_cpu = true;
+    config.padding_free = true;
+    let err = SFTTrainer::builder(model()?, config, tokenizer)
+        .train_dataset(table("text.jsonl")?)
+        .build()
+        .err()
+        .context("padding_free with max_length and no packing was accepted")?;
+    ensure!(err.to_string().contains("padding_free"), "{err}");
+    Ok(())
+}
