@@ -119,6 +119,73 @@ impl PreTrainedTokenizerFast {
         })
     }
 
+    /// The template [`apply_chat_template_text`](Self::apply_chat_template_text) renders with.
+    fn template_for<'a>(&'a self, options: &'a ChatTemplateOptions) -> Result<&'a str> {
+        match (&self.chat_template, options.chat_template.as_deref()) {
+            (Some(t), given) => {
+                let tools = options.tools.as_deref().is_some_and(|t| t.trim() != "null");
+                t.select(given, tools)
+            }
+            (None, Some(text)) => Ok(text),
+            (None, None) => Err(Error::ChatTemplate {
+                detail: "this tokenizer has no chat template (tokenizer_config.json's chat_template or chat_template.jinja) and none was passed; set one with set_chat_template or pass options.chat_template".into(),
+            }),
+        }
+    }
+
+    /// Upstream's `apply_chat_template(conversation, return_dict=True,
+    /// return_assistant_tokens_mask=True)`: the row and its `assistant_masks` — 1 for the
+    /// tokens from the one holding a `{% generation %}` block's first character to the one
+    /// holding its last (to the end when that last token is the first, as upstream's `if
+    /// end_token` reads 0 as missing), the rest 0.
+    pub fn apply_chat_template_with_assistant_mask(
+        &self,
+        conversation: &str,
+        options: &ChatTemplateOptions,
+    ) -> Result<(tchtrain_collators::Feature, Vec<i64>)> {
+        let template = self.template_for(options)?;
+        let (text, spans) = crate::chat_template::render_jinja_template_with_generation_indices(
+            template,
+            conversation,
+            options,
+            &self.special_tokens_map(),
+        )?;
+        let encoding = self
+            .tokenizer
+            .encode_char_offsets(text.as_str(), false)
+            .map_err(|e| Error::ChatTemplate {
+                detail: format!("the rendered chat does not tokenize: {e}"),
+            })?;
+        let n = encoding.get_ids().len();
+        let mut mask = vec![0i64; n];
+        for (start, end) in spans {
+            let Some(first) = encoding.char_to_token(start, 0) else {
+                break;
+            };
+            let last = if end == 0 {
+                None
+            } else {
+                encoding.char_to_token(end - 1, 0)
+            };
+            let stop = match last {
+                Some(t) if t != 0 => t + 1,
+                _ => n,
+            };
+            for m in mask.iter_mut().take(stop).skip(first) {
+                *m = 1;
+            }
+        }
+        let ids = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+        Ok((
+            tchtrain_collators::Feature {
+                input_ids: ids(encoding.get_ids()),
+                attention_mask: Some(ids(encoding.get_attention_mask())),
+                ..Default::default()
+            },
+            mask,
+        ))
+    }
+
     /// Upstream `tokenizer.encode(text, add_special_tokens=...)`: the token ids.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
         let enc = self

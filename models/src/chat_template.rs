@@ -271,7 +271,12 @@ fn alias_reasoning(pairs: Vec<(Value, Value)>) -> Vec<(Value, Value)> {
 /// `{% generation %}` / `{% endgeneration %}` (upstream's `AssistantTracker` extension)
 /// rewritten as an always-true `if` with the same whitespace control, so that the body
 /// renders exactly as upstream renders it when no assistant mask is asked for.
-fn rewrite_generation_blocks(template: &str) -> String {
+///
+/// With `track` the blocks' bounds recorded as they render:
+/// the opening tag becomes an `if` whose condition notes where the output stands, the closing
+/// tag an always-false `if` whose condition notes where the body ended (the whitespace
+/// control and the block-tag trimming stay those of the original tags).
+fn rewrite_generation_tags(template: &str, track: bool) -> String {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find("{%") {
@@ -291,14 +296,16 @@ fn rewrite_generation_blocks(template: &str) -> String {
             Some(b) => (b, "-"),
             None => (body, ""),
         };
-        let replacement = match body.trim() {
-            "generation" => Some("if true"),
-            "endgeneration" => Some("endif"),
-            _ => None,
-        };
-        match replacement {
-            Some(r) => out.push_str(&format!("{{%{open} {r} {close}%}}")),
-            None => out.push_str(&tag[..end + 2]),
+        match (body.trim(), track) {
+            ("generation", false) => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            ("endgeneration", false) => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            ("generation", true) => {
+                out.push_str(&format!("{{%{open} if {GENERATION_START}() {close}%}}"))
+            }
+            ("endgeneration", true) => out.push_str(&format!(
+                "{{%{open} if {GENERATION_END}() %}}{{% endif %}}{{% endif {close}%}}"
+            )),
+            _ => out.push_str(&tag[..end + 2]),
         }
         rest = &tag[end + 2..];
     }
@@ -567,6 +574,48 @@ fn environment() -> Environment<'static> {
     env
 }
 
+/// The functions the tracked `{% generation %}` tags call.
+const GENERATION_START: &str = "__tchtrain_generation_start";
+const GENERATION_END: &str = "__tchtrain_generation_end";
+
+/// Whether a template has `{% generation %}` markers (upstream's
+/// `re.search(r"\{\%-?\s*generation\s*-?\%\}", chat_template)`).
+pub fn has_generation_markers(template: &str) -> bool {
+    regex::Regex::new(r"\{%-?\s*generation\s*-?%\}")
+        .map(|re| re.is_match(template))
+        .unwrap_or(false)
+}
+
+/// The output written so far and the generation blocks' bounds (bytes), shared by the
+/// writer and the tags' functions.
+#[derive(Default)]
+struct GenerationTracker {
+    out: Vec<u8>,
+    open: Option<usize>,
+    spans: Vec<(usize, usize)>,
+}
+
+struct TrackedOutput(std::sync::Arc<std::sync::Mutex<GenerationTracker>>);
+
+impl std::io::Write for TrackedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        lock_tracker(&self.0).out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn lock_tracker(
+    t: &std::sync::Mutex<GenerationTracker>,
+) -> std::sync::MutexGuard<'_, GenerationTracker> {
+    match t.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
 /// Upstream's `render_jinja_template` for one conversation (JSON text of a list of
 /// messages) with `special_tokens` (the tokenizer's named special tokens: `bos_token`,
 /// `eos_token`, ...): the messages without their `null`-valued keys and with reasoning
@@ -577,6 +626,39 @@ pub fn render_jinja_template(
     options: &ChatTemplateOptions,
     special_tokens: &[(String, String)],
 ) -> Result<String> {
+    Ok(render(template, conversation, options, special_tokens, false)?.0)
+}
+
+/// [`render_jinja_template`] with `return_assistant_tokens_mask`'s bookkeeping (upstream's
+/// `AssistantTracker`): the rendered text and the character span `(start, end)` of every
+/// `{% generation %}` block's output, in order. The template must have the markers, and
+/// `continue_final_message` is refused, as upstream.
+pub fn render_jinja_template_with_generation_indices(
+    template: &str,
+    conversation: &str,
+    options: &ChatTemplateOptions,
+    special_tokens: &[(String, String)],
+) -> Result<(String, Vec<(usize, usize)>)> {
+    if !has_generation_markers(template) {
+        return Err(template_error(
+            "return_assistant_tokens_mask==True but chat template does not contain `{% generation %}` keyword. (upstream's message)",
+        ));
+    }
+    if options.continue_final_message.is_some() {
+        return Err(template_error(
+            "continue_final_message is not compatible with return_assistant_tokens_mask. (upstream's message)",
+        ));
+    }
+    render(template, conversation, options, special_tokens, true)
+}
+
+fn render(
+    template: &str,
+    conversation: &str,
+    options: &ChatTemplateOptions,
+    special_tokens: &[(String, String)],
+    track: bool,
+) -> Result<(String, Vec<(usize, usize)>)> {
     let chat = parse_json(conversation, "the conversation")?;
     if chat.kind() != ValueKind::Seq {
         return Err(template_error(
@@ -661,17 +743,52 @@ pub fn render_jinja_template(
             Value::from(minijinja::value::Serde(value)),
         );
     }
-    let env = environment();
-    let source = rewrite_generation_blocks(template);
+    let mut env = environment();
+    let tracker = std::sync::Arc::new(std::sync::Mutex::new(GenerationTracker::default()));
+    if track {
+        let t = std::sync::Arc::clone(&tracker);
+        env.add_function(GENERATION_START, move || {
+            let mut t = lock_tracker(&t);
+            t.open = Some(t.out.len());
+            true
+        });
+        let t = std::sync::Arc::clone(&tracker);
+        env.add_function(GENERATION_END, move || {
+            let mut t = lock_tracker(&t);
+            if let Some(start) = t.open.take() {
+                let end = t.out.len();
+                t.spans.push((start, end));
+            }
+            false
+        });
+    }
+    let source = rewrite_generation_tags(template, track);
     let compiled = env
         .template_from_str(&source)
         .map_err(|e| template_error(format!("the template does not compile: {e}")))?;
-    let rendered = compiled
-        .render(map_of(context))
-        .map_err(|e| template_error(format!("rendering failed: {e}")))?;
+    let (rendered, spans) = if track {
+        compiled
+            .render_captured_to(
+                map_of(context),
+                TrackedOutput(std::sync::Arc::clone(&tracker)),
+            )
+            .map_err(|e| template_error(format!("rendering failed: {e}")))?;
+        let t = std::mem::take(&mut *lock_tracker(&tracker));
+        let text = String::from_utf8(t.out)
+            .map_err(|e| template_error(format!("the rendered chat is not UTF-8: {e}")))?;
+        // Character positions, as upstream's `len(str)`.
+        let chars = |b: usize| text.get(..b).map_or(0, |p| p.chars().count());
+        let spans = t.spans.iter().map(|&(s, e)| (chars(s), chars(e))).collect();
+        (text, spans)
+    } else {
+        let rendered = compiled
+            .render(map_of(context))
+            .map_err(|e| template_error(format!("rendering failed: {e}")))?;
+        (rendered, Vec::new())
+    };
     Ok(match continued {
-        None => rendered,
-        Some(final_message) => cut_at_continue_tag(rendered, &final_message)?,
+        None => (rendered, spans),
+        Some(final_message) => (cut_at_continue_tag(rendered, &final_message)?, spans),
     })
 }
 
@@ -768,6 +885,11 @@ fn cut_at_continue_tag(rendered: String, final_message: &str) -> Result<String> 
 }
 
 #[cfg(test)]
+fn rewrite_generation_tags_untracked(template: &str) -> String {
+    rewrite_generation_tags(template, false)
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -792,9 +914,9 @@ mod tests {
     #[test]
     fn generation_blocks_become_ifs() {
         // Not a tag: left for the template compiler to refuse.
-        assert_eq!(rewrite_generation_blocks("a{%}b"), "a{%}b");
+        assert_eq!(rewrite_generation_tags_untracked("a{%}b"), "a{%}b");
         assert_eq!(
-            rewrite_generation_blocks("a{%- generation %}b{% endgeneration -%}c{% if x %}"),
+            rewrite_generation_tags_untracked("a{%- generation %}b{% endgeneration -%}c{% if x %}"),
             "a{%- if true %}b{% endif -%}c{% if x %}"
         );
     }

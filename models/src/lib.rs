@@ -77,7 +77,7 @@ pub use bitsandbytes::{BitsAndBytesConfig, is_quantized, quantize_model, quantiz
 pub use cache_utils::DynamicCache;
 pub use chat_template::{
     ADDITIONAL_CHAT_TEMPLATES_DIR, CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateOptions,
-    render_jinja_template,
+    has_generation_markers, render_jinja_template, render_jinja_template_with_generation_indices,
 };
 pub use checkpoint::ActivationCheckpointing;
 pub use configuration_utils::{

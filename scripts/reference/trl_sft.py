@@ -23,6 +23,12 @@ evaluation every 4, seed 42, float32, no gradient checkpointing unless the case 
   chat_prompt_completion   prompt-completion as messages
   packing         `text` packed (BFD) into 48-token rows, padding-free batches
   dft             `messages` with `loss_type="dft"`
+  assistant_smollm2   `messages` with `assistant_only_loss` under SmolLM2's template with
+                  `{% generation %}` around each assistant turn (`data/smollm2_training.jinja`,
+                  `chat_template_path`)
+  assistant_qwen3_tools   `tool_messages` (a user request, an assistant tool call, the tool's
+                  answer, the assistant's reply; `tools` as JSON text) with `assistant_only_loss`
+                  under TRL's own `qwen3_training.jinja` (`chat_template_path`)
   lora_defaults   `messages` with TRL's defaults (bf16 autocast, gradient checkpointing) and
                   `peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj",
                   "v_proj"])` (drawn after the trainer's `set_seed(42)`)
@@ -80,6 +86,40 @@ def datasets():
         )
 
 
+SMOLLM2_TRAINING = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+TOOLS = json.dumps([{"type": "function", "function": {
+    "name": "rhyme", "description": "A word that rhymes with the given one.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}])
+
+
+def tool_datasets():
+    (OUT / "data" / "smollm2_training.jinja").write_text(SMOLLM2_TRAINING, encoding="utf-8")
+    import trl
+    shutil.copy(Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja", OUT / "data" / "qwen3_training.jinja")
+    ls = lines()
+    rows = []
+    for i in range(48):
+        a, b = ls[100 + 2 * i], ls[101 + 2 * i]
+        word = b.split()[0].strip(",.;:!?'").lower() or "time"
+        rows.append({"tools": TOOLS, "messages": [
+            {"role": "user", "content": a},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "rhyme", "arguments": {"word": word}}}]},
+            {"role": "tool", "content": word + "s"},
+            {"role": "assistant", "content": b},
+        ]})
+    write("tool_messages.jsonl", rows[:40])
+    write("tool_messages.eval.jsonl", rows[40:])
+
+
 def model():
     config = tf.LlamaConfig(
         vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -125,6 +165,7 @@ def run(case, data, defaults=False, peft=None, **kw):
 
 def main():
     datasets()
+    tool_datasets()
     model()
     run("text", "text")
     run("messages", "messages")
@@ -132,6 +173,10 @@ def main():
     run("chat_prompt_completion", "chat_prompt_completion")
     run("packing", "text", packing=True)
     run("dft", "messages", loss_type="dft")
+    run("assistant_smollm2", "messages", assistant_only_loss=True,
+        chat_template_path=str(OUT / "data" / "smollm2_training.jinja"))
+    run("assistant_qwen3_tools", "tool_messages", assistant_only_loss=True, max_length=320,
+        chat_template_path=str(OUT / "data" / "qwen3_training.jinja"))
     run("lora_defaults", "messages", defaults=True,
         peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 

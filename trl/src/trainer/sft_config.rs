@@ -80,6 +80,9 @@ pub struct SFTConfig {
     /// `pad_token` (deprecated upstream): the padding token (default the tokenizer's, else
     /// its EOS).
     pub pad_token: Option<String>,
+    /// `chat_template_path`: a `.jinja` / `.j2` file whose template replaces the tokenizer's
+    /// (cloning another model's template and tokens is refused).
+    pub chat_template_path: Option<std::path::PathBuf>,
     /// `activation_offloading` (refused when true).
     pub activation_offloading: bool,
     /// `dataset_kwargs={"skip_prepare_dataset": True}`: the datasets are already tokenized
@@ -111,6 +114,7 @@ impl SFTConfig {
             loss_type: SftLossType::Nll,
             eos_token: None,
             pad_token: None,
+            chat_template_path: None,
             activation_offloading: false,
             skip_prepare_dataset: false,
         }

@@ -12,8 +12,12 @@
 //! ([`fused_lm_head_forward`]): the loss (`nll` or `dft`) and TRL's logged `entropy`,
 //! `mean_token_accuracy` and `num_tokens`.
 //!
-//! Refused, naming the field: `assistant_only_loss` (the chat template's generation masks),
-//! ShareGPT `conversations`, vision datasets, a quantized model with `peft_config`,
+//! `assistant_only_loss` keeps the tokens of the chat template's `{% generation %}` blocks
+//! (transformers' `return_assistant_tokens_mask`); a template without the markers is refused
+//! with the fix (TRL patches the templates it knows, `get_training_chat_template`, which is
+//! not reproduced here: pass TRL's `*_training.jinja` as `chat_template_path`).
+//!
+//! Refused, naming the field: ShareGPT `conversations`, vision datasets, a quantized model with `peft_config`,
 //! `shuffle_dataset`. The logits `compute_metrics` needs come from an extra forward without
 //! the fused head, as TRL recomputes them.
 
@@ -471,12 +475,6 @@ impl SFTTrainerBuilder {
             field: "train_dataset",
             detail: "`train_dataset` is required (TRL's message)".into(),
         })?;
-        if config.assistant_only_loss {
-            return Err(Error::InvalidArgument {
-                field: "assistant_only_loss",
-                detail: "assistant-only masks (the chat template's {% generation %} blocks) are not implemented here yet; train on the whole conversation (assistant_only_loss=False) or give prompt-completion rows (completion_only_loss)".into(),
-            });
-        }
         if model.output_head().is_none() {
             return Err(Error::InvalidArgument {
                 field: "model",
@@ -492,6 +490,44 @@ impl SFTTrainerBuilder {
                 field: "train_dataset",
                 detail: "vision datasets (an `image` / `images` column) are not supported here: a vision-language model is not implemented".into(),
             });
+        }
+        // `chat_template_path`: a template file replaces the tokenizer's.
+        let mut tokenizer = tokenizer;
+        if let Some(path) = &config.chat_template_path {
+            let is_template =
+                path.is_file() && path.extension().is_some_and(|e| e == "jinja" || e == "j2");
+            if !is_template {
+                return Err(Error::InvalidArgument {
+                    field: "chat_template_path",
+                    detail: format!(
+                        "{}: cloning another model's chat template and tokens (clone_chat_template) is not implemented here; give a .jinja or .j2 file",
+                        path.display()
+                    ),
+                });
+            }
+            let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
+                field: "chat_template_path",
+                detail: format!("{}: {e}", path.display()),
+            })?;
+            tokenizer.set_chat_template(Some(tchtrain_models::ChatTemplate::Single(text)));
+        }
+        if config.assistant_only_loss {
+            if !is_conversational(&first) {
+                return Err(Error::InvalidArgument {
+                    field: "assistant_only_loss",
+                    detail: "You set `assistant_only_loss=True`, but the dataset is not conversational. This option is only supported for conversational datasets. (TRL's message)".into(),
+                });
+            }
+            let template = tokenizer
+                .chat_template()
+                .and_then(|t| t.select(None, false).ok().map(str::to_string))
+                .unwrap_or_default();
+            if !tchtrain_models::has_generation_markers(&template) {
+                return Err(Error::InvalidArgument {
+                    field: "assistant_only_loss",
+                    detail: "the chat template has no `{% generation %}` markers, and TRL's patching of the templates it knows (get_training_chat_template) is not implemented here; pass a template with the markers as chat_template_path (TRL ships them as trl/chat_templates/*_training.jinja)".into(),
+                });
+            }
         }
         let completion_only_loss = config
             .completion_only_loss
@@ -630,6 +666,7 @@ fn row(table: &Table, i: usize, dataset: &str) -> Result<Map<String, Value>> {
 struct Tokenized {
     input_ids: Vec<i64>,
     completion_mask: Option<Vec<i64>>,
+    assistant_masks: Option<Vec<i64>>,
 }
 
 /// `_prepare_dataset`'s state.
@@ -655,13 +692,15 @@ impl Preparer<'_> {
         Ok(self.tokenizer.encode(text, true)?)
     }
 
-    /// `apply_chat_template(messages, tokenize=True, ...)`.
+    /// `apply_chat_template(messages, tokenize=True, ...)`, with the assistant mask when
+    /// `with_mask` (`return_assistant_tokens_mask`).
     fn chat(
         &self,
         messages: &Value,
         example: &Map<String, Value>,
         add_generation_prompt: bool,
-    ) -> Result<Vec<i64>> {
+        with_mask: bool,
+    ) -> Result<(Vec<i64>, Option<Vec<i64>>)> {
         let tools = match example.get("tools") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -677,10 +716,18 @@ impl Preparer<'_> {
             template_kwargs,
             ..ChatTemplateOptions::default()
         };
-        Ok(self
-            .tokenizer
-            .apply_chat_template(&messages.to_string(), &options)?
-            .input_ids)
+        if with_mask {
+            let (f, mask) = self
+                .tokenizer
+                .apply_chat_template_with_assistant_mask(&messages.to_string(), &options)?;
+            return Ok((f.input_ids, Some(mask)));
+        }
+        Ok((
+            self.tokenizer
+                .apply_chat_template(&messages.to_string(), &options)?
+                .input_ids,
+            None,
+        ))
     }
 
     fn tokenize(&self, example: &Map<String, Value>, dataset: &str, i: usize) -> Result<Tokenized> {
@@ -699,7 +746,7 @@ impl Preparer<'_> {
                     "a `prompt` without a `completion`: SFT takes prompt-completion rows",
                 ));
             }
-            let (prompt_ids, ids) = if is_conversational(example) {
+            let (prompt_ids, ids, assistant_masks) = if is_conversational(example) {
                 let prompt = &example["prompt"];
                 let mut both = prompt.as_array().cloned().unwrap_or_default();
                 both.extend(
@@ -708,14 +755,22 @@ impl Preparer<'_> {
                         .cloned()
                         .unwrap_or_default(),
                 );
-                (
-                    self.chat(prompt, example, true)?,
-                    self.chat(&Value::Array(both), example, false)?,
-                )
+                let (prompt_ids, _) = self.chat(prompt, example, true, false)?;
+                let (ids, masks) = self.chat(
+                    &Value::Array(both),
+                    example,
+                    false,
+                    self.config.assistant_only_loss,
+                )?;
+                (prompt_ids, ids, masks)
             } else {
                 let prompt = str_of("prompt")?;
                 let completion = str_of("completion")?;
-                (self.text(&prompt)?, self.text(&(prompt + &completion))?)
+                (
+                    self.text(&prompt)?,
+                    self.text(&(prompt + &completion))?,
+                    None,
+                )
             };
             let prompt_len = common_prefix_length(&prompt_ids, &ids);
             let mut mask = vec![0; prompt_len];
@@ -723,18 +778,27 @@ impl Preparer<'_> {
             return Ok(Tokenized {
                 input_ids: ids,
                 completion_mask: Some(mask),
+                assistant_masks,
             });
         }
         if is_conversational(example) {
+            let (input_ids, assistant_masks) = self.chat(
+                &example["messages"],
+                example,
+                false,
+                self.config.assistant_only_loss,
+            )?;
             return Ok(Tokenized {
-                input_ids: self.chat(&example["messages"], example, false)?,
+                input_ids,
                 completion_mask: None,
+                assistant_masks,
             });
         }
         let field = &self.config.dataset_text_field;
         Ok(Tokenized {
             input_ids: self.text(&str_of(field)?)?,
             completion_mask: None,
+            assistant_masks: None,
         })
     }
 
@@ -794,16 +858,36 @@ impl Preparer<'_> {
                 }
             }
             let t = self.tokenize(&example, dataset, i)?;
-            // `build_labels`: the completion mask when `completion_only_loss`.
-            let labels = match (&t.completion_mask, self.completion_only_loss) {
-                (Some(mask), true) => t
-                    .input_ids
-                    .iter()
-                    .zip(mask)
-                    .map(|(&id, &m)| if m == 1 { id } else { -100 })
-                    .collect(),
-                _ => t.input_ids.clone(),
-            };
+            if t.assistant_masks.as_ref().is_some_and(|m| !m.contains(&1)) {
+                return Err(self.bad(
+                    dataset,
+                    i,
+                    "You're using `assistant_only_loss=True`, but at least one example has no assistant tokens. This usually means the tokenizer's chat template doesn't generate assistant masks — it may be missing the `{% generation %}` keyword. Please check the template and ensure it's correctly configured to support assistant masking. (TRL's message)",
+                ));
+            }
+            // `build_labels`: a token trains when every applicable mask keeps it (the
+            // completion mask with `completion_only_loss`, the assistant mask always).
+            let masks: Vec<&Vec<i64>> = [
+                t.completion_mask
+                    .as_ref()
+                    .filter(|_| self.completion_only_loss),
+                t.assistant_masks.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let labels = t
+                .input_ids
+                .iter()
+                .enumerate()
+                .map(|(j, &id)| {
+                    if masks.iter().all(|m| m.get(j) != Some(&0)) {
+                        id
+                    } else {
+                        -100
+                    }
+                })
+                .collect();
             rows.push((t.input_ids, labels));
         }
         if let Some(max) = self.config.max_length

@@ -171,6 +171,32 @@ fn sft_dft_equals_trl() -> Result<()> {
     run("dft", "messages", |c| c.loss_type = SftLossType::Dft, None)
 }
 
+/// `assistant_only_loss` under SmolLM2's template with `{% generation %}` markers, and under
+/// TRL's own Qwen3 training template on tool-calling conversations (`tools` as JSON text):
+/// the assistant masks, hence the labels, equal TRL's, and so does every logged value.
+#[test]
+fn sft_assistant_only_loss_equals_trl() -> Result<()> {
+    run(
+        "assistant_smollm2",
+        "messages",
+        |c| {
+            c.assistant_only_loss = true;
+            c.chat_template_path = Some(dir().join("data/smollm2_training.jinja"));
+        },
+        None,
+    )?;
+    run(
+        "assistant_qwen3_tools",
+        "tool_messages",
+        |c| {
+            c.assistant_only_loss = true;
+            c.max_length = Some(320);
+            c.chat_template_path = Some(dir().join("data/qwen3_training.jinja"));
+        },
+        None,
+    )
+}
+
 /// TRL's defaults: bf16 autocast (`bf16=None` on the CPU), gradient checkpointing, with a LoRA
 /// adapter (input gradients enabled for the checkpointed layers).
 #[test]
@@ -210,6 +236,7 @@ fn sft_refuses_what_is_not_implemented() -> Result<()> {
         )
         .map(|l| l.model)
     };
+    // SmolLM2's own template has no generation markers.
     let mut config = SFTConfig::new("unused");
     config.assistant_only_loss = true;
     config.base.use_cpu = true;
@@ -217,8 +244,18 @@ fn sft_refuses_what_is_not_implemented() -> Result<()> {
         .train_dataset(table("messages.jsonl")?)
         .build()
         .err()
-        .context("assistant_only_loss was accepted")?;
-    ensure!(err.to_string().contains("assistant_only_loss"), "{err}");
+        .context("assistant_only_loss without generation markers was accepted")?;
+    ensure!(err.to_string().contains("chat_template_path"), "{err}");
+    // Nor on a dataset that is not conversational.
+    let mut config = SFTConfig::new("unused");
+    config.assistant_only_loss = true;
+    config.base.use_cpu = true;
+    let err = SFTTrainer::builder(model()?, config, tokenizer.clone())
+        .train_dataset(table("text.jsonl")?)
+        .build()
+        .err()
+        .context("assistant_only_loss on text rows was accepted")?;
+    ensure!(err.to_string().contains("not conversational"), "{err}");
     let mut config = SFTConfig::new("unused");
     config.base.use_cpu = true;
     config.padding_free = true;
