@@ -222,6 +222,96 @@ fn sft_lora_with_trl_defaults_equals_trl() -> Result<()> {
     )
 }
 
+/// The text run saved at step 4 and resumed by a new trainer: every later value TRL logs for
+/// the uninterrupted run, `num_tokens` counted from the resumption on (TRL keeps the count on
+/// the trainer, not in the checkpoint, so a resumed run counts from zero).
+#[test]
+fn sft_resumes_bit_exactly() -> Result<()> {
+    let _g = lock();
+    let out = temp_dir("sft-resume");
+    let trainer = |steps_saved: bool| -> Result<SFTTrainer> {
+        let mut config = SFTConfig::new(out.display().to_string());
+        config.base.per_device_train_batch_size = 4;
+        config.base.per_device_eval_batch_size = 4;
+        config.base.max_steps = 8;
+        config.base.learning_rate = 1e-3;
+        config.base.logging_steps = 2.0;
+        config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
+        config.base.eval_steps = Some(4.0);
+        config.base.save_strategy = if steps_saved {
+            tchtrain_training_args::SaveStrategy::Steps
+        } else {
+            tchtrain_training_args::SaveStrategy::No
+        };
+        config.base.save_steps = 4.0;
+        config.base.seed = 42;
+        config.base.use_cpu = true;
+        config.base.report_to = vec!["none".into()];
+        config.base.disable_tqdm = true;
+        config.max_length = Some(48);
+        config.bf16 = Some(false);
+        config.base.gradient_checkpointing = false;
+        let model = from_pretrained_dir(
+            &dir().join("initial"),
+            AutoTask::CausalLm,
+            Device::Cpu,
+            &LoadOptions::default(),
+        )?
+        .model;
+        let tokenizer =
+            tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+        Ok(SFTTrainer::builder(model, config, tokenizer)
+            .train_dataset(table("text.jsonl")?)
+            .eval_dataset(table("text.eval.jsonl")?)
+            .build()?)
+    };
+    trainer(true)?.train(None)?;
+    let mut resumed = trainer(false)?;
+    resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(
+        out.join("checkpoint-4"),
+    )))?;
+    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dir().join("text/log_history.json"),
+    )?)?;
+    let expected = expected.as_array().context("log_history")?;
+    // TRL's entries after step 4: the logs of steps 6 and 8, the evaluation at 8, the summary.
+    let later: Vec<serde_json::Value> = expected[3..].to_vec();
+    let tokens_at_4 = expected[1]["num_tokens"].as_f64().context("num_tokens")?;
+    // The checkpoint's `log_history` (steps 2 and 4 and the evaluation at 4) comes back first.
+    let history = &resumed.state.log_history;
+    ensure!(
+        history.len() == expected.len(),
+        "{} entries after resuming vs {}",
+        history.len(),
+        expected.len()
+    );
+    let history = &history[3..];
+    for (i, (o, e)) in history.iter().zip(&later).enumerate() {
+        for (k, v) in e.as_object().context("entry")? {
+            if k.ends_with("_runtime") || k.ends_with("_per_second") {
+                continue;
+            }
+            let want = v.as_f64();
+            let got = o.get(k).and_then(|x| x.as_f64());
+            let want = if k == "num_tokens" || k == "eval_num_tokens" {
+                want.map(|w| w - tokens_at_4)
+            } else {
+                want
+            };
+            if k == "train_loss" || k == "total_flos" {
+                // The summary's mean loss covers the resumed steps only (upstream's too).
+                continue;
+            }
+            ensure!(
+                got == want,
+                "resumed entry {i}: {k} = {got:?}, TRL's {want:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
 /// The refusals name their field.
 #[test]
 fn sft_refuses_what_is_not_implemented() -> Result<()> {
