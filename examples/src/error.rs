@@ -12,6 +12,9 @@ pub enum Error {
     /// An error from the Trainer.
     #[error(transparent)]
     Trainer(#[from] tchtrain_trainer::Error),
+    /// An error from TRL's trainers (SFT).
+    #[error(transparent)]
+    Trl(#[from] tchtrain_trl::Error),
     /// An error from the accelerator (a hand-written loop's step, a collective).
     #[error(transparent)]
     Accelerate(#[from] tchtrain_accelerate::Error),

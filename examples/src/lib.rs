@@ -54,6 +54,7 @@ pub mod run_translation;
 pub mod sacrebleu;
 mod seq2seq_example;
 pub mod seqeval;
+pub mod sft;
 mod split;
 mod text_classification;
 

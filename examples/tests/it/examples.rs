@@ -1181,3 +1181,111 @@ fn run_classification_without_training_uses_the_models_label_ids() -> Result<()>
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// TRL's `trl sft` command line end to end: `sft --dataset_name <folder of train.jsonl /
+/// test.jsonl>` on trl_sft.py's conversational case (its flags on the command line) trains
+/// to the mean loss TRL's SFTTrainer reached, to the bit, and saves the model; TRL's defaults
+/// apply to the Trainer's flags not given (`--learning_rate` 2e-5, `--logging_steps` 10,
+/// `--gradient_checkpointing`, `--bf16` unless `--fp16`).
+#[test]
+fn sft_script_trains_as_trl() -> Result<()> {
+    let _g = lock();
+    let reference = assets().join("reference/trl_sft");
+    let root = temp_dir("sft-script");
+    // The model folder with SmolLM2's tokenizer beside the tiny Llama, as a hub model has.
+    let model = root.join("model");
+    let data = root.join("data");
+    std::fs::create_dir_all(&model)?;
+    std::fs::create_dir_all(&data)?;
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(reference.join("initial").join(f), model.join(f))?;
+    }
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        std::fs::copy(assets().join("smollm2-135m").join(f), model.join(f))?;
+    }
+    std::fs::copy(
+        reference.join("data/messages.jsonl"),
+        data.join("train.jsonl"),
+    )?;
+    std::fs::copy(
+        reference.join("data/messages.eval.jsonl"),
+        data.join("test.jsonl"),
+    )?;
+    let out = root.join("out");
+    let m = model.display().to_string();
+    let d = data.display().to_string();
+    let o = out.display().to_string();
+    let result = tchtrain_examples::sft::main_with_args([
+        "--model_name_or_path",
+        &m,
+        "--dataset_name",
+        &d,
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--max_steps",
+        "8",
+        "--learning_rate",
+        "1e-3",
+        "--max_length",
+        "48",
+        "--logging_steps",
+        "2",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "4",
+        "--save_strategy",
+        "no",
+        "--seed",
+        "42",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--output_dir",
+        &o,
+    ])?;
+    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        reference.join("messages/train_output.json"),
+    )?)?;
+    let loss = result.train_metrics.context("train metrics")?["train_loss"];
+    assert_eq!(Some(loss), expected["training_loss"].as_f64(), "train_loss");
+    ensure!(out.join("model.safetensors").is_file(), "the model saved");
+    // TRL's defaults for the flags not given.
+    let (_, t) = tchtrain_examples::sft::parse_args(["--output_dir", "o", "--use_cpu"])?;
+    assert_eq!(
+        (
+            t.learning_rate,
+            t.logging_steps,
+            t.gradient_checkpointing,
+            t.bf16
+        ),
+        (2e-5, 10.0, true, true)
+    );
+    let (_, t) = tchtrain_examples::sft::parse_args([
+        "--output_dir",
+        "o",
+        "--use_cpu",
+        "--learning_rate",
+        "1e-4",
+        "--bf16",
+        "false",
+    ])?;
+    assert_eq!((t.learning_rate, t.bf16), (1e-4, false));
+    let err = tchtrain_examples::sft::parse_args(["--output_dir", "o", "--dataset_streaming"])
+        .unwrap_err();
+    assert!(err.to_string().contains("dataset_streaming"), "{err}");
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
