@@ -29,6 +29,10 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
     smollm2_qlora the same on the base loaded in 4 bits (bitsandbytes NF4, double
                   quantization, float32 compute): QLoRA.
     smollm2_qlora8 the same on the base loaded in 8 bits (LLM.int8, TRL's --load_in_8bit).
+    smollm2_sft_packed SmolLM2-135M trained in full by TRL's SFTTrainer on hamlet.txt's lines
+                  (two per `text` row, EOS appended), BFD-packed into 512-token rows with
+                  padding-free batches of 2, TRL's fused LM head (ours: tchtrain-trl); no bare
+                  loop.
     qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
@@ -115,6 +119,10 @@ JOBS = {
         lora=dict(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"),
         quantization=dict(load_in_8bit=True),
     ),
+    # TRL's SFT with packing: SFTTrainer(model, SFTConfig(max_length=512, packing=True)) on
+    # text rows, every other setting as the other jobs (float32 or bf16 autocast, no
+    # gradient checkpointing).
+    "smollm2_sft_packed": dict(kind="sft", arch="smollm2", max_length=512, batch=2, warmup=2, steps=6),
 }
 
 
@@ -145,6 +153,17 @@ def prepare(out: Path):
         folder = out / name
         folder.mkdir(exist_ok=True)
         torch.manual_seed(0)
+        if job["kind"] == "sft":
+            (folder / "initial").mkdir()
+            for f in ("config.json", "model.safetensors"):
+                (folder / "initial" / f).symlink_to(ASSETS / "smollm2-135m" / f)
+            text = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8")
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            rows = [{"text": lines[i] + " " + lines[i + 1]} for i in range(0, len(lines) - 1, 2)]
+            (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (folder / "job.json").write_text(json.dumps({"name": name, **job}, indent=1))
+            print(f"prepared {name}: {len(rows)} text rows", file=sys.stderr)
+            continue
         if job.get("arch") == "smollm2":
             # The checkpoint as it is: both sides read the asset's files.
             (folder / "initial").mkdir()
@@ -293,6 +312,8 @@ def run(data: Path, name: str, precision: str, threads: int):
     torch.set_num_threads(threads)
     folder = data / name
     job = json.loads((folder / "job.json").read_text())
+    if job["kind"] == "sft":
+        return run_sft(folder, job, name, precision)
     rows = json.loads((folder / "rows.json").read_text())
     if job["kind"] == "clm":
         quantization = job.get("quantization")
@@ -336,6 +357,35 @@ def run(data: Path, name: str, precision: str, threads: int):
             callbacks=[timer],
         )
         trainer.train()
+    report(job, name, precision, timer, collator)
+
+
+def run_sft(folder: Path, job: dict, name: str, precision: str):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    model = tf.AutoModelForCausalLM.from_pretrained(folder / "initial")
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    total = job["warmup"] + job["steps"]
+    with tempfile.TemporaryDirectory() as out:
+        args = SFTConfig(
+            output_dir=out, max_steps=total, per_device_train_batch_size=job["batch"], learning_rate=5e-5,
+            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=True, report_to="none",
+            disable_tqdm=True, dataloader_num_workers=0, bf16=precision == "bf16",
+            gradient_checkpointing=False, max_length=job["max_length"], packing=True,
+        )
+        timer = StepTimer()
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tok, callbacks=[timer])
+        collator = ShapeRecorder(trainer.data_collator)
+        trainer.data_collator = collator
+        trainer.train()
+    report(job, name, precision, timer, collator)
+
+
+def report(job, name, precision, timer, collator):
+    total = job["warmup"] + job["steps"]
     w = job["warmup"]
     steps = [e - b for b, e in zip(timer.begin[w:], timer.end[w:])]
 

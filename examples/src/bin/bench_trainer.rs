@@ -175,7 +175,7 @@ impl Job {
     }
 
     fn task(&self) -> AutoTask {
-        if self.kind == "clm" {
+        if self.kind == "clm" || self.kind == "sft" {
             AutoTask::CausalLm
         } else {
             AutoTask::SequenceClassification { num_labels: None }
@@ -325,7 +325,7 @@ impl Job {
             }
             None => layers * (4.0 * d * d + 2.0 * d * inner),
         };
-        let (head_per_token, head_per_row) = if self.kind == "clm" {
+        let (head_per_token, head_per_row) = if self.kind != "cls" {
             (c(&["vocab_size"]) * d, 0.0)
         } else {
             (0.0, d * d + d * 2.0)
@@ -560,6 +560,60 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
     report(job, o, "tchtrain", &record)
 }
 
+/// TRL's SFT with packing through `tchtrain-trl` (`smollm2_sft_packed`): the job's text rows
+/// prepared, packed and collated padding-free by `SFTTrainer`, each batch recorded.
+fn run_sft(job: &Job, o: &Options) -> Result<Value> {
+    let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
+    let record = SharedRecord::default();
+    let assets = std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
+    let tokenizer = AutoTokenizer::from_pretrained(assets.join("smollm2-135m"))?;
+    let special = tokenizer.special_tokens_map();
+    let pad = special
+        .iter()
+        .find(|(k, _)| k == "pad_token")
+        .or_else(|| special.iter().find(|(k, _)| k == "eos_token"))
+        .map(|(_, v)| v.clone())
+        .context("the tokenizer's pad / eos token")?;
+    let pad_token_id = i64::from(
+        tokenizer
+            .tokenizer()
+            .token_to_id(&pad)
+            .context("the pad token's id")?,
+    );
+    let mut config = tchtrain_trl::SFTConfig::new(out.display().to_string());
+    config.base = job.args(&out, o.bf16)?;
+    config.bf16 = Some(o.bf16);
+    config.base.gradient_checkpointing = false;
+    config.max_length = Some(
+        read_json(&job.dir.join("job.json"))?["max_length"]
+            .as_u64()
+            .context("job.json: max_length")? as usize,
+    );
+    config.packing = true;
+    let rows = tchtrain::datasets::Table::read(job.dir.join("rows.jsonl"))?;
+    let (timer, recorded) = (StepTimer(record.clone()), record.clone());
+    let mut trainer = tchtrain_trl::SFTTrainer::builder(job.load_model(false)?, config, tokenizer)
+        .train_dataset(rows)
+        .configure(move |b| {
+            b.data_collator(ShapeRecorder {
+                inner: Box::new(tchtrain_trl::DataCollatorForLanguageModeling {
+                    pad_token_id,
+                    padding_free: true,
+                    pad_to_multiple_of: None,
+                }),
+                record: recorded,
+            })
+            .callback(timer)
+        })
+        .build()?;
+    trainer.train(None)?;
+    let _ = std::fs::remove_dir_all(&out);
+    let record = lock(&record);
+    report(job, o, "tchtrain", &record)
+}
+
 /// The same work in a bare tch loop.
 fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
@@ -708,10 +762,13 @@ fn main() -> Result<()> {
     let data = o.data.as_deref().context("--data DIR is needed")?;
     let job = Job::read(data, o.job.as_deref().context("--job NAME is needed")?)?;
     let implementation = if o.bare { "bare" } else { "tchtrain" };
-    let line = if o.bare {
-        run_bare(&job, &o)
-    } else {
-        run_trainer(&job, &o)
+    let line = match (o.bare, job.kind.as_str()) {
+        (true, "sft") => Err(anyhow!(
+            "sft: no bare loop (TRL's preparation and fused loss are the work measured)"
+        )),
+        (true, _) => run_bare(&job, &o),
+        (false, "sft") => run_sft(&job, &o),
+        (false, _) => run_trainer(&job, &o),
     };
     match line {
         Ok(line) => println!("{line}"),

@@ -19,7 +19,7 @@ use crate::cmd;
 use crate::json::Json;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 11] = [
+pub const JOBS: [&str; 12] = [
     "gpt2_tiny",
     "gpt2_tiny_v1k",
     "gpt2_6x384",
@@ -31,6 +31,7 @@ pub const JOBS: [&str; 11] = [
     "smollm2_lora",
     "smollm2_qlora",
     "smollm2_qlora8",
+    "smollm2_sft_packed",
 ];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).
 pub const PRECISIONS: [&str; 2] = ["fp32", "bf16"];
