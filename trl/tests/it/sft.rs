@@ -55,14 +55,10 @@ fn assert_logs_equal(case: &str, ours: &[JsonMap], theirs: &serde_json::Value) -
     Ok(())
 }
 
-fn run(
-    case: &str,
-    data: &str,
-    set: impl FnOnce(&mut SFTConfig),
-    lora: Option<LoraConfig>,
-) -> Result<()> {
-    let _g = lock();
-    let out = temp_dir(&format!("sft-{case}"));
+/// The reference's settings: batches of 4, 8 steps at lr 1e-3, logs every 2 steps and an
+/// evaluation every 4, `max_length` 48, seed 42, float32 without checkpointing (the cases
+/// change what they test).
+fn reference_config(out: &std::path::Path) -> SFTConfig {
     let mut config = SFTConfig::new(out.display().to_string());
     config.base.per_device_train_batch_size = 4;
     config.base.per_device_eval_batch_size = 4;
@@ -77,10 +73,13 @@ fn run(
     config.base.report_to = vec!["none".into()];
     config.base.disable_tqdm = true;
     config.max_length = Some(48);
-    // The reference runs in float32 without checkpointing unless the case says.
     config.bf16 = Some(false);
     config.base.gradient_checkpointing = false;
-    set(&mut config);
+    config
+}
+
+/// `SFTTrainer(initial model, config, SmolLM2's tokenizer)`.
+fn builder(config: SFTConfig) -> Result<tchtrain_trl::SFTTrainerBuilder> {
     let model = from_pretrained_dir(
         &dir().join("initial"),
         AutoTask::CausalLm,
@@ -89,7 +88,20 @@ fn run(
     )?
     .model;
     let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
-    let mut builder = SFTTrainer::builder(model, config, tokenizer)
+    Ok(SFTTrainer::builder(model, config, tokenizer))
+}
+
+fn run(
+    case: &str,
+    data: &str,
+    set: impl FnOnce(&mut SFTConfig),
+    lora: Option<LoraConfig>,
+) -> Result<()> {
+    let _g = lock();
+    let out = temp_dir(&format!("sft-{case}"));
+    let mut config = reference_config(&out);
+    set(&mut config);
+    let mut builder = builder(config)?
         .train_dataset(table(&format!("{data}.jsonl"))?)
         .eval_dataset(table(&format!("{data}.eval.jsonl"))?);
     if let Some(l) = lora {
@@ -230,37 +242,12 @@ fn sft_resumes_bit_exactly() -> Result<()> {
     let _g = lock();
     let out = temp_dir("sft-resume");
     let trainer = |steps_saved: bool| -> Result<SFTTrainer> {
-        let mut config = SFTConfig::new(out.display().to_string());
-        config.base.per_device_train_batch_size = 4;
-        config.base.per_device_eval_batch_size = 4;
-        config.base.max_steps = 8;
-        config.base.learning_rate = 1e-3;
-        config.base.logging_steps = 2.0;
-        config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
-        config.base.eval_steps = Some(4.0);
-        config.base.save_strategy = if steps_saved {
-            tchtrain_training_args::SaveStrategy::Steps
-        } else {
-            tchtrain_training_args::SaveStrategy::No
-        };
-        config.base.save_steps = 4.0;
-        config.base.seed = 42;
-        config.base.use_cpu = true;
-        config.base.report_to = vec!["none".into()];
-        config.base.disable_tqdm = true;
-        config.max_length = Some(48);
-        config.bf16 = Some(false);
-        config.base.gradient_checkpointing = false;
-        let model = from_pretrained_dir(
-            &dir().join("initial"),
-            AutoTask::CausalLm,
-            Device::Cpu,
-            &LoadOptions::default(),
-        )?
-        .model;
-        let tokenizer =
-            tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
-        Ok(SFTTrainer::builder(model, config, tokenizer)
+        let mut config = reference_config(&out);
+        if steps_saved {
+            config.base.save_strategy = tchtrain_training_args::SaveStrategy::Steps;
+            config.base.save_steps = 4.0;
+        }
+        Ok(builder(config)?
             .train_dataset(table("text.jsonl")?)
             .eval_dataset(table("text.eval.jsonl")?)
             .build()?)
