@@ -367,16 +367,20 @@ fn quantize_8bit(weight: &Tensor, threshold: f64) -> Result<Linear8bitLt> {
     })
 }
 
-/// A float weight quantized as the config says (`Params4bit` with block size 64, or
+/// A float weight quantized as the config says (`Params4bit` with `blocksize`, or
 /// `Int8Params`).
-fn quantize_weight(weight: &Tensor, config: &BitsAndBytesConfig) -> Result<QuantizedWeight> {
+fn quantize_weight(
+    weight: &Tensor,
+    config: &BitsAndBytesConfig,
+    blocksize: i64,
+) -> Result<QuantizedWeight> {
     tch::no_grad(|| {
         if config.load_in_8bit {
             return Ok(quantize_8bit(weight, config.llm_int8_threshold)?.into());
         }
         let (packed, state) = quantize_4bit(
             weight,
-            64,
+            blocksize,
             config.bnb_4bit_quant_type,
             config.bnb_4bit_use_double_quant,
         )?;
@@ -414,7 +418,7 @@ pub fn quantize_model(model: &mut dyn TrainableModel, config: &BitsAndBytesConfi
                     format!("{name}.weight: no such weight"),
                 )
             })?;
-        let quantized = quantize_weight(&weight.detach(), config)?;
+        let quantized = quantize_weight(&weight.detach(), config, 64)?;
         install(model, &name, &slot, quantized)?;
     }
     Ok(())
@@ -438,49 +442,34 @@ pub(crate) fn requantize(
     else {
         return Ok(false);
     };
-    let merged = tch::no_grad(|| -> Result<QuantizedWeight> {
-        let (dequantized, settings) = slot
-            .with(|q| {
-                q.map(|q| -> Result<_> {
-                    let settings = match q {
-                        QuantizedWeight::FourBit(w) => BitsAndBytesConfig {
+    let (dequantized, settings, blocksize) = slot
+        .with(|q| {
+            q.map(|q| -> Result<_> {
+                let (settings, blocksize) = match q {
+                    QuantizedWeight::FourBit(w) => (
+                        BitsAndBytesConfig {
                             load_in_4bit: true,
                             bnb_4bit_quant_type: w.state.quant_type,
                             bnb_4bit_use_double_quant: w.state.nested.is_some(),
                             bnb_4bit_compute_dtype: w.compute_dtype.unwrap_or(Kind::Float),
                             ..BitsAndBytesConfig::default()
                         },
-                        QuantizedWeight::EightBit(w) => BitsAndBytesConfig {
+                        w.state.blocksize,
+                    ),
+                    QuantizedWeight::EightBit(w) => (
+                        BitsAndBytesConfig {
                             llm_int8_threshold: w.threshold,
                             ..BitsAndBytesConfig::int8()
                         },
-                    };
-                    Ok((q.dequantize()?, settings))
-                })
+                        64,
+                    ),
+                };
+                Ok((tch::no_grad(|| q.dequantize())?, settings, blocksize))
             })
-            .ok_or_else(|| invalid("merge_adapter", format!("{module}: not quantized")))??;
-        let block = slot.with(|q| match q {
-            Some(QuantizedWeight::FourBit(w)) => w.state.blocksize,
-            _ => 64,
-        });
-        let w = f(dequantized)?;
-        if settings.load_in_8bit {
-            return Ok(quantize_8bit(&w, settings.llm_int8_threshold)?.into());
-        }
-        let (packed, state) = quantize_4bit(
-            &w,
-            block,
-            settings.bnb_4bit_quant_type,
-            settings.bnb_4bit_use_double_quant,
-        )?;
-        state.validate(&packed)?;
-        Ok(Linear4bit {
-            packed,
-            state,
-            compute_dtype: Some(settings.bnb_4bit_compute_dtype),
-        }
-        .into())
-    })?;
+        })
+        .ok_or_else(|| invalid("merge_adapter", format!("{module}: not quantized")))??;
+    let w = tch::no_grad(|| f(dequantized))?;
+    let merged = quantize_weight(&w, &settings, blocksize)?;
     install(model, module, &slot, merged)?;
     Ok(true)
 }

@@ -226,9 +226,10 @@ impl SftHooks {
         if self.loss_type == SftLossType::Dft {
             per_token_loss = per_token_loss.f_mul(&out.log_probs.f_exp()?.f_detach()?)?;
         }
+        let num_valid = count(&out.label_mask)?;
         let num_tokens = match num_items_in_batch {
             Some(n) => n.shallow_clone(),
-            None => count(&out.label_mask)?,
+            None => num_valid.shallow_clone(),
         };
         let mut loss = per_token_loss
             .f_sum(Kind::Float)?
@@ -238,7 +239,6 @@ impl SftHooks {
             loss = loss.f_mul_scalar(world as f64)?;
         }
         // Entropy and token accuracy (zero on the ignored positions).
-        let num_valid = count(&out.label_mask)?;
         let valid = num_valid.int64_value(&[]);
         let entropy_sum = out.entropy.f_detach()?.f_sum(Kind::Float)?;
         let num_correct = out.is_top1.f_sum(Kind::Int64)?;
