@@ -672,6 +672,20 @@ impl Accelerator {
         self.state.wait_for_everyone()
     }
 
+    /// accelerate's `gather(tensor)`: every process's tensor (the same shape on each)
+    /// concatenated along dim 0 in rank order (a scalar stacked), on this tensor's device;
+    /// the tensor itself in a single-process run.
+    pub fn gather(&self, tensor: &Tensor) -> Result<Tensor> {
+        let rows = tensor.size().first().copied().unwrap_or(1);
+        let gathered = self
+            .state
+            .with_process_group(|pg| gather_in_batch_order(pg, tensor, rows, None))?;
+        match gathered {
+            Some(g) => Ok(g.f_to_device(tensor.device())?),
+            None => Ok(tensor.shallow_clone()),
+        }
+    }
+
     /// `gather_for_metrics` over a whole evaluation: every process's losses, predictions and
     /// labels gathered in the global batch order (step by step, rank by rank), padded along
     /// dim 1 with -100 to the longest across processes as `pad_across_processes`, and cut to

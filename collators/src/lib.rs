@@ -55,7 +55,7 @@ pub use padding::{DataCollatorWithPadding, PaddingSide, PaddingStrategy};
 pub use seq2seq::{
     DataCollatorForSeq2Seq, DecoderStart, mbart_shift_tokens_right, shift_tokens_right,
 };
-pub use tchtrain_datasets::{Feature, Label};
+pub use tchtrain_datasets::{Column, Feature, Label};
 pub use token_classification::DataCollatorForTokenClassification;
 pub use tokenizer_info::{
     SPECIAL_TOKENS_ATTRIBUTES, TokenizerInfo, read_tokenizer_config, special_tokens_map,

@@ -130,6 +130,7 @@ fn feature_of(v: &Value) -> Feature {
         start_positions: v.get("start_positions").and_then(Value::as_i64),
         end_positions: v.get("end_positions").and_then(Value::as_i64),
         seq_lengths: opt("seq_lengths"),
+        columns: Default::default(),
     }
 }
 

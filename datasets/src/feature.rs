@@ -15,6 +15,16 @@ pub enum Label {
     Values(Vec<f64>),
 }
 
+/// A column of a row that no field of [`Feature`] names (TRL's `chosen_ids`, `rejected_ids`,
+/// `margin`, ...): the trainers that read it say which; the default collators ignore it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    /// A list of ids (`list[int]`).
+    Ids(Vec<i64>),
+    /// A float (`float`).
+    Float(f64),
+}
+
 /// One tokenized row, as a tokenizer returns it (`input_ids`, `token_type_ids`,
 /// `attention_mask`, and on request `special_tokens_mask` and `offset_mapping`), plus
 /// its label.
@@ -45,6 +55,8 @@ pub struct Feature {
     /// of TRL's `pack_dataset`, see [`pack_dataset`](crate::pack_dataset)); a padding-free
     /// collator restarts `position_ids` at each.
     pub seq_lengths: Option<Vec<i64>>,
+    /// The row's other columns, by name (see [`Column`]).
+    pub columns: std::collections::BTreeMap<String, Column>,
 }
 
 impl Feature {
@@ -60,6 +72,17 @@ impl Feature {
     pub fn with_labels(mut self, labels: Label) -> Self {
         self.labels = Some(labels);
         self
+    }
+
+    /// This row with column `name` set to `value`.
+    pub fn with_column(mut self, name: impl Into<String>, value: Column) -> Self {
+        self.columns.insert(name.into(), value);
+        self
+    }
+
+    /// Column `name`, if the row has it.
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.get(name)
     }
 
     /// This row with an answer span (`start_positions`, `end_positions`).
@@ -93,6 +116,7 @@ impl Feature {
             start_positions: None,
             end_positions: None,
             seq_lengths: None,
+            columns: Default::default(),
         }
     }
 }

@@ -45,7 +45,7 @@ pub use arrow_dataset::{DatasetDict, LoadedDataset, load_from_disk};
 pub use class_label::class_label_names;
 pub use data_files::{DataFilesDict, PackagedModule};
 pub use error::{Error, Result};
-pub use feature::{Feature, Label};
+pub use feature::{Column, Feature, Label};
 pub use hub::{
     DatasetFiles, PARQUET_EXPORT_REVISION, hub_options_from_env, hub_options_from_vars,
     load_dataset_files,

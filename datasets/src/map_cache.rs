@@ -24,7 +24,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::feature::{Feature, Label};
+use crate::feature::{Column, Feature, Label};
 use sha2::{Digest, Sha256};
 
 /// The environment variable naming the cache folder (`0` or `off` turns the cache off).
@@ -36,7 +36,7 @@ pub const DATASETS_CACHE_MB_ENV: &str = "TCHTRAIN_DATASETS_CACHE_MB";
 /// The cap when [`DATASETS_CACHE_MB_ENV`] is unset: 4096 MiB.
 pub const DEFAULT_DATASETS_CACHE_MB: u64 = 4096;
 
-const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v3";
+const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v4";
 
 /// The SHA-256 of a sequence of parts, each length-prefixed (so `["ab", "c"]` and
 /// `["a", "bc"]` differ).
@@ -377,6 +377,20 @@ pub fn encode_rows(rows: &[Feature]) -> Vec<u8> {
             put_opt_ids(&mut out, position.map(|p| vec![p]).as_ref());
         }
         put_opt_ids(&mut out, r.seq_lengths.as_ref());
+        put_u64(&mut out, r.columns.len() as u64);
+        for (name, value) in &r.columns {
+            put_ids(&mut out, &name.bytes().map(i64::from).collect::<Vec<_>>());
+            match value {
+                Column::Ids(ids) => {
+                    out.push(0);
+                    put_ids(&mut out, ids);
+                }
+                Column::Float(v) => {
+                    out.push(1);
+                    out.extend_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+        }
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -487,6 +501,21 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
         let start_positions = position()?;
         let end_positions = position()?;
         let seq_lengths = r.opt_ids()?;
+        let mut columns = std::collections::BTreeMap::new();
+        for _ in 0..r.u64()? {
+            let name = r
+                .ids()?
+                .into_iter()
+                .map(|b| u8::try_from(b).map_err(|_| format!("a column name byte {b}")))
+                .collect::<std::result::Result<Vec<u8>, String>>()?;
+            let name = String::from_utf8(name).map_err(|e| format!("a column name: {e}"))?;
+            let value = match r.take(1)?[0] {
+                0 => Column::Ids(r.ids()?),
+                1 => Column::Float(f64::from_bits(r.u64()?)),
+                t => return Err(format!("bad column tag {t}")),
+            };
+            columns.insert(name, value);
+        }
         rows.push(Feature {
             input_ids,
             token_type_ids,
@@ -497,6 +526,7 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
             start_positions,
             end_positions,
             seq_lengths,
+            columns,
         });
     }
     if r.at != body.len() {

@@ -409,7 +409,7 @@ pub struct Gemma {
 /// A Llama-shaped family's config: upstream's own class (its defaults, its `config.json`),
 /// seen as Llama's sizes, RoPE and norms plus the [`Family`] facts.
 pub trait DecoderConfig:
-    PretrainedConfig + Clone + std::fmt::Debug + Send + Sync + 'static
+    PretrainedConfig + serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static
 {
     /// Reads and checks `config.json`.
     fn from_file(path: &Path) -> Result<Self>;
@@ -2688,6 +2688,23 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == "model.embed_tokens.weight"
+    }
+    /// The config re-read with the new `pad_token_id` (so that every family's config keeps
+    /// its own checks), and the pooling's copy set.
+    fn set_pad_token_id(&mut self, pad_token_id: Option<i64>) -> Result<()> {
+        let mut json = self.config.to_json_value()?;
+        if let Some(map) = json.as_object_mut() {
+            map.insert("pad_token_id".into(), pad_token_id.into());
+        }
+        let config: C =
+            serde_json::from_value(json).map_err(|e| crate::Error::InvalidArgument {
+                field: "pad_token_id",
+                detail: format!("the config does not take it back: {e}"),
+            })?;
+        config.llama().validate()?;
+        self.model.config.pad_token_id = pad_token_id;
+        self.config = config;
+        Ok(())
     }
     fn forward(&self, inputs: &ModelInputs<'_>) -> Result<ModelOutput> {
         // Padding-free when every row's pooled token (its last non-pad token) is real.

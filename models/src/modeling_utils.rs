@@ -417,6 +417,21 @@ pub trait TrainableModel: Send {
         })
     }
 
+    /// Upstream's `model.config.pad_token_id = tokenizer.pad_token_id`, which TRL's reward
+    /// trainer sets: the id a sequence classifier pools before (its last non-pad token) and the
+    /// value the saved `config.json` carries. Implemented for the decoder families' sequence
+    /// classifiers; the others refuse, naming the model.
+    fn set_pad_token_id(&mut self, pad_token_id: Option<i64>) -> Result<()> {
+        let _ = pad_token_id;
+        Err(crate::Error::InvalidArgument {
+            field: "pad_token_id",
+            detail: format!(
+                "{} does not take a new pad_token_id here (the decoder families' sequence classifiers do); set it in its config.json",
+                self.model_name()
+            ),
+        })
+    }
+
     /// Upstream's `model.config.use_cache = args.use_cache`, which the Trainer sets when it
     /// is built: the value the saved `config.json` carries. A model without a config has
     /// nothing to set.
@@ -635,6 +650,12 @@ pub trait TrainableModel: Send {
     /// Keys that are views of another parameter (tied weights) and are not saved,
     /// as upstream's `_tied_weights_keys`: `(tied key, source key)`.
     fn tied_weights(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// The variables upstream holds as two parameters (peft's `modules_to_save`: the frozen
+    /// original and the trained copy), which its `num_parameters` counts twice.
+    fn parameters_held_twice(&self) -> Vec<String> {
         Vec::new()
     }
 

@@ -54,6 +54,8 @@ pub fn named_parameters(model: &dyn TrainableModel) -> Vec<(String, Tensor)> {
 /// A 4-bit part's packed `weight` counts twice its bytes (two values per byte), its state
 /// (`weight.absmax`, ...) not at all: `Params4bit` is its only parameter upstream; an 8-bit
 /// part's int8 `weight` counts once, its `SCB` and `weight_format` not at all (`Int8Params`).
+/// peft's `modules_to_save` count twice (its wrapper holds the original and the trained copy;
+/// see [`parameters_held_twice`](TrainableModel::parameters_held_twice)).
 pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i64 {
     let buffers = model.buffer_names();
     let quantized = tchtrain_models::quantized_modules(model);
@@ -70,13 +72,17 @@ pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i
             })
         })
     };
+    let twice = model.parameters_held_twice();
     model
         .var_store()
         .variables()
         .iter()
         .filter(|(name, _)| !buffers.contains(name) && !is_state(name))
         .filter(|(name, _)| !(exclude_embeddings && model.is_embedding_weight(name)))
-        .map(|(name, t)| t.numel() as i64 * if is_packed(name, t) { 2 } else { 1 })
+        .map(|(name, t)| {
+            let copies = if twice.contains(name) { 2 } else { 1 };
+            t.numel() as i64 * if is_packed(name, t) { 2 } else { 1 } * copies
+        })
         .sum()
 }
 

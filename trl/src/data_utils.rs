@@ -1,6 +1,9 @@
 //! `trl/data_utils.py`: the dataset formats TRL's trainers read.
 
 use serde_json::{Map, Value};
+use tchtrain_models::{ChatTemplateOptions, PreTrainedTokenizerFast};
+
+use crate::error::Result;
 
 /// `is_conversational(example)`: the first of `prompt`, `chosen`, `rejected`, `completion`,
 /// `messages` the row has is a list of messages (objects with a `role`).
@@ -30,6 +33,45 @@ pub fn common_prefix_length(ids: &[i64], other_ids: &[i64]) -> usize {
         .zip(other_ids)
         .take_while(|(a, b)| a == b)
         .count()
+}
+
+/// `_tokenize(processing_class, messages, tools=..., **chat_template_kwargs)` for
+/// conversational input: `apply_chat_template(messages, tokenize=True)` with the row's
+/// `tools` (a list, or JSON text) and `chat_template_kwargs`, and with `with_mask` the
+/// assistant mask (`return_assistant_tokens_mask`).
+pub fn tokenize_messages(
+    tokenizer: &PreTrainedTokenizerFast,
+    messages: &Value,
+    example: &Map<String, Value>,
+    add_generation_prompt: bool,
+    with_mask: bool,
+) -> Result<(Vec<i64>, Option<Vec<i64>>)> {
+    let tools = match example.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => Some(v.to_string()),
+    };
+    let template_kwargs = match example.get("chat_template_kwargs") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let options = ChatTemplateOptions {
+        add_generation_prompt,
+        tools,
+        template_kwargs,
+        ..ChatTemplateOptions::default()
+    };
+    if with_mask {
+        let (f, mask) =
+            tokenizer.apply_chat_template_with_assistant_mask(&messages.to_string(), &options)?;
+        return Ok((f.input_ids, Some(mask)));
+    }
+    Ok((
+        tokenizer
+            .apply_chat_template(&messages.to_string(), &options)?
+            .input_ids,
+        None,
+    ))
 }
 
 #[cfg(test)]

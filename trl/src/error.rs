@@ -30,6 +30,9 @@ pub enum Error {
     /// An error of the datasets crate (packing, tables).
     #[error(transparent)]
     Datasets(#[from] tchtrain_datasets::Error),
+    /// An error of the accelerator (collectives, autocast).
+    #[error(transparent)]
+    Accelerate(#[from] tchtrain_accelerate::Error),
     /// An error of the training arguments.
     #[error(transparent)]
     TrainingArgs(#[from] tchtrain_training_args::Error),

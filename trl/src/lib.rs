@@ -1,11 +1,14 @@
 //! `tchtrain-trl` — TRL 1.16's trainers (`trl`) over the tchtrain Trainer, computed as trl
 //! computes them: `SFTTrainer` (supervised fine-tuning on text, prompt-completion and
-//! conversational datasets, with TRL's fused LM head, loss and logged metrics).
+//! conversational datasets, with TRL's fused LM head, loss and logged metrics) and
+//! `RewardTrainer` (reward models on preference pairs).
 //!
 //! | module | trl |
 //! |---|---|
 //! | [`trainer::sft_config`] | `trainer/sft_config.py` (`SFTConfig`, TRL's defaults) |
 //! | [`trainer::sft_trainer`] | `trainer/sft_trainer.py` (`SFTTrainer`, `DataCollatorForLanguageModeling`) |
+//! | [`trainer::reward_config`] | `trainer/reward_config.py` (`RewardConfig`) |
+//! | [`trainer::reward_trainer`] | `trainer/reward_trainer.py` (`RewardTrainer`, `DataCollatorForPreference`) |
 //! | [`trainer::utils`] | `trainer/utils.py` (`add_fused_lm_head`'s forward) |
 //! | [`kernels`] | `kernels/chunked_logprob.py` (`ChunkedLogProbFunction`) |
 //! | [`data_utils`] | `data_utils.py` (dataset formats) |
@@ -17,6 +20,6 @@ pub mod trainer;
 
 pub use error::{Error, Result};
 pub use trainer::{
-    DataCollatorForLanguageModeling, SFTConfig, SFTTrainer, SFTTrainerBuilder, SftLossType,
-    TruncationMode,
+    DataCollatorForLanguageModeling, DataCollatorForPreference, RewardConfig, RewardTrainer,
+    RewardTrainerBuilder, SFTConfig, SFTTrainer, SFTTrainerBuilder, SftLossType, TruncationMode,
 };

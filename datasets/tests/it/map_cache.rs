@@ -6,7 +6,7 @@
 use std::cell::Cell;
 
 use anyhow::Result;
-use tchtrain_datasets::{Feature, Fingerprint, Label, MapCache, decode_rows, encode_rows};
+use tchtrain_datasets::{Column, Feature, Fingerprint, Label, MapCache, decode_rows, encode_rows};
 use tchtrain_testing::temp_dir;
 
 fn rows() -> Vec<Feature> {
@@ -22,6 +22,12 @@ fn rows() -> Vec<Feature> {
             start_positions: Some(i64::MIN),
             end_positions: Some(-1),
             seq_lengths: Some(vec![1, 0, 2]),
+            columns: [
+                ("chosen_ids".to_string(), Column::Ids(vec![3, -1])),
+                ("margin".to_string(), Column::Float(-0.5)),
+            ]
+            .into_iter()
+            .collect(),
         },
         Feature::new(vec![]).with_labels(Label::Value(-0.125)),
         Feature::new(vec![9]).with_labels(Label::Values(vec![1.5, f64::NAN, -0.0])),

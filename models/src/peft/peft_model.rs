@@ -38,6 +38,8 @@ struct Adapter {
     layers: Vec<LoraLayer>,
     /// The base variables trained with the adapter (`modules_to_save`, biases).
     trained_base: Vec<String>,
+    /// Those of `modules_to_save`: peft trains a copy beside the frozen original.
+    copied: Vec<String>,
 }
 
 /// A model with LoRA adapters (peft's `PeftModel` over a `LoraModel`): the base model's
@@ -175,6 +177,7 @@ fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<A
     // peft's ModulesToSaveWrapper wraps every module whose name ends with one of the names
     // (no dot boundary); it trains a copy, equal to training the module itself here.
     let mut trained_base = Vec::new();
+    let mut copied = Vec::new();
     for n in names.iter().filter(|n| !is_adapter_variable(n)) {
         let module = module_of(n);
         let mut ancestors =
@@ -189,11 +192,15 @@ fn build_adapter(base: &dyn PreTrainedModel, mut config: LoraConfig) -> Result<A
         if saved || bias {
             trained_base.push(n.clone());
         }
+        if saved {
+            copied.push(n.clone());
+        }
     }
     Ok(Adapter {
         config,
         layers,
         trained_base,
+        copied,
     })
 }
 
@@ -974,6 +981,15 @@ impl PeftModel {
 impl TrainableModel for PeftModel {
     fn context(&self) -> &tchtrain_nn::Context {
         self.base.context()
+    }
+    /// The active adapter's `modules_to_save` variables: peft's `ModulesToSaveWrapper`
+    /// keeps the original module beside the trained copy.
+    fn parameters_held_twice(&self) -> Vec<String> {
+        self.adapters
+            .iter()
+            .find(|(n, _)| *n == self.active)
+            .map(|(_, a)| a.copied.clone())
+            .unwrap_or_default()
     }
     fn var_store(&self) -> &VarStore {
         self.base.var_store()

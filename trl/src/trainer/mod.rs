@@ -1,9 +1,15 @@
 //! `trl/trainer/`: the trainers, their configs and their utilities.
 
+pub(crate) mod base_config;
+pub(crate) mod base_trainer;
+pub mod reward_config;
+pub mod reward_trainer;
 pub mod sft_config;
 pub mod sft_trainer;
 pub mod utils;
 
+pub use reward_config::RewardConfig;
+pub use reward_trainer::{DataCollatorForPreference, RewardTrainer, RewardTrainerBuilder};
 pub use sft_config::{SFTConfig, SftLossType, TruncationMode};
 pub use sft_trainer::{
     DataCollatorForLanguageModeling, FormattingFunc, SFTTrainer, SFTTrainerBuilder,

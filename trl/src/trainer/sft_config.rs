@@ -6,6 +6,7 @@ use tchtrain_datasets::PackingStrategy;
 use tchtrain_training_args::TrainingArguments;
 
 use crate::error::{Error, Result};
+use crate::trainer::base_config;
 
 /// `truncation_mode`: which end of a too-long row `max_length` keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,12 +94,8 @@ pub struct SFTConfig {
 impl SFTConfig {
     /// `SFTConfig(output_dir)`: TRL's defaults.
     pub fn new(output_dir: impl Into<String>) -> Self {
-        let mut base = TrainingArguments::new(output_dir);
-        base.learning_rate = 2e-5;
-        base.logging_steps = 10.0;
-        base.gradient_checkpointing = true;
         Self {
-            base,
+            base: base_config::base_arguments(output_dir, 2e-5),
             bf16: None,
             dataset_text_field: "text".into(),
             max_length: Some(1024),
@@ -123,8 +120,7 @@ impl SFTConfig {
     /// `__post_init__`: `bf16` resolved (`not fp16` when unset), then the Trainer's
     /// `__post_init__`; what is not implemented here is refused, naming the field.
     pub fn post_init(&mut self) -> Result<()> {
-        self.base.bf16 = self.bf16.unwrap_or(!self.base.fp16);
-        self.base.post_init()?;
+        base_config::post_init(&mut self.base, self.bf16)?;
         let refuse = |field: &'static str, detail: &str| -> Result<()> {
             Err(Error::InvalidArgument {
                 field,

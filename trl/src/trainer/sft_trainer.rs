@@ -21,7 +21,6 @@
 //! `shuffle_dataset`. The logits `compute_metrics` needs come from an extra forward without
 //! the fused head, as TRL recomputes them.
 
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::{Map, Value};
@@ -30,16 +29,21 @@ use tchtrain_collators::{Batch, DataCollator, Feature, Label};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{Table, pack_dataset};
 use tchtrain_models::{
-    ChatTemplateOptions, LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast,
-    TrainableModel, get_peft_model,
+    LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
+    get_peft_model,
 };
 use tchtrain_trainer::{
     PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
     model_inputs,
 };
 
-use crate::data_utils::{common_prefix_length, is_conversational, is_conversational_from_value};
+use crate::data_utils::{
+    common_prefix_length, is_conversational, is_conversational_from_value, tokenize_messages,
+};
 use crate::error::{Error, Result};
+use crate::trainer::base_trainer::{
+    SharedMetrics, TrainerTokens, hook_error, ids_of, pad_batch, row, set_chat_template_path,
+};
 use crate::trainer::sft_config::{SFTConfig, SftLossType, TruncationMode};
 use crate::trainer::utils::{FusedCausalLMOutput, count, fused_lm_head_forward};
 
@@ -55,19 +59,6 @@ pub struct DataCollatorForLanguageModeling {
     pub padding_free: bool,
     /// `pad_to_multiple_of`.
     pub pad_to_multiple_of: Option<usize>,
-}
-
-fn pad_rows(rows: &[Vec<i64>], value: i64, multiple: Option<usize>) -> Result<Tensor> {
-    let mut len = rows.iter().map(Vec::len).max().unwrap_or(0);
-    if let Some(m) = multiple {
-        len = len.div_ceil(m) * m;
-    }
-    let mut flat = Vec::with_capacity(rows.len() * len);
-    for r in rows {
-        flat.extend_from_slice(r);
-        flat.extend(std::iter::repeat_n(value, len - r.len()));
-    }
-    Ok(Tensor::from_slice(&flat).f_reshape([rows.len() as i64, len as i64])?)
 }
 
 impl DataCollator<Feature> for DataCollatorForLanguageModeling {
@@ -89,10 +80,7 @@ impl DataCollator<Feature> for DataCollatorForLanguageModeling {
                 }
             });
         }
-        let pad = |rows: &[Vec<i64>], v: i64| {
-            pad_rows(rows, v, self.pad_to_multiple_of)
-                .map_err(|e| tchtrain_collators::Error::Torch(tch::TchError::Torch(e.to_string())))
-        };
+        let pad = |rows: &[Vec<i64>], v: i64| pad_batch(rows, v, self.pad_to_multiple_of);
         let mut batch = Batch::new();
         if self.padding_free {
             // `get_position_ids_from_packed_seq_lengths`, or each row from 0.
@@ -135,71 +123,13 @@ impl DataCollator<Feature> for DataCollatorForLanguageModeling {
     }
 }
 
-/// The logged metrics of one mode (TRL's `_metrics[mode]`: each key's values since the last
-/// log, in first-seen order).
-#[derive(Debug, Default)]
-struct ModeMetrics(Vec<(String, Vec<f64>)>);
-
-impl ModeMetrics {
-    fn push(&mut self, key: &str, value: f64) {
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some((_, v)) => v.push(value),
-            None => self.0.push((key.to_string(), vec![value])),
-        }
-    }
-
-    fn set(&mut self, key: &str, value: f64) {
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some((_, v)) => *v = vec![value],
-            None => self.0.push((key.to_string(), vec![value])),
-        }
-    }
-
-    /// `{key: sum(val) / len(val)}`, then cleared.
-    fn take_means(&mut self) -> Vec<(String, f64)> {
-        std::mem::take(&mut self.0)
-            .into_iter()
-            .map(|(k, v)| {
-                let n = v.len() as f64;
-                (k, v.into_iter().fold(0.0, |a, x| a + x) / n)
-            })
-            .collect()
-    }
-}
-
-#[derive(Debug, Default)]
-struct SftState {
-    train: ModeMetrics,
-    eval: ModeMetrics,
-    total_train_tokens: i64,
-}
-
 /// The SFT trainer's overrides of the Trainer (`compute_loss`, `prediction_step`, `log`).
 struct SftHooks {
-    state: Arc<Mutex<SftState>>,
+    metrics: SharedMetrics,
     loss_type: SftLossType,
 }
 
-fn hook_error(e: Error) -> tchtrain_trainer::Error {
-    match e {
-        Error::Trainer(e) => e,
-        Error::Torch(e) => tchtrain_trainer::Error::Torch(e),
-        Error::Models(e) => tchtrain_trainer::Error::Model(e),
-        other => tchtrain_trainer::Error::InvalidArgument {
-            field: "sft",
-            detail: other.to_string(),
-        },
-    }
-}
-
 impl SftHooks {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SftState> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
     /// `SFTTrainer.compute_loss`: the fused forward, the per-token loss summed over
     /// `num_items_in_batch` (or the batch's label count), and the metrics recorded.
     fn loss(
@@ -216,10 +146,7 @@ impl SftHooks {
         })?;
         let mi = model_inputs(inputs);
         let out: FusedCausalLMOutput = {
-            let _autocast = ctx
-                .accelerator
-                .autocast()
-                .map_err(|e| Error::Trainer(tchtrain_trainer::Error::Accelerate(e)))?;
+            let _autocast = ctx.accelerator.autocast()?;
             fused_lm_head_forward(model, &mi, labels)?
         };
         let mut per_token_loss = out.log_probs.f_neg()?;
@@ -250,7 +177,7 @@ impl SftHooks {
         } else {
             (0.0, 0.0)
         };
-        let mut state = self.lock();
+        let mut state = self.metrics.lock();
         let tokens_in_batch = if training {
             match (inputs.get("attention_mask"), inputs.get("position_ids")) {
                 (Some(mask), _) => Some(mask.f_sum(Kind::Int64)?.int64_value(&[])),
@@ -271,11 +198,7 @@ impl SftHooks {
             state.total_train_tokens += n;
         }
         let total = state.total_train_tokens as f64;
-        let metrics = if training {
-            &mut state.train
-        } else {
-            &mut state.eval
-        };
+        let metrics = state.mode(training);
         metrics.push("entropy", entropy);
         metrics.push("mean_token_accuracy", accuracy);
         metrics.set("num_tokens", total);
@@ -340,26 +263,10 @@ impl TrainerHooks for SftHooks {
     fn log(
         &self,
         trainer: &mut Trainer,
-        mut logs: Vec<(String, f64)>,
+        logs: Vec<(String, f64)>,
         start_time: Option<Instant>,
     ) -> tchtrain_trainer::Result<()> {
-        let training = trainer.model().is_training();
-        let metrics = {
-            let mut state = self.lock();
-            if training {
-                state.train.take_means()
-            } else {
-                state.eval.take_means()
-            }
-        };
-        for (k, v) in metrics {
-            let k = if training { k } else { format!("eval_{k}") };
-            match logs.iter_mut().find(|(name, _)| *name == k) {
-                Some((_, old)) => *old = v,
-                None => logs.push((k, v)),
-            }
-        }
-        tchtrain_trainer::default_log(trainer, logs, start_time)
+        self.metrics.log(trainer, logs, start_time)
     }
 }
 
@@ -491,26 +398,8 @@ impl SFTTrainerBuilder {
                 detail: "vision datasets (an `image` / `images` column) are not supported here: a vision-language model is not implemented".into(),
             });
         }
-        // `chat_template_path`: a template file replaces the tokenizer's.
         let mut tokenizer = tokenizer;
-        if let Some(path) = &config.chat_template_path {
-            let is_template =
-                path.is_file() && path.extension().is_some_and(|e| e == "jinja" || e == "j2");
-            if !is_template {
-                return Err(Error::InvalidArgument {
-                    field: "chat_template_path",
-                    detail: format!(
-                        "{}: cloning another model's chat template and tokens (clone_chat_template) is not implemented here; give a .jinja or .j2 file",
-                        path.display()
-                    ),
-                });
-            }
-            let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
-                field: "chat_template_path",
-                detail: format!("{}: {e}", path.display()),
-            })?;
-            tokenizer.set_chat_template(Some(tchtrain_models::ChatTemplate::Single(text)));
-        }
+        set_chat_template_path(&mut tokenizer, config.chat_template_path.as_deref())?;
         if config.assistant_only_loss {
             if !is_conversational(&first) {
                 return Err(Error::InvalidArgument {
@@ -551,48 +440,16 @@ impl SFTTrainerBuilder {
                 detail: "When `padding_free=True` without packing, `max_length` is not enforced. Either enable packing (e.g., `packing=True, packing_strategy='bfd'`), provide already truncated inputs, or set `max_length=None`. (TRL's message)".into(),
             });
         }
-        // The tokens TRL reads.
-        let vocab_id = |token: &str, field: &'static str| -> Result<i64> {
-            tokenizer
-                .tokenizer()
-                .token_to_id(token)
-                .map(i64::from)
-                .ok_or_else(|| Error::InvalidArgument {
-                    field,
-                    detail: format!(
-                        "The specified `{field}` ('{token}') is not found in the vocabulary of the given `processing_class`. (TRL's message)"
-                    ),
-                })
-        };
-        let special = tokenizer.special_tokens_map();
-        let special_token = |name: &str| {
-            special
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let eos_token = match &config.eos_token {
-            Some(t) => {
-                vocab_id(t, "eos_token")?;
-                Some(t.clone())
-            }
-            None => special_token("eos_token"),
-        };
-        let pad_token = config
-            .pad_token
-            .clone()
-            .or_else(|| special_token("pad_token"))
-            .or_else(|| eos_token.clone())
-            .ok_or_else(|| Error::InvalidArgument {
-                field: "pad_token",
-                detail: "the tokenizer has neither a pad token nor an EOS token; set pad_token"
-                    .into(),
-            })?;
-        let pad_token_id = vocab_id(&pad_token, "pad_token")?;
+        let tokens = TrainerTokens::resolve(
+            &tokenizer,
+            config.eos_token.as_deref(),
+            config.pad_token.as_deref(),
+        )?;
+        let pad_token_id = tokens.pad_token_id;
         let prep = Preparer {
             tokenizer: &tokenizer,
             config: &config,
-            eos_token: eos_token.as_deref(),
+            eos_token: tokens.eos_token.as_deref(),
             completion_only_loss,
             formatting_func: formatting_func.as_ref(),
         };
@@ -620,7 +477,6 @@ impl SFTTrainerBuilder {
             }
             None => model,
         };
-        let state = Arc::new(Mutex::new(SftState::default()));
         let mut builder = Trainer::builder(model, config.base.clone())
             .processing_class(tokenizer.clone())
             .data_collator(DataCollatorForLanguageModeling {
@@ -629,7 +485,7 @@ impl SFTTrainerBuilder {
                 pad_to_multiple_of: config.pad_to_multiple_of,
             })
             .hooks(SftHooks {
-                state,
+                metrics: SharedMetrics::default(),
                 loss_type: config.loss_type,
             })
             .train_dataset(InMemoryDataset::new(train_rows));
@@ -643,22 +499,6 @@ impl SFTTrainerBuilder {
             trainer: builder.build()?,
         })
     }
-}
-
-/// Row `i` of `table` as an object.
-fn row(table: &Table, i: usize, dataset: &str) -> Result<Map<String, Value>> {
-    if i >= table.len() {
-        return Err(Error::Dataset {
-            dataset: dataset.into(),
-            row: i,
-            detail: "the dataset is empty".into(),
-        });
-    }
-    let mut m = Map::new();
-    for c in table.columns() {
-        m.insert(c.clone(), table.cell(i, c)?.clone());
-    }
-    Ok(m)
 }
 
 /// One tokenized row before its labels: `input_ids`, and the completion mask of a
@@ -701,33 +541,13 @@ impl Preparer<'_> {
         add_generation_prompt: bool,
         with_mask: bool,
     ) -> Result<(Vec<i64>, Option<Vec<i64>>)> {
-        let tools = match example.get("tools") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(v) => Some(v.to_string()),
-        };
-        let template_kwargs = match example.get("chat_template_kwargs") {
-            Some(Value::Object(m)) => m.clone(),
-            _ => Map::new(),
-        };
-        let options = ChatTemplateOptions {
+        tokenize_messages(
+            self.tokenizer,
+            messages,
+            example,
             add_generation_prompt,
-            tools,
-            template_kwargs,
-            ..ChatTemplateOptions::default()
-        };
-        if with_mask {
-            let (f, mask) = self
-                .tokenizer
-                .apply_chat_template_with_assistant_mask(&messages.to_string(), &options)?;
-            return Ok((f.input_ids, Some(mask)));
-        }
-        Ok((
-            self.tokenizer
-                .apply_chat_template(&messages.to_string(), &options)?
-                .input_ids,
-            None,
-        ))
+            with_mask,
+        )
     }
 
     fn tokenize(&self, example: &Map<String, Value>, dataset: &str, i: usize) -> Result<Tokenized> {
@@ -936,8 +756,4 @@ impl Preparer<'_> {
             .map(|(ids, labels)| Feature::new(ids).with_labels(Label::Ids(labels)))
             .collect())
     }
-}
-
-fn ids_of(v: Option<&Value>) -> Option<Vec<i64>> {
-    v?.as_array()?.iter().map(Value::as_i64).collect()
 }

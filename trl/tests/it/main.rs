@@ -1,4 +1,6 @@
 //! The integration tests of tchtrain-trl, one binary (a module per trainer). Every test takes
 //! `tchtrain_testing::lock` (libtorch's global generator and allocator are process-wide).
 
+mod common;
+mod reward;
 mod sft;

@@ -10,8 +10,9 @@ use tch::Device;
 use tchtrain_datasets::Table;
 use tchtrain_models::{AutoTask, LoadOptions, LoraConfig, from_pretrained_dir};
 use tchtrain_testing::{assets, lock, temp_dir};
-use tchtrain_training_args::JsonMap;
 use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType};
+
+use crate::common::assert_logs_equal;
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_sft")
@@ -20,39 +21,6 @@ fn dir() -> std::path::PathBuf {
 fn table(name: &str) -> Result<Table> {
     let path = dir().join("data").join(name);
     Table::read(&path).with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))
-}
-
-/// Every value of every entry equal to TRL's but the timings.
-fn assert_logs_equal(case: &str, ours: &[JsonMap], theirs: &serde_json::Value) -> Result<()> {
-    let theirs = theirs.as_array().context("log_history")?;
-    ensure!(
-        ours.len() == theirs.len(),
-        "{case}: {} entries vs {}",
-        ours.len(),
-        theirs.len()
-    );
-    let timing = |k: &str| k.ends_with("_runtime") || k.ends_with("_per_second");
-    let mut bad = Vec::new();
-    for (i, (o, e)) in ours.iter().zip(theirs).enumerate() {
-        let e = e.as_object().context("entry")?;
-        let mut mine: Vec<&str> = o.iter().map(|(k, _)| k).filter(|k| !timing(k)).collect();
-        let mut want: Vec<&str> = e
-            .keys()
-            .map(String::as_str)
-            .filter(|k| !timing(k))
-            .collect();
-        mine.sort();
-        want.sort();
-        ensure!(mine == want, "{case} entry {i}: keys {mine:?} vs {want:?}");
-        for k in want {
-            let (a, b) = (o.get(k).and_then(|v| v.as_f64()), e[k].as_f64());
-            if a != b {
-                bad.push(format!("entry {i}: {k} = {a:?}, TRL's {b:?}"));
-            }
-        }
-    }
-    ensure!(bad.is_empty(), "{case}: {}", bad.join("\n"));
-    Ok(())
 }
 
 /// The reference's settings: batches of 4, 8 steps at lr 1e-3, logs every 2 steps and an
