@@ -403,6 +403,20 @@ pub trait TrainableModel: Send {
         false
     }
 
+    /// peft's `disable_adapter()`: while `disabled`, the forward runs the base model without
+    /// its adapters (TRL's reference model of adapter-based DPO / GRPO). A model without
+    /// adapters refuses, naming the fix.
+    fn set_adapters_disabled(&self, disabled: bool) -> Result<()> {
+        let _ = disabled;
+        Err(crate::Error::InvalidArgument {
+            field: "disable_adapter",
+            detail: format!(
+                "{} has no adapter to disable: wrap it with get_peft_model first",
+                self.model_name()
+            ),
+        })
+    }
+
     /// Records the `quantization_config` a 4-bit load used in the model's `config.json`
     /// (transformers writes it when it saves a quantized model). Models that cannot be
     /// loaded in 4 bits here refuse, naming the fix.

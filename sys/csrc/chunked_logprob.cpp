@@ -1,6 +1,7 @@
 // TRL's `ChunkedLogProbFunction` (`trl/kernels/chunked_logprob.py`) on devices without Triton:
-// the per-token log-probabilities of `hidden @ weight.T` (and the entropy, whether the target is
-// the first maximum) without materializing the `[N, V]` logits. The projection runs on tiles of
+// the per-token log-probabilities of `hidden @ weight.T` (and on request the entropy,
+// `log(sum_v p_v^2)`, the mean logit and whether the target is the first maximum) without
+// materializing the `[N, V]` logits. The projection runs on tiles of
 // 4096 tokens x `chunk_size` vocabulary entries folded into online-logsumexp statistics in
 // float32; the backward recomputes each tile, turns it into the logits' gradient in place and
 // accumulates the gradients' products in float32. Every operation is the Python fallback's
@@ -42,7 +43,8 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
                                                 const at::Tensor& targets, bool has_bias,
                                                 double temperature, int64_t chunk_size,
                                                 double softcap, double logit_scale,
-                                                bool want_entropy, bool want_top1) {
+                                                bool want_entropy, bool want_top1,
+                                                bool want_log_sum_sq, bool want_mean_logits) {
     ctx->set_materialize_grads(false);
     // An absent bias travels as an empty tensor (an undefined input has no metadata for the
     // node), and is undefined from here on.
@@ -61,6 +63,8 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
     at::Tensor running_max = at::full({N}, -inf, f32);
     at::Tensor sum_exp = at::zeros({N}, f32);
     at::Tensor x_sum_exp = at::zeros({N}, f32);
+    at::Tensor sq_sum_exp = at::zeros({N}, f32);
+    at::Tensor z_sum = at::zeros({N}, f32);
     at::Tensor max_before_target = at::full({N}, -inf, f32);
     at::Tensor target_logit = at::zeros({N}, f32);
     at::Tensor mm_buf = at::empty({std::min(N, LOGPROB_TOKEN_CHUNK), chunk_size},
@@ -76,6 +80,8 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
         at::Tensor rm = running_max.slice(0, ts, te);
         at::Tensor se = sum_exp.slice(0, ts, te);
         at::Tensor xse = x_sum_exp.slice(0, ts, te);
+        at::Tensor sse = sq_sum_exp.slice(0, ts, te);
+        at::Tensor zs = z_sum.slice(0, ts, te);
         at::Tensor mbt = max_before_target.slice(0, ts, te);
         at::Tensor tl = target_logit.slice(0, ts, te);
         for (int64_t start = 0; start < vocab; start += chunk_size) {
@@ -89,6 +95,9 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
           // `_forward_tile`.
           at::Tensor z = logprob_transform(tile.to(at::kFloat), k);
           at::Tensor local = tg - start;
+          if (want_mean_logits) {
+            zs.add_(z.sum(-1));
+          }
           if (want_top1) {
             at::Tensor before_target =
                 at::arange(n_cols, tg.options()) < local.unsqueeze(-1);
@@ -102,6 +111,9 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
           if (want_entropy) {
             xse.mul_(rescale).add_((e * z).sum(-1));
           }
+          if (want_log_sum_sq) {
+            sse.mul_(rescale * rescale).add_((e * e).sum(-1));
+          }
           rm.copy_(new_m);
           at::Tensor in_tile = (local >= 0).logical_and(local < n_cols);
           at::Tensor target_z =
@@ -113,11 +125,15 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
     at::Tensor log_z = running_max + at::log(sum_exp);
     at::Tensor logprobs = target_logit - log_z;
     at::Tensor entropy = want_entropy ? log_z - x_sum_exp / sum_exp : at::Tensor();
+    at::Tensor log_sum_sq_probs =
+        want_log_sum_sq ? at::log(sq_sum_exp) - 2 * at::log(sum_exp) : at::Tensor();
+    at::Tensor mean_logits = want_mean_logits ? z_sum / vocab : at::Tensor();
     at::Tensor is_top1 =
         want_top1 ? (target_logit >= running_max).logical_and(target_logit > max_before_target)
                   : at::Tensor();
     ctx->save_for_backward({hidden, weight, bias_or_empty, targets, log_z,
                             entropy.defined() ? entropy : log_z});
+    ctx->saved_data["has_entropy"] = entropy.defined();
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["compute"] = static_cast<int64_t>(compute);
     ctx->saved_data["chunk_size"] = chunk_size;
@@ -125,10 +141,23 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
     ctx->saved_data["softcap"] = k.softcap;
     ctx->saved_data["inv_t"] = k.inv_t;
     ctx->saved_data["has_softcap"] = k.has_softcap;
-    if (is_top1.defined()) {
-      ctx->mark_non_differentiable({is_top1});
-    }
-    return {logprobs, entropy, is_top1};
+    // An output not asked for is an empty placeholder (a custom function's outputs must be
+    // defined), dropped by the caller.
+    torch::autograd::variable_list non_differentiable;
+    auto placeholder = [&](at::Tensor& t, bool differentiable) {
+      if (!t.defined()) {
+        t = at::empty({0}, f32);
+        non_differentiable.push_back(t);
+      } else if (!differentiable) {
+        non_differentiable.push_back(t);
+      }
+    };
+    placeholder(entropy, true);
+    placeholder(log_sum_sq_probs, false);
+    placeholder(mean_logits, false);
+    placeholder(is_top1, false);
+    ctx->mark_non_differentiable(non_differentiable);
+    return {logprobs, entropy, log_sum_sq_probs, mean_logits, is_top1};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -156,8 +185,10 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
     at::Tensor mm_buf = at::empty({std::min(N, LOGPROB_TOKEN_CHUNK), chunk_size},
                                   at::TensorOptions().device(hidden.device()).dtype(compute));
     at::Tensor grad_lp = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
-    at::Tensor grad_ent =
-        grads.size() > 1 && grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    at::Tensor grad_ent = ctx->saved_data["has_entropy"].toBool() && grads.size() > 1 &&
+                                  grads[1].defined()
+                              ? grads[1].to(at::kFloat).contiguous()
+                              : at::Tensor();
     for (int64_t ts = 0; ts < N; ts += LOGPROB_TOKEN_CHUNK) {
       const int64_t te = std::min(ts + LOGPROB_TOKEN_CHUNK, N);
       const int64_t n = te - ts;
@@ -211,7 +242,7 @@ struct ChunkedLogProb : public torch::autograd::Function<ChunkedLogProb> {
         }
       }
     }
-    torch::autograd::variable_list out(11);
+    torch::autograd::variable_list out(13);
     if (need_hidden) out[0] = grad_hidden.to(hidden.scalar_type());
     if (need_weight) out[1] = grad_weight.to(weight.scalar_type());
     if (need_bias) out[2] = grad_bias.to(bias.scalar_type());
@@ -225,20 +256,23 @@ extern "C" {
 
 // `ChunkedLogProbFunction.apply(hidden [N, H], weight [V, H], bias [V] or null, targets [N],
 // temperature, chunk_size, final_logit_softcapping (NaN: none), logit_scale, outputs)` with the
-// log-probabilities always computed, the entropy when `want_entropy`, `is_top1` when
-// `want_top1`: the outputs in `out[0..3]` (null where not computed).
+// log-probabilities always computed and the optional outputs when asked: the log-probabilities,
+// entropy, `log(sum_v p_v^2)`, mean logit and `is_top1` in `out[0..5]` (null where not
+// computed).
 char* tchtrain_chunked_logprob(const at::Tensor* hidden, const at::Tensor* weight,
                                const at::Tensor* bias, const at::Tensor* targets,
                                double temperature, int64_t chunk_size, double softcap,
                                double logit_scale, bool want_entropy, bool want_top1,
-                               at::Tensor** out) {
+                               bool want_log_sum_sq, bool want_mean_logits, at::Tensor** out) {
   return tchtrain::guarded([&] {
     at::Tensor b = bias != nullptr ? *bias : at::empty({0}, hidden->options());
-    auto outputs =
-        ChunkedLogProb::apply(*hidden, *weight, b, *targets, bias != nullptr, temperature,
-                              chunk_size, softcap, logit_scale, want_entropy, want_top1);
-    for (size_t i = 0; i < 3; ++i) {
-      out[i] = outputs[i].defined() ? new at::Tensor(outputs[i]) : nullptr;
+    auto outputs = ChunkedLogProb::apply(*hidden, *weight, b, *targets, bias != nullptr,
+                                         temperature, chunk_size, softcap, logit_scale,
+                                         want_entropy, want_top1, want_log_sum_sq,
+                                         want_mean_logits);
+    const bool wanted[5] = {true, want_entropy, want_log_sum_sq, want_mean_logits, want_top1};
+    for (size_t i = 0; i < 5; ++i) {
+      out[i] = wanted[i] && outputs[i].defined() ? new at::Tensor(outputs[i]) : nullptr;
     }
   });
 }

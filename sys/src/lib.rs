@@ -193,6 +193,8 @@ unsafe extern "C" {
         logit_scale: f64,
         want_entropy: bool,
         want_top1: bool,
+        want_log_sum_sq: bool,
+        want_mean_logits: bool,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;
 }

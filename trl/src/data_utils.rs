@@ -35,6 +35,67 @@ pub fn common_prefix_length(ids: &[i64], other_ids: &[i64]) -> usize {
         .count()
 }
 
+/// `extract_prompt(example)`: the longest common prefix of `chosen` and `rejected` (message
+/// by message, or character by character for text, a space before the first difference left
+/// to the completions) as `prompt`, the rest as the completions. Returns `None` when they are
+/// not both lists or both strings. As upstream's loop, when one is a prefix of the other the
+/// prompt stops one element short of the shorter.
+pub fn extract_prompt(chosen: &Value, rejected: &Value) -> Option<(Value, Value, Value)> {
+    fn split<T: PartialEq>(c: &[T], r: &[T], is_space: impl Fn(&T) -> bool) -> Option<usize> {
+        let n = c.len().min(r.len());
+        if n == 0 {
+            // Upstream's loop never binds `idx` (a NameError there).
+            return None;
+        }
+        let mut idx = n - 1;
+        for i in 0..n {
+            if c[i] != r[i] {
+                idx = i;
+                // `chosen[idx - 1]` with Python's negative index at 0.
+                let before = if i == 0 { c.len() - 1 } else { i - 1 };
+                if is_space(&c[before]) {
+                    idx = if i == 0 { usize::MAX } else { i - 1 };
+                }
+                break;
+            }
+        }
+        Some(idx)
+    }
+    match (chosen, rejected) {
+        (Value::String(c), Value::String(r)) => {
+            let (c, r): (Vec<char>, Vec<char>) = (c.chars().collect(), r.chars().collect());
+            let idx = split(&c, &r, |x| *x == ' ')?;
+            // `idx = -1` slices `[:-1]` and `[-1:]`.
+            let (p, cs, rs) = if idx == usize::MAX {
+                (
+                    c[..c.len() - 1].iter().collect::<String>(),
+                    c[c.len() - 1..].iter().collect(),
+                    r[r.len() - 1..].iter().collect(),
+                )
+            } else {
+                (
+                    c[..idx].iter().collect::<String>(),
+                    c[idx..].iter().collect(),
+                    r[idx..].iter().collect(),
+                )
+            };
+            Some((Value::String(p), Value::String(cs), Value::String(rs)))
+        }
+        (Value::Array(c), Value::Array(r)) => {
+            let idx = split(c, r, |x| x.as_str() == Some(" "))?;
+            if idx == usize::MAX {
+                return None;
+            }
+            Some((
+                Value::Array(c[..idx].to_vec()),
+                Value::Array(c[idx..].to_vec()),
+                Value::Array(r[idx..].to_vec()),
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// `_tokenize(processing_class, messages, tools=..., **chat_template_kwargs)` for
 /// conversational input: `apply_chat_template(messages, tokenize=True)` with the row's
 /// `tools` (a list, or JSON text) and `chat_template_kwargs`, and with `with_mask` the
@@ -93,5 +154,22 @@ mod tests {
             serde_json::json!({"conversations": [{"from": "human", "value": "hi"}]})
         )));
         assert_eq!(common_prefix_length(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        // extract_prompt: the space before the difference goes to the completions.
+        let (p, c, r) = extract_prompt(
+            &Value::String("The sky is blue.".into()),
+            &Value::String("The sky is green.".into()),
+        )
+        .unwrap_or_else(|| (Value::Null, Value::Null, Value::Null));
+        assert_eq!(
+            (p.as_str(), c.as_str(), r.as_str()),
+            (Some("The sky is"), Some(" blue."), Some(" green."))
+        );
+        // One a prefix of the other: upstream's loop stops one short.
+        let (p, c, r) = extract_prompt(&Value::String("abc".into()), &Value::String("abcd".into()))
+            .unwrap_or_else(|| (Value::Null, Value::Null, Value::Null));
+        assert_eq!(
+            (p.as_str(), c.as_str(), r.as_str()),
+            (Some("ab"), Some("c"), Some("cd"))
+        );
     }
 }

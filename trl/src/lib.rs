@@ -1,12 +1,15 @@
 //! `tchtrain-trl` — TRL 1.16's trainers (`trl`) over the tchtrain Trainer, computed as trl
 //! computes them: `SFTTrainer` (supervised fine-tuning on text, prompt-completion and
 //! conversational datasets, with TRL's fused LM head, loss and logged metrics) and
-//! `RewardTrainer` (reward models on preference pairs).
+//! `RewardTrainer` (reward models on preference pairs) and `DPOTrainer` (direct preference
+//! optimization against a reference model, its loss types).
 //!
 //! | module | trl |
 //! |---|---|
 //! | [`trainer::sft_config`] | `trainer/sft_config.py` (`SFTConfig`, TRL's defaults) |
 //! | [`trainer::sft_trainer`] | `trainer/sft_trainer.py` (`SFTTrainer`, `DataCollatorForLanguageModeling`) |
+//! | [`trainer::dpo_config`] | `trainer/dpo_config.py` (`DPOConfig`) |
+//! | [`trainer::dpo_trainer`] | `trainer/dpo_trainer.py` (`DPOTrainer`, `DataCollatorForPreference`) |
 //! | [`trainer::reward_config`] | `trainer/reward_config.py` (`RewardConfig`) |
 //! | [`trainer::reward_trainer`] | `trainer/reward_trainer.py` (`RewardTrainer`, `DataCollatorForPreference`) |
 //! | [`trainer::utils`] | `trainer/utils.py` (`add_fused_lm_head`'s forward) |
@@ -20,6 +23,7 @@ pub mod trainer;
 
 pub use error::{Error, Result};
 pub use trainer::{
-    DataCollatorForLanguageModeling, DataCollatorForPreference, RewardConfig, RewardTrainer,
-    RewardTrainerBuilder, SFTConfig, SFTTrainer, SFTTrainerBuilder, SftLossType, TruncationMode,
+    DPOConfig, DPOTrainer, DPOTrainerBuilder, DataCollatorForLanguageModeling, DpoLossType,
+    FDivergenceType, RewardConfig, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
+    SFTTrainerBuilder, SftLossType, TruncationMode,
 };

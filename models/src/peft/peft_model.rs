@@ -57,6 +57,8 @@ pub struct PeftModel {
     active: String,
     /// The adapters merged into the base weights (`merge_adapter`), in merge order.
     merged: Vec<String>,
+    /// Inside peft's `disable_adapter()`: the forward runs the base model alone.
+    adapters_disabled: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for PeftModel {
@@ -85,6 +87,7 @@ pub fn get_peft_model(base: Box<dyn PreTrainedModel>, config: LoraConfig) -> Res
         adapters: Vec::new(),
         active: DEFAULT_ADAPTER.to_string(),
         merged: Vec::new(),
+        adapters_disabled: std::sync::atomic::AtomicBool::new(false),
     };
     model.create(DEFAULT_ADAPTER, adapter)?;
     // peft's `inject_adapter`: `set_adapter(..., inference_mode=config.inference_mode)`.
@@ -933,14 +936,9 @@ fn several_with_trained_base(name: &str) -> Error {
 }
 
 impl PeftModel {
-    /// Runs `f` (the base model's forward or encoder) with the active adapter's layers
-    /// applied (and every merged adapter's layers left to their base weights); with
-    /// `check_all_ran`, an adapted layer `f` never reached is an error.
-    fn with_active_adapters<R>(
-        &self,
-        check_all_ran: bool,
-        f: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
+    /// Fills the parts' LoRA slots with the active adapter (every merged adapter's layers
+    /// left to their base weights): the adapted layers' slots, and the layers never named.
+    fn fill_slots(&self) -> Result<(Vec<(String, tchtrain_nn::LoraSlot)>, Vec<String>)> {
         let adapter = self.active_adapter_entry();
         // peft: a layer any merged adapter lives in runs its (merged) base weight alone.
         let merged: HashSet<String> = self
@@ -949,7 +947,7 @@ impl PeftModel {
             .filter(|(n, _)| self.merged.contains(n))
             .flat_map(|(_, a)| a.layers.iter().map(|l| l.module.clone()))
             .collect();
-        let (filled, mut missed) = lora::set_adapters(
+        lora::set_adapters(
             self.base.context(),
             self.base.var_store(),
             &adapter.layers,
@@ -957,7 +955,34 @@ impl PeftModel {
             adapter.config.lora_dropout,
             self.base.is_training(),
             &merged,
-        )?;
+        )
+    }
+
+    /// Runs `f` (the base model's forward or encoder) with the active adapter's layers
+    /// applied (and every merged adapter's layers left to their base weights); with
+    /// `check_all_ran`, an adapted layer `f` never reached is an error.
+    fn with_active_adapters<R>(
+        &self,
+        check_all_ran: bool,
+        f: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        if self
+            .adapters_disabled
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // peft's `disable_adapter()`: every adapted layer runs its base layer alone.
+            lora::set_adapters(
+                self.base.context(),
+                self.base.var_store(),
+                &[],
+                &self.active,
+                0.0,
+                false,
+                &HashSet::new(),
+            )?;
+            return f();
+        }
+        let (filled, mut missed) = self.fill_slots()?;
         let out = f()?;
         missed.extend(
             filled
@@ -1060,6 +1085,41 @@ impl TrainableModel for PeftModel {
     }
     fn has_adapter(&self) -> bool {
         true
+    }
+    /// peft's `disable_adapter()` context: the base model alone while `disabled`. Refused
+    /// while adapters are merged (peft unmerges them; do so first) and when the active
+    /// adapter trains base weights (`modules_to_save`, biases): peft keeps their originals
+    /// beside the trained copies, which are the module itself here.
+    fn set_adapters_disabled(&self, disabled: bool) -> Result<()> {
+        if disabled {
+            if !self.merged.is_empty() {
+                return Err(Error::InvalidArgument {
+                    field: "disable_adapter",
+                    detail: format!(
+                        "the adapters {:?} are merged into the base weights; unmerge_adapter first",
+                        self.merged
+                    ),
+                });
+            }
+            let trained = &self.active_adapter_entry().trained_base;
+            if !trained.is_empty() {
+                return Err(Error::InvalidArgument {
+                    field: "disable_adapter",
+                    detail: format!(
+                        "the adapter trains the base variables {trained:?} (modules_to_save or biases), whose originals are not kept here: the base model cannot be recovered; drop modules_to_save / bias, or give a separate reference model"
+                    ),
+                });
+            }
+        }
+        let was = self
+            .adapters_disabled
+            .swap(disabled, std::sync::atomic::Ordering::SeqCst);
+        if was && !disabled {
+            // The slots hold the adapter again at once: a checkpointed layer recomputed in
+            // the backward of an earlier forward runs with it, as peft's re-enabled layers.
+            self.fill_slots()?;
+        }
+        Ok(())
     }
     fn accepts_loss_kwargs(&self) -> bool {
         self.base.accepts_loss_kwargs()

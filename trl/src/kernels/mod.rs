@@ -2,4 +2,6 @@
 
 pub mod chunked_logprob;
 
-pub use chunked_logprob::{CHUNKED_LOGPROB_CHUNK_SIZE, ChunkedLogProbs, chunked_logprob};
+pub use chunked_logprob::{
+    CHUNKED_LOGPROB_CHUNK_SIZE, ChunkedLogProbs, LogProbOutputs, chunked_logprob,
+};

@@ -2,14 +2,18 @@
 
 pub(crate) mod base_config;
 pub(crate) mod base_trainer;
+pub mod dpo_config;
+pub mod dpo_trainer;
 pub mod reward_config;
 pub mod reward_trainer;
 pub mod sft_config;
 pub mod sft_trainer;
 pub mod utils;
 
+pub use dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
+pub use dpo_trainer::{DPOTrainer, DPOTrainerBuilder};
 pub use reward_config::RewardConfig;
-pub use reward_trainer::{DataCollatorForPreference, RewardTrainer, RewardTrainerBuilder};
+pub use reward_trainer::{RewardTrainer, RewardTrainerBuilder};
 pub use sft_config::{SFTConfig, SftLossType, TruncationMode};
 pub use sft_trainer::{
     DataCollatorForLanguageModeling, FormattingFunc, SFTTrainer, SFTTrainerBuilder,

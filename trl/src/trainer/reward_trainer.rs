@@ -29,8 +29,8 @@ use tchtrain_collators::{Batch, Column, DataCollator, Feature};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::Table;
 use tchtrain_models::{
-    AutoTask, LoadDtype, LoadOptions, LoraConfig, ModelOutput, PreTrainedModel,
-    PreTrainedTokenizerFast, TrainableModel, from_pretrained_dir, get_peft_model,
+    AutoTask, LoadOptions, LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast,
+    TrainableModel, from_pretrained_dir, get_peft_model,
 };
 use tchtrain_trainer::{
     PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
@@ -300,8 +300,7 @@ impl RewardTrainer {
     }
 
     /// `RewardTrainer(model="path", ...)`: the checkpoint loaded at build, after the seed, as
-    /// `AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
-    /// dtype=float32)` (a causal LM's checkpoint gets a freshly drawn `score` and drops its LM
+    /// `AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)` (a causal LM's checkpoint gets a freshly drawn `score` and drops its LM
     /// head, as TRL loads it).
     pub fn builder_from_pretrained(
         path: impl Into<PathBuf>,
@@ -380,10 +379,8 @@ impl RewardTrainerBuilder {
         tch::manual_seed(config.base.seed as i64);
         let mut model = match model {
             ModelArg::Path(path) => {
-                let options = LoadOptions {
-                    dtype: LoadDtype::Kind(Kind::Float),
-                    ..LoadOptions::default()
-                };
+                // TRL's `create_model_from_path` passes no dtype: transformers' "auto".
+                let options = LoadOptions::default();
                 let task = AutoTask::SequenceClassification {
                     num_labels: Some(1),
                 };

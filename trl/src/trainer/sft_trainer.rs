@@ -41,6 +41,7 @@ use crate::data_utils::{
     common_prefix_length, is_conversational, is_conversational_from_value, tokenize_messages,
 };
 use crate::error::{Error, Result};
+use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
     SharedMetrics, TrainerTokens, hook_error, ids_of, pad_batch, row, set_chat_template_path,
 };
@@ -147,7 +148,12 @@ impl SftHooks {
         let mi = model_inputs(inputs);
         let out: FusedCausalLMOutput = {
             let _autocast = ctx.accelerator.autocast()?;
-            fused_lm_head_forward(model, &mi, labels)?
+            let outputs = LogProbOutputs {
+                entropy: true,
+                is_top1: true,
+                ..LogProbOutputs::default()
+            };
+            fused_lm_head_forward(model, &mi, labels, outputs)?
         };
         let mut per_token_loss = out.log_probs.f_neg()?;
         if self.loss_type == SftLossType::Dft {
@@ -167,8 +173,11 @@ impl SftHooks {
         }
         // Entropy and token accuracy (zero on the ignored positions).
         let valid = num_valid.int64_value(&[]);
-        let entropy_sum = out.entropy.f_detach()?.f_sum(Kind::Float)?;
-        let num_correct = out.is_top1.f_sum(Kind::Int64)?;
+        let entropy_sum = FusedCausalLMOutput::required(&out.entropy, "entropy")?
+            .f_detach()?
+            .f_sum(Kind::Float)?;
+        let num_correct =
+            FusedCausalLMOutput::required(&out.is_top1, "is_top1")?.f_sum(Kind::Int64)?;
         let (entropy, accuracy) = if valid > 0 {
             (
                 entropy_sum.f_div(&num_valid)?.double_value(&[]),

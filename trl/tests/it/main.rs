@@ -2,5 +2,6 @@
 //! `tchtrain_testing::lock` (libtorch's global generator and allocator are process-wide).
 
 mod common;
+mod dpo;
 mod reward;
 mod sft;
