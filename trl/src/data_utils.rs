@@ -159,14 +159,14 @@ mod tests {
             &Value::String("The sky is blue.".into()),
             &Value::String("The sky is green.".into()),
         )
-        .unwrap_or_else(|| (Value::Null, Value::Null, Value::Null));
+        .unwrap_or((Value::Null, Value::Null, Value::Null));
         assert_eq!(
             (p.as_str(), c.as_str(), r.as_str()),
             (Some("The sky is"), Some(" blue."), Some(" green."))
         );
         // One a prefix of the other: upstream's loop stops one short.
         let (p, c, r) = extract_prompt(&Value::String("abc".into()), &Value::String("abcd".into()))
-            .unwrap_or_else(|| (Value::Null, Value::Null, Value::Null));
+            .unwrap_or((Value::Null, Value::Null, Value::Null));
         assert_eq!(
             (p.as_str(), c.as_str(), r.as_str()),
             (Some("ab"), Some("c"), Some("cd"))

@@ -677,7 +677,7 @@ pub(crate) fn create_adapters(
 }
 
 /// The adapted parts' slots by module name, and the adapted layers no part is named after.
-type FilledSlots = (Vec<(String, LoraSlot)>, Vec<String>);
+pub(crate) type FilledSlots = (Vec<(String, LoraSlot)>, Vec<String>);
 
 /// Fills the LoRA slots of the model whose parts share `ctx` for a forward: each part
 /// adapted in `layers` gets the adapter named `adapter`, read from `vs` (so a dtype or

@@ -938,7 +938,7 @@ fn several_with_trained_base(name: &str) -> Error {
 impl PeftModel {
     /// Fills the parts' LoRA slots with the active adapter (every merged adapter's layers
     /// left to their base weights): the adapted layers' slots, and the layers never named.
-    fn fill_slots(&self) -> Result<(Vec<(String, tchtrain_nn::LoraSlot)>, Vec<String>)> {
+    fn fill_slots(&self) -> Result<lora::FilledSlots> {
         let adapter = self.active_adapter_entry();
         // peft: a layer any merged adapter lives in runs its (merged) base weight alone.
         let merged: HashSet<String> = self
