@@ -431,6 +431,22 @@ pub(crate) mod refusals {
     };
 }
 
+/// A length flag that may be `None` (TRL's `max_length`).
+pub(crate) fn none_or_usize<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<usize>, D::Error> {
+    use serde::Deserialize;
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(s) if s == "None" || s == "null" => Ok(None),
+        serde_json::Value::String(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+        v => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| serde::de::Error::custom(format!("{v}: a length or None"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

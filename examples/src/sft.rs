@@ -21,46 +21,30 @@
 //! # Ok::<(), tchtrain_examples::Error>(())
 //! ```
 
-use std::path::Path;
-
 use tch::Device;
-use tchtrain_datasets::{PackingStrategy, Table};
-use tchtrain_models::{AutoTask, LoadDtype, LoadOptions, from_pretrained_dir};
-use tchtrain_training_args::{Dataclass, FieldSpec, IntervalStrategy, TrainingArguments};
+use tchtrain_datasets::PackingStrategy;
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_training_args::{Dataclass, FieldSpec, TrainingArguments};
 use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType, TruncationMode};
 
 use super::ExampleOutput;
-use super::args::{self, ScriptCommandLine, refusals};
-use super::common;
+use super::args::{self, ScriptCommandLine};
 use super::peft_args::{self, PeftArguments};
-use crate::error::{Error, Result};
+use super::trl_script::{self, TrlScriptArguments};
+use crate::error::Result;
 
-/// TRL's `ScriptArguments` and `ModelConfig` (the model fields) and the SFT fields of
+/// TRL's `ScriptArguments` and `ModelConfig` (the model fields), and the SFT fields of
 /// `SFTConfig`.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SftArguments {
-    /// `--dataset_name`: a local folder of data files or a hub dataset.
-    pub dataset_name: Option<String>,
-    /// `--dataset_config`.
-    pub dataset_config: Option<String>,
-    /// `--dataset_train_split` (`train`).
-    pub dataset_train_split: String,
-    /// `--dataset_test_split` (`test`).
-    pub dataset_test_split: String,
-    /// `--dataset_streaming` (refused).
-    pub dataset_streaming: bool,
-    /// `--model_name_or_path`.
-    pub model_name_or_path: Option<String>,
-    /// `--model_revision` (`main`).
-    pub model_revision: String,
-    /// `--dtype` (`auto`... as the checkpoint).
-    #[serde(default, deserialize_with = "args::from_str")]
-    pub dtype: LoadDtype,
+    /// TRL's `ScriptArguments` and the model fields of `ModelConfig`.
+    #[serde(skip)]
+    pub script: TrlScriptArguments,
     /// `--dataset_text_field` (`text`).
     pub dataset_text_field: String,
     /// `--max_length` (1024; `None`: no truncation).
-    #[serde(deserialize_with = "none_or_usize")]
+    #[serde(deserialize_with = "args::none_or_usize")]
     pub max_length: Option<usize>,
     /// `--truncation_mode` (`keep_start`).
     pub truncation_mode: String,
@@ -95,78 +79,6 @@ pub struct SftArguments {
     #[serde(skip)]
     pub peft: PeftArguments,
 }
-
-fn none_or_usize<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<usize>, D::Error> {
-    use serde::Deserialize;
-    match serde_json::Value::deserialize(d)? {
-        serde_json::Value::Null => Ok(None),
-        serde_json::Value::String(s) if s == "None" || s == "null" => Ok(None),
-        serde_json::Value::String(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
-        v => v
-            .as_u64()
-            .map(|n| Some(n as usize))
-            .ok_or_else(|| serde::de::Error::custom(format!("{v}: a length or None"))),
-    }
-}
-
-/// TRL's `ScriptArguments`.
-static SCRIPT_ARGUMENTS: Dataclass = Dataclass {
-    name: "ScriptArguments",
-    fields: &[
-        FieldSpec::str(
-            "dataset_name",
-            "None",
-            "Path or name of the dataset to load (a local folder of data files, or a hub dataset).",
-        ),
-        FieldSpec::str("dataset_config", "None", "Dataset configuration name."),
-        FieldSpec::str(
-            "dataset_train_split",
-            "train",
-            "Dataset split to use for training.",
-        ),
-        FieldSpec::str(
-            "dataset_test_split",
-            "test",
-            "Dataset split to use for evaluation.",
-        ),
-        FieldSpec::bool(
-            "dataset_streaming",
-            false,
-            "Whether to stream the dataset (not supported here).",
-        ),
-    ],
-};
-
-/// TRL's `ModelConfig` (the model fields; its LoRA and quantization flags are
-/// [`peft_args::LORA_ARGUMENTS`]).
-static MODEL_CONFIG: Dataclass = Dataclass {
-    name: "ModelConfig",
-    fields: &[
-        FieldSpec::str(
-            "model_name_or_path",
-            "None",
-            "Model checkpoint for weights initialization.",
-        ),
-        FieldSpec::str("model_revision", "main", "Specific model version to use."),
-        FieldSpec::str(
-            "dtype",
-            "auto",
-            "Override the default `torch.dtype` and load the model under this dtype.",
-        ),
-        FieldSpec::bool(
-            "trust_remote_code",
-            false,
-            "Whether to allow for custom models defined on the Hub in their own modeling files.",
-        ),
-        FieldSpec::str(
-            "attn_implementation",
-            "None",
-            "Which attention implementation to use (the models' own here).",
-        ),
-    ],
-};
 
 /// The SFT fields of TRL's `SFTConfig`.
 static SFT_CONFIG: Dataclass = Dataclass {
@@ -252,8 +164,8 @@ static SFT_CONFIG: Dataclass = Dataclass {
 
 /// The command line: TRL's dataclasses and LoRA flags.
 pub const COMMAND_LINE: &[&Dataclass] = &[
-    &SCRIPT_ARGUMENTS,
-    &MODEL_CONFIG,
+    &trl_script::SCRIPT_ARGUMENTS,
+    &trl_script::MODEL_CONFIG,
     &SFT_CONFIG,
     &peft_args::LORA_ARGUMENTS,
 ];
@@ -261,42 +173,8 @@ pub const COMMAND_LINE: &[&Dataclass] = &[
 const LINE: ScriptCommandLine = ScriptCommandLine {
     title: "sft: supervised fine-tuning (TRL's trl sft, trl/scripts/sft.py)",
     dataclasses: COMMAND_LINE,
-    refused: &[
-        refusals::TRUST_REMOTE_CODE,
-        args::Refusal {
-            flag: "attn_implementation",
-            reason: "the models run their own attention here (sdpa's numbers); leave it unset",
-        },
-    ],
+    refused: trl_script::REFUSED,
 };
-
-/// TRL's defaults for the Trainer's flags (`_BaseConfig`, `SFTConfig`), put before the given
-/// ones so that a flag given wins (the last value of a flag is the one kept); `--bf16` unless
-/// `--fp16` is given (`bf16=None` resolves to `not fp16`). A JSON file is read as it is.
-fn with_trl_defaults(argv: Vec<String>) -> Vec<String> {
-    if argv.len() == 1 && argv[0].ends_with(".json") {
-        return argv;
-    }
-    let mut out: Vec<String> = [
-        "--learning_rate",
-        "2e-5",
-        "--logging_steps",
-        "10",
-        "--gradient_checkpointing",
-        "True",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let fp16 = argv
-        .iter()
-        .any(|a| a == "--fp16" || a.starts_with("--fp16="));
-    if !fp16 {
-        out.extend(["--bf16".to_string(), "True".to_string()]);
-    }
-    out.extend(argv);
-    out
-}
 
 /// Parses a command line (without the program name).
 pub fn parse_args<I, S>(argv: I) -> Result<(SftArguments, TrainingArguments)>
@@ -305,20 +183,11 @@ where
     S: AsRef<str>,
 {
     let argv: Vec<String> = argv.into_iter().map(|a| a.as_ref().to_string()).collect();
-    let (values, training) = args::parse(with_trl_defaults(argv), &LINE)?;
-    let mut sft: SftArguments = values.take(&[0, 1, 2])?;
+    let (values, training) = args::parse(trl_script::with_trl_defaults(argv, "2e-5"), &LINE)?;
+    let mut sft: SftArguments = values.take(&[2])?;
+    sft.script = trl_script::script_arguments(&values)?;
     sft.peft = values.take(&[3])?;
-    if sft.dataset_streaming {
-        return Err(Error::InvalidFlag {
-            flag: "dataset_streaming".into(),
-            detail: "SFT prepares the whole dataset (tokenized, packed) before training here; leave it out".into(),
-        });
-    }
-    if sft.dataset_num_proc.is_some() {
-        log::info!(
-            "--dataset_num_proc: the dataset is prepared in this process, with the same result"
-        );
-    }
+    trl_script::note_dataset_num_proc(sft.dataset_num_proc);
     Ok((sft, training))
 }
 
@@ -332,62 +201,17 @@ where
     run(&sft, training)
 }
 
-/// The split's rows: its files read and concatenated.
-fn split(files: &tchtrain_datasets::DataFilesDict, name: &str) -> Result<Option<Table>> {
-    let Some(paths) = files.get(name) else {
-        return Ok(None);
-    };
-    let tables = paths
-        .iter()
-        .map(Table::read)
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Some(Table::concat(tables)?))
-}
-
 /// Runs the script with parsed arguments.
 pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOutput> {
-    let output_dir = Path::new(training.output_dir()).to_path_buf();
-    let name = sft.dataset_name.as_deref().ok_or_else(|| Error::InvalidFlag {
-        flag: "dataset_name".into(),
-        detail: "Either `datasets` or `dataset_name` must be provided. (TRL's message; `datasets` mixtures are not read here)".into(),
-    })?;
-    let files = common::load_dataset_splits(name, sft.dataset_config.as_deref(), None)?;
-    let train = split(&files, &sft.dataset_train_split)?.ok_or_else(|| Error::InvalidFlag {
-        flag: "dataset_train_split".into(),
-        detail: format!(
-            "{name} has no split {:?} (its splits: {:?})",
-            sft.dataset_train_split,
-            files.split_names().collect::<Vec<_>>()
-        ),
-    })?;
-    let eval = if training.eval_strategy != IntervalStrategy::No {
-        Some(
-            split(&files, &sft.dataset_test_split)?.ok_or_else(|| Error::InvalidFlag {
-                flag: "dataset_test_split".into(),
-                detail: format!(
-                    "--eval_strategy is not `no` but {name} has no split {:?}",
-                    sft.dataset_test_split
-                ),
-            })?,
-        )
-    } else {
-        None
-    };
-    let (hub, dir) = common::resolve_model_dir(
-        sft.model_name_or_path.as_deref(),
-        None,
-        None,
-        &sft.model_revision,
-        None,
-    )?;
-    let tokenizer = common::load_example_tokenizer(&dir, None, &hub)?;
+    let (train, eval) = trl_script::load_splits(&sft.script, &training)?;
+    let (dir, tokenizer) = trl_script::model_and_tokenizer(&sft.script)?;
     let loaded = from_pretrained_dir(
         &dir,
         AutoTask::CausalLm,
         Device::Cpu,
         &LoadOptions {
-            dtype: sft.dtype,
-            quantization_config: sft.peft.quantization_config(sft.dtype)?,
+            dtype: sft.script.dtype,
+            quantization_config: sft.peft.quantization_config(sft.script.dtype)?,
             ..LoadOptions::default()
         },
     )?;
@@ -423,21 +247,5 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
         builder = builder.peft_config(lora);
     }
     let mut trainer = builder.build()?;
-    // TRL's script: `trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)`.
-    let resume = trainer
-        .args()
-        .resume_from_checkpoint
-        .as_ref()
-        .map(|p| tchtrain_trainer::ResumeFrom::Path(p.into()));
-    let result = trainer.train(resume)?;
-    trainer.save_model(None)?;
-    log::info!(
-        "Training completed. Model saved to {}.",
-        output_dir.display()
-    );
-    Ok(ExampleOutput {
-        output_dir,
-        train_metrics: Some(result.metrics),
-        ..ExampleOutput::default()
-    })
+    trl_script::train_and_save(&mut trainer)
 }

@@ -1182,17 +1182,13 @@ fn run_classification_without_training_uses_the_models_label_ids() -> Result<()>
     Ok(())
 }
 
-/// TRL's `trl sft` command line end to end: `sft --dataset_name <folder of train.jsonl /
-/// test.jsonl>` on trl_sft.py's conversational case (its flags on the command line) trains
-/// to the mean loss TRL's SFTTrainer reached, to the bit, and saves the model; TRL's defaults
-/// apply to the Trainer's flags not given (`--learning_rate` 2e-5, `--logging_steps` 10,
-/// `--gradient_checkpointing`, `--bf16` unless `--fp16`).
-#[test]
-fn sft_script_trains_as_trl() -> Result<()> {
-    let _g = lock();
-    let reference = assets().join("reference/trl_sft");
-    let root = temp_dir("sft-script");
-    // The model folder with SmolLM2's tokenizer beside the tiny Llama, as a hub model has.
+/// A TRL reference's tiny model with SmolLM2's tokenizer beside it (as a hub model has it),
+/// and a dataset folder whose `train.jsonl` / `test.jsonl` are the reference's `data` files.
+fn trl_script_folders(
+    reference: &std::path::Path,
+    root: &std::path::Path,
+    data_name: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     let model = root.join("model");
     let data = root.join("data");
     std::fs::create_dir_all(&model)?;
@@ -1208,13 +1204,132 @@ fn sft_script_trains_as_trl() -> Result<()> {
         std::fs::copy(assets().join("smollm2-135m").join(f), model.join(f))?;
     }
     std::fs::copy(
-        reference.join("data/messages.jsonl"),
+        reference.join(format!("data/{data_name}.jsonl")),
         data.join("train.jsonl"),
     )?;
     std::fs::copy(
-        reference.join("data/messages.eval.jsonl"),
+        reference.join(format!("data/{data_name}.eval.jsonl")),
         data.join("test.jsonl"),
     )?;
+    Ok((model, data))
+}
+
+/// The reference's shared flags: batches of 4, 8 steps at lr 1e-3, logs every 2 steps and an
+/// evaluation every 4, seed 42, float32 without checkpointing.
+fn trl_reference_flags(model: &str, data: &str, out: &str) -> Vec<String> {
+    [
+        "--model_name_or_path",
+        model,
+        "--dataset_name",
+        data,
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--max_steps",
+        "8",
+        "--learning_rate",
+        "1e-3",
+        "--logging_steps",
+        "2",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "4",
+        "--save_strategy",
+        "no",
+        "--seed",
+        "42",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--output_dir",
+        out,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// TRL's `trl reward` and `trl dpo` command lines end to end on trl_reward.py's standard case
+/// and trl_dpo.py's MPO case (`--loss_type sigmoid,bco_pair,sft --loss_weights 0.8,0.2,1.0`):
+/// the mean training loss is TRL's to the bit, the model is saved, and TRL's defaults apply to
+/// the flags not given (`--learning_rate` 1e-4 / 1e-6).
+#[test]
+fn reward_and_dpo_scripts_train_as_trl() -> Result<()> {
+    let _g = lock();
+    let root = temp_dir("trl-preference-scripts");
+    for (script, case, data, extra) in [
+        ("reward", "standard", "standard", vec!["--max_length", "30"]),
+        (
+            "dpo",
+            "mpo",
+            "explicit",
+            vec![
+                "--max_length",
+                "48",
+                "--loss_type",
+                "sigmoid,bco_pair,sft",
+                "--loss_weights",
+                "0.8,0.2,1.0",
+            ],
+        ),
+    ] {
+        let reference = assets().join(format!("reference/trl_{script}"));
+        let (model, data) = trl_script_folders(&reference, &root.join(script), data)?;
+        let out = root.join(script).join("out");
+        let mut argv = trl_reference_flags(
+            &model.display().to_string(),
+            &data.display().to_string(),
+            &out.display().to_string(),
+        );
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let result = match script {
+            "reward" => tchtrain_examples::reward::main_with_args(&argv)?,
+            _ => tchtrain_examples::dpo::main_with_args(&argv)?,
+        };
+        let history: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+            reference.join(case).join("log_history.json"),
+        )?)?;
+        let want = history
+            .as_array()
+            .and_then(|h| h.last())
+            .and_then(|e| e["train_loss"].as_f64());
+        let loss = result.train_metrics.context("train metrics")?["train_loss"];
+        assert_eq!(Some(loss), want, "{script}: train_loss");
+        ensure!(
+            out.join("model.safetensors").is_file(),
+            "{script}: the model saved"
+        );
+    }
+    let (_, t) = tchtrain_examples::reward::parse_args(["--output_dir", "o", "--use_cpu"])?;
+    assert_eq!((t.learning_rate, t.bf16), (1e-4, true));
+    let (d, t) = tchtrain_examples::dpo::parse_args(["--output_dir", "o", "--use_cpu"])?;
+    assert_eq!((t.learning_rate, d.beta), (1e-6, 0.1));
+    let err =
+        tchtrain_examples::dpo::parse_args(["--output_dir", "o", "--beta_typo", "1"]).unwrap_err();
+    assert!(err.to_string().contains("beta_typo"), "{err}");
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
+
+/// TRL's `trl sft` command line end to end: `sft --dataset_name <folder of train.jsonl /
+/// test.jsonl>` on trl_sft.py's conversational case (its flags on the command line) trains
+/// to the mean loss TRL's SFTTrainer reached, to the bit, and saves the model; TRL's defaults
+/// apply to the Trainer's flags not given (`--learning_rate` 2e-5, `--logging_steps` 10,
+/// `--gradient_checkpointing`, `--bf16` unless `--fp16`).
+#[test]
+fn sft_script_trains_as_trl() -> Result<()> {
+    let _g = lock();
+    let reference = assets().join("reference/trl_sft");
+    let root = temp_dir("sft-script");
+    let (model, data) = trl_script_folders(&reference, &root, "messages")?;
     let out = root.join("out");
     let m = model.display().to_string();
     let d = data.display().to_string();

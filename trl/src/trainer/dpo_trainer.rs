@@ -766,6 +766,7 @@ enum ModelArg {
 /// processing_class, peft_config, ...)`.
 pub struct DPOTrainerBuilder {
     model: ModelArg,
+    model_init_kwargs: LoadOptions,
     ref_model: Option<Box<dyn PreTrainedModel>>,
     config: DPOConfig,
     tokenizer: PreTrainedTokenizerFast,
@@ -806,6 +807,7 @@ impl DPOTrainer {
     ) -> DPOTrainerBuilder {
         DPOTrainerBuilder {
             model,
+            model_init_kwargs: LoadOptions::default(),
             ref_model: None,
             config,
             tokenizer,
@@ -822,17 +824,21 @@ impl DPOTrainer {
     }
 }
 
-fn load_causal_lm(path: &std::path::Path) -> Result<Box<dyn PreTrainedModel>> {
-    Ok(from_pretrained_dir(
-        path,
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model)
+fn load_causal_lm(
+    path: &std::path::Path,
+    options: &LoadOptions,
+) -> Result<Box<dyn PreTrainedModel>> {
+    Ok(from_pretrained_dir(path, AutoTask::CausalLm, Device::Cpu, options)?.model)
 }
 
 impl DPOTrainerBuilder {
+    /// `model_init_kwargs` (and `quantization_config`): how a model given by path is loaded
+    /// (`dtype`, 4- / 8-bit quantization; transformers' defaults otherwise).
+    pub fn model_init_kwargs(mut self, options: LoadOptions) -> Self {
+        self.model_init_kwargs = options;
+        self
+    }
+
     /// `ref_model`: the frozen reference (run in evaluation mode).
     pub fn ref_model(mut self, model: Box<dyn PreTrainedModel>) -> Self {
         self.ref_model = Some(model);
@@ -868,6 +874,7 @@ impl DPOTrainerBuilder {
     pub fn build(self) -> Result<DPOTrainer> {
         let Self {
             model,
+            model_init_kwargs,
             ref_model,
             mut config,
             tokenizer,
@@ -893,7 +900,7 @@ impl DPOTrainerBuilder {
         }
         tch::manual_seed(config.base.seed as i64);
         let (model, path) = match model {
-            ModelArg::Path(p) => (load_causal_lm(&p)?, Some(p)),
+            ModelArg::Path(p) => (load_causal_lm(&p, &model_init_kwargs)?, Some(p)),
             ModelArg::Model(m) => (m, None),
         };
         if model.output_head().is_none() {
@@ -959,7 +966,8 @@ impl DPOTrainerBuilder {
             (Some(r), _, _) => Some(r),
             (None, true, _) | (None, false, true) => None,
             (None, false, false) => match &path {
-                Some(p) => Some(load_causal_lm(p)?),
+                // TRL's `ref_model_init_kwargs`: the policy's (its dtype, quantization).
+                Some(p) => Some(load_causal_lm(p, &model_init_kwargs)?),
                 None => {
                     return Err(refuse(
                         "ref_model",

@@ -280,6 +280,7 @@ enum ModelArg {
 /// processing_class, peft_config, ...)`.
 pub struct RewardTrainerBuilder {
     model: ModelArg,
+    model_init_kwargs: LoadOptions,
     config: RewardConfig,
     tokenizer: PreTrainedTokenizerFast,
     train_dataset: Option<Table>,
@@ -317,6 +318,7 @@ impl RewardTrainer {
     ) -> RewardTrainerBuilder {
         RewardTrainerBuilder {
             model,
+            model_init_kwargs: LoadOptions::default(),
             config,
             tokenizer,
             train_dataset: None,
@@ -333,6 +335,13 @@ impl RewardTrainer {
 }
 
 impl RewardTrainerBuilder {
+    /// `model_init_kwargs` (and `quantization_config`): how a model given by path is loaded
+    /// (`dtype`, 4- / 8-bit quantization; transformers' defaults otherwise).
+    pub fn model_init_kwargs(mut self, options: LoadOptions) -> Self {
+        self.model_init_kwargs = options;
+        self
+    }
+
     /// `train_dataset` (required).
     pub fn train_dataset(mut self, table: Table) -> Self {
         self.train_dataset = Some(table);
@@ -363,6 +372,7 @@ impl RewardTrainerBuilder {
     pub fn build(self) -> Result<RewardTrainer> {
         let Self {
             model,
+            model_init_kwargs,
             mut config,
             tokenizer,
             train_dataset,
@@ -379,8 +389,8 @@ impl RewardTrainerBuilder {
         tch::manual_seed(config.base.seed as i64);
         let mut model = match model {
             ModelArg::Path(path) => {
-                // TRL's `create_model_from_path` passes no dtype: transformers' "auto".
-                let options = LoadOptions::default();
+                // TRL's `create_model_from_path` passes no dtype unless asked: "auto".
+                let options = model_init_kwargs;
                 let task = AutoTask::SequenceClassification {
                     num_labels: Some(1),
                 };
