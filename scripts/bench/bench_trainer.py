@@ -33,6 +33,10 @@ schedule, max_grad_norm 1.0, no logging until the end, no saving, report_to none
                   (two per `text` row, EOS appended), BFD-packed into 512-token rows with
                   padding-free batches of 2, TRL's fused LM head (ours: tchtrain-trl); no bare
                   loop.
+    smollm2_dpo   SmolLM2-135M trained in full by TRL's DPOTrainer (sigmoid loss, beta 0.1) on
+                  preference pairs of hamlet.txt's lines (prompt: a line; chosen: the next;
+                  rejected: a line further on), batches of 4 pairs, max_length 128, the
+                  reference a second copy of the checkpoint (ours: tchtrain-trl); no bare loop.
     qwen2_tiny    a tiny Qwen2 (2 x 64), 1024-token vocabulary, block 128, batch 8;
     qwen2_padded  the same on rows cut to 16..128 tokens and padded to 128 (see JOBS).
     qwen3_moe_tiny a tiny Qwen3-MoE (2 x 64, 8 experts, 2 per token, router logits on), 1024-
@@ -123,6 +127,9 @@ JOBS = {
     # text rows, every other setting as the other jobs (float32 or bf16 autocast, no
     # gradient checkpointing).
     "smollm2_sft_packed": dict(kind="sft", arch="smollm2", max_length=512, batch=2, warmup=2, steps=6),
+    # TRL's DPO, full fine-tuning against a reference loaded again from the checkpoint:
+    # DPOTrainer(model=path, DPOConfig(max_length=128)) on explicit-prompt text pairs.
+    "smollm2_dpo": dict(kind="dpo", arch="smollm2", max_length=128, batch=4, warmup=2, steps=6),
 }
 
 
@@ -153,16 +160,23 @@ def prepare(out: Path):
         folder = out / name
         folder.mkdir(exist_ok=True)
         torch.manual_seed(0)
-        if job["kind"] == "sft":
+        if job["kind"] in ("sft", "dpo"):
             (folder / "initial").mkdir()
             for f in ("config.json", "model.safetensors"):
                 (folder / "initial" / f).symlink_to(ASSETS / "smollm2-135m" / f)
             text = (ASSETS / "text" / "hamlet.txt").read_text(encoding="utf-8")
             lines = [line.strip() for line in text.splitlines() if line.strip()]
-            rows = [{"text": lines[i] + " " + lines[i + 1]} for i in range(0, len(lines) - 1, 2)]
+            if job["kind"] == "sft":
+                rows = [{"text": lines[i] + " " + lines[i + 1]} for i in range(0, len(lines) - 1, 2)]
+            else:
+                n = len(lines) - 1
+                rows = [
+                    {"prompt": lines[i], "chosen": " " + lines[i + 1], "rejected": " " + lines[(i + 57) % n]}
+                    for i in range(0, n, 2)
+                ]
             (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             (folder / "job.json").write_text(json.dumps({"name": name, **job}, indent=1))
-            print(f"prepared {name}: {len(rows)} text rows", file=sys.stderr)
+            print(f"prepared {name}: {len(rows)} {job['kind']} rows", file=sys.stderr)
             continue
         if job.get("arch") == "smollm2":
             # The checkpoint as it is: both sides read the asset's files.
@@ -314,6 +328,8 @@ def run(data: Path, name: str, precision: str, threads: int):
     job = json.loads((folder / "job.json").read_text())
     if job["kind"] == "sft":
         return run_sft(folder, job, name, precision)
+    if job["kind"] == "dpo":
+        return run_dpo(folder, job, name, precision)
     rows = json.loads((folder / "rows.json").read_text())
     if job["kind"] == "clm":
         quantization = job.get("quantization")
@@ -377,6 +393,29 @@ def run_sft(folder: Path, job: dict, name: str, precision: str):
         )
         timer = StepTimer()
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tok, callbacks=[timer])
+        collator = ShapeRecorder(trainer.data_collator)
+        trainer.data_collator = collator
+        trainer.train()
+    report(job, name, precision, timer, collator)
+
+
+def run_dpo(folder: Path, job: dict, name: str, precision: str):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    total = job["warmup"] + job["steps"]
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(
+            output_dir=out, max_steps=total, per_device_train_batch_size=job["batch"], learning_rate=5e-7,
+            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=True, report_to="none",
+            disable_tqdm=True, dataloader_num_workers=0, bf16=precision == "bf16",
+            gradient_checkpointing=False, max_length=job["max_length"],
+        )
+        timer = StepTimer()
+        trainer = DPOTrainer(model=str(folder / "initial"), args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tok, callbacks=[timer])
         collator = ShapeRecorder(trainer.data_collator)
         trainer.data_collator = collator

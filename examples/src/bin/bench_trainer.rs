@@ -175,7 +175,7 @@ impl Job {
     }
 
     fn task(&self) -> AutoTask {
-        if self.kind == "clm" || self.kind == "sft" {
+        if matches!(self.kind.as_str(), "clm" | "sft" | "dpo") {
             AutoTask::CausalLm
         } else {
             AutoTask::SequenceClassification { num_labels: None }
@@ -560,6 +560,23 @@ fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
     report(job, o, "tchtrain", &record)
 }
 
+/// The tokenizer's pad token id (its EOS token's without one), as TRL's trainers pad.
+fn pad_token_id(tokenizer: &tchtrain::models::PreTrainedTokenizerFast) -> Result<i64> {
+    let special = tokenizer.special_tokens_map();
+    let pad = special
+        .iter()
+        .find(|(k, _)| k == "pad_token")
+        .or_else(|| special.iter().find(|(k, _)| k == "eos_token"))
+        .map(|(_, v)| v.clone())
+        .context("the tokenizer's pad / eos token")?;
+    Ok(i64::from(
+        tokenizer
+            .tokenizer()
+            .token_to_id(&pad)
+            .context("the pad token's id")?,
+    ))
+}
+
 /// TRL's SFT with packing through `tchtrain-trl` (`smollm2_sft_packed`): the job's text rows
 /// prepared, packed and collated padding-free by `SFTTrainer`, each batch recorded.
 fn run_sft(job: &Job, o: &Options) -> Result<Value> {
@@ -569,19 +586,7 @@ fn run_sft(job: &Job, o: &Options) -> Result<Value> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
     let tokenizer = AutoTokenizer::from_pretrained(assets.join("smollm2-135m"))?;
-    let special = tokenizer.special_tokens_map();
-    let pad = special
-        .iter()
-        .find(|(k, _)| k == "pad_token")
-        .or_else(|| special.iter().find(|(k, _)| k == "eos_token"))
-        .map(|(_, v)| v.clone())
-        .context("the tokenizer's pad / eos token")?;
-    let pad_token_id = i64::from(
-        tokenizer
-            .tokenizer()
-            .token_to_id(&pad)
-            .context("the pad token's id")?,
-    );
+    let pad_token_id = pad_token_id(&tokenizer)?;
     let mut config = tchtrain_trl::SFTConfig::new(out.display().to_string());
     config.base = job.args(&out, o.bf16)?;
     config.bf16 = Some(o.bf16);
@@ -608,6 +613,55 @@ fn run_sft(job: &Job, o: &Options) -> Result<Value> {
             .callback(timer)
         })
         .build()?;
+    trainer.train(None)?;
+    let _ = std::fs::remove_dir_all(&out);
+    let record = lock(&record);
+    report(job, o, "tchtrain", &record)
+}
+
+/// TRL's DPO through `tchtrain-trl` (`smollm2_dpo`): the job's preference rows prepared and
+/// collated by `DPOTrainer`, the reference loaded again from the checkpoint, each batch
+/// recorded.
+fn run_dpo(job: &Job, o: &Options) -> Result<Value> {
+    let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
+    let record = SharedRecord::default();
+    let assets = std::env::var_os("TCHTRAIN_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets"));
+    let tokenizer = AutoTokenizer::from_pretrained(assets.join("smollm2-135m"))?;
+    let pad_token_id = pad_token_id(&tokenizer)?;
+    let mut config = tchtrain_trl::DPOConfig::new(out.display().to_string());
+    config.base = job.args(&out, o.bf16)?;
+    config.base.learning_rate = 5e-7;
+    config.bf16 = Some(o.bf16);
+    config.base.gradient_checkpointing = false;
+    let max_length = read_json(&job.dir.join("job.json"))?["max_length"]
+        .as_u64()
+        .context("job.json: max_length")? as usize;
+    config.max_length = Some(max_length);
+    let rows = tchtrain::datasets::Table::read(job.dir.join("rows.jsonl"))?;
+    let (timer, recorded) = (StepTimer(record.clone()), record.clone());
+    let mut trainer = tchtrain_trl::DPOTrainer::builder_from_pretrained(
+        job.dir.join("initial"),
+        config,
+        tokenizer,
+    )
+    .train_dataset(rows)
+    .configure(move |b| {
+        b.data_collator(ShapeRecorder {
+            inner: Box::new(
+                tchtrain_trl::trainer::dpo_trainer::DataCollatorForPreference {
+                    pad_token_id,
+                    max_length: Some(max_length),
+                    truncation_mode: tchtrain_trl::TruncationMode::KeepStart,
+                    pad_to_multiple_of: None,
+                },
+            ),
+            record: recorded,
+        })
+        .callback(timer)
+    })
+    .build()?;
     trainer.train(None)?;
     let _ = std::fs::remove_dir_all(&out);
     let record = lock(&record);
@@ -763,9 +817,11 @@ fn main() -> Result<()> {
     let job = Job::read(data, o.job.as_deref().context("--job NAME is needed")?)?;
     let implementation = if o.bare { "bare" } else { "tchtrain" };
     let line = match (o.bare, job.kind.as_str()) {
-        (true, "sft") => Err(anyhow!(
-            "sft: no bare loop (TRL's preparation and fused loss are the work measured)"
+        (true, "sft" | "dpo") => Err(anyhow!(
+            "{}: no bare loop (TRL's preparation and fused loss are the work measured)",
+            job.kind
         )),
+        (false, "dpo") => run_dpo(&job, &o),
         (true, _) => run_bare(&job, &o),
         (false, "sft") => run_sft(&job, &o),
         (false, _) => run_trainer(&job, &o),

@@ -19,7 +19,7 @@ use crate::cmd;
 use crate::json::Json;
 
 /// The jobs `bench_trainer.py` prepares, in table order.
-pub const JOBS: [&str; 12] = [
+pub const JOBS: [&str; 13] = [
     "gpt2_tiny",
     "gpt2_tiny_v1k",
     "gpt2_6x384",
@@ -32,6 +32,7 @@ pub const JOBS: [&str; 12] = [
     "smollm2_qlora",
     "smollm2_qlora8",
     "smollm2_sft_packed",
+    "smollm2_dpo",
 ];
 /// The precisions: fp32, and bf16 autocast (`bf16=True`).
 pub const PRECISIONS: [&str; 2] = ["fp32", "bf16"];
