@@ -82,6 +82,8 @@ pub struct DpoArguments {
     pub pad_token: Option<String>,
     /// `--activation_offloading`.
     pub activation_offloading: bool,
+    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
+    pub pad_to_multiple_of: Option<String>,
     /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
     pub dataset_num_proc: Option<usize>,
     /// TRL's LoRA and quantization flags.
@@ -193,6 +195,11 @@ static DPO_CONFIG: Dataclass = Dataclass {
             false,
             "Whether to offload the activations to the CPU (not supported here).",
         ),
+        FieldSpec::str(
+            "pad_to_multiple_of",
+            "auto",
+            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
+        ),
         FieldSpec::int(
             "dataset_num_proc",
             "None",
@@ -295,6 +302,7 @@ pub fn dpo_config(dpo: &DpoArguments, training: TrainingArguments) -> Result<DPO
     config.router_aux_loss_coef = dpo.router_aux_loss_coef;
     config.pad_token = dpo.pad_token.clone();
     config.activation_offloading = dpo.activation_offloading;
+    config.pad_to_multiple_of = trl_script::pad_to_multiple_of(dpo.pad_to_multiple_of.as_deref())?;
     Ok(config)
 }
 

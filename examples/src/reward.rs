@@ -54,6 +54,8 @@ pub struct RewardArguments {
     pub chat_template_path: Option<String>,
     /// `--activation_offloading`.
     pub activation_offloading: bool,
+    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
+    pub pad_to_multiple_of: Option<String>,
     /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
     pub dataset_num_proc: Option<usize>,
     /// TRL's LoRA and quantization flags.
@@ -95,6 +97,11 @@ static REWARD_CONFIG: Dataclass = Dataclass {
             "activation_offloading",
             false,
             "Whether to offload the activations to the CPU (not supported here).",
+        ),
+        FieldSpec::str(
+            "pad_to_multiple_of",
+            "auto",
+            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
         ),
         FieldSpec::int(
             "dataset_num_proc",
@@ -157,6 +164,8 @@ pub fn run(reward: &RewardArguments, training: TrainingArguments) -> Result<Exam
     config.pad_token = reward.pad_token.clone();
     config.chat_template_path = reward.chat_template_path.as_ref().map(Into::into);
     config.activation_offloading = reward.activation_offloading;
+    config.pad_to_multiple_of =
+        trl_script::pad_to_multiple_of(reward.pad_to_multiple_of.as_deref())?;
     let dtype = reward.script.dtype;
     let mut builder = RewardTrainer::builder_from_pretrained(dir, config, tokenizer)
         .model_init_kwargs(LoadOptions {

@@ -73,6 +73,8 @@ pub struct SftArguments {
     pub shuffle_dataset: bool,
     /// `--activation_offloading`.
     pub activation_offloading: bool,
+    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
+    pub pad_to_multiple_of: Option<String>,
     /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
     pub dataset_num_proc: Option<usize>,
     /// TRL's LoRA and quantization flags.
@@ -153,6 +155,11 @@ static SFT_CONFIG: Dataclass = Dataclass {
             "activation_offloading",
             false,
             "Whether to offload the activations to the CPU (not supported here).",
+        ),
+        FieldSpec::str(
+            "pad_to_multiple_of",
+            "auto",
+            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
         ),
         FieldSpec::int(
             "dataset_num_proc",
@@ -239,6 +246,7 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
     config.chat_template_path = sft.chat_template_path.as_ref().map(Into::into);
     config.shuffle_dataset = sft.shuffle_dataset;
     config.activation_offloading = sft.activation_offloading;
+    config.pad_to_multiple_of = trl_script::pad_to_multiple_of(sft.pad_to_multiple_of.as_deref())?;
     let mut builder = SFTTrainer::builder(loaded.model, config, tokenizer).train_dataset(train);
     if let Some(e) = eval {
         builder = builder.eval_dataset(e);

@@ -145,6 +145,22 @@ pub(crate) fn with_trl_defaults(argv: Vec<String>, learning_rate: &str) -> Vec<S
     out
 }
 
+/// `--pad_to_multiple_of`: `auto` (TRL's default: 128 on Neuron, which this machine is not,
+/// so none), `None`, or a positive multiple.
+pub(crate) fn pad_to_multiple_of(value: Option<&str>) -> Result<Option<usize>> {
+    match value {
+        None | Some("auto") => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("none") || v == "null" => Ok(None),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(Error::InvalidFlag {
+                flag: "pad_to_multiple_of".into(),
+                detail: format!("{v}: give a positive integer, None or auto"),
+            }),
+        },
+    }
+}
+
 /// `--dataset_num_proc` is a speed knob: the preparation runs in this process, with the same
 /// rows.
 pub(crate) fn note_dataset_num_proc(n: Option<usize>) {

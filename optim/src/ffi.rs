@@ -35,8 +35,9 @@ fn adopt(out: *mut C_tensor) -> Result<Tensor> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
-/// `t.add_(other, alpha=alpha)`.
-pub(crate) fn add_(t: &mut Tensor, other: &Tensor, alpha: f64) -> Result<()> {
+/// `t.add_(other, alpha=alpha)` (ATen's fused `t + alpha * other`, as the optimizers and
+/// TRL's reference-model sync compute it).
+pub fn add_(t: &mut Tensor, other: &Tensor, alpha: f64) -> Result<()> {
     // SAFETY: both pointers come from live tensors borrowed for the call.
     check(unsafe { tchtrain_optim_add_(t.as_mut_ptr(), other.as_ptr(), alpha) })
 }

@@ -89,6 +89,7 @@ pub use decay::{
     matches_forbidden_name,
 };
 pub use error::{Error, Result};
+pub use ffi::add_;
 pub use galore::{GaLoreAdafactor, GaLoreAdafactorConfig, GaLoreAdamW, GaLoreAdamWConfig};
 pub use galore_8bit::{GaLoreAdamW8bit, GaLoreAdamW8bitConfig};
 pub use grad::set_grad;

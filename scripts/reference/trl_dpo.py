@@ -29,6 +29,8 @@ and `model/` (the trained model or adapter, saved). Cases:
   variants        `ld_alpha=0.5`, `use_weighting=True`, `f_divergence_type="js_divergence"`
   alpha_div       `f_divergence_type="alpha_divergence"`, `f_alpha_divergence_coef=0.3`,
                   `loss_type="hinge"`
+  sync            TR-DPO: `sync_ref_model=True`, `ref_model_sync_steps=2`,
+                  `ref_model_mixup_alpha=0.6` (the reference mixed with the policy every 2 steps)
   precompute      `precompute_ref_log_probs=True` (the policy before training as reference,
                   batches of 3)
   lora_defaults   conversational with TRL's defaults (bf16 autocast, gradient checkpointing)
@@ -142,6 +144,7 @@ def main():
     run("variants", "explicit", ld_alpha=0.5, use_weighting=True, f_divergence_type="js_divergence")
     run("alpha_div", "explicit", loss_type="hinge", f_divergence_type="alpha_divergence",
         f_alpha_divergence_coef=0.3)
+    run("sync", "explicit", sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
     run("precompute", "explicit", precompute_ref_log_probs=True, precompute_ref_batch_size=3)
     run("lora_defaults", "conversational", defaults=True, max_length=96,
         peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))

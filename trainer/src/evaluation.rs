@@ -145,7 +145,13 @@ impl Trainer {
                 .and_then(|(_, t)| t.size().first().copied())
                 .unwrap_or(batch_size);
             let out = {
-                let ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, 1);
+                let ctx = StepContext::new(
+                    &self.args,
+                    &self.facts,
+                    &self.accelerator,
+                    1,
+                    self.state.global_step,
+                );
                 hooks.prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
             let batch_losses = match out.loss {

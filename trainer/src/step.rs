@@ -40,6 +40,8 @@ impl std::fmt::Debug for FusedBackward<'_> {
 pub struct StepContext<'a> {
     /// The training arguments.
     pub args: &'a TrainingArguments,
+    /// `state.global_step` when the step runs (the optimizer steps taken so far).
+    pub global_step: i64,
     /// Upstream `model_accepts_loss_kwargs`: whether `num_items_in_batch` is passed to the
     /// model's forward (see [`TrainerBuilder::model_accepts_loss_kwargs`](crate::TrainerBuilder::model_accepts_loss_kwargs)).
     pub model_accepts_loss_kwargs: bool,
@@ -73,16 +75,18 @@ pub struct StepContext<'a> {
 }
 
 impl<'a> StepContext<'a> {
-    /// The context of a step over `current_gradient_accumulation_steps` batches: the one
-    /// place the Trainer builds it.
+    /// The context of a step over `current_gradient_accumulation_steps` batches at
+    /// `global_step`: the one place the Trainer builds it.
     pub(crate) fn new(
         args: &'a TrainingArguments,
         facts: &'a StepFacts,
         accelerator: &'a Accelerator,
         current_gradient_accumulation_steps: usize,
+        global_step: i64,
     ) -> Self {
         Self {
             args,
+            global_step,
             model_accepts_loss_kwargs: facts.model_accepts_loss_kwargs,
             current_gradient_accumulation_steps,
             device: accelerator.device(),

@@ -666,7 +666,13 @@ impl Trainer {
                     _ => Ok(()),
                 }
             };
-            let mut ctx = StepContext::new(&self.args, &self.facts, &self.accelerator, current_ga);
+            let mut ctx = StepContext::new(
+                &self.args,
+                &self.facts,
+                &self.accelerator,
+                current_ga,
+                self.state.global_step,
+            );
             if fused_lr.is_some() {
                 ctx.fused_backward = Some(FusedBackward(&fused));
             }

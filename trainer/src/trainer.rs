@@ -738,6 +738,7 @@ impl Trainer {
             &self.facts,
             &self.accelerator,
             current_gradient_accumulation_steps,
+            self.state.global_step,
         )
     }
 

@@ -16,7 +16,8 @@
 //! `logits/chosen|rejected`, `mean_token_accuracy`, `rewards/chosen|rejected|accuracies|
 //! margins`, `logps/chosen|rejected`.
 //!
-//! Refused, naming the field: `sync_ref_model` (TR-DPO's reference updates), a model already
+//! With `sync_ref_model`, TR-DPO's reference mixing (`ref = α · policy + (1 - α) · ref` every
+//! `ref_model_sync_steps` steps). Refused, naming the field: a model already
 //! holding an adapter without `ref_model`, an adapter on `lm_head`, a mixture-of-experts
 //! model whose router loss would be added (`router_aux_loss_coef` other than 0), vision
 //! datasets, a quantized model with `peft_config`, `padding_free`, `activation_offloading`.
@@ -199,6 +200,9 @@ struct DpoHooks {
     metrics: SharedMetrics,
     reference: Arc<Reference>,
     config: DPOConfig,
+    /// `sync_ref_model`: the last multiple of `ref_model_sync_steps` the reference was
+    /// mixed at (`None` before the first step this trainer runs).
+    synced_through: Mutex<Option<i64>>,
 }
 
 fn lock_model(m: &Mutex<Box<dyn TrainableModel>>) -> MutexGuard<'_, Box<dyn TrainableModel>> {
@@ -309,6 +313,46 @@ impl DpoHooks {
         })
     }
 
+    /// TR-DPO's `SyncRefModelCallback.on_step_end`, run before the next loss instead (the
+    /// reference is read nowhere else): at each multiple of `ref_model_sync_steps` optimizer
+    /// steps, `ref = α · policy + (1 - α) · ref` parameter by parameter. A run resumed at a
+    /// multiple does not mix again there, as upstream's reloaded reference is not.
+    fn sync_reference(&self, ctx: &StepContext<'_>, policy: &dyn TrainableModel) -> Result<()> {
+        let (true, Reference::Model(reference)) = (self.config.sync_ref_model, &*self.reference)
+        else {
+            return Ok(());
+        };
+        let every = self.config.ref_model_sync_steps.max(1) as i64;
+        let target = ctx.global_step / every * every;
+        let mut synced = match self.synced_through.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        match *synced {
+            None => *synced = Some(target),
+            Some(done) if target > done => {
+                let alpha = self.config.ref_model_mixup_alpha;
+                let policy_vars = policy.var_store().variables();
+                let reference = lock_model(reference);
+                tch::no_grad(|| -> Result<()> {
+                    for (name, mut r) in reference.var_store().variables() {
+                        let p = policy_vars.get(&name).ok_or_else(|| Error::InvalidArgument {
+                            field: "sync_ref_model",
+                            detail: format!("the policy has no {name} to mix into the reference"),
+                        })?;
+                        let _ = r.f_mul_scalar_(1.0 - alpha)?;
+                        tchtrain_optim::add_(&mut r, p, alpha)
+                            .map_err(|e| Error::Trainer(tchtrain_trainer::Error::Optim(e)))?;
+                    }
+                    Ok(())
+                })?;
+                *synced = Some(target);
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
     /// `DPOTrainer._compute_loss`: the loss, the metrics recorded.
     fn loss(
         &self,
@@ -317,6 +361,7 @@ impl DpoHooks {
         inputs: &Batch,
     ) -> Result<Tensor> {
         let c = &self.config;
+        self.sync_reference(ctx, model)?;
         let training = model.is_training();
         let labels = completion_labels(inputs)?;
         let completion_mask =
@@ -892,10 +937,10 @@ impl DPOTrainerBuilder {
             field,
             detail: detail.into(),
         };
-        if config.sync_ref_model {
+        if config.sync_ref_model && peft_config.is_some() {
             return Err(refuse(
                 "sync_ref_model",
-                "TR-DPO's reference updates are not implemented here; leave it False",
+                "You passed `sync_ref_model=True` while using a PEFT model, which is currently not supported: the reference is the policy with its adapter disabled, there is no reference model to synchronize. (TRL's message)",
             ));
         }
         tch::manual_seed(config.base.seed as i64);
@@ -1037,6 +1082,7 @@ impl DPOTrainerBuilder {
                 metrics: SharedMetrics::default(),
                 reference: reference.clone(),
                 config: config.clone(),
+                synced_through: Mutex::new(None),
             })
             .train_dataset(train_rows.clone() as Arc<dyn Dataset>);
         if let Some(rows) = &eval_rows {

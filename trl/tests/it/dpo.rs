@@ -7,7 +7,7 @@
 //! either end, conversations, several weighted losses (MPO), LD-DPO with WPO weights and the
 //! JS divergence, the alpha divergence, precomputed reference log-probabilities, LoRA with the
 //! adapter disabled as reference under TRL's defaults (bf16 autocast, gradient
-//! checkpointing), and every other loss type.
+//! checkpointing), TR-DPO's reference sync, and every other loss type.
 
 use std::collections::HashMap;
 
@@ -215,6 +215,16 @@ fn dpo_loss_combinations_equal_trl() -> Result<()> {
     })
 }
 
+/// TR-DPO: the reference mixed with the policy (α = 0.6) every 2 steps.
+#[test]
+fn dpo_sync_ref_model_equals_trl() -> Result<()> {
+    run(Case::new("sync", "explicit"), |c| {
+        c.sync_ref_model = true;
+        c.ref_model_sync_steps = 2;
+        c.ref_model_mixup_alpha = 0.6;
+    })
+}
+
 /// The reference log-probabilities computed before training by the policy itself, in
 /// batches of 3.
 #[test]
@@ -316,7 +326,10 @@ fn dpo_refuses_what_is_not_implemented() -> Result<()> {
     ensure!(e.contains("f_divergence_type"), "{e}");
     let e = build(&|c| c.loss_weights = Some(vec![1.0, 2.0]))?;
     ensure!(e.contains("loss_weights"), "{e}");
-    let e = build(&|c| c.sync_ref_model = true)?;
+    let e = build(&|c| {
+        c.sync_ref_model = true;
+        c.precompute_ref_log_probs = true;
+    })?;
     ensure!(e.contains("sync_ref_model"), "{e}");
     let e = build(&|c| c.router_aux_loss_coef = Some(0.1))?;
     ensure!(e.contains("not a Mixture-of-Experts"), "{e}");
