@@ -746,6 +746,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         // in fp32 (the Trainer's `model_forward`, what accelerate does).
         let ctx = StepContext {
             args: &args,
+            global_step: step as i64,
             model_accepts_loss_kwargs: true,
             current_gradient_accumulation_steps: 1,
             device: Device::Cpu,

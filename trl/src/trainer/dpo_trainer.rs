@@ -336,10 +336,14 @@ impl DpoHooks {
                 let reference = lock_model(reference);
                 tch::no_grad(|| -> Result<()> {
                     for (name, mut r) in reference.var_store().variables() {
-                        let p = policy_vars.get(&name).ok_or_else(|| Error::InvalidArgument {
-                            field: "sync_ref_model",
-                            detail: format!("the policy has no {name} to mix into the reference"),
-                        })?;
+                        let p = policy_vars
+                            .get(&name)
+                            .ok_or_else(|| Error::InvalidArgument {
+                                field: "sync_ref_model",
+                                detail: format!(
+                                    "the policy has no {name} to mix into the reference"
+                                ),
+                            })?;
                         let _ = r.f_mul_scalar_(1.0 - alpha)?;
                         tchtrain_optim::add_(&mut r, p, alpha)
                             .map_err(|e| Error::Trainer(tchtrain_trainer::Error::Optim(e)))?;
