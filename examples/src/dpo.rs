@@ -70,7 +70,7 @@ pub struct DpoArguments {
     pub precompute_ref_batch_size: Option<usize>,
     /// `--disable_dropout` (true).
     pub disable_dropout: bool,
-    /// `--sync_ref_model` (refused).
+    /// `--sync_ref_model`: TR-DPO's reference updates.
     pub sync_ref_model: bool,
     /// `--ref_model_mixup_alpha` (0.6).
     pub ref_model_mixup_alpha: f64,
@@ -172,7 +172,7 @@ static DPO_CONFIG: Dataclass = Dataclass {
         FieldSpec::bool(
             "sync_ref_model",
             false,
-            "TR-DPO's reference updates (not supported here).",
+            "Whether to mix the reference with the policy every ref_model_sync_steps steps (TR-DPO).",
         ),
         FieldSpec::float(
             "ref_model_mixup_alpha",
