@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use tch::Tensor;
 use tchtrain_datasets::Table;
 use tchtrain_models::PreTrainedTokenizerFast;
-use tchtrain_trainer::Trainer;
+use tchtrain_trainer::{Trainer, TrainerBuilder};
 
 use crate::error::{Error, Result};
 
@@ -244,4 +244,142 @@ impl TrainerTokens {
             pad_token_id,
         })
     }
+}
+
+/// What every TRL trainer's builder takes besides the model, config and tokenizer.
+#[derive(Default)]
+pub(crate) struct TrainerInputs {
+    pub(crate) train_dataset: Option<Table>,
+    pub(crate) eval_dataset: Option<Table>,
+    pub(crate) peft_config: Option<tchtrain_models::LoraConfig>,
+    pub(crate) configure: Vec<Box<dyn FnOnce(TrainerBuilder) -> TrainerBuilder>>,
+}
+
+impl TrainerInputs {
+    /// `train_dataset`, which every trainer requires.
+    pub(crate) fn take_train(&mut self) -> Result<Table> {
+        self.train_dataset
+            .take()
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "train_dataset",
+                detail: "`train_dataset` is required (TRL's message)".into(),
+            })
+    }
+
+    /// The Trainer's builder with the caller's other arguments set.
+    pub(crate) fn configure(&mut self, mut builder: TrainerBuilder) -> TrainerBuilder {
+        for f in std::mem::take(&mut self.configure) {
+            builder = f(builder);
+        }
+        builder
+    }
+}
+
+/// The builder methods every TRL trainer shares (over its `inputs: TrainerInputs`).
+macro_rules! trainer_input_methods {
+    () => {
+        /// `train_dataset` (required).
+        pub fn train_dataset(mut self, table: tchtrain_datasets::Table) -> Self {
+            self.inputs.train_dataset = Some(table);
+            self
+        }
+
+        /// `eval_dataset`.
+        pub fn eval_dataset(mut self, table: tchtrain_datasets::Table) -> Self {
+            self.inputs.eval_dataset = Some(table);
+            self
+        }
+
+        /// `peft_config`: the model wrapped with `get_peft_model` before training.
+        pub fn peft_config(mut self, config: tchtrain_models::LoraConfig) -> Self {
+            self.inputs.peft_config = Some(config);
+            self
+        }
+
+        /// Any other Trainer argument (callbacks, optimizer, ...), set on the Trainer's
+        /// builder.
+        pub fn configure(
+            mut self,
+            f: impl FnOnce(tchtrain_trainer::TrainerBuilder) -> tchtrain_trainer::TrainerBuilder
+            + 'static,
+        ) -> Self {
+            self.inputs.configure.push(Box::new(f));
+            self
+        }
+    };
+}
+pub(crate) use trainer_input_methods;
+
+/// A TRL trainer: a [`Trainer`] reached through `Deref`, and `into_trainer`.
+macro_rules! trl_trainer {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        pub struct $name {
+            trainer: tchtrain_trainer::Trainer,
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = tchtrain_trainer::Trainer;
+            fn deref(&self) -> &tchtrain_trainer::Trainer {
+                &self.trainer
+            }
+        }
+
+        impl std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut tchtrain_trainer::Trainer {
+                &mut self.trainer
+            }
+        }
+
+        impl $name {
+            /// The underlying Trainer.
+            pub fn into_trainer(self) -> tchtrain_trainer::Trainer {
+                self.trainer
+            }
+        }
+    };
+}
+pub(crate) use trl_trainer;
+
+/// The `model` argument of the trainers that load it themselves: a loaded model, or a
+/// checkpoint folder loaded at build (after TRL's `set_seed`).
+pub(crate) enum ModelArg {
+    Model(Box<dyn tchtrain_models::PreTrainedModel>),
+    Path(std::path::PathBuf),
+}
+
+/// `get_peft_model(model, peft_config)` as TRL's trainers call it: input gradients enabled
+/// under gradient checkpointing; a quantized base refused (TRL casts the trainable
+/// parameters to bfloat16, which is not reproduced here); with `refuse_lm_head`, an adapter
+/// on `lm_head` refused with TRL's message (the fused head reads `lm_head.weight` itself).
+pub(crate) fn wrap_with_adapter(
+    model: Box<dyn tchtrain_models::PreTrainedModel>,
+    peft_config: Option<tchtrain_models::LoraConfig>,
+    gradient_checkpointing: bool,
+    trainer: &str,
+    refuse_lm_head: bool,
+) -> Result<Box<dyn tchtrain_models::TrainableModel>> {
+    let Some(lora) = peft_config else {
+        return Ok(model);
+    };
+    if tchtrain_models::is_quantized(&*model) {
+        return Err(Error::InvalidArgument {
+            field: "peft_config",
+            detail: format!(
+                "a quantized base under {trainer} (TRL casts the adapter to bfloat16) is not implemented here; train the quantized model's adapter with the Trainer, or the float model here"
+            ),
+        });
+    }
+    use tchtrain_models::TrainableModel as _;
+    let m = tchtrain_models::get_peft_model(model, lora)?;
+    if refuse_lm_head && m.lora_layers().iter().any(|l| l.module == "lm_head") {
+        return Err(Error::InvalidArgument {
+            field: "target_modules",
+            detail: "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities are computed from `lm_head.weight` directly, so the adapter would never be trained. Remove `'lm_head'` from your `target_modules`. (TRL's message)".into(),
+        });
+    }
+    if gradient_checkpointing {
+        m.context().enable_input_require_grads();
+    }
+    Ok(Box::new(m))
 }

@@ -32,12 +32,11 @@ use tchtrain_collators::{Batch, Column, DataCollator, Feature};
 use tchtrain_data::Dataset;
 use tchtrain_datasets::Table;
 use tchtrain_models::{
-    AutoTask, LoadOptions, LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast,
-    TrainableModel, from_pretrained_dir, get_peft_model,
+    AutoTask, LoadOptions, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
+    from_pretrained_dir,
 };
 use tchtrain_trainer::{
-    PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
-    model_inputs,
+    PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_forward, model_inputs,
 };
 
 use crate::data_utils::{
@@ -46,7 +45,8 @@ use crate::data_utils::{
 use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
-    SharedMetrics, TrainerTokens, hook_error, ids_of, pad_batch, row,
+    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
+    trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 use crate::trainer::sft_config::TruncationMode;
@@ -787,29 +787,11 @@ impl TrainerHooks for DpoHooks {
     }
 }
 
-/// TRL's `DPOTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator,
-/// loss and logs are TRL's.
-pub struct DPOTrainer {
-    trainer: Trainer,
-}
-
-impl std::ops::Deref for DPOTrainer {
-    type Target = Trainer;
-    fn deref(&self) -> &Trainer {
-        &self.trainer
-    }
-}
-
-impl std::ops::DerefMut for DPOTrainer {
-    fn deref_mut(&mut self) -> &mut Trainer {
-        &mut self.trainer
-    }
-}
-
-enum ModelArg {
-    Model(Box<dyn PreTrainedModel>),
-    Path(PathBuf),
-}
+trl_trainer!(
+    /// TRL's `DPOTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator,
+    /// loss and logs are TRL's.
+    DPOTrainer
+);
 
 /// The arguments of `DPOTrainer(model, ref_model, args, train_dataset, eval_dataset,
 /// processing_class, peft_config, ...)`.
@@ -819,10 +801,7 @@ pub struct DPOTrainerBuilder {
     ref_model: Option<Box<dyn PreTrainedModel>>,
     config: DPOConfig,
     tokenizer: PreTrainedTokenizerFast,
-    train_dataset: Option<Table>,
-    eval_dataset: Option<Table>,
-    peft_config: Option<LoraConfig>,
-    configure: Vec<Box<dyn FnOnce(TrainerBuilder) -> TrainerBuilder>>,
+    inputs: TrainerInputs,
 }
 
 impl DPOTrainer {
@@ -860,16 +839,8 @@ impl DPOTrainer {
             ref_model: None,
             config,
             tokenizer,
-            train_dataset: None,
-            eval_dataset: None,
-            peft_config: None,
-            configure: Vec::new(),
+            inputs: TrainerInputs::default(),
         }
-    }
-
-    /// The underlying Trainer.
-    pub fn into_trainer(self) -> Trainer {
-        self.trainer
     }
 }
 
@@ -894,30 +865,7 @@ impl DPOTrainerBuilder {
         self
     }
 
-    /// `train_dataset` (required).
-    pub fn train_dataset(mut self, table: Table) -> Self {
-        self.train_dataset = Some(table);
-        self
-    }
-
-    /// `eval_dataset`.
-    pub fn eval_dataset(mut self, table: Table) -> Self {
-        self.eval_dataset = Some(table);
-        self
-    }
-
-    /// `peft_config`: the model wrapped with `get_peft_model`; the reference is then the
-    /// policy with its adapter disabled.
-    pub fn peft_config(mut self, config: LoraConfig) -> Self {
-        self.peft_config = Some(config);
-        self
-    }
-
-    /// Any other Trainer argument (callbacks, optimizer, ...), set on the Trainer's builder.
-    pub fn configure(mut self, f: impl FnOnce(TrainerBuilder) -> TrainerBuilder + 'static) -> Self {
-        self.configure.push(Box::new(f));
-        self
-    }
+    trainer_input_methods!();
 
     /// `DPOTrainer.__init__`.
     pub fn build(self) -> Result<DPOTrainer> {
@@ -927,21 +875,15 @@ impl DPOTrainerBuilder {
             ref_model,
             mut config,
             tokenizer,
-            train_dataset,
-            eval_dataset,
-            peft_config,
-            configure,
+            mut inputs,
         } = self;
         config.post_init()?;
-        let train = train_dataset.ok_or_else(|| Error::InvalidArgument {
-            field: "train_dataset",
-            detail: "`train_dataset` is required (TRL's message)".into(),
-        })?;
+        let train = inputs.take_train()?;
         let refuse = |field: &'static str, detail: &str| Error::InvalidArgument {
             field,
             detail: detail.into(),
         };
-        if config.sync_ref_model && peft_config.is_some() {
+        if config.sync_ref_model && inputs.peft_config.is_some() {
             return Err(refuse(
                 "sync_ref_model",
                 "You passed `sync_ref_model=True` while using a PEFT model, which is currently not supported: the reference is the policy with its adapter disabled, there is no reference model to synchronize. (TRL's message)",
@@ -1010,7 +952,7 @@ impl DPOTrainerBuilder {
             log::debug!("the model keeps its config's pad_token_id");
         }
         // The reference.
-        let peft = peft_config.is_some();
+        let peft = inputs.peft_config.is_some();
         let reference = match (ref_model, peft, config.precompute_ref_log_probs) {
             (Some(r), _, _) => Some(r),
             (None, true, _) | (None, false, true) => None,
@@ -1025,28 +967,13 @@ impl DPOTrainerBuilder {
                 }
             },
         };
-        let policy: Box<dyn TrainableModel> = match peft_config {
-            Some(lora) => {
-                if tchtrain_models::is_quantized(&*model) {
-                    return Err(refuse(
-                        "peft_config",
-                        "a quantized base under DPOTrainer (TRL casts the adapter to bfloat16) is not implemented here; train the float model",
-                    ));
-                }
-                let m = get_peft_model(model, lora)?;
-                if m.lora_layers().iter().any(|l| l.module == "lm_head") {
-                    return Err(refuse(
-                        "target_modules",
-                        "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities are computed from `lm_head.weight` directly, so the adapter would never be trained. Remove `'lm_head'` from your `target_modules`. (TRL's message)",
-                    ));
-                }
-                if config.base.gradient_checkpointing {
-                    m.context().enable_input_require_grads();
-                }
-                Box::new(m)
-            }
-            None => model,
-        };
+        let policy = wrap_with_adapter(
+            model,
+            inputs.peft_config.take(),
+            config.base.gradient_checkpointing,
+            "DPOTrainer",
+            true,
+        )?;
         let reference = match reference {
             Some(r) => {
                 let mut r: Box<dyn TrainableModel> = r;
@@ -1066,7 +993,7 @@ impl DPOTrainerBuilder {
             warned: std::cell::Cell::new(false),
         };
         let train_rows = Arc::new(PreferenceRows(RwLock::new(prep.prepare(&train, "train")?)));
-        let eval_rows = match &eval_dataset {
+        let eval_rows = match &inputs.eval_dataset {
             Some(t) => Some(Arc::new(PreferenceRows(RwLock::new(
                 prep.prepare(t, "eval")?,
             )))),
@@ -1092,9 +1019,7 @@ impl DPOTrainerBuilder {
         if let Some(rows) = &eval_rows {
             builder = builder.eval_dataset(rows.clone() as Arc<dyn Dataset>);
         }
-        for f in configure {
-            builder = f(builder);
-        }
+        let builder = inputs.configure(builder);
         let trainer = builder.build()?;
         if let Reference::Model(m) = &*reference {
             let device = trainer.device();

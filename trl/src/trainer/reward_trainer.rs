@@ -29,18 +29,18 @@ use tchtrain_collators::{Batch, Column, DataCollator, Feature};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::Table;
 use tchtrain_models::{
-    AutoTask, LoadOptions, LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast,
-    TrainableModel, from_pretrained_dir, get_peft_model,
+    AutoTask, LoadOptions, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
+    from_pretrained_dir,
 };
 use tchtrain_trainer::{
-    PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
-    model_inputs,
+    PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_forward, model_inputs,
 };
 
 use crate::data_utils::{is_conversational, tokenize_messages};
 use crate::error::{Error, Result};
 use crate::trainer::base_trainer::{
-    SharedMetrics, TrainerTokens, hook_error, ids_of, pad_batch, row, set_chat_template_path,
+    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
+    set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::reward_config::RewardConfig;
 
@@ -251,30 +251,11 @@ impl TrainerHooks for RewardHooks {
     }
 }
 
-/// TRL's `RewardTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator,
-/// loss and logs are TRL's.
-pub struct RewardTrainer {
-    trainer: Trainer,
-}
-
-impl std::ops::Deref for RewardTrainer {
-    type Target = Trainer;
-    fn deref(&self) -> &Trainer {
-        &self.trainer
-    }
-}
-
-impl std::ops::DerefMut for RewardTrainer {
-    fn deref_mut(&mut self) -> &mut Trainer {
-        &mut self.trainer
-    }
-}
-
-/// The `model` argument: a loaded sequence classifier, or a checkpoint folder loaded as one.
-enum ModelArg {
-    Model(Box<dyn PreTrainedModel>),
-    Path(PathBuf),
-}
+trl_trainer!(
+    /// TRL's `RewardTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator,
+    /// loss and logs are TRL's.
+    RewardTrainer
+);
 
 /// The arguments of `RewardTrainer(model, args, train_dataset, eval_dataset,
 /// processing_class, peft_config, ...)`.
@@ -283,10 +264,7 @@ pub struct RewardTrainerBuilder {
     model_init_kwargs: LoadOptions,
     config: RewardConfig,
     tokenizer: PreTrainedTokenizerFast,
-    train_dataset: Option<Table>,
-    eval_dataset: Option<Table>,
-    peft_config: Option<LoraConfig>,
-    configure: Vec<Box<dyn FnOnce(TrainerBuilder) -> TrainerBuilder>>,
+    inputs: TrainerInputs,
 }
 
 impl RewardTrainer {
@@ -321,16 +299,8 @@ impl RewardTrainer {
             model_init_kwargs: LoadOptions::default(),
             config,
             tokenizer,
-            train_dataset: None,
-            eval_dataset: None,
-            peft_config: None,
-            configure: Vec::new(),
+            inputs: TrainerInputs::default(),
         }
-    }
-
-    /// The underlying Trainer.
-    pub fn into_trainer(self) -> Trainer {
-        self.trainer
     }
 }
 
@@ -342,30 +312,7 @@ impl RewardTrainerBuilder {
         self
     }
 
-    /// `train_dataset` (required).
-    pub fn train_dataset(mut self, table: Table) -> Self {
-        self.train_dataset = Some(table);
-        self
-    }
-
-    /// `eval_dataset`.
-    pub fn eval_dataset(mut self, table: Table) -> Self {
-        self.eval_dataset = Some(table);
-        self
-    }
-
-    /// `peft_config`: the model wrapped with `get_peft_model` before training (give it
-    /// `task_type="SEQ_CLS"` so that `score` trains in full, as TRL advises).
-    pub fn peft_config(mut self, config: LoraConfig) -> Self {
-        self.peft_config = Some(config);
-        self
-    }
-
-    /// Any other Trainer argument (callbacks, optimizer, ...), set on the Trainer's builder.
-    pub fn configure(mut self, f: impl FnOnce(TrainerBuilder) -> TrainerBuilder + 'static) -> Self {
-        self.configure.push(Box::new(f));
-        self
-    }
+    trainer_input_methods!();
 
     /// `RewardTrainer.__init__`: the config resolved, the model loaded or checked and given
     /// the pad token, wrapped in its adapter, the datasets prepared, the Trainer built.
@@ -375,16 +322,10 @@ impl RewardTrainerBuilder {
             model_init_kwargs,
             mut config,
             tokenizer,
-            train_dataset,
-            eval_dataset,
-            peft_config,
-            configure,
+            mut inputs,
         } = self;
         config.post_init()?;
-        let train = train_dataset.ok_or_else(|| Error::InvalidArgument {
-            field: "train_dataset",
-            detail: "`train_dataset` is required (TRL's message)".into(),
-        })?;
+        let train = inputs.take_train()?;
         // TRL's `set_seed(args.seed)`, before the model is loaded (its new head drawn).
         tch::manual_seed(config.base.seed as i64);
         let mut model = match model {
@@ -432,26 +373,17 @@ impl RewardTrainerBuilder {
             max_length: config.max_length,
         };
         let train_rows = prep.prepare(&train, "train")?;
-        let eval_rows = match &eval_dataset {
+        let eval_rows = match &inputs.eval_dataset {
             Some(t) => Some(prep.prepare(t, "eval")?),
             None => None,
         };
-        let model: Box<dyn TrainableModel> = match peft_config {
-            Some(lora) => {
-                if tchtrain_models::is_quantized(&*model) {
-                    return Err(Error::InvalidArgument {
-                        field: "peft_config",
-                        detail: "a quantized base under RewardTrainer (TRL casts the adapter to bfloat16) is not implemented here; train the quantized model's adapter with the Trainer, or the float model here".into(),
-                    });
-                }
-                let m = get_peft_model(model, lora)?;
-                if config.base.gradient_checkpointing {
-                    m.context().enable_input_require_grads();
-                }
-                Box::new(m)
-            }
-            None => model,
-        };
+        let model = wrap_with_adapter(
+            model,
+            inputs.peft_config.take(),
+            config.base.gradient_checkpointing,
+            "RewardTrainer",
+            false,
+        )?;
         let mut builder = Trainer::builder(model, config.base.clone())
             .processing_class(tokenizer.clone())
             .data_collator(DataCollatorForPreference {
@@ -466,9 +398,7 @@ impl RewardTrainerBuilder {
         if let Some(rows) = eval_rows {
             builder = builder.eval_dataset(InMemoryDataset::new(rows));
         }
-        for f in configure {
-            builder = f(builder);
-        }
+        let builder = inputs.configure(builder);
         Ok(RewardTrainer {
             trainer: builder.build()?,
         })

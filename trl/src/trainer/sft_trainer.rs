@@ -28,13 +28,9 @@ use tch::{Kind, Tensor};
 use tchtrain_collators::{Batch, DataCollator, Feature, Label};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{Table, pack_dataset};
-use tchtrain_models::{
-    LoraConfig, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
-    get_peft_model,
-};
+use tchtrain_models::{ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel};
 use tchtrain_trainer::{
-    PredictionStepOutput, StepContext, Trainer, TrainerBuilder, TrainerHooks, model_forward,
-    model_inputs,
+    PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_forward, model_inputs,
 };
 
 use crate::data_utils::{
@@ -43,7 +39,8 @@ use crate::data_utils::{
 use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
-    SharedMetrics, TrainerTokens, hook_error, ids_of, pad_batch, row, set_chat_template_path,
+    SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
+    set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::sft_config::{SFTConfig, SftLossType, TruncationMode};
 use crate::trainer::utils::{FusedCausalLMOutput, count, fused_lm_head_forward};
@@ -282,24 +279,11 @@ impl TrainerHooks for SftHooks {
 /// A formatting function (`formatting_func`): a row to the text it trains on.
 pub type FormattingFunc = Box<dyn Fn(&Map<String, Value>) -> String + Send + Sync>;
 
-/// TRL's `SFTTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator, loss
-/// and logs are TRL's.
-pub struct SFTTrainer {
-    trainer: Trainer,
-}
-
-impl std::ops::Deref for SFTTrainer {
-    type Target = Trainer;
-    fn deref(&self) -> &Trainer {
-        &self.trainer
-    }
-}
-
-impl std::ops::DerefMut for SFTTrainer {
-    fn deref_mut(&mut self) -> &mut Trainer {
-        &mut self.trainer
-    }
-}
+trl_trainer!(
+    /// TRL's `SFTTrainer`: a [`Trainer`] (reached through `Deref`) whose datasets, collator,
+    /// loss and logs are TRL's.
+    SFTTrainer
+);
 
 /// The arguments of `SFTTrainer(model, args, train_dataset, eval_dataset, processing_class,
 /// peft_config, formatting_func, ...)`.
@@ -307,11 +291,8 @@ pub struct SFTTrainerBuilder {
     model: Box<dyn PreTrainedModel>,
     config: SFTConfig,
     tokenizer: PreTrainedTokenizerFast,
-    train_dataset: Option<Table>,
-    eval_dataset: Option<Table>,
-    peft_config: Option<LoraConfig>,
+    inputs: TrainerInputs,
     formatting_func: Option<FormattingFunc>,
-    configure: Vec<Box<dyn FnOnce(TrainerBuilder) -> TrainerBuilder>>,
 }
 
 impl SFTTrainer {
@@ -326,48 +307,18 @@ impl SFTTrainer {
             model,
             config,
             tokenizer,
-            train_dataset: None,
-            eval_dataset: None,
-            peft_config: None,
+            inputs: TrainerInputs::default(),
             formatting_func: None,
-            configure: Vec::new(),
         }
-    }
-
-    /// The underlying Trainer.
-    pub fn into_trainer(self) -> Trainer {
-        self.trainer
     }
 }
 
 impl SFTTrainerBuilder {
-    /// `train_dataset` (required).
-    pub fn train_dataset(mut self, table: Table) -> Self {
-        self.train_dataset = Some(table);
-        self
-    }
-
-    /// `eval_dataset`.
-    pub fn eval_dataset(mut self, table: Table) -> Self {
-        self.eval_dataset = Some(table);
-        self
-    }
-
-    /// `peft_config`: the model wrapped with `get_peft_model` before training.
-    pub fn peft_config(mut self, config: LoraConfig) -> Self {
-        self.peft_config = Some(config);
-        self
-    }
+    trainer_input_methods!();
 
     /// `formatting_func`: each row's training text (language modeling).
     pub fn formatting_func(mut self, f: FormattingFunc) -> Self {
         self.formatting_func = Some(f);
-        self
-    }
-
-    /// Any other Trainer argument (callbacks, optimizer, ...), set on the Trainer's builder.
-    pub fn configure(mut self, f: impl FnOnce(TrainerBuilder) -> TrainerBuilder + 'static) -> Self {
-        self.configure.push(Box::new(f));
         self
     }
 
@@ -378,19 +329,13 @@ impl SFTTrainerBuilder {
             model,
             mut config,
             tokenizer,
-            train_dataset,
-            eval_dataset,
-            peft_config,
+            mut inputs,
             formatting_func,
-            configure,
         } = self;
         config.post_init()?;
         // TRL's `set_seed(args.seed)`, before the adapter is drawn.
         tch::manual_seed(config.base.seed as i64);
-        let train = train_dataset.ok_or_else(|| Error::InvalidArgument {
-            field: "train_dataset",
-            detail: "`train_dataset` is required (TRL's message)".into(),
-        })?;
+        let train = inputs.take_train()?;
         if model.output_head().is_none() {
             return Err(Error::InvalidArgument {
                 field: "model",
@@ -463,29 +408,20 @@ impl SFTTrainerBuilder {
             formatting_func: formatting_func.as_ref(),
         };
         let train_rows = prep.prepare(&train, config.packing, "train")?;
-        let eval_rows = match &eval_dataset {
+        let eval_rows = match &inputs.eval_dataset {
             Some(t) => {
                 Some(prep.prepare(t, config.eval_packing.unwrap_or(config.packing), "eval")?)
             }
             None => None,
         };
         // The model, in its adapter.
-        let model: Box<dyn TrainableModel> = match peft_config {
-            Some(lora) => {
-                if tchtrain_models::is_quantized(&*model) {
-                    return Err(Error::InvalidArgument {
-                        field: "peft_config",
-                        detail: "a quantized base under SFTTrainer (TRL casts the adapter to bfloat16) is not implemented here; train the quantized model's adapter with the Trainer, or SFT the float model".into(),
-                    });
-                }
-                let m = get_peft_model(model, lora)?;
-                if config.base.gradient_checkpointing {
-                    m.context().enable_input_require_grads();
-                }
-                Box::new(m)
-            }
-            None => model,
-        };
+        let model = wrap_with_adapter(
+            model,
+            inputs.peft_config.take(),
+            config.base.gradient_checkpointing,
+            "SFTTrainer",
+            false,
+        )?;
         let mut builder = Trainer::builder(model, config.base.clone())
             .processing_class(tokenizer.clone())
             .data_collator(DataCollatorForLanguageModeling {
@@ -501,9 +437,7 @@ impl SFTTrainerBuilder {
         if let Some(rows) = eval_rows {
             builder = builder.eval_dataset(InMemoryDataset::new(rows));
         }
-        for f in configure {
-            builder = f(builder);
-        }
+        let builder = inputs.configure(builder);
         Ok(SFTTrainer {
             trainer: builder.build()?,
         })

@@ -9,17 +9,14 @@
 //! adapter disabled as reference under TRL's defaults (bf16 autocast, gradient
 //! checkpointing), TR-DPO's reference sync, and every other loss type.
 
-use std::collections::HashMap;
-
 use anyhow::{Context, Result, ensure};
-use tch::Tensor;
 use tchtrain_collators::Column;
 use tchtrain_datasets::Table;
 use tchtrain_models::LoraConfig;
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{DPOConfig, DPOTrainer, DpoLossType, FDivergenceType, TruncationMode};
 
-use crate::common::assert_logs_equal;
+use crate::common::{assert_logs_equal, assert_same_tensors, reference_arguments};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_dpo")
@@ -34,29 +31,10 @@ fn table(name: &str) -> Result<Table> {
 /// evaluation every 4, `max_length` 48, seed 42, float32 without checkpointing.
 fn reference_config(out: &std::path::Path) -> DPOConfig {
     let mut config = DPOConfig::new(out.display().to_string());
-    config.base.per_device_train_batch_size = 4;
-    config.base.per_device_eval_batch_size = 4;
-    config.base.max_steps = 8;
-    config.base.learning_rate = 1e-3;
-    config.base.logging_steps = 2.0;
-    config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
-    config.base.eval_steps = Some(4.0);
-    config.base.save_strategy = tchtrain_training_args::SaveStrategy::No;
-    config.base.seed = 42;
-    config.base.use_cpu = true;
-    config.base.report_to = vec!["none".into()];
-    config.base.disable_tqdm = true;
+    reference_arguments(&mut config.base);
     config.max_length = Some(48);
     config.bf16 = Some(false);
-    config.base.gradient_checkpointing = false;
     config
-}
-
-fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
-    Ok(Tensor::read_safetensors(path)
-        .with_context(|| path.display().to_string())?
-        .into_iter()
-        .collect())
 }
 
 struct Case<'a> {
@@ -150,22 +128,11 @@ fn run(case: Case<'_>, set: impl FnOnce(&mut DPOConfig)) -> Result<()> {
         } else {
             "model.safetensors"
         };
-        let ours = tensors(&saved.join(file))?;
-        let theirs = tensors(&dir().join(name).join("model").join(file))?;
-        let mut names: Vec<&String> = theirs.keys().collect();
-        names.sort();
-        let mut ours_names: Vec<&String> = ours.keys().collect();
-        ours_names.sort();
-        ensure!(
-            names == ours_names,
-            "{name}: saved {ours_names:?} vs TRL's {names:?}"
-        );
-        for n in names {
-            ensure!(
-                ours[n].equal(&theirs[n]),
-                "{name}: saved {n} differs from TRL's"
-            );
-        }
+        assert_same_tensors(
+            name,
+            &saved.join(file),
+            &dir().join(name).join("model").join(file),
+        )?;
     }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())

@@ -7,17 +7,14 @@
 //! explicit prompts, margins with `center_rewards_coefficient`, conversations, and LoRA under
 //! TRL's defaults (bf16 autocast, gradient checkpointing).
 
-use std::collections::HashMap;
-
 use anyhow::{Context, Result, ensure};
-use tch::Tensor;
 use tchtrain_collators::Column;
 use tchtrain_datasets::Table;
 use tchtrain_models::LoraConfig;
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{RewardConfig, RewardTrainer};
 
-use crate::common::assert_logs_equal;
+use crate::common::{assert_logs_equal, assert_same_tensors, reference_arguments};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_reward")
@@ -32,21 +29,9 @@ fn table(name: &str) -> Result<Table> {
 /// evaluation every 4, `max_length` 30, seed 42, float32 without checkpointing.
 fn reference_config(out: &std::path::Path) -> RewardConfig {
     let mut config = RewardConfig::new(out.display().to_string());
-    config.base.per_device_train_batch_size = 4;
-    config.base.per_device_eval_batch_size = 4;
-    config.base.max_steps = 8;
-    config.base.learning_rate = 1e-3;
-    config.base.logging_steps = 2.0;
-    config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
-    config.base.eval_steps = Some(4.0);
-    config.base.save_strategy = tchtrain_training_args::SaveStrategy::No;
-    config.base.seed = 42;
-    config.base.use_cpu = true;
-    config.base.report_to = vec!["none".into()];
-    config.base.disable_tqdm = true;
+    reference_arguments(&mut config.base);
     config.max_length = Some(30);
     config.bf16 = Some(false);
-    config.base.gradient_checkpointing = false;
     config
 }
 
@@ -58,13 +43,6 @@ fn builder(config: RewardConfig) -> Result<tchtrain_trl::RewardTrainerBuilder> {
         config,
         tokenizer,
     ))
-}
-
-fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
-    Ok(Tensor::read_safetensors(path)
-        .with_context(|| path.display().to_string())?
-        .into_iter()
-        .collect())
 }
 
 fn run(
@@ -130,22 +108,11 @@ fn run(
     } else {
         "model.safetensors"
     };
-    let ours = tensors(&saved.join(file))?;
-    let theirs = tensors(&dir().join(case).join("model").join(file))?;
-    let mut names: Vec<&String> = theirs.keys().collect();
-    names.sort();
-    let mut ours_names: Vec<&String> = ours.keys().collect();
-    ours_names.sort();
-    ensure!(
-        names == ours_names,
-        "{case}: saved {ours_names:?} vs TRL's {names:?}"
-    );
-    for name in names {
-        ensure!(
-            ours[name].equal(&theirs[name]),
-            "{case}: saved {name} differs from TRL's"
-        );
-    }
+    assert_same_tensors(
+        case,
+        &saved.join(file),
+        &dir().join(case).join("model").join(file),
+    )?;
     if !adapter {
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(saved.join("config.json"))?)?;
@@ -275,14 +242,11 @@ fn reward_resumes_bit_exactly() -> Result<()> {
         }
     }
     let saved = resumed.save_model(Some(&out.join("model")))?;
-    let ours = tensors(&saved.join("model.safetensors"))?;
-    let theirs = tensors(&dir().join("standard/model/model.safetensors"))?;
-    for (name, t) in &theirs {
-        ensure!(
-            ours.get(name).is_some_and(|o| o.equal(t)),
-            "resumed: {name} differs from TRL's"
-        );
-    }
+    assert_same_tensors(
+        "resumed",
+        &saved.join("model.safetensors"),
+        &dir().join("standard/model/model.safetensors"),
+    )?;
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

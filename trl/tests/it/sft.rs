@@ -12,7 +12,7 @@ use tchtrain_models::{AutoTask, LoadOptions, LoraConfig, from_pretrained_dir};
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType};
 
-use crate::common::assert_logs_equal;
+use crate::common::{assert_logs_equal, reference_arguments};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_sft")
@@ -28,21 +28,9 @@ fn table(name: &str) -> Result<Table> {
 /// change what they test).
 fn reference_config(out: &std::path::Path) -> SFTConfig {
     let mut config = SFTConfig::new(out.display().to_string());
-    config.base.per_device_train_batch_size = 4;
-    config.base.per_device_eval_batch_size = 4;
-    config.base.max_steps = 8;
-    config.base.learning_rate = 1e-3;
-    config.base.logging_steps = 2.0;
-    config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::Steps;
-    config.base.eval_steps = Some(4.0);
-    config.base.save_strategy = tchtrain_training_args::SaveStrategy::No;
-    config.base.seed = 42;
-    config.base.use_cpu = true;
-    config.base.report_to = vec!["none".into()];
-    config.base.disable_tqdm = true;
+    reference_arguments(&mut config.base);
     config.max_length = Some(48);
     config.bf16 = Some(false);
-    config.base.gradient_checkpointing = false;
     config
 }
 
