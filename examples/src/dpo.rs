@@ -28,7 +28,7 @@ use tchtrain_trl::{DPOConfig, DPOTrainer, DpoLossType, FDivergenceType, Truncati
 use super::ExampleOutput;
 use super::args::{self, ScriptCommandLine};
 use super::peft_args::{self, PeftArguments};
-use super::trl_script::{self, TrlScriptArguments};
+use super::trl_script::{self, TrlCommonArguments, TrlScriptArguments};
 use crate::error::{Error, Result};
 
 /// TRL's `ScriptArguments` and `ModelConfig` (the model fields), and the DPO fields of
@@ -78,14 +78,9 @@ pub struct DpoArguments {
     pub ref_model_sync_steps: usize,
     /// `--router_aux_loss_coef`.
     pub router_aux_loss_coef: Option<f64>,
-    /// `--pad_token`.
-    pub pad_token: Option<String>,
-    /// `--activation_offloading`.
-    pub activation_offloading: bool,
-    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
-    pub pad_to_multiple_of: Option<String>,
-    /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
-    pub dataset_num_proc: Option<usize>,
+    /// The fields every TRL config has (`pad_token`, `pad_to_multiple_of`, ...).
+    #[serde(skip)]
+    pub common: TrlCommonArguments,
     /// TRL's LoRA and quantization flags.
     #[serde(skip)]
     pub peft: PeftArguments,
@@ -189,22 +184,6 @@ static DPO_CONFIG: Dataclass = Dataclass {
             "None",
             "Weight of a mixture-of-experts model's load-balancing loss.",
         ),
-        FieldSpec::str("pad_token", "None", "Token used for padding (deprecated)."),
-        FieldSpec::bool(
-            "activation_offloading",
-            false,
-            "Whether to offload the activations to the CPU (not supported here).",
-        ),
-        FieldSpec::str(
-            "pad_to_multiple_of",
-            "auto",
-            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
-        ),
-        FieldSpec::int(
-            "dataset_num_proc",
-            "None",
-            "Number of processes to use for processing the dataset.",
-        ),
     ],
 };
 
@@ -213,6 +192,7 @@ pub const COMMAND_LINE: &[&Dataclass] = &[
     &trl_script::SCRIPT_ARGUMENTS,
     &trl_script::MODEL_CONFIG,
     &DPO_CONFIG,
+    &trl_script::COMMON_CONFIG,
     &peft_args::LORA_ARGUMENTS,
 ];
 
@@ -232,8 +212,9 @@ where
     let (values, training) = args::parse(trl_script::with_trl_defaults(argv, "1e-6"), &LINE)?;
     let mut dpo: DpoArguments = values.take(&[2])?;
     dpo.script = trl_script::script_arguments(&values)?;
-    dpo.peft = values.take(&[3])?;
-    trl_script::note_dataset_num_proc(dpo.dataset_num_proc);
+    dpo.common = values.take(&[3])?;
+    dpo.peft = values.take(&[4])?;
+    trl_script::note_dataset_num_proc(dpo.common.dataset_num_proc);
     Ok((dpo, training))
 }
 
@@ -300,9 +281,9 @@ pub fn dpo_config(dpo: &DpoArguments, training: TrainingArguments) -> Result<DPO
     config.ref_model_mixup_alpha = dpo.ref_model_mixup_alpha;
     config.ref_model_sync_steps = dpo.ref_model_sync_steps;
     config.router_aux_loss_coef = dpo.router_aux_loss_coef;
-    config.pad_token = dpo.pad_token.clone();
-    config.activation_offloading = dpo.activation_offloading;
-    config.pad_to_multiple_of = trl_script::pad_to_multiple_of(dpo.pad_to_multiple_of.as_deref())?;
+    config.pad_token = dpo.common.pad_token.clone();
+    config.pad_to_multiple_of = dpo.common.pad_to_multiple_of()?;
+    config.activation_offloading = dpo.common.activation_offloading;
     Ok(config)
 }
 

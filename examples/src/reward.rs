@@ -28,7 +28,7 @@ use tchtrain_trl::{RewardConfig, RewardTrainer};
 use super::ExampleOutput;
 use super::args::{self, ScriptCommandLine};
 use super::peft_args::{self, PeftArguments};
-use super::trl_script::{self, TrlScriptArguments};
+use super::trl_script::{self, TrlCommonArguments, TrlScriptArguments};
 use crate::error::Result;
 
 /// TRL's `ScriptArguments` and `ModelConfig` (the model fields), and the reward fields of
@@ -48,16 +48,11 @@ pub struct RewardArguments {
     pub disable_dropout: bool,
     /// `--eos_token`.
     pub eos_token: Option<String>,
-    /// `--pad_token`.
-    pub pad_token: Option<String>,
     /// `--chat_template_path`.
     pub chat_template_path: Option<String>,
-    /// `--activation_offloading`.
-    pub activation_offloading: bool,
-    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
-    pub pad_to_multiple_of: Option<String>,
-    /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
-    pub dataset_num_proc: Option<usize>,
+    /// The fields every TRL config has (`pad_token`, `pad_to_multiple_of`, ...).
+    #[serde(skip)]
+    pub common: TrlCommonArguments,
     /// TRL's LoRA and quantization flags.
     #[serde(skip)]
     pub peft: PeftArguments,
@@ -87,26 +82,10 @@ static REWARD_CONFIG: Dataclass = Dataclass {
             "None",
             "Token used to indicate the end of a turn or sequence.",
         ),
-        FieldSpec::str("pad_token", "None", "Token used for padding (deprecated)."),
         FieldSpec::str(
             "chat_template_path",
             "None",
             "A .jinja / .j2 chat template file replacing the tokenizer's.",
-        ),
-        FieldSpec::bool(
-            "activation_offloading",
-            false,
-            "Whether to offload the activations to the CPU (not supported here).",
-        ),
-        FieldSpec::str(
-            "pad_to_multiple_of",
-            "auto",
-            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
-        ),
-        FieldSpec::int(
-            "dataset_num_proc",
-            "None",
-            "Number of processes to use for processing the dataset.",
         ),
     ],
 };
@@ -116,6 +95,7 @@ pub const COMMAND_LINE: &[&Dataclass] = &[
     &trl_script::SCRIPT_ARGUMENTS,
     &trl_script::MODEL_CONFIG,
     &REWARD_CONFIG,
+    &trl_script::COMMON_CONFIG,
     &peft_args::LORA_ARGUMENTS,
 ];
 
@@ -135,8 +115,9 @@ where
     let (values, training) = args::parse(trl_script::with_trl_defaults(argv, "1e-4"), &LINE)?;
     let mut reward: RewardArguments = values.take(&[2])?;
     reward.script = trl_script::script_arguments(&values)?;
-    reward.peft = values.take(&[3])?;
-    trl_script::note_dataset_num_proc(reward.dataset_num_proc);
+    reward.common = values.take(&[3])?;
+    reward.peft = values.take(&[4])?;
+    trl_script::note_dataset_num_proc(reward.common.dataset_num_proc);
     Ok((reward, training))
 }
 
@@ -161,11 +142,10 @@ pub fn run(reward: &RewardArguments, training: TrainingArguments) -> Result<Exam
     config.center_rewards_coefficient = reward.center_rewards_coefficient;
     config.disable_dropout = reward.disable_dropout;
     config.eos_token = reward.eos_token.clone();
-    config.pad_token = reward.pad_token.clone();
     config.chat_template_path = reward.chat_template_path.as_ref().map(Into::into);
-    config.activation_offloading = reward.activation_offloading;
-    config.pad_to_multiple_of =
-        trl_script::pad_to_multiple_of(reward.pad_to_multiple_of.as_deref())?;
+    config.pad_token = reward.common.pad_token.clone();
+    config.pad_to_multiple_of = reward.common.pad_to_multiple_of()?;
+    config.activation_offloading = reward.common.activation_offloading;
     let dtype = reward.script.dtype;
     let mut builder = RewardTrainer::builder_from_pretrained(dir, config, tokenizer)
         .model_init_kwargs(LoadOptions {

@@ -30,7 +30,7 @@ use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType, TruncationMode};
 use super::ExampleOutput;
 use super::args::{self, ScriptCommandLine};
 use super::peft_args::{self, PeftArguments};
-use super::trl_script::{self, TrlScriptArguments};
+use super::trl_script::{self, TrlCommonArguments, TrlScriptArguments};
 use crate::error::Result;
 
 /// TRL's `ScriptArguments` and `ModelConfig` (the model fields), and the SFT fields of
@@ -65,18 +65,13 @@ pub struct SftArguments {
     pub loss_type: String,
     /// `--eos_token`.
     pub eos_token: Option<String>,
-    /// `--pad_token`.
-    pub pad_token: Option<String>,
     /// `--chat_template_path`.
     pub chat_template_path: Option<String>,
     /// `--shuffle_dataset`.
     pub shuffle_dataset: bool,
-    /// `--activation_offloading`.
-    pub activation_offloading: bool,
-    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
-    pub pad_to_multiple_of: Option<String>,
-    /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
-    pub dataset_num_proc: Option<usize>,
+    /// The fields every TRL config has (`pad_token`, `pad_to_multiple_of`, ...).
+    #[serde(skip)]
+    pub common: TrlCommonArguments,
     /// TRL's LoRA and quantization flags.
     #[serde(skip)]
     pub peft: PeftArguments,
@@ -140,7 +135,6 @@ static SFT_CONFIG: Dataclass = Dataclass {
             "None",
             "Token used to indicate the end of a turn or sequence.",
         ),
-        FieldSpec::str("pad_token", "None", "Token used for padding (deprecated)."),
         FieldSpec::str(
             "chat_template_path",
             "None",
@@ -151,21 +145,6 @@ static SFT_CONFIG: Dataclass = Dataclass {
             false,
             "Whether to shuffle the dataset (not supported here).",
         ),
-        FieldSpec::bool(
-            "activation_offloading",
-            false,
-            "Whether to offload the activations to the CPU (not supported here).",
-        ),
-        FieldSpec::str(
-            "pad_to_multiple_of",
-            "auto",
-            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
-        ),
-        FieldSpec::int(
-            "dataset_num_proc",
-            "None",
-            "Number of processes to use for processing the dataset.",
-        ),
     ],
 };
 
@@ -174,6 +153,7 @@ pub const COMMAND_LINE: &[&Dataclass] = &[
     &trl_script::SCRIPT_ARGUMENTS,
     &trl_script::MODEL_CONFIG,
     &SFT_CONFIG,
+    &trl_script::COMMON_CONFIG,
     &peft_args::LORA_ARGUMENTS,
 ];
 
@@ -193,8 +173,9 @@ where
     let (values, training) = args::parse(trl_script::with_trl_defaults(argv, "2e-5"), &LINE)?;
     let mut sft: SftArguments = values.take(&[2])?;
     sft.script = trl_script::script_arguments(&values)?;
-    sft.peft = values.take(&[3])?;
-    trl_script::note_dataset_num_proc(sft.dataset_num_proc);
+    sft.common = values.take(&[3])?;
+    sft.peft = values.take(&[4])?;
+    trl_script::note_dataset_num_proc(sft.common.dataset_num_proc);
     Ok((sft, training))
 }
 
@@ -242,11 +223,11 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
     config.assistant_only_loss = sft.assistant_only_loss;
     config.loss_type = SftLossType::parse(&sft.loss_type)?;
     config.eos_token = sft.eos_token.clone();
-    config.pad_token = sft.pad_token.clone();
     config.chat_template_path = sft.chat_template_path.as_ref().map(Into::into);
     config.shuffle_dataset = sft.shuffle_dataset;
-    config.activation_offloading = sft.activation_offloading;
-    config.pad_to_multiple_of = trl_script::pad_to_multiple_of(sft.pad_to_multiple_of.as_deref())?;
+    config.pad_token = sft.common.pad_token.clone();
+    config.pad_to_multiple_of = sft.common.pad_to_multiple_of()?;
+    config.activation_offloading = sft.common.activation_offloading;
     let mut builder = SFTTrainer::builder(loaded.model, config, tokenizer).train_dataset(train);
     if let Some(e) = eval {
         builder = builder.eval_dataset(e);

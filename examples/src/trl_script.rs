@@ -95,6 +95,50 @@ pub(crate) static MODEL_CONFIG: Dataclass = Dataclass {
     ],
 };
 
+/// The fields every TRL trainer's config has, as one group of flags.
+pub(crate) static COMMON_CONFIG: Dataclass = Dataclass {
+    name: "the trainer's config (shared fields)",
+    fields: &[
+        FieldSpec::str("pad_token", "None", "Token used for padding (deprecated)."),
+        FieldSpec::str(
+            "pad_to_multiple_of",
+            "auto",
+            "Pad the batches to a multiple of this value (auto: 128 on Neuron, none elsewhere).",
+        ),
+        FieldSpec::bool(
+            "activation_offloading",
+            false,
+            "Whether to offload the activations to the CPU (not supported here).",
+        ),
+        FieldSpec::int(
+            "dataset_num_proc",
+            "None",
+            "Number of processes to use for processing the dataset.",
+        ),
+    ],
+};
+
+/// The values of [`COMMON_CONFIG`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrlCommonArguments {
+    /// `--pad_token`.
+    pub pad_token: Option<String>,
+    /// `--pad_to_multiple_of` (`auto`: none on the CPU).
+    pub pad_to_multiple_of: Option<String>,
+    /// `--activation_offloading` (refused by the trainers).
+    pub activation_offloading: bool,
+    /// `--dataset_num_proc` (a speed knob: the preparation runs in this process).
+    pub dataset_num_proc: Option<usize>,
+}
+
+impl TrlCommonArguments {
+    /// `--pad_to_multiple_of`'s value.
+    pub fn pad_to_multiple_of(&self) -> Result<Option<usize>> {
+        pad_to_multiple_of(self.pad_to_multiple_of.as_deref())
+    }
+}
+
 /// The flags of `ModelConfig` refused here.
 pub(crate) const REFUSED: &[args::Refusal] = &[
     refusals::TRUST_REMOTE_CODE,
