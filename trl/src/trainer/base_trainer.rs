@@ -383,3 +383,33 @@ pub(crate) fn wrap_with_adapter(
     }
     Ok(Box::new(m))
 }
+
+/// TRL's `prediction_step` of the fused-head trainers: the loss (computed by `loss`, without
+/// gradients); the logits, when asked for, from an extra forward without the fused head (as
+/// TRL recomputes them for `compute_metrics`), with the batch's `labels_key` as labels.
+pub(crate) fn fused_prediction_step(
+    ctx: &tchtrain_trainer::StepContext<'_>,
+    model: &dyn tchtrain_models::TrainableModel,
+    inputs: &tchtrain_collators::Batch,
+    prediction_loss_only: bool,
+    labels_key: &str,
+    loss: impl FnOnce() -> tchtrain_trainer::Result<Tensor>,
+) -> tchtrain_trainer::Result<tchtrain_trainer::PredictionStepOutput> {
+    tch::no_grad(|| {
+        let loss = Some(loss()?.detach());
+        if prediction_loss_only {
+            return Ok(tchtrain_trainer::PredictionStepOutput {
+                loss,
+                ..Default::default()
+            });
+        }
+        let mut mi = tchtrain_trainer::model_inputs(inputs);
+        mi.labels = None;
+        let out = tchtrain_trainer::model_forward(ctx, model, &mi)?;
+        Ok(tchtrain_trainer::PredictionStepOutput {
+            loss,
+            logits: out.logits.as_ref().map(Tensor::detach),
+            labels: inputs.get(labels_key).map(Tensor::detach),
+        })
+    })
+}

@@ -35,9 +35,7 @@ use tchtrain_models::{
     AutoTask, LoadOptions, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
     from_pretrained_dir,
 };
-use tchtrain_trainer::{
-    PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_forward, model_inputs,
-};
+use tchtrain_trainer::{PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_inputs};
 
 use crate::data_utils::{
     common_prefix_length, extract_prompt, is_conversational, tokenize_messages,
@@ -45,8 +43,8 @@ use crate::data_utils::{
 use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
-    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
-    trainer_input_methods, trl_trainer, wrap_with_adapter,
+    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, fused_prediction_step, hook_error,
+    ids_of, pad_batch, row, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 use crate::trainer::sft_config::TruncationMode;
@@ -758,23 +756,14 @@ impl TrainerHooks for DpoHooks {
         inputs: &Batch,
         prediction_loss_only: bool,
     ) -> tchtrain_trainer::Result<PredictionStepOutput> {
-        tch::no_grad(|| {
-            let loss = Some(self.loss(ctx, model, inputs).map_err(hook_error)?.detach());
-            if prediction_loss_only {
-                return Ok(PredictionStepOutput {
-                    loss,
-                    ..Default::default()
-                });
-            }
-            let mut mi = model_inputs(inputs);
-            mi.labels = None;
-            let out = model_forward(ctx, model, &mi)?;
-            Ok(PredictionStepOutput {
-                loss,
-                logits: out.logits.as_ref().map(Tensor::detach),
-                labels: inputs.get("input_ids").map(Tensor::detach),
-            })
-        })
+        fused_prediction_step(
+            ctx,
+            model,
+            inputs,
+            prediction_loss_only,
+            "input_ids",
+            || self.loss(ctx, model, inputs).map_err(hook_error),
+        )
     }
 
     fn log(

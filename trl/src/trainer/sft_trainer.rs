@@ -29,9 +29,7 @@ use tchtrain_collators::{Batch, DataCollator, Feature, Label};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{Table, pack_dataset};
 use tchtrain_models::{ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel};
-use tchtrain_trainer::{
-    PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_forward, model_inputs,
-};
+use tchtrain_trainer::{PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_inputs};
 
 use crate::data_utils::{
     common_prefix_length, is_conversational, is_conversational_from_value, tokenize_messages,
@@ -39,8 +37,8 @@ use crate::data_utils::{
 use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
-    SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
-    set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
+    SharedMetrics, TrainerInputs, TrainerTokens, fused_prediction_step, hook_error, ids_of,
+    pad_batch, row, set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::sft_config::{SFTConfig, SftLossType, TruncationMode};
 use crate::trainer::utils::{FusedCausalLMOutput, count, fused_lm_head_forward};
@@ -244,23 +242,8 @@ impl TrainerHooks for SftHooks {
         inputs: &Batch,
         prediction_loss_only: bool,
     ) -> tchtrain_trainer::Result<PredictionStepOutput> {
-        tch::no_grad(|| {
-            let (loss, _) = self.compute_loss(ctx, model, inputs, None)?;
-            let loss = Some(loss.detach());
-            if prediction_loss_only {
-                return Ok(PredictionStepOutput {
-                    loss,
-                    ..Default::default()
-                });
-            }
-            let mut mi = model_inputs(inputs);
-            mi.labels = None;
-            let out = model_forward(ctx, model, &mi)?;
-            Ok(PredictionStepOutput {
-                loss,
-                logits: out.logits.as_ref().map(Tensor::detach),
-                labels: inputs.get("labels").map(Tensor::detach),
-            })
+        fused_prediction_step(ctx, model, inputs, prediction_loss_only, "labels", || {
+            Ok(self.compute_loss(ctx, model, inputs, None)?.0)
         })
     }
 

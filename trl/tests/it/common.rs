@@ -91,3 +91,54 @@ pub(crate) fn assert_same_tensors(
     }
     Ok(())
 }
+
+/// A run resumed from its step-4 checkpoint against the reference's uninterrupted
+/// `log_history.json`: the same number of entries, and every entry after step 4's log and
+/// evaluation equal to the reference's to the bit but the timings, the summary's mean loss
+/// and FLOPs (which cover the resumed steps only, upstream's too) and `num_tokens`, which TRL
+/// keeps on the trainer, not in the checkpoint, so a resumed run counts from zero.
+pub(crate) fn assert_resumed_logs(history: &[JsonMap], reference: &std::path::Path) -> Result<()> {
+    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(reference)?)?;
+    let expected = expected.as_array().context("log_history")?;
+    let tokens_at_4 = expected[1]["num_tokens"].as_f64().context("num_tokens")?;
+    ensure!(
+        history.len() == expected.len(),
+        "{} entries after resuming vs {}",
+        history.len(),
+        expected.len()
+    );
+    for (i, (o, e)) in history[3..].iter().zip(&expected[3..]).enumerate() {
+        for (k, v) in e.as_object().context("entry")? {
+            let timing = k.ends_with("_runtime") || k.ends_with("_per_second");
+            if timing || k == "train_loss" || k == "total_flos" {
+                continue;
+            }
+            let want = match k.as_str() {
+                "num_tokens" | "eval_num_tokens" => v.as_f64().map(|w| w - tokens_at_4),
+                _ => v.as_f64(),
+            };
+            let got = o.get(k).and_then(|x| x.as_f64());
+            ensure!(
+                got == want,
+                "resumed entry {i}: {k} = {got:?}, TRL's {want:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The references' adapter: `LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj",
+/// "v_proj"], task_type=task)`.
+pub(crate) fn lora_q_v(task: &str) -> tchtrain_models::LoraConfig {
+    tchtrain_models::LoraConfig {
+        r: 4,
+        lora_alpha: 8.0,
+        target_modules: Some(tchtrain_models::TargetModules::Names(vec![
+            "q_proj".into(),
+            "v_proj".into(),
+        ])),
+        task_type: Some(task.into()),
+        inference_mode: false,
+        ..tchtrain_models::LoraConfig::default()
+    }
+}

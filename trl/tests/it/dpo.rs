@@ -16,7 +16,7 @@ use tchtrain_models::LoraConfig;
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{DPOConfig, DPOTrainer, DpoLossType, FDivergenceType, TruncationMode};
 
-use crate::common::{assert_logs_equal, assert_same_tensors, reference_arguments};
+use crate::common::{assert_logs_equal, assert_same_tensors, lora_q_v, reference_arguments};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_dpo")
@@ -206,17 +206,7 @@ fn dpo_precomputed_reference_equals_trl() -> Result<()> {
 /// is the base model with the adapter disabled.
 #[test]
 fn dpo_lora_with_trl_defaults_equals_trl() -> Result<()> {
-    let lora = LoraConfig {
-        r: 4,
-        lora_alpha: 8.0,
-        target_modules: Some(tchtrain_models::TargetModules::Names(vec![
-            "q_proj".into(),
-            "v_proj".into(),
-        ])),
-        task_type: Some("CAUSAL_LM".into()),
-        inference_mode: false,
-        ..LoraConfig::default()
-    };
+    let lora = lora_q_v("CAUSAL_LM");
     let case = Case {
         lora: Some(lora),
         ..Case::new("lora_defaults", "conversational")

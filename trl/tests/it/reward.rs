@@ -14,7 +14,9 @@ use tchtrain_models::LoraConfig;
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{RewardConfig, RewardTrainer};
 
-use crate::common::{assert_logs_equal, assert_same_tensors, reference_arguments};
+use crate::common::{
+    assert_logs_equal, assert_resumed_logs, assert_same_tensors, lora_q_v, reference_arguments,
+};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_reward")
@@ -174,17 +176,7 @@ fn reward_lora_with_trl_defaults_equals_trl() -> Result<()> {
             c.base.gradient_checkpointing = true;
             c.max_length = Some(60);
         },
-        Some(LoraConfig {
-            r: 4,
-            lora_alpha: 8.0,
-            target_modules: Some(tchtrain_models::TargetModules::Names(vec![
-                "q_proj".into(),
-                "v_proj".into(),
-            ])),
-            task_type: Some("SEQ_CLS".into()),
-            inference_mode: false,
-            ..LoraConfig::default()
-        }),
+        Some(lora_q_v("SEQ_CLS")),
     )
 }
 
@@ -211,36 +203,10 @@ fn reward_resumes_bit_exactly() -> Result<()> {
     resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(
         out.join("checkpoint-4"),
     )))?;
-    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
-        dir().join("standard/log_history.json"),
-    )?)?;
-    let expected = expected.as_array().context("log_history")?;
-    let tokens_at_4 = expected[1]["num_tokens"].as_f64().context("num_tokens")?;
-    let history = &resumed.state.log_history;
-    ensure!(
-        history.len() == expected.len(),
-        "{} entries after resuming vs {}",
-        history.len(),
-        expected.len()
-    );
-    for (i, (o, e)) in history[3..].iter().zip(&expected[3..]).enumerate() {
-        for (k, v) in e.as_object().context("entry")? {
-            let timing = k.ends_with("_runtime") || k.ends_with("_per_second");
-            // The summary's mean loss covers the resumed steps only (upstream's too).
-            if timing || k == "train_loss" || k == "total_flos" {
-                continue;
-            }
-            let want = match k.as_str() {
-                "num_tokens" | "eval_num_tokens" => v.as_f64().map(|w| w - tokens_at_4),
-                _ => v.as_f64(),
-            };
-            let got = o.get(k).and_then(|x| x.as_f64());
-            ensure!(
-                got == want,
-                "resumed entry {i}: {k} = {got:?}, TRL's {want:?}"
-            );
-        }
-    }
+    assert_resumed_logs(
+        &resumed.state.log_history,
+        &dir().join("standard/log_history.json"),
+    )?;
     let saved = resumed.save_model(Some(&out.join("model")))?;
     assert_same_tensors(
         "resumed",

@@ -12,7 +12,7 @@ use tchtrain_models::{AutoTask, LoadOptions, LoraConfig, from_pretrained_dir};
 use tchtrain_testing::{assets, lock, temp_dir};
 use tchtrain_trl::{SFTConfig, SFTTrainer, SftLossType};
 
-use crate::common::{assert_logs_equal, reference_arguments};
+use crate::common::{assert_logs_equal, assert_resumed_logs, lora_q_v, reference_arguments};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/trl_sft")
@@ -176,17 +176,7 @@ fn sft_lora_with_trl_defaults_equals_trl() -> Result<()> {
             c.bf16 = None;
             c.base.gradient_checkpointing = true;
         },
-        Some(LoraConfig {
-            r: 4,
-            lora_alpha: 8.0,
-            target_modules: Some(tchtrain_models::TargetModules::Names(vec![
-                "q_proj".into(),
-                "v_proj".into(),
-            ])),
-            task_type: Some("CAUSAL_LM".into()),
-            inference_mode: false,
-            ..LoraConfig::default()
-        }),
+        Some(lora_q_v("CAUSAL_LM")),
     )
 }
 
@@ -213,44 +203,10 @@ fn sft_resumes_bit_exactly() -> Result<()> {
     resumed.train(Some(tchtrain_trainer::ResumeFrom::Path(
         out.join("checkpoint-4"),
     )))?;
-    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
-        dir().join("text/log_history.json"),
-    )?)?;
-    let expected = expected.as_array().context("log_history")?;
-    // TRL's entries after step 4: the logs of steps 6 and 8, the evaluation at 8, the summary.
-    let later: Vec<serde_json::Value> = expected[3..].to_vec();
-    let tokens_at_4 = expected[1]["num_tokens"].as_f64().context("num_tokens")?;
-    // The checkpoint's `log_history` (steps 2 and 4 and the evaluation at 4) comes back first.
-    let history = &resumed.state.log_history;
-    ensure!(
-        history.len() == expected.len(),
-        "{} entries after resuming vs {}",
-        history.len(),
-        expected.len()
-    );
-    let history = &history[3..];
-    for (i, (o, e)) in history.iter().zip(&later).enumerate() {
-        for (k, v) in e.as_object().context("entry")? {
-            if k.ends_with("_runtime") || k.ends_with("_per_second") {
-                continue;
-            }
-            let want = v.as_f64();
-            let got = o.get(k).and_then(|x| x.as_f64());
-            let want = if k == "num_tokens" || k == "eval_num_tokens" {
-                want.map(|w| w - tokens_at_4)
-            } else {
-                want
-            };
-            if k == "train_loss" || k == "total_flos" {
-                // The summary's mean loss covers the resumed steps only (upstream's too).
-                continue;
-            }
-            ensure!(
-                got == want,
-                "resumed entry {i}: {k} = {got:?}, TRL's {want:?}"
-            );
-        }
-    }
+    assert_resumed_logs(
+        &resumed.state.log_history,
+        &dir().join("text/log_history.json"),
+    )?;
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
