@@ -41,10 +41,11 @@ pub struct DpoArguments {
     pub script: TrlScriptArguments,
     /// `--beta` (0.1).
     pub beta: f64,
-    /// `--loss_type` (`sigmoid`; several separated by commas or spaces).
-    pub loss_type: String,
-    /// `--loss_weights` (one per loss type, separated by commas or spaces).
-    pub loss_weights: Option<String>,
+    /// `--loss_type TYPE...` (`sigmoid`; several, as TRL's `list[str]`, or separated by
+    /// commas).
+    pub loss_type: Option<Vec<String>>,
+    /// `--loss_weights W...` (one per loss type).
+    pub loss_weights: Option<Vec<String>>,
     /// `--label_smoothing` (0.0).
     pub label_smoothing: f64,
     /// `--ld_alpha`.
@@ -95,15 +96,15 @@ static DPO_CONFIG: Dataclass = Dataclass {
             "0.1",
             "Parameter controlling the deviation from the reference model.",
         ),
-        FieldSpec::str(
+        FieldSpec::list(
             "loss_type",
-            "sigmoid",
-            "Type of loss to use (several, separated by commas, are combined with loss_weights).",
+            "None",
+            "Types of loss to use (default sigmoid); several are combined with loss_weights.",
         ),
-        FieldSpec::str(
+        FieldSpec::list(
             "loss_weights",
             "None",
-            "Weights of the loss types (one per loss type, separated by commas).",
+            "Weights of the loss types (one per loss type; default 1.0 each).",
         ),
         FieldSpec::float("label_smoothing", "0.0", "Label smoothing (robust, exo_pair, aot)."),
         FieldSpec::float(
@@ -228,12 +229,12 @@ where
     run(&dpo, training)
 }
 
-/// A list flag: values separated by commas or spaces (a JSON list's items joined).
-fn list(value: &str) -> Vec<&str> {
-    value
-        .trim_matches(|c| c == '[' || c == ']')
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .map(|s| s.trim_matches(|c| c == '"' || c == '\''))
+/// A list flag's values, each also split at commas.
+fn list(values: &[String]) -> Vec<&str> {
+    values
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect()
 }
@@ -244,10 +245,13 @@ pub fn dpo_config(dpo: &DpoArguments, training: TrainingArguments) -> Result<DPO
     config.bf16 = Some(training.bf16);
     config.base = training;
     config.beta = dpo.beta;
-    config.loss_type = list(&dpo.loss_type)
-        .into_iter()
-        .map(DpoLossType::parse)
-        .collect::<tchtrain_trl::Result<_>>()?;
+    config.loss_type = match &dpo.loss_type {
+        None => vec![DpoLossType::Sigmoid],
+        Some(types) => list(types)
+            .into_iter()
+            .map(DpoLossType::parse)
+            .collect::<tchtrain_trl::Result<_>>()?,
+    };
     config.loss_weights = match &dpo.loss_weights {
         None => None,
         Some(w) => Some(

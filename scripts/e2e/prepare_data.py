@@ -18,6 +18,14 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
                          training, the next N_VALID for validation, the next N_TEST for
                          prediction; column score is the label as a float (fresh 1.0,
                          rotten 0.0) for the regression case
+  tiny-llama-chat/        a tiny Llama causal LM (2 layers, hidden 64, 4 heads over 2, untied head)
+                         at SmolLM2-135M's vocabulary, drawn after `torch.manual_seed(0)`, with
+                         SmolLM2's tokenizer files beside it: the model TRL's scripts load
+  trl-messages/          train.jsonl / test.jsonl: `messages` (a user line of hamlet.txt and the
+                         assistant's next line), 40 and 8 rows, for `trl sft`
+  trl-pairs/             train.jsonl / test.jsonl: explicit-prompt preference pairs (`prompt` a
+                         line, `chosen` " " + the next, `rejected` " " + a line further on), 40
+                         and 8 rows, for `trl dpo` and `trl reward`
   manifest.json          row counts, for the log
 """
 
@@ -92,8 +100,42 @@ def main():
         )
         manifest[f"rotten_tomatoes_{name}"] = len(part)
 
+    trl_data(assets, out, manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
+
+
+def trl_data(assets, out, manifest):
+    import shutil
+
+    import torch
+    import transformers as tf
+
+    model = out / "tiny-llama-chat"
+    config = tf.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(config).save_pretrained(model)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(assets / "smollm2-135m" / f, model / f)
+    text = (assets / "text" / "hamlet.txt").read_text(encoding="utf-8")
+    ls = [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:200]
+    triples = [(ls[i], ls[i + 1], ls[(i + 57) % 150]) for i in range(0, 96, 2)]
+    for name, part in (("train", triples[:40]), ("test", triples[40:48])):
+        rows = {
+            "trl-messages": [
+                {"messages": [{"role": "user", "content": a}, {"role": "assistant", "content": b}]}
+                for a, b, _ in part
+            ],
+            "trl-pairs": [{"prompt": a, "chosen": " " + b, "rejected": " " + c} for a, b, c in part],
+        }
+        for folder, data in rows.items():
+            (out / folder).mkdir(exist_ok=True)
+            (out / folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+            manifest[f"{folder}_{name}"] = len(data)
 
 
 if __name__ == "__main__":

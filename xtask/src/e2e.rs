@@ -1,8 +1,9 @@
 //! `cargo xtask e2e [--short] [--case NAME]`: the example scripts against upstream's, end to
 //! end, on the same flags and data.
 //!
-//! Each case runs one of our example binaries (`run_clm`, `run_classification`) and the
-//! Python driver of the same name in `scripts/e2e/` — upstream's example script's steps
+//! Each case runs one of our example binaries (`run_clm`, `run_classification`, `sft`, `dpo`,
+//! `reward`) and the Python driver of the same name in `scripts/e2e/` — for TRL's three, TRL's
+//! own script run as its `__main__`; for the others upstream's example script's steps
 //! (HfArgumentParser, `datasets.load_dataset`, `map(batched=True)` tokenization,
 //! `group_texts` / the label list, `set_seed` before the model, `Trainer` with the script's
 //! `compute_metrics`, train then evaluate) on the pinned transformers / datasets / torch —
@@ -58,6 +59,12 @@ const THREADS: &str = crate::test::REFERENCE_THREADS;
 enum Script {
     Clm,
     Classification,
+    /// TRL's `trl sft` (our `sft`; theirs TRL's own script).
+    Sft,
+    /// TRL's `trl dpo`.
+    Dpo,
+    /// TRL's `trl reward`.
+    Reward,
 }
 
 impl Script {
@@ -66,6 +73,9 @@ impl Script {
         match self {
             Script::Clm => "run_clm",
             Script::Classification => "run_classification",
+            Script::Sft => "sft",
+            Script::Dpo => "dpo",
+            Script::Reward => "reward",
         }
     }
 }
@@ -89,6 +99,10 @@ struct Case {
     /// The script's flags (without the common ones and `--output_dir`); `short` asks for
     /// the short form's sizes.
     args: fn(&Inputs<'_>, bool) -> Vec<String>,
+    /// The checkpoint folder whose `trainer_state.json` is compared (TRL's scripts save the
+    /// model only: both sides then save a checkpoint at the last step), instead of the
+    /// output folder's own files.
+    checkpoint: Option<&'static str>,
 }
 
 fn path_arg(p: PathBuf) -> String {
@@ -252,6 +266,58 @@ fn regression_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
     v
 }
 
+/// TRL's scripts on the tiny Llama with SmolLM2's tokenizer (`tiny-llama-chat`): batches of
+/// 4, 6 steps at lr 1e-3, an evaluation every 3 steps, float32 without checkpointing, a
+/// checkpoint at step 6 (whose `trainer_state.json` is compared).
+fn trl_args(i: &Inputs<'_>, data: &str, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--model_name_or_path".into(),
+        path_arg(i.data.join("tiny-llama-chat")),
+        "--dataset_name".into(),
+        path_arg(i.data.join(data)),
+    ];
+    v.extend(strings(&[
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--max_steps",
+        "6",
+        "--learning_rate",
+        "1e-3",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "6",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+    ]));
+    v.extend(strings(extra));
+    v
+}
+
+fn trl_sft(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    trl_args(i, "trl-messages", &["--max_length", "64"])
+}
+
+fn trl_dpo(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    trl_args(
+        i,
+        "trl-pairs",
+        &["--max_length", "48", "--loss_type", "sigmoid", "bco_pair"],
+    )
+}
+
+fn trl_reward(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    trl_args(i, "trl-pairs", &["--max_length", "30"])
+}
+
 /// Every case, in the order they run.
 fn cases() -> Vec<Case> {
     vec![
@@ -263,6 +329,7 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: None,
             args: clm_txt,
+            checkpoint: None,
         },
         Case {
             name: "clm-txt-2ranks",
@@ -272,6 +339,7 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: None,
             args: clm_txt,
+            checkpoint: None,
         },
         Case {
             name: "clm-fsdp-bf16-documents",
@@ -281,6 +349,7 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: None,
             args: clm_fsdp_documents,
+            checkpoint: None,
         },
         Case {
             name: "clm-parquet",
@@ -290,6 +359,7 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: Some("train_file"),
             args: clm_parquet,
+            checkpoint: None,
         },
         Case {
             name: "classification-parquet",
@@ -299,6 +369,7 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: Some("train_file"),
             args: classification_parquet,
+            checkpoint: None,
         },
         Case {
             name: "regression-parquet",
@@ -308,6 +379,7 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: Some("train_file"),
             args: regression_parquet,
+            checkpoint: None,
         },
         Case {
             name: "clm-smollm2",
@@ -317,6 +389,7 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: None,
             args: clm_smollm2,
+            checkpoint: None,
         },
         Case {
             name: "clm-dataset-name",
@@ -326,6 +399,37 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: Some("dataset_name"),
             args: clm_dataset_name,
+            checkpoint: None,
+        },
+        Case {
+            name: "trl-sft",
+            what: "sft against TRL's trl sft, tiny Llama on chat messages (SmolLM2's template), 1 rank",
+            script: Script::Sft,
+            ranks: 1,
+            short: false,
+            skip_if_refused: None,
+            args: trl_sft,
+            checkpoint: Some("checkpoint-6"),
+        },
+        Case {
+            name: "trl-dpo",
+            what: "dpo against TRL's trl dpo, tiny Llama on explicit-prompt pairs (sigmoid + bco_pair), 1 rank",
+            script: Script::Dpo,
+            ranks: 1,
+            short: false,
+            skip_if_refused: None,
+            args: trl_dpo,
+            checkpoint: Some("checkpoint-6"),
+        },
+        Case {
+            name: "trl-reward",
+            what: "reward against TRL's trl reward, tiny Llama (a new score head) on the same pairs, 1 rank",
+            script: Script::Reward,
+            ranks: 1,
+            short: false,
+            skip_if_refused: None,
+            args: trl_reward,
+            checkpoint: Some("checkpoint-6"),
         },
     ]
 }
@@ -479,7 +583,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = Options::parse(args)?;
     let t0 = Instant::now();
     let s = setup::run(&setup::Options::default())?;
-    build_examples(&s, false, &["run_clm", "run_classification"], "e2e")?;
+    let mut bins: Vec<&str> = o.selected().iter().map(|c| c.script.name()).collect();
+    bins.sort_unstable();
+    bins.dedup();
+    build_examples(&s, false, &bins, "e2e")?;
     let report = suite(&s, &o.selected(), o.short);
     println!(
         "xtask e2e finished in {:.1}s (setup and build included); {}",
@@ -691,13 +798,14 @@ fn run_case(
     let script_args = (case.args)(inputs, short);
     let with_common = |out: &Path| -> Vec<String> {
         let mut v = script_args.clone();
+        if case.checkpoint.is_none() {
+            v.extend(strings(&["--save_strategy", "no"]));
+        }
         v.extend(strings(&[
             "--seed",
             "42",
             "--logging_steps",
             "1",
-            "--save_strategy",
-            "no",
             "--use_cpu",
             "--report_to",
             "none",
@@ -783,7 +891,10 @@ fn run_case(
         case.ranks,
         if case.ranks == 1 { "" } else { "s" }
     );
-    let cmp = compare::compare_dirs(&ours_dir, &theirs_dir)?;
+    let cmp = match case.checkpoint {
+        Some(c) => compare::compare_dirs(&ours_dir.join(c), &theirs_dir.join(c))?,
+        None => compare::compare_dirs(&ours_dir, &theirs_dir)?,
+    };
     print!("{}", cmp.render());
     let steps = cmp.steps();
     let worst = cmp.max_rel();

@@ -95,7 +95,8 @@ commands:
         (xtask launch / torchrun, Gloo), OMP_NUM_THREADS=2; prints per case the logged
         steps (loss, rel diff of loss, grad_norm, learning rate) and the final metrics;
         fails when any relative difference exceeds 1e-6. Cases: clm-txt,
-        clm-txt-2ranks, clm-parquet, classification-parquet, clm-smollm2, clm-dataset-name
+        clm-txt-2ranks, clm-parquet, classification-parquet, clm-smollm2, clm-dataset-name,
+        trl-sft, trl-dpo, trl-reward (TRL's own scripts)
         --short         the short form `test` runs (clm-txt-2ranks and
                         classification-parquet, fewer steps)
         --case NAME     only these cases
