@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 use tch::Tensor;
+use tchtrain_collators::{Column, Feature};
 use tchtrain_datasets::Table;
 use tchtrain_models::PreTrainedTokenizerFast;
 use tchtrain_trainer::{Trainer, TrainerBuilder};
@@ -129,6 +130,23 @@ pub(crate) fn row(table: &Table, i: usize, dataset: &str) -> Result<Map<String, 
         m.insert(c.clone(), table.cell(i, c)?.clone());
     }
     Ok(m)
+}
+
+/// Column `name` of row `index` as ids (the collators' error when the row lacks it).
+pub(crate) fn ids_column<'a>(
+    f: &'a Feature,
+    index: usize,
+    name: &'static str,
+) -> tchtrain_collators::Result<&'a [i64]> {
+    match f.column(name) {
+        Some(Column::Ids(ids)) => Ok(ids),
+        _ => Err(tchtrain_collators::Error::InconsistentFeatures {
+            key: name,
+            index,
+            presence: "lacks",
+            other: "does not",
+        }),
+    }
 }
 
 /// A JSON list of ids.

@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
     ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, fused_prediction_step, hook_error,
-    ids_of, pad_batch, row, trainer_input_methods, trl_trainer, wrap_with_adapter,
+    ids_column, ids_of, pad_batch, row, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 use crate::trainer::sft_config::TruncationMode;
@@ -66,22 +66,6 @@ pub struct DataCollatorForPreference {
     pub truncation_mode: TruncationMode,
     /// `pad_to_multiple_of`.
     pub pad_to_multiple_of: Option<usize>,
-}
-
-fn ids_column<'a>(
-    f: &'a Feature,
-    index: usize,
-    name: &'static str,
-) -> tchtrain_collators::Result<&'a [i64]> {
-    match f.column(name) {
-        Some(Column::Ids(ids)) => Ok(ids),
-        _ => Err(tchtrain_collators::Error::InconsistentFeatures {
-            key: name,
-            index,
-            presence: "lacks",
-            other: "does not",
-        }),
-    }
 }
 
 fn float_column(f: &Feature, index: usize, name: &'static str) -> tchtrain_collators::Result<f32> {

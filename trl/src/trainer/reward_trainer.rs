@@ -39,8 +39,8 @@ use tchtrain_trainer::{
 use crate::data_utils::{is_conversational, tokenize_messages};
 use crate::error::{Error, Result};
 use crate::trainer::base_trainer::{
-    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_of, pad_batch, row,
-    set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
+    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, ids_column, ids_of,
+    pad_batch, row, set_chat_template_path, trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::reward_config::RewardConfig;
 
@@ -56,23 +56,6 @@ pub struct DataCollatorForPreference {
     pub pad_to_multiple_of: Option<usize>,
 }
 
-/// Column `name` of row `index` as ids.
-fn ids_column(
-    f: &Feature,
-    index: usize,
-    name: &'static str,
-) -> tchtrain_collators::Result<Vec<i64>> {
-    match f.column(name) {
-        Some(Column::Ids(ids)) => Ok(ids.clone()),
-        _ => Err(tchtrain_collators::Error::InconsistentFeatures {
-            key: name,
-            index,
-            presence: "lacks",
-            other: "does not",
-        }),
-    }
-}
-
 impl DataCollator<Feature> for DataCollatorForPreference {
     fn collate(&mut self, features: &[Feature]) -> tchtrain_collators::Result<Batch> {
         if features.is_empty() {
@@ -80,10 +63,10 @@ impl DataCollator<Feature> for DataCollatorForPreference {
         }
         let mut rows = Vec::with_capacity(2 * features.len());
         for (i, f) in features.iter().enumerate() {
-            rows.push(ids_column(f, i, "chosen_ids")?);
+            rows.push(ids_column(f, i, "chosen_ids")?.to_vec());
         }
         for (i, f) in features.iter().enumerate() {
-            rows.push(ids_column(f, i, "rejected_ids")?);
+            rows.push(ids_column(f, i, "rejected_ids")?.to_vec());
         }
         let masks: Vec<Vec<i64>> = rows.iter().map(|r| vec![1; r.len()]).collect();
         let mut batch = Batch::new();
