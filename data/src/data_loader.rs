@@ -135,7 +135,10 @@ impl DataLoader {
 
     /// Number of batches per epoch (`len(dataloader)`); 0 for a stream.
     pub fn len(&self) -> usize {
-        let n = self.num_examples();
+        let n = match &self.source {
+            Source::Map { dataset, sampler } => sampler.num_samples(dataset.len()),
+            Source::Stream(_) => 0,
+        };
         let batches = if self.drop_last {
             n / self.batch_size
         } else {

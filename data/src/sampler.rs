@@ -26,8 +26,15 @@ pub trait Sampler: Send + Sync {
         None
     }
 
-    /// The indices of epoch `epoch` over a dataset of `len` rows, each once.
+    /// The indices of epoch `epoch` over a dataset of `len` rows (each once, unless the
+    /// sampler repeats rows: then [`num_samples`](Self::num_samples) of them).
     fn indices(&self, len: usize, epoch: u64) -> Vec<usize>;
+
+    /// How many indices an epoch yields over a dataset of `len` rows (torch's
+    /// `len(sampler)`): `len` unless the sampler repeats or drops rows.
+    fn num_samples(&self, len: usize) -> usize {
+        len
+    }
 }
 
 /// torch's `SequentialSampler`: `0, 1, ..., len - 1` in every epoch.

@@ -145,13 +145,15 @@ impl Trainer {
                 .and_then(|(_, t)| t.size().first().copied())
                 .unwrap_or(batch_size);
             let out = {
-                let ctx = StepContext::new(
+                let tokens_seen = std::cell::Cell::new(self.state.num_input_tokens_seen);
+                let mut ctx = StepContext::new(
                     &self.args,
                     &self.facts,
                     &self.accelerator,
                     1,
                     self.state.global_step,
                 );
+                ctx.num_input_tokens_seen = Some(&tokens_seen);
                 hooks.prediction_step(&ctx, &*self.model, &batch, prediction_loss_only)?
             };
             let batch_losses = match out.loss {

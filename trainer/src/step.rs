@@ -72,6 +72,10 @@ pub struct StepContext<'a> {
     /// Where the default training step adds its forward's time, when the loop is
     /// profiled (`TCHTRAIN_PROFILE`).
     pub forward_time: Option<&'a std::cell::Cell<std::time::Duration>>,
+    /// The state's `num_input_tokens_seen` (upstream's `self.state.num_input_tokens_seen`),
+    /// which a step may read and, in training, add to (TRL's GRPO counts the tokens it
+    /// generates): the Trainer's state takes the value back after a training step.
+    pub num_input_tokens_seen: Option<&'a std::cell::Cell<i64>>,
 }
 
 impl<'a> StepContext<'a> {
@@ -97,6 +101,7 @@ impl<'a> StepContext<'a> {
             skip_logits: None,
             fused_backward: None,
             forward_time: None,
+            num_input_tokens_seen: None,
         }
     }
 

@@ -649,6 +649,7 @@ impl Trainer {
             .then(|| self.get_learning_rate());
         // The default training step adds its forward's time here when profiling.
         let forward_time = std::cell::Cell::new(std::time::Duration::ZERO);
+        let tokens_seen = std::cell::Cell::new(self.state.num_input_tokens_seen);
         let loss = {
             let scope = self.accelerator.forward_scope(true)?;
             let hooks = Arc::clone(&self.hooks);
@@ -679,6 +680,7 @@ impl Trainer {
             if self.loop_state.profile.is_some() {
                 ctx.forward_time = Some(&forward_time);
             }
+            ctx.num_input_tokens_seen = Some(&tokens_seen);
             let model = &mut *self.model;
             let parts = model.context().clone();
             scope.run(&parts, || {
@@ -688,6 +690,7 @@ impl Trainer {
         if let Some(p) = self.loop_state.profile.as_mut() {
             p.mark_training_step(forward_time.get());
         }
+        self.state.num_input_tokens_seen = tokens_seen.get();
         Ok(loss)
     }
 

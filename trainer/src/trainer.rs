@@ -859,11 +859,24 @@ impl Trainer {
                 }
             },
         };
+        self.get_dataloader(dataset, sampler, self.data.train_batch_size)
+    }
+
+    /// Upstream `_get_dataloader(dataset, batch_size=..., sampler_fn=...)`, as a trainer that
+    /// overrides `get_train_dataloader` / `get_eval_dataloader` calls it: `batch_size` rows of
+    /// `dataset` per batch in `sampler`'s order, through the Trainer's collator,
+    /// `dataloader_drop_last`, this process's shard in a data-parallel run.
+    pub fn get_dataloader(
+        &self,
+        dataset: Arc<dyn Dataset>,
+        sampler: Arc<dyn Sampler>,
+        batch_size: usize,
+    ) -> Result<DataLoader> {
         DataLoader::new(
             dataset,
             Arc::clone(&self.data.collator),
             sampler,
-            self.data.train_batch_size,
+            batch_size,
             self.args.dataloader_drop_last,
         )
         .map(|l| self.accelerator.prepare_data_loader(l))

@@ -24,6 +24,8 @@ pub mod trainer;
 pub use error::{Error, Result};
 pub use trainer::{
     DPOConfig, DPOTrainer, DPOTrainerBuilder, DataCollatorForLanguageModeling, DpoLossType,
-    FDivergenceType, RewardConfig, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
+    FDivergenceType, GRPOConfig, GRPOTrainer, GRPOTrainerBuilder, GrpoLossType,
+    ImportanceSamplingLevel, MultiObjectiveAggregation, RepeatSampler, RewardConfig, RewardFunc,
+    RewardInputs, ScaleRewards, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
     SFTTrainerBuilder, SftLossType, TruncationMode,
 };

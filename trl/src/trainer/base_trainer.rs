@@ -37,13 +37,20 @@ impl ModeMetrics {
         }
     }
 
-    /// `{key: sum(val) / len(val)}`, then cleared.
-    fn take_means(&mut self) -> Vec<(String, f64)> {
+    /// `{key: sum(val) / len(val)}`, then cleared; with `skip_nan` (GRPO's `log`), over the
+    /// non-NaN values, NaN (logged as `null`, upstream's `None`) when there are none.
+    fn take_means(&mut self, skip_nan: bool) -> Vec<(String, f64)> {
         std::mem::take(&mut self.0)
             .into_iter()
             .map(|(k, v)| {
+                let v: Vec<f64> = v.into_iter().filter(|x| !(skip_nan && x.is_nan())).collect();
                 let n = v.len() as f64;
-                (k, v.into_iter().fold(0.0, |a, x| a + x) / n)
+                let mean = if n == 0.0 {
+                    f64::NAN
+                } else {
+                    v.into_iter().fold(0.0, |a, x| a + x) / n
+                };
+                (k, mean)
             })
             .collect()
     }
@@ -86,11 +93,31 @@ impl SharedMetrics {
     pub(crate) fn log(
         &self,
         trainer: &mut Trainer,
-        mut logs: Vec<(String, f64)>,
+        logs: Vec<(String, f64)>,
         start_time: Option<Instant>,
     ) -> tchtrain_trainer::Result<()> {
+        self.log_means(trainer, logs, start_time, false)
+    }
+
+    /// [`log`](Self::log) averaging each metric over its non-NaN values (GRPO's `log`).
+    pub(crate) fn log_skipping_nan(
+        &self,
+        trainer: &mut Trainer,
+        logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
+    ) -> tchtrain_trainer::Result<()> {
+        self.log_means(trainer, logs, start_time, true)
+    }
+
+    fn log_means(
+        &self,
+        trainer: &mut Trainer,
+        mut logs: Vec<(String, f64)>,
+        start_time: Option<Instant>,
+        skip_nan: bool,
+    ) -> tchtrain_trainer::Result<()> {
         let training = trainer.model().is_training();
-        let metrics = self.lock().mode(training).take_means();
+        let metrics = self.lock().mode(training).take_means(skip_nan);
         for (k, v) in metrics {
             let k = if training { k } else { format!("eval_{k}") };
             match logs.iter_mut().find(|(name, _)| *name == k) {

@@ -4,6 +4,8 @@ pub(crate) mod base_config;
 pub(crate) mod base_trainer;
 pub mod dpo_config;
 pub mod dpo_trainer;
+pub mod grpo_config;
+pub mod grpo_trainer;
 pub mod reward_config;
 pub mod reward_trainer;
 pub mod sft_config;
@@ -12,10 +14,19 @@ pub mod utils;
 
 pub use dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 pub use dpo_trainer::{DPOTrainer, DPOTrainerBuilder};
+pub use grpo_config::{
+    GRPOConfig, GrpoLossType, ImportanceSamplingLevel, MultiObjectiveAggregation, ScaleRewards,
+};
+pub use grpo_trainer::{
+    GRPOTrainer, GRPOTrainerBuilder, RewardError, RewardFn, RewardFunc, RewardInputs,
+};
 pub use reward_config::RewardConfig;
 pub use reward_trainer::{RewardTrainer, RewardTrainerBuilder};
 pub use sft_config::{SFTConfig, SftLossType, TruncationMode};
 pub use sft_trainer::{
     DataCollatorForLanguageModeling, FormattingFunc, SFTTrainer, SFTTrainerBuilder,
 };
-pub use utils::{FusedCausalLMOutput, fused_lm_head_forward};
+pub use utils::{
+    FusedCausalLMOutput, RepeatSampler, fused_lm_head_forward, fused_lm_head_forward_at, nanmax,
+    nanmin, nanstd,
+};

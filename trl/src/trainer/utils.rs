@@ -51,6 +51,18 @@ pub fn fused_lm_head_forward(
     labels: &Tensor,
     outputs: LogProbOutputs,
 ) -> Result<FusedCausalLMOutput> {
+    fused_lm_head_forward_at(model, inputs, labels, outputs, 1.0)
+}
+
+/// [`fused_lm_head_forward`] with `add_fused_lm_head(model, temperature=...)`: the logits
+/// divided by `temperature` (GRPO scores completions at its sampling temperature).
+pub fn fused_lm_head_forward_at(
+    model: &dyn TrainableModel,
+    inputs: &ModelInputs<'_>,
+    labels: &Tensor,
+    outputs: LogProbOutputs,
+    temperature: f64,
+) -> Result<FusedCausalLMOutput> {
     let head = model.output_head().ok_or_else(|| Error::InvalidArgument {
         field: "model",
         detail: format!(
@@ -97,7 +109,7 @@ pub fn fused_lm_head_forward(
         &head.weight,
         head.bias.as_ref(),
         &labels.f_clamp_min(0)?.f_reshape([-1])?,
-        1.0,
+        temperature,
         CHUNKED_LOGPROB_CHUNK_SIZE,
         head.final_logit_softcapping,
         head.logit_scale,
@@ -122,4 +134,138 @@ pub fn fused_lm_head_forward(
 /// `mask.sum()` as an int64 0-d tensor.
 pub(crate) fn count(mask: &Tensor) -> Result<Tensor> {
     Ok(mask.f_sum(Kind::Int64)?)
+}
+
+/// TRL's `RepeatSampler`: each prompt `mini_repeat_count` times in a row (a group of
+/// generations), the prompts in chunks of `batch_size` repeated `repeat_count` times (the
+/// generation reused over several steps); a chunk shorter than `batch_size` is dropped. With
+/// `shuffle`, the prompts follow `torch.randperm(n, generator)` of a generator seeded once
+/// with `seed`: epoch `e` is its `e + 1`-th permutation (upstream's generator advances one
+/// permutation per pass).
+///
+/// ```
+/// use tchtrain_data::Sampler;
+/// use tchtrain_trl::RepeatSampler;
+/// let s = RepeatSampler::new(2, 3, 2, false, 0);
+/// // upstream's docstring: mini_repeat_count=2, batch_size=3, repeat_count=2 over 7 rows
+/// assert_eq!(
+///     s.indices(7, 0),
+///     [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 3, 3, 4, 4, 5, 5]
+/// );
+/// assert_eq!(s.num_samples(7), 24);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepeatSampler {
+    mini_repeat_count: usize,
+    batch_size: usize,
+    repeat_count: usize,
+    shuffle: bool,
+    seed: u64,
+}
+
+impl RepeatSampler {
+    /// `RepeatSampler(data_source, mini_repeat_count, batch_size, repeat_count, shuffle,
+    /// seed)`.
+    pub fn new(
+        mini_repeat_count: usize,
+        batch_size: usize,
+        repeat_count: usize,
+        shuffle: bool,
+        seed: u64,
+    ) -> Self {
+        Self {
+            mini_repeat_count,
+            batch_size: batch_size.max(1),
+            repeat_count,
+            shuffle,
+            seed,
+        }
+    }
+}
+
+impl tchtrain_data::Sampler for RepeatSampler {
+    fn name(&self) -> &str {
+        "repeat"
+    }
+
+    fn seed(&self) -> Option<u64> {
+        self.shuffle.then_some(self.seed)
+    }
+
+    fn indices(&self, len: usize, epoch: u64) -> Vec<usize> {
+        let order = if self.shuffle {
+            let mut g = tchtrain_collators::TorchGenerator::new(self.seed);
+            let mut perm = tchtrain_data::randperm(len, &mut g);
+            for _ in 0..epoch {
+                perm = tchtrain_data::randperm(len, &mut g);
+            }
+            perm
+        } else {
+            (0..len).collect()
+        };
+        let mut out = Vec::with_capacity(self.num_samples(len));
+        for chunk in order.chunks_exact(self.batch_size) {
+            for _ in 0..self.repeat_count {
+                for &index in chunk {
+                    out.extend(std::iter::repeat_n(index, self.mini_repeat_count));
+                }
+            }
+        }
+        out
+    }
+
+    fn num_samples(&self, len: usize) -> usize {
+        (len / self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
+    }
+}
+
+/// TRL's `nanstd(tensor, dim, keepdim)`: the standard deviation of the non-NaN values with
+/// Bessel's correction (NaN where fewer than two), in upstream's ops.
+pub fn nanstd(tensor: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+    let dims: Option<&[i64]> = match &dim {
+        Some(d) => Some(std::slice::from_ref(d)),
+        None => None,
+    };
+    let all: Vec<i64> = (0..tensor.dim() as i64).collect();
+    let reduce = dims.unwrap_or(&all);
+    let mean = tensor.f_nanmean(reduce, true, None::<Kind>)?;
+    let variance = tensor
+        .f_sub(&mean)?
+        .f_pow_tensor_scalar(2)?
+        .f_nanmean(reduce, true, None::<Kind>)?;
+    let count = tensor
+        .f_isnan()?
+        .f_logical_not()?
+        .f_sum_dim_intlist(reduce, true, None::<Kind>)?;
+    let correction = count.f_div(&count.f_sub_scalar(1)?)?;
+    let correction = correction.f_where_self(
+        &count.f_gt(1)?,
+        &correction.f_full_like(f64::NAN)?,
+    )?;
+    let std = variance.f_mul(&correction)?.f_sqrt()?;
+    if keepdim {
+        return Ok(std);
+    }
+    Ok(match dim {
+        None => std.f_squeeze()?,
+        Some(d) => std.f_squeeze_dim(d)?,
+    })
+}
+
+/// TRL's `nanmin`: the smallest non-NaN value (NaN when all are).
+pub fn nanmin(tensor: &Tensor) -> Result<f64> {
+    let valid = tensor.f_masked_select(&tensor.f_isnan()?.f_logical_not()?)?;
+    if valid.numel() == 0 {
+        return Ok(f64::NAN);
+    }
+    Ok(f64::try_from(valid.f_min()?)?)
+}
+
+/// TRL's `nanmax`: the largest non-NaN value (NaN when all are).
+pub fn nanmax(tensor: &Tensor) -> Result<f64> {
+    let valid = tensor.f_masked_select(&tensor.f_isnan()?.f_logical_not()?)?;
+    if valid.numel() == 0 {
+        return Ok(f64::NAN);
+    }
+    Ok(f64::try_from(valid.f_max()?)?)
 }
