@@ -90,9 +90,9 @@ impl Globals {
 
     /// [`Globals::weights_only`] plus what transformers' Trainer pickles into
     /// `checkpoint-N/`: numpy's `_reconstruct` / `ndarray` / `dtype` (both numpy 1 and 2
-    /// module paths) for `rng_state.pth`, and `TrainingArguments` with its enums,
-    /// `AcceleratorConfig` and accelerate's `PartialState` / `DistributedType` for
-    /// `training_args.bin`.
+    /// module paths) for `rng_state.pth`, and `TrainingArguments` (and TRL's configs
+    /// derived from it) with its enums, `AcceleratorConfig` and accelerate's `PartialState` /
+    /// `DistributedType` for `training_args.bin`.
     pub fn trainer_checkpoint() -> Self {
         let mut g = Self::weights_only();
         for name in [
@@ -103,6 +103,11 @@ impl Globals {
             "numpy.dtypes.UInt32DType",
             "transformers.training_args.TrainingArguments",
             "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+            // TRL's configs, the `TrainingArguments` of its trainers' checkpoints.
+            "trl.trainer.sft_config.SFTConfig",
+            "trl.trainer.dpo_config.DPOConfig",
+            "trl.trainer.reward_config.RewardConfig",
+            "trl.trainer.grpo_config.GRPOConfig",
             "transformers.trainer_pt_utils.AcceleratorConfig",
             "accelerate.state.PartialState",
         ] {

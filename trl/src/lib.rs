@@ -25,7 +25,7 @@ pub use error::{Error, Result};
 pub use trainer::{
     DPOConfig, DPOTrainer, DPOTrainerBuilder, DataCollatorForLanguageModeling, DpoLossType,
     FDivergenceType, GRPOConfig, GRPOTrainer, GRPOTrainerBuilder, GrpoLossType,
-    ImportanceSamplingLevel, MultiObjectiveAggregation, RepeatSampler, RewardConfig, RewardFunc,
-    RewardInputs, ScaleRewards, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
-    SFTTrainerBuilder, SftLossType, TruncationMode,
+    ImportanceSamplingLevel, MultiObjectiveAggregation, RepeatSampler, RewardConfig, RewardError,
+    RewardFn, RewardFunc, RewardInputs, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
+    SFTTrainerBuilder, ScaleRewards, SftLossType, TruncationMode,
 };

@@ -43,7 +43,10 @@ impl ModeMetrics {
         std::mem::take(&mut self.0)
             .into_iter()
             .map(|(k, v)| {
-                let v: Vec<f64> = v.into_iter().filter(|x| !(skip_nan && x.is_nan())).collect();
+                let v: Vec<f64> = v
+                    .into_iter()
+                    .filter(|x| !(skip_nan && x.is_nan()))
+                    .collect();
                 let n = v.len() as f64;
                 let mean = if n == 0.0 {
                     f64::NAN

@@ -348,7 +348,8 @@ impl GRPOConfig {
         if self.use_adaptive_entropy {
             refuse(
                 "use_adaptive_entropy",
-                "the adaptive entropy controller is not implemented here; use a fixed entropy_coef".into(),
+                "the adaptive entropy controller is not implemented here; use a fixed entropy_coef"
+                    .into(),
             )?;
         }
         if self.log_completions {

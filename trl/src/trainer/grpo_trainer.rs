@@ -326,9 +326,7 @@ impl GrpoHooks {
             let ids = input_ids.f_narrow(0, start, n)?;
             let mask = attention_mask.f_narrow(0, start, n)?;
             let labels = ids.f_masked_fill(&mask.f_eq(0)?, -100)?;
-            let _ = labels
-                .f_narrow(1, 0, seq - logits_to_keep)?
-                .f_fill_(-100)?;
+            let _ = labels.f_narrow(1, 0, seq - logits_to_keep)?.f_fill_(-100)?;
             let out = {
                 let _autocast = ctx.accelerator.autocast()?;
                 fused_lm_head_forward_at(
@@ -347,7 +345,10 @@ impl GrpoHooks {
                 )?
             };
             let width = out.log_probs.size()[1];
-            logps.push(out.log_probs.f_narrow(1, width - logits_to_keep, logits_to_keep)?);
+            logps.push(
+                out.log_probs
+                    .f_narrow(1, width - logits_to_keep, logits_to_keep)?,
+            );
             if let Some(e) = out.entropy {
                 entropies.push(e.f_narrow(1, width - logits_to_keep, logits_to_keep)?);
             }
@@ -419,10 +420,12 @@ impl GrpoHooks {
         let rows = Vec::<Vec<i64>>::try_from(&completions).map_err(tensor_error)?;
         Ok(rows
             .into_iter()
-            .map(|r| match r.iter().position(|t| s.eos_token_ids.contains(t)) {
-                Some(i) => r[..=i].to_vec(),
-                None => r,
-            })
+            .map(
+                |r| match r.iter().position(|t| s.eos_token_ids.contains(t)) {
+                    Some(i) => r[..=i].to_vec(),
+                    None => r,
+                },
+            )
             .collect())
     }
 
@@ -583,14 +586,17 @@ impl GrpoHooks {
             .collect();
 
         // Lengths and their metrics.
-        let lengths = |rows: &[Vec<i64>]| -> Vec<i64> { rows.iter().map(|r| r.len() as i64).collect() };
+        let lengths =
+            |rows: &[Vec<i64>]| -> Vec<i64> { rows.iter().map(|r| r.len() as i64).collect() };
         let prompt_lengths = Tensor::from_slice(&lengths(&prompt_ids_list));
         let completion_lengths = Tensor::from_slice(&lengths(&completion_ids_list));
         let tokens_seen = ctx.num_input_tokens_seen;
         if training && let Some(cell) = tokens_seen {
-            let total = item(&prompt_lengths.f_sum(Kind::Int64)?.f_add(
-                &completion_lengths.f_sum(Kind::Int64)?,
-            )?)?;
+            let total = item(
+                &prompt_lengths
+                    .f_sum(Kind::Int64)?
+                    .f_add(&completion_lengths.f_sum(Kind::Int64)?)?,
+            )?;
             cell.set(cell.get() + total as i64);
         }
         let mut metrics = self.metrics.lock();
@@ -600,7 +606,10 @@ impl GrpoHooks {
             tokens_seen.map_or(0.0, |cell| cell.get() as f64),
         );
         let lengths_f = completion_lengths.f_to_kind(Kind::Float)?;
-        m.push("completions/mean_length", item(&lengths_f.f_mean(Kind::Float)?)?);
+        m.push(
+            "completions/mean_length",
+            item(&lengths_f.f_mean(Kind::Float)?)?,
+        );
         m.push("completions/min_length", item(&lengths_f.f_min()?)?);
         m.push("completions/max_length", item(&lengths_f.f_max()?)?);
         let mut eos_and_pad = s.eos_token_ids.clone();
@@ -630,7 +639,8 @@ impl GrpoHooks {
         // The padded batch.
         let multiple = c.pad_to_multiple_of;
         let device = ctx.device;
-        let prompt_ids = pad_left(&prompt_ids_list, s.pad_token_id, multiple)?.f_to_device(device)?;
+        let prompt_ids =
+            pad_left(&prompt_ids_list, s.pad_token_id, multiple)?.f_to_device(device)?;
         let prompt_mask =
             pad_left(&ones_like_rows(&prompt_ids_list), 0, multiple)?.f_to_device(device)?;
         let completion_ids =
@@ -743,8 +753,11 @@ impl GrpoHooks {
                 let std = match c.scale_rewards {
                     ScaleRewards::Group | ScaleRewards::None => {
                         if g > 1 {
-                            nanstd(&grouped, Some(1), false)?
-                                .f_repeat_interleave_self_int(g, Some(0), None)?
+                            nanstd(&grouped, Some(1), false)?.f_repeat_interleave_self_int(
+                                g,
+                                Some(0),
+                                None,
+                            )?
                         } else {
                             rewards.f_zeros_like()?
                         }
@@ -878,10 +891,13 @@ impl GrpoHooks {
             lock(&self.state).buffered = Some(chunks);
         }
         let state = lock(&self.state);
-        let buffered = state.buffered.as_ref().ok_or_else(|| Error::InvalidArgument {
-            field: "inputs",
-            detail: "no generation buffered".into(),
-        })?;
+        let buffered = state
+            .buffered
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "inputs",
+                detail: "no generation buffered".into(),
+            })?;
         let mut out = Batch::new();
         for (k, t) in buffered[step % spg].iter() {
             out.insert(k, t.shallow_clone());
@@ -890,7 +906,12 @@ impl GrpoHooks {
     }
 
     /// `_compute_loss`.
-    fn loss(&self, ctx: &StepContext<'_>, model: &dyn TrainableModel, inputs: &Batch) -> Result<Tensor> {
+    fn loss(
+        &self,
+        ctx: &StepContext<'_>,
+        model: &dyn TrainableModel,
+        inputs: &Batch,
+    ) -> Result<Tensor> {
         let c = &self.shared.config;
         let training = model.is_training();
         let prompt_ids = batch_tensor(inputs, "prompt_ids")?;
@@ -914,7 +935,11 @@ impl GrpoHooks {
             detail: "not computed".into(),
         })?;
         let entropy_mask = if c.top_entropy_quantile < 1.0 {
-            Some(high_entropy_mask(&entropies, mask, 1.0 - c.top_entropy_quantile)?)
+            Some(high_entropy_mask(
+                &entropies,
+                mask,
+                1.0 - c.top_entropy_quantile,
+            )?)
         } else {
             None
         };
@@ -928,10 +953,12 @@ impl GrpoHooks {
         };
         let off_policy_mask = match c.off_policy_mask_threshold {
             Some(threshold) => {
-                let kl = old
-                    .f_sub(&per_token_logps.f_detach()?)?
-                    .f_nan_to_num(Some(0.0), None, None)?;
-                let seq_sum = kl.f_mul(mask)?.f_sum_dim_intlist(Some(&[1][..]), true, None::<Kind>)?;
+                let kl =
+                    old.f_sub(&per_token_logps.f_detach()?)?
+                        .f_nan_to_num(Some(0.0), None, None)?;
+                let seq_sum =
+                    kl.f_mul(mask)?
+                        .f_sum_dim_intlist(Some(&[1][..]), true, None::<Kind>)?;
                 let avg = seq_sum.f_div(
                     &mask
                         .f_sum_dim_intlist(Some(&[1][..]), true, None::<Kind>)?
@@ -1078,10 +1105,7 @@ impl GrpoHooks {
         }
         let global_masked_mean = |x: &Tensor| -> Result<f64> {
             let (sum, count) = if x.size()[1] == 1 {
-                (
-                    x.f_sum(Kind::Float)?,
-                    Tensor::from(x.size()[0] as f32),
-                )
+                (x.f_sum(Kind::Float)?, Tensor::from(x.size()[0] as f32))
             } else {
                 (
                     x.f_mul(mask)?.f_sum(Kind::Float)?,
@@ -1089,7 +1113,11 @@ impl GrpoHooks {
                 )
             };
             let totals = Tensor::f_stack(&[sum, count], 0)?;
-            item(&totals.f_get(0)?.f_div(&totals.f_get(1)?.f_clamp_min(1.0)?)?)
+            item(
+                &totals
+                    .f_get(0)?
+                    .f_div(&totals.f_get(1)?.f_clamp_min(1.0)?)?,
+            )
         };
         let masked_seq_mean = |x: &Tensor| -> Result<Tensor> {
             if x.size()[1] == 1 {
@@ -1190,7 +1218,9 @@ impl TrainerHooks for GrpoHooks {
     ) -> tchtrain_trainer::Result<Tensor> {
         let t0 = Instant::now();
         model.train();
-        let inputs = self.prepare_inputs(ctx, &*model, inputs).map_err(hook_error)?;
+        let inputs = self
+            .prepare_inputs(ctx, &*model, inputs)
+            .map_err(hook_error)?;
         let out = default_training_step(self, ctx, model, &inputs, num_items_in_batch)?;
         let mut state = lock(&self.state);
         state.step += 1;
@@ -1223,13 +1253,20 @@ impl TrainerHooks for GrpoHooks {
 
     /// `get_train_dataloader`: generation batches (`per_device_train_batch_size ×
     /// steps_per_generation` rows) in [`RepeatSampler`]'s order.
-    fn get_train_dataloader(&self, trainer: &Trainer) -> tchtrain_trainer::Result<tchtrain_data::DataLoader> {
+    fn get_train_dataloader(
+        &self,
+        trainer: &Trainer,
+    ) -> tchtrain_trainer::Result<tchtrain_data::DataLoader> {
         let c = &self.shared.config;
-        let dataset = trainer.train_dataset().cloned().ok_or(tchtrain_trainer::Error::MissingDataset {
-            what: "training".into(),
-            dataset: "train",
-            fix: "pass one with GRPOTrainerBuilder::train_dataset",
-        })?;
+        let dataset =
+            trainer
+                .train_dataset()
+                .cloned()
+                .ok_or(tchtrain_trainer::Error::MissingDataset {
+                    what: "training".into(),
+                    dataset: "train",
+                    fix: "pass one with GRPOTrainerBuilder::train_dataset",
+                })?;
         let spg = c.steps_per_generation();
         let sampler = RepeatSampler::new(
             c.num_generations,
@@ -1267,7 +1304,11 @@ impl TrainerHooks for GrpoHooks {
             true,
             c.base.seed,
         );
-        trainer.get_dataloader(dataset, Arc::new(sampler), c.base.per_device_eval_batch_size)
+        trainer.get_dataloader(
+            dataset,
+            Arc::new(sampler),
+            c.base.per_device_eval_batch_size,
+        )
     }
 
     /// TRL's `log`: the metrics averaged over their non-NaN values (`None` when none).
@@ -1340,7 +1381,10 @@ impl GRPOTrainer {
     }
 }
 
-fn load_causal_lm(path: &std::path::Path, options: &LoadOptions) -> Result<Box<dyn PreTrainedModel>> {
+fn load_causal_lm(
+    path: &std::path::Path,
+    options: &LoadOptions,
+) -> Result<Box<dyn PreTrainedModel>> {
     Ok(from_pretrained_dir(path, AutoTask::CausalLm, Device::Cpu, options)?.model)
 }
 

@@ -229,19 +229,18 @@ pub fn nanstd(tensor: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor
     let all: Vec<i64> = (0..tensor.dim() as i64).collect();
     let reduce = dims.unwrap_or(&all);
     let mean = tensor.f_nanmean(reduce, true, None::<Kind>)?;
-    let variance = tensor
-        .f_sub(&mean)?
-        .f_pow_tensor_scalar(2)?
-        .f_nanmean(reduce, true, None::<Kind>)?;
+    let variance =
+        tensor
+            .f_sub(&mean)?
+            .f_pow_tensor_scalar(2)?
+            .f_nanmean(reduce, true, None::<Kind>)?;
     let count = tensor
         .f_isnan()?
         .f_logical_not()?
         .f_sum_dim_intlist(reduce, true, None::<Kind>)?;
     let correction = count.f_div(&count.f_sub_scalar(1)?)?;
-    let correction = correction.f_where_self(
-        &count.f_gt(1)?,
-        &correction.f_full_like(f64::NAN)?,
-    )?;
+    let correction =
+        correction.f_where_self(&count.f_gt(1)?, &correction.f_full_like(f64::NAN)?)?;
     let std = variance.f_mul(&correction)?.f_sqrt()?;
     if keepdim {
         return Ok(std);

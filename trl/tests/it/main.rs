@@ -3,5 +3,6 @@
 
 mod common;
 mod dpo;
+mod grpo;
 mod reward;
 mod sft;
