@@ -38,6 +38,7 @@ pub mod custom_loss;
 pub mod custom_model;
 pub mod dpo;
 mod error;
+pub mod grpo;
 pub mod peft_args;
 mod plain_args;
 mod plot;

@@ -21,11 +21,16 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
   tiny-llama-chat/        a tiny Llama causal LM (2 layers, hidden 64, 4 heads over 2, untied head)
                          at SmolLM2-135M's vocabulary, drawn after `torch.manual_seed(0)`, with
                          SmolLM2's tokenizer files beside it: the model TRL's scripts load
+  tiny-llama-reward/     the same shape as a one-label sequence classifier, drawn after
+                         `torch.manual_seed(1)`, with the same tokenizer files: `trl grpo`'s
+                         reward model
   trl-messages/          train.jsonl / test.jsonl: `messages` (a user line of hamlet.txt and the
                          assistant's next line), 40 and 8 rows, for `trl sft`
   trl-pairs/             train.jsonl / test.jsonl: explicit-prompt preference pairs (`prompt` a
                          line, `chosen` " " + the next, `rejected` " " + a line further on), 40
                          and 8 rows, for `trl dpo` and `trl reward`
+  trl-prompts/           train.jsonl / test.jsonl: `prompt` (a user message: a line's first 40
+                         characters), 16 and 8 rows, for `trl grpo`
   manifest.json          row counts, for the log
 """
 
@@ -121,6 +126,16 @@ def trl_data(assets, out, manifest):
     tf.LlamaForCausalLM(config).save_pretrained(model)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(assets / "smollm2-135m" / f, model / f)
+    reward = out / "tiny-llama-reward"
+    torch.manual_seed(1)
+    reward_config = tf.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False, num_labels=1,
+    )
+    tf.LlamaForSequenceClassification(reward_config).save_pretrained(reward)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(assets / "smollm2-135m" / f, reward / f)
     text = (assets / "text" / "hamlet.txt").read_text(encoding="utf-8")
     ls = [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:200]
     triples = [(ls[i], ls[i + 1], ls[(i + 57) % 150]) for i in range(0, 96, 2)]
@@ -131,6 +146,7 @@ def trl_data(assets, out, manifest):
                 for a, b, _ in part
             ],
             "trl-pairs": [{"prompt": a, "chosen": " " + b, "rejected": " " + c} for a, b, c in part],
+            "trl-prompts": [{"prompt": [{"role": "user", "content": a[:40]}]} for a, _, _ in part[:16]],
         }
         for folder, data in rows.items():
             (out / folder).mkdir(exist_ok=True)

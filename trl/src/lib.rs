@@ -19,6 +19,7 @@
 pub mod data_utils;
 pub mod error;
 pub mod kernels;
+pub mod rewards;
 pub mod trainer;
 
 pub use error::{Error, Result};

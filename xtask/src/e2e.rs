@@ -65,6 +65,8 @@ enum Script {
     Dpo,
     /// TRL's `trl reward`.
     Reward,
+    /// TRL's `trl grpo`.
+    Grpo,
 }
 
 impl Script {
@@ -76,6 +78,7 @@ impl Script {
             Script::Sft => "sft",
             Script::Dpo => "dpo",
             Script::Reward => "reward",
+            Script::Grpo => "grpo",
         }
     }
 }
@@ -318,6 +321,29 @@ fn trl_reward(i: &Inputs<'_>, _short: bool) -> Vec<String> {
     trl_args(i, "trl-pairs", &["--max_length", "30"])
 }
 
+fn trl_grpo(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    let mut v = trl_args(
+        i,
+        "trl-prompts",
+        &[
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "8",
+            "--beta",
+            "0.04",
+            "--loss_type",
+            "grpo",
+            "--reward_funcs",
+            "think_format_reward",
+            "get_soft_overlong_punishment",
+        ],
+    );
+    v.push("--reward_model_name_or_path".into());
+    v.push(path_arg(i.data.join("tiny-llama-reward")));
+    v
+}
+
 /// Every case, in the order they run.
 fn cases() -> Vec<Case> {
     vec![
@@ -429,6 +455,16 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: None,
             args: trl_reward,
+            checkpoint: Some("checkpoint-6"),
+        },
+        Case {
+            name: "trl-grpo",
+            what: "grpo against TRL's trl grpo, tiny Llama sampling 4 completions per chat prompt, a tiny reward model and TRL's reward functions, KL to the reloaded reference, 1 rank",
+            script: Script::Grpo,
+            ranks: 1,
+            short: false,
+            skip_if_refused: None,
+            args: trl_grpo,
             checkpoint: Some("checkpoint-6"),
         },
     ]

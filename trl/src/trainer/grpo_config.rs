@@ -411,7 +411,7 @@ impl GRPOConfig {
         {
             let n = self.num_generations_eval.unwrap_or(self.num_generations);
             let eval_global = self.base.per_device_eval_batch_size * num_processes;
-            if n == 0 || eval_global % n != 0 {
+            if n == 0 || !eval_global.is_multiple_of(n) {
                 refuse(
                     "num_generations_eval",
                     format!(
@@ -422,7 +422,8 @@ impl GRPOConfig {
             }
         }
         let generation_batch_size = self.generation_batch_size.unwrap_or(0);
-        if self.num_generations == 0 || generation_batch_size % self.num_generations != 0 {
+        if self.num_generations == 0 || !generation_batch_size.is_multiple_of(self.num_generations)
+        {
             refuse(
                 "generation_batch_size",
                 format!(

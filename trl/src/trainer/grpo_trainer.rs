@@ -92,7 +92,7 @@ pub enum RewardFunc {
         /// The classifier (run in evaluation mode, without gradients).
         model: Mutex<Box<dyn TrainableModel>>,
         /// Its tokenizer (the padding token defaults to its EOS token).
-        tokenizer: PreTrainedTokenizerFast,
+        tokenizer: Box<PreTrainedTokenizerFast>,
     },
 }
 
@@ -157,7 +157,7 @@ impl RewardFunc {
         Ok(Self::Model {
             name: name.into(),
             model: Mutex::new(model),
-            tokenizer,
+            tokenizer: Box::new(tokenizer),
         })
     }
 
@@ -273,7 +273,7 @@ fn ones_like_rows(rows: &[Vec<i64>]) -> Vec<Vec<i64>> {
 }
 
 fn item(t: &Tensor) -> Result<f64> {
-    Ok(f64::try_from(t).map_err(tensor_error)?)
+    f64::try_from(t).map_err(tensor_error)
 }
 
 fn batch_tensor<'a>(inputs: &'a Batch, key: &'static str) -> Result<&'a Tensor> {
@@ -548,7 +548,7 @@ impl GrpoHooks {
             Ok(out.logits()?.f_to_kind(Kind::Float)?)
         })?;
         let scores = logits.f_select(1, 0)?.f_to_device(Device::Cpu)?;
-        Ok(Vec::<f32>::try_from(&scores).map_err(tensor_error)?)
+        Vec::<f32>::try_from(&scores).map_err(tensor_error)
     }
 
     /// `_generate_and_score_completions`: the generation batch with its advantages (and old
@@ -667,7 +667,11 @@ impl GrpoHooks {
 
         let (old, reference) = tch::no_grad(|| -> Result<(Option<Tensor>, Option<Tensor>)> {
             let generate_every = c.steps_per_generation() * c.num_iterations;
-            let old = if c.base.gradient_accumulation_steps % generate_every != 0 {
+            let old = if !c
+                .base
+                .gradient_accumulation_steps
+                .is_multiple_of(generate_every)
+            {
                 Some(
                     self.per_token_logps(
                         ctx,
@@ -868,7 +872,7 @@ impl GrpoHooks {
         let spg = c.steps_per_generation();
         let generate_every = spg * c.num_iterations;
         let step = lock(&self.state).step;
-        let needs = step % generate_every == 0 || lock(&self.state).buffered.is_none();
+        let needs = step.is_multiple_of(generate_every) || lock(&self.state).buffered.is_none();
         if needs {
             let batch = self.generate_and_score(ctx, model, &rows)?;
             // shuffle_sequence_dict: one permutation of the rows from the global generator.
@@ -1225,7 +1229,10 @@ impl TrainerHooks for GrpoHooks {
         let mut state = lock(&self.state);
         state.step += 1;
         state.step_time += t0.elapsed().as_secs_f64();
-        if state.step % ctx.current_gradient_accumulation_steps.max(1) == 0 {
+        if state
+            .step
+            .is_multiple_of(ctx.current_gradient_accumulation_steps.max(1))
+        {
             let t = std::mem::take(&mut state.step_time);
             self.metrics.lock().train.push("step_time", t);
         }

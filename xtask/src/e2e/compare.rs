@@ -19,9 +19,10 @@ fn rel(ours: f64, theirs: f64) -> f64 {
     (ours - theirs).abs() / theirs.abs().max(f64::MIN_POSITIVE)
 }
 
-/// Keys that measure time, not numbers of the run: never compared.
+/// Keys that measure time, not numbers of the run (TRL GRPO's `step_time` too): never
+/// compared.
 fn is_timing(key: &str) -> bool {
-    key.ends_with("_runtime") || key.contains("per_second")
+    key.ends_with("_runtime") || key.contains("per_second") || key == "step_time"
 }
 
 /// One logged training step of both sides.
