@@ -757,6 +757,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             skip_logits: None,
             fused_backward: None,
             forward_time: None,
+            num_input_tokens_seen: None,
         };
         let loss = model_forward(&ctx, &*model, &inputs)?
             .loss
