@@ -33,15 +33,69 @@ pub fn default_data_collator(features: &[Feature]) -> Result<Batch> {
         return_attention_mask: false,
         ..TokenizerInfo::default()
     };
-    let rows: PaddedRows = pad_features(&refs, &no_mask, PaddingStrategy::DoNotPad, None, None)?;
     let mut batch = Batch::new();
     if let Some(labels) = collate_labels(&refs)? {
         batch.insert("labels", labels);
     }
-    for (key, tensor) in rows.into_batch()? {
+    // An image row (its `pixel_values` a float array, no tokens) has no `input_ids` key
+    // upstream: an empty one is left out.
+    let arrays = float_arrays(features)?;
+    if arrays.is_empty() || features.iter().any(|f| !f.input_ids.is_empty()) {
+        let rows: PaddedRows =
+            pad_features(&refs, &no_mask, PaddingStrategy::DoNotPad, None, None)?;
+        for (key, tensor) in rows.into_batch()? {
+            batch.insert(key, tensor);
+        }
+    }
+    for (key, tensor) in arrays {
         batch.insert(key, tensor);
     }
     Ok(batch)
+}
+
+/// The float-array columns of the first row (`pixel_values`), each stacked over the rows
+/// (upstream's `torch.stack` of a tensor-valued key): float32 `[batch, ...shape]`.
+fn float_arrays(features: &[Feature]) -> Result<Vec<(String, tch::Tensor)>> {
+    use tchtrain_datasets::Column;
+    let mut out = Vec::new();
+    for (name, first) in &features[0].columns {
+        let Column::Floats { shape, .. } = first else {
+            continue;
+        };
+        let mut flat = Vec::new();
+        for (i, f) in features.iter().enumerate() {
+            match f.column(name) {
+                Some(Column::Floats { shape: s, values }) if s == shape => {
+                    flat.extend_from_slice(values)
+                }
+                Some(Column::Floats { .. }) => {
+                    return Err(Error::RaggedBatch {
+                        key: "pixel_values",
+                        lengths: features
+                            .iter()
+                            .map(|f| match f.column(name) {
+                                Some(Column::Floats { values, .. }) => values.len(),
+                                _ => 0,
+                            })
+                            .collect(),
+                    });
+                }
+                _ => {
+                    return Err(Error::InconsistentFeatures {
+                        key: "pixel_values",
+                        index: i,
+                        presence: "lacks",
+                        other: "has it",
+                    });
+                }
+            }
+        }
+        let mut dims = vec![features.len() as i64];
+        dims.extend_from_slice(shape);
+        let t = tch::Tensor::from_slice(&flat).f_reshape(dims.as_slice())?;
+        out.push((name.clone(), t));
+    }
+    Ok(out)
 }
 
 /// The struct form of [`default_data_collator`] (upstream's `DefaultDataCollator`).

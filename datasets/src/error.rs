@@ -45,6 +45,14 @@ pub enum Error {
         /// The number of rows.
         len: usize,
     },
+    /// An image (an `Image` cell or file) could not be decoded.
+    #[error("decoding the image {what}: {detail}")]
+    Image {
+        /// Which image (file, or dataset row).
+        what: String,
+        /// What is wrong and the fix.
+        detail: String,
+    },
     /// The tokenizer failed on some text.
     #[error("tokenizing {what}: {detail}")]
     Tokenizer {

@@ -23,6 +23,14 @@ pub enum Column {
     Ids(Vec<i64>),
     /// A float (`float`).
     Float(f64),
+    /// A float32 array of `shape` (an image processor's `pixel_values` `[channels, height,
+    /// width]`): stacked into `[batch, ...shape]` by the default collator.
+    Floats {
+        /// The array's shape.
+        shape: Vec<i64>,
+        /// Its values, row-major.
+        values: Vec<f32>,
+    },
 }
 
 /// One tokenized row, as a tokenizer returns it (`input_ids`, `token_type_ids`,

@@ -36,7 +36,7 @@ pub const DATASETS_CACHE_MB_ENV: &str = "TCHTRAIN_DATASETS_CACHE_MB";
 /// The cap when [`DATASETS_CACHE_MB_ENV`] is unset: 4096 MiB.
 pub const DEFAULT_DATASETS_CACHE_MB: u64 = 4096;
 
-const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v4";
+const MAGIC: &[u8; 16] = b"TCHTRAIN-ROWS-v5";
 
 /// The SHA-256 of a sequence of parts, each length-prefixed (so `["ab", "c"]` and
 /// `["a", "bc"]` differ).
@@ -389,6 +389,14 @@ pub fn encode_rows(rows: &[Feature]) -> Vec<u8> {
                     out.push(1);
                     out.extend_from_slice(&v.to_bits().to_le_bytes());
                 }
+                Column::Floats { shape, values } => {
+                    out.push(2);
+                    put_ids(&mut out, shape);
+                    put_u64(&mut out, values.len() as u64);
+                    for v in values {
+                        out.extend_from_slice(&v.to_bits().to_le_bytes());
+                    }
+                }
             }
         }
     }
@@ -512,6 +520,16 @@ pub fn decode_rows(bytes: &[u8]) -> std::result::Result<Vec<Feature>, String> {
             let value = match r.take(1)?[0] {
                 0 => Column::Ids(r.ids()?),
                 1 => Column::Float(f64::from_bits(r.u64()?)),
+                2 => {
+                    let shape = r.ids()?;
+                    let n = r.u64()? as usize;
+                    let bytes = r.take(n.checked_mul(4).ok_or("a float array's length")?)?;
+                    let values = bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    Column::Floats { shape, values }
+                }
                 t => return Err(format!("bad column tag {t}")),
             };
             columns.insert(name, value);

@@ -18,6 +18,14 @@ impl Mask {
     pub(crate) fn tensor(&self) -> Option<&Tensor> {
         self.mask.as_ref()
     }
+
+    /// No mask, not causal: every query sees every key (a vision encoder's patches).
+    pub(crate) fn none() -> Self {
+        Self {
+            mask: None,
+            is_causal: false,
+        }
+    }
 }
 
 /// Builds the mask for `seq` queries over `seq` keys. As upstream's

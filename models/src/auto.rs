@@ -65,12 +65,17 @@ pub enum AutoTask {
     },
     /// `AutoModelForQuestionAnswering` (extractive: start and end logits per token).
     QuestionAnswering,
+    /// `AutoModelForImageClassification` (`num_labels` overrides the config).
+    ImageClassification {
+        /// Number of labels, when the checkpoint's config does not say.
+        num_labels: Option<i64>,
+    },
     /// `AutoModelForSeq2SeqLM` (encoder-decoder with a language-modeling head).
     Seq2SeqLm,
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), gemma4_text (causal LM), gemma4 (Gemma4ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), vit (base, image classification), siglip (image classification), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), gemma4_text (causal LM), gemma4 (Gemma4ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -154,6 +159,19 @@ pub fn from_pretrained_dir(
         ("deberta-v2", task) => encoder::<DebertaV2Config>(dir, task, device, options)?,
         ("distilbert", task) => encoder::<DistilBertConfig>(dir, task, device, options)?,
         ("modernbert", task) => encoder::<ModernBertConfig>(dir, task, device, options)?,
+        ("vit", AutoTask::Base) => boxed(crate::vit::ViTBaseModel::from_pretrained_dir(
+            dir, None, device, options,
+        )?),
+        ("siglip", AutoTask::ImageClassification { num_labels }) => boxed(
+            crate::siglip::SiglipForImageClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?,
+        ),
+        ("vit", AutoTask::ImageClassification { num_labels }) => {
+            boxed(crate::vit::ViTForImageClassification::from_pretrained_dir(
+                dir, num_labels, device, options,
+            )?)
+        }
         ("llama", task) => decoder::<LlamaConfig>(dir, task, device, options)?,
         ("qwen2", task) => decoder::<Qwen2Config>(dir, task, device, options)?,
         ("qwen3", task) => decoder::<Qwen3Config>(dir, task, device, options)?,
@@ -246,7 +264,7 @@ fn encoder<C: EncoderArchitecture>(
                 dir, None, device, options,
             )?,
         ),
-        AutoTask::CausalLm | AutoTask::Seq2SeqLm => {
+        AutoTask::CausalLm | AutoTask::Seq2SeqLm | AutoTask::ImageClassification { .. } => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
                 supported: SUPPORTED,
@@ -279,7 +297,10 @@ fn decoder<C: DecoderConfig>(
         AutoTask::QuestionAnswering => boxed(
             DecoderForQuestionAnswering::<C>::from_pretrained_dir(dir, device, options)?,
         ),
-        AutoTask::Base | AutoTask::MaskedLm | AutoTask::Seq2SeqLm => {
+        AutoTask::Base
+        | AutoTask::MaskedLm
+        | AutoTask::Seq2SeqLm
+        | AutoTask::ImageClassification { .. } => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
                 supported: SUPPORTED,

@@ -88,6 +88,10 @@ pub trait EncoderArchitecture:
     fn loss_type(_kind: HeadKind) -> Option<&'static str> {
         None
     }
+    /// Upstream's `main_input_name` (`input_ids`; a vision family's `pixel_values`).
+    fn main_input_name(&self) -> &'static str {
+        "input_ids"
+    }
     /// Whether a checkpoint's unused key is reported as unexpected (upstream's
     /// `_keys_to_ignore_on_load_unexpected` say no).
     fn reports_unexpected(_key: &str) -> bool {
@@ -223,6 +227,9 @@ impl<C: EncoderArchitecture, K: TaskHead> TrainableModel for EncoderFor<C, K> {
     }
     fn label_names(&self) -> Vec<String> {
         K::KIND.label_names()
+    }
+    fn main_input_name(&self) -> &'static str {
+        self.config.main_input_name()
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         let prefix = self.config.base_model_prefix();

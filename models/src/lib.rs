@@ -37,6 +37,7 @@ mod gpt_oss;
 mod granite;
 mod heads;
 mod hub;
+mod image_processing;
 mod liger;
 mod llama;
 mod loading;
@@ -51,6 +52,7 @@ mod olmoe;
 mod padding_free;
 mod peft;
 mod phi3;
+pub mod pil_resize;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
@@ -59,9 +61,11 @@ mod qwen3_5_moe;
 mod qwen3_moe;
 mod roberta;
 mod rope;
+mod siglip;
 mod smollm3;
 mod t5;
 mod tokenization;
+mod vit;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
 pub use auto_tokenizer::{
@@ -125,6 +129,7 @@ pub use heads::{
     TokenClassification,
 };
 pub use hub::{HubOptions, OPTIONAL_FILES, cached_snapshot, resolve};
+pub use image_processing::{IMAGE_PROCESSOR_NAME, ImageProcessor, ImageProcessorConfig, SizeDict};
 pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_lm_loss};
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
@@ -192,6 +197,9 @@ pub use roberta::{
     XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaForQuestionAnswering,
     XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobertaModel,
 };
+pub use siglip::{
+    Siglip, SiglipConfig, SiglipForImageClassification, SiglipVisionConfig, SiglipVisionTransformer,
+};
 pub use smollm3::{
     SmolLM3Config, SmolLM3ForCausalLM, SmolLM3ForQuestionAnswering,
     SmolLM3ForSequenceClassification, SmolLM3ForTokenClassification,
@@ -208,6 +216,7 @@ pub use tchtrain_nn::{
     QuantizedWeight, dropout, dropout_fast_path,
 };
 pub use tokenizers::Tokenizer;
+pub use vit::{Size2, ViT, ViTBaseModel, ViTConfig, ViTForImageClassification, ViTModel};
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.
 pub(crate) fn check_ids(ids: &tch::Tensor, vocab: i64, max_positions: i64) -> Result<(i64, i64)> {

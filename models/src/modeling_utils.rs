@@ -13,6 +13,8 @@ use crate::loading::{self, LoadingInfo};
 /// `input_ids`, as in upstream's forward signatures.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ModelInputs<'a> {
+    /// `pixel_values` `[batch, channels, height, width]` (a vision model's input).
+    pub pixel_values: Option<&'a Tensor>,
     /// Token ids `[batch, seq]` (int64).
     pub input_ids: Option<&'a Tensor>,
     /// 1 for tokens to attend to, 0 for padding `[batch, seq]`.
@@ -580,6 +582,12 @@ pub trait TrainableModel: Send {
     /// `["start_positions", "end_positions"]` for question answering, else `["labels"]`.
     fn label_names(&self) -> Vec<String> {
         vec!["labels".into()]
+    }
+
+    /// Upstream's `main_input_name`: the input the Trainer counts FLOs on (`input_ids`; a
+    /// vision model's `pixel_values`).
+    fn main_input_name(&self) -> &'static str {
+        "input_ids"
     }
 
     /// The labels a classification head takes, for the check of the training rows.

@@ -86,10 +86,15 @@ pub fn num_parameters(model: &dyn TrainableModel, exclude_embeddings: bool) -> i
         .sum()
 }
 
-/// Upstream `floating_point_ops`: `6 * input_ids.numel() * num_parameters(exclude_embeddings=True)`
-/// (forward + backward), 0 when the batch has no `input_ids`.
-pub fn floating_point_ops(num_params_without_embeddings: i64, inputs: &Batch) -> f64 {
-    inputs.get("input_ids").map_or(0.0, |ids| {
+/// Upstream `floating_point_ops`: `6 * inputs[main_input_name].numel() *
+/// num_parameters(exclude_embeddings=True)` (forward + backward; `main_input_name` is
+/// `input_ids`, a vision model's `pixel_values`), 0 when the batch has no such input.
+pub fn floating_point_ops(
+    num_params_without_embeddings: i64,
+    inputs: &Batch,
+    main_input_name: &str,
+) -> f64 {
+    inputs.get(main_input_name).map_or(0.0, |ids| {
         6.0 * ids.numel() as f64 * num_params_without_embeddings as f64
     })
 }

@@ -136,6 +136,7 @@ pub struct PredictionStepOutput {
 /// `remove_unused_columns` drops columns the forward does not take.
 pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     ModelInputs {
+        pixel_values: batch.get("pixel_values"),
         input_ids: batch.get("input_ids"),
         attention_mask: batch.get("attention_mask"),
         token_type_ids: batch.get("token_type_ids"),

@@ -705,8 +705,11 @@ impl Trainer {
             tchtrain_accelerate::clear_device_cache(self.accelerator.device())?;
         }
         self.accumulate_loss(tr_loss_step)?;
-        self.loop_state.current_flos +=
-            floating_point_ops(self.loop_state.num_params_without_embeddings, inputs);
+        self.loop_state.current_flos += floating_point_ops(
+            self.loop_state.num_params_without_embeddings,
+            inputs,
+            self.loop_state.main_input_name,
+        );
         self.track_num_input_tokens(inputs)?;
         self.prof_mark(Phase::Other);
         Ok(())

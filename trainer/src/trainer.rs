@@ -276,6 +276,8 @@ pub(crate) struct LoopState {
     pub is_in_train: bool,
     pub start_time: Option<Instant>,
     pub num_params_without_embeddings: i64,
+    /// The model's `main_input_name` (what the FLOs count).
+    pub main_input_name: &'static str,
     /// The SIGINT / SIGTERM guard while `train` runs with `enable_jit_checkpoint`.
     pub stop_signals: Option<crate::signals::StopSignals>,
     /// The per-phase profile while `train` runs with `TCHTRAIN_PROFILE` set.
@@ -529,6 +531,7 @@ impl TrainerBuilder {
         let loss_shifts_labels = model.loss_shifts_labels();
         let is_causal_lm = model.is_causal_lm();
         let num_params_without_embeddings = model_info::num_parameters(&*model, true);
+        let main_input_name = model.main_input_name();
         // Upstream: `find_labels(model.__class__)` unless `label_names` is set.
         let label_names = self
             .args
@@ -597,6 +600,7 @@ impl TrainerBuilder {
                 is_in_train: false,
                 start_time: None,
                 num_params_without_embeddings,
+                main_input_name,
                 stop_signals: None,
                 profile: None,
             },

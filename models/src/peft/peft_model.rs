@@ -1127,6 +1127,9 @@ impl TrainableModel for PeftModel {
     fn label_names(&self) -> Vec<String> {
         self.base.label_names()
     }
+    fn main_input_name(&self) -> &'static str {
+        self.base.main_input_name()
+    }
     fn label_check(&self) -> Option<LabelCheck> {
         self.base.label_check()
     }

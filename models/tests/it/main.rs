@@ -15,3 +15,4 @@ mod parity;
 mod peft;
 mod seq2seq;
 mod tokenization;
+mod vision;

@@ -30,4 +30,5 @@ mod seq2seq;
 mod signals;
 mod streaming;
 mod trainer;
+mod vision;
 mod zero;
