@@ -46,7 +46,9 @@ pub(crate) fn check_type(data_type: &DataType) -> std::result::Result<(), DataTy
         | DataType::Float64
         | DataType::Utf8
         | DataType::LargeUtf8
-        | DataType::Utf8View => Ok(()),
+        | DataType::Utf8View
+        | DataType::Binary
+        | DataType::LargeBinary => Ok(()),
         DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
             check_type(f.data_type())
         }
@@ -123,6 +125,19 @@ pub(crate) fn column_cells(array: &dyn Array) -> std::result::Result<Vec<Value>,
                     }
                 })
                 .collect()
+        }
+        // Bytes (an `Image` / `Audio` cell's `bytes`): the list of its byte values.
+        DataType::Binary => {
+            let a = array
+                .as_binary_opt::<i32>()
+                .ok_or_else(|| mismatch(array))?;
+            a.iter().map(bytes_cell).collect()
+        }
+        DataType::LargeBinary => {
+            let a = array
+                .as_binary_opt::<i64>()
+                .ok_or_else(|| mismatch(array))?;
+            a.iter().map(bytes_cell).collect()
         }
         DataType::Struct(_) => {
             let a = array.as_struct_opt().ok_or_else(|| mismatch(array))?;
@@ -204,6 +219,12 @@ pub(crate) fn rows_from_columns(columns: Vec<Vec<Value>>, num_rows: usize) -> Ve
             row
         })
         .collect()
+}
+
+fn bytes_cell(b: Option<&[u8]>) -> Value {
+    b.map_or(Value::Null, |b| {
+        Value::Array(b.iter().map(|&x| Value::from(x)).collect())
+    })
 }
 
 fn mismatch(array: &dyn Array) -> CellError {

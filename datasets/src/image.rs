@@ -101,6 +101,44 @@ pub fn decode_image(bytes: &[u8], what: &str) -> Result<DecodedImage> {
     })
 }
 
+/// An `Image` cell as `datasets` decodes it: `{"bytes": ..., "path": ...}` (the bytes, as
+/// their list of byte values, when present; else the file at `path`, relative to `base_dir`
+/// when not absolute), or a path. `what` names the cell in errors.
+pub fn image_from_cell(
+    cell: &serde_json::Value,
+    base_dir: Option<&Path>,
+    what: &str,
+) -> Result<DecodedImage> {
+    use serde_json::Value;
+    let bad = |detail: &str| Error::Image {
+        what: what.to_string(),
+        detail: detail.to_string(),
+    };
+    let path = match cell {
+        Value::String(p) => Some(p.as_str()),
+        Value::Object(o) => {
+            if let Some(Value::Array(bytes)) = o.get("bytes") {
+                let bytes = bytes
+                    .iter()
+                    .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(|| bad("`bytes` is not a list of byte values"))?;
+                return decode_image(&bytes, what);
+            }
+            o.get("path").and_then(Value::as_str)
+        }
+        _ => None,
+    };
+    let path = path.ok_or_else(|| {
+        bad("an Image cell is {\"bytes\": ..., \"path\": ...} or a path, and this one has neither")
+    })?;
+    let path = Path::new(path);
+    match base_dir {
+        Some(base) if path.is_relative() => open_image(&base.join(path)),
+        _ => open_image(path),
+    }
+}
+
 /// Decodes the image file at `path`.
 pub fn open_image(path: &Path) -> Result<DecodedImage> {
     let bytes = std::fs::read(path).map_err(|source| Error::Io {

@@ -51,7 +51,7 @@ pub use hub::{
     DatasetFiles, PARQUET_EXPORT_REVISION, hub_options_from_env, hub_options_from_vars,
     load_dataset_files,
 };
-pub use image::{DecodedImage, decode_image, open_image};
+pub use image::{DecodedImage, decode_image, image_from_cell, open_image};
 pub use map_cache::{
     CacheEntry, DATASETS_CACHE_ENV, DATASETS_CACHE_MB_ENV, DEFAULT_DATASETS_CACHE_MB, Fingerprint,
     MapCache, decode_rows, encode_rows, map_cached,

@@ -44,7 +44,9 @@
     non_snake_case,
     non_upper_case_globals,
     non_camel_case_types,
-    clippy::too_many_arguments
+    clippy::too_many_arguments,
+    // The loops keep Resample.c's index arithmetic, line for line.
+    clippy::needless_range_loop
 )]
 
 /// Resampling filter, same meaning as `PIL.Image.Resampling.*`.
@@ -107,7 +109,7 @@ fn sinc_filter(mut x: f64) -> f64 {
 
 fn lanczos_filter(x: f64) -> f64 {
     // truncated sinc
-    if -3.0 <= x && x < 3.0 {
+    if (-3.0..3.0).contains(&x) {
         return sinc_filter(x) * sinc_filter(x / 3.0);
     }
     0.0

@@ -8,7 +8,8 @@ Usage: python vision.py OUT_DIR
 OUT_DIR/images/{i}.png: 24 RGB images of sizes from 17x23 to 48x40 (smooth gradients with
 noise, numpy `RandomState(0)`), their labels `i % 3`. OUT_DIR/pil_resize.safetensors: PIL's own
 `Image.resize` of images 0-5 (as RGB and as L) by NEAREST, LANCZOS, BILINEAR and BICUBIC to
-30x30, 13x41 and 64x48 (uint8, `{i}.{mode}.{filter}.{w}x{h}`).
+30x30, 13x41 and 64x48 (uint8, `{i}.{mode}.{filter}.{w}x{h}`). OUT_DIR/images.parquet: the
+images as `datasets`' `Image` column (`{bytes, path}`, the PNG bytes embedded) and `label`.
 
 For each model (OUT_DIR/vit/, OUT_DIR/siglip/):
   model/            the tiny classifier (hidden 32, 2 layers, 4 heads, MLP 37, 30x30 images in
@@ -37,6 +38,8 @@ from PIL import Image
 
 import transformers as tf
 from datasets import Dataset
+from datasets import Features, Value
+from datasets import Image as DatasetImage
 from safetensors.torch import save_file
 
 OUT = Path(sys.argv[1])
@@ -129,6 +132,12 @@ def main():
                     arr = np.array(img.resize((w, h), resample=f))
                     resized[f"{i}.{mode}.{f}.{w}x{h}"] = torch.from_numpy(arr.copy())
     save_file(resized, OUT / "pil_resize.safetensors")
+    # The images as a `datasets` Image column in Parquet (their PNG bytes embedded).
+    table = Dataset.from_dict(
+        {"image": [{"bytes": p.read_bytes(), "path": p.name} for p in paths], "label": [i % 3 for i in range(24)]},
+        features=Features({"image": DatasetImage(), "label": Value("int64")}),
+    )
+    table.to_parquet(OUT / "images.parquet")
 
     vit = tf.ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

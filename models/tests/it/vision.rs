@@ -197,3 +197,45 @@ fn image_processors_equal_pil() -> Result<()> {
     ensure!(checked == 6 * 2 * 4 * 3, "{checked} resizes checked");
     Ok(())
 }
+
+/// A `datasets` `Image` column read from Parquet (`{bytes, path}`, the PNG bytes embedded):
+/// each cell decodes to the file's pixels, and the processor gives upstream's pixel values.
+#[test]
+fn image_column_from_parquet() -> Result<()> {
+    let table = tchtrain_datasets::Table::read(dir().join("images.parquet"))?;
+    ensure!(table.len() == 24, "{} rows", table.len());
+    let mut images = Vec::new();
+    for i in 0..table.len() {
+        let cell = table.cell(i, "image")?;
+        let image = tchtrain_datasets::image_from_cell(cell, None, &format!("row {i}"))?;
+        let file = tchtrain_datasets::open_image(&dir().join(format!("images/{i}.png")))?;
+        ensure!(
+            image == file,
+            "row {i}: the Parquet cell decodes to other pixels"
+        );
+        ensure!(table.cell(i, "label")?.as_i64() == Some(i as i64 % 3));
+        images.push(image);
+    }
+    let processor =
+        tchtrain_models::ImageProcessor::from_pretrained(&dir().join("vit").join("processor"))?;
+    let theirs = tensors(&dir().join("vit/processor/pixel_values.safetensors"))?;
+    ensure!(
+        processor
+            .preprocess(&images)?
+            .equal(&theirs["pixel_values"])
+    );
+    // A cell without bytes reads its path (relative to the folder given).
+    let by_path = serde_json::json!({"bytes": null, "path": "images/3.png"});
+    let image = tchtrain_datasets::image_from_cell(&by_path, Some(&dir()), "path cell")?;
+    ensure!(image == images[3]);
+    // JPEG is refused, naming the cell and the fix.
+    let jpeg = serde_json::json!({"bytes": [255, 216, 255, 224], "path": "x.jpg"});
+    let err = tchtrain_datasets::image_from_cell(&jpeg, None, "row 0")
+        .err()
+        .context("a JPEG cell")?;
+    ensure!(
+        err.to_string().contains("JPEG") && err.to_string().contains("row 0"),
+        "{err}"
+    );
+    Ok(())
+}
