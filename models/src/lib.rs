@@ -13,6 +13,7 @@
 //! user finds each concept where they expect it.
 
 mod attention;
+pub mod audio_utils;
 mod auto;
 mod auto_tokenizer;
 mod bart;
@@ -27,6 +28,7 @@ mod deberta_v2;
 mod distilbert;
 mod encoder;
 mod error;
+mod feature_extraction_whisper;
 mod gemma;
 mod gemma2;
 mod gemma3;
@@ -100,6 +102,7 @@ pub use distilbert::{
 };
 pub use encoder::{EncoderArchitecture, EncoderFor};
 pub use error::{Error, Result};
+pub use feature_extraction_whisper::{WhisperFeatureExtractor, WhisperFeatureExtractorConfig};
 pub use gemma::{
     GemmaConfig, GemmaForCausalLM, GemmaForSequenceClassification, GemmaForTokenClassification,
 };

@@ -19,7 +19,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 17] = [
+pub const TARGETS: [&str; 18] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -37,6 +37,7 @@ pub const TARGETS: [&str; 17] = [
     "torch_pickle",
     "deepspeed_scheduler",
     "parquet",
+    "image_png",
 ];
 
 /// The environment variable capping the fuzz build folder, in MiB.

@@ -9,6 +9,7 @@ pub mod deepspeed_scheduler;
 pub mod fsdp_config;
 pub mod generation_config;
 pub mod gpt2_vocab_merges;
+pub mod image_png;
 pub mod parquet;
 pub mod table_csv;
 pub mod table_json;

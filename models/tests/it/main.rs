@@ -1,6 +1,7 @@
 //! The integration tests of tchtrain-models, one binary (a module per topic); every
 //! test takes `tchtrain_testing::lock` (libtorch's global generator is process-wide).
 
+mod audio;
 mod checkpointing;
 mod debug_utils;
 mod dropout;

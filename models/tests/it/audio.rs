@@ -1,0 +1,57 @@
+//! `WhisperFeatureExtractor` against transformers 5.23 (`scripts/reference/whisper_features.py`):
+//! the mel filter banks (slaney, and HTK without normalisation) equal `audio_utils
+//! .mel_filter_bank`'s float64 values, and the log-mel `input_features` of three clips (padded
+//! to 30 s, one cut to it) equal upstream's **to the bit**, batched and alone.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, ensure};
+use tch::Tensor;
+use tchtrain_models::WhisperFeatureExtractor;
+use tchtrain_models::audio_utils::{MelScale, mel_filter_bank};
+use tchtrain_testing::{assets, lock};
+
+fn dir() -> std::path::PathBuf {
+    assets().join("reference/whisper_features")
+}
+
+#[test]
+fn whisper_features_equal_transformers() -> Result<()> {
+    let _g = lock();
+    let path = dir().join("features.safetensors");
+    let r: HashMap<String, Tensor> = Tensor::read_safetensors(&path)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
+        .into_iter()
+        .collect();
+    let extractor = WhisperFeatureExtractor::from_pretrained(&dir())?;
+    let diff = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    ensure!(
+        extractor.mel_filters.equal(&r["mel_filters"]),
+        "slaney mel filters differ by {}",
+        diff(&extractor.mel_filters, &r["mel_filters"])
+    );
+    let htk = mel_filter_bank(257, 40, 20.0, 7600.0, 16000, false, MelScale::Htk)?;
+    let htk = Tensor::from_slice(&htk).reshape([257, 40]);
+    ensure!(
+        htk.equal(&r["mel_filters_htk"]),
+        "HTK mel filters differ by {}",
+        diff(&htk, &r["mel_filters_htk"])
+    );
+    let waves = (0..3)
+        .map(|i| Vec::<f32>::try_from(&r[&format!("wave.{i}")]))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let features = extractor.call(&waves, 16000)?;
+    ensure!(
+        features.equal(&r["input_features"]),
+        "features differ by {}",
+        diff(&features, &r["input_features"])
+    );
+    let single = extractor.call(&waves[..1], 16000)?;
+    ensure!(
+        single.equal(&r["input_features.0"]),
+        "the first clip alone differs"
+    );
+    let err = extractor.call(&waves, 8000).err().context("8 kHz")?;
+    ensure!(err.to_string().contains("sampling rate of 16000"), "{err}");
+    Ok(())
+}
