@@ -132,6 +132,21 @@ impl SharedMetrics {
     }
 }
 
+/// A `compute_loss` hook's result for a loss computed without model outputs: the loss, and
+/// a [`ModelOutput`](tchtrain_models::ModelOutput) carrying only it.
+pub(crate) fn loss_only(loss: tch::Tensor) -> (tch::Tensor, tchtrain_models::ModelOutput) {
+    (
+        loss.shallow_clone(),
+        tchtrain_models::ModelOutput {
+            loss: Some(loss),
+            logits: None,
+            last_hidden_state: None,
+            pooler_output: None,
+            aux_loss: None,
+        },
+    )
+}
+
 /// This crate's error as the Trainer's (what a hook returns).
 pub(crate) fn hook_error(e: Error) -> tchtrain_trainer::Error {
     match e {

@@ -44,7 +44,8 @@ use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
     ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, fused_prediction_step, hook_error,
-    ids_column, ids_of, pad_batch, row, trainer_input_methods, trl_trainer, wrap_with_adapter,
+    ids_column, ids_of, loss_only, pad_batch, row, trainer_input_methods, trl_trainer,
+    wrap_with_adapter,
 };
 use crate::trainer::dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 use crate::trainer::sft_config::TruncationMode;
@@ -714,16 +715,7 @@ impl TrainerHooks for DpoHooks {
         _num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<(Tensor, ModelOutput)> {
         let loss = self.loss(ctx, model, inputs).map_err(hook_error)?;
-        Ok((
-            loss.shallow_clone(),
-            ModelOutput {
-                loss: Some(loss),
-                logits: None,
-                last_hidden_state: None,
-                pooler_output: None,
-                aux_loss: None,
-            },
-        ))
+        Ok(loss_only(loss))
     }
 
     /// `loss_is_scaled_for_ga = False`: the loss is a per-batch mean.

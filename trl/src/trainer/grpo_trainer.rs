@@ -43,7 +43,7 @@ use crate::data_utils::{is_conversational, tokenize_messages};
 use crate::error::{Error, Result};
 use crate::kernels::LogProbOutputs;
 use crate::trainer::base_trainer::{
-    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, pad_rows, row,
+    ModelArg, SharedMetrics, TrainerInputs, TrainerTokens, hook_error, loss_only, pad_rows, row,
     trainer_input_methods, trl_trainer, wrap_with_adapter,
 };
 use crate::trainer::grpo_config::{
@@ -1194,16 +1194,7 @@ impl TrainerHooks for GrpoHooks {
         _num_items_in_batch: Option<&Tensor>,
     ) -> tchtrain_trainer::Result<(Tensor, ModelOutput)> {
         let loss = self.loss(ctx, model, inputs).map_err(hook_error)?;
-        Ok((
-            loss.shallow_clone(),
-            ModelOutput {
-                loss: Some(loss),
-                logits: None,
-                last_hidden_state: None,
-                pooler_output: None,
-                aux_loss: None,
-            },
-        ))
+        Ok(loss_only(loss))
     }
 
     /// `loss_is_scaled_for_ga = True`: each loss type scales itself.
