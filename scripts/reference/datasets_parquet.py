@@ -24,8 +24,8 @@ Files (OUT_DIR/...):
               list<ClassLabel>, label: ClassLabel), so the schema's `huggingface` metadata
               names the classes.
   parquet/unsupported.parquet
-              columns text, when (timestamp[ms]), blob (binary): text reads, the others are
-              types that have no JSON cell.
+              columns text, when (timestamp[ms]), blob (binary): text reads, `when` is a
+              type that has no JSON cell, blob reads as lists of byte values.
   arrow/types_stream.arrow, types_file.arrow, types_stream_zstd.arrow, types_stream_lz4.arrow
               the types table as an Arrow IPC stream (the format `datasets` writes), as an
               IPC file, and as streams with zstd / lz4 buffer compression; batches of 8 rows.
