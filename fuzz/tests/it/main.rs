@@ -168,6 +168,7 @@ replay_tests!(
     torch_pickle,
     deepspeed_scheduler,
     parquet,
+    image_png,
 );
 
 /// The made inputs follow from the seed alone: two mutators with one seed make the same
