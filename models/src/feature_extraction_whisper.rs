@@ -42,6 +42,10 @@ pub struct WhisperFeatureExtractorConfig {
     pub dither: f64,
     /// `return_attention_mask` (refused when true).
     pub return_attention_mask: bool,
+    /// Every other key: `n_samples` / `nb_max_frames` checked against the values they derive
+    /// from, `padding_side` `"right"`, the class names; anything else refused.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for WhisperFeatureExtractorConfig {
@@ -55,6 +59,7 @@ impl Default for WhisperFeatureExtractorConfig {
             padding_value: 0.0,
             dither: 0.0,
             return_attention_mask: false,
+            extra: serde_json::Map::new(),
         }
     }
 }
@@ -99,6 +104,23 @@ impl WhisperFeatureExtractor {
                 ),
                 "give n_fft >= 2, hop_length >= 1 and feature_size >= 1",
             ));
+        }
+        let n_samples = (config.chunk_length * config.sampling_rate) as u64;
+        for (key, value) in &config.extra {
+            let fine = match key.as_str() {
+                "feature_extractor_type" | "processor_class" => true,
+                "padding_side" => value.as_str() == Some("right"),
+                "n_samples" => value.as_u64() == Some(n_samples),
+                "nb_max_frames" => value.as_u64() == Some(n_samples / config.hop_length as u64),
+                _ => false,
+            };
+            if !fine {
+                return Err(refuse(
+                    "preprocessor_config.json",
+                    format!("{key}: {value}"),
+                    "not implemented here (or inconsistent with chunk_length, sampling_rate and hop_length); remove it",
+                ));
+            }
         }
         let bins = 1 + config.n_fft / 2;
         let filters = mel_filter_bank(

@@ -69,6 +69,10 @@ pub struct ImageProcessorConfig {
     pub do_convert_rgb: Option<bool>,
     /// `do_pad` (refused when true).
     pub do_pad: Option<bool>,
+    /// Every other key: refused at [`ImageProcessor::new`] unless it only names the class
+    /// (`image_processor_type`, `feature_extractor_type`, `processor_class`).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for ImageProcessorConfig {
@@ -92,6 +96,7 @@ impl Default for ImageProcessorConfig {
             image_std: vec![0.5; 3],
             do_convert_rgb: None,
             do_pad: None,
+            extra: serde_json::Map::new(),
         }
     }
 }
@@ -118,6 +123,22 @@ impl ImageProcessor {
 
     /// A processor of `config` (checked).
     pub fn new(config: ImageProcessorConfig) -> Result<Self> {
+        const NAMES_ONLY: [&str; 3] = [
+            "image_processor_type",
+            "feature_extractor_type",
+            "processor_class",
+        ];
+        if let Some(key) = config
+            .extra
+            .keys()
+            .find(|k| !NAMES_ONLY.contains(&k.as_str()))
+        {
+            return Err(invalid(
+                "preprocessor_config.json",
+                key.clone(),
+                "this key of the image processor is not implemented here (the PIL backend's resize, center crop, rescale, normalize and RGB conversion are); remove it or process the images yourself",
+            ));
+        }
         filter(config.resample)?;
         if config.do_pad == Some(true) {
             return Err(invalid(

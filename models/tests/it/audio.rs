@@ -75,6 +75,15 @@ fn whisper_features_equal_transformers() -> Result<()> {
         single.equal(&r["input_features.0"]),
         "the first clip alone differs"
     );
+    // The saved file's derived keys read; a left padding side is refused, naming it.
+    let mut config = extractor.config.clone();
+    config
+        .extra
+        .insert("padding_side".into(), serde_json::json!("left"));
+    let refused = WhisperFeatureExtractor::new(config)
+        .err()
+        .context("left padding")?;
+    ensure!(refused.to_string().contains("padding_side"), "{refused}");
     let err = extractor.call(&waves, 8000).err().context("8 kHz")?;
     ensure!(err.to_string().contains("sampling rate of 16000"), "{err}");
     Ok(())

@@ -153,6 +153,15 @@ fn image_processors_equal_pil() -> Result<()> {
             (&ours - &theirs["pixel_values"]).abs().max()
         );
     }
+    // A key the PIL backend does not implement is refused, naming it.
+    let mut config = tchtrain_models::ImageProcessorConfig::default();
+    config
+        .extra
+        .insert("crop_pct".into(), serde_json::json!(0.875));
+    let err = tchtrain_models::ImageProcessor::new(config)
+        .err()
+        .context("crop_pct")?;
+    ensure!(err.to_string().contains("crop_pct"), "{err}");
     let resized = tensors(&dir().join("pil_resize.safetensors"))?;
     let mut checked = 0;
     for (key, expected) in &resized {
