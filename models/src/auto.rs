@@ -42,6 +42,7 @@ use crate::qwen3_moe::Qwen3MoeConfig;
 use crate::roberta::{RobertaConfig, XLMRobertaConfig};
 use crate::smollm3::SmolLM3Config;
 use crate::t5::T5ForConditionalGeneration;
+use crate::whisper::WhisperForConditionalGeneration;
 use crate::{Error, Result};
 
 /// The head to put on the body, as upstream's Auto classes.
@@ -72,10 +73,12 @@ pub enum AutoTask {
     },
     /// `AutoModelForSeq2SeqLM` (encoder-decoder with a language-modeling head).
     Seq2SeqLm,
+    /// `AutoModelForSpeechSeq2Seq` (a speech encoder and a text decoder: Whisper).
+    SpeechSeq2Seq,
 }
 
 /// What the Auto classes load, for the error on anything else.
-const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), vit (base, image classification), siglip (image classification), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), gemma4_text (causal LM), gemma4 (Gemma4ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM)";
+const SUPPORTED: &str = "gpt2 (causal LM, sequence classification, question answering), bert, roberta, xlm-roberta, distilbert, deberta-v2, modernbert (base, masked LM, sequence / token classification, question answering), vit (base, image classification), siglip (image classification), llama, qwen2, qwen3, mistral (causal LM, sequence / token classification, question answering), gemma, gemma2, phi3 (causal LM, sequence / token classification), gemma3_text (causal LM, sequence classification), gemma3 (Gemma3ForConditionalGeneration's text path: causal LM), gemma4_text (causal LM), gemma4 (Gemma4ForConditionalGeneration's text path: causal LM), qwen2_moe, qwen3_moe, mixtral (causal LM, sequence / token classification, question answering), olmo2, olmo3 (causal LM, sequence classification), gpt_oss (causal LM, sequence / token classification), olmoe, granite (causal LM), qwen3_5_text (causal LM, sequence classification), qwen3_5 (its language model: causal LM), qwen3_5_moe_text, qwen3_5_moe (causal LM), smollm3 (causal LM, sequence / token classification, question answering), t5, bart, mbart (seq2seq LM), whisper (speech seq2seq)";
 
 /// A loaded model behind the trait object the Trainer drives.
 pub type AutoModel = Loaded<Box<dyn PreTrainedModel>>;
@@ -228,6 +231,9 @@ pub fn from_pretrained_dir(
         ("t5", AutoTask::Seq2SeqLm) => boxed(T5ForConditionalGeneration::from_pretrained_dir(
             dir, device, options,
         )?),
+        ("whisper", AutoTask::SpeechSeq2Seq) => boxed(
+            WhisperForConditionalGeneration::from_pretrained_dir(dir, device, options)?,
+        ),
         _ => return Err(unsupported()),
     })
 }
@@ -264,7 +270,10 @@ fn encoder<C: EncoderArchitecture>(
                 dir, None, device, options,
             )?,
         ),
-        AutoTask::CausalLm | AutoTask::Seq2SeqLm | AutoTask::ImageClassification { .. } => {
+        AutoTask::CausalLm
+        | AutoTask::Seq2SeqLm
+        | AutoTask::SpeechSeq2Seq
+        | AutoTask::ImageClassification { .. } => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),
                 supported: SUPPORTED,
@@ -300,6 +309,7 @@ fn decoder<C: DecoderConfig>(
         AutoTask::Base
         | AutoTask::MaskedLm
         | AutoTask::Seq2SeqLm
+        | AutoTask::SpeechSeq2Seq
         | AutoTask::ImageClassification { .. } => {
             return Err(Error::UnsupportedArchitecture {
                 name: format!("{} for {task:?}", read_model_type(&dir.join(CONFIG_NAME))?),

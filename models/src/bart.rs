@@ -63,6 +63,11 @@ pub struct BartConfig {
     /// label shift.
     #[serde(skip)]
     pub mbart: bool,
+    /// Whisper's layers (the config [`crate::whisper`] builds for its stacks): keys without a
+    /// bias, queries scaled before the product (upstream's `WhisperAttention`), pre-norm as
+    /// mBART's.
+    #[serde(skip)]
+    pub(crate) whisper: bool,
     #[serde(flatten)]
     pub labels: LabelConfig,
     /// Keys this crate does not interpret, kept so config.json round-trips.
@@ -98,6 +103,7 @@ impl Default for BartConfig {
             is_encoder_decoder: true,
             tie_word_embeddings: true,
             mbart: false,
+            whisper: false,
             labels: LabelConfig::default(),
             extra: Default::default(),
         }
@@ -157,6 +163,13 @@ impl BartConfig {
             ],
             ("encoder_layers", self.encoder_layers),
         )?;
+        self.validate_layers()?;
+        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
+        Ok(())
+    }
+
+    /// The layers' settings: heads dividing `d_model`, probabilities, the activation.
+    pub(crate) fn validate_layers(&self) -> Result<()> {
         for (field, heads) in [
             ("encoder_attention_heads", self.encoder_attention_heads),
             ("decoder_attention_heads", self.decoder_attention_heads),
@@ -184,7 +197,6 @@ impl BartConfig {
                 });
             }
         }
-        configuration_utils::check_padding_idx(self.pad_token_id, self.vocab_size)?;
         Activation::parse(&self.activation_function, "activation_function")?;
         Ok(())
     }
@@ -206,17 +218,21 @@ struct Attention {
     q_proj: Linear,
     out_proj: Linear,
     heads: i64,
+    /// Whisper's: the queries times `head_dim ** -0.5` before the product (SDPA then scales
+    /// by 1.0), upstream's order.
+    prescale: bool,
 }
 
 impl Attention {
     fn new(p: tchtrain_nn::Path<'_>, c: &BartConfig, heads: i64) -> Self {
         let (d, std) = (c.d_model, c.init_std);
         Self {
-            k_proj: Linear::in_layer(&p / "k_proj", d, d, true, std),
+            k_proj: Linear::in_layer(&p / "k_proj", d, d, !c.whisper, std),
             v_proj: Linear::in_layer(&p / "v_proj", d, d, true, std),
             q_proj: Linear::in_layer(&p / "q_proj", d, d, true, std),
             out_proj: Linear::in_layer(&p / "out_proj", d, d, true, std),
             heads,
+            prescale: c.whisper,
         }
     }
 
@@ -242,7 +258,12 @@ impl Attention {
                 .view([batch, -1, self.heads, head_dim])
                 .transpose(1, 2)
         };
-        let q = heads(&self.q_proj.forward(h));
+        let scaling = (head_dim as f64).powf(-0.5);
+        let q = if self.prescale {
+            heads(&(self.q_proj.forward(h) * scaling))
+        } else {
+            heads(&self.q_proj.forward(h))
+        };
         let current = key_value_states.unwrap_or(h);
         let k = heads(&self.k_proj.forward(current));
         let v = heads(&self.v_proj.forward(current));
@@ -261,7 +282,8 @@ impl Attention {
         } else {
             0.0
         };
-        let a = attention::sdpa(&q, &k, &v, mask, dropout, (head_dim as f64).powf(-0.5));
+        let scale = if self.prescale { 1.0 } else { scaling };
+        let a = attention::sdpa(&q, &k, &v, mask, dropout, scale);
         let a = padding_free::unpadded(unpadded, a.transpose(1, 2).reshape([batch, q_len, d]));
         Ok(self.out_proj.forward(&a))
     }
@@ -269,7 +291,7 @@ impl Attention {
 
 /// An encoder layer (`self_attn`, `fc1`, `fc2`) or a decoder layer (plus `encoder_attn`).
 #[derive(Debug)]
-struct Layer {
+pub(crate) struct Layer {
     ctx: Context,
     self_attn: Attention,
     self_attn_layer_norm: LayerNorm,
@@ -282,15 +304,15 @@ struct Layer {
 }
 
 /// What every layer of a stack's forward shares.
-struct StackInputs<'a> {
-    config: &'a BartConfig,
-    act: Activation,
-    train: bool,
-    mask: attention::Mask,
-    encoder: Option<(&'a Tensor, attention::Mask)>,
-    cache: Option<&'a DynamicCache>,
+pub(crate) struct StackInputs<'a> {
+    pub(crate) config: &'a BartConfig,
+    pub(crate) act: Activation,
+    pub(crate) train: bool,
+    pub(crate) mask: attention::Mask,
+    pub(crate) encoder: Option<(&'a Tensor, attention::Mask)>,
+    pub(crate) cache: Option<&'a DynamicCache>,
     /// The encoder's padding-free layout, when its layers run on the real tokens only.
-    unpadded: Option<Unpadded>,
+    pub(crate) unpadded: Option<Unpadded>,
 }
 
 /// Upstream's fp16 clamp: BART's encoder layers clamp when a value is not finite, mBART's
@@ -304,7 +326,7 @@ fn clamp_fp16(h: Tensor, always: bool) -> Tensor {
 }
 
 impl Layer {
-    fn new(
+    pub(crate) fn new(
         p: tchtrain_nn::Path<'_>,
         c: &BartConfig,
         decoder: bool,
@@ -337,7 +359,7 @@ impl Layer {
     }
 
     /// `BartEncoderLayer` / `BartDecoderLayer` (post-norm), or mBART's (pre-norm).
-    fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
+    pub(crate) fn forward(&self, h: &Tensor, s: &StackInputs<'_>) -> Result<Tensor> {
         let c = s.config;
         let pre = c.mbart;
         let n = |rest: &str| format!("{}.{rest}", self.name);

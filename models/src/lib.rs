@@ -34,6 +34,7 @@ mod gemma2;
 mod gemma3;
 mod gemma4;
 mod generation;
+mod generation_whisper;
 mod gpt2;
 mod gpt_oss;
 mod granite;
@@ -68,6 +69,7 @@ mod smollm3;
 mod t5;
 mod tokenization;
 mod vit;
+mod whisper;
 
 pub use auto::{AutoModel, AutoTask, from_pretrained, from_pretrained_dir};
 pub use auto_tokenizer::{
@@ -120,6 +122,7 @@ pub use generation::{
     EarlyStopping, GENERATION_CONFIG_NAME, GenerateOutput, GenerationConfig, LogitsProcessor,
     generate, logits_processors,
 };
+pub use generation_whisper::whisper_generate;
 pub use gpt_oss::{
     GptOssConfig, GptOssForCausalLM, GptOssForSequenceClassification, GptOssForTokenClassification,
 };
@@ -220,6 +223,7 @@ pub use tchtrain_nn::{
 };
 pub use tokenizers::Tokenizer;
 pub use vit::{Size2, ViT, ViTBaseModel, ViTConfig, ViTForImageClassification, ViTModel};
+pub use whisper::{WhisperConfig, WhisperForConditionalGeneration, sinusoids};
 
 /// Checks `input_ids`: int64 `[batch, seq]`, ids in `0..vocab`, `seq <= max_positions`.
 pub(crate) fn check_ids(ids: &tch::Tensor, vocab: i64, max_positions: i64) -> Result<(i64, i64)> {

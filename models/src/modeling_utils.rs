@@ -15,6 +15,9 @@ use crate::loading::{self, LoadingInfo};
 pub struct ModelInputs<'a> {
     /// `pixel_values` `[batch, channels, height, width]` (a vision model's input).
     pub pixel_values: Option<&'a Tensor>,
+    /// `input_features` `[batch, num_mel_bins, frames]` (a speech model's input: Whisper's
+    /// log-mel spectrogram).
+    pub input_features: Option<&'a Tensor>,
     /// Token ids `[batch, seq]` (int64).
     pub input_ids: Option<&'a Tensor>,
     /// 1 for tokens to attend to, 0 for padding `[batch, seq]`.
@@ -556,6 +559,18 @@ pub trait TrainableModel: Send {
     /// model. An encoder-decoder model whose config lacks the ids says so.
     fn decoder_start(&self) -> Result<Option<tchtrain_collators::DecoderStart>> {
         Ok(None)
+    }
+
+    /// A model whose `generate` is its own (upstream's `WhisperGenerationMixin.generate`): the
+    /// generated ids from the batch's main input and the merged generation configuration;
+    /// `None` for the models that generate through [`crate::generate`] from `input_ids`.
+    fn own_generate(
+        &self,
+        inputs: &ModelInputs<'_>,
+        config: &crate::GenerationConfig,
+    ) -> Option<Result<Tensor>> {
+        let _ = (inputs, config);
+        None
     }
 
     /// An encoder-decoder model's encoder on `input_ids` (upstream `model.get_encoder()(...)`):

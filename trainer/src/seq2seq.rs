@@ -488,27 +488,45 @@ impl<H: TrainerHooks> TrainerHooks for Seq2SeqHooks<H> {
                 });
             }
         }
-        let input_ids = inputs.get("input_ids").ok_or(Error::InvalidArgument {
-            field: "input_ids",
-            detail: "predict_with_generate needs the batch's input_ids".into(),
-        })?;
         let (config, pad, max_positions) = {
             let s = lock(&self.state);
             let mut config = s.generation_config.clone();
             config.update(&s.gen_kwargs);
             (config, s.pad_token_id, s.max_position_embeddings)
         };
-        let input_ids = input_ids.f_to_device(ctx.device)?;
-        let mask = inputs
-            .get("attention_mask")
-            .map(|m| m.f_to_device(ctx.device))
-            .transpose()?;
         let generated = {
             let _autocast = match ctx.accelerator.autocast_dtype() {
                 Some(_) => Some(ctx.accelerator.autocast()?),
                 None => None,
             };
-            generate(model, &input_ids, mask.as_ref(), &config, max_positions)?.sequences
+            // A model with its own `generate` (Whisper) reads its main input; the others
+            // generate from `input_ids`.
+            let features = inputs
+                .get("input_features")
+                .map(|f| f.f_to_device(ctx.device))
+                .transpose()?;
+            let own = model.own_generate(
+                &tchtrain_models::ModelInputs {
+                    input_features: features.as_ref(),
+                    ..Default::default()
+                },
+                &config,
+            );
+            match own {
+                Some(generated) => generated?,
+                None => {
+                    let input_ids = inputs.get("input_ids").ok_or(Error::InvalidArgument {
+                        field: "input_ids",
+                        detail: "predict_with_generate needs the batch's input_ids".into(),
+                    })?;
+                    let input_ids = input_ids.f_to_device(ctx.device)?;
+                    let mask = inputs
+                        .get("attention_mask")
+                        .map(|m| m.f_to_device(ctx.device))
+                        .transpose()?;
+                    generate(model, &input_ids, mask.as_ref(), &config, max_positions)?.sequences
+                }
+            }
         };
         // Upstream fills the model's generation config with the global defaults here.
         let model_config = {

@@ -137,6 +137,7 @@ pub struct PredictionStepOutput {
 pub fn model_inputs(batch: &Batch) -> ModelInputs<'_> {
     ModelInputs {
         pixel_values: batch.get("pixel_values"),
+        input_features: batch.get("input_features"),
         input_ids: batch.get("input_ids"),
         attention_mask: batch.get("attention_mask"),
         token_type_ids: batch.get("token_type_ids"),

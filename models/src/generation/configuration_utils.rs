@@ -89,6 +89,10 @@ pub struct GenerationConfig {
     /// `forced_eos_token_id`: one id or a list, forced at the last position `max_length`
     /// allows (BART).
     pub forced_eos_token_id: Option<Vec<i64>>,
+    /// `suppress_tokens`: ids whose scores are always -inf (Whisper's).
+    pub suppress_tokens: Option<Vec<i64>>,
+    /// `begin_suppress_tokens`: ids whose scores are -inf at the first generated position.
+    pub begin_suppress_tokens: Option<Vec<i64>>,
     /// Fields kept as read that change nothing here, written back as they were.
     pub other: Map<String, Value>,
 }
@@ -113,6 +117,24 @@ const INERT: [&str; 16] = [
     "max_matching_ngram_size",
     "speculation_type",
     "continuous_batching_config",
+];
+
+/// The fields of Whisper's `generation_config.json` that `WhisperGenerationMixin.generate`
+/// reads (the language and task tokens, timestamps, alignment heads): kept in
+/// [`GenerationConfig::other`] for it; any other model's `generate` reads none of them, as
+/// upstream's.
+pub(crate) const WHISPER_FIELDS: [&str; 11] = [
+    "lang_to_id",
+    "task_to_id",
+    "no_timestamps_token_id",
+    "is_multilingual",
+    "language",
+    "task",
+    "return_timestamps",
+    "alignment_heads",
+    "max_initial_timestamp_index",
+    "prev_sot_token_id",
+    "forced_decoder_ids",
 ];
 
 /// Upstream fields with their neutral value: set to anything else they would change the
@@ -343,6 +365,8 @@ impl GenerationConfig {
                 "decoder_start_token_id" => c.decoder_start_token_id = Some(int()?),
                 "forced_bos_token_id" => c.forced_bos_token_id = Some(int()?),
                 "forced_eos_token_id" => c.forced_eos_token_id = Some(ids()?),
+                "suppress_tokens" => c.suppress_tokens = Some(ids()?),
+                "begin_suppress_tokens" => c.begin_suppress_tokens = Some(ids()?),
                 "eos_token_id" => c.eos_token_id = Some(ids()?),
                 "length_penalty" => c.length_penalty = Some(float()?),
                 "early_stopping" => {
@@ -360,7 +384,7 @@ impl GenerationConfig {
                         }
                     })
                 }
-                k if INERT.contains(&k) => {
+                k if INERT.contains(&k) || WHISPER_FIELDS.contains(&k) => {
                     c.other.insert(key.clone(), v.clone());
                 }
                 k if GENERATION_FIELDS.contains(&k) => match neutral(k) {
@@ -497,6 +521,18 @@ impl GenerationConfig {
             self.forced_eos_token_id.as_ref().map(one_or_list),
         );
         put(
+            "suppress_tokens",
+            self.suppress_tokens
+                .as_ref()
+                .map(|ids| Value::from(ids.clone())),
+        );
+        put(
+            "begin_suppress_tokens",
+            self.begin_suppress_tokens
+                .as_ref()
+                .map(|ids| Value::from(ids.clone())),
+        );
+        put(
             "eos_token_id",
             self.eos_token_id.as_ref().map(|ids| match ids.as_slice() {
                 [one] => Value::from(*one),
@@ -548,7 +584,9 @@ impl GenerationConfig {
             eos_token_id,
             decoder_start_token_id,
             forced_bos_token_id,
-            forced_eos_token_id
+            forced_eos_token_id,
+            suppress_tokens,
+            begin_suppress_tokens
         );
         for (k, v) in &other.other {
             self.other.insert(k.clone(), v.clone());

@@ -1,7 +1,8 @@
 //! Upstream's logits processors and warpers (`generation/logits_process.py` of transformers
 //! 5.23) that greedy decoding and sampling use here, op for op on float32 scores `[batch,
 //! vocab]`, and `_get_logits_processor`'s order: repetition penalty, no-repeat n-grams,
-//! minimum length, minimum new tokens, forced BOS / EOS tokens, then (sampling only)
+//! minimum length, minimum new tokens, forced BOS / EOS tokens,
+//! suppressed tokens, tokens suppressed at the first position, then (sampling only)
 //! temperature, top-k, top-p, min-p.
 
 use tch::{Kind, Tensor};
@@ -50,6 +51,16 @@ pub enum LogitsProcessor {
         /// The forced ids.
         ids: Vec<i64>,
     },
+    /// `SuppressTokensLogitsProcessor(ids)`: the ids' scores -inf at every step.
+    SuppressTokens(Vec<i64>),
+    /// `SuppressTokensAtBeginLogitsProcessor(ids, begin_index)`: the ids' scores -inf when
+    /// the sequence is `begin_index` long (the first generated position).
+    SuppressTokensAtBegin {
+        /// The suppressed ids.
+        ids: Vec<i64>,
+        /// The sequence length at which they are suppressed.
+        begin_index: i64,
+    },
     /// `TemperatureLogitsWarper(t)`: `scores / t`.
     Temperature(f64),
     /// `TopKLogitsWarper(k)`: below the k-th score removed (ties kept).
@@ -94,6 +105,20 @@ impl LogitsProcessor {
     /// `processor(input_ids, scores)`.
     pub fn process(&self, input_ids: &Tensor, scores: Tensor) -> Result<Tensor> {
         Ok(match self {
+            Self::SuppressTokens(ids) => {
+                let mask = vocab_mask(&scores, ids)?;
+                let inf = Tensor::f_scalar_tensor(REMOVED, (scores.kind(), scores.device()))?;
+                inf.f_where_self(&mask, &scores)?
+            }
+            Self::SuppressTokensAtBegin { ids, begin_index } => {
+                if input_ids.size()[1] == *begin_index {
+                    let mask = vocab_mask(&scores, ids)?;
+                    let inf = Tensor::f_scalar_tensor(REMOVED, (scores.kind(), scores.device()))?;
+                    inf.f_where_self(&mask, &scores)?
+                } else {
+                    scores
+                }
+            }
             Self::RepetitionPenalty {
                 penalty,
                 prompt_ignore_length,
@@ -248,6 +273,21 @@ pub fn logits_processors(
         out.push(LogitsProcessor::ForcedEos {
             max_length,
             ids: ids.clone(),
+        });
+    }
+    if let Some(ids) = &config.suppress_tokens {
+        out.push(LogitsProcessor::SuppressTokens(ids.clone()));
+    }
+    if let Some(ids) = &config.begin_suppress_tokens {
+        // One past a lone decoder start when a BOS token is forced after it.
+        let begin_index = if prompt_len > 1 || config.forced_bos_token_id.is_none() {
+            prompt_len
+        } else {
+            prompt_len + 1
+        };
+        out.push(LogitsProcessor::SuppressTokensAtBegin {
+            ids: ids.clone(),
+            begin_index,
         });
     }
     if config.do_sample == Some(true) {

@@ -12,4 +12,5 @@ pub(crate) use configuration_utils::{
     generation_fields_of, model_generation_config, save_model_generation_config,
 };
 pub use logits_process::{LogitsProcessor, logits_processors};
+pub(crate) use utils::generate_from_encoder;
 pub use utils::{GenerateOutput, generate};

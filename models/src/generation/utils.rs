@@ -224,6 +224,7 @@ fn generate_inner(
         mask,
         padding_lengths,
         encoder: None,
+        extra_processors: Vec::new(),
     };
     decode(model, prompt, config, &eos, pad, max_position_embeddings)
 }
@@ -237,6 +238,8 @@ struct Prompt {
     mask: Option<Tensor>,
     padding_lengths: Option<Tensor>,
     encoder: Option<(Tensor, Tensor)>,
+    /// Processors a model's own `generate` adds after the configuration's (Whisper's).
+    extra_processors: Vec<super::logits_process::LogitsProcessor>,
 }
 
 /// An encoder-decoder model's `generate`: the encoder on the prompt (with its mask), then
@@ -267,8 +270,37 @@ fn encoder_decoder_generate(
         mask: None,
         padding_lengths: None,
         encoder: Some((hidden, mask)),
+        extra_processors: Vec::new(),
     };
     decode(model, prompt, config, eos, pad, None)
+}
+
+/// An encoder-decoder model's decoding from `decoder_input_ids` `[batch, prompt]` over the
+/// encoder's last hidden state (what a model's own `generate` hands to upstream's
+/// `GenerationMixin.generate` with `encoder_outputs` and `decoder_input_ids`), with
+/// `extra_processors` after the configuration's.
+pub(crate) fn generate_from_encoder(
+    model: &dyn TrainableModel,
+    encoder_hidden: Tensor,
+    decoder_input_ids: Tensor,
+    config: &GenerationConfig,
+    extra_processors: Vec<super::logits_process::LogitsProcessor>,
+) -> Result<GenerateOutput> {
+    config.validate()?;
+    let eos: Vec<i64> = config.eos_token_id.clone().unwrap_or_default();
+    let pad = config.pad_token_id.or_else(|| eos.first().copied());
+    let (batch, enc_seq) = (encoder_hidden.size()[0], encoder_hidden.size()[1]);
+    let device = decoder_input_ids.device();
+    let mask = Tensor::f_ones([batch, enc_seq], (Kind::Int64, device))?;
+    let prompt = Prompt {
+        position_ids: Tensor::f_zeros([batch, 1], (Kind::Int64, device))?,
+        ids: decoder_input_ids,
+        mask: None,
+        padding_lengths: None,
+        encoder: Some((encoder_hidden, mask)),
+        extra_processors,
+    };
+    decode(model, prompt, config, &eos, pad, None)
 }
 
 /// Greedy decoding, sampling or beam search from `prompt`.
@@ -286,6 +318,7 @@ fn decode(
         mut mask,
         padding_lengths,
         mut encoder,
+        extra_processors,
     } = prompt;
     let (batch, prompt_len) = (ids.size()[0], ids.size()[1]);
     let device = ids.device();
@@ -347,13 +380,14 @@ fn decode(
     if let Some(n) = config.min_new_tokens {
         resolved.min_length = Some(n + prompt_len);
     }
-    let processors = logits_processors(
+    let mut processors = logits_processors(
         &resolved,
         prompt_len,
         eos,
         padding_lengths.as_ref(),
         max_length,
     );
+    processors.extend(extra_processors);
     let sampling = config.do_sample == Some(true);
     let keep_scores =
         config.output_scores == Some(true) && config.return_dict_in_generate == Some(true);

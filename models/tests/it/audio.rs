@@ -1,3 +1,10 @@
+//! Whisper against transformers 5.23 (`scripts/reference/whisper.py`): the tiny
+//! `WhisperForConditionalGeneration`'s logits, loss, encoder output and every gradient **to the
+//! bit** (evaluation mode; the encoder's frozen sinusoidal positions get none, as upstream's),
+//! its saved files equal upstream's, and `generate` equal to upstream's ids on each case (the
+//! language given by code, name or token, detected per row, the legacy `forced_decoder_ids`,
+//! beam search with a task, `max_new_tokens`, a clip shorter than 30 s padded).
+//!
 //! `WhisperFeatureExtractor` against transformers 5.23 (`scripts/reference/whisper_features.py`):
 //! the mel filter banks (slaney, and HTK without normalisation) within 1e-12 of `audio_utils
 //! .mel_filter_bank`'s float64 values (numpy's exp / log round the last bit apart from glibc's)
@@ -8,10 +15,13 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
-use tch::Tensor;
-use tchtrain_models::WhisperFeatureExtractor;
+use tch::{Device, Tensor};
 use tchtrain_models::audio_utils::{MelScale, mel_filter_bank};
-use tchtrain_testing::{assets, lock};
+use tchtrain_models::{
+    AutoTask, GenerationConfig, LoadOptions, ModelInputs, PreTrainedModel, WhisperFeatureExtractor,
+    from_pretrained_dir,
+};
+use tchtrain_testing::{assets, lock, temp_dir};
 
 fn dir() -> std::path::PathBuf {
     assets().join("reference/whisper_features")
@@ -86,5 +96,202 @@ fn whisper_features_equal_transformers() -> Result<()> {
     ensure!(refused.to_string().contains("padding_side"), "{refused}");
     let err = extractor.call(&waves, 8000).err().context("8 kHz")?;
     ensure!(err.to_string().contains("sampling rate of 16000"), "{err}");
+    Ok(())
+}
+
+fn whisper_dir() -> std::path::PathBuf {
+    assets().join("reference/whisper")
+}
+
+fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
+    Ok(Tensor::read_safetensors(path)
+        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
+        .into_iter()
+        .collect())
+}
+
+fn load_whisper() -> Result<Box<dyn PreTrainedModel>> {
+    let loaded = from_pretrained_dir(
+        &whisper_dir().join("model"),
+        AutoTask::SpeechSeq2Seq,
+        Device::Cpu,
+        &LoadOptions::default(),
+    )?;
+    ensure!(
+        loaded.info.missing_keys.is_empty() && loaded.info.unexpected_keys.is_empty(),
+        "{:?}",
+        loaded.info
+    );
+    Ok(loaded.model)
+}
+
+#[test]
+fn whisper_forward_and_gradients_equal_transformers() -> Result<()> {
+    let _g = lock();
+    let mut model = load_whisper()?;
+    ensure!(model.architecture() == "WhisperForConditionalGeneration");
+    ensure!(model.main_input_name() == "input_features");
+    let r = tensors(&whisper_dir().join("forward.safetensors"))?;
+    model.eval();
+    let out = model.forward(&ModelInputs {
+        input_features: Some(&r["input_features"]),
+        labels: Some(&r["labels"]),
+        ..ModelInputs::default()
+    })?;
+    let logits = out.logits.context("logits")?;
+    ensure!(
+        logits.equal(&r["logits"]),
+        "logits differ by {}",
+        (&logits - &r["logits"]).abs().max()
+    );
+    let loss = out.loss.context("loss")?;
+    ensure!(
+        loss.reshape([1]).equal(&r["loss"].reshape([1])),
+        "loss {loss} vs {}",
+        r["loss"]
+    );
+    let encoder = model.encode(&r["input_features"], None)?;
+    ensure!(
+        encoder.equal(&r["encoder_last_hidden_state"]),
+        "encoder differs by {}",
+        (&encoder - &r["encoder_last_hidden_state"]).abs().max()
+    );
+    loss.backward();
+    let vars = model.var_store().variables();
+    let mut compared = 0;
+    for (var_name, var) in &vars {
+        let grad = var.grad();
+        match r.get(&format!("grad.{var_name}")) {
+            Some(expected) => {
+                ensure!(
+                    grad.equal(expected),
+                    "grad of {var_name} differs by {}",
+                    (&grad - expected).abs().max()
+                );
+                compared += 1;
+            }
+            None => ensure!(
+                !grad.defined(),
+                "{var_name} has a gradient, upstream's none"
+            ),
+        }
+    }
+    let expected = r.keys().filter(|k| k.starts_with("grad.")).count();
+    ensure!(compared == expected, "{compared} gradients of {expected}");
+    // Saved: the same tensors and a config / generation config transformers reads back.
+    let out_dir = temp_dir("whisper-save");
+    model.save_pretrained(&out_dir)?;
+    let ours = tensors(&out_dir.join("model.safetensors"))?;
+    let theirs = tensors(&whisper_dir().join("model/model.safetensors"))?;
+    let mut names: Vec<_> = theirs.keys().collect();
+    names.sort();
+    let mut our_names: Vec<_> = ours.keys().collect();
+    our_names.sort();
+    ensure!(names == our_names, "saved {our_names:?} vs {names:?}");
+    for n in names {
+        ensure!(ours[n].equal(&theirs[n]), "saved {n} differs");
+    }
+    let generation: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        out_dir.join("generation_config.json"),
+    )?)?;
+    ensure!(
+        generation["lang_to_id"]["<|fr|>"] == 102
+            && generation["suppress_tokens"] == serde_json::json!([7, 8]),
+        "{generation}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+    Ok(())
+}
+
+#[test]
+fn whisper_generate_equals_transformers() -> Result<()> {
+    let _g = lock();
+    let mut model = load_whisper()?;
+    model.eval();
+    let r = tensors(&whisper_dir().join("forward.safetensors"))?;
+    let expected = tensors(&whisper_dir().join("generate.safetensors"))?;
+    let base =
+        GenerationConfig::from_json(model.generation_config().context("generation config")?)?;
+    let features = &r["input_features"];
+    let cases: [(&str, serde_json::Value, Option<i64>); 6] = [
+        (
+            "en_transcribe",
+            serde_json::json!({"language": "en", "task": "transcribe"}),
+            None,
+        ),
+        ("detect", serde_json::json!({}), None),
+        (
+            "fr_translate_beams",
+            serde_json::json!({"language": "french", "task": "translate", "num_beams": 3}),
+            None,
+        ),
+        (
+            "max_new_5",
+            serde_json::json!({"language": "<|en|>", "max_new_tokens": 5}),
+            None,
+        ),
+        (
+            "forced",
+            serde_json::json!({"forced_decoder_ids": [[1, null], [2, 104]]}),
+            None,
+        ),
+        ("short", serde_json::json!({"language": "en"}), Some(45)),
+    ];
+    for (name, kwargs, frames) in cases {
+        let mut config = base.clone();
+        config.update(&GenerationConfig::from_json(&kwargs)?);
+        let input = match frames {
+            Some(n) => features.narrow(2, 0, n),
+            None => features.shallow_clone(),
+        };
+        let ids = model
+            .own_generate(
+                &ModelInputs {
+                    input_features: Some(&input),
+                    ..ModelInputs::default()
+                },
+                &config,
+            )
+            .context("Whisper generates by its own generate")??;
+        ensure!(
+            ids.size() == expected[name].size() && ids.equal(&expected[name]),
+            "{name}: {ids:?} vs {:?}",
+            expected[name]
+        );
+    }
+    // Refused, naming the option.
+    for (kwargs, field) in [
+        (
+            serde_json::json!({"language": "xx"}),
+            "Unsupported language: xx",
+        ),
+        (
+            serde_json::json!({"task": "Transcribe"}),
+            "The `Transcribe` task is not supported",
+        ),
+        (
+            serde_json::json!({"return_timestamps": true}),
+            "return_timestamps",
+        ),
+        (
+            serde_json::json!({"language": "en", "max_new_tokens": 37}),
+            "exceeds the `max_target_positions`",
+        ),
+    ] {
+        let mut config = base.clone();
+        config.update(&GenerationConfig::from_json(&kwargs)?);
+        let err = model
+            .own_generate(
+                &ModelInputs {
+                    input_features: Some(features),
+                    ..ModelInputs::default()
+                },
+                &config,
+            )
+            .context("own generate")?
+            .err()
+            .with_context(|| format!("{kwargs} accepted"))?;
+        ensure!(err.to_string().contains(field), "{kwargs}: {err}");
+    }
     Ok(())
 }
