@@ -348,12 +348,19 @@ pub struct WhisperForConditionalGeneration {
 impl WhisperForConditionalGeneration {
     /// A freshly initialised model, seeded by tch's RNG.
     pub fn new(config: &WhisperConfig, device: Device) -> Result<Self> {
-        Self::build(config, !config.tie_word_embeddings, device, &Context::new())
+        Self::build(
+            config,
+            !config.tie_word_embeddings,
+            true,
+            device,
+            &Context::new(),
+        )
     }
 
     fn build(
         config: &WhisperConfig,
         untied_head: bool,
+        frozen_positions: bool,
         device: Device,
         ctx: &Context,
     ) -> Result<Self> {
@@ -367,9 +374,13 @@ impl WhisperForConditionalGeneration {
         let e = &model / "encoder";
         let conv1 = Conv1d::new(&e / "conv1", config.num_mel_bins, d, 1, std);
         let conv2 = Conv1d::new(&e / "conv2", d, d, 2, std);
-        // `embed_positions.requires_grad_(False)`: a parameter upstream, never trained.
-        let embed_positions =
-            (&e / "embed_positions").zeros_no_train("weight", &[config.max_source_positions, d]);
+        // `embed_positions.requires_grad_(False)` in a model built from a config; loading
+        // (`from_pretrained`) replaces the parameter and it trains again, as upstream's.
+        let embed_positions = if frozen_positions {
+            (&e / "embed_positions").zeros_no_train("weight", &[config.max_source_positions, d])
+        } else {
+            (&e / "embed_positions").zeros("weight", &[config.max_source_positions, d])
+        };
         tch::no_grad(|| {
             let mut t = embed_positions.shallow_clone();
             t.copy_(&sinusoids(config.max_source_positions, d).to_device(device));
@@ -424,7 +435,8 @@ impl WhisperForConditionalGeneration {
 
     /// Upstream `from_pretrained` on a resolved local folder. The head is tied unless the
     /// config unties it or the checkpoint holds a `proj_out.weight` that differs from the
-    /// embeddings.
+    /// embeddings. The encoder's sinusoidal positions come back trainable, as transformers
+    /// 5.23's loading leaves them (its loaded parameters require gradients again).
     pub fn from_pretrained_dir(
         dir: &Path,
         device: Device,
@@ -438,7 +450,7 @@ impl WhisperForConditionalGeneration {
         )?;
         let untied = differ || !config.tie_word_embeddings;
         let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
-            Self::build(&config, untied, device, ctx)
+            Self::build(&config, untied, false, device, ctx)
         })?;
         loaded.model.generation_config =
             crate::generation::model_generation_config(dir, &config.to_json_value()?)?;

@@ -14,7 +14,8 @@ OUT_DIR/model/        the tiny model (d_model 16, 2 + 2 layers of 2 heads, FFN 2
 OUT_DIR/forward.safetensors  in evaluation mode: `input_features` [3, 8, 60] (randn), `labels`
                       [3, 6] (rows 1 and 2 ending in -100), their `logits`, `loss`,
                       `encoder_last_hidden_state`, and `grad.<name>` of every parameter that gets
-                      one (checkpoint names)
+                      one (checkpoint names), the model loaded back (`from_pretrained` leaves the
+                      encoder's positions trainable, as `requires_grad_(False)` is lost in loading)
 OUT_DIR/generate.safetensors  `model.generate(input_features)` in evaluation mode on the forward's
                       `input_features`, each case's ids `<case>`: `en_transcribe` (language="en",
                       task="transcribe"), `detect` (no language: detected per row), `fr_translate_beams`
@@ -72,7 +73,9 @@ def main():
     model.generation_config = generation_config()
     model.save_pretrained(OUT / "model")
 
-    # Forward and backward in evaluation mode.
+    # Forward and backward in evaluation mode, on the model as loaded (loading leaves the
+    # encoder's positions trainable).
+    model = tf.WhisperForConditionalGeneration.from_pretrained(OUT / "model")
     g = torch.Generator().manual_seed(1)
     features = torch.randn(3, 8, 60, generator=g)
     labels = torch.randint(0, 99, (3, 6), generator=g)

@@ -1,6 +1,7 @@
 //! Whisper against transformers 5.23 (`scripts/reference/whisper.py`): the tiny
 //! `WhisperForConditionalGeneration`'s logits, loss, encoder output and every gradient **to the
-//! bit** (evaluation mode; the encoder's frozen sinusoidal positions get none, as upstream's),
+//! bit** (evaluation mode; the encoder's sinusoidal positions included: loading leaves them
+//! trainable, as upstream's),
 //! its saved files equal upstream's, and `generate` equal to upstream's ids on each case (the
 //! language given by code, name or token, detected per row, the legacy `forced_decoder_ids`,
 //! beam search with a task, `max_new_tokens`, a clip shorter than 30 s padded).

@@ -3,6 +3,7 @@
 //! `crate::common::test_path`; every test takes `tchtrain_testing::lock` (libtorch's global
 //! generator and allocator are process-wide).
 
+mod audio;
 mod autocast_families;
 mod bad_files;
 mod bitsandbytes;
