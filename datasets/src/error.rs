@@ -53,6 +53,14 @@ pub enum Error {
         /// What is wrong and the fix.
         detail: String,
     },
+    /// An audio clip (an `Audio` cell or file) could not be decoded.
+    #[error("decoding the audio {what}: {detail}")]
+    Audio {
+        /// Which clip (file, or dataset row).
+        what: String,
+        /// What is wrong and the fix.
+        detail: String,
+    },
     /// The tokenizer failed on some text.
     #[error("tokenizing {what}: {detail}")]
     Tokenizer {

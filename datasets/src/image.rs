@@ -109,33 +109,13 @@ pub fn image_from_cell(
     base_dir: Option<&Path>,
     what: &str,
 ) -> Result<DecodedImage> {
-    use serde_json::Value;
-    let bad = |detail: &str| Error::Image {
+    let bad = |detail: String| Error::Image {
         what: what.to_string(),
-        detail: detail.to_string(),
+        detail,
     };
-    let path = match cell {
-        Value::String(p) => Some(p.as_str()),
-        Value::Object(o) => {
-            if let Some(Value::Array(bytes)) = o.get("bytes") {
-                let bytes = bytes
-                    .iter()
-                    .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
-                    .collect::<Option<Vec<u8>>>()
-                    .ok_or_else(|| bad("`bytes` is not a list of byte values"))?;
-                return decode_image(&bytes, what);
-            }
-            o.get("path").and_then(Value::as_str)
-        }
-        _ => None,
-    };
-    let path = path.ok_or_else(|| {
-        bad("an Image cell is {\"bytes\": ..., \"path\": ...} or a path, and this one has neither")
-    })?;
-    let path = Path::new(path);
-    match base_dir {
-        Some(base) if path.is_relative() => open_image(&base.join(path)),
-        _ => open_image(path),
+    match crate::media::cell_bytes(cell, base_dir, "Image").map_err(bad)? {
+        crate::media::CellBytes::Bytes(bytes) => decode_image(&bytes, what),
+        crate::media::CellBytes::Path(path) => open_image(&path),
     }
 }
 

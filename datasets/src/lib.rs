@@ -26,6 +26,7 @@
 mod arrow_cells;
 mod arrow_dataset;
 mod arrow_ipc;
+mod audio;
 mod class_label;
 mod data_files;
 mod error;
@@ -34,6 +35,7 @@ mod glob;
 mod hub;
 mod image;
 mod map_cache;
+mod media;
 mod metadata;
 mod packing;
 mod parallel;
@@ -43,6 +45,7 @@ mod text;
 mod yaml;
 
 pub use arrow_dataset::{DatasetDict, LoadedDataset, load_from_disk};
+pub use audio::{DecodedAudio, audio_from_cell, decode_audio};
 pub use class_label::class_label_names;
 pub use data_files::{DataFilesDict, PackagedModule};
 pub use error::{Error, Result};

@@ -296,3 +296,86 @@ fn whisper_generate_equals_transformers() -> Result<()> {
     }
     Ok(())
 }
+
+/// `datasets`' Audio column from the speech asset's Parquet file (16-bit mono WAV, FLAC, a
+/// stereo WAV averaged, a 24-bit WAV, a float WAV): each clip's array equals what datasets 5.2
+/// decodes through torchcodec / FFmpeg **to the bit**, and the Whisper features of the decoded
+/// clips equal transformers'. A clip at another rate than the feature's, and a format
+/// neither WAV nor FLAC, are refused naming the clip and the fix.
+#[test]
+fn audio_column_decodes_as_datasets() -> Result<()> {
+    let _g = lock();
+    let speech = assets().join("speech");
+    let r = tensors(&assets().join("reference/speech/decoded.safetensors"))?;
+    let table = tchtrain_datasets::Table::read(speech.join("speech.parquet"))?;
+    ensure!(table.len() == 12, "{} rows", table.len());
+    let mut arrays = Vec::new();
+    for i in 0..table.len() {
+        let cell = table.cell(i, "audio")?;
+        let audio =
+            tchtrain_datasets::audio_from_cell(cell, None, &format!("row {i}"), Some(16000))?;
+        ensure!(audio.sampling_rate == 16000);
+        let theirs = Vec::<f32>::try_from(&r[&format!("array.{i}")])?;
+        ensure!(
+            audio.array.len() == theirs.len()
+                && audio
+                    .array
+                    .iter()
+                    .zip(&theirs)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {i}: {} samples vs {}",
+            audio.array.len(),
+            theirs.len()
+        );
+        arrays.push(audio.array);
+    }
+    let float = tchtrain_datasets::audio_from_cell(
+        &serde_json::json!("11.float.wav"),
+        Some(&speech),
+        "float clip",
+        Some(16000),
+    )?;
+    ensure!(
+        float.array == Vec::<f32>::try_from(&r["float"])?,
+        "the float WAV differs"
+    );
+    let extractor = WhisperFeatureExtractor::from_pretrained(&dir())?;
+    let features = extractor.call(&arrays[..4], 16000)?;
+    ensure!(
+        features.equal(&r["input_features"]),
+        "features differ by {}",
+        (&features - &r["input_features"]).abs().max()
+    );
+    // Another rate than the feature's is refused (FFmpeg's resampler is not reproduced).
+    let mut wav = std::io::Cursor::new(Vec::new());
+    {
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 8000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::new(&mut wav, spec)?;
+        for x in [0i16, 100, -100] {
+            w.write_sample(x)?;
+        }
+        w.finalize()?;
+    }
+    let err = tchtrain_datasets::decode_audio(wav.get_ref(), "row 3", Some(16000))
+        .err()
+        .context("an 8 kHz clip")?;
+    ensure!(
+        err.to_string().contains("8000 Hz") && err.to_string().contains("row 3"),
+        "{err}"
+    );
+    let at_rate = tchtrain_datasets::decode_audio(wav.get_ref(), "row 3", None)?;
+    ensure!(at_rate.array == [0.0, 100.0 / 32768.0, -100.0 / 32768.0]);
+    let err = tchtrain_datasets::decode_audio(b"ID3\x04rest", "row 4", None)
+        .err()
+        .context("an MP3 clip")?;
+    ensure!(
+        err.to_string().contains("MP3") && err.to_string().contains("row 4"),
+        "{err}"
+    );
+    Ok(())
+}
