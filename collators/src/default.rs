@@ -55,7 +55,7 @@ pub fn default_data_collator(features: &[Feature]) -> Result<Batch> {
 
 /// The float-array columns of the first row (`pixel_values`), each stacked over the rows
 /// (upstream's `torch.stack` of a tensor-valued key): float32 `[batch, ...shape]`.
-fn float_arrays(features: &[Feature]) -> Result<Vec<(String, tch::Tensor)>> {
+pub(crate) fn float_arrays(features: &[Feature]) -> Result<Vec<(String, tch::Tensor)>> {
     use tchtrain_datasets::Column;
     let mut out = Vec::new();
     for (name, first) in &features[0].columns {

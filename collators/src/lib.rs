@@ -39,6 +39,7 @@ mod language_modeling;
 mod multiple_choice;
 mod padding;
 mod seq2seq;
+mod speech_seq2seq;
 mod token_classification;
 mod tokenizer_info;
 mod torch_generator;
@@ -55,6 +56,7 @@ pub use padding::{DataCollatorWithPadding, PaddingSide, PaddingStrategy};
 pub use seq2seq::{
     DataCollatorForSeq2Seq, DecoderStart, mbart_shift_tokens_right, shift_tokens_right,
 };
+pub use speech_seq2seq::DataCollatorSpeechSeq2SeqWithPadding;
 pub use tchtrain_datasets::{Column, Feature, Label};
 pub use token_classification::DataCollatorForTokenClassification;
 pub use tokenizer_info::{

@@ -208,6 +208,16 @@ impl PreTrainedTokenizerFast {
         skip_special_tokens: bool,
         clean_up_tokenization_spaces: Option<bool>,
     ) -> Result<String> {
+        if self.is_whisper() {
+            // Whisper's `decode` (its own prompt stripping and timestamp filtering); its
+            // tokenizer_config carries clean_up_tokenization_spaces false.
+            return self.whisper_decode(ids, skip_special_tokens);
+        }
+        self.backend_decode_cleaned(ids, skip_special_tokens, clean_up_tokenization_spaces)
+    }
+
+    /// The backend's decoding of `ids`.
+    pub(crate) fn backend_decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
         let ids: Vec<u32> = ids
             .iter()
             .map(|&i| {
@@ -217,13 +227,21 @@ impl PreTrainedTokenizerFast {
                 })
             })
             .collect::<Result<_>>()?;
-        let text = self
-            .tokenizer
+        self.tokenizer
             .decode(&ids, skip_special_tokens)
             .map_err(|e| Error::InvalidInput {
                 name: "token_ids",
                 detail: format!("the tokenizer failed: {e}"),
-            })?;
+            })
+    }
+
+    fn backend_decode_cleaned(
+        &self,
+        ids: &[i64],
+        skip_special_tokens: bool,
+        clean_up_tokenization_spaces: Option<bool>,
+    ) -> Result<String> {
+        let text = self.backend_decode(ids, skip_special_tokens)?;
         let clean = clean_up_tokenization_spaces.unwrap_or_else(|| {
             self.config
                 .get("clean_up_tokenization_spaces")
@@ -325,6 +343,7 @@ fn registered_tokenizer_class(model_type: &str) -> Option<&'static str> {
         "xlm-roberta" => "XLMRobertaTokenizer",
         "t5" => "T5Tokenizer",
         "mbart" => "MBartTokenizer",
+        "whisper" => "WhisperTokenizer",
         "mistral" | "mixtral" | "phi3" | "olmo2" | "olmo3" | "granite" | "modernbert" => {
             "TokenizersBackend"
         }
@@ -424,8 +443,17 @@ impl AutoTokenizer {
             }
             _ => {}
         }
+        let whisper = tokenizer_class(model_type, hub_class).as_deref() == Some("WhisperTokenizer");
         if dir.join(TOKENIZER_FILE).is_file() {
-            let tokenizer = PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config)?;
+            let mut tokenizer = PreTrainedTokenizerFast::new(load_tokenizer(&dir)?, config)?;
+            if whisper {
+                // Upstream's `__init__` ends with `set_prefix_tokens()`: the post-processor
+                // follows the config's language / task / predict_timestamps.
+                tokenizer
+                    .config_mut()
+                    .insert("tokenizer_class".into(), "WhisperTokenizer".into());
+                tokenizer.set_prefix_tokens(None, None, None)?;
+            }
             return Ok(with_template(tokenizer));
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));

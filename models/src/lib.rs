@@ -68,6 +68,7 @@ mod siglip;
 mod smollm3;
 mod t5;
 mod tokenization;
+mod tokenization_whisper;
 mod vit;
 mod whisper;
 

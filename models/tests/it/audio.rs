@@ -379,3 +379,51 @@ fn audio_column_decodes_as_datasets() -> Result<()> {
     );
     Ok(())
 }
+
+/// The Whisper tokenizer of the tiny-whisper asset against transformers 5.23's
+/// (`scripts/reference/whisper_tokenizer.py`): the speech sentences' ids under each prefix
+/// setting (`set_prefix_tokens` with a language by code or name, a task, timestamps), and
+/// `decode` with and without `skip_special_tokens` (a `<|startofprev|>` prompt stripped,
+/// timestamp tokens removed from the text).
+#[test]
+fn whisper_tokenizer_equals_transformers() -> Result<()> {
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        assets().join("reference/whisper_tokenizer/tokenizer.json"),
+    )?)?;
+    let sentences = std::fs::read_to_string(assets().join("speech/sentences.txt"))?;
+    let base = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("tiny-whisper"))?;
+    ensure!(base.is_whisper());
+    for case in r["encode"].as_array().context("encode")? {
+        let s = &case["setting"];
+        let mut tok = base.clone();
+        tok.set_prefix_tokens(s[0].as_str(), s[1].as_str(), s[2].as_bool())?;
+        for (line, expected) in sentences
+            .lines()
+            .zip(case["ids"].as_array().context("ids")?)
+        {
+            let ids = tok.encode(line, true)?;
+            let expected: Vec<i64> = serde_json::from_value(expected.clone())?;
+            ensure!(ids == expected, "{s}: {line}: {ids:?} vs {expected:?}");
+        }
+    }
+    for case in r["decode"].as_array().context("decode")? {
+        let ids: Vec<i64> = serde_json::from_value(case["ids"].clone())?;
+        let skip = case["skip"].as_bool().context("skip")?;
+        let text = base.decode(&ids, skip, None)?;
+        ensure!(
+            text == case["text"].as_str().context("text")?,
+            "{ids:?} {skip}: {text:?} vs {}",
+            case["text"]
+        );
+    }
+    let err = base
+        .clone()
+        .set_prefix_tokens(Some("klingon"), None, None)
+        .err()
+        .context("an unknown language")?;
+    ensure!(
+        err.to_string().contains("Unsupported language: klingon"),
+        "{err}"
+    );
+    Ok(())
+}
