@@ -52,6 +52,7 @@ pub mod run_clm;
 pub mod run_generation;
 pub mod run_mlm;
 pub mod run_ner;
+pub mod run_speech_recognition_seq2seq;
 pub mod run_summarization;
 pub mod run_translation;
 pub mod sacrebleu;
@@ -61,6 +62,7 @@ pub mod sft;
 mod split;
 mod text_classification;
 pub mod trl_script;
+pub mod wer;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

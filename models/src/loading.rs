@@ -557,6 +557,16 @@ pub fn save_pretrained_state_dict<M: PreTrainedModel + ?Sized>(
         .map(|(_, t)| t.kind())
         .unwrap_or(Kind::Float);
     write_safetensors(&tensors, &dir.join(SAFE_WEIGHTS_NAME))?;
+    write_config(model, dir, dtype)?;
+    if let Some(generation) = model.generation_config() {
+        crate::generation::save_model_generation_config(dir, generation)?;
+    }
+    Ok(())
+}
+
+/// `config.save_pretrained(dir)` of a model's config: `config.json` with the architecture,
+/// model type, `dtype` and transformers version.
+pub fn write_config<M: PreTrainedModel + ?Sized>(model: &M, dir: &Path, dtype: Kind) -> Result<()> {
     let mut config = model.config().to_json_value()?;
     if let Some(obj) = config.as_object_mut() {
         obj.insert(
@@ -576,9 +586,6 @@ pub fn save_pretrained_state_dict<M: PreTrainedModel + ?Sized>(
     })?;
     let path = dir.join(CONFIG_NAME);
     std::fs::write(&path, text + "\n").map_err(|source| Error::Io { path, source })?;
-    if let Some(generation) = model.generation_config() {
-        crate::generation::save_model_generation_config(dir, generation)?;
-    }
     Ok(())
 }
 

@@ -462,6 +462,28 @@ impl WhisperForConditionalGeneration {
         &self.config
     }
 
+    /// The config, to change as upstream's scripts do before training (`config.update(...)`;
+    /// the layers read their settings when built, so only the fields read at run time take
+    /// effect: `apply_spec_augment`, `use_cache`, `suppress_tokens`, `forced_decoder_ids`).
+    pub fn whisper_config_mut(&mut self) -> &mut WhisperConfig {
+        &mut self.config
+    }
+
+    /// The generation configuration (as JSON), to change as upstream's
+    /// `model.generation_config.language = ...`; `save_pretrained` writes it.
+    pub fn generation_config_mut(&mut self) -> &mut serde_json::Value {
+        &mut self.generation_config
+    }
+
+    /// Upstream `config.save_pretrained(dir)`: `config.json` alone.
+    pub fn save_config(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        loading::write_config(self, dir, self.embed_tokens.ws.kind())
+    }
+
     /// Upstream `freeze_encoder`: the encoder's parameters stop requiring gradients (the
     /// optimizer then leaves them out, as upstream's Trainer does).
     pub fn freeze_encoder(&mut self) {

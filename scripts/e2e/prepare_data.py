@@ -31,6 +31,9 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
                          and 8 rows, for `trl dpo` and `trl reward`
   trl-prompts/           train.jsonl / test.jsonl: `prompt` (a user message: a line's first 40
                          characters), 16 and 8 rows, for `trl grpo`
+  speech-repo/data/      the speech asset as a hub dataset repository: clips 0-7 in
+                         train-00000-of-00001.parquet, 8-11 in test-00000-of-00001.parquet
+                         (columns audio, sentence), for run_speech_recognition_seq2seq
   manifest.json          row counts, for the log
 """
 
@@ -106,6 +109,15 @@ def main():
         manifest[f"rotten_tomatoes_{name}"] = len(part)
 
     trl_data(assets, out, manifest)
+    # The speech asset as a hub dataset repository: clips 0-7 for training, 8-11 for testing
+    # (`datasets`' Audio column and its features metadata kept).
+    speech = pq.read_table(assets / "speech" / "speech.parquet")
+    repo = out / "speech-repo" / "data"
+    repo.mkdir(parents=True, exist_ok=True)
+    pq.write_table(speech.slice(0, 8), repo / "train-00000-of-00001.parquet")
+    pq.write_table(speech.slice(8, 4), repo / "test-00000-of-00001.parquet")
+    manifest["speech_train"] = 8
+    manifest["speech_test"] = 4
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
 

@@ -67,6 +67,8 @@ enum Script {
     Reward,
     /// TRL's `trl grpo`.
     Grpo,
+    /// `run_speech_recognition_seq2seq` (Whisper).
+    SpeechRecognition,
 }
 
 impl Script {
@@ -79,6 +81,7 @@ impl Script {
             Script::Dpo => "dpo",
             Script::Reward => "reward",
             Script::Grpo => "grpo",
+            Script::SpeechRecognition => "run_speech_recognition_seq2seq",
         }
     }
 }
@@ -344,6 +347,47 @@ fn trl_grpo(i: &Inputs<'_>, _short: bool) -> Vec<String> {
     v
 }
 
+/// The tiny Whisper (its tokenizer on GPT-2's BPE, Whisper's special tokens) on the speech
+/// asset's clips (espeak-ng at 16 kHz: WAV, FLAC, stereo, 24-bit), English transcription,
+/// AdamW lr 1e-3, batches of 4 over 8 clips for 6 steps (with gradient accumulation 2),
+/// then generation (at most 16 tokens, greedy) scored by word error rate on 4 clips.
+fn speech_recognition(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    let mut v = vec![
+        "--model_name_or_path".into(),
+        path_arg(i.assets.join("tiny-whisper")),
+        "--dataset_name".into(),
+        path_arg(i.data.join("speech-repo")),
+    ];
+    v.extend(strings(&[
+        "--text_column_name",
+        "sentence",
+        "--language",
+        "en",
+        "--freeze_feature_encoder",
+        "False",
+        "--do_train",
+        "--do_eval",
+        "--predict_with_generate",
+        "--generation_max_length",
+        "16",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "2",
+        "--per_device_eval_batch_size",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "6",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "3",
+    ]));
+    v
+}
+
 /// Every case, in the order they run.
 fn cases() -> Vec<Case> {
     vec![
@@ -466,6 +510,16 @@ fn cases() -> Vec<Case> {
             skip_if_refused: None,
             args: trl_grpo,
             checkpoint: Some("checkpoint-6"),
+        },
+        Case {
+            name: "speech-recognition",
+            what: "run_speech_recognition_seq2seq, tiny Whisper on espeak-ng clips (Parquet Audio column), English transcription, WER by generation, 1 rank",
+            script: Script::SpeechRecognition,
+            ranks: 1,
+            short: true,
+            skip_if_refused: None,
+            args: speech_recognition,
+            checkpoint: None,
         },
     ]
 }
