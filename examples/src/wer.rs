@@ -87,3 +87,41 @@ pub fn compute(predictions: &[String], references: &[String]) -> Result<f64> {
     }
     Ok(incorrect as f64 / total as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// jiwer 4's words and per-pair counts, and evaluate's `wer` over the pairs of
+    /// `scripts/reference/text_metrics.py` (tabs, non-breaking and em spaces, line breaks,
+    /// empty strings): equal.
+    #[test]
+    fn wer_equals_evaluate() {
+        let path = tchtrain_testing::reference_dir("text_metrics").join("text_metrics.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for case in r["wer_words"].as_array().unwrap() {
+            let want: Vec<String> = serde_json::from_value(case[1].clone()).unwrap();
+            assert_eq!(words(case[0].as_str().unwrap()), want, "{}", case[0]);
+        }
+        let pairs = r["pairs"].as_array().unwrap();
+        let (mut preds, mut refs) = (Vec::new(), Vec::new());
+        for (pair, counts) in pairs.iter().zip(r["wer_pairs"].as_array().unwrap()) {
+            let (p, rf) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
+            let (pw, rw) = (words(p), words(rf));
+            assert_eq!(
+                [distance(&rw, &pw) as u64, rw.len() as u64],
+                [counts[0].as_u64().unwrap(), counts[1].as_u64().unwrap()],
+                "{p:?} / {rf:?}"
+            );
+            preds.push(p.to_string());
+            refs.push(rf.to_string());
+        }
+        assert_eq!(
+            compute(&preds, &refs).unwrap(),
+            r["wer_corpus"].as_f64().unwrap()
+        );
+        assert!(compute(&[String::new()], &[String::new()]).is_err());
+    }
+}

@@ -19,7 +19,7 @@ pub use mutator::Mutator;
 
 /// Every target: its name (the folder of its seeds under `corpus/`, the libFuzzer binary)
 /// and its function of one input. A target fails by panicking.
-pub const TARGETS: [(&str, fn(&[u8])); 18] = [
+pub const TARGETS: [(&str, fn(&[u8])); 19] = [
     ("training_args_json", targets::training_args_json::run),
     ("training_args_cli", targets::training_args_cli::run),
     ("trainer_state_json", targets::trainer_state_json::run),
@@ -38,6 +38,7 @@ pub const TARGETS: [(&str, fn(&[u8])); 18] = [
     ("deepspeed_scheduler", targets::deepspeed_scheduler::run),
     ("parquet", targets::parquet::run),
     ("image_png", targets::image_png::run),
+    ("audio", targets::audio::run),
 ];
 
 /// The input as text, or `None` when it is not UTF-8 (every text parser takes `&str`).

@@ -28,6 +28,10 @@ Writes OUT_DIR/text_metrics.json:
   rouge_bootstrap_mid       evaluate's default (BootstrapAggregator().aggregate()[k].mid
                             .fmeasure) after np.random.seed(0): informational only
   rouge_multi               scorer.score_multi(references, prediction) for a few cases
+  wer_words                 [[text, jiwer.wer_default(text)], ...]: the words WER compares
+  wer_pairs                 per pair: [S + D + I, S + D + H] of jiwer.process_words(reference,
+                            prediction)
+  wer_corpus                evaluate's `wer` over every pair (errors summed / reference words)
   porter                    [[word, PorterStemmer().stem(word)], ...] (mode NLTK_EXTENSIONS)
 """
 
@@ -281,6 +285,20 @@ for pred, targets in [
         }
     )
 
+# evaluate's `wer` (wer.py over jiwer 4's process_words): each pair's words (jiwer's
+# wer_default) and counts, and the ratio over the pairs with a non-empty reference.
+import jiwer
+
+wer_words = [[x, jiwer.wer_default(x)[0] if jiwer.wer_default(x) else []] for x in strings]
+wer_pairs = []
+incorrect = total = 0
+for p, r in PAIRS:
+    m = jiwer.process_words(r, p)
+    wer_pairs.append([m.substitutions + m.deletions + m.insertions, m.substitutions + m.deletions + m.hits])
+    incorrect += wer_pairs[-1][0]
+    total += wer_pairs[-1][1]
+wer_corpus = incorrect / total
+
 (OUT / "text_metrics.json").write_text(
     json.dumps(
         {
@@ -298,6 +316,9 @@ for pred, targets in [
             "rouge_tokens": rouge_tokens,
             "rouge_pairs": rouge_pairs,
             "rouge_mean": rouge_mean,
+            "wer_words": wer_words,
+            "wer_pairs": wer_pairs,
+            "wer_corpus": wer_corpus,
             "rouge_bootstrap_mid": rouge_bootstrap_mid,
             "rouge_multi": rouge_multi,
             "porter": porter,

@@ -19,7 +19,7 @@ use crate::paths;
 use crate::setup::Setup;
 
 /// Every fuzz target (a file `fuzz/fuzz_targets/<name>.rs` each), in run order.
-pub const TARGETS: [&str; 18] = [
+pub const TARGETS: [&str; 19] = [
     "training_args_json",
     "training_args_cli",
     "trainer_state_json",
@@ -38,6 +38,7 @@ pub const TARGETS: [&str; 18] = [
     "deepspeed_scheduler",
     "parquet",
     "image_png",
+    "audio",
 ];
 
 /// The environment variable capping the fuzz build folder, in MiB.

@@ -1,6 +1,7 @@
 //! One module per fuzz target; each has `pub fn run(data: &[u8])`.
 
 pub mod adapter_config;
+pub mod audio;
 pub mod config_json;
 pub mod data_file;
 pub mod dataset_cache_rows;

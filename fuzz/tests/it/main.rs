@@ -169,6 +169,7 @@ replay_tests!(
     deepspeed_scheduler,
     parquet,
     image_png,
+    audio,
 );
 
 /// The made inputs follow from the seed alone: two mutators with one seed make the same
