@@ -317,16 +317,15 @@ fn init_tokens(
             row.push(Some(id));
         } else if language.is_some()
             && let Some(map) = &task_to_id
+            && !map.iter().any(|(_, id)| row.contains(&Some(*id)))
         {
-            if !map.iter().any(|(_, id)| row.contains(&Some(*id))) {
-                let transcribe = map
-                    .iter()
-                    .find(|(k, _)| k == "transcribe")
-                    .map(|(_, id)| *id);
-                row.push(Some(transcribe.ok_or_else(|| {
-                    invalid("generation_config", "task_to_id has no `transcribe`")
-                })?));
-            }
+            let transcribe = map
+                .iter()
+                .find(|(k, _)| k == "transcribe")
+                .map(|(_, id)| *id);
+            row.push(Some(transcribe.ok_or_else(|| {
+                invalid("generation_config", "task_to_id has no `transcribe`")
+            })?));
         }
         match no_timestamps {
             Some(id) if !return_timestamps && row.last() != Some(&Some(id)) => row.push(Some(id)),
