@@ -69,6 +69,7 @@ mod smollm3;
 mod t5;
 mod tokenization;
 mod tokenization_whisper;
+pub mod transforms;
 mod vit;
 mod whisper;
 

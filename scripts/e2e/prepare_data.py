@@ -34,6 +34,11 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
   speech-repo/data/      the speech asset as a hub dataset repository: clips 0-7 in
                          train-00000-of-00001.parquet, 8-11 in test-00000-of-00001.parquet
                          (columns audio, sentence), for run_speech_recognition_seq2seq
+  images-repo/data/      the vision reference's 24 PNGs as a hub dataset repository: 0-15 in
+                         train-00000-of-00001.parquet, 16-23 in validation-00000-of-00001.parquet
+                         (columns image, label: a ClassLabel red / green / blue = i % 3)
+  tiny-vit/              the vision reference's tiny ViT with its image processor's
+                         preprocessor_config.json, for run_image_classification
   manifest.json          row counts, for the log
 """
 
@@ -118,8 +123,33 @@ def main():
     pq.write_table(speech.slice(8, 4), repo / "test-00000-of-00001.parquet")
     manifest["speech_train"] = 8
     manifest["speech_test"] = 4
+    image_data(assets, out, manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
+
+
+def image_data(assets, out, manifest):
+    """The vision reference's 24 PNGs as a dataset repository with a ClassLabel column, and its
+    tiny ViT with the image processor's preprocessor_config.json beside it."""
+    import shutil
+
+    from datasets import ClassLabel, Dataset, Features, Image
+
+    vision = assets / "reference" / "vision"
+    repo = out / "images-repo" / "data"
+    repo.mkdir(parents=True, exist_ok=True)
+    features = Features({"image": Image(), "label": ClassLabel(names=["red", "green", "blue"])})
+    for split, (lo, hi) in {"train": (0, 16), "validation": (16, 24)}.items():
+        rows = {
+            "image": [{"bytes": (vision / "images" / f"{i}.png").read_bytes(), "path": f"{i}.png"} for i in range(lo, hi)],
+            "label": [i % 3 for i in range(lo, hi)],
+        }
+        Dataset.from_dict(rows, features=features).to_parquet(str(repo / f"{split}-00000-of-00001.parquet"))
+        manifest[f"images_{split}"] = hi - lo
+    model = out / "tiny-vit"
+    shutil.rmtree(model, ignore_errors=True)
+    shutil.copytree(vision / "vit" / "model", model)
+    shutil.copy(vision / "vit" / "processor" / "preprocessor_config.json", model / "preprocessor_config.json")
 
 
 def trl_data(assets, out, manifest):

@@ -248,3 +248,73 @@ fn image_column_from_parquet() -> Result<()> {
     );
     Ok(())
 }
+
+/// torchvision 0.28's transforms of upstream's run_image_classification against
+/// `scripts/reference/torchvision_transforms.py`: seeded `RandomResizedCrop` +
+/// `RandomHorizontalFlip` + `ToTensor` + `Normalize` over five images for six seeds, the
+/// generator left in the same state (the next `torch.rand(4)` equal), the fallback crop,
+/// `Resize` to a size and to a shortest edge with `CenterCrop`, a padded `CenterCrop`: every
+/// tensor **equal to the bit**.
+#[test]
+fn torchvision_transforms_equal_upstream() -> Result<()> {
+    use tchtrain_models::pil_resize::Filter;
+    use tchtrain_models::transforms::{
+        RandomResizedCrop, Size, center_crop, normalize, random_horizontal_flip, resize, to_tensor,
+    };
+    let _g = lock();
+    let dir = assets().join("reference/torchvision_transforms");
+    let r = tensors(&dir.join("transforms.safetensors"))?;
+    let images: Vec<_> = (0..5)
+        .map(|i| {
+            tchtrain_datasets::open_image(&dir.join(format!("images/{i}.png")))
+                .map(|im| im.to_rgb())
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let (mean, std) = ([0.485f32, 0.456, 0.406], [0.229f32, 0.224, 0.225]);
+    let same = |key: &str, t: &Tensor| -> Result<()> {
+        let want = r.get(key).with_context(|| key.to_string())?;
+        ensure!(
+            t.size() == want.size() && t.equal(want),
+            "{key}: {:?} vs {:?}",
+            t.size(),
+            want.size()
+        );
+        Ok(())
+    };
+    let crop = RandomResizedCrop::new(30, 30);
+    for seed in 0..6 {
+        tch::manual_seed(seed);
+        for (i, im) in images.iter().enumerate() {
+            let t = to_tensor(&random_horizontal_flip(&crop.apply(im)?, 0.5));
+            same(&format!("train.{seed}.{i}"), &normalize(&t, &mean, &std)?)?;
+        }
+        same(
+            &format!("after.{seed}"),
+            &Tensor::rand([4], (tch::Kind::Float, tch::Device::Cpu)),
+        )?;
+    }
+    tch::manual_seed(7);
+    let fallback = RandomResizedCrop {
+        scale: (5.0, 6.0),
+        ..crop
+    };
+    for (i, im) in images.iter().enumerate() {
+        same(&format!("fallback.{i}"), &to_tensor(&fallback.apply(im)?))?;
+        let exact = center_crop(&resize(im, Size::Exact(30, 30), Filter::Bilinear)?, 30, 30);
+        same(
+            &format!("eval.{i}"),
+            &normalize(&to_tensor(&exact), &mean, &std)?,
+        )?;
+        let short = center_crop(
+            &resize(im, Size::ShortestEdge(30), Filter::Bilinear)?,
+            30,
+            30,
+        );
+        same(
+            &format!("short.{i}"),
+            &normalize(&to_tensor(&short), &mean, &std)?,
+        )?;
+        same(&format!("pad.{i}"), &to_tensor(&center_crop(im, 44, 44)))?;
+    }
+    Ok(())
+}
