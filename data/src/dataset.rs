@@ -19,6 +19,13 @@ pub trait Dataset: Send + Sync {
     /// Row `index`; an index `>= len()` is [`Error::IndexOutOfRange`].
     fn get(&self, index: usize) -> Result<Feature>;
 
+    /// Row `index`'s label alone (what the Trainer's label check reads): the row's, unless a
+    /// dataset whose rows are made when fetched (random transforms drawing from the global
+    /// generator, upstream's `set_transform`) can tell it without making the row.
+    fn labels(&self, index: usize) -> Result<Option<tchtrain_datasets::Label>> {
+        Ok(self.get(index)?.labels)
+    }
+
     /// Whether the dataset has no rows.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -99,6 +106,10 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 
     fn get(&self, index: usize) -> Result<Feature> {
         (**self).get(index)
+    }
+
+    fn labels(&self, index: usize) -> Result<Option<tchtrain_datasets::Label>> {
+        (**self).labels(index)
     }
 }
 

@@ -50,6 +50,7 @@ pub mod rouge;
 pub mod run_classification;
 pub mod run_clm;
 pub mod run_generation;
+pub mod run_image_classification;
 pub mod run_mlm;
 pub mod run_ner;
 pub mod run_speech_recognition_seq2seq;

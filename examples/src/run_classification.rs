@@ -370,10 +370,15 @@ fn classification_metrics(
 
 /// Writes the label names into the saved `config.json` (upstream sets
 /// `model.config.label2id` / `id2label` before training).
-fn write_label_names(dir: &Path, labels: &ClassificationLabels) -> Result<()> {
+fn write_labels(dir: &Path, labels: &ClassificationLabels) -> Result<()> {
     let ClassificationLabels::Classes(list) = labels else {
         return Ok(());
     };
+    write_label_names(dir, list)
+}
+
+/// Writes `id2label` / `label2id` of the class names `list` into `dir`'s `config.json`.
+pub(crate) fn write_label_names(dir: &Path, list: &[String]) -> Result<()> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
     let json_err = |source| Error::Json {
@@ -756,7 +761,7 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
 
     if training.do_train {
         out.train_metrics = Some(common::do_train(&mut trainer, Some(n_train), |saved| {
-            write_label_names(saved, &labels)
+            write_labels(saved, &labels)
         })?);
     }
     if training.do_eval {

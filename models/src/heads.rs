@@ -58,11 +58,33 @@ impl HeadKind {
 }
 
 /// `...ForSequenceClassification`'s loss on `logits` when `inputs` has labels (regression,
-/// single- or multi-label as `labels` says).
+/// single- or multi-label as `labels` says): a mean, as the text classifiers' inline
+/// `CrossEntropyLoss()` (and SigLIP's `loss_function` called without the loss kwargs).
 pub(crate) fn sequence_classification_loss(
     logits: &Tensor,
     inputs: &ModelInputs<'_>,
     labels: &LabelConfig,
+) -> Result<Option<Tensor>> {
+    classification_loss(logits, inputs, labels, None)
+}
+
+/// Upstream's `self.loss_function(labels, logits, self.config, **kwargs)`
+/// (`ForSequenceClassificationLoss`, ViT's): the single-label loss summed over
+/// `num_items_in_batch` when the Trainer passes it (a gradient-accumulation window's label
+/// count), else a mean.
+pub(crate) fn sequence_classification_loss_kwargs(
+    logits: &Tensor,
+    inputs: &ModelInputs<'_>,
+    labels: &LabelConfig,
+) -> Result<Option<Tensor>> {
+    classification_loss(logits, inputs, labels, inputs.num_items_in_batch)
+}
+
+fn classification_loss(
+    logits: &Tensor,
+    inputs: &ModelInputs<'_>,
+    labels: &LabelConfig,
+    num_items_in_batch: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
     let Some(l) = inputs.labels else {
         return Ok(None);
@@ -72,7 +94,7 @@ pub(crate) fn sequence_classification_loss(
         logits,
         labels.num_labels(),
         labels.problem_type()?,
-        None,
+        num_items_in_batch,
     )?))
 }
 

@@ -545,7 +545,10 @@ impl EncoderArchitecture for ViTConfig {
             Head::None => (h.shallow_clone(), None, vit.pool(&h)),
             Head::ImageClassification { classifier } => {
                 let logits = classifier.forward(&h.select(1, 0));
-                let loss = heads::sequence_classification_loss(&logits, inputs, &self.labels)?;
+                // ViT's `loss_function(labels, logits, config, **kwargs)`: the Trainer's
+                // `num_items_in_batch` reaches it (SigLIP's call passes no kwargs).
+                let loss =
+                    heads::sequence_classification_loss_kwargs(&logits, inputs, &self.labels)?;
                 (logits, loss, None)
             }
         };

@@ -54,7 +54,7 @@ impl Trainer {
             ),
         };
         for row in 0..dataset.len() {
-            match dataset.get(row)?.labels {
+            match dataset.labels(row)? {
                 Some(Label::Class(c)) if sequence && !(0..num_labels).contains(&c) => {
                     return Err(bad(c, row));
                 }

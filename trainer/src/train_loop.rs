@@ -27,6 +27,38 @@ use tchtrain_accelerate::Reduction;
 use tchtrain_data::DataLoader;
 use tchtrain_distributed::ReduceOp;
 
+/// An iterator that reads one item ahead (accelerate's `DataLoaderShard.__iter__`: `next_batch
+/// = next(dataloader_iter)` before `yield current_batch`).
+struct LookAhead<I: Iterator> {
+    inner: I,
+    ahead: Option<I::Item>,
+    started: bool,
+}
+
+impl<I: Iterator> LookAhead<I> {
+    fn new(inner: I) -> Self {
+        Self {
+            inner,
+            ahead: None,
+            started: false,
+        }
+    }
+}
+
+impl<I: Iterator> Iterator for LookAhead<I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        if !self.started {
+            self.started = true;
+            self.ahead = self.inner.next();
+        }
+        let current = self.ahead.take()?;
+        self.ahead = self.inner.next();
+        Some(current)
+    }
+}
+
 /// Where `train` resumes from (upstream's `resume_from_checkpoint`: a path, or `True`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResumeFrom {
@@ -618,7 +650,11 @@ impl Trainer {
                 let depth = self.args.dataloader_prefetch_factor.unwrap_or(2).max(1);
                 Box::new(batches.prefetch(depth).map(|b| b.map_err(Error::from)))
             } else {
-                Box::new(batches.map(|b| b.map_err(Error::from)))
+                // accelerate's `DataLoaderShard` reads the next batch before it hands out the
+                // current one: a dataset or collator that draws from the global generator
+                // when a row is fetched (run_image_classification's random crops) draws in
+                // upstream's order.
+                Box::new(LookAhead::new(batches.map(|b| b.map_err(Error::from))))
             };
         Ok((batches, first_update, rng_to_sync))
     }

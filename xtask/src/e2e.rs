@@ -69,6 +69,8 @@ enum Script {
     Grpo,
     /// `run_speech_recognition_seq2seq` (Whisper).
     SpeechRecognition,
+    /// `run_image_classification` (ViT).
+    ImageClassification,
 }
 
 impl Script {
@@ -82,6 +84,7 @@ impl Script {
             Script::Reward => "reward",
             Script::Grpo => "grpo",
             Script::SpeechRecognition => "run_speech_recognition_seq2seq",
+            Script::ImageClassification => "run_image_classification",
         }
     }
 }
@@ -388,6 +391,39 @@ fn speech_recognition(i: &Inputs<'_>, _short: bool) -> Vec<String> {
     v
 }
 
+/// The vision reference's tiny ViT (dropout 0.1) on its 24 PNGs as a dataset repository
+/// (ClassLabel column), torchvision's random crops and flips on the global generator, AdamW
+/// lr 1e-3, batches of 4 for 6 steps with gradient accumulation 2, accuracy every 3 steps.
+fn image_classification(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    let mut v = vec![
+        "--model_name_or_path".into(),
+        path_arg(i.data.join("tiny-vit")),
+        "--dataset_name".into(),
+        path_arg(i.data.join("images-repo")),
+    ];
+    v.extend(strings(&[
+        "--remove_unused_columns",
+        "False",
+        "--do_train",
+        "--do_eval",
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--per_device_eval_batch_size",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "6",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "3",
+    ]));
+    v
+}
+
 /// Every case, in the order they run.
 fn cases() -> Vec<Case> {
     vec![
@@ -519,6 +555,16 @@ fn cases() -> Vec<Case> {
             short: true,
             skip_if_refused: None,
             args: speech_recognition,
+            checkpoint: None,
+        },
+        Case {
+            name: "image-classification",
+            what: "run_image_classification, tiny ViT on 24 PNGs (Parquet Image + ClassLabel columns), torchvision's random crops and flips at fetch time, accuracy, 1 rank",
+            script: Script::ImageClassification,
+            ranks: 1,
+            short: true,
+            skip_if_refused: None,
+            args: image_classification,
             checkpoint: None,
         },
     ]
