@@ -252,6 +252,15 @@ pub(crate) fn load_dataset_splits(
     Ok(files.data_files)
 }
 
+/// A dataset split's files read and concatenated in order (one table).
+pub(crate) fn concat_files(files: &[PathBuf]) -> Result<tchtrain_datasets::Table> {
+    let tables = files
+        .iter()
+        .map(tchtrain_datasets::Table::read)
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(tchtrain_datasets::Table::concat(tables)?)
+}
+
 /// The text rows of a dataset split's files, in order ([`read_text_rows`] of each; the
 /// `text` builder of `load_dataset(name)` drops line breaks, as `keep_linebreaks` is passed
 /// for local files only upstream).

@@ -338,11 +338,7 @@ pub fn run(
         let Some(files) = splits.get(split) else {
             return Ok(None);
         };
-        let tables = files
-            .iter()
-            .map(Table::read)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(Some((Table::concat(tables)?, files.to_vec())))
+        Ok(Some((common::concat_files(files)?, files.to_vec())))
     };
     let train = read("train")?;
     let validation = read("validation")?;

@@ -389,11 +389,7 @@ pub fn run(
             .into(),
             detail: format!("the dataset {name} has no {split} split"),
         })?;
-        let tables = files
-            .iter()
-            .map(Table::read)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(Table::concat(tables)?)
+        common::concat_files(files)
     };
     let train_table = b
         .do_train

@@ -260,11 +260,7 @@ impl Seq2SeqDataArguments {
                     self.dataset_name.as_deref().unwrap_or_default()
                 ),
             })?;
-            let tables = files
-                .iter()
-                .map(Table::read)
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            return Ok(Table::concat(tables)?);
+            return common::concat_files(files);
         }
         let file = match split {
             "train" => &self.train_file,
