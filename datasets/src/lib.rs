@@ -37,6 +37,7 @@ mod image;
 mod map_cache;
 mod media;
 mod metadata;
+pub mod numpy_random;
 mod packing;
 mod parallel;
 mod parquet;

@@ -15,9 +15,7 @@
 //!
 //! Refused, naming the flag: image folders (`--train_dir` / `--validation_dir`: the
 //! `imagefolder` builder), a dataset without a validation split (upstream splits
-//! `--train_val_split` off with numpy's generator), `--max_train_samples` /
-//! `--max_eval_samples` (upstream shuffles before selecting, with numpy's PCG64),
-//! `--remove_unused_columns` left true (upstream's Trainer then drops the image column the
+//! `--train_val_split` off with numpy's global generator), `--remove_unused_columns` left true (upstream's Trainer then drops the image column the
 //! transforms read: its README passes `--remove_unused_columns False`), `--model_type`,
 //! `--trust_remote_code`, `--dataloader_num_workers` above 0 (upstream's workers draw the
 //! crops from their own generators).
@@ -58,6 +56,8 @@ pub struct ImageClassificationArguments {
     pub image_column_name: String,
     pub label_column_name: String,
     pub train_val_split: Option<f64>,
+    pub max_train_samples: Option<usize>,
+    pub max_eval_samples: Option<usize>,
 }
 
 impl Default for ImageClassificationArguments {
@@ -132,7 +132,7 @@ static DATA_TRAINING_ARGUMENTS: Dataclass = Dataclass {
 /// The command line: upstream's dataclasses.
 pub const COMMAND_LINE: &[&Dataclass] = &[&MODEL_ARGUMENTS, &DATA_TRAINING_ARGUMENTS];
 
-const REFUSED: [Refusal; 6] = [
+const REFUSED: [Refusal; 4] = [
     refusals::TRUST_REMOTE_CODE,
     Refusal {
         flag: "model_type",
@@ -145,14 +145,6 @@ const REFUSED: [Refusal; 6] = [
     Refusal {
         flag: "validation_dir",
         reason: "the imagefolder builder is not implemented here: lay the images out as a dataset repository (Parquet files with an Image column) and give --dataset_name",
-    },
-    Refusal {
-        flag: "max_train_samples",
-        reason: "upstream shuffles the split with numpy's PCG64 generator (`shuffle(seed)`) before selecting, which is not reproduced here; cut the split's files instead",
-    },
-    Refusal {
-        flag: "max_eval_samples",
-        reason: "upstream shuffles the split with numpy's PCG64 generator (`shuffle(seed)`) before selecting, which is not reproduced here; cut the split's files instead",
     },
 ];
 
@@ -271,13 +263,36 @@ impl Dataset for TransformedImages {
     }
 }
 
-/// A split's images (converted to RGB, as the transforms' `pil_img.convert("RGB")`) and labels.
+/// A split's images (converted to RGB, as the transforms' `pil_img.convert("RGB")`) and labels;
+/// with `max`, upstream's `shuffle(seed=seed).select(range(max))` first (numpy's
+/// `default_rng(seed).permutation`, [`tchtrain_datasets::numpy_random`]).
 fn read_split(
     table: &Table,
     flags: &ImageClassificationArguments,
+    max: Option<usize>,
+    seed: u64,
+    flag: &str,
 ) -> Result<(Vec<DecodedImage>, Vec<i64>)> {
+    let rows: Vec<usize> = match max {
+        None => (0..table.len()).collect(),
+        Some(m) => {
+            if m > table.len() {
+                return Err(Error::InvalidFlag {
+                    flag: flag.into(),
+                    detail: format!(
+                        "{m} rows asked of a split of {} (upstream's `select(range({m}))` raises IndexError)",
+                        table.len()
+                    ),
+                });
+            }
+            let mut order =
+                tchtrain_datasets::numpy_random::default_rng(seed).permutation(table.len());
+            order.truncate(m);
+            order
+        }
+    };
     let (mut images, mut labels) = (Vec::new(), Vec::new());
-    for i in 0..table.len() {
+    for i in rows {
         let what = format!("row {i} of {}", table.path().display());
         let cell = table.cell(i, &flags.image_column_name)?;
         images.push(image_from_cell(cell, table.path().parent(), &what)?.to_rgb());
@@ -440,7 +455,13 @@ pub fn run(
         .data_collator(DefaultDataCollator)
         .compute_metrics(Box::new(accuracy));
     if training.do_train {
-        let (images, labels) = read_split(&train_table, flags)?;
+        let (images, labels) = read_split(
+            &train_table,
+            flags,
+            flags.max_train_samples,
+            training.seed,
+            "max_train_samples",
+        )?;
         builder = builder.train_dataset(Arc::new(TransformedImages {
             images,
             labels,
@@ -452,7 +473,13 @@ pub fn run(
             flag: "do_eval".into(),
             detail: format!("the dataset {name} has no validation split"),
         })?;
-        let (images, labels) = read_split(&table, flags)?;
+        let (images, labels) = read_split(
+            &table,
+            flags,
+            flags.max_eval_samples,
+            training.seed,
+            "max_eval_samples",
+        )?;
         builder = builder.eval_dataset(Arc::new(TransformedImages {
             images,
             labels,

@@ -3,5 +3,6 @@
 mod arrow;
 mod hub;
 mod map_cache;
+mod numpy_random;
 mod packing;
 mod parquet;
