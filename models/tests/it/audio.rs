@@ -104,12 +104,7 @@ fn whisper_dir() -> std::path::PathBuf {
     assets().join("reference/whisper")
 }
 
-fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
-    Ok(Tensor::read_safetensors(path)
-        .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
-        .into_iter()
-        .collect())
-}
+use crate::vision::tensors;
 
 fn load_whisper() -> Result<Box<dyn PreTrainedModel>> {
     let loaded = from_pretrained_dir(
@@ -158,40 +153,11 @@ fn whisper_forward_and_gradients_equal_transformers() -> Result<()> {
         (&encoder - &r["encoder_last_hidden_state"]).abs().max()
     );
     loss.backward();
-    let vars = model.var_store().variables();
-    let mut compared = 0;
-    for (var_name, var) in &vars {
-        let grad = var.grad();
-        match r.get(&format!("grad.{var_name}")) {
-            Some(expected) => {
-                ensure!(
-                    grad.equal(expected),
-                    "grad of {var_name} differs by {}",
-                    (&grad - expected).abs().max()
-                );
-                compared += 1;
-            }
-            None => ensure!(
-                !grad.defined(),
-                "{var_name} has a gradient, upstream's none"
-            ),
-        }
-    }
-    let expected = r.keys().filter(|k| k.starts_with("grad.")).count();
-    ensure!(compared == expected, "{compared} gradients of {expected}");
-    // Saved: the same tensors and a config / generation config transformers reads back.
+    crate::vision::gradients_equal("whisper", &model.var_store().variables(), &r)?;
+    // Saved: the same tensors and a generation config with Whisper's fields.
     let out_dir = temp_dir("whisper-save");
     model.save_pretrained(&out_dir)?;
-    let ours = tensors(&out_dir.join("model.safetensors"))?;
-    let theirs = tensors(&whisper_dir().join("model/model.safetensors"))?;
-    let mut names: Vec<_> = theirs.keys().collect();
-    names.sort();
-    let mut our_names: Vec<_> = ours.keys().collect();
-    our_names.sort();
-    ensure!(names == our_names, "saved {our_names:?} vs {names:?}");
-    for n in names {
-        ensure!(ours[n].equal(&theirs[n]), "saved {n} differs");
-    }
+    crate::vision::saved_equal("whisper", &out_dir, &whisper_dir().join("model"))?;
     let generation: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
         out_dir.join("generation_config.json"),
     )?)?;

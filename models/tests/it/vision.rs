@@ -18,7 +18,7 @@ fn dir() -> std::path::PathBuf {
     assets().join("reference/vision")
 }
 
-fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
+pub(crate) fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
     Ok(Tensor::read_safetensors(path)
         .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
         .into_iter()
@@ -75,8 +75,23 @@ fn check_classifier(name: &str, architecture: &str, parameters: usize) -> Result
         "{name}: {} parameters",
         vars.len()
     );
+    gradients_equal(name, &vars, &r)?;
+    let out_dir = temp_dir(&format!("{name}-save"));
+    model.save_pretrained(&out_dir)?;
+    saved_equal(name, &out_dir, &model_dir)?;
+    let _ = std::fs::remove_dir_all(&out_dir);
+    Ok(())
+}
+
+/// Every variable's gradient equals the reference's `grad.<name>` to the bit, and those
+/// without one there have none; every reference gradient is compared.
+pub(crate) fn gradients_equal(
+    name: &str,
+    vars: &HashMap<String, Tensor>,
+    r: &HashMap<String, Tensor>,
+) -> Result<()> {
     let mut compared = 0;
-    for (var_name, var) in &vars {
+    for (var_name, var) in vars {
         let grad = var.grad();
         match r.get(&format!("grad.{var_name}")) {
             Some(expected) => {
@@ -98,10 +113,17 @@ fn check_classifier(name: &str, architecture: &str, parameters: usize) -> Result
         compared == expected,
         "{name}: {compared} gradients of {expected}"
     );
-    let out_dir = temp_dir(&format!("{name}-save"));
-    model.save_pretrained(&out_dir)?;
-    let ours = tensors(&out_dir.join("model.safetensors"))?;
-    let theirs = tensors(&model_dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// The `model.safetensors` saved in `ours` holds the same tensors as `theirs`'s.
+pub(crate) fn saved_equal(
+    name: &str,
+    ours: &std::path::Path,
+    theirs: &std::path::Path,
+) -> Result<()> {
+    let ours = tensors(&ours.join("model.safetensors"))?;
+    let theirs = tensors(&theirs.join("model.safetensors"))?;
     let mut names: Vec<_> = theirs.keys().collect();
     names.sort();
     let mut our_names: Vec<_> = ours.keys().collect();
@@ -113,7 +135,6 @@ fn check_classifier(name: &str, architecture: &str, parameters: usize) -> Result
     for n in names {
         ensure!(ours[n].equal(&theirs[n]), "{name}: saved {n} differs");
     }
-    let _ = std::fs::remove_dir_all(&out_dir);
     Ok(())
 }
 
