@@ -227,6 +227,86 @@ pub(crate) fn causal_masks(
     )
 }
 
+/// Upstream's `create_masks_for_vision_model` (Gemma 3's `token_type_ids`, sdpa): the image
+/// tokens (`token_type_ids == 1`) form blocks, one per run of image tokens
+/// (`get_block_sequence_ids_for_mask`), and a query sees key `k` when `k <= q` or both are in
+/// the same block (`or_masks(causal, blockwise_overlay)`), the sliding layers only when also
+/// `k > q - window`, never a padded key. Always explicit `[batch, 1, q, k]` masks (upstream
+/// allows no `is_causal` skip with the overlays). Refused with cached keys (decoding with
+/// images) and with packed sequences, which are not implemented here.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn blockwise_causal_masks(
+    token_type_ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    packed: bool,
+    batch: i64,
+    seq: i64,
+    past: i64,
+    window: Option<i64>,
+    device: Device,
+) -> crate::Result<(Mask, Option<Mask>)> {
+    if past > 0 || packed {
+        return Err(crate::Error::InvalidInput {
+            name: "token_type_ids",
+            detail: "the image blocks' bidirectional masks over cached keys (decoding with images) or over packed sequences are not implemented here; pass an attention_mask and no cache".into(),
+        });
+    }
+    if token_type_ids.size() != [batch, seq] {
+        return Err(crate::Error::InvalidInput {
+            name: "token_type_ids",
+            detail: format!(
+                "shape {:?}: expected [batch, seq] = [{batch}, {seq}]",
+                token_type_ids.size()
+            ),
+        });
+    }
+    if let Some(m) = attention_mask.filter(|m| m.size() != [batch, seq]) {
+        return Err(crate::Error::InvalidInput {
+            name: "attention_mask",
+            detail: format!("shape {:?}: expected [{batch}, {seq}]", m.size()),
+        });
+    }
+    let is_image = token_type_ids.f_to_device(device)?.f_eq(1)?;
+    let previous = Tensor::f_cat(
+        &[
+            Tensor::f_zeros([batch, 1], (Kind::Bool, device))?,
+            is_image.f_narrow(1, 0, seq - 1)?,
+        ],
+        1,
+    )?;
+    let starts = is_image.f_logical_and(&previous.f_logical_not()?)?;
+    let groups = starts.f_cumsum(1, Kind::Int64)? - 1;
+    let blocks = groups.f_where_self(&is_image, &Tensor::f_full([], -1, (Kind::Int64, device))?)?;
+    let same_block = blocks
+        .f_unsqueeze(2)?
+        .f_eq_tensor(&blocks.f_unsqueeze(1)?)?
+        .f_logical_and(&blocks.f_ge(0)?.f_unsqueeze(2)?)?;
+    let q = Tensor::f_arange(seq, (Kind::Int64, device))?.f_view([1, seq, 1])?;
+    let k = Tensor::f_arange(seq, (Kind::Int64, device))?.f_view([1, 1, seq])?;
+    let mut full = k.f_le_tensor(&q)?.f_logical_or(&same_block)?;
+    if let Some(m) = attention_mask {
+        let padding = m.f_to_device(device)?.f_ne(0)?.f_view([batch, 1, seq])?;
+        full = full.f_logical_and(&padding)?;
+    }
+    let sliding = match window {
+        Some(w) => Some(Mask {
+            mask: Some(
+                full.f_logical_and(&k.f_gt_tensor(&(&q - w))?)?
+                    .f_unsqueeze(1)?,
+            ),
+            is_causal: false,
+        }),
+        None => None,
+    };
+    Ok((
+        Mask {
+            mask: Some(full.f_unsqueeze(1)?),
+            is_causal: false,
+        },
+        sliding,
+    ))
+}
+
 /// Upstream's sliding-window mask when `past` tokens are cached: the keys are the ones a
 /// sliding cache layer kept (the last `min(past, window - 1)`) and the new ones
 /// (`get_mask_sizes`), key `k` visible from query `q` when `q - window < k <= q` and `k` is not

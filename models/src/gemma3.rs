@@ -8,13 +8,17 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use tch::Tensor;
+use tchtrain_nn::RmsNorm;
 
 use crate::configuration_utils::LabelConfig;
 use crate::gemma2::{check_heads, gemma_windows};
 use crate::llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification, Family, Gemma,
-    LlamaConfig, QkNorm,
+    ImageEncoder, LlamaConfig, QkNorm,
 };
+use crate::modeling_utils::ModelInputs;
+use crate::siglip::{SiglipConfig, SiglipVisionConfig, SiglipVisionTransformer};
 use crate::{Error, Result};
 
 /// Upstream `Gemma3TextConfig` with its defaults.
@@ -237,8 +241,8 @@ pub type Gemma3ForCausalLM = DecoderForCausalLM<Gemma3TextConfig>;
 pub type Gemma3TextForSequenceClassification = DecoderForSequenceClassification<Gemma3TextConfig>;
 
 /// Upstream `Gemma3Config` (`model_type` `gemma3`, every Gemma 3 checkpoint from 4B up): the
-/// text model's config under `text_config`, the vision tower's under `vision_config` (kept
-/// as it is: the vision tower is not run here), the image-token facts, and a head tied to
+/// text model's config under `text_config`, the SigLIP vision tower's under `vision_config`
+/// (`SiglipVisionConfig`'s defaults when absent), the image-token facts, and a head tied to
 /// the text model's embeddings by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -296,6 +300,30 @@ impl crate::configuration_utils::PretrainedConfig for Gemma3Config {
 
 impl DecoderConfig for Gemma3Config {
     crate::llama::decoder_config_plumbing!(@methods);
+    /// The vision tower and the projector, created before the language model (upstream's
+    /// parameter order).
+    fn image_encoder(&self, root: &tchtrain_nn::Path<'_>) -> Result<Option<Box<dyn ImageEncoder>>> {
+        let vision = self.siglip_vision_config()?;
+        let siglip = SiglipConfig {
+            vision_config: vision.clone(),
+            ..SiglipConfig::default()
+        };
+        let model = root / "model";
+        let vision_tower = SiglipVisionTransformer::new(&model / "vision_tower", &siglip)?;
+        let multi_modal_projector =
+            Gemma3MultiModalProjector::new(&model / "multi_modal_projector", self, &vision)?;
+        Ok(Some(Box::new(Gemma3Vision {
+            vision_tower,
+            multi_modal_projector,
+            image_token_id: self.image_token_id()?,
+        })))
+    }
+    /// `Gemma3ForConditionalGeneration` has no `accepts_loss_kwargs` of its own (its
+    /// `Gemma3Model` has, `False`): the Trainer reads its forward's `**kwargs`, and passes
+    /// `num_items_in_batch`.
+    fn accepts_loss_kwargs(&self) -> Option<bool> {
+        Some(true)
+    }
     fn llama(&self) -> LlamaConfig {
         LlamaConfig {
             tie_word_embeddings: self.tie_word_embeddings,
@@ -305,19 +333,6 @@ impl DecoderConfig for Gemma3Config {
         }
     }
     fn family(&self) -> Result<Family> {
-        if self
-            .image_token_index
-            .is_some_and(|i| i < self.text_config.vocab_size)
-        {
-            return Err(Error::InvalidConfig {
-                field: "image_token_index",
-                value: format!(
-                    "{:?} (vocab_size {})",
-                    self.image_token_index, self.text_config.vocab_size
-                ),
-                fix: "the image token is an id past the text vocabulary in every Gemma 3 checkpoint; images are not run here (the vision tower is carried untrained)",
-            });
-        }
         let text = self.text_config.family()?;
         Ok(Family {
             model_type: "gemma3",
@@ -339,7 +354,130 @@ impl DecoderConfig for Gemma3Config {
     }
 }
 
-/// Upstream `Gemma3ForConditionalGeneration`'s text path: the language model
-/// (`model.language_model`, Gemma 3's text model) and `lm_head`, trained and saved with the
-/// checkpoint's vision tower and projector carried as frozen variables.
+/// Upstream `Gemma3ForConditionalGeneration`: the SigLIP vision tower
+/// (`model.vision_tower`), the projector (`model.multi_modal_projector`), the language model
+/// (`model.language_model`, Gemma 3's text model) and `lm_head`. `pixel_values` are encoded,
+/// pooled and projected, and replace the embeddings of the image tokens (`image_token_index`);
+/// with `token_type_ids` (1 on the image tokens, as `Gemma3Processor` returns them) each
+/// image's tokens see one another both ways, as upstream's masks let them.
 pub type Gemma3ForConditionalGeneration = DecoderForCausalLM<Gemma3Config>;
+
+impl Gemma3Config {
+    /// The vision tower's config: `vision_config`, or `SiglipVisionConfig()`'s defaults.
+    pub fn siglip_vision_config(&self) -> Result<SiglipVisionConfig> {
+        match &self.vision_config {
+            None | Some(Value::Null) => Ok(SiglipVisionConfig::default()),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| Error::InvalidConfig {
+                field: "vision_config",
+                value: e.to_string(),
+                fix: "give a SiglipVisionConfig (hidden_size, image_size, patch_size, ...)",
+            }),
+        }
+    }
+
+    /// `image_token_index` (`image_token_id`).
+    fn image_token_id(&self) -> Result<i64> {
+        self.image_token_index.ok_or(Error::InvalidConfig {
+            field: "image_token_index",
+            value: "null".into(),
+            fix: "give the id of the image placeholder token (262144 in Gemma 3's checkpoints)",
+        })
+    }
+}
+
+/// Upstream `Gemma3MultiModalProjector`: the tower's patch states `[images, patches,
+/// vision hidden]` laid out as their `patches_per_image²` grid, average-pooled to
+/// `mm_tokens_per_image` tokens, normalised by Gemma's RMSNorm (`vision_config.layer_norm_eps`)
+/// and multiplied by `mm_input_projection_weight` `[vision hidden, text hidden]`.
+#[derive(Debug)]
+struct Gemma3MultiModalProjector {
+    mm_input_projection_weight: Tensor,
+    mm_soft_emb_norm: RmsNorm,
+    patches_per_image: i64,
+    kernel_size: i64,
+}
+
+impl Gemma3MultiModalProjector {
+    fn new(
+        p: tchtrain_nn::Path<'_>,
+        config: &Gemma3Config,
+        vision: &SiglipVisionConfig,
+    ) -> Result<Self> {
+        let (image, _) = vision.image_size.hw();
+        let (patch, _) = vision.patch_size.hw();
+        let patches_per_image = image / patch.max(1);
+        let mm_tokens = config.mm_tokens_per_image.unwrap_or(256);
+        let tokens_per_side = (mm_tokens.max(0) as f64).sqrt() as i64;
+        let kernel_size = if tokens_per_side > 0 {
+            patches_per_image / tokens_per_side
+        } else {
+            0
+        };
+        if kernel_size < 1 {
+            return Err(Error::InvalidConfig {
+                field: "mm_tokens_per_image",
+                value: format!(
+                    "{mm_tokens} (a {patches_per_image}x{patches_per_image} patch grid)"
+                ),
+                fix: "give a square number of tokens per image whose side divides the patch grid's (image_size / patch_size)",
+            });
+        }
+        Ok(Self {
+            // Upstream's `nn.Parameter(torch.zeros(...))`.
+            mm_input_projection_weight: tchtrain_nn::initialization::var(
+                &p,
+                "mm_input_projection_weight",
+                &[vision.hidden_size, config.text_config.hidden_size],
+                tch::nn::Init::Const(0.0),
+            ),
+            mm_soft_emb_norm: RmsNorm::gemma(
+                &p / "mm_soft_emb_norm",
+                vision.hidden_size,
+                vision.layer_norm_eps,
+                "Gemma3RMSNorm",
+            ),
+            patches_per_image,
+            kernel_size,
+        })
+    }
+
+    fn forward(&self, vision_outputs: &Tensor) -> Result<Tensor> {
+        let size = vision_outputs.size();
+        let (batch, hidden) = (size[0], size[2]);
+        let p = self.patches_per_image;
+        let grid = vision_outputs
+            .f_transpose(1, 2)?
+            .f_reshape([batch, hidden, p, p])?
+            .f_contiguous()?;
+        let k = self.kernel_size;
+        let pooled = grid
+            .f_avg_pool2d([k, k], [k, k], [0, 0], false, true, None)?
+            .f_flatten(2, -1)?
+            .f_transpose(1, 2)?;
+        let normed = self.mm_soft_emb_norm.forward(&pooled);
+        Ok(normed
+            .f_matmul(&self.mm_input_projection_weight)?
+            .f_to_kind(vision_outputs.kind())?)
+    }
+}
+
+/// `Gemma3Model`'s image side: the SigLIP tower and the projector.
+#[derive(Debug)]
+pub struct Gemma3Vision {
+    vision_tower: SiglipVisionTransformer,
+    multi_modal_projector: Gemma3MultiModalProjector,
+    image_token_id: i64,
+}
+
+impl ImageEncoder for Gemma3Vision {
+    fn image_features(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
+        let last_hidden_state = self.vision_tower.forward(inputs, train)?;
+        self.multi_modal_projector.forward(&last_hidden_state)
+    }
+    fn image_token_id(&self) -> i64 {
+        self.image_token_id
+    }
+    fn checkpointing(&mut self) -> &mut Option<crate::ActivationCheckpointing> {
+        &mut self.vision_tower.checkpointing
+    }
+}

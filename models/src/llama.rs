@@ -421,6 +421,32 @@ pub trait DecoderConfig:
     fn extra_mut(&mut self) -> &mut serde_json::Map<String, serde_json::Value>;
     /// `num_labels`, `id2label`, `problem_type`.
     fn labels_mut(&mut self) -> &mut LabelConfig;
+    /// A multimodal model's image side (Gemma 3's vision tower and projector), its
+    /// variables created under `root`; `None` for a text model.
+    fn image_encoder(
+        &self,
+        _root: &tchtrain_nn::Path<'_>,
+    ) -> Result<Option<Box<dyn ImageEncoder>>> {
+        Ok(None)
+    }
+    /// The causal LM's `accepts_loss_kwargs` where the family decides it; `None`: a text
+    /// model's `XForCausalLM` takes `num_items_in_batch`, a multimodal checkpoint's language
+    /// model (the other towers carried) does not.
+    fn accepts_loss_kwargs(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// A multimodal model's image side: the features that replace the embeddings of the image
+/// placeholder tokens (upstream's `get_image_features(pixel_values).pooler_output`).
+pub trait ImageEncoder: std::fmt::Debug + Send {
+    /// The features of `inputs.pixel_values`, `[images, tokens per image, hidden]`.
+    fn image_features(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor>;
+    /// The placeholder token the features replace (`image_token_id`).
+    fn image_token_id(&self) -> i64;
+    /// The vision tower's activation checkpointing (upstream's `gradient_checkpointing`
+    /// reaches every checkpointable layer of the model).
+    fn checkpointing(&mut self) -> &mut Option<ActivationCheckpointing>;
 }
 
 impl DecoderConfig for LlamaConfig {
@@ -1926,7 +1952,7 @@ impl LlamaModel {
 
     /// The last hidden state `[batch, seq, hidden]`.
     pub fn forward(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
-        Ok(self.forward_with(inputs, train, false, false)?.0)
+        Ok(self.forward_with(inputs, train, false, false, None)?.0)
     }
 
     /// [`forward`](Self::forward), the layers run padding-free when `padding_free`, the
@@ -1941,6 +1967,7 @@ impl LlamaModel {
         train: bool,
         padding_free: bool,
         router_logits: bool,
+        vision: Option<&dyn ImageEncoder>,
     ) -> Result<(Tensor, Option<crate::padding_free::Unpadded>, Vec<Tensor>)> {
         if router_logits && train && self.checkpointing.is_some() {
             return Err(Error::InvalidArgument {
@@ -1957,9 +1984,19 @@ impl LlamaModel {
             Some(p) => c.vocab_size.min(p.vocab_size_per_layer_input),
             None => c.vocab_size,
         };
-        let (batch, seq) = crate::check_ids(ids, vocab, i64::MAX)?;
+        // A multimodal model's image placeholders: where the image features go; embedded as
+        // token 0 when the id is past the text vocabulary (upstream's `llm_input_ids`).
+        let image_tokens = match vision {
+            Some(v) => Some(ids.f_eq(v.image_token_id())?),
+            None => None,
+        };
+        let llm_ids = match (vision, &image_tokens) {
+            (Some(v), Some(mask)) if v.image_token_id() >= vocab => ids.f_masked_fill(mask, 0)?,
+            _ => ids.shallow_clone(),
+        };
+        let (batch, seq) = crate::check_ids(&llm_ids, vocab, i64::MAX)?;
         let device = self.embed_tokens.ws.device();
-        let ids = ids.f_to_device(device)?;
+        let ids = llm_ids.f_to_device(device)?;
         let g4 = self.family.gemma4.as_ref();
         if let Some(g) = g4 {
             // Gemma 4's KV-sharing layers read the storing layer's keys and values, which a
@@ -2017,6 +2054,11 @@ impl LlamaModel {
         let mut h = self
             .embed_tokens
             .input_forward(&ids, h, adapter_scale.as_ref(), train)?;
+        // `Gemma3Model`: the image features scattered over the placeholders' embeddings.
+        if let (Some(v), Some(mask), Some(_)) = (vision, &image_tokens, inputs.pixel_values) {
+            let features = v.image_features(inputs, train)?;
+            h = scatter_image_features(&h, &mask.f_to_device(device)?, &features)?;
+        }
         // Granite's `inputs_embeds * embedding_multiplier`, outside the embedding module.
         if let Some(g) = &self.family.granite {
             h = h * g.embedding_multiplier;
@@ -2090,17 +2132,31 @@ impl LlamaModel {
             train,
             self.checkpointing.is_some(),
         );
-        let (mask, sliding_mask) = attention::causal_masks(
-            inputs.position_ids,
-            inputs.attention_mask,
-            inputs.past_key_values.is_some() || builds_cache,
-            batch,
-            seq,
-            past,
-            // The families' layers share one window size (upstream's `sliding_window`).
-            self.family.sliding_windows.iter().flatten().next().copied(),
-            device,
-        )?;
+        // The families' layers share one window size (upstream's `sliding_window`).
+        let window = self.family.sliding_windows.iter().flatten().next().copied();
+        let (mask, sliding_mask) = match (vision, inputs.token_type_ids) {
+            // `create_masks_for_vision_model`: each image's tokens see one another.
+            (Some(_), Some(token_type_ids)) => attention::blockwise_causal_masks(
+                token_type_ids,
+                inputs.attention_mask,
+                inputs.position_ids.is_some() && inputs.attention_mask.is_none(),
+                batch,
+                seq,
+                past,
+                window,
+                device,
+            )?,
+            _ => attention::causal_masks(
+                inputs.position_ids,
+                inputs.attention_mask,
+                inputs.past_key_values.is_some() || builds_cache,
+                batch,
+                seq,
+                past,
+                window,
+                device,
+            )?,
+        };
         let x = Arc::new(Shared(LayerInputs {
             cos,
             sin,
@@ -2202,6 +2258,25 @@ impl LlamaModel {
     }
 }
 
+/// Upstream `inputs_embeds.masked_scatter(special_image_mask, image_features)`, after
+/// `get_placeholder_mask`'s check (its message) that the placeholders hold the features.
+fn scatter_image_features(h: &Tensor, placeholders: &Tensor, features: &Tensor) -> Result<Tensor> {
+    let tokens = placeholders.f_sum(Kind::Int64)?.int64_value(&[]);
+    let hidden = h.size().last().copied().unwrap_or(0);
+    let size = features.size();
+    if tokens * hidden != features.numel() as i64 {
+        return Err(Error::InvalidInput {
+            name: "input_ids",
+            detail: format!(
+                "Image features and image tokens do not match, tokens: {tokens}, features: {} (upstream's message): each image needs its placeholder tokens in the text (the processor expands them; a max_length that truncates them is too short)",
+                size.first().copied().unwrap_or(0) * size.get(1).copied().unwrap_or(0)
+            ),
+        });
+    }
+    let features = features.f_to_device(h.device())?.f_to_kind(h.kind())?;
+    Ok(h.f_masked_scatter(&placeholders.f_unsqueeze(-1)?, &features)?)
+}
+
 /// Upstream `LlamaForCausalLM`.
 pub type LlamaForCausalLM = DecoderForCausalLM<LlamaConfig>;
 
@@ -2212,6 +2287,8 @@ pub type LlamaForCausalLM = DecoderForCausalLM<LlamaConfig>;
 pub struct DecoderForCausalLM<C: DecoderConfig> {
     vs: nn::VarStore,
     ctx: Context,
+    /// A multimodal model's image side (`None` for a text model).
+    vision: Option<Box<dyn ImageEncoder>>,
     model: LlamaModel,
     lm_head: Option<Linear>,
     config: C,
@@ -2238,6 +2315,7 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         let vs = nn::VarStore::new(device);
         let llama = config.llama();
         let family = config.family()?;
+        let vision = config.image_encoder(&tchtrain_nn::Path::root(&vs, ctx))?;
         let mut path = tchtrain_nn::Path::root(&vs, ctx);
         for part in family.base_model.split('.') {
             path = path / part;
@@ -2255,6 +2333,7 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         Ok(Self {
             vs,
             ctx: ctx.clone(),
+            vision,
             model,
             lm_head,
             config: config.clone(),
@@ -2295,7 +2374,8 @@ impl<C: DecoderConfig> DecoderForCausalLM<C> {
         };
         let mut loaded = loading::from_pretrained_with(dir, "model", &[], options, |ctx| {
             let model = Self::new_in(&config, device, ctx)?;
-            for (name, shape, kind) in &carried {
+            let built = model.vs.variables();
+            for (name, shape, kind) in carried.iter().filter(|(n, _, _)| !built.contains_key(n)) {
                 let (parent, leaf) = name.rsplit_once('.').unwrap_or(("", name));
                 let mut path = model.vs.root();
                 for part in parent.split('.').filter(|p| !p.is_empty()) {
@@ -2328,12 +2408,31 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     crate::modeling_utils::model_plumbing!(@common);
     set_use_cache!();
     /// In training, when the labels count only real tokens (the loss then reads no
-    /// padding position's logits); otherwise the forward runs padded.
+    /// padding position's logits); otherwise the forward runs padded (always with a vision
+    /// tower: the image blocks' masks are built on the padded layout).
     fn set_padding_free(&mut self, on: bool) -> Result<()> {
         self.padding_free = on;
         Ok(())
     }
-    crate::modeling_utils::checkpointing_plumbing!(model);
+    fn activation_checkpointing_enable(
+        &mut self,
+        settings: crate::ActivationCheckpointing,
+    ) -> Result<()> {
+        if let Some(v) = &mut self.vision {
+            *v.checkpointing() = Some(settings.clone());
+        }
+        self.model.checkpointing = Some(settings);
+        Ok(())
+    }
+    fn activation_checkpointing_disable(&mut self) {
+        if let Some(v) = &mut self.vision {
+            *v.checkpointing() = None;
+        }
+        self.model.checkpointing = None;
+    }
+    fn is_activation_checkpointing(&self) -> bool {
+        self.model.checkpointing.is_some()
+    }
     decoder_head_plumbing!();
     fn loss_type(&self) -> Option<&str> {
         Some("ForCausalLM")
@@ -2373,7 +2472,9 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
     /// False` upstream) average their loss over each batch, and the Trainer then divides it
     /// by the accumulation steps.
     fn accepts_loss_kwargs(&self) -> bool {
-        self.model.family.base_model == "model"
+        self.config
+            .accepts_loss_kwargs()
+            .unwrap_or(self.model.family.base_model == "model")
     }
     // Llama's norms (`*_layernorm`, `norm`) are excluded by the name patterns.
     fn is_embedding_weight(&self, name: &str) -> bool {
@@ -2437,9 +2538,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                     detail: "the router's load-balancing loss beside TRL's fused LM head is not implemented here; set output_router_logits to False (router_aux_loss_coef 0)".into(),
                 });
             }
-            let (h, _, _) = self
-                .model
-                .forward_with(inputs, self.training, false, false)?;
+            let (h, _, _) = self.model.forward_with(
+                inputs,
+                self.training,
+                false,
+                false,
+                self.vision.as_deref(),
+            )?;
             self.ctx.model_frame(self.architecture())?;
             return Ok(ModelOutput {
                 loss: None,
@@ -2457,6 +2562,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
                 .unwrap_or(self.training && inputs.labels.is_some());
         // Padding-free in training when the loss reads only real tokens' logits.
         let padding_free = self.padding_free
+            && self.vision.is_none()
             && self.training
             && !skip_logits
             && inputs.logits_to_keep.is_none()
@@ -2470,9 +2576,13 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
             .moe
             .as_ref()
             .filter(|m| m.output_router_logits);
-        let (h, unpadded, router_logits) =
-            self.model
-                .forward_with(inputs, self.training, padding_free, moe.is_some())?;
+        let (h, unpadded, router_logits) = self.model.forward_with(
+            inputs,
+            self.training,
+            padding_free,
+            moe.is_some(),
+            self.vision.as_deref(),
+        )?;
         if skip_logits {
             let labels = inputs.labels.ok_or(Error::InvalidArgument {
                 field: "skip_logits",
@@ -2718,7 +2828,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForSequenceClassification<C> {
             };
         let (h, unpadded, _) =
             self.model
-                .forward_with(inputs, self.training, padding_free, false)?;
+                .forward_with(inputs, self.training, padding_free, false, None)?;
         let logits = self.score.forward(&h);
         // Padding-free: back in the padded layout (zeros at the padding, never pooled).
         let (logits, h) = match &unpadded {

@@ -32,4 +32,5 @@ mod signals;
 mod streaming;
 mod trainer;
 mod vision;
+mod vlm;
 mod zero;
