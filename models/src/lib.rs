@@ -56,6 +56,7 @@ mod padding_free;
 mod peft;
 mod phi3;
 pub mod pil_resize;
+mod processing_gemma3;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
@@ -115,7 +116,7 @@ pub use gemma2::{
 };
 pub use gemma3::{
     Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
-    Gemma3TextForSequenceClassification,
+    Gemma3TextForSequenceClassification, Gemma3Vision,
 };
 pub use gemma4::{
     Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig,
@@ -142,7 +143,7 @@ pub use liger::{LigerKernelConfig, fused_linear_cross_entropy, liger_for_causal_
 pub use llama::{
     DecoderConfig, DecoderForCausalLM, DecoderForQuestionAnswering,
     DecoderForSequenceClassification, DecoderForTokenClassification, Family, Gemma, Gemma4, GptOss,
-    Granite, KvSharing, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
+    Granite, ImageEncoder, KvSharing, LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering,
     LlamaForSequenceClassification, LlamaForTokenClassification, LlamaModel, Moe, Phi3, QkNorm,
     QuestionAnsweringClass,
 };
@@ -181,6 +182,7 @@ pub use peft::{
 pub use phi3::{
     Phi3Config, Phi3ForCausalLM, Phi3ForSequenceClassification, Phi3ForTokenClassification,
 };
+pub use processing_gemma3::{Gemma3Processor, PROCESSOR_NAME, ProcessedExample};
 pub use qwen2::{
     Qwen2Config, Qwen2ForCausalLM, Qwen2ForQuestionAnswering, Qwen2ForSequenceClassification,
     Qwen2ForTokenClassification,

@@ -27,6 +27,74 @@ pub fn is_conversational_from_value(example: &Map<String, Value>) -> bool {
         .is_some_and(|m| m.contains_key("from") && m.contains_key("value"))
 }
 
+/// `prepare_multimodal_messages(messages, images)` with `images` images: every message's
+/// text content made a list of parts (`{"type": "text", "text": ...}`), the first user message
+/// given one `{"type": "image"}` placeholder per image before its text (messages whose
+/// content is already a list are kept). Errors as TRL's: a role other than `system`, `user`,
+/// `assistant`, `tool`; a count of placeholders other than the images'.
+pub fn prepare_multimodal_messages(messages: &Value, images: usize) -> Result<Value> {
+    let bad = |detail: String| crate::Error::InvalidArgument {
+        field: "messages",
+        detail,
+    };
+    let list = messages
+        .as_array()
+        .ok_or_else(|| bad(format!("a list of messages, got {messages}")))?;
+    let text_part = |t: &str| serde_json::json!([{"type": "text", "text": t}]);
+    let mut included = false;
+    let mut out = Vec::with_capacity(list.len());
+    for message in list {
+        let mut m = message
+            .as_object()
+            .cloned()
+            .ok_or_else(|| bad(format!("a message must be an object, got {message}")))?;
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        match (role.as_str(), m.get("content")) {
+            ("user", Some(Value::String(t))) if !included => {
+                let mut parts = vec![serde_json::json!({"type": "image"}); images];
+                parts.push(serde_json::json!({"type": "text", "text": t}));
+                m.insert("content".into(), Value::Array(parts));
+                included = true;
+            }
+            ("user" | "assistant" | "system" | "tool", Some(Value::String(t))) => {
+                let parts = text_part(t);
+                m.insert("content".into(), parts);
+            }
+            ("user" | "assistant" | "system" | "tool", _) => {}
+            (other, _) => {
+                return Err(bad(format!(
+                    "Invalid role in message: {other}. Expected 'system', 'user', 'assistant', or 'tool'. (TRL's message)"
+                )));
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    let placeholders: usize = out
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) != Some("tool"))
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .map(|parts| {
+            parts
+                .iter()
+                .filter(|p| {
+                    p.get("type").and_then(Value::as_str) == Some("image")
+                        && p.get("image").is_none()
+                })
+                .count()
+        })
+        .sum();
+    if placeholders != images {
+        return Err(bad(format!(
+            "Number of images provided ({images}) does not match number of image placeholders ({placeholders}). (TRL's message)"
+        )));
+    }
+    Ok(Value::Array(out))
+}
+
 /// `common_prefix_length(ids, other_ids)`: the number of leading tokens both have.
 pub fn common_prefix_length(ids: &[i64], other_ids: &[i64]) -> usize {
     ids.iter()

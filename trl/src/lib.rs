@@ -8,6 +8,7 @@
 //! |---|---|
 //! | [`trainer::sft_config`] | `trainer/sft_config.py` (`SFTConfig`, TRL's defaults) |
 //! | [`trainer::sft_trainer`] | `trainer/sft_trainer.py` (`SFTTrainer`, `DataCollatorForLanguageModeling`) |
+//! | [`trainer::vision_language`] | `trainer/sft_trainer.py` (`DataCollatorForVisionLanguageModeling`, the vision datasets' path) |
 //! | [`trainer::dpo_config`] | `trainer/dpo_config.py` (`DPOConfig`) |
 //! | [`trainer::dpo_trainer`] | `trainer/dpo_trainer.py` (`DPOTrainer`, `DataCollatorForPreference`) |
 //! | [`trainer::reward_config`] | `trainer/reward_config.py` (`RewardConfig`) |
@@ -24,9 +25,10 @@ pub mod trainer;
 
 pub use error::{Error, Result};
 pub use trainer::{
-    DPOConfig, DPOTrainer, DPOTrainerBuilder, DataCollatorForLanguageModeling, DpoLossType,
-    FDivergenceType, GRPOConfig, GRPOTrainer, GRPOTrainerBuilder, GrpoLossType,
-    ImportanceSamplingLevel, MultiObjectiveAggregation, RepeatSampler, RewardConfig, RewardError,
-    RewardFn, RewardFunc, RewardInputs, RewardTrainer, RewardTrainerBuilder, SFTConfig, SFTTrainer,
-    SFTTrainerBuilder, ScaleRewards, SftLossType, TruncationMode,
+    DPOConfig, DPOTrainer, DPOTrainerBuilder, DataCollatorForLanguageModeling,
+    DataCollatorForVisionLanguageModeling, DpoLossType, FDivergenceType, GRPOConfig, GRPOTrainer,
+    GRPOTrainerBuilder, GrpoLossType, ImportanceSamplingLevel, MultiObjectiveAggregation,
+    RepeatSampler, RewardConfig, RewardError, RewardFn, RewardFunc, RewardInputs, RewardTrainer,
+    RewardTrainerBuilder, SFTConfig, SFTTrainer, SFTTrainerBuilder, ScaleRewards, SftLossType,
+    TruncationMode,
 };

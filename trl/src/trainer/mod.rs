@@ -11,6 +11,7 @@ pub mod reward_trainer;
 pub mod sft_config;
 pub mod sft_trainer;
 pub mod utils;
+pub mod vision_language;
 
 pub use dpo_config::{DPOConfig, DpoLossType, FDivergenceType};
 pub use dpo_trainer::{DPOTrainer, DPOTrainerBuilder};
@@ -30,3 +31,4 @@ pub use utils::{
     FusedCausalLMOutput, RepeatSampler, fused_lm_head_forward, fused_lm_head_forward_at, nanmax,
     nanmin, nanstd,
 };
+pub use vision_language::DataCollatorForVisionLanguageModeling;

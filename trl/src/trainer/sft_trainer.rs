@@ -17,10 +17,14 @@
 //! with the fix (TRL patches the templates it knows, `get_training_chat_template`, which is
 //! not reproduced here: pass TRL's `*_training.jinja` as `chat_template_path`).
 //!
-//! Refused, naming the field: ShareGPT `conversations`, vision datasets, a quantized model with `peft_config`,
+//! Vision datasets (`images` / `image` beside `messages` or text) go through the model's
+//! processor ([`SFTTrainer::builder_with_processor`], see [`crate::trainer::vision_language`]).
+//!
+//! Refused, naming the field: ShareGPT `conversations`, a quantized model with `peft_config`,
 //! `shuffle_dataset`. The logits `compute_metrics` needs come from an extra forward without
 //! the fused head, as TRL recomputes them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
@@ -28,7 +32,9 @@ use tch::{Kind, Tensor};
 use tchtrain_collators::{Batch, DataCollator, Feature, Label};
 use tchtrain_data::InMemoryDataset;
 use tchtrain_datasets::{Table, pack_dataset};
-use tchtrain_models::{ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel};
+use tchtrain_models::{
+    Gemma3Processor, ModelOutput, PreTrainedModel, PreTrainedTokenizerFast, TrainableModel,
+};
 use tchtrain_trainer::{PredictionStepOutput, StepContext, Trainer, TrainerHooks, model_inputs};
 
 use crate::data_utils::{
@@ -42,6 +48,7 @@ use crate::trainer::base_trainer::{
 };
 use crate::trainer::sft_config::{SFTConfig, SftLossType, TruncationMode};
 use crate::trainer::utils::{FusedCausalLMOutput, count, fused_lm_head_forward};
+use crate::trainer::vision_language::{DataCollatorForVisionLanguageModeling, VisionRows};
 
 /// TRL's `DataCollatorForLanguageModeling`: rows padded on the right to the batch's longest
 /// (`pad_token_id`; labels with -100; `attention_mask`), or with `padding_free` flattened
@@ -274,6 +281,8 @@ pub struct SFTTrainerBuilder {
     model: Box<dyn PreTrainedModel>,
     config: SFTConfig,
     tokenizer: PreTrainedTokenizerFast,
+    /// `processing_class` as a processor (a vision-language model's).
+    processor: Option<Arc<Gemma3Processor>>,
     inputs: TrainerInputs,
     formatting_func: Option<FormattingFunc>,
 }
@@ -290,9 +299,22 @@ impl SFTTrainer {
             model,
             config,
             tokenizer,
+            processor: None,
             inputs: TrainerInputs::default(),
             formatting_func: None,
         }
+    }
+
+    /// `SFTTrainer(model, args, processing_class=processor)` for a vision-language model: the
+    /// processor's tokenizer is the tokenizer, and vision datasets are processed by it.
+    pub fn builder_with_processor(
+        model: Box<dyn PreTrainedModel>,
+        config: SFTConfig,
+        processor: Gemma3Processor,
+    ) -> SFTTrainerBuilder {
+        let mut builder = Self::builder(model, config, processor.tokenizer.clone());
+        builder.processor = Some(Arc::new(processor));
+        builder
     }
 }
 
@@ -312,6 +334,7 @@ impl SFTTrainerBuilder {
             model,
             mut config,
             tokenizer,
+            processor,
             mut inputs,
             formatting_func,
         } = self;
@@ -329,14 +352,21 @@ impl SFTTrainerBuilder {
             });
         }
         let first = row(&train, 0, "train")?;
-        if first.contains_key("image") || first.contains_key("images") {
-            return Err(Error::InvalidArgument {
-                field: "train_dataset",
-                detail: "vision datasets (an `image` / `images` column) are not supported here: a vision-language model is not implemented".into(),
-            });
-        }
         let mut tokenizer = tokenizer;
         set_chat_template_path(&mut tokenizer, config.chat_template_path.as_deref())?;
+        if first.contains_key("image") || first.contains_key("images") {
+            let Some(processor) = processor else {
+                return Err(Error::InvalidArgument {
+                    field: "train_dataset",
+                    detail: "The dataset appears to be vision-related (contains 'image' or 'images' keys), but the provided model does not seem to be a vision-language model. Please check your model and dataset. (TRL's message) Pass the model's processor (SFTTrainer::builder_with_processor)".into(),
+                });
+            };
+            // The chat template TRL renders with is the processor's (`chat_template_path`
+            // replaces it).
+            let mut processor = Arc::unwrap_or_clone(processor);
+            processor.tokenizer = tokenizer;
+            return build_vision(model, config, Arc::new(processor), inputs, train, &first);
+        }
         if config.assistant_only_loss {
             if !is_conversational(&first) {
                 return Err(Error::InvalidArgument {
@@ -425,6 +455,113 @@ impl SFTTrainerBuilder {
             trainer: builder.build()?,
         })
     }
+}
+
+/// `SFTTrainer.__init__` on a vision dataset: TRL's checks, the rows processed when
+/// fetched, `DataCollatorForVisionLanguageModeling`.
+fn build_vision(
+    model: Box<dyn PreTrainedModel>,
+    mut config: SFTConfig,
+    processor: Arc<Gemma3Processor>,
+    mut inputs: TrainerInputs,
+    train: Table,
+    first: &Map<String, Value>,
+) -> Result<SFTTrainer> {
+    let refuse = |field: &'static str, detail: &str| {
+        Err(Error::InvalidArgument {
+            field,
+            detail: detail.into(),
+        })
+    };
+    if config.packing {
+        return refuse(
+            "packing",
+            "Packing is not supported for vision datasets. Please set `packing=False` in the SFTConfig. (TRL's message)",
+        );
+    }
+    if config.padding_free {
+        return refuse(
+            "padding_free",
+            "Padding-free training is yet not supported for vision datasets. Please set `padding_free=False` in the `SFTConfig`. (TRL's message)",
+        );
+    }
+    if config.max_length.is_some() && config.truncation_mode == TruncationMode::KeepEnd {
+        return refuse(
+            "truncation_mode",
+            "truncation_mode='keep_end' is not supported for vision datasets. Image tokens reside inside the prompt portion of the sequence; depending on the example, keep_end may silently drop them. Use truncation_mode='keep_start' (the default) or set max_length=None. (TRL's message)",
+        );
+    }
+    if config.assistant_only_loss {
+        return refuse(
+            "assistant_only_loss",
+            "the assistant-only loss on vision datasets (the processor's assistant masks) is not implemented here; set assistant_only_loss=False",
+        );
+    }
+    if first.contains_key("prompt")
+        && first.contains_key("completion")
+        && !first.contains_key("messages")
+    {
+        return refuse(
+            "train_dataset",
+            "prompt-completion vision datasets (TRL's `_collate_prompt_completion`: prompts padded on the left, flushed) are not implemented here; give `messages` (or text) with the images",
+        );
+    }
+    if config.completion_only_loss == Some(true) {
+        return refuse(
+            "completion_only_loss",
+            "The `completion_only_loss` argument is not supported for language modeling datasets. (TRL's message)",
+        );
+    }
+    // A text-only batch leaves the vision tower without gradients: TRL has DDP look for
+    // unused parameters unless reentrant checkpointing is asked.
+    let reentrant = config
+        .base
+        .gradient_checkpointing_kwargs
+        .as_ref()
+        .and_then(|k| k.get("use_reentrant"))
+        .is_some_and(|v| v == &Value::Bool(true));
+    if config.base.ddp_find_unused_parameters.is_none() && !reentrant {
+        config.base.ddp_find_unused_parameters = Some(true);
+    }
+    let tokens = TrainerTokens::resolve(
+        &processor.tokenizer,
+        config.eos_token.as_deref(),
+        config.pad_token.as_deref(),
+    )?;
+    let rows = |table: Table, dataset: &'static str| VisionRows {
+        table,
+        processor: processor.clone(),
+        max_length: config.max_length,
+        dataset_text_field: config.dataset_text_field.clone(),
+        dataset,
+    };
+    let train_rows = rows(train, "train");
+    let eval_rows = inputs.eval_dataset.take().map(|t| rows(t, "eval"));
+    let model = wrap_with_adapter(
+        model,
+        inputs.peft_config.take(),
+        config.base.gradient_checkpointing,
+        "SFTTrainer",
+        false,
+    )?;
+    let mut builder = Trainer::builder(model, config.base.clone())
+        .processing_class(processor.tokenizer.clone())
+        .data_collator(DataCollatorForVisionLanguageModeling {
+            pad_token_id: tokens.pad_token_id,
+            pad_to_multiple_of: config.pad_to_multiple_of,
+        })
+        .hooks(SftHooks {
+            metrics: SharedMetrics::default(),
+            loss_type: config.loss_type,
+        })
+        .train_dataset(train_rows);
+    if let Some(rows) = eval_rows {
+        builder = builder.eval_dataset(rows);
+    }
+    let builder = inputs.configure(builder);
+    Ok(SFTTrainer {
+        trainer: builder.build()?,
+    })
 }
 
 /// One tokenized row before its labels: `input_ids`, and the completion mask of a

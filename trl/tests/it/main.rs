@@ -6,3 +6,4 @@ mod dpo;
 mod grpo;
 mod reward;
 mod sft;
+mod sft_vlm;
