@@ -4,7 +4,9 @@
 //!
 //! `--dataset_name` is a local folder of data files (JSON lines, Parquet, CSV: its
 //! `train` / `test` splits by file name, as `load_dataset(folder)`) or a hub dataset; the
-//! rows are in TRL's formats (`text`, `messages`, `prompt` / `completion`). The SFT flags
+//! rows are in TRL's formats (`text`, `messages`, `prompt` / `completion`), or for a
+//! vision-language model whose folder has a processor (`processor_config.json`, Gemma 3's)
+//! `messages` / text with `images`. The SFT flags
 //! (`--max_length`, `--packing`, `--completion_only_loss`, `--assistant_only_loss`,
 //! `--chat_template_path`, `--loss_type`, ...) and TRL's LoRA / quantization flags are
 //! TRL's; the Trainer's flags are the Trainer's, with TRL's defaults (`--learning_rate`
@@ -228,7 +230,14 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
     config.pad_token = sft.common.pad_token.clone();
     config.pad_to_multiple_of = sft.common.pad_to_multiple_of()?;
     config.activation_offloading = sft.common.activation_offloading;
-    let mut builder = SFTTrainer::builder(loaded.model, config, tokenizer).train_dataset(train);
+    // TRL's `AutoProcessor.from_pretrained(model)`: a vision-language model's processor when
+    // the folder has one, else the tokenizer.
+    let processor = trl_script::processor(&dir)?;
+    let mut builder = match &processor {
+        Some(p) => SFTTrainer::builder_with_processor(loaded.model, config, p.clone()),
+        None => SFTTrainer::builder(loaded.model, config, tokenizer),
+    }
+    .train_dataset(train);
     if let Some(e) = eval {
         builder = builder.eval_dataset(e);
     }
@@ -236,5 +245,10 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
         builder = builder.peft_config(lora);
     }
     let mut trainer = builder.build()?;
-    trl_script::train_and_save(&mut trainer)
+    let out = trl_script::train_and_save(&mut trainer)?;
+    // `trainer.save_model` saves the processor (its processor_config.json too).
+    if let Some(p) = processor {
+        p.save_pretrained(&out.output_dir)?;
+    }
+    Ok(out)
 }

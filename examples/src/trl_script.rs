@@ -277,6 +277,40 @@ pub(crate) fn model_and_tokenizer(
     Ok((dir, tokenizer))
 }
 
+/// `AutoProcessor.from_pretrained(dir)` where it gives a processor: a folder with
+/// `processor_config.json` naming `Gemma3Processor` (another processor class is refused);
+/// `None` for a tokenizer-only folder.
+pub(crate) fn processor(dir: &Path) -> Result<Option<tchtrain_models::Gemma3Processor>> {
+    let path = dir.join(tchtrain_models::PROCESSOR_NAME);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::InvalidFlag {
+        flag: "model_name_or_path".into(),
+        detail: format!("{}: {e}", path.display()),
+    })?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::InvalidFlag {
+            flag: "model_name_or_path".into(),
+            detail: format!("{}: {e}", path.display()),
+        })?;
+    match config
+        .get("processor_class")
+        .and_then(serde_json::Value::as_str)
+    {
+        Some("Gemma3Processor") | None => Ok(Some(
+            tchtrain_models::Gemma3Processor::from_pretrained(dir)?,
+        )),
+        Some(other) => Err(Error::InvalidFlag {
+            flag: "model_name_or_path".into(),
+            detail: format!(
+                "{}: the processor {other} is not implemented here (Gemma3Processor is)",
+                path.display()
+            ),
+        }),
+    }
+}
+
 /// TRL's scripts' end: `trainer.train(resume_from_checkpoint=...)`, then
 /// `trainer.save_model(output_dir)`.
 pub(crate) fn train_and_save(trainer: &mut Trainer) -> Result<ExampleOutput> {

@@ -57,6 +57,8 @@ pub struct Gemma3Processor {
     full_image_sequence: String,
     /// The tokenizer's `image_token`, and its id.
     image_token: (String, i64),
+    /// `processor_config.json` as read (written back by `save_pretrained`).
+    raw_config: Map<String, Value>,
 }
 
 fn named_token(config: &Map<String, Value>, key: &'static str) -> Result<String> {
@@ -85,9 +87,11 @@ impl Gemma3Processor {
     /// tokenizer and its chat template.
     pub fn from_pretrained(dir: &Path) -> Result<Self> {
         let tokenizer = AutoTokenizer::from_pretrained(dir)?;
+        let mut raw_config = Map::new();
         let (mut image, image_seq_length) = match dir.join(PROCESSOR_NAME) {
             p if p.is_file() => {
                 let config: Map<String, Value> = crate::configuration_utils::read_config(&p)?;
+                raw_config = config.clone();
                 let image = match config.get("image_processor") {
                     Some(Value::Object(m)) => m.clone(),
                     _ => {
@@ -104,6 +108,12 @@ impl Gemma3Processor {
                 let p = dir.join(crate::image_processing::IMAGE_PROCESSOR_NAME);
                 let image: Map<String, Value> = crate::configuration_utils::read_config(&p)?;
                 let length = image.get("image_seq_length").cloned();
+                raw_config.insert("image_processor".into(), Value::Object(image.clone()));
+                raw_config.insert(
+                    "image_seq_length".into(),
+                    length.clone().unwrap_or(Value::from(256)),
+                );
+                raw_config.insert("processor_class".into(), "Gemma3Processor".into());
                 (image, length)
             }
         };
@@ -166,7 +176,28 @@ impl Gemma3Processor {
             boi_token,
             full_image_sequence,
             image_token: (image_token, i64::from(image_token_id)),
+            raw_config,
         })
+    }
+
+    /// `save_pretrained(dir)`: `processor_config.json` and the tokenizer's files (its chat
+    /// template included).
+    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let text =
+            serde_json::to_string_pretty(&Value::Object(self.raw_config.clone())).map_err(|e| {
+                Error::InvalidConfig {
+                    field: "processor_config.json",
+                    value: e.to_string(),
+                    fix: "report this: the configuration read does not serialise",
+                }
+            })?;
+        let path = dir.join(PROCESSOR_NAME);
+        std::fs::write(&path, text + "\n").map_err(|e| Error::Io { path, source: e })?;
+        self.tokenizer.save_pretrained(dir)
     }
 
     /// The image token's id (`image_token_id`).

@@ -39,6 +39,10 @@ Writes into WORK_DIR/data/ (pyarrow for the Parquet files, one row group each):
                          (columns image, label: a ClassLabel red / green / blue = i % 3)
   tiny-vit/              the vision reference's tiny ViT with its image processor's
                          preprocessor_config.json, for run_image_classification
+  vlm-repo/data/         the trl_sft_vlm reference's rows (`messages`, `images`: none, one or
+                         two PNGs) as a hub dataset repository: 20 in
+                         train-00000-of-00001.parquet, 4 in test-00000-of-00001.parquet, for
+                         `trl sft` on the tiny-gemma3 asset
   manifest.json          row counts, for the log
 """
 
@@ -124,6 +128,7 @@ def main():
     manifest["speech_train"] = 8
     manifest["speech_test"] = 4
     image_data(assets, out, manifest)
+    vlm_data(assets, out, manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
 
@@ -150,6 +155,18 @@ def image_data(assets, out, manifest):
     shutil.rmtree(model, ignore_errors=True)
     shutil.copytree(vision / "vit" / "model", model)
     shutil.copy(vision / "vit" / "processor" / "preprocessor_config.json", model / "preprocessor_config.json")
+
+
+def vlm_data(assets, out, manifest):
+    """The trl_sft_vlm reference's Parquet splits as a dataset repository."""
+    import shutil
+
+    repo = out / "vlm-repo" / "data"
+    repo.mkdir(parents=True, exist_ok=True)
+    source = assets / "reference" / "trl_sft_vlm" / "vlm"
+    for split, rows in (("train", 20), ("test", 4)):
+        shutil.copy(source / f"{split}.parquet", repo / f"{split}-00000-of-00001.parquet")
+        manifest[f"vlm_{split}"] = rows
 
 
 def trl_data(assets, out, manifest):

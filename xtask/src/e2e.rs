@@ -279,9 +279,14 @@ fn regression_parquet(i: &Inputs<'_>, short: bool) -> Vec<String> {
 /// 4, 6 steps at lr 1e-3, an evaluation every 3 steps, float32 without checkpointing, a
 /// checkpoint at step 6 (whose `trainer_state.json` is compared).
 fn trl_args(i: &Inputs<'_>, data: &str, extra: &[&str]) -> Vec<String> {
+    trl_args_on(i, i.data.join("tiny-llama-chat"), data, extra)
+}
+
+/// [`trl_args`] on the model at `model`.
+fn trl_args_on(i: &Inputs<'_>, model: PathBuf, data: &str, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         "--model_name_or_path".into(),
-        path_arg(i.data.join("tiny-llama-chat")),
+        path_arg(model),
         "--dataset_name".into(),
         path_arg(i.data.join(data)),
     ];
@@ -313,6 +318,17 @@ fn trl_args(i: &Inputs<'_>, data: &str, extra: &[&str]) -> Vec<String> {
 
 fn trl_sft(i: &Inputs<'_>, _short: bool) -> Vec<String> {
     trl_args(i, "trl-messages", &["--max_length", "64"])
+}
+
+/// `trl sft` on the tiny Gemma 3 vision-language model (its processor: Gemma 3's chat
+/// template, 28x28 images at 4 tokens each) over `messages` with no, one or two images a row
+/// (Parquet `List(Image())`), with TRL's default gradient checkpointing on.
+fn trl_sft_vlm(i: &Inputs<'_>, _short: bool) -> Vec<String> {
+    let mut v = trl_args_on(i, i.assets.join("tiny-gemma3"), "vlm-repo", &[]);
+    if let Some(at) = v.iter().position(|a| a == "--gradient_checkpointing") {
+        v[at + 1] = "true".into();
+    }
+    v
 }
 
 fn trl_dpo(i: &Inputs<'_>, _short: bool) -> Vec<String> {
@@ -520,6 +536,16 @@ fn cases() -> Vec<Case> {
             short: false,
             skip_if_refused: None,
             args: trl_sft,
+            checkpoint: Some("checkpoint-6"),
+        },
+        Case {
+            name: "trl-sft-vlm",
+            what: "sft against TRL's trl sft, tiny Gemma 3 vision-language model (SigLIP tower, Gemma3Processor) on chat messages with images (Parquet List(Image())), gradient checkpointing, 1 rank",
+            script: Script::Sft,
+            ranks: 1,
+            short: true,
+            skip_if_refused: None,
+            args: trl_sft_vlm,
             checkpoint: Some("checkpoint-6"),
         },
         Case {
