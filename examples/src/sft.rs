@@ -233,8 +233,8 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
     // TRL's `AutoProcessor.from_pretrained(model)`: a vision-language model's processor when
     // the folder has one, else the tokenizer.
     let processor = trl_script::processor(&dir)?;
-    let mut builder = match &processor {
-        Some(p) => SFTTrainer::builder_with_processor(loaded.model, config, p.clone()),
+    let mut builder = match processor {
+        Some(p) => SFTTrainer::builder_with_processor(loaded.model, config, p),
         None => SFTTrainer::builder(loaded.model, config, tokenizer),
     }
     .train_dataset(train);
@@ -245,10 +245,5 @@ pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOut
         builder = builder.peft_config(lora);
     }
     let mut trainer = builder.build()?;
-    let out = trl_script::train_and_save(&mut trainer)?;
-    // `trainer.save_model` saves the processor (its processor_config.json too).
-    if let Some(p) = processor {
-        p.save_pretrained(&out.output_dir)?;
-    }
-    Ok(out)
+    trl_script::train_and_save(&mut trainer)
 }

@@ -393,7 +393,9 @@ impl Trainer {
             self.write_model_weights(tmp, state_dict)?;
         }
         // Upstream `_save`: the processing class beside the model.
-        if let Some(tok) = &self.data.processing_class {
+        if let Some(p) = &self.data.processor {
+            p.save_pretrained(tmp)?;
+        } else if let Some(tok) = &self.data.processing_class {
             tok.save_pretrained(tmp)?;
         }
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No

@@ -223,6 +223,9 @@ pub(crate) struct TrainerData {
     pub collator: SharedCollator,
     /// Upstream `processing_class`: the tokenizer saved with the model.
     pub processing_class: Option<PreTrainedTokenizerFast>,
+    /// A processor given as `processing_class` (a vision-language model's): saved in its
+    /// place.
+    pub processor: Option<tchtrain_models::Gemma3Processor>,
     pub train_sampler: Option<Arc<dyn Sampler>>,
     /// Rows per training batch on this process (upstream `_train_batch_size`): the
     /// arguments', lowered by `auto_find_batch_size` after an out-of-memory error.
@@ -304,6 +307,7 @@ pub struct TrainerBuilder {
     eval_dataset: Option<Arc<dyn Dataset>>,
     collator: Option<SharedCollator>,
     processing_class: Option<PreTrainedTokenizerFast>,
+    processor: Option<tchtrain_models::Gemma3Processor>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
     optimizer: Option<Box<dyn Optimizer>>,
     lr_scheduler: Option<Box<dyn LrScheduler>>,
@@ -354,6 +358,15 @@ impl TrainerBuilder {
     /// `DataCollatorWithPadding` over it, as upstream's.
     pub fn processing_class(mut self, tokenizer: PreTrainedTokenizerFast) -> Self {
         self.processing_class = Some(tokenizer);
+        self
+    }
+
+    /// `processing_class` as a processor (a vision-language model's): its tokenizer is the
+    /// [`processing_class`](Self::processing_class), and `save_model` and every checkpoint
+    /// write the whole processor (`processor_config.json` beside the tokenizer's files).
+    pub fn processor(mut self, processor: tchtrain_models::Gemma3Processor) -> Self {
+        self.processing_class = Some(processor.tokenizer.clone());
+        self.processor = Some(processor);
         self
     }
 
@@ -560,6 +573,7 @@ impl TrainerBuilder {
                     (None, None) => shared_collator(DefaultDataCollator),
                 },
                 processing_class: self.processing_class,
+                processor: self.processor,
                 train_sampler: self.train_sampler,
                 train_batch_size: self.args.train_batch_size(),
             },
@@ -637,6 +651,7 @@ impl Trainer {
             eval_dataset: None,
             collator: None,
             processing_class: None,
+            processor: None,
             callbacks: Vec::new(),
             optimizer: None,
             lr_scheduler: None,

@@ -545,7 +545,7 @@ fn build_vision(
         false,
     )?;
     let mut builder = Trainer::builder(model, config.base.clone())
-        .processing_class(processor.tokenizer.clone())
+        .processor((*processor).clone())
         .data_collator(DataCollatorForVisionLanguageModeling {
             pad_token_id: tokens.pad_token_id,
             pad_to_multiple_of: config.pad_to_multiple_of,
