@@ -2419,7 +2419,7 @@ impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
         settings: crate::ActivationCheckpointing,
     ) -> Result<()> {
         if let Some(v) = &mut self.vision {
-            *v.checkpointing() = Some(settings.clone());
+            *v.checkpointing() = Some(settings);
         }
         self.model.checkpointing = Some(settings);
         Ok(())
