@@ -160,27 +160,15 @@ impl ImageProcessor {
     /// `processor(images, return_tensors="pt")["pixel_values"]`: `[batch, channels, height,
     /// width]` float32 (every image must come out the same size).
     pub fn preprocess(&self, images: &[DecodedImage]) -> Result<Tensor> {
-        let mut shape = None;
-        let mut flat = Vec::new();
-        for (i, image) in images.iter().enumerate() {
-            let (s, values) = self.process(image)?;
-            match &shape {
-                None => shape = Some(s),
-                Some(first) if *first != s => {
-                    return Err(Error::InvalidInput {
-                        name: "images",
-                        detail: format!(
-                            "image {i} comes out {s:?}, image 0 {first:?}: a batch needs one size (set size height / width)"
-                        ),
-                    });
-                }
-                Some(_) => {}
-            }
-            flat.extend(values);
-        }
-        let mut dims = vec![images.len() as i64];
-        dims.extend(shape.unwrap_or_default());
+        let (dims, flat) = stack_images(images, |image| self.process(image))?;
         Ok(Tensor::from_slice(&flat).f_reshape(dims.as_slice())?)
+    }
+
+    /// [`preprocess`](Self::preprocess) on the torchvision backend
+    /// ([`process_torchvision`](Self::process_torchvision)): the shape `[batch, channels,
+    /// height, width]` and the values.
+    pub fn preprocess_torchvision(&self, images: &[DecodedImage]) -> Result<(Vec<i64>, Vec<f32>)> {
+        stack_images(images, |image| self.process_torchvision(image))
     }
 
     /// One image: its `pixel_values` shape `[channels, height, width]` and values.
@@ -370,6 +358,35 @@ impl ImageProcessor {
             )),
         }
     }
+}
+
+/// The images processed one by one and stacked: `[batch, ...]` and the values (every image
+/// must come out the same size).
+fn stack_images(
+    images: &[DecodedImage],
+    process: impl Fn(&DecodedImage) -> Result<(Vec<i64>, Vec<f32>)>,
+) -> Result<(Vec<i64>, Vec<f32>)> {
+    let mut shape = None;
+    let mut flat = Vec::new();
+    for (i, image) in images.iter().enumerate() {
+        let (s, values) = process(image)?;
+        match &shape {
+            None => shape = Some(s),
+            Some(first) if *first != s => {
+                return Err(Error::InvalidInput {
+                    name: "images",
+                    detail: format!(
+                        "image {i} comes out {s:?}, image 0 {first:?}: a batch needs one size (set size height / width)"
+                    ),
+                });
+            }
+            Some(_) => {}
+        }
+        flat.extend(values);
+    }
+    let mut dims = vec![images.len() as i64];
+    dims.extend(shape.unwrap_or_default());
+    Ok((dims, flat))
 }
 
 /// PIL's filter numbers.

@@ -254,29 +254,7 @@ impl Gemma3Processor {
             .collect();
         let pixel_values = match images {
             [] => None,
-            _ => {
-                let mut shape = None;
-                let mut values = Vec::new();
-                for (i, image) in images.iter().enumerate() {
-                    let (s, v) = self.image_processor.process_torchvision(image)?;
-                    match &shape {
-                        None => shape = Some(s),
-                        Some(first) if *first != s => {
-                            return Err(Error::InvalidInput {
-                                name: "images",
-                                detail: format!(
-                                    "image {i} comes out {s:?}, image 0 {first:?}: set the image processor's size as height and width"
-                                ),
-                            });
-                        }
-                        Some(_) => {}
-                    }
-                    values.extend(v);
-                }
-                let mut dims = vec![images.len() as i64];
-                dims.extend(shape.unwrap_or_default());
-                Some((dims, values))
-            }
+            _ => Some(self.image_processor.preprocess_torchvision(images)?),
         };
         Ok(ProcessedExample {
             input_ids,

@@ -26,7 +26,7 @@ use tchtrain_models::{
 };
 use tchtrain_testing::{assert_exact, assets, compare, lock};
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+pub(crate) fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shape mismatch");
     (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
         .abs()
@@ -35,7 +35,7 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// The names of the model's trainable parameters in the var store's creation order.
-fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
+pub(crate) fn parameter_order(model: &dyn PreTrainedModel) -> Vec<String> {
     let vars = model.var_store().variables();
     model
         .var_store()

@@ -22,19 +22,13 @@ use tchtrain_accelerate::AutocastGuard;
 use tchtrain_models::{AutoTask, LoadOptions, ModelInputs, from_pretrained_dir};
 use tchtrain_testing::{assets, lock, temp_dir};
 
+use crate::decoder_families::{max_abs, parameter_order};
+
 fn tensors(path: &std::path::Path) -> Result<HashMap<String, Tensor>> {
     Ok(Tensor::read_safetensors(path)
         .with_context(|| format!("{} (run `cargo xtask setup`)", path.display()))?
         .into_iter()
         .collect())
-}
-
-fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    assert_eq!(a.size(), b.size(), "shape mismatch");
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
 }
 
 #[test]
@@ -59,16 +53,7 @@ fn gemma3_vision_language_model_equals_transformers() -> Result<()> {
         let upstream: Vec<String> =
             serde_json::from_str(&std::fs::read_to_string(dir.join("parameters.json"))?)?;
         let vars = model.var_store().variables();
-        let ours: Vec<String> = model
-            .var_store()
-            .trainable_variables()
-            .iter()
-            .map(|t| {
-                vars.iter()
-                    .find(|(_, v)| v.data_ptr() == t.data_ptr())
-                    .map_or_else(|| "?".to_string(), |(n, _)| n.clone())
-            })
-            .collect();
+        let ours = parameter_order(&*model);
         ensure!(ours == upstream, "{case}: parameter order {ours:?}");
         let r = tensors(&dir.join("forward.safetensors"))?;
         let inputs = ModelInputs {

@@ -427,34 +427,62 @@ impl SFTTrainerBuilder {
             }
             None => None,
         };
-        // The model, in its adapter.
-        let model = wrap_with_adapter(
-            model,
-            inputs.peft_config.take(),
-            config.base.gradient_checkpointing,
-            "SFTTrainer",
-            false,
-        )?;
-        let mut builder = Trainer::builder(model, config.base.clone())
-            .processing_class(tokenizer.clone())
-            .data_collator(DataCollatorForLanguageModeling {
-                pad_token_id,
-                padding_free,
-                pad_to_multiple_of: config.pad_to_multiple_of,
-            })
-            .hooks(SftHooks {
-                metrics: SharedMetrics::default(),
-                loss_type: config.loss_type,
-            })
-            .train_dataset(InMemoryDataset::new(train_rows));
-        if let Some(rows) = eval_rows {
-            builder = builder.eval_dataset(InMemoryDataset::new(rows));
-        }
-        let builder = inputs.configure(builder);
-        Ok(SFTTrainer {
-            trainer: builder.build()?,
-        })
+        let trainer = Trainer::builder(
+            wrap_model(model, &mut inputs, &config)?,
+            config.base.clone(),
+        )
+        .processing_class(tokenizer.clone())
+        .data_collator(DataCollatorForLanguageModeling {
+            pad_token_id,
+            padding_free,
+            pad_to_multiple_of: config.pad_to_multiple_of,
+        });
+        finish(
+            trainer,
+            &config,
+            inputs,
+            InMemoryDataset::new(train_rows),
+            eval_rows.map(InMemoryDataset::new),
+        )
     }
+}
+
+/// The model in its adapter (`peft_config`), checkpointed as the config asks.
+fn wrap_model(
+    model: Box<dyn PreTrainedModel>,
+    inputs: &mut TrainerInputs,
+    config: &SFTConfig,
+) -> Result<Box<dyn TrainableModel>> {
+    wrap_with_adapter(
+        model,
+        inputs.peft_config.take(),
+        config.base.gradient_checkpointing,
+        "SFTTrainer",
+        false,
+    )
+}
+
+/// The Trainer with SFT's hooks, the datasets and the caller's other arguments.
+fn finish(
+    builder: tchtrain_trainer::TrainerBuilder,
+    config: &SFTConfig,
+    mut inputs: TrainerInputs,
+    train: impl tchtrain_data::Dataset + 'static,
+    eval: Option<impl tchtrain_data::Dataset + 'static>,
+) -> Result<SFTTrainer> {
+    let mut builder = builder
+        .hooks(SftHooks {
+            metrics: SharedMetrics::default(),
+            loss_type: config.loss_type,
+        })
+        .train_dataset(train);
+    if let Some(rows) = eval {
+        builder = builder.eval_dataset(rows);
+    }
+    let builder = inputs.configure(builder);
+    Ok(SFTTrainer {
+        trainer: builder.build()?,
+    })
 }
 
 /// `SFTTrainer.__init__` on a vision dataset: TRL's checks, the rows processed when
@@ -537,31 +565,16 @@ fn build_vision(
     };
     let train_rows = rows(train, "train");
     let eval_rows = inputs.eval_dataset.take().map(|t| rows(t, "eval"));
-    let model = wrap_with_adapter(
-        model,
-        inputs.peft_config.take(),
-        config.base.gradient_checkpointing,
-        "SFTTrainer",
-        false,
-    )?;
-    let mut builder = Trainer::builder(model, config.base.clone())
-        .processor((*processor).clone())
-        .data_collator(DataCollatorForVisionLanguageModeling {
-            pad_token_id: tokens.pad_token_id,
-            pad_to_multiple_of: config.pad_to_multiple_of,
-        })
-        .hooks(SftHooks {
-            metrics: SharedMetrics::default(),
-            loss_type: config.loss_type,
-        })
-        .train_dataset(train_rows);
-    if let Some(rows) = eval_rows {
-        builder = builder.eval_dataset(rows);
-    }
-    let builder = inputs.configure(builder);
-    Ok(SFTTrainer {
-        trainer: builder.build()?,
-    })
+    let trainer = Trainer::builder(
+        wrap_model(model, &mut inputs, &config)?,
+        config.base.clone(),
+    )
+    .processor((*processor).clone())
+    .data_collator(DataCollatorForVisionLanguageModeling {
+        pad_token_id: tokens.pad_token_id,
+        pad_to_multiple_of: config.pad_to_multiple_of,
+    });
+    finish(trainer, &config, inputs, train_rows, eval_rows)
 }
 
 /// One tokenized row before its labels: `input_ids`, and the completion mask of a
