@@ -100,6 +100,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// A W&B environment variable (or [`WandbSettings`](crate::WandbSettings) field) holds a
+    /// value this crate cannot honour: why, and what to do instead.
+    #[error("{variable}={value:?}: {reason}")]
+    WandbSetting {
+        /// The environment variable (`WANDB_MODE`, `WANDB_LOG_MODEL`, ...).
+        variable: &'static str,
+        /// Its value (empty when unset).
+        value: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A request to the MLflow tracking server failed: the server answered with an error, or
     /// could not be reached.
     #[error("MLflow {endpoint} at {uri}: {}{message}", .error_code.as_ref().map(|c| format!("{c}: ")).unwrap_or_default())]

@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
 use crate::printer::python_str;
+use crate::protobuf::Proto;
 use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 
 const CRC32C_TABLE: [u32; 256] = {
@@ -57,40 +58,6 @@ pub fn tfrecord(data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(data);
     out.extend_from_slice(&masked_crc32c(data).to_le_bytes());
     out
-}
-
-/// A minimal protobuf encoder: just the wire types an `Event` needs.
-#[derive(Default)]
-struct Proto(Vec<u8>);
-
-impl Proto {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
-    fn key(&mut self, field: u32, wire: u8) {
-        self.varint(((field as u64) << 3) | wire as u64);
-    }
-    fn int(&mut self, field: u32, v: i64) {
-        self.key(field, 0);
-        self.varint(v as u64);
-    }
-    fn double(&mut self, field: u32, v: f64) {
-        self.key(field, 1);
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn float(&mut self, field: u32, v: f32) {
-        self.key(field, 5);
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, field: u32, v: &[u8]) {
-        self.key(field, 2);
-        self.varint(v.len() as u64);
-        self.0.extend_from_slice(v);
-    }
 }
 
 /// `Event { wall_time = 1; step = 2; file_version = 3 | summary = 5 }`.

@@ -6,18 +6,25 @@ use crate::mlflow::MLflowCallback;
 use crate::mlflow_settings::is_mlflow_available;
 use crate::tensorboard::TensorBoardCallback;
 use crate::trainer_callback::TrainerCallback;
+use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 3] = ["mlflow", "tensorboard", "jsonl"];
+pub const SUPPORTED_INTEGRATIONS: [&str; 4] = ["mlflow", "tensorboard", "wandb", "jsonl"];
 
 /// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]: `mlflow`
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
-/// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard` and `jsonl`.
+/// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
+/// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed), and
+/// `jsonl`.
 pub fn get_available_reporting_integrations() -> Vec<&'static str> {
     SUPPORTED_INTEGRATIONS
         .into_iter()
         .filter(|n| *n != "mlflow" || is_mlflow_available())
+        .filter(|n| {
+            *n != "wandb"
+                || std::env::var("WANDB_MODE").is_ok_and(|m| m == "offline" || m == "dryrun")
+        })
         .collect()
 }
 
@@ -50,6 +57,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
             Ok(match n {
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
+                "wandb" => Box::new(WandbCallback::new()?),
                 _ => Box::new(JsonlLoggerCallback::new()),
             })
         })

@@ -62,10 +62,12 @@ mod mlflow_settings;
 mod model_config;
 mod printer;
 mod progress;
+mod protobuf;
 mod tensorboard;
 mod trainer_callback;
 mod trainer_control;
 mod trainer_state;
+mod wandb;
 
 pub use callback_handler::CallbackHandler;
 pub use default_flow::DefaultFlowCallback;
@@ -93,3 +95,4 @@ pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs, sanitiz
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
 pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};
+pub use wandb::{WandbCallback, WandbSettings, crc32};

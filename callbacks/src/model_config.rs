@@ -16,6 +16,9 @@ pub struct ModelConfig {
     pub dict: JsonMap,
     /// Upstream `model.config.to_json_string()`: the text `config.json` holds.
     pub json_string: String,
+    /// Upstream `model.num_parameters()` (W&B logs it as `model/num_parameters`), when the
+    /// Trainer knows the model.
+    pub num_parameters: Option<i64>,
 }
 
 impl ModelConfig {
@@ -25,7 +28,11 @@ impl ModelConfig {
     /// that text with [`ModelConfig::with_json_string`] where it matters).
     pub fn from_dict(dict: JsonMap) -> Self {
         let json_string = dumps(&JsonValue::Object(dict.clone()), Some(2), true) + "\n";
-        Self { dict, json_string }
+        Self {
+            dict,
+            json_string,
+            num_parameters: None,
+        }
     }
 
     /// Parses a JSON object (a `config.json` text, or `to_dict()` dumped as JSON) and keeps
@@ -35,6 +42,7 @@ impl ModelConfig {
             Ok(JsonValue::Object(dict)) => Ok(Self {
                 dict,
                 json_string: text.to_string(),
+                num_parameters: None,
             }),
             Ok(other) => Err(Error::FieldType {
                 what: "model config".into(),
@@ -53,6 +61,12 @@ impl ModelConfig {
     /// `to_dict()`), through [`ModelConfig::from_dict`].
     pub fn from_json_value(value: &serde_json::Value) -> Result<Self> {
         Self::from_json(&value.to_string()).map(|c| Self::from_dict(c.dict))
+    }
+
+    /// The same config with the model's parameter count.
+    pub fn with_num_parameters(mut self, n: i64) -> Self {
+        self.num_parameters = Some(n);
+        self
     }
 
     /// The same dict with `json_string` as the text.

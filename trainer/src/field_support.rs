@@ -72,7 +72,7 @@ const fn refused(field: &'static str, why: &'static str) -> FieldSupport {
 
 const HUB_ONLY: &str =
     "read only when uploading to the Hub (`push_to_hub`), which this build refuses";
-const TRACKERS_ONLY: &str = "read only by the wandb / trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard, mlflow and jsonl do not read it, as upstream's TensorBoardCallback and MLflowCallback)";
+const TRACKERS_ONLY: &str = "read only by the trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard, mlflow, wandb and jsonl do not read it, as upstream's TensorBoardCallback, MLflowCallback and WandbCallback)";
 
 /// Every `TrainingArguments` field and what the Trainer does with it, in upstream's order.
 pub static FIELD_SUPPORT: &[FieldSupport] = &[
@@ -245,8 +245,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         &[
             "report_to_selects_loggers",
             "mlflow_callback_logs_what_upstream_logs_to_a_real_server",
+            "wandb_callback_writes_what_upstream_writes",
         ],
-        "`mlflow` (to a tracking server over HTTP), `tensorboard` and `jsonl`; the other integrations upstream knows (wandb, comet_ml, ...) are refused by name",
+        "`mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused) and `jsonl`; the other integrations upstream knows (trackio, comet_ml, ...) are refused by name",
     ),
     h(
         "run_name",

@@ -556,7 +556,9 @@ impl TrainerBuilder {
         let mut callback_handler = CallbackHandler::new(callbacks);
         if let Some(pretrained) = model.as_pretrained() {
             let config = pretrained.config().to_json_value()?;
-            callback_handler.set_model_config(ModelConfig::from_json_value(&config)?);
+            callback_handler.set_model_config(
+                ModelConfig::from_json_value(&config)?.with_num_parameters(model.num_parameters()),
+            );
         }
         let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {

@@ -429,11 +429,22 @@ fn report_to_selects_loggers() {
             );
         }
     }
-    let err = get_reporting_integration_callbacks(&["wandb"])
+    // wandb: offline runs only; online mode is refused naming WANDB_MODE.
+    if std::env::var_os("WANDB_MODE").is_none() {
+        let err = get_reporting_integration_callbacks(&["wandb"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("WANDB_MODE=\"\"") && err.contains("wandb sync"),
+            "{err}"
+        );
+    }
+    let err = get_reporting_integration_callbacks(&["comet_ml"])
         .err()
         .unwrap();
     assert!(
-        err.to_string().contains("wandb") && err.to_string().contains("tensorboard"),
+        err.to_string().contains("comet_ml") && err.to_string().contains("wandb"),
         "{err}"
     );
 }

@@ -4,3 +4,4 @@ mod common;
 mod handler_and_loggers;
 mod mlflow;
 mod upstream_parity;
+mod wandb;

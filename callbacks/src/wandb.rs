@@ -1,0 +1,707 @@
+//! `WandbCallback` (upstream integrations/integration_utils.py) in W&B's offline mode: the run
+//! written as wandb 0.31 writes an offline run — a folder
+//! `<WANDB_DIR>/wandb/offline-run-<YYYYMMDD_HHMMSS>-<id>/` holding `run-<id>.wandb`, the run's
+//! transaction log (`wandb.proto` `Record`s in LevelDB's log framing: a `:W&B` header, 32 KiB
+//! blocks, each record with its CRC-32, length and fragment type), which `wandb sync` uploads.
+//!
+//! What upstream's callback logs goes in the same records: the run (`WANDB_PROJECT`, the run
+//! name, ...), the config (`{**model.config.to_dict(), **args.to_dict()}` and
+//! `model/num_parameters`), `define_metric("train/global_step")` and every other metric
+//! stepped by it, each `on_log` as a history row (`rewrite_logs`: `train/`, `eval/`, `test/`
+//! keys, `train/global_step`) with the summary updated, the single-value scalars
+//! (`train_runtime`, `total_flos`, ...) in the summary alone, `on_predict`'s metrics as a row,
+//! and the exit record when the callback is dropped (upstream's run finishes at the process's
+//! exit). Only the first process writes.
+//!
+//! Refused with the reason (the environment variables upstream's callback and the `wandb`
+//! package read): online mode (`WANDB_MODE` unset or `online`: uploading as the run goes is
+//! not implemented; set `WANDB_MODE=offline` and `wandb sync` the folder), `WANDB_LOG_MODEL`
+//! `end` / `checkpoint` (model artifacts), `WANDB_WATCH` `gradients` / `parameters` / `all`
+//! (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tchtrain_training_args::{JsonMap, JsonValue, TrainingArguments, dumps};
+
+use crate::args_dict::args_to_dict;
+use crate::error::{Error, Result};
+use crate::model_config::ModelConfig;
+use crate::protobuf::Proto;
+use crate::tensorboard::rewrite_logs;
+use crate::trainer_callback::TrainerCallback;
+use crate::trainer_control::TrainerControl;
+use crate::trainer_state::TrainerState;
+
+/// The logs upstream's `on_log` puts in the summary only.
+const SINGLE_VALUE_SCALARS: [&str; 5] = [
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "total_flos",
+];
+
+/// The step metric upstream's callback defines.
+const STEP_METRIC: &str = "train/global_step";
+
+/// What `WandbCallback` reads from the environment (upstream's callback and the `wandb`
+/// package's settings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WandbSettings {
+    /// `WANDB_PROJECT` (`huggingface`).
+    pub project: String,
+    /// `WANDB_DIR`: where the `wandb/` folder goes (the working directory by default).
+    pub dir: PathBuf,
+    /// `WANDB_RUN_ID` (8 random lowercase letters and digits by default).
+    pub run_id: Option<String>,
+    /// `WANDB_NAME`: the run's name when the arguments give no `run_name`.
+    pub name: Option<String>,
+    /// `WANDB_ENTITY`.
+    pub entity: Option<String>,
+    /// `WANDB_RUN_GROUP`.
+    pub run_group: Option<String>,
+    /// `WANDB_JOB_TYPE`.
+    pub job_type: Option<String>,
+    /// `WANDB_NOTES`.
+    pub notes: Option<String>,
+    /// `WANDB_TAGS` (comma-separated).
+    pub tags: Vec<String>,
+    /// `WANDB_MODE=disabled` or `WANDB_DISABLED` true: nothing is written.
+    pub disabled: bool,
+}
+
+fn setting(variable: &'static str, value: &str, reason: &str) -> Error {
+    Error::WandbSetting {
+        variable,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl WandbSettings {
+    /// Offline settings writing under `dir`, the rest at their defaults.
+    pub fn offline(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            project: "huggingface".into(),
+            dir: dir.into(),
+            run_id: None,
+            name: None,
+            entity: None,
+            run_group: None,
+            job_type: None,
+            notes: None,
+            tags: Vec::new(),
+            disabled: false,
+        }
+    }
+
+    /// Reads the environment; refuses what is not implemented (see the module's
+    /// documentation), and warns as upstream on an unknown `WANDB_LOG_MODEL`.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over `lookup` (an environment given as a function).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let mode = var("WANDB_MODE").unwrap_or_default();
+        let disabled_flag = var("WANDB_DISABLED")
+            .is_some_and(|v| matches!(v.to_lowercase().as_str(), "true" | "1" | "yes"));
+        let disabled = mode == "disabled" || disabled_flag;
+        if !disabled && !matches!(mode.as_str(), "offline" | "dryrun") {
+            return Err(setting(
+                "WANDB_MODE",
+                &mode,
+                "W&B's online mode (uploading the run as it goes) is not implemented here; set WANDB_MODE=offline, and upload the run folder afterwards with `wandb sync <folder>`",
+            ));
+        }
+        match var("WANDB_LOG_MODEL").map(|v| v.to_lowercase()).as_deref() {
+            None | Some("false") => {}
+            Some(v @ ("end" | "checkpoint")) => {
+                return Err(setting(
+                    "WANDB_LOG_MODEL",
+                    v,
+                    "logging the model as W&B artifacts is not implemented here; unset it (the model is in output_dir)",
+                ));
+            }
+            Some(other) => log::warn!(
+                "Received unrecognized `WANDB_LOG_MODEL` setting value={other}; so disabling `WANDB_LOG_MODEL`"
+            ),
+        }
+        if let Some(w) =
+            var("WANDB_WATCH").filter(|w| matches!(w.as_str(), "all" | "parameters" | "gradients"))
+        {
+            return Err(setting(
+                "WANDB_WATCH",
+                &w,
+                "wandb.watch's gradient and parameter histograms are not implemented here; unset it",
+            ));
+        }
+        if let Some(r) = var("WANDB_RESUME") {
+            return Err(setting(
+                "WANDB_RESUME",
+                &r,
+                "resuming a W&B run is not implemented here; unset it (a new run is written)",
+            ));
+        }
+        let dir = match var("WANDB_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => std::env::current_dir().map_err(|e| Error::Io {
+                action: "reading",
+                path: PathBuf::from("."),
+                source: e,
+            })?,
+        };
+        Ok(Self {
+            project: var("WANDB_PROJECT").unwrap_or_else(|| "huggingface".into()),
+            dir,
+            run_id: var("WANDB_RUN_ID"),
+            name: var("WANDB_NAME"),
+            entity: var("WANDB_ENTITY"),
+            run_group: var("WANDB_RUN_GROUP"),
+            job_type: var("WANDB_JOB_TYPE"),
+            notes: var("WANDB_NOTES"),
+            tags: var("WANDB_TAGS")
+                .map(|t| {
+                    t.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            disabled,
+        })
+    }
+}
+
+const CRC32_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+            k += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// CRC-32 (zlib's), what the transaction log checks each fragment with.
+pub fn crc32(parts: &[&[u8]]) -> u32 {
+    let mut crc = !0u32;
+    for part in parts {
+        for &b in *part {
+            crc = CRC32_TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
+        }
+    }
+    !crc
+}
+
+/// The transaction log's block size.
+const BLOCK: usize = 32 * 1024;
+/// A fragment's header: CRC-32 (of the type byte and the data), length, type.
+const FRAGMENT_HEADER: usize = 7;
+
+/// A W&B transaction log being written (`run-<id>.wandb`).
+struct TransactionLog {
+    file: File,
+    path: PathBuf,
+    /// Bytes written so far (the header included).
+    offset: usize,
+}
+
+impl TransactionLog {
+    fn create(path: &Path) -> Result<Self> {
+        let io = |e| Error::Io {
+            action: "writing",
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let mut file = File::create(path).map_err(io)?;
+        // `:W&B`, magic 0xBEE1 (little-endian), version 0.
+        file.write_all(b":W&B\xe1\xbe\x00").map_err(io)?;
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            offset: 7,
+        })
+    }
+
+    /// One record, split into fragments (full, or first / middle / last) that do not cross a
+    /// block, a block's tail too short for a fragment header padded with zeros.
+    fn append(&mut self, record: &[u8]) -> Result<()> {
+        let mut out = Vec::with_capacity(record.len() + 2 * FRAGMENT_HEADER);
+        let mut rest = record;
+        let mut first = true;
+        loop {
+            let left = BLOCK - self.offset % BLOCK;
+            if left < FRAGMENT_HEADER {
+                out.extend(std::iter::repeat_n(0u8, left));
+                self.offset += left;
+                continue;
+            }
+            let room = left - FRAGMENT_HEADER;
+            let take = rest.len().min(room);
+            let last = take == rest.len();
+            let kind: u8 = match (first, last) {
+                (true, true) => 1,
+                (true, false) => 2,
+                (false, false) => 3,
+                (false, true) => 4,
+            };
+            let (chunk, tail) = rest.split_at(take);
+            out.extend_from_slice(&crc32(&[&[kind], chunk]).to_le_bytes());
+            out.extend_from_slice(&(take as u16).to_le_bytes());
+            out.push(kind);
+            out.extend_from_slice(chunk);
+            self.offset += FRAGMENT_HEADER + take;
+            rest = tail;
+            first = false;
+            if last {
+                break;
+            }
+        }
+        self.file
+            .write_all(&out)
+            .and_then(|()| self.file.flush())
+            .map_err(|e| Error::Io {
+                action: "writing",
+                path: self.path.clone(),
+                source: e,
+            })
+    }
+}
+
+/// `ConfigItem` / `SummaryItem` / `HistoryItem`: `key` (or the `nested_key` path) and
+/// `value_json`.
+fn item(keys: &[&str], value_json: &str) -> Proto {
+    let mut p = Proto::default();
+    match keys {
+        [key] => p.string(1, key),
+        _ => {
+            for k in keys {
+                p.string(2, k);
+            }
+        }
+    }
+    p.string(16, value_json);
+    p
+}
+
+/// `json.dumps` of one value, compact as wandb writes it.
+fn value_json(v: &JsonValue) -> String {
+    dumps(v, None, false)
+}
+
+/// UTC `YYYYMMDD_HHMMSS` of `secs` since the epoch.
+fn timestamp_name(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}_{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// wandb's `generate_id()`: 8 characters of `[a-z0-9]`.
+fn generate_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut state = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 32);
+    (0..8)
+        .map(|_| {
+            // splitmix64
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            ALPHABET[(z % ALPHABET.len() as u64) as usize] as char
+        })
+        .collect()
+}
+
+/// An open offline run.
+struct Run {
+    log: TransactionLog,
+    dir: PathBuf,
+    id: String,
+    num: i64,
+    step: i64,
+    start: f64,
+    /// The last `train/global_step` logged: `step_sync` adds it to a row without one.
+    global_step: Option<JsonValue>,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl Run {
+    /// `Record { num = 1; <kind> = field; _info = 200 { stream_id = 1 } }`.
+    fn record(&mut self, field: u32, body: &Proto) -> Result<()> {
+        self.num += 1;
+        let mut r = Proto::default();
+        r.int(1, self.num);
+        r.message(field, body);
+        let mut info = Proto::default();
+        info.string(1, &self.id);
+        r.message(200, &info);
+        self.log.append(&r.0)
+    }
+
+    fn config(&mut self, entries: &JsonMap) -> Result<()> {
+        let mut c = Proto::default();
+        for (k, v) in entries.iter() {
+            c.message(1, &item(&[k], &value_json(v)));
+        }
+        self.record(5, &c)
+    }
+
+    fn summary(&mut self, entries: &[(Vec<&str>, String)]) -> Result<()> {
+        let mut s = Proto::default();
+        for (keys, v) in entries {
+            s.message(1, &item(keys, v));
+        }
+        self.record(3, &s)
+    }
+
+    /// `wandb.log(row)`: the history row with `_step`, `_runtime`, `_timestamp`, and the
+    /// summary updated with it.
+    fn log(&mut self, row: &JsonMap) -> Result<()> {
+        // `define_metric("*", step_metric="train/global_step", step_sync=True)`: a row
+        // without the step metric gets its last value (wandb-core's step sync).
+        let mut row = row.clone();
+        match row.get(STEP_METRIC) {
+            Some(v) => self.global_step = Some(v.clone()),
+            None => {
+                if let Some(v) = &self.global_step {
+                    row.insert(STEP_METRIC, v.clone());
+                }
+            }
+        }
+        let row = &row;
+        let t = now();
+        let mut items: Vec<(Vec<&str>, String)> =
+            row.iter().map(|(k, v)| (vec![k], value_json(v))).collect();
+        items.push((vec!["_timestamp"], value_json(&JsonValue::Float(t))));
+        items.push((
+            vec!["_runtime"],
+            value_json(&JsonValue::Float(t - self.start)),
+        ));
+        items.push((vec!["_step"], self.step.to_string()));
+        self.summary(&items)?;
+        let mut h = Proto::default();
+        for (keys, v) in &items {
+            // History items are flat keys, written as a one-element `nested_key`.
+            let mut i = Proto::default();
+            for k in keys {
+                i.string(2, k);
+            }
+            i.string(16, v);
+            h.message(1, &i);
+        }
+        let mut step = Proto::default();
+        if self.step != 0 {
+            step.int(1, self.step);
+        }
+        h.message(2, &step);
+        self.step += 1;
+        self.record(2, &h)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let runtime = (now() - self.start).max(0.0);
+        self.summary(&[
+            (vec!["_wandb", "runtime"], (runtime as i64).to_string()),
+            (vec!["_runtime"], (runtime as i64).to_string()),
+        ])?;
+        let mut exit = Proto::default();
+        exit.int(2, runtime as i64);
+        self.record(18, &exit)
+    }
+}
+
+/// Upstream `WandbCallback`, writing offline runs (see the module's documentation).
+pub struct WandbCallback {
+    settings: WandbSettings,
+    model_config: Option<ModelConfig>,
+    run: Option<Run>,
+    initialized: bool,
+}
+
+impl std::fmt::Debug for WandbCallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WandbCallback")
+            .field("settings", &self.settings)
+            .field("run_dir", &self.run_dir())
+            .finish()
+    }
+}
+
+impl WandbCallback {
+    /// The callback with the environment's settings ([`WandbSettings::from_env`]).
+    pub fn new() -> Result<Self> {
+        Ok(Self::with_settings(WandbSettings::from_env()?))
+    }
+
+    /// The callback with explicit settings.
+    pub fn with_settings(settings: WandbSettings) -> Self {
+        Self {
+            settings,
+            model_config: None,
+            run: None,
+            initialized: false,
+        }
+    }
+
+    /// The run's folder, once the run has started.
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.run.as_ref().map(|r| r.dir.as_path())
+    }
+
+    /// Upstream `setup`: `wandb.init(project, name=run_name)`, the config, the step metric,
+    /// the parameter count.
+    pub fn setup(&mut self, args: &TrainingArguments, state: &TrainerState) -> Result<()> {
+        self.initialized = true;
+        if self.settings.disabled || !state.is_world_process_zero {
+            return Ok(());
+        }
+        let s = &self.settings;
+        let id = s.run_id.clone().unwrap_or_else(generate_id);
+        let start = now();
+        let root = s.dir.join("wandb");
+        let dir = root.join(format!("offline-run-{}-{id}", timestamp_name(start as i64)));
+        for sub in ["files", "logs", "tmp"] {
+            let d = dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(|e| Error::Io {
+                action: "creating",
+                path: d,
+                source: e,
+            })?;
+        }
+        let latest = root.join("latest-run");
+        let _ = std::fs::remove_file(&latest);
+        #[cfg(unix)]
+        let _ = std::os::unix::fs::symlink(dir.file_name().unwrap_or_default(), &latest);
+        let log = TransactionLog::create(&dir.join(format!("run-{id}.wandb")))?;
+        let mut run = Run {
+            log,
+            dir,
+            id: id.clone(),
+            num: 0,
+            step: 0,
+            start,
+            global_step: None,
+        };
+        // HeaderRecord { version_info { producer, min_consumer } }.
+        let mut version = Proto::default();
+        version.string(1, concat!("tchtrain ", env!("CARGO_PKG_VERSION")));
+        version.string(2, "0.70.0");
+        let mut header = Proto::default();
+        header.message(1, &version);
+        run.record(21, &header)?;
+        // RunRecord.
+        let mut r = Proto::default();
+        r.string(1, &id);
+        if let Some(e) = &s.entity {
+            r.string(2, e);
+        }
+        r.string(3, &s.project);
+        let mut config = Proto::default();
+        config.message(1, &item(&["_wandb"], "{}"));
+        r.message(4, &config);
+        if let Some(g) = &s.run_group {
+            r.string(6, g);
+        }
+        if let Some(j) = &s.job_type {
+            r.string(7, j);
+        }
+        if let Some(name) = args.run_name.as_ref().or(s.name.as_ref()) {
+            r.string(8, name);
+        }
+        if let Some(n) = &s.notes {
+            r.string(9, n);
+        }
+        for t in &s.tags {
+            r.string(10, t);
+        }
+        r.string(13, &crate::event_file::hostname());
+        let mut time = Proto::default();
+        time.int(1, start as i64);
+        time.int(2, ((start.fract()) * 1e9) as i64);
+        r.message(17, &time);
+        run.record(17, &r)?;
+        // `config.update({**model_config, **args.to_dict()})`.
+        let mut combined = self
+            .model_config
+            .as_ref()
+            .map(|c| c.dict.clone())
+            .unwrap_or_default();
+        for (k, v) in args_to_dict(args) {
+            combined.insert(k, v);
+        }
+        run.config(&combined)?;
+        // `define_metric("train/global_step")`, `define_metric("*", step_metric=...,
+        // step_sync=True)`.
+        let mut options = Proto::default();
+        options.bool(3, true);
+        let mut m = Proto::default();
+        m.string(1, "train/global_step");
+        m.message(6, &options);
+        run.record(12, &m)?;
+        let mut options = Proto::default();
+        options.bool(1, true);
+        options.bool(3, true);
+        let mut m = Proto::default();
+        m.string(2, "*");
+        m.string(4, "train/global_step");
+        m.message(6, &options);
+        run.record(12, &m)?;
+        // `config["model/num_parameters"] = model.num_parameters()`.
+        if let Some(n) = self.model_config.as_ref().and_then(|c| c.num_parameters) {
+            let mut entry = JsonMap::new();
+            entry.insert("model/num_parameters", JsonValue::Int(n));
+            run.config(&entry)?;
+        }
+        self.run = Some(run);
+        Ok(())
+    }
+}
+
+impl TrainerCallback for WandbCallback {
+    fn set_model_config(&mut self, config: &ModelConfig) {
+        self.model_config = Some(config.clone());
+    }
+
+    fn on_train_begin(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> Result<()> {
+        if !self.initialized {
+            self.setup(args, state)?;
+        }
+        Ok(())
+    }
+
+    fn on_log(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+        logs: &JsonMap,
+    ) -> Result<()> {
+        if !self.initialized {
+            self.setup(args, state)?;
+        }
+        let Some(run) = self.run.as_mut() else {
+            return Ok(());
+        };
+        let scalars: Vec<(Vec<&str>, String)> = logs
+            .iter()
+            .filter(|(k, _)| SINGLE_VALUE_SCALARS.contains(k))
+            .map(|(k, v)| (vec![k], value_json(v)))
+            .collect();
+        if !scalars.is_empty() {
+            run.summary(&scalars)?;
+        }
+        let rest: JsonMap = logs
+            .iter()
+            .filter(|(k, _)| !SINGLE_VALUE_SCALARS.contains(k))
+            .map(|(k, v)| (k, v.clone()))
+            .collect();
+        let mut row = rewrite_logs(&rest);
+        row.insert(
+            "train/global_step",
+            JsonValue::Int(state.global_step as i64),
+        );
+        run.log(&row)
+    }
+
+    fn on_predict(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+        metrics: &JsonMap,
+    ) -> Result<()> {
+        if !self.initialized {
+            self.setup(args, state)?;
+        }
+        match self.run.as_mut() {
+            Some(run) => run.log(&rewrite_logs(metrics)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for WandbCallback {
+    /// The run finishes (its runtime in the summary, the exit record), as upstream's at the
+    /// process's exit.
+    fn drop(&mut self) {
+        if let Some(mut run) = self.run.take()
+            && let Err(e) = run.finish()
+        {
+            log::warn!("W&B: finishing the run in {}: {e}", run.dir.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_is_zlibs() {
+        assert_eq!(crc32(&[b"123456789"]), 0xcbf4_3926);
+        assert_eq!(crc32(&[b"1234", b"56789"]), 0xcbf4_3926);
+    }
+
+    #[test]
+    fn records_longer_than_a_block_are_fragmented() {
+        let dir = std::env::temp_dir().join(format!("tchtrain-wandb-frag-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.wandb");
+        let mut log = TransactionLog::create(&path).unwrap();
+        log.append(&vec![7u8; 40_000]).unwrap();
+        log.append(&vec![9u8; 10]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        // first fragment fills block 0, the last one starts block 1.
+        assert_eq!(bytes[7 + 6], 2);
+        assert_eq!(bytes[BLOCK + 6], 4);
+        let first = BLOCK - 7 - 7;
+        let last = u16::from_le_bytes([bytes[BLOCK + 4], bytes[BLOCK + 5]]) as usize;
+        assert_eq!(first + last, 40_000);
+        assert_eq!(timestamp_name(1_796_079_478), "20261130_225758");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

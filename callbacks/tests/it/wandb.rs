@@ -1,0 +1,215 @@
+//! WandbCallback against upstream's in W&B's offline mode (scripts/reference/wandb_callback.py:
+//! transformers' WandbCallback driven through wandb 0.31 with the same arguments, model config,
+//! logs and prediction metrics). Our run's transaction log (`run-<id>.wandb`) is read with the
+//! wandb package's own record definitions (`scripts/reference/_wandb_records.py`, run by the
+//! setup virtualenv's python) and must hold what upstream's holds: the run's project and name,
+//! the config, the step metric definitions, every history row, the summary and the exit record
+//! (timing values excepted); `wandb sync --dry-run` must take the folder as a run to upload.
+//! Numbers are compared as floats (wandb-core rewrites `2.0` as `2`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use tchtrain_callbacks::{
+    JsonValue, ModelConfig, TrainerCallback, TrainerControl, TrainerState, WandbCallback,
+    WandbSettings, dumps, loads,
+};
+use tchtrain_training_args::TrainingArguments;
+
+use crate::common::temp_dir;
+
+fn python() -> PathBuf {
+    PathBuf::from(std::env::var_os("TCHTRAIN_VENV_PYTHON").unwrap_or_else(|| {
+        panic!("TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with wandb); run `cargo xtask setup`")
+    }))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn reference() -> Value {
+    let assets =
+        std::env::var_os("TCHTRAIN_ASSETS").expect("TCHTRAIN_ASSETS names the assets folder");
+    let path = Path::new(&assets).join("reference/wandb_callback/wandb_callback.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn args_from(kwargs: &Value) -> TrainingArguments {
+    TrainingArguments::from_dict(kwargs.as_object().unwrap().clone())
+        .unwrap()
+        .args
+}
+
+fn json_map(v: &Value) -> tchtrain_callbacks::JsonMap {
+    match loads(&v.to_string()).unwrap() {
+        JsonValue::Object(m) => m,
+        other => panic!("not an object: {}", dumps(&other, None, false)),
+    }
+}
+
+/// Equal JSON, numbers compared as floats.
+fn same(a: &Value, b: &Value, at: &str) -> Result<(), String> {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => (x.as_f64() == y.as_f64())
+            .then_some(())
+            .ok_or(format!("{at}: {x} vs {y}")),
+        (Value::Object(x), Value::Object(y)) => {
+            let mut kx: Vec<_> = x.keys().collect();
+            let mut ky: Vec<_> = y.keys().collect();
+            kx.sort();
+            ky.sort();
+            if kx != ky {
+                return Err(format!("{at}: keys {kx:?} vs {ky:?}"));
+            }
+            for k in kx {
+                same(&x[k], &y[k], &format!("{at}.{k}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            if x.len() != y.len() {
+                return Err(format!("{at}: {} items vs {}", x.len(), y.len()));
+            }
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                same(p, q, &format!("{at}[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ => (a == b).then_some(()).ok_or(format!("{at}: {a} vs {b}")),
+    }
+}
+
+fn settings(env: &[(String, String)]) -> tchtrain_callbacks::Result<WandbSettings> {
+    WandbSettings::from_lookup(|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+}
+
+#[test]
+fn wandb_callback_writes_what_upstream_writes() {
+    let reference = reference();
+    for case in reference["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let dir = temp_dir(&format!("wandb-{name}"));
+        let mut env: Vec<(String, String)> = case["env"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .collect();
+        env.push(("WANDB_MODE".into(), "offline".into()));
+        env.push(("WANDB_DIR".into(), dir.display().to_string()));
+        let mut callback = WandbCallback::with_settings(settings(&env).unwrap());
+        let args = args_from(&case["args"]);
+        let config = ModelConfig::from_json_value(&case["model_config"])
+            .unwrap()
+            .with_num_parameters(case["num_parameters"].as_i64().unwrap());
+        callback.set_model_config(&config);
+        let mut state = TrainerState::default();
+        let mut control = TrainerControl::default();
+        callback
+            .on_train_begin(&args, &state, &mut control)
+            .unwrap();
+        for entry in case["logs"].as_array().unwrap() {
+            state.global_step = entry[0].as_u64().unwrap() as _;
+            callback
+                .on_log(&args, &state, &mut control, &json_map(&entry[1]))
+                .unwrap();
+        }
+        callback
+            .on_predict(&args, &state, &mut control, &json_map(&case["predict"]))
+            .unwrap();
+        callback.on_train_end(&args, &state, &mut control).unwrap();
+        let run_dir = callback.run_dir().unwrap().to_path_buf();
+        drop(callback);
+        assert!(
+            run_dir
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("offline-run-"),
+            "{}",
+            run_dir.display()
+        );
+        let file = std::fs::read_dir(&run_dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "wandb"))
+            .expect("a run-<id>.wandb file");
+        let out = Command::new(python())
+            .arg(repo().join("scripts/reference/_wandb_records.py"))
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: wandb's reader failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if let Err(e) = same(&ours, &case["run"], name) {
+            panic!("{name}: {e}");
+        }
+        // `wandb sync` takes the folder as an offline run to upload.
+        let wandb = python().parent().unwrap().join("wandb");
+        let out = Command::new(&wandb)
+            .args(["sync", "--dry-run"])
+            .arg(&run_dir)
+            .env("WANDB_MODE", "offline")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("Would sync 1 run(s)"), "{name}: {text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn wandb_settings_refuse_what_is_not_implemented() {
+    let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    for (pairs, variable) in [
+        (&[][..], "WANDB_MODE"),
+        (&[("WANDB_MODE", "online")][..], "WANDB_MODE"),
+        (
+            &[("WANDB_MODE", "offline"), ("WANDB_LOG_MODEL", "end")][..],
+            "WANDB_LOG_MODEL",
+        ),
+        (
+            &[("WANDB_MODE", "offline"), ("WANDB_WATCH", "all")][..],
+            "WANDB_WATCH",
+        ),
+        (
+            &[("WANDB_MODE", "offline"), ("WANDB_RESUME", "allow")][..],
+            "WANDB_RESUME",
+        ),
+    ] {
+        let err = settings(&env(pairs)).unwrap_err().to_string();
+        assert!(err.starts_with(variable), "{pairs:?}: {err}");
+    }
+    // Disabled: nothing is written.
+    let dir = temp_dir("wandb-disabled");
+    let s = settings(&env(&[
+        ("WANDB_MODE", "disabled"),
+        ("WANDB_DIR", &dir.display().to_string()),
+    ]))
+    .unwrap();
+    let mut callback = WandbCallback::with_settings(s);
+    let state = TrainerState::default();
+    callback
+        .on_train_begin(
+            &TrainingArguments::default(),
+            &state,
+            &mut TrainerControl::default(),
+        )
+        .unwrap();
+    assert!(callback.run_dir().is_none());
+    assert!(!dir.join("wandb").exists());
+}
