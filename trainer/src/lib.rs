@@ -25,6 +25,7 @@ mod logging;
 mod memory_tracker;
 mod metrics;
 mod model_info;
+mod modelcard;
 mod numpy_mean;
 mod prediction;
 mod preflight;
@@ -62,6 +63,10 @@ pub use metrics::{
     TrainOutput, speed_metrics,
 };
 pub use model_info::{floating_point_ops, named_parameters, num_parameters, parameters};
+pub use modelcard::{
+    ModelCardOptions, TrainingSummary, extract_hyperparameters, make_markdown_table,
+    parse_log_history, task_of_class,
+};
 pub use results::metrics_format;
 pub use save_failure::{SaveFailure, SaveFailureKind};
 pub use seq2seq::{Seq2SeqHooks, Seq2SeqTrainer};

@@ -85,6 +85,36 @@ impl Trainer {
         Ok(dir)
     }
 
+    /// Upstream `create_model_card`: the model card (see [`TrainingSummary`]) written as
+    /// `README.md` in `output_dir`, by the first process only. The model's
+    /// `config._name_or_path` (when its config carries one) is the default `finetuned_from`;
+    /// the example scripts pass `finetuned_from` as upstream's do.
+    pub fn create_model_card(&self, options: crate::ModelCardOptions) -> Result<()> {
+        if !self.is_world_process_zero() {
+            return Ok(());
+        }
+        let name_or_path = match self.model.as_pretrained() {
+            Some(p) => p
+                .config()
+                .to_json_value()?
+                .get("_name_or_path")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            None => None,
+        };
+        let summary = crate::TrainingSummary::from_parts(
+            &self.args,
+            &self.state.log_history,
+            self.model.model_name(),
+            name_or_path.as_deref(),
+            options,
+        );
+        crate::modelcard::write_model_card(
+            Path::new(self.args.output_dir()),
+            &summary.to_model_card(),
+        )
+    }
+
     /// Upstream `save_state`: `trainer_state.json` in `output_dir`.
     pub fn save_state(&mut self) -> Result<()> {
         if !self.args.should_save() {

@@ -23,6 +23,7 @@ mod fsdp_half;
 mod gpu;
 mod hooks;
 mod interop;
+mod model_card;
 mod optimizers;
 mod parity;
 mod sampling;
