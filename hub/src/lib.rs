@@ -25,6 +25,7 @@ mod constants;
 mod error;
 mod file_download;
 mod hf_api;
+mod upload;
 
 pub use constants::{DEFAULT_ENDPOINT, HubOptions, is_true};
 pub use error::{Error, Result};
@@ -33,3 +34,4 @@ pub use file_download::{
     repo_cache_dir, repo_folder_name, try_to_load_from_cache,
 };
 pub use hf_api::{RepoInfo, cached_repo_info, repo_info};
+pub use upload::{CommitInfo, UploadFolder, create_repo, fnmatch, upload_folder};

@@ -8,10 +8,23 @@
 //! - errors as the hub sends them: `X-Error-Code: RepoNotFound` (401), `RevisionNotFound`
 //!   and `EntryNotFound` (404).
 //!
+//! and, for pushes (huggingface_hub's `create_repo` / `upload_folder`):
+//!
+//! - `POST /api/repos/create` (`name`, `organization`, `private`): the repository, empty, at
+//!   `main` (409 when it exists); a name alone goes into the namespace `tchtrain-user`;
+//! - `POST /api/models/{id}/preupload/{rev}`: `lfs` for weights (`*.safetensors`, `*.bin`,
+//!   `*.pt`, `*.pth`, ...), files of 10 MiB or more and binary samples, else `regular`;
+//! - `POST /{id}.git/info/lfs/objects/batch` and `PUT /lfs-upload/{oid}` (its sha256 checked);
+//! - `POST /api/models/{id}/commit/{rev}` (NDJSON: header, `file`, `lfsFile`): the files
+//!   written into the revision, which then has a new commit hash and serves them
+//!   ([`HubServer::commits`] lists what each commit held; [`HubServer::fail_commits`] makes
+//!   commits fail with a 500, as an outage would).
+//!
 //! Revisions in paths may be percent-encoded (`refs%2Fconvert%2Fparquet`). Every request is
 //! logged with its `Authorization` header ([`HubServer::requests`]). The server stops when
 //! dropped or on [`HubServer::stop`]; connections are refused after that.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -44,6 +57,23 @@ pub struct HubRequest {
     pub path: String,
     /// The `Authorization` header's value, if any.
     pub authorization: Option<String>,
+}
+
+/// One commit pushed to the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedCommit {
+    /// The repository.
+    pub repo_id: String,
+    /// The branch.
+    pub revision: String,
+    /// The commit's summary (`commit_message`).
+    pub message: String,
+    /// The files it added, in order (repository paths).
+    pub files: Vec<String>,
+    /// Those of them uploaded through LFS.
+    pub lfs_files: Vec<String>,
+    /// Its hash.
+    pub oid: String,
 }
 
 /// The repositories a [`HubServer`] will serve.
@@ -85,9 +115,19 @@ impl HubServerBuilder {
     pub fn start(self) -> HubServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
         let addr = listener.local_addr().expect("the bound address");
+        let pushed_root = std::env::temp_dir().join(format!(
+            "tchtrain-hub-server-{}-{}",
+            std::process::id(),
+            addr.port()
+        ));
         let state = Arc::new(State {
-            revisions: self.revisions,
+            revisions: Mutex::new(self.revisions),
             log: Mutex::new(Vec::new()),
+            endpoint: format!("http://{addr}"),
+            pushed_root,
+            commits: Mutex::new(Vec::new()),
+            lfs: Mutex::new(HashMap::new()),
+            fail_commits: AtomicBool::new(false),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let (state2, stop2) = (state.clone(), stop.clone());
@@ -142,10 +182,35 @@ impl HubServer {
     /// The commit hash served for `repo_id` at `revision`.
     pub fn commit(&self, repo_id: &str, revision: &str) -> Option<String> {
         self.state
-            .revisions
+            .revisions()
             .iter()
             .find(|r| r.repo_id == repo_id && r.revision == revision)
             .map(|r| r.commit.clone())
+    }
+
+    /// The commits pushed so far, in order.
+    pub fn commits(&self) -> Vec<PushedCommit> {
+        self.state
+            .commits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A pushed file's bytes at the head of `revision`.
+    pub fn pushed_file(&self, repo_id: &str, revision: &str, path: &str) -> Option<Vec<u8>> {
+        let root = self
+            .state
+            .revisions()
+            .into_iter()
+            .find(|r| r.repo_id == repo_id && r.revision == revision)?
+            .root;
+        std::fs::read(root.join(path)).ok()
+    }
+
+    /// Makes every later commit fail (HTTP 500) while `fail` is true.
+    pub fn fail_commits(&self, fail: bool) {
+        self.state.fail_commits.store(fail, Ordering::SeqCst);
     }
 
     /// Stops serving: later connections are refused.
@@ -162,13 +227,21 @@ impl HubServer {
 impl Drop for HubServer {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.state.pushed_root);
     }
 }
 
 #[derive(Debug)]
 struct State {
-    revisions: Vec<ServedRevision>,
+    revisions: Mutex<Vec<ServedRevision>>,
     log: Mutex<Vec<HubRequest>>,
+    endpoint: String,
+    /// Where pushed repositories' files are kept.
+    pushed_root: PathBuf,
+    commits: Mutex<Vec<PushedCommit>>,
+    /// LFS objects uploaded, by sha256.
+    lfs: Mutex<HashMap<String, Vec<u8>>>,
+    fail_commits: AtomicBool,
 }
 
 /// What a request resolved to.
@@ -176,6 +249,34 @@ enum Answer {
     Json(String),
     File { bytes: Vec<u8>, commit: String },
     Error { status: u16, code: &'static str },
+    Status { status: u16, body: String },
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+/// The hub's LFS rule as its default `.gitattributes` writes it, and its size and binary
+/// checks.
+fn goes_to_lfs(path: &str, size: u64, sample: &[u8]) -> bool {
+    const LFS_SUFFIXES: [&str; 12] = [
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".h5",
+        ".msgpack",
+        ".model",
+        ".onnx",
+        ".pkl",
+        ".npy",
+        ".parquet",
+    ];
+    LFS_SUFFIXES.iter().any(|s| path.ends_with(s))
+        || size >= 10 * 1024 * 1024
+        || sample.contains(&0)
 }
 
 impl State {
@@ -187,7 +288,7 @@ impl State {
         let mut parts = request_line.split_whitespace();
         let method = parts.next().unwrap_or("").to_string();
         let path = parts.next().unwrap_or("/").to_string();
-        let (mut range, mut authorization) = (None, None);
+        let (mut range, mut authorization, mut length) = (None, None, 0usize);
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
@@ -200,6 +301,7 @@ impl State {
             match name.trim().to_ascii_lowercase().as_str() {
                 "authorization" => authorization = Some(value),
                 "range" => range = parse_range(&value),
+                "content-length" => length = value.parse().unwrap_or(0),
                 _ => {}
             }
         }
@@ -211,13 +313,25 @@ impl State {
                 path: path.clone(),
                 authorization,
             });
+        let mut body = vec![0u8; length];
+        std::io::Read::read_exact(&mut reader, &mut body)?;
         let route = path.split('?').next().unwrap_or("");
-        let answer = self.route(route);
+        let answer = match method.as_str() {
+            "POST" | "PUT" => self.write_route(&method, route, &body),
+            _ => self.route(route),
+        };
         let head = method == "HEAD";
         match answer {
             Answer::Json(body) => respond(
                 &mut stream,
                 200,
+                &[("Content-Type", "application/json".into())],
+                body.as_bytes(),
+                head,
+            ),
+            Answer::Status { status, body } => respond(
+                &mut stream,
+                status,
                 &[("Content-Type", "application/json".into())],
                 body.as_bytes(),
                 head,
@@ -254,15 +368,22 @@ impl State {
         }
     }
 
+    fn revisions(&self) -> Vec<ServedRevision> {
+        self.revisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn find(
         &self,
         repo_type: &str,
         repo_id: &str,
         revision: &str,
-    ) -> Result<&ServedRevision, Answer> {
-        let mut of_repo = self
-            .revisions
-            .iter()
+    ) -> Result<ServedRevision, Answer> {
+        let revisions = self.revisions();
+        let mut of_repo = revisions
+            .into_iter()
             .filter(|r| r.repo_type == repo_type && r.repo_id == repo_id)
             .peekable();
         if of_repo.peek().is_none() {
@@ -277,6 +398,197 @@ impl State {
                 status: 404,
                 code: "RevisionNotFound",
             })
+    }
+
+    /// The push endpoints (see the module documentation).
+    fn write_route(&self, method: &str, path: &str, body: &[u8]) -> Answer {
+        let json = |v: serde_json::Value| Answer::Status {
+            status: 200,
+            body: v.to_string(),
+        };
+        let bad = |status: u16, msg: &str| Answer::Status {
+            status,
+            body: serde_json::json!({ "error": msg }).to_string(),
+        };
+        let parse = || serde_json::from_slice::<serde_json::Value>(body).ok();
+        if method == "PUT" {
+            let Some(oid) = path.strip_prefix("/lfs-upload/") else {
+                return bad(404, "no such endpoint");
+            };
+            if sha256_hex(body) != oid {
+                return bad(400, "the uploaded bytes do not hash to the object id");
+            }
+            self.lfs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(oid.to_string(), body.to_vec());
+            return json(serde_json::json!({}));
+        }
+        if path == "/api/repos/create" {
+            let Some(v) = parse() else {
+                return bad(400, "invalid JSON");
+            };
+            let name = v["name"].as_str().unwrap_or_default();
+            let org = v["organization"].as_str().unwrap_or("tchtrain-user");
+            let repo_id = format!("{org}/{name}");
+            let mut revisions = self.revisions.lock().unwrap_or_else(|e| e.into_inner());
+            if revisions.iter().any(|r| r.repo_id == repo_id) {
+                return Answer::Status {
+                    status: 409,
+                    body: serde_json::json!({"error": "You already created this model repo", "url": format!("{}/{repo_id}", self.endpoint)}).to_string(),
+                };
+            }
+            let root = self.pushed_root.join(&repo_id).join("main");
+            let _ = std::fs::create_dir_all(&root);
+            revisions.push(ServedRevision {
+                repo_type: "model",
+                repo_id: repo_id.clone(),
+                revision: "main".into(),
+                commit: commit_hash(&format!("model/{repo_id}@main#0")),
+                root,
+            });
+            return json(
+                serde_json::json!({"url": format!("{}/{repo_id}", self.endpoint), "name": repo_id}),
+            );
+        }
+        if let Some(repo) = path
+            .strip_suffix(".git/info/lfs/objects/batch")
+            .map(|r| r.trim_start_matches('/'))
+        {
+            let Some(v) = parse() else {
+                return bad(400, "invalid JSON");
+            };
+            let stored = self.lfs.lock().unwrap_or_else(|e| e.into_inner());
+            let objects: Vec<serde_json::Value> = v["objects"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| {
+                    let oid = o["oid"].as_str().unwrap_or_default().to_string();
+                    let mut answer = serde_json::json!({"oid": oid, "size": o["size"], "authenticated": true});
+                    if !stored.contains_key(&oid) {
+                        answer["actions"] = serde_json::json!({"upload": {"href": format!("{}/lfs-upload/{oid}", self.endpoint)}});
+                    }
+                    answer
+                })
+                .collect();
+            let _ = repo;
+            return json(serde_json::json!({"transfer": "basic", "objects": objects}));
+        }
+        let Some(rest) = path.strip_prefix("/api/models/") else {
+            return bad(404, "no such endpoint");
+        };
+        if let Some((repo_id, revision)) = rest.split_once("/preupload/") {
+            let Some(v) = parse() else {
+                return bad(400, "invalid JSON");
+            };
+            if let Err(answer) = self.find("model", repo_id, &percent_decode(revision)) {
+                return answer;
+            }
+            let files: Vec<serde_json::Value> = v["files"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|f| {
+                    let path = f["path"].as_str().unwrap_or_default().to_string();
+                    let sample = decode_base64(f["sample"].as_str().unwrap_or_default());
+                    let size = f["size"].as_u64().unwrap_or(0);
+                    let mode = if goes_to_lfs(&path, size, &sample) {
+                        "lfs"
+                    } else {
+                        "regular"
+                    };
+                    serde_json::json!({"path": path, "uploadMode": mode, "shouldIgnore": false})
+                })
+                .collect();
+            return json(serde_json::json!({"files": files, "commitOid": null}));
+        }
+        let Some((repo_id, revision)) = rest.split_once("/commit/") else {
+            return bad(404, "no such endpoint");
+        };
+        let revision = percent_decode(revision);
+        let served = match self.find("model", repo_id, &revision) {
+            Ok(s) => s,
+            Err(answer) => return answer,
+        };
+        if self.fail_commits.load(Ordering::SeqCst) {
+            return bad(
+                500,
+                "Internal Error - We're working hard to fix this as soon as possible!",
+            );
+        }
+        let text = String::from_utf8_lossy(body);
+        let (mut message, mut files, mut lfs_files) = (String::new(), Vec::new(), Vec::new());
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                return bad(400, "invalid NDJSON line");
+            };
+            let value = &v["value"];
+            match v["key"].as_str() {
+                Some("header") => message = value["summary"].as_str().unwrap_or_default().into(),
+                Some("file") => {
+                    let path = value["path"].as_str().unwrap_or_default().to_string();
+                    let bytes = decode_base64(value["content"].as_str().unwrap_or_default());
+                    let target = served.root.join(&path);
+                    if let Some(parent) = target.parent() {
+                        let _ = std::fs::create_dir_all(parent);
+                    }
+                    if std::fs::write(&target, bytes).is_err() {
+                        return bad(500, "writing the file");
+                    }
+                    files.push(path);
+                }
+                Some("lfsFile") => {
+                    let path = value["path"].as_str().unwrap_or_default().to_string();
+                    let oid = value["oid"].as_str().unwrap_or_default();
+                    let Some(bytes) = self
+                        .lfs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(oid)
+                        .cloned()
+                    else {
+                        return bad(422, "an LFS file whose object was not uploaded");
+                    };
+                    let target = served.root.join(&path);
+                    if let Some(parent) = target.parent() {
+                        let _ = std::fs::create_dir_all(parent);
+                    }
+                    if std::fs::write(&target, bytes).is_err() {
+                        return bad(500, "writing the file");
+                    }
+                    files.push(path.clone());
+                    lfs_files.push(path);
+                }
+                _ => return bad(400, "unknown NDJSON key"),
+            }
+        }
+        let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
+        let oid = commit_hash(&format!("{repo_id}@{revision}#{}", commits.len() + 1));
+        {
+            let mut revisions = self.revisions.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = revisions
+                .iter_mut()
+                .find(|r| r.repo_id == repo_id && r.revision == revision)
+            {
+                r.commit = oid.clone();
+            }
+        }
+        commits.push(PushedCommit {
+            repo_id: repo_id.to_string(),
+            revision: revision.clone(),
+            message,
+            files,
+            lfs_files,
+            oid: oid.clone(),
+        });
+        json(serde_json::json!({
+            "commitUrl": format!("{}/{repo_id}/commit/{oid}", self.endpoint),
+            "commitOid": oid,
+            "success": true,
+        }))
     }
 
     fn route(&self, path: &str) -> Answer {
@@ -301,7 +613,7 @@ impl State {
                 &percent_decode(repo_id),
                 &percent_decode(revision),
             ) {
-                Ok(served) => Answer::Json(repo_info_json(served)),
+                Ok(served) => Answer::Json(repo_info_json(&served)),
                 Err(answer) => answer,
             };
         }
@@ -341,6 +653,14 @@ impl State {
     }
 }
 
+/// Standard base64 (with padding) decoded; invalid input gives what decodes.
+fn decode_base64(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .unwrap_or_default()
+}
+
 fn respond(
     stream: &mut TcpStream,
     status: u16,
@@ -351,7 +671,11 @@ fn respond(
     let reason = match status {
         200 => "OK",
         206 => "Partial Content",
+        400 => "Bad Request",
         401 => "Unauthorized",
+        409 => "Conflict",
+        422 => "Unprocessable Entity",
+        500 => "Internal Server Error",
         _ => "Not Found",
     };
     let mut out = format!(

@@ -2,3 +2,4 @@
 
 mod cache_and_download;
 mod options;
+mod upload;
