@@ -372,6 +372,15 @@ impl Trainer {
                 e, &final_dir, &tmp, previous,
             ));
         }
+        // Upstream's `_push_from_checkpoint`: a failed push leaves training going.
+        if self.args.push_to_hub
+            && let Err(e) = self.push_from_checkpoint(&final_dir)
+        {
+            log::error!(
+                "pushing {} to the hub failed, training goes on: {e}",
+                final_dir.display()
+            );
+        }
         // Only now that the new checkpoint is complete and durable.
         rotate_checkpoints(
             &run_dir,

@@ -44,6 +44,11 @@ pub enum Error {
     /// An error from the FSDP integration (plugin arguments, upstream's FSDP checks).
     #[error("fsdp: {0}")]
     Fsdp(#[from] tchtrain_fsdp::Error),
+    /// Pushing to the hub failed (`push_to_hub`: the repository, an upload, the commit).
+    #[error(
+        "push to the hub: {0}; the model and checkpoints in output_dir are intact: push them again later (push_to_hub, or `hf upload`)"
+    )]
+    Hub(String),
     /// `compute_metrics` asked for one tensor where the evaluation kept one per batch.
     #[error(
         "the evaluation outputs are a list of {batches} batches because `eval_do_concat_batches` is false: read them with `.batches()` (or `.concatenated()`), or leave eval_do_concat_batches at true"

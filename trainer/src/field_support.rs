@@ -70,8 +70,6 @@ const fn refused(field: &'static str, why: &'static str) -> FieldSupport {
     }
 }
 
-const HUB_ONLY: &str =
-    "read only when uploading to the Hub (`push_to_hub`), which this build refuses";
 const TRACKERS_ONLY: &str = "read only by the trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard, mlflow, wandb and jsonl do not read it, as upstream's TensorBoardCallback, MLflowCallback and WandbCallback)";
 
 /// Every `TrainingArguments` field and what the Trainer does with it, in upstream's order.
@@ -320,16 +318,34 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
         "enable_jit_checkpoint",
         &["sigterm_saves_a_checkpoint_at_the_step_boundary_and_exits_0"],
     ),
-    refused(
+    h(
         "push_to_hub",
-        "uploading to the Hugging Face Hub is not implemented; the checkpoints and the final model in output_dir are in upstream's layout: upload them with `huggingface-cli upload` (or huggingface_hub) and remove --push_to_hub",
+        &[
+            "push_to_hub_commits_as_each_hub_strategy",
+            "a_failed_push_leaves_training_and_local_files_intact",
+        ],
     ),
-    inert("hub_token", HUB_ONLY),
-    inert("hub_private_repo", HUB_ONLY),
-    inert("hub_model_id", HUB_ONLY),
-    inert("hub_strategy", HUB_ONLY),
-    inert("hub_always_push", HUB_ONLY),
-    inert("hub_revision", HUB_ONLY),
+    h("hub_token", &["push_to_hub_commits_as_each_hub_strategy"]),
+    h(
+        "hub_private_repo",
+        &["push_to_hub_commits_as_each_hub_strategy"],
+    ),
+    h(
+        "hub_model_id",
+        &["push_to_hub_commits_as_each_hub_strategy"],
+    ),
+    h(
+        "hub_strategy",
+        &["push_to_hub_commits_as_each_hub_strategy"],
+    ),
+    inert(
+        "hub_always_push",
+        "pushes run synchronously here (upstream's checkpoint pushes run in the background), so no push is ever in progress to skip or wait for",
+    ),
+    h(
+        "hub_revision",
+        &["push_to_hub_commits_as_each_hub_strategy"],
+    ),
     h(
         "load_best_model_at_end",
         &["rotation_keeps_best_and_newest_and_reloads_best_lower_is_better"],

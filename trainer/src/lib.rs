@@ -30,6 +30,7 @@ mod numpy_mean;
 mod prediction;
 mod preflight;
 mod profile;
+mod push;
 mod results;
 mod save_failure;
 mod seq2seq;

@@ -211,6 +211,8 @@ pub struct Trainer {
     pub(crate) accelerator: Accelerator,
     /// The DeepSpeed config or FSDP plugin of a sharded run (`zero.rs`).
     pub(crate) sharding: Option<crate::sharding::ShardingSource>,
+    /// The hub repository pushes go to (`init_hf_repo`).
+    pub(crate) hub_model_id: Option<String>,
 }
 
 /// What the Trainer reads its batches from (upstream's `train_dataset`, `eval_dataset`,
@@ -622,6 +624,7 @@ impl TrainerBuilder {
             },
             accelerator,
             sharding: None,
+            hub_model_id: None,
             args: self.args,
         };
         trainer.state.is_local_process_zero = trainer.is_local_process_zero();
@@ -629,6 +632,10 @@ impl TrainerBuilder {
         // Upstream: `enable_full_determinism(seed)` if `full_determinism` else `set_seed(seed)`
         // (the switches were set first thing in `build`).
         tch::manual_seed(trainer.args.seed as i64);
+        // Upstream's `__init__`: the repository when pushing.
+        if trainer.args.push_to_hub {
+            trainer.init_hf_repo()?;
+        }
         trainer.callback_handler.on_init_end(
             &trainer.args,
             &trainer.state,

@@ -26,6 +26,7 @@ mod interop;
 mod model_card;
 mod optimizers;
 mod parity;
+mod push;
 mod sampling;
 mod save_failures;
 mod seq2seq;

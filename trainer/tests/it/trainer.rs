@@ -747,13 +747,12 @@ fn unavailable_or_incomplete_arguments_are_refused_by_name() -> Result<()> {
     let dir = temp_dir("refused");
     std::fs::create_dir_all(&dir)?;
     type Set = fn(&mut TrainingArguments);
-    let cases: [(&str, Set); 4] = [
+    let cases: [(&str, Set); 3] = [
         ("torch_compile", |a| a.torch_compile = true),
         // post_init turns torch_compile on when a backend is named, as upstream.
         ("torch_compile", |a| {
             a.torch_compile_backend = Some("inductor".into());
         }),
-        ("push_to_hub", |a| a.push_to_hub = true),
         // Upstream's Trainer.__init__: "best" checkpoints need a metric.
         ("metric_for_best_model", |a| {
             a.save_strategy = SaveStrategy::Best;
