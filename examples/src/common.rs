@@ -167,6 +167,47 @@ pub(crate) fn do_train(
     Ok(metrics)
 }
 
+/// The model card's arguments every script passes (`kwargs`): `finetuned_from` the model,
+/// the script's task, and with `--dataset_name` its tags (`dataset_tags`, `dataset_args`,
+/// `dataset` as `"<name> <config>"`).
+pub(crate) fn card_options(
+    model_name_or_path: Option<&str>,
+    task: &str,
+    dataset_name: Option<&str>,
+    dataset_config_name: Option<&str>,
+) -> tchtrain_trainer::ModelCardOptions {
+    let mut o = tchtrain_trainer::ModelCardOptions {
+        finetuned_from: model_name_or_path.map(str::to_string),
+        tasks: vec![task.to_string()],
+        ..Default::default()
+    };
+    if let Some(name) = dataset_name {
+        o.dataset_tags = vec![name.to_string()];
+        match dataset_config_name {
+            Some(config) => {
+                o.dataset_args = vec![config.to_string()];
+                o.dataset = vec![format!("{name} {config}")];
+            }
+            None => o.dataset = vec![name.to_string()],
+        }
+    }
+    o
+}
+
+/// The scripts' end: `trainer.push_to_hub(**kwargs)` with `--push_to_hub`, else
+/// `trainer.create_model_card(**kwargs)` (README.md in `output_dir`).
+pub(crate) fn push_or_write_model_card(
+    trainer: &mut tchtrain_trainer::Trainer,
+    options: tchtrain_trainer::ModelCardOptions,
+) -> Result<()> {
+    if trainer.args().push_to_hub {
+        trainer.push_to_hub(None, options)?;
+    } else {
+        trainer.create_model_card(options)?;
+    }
+    Ok(())
+}
+
 /// The `--do_eval` part every script shares: evaluate, add `eval_samples` (and the
 /// perplexity for language models), log and write `eval_results.json`.
 pub(crate) fn do_eval(

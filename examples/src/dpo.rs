@@ -293,6 +293,7 @@ pub fn dpo_config(dpo: &DpoArguments, training: TrainingArguments) -> Result<DPO
 
 /// Runs the script with parsed arguments.
 pub fn run(dpo: &DpoArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    trl_script::refuse_push_to_hub(&training)?;
     let (train, eval) = trl_script::load_splits(&dpo.script, &training)?;
     let (dir, tokenizer) = trl_script::model_and_tokenizer(&dpo.script)?;
     let config = dpo_config(dpo, training)?;

@@ -464,6 +464,7 @@ pub fn reward_funcs(rewards: &GrpoScriptArguments) -> Result<Vec<RewardFunc>> {
 
 /// Runs the script with parsed arguments.
 pub fn run(grpo: &GrpoArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    trl_script::refuse_push_to_hub(&training)?;
     let (train, eval) = trl_script::load_splits(&grpo.script, &training)?;
     let (dir, tokenizer) = trl_script::model_and_tokenizer(&grpo.script)?;
     let config = grpo_config(grpo, training)?;

@@ -133,6 +133,7 @@ where
 
 /// Runs the script with parsed arguments.
 pub fn run(reward: &RewardArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    trl_script::refuse_push_to_hub(&training)?;
     let (train, eval) = trl_script::load_splits(&reward.script, &training)?;
     let (dir, tokenizer) = trl_script::model_and_tokenizer(&reward.script)?;
     let mut config = RewardConfig::new(training.output_dir());

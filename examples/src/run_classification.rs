@@ -788,5 +788,12 @@ pub fn run(cls: &ClassificationArguments, training: TrainingArguments) -> Result
         }
         out.predict_metrics = Some(prediction.metrics);
     }
+    let card = common::card_options(
+        cls.model_name_or_path.as_deref(),
+        "text-classification",
+        cls.dataset_name.as_deref(),
+        cls.dataset_config_name.as_deref(),
+    );
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }

@@ -545,6 +545,13 @@ pub fn run(clm: &ClmArguments, training: TrainingArguments) -> Result<ExampleOut
         let samples = clm.max_eval_samples.map_or(n_eval, |m| m.min(n_eval));
         out.eval_metrics = Some(common::do_eval(&mut trainer, samples, true)?);
     }
+    let card = common::card_options(
+        clm.model_name_or_path.as_deref(),
+        "text-generation",
+        clm.dataset_name.as_deref(),
+        clm.dataset_config_name.as_deref(),
+    );
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }
 

@@ -507,5 +507,13 @@ pub fn run(
         trainer.save_metrics("eval", &metrics, true)?;
         out.eval_metrics = Some(metrics);
     }
+    let card = tchtrain_trainer::ModelCardOptions {
+        finetuned_from: flags.model_name_or_path.clone(),
+        tasks: vec!["image-classification".into()],
+        dataset: flags.dataset_name.iter().cloned().collect(),
+        tags: vec!["image-classification".into(), "vision".into()],
+        ..Default::default()
+    };
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }

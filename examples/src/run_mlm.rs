@@ -594,6 +594,13 @@ pub fn run(mlm: &MlmArguments, training: TrainingArguments) -> Result<ExampleOut
     if training.do_eval {
         out.eval_metrics = Some(common::do_eval(&mut trainer, n_eval, true)?);
     }
+    let card = common::card_options(
+        mlm.model_name_or_path.as_deref(),
+        "fill-mask",
+        mlm.dataset_name.as_deref(),
+        mlm.dataset_config_name.as_deref(),
+    );
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }
 

@@ -936,6 +936,13 @@ pub fn run(ner: &NerArguments, training: TrainingArguments) -> Result<ExampleOut
         }
         out.predict_metrics = Some(prediction.metrics);
     }
+    let card = common::card_options(
+        ner.model_name_or_path.as_deref(),
+        "token-classification",
+        ner.dataset_name.as_deref(),
+        ner.dataset_config_name.as_deref(),
+    );
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }
 

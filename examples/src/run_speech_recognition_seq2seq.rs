@@ -550,5 +550,17 @@ pub fn run(
         trainer.save_metrics("eval", &metrics, true)?;
         out.eval_metrics = Some(metrics);
     }
+    let mut card = common::card_options(
+        flags.model_name_or_path.as_deref(),
+        "automatic-speech-recognition",
+        flags.dataset_name.as_deref(),
+        flags.dataset_config_name.as_deref(),
+    );
+    if let (Some(name), Some(config)) = (&flags.dataset_name, &flags.dataset_config_name)
+        && name.contains("common_voice")
+    {
+        card.language = vec![config.split('-').next().unwrap_or(config).to_string()];
+    }
+    common::push_or_write_model_card(&mut trainer, card)?;
     Ok(out)
 }

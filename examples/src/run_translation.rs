@@ -390,6 +390,11 @@ pub fn run(
     let metrics = training.predict_with_generate.then(|| {
         Box::new(translation_metrics(loaded.tokenizer.clone())) as tchtrain_trainer::ComputeMetrics
     });
+    let languages: Vec<String> = [&flags.source_lang, &flags.target_lang]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
     s2s::drive(
         &training,
         loaded,
@@ -402,6 +407,16 @@ pub fn run(
             metrics,
             default_collator: data.pad_to_max_length,
             ignore_pad_token_for_loss: data.ignore_pad_token_for_loss,
+            card: {
+                let mut card = crate::common::card_options(
+                    data.model_name_or_path.as_deref(),
+                    "translation",
+                    data.dataset_name.as_deref(),
+                    data.dataset_config_name.as_deref(),
+                );
+                card.language = languages;
+                card
+            },
         },
     )
 }

@@ -717,6 +717,8 @@ pub(crate) struct Drive {
     pub(crate) default_collator: bool,
     /// `--ignore_pad_token_for_loss`.
     pub(crate) ignore_pad_token_for_loss: bool,
+    /// The model card's arguments (`kwargs`), for `push_to_hub` / `create_model_card` at the end.
+    pub(crate) card: tchtrain_trainer::ModelCardOptions,
 }
 
 /// The scripts' trainer and steps: `DataCollatorForSeq2Seq` given the model (labels
@@ -803,5 +805,6 @@ pub(crate) fn drive(
         }
         out.predict_metrics = Some(metrics);
     }
+    crate::common::push_or_write_model_card(&mut trainer, options.card)?;
     Ok(out)
 }

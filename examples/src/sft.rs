@@ -193,6 +193,7 @@ where
 
 /// Runs the script with parsed arguments.
 pub fn run(sft: &SftArguments, training: TrainingArguments) -> Result<ExampleOutput> {
+    trl_script::refuse_push_to_hub(&training)?;
     let (train, eval) = trl_script::load_splits(&sft.script, &training)?;
     let (dir, tokenizer) = trl_script::model_and_tokenizer(&sft.script)?;
     let loaded = from_pretrained_dir(

@@ -277,6 +277,19 @@ pub(crate) fn model_and_tokenizer(
     Ok((dir, tokenizer))
 }
 
+/// TRL's scripts end with `trainer.push_to_hub(dataset_name=...)`, whose model card is TRL's
+/// own (`trl/templates/lm_model_card.md`), not implemented here: `--push_to_hub` is refused
+/// before training (the Trainer's own pushes work in a program that builds the trainer).
+pub(crate) fn refuse_push_to_hub(training: &TrainingArguments) -> Result<()> {
+    if training.push_to_hub {
+        return Err(Error::InvalidFlag {
+            flag: "push_to_hub".into(),
+            detail: "TRL's scripts push with TRL's own model card (its template), which is not implemented here; train without --push_to_hub and upload output_dir (`hf upload`), or build the trainer in a program and call push_to_hub (transformers' card)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// `AutoProcessor.from_pretrained(dir)` where it gives a processor: a folder with
 /// `processor_config.json` naming `Gemma3Processor` (another processor class is refused);
 /// `None` for a tokenizer-only folder.

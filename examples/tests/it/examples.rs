@@ -1404,3 +1404,89 @@ fn sft_script_trains_as_trl() -> Result<()> {
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
 }
+
+/// `run_clm --push_to_hub` against the local hub server (`HF_ENDPOINT`): the repository
+/// `--hub_model_id`, a commit per checkpoint (`every_save`), the final commit with the model
+/// card upstream's script asks for (`finetuned_from` the model, task `text-generation`); and
+/// without `--push_to_hub` the card is written to output_dir (upstream's
+/// `create_model_card`).
+#[test]
+#[allow(unsafe_code)]
+fn run_clm_pushes_to_the_hub_with_its_model_card() -> Result<()> {
+    let _g = lock();
+    let server = tchtrain_testing::HubServer::builder().start();
+    // SAFETY: the tests of this binary hold `lock()`; no other thread reads the environment.
+    unsafe {
+        std::env::set_var("HF_ENDPOINT", server.endpoint());
+        std::env::set_var("HF_TOKEN", "hf_test");
+    }
+    let run = |dir: &Path, push: bool| -> Result<()> {
+        let o = dir.display().to_string();
+        let mut argv = vec![
+            "--model_name_or_path".to_string(),
+            asset("tiny-gpt2"),
+            "--tokenizer_name".into(),
+            asset("gpt2-tokenizer"),
+            "--train_file".into(),
+            asset("text/hamlet.txt"),
+            "--block_size".into(),
+            "32".into(),
+            "--do_train".into(),
+            "--max_steps".into(),
+            "2".into(),
+            "--per_device_train_batch_size".into(),
+            "2".into(),
+            "--save_steps".into(),
+            "2".into(),
+            "--use_cpu".into(),
+            "--report_to".into(),
+            "none".into(),
+            "--output_dir".into(),
+            o,
+        ];
+        if push {
+            argv.extend([
+                "--push_to_hub".into(),
+                "--hub_model_id".into(),
+                "org/clm-push".into(),
+            ]);
+        }
+        run_clm::main_with_args(argv)?;
+        Ok(())
+    };
+    let pushed = temp_dir("clm-push");
+    let result = run(&pushed, true);
+    let local = temp_dir("clm-card");
+    let local_result = run(&local, false);
+    // SAFETY: as above.
+    unsafe {
+        std::env::remove_var("HF_ENDPOINT");
+        std::env::remove_var("HF_TOKEN");
+    }
+    result?;
+    local_result?;
+    let messages: Vec<String> = server.commits().into_iter().map(|c| c.message).collect();
+    ensure!(
+        messages == ["Training in progress, step 2", "End of training"],
+        "{messages:?}"
+    );
+    let card = String::from_utf8(
+        server
+            .pushed_file("org/clm-push", "main", "README.md")
+            .context("README.md pushed")?,
+    )?;
+    ensure!(
+        card.contains("# clm-push") && card.contains("- training_steps: 2"),
+        "{card}"
+    );
+    ensure!(
+        card.contains(&format!("base_model: {}", asset("tiny-gpt2"))),
+        "{card}"
+    );
+    let written = std::fs::read_to_string(local.join("README.md"))?;
+    ensure!(
+        written.contains("generated_from_trainer")
+            && written.contains("library_name: transformers")
+    );
+    Ok(())
+}
