@@ -14,33 +14,11 @@ use crate::printer::python_str;
 use crate::protobuf::Proto;
 use tchtrain_training_args::{JsonMap, JsonValue, python_float_repr};
 
-const CRC32C_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82f6_3b78
-            } else {
-                crc >> 1
-            };
-            k += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
+const CRC32C_TABLE: [u32; 256] = crate::checksum_time::crc_table(0x82f6_3b78);
 
 /// CRC-32C (Castagnoli), the checksum TFRecord uses.
 pub fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc = CRC32C_TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
+    crate::checksum_time::crc(&CRC32C_TABLE, &[data])
 }
 
 /// TFRecord's masked CRC: `((crc >> 15) | (crc << 17)) + 0xa282ead8`.

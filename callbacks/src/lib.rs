@@ -49,6 +49,7 @@
 
 mod args_dict;
 mod callback_handler;
+mod checksum_time;
 mod default_flow;
 mod early_stopping;
 mod error;

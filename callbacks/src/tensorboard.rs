@@ -38,16 +38,7 @@ pub fn default_logdir() -> PathBuf {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let (_, month, day, hour, minute, second) = crate::checksum_time::utc_parts(secs);
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
@@ -55,9 +46,9 @@ pub fn default_logdir() -> PathBuf {
         "{}{:02}_{:02}-{:02}-{:02}_{}",
         MONTHS[(month - 1) as usize],
         day,
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
+        hour,
+        minute,
+        second,
         hostname()
     );
     Path::new("runs").join(name)

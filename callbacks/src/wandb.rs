@@ -177,35 +177,11 @@ impl WandbSettings {
     }
 }
 
-const CRC32_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-            k += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
+const CRC32_TABLE: [u32; 256] = crate::checksum_time::crc_table(0xedb8_8320);
 
 /// CRC-32 (zlib's), what the transaction log checks each fragment with.
 pub fn crc32(parts: &[&[u8]]) -> u32 {
-    let mut crc = !0u32;
-    for part in parts {
-        for &b in *part {
-            crc = CRC32_TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
-        }
-    }
-    !crc
+    crate::checksum_time::crc(&CRC32_TABLE, parts)
 }
 
 /// The transaction log's block size.
@@ -306,22 +282,8 @@ fn value_json(v: &JsonValue) -> String {
 
 /// UTC `YYYYMMDD_HHMMSS` of `secs` since the epoch.
 fn timestamp_name(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}_{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let (year, month, day, hour, minute, second) = crate::checksum_time::utc_parts(secs);
+    format!("{year:04}{month:02}{day:02}_{hour:02}{minute:02}{second:02}")
 }
 
 /// wandb's `generate_id()`: 8 characters of `[a-z0-9]`.
@@ -640,10 +602,7 @@ impl TrainerCallback for WandbCallback {
             .map(|(k, v)| (k, v.clone()))
             .collect();
         let mut row = rewrite_logs(&rest);
-        row.insert(
-            "train/global_step",
-            JsonValue::Int(state.global_step as i64),
-        );
+        row.insert("train/global_step", JsonValue::Int(state.global_step));
         run.log(&row)
     }
 
@@ -693,7 +652,7 @@ mod tests {
         let path = dir.join("run.wandb");
         let mut log = TransactionLog::create(&path).unwrap();
         log.append(&vec![7u8; 40_000]).unwrap();
-        log.append(&vec![9u8; 10]).unwrap();
+        log.append(&[9u8; 10]).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         // first fragment fills block 0, the last one starts block 1.
         assert_eq!(bytes[7 + 6], 2);

@@ -384,15 +384,12 @@ pub fn run(
             metrics,
             default_collator: false,
             ignore_pad_token_for_loss: data.ignore_pad_token_for_loss,
-            card: {
-                let card = crate::common::card_options(
-                    data.model_name_or_path.as_deref(),
-                    "summarization",
-                    data.dataset_name.as_deref(),
-                    data.dataset_config_name.as_deref(),
-                );
-                card
-            },
+            card: crate::common::card_options(
+                data.model_name_or_path.as_deref(),
+                "summarization",
+                data.dataset_name.as_deref(),
+                data.dataset_config_name.as_deref(),
+            ),
         },
     )
 }
