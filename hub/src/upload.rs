@@ -72,15 +72,19 @@ fn json_of(response: ureq::Response, url: &str) -> Result<Value> {
 }
 
 /// `HfApi.create_repo(repo_id, private=private, exist_ok=True)`: `POST /api/repos/create`
-/// (`name`, `organization`, `private`), a repository that already exists accepted. Returns
-/// the repository id the hub gives (a name alone is put in the token's namespace).
-pub fn create_repo(repo_id: &str, private: bool, options: &HubOptions) -> Result<String> {
+/// (`name`, `organization`, `private` when given: else the namespace's default visibility),
+/// a repository that already exists accepted. Returns the repository id the hub gives (a
+/// name alone is put in the token's namespace).
+pub fn create_repo(repo_id: &str, private: Option<bool>, options: &HubOptions) -> Result<String> {
     let (organization, name) = match repo_id.split_once('/') {
         Some((org, name)) => (Some(org), name),
         None => (None, repo_id),
     };
     let url = format!("{}/api/repos/create", options.endpoint);
-    let mut body = json!({"name": name, "private": private});
+    let mut body = json!({"name": name});
+    if let Some(p) = private {
+        body["private"] = json!(p);
+    }
     if let Some(org) = organization {
         body["organization"] = json!(org);
     }

@@ -53,8 +53,8 @@ impl Trainer {
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| self.args.output_dir().to_string()),
         };
-        let private = self.args.hub_private_repo.unwrap_or(false);
-        let id = create_repo(&name, private, &self.hub_options()).map_err(Self::hub_error)?;
+        let id = create_repo(&name, self.args.hub_private_repo, &self.hub_options())
+            .map_err(Self::hub_error)?;
         self.hub_model_id = Some(id);
         Ok(())
     }
