@@ -154,6 +154,14 @@ pub(crate) fn do_train(
     let resume = resume_point(trainer.args())?;
     let result = trainer.train(resume)?;
     let saved = trainer.save_model(None)?;
+    // Upstream's `save_model` pushes when `push_to_hub` is set ("Model save"); ours does not
+    // push by itself, so the scripts do it here.
+    if trainer.args().push_to_hub {
+        trainer.push_to_hub(
+            Some("Model save"),
+            tchtrain_trainer::ModelCardOptions::default(),
+        )?;
+    }
     if trainer.args().should_save() {
         save_extra(&saved)?;
     }

@@ -11,6 +11,10 @@
 //! - `end`: nothing until [`Trainer::push_to_hub`], which saves the model, writes the model
 //!   card and commits `output_dir` ("End of training").
 //!
+//! `Trainer::save_model` does not push (upstream's public `save_model` commits "Model save"
+//! when `push_to_hub` is set; here `save_model` is also the Trainer's own saver): the example
+//! scripts push after it, as upstream's do through it.
+//!
 //! Pushes run synchronously (upstream's checkpoint pushes run in the background), so
 //! `hub_always_push` has nothing to wait on. A checkpoint push that fails is logged and
 //! training goes on (the checkpoint is on disk); [`Trainer::push_to_hub`] returns the error

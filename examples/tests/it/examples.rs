@@ -1406,7 +1406,8 @@ fn sft_script_trains_as_trl() -> Result<()> {
 }
 
 /// `run_clm --push_to_hub` against the local hub server (`HF_ENDPOINT`): the repository
-/// `--hub_model_id`, a commit per checkpoint (`every_save`), the final commit with the model
+/// `--hub_model_id`, a commit per checkpoint (`every_save`), "Model save" (upstream's
+/// `save_model` pushes), the final commit with the model
 /// card upstream's script asks for (`finetuned_from` the model, task `text-generation`); and
 /// without `--push_to_hub` the card is written to output_dir (upstream's
 /// `create_model_card`).
@@ -1467,7 +1468,12 @@ fn run_clm_pushes_to_the_hub_with_its_model_card() -> Result<()> {
     local_result?;
     let messages: Vec<String> = server.commits().into_iter().map(|c| c.message).collect();
     ensure!(
-        messages == ["Training in progress, step 2", "End of training"],
+        messages
+            == [
+                "Training in progress, step 2",
+                "Model save",
+                "End of training"
+            ],
         "{messages:?}"
     );
     let card = String::from_utf8(
