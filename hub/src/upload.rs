@@ -72,40 +72,37 @@ fn json_of(response: ureq::Response, url: &str) -> Result<Value> {
 }
 
 /// `HfApi.create_repo(repo_id, private=private, exist_ok=True)`: `POST /api/repos/create`
-/// (`name`, `organization`, `private` when given: else the namespace's default visibility),
-/// a repository that already exists accepted. Returns the repository id the hub gives (a
-/// name alone is put in the token's namespace).
+/// (`name`, `organization`, and `visibility` `private` / `public` when `private` is given:
+/// else the namespace's default). An existing repository is accepted: the hub's 409 answer
+/// carries its `url`, read as for a new one. Returns the repository id the hub gives (a name
+/// alone is put in the token's namespace).
 pub fn create_repo(repo_id: &str, private: Option<bool>, options: &HubOptions) -> Result<String> {
     let (organization, name) = match repo_id.split_once('/') {
         Some((org, name)) => (Some(org), name),
         None => (None, repo_id),
     };
     let url = format!("{}/api/repos/create", options.endpoint);
-    let mut body = json!({"name": name});
+    let mut body = json!({"name": name, "organization": organization});
     if let Some(p) = private {
-        body["private"] = json!(p);
-    }
-    if let Some(org) = organization {
-        body["organization"] = json!(org);
+        body["visibility"] = json!(if p { "private" } else { "public" });
     }
     let request = authorized(agent().post(&url), options);
-    match request.send_json(body) {
-        Ok(response) => {
-            let v = json_of(response, &url)?;
-            let repo_url = v
-                .get("url")
-                .and_then(Value::as_str)
-                .ok_or_else(|| invalid(&url, "no `url` in the answer"))?;
-            Ok(repo_url
-                .strip_prefix(&options.endpoint)
-                .unwrap_or(repo_url)
-                .trim_matches('/')
-                .to_string())
-        }
+    let response = match request.send_json(body) {
+        Ok(response) => response,
         // `exist_ok=True`: the hub answers 409 for an existing repository.
-        Err(ureq::Error::Status(409, _)) => Ok(repo_id.to_string()),
-        Err(e) => Err(map_ureq_error(e, &url, &target(repo_id))),
-    }
+        Err(ureq::Error::Status(409, response)) => response,
+        Err(e) => return Err(map_ureq_error(e, &url, &target(repo_id))),
+    };
+    let v = json_of(response, &url)?;
+    let repo_url = v
+        .get("url")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid(&url, "no `url` in the answer"))?;
+    Ok(repo_url
+        .strip_prefix(&options.endpoint)
+        .unwrap_or(repo_url)
+        .trim_matches('/')
+        .to_string())
 }
 
 /// `fnmatch.fnmatch(name, pattern)` (`*`, `?`, `[...]`; `*` also matches `/`).

@@ -10,8 +10,9 @@
 //!
 //! and, for pushes (huggingface_hub's `create_repo` / `upload_folder`):
 //!
-//! - `POST /api/repos/create` (`name`, `organization`, `private`): the repository, empty, at
-//!   `main` (409 when it exists); a name alone goes into the namespace `tchtrain-user`;
+//! - `POST /api/repos/create` (`name`, `organization`, `visibility`): the repository, empty,
+//!   at `main` (409 with its `url` when it exists); a name alone goes into the namespace
+//!   `tchtrain-user`;
 //! - `POST /api/models/{id}/preupload/{rev}`: `lfs` for weights (`*.safetensors`, `*.bin`,
 //!   `*.pt`, `*.pth`, ...), files of 10 MiB or more and binary samples, else `regular`;
 //! - `POST /{id}.git/info/lfs/objects/batch` and `PUT /lfs-upload/{oid}` (its sha256 checked);
@@ -429,6 +430,7 @@ impl State {
                 return bad(400, "invalid JSON");
             };
             let name = v["name"].as_str().unwrap_or_default();
+            // `organization` null or absent: the token's namespace.
             let org = v["organization"].as_str().unwrap_or("tchtrain-user");
             let repo_id = format!("{org}/{name}");
             let mut revisions = self.revisions.lock().unwrap_or_else(|e| e.into_inner());

@@ -40,8 +40,9 @@ fn upload_folder_commits_regular_and_lfs_files() -> Result<()> {
     let o = options(&cache, server.endpoint());
     let repo_id = create_repo("tiny-run", None, &o)?;
     ensure!(repo_id == "tchtrain-user/tiny-run", "{repo_id}");
-    // Existing: accepted.
+    // Existing: accepted, the id read from the 409 answer (a bare name too).
     ensure!(create_repo("tchtrain-user/tiny-run", Some(false), &o)? == "tchtrain-user/tiny-run");
+    ensure!(create_repo("tiny-run", None, &o)? == "tchtrain-user/tiny-run");
     let folder = temp_dir("hub-up-folder");
     let weights: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
     write(
