@@ -402,11 +402,7 @@ impl Trainer {
             self.write_model_weights(tmp, state_dict)?;
         }
         // Upstream `_save`: the processing class beside the model.
-        if let Some(p) = &self.data.processor {
-            p.save_pretrained(tmp)?;
-        } else if let Some(tok) = &self.data.processing_class {
-            tok.save_pretrained(tmp)?;
-        }
+        self.data.save_processing_class(tmp)?;
         if self.args.save_strategy != tchtrain_training_args::SaveStrategy::No
             && let Some(best_step) = self.state.best_global_step
         {

@@ -176,11 +176,7 @@ impl Trainer {
                 std::fs::copy(&from, &to).map_err(|e| Error::io("copying", &from, e))?;
             }
         }
-        if let Some(p) = &self.data.processor {
-            p.save_pretrained(&output_dir)?;
-        } else if let Some(tok) = &self.data.processing_class {
-            tok.save_pretrained(&output_dir)?;
-        }
+        self.data.save_processing_class(&output_dir)?;
         self.args
             .to_json_file(output_dir.join(crate::checkpoint::TRAINING_ARGS_NAME))?;
         let message = if self.args.save_strategy == SaveStrategy::Steps {

@@ -76,11 +76,7 @@ impl Trainer {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
         self.write_model_weights(&dir, state_dict)?;
         // Upstream `_save`: `self.data.processing_class.save_pretrained(output_dir)`.
-        if let Some(p) = &self.data.processor {
-            p.save_pretrained(&dir)?;
-        } else if let Some(tok) = &self.data.processing_class {
-            tok.save_pretrained(&dir)?;
-        }
+        self.data.save_processing_class(&dir)?;
         self.args.to_json_file(dir.join(TRAINING_ARGS_NAME))?;
         Ok(dir)
     }

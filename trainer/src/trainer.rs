@@ -215,6 +215,19 @@ pub struct Trainer {
     pub(crate) hub_model_id: Option<String>,
 }
 
+impl TrainerData {
+    /// Upstream `_save`'s `processing_class.save_pretrained(dir)`: the processor when one was
+    /// given, else the tokenizer.
+    pub(crate) fn save_processing_class(&self, dir: &std::path::Path) -> Result<()> {
+        if let Some(p) = &self.processor {
+            p.save_pretrained(dir)?;
+        } else if let Some(tok) = &self.processing_class {
+            tok.save_pretrained(dir)?;
+        }
+        Ok(())
+    }
+}
+
 /// What the Trainer reads its batches from (upstream's `train_dataset`, `eval_dataset`,
 /// `data_collator`, `processing_class`).
 pub(crate) struct TrainerData {
