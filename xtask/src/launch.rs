@@ -20,14 +20,27 @@
 //! (`tchtrain_distributed::Error::Rendezvous`). When a rank fails
 //! (non-zero exit or a signal) the others are stopped as torchrun stops them: SIGTERM to
 //! each process group, SIGKILL to what is left after `--term-timeout` seconds (torchrun's
-//! 30); the launcher then fails naming the rank and its exit status. SIGINT / SIGTERM sent
-//! to the launcher stop every rank the same way. Elastic ranges (`--nnodes 1:4`) need
-//! torchrun's dynamic rendezvous and are refused.
+//! 30; a stopped rank is sent SIGCONT with the SIGTERM so that it can act on it); the
+//! launcher then fails naming the rank and its exit status. SIGINT / SIGTERM sent to the
+//! launcher stop every rank the same way, and end the launch.
+//!
+//! With `--max-restarts N` (torchrun's; default 0) a failed worker group is stopped as above
+//! and started again, up to N times: the same ranks and command, `TORCHELASTIC_RESTART_COUNT`
+//! one higher (`TORCHELASTIC_MAX_RESTARTS` = N), and a new rendezvous (a new free port with
+//! `--master-port 0`, else the same port, served anew by the new rank 0). The example scripts
+//! then resume from the newest complete checkpoint in `--output_dir`, as upstream's do
+//! (`get_last_checkpoint`). A rank that stops answering (SIGSTOP, a hung peer) is noticed by
+//! the others' collectives after `ddp_timeout`; their failure restarts the group.
+//! `--monitor-interval` (torchrun's, 0.1 s) is how often the launcher looks at its ranks and
+//! at the signals it caught. Restarts are for one node: several nodes would have to restart
+//! in the same round (torchrun's dynamic rendezvous), so `--max-restarts` with `--nnodes`
+//! above 1 is refused, as are elastic ranges (`--nnodes 1:4`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,6 +53,8 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 /// How long stopped ranks get between SIGTERM and SIGKILL (torchrun's `close(timeout=30)`).
 pub const DEFAULT_TERM_TIMEOUT: Duration = Duration::from_secs(30);
+/// torchrun's default `--monitor-interval` (0.1 s).
+pub const DEFAULT_MONITOR_INTERVAL: Duration = Duration::from_millis(100);
 /// How long output readers may run after every rank has exited (a daemon left behind by a
 /// rank can hold its pipes open).
 const READER_GRACE: Duration = Duration::from_secs(2);
@@ -59,6 +74,11 @@ pub struct Options {
     pub master_port: u16,
     /// SIGTERM-to-SIGKILL grace when stopping ranks (`--term-timeout SECONDS`).
     pub term_timeout: Duration,
+    /// How many times a failed worker group is started again (`--max-restarts`, default 0).
+    pub max_restarts: usize,
+    /// How often the launcher looks at its ranks and at the signals it caught
+    /// (`--monitor-interval SECONDS`, torchrun's default 0.1).
+    pub monitor_interval: Duration,
     /// The program and its arguments.
     pub command: Vec<String>,
 }
@@ -112,6 +132,8 @@ impl Options {
             master_addr: DEFAULT_MASTER_ADDR.into(),
             master_port: DEFAULT_MASTER_PORT,
             term_timeout: DEFAULT_TERM_TIMEOUT,
+            max_restarts: 0,
+            monitor_interval: DEFAULT_MONITOR_INTERVAL,
             command: Vec::new(),
         };
         let mut it = args.iter();
@@ -188,9 +210,28 @@ impl Options {
                         })?;
                     o.term_timeout = Duration::from_secs_f64(secs);
                 }
+                "max-restarts" => {
+                    let v = value(flag, inline, &mut it)?;
+                    o.max_restarts = v.parse().map_err(|_| {
+                        format!(
+                            "launch: `--max-restarts {v}`: expected a number of restarts 0, 1, ..."
+                        )
+                    })?;
+                }
+                "monitor-interval" => {
+                    let v = value(flag, inline, &mut it)?;
+                    let secs: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                        .ok_or_else(|| {
+                            format!("launch: `--monitor-interval {v}`: expected seconds > 0")
+                        })?;
+                    o.monitor_interval = Duration::from_secs_f64(secs);
+                }
                 _ => {
                     return Err(format!(
-                        "launch: unknown option `{arg}`; known: --nproc-per-node, --nnodes, --node-rank, --master-addr, --master-port, --standalone, --term-timeout (the command goes after `--`)"
+                        "launch: unknown option `{arg}`; known: --nproc-per-node, --nnodes, --node-rank, --master-addr, --master-port, --standalone, --max-restarts, --monitor-interval, --term-timeout (the command goes after `--`)"
                     ));
                 }
             }
@@ -207,6 +248,12 @@ impl Options {
             return Err(format!(
                 "launch: {} nodes must meet on one port: give every node the same `--master-port` (and `--master-addr`, node 0's address); `--standalone` and port 0 are for one node",
                 o.nnodes
+            ));
+        }
+        if o.nnodes > 1 && o.max_restarts > 0 {
+            return Err(format!(
+                "launch: `--max-restarts {}` with {} nodes: restarting needs every node to restart its ranks in the same round, which torchrun's dynamic (c10d) rendezvous arranges and this launcher does not; restart single-node runs, or restart the launchers of every node together (e.g. under your cluster's job scheduler)",
+                o.max_restarts, o.nnodes
             ));
         }
         if o.command.is_empty() {
@@ -256,8 +303,15 @@ impl Placement {
     }
 }
 
-/// torchrun's environment for the process at `p`.
-pub fn rank_env(p: Placement, addr: &str, port: u16) -> Vec<(&'static str, String)> {
+/// torchrun's environment for the process at `p`, in the worker group started after
+/// `restart` restarts of at most `max_restarts`.
+pub fn rank_env(
+    p: Placement,
+    addr: &str,
+    port: u16,
+    restart: usize,
+    max_restarts: usize,
+) -> Vec<(&'static str, String)> {
     let (r, w) = (p.rank().to_string(), p.world().to_string());
     vec![
         ("RANK", r.clone()),
@@ -271,8 +325,8 @@ pub fn rank_env(p: Placement, addr: &str, port: u16) -> Vec<(&'static str, Strin
         ("ROLE_WORLD_SIZE", w),
         ("MASTER_ADDR", addr.to_string()),
         ("MASTER_PORT", port.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", "0".into()),
-        ("TORCHELASTIC_MAX_RESTARTS", "0".into()),
+        ("TORCHELASTIC_RESTART_COUNT", restart.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", "none".into()),
     ]
 }
@@ -343,6 +397,8 @@ fn stop_all(
 ) {
     for &pgid in pgids {
         signal::kill_group(pgid, signal::SIGTERM);
+        // A stopped rank (SIGSTOP, a debugger) acts on the SIGTERM only once continued.
+        signal::kill_group(pgid, signal::SIGCONT);
     }
     collect_exits(rx, exits, Instant::now() + grace);
     let stubborn: Vec<usize> = (0..exits.len()).filter(|&r| exits[r].is_none()).collect();
@@ -366,9 +422,98 @@ fn describe(status: &Option<Result<ExitStatus, String>>) -> String {
     }
 }
 
-/// Starts the ranks and supervises them until all succeed, one fails, or the launcher is
-/// signalled (see the module docs). The error names the failed rank and its exit status.
+/// What a launch shows of its worker groups while they run: the process ids of the group
+/// now running and the restarts so far. `cargo xtask soak --ranks` kills ranks through it.
+#[derive(Debug, Default)]
+pub struct Watch {
+    pids: Mutex<Vec<u32>>,
+    restarts: AtomicUsize,
+    failed_at: Mutex<Option<Instant>>,
+}
+
+impl Watch {
+    /// The running group's process ids (each rank leads its own process group), local rank
+    /// order; empty between groups.
+    pub fn pids(&self) -> Vec<u32> {
+        self.pids.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Restarts so far (the running group's `TORCHELASTIC_RESTART_COUNT`).
+    pub fn restarts(&self) -> usize {
+        self.restarts.load(Ordering::SeqCst)
+    }
+
+    /// When the launcher last saw a rank fail.
+    pub fn failed_at(&self) -> Option<Instant> {
+        *self.failed_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_pids(&self, pids: &[u32]) {
+        *self.pids.lock().unwrap_or_else(|e| e.into_inner()) = pids.to_vec();
+    }
+}
+
+/// How one worker group ended.
+enum GroupEnd {
+    /// Every rank exited 0.
+    Succeeded,
+    /// A rank failed; the others were stopped. The message names them.
+    Failed(String),
+    /// The launcher was signalled, or a rank could not be started: no restart.
+    Fatal(String),
+}
+
+/// Starts the ranks and supervises them until all succeed, or one fails with no restart
+/// left, or the launcher is signalled (see the module docs). The error names the failed rank
+/// and its exit status.
 pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
+    launch_watched(options, out, &Watch::default())
+}
+
+/// [`launch`], showing its groups in `watch`. A failed group is stopped and started again
+/// (torchrun's `_restart_workers`) while restarts are left: the same ranks, the same command,
+/// `TORCHELASTIC_RESTART_COUNT` one higher, and a new rendezvous: a fresh free port when
+/// `--master-port` is 0, else the same port, where the new rank 0 serves a new store.
+pub fn launch_watched(options: &Options, out: &Output, watch: &Watch) -> Result<(), String> {
+    let mut port = options.resolve_port()?;
+    loop {
+        let restart = watch.restarts();
+        match run_group(options, out, port, restart, watch) {
+            GroupEnd::Succeeded => return Ok(()),
+            GroupEnd::Fatal(message) => return Err(message),
+            GroupEnd::Failed(message) if restart >= options.max_restarts => {
+                return Err(if options.max_restarts > 0 {
+                    format!(
+                        "{message}; no restart left (--max-restarts {})",
+                        options.max_restarts
+                    )
+                } else {
+                    message
+                });
+            }
+            GroupEnd::Failed(message) => {
+                let left = options.max_restarts - restart;
+                out.note(&format!(
+                    "worker group failed: {message}; {left}/{} restarts left, restarting the worker group",
+                    options.max_restarts
+                ));
+                if options.master_port == 0 {
+                    port = options.resolve_port()?;
+                }
+                watch.restarts.store(restart + 1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Starts one worker group and supervises it to its end.
+fn run_group(
+    options: &Options,
+    out: &Output,
+    port: u16,
+    restart: usize,
+    watch: &Watch,
+) -> GroupEnd {
     // `world`: the processes of this node; `global` gives a local index's global rank.
     let world = options.nproc_per_node;
     let place = |local_rank: usize| Placement {
@@ -378,9 +523,8 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
         nnodes: options.nnodes,
     };
     let global = |local: usize| place(local).rank();
-    let port = options.resolve_port()?;
     let set_omp = world * options.nnodes > 1 && std::env::var_os("OMP_NUM_THREADS").is_none();
-    if set_omp {
+    if set_omp && restart == 0 {
         out.note("setting OMP_NUM_THREADS=1 for each rank (torchrun's default, to avoid overloading the machine); set it to tune");
     }
     let node = if options.nnodes > 1 {
@@ -395,8 +539,13 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
     } else {
         String::new()
     };
+    let attempt = if options.max_restarts > 0 {
+        format!(" (restart {restart} of at most {})", options.max_restarts)
+    } else {
+        String::new()
+    };
     out.note(&format!(
-        "{world} rank(s){node}, MASTER_ADDR={} MASTER_PORT={port}: {}",
+        "{world} rank(s){node}{attempt}, MASTER_ADDR={} MASTER_PORT={port}: {}",
         options.master_addr,
         options.command.join(" ")
     ));
@@ -407,7 +556,13 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
     for rank in 0..world {
         let mut cmd = Command::new(&options.command[0]);
         cmd.args(&options.command[1..])
-            .envs(rank_env(place(rank), &options.master_addr, port))
+            .envs(rank_env(
+                place(rank),
+                &options.master_addr,
+                port,
+                restart,
+                options.max_restarts,
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -420,7 +575,7 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
             Err(e) => {
                 let mut exits = vec![None; rank];
                 stop_all(&pgids, &exit_rx, &mut exits, options.term_timeout, out);
-                return Err(format!(
+                return GroupEnd::Fatal(format!(
                     "launch: could not start rank {} (`{}`): {e}",
                     global(rank),
                     options.command[0]
@@ -449,16 +604,19 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
     }
     drop(exit_tx);
     drop(done_tx);
+    watch.set_pids(&pgids);
 
     let mut exits: Vec<Option<Result<ExitStatus, String>>> = vec![None; world];
     let mut failed: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     while exits.iter().any(Option::is_none) {
-        match exit_rx.recv_timeout(Duration::from_millis(50)) {
+        match exit_rx.recv_timeout(options.monitor_interval) {
             Ok((rank, status)) => {
                 let ok = matches!(status, Ok(s) if s.success());
                 exits[rank] = Some(status);
                 if !ok {
+                    *watch.failed_at.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Instant::now());
                     failed = Some(rank);
                     break;
                 }
@@ -472,6 +630,7 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    watch.set_pids(&[]);
     if failed.is_some() || interrupted.is_some() {
         stop_all(&pgids, &exit_rx, &mut exits, options.term_timeout, out);
     }
@@ -490,21 +649,21 @@ pub fn launch(options: &Options, out: &Output) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if let Some(sig) = interrupted {
+        return GroupEnd::Fatal(format!(
+            "interrupted by signal {sig}; stopped every rank ({})",
+            others(None)
+        ));
+    }
     if let Some(rank) = failed {
-        return Err(format!(
+        return GroupEnd::Failed(format!(
             "rank {} failed ({}); stopped the other ranks ({})",
             global(rank),
             describe(&exits[rank]),
             others(Some(rank))
         ));
     }
-    if let Some(sig) = interrupted {
-        return Err(format!(
-            "interrupted by signal {sig}; stopped every rank ({})",
-            others(None)
-        ));
-    }
-    Ok(())
+    GroupEnd::Succeeded
 }
 
 #[cfg(test)]
@@ -526,6 +685,10 @@ mod tests {
         assert_eq!(o.master_addr, "127.0.0.1");
         assert_eq!(o.master_port, 29500);
         assert_eq!(o.term_timeout, Duration::from_secs(30));
+        assert_eq!(
+            (o.max_restarts, o.monitor_interval),
+            (0, Duration::from_millis(100))
+        );
         assert_eq!(o.command, args(&["prog", "--lr", "1"]));
 
         let o = parse(&[
@@ -538,6 +701,9 @@ mod tests {
             "0",
             "--term-timeout",
             "0.5",
+            "--max_restarts=3",
+            "--monitor-interval",
+            "5",
             "prog",
             "--flag",
         ])
@@ -546,6 +712,8 @@ mod tests {
         assert_eq!(o.master_addr, "10.0.0.1");
         assert_eq!(o.master_port, 1234);
         assert_eq!(o.term_timeout, Duration::from_millis(500));
+        assert_eq!(o.max_restarts, 3);
+        assert_eq!(o.monitor_interval, Duration::from_secs(5));
         // The first non-flag starts the command; its own flags are not ours.
         assert_eq!(o.command, args(&["prog", "--flag"]));
 
@@ -575,6 +743,24 @@ mod tests {
                 "one port",
             ),
             (&["--term-timeout", "-1", "--", "p"][..], "seconds"),
+            (
+                &["--max-restarts", "-1", "--", "p"][..],
+                "number of restarts",
+            ),
+            (&["--monitor-interval", "0", "--", "p"][..], "seconds > 0"),
+            (
+                &[
+                    "--nnodes",
+                    "2",
+                    "--master-port",
+                    "1",
+                    "--max-restarts",
+                    "1",
+                    "--",
+                    "p",
+                ][..],
+                "dynamic (c10d) rendezvous",
+            ),
             (&["--rdzv-backend", "c10d", "--", "p"][..], "unknown option"),
             (&["--nproc-per-node", "2"][..], "no command"),
             (&["--nproc-per-node", "2", "--"][..], "no command"),
@@ -604,6 +790,8 @@ mod tests {
             },
             "127.0.0.1",
             4242,
+            2,
+            5,
         );
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("RANK"), Some("1"));
@@ -613,6 +801,8 @@ mod tests {
         assert_eq!(get("MASTER_ADDR"), Some("127.0.0.1"));
         assert_eq!(get("MASTER_PORT"), Some("4242"));
         assert_eq!(get("GROUP_RANK"), Some("0"));
+        assert_eq!(get("TORCHELASTIC_RESTART_COUNT"), Some("2"));
+        assert_eq!(get("TORCHELASTIC_MAX_RESTARTS"), Some("5"));
     }
 
     struct Captured {
@@ -649,8 +839,140 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: 0,
             term_timeout: Duration::from_secs_f64(term_timeout),
+            max_restarts: 0,
+            monitor_interval: DEFAULT_MONITOR_INTERVAL,
             command: args(&["sh", "-c", script]),
         }
+    }
+
+    /// The `[rank R] restart C of M at PORT` lines of a script that echoes them, sorted.
+    fn attempts(stdout: &str) -> Vec<(usize, usize, usize, u16)> {
+        let mut seen: Vec<_> = stdout
+            .lines()
+            .filter_map(|l| {
+                let v: Vec<&str> = l.split_whitespace().collect();
+                match v.as_slice() {
+                    ["[rank", r, "restart", c, "of", m, "at", p] => Some((
+                        c.parse().ok()?,
+                        r.trim_end_matches(']').parse().ok()?,
+                        m.parse().ok()?,
+                        p.parse().ok()?,
+                    )),
+                    _ => None,
+                }
+            })
+            .map(|(c, r, m, p)| (r, c, m, p))
+            .collect();
+        seen.sort_by_key(|&(r, c, _, _)| (c, r));
+        seen
+    }
+
+    const ECHO_ATTEMPT: &str = "echo \"restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS at $MASTER_PORT\"; ";
+
+    /// torchrun's `--max-restarts`: rank 1 fails in the first two groups; each failure stops
+    /// the group and starts it again with `TORCHELASTIC_RESTART_COUNT` one higher and, with
+    /// `--master-port 0`, a new port; the third group succeeds and so does the launch.
+    #[test]
+    fn a_failed_group_is_restarted_until_it_succeeds() {
+        let c = Captured::new();
+        let mut o = sh(
+            2,
+            &format!(
+                "{ECHO_ATTEMPT}if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 3; fi; sleep 0.2"
+            ),
+            30.0,
+        );
+        o.max_restarts = 3;
+        let watch = Watch::default();
+        launch_watched(&o, &c.out, &watch).unwrap();
+        assert_eq!(watch.restarts(), 2);
+        assert!(watch.pids().is_empty());
+        let seen = attempts(&Captured::text(&c.stdout));
+        let got: Vec<(usize, usize, usize)> = seen.iter().map(|&(r, c, m, _)| (r, c, m)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 3),
+                (1, 0, 3),
+                (0, 1, 3),
+                (1, 1, 3),
+                (0, 2, 3),
+                (1, 2, 3)
+            ],
+            "{seen:?}"
+        );
+        for group in seen.chunks(2) {
+            assert_eq!(group[0].3, group[1].3, "{seen:?}");
+        }
+        assert_ne!(seen[0].3, seen[2].3, "a new rendezvous port: {seen:?}");
+        let stderr = Captured::text(&c.stderr);
+        assert!(
+            stderr.contains("worker group failed: rank 1 failed (exit status: 3)")
+                && stderr.contains("3/3 restarts left")
+                && stderr.contains("2/3 restarts left")
+                && !stderr.contains("1/3 restarts left"),
+            "{stderr}"
+        );
+    }
+
+    /// With no restart left the launch fails naming the rank, its status and the limit;
+    /// a fixed `--master-port` is kept across restarts.
+    #[test]
+    fn a_group_failing_past_its_restarts_fails_the_launch() {
+        let c = Captured::new();
+        let port = parse(&["--standalone", "p"])
+            .unwrap()
+            .resolve_port()
+            .unwrap();
+        let mut o = sh(
+            2,
+            &format!("{ECHO_ATTEMPT}[ \"$RANK\" = 0 ] && exit 7; sleep 30"),
+            30.0,
+        );
+        o.master_port = port;
+        o.max_restarts = 2;
+        let err = launch(&o, &c.out).unwrap_err();
+        assert!(
+            err.starts_with("rank 0 failed (exit status: 7)")
+                && err.contains("rank 1: signal: 15 (SIGTERM)")
+                && err.ends_with("no restart left (--max-restarts 2)"),
+            "{err}"
+        );
+        let seen = attempts(&Captured::text(&c.stdout));
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        assert!(
+            seen.iter().all(|&(_, _, m, p)| m == 2 && p == port),
+            "{seen:?}"
+        );
+    }
+
+    /// A rank that stops answering (SIGSTOP): another rank notices (here it just fails, as
+    /// a rank's collective does after `ddp_timeout`), and the stopped rank is continued with
+    /// the SIGTERM so that it ends at once rather than after the SIGKILL grace.
+    #[test]
+    fn a_stopped_rank_is_ended_and_its_group_restarted() {
+        let c = Captured::new();
+        let mut o = sh(
+            2,
+            &format!(
+                "{ECHO_ATTEMPT}if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then kill -STOP $$; else sleep 0.5; exit 1; fi; fi"
+            ),
+            60.0,
+        );
+        o.max_restarts = 1;
+        let start = Instant::now();
+        launch(&o, &c.out).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the stopped rank waited for the SIGKILL grace: {:?}",
+            start.elapsed()
+        );
+        let stderr = Captured::text(&c.stderr);
+        assert!(
+            stderr.contains("rank 1: signal: 15 (SIGTERM)") && !stderr.contains("SIGKILL"),
+            "{stderr}"
+        );
+        assert_eq!(attempts(&Captured::text(&c.stdout)).len(), 4);
     }
 
     /// Two "nodes" on this machine, two processes each, launched side by side as on two

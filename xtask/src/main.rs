@@ -31,6 +31,7 @@ mod paths;
 mod setup;
 mod signal;
 mod soak;
+mod soak_ranks;
 mod test;
 mod test_jobs;
 
@@ -101,7 +102,7 @@ commands:
                         classification-parquet, fewer steps)
         --case NAME     only these cases
   launch [--nproc-per-node N] [--nnodes M --node-rank R] [--master-port P] [--master-addr A]
-         -- COMMAND [ARGS...]
+         [--max-restarts N] -- COMMAND [ARGS...]
         torchrun's static launch: starts N copies of COMMAND with RANK, LOCAL_RANK,
         WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
         OMP_NUM_THREADS=1 unless set), prefixes their output lines with `[rank N]`; when
@@ -115,6 +116,10 @@ commands:
         --master-port P      rendezvous port (default 29500; 0 picks a free port)
         --standalone         127.0.0.1 and a free port
         --term-timeout S     seconds between SIGTERM and SIGKILL (default 30)
+        --max-restarts N     restart a failed worker group up to N times (default 0;
+                             one node): TORCHELASTIC_RESTART_COUNT counts them, the
+                             example scripts resume from the last checkpoint
+        --monitor-interval S seconds between looks at the ranks (default 0.1)
   fuzz [--runs N] [--seed N] [--sanitizer address|none] [--dev] [TARGET...]
         setup, then every fuzz target under fuzz/ (one per parser of outside
         input) built with cargo fuzz (nightly; cargo-fuzz is installed into the
@@ -134,6 +139,15 @@ commands:
         resuming from the newest checkpoint, the chain then resumed and compared with an
         uninterrupted run; prints kills, unloadable checkpoints and the most steps a kill
         lost. Not part of `test` (minutes)
+  soak --ranks N [--kills K] [--hangs H] [--seed S] [--strategy zero2|ddp|both]
+       [--steps STEPS] [--script RUN_CLM]
+        setup, build run_clm, then per strategy (default both) an uninterrupted N-rank
+        run (tiny GPT-2, a checkpoint every step) and the same run under
+        `launch --max-restarts` with K random ranks SIGKILLed (default 50) and H
+        SIGSTOPped (noticed through ddp_timeout) at random moments; fails unless every
+        fault restarted the group once, every newest checkpoint loads, every loss logged
+        after a resume and the final weights equal the uninterrupted run's; prints the
+        faults by moment, unloadable checkpoints and lost steps
   clean-cache [--all] [NAME...]
         list what the project keeps in the cache folder (the virtualenv, assets,
         the tokenized-dataset cache, the fuzz build folder, cargo-fuzz) and the

@@ -16,6 +16,18 @@ pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
 /// `SIGTERM`.
 pub const SIGTERM: i32 = 15;
+/// `SIGCONT` (continues a stopped process).
+#[cfg(not(target_vendor = "apple"))]
+pub const SIGCONT: i32 = 18;
+/// `SIGCONT` (continues a stopped process).
+#[cfg(target_vendor = "apple")]
+pub const SIGCONT: i32 = 19;
+/// `SIGSTOP` (stops a process; it cannot be caught).
+#[cfg(not(target_vendor = "apple"))]
+pub const SIGSTOP: i32 = 19;
+/// `SIGSTOP` (stops a process; it cannot be caught).
+#[cfg(target_vendor = "apple")]
+pub const SIGSTOP: i32 = 17;
 const SIGHUP: i32 = 1;
 const SIGQUIT: i32 = 3;
 

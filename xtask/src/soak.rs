@@ -4,7 +4,8 @@
 //! checkpoint, then the chain resumed to a fixed step and compared with an uninterrupted
 //! run) with N kills (default 100) instead of the test suite's 20, and prints its summary:
 //! kills, unloadable newest checkpoints, the most steps a kill lost. Not part of `test`:
-//! it takes minutes.
+//! it takes minutes. With `--ranks N` it is the soak of a data-parallel run instead
+//! (`soak_ranks`: ranks killed and stopped under `launch --max-restarts`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -17,6 +18,9 @@ const TEST: &str = "crash_save::sigkill_during_saves_never_leaves_a_broken_newes
 
 /// `cargo xtask soak ...`.
 pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--ranks") {
+        return crate::soak_ranks::run(args);
+    }
     let (mut kills, mut seed) = (100u64, None::<u64>);
     let mut it = args.iter();
     while let Some(arg) = it.next() {

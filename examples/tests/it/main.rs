@@ -9,5 +9,6 @@ mod documents;
 mod examples;
 mod examples_mlm_ner;
 mod examples_seq2seq;
+mod elastic;
 mod launch;
 mod script_flags;
