@@ -79,11 +79,13 @@ pub enum Error {
 
     /// A `report_to` name this crate has no logger for.
     #[error(
-        "report_to: unknown or unsupported integration `{name}`; supported: {supported}, \"all\", \"none\""
+        "report_to: unknown or unsupported integration `{name}`{reason}; supported: {supported}, \"all\", \"none\""
     )]
     UnknownIntegration {
         /// The name given.
         name: String,
+        /// Why an integration upstream knows is not implemented (`": ..."`), else empty.
+        reason: String,
         /// The names this crate supports.
         supported: String,
     },
@@ -110,6 +112,27 @@ pub enum Error {
         value: String,
         /// Why it is refused and what to use instead.
         reason: String,
+    },
+
+    /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
+    /// instead.
+    #[error("report_to trackio: {field}={value:?}: {reason}")]
+    TrackioSetting {
+        /// The field (`trackio_space_id`, `trackio_bucket_id`, ...).
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
+    /// trackio's project database could not be opened, created or written.
+    #[error("trackio database {}: {message}", .path.display())]
+    Trackio {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// SQLite's message, or why the database is refused.
+        message: String,
     },
 
     /// A request to the MLflow tracking server failed: the server answered with an error, or

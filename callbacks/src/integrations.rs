@@ -5,17 +5,21 @@ use crate::jsonl::JsonlLoggerCallback;
 use crate::mlflow::MLflowCallback;
 use crate::mlflow_settings::is_mlflow_available;
 use crate::tensorboard::TensorBoardCallback;
+use crate::trackio::TrackioCallback;
 use crate::trainer_callback::TrainerCallback;
 use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 4] = ["mlflow", "tensorboard", "wandb", "jsonl"];
+pub const SUPPORTED_INTEGRATIONS: [&str; 5] =
+    ["mlflow", "tensorboard", "wandb", "trackio", "jsonl"];
 
 /// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]: `mlflow`
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
-/// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed), and
+/// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
+/// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
+/// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), and
 /// `jsonl`.
 pub fn get_available_reporting_integrations() -> Vec<&'static str> {
     SUPPORTED_INTEGRATIONS
@@ -25,39 +29,68 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
             *n != "wandb"
                 || std::env::var("WANDB_MODE").is_ok_and(|m| m == "offline" || m == "dryrun")
         })
+        .filter(|n| {
+            *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
+        })
         .collect()
 }
 
-/// Upstream `get_reporting_integration_callbacks`: one logger callback per name in
-/// `report_to`, in order (`"all"`: [`get_available_reporting_integrations`]). Names upstream
-/// knows but this crate does not implement (`wandb`, `comet_ml`, ...) are an error naming the
-/// supported ones; `mlflow` reads its settings from the environment
-/// ([`MLflowSettings::from_env`](crate::MLflowSettings::from_env)) and refuses those it cannot honour.
-pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
-    report_to: &[S],
-) -> Result<Vec<Box<dyn TrainerCallback>>> {
-    let mut names: Vec<&str> = Vec::new();
+/// The integrations `report_to` names, resolved (`"all"`: [`get_available_reporting_integrations`],
+/// `"none"`: none), in order and without repeats; names upstream knows but this crate does
+/// not implement (`comet_ml`, ...) are an error naming the supported ones.
+pub fn reporting_integrations<S: AsRef<str>>(report_to: &[S]) -> Result<Vec<&'static str>> {
+    let mut names: Vec<&'static str> = Vec::new();
     for name in report_to.iter().map(AsRef::as_ref) {
         match name {
             "none" => {}
             "all" => names.extend(get_available_reporting_integrations()),
-            n if SUPPORTED_INTEGRATIONS.contains(&n) => names.push(n),
-            other => {
-                return Err(Error::UnknownIntegration {
-                    name: other.to_string(),
-                    supported: SUPPORTED_INTEGRATIONS.join(", "),
-                });
-            }
+            n => match SUPPORTED_INTEGRATIONS.iter().find(|s| **s == n) {
+                Some(s) => names.push(s),
+                None => {
+                    return Err(Error::UnknownIntegration {
+                        name: n.to_string(),
+                        reason: unsupported_reason(n)
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default(),
+                        supported: SUPPORTED_INTEGRATIONS.join(", "),
+                    });
+                }
+            },
         }
     }
     names.dedup();
-    names
+    Ok(names)
+}
+
+/// Why an integration upstream knows is not implemented here.
+fn unsupported_reason(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "comet_ml" => {
+            "Comet's offline mode (COMET_MODE=offline) writes a zip archive in the comet_ml package's own message format, which the package does not document (it documents `comet upload` of the archive, not its contents), so it is not written here"
+        }
+        "neptune" | "clearml" | "dagshub" | "dvclive" | "swanlab" | "azure_ml" | "flyte"
+        | "kubeflow" | "codecarbon" => {
+            "it logs through its own package to its own service, which is not implemented here"
+        }
+        _ => return None,
+    })
+}
+
+/// Upstream `get_reporting_integration_callbacks`: one logger callback per name in
+/// `report_to`, in order ([`reporting_integrations`]); `mlflow` reads its settings from the
+/// environment ([`MLflowSettings::from_env`](crate::MLflowSettings::from_env)) and refuses
+/// those it cannot honour, as `wandb` does ([`WandbSettings`](crate::WandbSettings)).
+pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
+    report_to: &[S],
+) -> Result<Vec<Box<dyn TrainerCallback>>> {
+    reporting_integrations(report_to)?
         .into_iter()
         .map(|n| -> Result<Box<dyn TrainerCallback>> {
             Ok(match n {
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
                 "wandb" => Box::new(WandbCallback::new()?),
+                "trackio" => Box::new(TrackioCallback::new()),
                 _ => Box::new(JsonlLoggerCallback::new()),
             })
         })

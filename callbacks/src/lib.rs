@@ -65,6 +65,7 @@ mod printer;
 mod progress;
 mod protobuf;
 mod tensorboard;
+mod trackio;
 mod trainer_callback;
 mod trainer_control;
 mod trainer_state;
@@ -78,7 +79,7 @@ pub use event_file::{EventFileWriter, crc32c, masked_crc32c, tfrecord};
 pub use exportable_state::{CallbackState, ExportableState};
 pub use integrations::{
     SUPPORTED_INTEGRATIONS, get_available_reporting_integrations,
-    get_reporting_integration_callbacks,
+    get_reporting_integration_callbacks, reporting_integrations,
 };
 pub use jsonl::{JsonlLoggerCallback, METRICS_JSONL_NAME};
 pub use mlflow::{
@@ -93,6 +94,10 @@ pub use tchtrain_training_args::{
     JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr,
 };
 pub use tensorboard::{TensorBoardCallback, default_logdir, rewrite_logs, sanitized_hparams};
+pub use trackio::{
+    TRACKIO_SCHEMA_VERSION, TrackioCallback, TrackioSettings, canonical_project_name,
+    check_trackio_args, generate_readable_name,
+};
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
 pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};

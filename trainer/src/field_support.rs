@@ -70,8 +70,6 @@ const fn refused(field: &'static str, why: &'static str) -> FieldSupport {
     }
 }
 
-const TRACKERS_ONLY: &str = "read only by the trackio / comet / swanlab loggers, which `report_to` refuses here (tensorboard, mlflow, wandb and jsonl do not read it, as upstream's TensorBoardCallback, MLflowCallback and WandbCallback)";
-
 /// Every `TrainingArguments` field and what the Trainer does with it, in upstream's order.
 pub static FIELD_SUPPORT: &[FieldSupport] = &[
     h("output_dir", &["checkpoints_rotate_and_resume_exactly"]),
@@ -244,17 +242,30 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "report_to_selects_loggers",
             "mlflow_callback_logs_what_upstream_logs_to_a_real_server",
             "wandb_callback_writes_what_upstream_writes",
+            "trackio_callback_writes_what_upstream_writes",
         ],
-        "`mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused) and `jsonl`; the other integrations upstream knows (trackio, comet_ml, ...) are refused by name",
+        "`mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused) and `jsonl`; the other integrations upstream knows (comet_ml, neptune, ...) are refused by name",
     ),
     h(
         "run_name",
         &["mlflow_callback_resumes_nests_and_ends_runs_as_upstream"],
     ),
-    inert("project", TRACKERS_ONLY),
-    inert("trackio_space_id", TRACKERS_ONLY),
-    inert("trackio_bucket_id", TRACKERS_ONLY),
-    inert("trackio_static_space_id", TRACKERS_ONLY),
+    h("project", &["trackio_callback_writes_what_upstream_writes"]),
+    partly(
+        "trackio_space_id",
+        &["trackio_refuses_the_hub_and_foreign_databases_with_the_reason"],
+        "None (trackio's local store) only: with `report_to` trackio a Space is refused (logging to the Hub is not implemented); without trackio upstream reads it nowhere",
+    ),
+    partly(
+        "trackio_bucket_id",
+        &["trackio_refuses_the_hub_and_foreign_databases_with_the_reason"],
+        "None only: with `report_to` trackio a Bucket is refused; without trackio upstream reads it nowhere",
+    ),
+    partly(
+        "trackio_static_space_id",
+        &["trackio_refuses_the_hub_and_foreign_databases_with_the_reason"],
+        "read by upstream's Trackio logger when pushing to the Hub (it syncs the project to a static Space) and after a Space run (freeze): with `report_to` trackio and `push_to_hub`, anything but False is refused; with the local store nothing is frozen, as upstream",
+    ),
     h(
         "eval_strategy",
         &["tiny_gpt2_gradient_accumulation_4_cosine_warmup_random_sampler"],

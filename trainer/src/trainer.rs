@@ -9,7 +9,8 @@ use tch::{Device, Kind, Tensor};
 use tchtrain_accelerate::{Accelerator, AcceleratorOptions, MixedPrecision};
 use tchtrain_callbacks::{
     CallbackHandler, DefaultFlowCallback, JsonMap, ModelConfig, PrinterCallback, ProgressCallback,
-    TrainerCallback, TrainerControl, TrainerState, get_reporting_integration_callbacks,
+    TrainerCallback, TrainerControl, TrainerState, check_trackio_args,
+    get_reporting_integration_callbacks, reporting_integrations,
 };
 use tchtrain_collators::{
     Batch, DataCollator, DataCollatorWithPadding, DefaultDataCollator, Feature,
@@ -546,6 +547,9 @@ impl TrainerBuilder {
         // Upstream `Trainer.__init__`: `self.model.config.use_cache = self.args.use_cache`.
         model.set_use_cache(self.args.use_cache);
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = vec![Box::new(DefaultFlowCallback)];
+        if reporting_integrations(&self.args.report_to)?.contains(&"trackio") {
+            check_trackio_args(&self.args)?;
+        }
         callbacks.extend(get_reporting_integration_callbacks(&self.args.report_to)?);
         callbacks.extend(self.callbacks);
         if self.args.disable_tqdm {

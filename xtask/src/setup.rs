@@ -1,7 +1,8 @@
 //! `cargo xtask setup`: everything a fresh machine needs, idempotent and safe to rerun.
 //!
 //! 1. A virtualenv in the per-user cache (`venv-torch-2.13.0`) with `xtask/requirements.txt`
-//!    installed; a stamp holding a hash of that file marks it complete, so an interrupted
+//!    installed, then `requirements-nodeps.txt` without dependency resolution; a stamp holding
+//!    a hash of the two files marks it complete, so an interrupted
 //!    install is simply resumed by pip on the next run.
 //! 2. `.cargo/libtorch.toml` (ignored by git, included by `.cargo/config.toml`) with
 //!    `LIBTORCH` pointing at the venv's torch, so plain `cargo build` / `cargo test` work.
@@ -254,12 +255,23 @@ fn fnv1a(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// `xtask/requirements.txt` and the stamp of it a complete install leaves in the venv.
+/// `xtask/requirements.txt` and the stamp of it (and of `requirements-nodeps.txt`) a
+/// complete install leaves in the venv.
 fn requirements_stamp(root: &Path, venv: &Path) -> Result<(PathBuf, String, PathBuf), String> {
     let req_path = root.join("xtask").join("requirements.txt");
-    let req =
+    let mut req =
         std::fs::read(&req_path).map_err(|e| format!("cannot read {}: {e}", req_path.display()))?;
+    let nodeps = nodeps_requirements(root);
+    req.extend(
+        std::fs::read(&nodeps).map_err(|e| format!("cannot read {}: {e}", nodeps.display()))?,
+    );
     Ok((req_path, fnv1a(&req), venv.join(".tchtrain-requirements")))
+}
+
+/// `xtask/requirements-nodeps.txt`: installed after the requirements without dependency
+/// resolution (see the file).
+fn nodeps_requirements(root: &Path) -> PathBuf {
+    root.join("xtask").join("requirements-nodeps.txt")
 }
 
 /// Whether the virtualenv exists with every requirement installed.
@@ -316,6 +328,12 @@ fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
             .args(["-m", "pip", "install", "--disable-pip-version-check", "-r"])
             .arg(&req_path),
         "installing the Python requirements from PyPI (is PyPI reachable?)",
+    )?;
+    cmd::status(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "-r"])
+            .arg(nodeps_requirements(root)),
+        "installing the Python requirements without their dependencies from PyPI",
     )?;
     std::fs::write(&stamp_path, &stamp)
         .map_err(|e| format!("cannot write {}: {e}", stamp_path.display()))?;

@@ -444,7 +444,9 @@ fn report_to_selects_loggers() {
         .err()
         .unwrap();
     assert!(
-        err.to_string().contains("comet_ml") && err.to_string().contains("wandb"),
+        err.to_string().contains("comet_ml")
+            && err.to_string().contains("does not document")
+            && err.to_string().contains("trackio, jsonl"),
         "{err}"
     );
 }

@@ -3,5 +3,6 @@
 mod common;
 mod handler_and_loggers;
 mod mlflow;
+mod trackio;
 mod upstream_parity;
 mod wandb;
