@@ -32,6 +32,7 @@ mod save_failures;
 mod seq2seq;
 mod signals;
 mod streaming;
+mod trackers;
 mod trainer;
 mod vision;
 mod vlm;
