@@ -177,14 +177,54 @@ impl Projector<'_> {
         if !present || iter.is_multiple_of(self.projection.update_proj_gap) {
             self.update(st, grad, side)?;
         }
+        let k = rows.min(cols);
         Ok(match side {
-            Side::Right => grad.f_matmul(&st.tensors[ORTHO].f_tr()?)?,
-            Side::Left => st.tensors[ORTHO].f_tr()?.f_matmul(grad)?,
+            Side::Right => grad.f_matmul(&self.right_operand(&st.tensors[ORTHO], k)?.f_tr()?)?,
+            Side::Left => self
+                .left_operand(&st.tensors[ORTHO])?
+                .f_tr()?
+                .f_matmul(grad)?,
             Side::Full => {
-                let (a, b) = (&st.tensors[ORTHO_FULL[0]], &st.tensors[ORTHO_FULL[1]]);
+                let a = self.left_operand(&st.tensors[ORTHO_FULL[0]])?;
+                let b = self.right_operand(&st.tensors[ORTHO_FULL[1]], k)?;
                 a.f_tr()?.f_matmul(grad)?.f_matmul(&b.f_tr()?)?
             }
         })
+    }
+
+    /// An SVD projector's `U[:, :rank]` (m x r) laid out as GaLore's is, a view of
+    /// `torch.linalg.svd`'s column-major `U`: column-major, leading dimension m. The state
+    /// keeps it contiguous (as a checkpoint loads it); the matmuls get this layout, because
+    /// MKL rounds a product differently by its operands' layout on some CPUs (AMD EPYC:
+    /// 6.9e-6 relative after 50 steps of `proj_type=full`). A random projector is contiguous
+    /// in apollo_torch too.
+    fn left_operand(&self, t: &Tensor) -> Result<Tensor> {
+        let [m, r] = t.size()[..] else {
+            return Ok(t.shallow_clone());
+        };
+        if self.kind != ProjectorKind::Svd || t.stride() == [1, m] {
+            return Ok(t.shallow_clone());
+        }
+        let mut out = Tensor::f_empty([r, m], (t.kind(), t.device()))?.f_tr()?;
+        out.f_copy_(t)?;
+        Ok(out)
+    }
+
+    /// An SVD projector's `Vh[:rank]` (r x n) laid out as GaLore's is, a row slice of
+    /// `torch.linalg.svd`'s column-major `Vh` (k x n, k = min(m, n) of the gradient): strides
+    /// (1, k) (see [`left_operand`](Self::left_operand)).
+    fn right_operand(&self, t: &Tensor, k: i64) -> Result<Tensor> {
+        let [r, n] = t.size()[..] else {
+            return Ok(t.shallow_clone());
+        };
+        if self.kind != ProjectorKind::Svd || t.stride() == [1, k] || k < r {
+            return Ok(t.shallow_clone());
+        }
+        let mut out = Tensor::f_empty([n, k], (t.kind(), t.device()))?
+            .f_tr()?
+            .f_narrow(0, 0, r)?;
+        out.f_copy_(t)?;
+        Ok(out)
     }
 
     /// `projector.project_back(low_rank_grad)` of GaLore: back to the parameter's shape, times
@@ -198,14 +238,20 @@ impl Projector<'_> {
                 key: ORTHO.into(),
             })
         };
+        // `low @ Vh[:r]` (the rows m of the gradient are low's) or `U[:, :r] @ low`.
+        let right = |b: &Tensor| -> Result<Tensor> {
+            let k = r0.min(b.size()[1]);
+            Ok(low.f_matmul(&self.right_operand(b, k)?)?)
+        };
+        let left = |a: &Tensor| -> Result<Tensor> { Ok(self.left_operand(a)?.f_matmul(low)?) };
         let full = match self.projection.proj_type {
-            ProjType::Std if r0 >= r1 => low.f_matmul(ortho()?)?,
-            ProjType::Std => ortho()?.f_matmul(low)?,
+            ProjType::Std if r0 >= r1 => right(ortho()?)?,
+            ProjType::Std => left(ortho()?)?,
             // "note this is different from std" (upstream)
-            ProjType::ReverseStd if r0 <= r1 => ortho()?.f_matmul(low)?,
-            ProjType::ReverseStd => low.f_matmul(ortho()?)?,
-            ProjType::Right => low.f_matmul(ortho()?)?,
-            ProjType::Left => ortho()?.f_matmul(low)?,
+            ProjType::ReverseStd if r0 <= r1 => left(ortho()?)?,
+            ProjType::ReverseStd => right(ortho()?)?,
+            ProjType::Right => right(ortho()?)?,
+            ProjType::Left => left(ortho()?)?,
             ProjType::Full => {
                 let get = |k: &str| {
                     st.tensors.get(k).ok_or_else(|| Error::MissingState {
@@ -213,9 +259,11 @@ impl Projector<'_> {
                         key: k.into(),
                     })
                 };
-                get(ORTHO_FULL[0])?
+                let (a, b) = (get(ORTHO_FULL[0])?, get(ORTHO_FULL[1])?);
+                let k = a.size()[0].min(b.size()[1]);
+                self.left_operand(a)?
                     .f_matmul(low)?
-                    .f_matmul(get(ORTHO_FULL[1])?)?
+                    .f_matmul(&self.right_operand(b, k)?)?
             }
         };
         Ok(full.f_mul_scalar(self.projection.scale)?)
