@@ -13,7 +13,7 @@ mod hub_server;
 mod log_history;
 
 pub use hub_server::{HubRequest, HubServer, HubServerBuilder, ServedRevision};
-pub use log_history::{MaxRel, assert_exact, compare, rel};
+pub use log_history::{MaxRel, assert_exact, compare, compare_within, rel};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
