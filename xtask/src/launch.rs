@@ -867,7 +867,23 @@ mod tests {
         seen
     }
 
-    const ECHO_ATTEMPT: &str = "echo \"restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS at $MASTER_PORT\"; ";
+    /// Echoes the group's restart line, then marks it done in `$SYNC` (a folder).
+    const ECHO_ATTEMPT: &str = "echo \"restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS at $MASTER_PORT\"; touch \"$SYNC/$TORCHELASTIC_RESTART_COUNT-$RANK\"; ";
+    /// Waits until both ranks of the group have echoed their line: a rank failing at once
+    /// would otherwise get the other stopped before its line, on a busy machine.
+    const WAIT_BOTH: &str = "while [ ! -e \"$SYNC/$TORCHELASTIC_RESTART_COUNT-0\" ] || [ ! -e \"$SYNC/$TORCHELASTIC_RESTART_COUNT-1\" ]; do sleep 0.02; done; ";
+
+    /// [`sh`] with `$SYNC` a fresh folder (see [`ECHO_ATTEMPT`]).
+    fn synced(script: &str, term_timeout: f64, name: &str) -> Options {
+        let sync = std::env::temp_dir().join(format!("launch-sync-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&sync);
+        std::fs::create_dir_all(&sync).unwrap();
+        sh(
+            2,
+            &format!("SYNC='{}'; {script}", sync.display()),
+            term_timeout,
+        )
+    }
 
     /// torchrun's `--max-restarts`: rank 1 fails in the first two groups; each failure stops
     /// the group and starts it again with `TORCHELASTIC_RESTART_COUNT` one higher and, with
@@ -875,12 +891,12 @@ mod tests {
     #[test]
     fn a_failed_group_is_restarted_until_it_succeeds() {
         let c = Captured::new();
-        let mut o = sh(
-            2,
+        let mut o = synced(
             &format!(
-                "{ECHO_ATTEMPT}if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 3; fi; sleep 0.2"
+                "{ECHO_ATTEMPT}{WAIT_BOTH}if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 3; fi; sleep 0.2"
             ),
             30.0,
+            "until-success",
         );
         o.max_restarts = 3;
         let watch = Watch::default();
@@ -924,10 +940,10 @@ mod tests {
             .unwrap()
             .resolve_port()
             .unwrap();
-        let mut o = sh(
-            2,
-            &format!("{ECHO_ATTEMPT}[ \"$RANK\" = 0 ] && exit 7; sleep 30"),
+        let mut o = synced(
+            &format!("{ECHO_ATTEMPT}{WAIT_BOTH}[ \"$RANK\" = 0 ] && exit 7; sleep 30"),
             30.0,
+            "past-restarts",
         );
         o.master_port = port;
         o.max_restarts = 2;
@@ -952,12 +968,12 @@ mod tests {
     #[test]
     fn a_stopped_rank_is_ended_and_its_group_restarted() {
         let c = Captured::new();
-        let mut o = sh(
-            2,
+        let mut o = synced(
             &format!(
-                "{ECHO_ATTEMPT}if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then kill -STOP $$; else sleep 0.5; exit 1; fi; fi"
+                "{ECHO_ATTEMPT}if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then kill -STOP $$; else {WAIT_BOTH}sleep 0.5; exit 1; fi; fi"
             ),
             60.0,
+            "stopped",
         );
         o.max_restarts = 1;
         let start = Instant::now();

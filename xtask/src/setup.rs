@@ -331,7 +331,14 @@ fn ensure_venv(root: &Path, venv: &Path) -> Result<(), String> {
     )?;
     cmd::status(
         Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-deps", "-r"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "-r",
+            ])
             .arg(nodeps_requirements(root)),
         "installing the Python requirements without their dependencies from PyPI",
     )?;
