@@ -48,7 +48,7 @@ def sibling(stem):
 reader = sibling("_trackio_read")
 
 import transformers  # noqa: E402
-from transformers import GPT2Config, TrainerControl, TrainerState, TrainingArguments  # noqa: E402
+from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
 from transformers.integrations import TrackioCallback  # noqa: E402
 
 transformers.logging.set_verbosity_warning()
@@ -66,19 +66,8 @@ ARGS = dict(
 )
 
 
-class Model:
-    """What the callback reads of a model: its `config` and `num_parameters()`."""
-
-    def __init__(self, config, n):
-        self.config = config
-        self.n = n
-
-    def num_parameters(self):
-        return self.n
-
-
-def model_config():
-    return GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, num_labels=3)
+_model = sibling("_logger_model")
+Model, model_config = _model.Model, _model.model_config
 
 
 LOGS = [
