@@ -1,5 +1,6 @@
 //! What the loggers' file formats share: table-driven CRC-32 variants (TFRecord's CRC-32C,
-//! W&B's zlib CRC-32) and UTC calendar times for run-folder names.
+//! W&B's zlib CRC-32), UTC calendar times for run-folder names, and the random words of run
+//! and log ids.
 
 /// The byte table of a reflected CRC-32 with polynomial `poly`.
 pub(crate) const fn crc_table(poly: u32) -> [u32; 256] {
@@ -47,4 +48,27 @@ pub(crate) fn utc_parts(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// A stream of random 64-bit words for run and log ids (splitmix64 over the time, the process
+/// id and a per-process counter, so two streams of one process differ): not for secrets.
+pub(crate) fn random_stream() -> impl FnMut() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut state = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0xd6e8_feb8_6659_fd93);
+    move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
 }

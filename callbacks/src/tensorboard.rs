@@ -31,6 +31,29 @@ pub fn rewrite_logs(logs: &JsonMap) -> JsonMap {
         .collect()
 }
 
+/// The logs upstream's W&B and Trackio callbacks keep out of a logged row (W&B puts them in
+/// the run's summary alone).
+pub(crate) const SINGLE_VALUE_SCALARS: [&str; 5] = [
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "total_flos",
+];
+
+/// The row upstream's W&B and Trackio callbacks log for `logs`: the single-value scalars
+/// left out, [`rewrite_logs`], and `train/global_step`.
+pub(crate) fn step_row(logs: &JsonMap, global_step: i64) -> JsonMap {
+    let rest: JsonMap = logs
+        .iter()
+        .filter(|(k, _)| !SINGLE_VALUE_SCALARS.contains(k))
+        .map(|(k, v)| (k, v.clone()))
+        .collect();
+    let mut row = rewrite_logs(&rest);
+    row.insert("train/global_step", JsonValue::Int(global_step));
+    row
+}
+
 /// Upstream `default_logdir`: `runs/<Mon><DD>_<HH>-<MM>-<SS>_<hostname>`. The time is UTC
 /// (upstream uses local time; this crate reads no time zone database).
 pub fn default_logdir() -> PathBuf {

@@ -34,7 +34,7 @@ use tchtrain_training_args::{JsonMap, JsonValue, StrOrBool, TrainingArguments, d
 use crate::args_dict::args_to_dict;
 use crate::error::{Error, Result};
 use crate::model_config::ModelConfig;
-use crate::tensorboard::rewrite_logs;
+use crate::tensorboard::{rewrite_logs, step_row};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
@@ -43,15 +43,6 @@ use crate::trainer_state::TrainerState;
 const SCHEMA: &str = include_str!("trackio_schema.sql");
 /// trackio's `SCHEMA_VERSION`, kept in `PRAGMA user_version`.
 pub const TRACKIO_SCHEMA_VERSION: i64 = 2;
-
-/// The logs upstream's `on_log` leaves out.
-const SINGLE_VALUE_SCALARS: [&str; 5] = [
-    "train_runtime",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_loss",
-    "total_flos",
-];
 
 // trackio's `generate_readable_name` word lists (utils.py).
 const ADJECTIVES: [&str; 91] = [
@@ -410,24 +401,7 @@ fn iso_now() -> String {
 
 /// `uuid.uuid4().hex`: 32 hex digits, version 4, RFC 4122 variant.
 fn uuid4_hex() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut state = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-        ^ (u64::from(std::process::id()) << 32)
-        ^ COUNTER
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0xd6e8_feb8_6659_fd93);
-    let mut next = || {
-        // splitmix64
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut next = crate::checksum_time::random_stream();
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&next().to_le_bytes());
     bytes[8..].copy_from_slice(&next().to_le_bytes());
@@ -695,14 +669,7 @@ impl TrainerCallback for TrackioCallback {
         let Some(run) = self.run.as_mut() else {
             return Ok(());
         };
-        let rest: JsonMap = logs
-            .iter()
-            .filter(|(k, _)| !SINGLE_VALUE_SCALARS.contains(k))
-            .map(|(k, v)| (k, v.clone()))
-            .collect();
-        let mut row = rewrite_logs(&rest);
-        row.insert("train/global_step", JsonValue::Int(state.global_step));
-        run.log(&row)
+        run.log(&step_row(logs, state.global_step))
     }
 
     fn on_predict(

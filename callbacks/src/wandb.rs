@@ -30,19 +30,10 @@ use crate::args_dict::args_to_dict;
 use crate::error::{Error, Result};
 use crate::model_config::ModelConfig;
 use crate::protobuf::Proto;
-use crate::tensorboard::rewrite_logs;
+use crate::tensorboard::{SINGLE_VALUE_SCALARS, rewrite_logs, step_row};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
-
-/// The logs upstream's `on_log` puts in the summary only.
-const SINGLE_VALUE_SCALARS: [&str; 5] = [
-    "train_runtime",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_loss",
-    "total_flos",
-];
 
 /// The step metric upstream's callback defines.
 const STEP_METRIC: &str = "train/global_step";
@@ -289,21 +280,9 @@ fn timestamp_name(secs: i64) -> String {
 /// wandb's `generate_id()`: 8 characters of `[a-z0-9]`.
 fn generate_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut state = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-        ^ (u64::from(std::process::id()) << 32);
+    let mut next = crate::checksum_time::random_stream();
     (0..8)
-        .map(|_| {
-            // splitmix64
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            ALPHABET[(z % ALPHABET.len() as u64) as usize] as char
-        })
+        .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize] as char)
         .collect()
 }
 
@@ -596,14 +575,7 @@ impl TrainerCallback for WandbCallback {
         if !scalars.is_empty() {
             run.summary(&scalars)?;
         }
-        let rest: JsonMap = logs
-            .iter()
-            .filter(|(k, _)| !SINGLE_VALUE_SCALARS.contains(k))
-            .map(|(k, v)| (k, v.clone()))
-            .collect();
-        let mut row = rewrite_logs(&rest);
-        row.insert("train/global_step", JsonValue::Int(state.global_step));
-        run.log(&row)
+        run.log(&step_row(logs, state.global_step))
     }
 
     fn on_predict(

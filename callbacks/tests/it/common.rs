@@ -7,6 +7,19 @@ use std::path::PathBuf;
 use tchtrain_callbacks::{JsonValue, loads};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
+/// The setup virtualenv's python (`TCHTRAIN_VENV_PYTHON`), which has the trackers' packages
+/// (wandb, trackio) whose readers the logger tests run.
+pub fn venv_python() -> PathBuf {
+    PathBuf::from(std::env::var_os("TCHTRAIN_VENV_PYTHON").unwrap_or_else(|| {
+        panic!("TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with wandb and trackio); run `cargo xtask setup`")
+    }))
+}
+
+/// The workspace root (the reference scripts are under its `scripts/reference/`).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// `$TCHTRAIN_ASSETS/reference`, else `<crate>/../assets/reference`: one folder per script of
 /// scripts/reference/.
 pub fn reference_root() -> PathBuf {

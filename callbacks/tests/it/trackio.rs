@@ -8,7 +8,7 @@
 //! steps continued), every run's config and every logged row (times and ids excepted; NaN and
 //! infinities as trackio reads them back).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use tchtrain_callbacks::{
@@ -17,17 +17,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::{StrOrBool, TrainingArguments};
 
-use crate::common::temp_dir;
-
-fn python() -> PathBuf {
-    PathBuf::from(std::env::var_os("TCHTRAIN_VENV_PYTHON").unwrap_or_else(|| {
-        panic!("TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with trackio); run `cargo xtask setup`")
-    }))
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::common::{repo, temp_dir, venv_python};
 
 fn reference() -> JsonValue {
     let assets =
@@ -54,7 +44,7 @@ fn object(v: &JsonValue) -> JsonMap {
 
 /// What trackio's API reads from the project `project` under `dir`.
 fn read_back(dir: &Path, project: &str) -> JsonValue {
-    let out = Command::new(python())
+    let out = Command::new(venv_python())
         .arg(repo().join("scripts/reference/_trackio_read.py"))
         .arg(project)
         .env("TRACKIO_DIR", dir)
@@ -179,7 +169,7 @@ fn trackio_refuses_the_hub_and_foreign_databases_with_the_reason() {
 
     // A project database of another trackio schema is not written into.
     let dir = temp_dir("trackio-foreign");
-    let status = Command::new(python())
+    let status = Command::new(venv_python())
         .args([
             "-c",
             "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('CREATE TABLE metrics (x)'); c.execute('PRAGMA user_version = 1'); c.commit()",

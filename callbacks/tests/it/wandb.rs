@@ -7,7 +7,7 @@
 //! (timing values excepted); `wandb sync --dry-run` must take the folder as a run to upload.
 //! Numbers are compared as floats (wandb-core rewrites `2.0` as `2`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -17,17 +17,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::temp_dir;
-
-fn python() -> PathBuf {
-    PathBuf::from(std::env::var_os("TCHTRAIN_VENV_PYTHON").unwrap_or_else(|| {
-        panic!("TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with wandb); run `cargo xtask setup`")
-    }))
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::common::{repo, temp_dir, venv_python};
 
 fn reference() -> Value {
     let assets =
@@ -138,7 +128,7 @@ fn wandb_callback_writes_what_upstream_writes() {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "wandb"))
             .expect("a run-<id>.wandb file");
-        let out = Command::new(python())
+        let out = Command::new(venv_python())
             .arg(repo().join("scripts/reference/_wandb_records.py"))
             .arg(&file)
             .output()
@@ -153,7 +143,7 @@ fn wandb_callback_writes_what_upstream_writes() {
             panic!("{name}: {e}");
         }
         // `wandb sync` takes the folder as an offline run to upload.
-        let wandb = python().parent().unwrap().join("wandb");
+        let wandb = venv_python().parent().unwrap().join("wandb");
         let out = Command::new(&wandb)
             .args(["sync", "--dry-run"])
             .arg(&run_dir)
