@@ -32,7 +32,7 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 use tchtrain_data::{BatchSamplerShard, DataLoader};
 use tchtrain_distributed::{
-    DEFAULT_BUCKET_CAP_MB, DEFAULT_TIMEOUT, DistributedDataParallel, ProcessGroup, ReduceOp,
+    DEFAULT_TIMEOUT, DistributedDataParallel, ProcessGroup, ReduceOp,
 };
 use tchtrain_optim::{GradScaler, GradScalerKwargs, GroupSpec, Optimizer};
 
@@ -159,7 +159,8 @@ pub struct Accelerator {
     scaler: Option<Mutex<GradScaler>>,
     /// Whether the scaler's settings were given (`GradScalerKwargs`), not accelerate's default.
     scaler_kwargs_given: bool,
-    bucket_cap_mb: f64,
+    /// `DistributedDataParallelKwargs(bucket_cap_mb=...)`, `None` for DDP's default buckets.
+    bucket_cap_mb: Option<f64>,
     find_unused_parameters: bool,
     ddp: Option<DistributedDataParallel>,
     zero: Option<Zero>,
@@ -204,7 +205,7 @@ impl Accelerator {
             autocast,
             scaler,
             scaler_kwargs_given,
-            bucket_cap_mb: options.bucket_cap_mb.unwrap_or(DEFAULT_BUCKET_CAP_MB),
+            bucket_cap_mb: options.bucket_cap_mb,
             find_unused_parameters: options.find_unused_parameters,
             ddp: None,
             zero: None,
@@ -294,8 +295,12 @@ impl Accelerator {
         }
         let (cap, find_unused) = (self.bucket_cap_mb, self.find_unused_parameters);
         self.ddp = self.state.with_process_group(|pg| {
-            Ok(DistributedDataParallel::new(pg, parameters, cap)?
-                .find_unused_parameters(find_unused))
+            Ok(DistributedDataParallel::new(
+                pg,
+                parameters,
+                cap,
+                find_unused,
+            )?)
         })?;
         Ok(())
     }
@@ -502,8 +507,8 @@ impl Accelerator {
 
     /// `accelerator.backward(loss)`: `loss.backward()`, the loss first multiplied by the
     /// fp16 loss scale when there is a scaler (`scaler.scale(loss).backward()`); on a sync
-    /// step the gradients are then reduced across processes (DDP's all-reduce, ZeRO's
-    /// reduce into the shards).
+    /// step the gradients are reduced across processes (DDP's bucket all-reduces during
+    /// the backward, ZeRO's reduce into the shards after it).
     pub fn backward(&self, loss: &Tensor) -> Result<()> {
         let scale = match self.scaler() {
             Some(mut s) => s.scale_tensor(loss.device())?,
@@ -518,11 +523,20 @@ impl Accelerator {
             }
             return Ok(());
         }
+        // DDP: the reducer armed as DDP's forward arms it; on a sync step the backward then
+        // all-reduces the buckets as their gradients become ready.
+        if let Some(ddp) = &self.ddp {
+            ddp.prepare_for_backward(&[loss], self.sync_gradients())?;
+        }
         match scale {
             Some(scale) => loss
                 .f_mul(&scale.f_to_device(loss.device())?)?
                 .f_backward()?,
             None => loss.f_backward()?,
+        }
+        if let Some(ddp) = self.ddp.as_ref().filter(|_| self.sync_gradients()) {
+            ddp.finish_backward()?;
+            self.gradients_reduced.store(true, Ordering::Relaxed);
         }
         if self.sync_gradients() {
             self.reduce_gradients()?;
@@ -531,7 +545,8 @@ impl Accelerator {
     }
 
     /// The window's gradient reduction across processes, once: DDP's bucketed all-reduce
-    /// (averaged), or the ZeRO engine's reduce into the shards. Also run by
+    /// (averaged) when the backward did not already reduce through DDP's reducer, or the
+    /// ZeRO engine's reduce into the shards. Also run by
     /// [`clip_grad_norm_`](Self::clip_grad_norm_) and
     /// [`optimizer_step`](Self::optimizer_step) when the backward did not (a loss whose
     /// backward was called directly). Nothing in a single-process run without an engine.

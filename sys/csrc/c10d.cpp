@@ -6,6 +6,7 @@
 // Every function returns nullptr on success or a heap-allocated error message (free it
 // with `tchtrain_free_error`); `work->wait()` rethrows engine errors (a dead peer, a
 // timeout) and they are caught here, so no C++ exception crosses into Rust.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
@@ -57,12 +58,28 @@ c10::intrusive_ptr<c10d::Store> make_store(
   return c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
 }
 
+// The `ProcessGroup` over one backend, as `init_process_group` builds it: what DDP's
+// reducer (csrc/ddp.cpp) runs its bucket all-reduces through.
+c10::intrusive_ptr<c10d::ProcessGroup> make_group(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int world_size,
+    const c10::intrusive_ptr<c10d::Backend>& backend,
+    bool nccl) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
+  group->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, backend);
+  group->setDefaultBackend(type);
+  return group;
+}
+
 } // namespace
 
 struct tchtrain_pg {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> pg;
   bool nccl;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 
 extern "C" {
@@ -87,8 +104,9 @@ char* tchtrain_c10d_new_gloo(
     } else {
       options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
-    *out = new tchtrain_pg{store, pg, false};
+    c10::intrusive_ptr<c10d::Backend> pg =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+    *out = new tchtrain_pg{store, pg, false, make_group(store, rank, world_size, pg, false)};
   });
 }
 
@@ -131,7 +149,7 @@ char* tchtrain_c10d_new_nccl(
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
     pg->setBoundDeviceId(device);
     pg->eagerConnectSingleDevice(device);
-    *out = new tchtrain_pg{store, pg, true};
+    *out = new tchtrain_pg{store, pg, true, make_group(store, rank, world_size, pg, true)};
   });
 #else
   (void)host;

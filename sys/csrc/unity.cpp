@@ -14,3 +14,4 @@
 #include "cpu_cache.cpp"
 #include "optim.cpp"
 #include "c10d.cpp"
+#include "ddp.cpp"

@@ -15,6 +15,7 @@
 //! | `csrc/cpu_cache.cpp` | a caching CPU allocator installed while the Trainer runs |
 //! | `csrc/optim.cpp` | `add` / `addcmul` / `addcdiv` with their scalars, `p.grad = g`, the fused Adam(W) / SGD kernels |
 //! | `csrc/c10d.cpp` + `csrc/gloo/` | a TCPStore rendezvous, ProcessGroupGloo (ProcessGroupNCCL with the `cuda` feature), the collectives |
+//! | `csrc/ddp.cpp` | DDP's gradient reduction overlapped with the backward: torch's own `c10d::Reducer`, built and driven as `DistributedDataParallel` does |
 //!
 //! Only raw `extern "C"` declarations live here; the safe wrappers stay beside their users
 //! (`tchtrain-optim`, `tchtrain-distributed`, `tchtrain-accelerate`, `tchtrain-trainer`).
@@ -34,6 +35,13 @@ pub mod cpu_cache;
 #[repr(C)]
 #[allow(non_camel_case_types)]
 pub struct tchtrain_pg {
+    _private: [u8; 0],
+}
+
+/// The shim's DDP reducer (torch's `c10d::Reducer`), owned through a pointer.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct tchtrain_reducer {
     _private: [u8; 0],
 }
 
@@ -127,6 +135,13 @@ unsafe extern "C" {
     pub fn tchtrain_set_deterministic(on: c_int, warn_only: c_int) -> *mut c_char;
     pub fn tchtrain_deterministic_algorithms() -> c_int;
     pub fn tchtrain_empty_device_cache(device: c_int) -> *mut c_char;
+    pub fn tchtrain_device_memory_allocated(
+        device: c_int,
+        index: c_int,
+        current: *mut i64,
+        peak: *mut i64,
+    ) -> *mut c_char;
+    pub fn tchtrain_device_reset_peak_memory_stats(device: c_int, index: c_int) -> *mut c_char;
 }
 
 // csrc/checkpoint.cpp
@@ -322,4 +337,31 @@ unsafe extern "C" {
         op: c_int,
     ) -> *mut c_char;
     pub fn tchtrain_c10d_barrier(pg: *mut tchtrain_pg) -> *mut c_char;
+}
+
+// csrc/ddp.cpp
+unsafe extern "C" {
+    pub fn tchtrain_ddp_reducer_new(
+        pg: *mut tchtrain_pg,
+        params: *const *mut C_tensor,
+        n: usize,
+        bucket_bytes_cap: i64,
+        first_bucket_bytes_cap: i64,
+        find_unused_parameters: c_int,
+        out: *mut *mut tchtrain_reducer,
+        num_buckets: *mut usize,
+    ) -> *mut c_char;
+    pub fn tchtrain_ddp_reducer_prepare_for_forward(r: *mut tchtrain_reducer) -> *mut c_char;
+    pub fn tchtrain_ddp_reducer_rebuild_buckets(
+        r: *mut tchtrain_reducer,
+        rebuilt: *mut c_int,
+    ) -> *mut c_char;
+    pub fn tchtrain_ddp_reducer_prepare_for_backward(
+        r: *mut tchtrain_reducer,
+        outputs: *const *mut C_tensor,
+        n: usize,
+    ) -> *mut c_char;
+    pub fn tchtrain_ddp_reducer_check_finalized(r: *mut tchtrain_reducer) -> *mut c_char;
+    pub fn tchtrain_ddp_reducer_num_buckets(r: *mut tchtrain_reducer) -> usize;
+    pub fn tchtrain_ddp_reducer_free(r: *mut tchtrain_reducer);
 }

@@ -458,7 +458,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     inert(
         "ddp_static_graph",
-        "an optimisation of DDP's bucket scheduling for graphs that never change; the all-reduce here runs once per window, graph or not",
+        "an optimisation of torch's DDP reducer for graphs that never change (the first iteration's all-reduce delayed, unused parameters recorded once instead of searched for); the reducer here runs without it, with the same gradients",
     ),
     h("ddp_backend", &["backend_defaults_and_refusals"]),
     h(

@@ -126,6 +126,88 @@ impl RawGroup {
     }
 }
 
+/// An owned DDP reducer (torch's `c10d::Reducer`) over some parameters of a [`RawGroup`]; it
+/// keeps the group's backend alive on its own.
+#[derive(Debug)]
+pub(crate) struct RawReducer {
+    ptr: *mut tchtrain_reducer,
+}
+
+// SAFETY: the reducer is driven from one thread at a time through `&self` between
+// backwards (its hooks run inside the backward of that thread's tensors), and its state
+// sits behind the reducer's own mutex.
+unsafe impl Send for RawReducer {}
+// SAFETY: as above; every shim call takes the reducer's mutex.
+unsafe impl Sync for RawReducer {}
+
+impl RawReducer {
+    /// A reducer over `params`; also returns the first iteration's bucket count.
+    pub(crate) fn new(
+        group: &mut RawGroup,
+        params: &[Tensor],
+        bucket_bytes_cap: i64,
+        first_bucket_bytes_cap: i64,
+        find_unused_parameters: bool,
+    ) -> Result<(Self, usize), String> {
+        let ptrs: Vec<*mut C_tensor> = params.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+        let mut ptr: *mut tchtrain_reducer = std::ptr::null_mut();
+        let mut buckets = 0usize;
+        // SAFETY: the group and the tensors are live for the call; the shim copies the
+        // tensor handles; `ptr` and `buckets` are written only on success.
+        check(unsafe {
+            tchtrain_ddp_reducer_new(
+                group.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                bucket_bytes_cap,
+                first_bucket_bytes_cap,
+                i32::from(find_unused_parameters),
+                &mut ptr,
+                &mut buckets,
+            )
+        })?;
+        Ok((Self { ptr }, buckets))
+    }
+
+    pub(crate) fn prepare_for_forward(&self) -> Result<(), String> {
+        // SAFETY: `self.ptr` is live.
+        check(unsafe { tchtrain_ddp_reducer_prepare_for_forward(self.ptr) })
+    }
+
+    pub(crate) fn rebuild_buckets(&self) -> Result<bool, String> {
+        let mut rebuilt = 0;
+        // SAFETY: `self.ptr` is live; `rebuilt` is written on success.
+        check(unsafe { tchtrain_ddp_reducer_rebuild_buckets(self.ptr, &mut rebuilt) })?;
+        Ok(rebuilt != 0)
+    }
+
+    pub(crate) fn prepare_for_backward(&self, outputs: &[&Tensor]) -> Result<(), String> {
+        let ptrs: Vec<*mut C_tensor> =
+            outputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+        // SAFETY: the tensors are live for the call; the shim copies their handles.
+        check(unsafe {
+            tchtrain_ddp_reducer_prepare_for_backward(self.ptr, ptrs.as_ptr(), ptrs.len())
+        })
+    }
+
+    pub(crate) fn check_finalized(&self) -> Result<(), String> {
+        // SAFETY: `self.ptr` is live.
+        check(unsafe { tchtrain_ddp_reducer_check_finalized(self.ptr) })
+    }
+
+    pub(crate) fn num_buckets(&self) -> usize {
+        // SAFETY: `self.ptr` is live.
+        unsafe { tchtrain_ddp_reducer_num_buckets(self.ptr) }
+    }
+}
+
+impl Drop for RawReducer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `tchtrain_ddp_reducer_new` and is freed once.
+        unsafe { tchtrain_ddp_reducer_free(self.ptr) };
+    }
+}
+
 impl Drop for RawGroup {
     fn drop(&mut self) {
         // SAFETY: the pointer came from `tchtrain_c10d_new_gloo` / `_new_nccl` and is freed once.

@@ -29,7 +29,7 @@ mod error;
 mod ffi;
 mod process_group;
 
-pub use ddp::{DEFAULT_BUCKET_CAP_MB, DistributedDataParallel};
+pub use ddp::{DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, DistributedDataParallel};
 pub use env::DistributedEnv;
 pub use error::{Error, Result};
 pub use process_group::{Backend, DEFAULT_TIMEOUT, ProcessGroup, ReduceOp};

@@ -253,6 +253,11 @@ impl ProcessGroup {
         self.device
     }
 
+    /// The shim's group, for what is built over it (DDP's reducer).
+    pub(crate) fn raw_mut(&mut self) -> &mut RawGroup {
+        &mut self.raw
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> i32 {
         self.rank

@@ -309,7 +309,10 @@ fn a_rank_that_never_joins_is_a_rendezvous_error() {
 
 /// Two ranks, each with half of a batch, after DDP's gradient average hold exactly the
 /// gradient of the mean loss over the whole batch (computed here in one process too), and
-/// parameters that started different are equal after the initial broadcast.
+/// parameters that started different are equal after the initial broadcast. Through torch's
+/// reducer: one bucket in the first iteration, then rebuilt (a tiny cap: one bucket per
+/// parameter); a backward with `sync` false keeps this rank's own gradients (`no_sync`);
+/// a backward the reducer was not prepared for is reduced after it.
 #[test]
 fn ddp_average_equals_full_batch_gradient() {
     if !is_rank() {
@@ -332,11 +335,15 @@ fn ddp_average_equals_full_batch_gradient() {
     };
     let w = init(i64::from(r)).set_requires_grad(true);
     let b = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-    // A tiny cap forces one bucket per parameter.
-    let ddp =
-        DistributedDataParallel::new(&mut pg, vec![w.shallow_clone(), b.shallow_clone()], 1e-6)
-            .unwrap();
-    assert_eq!(ddp.num_buckets(), 2);
+    let ddp = DistributedDataParallel::new(
+        &mut pg,
+        vec![w.shallow_clone(), b.shallow_clone()],
+        Some(1e-6),
+        false,
+    )
+    .unwrap();
+    // DDP without find_unused_parameters: everything in one bucket until the rebuild.
+    assert_eq!(ddp.num_buckets(), 1);
     assert_eq!(values(&w), values(&init(0)));
 
     let x = Tensor::arange(16, (Kind::Float, tch::Device::Cpu)).reshape([4, 4]) / 7.0 - 1.0;
@@ -347,31 +354,65 @@ fn ddp_average_equals_full_batch_gradient() {
             .mean(Kind::Float)
     };
     let mine = x.narrow(0, i64::from(r) * 2, 2);
-    loss_of(&mine).backward();
-    ddp.all_reduce_gradients(&mut pg).unwrap();
-    let (gw, gb) = (values(&w.grad()), values(&b.grad()));
+    let zero_grads = || {
+        for p in [&w, &b] {
+            let _ = p.grad().zero_();
+        }
+    };
 
-    // Reference: the same parameters, the whole batch, one process.
+    // Reference: the same parameters, the whole batch, one process; and this rank's half.
     let w2 = init(0).set_requires_grad(true);
     let b2 = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-    (x.matmul(&w2.tr()) + &b2)
-        .tanh()
-        .square()
-        .mean(Kind::Float)
-        .backward();
-    for (a, e) in gw
-        .iter()
-        .chain(&gb)
-        .zip(values(&w2.grad()).iter().chain(&values(&b2.grad())))
-    {
-        assert!((a - e).abs() <= 1e-6, "ddp grad {a} vs full-batch {e}");
+    let reference = |rows: &Tensor| {
+        for p in [&w2, &b2] {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        (rows.matmul(&w2.tr()) + &b2)
+            .tanh()
+            .square()
+            .mean(Kind::Float)
+            .backward();
+        [values(&w2.grad()), values(&b2.grad())].concat()
+    };
+    let full = reference(&x);
+    let local = reference(&mine);
+    let grads = || [values(&w.grad()), values(&b.grad())].concat();
+    let close = |got: &[f64], want: &[f64], what: &str| {
+        for (a, e) in got.iter().zip(want) {
+            assert!((a - e).abs() <= 1e-6, "{what}: {a} vs {e}");
+        }
+    };
+
+    for iteration in 0..2 {
+        let loss = loss_of(&mine);
+        ddp.prepare_for_backward(&[&loss], true).unwrap();
+        loss.backward();
+        ddp.finish_backward().unwrap();
+        close(&grads(), &full, &format!("reducer, iteration {iteration}"));
+        // The first synchronised backward recorded the order; the next one rebuilt.
+        assert_eq!(ddp.num_buckets(), if iteration == 0 { 1 } else { 2 });
+        zero_grads();
     }
+
+    let loss = loss_of(&mine);
+    ddp.prepare_for_backward(&[&loss], false).unwrap();
+    loss.backward();
+    close(&grads(), &local, "no_sync");
+    zero_grads();
+
+    loss_of(&mine).backward();
+    ddp.all_reduce_gradients(&mut pg).unwrap();
+    close(&grads(), &full, "after the backward");
 }
 
 /// DDP's `find_unused_parameters`: rank 0's loss uses `a` and `b`, rank 1's only `a`, and no
-/// rank uses `c`. Without it, rank 1's reduce is an error naming the setting (before any
-/// collective, so rank 0 is told too by the test, not left waiting); with it, `b`'s gradient
-/// is rank 0's halved on both ranks (rank 1 counts zeros), and `c` keeps none.
+/// rank uses `c`. Without it, the backward leaves the bucket unreduced on both ranks and
+/// the check after it is an error naming the setting; with it, `b`'s gradient is rank 0's
+/// halved on both ranks (rank 1 counts zeros), and `c` keeps none. The same through the
+/// reduction after a backward the reducer was not prepared for.
 #[test]
 fn unused_parameters_count_as_zeros_with_find_unused_parameters() {
     if !is_rank() {
@@ -391,7 +432,7 @@ fn unused_parameters_count_as_zeros_with_find_unused_parameters() {
     let param =
         |v: f64| (Tensor::ones([2], (Kind::Float, Device::Cpu)) * v).set_requires_grad(true);
     let (a, b, c) = (param(1.0), param(2.0), param(3.0));
-    let step = |ddp: &DistributedDataParallel, pg: &mut ProcessGroup| {
+    let step = |ddp: &DistributedDataParallel, pg: &mut ProcessGroup, prepared: bool| {
         for p in [&a, &b] {
             let mut g = p.grad();
             if g.defined() {
@@ -403,26 +444,37 @@ fn unused_parameters_count_as_zeros_with_find_unused_parameters() {
         } else {
             (&a * 3.0).sum(Kind::Float)
         };
+        if !prepared {
+            loss.backward();
+            return ddp.all_reduce_gradients(pg);
+        }
+        ddp.prepare_for_backward(&[&loss], true)?;
         loss.backward();
-        ddp.all_reduce_gradients(pg)
+        ddp.finish_backward()
     };
     let params = || vec![a.shallow_clone(), b.shallow_clone(), c.shallow_clone()];
-    let strict = DistributedDataParallel::new(&mut pg, params(), 25.0).unwrap();
+    let strict = DistributedDataParallel::new(&mut pg, params(), None, false).unwrap();
+    let err = step(&strict, &mut pg, true).unwrap_err().to_string();
+    assert!(err.contains("find_unused_parameters"), "{err}");
+    // A fresh reducer: the first one is left in the middle of its iteration.
+    drop(strict);
+    let strict = DistributedDataParallel::new(&mut pg, params(), None, false).unwrap();
     if r == 1 {
         // Rank 1 never reaches the collective: only rank 0 goes on with `find_unused`.
-        let err = step(&strict, &mut pg).unwrap_err().to_string();
+        let err = step(&strict, &mut pg, false).unwrap_err().to_string();
         assert!(err.contains("find_unused_parameters"), "{err}");
     }
-    let ddp = DistributedDataParallel::new(&mut pg, params(), 25.0)
-        .unwrap()
-        .find_unused_parameters(true);
-    step(&ddp, &mut pg).unwrap();
-    // d(a*b)/db = a = 1 on rank 0, nothing on rank 1: the average is 0.5.
-    assert_eq!(values(&b.grad()), [0.5, 0.5]);
-    // d/da: b = 2 on rank 0, 3 on rank 1.
-    assert_eq!(values(&a.grad()), [2.5, 2.5]);
-    assert!(
-        !c.grad().defined(),
-        "a parameter no rank used keeps no gradient"
-    );
+    drop(strict);
+    let ddp = DistributedDataParallel::new(&mut pg, params(), None, true).unwrap();
+    for prepared in [true, false] {
+        step(&ddp, &mut pg, prepared).unwrap();
+        // d(a*b)/db = a = 1 on rank 0, nothing on rank 1: the average is 0.5.
+        assert_eq!(values(&b.grad()), [0.5, 0.5], "prepared: {prepared}");
+        // d/da: b = 2 on rank 0, 3 on rank 1.
+        assert_eq!(values(&a.grad()), [2.5, 2.5], "prepared: {prepared}");
+        assert!(
+            !c.grad().defined(),
+            "a parameter no rank used keeps no gradient"
+        );
+    }
 }
