@@ -1,7 +1,9 @@
 //! Process-wide backend switches: upstream's `enable_tf32` / `is_torch_tf32_available`
 //! (transformers `utils/import_utils.py`), `torch.use_deterministic_algorithms` (what
-//! `enable_full_determinism` sets) and accelerate's `clear_device_cache`
-//! (`utils/memory.py`), over `tchtrain-sys`'s `csrc/backends.cpp`.
+//! `enable_full_determinism` sets), accelerate's `clear_device_cache` (`utils/memory.py`)
+//! and the CUDA allocator's counters (`torch.cuda.memory_allocated`,
+//! `max_memory_allocated`, `reset_peak_memory_stats`), over `tchtrain-sys`'s
+//! `csrc/backends.cpp`.
 #![allow(unsafe_code)]
 
 use tch::Device;
@@ -56,4 +58,25 @@ pub fn clear_device_cache(device: Device) -> Result<()> {
     let (code, _) = device_code(device)?;
     // SAFETY: plain C call; the error pointer is taken by `check`.
     check(unsafe { tchtrain_sys::tchtrain_empty_device_cache(code) })
+}
+
+/// `torch.cuda.memory_allocated(index)` and `torch.cuda.max_memory_allocated(index)`: the
+/// bytes the CUDA caching allocator has handed out now and at most since the last
+/// [`reset_peak_memory_stats`]. An error on the CPU, which has no such allocator.
+pub fn memory_allocated(device: Device) -> Result<(i64, i64)> {
+    let (code, index) = device_code(device)?;
+    let (mut current, mut peak) = (0i64, 0i64);
+    // SAFETY: plain C call writing two integers on success; the error pointer is taken by
+    // `check`.
+    check(unsafe {
+        tchtrain_sys::tchtrain_device_memory_allocated(code, index, &mut current, &mut peak)
+    })?;
+    Ok((current, peak))
+}
+
+/// `torch.cuda.reset_peak_memory_stats(index)`.
+pub fn reset_peak_memory_stats(device: Device) -> Result<()> {
+    let (code, index) = device_code(device)?;
+    // SAFETY: plain C call; the error pointer is taken by `check`.
+    check(unsafe { tchtrain_sys::tchtrain_device_reset_peak_memory_stats(code, index) })
 }

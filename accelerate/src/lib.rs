@@ -65,7 +65,8 @@ pub use accelerator::{
 pub use autocast::AutocastGuard;
 pub use backends::{
     are_deterministic_algorithms_enabled, clear_device_cache, cuda_major, enable_tf32,
-    is_torch_tf32_available, use_deterministic_algorithms,
+    is_torch_tf32_available, memory_allocated, reset_peak_memory_stats,
+    use_deterministic_algorithms,
 };
 pub use error::{Error, Result};
 pub use flat::{FlatBuffer, FlatLayout, FlatParamInfo, dtype_name};

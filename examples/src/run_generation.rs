@@ -3,7 +3,8 @@
 //! `--prompt`, `--length`, `--stop_token`, `--temperature`, `--repetition_penalty`, `--k`,
 //! `--p`, `--prefix`, `--padding_text`, `--seed`, `--num_return_sequences`, `--use_cpu`).
 //!
-//! As upstream's: the seed set first, `length` adjusted to the model's positions, the prompt
+//! As upstream's: the model and the prompt on `PartialState(cpu=args.use_cpu).device`
+//! (`cuda:LOCAL_RANK` where a CUDA device is visible, else the CPU), the seed set first, `length` adjusted to the model's positions, the prompt
 //! (after `--prefix`, else `--padding_text`) encoded without special tokens, `generate` with
 //! `do_sample=True`, `max_length = length + prompt length` and the flags' temperature,
 //! `top_k`, `top_p` and repetition penalty over the model's `generation_config.json`; each
@@ -73,7 +74,8 @@ pub struct GenerationArgs {
     pub seed: i64,
     /// `--num_return_sequences` (1).
     pub num_return_sequences: i64,
-    /// `--use_cpu` (always true here).
+    /// `--use_cpu`: the CPU even where a CUDA device is visible (else `cuda:LOCAL_RANK`, as
+    /// upstream's `PartialState(cpu=args.use_cpu).device`).
     pub use_cpu: bool,
 }
 
@@ -114,7 +116,7 @@ const HELP: &str = "usage: run_generation --model_type TYPE --model_name_or_path
   --padding_text TEXT          the prefix when --prefix is empty
   --seed N                     random seed (default 42)
   --num_return_sequences N     sequences to sample (default 1)
-  --use_cpu                    run on the CPU (always, here)
+  --use_cpu                    run on the CPU even where a CUDA device is visible
 ";
 
 /// Parses the command line (without the program name).
@@ -240,13 +242,10 @@ where
     let base_dir = config_dir(&dir)?;
     let tokenizer = load_example_tokenizer(&dir, None, &hub)
         .or_else(|_| load_example_tokenizer(&base_dir, None, &hub))?;
-    let mut model = from_pretrained_dir(
-        &dir,
-        AutoTask::CausalLm,
-        Device::Cpu,
-        &LoadOptions::default(),
-    )?
-    .model;
+    // `distributed_state = PartialState(cpu=args.use_cpu)`; `model.to(distributed_state.device)`.
+    let device = tchtrain_accelerate::default_device(a.use_cpu)?;
+    let mut model =
+        from_pretrained_dir(&dir, AutoTask::CausalLm, device, &LoadOptions::default())?.model;
     model.eval();
     // What the model read from its folder (an adapter folder's: its base's).
     let config = model.config().to_json_value()?;
@@ -282,7 +281,7 @@ where
             detail: "the prompt encodes to no token: generating from nothing is not implemented here; give a prompt".into(),
         });
     }
-    let input_ids = Tensor::from_slice(&encoded).unsqueeze(0);
+    let input_ids = Tensor::from_slice(&encoded).unsqueeze(0).to_device(device);
     let mut generation = match model.generation_config() {
         Some(g) => GenerationConfig::from_json(g)?,
         None => GenerationConfig::default(),
@@ -301,7 +300,7 @@ where
     });
     let out = generate(&*model, &input_ids, None, &generation, max_positions)?;
     let prompt_decoded = tokenizer.decode(&encoded, false, Some(true))?;
-    let rows: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(&out.sequences)?;
+    let rows: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(&out.sequences.to_device(Device::Cpu))?;
     let mut texts = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         println!("=== GENERATED SEQUENCE {} ===", i + 1);

@@ -1,7 +1,8 @@
 // Process-wide backend switches upstream sets from `TrainingArguments`: `tf32`
 // (`enable_tf32`: torch.backends.fp32_precision = "tf32" / "ieee"), `full_determinism`
 // (`enable_full_determinism`: deterministic algorithms, cuDNN deterministic, no cuDNN
-// benchmark) and `torch_empty_cache_steps` (the device allocator's `emptyCache`).
+// benchmark) and `torch_empty_cache_steps` (the device allocator's `emptyCache`); the device
+// allocator's counters for `skip_memory_metrics=False` (`*_mem_gpu_*`).
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
@@ -60,6 +61,27 @@ int tchtrain_deterministic_algorithms() {
 char* tchtrain_empty_device_cache(int device) {
   return tchtrain::guarded([&] {
     c10::getDeviceAllocator(tchtrain::device_type(device))->emptyCache();
+  });
+}
+
+// torch.cuda.memory_allocated(index) and torch.cuda.max_memory_allocated(index) (device 1):
+// the caching allocator's `allocated_bytes.all.current` and `.peak`, in bytes.
+char* tchtrain_device_memory_allocated(int device, int index, int64_t* current, int64_t* peak) {
+  return tchtrain::guarded([&] {
+    auto stats = c10::getDeviceAllocator(tchtrain::device_type(device))
+                     ->getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    const auto& all =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    *current = all.current;
+    *peak = all.peak;
+  });
+}
+
+// torch.cuda.reset_peak_memory_stats(index) (device 1).
+char* tchtrain_device_reset_peak_memory_stats(int device, int index) {
+  return tchtrain::guarded([&] {
+    c10::getDeviceAllocator(tchtrain::device_type(device))
+        ->resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });
 }
 

@@ -22,8 +22,9 @@
 //! skipped), and libtorch's default generators (dropout masks, unseeded collators) at the
 //! point upstream's `_load_rng_state` restores them: a resumed run equals the uninterrupted
 //! one exactly, dropout on. In a data-parallel run, rank 0 writes the one generator file and
-//! every rank restores it (upstream writes `rng_state_{rank}.pth` per process: the ranks
-//! start from the same seed and draw the same amounts, so their states agree).
+//! every rank restores it (upstream writes `rng_state_{rank}.pth` per process, which rank 0
+//! writes here for every rank: the ranks start from the same seed and draw the same
+//! amounts, so their states agree).
 
 use std::path::{Path, PathBuf};
 
@@ -62,18 +63,25 @@ pub(crate) fn save_generator_states(dir: &Path, device: Device) -> Result<()> {
 }
 
 /// Reads and checks a checkpoint's generator states before training starts: from
-/// `rng_state.safetensors`, else from upstream's `rng_state.pth` (a Python checkpoint);
+/// `rng_state.safetensors`, else from upstream's `rng_state.pth` (`rng_state_{rank}.pth`
+/// in a multi-process run; a Python checkpoint);
 /// `None` when the checkpoint has neither (the run then continues from the reseeded
 /// generator), an error naming the file when it cannot be used.
 pub(crate) fn read_generator_states(
     dir: &Path,
     device: Device,
+    world_size: usize,
+    process_index: usize,
 ) -> Result<Option<Vec<(String, Tensor)>>> {
     let path = dir.join(RNG_GENERATOR_STATE_NAME);
     if !path.is_file() {
-        if let Some(states) = crate::torch_checkpoint::read_generator_states(dir, device)? {
-            let file = crate::torch_checkpoint::TORCH_RNG_STATE_NAME;
-            return check_generator_states(dir, file, states, device).map(Some);
+        if let Some((file, states)) = crate::torch_checkpoint::read_generator_states(
+            dir,
+            device,
+            world_size,
+            process_index,
+        )? {
+            return check_generator_states(dir, &file, states, device).map(Some);
         }
         log::info!(
             "{} has no {RNG_GENERATOR_STATE_NAME}: dropout masks after the resume will differ from an uninterrupted run",
@@ -452,6 +460,7 @@ impl Trainer {
                 scaler,
                 self.args.seed,
                 self.device(),
+                self.args.world_size(),
             )?;
         }
         let states = self.callback_handler.exportable_states(&self.control);

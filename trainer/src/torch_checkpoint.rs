@@ -6,7 +6,7 @@
 //! | `optimizer.pt` | `optimizer.state_dict()` | AdamW / Adam / SGD / Adafactor | `optimizer.json` is absent |
 //! | `scheduler.pt` | `lr_scheduler.state_dict()` | `LambdaLR` schedulers | `scheduler.json` is absent |
 //! | `scaler.pt` | `GradScaler.state_dict()` | fp16 with a scaler | `scaler.json` is absent |
-//! | `rng_state.pth` | `python`, `numpy`, `cpu` (and `cuda`) generator states | always | `rng_state.safetensors` is absent |
+//! | `rng_state.pth` (`rng_state_{rank}.pth` for each rank of a multi-process run) | `python`, `numpy`, `cpu` (and `cuda`) generator states | always | `rng_state.safetensors` is absent |
 //! | `training_args.bin` | the pickled `TrainingArguments` | never | always, to compare |
 //!
 //! The conversions of the optimizer, scheduler and scaler states live in `tchtrain-optim`
@@ -16,6 +16,13 @@
 //! numpy draws happen in this Trainer): a checkpoint written here holds the states
 //! `random.seed(seed)` and `np.random.seed(seed)` leave (what `set_seed` sets and nothing
 //! here draws from), valid for upstream's `random.setstate` / `np.random.set_state`.
+//!
+//! As upstream's `_save_rng_state`, where CUDA is available `cuda` is the current device's
+//! state, in a multi-process run a list of every visible device's
+//! (`torch.cuda.random.get_rng_state_all()`); and as `_load_rng_state`, a multi-process run
+//! reads its own rank's file, a list restoring the state of the device this rank trains on.
+//! Rank 0 writes every rank's file: the ranks start from the same seed and draw the same
+//! amounts, so their states are equal.
 //!
 //! `training_args.bin` is not written: a pickled `TrainingArguments` carries every field of
 //! the Python dataclass (including ones this Trainer does not keep) and upstream never reads
@@ -54,6 +61,7 @@ pub(crate) fn write_torch_files(
     scaler: Option<tchtrain_optim::GradScalerState>,
     seed: u64,
     device: Device,
+    world_size: usize,
 ) -> Result<()> {
     // Upstream loads the two together (`_load_optimizer_and_scheduler` needs both files).
     if let (Some(opt), Some(sched)) = (optimizer, scheduler) {
@@ -91,15 +99,27 @@ pub(crate) fn write_torch_files(
             )?),
         ),
     ];
-    if device.is_cuda() {
-        rng.push((
-            s("cuda"),
-            Value::Tensor(tchtrain_optim::tensor_to_torch(
-                &tchtrain_accelerate::get_rng_state(device)?,
-            )?),
-        ));
+    if tch::Cuda::is_available() {
+        let state = |d: Device| -> Result<Value> {
+            Ok(Value::Tensor(tchtrain_optim::tensor_to_torch(
+                &tchtrain_accelerate::get_rng_state(d)?,
+            )?))
+        };
+        let cuda = if world_size > 1 {
+            Value::List(
+                (0..tch::Cuda::device_count())
+                    .map(|i| state(Device::Cuda(i as usize)))
+                    .collect::<Result<_>>()?,
+            )
+        } else {
+            state(if device.is_cuda() { device } else { Device::Cuda(0) })?
+        };
+        rng.push((s("cuda"), cuda));
     }
-    tchtrain_serialization::save(dir.join(TORCH_RNG_STATE_NAME), &Value::Dict(rng))?;
+    let rng = Value::Dict(rng);
+    for name in torch_rng_state_names(world_size) {
+        tchtrain_serialization::save(dir.join(name), &rng)?;
+    }
     Ok(())
 }
 
@@ -168,34 +188,64 @@ pub(crate) fn load_scaler(scaler: &mut tchtrain_optim::GradScaler, dir: &Path) -
     Ok(())
 }
 
-/// The `cpu` (and, on a GPU, `cuda`) generator states of `rng_state.pth`, as
-/// `rng_state.safetensors` would give them; `None` without the file.
+/// The generator files of a checkpoint for `world_size` processes: `rng_state.pth`, or
+/// `rng_state_{rank}.pth` for each rank (upstream's `_save_rng_state`).
+fn torch_rng_state_names(world_size: usize) -> Vec<String> {
+    if world_size > 1 {
+        (0..world_size).map(|r| format!("rng_state_{r}.pth")).collect()
+    } else {
+        vec![TORCH_RNG_STATE_NAME.to_string()]
+    }
+}
+
+/// The `cpu` (and, on a GPU, `cuda`) generator states of this process's upstream file
+/// (`rng_state.pth`, or in a run of `world_size` processes `rng_state_{process_index}.pth`)
+/// as `rng_state.safetensors` would give them: a list-valued `cuda` gives the state of
+/// `device`'s index. `None` without the file, as upstream's `_load_rng_state`.
 pub(crate) fn read_generator_states(
     dir: &Path,
     device: Device,
-) -> Result<Option<Vec<(String, Tensor)>>> {
-    let path = dir.join(TORCH_RNG_STATE_NAME);
+    world_size: usize,
+    process_index: usize,
+) -> Result<Option<(String, Vec<(String, Tensor)>)>> {
+    let file = if world_size > 1 {
+        format!("rng_state_{process_index}.pth")
+    } else {
+        TORCH_RNG_STATE_NAME.to_string()
+    };
+    let path = dir.join(&file);
     if !path.is_file() {
         return Ok(None);
     }
     let value = tchtrain_optim::load_torch_file(&path)?;
+    let invalid = |detail: String| Error::InvalidCheckpoint {
+        dir: dir.to_path_buf(),
+        detail: format!("{file}: {detail}"),
+    };
     let mut out = Vec::new();
-    for key in ["cpu", "cuda"] {
-        if key == "cuda" && !device.is_cuda() {
-            continue;
-        }
-        match value.get(key).and_then(Value::as_tensor) {
-            Some(t) => out.push((key.to_string(), tchtrain_optim::tensor_from_torch(t)?)),
-            None if key == "cuda" => {}
-            None => {
-                return Err(Error::InvalidCheckpoint {
-                    dir: dir.to_path_buf(),
-                    detail: format!("{TORCH_RNG_STATE_NAME}: no `cpu` generator state"),
-                });
-            }
+    match value.get("cpu").and_then(Value::as_tensor) {
+        Some(t) => out.push(("cpu".to_string(), tchtrain_optim::tensor_from_torch(t)?)),
+        None => return Err(invalid("no `cpu` generator state".into())),
+    }
+    if let Device::Cuda(index) = device {
+        let cuda = match value.get("cuda") {
+            None => None,
+            Some(Value::List(states)) => Some(states.get(index).and_then(Value::as_tensor).ok_or_else(|| {
+                invalid(format!(
+                    "its `cuda` list holds {} device state(s), none for cuda:{index}",
+                    states.len()
+                ))
+            })?),
+            Some(v) => Some(
+                v.as_tensor()
+                    .ok_or_else(|| invalid("`cuda` is neither a state nor a list of them".into()))?,
+            ),
+        };
+        if let Some(t) = cuda {
+            out.push(("cuda".to_string(), tchtrain_optim::tensor_from_torch(t)?));
         }
     }
-    Ok(Some(out))
+    Ok(Some((file, out)))
 }
 
 /// The arguments whose difference changes a resumed run, by upstream name.

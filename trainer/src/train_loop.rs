@@ -495,7 +495,12 @@ impl Trainer {
                     self.state.best_model_checkpoint = None;
                 }
                 checkpoint::check_rng_state(ckpt, self)?;
-                point.generator_states = checkpoint::read_generator_states(ckpt, self.device())?;
+                point.generator_states = checkpoint::read_generator_states(
+                    ckpt,
+                    self.device(),
+                    self.args.world_size(),
+                    self.args.process_index(),
+                )?;
                 // Upstream `_load_callback_state`: only with
                 // `restore_callback_states_from_checkpoint` (default false); the stored states
                 // stay in `stateful_callbacks` either way.

@@ -509,8 +509,12 @@ impl TrainerBuilder {
         if self.args.full_determinism {
             enable_full_determinism()?;
         }
-        let mut memory_tracker =
-            crate::memory_tracker::TrainerMemoryTracker::new(self.args.skip_memory_metrics);
+        // Its GPU counters are the device's the run will use (upstream's current device,
+        // which `TrainingArguments.device` set); a device error is reported below.
+        let mut memory_tracker = crate::memory_tracker::TrainerMemoryTracker::new(
+            self.args.skip_memory_metrics,
+            tchtrain_accelerate::default_device(self.args.use_cpu).unwrap_or(Device::Cpu),
+        );
         memory_tracker.start("init");
         refuse_unavailable(&self.args)?;
         // Upstream: `logging.set_verbosity(args.get_process_log_level())`.

@@ -8,6 +8,9 @@
 //!    output folder, the same job stopped by a callback after step 3 (checkpoint-3 saved);
 //! 2. fresh processes resume each configuration from that checkpoint-3 to step 6.
 //!
+//! Each checkpoint holds upstream's generator file of each rank (`rng_state_{rank}.pth`);
+//! the DDP run resumes from those, as from a Python checkpoint.
+//!
 //! The resumed steps 4-6 log exactly (`assert_eq!`, bit for bit) the losses, gradient norms
 //! and learning rates of the uninterrupted run, and the same final evaluation loss: the
 //! weights (ZeRO-3 / FSDP: from the per-rank shards), the optimizer's per-rank state, the
@@ -203,6 +206,19 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
     let dir = temp_dir("exact");
     let codes = wait_codes(launch(TEST, 2, &dir, "first"), Duration::from_secs(900));
     assert_eq!(codes, [Some(0), Some(0)], "first launch: rank exit codes");
+    // Upstream's generator files of a 2-process run: one per rank. The DDP run resumes
+    // from them (our `rng_state.safetensors` removed), as from a Python checkpoint.
+    for (name, _, _) in configs() {
+        let ckpt3 = dir.join(name).join(format!("part/checkpoint-{STOP_AT}"));
+        let files: Vec<bool> = ["rng_state.pth", "rng_state_0.pth", "rng_state_1.pth"]
+            .iter()
+            .map(|f| ckpt3.join(f).is_file())
+            .collect();
+        assert_eq!(files, [false, true, true], "{name}: upstream's per-rank rng files");
+        if name == "ddp" {
+            std::fs::remove_file(ckpt3.join(tchtrain_trainer::RNG_GENERATOR_STATE_NAME))?;
+        }
+    }
     // Fresh processes, fresh process group.
     let codes = wait_codes(launch(TEST, 2, &dir, "resume"), Duration::from_secs(900));
     assert_eq!(codes, [Some(0), Some(0)], "resume launch: rank exit codes");

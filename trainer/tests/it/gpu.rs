@@ -5,7 +5,8 @@
 //! the CPU goes through the engine over a world of one (an NCCL group, as DeepSpeed on one
 //! GPU) and trains as the plain GPU run does; between steps the GPU holds no parameter
 //! shards and no gradients, the masters and the optimizer state live on the CPU. And `fp16`
-//! on one GPU: float16 autocast with a loss scaler, close to the fp32 run.
+//! on one GPU: float16 autocast with a loss scaler, close to the fp32 run. And the GPU memory
+//! metrics of `skip_memory_metrics=False`.
 
 #![allow(dead_code)]
 
@@ -155,6 +156,43 @@ fn fp16_on_one_gpu_scales_the_loss_and_trains_close_to_fp32() -> Result<()> {
     // float16 activations (10-bit mantissa) over 4 steps of a loss near 10.7: an
     // expectation, not yet measured on a GPU.
     assert!(worst < 1e-2, "fp16 losses differ from fp32 by {worst}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// One GPU, `skip_memory_metrics=False`: upstream's `*_mem_gpu_*` keys beside the CPU ones,
+/// from the CUDA caching allocator: the model is on the device before `init` ends, training
+/// peaks above what it keeps (activations, gradients), and the optimizer state stays.
+#[test]
+#[ignore = "needs a CUDA device: cargo xtask test --gpu"]
+fn gpu_memory_metrics_on_one_gpu() -> Result<()> {
+    let _g = lock();
+    assert!(
+        tch::Cuda::is_available(),
+        "no CUDA device visible to this process"
+    );
+    let dir = temp_dir("gpu-memory-metrics");
+    let mut a = args(&dir, None)?;
+    a.skip_memory_metrics = false;
+    let mut trainer = Trainer::builder(initial_model()?, a)
+        .train_dataset(blocks("train", 16)?)
+        .build()?;
+    let metrics = trainer.train(None)?.metrics;
+    let keys: Vec<&String> = metrics.keys().filter(|k| k.contains("_mem_gpu")).collect();
+    assert_eq!(
+        keys,
+        [
+            "before_init_mem_gpu",
+            "init_mem_gpu_alloc_delta",
+            "init_mem_gpu_peaked_delta",
+            "train_mem_gpu_alloc_delta",
+            "train_mem_gpu_peaked_delta"
+        ]
+    );
+    println!("GPU memory metrics: {metrics:?}");
+    assert!(metrics["init_mem_gpu_alloc_delta"] > 0.0, "{metrics:?}");
+    assert!(metrics["train_mem_gpu_alloc_delta"] > 0.0, "{metrics:?}");
+    assert!(metrics["train_mem_gpu_peaked_delta"] > 0.0, "{metrics:?}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
