@@ -58,6 +58,8 @@ pub struct Options {
     jobs: Vec<String>,
     /// Trainer suite: the precisions to run (default: fp32 and bf16).
     precisions: Vec<String>,
+    /// Trainer suite: processes per side (DDP over Gloo when more than one).
+    ranks: usize,
 }
 
 impl Default for Options {
@@ -71,6 +73,7 @@ impl Default for Options {
             threads: None,
             jobs: trainer::JOBS.map(String::from).into(),
             precisions: trainer::PRECISIONS.map(String::from).into(),
+            ranks: 1,
         }
     }
 }
@@ -119,10 +122,11 @@ impl Options {
                 "--threads" => o.threads = Some(positive(a, it.next())?),
                 "--jobs" => o.jobs = names(a, it.next(), &trainer::JOBS)?,
                 "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
+                "--ranks" => o.ranks = positive(a, it.next())?,
                 other => {
                     return Err(format!(
                         "bench: unknown option `{other}` (known: --micro, --generate, --activation-memory, --datasets, --datasets-mb N, --repeat N, \
-                         --threads N, --jobs {}, --precisions fp32,bf16)",
+                         --threads N, --jobs {}, --precisions fp32,bf16, --ranks N)",
                         trainer::JOBS.join(",")
                     ));
                 }
@@ -400,6 +404,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             repeat: o.repeat.unwrap_or(2),
             jobs: &o.jobs,
             precisions: &o.precisions,
+            ranks: o.ranks,
         };
         let results = trainer::run(&plan)?;
         trainer::print_report(&plan, &results, &load_before);

@@ -55,12 +55,15 @@ commands:
         shards), `e2e --short`, and a summary line
         --gpu           also the tests that need a CUDA device (NCCL collectives, the
                         Trainer on one GPU: ZeRO-3 with offload over NCCL)
-  bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16]
+  bench [--micro] [--repeat N] [--threads N] [--jobs A,B] [--precisions fp32,bf16] [--ranks N]
         setup, release builds of the bench examples, then N rounds (default 2) alternating
         our Trainer, upstream's Python Trainer (scripts/bench/bench_trainer.py) and a bare
         tch loop on tiny GPT-2, GPT-2 6x384 and MiniLM classification in fp32 / bf16:
         tokens/s, median step, peak RSS, ratios, matmul FLOP/s against a measured peak
         (BENCHMARKS.md)
+        --ranks N       each side on N processes, DDP over Gloo (ours under `launch`,
+                        upstream's under torchrun; no bare loop): tokens/s summed over
+                        the ranks, step times the slowest rank's
         --micro         the micro-benchmarks instead: optimizer step time on 30M
                         parameters and collator tokens/s vs torch / transformers
         --repeat N      rounds; medians over rounds

@@ -8,6 +8,11 @@
 //! round, with the same intra-op thread count. A matmul probe (`--peak`) runs before the
 //! first and after the last round; the best of the two is the machine's peak. Every run's
 //! JSON line is kept in `target/bench-trainer/runs.jsonl`.
+//!
+//! With `--ranks N` (N > 1) each side runs on N processes, data-parallel over Gloo on this
+//! machine: ours under `xtask launch`, upstream's under `torchrun` (`torch.distributed.run`),
+//! both `--standalone`; the bare loop, which has no DDP, is left out. A run's tokens/s is
+//! the sum over its ranks, its step times and peak memory the slowest / largest rank's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -89,6 +94,36 @@ impl Run {
     }
 }
 
+impl Run {
+    /// One run of several ranks from their lines: tokens (and FLOP/s) summed, step times and
+    /// peak memory the slowest / largest rank's; an error when any rank has one.
+    fn of_ranks(mut runs: Vec<Run>) -> Run {
+        let mut run = runs.remove(0);
+        for r in runs {
+            run.error = run.error.or(r.error);
+            run.tokens_per_s += r.tokens_per_s;
+            run.real_tokens_per_s += r.real_tokens_per_s;
+            run.tokens += r.tokens;
+            run.median_step_ms = run.median_step_ms.max(r.median_step_ms);
+            run.min_step_ms = run.min_step_ms.max(r.min_step_ms);
+            run.peak_rss_mb = run.peak_rss_mb.max(r.peak_rss_mb);
+            run.matmul_flops_per_s = match (run.matmul_flops_per_s, r.matmul_flops_per_s) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+        }
+        run
+    }
+}
+
+/// A line of `xtask launch`'s output without its `[rank N] ` prefix.
+fn without_rank_prefix(line: &str) -> &str {
+    match line.strip_prefix("[rank ").and_then(|rest| rest.split_once("] ")) {
+        Some((rank, rest)) if rank.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => line,
+    }
+}
+
 /// The matmul probe's line: (fp32, bf16) FLOP/s, NaN for a precision not probed.
 fn peak_from_line(line: &str) -> Option<(f64, f64)> {
     let m = Json::object_line(line)?;
@@ -110,6 +145,7 @@ fn run_one(
     job: &str,
     precision: &str,
     implementation: &str,
+    ranks: usize,
     raw: &mut Vec<String>,
 ) -> Run {
     let t0 = Instant::now();
@@ -129,13 +165,21 @@ fn run_one(
         matmul_flops_per_s: None,
     };
     let run = match cmd::output(c, &what) {
-        Ok(stdout) => match stdout.lines().find(|l| Run::from_line(l).is_some()) {
-            Some(line) => {
-                raw.push(line.trim().to_string());
-                Run::from_line(line).unwrap_or_else(|| failed(line.into()))
+        Ok(stdout) => {
+            // One line per rank (`[rank N] ` before it under `xtask launch`).
+            let lines: Vec<&str> = stdout
+                .lines()
+                .map(without_rank_prefix)
+                .filter(|l| Run::from_line(l).is_some())
+                .collect();
+            raw.extend(lines.iter().map(|l| l.trim().to_string()));
+            let runs: Vec<Run> = lines.iter().filter_map(|l| Run::from_line(l)).collect();
+            if runs.len() < ranks {
+                failed(format!("{} result line(s) of {ranks} ranks in:\n{stdout}", runs.len()))
+            } else {
+                Run::of_ranks(runs)
             }
-            None => failed(format!("no result line in:\n{stdout}")),
-        },
+        }
         Err(e) => failed(e.lines().last().unwrap_or_default().to_string()),
     };
     match &run.error {
@@ -310,6 +354,8 @@ pub struct Plan<'a> {
     pub repeat: usize,
     pub jobs: &'a [String],
     pub precisions: &'a [String],
+    /// Processes per side.
+    pub ranks: usize,
 }
 
 /// FLOP/s as GFLOP/s, or "not probed".
@@ -339,6 +385,31 @@ fn probe(plan: &Plan<'_>) -> Option<(f64, f64)> {
     peak
 }
 
+/// The command of one side, before its job's arguments: the Python script, or our
+/// example; on several ranks under torchrun / `xtask launch`.
+fn side(plan: &Plan<'_>, implementation: &str) -> Result<Command, String> {
+    let ranks = plan.ranks.to_string();
+    let mut c = if implementation == "python" {
+        let mut c = Command::new(plan.python);
+        if plan.ranks > 1 {
+            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &ranks]);
+        }
+        c.arg(plan.script);
+        c
+    } else if plan.ranks > 1 {
+        let xtask = std::env::current_exe()
+            .map_err(|e| format!("bench --ranks: where is this xtask binary? {e}"))?;
+        let mut c = Command::new(xtask);
+        c.args(["launch", "--standalone", "--nproc-per-node", &ranks, "--"])
+            .arg(plan.exe);
+        c
+    } else {
+        Command::new(plan.exe)
+    };
+    c.current_dir(plan.root);
+    Ok(c)
+}
+
 /// Prepares the jobs, then runs every (round, job, precision, side).
 pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
     let _ = std::fs::remove_dir_all(plan.data);
@@ -363,15 +434,11 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
                 // (or just loaded) by another.
                 for k in 0..IMPLS.len() {
                     let implementation = IMPLS[(round + k) % IMPLS.len()];
-                    let mut c = if implementation == "python" {
-                        let mut c = Command::new(plan.python);
-                        c.arg(plan.script);
-                        c
-                    } else {
-                        Command::new(plan.exe)
-                    };
-                    c.current_dir(plan.root)
-                        .arg("--data")
+                    if implementation == "bare" && plan.ranks > 1 {
+                        continue;
+                    }
+                    let mut c = side(plan, implementation)?;
+                    c.arg("--data")
                         .arg(plan.data)
                         .args(["--job", job, "--precision", precision])
                         .args(["--threads", plan.threads])
@@ -380,7 +447,14 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
                         c.arg("--bare");
                     }
                     print!("bench: round {}/{}: ", round + 1, plan.repeat);
-                    results.push(run_one(&mut c, job, precision, implementation, &mut raw));
+                    results.push(run_one(
+                        &mut c,
+                        job,
+                        precision,
+                        implementation,
+                        plan.ranks,
+                        &mut raw,
+                    ));
                 }
             }
         }
@@ -402,8 +476,13 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
 pub fn print_report(plan: &Plan<'_>, results: &Results, load_before: &str) {
     println!();
     println!(
-        "Trainer vs upstream Trainer, CPU, {} intra-op threads, median of {} round(s) \
+        "Trainer vs upstream Trainer, CPU, {}{} intra-op threads, median of {} round(s) \
          ({}; load average {load_before} before, {} after):",
+        if plan.ranks > 1 {
+            format!("{} ranks (DDP, Gloo; tokens/s summed over them), ", plan.ranks)
+        } else {
+            String::new()
+        },
         plan.threads,
         plan.repeat,
         machine(),
@@ -462,6 +541,28 @@ mod tests {
             Some((5e10, 2e11))
         );
         assert!(Run::from_line(r#"{"bench": "optim/sgd"}"#).is_none());
+    }
+
+    #[test]
+    fn ranks_lines_make_one_run() {
+        let line = |rank: u32, tps: f64, ms: f64, rss: f64| {
+            format!(
+                r#"[rank {rank}] {{"impl":"tchtrain","job":"gpt2_6x384","matmul_flops_per_s":1e9,"median_step_ms":{ms},"min_step_ms":{ms},"peak_rss_mb":{rss},"precision":"fp32","threads":1,"tokens":4096,"tokens_per_s":{tps}}}"#
+            )
+        };
+        let (a, b) = (line(0, 300.0, 1500.0, 900.0), line(1, 280.0, 1600.0, 850.0));
+        let runs: Vec<Run> = [a.as_str(), b.as_str(), "[rank 1] loading"]
+            .into_iter()
+            .map(without_rank_prefix)
+            .filter_map(Run::from_line)
+            .collect();
+        let run = Run::of_ranks(runs);
+        assert_eq!(run.tokens_per_s, 580.0);
+        assert_eq!(run.tokens, 8192.0);
+        assert_eq!((run.median_step_ms, run.peak_rss_mb), (1600.0, 900.0));
+        assert_eq!(run.matmul_flops_per_s, Some(2e9));
+        assert_eq!(without_rank_prefix("[rank x] {}"), "[rank x] {}");
+        assert_eq!(without_rank_prefix("{\"a\": 1}"), "{\"a\": 1}");
     }
 
     #[test]
