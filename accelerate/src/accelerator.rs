@@ -31,9 +31,7 @@ use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 use tchtrain_data::{BatchSamplerShard, DataLoader};
-use tchtrain_distributed::{
-    DEFAULT_TIMEOUT, DistributedDataParallel, ProcessGroup, ReduceOp,
-};
+use tchtrain_distributed::{DEFAULT_TIMEOUT, DistributedDataParallel, ProcessGroup, ReduceOp};
 use tchtrain_optim::{GradScaler, GradScalerKwargs, GroupSpec, Optimizer};
 
 use crate::autocast::AutocastGuard;

@@ -75,12 +75,9 @@ pub(crate) fn read_generator_states(
 ) -> Result<Option<Vec<(String, Tensor)>>> {
     let path = dir.join(RNG_GENERATOR_STATE_NAME);
     if !path.is_file() {
-        if let Some((file, states)) = crate::torch_checkpoint::read_generator_states(
-            dir,
-            device,
-            world_size,
-            process_index,
-        )? {
+        if let Some((file, states)) =
+            crate::torch_checkpoint::read_generator_states(dir, device, world_size, process_index)?
+        {
             return check_generator_states(dir, &file, states, device).map(Some);
         }
         log::info!(

@@ -112,7 +112,11 @@ pub(crate) fn write_torch_files(
                     .collect::<Result<_>>()?,
             )
         } else {
-            state(if device.is_cuda() { device } else { Device::Cuda(0) })?
+            state(if device.is_cuda() {
+                device
+            } else {
+                Device::Cuda(0)
+            })?
         };
         rng.push((s("cuda"), cuda));
     }
@@ -192,7 +196,9 @@ pub(crate) fn load_scaler(scaler: &mut tchtrain_optim::GradScaler, dir: &Path) -
 /// `rng_state_{rank}.pth` for each rank (upstream's `_save_rng_state`).
 fn torch_rng_state_names(world_size: usize) -> Vec<String> {
     if world_size > 1 {
-        (0..world_size).map(|r| format!("rng_state_{r}.pth")).collect()
+        (0..world_size)
+            .map(|r| format!("rng_state_{r}.pth"))
+            .collect()
     } else {
         vec![TORCH_RNG_STATE_NAME.to_string()]
     }
@@ -228,19 +234,24 @@ pub(crate) fn read_generator_states(
         None => return Err(invalid("no `cpu` generator state".into())),
     }
     if let Device::Cuda(index) = device {
-        let cuda = match value.get("cuda") {
-            None => None,
-            Some(Value::List(states)) => Some(states.get(index).and_then(Value::as_tensor).ok_or_else(|| {
-                invalid(format!(
-                    "its `cuda` list holds {} device state(s), none for cuda:{index}",
-                    states.len()
-                ))
-            })?),
-            Some(v) => Some(
-                v.as_tensor()
-                    .ok_or_else(|| invalid("`cuda` is neither a state nor a list of them".into()))?,
-            ),
-        };
+        let cuda =
+            match value.get("cuda") {
+                None => None,
+                Some(Value::List(states)) => Some(
+                    states
+                        .get(index)
+                        .and_then(Value::as_tensor)
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "its `cuda` list holds {} device state(s), none for cuda:{index}",
+                                states.len()
+                            ))
+                        })?,
+                ),
+                Some(v) => Some(v.as_tensor().ok_or_else(|| {
+                    invalid("`cuda` is neither a state nor a list of them".into())
+                })?),
+            };
         if let Some(t) = cuda {
             out.push(("cuda".to_string(), tchtrain_optim::tensor_from_torch(t)?));
         }

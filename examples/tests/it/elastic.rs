@@ -23,8 +23,18 @@ fn summary<'a>(text: &'a str, strategy: &str) -> Option<&'a str> {
 fn four_ranks_killed_and_stopped_restart_and_finish_as_if_uninterrupted() -> Result<()> {
     let output = Command::new(xtask()?)
         .args([
-            "soak", "--ranks", "4", "--kills", "2", "--hangs", "1", "--steps", "8",
-            "--strategy", "both", "--script",
+            "soak",
+            "--ranks",
+            "4",
+            "--kills",
+            "2",
+            "--hangs",
+            "1",
+            "--steps",
+            "8",
+            "--strategy",
+            "both",
+            "--script",
         ])
         .arg(env!("CARGO_BIN_EXE_run_clm"))
         .output()?;
@@ -33,7 +43,11 @@ fn four_ranks_killed_and_stopped_restart_and_finish_as_if_uninterrupted() -> Res
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    ensure!(output.status.success(), "the soak failed ({}):\n{text}", output.status);
+    ensure!(
+        output.status.success(),
+        "the soak failed ({}):\n{text}",
+        output.status
+    );
     for strategy in ["zero2", "ddp"] {
         let line = summary(&text, strategy)
             .ok_or_else(|| anyhow::anyhow!("no {strategy} summary in:\n{text}"))?;
@@ -52,7 +66,10 @@ fn four_ranks_killed_and_stopped_restart_and_finish_as_if_uninterrupted() -> Res
             .and_then(|s| s.rsplit(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
-        ensure!(compared >= 8, "{strategy}: only {compared} losses compared: {line}");
+        ensure!(
+            compared >= 8,
+            "{strategy}: only {compared} losses compared: {line}"
+        );
     }
     Ok(())
 }

@@ -79,8 +79,9 @@ impl DistributedDataParallel {
             }
             Ok(())
         })?;
-        let (reducer, _) = RawReducer::new(pg.raw_mut(), &params, cap, first, find_unused_parameters)
-            .map_err(|detail| Error::InvalidTensor { op: "ddp", detail })?;
+        let (reducer, _) =
+            RawReducer::new(pg.raw_mut(), &params, cap, first, find_unused_parameters)
+                .map_err(|detail| Error::InvalidTensor { op: "ddp", detail })?;
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
         let mut buckets: Vec<Vec<usize>> = Vec::new();
         let mut current: Vec<usize> = Vec::new();
@@ -130,7 +131,11 @@ impl DistributedDataParallel {
         }
         self.reducer.rebuild_buckets().map_err(reducer_error)?;
         if sync {
-            let outputs = if self.find_unused_parameters { outputs } else { &[] };
+            let outputs = if self.find_unused_parameters {
+                outputs
+            } else {
+                &[]
+            };
             self.reducer
                 .prepare_for_backward(outputs)
                 .map_err(reducer_error)?;

@@ -182,8 +182,10 @@ impl RawReducer {
     }
 
     pub(crate) fn prepare_for_backward(&self, outputs: &[&Tensor]) -> Result<(), String> {
-        let ptrs: Vec<*mut C_tensor> =
-            outputs.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+        let ptrs: Vec<*mut C_tensor> = outputs
+            .iter()
+            .map(|t| t.as_ptr() as *mut C_tensor)
+            .collect();
         // SAFETY: the tensors are live for the call; the shim copies their handles.
         check(unsafe {
             tchtrain_ddp_reducer_prepare_for_backward(self.ptr, ptrs.as_ptr(), ptrs.len())

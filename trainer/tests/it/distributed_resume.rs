@@ -214,7 +214,11 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
             .iter()
             .map(|f| ckpt3.join(f).is_file())
             .collect();
-        assert_eq!(files, [false, true, true], "{name}: upstream's per-rank rng files");
+        assert_eq!(
+            files,
+            [false, true, true],
+            "{name}: upstream's per-rank rng files"
+        );
         if name == "ddp" {
             std::fs::remove_file(ckpt3.join(tchtrain_trainer::RNG_GENERATOR_STATE_NAME))?;
         }

@@ -118,7 +118,10 @@ impl Run {
 
 /// A line of `xtask launch`'s output without its `[rank N] ` prefix.
 fn without_rank_prefix(line: &str) -> &str {
-    match line.strip_prefix("[rank ").and_then(|rest| rest.split_once("] ")) {
+    match line
+        .strip_prefix("[rank ")
+        .and_then(|rest| rest.split_once("] "))
+    {
         Some((rank, rest)) if rank.bytes().all(|b| b.is_ascii_digit()) => rest,
         _ => line,
     }
@@ -175,7 +178,10 @@ fn run_one(
             raw.extend(lines.iter().map(|l| l.trim().to_string()));
             let runs: Vec<Run> = lines.iter().filter_map(|l| Run::from_line(l)).collect();
             if runs.len() < ranks {
-                failed(format!("{} result line(s) of {ranks} ranks in:\n{stdout}", runs.len()))
+                failed(format!(
+                    "{} result line(s) of {ranks} ranks in:\n{stdout}",
+                    runs.len()
+                ))
             } else {
                 Run::of_ranks(runs)
             }
@@ -392,7 +398,13 @@ fn side(plan: &Plan<'_>, implementation: &str) -> Result<Command, String> {
     let mut c = if implementation == "python" {
         let mut c = Command::new(plan.python);
         if plan.ranks > 1 {
-            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &ranks]);
+            c.args([
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                &ranks,
+            ]);
         }
         c.arg(plan.script);
         c
@@ -479,7 +491,10 @@ pub fn print_report(plan: &Plan<'_>, results: &Results, load_before: &str) {
         "Trainer vs upstream Trainer, CPU, {}{} intra-op threads, median of {} round(s) \
          ({}; load average {load_before} before, {} after):",
         if plan.ranks > 1 {
-            format!("{} ranks (DDP, Gloo; tokens/s summed over them), ", plan.ranks)
+            format!(
+                "{} ranks (DDP, Gloo; tokens/s summed over them), ",
+                plan.ranks
+            )
         } else {
             String::new()
         },
