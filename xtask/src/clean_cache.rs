@@ -36,6 +36,9 @@ fn describe(name: &str) -> Option<&'static str> {
             "the fuzz targets' build folder, capped by TCHTRAIN_FUZZ_BUILD_MB (default 16384)"
         }
         n if n.starts_with("cargo-fuzz-") => "the cargo-fuzz install `cargo xtask fuzz` uses",
+        "gpu-bundle" => {
+            "`cargo xtask gpu-bundle`'s libtorch of the GPU machine's torch, tch's C++ built against it, its release build"
+        }
         _ => return None,
     })
 }
@@ -187,6 +190,7 @@ mod tests {
             "datasets",
             "fuzz-target",
             "cargo-fuzz-0.13.2",
+            "gpu-bundle",
             "mine",
         ] {
             std::fs::create_dir_all(cache.join(d)).unwrap();
@@ -200,6 +204,7 @@ mod tests {
                 "cargo-fuzz-0.13.2",
                 "datasets",
                 "fuzz-target",
+                "gpu-bundle",
                 "venv-torch-2.13.0",
                 "tmp"
             ]

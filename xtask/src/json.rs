@@ -1,4 +1,4 @@
-//! A small JSON reader (xtask stays std-only): the results files, `trainer_state.json`, and
+//! A small JSON reader and writer (xtask stays std-only): the results files, `trainer_state.json`, and
 //! the measurement lines the benchmark binaries print, as Python's `json` module or
 //! serde_json write them (Python's `NaN` / `Infinity` included).
 
@@ -70,6 +70,61 @@ impl Json {
     }
 
     /// A number; also the strings `"inf"` / `"nan"` some writers use for non-finite ones.
+    /// The value as indented JSON (two spaces, keys in order; non-finite numbers as null).
+    pub(crate) fn pretty(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out, 0);
+        out
+    }
+
+    fn write(&self, out: &mut String, depth: usize) {
+        let pad = |out: &mut String, d: usize| out.push_str(&"  ".repeat(d));
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Num(x) if !x.is_finite() => out.push_str("null"),
+            Json::Num(x) if x.fract() == 0.0 && x.abs() < 1e15 => out.push_str(&format!("{x:.0}")),
+            Json::Num(x) => out.push_str(&x.to_string()),
+            Json::Str(s) => {
+                out.push('"');
+                for c in s.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+            }
+            Json::Arr(items) if items.is_empty() => out.push_str("[]"),
+            Json::Obj(items) if items.is_empty() => out.push_str("{}"),
+            Json::Arr(items) => {
+                out.push_str("[\n");
+                for (i, v) in items.iter().enumerate() {
+                    pad(out, depth + 1);
+                    v.write(out, depth + 1);
+                    out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+                }
+                pad(out, depth);
+                out.push(']');
+            }
+            Json::Obj(items) => {
+                out.push_str("{\n");
+                for (i, (k, v)) in items.iter().enumerate() {
+                    pad(out, depth + 1);
+                    Json::Str(k.clone()).write(out, depth + 1);
+                    out.push_str(": ");
+                    v.write(out, depth + 1);
+                    out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+                }
+                pad(out, depth);
+                out.push('}');
+            }
+        }
+    }
+
     pub(crate) fn as_f64(&self) -> Option<f64> {
         match self {
             Json::Num(x) => Some(*x),
@@ -271,6 +326,17 @@ mod tests {
         assert!(Json::parse("{\"a\": 1,}").is_err());
         assert!(Json::parse("[1 2]").is_err());
         assert!(Json::parse("{} x").is_err());
+    }
+
+    #[test]
+    fn writes_what_it_reads() {
+        let v = Json::parse(r#"{"a": [1, 2.5, "x\"y\n"], "b": {}, "c": null, "d": true}"#).unwrap();
+        let text = v.pretty();
+        assert_eq!(Json::parse(&text).unwrap(), v);
+        assert!(
+            text.starts_with("{\n  \"a\": [\n    1,\n    2.5,"),
+            "{text}"
+        );
     }
 
     #[test]

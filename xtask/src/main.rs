@@ -25,6 +25,7 @@ mod demo_sentiment;
 mod disk;
 mod e2e;
 mod fuzz;
+mod gpu_bundle;
 mod json;
 mod launch;
 mod paths;
@@ -151,6 +152,17 @@ commands:
         fault restarted the group once, every newest checkpoint loads, every loss logged
         after a resume and the final weights equal the uninterrupted run's; prints the
         faults by moment, unloadable checkpoints and lost steps
+  gpu-bundle [--torch VERSION] [--out DIR] [--max-mb N]
+        the device check for a GPU machine without Rust or network: the torch VERSION
+        wheel's libtorch (default 2.11.0, a CUDA build) unpacked into the cache, tch's
+        C++ checked against its headers (ops it lacks stubbed with an error), a copy of
+        the working tree built in release against it with the `cuda` feature, then DIR
+        (default target/gpu-bundle): the stripped run_clm, scripts/gpu/gpu_check.py,
+        hamlet.txt, SmolLM2's config and tokenizer, MANIFEST.json; fails over N MiB
+        (default 56). There: `python gpu_check.py --out OUT`
+  gpu-check [--bundle DIR] [--out DIR] [-- GPU_CHECK_ARGS...]
+        the bundle's gpu_check.py here, the CPU dry run of the device check (our binary on
+        the bundle's libtorch, a tiny model, the table it prints on the GPU)
   clean-cache [--all] [NAME...]
         list what the project keeps in the cache folder (the virtualenv, assets,
         the tokenized-dataset cache, the fuzz build folder, cargo-fuzz) and the
@@ -189,12 +201,14 @@ fn main() -> ExitCode {
         "codegen" => codegen::run(rest),
         "clean-cache" => clean_cache::run(rest),
         "soak" => soak::run(rest),
+        "gpu-bundle" => gpu_bundle::bundle(rest),
+        "gpu-check" => gpu_bundle::check(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
         other => Err(format!(
-            "unknown command `{other}`; known commands: setup, test, bench, demo, e2e, launch, fuzz, codegen, clean-cache, soak, help"
+            "unknown command `{other}`; known commands: setup, test, bench, demo, e2e, launch, fuzz, codegen, clean-cache, soak, gpu-bundle, gpu-check, help"
         )),
     };
     match result {
