@@ -87,11 +87,38 @@ impl Batch {
 
     /// Moves every tensor to `device` (as the Trainer's `_prepare_inputs` does).
     pub fn to_device(&self, device: tch::Device) -> Result<Batch, tch::TchError> {
+        self.to_device_with(device, false, false)
+    }
+
+    /// [`to_device`](Self::to_device) as the Trainer's loaders feed a CUDA device: with
+    /// `pin_memory` each host tensor is first copied to page-locked memory (torch's
+    /// `DataLoader(pin_memory=True)`), and with `non_blocking` the host-to-device copy is
+    /// asynchronous (accelerate's `non_blocking`: the stream orders it before the kernels
+    /// that read it). Off CUDA both are ignored, as torch ignores them (it warns that
+    /// pinning without an accelerator does nothing).
+    pub fn to_device_with(
+        &self,
+        device: tch::Device,
+        pin_memory: bool,
+        non_blocking: bool,
+    ) -> Result<Batch, tch::TchError> {
+        let cuda = device.is_cuda();
+        let move_one = |t: &Tensor| -> Result<Tensor, tch::TchError> {
+            if !cuda || t.device() == device {
+                return t.f_to_device(device);
+            }
+            let host = if pin_memory && t.device() == tch::Device::Cpu {
+                t.f_pin_memory(device)?
+            } else {
+                t.shallow_clone()
+            };
+            host.f_to_device_(device, host.kind(), non_blocking, false)
+        };
         Ok(Batch {
             tensors: self
                 .tensors
                 .iter()
-                .map(|(k, t)| Ok((k.clone(), t.f_to_device(device)?)))
+                .map(|(k, t)| Ok((k.clone(), move_one(t)?)))
                 .collect::<Result<_, tch::TchError>>()?,
             ints: self.ints.clone(),
         })

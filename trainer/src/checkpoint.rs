@@ -455,9 +455,8 @@ impl Trainer {
                     .filter(|_| self.sharding.is_none()),
                 self.optimization.lr_scheduler.as_deref(),
                 scaler,
-                self.args.seed,
+                &self.args,
                 self.device(),
-                self.args.world_size(),
             )?;
         }
         let states = self.callback_handler.exportable_states(&self.control);

@@ -138,7 +138,7 @@ impl Trainer {
         let (include_inputs, include_loss) = (include("inputs"), include("loss"));
         let batch_size = loader.batch_size() as i64;
         for batch in loader.epoch(0) {
-            let batch = batch?.to_device(self.device())?;
+            let batch = self.batch_to_device(&batch?)?;
             let rows = batch
                 .iter()
                 .next()

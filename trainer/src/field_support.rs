@@ -412,7 +412,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
     ),
     inert(
         "dataloader_pin_memory",
-        "batches are built on the CPU and copied once per step; on the CPU pinning does nothing (upstream warns and skips it), on CUDA it only overlaps the copy",
+        "on CUDA each batch is copied to page-locked memory before it goes to the device (asynchronously with `accelerator_config.non_blocking`), as torch's `DataLoader(pin_memory=True)` feeds upstream's loop; on the CPU pinning does nothing (upstream warns and skips it); no number changes",
     ),
     inert(
         "dataloader_persistent_workers",

@@ -59,10 +59,10 @@ pub(crate) fn write_torch_files(
     optimizer: Option<&dyn Optimizer>,
     scheduler: Option<&dyn LrScheduler>,
     scaler: Option<tchtrain_optim::GradScalerState>,
-    seed: u64,
+    args: &TrainingArguments,
     device: Device,
-    world_size: usize,
 ) -> Result<()> {
+    let (seed, world_size) = (args.seed, args.world_size());
     // Upstream loads the two together (`_load_optimizer_and_scheduler` needs both files).
     if let (Some(opt), Some(sched)) = (optimizer, scheduler) {
         match (
@@ -192,6 +192,9 @@ pub(crate) fn load_scaler(scaler: &mut tchtrain_optim::GradScaler, dir: &Path) -
     Ok(())
 }
 
+/// Named generator states (`cpu`, `cuda`), as `rng_state.safetensors` holds them.
+pub(crate) type GeneratorStates = Vec<(String, Tensor)>;
+
 /// The generator files of a checkpoint for `world_size` processes: `rng_state.pth`, or
 /// `rng_state_{rank}.pth` for each rank (upstream's `_save_rng_state`).
 fn torch_rng_state_names(world_size: usize) -> Vec<String> {
@@ -213,7 +216,7 @@ pub(crate) fn read_generator_states(
     device: Device,
     world_size: usize,
     process_index: usize,
-) -> Result<Option<(String, Vec<(String, Tensor)>)>> {
+) -> Result<Option<(String, GeneratorStates)>> {
     let file = if world_size > 1 {
         format!("rng_state_{process_index}.pth")
     } else {

@@ -566,7 +566,7 @@ impl Trainer {
             let window: Vec<Batch> = batches
                 .by_ref()
                 .take(num_batches)
-                .map(|b| Ok(b?.to_device(self.device())?))
+                .map(|b| self.batch_to_device(&b?))
                 .collect::<Result<_>>()?;
             let current_ga = window.len();
             if let Some(states) = rng_to_sync.take() {

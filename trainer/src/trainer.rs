@@ -741,6 +741,20 @@ impl Trainer {
         self.accelerator.device()
     }
 
+    /// A loader's batch on [`device`](Self::device), as upstream's loaders hand it over: on
+    /// CUDA page-locked first with `dataloader_pin_memory` (the default) and copied
+    /// asynchronously with `accelerator_config.non_blocking`.
+    pub(crate) fn batch_to_device(
+        &self,
+        batch: &tchtrain_collators::Batch,
+    ) -> Result<tchtrain_collators::Batch> {
+        Ok(batch.to_device_with(
+            self.device(),
+            self.args.dataloader_pin_memory,
+            self.args.accelerator_config.non_blocking,
+        )?)
+    }
+
     /// Upstream's `trainer.accelerator`: device, mixed precision, DDP or the ZeRO engine.
     pub fn accelerator(&self) -> &Accelerator {
         &self.accelerator

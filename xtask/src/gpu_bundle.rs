@@ -16,7 +16,8 @@
 //! 3. a copy of the working tree (tracked and untracked files, modification times kept)
 //!    built in release against that libtorch with the `cuda` feature (NCCL), torch-sys
 //!    replaced by the copy (`--config patch.crates-io.torch-sys.path=...`), stripped;
-//! 4. the folder `DIR` (default `<target>/gpu-bundle`): `bin/run_clm`, `gpu_check.py` and
+//! 4. the folder `DIR` (default `<workspace>/target/gpu-bundle`, whatever `CARGO_TARGET_DIR`
+//!    says): `bin/run_clm`, `gpu_check.py` and
 //!    `zero3_offload.json` (`scripts/gpu/`), `data/` (hamlet.txt, SmolLM2's config and
 //!    tokenizer), `MANIFEST.json` (versions, the binary's needed libraries and newest
 //!    GLIBC / GLIBCXX symbol versions, the stubbed ops) and `README.txt` (how to run it
@@ -90,8 +91,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
+/// `<workspace>/target/gpu-bundle`: inside the checkout (and ignored by git) even when
+/// `CARGO_TARGET_DIR` puts the build elsewhere, so that the folder travels with the tree.
 fn default_bundle_dir() -> PathBuf {
-    paths::target_dir().join("gpu-bundle")
+    paths::workspace_root().join("target").join("gpu-bundle")
 }
 
 /// `cargo xtask gpu-bundle`.
@@ -130,7 +133,7 @@ pub fn check(args: &[String]) -> Result<(), String> {
         None => (args, &[][..]),
     };
     let mut bundle = default_bundle_dir();
-    let mut out = paths::target_dir().join("gpu-check");
+    let mut out = paths::workspace_root().join("target").join("gpu-check");
     let mut it = own.iter();
     while let Some(a) = it.next() {
         let value = it
