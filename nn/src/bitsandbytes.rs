@@ -641,9 +641,24 @@ pub fn int8_mm_dequant(
     Ok(out.f_to_kind(kind)?)
 }
 
-/// `int8_linear_matmul(A, B)`: `A Bᵀ` of int8 matrices in int32, exact (`torch._int_mm`, which
-/// bitsandbytes' CPU backend runs on AVX-512 machines; its fallback, a float32 product, gives
-/// the same integers while the sums stay below 2²⁴).
+/// `int8_linear_matmul(A, B)`: `A Bᵀ` of int8 matrices in int32, as bitsandbytes' CPU kernels
+/// compute it: `torch._int_mm` where ATen's CPU capability is AVX512 (its CPU backend
+/// registers that kernel only there); elsewhere its default kernel,
+/// `matmul(A.float(), B.float().t()).to(int32)`, which gives the same integers while the sums
+/// stay below 2²⁴, but under CPU autocast multiplies in bfloat16 (autocast casts `matmul`'s
+/// operands), as upstream's does on such a machine.
 pub fn int8_linear_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    Ok(a.f_internal_int_mm(&b.f_tr()?)?)
+    if a.device() != Device::Cpu || cpu_is_avx512() {
+        return Ok(a.f_internal_int_mm(&b.f_tr()?)?);
+    }
+    Ok(a.f_to_kind(Kind::Float)?
+        .f_matmul(&b.f_to_kind(Kind::Float)?.f_tr()?)?
+        .f_to_kind(Kind::Int)?)
+}
+
+/// Whether ATen's CPU capability is AVX512 (`torch.backends.cpu.get_cpu_capability()`).
+#[allow(unsafe_code)]
+fn cpu_is_avx512() -> bool {
+    // SAFETY: a query without arguments.
+    unsafe { tchtrain_sys::tchtrain_cpu_capability_avx512() != 0 }
 }

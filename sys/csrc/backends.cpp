@@ -4,6 +4,7 @@
 // benchmark) and `torch_empty_cache_steps` (the device allocator's `emptyCache`); the device
 // allocator's counters for `skip_memory_metrics=False` (`*_mem_gpu_*`).
 #include <ATen/Context.h>
+#include <ATen/Version.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include "guard.h"
@@ -20,6 +21,15 @@ char* tchtrain_set_fp32_precision_tf32(int on) {
         at::Float32Backend::GENERIC, at::Float32Op::ALL,
         on != 0 ? at::Float32Precision::TF32 : at::Float32Precision::IEEE);
   });
+}
+
+// 1 when ATen's CPU capability (`torch.backends.cpu.get_cpu_capability()`) is "AVX512".
+int tchtrain_cpu_capability_avx512() {
+  try {
+    return at::get_cpu_capability() == "AVX512" ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
 }
 
 // The compute capability's major number of CUDA device `index` (cudaDevAttrComputeCapabilityMajor

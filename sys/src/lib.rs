@@ -132,6 +132,7 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn tchtrain_set_fp32_precision_tf32(on: c_int) -> *mut c_char;
     pub fn tchtrain_cuda_capability_major(index: c_int) -> c_int;
+    pub fn tchtrain_cpu_capability_avx512() -> c_int;
     pub fn tchtrain_set_deterministic(on: c_int, warn_only: c_int) -> *mut c_char;
     pub fn tchtrain_deterministic_algorithms() -> c_int;
     pub fn tchtrain_empty_device_cache(device: c_int) -> *mut c_char;
