@@ -136,6 +136,10 @@ pub struct ZeroPlugin {
     /// DeepSpeed's `communication_data_type` and the dtype the reduced gradients are kept
     /// in ([`ZeroEngine::set_communication_data_type`]).
     pub communication_data_type: Option<(Kind, Kind)>,
+    /// At stages 1 and 2 with several processes: the gradient elements per bucket of the
+    /// reduction overlapped with the backward (DeepSpeed's `reduce_bucket_size`); `None`:
+    /// DDP's 25 MiB buckets (FSDP's `SHARD_GRAD_OP`).
+    pub reduce_bucket_size: Option<i64>,
 }
 
 /// The engine of a sharded run.
@@ -354,6 +358,9 @@ impl Accelerator {
                 if let Some((kind, accumulate)) = plugin.communication_data_type {
                     engine.set_communication_data_type(kind, accumulate);
                 }
+                if plugin.stage != ZeroStage::Weights {
+                    engine.overlap_reduction(pg, plugin.reduce_bucket_size)?;
+                }
                 if let Some((device, pin_memory)) = plugin.offload_param {
                     engine.offload_param(device, pin_memory)?;
                 }
@@ -506,7 +513,8 @@ impl Accelerator {
     /// `accelerator.backward(loss)`: `loss.backward()`, the loss first multiplied by the
     /// fp16 loss scale when there is a scaler (`scaler.scale(loss).backward()`); on a sync
     /// step the gradients are reduced across processes (DDP's bucket all-reduces during
-    /// the backward, ZeRO's reduce into the shards after it).
+    /// the backward; ZeRO-1 / 2's bucket reductions during it, sliced into the shards after
+    /// it; stage 3's reduce-scatter after each layer's backward or after the backward).
     pub fn backward(&self, loss: &Tensor) -> Result<()> {
         let scale = match self.scaler() {
             Some(mut s) => s.scale_tensor(loss.device())?,
@@ -514,27 +522,35 @@ impl Accelerator {
         };
         // DeepSpeed's half-precision engine: `loss_scaler.backward(loss)`, `loss * cur_scale`.
         let engine_scale = self.zero_engine().map_or(1.0, |e| e.loss_scale());
-        if engine_scale != 1.0 {
-            loss.f_mul_scalar(engine_scale)?.f_backward()?;
-            if self.sync_gradients() {
-                self.reduce_gradients()?;
-            }
-            return Ok(());
-        }
+        // ZeRO-1 / 2: the engine's buckets reduced as their gradients become ready (the
+        // engine's lock is not held during the backward).
+        let overlapped = match self.zero_engine() {
+            Some(engine) => engine.prepare_backward(self.sync_gradients())?,
+            None => false,
+        };
         // DDP: the reducer armed as DDP's forward arms it; on a sync step the backward then
         // all-reduces the buckets as their gradients become ready.
         if let Some(ddp) = &self.ddp {
             ddp.prepare_for_backward(&[loss], self.sync_gradients())?;
         }
-        match scale {
-            Some(scale) => loss
-                .f_mul(&scale.f_to_device(loss.device())?)?
-                .f_backward()?,
-            None => loss.f_backward()?,
+        if engine_scale != 1.0 {
+            loss.f_mul_scalar(engine_scale)?.f_backward()?;
+        } else {
+            match scale {
+                Some(scale) => loss
+                    .f_mul(&scale.f_to_device(loss.device())?)?
+                    .f_backward()?,
+                None => loss.f_backward()?,
+            }
         }
         if let Some(ddp) = self.ddp.as_ref().filter(|_| self.sync_gradients()) {
             ddp.finish_backward()?;
             self.gradients_reduced.store(true, Ordering::Relaxed);
+        }
+        if overlapped {
+            if let Some(mut engine) = self.zero_engine() {
+                engine.finish_backward()?;
+            }
         }
         if self.sync_gradients() {
             self.reduce_gradients()?;

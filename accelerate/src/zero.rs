@@ -18,7 +18,11 @@
 //! 1. the gradients of each buffer are flattened and averaged across ranks (stage 1:
 //!    all-reduce, stage 2/3: reduce-scatter; on CPU the reduce-scatter is an all-reduce and
 //!    a narrow, which Gloo runs faster); this rank's slice becomes its shard's `.grad`
-//!    (`tchtrain_optim::set_grad`);
+//!    (`tchtrain_optim::set_grad`). At stages 1 and 2 on several ranks the averaging runs
+//!    during the backward instead ([`ZeroEngine::overlap_reduction`]): torch's reducer
+//!    all-reduces buckets of gradients as soon as they are ready, as DeepSpeed's
+//!    `reduce_bucket_size` buckets are reduced from the gradient hooks, with the same
+//!    per-element arithmetic, and the step only slices the reduced gradients;
 //! 2. the global gradient norm is the square root of the all-reduced sum of every shard's
 //!    squared norm (accumulated in float64; padding is zero), and the shard gradients are
 //!    scaled by torch's
@@ -77,7 +81,7 @@
 //! `_update_scale`).
 
 use tch::{Kind, Tensor};
-use tchtrain_distributed::{ProcessGroup, ReduceOp};
+use tchtrain_distributed::{BucketReduction, ProcessGroup, ReduceOp, ShardReducer};
 use tchtrain_optim::{GroupSpec, Optimizer, set_grad};
 
 use crate::error::{Error, Result};
@@ -290,6 +294,12 @@ pub struct ZeroEngine {
     /// Variables the engine does not shard but cast for computing
     /// ([`Self::cast_unsharded`]), with their original values (what a save writes).
     unsharded: Vec<(String, Tensor)>,
+    /// Stages 1 and 2 on several ranks: the variables' gradients reduced in buckets during
+    /// a synchronised backward ([`Self::overlap_reduction`]).
+    overlap: Option<ShardReducer>,
+    /// The last synchronised backward reduced the variables' gradients in place; the step's
+    /// reduction only slices them into the shards.
+    reduced_in_backward: bool,
 }
 
 /// A detached, contiguous copy of `t` on `device` for offloading (always new storage),
@@ -456,6 +466,8 @@ impl ZeroEngine {
             param_order: None,
             comm_dtype: None,
             unsharded: Vec::new(),
+            overlap: None,
+            reduced_in_backward: false,
         };
         if let Some(order) = param_order {
             let mut positions = Vec::new();
@@ -684,6 +696,108 @@ impl ZeroEngine {
             post: None,
             op: ReduceOp::Avg,
         }
+    }
+
+    /// Stages 1 and 2 on several ranks: the reduction moved into the backward
+    /// ([`ShardReducer`], as DeepSpeed reduces its `reduce_bucket_size` buckets from the
+    /// gradient hooks). During a synchronised backward ([`Self::prepare_backward`]) a bucket
+    /// of `bucket_elements` gradient elements (`None`: DDP's 25 MiB) starts its all-reduce
+    /// as soon as its last gradient is ready, with this engine's arithmetic (its dtype,
+    /// divisors and operation), while the backward goes on; the step's
+    /// [`Self::reduce_gradients`] then slices the reduced gradients into the shards. Each
+    /// element is the same sum the reduction after the backward computes, and no buffer
+    /// outlives the step. Not armed (the reduction stays after the backward) at stage 3, on
+    /// one rank, or when the reduction dtype is wider than the gradients' (DeepSpeed's fp32
+    /// `communication_data_type` over bf16 gradients: writing the result back into the
+    /// gradients would round it). Call after the precision settings. Returns whether it is
+    /// armed.
+    pub fn overlap_reduction(
+        &mut self,
+        pg: &mut ProcessGroup,
+        bucket_elements: Option<i64>,
+    ) -> Result<bool> {
+        self.overlap = None;
+        if self.stage == ZeroStage::Weights || self.world_size <= 1 || self.buffers.is_empty() {
+            return Ok(false);
+        }
+        let reduce_kind = self.reduce_kind();
+        if let Some(k) = reduce_kind {
+            if !self
+                .buffers
+                .iter()
+                .all(|b| ShardReducer::writes_back_exactly(k, b.flat.kind))
+            {
+                return Ok(false);
+            }
+        }
+        let reduction = if self.stage == ZeroStage::OptimizerStates {
+            // Stage 1's all-reduce averages, whatever the regime.
+            BucketReduction {
+                pre_divide: None,
+                post_divide: None,
+                op: ReduceOp::Avg,
+                kind: reduce_kind,
+            }
+        } else {
+            let f = self.divide_factors();
+            BucketReduction {
+                pre_divide: f.pre,
+                post_divide: f.post,
+                op: f.op,
+                kind: reduce_kind,
+            }
+        };
+        let bytes = match bucket_elements {
+            Some(n) => {
+                let widest = self
+                    .buffers
+                    .iter()
+                    .map(|b| b.flat.kind.elt_size_in_bytes() as i64)
+                    .max()
+                    .unwrap_or(4);
+                n.saturating_mul(widest)
+            }
+            None => (tchtrain_distributed::DEFAULT_BUCKET_CAP_MB * 1024.0 * 1024.0) as i64,
+        };
+        let vars: Vec<Tensor> = self
+            .buffers
+            .iter()
+            .flat_map(|b| b.flat.vars.iter().map(Tensor::shallow_clone))
+            .collect();
+        self.overlap = Some(ShardReducer::new(pg, &vars, bytes, reduction)?);
+        Ok(true)
+    }
+
+    /// Before a backward (every rank, the same `sync`): with the overlapped reduction on
+    /// and `sync` (the backward ends an accumulation window), the buckets are armed;
+    /// returns whether this backward reduces (then call [`Self::finish_backward`] after it).
+    pub fn prepare_backward(&self, sync: bool) -> Result<bool> {
+        match &self.overlap {
+            Some(reducer) if sync => {
+                reducer.arm()?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// After a backward [`Self::prepare_backward`] armed: the buckets not started yet are
+    /// started, all are waited for, and the reduced values are in the variables'
+    /// gradients; the step's reduction then slices them. Returns how many buckets had
+    /// started during the backward.
+    pub fn finish_backward(&mut self) -> Result<usize> {
+        let Some(reducer) = &self.overlap else {
+            return Ok(0);
+        };
+        let started = reducer.finish()?;
+        self.reduced_in_backward = true;
+        Ok(started)
+    }
+
+    /// The overlapped reduction's number of buckets (`None` when the reduction runs after
+    /// the backward, [`Self::overlap_reduction`]).
+    pub fn overlap_buckets(&self) -> Option<usize> {
+        self.overlap.as_ref().map(ShardReducer::num_buckets)
     }
 
     /// The loss scale the next backward multiplies the loss by (1 without a half-precision
@@ -1014,6 +1128,9 @@ impl ZeroEngine {
     /// keeps the averaged full gradients in the variables (as DDP); stages 2 and 3 free
     /// them, and stage 3 releases the parameters.
     pub fn reduce_gradients(&mut self, pg: &mut ProcessGroup) -> Result<()> {
+        if std::mem::take(&mut self.reduced_in_backward) {
+            return self.slice_reduced_gradients();
+        }
         let rank = self.rank;
         let on_cpu = self.buffers.iter().all(|b| !b.flat.device.is_cuda());
         let stage = self.stage;
@@ -1047,6 +1164,33 @@ impl ZeroEngine {
         }
         if self.stage == ZeroStage::Weights {
             self.release()?;
+        }
+        Ok(())
+    }
+
+    /// After a backward that reduced the gradients in place ([`Self::overlap_reduction`]):
+    /// this rank's slice of each buffer's reduced gradients becomes its shard's gradient,
+    /// in the dtype the reduction after the backward leaves it in (the reduction dtype, then
+    /// `communication_data_type`'s accumulation dtype); stage 2 frees the full gradients.
+    fn slice_reduced_gradients(&mut self) -> Result<()> {
+        let rank = self.rank;
+        let stage = self.stage;
+        let kind = self.reduced_kind().or(self.reduce_kind());
+        for b in &mut self.buffers {
+            let grad_shard = tch::no_grad(|| -> Result<Tensor> {
+                let full = b.flat.flatten(true)?;
+                let shard = b.flat.slice_of(&full, rank)?.f_contiguous()?.copy();
+                if stage == ZeroStage::Gradients {
+                    for v in &b.flat.vars {
+                        set_grad(v, None)?;
+                    }
+                }
+                Ok(match kind {
+                    Some(k) if k != shard.kind() => shard.f_to_kind(k)?,
+                    _ => shard,
+                })
+            })?;
+            b.set_opt_grad(grad_shard, false)?;
         }
         Ok(())
     }

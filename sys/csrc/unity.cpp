@@ -15,3 +15,4 @@
 #include "optim.cpp"
 #include "c10d.cpp"
 #include "ddp.cpp"
+#include "shard_reducer.cpp"

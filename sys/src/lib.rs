@@ -45,6 +45,13 @@ pub struct tchtrain_reducer {
     _private: [u8; 0],
 }
 
+/// The shim's sharded-engine reducer (csrc/shard_reducer.cpp), owned through a pointer.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct tchtrain_shard_reducer {
+    _private: [u8; 0],
+}
+
 /// A Rust function a gradient boundary's backward calls with its token: 0 when its action
 /// succeeded.
 pub type BoundaryFn = unsafe extern "C" fn(u64) -> c_int;
@@ -365,4 +372,27 @@ unsafe extern "C" {
     pub fn tchtrain_ddp_reducer_check_finalized(r: *mut tchtrain_reducer) -> *mut c_char;
     pub fn tchtrain_ddp_reducer_num_buckets(r: *mut tchtrain_reducer) -> usize;
     pub fn tchtrain_ddp_reducer_free(r: *mut tchtrain_reducer);
+}
+
+// csrc/shard_reducer.cpp
+unsafe extern "C" {
+    pub fn tchtrain_shard_reducer_new(
+        pg: *mut tchtrain_pg,
+        params: *const *mut C_tensor,
+        n: usize,
+        bucket_bytes: i64,
+        pre: f64,
+        post: f64,
+        op: c_int,
+        average: c_int,
+        kind: c_int,
+        out: *mut *mut tchtrain_shard_reducer,
+        num_buckets: *mut usize,
+    ) -> *mut c_char;
+    pub fn tchtrain_shard_reducer_arm(r: *mut tchtrain_shard_reducer) -> *mut c_char;
+    pub fn tchtrain_shard_reducer_finish(
+        r: *mut tchtrain_shard_reducer,
+        started_in_backward: *mut usize,
+    ) -> *mut c_char;
+    pub fn tchtrain_shard_reducer_free(r: *mut tchtrain_shard_reducer);
 }

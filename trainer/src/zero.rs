@@ -124,6 +124,7 @@ impl Trainer {
         let mut mp_policy = None;
         let mut per_parameter_order = None;
         let mut communication_data_type = None;
+        let mut reduce_bucket_size = None;
         self.optimization.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -151,6 +152,7 @@ impl Trainer {
             let model_kind = half.as_ref().map_or(tch::Kind::Float, |(k, _)| *k);
             let accumulate = ds.grad_accum_dtype()?.unwrap_or(model_kind);
             communication_data_type = ds.communication_data_type()?.map(|kind| (kind, accumulate));
+            reduce_bucket_size = Some(ds.reduce_bucket_size()?);
             self.optimization.deepspeed = Some(Box::new(ds));
             let ds = self.optimization.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
@@ -267,6 +269,7 @@ impl Trainer {
             mp_policy,
             per_parameter_order,
             communication_data_type,
+            reduce_bucket_size,
         };
         refuse_unshardable_optimizer(self.args.optim.as_str())?;
         let shard_groups = self.accelerator.prepare_zero(plugin, groups)?;
@@ -391,6 +394,15 @@ impl Trainer {
     /// The ZeRO stage of the running sharded engine, if any.
     pub fn zero_stage(&self) -> Option<i64> {
         self.accelerator.zero_engine().map(|e| e.stage().number())
+    }
+
+    /// The buckets of the sharded engine's reduction overlapped with the backward
+    /// (stages 1 and 2 on several processes, DeepSpeed's `reduce_bucket_size`); `None`
+    /// when the gradients are reduced after the backward.
+    pub fn zero_reduce_buckets(&self) -> Option<usize> {
+        self.accelerator
+            .zero_engine()
+            .and_then(|e| e.overlap_buckets())
     }
 
     /// Whether checkpoints hold no `model.safetensors`, only shards (FSDP's

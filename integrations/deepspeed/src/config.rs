@@ -579,6 +579,34 @@ impl HfTrainerDeepSpeedConfig {
         Ok(None)
     }
 
+    /// `zero_optimization.reduce_bucket_size`: the elements of gradients the ZeRO-1 / 2
+    /// optimizer gathers before it starts a reduction (DeepSpeed's default 500,000,000; the
+    /// Trainer's `"auto"` is hidden_size², filled by [`Self::trainer_config_finalize`]).
+    /// DeepSpeed's pydantic model takes an integer or a float with an integral value; a
+    /// value under 1 or of another type is refused with the key.
+    pub fn reduce_bucket_size(&self) -> Result<i64> {
+        const KEY: &str = "zero_optimization.reduce_bucket_size";
+        const DEFAULT: i64 = 500_000_000;
+        let value = match self.get_value(KEY) {
+            None | Some(Value::Null) => return Ok(DEFAULT),
+            Some(v) => v,
+        };
+        let n = value.as_i64().or_else(|| {
+            value
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9e18)
+                .map(|f| f as i64)
+        });
+        match n {
+            Some(n) if n >= 1 => Ok(n),
+            _ => Err(Error::InvalidConfig {
+                key: KEY.into(),
+                value: python_repr(value),
+                fix: "reduce_bucket_size is a number of gradient elements: a positive integer (DeepSpeed's default 5e8; \"auto\" lets the Trainer fill hidden_size * hidden_size)",
+            }),
+        }
+    }
+
     /// DeepSpeed's `get_communication_data_type`: the top-level `communication_data_type`
     /// (`"fp32"`, `"fp16"`, `"bf16"`, any case) as the dtype the ZeRO optimizers reduce
     /// gradients in; `None` when absent or null (the engine then uses the model's dtype).

@@ -203,6 +203,76 @@ impl RawReducer {
     }
 }
 
+/// An owned `tchtrain_shard_reducer*` (csrc/shard_reducer.cpp).
+#[derive(Debug)]
+pub(crate) struct RawShardReducer {
+    ptr: *mut tchtrain_shard_reducer,
+}
+
+// SAFETY: as `RawReducer`: driven from one thread at a time, its hooks run inside that
+// thread's backward, and its state sits behind its own mutex.
+unsafe impl Send for RawShardReducer {}
+// SAFETY: as above; every shim call takes the reducer's mutex.
+unsafe impl Sync for RawShardReducer {}
+
+impl RawShardReducer {
+    /// A reducer over `params` with the reduction's numbers (`kind`: c10's ScalarType or
+    /// -1); also returns its number of buckets.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        group: &mut RawGroup,
+        params: &[Tensor],
+        bucket_bytes: i64,
+        pre: f64,
+        post: f64,
+        op: i32,
+        average: bool,
+        kind: i32,
+    ) -> Result<(Self, usize), String> {
+        let ptrs: Vec<*mut C_tensor> = params.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+        let mut ptr: *mut tchtrain_shard_reducer = std::ptr::null_mut();
+        let mut buckets = 0usize;
+        // SAFETY: the group and the tensors are live for the call; the shim copies the
+        // tensor handles; `ptr` and `buckets` are written only on success.
+        check(unsafe {
+            tchtrain_shard_reducer_new(
+                group.ptr,
+                ptrs.as_ptr(),
+                ptrs.len(),
+                bucket_bytes,
+                pre,
+                post,
+                op,
+                i32::from(average),
+                kind,
+                &mut ptr,
+                &mut buckets,
+            )
+        })?;
+        Ok((Self { ptr }, buckets))
+    }
+
+    pub(crate) fn arm(&self) -> Result<(), String> {
+        // SAFETY: `self.ptr` is live.
+        check(unsafe { tchtrain_shard_reducer_arm(self.ptr) })
+    }
+
+    /// Returns how many buckets had started during the backward.
+    pub(crate) fn finish(&self) -> Result<usize, String> {
+        let mut started = 0usize;
+        // SAFETY: `self.ptr` is live; `started` is written on success.
+        check(unsafe { tchtrain_shard_reducer_finish(self.ptr, &mut started) })?;
+        Ok(started)
+    }
+}
+
+impl Drop for RawShardReducer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `tchtrain_shard_reducer_new` and is freed once.
+        unsafe { tchtrain_shard_reducer_free(self.ptr) };
+    }
+}
+
 impl Drop for RawReducer {
     fn drop(&mut self) {
         // SAFETY: the pointer came from `tchtrain_ddp_reducer_new` and is freed once.

@@ -5,7 +5,8 @@
 //! wrapped by the private `ffi` module, the only code that sees raw pointers): TCPStore
 //! rendezvous from `RANK` / `WORLD_SIZE` / `MASTER_ADDR` / `MASTER_PORT`, then
 //! all_reduce, reduce_scatter, all_gather, broadcast and barrier on tch tensors in place.
-//! [`DistributedDataParallel`] averages gradients in buckets.
+//! [`DistributedDataParallel`] averages gradients in buckets; [`ShardReducer`] reduces a
+//! sharded engine's gradients in buckets during the backward.
 //!
 //! ## NCCL (the `cuda` feature)
 //!
@@ -28,8 +29,10 @@ mod env;
 mod error;
 mod ffi;
 mod process_group;
+mod shard_reducer;
 
 pub use ddp::{DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, DistributedDataParallel};
 pub use env::DistributedEnv;
 pub use error::{Error, Result};
 pub use process_group::{Backend, DEFAULT_TIMEOUT, ProcessGroup, ReduceOp};
+pub use shard_reducer::{BucketReduction, ShardReducer};

@@ -31,7 +31,7 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         match self {
             ReduceOp::Sum | ReduceOp::Avg => 0,
             ReduceOp::Product => 1,

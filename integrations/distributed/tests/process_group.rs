@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
 use tchtrain_distributed::{
-    Backend, DistributedDataParallel, DistributedEnv, Error, ProcessGroup, ReduceOp,
+    Backend, BucketReduction, DistributedDataParallel, DistributedEnv, Error, ProcessGroup,
+    ReduceOp, ShardReducer,
 };
 
 const ROLE: &str = "TCHTRAIN_TEST_ROLE";
@@ -477,4 +478,126 @@ fn unused_parameters_count_as_zeros_with_find_unused_parameters() {
             "a parameter no rank used keeps no gradient"
         );
     }
+}
+
+/// The sharded engine's overlapped reduction on 2 ranks: four float32 parameters in
+/// buckets of at most 48 bytes (reverse order: `d` and `c` together, then `b`, then `a`),
+/// reduced in bfloat16 with a pre-division by 2, a sum and a post-division by 3. Rank 1's
+/// loss leaves `b` unused, so on rank 1 the buckets from `b` on start only at `finish`,
+/// while rank 0 starts all three during the backward; the collectives still pair up.
+/// Every gradient equals the same arithmetic done by hand on the whole flattened
+/// gradient (bit for bit: each element is one sum of two), `b`'s on rank 1 included (made
+/// from zeros there); a backward that is not armed reduces nothing; a reduction dtype
+/// narrower than writing back allows is refused.
+#[test]
+fn shard_reducer_reduces_buckets_during_the_backward() {
+    if !is_rank() {
+        return wait_all(
+            launch(
+                "shard_reducer_reduces_buckets_during_the_backward",
+                &[0, 1],
+                2,
+                free_port(),
+            ),
+            Duration::from_secs(120),
+        );
+    }
+    let env = env();
+    let mut pg = ProcessGroup::new_gloo(&env, Duration::from_secs(60)).unwrap();
+    let r = pg.rank();
+    let param = |n: i64, v: f64| {
+        (Tensor::arange(n, (Kind::Float, Device::Cpu)) / 7.0 + v).set_requires_grad(true)
+    };
+    let (a, b, c, d) = (param(8, 0.1), param(6, 0.2), param(5, 0.3), param(3, 0.4));
+    let params = [
+        a.shallow_clone(),
+        b.shallow_clone(),
+        c.shallow_clone(),
+        d.shallow_clone(),
+    ];
+    let reduction = BucketReduction {
+        pre_divide: Some(2.0),
+        post_divide: Some(3.0),
+        op: ReduceOp::Sum,
+        kind: Some(Kind::BFloat16),
+    };
+    let reducer = ShardReducer::new(&mut pg, &params, 48, reduction).unwrap();
+    assert_eq!(reducer.num_buckets(), 3);
+    let scale = 1.0 + f64::from(r) / 3.0;
+    let loss_of = || {
+        let x = (a.square() * scale).sum(Kind::Float)
+            + (c.sin() * &d.sum(Kind::Float)).sum(Kind::Float);
+        if r == 0 {
+            x + (b.exp() * 0.7).sum(Kind::Float)
+        } else {
+            x
+        }
+    };
+    let grads = || -> Vec<Tensor> {
+        params
+            .iter()
+            .map(|p| {
+                let g = p.grad();
+                if g.defined() {
+                    g.flatten(0, -1)
+                } else {
+                    Tensor::zeros([p.numel() as i64], (Kind::Float, Device::Cpu))
+                }
+            })
+            .collect()
+    };
+    let clear = || {
+        for p in &params {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    };
+
+    // By hand: this rank's gradients, flattened, through the same arithmetic.
+    loss_of().backward();
+    let local = Tensor::cat(&grads(), 0);
+    let mut expected = local.to_kind(Kind::BFloat16) / 2.0;
+    pg.all_reduce(&mut expected, ReduceOp::Sum).unwrap();
+    let expected = (expected / 3.0).to_kind(Kind::Float);
+    clear();
+
+    reducer.arm().unwrap();
+    loss_of().backward();
+    let started = reducer.finish().unwrap();
+    // Rank 0 starts every bucket inside the backward; rank 1 only the one before `b`.
+    assert_eq!(
+        started,
+        if r == 0 { 3 } else { 1 },
+        "buckets started during the backward"
+    );
+    let got = Tensor::cat(&grads(), 0);
+    assert_eq!(values(&got), values(&expected), "reduced gradients");
+    assert!(b.grad().defined(), "b's gradient is made on rank {r}");
+    clear();
+
+    // Not armed: a plain local backward.
+    loss_of().backward();
+    let plain = Tensor::cat(&grads(), 0);
+    let want = local.shallow_clone();
+    if r == 1 {
+        // `b` (elements 8..14) keeps the zeros it was cleared to.
+        let _ = want.narrow(0, 8, 6).zero_();
+    }
+    assert_eq!(
+        values(&plain),
+        values(&want),
+        "an unarmed backward reduces nothing"
+    );
+
+    let narrowing = BucketReduction {
+        kind: Some(Kind::Float),
+        ..reduction
+    };
+    let halves = [Tensor::zeros([4], (Kind::BFloat16, Device::Cpu)).set_requires_grad(true)];
+    let err = ShardReducer::new(&mut pg, &halves, 48, narrowing)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rounded"), "{err}");
 }

@@ -166,6 +166,8 @@ struct Figures {
     /// Bytes of the largest decoder layer.
     layer_param_bytes: usize,
     zero_stage: Option<i64>,
+    /// The buckets of the reduction overlapped with the backward (stages 1 and 2).
+    reduce_buckets: Option<usize>,
 }
 
 /// Trains one configuration; returns its log and this rank's memory figures.
@@ -225,6 +227,7 @@ fn run_job(
         root_param_bytes,
         layer_param_bytes: layers.iter().copied().max().unwrap_or(0),
         zero_stage: trainer.zero_stage(),
+        reduce_buckets: trainer.zero_reduce_buckets(),
     };
     Ok((numbers(&trainer.state.log_history), figures))
 }
@@ -405,6 +408,24 @@ fn zero_and_fsdp_runs_equal_ddp_with_sharded_memory() -> Result<()> {
                 "{name} rank {r}: optimizer state {state} vs DDP {ddp_state} / 2"
             );
             let stage = f.zero_stage.context("a sharded run")?;
+            // Stages 1 and 2 reduce during the backward: DeepSpeed's `reduce_bucket_size`
+            // ("auto": hidden_size², far under the model) makes many buckets; FSDP's
+            // SHARD_GRAD_OP takes DDP's 25 MiB, one bucket for this model.
+            let want = match stage {
+                3 => "none",
+                _ if name.starts_with("fsdp") => "one",
+                _ => "many",
+            };
+            let got = match f.reduce_buckets {
+                None => "none",
+                Some(1) => "one",
+                Some(_) => "many",
+            };
+            assert_eq!(
+                got, want,
+                "{name} rank {r}: overlapped buckets {:?}",
+                f.reduce_buckets
+            );
             let shard = full_params / 2.0;
             let params = f.step_end_param_bytes as f64;
             let grads = f.step_end_grad_bytes as f64;
