@@ -1,11 +1,13 @@
 //! Writing to the hub (huggingface_hub's `HfApi.create_repo` and `HfApi.upload_folder`, over
 //! `_commit_api.py` and `lfs.py`): a model repository created (or found), a folder's files
 //! committed in one commit — the hub's pre-upload answer telling which files go through LFS,
-//! those uploaded by the LFS batch API (`basic` transfers: one `PUT` each, then `verify` when
-//! the server asks), and the commit posted as NDJSON (a header, then `file` entries with the
-//! regular files' base64 content and `lfsFile` entries with the LFS files' `sha256` and size).
-//! Xet transfers and multipart LFS uploads are not implemented: a server that asks for them
-//! gets an error naming the file.
+//! those uploaded by the LFS batch API (`basic` transfers: one `PUT` each; `multipart` ones,
+//! which the hub asks for large files: a `PUT` of each `chunk_size` part to its numbered URL,
+//! then the parts' etags posted to the completion `href`, as `lfs._upload_multi_part`; then
+//! `verify` when the server asks), and the commit posted as NDJSON (a header, then `file`
+//! entries with the regular files' base64 content and `lfsFile` entries with the LFS files'
+//! `sha256` and size). Xet transfers are not offered (the batch request names `basic` and
+//! `multipart`, as huggingface_hub without `hf_xet` does).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -69,6 +71,74 @@ fn json_of(response: ureq::Response, url: &str) -> Result<Value> {
         .read_to_string(&mut text)
         .map_err(|e| invalid(url, e.to_string()))?;
     serde_json::from_str(&text).map_err(|e| invalid(url, format!("not JSON: {e}")))
+}
+
+/// `lfs._upload_multi_part`: the part URLs are the header's numbered keys, in number
+/// order, one per `chunk_size` bytes (else upstream's "Invalid server response to upload
+/// large LFS file"); each part is `PUT` there (no token: they are presigned) and answers
+/// with an `ETag`; the etags are then posted to `href`, the hub's completion endpoint, as
+/// `{"oid", "parts": [{"partNumber", "etag"}]}`.
+fn upload_multi_part(
+    header: &serde_json::Map<String, Value>,
+    chunk: &Value,
+    href: &str,
+    oid: &str,
+    bytes: &[u8],
+    batch_url: &str,
+    repo_id: &str,
+) -> Result<()> {
+    // `int(chunk_size)`: an integer, or a string of one.
+    let chunk_size = chunk
+        .as_u64()
+        .or_else(|| chunk.as_str().and_then(|s| s.trim().parse().ok()))
+        .filter(|&c| c > 0)
+        .ok_or_else(|| {
+            invalid(
+                batch_url,
+                format!("Malformed response from LFS batch endpoint: `chunk_size` should be an integer. Got '{chunk}'."),
+            )
+        })? as usize;
+    let mut parts: Vec<(u64, &str)> = header
+        .iter()
+        .filter(|(k, _)| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?)))
+        .collect();
+    parts.sort_by_key(|(n, _)| *n);
+    if parts.len() != bytes.len().div_ceil(chunk_size) {
+        return Err(invalid(
+            batch_url,
+            format!(
+                "Invalid server response to upload large LFS file: {} part URLs for {} bytes in parts of {chunk_size}",
+                parts.len(),
+                bytes.len()
+            ),
+        ));
+    }
+    let mut etags = Vec::with_capacity(parts.len());
+    for (i, (_, part_url)) in parts.iter().enumerate() {
+        let slice = &bytes[i * chunk_size..((i + 1) * chunk_size).min(bytes.len())];
+        let response = agent()
+            .put(part_url)
+            .send_bytes(slice)
+            .map_err(|e| map_ureq_error(e, part_url, &target(repo_id)))?;
+        let etag = response
+            .header("etag")
+            .filter(|e| !e.is_empty())
+            .ok_or_else(|| {
+                invalid(
+                    part_url,
+                    format!("Invalid etag (`None`) returned for part {}", i + 1),
+                )
+            })?;
+        etags.push(json!({"partNumber": i + 1, "etag": etag}));
+    }
+    agent()
+        .post(href)
+        .set("Accept", "application/vnd.git-lfs+json")
+        .set("Content-Type", "application/vnd.git-lfs+json")
+        .send_string(&json!({"oid": oid, "parts": etags}).to_string())
+        .map_err(|e| map_ureq_error(e, href, &target(repo_id)))?;
+    Ok(())
 }
 
 /// `HfApi.create_repo(repo_id, private=private, exist_ok=True)`: `POST /api/repos/create`
@@ -330,7 +400,7 @@ fn create_commit(
             .send_string(
                 &json!({
                     "operation": "upload",
-                    "transfers": ["basic"],
+                    "transfers": ["basic", "multipart"],
                     "objects": objects,
                     "hash_algo": "sha256",
                     "ref": {"name": revision},
@@ -364,33 +434,27 @@ fn create_commit(
                 continue;
             };
             if let Some(upload) = actions.get("upload") {
-                if upload
-                    .get("header")
-                    .and_then(|h| h.get("chunk_size"))
-                    .is_some()
-                {
-                    return Err(invalid(
-                        &url,
-                        format!(
-                            "the server asks a multipart LFS upload for {}, which is not implemented here",
-                            u.path_in_repo
-                        ),
-                    ));
-                }
                 let href = upload
                     .get("href")
                     .and_then(Value::as_str)
                     .ok_or_else(|| invalid(&url, "an LFS upload action without `href`"))?;
-                let mut put = agent().put(href);
-                if let Some(Value::Object(headers)) = upload.get("header") {
-                    for (k, v) in headers {
-                        if let Some(v) = v.as_str() {
-                            put = put.set(k, v);
+                let header = upload.get("header").and_then(Value::as_object);
+                match header.and_then(|h| h.get("chunk_size")) {
+                    Some(chunk) => {
+                        let header = header.expect("the chunk size is in it");
+                        upload_multi_part(header, chunk, href, oid, bytes, &url, repo_id)?;
+                    }
+                    None => {
+                        let mut put = agent().put(href);
+                        for (k, v) in header.into_iter().flatten() {
+                            if let Some(v) = v.as_str() {
+                                put = put.set(k, v);
+                            }
                         }
+                        put.send_bytes(bytes)
+                            .map_err(|e| map_ureq_error(e, href, &target(repo_id)))?;
                     }
                 }
-                put.send_bytes(bytes)
-                    .map_err(|e| map_ureq_error(e, href, &target(repo_id)))?;
             }
             if let Some(verify) = actions.get("verify") {
                 let href = verify

@@ -16,6 +16,12 @@
 //! - `POST /api/models/{id}/preupload/{rev}`: `lfs` for weights (`*.safetensors`, `*.bin`,
 //!   `*.pt`, `*.pth`, ...), files of 10 MiB or more and binary samples, else `regular`;
 //! - `POST /{id}.git/info/lfs/objects/batch` and `PUT /lfs-upload/{oid}` (its sha256 checked);
+//!   with [`HubServerBuilder::multipart_chunk_size`], an object larger than the chunk size
+//!   of a client that offers the `multipart` transfer is asked for in parts, as the hub
+//!   does: the upload action's header holds `chunk_size` and the numbered part URLs
+//!   (`PUT /lfs-part/{oid}/{n}`, each answered with an `ETag`), and its `href` is the
+//!   completion endpoint (`POST /lfs-complete/{oid}`, `{"oid", "parts": [{"partNumber",
+//!   "etag"}]}`: the parts and their etags checked, the whole object's sha256 too);
 //! - `POST /api/models/{id}/commit/{rev}` (NDJSON: header, `file`, `lfsFile`): the files
 //!   written into the revision, which then has a new commit hash and serves them
 //!   ([`HubServer::commits`] lists what each commit held; [`HubServer::fail_commits`] makes
@@ -81,6 +87,7 @@ pub struct PushedCommit {
 #[derive(Debug, Default)]
 pub struct HubServerBuilder {
     revisions: Vec<ServedRevision>,
+    multipart_chunk_size: Option<usize>,
 }
 
 impl HubServerBuilder {
@@ -92,6 +99,13 @@ impl HubServerBuilder {
     /// Serves `root` as dataset repository `repo_id` at `revision`.
     pub fn dataset(self, repo_id: &str, revision: &str, root: impl Into<PathBuf>) -> Self {
         self.add("dataset", repo_id, revision, root.into())
+    }
+
+    /// LFS objects larger than `bytes` are asked for in parts of `bytes` (the hub's
+    /// multipart transfer) from clients that offer it.
+    pub fn multipart_chunk_size(mut self, bytes: usize) -> Self {
+        self.multipart_chunk_size = Some(bytes.max(1));
+        self
     }
 
     fn add(
@@ -128,6 +142,8 @@ impl HubServerBuilder {
             pushed_root,
             commits: Mutex::new(Vec::new()),
             lfs: Mutex::new(HashMap::new()),
+            multipart_chunk_size: self.multipart_chunk_size,
+            parts: Mutex::new(HashMap::new()),
             fail_commits: AtomicBool::new(false),
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -242,15 +258,32 @@ struct State {
     commits: Mutex<Vec<PushedCommit>>,
     /// LFS objects uploaded, by sha256.
     lfs: Mutex<HashMap<String, Vec<u8>>>,
+    /// [`HubServerBuilder::multipart_chunk_size`].
+    multipart_chunk_size: Option<usize>,
+    /// Parts of multipart uploads not completed yet, by (sha256, part number).
+    parts: Mutex<HashMap<(String, usize), Vec<u8>>>,
     fail_commits: AtomicBool,
 }
 
 /// What a request resolved to.
 enum Answer {
     Json(String),
-    File { bytes: Vec<u8>, commit: String },
-    Error { status: u16, code: &'static str },
-    Status { status: u16, body: String },
+    File {
+        bytes: Vec<u8>,
+        commit: String,
+    },
+    /// An uploaded part, acknowledged with its `ETag`.
+    Part {
+        etag: String,
+    },
+    Error {
+        status: u16,
+        code: &'static str,
+    },
+    Status {
+        status: u16,
+        body: String,
+    },
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -337,6 +370,7 @@ impl State {
                 body.as_bytes(),
                 head,
             ),
+            Answer::Part { etag } => respond(&mut stream, 200, &[("ETag", etag)], b"", head),
             Answer::Error { status, code } => {
                 let body = format!("{code} for {route}");
                 respond(
@@ -413,6 +447,20 @@ impl State {
         };
         let parse = || serde_json::from_slice::<serde_json::Value>(body).ok();
         if method == "PUT" {
+            if let Some((oid, n)) = path
+                .strip_prefix("/lfs-part/")
+                .and_then(|rest| rest.split_once('/'))
+            {
+                let Ok(n) = n.parse::<usize>() else {
+                    return bad(404, "no such part");
+                };
+                let etag = format!("\"{}\"", sha256_hex(body));
+                self.parts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((oid.to_string(), n), body.to_vec());
+                return Answer::Part { etag };
+            }
             let Some(oid) = path.strip_prefix("/lfs-upload/") else {
                 return bad(404, "no such endpoint");
             };
@@ -423,6 +471,39 @@ impl State {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(oid.to_string(), body.to_vec());
+            return json(serde_json::json!({}));
+        }
+        if let Some(oid) = path.strip_prefix("/lfs-complete/") {
+            let Some(v) = parse() else {
+                return bad(400, "invalid JSON");
+            };
+            if v["oid"].as_str() != Some(oid) {
+                return bad(400, "the completion names another object");
+            }
+            let listed = v["parts"].as_array().cloned().unwrap_or_default();
+            let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+            let mut whole = Vec::new();
+            for (i, part) in listed.iter().enumerate() {
+                let n = i + 1;
+                if part["partNumber"].as_u64() != Some(n as u64) {
+                    return bad(400, "parts out of order");
+                }
+                let Some(bytes) = parts.get(&(oid.to_string(), n)) else {
+                    return bad(400, "a part that was not uploaded");
+                };
+                if part["etag"].as_str() != Some(format!("\"{}\"", sha256_hex(bytes)).as_str()) {
+                    return bad(400, "a part's etag does not match");
+                }
+                whole.extend_from_slice(bytes);
+            }
+            if sha256_hex(&whole) != oid {
+                return bad(400, "the parts do not hash to the object id");
+            }
+            parts.retain(|(o, _), _| o != oid);
+            self.lfs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(oid.to_string(), whole);
             return json(serde_json::json!({}));
         }
         if path == "/api/repos/create" {
@@ -461,6 +542,10 @@ impl State {
                 return bad(400, "invalid JSON");
             };
             let stored = self.lfs.lock().unwrap_or_else(|e| e.into_inner());
+            let offers_multipart = v["transfers"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|x| x.as_str() == Some("multipart")));
+            let chunk = self.multipart_chunk_size.filter(|_| offers_multipart);
             let objects: Vec<serde_json::Value> = v["objects"]
                 .as_array()
                 .cloned()
@@ -468,15 +553,38 @@ impl State {
                 .into_iter()
                 .map(|o| {
                     let oid = o["oid"].as_str().unwrap_or_default().to_string();
+                    let size = o["size"].as_u64().unwrap_or(0) as usize;
                     let mut answer = serde_json::json!({"oid": oid, "size": o["size"], "authenticated": true});
-                    if !stored.contains_key(&oid) {
-                        answer["actions"] = serde_json::json!({"upload": {"href": format!("{}/lfs-upload/{oid}", self.endpoint)}});
+                    if stored.contains_key(&oid) {
+                        return answer;
                     }
+                    answer["actions"] = match chunk.filter(|c| size > *c) {
+                        Some(c) => {
+                            let mut header = serde_json::Map::new();
+                            header.insert("chunk_size".into(), serde_json::json!(c.to_string()));
+                            for n in 1..=size.div_ceil(c) {
+                                header.insert(
+                                    n.to_string(),
+                                    serde_json::json!(format!("{}/lfs-part/{oid}/{n}", self.endpoint)),
+                                );
+                            }
+                            serde_json::json!({"upload": {
+                                "href": format!("{}/lfs-complete/{oid}", self.endpoint),
+                                "header": header,
+                            }})
+                        }
+                        None => serde_json::json!({"upload": {"href": format!("{}/lfs-upload/{oid}", self.endpoint)}}),
+                    };
                     answer
                 })
                 .collect();
             let _ = repo;
-            return json(serde_json::json!({"transfer": "basic", "objects": objects}));
+            let transfer = if chunk.is_some() {
+                "multipart"
+            } else {
+                "basic"
+            };
+            return json(serde_json::json!({"transfer": transfer, "objects": objects}));
         }
         let Some(rest) = path.strip_prefix("/api/models/") else {
             return bad(404, "no such endpoint");

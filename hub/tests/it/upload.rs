@@ -132,16 +132,86 @@ fn upload_folder_commits_regular_and_lfs_files() -> Result<()> {
     Ok(())
 }
 
-/// huggingface_hub's own `upload_folder` against the same server: the server speaks the
-/// protocol the real client speaks.
+/// A server that asks for large LFS objects in parts (the hub's multipart transfer): the
+/// 70,000-byte weights go up as five `PUT`s of 16 KiB parts to the numbered URLs, in order,
+/// then one completion `POST`; the small LFS file stays a single `PUT`; the commit lands and
+/// the weights download back equal. A server answering with too few part URLs is an error
+/// naming the batch endpoint.
+#[test]
+fn large_lfs_files_go_up_in_parts_when_the_server_asks() -> Result<()> {
+    let server = HubServer::builder().multipart_chunk_size(16 * 1024).start();
+    let cache = temp_dir("hub-multipart-cache");
+    let o = options(&cache, server.endpoint());
+    let repo_id = create_repo("parts", None, &o)?;
+    let folder = temp_dir("hub-multipart-folder");
+    let weights: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    write(
+        &folder,
+        &[("model.safetensors", &weights), ("optimizer.pt", b"small")],
+    );
+    let info = upload_folder(
+        &UploadFolder {
+            repo_id: &repo_id,
+            folder: &folder,
+            path_in_repo: None,
+            commit_message: "in parts",
+            revision: None,
+            ignore_patterns: &[],
+        },
+        &o,
+    )?;
+    let commits = server.commits();
+    ensure!(commits.len() == 1 && commits[0].oid == info.oid);
+    let mut lfs = commits[0].lfs_files.clone();
+    lfs.sort();
+    ensure!(lfs == ["model.safetensors", "optimizer.pt"], "{lfs:?}");
+    let requests = server.requests();
+    let parts: Vec<&str> = requests
+        .iter()
+        .filter(|r| r.path.contains("/lfs-part/"))
+        .map(|r| r.path.rsplit('/').next().unwrap_or_default())
+        .collect();
+    ensure!(parts == ["1", "2", "3", "4", "5"], "{parts:?}");
+    ensure!(
+        requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.contains("/lfs-complete/"))
+            .count()
+            == 1
+    );
+    ensure!(
+        requests
+            .iter()
+            .filter(|r| r.method == "PUT" && r.path.contains("/lfs-upload/"))
+            .count()
+            == 1,
+        "the small file: one PUT"
+    );
+    let path = hf_hub_download(&repo_id, "model.safetensors", RepoType::Model, "main", &o)?;
+    ensure!(std::fs::read(path)? == weights);
+    Ok(())
+}
+
+/// huggingface_hub's own `upload_folder` against the same server, with basic and with
+/// multipart LFS transfers: the server speaks the protocol the real client speaks.
 #[test]
 fn huggingface_hub_pushes_to_the_test_server() -> Result<()> {
+    for chunk in [None, Some(16 * 1024)] {
+        huggingface_hub_push(chunk)?;
+    }
+    Ok(())
+}
+
+fn huggingface_hub_push(chunk: Option<usize>) -> Result<()> {
     let Some(python) = std::env::var_os("TCHTRAIN_VENV_PYTHON") else {
         panic!(
             "TCHTRAIN_VENV_PYTHON is not set: it names the setup virtualenv's python (with huggingface_hub); run `cargo xtask setup`"
         );
     };
-    let server = HubServer::builder().start();
+    let server = match chunk {
+        Some(c) => HubServer::builder().multipart_chunk_size(c).start(),
+        None => HubServer::builder().start(),
+    };
     let folder = temp_dir("hub-up-python");
     let weights: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
     write(
@@ -177,6 +247,16 @@ fn huggingface_hub_pushes_to_the_test_server() -> Result<()> {
     );
     ensure!(
         server.pushed_file("tchtrain-user/py-run", "main", "model.safetensors") == Some(weights)
+    );
+    // 50,000 bytes in parts of 16 KiB: four parts.
+    let parts = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/lfs-part/"))
+        .count();
+    ensure!(
+        parts == if chunk.is_some() { 4 } else { 0 },
+        "{chunk:?}: {parts} parts"
     );
     Ok(())
 }
