@@ -109,7 +109,9 @@ impl WandbSettings {
                 "W&B's online mode (uploading the run as it goes) is not implemented here; set WANDB_MODE=offline, and upload the run folder afterwards with `wandb sync <folder>`",
             ));
         }
-        match var("WANDB_LOG_MODEL").map(|v| v.to_lowercase()).as_deref() {
+        // Upstream's `WandbLogModel(value)`: an exact, case-sensitive lookup (`END` or
+        // `true` is an unrecognised value: a warning, and no model logging).
+        match var("WANDB_LOG_MODEL").as_deref() {
             None | Some("false") => {}
             Some(v @ ("end" | "checkpoint")) => {
                 return Err(setting(

@@ -184,6 +184,18 @@ fn wandb_settings_refuse_what_is_not_implemented() {
         let err = settings(&env(pairs)).unwrap_err().to_string();
         assert!(err.starts_with(variable), "{pairs:?}: {err}");
     }
+    // Upstream's `WandbLogModel` lookup is case-sensitive: `END` and `true` are unrecognised
+    // values (a warning, no model logging), not a request for artifacts.
+    for value in ["END", "true", "Checkpoint"] {
+        assert!(
+            settings(&env(&[
+                ("WANDB_MODE", "offline"),
+                ("WANDB_LOG_MODEL", value)
+            ]))
+            .is_ok(),
+            "WANDB_LOG_MODEL={value}"
+        );
+    }
     // Disabled: nothing is written.
     let dir = temp_dir("wandb-disabled");
     let s = settings(&env(&[
