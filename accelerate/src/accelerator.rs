@@ -136,9 +136,12 @@ pub struct ZeroPlugin {
     /// DeepSpeed's `communication_data_type` and the dtype the reduced gradients are kept
     /// in ([`ZeroEngine::set_communication_data_type`]).
     pub communication_data_type: Option<(Kind, Kind)>,
-    /// At stages 1 and 2 with several processes: the gradient elements per bucket of the
-    /// reduction overlapped with the backward (DeepSpeed's `reduce_bucket_size`); `None`:
-    /// DDP's 25 MiB buckets (FSDP's `SHARD_GRAD_OP`).
+    /// At stages 1 and 2 with several processes: the gradients reduced in buckets during the
+    /// backward ([`ZeroEngine::overlap_reduction`]; DeepSpeed's `overlap_comm`, FSDP always),
+    /// else after it.
+    pub overlap_comm: bool,
+    /// The gradient elements per bucket of that reduction (DeepSpeed's
+    /// `reduce_bucket_size`); `None`: DDP's 25 MiB buckets (FSDP's `SHARD_GRAD_OP`).
     pub reduce_bucket_size: Option<i64>,
 }
 
@@ -358,7 +361,7 @@ impl Accelerator {
                 if let Some((kind, accumulate)) = plugin.communication_data_type {
                     engine.set_communication_data_type(kind, accumulate);
                 }
-                if plugin.stage != ZeroStage::Weights {
+                if plugin.stage != ZeroStage::Weights && plugin.overlap_comm {
                     engine.overlap_reduction(pg, plugin.reduce_bucket_size)?;
                 }
                 if let Some((device, pin_memory)) = plugin.offload_param {

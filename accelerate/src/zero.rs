@@ -18,11 +18,12 @@
 //! 1. the gradients of each buffer are flattened and averaged across ranks (stage 1:
 //!    all-reduce, stage 2/3: reduce-scatter; on CPU the reduce-scatter is an all-reduce and
 //!    a narrow, which Gloo runs faster); this rank's slice becomes its shard's `.grad`
-//!    (`tchtrain_optim::set_grad`). At stages 1 and 2 on several ranks the averaging runs
-//!    during the backward instead ([`ZeroEngine::overlap_reduction`]): torch's reducer
-//!    all-reduces buckets of gradients as soon as they are ready, as DeepSpeed's
-//!    `reduce_bucket_size` buckets are reduced from the gradient hooks, with the same
-//!    per-element arithmetic, and the step only slices the reduced gradients;
+//!    (`tchtrain_optim::set_grad`). At stages 1 and 2 on several ranks, with DeepSpeed's
+//!    `overlap_comm` (FSDP always), the averaging runs during the backward instead
+//!    ([`ZeroEngine::overlap_reduction`]): buckets of gradients are all-reduced as soon as
+//!    they are ready, as DeepSpeed reduces its `reduce_bucket_size` buckets from the
+//!    gradient hooks, with the same per-element arithmetic, and the step only slices the
+//!    reduced gradients;
 //! 2. the global gradient norm is the square root of the all-reduced sum of every shard's
 //!    squared norm (accumulated in float64; padding is zero), and the shard gradients are
 //!    scaled by torch's

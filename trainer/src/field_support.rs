@@ -510,7 +510,7 @@ pub fn field_support(field: &str) -> Option<&'static FieldSupport> {
     FIELD_SUPPORT.iter().find(|r| r.field == field)
 }
 
-const DS_PERF: &str = "tunes DeepSpeed's communication buckets, overlap or memory reuse; no value changes a number (the engine here reduces stages 1 and 2 in `reduce_bucket_size` buckets during the backward and gathers whole shards)";
+const DS_PERF: &str = "tunes DeepSpeed's communication buckets, overlap or memory reuse; no value changes a number (the engine here gathers whole shards, and with `overlap_comm` reduces stages 1 and 2 in `reduce_bucket_size` buckets during the backward)";
 const DS_HALF: &[&str] = &[
     "deepspeed_fp16_and_bf16_train_as_deepspeeds_engine",
     "loss_scaler_trajectories_equal_deepspeeds",
@@ -640,9 +640,9 @@ pub static DEEPSPEED_KEY_SUPPORT: &[FieldSupport] = &[
     ),
     inert("zero_optimization.allgather_partitions", DS_PERF),
     inert("zero_optimization.allgather_bucket_size", DS_PERF),
-    inert(
+    h(
         "zero_optimization.overlap_comm",
-        "the stage-1 / 2 buckets are reduced from the gradient hooks during the backward either way (as DeepSpeed does with either value); `true` puts DeepSpeed's reductions on a side CUDA stream, which changes no number",
+        &["zero_and_fsdp_runs_equal_ddp_with_sharded_memory"],
     ),
     inert("zero_optimization.reduce_scatter", DS_PERF),
     h(

@@ -125,6 +125,8 @@ impl Trainer {
         let mut per_parameter_order = None;
         let mut communication_data_type = None;
         let mut reduce_bucket_size = None;
+        // FSDP overlaps its reduce-scatters with the backward; DeepSpeed as `overlap_comm` says.
+        let mut overlap_comm = true;
         self.optimization.deepspeed = None;
         let (stage, source, units) = if let Some(mut ds) = ds {
             if fsdp_on {
@@ -153,6 +155,7 @@ impl Trainer {
             let accumulate = ds.grad_accum_dtype()?.unwrap_or(model_kind);
             communication_data_type = ds.communication_data_type()?.map(|kind| (kind, accumulate));
             reduce_bucket_size = Some(ds.reduce_bucket_size()?);
+            overlap_comm = ds.overlap_comm()?;
             self.optimization.deepspeed = Some(Box::new(ds));
             let ds = self.optimization.deepspeed.as_deref().expect("just set");
             let Some(stage) = ZeroStage::from_stage(ds.zero_stage())? else {
@@ -269,6 +272,7 @@ impl Trainer {
             mp_policy,
             per_parameter_order,
             communication_data_type,
+            overlap_comm,
             reduce_bucket_size,
         };
         refuse_unshardable_optimizer(self.args.optim.as_str())?;

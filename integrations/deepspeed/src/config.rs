@@ -579,6 +579,23 @@ impl HfTrainerDeepSpeedConfig {
         Ok(None)
     }
 
+    /// `zero_optimization.overlap_comm`: whether the gradient reduction overlaps the
+    /// backward (DeepSpeed's default when absent or null: true at stage 3, false below, as
+    /// its config model's validator sets it). A value that is not a boolean is refused with
+    /// the key.
+    pub fn overlap_comm(&self) -> Result<bool> {
+        const KEY: &str = "zero_optimization.overlap_comm";
+        match self.get_value(KEY) {
+            None | Some(Value::Null) => Ok(self.zero_stage() == 3),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(Error::InvalidConfig {
+                key: KEY.into(),
+                value: python_repr(other),
+                fix: "overlap_comm is true or false (DeepSpeed's default: true at stage 3, false below)",
+            }),
+        }
+    }
+
     /// `zero_optimization.reduce_bucket_size`: the elements of gradients the ZeRO-1 / 2
     /// optimizer gathers before it starts a reduction (DeepSpeed's default 500,000,000; the
     /// Trainer's `"auto"` is hidden_size², filled by [`Self::trainer_config_finalize`]).

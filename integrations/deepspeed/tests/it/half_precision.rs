@@ -328,3 +328,62 @@ fn communication_data_type_as_deepspeed_parses_it() -> Result<()> {
     }
     Ok(())
 }
+
+/// `zero_optimization.overlap_comm` with DeepSpeed's default by stage, and
+/// `reduce_bucket_size` (an integer, or a float with an integral value such as `5e8`, default
+/// 500,000,000); other values are refused naming the key.
+#[test]
+fn overlap_comm_and_reduce_bucket_size_as_deepspeed_reads_them() -> Result<()> {
+    let zero = |v: Value| HfTrainerDeepSpeedConfig::from_value(json!({ "zero_optimization": v }));
+    assert!(!zero(json!({"stage": 2}))?.overlap_comm()?);
+    assert!(zero(json!({"stage": 3}))?.overlap_comm()?);
+    assert!(zero(json!({"stage": 2, "overlap_comm": true}))?.overlap_comm()?);
+    assert!(!zero(json!({"stage": 3, "overlap_comm": false}))?.overlap_comm()?);
+    assert!(
+        zero(json!({"stage": 2, "overlap_comm": Value::Null}))?
+            .overlap_comm()
+            .is_ok()
+    );
+    assert_eq!(
+        zero(json!({"stage": 2}))?.reduce_bucket_size()?,
+        500_000_000
+    );
+    assert_eq!(
+        zero(json!({"reduce_bucket_size": 5e8}))?.reduce_bucket_size()?,
+        500_000_000
+    );
+    assert_eq!(
+        zero(json!({"reduce_bucket_size": 147456}))?.reduce_bucket_size()?,
+        147_456
+    );
+    for (bad, key) in [
+        (
+            json!({"overlap_comm": "yes"}),
+            "zero_optimization.overlap_comm",
+        ),
+        (
+            json!({"reduce_bucket_size": 0}),
+            "zero_optimization.reduce_bucket_size",
+        ),
+        (
+            json!({"reduce_bucket_size": 1.5}),
+            "zero_optimization.reduce_bucket_size",
+        ),
+        (
+            json!({"reduce_bucket_size": "auto"}),
+            "zero_optimization.reduce_bucket_size",
+        ),
+    ] {
+        let c = zero(bad.clone())?;
+        let got = if key.ends_with("overlap_comm") {
+            c.overlap_comm().map(|_| ())
+        } else {
+            c.reduce_bucket_size().map(|_| ())
+        };
+        match got {
+            Err(Error::InvalidConfig { key: k, .. }) => assert_eq!(k, key, "{bad}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    Ok(())
+}
