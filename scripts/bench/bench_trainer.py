@@ -288,21 +288,51 @@ def prepare(out: Path):
         print(f"prepared {name}: {len(rows)} rows, {model.num_parameters()} parameters", file=sys.stderr)
 
 
+# `--device`: "cpu" (the default) or "cuda" / "cuda:N" (the Trainer's device, use_cpu False).
+DEVICE = "cpu"
+# `--zero-stage N`: the DeepSpeed config the Rust side's `zero_config` writes (None: none).
+DEEPSPEED = None
+
+
+def zero_config(stage):
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": True,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+        },
+    }
+
+
+def stamp():
+    """perf_counter() after the device's queued work (a CUDA device synchronised first)."""
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class StepTimer(tf.TrainerCallback):
     def __init__(self):
         self.begin, self.pre, self.post, self.end = [], [], [], []
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.begin.append(time.perf_counter())
+        self.begin.append(stamp())
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.pre.append(time.perf_counter())
+        self.pre.append(stamp())
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.post.append(time.perf_counter())
+        self.post.append(stamp())
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.end.append(time.perf_counter())
+        self.end.append(stamp())
 
 
 class ShapeRecorder:
@@ -358,7 +388,7 @@ def run(data: Path, name: str, precision: str, threads: int):
             logging_steps=10**6,
             save_strategy="no",
             seed=42,
-            use_cpu=True,
+            use_cpu=DEVICE == "cpu", deepspeed=DEEPSPEED,
             report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=0,
@@ -387,7 +417,8 @@ def run_sft(folder: Path, job: dict, name: str, precision: str):
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(
             output_dir=out, max_steps=total, per_device_train_batch_size=job["batch"], learning_rate=5e-5,
-            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=True, report_to="none",
+            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=DEVICE == "cpu", report_to="none",
+            deepspeed=DEEPSPEED,
             disable_tqdm=True, dataloader_num_workers=0, bf16=precision == "bf16",
             gradient_checkpointing=False, max_length=job["max_length"], packing=True,
         )
@@ -410,7 +441,8 @@ def run_dpo(folder: Path, job: dict, name: str, precision: str):
     with tempfile.TemporaryDirectory() as out:
         args = DPOConfig(
             output_dir=out, max_steps=total, per_device_train_batch_size=job["batch"], learning_rate=5e-7,
-            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=True, report_to="none",
+            logging_steps=10**6, save_strategy="no", seed=42, use_cpu=DEVICE == "cpu", report_to="none",
+            deepspeed=DEEPSPEED,
             disable_tqdm=True, dataloader_num_workers=0, bf16=precision == "bf16",
             gradient_checkpointing=False, max_length=job["max_length"],
         )
@@ -458,7 +490,21 @@ def main():
     p.add_argument("--job", choices=sorted(JOBS))
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the Trainer's device)")
+    p.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="run under DeepSpeed ZeRO stage N")
     a = p.parse_args()
+    global DEVICE, DEEPSPEED
+    if a.zero_stage:
+        DEEPSPEED = zero_config(a.zero_stage)
+        # DeepSpeed's TorchBackend would JIT-build its shared-memory all-reduce op (minutes of
+        # ninja) for inference_all_reduce alone; training reduces through torch.distributed.
+        import importlib
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    if a.device != "cpu" and not a.device.startswith("cuda"):
+        p.error(f"--device: cpu, cuda or cuda:N, got {a.device!r}")
+    DEVICE = a.device
+    if a.device.startswith("cuda:"):
+        torch.cuda.set_device(int(a.device.split(":")[1]))
     if a.prepare:
         prepare(a.prepare)
     elif a.data and a.job:

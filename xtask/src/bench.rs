@@ -58,8 +58,14 @@ pub struct Options {
     jobs: Vec<String>,
     /// Trainer suite: the precisions to run (default: fp32 and bf16).
     precisions: Vec<String>,
-    /// Trainer suite: processes per side (DDP over Gloo when more than one).
+    /// Trainer suite: processes per side (DDP over Gloo when more than one; NCCL on GPUs).
     ranks: usize,
+    /// Trainer suite: `cpu` (the default), `cuda` (each rank on the GPU of its
+    /// `LOCAL_RANK`) or `cuda:N`, on both sides.
+    device: String,
+    /// Trainer suite: both sides under DeepSpeed ZeRO at this stage (DeepSpeed's own engine
+    /// on the Python side).
+    zero_stage: Option<usize>,
 }
 
 impl Default for Options {
@@ -74,7 +80,24 @@ impl Default for Options {
             jobs: trainer::JOBS.map(String::from).into(),
             precisions: trainer::PRECISIONS.map(String::from).into(),
             ranks: 1,
+            device: "cpu".into(),
+            zero_stage: None,
         }
+    }
+}
+
+/// `--device`'s value: `cpu`, `cuda` or `cuda:N`.
+fn device(option: &str, value: Option<&String>) -> Result<String, String> {
+    let value = value.ok_or_else(|| format!("{option} needs a value"))?;
+    let ok = value == "cpu"
+        || value == "cuda"
+        || value
+            .strip_prefix("cuda:")
+            .is_some_and(|n| n.parse::<usize>().is_ok());
+    if ok {
+        Ok(value.clone())
+    } else {
+        Err(format!("{option}: cpu, cuda or cuda:N, got `{value}`"))
     }
 }
 
@@ -123,10 +146,18 @@ impl Options {
                 "--jobs" => o.jobs = names(a, it.next(), &trainer::JOBS)?,
                 "--precisions" => o.precisions = names(a, it.next(), &trainer::PRECISIONS)?,
                 "--ranks" => o.ranks = positive(a, it.next())?,
+                "--device" => o.device = device(a, it.next())?,
+                "--zero-stage" => {
+                    let stage = positive(a, it.next())?;
+                    if stage > 3 {
+                        return Err(format!("{a}: 1, 2 or 3, got {stage}"));
+                    }
+                    o.zero_stage = Some(stage);
+                }
                 other => {
                     return Err(format!(
                         "bench: unknown option `{other}` (known: --micro, --generate, --activation-memory, --datasets, --datasets-mb N, --repeat N, \
-                         --threads N, --jobs {}, --precisions fp32,bf16, --ranks N)",
+                         --threads N, --jobs {}, --precisions fp32,bf16, --ranks N, --device cpu|cuda|cuda:N, --zero-stage N)",
                         trainer::JOBS.join(",")
                     ));
                 }
@@ -355,7 +386,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "bench_trainer"
     };
 
-    let exe = crate::build_examples::build_examples(&s, true, &[example], "bench")?.join(example);
+    if o.device != "cpu" && example != "bench_trainer" {
+        return Err(format!(
+            "bench --device {}: only the Trainer suite runs on a GPU (drop --micro / --generate / --activation-memory / --datasets)",
+            o.device
+        ));
+    }
+    // On a GPU the example is built with the `cuda` feature (NCCL, the CUDA allocator's
+    // statistics), as `xtask test --gpu` builds the tests.
+    let features: &[&str] = if o.device == "cpu" {
+        &[]
+    } else {
+        &["tchtrain/cuda"]
+    };
+    let exe = crate::build_examples::build_examples_with(&s, true, &[example], "bench", features)?
+        .join(example);
     let target = paths::target_dir();
     let script = root
         .join("scripts")
@@ -405,6 +450,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             jobs: &o.jobs,
             precisions: &o.precisions,
             ranks: o.ranks,
+            device: &o.device,
+            zero_stage: o.zero_stage,
         };
         let results = trainer::run(&plan)?;
         trainer::print_report(&plan, &results, &load_before);
@@ -560,5 +607,22 @@ mod tests {
         assert!(o.generate && !o.micro);
         assert!(Options::parse(&["--repeat".into(), "0".into()]).is_err());
         assert!(Options::parse(&["--fast".into()]).is_err());
+        for (value, ok) in [
+            ("cpu", true),
+            ("cuda", true),
+            ("cuda:1", true),
+            ("gpu", false),
+            ("cuda:x", false),
+        ] {
+            let parsed = Options::parse(&["--device".into(), value.into()]);
+            assert_eq!(parsed.is_ok(), ok, "--device {value}");
+            if ok {
+                assert_eq!(parsed.unwrap().device, value);
+            }
+        }
+        assert!(Options::parse(&["--device".into()]).is_err());
+        let o = Options::parse(&["--zero-stage".into(), "2".into()]).unwrap();
+        assert_eq!(o.zero_stage, Some(2));
+        assert!(Options::parse(&["--zero-stage".into(), "4".into()]).is_err());
     }
 }

@@ -15,6 +15,17 @@ pub fn build_examples(
     bins: &[&str],
     who: &str,
 ) -> Result<PathBuf, String> {
+    build_examples_with(s, release, bins, who, &[])
+}
+
+/// [`build_examples`] with cargo `features` (e.g. `tchtrain/cuda` for a run on a GPU).
+pub fn build_examples_with(
+    s: &setup::Setup,
+    release: bool,
+    bins: &[&str],
+    who: &str,
+    features: &[&str],
+) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = Command::new(cargo);
     build.current_dir(paths::workspace_root()).arg("build");
@@ -24,6 +35,9 @@ pub fn build_examples(
     build.args(["-p", "tchtrain-examples"]);
     for bin in bins {
         build.args(["--bin", bin]);
+    }
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
     }
     if let Some(libtorch) = &s.child_libtorch {
         build.env("LIBTORCH", libtorch);

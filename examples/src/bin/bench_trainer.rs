@@ -20,7 +20,12 @@
 //!   inside CPU autocast through the Trainer's public `model_forward`, the only way to get
 //!   CPU autocast from tch), backward, clip, optimizer step, scheduler step, zero grad. What
 //!   the Trainer adds on top is its overhead.
-//! * `--peak`: the best of 5 timed `[N, N] x [N, N]` matmuls (N = 2048) in fp32 and bf16
+//! * `--zero-stage N`: the Trainer run under DeepSpeed ZeRO stage N (`zero_config`, the
+//!   same dict on the Python side, where DeepSpeed's own engine runs).
+//! * `--device cuda` (or `cuda:N`): the model trains on that GPU (`use_cpu` false, the
+//!   Trainer's device; the bare loop moves the model and each batch there), every time
+//!   stamp taken after a device synchronisation, as the Python side's `--device cuda`.
+//! * `--peak`: the best of 5 timed `[N, N] x [N, N]` matmuls (N = 2048; 8192 on a GPU) in fp32 and bf16
 //!   (those `--peak-precisions` names), in
 //!   FLOP/s (2 N^3 per product).
 //!
@@ -39,8 +44,8 @@
 //!
 //! ```sh
 //! cargo run --release -p tchtrain-examples --bin bench_trainer -- --data DIR --job gpt2_tiny
-//!     [--precision fp32|bf16] [--threads N] [--bare]
-//! cargo run --release -p tchtrain-examples --bin bench_trainer -- --peak [--threads N]
+//!     [--precision fp32|bf16] [--threads N] [--device cpu|cuda|cuda:N] [--zero-stage N] [--bare]
+//! cargo run --release -p tchtrain-examples --bin bench_trainer -- --peak [--threads N] [--device ...]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -75,6 +80,11 @@ struct Options {
     peak: bool,
     /// The precisions the probe measures (`--peak-precisions`, default both).
     peak_precisions: Vec<String>,
+    /// `--device cpu|cuda|cuda:N` (default the CPU): where the model trains. `cuda` is the
+    /// device of `LOCAL_RANK` (0 alone), as the Trainer picks it.
+    device: Device,
+    /// `--zero-stage N`: the Trainer run under DeepSpeed ZeRO stage N ([`zero_config`]).
+    zero_stage: Option<i64>,
 }
 
 impl Options {
@@ -88,6 +98,8 @@ impl Options {
             padded: false,
             peak: false,
             peak_precisions: vec!["fp32".into(), "bf16".into()],
+            device: Device::Cpu,
+            zero_stage: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -103,6 +115,13 @@ impl Options {
                     }
                 }
                 "--threads" => o.threads = Some(value()?.parse()?),
+                "--device" => o.device = parse_device(&value()?)?,
+                "--zero-stage" => {
+                    o.zero_stage = match value()?.as_str() {
+                        v @ ("1" | "2" | "3") => Some(v.parse()?),
+                        other => bail!("--zero-stage: 1, 2 or 3, got `{other}`"),
+                    }
+                }
                 "--bare" => o.bare = true,
                 "--padded" => o.padded = true,
                 "--peak" => o.peak = true,
@@ -118,12 +137,77 @@ impl Options {
                 }
                 other => bail!(
                     "unknown option `{other}` (known: --data DIR, --job NAME, \
-                     --precision fp32|bf16, --threads N, --bare, --padded, --peak, --peak-precisions LIST)"
+                     --precision fp32|bf16, --threads N, --device cpu|cuda|cuda:N, --zero-stage N, --bare, --padded, \
+                     --peak, --peak-precisions LIST)"
                 ),
             }
         }
+        DEVICE
+            .set(o.device)
+            .map_err(|_| anyhow!("the options were parsed twice"))?;
         Ok(o)
     }
+}
+
+/// `--zero-stage N`'s DeepSpeed config, the same dict on the Python side: the Trainer's
+/// `"auto"` sizes (`reduce_bucket_size` hidden_size², the ZeRO-3 bucket and threshold from
+/// it), `overlap_comm` (the documentation's configs set it), and `"bf16": {"enabled":
+/// "auto"}` (on with `--precision bf16`).
+fn zero_config(stage: i64) -> tchtrain::training_args::JsonDict {
+    let value = json!({
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": true,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+        },
+    });
+    match value {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
+    }
+}
+
+/// The device of the run, for [`stamp`].
+static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+
+/// `--device`: `cpu`, `cuda` (the device of `LOCAL_RANK`, 0 without it) or `cuda:N`; a CUDA
+/// device this machine does not have is refused.
+fn parse_device(spec: &str) -> Result<Device> {
+    let device = match spec {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" => {
+            let local = std::env::var("LOCAL_RANK").ok().map(|v| v.parse::<usize>());
+            Device::Cuda(local.transpose().context("LOCAL_RANK")?.unwrap_or(0))
+        }
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Device::Cuda(i),
+            _ => bail!("--device: cpu, cuda or cuda:N, got `{other}`"),
+        },
+    };
+    let Device::Cuda(i) = device else {
+        unreachable!("a CUDA device")
+    };
+    let count = tch::Cuda::device_count();
+    if i as i64 >= count {
+        bail!("--device {spec}: cuda:{i} is not on this machine ({count} CUDA devices)");
+    }
+    Ok(device)
+}
+
+/// Now, after the device's queued work (a CUDA device is synchronised first, so that a step's
+/// times include its kernels, as `torch.cuda.synchronize()` does on the Python side).
+fn stamp() -> Instant {
+    if let Some(Device::Cuda(i)) = DEVICE.get() {
+        tch::Cuda::synchronize(*i as i64);
+    }
+    Instant::now()
 }
 
 /// A job as `bench_trainer.py --prepare` wrote it.
@@ -185,7 +269,7 @@ impl Job {
     /// The job's model; with `lora`, wrapped by `get_peft_model` after `manual_seed(0)` (the
     /// Python side draws the same adapter). The sequence classifier runs padding-free
     /// unless `padded`.
-    fn load_model(&self, padded: bool) -> Result<Box<dyn PreTrainedModel>> {
+    fn load_model(&self, padded: bool, device: Device) -> Result<Box<dyn PreTrainedModel>> {
         let dir = self.dir.join("initial");
         let options = LoadOptions {
             quantization_config: self
@@ -195,7 +279,7 @@ impl Job {
                 .transpose()?,
             ..LoadOptions::default()
         };
-        let mut model = from_pretrained_dir(&dir, self.task(), Device::Cpu, &options)?.model;
+        let mut model = from_pretrained_dir(&dir, self.task(), device, &options)?.model;
         if self.kind == "cls" || self.padded_rows {
             model.set_padding_free(!padded)?;
         }
@@ -266,7 +350,7 @@ impl Job {
     }
 
     /// The training arguments both sides use.
-    fn args(&self, output_dir: &Path, bf16: bool) -> Result<TrainingArguments> {
+    fn args(&self, output_dir: &Path, o: &Options) -> Result<TrainingArguments> {
         let mut args = TrainingArguments {
             max_steps: self.total_steps() as i64,
             per_device_train_batch_size: self.batch,
@@ -274,11 +358,14 @@ impl Job {
             logging_steps: 1e6,
             save_strategy: SaveStrategy::No,
             seed: 42,
-            use_cpu: true,
+            use_cpu: o.device == Device::Cpu,
             report_to: vec![],
             disable_tqdm: true,
             dataloader_num_workers: 0,
-            bf16,
+            bf16: o.bf16,
+            deepspeed: o
+                .zero_stage
+                .map(|stage| tchtrain::training_args::DictOrPath::Dict(zero_config(stage))),
             ..TrainingArguments::new(output_dir.display().to_string())
         };
         args.post_init()?;
@@ -397,7 +484,7 @@ impl TrainerCallback for StepTimer {
         _: &TrainerState,
         _: &mut TrainerControl,
     ) -> tchtrain::callbacks::Result<()> {
-        lock(&self.0).begin.push(Instant::now());
+        lock(&self.0).begin.push(stamp());
         Ok(())
     }
 
@@ -407,7 +494,7 @@ impl TrainerCallback for StepTimer {
         _: &TrainerState,
         _: &mut TrainerControl,
     ) -> tchtrain::callbacks::Result<()> {
-        lock(&self.0).pre_optimizer.push(Instant::now());
+        lock(&self.0).pre_optimizer.push(stamp());
         Ok(())
     }
 
@@ -417,7 +504,7 @@ impl TrainerCallback for StepTimer {
         _: &TrainerState,
         _: &mut TrainerControl,
     ) -> tchtrain::callbacks::Result<()> {
-        lock(&self.0).post_optimizer.push(Instant::now());
+        lock(&self.0).post_optimizer.push(stamp());
         Ok(())
     }
 
@@ -427,7 +514,7 @@ impl TrainerCallback for StepTimer {
         _: &TrainerState,
         _: &mut TrainerControl,
     ) -> tchtrain::callbacks::Result<()> {
-        lock(&self.0).end.push(Instant::now());
+        lock(&self.0).end.push(stamp());
         Ok(())
     }
 }
@@ -545,8 +632,8 @@ fn report(job: &Job, o: &Options, implementation: &str, record: &Record) -> Resu
 fn run_trainer(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
     let record = SharedRecord::default();
-    let args = job.args(&out, o.bf16)?;
-    let mut trainer = Trainer::builder(job.load_model(o.padded)?, args)
+    let args = job.args(&out, o)?;
+    let mut trainer = Trainer::builder(job.load_model(o.padded, Device::Cpu)?, args)
         .train_dataset(InMemoryDataset::new(job.rows()?).into_shared())
         .data_collator(ShapeRecorder {
             inner: job.collator()?,
@@ -588,7 +675,7 @@ fn run_sft(job: &Job, o: &Options) -> Result<Value> {
     let tokenizer = AutoTokenizer::from_pretrained(assets.join("smollm2-135m"))?;
     let pad_token_id = pad_token_id(&tokenizer)?;
     let mut config = tchtrain_trl::SFTConfig::new(out.display().to_string());
-    config.base = job.args(&out, o.bf16)?;
+    config.base = job.args(&out, o)?;
     config.bf16 = Some(o.bf16);
     config.base.gradient_checkpointing = false;
     config.max_length = Some(
@@ -599,20 +686,21 @@ fn run_sft(job: &Job, o: &Options) -> Result<Value> {
     config.packing = true;
     let rows = tchtrain::datasets::Table::read(job.dir.join("rows.jsonl"))?;
     let (timer, recorded) = (StepTimer(record.clone()), record.clone());
-    let mut trainer = tchtrain_trl::SFTTrainer::builder(job.load_model(false)?, config, tokenizer)
-        .train_dataset(rows)
-        .configure(move |b| {
-            b.data_collator(ShapeRecorder {
-                inner: Box::new(tchtrain_trl::DataCollatorForLanguageModeling {
-                    pad_token_id,
-                    padding_free: true,
-                    pad_to_multiple_of: None,
-                }),
-                record: recorded,
+    let mut trainer =
+        tchtrain_trl::SFTTrainer::builder(job.load_model(false, Device::Cpu)?, config, tokenizer)
+            .train_dataset(rows)
+            .configure(move |b| {
+                b.data_collator(ShapeRecorder {
+                    inner: Box::new(tchtrain_trl::DataCollatorForLanguageModeling {
+                        pad_token_id,
+                        padding_free: true,
+                        pad_to_multiple_of: None,
+                    }),
+                    record: recorded,
+                })
+                .callback(timer)
             })
-            .callback(timer)
-        })
-        .build()?;
+            .build()?;
     trainer.train(None)?;
     let _ = std::fs::remove_dir_all(&out);
     let record = lock(&record);
@@ -631,7 +719,7 @@ fn run_dpo(job: &Job, o: &Options) -> Result<Value> {
     let tokenizer = AutoTokenizer::from_pretrained(assets.join("smollm2-135m"))?;
     let pad_token_id = pad_token_id(&tokenizer)?;
     let mut config = tchtrain_trl::DPOConfig::new(out.display().to_string());
-    config.base = job.args(&out, o.bf16)?;
+    config.base = job.args(&out, o)?;
     config.base.learning_rate = 5e-7;
     config.bf16 = Some(o.bf16);
     config.base.gradient_checkpointing = false;
@@ -671,9 +759,9 @@ fn run_dpo(job: &Job, o: &Options) -> Result<Value> {
 /// The same work in a bare tch loop.
 fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("tchtrain-bench-{}", std::process::id()));
-    let args = job.args(&out, o.bf16)?;
+    let args = job.args(&out, o)?;
     tch::manual_seed(args.seed as i64);
-    let mut model = job.load_model(o.padded)?;
+    let mut model = job.load_model(o.padded, o.device)?;
     model.train();
     // The Trainer holds the caching CPU allocator from the start of `train` (the model
     // already loaded); so does the bare loop.
@@ -698,9 +786,9 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
     let label_names = vec!["labels".to_string()];
     // Only for the forward's autocast (bf16); the loop itself is bare.
     let accelerator = tchtrain::accelerate::Accelerator::on_device(
-        Device::Cpu,
+        o.device,
         tchtrain::accelerate::AcceleratorOptions {
-            cpu: true,
+            cpu: o.device == Device::Cpu,
             mixed_precision: if args.bf16 {
                 tchtrain::accelerate::MixedPrecision::Bf16
             } else {
@@ -721,7 +809,10 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
         let size = ids.size();
         record.shapes.push((size[0], size[1]));
         record.real.push(real_tokens(&batch, size[0] * size[1]));
-        record.begin.push(Instant::now());
+        record.begin.push(stamp());
+        // As the Trainer's `_prepare_inputs`, inside the step.
+        let batch = batch.to_device(o.device)?;
+        let ids = batch.get("input_ids").context("input_ids")?;
         // The causal LM's loss is a sum over the predicted tokens divided by their count
         // (`num_items_in_batch`), counted here on the host.
         let num_items = (job.kind == "clm").then(|| {
@@ -732,7 +823,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
                     _ => f.input_ids.len() - 1,
                 })
                 .sum();
-            Tensor::from(n as f32)
+            Tensor::from(n as f32).to_device(o.device)
         });
         let inputs = ModelInputs {
             input_ids: Some(ids),
@@ -749,7 +840,7 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             global_step: step as i64,
             model_accepts_loss_kwargs: true,
             current_gradient_accumulation_steps: 1,
-            device: Device::Cpu,
+            device: o.device,
             label_names: &label_names,
             loss_shifts_labels: job.kind == "clm",
             is_causal_lm: job.kind == "clm",
@@ -764,27 +855,27 @@ fn run_bare(job: &Job, o: &Options) -> Result<Value> {
             .context("no loss")?;
         loss.f_backward()?;
         tchtrain::optim::clip_grad_norm_if_enabled(&params, args.max_grad_norm)?;
-        record.pre_optimizer.push(Instant::now());
+        record.pre_optimizer.push(stamp());
         optimizer.step()?;
-        record.post_optimizer.push(Instant::now());
+        record.post_optimizer.push(stamp());
         scheduler.step(optimizer.as_mut())?;
         optimizer.zero_grad();
-        record.end.push(Instant::now());
+        record.end.push(stamp());
     }
     report(job, o, "bare", &record)
 }
 
 /// Best FLOP/s of `[n, n] x [n, n]` over a few runs in `kind`.
-fn matmul_peak(kind: Kind) -> f64 {
-    let n = 2048;
-    let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
-    let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
+fn matmul_peak(kind: Kind, device: Device) -> f64 {
+    let n = if device == Device::Cpu { 2048 } else { 8192 };
+    let a = Tensor::randn([n, n], (Kind::Float, device)).to_kind(kind);
+    let b = Tensor::randn([n, n], (Kind::Float, device)).to_kind(kind);
     let _ = a.matmul(&b);
     let best = (0..5)
         .map(|_| {
-            let t0 = Instant::now();
+            let t0 = stamp();
             let c = a.matmul(&b);
-            let dt = t0.elapsed().as_secs_f64();
+            let dt = (stamp() - t0).as_secs_f64();
             drop(c);
             dt
         })
@@ -804,13 +895,14 @@ fn main() -> Result<()> {
             o.peak_precisions
                 .iter()
                 .any(|p| p == name)
-                .then(|| matmul_peak(kind))
+                .then(|| matmul_peak(kind, o.device))
         };
         let line = json!({
             "probe": "matmul",
             "fp32_flops_per_s": probe("fp32", Kind::Float),
             "bf16_flops_per_s": probe("bf16", Kind::BFloat16),
             "threads": tch::get_num_threads(),
+            "device": format!("{:?}", o.device),
         });
         println!("{line}");
         return Ok(());

@@ -362,6 +362,10 @@ pub struct Plan<'a> {
     pub precisions: &'a [String],
     /// Processes per side.
     pub ranks: usize,
+    /// `--device` on both sides (`cpu`, `cuda`, `cuda:N`).
+    pub device: &'a str,
+    /// `--zero-stage` on both sides.
+    pub zero_stage: Option<usize>,
 }
 
 /// FLOP/s as GFLOP/s, or "not probed".
@@ -376,7 +380,7 @@ fn gflops(x: f64) -> String {
 fn probe(plan: &Plan<'_>) -> Option<(f64, f64)> {
     let mut c = Command::new(plan.exe);
     c.current_dir(plan.root)
-        .args(["--peak", "--threads", plan.threads])
+        .args(["--peak", "--threads", plan.threads, "--device", plan.device])
         .arg("--peak-precisions")
         .arg(plan.precisions.join(","));
     let out = cmd::output(&mut c, "matmul probe").ok()?;
@@ -446,17 +450,20 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
                 // (or just loaded) by another.
                 for k in 0..IMPLS.len() {
                     let implementation = IMPLS[(round + k) % IMPLS.len()];
-                    if implementation == "bare" && plan.ranks > 1 {
+                    if implementation == "bare" && (plan.ranks > 1 || plan.zero_stage.is_some()) {
                         continue;
                     }
                     let mut c = side(plan, implementation)?;
                     c.arg("--data")
                         .arg(plan.data)
                         .args(["--job", job, "--precision", precision])
-                        .args(["--threads", plan.threads])
+                        .args(["--threads", plan.threads, "--device", plan.device])
                         .env("TCHTRAIN_ASSETS", plan.assets);
                     if implementation == "bare" {
                         c.arg("--bare");
+                    }
+                    if let Some(stage) = plan.zero_stage {
+                        c.args(["--zero-stage", &stage.to_string()]);
                     }
                     print!("bench: round {}/{}: ", round + 1, plan.repeat);
                     results.push(run_one(
@@ -488,12 +495,22 @@ pub fn run(plan: &Plan<'_>) -> Result<Results, String> {
 pub fn print_report(plan: &Plan<'_>, results: &Results, load_before: &str) {
     println!();
     println!(
-        "Trainer vs upstream Trainer, CPU, {}{} intra-op threads, median of {} round(s) \
+        "Trainer vs upstream Trainer, {}, {}{} intra-op threads, median of {} round(s) \
          ({}; load average {load_before} before, {} after):",
+        if plan.device == "cpu" {
+            "CPU".to_string()
+        } else {
+            format!("device {}", plan.device)
+        },
         if plan.ranks > 1 {
             format!(
-                "{} ranks (DDP, Gloo; tokens/s summed over them), ",
-                plan.ranks
+                "{} ranks ({}, {}; tokens/s summed over them), ",
+                plan.ranks,
+                match plan.zero_stage {
+                    Some(stage) => format!("DeepSpeed ZeRO-{stage}"),
+                    None => "DDP".into(),
+                },
+                if plan.device == "cpu" { "Gloo" } else { "NCCL" }
             )
         } else {
             String::new()
@@ -505,7 +522,7 @@ pub fn print_report(plan: &Plan<'_>, results: &Results, load_before: &str) {
     );
     if let Some((fp32, bf16)) = results.peak {
         println!(
-            "matmul peak (best [2048, 2048] x [2048, 2048]): fp32 {}, bf16 {}",
+            "matmul peak (best [N, N] x [N, N], N = 2048 on the CPU, 8192 on a GPU): fp32 {}, bf16 {}",
             gflops(fp32),
             gflops(bf16)
         );
