@@ -524,12 +524,14 @@ impl Accelerator {
             None => None,
         };
         // DeepSpeed's half-precision engine: `loss_scaler.backward(loss)`, `loss * cur_scale`.
-        let engine_scale = self.zero_engine().map_or(1.0, |e| e.loss_scale());
-        // ZeRO-1 / 2: the engine's buckets reduced as their gradients become ready (the
-        // engine's lock is not held during the backward).
-        let overlapped = match self.zero_engine() {
-            Some(engine) => engine.prepare_backward(self.sync_gradients())?,
-            None => false,
+        // ZeRO-1 / 2 with `overlap_comm`: the engine's buckets reduced as their gradients
+        // become ready (the engine's lock is not held during the backward).
+        let (engine_scale, overlapped) = match self.zero_engine() {
+            Some(engine) => (
+                engine.loss_scale(),
+                engine.prepare_backward(self.sync_gradients())?,
+            ),
+            None => (1.0, false),
         };
         // DDP: the reducer armed as DDP's forward arms it; on a sync step the backward then
         // all-reduces the buckets as their gradients become ready.

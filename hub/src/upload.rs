@@ -439,9 +439,8 @@ fn create_commit(
                     .and_then(Value::as_str)
                     .ok_or_else(|| invalid(&url, "an LFS upload action without `href`"))?;
                 let header = upload.get("header").and_then(Value::as_object);
-                match header.and_then(|h| h.get("chunk_size")) {
-                    Some(chunk) => {
-                        let header = header.expect("the chunk size is in it");
+                match header.and_then(|h| Some((h, h.get("chunk_size")?))) {
+                    Some((header, chunk)) => {
                         upload_multi_part(header, chunk, href, oid, bytes, &url, repo_id)?;
                     }
                     None => {

@@ -53,7 +53,6 @@ struct tchtrain_shard_reducer {
   std::vector<char> ready;
   std::vector<size_t> waiting;  // per bucket: its parameters not yet ready
   size_t next_bucket = 0;
-  size_t started_in_backward = 0;
   std::vector<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> started;
 
   // Flattens bucket `b` and starts its all-reduce (the mutex held).
@@ -184,7 +183,6 @@ char* tchtrain_shard_reducer_arm(tchtrain_shard_reducer* r) {
       r->waiting.push_back(b.size());
     }
     r->next_bucket = 0;
-    r->started_in_backward = 0;
     r->armed = true;
   });
 }
@@ -196,8 +194,7 @@ char* tchtrain_shard_reducer_finish(tchtrain_shard_reducer* r, size_t* started_i
     std::lock_guard<std::mutex> lock(r->mutex);
     TORCH_CHECK(r->armed, "the reduction was not armed before the backward");
     r->armed = false;
-    r->started_in_backward = r->next_bucket;
-    *started_in_backward = r->started_in_backward;
+    *started_in_backward = r->next_bucket;
     while (r->next_bucket < r->buckets.size()) {
       r->start(r->next_bucket++);
     }
