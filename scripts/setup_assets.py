@@ -563,6 +563,12 @@ def ensure_assets(root: Path, verify: bool) -> None:
 # backward, MKL's matmuls) split their sums by thread.
 REFERENCE_THREADS = "2"
 
+# Idle OpenMP threads sleep instead of spinning (libgomp spins ~300,000 times at a barrier by
+# default): two scripts of REFERENCE_THREADS threads run at once beside the test build on a
+# fresh machine, and a spinning thread burns the core the thread it waits for needs. It
+# changes no number, only how an idle thread waits (`OMP_WAIT_POLICY` in xtask/src/test.rs).
+OMP_WAIT_POLICY = "PASSIVE"
+
 
 def environment_key() -> str:
     """What the reference values depend on besides the scripts: the packages, the CPU (MKL
@@ -638,6 +644,7 @@ def reference_env(root: Path) -> dict:
         TCHTRAIN_ASSETS=str(root),
         PYTHONHASHSEED="0",
         OMP_NUM_THREADS=REFERENCE_THREADS,
+        OMP_WAIT_POLICY=OMP_WAIT_POLICY,
     )
 
 

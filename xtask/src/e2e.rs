@@ -845,6 +845,7 @@ fn suite(s: &setup::Setup, cases: &[Case], short: bool) -> Report {
 /// `datasets` cache inside the work folder.
 fn side_env(c: &mut Command, s: &setup::Setup, work: &Path) {
     c.env("OMP_NUM_THREADS", THREADS)
+        .env("OMP_WAIT_POLICY", crate::test::OMP_WAIT_POLICY)
         .env("TCHTRAIN_ASSETS", &s.assets)
         .env("HF_DATASETS_CACHE", work.join("hf-datasets-cache"))
         .env("HF_HUB_OFFLINE", "1")

@@ -107,7 +107,9 @@ impl References {
         let mut c = Command::new(&self.python);
         c.arg(self.root.join("scripts").join("setup_assets.py"))
             .arg("--out")
-            .arg(&self.assets);
+            .arg(&self.assets)
+            // Its own torch work (the assets) shares the cores with the build too.
+            .env("OMP_WAIT_POLICY", crate::test::OMP_WAIT_POLICY);
         if self.verify {
             c.arg("--verify");
         }

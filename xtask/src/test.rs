@@ -21,6 +21,11 @@ use crate::test_jobs;
 /// scripts/setup_assets.py).
 pub(crate) const REFERENCE_THREADS: &str = "2";
 
+/// libgomp's wait policy for the tests, the reference scripts (`reference_env` in
+/// scripts/setup_assets.py) and the e2e sides: idle OpenMP threads sleep instead of spinning,
+/// since each shares the cores with other jobs.
+pub(crate) const OMP_WAIT_POLICY: &str = "PASSIVE";
+
 /// Counts read from cargo test's `test result:` lines.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Totals {
@@ -166,6 +171,12 @@ fn test_env(s: &setup::Setup, tmp: &Path) -> Vec<(String, OsString)> {
         // by thread, so the Rust side runs with the same (MKL follows OpenMP's count).
         // Relaunched ranks set their own.
         ("OMP_NUM_THREADS".to_string(), REFERENCE_THREADS.into()),
+        // Two jobs of two OpenMP threads share 2 cores (and on a fresh machine share them with
+        // the build and the reference scripts): libgomp's default is to spin ~300,000 times at
+        // each barrier before sleeping, which there burns the core the awaited thread needs.
+        // Passive waiting changes no number (only how an idle thread waits); two copies of a
+        // Trainer shard side by side took 83 s with the default and 41 s with it.
+        ("OMP_WAIT_POLICY".to_string(), OMP_WAIT_POLICY.into()),
     ];
     // The examples' multi-process tests run the scripts under `xtask launch`.
     if let Ok(exe) = std::env::current_exe() {
@@ -244,10 +255,21 @@ fn workspace_tests(
         t0.elapsed().as_secs_f64()
     );
     let slots = test_jobs::slots()?;
-    let args: &[&str] = if gpu { &["--include-ignored"] } else { &[] };
+    // Each test's time in its result line (`test x ... ok <12.345s>`): libtest's
+    // `--report-time`, unstable, so enabled for the test binaries alone with
+    // RUSTC_BOOTSTRAP (libtest reads it when it parses its options); the slowest are listed
+    // at the end, the figures a fresh machine's test time is cut by.
+    let mut args = vec!["-Z", "unstable-options", "--report-time"];
+    if gpu {
+        args.push("--include-ignored");
+    }
+    let mut timed_env = env.clone();
+    timed_env.push(("RUSTC_BOOTSTRAP".to_string(), "1".into()));
     let mut jobs = Vec::new();
     for binary in &binaries {
-        jobs.extend(test_jobs::Job::for_binary(binary, &env, args, slots)?);
+        jobs.extend(test_jobs::Job::for_binary(
+            binary, &timed_env, &args, slots,
+        )?);
     }
     let mut doc = cargo();
     doc.args(["test", "--workspace", "--doc", "--no-fail-fast"])
@@ -260,10 +282,14 @@ fn workspace_tests(
     });
     println!("test: {} jobs, {slots} at a time", jobs.len());
     let mut ok = true;
+    let mut timed = Vec::new();
     test_jobs::run(jobs, slots, tmp, |f| {
         print!("{}", f.output);
         for line in f.output.lines() {
             totals.add_line(line);
+            if let Some((name, seconds)) = test_time(line) {
+                timed.push((seconds, format!("{} {name}", f.label)));
+            }
         }
         match f.status {
             Ok(status) if status.success() => {}
@@ -277,7 +303,29 @@ fn workspace_tests(
             }
         }
     })?;
+    timed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    println!(
+        "test: the {} slowest of {} timed tests ({:.0}s in all):",
+        timed.len().min(SLOWEST_SHOWN),
+        timed.len(),
+        timed.iter().map(|t| t.0).sum::<f64>()
+    );
+    for (seconds, name) in timed.iter().take(SLOWEST_SHOWN) {
+        println!("test:   {seconds:7.1}s {name}");
+    }
     Ok(ok)
+}
+
+/// How many of the slowest tests the run lists at its end.
+const SLOWEST_SHOWN: usize = 25;
+
+/// A test's name and seconds in a `--report-time` result line
+/// (`test a::b ... ok <12.345s>`).
+fn test_time(line: &str) -> Option<(&str, f64)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, result) = rest.split_once(" ... ")?;
+    let time = result.trim_end().strip_suffix("s>")?.rsplit_once('<')?.1;
+    Some((name, time.parse().ok()?))
 }
 
 /// `cargo test --no-fail-fast {args} {extra}` with the setup's environment and `tmp` as
@@ -338,6 +386,17 @@ fn e2e_step(s: &setup::Setup) -> Result<Option<e2e::Report>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_report_time_lines() {
+        assert_eq!(
+            test_time("test a::b_c ... ok <12.345s>"),
+            Some(("a::b_c", 12.345))
+        );
+        assert_eq!(test_time("test x ... FAILED <0.500s>"), Some(("x", 0.5)));
+        assert_eq!(test_time("test x ... ok"), None);
+        assert_eq!(test_time("test result: ok. 3 passed"), None);
+    }
 
     #[test]
     fn sums_cargo_test_result_lines() {
