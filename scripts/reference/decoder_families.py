@@ -40,9 +40,13 @@ of every parameter; `autocast.logits`, `autocast.loss`, `autocast.aux_loss` and
 batch left-padded, as models.py's `record_generate`, with `output_router_logits` off (upstream's
 generate fails with it on).
 
-OUT_DIR/trainer_<case>/: each case at SmolLM2's vocabulary (49152) trained 20 steps by the
-Trainer as trainer_families.py trains its families (initial/, blocks.json, log_history.json,
-train_output.json).
+OUT_DIR/trainer_<case>/: each case at trainer_parity.py's FAMILY_VOCAB trained 20 steps by the
+Trainer as trainer_families.py trains its families, on the Hamlet blocks with their ids modulo
+that vocabulary (initial/, blocks.json, log_history.json, train_output.json).
+
+OUT_DIR/qwen3_moe_smollm2/: the qwen3_moe case at SmolLM2's vocabulary (49152), seeded and
+saved untrained: the base of examples/tests' expert adapters, which run_clm tokenizes with
+SmolLM2's tokenizer.
 """
 
 import importlib.util
@@ -169,12 +173,17 @@ def models(out, models_ref):
 
 
 def trainer(parity):
-    for case, config, cls in cases(vocab=49152) + dense_cases(vocab=49152):
+    for case, config, cls in cases(vocab=parity.FAMILY_VOCAB) + dense_cases(vocab=parity.FAMILY_VOCAB):
         train(parity, case, config, cls)
+    _, config, cls = cases(vocab=49152)[0]
+    torch.manual_seed(0)
+    cls(config).save_pretrained(parity.OUT / "qwen3_moe_smollm2")
 
 
 def train(parity, case, config, cls):
-    blocks = parity.llama_blocks()
+    """`case` trained by the Trainer into OUT_DIR/trainer_<case>/ (`config` at FAMILY_VOCAB)."""
+    assert config.get_text_config().vocab_size == parity.FAMILY_VOCAB, case
+    blocks = parity.family_blocks()
     train_rows, eval_rows = blocks[:48], blocks[48:56]
     name = f"trainer_{case}"
     folder = parity.OUT / name

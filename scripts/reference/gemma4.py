@@ -28,8 +28,8 @@ autocast region as the Trainer's); OUT_DIR/<case>.long.safetensors the same on q
 2 x 150 batch. <case>.parameters.json is `named_parameters()`'s order, <case>.generate.safetensors
 greedy and beam search as models.py's `record_generate`.
 
-OUT_DIR/trainer_<case>/: gemma4_text and gemma4_text_moe at SmolLM2's vocabulary trained 20 steps
-by the Trainer as decoder_families.py trains its families.
+OUT_DIR/trainer_<case>/: gemma4_text and gemma4_text_moe at trainer_parity.py's FAMILY_VOCAB
+trained 20 steps by the Trainer as decoder_families.py trains its families.
 """
 
 import importlib.util
@@ -132,7 +132,7 @@ def main():
     parity = sibling("trainer_parity")
     families = sibling("decoder_families")
     models(parity.OUT, sibling("models"), sibling("qwen3_5"))
-    for case, config, cls in cases(vocab=49152):
+    for case, config, cls in cases(vocab=parity.FAMILY_VOCAB):
         families.train(parity, case, config, cls)
 
 

@@ -28,7 +28,7 @@ Gemma 2 eager soft-capped attention, Gemma 3 sliding layers, Phi-3 LongRoPE, Qwe
 Llama) with one row of documents 5, 7, 4 and 6 tokens long, Qwen2 again with two rows
 (`qwen2_rows`), and the tiny GPT-2 from the assets.
 
-Trainer (OUT_DIR/trainer_qwen2/): the tiny Qwen2 of trainer_families.py (vocabulary 49152)
+Trainer (OUT_DIR/trainer_qwen2/): the tiny Qwen2 of trainer_families.py (trainer_parity.py's FAMILY_VOCAB)
 trained 12 steps by upstream's Trainer with `DataCollatorWithFlattening` on documents cut
 from trainer_parity.py's Hamlet blocks to 12..60 tokens (4 per step, lr 2e-3, cosine after
 2 warm-up steps, clipping at 1.0, evaluation every 6 steps on 8 documents):
@@ -170,7 +170,7 @@ def trainer_run():
     parity = families.sibling("trainer_parity")
     parity.OUT = OUT
     _, config, cls = families.CASES[0]
-    blocks = parity.llama_blocks()
+    blocks = parity.family_blocks()
     docs = [b[: 12 + (7 * i) % 49] for i, b in enumerate(blocks[:56])]
     train_docs, eval_docs = docs[:48], docs[48:]
     folder = OUT / "trainer_qwen2"

@@ -30,8 +30,8 @@ OUT_DIR/qwen3_5_text_seqcls/: Qwen3_5TextForSequenceClassification (3 labels, pa
 batch's padding set to it so that the last real token is pooled), recorded as the cases with the
 class labels [2, 0].
 
-OUT_DIR/trainer_<case>/: qwen3_5_text and qwen3_5_moe_text at SmolLM2's vocabulary trained 20
-steps by the Trainer as decoder_families.py trains its families.
+OUT_DIR/trainer_<case>/: qwen3_5_text and qwen3_5_moe_text at trainer_parity.py's FAMILY_VOCAB
+trained 20 steps by the Trainer as decoder_families.py trains its families.
 """
 
 import importlib.util
@@ -169,7 +169,7 @@ def main():
     families = sibling("decoder_families")
     models(parity.OUT, sibling("models"))
     seqcls(parity.OUT, sibling("models"))
-    for case, config, cls in cases(vocab=49152):
+    for case, config, cls in cases(vocab=parity.FAMILY_VOCAB):
         families.train(parity, case, config, cls)
 
 

@@ -2,9 +2,10 @@
 
 Usage: python trainer_families.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
-For each family a tiny model is made (seeded, vocabulary 49152 for SmolLM2's tokenizer) and
+For each family a tiny model is made (seeded, vocabulary trainer_parity.py's FAMILY_VOCAB) and
 saved into OUT_DIR/<case>/initial/, then trained 20 steps on trainer_parity.py's Hamlet
-blocks (blocks.json: 48 train, 8 eval blocks of 64 tokens) with batch 4, lr 2e-3, a cosine
+blocks with their ids modulo that vocabulary (`family_blocks`; blocks.json: 48 train, 8 eval
+blocks of 64 tokens) with batch 4, lr 2e-3, a cosine
 schedule after 2 warm-up steps, weight decay 0.1, clipping at 1.0, evaluation every 10
 steps; OUT_DIR/<case>/log_history.json and train_output.json are the run.
 
@@ -38,9 +39,11 @@ def sibling(stem):
     return module
 
 
+# trainer_parity.py's FAMILY_VOCAB (main checks it).
+VOCAB = 1024
 SMALL = dict(
     num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=96, max_position_embeddings=256, vocab_size=49152,
+    intermediate_size=96, max_position_embeddings=256, vocab_size=VOCAB,
 )
 CASES = [
     ("qwen2", tf.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=16, max_window_layers=1), tf.Qwen2ForCausalLM),
@@ -179,7 +182,8 @@ def main():
     parity = sibling("trainer_parity")
     modernbert_cls(parity)
     bert_qa(parity)
-    blocks = parity.llama_blocks()
+    assert VOCAB == parity.FAMILY_VOCAB
+    blocks = parity.family_blocks()
     train_rows, eval_rows = blocks[:48], blocks[48:56]
 
     def rows(part):

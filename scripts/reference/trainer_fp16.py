@@ -97,11 +97,8 @@ def run(name, train_rows, eval_rows, optim):
 
 
 def main():
+    # trainer_mixed.py's start, already cut to SMALL_VOCAB tokens.
     train, evaluation = MIXED.gpt2_setup()
-    clm = sibling("trainer_clm")
-    model = clm.small_vocab_model(tf.GPT2LMHeadModel.from_pretrained(OUT / "gpt2_initial"))
-    model.save_pretrained(OUT / "gpt2_initial")
-    train, evaluation = clm.small_vocab_rows(train), clm.small_vocab_rows(evaluation)
     (OUT / "gpt2_blocks.json").write_text(json.dumps({"train": train, "eval": evaluation}))
     run("gpt2_fp16", train, evaluation, "adamw_torch")
     run("gpt2_fp16_fused", train, evaluation, "adamw_torch_fused")

@@ -5,8 +5,8 @@
 
 Usage: python trainer_full_eval.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
-Model and data are trainer_mixed.py's tiny GPT-2 (dropouts 0) and its 14 evaluation blocks of
-hamlet.txt, saved again here. Per run (`bf16/`, `fp16/`): `evaluate()` metrics (eval_loss),
+Model and data are trainer_mixed.py's tiny GPT-2 (dropouts 0, cut to 1024 tokens) and its 14
+evaluation blocks of hamlet.txt (ids mapped into them), saved again here. Per run (`bf16/`, `fp16/`): `evaluate()` metrics (eval_loss),
 then `predict()` on the same blocks: the test loss, the argmax token of every position
 (`argmax.json`) and the float32 sum and absolute sum of the predicted logits, and the dtype
 the model's parameters have afterwards.

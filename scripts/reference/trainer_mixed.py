@@ -6,7 +6,11 @@ Usage: python trainer_mixed.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folde
 Data and starting models are those of trainer_clm.py (tiny GPT-2, dropouts 0, hamlet.txt in
 blocks of 64 with the GPT-2 tokenizer: the first 90 blocks train, the next 14 evaluate) and
 trainer_parity.py (tiny Llama, attention dropout 0, hamlet.txt in blocks of 64 with the
-SmolLM2 tokenizer: 48 train, 8 eval blocks), rebuilt here by the same functions.
+SmolLM2 tokenizer: 48 train, 8 eval blocks), rebuilt here by the same functions, each cut to
+its first 1024 tokens with the ids mapped into them (trainer_clm.py's `small_vocab_model` /
+`small_vocab_rows`, trainer_parity.py's `family_blocks`): on a CPU without bfloat16
+instructions the bfloat16 GEMMs of a 50257- or 49152-token head made this script ~300 s and
+its Rust tests as long.
 Every run: CPU (`use_cpu=True`), seed 42, the default random sampler, per-device batch 4,
 gradient_accumulation_steps 2, max_steps 12, learning_rate 1e-3, cosine schedule,
 warmup_steps 3, weight_decay 0.01, max_grad_norm 1.0, logging_steps 1, evaluation every
@@ -89,8 +93,8 @@ def gpt2_setup():
     gpt2 = tf.GPT2LMHeadModel.from_pretrained(
         ASSETS / "tiny-gpt2", attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, summary_first_dropout=0.0
     )
-    gpt2.save_pretrained(OUT / "gpt2_initial")
-    blocks = clm.blocks()
+    clm.small_vocab_model(gpt2).save_pretrained(OUT / "gpt2_initial")
+    blocks = clm.small_vocab_rows(clm.blocks())
     return blocks[: clm.N_TRAIN], blocks[clm.N_TRAIN : clm.N_TRAIN + clm.N_EVAL]
 
 
@@ -120,8 +124,9 @@ def main():
 
     parity = sibling("trainer_parity")
     llama = tf.LlamaForCausalLM.from_pretrained(ASSETS / "tiny-llama", attention_dropout=0.0)
+    llama.resize_token_embeddings(parity.FAMILY_VOCAB)
     llama.save_pretrained(OUT / "llama_initial")
-    blocks = parity.llama_blocks()
+    blocks = parity.family_blocks()
     llama_train, llama_eval = blocks[:48], blocks[48:56]
     (OUT / "llama_blocks.json").write_text(json.dumps({"train": llama_train, "eval": llama_eval}))
 

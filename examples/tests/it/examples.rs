@@ -623,7 +623,7 @@ fn run_clm_trains_expert_adapters_that_peft_loads() -> Result<()> {
     let _g = lock();
     let out = temp_dir("clm-expert-lora");
     let o = out.display().to_string();
-    let base = assets().join("reference/decoder_families/trainer_qwen3_moe/initial");
+    let base = assets().join("reference/decoder_families/qwen3_moe_smollm2");
     let (tokenizer, train) = (asset("smollm2-135m"), asset("text/hamlet.txt"));
     let args = |dropout: &str| -> Vec<String> {
         let flags = [
