@@ -68,8 +68,11 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         "comet_ml" => {
             "Comet's offline mode (COMET_MODE=offline) writes a zip archive in the comet_ml package's own message format, which the package does not document (it documents `comet upload` of the archive, not its contents), so it is not written here"
         }
-        "neptune" | "clearml" | "dagshub" | "dvclive" | "swanlab" | "azure_ml" | "flyte"
-        | "kubeflow" | "codecarbon" => {
+        "dvclive" => {
+            "DVCLive's local files (dvclive/metrics.json, plots/metrics/*.tsv, params.yaml, dvc.yaml) are not written here yet"
+        }
+        "neptune" | "clearml" | "dagshub" | "swanlab" | "azure_ml" | "flyte" | "kubeflow"
+        | "codecarbon" => {
             "it logs through its own package to its own service, which is not implemented here"
         }
         _ => return None,
