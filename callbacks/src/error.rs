@@ -114,6 +114,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A DVCLive environment variable, or the working directory's DVC state, asks for what
+    /// this crate cannot honour: why, and what to do instead.
+    #[error("dvclive: {setting}: {reason}")]
+    DvcliveSetting {
+        /// The environment variable and its value, or the file (`HF_DVCLIVE_LOG_MODEL="all"`,
+        /// `dvc.yaml`).
+        setting: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
     /// instead.
     #[error("report_to trackio: {field}={value:?}: {reason}")]

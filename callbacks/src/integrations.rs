@@ -1,5 +1,6 @@
 //! `report_to`: the logger callbacks named in `TrainingArguments.report_to`.
 
+use crate::dvclive::DVCLiveCallback;
 use crate::error::{Error, Result};
 use crate::jsonl::JsonlLoggerCallback;
 use crate::mlflow::MLflowCallback;
@@ -11,8 +12,14 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 5] =
-    ["mlflow", "tensorboard", "wandb", "trackio", "jsonl"];
+pub const SUPPORTED_INTEGRATIONS: [&str; 6] = [
+    "dvclive",
+    "mlflow",
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "jsonl",
+];
 
 /// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]: `mlflow`
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
@@ -20,10 +27,12 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 5] =
 /// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
 /// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
 /// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), and
-/// `jsonl`.
+/// `jsonl`. Not `dvclive` (upstream's: when the package is installed): it writes `dvclive/`
+/// and `dvc.yaml` into the working directory, so it is named explicitly.
 pub fn get_available_reporting_integrations() -> Vec<&'static str> {
     SUPPORTED_INTEGRATIONS
         .into_iter()
+        .filter(|n| *n != "dvclive")
         .filter(|n| *n != "mlflow" || is_mlflow_available())
         .filter(|n| {
             *n != "wandb"
@@ -68,9 +77,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         "comet_ml" => {
             "Comet's offline mode (COMET_MODE=offline) writes a zip archive in the comet_ml package's own message format, which the package does not document (it documents `comet upload` of the archive, not its contents), so it is not written here"
         }
-        "dvclive" => {
-            "DVCLive's local files (dvclive/metrics.json, plots/metrics/*.tsv, params.yaml, dvc.yaml) are not written here yet"
-        }
         "neptune" | "clearml" | "dagshub" | "swanlab" | "azure_ml" | "flyte" | "kubeflow"
         | "codecarbon" => {
             "it logs through its own package to its own service, which is not implemented here"
@@ -90,6 +96,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
         .into_iter()
         .map(|n| -> Result<Box<dyn TrainerCallback>> {
             Ok(match n {
+                "dvclive" => Box::new(DVCLiveCallback::new()?),
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
                 "wandb" => Box::new(WandbCallback::new()?),

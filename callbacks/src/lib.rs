@@ -51,6 +51,7 @@ mod args_dict;
 mod callback_handler;
 mod checksum_time;
 mod default_flow;
+mod dvclive;
 mod early_stopping;
 mod error;
 mod event_file;
@@ -73,6 +74,7 @@ mod wandb;
 
 pub use callback_handler::CallbackHandler;
 pub use default_flow::DefaultFlowCallback;
+pub use dvclive::{DVCLiveCallback, DVCLiveSettings, dump_yaml, standardize_metric_name};
 pub use early_stopping::EarlyStoppingCallback;
 pub use error::{Error, Result};
 pub use event_file::{EventFileWriter, crc32c, masked_crc32c, tfrecord};

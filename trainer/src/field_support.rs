@@ -243,8 +243,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "mlflow_callback_logs_what_upstream_logs_to_a_real_server",
             "wandb_callback_writes_what_upstream_writes",
             "trackio_callback_writes_what_upstream_writes",
+            "dvclive_callback_writes_what_upstream_writes",
         ],
-        "`mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused) and `jsonl`; the other integrations upstream knows (comet_ml, neptune, ...) are refused by name",
+        "`mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`) and `jsonl`; the other integrations upstream knows (comet_ml, neptune, ...) are refused by name",
     ),
     h(
         "run_name",

@@ -1,6 +1,7 @@
 //! The integration tests of tchtrain-callbacks, one binary (a module per topic).
 
 mod common;
+mod dvclive;
 mod handler_and_loggers;
 mod mlflow;
 mod trackio;
