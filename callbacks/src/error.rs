@@ -125,6 +125,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A Comet environment variable or config file asks for what this crate cannot honour
+    /// (online mode, resuming an experiment, assets): why, and what to do instead.
+    #[error("comet_ml: {setting}: {reason}")]
+    CometSetting {
+        /// The environment variable and its value, or the config file.
+        setting: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
     /// instead.
     #[error("report_to trackio: {field}={value:?}: {reason}")]

@@ -1,5 +1,6 @@
 //! `report_to`: the logger callbacks named in `TrainingArguments.report_to`.
 
+use crate::comet::CometCallback;
 use crate::dvclive::DVCLiveCallback;
 use crate::error::{Error, Result};
 use crate::jsonl::JsonlLoggerCallback;
@@ -12,7 +13,8 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 6] = [
+pub const SUPPORTED_INTEGRATIONS: [&str; 7] = [
+    "comet_ml",
     "dvclive",
     "mlflow",
     "tensorboard",
@@ -21,7 +23,9 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 6] = [
     "jsonl",
 ];
 
-/// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]: `mlflow`
+/// Upstream `get_available_reporting_integrations`, over [`SUPPORTED_INTEGRATIONS`]:
+/// `comet_ml` when `COMET_API_KEY` is set (upstream's condition: a configured key) and
+/// `COMET_START_ONLINE` is false (the offline archive, the only mode written here), `mlflow`
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
 /// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
@@ -33,6 +37,16 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
     SUPPORTED_INTEGRATIONS
         .into_iter()
         .filter(|n| *n != "dvclive")
+        .filter(|n| {
+            *n != "comet_ml"
+                || (std::env::var_os("COMET_API_KEY").is_some_and(|k| !k.is_empty())
+                    && std::env::var("COMET_START_ONLINE").is_ok_and(|v| {
+                        matches!(
+                            v.to_lowercase().as_str(),
+                            "f" | "false" | "no" | "n" | "off" | "0"
+                        )
+                    }))
+        })
         .filter(|n| *n != "mlflow" || is_mlflow_available())
         .filter(|n| {
             *n != "wandb"
@@ -46,7 +60,7 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
 
 /// The integrations `report_to` names, resolved (`"all"`: [`get_available_reporting_integrations`],
 /// `"none"`: none), in order and without repeats; names upstream knows but this crate does
-/// not implement (`comet_ml`, ...) are an error naming the supported ones.
+/// not implement (`neptune`, ...) are an error naming the supported ones.
 pub fn reporting_integrations<S: AsRef<str>>(report_to: &[S]) -> Result<Vec<&'static str>> {
     let mut names: Vec<&'static str> = Vec::new();
     for name in report_to.iter().map(AsRef::as_ref) {
@@ -74,9 +88,6 @@ pub fn reporting_integrations<S: AsRef<str>>(report_to: &[S]) -> Result<Vec<&'st
 /// Why an integration upstream knows is not implemented here.
 fn unsupported_reason(name: &str) -> Option<&'static str> {
     Some(match name {
-        "comet_ml" => {
-            "Comet's offline mode (COMET_MODE=offline) writes a zip archive in the comet_ml package's own message format, which the package does not document (it documents `comet upload` of the archive, not its contents), so it is not written here"
-        }
         "neptune" | "clearml" | "dagshub" | "swanlab" | "azure_ml" | "flyte" | "kubeflow"
         | "codecarbon" => {
             "it logs through its own package to its own service, which is not implemented here"
@@ -96,6 +107,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
         .into_iter()
         .map(|n| -> Result<Box<dyn TrainerCallback>> {
             Ok(match n {
+                "comet_ml" => Box::new(CometCallback::new()?),
                 "dvclive" => Box::new(DVCLiveCallback::new()?),
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),

@@ -50,6 +50,7 @@
 mod args_dict;
 mod callback_handler;
 mod checksum_time;
+mod comet;
 mod default_flow;
 mod dvclive;
 mod early_stopping;
@@ -73,6 +74,7 @@ mod trainer_state;
 mod wandb;
 
 pub use callback_handler::CallbackHandler;
+pub use comet::{CometCallback, CometMode, CometSettings};
 pub use default_flow::DefaultFlowCallback;
 pub use dvclive::{DVCLiveCallback, DVCLiveSettings, dump_yaml, standardize_metric_name};
 pub use early_stopping::EarlyStoppingCallback;

@@ -245,6 +245,13 @@ fn write_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// The separators `json.dumps` writes between items and after keys.
+#[derive(Clone, Copy)]
+struct Separators {
+    item: &'static str,
+    key: &'static str,
+}
+
 fn write_value(
     out: &mut String,
     v: &JsonValue,
@@ -252,13 +259,32 @@ fn write_value(
     sort_keys: bool,
     level: usize,
 ) {
+    let item = if indent.is_some() { "," } else { ", " };
+    write_with(
+        out,
+        v,
+        indent,
+        sort_keys,
+        level,
+        Separators { item, key: ": " },
+    );
+}
+
+fn write_with(
+    out: &mut String,
+    v: &JsonValue,
+    indent: Option<usize>,
+    sort_keys: bool,
+    level: usize,
+    seps: Separators,
+) {
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * level));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
+    let item_sep = seps.item;
     match v {
         JsonValue::Null => out.push_str("null"),
         JsonValue::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -278,7 +304,7 @@ fn write_value(
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                write_value(out, item, indent, sort_keys, level + 1);
+                write_with(out, item, indent, sort_keys, level + 1, seps);
             }
             newline(out, level);
             out.push(']');
@@ -300,8 +326,8 @@ fn write_value(
                 }
                 newline(out, level + 1);
                 write_str(out, k);
-                out.push_str(": ");
-                write_value(out, item, indent, sort_keys, level + 1);
+                out.push_str(seps.key);
+                write_with(out, item, indent, sort_keys, level + 1, seps);
             }
             newline(out, level);
             out.push('}');
@@ -314,6 +340,17 @@ fn write_value(
 pub fn dumps(value: &JsonValue, indent: Option<usize>, sort_keys: bool) -> String {
     let mut out = String::new();
     write_value(&mut out, value, indent, sort_keys, 0);
+    out
+}
+
+/// `json.dumps(value, separators=(",", ":"), sort_keys=sort_keys)`: no spaces, one line.
+pub fn dumps_compact(value: &JsonValue, sort_keys: bool) -> String {
+    let mut out = String::new();
+    let seps = Separators {
+        item: ",",
+        key: ":",
+    };
+    write_with(&mut out, value, None, sort_keys, 0, seps);
     out
 }
 
@@ -331,5 +368,9 @@ mod tests {
             "{\"a\": \"caf\\u00e9 \\ud83d\\ude00\\n\", \"b\": [1, 2.5, NaN, -Infinity], \"c\": {}}"
         );
         assert_eq!(dumps(&v, Some(2), false).lines().count(), 10);
+        assert_eq!(
+            dumps_compact(&v, true),
+            "{\"a\":\"caf\\u00e9 \\ud83d\\ude00\\n\",\"b\":[1,2.5,NaN,-Infinity],\"c\":{}}"
+        );
     }
 }

@@ -9,5 +9,5 @@ mod json_value;
 mod repr;
 
 pub use json_loads::{JsonSyntaxError, loads};
-pub use json_value::{JsonMap, JsonValue, dumps};
+pub use json_value::{JsonMap, JsonValue, dumps, dumps_compact};
 pub use repr::{python_float_repr, python_repr, python_str_repr, to_python_json};

@@ -72,8 +72,8 @@ pub use setters::{
     SetTesting, SetTraining,
 };
 pub use tchtrain_python_json::{
-    JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr, python_repr,
-    python_str_repr,
+    JsonMap, JsonSyntaxError, JsonValue, dumps, dumps_compact, loads, python_float_repr,
+    python_repr, python_str_repr,
 };
 pub use trainer_utils::{FsdpOption, HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType};
 pub use training_args::TrainingArguments;

@@ -440,12 +440,23 @@ fn report_to_selects_loggers() {
             "{err}"
         );
     }
-    let err = get_reporting_integration_callbacks(&["comet_ml"])
+    // comet_ml: the offline archive only; online mode is refused naming COMET_START_ONLINE.
+    if std::env::var_os("COMET_START_ONLINE").is_none() {
+        let err = get_reporting_integration_callbacks(&["comet_ml"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("comet_ml: COMET_START_ONLINE=<unset>") && err.contains("comet upload"),
+            "{err}"
+        );
+    }
+    let err = get_reporting_integration_callbacks(&["neptune"])
         .err()
         .unwrap();
     assert!(
-        err.to_string().contains("comet_ml")
-            && err.to_string().contains("does not document")
+        err.to_string().contains("neptune")
+            && err.to_string().contains("its own service")
             && err.to_string().contains("trackio, jsonl"),
         "{err}"
     );

@@ -1,5 +1,6 @@
 //! The integration tests of tchtrain-callbacks, one binary (a module per topic).
 
+mod comet;
 mod common;
 mod dvclive;
 mod handler_and_loggers;
