@@ -19,20 +19,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{reference_root, repo, temp_dir, venv_python};
-
-fn reference() -> JsonValue {
-    let path = reference_root().join("comet_callback/comet_callback.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
-    loads(&text).unwrap()
-}
-
-fn at<'a>(v: &'a JsonValue, key: &str) -> &'a JsonValue {
-    v.as_object()
-        .and_then(|m| m.get(key))
-        .unwrap_or_else(|| panic!("no {key:?} in {}", dumps(v, None, false)))
-}
+use crate::common::{at, repo, script_reference, temp_dir, venv_python};
 
 /// What comet_ml reads of the archive (see `_comet_read.py`).
 fn read_back(archive: &Path) -> JsonValue {
@@ -64,7 +51,7 @@ fn archive_in(dir: &Path) -> PathBuf {
 
 #[test]
 fn comet_callback_writes_what_upstream_writes() {
-    let reference = reference();
+    let reference = script_reference("comet_callback");
     for case in at(&reference, "cases").as_array().unwrap() {
         let name = at(case, "name").as_str().unwrap();
         let work = temp_dir(&format!("comet-{name}"));

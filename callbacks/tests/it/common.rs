@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use tchtrain_callbacks::{JsonValue, loads};
+use tchtrain_callbacks::{JsonValue, dumps, loads};
 use tchtrain_training_args::{IntervalStrategy, SaveStrategy};
 
 /// The setup virtualenv's python (`TCHTRAIN_VENV_PYTHON`), which has the trackers' packages
@@ -27,6 +27,27 @@ pub fn reference_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../assets"));
     assets.join("reference")
+}
+
+/// `<reference root>/<script>/<script>.json` (what scripts/reference/<script>.py writes),
+/// parsed; fails (never skips) when it is missing.
+pub fn script_reference(script: &str) -> JsonValue {
+    let path = reference_root().join(script).join(format!("{script}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reference file {} is missing ({e}); run `cargo xtask setup` (it runs \
+             scripts/reference/{script}.py with the pinned packages)",
+            path.display()
+        )
+    });
+    loads(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value under `key` of a JSON object; panics naming the key and the object.
+pub fn at<'a>(v: &'a JsonValue, key: &str) -> &'a JsonValue {
+    v.as_object()
+        .and_then(|m| m.get(key))
+        .unwrap_or_else(|| panic!("no {key:?} in {}", dumps(v, None, false)))
 }
 
 /// `$TCHTRAIN_ASSETS/reference/trainer_callback`, else `<crate>/../assets/reference/trainer_callback`.

@@ -9,25 +9,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use tchtrain_callbacks::{
-    DVCLiveCallback, DVCLiveSettings, Error, JsonMap, JsonValue, TrainerCallback, TrainerControl,
-    TrainerState, dumps, get_available_reporting_integrations, loads,
+    DVCLiveCallback, DVCLiveSettings, Error, JsonMap, TrainerCallback, TrainerControl,
+    TrainerState, dumps, get_available_reporting_integrations,
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{reference_root, temp_dir};
-
-fn reference() -> JsonValue {
-    let path = reference_root().join("dvclive_callback/dvclive_callback.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
-    loads(&text).unwrap()
-}
-
-fn at<'a>(v: &'a JsonValue, key: &str) -> &'a JsonValue {
-    v.as_object()
-        .and_then(|m| m.get(key))
-        .unwrap_or_else(|| panic!("no {key:?} in {}", dumps(v, None, false)))
-}
+use crate::common::{at, script_reference, temp_dir};
 
 /// Every file under `dir/dvclive/` and `dir/dvc.yaml`, by path relative to `dir`.
 fn files(dir: &Path) -> BTreeMap<String, String> {
@@ -56,7 +43,7 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
 
 #[test]
 fn dvclive_callback_writes_what_upstream_writes() {
-    let reference = reference();
+    let reference = script_reference("dvclive_callback");
     let dir = temp_dir("dvclive");
     let serde: serde_json::Value =
         serde_json::from_str(&dumps(at(&reference, "args"), None, false)).unwrap();

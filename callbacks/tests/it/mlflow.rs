@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tchtrain_callbacks::{
     Error, JsonMap, JsonValue, MLflowCallback, MLflowSettings, ModelConfig, TrainerCallback,
-    TrainerControl, TrainerState, dumps, loads,
+    TrainerControl, TrainerState, dumps,
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::temp_dir;
+use crate::common::{script_reference, temp_dir};
 
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -276,23 +276,9 @@ fn drive(
     run_id
 }
 
-fn reference() -> JsonValue {
-    let path = crate::common::reference_root()
-        .join("mlflow_callback")
-        .join("mlflow_callback.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "reference file {} is missing ({e}); run `cargo xtask setup` (it runs \
-             scripts/reference/mlflow_callback.py with the pinned transformers and mlflow)",
-            path.display()
-        )
-    });
-    loads(&text).unwrap()
-}
-
 #[test]
 fn mlflow_callback_logs_what_upstream_logs_to_a_real_server() {
-    let reference = reference();
+    let reference = script_reference("mlflow_callback");
     let server = MlflowServer::start("mlflow-parity");
     let cases = reference.as_object().unwrap().get("cases").unwrap();
     for case in cases.as_array().unwrap() {

@@ -17,25 +17,10 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::{StrOrBool, TrainingArguments};
 
-use crate::common::{repo, temp_dir, venv_python};
-
-fn reference() -> JsonValue {
-    let assets =
-        std::env::var_os("TCHTRAIN_ASSETS").expect("TCHTRAIN_ASSETS names the assets folder");
-    let path = Path::new(&assets).join("reference/trackio_callback/trackio_callback.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
-    loads(&text).unwrap()
-}
+use crate::common::{at, repo, script_reference, temp_dir, venv_python};
 
 fn serde(v: &JsonValue) -> serde_json::Value {
     serde_json::from_str(&dumps(v, None, false)).unwrap()
-}
-
-fn at<'a>(v: &'a JsonValue, key: &str) -> &'a JsonValue {
-    v.as_object()
-        .and_then(|m| m.get(key))
-        .unwrap_or_else(|| panic!("no {key:?} in {}", dumps(v, None, false)))
 }
 
 fn object(v: &JsonValue) -> JsonMap {
@@ -61,7 +46,7 @@ fn read_back(dir: &Path, project: &str) -> JsonValue {
 
 #[test]
 fn trackio_callback_writes_what_upstream_writes() {
-    let reference = reference();
+    let reference = script_reference("trackio_callback");
     for case in at(&reference, "cases").as_array().unwrap() {
         let name = at(case, "name").as_str().unwrap();
         let dir = temp_dir(&format!("trackio-{name}"));
