@@ -509,8 +509,11 @@ const TWO_ULPS: f64 = 2.0 * f32::EPSILON as f64;
 /// (1.4e-7, 1.0e-7) and the train loss within 1.8e-8, so the weights follow upstream's, but
 /// one eval loss was 6.81e-6 off: an isolated jump of the size one token's changed expert
 /// choice makes, a top-k router near-tie in the evaluation forward resolved the other way
-/// by a one-ulp score difference (the alignment-dependent rounding described above).
-const GPT_OSS_EVAL_BOUND: f64 = 1e-5;
+/// by a one-ulp score difference (the alignment-dependent rounding described above). Which
+/// token ties, and so the jump's size, depends on the machine: the bound is set an order of
+/// magnitude above the one case measured, not at it; an error in the model's computation
+/// shows in the training values, which stay held at two ulps.
+const GPT_OSS_EVAL_BOUND: f64 = 1e-4;
 
 /// Every logged loss, grad_norm, learning rate and train loss of `ours` within two float32
 /// ulps of upstream's, and every eval loss within `eval_bound` (relative); the largest
