@@ -135,6 +135,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A SwanLab environment variable or settings file asks for what this crate cannot
+    /// honour (cloud or local mode, model saving, settings not read here): why, and what to do
+    /// instead.
+    #[error("swanlab: {setting}: {reason}")]
+    SwanLabSetting {
+        /// The environment variable and its value, or the settings file.
+        setting: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
     /// instead.
     #[error("report_to trackio: {field}={value:?}: {reason}")]

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::jsonl::JsonlLoggerCallback;
 use crate::mlflow::MLflowCallback;
 use crate::mlflow_settings::is_mlflow_available;
+use crate::swanlab::SwanLabCallback;
 use crate::tensorboard::TensorBoardCallback;
 use crate::trackio::TrackioCallback;
 use crate::trainer_callback::TrainerCallback;
@@ -13,13 +14,14 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 7] = [
+pub const SUPPORTED_INTEGRATIONS: [&str; 8] = [
     "comet_ml",
     "dvclive",
     "mlflow",
     "tensorboard",
     "wandb",
     "trackio",
+    "swanlab",
     "jsonl",
 ];
 
@@ -30,7 +32,8 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 7] = [
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
 /// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
 /// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
-/// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), and
+/// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), `swanlab`
+/// when `SWANLAB_MODE` is `offline` (the only mode written here; upstream's: installed), and
 /// `jsonl`. Not `dvclive` (upstream's: when the package is installed): it writes `dvclive/`
 /// and `dvc.yaml` into the working directory, so it is named explicitly.
 pub fn get_available_reporting_integrations() -> Vec<&'static str> {
@@ -55,6 +58,7 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
         .filter(|n| {
             *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
         })
+        .filter(|n| *n != "swanlab" || std::env::var("SWANLAB_MODE").is_ok_and(|m| m == "offline"))
         .collect()
 }
 
@@ -88,9 +92,26 @@ pub fn reporting_integrations<S: AsRef<str>>(report_to: &[S]) -> Result<Vec<&'st
 /// Why an integration upstream knows is not implemented here.
 fn unsupported_reason(name: &str) -> Option<&'static str> {
     Some(match name {
-        "neptune" | "clearml" | "dagshub" | "swanlab" | "azure_ml" | "flyte" | "kubeflow"
-        | "codecarbon" => {
-            "it logs through its own package to its own service, which is not implemented here"
+        "neptune" => {
+            "upstream deprecates its Neptune integration (to be removed from transformers) and recommends the other trackers"
+        }
+        "clearml" => {
+            "ClearML logs to a ClearML server, not implemented here; its offline mode writes a session only a ClearML server reads back (Task.import_offline_session)"
+        }
+        "dagshub" => {
+            "DagsHub's callback logs through the dagshub package to a DagsHub repository, not implemented here; a DagsHub repository is an MLflow tracking server: use mlflow with MLFLOW_TRACKING_URI"
+        }
+        "azure_ml" => {
+            "it logs to the run context of a job running inside Azure ML (azureml.core), which does not exist here; Azure ML workspaces are MLflow tracking servers: use mlflow"
+        }
+        "flyte" => {
+            "it writes Flyte Decks inside a Flyte task's execution (flytekit), which does not exist here"
+        }
+        "kubeflow" => {
+            "it reports progress to the Kubeflow Trainer controller of a TrainJob pod (KUBEFLOW_TRAINER_SERVER_URL), not implemented here"
+        }
+        "codecarbon" => {
+            "it estimates the run's energy and emissions with codecarbon's EmissionsTracker (power sensors, CPU power tables, a location lookup), not implemented here"
         }
         _ => return None,
     })
@@ -113,6 +134,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
                 "wandb" => Box::new(WandbCallback::new()?),
                 "trackio" => Box::new(TrackioCallback::new()),
+                "swanlab" => Box::new(SwanLabCallback::new()?),
                 _ => Box::new(JsonlLoggerCallback::new()),
             })
         })

@@ -59,6 +59,7 @@ mod event_file;
 mod exportable_state;
 mod integrations;
 mod jsonl;
+mod leveldb_log;
 mod mlflow;
 mod mlflow_rest;
 mod mlflow_settings;
@@ -66,6 +67,8 @@ mod model_config;
 mod printer;
 mod progress;
 mod protobuf;
+mod pyyaml;
+mod swanlab;
 mod tensorboard;
 mod trackio;
 mod trainer_callback;
@@ -86,6 +89,7 @@ pub use integrations::{
     get_reporting_integration_callbacks, reporting_integrations,
 };
 pub use jsonl::{JsonlLoggerCallback, METRICS_JSONL_NAME};
+pub use leveldb_log::crc32;
 pub use mlflow::{
     MLFLOW_MAX_PARAM_VAL_LENGTH, MLflowCallback, mlflow_metrics, mlflow_params,
     sanitize_metric_name,
@@ -94,6 +98,10 @@ pub use mlflow_settings::{MLflowSettings, is_mlflow_available};
 pub use model_config::ModelConfig;
 pub use printer::{PrinterCallback, format_g, format_logs};
 pub use progress::{ProgressCallback, current_rss_bytes, format_postfix};
+pub use pyyaml::safe_dump;
+pub use swanlab::{
+    DEFAULT_LOG_DIR as SWANLAB_DEFAULT_LOG_DIR, SwanLabCallback, SwanLabResume, SwanLabSettings,
+};
 pub use tchtrain_training_args::{
     JsonMap, JsonSyntaxError, JsonValue, dumps, loads, python_float_repr,
 };
@@ -105,4 +113,4 @@ pub use trackio::{
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
 pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};
-pub use wandb::{WandbCallback, WandbSettings, crc32};
+pub use wandb::{WandbCallback, WandbSettings};

@@ -19,8 +19,6 @@
 //! `end` / `checkpoint` (model artifacts), `WANDB_WATCH` `gradients` / `parameters` / `all`
 //! (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -28,6 +26,7 @@ use tchtrain_training_args::{JsonMap, JsonValue, TrainingArguments, dumps};
 
 use crate::args_dict::args_to_dict;
 use crate::error::{Error, Result};
+use crate::leveldb_log::LevelDbLog;
 use crate::model_config::ModelConfig;
 use crate::protobuf::Proto;
 use crate::tensorboard::{SINGLE_VALUE_SCALARS, rewrite_logs, step_row};
@@ -170,87 +169,8 @@ impl WandbSettings {
     }
 }
 
-const CRC32_TABLE: [u32; 256] = crate::checksum_time::crc_table(0xedb8_8320);
-
-/// CRC-32 (zlib's), what the transaction log checks each fragment with.
-pub fn crc32(parts: &[&[u8]]) -> u32 {
-    crate::checksum_time::crc(&CRC32_TABLE, parts)
-}
-
-/// The transaction log's block size.
-const BLOCK: usize = 32 * 1024;
-/// A fragment's header: CRC-32 (of the type byte and the data), length, type.
-const FRAGMENT_HEADER: usize = 7;
-
-/// A W&B transaction log being written (`run-<id>.wandb`).
-struct TransactionLog {
-    file: File,
-    path: PathBuf,
-    /// Bytes written so far (the header included).
-    offset: usize,
-}
-
-impl TransactionLog {
-    fn create(path: &Path) -> Result<Self> {
-        let io = |e| Error::Io {
-            action: "writing",
-            path: path.to_path_buf(),
-            source: e,
-        };
-        let mut file = File::create(path).map_err(io)?;
-        // `:W&B`, magic 0xBEE1 (little-endian), version 0.
-        file.write_all(b":W&B\xe1\xbe\x00").map_err(io)?;
-        Ok(Self {
-            file,
-            path: path.to_path_buf(),
-            offset: 7,
-        })
-    }
-
-    /// One record, split into fragments (full, or first / middle / last) that do not cross a
-    /// block, a block's tail too short for a fragment header padded with zeros.
-    fn append(&mut self, record: &[u8]) -> Result<()> {
-        let mut out = Vec::with_capacity(record.len() + 2 * FRAGMENT_HEADER);
-        let mut rest = record;
-        let mut first = true;
-        loop {
-            let left = BLOCK - self.offset % BLOCK;
-            if left < FRAGMENT_HEADER {
-                out.extend(std::iter::repeat_n(0u8, left));
-                self.offset += left;
-                continue;
-            }
-            let room = left - FRAGMENT_HEADER;
-            let take = rest.len().min(room);
-            let last = take == rest.len();
-            let kind: u8 = match (first, last) {
-                (true, true) => 1,
-                (true, false) => 2,
-                (false, false) => 3,
-                (false, true) => 4,
-            };
-            let (chunk, tail) = rest.split_at(take);
-            out.extend_from_slice(&crc32(&[&[kind], chunk]).to_le_bytes());
-            out.extend_from_slice(&(take as u16).to_le_bytes());
-            out.push(kind);
-            out.extend_from_slice(chunk);
-            self.offset += FRAGMENT_HEADER + take;
-            rest = tail;
-            first = false;
-            if last {
-                break;
-            }
-        }
-        self.file
-            .write_all(&out)
-            .and_then(|()| self.file.flush())
-            .map_err(|e| Error::Io {
-                action: "writing",
-                path: self.path.clone(),
-                source: e,
-            })
-    }
-}
+/// The transaction log's file header: `:W&B`, magic 0xBEE1 (little-endian), version 0.
+const WANDB_HEADER: &[u8; 7] = b":W&B\xe1\xbe\x00";
 
 /// `ConfigItem` / `SummaryItem` / `HistoryItem`: `key` (or the `nested_key` path) and
 /// `value_json`.
@@ -274,13 +194,13 @@ fn value_json(v: &JsonValue) -> String {
 }
 
 /// UTC `YYYYMMDD_HHMMSS` of `secs` since the epoch.
-fn timestamp_name(secs: i64) -> String {
+pub(crate) fn timestamp_name(secs: i64) -> String {
     let (year, month, day, hour, minute, second) = crate::checksum_time::utc_parts(secs);
     format!("{year:04}{month:02}{day:02}_{hour:02}{minute:02}{second:02}")
 }
 
 /// wandb's `generate_id()`: 8 characters of `[a-z0-9]`.
-fn generate_id() -> String {
+pub(crate) fn generate_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut next = crate::checksum_time::random_stream();
     (0..8)
@@ -290,7 +210,7 @@ fn generate_id() -> String {
 
 /// An open offline run.
 struct Run {
-    log: TransactionLog,
+    log: LevelDbLog,
     dir: PathBuf,
     id: String,
     num: i64,
@@ -454,7 +374,7 @@ impl WandbCallback {
         let _ = std::fs::remove_file(&latest);
         #[cfg(unix)]
         let _ = std::os::unix::fs::symlink(dir.file_name().unwrap_or_default(), &latest);
-        let log = TransactionLog::create(&dir.join(format!("run-{id}.wandb")))?;
+        let log = LevelDbLog::create(&dir.join(format!("run-{id}.wandb")), WANDB_HEADER)?;
         let mut run = Run {
             log,
             dir,
@@ -614,27 +534,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn crc32_is_zlibs() {
-        assert_eq!(crc32(&[b"123456789"]), 0xcbf4_3926);
-        assert_eq!(crc32(&[b"1234", b"56789"]), 0xcbf4_3926);
-    }
-
-    #[test]
-    fn records_longer_than_a_block_are_fragmented() {
-        let dir = std::env::temp_dir().join(format!("tchtrain-wandb-frag-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("run.wandb");
-        let mut log = TransactionLog::create(&path).unwrap();
-        log.append(&vec![7u8; 40_000]).unwrap();
-        log.append(&[9u8; 10]).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        // first fragment fills block 0, the last one starts block 1.
-        assert_eq!(bytes[7 + 6], 2);
-        assert_eq!(bytes[BLOCK + 6], 4);
-        let first = BLOCK - 7 - 7;
-        let last = u16::from_le_bytes([bytes[BLOCK + 4], bytes[BLOCK + 5]]) as usize;
-        assert_eq!(first + last, 40_000);
+    fn run_folders_are_named_by_utc_time() {
         assert_eq!(timestamp_name(1_796_079_478), "20261130_225758");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -245,8 +245,9 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "trackio_callback_writes_what_upstream_writes",
             "dvclive_callback_writes_what_upstream_writes",
             "comet_callback_writes_what_upstream_writes",
+            "swanlab_callback_writes_what_upstream_writes",
         ],
-        "`comet_ml` (Comet's offline archive that `comet upload` sends; online mode, resuming and assets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`), `mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused) and `jsonl`; the other integrations upstream knows (neptune, clearml, ...) are refused by name",
+        "`comet_ml` (Comet's offline archive that `comet upload` sends; online mode, resuming and assets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`), `mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused), `swanlab` (the offline run folder that `swanlab sync` uploads; cloud and local modes refused) and `jsonl`; the other integrations upstream knows (neptune, clearml, codecarbon, ...) are refused by name, each with its reason",
     ),
     h(
         "run_name",

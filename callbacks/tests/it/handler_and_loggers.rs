@@ -451,13 +451,24 @@ fn report_to_selects_loggers() {
             "{err}"
         );
     }
+    // swanlab: the offline run folder only; cloud mode is refused naming SWANLAB_MODE.
+    if std::env::var_os("SWANLAB_MODE").is_none() {
+        let err = get_reporting_integration_callbacks(&["swanlab"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("swanlab: SWANLAB_MODE=<unset>") && err.contains("swanlab sync"),
+            "{err}"
+        );
+    }
     let err = get_reporting_integration_callbacks(&["neptune"])
         .err()
         .unwrap();
     assert!(
         err.to_string().contains("neptune")
-            && err.to_string().contains("its own service")
-            && err.to_string().contains("trackio, jsonl"),
+            && err.to_string().contains("deprecates")
+            && err.to_string().contains("trackio, swanlab, jsonl"),
         "{err}"
     );
 }

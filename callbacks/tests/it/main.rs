@@ -5,6 +5,7 @@ mod common;
 mod dvclive;
 mod handler_and_loggers;
 mod mlflow;
+mod swanlab;
 mod trackio;
 mod upstream_parity;
 mod wandb;
