@@ -19,7 +19,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, repo, script_reference, temp_dir, venv_python};
+use crate::common::{at, replay_case, repo, script_reference, temp_dir, venv_python};
 
 /// What comet_ml reads of the archive (see `_comet_read.py`).
 fn read_back(archive: &Path) -> JsonValue {
@@ -70,33 +70,11 @@ fn comet_callback_writes_what_upstream_writes() {
             env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })
         .unwrap();
-        let serde: serde_json::Value =
-            serde_json::from_str(&dumps(at(case, "args"), None, false)).unwrap();
-        let args = TrainingArguments::from_dict(serde.as_object().unwrap().clone())
-            .unwrap()
-            .args;
         let mut callback = CometCallback::with_settings(settings.clone());
         callback.set_model_config(&ModelConfig::from_dict(
             at(case, "model_config").as_object().unwrap().clone(),
         ));
-        let mut state = TrainerState::default();
-        let mut control = TrainerControl::default();
-        callback
-            .on_train_begin(&args, &state, &mut control)
-            .unwrap();
-        for entry in at(case, "logs").as_array().unwrap() {
-            let entry = entry.as_array().unwrap();
-            state.global_step = entry[0].as_i64().unwrap();
-            state.epoch = entry[1].as_f64().unwrap();
-            let logs: JsonMap = entry[2].as_object().unwrap().clone();
-            callback.on_log(&args, &state, &mut control, &logs).unwrap();
-        }
-        callback.on_train_end(&args, &state, &mut control).unwrap();
-        let predict: JsonMap = at(case, "predict").as_object().unwrap().clone();
-        callback
-            .on_predict(&args, &state, &mut control, &predict)
-            .unwrap();
-        drop(callback);
+        replay_case(Box::new(callback), case);
         let archive = archive_in(&settings.offline_directory);
         let ours = read_back(&archive);
         let expected = at(case, "read");

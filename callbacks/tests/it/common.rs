@@ -135,3 +135,37 @@ impl JsonExt for JsonValue {
             .unwrap_or_else(|| panic!("`{key}` is not a bool"))
     }
 }
+
+/// A logger reference case's `args` (TrainingArguments keyword arguments) as arguments.
+pub fn case_args(case: &JsonValue) -> tchtrain_training_args::TrainingArguments {
+    let serde: serde_json::Value =
+        serde_json::from_str(&dumps(at(case, "args"), None, false)).unwrap();
+    tchtrain_training_args::TrainingArguments::from_dict(serde.as_object().unwrap().clone())
+        .unwrap()
+        .args
+}
+
+/// Drives a logger through a reference case's events as the reference drove upstream's:
+/// `on_train_begin`, `on_log` for each `[global_step, epoch, logs]` of `logs`,
+/// `on_train_end`, `on_predict` with `predict`; then drops it.
+pub fn replay_case(mut callback: Box<dyn tchtrain_callbacks::TrainerCallback>, case: &JsonValue) {
+    use tchtrain_callbacks::{JsonMap, TrainerControl, TrainerState};
+    let args = case_args(case);
+    let mut state = TrainerState::default();
+    let mut control = TrainerControl::default();
+    callback
+        .on_train_begin(&args, &state, &mut control)
+        .unwrap();
+    for entry in at(case, "logs").as_array().unwrap() {
+        let entry = entry.as_array().unwrap();
+        state.global_step = entry[0].as_i64().unwrap();
+        state.epoch = entry[1].as_f64().unwrap();
+        let logs: JsonMap = entry[2].as_object().unwrap().clone();
+        callback.on_log(&args, &state, &mut control, &logs).unwrap();
+    }
+    callback.on_train_end(&args, &state, &mut control).unwrap();
+    let predict: JsonMap = at(case, "predict").as_object().unwrap().clone();
+    callback
+        .on_predict(&args, &state, &mut control, &predict)
+        .unwrap();
+}

@@ -19,7 +19,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, repo, script_reference, temp_dir, venv_python};
+use crate::common::{at, replay_case, repo, script_reference, temp_dir, venv_python};
 
 /// What swanlab reads of the run folder (see `_swanlab_read.py`).
 fn read_back(run_dir: &Path, cwd: &Path) -> JsonValue {
@@ -64,34 +64,12 @@ fn swanlab_callback_writes_what_upstream_writes() {
             .map(|(k, v)| (k.to_string(), v.as_str().unwrap().to_string()))
             .collect();
         let settings = SwanLabSettings::from_vars(&work, None, env).unwrap();
-        let serde: serde_json::Value =
-            serde_json::from_str(&dumps(at(case, "args"), None, false)).unwrap();
-        let args = TrainingArguments::from_dict(serde.as_object().unwrap().clone())
-            .unwrap()
-            .args;
         let mut callback = SwanLabCallback::with_settings(settings.clone());
         callback.set_model_config(
             &ModelConfig::from_dict(at(case, "model_config").as_object().unwrap().clone())
                 .with_num_parameters(at(case, "num_parameters").as_i64().unwrap()),
         );
-        let mut state = TrainerState::default();
-        let mut control = TrainerControl::default();
-        callback
-            .on_train_begin(&args, &state, &mut control)
-            .unwrap();
-        for entry in at(case, "logs").as_array().unwrap() {
-            let entry = entry.as_array().unwrap();
-            state.global_step = entry[0].as_i64().unwrap();
-            state.epoch = entry[1].as_f64().unwrap();
-            let logs: JsonMap = entry[2].as_object().unwrap().clone();
-            callback.on_log(&args, &state, &mut control, &logs).unwrap();
-        }
-        callback.on_train_end(&args, &state, &mut control).unwrap();
-        let predict: JsonMap = at(case, "predict").as_object().unwrap().clone();
-        callback
-            .on_predict(&args, &state, &mut control, &predict)
-            .unwrap();
-        drop(callback);
+        replay_case(Box::new(callback), case);
         let ours = read_back(&run_dir_in(&settings.log_dir), &work);
         let expected = at(case, "read");
         assert_eq!(
