@@ -135,6 +135,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// `KubeflowCallback` outside a Kubeflow TrainJob (`KUBEFLOW_TRAINER_SERVER_URL` unset).
+    #[error("kubeflow: {setting}: {reason}")]
+    KubeflowSetting {
+        /// The environment variable.
+        setting: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+
     /// A SwanLab environment variable or settings file asks for what this crate cannot
     /// honour (cloud or local mode, model saving, settings not read here): why, and what to do
     /// instead.

@@ -4,6 +4,7 @@ use crate::comet::CometCallback;
 use crate::dvclive::DVCLiveCallback;
 use crate::error::{Error, Result};
 use crate::jsonl::JsonlLoggerCallback;
+use crate::kubeflow::{KubeflowCallback, is_kubeflow_available};
 use crate::mlflow::MLflowCallback;
 use crate::mlflow_settings::is_mlflow_available;
 use crate::swanlab::SwanLabCallback;
@@ -14,7 +15,7 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 8] = [
+pub const SUPPORTED_INTEGRATIONS: [&str; 9] = [
     "comet_ml",
     "dvclive",
     "mlflow",
@@ -22,6 +23,7 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 8] = [
     "wandb",
     "trackio",
     "swanlab",
+    "kubeflow",
     "jsonl",
 ];
 
@@ -33,7 +35,8 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 8] = [
 /// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
 /// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
 /// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), `swanlab`
-/// when `SWANLAB_MODE` is `offline` (the only mode written here; upstream's: installed), and
+/// when `SWANLAB_MODE` is `offline` (the only mode written here; upstream's: installed),
+/// `kubeflow` when [`is_kubeflow_available`] (inside a Kubeflow TrainJob, as upstream), and
 /// `jsonl`. Not `dvclive` (upstream's: when the package is installed): it writes `dvclive/`
 /// and `dvc.yaml` into the working directory, so it is named explicitly.
 pub fn get_available_reporting_integrations() -> Vec<&'static str> {
@@ -59,6 +62,7 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
             *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
         })
         .filter(|n| *n != "swanlab" || std::env::var("SWANLAB_MODE").is_ok_and(|m| m == "offline"))
+        .filter(|n| *n != "kubeflow" || is_kubeflow_available())
         .collect()
 }
 
@@ -107,9 +111,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         "flyte" => {
             "it writes Flyte Decks inside a Flyte task's execution (flytekit), which does not exist here"
         }
-        "kubeflow" => {
-            "it reports progress to the Kubeflow Trainer controller of a TrainJob pod (KUBEFLOW_TRAINER_SERVER_URL), not implemented here"
-        }
         "codecarbon" => {
             "it estimates the run's energy and emissions with codecarbon's EmissionsTracker (power sensors, CPU power tables, a location lookup), not implemented here"
         }
@@ -135,6 +136,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
                 "wandb" => Box::new(WandbCallback::new()?),
                 "trackio" => Box::new(TrackioCallback::new()),
                 "swanlab" => Box::new(SwanLabCallback::new()?),
+                "kubeflow" => Box::new(KubeflowCallback::new()?),
                 _ => Box::new(JsonlLoggerCallback::new()),
             })
         })

@@ -59,6 +59,7 @@ mod event_file;
 mod exportable_state;
 mod integrations;
 mod jsonl;
+mod kubeflow;
 mod leveldb_log;
 mod mlflow;
 mod mlflow_rest;
@@ -89,6 +90,9 @@ pub use integrations::{
     get_reporting_integration_callbacks, reporting_integrations,
 };
 pub use jsonl::{JsonlLoggerCallback, METRICS_JSONL_NAME};
+pub use kubeflow::{
+    KubeflowCallback, KubeflowSettings, MIN_UPDATE_INTERVAL, is_kubeflow_available,
+};
 pub use leveldb_log::crc32;
 pub use mlflow::{
     MLFLOW_MAX_PARAM_VAL_LENGTH, MLflowCallback, mlflow_metrics, mlflow_params,

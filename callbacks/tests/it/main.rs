@@ -4,6 +4,7 @@ mod comet;
 mod common;
 mod dvclive;
 mod handler_and_loggers;
+mod kubeflow;
 mod mlflow;
 mod swanlab;
 mod trackio;
