@@ -97,7 +97,7 @@ pub fn reporting_integrations<S: AsRef<str>>(report_to: &[S]) -> Result<Vec<&'st
 fn unsupported_reason(name: &str) -> Option<&'static str> {
     Some(match name {
         "neptune" => {
-            "upstream deprecates its Neptune integration (to be removed from transformers) and recommends the other trackers"
+            "Neptune's hosted service shut down on 2026-03-05 (an offline run has nowhere to be synced) and upstream deprecates its integration, recommending the other trackers"
         }
         "clearml" => {
             "ClearML logs to a ClearML server, not implemented here; its offline mode writes a session only a ClearML server reads back (Task.import_offline_session)"
