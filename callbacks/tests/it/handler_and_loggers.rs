@@ -468,7 +468,9 @@ fn report_to_selects_loggers() {
     assert!(
         err.to_string().contains("neptune")
             && err.to_string().contains("deprecates")
-            && err.to_string().contains("trackio, swanlab, kubeflow, jsonl"),
+            && err
+                .to_string()
+                .contains("trackio, swanlab, kubeflow, jsonl"),
         "{err}"
     );
 }
