@@ -392,7 +392,7 @@ fn install_with_uv(python: &Path, requirements: &Path, no_deps: bool) -> Result<
         "uv",
         "pip",
         "install",
-        "--native-tls",
+        "--system-certs",
         "--compile-bytecode",
         "--python",
     ])
