@@ -37,7 +37,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Upstream `is_kubeflow_available`: `KUBEFLOW_TRAINER_SERVER_URL` is set, and
 /// `DISABLE_KUBEFLOW_INTEGRATION` is not `TRUE`.
 pub fn is_kubeflow_available() -> bool {
-    std::env::var("DISABLE_KUBEFLOW_INTEGRATION").map_or(true, |v| v.to_uppercase() != "TRUE")
+    !std::env::var("DISABLE_KUBEFLOW_INTEGRATION").is_ok_and(|v| v.to_uppercase() == "TRUE")
         && std::env::var_os("KUBEFLOW_TRAINER_SERVER_URL").is_some()
 }
 
