@@ -11,30 +11,18 @@
 //! has none.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use tchtrain_callbacks::{
     CometCallback, CometSettings, JsonMap, JsonValue, ModelConfig, TrainerCallback, TrainerControl,
-    TrainerState, dumps, loads,
+    TrainerState, dumps,
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, replay_case, repo, script_reference, temp_dir, venv_python};
+use crate::common::{at, replay_case, run_reader, script_reference, temp_dir};
 
 /// What comet_ml reads of the archive (see `_comet_read.py`).
 fn read_back(archive: &Path) -> JsonValue {
-    let out = Command::new(venv_python())
-        .arg(repo().join("scripts/reference/_comet_read.py"))
-        .arg(archive)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "comet_ml's reader failed on {}: {}",
-        archive.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    loads(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    run_reader("_comet_read.py", &[archive.as_os_str()], &[])
 }
 
 /// The one archive in `dir`.

@@ -169,3 +169,27 @@ pub fn replay_case(mut callback: Box<dyn tchtrain_callbacks::TrainerCallback>, c
         .on_predict(&args, &state, &mut control, &predict)
         .unwrap();
 }
+
+/// Runs a tracker's reader (`scripts/reference/<script>`, with the tracker's own package) with
+/// the setup virtualenv's python and returns the JSON it prints; fails with its stderr.
+pub fn run_reader(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> JsonValue {
+    let mut command = std::process::Command::new(venv_python());
+    command
+        .arg(repo().join("scripts/reference").join(script))
+        .args(args)
+        .env("OMP_WAIT_POLICY", "PASSIVE");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed on {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    loads(&String::from_utf8_lossy(&out.stdout)).unwrap()
+}

@@ -11,7 +11,6 @@
 //! the reader; ours has none.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use tchtrain_callbacks::{
     JsonMap, JsonValue, ModelConfig, SwanLabCallback, SwanLabSettings, TrainerCallback,
@@ -19,24 +18,15 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, replay_case, repo, script_reference, temp_dir, venv_python};
+use crate::common::{at, replay_case, run_reader, script_reference, temp_dir};
 
 /// What swanlab reads of the run folder (see `_swanlab_read.py`).
 fn read_back(run_dir: &Path, cwd: &Path) -> JsonValue {
-    let out = Command::new(venv_python())
-        .arg(repo().join("scripts/reference/_swanlab_read.py"))
-        .arg(run_dir)
-        .arg(cwd)
-        .env("OMP_WAIT_POLICY", "PASSIVE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "swanlab's reader failed on {}: {}",
-        run_dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    loads(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    run_reader(
+        "_swanlab_read.py",
+        &[run_dir.as_os_str(), cwd.as_os_str()],
+        &[],
+    )
 }
 
 /// The one run folder in `log_dir`.

@@ -13,11 +13,11 @@ use std::process::Command;
 
 use tchtrain_callbacks::{
     Error, JsonMap, JsonValue, ModelConfig, TrackioCallback, TrackioSettings, TrainerCallback,
-    TrainerControl, TrainerState, check_trackio_args, dumps, loads,
+    TrainerControl, TrainerState, check_trackio_args, dumps,
 };
 use tchtrain_training_args::{StrOrBool, TrainingArguments};
 
-use crate::common::{at, repo, script_reference, temp_dir, venv_python};
+use crate::common::{at, run_reader, script_reference, temp_dir, venv_python};
 
 fn serde(v: &JsonValue) -> serde_json::Value {
     serde_json::from_str(&dumps(v, None, false)).unwrap()
@@ -29,19 +29,14 @@ fn object(v: &JsonValue) -> JsonMap {
 
 /// What trackio's API reads from the project `project` under `dir`.
 fn read_back(dir: &Path, project: &str) -> JsonValue {
-    let out = Command::new(venv_python())
-        .arg(repo().join("scripts/reference/_trackio_read.py"))
-        .arg(project)
-        .env("TRACKIO_DIR", dir)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "trackio's reader failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    loads(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    run_reader(
+        "_trackio_read.py",
+        &[std::ffi::OsStr::new(project)],
+        &[
+            ("TRACKIO_DIR", dir.as_os_str()),
+            ("HF_HUB_OFFLINE", std::ffi::OsStr::new("1")),
+        ],
+    )
 }
 
 #[test]
