@@ -3,7 +3,8 @@
 Usage: python trl_dpo.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 OUT_DIR/initial/: a tiny Llama causal LM (2 layers, hidden 64, MLP 128, 4 heads over 2, untied
-head) at SmolLM2-135M's vocabulary (49152), drawn after `torch.manual_seed(0)`. Every case
+head) at the 1024 tokens of SmolLM2's tokenizer cut
+short (OUT_DIR/tokenizer/, written by `_smollm2_1k.py`), drawn after `torch.manual_seed(0)`. Every case
 passes its path as a string: TRL loads the policy from it and, for full fine-tuning without
 precomputed log-probabilities, the reference model again from it.
 
@@ -15,7 +16,7 @@ OUT_DIR/data/: preference pairs, as JSON lines, built from hamlet.txt's non-empt
 (`*.eval.jsonl`).
 
 OUT_DIR/<case>/: `DPOTrainer(model=path, args, train_dataset, eval_dataset,
-processing_class=SmolLM2's tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 48,
+processing_class=that tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 48,
 logging every 2 steps, evaluation every 4, seed 42, float32, no gradient checkpointing unless
 the case says): `log_history.json`, `prepared.json` (the prepared train rows' `prompt_ids`,
 `chosen_ids`, `rejected_ids` and, when precomputed, `ref_chosen_logps` / `ref_rejected_logps`)
@@ -40,6 +41,7 @@ and `model/` (the trained model or adapter, saved). Cases:
                   `robust`, `exo_pair`, `aot`, `aot_unpaired`
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -55,11 +57,20 @@ from trl import DPOConfig, DPOTrainer
 
 OUT = Path(sys.argv[1])
 ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
 
 LOSS_TYPES = ["hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
               "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]
 SMOOTHED = {"robust", "exo_pair", "aot", "aot_unpaired"}
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def lines():
@@ -95,7 +106,7 @@ def datasets():
 
 def model():
     config = tf.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=False,
     )
@@ -106,7 +117,7 @@ def model():
 def run(case, data, defaults=False, peft=None, steps=8, evaluate=True, save=True, **kw):
     folder = OUT / case
     folder.mkdir()
-    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    tok = tf.AutoTokenizer.from_pretrained(OUT / "tokenizer")
     train = load_dataset("json", data_files=str(OUT / "data" / f"{data}.jsonl"), split="train")
     ev = load_dataset("json", data_files=str(OUT / "data" / f"{data}.eval.jsonl"), split="train")
     args = dict(
@@ -134,6 +145,7 @@ def run(case, data, defaults=False, peft=None, steps=8, evaluate=True, save=True
 
 
 def main():
+    sibling("_smollm2_1k").write(OUT / "tokenizer")
     datasets()
     model()
     run("sigmoid", "standard")

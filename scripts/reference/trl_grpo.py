@@ -3,7 +3,8 @@
 Usage: python trl_grpo.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 OUT_DIR/initial/: a tiny Llama causal LM (2 layers, hidden 64, MLP 128, 4 heads over 2, untied
-head) at SmolLM2-135M's vocabulary (49152), drawn after `torch.manual_seed(0)`; and
+head) at the 1024 tokens of SmolLM2's tokenizer cut
+short (OUT_DIR/tokenizer/, written by `_smollm2_1k.py`), drawn after `torch.manual_seed(0)`; and
 OUT_DIR/reward/: the same shape as a one-label sequence classifier, drawn after
 `torch.manual_seed(1)`, with `pad_token_id` 2.
 
@@ -19,7 +20,7 @@ The reward functions (mirrored by the Rust test):
   sometimes_none   None when completion_ids[0] is even, else len(completion_ids)
 
 OUT_DIR/<case>/: `GRPOTrainer(model=path, reward_funcs, args, train_dataset, eval_dataset,
-processing_class=SmolLM2's tokenizer)`: batches of 4 (4 generations of one prompt),
+processing_class=that tokenizer)`: batches of 4 (4 generations of one prompt),
 gradient accumulation 2 (so 2 prompts per generation), `max_completion_length` 8, lr 1e-3,
 4 steps logged every step, an evaluation every 2, seed 42, float32, no gradient checkpointing
 unless the case says: `log_history.json`, `rounds.json` (each generation round's completion
@@ -42,6 +43,7 @@ ids and advantages, in generation order) and `model/` (the trained model or adap
                   2 steps, no evaluation
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -57,7 +59,16 @@ from trl import GRPOConfig, GRPOTrainer
 
 OUT = Path(sys.argv[1])
 ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def text_of(c):
@@ -104,7 +115,7 @@ def datasets():
 
 def models():
     config = dict(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=False,
     )
@@ -113,7 +124,7 @@ def models():
     torch.manual_seed(1)
     rm = tf.LlamaForSequenceClassification(tf.LlamaConfig(**config, num_labels=1, pad_token_id=2))
     rm.save_pretrained(OUT / "reward")
-    tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m").save_pretrained(OUT / "reward")
+    tf.AutoTokenizer.from_pretrained(OUT / "tokenizer").save_pretrained(OUT / "reward")
 
 
 class Recording(GRPOTrainer):
@@ -137,7 +148,7 @@ def run(case, data, reward_funcs, defaults=False, peft=None, steps=4, evaluate=T
         keep=None, **kw):
     folder = OUT / case
     folder.mkdir()
-    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    tok = tf.AutoTokenizer.from_pretrained(OUT / "tokenizer")
     train = load_dataset("json", data_files=str(OUT / "data" / f"{data}.jsonl"), split="train")
     ev = load_dataset("json", data_files=str(OUT / "data" / f"{data}.eval.jsonl"), split="train")
     args = dict(
@@ -167,6 +178,7 @@ def run(case, data, reward_funcs, defaults=False, peft=None, steps=4, evaluate=T
 
 
 def main():
+    sibling("_smollm2_1k").write(OUT / "tokenizer")
     datasets()
     models()
     run("standard", "standard", [length_reward, token_reward])

@@ -3,7 +3,8 @@
 Usage: python trl_reward.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 OUT_DIR/initial/: a tiny Llama causal LM (2 layers, hidden 64, MLP 128, 4 heads over 2, untied
-head) at SmolLM2-135M's vocabulary (49152), drawn after `torch.manual_seed(0)`. Every case
+head) at the 1024 tokens of SmolLM2's tokenizer cut
+short (OUT_DIR/tokenizer/, written by `_smollm2_1k.py`), drawn after `torch.manual_seed(0)`. Every case
 passes its path as a string, so TRL loads it with `AutoModelForSequenceClassification(
 num_labels=1, dtype=float32)` after its `set_seed(42)`: `score.weight` is drawn then and the
 causal head is dropped.
@@ -16,9 +17,9 @@ OUT_DIR/data/: preference pairs, as JSON lines, built from hamlet.txt's non-empt
 40 train rows and 8 eval rows each (`*.eval.jsonl`).
 
 OUT_DIR/<case>/: `RewardTrainer(model=path, args, train_dataset, eval_dataset,
-processing_class=SmolLM2's tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 30 (rows
+processing_class=that tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 48 (rows
 longer are dropped), logging every 2 steps, evaluation every 4, seed 42, float32, no gradient
-checkpointing unless the case says; the conversational cases max_length 60, SmolLM2's template
+checkpointing unless the case says; the conversational cases max_length 100, SmolLM2's template
 adding its system message): `log_history.json`, `train_output.json`, `prepared.json`
 (the prepared train rows' `chosen_ids`, `rejected_ids` and `margin`) and `model/` (the trained
 model, saved). Cases:
@@ -31,6 +32,7 @@ model, saved). Cases:
                   task_type="SEQ_CLS")` (`score` trained in full, as peft adds it)
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -46,7 +48,16 @@ from trl import RewardConfig, RewardTrainer
 
 OUT = Path(sys.argv[1])
 ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def lines():
@@ -86,7 +97,7 @@ def datasets():
 
 def model():
     config = tf.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=False,
     )
@@ -97,12 +108,12 @@ def model():
 def run(case, data, defaults=False, peft=None, **kw):
     folder = OUT / case
     folder.mkdir()
-    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    tok = tf.AutoTokenizer.from_pretrained(OUT / "tokenizer")
     train = load_dataset("json", data_files=str(OUT / "data" / f"{data}.jsonl"), split="train")
     ev = load_dataset("json", data_files=str(OUT / "data" / f"{data}.eval.jsonl"), split="train")
     args = dict(
         output_dir=str(OUT / f".tmp-{case}"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        max_steps=8, learning_rate=1e-3, max_length=30, logging_steps=2, eval_strategy="steps",
+        max_steps=8, learning_rate=1e-3, max_length=48, logging_steps=2, eval_strategy="steps",
         eval_steps=4, save_strategy="no", seed=42, use_cpu=True, report_to="none", disable_tqdm=True,
     )
     if not defaults:
@@ -128,13 +139,14 @@ def run(case, data, defaults=False, peft=None, **kw):
 
 
 def main():
+    sibling("_smollm2_1k").write(OUT / "tokenizer")
     datasets()
     model()
     run("standard", "standard")
     run("explicit", "explicit")
     run("margin_center", "margin", center_rewards_coefficient=0.01)
-    run("conversational", "conversational", max_length=60)
-    run("lora_defaults", "conversational", defaults=True, max_length=60,
+    run("conversational", "conversational", max_length=100)
+    run("lora_defaults", "conversational", defaults=True, max_length=100,
         peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
 
 

@@ -3,7 +3,8 @@
 Usage: python trl_sft.py OUT_DIR   (TCHTRAIN_ASSETS names the assets folder)
 
 OUT_DIR/initial/: a tiny Llama (2 layers, hidden 64, MLP 128, 4 heads over 2, untied head) at
-SmolLM2-135M's vocabulary (49152), drawn after `torch.manual_seed(0)`.
+the 1024 tokens of SmolLM2's tokenizer cut short (OUT_DIR/tokenizer/, written by
+`_smollm2_1k.py`), drawn after `torch.manual_seed(0)`.
 
 OUT_DIR/data/: the datasets, as JSON lines, built from hamlet.txt's non-empty lines:
 `text.jsonl` (`text`: two lines), `messages.jsonl` (`messages`: a user line and the
@@ -13,7 +14,7 @@ messages: `prompt` [user], `completion` [assistant]); 40 train rows and 8 eval r
 (`*.eval.jsonl`).
 
 OUT_DIR/<case>/: `SFTTrainer(model, args, train_dataset, eval_dataset, processing_class=
-SmolLM2's tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 48, logging every 2 steps,
+that tokenizer)` trained 8 steps (batch 4, lr 1e-3, max_length 80, logging every 2 steps,
 evaluation every 4, seed 42, float32, no gradient checkpointing unless the case says):
 `log_history.json`, `train_output.json`, and `prepared.json` (the prepared train rows'
 `input_ids`, `labels` and, when packed, `seq_lengths`). Cases:
@@ -21,7 +22,7 @@ evaluation every 4, seed 42, float32, no gradient checkpointing unless the case 
   messages        conversational `messages` (SmolLM2's chat template)
   prompt_completion   prompt-completion text (completion-only loss by default)
   chat_prompt_completion   prompt-completion as messages
-  packing         `text` packed (BFD) into 48-token rows, padding-free batches
+  packing         `text` packed (BFD) into 80-token rows, padding-free batches
   dft             `messages` with `loss_type="dft"`
   assistant_smollm2   `messages` with `assistant_only_loss` under SmolLM2's template with
                   `{% generation %}` around each assistant turn (`data/smollm2_training.jinja`,
@@ -34,6 +35,7 @@ evaluation every 4, seed 42, float32, no gradient checkpointing unless the case 
                   "v_proj"])` (drawn after the trainer's `set_seed(42)`)
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -49,7 +51,16 @@ from trl import SFTConfig, SFTTrainer
 
 OUT = Path(sys.argv[1])
 ASSETS = Path(os.environ["TCHTRAIN_ASSETS"])
+HERE = Path(__file__).resolve().parent
 torch.set_num_threads(2)
+
+
+def sibling(stem):
+    """Another reference script as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(stem, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def lines():
@@ -122,7 +133,7 @@ def tool_datasets():
 
 def model():
     config = tf.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=False,
     )
@@ -133,13 +144,13 @@ def model():
 def run(case, data, defaults=False, peft=None, **kw):
     folder = OUT / case
     folder.mkdir()
-    tok = tf.AutoTokenizer.from_pretrained(ASSETS / "smollm2-135m")
+    tok = tf.AutoTokenizer.from_pretrained(OUT / "tokenizer")
     model = tf.AutoModelForCausalLM.from_pretrained(OUT / "initial")
     train = load_dataset("json", data_files=str(OUT / "data" / f"{data}.jsonl"), split="train")
     ev = load_dataset("json", data_files=str(OUT / "data" / f"{data}.eval.jsonl"), split="train")
     args = dict(
         output_dir=str(OUT / f".tmp-{case}"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        max_steps=8, learning_rate=1e-3, max_length=48, logging_steps=2, eval_strategy="steps",
+        max_steps=8, learning_rate=1e-3, max_length=80, logging_steps=2, eval_strategy="steps",
         eval_steps=4, save_strategy="no", seed=42, use_cpu=True, report_to="none", disable_tqdm=True,
     )
     if not defaults:
@@ -164,6 +175,7 @@ def run(case, data, defaults=False, peft=None, **kw):
 
 
 def main():
+    sibling("_smollm2_1k").write(OUT / "tokenizer")
     datasets()
     tool_datasets()
     model()
@@ -175,7 +187,7 @@ def main():
     run("dft", "messages", loss_type="dft")
     run("assistant_smollm2", "messages", assistant_only_loss=True,
         chat_template_path=str(OUT / "data" / "smollm2_training.jinja"))
-    run("assistant_qwen3_tools", "tool_messages", assistant_only_loss=True, max_length=320,
+    run("assistant_qwen3_tools", "tool_messages", assistant_only_loss=True, max_length=560,
         chat_template_path=str(OUT / "data" / "qwen3_training.jinja"))
     run("lora_defaults", "messages", defaults=True,
         peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))

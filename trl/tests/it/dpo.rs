@@ -66,7 +66,7 @@ fn run(case: Case<'_>, set: impl FnOnce(&mut DPOConfig)) -> Result<()> {
         config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::No;
     }
     set(&mut config);
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     let mut builder = DPOTrainer::builder_from_pretrained(dir().join("initial"), config, tokenizer)
         .train_dataset(table(&format!("{}.jsonl", case.data))?);
     if case.evaluate {
@@ -259,7 +259,7 @@ fn dpo_every_loss_type_equals_trl() -> Result<()> {
 #[test]
 fn dpo_refuses_what_is_not_implemented() -> Result<()> {
     let _g = lock();
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     let build = |set: &dyn Fn(&mut DPOConfig)| -> Result<String> {
         let mut config = DPOConfig::new("unused");
         config.base.use_cpu = true;

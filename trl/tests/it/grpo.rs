@@ -144,7 +144,7 @@ fn build(
         config.base.eval_strategy = tchtrain_training_args::IntervalStrategy::No;
     }
     set(&mut config);
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     let mut builder = GRPOTrainer::builder_from_pretrained(
         dir().join("initial"),
         case.rewards,

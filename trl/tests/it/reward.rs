@@ -28,18 +28,18 @@ fn table(name: &str) -> Result<Table> {
 }
 
 /// The reference's settings: batches of 4, 8 steps at lr 1e-3, logs every 2 steps and an
-/// evaluation every 4, `max_length` 30, seed 42, float32 without checkpointing.
+/// evaluation every 4, `max_length` 48, seed 42, float32 without checkpointing.
 fn reference_config(out: &std::path::Path) -> RewardConfig {
     let mut config = RewardConfig::new(out.display().to_string());
     reference_arguments(&mut config.base);
-    config.max_length = Some(30);
+    config.max_length = Some(48);
     config.bf16 = Some(false);
     config
 }
 
-/// `RewardTrainer(model="initial/", config, SmolLM2's tokenizer)`.
+/// `RewardTrainer(model="initial/", config, SmolLM2's tokenizer cut to 1024 tokens)`.
 fn builder(config: RewardConfig) -> Result<tchtrain_trl::RewardTrainerBuilder> {
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     Ok(RewardTrainer::builder_from_pretrained(
         dir().join("initial"),
         config,
@@ -159,7 +159,7 @@ fn reward_conversational_equals_trl() -> Result<()> {
     run(
         "conversational",
         "conversational",
-        |c| c.max_length = Some(60),
+        |c| c.max_length = Some(100),
         None,
     )
 }
@@ -174,7 +174,7 @@ fn reward_lora_with_trl_defaults_equals_trl() -> Result<()> {
         |c| {
             c.bf16 = None;
             c.base.gradient_checkpointing = true;
-            c.max_length = Some(60);
+            c.max_length = Some(100);
         },
         Some(lora_q_v("SEQ_CLS")),
     )
@@ -222,7 +222,7 @@ fn reward_resumes_bit_exactly() -> Result<()> {
 #[test]
 fn reward_refuses_what_is_not_implemented() -> Result<()> {
     let _g = lock();
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     let model = tchtrain_models::from_pretrained_dir(
         &dir().join("initial"),
         tchtrain_models::AutoTask::SequenceClassification {

@@ -24,17 +24,17 @@ fn table(name: &str) -> Result<Table> {
 }
 
 /// The reference's settings: batches of 4, 8 steps at lr 1e-3, logs every 2 steps and an
-/// evaluation every 4, `max_length` 48, seed 42, float32 without checkpointing (the cases
+/// evaluation every 4, `max_length` 80, seed 42, float32 without checkpointing (the cases
 /// change what they test).
 fn reference_config(out: &std::path::Path) -> SFTConfig {
     let mut config = SFTConfig::new(out.display().to_string());
     reference_arguments(&mut config.base);
-    config.max_length = Some(48);
+    config.max_length = Some(80);
     config.bf16 = Some(false);
     config
 }
 
-/// `SFTTrainer(initial model, config, SmolLM2's tokenizer)`.
+/// `SFTTrainer(initial model, config, SmolLM2's tokenizer cut to 1024 tokens)`.
 fn builder(config: SFTConfig) -> Result<tchtrain_trl::SFTTrainerBuilder> {
     let model = from_pretrained_dir(
         &dir().join("initial"),
@@ -43,7 +43,7 @@ fn builder(config: SFTConfig) -> Result<tchtrain_trl::SFTTrainerBuilder> {
         &LoadOptions::default(),
     )?
     .model;
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     Ok(SFTTrainer::builder(model, config, tokenizer))
 }
 
@@ -158,7 +158,7 @@ fn sft_assistant_only_loss_equals_trl() -> Result<()> {
         "tool_messages",
         |c| {
             c.assistant_only_loss = true;
-            c.max_length = Some(320);
+            c.max_length = Some(560);
             c.chat_template_path = Some(dir().join("data/qwen3_training.jinja"));
         },
         None,
@@ -215,7 +215,7 @@ fn sft_resumes_bit_exactly() -> Result<()> {
 #[test]
 fn sft_refuses_what_is_not_implemented() -> Result<()> {
     let _g = lock();
-    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(assets().join("smollm2-135m"))?;
+    let tokenizer = tchtrain_models::AutoTokenizer::from_pretrained(dir().join("tokenizer"))?;
     let model = || {
         from_pretrained_dir(
             &dir().join("initial"),
