@@ -110,6 +110,28 @@ impl CallbackHandler {
         self.model_config = Some(config);
     }
 
+    /// Whether a callback needs the final model saved at the end of training
+    /// ([`TrainerCallback::saves_model_at_train_end`]).
+    pub fn saves_model_at_train_end(&self) -> bool {
+        self.callbacks.iter().any(|c| c.saves_model_at_train_end())
+    }
+
+    /// Hands the folder the final model was saved to to the callbacks that asked for it
+    /// ([`TrainerCallback::on_model_saved`]).
+    pub fn on_model_saved(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        dir: &std::path::Path,
+    ) -> Result<()> {
+        for cb in &mut self.callbacks {
+            if cb.saves_model_at_train_end() {
+                cb.on_model_saved(args, state, dir)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The model's configuration, when one was set.
     pub fn model_config(&self) -> Option<&ModelConfig> {
         self.model_config.as_ref()

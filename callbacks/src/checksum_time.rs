@@ -50,6 +50,14 @@ pub(crate) fn utc_parts(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
     (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// `n` characters drawn from `alphabet` (run ids, temporary file names): not for secrets.
+pub(crate) fn random_chars(alphabet: &[u8], n: usize) -> String {
+    let mut next = random_stream();
+    (0..n)
+        .map(|_| alphabet[(next() % alphabet.len() as u64) as usize] as char)
+        .collect()
+}
+
 /// A stream of random 64-bit words for run and log ids (splitmix64 over the time, the process
 /// id and a per-process counter, so two streams of one process differ): not for secrets.
 pub(crate) fn random_stream() -> impl FnMut() -> u64 {

@@ -114,6 +114,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A W&B artifact cannot be logged as asked (its name, ...): why, and what to do instead.
+    #[error("W&B artifact {name:?}: {reason}")]
+    WandbArtifact {
+        /// The artifact's name.
+        name: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+
     /// A DVCLive environment variable, or the working directory's DVC state, asks for what
     /// this crate cannot honour: why, and what to do instead.
     #[error("dvclive: {setting}: {reason}")]

@@ -19,6 +19,9 @@ pub struct ModelConfig {
     /// Upstream `model.num_parameters()` (W&B logs it as `model/num_parameters`), when the
     /// Trainer knows the model.
     pub num_parameters: Option<i64>,
+    /// Upstream `print(model)` (the module tree; W&B's model artifacts carry it as
+    /// `model_architecture.txt`), when the Trainer's model writes it out.
+    pub architecture: Option<String>,
 }
 
 impl ModelConfig {
@@ -32,6 +35,7 @@ impl ModelConfig {
             dict,
             json_string,
             num_parameters: None,
+            architecture: None,
         }
     }
 
@@ -43,6 +47,7 @@ impl ModelConfig {
                 dict,
                 json_string: text.to_string(),
                 num_parameters: None,
+                architecture: None,
             }),
             Ok(other) => Err(Error::FieldType {
                 what: "model config".into(),
@@ -66,6 +71,12 @@ impl ModelConfig {
     /// The same config with the model's parameter count.
     pub fn with_num_parameters(mut self, n: i64) -> Self {
         self.num_parameters = Some(n);
+        self
+    }
+
+    /// The same config with upstream's `print(model)` text.
+    pub fn with_architecture(mut self, text: impl Into<String>) -> Self {
+        self.architecture = Some(text.into());
         self
     }
 

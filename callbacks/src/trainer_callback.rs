@@ -55,6 +55,27 @@ pub trait TrainerCallback: Any + Send {
     /// [`CallbackHandler::set_model_config`](crate::CallbackHandler::set_model_config).
     fn set_model_config(&mut self, config: &ModelConfig) {}
 
+    /// Whether this callback needs the final model saved at the end of training (upstream's
+    /// callbacks that save the `model` they are handed, as W&B's `WANDB_LOG_MODEL` does):
+    /// the Trainer then saves it once into a temporary folder and calls
+    /// [`on_model_saved`](Self::on_model_saved) before `on_train_end`.
+    fn saves_model_at_train_end(&self) -> bool {
+        false
+    }
+
+    /// At the end of training, before `on_train_end`, when
+    /// [`saves_model_at_train_end`](Self::saves_model_at_train_end): `dir` holds the model as
+    /// the Trainer's `save_model` writes it (weights, config, processing class, training
+    /// arguments) and is removed when this returns.
+    fn on_model_saved(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        dir: &std::path::Path,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// At the end of the initialization of the Trainer.
     fn on_init_end(
         &mut self,

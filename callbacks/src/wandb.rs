@@ -13,11 +13,20 @@
 //! and the exit record when the callback is dropped (upstream's run finishes at the process's
 //! exit). Only the first process writes.
 //!
+//! `WANDB_LOG_MODEL` `end` / `checkpoint` logs the model as artifacts as upstream's callback
+//! does (see [`wandb_artifact`](crate::wandb_artifact) for how wandb stages them): at setup
+//! `model-<run>` with `model_architecture.txt` (upstream's `print(model)`), aliased
+//! `base_model`; with `checkpoint`, each saved `checkpoint-<step>/` folder, aliased
+//! `epoch_<epoch>` and `checkpoint_global_step_<step>`; with `end`, the final model as the
+//! Trainer's `save_model` writes it plus `model_architecture.txt`, aliased `final_model`.
+//!
 //! Refused with the reason (the environment variables upstream's callback and the `wandb`
 //! package read): online mode (`WANDB_MODE` unset or `online`: uploading as the run goes is
 //! not implemented; set `WANDB_MODE=offline` and `wandb sync` the folder), `WANDB_LOG_MODEL`
-//! `end` / `checkpoint` (model artifacts), `WANDB_WATCH` `gradients` / `parameters` / `all`
-//! (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
+//! with a model whose `print(model)` is not written out here (a peft model, the families other
+//! than GPT-2, Llama, Mistral, Qwen2 and Qwen3), `WANDB_WATCH` `gradients` / `parameters` /
+//! `all` (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes
+//! nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -33,6 +42,7 @@ use crate::tensorboard::{SINGLE_VALUE_SCALARS, rewrite_logs, step_row};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use crate::wandb_artifact::{Artifact, staging_dir};
 
 /// The step metric upstream's callback defines.
 const STEP_METRIC: &str = "train/global_step";
@@ -61,6 +71,38 @@ pub struct WandbSettings {
     pub tags: Vec<String>,
     /// `WANDB_MODE=disabled` or `WANDB_DISABLED` true: nothing is written.
     pub disabled: bool,
+    /// `WANDB_LOG_MODEL`.
+    pub log_model: WandbLogModel,
+    /// `WANDB_DATA_DIR` (`~/.local/share/wandb` by default): artifacts' files are staged in
+    /// its `artifacts/staging/`.
+    pub data_dir: PathBuf,
+}
+
+/// Upstream's `WandbLogModel`: which models `WANDB_LOG_MODEL` logs as artifacts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WandbLogModel {
+    /// `false` (or unset, or an unrecognised value): none.
+    False,
+    /// `end`: the final model.
+    End,
+    /// `checkpoint`: every checkpoint, and the final model.
+    Checkpoint,
+}
+
+impl WandbLogModel {
+    /// Upstream's `is_enabled`: `end` or `checkpoint`.
+    pub fn is_enabled(self) -> bool {
+        self != Self::False
+    }
+}
+
+/// platformdirs' `user_data_dir("wandb")` on Linux: `$XDG_DATA_HOME/wandb`, else
+/// `~/.local/share/wandb`.
+fn default_data_dir(var: impl Fn(&str) -> Option<String>) -> PathBuf {
+    match var("XDG_DATA_HOME").filter(|d| !d.trim().is_empty()) {
+        Some(d) => PathBuf::from(d).join("wandb"),
+        None => PathBuf::from(var("HOME").unwrap_or_else(|| "/".into())).join(".local/share/wandb"),
+    }
 }
 
 fn setting(variable: &'static str, value: &str, reason: &str) -> Error {
@@ -85,6 +127,8 @@ impl WandbSettings {
             notes: None,
             tags: Vec::new(),
             disabled: false,
+            log_model: WandbLogModel::False,
+            data_dir: default_data_dir(|name| std::env::var(name).ok()),
         }
     }
 
@@ -110,19 +154,17 @@ impl WandbSettings {
         }
         // Upstream's `WandbLogModel(value)`: an exact, case-sensitive lookup (`END` or
         // `true` is an unrecognised value: a warning, and no model logging).
-        match var("WANDB_LOG_MODEL").as_deref() {
-            None | Some("false") => {}
-            Some(v @ ("end" | "checkpoint")) => {
-                return Err(setting(
-                    "WANDB_LOG_MODEL",
-                    v,
-                    "logging the model as W&B artifacts is not implemented here; unset it (the model is in output_dir)",
-                ));
+        let log_model = match var("WANDB_LOG_MODEL").as_deref() {
+            None | Some("false") => WandbLogModel::False,
+            Some("end") => WandbLogModel::End,
+            Some("checkpoint") => WandbLogModel::Checkpoint,
+            Some(other) => {
+                log::warn!(
+                    "Received unrecognized `WANDB_LOG_MODEL` setting value={other}; so disabling `WANDB_LOG_MODEL`"
+                );
+                WandbLogModel::False
             }
-            Some(other) => log::warn!(
-                "Received unrecognized `WANDB_LOG_MODEL` setting value={other}; so disabling `WANDB_LOG_MODEL`"
-            ),
-        }
+        };
         if let Some(w) =
             var("WANDB_WATCH").filter(|w| matches!(w.as_str(), "all" | "parameters" | "gradients"))
         {
@@ -165,6 +207,10 @@ impl WandbSettings {
                 })
                 .unwrap_or_default(),
             disabled,
+            log_model,
+            data_dir: var("WANDB_DATA_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| default_data_dir(&var)),
         })
     }
 }
@@ -201,11 +247,7 @@ pub(crate) fn timestamp_name(secs: i64) -> String {
 
 /// wandb's `generate_id()`: 8 characters of `[a-z0-9]`.
 pub(crate) fn generate_id() -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut next = crate::checksum_time::random_stream();
-    (0..8)
-        .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize] as char)
-        .collect()
+    crate::checksum_time::random_chars(b"abcdefghijklmnopqrstuvwxyz0123456789", 8)
 }
 
 /// An open offline run.
@@ -218,6 +260,9 @@ struct Run {
     start: f64,
     /// The last `train/global_step` logged: `step_sync` adds it to a row without one.
     global_step: Option<JsonValue>,
+    /// The summary's top-level values (what `dict(run.summary)` gives upstream's artifact
+    /// metadata), by key.
+    summary_values: std::collections::BTreeMap<String, JsonValue>,
 }
 
 fn now() -> f64 {
@@ -271,6 +316,9 @@ impl Run {
             }
         }
         let row = &row;
+        for (k, v) in row.iter() {
+            self.summary_values.insert(k.to_string(), v.clone());
+        }
         let t = now();
         let mut items: Vec<(Vec<&str>, String)> =
             row.iter().map(|(k, v)| (vec![k], value_json(v))).collect();
@@ -298,6 +346,23 @@ impl Run {
         h.message(2, &step);
         self.step += 1;
         self.record(2, &h)
+    }
+
+    /// `{k: v for k, v in dict(run.summary).items() if isinstance(v, numbers.Number) and not
+    /// k.startswith("_")}` (booleans are numbers in Python).
+    fn numeric_summary(&self) -> JsonMap {
+        let mut out = JsonMap::new();
+        for (k, v) in &self.summary_values {
+            if !k.starts_with('_')
+                && matches!(
+                    v,
+                    JsonValue::Int(_) | JsonValue::Float(_) | JsonValue::Bool(_)
+                )
+            {
+                out.insert(k.as_str(), v.clone());
+            }
+        }
+        out
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -383,6 +448,7 @@ impl WandbCallback {
             step: 0,
             start,
             global_step: None,
+            summary_values: Default::default(),
         };
         // HeaderRecord { version_info { producer, min_consumer } }.
         let mut version = Proto::default();
@@ -455,13 +521,219 @@ impl WandbCallback {
             run.config(&entry)?;
         }
         self.run = Some(run);
+        // The initial model's architecture as an artifact.
+        if self.settings.log_model.is_enabled() {
+            let mut metadata = JsonMap::new();
+            let config = self.model_config.as_ref();
+            metadata.insert(
+                "model_config",
+                config.map_or(JsonValue::Null, |c| JsonValue::Object(c.dict.clone())),
+            );
+            metadata.insert("num_parameters", self.num_parameters());
+            metadata.insert("initial_model", JsonValue::Bool(true));
+            let mut artifact = self.model_artifact(args, metadata)?;
+            artifact.new_file("model_architecture.txt", self.architecture()?.as_bytes())?;
+            self.log_artifact(&artifact, &["base_model".into()])?;
+        }
         Ok(())
     }
+
+    /// `wandb.config.get("model/num_parameters")`.
+    fn num_parameters(&self) -> JsonValue {
+        self.model_config
+            .as_ref()
+            .and_then(|c| c.num_parameters)
+            .map_or(JsonValue::Null, JsonValue::Int)
+    }
+
+    /// What upstream's `save_model_architecture_to_file` writes: `print(model)` of a
+    /// `PreTrainedModel`, nothing (an empty file) for a model without a config; refused for a
+    /// model whose tree is not written out here.
+    fn architecture(&self) -> Result<String> {
+        match &self.model_config {
+            None => Ok(String::new()),
+            Some(c) => match &c.architecture {
+                Some(text) => Ok(format!("{text}\n")),
+                None => Err(setting(
+                    "WANDB_LOG_MODEL",
+                    match self.settings.log_model {
+                        WandbLogModel::End => "end",
+                        _ => "checkpoint",
+                    },
+                    &format!(
+                        "the model artifacts hold model_architecture.txt, upstream's print(model), which is written out here for GPT-2, Llama, Mistral, Qwen2 and Qwen3 models (not for a peft model or model_type {:?}); unset WANDB_LOG_MODEL (the checkpoints and the model stay in output_dir)",
+                        c.dict
+                            .get("model_type")
+                            .and_then(JsonValue::as_str)
+                            .unwrap_or("?")
+                    ),
+                )),
+            },
+        }
+    }
+
+    /// `wandb.Artifact(name=model-<run id or name>, type="model", metadata)`.
+    fn model_artifact(&self, args: &TrainingArguments, metadata: JsonMap) -> Result<Artifact> {
+        let id = self.run.as_ref().map_or("", |r| r.id.as_str());
+        let name = match args.run_name.as_deref() {
+            Some(name) if name != args.output_dir() => format!("model-{name}"),
+            _ => format!("model-{id}"),
+        };
+        Artifact::new(
+            &name,
+            "model",
+            metadata,
+            &staging_dir(&self.settings.data_dir),
+        )
+    }
+
+    /// `run.log_artifact(artifact, aliases)`.
+    fn log_artifact(&mut self, artifact: &Artifact, aliases: &[String]) -> Result<()> {
+        let (project, entity) = (&self.settings.project, self.settings.entity.as_deref());
+        match self.run.as_mut() {
+            Some(run) => {
+                let record = artifact.record(&run.id, project, entity, aliases);
+                run.record(8, &record)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Python's `round(x, 2)` (correctly rounded, ties to even on the exact binary value) as
+/// Python prints it.
+fn round2_repr(x: f64) -> String {
+    if !x.is_finite() {
+        return tchtrain_training_args::python_float_repr(x);
+    }
+    // The exact decimal expansion (an f64 has at most 1074 fraction digits).
+    let exact = format!("{:.1100}", x.abs());
+    let (int_part, frac) = exact.split_once('.').unwrap_or((&exact, ""));
+    let (kept, rest) = frac.split_at(2);
+    let mut digits: Vec<u8> = format!("{int_part}{kept}").into_bytes();
+    let first = rest.as_bytes()[0];
+    let tail_zero = rest[1..].bytes().all(|b| b == b'0');
+    let last_odd = (digits[digits.len() - 1] - b'0') % 2 == 1;
+    let up = first > b'5' || (first == b'5' && (!tail_zero || last_odd));
+    if up {
+        let mut i = digits.len();
+        loop {
+            if i == 0 {
+                digits.insert(0, b'1');
+                break;
+            }
+            i -= 1;
+            if digits[i] == b'9' {
+                digits[i] = b'0';
+            } else {
+                digits[i] += 1;
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8(digits).unwrap_or_default();
+    let (i, f) = text.split_at(text.len() - 2);
+    let value: f64 = format!("{}{i}.{f}", if x < 0.0 { "-" } else { "" })
+        .parse()
+        .unwrap_or(x);
+    tchtrain_training_args::python_float_repr(value)
 }
 
 impl TrainerCallback for WandbCallback {
     fn set_model_config(&mut self, config: &ModelConfig) {
         self.model_config = Some(config.clone());
+    }
+
+    /// Upstream's `on_train_end` saves the model it is handed when `WANDB_LOG_MODEL` is
+    /// `end` or `checkpoint`.
+    fn saves_model_at_train_end(&self) -> bool {
+        self.settings.log_model.is_enabled() && !self.settings.disabled
+    }
+
+    /// Upstream `on_train_end`: the final model (the files `save_model` wrote, and
+    /// `model_architecture.txt`) as `model-<run>`, aliased `final_model`.
+    fn on_model_saved(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        dir: &Path,
+    ) -> Result<()> {
+        if !self.initialized || !state.is_world_process_zero || self.run.is_none() {
+            return Ok(());
+        }
+        let mut metadata = match args.load_best_model_at_end {
+            false => self
+                .run
+                .as_ref()
+                .map(Run::numeric_summary)
+                .unwrap_or_default(),
+            true => {
+                let mut m = JsonMap::new();
+                let metric = args.metric_for_best_model.as_deref().unwrap_or("None");
+                m.insert(
+                    format!("eval/{metric}").as_str(),
+                    state.best_metric.map_or(JsonValue::Null, JsonValue::Float),
+                );
+                m.insert("train/total_floss", JsonValue::Float(state.total_flos));
+                m.insert("model/num_parameters", self.num_parameters());
+                m
+            }
+        };
+        metadata.insert("final_model", JsonValue::Bool(true));
+        let mut artifact = self.model_artifact(args, metadata)?;
+        // `save_model_architecture_to_file(model, temp_dir)`, then every file of the folder
+        // (its top level).
+        let architecture = self.architecture()?;
+        let listing = std::fs::read_dir(dir).map_err(|e| Error::Io {
+            action: "listing",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        let mut files: Vec<PathBuf> = listing
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for path in files {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name != "model_architecture.txt" {
+                artifact.add_file_skipping_cache(&name, &path)?;
+            }
+        }
+        artifact.new_file("model_architecture.txt", architecture.as_bytes())?;
+        self.log_artifact(&artifact, &["final_model".into()])
+    }
+
+    /// Upstream `on_save` with `WANDB_LOG_MODEL=checkpoint`: the checkpoint's folder as
+    /// `model-<run>`, aliased by its epoch and step.
+    fn on_save(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        _: &mut TrainerControl,
+    ) -> Result<()> {
+        if self.settings.log_model != WandbLogModel::Checkpoint
+            || !self.initialized
+            || !state.is_world_process_zero
+        {
+            return Ok(());
+        }
+        let Some(run) = self.run.as_ref() else {
+            return Ok(());
+        };
+        let mut metadata = run.numeric_summary();
+        metadata.insert("model/num_parameters", self.num_parameters());
+        let mut artifact = self.model_artifact(args, metadata)?;
+        artifact.add_dir(
+            &Path::new(args.output_dir()).join(format!("checkpoint-{}", state.global_step)),
+        )?;
+        self.log_artifact(
+            &artifact,
+            &[
+                format!("epoch_{}", round2_repr(state.epoch)),
+                format!("checkpoint_global_step_{}", state.global_step),
+            ],
+        )
     }
 
     fn on_train_begin(
@@ -496,6 +768,12 @@ impl TrainerCallback for WandbCallback {
             .collect();
         if !scalars.is_empty() {
             run.summary(&scalars)?;
+            for (k, v) in logs
+                .iter()
+                .filter(|(k, _)| SINGLE_VALUE_SCALARS.contains(k))
+            {
+                run.summary_values.insert(k.to_string(), v.clone());
+            }
         }
         run.log(&step_row(logs, state.global_step))
     }
@@ -532,6 +810,25 @@ impl Drop for WandbCallback {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Python's `round(x, 2)` printed: ties to even on the exact binary value (0.125 is
+    /// exact: 0.12; 0.375: 0.38; 2.675 is below its decimal: 2.67).
+    #[test]
+    fn rounds_epochs_as_python() {
+        for (x, want) in [
+            (0.5, "0.5"),
+            (1.0, "1.0"),
+            (0.125, "0.12"),
+            (0.375, "0.38"),
+            (2.675, "2.67"),
+            (1.0 / 3.0, "0.33"),
+            (2.0 / 3.0, "0.67"),
+            (9.999, "10.0"),
+            (-0.125, "-0.12"),
+        ] {
+            assert_eq!(round2_repr(x), want, "{x}");
+        }
+    }
 
     #[test]
     fn run_folders_are_named_by_utc_time() {

@@ -21,7 +21,7 @@ use crate::modeling_utils::{
     LabelCheck, Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel,
 };
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, Conv1D, Embedding, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, Conv1D, Embedding, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `GPT2Config` with its defaults (GPT-2 small).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -273,6 +273,38 @@ impl Block {
 }
 
 impl GPT2Model {
+    /// What `print(model.transformer)` shows (upstream's `GPT2Model`).
+    fn module_repr(&self) -> ModuleRepr {
+        let c = &self.config;
+        let (d, inner) = (c.n_embd, c.n_inner.unwrap_or(4 * c.n_embd));
+        let ln = || ModuleRepr::layer_norm(d, c.layer_norm_epsilon, true, true);
+        let block = ModuleRepr::new("GPT2Block")
+            .child("ln_1", ln())
+            .child(
+                "attn",
+                ModuleRepr::new("GPT2Attention")
+                    .child("c_attn", ModuleRepr::conv1d(3 * d, d))
+                    .child("c_proj", ModuleRepr::conv1d(d, d))
+                    .child("attn_dropout", ModuleRepr::dropout(c.attn_pdrop))
+                    .child("resid_dropout", ModuleRepr::dropout(c.resid_pdrop)),
+            )
+            .child("ln_2", ln())
+            .child(
+                "mlp",
+                ModuleRepr::new("GPT2MLP")
+                    .child("c_fc", ModuleRepr::conv1d(inner, d))
+                    .child("c_proj", ModuleRepr::conv1d(d, inner))
+                    .child("act", ModuleRepr::new(self.act.class_name()))
+                    .child("dropout", ModuleRepr::dropout(c.resid_pdrop)),
+            );
+        ModuleRepr::new("GPT2Model")
+            .child("wte", ModuleRepr::embedding(c.vocab_size, d, None))
+            .child("wpe", ModuleRepr::embedding(c.n_positions, d, None))
+            .child("drop", ModuleRepr::dropout(c.embd_pdrop))
+            .child("h", ModuleRepr::module_list(vec![block; self.h.len()]))
+            .child("ln_f", ln())
+    }
+
     /// Creates the variables under `p` (upstream prefix `transformer`).
     pub fn new(p: tchtrain_nn::Path<'_>, config: &GPT2Config) -> Result<Self> {
         config.validate()?;
@@ -543,6 +575,16 @@ impl PreTrainedModel for GPT2LMHeadModel {
     fn generation_config(&self) -> Option<&serde_json::Value> {
         Some(&self.generation_config)
     }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        Some(
+            ModuleRepr::new("GPT2LMHeadModel")
+                .child("transformer", self.transformer.module_repr())
+                .child(
+                    "lm_head",
+                    ModuleRepr::linear(self.config.n_embd, self.config.vocab_size, false),
+                ),
+        )
+    }
 }
 
 impl TrainableModel for GPT2LMHeadModel {
@@ -703,6 +745,16 @@ impl PreTrainedModel for GPT2ForSequenceClassification {
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
+    }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        Some(
+            ModuleRepr::new("GPT2ForSequenceClassification")
+                .child("transformer", self.transformer.module_repr())
+                .child(
+                    "score",
+                    ModuleRepr::linear(self.config.n_embd, self.config.labels.num_labels(), false),
+                ),
+        )
     }
 }
 

@@ -28,7 +28,7 @@ use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, Embedding, Linear, RmsNorm};
+use tchtrain_nn::{Activation, Context, Embedding, Linear, ModuleRepr, RmsNorm};
 
 /// Upstream `LlamaConfig` with its defaults (Llama-2 7B). Both the v5 `rope_parameters`
 /// dict and the v4 `rope_theta` / `rope_scaling` keys are read.
@@ -1491,6 +1491,63 @@ fn rotate_half(x: &Tensor) -> Tensor {
 }
 
 impl LlamaModel {
+    /// What `print(model.model)` shows, for the families whose modules are Llama's under
+    /// the family's class names (Llama, Mistral, Qwen2, Qwen3); `None` for the others (their
+    /// experts, extra norms, per-layer embeddings, ... are not written out).
+    pub(crate) fn module_repr(&self) -> Option<ModuleRepr> {
+        let f = &self.family;
+        let plain = matches!(f.model_type, "llama" | "mistral" | "qwen2" | "qwen3")
+            && f.moe.is_none()
+            && f.clip_qkv.is_none()
+            && f.qk_norm != QkNorm::Projection
+            && f.base_model == "model"
+            && self.per_layer.is_none()
+            && self.sliding_rotary_emb.is_none();
+        if !plain {
+            return None;
+        }
+        let (c, p) = (&self.config, f.prefix);
+        let (h, head_dim, inner) = (c.hidden_size, c.head_dim(), c.intermediate_size);
+        let (q, kv) = (
+            c.num_attention_heads * head_dim,
+            c.num_key_value_heads() * head_dim,
+        );
+        let norm = |dim| ModuleRepr::rms_norm(format!("{p}RMSNorm"), dim, c.rms_norm_eps);
+        let mut attention = ModuleRepr::new(format!("{p}Attention"))
+            .child("q_proj", ModuleRepr::linear(h, q, f.qkv_bias))
+            .child("k_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
+            .child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
+            .child("o_proj", ModuleRepr::linear(q, h, f.o_bias));
+        if f.qk_norm == QkNorm::PerHead {
+            attention = attention
+                .child("q_norm", norm(head_dim))
+                .child("k_norm", norm(head_dim));
+        }
+        let mlp = ModuleRepr::new(format!("{p}MLP"))
+            .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+            .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+            .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
+            .child("act_fn", ModuleRepr::new(self.act.class_name()));
+        let layer = ModuleRepr::new(format!("{p}DecoderLayer"))
+            .child("self_attn", attention)
+            .child("mlp", mlp)
+            .child("input_layernorm", norm(h))
+            .child("post_attention_layernorm", norm(h));
+        Some(
+            ModuleRepr::new(format!("{p}Model"))
+                .child(
+                    "embed_tokens",
+                    ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id),
+                )
+                .child(
+                    "layers",
+                    ModuleRepr::module_list(vec![layer; self.layers.len()]),
+                )
+                .child("norm", norm(h))
+                .child("rotary_emb", ModuleRepr::new(format!("{p}RotaryEmbedding"))),
+        )
+    }
+
     /// Creates the variables under `p` (upstream prefix `model`).
     pub fn new(p: tchtrain_nn::Path<'_>, config: &LlamaConfig) -> Result<Self> {
         Self::with_family(p, config, config.family()?)
@@ -2402,6 +2459,20 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
     fn generation_config(&self) -> Option<&serde_json::Value> {
         Some(&self.generation_config)
     }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        if self.vision.is_some() {
+            return None;
+        }
+        let c = &self.model.config;
+        Some(
+            ModuleRepr::new(self.model.family.causal_lm)
+                .child("model", self.model.module_repr()?)
+                .child(
+                    "lm_head",
+                    ModuleRepr::linear(c.hidden_size, c.vocab_size, false),
+                ),
+        )
+    }
 }
 
 impl<C: DecoderConfig> TrainableModel for DecoderForCausalLM<C> {
@@ -2777,6 +2848,20 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForSequenceClassification<C> {
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
+    }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        Some(
+            ModuleRepr::new(self.architecture())
+                .child("model", self.model.module_repr()?)
+                .child(
+                    "score",
+                    ModuleRepr::linear(
+                        self.model.config.hidden_size,
+                        self.config.labels().num_labels(),
+                        false,
+                    ),
+                ),
+        )
     }
 }
 

@@ -754,6 +754,13 @@ pub trait PreTrainedModel: TrainableModel {
     fn save_pretrained(&self, dir: &Path) -> Result<()> {
         loading::save_pretrained(self, dir)
     }
+
+    /// What upstream's `print(model)` shows (torch's module tree with upstream's class names
+    /// and `extra_repr`s; W&B's model artifacts carry it as `model_architecture.txt`).
+    /// `None` for the architectures whose tree is not written out here.
+    fn module_repr(&self) -> Option<tchtrain_nn::ModuleRepr> {
+        None
+    }
 }
 
 /// The `TrainableModel` methods every architecture implements the same way, for a struct

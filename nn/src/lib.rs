@@ -24,6 +24,7 @@ pub mod initialization;
 mod layer_hooks;
 mod linear;
 mod lora;
+mod module_repr;
 mod moe;
 mod neftune;
 mod normalization;
@@ -43,6 +44,7 @@ pub use gated_delta_net::{
 pub use layer_hooks::LayerHooks;
 pub use linear::{Conv1D, Linear, Linear4bit, Linear8bitLt, QuantSlot, QuantizedWeight};
 pub use lora::{Dora, LoraAdapter, LoraSlot};
+pub use module_repr::ModuleRepr;
 pub use moe::{ExpertGate, Experts, RouterKind, TopKRouter, load_balancing_loss_func};
 pub use neftune::neftune_post_forward_hook;
 pub use normalization::{LayerNorm, RmsNorm};

@@ -7,6 +7,15 @@ parameter count, on_log for a sequence of Trainer-like logs, on_predict, on_trai
 `wandb.finish()` as the interpreter's exit does) with wandb 0.31, one case per set of
 environment variables, and folds each run's log with _wandb_records.py.
 
+The `log_model_*` cases set `WANDB_LOG_MODEL` and hand the callback a real model (a tiny Llama
+drawn after `torch.manual_seed(0)`): the initial model's architecture is logged at setup,
+`on_save` logs `<output_dir>/checkpoint-10/` (written here: the model's `save_pretrained` and a
+`trainer_state.json`) with `checkpoint`, `on_train_end` the final model (upstream saves it
+through a throwaway Trainer); with `load_best_model_at_end` its metadata is the best metric.
+Each such case's folder OUT_DIR/<case>/ holds what the Rust test hands its callback: the
+checkpoint (`checkpoint-10/`), the files upstream's final-model artifact staged from its save
+(`final_model/`) and `print(model)` (`architecture.txt`).
+
 Writes OUT_DIR/wandb_callback.json: {"cases": [...]}, each case with
   name, env        the W&B environment variables set;
   args             the TrainingArguments keyword arguments (the Rust test builds the same);
@@ -25,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 OUT = Path(sys.argv[1])
@@ -47,6 +57,7 @@ def sibling(stem):
 
 records = sibling("_wandb_records")
 
+import torch  # noqa: E402
 import transformers  # noqa: E402
 import wandb  # noqa: E402
 from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
@@ -85,17 +96,64 @@ PREDICT = {"test_loss": 1.75, "test_runtime": 0.25, "test_samples_per_second": 3
 CASES = [
     {"name": "project_and_run_name", "env": {"WANDB_PROJECT": "tchtrain-reference"}, "args": ARGS},
     {"name": "default_project_no_run_name", "env": {}, "args": {k: v for k, v in ARGS.items() if k != "run_name"}},
+    {"name": "log_model_checkpoint", "env": {"WANDB_LOG_MODEL": "checkpoint"}, "args": ARGS,
+     "log_model": {"save_at": 10, "epoch": 0.5}},
+    {"name": "log_model_end_best", "env": {"WANDB_LOG_MODEL": "end"},
+     "args": {**{k: v for k, v in ARGS.items() if k != "run_name"}, "load_best_model_at_end": True,
+              "eval_strategy": "steps", "save_strategy": "steps", "eval_steps": 10, "save_steps": 10},
+     "log_model": {"save_at": 10, "epoch": 0.5, "best_metric": 2.0, "total_flos": 12345678.0}},
 ]
+
+
+def tiny_llama():
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def wait_for_exit(run_file):
+    """`wandb.finish()` returns before wandb-core has written the whole log: waits (up to a
+    minute) until the exit record is in it."""
+    for _ in range(600):
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in records.records(run_file)):
+                return
+        except ValueError:  # a record cut short while it is written
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{run_file}: no exit record")
+
+
+def keep_final_model(run_file, folder):
+    """Copies the files upstream's final-model artifact staged (its save) into `folder`."""
+    for r in records.records(run_file):
+        if r.WhichOneof("record_type") == "artifact" and "final_model" in r.artifact.aliases:
+            for e in r.artifact.manifest.contents:
+                if e.path == "model_architecture.txt":
+                    (folder / "architecture.txt").write_text(Path(e.local_path).read_text()[:-1])
+                else:
+                    (folder / "final_model").mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(e.local_path, folder / "final_model" / e.path)
 
 results = []
 for case in CASES:
     for name, v in case["env"].items():
         os.environ[name] = v
-    os.environ["WANDB_DIR"] = str(TMP / case["name"])
-    (TMP / case["name"]).mkdir()
+    work = TMP / case["name"]
+    os.environ["WANDB_DIR"] = str(work)
+    os.environ["WANDB_DATA_DIR"] = str(work / "data")
+    work.mkdir()
+    os.chdir(work)  # the relative output_dir's checkpoints
     args = TrainingArguments(**case["args"])
-    config = model_config()
-    model = Model(config, 123456)
+    log_model = case.get("log_model")
+    if log_model:
+        model = tiny_llama()
+        config, n = model.config, model.num_parameters()
+    else:
+        config, n = model_config(), 123456
+        model = Model(config, n)
+    config_dict = config.to_dict()  # as the callback sees it (saving adds `architectures`)
     callback = WandbCallback()
     state = TrainerState()
     control = TrainerControl()
@@ -104,17 +162,31 @@ for case in CASES:
     for step, logs in LOGS:
         state.global_step = step
         callback.on_log(args, state, control, model=model, logs=dict(logs))
+        if log_model and step == log_model["save_at"] and "eval_loss" in logs:
+            state.epoch = log_model["epoch"]
+            checkpoint = Path(args.output_dir) / f"checkpoint-{step}"
+            model.save_pretrained(checkpoint)
+            (checkpoint / "trainer_state.json").write_text('{"global_step": 10}\n')
+            shutil.copytree(checkpoint, OUT / case["name"] / checkpoint.name)
+            callback.on_save(args, state, control)
+    if log_model and "best_metric" in log_model:
+        state.best_metric, state.total_flos = log_model["best_metric"], log_model["total_flos"]
     callback.on_predict(args, state, control, metrics=dict(PREDICT))
     callback.on_train_end(args, state, control, model=model)
     wandb.finish()
     run_file = next(run_dir.glob("run-*.wandb"))
+    wait_for_exit(run_file)
+    if log_model:
+        keep_final_model(run_file, OUT / case["name"])
     results.append({
-        "name": case["name"], "env": case["env"], "args": case["args"], "model_config": config.to_dict(),
-        "num_parameters": 123456, "logs": LOGS, "predict": PREDICT, "run": records.fold(run_file),
+        "name": case["name"], "env": case["env"], "args": case["args"], "model_config": config_dict,
+        "num_parameters": n, "logs": LOGS, "predict": PREDICT, "run": records.fold(run_file),
         "run_dir_name": run_dir.name.split("-")[0] + "-" + run_dir.name.split("-")[1],
+        "log_model": log_model,
     })
     for name in case["env"]:
         del os.environ[name]
+    os.chdir(HERE)
 
 (OUT / "wandb_callback.json").write_text(json.dumps({"cases": results}, indent=1, sort_keys=True))
 shutil.rmtree(TMP, ignore_errors=True)

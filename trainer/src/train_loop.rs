@@ -1082,6 +1082,24 @@ impl Trainer {
             checkpoint::load_model_weights(&mut *self.model, std::path::Path::new(&best))?;
         }
         self.delete_all_but_best()?;
+        // Callbacks that save the final model themselves upstream (W&B's
+        // `WANDB_LOG_MODEL=end`, a throwaway Trainer's `save_model` into a temporary folder):
+        // saved once here, on every rank (the save may gather), for them to read.
+        if self.callback_handler.saves_model_at_train_end() {
+            let dir = std::env::temp_dir().join(format!(
+                "tchtrain-final-model-{}-{}",
+                std::process::id(),
+                self.state.global_step
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            let handed = self.save_model(Some(&dir)).and_then(|_| {
+                Ok(self
+                    .callback_handler
+                    .on_model_saved(&self.args, &self.state, &dir)?)
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            handed?;
+        }
         self.callback_handler
             .on_train_end(&self.args, &self.state, &mut self.control)?;
         self.loop_state.is_in_train = false;

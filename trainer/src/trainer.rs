@@ -579,9 +579,13 @@ impl TrainerBuilder {
         let mut callback_handler = CallbackHandler::new(callbacks);
         if let Some(pretrained) = model.as_pretrained() {
             let config = pretrained.config().to_json_value()?;
-            callback_handler.set_model_config(
-                ModelConfig::from_json_value(&config)?.with_num_parameters(model.num_parameters()),
-            );
+            let mut model_config =
+                ModelConfig::from_json_value(&config)?.with_num_parameters(model.num_parameters());
+            // `print(model)`, for W&B's model artifacts.
+            if let Some(tree) = pretrained.module_repr() {
+                model_config = model_config.with_architecture(tree.to_string());
+            }
+            callback_handler.set_model_config(model_config);
         }
         let accelerator = create_accelerator(&self.args, device, self.grad_scaler, pretrained)?;
         let mut trainer = Trainer {

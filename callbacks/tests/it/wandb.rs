@@ -19,10 +19,14 @@ use tchtrain_training_args::TrainingArguments;
 
 use crate::common::{repo, temp_dir, venv_python};
 
-fn reference() -> Value {
+fn reference_dir() -> std::path::PathBuf {
     let assets =
         std::env::var_os("TCHTRAIN_ASSETS").expect("TCHTRAIN_ASSETS names the assets folder");
-    let path = Path::new(&assets).join("reference/wandb_callback/wandb_callback.json");
+    Path::new(&assets).join("reference/wandb_callback")
+}
+
+fn reference() -> Value {
+    let path = reference_dir().join("wandb_callback.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask setup`)", path.display()));
     serde_json::from_str(&text).unwrap()
@@ -91,11 +95,27 @@ fn wandb_callback_writes_what_upstream_writes() {
             .collect();
         env.push(("WANDB_MODE".into(), "offline".into()));
         env.push(("WANDB_DIR".into(), dir.display().to_string()));
+        env.push((
+            "WANDB_DATA_DIR".into(),
+            dir.join("data").display().to_string(),
+        ));
         let mut callback = WandbCallback::with_settings(settings(&env).unwrap());
         let args = args_from(&case["args"]);
-        let config = ModelConfig::from_json_value(&case["model_config"])
+        let mut config = ModelConfig::from_json_value(&case["model_config"])
             .unwrap()
             .with_num_parameters(case["num_parameters"].as_i64().unwrap());
+        // The `log_model_*` cases: upstream's files (its `print(model)`, the checkpoint, its
+        // final save) from the reference's folder; `output_dir` (relative in the logged
+        // config) points there when the callback reads checkpoints.
+        let log_model = case["log_model"].as_object();
+        let files = reference_dir().join(name);
+        if log_model.is_some() {
+            config = config.with_architecture(
+                std::fs::read_to_string(files.join("architecture.txt")).unwrap(),
+            );
+        }
+        let mut saving_args = args.clone();
+        saving_args.output_dir = Some(files.display().to_string());
         callback.set_model_config(&config);
         let mut state = TrainerState::default();
         let mut control = TrainerControl::default();
@@ -104,13 +124,33 @@ fn wandb_callback_writes_what_upstream_writes() {
             .unwrap();
         for entry in case["logs"].as_array().unwrap() {
             state.global_step = entry[0].as_u64().unwrap() as _;
-            callback
-                .on_log(&args, &state, &mut control, &json_map(&entry[1]))
-                .unwrap();
+            let logs = json_map(&entry[1]);
+            callback.on_log(&args, &state, &mut control, &logs).unwrap();
+            if let Some(m) = log_model
+                && m["save_at"] == entry[0]
+                && logs.get("eval_loss").is_some()
+            {
+                state.epoch = m["epoch"].as_f64().unwrap();
+                callback
+                    .on_save(&saving_args, &state, &mut control)
+                    .unwrap();
+            }
+        }
+        if let Some(m) = log_model
+            && let Some(best) = m.get("best_metric")
+        {
+            state.best_metric = best.as_f64();
+            state.total_flos = m["total_flos"].as_f64().unwrap();
         }
         callback
             .on_predict(&args, &state, &mut control, &json_map(&case["predict"]))
             .unwrap();
+        if log_model.is_some() {
+            assert!(callback.saves_model_at_train_end(), "{name}");
+            callback
+                .on_model_saved(&saving_args, &state, &files.join("final_model"))
+                .unwrap();
+        }
         callback.on_train_end(&args, &state, &mut control).unwrap();
         let run_dir = callback.run_dir().unwrap().to_path_buf();
         drop(callback);
@@ -169,10 +209,6 @@ fn wandb_settings_refuse_what_is_not_implemented() {
         (&[][..], "WANDB_MODE"),
         (&[("WANDB_MODE", "online")][..], "WANDB_MODE"),
         (
-            &[("WANDB_MODE", "offline"), ("WANDB_LOG_MODEL", "end")][..],
-            "WANDB_LOG_MODEL",
-        ),
-        (
             &[("WANDB_MODE", "offline"), ("WANDB_WATCH", "all")][..],
             "WANDB_WATCH",
         ),
@@ -196,6 +232,47 @@ fn wandb_settings_refuse_what_is_not_implemented() {
             "WANDB_LOG_MODEL={value}"
         );
     }
+    // `WANDB_LOG_MODEL` with a model whose `print(model)` is not written out here (no
+    // architecture text): refused when the run starts, naming the model type; a run name
+    // W&B refuses as an artifact name: refused too.
+    let dir = temp_dir("wandb-log-model-refused");
+    for (run_name, architecture, wanted) in [
+        (None, None, "WANDB_LOG_MODEL=\"end\""),
+        (Some("a/b"), Some("M()"), "W&B artifact \"model-a/b\""),
+    ] {
+        let s = settings(&env(&[
+            ("WANDB_MODE", "offline"),
+            ("WANDB_LOG_MODEL", "end"),
+            ("WANDB_DIR", &dir.display().to_string()),
+            ("WANDB_DATA_DIR", &dir.join("data").display().to_string()),
+        ]))
+        .unwrap();
+        let mut callback = WandbCallback::with_settings(s);
+        let mut config =
+            ModelConfig::from_json_value(&serde_json::json!({"model_type": "gemma"})).unwrap();
+        if let Some(a) = architecture {
+            config = config.with_architecture(a);
+        }
+        callback.set_model_config(&config);
+        let args = TrainingArguments {
+            run_name: run_name.map(str::to_string),
+            ..TrainingArguments::default()
+        };
+        let err = callback
+            .on_train_begin(
+                &args,
+                &TrainerState::default(),
+                &mut TrainerControl::default(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with(wanted), "{err}");
+        if architecture.is_none() {
+            assert!(err.contains("\"gemma\""), "{err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
     // Disabled: nothing is written.
     let dir = temp_dir("wandb-disabled");
     let s = settings(&env(&[

@@ -11,6 +11,7 @@ mod generation;
 mod hub_and_save;
 mod layer_hooks;
 mod liger;
+mod module_repr;
 mod padding_free;
 mod parity;
 mod peft;

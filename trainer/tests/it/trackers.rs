@@ -125,3 +125,142 @@ fn a_run_reported_to_trackio_reads_back_with_trackio() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// The files of `dir` (recursively), as paths relative to it.
+fn files_under(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir)?;
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A Trainer run reported to W&B offline with `WANDB_LOG_MODEL=checkpoint`: wandb's own record
+/// definitions (`scripts/reference/_wandb_records.py`) find the artifacts upstream's callback
+/// logs, each file staged read-only with its MD5: the architecture (`print(model)`) at the
+/// start, each checkpoint folder as the Trainer wrote it, and the final model as `save_model`
+/// writes it (the files upstream's final artifact holds for a causal LM, with the arguments as
+/// `training_args.json` where upstream pickles `training_args.bin`). The records
+/// themselves are compared with upstream's in callbacks/tests/it/wandb.rs.
+#[test]
+fn a_run_reported_to_wandb_logs_the_model_as_artifacts() -> Result<()> {
+    use tchtrain_callbacks::{WandbCallback, WandbLogModel, WandbSettings};
+    let _g = lock();
+    let dir = temp_dir("wandb-artifacts");
+    let out = dir.join("out");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 2,
+        max_steps: 4,
+        logging_steps: 1.0,
+        save_strategy: SaveStrategy::Steps,
+        save_steps: 2.0,
+        seed: 3,
+        use_cpu: true,
+        report_to: vec![],
+        run_name: Some("tiny-run".into()),
+        disable_tqdm: true,
+        ..TrainingArguments::new(out.display().to_string())
+    };
+    args.post_init()?;
+    let settings = WandbSettings {
+        log_model: WandbLogModel::Checkpoint,
+        data_dir: dir.join("data"),
+        ..WandbSettings::offline(&dir)
+    };
+    let model = initial_model()?;
+    let architecture = model
+        .module_repr()
+        .context("GPT-2's print(model)")?
+        .to_string();
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(blocks("train", 8)?)
+        .callback(WandbCallback::with_settings(settings))
+        .build()?;
+    trainer.train(None)?;
+    drop(trainer);
+
+    let run_file = std::fs::read_dir(dir.join("wandb"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten())
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "wandb"))
+        .context("a run-<id>.wandb file")?;
+    let python = std::env::var_os("TCHTRAIN_VENV_PYTHON")
+        .context("TCHTRAIN_VENV_PYTHON names the setup virtualenv's python (with wandb)")?;
+    let reader =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/reference/_wandb_records.py");
+    let read = Command::new(python).arg(reader).arg(&run_file).output()?;
+    ensure!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let run: serde_json::Value = serde_json::from_slice(&read.stdout)?;
+    let artifacts = run["artifacts"].as_array().context("artifacts")?;
+    let paths = |a: &serde_json::Value| -> Vec<String> {
+        a["manifest"]["contents"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .map(|e| e["path"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let aliases: Vec<serde_json::Value> = artifacts.iter().map(|a| a["aliases"].clone()).collect();
+    ensure!(
+        aliases
+            == [
+                serde_json::json!(["base_model", "latest"]),
+                serde_json::json!(["checkpoint_global_step_2", "epoch_0.5", "latest"]),
+                serde_json::json!(["checkpoint_global_step_4", "epoch_1.0", "latest"]),
+                serde_json::json!(["final_model", "latest"]),
+            ],
+        "aliases {aliases:?}"
+    );
+    for a in artifacts {
+        ensure!(a["name"] == "model-tiny-run" && a["type"] == "model", "{a}");
+        ensure!(a["digest_checks"] == true, "{a}");
+        for e in a["manifest"]["contents"].as_array().context("contents")? {
+            ensure!(e["staged"] == true, "staged copy of {e}");
+        }
+    }
+    ensure!(paths(&artifacts[0]) == ["model_architecture.txt"]);
+    let staged_architecture = artifacts[0]["manifest"]["contents"][0]["size"].as_i64();
+    ensure!(staged_architecture == Some(architecture.len() as i64 + 1));
+    for (a, step) in [(&artifacts[1], 2), (&artifacts[2], 4)] {
+        let on_disk = files_under(&out.join(format!("checkpoint-{step}")))?;
+        ensure!(
+            paths(a) == on_disk,
+            "checkpoint-{step}: {:?} vs {on_disk:?}",
+            paths(a)
+        );
+    }
+    ensure!(
+        paths(&artifacts[3])
+            == [
+                "config.json",
+                "generation_config.json",
+                "model.safetensors",
+                "model_architecture.txt",
+                // Upstream's holds its pickled `training_args.bin`; the Trainer writes the
+                // arguments as JSON (see trainer/src/checkpoint.rs).
+                "training_args.json",
+            ],
+        "final model: {:?}",
+        paths(&artifacts[3])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,297 @@
+//! W&B artifacts as wandb 0.31 logs them from an offline run (`run.log_artifact`): every file
+//! copied read-only into the staging folder (`<WANDB_DATA_DIR>/artifacts/staging/tmpXXXXXXXX`,
+//! `WANDB_DATA_DIR` by default `~/.local/share/wandb`), an MD5 manifest of them, and an
+//! `ArtifactRecord` in the run's transaction log pointing at the staged copies, which `wandb
+//! sync` uploads.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use md5::{Digest, Md5};
+use tchtrain_training_args::{JsonMap, JsonValue, dumps_compact};
+
+use crate::error::{Error, Result};
+use crate::protobuf::Proto;
+
+/// wandb's `NAME_MAXLEN` for artifact names.
+const NAME_MAXLEN: usize = 128;
+
+/// One file of the manifest (`ArtifactManifestEntry`).
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    /// The file's path in the artifact.
+    path: String,
+    /// Base64 of its MD5.
+    digest: String,
+    size: u64,
+    /// The staged copy.
+    local_path: PathBuf,
+    /// `new_file`'s files skip wandb's download cache; `add_dir`'s do not.
+    skip_cache: bool,
+}
+
+/// A draft artifact: its name, type, metadata and files.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Artifact {
+    name: String,
+    kind: String,
+    metadata: JsonMap,
+    entries: Vec<Entry>,
+    staging: PathBuf,
+}
+
+/// wandb's `get_staging_dir()` under `data_dir`.
+pub(crate) fn staging_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("artifacts").join("staging")
+}
+
+fn io(action: &'static str, path: &Path, source: std::io::Error) -> Error {
+    Error::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Artifact {
+    /// `wandb.Artifact(name, type, metadata)`, its files staged under `staging`; refuses the
+    /// names wandb refuses (longer than 128 characters, or holding `/`).
+    pub(crate) fn new(name: &str, kind: &str, metadata: JsonMap, staging: &Path) -> Result<Self> {
+        let reason = match () {
+            _ if name.chars().count() > NAME_MAXLEN => {
+                Some(format!("longer than {NAME_MAXLEN} characters"))
+            }
+            _ if name.contains('/') => Some("it holds '/'".to_string()),
+            _ => None,
+        };
+        if let Some(reason) = reason {
+            return Err(Error::WandbArtifact {
+                name: name.to_string(),
+                reason: format!(
+                    "W&B refuses this artifact name ({reason}); it is `model-` and the run's name: set a run_name without '/' or unset WANDB_LOG_MODEL"
+                ),
+            });
+        }
+        std::fs::create_dir_all(staging).map_err(|e| io("creating", staging, e))?;
+        Ok(Self {
+            name: name.to_string(),
+            kind: kind.to_string(),
+            metadata,
+            entries: Vec::new(),
+            staging: staging.to_path_buf(),
+        })
+    }
+
+    /// `artifact.new_file(name)` written with `bytes` (a file that skips the cache).
+    pub(crate) fn new_file(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let (local_path, mut file) = self.staged_file()?;
+        file.write_all(bytes)
+            .and_then(|_| file.sync_all())
+            .map_err(|e| io("writing", &local_path, e))?;
+        drop(file);
+        self.add_staged(name, local_path, true)
+    }
+
+    /// `artifact.add_file(path, name)` for a `new_file`-like file already on disk (the
+    /// model the Trainer saved for the artifact): staged as a copy, skipping the cache.
+    pub(crate) fn add_file_skipping_cache(&mut self, name: &str, path: &Path) -> Result<()> {
+        self.add_file(name, path, true)
+    }
+
+    /// `artifact.add_dir(dir)`: every file under `dir` (symbolic links followed), named by
+    /// its path relative to `dir`.
+    pub(crate) fn add_dir(&mut self, dir: &Path) -> Result<()> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let listing = std::fs::read_dir(&d).map_err(|e| io("listing", &d, e))?;
+            for entry in listing {
+                let path = entry.map_err(|e| io("listing", &d, e))?.path();
+                let meta = std::fs::metadata(&path).map_err(|e| io("reading", &path, e))?;
+                if meta.is_dir() {
+                    stack.push(path);
+                } else {
+                    let relative = path.strip_prefix(dir).unwrap_or(&path);
+                    let name = relative
+                        .components()
+                        .map(|c| c.as_os_str().to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    self.add_file(&name, &path, false)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_file(&mut self, name: &str, path: &Path, skip_cache: bool) -> Result<()> {
+        let (local_path, mut file) = self.staged_file()?;
+        let mut source = std::fs::File::open(path).map_err(|e| io("reading", path, e))?;
+        std::io::copy(&mut source, &mut file).map_err(|e| io("writing", &local_path, e))?;
+        drop(file);
+        self.add_staged(name, local_path, skip_cache)
+    }
+
+    /// A new file in the staging folder, named as Python's `NamedTemporaryFile` names it.
+    fn staged_file(&self) -> Result<(PathBuf, std::fs::File)> {
+        loop {
+            let name =
+                crate::checksum_time::random_chars(b"abcdefghijklmnopqrstuvwxyz0123456789_", 8);
+            let path = self.staging.join(format!("tmp{name}"));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(file) => return Ok((path, file)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io("creating", &path, e)),
+            }
+        }
+    }
+
+    /// The staged copy made read-only (as wandb makes it), its digest and size recorded.
+    fn add_staged(&mut self, name: &str, local_path: PathBuf, skip_cache: bool) -> Result<()> {
+        let bytes = std::fs::read(&local_path).map_err(|e| io("reading", &local_path, e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&local_path, std::fs::Permissions::from_mode(0o400))
+                .map_err(|e| io("protecting", &local_path, e))?;
+        }
+        self.entries.retain(|e| e.path != name);
+        self.entries.push(Entry {
+            path: name.to_string(),
+            digest: base64(&Md5::digest(&bytes)),
+            size: bytes.len() as u64,
+            local_path,
+            skip_cache,
+        });
+        Ok(())
+    }
+
+    /// The artifact's digest (`ArtifactManifestV1.digest()`): the MD5 of the manifest's
+    /// header and each `path:digest` line, the paths sorted.
+    pub(crate) fn digest(&self) -> String {
+        let mut hasher = Md5::new();
+        hasher.update(b"wandb-artifact-manifest-v1\n");
+        for e in self.sorted_entries() {
+            hasher.update(format!("{}:{}\n", e.path, e.digest).as_bytes());
+        }
+        hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn sorted_entries(&self) -> Vec<&Entry> {
+        let mut entries: Vec<&Entry> = self.entries.iter().collect();
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        entries
+    }
+
+    /// The `ArtifactRecord` `run.log_artifact(artifact, aliases)` writes to an offline run's
+    /// log: `latest` added to the aliases, the manifest inline with the staged paths.
+    pub(crate) fn record(
+        &self,
+        run_id: &str,
+        project: &str,
+        entity: Option<&str>,
+        aliases: &[String],
+    ) -> Proto {
+        let mut a = Proto::default();
+        a.string(1, run_id);
+        a.string(2, project);
+        if let Some(e) = entity {
+            a.string(3, e);
+        }
+        a.string(4, &self.kind);
+        a.string(5, &self.name);
+        a.string(6, &self.digest());
+        if !self.metadata.is_empty() {
+            a.string(
+                8,
+                &dumps_compact(&JsonValue::Object(self.metadata.clone()), false),
+            );
+        }
+        a.string(11, "latest");
+        for alias in aliases.iter().filter(|a| a.as_str() != "latest") {
+            a.string(11, alias);
+        }
+        let mut manifest = Proto::default();
+        manifest.int(1, 1);
+        manifest.string(2, "wandb-storage-policy-v1");
+        let mut layout = Proto::default();
+        layout.string(1, "storageLayout");
+        layout.string(2, "\"V2\"");
+        manifest.message(3, &layout);
+        for e in self.sorted_entries() {
+            let mut entry = Proto::default();
+            entry.string(1, &e.path);
+            entry.string(2, &e.digest);
+            if e.size != 0 {
+                entry.int(4, e.size as i64);
+            }
+            entry.string(6, &e.local_path.to_string_lossy());
+            if e.skip_cache {
+                entry.bool(8, true);
+            }
+            manifest.message(4, &entry);
+        }
+        a.message(12, &manifest);
+        a.bool(14, true);
+        a.string(15, &client_id());
+        a.string(16, &client_id());
+        a.string(20, "MANIFEST_MD5");
+        a
+    }
+}
+
+/// wandb's client ids (`generate_fast_id(128)`): 128 characters of `[a-z0-9]`.
+fn client_id() -> String {
+    crate::checksum_time::random_chars(b"abcdefghijklmnopqrstuvwxyz0123456789", 128)
+}
+
+/// Standard base64 with padding (wandb's `md5_file_b64`).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// wandb's `md5_string` / `b64_from_hasher` and `ArtifactManifestV1.digest()` on the files
+    /// of an artifact holding `x.txt` = "hi" (from wandb 0.31 in Python).
+    #[test]
+    fn digests_are_wandbs() -> Result<()> {
+        assert_eq!(base64(&Md5::digest(b"hi")), "SfaKXIST7CwL9ImCHCH8Ow==");
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+        let staging =
+            std::env::temp_dir().join(format!("tchtrain-wandb-artifact-{}", std::process::id()));
+        let mut a = Artifact::new("m-1", "model", JsonMap::new(), &staging)?;
+        a.new_file("x.txt", b"hi")?;
+        assert_eq!(a.digest(), "307b6aed2b1eb15ba124123ab4d463f4");
+        let _ = std::fs::remove_dir_all(&staging);
+        assert!(Artifact::new("a/b", "model", JsonMap::new(), &staging).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,45 @@
+//! `PreTrainedModel::module_repr` against upstream's `print(model)`
+//! (`scripts/reference/module_reprs.py`): each tiny model loaded from the folder the
+//! reference saved, its text equal to upstream's byte for byte.
+
+use anyhow::{Context, Result};
+use tch::Device;
+use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_testing::reference_dir;
+
+#[test]
+fn module_repr_equals_upstreams_print() -> Result<()> {
+    let dir = reference_dir("module_reprs");
+    let cases = [
+        ("gpt2_lm", AutoTask::CausalLm),
+        (
+            "gpt2_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("llama", AutoTask::CausalLm),
+        (
+            "llama_bias_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("mistral", AutoTask::CausalLm),
+        ("qwen2", AutoTask::CausalLm),
+        ("qwen3", AutoTask::CausalLm),
+        (
+            "qwen3_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+    ];
+    for (case, task) in cases {
+        let folder = dir.join(case);
+        let model = from_pretrained_dir(&folder, task, Device::Cpu, &LoadOptions::default())
+            .with_context(|| case.to_string())?
+            .model;
+        let ours = model
+            .module_repr()
+            .with_context(|| format!("{case}: no module_repr"))?
+            .to_string();
+        let theirs = std::fs::read_to_string(folder.join("repr.txt"))?;
+        assert_eq!(ours, theirs, "{case}");
+    }
+    Ok(())
+}
