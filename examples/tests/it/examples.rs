@@ -1182,7 +1182,8 @@ fn run_classification_without_training_uses_the_models_label_ids() -> Result<()>
     Ok(())
 }
 
-/// A TRL reference's tiny model with SmolLM2's tokenizer beside it (as a hub model has it),
+/// A TRL reference's tiny model with its tokenizer (SmolLM2's cut to 1024 tokens) beside it
+/// (as a hub model has it),
 /// and a dataset folder whose `train.jsonl` / `test.jsonl` are the reference's `data` files.
 fn trl_script_folders(
     reference: &std::path::Path,
@@ -1201,7 +1202,7 @@ fn trl_script_folders(
         "tokenizer_config.json",
         "chat_template.jinja",
     ] {
-        std::fs::copy(assets().join("smollm2-135m").join(f), model.join(f))?;
+        std::fs::copy(reference.join("tokenizer").join(f), model.join(f))?;
     }
     std::fs::copy(
         reference.join(format!("data/{data_name}.jsonl")),
@@ -1266,7 +1267,7 @@ fn reward_and_dpo_scripts_train_as_trl() -> Result<()> {
     let _g = lock();
     let root = temp_dir("trl-preference-scripts");
     for (script, case, data, extra) in [
-        ("reward", "standard", "standard", vec!["--max_length", "30"]),
+        ("reward", "standard", "standard", vec!["--max_length", "48"]),
         (
             "dpo",
             "mpo",
@@ -1348,7 +1349,7 @@ fn sft_script_trains_as_trl() -> Result<()> {
         "--learning_rate",
         "1e-3",
         "--max_length",
-        "48",
+        "80",
         "--logging_steps",
         "2",
         "--eval_strategy",
