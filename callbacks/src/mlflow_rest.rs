@@ -31,8 +31,9 @@ fn metric_value(v: f64) -> Value {
     }
 }
 
-/// Standard base64 (RFC 4648, with padding), for HTTP basic authentication.
-fn base64(data: &[u8]) -> String {
+/// Standard base64 (RFC 4648, with padding), for HTTP basic authentication (and W&B's
+/// artifact digests).
+pub(crate) fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
