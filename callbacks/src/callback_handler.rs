@@ -110,6 +110,15 @@ impl CallbackHandler {
         self.model_config = Some(config);
     }
 
+    /// What the callbacks append to the model card's comment, in calling order
+    /// ([`TrainerCallback::model_card_comment`]).
+    pub fn model_card_comments(&self) -> Vec<String> {
+        self.callbacks
+            .iter()
+            .filter_map(|c| c.model_card_comment())
+            .collect()
+    }
+
     /// Whether a callback needs the final model saved at the end of training
     /// ([`TrainerCallback::saves_model_at_train_end`]).
     pub fn saves_model_at_train_end(&self) -> bool {

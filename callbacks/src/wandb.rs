@@ -644,6 +644,14 @@ impl TrainerCallback for WandbCallback {
         self.model_config = Some(config.clone());
     }
 
+    /// Upstream's setup adds W&B's badge, linking the run, to the model card when it logs the
+    /// model (the run's URL is `None` offline, and upstream writes that).
+    fn model_card_comment(&self) -> Option<String> {
+        (self.run.is_some() && self.settings.log_model.is_enabled()).then(|| {
+            "[<img src=\"https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg\" alt=\"Visualize in Weights & Biases\" width=\"200\" height=\"32\"/>](None)".to_string()
+        })
+    }
+
     /// Upstream's `on_train_end` saves the model it is handed when `WANDB_LOG_MODEL` is
     /// `end` or `checkpoint`.
     fn saves_model_at_train_end(&self) -> bool {

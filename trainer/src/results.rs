@@ -98,13 +98,14 @@ impl Trainer {
                 .map(str::to_string),
             None => None,
         };
-        let summary = crate::TrainingSummary::from_parts(
+        let mut summary = crate::TrainingSummary::from_parts(
             &self.args,
             &self.state.log_history,
             self.model.model_name(),
             name_or_path.as_deref(),
             options,
         );
+        summary.comment_additions = self.callback_handler.model_card_comments();
         crate::modelcard::write_model_card(
             Path::new(self.args.output_dir()),
             &summary.to_model_card(),

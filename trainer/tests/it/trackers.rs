@@ -150,7 +150,8 @@ fn files_under(dir: &Path) -> Result<Vec<String>> {
 /// logs, each file staged read-only with its MD5: the architecture (`print(model)`) at the
 /// start, each checkpoint folder as the Trainer wrote it, and the final model as `save_model`
 /// writes it (the files upstream's final artifact holds for a causal LM, with the arguments as
-/// `training_args.json` where upstream pickles `training_args.bin`). The records
+/// `training_args.json` where upstream pickles `training_args.bin`), and W&B's badge in the
+/// model card. The records
 /// themselves are compared with upstream's in callbacks/tests/it/wandb.rs.
 #[test]
 fn a_run_reported_to_wandb_logs_the_model_as_artifacts() -> Result<()> {
@@ -187,6 +188,18 @@ fn a_run_reported_to_wandb_logs_the_model_as_artifacts() -> Result<()> {
         .callback(WandbCallback::with_settings(settings))
         .build()?;
     trainer.train(None)?;
+    // Upstream's setup appends W&B's badge to the model card's comment when it logs the
+    // model (the run's URL, `None` offline).
+    trainer.create_model_card(Default::default())?;
+    let card = std::fs::read_to_string(out.join("README.md"))?;
+    ensure!(
+        card.contains(concat!(
+            "remove this comment. -->\n\n",
+            "[<img src=\"https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg\"",
+            " alt=\"Visualize in Weights & Biases\" width=\"200\" height=\"32\"/>](None)\n# "
+        )),
+        "{card}"
+    );
     drop(trainer);
 
     let run_file = std::fs::read_dir(dir.join("wandb"))?
