@@ -4,7 +4,7 @@
 //! `ArtifactRecord` in the run's transaction log pointing at the staged copies, which `wandb
 //! sync` uploads.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use md5::{Digest, Md5};
@@ -85,12 +85,7 @@ impl Artifact {
 
     /// `artifact.new_file(name)` written with `bytes` (a file that skips the cache).
     pub(crate) fn new_file(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
-        let (local_path, mut file) = self.staged_file()?;
-        file.write_all(bytes)
-            .and_then(|_| file.sync_all())
-            .map_err(|e| io("writing", &local_path, e))?;
-        drop(file);
-        self.add_staged(name, local_path, true)
+        self.stage(name, Path::new(name), bytes, true)
     }
 
     /// `artifact.add_file(path, name)` for a `new_file`-like file already on disk (the
@@ -125,11 +120,8 @@ impl Artifact {
     }
 
     fn add_file(&mut self, name: &str, path: &Path, skip_cache: bool) -> Result<()> {
-        let (local_path, mut file) = self.staged_file()?;
-        let mut source = std::fs::File::open(path).map_err(|e| io("reading", path, e))?;
-        std::io::copy(&mut source, &mut file).map_err(|e| io("writing", &local_path, e))?;
-        drop(file);
-        self.add_staged(name, local_path, skip_cache)
+        let source = std::fs::File::open(path).map_err(|e| io("reading", path, e))?;
+        self.stage(name, path, source, skip_cache)
     }
 
     /// A new file in the staging folder, named as Python's `NamedTemporaryFile` names it.
@@ -150,9 +142,32 @@ impl Artifact {
         }
     }
 
-    /// The staged copy made read-only (as wandb makes it), its digest and size recorded.
-    fn add_staged(&mut self, name: &str, local_path: PathBuf, skip_cache: bool) -> Result<()> {
-        let bytes = std::fs::read(&local_path).map_err(|e| io("reading", &local_path, e))?;
+    /// Copies `source` (read from `origin`) into a new staged file, its MD5 and size taken as it is copied (one
+    /// pass, a buffer at a time: a model's weights are never held whole), and makes the copy
+    /// read-only as wandb does.
+    fn stage(
+        &mut self,
+        name: &str,
+        origin: &Path,
+        mut source: impl Read,
+        skip_cache: bool,
+    ) -> Result<()> {
+        let (local_path, mut file) = self.staged_file()?;
+        let (mut hasher, mut size, mut buf) = (Md5::new(), 0u64, vec![0u8; 1 << 20]);
+        loop {
+            let n = match source.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io("reading", origin, e)),
+            };
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            file.write_all(&buf[..n])
+                .map_err(|e| io("writing", &local_path, e))?;
+        }
+        file.sync_all().map_err(|e| io("writing", &local_path, e))?;
+        drop(file);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -162,8 +177,8 @@ impl Artifact {
         self.entries.retain(|e| e.path != name);
         self.entries.push(Entry {
             path: name.to_string(),
-            digest: base64(&Md5::digest(&bytes)),
-            size: bytes.len() as u64,
+            digest: base64(&hasher.finalize()),
+            size,
             local_path,
             skip_cache,
         });
