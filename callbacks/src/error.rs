@@ -114,6 +114,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A request to the W&B server (`WANDB_BASE_URL`) failed.
+    #[error("W&B {operation} at {base_url}: {}{message}", status.map(|s| format!("HTTP {s}: ")).unwrap_or_default())]
+    WandbRequest {
+        /// The GraphQL operation (`UpsertBucket`, ...), `file_stream`, or the upload.
+        operation: String,
+        /// The server's base URL.
+        base_url: String,
+        /// The HTTP status, when the server answered.
+        status: Option<u16>,
+        /// The server's answer, or the transport error, with the fix.
+        message: String,
+    },
+
     /// A W&B artifact cannot be logged as asked (its name, ...): why, and what to do instead.
     #[error("W&B artifact {name:?}: {reason}")]
     WandbArtifact {

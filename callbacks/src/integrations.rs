@@ -32,7 +32,8 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 9] = [
 /// `COMET_START_ONLINE` is false (the offline archive, the only mode written here), `mlflow`
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
-/// `WANDB_MODE` is `offline` (the only mode written here; upstream's is installed),
+/// `WANDB_MODE` is `offline`, or online (unset or `online`) with an API key configured
+/// (upstream's: installed; without a key wandb refuses to start),
 /// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
 /// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), `swanlab`
 /// when `SWANLAB_MODE` is `offline` (the only mode written here; upstream's: installed),
@@ -54,10 +55,7 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
                     }))
         })
         .filter(|n| *n != "mlflow" || is_mlflow_available())
-        .filter(|n| {
-            *n != "wandb"
-                || std::env::var("WANDB_MODE").is_ok_and(|m| m == "offline" || m == "dryrun")
-        })
+        .filter(|n| *n != "wandb" || crate::wandb::wandb_is_configured())
         .filter(|n| {
             *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
         })

@@ -76,6 +76,7 @@ mod trainer_callback;
 mod trainer_control;
 mod trainer_state;
 mod wandb;
+mod wandb_api;
 mod wandb_artifact;
 
 pub use callback_handler::CallbackHandler;
@@ -118,4 +119,4 @@ pub use trackio::{
 pub use trainer_callback::TrainerCallback;
 pub use trainer_control::TrainerControl;
 pub use trainer_state::{NumberForms, TrainerState, TrainingReferences};
-pub use wandb::{WandbCallback, WandbLogModel, WandbSettings};
+pub use wandb::{WandbCallback, WandbLogModel, WandbOnline, WandbSettings};

@@ -1,8 +1,20 @@
-//! `WandbCallback` (upstream integrations/integration_utils.py) in W&B's offline mode: the run
-//! written as wandb 0.31 writes an offline run — a folder
-//! `<WANDB_DIR>/wandb/offline-run-<YYYYMMDD_HHMMSS>-<id>/` holding `run-<id>.wandb`, the run's
-//! transaction log (`wandb.proto` `Record`s in LevelDB's log framing: a `:W&B` header, 32 KiB
-//! blocks, each record with its CRC-32, length and fragment type), which `wandb sync` uploads.
+//! `WandbCallback` (upstream integrations/integration_utils.py), online and in W&B's offline
+//! mode. Either way the run is written as wandb 0.31 writes it — a folder
+//! `<WANDB_DIR>/wandb/<run|offline-run>-<YYYYMMDD_HHMMSS>-<id>/` holding `run-<id>.wandb`, the
+//! run's transaction log (`wandb.proto` `Record`s in LevelDB's log framing: a `:W&B` header,
+//! 32 KiB blocks, each record with its CRC-32, length and fragment type), which `wandb sync`
+//! uploads.
+//!
+//! Online (`WANDB_MODE` unset or `online`, as wandb's default) the run also goes to the
+//! server in `WANDB_BASE_URL` as it is made, through the requests wandb-core makes
+//! ([`wandb_api`](crate::wandb_api)): `UpsertBucket` at the start (the run, its whole config
+//! with the metric definitions in `_wandb.m`), each history line and the summary on the file
+//! stream when it is logged, and at the end `config.yaml`, `wandb-summary.json` and
+//! `wandb-metadata.json` uploaded and the stream completed (exit code 0). The API key is
+//! `WANDB_API_KEY`, else the netrc entry `wandb login` writes; without one the run is refused
+//! as wandb refuses it. The server unreachable at the start is an error (as `wandb.init`'s);
+//! later, the training goes on, lines not taken are sent again with the next log, and the
+//! run's folder keeps the whole run (`wandb sync --include-online`).
 //!
 //! What upstream's callback logs goes in the same records: the run (`WANDB_PROJECT`, the run
 //! name, ...), the config (`{**model.config.to_dict(), **args.to_dict()}` and
@@ -13,25 +25,24 @@
 //! and the exit record when the callback is dropped (upstream's run finishes at the process's
 //! exit). Only the first process writes.
 //!
-//! `WANDB_LOG_MODEL` `end` / `checkpoint` logs the model as artifacts as upstream's callback
-//! does (see [`wandb_artifact`](crate::wandb_artifact) for how wandb stages them): at setup
-//! `model-<run>` with `model_architecture.txt` (upstream's `print(model)`), aliased
+//! `WANDB_LOG_MODEL` `end` / `checkpoint` (offline) logs the model as artifacts as upstream's
+//! callback does (see [`wandb_artifact`](crate::wandb_artifact) for how wandb stages them): at
+//! setup `model-<run>` with `model_architecture.txt` (upstream's `print(model)`), aliased
 //! `base_model`; with `checkpoint`, each saved `checkpoint-<step>/` folder, aliased
 //! `epoch_<epoch>` and `checkpoint_global_step_<step>`; with `end`, the final model as the
 //! Trainer's `save_model` writes it plus `model_architecture.txt`, aliased `final_model`.
 //!
 //! Refused with the reason (the environment variables upstream's callback and the `wandb`
-//! package read): online mode (`WANDB_MODE` unset or `online`: uploading as the run goes is
-//! not implemented; set `WANDB_MODE=offline` and `wandb sync` the folder), `WANDB_LOG_MODEL`
-//! with a model whose `print(model)` is not written out here (a peft model, the families other
-//! than GPT-2, Llama, Mistral, Qwen2 and Qwen3), `WANDB_WATCH` `gradients` / `parameters` /
-//! `all` (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes
-//! nothing.
+//! package read): `WANDB_LOG_MODEL` online (uploading artifacts is not implemented: log
+//! offline and `wandb sync`), `WANDB_LOG_MODEL` with a model whose `print(model)` is not
+//! written out here (a peft model, the families other than GPT-2, Llama, Mistral, Qwen2 and
+//! Qwen3), wandb's `shared` mode, `WANDB_WATCH` `gradients` / `parameters` / `all`
+//! (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tchtrain_training_args::{JsonMap, JsonValue, TrainingArguments, dumps};
+use tchtrain_training_args::{JsonMap, JsonValue, TrainingArguments, dumps, loads};
 
 use crate::args_dict::args_to_dict;
 use crate::error::{Error, Result};
@@ -42,6 +53,7 @@ use crate::tensorboard::{SINGLE_VALUE_SCALARS, rewrite_logs, step_row};
 use crate::trainer_callback::TrainerCallback;
 use crate::trainer_control::TrainerControl;
 use crate::trainer_state::TrainerState;
+use crate::wandb_api::{FileStream, WandbApi};
 use crate::wandb_artifact::{Artifact, staging_dir};
 
 /// The step metric upstream's callback defines.
@@ -76,6 +88,81 @@ pub struct WandbSettings {
     /// `WANDB_DATA_DIR` (`~/.local/share/wandb` by default): artifacts' files are staged in
     /// its `artifacts/staging/`.
     pub data_dir: PathBuf,
+    /// Online mode (`WANDB_MODE` unset or `online`): the server and the API key; `None`
+    /// offline.
+    pub online: Option<WandbOnline>,
+}
+
+/// Where an online run goes: `WANDB_BASE_URL` and the API key (`WANDB_API_KEY`, else the
+/// netrc entry `wandb login` writes for the server's host).
+#[derive(Clone, PartialEq)]
+pub struct WandbOnline {
+    /// `WANDB_BASE_URL` (wandb 0.31's default: `https://api.forge.coreweave.com`).
+    pub base_url: String,
+    /// The API key.
+    pub api_key: String,
+}
+
+impl std::fmt::Debug for WandbOnline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WandbOnline")
+            .field("base_url", &self.base_url)
+            .field("api_key", &"***")
+            .finish()
+    }
+}
+
+/// wandb 0.31's default `base_url`.
+pub const DEFAULT_BASE_URL: &str = "https://api.forge.coreweave.com";
+
+impl WandbOnline {
+    /// wandb's `api_to_app_url`: where the runs are seen (the Forge app, `wandb.ai` for
+    /// `api.wandb.ai`, `app.<host>` for another `api.<host>`, else the server itself).
+    pub fn app_url(&self) -> String {
+        let url = self.base_url.trim_end_matches('/');
+        let host = url.split("://").nth(1).unwrap_or(url);
+        let host = host.split(['/', ':']).next().unwrap_or(host);
+        for (forge, api) in [
+            ("forge.coreweave.com", "api.wandb.ai"),
+            ("qa.forge.coreweave.com", "api.qa.wandb.ai"),
+        ] {
+            if host == forge || host == format!("api.{forge}") || host == api {
+                return format!("https://{forge}/wandb");
+            }
+        }
+        if url.contains("://api.wandb.test") {
+            url.replacen("://api.", "://app.", 1)
+        } else if url.contains("://api.wandb.") {
+            url.replacen("://api.", "://", 1)
+        } else if url.contains("://api.") {
+            url.replacen("://api.", "://app.", 1)
+        } else {
+            url.to_string()
+        }
+    }
+}
+
+/// The password of `machine <host>` in a netrc file's text.
+fn netrc_password(text: &str, host: &str) -> Option<String> {
+    let tokens: Vec<&str> = text.split_whitespace().collect();
+    let mut i = 0;
+    let mut in_host = false;
+    while i < tokens.len() {
+        match tokens[i] {
+            "machine" => {
+                in_host = tokens.get(i + 1) == Some(&host);
+                i += 2;
+            }
+            "default" => {
+                in_host = false;
+                i += 1;
+            }
+            "password" if in_host => return tokens.get(i + 1).map(|p| p.to_string()),
+            "login" | "password" | "account" => i += 2,
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// Upstream's `WandbLogModel`: which models `WANDB_LOG_MODEL` logs as artifacts.
@@ -129,6 +216,7 @@ impl WandbSettings {
             disabled: false,
             log_model: WandbLogModel::False,
             data_dir: default_data_dir(|name| std::env::var(name).ok()),
+            online: None,
         }
     }
 
@@ -145,11 +233,12 @@ impl WandbSettings {
         let disabled_flag = var("WANDB_DISABLED")
             .is_some_and(|v| matches!(v.to_lowercase().as_str(), "true" | "1" | "yes"));
         let disabled = mode == "disabled" || disabled_flag;
-        if !disabled && !matches!(mode.as_str(), "offline" | "dryrun") {
+        let online = !disabled && matches!(mode.as_str(), "" | "online" | "run");
+        if !disabled && !online && !matches!(mode.as_str(), "offline" | "dryrun") {
             return Err(setting(
                 "WANDB_MODE",
                 &mode,
-                "W&B's online mode (uploading the run as it goes) is not implemented here; set WANDB_MODE=offline, and upload the run folder afterwards with `wandb sync <folder>`",
+                "W&B's modes here are online (the default), offline and disabled (wandb's shared mode, for several processes writing one run, is not implemented)",
             ));
         }
         // Upstream's `WandbLogModel(value)`: an exact, case-sensitive lookup (`END` or
@@ -181,6 +270,20 @@ impl WandbSettings {
                 "resuming a W&B run is not implemented here; unset it (a new run is written)",
             ));
         }
+        let online = match online {
+            false => None,
+            true => Some(online_settings(&var)?),
+        };
+        if online.is_some() && log_model.is_enabled() {
+            return Err(setting(
+                "WANDB_LOG_MODEL",
+                match log_model {
+                    WandbLogModel::End => "end",
+                    _ => "checkpoint",
+                },
+                "uploading artifacts in W&B's online mode is not implemented here; set WANDB_MODE=offline (the model artifacts are staged with the run, and `wandb sync <run folder>` uploads them), or unset WANDB_LOG_MODEL",
+            ));
+        }
         let dir = match var("WANDB_DIR") {
             Some(d) => PathBuf::from(d),
             None => std::env::current_dir().map_err(|e| Error::Io {
@@ -210,8 +313,61 @@ impl WandbSettings {
             log_model,
             data_dir: var("WANDB_DATA_DIR")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| default_data_dir(&var)),
+                .unwrap_or_else(|| default_data_dir(var)),
+            online,
         })
+    }
+}
+
+/// The server and the API key of an online run: `WANDB_BASE_URL`, `WANDB_API_KEY`, else the
+/// netrc file (`NETRC`, else `~/.netrc`) entry of the server's host, which `wandb login`
+/// writes; without a key, wandb's own refusal.
+fn online_settings(var: &impl Fn(&str) -> Option<String>) -> Result<WandbOnline> {
+    let base_url = var("WANDB_BASE_URL")
+        .map(|u| u.trim().trim_end_matches('/').to_string())
+        .unwrap_or_else(|| DEFAULT_BASE_URL.into());
+    let Some(rest) = base_url
+        .strip_prefix("https://")
+        .or_else(|| base_url.strip_prefix("http://"))
+    else {
+        return Err(setting(
+            "WANDB_BASE_URL",
+            &base_url,
+            "not an http(s) URL; name the W&B server, e.g. https://api.wandb.ai",
+        ));
+    };
+    let host = rest
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let netrc = var("NETRC")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".netrc")));
+    let api_key = var("WANDB_API_KEY").or_else(|| {
+        netrc
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| netrc_password(&text, &host))
+    });
+    match api_key {
+        Some(api_key) => Ok(WandbOnline { base_url, api_key }),
+        None => Err(setting(
+            "WANDB_API_KEY",
+            "",
+            &format!(
+                "No API key configured for {host} (W&B's online mode, WANDB_MODE unset or online). Set WANDB_API_KEY, or run `wandb login` (it writes the key to ~/.netrc); or set WANDB_MODE=offline and upload the run later with `wandb sync`"
+            ),
+        )),
+    }
+}
+
+/// Whether `report_to="all"` takes W&B: offline mode, or online mode with an API key.
+pub(crate) fn wandb_is_configured() -> bool {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    match var("WANDB_MODE").as_deref() {
+        Some("offline" | "dryrun") => true,
+        None | Some("online" | "run") => online_settings(&var).is_ok(),
+        _ => false,
     }
 }
 
@@ -263,6 +419,42 @@ struct Run {
     /// The summary's top-level values (what `dict(run.summary)` gives upstream's artifact
     /// metadata), by key.
     summary_values: std::collections::BTreeMap<String, JsonValue>,
+    /// The config as it stands (each update applied), for the server.
+    config_tree: JsonMap,
+    /// The summary as it stands (`_wandb.runtime` nested), for the server.
+    summary_tree: JsonMap,
+    /// Online: the run's file stream to the server.
+    stream: Option<FileStream>,
+    /// Whether a failed post was reported (once per run).
+    warned: bool,
+}
+
+/// The metric definitions upstream's callback makes, as wandb-core writes them in the
+/// config's `_wandb.m` (a `MetricRecord` by field number: 1 name, 2 glob, 5 the step
+/// metric's 1-based index, 6 the options set, 7 the summary kinds).
+fn metric_definitions() -> JsonValue {
+    loads(
+        r#"[{"1": "train/global_step", "6": [3], "7": []}, {"2": "*", "5": 1, "6": [1], "7": []}]"#,
+    )
+    .unwrap_or(JsonValue::Null)
+}
+
+/// Sets `keys` (a path) to `value` in `tree`.
+fn apply(tree: &mut JsonMap, keys: &[&str], value: JsonValue) {
+    match keys {
+        [] => {}
+        [key] => {
+            tree.insert(*key, value);
+        }
+        [key, rest @ ..] => {
+            if !matches!(tree.get(key), Some(JsonValue::Object(_))) {
+                tree.insert(*key, JsonValue::Object(JsonMap::new()));
+            }
+            if let Some(JsonValue::Object(sub)) = tree.get_mut(key) {
+                apply(sub, rest, value);
+            }
+        }
+    }
 }
 
 fn now() -> f64 {
@@ -289,6 +481,7 @@ impl Run {
         let mut c = Proto::default();
         for (k, v) in entries.iter() {
             c.message(1, &item(&[k], &value_json(v)));
+            self.config_tree.insert(k, v.clone());
         }
         self.record(5, &c)
     }
@@ -297,8 +490,47 @@ impl Run {
         let mut s = Proto::default();
         for (keys, v) in entries {
             s.message(1, &item(keys, v));
+            apply(
+                &mut self.summary_tree,
+                keys,
+                loads(v).unwrap_or(JsonValue::Null),
+            );
         }
         self.record(3, &s)
+    }
+
+    /// The config as the server takes it: `{key: {"value": value}}`, with the metric
+    /// definitions in `_wandb`.
+    fn server_config(&self) -> JsonValue {
+        let mut out = JsonMap::new();
+        let mut wandb = JsonMap::new();
+        wandb.insert("m", metric_definitions());
+        let mut wrapped = JsonMap::new();
+        wrapped.insert("value", JsonValue::Object(wandb));
+        out.insert("_wandb", JsonValue::Object(wrapped));
+        for (k, v) in self.config_tree.iter() {
+            let mut wrapped = JsonMap::new();
+            wrapped.insert("value", v.clone());
+            out.insert(k, JsonValue::Object(wrapped));
+        }
+        JsonValue::Object(out)
+    }
+
+    /// Online: posts the pending history lines and the summary; a failure is reported once
+    /// and the lines stay for the next post (the run's folder keeps everything).
+    fn post(&mut self) {
+        let summary = value_json(&JsonValue::Object(self.summary_tree.clone()));
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        if let Err(e) = stream.post(&summary, None)
+            && !std::mem::replace(&mut self.warned, true)
+        {
+            log::warn!(
+                "{e}; the run goes on, the lines not taken are sent again with the next log (the run's folder {} keeps the whole run)",
+                self.dir.display()
+            );
+        }
     }
 
     /// `wandb.log(row)`: the history row with `_step`, `_runtime`, `_timestamp`, and the
@@ -345,7 +577,16 @@ impl Run {
         }
         h.message(2, &step);
         self.step += 1;
-        self.record(2, &h)
+        self.record(2, &h)?;
+        if let Some(stream) = self.stream.as_mut() {
+            let fields: Vec<String> = items
+                .iter()
+                .map(|(keys, v)| format!("{}:{v}", value_json(&JsonValue::Str(keys[0].into()))))
+                .collect();
+            stream.push(format!("{{{}}}", fields.join(",")));
+            self.post();
+        }
+        Ok(())
     }
 
     /// `{k: v for k, v in dict(run.summary).items() if isinstance(v, numbers.Number) and not
@@ -373,7 +614,108 @@ impl Run {
         ])?;
         let mut exit = Proto::default();
         exit.int(2, runtime as i64);
-        self.record(18, &exit)
+        self.record(18, &exit)?;
+        if self.stream.is_some() {
+            self.finish_online();
+        }
+        Ok(())
+    }
+
+    /// Online: the run's files (`config.yaml`, `wandb-summary.json`, `wandb-metadata.json`)
+    /// written to `files/` and uploaded, then the last post (`complete`, `exitcode` 0, the
+    /// uploaded files), each tried three times; a failure is reported with how to upload the
+    /// run from its folder.
+    fn finish_online(&mut self) {
+        let summary = value_json(&JsonValue::Object(self.summary_tree.clone()));
+        let files: Vec<(&str, Vec<u8>)> = vec![
+            ("wandb-metadata.json", self.metadata().into_bytes()),
+            ("wandb-summary.json", summary.clone().into_bytes()),
+            (
+                "config.yaml",
+                crate::pyyaml::safe_dump(&self.server_config()).into_bytes(),
+            ),
+        ];
+        for (name, bytes) in &files {
+            let _ = std::fs::write(self.dir.join("files").join(name), bytes);
+        }
+        let mut uploaded: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+        uploaded.sort();
+        let end = serde_json::json!({"uploaded": uploaded, "complete": true, "exitcode": 0});
+        let dir = self.dir.clone();
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        let mut last = Ok(());
+        for attempt in 0..3 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_secs(attempt));
+            }
+            last = stream
+                .api
+                .upload_run_files(&stream.path, &files)
+                .and_then(|()| stream.post(&summary, Some(&end)));
+            if last.is_ok() {
+                break;
+            }
+        }
+        if let Err(e) = last {
+            log::warn!(
+                "{e}: the run is not complete on the server; upload it from its folder with `wandb sync --include-online {}`",
+                dir.display()
+            );
+        }
+    }
+
+    /// `wandb-metadata.json`: what the run's overview shows of the process.
+    fn metadata(&self) -> String {
+        let secs = self.start as i64;
+        let (y, mo, d, h, mi, s) = crate::checksum_time::utc_parts(secs);
+        let micros = ((self.start - secs as f64) * 1e6) as i64;
+        let args: Vec<JsonValue> = std::env::args().skip(1).map(JsonValue::Str).collect();
+        let text = |v: Option<String>| v.map_or(JsonValue::Null, JsonValue::Str);
+        let mut m = JsonMap::new();
+        m.insert(
+            "os",
+            JsonValue::Str(format!(
+                "{}-{}-{}",
+                std::env::consts::OS,
+                std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .map(|r| r.trim().to_string())
+                    .unwrap_or_default(),
+                std::env::consts::ARCH
+            )),
+        );
+        m.insert(
+            "startedAt",
+            JsonValue::Str(format!(
+                "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{micros:06}Z"
+            )),
+        );
+        m.insert("program", text(std::env::args().next()));
+        m.insert("args", JsonValue::Array(args));
+        m.insert(
+            "executable",
+            text(
+                std::env::current_exe()
+                    .ok()
+                    .map(|p| p.display().to_string()),
+            ),
+        );
+        m.insert(
+            "root",
+            text(
+                std::env::current_dir()
+                    .ok()
+                    .map(|p| p.display().to_string()),
+            ),
+        );
+        m.insert("host", JsonValue::Str(crate::event_file::hostname()));
+        m.insert(
+            "cpu_count_logical",
+            std::thread::available_parallelism()
+                .map_or(JsonValue::Null, |n| JsonValue::Int(n.get() as i64)),
+        );
+        dumps(&JsonValue::Object(m), Some(2), false)
     }
 }
 
@@ -383,6 +725,8 @@ pub struct WandbCallback {
     model_config: Option<ModelConfig>,
     run: Option<Run>,
     initialized: bool,
+    /// Online: the run's page.
+    run_url: Option<String>,
 }
 
 impl std::fmt::Debug for WandbCallback {
@@ -407,6 +751,7 @@ impl WandbCallback {
             model_config: None,
             run: None,
             initialized: false,
+            run_url: None,
         }
     }
 
@@ -426,7 +771,12 @@ impl WandbCallback {
         let id = s.run_id.clone().unwrap_or_else(generate_id);
         let start = now();
         let root = s.dir.join("wandb");
-        let dir = root.join(format!("offline-run-{}-{id}", timestamp_name(start as i64)));
+        // wandb's `run_mode`: `run` online, `offline-run` offline.
+        let mode = match s.online {
+            Some(_) => "run",
+            None => "offline-run",
+        };
+        let dir = root.join(format!("{mode}-{}-{id}", timestamp_name(start as i64)));
         for sub in ["files", "logs", "tmp"] {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).map_err(|e| Error::Io {
@@ -449,6 +799,10 @@ impl WandbCallback {
             start,
             global_step: None,
             summary_values: Default::default(),
+            config_tree: JsonMap::new(),
+            summary_tree: JsonMap::new(),
+            stream: None,
+            warned: false,
         };
         // HeaderRecord { version_info { producer, min_consumer } }.
         let mut version = Proto::default();
@@ -519,6 +873,43 @@ impl WandbCallback {
             let mut entry = JsonMap::new();
             entry.insert("model/num_parameters", JsonValue::Int(n));
             run.config(&entry)?;
+        }
+        // Online: the run on the server (`UpsertBucket`, its config whole), then its file
+        // stream.
+        if let Some(online) = &s.online {
+            let api = WandbApi::new(
+                &online.base_url,
+                &online.api_key,
+                std::time::Duration::from_secs(60),
+            );
+            let text = |v: &Option<String>| {
+                v.as_ref()
+                    .map_or(serde_json::Value::Null, |t| t.as_str().into())
+            };
+            let variables = serde_json::json!({
+                "name": id,
+                "project": s.project,
+                "entity": text(&s.entity),
+                "groupName": text(&s.run_group),
+                "displayName": text(&args.run_name.clone().or(s.name.clone())),
+                "notes": text(&s.notes),
+                "jobType": text(&s.job_type),
+                "tags": if s.tags.is_empty() { serde_json::Value::Null } else { s.tags.clone().into() },
+                "host": crate::event_file::hostname(),
+                "program": std::env::args().next(),
+                "config": value_json(&run.server_config()),
+            });
+            let path = api.upsert_bucket(variables)?;
+            let url = format!(
+                "{}/{}/{}/runs/{}",
+                online.app_url(),
+                path.entity,
+                path.project,
+                path.run
+            );
+            log::info!("W&B: syncing run {} to {url}", path.run);
+            self.run_url = Some(url);
+            run.stream = Some(FileStream::new(api, path));
         }
         self.run = Some(run);
         // The initial model's architecture as an artifact.
@@ -648,7 +1039,7 @@ impl TrainerCallback for WandbCallback {
     /// model (the run's URL is `None` offline, and upstream writes that).
     fn model_card_comment(&self) -> Option<String> {
         (self.run.is_some() && self.settings.log_model.is_enabled()).then(|| {
-            "[<img src=\"https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg\" alt=\"Visualize in Weights & Biases\" width=\"200\" height=\"32\"/>](None)".to_string()
+            format!("[<img src=\"https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg\" alt=\"Visualize in Weights & Biases\" width=\"200\" height=\"32\"/>]({})", self.run_url.as_deref().unwrap_or("None"))
         })
     }
 

@@ -1,6 +1,6 @@
 """Reference for callbacks/tests/it/wandb.rs: what upstream's WandbCallback writes in W&B's
 offline mode (`WANDB_MODE=offline`: a run folder `wandb/offline-run-<time>-<id>/` whose
-`run-<id>.wandb` transaction log `wandb sync` uploads later).
+`run-<id>.wandb` transaction log `wandb sync` uploads later), and what it sends online.
 
 Drives transformers' WandbCallback (on_train_begin with a model that has a config and a
 parameter count, on_log for a sequence of Trainer-like logs, on_predict, on_train_end, then
@@ -16,6 +16,11 @@ Each such case's folder OUT_DIR/<case>/ holds what the Rust test hands its callb
 checkpoint (`checkpoint-10/`), the files upstream's final-model artifact staged from its save
 (`final_model/`) and `print(model)` (`architecture.txt`).
 
+The `online` case runs in wandb's online mode against the stand-in W&B server
+(_wandb_server.py, in a thread of this process): the requests wandb-core made are folded into
+the case's `requests` (run, config, history lines, summary, end of the file stream, uploaded
+files), which the Rust test's run against the same stand-in must equal.
+
 Writes OUT_DIR/wandb_callback.json: {"cases": [...]}, each case with
   name, env        the W&B environment variables set;
   args             the TrainingArguments keyword arguments (the Rust test builds the same);
@@ -23,7 +28,8 @@ Writes OUT_DIR/wandb_callback.json: {"cases": [...]}, each case with
   logs             [[global_step, logs], ...] passed to on_log; predict the metrics passed to
                    on_predict;
   run              the folded run (_wandb_records.fold): run fields, config, summary, metric
-                   definitions, history rows, exit record.
+                   definitions, history rows, exit record;
+  requests         (online) _wandb_server.fold of what the server received.
 
 Usage: python wandb_callback.py OUT_DIR
 """
@@ -56,6 +62,7 @@ def sibling(stem):
 
 
 records = sibling("_wandb_records")
+server = sibling("_wandb_server")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -93,6 +100,8 @@ LOGS = [
 ]
 PREDICT = {"test_loss": 1.75, "test_runtime": 0.25, "test_samples_per_second": 32.0}
 
+API_KEY = "0123456789abcdef0123456789abcdef01234567"
+
 CASES = [
     {"name": "project_and_run_name", "env": {"WANDB_PROJECT": "tchtrain-reference"}, "args": ARGS},
     {"name": "default_project_no_run_name", "env": {}, "args": {k: v for k, v in ARGS.items() if k != "run_name"}},
@@ -102,6 +111,9 @@ CASES = [
      "args": {**{k: v for k, v in ARGS.items() if k != "run_name"}, "load_best_model_at_end": True,
               "eval_strategy": "steps", "save_strategy": "steps", "eval_steps": 10, "save_steps": 10},
      "log_model": {"save_at": 10, "epoch": 0.5, "best_metric": 2.0, "total_flos": 12345678.0}},
+    {"name": "online", "env": {"WANDB_MODE": "online", "WANDB_API_KEY": API_KEY, "WANDB_PROJECT": "tchtrain-reference",
+                               "WANDB_RUN_GROUP": "group-a", "WANDB_TAGS": "x,y"},
+     "args": ARGS, "online": True},
 ]
 
 
@@ -144,6 +156,10 @@ for case in CASES:
     os.environ["WANDB_DIR"] = str(work)
     os.environ["WANDB_DATA_DIR"] = str(work / "data")
     work.mkdir()
+    if case.get("online"):  # the stand-in W&B server, recording what the run sends
+        wandb.teardown()  # wandb.setup() keeps the first run's settings (offline) otherwise
+        stand_in = server.start(work / "requests.jsonl")
+        os.environ["WANDB_BASE_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
     os.chdir(work)  # the relative output_dir's checkpoints
     args = TrainingArguments(**case["args"])
     log_model = case.get("log_model")
@@ -178,14 +194,24 @@ for case in CASES:
     wait_for_exit(run_file)
     if log_model:
         keep_final_model(run_file, OUT / case["name"])
+    requests = None
+    if case.get("online"):
+        for _ in range(600):  # until the file stream's last post has come
+            if '"complete": true' in (work / "requests.jsonl").read_text():
+                break
+            time.sleep(0.1)
+        stand_in.shutdown()
+        del os.environ["WANDB_BASE_URL"]
+        requests = server.fold(work / "requests.jsonl")
     results.append({
         "name": case["name"], "env": case["env"], "args": case["args"], "model_config": config_dict,
         "num_parameters": n, "logs": LOGS, "predict": PREDICT, "run": records.fold(run_file),
         "run_dir_name": run_dir.name.split("-")[0] + "-" + run_dir.name.split("-")[1],
-        "log_model": log_model,
+        "log_model": log_model, "requests": requests,
     })
     for name in case["env"]:
         del os.environ[name]
+    os.environ["WANDB_MODE"] = "offline"
     os.chdir(HERE)
 
 (OUT / "wandb_callback.json").write_text(json.dumps({"cases": results}, indent=1, sort_keys=True))

@@ -248,7 +248,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "swanlab_callback_writes_what_upstream_writes",
             "kubeflow_callback_sends_what_upstream_sends",
         ],
-        "`comet_ml` (Comet's offline archive that `comet upload` sends; online mode, resuming and assets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`), `mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (offline runs that `wandb sync` uploads, with `WANDB_LOG_MODEL`'s model artifacts; online mode refused), `trackio` (trackio's local store; Spaces and Buckets refused), `swanlab` (the offline run folder that `swanlab sync` uploads; cloud and local modes refused), `kubeflow` (progress to the Kubeflow Trainer controller over HTTP(S)) and `jsonl`; the other integrations upstream knows (neptune, clearml, codecarbon, ...) are refused by name, each with its reason",
+        "`comet_ml` (Comet's offline archive that `comet upload` sends; online mode, resuming and assets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`), `mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (online, to the server in `WANDB_BASE_URL` as the run goes, or offline runs that `wandb sync` uploads; `WANDB_LOG_MODEL`'s model artifacts offline), `trackio` (trackio's local store; Spaces and Buckets refused), `swanlab` (the offline run folder that `swanlab sync` uploads; cloud and local modes refused), `kubeflow` (progress to the Kubeflow Trainer controller over HTTP(S)) and `jsonl`; the other integrations upstream knows (neptune, clearml, codecarbon, ...) are refused by name, each with its reason",
     ),
     h(
         "run_name",

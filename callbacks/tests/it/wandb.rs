@@ -77,6 +77,64 @@ fn same(a: &Value, b: &Value, at: &str) -> Result<(), String> {
     }
 }
 
+/// scripts/reference/_wandb_server.py serving (the stand-in W&B server, recording each
+/// request in its log); dropping it stops it.
+struct StandIn {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    url: String,
+}
+
+impl StandIn {
+    fn start(dir: &Path) -> Self {
+        use std::io::BufRead;
+        let log = dir.join("requests.jsonl");
+        let mut child = Command::new(venv_python())
+            .arg(repo().join("scripts/reference/_wandb_server.py"))
+            .arg("serve")
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the stand-in W&B server said {line:?}"));
+        Self {
+            child,
+            log,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// The requests folded as the reference folds upstream's (`_wandb_server.py fold`).
+    fn fold(&self) -> Value {
+        let out = Command::new(venv_python())
+            .arg(repo().join("scripts/reference/_wandb_server.py"))
+            .arg("fold")
+            .arg(&self.log)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "folding the requests: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn settings(env: &[(String, String)]) -> tchtrain_callbacks::Result<WandbSettings> {
     WandbSettings::from_lookup(|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
 }
@@ -93,7 +151,12 @@ fn wandb_callback_writes_what_upstream_writes() {
             .iter()
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
             .collect();
-        env.push(("WANDB_MODE".into(), "offline".into()));
+        let online = case["requests"].is_object();
+        let stand_in = online.then(|| StandIn::start(&dir));
+        match &stand_in {
+            Some(s) => env.push(("WANDB_BASE_URL".into(), s.url.clone())),
+            None => env.push(("WANDB_MODE".into(), "offline".into())),
+        }
         env.push(("WANDB_DIR".into(), dir.display().to_string()));
         env.push((
             "WANDB_DATA_DIR".into(),
@@ -154,14 +217,12 @@ fn wandb_callback_writes_what_upstream_writes() {
         callback.on_train_end(&args, &state, &mut control).unwrap();
         let run_dir = callback.run_dir().unwrap().to_path_buf();
         drop(callback);
-        assert!(
-            run_dir
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("offline-run-"),
-            "{}",
-            run_dir.display()
+        // wandb's run folders: `run-<time>-<id>` online, `offline-run-...` offline.
+        let folder = run_dir.file_name().unwrap().to_string_lossy().to_string();
+        assert_eq!(
+            folder.split('-').next(),
+            Some(if online { "run" } else { "offline" }),
+            "{folder}"
         );
         let file = std::fs::read_dir(&run_dir)
             .unwrap()
@@ -182,10 +243,27 @@ fn wandb_callback_writes_what_upstream_writes() {
         if let Err(e) = same(&ours, &case["run"], name) {
             panic!("{name}: {e}");
         }
-        // `wandb sync` takes the folder as an offline run to upload.
+        // Online: what the server received, as upstream's run sent it (the same run, config
+        // with the metric definitions, every history line once, summary, end of the stream,
+        // uploaded files) but for `requirements.txt`, the Python environment's package list.
+        if let Some(stand_in) = &stand_in {
+            let mut wanted = case["requests"].clone();
+            wanted["files"]
+                .as_object_mut()
+                .unwrap()
+                .remove("requirements.txt");
+            wanted["end"]["uploaded"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|f| f != "requirements.txt");
+            if let Err(e) = same(&stand_in.fold(), &wanted, &format!("{name} (requests)")) {
+                panic!("{e}");
+            }
+        }
+        // `wandb sync` takes the folder as a run to upload.
         let wandb = venv_python().parent().unwrap().join("wandb");
         let out = Command::new(&wandb)
-            .args(["sync", "--dry-run"])
+            .args(["sync", "--dry-run", "--include-online"])
             .arg(&run_dir)
             .env("WANDB_MODE", "offline")
             .output()
@@ -206,8 +284,18 @@ fn wandb_settings_refuse_what_is_not_implemented() {
             .collect()
     };
     for (pairs, variable) in [
-        (&[][..], "WANDB_MODE"),
-        (&[("WANDB_MODE", "online")][..], "WANDB_MODE"),
+        // Online (the default) without an API key: wandb's refusal.
+        (&[][..], "WANDB_API_KEY"),
+        (&[("WANDB_MODE", "online")][..], "WANDB_API_KEY"),
+        (&[("WANDB_MODE", "shared")][..], "WANDB_MODE"),
+        (
+            &[("WANDB_API_KEY", "k"), ("WANDB_BASE_URL", "localhost:8080")][..],
+            "WANDB_BASE_URL",
+        ),
+        (
+            &[("WANDB_API_KEY", "k"), ("WANDB_LOG_MODEL", "end")][..],
+            "WANDB_LOG_MODEL",
+        ),
         (
             &[("WANDB_MODE", "offline"), ("WANDB_WATCH", "all")][..],
             "WANDB_WATCH",
@@ -291,4 +379,84 @@ fn wandb_settings_refuse_what_is_not_implemented() {
         .unwrap();
     assert!(callback.run_dir().is_none());
     assert!(!dir.join("wandb").exists());
+}
+
+#[test]
+fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
+    let dir = temp_dir("wandb-online");
+    // The API key from the netrc entry `wandb login` writes for the server's host.
+    let netrc = dir.join("netrc");
+    std::fs::write(
+        &netrc,
+        "machine other.host login user password wrong\nmachine 127.0.0.1\n  login user\n  password from-netrc\n",
+    )
+    .unwrap();
+    let pairs = |extra: &[(&str, &str)]| -> Vec<(String, String)> {
+        [("NETRC", netrc.display().to_string().as_str())]
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let s = settings(&pairs(&[("WANDB_BASE_URL", "http://127.0.0.1:9/")])).unwrap();
+    let online = s.online.unwrap();
+    assert_eq!(online.api_key, "from-netrc");
+    assert_eq!(online.base_url, "http://127.0.0.1:9");
+    assert_eq!(online.app_url(), "http://127.0.0.1:9");
+    assert!(!format!("{online:?}").contains("from-netrc"));
+    let s = settings(&pairs(&[("WANDB_API_KEY", "from-env")])).unwrap();
+    let online = s.online.unwrap();
+    assert_eq!(online.api_key, "from-env");
+    assert_eq!(online.base_url, "https://api.forge.coreweave.com");
+    assert_eq!(online.app_url(), "https://forge.coreweave.com/wandb");
+    for (base, app) in [
+        ("https://api.wandb.ai", "https://forge.coreweave.com/wandb"),
+        ("https://api.example.com", "https://app.example.com"),
+    ] {
+        let s = settings(&pairs(&[("WANDB_API_KEY", "k"), ("WANDB_BASE_URL", base)])).unwrap();
+        assert_eq!(s.online.unwrap().app_url(), app, "{base}");
+    }
+
+    // The server goes away during the run: training goes on, the run's folder keeps the
+    // whole run (`wandb sync` uploads it).
+    let stand_in = StandIn::start(&dir);
+    let s = settings(&[
+        ("WANDB_API_KEY".into(), "k".into()),
+        ("WANDB_BASE_URL".into(), stand_in.url.clone()),
+        ("WANDB_DIR".into(), dir.display().to_string()),
+    ])
+    .unwrap();
+    let mut callback = WandbCallback::with_settings(s);
+    let args = TrainingArguments::default();
+    let mut state = TrainerState::default();
+    let mut control = TrainerControl::default();
+    callback
+        .on_train_begin(&args, &state, &mut control)
+        .unwrap();
+    let log = |loss: f64| json_map(&serde_json::json!({"loss": loss, "epoch": 0.5}));
+    state.global_step = 5;
+    callback
+        .on_log(&args, &state, &mut control, &log(2.0))
+        .unwrap();
+    drop(stand_in);
+    state.global_step = 10;
+    callback
+        .on_log(&args, &state, &mut control, &log(1.5))
+        .unwrap();
+    let run_dir = callback.run_dir().unwrap().to_path_buf();
+    drop(callback);
+    let file = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "wandb"))
+        .unwrap();
+    let out = Command::new(venv_python())
+        .arg(repo().join("scripts/reference/_wandb_records.py"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["history"].as_array().unwrap().len(), 2, "{run}");
+    assert_eq!(run["exit"][0]["exit_code"], 0, "{run}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
