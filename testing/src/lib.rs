@@ -1,8 +1,8 @@
 //! `tchtrain-testing` — what the tests of every tchtrain crate share (upstream's
 //! `testing_utils.py`): where the offline assets and the reference values are, the lock
 //! that serialises tests using libtorch's process-global generator, scratch folders that
-//! remove themselves, and a local Hugging Face hub ([`HubServer`]) serving model and dataset
-//! repositories on 127.0.0.1.
+//! remove themselves, a local Hugging Face hub ([`HubServer`]) serving model and dataset
+//! repositories on 127.0.0.1, and a stand-in W&B server ([`WandbStandIn`]).
 //!
 //! Each crate's integration tests are one binary (`tests/it/main.rs` with a module per
 //! topic), so its tests share one process: every test that seeds or draws from the global
@@ -11,9 +11,11 @@
 
 mod hub_server;
 mod log_history;
+mod wandb_server;
 
 pub use hub_server::{HubRequest, HubServer, HubServerBuilder, ServedRevision};
 pub use log_history::{MaxRel, assert_exact, compare, compare_within, rel};
+pub use wandb_server::WandbStandIn;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

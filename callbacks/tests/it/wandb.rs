@@ -17,6 +17,8 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
+use tchtrain_testing::WandbStandIn;
+
 use crate::common::{repo, temp_dir, venv_python};
 
 fn reference_dir() -> std::path::PathBuf {
@@ -77,64 +79,6 @@ fn same(a: &Value, b: &Value, at: &str) -> Result<(), String> {
     }
 }
 
-/// scripts/reference/_wandb_server.py serving (the stand-in W&B server, recording each
-/// request in its log); dropping it stops it.
-struct StandIn {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-    url: String,
-}
-
-impl StandIn {
-    fn start(dir: &Path) -> Self {
-        use std::io::BufRead;
-        let log = dir.join("requests.jsonl");
-        let mut child = Command::new(venv_python())
-            .arg(repo().join("scripts/reference/_wandb_server.py"))
-            .arg("serve")
-            .arg(&log)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("the stand-in W&B server said {line:?}"));
-        Self {
-            child,
-            log,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    /// The requests folded as the reference folds upstream's (`_wandb_server.py fold`).
-    fn fold(&self) -> Value {
-        let out = Command::new(venv_python())
-            .arg(repo().join("scripts/reference/_wandb_server.py"))
-            .arg("fold")
-            .arg(&self.log)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "folding the requests: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn settings(env: &[(String, String)]) -> tchtrain_callbacks::Result<WandbSettings> {
     WandbSettings::from_lookup(|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
 }
@@ -152,7 +96,7 @@ fn wandb_callback_writes_what_upstream_writes() {
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
             .collect();
         let online = case["requests"].is_object();
-        let stand_in = online.then(|| StandIn::start(&dir));
+        let stand_in = online.then(|| WandbStandIn::start(&dir).unwrap());
         match &stand_in {
             Some(s) => env.push(("WANDB_BASE_URL".into(), s.url.clone())),
             None => env.push(("WANDB_MODE".into(), "offline".into())),
@@ -256,7 +200,11 @@ fn wandb_callback_writes_what_upstream_writes() {
                 .as_array_mut()
                 .unwrap()
                 .retain(|f| f != "requirements.txt");
-            if let Err(e) = same(&stand_in.fold(), &wanted, &format!("{name} (requests)")) {
+            if let Err(e) = same(
+                &stand_in.fold().unwrap(),
+                &wanted,
+                &format!("{name} (requests)"),
+            ) {
                 panic!("{e}");
             }
         }
@@ -419,7 +367,7 @@ fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
 
     // The server goes away during the run: training goes on, the run's folder keeps the
     // whole run (`wandb sync` uploads it).
-    let stand_in = StandIn::start(&dir);
+    let stand_in = WandbStandIn::start(&dir).unwrap();
     let s = settings(&[
         ("WANDB_API_KEY".into(), "k".into()),
         ("WANDB_BASE_URL".into(), stand_in.url.clone()),

@@ -277,3 +277,97 @@ fn a_run_reported_to_wandb_logs_the_model_as_artifacts() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// A Trainer run reported to W&B online, against the stand-in W&B server
+/// (`scripts/reference/_wandb_server.py`, which wandb 0.31 itself runs against in
+/// callbacks/tests/it/wandb.rs): the run created with the arguments, the model's config and
+/// the parameter count the Trainer counted; one history line per log, each step's `train/loss`
+/// and `train/learning_rate` the run's `log_history` entries; the summary with
+/// `train_runtime`; the stream completed with exit code 0 and the run's files uploaded.
+#[test]
+fn a_run_reported_to_wandb_online_streams_every_log() -> Result<()> {
+    use tchtrain_callbacks::{WandbCallback, WandbOnline, WandbSettings};
+    let _g = lock();
+    let dir = temp_dir("wandb-online");
+    let stand_in = tchtrain_testing::WandbStandIn::start(&dir)?;
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 2,
+        max_steps: 4,
+        logging_steps: 1.0,
+        seed: 3,
+        use_cpu: true,
+        report_to: vec![],
+        run_name: Some("online-run".into()),
+        disable_tqdm: true,
+        ..TrainingArguments::new(dir.join("out").display().to_string())
+    };
+    args.post_init()?;
+    let settings = WandbSettings {
+        online: Some(WandbOnline {
+            base_url: stand_in.url.clone(),
+            api_key: "0123456789abcdef0123456789abcdef01234567".into(),
+        }),
+        ..WandbSettings::offline(&dir)
+    };
+    let model = initial_model()?;
+    let mut trainer = Trainer::builder(model, args)
+        .train_dataset(blocks("train", 8)?)
+        .callback(WandbCallback::with_settings(settings))
+        .build()?;
+    trainer.train(None)?;
+    let parameters = num_parameters(trainer.model(), false);
+    let log_history = trainer.state.log_history.clone();
+    drop(trainer);
+    let run = stand_in.fold()?;
+    ensure!(
+        run["api_keys"] == serde_json::json!(["api:0123456789abcdef0123456789abcdef01234567"]),
+        "{}",
+        run["api_keys"]
+    );
+    ensure!(run["run"]["displayName"] == "online-run" && run["run"]["project"] == "huggingface");
+    let config = &run["config"];
+    ensure!(
+        config["model/num_parameters"]["value"] == parameters,
+        "{config}"
+    );
+    ensure!(config["model_type"]["value"] == "gpt2" && config["max_steps"]["value"] == 4);
+    let history = run["history"].as_array().context("history")?;
+    ensure!(history.len() == log_history.len(), "{history:?}");
+    for (line, entry) in history.iter().zip(&log_history) {
+        let entry: serde_json::Value = serde_json::from_str(&tchtrain_callbacks::dumps(
+            &JsonValue::Object(entry.clone()),
+            None,
+            false,
+        ))?;
+        for key in ["loss", "learning_rate"] {
+            if let Some(v) = entry.get(key) {
+                ensure!(
+                    line[format!("train/{key}")].as_f64() == v.as_f64(),
+                    "{key}: {line} vs {entry}"
+                );
+            }
+        }
+        ensure!(
+            line["train/global_step"] == entry["step"],
+            "{line} vs {entry}"
+        );
+    }
+    ensure!(
+        run["summary"]["train_runtime"].is_number(),
+        "{}",
+        run["summary"]
+    );
+    ensure!(
+        run["end"]["complete"] == true && run["end"]["exitcode"] == 0,
+        "{}",
+        run["end"]
+    );
+    ensure!(
+        run["end"]["uploaded"]
+            == serde_json::json!(["config.yaml", "wandb-metadata.json", "wandb-summary.json"]),
+        "{}",
+        run["end"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
