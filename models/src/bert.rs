@@ -22,7 +22,7 @@ use crate::heads::{self, HeadKind};
 use crate::modeling_utils::{ModelInputs, ModelOutput};
 use crate::padding_free;
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `BertConfig` with its defaults (BERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -781,6 +781,140 @@ fn head(kind: HeadKind, root: &tchtrain_nn::Path<'_>, config: &BertConfig, rober
     }
 }
 
+/// What `print(model)` shows of a BERT-shaped model with the head of `kind`: the body
+/// (`<Prefix>Model`: embeddings, encoder layers, the pooler where there is one) and the head,
+/// registered before the body for XLM-RoBERTa.
+fn module_repr(c: &BertConfig, f: &EncoderFamily, kind: HeadKind, body: &BertModel) -> ModuleRepr {
+    let (p, h) = (f.prefix, c.hidden_size);
+    let ln = || ModuleRepr::layer_norm(h, c.layer_norm_eps, true, true);
+    let hidden_dropout = || ModuleRepr::dropout(c.hidden_dropout_prob);
+    let words = ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id);
+    let types = ModuleRepr::embedding(c.type_vocab_size, h, None);
+    let mut embeddings = ModuleRepr::new(format!("{p}Embeddings")).child("word_embeddings", words);
+    if f.roberta {
+        embeddings = embeddings
+            .child("token_type_embeddings", types)
+            .child("LayerNorm", ln())
+            .child("dropout", hidden_dropout())
+            .child(
+                "position_embeddings",
+                ModuleRepr::embedding(c.max_position_embeddings, h, c.pad_token_id),
+            );
+    } else {
+        embeddings = embeddings
+            .child(
+                "position_embeddings",
+                ModuleRepr::embedding(c.max_position_embeddings, h, None),
+            )
+            .child("token_type_embeddings", types)
+            .child("LayerNorm", ln())
+            .child("dropout", hidden_dropout());
+    }
+    let attention = ModuleRepr::new(format!("{p}Attention"))
+        .child(
+            "self",
+            ModuleRepr::new(format!("{p}SelfAttention"))
+                .child("query", ModuleRepr::linear(h, h, true))
+                .child("key", ModuleRepr::linear(h, h, true))
+                .child("value", ModuleRepr::linear(h, h, true))
+                .child(
+                    "dropout",
+                    ModuleRepr::dropout(c.attention_probs_dropout_prob),
+                ),
+        )
+        .child(
+            "output",
+            ModuleRepr::new(format!("{p}SelfOutput"))
+                .child("dense", ModuleRepr::linear(h, h, true))
+                .child("LayerNorm", ln())
+                .child("dropout", hidden_dropout()),
+        );
+    let layer = ModuleRepr::new(format!("{p}Layer"))
+        .child("attention", attention)
+        .child(
+            "intermediate",
+            ModuleRepr::new(format!("{p}Intermediate"))
+                .child("dense", ModuleRepr::linear(h, c.intermediate_size, true))
+                .child(
+                    "intermediate_act_fn",
+                    ModuleRepr::new(body.act.class_name()),
+                ),
+        )
+        .child(
+            "output",
+            ModuleRepr::new(format!("{p}Output"))
+                .child("dense", ModuleRepr::linear(c.intermediate_size, h, true))
+                .child("LayerNorm", ln())
+                .child("dropout", hidden_dropout()),
+        );
+    let mut model = ModuleRepr::new(format!("{p}Model"))
+        .child("embeddings", embeddings)
+        .child(
+            "encoder",
+            ModuleRepr::new(format!("{p}Encoder")).child(
+                "layer",
+                ModuleRepr::module_list(vec![layer; body.layers.len()]),
+            ),
+        );
+    if body.pooler.is_some() {
+        model = model.child(
+            "pooler",
+            ModuleRepr::new(format!("{p}Pooler"))
+                .child("dense", ModuleRepr::linear(h, h, true))
+                .child("activation", ModuleRepr::new("Tanh")),
+        );
+    }
+    let labels = c.num_labels();
+    let head: Vec<(&str, ModuleRepr)> = match kind {
+        HeadKind::Base => return model,
+        HeadKind::MaskedLm if f.roberta => vec![(
+            "lm_head",
+            ModuleRepr::new(format!("{p}LMHead"))
+                .child("dense", ModuleRepr::linear(h, h, true))
+                .child("layer_norm", ln())
+                .child("decoder", ModuleRepr::linear(h, c.vocab_size, true)),
+        )],
+        HeadKind::MaskedLm => vec![(
+            "cls",
+            ModuleRepr::new(format!("{p}OnlyMLMHead")).child(
+                "predictions",
+                ModuleRepr::new(format!("{p}LMPredictionHead"))
+                    .child(
+                        "transform",
+                        ModuleRepr::new(format!("{p}PredictionHeadTransform"))
+                            .child("dense", ModuleRepr::linear(h, h, true))
+                            .child("transform_act_fn", ModuleRepr::new(body.act.class_name()))
+                            .child("LayerNorm", ln()),
+                    )
+                    .child("decoder", ModuleRepr::linear(h, c.vocab_size, true)),
+            ),
+        )],
+        HeadKind::SequenceClassification if f.roberta => vec![(
+            "classifier",
+            ModuleRepr::new(format!("{p}ClassificationHead"))
+                .child("dense", ModuleRepr::linear(h, h, true))
+                .child("dropout", ModuleRepr::dropout(dropout_p(c)))
+                .child("out_proj", ModuleRepr::linear(h, labels, true)),
+        )],
+        HeadKind::SequenceClassification | HeadKind::TokenClassification => vec![
+            ("dropout", ModuleRepr::dropout(dropout_p(c))),
+            ("classifier", ModuleRepr::linear(h, labels, true)),
+        ],
+        HeadKind::QuestionAnswering => vec![("qa_outputs", ModuleRepr::linear(h, 2, true))],
+    };
+    let mut root = ModuleRepr::new(kind.class(&f.classes));
+    if !f.head_first {
+        root = root.child(f.base_model_prefix, model.clone());
+    }
+    for (key, m) in head {
+        root = root.child(key, m);
+    }
+    if f.head_first {
+        root = root.child(f.base_model_prefix, model);
+    }
+    root
+}
+
 /// The heads' dropout: `classifier_dropout`, else `hidden_dropout_prob`.
 fn dropout_p(c: &BertConfig) -> f64 {
     c.classifier_dropout.unwrap_or(c.hidden_dropout_prob)
@@ -848,6 +982,9 @@ impl<C: EncoderConfig> EncoderArchitecture for C {
                 | "embeddings.position_embeddings.weight"
                 | "embeddings.token_type_embeddings.weight"
         )
+    }
+    fn module_repr(&self, kind: HeadKind, body: &BertModel) -> Option<ModuleRepr> {
+        Some(module_repr(&self.bert(), &self.family(), kind, body))
     }
     fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
         let family = self.family();

@@ -78,6 +78,12 @@ pub trait EncoderArchitecture:
     /// Whether the body's parameter `name` (without the prefix) is an embedding weight
     /// (no weight decay under upstream's rule).
     fn is_embedding_weight(&self, name: &str) -> bool;
+    /// What `print(model)` shows of the model with the head of `kind` (upstream's module
+    /// tree and class names); `None` where the family's tree is not written out.
+    fn module_repr(&self, kind: HeadKind, body: &Self::Body) -> Option<tchtrain_nn::ModuleRepr> {
+        let _ = (kind, body);
+        None
+    }
     /// The head's parameters tied to another (`(tied, source)`), not stored in checkpoints.
     fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)>;
     /// What the Trainer checks of the labels before the first step.
@@ -187,6 +193,9 @@ impl<C: EncoderArchitecture, K: TaskHead> PreTrainedModel for EncoderFor<C, K> {
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config
+    }
+    fn module_repr(&self) -> Option<tchtrain_nn::ModuleRepr> {
+        self.config.module_repr(K::KIND, &self.body)
     }
 }
 

@@ -1492,18 +1492,21 @@ fn rotate_half(x: &Tensor) -> Tensor {
 
 impl LlamaModel {
     /// What `print(model.model)` shows, for the families whose modules are Llama's under
-    /// the family's class names (Llama, Mistral, Qwen2, Qwen3); `None` for the others (their
-    /// experts, extra norms, per-layer embeddings, ... are not written out).
+    /// the family's class names (Llama, Mistral, Qwen2, Qwen3), Gemma 1–3's (a scaled
+    /// embedding, Gemma 2 / 3's four norms a layer) and Phi-3's (fused projections, residual
+    /// dropouts); `None` for the others (their experts, extra norms, per-layer embeddings,
+    /// ... are not written out).
     pub(crate) fn module_repr(&self) -> Option<ModuleRepr> {
         let f = &self.family;
-        let plain = matches!(f.model_type, "llama" | "mistral" | "qwen2" | "qwen3")
-            && f.moe.is_none()
+        let plain = matches!(
+            f.model_type,
+            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3_text" | "phi3"
+        ) && f.moe.is_none()
             && f.clip_qkv.is_none()
             && f.qk_norm != QkNorm::Projection
             && f.base_model == "model"
-            && self.per_layer.is_none()
-            && self.sliding_rotary_emb.is_none();
-        if !plain {
+            && self.per_layer.is_none();
+        if !plain || (self.sliding_rotary_emb.is_some() && f.gemma.is_none()) {
             return None;
         }
         let (c, p) = (&self.config, f.prefix);
@@ -1513,32 +1516,62 @@ impl LlamaModel {
             c.num_key_value_heads() * head_dim,
         );
         let norm = |dim| ModuleRepr::rms_norm(format!("{p}RMSNorm"), dim, c.rms_norm_eps);
-        let mut attention = ModuleRepr::new(format!("{p}Attention"))
-            .child("q_proj", ModuleRepr::linear(h, q, f.qkv_bias))
-            .child("k_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
-            .child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
-            .child("o_proj", ModuleRepr::linear(q, h, f.o_bias));
+        let mut attention = ModuleRepr::new(format!("{p}Attention"));
+        attention = match f.phi3 {
+            Some(_) => attention
+                .child("o_proj", ModuleRepr::linear(q, h, f.o_bias))
+                .child("qkv_proj", ModuleRepr::linear(h, q + 2 * kv, f.qkv_bias)),
+            None => attention
+                .child("q_proj", ModuleRepr::linear(h, q, f.qkv_bias))
+                .child("k_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
+                .child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
+                .child("o_proj", ModuleRepr::linear(q, h, f.o_bias)),
+        };
         if f.qk_norm == QkNorm::PerHead {
             attention = attention
                 .child("q_norm", norm(head_dim))
                 .child("k_norm", norm(head_dim));
         }
-        let mlp = ModuleRepr::new(format!("{p}MLP"))
-            .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
-            .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
-            .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
-            .child("act_fn", ModuleRepr::new(self.act.class_name()));
-        let layer = ModuleRepr::new(format!("{p}DecoderLayer"))
+        let act = ModuleRepr::new(self.act.class_name());
+        let mlp = match f.phi3 {
+            Some(_) => ModuleRepr::new(format!("{p}MLP"))
+                .child("gate_up_proj", ModuleRepr::linear(h, 2 * inner, f.mlp_bias))
+                .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
+                .child("activation_fn", act),
+            None => ModuleRepr::new(format!("{p}MLP"))
+                .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
+                .child("act_fn", act),
+        };
+        let mut layer = ModuleRepr::new(format!("{p}DecoderLayer"))
             .child("self_attn", attention)
             .child("mlp", mlp)
             .child("input_layernorm", norm(h))
             .child("post_attention_layernorm", norm(h));
+        if f.gemma.as_ref().is_some_and(|g| g.sandwich_norms) {
+            layer = layer
+                .child("pre_feedforward_layernorm", norm(h))
+                .child("post_feedforward_layernorm", norm(h));
+        }
+        if let Some(phi3) = &f.phi3 {
+            layer = layer
+                .child("resid_attn_dropout", ModuleRepr::dropout(phi3.resid_pdrop))
+                .child("resid_mlp_dropout", ModuleRepr::dropout(phi3.resid_pdrop));
+        }
+        // Gemma's embedding is `<Prefix>TextScaledWordEmbedding` (an `nn.Embedding`'s text),
+        // Gemma 3's base model `Gemma3TextModel`.
+        let mut embed = ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id);
+        let mut model_class = format!("{p}Model");
+        if let Some(g) = &f.gemma {
+            embed = embed.renamed(format!("{p}TextScaledWordEmbedding"));
+            if g.text_model {
+                model_class = format!("{p}TextModel");
+            }
+        }
         Some(
-            ModuleRepr::new(format!("{p}Model"))
-                .child(
-                    "embed_tokens",
-                    ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id),
-                )
+            ModuleRepr::new(model_class)
+                .child("embed_tokens", embed)
                 .child(
                     "layers",
                     ModuleRepr::module_list(vec![layer; self.layers.len()]),

@@ -48,6 +48,13 @@ impl ModuleRepr {
         }
     }
 
+    /// This module under another class name (a subclass that keeps its parent's
+    /// `extra_repr`: Gemma's `GemmaTextScaledWordEmbedding(96, 16, padding_idx=0)`).
+    pub fn renamed(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// This module with `child` registered as `key` after the others.
     pub fn child(mut self, key: impl Into<String>, child: ModuleRepr) -> Self {
         self.children.push((key.into(), child));

@@ -21,6 +21,9 @@ OUT = Path(sys.argv[1])
 SMALL = dict(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2)
 
+ENCODER = dict(vocab_size=96, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=40,
+               max_position_embeddings=40, type_vocab_size=3)
+
 CASES = {
     "gpt2_lm": (tf.GPT2LMHeadModel, tf.GPT2Config(
         vocab_size=96, n_positions=40, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.05, embd_pdrop=0.0,
@@ -35,6 +38,23 @@ CASES = {
     "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**SMALL)),
     "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**SMALL, head_dim=6)),
     "qwen3_cls": (tf.Qwen3ForSequenceClassification, tf.Qwen3Config(**SMALL, num_labels=2, pad_token_id=0)),
+    "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(**SMALL, head_dim=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gemma2_cls": (tf.Gemma2ForSequenceClassification, tf.Gemma2Config(
+        **SMALL, head_dim=8, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gemma3_text": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
+        **SMALL, head_dim=4, rms_norm_eps=1e-5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**SMALL, resid_pdrop=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "phi3_cls": (tf.Phi3ForSequenceClassification, tf.Phi3Config(
+        **SMALL, num_labels=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "bert_base": (tf.BertModel, tf.BertConfig(**ENCODER, hidden_act="relu")),
+    "bert_cls": (tf.BertForSequenceClassification, tf.BertConfig(**ENCODER, num_labels=3, classifier_dropout=0.2)),
+    "bert_mlm": (tf.BertForMaskedLM, tf.BertConfig(**ENCODER, layer_norm_eps=1e-6, hidden_act="gelu_new")),
+    "bert_ner": (tf.BertForTokenClassification, tf.BertConfig(**ENCODER, num_labels=5, pad_token_id=3)),
+    "bert_qa": (tf.BertForQuestionAnswering, tf.BertConfig(**ENCODER, attention_probs_dropout_prob=0.0)),
+    "roberta_mlm": (tf.RobertaForMaskedLM, tf.RobertaConfig(**ENCODER)),
+    "roberta_cls": (tf.RobertaForSequenceClassification, tf.RobertaConfig(**ENCODER, num_labels=4)),
+    "xlm_roberta_ner": (tf.XLMRobertaForTokenClassification, tf.XLMRobertaConfig(**ENCODER, num_labels=3)),
+    "xlm_roberta_cls": (tf.XLMRobertaForSequenceClassification, tf.XLMRobertaConfig(**ENCODER, num_labels=2)),
 }
 
 

@@ -28,6 +28,41 @@ fn module_repr_equals_upstreams_print() -> Result<()> {
             "qwen3_cls",
             AutoTask::SequenceClassification { num_labels: None },
         ),
+        ("gemma", AutoTask::CausalLm),
+        (
+            "gemma2_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("gemma3_text", AutoTask::CausalLm),
+        ("phi3", AutoTask::CausalLm),
+        (
+            "phi3_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("bert_base", AutoTask::Base),
+        (
+            "bert_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("bert_mlm", AutoTask::MaskedLm),
+        (
+            "bert_ner",
+            AutoTask::TokenClassification { num_labels: None },
+        ),
+        ("bert_qa", AutoTask::QuestionAnswering),
+        ("roberta_mlm", AutoTask::MaskedLm),
+        (
+            "roberta_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        (
+            "xlm_roberta_ner",
+            AutoTask::TokenClassification { num_labels: None },
+        ),
+        (
+            "xlm_roberta_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
     ];
     for (case, task) in cases {
         let folder = dir.join(case);
