@@ -55,6 +55,40 @@ impl ModuleRepr {
         self
     }
 
+    /// A `ModuleDict` of `items` (shown as any module's children, not folded).
+    pub fn module_dict(items: Vec<(String, ModuleRepr)>) -> Self {
+        Self {
+            name: "ModuleDict".into(),
+            extra: String::new(),
+            children: items,
+            list: false,
+        }
+    }
+
+    /// This tree with every module below the root passed through `f` with its dotted path
+    /// (`model.layers.0.self_attn.q_proj`; a list's items by index), children before their
+    /// parent.
+    pub fn map_modules(self, f: &mut impl FnMut(&str, ModuleRepr) -> ModuleRepr) -> Self {
+        self.map_at("", f)
+    }
+
+    fn map_at(mut self, prefix: &str, f: &mut impl FnMut(&str, ModuleRepr) -> ModuleRepr) -> Self {
+        let children = std::mem::take(&mut self.children);
+        self.children = children
+            .into_iter()
+            .map(|(key, m)| {
+                let path = match prefix.is_empty() {
+                    true => key.clone(),
+                    false => format!("{prefix}.{key}"),
+                };
+                let m = m.map_at(&path, f);
+                let m = f(&path, m);
+                (key, m)
+            })
+            .collect();
+        self
+    }
+
     /// This module with `child` registered as `key` after the others.
     pub fn child(mut self, key: impl Into<String>, child: ModuleRepr) -> Self {
         self.children.push((key.into(), child));

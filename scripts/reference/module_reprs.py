@@ -7,7 +7,8 @@ Usage: python module_reprs.py OUT_DIR
 OUT_DIR/<case>/: a tiny model of each architecture whose tree tchtrain writes out, saved with
 `save_pretrained`, and `repr.txt`, `str(model)`. The configs change what shows in the text:
 sizes, grouped key-value heads, biases, norms' epsilons, dropout probabilities, the padding
-index, the activation.
+index, the activation. The peft cases: LoRA / DoRA adapters (one or two) over some of them, with
+`modules_to_save` (the sequence classifiers' heads).
 """
 
 import sys
@@ -58,13 +59,37 @@ CASES = {
 }
 
 
+# peft models (peft 0.21.2's `print`): the base in OUT_DIR/<case>/, the adapters in
+# OUT_DIR/<case>/adapter/ (a second adapter in adapter/second/).
+PEFT_CASES = {
+    "peft_llama": ("llama", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1,
+                                 task_type="CAUSAL_LM"), dict(r=2, target_modules=["q_proj", "k_proj"])),
+    "peft_bert_cls_dora": ("bert_cls", dict(r=4, target_modules=["query", "value", "dense"], use_dora=True,
+                                            task_type="SEQ_CLS"), None),
+    "peft_roberta_cls": ("roberta_cls", dict(r=2, target_modules=["query"], task_type="SEQ_CLS"), None),
+    "peft_gpt2": ("gpt2_lm", dict(r=4, target_modules=["c_attn"], fan_in_fan_out=True), None),
+}
+
+
 def main():
     for case, (cls, config) in CASES.items():
         torch.manual_seed(0)
         model = cls(config)
         model.save_pretrained(OUT / case)
         (OUT / case / "repr.txt").write_text(str(model), encoding="utf-8")
-    print("module_reprs:", len(CASES), "cases")
+    import peft
+
+    for case, (base, config, second) in PEFT_CASES.items():
+        cls, base_config = CASES[base]
+        torch.manual_seed(0)
+        model = cls(base_config)
+        model.save_pretrained(OUT / case)
+        model = peft.get_peft_model(model, peft.LoraConfig(**config))
+        if second:
+            model.add_adapter("second", peft.LoraConfig(**second))
+        model.save_pretrained(OUT / case / "adapter")
+        (OUT / case / "repr.txt").write_text(str(model), encoding="utf-8")
+    print("module_reprs:", len(CASES) + len(PEFT_CASES), "cases")
 
 
 if __name__ == "__main__":

@@ -1211,9 +1211,132 @@ impl TrainableModel for PeftModel {
     }
 }
 
+impl PeftModel {
+    /// What `print(peft_model)` shows (peft 0.21.2): `PeftModelFor<Task>` (`PeftModel`
+    /// without `task_type`) over `LoraModel` over the base model's tree, each targeted
+    /// linear layer a `lora.Linear` (its `base_layer` and one entry per adapter in
+    /// `lora_dropout` / `lora_A` / `lora_B`, DoRA's `lora_magnitude_vector`), each
+    /// `modules_to_save` module a `ModulesToSaveWrapper`. `None` where the base's tree is not
+    /// written out, for quantized bases, and for adapters on embeddings or expert parameters.
+    fn peft_module_repr(&self) -> Option<tchtrain_nn::ModuleRepr> {
+        use tchtrain_nn::ModuleRepr;
+        if crate::bitsandbytes::is_quantized(&*self.base) {
+            return None;
+        }
+        let base = self.base.module_repr()?;
+        let mut targeted: HashMap<&str, Vec<(&str, &LoraLayer, &LoraConfig)>> = HashMap::new();
+        let mut saved: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (name, adapter) in &self.adapters {
+            for layer in &adapter.layers {
+                if layer.embedding || layer.parameter.is_some() {
+                    return None;
+                }
+                targeted.entry(layer.module.as_str()).or_default().push((
+                    name,
+                    layer,
+                    &adapter.config,
+                ));
+            }
+            // The wrapped module: a copied variable's outermost module whose name ends with
+            // one of `modules_to_save` (peft's suffix rule).
+            let names = adapter.config.modules_to_save.iter().flatten();
+            let names: Vec<&String> = names.collect();
+            let mut modules: Vec<&str> = Vec::new();
+            for v in &adapter.copied {
+                let module = module_of(v);
+                let wrapped = module
+                    .match_indices('.')
+                    .map(|(i, _)| &module[..i])
+                    .chain([module])
+                    .find(|m| names.iter().any(|n| m.ends_with(n.as_str())));
+                if let Some(m) = wrapped
+                    && !modules.contains(&m)
+                {
+                    modules.push(m);
+                }
+            }
+            for m in modules {
+                saved.entry(m).or_default().push(name);
+            }
+        }
+        let dict = |items: Vec<(String, ModuleRepr)>| ModuleRepr::module_dict(items);
+        let tree = base.map_modules(&mut |path, m| {
+            if let Some(adapters) = targeted.get(path) {
+                let each = |f: &dyn Fn(&LoraLayer, &LoraConfig) -> Option<ModuleRepr>| {
+                    dict(
+                        adapters
+                            .iter()
+                            .filter_map(|(n, l, c)| f(l, c).map(|m| (n.to_string(), m)))
+                            .collect(),
+                    )
+                };
+                ModuleRepr::new("lora.Linear")
+                    .child("base_layer", m)
+                    .child(
+                        "lora_dropout",
+                        each(&|_, c| {
+                            Some(match c.lora_dropout > 0.0 {
+                                true => ModuleRepr::dropout(c.lora_dropout),
+                                false => ModuleRepr::new("Identity"),
+                            })
+                        }),
+                    )
+                    .child(
+                        "lora_A",
+                        each(&|l, _| Some(ModuleRepr::linear(l.in_features, l.r, false))),
+                    )
+                    .child(
+                        "lora_B",
+                        each(&|l, _| Some(ModuleRepr::linear(l.r, l.out_features, false))),
+                    )
+                    .child("lora_embedding_A", ModuleRepr::new("ParameterDict"))
+                    .child("lora_embedding_B", ModuleRepr::new("ParameterDict"))
+                    .child(
+                        "lora_magnitude_vector",
+                        each(&|l, _| l.dora.then(|| ModuleRepr::new("lora.dora.DoraLinearLayer"))),
+                    )
+            } else if let Some(adapters) = saved.get(path) {
+                ModuleRepr::new("ModulesToSaveWrapper")
+                    .child("original_module", m.clone())
+                    .child(
+                        "modules_to_save",
+                        dict(
+                            adapters
+                                .iter()
+                                .map(|n| (n.to_string(), m.clone()))
+                                .collect(),
+                        ),
+                    )
+            } else {
+                m
+            }
+        });
+        let task = self
+            .adapters
+            .first()
+            .and_then(|(_, a)| a.config.task_type.as_deref());
+        let class = match task {
+            Some("CAUSAL_LM") => "PeftModelForCausalLM",
+            Some("SEQ_CLS") => "PeftModelForSequenceClassification",
+            Some("TOKEN_CLS") => "PeftModelForTokenClassification",
+            Some("QUESTION_ANS") => "PeftModelForQuestionAnswering",
+            Some("SEQ_2_SEQ_LM") => "PeftModelForSeq2SeqLM",
+            Some("FEATURE_EXTRACTION") => "PeftModelForFeatureExtraction",
+            _ => "PeftModel",
+        };
+        Some(ModuleRepr::new(class).child(
+            "base_model",
+            ModuleRepr::new("LoraModel").child("model", tree),
+        ))
+    }
+}
+
 impl PreTrainedModel for PeftModel {
     fn architecture(&self) -> &'static str {
         self.base.architecture()
+    }
+    fn module_repr(&self) -> Option<tchtrain_nn::ModuleRepr> {
+        self.peft_module_repr()
     }
     fn config(&self) -> &dyn PretrainedConfig {
         self.base.config()

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use tch::Device;
-use tchtrain_models::{AutoTask, LoadOptions, from_pretrained_dir};
+use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pretrained_dir};
 use tchtrain_testing::reference_dir;
 
 #[test]
@@ -69,6 +69,35 @@ fn module_repr_equals_upstreams_print() -> Result<()> {
         let model = from_pretrained_dir(&folder, task, Device::Cpu, &LoadOptions::default())
             .with_context(|| case.to_string())?
             .model;
+        let ours = model
+            .module_repr()
+            .with_context(|| format!("{case}: no module_repr"))?
+            .to_string();
+        let theirs = std::fs::read_to_string(folder.join("repr.txt"))?;
+        assert_eq!(ours, theirs, "{case}");
+    }
+    // peft models: the adapters (a second one in `second/`) over the base.
+    for (case, task) in [
+        ("peft_llama", AutoTask::CausalLm),
+        (
+            "peft_bert_cls_dora",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        (
+            "peft_roberta_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("peft_gpt2", AutoTask::CausalLm),
+    ] {
+        let folder = dir.join(case);
+        let base = from_pretrained_dir(&folder, task, Device::Cpu, &LoadOptions::default())
+            .with_context(|| case.to_string())?
+            .model;
+        let adapters = folder.join("adapter");
+        let mut model = PeftModel::from_pretrained(base, &adapters, false)?;
+        if adapters.join("second").exists() {
+            model.load_adapter(&adapters.join("second"), "second", false)?;
+        }
         let ours = model
             .module_repr()
             .with_context(|| format!("{case}: no module_repr"))?
