@@ -26,7 +26,7 @@ use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, T
 use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
 use tchtrain_nn::neftune_post_forward_hook;
-use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `BartConfig` / `MBartConfig` with BART's defaults (bart-large).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -748,6 +748,80 @@ fn check_positions(seq: i64, past: i64, c: &BartConfig) -> Result<()> {
     Ok(())
 }
 
+impl BartForConditionalGeneration {
+    /// What `print(model)` shows: `model` (`shared`, the encoder and the decoder with their
+    /// scaled word and learned position embeddings, layers, `layernorm_embedding`, mBART's
+    /// final `layer_norm`) and `lm_head`; the dropouts are functional (no modules).
+    fn bart_module_repr(&self) -> Option<ModuleRepr> {
+        let c = &self.config;
+        let p = if c.mbart { "MBart" } else { "Bart" };
+        let d = c.d_model;
+        let ln = || ModuleRepr::layer_norm(d, 1e-5, true, true);
+        let words = || {
+            ModuleRepr::embedding(c.vocab_size, d, c.pad_token_id)
+                .renamed(format!("{p}ScaledWordEmbedding"))
+        };
+        let attention = || {
+            ModuleRepr::new(format!("{p}Attention"))
+                .child("k_proj", ModuleRepr::linear(d, d, true))
+                .child("v_proj", ModuleRepr::linear(d, d, true))
+                .child("q_proj", ModuleRepr::linear(d, d, true))
+                .child("out_proj", ModuleRepr::linear(d, d, true))
+        };
+        let act = || ModuleRepr::new(self.act.class_name());
+        let stack = |stack: &Stack| {
+            let (class, ffn) = match stack.decoder {
+                true => ("Decoder", c.decoder_ffn_dim),
+                false => ("Encoder", c.encoder_ffn_dim),
+            };
+            let mut layer =
+                ModuleRepr::new(format!("{p}{class}Layer")).child("self_attn", attention());
+            layer = match stack.decoder {
+                true => layer
+                    .child("activation_fn", act())
+                    .child("self_attn_layer_norm", ln())
+                    .child("encoder_attn", attention())
+                    .child("encoder_attn_layer_norm", ln()),
+                false => layer
+                    .child("self_attn_layer_norm", ln())
+                    .child("activation_fn", act()),
+            };
+            layer = layer
+                .child("fc1", ModuleRepr::linear(d, ffn, true))
+                .child("fc2", ModuleRepr::linear(ffn, d, true))
+                .child("final_layer_norm", ln());
+            let (positions, width) = stack.embed_positions.ws.size2().ok()?;
+            let mut m = ModuleRepr::new(format!("{p}{class}"))
+                .child("embed_tokens", words())
+                .child(
+                    "embed_positions",
+                    ModuleRepr::embedding(positions, width, None)
+                        .renamed(format!("{p}LearnedPositionalEmbedding")),
+                )
+                .child(
+                    "layers",
+                    ModuleRepr::module_list(vec![layer; stack.layers.len()]),
+                )
+                .child("layernorm_embedding", ln());
+            if stack.layer_norm.is_some() {
+                m = m.child("layer_norm", ln());
+            }
+            Some(m)
+        };
+        Some(
+            ModuleRepr::new(self.architecture())
+                .child(
+                    "model",
+                    ModuleRepr::new(format!("{p}Model"))
+                        .child("shared", words())
+                        .child("encoder", stack(&self.encoder)?)
+                        .child("decoder", stack(&self.decoder)?),
+                )
+                .child("lm_head", ModuleRepr::linear(d, c.vocab_size, false)),
+        )
+    }
+}
+
 impl PreTrainedModel for BartForConditionalGeneration {
     fn architecture(&self) -> &'static str {
         if self.config.mbart {
@@ -755,6 +829,9 @@ impl PreTrainedModel for BartForConditionalGeneration {
         } else {
             "BartForConditionalGeneration"
         }
+    }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        self.bart_module_repr()
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config

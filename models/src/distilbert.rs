@@ -25,7 +25,7 @@ use crate::heads::{self, HeadKind};
 use crate::modeling_utils::{ModelInputs, ModelOutput};
 use crate::padding_free::{self, Unpadded};
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `DistilBertConfig` with its defaults (DistilBERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -496,6 +496,84 @@ impl EncoderArchitecture for DistilBertConfig {
             name,
             "embeddings.word_embeddings.weight" | "embeddings.position_embeddings.weight"
         )
+    }
+    /// What `print(model)` shows: `DistilBertModel` (`Embeddings`, `Transformer` of
+    /// `TransformerBlock`s) and the head in upstream's registration order (the masked LM's
+    /// `activation` first, its `mlm_loss_fct` last).
+    fn module_repr(&self, kind: HeadKind, body: &DistilBertModel) -> Option<ModuleRepr> {
+        let (d, eps) = (self.dim, 1e-12);
+        let ln = || ModuleRepr::layer_norm(d, eps, true, true);
+        let act = || ModuleRepr::new(body.act.class_name());
+        let block = ModuleRepr::new("TransformerBlock")
+            .child(
+                "attention",
+                ModuleRepr::new("DistilBertSelfAttention")
+                    .child("q_lin", ModuleRepr::linear(d, d, true))
+                    .child("k_lin", ModuleRepr::linear(d, d, true))
+                    .child("v_lin", ModuleRepr::linear(d, d, true))
+                    .child("out_lin", ModuleRepr::linear(d, d, true))
+                    .child("dropout", ModuleRepr::dropout(self.attention_dropout)),
+            )
+            .child("sa_layer_norm", ln())
+            .child(
+                "ffn",
+                ModuleRepr::new("FFN")
+                    .child("dropout", ModuleRepr::dropout(self.dropout))
+                    .child("lin1", ModuleRepr::linear(d, self.hidden_dim, true))
+                    .child("lin2", ModuleRepr::linear(self.hidden_dim, d, true))
+                    .child("activation", act()),
+            )
+            .child("output_layer_norm", ln());
+        let model = ModuleRepr::new("DistilBertModel")
+            .child(
+                "embeddings",
+                ModuleRepr::new("Embeddings")
+                    .child(
+                        "word_embeddings",
+                        ModuleRepr::embedding(self.vocab_size, d, self.pad_token_id),
+                    )
+                    .child(
+                        "position_embeddings",
+                        ModuleRepr::embedding(self.max_position_embeddings, d, None),
+                    )
+                    .child("LayerNorm", ln())
+                    .child("dropout", ModuleRepr::dropout(self.dropout)),
+            )
+            .child(
+                "transformer",
+                ModuleRepr::new("Transformer").child(
+                    "layer",
+                    ModuleRepr::module_list(vec![block; body.layers.len()]),
+                ),
+            );
+        let labels = self.labels.num_labels();
+        let root = ModuleRepr::new(kind.class(&self.classes()));
+        Some(match kind {
+            HeadKind::Base => model,
+            HeadKind::MaskedLm => root
+                .child("activation", act())
+                .child("distilbert", model)
+                .child("vocab_transform", ModuleRepr::linear(d, d, true))
+                .child("vocab_layer_norm", ln())
+                .child(
+                    "vocab_projector",
+                    ModuleRepr::linear(d, self.vocab_size, true),
+                )
+                .child("mlm_loss_fct", ModuleRepr::new("CrossEntropyLoss")),
+            HeadKind::SequenceClassification => root
+                .child("distilbert", model)
+                .child("pre_classifier", ModuleRepr::linear(d, d, true))
+                .child("classifier", ModuleRepr::linear(d, labels, true))
+                .child("dropout", ModuleRepr::dropout(self.seq_classif_dropout)),
+            HeadKind::TokenClassification => root
+                .child("distilbert", model)
+                .child("dropout", ModuleRepr::dropout(self.dropout))
+                .child("classifier", ModuleRepr::linear(d, labels, true)),
+            HeadKind::QuestionAnswering => root
+                .child("distilbert", model)
+                .child("qa_outputs", ModuleRepr::linear(d, 2, true))
+                .child("dropout", ModuleRepr::dropout(self.qa_dropout)),
+        })
     }
     fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
         match kind {

@@ -29,7 +29,7 @@ use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, T
 use crate::padding_free::{self, Unpadded};
 use crate::{DynamicCache, Error, Result};
 use tchtrain_nn::neftune_post_forward_hook;
-use tchtrain_nn::{Activation, Context, Embedding, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, Linear, ModuleRepr};
 
 /// Upstream `T5Config` with its defaults (t5-small).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -853,9 +853,90 @@ impl T5ForConditionalGeneration {
     }
 }
 
+impl T5ForConditionalGeneration {
+    /// What `print(model)` shows: `shared`, the two `T5Stack`s (each block's layers; the
+    /// first block's attention with `relative_attention_bias`; `T5DenseGatedActDense` for the
+    /// gated activations), `lm_head`.
+    fn t5_module_repr(&self) -> Option<ModuleRepr> {
+        let c = &self.config;
+        let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
+        let (_, gated) = c.activation_name().ok()?;
+        let dropout = || ModuleRepr::dropout(c.dropout_rate);
+        let attention = |relative: bool| {
+            let mut a = ModuleRepr::new("T5Attention")
+                .child("q", ModuleRepr::linear(d, inner, false))
+                .child("k", ModuleRepr::linear(d, inner, false))
+                .child("v", ModuleRepr::linear(d, inner, false))
+                .child("o", ModuleRepr::linear(inner, d, false));
+            if relative {
+                a = a.child(
+                    "relative_attention_bias",
+                    ModuleRepr::embedding(c.relative_attention_num_buckets, c.num_heads, None),
+                );
+            }
+            a
+        };
+        let act = || ModuleRepr::new(self.act.class_name());
+        let dense = match gated {
+            true => ModuleRepr::new("T5DenseGatedActDense")
+                .child("wi_0", ModuleRepr::linear(d, c.d_ff, false))
+                .child("wi_1", ModuleRepr::linear(d, c.d_ff, false))
+                .child("wo", ModuleRepr::linear(c.d_ff, d, false))
+                .child("dropout", dropout())
+                .child("act", act()),
+            false => ModuleRepr::new("T5DenseActDense")
+                .child("wi", ModuleRepr::linear(d, c.d_ff, false))
+                .child("wo", ModuleRepr::linear(c.d_ff, d, false))
+                .child("dropout", dropout())
+                .child("act", act()),
+        };
+        let sublayer = |class: &str, key: &str, module: ModuleRepr| {
+            ModuleRepr::new(class)
+                .child(key, module)
+                .child("layer_norm", ModuleRepr::new("T5LayerNorm"))
+                .child("dropout", dropout())
+        };
+        let stack = |stack: &Stack| {
+            let blocks = (0..stack.block.len())
+                .map(|i| {
+                    let mut layers = vec![sublayer(
+                        "T5LayerSelfAttention",
+                        "SelfAttention",
+                        attention(i == 0),
+                    )];
+                    if stack.is_decoder {
+                        layers.push(sublayer(
+                            "T5LayerCrossAttention",
+                            "EncDecAttention",
+                            attention(false),
+                        ));
+                    }
+                    layers.push(sublayer("T5LayerFF", "DenseReluDense", dense.clone()));
+                    ModuleRepr::new("T5Block").child("layer", ModuleRepr::module_list(layers))
+                })
+                .collect();
+            ModuleRepr::new("T5Stack")
+                .child("embed_tokens", ModuleRepr::embedding(c.vocab_size, d, None))
+                .child("block", ModuleRepr::module_list(blocks))
+                .child("final_layer_norm", ModuleRepr::new("T5LayerNorm"))
+                .child("dropout", dropout())
+        };
+        Some(
+            ModuleRepr::new("T5ForConditionalGeneration")
+                .child("shared", ModuleRepr::embedding(c.vocab_size, d, None))
+                .child("encoder", stack(&self.encoder))
+                .child("decoder", stack(&self.decoder))
+                .child("lm_head", ModuleRepr::linear(d, c.vocab_size, false)),
+        )
+    }
+}
+
 impl PreTrainedModel for T5ForConditionalGeneration {
     fn architecture(&self) -> &'static str {
         "T5ForConditionalGeneration"
+    }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        self.t5_module_repr()
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config

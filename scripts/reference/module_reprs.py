@@ -25,6 +25,8 @@ SMALL = dict(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_lay
 ENCODER = dict(vocab_size=96, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=40,
                max_position_embeddings=40, type_vocab_size=3)
 
+DISTILBERT = dict(vocab_size=96, dim=16, n_layers=2, n_heads=2, hidden_dim=40, max_position_embeddings=40)
+
 CASES = {
     "gpt2_lm": (tf.GPT2LMHeadModel, tf.GPT2Config(
         vocab_size=96, n_positions=40, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.05, embd_pdrop=0.0,
@@ -47,6 +49,23 @@ CASES = {
     "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**SMALL, resid_pdrop=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "phi3_cls": (tf.Phi3ForSequenceClassification, tf.Phi3Config(
         **SMALL, num_labels=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "t5": (tf.T5ForConditionalGeneration, tf.T5Config(
+        vocab_size=96, d_model=16, d_kv=4, d_ff=40, num_layers=2, num_decoder_layers=3, num_heads=4,
+        relative_attention_num_buckets=8, dropout_rate=0.05)),
+    "flan_t5": (tf.T5ForConditionalGeneration, tf.T5Config(
+        vocab_size=96, d_model=16, d_kv=8, d_ff=40, num_layers=2, num_heads=2, feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False)),
+    "bart": (tf.BartForConditionalGeneration, tf.BartConfig(
+        vocab_size=96, d_model=16, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=40, decoder_ffn_dim=24, max_position_embeddings=40)),
+    "mbart": (tf.MBartForConditionalGeneration, tf.MBartConfig(
+        vocab_size=96, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=40, decoder_ffn_dim=40, max_position_embeddings=40,
+        activation_function="relu")),
+    "distilbert_cls": (tf.DistilBertForSequenceClassification, tf.DistilBertConfig(**DISTILBERT, num_labels=3)),
+    "distilbert_mlm": (tf.DistilBertForMaskedLM, tf.DistilBertConfig(**DISTILBERT, activation="relu", dropout=0.05)),
+    "distilbert_qa": (tf.DistilBertForQuestionAnswering, tf.DistilBertConfig(**DISTILBERT, qa_dropout=0.3)),
+    "distilbert_ner": (tf.DistilBertForTokenClassification, tf.DistilBertConfig(**DISTILBERT, num_labels=4)),
     "bert_base": (tf.BertModel, tf.BertConfig(**ENCODER, hidden_act="relu")),
     "bert_cls": (tf.BertForSequenceClassification, tf.BertConfig(**ENCODER, num_labels=3, classifier_dropout=0.2)),
     "bert_mlm": (tf.BertForMaskedLM, tf.BertConfig(**ENCODER, layer_norm_eps=1e-6, hidden_act="gelu_new")),

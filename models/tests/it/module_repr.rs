@@ -39,6 +39,20 @@ fn module_repr_equals_upstreams_print() -> Result<()> {
             "phi3_cls",
             AutoTask::SequenceClassification { num_labels: None },
         ),
+        ("t5", AutoTask::Seq2SeqLm),
+        ("flan_t5", AutoTask::Seq2SeqLm),
+        ("bart", AutoTask::Seq2SeqLm),
+        ("mbart", AutoTask::Seq2SeqLm),
+        (
+            "distilbert_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("distilbert_mlm", AutoTask::MaskedLm),
+        ("distilbert_qa", AutoTask::QuestionAnswering),
+        (
+            "distilbert_ner",
+            AutoTask::TokenClassification { num_labels: None },
+        ),
         ("bert_base", AutoTask::Base),
         (
             "bert_cls",
