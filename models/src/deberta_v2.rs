@@ -33,7 +33,7 @@ use crate::heads::{self, HeadKind};
 use crate::modeling_utils::{LabelCheck, ModelInputs, ModelOutput};
 use crate::padding_free::{self, Unpadded};
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `DebertaV2Config` with its defaults (DeBERTa-v2 xlarge), and the keys v3's
 /// `config.json` adds that upstream reads with `getattr` (`position_buckets`,
@@ -904,6 +904,134 @@ impl EncoderArchitecture for DebertaV2Config {
     fn is_embedding_weight(&self, name: &str) -> bool {
         name.starts_with("embeddings.") && name.ends_with("_embeddings.weight")
             || name == "encoder.rel_embeddings.weight"
+    }
+    /// What `print(model)` shows, for DeBERTa-v3's shape (keys shared with the position
+    /// embeddings, no convolution, no embedding projection; the legacy masked-LM head);
+    /// `None` otherwise.
+    fn module_repr(&self, kind: HeadKind, body: &DebertaV2Model) -> Option<ModuleRepr> {
+        let h = self.hidden_size;
+        let shared_keys = !self.relative_attention || self.share_att_key == Some(true);
+        let plain = shared_keys
+            && self.conv_kernel_size.unwrap_or(0) == 0
+            && self.embedding_size.unwrap_or(h) == h
+            && self
+                .attention_head_size
+                .is_none_or(|a| a * self.num_attention_heads == h)
+            && self.pooler_hidden_size.unwrap_or(h) == h
+            && (kind != HeadKind::MaskedLm || self.legacy);
+        if !plain {
+            return None;
+        }
+        let ln = || ModuleRepr::layer_norm(h, self.layer_norm_eps, true, true);
+        let dropout = || ModuleRepr::dropout(self.hidden_dropout_prob);
+        let act = || ModuleRepr::new(body.act.class_name());
+        let mut embeddings = ModuleRepr::new("DebertaV2Embeddings").child(
+            "word_embeddings",
+            ModuleRepr::embedding(self.vocab_size, h, self.pad_token_id),
+        );
+        if body.position_embeddings.is_some() {
+            embeddings = embeddings.child(
+                "position_embeddings",
+                ModuleRepr::embedding(self.max_position_embeddings, h, None),
+            );
+        }
+        if body.token_type_embeddings.is_some() {
+            embeddings = embeddings.child(
+                "token_type_embeddings",
+                ModuleRepr::embedding(self.type_vocab_size, h, None),
+            );
+        }
+        embeddings = embeddings
+            .child("LayerNorm", ln())
+            .child("dropout", dropout());
+        let mut attention = ModuleRepr::new("DisentangledSelfAttention")
+            .child("query_proj", ModuleRepr::linear(h, h, true))
+            .child("key_proj", ModuleRepr::linear(h, h, true))
+            .child("value_proj", ModuleRepr::linear(h, h, true));
+        if self.relative_attention {
+            attention = attention.child("pos_dropout", dropout());
+        }
+        attention = attention.child(
+            "dropout",
+            ModuleRepr::dropout(self.attention_probs_dropout_prob),
+        );
+        let layer = ModuleRepr::new("DebertaV2Layer")
+            .child(
+                "attention",
+                ModuleRepr::new("DebertaV2Attention")
+                    .child("self", attention)
+                    .child(
+                        "output",
+                        ModuleRepr::new("DebertaV2SelfOutput")
+                            .child("dense", ModuleRepr::linear(h, h, true))
+                            .child("LayerNorm", ln())
+                            .child("dropout", dropout()),
+                    ),
+            )
+            .child(
+                "intermediate",
+                ModuleRepr::new("DebertaV2Intermediate")
+                    .child("dense", ModuleRepr::linear(h, self.intermediate_size, true))
+                    .child("intermediate_act_fn", act()),
+            )
+            .child(
+                "output",
+                ModuleRepr::new("DebertaV2Output")
+                    .child("dense", ModuleRepr::linear(self.intermediate_size, h, true))
+                    .child("LayerNorm", ln())
+                    .child("dropout", dropout()),
+            );
+        let mut encoder = ModuleRepr::new("DebertaV2Encoder").child(
+            "layer",
+            ModuleRepr::module_list(vec![layer; body.layers.len()]),
+        );
+        if let Some(rel) = &body.rel_embeddings {
+            let (n, width) = rel.ws.size2().ok()?;
+            encoder = encoder.child("rel_embeddings", ModuleRepr::embedding(n, width, None));
+        }
+        if body.rel_ln.is_some() {
+            encoder = encoder.child("LayerNorm", ln());
+        }
+        let model = ModuleRepr::new("DebertaV2Model")
+            .child("embeddings", embeddings)
+            .child("encoder", encoder);
+        let labels = self.labels.num_labels();
+        let root = ModuleRepr::new(kind.class(&self.classes())).child("deberta", model.clone());
+        let classifier_dropout =
+            ModuleRepr::dropout(self.cls_dropout.unwrap_or(self.hidden_dropout_prob));
+        Some(match kind {
+            HeadKind::Base => model,
+            HeadKind::MaskedLm => root.child(
+                "cls",
+                ModuleRepr::new("LegacyDebertaV2OnlyMLMHead").child(
+                    "predictions",
+                    ModuleRepr::new("LegacyDebertaV2LMPredictionHead")
+                        .child(
+                            "transform",
+                            ModuleRepr::new("LegacyDebertaV2PredictionHeadTransform")
+                                .child("dense", ModuleRepr::linear(h, h, true))
+                                .child("transform_act_fn", act())
+                                .child("LayerNorm", ln()),
+                        )
+                        .child("decoder", ModuleRepr::linear(h, self.vocab_size, true)),
+                ),
+            ),
+            HeadKind::SequenceClassification => root
+                .child(
+                    "pooler",
+                    ModuleRepr::new("ContextPooler")
+                        .child("dense", ModuleRepr::linear(h, h, true))
+                        .child("dropout", ModuleRepr::dropout(self.pooler_dropout)),
+                )
+                .child("classifier", ModuleRepr::linear(h, labels, true))
+                .child("dropout", classifier_dropout),
+            HeadKind::TokenClassification => root
+                .child("dropout", dropout())
+                .child("classifier", ModuleRepr::linear(h, labels, true)),
+            HeadKind::QuestionAnswering => {
+                root.child("qa_outputs", ModuleRepr::linear(h, labels, true))
+            }
+        })
     }
     fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
         match kind {

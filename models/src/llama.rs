@@ -1500,10 +1500,23 @@ impl LlamaModel {
         let f = &self.family;
         let plain = matches!(
             f.model_type,
-            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3_text" | "phi3"
-        ) && f.moe.is_none()
-            && f.clip_qkv.is_none()
-            && f.qk_norm != QkNorm::Projection
+            "llama"
+                | "mistral"
+                | "qwen2"
+                | "qwen3"
+                | "gemma"
+                | "gemma2"
+                | "gemma3_text"
+                | "phi3"
+                | "granite"
+                | "smollm3"
+                | "olmo2"
+                | "mixtral"
+                | "qwen2_moe"
+                | "qwen3_moe"
+                | "olmoe"
+        ) && f.gpt_oss.is_none()
+            && f.qwen3_5.is_none()
             && f.base_model == "model"
             && self.per_layer.is_none();
         if !plain || (self.sliding_rotary_emb.is_some() && f.gemma.is_none()) {
@@ -1527,38 +1540,82 @@ impl LlamaModel {
                 .child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
                 .child("o_proj", ModuleRepr::linear(q, h, f.o_bias)),
         };
-        if f.qk_norm == QkNorm::PerHead {
-            attention = attention
-                .child("q_norm", norm(head_dim))
-                .child("k_norm", norm(head_dim));
+        match f.qk_norm {
+            QkNorm::PerHead => {
+                attention = attention
+                    .child("q_norm", norm(head_dim))
+                    .child("k_norm", norm(head_dim));
+            }
+            QkNorm::Projection => {
+                attention = attention.child("q_norm", norm(q)).child("k_norm", norm(kv));
+            }
+            QkNorm::None => {}
         }
         let act = ModuleRepr::new(self.act.class_name());
+        let dense_mlp = |inner| {
+            ModuleRepr::new(format!("{p}MLP"))
+                .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
+                .child("act_fn", ModuleRepr::new(self.act.class_name()))
+        };
+        // A mixture-of-experts block (the router and the fused experts have no
+        // `extra_repr`; Qwen2-MoE's gated shared expert after them).
+        let sparse = f.moe.as_ref().map(|moe| {
+            let router = ModuleRepr::new(format!("{p}TopKRouter"));
+            let experts = ModuleRepr::new(format!("{p}Experts"))
+                .child("act_fn", ModuleRepr::new(self.act.class_name()));
+            let mut block = ModuleRepr::new(format!("{p}SparseMoeBlock"));
+            block = match moe.router_first {
+                true => block.child("gate", router).child("experts", experts),
+                false => block.child("experts", experts).child("gate", router),
+            };
+            if let Some(shared) = moe.shared_expert_intermediate_size {
+                block = block
+                    .child("shared_expert", dense_mlp(shared))
+                    .child("shared_expert_gate", ModuleRepr::linear(h, 1, false));
+            }
+            block
+        });
         let mlp = match f.phi3 {
             Some(_) => ModuleRepr::new(format!("{p}MLP"))
                 .child("gate_up_proj", ModuleRepr::linear(h, 2 * inner, f.mlp_bias))
                 .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
                 .child("activation_fn", act),
-            None => ModuleRepr::new(format!("{p}MLP"))
-                .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
-                .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
-                .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
-                .child("act_fn", act),
+            None => dense_mlp(inner),
         };
-        let mut layer = ModuleRepr::new(format!("{p}DecoderLayer"))
-            .child("self_attn", attention)
-            .child("mlp", mlp)
-            .child("input_layernorm", norm(h))
-            .child("post_attention_layernorm", norm(h));
-        if f.gemma.as_ref().is_some_and(|g| g.sandwich_norms) {
+        let layer = |i: usize| {
+            let mlp = match (&sparse, &f.moe) {
+                (Some(block), Some(moe)) if moe.sparse_layers.get(i) == Some(&true) => {
+                    block.clone()
+                }
+                _ => mlp.clone(),
+            };
+            let mut layer = ModuleRepr::new(format!("{p}DecoderLayer"))
+                .child("self_attn", attention.clone())
+                .child("mlp", mlp);
+            // OLMo 2's layer normalises the attention's and the MLP's outputs, with no
+            // input norm.
+            if f.olmo2 {
+                return layer
+                    .child("post_attention_layernorm", norm(h))
+                    .child("post_feedforward_layernorm", norm(h));
+            }
             layer = layer
-                .child("pre_feedforward_layernorm", norm(h))
-                .child("post_feedforward_layernorm", norm(h));
-        }
-        if let Some(phi3) = &f.phi3 {
-            layer = layer
-                .child("resid_attn_dropout", ModuleRepr::dropout(phi3.resid_pdrop))
-                .child("resid_mlp_dropout", ModuleRepr::dropout(phi3.resid_pdrop));
-        }
+                .child("input_layernorm", norm(h))
+                .child("post_attention_layernorm", norm(h));
+            if f.gemma.as_ref().is_some_and(|g| g.sandwich_norms) {
+                layer = layer
+                    .child("pre_feedforward_layernorm", norm(h))
+                    .child("post_feedforward_layernorm", norm(h));
+            }
+            if let Some(phi3) = &f.phi3 {
+                layer = layer
+                    .child("resid_attn_dropout", ModuleRepr::dropout(phi3.resid_pdrop))
+                    .child("resid_mlp_dropout", ModuleRepr::dropout(phi3.resid_pdrop));
+            }
+            layer
+        };
         // Gemma's embedding is `<Prefix>TextScaledWordEmbedding` (an `nn.Embedding`'s text),
         // Gemma 3's base model `Gemma3TextModel`.
         let mut embed = ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id);
@@ -1574,7 +1631,7 @@ impl LlamaModel {
                 .child("embed_tokens", embed)
                 .child(
                     "layers",
-                    ModuleRepr::module_list(vec![layer; self.layers.len()]),
+                    ModuleRepr::module_list((0..self.layers.len()).map(layer).collect()),
                 )
                 .child("norm", norm(h))
                 .child("rotary_emb", ModuleRepr::new(format!("{p}RotaryEmbedding"))),

@@ -37,7 +37,7 @@ use crate::padding_free::{self, EncoderHead, Unpadded};
 use crate::rope::{self, RopeParameters, RotaryEmbedding};
 use crate::{Error, Result};
 use tchtrain_nn::initialization::{self, TruncNormal};
-use tchtrain_nn::{Activation, Context, Embedding, Linear};
+use tchtrain_nn::{Activation, Context, Embedding, Linear, ModuleRepr};
 
 /// Upstream `ModernBertConfig` with its defaults (ModernBERT base).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -829,6 +829,86 @@ impl EncoderArchitecture for ModernBertConfig {
     }
     fn is_embedding_weight(&self, name: &str) -> bool {
         name == "embeddings.tok_embeddings.weight"
+    }
+    /// What `print(model)` shows: `ModernBertModel` (the first layer's `attn_norm` an
+    /// `Identity`, `out_drop` an `Identity` without attention dropout) and the head
+    /// (`ModernBertPredictionHead`, then the decoder or the dropout and the classifier).
+    fn module_repr(&self, kind: HeadKind, body: &ModernBertModel) -> Option<ModuleRepr> {
+        let (d, inner) = (self.hidden_size, self.intermediate_size);
+        let norm = || ModuleRepr::layer_norm(d, self.norm_eps, true, self.norm_bias);
+        let dropout_or_identity = |p: f64| match p > 0.0 {
+            true => ModuleRepr::dropout(p),
+            false => ModuleRepr::new("Identity"),
+        };
+        let layer = |i: usize| {
+            ModuleRepr::new("ModernBertEncoderLayer")
+                .child(
+                    "attn_norm",
+                    match i {
+                        0 => ModuleRepr::new("Identity"),
+                        _ => norm(),
+                    },
+                )
+                .child(
+                    "attn",
+                    ModuleRepr::new("ModernBertAttention")
+                        .child("Wqkv", ModuleRepr::linear(d, 3 * d, self.attention_bias))
+                        .child("Wo", ModuleRepr::linear(d, d, self.attention_bias))
+                        .child("out_drop", dropout_or_identity(self.attention_dropout)),
+                )
+                .child("mlp_norm", norm())
+                .child(
+                    "mlp",
+                    ModuleRepr::new("ModernBertMLP")
+                        .child("Wi", ModuleRepr::linear(d, 2 * inner, self.mlp_bias))
+                        .child("act", ModuleRepr::new(body.act.class_name()))
+                        .child("drop", ModuleRepr::dropout(self.mlp_dropout))
+                        .child("Wo", ModuleRepr::linear(inner, d, self.mlp_bias)),
+                )
+        };
+        let model = ModuleRepr::new("ModernBertModel")
+            .child(
+                "embeddings",
+                ModuleRepr::new("ModernBertEmbeddings")
+                    .child(
+                        "tok_embeddings",
+                        ModuleRepr::embedding(self.vocab_size, d, self.pad_token_id),
+                    )
+                    .child("norm", norm())
+                    .child("drop", ModuleRepr::dropout(self.embedding_dropout)),
+            )
+            .child(
+                "layers",
+                ModuleRepr::module_list((0..body.layers.len()).map(layer).collect()),
+            )
+            .child("final_norm", norm())
+            .child("rotary_emb", ModuleRepr::new("ModernBertRotaryEmbedding"));
+        if kind == HeadKind::Base {
+            return Some(model);
+        }
+        let head_act =
+            Activation::parse(&self.classifier_activation, "classifier_activation").ok()?;
+        let root = ModuleRepr::new(kind.class(&self.classes()))
+            .child("model", model)
+            .child(
+                "head",
+                ModuleRepr::new("ModernBertPredictionHead")
+                    .child("dense", ModuleRepr::linear(d, d, self.classifier_bias))
+                    .child("act", ModuleRepr::new(head_act.class_name()))
+                    .child("norm", norm()),
+            );
+        Some(match kind {
+            HeadKind::MaskedLm => root.child(
+                "decoder",
+                ModuleRepr::linear(d, self.vocab_size, self.decoder_bias),
+            ),
+            _ => root
+                .child("drop", ModuleRepr::dropout(self.classifier_dropout))
+                .child(
+                    "classifier",
+                    ModuleRepr::linear(d, self.labels.num_labels(), true),
+                ),
+        })
     }
     fn tied_weights(&self, kind: HeadKind) -> Vec<(String, String)> {
         match kind {

@@ -27,6 +27,15 @@ ENCODER = dict(vocab_size=96, hidden_size=16, num_hidden_layers=3, num_attention
 
 DISTILBERT = dict(vocab_size=96, dim=16, n_layers=2, n_heads=2, hidden_dim=40, max_position_embeddings=40)
 
+MODERNBERT = dict(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=4, num_attention_heads=2,
+                  max_position_embeddings=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                  sep_token_id=2)
+
+DEBERTA_V3 = dict(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                  max_position_embeddings=40, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                  max_relative_positions=16, norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+                  type_vocab_size=0)
+
 CASES = {
     "gpt2_lm": (tf.GPT2LMHeadModel, tf.GPT2Config(
         vocab_size=96, n_positions=40, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.05, embd_pdrop=0.0,
@@ -66,6 +75,25 @@ CASES = {
     "distilbert_mlm": (tf.DistilBertForMaskedLM, tf.DistilBertConfig(**DISTILBERT, activation="relu", dropout=0.05)),
     "distilbert_qa": (tf.DistilBertForQuestionAnswering, tf.DistilBertConfig(**DISTILBERT, qa_dropout=0.3)),
     "distilbert_ner": (tf.DistilBertForTokenClassification, tf.DistilBertConfig(**DISTILBERT, num_labels=4)),
+    "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": (tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(
+        **SMALL, moe_intermediate_size=8, shared_expert_intermediate_size=12, num_experts=4, num_experts_per_tok=2,
+        mlp_only_layers=[1])),
+    "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+        **SMALL, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2)),
+    "olmoe": (tf.OlmoeForCausalLM, tf.OlmoeConfig(
+        **SMALL, num_experts=4, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "modernbert_cls": (tf.ModernBertForSequenceClassification, tf.ModernBertConfig(**MODERNBERT, num_labels=3)),
+    "modernbert_mlm": (tf.ModernBertForMaskedLM, tf.ModernBertConfig(
+        **MODERNBERT, attention_dropout=0.1, norm_bias=True, classifier_activation="relu", mlp_dropout=0.05)),
+    "modernbert_ner": (tf.ModernBertForTokenClassification, tf.ModernBertConfig(
+        **MODERNBERT, num_labels=5, classifier_bias=True, classifier_dropout=0.2)),
+    "deberta_v3_cls": (tf.DebertaV2ForSequenceClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=3)),
+    "deberta_v3_mlm": (tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(**DEBERTA_V3, hidden_act="gelu_new")),
+    "deberta_v3_ner": (tf.DebertaV2ForTokenClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=4)),
     "bert_base": (tf.BertModel, tf.BertConfig(**ENCODER, hidden_act="relu")),
     "bert_cls": (tf.BertForSequenceClassification, tf.BertConfig(**ENCODER, num_labels=3, classifier_dropout=0.2)),
     "bert_mlm": (tf.BertForMaskedLM, tf.BertConfig(**ENCODER, layer_norm_eps=1e-6, hidden_act="gelu_new")),

@@ -53,6 +53,31 @@ fn module_repr_equals_upstreams_print() -> Result<()> {
             "distilbert_ner",
             AutoTask::TokenClassification { num_labels: None },
         ),
+        ("granite", AutoTask::CausalLm),
+        ("smollm3", AutoTask::CausalLm),
+        ("olmo2", AutoTask::CausalLm),
+        ("mixtral", AutoTask::CausalLm),
+        ("qwen2_moe", AutoTask::CausalLm),
+        ("qwen3_moe", AutoTask::CausalLm),
+        ("olmoe", AutoTask::CausalLm),
+        (
+            "modernbert_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("modernbert_mlm", AutoTask::MaskedLm),
+        (
+            "modernbert_ner",
+            AutoTask::TokenClassification { num_labels: None },
+        ),
+        (
+            "deberta_v3_cls",
+            AutoTask::SequenceClassification { num_labels: None },
+        ),
+        ("deberta_v3_mlm", AutoTask::MaskedLm),
+        (
+            "deberta_v3_ner",
+            AutoTask::TokenClassification { num_labels: None },
+        ),
         ("bert_base", AutoTask::Base),
         (
             "bert_cls",
