@@ -31,7 +31,7 @@ use crate::heads::{self, HeadKind};
 use crate::modeling_utils::{ModelInputs, ModelOutput};
 use crate::padding_free::EncoderHead;
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, LayerNorm, Linear, ModuleRepr};
 
 /// `image_size` / `patch_size`: one side, or `[height, width]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -526,6 +526,77 @@ impl EncoderArchitecture for ViTConfig {
     /// weights, so upstream's `num_parameters(exclude_embeddings=True)` counts them.
     fn is_embedding_weight(&self, _name: &str) -> bool {
         false
+    }
+    /// What `print(model)` shows: `ViTModel` (the patch projection a `Conv2d`, the pooler
+    /// for the base model) and the image classifier.
+    fn module_repr(&self, kind: HeadKind, body: &ViTModel) -> Option<ModuleRepr> {
+        let h = self.hidden_size;
+        let ln = || ModuleRepr::layer_norm(h, self.layer_norm_eps, true, true);
+        let (ph, pw) = self.patch_size.hw();
+        let layer = ModuleRepr::new("ViTLayer")
+            .child(
+                "attention",
+                ModuleRepr::new("ViTAttention")
+                    .child("q_proj", ModuleRepr::linear(h, h, self.qkv_bias))
+                    .child("k_proj", ModuleRepr::linear(h, h, self.qkv_bias))
+                    .child("v_proj", ModuleRepr::linear(h, h, self.qkv_bias))
+                    .child("o_proj", ModuleRepr::linear(h, h, true)),
+            )
+            .child("layernorm_before", ln())
+            .child("layernorm_after", ln())
+            .child(
+                "mlp",
+                ModuleRepr::new("ViTMLP")
+                    .child("activation_fn", ModuleRepr::new(body.act.class_name()))
+                    .child("fc1", ModuleRepr::linear(h, self.intermediate_size, true))
+                    .child("fc2", ModuleRepr::linear(self.intermediate_size, h, true)),
+            )
+            .child("dropout", ModuleRepr::dropout(self.hidden_dropout_prob));
+        let mut model = ModuleRepr::new("ViTModel")
+            .child(
+                "embeddings",
+                ModuleRepr::new("ViTEmbeddings")
+                    .child(
+                        "patch_embeddings",
+                        ModuleRepr::new("ViTPatchEmbeddings").child(
+                            "projection",
+                            ModuleRepr::with_extra(
+                                "Conv2d",
+                                format!(
+                                    "{}, {h}, kernel_size=({ph}, {pw}), stride=({ph}, {pw})",
+                                    self.num_channels
+                                ),
+                            ),
+                        ),
+                    )
+                    .child("dropout", ModuleRepr::dropout(self.hidden_dropout_prob)),
+            )
+            .child(
+                "layers",
+                ModuleRepr::module_list(vec![layer; body.layers.len()]),
+            )
+            .child("layernorm", ln());
+        if let Some(pooler) = &body.pooler {
+            let (out, _) = pooler.ws.size2().ok()?;
+            model = model.child(
+                "pooler",
+                ModuleRepr::new("ViTPooler")
+                    .child("dense", ModuleRepr::linear(h, out, true))
+                    .child("activation", ModuleRepr::new(body.pooler_act.class_name())),
+            );
+        }
+        match kind {
+            HeadKind::Base => Some(model),
+            HeadKind::SequenceClassification => Some(
+                ModuleRepr::new(kind.class(&self.classes()))
+                    .child("vit", model)
+                    .child(
+                        "classifier",
+                        ModuleRepr::linear(h, self.labels.num_labels(), true),
+                    ),
+            ),
+            _ => None,
+        }
     }
     fn tied_weights(&self, _kind: HeadKind) -> Vec<(String, String)> {
         vec![]

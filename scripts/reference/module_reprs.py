@@ -94,6 +94,12 @@ CASES = {
     "deberta_v3_cls": (tf.DebertaV2ForSequenceClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=3)),
     "deberta_v3_mlm": (tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(**DEBERTA_V3, hidden_act="gelu_new")),
     "deberta_v3_ner": (tf.DebertaV2ForTokenClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=4)),
+    "vit_img": (tf.ViTForImageClassification, tf.ViTConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40, image_size=8, patch_size=4,
+        num_labels=3, hidden_dropout_prob=0.1)),
+    "vit_base": (tf.ViTModel, tf.ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24, image_size=[8, 12],
+        patch_size=[4, 6], num_channels=1, qkv_bias=False, pooler_output_size=8, hidden_act="relu")),
     "bert_base": (tf.BertModel, tf.BertConfig(**ENCODER, hidden_act="relu")),
     "bert_cls": (tf.BertForSequenceClassification, tf.BertConfig(**ENCODER, num_labels=3, classifier_dropout=0.2)),
     "bert_mlm": (tf.BertForMaskedLM, tf.BertConfig(**ENCODER, layer_norm_eps=1e-6, hidden_act="gelu_new")),

@@ -9,7 +9,7 @@ use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pr
 use tchtrain_testing::{lock, reference_dir};
 
 /// The reference's cases, in its order.
-const CASES: [&str; 47] = [
+const CASES: [&str; 49] = [
     "gpt2_lm",
     "gpt2_cls",
     "llama",
@@ -44,6 +44,8 @@ const CASES: [&str; 47] = [
     "deberta_v3_cls",
     "deberta_v3_mlm",
     "deberta_v3_ner",
+    "vit_img",
+    "vit_base",
     "bert_base",
     "bert_cls",
     "bert_mlm",
@@ -59,12 +61,14 @@ const CASES: [&str; 47] = [
     "peft_gpt2",
 ];
 
-/// The head a case's model has, from its name (a `cls`, `ner`, `mlm`, `qa` or `base` part,
+/// The head a case's model has, from its name (an `img`, `cls`, `ner`, `mlm`, `qa` or `base` part,
 /// the sequence-to-sequence families; a causal LM otherwise).
 fn task(case: &str) -> AutoTask {
     let parts: Vec<&str> = case.split('_').collect();
     let has = |p: &str| parts.contains(&p);
-    if has("cls") {
+    if has("img") {
+        AutoTask::ImageClassification { num_labels: None }
+    } else if has("cls") {
         AutoTask::SequenceClassification { num_labels: None }
     } else if has("ner") {
         AutoTask::TokenClassification { num_labels: None }
