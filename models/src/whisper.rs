@@ -32,7 +32,7 @@ use crate::loading::{self, LoadOptions};
 use crate::modeling_utils::{Loaded, ModelInputs, ModelOutput, PreTrainedModel, TrainableModel};
 use crate::{DynamicCache, Error, Result};
 use tchtrain_nn::neftune_post_forward_hook;
-use tchtrain_nn::{Activation, Context, Embedding, LayerNorm};
+use tchtrain_nn::{Activation, Context, Embedding, LayerNorm, ModuleRepr};
 
 /// Upstream `WhisperConfig` with its defaults (whisper-tiny's shape).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -585,9 +585,93 @@ impl WhisperForConditionalGeneration {
     }
 }
 
+impl WhisperForConditionalGeneration {
+    /// What `print(model)` shows: the encoder (two `Conv1d`s, the sinusoidal positions as an
+    /// `Embedding`), the decoder (`WhisperPositionalEmbedding`), BART's layers with
+    /// `k_proj` unbiased, `proj_out`.
+    fn whisper_module_repr(&self) -> ModuleRepr {
+        let c = &self.config;
+        let d = c.d_model;
+        let ln = || ModuleRepr::layer_norm(d, 1e-5, true, true);
+        let attention = || {
+            ModuleRepr::new("WhisperAttention")
+                .child("k_proj", ModuleRepr::linear(d, d, false))
+                .child("v_proj", ModuleRepr::linear(d, d, true))
+                .child("q_proj", ModuleRepr::linear(d, d, true))
+                .child("out_proj", ModuleRepr::linear(d, d, true))
+        };
+        let act = || ModuleRepr::new(self.act.class_name());
+        let layer = |decoder: bool| {
+            let (class, ffn) = match decoder {
+                true => ("WhisperDecoderLayer", c.decoder_ffn_dim),
+                false => ("WhisperEncoderLayer", c.encoder_ffn_dim),
+            };
+            let mut layer = ModuleRepr::new(class).child("self_attn", attention());
+            layer = match decoder {
+                true => layer
+                    .child("activation_fn", act())
+                    .child("self_attn_layer_norm", ln())
+                    .child("encoder_attn", attention())
+                    .child("encoder_attn_layer_norm", ln()),
+                false => layer
+                    .child("self_attn_layer_norm", ln())
+                    .child("activation_fn", act()),
+            };
+            layer
+                .child("fc1", ModuleRepr::linear(d, ffn, true))
+                .child("fc2", ModuleRepr::linear(ffn, d, true))
+                .child("final_layer_norm", ln())
+        };
+        let conv = |i: i64, o: i64, stride: i64| {
+            ModuleRepr::with_extra(
+                "Conv1d",
+                format!("{i}, {o}, kernel_size=(3,), stride=({stride},), padding=(1,)"),
+            )
+        };
+        let encoder = ModuleRepr::new("WhisperEncoder")
+            .child("conv1", conv(c.num_mel_bins, d, 1))
+            .child("conv2", conv(d, d, 2))
+            .child(
+                "embed_positions",
+                ModuleRepr::embedding(c.max_source_positions, d, None),
+            )
+            .child(
+                "layers",
+                ModuleRepr::module_list(vec![layer(false); self.encoder.layers.len()]),
+            )
+            .child("layer_norm", ln());
+        let decoder = ModuleRepr::new("WhisperDecoder")
+            .child(
+                "embed_tokens",
+                ModuleRepr::embedding(c.vocab_size, d, c.pad_token_id),
+            )
+            .child(
+                "embed_positions",
+                ModuleRepr::embedding(c.max_target_positions, d, None)
+                    .renamed("WhisperPositionalEmbedding"),
+            )
+            .child(
+                "layers",
+                ModuleRepr::module_list(vec![layer(true); self.decoder.layers.len()]),
+            )
+            .child("layer_norm", ln());
+        ModuleRepr::new("WhisperForConditionalGeneration")
+            .child(
+                "model",
+                ModuleRepr::new("WhisperModel")
+                    .child("encoder", encoder)
+                    .child("decoder", decoder),
+            )
+            .child("proj_out", ModuleRepr::linear(d, c.vocab_size, false))
+    }
+}
+
 impl PreTrainedModel for WhisperForConditionalGeneration {
     fn architecture(&self) -> &'static str {
         "WhisperForConditionalGeneration"
+    }
+    fn module_repr(&self) -> Option<ModuleRepr> {
+        Some(self.whisper_module_repr())
     }
     fn config(&self) -> &dyn PretrainedConfig {
         &self.config

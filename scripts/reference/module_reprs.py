@@ -100,6 +100,10 @@ CASES = {
     "vit_base": (tf.ViTModel, tf.ViTConfig(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24, image_size=[8, 12],
         patch_size=[4, 6], num_channels=1, qkv_bias=False, pooler_output_size=8, hidden_act="relu")),
+    "whisper": (tf.WhisperForConditionalGeneration, tf.WhisperConfig(
+        vocab_size=96, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=40, decoder_ffn_dim=24, num_mel_bins=8, max_source_positions=10,
+        max_target_positions=12, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)),
     "bert_base": (tf.BertModel, tf.BertConfig(**ENCODER, hidden_act="relu")),
     "bert_cls": (tf.BertForSequenceClassification, tf.BertConfig(**ENCODER, num_labels=3, classifier_dropout=0.2)),
     "bert_mlm": (tf.BertForMaskedLM, tf.BertConfig(**ENCODER, layer_norm_eps=1e-6, hidden_act="gelu_new")),

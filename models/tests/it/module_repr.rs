@@ -9,7 +9,7 @@ use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pr
 use tchtrain_testing::{lock, reference_dir};
 
 /// The reference's cases, in its order.
-const CASES: [&str; 49] = [
+const CASES: [&str; 50] = [
     "gpt2_lm",
     "gpt2_cls",
     "llama",
@@ -46,6 +46,7 @@ const CASES: [&str; 49] = [
     "deberta_v3_ner",
     "vit_img",
     "vit_base",
+    "whisper",
     "bert_base",
     "bert_cls",
     "bert_mlm",
@@ -80,6 +81,8 @@ fn task(case: &str) -> AutoTask {
         AutoTask::Base
     } else if matches!(case, "t5" | "flan_t5" | "bart" | "mbart") {
         AutoTask::Seq2SeqLm
+    } else if case == "whisper" {
+        AutoTask::SpeechSeq2Seq
     } else {
         AutoTask::CausalLm
     }
