@@ -748,6 +748,34 @@ fn check_positions(seq: i64, past: i64, c: &BartConfig) -> Result<()> {
     Ok(())
 }
 
+/// What `print(layer)` shows of a BART-shaped encoder (`decoder` false) or decoder layer of
+/// width `d` and feed-forward width `ffn`, with `attention` as its attention modules'
+/// text (BART's, mBART's and Whisper's layers).
+pub(crate) fn layer_repr(
+    class: &str,
+    decoder: bool,
+    (d, ffn): (i64, i64),
+    attention: &ModuleRepr,
+    act: &ModuleRepr,
+) -> ModuleRepr {
+    let ln = || ModuleRepr::layer_norm(d, 1e-5, true, true);
+    let layer = ModuleRepr::new(class).child("self_attn", attention.clone());
+    let layer = match decoder {
+        true => layer
+            .child("activation_fn", act.clone())
+            .child("self_attn_layer_norm", ln())
+            .child("encoder_attn", attention.clone())
+            .child("encoder_attn_layer_norm", ln()),
+        false => layer
+            .child("self_attn_layer_norm", ln())
+            .child("activation_fn", act.clone()),
+    };
+    layer
+        .child("fc1", ModuleRepr::linear(d, ffn, true))
+        .child("fc2", ModuleRepr::linear(ffn, d, true))
+        .child("final_layer_norm", ln())
+}
+
 impl BartForConditionalGeneration {
     /// What `print(model)` shows: `model` (`shared`, the encoder and the decoder with their
     /// scaled word and learned position embeddings, layers, `layernorm_embedding`, mBART's
@@ -774,22 +802,13 @@ impl BartForConditionalGeneration {
                 true => ("Decoder", c.decoder_ffn_dim),
                 false => ("Encoder", c.encoder_ffn_dim),
             };
-            let mut layer =
-                ModuleRepr::new(format!("{p}{class}Layer")).child("self_attn", attention());
-            layer = match stack.decoder {
-                true => layer
-                    .child("activation_fn", act())
-                    .child("self_attn_layer_norm", ln())
-                    .child("encoder_attn", attention())
-                    .child("encoder_attn_layer_norm", ln()),
-                false => layer
-                    .child("self_attn_layer_norm", ln())
-                    .child("activation_fn", act()),
-            };
-            layer = layer
-                .child("fc1", ModuleRepr::linear(d, ffn, true))
-                .child("fc2", ModuleRepr::linear(ffn, d, true))
-                .child("final_layer_norm", ln());
+            let layer = layer_repr(
+                &format!("{p}{class}Layer"),
+                stack.decoder,
+                (d, ffn),
+                &attention(),
+                &act(),
+            );
             let (positions, width) = stack.embed_positions.ws.size2().ok()?;
             let mut m = ModuleRepr::new(format!("{p}{class}"))
                 .child("embed_tokens", words())

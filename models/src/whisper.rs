@@ -600,27 +600,13 @@ impl WhisperForConditionalGeneration {
                 .child("q_proj", ModuleRepr::linear(d, d, true))
                 .child("out_proj", ModuleRepr::linear(d, d, true))
         };
-        let act = || ModuleRepr::new(self.act.class_name());
+        let act = ModuleRepr::new(self.act.class_name());
         let layer = |decoder: bool| {
             let (class, ffn) = match decoder {
                 true => ("WhisperDecoderLayer", c.decoder_ffn_dim),
                 false => ("WhisperEncoderLayer", c.encoder_ffn_dim),
             };
-            let mut layer = ModuleRepr::new(class).child("self_attn", attention());
-            layer = match decoder {
-                true => layer
-                    .child("activation_fn", act())
-                    .child("self_attn_layer_norm", ln())
-                    .child("encoder_attn", attention())
-                    .child("encoder_attn_layer_norm", ln()),
-                false => layer
-                    .child("self_attn_layer_norm", ln())
-                    .child("activation_fn", act()),
-            };
-            layer
-                .child("fc1", ModuleRepr::linear(d, ffn, true))
-                .child("fc2", ModuleRepr::linear(ffn, d, true))
-                .child("final_layer_norm", ln())
+            crate::bart::layer_repr(class, decoder, (d, ffn), &attention(), &act)
         };
         let conv = |i: i64, o: i64, stride: i64| {
             ModuleRepr::with_extra(
