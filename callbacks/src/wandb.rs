@@ -422,7 +422,7 @@ struct Run {
     summary_values: std::collections::BTreeMap<String, JsonValue>,
     /// The config as it stands (each update applied), for the server.
     config_tree: JsonMap,
-    /// The summary as it stands (`_wandb.runtime` nested), for the server.
+    /// Online: the summary as it stands (`_wandb.runtime` nested), for the server.
     summary_tree: JsonMap,
     /// Online: the run's file stream to the server.
     stream: Option<FileStream>,
@@ -491,11 +491,14 @@ impl Run {
         let mut s = Proto::default();
         for (keys, v) in entries {
             s.message(1, &item(keys, v));
-            apply(
-                &mut self.summary_tree,
-                keys,
-                loads(v).unwrap_or(JsonValue::Null),
-            );
+            // Only an online run sends the summary: offline the record is all.
+            if self.stream.is_some() {
+                apply(
+                    &mut self.summary_tree,
+                    keys,
+                    loads(v).unwrap_or(JsonValue::Null),
+                );
+            }
         }
         self.record(3, &s)
     }
