@@ -177,6 +177,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A ClearML setting (environment variable or `clearml.conf`) the ClearML logger cannot
+    /// honour (online mode, model logging offline, settings not read here): why, and what to
+    /// do instead.
+    #[error("clearml: {setting}: {reason}")]
+    ClearMLSetting {
+        /// The environment variable and its value, or the settings file.
+        setting: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
     /// instead.
     #[error("report_to trackio: {field}={value:?}: {reason}")]

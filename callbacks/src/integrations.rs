@@ -1,5 +1,6 @@
 //! `report_to`: the logger callbacks named in `TrainingArguments.report_to`.
 
+use crate::clearml::ClearMLCallback;
 use crate::comet::CometCallback;
 use crate::dvclive::DVCLiveCallback;
 use crate::error::{Error, Result};
@@ -15,12 +16,13 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 9] = [
+pub const SUPPORTED_INTEGRATIONS: [&str; 10] = [
     "comet_ml",
     "dvclive",
     "mlflow",
     "tensorboard",
     "wandb",
+    "clearml",
     "trackio",
     "swanlab",
     "kubeflow",
@@ -33,8 +35,9 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 9] = [
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
 /// `WANDB_MODE` is `offline`, or online (unset or `online`) with an API key configured
-/// (upstream's: installed; without a key wandb refuses to start),
-/// `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
+/// (upstream's: installed; without a key wandb refuses to start), `clearml` when
+/// `CLEARML_OFFLINE_MODE` is true (the offline session, the only mode written here; upstream's:
+/// installed), `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
 /// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), `swanlab`
 /// when `SWANLAB_MODE` is `offline` (the only mode written here; upstream's: installed),
 /// `kubeflow` when [`is_kubeflow_available`] (inside a Kubeflow TrainJob, as upstream), and
@@ -60,6 +63,15 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
             *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
         })
         .filter(|n| *n != "swanlab" || std::env::var("SWANLAB_MODE").is_ok_and(|m| m == "offline"))
+        .filter(|n| {
+            *n != "clearml"
+                || std::env::var("CLEARML_OFFLINE_MODE").is_ok_and(|m| {
+                    matches!(
+                        m.to_lowercase().as_str(),
+                        "y" | "yes" | "t" | "true" | "on" | "1"
+                    )
+                })
+        })
         .filter(|n| *n != "kubeflow" || is_kubeflow_available())
         .collect()
 }
@@ -97,9 +109,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         "neptune" => {
             "Neptune's hosted service shut down on 2026-03-05 (an offline run has nowhere to be synced) and upstream deprecates its integration, recommending the other trackers"
         }
-        "clearml" => {
-            "ClearML logs to a ClearML server, not implemented here; its offline mode writes a session only a ClearML server reads back (Task.import_offline_session)"
-        }
         "dagshub" => {
             "DagsHub's callback logs through the dagshub package to a DagsHub repository, not implemented here; a DagsHub repository is an MLflow tracking server: use mlflow with MLFLOW_TRACKING_URI"
         }
@@ -132,6 +141,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
                 "wandb" => Box::new(WandbCallback::new()?),
+                "clearml" => Box::new(ClearMLCallback::new()?),
                 "trackio" => Box::new(TrackioCallback::new()),
                 "swanlab" => Box::new(SwanLabCallback::new()?),
                 "kubeflow" => Box::new(KubeflowCallback::new()?),

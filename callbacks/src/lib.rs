@@ -50,6 +50,7 @@
 mod args_dict;
 mod callback_handler;
 mod checksum_time;
+mod clearml;
 mod comet;
 mod default_flow;
 mod dvclive;
@@ -80,6 +81,7 @@ mod wandb_api;
 mod wandb_artifact;
 
 pub use callback_handler::CallbackHandler;
+pub use clearml::{ClearMLCallback, ClearMLSettings, config_dict_to_text};
 pub use comet::{CometCallback, CometMode, CometSettings};
 pub use default_flow::DefaultFlowCallback;
 pub use dvclive::{DVCLiveCallback, DVCLiveSettings, dump_yaml, standardize_metric_name};

@@ -400,7 +400,7 @@ fn iso_now() -> String {
 }
 
 /// `uuid.uuid4().hex`: 32 hex digits, version 4, RFC 4122 variant.
-fn uuid4_hex() -> String {
+pub(crate) fn uuid4_hex() -> String {
     let mut next = crate::checksum_time::random_stream();
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&next().to_le_bytes());

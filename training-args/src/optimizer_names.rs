@@ -31,7 +31,7 @@ string_enum! {
         /// `torch.optim.Adagrad`.
         Adagrad = "adagrad",
         /// bitsandbytes 8-bit AdamW (upstream `ADAMW_BNB`).
-        AdamwBnb8bit = "adamw_bnb_8bit",
+        AdamwBnb8bit = "adamw_bnb_8bit" as "ADAMW_BNB",
         /// Alias of `adamw_bnb_8bit` (upstream `ADAMW_8BIT`).
         Adamw8bit = "adamw_8bit",
         /// bitsandbytes 8-bit AdEMAMix.
@@ -39,17 +39,17 @@ string_enum! {
         /// bitsandbytes 8-bit Lion.
         Lion8bit = "lion_8bit",
         /// bitsandbytes 32-bit Lion (upstream `LION`).
-        Lion32bit = "lion_32bit",
+        Lion32bit = "lion_32bit" as "LION",
         /// bitsandbytes paged 32-bit AdamW.
-        PagedAdamw32bit = "paged_adamw_32bit",
+        PagedAdamw32bit = "paged_adamw_32bit" as "PAGED_ADAMW",
         /// bitsandbytes paged 8-bit AdamW.
         PagedAdamw8bit = "paged_adamw_8bit",
         /// bitsandbytes paged 32-bit AdEMAMix.
-        PagedAdemamix32bit = "paged_ademamix_32bit",
+        PagedAdemamix32bit = "paged_ademamix_32bit" as "PAGED_ADEMAMIX",
         /// bitsandbytes paged 8-bit AdEMAMix.
         PagedAdemamix8bit = "paged_ademamix_8bit",
         /// bitsandbytes paged 32-bit Lion.
-        PagedLion32bit = "paged_lion_32bit",
+        PagedLion32bit = "paged_lion_32bit" as "PAGED_LION",
         /// bitsandbytes paged 8-bit Lion.
         PagedLion8bit = "paged_lion_8bit",
         /// `torch.optim.RMSprop`.
@@ -57,9 +57,9 @@ string_enum! {
         /// bitsandbytes RMSprop.
         RmspropBnb = "rmsprop_bnb",
         /// bitsandbytes 8-bit RMSprop.
-        RmspropBnb8bit = "rmsprop_bnb_8bit",
+        RmspropBnb8bit = "rmsprop_bnb_8bit" as "RMSPROP_8BIT",
         /// bitsandbytes 32-bit RMSprop.
-        RmspropBnb32bit = "rmsprop_bnb_32bit",
+        RmspropBnb32bit = "rmsprop_bnb_32bit" as "RMSPROP_32BIT",
         /// GaLore AdamW.
         GaloreAdamw = "galore_adamw",
         /// GaLore 8-bit AdamW.

@@ -3,13 +3,21 @@
 
 /// Declares a `Copy` enum whose variants map one-to-one to upstream string values.
 ///
-/// Generates `ALL`, `as_str`, `Display`, `FromStr` (error: [`crate::Error::UnknownVariant`]
-/// with close matches) and string `Serialize` / `Deserialize`.
+/// Generates `ALL`, `as_str`, `member_name`, `Display`, `FromStr` (error:
+/// [`crate::Error::UnknownVariant`] with close matches) and string `Serialize` / `Deserialize`.
+/// A variant whose upstream member name is not its value upper-cased names it with
+/// `Variant = "value" as "MEMBER"`.
 macro_rules! string_enum {
+    (@member $value:literal) => {
+        std::borrow::Cow::Owned($value.to_uppercase())
+    };
+    (@member $value:literal $member:literal) => {
+        std::borrow::Cow::Borrowed($member)
+    };
     (
         $(#[$meta:meta])*
         $vis:vis enum $name:ident ($upstream:literal) {
-            $( $(#[$vmeta:meta])* $variant:ident = $value:literal, )+
+            $( $(#[$vmeta:meta])* $variant:ident = $value:literal $(as $member:literal)?, )+
         }
         default = $default:ident;
     ) => {
@@ -29,6 +37,17 @@ macro_rules! string_enum {
                     $( $name::$variant => $value, )+
                 }
             }
+
+            /// Upstream's member name of this variant (`OptimizerNames.ADAMW_BNB`: what
+            /// `str(member)` shows after the class name).
+            pub fn member_name(self) -> std::borrow::Cow<'static, str> {
+                match self {
+                    $( $name::$variant => string_enum!(@member $value $($member)?), )+
+                }
+            }
+
+            /// The enum's name upstream (`OptimizerNames`).
+            pub const UPSTREAM_NAME: &'static str = $upstream;
 
             /// Upstream's string values of every variant, in declaration order.
             pub fn values() -> Vec<&'static str> {

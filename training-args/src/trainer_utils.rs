@@ -65,7 +65,7 @@ string_enum! {
         InverseSqrt = "inverse_sqrt",
         /// `get_reduce_on_plateau_schedule` (upstream `REDUCE_ON_PLATEAU`); needs an eval strategy.
         #[doc(alias = "REDUCE_ON_PLATEAU")]
-        ReduceLrOnPlateau = "reduce_lr_on_plateau",
+        ReduceLrOnPlateau = "reduce_lr_on_plateau" as "REDUCE_ON_PLATEAU",
         /// `get_cosine_with_min_lr_schedule_with_warmup`.
         CosineWithMinLr = "cosine_with_min_lr",
         /// `get_cosine_with_min_lr_schedule_with_warmup_lr_rate`.

@@ -1,5 +1,6 @@
 //! The integration tests of tchtrain-callbacks, one binary (a module per topic).
 
+mod clearml;
 mod comet;
 mod common;
 mod dvclive;

@@ -5,6 +5,7 @@
 //! `train/learning_rate` and `train/global_step` are the run's `log_history` entries.
 //! (callbacks/tests/it/trackio.rs compares the callback with upstream's row by row.)
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
@@ -15,6 +16,27 @@ use tchtrain_trainer::{Trainer, num_parameters};
 use tchtrain_training_args::{SaveStrategy, TrainingArguments};
 
 use crate::common::{blocks, initial_model, temp_dir};
+
+/// `f` with the variables set in the process environment (the tracker callbacks read theirs
+/// when the Trainer is built), removed after; callers hold the test lock.
+fn with_env<T>(vars: &[(&str, &OsStr)], f: impl FnOnce() -> T) -> T {
+    for (k, v) in vars {
+        #[allow(unsafe_code)]
+        // SAFETY: under the test lock; no other thread of this binary reads them meanwhile.
+        unsafe {
+            std::env::set_var(k, v)
+        };
+    }
+    let out = f();
+    for (k, _) in vars {
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var(k)
+        };
+    }
+    out
+}
 
 fn get<'a>(v: &'a JsonValue, key: &str) -> Option<&'a JsonValue> {
     v.as_object().and_then(|m| m.get(key))
@@ -40,22 +62,10 @@ fn a_run_reported_to_trackio_reads_back_with_trackio() -> Result<()> {
     };
     args.post_init()?;
     // The callback reads TRACKIO_DIR when the Trainer is built.
-    let mut trainer = {
-        #[allow(unsafe_code)]
-        // SAFETY: under the test lock; no other thread of this binary reads it meanwhile.
-        unsafe {
-            std::env::set_var("TRACKIO_DIR", &store)
-        };
-        let built = Trainer::builder(initial_model()?, args)
-            .train_dataset(blocks("train", 8)?)
-            .build();
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        unsafe {
-            std::env::remove_var("TRACKIO_DIR")
-        };
-        built?
-    };
+    let (model, data) = (initial_model()?, blocks("train", 8)?);
+    let mut trainer = with_env(&[("TRACKIO_DIR", store.as_os_str())], || {
+        Trainer::builder(model, args).train_dataset(data).build()
+    })?;
     let n_params = num_parameters(trainer.model(), false);
     trainer.train(None)?;
     let steps: Vec<_> = trainer
@@ -368,6 +378,111 @@ fn a_run_reported_to_wandb_online_streams_every_log() -> Result<()> {
         "{}",
         run["end"]
     );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A real Trainer run reported to ClearML in offline mode (`report_to` clearml with
+/// `CLEARML_OFFLINE_MODE=1`, `CLEARML_LOG_MODEL=FALSE`), its session imported by clearml's own
+/// `Task.import_offline_session` into the stand-in ClearML server
+/// (`scripts/reference/_clearml_server.py read`): the task completed with the run's arguments
+/// and model config, each `log_history` entry's loss, learning rate and grad norm a `train`
+/// scalar at its step, the run's summary as single values.
+#[test]
+fn a_run_reported_to_clearml_offline_imports_with_clearml() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("clearml-run");
+    let cache = dir.join("clearml-cache");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 2,
+        max_steps: 4,
+        logging_steps: 1.0,
+        seed: 3,
+        use_cpu: true,
+        report_to: vec!["clearml".into()],
+        disable_tqdm: true,
+        ..TrainingArguments::new(dir.join("out").display().to_string())
+    };
+    args.post_init()?;
+    // The callback reads its settings when the Trainer is built.
+    let vars = [
+        ("CLEARML_OFFLINE_MODE", OsStr::new("1")),
+        ("CLEARML_LOG_MODEL", OsStr::new("FALSE")),
+        ("CLEARML_PROJECT", OsStr::new("tchtrain-trainer")),
+        ("CLEARML_CACHE_DIR", cache.as_os_str()),
+    ];
+    let (model, data) = (initial_model()?, blocks("train", 8)?);
+    let mut trainer = with_env(&vars, || {
+        Trainer::builder(model, args).train_dataset(data).build()
+    })?;
+    trainer.train(None)?;
+    let log_history = trainer.state.log_history.clone();
+    drop(trainer);
+    let zip = std::fs::read_dir(cache.join("offline"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "zip"))
+        .context("the session zip")?;
+    let python = std::env::var_os("TCHTRAIN_VENV_PYTHON")
+        .context("TCHTRAIN_VENV_PYTHON names the setup virtualenv's python (with clearml)")?;
+    let reader =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/reference/_clearml_server.py");
+    let out = Command::new(python)
+        .arg(reader)
+        .arg("read")
+        .arg(&zip)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let imported = &read["imported"];
+    ensure!(
+        imported["project"] == "tchtrain-trainer",
+        "{}",
+        imported["project"]
+    );
+    let task = &imported["task"];
+    ensure!(
+        task["name"] == "Trainer" && task["status"] == "completed",
+        "{task}"
+    );
+    let params = &task["hyperparams"]["Transformers"];
+    ensure!(params["max_steps"]["value"] == "4" && params["max_steps"]["type"] == "int");
+    ensure!(
+        params["report_to"]["value"] == "[\"clearml\"]",
+        "{}",
+        params["report_to"]
+    );
+    let config = task["configuration"]["Model Configuration"]["value"]
+        .as_str()
+        .context("the model configuration")?;
+    ensure!(config.contains("model_type = \"gpt2\""), "{config}");
+    let scalars = imported["scalars"].as_array().context("scalars")?;
+    let mut expected = Vec::new();
+    for entry in &log_history {
+        let step = entry
+            .get("step")
+            .and_then(JsonValue::as_i64)
+            .context("step")?;
+        for (key, v) in entry.iter() {
+            let Some(v) = v.as_f64() else { continue };
+            let (metric, variant, iter) = match key {
+                "step" => continue,
+                "epoch"
+                | "train_runtime"
+                | "train_samples_per_second"
+                | "train_steps_per_second"
+                | "train_loss"
+                | "total_flos" => ("Summary", key, -2_147_483_648_i64),
+                _ => ("train", key, step),
+            };
+            expected.push(serde_json::json!([metric, variant, iter, v]));
+        }
+    }
+    ensure!(scalars == &expected, "{scalars:?}\nvs\n{expected:?}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
