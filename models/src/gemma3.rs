@@ -395,6 +395,9 @@ struct Gemma3MultiModalProjector {
     mm_soft_emb_norm: RmsNorm,
     patches_per_image: i64,
     kernel_size: i64,
+    /// The norm's width and epsilon (what `print` shows of it).
+    vision_hidden: i64,
+    eps: f64,
 }
 
 impl Gemma3MultiModalProjector {
@@ -438,6 +441,8 @@ impl Gemma3MultiModalProjector {
             ),
             patches_per_image,
             kernel_size,
+            vision_hidden: vision.hidden_size,
+            eps: vision.layer_norm_eps,
         })
     }
 
@@ -470,6 +475,28 @@ pub struct Gemma3Vision {
 }
 
 impl ImageEncoder for Gemma3Vision {
+    fn module_repr(&self) -> Option<Vec<(&'static str, tchtrain_nn::ModuleRepr)>> {
+        let p = &self.multi_modal_projector;
+        let k = p.kernel_size;
+        Some(vec![
+            ("vision_tower", self.vision_tower.module_repr()),
+            (
+                "multi_modal_projector",
+                tchtrain_nn::ModuleRepr::new("Gemma3MultiModalProjector")
+                    .child(
+                        "mm_soft_emb_norm",
+                        tchtrain_nn::ModuleRepr::rms_norm("Gemma3RMSNorm", p.vision_hidden, p.eps),
+                    )
+                    .child(
+                        "avg_pool",
+                        tchtrain_nn::ModuleRepr::with_extra(
+                            "AvgPool2d",
+                            format!("kernel_size={k}, stride={k}, padding=0"),
+                        ),
+                    ),
+            ),
+        ])
+    }
     fn image_features(&self, inputs: &ModelInputs<'_>, train: bool) -> Result<Tensor> {
         let last_hidden_state = self.vision_tower.forward(inputs, train)?;
         self.multi_modal_projector.forward(&last_hidden_state)

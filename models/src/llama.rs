@@ -447,6 +447,11 @@ pub trait ImageEncoder: std::fmt::Debug + Send {
     /// The vision tower's activation checkpointing (upstream's `gradient_checkpointing`
     /// reaches every checkpointable layer of the model).
     fn checkpointing(&mut self) -> &mut Option<ActivationCheckpointing>;
+    /// What `print` shows of its modules beside the language model, in upstream's order
+    /// (`vision_tower`, `multi_modal_projector`); `None` where they are not written out.
+    fn module_repr(&self) -> Option<Vec<(&'static str, ModuleRepr)>> {
+        None
+    }
 }
 
 impl DecoderConfig for LlamaConfig {
@@ -1483,6 +1488,31 @@ macro_rules! decoder_head_plumbing {
     };
 }
 
+/// What `print` shows of Qwen3.5's Gated DeltaNet (`<Prefix>GatedDeltaNet`): the depthwise
+/// causal `Conv1d` over the query / key / value channels, the gated norm (no `extra_repr`),
+/// then the projections in upstream's registration order.
+fn gated_delta_net_repr(p: &str, s: &tchtrain_nn::GatedDeltaNetSizes) -> ModuleRepr {
+    let (h, conv, k) = (s.hidden_size, s.conv_dim(), s.conv_kernel_dim);
+    let value_dim = s.num_value_heads * s.value_head_dim;
+    ModuleRepr::new(format!("{p}GatedDeltaNet"))
+        .child(
+            "conv1d",
+            ModuleRepr::with_extra(
+                "Conv1d",
+                format!(
+                    "{conv}, {conv}, kernel_size=({k},), stride=(1,), padding=({},), groups={conv}, bias=False",
+                    k - 1
+                ),
+            ),
+        )
+        .child("norm", ModuleRepr::new(format!("{p}RMSNormGated")))
+        .child("out_proj", ModuleRepr::linear(value_dim, h, false))
+        .child("in_proj_qkv", ModuleRepr::linear(h, conv, false))
+        .child("in_proj_z", ModuleRepr::linear(h, value_dim, false))
+        .child("in_proj_b", ModuleRepr::linear(h, s.num_value_heads, false))
+        .child("in_proj_a", ModuleRepr::linear(h, s.num_value_heads, false))
+}
+
 fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size().last().copied().unwrap_or(0) / 2;
     let x1 = x.narrow(-1, 0, half);
@@ -1511,15 +1541,23 @@ impl LlamaModel {
                 | "granite"
                 | "smollm3"
                 | "olmo2"
+                | "olmo3"
                 | "mixtral"
                 | "qwen2_moe"
                 | "qwen3_moe"
                 | "olmoe"
-        ) && f.gpt_oss.is_none()
-            && f.qwen3_5.is_none()
-            && f.base_model == "model"
+                | "gpt_oss"
+                | "qwen3_5_text"
+                | "gemma3"
+                | "gemma4_text"
+        ) && (f.qwen3_5.is_none() || f.moe.is_none())
+            && (f.base_model == "model" || f.model_type == "gemma3")
             && self.per_layer.is_none();
-        if !plain || (self.sliding_rotary_emb.is_some() && f.gemma.is_none()) {
+        if f.gemma4.is_some() {
+            return self.gemma4_module_repr();
+        }
+        // OLMo 3's sliding layers' RoPE is not a module of its own upstream.
+        if !plain || (self.sliding_rotary_emb.is_some() && f.gemma.is_none() && !f.olmo2) {
             return None;
         }
         let (c, p) = (&self.config, f.prefix);
@@ -1534,8 +1572,12 @@ impl LlamaModel {
             Some(_) => attention
                 .child("o_proj", ModuleRepr::linear(q, h, f.o_bias))
                 .child("qkv_proj", ModuleRepr::linear(h, q + 2 * kv, f.qkv_bias)),
+            // Qwen3.5's query projection also gives each head's output gate.
             None => attention
-                .child("q_proj", ModuleRepr::linear(h, q, f.qkv_bias))
+                .child(
+                    "q_proj",
+                    ModuleRepr::linear(h, q * if f.qwen3_5.is_some() { 2 } else { 1 }, f.qkv_bias),
+                )
                 .child("k_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
                 .child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias))
                 .child("o_proj", ModuleRepr::linear(q, h, f.o_bias)),
@@ -1561,7 +1603,13 @@ impl LlamaModel {
         };
         // A mixture-of-experts block (the router and the fused experts have no
         // `extra_repr`; Qwen2-MoE's gated shared expert after them).
+        // gpt-oss's MLP is the router and the experts, neither with an `extra_repr`.
         let sparse = f.moe.as_ref().map(|moe| {
+            if f.gpt_oss.is_some() {
+                return ModuleRepr::new(format!("{p}MLP"))
+                    .child("router", ModuleRepr::new(format!("{p}TopKRouter")))
+                    .child("experts", ModuleRepr::new(format!("{p}Experts")));
+            }
             let router = ModuleRepr::new(format!("{p}TopKRouter"));
             let experts = ModuleRepr::new(format!("{p}Experts"))
                 .child("act_fn", ModuleRepr::new(self.act.class_name()));
@@ -1591,9 +1639,14 @@ impl LlamaModel {
                 }
                 _ => mlp.clone(),
             };
-            let mut layer = ModuleRepr::new(format!("{p}DecoderLayer"))
-                .child("self_attn", attention.clone())
-                .child("mlp", mlp);
+            let mut layer = ModuleRepr::new(format!("{p}DecoderLayer"));
+            layer = match &f.qwen3_5 {
+                Some(q35) if q35.linear_layers.get(i) == Some(&true) => {
+                    layer.child("linear_attn", gated_delta_net_repr(p, &q35.linear))
+                }
+                _ => layer.child("self_attn", attention.clone()),
+            };
+            layer = layer.child("mlp", mlp);
             // OLMo 2's layer normalises the attention's and the MLP's outputs, with no
             // input norm.
             if f.olmo2 {
@@ -1620,11 +1673,16 @@ impl LlamaModel {
         // Gemma 3's base model `Gemma3TextModel`.
         let mut embed = ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id);
         let mut model_class = format!("{p}Model");
+        let mut rotary_class = format!("{p}RotaryEmbedding");
         if let Some(g) = &f.gemma {
             embed = embed.renamed(format!("{p}TextScaledWordEmbedding"));
             if g.text_model {
                 model_class = format!("{p}TextModel");
             }
+        }
+        if f.qwen3_5.is_some() {
+            model_class = format!("{p}TextModel");
+            rotary_class = format!("{p}TextRotaryEmbedding");
         }
         Some(
             ModuleRepr::new(model_class)
@@ -1634,7 +1692,96 @@ impl LlamaModel {
                     ModuleRepr::module_list((0..self.layers.len()).map(layer).collect()),
                 )
                 .child("norm", norm(h))
-                .child("rotary_emb", ModuleRepr::new(format!("{p}RotaryEmbedding"))),
+                .child("rotary_emb", ModuleRepr::new(rotary_class)),
+        )
+    }
+
+    /// What `print` shows of Gemma 4's text model with per-layer input embeddings and dense
+    /// MLPs (`None` for the others: the mixture-of-experts block, a model without PLE and the
+    /// multimodal model are not written out): each layer's own head size, the layers that
+    /// reuse another's keys and values without their key / value projections and norms, the
+    /// full layers' keys doubling as values (`attention_k_eq_v`: no `v_proj`), the wider MLPs
+    /// (`use_double_wide_mlp`), the per-layer input gate; `Gemma4RMSNorm` has no
+    /// `extra_repr`.
+    fn gemma4_module_repr(&self) -> Option<ModuleRepr> {
+        let (f, c) = (&self.family, &self.config);
+        let g4 = f.gemma4.as_ref()?;
+        let (hp, vocab_pl) = g4.per_layer_input?;
+        if g4.moe.is_some() || f.base_model != "model" {
+            return None;
+        }
+        let (p, h) = (f.prefix, c.hidden_size);
+        let norm = || ModuleRepr::new(format!("{p}RMSNorm"));
+        let act = || ModuleRepr::new(self.act.class_name());
+        let n = self.layers.len();
+        let layer = |i: usize| {
+            let (head_dim, kv_heads) = g4.layer_heads[i];
+            let (q, kv) = (c.num_attention_heads * head_dim, kv_heads * head_dim);
+            let full = f.sliding_windows.get(i).is_some_and(Option::is_none);
+            let sharing = g4.kv_sharing[i];
+            let mut attention = ModuleRepr::new(format!("{p}TextAttention"))
+                .child("q_proj", ModuleRepr::linear(h, q, f.qkv_bias))
+                .child("q_norm", norm());
+            if sharing != KvSharing::Reuse {
+                attention = attention
+                    .child("k_norm", norm())
+                    .child("v_norm", norm())
+                    .child("k_proj", ModuleRepr::linear(h, kv, f.qkv_bias));
+                if !(g4.attention_k_eq_v && full) {
+                    attention = attention.child("v_proj", ModuleRepr::linear(h, kv, f.qkv_bias));
+                }
+            }
+            attention = attention.child("o_proj", ModuleRepr::linear(q, h, f.o_bias));
+            let inner = c.intermediate_size
+                * if g4.use_double_wide_mlp && sharing == KvSharing::Reuse {
+                    2
+                } else {
+                    1
+                };
+            ModuleRepr::new(format!("{p}TextDecoderLayer"))
+                .child("self_attn", attention)
+                .child(
+                    "mlp",
+                    ModuleRepr::new(format!("{p}TextMLP"))
+                        .child("gate_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                        .child("up_proj", ModuleRepr::linear(h, inner, f.mlp_bias))
+                        .child("down_proj", ModuleRepr::linear(inner, h, f.mlp_bias))
+                        .child("act_fn", act()),
+                )
+                .child("input_layernorm", norm())
+                .child("post_attention_layernorm", norm())
+                .child("pre_feedforward_layernorm", norm())
+                .child("post_feedforward_layernorm", norm())
+                .child("act_fn", act())
+                .child("per_layer_input_gate", ModuleRepr::linear(h, hp, false))
+                .child("per_layer_projection", ModuleRepr::linear(hp, h, false))
+                .child("post_per_layer_input_norm", norm())
+        };
+        let scaled = format!("{p}TextScaledWordEmbedding");
+        Some(
+            ModuleRepr::new(format!("{p}TextModel"))
+                .child(
+                    "embed_tokens",
+                    ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id).renamed(scaled.clone()),
+                )
+                .child(
+                    "layers",
+                    ModuleRepr::module_list((0..n).map(layer).collect()),
+                )
+                .child("norm", norm())
+                .child(
+                    "rotary_emb",
+                    ModuleRepr::new(format!("{p}TextRotaryEmbedding")),
+                )
+                .child(
+                    "embed_tokens_per_layer",
+                    ModuleRepr::embedding(vocab_pl, n as i64 * hp, c.pad_token_id).renamed(scaled),
+                )
+                .child(
+                    "per_layer_model_projection",
+                    ModuleRepr::linear(h, n as i64 * hp, false),
+                )
+                .child("per_layer_projection_norm", norm()),
         )
     }
 
@@ -2549,14 +2696,24 @@ impl<C: DecoderConfig> PreTrainedModel for DecoderForCausalLM<C> {
     fn generation_config(&self) -> Option<&serde_json::Value> {
         Some(&self.generation_config)
     }
+    /// With a vision tower (Gemma 3's `Gemma3ForConditionalGeneration`), `model` is the
+    /// multimodal `<Prefix>Model`: the tower, the projector, then `language_model`.
     fn module_repr(&self) -> Option<ModuleRepr> {
-        if self.vision.is_some() {
-            return None;
-        }
         let c = &self.model.config;
+        let model = match &self.vision {
+            None => self.model.module_repr()?,
+            Some(vision) => vision
+                .module_repr()?
+                .into_iter()
+                .fold(
+                    ModuleRepr::new(format!("{}Model", self.model.family.prefix)),
+                    |m, (key, part)| m.child(key, part),
+                )
+                .child("language_model", self.model.module_repr()?),
+        };
         Some(
             ModuleRepr::new(self.model.family.causal_lm)
-                .child("model", self.model.module_repr()?)
+                .child("model", model)
                 .child(
                     "lm_head",
                     ModuleRepr::linear(c.hidden_size, c.vocab_size, false),

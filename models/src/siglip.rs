@@ -29,7 +29,7 @@ use crate::modeling_utils::{ModelInputs, ModelOutput};
 use crate::padding_free::EncoderHead;
 use crate::vit::Size2;
 use crate::{Error, Result};
-use tchtrain_nn::{Activation, Context, LayerNorm, Linear};
+use tchtrain_nn::{Activation, Context, LayerNorm, Linear, ModuleRepr};
 
 /// Upstream `SiglipVisionConfig` with its defaults (SigLIP base, 224, patches of 16).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,6 +255,76 @@ pub struct SiglipVisionTransformer {
 }
 
 impl SiglipVisionTransformer {
+    /// What `print` shows of the tower (`SiglipVisionModel`): the patch `Conv2d`, the position
+    /// `Embedding`, the encoder layers, `post_layernorm` and, when it has one, the
+    /// attention-pooling head with its `nn.MultiheadAttention`.
+    pub(crate) fn module_repr(&self) -> ModuleRepr {
+        let v = &self.config.vision_config;
+        let (h, inner) = (v.hidden_size, v.intermediate_size);
+        let ln = || ModuleRepr::layer_norm(h, v.layer_norm_eps, true, true);
+        let mlp = ModuleRepr::new("SiglipMLP")
+            .child("activation_fn", ModuleRepr::new(self.act.class_name()))
+            .child("fc1", ModuleRepr::linear(h, inner, true))
+            .child("fc2", ModuleRepr::linear(inner, h, true));
+        let layer = ModuleRepr::new("SiglipEncoderLayer")
+            .child("layer_norm1", ln())
+            .child(
+                "self_attn",
+                ModuleRepr::new("SiglipAttention")
+                    .child("k_proj", ModuleRepr::linear(h, h, true))
+                    .child("v_proj", ModuleRepr::linear(h, h, true))
+                    .child("q_proj", ModuleRepr::linear(h, h, true))
+                    .child("out_proj", ModuleRepr::linear(h, h, true)),
+            )
+            .child("layer_norm2", ln())
+            .child("mlp", mlp.clone());
+        let (ph, pw) = v.patch_size.hw();
+        let tower = ModuleRepr::new("SiglipVisionModel")
+            .child(
+                "embeddings",
+                ModuleRepr::new("SiglipVisionEmbeddings")
+                    .child(
+                        "patch_embedding",
+                        ModuleRepr::with_extra(
+                            "Conv2d",
+                            format!(
+                                "{}, {h}, kernel_size=({ph}, {pw}), stride=({ph}, {pw}), padding=valid",
+                                v.num_channels
+                            ),
+                        ),
+                    )
+                    .child(
+                        "position_embedding",
+                        ModuleRepr::embedding(self.config.num_patches(), h, None),
+                    ),
+            )
+            .child(
+                "encoder",
+                ModuleRepr::new("SiglipEncoder").child(
+                    "layers",
+                    ModuleRepr::module_list(vec![layer; self.layers.len()]),
+                ),
+            )
+            .child("post_layernorm", ln());
+        match &self.head {
+            None => tower,
+            Some(_) => tower.child(
+                "head",
+                ModuleRepr::new("SiglipMultiheadAttentionPoolingHead")
+                    .child(
+                        "attention",
+                        ModuleRepr::new("MultiheadAttention").child(
+                            "out_proj",
+                            ModuleRepr::linear(h, h, true)
+                                .renamed("NonDynamicallyQuantizableLinear"),
+                        ),
+                    )
+                    .child("layernorm", ln())
+                    .child("mlp", mlp),
+            ),
+        }
+    }
+
     /// Creates the variables under `p` (`vision_model`). Upstream initialises them with LeCun
     /// / Xavier normals and `1/sqrt(width)` for the positions; drawn here from normals of the
     /// same scales, not upstream's draws.
@@ -478,6 +548,25 @@ impl EncoderArchitecture for SiglipConfig {
     }
     fn tied_weights(&self, _kind: HeadKind) -> Vec<(String, String)> {
         vec![]
+    }
+    /// What `print(model)` shows of the image classifier: the vision tower
+    /// ([`SiglipVisionTransformer::module_repr`]) and the classifier.
+    fn module_repr(&self, kind: HeadKind, body: &SiglipVisionTransformer) -> Option<ModuleRepr> {
+        if kind != HeadKind::SequenceClassification {
+            return None;
+        }
+        Some(
+            ModuleRepr::new("SiglipForImageClassification")
+                .child("vision_model", body.module_repr())
+                .child(
+                    "classifier",
+                    ModuleRepr::linear(
+                        self.vision_config.hidden_size,
+                        self.labels.num_labels(),
+                        true,
+                    ),
+                ),
+        )
     }
     /// The text tower's weights of a `SiglipModel` checkpoint, and its `logit_scale` /
     /// `logit_bias`, are not the classifier's.

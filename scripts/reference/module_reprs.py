@@ -78,6 +78,21 @@ CASES = {
     "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "olmo3": (tf.Olmo3ForCausalLM, tf.Olmo3Config(
+        **SMALL, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gpt_oss": (tf.GptOssForCausalLM, tf.GptOssConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, head_dim=4)),
+    "qwen3_5_text": (tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(
+        vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, linear_conv_kernel_dim=4, linear_key_head_dim=4, linear_value_head_dim=6,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention"])),
+    "gemma4_text": (tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(
+        vocab_size=96, vocab_size_per_layer_input=80, hidden_size=32, intermediate_size=40, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=4, pad_token_id=0, num_hidden_layers=6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, global_head_dim=16,
+        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        hidden_size_per_layer_input=4)),
     "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(
         **SMALL, moe_intermediate_size=8, shared_expert_intermediate_size=12, num_experts=4, num_experts_per_tok=2,
@@ -100,6 +115,18 @@ CASES = {
     "vit_base": (tf.ViTModel, tf.ViTConfig(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24, image_size=[8, 12],
         patch_size=[4, 6], num_channels=1, qkv_bias=False, pooler_output_size=8, hidden_act="relu")),
+    "siglip_img": (tf.SiglipForImageClassification, tf.SiglipConfig(
+        vision_config=dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40,
+                           image_size=12, patch_size=4, num_channels=1, layer_norm_eps=1e-5, hidden_act="gelu"),
+        text_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20),
+        num_labels=3)),
+    "gemma3_vlm": (tf.Gemma3ForConditionalGeneration, tf.Gemma3Config(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+                         layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=28, patch_size=7, vision_use_head=False),
+        mm_tokens_per_image=4, boi_token_index=60, eoi_token_index=61, image_token_index=62)),
     "whisper": (tf.WhisperForConditionalGeneration, tf.WhisperConfig(
         vocab_size=96, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=40, decoder_ffn_dim=24, num_mel_bins=8, max_source_positions=10,

@@ -246,6 +246,7 @@ pub static FIELD_SUPPORT: &[FieldSupport] = &[
             "dvclive_callback_writes_what_upstream_writes",
             "comet_callback_writes_what_upstream_writes",
             "swanlab_callback_writes_what_upstream_writes",
+            "clearml_callback_writes_what_upstream_writes",
             "kubeflow_callback_sends_what_upstream_sends",
         ],
         "`comet_ml` (Comet's offline archive that `comet upload` sends; online mode, resuming and assets refused), `dvclive` (its files outside a DVC repository; experiments, Studio and model artifacts refused; not in `all`), `mlflow` (to a tracking server over HTTP), `tensorboard`, `wandb` (online, to the server in `WANDB_BASE_URL` as the run goes, or offline runs that `wandb sync` uploads; `WANDB_LOG_MODEL`'s model artifacts offline), `trackio` (trackio's local store; Spaces and Buckets refused), `swanlab` (the offline run folder that `swanlab sync` uploads; cloud and local modes refused), `clearml` (the offline session that clearml's `Task.import_offline_session` uploads; online mode refused, `CLEARML_LOG_MODEL` refused when checkpoints are saved: clearml cannot store models offline), `kubeflow` (progress to the Kubeflow Trainer controller over HTTP(S)) and `jsonl`; the other integrations upstream knows (neptune, codecarbon, ...) are refused by name, each with its reason",

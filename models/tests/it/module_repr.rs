@@ -9,7 +9,7 @@ use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pr
 use tchtrain_testing::{lock, reference_dir};
 
 /// The reference's cases, in its order.
-const CASES: [&str; 50] = [
+const CASES: [&str; 56] = [
     "gpt2_lm",
     "gpt2_cls",
     "llama",
@@ -34,6 +34,10 @@ const CASES: [&str; 50] = [
     "granite",
     "smollm3",
     "olmo2",
+    "olmo3",
+    "gpt_oss",
+    "qwen3_5_text",
+    "gemma4_text",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -46,6 +50,8 @@ const CASES: [&str; 50] = [
     "deberta_v3_ner",
     "vit_img",
     "vit_base",
+    "siglip_img",
+    "gemma3_vlm",
     "whisper",
     "bert_base",
     "bert_cls",
