@@ -1550,8 +1550,8 @@ impl LlamaModel {
                 | "qwen3_5_text"
                 | "gemma3"
                 | "gemma4_text"
-        ) && (f.qwen3_5.is_none() || f.moe.is_none())
-            && (f.base_model == "model" || f.model_type == "gemma3")
+                | "qwen3_5_moe_text"
+        ) && (f.base_model == "model" || f.model_type == "gemma3")
             && self.per_layer.is_none();
         if f.gemma4.is_some() {
             return self.gemma4_module_repr();
@@ -1696,18 +1696,18 @@ impl LlamaModel {
         )
     }
 
-    /// What `print` shows of Gemma 4's text model with per-layer input embeddings and dense
-    /// MLPs (`None` for the others: the mixture-of-experts block, a model without PLE and the
-    /// multimodal model are not written out): each layer's own head size, the layers that
-    /// reuse another's keys and values without their key / value projections and norms, the
-    /// full layers' keys doubling as values (`attention_k_eq_v`: no `v_proj`), the wider MLPs
-    /// (`use_double_wide_mlp`), the per-layer input gate; `Gemma4RMSNorm` has no
+    /// What `print` shows of Gemma 4's text model (`None` for the multimodal model, whose
+    /// towers are not written out): each layer's own head size, the layers that reuse
+    /// another's keys and values without their key / value projections and norms, the full
+    /// layers' keys doubling as values (`attention_k_eq_v`: no `v_proj`), the wider MLPs
+    /// (`use_double_wide_mlp`), the mixture-of-experts block beside the MLP (its router, the
+    /// fused experts and three more norms), the per-layer inputs (the gate and projection
+    /// of each layer, the model's packed embedding and projection); `Gemma4RMSNorm` has no
     /// `extra_repr`.
     fn gemma4_module_repr(&self) -> Option<ModuleRepr> {
         let (f, c) = (&self.family, &self.config);
         let g4 = f.gemma4.as_ref()?;
-        let (hp, vocab_pl) = g4.per_layer_input?;
-        if g4.moe.is_some() || f.base_model != "model" {
+        if f.base_model != "model" {
             return None;
         }
         let (p, h) = (f.prefix, c.hidden_size);
@@ -1738,7 +1738,7 @@ impl LlamaModel {
                 } else {
                     1
                 };
-            ModuleRepr::new(format!("{p}TextDecoderLayer"))
+            let mut layer = ModuleRepr::new(format!("{p}TextDecoderLayer"))
                 .child("self_attn", attention)
                 .child(
                     "mlp",
@@ -1751,28 +1751,49 @@ impl LlamaModel {
                 .child("input_layernorm", norm())
                 .child("post_attention_layernorm", norm())
                 .child("pre_feedforward_layernorm", norm())
-                .child("post_feedforward_layernorm", norm())
-                .child("act_fn", act())
-                .child("per_layer_input_gate", ModuleRepr::linear(h, hp, false))
-                .child("per_layer_projection", ModuleRepr::linear(hp, h, false))
-                .child("post_per_layer_input_norm", norm())
+                .child("post_feedforward_layernorm", norm());
+            if let Some((num_experts, _, _)) = g4.moe {
+                layer = layer
+                    .child(
+                        "router",
+                        ModuleRepr::new(format!("{p}TextRouter"))
+                            .child("norm", norm())
+                            .child("proj", ModuleRepr::linear(h, num_experts, false)),
+                    )
+                    .child(
+                        "experts",
+                        ModuleRepr::new(format!("{p}TextExperts")).child("act_fn", act()),
+                    )
+                    .child("post_feedforward_layernorm_1", norm())
+                    .child("post_feedforward_layernorm_2", norm())
+                    .child("pre_feedforward_layernorm_2", norm());
+            }
+            if let Some((hp, _)) = g4.per_layer_input {
+                layer = layer
+                    .child("act_fn", act())
+                    .child("per_layer_input_gate", ModuleRepr::linear(h, hp, false))
+                    .child("per_layer_projection", ModuleRepr::linear(hp, h, false))
+                    .child("post_per_layer_input_norm", norm());
+            }
+            layer
         };
         let scaled = format!("{p}TextScaledWordEmbedding");
-        Some(
-            ModuleRepr::new(format!("{p}TextModel"))
-                .child(
-                    "embed_tokens",
-                    ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id).renamed(scaled.clone()),
-                )
-                .child(
-                    "layers",
-                    ModuleRepr::module_list((0..n).map(layer).collect()),
-                )
-                .child("norm", norm())
-                .child(
-                    "rotary_emb",
-                    ModuleRepr::new(format!("{p}TextRotaryEmbedding")),
-                )
+        let mut model = ModuleRepr::new(format!("{p}TextModel"))
+            .child(
+                "embed_tokens",
+                ModuleRepr::embedding(c.vocab_size, h, c.pad_token_id).renamed(scaled.clone()),
+            )
+            .child(
+                "layers",
+                ModuleRepr::module_list((0..n).map(layer).collect()),
+            )
+            .child("norm", norm())
+            .child(
+                "rotary_emb",
+                ModuleRepr::new(format!("{p}TextRotaryEmbedding")),
+            );
+        if let Some((hp, vocab_pl)) = g4.per_layer_input {
+            model = model
                 .child(
                     "embed_tokens_per_layer",
                     ModuleRepr::embedding(vocab_pl, n as i64 * hp, c.pad_token_id).renamed(scaled),
@@ -1781,8 +1802,9 @@ impl LlamaModel {
                     "per_layer_model_projection",
                     ModuleRepr::linear(h, n as i64 * hp, false),
                 )
-                .child("per_layer_projection_norm", norm()),
-        )
+                .child("per_layer_projection_norm", norm());
+        }
+        Some(model)
     }
 
     /// Creates the variables under `p` (upstream prefix `model`).

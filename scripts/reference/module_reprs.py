@@ -93,6 +93,16 @@ CASES = {
         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, global_head_dim=16,
         num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
         hidden_size_per_layer_input=4)),
+    "gemma4_text_moe": (tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        sliding_window=4, pad_token_id=0, num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], global_head_dim=16,
+        hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8)),
+    "qwen3_5_moe_text": (tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig(
+        vocab_size=96, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        linear_conv_kernel_dim=4, linear_key_head_dim=4, linear_value_head_dim=6, linear_num_key_heads=2,
+        linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=8, shared_expert_intermediate_size=12)),
     "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(
         **SMALL, moe_intermediate_size=8, shared_expert_intermediate_size=12, num_experts=4, num_experts_per_tok=2,

@@ -9,7 +9,7 @@ use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pr
 use tchtrain_testing::{lock, reference_dir};
 
 /// The reference's cases, in its order.
-const CASES: [&str; 56] = [
+const CASES: [&str; 58] = [
     "gpt2_lm",
     "gpt2_cls",
     "llama",
@@ -38,6 +38,8 @@ const CASES: [&str; 56] = [
     "gpt_oss",
     "qwen3_5_text",
     "gemma4_text",
+    "gemma4_text_moe",
+    "qwen3_5_moe_text",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
