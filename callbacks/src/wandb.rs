@@ -35,8 +35,7 @@
 //! Refused with the reason (the environment variables upstream's callback and the `wandb`
 //! package read): `WANDB_LOG_MODEL` online (uploading artifacts is not implemented: log
 //! offline and `wandb sync`), `WANDB_LOG_MODEL` with a model whose `print(model)` is not
-//! written out here (Gemma 4's and Qwen3.5's multimodal models, DeBERTa-v2 shapes other than
-//! v3's; quantized models; adapters on
+//! written out here (Gemma 4's and Qwen3.5's multimodal models; quantized models; adapters on
 //! embeddings or expert parameters), wandb's `shared` mode, `WANDB_WATCH` `gradients` /
 //! `parameters` / `all` (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
 
@@ -956,7 +955,7 @@ impl WandbCallback {
                         _ => "checkpoint",
                     },
                     &format!(
-                        "the model artifacts hold model_architecture.txt, upstream's print(model), which is written out here for every text family and LoRA / DoRA adapters over them but Gemma 4's and Qwen3.5's multimodal models and DeBERTa-v2 shapes other than v3's (model_type {:?}), quantized models and adapters on embeddings or expert parameters; unset WANDB_LOG_MODEL (the checkpoints and the model stay in output_dir)",
+                        "the model artifacts hold model_architecture.txt, upstream's print(model), which is written out here for every text family and LoRA / DoRA adapters over them but Gemma 4's and Qwen3.5's multimodal models (model_type {:?}), quantized models and adapters on embeddings or expert parameters; unset WANDB_LOG_MODEL (the checkpoints and the model stay in output_dir)",
                         c.dict
                             .get("model_type")
                             .and_then(JsonValue::as_str)

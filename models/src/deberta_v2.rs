@@ -905,20 +905,18 @@ impl EncoderArchitecture for DebertaV2Config {
         name.starts_with("embeddings.") && name.ends_with("_embeddings.weight")
             || name == "encoder.rel_embeddings.weight"
     }
-    /// What `print(model)` shows, for DeBERTa-v3's shape (keys shared with the position
-    /// embeddings, no convolution, no embedding projection; the legacy masked-LM head);
-    /// `None` otherwise.
+    /// What `print(model)` shows, for the shapes built here (v3's keys shared with the
+    /// position embeddings, or v2's own position projections; the legacy and the current
+    /// masked-LM heads); `None` for the shapes this crate refuses to build (a convolution, an
+    /// embedding projection, other head or pooler sizes).
     fn module_repr(&self, kind: HeadKind, body: &DebertaV2Model) -> Option<ModuleRepr> {
         let h = self.hidden_size;
-        let shared_keys = !self.relative_attention || self.share_att_key == Some(true);
-        let plain = shared_keys
-            && self.conv_kernel_size.unwrap_or(0) == 0
+        let plain = self.conv_kernel_size.unwrap_or(0) == 0
             && self.embedding_size.unwrap_or(h) == h
             && self
                 .attention_head_size
                 .is_none_or(|a| a * self.num_attention_heads == h)
-            && self.pooler_hidden_size.unwrap_or(h) == h
-            && (kind != HeadKind::MaskedLm || self.legacy);
+            && self.pooler_hidden_size.unwrap_or(h) == h;
         if !plain {
             return None;
         }
@@ -950,6 +948,17 @@ impl EncoderArchitecture for DebertaV2Config {
             .child("value_proj", ModuleRepr::linear(h, h, true));
         if self.relative_attention {
             attention = attention.child("pos_dropout", dropout());
+            // Without `share_att_key`, the relative embeddings' own projections: keys for
+            // `c2p`, queries for `p2c`.
+            if !self.share_att_key.unwrap_or(false) {
+                let types = self.pos_att_type().ok()?;
+                if types.iter().any(|t| t == "c2p") {
+                    attention = attention.child("pos_key_proj", ModuleRepr::linear(h, h, true));
+                }
+                if types.iter().any(|t| t == "p2c") {
+                    attention = attention.child("pos_query_proj", ModuleRepr::linear(h, h, true));
+                }
+            }
         }
         attention = attention.child(
             "dropout",
@@ -1001,6 +1010,18 @@ impl EncoderArchitecture for DebertaV2Config {
             ModuleRepr::dropout(self.cls_dropout.unwrap_or(self.hidden_dropout_prob));
         Some(match kind {
             HeadKind::Base => model,
+            // The current head: the transform's modules on the head itself, the output
+            // projection tied to the word embeddings (a matmul, no module).
+            HeadKind::MaskedLm if !self.legacy => root.child(
+                "lm_predictions",
+                ModuleRepr::new("DebertaV2OnlyMLMHead").child(
+                    "lm_head",
+                    ModuleRepr::new("DebertaV2LMPredictionHead")
+                        .child("dense", ModuleRepr::linear(h, h, true))
+                        .child("transform_act_fn", act())
+                        .child("LayerNorm", ln()),
+                ),
+            ),
             HeadKind::MaskedLm => root.child(
                 "cls",
                 ModuleRepr::new("LegacyDebertaV2OnlyMLMHead").child(

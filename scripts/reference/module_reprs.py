@@ -119,6 +119,11 @@ CASES = {
     "deberta_v3_cls": (tf.DebertaV2ForSequenceClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=3)),
     "deberta_v3_mlm": (tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(**DEBERTA_V3, hidden_act="gelu_new")),
     "deberta_v3_ner": (tf.DebertaV2ForTokenClassification, tf.DebertaV2Config(**DEBERTA_V3, num_labels=4)),
+    "deberta_v2_cls": (tf.DebertaV2ForSequenceClassification, tf.DebertaV2Config(
+        **{**DEBERTA_V3, "share_att_key": False, "pos_att_type": "c2p|p2c"}, num_labels=2)),
+    "deberta_v2_c2p_ner": (tf.DebertaV2ForTokenClassification, tf.DebertaV2Config(
+        **{**DEBERTA_V3, "share_att_key": False, "pos_att_type": ["c2p"], "position_biased_input": True}, num_labels=3)),
+    "deberta_v3_new_head_mlm": (tf.DebertaV2ForMaskedLM, tf.DebertaV2Config(**DEBERTA_V3, legacy=False)),
     "vit_img": (tf.ViTForImageClassification, tf.ViTConfig(
         hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40, image_size=8, patch_size=4,
         num_labels=3, hidden_dropout_prob=0.1)),

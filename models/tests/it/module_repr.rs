@@ -9,7 +9,7 @@ use tchtrain_models::{AutoTask, LoadOptions, PeftModel, PreTrainedModel, from_pr
 use tchtrain_testing::{lock, reference_dir};
 
 /// The reference's cases, in its order.
-const CASES: [&str; 58] = [
+const CASES: [&str; 61] = [
     "gpt2_lm",
     "gpt2_cls",
     "llama",
@@ -50,6 +50,9 @@ const CASES: [&str; 58] = [
     "deberta_v3_cls",
     "deberta_v3_mlm",
     "deberta_v3_ner",
+    "deberta_v2_cls",
+    "deberta_v2_c2p_ner",
+    "deberta_v3_new_head_mlm",
     "vit_img",
     "vit_base",
     "siglip_img",
