@@ -188,6 +188,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// A codecarbon setting (a `CODECARBON_*` variable or a `.codecarbon.config` key), or a
+    /// machine, the CodeCarbon tracker cannot honour (outputs other than the CSV file, power
+    /// sensors and GPUs it does not read, values codecarbon rejects): why, and what to do
+    /// instead.
+    #[error("codecarbon: {setting}: {reason}")]
+    CodeCarbonSetting {
+        /// The setting and its value, or what was found on the machine.
+        setting: String,
+        /// Why it is refused and what to use instead.
+        reason: String,
+    },
+
     /// A `TrainingArguments` field the Trackio logger cannot honour: why, and what to do
     /// instead.
     #[error("report_to trackio: {field}={value:?}: {reason}")]

@@ -1,6 +1,7 @@
 //! `report_to`: the logger callbacks named in `TrainingArguments.report_to`.
 
 use crate::clearml::ClearMLCallback;
+use crate::codecarbon::{CodeCarbonCallback, codecarbon_is_configured};
 use crate::comet::CometCallback;
 use crate::dvclive::DVCLiveCallback;
 use crate::error::{Error, Result};
@@ -16,12 +17,13 @@ use crate::wandb::WandbCallback;
 
 /// The `report_to` names this crate implements (`"all"` selects those available, `"none"`
 /// none), in upstream's order.
-pub const SUPPORTED_INTEGRATIONS: [&str; 10] = [
+pub const SUPPORTED_INTEGRATIONS: [&str; 11] = [
     "comet_ml",
     "dvclive",
     "mlflow",
     "tensorboard",
     "wandb",
+    "codecarbon",
     "clearml",
     "trackio",
     "swanlab",
@@ -35,7 +37,9 @@ pub const SUPPORTED_INTEGRATIONS: [&str; 10] = [
 /// when [`is_mlflow_available`] (a tracking server is named in `MLFLOW_TRACKING_URI`, and
 /// `DISABLE_MLFLOW_INTEGRATION` is not `TRUE`), then `tensorboard`, `wandb` when
 /// `WANDB_MODE` is `offline`, or online (unset or `online`) with an API key configured
-/// (upstream's: installed; without a key wandb refuses to start), `clearml` when
+/// (upstream's: installed; without a key wandb refuses to start), `codecarbon` when a codecarbon
+/// configuration is present ([`codecarbon_is_configured`]: a `CODECARBON_*` variable or a
+/// `.codecarbon.config`; upstream's: installed), `clearml` when
 /// `CLEARML_OFFLINE_MODE` is true (the offline session, the only mode written here; upstream's:
 /// installed), `trackio` when `TRACKIO_DIR` is set (upstream's: when the package is installed; here the
 /// store's folder says the user wants one, so that `all` does not fill `$HF_HOME`), `swanlab`
@@ -59,6 +63,7 @@ pub fn get_available_reporting_integrations() -> Vec<&'static str> {
         })
         .filter(|n| *n != "mlflow" || is_mlflow_available())
         .filter(|n| *n != "wandb" || crate::wandb::wandb_is_configured())
+        .filter(|n| *n != "codecarbon" || codecarbon_is_configured())
         .filter(|n| {
             *n != "trackio" || std::env::var_os("TRACKIO_DIR").is_some_and(|d| !d.is_empty())
         })
@@ -118,9 +123,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         "flyte" => {
             "it writes Flyte Decks inside a Flyte task's execution (flytekit), which does not exist here"
         }
-        "codecarbon" => {
-            "it estimates the run's energy and emissions with codecarbon's EmissionsTracker (power sensors, CPU power tables, a location lookup), not implemented here"
-        }
         _ => return None,
     })
 }
@@ -141,6 +143,7 @@ pub fn get_reporting_integration_callbacks<S: AsRef<str>>(
                 "mlflow" => Box::new(MLflowCallback::new()?),
                 "tensorboard" => Box::new(TensorBoardCallback::new()),
                 "wandb" => Box::new(WandbCallback::new()?),
+                "codecarbon" => Box::new(CodeCarbonCallback::new()?),
                 "clearml" => Box::new(ClearMLCallback::new()?),
                 "trackio" => Box::new(TrackioCallback::new()),
                 "swanlab" => Box::new(SwanLabCallback::new()?),

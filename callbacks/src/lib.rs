@@ -51,6 +51,9 @@ mod args_dict;
 mod callback_handler;
 mod checksum_time;
 mod clearml;
+mod codecarbon;
+mod codecarbon_data;
+mod codecarbon_machine;
 mod comet;
 mod default_flow;
 mod dvclive;
@@ -82,6 +85,16 @@ mod wandb_artifact;
 
 pub use callback_handler::CallbackHandler;
 pub use clearml::{ClearMLCallback, ClearMLSettings, config_dict_to_text};
+pub use codecarbon::{
+    CODECARBON_VERSION, Cell as CodeCarbonCell, CodeCarbonCallback, CodeCarbonLogLevel,
+    CodeCarbonSettings, DEFAULT_EXPERIMENT_ID, EMISSIONS_CSV_COLUMNS, EmissionsTracker,
+    MachineFacts, codecarbon_is_configured, lock_file_path, write_row as write_emissions_row,
+};
+pub use codecarbon_data::{
+    CODECARBON_DATA_FILES, CloudMetadata, Emissions, GeoMetadata, cloud_location, countries_table,
+    estimate_dimm_count, match_cpu, ram_power_watts,
+};
+pub use codecarbon_machine::LocationServices;
 pub use comet::{CometCallback, CometMode, CometSettings};
 pub use default_flow::DefaultFlowCallback;
 pub use dvclive::{DVCLiveCallback, DVCLiveSettings, dump_yaml, standardize_metric_name};

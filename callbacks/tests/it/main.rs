@@ -1,6 +1,7 @@
 //! The integration tests of tchtrain-callbacks, one binary (a module per topic).
 
 mod clearml;
+mod codecarbon;
 mod comet;
 mod common;
 mod dvclive;
