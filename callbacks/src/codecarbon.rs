@@ -1407,8 +1407,10 @@ impl TrainerCallback for CodeCarbonCallback {
         _control: &mut TrainerControl,
     ) -> Result<()> {
         if self.tracker.is_none() && state.is_local_process_zero {
-            let output_dir = args.output_dir.as_deref().unwrap_or("trainer_output");
-            self.tracker = Some(EmissionsTracker::new(self.settings.clone(), output_dir)?);
+            self.tracker = Some(EmissionsTracker::new(
+                self.settings.clone(),
+                args.output_dir(),
+            )?);
         }
         Ok(())
     }

@@ -661,6 +661,12 @@ impl TrainerBuilder {
         if trainer.args.push_to_hub {
             trainer.init_hf_repo()?;
         }
+        // Upstream creates the output folder on the saving process before `on_init_end`
+        // (CodeCarbonCallback's tracker writes there).
+        if trainer.args.should_save() {
+            let dir = std::path::PathBuf::from(trainer.args.output_dir());
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+        }
         trainer.callback_handler.on_init_end(
             &trainer.args,
             &trainer.state,

@@ -403,6 +403,11 @@ fn report_to_selects_loggers() {
     };
     assert_eq!(names(&["none"]), Vec::<String>::new());
     assert_eq!(names(&["tensorboard"]), ["TensorBoardCallback"]);
+    // codecarbon: its settings are read when the callback is made, the machine when the
+    // Trainer is built (callbacks/tests/it/codecarbon.rs); "all" takes it only when configured.
+    if !tchtrain_callbacks::codecarbon_is_configured() {
+        assert_eq!(names(&["codecarbon"]), ["CodeCarbonCallback"]);
+    }
     // "all": the available ones, in upstream's order; mlflow when a tracking server is named.
     if tchtrain_callbacks::is_mlflow_available() {
         assert_eq!(

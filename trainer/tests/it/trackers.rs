@@ -486,3 +486,115 @@ fn a_run_reported_to_clearml_offline_imports_with_clearml() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// A Trainer run reported to codecarbon: `<output_dir>/emissions.csv` holds one row covering
+/// the training (its duration the Trainer's `train_runtime`, give or take the callbacks around
+/// it), and codecarbon's own tracker appends its row to the file (it backs up a file whose
+/// header is not its own) and pandas reads both with the same machine and location.
+/// (callbacks/tests/it/codecarbon.rs compares the row with upstream's column by column.)
+#[test]
+fn a_run_reported_to_codecarbon_appends_a_row_codecarbon_reads() -> Result<()> {
+    let _g = lock();
+    let dir = temp_dir("codecarbon-run");
+    let out_dir = dir.join("out");
+    let mut args = TrainingArguments {
+        per_device_train_batch_size: 2,
+        max_steps: 4,
+        logging_steps: 2.0,
+        save_strategy: SaveStrategy::No,
+        seed: 3,
+        use_cpu: true,
+        report_to: vec!["codecarbon".into()],
+        disable_tqdm: true,
+        ..TrainingArguments::new(out_dir.display().to_string())
+    };
+    args.post_init()?;
+    let (model, data) = (initial_model()?, blocks("train", 8)?);
+    // The callback reads its settings when the Trainer is built; the tracker is made (and the
+    // output folder created) then.
+    let mut trainer = with_env(
+        &[("CODECARBON_MEASURE_POWER_SECS", OsStr::new("0.2"))],
+        || Trainer::builder(model, args).train_dataset(data).build(),
+    )?;
+    ensure!(
+        out_dir.is_dir(),
+        "the Trainer creates output_dir before on_init_end"
+    );
+    trainer.train(None)?;
+    let runtime = trainer
+        .state
+        .log_history
+        .last()
+        .and_then(|e| e.get("train_runtime"))
+        .and_then(|v| v.as_f64())
+        .context("train_runtime")?;
+    drop(trainer);
+    let text = std::fs::read_to_string(out_dir.join("emissions.csv"))?;
+    let lines: Vec<&str> = text.lines().collect();
+    ensure!(lines.len() == 2, "{text}");
+    ensure!(lines[0] == tchtrain_callbacks::EMISSIONS_CSV_COLUMNS.join(","));
+    let python = std::env::var_os("TCHTRAIN_VENV_PYTHON")
+        .context("TCHTRAIN_VENV_PYTHON names the setup virtualenv's python (with codecarbon)")?;
+    let reader =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/reference/_codecarbon_read.py");
+    let out = Command::new(python).arg(reader).arg(&out_dir).output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = loads(&String::from_utf8_lossy(&out.stdout))?;
+    let backups = get(&read, "backups")
+        .and_then(JsonValue::as_array)
+        .context("backups")?;
+    ensure!(
+        backups.is_empty(),
+        "codecarbon backed our file up: {backups:?}"
+    );
+    let parsed = get(&read, "parsed")
+        .and_then(JsonValue::as_array)
+        .context("parsed")?;
+    ensure!(parsed.len() == 2, "{} rows", parsed.len());
+    let (ours, theirs) = (&parsed[0], &parsed[1]);
+    for col in [
+        "project_name",
+        "experiment_id",
+        "country_name",
+        "country_iso_code",
+        "region",
+        "os",
+        "cpu_count",
+        "cpu_model",
+        "gpu_count",
+        "ram_total_size",
+        "tracking_mode",
+        "on_cloud",
+        "pue",
+    ] {
+        ensure!(
+            get(ours, col) == get(theirs, col),
+            "{col}: {:?} vs {:?}",
+            get(ours, col),
+            get(theirs, col)
+        );
+    }
+    let duration = get(ours, "duration")
+        .and_then(JsonValue::as_f64)
+        .context("duration")?;
+    ensure!(
+        (duration - runtime).abs() < 1.0,
+        "codecarbon's duration {duration} s for a train_runtime of {runtime} s"
+    );
+    let energy = get(ours, "energy_consumed")
+        .and_then(JsonValue::as_f64)
+        .context("energy")?;
+    let emissions = get(ours, "emissions")
+        .and_then(JsonValue::as_f64)
+        .context("emissions")?;
+    ensure!(
+        energy > 0.0 && emissions > 0.0,
+        "{energy} kWh, {emissions} kg"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
