@@ -20,7 +20,10 @@ Writes OUT_DIR/codecarbon_callback.json:
              around ~1.5 s of work, each with the CODECARBON_* variables
              (and a .codecarbon.config) given: the CSV's header and text rows as
              _codecarbon_read.py reads them, and the files beside it. The "twice" case runs twice
-             into one folder that starts with an emissions file of another header (backed up).
+             into one folder that starts with an emissions file of another header (backed up);
+             the "located_*" cases answer codecarbon's location lookups from a local stand-in
+             (`services`: [status, body] by path; GCP's region, geojs, ipinfo.io after an
+             empty geojs region, AWS / Azure taken as private infrastructure).
 
 Usage: python codecarbon_callback.py OUT_DIR
 """
@@ -89,6 +92,27 @@ CLOUDS = [["gcp", "us-central1"], ["gcp", "europe-west1"], ["gcp", "mars-north1"
 CSV_VALUES = [0.0, 1.0, 20.0, 0.1, 1e-05, 5.947818141780145e-08, 0.8400314049467963, 1234.5, 1e16, 1.5e16,
               123456789.123, -71.2, 2.5e-300, 0, 2, 12, "", "AMD EPYC", "a, b", 'say "hi"', "two\nlines", None]
 
+NOT_FOUND = [404, "not found"]
+CLOUD_PATHS = {
+    "aws": "/latest/dynamic/instance-identity/document",
+    "azure": "/metadata/instance?api-version=2019-08-15",
+    "gcp": "/computeMetadata/v1/instance/?recursive=true&alt=json",
+}
+# What a stand-in for the location services answers, by path (the cloud metadata service's
+# three providers, geojs at /geo.json, ipinfo.io at /ipinfo): [status, JSON body or text].
+NEW_YORK = {"country_code3": "USA", "country": "United States", "region": "New York", "latitude": "40.7128",
+            "longitude": "-74.0060", "country_code": "US"}
+SERVICES = {
+    "gcp": {CLOUD_PATHS["aws"]: NOT_FOUND, CLOUD_PATHS["azure"]: NOT_FOUND,
+            CLOUD_PATHS["gcp"]: [200, {"zone": "projects/705208488469/zones/europe-west1-b", "attributes": {"k": "v"}}],
+            "/geo.json": [200, NEW_YORK], "/ipinfo": NOT_FOUND},
+    "geojs": {CLOUD_PATHS["aws"]: NOT_FOUND, CLOUD_PATHS["azure"]: NOT_FOUND, CLOUD_PATHS["gcp"]: NOT_FOUND,
+              "/geo.json": [200, NEW_YORK], "/ipinfo": NOT_FOUND},
+    "ipinfo": {CLOUD_PATHS["aws"]: NOT_FOUND, CLOUD_PATHS["azure"]: [200, {"compute": {"location": "westeurope"}}],
+               CLOUD_PATHS["gcp"]: NOT_FOUND, "/geo.json": [200, {"region": "", "country_code3": "SWE"}],
+               "/ipinfo": [200, {"loc": "59.3293,18.0686", "country": "SE", "region": "Stockholm"}]},
+}
+
 CASES = [
     {"name": "defaults", "env": {}, "config": None, "runs": 1, "seconds": 1.5},
     {"name": "configured",
@@ -102,6 +126,8 @@ CASES = [
      "config": None, "runs": 1, "seconds": 1.5},
     {"name": "twice", "env": {"codecarbon_project_name": "lower-case variable"}, "config": None, "runs": 2,
      "seconds": 0.3, "existing": "timestamp,project_name,duration\n2024-01-01T00:00:00,old,1.0\n"},
+    *[{"name": f"located_{name}", "env": {}, "config": None, "runs": 1, "seconds": 0.3, "services": services}
+      for name, services in SERVICES.items()],
 ]
 
 
@@ -112,7 +138,60 @@ def sibling(stem):
     return module
 
 
+class StandIn:
+    """The location services' stand-in: a local HTTP server answering SERVICES[...] by path,
+    and requests.get sending codecarbon's URLs to it (codecarbon's are fixed in its code)."""
+
+    def __init__(self, answers):
+        import http.server
+        import threading
+
+        import requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, body = answers.get(self.path, NOT_FOUND)
+                data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{self.server.server_port}"
+        self.original = requests.get
+        routes = [("http://169.254.169.254", base), ("https://get.geojs.io/v1/ip/geo.json", base + "/geo.json"),
+                  ("https://ipinfo.io/json", base + "/ipinfo")]
+
+        def get(url, *args, **kwargs):
+            for prefix, to in routes:
+                if url.startswith(prefix):
+                    url = to + url[len(prefix):]
+            return self.original(url, *args, **kwargs)
+
+        requests.get = get
+
+    def close(self):
+        import requests
+
+        requests.get = self.original
+        self.server.shutdown()
+
+
 def run_case(case):
+    stand_in = StandIn(case["services"]) if case.get("services") else None
+    try:
+        run_callback(case)
+    finally:
+        if stand_in:
+            stand_in.close()
+
+
+def run_callback(case):
     import time
 
     from transformers import TrainerControl, TrainerState, TrainingArguments

@@ -5,7 +5,9 @@
 //! where it finds it, and the `emissions.csv` its tracker writes through the Trainer's events
 //! with the same settings — every column that does not depend on timing equal, the others
 //! bound by codecarbon's own arithmetic (energy = power × time, emissions = energy × the
-//! location's intensity, the CPU's power between 10 % and 100 % of its TDP). Upstream's tracker
+//! location's intensity, the CPU's power between 10 % and 100 % of its TDP); three runs find
+//! the machine in a GCP region, through geojs, and through ipinfo.io, from a stand-in of the
+//! location services answering both trackers the same. Upstream's tracker
 //! then appends its own row to our file (it backs up a file whose header it does not write) and
 //! pandas reads both rows.
 
@@ -16,8 +18,8 @@ use sha2::{Digest, Sha256};
 use tchtrain_callbacks::{
     CODECARBON_DATA_FILES, CloudMetadata, CodeCarbonCallback, CodeCarbonCell, CodeCarbonSettings,
     EMISSIONS_CSV_COLUMNS, Emissions, EmissionsTracker, Error, GeoMetadata, JsonValue,
-    MachineFacts, TrainerCallback, TrainerControl, TrainerState, cloud_location, countries_table,
-    dumps, match_cpu, ram_power_watts,
+    LocationServices, MachineFacts, TrainerCallback, TrainerControl, TrainerState, cloud_location,
+    countries_table, dumps, match_cpu, ram_power_watts,
 };
 use tchtrain_training_args::TrainingArguments;
 
@@ -197,6 +199,44 @@ fn env_of(case: &JsonValue) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A stand-in for the location services on 127.0.0.1 answering `[status, body]` by path (the
+/// reference's `services`), as the reference's answered upstream's lookups; its base URL.
+fn stand_in(answers: JsonValue) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body) = match answers.as_object().unwrap().get(path) {
+                Some(JsonValue::Array(a)) => (
+                    a[0].as_i64().unwrap(),
+                    match &a[1] {
+                        JsonValue::Str(text) => text.clone(),
+                        other => dumps(other, None, false),
+                    },
+                ),
+                _ => (404, "not found".to_string()),
+            };
+            let _ = write!(
+                &stream,
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    base
+}
+
 /// The Trainer's events around `seconds` of work (a busy half, an idle half), as the
 /// reference drove upstream's callback.
 fn run_callback(settings: &CodeCarbonSettings, output_dir: &Path, seconds: f64) {
@@ -292,7 +332,15 @@ fn codecarbon_callback_writes_what_upstream_writes() {
         if let Some(existing) = case.as_object().unwrap().get("existing") {
             std::fs::write(out.join(&file), existing.as_str().unwrap()).unwrap();
         }
-        let settings = CodeCarbonSettings::from_vars(&work, Some(&work), env.clone()).unwrap();
+        let mut settings = CodeCarbonSettings::from_vars(&work, Some(&work), env.clone()).unwrap();
+        if let Some(services) = case.as_object().unwrap().get("services") {
+            let base = stand_in(services.clone());
+            settings.location = LocationServices {
+                geo_js_url: format!("{base}/geo.json"),
+                ipinfo_url: format!("{base}/ipinfo"),
+                cloud_metadata_url: base,
+            };
+        }
         let seconds = at(case, "seconds").as_f64().unwrap();
         let runs = at(case, "runs").as_i64().unwrap();
         for _ in 0..runs {
