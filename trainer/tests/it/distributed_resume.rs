@@ -287,8 +287,9 @@ fn two_rank_checkpoints_resume_on_two_ranks_exactly() -> Result<()> {
             if *dir == ckpt3 && detail.contains("only as per-rank shards") && detail.contains("zero_to_fp32")),
         "{err}"
     );
+    // The Trainer made its output folder, as upstream's does; nothing was written in it.
     assert!(
-        !dir.join("single").exists(),
+        std::fs::read_dir(dir.join("single"))?.next().is_none(),
         "nothing was trained or written"
     );
     let _ = std::fs::remove_dir_all(&dir);
