@@ -25,16 +25,16 @@
 //! and the exit record when the callback is dropped (upstream's run finishes at the process's
 //! exit). Only the first process writes.
 //!
-//! `WANDB_LOG_MODEL` `end` / `checkpoint` (offline) logs the model as artifacts as upstream's
-//! callback does (see [`wandb_artifact`](crate::wandb_artifact) for how wandb stages them): at
+//! `WANDB_LOG_MODEL` `end` / `checkpoint` logs the model as artifacts as upstream's callback
+//! does (see [`wandb_artifact`](crate::wandb_artifact) for how wandb stages them, and how
+//! wandb-core sends them to the server online, where the artifact is not in the run's log): at
 //! setup `model-<run>` with `model_architecture.txt` (upstream's `print(model)`), aliased
 //! `base_model`; with `checkpoint`, each saved `checkpoint-<step>/` folder, aliased
 //! `epoch_<epoch>` and `checkpoint_global_step_<step>`; with `end`, the final model as the
 //! Trainer's `save_model` writes it plus `model_architecture.txt`, aliased `final_model`.
 //!
 //! Refused with the reason (the environment variables upstream's callback and the `wandb`
-//! package read): `WANDB_LOG_MODEL` online (uploading artifacts is not implemented: log
-//! offline and `wandb sync`), `WANDB_LOG_MODEL` with a model whose `print(model)` is not
+//! package read): `WANDB_LOG_MODEL` with a model whose `print(model)` is not
 //! written out here (Gemma 4's and Qwen3.5's multimodal models; quantized models; adapters on
 //! embeddings or expert parameters), wandb's `shared` mode, `WANDB_WATCH` `gradients` /
 //! `parameters` / `all` (histograms), `WANDB_RESUME`. `WANDB_MODE=disabled` (or `WANDB_DISABLED`) writes nothing.
@@ -88,6 +88,9 @@ pub struct WandbSettings {
     /// `WANDB_DATA_DIR` (`~/.local/share/wandb` by default): artifacts' files are staged in
     /// its `artifacts/staging/`.
     pub data_dir: PathBuf,
+    /// `WANDB_CACHE_DIR` (`~/.cache/wandb` by default): an online run's uploaded artifact
+    /// files are kept in its `artifacts/obj/md5/`, as wandb-core keeps them.
+    pub cache_dir: PathBuf,
     /// Online mode (`WANDB_MODE` unset or `online`): the server and the API key; `None`
     /// offline.
     pub online: Option<WandbOnline>,
@@ -192,6 +195,15 @@ fn default_data_dir(var: impl Fn(&str) -> Option<String>) -> PathBuf {
     }
 }
 
+/// platformdirs' `user_cache_dir("wandb")` on Linux: `$XDG_CACHE_HOME/wandb`, else
+/// `~/.cache/wandb`.
+fn default_cache_dir(var: impl Fn(&str) -> Option<String>) -> PathBuf {
+    match var("XDG_CACHE_HOME").filter(|d| !d.trim().is_empty()) {
+        Some(d) => PathBuf::from(d).join("wandb"),
+        None => PathBuf::from(var("HOME").unwrap_or_else(|| "/".into())).join(".cache/wandb"),
+    }
+}
+
 fn setting(variable: &'static str, value: &str, reason: &str) -> Error {
     Error::WandbSetting {
         variable,
@@ -216,6 +228,7 @@ impl WandbSettings {
             disabled: false,
             log_model: WandbLogModel::False,
             data_dir: default_data_dir(|name| std::env::var(name).ok()),
+            cache_dir: default_cache_dir(|name| std::env::var(name).ok()),
             online: None,
         }
     }
@@ -274,16 +287,6 @@ impl WandbSettings {
             false => None,
             true => Some(online_settings(&var)?),
         };
-        if online.is_some() && log_model.is_enabled() {
-            return Err(setting(
-                "WANDB_LOG_MODEL",
-                match log_model {
-                    WandbLogModel::End => "end",
-                    _ => "checkpoint",
-                },
-                "uploading artifacts in W&B's online mode is not implemented here; set WANDB_MODE=offline (the model artifacts are staged with the run, and `wandb sync <run folder>` uploads them), or unset WANDB_LOG_MODEL",
-            ));
-        }
         let dir = match var("WANDB_DIR") {
             Some(d) => PathBuf::from(d),
             None => std::env::current_dir().map_err(|e| Error::Io {
@@ -314,6 +317,9 @@ impl WandbSettings {
             data_dir: var("WANDB_DATA_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| default_data_dir(var)),
+            cache_dir: var("WANDB_CACHE_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| default_cache_dir(var)),
             online,
         })
     }
@@ -981,16 +987,40 @@ impl WandbCallback {
         )
     }
 
-    /// `run.log_artifact(artifact, aliases)`.
+    /// `run.log_artifact(artifact, aliases)`: online, sent to the server as wandb-core sends
+    /// it (at the run's history step; a type other than the existing artifact's is refused,
+    /// as wandb refuses it); offline — or online when the upload fails, or a file reaches
+    /// the 2 GiB W&B uploads in parts — the `ArtifactRecord` in the run's log, which
+    /// `wandb sync` uploads.
     fn log_artifact(&mut self, artifact: &Artifact, aliases: &[String]) -> Result<()> {
         let (project, entity) = (&self.settings.project, self.settings.entity.as_deref());
-        match self.run.as_mut() {
-            Some(run) => {
-                let record = artifact.record(&run.id, project, entity, aliases);
-                run.record(8, &record)
+        let cache_dir = self.settings.cache_dir.clone();
+        let Some(run) = self.run.as_mut() else {
+            return Ok(());
+        };
+        if let Some(stream) = run.stream.as_ref() {
+            let step = (run.step > 0).then_some(run.step);
+            let uploaded = match artifact.check_type(&stream.api, &stream.path) {
+                Ok(Err(refused)) => return Err(refused),
+                Ok(Ok(())) if !artifact.uploads_whole() => Err(Error::WandbArtifact {
+                    name: artifact.name().to_string(),
+                    reason:
+                        "a file of 2 GiB or more, which W&B uploads in parts (not implemented here)"
+                            .into(),
+                }),
+                Ok(Ok(())) => artifact.upload(&stream.api, &stream.path, aliases, step, &cache_dir),
+                Err(e) => Err(e),
+            };
+            match uploaded {
+                Ok(()) => return Ok(()),
+                Err(e) => log::warn!(
+                    "{e}: the artifact stays in the run's log (its files staged); upload it with `wandb sync --include-online {}`",
+                    run.dir.display()
+                ),
             }
-            None => Ok(()),
         }
+        let record = artifact.record(&run.id, project, entity, aliases);
+        run.record(8, &record)
     }
 }
 

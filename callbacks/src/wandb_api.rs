@@ -3,7 +3,10 @@
 //! `CreateRunFiles` (upload URLs for the run's files), the file stream
 //! (`POST <base>/files/<entity>/<project>/<run>/file_stream`: history lines by offset, the
 //! summary, at the end `complete`, `exitcode` and the uploaded files' names), and the uploads
-//! themselves (`PUT` to the URLs handed out). Authentication is HTTP basic `api:<API key>`.
+//! themselves (`PUT` to the URLs handed out); for artifacts, the SDK's `ArtifactType` query and
+//! wandb-core's `CreateArtifact`, `CreateArtifactManifest`, `CreateArtifactFiles` and
+//! `CommitArtifact` (see [`Artifact::upload`](crate::wandb_artifact::Artifact::upload)).
+//! Authentication is HTTP basic `api:<API key>`.
 
 use std::time::Duration;
 
@@ -47,6 +50,22 @@ const CREATE_RUN_FILES: &str = "mutation CreateRunFiles ($entity: String!, $proj
 		}
 	}
 }";
+
+/// The SDK's `ArtifactType` query (`run.log_artifact` asks the type of the artifact's latest
+/// version first; sent without an operation name, as the SDK sends it).
+const ARTIFACT_TYPE: &str = "\nquery ArtifactType($entity: String, $project: String, $name: String!) {\n  project(name: $project, entityName: $entity) {\n    artifact(name: $name) {\n      artifactType {\n        name\n      }\n    }\n  }\n}\n";
+
+/// wandb-core's `CreateArtifact` mutation.
+const CREATE_ARTIFACT: &str = "\nmutation CreateArtifact ($input: CreateArtifactInput!) {\n\tcreateArtifact(input: $input) {\n\t\t... CreatedArtifact\n\t}\n}\nfragment CreatedArtifact on CreateArtifactPayload {\n\tartifact {\n\t\tid\n\t\tstate\n\t\tartifactSequence {\n\t\t\tlatestArtifact {\n\t\t\t\tid\n\t\t\t}\n\t\t}\n\t}\n}\n";
+
+/// wandb-core's `CreateArtifactManifest` mutation.
+const CREATE_ARTIFACT_MANIFEST: &str = "\nmutation CreateArtifactManifest ($artifactID: ID!, $baseArtifactID: ID, $name: String!, $digest: String!, $entityName: String!, $projectName: String!, $runName: String!, $manifestType: ArtifactManifestType!, $includeUpload: Boolean!) {\n\tcreateArtifactManifest(input: {artifactID:$artifactID,baseArtifactID:$baseArtifactID,name:$name,digest:$digest,entityName:$entityName,projectName:$projectName,runName:$runName,type:$manifestType}) {\n\t\tartifactManifest {\n\t\t\tid\n\t\t\tfile {\n\t\t\t\tid\n\t\t\t\tuploadUrl @include(if: $includeUpload)\n\t\t\t\tuploadHeaders @include(if: $includeUpload)\n\t\t\t}\n\t\t}\n\t}\n}\n";
+
+/// wandb-core's `CreateArtifactFiles` mutation.
+const CREATE_ARTIFACT_FILES: &str = "\nmutation CreateArtifactFiles ($input: CreateArtifactFilesInput!) {\n\tcreateArtifactFiles(input: $input) {\n\t\tfiles {\n\t\t\tedges {\n\t\t\t\tnode {\n\t\t\t\t\tstoragePath\n\t\t\t\t\tuploadUrl\n\t\t\t\t\tuploadHeaders\n\t\t\t\t\tuploadMultipartUrls {\n\t\t\t\t\t\tuploadID\n\t\t\t\t\t\tuploadUrlParts {\n\t\t\t\t\t\t\tpartNumber\n\t\t\t\t\t\t\tuploadUrl\n\t\t\t\t\t\t}\n\t\t\t\t\t}\n\t\t\t\t\tartifact {\n\t\t\t\t\t\tid\n\t\t\t\t\t}\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n";
+
+/// wandb-core's `CommitArtifact` mutation.
+const COMMIT_ARTIFACT: &str = "\nmutation CommitArtifact ($artifactID: ID!) {\n\tcommitArtifact(input: {artifactID:$artifactID}) {\n\t\tartifact {\n\t\t\tid\n\t\t\tdigest\n\t\t}\n\t}\n}\n";
 
 /// Where a run lives on the server, from `UpsertBucket`'s answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,7 +150,19 @@ impl WandbApi {
     }
 
     fn graphql(&self, operation: &str, query: &str, variables: Value) -> Result<Value> {
-        let body = json!({"operationName": operation, "query": query, "variables": variables});
+        self.graphql_named(operation, operation, query, variables)
+    }
+
+    /// A GraphQL request whose `operationName` (`sent`) may differ from the name errors give
+    /// it (the SDK sends `ArtifactType` without one).
+    fn graphql_named(
+        &self,
+        operation: &str,
+        sent: &str,
+        query: &str,
+        variables: Value,
+    ) -> Result<Value> {
+        let body = json!({"operationName": sent, "query": query, "variables": variables});
         let answer = self.send(operation, &format!("{}/graphql", self.base_url), &body)?;
         if let Some(errors) = answer.get("errors").filter(|e| !e.is_null()) {
             return Err(self.error(operation, None, errors.to_string()));
@@ -181,13 +212,7 @@ impl WandbApi {
             json!({"entity": path.entity, "project": path.project, "run": path.run, "files": names}),
         )?;
         let answer = &data["createRunFiles"];
-        let headers: Vec<(String, String)> = answer["uploadHeaders"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|h| h.as_str()?.split_once(':'))
-            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-            .collect();
+        let headers = headers(&answer["uploadHeaders"]);
         for (name, bytes) in files {
             let url = answer["files"]
                 .as_array()
@@ -198,15 +223,156 @@ impl WandbApi {
                 .ok_or_else(|| {
                     self.error("CreateRunFiles", None, format!("no upload URL for {name}"))
                 })?;
-            let mut request = self.agent.put(url);
-            for (k, v) in &headers {
-                request = request.set(k, v);
-            }
-            request
-                .send_bytes(bytes)
-                .map_err(|e| self.error(&format!("uploading {name}"), None, e.to_string()))?;
+            self.put(name, url, &headers, bytes)?;
         }
         Ok(())
+    }
+}
+
+/// `uploadHeaders` (`Key:Value` texts) as pairs.
+fn headers(v: &Value) -> Vec<(String, String)> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h.as_str()?.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Where a file goes: the URL handed out and its headers (`None`: the server has it).
+pub(crate) type Upload = Option<(String, Vec<(String, String)>)>;
+
+impl WandbApi {
+    /// The SDK's `ArtifactType`: the type of `name` (`<collection>:latest`) in the project,
+    /// `None` when there is no such artifact.
+    pub fn artifact_type(&self, entity: &str, project: &str, name: &str) -> Result<Option<String>> {
+        let data = self.graphql_named(
+            "ArtifactType",
+            "",
+            ARTIFACT_TYPE,
+            json!({"entity": entity, "project": project, "name": name}),
+        )?;
+        Ok(data["project"]["artifact"]["artifactType"]["name"]
+            .as_str()
+            .map(str::to_string))
+    }
+
+    /// `CreateArtifact`: the new artifact's id.
+    pub fn create_artifact(&self, input: Value) -> Result<String> {
+        let data = self.graphql("CreateArtifact", CREATE_ARTIFACT, json!({ "input": input }))?;
+        data["createArtifact"]["artifact"]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| {
+                self.error(
+                    "CreateArtifact",
+                    None,
+                    format!("the answer names no artifact: {data}"),
+                )
+            })
+    }
+
+    /// `CreateArtifactManifest`: its id, and where to upload it when `includeUpload`.
+    pub fn create_artifact_manifest(&self, variables: Value) -> Result<(String, Upload)> {
+        let data = self.graphql(
+            "CreateArtifactManifest",
+            CREATE_ARTIFACT_MANIFEST,
+            variables,
+        )?;
+        let manifest = &data["createArtifactManifest"]["artifactManifest"];
+        let id = manifest["id"].as_str().map(str::to_string).ok_or_else(|| {
+            self.error(
+                "CreateArtifactManifest",
+                None,
+                format!("the answer names no manifest: {data}"),
+            )
+        })?;
+        let upload = manifest["file"]["uploadUrl"]
+            .as_str()
+            .map(|url| (url.to_string(), headers(&manifest["file"]["uploadHeaders"])));
+        Ok((id, upload))
+    }
+
+    /// `CreateArtifactFiles`: where each file asked for goes, in the order asked.
+    pub fn create_artifact_files(&self, input: Value, n: usize) -> Result<Vec<Upload>> {
+        let data = self.graphql(
+            "CreateArtifactFiles",
+            CREATE_ARTIFACT_FILES,
+            json!({ "input": input }),
+        )?;
+        let edges = data["createArtifactFiles"]["files"]["edges"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if edges.len() != n {
+            return Err(self.error(
+                "CreateArtifactFiles",
+                None,
+                format!("{} upload URLs for {n} files: {data}", edges.len()),
+            ));
+        }
+        Ok(edges
+            .iter()
+            .map(|e| {
+                let node = &e["node"];
+                node["uploadUrl"]
+                    .as_str()
+                    .map(|url| (url.to_string(), headers(&node["uploadHeaders"])))
+            })
+            .collect())
+    }
+
+    /// `CommitArtifact`.
+    pub fn commit_artifact(&self, artifact_id: &str) -> Result<()> {
+        self.graphql(
+            "CommitArtifact",
+            COMMIT_ARTIFACT,
+            json!({ "artifactID": artifact_id }),
+        )
+        .map(|_| ())
+    }
+
+    /// `PUT`s the file at `path` (`size` bytes, streamed) to a URL handed out, with its
+    /// headers.
+    pub fn put_file(
+        &self,
+        what: &str,
+        url: &str,
+        headers: &[(String, String)],
+        path: &std::path::Path,
+        size: u64,
+    ) -> Result<()> {
+        let file = std::fs::File::open(path).map_err(|e| Error::Io {
+            action: "reading",
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let mut request = self.agent.put(url).set("Content-Length", &size.to_string());
+        for (k, v) in headers {
+            request = request.set(k, v);
+        }
+        request
+            .send(file)
+            .map(|_| ())
+            .map_err(|e| self.error(&format!("uploading {what}"), None, e.to_string()))
+    }
+
+    /// `PUT`s `bytes` to a URL handed out, with its headers.
+    pub fn put(
+        &self,
+        what: &str,
+        url: &str,
+        headers: &[(String, String)],
+        bytes: &[u8],
+    ) -> Result<()> {
+        let mut request = self.agent.put(url);
+        for (k, v) in headers {
+            request = request.set(k, v);
+        }
+        request
+            .send_bytes(bytes)
+            .map(|_| ())
+            .map_err(|e| self.error(&format!("uploading {what}"), None, e.to_string()))
     }
 }
 

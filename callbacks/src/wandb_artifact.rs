@@ -2,7 +2,8 @@
 //! copied read-only into the staging folder (`<WANDB_DATA_DIR>/artifacts/staging/tmpXXXXXXXX`,
 //! `WANDB_DATA_DIR` by default `~/.local/share/wandb`), an MD5 manifest of them, and an
 //! `ArtifactRecord` in the run's transaction log pointing at the staged copies, which `wandb
-//! sync` uploads.
+//! sync` uploads; online, the artifact sent to the server as wandb-core sends it
+//! ([`Artifact::upload`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -263,6 +264,212 @@ impl Artifact {
     }
 }
 
+/// Files this large W&B uploads in parts (wandb-core's multipart threshold), which is not
+/// implemented here.
+const MULTIPART_THRESHOLD: u64 = 2 * 1024 * 1024 * 1024;
+
+impl Artifact {
+    /// The artifact's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether every file can be uploaded in one request (none reaches 2 GiB).
+    pub(crate) fn uploads_whole(&self) -> bool {
+        self.entries.iter().all(|e| e.size < MULTIPART_THRESHOLD)
+    }
+
+    /// The SDK's check before `run.log_artifact` online: the type of `<name>:latest` on the
+    /// server; `Ok(Err(..))` when it is another type (wandb's refusal).
+    pub(crate) fn check_type(
+        &self,
+        api: &crate::wandb_api::WandbApi,
+        run: &crate::wandb_api::RunPath,
+    ) -> Result<Result<()>> {
+        let existing =
+            api.artifact_type(&run.entity, &run.project, &format!("{}:latest", self.name))?;
+        Ok(match existing {
+            Some(t) if t != self.kind => Err(Error::WandbArtifact {
+                name: self.name.clone(),
+                reason: format!(
+                    "Artifact {} already exists with type '{t}'; cannot create another with type '{}'",
+                    self.name, self.kind
+                ),
+            }),
+            _ => Ok(()),
+        })
+    }
+
+    /// `run.log_artifact(artifact, aliases)` online after [`check_type`](Self::check_type),
+    /// as wandb-core sends it: `CreateArtifact` (the aliases with `latest`, the manifest's digest, the metadata,
+    /// the run and its history step), the manifest created, the files asked for and each
+    /// uploaded to the URL handed out (none when the server already has it), the manifest
+    /// (wandb-core's `wandb_manifest.json`: the staged paths, the new artifact as each file's
+    /// birth artifact) created again with its MD5 and uploaded, `CommitArtifact`; then, as
+    /// wandb-core does, the staged copies removed, those that do not skip the cache kept in
+    /// wandb's artifact cache (`<cache_dir>/artifacts/obj/md5/<2 hex>/<30 hex>`).
+    pub(crate) fn upload(
+        &self,
+        api: &crate::wandb_api::WandbApi,
+        run: &crate::wandb_api::RunPath,
+        aliases: &[String],
+        history_step: Option<i64>,
+        cache_dir: &Path,
+    ) -> Result<()> {
+        use serde_json::{Value, json};
+        let mut all_aliases = vec!["latest".to_string()];
+        all_aliases.extend(aliases.iter().filter(|a| a.as_str() != "latest").cloned());
+        let metadata = if self.metadata.is_empty() {
+            Value::Null
+        } else {
+            Value::String(dumps_compact(
+                &JsonValue::Object(self.metadata.clone()),
+                false,
+            ))
+        };
+        let artifact_id = api.create_artifact(json!({
+            "aliases": all_aliases
+                .iter()
+                .map(|a| json!({"alias": a, "artifactCollectionName": self.name}))
+                .collect::<Vec<_>>(),
+            "artifactCollectionName": self.name,
+            "artifactCollectionNames": null,
+            "artifactTypeName": self.kind,
+            "clientID": client_id(),
+            "clientMutationId": null,
+            "description": null,
+            "digest": self.digest(),
+            "digestAlgorithm": "MANIFEST_MD5",
+            "distributedID": null,
+            "enableDigestDeduplication": true,
+            "entityName": run.entity,
+            "historyStep": history_step,
+            "labels": null,
+            "metadata": metadata,
+            "projectName": run.project,
+            "runName": run.run,
+            "sequenceClientID": client_id(),
+            "storageRegion": null,
+            "ttlDurationSeconds": null,
+        }))?;
+        let manifest_variables = |digest: &str, include_upload: bool| {
+            json!({
+                "artifactID": artifact_id,
+                "baseArtifactID": null,
+                "name": "wandb_manifest.json",
+                "digest": digest,
+                "entityName": run.entity,
+                "projectName": run.project,
+                "runName": run.run,
+                "manifestType": "FULL",
+                "includeUpload": include_upload,
+            })
+        };
+        let (manifest_id, _) = api.create_artifact_manifest(manifest_variables("", false))?;
+        let entries = self.sorted_entries();
+        let uploads = api.create_artifact_files(
+            json!({
+                "artifactFiles": entries
+                    .iter()
+                    .map(|e| json!({
+                        "artifactID": artifact_id,
+                        "artifactManifestID": manifest_id,
+                        "md5": e.digest,
+                        "mimetype": null,
+                        "name": e.path,
+                        "uploadPartsInput": null,
+                    }))
+                    .collect::<Vec<_>>(),
+                "clientMutationId": null,
+                "cloudRegionID": null,
+                "storageLayout": "V2",
+            }),
+            entries.len(),
+        )?;
+        for (entry, upload) in entries.iter().zip(uploads) {
+            if let Some((url, headers)) = upload {
+                api.put_file(&entry.path, &url, &headers, &entry.local_path, entry.size)?;
+            }
+        }
+        // wandb-core's manifest: its fields in its order, the files by path.
+        let mut contents = JsonMap::new();
+        for e in &entries {
+            let mut entry = JsonMap::new();
+            entry.insert("digest", e.digest.as_str());
+            entry.insert("size", e.size as i64);
+            entry.insert("local_path", e.local_path.to_string_lossy().into_owned());
+            entry.insert("birthArtifactID", artifact_id.as_str());
+            entry.insert("skip_cache", e.skip_cache);
+            contents.insert(e.path.as_str(), JsonValue::Object(entry));
+        }
+        let mut layout = JsonMap::new();
+        layout.insert("storageLayout", "V2");
+        let mut manifest = JsonMap::new();
+        manifest.insert("version", 1i64);
+        manifest.insert("storagePolicy", "wandb-storage-policy-v1");
+        manifest.insert("storagePolicyConfig", JsonValue::Object(layout));
+        manifest.insert("contents", JsonValue::Object(contents));
+        let manifest = dumps_compact(&JsonValue::Object(manifest), false);
+        let digest = base64(&Md5::digest(manifest.as_bytes()));
+        let (_, upload) = api.create_artifact_manifest(manifest_variables(&digest, true))?;
+        let (url, headers) = upload.ok_or_else(|| Error::WandbArtifact {
+            name: self.name.clone(),
+            reason: "the server handed out no upload URL for the manifest".into(),
+        })?;
+        api.put("wandb_manifest.json", &url, &headers, manifest.as_bytes())?;
+        api.commit_artifact(&artifact_id)?;
+        for e in &entries {
+            if !e.skip_cache {
+                let hex: String = base64_decode_hex(&e.digest);
+                let cached = cache_dir
+                    .join("artifacts")
+                    .join("obj")
+                    .join("md5")
+                    .join(&hex[..2])
+                    .join(&hex[2..]);
+                if !cached.exists() {
+                    if let Some(parent) = cached.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|err| io("creating", parent, err))?;
+                    }
+                    std::fs::copy(&e.local_path, &cached)
+                        .map_err(|err| io("caching", &cached, err))?;
+                    #[cfg(unix)]
+                    {
+                        use std::os::unix::fs::PermissionsExt;
+                        let _ = std::fs::set_permissions(
+                            &cached,
+                            std::fs::Permissions::from_mode(0o666),
+                        );
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(&e.local_path);
+        }
+        Ok(())
+    }
+}
+
+/// The hex digits of a base64 MD5.
+fn base64_decode_hex(b64: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = String::new();
+    for c in b64.bytes().take_while(|c| *c != b'=') {
+        let Some(v) = ALPHABET.iter().position(|a| *a == c) else {
+            continue;
+        };
+        bits = (bits << 6) | v as u32;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push_str(&format!("{:02x}", (bits >> n) & 0xff));
+        }
+    }
+    out
+}
+
 /// wandb's client ids (`generate_fast_id(128)`): 128 characters of `[a-z0-9]`.
 fn client_id() -> String {
     crate::checksum_time::random_chars(b"abcdefghijklmnopqrstuvwxyz0123456789", 128)
@@ -284,6 +491,10 @@ mod tests {
         assert_eq!(a.digest(), "307b6aed2b1eb15ba124123ab4d463f4");
         let _ = std::fs::remove_dir_all(&staging);
         assert!(Artifact::new("a/b", "model", JsonMap::new(), &staging).is_err());
+        assert_eq!(
+            base64_decode_hex("rtVj7K+0vMVlTFl6QhVHsg=="),
+            "aed563ecafb4bcc5654c597a421547b2"
+        );
         Ok(())
     }
 }

@@ -2,7 +2,9 @@
 mode makes, as W&B's API answers them, and recording each request: the GraphQL queries
 (`Viewer`, `UpsertBucket`, `CreateRunFiles`, ...), the file stream
 (`/files/<entity>/<project>/<run>/file_stream`: history lines, summary, events, the final
-`complete` / `exitcode`) and the files uploaded to the URLs `CreateRunFiles` hands out. W&B's
+`complete` / `exitcode`), the files uploaded to the URLs `CreateRunFiles` hands out, and the
+artifacts `run.log_artifact` sends (`CreateArtifact`, `CreateArtifactManifest`,
+`CreateArtifactFiles`, the uploads, `CommitArtifact`). W&B's
 server itself cannot run here; wandb-core (wandb 0.31) runs its whole online path against this
 one (scripts/reference/wandb_callback.py's `online` case), and so does tchtrain-callbacks'
 WandbCallback in callbacks/tests/it/wandb.rs, both folded by `fold` below.
@@ -25,6 +27,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     log_file = None
     lock = threading.Lock()
+    artifacts = 0
 
     def log_message(self, *args):
         pass
@@ -47,8 +50,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_PUT(self):
+        import hashlib
+
         data = self.body()
-        self.record({"method": "PUT", "path": self.path, "body": data.decode("utf-8", "replace")})
+        self.record({"method": "PUT", "path": self.path, "body": data.decode("utf-8", "replace"),
+                     "md5": base64.b64encode(hashlib.md5(data).digest()).decode(), "size": len(data)})
         self.answer(200, {})
 
     def do_GET(self):
@@ -91,6 +97,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                        "files": [{"name": f, "uploadUrl": f"{base}/{f}"} for f in v["files"]]}}
         if operation == "OrganizationCoreWeaveOrganizationID":
             return {"entity": {"organization": None}}
+        # Artifacts (`run.log_artifact` online): the type check the SDK makes first (no
+        # operation name), then wandb-core's CreateArtifact, CreateArtifactManifest (twice:
+        # before the files, and with its digest and upload URL after them),
+        # CreateArtifactFiles (upload URLs, in the order asked), CommitArtifact.
+        if not operation and "name" in v:
+            return {"project": {"artifact": None}}
+        if operation == "CreateArtifact":
+            with self.lock:
+                Handler.artifacts += 1
+                n = Handler.artifacts
+            artifact_id = base64.b64encode(f"Artifact:{n}".encode()).decode()
+            return {"createArtifact": {"artifact": {"id": artifact_id, "state": "PENDING",
+                                                    "artifactSequence": {"latestArtifact": None}}}}
+        if operation == "CreateArtifactManifest":
+            file = {"id": "RmlsZTox"}
+            if v.get("includeUpload"):
+                file |= {"uploadUrl": f"http://127.0.0.1:{port}/upload/manifest/{v['artifactID']}", "uploadHeaders": []}
+            return {"createArtifactManifest": {"artifactManifest": {"id": f"manifest-{v['artifactID']}", "file": file}}}
+        if operation == "CreateArtifactFiles":
+            return {"createArtifactFiles": {"files": {"edges": [
+                {"node": {"storagePath": f"wandb_artifacts/{f['md5']}", "uploadMultipartUrls": None, "uploadHeaders": [],
+                          "uploadUrl": f"http://127.0.0.1:{port}/upload/artifact/{f['artifactID']}/{f['name']}",
+                          "artifact": {"id": f["artifactID"]}}}
+                for f in v["input"]["artifactFiles"]]}}}
+        if operation == "CommitArtifact":
+            return {"commitArtifact": {"artifact": {"id": v["artifactID"], "digest": "committed"}}}
         return {}
 
 
@@ -117,6 +149,73 @@ def start(log_path):
 
 
 TIMING = {"_timestamp", "_runtime"}
+
+
+def fold_artifacts(entries):
+    """The artifacts logged, in the order created: the type asked first (`ArtifactType`'s
+    variables), CreateArtifact's input (the random client ids as "<client id>", the aliases
+    sorted, the metadata parsed), the
+    CreateArtifactManifest calls, the files asked for (CreateArtifactFiles' inputs: name, MD5,
+    manifest id; sorted by name) and uploaded (name -> [MD5, size] of the bytes received), the manifest uploaded
+    (its files' `local_path`, the staged copy, as "<staged>"), and whether it was committed."""
+    ids = {}
+    out = []
+    type_queries = [e["body"]["variables"] for e in entries if e["method"] == "POST" and e["path"].startswith("/graphql")
+                    and not e["body"].get("operationName") and "name" in (e["body"].get("variables") or {})]
+    n = 0
+    for e in entries:
+        if e["method"] != "POST" or not e["path"].startswith("/graphql"):
+            continue
+        op, v = e["body"].get("operationName"), e["body"].get("variables") or {}
+        if op == "CreateArtifact":
+            n += 1
+            artifact_id = base64.b64encode(f"Artifact:{n}".encode()).decode()
+            create = dict(v["input"])
+            for k in ("clientID", "sequenceClientID"):
+                create[k] = "<client id>" if create.get(k) else create.get(k)
+            # wandb-core sends the aliases and the metadata's keys in Go's map order (random).
+            create["aliases"] = sorted(create.get("aliases") or [], key=lambda a: a["alias"])
+            if create.get("metadata"):
+                create["metadata"] = json.loads(create["metadata"])
+            ids[artifact_id] = len(out)
+            out.append({"type_query": type_queries[n - 1] if n <= len(type_queries) else None, "create": create,
+                        "manifests": [], "files": [], "uploads": {}, "manifest": None, "committed": False})
+        elif op == "CreateArtifactManifest":
+            out[ids[v["artifactID"]]]["manifests"].append({k: x for k, x in v.items() if k != "artifactID"})
+        elif op == "CreateArtifactFiles":
+            for f in v["input"]["artifactFiles"]:
+                a = out[ids[f["artifactID"]]]
+                a["files"].append({k: x for k, x in f.items() if k != "artifactID"})
+                a["storage_layout"] = v["input"].get("storageLayout")
+        elif op == "CommitArtifact":
+            out[ids[v["artifactID"]]]["committed"] = True
+    manifest_md5 = {}
+    for e in entries:
+        if e["method"] != "PUT":
+            continue
+        if e["path"].startswith("/upload/manifest/"):
+            manifest_md5[e["path"][len("/upload/manifest/"):]] = e["md5"]
+    for a in out:  # asked for in Go's map order too
+        a["files"].sort(key=lambda f: f["name"])
+    for artifact_id, i in ids.items():
+        # The manifest's digest is its uploaded bytes' MD5 (which hold the staged paths).
+        for m in out[i]["manifests"]:
+            if m.get("digest"):
+                m["digest"] = ("<MD5 of the manifest uploaded>" if m["digest"] == manifest_md5.get(artifact_id)
+                               else f"<not the manifest's MD5: {m['digest']}>")
+    for e in entries:
+        if e["method"] != "PUT":
+            continue
+        if e["path"].startswith("/upload/artifact/"):
+            artifact_id, name = e["path"][len("/upload/artifact/"):].split("/", 1)
+            out[ids[artifact_id]]["uploads"][name] = [e["md5"], e["size"]]
+        elif e["path"].startswith("/upload/manifest/"):
+            manifest = json.loads(e["body"])
+            for entry in manifest.get("contents", {}).values():
+                if "local_path" in entry:
+                    entry["local_path"] = "<staged>"
+            out[ids[e["path"][len("/upload/manifest/"):]]]["manifest"] = manifest
+    return out
 
 
 def untimed(row):
@@ -159,9 +258,11 @@ def fold(log_path):
 
     entries = [json.loads(line) for line in open(log_path)]
     upserts, history, summary, end, files, keys = [], {}, None, {}, {}, set()
+    artifacts = fold_artifacts(entries)
     for e in entries:
         if e["method"] == "PUT":
-            files[e["path"].rsplit("/", 1)[1]] = e["body"]
+            if not e["path"].startswith(("/upload/artifact/", "/upload/manifest/")):
+                files[e["path"].rsplit("/", 1)[1]] = e["body"]
             continue
         auth = e.get("authorization") or ""
         if auth.startswith("Basic "):
@@ -194,7 +295,13 @@ def fold(log_path):
     if "stream_path" in end:
         end["stream_path"] = end["stream_path"].replace(run_id, "<run id>")
     read = {"config.yaml": lambda t: wandb_reduced(yaml.load(t, Loader=Yaml12)), "wandb-summary.json": lambda t: untimed(json.loads(t))}
+    run_name = first.get("name")
+    for a in artifacts:
+        a["create"]["runName"] = "<run id>" if a["create"].get("runName") == run_name else a["create"].get("runName")
+        for m in a["manifests"]:
+            m["runName"] = "<run id>" if m.get("runName") == run_name else m.get("runName")
     return {
+        "artifacts": artifacts,
         "api_keys": sorted(keys),
         "run": {k: first.get(k) for k in ("project", "entity", "groupName", "displayName", "notes", "jobType", "tags")}
         | {"name": "<run id>" if first.get("name") else None},

@@ -16,10 +16,11 @@ Each such case's folder OUT_DIR/<case>/ holds what the Rust test hands its callb
 checkpoint (`checkpoint-10/`), the files upstream's final-model artifact staged from its save
 (`final_model/`) and `print(model)` (`architecture.txt`).
 
-The `online` case runs in wandb's online mode against the stand-in W&B server
+The `online` cases run in wandb's online mode against the stand-in W&B server
 (_wandb_server.py, in a thread of this process): the requests wandb-core made are folded into
 the case's `requests` (run, config, history lines, summary, end of the file stream, uploaded
-files), which the Rust test's run against the same stand-in must equal.
+files; with `WANDB_LOG_MODEL`, the artifacts created, uploaded and committed), which the Rust
+test's run against the same stand-in must equal.
 
 Writes OUT_DIR/wandb_callback.json: {"cases": [...]}, each case with
   name, env        the W&B environment variables set;
@@ -114,6 +115,9 @@ CASES = [
     {"name": "online", "env": {"WANDB_MODE": "online", "WANDB_API_KEY": API_KEY, "WANDB_PROJECT": "tchtrain-reference",
                                "WANDB_RUN_GROUP": "group-a", "WANDB_TAGS": "x,y"},
      "args": ARGS, "online": True},
+    {"name": "online_log_model", "env": {"WANDB_MODE": "online", "WANDB_API_KEY": API_KEY, "WANDB_PROJECT": "tchtrain-reference",
+                                         "WANDB_LOG_MODEL": "checkpoint"},
+     "args": ARGS, "online": True, "log_model": {"save_at": 10, "epoch": 0.5}},
 ]
 
 
@@ -192,7 +196,13 @@ for case in CASES:
     wandb.finish()
     run_file = next(run_dir.glob("run-*.wandb"))
     wait_for_exit(run_file)
-    if log_model:
+    if log_model and case.get("online"):
+        # wandb-core deletes the staged files once uploaded: the final model is the same
+        # seeded, untrained model as log_model_checkpoint's (the uploads' MD5s say so).
+        for name in ("architecture.txt", "final_model"):
+            src, dst = OUT / "log_model_checkpoint" / name, OUT / case["name"] / name
+            shutil.copytree(src, dst) if src.is_dir() else shutil.copyfile(src, dst)
+    elif log_model:
         keep_final_model(run_file, OUT / case["name"])
     requests = None
     if case.get("online"):

@@ -315,6 +315,10 @@ fn codecarbon_callback_writes_what_upstream_writes() {
         at(m, "tdp").as_f64().unwrap() * at(m, "cpu_physical_count").as_f64().unwrap()
     };
     let root = temp_dir("codecarbon");
+    let timestamp = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$").unwrap();
+    let uuid4 =
+        regex::Regex::new(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+            .unwrap();
     for case in at(&reference, "cases").as_array().unwrap() {
         let name = at(case, "name").as_str().unwrap();
         let work = root.join(name);
@@ -388,18 +392,8 @@ fn codecarbon_callback_writes_what_upstream_writes() {
             }
             assert_eq!(cell("python_version"), "", "{name}: no Python runs here");
             // The measured columns: formats, and codecarbon's arithmetic between them.
-            assert!(
-                regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$")
-                    .unwrap()
-                    .is_match(cell("timestamp"))
-            );
-            assert!(
-                regex::Regex::new(
-                    r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
-                )
-                .unwrap()
-                .is_match(cell("run_id"))
-            );
+            assert!(timestamp.is_match(cell("timestamp")));
+            assert!(uuid4.is_match(cell("run_id")));
             run_ids.push(cell("run_id").to_string());
             let duration = num("duration");
             assert!(

@@ -79,6 +79,22 @@ fn same(a: &Value, b: &Value, at: &str) -> Result<(), String> {
     }
 }
 
+/// Standard base64 decoded.
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let (mut bits, mut n, mut out) = (0u32, 0, Vec::new());
+    for c in text.bytes().take_while(|c| *c != b'=') {
+        let v = ALPHABET.iter().position(|a| *a == c).unwrap() as u32;
+        bits = (bits << 6) | v;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    out
+}
+
 fn settings(env: &[(String, String)]) -> tchtrain_callbacks::Result<WandbSettings> {
     WandbSettings::from_lookup(|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
 }
@@ -105,6 +121,10 @@ fn wandb_callback_writes_what_upstream_writes() {
         env.push((
             "WANDB_DATA_DIR".into(),
             dir.join("data").display().to_string(),
+        ));
+        env.push((
+            "WANDB_CACHE_DIR".into(),
+            dir.join("cache").display().to_string(),
         ));
         let mut callback = WandbCallback::with_settings(settings(&env).unwrap());
         let args = args_from(&case["args"]);
@@ -189,23 +209,56 @@ fn wandb_callback_writes_what_upstream_writes() {
         }
         // Online: what the server received, as upstream's run sent it (the same run, config
         // with the metric definitions, every history line once, summary, end of the stream,
-        // uploaded files) but for `requirements.txt`, the Python environment's package list.
+        // uploaded files, the artifacts) but for `requirements.txt`, the Python environment's
+        // package list.
         if let Some(stand_in) = &stand_in {
+            // `output.log` is the Python process's console, which wandb captures (with
+            // `WANDB_LOG_MODEL`, save_pretrained's progress bar): no console here.
             let mut wanted = case["requests"].clone();
-            wanted["files"]
-                .as_object_mut()
-                .unwrap()
-                .remove("requirements.txt");
-            wanted["end"]["uploaded"]
-                .as_array_mut()
-                .unwrap()
-                .retain(|f| f != "requirements.txt");
+            for python_only in ["requirements.txt", "output.log"] {
+                wanted["files"].as_object_mut().unwrap().remove(python_only);
+                wanted["end"]["uploaded"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|f| f != python_only);
+            }
             if let Err(e) = same(
                 &stand_in.fold().unwrap(),
                 &wanted,
                 &format!("{name} (requests)"),
             ) {
                 panic!("{e}");
+            }
+            // Uploaded artifacts leave no staged copies; the files that do not skip wandb's
+            // cache (the checkpoint's) are in it under their MD5, as wandb-core keeps them.
+            if log_model.is_some() {
+                let staging = dir.join("data/artifacts/staging");
+                let left: Vec<_> = std::fs::read_dir(&staging)
+                    .map(|d| d.flatten().map(|e| e.path()).collect())
+                    .unwrap_or_default();
+                assert!(left.is_empty(), "{name}: staged copies left: {left:?}");
+                let entries: Vec<(&String, &Value)> = wanted["artifacts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|a| a["manifest"]["contents"].as_object().unwrap().iter())
+                    .collect();
+                for (path, entry) in &entries {
+                    let md5 = entry["digest"].as_str().unwrap();
+                    let hex: String = base64_decode(md5)
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    let cached = dir
+                        .join("cache/artifacts/obj/md5")
+                        .join(&hex[..2])
+                        .join(&hex[2..]);
+                    // Cached when some artifact holds the same bytes without skipping it.
+                    let kept = entries
+                        .iter()
+                        .any(|(_, e)| e["digest"] == md5 && e["skip_cache"] == false);
+                    assert_eq!(cached.is_file(), kept, "{name}: {path} in the cache");
+                }
             }
         }
         // `wandb sync` takes the folder as a run to upload.
@@ -239,10 +292,6 @@ fn wandb_settings_refuse_what_is_not_implemented() {
         (
             &[("WANDB_API_KEY", "k"), ("WANDB_BASE_URL", "localhost:8080")][..],
             "WANDB_BASE_URL",
-        ),
-        (
-            &[("WANDB_API_KEY", "k"), ("WANDB_LOG_MODEL", "end")][..],
-            "WANDB_LOG_MODEL",
         ),
         (
             &[("WANDB_MODE", "offline"), ("WANDB_WATCH", "all")][..],
@@ -366,16 +415,43 @@ fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
     }
 
     // The server goes away during the run: training goes on, the run's folder keeps the
-    // whole run (`wandb sync` uploads it).
+    // whole run (`wandb sync` uploads it) and the checkpoint's artifact, which could not be
+    // sent, with its files staged (the architecture's, sent at the start, is not in it).
     let stand_in = WandbStandIn::start(&dir).unwrap();
     let s = settings(&[
         ("WANDB_API_KEY".into(), "k".into()),
         ("WANDB_BASE_URL".into(), stand_in.url.clone()),
         ("WANDB_DIR".into(), dir.display().to_string()),
+        (
+            "WANDB_DATA_DIR".into(),
+            dir.join("data").display().to_string(),
+        ),
+        (
+            "WANDB_CACHE_DIR".into(),
+            dir.join("cache").display().to_string(),
+        ),
+        ("WANDB_LOG_MODEL".into(), "checkpoint".into()),
     ])
     .unwrap();
+    let reference = reference();
+    let case = reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "online_log_model")
+        .unwrap();
+    let files = reference_dir().join("online_log_model");
+    let config = ModelConfig::from_json_value(&case["model_config"])
+        .unwrap()
+        .with_num_parameters(case["num_parameters"].as_i64().unwrap())
+        .with_architecture(std::fs::read_to_string(files.join("architecture.txt")).unwrap());
     let mut callback = WandbCallback::with_settings(s);
+    callback.set_model_config(&config);
     let args = TrainingArguments::default();
+    let saving_args = TrainingArguments {
+        output_dir: Some(files.display().to_string()),
+        ..TrainingArguments::default()
+    };
     let mut state = TrainerState::default();
     let mut control = TrainerControl::default();
     callback
@@ -390,6 +466,9 @@ fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
     state.global_step = 10;
     callback
         .on_log(&args, &state, &mut control, &log(1.5))
+        .unwrap();
+    callback
+        .on_save(&saving_args, &state, &mut control)
         .unwrap();
     let run_dir = callback.run_dir().unwrap().to_path_buf();
     drop(callback);
@@ -406,5 +485,17 @@ fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
     let run: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(run["history"].as_array().unwrap().len(), 2, "{run}");
     assert_eq!(run["exit"][0]["exit_code"], 0, "{run}");
+    let artifacts = run["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1, "{run}");
+    assert!(
+        artifacts[0]["aliases"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("checkpoint_global_step_10")),
+        "{run}"
+    );
+    for entry in artifacts[0]["manifest"]["contents"].as_array().unwrap() {
+        assert_eq!(entry["staged"], true, "{entry}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
