@@ -60,7 +60,7 @@ const LBS_MWH_TO_KG_KWH: f64 = 0.00045359237;
 const G_KWH_TO_KG_KWH: f64 = 0.001;
 
 /// The rows of a CSV file (RFC 4180 quoting, a leading byte-order mark dropped, as pandas).
-pub(crate) fn csv_rows(text: &str) -> Vec<Vec<String>> {
+pub fn csv_rows(text: &str) -> Vec<Vec<String>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
     let mut row = Vec::new();

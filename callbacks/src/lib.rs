@@ -92,7 +92,7 @@ pub use codecarbon::{
 };
 pub use codecarbon_data::{
     CODECARBON_DATA_FILES, CloudMetadata, Emissions, GeoMetadata, cloud_location, countries_table,
-    estimate_dimm_count, match_cpu, ram_power_watts,
+    csv_rows as codecarbon_csv_rows, estimate_dimm_count, match_cpu, ram_power_watts,
 };
 pub use codecarbon_machine::LocationServices;
 pub use comet::{CometCallback, CometMode, CometSettings};

@@ -17,7 +17,7 @@ use tchtrain_callbacks::{
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, case_args, replay_case, run_reader, script_reference, temp_dir};
+use crate::common::{at, case_args, env_of, replay_case, run_reader, script_reference, temp_dir};
 
 /// The one session zip under `<cache>/offline/`.
 fn session_zip(cache: &Path) -> PathBuf {
@@ -29,15 +29,6 @@ fn session_zip(cache: &Path) -> PathBuf {
         .collect();
     assert_eq!(zips.len(), 1, "{zips:?}");
     zips[0].clone()
-}
-
-fn env_of(case: &JsonValue) -> Vec<(String, String)> {
-    at(case, "env")
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_str().unwrap().to_string()))
-        .collect()
 }
 
 fn without(v: &JsonValue, keys: &[&str]) -> JsonValue {

@@ -19,11 +19,11 @@ use tchtrain_callbacks::{
     CODECARBON_DATA_FILES, CloudMetadata, CodeCarbonCallback, CodeCarbonCell, CodeCarbonSettings,
     EMISSIONS_CSV_COLUMNS, Emissions, EmissionsTracker, Error, GeoMetadata, JsonValue,
     LocationServices, MachineFacts, TrainerCallback, TrainerControl, TrainerState, cloud_location,
-    countries_table, dumps, match_cpu, ram_power_watts,
+    codecarbon_csv_rows, countries_table, dumps, match_cpu, ram_power_watts,
 };
 use tchtrain_training_args::TrainingArguments;
 
-use crate::common::{at, run_reader, script_reference, temp_dir};
+use crate::common::{at, env_of, run_reader, script_reference, temp_dir};
 
 fn opt_str(v: &JsonValue) -> Option<&str> {
     v.as_str()
@@ -190,15 +190,6 @@ fn codecarbon_reads_this_machine_as_codecarbon() {
     assert_eq!(geo.longitude, at(g, "longitude").as_f64());
 }
 
-fn env_of(case: &JsonValue) -> Vec<(String, String)> {
-    at(case, "env")
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_str().unwrap().to_string()))
-        .collect()
-}
-
 /// A stand-in for the location services on 127.0.0.1 answering `[status, body]` by path (the
 /// reference's `services`), as the reference's answered upstream's lookups; its base URL.
 fn stand_in(answers: JsonValue) -> String {
@@ -261,29 +252,7 @@ fn run_callback(settings: &CodeCarbonSettings, output_dir: &Path, seconds: f64) 
 
 /// Our file: its header and its rows as text cells.
 fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut rows = Vec::new();
-    // The cells as the csv module reads them (quotes, doubled quotes).
-    let mut row = Vec::new();
-    let mut cell = String::new();
-    let (mut quoted, mut chars) = (false, text.chars().peekable());
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
-                chars.next();
-                cell.push('"');
-            }
-            (true, '"') => quoted = false,
-            (true, c) => cell.push(c),
-            (false, '"') => quoted = true,
-            (false, ',') => row.push(std::mem::take(&mut cell)),
-            (false, '\n') => {
-                row.push(std::mem::take(&mut cell));
-                rows.push(std::mem::take(&mut row));
-            }
-            (false, c) => cell.push(c),
-        }
-    }
+    let mut rows = codecarbon_csv_rows(&std::fs::read_to_string(path).unwrap());
     let header = rows.remove(0);
     (header, rows)
 }

@@ -43,6 +43,16 @@ pub fn script_reference(script: &str) -> JsonValue {
     loads(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A reference case's `env` (variable -> value) as pairs.
+pub fn env_of(case: &JsonValue) -> Vec<(String, String)> {
+    at(case, "env")
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_str().unwrap().to_string()))
+        .collect()
+}
+
 /// The value under `key` of a JSON object; panics naming the key and the object.
 pub fn at<'a>(v: &'a JsonValue, key: &str) -> &'a JsonValue {
     v.as_object()
