@@ -366,7 +366,10 @@ fn codecarbon_callback_writes_what_upstream_writes() {
             run_ids.push(cell("run_id").to_string());
             let duration = num("duration");
             assert!(
-                duration >= seconds && duration < seconds + 1.0,
+                // The callbacks' own work and the first location lookup (inside the last
+                // measurement's row, as codecarbon's) add to the work's time; 2 s of slack for
+                // a loaded machine.
+                duration >= seconds && duration < seconds + 2.0,
                 "{name}: duration {duration} for {seconds} s of work"
             );
             let (cpu_e, ram_e, total) =
@@ -396,25 +399,34 @@ fn codecarbon_callback_writes_what_upstream_writes() {
             let tracking_process = up("tracking_mode") == "process";
             let tdp = settings.force_cpu_power.unwrap_or(machine_tdp);
             let cpu_power = num("cpu_power");
-            let low = if tracking_process {
-                0.0
+            if tracking_process {
+                // The process tree's CPU seconds over wall seconds, per CPU: it counts every
+                // thread of this test binary (the other tests run beside it), and codecarbon
+                // does not clamp it (tick-granular times can pass 100 %).
+                assert!(
+                    cpu_power.is_finite() && cpu_power >= 0.0,
+                    "{name}: cpu_power {cpu_power}"
+                );
             } else {
-                0.1 * tdp * pue
-            };
-            assert!(
-                cpu_power >= low * (1.0 - 1e-12) && cpu_power <= tdp * pue * (1.0 + 1e-12),
-                "{name}: cpu_power {cpu_power} outside [{low}, {}]",
-                tdp * pue
-            );
+                // tdp * (0.1 + 0.9 * load³) with the machine's load in [0, 1].
+                let low = 0.1 * tdp * pue;
+                assert!(
+                    cpu_power >= low * (1.0 - 1e-12) && cpu_power <= tdp * pue * (1.0 + 1e-12),
+                    "{name}: cpu_power {cpu_power} outside [{low}, {}]",
+                    tdp * pue
+                );
+            }
             if tracking_process {
                 // The process tree's memory: codecarbon's smallest estimate, as upstream's.
                 assert_eq!(cell("ram_power"), up("ram_power"), "{name}: ram_power");
             } else {
                 assert_eq!(cell("ram_power"), up("ram_power"), "{name}: ram_power");
-                // A constant power: its energy covers the run up to the last measurement.
+                // A constant power: its energy covers the run up to the last measurement —
+                // within 50 ms of the stop (codecarbon's staleness rule), before the first
+                // location lookup and the row's duration (1 s of slack for a loaded machine).
                 let covered = ram_e * 3.6e6 / num("ram_power");
                 assert!(
-                    covered <= duration && covered > duration - 0.06,
+                    covered <= duration && covered > duration - 1.0,
                     "{name}: the RAM's energy covers {covered} s of {duration} s"
                 );
             }

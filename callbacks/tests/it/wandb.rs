@@ -380,7 +380,7 @@ fn wandb_settings_refuse_what_is_not_implemented() {
 
 #[test]
 fn wandb_online_settings_read_the_key_and_survive_a_lost_server() {
-    let dir = temp_dir("wandb-online");
+    let dir = temp_dir("wandb-lost-server");
     // The API key from the netrc entry `wandb login` writes for the server's host.
     let netrc = dir.join("netrc");
     std::fs::write(
