@@ -1032,8 +1032,8 @@ impl EmissionsTracker {
         );
         state.started = None;
         drop(state);
-        let emissions = match &row[5].1 {
-            Cell::Float(f) => *f,
+        let emissions = match row.iter().find(|(k, _)| *k == "emissions") {
+            Some((_, Cell::Float(f))) => *f,
             _ => 0.0,
         };
         self.final_emissions = Some(emissions);
@@ -1241,10 +1241,7 @@ fn prepare_emissions_data(
             "cpu_power",
             Cell::Float(avg(state.cpu_power_sum, state.cpu_power)),
         ),
-        (
-            "gpu_power",
-            Cell::Float(if n > 0 { 0.0 / n as f64 } else { 0.0 }),
-        ),
+        ("gpu_power", Cell::Float(0.0)),
         (
             "ram_power",
             Cell::Float(avg(state.ram_power_sum, state.ram_power)),

@@ -92,6 +92,14 @@ pub fn csv_rows(text: &str) -> Vec<Vec<String>> {
     rows
 }
 
+/// A data file parsed once (each use site keeps its parse).
+macro_rules! data {
+    ($text:expr) => {{
+        static PARSED: OnceLock<JsonMap> = OnceLock::new();
+        PARSED.get_or_init(|| json($text))
+    }};
+}
+
 fn json(text: &str) -> JsonMap {
     match loads(text) {
         Ok(JsonValue::Object(m)) => m,
@@ -341,7 +349,7 @@ pub struct Emissions {
 }
 
 fn world_average_kg_per_kwh() -> f64 {
-    json(CARBON_INTENSITY_PER_SOURCE)
+    data!(CARBON_INTENSITY_PER_SOURCE)
         .get("world_average")
         .and_then(JsonValue::as_f64)
         .unwrap_or(475.0)
@@ -425,7 +433,7 @@ impl Emissions {
             .to_uppercase();
         let region = geo.region.clone().unwrap_or_default();
         if is_supported_nordic_region(geo) {
-            let data = json(NORDIC_EMISSIONS);
+            let data = data!(NORDIC_EMISSIONS);
             if let Some(factor) = data
                 .get("data")
                 .and_then(|d| match d {
@@ -445,7 +453,7 @@ impl Emissions {
         }
         if iso == "CHN" {
             let name = china_region_name(&region);
-            let data = json(CHINA_PROVINCIAL_EMISSIONS);
+            let data = data!(CHINA_PROVINCIAL_EMISSIONS);
             if let Some(JsonValue::Object(provinces)) = data.get("data") {
                 for (_, province) in provinces.iter() {
                     let JsonValue::Object(p) = province else {
@@ -471,7 +479,7 @@ impl Emissions {
         }
         let per_kwh = match iso.as_str() {
             "USA" => {
-                let data = json(USA_EMISSIONS);
+                let data = data!(USA_EMISSIONS);
                 let Some(JsonValue::Object(r)) = data.get(&region) else {
                     return Err(format!(
                         "Region: {region} not found for Country with ISO CODE : {iso}"
@@ -483,7 +491,7 @@ impl Emissions {
                     * LBS_MWH_TO_KG_KWH
             }
             "CAN" => {
-                let data = json(CANADA_ENERGY_MIX);
+                let data = data!(CANADA_ENERGY_MIX);
                 let Some(JsonValue::Object(mix)) = data.get(&region) else {
                     return Err(format!("KeyError: '{region}'"));
                 };
@@ -498,7 +506,7 @@ impl Emissions {
     /// `global_energy_mix.json` (or its mix of sources), the world average for a country not in
     /// it.
     fn get_country_emissions(&self, energy_kwh: f64, geo: &GeoMetadata) -> f64 {
-        let mix = json(GLOBAL_ENERGY_MIX);
+        let mix = data!(GLOBAL_ENERGY_MIX);
         let country = geo.country_iso_code.as_deref().and_then(|iso| mix.get(iso));
         let Some(JsonValue::Object(country)) = country else {
             log::warn!(
@@ -533,7 +541,7 @@ fn global_energy_mix_to_emissions_rate(mix: &JsonMap) -> f64 {
     if let Some(ci) = mix.get("carbon_intensity").and_then(JsonValue::as_f64) {
         return ci * G_KWH_TO_KG_KWH;
     }
-    let per_source = json(CARBON_INTENSITY_PER_SOURCE);
+    let per_source = data!(CARBON_INTENSITY_PER_SOURCE);
     let energy_sum = mix
         .get("total_TWh")
         .and_then(JsonValue::as_f64)
@@ -586,7 +594,7 @@ fn region_energy_mix_to_emissions_rate(mix: &JsonMap) -> Result<f64, String> {
 /// pycountry's alpha-2 code -> (alpha-3 code, name), as codecarbon's backup location lookup
 /// converts the country ipinfo.io answers with.
 pub fn country_by_alpha_2(alpha_2: &str) -> Option<(String, String)> {
-    let table = json(COUNTRIES);
+    let table = data!(COUNTRIES);
     match table.get(&alpha_2.to_uppercase()) {
         Some(JsonValue::Array(v)) => match v.as_slice() {
             [JsonValue::Str(a3), JsonValue::Str(name)] => Some((a3.clone(), name.clone())),
@@ -598,7 +606,7 @@ pub fn country_by_alpha_2(alpha_2: &str) -> Option<(String, String)> {
 
 /// pycountry's table as carried (alpha-2 -> [alpha-3, name]), for the tests.
 pub fn countries_table() -> JsonMap {
-    json(COUNTRIES)
+    data!(COUNTRIES).clone()
 }
 
 #[cfg(test)]
